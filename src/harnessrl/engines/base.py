@@ -1,0 +1,93 @@
+"""The engine interface: generate from token IDs, stream (token id, logprob), swap weights in place.
+
+An engine never sees text or chat messages: the gateway owns tokenization and sends token IDs
+(token-in/token-out), so what the engine conditions on is exactly what is later trained on.
+Implementations: ``embedded`` (transformers in-process, batched), ``scripted`` (deterministic
+replies for tests and demos); remote vLLM/SGLang engines follow the same protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from harnessrl.tokenizer import PolicyTokenizer
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Sampling settings for one generation. ``temperature == 0`` means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop_token_ids: tuple[int, ...] = ()  # generation ends after sampling one of these (it is kept)
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenSample:
+    token_id: int
+    logprob: float
+
+
+@dataclass(frozen=True)
+class GenerationContext:
+    """Who is asking. Engines may use it for affinity (remote pools) or scripting (scripted engine)."""
+
+    rollout_id: str | None = None
+    call_index: int = 0  # how many calls this rollout made before this one
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class WeightUpdate:
+    """New policy weights: a state dict (in-process engines) or a checkpoint folder (remote ones)."""
+
+    version: int
+    state_dict: Any = None  # Mapping[str, torch.Tensor]; typed loosely so this module needs no torch
+    checkpoint_dir: str | None = None
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """What the gateway and trainer need from a policy server."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def tokenizer(self) -> PolicyTokenizer: ...
+
+    @property
+    def context_length(self) -> int: ...
+
+    @property
+    def policy_version(self) -> int: ...
+
+    async def start(self) -> None:
+        """Load the model / connect; must be called before ``generate``."""
+
+    async def aclose(self) -> None:
+        """Release resources; pending generations end."""
+
+    def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        """Stream sampled tokens. Closing the iterator early (``aclose``) cancels the generation.
+
+        Stops after ``params.max_tokens`` tokens or after a token in ``params.stop_token_ids``
+        (which is yielded). Raises ``harnessrl.errors.UpstreamError`` if the engine fails.
+        """
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        """Install new weights and set ``policy_version = update.version``.
+
+        Callers drain in-flight generations first (the gateway's pause); engines may still refuse
+        to swap mid-generation by waiting for the current decode step.
+        """
+
+    async def health(self) -> dict[str, Any]:
+        """A small JSON-able status dict; raises ``UpstreamError`` if unhealthy."""
