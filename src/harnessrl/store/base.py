@@ -1,0 +1,128 @@
+"""The ``Store`` protocol: the durable record of runs, tasks, rollouts, calls and policy versions.
+
+Every implementation (SQLite now, PostgreSQL later) passes the same contract tests in
+``tests/store/``. Rules every implementation keeps:
+
+- A method returns only after its write is durable against a process crash (SIGKILL).
+- Rollout status changes follow ``harnessrl.schemas.ROLLOUT_TRANSITIONS``; anything else raises
+  ``InvalidTransition``. Unknown ids raise ``NotFound``.
+- ``add_call`` assigns ``seq`` atomically (0, 1, 2, ... per rollout), so calls keep their order
+  even when several gateway workers write for one rollout.
+- ``claim_rollouts`` moves queued rollouts to running atomically: two claimers never get the same one.
+- Methods are thread-safe; async callers run them in a worker thread when latency matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task
+
+
+@runtime_checkable
+class Store(Protocol):
+    # -- runs -------------------------------------------------------------------------------------
+    def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
+        """Create a run, or return the existing one with that id (idempotent)."""
+
+    def get_run(self, run_id: str) -> Run: ...
+
+    def list_runs(self) -> list[Run]: ...
+
+    def set_run_status(self, run_id: str, status: str) -> None: ...
+
+    # -- tasks ------------------------------------------------------------------------------------
+    def add_tasks(self, tasks: Sequence[Task]) -> None:
+        """Insert tasks; an existing ``task_id`` is left as it is."""
+
+    def get_task(self, task_id: str) -> Task: ...
+
+    def list_tasks(self, run_id: str | None = None, split: str | None = None) -> list[Task]: ...
+
+    # -- rollouts ---------------------------------------------------------------------------------
+    def create_rollout(
+        self,
+        *,
+        rollout_id: str | None = None,
+        task: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        step: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """Create a queued rollout with a fresh api key. Idempotent for a given ``rollout_id``:
+        a second call returns the stored rollout unchanged (same key)."""
+
+    def get_rollout(self, rollout_id: str) -> Rollout: ...
+
+    def get_rollout_by_key(self, api_key: str) -> Rollout:
+        """The rollout owning this api key; ``NotFound`` if none."""
+
+    def list_rollouts(
+        self,
+        *,
+        run_id: str | None = None,
+        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
+        step: int | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        """Rollouts in creation order, filtered."""
+
+    def count_rollouts(
+        self,
+        *,
+        run_id: str | None = None,
+        status: RolloutStatus | Sequence[RolloutStatus] | None = None,
+        step: int | None = None,
+    ) -> int: ...
+
+    def claim_rollouts(self, worker_id: str, limit: int, *, run_id: str | None = None) -> list[Rollout]:
+        """Atomically move up to ``limit`` queued rollouts (oldest first) to running for this worker."""
+
+    def start_rollout(self, rollout_id: str) -> Rollout:
+        """queued -> running (e.g. on its first model call); a running rollout is returned unchanged."""
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        outcome: Outcome,
+        reward: float,
+        *,
+        error: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        """End a rollout with an outcome and reward (finished, or failed for an infra failure).
+        ``metadata`` is merged into the rollout's metadata (e.g. evaluator output)."""
+
+    def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
+        """running -> queued with ``attempt + 1`` (retry after an infrastructure failure)."""
+
+    def cancel_rollout(self, rollout_id: str) -> Rollout: ...
+
+    def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None: ...
+
+    def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
+        """Merge keys into the rollout's metadata."""
+
+    # -- calls ------------------------------------------------------------------------------------
+    def add_call(self, call: Call) -> Call:
+        """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set."""
+
+    def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
+        """The rollout's calls in ``seq`` order (all attempts unless one is given)."""
+
+    def count_calls(self, rollout_id: str | None = None) -> int: ...
+
+    # -- policy versions --------------------------------------------------------------------------
+    def add_policy_version(self, version: PolicyVersion) -> None: ...
+
+    def latest_policy_version(self) -> PolicyVersion | None: ...
+
+    def list_policy_versions(self) -> list[PolicyVersion]: ...
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def close(self) -> None: ...

@@ -1,0 +1,411 @@
+"""The ``Store`` contract, run against every backend in ``conftest.BACKENDS``.
+
+Only the protocol's public methods are used, so a new backend passes or fails these unchanged.
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harnessrl.errors import InvalidTransition, NotFound
+from harnessrl.schemas import (
+    ROLLOUT_TRANSITIONS,
+    Call,
+    Outcome,
+    PolicyVersion,
+    Rollout,
+    RolloutStatus,
+    Task,
+    Usage,
+    status_for_outcome,
+)
+from harnessrl.store import Store
+
+S = RolloutStatus
+
+
+def make_call(rollout_id: str, **fields: Any) -> Call:
+    return Call(
+        rollout_id=rollout_id,
+        prompt_token_ids=fields.pop("prompt_token_ids", [1, 2, 3]),
+        response_token_ids=fields.pop("response_token_ids", [4, 5]),
+        response_logprobs=fields.pop("response_logprobs", [-0.25, -1.5]),
+        **fields,
+    )
+
+
+def test_implements_the_protocol(store: Store) -> None:
+    assert isinstance(store, Store)
+
+
+# -- runs and tasks -------------------------------------------------------------------------------
+
+
+def test_runs(store: Store) -> None:
+    run = store.create_run("r1", {"lr": 1e-6})
+    assert (run.run_id, run.config, run.status) == ("r1", {"lr": 1e-6}, "created")
+    assert store.create_run("r1", {"lr": 5.0}) == run  # idempotent: the stored run wins
+    store.create_run("r0")
+    assert [r.run_id for r in store.list_runs()] == ["r1", "r0"]
+    store.set_run_status("r1", "running")
+    assert store.get_run("r1").status == "running"
+    with pytest.raises(NotFound, match="nope"):
+        store.get_run("nope")
+    with pytest.raises(NotFound):
+        store.set_run_status("nope", "running")
+
+
+def test_tasks(store: Store) -> None:
+    store.add_tasks(
+        [
+            Task(task_id="t1", run_id="r", data={"prompt": "2+2", "answer": 4}),
+            Task(task_id="t2", run_id="r", split="test"),
+            Task(task_id="t3"),
+        ]
+    )
+    store.add_tasks([Task(task_id="t1", data={"changed": True}), Task(task_id="t4", run_id="r")])
+    assert store.get_task("t1").data == {"prompt": "2+2", "answer": 4}  # existing task left alone
+    assert [t.task_id for t in store.list_tasks()] == ["t1", "t2", "t3", "t4"]
+    assert [t.task_id for t in store.list_tasks(run_id="r")] == ["t1", "t2", "t4"]
+    assert [t.task_id for t in store.list_tasks(run_id="r", split="test")] == ["t2"]
+    assert [t.task_id for t in store.list_tasks(split="train")] == ["t1", "t3", "t4"]
+    store.add_tasks([])
+    with pytest.raises(NotFound):
+        store.get_task("nope")
+
+
+# -- creating and finding rollouts ----------------------------------------------------------------
+
+
+def test_create_rollout_defaults(store: Store) -> None:
+    rollout = store.create_rollout(task={"prompt": "hi"}, run_id="r", task_id="t", group_id="g", step=3)
+    assert rollout.status is S.QUEUED and rollout.attempt == 0
+    assert rollout.api_key.startswith("hrl-") and len(rollout.api_key) >= 30
+    assert (rollout.task, rollout.run_id, rollout.task_id, rollout.group_id, rollout.step) == (
+        {"prompt": "hi"},
+        "r",
+        "t",
+        "g",
+        3,
+    )
+    assert rollout.outcome is None and rollout.reward is None and rollout.started_at is None
+    assert store.get_rollout(rollout.rollout_id) == rollout
+    other = store.create_rollout()
+    assert other.rollout_id != rollout.rollout_id and other.api_key != rollout.api_key
+    assert other.task == {} and other.metadata == {} and other.flags == []
+
+
+def test_create_rollout_is_idempotent(store: Store) -> None:
+    first = store.create_rollout(rollout_id="ro-1", task={"a": 1}, metadata={"m": 1})
+    again = store.create_rollout(rollout_id="ro-1", task={"a": 2}, step=9)
+    assert again == first  # same key, nothing overwritten
+    assert store.count_rollouts() == 1
+
+
+def test_get_rollout_by_key(store: Store) -> None:
+    a, b = store.create_rollout(), store.create_rollout()
+    assert store.get_rollout_by_key(a.api_key) == a
+    assert store.get_rollout_by_key(b.api_key) == b
+    with pytest.raises(NotFound):
+        store.get_rollout_by_key("hrl-not-a-key")
+
+
+UNKNOWN_ID_CALLS: dict[str, Callable[[Store], object]] = {
+    "get_rollout": lambda s: s.get_rollout("nope"),
+    "start_rollout": lambda s: s.start_rollout("nope"),
+    "finish_rollout": lambda s: s.finish_rollout("nope", Outcome.SUCCESS, 1.0),
+    "requeue_rollout": lambda s: s.requeue_rollout("nope"),
+    "cancel_rollout": lambda s: s.cancel_rollout("nope"),
+    "set_rollout_flags": lambda s: s.set_rollout_flags("nope", ["x"]),
+    "update_rollout_metadata": lambda s: s.update_rollout_metadata("nope", {"x": 1}),
+    "add_call": lambda s: s.add_call(make_call("nope")),
+}
+
+
+@pytest.mark.parametrize("method", list(UNKNOWN_ID_CALLS))
+def test_unknown_rollout_raises_not_found(store: Store, method: str) -> None:
+    with pytest.raises(NotFound, match="nope"):
+        UNKNOWN_ID_CALLS[method](store)
+    assert store.list_calls("nope") == [] and store.count_calls("nope") == 0
+
+
+# -- lifecycle ------------------------------------------------------------------------------------
+
+# How to reach each status through the protocol (every status is reachable in one step from
+# queued or running), and how to ask for a move to each status.
+MOVE_TO: dict[RolloutStatus, Callable[[Store, str], Rollout]] = {
+    S.QUEUED: lambda s, rid: s.requeue_rollout(rid),
+    S.RUNNING: lambda s, rid: s.start_rollout(rid),
+    S.FINISHED: lambda s, rid: s.finish_rollout(rid, Outcome.SUCCESS, 1.0),
+    S.FAILED: lambda s, rid: s.finish_rollout(rid, Outcome.INFRA_FAILURE, 0.0),
+    S.CANCELLED: lambda s, rid: s.cancel_rollout(rid),
+}
+PATH_TO: dict[RolloutStatus, list[RolloutStatus]] = {
+    S.QUEUED: [],
+    S.RUNNING: [S.RUNNING],
+    S.FINISHED: [S.FINISHED],
+    S.FAILED: [S.FAILED],
+    S.CANCELLED: [S.CANCELLED],
+}
+ALL_PAIRS = list(itertools.product(S, S))
+# start_rollout on a running rollout is documented as a no-op (a rollout's later model calls
+# "start" it again), so running -> running is neither a transition nor an error.
+IDEMPOTENT = {(S.RUNNING, S.RUNNING)}
+ALLOWED = [(a, b) for a, b in ALL_PAIRS if b in ROLLOUT_TRANSITIONS[a]]
+FORBIDDEN = [(a, b) for a, b in ALL_PAIRS if b not in ROLLOUT_TRANSITIONS[a] and (a, b) not in IDEMPOTENT]
+
+
+def rollout_in(store: Store, status: RolloutStatus) -> Rollout:
+    rollout = store.create_rollout()
+    for step in PATH_TO[status]:
+        rollout = MOVE_TO[step](store, rollout.rollout_id)
+    assert rollout.status is status
+    return rollout
+
+
+def test_transition_table_is_covered() -> None:
+    assert len(ALLOWED) + len(FORBIDDEN) + len(IDEMPOTENT) == len(S) ** 2
+    assert ALLOWED and FORBIDDEN
+
+
+@pytest.mark.parametrize(("before", "after"), ALLOWED, ids=[f"{a}->{b}" for a, b in ALLOWED])
+def test_allowed_transition(store: Store, before: RolloutStatus, after: RolloutStatus) -> None:
+    rollout = rollout_in(store, before)
+    moved = MOVE_TO[after](store, rollout.rollout_id)
+    assert moved.status is after
+    assert store.get_rollout(rollout.rollout_id) == moved
+
+
+@pytest.mark.parametrize(("before", "after"), FORBIDDEN, ids=[f"{a}->{b}" for a, b in FORBIDDEN])
+def test_forbidden_transition(store: Store, before: RolloutStatus, after: RolloutStatus) -> None:
+    rollout = rollout_in(store, before)
+    with pytest.raises(InvalidTransition) as excinfo:
+        MOVE_TO[after](store, rollout.rollout_id)
+    message = str(excinfo.value)
+    assert rollout.rollout_id in message and before.value in message and after.value in message
+    assert store.get_rollout(rollout.rollout_id) == rollout  # nothing changed
+
+
+def test_start_is_idempotent_on_running(store: Store) -> None:
+    started = store.start_rollout(store.create_rollout().rollout_id)
+    assert started.started_at is not None
+    assert store.start_rollout(started.rollout_id) == started
+
+
+@pytest.mark.parametrize("outcome", list(Outcome))
+def test_finish_rollout(store: Store, outcome: Outcome) -> None:
+    rollout = store.create_rollout(metadata={"keep": 1, "over": 1})
+    store.start_rollout(rollout.rollout_id)
+    done = store.finish_rollout(
+        rollout.rollout_id, outcome, 0.5, error="boom", metadata={"over": 2, "tests": [1, 0]}
+    )
+    assert done.status is status_for_outcome(outcome) and done.outcome is outcome
+    assert done.reward == 0.5 and done.error == "boom" and done.finished_at is not None
+    assert done.metadata == {"keep": 1, "over": 2, "tests": [1, 0]}
+    assert store.get_rollout(rollout.rollout_id) == done
+
+
+def test_requeue_bumps_attempt_and_keeps_error(store: Store) -> None:
+    rollout = store.create_rollout()
+    [claimed] = store.claim_rollouts("w1", 1)
+    assert claimed.worker_id == "w1"
+    requeued = store.requeue_rollout(rollout.rollout_id, error="sandbox died")
+    assert requeued.status is S.QUEUED and requeued.attempt == 1 and requeued.worker_id is None
+    assert requeued.error == "sandbox died"
+    store.start_rollout(rollout.rollout_id)
+    again = store.requeue_rollout(rollout.rollout_id)
+    assert again.attempt == 2 and again.error == "sandbox died"  # no new error: the old text stays
+
+
+def test_cancel_sets_finished_at(store: Store) -> None:
+    cancelled = store.cancel_rollout(store.create_rollout().rollout_id)
+    assert cancelled.status is S.CANCELLED and cancelled.finished_at is not None
+
+
+# -- claiming -------------------------------------------------------------------------------------
+
+
+def test_claim_oldest_first(store: Store) -> None:
+    ids = [store.create_rollout(run_id="a" if i % 2 else "b").rollout_id for i in range(6)]
+    store.cancel_rollout(ids[0])
+    first = store.claim_rollouts("w1", 2)
+    assert [r.rollout_id for r in first] == ids[1:3]
+    assert all(r.status is S.RUNNING and r.worker_id == "w1" and r.started_at for r in first)
+    assert [r.rollout_id for r in store.claim_rollouts("w2", 5, run_id="a")] == [ids[3], ids[5]]
+    assert [r.rollout_id for r in store.claim_rollouts("w3", 5)] == [ids[4]]
+    assert store.claim_rollouts("w3", 5) == [] and store.claim_rollouts("w3", 0) == []
+    assert store.get_rollout(ids[1]).worker_id == "w1"
+
+
+def test_requeued_rollout_is_claimed_again(store: Store) -> None:
+    rollout = store.create_rollout()
+    store.claim_rollouts("w1", 1)
+    store.requeue_rollout(rollout.rollout_id)
+    [again] = store.claim_rollouts("w2", 1)
+    assert (again.rollout_id, again.worker_id, again.attempt) == (rollout.rollout_id, "w2", 1)
+
+
+# -- listing --------------------------------------------------------------------------------------
+
+
+def test_list_and_count_rollouts(store: Store) -> None:
+    made = [
+        store.create_rollout(run_id=f"run{i % 2}", step=i // 4, group_id=f"g{i // 2}").rollout_id
+        for i in range(8)
+    ]
+    store.start_rollout(made[1])
+    store.finish_rollout(made[2], Outcome.SUCCESS, 1.0)
+    store.cancel_rollout(made[3])
+
+    def ids(**filters: Any) -> list[str]:
+        return [r.rollout_id for r in store.list_rollouts(**filters)]
+
+    assert ids() == made
+    assert ids(run_id="run1") == made[1::2]
+    assert ids(status=S.QUEUED) == [made[0], *made[4:]]
+    assert ids(status="running") == [made[1]]  # plain strings work too
+    assert ids(status=[S.FINISHED, S.CANCELLED]) == made[2:4]
+    assert ids(status=[]) == []
+    assert ids(step=1) == made[4:]
+    assert ids(group_id="g1") == made[2:4]
+    assert ids(run_id="run0", step=1, status=S.QUEUED) == [made[4], made[6]]
+    assert ids(limit=3) == made[:3]
+    assert ids(limit=3, offset=3) == made[3:6]
+    assert ids(offset=6) == made[6:]
+    assert ids(limit=0) == []
+    assert ids(run_id="nope") == []
+    assert store.count_rollouts() == 8
+    assert store.count_rollouts(run_id="run0") == 4
+    assert store.count_rollouts(status=[S.QUEUED, S.RUNNING]) == 6
+    assert store.count_rollouts(step=0, status=S.FINISHED) == 1
+
+
+def test_flags_and_metadata(store: Store) -> None:
+    rollout = store.create_rollout(metadata={"a": 1, "nested": {"x": 1}})
+    store.set_rollout_flags(rollout.rollout_id, ["git_log", "network"])
+    assert store.get_rollout(rollout.rollout_id).flags == ["git_log", "network"]
+    store.set_rollout_flags(rollout.rollout_id, ["curl"])  # set, not append
+    assert store.get_rollout(rollout.rollout_id).flags == ["curl"]
+    updated = store.update_rollout_metadata(rollout.rollout_id, {"b": 2, "nested": {"y": 2}})
+    assert updated.metadata == {"a": 1, "b": 2, "nested": {"y": 2}}  # shallow merge
+    assert store.get_rollout(rollout.rollout_id) == updated
+    finished = store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)
+    assert store.update_rollout_metadata(rollout.rollout_id, {"c": 3}).metadata["c"] == 3  # terminal ok
+    assert finished.flags == ["curl"]
+
+
+# -- calls ----------------------------------------------------------------------------------------
+
+
+def test_add_and_list_calls(store: Store) -> None:
+    a, b = store.create_rollout(), store.create_rollout()
+    added = [store.add_call(make_call(a.rollout_id, attempt=i // 2)) for i in range(5)]
+    assert [c.seq for c in added] == [0, 1, 2, 3, 4]
+    assert all(c.call_id for c in added) and len({c.call_id for c in added}) == 5
+    mine = store.add_call(make_call(b.rollout_id, call_id="my-call"))
+    assert (mine.seq, mine.call_id) == (0, "my-call")
+    assert store.list_calls(a.rollout_id) == added
+    assert store.list_calls(a.rollout_id, attempt=1) == added[2:4]
+    assert store.list_calls(a.rollout_id, attempt=7) == []
+    assert store.list_calls(b.rollout_id) == [mine]
+    assert store.count_calls(a.rollout_id) == 5 and store.count_calls() == 6
+
+
+def test_call_fields_round_trip(store: Store) -> None:
+    rollout = store.create_rollout()
+    call = make_call(
+        rollout.rollout_id,
+        api="messages",
+        request={"model": "m", "messages": [{"role": "user", "content": "héllo ☃ \u0000"}], "t": 0.7},
+        response={"content": [{"type": "tool_use", "input": {"cmd": "ls"}}], "stop": None},
+        policy_version=12,
+        finish_reason="tool_calls",
+        usage=Usage(prompt_tokens=3, completion_tokens=2),
+        started_at=1.5,
+        first_token_at=1.75,
+        finished_at=2.0,
+        attempt=2,
+    )
+    stored = store.add_call(call)
+    assert stored == call.model_copy(update={"seq": 0, "call_id": stored.call_id})
+    assert store.list_calls(rollout.rollout_id) == [stored]
+    no_usage = store.add_call(make_call(rollout.rollout_id))
+    assert no_usage.usage is None and store.list_calls(rollout.rollout_id)[1] == no_usage
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(), children, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    prompt=st.lists(st.integers(0, 2**31 - 1), max_size=300),
+    response=st.lists(st.integers(0, 2**31 - 1), max_size=50),
+    logprobs=st.lists(st.floats(width=64), max_size=50),  # nan, inf and -0.0 included
+    request=st.dictionaries(st.text(), json_values, max_size=4),
+)
+def test_call_round_trip_is_exact(
+    store: Store,
+    prompt: list[int],
+    response: list[int],
+    logprobs: list[float],
+    request: dict[str, Any],
+) -> None:
+    rollout = store.create_rollout()
+    call = make_call(
+        rollout.rollout_id,
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        response_logprobs=logprobs,
+        request=request,
+        response={"echo": request},
+    )
+    store.add_call(call)
+    [got] = store.list_calls(rollout.rollout_id)
+    assert got.prompt_token_ids == prompt and got.response_token_ids == response
+    # Compare bits, not values: nan != nan, and -0.0 == 0.0 would hide a lost sign.
+    assert array("d", got.response_logprobs).tobytes() == array("d", logprobs).tobytes()
+    assert all(type(x) is float for x in got.response_logprobs)
+    assert got.request == request and got.response == {"echo": request}
+
+
+# -- policy versions ------------------------------------------------------------------------------
+
+
+def test_policy_versions(store: Store) -> None:
+    assert store.latest_policy_version() is None and store.list_policy_versions() == []
+    v2 = PolicyVersion(version=2, step=2, checkpoint="/ckpt/2", metadata={"loss": 0.5})
+    v0 = PolicyVersion(version=0)
+    store.add_policy_version(v2)
+    store.add_policy_version(v0)
+    assert store.latest_policy_version() == v2
+    assert store.list_policy_versions() == [v0, v2]
+    v2b = PolicyVersion(version=2, step=3, checkpoint="/ckpt/2b")
+    store.add_policy_version(v2b)  # upsert by version
+    assert store.list_policy_versions() == [v0, v2b]
+
+
+# -- persistence ----------------------------------------------------------------------------------
+
+
+def test_data_survives_reopening(shared_store_factory: Any) -> None:
+    first = shared_store_factory()
+    rollout = first.create_rollout(task={"q": 1})
+    call = first.add_call(make_call(rollout.rollout_id))
+    first.add_policy_version(PolicyVersion(version=1))
+    first.close()
+    second = shared_store_factory()
+    assert second.get_rollout_by_key(rollout.api_key) == rollout
+    assert second.list_calls(rollout.rollout_id) == [call]
+    assert second.latest_policy_version() is not None
+    assert second.add_call(make_call(rollout.rollout_id)).seq == 1
