@@ -1,0 +1,42 @@
+"""``AlgorithmConfig``: the advantage estimator, zero-variance policy and loss settings of a run."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from harnessrl.config import Section
+
+
+class AlgorithmConfig(Section):
+    """RL algorithm settings. Defaults are the recommended settings.
+
+    - ``advantage``: a key of ``ADVANTAGE_ESTIMATORS`` (``grpo``, ``dr_grpo``, ``rloo``, ``reinforce_pp``).
+    - ``zero_variance_groups``: ``keep`` groups whose rollouts all got the same reward (their
+      advantages are 0 but they still count in the loss normalization), or ``drop`` them.
+    - ``clip_low`` / ``clip_high``: PPO ratio clipped to ``[1 - clip_low, 1 + clip_high]`` (DAPO's
+      asymmetric "clip-higher" by default).
+    - ``dual_clip``: for negative advantages, cap the loss at ``-A * dual_clip`` (> 1; off when None).
+    - ``tis_cap``: truncation of the importance weight ``pi_trainer_old / pi_engine`` when the
+      trainer's recomputed old logprobs are given (None: untruncated).
+    - ``kl_coef``: weight of the k3 KL penalty to a reference policy (0: off).
+    - ``loss_agg``: ``rollout_token_mean`` (each rollout weighs the same), ``token_mean`` or
+      ``seq_mean_token_mean``.
+    """
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
+    eps: float = Field(default=1e-6, gt=0)
+    zero_variance_groups: Literal["keep", "drop"] = "keep"
+    clip_low: float = Field(default=0.2, ge=0, lt=1)
+    clip_high: float = Field(default=0.28, ge=0)
+    dual_clip: float | None = Field(default=None, gt=1)
+    tis_cap: float | None = Field(default=2.0, gt=0)
+    kl_coef: float = Field(default=0.0, ge=0)
+    loss_agg: Literal["rollout_token_mean", "token_mean", "seq_mean_token_mean"] = "rollout_token_mean"
+
+    @model_validator(mode="after")
+    def _dual_clip_above_clip_high(self) -> AlgorithmConfig:
+        if self.dual_clip is not None and self.dual_clip <= 1 + self.clip_high:
+            raise ValueError("dual_clip must be greater than 1 + clip_high")
+        return self

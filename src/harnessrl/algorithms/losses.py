@@ -1,0 +1,305 @@
+"""Policy-gradient losses (torch): PPO clipped ratio, truncated importance weights, k3 KL, and
+aggregation modes that stay exact across micro-batches.
+
+Token alignment: every ``*_B_T`` tensor is aligned with ``input_ids_B_T``; ``logprobs_B_T[b, t]`` is
+log p(input_ids[b, t] | input_ids[b, :t]) (``token_logprobs`` builds it from logits; position 0,
+always a prompt token, gets 0).
+
+Per token (only where ``loss_mask`` is 1; elsewhere the loss and its gradient are exactly 0):
+
+    ratio = exp(logprobs - prox)                        prox = behaviour (engine) logprobs, or the
+                                                        trainer's recomputed old logprobs if given
+    pg    = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))       (PPO, DAPO bounds)
+    pg    = min(pg, -A * dual_clip)  where A < 0                                  (dual clip, optional)
+    pg    = pg * min(exp(old - behaviour), tis_cap)   only when old logprobs are given (TIS)
+    loss  = pg + kl_coef * k3(logprobs, ref)            k3 = exp(ref - lp) - (ref - lp) - 1
+
+Aggregation (``LOSS_AGGREGATIONS``) turns per-token losses into a scalar with *step* normalizers
+(``StepTotals``), so that the sum over micro-batches equals the whole-step loss exactly:
+
+- ``rollout_token_mean`` (default): token weight ``1 / (tokens of its rollout * rollouts in step)``:
+  every rollout weighs the same however many samples it split into.
+- ``token_mean``: ``1 / loss tokens in step`` (DAPO / Dr. GRPO style).
+- ``seq_mean_token_mean``: ``1 / (tokens of its sample * samples in step)`` (original GRPO).
+
+Departures from the papers: the PPO ratio is taken against the engine's behaviour logprobs by
+default (no separate old-policy forward pass), which is exact for one optimizer step per batch of
+on-policy rollouts. With several updates per batch, or to separate engine/trainer drift from policy
+change, pass ``old_logprobs_B_T`` (decoupled PPO: clip against the trainer's old policy, correct the
+engine mismatch with the truncated importance weight, as in Yao et al. 2025 "TIS").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.algorithms.packing import StepTotals
+from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.trajectory import Sample
+
+_MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps ratios finite; such tokens are clipped anyway
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """Tensors of one micro-batch. Padded layout: one sample per row. Packed layout: all samples
+    concatenated in one row, ``position_ids`` restarting per sample and ``cu_seqlens`` marking the
+    boundaries (attention must not cross them: use varlen/flash attention or a block mask)."""
+
+    input_ids_B_T: torch.Tensor  # (B, T) long
+    position_ids_B_T: torch.Tensor  # (B, T) long
+    loss_mask_B_T: torch.Tensor  # (B, T) bool
+    behaviour_logprobs_B_T: torch.Tensor  # (B, T) float
+    advantages_B_T: torch.Tensor  # (B, T) float
+    rollout_index_B_T: torch.Tensor  # (B, T) long, index into StepTotals.rollout_token_counts_R
+    sample_index_B_T: torch.Tensor  # (B, T) long, index into StepTotals.sample_token_counts_S
+    cu_seqlens: torch.Tensor | None = None  # (num_samples + 1,) int32, packed layout only
+
+
+def collate(
+    samples: Sequence[Sample],
+    totals: StepTotals,
+    *,
+    packed: bool = True,
+    pad_token_id: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> MicroBatch:
+    """Tensors for one micro-batch of samples (each must have its ``advantage`` assigned).
+
+    ``dtype`` is that of the float tensors (behaviour logprobs, advantages).
+    """
+    if not samples:
+        raise BadRequest("cannot collate an empty micro-batch", param="samples")
+    rows = [list(samples)] if packed else [[s] for s in samples]
+    T = max(sum(len(s) for s in row) for row in rows)
+    B = len(rows)
+    ids = torch.full((B, T), pad_token_id, dtype=torch.long)
+    pos = torch.zeros((B, T), dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.bool)
+    beh = torch.zeros((B, T), dtype=dtype)
+    adv = torch.zeros((B, T), dtype=dtype)
+    ridx = torch.zeros((B, T), dtype=torch.long)
+    sidx = torch.zeros((B, T), dtype=torch.long)
+    bounds = [0]
+    for b, row in enumerate(rows):
+        t = 0
+        for s in row:
+            if s.advantage is None:
+                raise BadRequest(f"sample of rollout {s.rollout_id} has no advantage", param="samples")
+            n = len(s)
+            ids[b, t : t + n] = torch.tensor(s.input_ids, dtype=torch.long)
+            pos[b, t : t + n] = torch.arange(n)
+            mask[b, t : t + n] = torch.tensor(s.loss_mask, dtype=torch.bool)
+            beh[b, t : t + n] = torch.tensor(s.behaviour_logprobs, dtype=dtype)
+            adv[b, t : t + n] = s.advantage
+            ridx[b, t : t + n] = totals.rollout_index(s)
+            sidx[b, t : t + n] = totals.sample_index(s)
+            t += n
+            bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32) if packed else None
+    tensors = [ids, pos, mask, beh, adv, ridx, sidx]
+    if device is not None:
+        tensors = [x.to(device) for x in tensors]
+        cu = cu.to(device) if cu is not None else None
+    return MicroBatch(*tensors, cu_seqlens=cu)
+
+
+def token_logprobs(logits_B_T_V: torch.Tensor, input_ids_B_T: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each token given the ones before it, aligned with ``input_ids``: (B, T)."""
+    logits = logits_B_T_V[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    target = input_ids_B_T[:, 1:, None]  # (B, T-1, 1)
+    logp = logits.gather(-1, target).squeeze(-1) - logits.logsumexp(-1)  # (B, T-1)
+    return F.pad(logp, (1, 0))  # (B, T): position 0 has no prediction
+
+
+def ppo_clip_loss(
+    log_ratio_B_T: torch.Tensor,
+    advantages_B_T: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token PPO clipped surrogate (to minimize), with where the clip and dual clip are active."""
+    ratio = torch.exp(log_ratio_B_T)  # (B, T)
+    pg_unclipped = -advantages_B_T * ratio
+    pg_clipped = -advantages_B_T * ratio.clamp(1 - clip_low, 1 + clip_high)
+    loss = torch.maximum(pg_unclipped, pg_clipped)  # (B, T)
+    clipped = pg_clipped > pg_unclipped
+    dual = torch.zeros_like(clipped)
+    if dual_clip is not None:
+        cap = -advantages_B_T * dual_clip
+        dual = (advantages_B_T < 0) & (loss > cap)
+        loss = torch.where(dual, cap, loss)
+    return loss, clipped, dual
+
+
+def k3_kl(logprobs_B_T: torch.Tensor, ref_logprobs_B_T: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(pi || ref) per token: exp(d) - d - 1 with d = ref - logprobs."""
+    d = (ref_logprobs_B_T - logprobs_B_T).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return torch.exp(d) - d - 1
+
+
+# -- aggregation: per-token weights from step totals -------------------------------------------------
+TokenWeights = Callable[[torch.Tensor, torch.Tensor, StepTotals], torch.Tensor]
+
+
+def _rollout_token_mean(rollout_index_B_T: torch.Tensor, sample_index_B_T: torch.Tensor, totals: StepTotals):
+    counts_R = torch.tensor(
+        totals.rollout_token_counts_R, dtype=torch.float64, device=rollout_index_B_T.device
+    )
+    return 1.0 / (counts_R.clamp(min=1)[rollout_index_B_T] * max(totals.num_rollouts, 1))
+
+
+def _token_mean(rollout_index_B_T: torch.Tensor, sample_index_B_T: torch.Tensor, totals: StepTotals):
+    return torch.full(
+        rollout_index_B_T.shape,
+        1.0 / max(totals.num_loss_tokens, 1),
+        dtype=torch.float64,
+        device=rollout_index_B_T.device,
+    )
+
+
+def _seq_mean_token_mean(rollout_index_B_T: torch.Tensor, sample_index_B_T: torch.Tensor, totals: StepTotals):
+    counts_S = torch.tensor(totals.sample_token_counts_S, dtype=torch.float64, device=sample_index_B_T.device)
+    return 1.0 / (counts_S.clamp(min=1)[sample_index_B_T] * max(totals.num_samples, 1))
+
+
+LOSS_AGGREGATIONS: dict[str, TokenWeights] = {
+    "rollout_token_mean": _rollout_token_mean,
+    "token_mean": _token_mean,
+    "seq_mean_token_mean": _seq_mean_token_mean,
+}
+
+
+@dataclass(slots=True)
+class PolicyLoss:
+    """A micro-batch's share of the step loss (sum these over micro-batches) and its metrics.
+
+    Metrics are means over this micro-batch's loss tokens; ``loss_tokens`` lets a caller weigh them.
+    """
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+
+
+def _per_token(x: torch.Tensor, like_B_T: torch.Tensor) -> torch.Tensor:
+    return x[:, None].expand_as(like_B_T) if x.dim() == 1 else x
+
+
+def policy_loss(
+    logprobs_B_T: torch.Tensor,
+    behaviour_logprobs_B_T: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask_B_T: torch.Tensor,
+    rollout_index: torch.Tensor,
+    totals: StepTotals,
+    config: AlgorithmConfig,
+    *,
+    sample_index: torch.Tensor | None = None,
+    old_logprobs_B_T: torch.Tensor | None = None,
+    ref_logprobs_B_T: torch.Tensor | None = None,
+) -> PolicyLoss:
+    """The PPO/TIS/KL loss of one micro-batch, normalized by ``totals`` (see the module docstring).
+
+    ``advantages``, ``rollout_index`` and ``sample_index`` are per row ``(B,)`` or per token
+    ``(B, T)`` and index into ``totals`` (``StepTotals.rollout_index`` / ``sample_index``);
+    ``sample_index`` is required only by ``seq_mean_token_mean``.
+    """
+    mask = loss_mask_B_T.bool()  # (B, T)
+    behaviour_logprobs_B_T = behaviour_logprobs_B_T.detach()  # recorded data, never differentiated
+    A = _per_token(advantages, logprobs_B_T).to(logprobs_B_T.dtype)  # (B, T)
+    ridx = _per_token(rollout_index, logprobs_B_T)  # (B, T)
+    if sample_index is None:
+        if config.loss_agg == "seq_mean_token_mean":
+            raise BadRequest("seq_mean_token_mean needs sample_index", param="sample_index")
+        sample_index = torch.zeros_like(ridx)
+    sidx = _per_token(sample_index, logprobs_B_T)  # (B, T)
+
+    def masked(x: torch.Tensor) -> torch.Tensor:
+        # where(), not multiply: padding may hold -inf/NaN and must give exactly zero gradient
+        return torch.where(mask, x, torch.zeros_like(x))
+
+    prox_B_T = behaviour_logprobs_B_T if old_logprobs_B_T is None else old_logprobs_B_T.detach()
+    log_ratio = masked(logprobs_B_T - prox_B_T).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # (B, T)
+    pg_B_T, clipped, dual = ppo_clip_loss(
+        log_ratio, A, clip_low=config.clip_low, clip_high=config.clip_high, dual_clip=config.dual_clip
+    )
+
+    is_weight = torch.ones_like(pg_B_T)
+    if old_logprobs_B_T is not None:
+        drift = masked(old_logprobs_B_T.detach() - behaviour_logprobs_B_T).clamp(
+            -_MAX_LOG_RATIO, _MAX_LOG_RATIO
+        )
+        is_weight = torch.exp(drift)  # (B, T) pi_trainer_old / pi_engine
+        if config.tis_cap is not None:
+            is_weight = is_weight.clamp(max=config.tis_cap)
+        pg_B_T = pg_B_T * is_weight
+
+    loss_B_T = pg_B_T
+    kl_B_T = None
+    if config.kl_coef > 0:
+        if ref_logprobs_B_T is None:
+            raise ConfigError("kl_coef > 0 needs ref_logprobs_B_T")
+        kl_B_T = k3_kl(masked(logprobs_B_T), masked(ref_logprobs_B_T.detach()))
+        loss_B_T = loss_B_T + config.kl_coef * kl_B_T
+
+    weights_B_T = LOSS_AGGREGATIONS[config.loss_agg](ridx, sidx, totals).to(loss_B_T.dtype)
+    loss = (masked(loss_B_T) * weights_B_T).sum()
+
+    with torch.no_grad():
+        n = int(mask.sum())
+        denom = max(n, 1)
+        ratio = torch.exp(log_ratio)
+
+        def mean(x: torch.Tensor) -> float:
+            return float(masked(x.float()).sum() / denom)
+
+        metrics = {
+            "loss_tokens": float(n),
+            "clip_fraction": mean(clipped),
+            "dual_clip_fraction": mean(dual),
+            "approx_kl": mean(ratio - 1 - log_ratio),  # k3 estimate of KL(prox || current)
+            "ratio_mean": mean(ratio),
+            "ratio_max": float(masked(ratio).max()) if n else 0.0,
+            "importance_weight_mean": mean(is_weight),
+            "importance_weight_max": float(masked(is_weight).max()) if n else 0.0,
+        }
+        if old_logprobs_B_T is not None:
+            drift = masked(old_logprobs_B_T - behaviour_logprobs_B_T)
+            metrics["engine_trainer_kl"] = mean(torch.exp(-drift) - 1 + drift)  # k3 of KL(engine || trainer)
+            if config.tis_cap is not None:
+                metrics["importance_weight_truncated_fraction"] = mean(torch.exp(drift) > config.tis_cap)
+        if kl_B_T is not None:
+            metrics["kl_ref"] = mean(kl_B_T)
+    return PolicyLoss(loss=loss, metrics=metrics)
+
+
+def micro_batch_loss(
+    logprobs_B_T: torch.Tensor,
+    batch: MicroBatch,
+    totals: StepTotals,
+    config: AlgorithmConfig,
+    *,
+    old_logprobs_B_T: torch.Tensor | None = None,
+    ref_logprobs_B_T: torch.Tensor | None = None,
+) -> PolicyLoss:
+    """``policy_loss`` on a ``MicroBatch`` made by ``collate``."""
+    return policy_loss(
+        logprobs_B_T,
+        batch.behaviour_logprobs_B_T,
+        batch.advantages_B_T,
+        batch.loss_mask_B_T,
+        batch.rollout_index_B_T,
+        totals,
+        config,
+        sample_index=batch.sample_index_B_T,
+        old_logprobs_B_T=old_logprobs_B_T,
+        ref_logprobs_B_T=ref_logprobs_B_T,
+    )

@@ -1,0 +1,145 @@
+"""A framework-neutral export of a step's samples: JSONL always, Parquet when pyarrow is installed.
+
+One row per sample; the schema (``harnessrl.samples/v1``) is documented in ``docs/export-format.md``.
+The format is chosen by the file suffix: ``.jsonl`` (optionally ``.jsonl.gz``) or ``.parquet``.
+Floats are stored as float64 so a write/read round trip is exact.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.trajectory.samples import Sample, SampledSpan
+
+FORMAT = "harnessrl.samples/v1"
+
+
+def sample_to_row(sample: Sample) -> dict[str, Any]:
+    """The export row of one sample (plain JSON types)."""
+    return {
+        "format": FORMAT,
+        "rollout_id": sample.rollout_id,
+        "group_id": sample.group_id,
+        "task_id": sample.task_id,
+        "step": sample.step,
+        "sample_index": sample.sample_index,
+        "reward": sample.reward,
+        "advantage": sample.advantage,
+        "input_ids": list(sample.input_ids),
+        "loss_mask": list(sample.loss_mask),
+        "behaviour_logprobs": [float(x) for x in sample.behaviour_logprobs],
+        "spans": [
+            {"start": s.start, "end": s.end, "policy_version": s.policy_version, "call_seq": s.call_seq}
+            for s in sample.spans
+        ],
+    }
+
+
+def row_to_sample(row: dict[str, Any]) -> Sample:
+    """Parse one export row; raises ``BadRequest`` on an unknown format or a malformed row."""
+    if row.get("format") != FORMAT:
+        raise BadRequest(f"not a {FORMAT} row (format={row.get('format')!r})", param="format")
+    try:
+        sample = Sample(
+            rollout_id=row["rollout_id"],
+            input_ids=[int(x) for x in row["input_ids"]],
+            loss_mask=[int(x) for x in row["loss_mask"]],
+            behaviour_logprobs=[float(x) for x in row["behaviour_logprobs"]],
+            spans=[
+                SampledSpan(int(s["start"]), int(s["end"]), int(s["policy_version"]), int(s["call_seq"]))
+                for s in row["spans"]
+            ],
+            reward=row.get("reward"),
+            group_id=row.get("group_id"),
+            task_id=row.get("task_id"),
+            step=row.get("step"),
+            sample_index=int(row.get("sample_index") or 0),
+            advantage=row.get("advantage"),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadRequest(f"malformed sample row: {exc}") from exc
+    n = len(sample.input_ids)
+    if len(sample.loss_mask) != n or len(sample.behaviour_logprobs) != n:
+        raise BadRequest("input_ids, loss_mask and behaviour_logprobs must have one entry per token")
+    return sample
+
+
+def _open_text(path: Path, mode: str) -> IO[str]:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, mode + "t", encoding="utf-8")  # type: ignore[return-value]
+    return path.open(mode, encoding="utf-8")
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise ConfigError("Parquet export needs pyarrow: pip install 'harnessrl[export]'") from exc
+    return pyarrow
+
+
+def _arrow_schema(pa: Any) -> Any:
+    span = pa.struct(
+        [("start", pa.int64()), ("end", pa.int64()), ("policy_version", pa.int64()), ("call_seq", pa.int64())]
+    )
+    return pa.schema(
+        [
+            ("format", pa.string()),
+            ("rollout_id", pa.string()),
+            ("group_id", pa.string()),
+            ("task_id", pa.string()),
+            ("step", pa.int64()),
+            ("sample_index", pa.int64()),
+            ("reward", pa.float64()),
+            ("advantage", pa.float64()),
+            ("input_ids", pa.list_(pa.int64())),
+            ("loss_mask", pa.list_(pa.int8())),
+            ("behaviour_logprobs", pa.list_(pa.float64())),
+            ("spans", pa.list_(span)),
+        ]
+    )
+
+
+def write_samples(path: str | Path, samples: Iterable[Sample]) -> Path:
+    """Write ``samples`` to ``path`` (``.jsonl``, ``.jsonl.gz`` or ``.parquet``); returns the path."""
+    path = Path(path)
+    rows = (sample_to_row(s) for s in samples)
+    if path.suffix == ".parquet":
+        pa = _pyarrow()
+        table = pa.Table.from_pylist(list(rows), schema=_arrow_schema(pa))
+        pa.parquet.write_table(table, path)
+    elif path.name.endswith((".jsonl", ".jsonl.gz")):
+        with _open_text(path, "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, separators=(",", ":")) + "\n")
+    else:
+        raise BadRequest(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+    return path
+
+
+def iter_samples(path: str | Path) -> Iterator[Sample]:
+    """Read samples back one at a time (see ``read_samples``)."""
+    path = Path(path)
+    if path.suffix == ".parquet":
+        pa = _pyarrow()
+        for batch in pa.parquet.ParquetFile(path).iter_batches():
+            for row in batch.to_pylist():
+                yield row_to_sample(row)
+    elif path.name.endswith((".jsonl", ".jsonl.gz")):
+        with _open_text(path, "r") as f:
+            for line in f:
+                if line.strip():
+                    yield row_to_sample(json.loads(line))
+    else:
+        raise BadRequest(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+
+
+def read_samples(path: str | Path) -> list[Sample]:
+    """Read a file written by ``write_samples`` (or by anyone following the v1 schema)."""
+    return list(iter_samples(path))

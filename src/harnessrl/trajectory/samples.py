@@ -1,0 +1,277 @@
+"""Turn one rollout's recorded calls into training samples (chains of calls).
+
+A **chain** is a run of calls in which every call's prompt extends the previous call's prompt +
+sampled response *exactly, token for token*. Each chain becomes one ``Sample``: one token sequence
+in which the sampled responses carry loss mask 1 and everything else (the first prompt, tool output
+and template glue between responses) carries loss mask 0.
+
+Matching rule: each call (in ``seq`` order, final attempt only) joins the **longest** chain
+whose tokens are a prefix of its prompt; ties go to the chain extended most recently. So a
+subagent's calls interleaved with the main agent's form their own chain, and the main agent's next
+call continues the main chain. A call that extends no chain starts a new one, and the reason the
+chain broke is classified (see ``BREAK_REASONS`` and ``docs/trajectories.md``).
+
+Length limit: a sample is exactly as long as its last call (prompt + response), because each call's
+prompt already holds the whole chain before it. So a chain can only be "split" by ending it at the
+last call that fits: a call longer than ``max_sample_tokens`` is dropped (never cut mid-response,
+never re-prompted with a shortened context, which would be off-policy) and counted in
+``RolloutSamples.oversized_calls``; the chain it extended ends there (break reason ``length``, once
+per chain). A later call that fits and extends that chain still continues it.
+
+Departures from Agent Lightning v1.0 (which merges on exact prefix as well): we match against *all*
+chains, not only the previous call's, and we classify every break. Identical prompts retried
+by the harness are kept as separate chains (reason ``retried``): both responses were sampled
+on-policy from the same context, and the discarded one is usually the policy's fault (a malformed
+tool call), so it should receive the rollout's advantage too.
+
+Pure Python: the gateway and dashboard import this module, so it never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from harnessrl.errors import BadRequest
+from harnessrl.schemas import Call, Rollout
+
+#: Why a call did not extend any chain (a new sample starts). See docs/trajectories.md.
+#: - ``new_context``: the prompt diverges from every chain inside that chain's first prompt, before any
+#:   sampled token (a subagent, a fresh conversation sharing at most a system prompt).
+#: - ``history_edited``: the prompt keeps at least one sampled response of a chain, then diverges in
+#:   context after it (tool output, user turn or template glue changed), or a whole earlier response
+#:   was removed/replaced (summarization, compaction, a harness rewriting history).
+#: - ``prefix_mismatch``: the prompt diverges inside a sampled response or at the first token after
+#:   one, or re-renders a response differently (retokenization drift, a template dropping ``<think>``,
+#:   a tool-call parser normalizing JSON or whitespace).
+#: - ``retried``: the prompt is a strict prefix of a chain (the harness re-sent an earlier request
+#:   unchanged, or rewound the conversation to an earlier point).
+#: - ``length``: a call extending a chain is longer than ``max_sample_tokens`` and was dropped; the
+#:   chain's sample ends at its previous call (counted once per chain).
+BREAK_REASONS: tuple[str, ...] = ("new_context", "history_edited", "prefix_mismatch", "retried", "length")
+
+# How many trailing tokens of a response must reappear, when a prompt diverges exactly at the start
+# of that response, for the response to count as re-rendered (prefix_mismatch) not replaced.
+_RERENDER_TAIL = 8
+# How much longer than the original a re-rendered response may be (template glue added).
+_RERENDER_SLACK = 16
+
+
+@dataclass(frozen=True, slots=True)
+class SampledSpan:
+    """A run of policy-sampled tokens in a sample: ``input_ids[start:end]``, one call's response."""
+
+    start: int
+    end: int
+    policy_version: int
+    call_seq: int
+
+
+@dataclass(slots=True)
+class Sample:
+    """One token sequence for training, built from a chain of calls.
+
+    All per-token lists have the length of ``input_ids``. ``behaviour_logprobs`` holds the engine's
+    logprob of each sampled token and 0.0 on context tokens (``loss_mask`` 0). ``advantage`` is set
+    by ``harnessrl.algorithms.assign_advantages``; every sample of a rollout gets the same one.
+    """
+
+    rollout_id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    spans: list[SampledSpan]
+    reward: float | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+    step: int | None = None
+    sample_index: int = 0  # position of this sample among its rollout's samples
+    advantage: float | None = None
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    def policy_versions(self) -> list[int]:
+        """Per-token policy version: the version that sampled the token, -1 on context tokens."""
+        versions = [-1] * len(self.input_ids)
+        for span in self.spans:
+            versions[span.start : span.end] = [span.policy_version] * (span.end - span.start)
+        return versions
+
+
+@dataclass(slots=True)
+class RolloutSamples:
+    """What ``build_rollout_samples`` made of one rollout, with the reasons chains broke."""
+
+    rollout_id: str
+    samples: list[Sample]
+    breaks: Counter[str] = field(default_factory=Counter)
+    calls_used: int = 0
+    calls_other_attempts: int = 0  # calls of earlier (infra-failed) attempts, ignored
+    oversized_calls: int = 0  # calls longer than max_sample_tokens on their own, dropped
+    oversized_tokens: int = 0
+    empty_samples: int = 0  # chains with no sampled token (all responses empty), dropped
+
+
+@dataclass(slots=True)
+class _Chain:
+    input_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    spans: list[SampledSpan]
+    first_response_start: int
+    last_touched: int  # order of the call that last extended it; breaks ties between equal chains
+    responses: list[list[int]]  # response ids per span (for the re-render check)
+    length_capped: bool = False  # a call extending it was dropped for length
+
+
+def group_key(rollout: Rollout) -> str:
+    """The group a rollout's advantage is computed in: ``group_id``, else task and step, else itself."""
+    if rollout.group_id is not None:
+        return rollout.group_id
+    if rollout.task_id is not None:
+        return f"{rollout.task_id}@{rollout.step}"
+    return rollout.rollout_id
+
+
+def _validate(call: Call) -> None:
+    if len(call.response_logprobs) != len(call.response_token_ids):
+        raise BadRequest(
+            f"call {call.seq} of rollout {call.rollout_id}: {len(call.response_token_ids)} response tokens "
+            f"but {len(call.response_logprobs)} logprobs",
+            param="response_logprobs",
+        )
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
+    k = len(needle)
+    return any(list(haystack[i : i + k]) == list(needle) for i in range(len(haystack) - k + 1))
+
+
+def _classify_break(prompt: Sequence[int], chains: Sequence[_Chain]) -> str:
+    """Why ``prompt`` extends none of ``chains`` (at least one chain). One of ``BREAK_REASONS``."""
+    best = max(chains, key=lambda c: (_common_prefix(prompt, c.input_ids), c.last_touched))
+    p = _common_prefix(prompt, best.input_ids)
+    if p == len(prompt):
+        return "retried"
+    if p < best.first_response_start:
+        return "new_context"
+    for span, response in zip(best.spans, best.responses, strict=True):
+        if span.start < p <= span.end:
+            return "prefix_mismatch"
+        if p == span.start:
+            tail = response[-_RERENDER_TAIL:]
+            window = prompt[p : p + len(response) + _RERENDER_SLACK]
+            return "prefix_mismatch" if _contains(window, tail) else "history_edited"
+    return "history_edited"
+
+
+def _new_chain(call: Call, order: int) -> _Chain:
+    prompt = call.prompt_token_ids
+    chain = _Chain(
+        input_ids=list(prompt),
+        loss_mask=[0] * len(prompt),
+        behaviour_logprobs=[0.0] * len(prompt),
+        spans=[],
+        first_response_start=len(prompt),
+        last_touched=order,
+        responses=[],
+    )
+    _append_response(chain, call, order)
+    return chain
+
+
+def _append_response(chain: _Chain, call: Call, order: int) -> None:
+    response = call.response_token_ids
+    if response:
+        start = len(chain.input_ids)
+        chain.spans.append(SampledSpan(start, start + len(response), call.policy_version, call.seq))
+        chain.responses.append(list(response))
+    chain.input_ids.extend(response)
+    chain.loss_mask.extend([1] * len(response))
+    chain.behaviour_logprobs.extend(call.response_logprobs)
+    chain.last_touched = order
+
+
+def build_rollout_samples(
+    rollout: Rollout, calls: Sequence[Call], *, max_sample_tokens: int | None = None
+) -> RolloutSamples:
+    """Build the samples of one rollout from its calls, reporting why chains broke.
+
+    Only calls of the rollout's final attempt (``rollout.attempt``) are used; they are taken in
+    ``seq`` order. Samples come out in the order their chains started.
+    """
+    if max_sample_tokens is not None and max_sample_tokens < 1:
+        raise BadRequest("max_sample_tokens must be at least 1", param="max_sample_tokens")
+    result = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
+    final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
+    result.calls_other_attempts = len(calls) - len(final)
+    chains: list[_Chain] = []
+    for order, call in enumerate(final):
+        _validate(call)
+        prompt = call.prompt_token_ids
+        extended = [
+            c for c in chains if len(c.input_ids) <= len(prompt) and prompt[: len(c.input_ids)] == c.input_ids
+        ]
+        chain = max(extended, key=lambda c: (len(c.input_ids), c.last_touched)) if extended else None
+        size = len(prompt) + len(call.response_token_ids)
+        if max_sample_tokens is not None and size > max_sample_tokens:
+            # Keeping this call means keeping its whole prompt as context: no shorter on-policy
+            # sample exists. Drop it; the chain it extended ends at its previous call.
+            result.oversized_calls += 1
+            result.oversized_tokens += size
+            if chain is not None and not chain.length_capped:
+                chain.length_capped = True
+                result.breaks["length"] += 1
+            continue
+        if chain is not None:
+            context = prompt[len(chain.input_ids) :]  # tool output, template glue: mask 0
+            chain.input_ids.extend(context)
+            chain.loss_mask.extend([0] * len(context))
+            chain.behaviour_logprobs.extend([0.0] * len(context))
+            _append_response(chain, call, order)
+        else:
+            if chains:
+                result.breaks[_classify_break(prompt, chains)] += 1
+            chains.append(_new_chain(call, order))
+        result.calls_used += 1
+
+    for chain in chains:
+        if not chain.spans:
+            result.empty_samples += 1
+            continue
+        result.samples.append(
+            Sample(
+                rollout_id=rollout.rollout_id,
+                input_ids=chain.input_ids,
+                loss_mask=chain.loss_mask,
+                behaviour_logprobs=chain.behaviour_logprobs,
+                spans=chain.spans,
+                reward=rollout.reward,
+                group_id=group_key(rollout),
+                task_id=rollout.task_id,
+                step=rollout.step,
+                sample_index=len(result.samples),
+            )
+        )
+    return result
+
+
+def calls_to_samples(
+    rollout: Rollout, calls: Sequence[Call], *, max_sample_tokens: int | None = None
+) -> list[Sample]:
+    """The samples of one rollout (see ``build_rollout_samples`` for the break report)."""
+    return build_rollout_samples(rollout, calls, max_sample_tokens=max_sample_tokens).samples
