@@ -1,0 +1,138 @@
+"""Per-rollout resource groups on Linux cgroups (v2 unified, or v1 ``memory`` + ``pids``).
+
+Why cgroups and not only rlimits: harnesses run as root on our machines, and the kernel does not
+enforce ``RLIMIT_NPROC`` for root, so a fork bomb is only contained by a ``pids`` cgroup. A memory
+cgroup also lets us tell an OOM kill (``ExitKind.OOM``) from an ordinary crash, and killing every
+process in the group catches children that escaped the process group with ``setsid``.
+
+When no cgroup hierarchy is writable, ``ResourceGroup.create`` returns ``None`` and the sandbox
+falls back to rlimits (see ``enter.py``); the docs say what that loses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def _own_v1_path(controller: str) -> str:
+    """This process's path inside a v1 controller hierarchy (from /proc/self/cgroup)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path.lstrip("/")
+    return ""
+
+
+def _writable_dir(path: Path) -> bool:
+    return path.is_dir() and os.access(path, os.W_OK)
+
+
+@dataclass
+class ResourceGroup:
+    """One rollout's cgroup(s). ``dirs`` are the folders whose ``cgroup.procs`` a process joins."""
+
+    dirs: list[Path]
+    version: int
+    controllers: frozenset[str]  # which limits are enforced by the kernel: {"memory", "pids"}
+
+    @classmethod
+    def create(cls, name: str, *, memory_mb: int | None, max_processes: int | None) -> ResourceGroup | None:
+        """Create the group with the given caps; ``None`` if this machine has no writable cgroups."""
+        unified = CGROUP_ROOT / "unified" if (CGROUP_ROOT / "unified").is_dir() else CGROUP_ROOT
+        # cgroup v2 is usable only if the controllers we need are enabled; on hybrid hosts they live in v1.
+        controllers_file = unified / "cgroup.controllers"
+        if controllers_file.is_file() and {"memory", "pids"} <= set(controllers_file.read_text().split()):
+            group = unified / "harnessrl" / name
+            try:
+                group.mkdir(parents=True, exist_ok=True)
+                (unified / "harnessrl" / "cgroup.subtree_control").write_text("+memory +pids")
+                if memory_mb:
+                    (group / "memory.max").write_text(str(memory_mb * 1024 * 1024))
+                    (group / "memory.swap.max").write_text("0")
+                if max_processes:
+                    (group / "pids.max").write_text(str(max_processes))
+                return cls([group], 2, frozenset({"memory", "pids"}))
+            except OSError:
+                pass
+        dirs, controllers = [], set()
+        for controller, limit_file, value in (
+            ("memory", "memory.limit_in_bytes", memory_mb * 1024 * 1024 if memory_mb else None),
+            ("pids", "pids.max", max_processes),
+        ):
+            base = CGROUP_ROOT / controller / _own_v1_path(controller)
+            if not _writable_dir(base):
+                continue
+            group = base / "harnessrl" / name
+            try:
+                group.mkdir(parents=True, exist_ok=True)
+                if value is not None:
+                    (group / limit_file).write_text(str(value))
+                if controller == "memory":
+                    with contextlib.suppress(OSError):  # no swap accounting on some kernels
+                        (group / "memory.memsw.limit_in_bytes").write_text(str(value))
+            except OSError:
+                continue
+            dirs.append(group)
+            controllers.add(controller)
+        return cls(dirs, 1, frozenset(controllers)) if dirs else None
+
+    def join(self, pid: int | None = None) -> None:
+        """Move ``pid`` (default: this process) into the group; its future children inherit it."""
+        for group in self.dirs:
+            (group / "cgroup.procs").write_text(str(pid or os.getpid()))
+
+    def pids(self) -> set[int]:
+        found: set[int] = set()
+        for group in self.dirs:
+            with contextlib.suppress(OSError):
+                found.update(int(p) for p in (group / "cgroup.procs").read_text().split())
+        return found
+
+    def kill_all(self, rounds: int = 20) -> None:
+        """SIGKILL every process in the group, repeating while a fork bomb keeps making new ones."""
+        for _ in range(rounds):
+            pids = self.pids()
+            if not pids:
+                return
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.02)
+
+    def oom_killed(self) -> bool:
+        for group in self.dirs:
+            for name, key in (("memory.events", "oom_kill"), ("memory.oom_control", "oom_kill")):
+                with contextlib.suppress(OSError):
+                    for line in (group / name).read_text().splitlines():
+                        parts = line.split()
+                        if len(parts) == 2 and parts[0] == key and int(parts[1]) > 0:
+                            return True
+        return False
+
+    def pids_limit_hit(self) -> bool:
+        for group in self.dirs:
+            with contextlib.suppress(OSError):
+                for line in (group / "pids.events").read_text().splitlines():
+                    parts = line.split()
+                    if len(parts) == 2 and parts[0] == "max" and int(parts[1]) > 0:
+                        return True
+        return False
+
+    def destroy(self) -> None:
+        self.kill_all()
+        for group in self.dirs:
+            for _ in range(50):
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:  # processes still exiting
+                    time.sleep(0.02)

@@ -1,0 +1,161 @@
+"""The local runner's sandbox, tried for real: network reaches only the gateway, limits hold,
+timeouts kill the whole tree, and shutdown leaves no orphans.
+
+Every address used here is on 127.0.0.1 (listeners this test starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.base import ExitKind, Launch, ResourceLimits
+from harnessrl.controller.local import LocalRunner
+from harnessrl.sandbox.proxy import GatewayBridge
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and cgroups need root here")
+
+
+class Listener:
+    """A tiny HTTP-ish server on the host's loopback that answers every connection with ``reply``."""
+
+    def __init__(self, reply: bytes):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.port = self.sock.getsockname()[1]
+        self.reply = reply
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(self.reply), self.reply))
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def gateway_listener() -> Listener:
+    return Listener(b"gateway-ok")
+
+
+@pytest.fixture(scope="module")
+def other_listener() -> Listener:
+    return Listener(b"LEAKED")
+
+
+def run_attempt(tmp_path: Path, gateway: Listener, argv: list[str], **kwargs) -> tuple:
+    async def go():
+        async with GatewayBridge("127.0.0.1", gateway.port) as bridge:
+            runner = LocalRunner(bridge_path=bridge.path)
+            launch = Launch(
+                rollout_id="r1",
+                attempt=0,
+                argv=argv,
+                env={"PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+                task={},
+                files={},
+                workspace=tmp_path,
+                cwd=tmp_path,
+                log_dir=tmp_path / "logs",
+                timeout_s=kwargs.get("timeout_s", 30),
+                limits=kwargs.get("limits", ResourceLimits()),
+                network=kwargs.get("network", "gateway"),
+                gateway_port=gateway.port,
+            )
+            started = time.monotonic()
+            handle = await runner.launch(launch)
+            exit_ = await handle.wait()
+            await runner.aclose()
+            return exit_, time.monotonic() - started
+
+    exit_, seconds = asyncio.run(go())
+    stdout = (tmp_path / "logs" / "stdout.log").read_text()
+    return exit_, stdout, seconds
+
+
+def test_gateway_is_reachable_on_its_usual_port(tmp_path, gateway_listener):
+    exit_, out, _ = run_attempt(
+        tmp_path,
+        gateway_listener,
+        [sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{gateway_listener.port}/').read().decode())"],
+    )
+    assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 0
+    assert "gateway-ok" in out
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
+def test_curl_to_another_host_port_fails(tmp_path, gateway_listener, other_listener):
+    before = other_listener.connections
+    exit_, out, _ = run_attempt(
+        tmp_path, gateway_listener, ["curl", "-sS", "-m", "3", f"http://127.0.0.1:{other_listener.port}/"]
+    )
+    assert exit_.exit_code != 0
+    assert "LEAKED" not in out
+    assert other_listener.connections == before
+
+
+def test_python_socket_to_another_host_port_fails(tmp_path, gateway_listener, other_listener):
+    before = other_listener.connections
+    code = (
+        "import socket\n"
+        f"s = socket.create_connection(('127.0.0.1', {other_listener.port}), timeout=3)\n"
+        "s.sendall(b'GET / HTTP/1.0\\r\\n\\r\\n'); print(s.recv(100))\n"
+    )
+    exit_, out, _ = run_attempt(tmp_path, gateway_listener, [sys.executable, "-c", code])
+    assert exit_.exit_code != 0
+    assert "LEAKED" not in out
+    assert other_listener.connections == before
+
+
+def test_sleep_forever_is_killed_at_the_deadline(tmp_path, gateway_listener):
+    exit_, _, seconds = run_attempt(
+        tmp_path, gateway_listener, ["bash", "-c", "sleep 300 & sleep 300; wait"], timeout_s=1.5
+    )
+    assert exit_.kind is ExitKind.TIMEOUT
+    assert seconds < 15
+    # Nothing of the attempt survives: no `sleep 300` left anywhere.
+    leftover = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    assert leftover == []
+
+
+def test_memory_hog_is_contained(tmp_path, gateway_listener):
+    exit_, _, _ = run_attempt(
+        tmp_path,
+        gateway_listener,
+        [sys.executable, "-c", "x = bytearray(2 * 1024**3); print('allocated')"],
+        limits=ResourceLimits(memory_mb=200),
+    )
+    assert exit_.kind in (ExitKind.OOM, ExitKind.EXITED)
+    assert exit_.exit_code != 0
+
+
+def test_fork_bomb_is_contained(tmp_path, gateway_listener):
+    exit_, _, seconds = run_attempt(
+        tmp_path,
+        gateway_listener,
+        ["bash", "-c", ":(){ :|:& };: ; sleep 1; exit 3"],
+        limits=ResourceLimits(max_processes=40),
+        timeout_s=20,
+    )
+    assert exit_.kind in (ExitKind.RESOURCE_LIMIT, ExitKind.TIMEOUT)
+    assert seconds < 25
+
+
+def test_missing_executable_is_a_nonzero_exit(tmp_path, gateway_listener):
+    exit_, _, _ = run_attempt(tmp_path, gateway_listener, ["/nonexistent/harness"])
+    assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 127
