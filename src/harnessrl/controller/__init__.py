@@ -1,0 +1,1 @@
+"""Launching harnesses for queued rollouts, scoring them, and recording outcomes."""

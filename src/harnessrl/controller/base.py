@@ -1,0 +1,103 @@
+"""The controller's vocabulary: what a harness is, how one attempt is launched, and how it ended.
+
+A ``Runner`` (local sandbox, Kubernetes Job) starts one attempt of a rollout from a ``Launch`` and
+returns a ``RunHandle``; the controller waits on it, runs the evaluator, and records the outcome.
+``Exit.kind`` tells policy failures (the harness itself failed, ran out of its own time) apart from
+infrastructure failures (the sandbox or cluster failed) — only the latter are retried and they never
+enter a group's baseline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ResourceLimits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cpu_seconds: int | None = Field(default=None, ge=1, description="RLIMIT_CPU of each process")
+    memory_mb: int | None = Field(default=2048, ge=16, description="address-space / cgroup memory cap")
+    max_processes: int | None = Field(default=256, ge=1, description="process-count cap (fork bombs)")
+    cpus: float | None = Field(default=None, gt=0, description="CPU share (Kubernetes: limits.cpu)")
+
+
+class HarnessSpec(BaseModel):
+    """How to run a harness for one rollout. Strings may use ``{placeholders}`` filled per rollout:
+    ``{rollout_id}``, ``{workspace}``, ``{base_url}`` (OpenAI-style, ends in /v1),
+    ``{anthropic_base_url}``, ``{api_key}``, ``{model}``, ``{task_file}``, ``{prompt}`` (the
+    task's ``prompt`` field, if any) and ``{task[FIELD]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    command: list[str] = Field(min_length=1, description="argv; the first item must be an executable")
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = Field(
+        default=None, description="subfolder of the workspace to start in (template); default: workspace"
+    )
+    files: dict[str, str] = Field(
+        default_factory=dict, description="relative path -> content placed in the workspace (templates)"
+    )
+    repo: str | None = Field(
+        default=None, description="folder (template) copied into the workspace before launch"
+    )
+    git_history: str = Field(default="squash", pattern="^(keep|squash|remove)$")
+    timeout_s: float = Field(default=600.0, gt=0)
+    limits: ResourceLimits = Field(default_factory=ResourceLimits)
+    network: str = Field(default="gateway", pattern="^(gateway|host)$")
+    preset: str | None = None
+    model_name: str = "policy"
+
+
+class ExitKind(StrEnum):
+    EXITED = "exited"  # the process ended by itself (any exit code)
+    TIMEOUT = "timeout"  # killed at the rollout's deadline
+    OOM = "oom"  # killed for exceeding its memory cap
+    RESOURCE_LIMIT = "resource_limit"  # CPU time / process cap hit
+    CANCELLED = "cancelled"  # killed because the rollout was cancelled
+    INFRA = "infra"  # the sandbox, pod or node failed: not the policy's fault
+
+
+@dataclass(frozen=True)
+class Exit:
+    kind: ExitKind
+    exit_code: int | None = None
+    detail: str = ""
+
+
+@dataclass
+class Launch:
+    """Everything a runner needs to start one attempt of one rollout."""
+
+    rollout_id: str
+    attempt: int
+    argv: list[str]
+    env: dict[str, str]
+    task: dict[str, Any]
+    files: dict[str, str]  # rendered harness files (already placed in ``workspace`` for local runs)
+    workspace: Path  # prepared by the controller (files placed, repo copied, history hidden)
+    cwd: Path
+    log_dir: Path  # stdout.log / stderr.log go here
+    timeout_s: float
+    limits: ResourceLimits = field(default_factory=ResourceLimits)
+    network: str = "gateway"
+    gateway_port: int | None = None
+
+
+class RunHandle(Protocol):
+    async def wait(self) -> Exit:
+        """Wait for the attempt to end (the runner enforces the timeout)."""
+
+    async def kill(self, kind: ExitKind = ExitKind.CANCELLED) -> None:
+        """Kill the attempt and everything it started; ``wait`` then returns ``kind``."""
+
+
+class Runner(Protocol):
+    async def launch(self, launch: Launch) -> RunHandle: ...
+
+    async def aclose(self) -> None:
+        """Kill whatever is still running; leave no orphans."""

@@ -1,0 +1,128 @@
+"""Turning a ``HarnessSpec`` into one attempt's argv, environment, files and working folder.
+
+Placeholders like ``{workspace}`` are replaced only when they are one of the known names below, so a
+command can carry shell (``${HOME}``) or JSON braces untouched. The harness's environment is built
+from an allow-list, never inherited wholesale: it must not see the admin key or the host's secrets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Rollout
+
+_PLACEHOLDER = re.compile(
+    r"\{(rollout_id|attempt|workspace|base_url|anthropic_base_url|api_key|model|task_file|prompt|task\[([^\]\}]+)\])\}"
+)
+
+# Variables passed through from the controller's environment (everything else is dropped).
+_INHERITED = ("PATH", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "JAVA_HOME", "NODE_PATH")
+
+# Harnesses and their SDKs phone home for telemetry, updates and cost maps; inside the sandbox
+# those attempts fail anyway, these make them not try (and not wait for timeouts).
+QUIET_ENV = {
+    "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    "HF_HUB_OFFLINE": "1",
+    "DISABLE_TELEMETRY": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+    "TERM": "dumb",
+    "NO_COLOR": "1",
+}
+
+
+@dataclass(frozen=True)
+class RenderedHarness:
+    argv: list[str]
+    env: dict[str, str]
+    files: dict[str, str]
+    cwd: Path
+    repo: Path | None
+    task_file: Path
+
+
+def fill(template: str, values: dict[str, Any], *, field: str) -> str:
+    def substitute(match: re.Match[str]) -> str:
+        name, task_key = match.group(1), match.group(2)
+        if task_key is not None:
+            task = values["task"]
+            if task_key not in task:
+                raise ConfigError(f"{field}: the task has no field {task_key!r} (used as {match.group(0)})")
+            value = task[task_key]
+            return value if isinstance(value, str) else json.dumps(value)
+        if name == "prompt" and values.get("prompt") is None:
+            raise ConfigError(f"{field}: {{prompt}} needs a 'prompt' field in the task")
+        return str(values[name])
+
+    return _PLACEHOLDER.sub(substitute, template)
+
+
+def render_harness(
+    spec: HarnessSpec,
+    *,
+    rollout: Rollout,
+    workspace: Path,
+    base_url: str,
+    anthropic_base_url: str,
+) -> RenderedHarness:
+    task_file = workspace.parent / "task.json"
+    task_file.parent.mkdir(parents=True, exist_ok=True)
+    task_file.write_text(json.dumps(rollout.task, indent=2))
+    values: dict[str, Any] = {
+        "rollout_id": rollout.rollout_id,
+        "attempt": rollout.attempt,
+        "workspace": str(workspace),
+        "base_url": base_url,
+        "anthropic_base_url": anthropic_base_url,
+        "api_key": rollout.api_key,
+        "model": spec.model_name,
+        "task_file": str(task_file),
+        "prompt": rollout.task.get("prompt"),
+        "task": rollout.task,
+    }
+    argv = [fill(arg, values, field=f"harness.command[{i}]") for i, arg in enumerate(spec.command)]
+    if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
+        raise ConfigError(f"harness.command[0]: executable {argv[0]!r} not found on PATH")
+    home = workspace.parent / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
+    env.update(QUIET_ENV)
+    env.update(
+        {
+            "HOME": str(home),
+            "OPENAI_BASE_URL": base_url,
+            "OPENAI_API_BASE": base_url,
+            "OPENAI_API_KEY": rollout.api_key,
+            "ANTHROPIC_BASE_URL": anthropic_base_url,
+            "ANTHROPIC_API_KEY": rollout.api_key,
+            "HARNESSRL_ROLLOUT_ID": rollout.rollout_id,
+            "HARNESSRL_ATTEMPT": str(rollout.attempt),
+            "HARNESSRL_TASK": json.dumps(rollout.task),
+            "HARNESSRL_TASK_FILE": str(task_file),
+            "HARNESSRL_MODEL": spec.model_name,
+        }
+    )
+    for key, value in spec.env.items():
+        env[key] = fill(value, values, field=f"harness.env.{key}")
+    files = {
+        fill(rel, values, field="harness.files"): fill(content, values, field=f"harness.files[{rel!r}]")
+        for rel, content in spec.files.items()
+    }
+    cwd = workspace / fill(spec.workdir, values, field="harness.workdir") if spec.workdir else workspace
+    repo = Path(fill(spec.repo, values, field="harness.repo")) if spec.repo else None
+    return RenderedHarness(argv=argv, env=env, files=files, cwd=cwd, repo=repo, task_file=task_file)
+
+
+def check_harness(spec: HarnessSpec) -> None:
+    """Fail before any rollout starts if the harness cannot run at all."""
+    exe = spec.command[0]
+    if "{" not in exe and shutil.which(exe) is None and not Path(exe).is_file():
+        raise ConfigError(f"harness.command[0]: executable {exe!r} not found on PATH")

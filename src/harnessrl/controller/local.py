@@ -1,0 +1,156 @@
+"""The local runner: each rollout attempt is a sandboxed process tree on this machine.
+
+Per attempt: a cgroup (memory, process count) when the machine allows, a network namespace that
+reaches only the gateway (through ``GatewayBridge``), rlimits, stdout/stderr logged to files, and a
+deadline after which everything in the attempt is killed. ``aclose`` kills whatever is still running,
+so a controller shutdown leaves no orphans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from harnessrl.controller.base import Exit, ExitKind, Launch
+from harnessrl.sandbox.cgroups import ResourceGroup
+from harnessrl.sandbox.enter import SETUP_FAILED
+
+# Processes of the sandbox wrapper itself (Python + relay threads) count against the pids cap.
+_WRAPPER_PIDS = 16
+
+
+class LocalRunHandle:
+    def __init__(self, proc: asyncio.subprocess.Process, launch: Launch, group: ResourceGroup | None):
+        self._proc = proc
+        self._launch = launch
+        self._group = group
+        self._forced: ExitKind | None = None
+        self._exit: Exit | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _kill_tree(self) -> None:
+        if self._group is not None:
+            self._group.kill_all()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, signal.SIGKILL)
+
+    async def kill(self, kind: ExitKind = ExitKind.CANCELLED) -> None:
+        if self._forced is None and self._proc.returncode is None:
+            self._forced = kind
+        self._kill_tree()
+
+    async def wait(self) -> Exit:
+        async with self._lock:
+            if self._exit is None:
+                self._exit = await self._wait()
+            return self._exit
+
+    async def _wait(self) -> Exit:
+        try:
+            code = await asyncio.wait_for(self._proc.wait(), self._launch.timeout_s)
+        except TimeoutError:
+            await self.kill(ExitKind.TIMEOUT)
+            code = await self._proc.wait()
+        # The harness may have left background children behind: they die with the attempt.
+        self._kill_tree()
+        try:
+            return self._classify(code)
+        finally:
+            if self._group is not None:
+                self._group.destroy()
+
+    def _classify(self, code: int) -> Exit:
+        if self._forced is not None:
+            return Exit(self._forced, code, f"killed ({self._forced.value})")
+        if code == SETUP_FAILED:
+            return Exit(ExitKind.INFRA, code, "sandbox setup failed (see stderr.log)")
+        if self._group is not None and self._group.oom_killed():
+            return Exit(ExitKind.OOM, code, "memory limit exceeded")
+        if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and self._launch.limits.cpu_seconds:
+            return Exit(ExitKind.RESOURCE_LIMIT, code, "CPU time limit exceeded")
+        if code != 0 and self._group is not None and self._group.pids_limit_hit():
+            return Exit(ExitKind.RESOURCE_LIMIT, code, "process limit reached")
+        return Exit(ExitKind.EXITED, code, "")
+
+
+class LocalRunner:
+    """Runs harnesses as sandboxed subprocesses. ``bridge_path`` is the gateway's Unix bridge socket."""
+
+    def __init__(self, *, bridge_path: str | None, python: str = sys.executable):
+        self.bridge_path = bridge_path
+        self.python = python
+        self._handles: set[LocalRunHandle] = set()
+
+    async def launch(self, launch: Launch) -> LocalRunHandle:
+        launch.log_dir.mkdir(parents=True, exist_ok=True)
+        name = f"{launch.rollout_id}-{launch.attempt}-{os.getpid()}"
+        limits = launch.limits
+        group = ResourceGroup.create(
+            name,
+            memory_mb=limits.memory_mb,
+            max_processes=(limits.max_processes + _WRAPPER_PIDS) if limits.max_processes else None,
+        )
+        spec = {
+            "argv": launch.argv,
+            "cwd": str(launch.cwd),
+            "env": launch.env,
+            "network": launch.network,
+            "gateway_port": launch.gateway_port,
+            "gateway_unix_socket": self.bridge_path,
+            "cgroup_dirs": [str(d) for d in group.dirs] if group else [],
+            "limits": {
+                **limits.model_dump(),
+                "cgroup_memory": group is not None and "memory" in group.controllers,
+                "cgroup_pids": group is not None and "pids" in group.controllers,
+            },
+        }
+        spec_path = launch.log_dir / f"sandbox-{launch.attempt}.json"
+        spec_path.write_text(json.dumps(spec))
+        stdout = open(launch.log_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
+        stderr = open(launch.log_dir / "stderr.log", "ab")  # noqa: SIM115
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                self.python,
+                "-m",
+                "harnessrl.sandbox.enter",
+                str(spec_path),
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=stdout,
+                stderr=stderr,
+                start_new_session=True,  # one process group for the whole attempt
+            )
+        except BaseException:
+            if group is not None:
+                group.destroy()
+            raise
+        finally:
+            stdout.close()
+            stderr.close()
+        handle = LocalRunHandle(proc, launch, group)
+        self._handles.add(handle)
+        return handle
+
+    def forget(self, handle: LocalRunHandle) -> None:
+        self._handles.discard(handle)
+
+    async def aclose(self) -> None:
+        handles = list(self._handles)
+        for handle in handles:
+            await handle.kill(ExitKind.CANCELLED)
+        for handle in handles:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(handle.wait(), 10)
+        self._handles.clear()
+
+
+def log_paths(log_dir: Path) -> tuple[Path, Path]:
+    return log_dir / "stdout.log", log_dir / "stderr.log"

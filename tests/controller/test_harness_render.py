@@ -1,0 +1,58 @@
+"""Rendering a harness spec: placeholders, env allow-list, and clear errors for bad config."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.harness import check_harness, render_harness
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Rollout
+
+
+def rollout(**task):
+    return Rollout(rollout_id="r-1", api_key="hrl-secret", task=task)
+
+
+def test_placeholders_and_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_ADMIN_KEY", "admin-secret")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "host-secret")
+    spec = HarnessSpec(
+        command=["echo", "{prompt}", "${HOME}", "{task[n]}", '{"json": 1}'],
+        env={"MY_URL": "{base_url}", "ROLL": "{rollout_id}"},
+        files={"cfg/{rollout_id}.txt": "key={api_key}"},
+    )
+    r = render_harness(
+        spec, rollout=rollout(prompt="add 2+2", n=3), workspace=tmp_path / "ws",
+        base_url="http://127.0.0.1:9/rollouts/r-1/v1", anthropic_base_url="http://127.0.0.1:9/rollouts/r-1",
+    )
+    assert r.argv == ["echo", "add 2+2", "${HOME}", "3", '{"json": 1}']
+    assert r.env["OPENAI_BASE_URL"] == r.env["MY_URL"] == "http://127.0.0.1:9/rollouts/r-1/v1"
+    assert r.env["OPENAI_API_KEY"] == r.env["ANTHROPIC_API_KEY"] == "hrl-secret"
+    assert r.env["HARNESSRL_ROLLOUT_ID"] == r.env["ROLL"] == "r-1"
+    assert json.loads(r.env["HARNESSRL_TASK"]) == {"prompt": "add 2+2", "n": 3}
+    assert json.loads(r.task_file.read_text()) == {"prompt": "add 2+2", "n": 3}
+    assert r.files == {"cfg/r-1.txt": "key=hrl-secret"}
+    # The admin key and unrelated host secrets never reach a harness.
+    assert "admin-secret" not in json.dumps(r.env)
+    assert "AWS_SECRET_ACCESS_KEY" not in r.env
+
+
+def test_missing_task_field_names_it(tmp_path):
+    spec = HarnessSpec(command=["echo", "{task[question]}"])
+    with pytest.raises(ConfigError, match="question"):
+        render_harness(spec, rollout=rollout(), workspace=tmp_path / "ws", base_url="u", anthropic_base_url="u")
+
+
+def test_missing_executable_is_reported_before_launch():
+    with pytest.raises(ConfigError, match=r"harness.command\[0\].*no-such-harness"):
+        check_harness(HarnessSpec(command=["no-such-harness", "-p", "x"]))
+
+
+def test_empty_command_is_rejected():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError):
+        HarnessSpec(command=[])
