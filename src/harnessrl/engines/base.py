@@ -29,6 +29,13 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class TokenSample:
+    """One sampled token and its log-probability under the distribution it was sampled from.
+
+    Embedded engine: ``log_softmax(logits / temperature)[token_id]``; greedy (``temperature == 0``)
+    reports the temperature-1 logprob; top-p truncation is not reflected (the value is from the
+    tempered distribution before the nucleus cut). Scripted engine: always ``0.0``.
+    """
+
     token_id: int
     logprob: float
 

@@ -1,0 +1,194 @@
+"""``GatewayClient``: a small synchronous client for the gateway's control API (admin key).
+
+What the controller and trainer use to create rollouts, read their calls, finish them with a
+reward, and pause/resume the gateway around a weight update. Error responses are turned back into
+the ``harnessrl.errors`` class of their status (404 -> ``NotFound``, 409 -> ``Conflict`` ...), so
+callers handle the same exceptions as when talking to the store directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+from harnessrl.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    HarnessRLError,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    Unauthorized,
+    UpstreamError,
+)
+from harnessrl.schemas import Call, Outcome
+
+_BY_STATUS: dict[int, type[HarnessRLError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    403: Forbidden,
+    404: NotFound,
+    409: Conflict,
+    413: PayloadTooLarge,
+    429: Overloaded,
+}
+
+
+class GatewayClient:
+    def __init__(
+        self,
+        base_url: str,
+        admin_key: str,
+        *,
+        timeout: float = 60.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {admin_key}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    # -- plumbing -----------------------------------------------------------------------------------
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"gateway at {self.base_url} unreachable: {exc}") from exc
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response.json()
+
+    @staticmethod
+    def _error(response: httpx.Response) -> HarnessRLError:
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:500]
+        cls = _BY_STATUS.get(response.status_code)
+        if cls is None:
+            cls = UpstreamError if response.status_code >= 500 else HarnessRLError
+        return cls(f"gateway: {message}")
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> GatewayClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- health -------------------------------------------------------------------------------------
+
+    def health(self) -> dict[str, Any]:
+        return self._request("GET", "/api/health")
+
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> dict[str, Any]:
+        """Poll ``/api/health`` until it answers 200; ``UpstreamError`` after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                return self.health()
+            except HarnessRLError as exc:
+                last = exc
+            time.sleep(interval)
+        raise UpstreamError(f"gateway at {self.base_url} not ready after {timeout}s: {last}")
+
+    # -- rollouts -----------------------------------------------------------------------------------
+
+    def create_rollout(
+        self,
+        task: dict[str, Any] | None = None,
+        *,
+        rollout_id: str | None = None,
+        group: str | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        step: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """Create (or fetch, for an existing ``rollout_id``) a rollout: ``rollout_id``, ``api_key``, ``base_url``..."""
+        body: dict[str, Any] = {"task": task or {}}
+        for key, value in (
+            ("rollout_id", rollout_id),
+            ("group", group),
+            ("run_id", run_id),
+            ("task_id", task_id),
+            ("step", step),
+            ("metadata", metadata),
+        ):
+            if value is not None:
+                body[key] = value
+        return self._request("POST", "/api/rollouts", json=body)
+
+    def get_rollout(self, rollout_id: str) -> dict[str, Any]:
+        return self._request("GET", f"/api/rollouts/{rollout_id}")
+
+    def list_rollouts(
+        self,
+        *,
+        status: str | None = None,
+        run_id: str | None = None,
+        limit: int | None = None,
+        offset: int | None = None,
+    ) -> list[dict[str, Any]]:
+        params = {
+            k: v
+            for k, v in {"status": status, "run_id": run_id, "limit": limit, "offset": offset}.items()
+            if v
+        }
+        return self._request("GET", "/api/rollouts", params=params)
+
+    def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
+        params = {"attempt": attempt} if attempt is not None else {}
+        return [
+            Call.model_validate(c)
+            for c in self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params)
+        ]
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        outcome: Outcome | str,
+        reward: float,
+        *,
+        error: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {"outcome": str(Outcome(outcome)), "reward": reward}
+        if error is not None:
+            body["error"] = error
+        if metadata is not None:
+            body["metadata"] = metadata
+        return self._request("POST", f"/api/rollouts/{rollout_id}/finish", json=body)
+
+    def cancel_rollout(self, rollout_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/api/rollouts/{rollout_id}/cancel")
+
+    # -- pause / resume -----------------------------------------------------------------------------
+
+    def pause(self, timeout: float | None = None) -> dict[str, Any]:
+        """Hold new model calls; returns once in-flight calls drained (``drained``) or after ``timeout``."""
+        params = {"timeout": timeout} if timeout is not None else {}
+        http_timeout = None if timeout is None else timeout + 30.0
+        return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
+
+    def resume(self) -> dict[str, Any]:
+        return self._request("POST", "/api/resume")
+
+    def state(self) -> dict[str, Any]:
+        return self._request("GET", "/api/state")
+
+    def metrics(self) -> str:
+        response = self._http.get("/metrics")
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response.text

@@ -1,0 +1,395 @@
+"""The embedded engine: a transformers causal LM in-process, with continuous batching.
+
+One background thread owns the model. Each iteration of its loop it
+
+1. admits waiting requests into free rows and prefills them (chunked: at most ``prefill_chunk``
+   prompt tokens per iteration, so one long prompt does not stall everyone else's decoding);
+2. runs one decode step for every decoding row together (:class:`BatchedDecoder`);
+3. samples (:func:`sample_tokens`) and hands each request its token through its own event loop
+   (one ``call_soon_threadsafe`` per loop per step), then retires finished or cancelled rows.
+
+Logprobs are those of the distribution sampled from (see :mod:`harnessrl.engines.sampling`:
+``log_softmax(logits / T)``; greedy reports temperature 1; top-p truncation is not reflected).
+
+Weight updates take the step lock, so they land between two decode steps; tensors are copied in
+place (``load_state_dict`` into the transformers module, whose projection weights are views into the
+decoder's fused tensors). torch is imported only by this module and :mod:`.decoder`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import os
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.decoder import BatchedDecoder
+from harnessrl.engines.sampling import sample_tokens
+from harnessrl.errors import BadRequest, ConfigError, ContextLengthExceeded, UpstreamError
+from harnessrl.tokenizer import PolicyTokenizer
+
+_DONE = object()  # end-of-stream marker put on a request's queue
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass(eq=False)
+class _Request:
+    prompt: list[int]
+    params: SamplingParams
+    rng: random.Random
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Any]
+    stops: frozenset[int]
+    cancelled: bool = False  # set by the consumer's thread; read by the engine thread
+    prefilled: int = 0  # prompt tokens already in the cache
+    position: int = 0  # tokens in the cache (prompt + generated, minus the pending one)
+    generated: int = 0
+    last_token: int = -1  # sampled but not yet fed back
+    submitted_at: float = field(default_factory=time.monotonic)
+
+
+class EmbeddedEngine:
+    """Serves a local Hugging Face model folder; implements :class:`harnessrl.engines.base.Engine`."""
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        model_name: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        max_batch_size: int = 32,
+        context_length: int | None = None,
+        seed: int = 0,
+        prefill_chunk: int = 512,
+        num_threads: int | None = None,
+    ):
+        if dtype not in _DTYPES:
+            raise ConfigError(f"engine.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        self._model_dir = Path(model_dir)
+        self._model_name = model_name or self._model_dir.name
+        self._device = torch.device(device)
+        self._dtype = _DTYPES[dtype]
+        self._max_batch = max_batch_size
+        self._prefill_chunk = prefill_chunk
+        self._num_threads = num_threads
+        self._tokenizer = PolicyTokenizer.from_dir(self._model_dir)
+        model_ctx = self._tokenizer.max_position_embeddings or 4096
+        self._context_length = min(context_length or model_ctx, model_ctx)
+        self._seed_rng = random.Random(seed)
+        self._seed = seed
+        self._version = 0
+        self._model: Any = None
+        self._decoder: BatchedDecoder | None = None
+        self._pending: collections.deque[_Request] = collections.deque()
+        self._rows: list[_Request] = []  # decoding requests; index = cache row
+        self._prefilling: _Request | None = None  # at most one partly prefilled request...
+        self._prefill_row = 0  # ...whose cache is in this row (>= len(_rows))
+        self._wake = threading.Condition()
+        self._step_lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._failure: BaseException | None = None
+        self._stats = {"steps": 0, "tokens": 0, "requests": 0}
+
+    # --- Engine properties ---------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def tokenizer(self) -> PolicyTokenizer:
+        return self._tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return self._context_length
+
+    @property
+    def policy_version(self) -> int:
+        return self._version
+
+    @property
+    def model(self) -> Any:
+        """The transformers module (its parameters are the ones served)."""
+        return self._model
+
+    # --- lifecycle -----------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoModelForCausalLM
+
+        if self._num_threads:
+            torch.set_num_threads(self._num_threads)
+        torch.manual_seed(self._seed)
+        model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=self._dtype)
+        model.to(self._device).eval().requires_grad_(False)
+        try:
+            decoder = BatchedDecoder(model, max_rows=self._max_batch, context_length=self._context_length)
+        except NotImplementedError as exc:
+            raise ConfigError(f"the embedded engine cannot serve {str(self._model_dir)!r}: {exc}") from exc
+        self._model, self._decoder = model, decoder
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            return
+        await asyncio.to_thread(self._load)
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="harnessrl-engine", daemon=True)
+        self._thread.start()
+
+    async def aclose(self) -> None:
+        with self._wake:
+            self._stopping = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+
+    # --- the public generate -------------------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        if self._thread is None or self._decoder is None:
+            raise UpstreamError("the embedded engine is not started")
+        if self._failure is not None:
+            raise UpstreamError(f"the embedded engine failed: {self._failure!r}")
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise BadRequest("the prompt is empty", param="messages")
+        if len(prompt) >= self._context_length:
+            raise ContextLengthExceeded(
+                f"prompt has {len(prompt)} tokens; the context length is {self._context_length}",
+                param="messages",
+            )
+        vocab = self._decoder.embed.shape[0]
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise BadRequest(f"prompt token IDs must be in [0, {vocab})", param="messages")
+        if params.max_tokens < 1:
+            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(64)
+        request = _Request(
+            prompt=prompt,
+            params=params,
+            rng=random.Random(seed),
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            stops=frozenset(params.stop_token_ids),
+        )
+        with self._wake:
+            self._pending.append(request)
+            self._wake.notify()
+        finished = False
+        try:
+            while True:
+                item = await request.queue.get()
+                if item is _DONE:
+                    finished = True
+                    return
+                if isinstance(item, BaseException):
+                    finished = True
+                    raise item
+                yield item
+        finally:
+            if not finished:  # the consumer closed the iterator or was cancelled: free the row
+                request.cancelled = True
+                with self._wake:
+                    self._wake.notify()
+
+    # --- weights and health --------------------------------------------------------------------------
+
+    def _load_state_dict(self, update: WeightUpdate) -> None:
+        state = update.state_dict
+        if state is None and update.checkpoint_dir is not None:
+            from safetensors.torch import load_file
+
+            state = {}
+            for path in sorted(Path(update.checkpoint_dir).glob("*.safetensors")):
+                state.update(load_file(str(path)))
+        if state is None:
+            raise BadRequest("a weight update needs a state_dict or a checkpoint_dir")
+        with self._step_lock, torch.no_grad():
+            # strict=False: tied weights may be present under one name only.
+            result = self._model.load_state_dict(state, strict=False)
+            if result.unexpected_keys:
+                raise BadRequest(f"unexpected weights in update: {result.unexpected_keys[:5]}")
+            self._version = update.version
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        await asyncio.to_thread(self._load_state_dict, update)
+
+    async def health(self) -> dict[str, Any]:
+        if self._failure is not None:
+            raise UpstreamError(f"the embedded engine failed: {self._failure!r}")
+        if self._thread is None or not self._thread.is_alive():
+            raise UpstreamError("the embedded engine is not running")
+        return {
+            "engine": "embedded",
+            "model": self._model_name,
+            "policy_version": self._version,
+            "device": str(self._device),
+            "dtype": str(self._dtype).removeprefix("torch."),
+            "active": len(self._rows) + (self._prefilling is not None),
+            "waiting": len(self._pending),
+            **self._stats,
+        }
+
+    # --- the engine thread ---------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while True:
+                    with self._wake:
+                        while not (self._stopping or self._pending or self._rows or self._prefilling):
+                            self._decoder.release()  # idle: give the KV cache memory back
+                            self._wake.wait()
+                        if self._stopping:
+                            break
+                    with self._step_lock:
+                        self._step()
+        except BaseException as exc:  # noqa: BLE001 - every waiting caller must hear about it
+            self._failure = exc
+            error = UpstreamError(f"the embedded engine failed: {exc!r}")
+            error.__cause__ = exc
+            self._fail_all(error)
+            return
+        self._fail_all(UpstreamError("the embedded engine shut down"))
+
+    def _fail_all(self, error: BaseException) -> None:
+        with self._wake:
+            waiting = list(self._pending) + self._rows + ([self._prefilling] if self._prefilling else [])
+            self._pending.clear()
+        self._rows, self._prefilling = [], None
+        for request in waiting:
+            request.loop.call_soon_threadsafe(request.queue.put_nowait, error)
+
+    def _step(self) -> None:
+        """One iteration: admit/prefill within the chunk budget, one decode step, deliver, retire."""
+        decoder = self._decoder
+        assert decoder is not None
+        out: list[tuple[_Request, Any]] = []  # (request, TokenSample | _DONE) to deliver
+        # Choose this iteration's prefill segments: the partly prefilled request first, then waiting
+        # ones, up to `prefill_chunk` prompt tokens. Segment j goes to row len(_rows) + j, so the
+        # completed ones line up behind the decoding rows and a partial one (always last) follows.
+        segments: list[tuple[_Request, list[int]]] = []
+        budget = self._prefill_chunk
+        request = self._prefilling
+        if request is not None and request.cancelled:
+            out.append((request, _DONE))
+            self._prefilling = request = None
+        if request is not None and self._prefill_row != len(self._rows):
+            # Rows were retired since its last chunk: bring its partial cache down to its new row.
+            decoder.move_row(self._prefill_row, len(self._rows), request.prefilled)
+        self._prefilling = None
+        while budget > 0 and len(self._rows) + len(segments) < self._max_batch:
+            if request is None:
+                with self._wake:
+                    if not self._pending:
+                        break
+                    request = self._pending.popleft()
+                self._stats["requests"] += 1
+                if request.cancelled:
+                    out.append((request, _DONE))
+                    request = None
+                    continue
+            chunk = request.prompt[request.prefilled : request.prefilled + budget]
+            segments.append((request, chunk))
+            budget -= len(chunk)
+            request = None
+        if segments:
+            first_row = len(self._rows)
+            logits_S_V = decoder.prefill_packed(
+                [(first_row + j, chunk, r.prefilled) for j, (r, chunk) in enumerate(segments)]
+            )
+            fresh, fresh_logits = [], []
+            for j, (r, chunk) in enumerate(segments):
+                r.prefilled += len(chunk)
+                if r.prefilled < len(r.prompt):  # only the last segment can be partial
+                    self._prefilling, self._prefill_row = r, first_row + j
+                    continue
+                r.position = len(r.prompt)
+                self._rows.append(r)
+                fresh.append(r)
+                fresh_logits.append(logits_S_V[j])
+            if fresh:
+                self._sample(fresh, torch.stack(fresh_logits), out)
+        self._retire(out)  # e.g. max_tokens=1, or a stop token sampled right after the prompt
+        if self._rows:
+            decode_rows = list(self._rows)
+            ids_B = torch.tensor([r.last_token for r in decode_rows], dtype=torch.long)
+            pos_B = torch.tensor([r.position for r in decode_rows], dtype=torch.long)
+            logits_B_V = decoder.decode(ids_B, pos_B)
+            for r in decode_rows:
+                r.position += 1
+            self._stats["steps"] += 1
+            self._sample(decode_rows, logits_B_V, out)
+            self._retire(out)
+        self._deliver(out)
+
+    def _sample(
+        self, requests: list[_Request], logits_B_V: torch.Tensor, out: list[tuple[_Request, Any]]
+    ) -> None:
+        temps_B = torch.tensor([r.params.temperature for r in requests], dtype=torch.float32)
+        top_ps_B = torch.tensor([r.params.top_p for r in requests], dtype=torch.float32)
+        uniforms_B = torch.tensor([r.rng.random() for r in requests], dtype=torch.float32)
+        tokens_B, logprobs_B = sample_tokens(logits_B_V, temps_B, top_ps_B, uniforms_B)
+        for request, token, logprob in zip(requests, tokens_B.tolist(), logprobs_B.tolist(), strict=True):
+            request.last_token = token
+            request.generated += 1
+            self._stats["tokens"] += 1
+            out.append((request, TokenSample(token, logprob)))
+
+    def _is_finished(self, r: _Request) -> bool:
+        return (
+            r.cancelled
+            or r.last_token in r.stops
+            or r.generated >= r.params.max_tokens
+            or r.position + 1 >= self._context_length  # no room to feed the last token back
+        )
+
+    def _retire(self, out: list[tuple[_Request, Any]]) -> None:
+        """Remove finished rows, keeping rows 0..n-1 contiguous by moving the last row into each gap."""
+        decoder = self._decoder
+        assert decoder is not None
+        for row in range(len(self._rows) - 1, -1, -1):
+            request = self._rows[row]
+            if not self._is_finished(request):
+                continue
+            if not request.cancelled:
+                out.append((request, _DONE))
+            last = len(self._rows) - 1
+            if row != last:
+                moved = self._rows[last]
+                decoder.move_row(last, row, moved.position)
+                self._rows[row] = moved
+            self._rows.pop()
+
+    def _deliver(self, out: list[tuple[_Request, Any]]) -> None:
+        """Hand tokens to their callers: one thread-safe callback per event loop per step."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[Any], Any]]] = {}
+        for request, item in out:
+            if request.cancelled and item is not _DONE:
+                continue
+            by_loop.setdefault(request.loop, []).append((request.queue, item))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # the caller's loop is closed; nobody is listening
+                loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
+    for queue, item in items:
+        queue.put_nowait(item)

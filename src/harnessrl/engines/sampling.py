@@ -1,0 +1,51 @@
+"""Next-token sampling for a batch of rows with per-row temperature, top-p and random draws.
+
+What the engine reports as a token's logprob (the trainer compares it with its own recomputation):
+
+- ``temperature > 0``: ``log_softmax(logits / T)[token]`` — the tempered distribution the token was
+  drawn from. The trainer must divide its logits by the same ``T`` to compare.
+- ``temperature == 0`` (greedy): ``log_softmax(logits)[token]``, the temperature-1 logprob.
+- top-p truncation is **not** reflected: the logprob is from the tempered distribution before the
+  nucleus is cut and renormalized (the trainer cannot reproduce the cut cheaply, and the untruncated
+  value is what PPO-style ratios are usually computed against).
+
+Randomness: each row brings one uniform number in [0, 1) from its request's own RNG, and the token
+is found by inverse-CDF lookup. A request's tokens therefore depend only on its seed and its logits,
+not on which other requests share the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def sample_tokens(
+    logits_B_V: torch.Tensor, temperatures_B: torch.Tensor, top_ps_B: torch.Tensor, uniforms_B: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row. Returns ``(token_ids_B, logprobs_B)`` (long, float32)."""
+    logits_B_V = logits_B_V.float()
+    greedy_B = temperatures_B <= 0
+    safe_t_B = torch.where(greedy_B, torch.ones_like(temperatures_B), temperatures_B)
+    logprobs_B_V = torch.log_softmax(logits_B_V / safe_t_B[:, None], dim=-1)
+    if bool(greedy_B.all()):
+        tokens_B = logits_B_V.argmax(dim=-1)
+    else:
+        probs_B_V = logprobs_B_V.exp()
+        if bool((top_ps_B < 1.0).any()):
+            sorted_B_V, order_B_V = probs_B_V.sort(dim=-1, descending=True)
+            cum_B_V = sorted_B_V.cumsum(dim=-1)
+            # Keep the smallest prefix whose mass reaches top_p (the first token is always kept).
+            drop_B_V = (cum_B_V - sorted_B_V) >= top_ps_B[:, None]
+            sorted_B_V = sorted_B_V.masked_fill(drop_B_V, 0.0)
+            cdf_B_V = sorted_B_V.cumsum(dim=-1)
+            target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
+            pick_B = torch.searchsorted(cdf_B_V, target_B, right=True).clamp_(max=cdf_B_V.shape[-1] - 1)
+            sampled_B = order_B_V.gather(-1, pick_B)[:, 0]
+        else:
+            cdf_B_V = probs_B_V.cumsum(dim=-1)
+            target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
+            sampled_B = torch.searchsorted(cdf_B_V, target_B, right=True)[:, 0].clamp_(
+                max=cdf_B_V.shape[-1] - 1
+            )
+        tokens_B = torch.where(greedy_B, logits_B_V.argmax(dim=-1), sampled_B)
+    return tokens_B, logprobs_B_V.gather(-1, tokens_B[:, None])[:, 0]

@@ -1,0 +1,81 @@
+"""``create_app``: the gateway's ASGI app (starlette), its routes, and the lifespan owning the engine.
+
+Model API (rollout key): ``/rollouts/{rollout_id}/v1/...`` and, attributed by the key alone,
+``/v1/...``. Control API (admin key): ``/api/...`` and ``/metrics``; ``/api/health`` is open.
+Every error leaves through ``gateway.errors`` in OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.routing import Route
+
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import Engine
+from harnessrl.errors import ConfigError
+from harnessrl.gateway import control
+from harnessrl.gateway.chat import chat_completions
+from harnessrl.gateway.completions import completions, list_models
+from harnessrl.gateway.errors import EXCEPTION_HANDLERS
+from harnessrl.gateway.state import GatewayState
+from harnessrl.store.base import Store
+
+log = logging.getLogger("harnessrl.gateway")
+
+
+def _model_routes(prefix: str) -> list[Route]:
+    return [
+        Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
+        Route(f"{prefix}/completions", completions, methods=["POST"]),
+        Route(f"{prefix}/models", list_models, methods=["GET"]),
+    ]
+
+
+def create_app(
+    config: GatewayConfig, store: Store, engine: Engine, *, keepalive_s: float = 10.0
+) -> Starlette:
+    """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
+
+    ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
+    """
+    if not config.admin_key:
+        raise ConfigError(
+            "gateway.admin_key is required (set HARNESSRL_ADMIN_KEY or let run_gateway make one)"
+        )
+    state = GatewayState(config=config, store=store, engine=engine, keepalive_s=keepalive_s)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await engine.start()
+        state.ready = True
+        state.refresh_gauges()
+        log.info("gateway ready: model %s, policy version %d", engine.model_name, engine.policy_version)
+        try:
+            yield
+        finally:
+            state.ready = False
+            state.gate.resume()  # let anything still held run into the shutdown instead of hanging
+            await engine.aclose()
+
+    routes = [
+        *_model_routes("/rollouts/{rollout_id}/v1"),
+        *_model_routes("/v1"),
+        Route("/api/health", control.health, methods=["GET"]),
+        Route("/api/rollouts", control.create_rollout, methods=["POST"]),
+        Route("/api/rollouts", control.list_rollouts, methods=["GET"]),
+        Route("/api/rollouts/{rollout_id}", control.get_rollout, methods=["GET"]),
+        Route("/api/rollouts/{rollout_id}/calls", control.list_calls, methods=["GET"]),
+        Route("/api/rollouts/{rollout_id}/finish", control.finish_rollout, methods=["POST"]),
+        Route("/api/rollouts/{rollout_id}/cancel", control.cancel_rollout, methods=["POST"]),
+        Route("/api/pause", control.pause, methods=["POST"]),
+        Route("/api/resume", control.resume, methods=["POST"]),
+        Route("/api/state", control.get_state, methods=["GET"]),
+        Route("/metrics", control.metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app.state.gateway = state
+    return app

@@ -1,0 +1,67 @@
+"""Who is calling: the admin (control API) or one rollout (model API).
+
+Keys travel in ``Authorization: Bearer KEY`` (OpenAI SDKs) or ``x-api-key: KEY`` (Anthropic SDKs
+and some harnesses). The admin key opens the control API only; a rollout key opens the model API
+only, and only for its own rollout — a rollout must never be able to read or steer another one.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.requests import Request
+
+from harnessrl.errors import Forbidden, NotFound, Unauthorized
+from harnessrl.gateway.errors import RolloutClosed
+from harnessrl.gateway.state import GatewayState
+from harnessrl.schemas import TERMINAL_STATUSES, Rollout, RolloutStatus
+
+
+def request_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    key = request.headers.get("x-api-key")
+    return key.strip() if key and key.strip() else None
+
+
+def _is_admin(state: GatewayState, key: str | None) -> bool:
+    admin = state.config.admin_key
+    return bool(key and admin and hmac.compare_digest(key.encode(), admin.encode()))
+
+
+def require_admin(request: Request, state: GatewayState) -> None:
+    key = request_key(request)
+    if key is None:
+        raise Unauthorized("missing admin key: send 'Authorization: Bearer <admin key>' or 'x-api-key'")
+    if not _is_admin(state, key):
+        raise Unauthorized("invalid admin key (rollout keys cannot use the control API)")
+
+
+async def authorize_rollout(request: Request, state: GatewayState, rollout_id: str | None) -> Rollout:
+    """The rollout this model call belongs to (by its key, checked against the URL's rollout id)."""
+    key = request_key(request)
+    if key is None:
+        raise Unauthorized("missing API key: send the rollout's key as 'Authorization: Bearer <key>'")
+    if _is_admin(state, key):
+        raise Unauthorized("the admin key cannot make model calls; use the rollout's own API key")
+    try:
+        rollout = await state.in_thread(state.store.get_rollout_by_key, key)
+    except NotFound:
+        raise Unauthorized("invalid API key") from None
+    if rollout_id is not None and rollout.rollout_id != rollout_id:
+        raise Forbidden("this API key belongs to another rollout")
+    return rollout
+
+
+async def open_rollout(state: GatewayState, rollout: Rollout) -> Rollout:
+    """A rollout that may take model calls: a queued one starts now; a closed one is refused (409)."""
+    if rollout.status in TERMINAL_STATUSES:
+        raise RolloutClosed(
+            f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more calls"
+        )
+    if rollout.status is RolloutStatus.QUEUED:
+        rollout = await state.in_thread(state.store.start_rollout, rollout.rollout_id)
+    return rollout

@@ -1,0 +1,179 @@
+"""Request bodies: reading them under a size limit, and the pydantic models that validate them.
+
+Model-API bodies allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``,
+``store``, ``user`` ...) that must be ignored, not rejected. Control-API bodies are ours and
+strict. Validation errors become a 400 naming the field (``gateway.errors.from_validation_error``).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import ClientDisconnect, Request
+
+from harnessrl.errors import BadRequest, PayloadTooLarge
+from harnessrl.gateway.errors import from_validation_error
+from harnessrl.schemas import Outcome
+
+B = TypeVar("B", bound=BaseModel)
+
+
+async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The body as a JSON object; 413 past ``max_bytes`` (declared or actually sent), 400 if not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            if int(declared) > max_bytes:
+                raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {max_bytes}")
+        except ValueError as exc:
+            raise BadRequest("invalid Content-Length header") from exc
+    # Chunked bodies have no Content-Length: count while reading so a huge body never sits in memory.
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"request body exceeds the limit of {max_bytes} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect as exc:
+        raise BadRequest("client disconnected while sending the body") from exc
+    raw = b"".join(chunks)
+    if not raw.strip():
+        raise BadRequest("request body is empty; expected a JSON object")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequest(f"request body must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def validate_body(model: type[B], data: dict[str, Any]) -> B:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise from_validation_error(exc, data) from exc
+
+
+# -- model API ------------------------------------------------------------------------------------
+
+
+class Lenient(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCall(Lenient):
+    name: str
+    arguments: str | dict[str, Any] = "{}"
+
+
+class ToolCallIn(Lenient):
+    id: str | None = None
+    type: str | None = "function"
+    function: FunctionCall
+
+
+class MessageIn(Lenient):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any] | str] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+
+
+class StreamOptions(Lenient):
+    include_usage: bool | None = None
+
+
+class SamplingFields(Lenient):
+    """Fields chat and legacy completions share."""
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1)
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+
+    def stop_strings(self) -> list[str]:
+        if self.stop is None:
+            return []
+        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
+        return [s for s in stops if s]
+
+    def check_n(self) -> None:
+        if self.n not in (None, 1):
+            raise BadRequest("only n=1 is supported: each call is one sample of the policy", param="n")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[MessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension, e.g. enable_thinking
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def wants_tool_calls(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool | None = None
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt of this request (batches of one are unwrapped; larger batches are refused)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise BadRequest("only one prompt per request is supported", param="prompt")
+            prompt = prompt[0]
+        if isinstance(prompt, list) and not prompt:
+            raise BadRequest("prompt is empty", param="prompt")
+        return prompt  # type: ignore[return-value]
+
+
+# -- control API ----------------------------------------------------------------------------------
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class CreateRolloutRequest(Strict):
+    task: dict[str, Any] = Field(default_factory=dict)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
+    group: str | None = None
+    run_id: str | None = None
+    task_id: str | None = None
+    step: int | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class FinishRolloutRequest(Strict):
+    outcome: Outcome
+    reward: float
+    error: str | None = None
+    metadata: dict[str, Any] | None = None

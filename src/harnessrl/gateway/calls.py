@@ -1,0 +1,222 @@
+"""The life of one model call, shared by every provider API: admit, generate, record.
+
+Order matters and is the same for every API: authenticate and validate, tokenize (before the
+pause gate, so a paused gateway still answers bad requests at once), wait at the gate, generate,
+then make the call durable in the store, and only then hand the client the full answer. A call
+whose client went away before the end is not recorded: no one saw its answer, so no later call
+can build on it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+
+from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.auth import open_rollout
+from harnessrl.gateway.bodies import SamplingFields
+from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.generation import Generation
+from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.pause import Ticket
+from harnessrl.gateway.state import GatewayState
+from harnessrl.schemas import Call, Rollout, Usage, now
+
+
+def sampling_params(
+    state: GatewayState,
+    body: SamplingFields,
+    prompt_len: int,
+    requested_max: int | None,
+    rollout: Rollout | None = None,
+) -> SamplingParams:
+    """Sampling settings for the engine; 400 if the prompt plus ``max_tokens`` cannot fit the context.
+
+    A rollout may carry ``metadata["sampling"]`` set by whoever created it (the trainer): its
+    ``temperature`` / ``top_p`` replace the harness's, and its ``max_tokens`` caps the harness's.
+    That is how training runs sample at the temperature the trainer's logprobs assume and how
+    evaluations run greedy, whatever the unmodified harness asks for.
+    """
+    overrides = (rollout.metadata.get("sampling") or {}) if rollout is not None else {}
+    if overrides.get("max_tokens") is not None:
+        cap = int(overrides["max_tokens"])
+        requested_max = cap if requested_max is None else min(requested_max, cap)
+    temperature = 1.0 if body.temperature is None else body.temperature
+    temperature = float(overrides.get("temperature", temperature))
+    top_p = 1.0 if body.top_p is None else body.top_p
+    top_p = float(overrides.get("top_p", top_p))
+    context = state.engine.context_length
+    room = context - prompt_len
+    if room <= 0:
+        raise ContextLengthExceeded(
+            f"the prompt has {prompt_len} tokens; this model's context length is {context}", param="messages"
+        )
+    if requested_max is not None:
+        if requested_max > room:
+            raise ContextLengthExceeded(
+                f"the prompt has {prompt_len} tokens and max_tokens is {requested_max}; together they exceed "
+                f"this model's context length of {context}",
+                param="max_tokens",
+            )
+        max_tokens = requested_max
+    else:
+        max_tokens = min(room, state.config.default_max_tokens or room)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        stop_token_ids=tuple(state.engine.tokenizer.stop_token_ids),
+        seed=body.seed,
+    )
+
+
+def check_token_ids(state: GatewayState, ids: list[int]) -> None:
+    limit = state.engine.tokenizer.vocab_size
+    bad = next((t for t in ids if not 0 <= t < limit), None)
+    if bad is not None:
+        raise BadRequest(f"token id {bad} is outside the vocabulary (0..{limit - 1})", param="prompt")
+
+
+@dataclass
+class PreparedCall:
+    """A validated, tokenized call, ready to wait at the gate and generate."""
+
+    state: GatewayState
+    rollout: Rollout
+    memory: RolloutMemory
+    api: str
+    request: dict[str, Any]
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    generation: Generation | None = None
+    stored: Call | None = None
+    _ticket: Ticket | None = None
+    _waited_s: float = 0.0
+
+    async def admit(self, *, keepalive: bool = False) -> AsyncIterator[str]:
+        """Wait at the pause gate; yields SSE keep-alive comments while waiting if asked to."""
+        state = self.state
+        self._ticket = state.gate.join()
+        state.refresh_gauges()
+        began = now()
+        if not self._ticket.admitted:
+            while not await self._ticket.wait(state.keepalive_s if keepalive else None):
+                yield ": waiting for the gateway to resume\n\n"
+            # The rollout may have been finished or cancelled while we waited.
+            self.rollout = await open_rollout(
+                state, await state.in_thread(state.store.get_rollout, self.rollout.rollout_id)
+            )
+        self._waited_s = now() - began
+        state.metrics.pause_wait.observe(self._waited_s)
+        state.refresh_gauges()
+
+    def start(self) -> Generation:
+        """Create the generation; reads the call index now so concurrent calls get distinct ones."""
+        index = self.memory.begin_call()
+        context = GenerationContext(rollout_id=self.rollout.rollout_id, call_index=index)
+        self.generation = Generation(self.state.engine, self.prompt_ids, self.params, self.stop, context)
+        return self.generation
+
+    async def record(self, response: dict[str, Any], finish_reason: str) -> Call:
+        """Make the answered call durable; the client must not get the full answer before this returns."""
+        gen = self.generation
+        assert gen is not None, "record() before start()"
+        call = Call(
+            rollout_id=self.rollout.rollout_id,
+            attempt=self.rollout.attempt,
+            api=self.api,
+            request=self.request,
+            response=response,
+            prompt_token_ids=self.prompt_ids,
+            response_token_ids=gen.token_ids,
+            response_logprobs=gen.logprobs,
+            policy_version=gen.policy_version,
+            finish_reason=finish_reason,
+            usage=Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(gen.token_ids)),
+            started_at=gen.started_at,
+            first_token_at=gen.first_token_at,
+            finished_at=gen.finished_at,
+        )
+        # Shielded: once the write starts, finish it and remember it even if the client just left.
+        with anyio.CancelScope(shield=True):
+            return await self._store(call)
+
+    async def _store(self, call: Call) -> Call:
+        state = self.state
+        stored = await state.in_thread(state.store.add_call, call)
+        # Synchronously after the write: the next call of this rollout must see it for reuse.
+        state.history.record(stored)
+        self.stored = stored
+        m = state.metrics
+        m.calls.labels(api=self.api, finish_reason=stored.finish_reason).inc()
+        m.prompt_tokens.inc(len(stored.prompt_token_ids))
+        m.completion_tokens.inc(len(stored.response_token_ids))
+        if call.finished_at is not None:
+            m.latency.labels(api=self.api).observe(call.finished_at - call.started_at)
+        if call.first_token_at is not None:
+            m.first_token.labels(api=self.api).observe(call.first_token_at - call.started_at)
+        return stored
+
+    def finish(self) -> None:
+        """Leave the gate and the rollout's in-flight count (always, in a ``finally``)."""
+        if self.generation is not None and self.generation.context is not None:
+            self.memory.end_call()
+            self.generation.context = None  # make finish() idempotent
+        if self._ticket is not None:
+            self._ticket.release()
+            self._ticket = None
+        self.state.refresh_gauges()
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-harnessrl-rollout-id": self.rollout.rollout_id}
+        if self.stored is not None:
+            out["x-harnessrl-call-seq"] = str(self.stored.seq)
+            out["x-harnessrl-policy-version"] = str(self.stored.policy_version)
+        return out
+
+
+async def run_to_end(call: PreparedCall) -> None:
+    """Non-streaming: wait at the gate, then generate to the end."""
+    async for _ in call.admit():
+        pass
+    await call.start().run()
+
+
+def sse(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, None]]) -> AsyncIterator[str]:
+    """Wrap an API's chunk generator: keep-alives at the gate, errors as SSE events, disconnect counting."""
+    state = call.state
+    completed = False
+    try:
+        async for comment in call.admit(keepalive=True):
+            yield comment
+        chunks = body()
+        try:
+            async for chunk in chunks:
+                yield chunk
+        finally:
+            # Close the API's generator (and through it the engine's) even when we are being
+            # cancelled by a client disconnect; shielded so the close itself is not cancelled.
+            with anyio.CancelScope(shield=True):
+                await chunks.aclose()
+        completed = True
+        yield "data: [DONE]\n\n"
+    except HarnessRLError as exc:
+        completed = True
+        state.metrics.errors.labels(code=exc.code).inc()
+        yield sse_error(exc)
+    finally:
+        if not completed and call.stored is None:
+            # The client disconnected (or the server is shutting down) before the answer was whole;
+            # closing ``body`` closed the engine iterator, which cancelled the generation.
+            state.metrics.disconnects.inc()
+        call.finish()

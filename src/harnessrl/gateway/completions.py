@@ -1,0 +1,169 @@
+"""``POST /v1/completions`` (legacy text completions) and ``GET /v1/models``.
+
+The prompt is text (encoded with the policy's tokenizer, special-token strings included) or a list
+of token IDs used verbatim — the way to drive the policy token-in/token-out from outside. No chat
+template and no reuse: the caller owns the exact prompt.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from harnessrl.errors import BadRequest
+from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.gateway.bodies import CompletionRequest, read_json, validate_body
+from harnessrl.gateway.calls import (
+    PreparedCall,
+    check_token_ids,
+    run_to_end,
+    sampling_params,
+    sse,
+    sse_stream,
+)
+from harnessrl.gateway.chat import SSE_HEADERS
+from harnessrl.gateway.state import GatewayState
+
+
+class _LegacyLogprobs:
+    """Accumulates the legacy ``{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`` shape."""
+
+    def __init__(self, state: GatewayState, offset: int = 0) -> None:
+        self._state = state
+        self._offset = offset
+        self.clear()
+
+    def clear(self) -> None:
+        self.tokens: list[str] = []
+        self.token_logprobs: list[float] = []
+        self.text_offset: list[int] = []
+
+    def add(self, token_id: int, logprob: float) -> None:
+        token = self._state.engine.tokenizer.decode([token_id])
+        self.tokens.append(token)
+        self.token_logprobs.append(logprob)
+        self.text_offset.append(self._offset)
+        self._offset += len(token)
+
+    def take(self) -> dict[str, Any]:
+        out = {
+            "tokens": self.tokens,
+            "token_logprobs": self.token_logprobs,
+            "top_logprobs": None,
+            "text_offset": self.text_offset,
+        }
+        self.clear()
+        return out
+
+
+async def completions(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    data = await read_json(request, state.config.max_body_bytes)
+    body = validate_body(CompletionRequest, data)
+    body.check_n()
+    prompt = body.single_prompt()
+    if isinstance(prompt, str):
+        prompt_ids = await state.in_thread(state.engine.tokenizer.encode, prompt)
+        if not prompt_ids:
+            raise BadRequest("prompt is empty", param="prompt")
+    else:
+        prompt_ids = list(prompt)
+        check_token_ids(state, prompt_ids)
+    rollout = await open_rollout(state, rollout)
+    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    params = sampling_params(state, body, len(prompt_ids), body.max_tokens, rollout)
+    call = PreparedCall(state, rollout, memory, "completions", data, prompt_ids, params, body.stop_strings())
+    model = body.model or state.engine.model_name
+    want_lp = body.logprobs is not None
+    if body.stream:
+        stream = sse_stream(call, lambda: _chunks(call, body, model))
+        return StreamingResponse(
+            stream, media_type="text/event-stream", headers={**SSE_HEADERS, **call.headers()}
+        )
+    try:
+        await run_to_end(call)
+        gen = call.generation
+        assert gen is not None
+        await call.record({"text": gen.text}, gen.finish_reason)
+    finally:
+        call.finish()
+    logprobs = None
+    if want_lp:
+        acc = _LegacyLogprobs(state)
+        stop_ids = set(params.stop_token_ids)
+        for t, lp in zip(gen.token_ids, gen.logprobs, strict=True):
+            if t not in stop_ids:
+                acc.add(t, lp)
+        logprobs = acc.take()
+    payload = {
+        "id": f"cmpl-{secrets.token_hex(12)}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"harnessrl-policy-{gen.policy_version}",
+        "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": gen.finish_reason}],
+        "usage": _usage(call),
+    }
+    return JSONResponse(payload, headers=call.headers())
+
+
+def _usage(call: PreparedCall) -> dict[str, int]:
+    completion = len(call.generation.token_ids) if call.generation else 0
+    return {
+        "prompt_tokens": len(call.prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(call.prompt_ids) + completion,
+    }
+
+
+async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> AsyncGenerator[str, None]:
+    state = call.state
+    gen = call.start()
+    base = {
+        "id": f"cmpl-{secrets.token_hex(12)}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"harnessrl-policy-{state.engine.policy_version}",
+    }
+    acc = _LegacyLogprobs(state) if body.logprobs is not None else None
+
+    def chunk(text: str, finish: str | None = None) -> str:
+        lp = acc.take() if acc is not None else None
+        return sse({**base, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
+
+    async for piece in gen.pieces():
+        if acc is not None and piece.token_id >= 0 and not piece.is_stop_token:
+            acc.add(piece.token_id, piece.logprob)
+        if piece.text:
+            yield chunk(piece.text)
+    await call.record({"text": gen.text}, gen.finish_reason)
+    yield chunk("", finish=gen.finish_reason)
+    if body.include_usage:
+        yield sse({**base, "choices": [], "usage": _usage(call)})
+
+
+async def list_models(request: Request) -> Response:
+    state: GatewayState = request.app.state.gateway
+    await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    created = int(state.started_at)
+    # Harnesses send whatever model name they were configured with; every name reaches the policy.
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.engine.model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "harnessrl",
+                }
+            ],
+        }
+    )

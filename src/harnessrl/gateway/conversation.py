@@ -1,0 +1,236 @@
+"""Chat messages -> prompt token IDs, reusing the exact tokens the policy sampled earlier.
+
+Pure functions (no I/O), so the property the whole project rests on is unit-testable: for a
+harness that only appends to its history, call k+1's prompt starts with call k's prompt followed by
+call k's sampled response, token for token.
+
+The algorithm (``build_prompt``):
+
+1. Normalize the messages (content parts -> one string, ``None`` -> "", tool-call arguments -> a
+   JSON object when they parse, ``developer`` -> ``system``) and render the whole conversation with
+   the policy's chat template and generation prompt: ``T_full``.
+2. Among this rollout's earlier calls, find the one with the most messages such that the new
+   ``messages[:n]`` equal its messages and ``messages[n]`` is semantically the assistant message
+   it answered (same stripped text; same tool calls by name and parsed arguments; ids ignored).
+3. Render ``messages[:n+1]`` without generation prompt: ``T_prefix``. If ``T_full`` starts with
+   it, the new text is ``tail = T_full[len(T_prefix):]``, and ``glue`` is whatever the template
+   put after the assistant turn's end-of-turn token (``"\\n"`` for ChatML).
+4. prompt = earlier prompt + earlier response (+ the end-of-turn token if the sampled response did
+   not end with a stop token, e.g. it hit ``max_tokens`` or a stop string) + encode(glue + tail).
+
+Anything that does not line up falls back to ``encode(T_full)``; the result says which path was
+taken (``reused``, ``first``, ``no_match``, ``mismatch``) for the metrics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from harnessrl.errors import BadRequest
+
+if TYPE_CHECKING:
+    from harnessrl.tokenizer import PolicyTokenizer
+
+_KEEP_FIELDS = ("name", "tool_call_id", "reasoning_content")
+
+
+def normalize_content(content: Any, where: str = "content") -> str:
+    """One string from OpenAI content: a string, ``None``, or a list of text parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        pieces = []
+        for i, part in enumerate(content):
+            if isinstance(part, str):
+                pieces.append(part)
+            elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
+                text = part.get("text")
+                if not isinstance(text, str):
+                    raise BadRequest(f"{where}[{i}].text must be a string", param=f"{where}.{i}.text")
+                pieces.append(text)
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise BadRequest(
+                    f"{where}[{i}]: content part of type {kind!r} is not supported (text only)",
+                    param=f"{where}.{i}",
+                )
+        return "".join(pieces)
+    raise BadRequest(f"{where} must be a string, a list of parts, or null", param=where)
+
+
+def normalize_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as a JSON object when they are one (a string or a dict), else unchanged."""
+    if isinstance(arguments, str):
+        try:
+            parsed = json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+        return parsed if isinstance(parsed, dict) else arguments
+    return arguments
+
+
+def normalize_message(message: dict[str, Any], index: int = 0) -> dict[str, Any]:
+    """The message in the one shape the chat template and the matching both see."""
+    where = f"messages.{index}"
+    role = message.get("role")
+    if not isinstance(role, str):
+        raise BadRequest(f"{where}.role is required", param=f"{where}.role")
+    role = {"developer": "system", "function": "tool"}.get(role, role)
+    out: dict[str, Any] = {
+        "role": role,
+        "content": normalize_content(message.get("content"), f"{where}.content"),
+    }
+    for key in _KEEP_FIELDS:
+        if message.get(key) is not None:
+            out[key] = message[key]
+    calls = message.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = []
+        for j, call in enumerate(calls):
+            fn = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+                raise BadRequest(
+                    f"{where}.tool_calls.{j}.function.name is required", param=f"{where}.tool_calls.{j}"
+                )
+            out["tool_calls"].append(
+                {
+                    "id": call.get("id") or f"call_{index}_{j}",
+                    "type": "function",
+                    "function": {
+                        "name": fn["name"],
+                        "arguments": normalize_arguments(fn.get("arguments", {})),
+                    },
+                }
+            )
+    return out
+
+
+def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [normalize_message(m, i) for i, m in enumerate(messages)]
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def message_key(message: dict[str, Any]) -> str:
+    """A comparable fingerprint of a normalized message: what it says, not how it was serialized.
+
+    Ignored: tool-call ids, surrounding whitespace, JSON key order and spacing in arguments.
+    """
+    calls = [
+        (c["function"]["name"], _canonical(c["function"]["arguments"])) for c in message.get("tool_calls", [])
+    ]
+    return _canonical(
+        {
+            "role": message["role"],
+            "content": message["content"].strip(),
+            "tool_calls": calls,
+            "name": message.get("name"),
+            "reasoning": (message.get("reasoning_content") or "").strip(),
+        }
+    )
+
+
+@dataclass(frozen=True)
+class PriorCall:
+    """What reuse needs to remember of one answered chat call."""
+
+    message_keys: tuple[str, ...]  # fingerprints of the request's normalized messages
+    answer_key: str  # fingerprint of the assistant message the gateway answered with
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+
+    @classmethod
+    def from_call(
+        cls,
+        request_messages: Sequence[dict[str, Any]],
+        answer: dict[str, Any],
+        prompt_ids: Sequence[int],
+        response_ids: Sequence[int],
+    ) -> PriorCall:
+        return cls(
+            message_keys=tuple(message_key(m) for m in normalize_messages(request_messages)),
+            answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
+            prompt_ids=tuple(prompt_ids),
+            response_ids=tuple(response_ids),
+        )
+
+
+@dataclass(frozen=True)
+class PromptPlan:
+    prompt_ids: list[int]
+    result: str  # reused | first | no_match | mismatch
+    reused_tokens: int = 0  # how many leading tokens were taken from an earlier call verbatim
+
+
+def find_prior(keys: Sequence[str], priors: Iterable[PriorCall]) -> PriorCall | None:
+    """The earlier call with the most messages whose history and answer this conversation continues."""
+    best: PriorCall | None = None
+    for prior in priors:
+        n = len(prior.message_keys)
+        if n >= len(keys) or (best is not None and n < len(best.message_keys)):
+            continue
+        if tuple(keys[:n]) == prior.message_keys and keys[n] == prior.answer_key:
+            best = prior  # ties go to the later call
+    return best
+
+
+def build_prompt(
+    tokenizer: PolicyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    priors: Iterable[PriorCall] = (),
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> PromptPlan:
+    """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens."""
+    kwargs = template_kwargs or {}
+    full_text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
+    priors = list(priors)
+    keys = [message_key(m) for m in messages]
+    prior = find_prior(keys, priors)
+    if prior is None:
+        return PromptPlan(tokenizer.encode(full_text), "no_match" if priors else "first")
+    n = len(prior.message_keys)
+    prefix_text = tokenizer.render_chat(
+        list(messages[: n + 1]), tools=tools, add_generation_prompt=False, **kwargs
+    )
+    spliced = _splice(tokenizer, prior, prefix_text, full_text)
+    if spliced is None:
+        return PromptPlan(tokenizer.encode(full_text), "mismatch")
+    return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+
+
+def _splice(
+    tokenizer: PolicyTokenizer, prior: PriorCall, prefix_text: str, full_text: str
+) -> list[int] | None:
+    if not full_text.startswith(prefix_text):
+        return None  # the template renders the shared history differently with more turns after it
+    stop_ids = list(tokenizer.stop_token_ids)
+    # The end-of-turn token closing the assistant turn is the last stop-token string in the prefix.
+    best_pos, eot_id, eot_text = -1, None, ""
+    for token_id in stop_ids:
+        text = tokenizer.decode([token_id])
+        if not text:
+            continue
+        pos = prefix_text.rfind(text)
+        if pos > best_pos:
+            best_pos, eot_id, eot_text = pos, token_id, text
+    if eot_id is None:
+        return None
+    glue = prefix_text[best_pos + len(eot_text) :]
+    if glue.strip():
+        # Text after the last end-of-turn token means the assistant turn did not end with one (an
+        # unusual template); splicing would duplicate or drop text, so tokenize fully instead.
+        return None
+    tail = full_text[len(prefix_text) :]
+    ids = list(prior.prompt_ids) + list(prior.response_ids)
+    if not prior.response_ids or prior.response_ids[-1] not in stop_ids:
+        ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
+    return ids + list(tokenizer.encode(glue + tail))

@@ -1,0 +1,154 @@
+"""The gateway's one error boundary: every failure leaves as OpenAI's error shape.
+
+``{"error": {"message", "type", "code", "param"}}`` with the status of the ``HarnessRLError``
+subclass. Client mistakes are 4xx and carry ``x-should-retry: false`` so the OpenAI SDK (and
+litellm, which wraps it) does not retry them; unexpected exceptions become a logged 500 in the
+same shape. Streaming responses that fail after their headers went out use ``sse_error``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from harnessrl.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    HarnessRLError,
+    NotFound,
+    PayloadTooLarge,
+    Unauthorized,
+)
+
+log = logging.getLogger("harnessrl.gateway")
+
+
+class RolloutClosed(Conflict):
+    """A model call for a rollout that is finished, failed or cancelled."""
+
+    code = "rollout_closed"
+
+
+class MethodNotAllowed(HarnessRLError):
+    http_status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+def error_body(exc: HarnessRLError) -> dict[str, Any]:
+    """OpenAI's error object for ``exc``."""
+    return {
+        "error": {
+            "message": str(exc) or exc.__class__.__name__,
+            "type": exc.error_type,
+            "code": exc.code,
+            "param": getattr(exc, "param", None),
+        }
+    }
+
+
+def error_headers(status: int) -> dict[str, str]:
+    # The SDKs retry 408/409/429/5xx by default; a 4xx here is the client's mistake or a closed
+    # rollout, which retrying cannot fix. 429 (overload) is the one 4xx worth retrying.
+    if 400 <= status < 500 and status != 429:
+        return {"x-should-retry": "false"}
+    return {}
+
+
+def error_response(exc: HarnessRLError) -> JSONResponse:
+    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=error_headers(exc.http_status))
+
+
+def sse_error(exc: HarnessRLError) -> str:
+    """An error delivered inside an SSE stream whose 200 header is already sent (as the OpenAI SDK expects)."""
+    return f"data: {json.dumps(error_body(exc))}\n\n"
+
+
+def _field_path(loc: tuple[Any, ...], data: Any, missing: bool) -> str:
+    """The part of pydantic's ``loc`` that names a place in the body.
+
+    Union members add their type to the path (``stop.str``, ``stop.list[str]``); those are not
+    fields, so the path stops where the body has no such key (a missing field keeps its name).
+    """
+    parts: list[str] = []
+    node = data
+    for i, part in enumerate(loc):
+        in_dict = isinstance(node, dict) and isinstance(part, str) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_dict or in_list:
+            node = node[part]  # type: ignore[index]
+        elif missing and i == len(loc) - 1:
+            pass
+        else:
+            break
+        parts.append(str(part))
+    return ".".join(parts)
+
+
+def from_validation_error(exc: ValidationError, data: Any = None) -> BadRequest:
+    """A 400 naming the first offending field (``messages.0.role``) and listing every problem."""
+    problems = []
+    first_param = None
+    for err in exc.errors():
+        if data is None:
+            path = ".".join(str(part) for part in err["loc"])
+        else:
+            path = _field_path(tuple(err["loc"]), data, err["type"] == "missing")
+        first_param = first_param or path or None
+        problems.append(f"{path or 'body'}: {err['msg']}")
+    return BadRequest("invalid request: " + "; ".join(dict.fromkeys(problems)), param=first_param)
+
+
+def _count(request: Request, exc: HarnessRLError) -> None:
+    gateway = getattr(request.app.state, "gateway", None)
+    if gateway is not None:
+        gateway.metrics.errors.labels(code=exc.code).inc()
+
+
+async def handle_harnessrl_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, HarnessRLError)
+    _count(request, exc)
+    if exc.http_status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.http_status, exc)
+    return error_response(exc)
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own 404/405 (unknown route, wrong method) in the same shape."""
+    assert isinstance(exc, HTTPException)
+    mapped: HarnessRLError
+    if exc.status_code == 404:
+        mapped = NotFound(f"no route {request.method} {request.url.path}")
+    elif exc.status_code == 405:
+        mapped = MethodNotAllowed(f"method {request.method} not allowed on {request.url.path}")
+    elif exc.status_code == 401:
+        mapped = Unauthorized(exc.detail)
+    elif exc.status_code == 403:
+        mapped = Forbidden(exc.detail)
+    elif exc.status_code == 413:
+        mapped = PayloadTooLarge(exc.detail)
+    else:
+        mapped = BadRequest(exc.detail)
+        mapped.http_status = exc.status_code
+    return await handle_harnessrl_error(request, mapped)
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    internal = HarnessRLError(f"internal error: {exc.__class__.__name__}")
+    _count(request, internal)
+    return error_response(internal)
+
+
+EXCEPTION_HANDLERS = {
+    HarnessRLError: handle_harnessrl_error,
+    HTTPException: handle_http_exception,
+    Exception: handle_unexpected,
+}

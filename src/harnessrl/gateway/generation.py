@@ -1,0 +1,129 @@
+"""One generation: drive the engine from prompt IDs, turn sampled tokens into text, apply stop strings.
+
+The engine stops on stop *tokens*; stop *strings* are the gateway's job, because they are text and
+the gateway owns text. Tokens are decoded incrementally; decoded text that could be the start of a
+stop string is held back, so a streamed delta never shows part of a stop string. When one appears
+the engine iterator is closed (ending the generation) and the text is cut before the stop string,
+as OpenAI does. The token IDs are never cut: every sampled token (including one that completed a
+stop string, or a sampled stop token) stays in ``token_ids``, because that is what the policy did
+and what training must see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+
+from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.schemas import now
+
+if TYPE_CHECKING:
+    from harnessrl.engines.base import Engine
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one sampled token added: released text (maybe ``""``) and the token itself."""
+
+    text: str
+    token_id: int
+    logprob: float
+    is_stop_token: bool = False
+
+
+def _held_back(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of some stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
+
+
+@dataclass
+class Generation:
+    engine: Engine
+    prompt_ids: list[int]
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)
+    context: GenerationContext | None = None
+
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    text: str = ""
+    finish_reason: str = "length"
+    policy_version: int = 0
+    started_at: float = 0.0
+    first_token_at: float | None = None
+    finished_at: float | None = None
+
+    async def pieces(self) -> AsyncIterator[Piece]:
+        """Run the engine, yielding one ``Piece`` per sampled token; the fields are final afterwards.
+
+        Closing this iterator early closes the engine's, which cancels the generation.
+        """
+        tokenizer = self.engine.tokenizer
+        stop_ids = set(self.params.stop_token_ids)
+        decoder = tokenizer.stream_decoder()
+        pending = ""  # decoded but not yet released: it may be the start of a stop string
+        self.policy_version = self.engine.policy_version
+        self.started_at = now()
+        stream = self.engine.generate(self.prompt_ids, self.params, self.context)
+        ended_by = None  # "token" (a stop token was sampled), "string" (a stop string appeared) or None
+        try:
+            async for sample in stream:
+                if self.first_token_at is None:
+                    self.first_token_at = now()
+                self.token_ids.append(sample.token_id)
+                self.logprobs.append(sample.logprob)
+                if sample.token_id in stop_ids:
+                    # Not decoded: the stop token ends the turn and is no part of the answer's text.
+                    ended_by = "token"
+                    yield Piece("", sample.token_id, sample.logprob, is_stop_token=True)
+                    break
+                pending += decoder.push(sample.token_id)
+                released, pending, hit = self._release(pending)
+                self.text += released
+                yield Piece(released, sample.token_id, sample.logprob)
+                if hit:
+                    ended_by = "string"
+                    break
+        finally:
+            # Closing the engine's iterator cancels the generation. Shielded: when a client
+            # disconnect cancels us, the close must still run to the end and free the engine slot.
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()  # type: ignore[attr-defined]
+        if ended_by != "string":
+            # Release what was held back as a possible stop-string start (and any partial character).
+            pending += decoder.flush()
+            released, pending, hit = self._release(pending)
+            tail = released if hit else released + pending
+            self.text += tail
+            if tail:
+                yield Piece(tail, -1, 0.0)
+            if hit:
+                ended_by = "string"
+        # No stop token and no stop string: the engine ran out of budget (max_tokens or context).
+        self.finish_reason = "length" if ended_by is None else "stop"
+        self.finished_at = now()
+
+    def _release(self, pending: str) -> tuple[str, str, bool]:
+        """Split ``pending`` into (text safe to release, text held back, whether a stop string ended it)."""
+        if not self.stop:
+            return pending, "", False
+        cut = min((i for i in (pending.find(s) for s in self.stop) if i >= 0), default=-1)
+        if cut >= 0:
+            return pending[:cut], "", True
+        hold = _held_back(pending, self.stop)
+        return pending[: len(pending) - hold], pending[len(pending) - hold :], False
+
+    async def run(self) -> Generation:
+        """Generate to the end without streaming."""
+        async for _ in self.pieces():
+            pass
+        return self

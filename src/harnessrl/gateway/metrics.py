@@ -1,0 +1,66 @@
+"""Prometheus metrics of one gateway app, in its own ``CollectorRegistry``.
+
+A registry per app (not the process-global default) so several gateways in one process (tests,
+benchmarks) never collide or share counts.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.calls = Counter(
+            "harnessrl_calls", "Model calls answered and recorded", ["api", "finish_reason"], registry=r
+        )
+        self.prompt_tokens = Counter("harnessrl_prompt_tokens", "Prompt tokens of answered calls", registry=r)
+        self.completion_tokens = Counter(
+            "harnessrl_completion_tokens", "Sampled tokens of answered calls", registry=r
+        )
+        self.latency = Histogram(
+            "harnessrl_call_latency_seconds",
+            "Generation start to last token, per answered call",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.first_token = Histogram(
+            "harnessrl_time_to_first_token_seconds",
+            "Generation start to first sampled token",
+            ["api"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.pause_wait = Histogram(
+            "harnessrl_pause_wait_seconds",
+            "Time a call waited at the pause gate",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge("harnessrl_calls_in_flight", "Model calls generating now", registry=r)
+        self.waiting = Gauge("harnessrl_calls_waiting", "Model calls held by a pause", registry=r)
+        self.paused = Gauge("harnessrl_paused", "1 while the gateway is paused", registry=r)
+        self.policy_version = Gauge(
+            "harnessrl_policy_version", "Policy version the engine serves", registry=r
+        )
+        self.errors = Counter("harnessrl_errors", "Error responses by code", ["code"], registry=r)
+        self.reuse = Counter(
+            "harnessrl_prompt_reuse",
+            "How chat prompts were tokenized: reused (sampled IDs spliced in), first (no earlier call), "
+            "no_match (history matches no earlier call), mismatch (matched but the template did not line up)",
+            ["result"],
+            registry=r,
+        )
+        self.disconnects = Counter(
+            "harnessrl_client_disconnects",
+            "Streaming calls abandoned by the client (not recorded)",
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

