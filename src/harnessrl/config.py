@@ -113,3 +113,22 @@ def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") ->
                 field = f"{where}.{field}" if field else where
             problems.append(f"{field}: {err['msg']}")
         raise ConfigError("invalid config: " + "; ".join(problems)) from exc
+
+
+def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
+    """Make ``./x`` and ``../x`` items of ``harness.command`` and ``harness.repo`` absolute, relative to
+    the config file's folder (harnesses run in their own workspace, so a relative path would break)."""
+    harness = raw.get("harness")
+    if not isinstance(harness, dict):
+        return raw
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(("./", "../")):
+            return str((base_dir / value).resolve())
+        return value
+
+    if isinstance(harness.get("command"), list):
+        harness["command"] = [fix(item) for item in harness["command"]]
+    if "repo" in harness:
+        harness["repo"] = fix(harness["repo"])
+    return raw

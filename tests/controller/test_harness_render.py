@@ -25,8 +25,11 @@ def test_placeholders_and_env(tmp_path, monkeypatch):
         files={"cfg/{rollout_id}.txt": "key={api_key}"},
     )
     r = render_harness(
-        spec, rollout=rollout(prompt="add 2+2", n=3), workspace=tmp_path / "ws",
-        base_url="http://127.0.0.1:9/rollouts/r-1/v1", anthropic_base_url="http://127.0.0.1:9/rollouts/r-1",
+        spec,
+        rollout=rollout(prompt="add 2+2", n=3),
+        workspace=tmp_path / "ws",
+        base_url="http://127.0.0.1:9/rollouts/r-1/v1",
+        anthropic_base_url="http://127.0.0.1:9/rollouts/r-1",
     )
     assert r.argv == ["echo", "add 2+2", "${HOME}", "3", '{"json": 1}']
     assert r.env["OPENAI_BASE_URL"] == r.env["MY_URL"] == "http://127.0.0.1:9/rollouts/r-1/v1"
@@ -43,7 +46,9 @@ def test_placeholders_and_env(tmp_path, monkeypatch):
 def test_missing_task_field_names_it(tmp_path):
     spec = HarnessSpec(command=["echo", "{task[question]}"])
     with pytest.raises(ConfigError, match="question"):
-        render_harness(spec, rollout=rollout(), workspace=tmp_path / "ws", base_url="u", anthropic_base_url="u")
+        render_harness(
+            spec, rollout=rollout(), workspace=tmp_path / "ws", base_url="u", anthropic_base_url="u"
+        )
 
 
 def test_missing_executable_is_reported_before_launch():

@@ -21,6 +21,9 @@ from harnessrl.controller.base import ExitKind, Launch, ResourceLimits
 from harnessrl.controller.local import LocalRunner
 from harnessrl.sandbox.proxy import GatewayBridge
 
+# A sleep duration no other process on the machine uses, so pgrep finds only ours.
+MARK = f"{300 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces and cgroups need root here")
 
 
@@ -92,7 +95,11 @@ def test_gateway_is_reachable_on_its_usual_port(tmp_path, gateway_listener):
     exit_, out, _ = run_attempt(
         tmp_path,
         gateway_listener,
-        [sys.executable, "-c", f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{gateway_listener.port}/').read().decode())"],
+        [
+            sys.executable,
+            "-c",
+            f"import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:{gateway_listener.port}/').read().decode())",
+        ],
     )
     assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 0
     assert "gateway-ok" in out
@@ -124,12 +131,12 @@ def test_python_socket_to_another_host_port_fails(tmp_path, gateway_listener, ot
 
 def test_sleep_forever_is_killed_at_the_deadline(tmp_path, gateway_listener):
     exit_, _, seconds = run_attempt(
-        tmp_path, gateway_listener, ["bash", "-c", "sleep 300 & sleep 300; wait"], timeout_s=1.5
+        tmp_path, gateway_listener, ["bash", "-c", f"sleep {MARK} & sleep {MARK}; wait"], timeout_s=1.5
     )
     assert exit_.kind is ExitKind.TIMEOUT
     assert seconds < 15
-    # Nothing of the attempt survives: no `sleep 300` left anywhere.
-    leftover = subprocess.run(["pgrep", "-f", "sleep 300"], capture_output=True, text=True).stdout.split()
+    # Nothing of the attempt survives: no `sleep MARK` left anywhere.
+    leftover = subprocess.run(["pgrep", "-f", f"sleep {MARK}"], capture_output=True, text=True).stdout.split()
     assert leftover == []
 
 

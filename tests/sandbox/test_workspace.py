@@ -9,7 +9,12 @@ import pytest
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.workspace import prepare_workspace
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+}
 
 
 def git(cwd, *args) -> str:
@@ -39,7 +44,10 @@ def test_squash_leaves_one_commit_without_the_gold_patch(tmp_path, repo_with_gol
     log = git(ws, "log", "--oneline")
     assert len(log.strip().splitlines()) == 1
     assert "GOLD PATCH" not in git(ws, "log", "-p", "--all")
-    assert "GOLD PATCH" not in subprocess.run(["grep", "-r", "GOLD PATCH", str(ws)], capture_output=True, text=True).stdout
+    assert (
+        "GOLD PATCH"
+        not in subprocess.run(["grep", "-r", "GOLD PATCH", str(ws)], capture_output=True, text=True).stdout
+    )
     assert git(ws, "status", "--porcelain") == ""
 
 

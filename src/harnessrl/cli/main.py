@@ -79,5 +79,78 @@ def gateway(
         raise fail(str(exc), code=1) from exc
 
 
+@app.command()
+def rollout(
+    config: Annotated[
+        str, typer.Option(help="TOML file: [harness], [evaluator], [engine], [controller], [task]")
+    ],
+    task: Annotated[
+        str | None, typer.Option(help="The task as JSON, or @file.json (default: the [task] table)")
+    ] = None,
+    run_dir: Annotated[
+        str | None, typer.Option(help="Folder for the store and logs (default: a temp folder)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
+    ] = None,
+) -> None:
+    """Run ONE rollout end to end (gateway, engine, sandboxed harness, evaluator, audit).
+
+    Progress goes to stderr; the last stdout line is a JSON summary with rollout_id, outcome,
+    reward, calls, flags and log.
+    """
+    import json
+
+    from harnessrl.cli.rollout import run_rollout_command
+
+    try:
+        summary = run_rollout_command(config, task, run_dir, set_ or [])
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
+def controller(
+    config: Annotated[str, typer.Option(help="TOML file with [harness], [evaluator], [controller]")],
+    store: Annotated[str, typer.Option(help="The gateway's store (SQLite file or URL)")],
+    gateway_url: Annotated[str, typer.Option(help="The gateway, e.g. http://127.0.0.1:8000")],
+    run_dir: Annotated[str, typer.Option(help="Folder for workspaces and logs")] = "runs/controller",
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
+    ] = None,
+) -> None:
+    """Launch harnesses for queued rollouts in STORE until Ctrl-C (several controllers may share a store)."""
+    from harnessrl.cli.rollout import run_controller_command
+
+    try:
+        run_controller_command(config, store, gateway_url, run_dir, set_ or [])
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+
+
+@app.command()
+def train(
+    config: Annotated[str | None, typer.Argument(help="TOML file describing the run")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue the run in this folder")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
+    ] = None,
+) -> None:
+    """Train a policy with RL on an unmodified harness (gateway, controller and trainer in one tree).
+
+    Metrics go to RUN_DIR/metrics.jsonl and TensorBoard; checkpoints to RUN_DIR/checkpoints/.
+    """
+    import json
+
+    from harnessrl.cli.train import run_train
+
+    try:
+        summary = run_train(config, resume, set_ or [])
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    typer.echo(json.dumps(summary))
+
+
 def main() -> None:  # pragma: no cover - thin wrapper for `python -m harnessrl`
     sys.exit(app())

@@ -14,7 +14,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class ResourceLimits(BaseModel):
@@ -34,7 +34,9 @@ class HarnessSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    command: list[str] = Field(min_length=1, description="argv; the first item must be an executable")
+    command: list[str] = Field(
+        default_factory=list, description="argv; the first item must be an executable (or use a preset)"
+    )
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(
         default=None, description="subfolder of the workspace to start in (template); default: workspace"
@@ -51,6 +53,12 @@ class HarnessSpec(BaseModel):
     network: str = Field(default="gateway", pattern="^(gateway|host)$")
     preset: str | None = None
     model_name: str = "policy"
+
+    @model_validator(mode="after")
+    def _command_or_preset(self) -> HarnessSpec:
+        if not self.command and not self.preset:
+            raise ValueError("set harness.command (an argv list) or harness.preset")
+        return self
 
 
 class ExitKind(StrEnum):

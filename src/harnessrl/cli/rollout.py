@@ -1,0 +1,95 @@
+"""``harnessrl rollout`` (one rollout end to end) and ``harnessrl controller`` (a long-running
+controller against a separately started gateway and a shared store)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.errors import ConfigError
+
+
+def load_rollout_config(path: str | None, overrides: list[str] | None):
+    from harnessrl.controller.stack import RolloutConfig
+
+    raw = load_raw_config(path, overrides)
+    if path is not None:
+        raw = resolve_relative_paths(raw, Path(path).resolve().parent)
+    return validate_config(RolloutConfig, raw)
+
+
+def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, Any]:
+    if text is None:
+        if default is None:
+            raise ConfigError("no task: pass --task JSON (or @file.json) or put a [task] table in the config")
+        return default
+    if text.startswith("@"):
+        text = Path(text[1:]).read_text()
+    try:
+        task = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--task is not valid JSON: {exc}") from exc
+    if not isinstance(task, dict):
+        raise ConfigError("--task must be a JSON object")
+    return task
+
+
+def run_rollout_command(
+    config_path: str, task_text: str | None, run_dir: str | None, overrides: list[str]
+) -> dict:
+    from harnessrl.controller.stack import run_one_rollout
+
+    config = load_rollout_config(config_path, overrides)
+    task = parse_task(task_text, config.task)
+    folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
+    return asyncio.run(run_one_rollout(config, task, folder))
+
+
+def run_controller_command(
+    config_path: str, store_url: str, gateway_url: str, run_dir: str, overrides: list[str]
+) -> None:
+    from urllib.parse import urlparse
+
+    from harnessrl.controller.controller import Controller, GatewayEndpoint
+    from harnessrl.controller.local import LocalRunner
+    from harnessrl.controller.stack import prepare
+    from harnessrl.sandbox.proxy import GatewayBridge
+    from harnessrl.store import open_store
+
+    config = load_rollout_config(config_path, overrides)
+    harness, evaluator = prepare(config)
+    parsed = urlparse(gateway_url)
+    if not parsed.hostname or not parsed.port:
+        raise ConfigError(f"--gateway-url {gateway_url!r} must look like http://127.0.0.1:8000")
+
+    async def main() -> None:
+        store = open_store(store_url)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            async with GatewayBridge(parsed.hostname, parsed.port) as bridge:
+                controller = Controller(
+                    store,
+                    LocalRunner(bridge_path=bridge.path),
+                    gateway=GatewayEndpoint("127.0.0.1", parsed.port),
+                    harness=harness,
+                    evaluator=evaluator,
+                    run_dir=Path(run_dir),
+                    config=config.controller,
+                )
+                print(
+                    f"harnessrl controller {controller.worker_id}: taking queued rollouts from {store_url}",
+                    flush=True,
+                )
+                await controller.run_forever(stop)
+        finally:
+            store.close()
+
+    asyncio.run(main())

@@ -1,0 +1,312 @@
+"""The controller: queued rollouts in, scored rollouts out.
+
+Loop: claim queued rollouts atomically from the store (so two controllers never launch the same
+one), prepare each attempt's workspace, launch the harness through a ``Runner``, wait, run the
+evaluator, audit the recorded commands for reward hacking, and finish the rollout with an outcome
+and reward. Infrastructure failures (sandbox setup, evaluator crash, cluster errors) are retried as
+new attempts up to ``max_infra_retries``; policy failures never are. A rollout cancelled in the store
+has its process killed within one poll interval.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
+from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
+from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
+from harnessrl.controller.harness import render_harness
+from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
+from harnessrl.sandbox.workspace import prepare_workspace
+from harnessrl.schemas import Outcome, Rollout, RolloutStatus
+from harnessrl.store.base import Store
+
+log = logging.getLogger(__name__)
+
+
+class ControllerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int = Field(default=4, ge=1, description="rollouts running at once")
+    max_infra_retries: int = Field(default=2, ge=0, description="new attempts after infrastructure failures")
+    poll_interval_s: float = Field(default=0.5, gt=0)
+    keep_workspaces: bool = Field(default=True, description="keep each attempt's workspace for inspection")
+    audit: AuditConfig = Field(default_factory=AuditConfig)
+
+
+@dataclass(frozen=True)
+class GatewayEndpoint:
+    """Where harnesses reach the gateway (inside a sandbox, the same port on its own loopback)."""
+
+    host: str
+    port: int
+
+    def base_url(self, rollout_id: str) -> str:
+        return f"http://{self.host}:{self.port}/rollouts/{rollout_id}/v1"
+
+
+HarnessResolver = Callable[[Rollout], HarnessSpec]
+
+
+def _outcome_for(exit_: Exit) -> Outcome | None:
+    """The outcome an exit implies before evaluation; ``None`` for an infrastructure failure."""
+    if exit_.kind is ExitKind.INFRA:
+        return None
+    if exit_.kind is ExitKind.TIMEOUT:
+        return Outcome.TIMEOUT
+    if exit_.kind is ExitKind.EXITED and exit_.exit_code == 0:
+        return Outcome.SUCCESS
+    return Outcome.POLICY_FAILURE
+
+
+class Controller:
+    def __init__(
+        self,
+        store: Store,
+        runner: Runner,
+        *,
+        gateway: GatewayEndpoint,
+        harness: HarnessSpec | HarnessResolver,
+        evaluator: Evaluator,
+        run_dir: Path,
+        config: ControllerConfig | None = None,
+        run_id: str | None = None,
+        worker_id: str | None = None,
+    ):
+        self.store = store
+        self.runner = runner
+        self.gateway = gateway
+        self._harness = harness
+        self.evaluator = evaluator
+        self.run_dir = Path(run_dir)
+        self.config = config or ControllerConfig()
+        self.run_id = run_id
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        self._tasks: set[asyncio.Task[Rollout]] = set()
+        self._stopping = asyncio.Event()
+
+    def harness_for(self, rollout: Rollout) -> HarnessSpec:
+        return self._harness if isinstance(self._harness, HarnessSpec) else self._harness(rollout)
+
+    # -- the loop -------------------------------------------------------------------------------------
+    async def run_forever(self, stop: asyncio.Event | None = None) -> None:
+        """Claim and run rollouts until ``stop`` is set; then cancel running attempts and return."""
+        stop = stop or self._stopping
+        try:
+            while not stop.is_set():
+                await self.fill()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)
+        finally:
+            await self.shutdown()
+
+    async def fill(self) -> list[Rollout]:
+        """Claim as many queued rollouts as free slots allow and start them."""
+        free = self.config.concurrency - len(self._tasks)
+        if free <= 0:
+            return []
+        claimed = await asyncio.to_thread(self.store.claim_rollouts, self.worker_id, free, run_id=self.run_id)
+        for rollout in claimed:
+            task = asyncio.create_task(self.run_rollout(rollout), name=f"rollout-{rollout.rollout_id}")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return claimed
+
+    async def run_until_done(self, rollout_ids: list[str], timeout_s: float | None = None) -> list[Rollout]:
+        """Run the loop until the given rollouts are terminal (used by ``harnessrl rollout`` and tests)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        terminal = {RolloutStatus.FINISHED, RolloutStatus.FAILED, RolloutStatus.CANCELLED}
+        while True:
+            rollouts = [await asyncio.to_thread(self.store.get_rollout, r) for r in rollout_ids]
+            if all(r.status in terminal for r in rollouts) and not self._tasks:
+                return rollouts
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"rollouts not done after {timeout_s} s")
+            await self.fill()
+            await asyncio.sleep(self.config.poll_interval_s / 5)
+
+    async def shutdown(self) -> None:
+        """Kill running attempts (recorded as infrastructure failures, so they are retried later)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.runner.aclose()
+        # A task cancelled before it first ran never got to requeue its rollout: release every claim.
+        for rollout in await asyncio.to_thread(
+            self.store.list_rollouts, run_id=self.run_id, status=RolloutStatus.RUNNING
+        ):
+            if rollout.worker_id == self.worker_id:
+                with contextlib.suppress(HarnessRLError):
+                    await asyncio.to_thread(
+                        self.store.requeue_rollout, rollout.rollout_id, error="controller shut down"
+                    )
+
+    # -- one rollout ----------------------------------------------------------------------------------
+    async def run_rollout(self, rollout: Rollout) -> Rollout:
+        """Run attempts of a claimed (running) rollout until it is finished, failed or cancelled."""
+        while True:
+            try:
+                result = await self._run_attempt(rollout)
+            except asyncio.CancelledError:
+                with contextlib.suppress(HarnessRLError):
+                    await asyncio.to_thread(
+                        self.store.requeue_rollout, rollout.rollout_id, error="controller shut down"
+                    )
+                raise
+            if result is not None:
+                return result
+            # Infrastructure failure with retries left: the rollout was requeued; claim it back.
+            rollout = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+            if rollout.status is not RolloutStatus.QUEUED:
+                return rollout
+            claimed = await asyncio.to_thread(self._claim_specific, rollout.rollout_id)
+            if claimed is None:
+                return rollout
+            rollout = claimed
+
+    def _claim_specific(self, rollout_id: str) -> Rollout | None:
+        try:
+            return self.store.start_rollout(rollout_id)
+        except InvalidTransition:
+            return None
+
+    def _attempt_dir(self, rollout: Rollout) -> Path:
+        return self.run_dir / "rollouts" / rollout.rollout_id / f"attempt-{rollout.attempt}"
+
+    async def _run_attempt(self, rollout: Rollout) -> Rollout | None:
+        attempt_dir = self._attempt_dir(rollout)
+        workspace = attempt_dir / "workspace"
+        if workspace.exists():  # a previous controller died mid-attempt: start clean
+            shutil.rmtree(workspace)
+        harness = self.harness_for(rollout)
+        try:
+            rendered = render_harness(
+                harness,
+                rollout=rollout,
+                workspace=workspace,
+                base_url=self.gateway.base_url(rollout.rollout_id),
+                anthropic_base_url=f"http://{self.gateway.host}:{self.gateway.port}/rollouts/{rollout.rollout_id}",
+            )
+            await asyncio.to_thread(
+                prepare_workspace,
+                workspace,
+                repo=rendered.repo,
+                files=rendered.files,
+                git_history=harness.git_history,
+            )
+            launch = Launch(
+                rollout_id=rollout.rollout_id,
+                attempt=rollout.attempt,
+                argv=rendered.argv,
+                env=rendered.env,
+                task=rollout.task,
+                files=rendered.files,
+                workspace=workspace,
+                cwd=rendered.cwd,
+                log_dir=attempt_dir,
+                timeout_s=harness.timeout_s,
+                limits=harness.limits,
+                network=harness.network,
+                gateway_port=self.gateway.port,
+            )
+            handle = await self.runner.launch(launch)
+        except HarnessRLError as exc:
+            return await self._infra_failure(rollout, f"launch failed: {exc}")
+        except OSError as exc:
+            return await self._infra_failure(rollout, f"launch failed: {exc}")
+
+        watcher = asyncio.create_task(self._watch_cancel(rollout.rollout_id, handle))
+        try:
+            started = time.time()
+            exit_ = await handle.wait()
+        finally:
+            watcher.cancel()
+        forget = getattr(self.runner, "forget", None)
+        if forget is not None:
+            forget(handle)
+        if exit_.kind is ExitKind.CANCELLED:
+            return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+        outcome = _outcome_for(exit_)
+        if outcome is None:
+            return await self._infra_failure(rollout, f"harness infrastructure failure: {exit_.detail}")
+
+        calls = await asyncio.to_thread(self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt)
+        stdout_path = attempt_dir / "stdout.log"
+        try:
+            result = await self.evaluator.evaluate(
+                EvaluationInput(
+                    task=rollout.task,
+                    workspace=workspace,
+                    calls=calls,
+                    exit_code=exit_.exit_code,
+                    exit_kind=exit_.kind.value,
+                    stdout=stdout_path.read_text(errors="replace") if stdout_path.exists() else "",
+                    task_file=attempt_dir / "task.json",
+                    rollout_id=rollout.rollout_id,
+                )
+            )
+        except EvaluatorError as exc:
+            return await self._infra_failure(rollout, f"evaluator failed: {exc}")
+
+        report = audit_rollout(calls, self.config.audit)
+        reward = reward_after_audit(float(result.reward), report, self.config.audit)
+        if report.rules:
+            await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, report.rules)
+        metadata: dict[str, Any] = {
+            "exit": {"kind": exit_.kind.value, "code": exit_.exit_code, "detail": exit_.detail},
+            "evaluation": result.details,
+            "audit": [flag.model_dump() for flag in report.flags],
+            "reward_before_audit": float(result.reward),
+            "log_dir": str(attempt_dir),
+            "harness_seconds": round(time.time() - started, 3),
+        }
+        if not self.config.keep_workspaces:
+            await asyncio.to_thread(shutil.rmtree, workspace, True)
+        try:
+            return await asyncio.to_thread(
+                self.store.finish_rollout, rollout.rollout_id, outcome, reward, metadata=_jsonable(metadata)
+            )
+        except InvalidTransition:  # cancelled meanwhile
+            return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+
+    async def _watch_cancel(self, rollout_id: str, handle: Any) -> None:
+        while True:
+            await asyncio.sleep(self.config.poll_interval_s)
+            try:
+                current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
+            except NotFound:
+                continue
+            if current.status is RolloutStatus.CANCELLED:
+                await handle.kill(ExitKind.CANCELLED)
+                return
+
+    async def _infra_failure(self, rollout: Rollout, error: str) -> Rollout | None:
+        """Retry as a new attempt while retries are left (returns None), else fail the rollout."""
+        log.warning("rollout %s attempt %d: %s", rollout.rollout_id, rollout.attempt, error)
+        try:
+            if rollout.attempt < self.config.max_infra_retries:
+                await asyncio.to_thread(self.store.requeue_rollout, rollout.rollout_id, error=error)
+                return None
+            return await asyncio.to_thread(
+                self.store.finish_rollout, rollout.rollout_id, Outcome.INFRA_FAILURE, 0.0, error=error
+            )
+        except InvalidTransition:
+            return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))

@@ -1,0 +1,69 @@
+"""Settings of the Kubernetes runner (no Kubernetes client import, so config loading stays light)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class NetworkPolicyConfig(BaseModel):
+    """The egress allow-list for harness pods: the gateway (by pod labels or CIDR) and cluster DNS."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "harnessrl-harness-egress"
+    gateway_port: int = Field(ge=1, le=65535, description="the gateway's port as pods reach it")
+    gateway_pod_labels: dict[str, str] | None = Field(default=None, description="labels of the gateway pods")
+    gateway_namespace: str | None = Field(
+        default=None, description="namespace of the gateway pods, if not the runner's namespace"
+    )
+    gateway_cidr: str | None = Field(default=None, description="instead of pod labels: the gateway's address")
+    allow_dns: bool = True
+    dns_namespace: str = "kube-system"
+    dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
+
+    @model_validator(mode="after")
+    def _one_gateway_peer(self) -> NetworkPolicyConfig:
+        if (self.gateway_pod_labels is None) == (self.gateway_cidr is None):
+            raise ValueError("set exactly one of gateway_pod_labels or gateway_cidr")
+        return self
+
+
+class KubernetesRunnerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gateway_url: str = Field(
+        description="the gateway's root URL as pods reach it, e.g. http://gw.ns.svc:8000"
+    )
+    network_policy: NetworkPolicyConfig | None = Field(
+        description="egress allow-list ensured at start; null = you manage network isolation yourself"
+    )
+    namespace: str = "default"
+    job_template: dict[str, Any] = Field(
+        default_factory=dict, description="a Job, Pod, PodTemplate or pod template spec (YAML/JSON as a dict)"
+    )
+    image: str | None = Field(default=None, description="harness image; overrides the template's")
+    container_name: str | None = Field(default=None, description="harness container in the template")
+    workspace_dir: str | None = Field(
+        default=None, description="pod-side workspace; default: the container's workingDir, else /workspace"
+    )
+    run_id: str = Field(default="default", description="scopes names and labels: runs never touch each other")
+    name_prefix: str = Field(
+        default="hrl", pattern=r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$", description="start of Job names"
+    )
+    max_concurrent_jobs: int = Field(default=16, ge=1)
+    poll_interval_s: float = Field(default=10.0, gt=0, description="period of the full list behind the watch")
+    watch_timeout_s: int = Field(default=300, ge=1, description="server-side timeout of one watch request")
+    startup_allowance_s: float = Field(
+        default=60.0, ge=0, description="added to the rollout timeout: the Job's deadline includes pulls"
+    )
+    ttl_after_finished_s: int = Field(default=3600, ge=0)
+    stuck_pending_s: float = Field(
+        default=300.0, gt=0, description="a pod stuck unschedulable / pulling this long is an infra failure"
+    )
+    orphan_grace_s: float = Field(
+        default=120.0, ge=0, description="after start, wait this long before deleting Jobs nobody launched"
+    )
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")

@@ -1,0 +1,387 @@
+"""Pure builders for the manifests of one rollout attempt: a batch/v1 Job and its Secret (the
+NetworkPolicy is in ``network_policy``). Plain dicts in, plain dicts out; no client import, no I/O.
+
+Template merge rules (the user's template is deep-copied, never mutated):
+
+- The template may be a Job (``kind: Job``), a Pod, a PodTemplateSpec (``{metadata, spec}``) or a
+  PodTemplate; anything else is a ``ConfigError``. Runtime fields (name, uid, status, ...) are dropped.
+- Every field harnessrl does not set is kept as written (sidecars, tolerations, nodeSelector, init
+  containers, security contexts, GPU limits, ``podFailurePolicy``...).
+- Fields harnessrl sets win: Job name/namespace, ``backoffLimit: 0``, ``completions``/``parallelism``
+  1, ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, ``restartPolicy: Never``, no
+  ``suspend``; harnessrl labels and annotations (merged over the template's, on Job and pod); the
+  harness container's ``command`` (= ``launch.argv``, ``args`` dropped), ``workingDir``, memory/CPU
+  limits from ``launch.limits``, and the env vars listed in ``INJECTED_ENV``.
+- Env precedence: harnessrl's injected vars > ``launch.env`` > the template's env. The template's
+  ``envFrom`` and ``valueFrom`` entries are kept. Host-specific vars in ``HOST_ENV`` (PATH, HOME...)
+  are never taken from ``launch.env``: they describe the controller's machine, not the image.
+- ``automountServiceAccountToken`` defaults to false (a harness has no business with the API server)
+  unless the template sets it.
+- The harness container is the one named ``container_name``, else one named ``harness``, else the
+  first container; the image is ``image`` if given, else the template's.
+
+The rollout's API key never appears in the Job: it lives in the Secret and reaches the container
+through ``secretKeyRef``. Strings from the harness spec (argv, env values) are escaped for Kubernetes'
+``$(VAR)`` expansion and any occurrence of the key is replaced by ``$(OPENAI_API_KEY)``, which the
+kubelet expands from the secret-backed variable. The controller renders placeholders for the local
+machine, so the local gateway URL, workspace path and task file are translated to the in-cluster
+gateway URL, the pod's workspace and the mounted task file in argv, env and files.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import math
+import posixpath
+import re
+from collections.abc import Mapping
+from pathlib import PurePosixPath
+from typing import Any
+from urllib.parse import quote
+
+from harnessrl.controller.base import Launch, ResourceLimits
+from harnessrl.controller.kubernetes.names import (
+    ATTEMPT_ANNOTATION,
+    CONTAINER_ANNOTATION,
+    MANAGED_BY_LABEL,
+    MANAGED_BY_VALUE,
+    ROLLOUT_ANNOTATION,
+)
+from harnessrl.errors import BadRequest, ConfigError
+
+SECRET_API_KEY = "api-key"
+SECRET_TASK = "task.json"
+VOLUME_NAME = "harnessrl"
+TASK_MOUNT_DIR = "/harnessrl"
+DEFAULT_WORKSPACE = "/workspace"
+KEY_ENV = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")
+INJECTED_ENV = (
+    *KEY_ENV,
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_BASE_URL",
+    "HARNESSRL_ROLLOUT_ID",
+    "HARNESSRL_ATTEMPT",
+    "HARNESSRL_TASK",
+    "HARNESSRL_TASK_FILE",
+)
+# The controller copies these from its own machine (or points them at local folders); inside an
+# image they would break things (the controller's PATH hides the image's binaries), so pods never
+# get them from ``launch.env``. Set them in the template's env if an image needs them.
+HOST_ENV = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "LANG",
+        "LC_ALL",
+        "TZ",
+        "PYTHONPATH",
+        "VIRTUAL_ENV",
+        "JAVA_HOME",
+        "NODE_PATH",
+        "TMPDIR",
+        "USER",
+        "SHELL",
+        "PWD",
+    }
+)
+# A Secret holds at most 1 MiB; leave room for the key, metadata and base64 bookkeeping.
+SECRET_MAX_BYTES = 1024 * 1024 - 16 * 1024
+_RUNTIME_METADATA = (
+    "name",
+    "generateName",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "creationTimestamp",
+    "generation",
+    "managedFields",
+    "selfLink",
+    "deletionTimestamp",
+    "ownerReferences",
+)
+
+
+def rollout_key(launch: Launch) -> str:
+    """The rollout-scoped API key the controller put in the harness env."""
+    for name in KEY_ENV:
+        if launch.env.get(name):
+            return launch.env[name]
+    raise BadRequest(f"launch for rollout {launch.rollout_id!r} carries no OPENAI_API_KEY in its env")
+
+
+def gateway_urls(gateway_url: str, rollout_id: str) -> tuple[str, str]:
+    """(OpenAI base URL ending in /v1, Anthropic base URL) of a rollout as seen from a pod."""
+    root = f"{gateway_url.rstrip('/')}/rollouts/{quote(rollout_id, safe='')}"
+    return f"{root}/v1", root
+
+
+def _file_entries(launch: Launch) -> list[tuple[str, str]]:
+    """(relative path, secret key) for each harness file, sorted so the manifest is deterministic."""
+    entries = []
+    for index, rel in enumerate(sorted(launch.files)):
+        path = PurePosixPath(rel)
+        if path.is_absolute() or ".." in path.parts or not path.parts:
+            raise BadRequest(f"harness file path must be relative and inside the workspace: {rel!r}")
+        entries.append((path.as_posix(), f"file-{index}"))
+    return entries
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def _translator(launch: Launch, gateway_url: str, workspace_dir: str):
+    """A function mapping local-machine strings (gateway URL, workspace path) to their pod values."""
+    openai_url, anthropic_url = gateway_urls(gateway_url, launch.rollout_id)
+    mapping: dict[str, str] = {}
+    local_openai = launch.env.get("OPENAI_BASE_URL", "")
+    suffix = f"/rollouts/{quote(launch.rollout_id, safe='')}/v1"
+    if local_openai.endswith(suffix):  # the local gateway's root covers every path under it
+        mapping[local_openai[: -len(suffix)]] = gateway_url.rstrip("/")
+    for name, target in (("OPENAI_BASE_URL", openai_url), ("ANTHROPIC_BASE_URL", anthropic_url)):
+        if launch.env.get(name):
+            mapping[launch.env[name]] = target
+    mapping[str(launch.workspace)] = workspace_dir
+    if launch.env.get("HARNESSRL_TASK_FILE"):  # the controller's task file lives outside the workspace
+        mapping[launch.env["HARNESSRL_TASK_FILE"]] = f"{TASK_MOUNT_DIR}/{SECRET_TASK}"
+    sources = sorted((s for s in mapping if s and s != mapping[s]), key=len, reverse=True)
+    if not sources:
+        return lambda text: text
+    # Longest first, and not followed by a name character, so /ws/r1 never rewrites /ws/r10.
+    pattern = re.compile("(" + "|".join(map(re.escape, sources)) + r")(?![A-Za-z0-9_.\-])")
+    return lambda text: pattern.sub(lambda m: mapping[m.group(1)], text)
+
+
+def _literal(text: str, key: str) -> str:
+    """``text`` as a Kubernetes command/env string meaning exactly ``text`` after ``$(VAR)``
+    expansion, with the key swapped for a reference to the secret-backed variable."""
+    escaped = text.replace("$", "$$")  # '$$' expands to '$', so every literal '$' survives
+    return escaped.replace(key.replace("$", "$$"), f"$({KEY_ENV[0]})") if key else escaped
+
+
+def normalize_template(template: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Any accepted template shape -> a Job dict with ``spec.template.spec.containers``."""
+    t = copy.deepcopy(dict(template or {}))
+    kind = t.get("kind")
+    spec = t.get("spec") or {}
+    if kind == "Job" or (kind is None and "template" in spec):
+        job = t
+    elif kind == "PodTemplate":
+        job = {"spec": {"template": t.get("template") or {}}}
+    elif kind == "Pod" or (kind is None and ("containers" in spec or not t)):
+        job = {"spec": {"template": {"metadata": t.get("metadata") or {}, "spec": spec}}}
+    else:
+        raise ConfigError(
+            f"job_template must be a Job, Pod, PodTemplate or pod template spec; got kind {kind!r}"
+        )
+    job.pop("status", None)
+    job["apiVersion"], job["kind"] = "batch/v1", "Job"
+    job_meta = job.setdefault("metadata", {})
+    pod = job.setdefault("spec", {}).setdefault("template", {})
+    pod_meta = pod.setdefault("metadata", {})
+    for meta in (job_meta, pod_meta):
+        for field in _RUNTIME_METADATA:
+            meta.pop(field, None)
+    pod_spec = pod.setdefault("spec", {})
+    if not pod_spec.get("containers"):
+        pod_spec["containers"] = [{"name": "harness"}]
+    return job
+
+
+def _harness_container(pod_spec: dict[str, Any], container_name: str | None) -> dict[str, Any]:
+    containers = pod_spec["containers"]
+    wanted = container_name or "harness"
+    for container in containers:
+        if container.get("name") == wanted:
+            return container
+    if container_name:
+        raise ConfigError(f"job_template has no container named {container_name!r}")
+    return containers[0]
+
+
+def template_workspace(template: Mapping[str, Any] | None, container_name: str | None = None) -> str:
+    """The pod-side workspace: the harness container's ``workingDir`` in the template, else /workspace."""
+    container = _harness_container(normalize_template(template)["spec"]["template"]["spec"], container_name)
+    return container.get("workingDir") or DEFAULT_WORKSPACE
+
+
+def _quantity_cpu(cpus: float) -> str:
+    return str(int(cpus)) if float(cpus).is_integer() else f"{math.ceil(cpus * 1000)}m"
+
+
+def _apply_limits(container: dict[str, Any], limits: ResourceLimits) -> None:
+    resources = container.setdefault("resources", {})
+    container_limits = resources.setdefault("limits", {})
+    if limits.memory_mb is not None:
+        container_limits["memory"] = f"{limits.memory_mb}Mi"
+    if limits.cpus is not None:
+        container_limits["cpu"] = _quantity_cpu(limits.cpus)
+    # cpu_seconds and max_processes have no per-pod field: the pod's pids limit is kubelet config.
+
+
+def _merge_named(
+    existing: list[dict[str, Any]], ours: list[dict[str, Any]], key: str
+) -> list[dict[str, Any]]:
+    """Template entries whose ``key`` we do not set, then ours (ours win on a clash)."""
+    taken = {entry[key] for entry in ours}
+    return [entry for entry in existing if entry.get(key) not in taken] + ours
+
+
+def _container_env(
+    container: dict[str, Any],
+    launch: Launch,
+    *,
+    secret_name: str,
+    key: str,
+    translate,
+    pod_env: dict[str, str],
+) -> list[dict[str, Any]]:
+    secret_refs = [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": secret_name, "key": SECRET_API_KEY}}}
+        for name in KEY_ENV
+    ]
+    launch_env = [
+        {"name": name, "value": _literal(translate(value), key)}
+        for name, value in launch.env.items()
+        if name not in INJECTED_ENV and name not in HOST_ENV
+    ]
+    injected = [{"name": name, "value": _literal(value, key)} for name, value in pod_env.items()]
+    # Secret-backed vars first: Kubernetes only expands $(VAR) references to vars defined earlier.
+    ours = launch_env + injected
+    template_env = [e for e in container.get("env") or [] if e.get("name") not in INJECTED_ENV]
+    return secret_refs + _merge_named(template_env, ours, "name")
+
+
+def build_job_manifest(
+    template: Mapping[str, Any] | None,
+    launch: Launch,
+    *,
+    namespace: str,
+    job_name: str,
+    secret_name: str,
+    gateway_url: str,
+    labels: Mapping[str, str],
+    active_deadline_s: float,
+    ttl_after_finished_s: int = 3600,
+    image: str | None = None,
+    container_name: str | None = None,
+    workspace_dir: str | None = None,
+) -> dict[str, Any]:
+    """One batch/v1 Job running one attempt of one rollout (see the module docstring for the rules)."""
+    job = normalize_template(template)
+    key = rollout_key(launch)
+    pod = job["spec"]["template"]
+    pod_spec = pod["spec"]
+    container = _harness_container(pod_spec, container_name)
+    workspace = workspace_dir or container.get("workingDir") or DEFAULT_WORKSPACE
+    translate = _translator(launch, gateway_url, workspace)
+
+    annotations = {ROLLOUT_ANNOTATION: launch.rollout_id, ATTEMPT_ANNOTATION: str(launch.attempt)}
+    job["metadata"].update(name=job_name, namespace=namespace)
+    for meta in (job["metadata"], pod["metadata"]):
+        meta["labels"] = {**(meta.get("labels") or {}), **labels, MANAGED_BY_LABEL: MANAGED_BY_VALUE}
+        meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
+    pod["metadata"]["annotations"][CONTAINER_ANNOTATION] = container.get("name") or "harness"
+
+    spec = job["spec"]
+    spec.pop("suspend", None)
+    spec.update(
+        backoffLimit=0,
+        completions=1,
+        parallelism=1,
+        activeDeadlineSeconds=max(1, math.ceil(active_deadline_s)),
+        ttlSecondsAfterFinished=int(ttl_after_finished_s),
+    )
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec.setdefault("automountServiceAccountToken", False)
+
+    container["name"] = container.get("name") or "harness"
+    container["image"] = image or container.get("image")
+    if not container["image"]:
+        raise ConfigError("no image for the harness container: set `image` or put one in job_template")
+    container["command"] = [_literal(translate(arg), key) for arg in launch.argv]
+    container.pop("args", None)
+    try:
+        rel_cwd = launch.cwd.relative_to(launch.workspace).as_posix()
+    except ValueError:  # a cwd outside the workspace has no meaning in the pod
+        rel_cwd = "."
+    container["workingDir"] = posixpath.normpath(posixpath.join(workspace, rel_cwd))
+
+    openai_url, anthropic_url = gateway_urls(gateway_url, launch.rollout_id)
+    pod_env = {
+        "OPENAI_BASE_URL": openai_url,
+        "ANTHROPIC_BASE_URL": anthropic_url,
+        "HARNESSRL_ROLLOUT_ID": launch.rollout_id,
+        "HARNESSRL_ATTEMPT": str(launch.attempt),
+        "HARNESSRL_TASK": json.dumps(launch.task, sort_keys=True),
+        "HARNESSRL_TASK_FILE": f"{TASK_MOUNT_DIR}/{SECRET_TASK}",
+    }
+    container["env"] = _container_env(
+        container, launch, secret_name=secret_name, key=key, translate=translate, pod_env=pod_env
+    )
+    _apply_limits(container, launch.limits)
+
+    files = _file_entries(launch)
+    items = [{"key": SECRET_TASK, "path": SECRET_TASK}] + [{"key": k, "path": k} for _, k in files]
+    volume = {
+        "name": VOLUME_NAME,
+        "secret": {"secretName": secret_name, "items": items, "defaultMode": 0o755},
+    }
+    pod_spec["volumes"] = _merge_named(pod_spec.get("volumes") or [], [volume], "name")
+    mounts = [{"name": VOLUME_NAME, "mountPath": TASK_MOUNT_DIR, "readOnly": True}] + [
+        {"name": VOLUME_NAME, "mountPath": posixpath.join(workspace, rel), "subPath": k, "readOnly": True}
+        for rel, k in files
+    ]
+    container["volumeMounts"] = _merge_named(container.get("volumeMounts") or [], mounts, "mountPath")
+    return job
+
+
+def build_secret_manifest(
+    launch: Launch,
+    *,
+    namespace: str,
+    name: str,
+    labels: Mapping[str, str],
+    gateway_url: str,
+    workspace_dir: str = DEFAULT_WORKSPACE,
+    owner: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The attempt's Secret: the rollout key, the task JSON and the harness files (which may embed the
+    key, so they never go into a ConfigMap). ``owner`` is an ownerReference (see ``owner_reference``)
+    so the garbage collector deletes the Secret with its Job."""
+    translate = _translator(launch, gateway_url, workspace_dir)
+    data = {
+        SECRET_API_KEY: _b64(rollout_key(launch)),
+        SECRET_TASK: _b64(json.dumps(launch.task, sort_keys=True)),
+    }
+    for rel, secret_key in _file_entries(launch):
+        data[secret_key] = _b64(translate(launch.files[rel]))
+    size = sum(len(value) * 3 // 4 for value in data.values())
+    if size > SECRET_MAX_BYTES:
+        raise BadRequest(
+            f"task and harness files for rollout {launch.rollout_id!r} take {size} bytes; "
+            f"a Secret holds at most {SECRET_MAX_BYTES}: bake large files into the image"
+        )
+    metadata: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "labels": {**labels, MANAGED_BY_LABEL: MANAGED_BY_VALUE},
+        "annotations": {ROLLOUT_ANNOTATION: launch.rollout_id, ATTEMPT_ANNOTATION: str(launch.attempt)},
+    }
+    if owner is not None:
+        metadata["ownerReferences"] = [dict(owner)]
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque", "metadata": metadata, "data": data}
+
+
+def owner_reference(job: Mapping[str, Any]) -> dict[str, Any]:
+    """An ownerReference to a created Job (it needs the server-assigned uid)."""
+    meta = job["metadata"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "blockOwnerDeletion": False,
+    }

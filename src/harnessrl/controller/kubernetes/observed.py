@@ -1,0 +1,191 @@
+"""What the reconcile loop knows about a Job: small frozen dataclasses parsed from API JSON.
+
+The parsers take the JSON shapes of the REST API (camelCase dicts, as a list/watch returns them), so
+the planning code is pure and testable without a client or a cluster. Only the fields the failure
+mapping needs are kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Any
+
+from harnessrl.controller.kubernetes.names import CONTAINER_ANNOTATION
+
+
+def parse_time(value: str | None) -> float | None:
+    """RFC 3339 timestamp (``2024-05-01T12:00:00Z``) -> epoch seconds."""
+    if not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+@dataclass(frozen=True)
+class Condition:
+    type: str
+    status: str
+    reason: str = ""
+    message: str = ""
+    since: float | None = None  # lastTransitionTime
+
+    @property
+    def true(self) -> bool:
+        return self.status == "True"
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    name: str
+    state: str  # waiting | running | terminated | unknown
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None
+    started: bool = False  # ever ran: running now, or terminated with a startedAt
+    init: bool = False
+
+
+@dataclass(frozen=True)
+class ObservedPod:
+    name: str
+    job_name: str
+    phase: str = "Pending"
+    reason: str = ""  # pod-level reason (Evicted, NodeLost, ...): set by the node, not the container
+    message: str = ""
+    conditions: tuple[Condition, ...] = ()
+    containers: tuple[ContainerStatus, ...] = ()
+    harness_container: str | None = None
+    created_at: float | None = None
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_), None)
+
+    def harness(self) -> ContainerStatus | None:
+        regular = [c for c in self.containers if not c.init]
+        wanted = [c for c in regular if c.name == self.harness_container]
+        return (wanted or regular or [None])[0]
+
+
+@dataclass(frozen=True)
+class ObservedJob:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    active: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    conditions: tuple[Condition, ...] = ()
+    created_at: float | None = None
+    start_time: float | None = None
+    deleting: bool = False
+    uid: str = ""
+    pods: tuple[ObservedPod, ...] = ()
+
+    def condition(self, type_: str) -> Condition | None:
+        return next((c for c in self.conditions if c.type == type_ and c.true), None)
+
+    @property
+    def complete(self) -> bool:
+        return self.succeeded > 0 or self.condition("Complete") is not None
+
+    @property
+    def failed_condition(self) -> Condition | None:
+        return self.condition("Failed")
+
+    @property
+    def finished(self) -> bool:
+        """Terminal as far as the Job controller is concerned (its pods no longer run)."""
+        return self.complete or self.failed_condition is not None
+
+    def newest_pod(self) -> ObservedPod | None:
+        return max(self.pods, key=lambda p: (p.created_at or 0.0, p.name), default=None)
+
+
+def _conditions(raw: Iterable[Mapping[str, Any]] | None) -> tuple[Condition, ...]:
+    return tuple(
+        Condition(
+            type=c.get("type", ""),
+            status=c.get("status", ""),
+            reason=c.get("reason") or "",
+            message=c.get("message") or "",
+            since=parse_time(c.get("lastTransitionTime")),
+        )
+        for c in raw or ()
+    )
+
+
+def _container(raw: Mapping[str, Any], *, init: bool) -> ContainerStatus:
+    state = raw.get("state") or {}
+    if "terminated" in state and state["terminated"] is not None:
+        t = state["terminated"]
+        return ContainerStatus(
+            raw.get("name", ""),
+            "terminated",
+            t.get("reason") or "",
+            t.get("message") or "",
+            t.get("exitCode"),
+            started=bool(t.get("startedAt")),
+            init=init,
+        )
+    if "running" in state and state["running"] is not None:
+        return ContainerStatus(raw.get("name", ""), "running", started=True, init=init)
+    if "waiting" in state and state["waiting"] is not None:
+        w = state["waiting"]
+        # A waiting container that ran before (lastState) counts as started.
+        started = bool(((raw.get("lastState") or {}).get("terminated") or {}).get("startedAt"))
+        return ContainerStatus(
+            raw.get("name", ""),
+            "waiting",
+            w.get("reason") or "",
+            w.get("message") or "",
+            started=started,
+            init=init,
+        )
+    return ContainerStatus(raw.get("name", ""), "unknown", init=init)
+
+
+def parse_pod(obj: Mapping[str, Any]) -> ObservedPod:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    labels = meta.get("labels") or {}
+    containers = [_container(c, init=True) for c in status.get("initContainerStatuses") or ()]
+    containers += [_container(c, init=False) for c in status.get("containerStatuses") or ()]
+    return ObservedPod(
+        name=meta.get("name", ""),
+        job_name=labels.get("batch.kubernetes.io/job-name") or labels.get("job-name", ""),
+        phase=status.get("phase") or "Pending",
+        reason=status.get("reason") or "",
+        message=status.get("message") or "",
+        conditions=_conditions(status.get("conditions")),
+        containers=tuple(containers),
+        harness_container=(meta.get("annotations") or {}).get(CONTAINER_ANNOTATION),
+        created_at=parse_time(meta.get("creationTimestamp")),
+    )
+
+
+def parse_job(obj: Mapping[str, Any], pods: Iterable[ObservedPod] = ()) -> ObservedJob:
+    meta = obj.get("metadata") or {}
+    status = obj.get("status") or {}
+    return ObservedJob(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        active=status.get("active") or 0,
+        succeeded=status.get("succeeded") or 0,
+        failed=status.get("failed") or 0,
+        conditions=_conditions(status.get("conditions")),
+        created_at=parse_time(meta.get("creationTimestamp")),
+        start_time=parse_time(status.get("startTime")),
+        deleting=bool(meta.get("deletionTimestamp")),
+        uid=meta.get("uid") or "",
+        pods=tuple(pods),
+    )
+
+
+def attach_pods(jobs: Mapping[str, ObservedJob], pods: Iterable[ObservedPod]) -> dict[str, ObservedJob]:
+    """Jobs with their pods (matched by the ``job-name`` label) replacing whatever they had."""
+    by_job: dict[str, list[ObservedPod]] = {}
+    for pod in pods:
+        by_job.setdefault(pod.job_name, []).append(pod)
+    return {name: replace(job, pods=tuple(by_job.get(name, ()))) for name, job in jobs.items()}

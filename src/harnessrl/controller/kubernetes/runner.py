@@ -1,0 +1,564 @@
+"""``KubernetesRunner``: one batch/v1 Job per rollout attempt, through the official client.
+
+The only module that imports ``kubernetes``. It is a thin layer: manifests come from ``manifests``,
+decisions from ``reconcile.plan``; this module does I/O. Blocking client calls run in threads
+(``asyncio.to_thread``); the Job watch runs in its own thread and posts events to the event loop.
+
+The reconcile loop is an informer in miniature: a full list every ``poll_interval_s`` (and after a
+watch expires with 410) plus a label-selected watch from the list's resourceVersion in between.
+Every pass lists the run's pods (their container states say *why* a Job failed), plans, and
+executes. Only the loop creates Jobs, so the concurrency cap is enforced in one place; ``launch``
+waits until its Job exists, which is how the cap pushes back on the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+from kubernetes.client.exceptions import ApiException
+from pydantic import ValidationError
+
+from harnessrl.controller.base import Exit, ExitKind, Launch
+from harnessrl.controller.kubernetes import manifests
+from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
+from harnessrl.controller.kubernetes.names import attempt_labels, label_selector, resource_name, run_labels
+from harnessrl.controller.kubernetes.network_policy import build_network_policy
+from harnessrl.controller.kubernetes.observed import (
+    ObservedJob,
+    ObservedPod,
+    attach_pods,
+    parse_job,
+    parse_pod,
+    parse_time,
+)
+from harnessrl.controller.kubernetes.reconcile import DesiredAttempt, classify, plan
+from harnessrl.errors import ConfigError, Conflict, UpstreamError
+
+log = logging.getLogger(__name__)
+
+
+def _default_api_client() -> k8s.ApiClient:
+    """In-cluster service account if there is one, else the user's kubeconfig."""
+    from kubernetes import config as kube_config
+
+    configuration = k8s.Configuration()
+    try:
+        kube_config.load_incluster_config(client_configuration=configuration)
+    except kube_config.ConfigException:
+        try:
+            kube_config.load_kube_config(client_configuration=configuration)
+        except Exception as exc:  # the loader raises several unrelated types for "no kubeconfig"
+            raise ConfigError(f"no Kubernetes credentials (in-cluster or kubeconfig): {exc}") from exc
+    return k8s.ApiClient(configuration)
+
+
+def _settle(future: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
+    if not future.done():
+        future.set_exception(exc) if exc is not None else future.set_result(value)
+
+
+@dataclass(eq=False)
+class _Attempt:
+    name: str
+    launch: Launch
+    job: dict[str, Any]
+    secret: dict[str, Any]
+    created: asyncio.Future[None]  # the Job exists (created or adopted)
+    done: asyncio.Future[Exit]
+    is_created: bool = False
+    created_seq: int = 0
+    vanished: bool = False
+
+
+class KubernetesRunHandle:
+    def __init__(self, runner: KubernetesRunner, attempt: _Attempt) -> None:
+        self._runner, self._attempt = runner, attempt
+
+    @property
+    def job_name(self) -> str:
+        return self._attempt.name
+
+    async def wait(self) -> Exit:
+        return await asyncio.shield(self._attempt.done)
+
+    async def kill(self, kind: ExitKind = ExitKind.CANCELLED) -> None:
+        await self._runner._kill(self._attempt, kind)
+
+
+class KubernetesRunner:
+    """Runner protocol over Kubernetes Jobs. ``options`` are ``KubernetesRunnerConfig`` fields
+    (``namespace``, ``job_template``, ``gateway_url``, ``max_concurrent_jobs``, ``poll_interval_s``...)."""
+
+    def __init__(
+        self,
+        api_client: k8s.ApiClient | None = None,
+        config: KubernetesRunnerConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        **options: Any,
+    ) -> None:
+        try:
+            self.config = config or KubernetesRunnerConfig(**options)
+        except ValidationError as exc:
+            raise ConfigError(f"kubernetes runner config: {exc}") from exc
+        cfg = self.config
+        self.workspace_dir = cfg.workspace_dir or manifests.template_workspace(
+            cfg.job_template, cfg.container_name
+        )
+        try:  # fail on a template the API would reject before any rollout starts
+            k8s.V1Job.model_validate(manifests.normalize_template(cfg.job_template))
+        except ValidationError as exc:
+            raise ConfigError(f"kubernetes job_template is not a valid Job/Pod: {exc}") from exc
+        self._owns_client = api_client is None
+        self.api_client = api_client or _default_api_client()
+        self._batch = k8s.BatchV1Api(self.api_client)
+        self._core = k8s.CoreV1Api(self.api_client)
+        self._net = k8s.NetworkingV1Api(self.api_client)
+        self._clock = clock
+        self._selector = label_selector(run_labels(cfg.run_id))
+        self._attempts: dict[str, _Attempt] = {}  # launch order = order slots are handed out
+        self._jobs: dict[str, ObservedJob] = {}
+        self._pods: list[ObservedPod] = []
+        self._secrets: dict[str, float | None] = {}
+        self._seq = 0  # orders our creates against list snapshots (see _full_list)
+        self._rv: str | None = None
+        self._rv_lock = threading.Lock()
+        self._rv_ready = threading.Event()
+        self._closing = threading.Event()
+        self._relist = True
+        self._wake: asyncio.Event | None = None
+        self._start_lock = asyncio.Lock()
+        self._started_at: float | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._watch: k8s_watch.Watch | None = None
+        self._watch_thread: threading.Thread | None = None
+        self._finishing: set[asyncio.Task] = set()  # saving logs of ended attempts
+
+    @property
+    def gateway_url(self) -> str:
+        """The gateway root as harness pods reach it (what placeholders should be rendered with)."""
+        return self.config.gateway_url
+
+    # ---- API calls (blocking client, run in threads; raw JSON, so newer servers' fields survive) ----
+    async def _call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bytes:
+        def call() -> bytes:
+            try:
+                resp = fn(
+                    *args, _preload_content=False, _request_timeout=self.config.request_timeout_s, **kwargs
+                )
+            except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out: not an API answer
+                raise UpstreamError(f"Kubernetes API at {self.api_client.configuration.host}: {exc}") from exc
+            return resp.data or b""
+
+        return await asyncio.to_thread(call)
+
+    async def _api(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return json.loads(await self._call(fn, *args, **kwargs) or b"{}")
+
+    async def _delete(self, fn: Callable[..., Any], name: str) -> None:
+        try:
+            await self._api(fn, name, self.config.namespace, propagation_policy="Background")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Ensure the NetworkPolicy, list what exists, start the watch and the loop. Idempotent;
+        ``launch`` calls it."""
+        async with self._start_lock:
+            if self._task is not None:
+                return
+            self._loop = asyncio.get_running_loop()
+            self._wake = asyncio.Event()
+            if self.config.network_policy is not None:
+                await self._ensure_network_policy()
+            else:
+                log.warning(
+                    "kubernetes runner: no network_policy configured; harness egress is not restricted"
+                )
+            await self._full_list()
+            self._started_at = self._clock()
+            self._watch_thread = threading.Thread(
+                target=self._watch_jobs, name="harnessrl-k8s-watch", daemon=True
+            )
+            self._watch_thread.start()
+            self._task = asyncio.create_task(self._reconcile_loop(), name="harnessrl-k8s-reconcile")
+
+    async def _ensure_network_policy(self) -> None:
+        np = self.config.network_policy
+        assert np is not None
+        desired = build_network_policy(
+            self.config.namespace,
+            gateway_port=np.gateway_port,
+            gateway_pod_labels=np.gateway_pod_labels,
+            gateway_namespace=np.gateway_namespace,
+            gateway_cidr=np.gateway_cidr,
+            allow_dns=np.allow_dns,
+            dns_namespace=np.dns_namespace,
+            dns_pod_labels=np.dns_pod_labels,
+            name=np.name,
+        )
+        try:
+            try:
+                await self._api(self._net.create_namespaced_network_policy, self.config.namespace, desired)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                current = await self._api(
+                    self._net.read_namespaced_network_policy, np.name, self.config.namespace
+                )
+                if current.get("spec") != desired["spec"]:  # converge to this config's allow-list
+                    desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                    await self._api(
+                        self._net.replace_namespaced_network_policy, np.name, self.config.namespace, desired
+                    )
+        except ApiException as exc:
+            raise ConfigError(f"cannot ensure NetworkPolicy {np.name!r}: {exc.status} {exc.reason}") from exc
+
+    async def __aenter__(self) -> KubernetesRunner:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self, *, kill_running: bool = True) -> None:
+        """Stop the loop and the watch; kill every unfinished attempt (``kill_running=False`` leaves
+        the Jobs running for a successor controller to adopt)."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        deadline = time.monotonic() + 10
+        while (
+            self._watch_thread is not None and self._watch_thread.is_alive() and time.monotonic() < deadline
+        ):
+            # Watch.stop() shuts the socket down so the blocked read returns; repeated because a stop
+            # that lands while the request is still being sent is forgotten when stream() begins.
+            if self._watch is not None:
+                self._watch.stop()
+            await asyncio.sleep(0.02)
+        if self._finishing:
+            await asyncio.wait(set(self._finishing), timeout=self.config.request_timeout_s)
+        pending = list(self._attempts.values())
+        if kill_running:
+            await asyncio.gather(
+                *(self._kill(a, ExitKind.CANCELLED) for a in pending), return_exceptions=True
+            )
+        for attempt in pending:
+            _settle(attempt.created)
+            _settle(attempt.done, Exit(ExitKind.INFRA, None, "runner closed before the attempt ended"))
+        if self._owns_client:
+            self.api_client.close()
+
+    # ---- Runner protocol ----------------------------------------------------------------------
+    async def launch(self, launch: Launch) -> KubernetesRunHandle:
+        if self._closing.is_set():
+            raise Conflict("the kubernetes runner is closed")
+        await self.start()
+        cfg = self.config
+        name = resource_name(launch.rollout_id, launch.attempt, scope=cfg.run_id, prefix=cfg.name_prefix)
+        if name in self._attempts:
+            raise Conflict(f"rollout {launch.rollout_id!r} attempt {launch.attempt} is already running")
+        labels = attempt_labels(cfg.run_id, launch.rollout_id, launch.attempt)
+        job = manifests.build_job_manifest(
+            cfg.job_template,
+            launch,
+            namespace=cfg.namespace,
+            job_name=name,
+            secret_name=name,
+            gateway_url=cfg.gateway_url,
+            labels=labels,
+            active_deadline_s=launch.timeout_s + cfg.startup_allowance_s,
+            ttl_after_finished_s=cfg.ttl_after_finished_s,
+            image=cfg.image,
+            container_name=cfg.container_name,
+            workspace_dir=self.workspace_dir,
+        )
+        secret = manifests.build_secret_manifest(
+            launch,
+            namespace=cfg.namespace,
+            name=name,
+            labels=labels,
+            gateway_url=cfg.gateway_url,
+            workspace_dir=self.workspace_dir,
+        )
+        try:
+            k8s.V1Job.model_validate(job)
+        except ValidationError as exc:
+            raise ConfigError(f"rendered Job {name} is invalid: {exc}") from exc
+        loop = asyncio.get_running_loop()
+        attempt = _Attempt(name, launch, job, secret, loop.create_future(), loop.create_future())
+        self._attempts[name] = attempt
+        self._kick()
+        try:
+            await asyncio.shield(attempt.created)  # waits for a slot under max_concurrent_jobs
+        except asyncio.CancelledError:
+            await asyncio.shield(self._kill(attempt, ExitKind.CANCELLED))
+            raise
+        except BaseException:
+            self._attempts.pop(name, None)
+            raise
+        return KubernetesRunHandle(self, attempt)
+
+    async def _kill(self, attempt: _Attempt, kind: ExitKind) -> None:
+        if attempt.done.done():
+            return
+        _settle(attempt.done, Exit(kind, None, f"killed by harnessrl ({kind.value})"))
+        _settle(attempt.created)
+        self._attempts.pop(attempt.name, None)
+        await self._delete(self._batch.delete_namespaced_job, attempt.name)
+        await self._delete(self._core.delete_namespaced_secret, attempt.name)
+
+    # ---- reconcile ----------------------------------------------------------------------------
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _reconcile_loop(self) -> None:
+        assert self._wake is not None
+        next_list = time.monotonic() + self.config.poll_interval_s
+        while not self._closing.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), max(0.0, next_list - time.monotonic()))
+            self._wake.clear()
+            try:
+                if self._relist or time.monotonic() >= next_list:
+                    await self._full_list()
+                    next_list = time.monotonic() + self.config.poll_interval_s
+                else:
+                    await self._list_pods()
+                await self._reconcile_once()
+            except Exception as exc:  # deliberate: one failed pass must not stop the loop
+                log.warning("kubernetes reconcile pass failed: %s", exc)
+                self._relist = True
+                await asyncio.sleep(min(1.0, self.config.poll_interval_s))
+
+    async def _list_pods(self) -> None:
+        pods = await self._api(
+            self._core.list_namespaced_pod, self.config.namespace, label_selector=self._selector
+        )
+        self._pods = [parse_pod(p) for p in pods.get("items") or ()]
+
+    async def _full_list(self) -> None:
+        self._seq += 1
+        list_seq = self._seq
+        ns, sel = self.config.namespace, self._selector
+        jobs = await self._api(self._batch.list_namespaced_job, ns, label_selector=sel)
+        secrets = await self._api(self._core.list_namespaced_secret, ns, label_selector=sel)
+        await self._list_pods()
+        self._jobs = {j["metadata"]["name"]: parse_job(j) for j in jobs.get("items") or ()}
+        self._secrets = {
+            s["metadata"]["name"]: parse_time(s["metadata"].get("creationTimestamp"))
+            for s in secrets.get("items") or ()
+        }
+        for attempt in self._attempts.values():  # created before this list began, yet absent: gone
+            if attempt.is_created and attempt.created_seq < list_seq and attempt.name not in self._jobs:
+                attempt.vanished = True
+        with self._rv_lock:
+            self._rv = (jobs.get("metadata") or {}).get("resourceVersion")
+        self._relist = False
+        self._rv_ready.set()
+
+    async def _reconcile_once(self) -> None:
+        desired = [
+            DesiredAttempt(a.name, a.launch.rollout_id, a.launch.attempt, a.is_created, a.vanished)
+            for a in self._attempts.values()
+        ]
+        now = self._clock()
+        assert self._started_at is not None
+        actions = plan(
+            desired,
+            attach_pods(self._jobs, self._pods),
+            max_concurrent=self.config.max_concurrent_jobs,
+            now=now,
+            stuck_pending_s=self.config.stuck_pending_s,
+            delete_orphans=now - self._started_at >= self.config.orphan_grace_s,
+            observed_secrets=self._secrets,
+            orphan_secret_grace_s=self.config.orphan_grace_s,
+        )
+        for name in actions.adopted:
+            self._mark_created(self._attempts[name])
+        for name, exit_ in actions.completed.items():
+            self._resolve(self._attempts[name], exit_)
+        creates = [self._create(self._attempts[d.name]) for d in actions.create]
+        deletes = [self._delete(self._batch.delete_namespaced_job, n) for n in actions.delete]
+        deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.delete_secrets]
+        deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.completed]
+        results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                log.warning("kubernetes reconcile action failed: %s", result)
+
+    def _mark_created(self, attempt: _Attempt) -> None:
+        self._seq += 1
+        attempt.is_created, attempt.created_seq = True, self._seq
+        _settle(attempt.created)
+
+    def _resolve(self, attempt: _Attempt, exit_: Exit) -> None:
+        """The attempt ended: save its pod's log, then let ``wait`` return."""
+        self._attempts.pop(attempt.name, None)
+        _settle(attempt.created)
+        pods = [p for p in self._pods if p.job_name == attempt.name]
+        pod = max(pods, key=lambda p: (p.created_at or 0.0, p.name), default=None)
+        task = asyncio.create_task(self._finish(attempt, exit_, pod))
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def _finish(self, attempt: _Attempt, exit_: Exit, pod: ObservedPod | None) -> None:
+        if pod is not None and not attempt.done.done():
+            try:
+                await self._save_log(attempt, pod)
+            except Exception as exc:  # deliberate: a missing log never changes the outcome
+                log.warning("could not save the log of %s: %s", pod.name, exc)
+        _settle(attempt.done, exit_)
+
+    async def _save_log(self, attempt: _Attempt, pod: ObservedPod) -> None:
+        """The harness container's log as ``stdout.log`` (Kubernetes merges stdout and stderr)."""
+        data = await self._call(
+            self._core.read_namespaced_pod_log,
+            pod.name,
+            self.config.namespace,
+            container=pod.harness_container,
+            limit_bytes=self.config.max_log_bytes,
+        )
+        path = attempt.launch.log_dir / "stdout.log"
+
+        def write() -> None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+        await asyncio.to_thread(write)
+
+    async def _create(self, attempt: _Attempt) -> None:
+        ns, name = self.config.namespace, attempt.name
+        try:
+            try:
+                await self._api(self._core.create_namespaced_secret, ns, attempt.secret)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+                await self._api(self._core.replace_namespaced_secret, name, ns, attempt.secret)
+            try:
+                job = await self._api(self._batch.create_namespaced_job, ns, attempt.job)
+            except ApiException as exc:
+                if exc.status != 409:  # 409: a predecessor created it; adopt it
+                    raise
+                job = await self._api(self._batch.read_namespaced_job, name, ns)
+        except ApiException as exc:
+            if exc.status in (429,) or exc.status >= 500:
+                raise  # transient: the next pass tries again
+            self._attempts.pop(name, None)
+            with contextlib.suppress(Exception):  # the Secret may exist already; it has no use now
+                await self._delete(self._core.delete_namespaced_secret, name)
+            error = ConfigError(
+                f"Kubernetes rejected {name}: {exc.status} {exc.reason} {exc.body or ''}".strip()
+            )
+            _settle(attempt.created, exc=error)  # launch() raises it
+            _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
+            return
+        self._jobs.setdefault(name, parse_job(job))
+        owner = {"metadata": {"ownerReferences": [manifests.owner_reference(job)]}}
+        try:  # so the garbage collector removes the Secret with the Job (TTL) if we never do
+            await self._api(
+                self._core.patch_namespaced_secret,
+                name,
+                ns,
+                owner,
+                _content_type="application/merge-patch+json",
+            )
+        except ApiException as exc:
+            log.warning("could not set the owner of Secret %s: %s", name, exc.reason)
+        self._mark_created(attempt)
+        if attempt.done.done():  # killed while the create was in flight: do not leave it running
+            await self._delete(self._batch.delete_namespaced_job, name)
+            await self._delete(self._core.delete_namespaced_secret, name)
+
+    # ---- watch (own thread) -------------------------------------------------------------------
+    def _on_event(self, type_: str, obj: dict[str, Any]) -> None:
+        name = (obj.get("metadata") or {}).get("name", "")
+        if type_ == "DELETED":
+            last = self._jobs.pop(name, None) or parse_job(obj)
+            attempt = self._attempts.get(name)
+            if attempt is not None and attempt.is_created:
+                pods = [p for p in self._pods if p.job_name == name]
+                exit_ = classify(
+                    attach_pods({name: last}, pods)[name],
+                    now=self._clock(),
+                    stuck_pending_s=self.config.stuck_pending_s,
+                )
+                if exit_ is not None:
+                    self._resolve(attempt, exit_)
+                else:
+                    attempt.vanished = True
+        else:
+            self._jobs[name] = parse_job(obj)
+        self._kick()
+
+    def _request_relist(self) -> None:
+        self._relist = True
+        self._kick()
+
+    def _watch_jobs(self) -> None:
+        assert self._loop is not None
+        backoff = 0.1
+        while not self._closing.is_set():
+            with self._rv_lock:
+                rv = self._rv
+            if rv is None:
+                self._rv_ready.wait(0.5)
+                continue
+            self._watch = watch = k8s_watch.Watch()
+            if self._closing.is_set():
+                break
+            try:
+                for event in watch.stream(
+                    self._batch.list_namespaced_job,
+                    self.config.namespace,
+                    label_selector=self._selector,
+                    resource_version=rv,
+                    timeout_seconds=self.config.watch_timeout_s,
+                    allow_watch_bookmarks=True,
+                    _request_timeout=self.config.watch_timeout_s + 30,
+                ):
+                    obj = event.get("raw_object") or {}
+                    new_rv = (obj.get("metadata") or {}).get("resourceVersion")
+                    if new_rv:
+                        with self._rv_lock:
+                            self._rv = new_rv
+                    if event.get("type") in ("ADDED", "MODIFIED", "DELETED"):
+                        self._loop.call_soon_threadsafe(self._on_event, event["type"], obj)
+                    if self._closing.is_set():
+                        break
+                backoff = 0.1
+            except ApiException as exc:
+                if exc.status == 410:  # history compacted: relist, then watch from the list's version
+                    with self._rv_lock:
+                        self._rv = None
+                    self._rv_ready.clear()
+                    self._loop.call_soon_threadsafe(self._request_relist)
+                    continue
+                log.warning("kubernetes job watch failed: %s %s", exc.status, exc.reason)
+                self._closing.wait(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except Exception as exc:  # connection reset, shutdown during close
+                if self._closing.is_set():
+                    break
+                log.warning("kubernetes job watch broke: %s", exc)
+                self._closing.wait(backoff)
+                backoff = min(backoff * 2, 5.0)

@@ -1,0 +1,141 @@
+"""Everything for rollouts in one process tree: store, engine, gateway, sandbox bridge, controller.
+
+``harnessrl rollout`` uses it to run one rollout end to end; the trainer uses the same pieces. The
+gateway runs in a background thread with its own event loop (a real uvicorn server on 127.0.0.1);
+the controller runs on the caller's loop; both share the store object, which is thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from pydantic import Field, model_validator
+
+from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
+from harnessrl.controller.evaluators import Evaluator, build_evaluator, parse_evaluator_config
+from harnessrl.controller.harness import check_harness
+from harnessrl.controller.local import LocalRunner
+from harnessrl.controller.presets import apply_preset
+from harnessrl.engines.base import Engine
+from harnessrl.sandbox.proxy import GatewayBridge
+from harnessrl.schemas import Rollout
+from harnessrl.store.base import Store
+
+
+class RolloutConfig(Section):
+    """The TOML file of ``harnessrl rollout`` and ``harnessrl controller``."""
+
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
+    store: StoreConfig | None = None
+    harness: HarnessSpec
+    evaluator: dict[str, Any] = Field(default_factory=lambda: {"type": "exact_match"})
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    task: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_evaluator(self) -> RolloutConfig:
+        parse_evaluator_config(self.evaluator)  # raises ConfigError naming evaluator.<field>
+        return self
+
+
+def prepare(config: RolloutConfig) -> tuple[HarnessSpec, Evaluator]:
+    """Resolve the harness preset and validate harness and evaluator before anything starts."""
+    harness = apply_preset(config.harness)
+    check_harness(harness)
+    evaluator = build_evaluator(config.evaluator, validate=True)
+    return harness, evaluator
+
+
+@dataclass
+class LocalStack:
+    store: Store
+    gateway_url: str
+    admin_key: str
+    controller: Controller
+    engine: Engine
+
+    def create_rollout(self, task: dict[str, Any], **fields: Any) -> Rollout:
+        return self.store.create_rollout(task=task, **fields)
+
+
+@contextlib.asynccontextmanager
+async def local_stack(
+    config: RolloutConfig, run_dir: Path, *, store: Store | None = None, run_id: str | None = None
+) -> AsyncIterator[LocalStack]:
+    """Start engine + gateway (thread) + bridge + local runner + controller; stop them all on exit."""
+    from harnessrl.engines.factory import create_engine
+    from harnessrl.gateway.app import create_app
+    from harnessrl.gateway.server import serve_in_thread
+    from harnessrl.store import open_store
+
+    harness, evaluator = prepare(config)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    own_store = store is None
+    if store is None:
+        url = config.store.url if config.store else str(run_dir / "harnessrl.db")
+        store = open_store(url)
+    gateway_cfg = config.gateway
+    if not gateway_cfg.admin_key:
+        gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
+    try:
+        engine = create_engine(config.engine)
+        app = create_app(gateway_cfg, store, engine)
+        with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300) as url:
+            port = urlparse(url).port
+            assert port is not None
+            async with GatewayBridge("127.0.0.1", port) as bridge:
+                controller = Controller(
+                    store,
+                    LocalRunner(bridge_path=bridge.path),
+                    gateway=GatewayEndpoint("127.0.0.1", port),
+                    harness=harness,
+                    evaluator=evaluator,
+                    run_dir=run_dir,
+                    config=config.controller,
+                    run_id=run_id,
+                )
+                try:
+                    yield LocalStack(store, url, gateway_cfg.admin_key or "", controller, engine)
+                finally:
+                    await controller.shutdown()
+    finally:
+        if own_store:
+            store.close()
+
+
+async def run_one_rollout(
+    config: RolloutConfig, task: dict[str, Any], run_dir: Path, *, timeout_s: float | None = None
+) -> dict[str, Any]:
+    """Run one rollout end to end and return its summary (what ``harnessrl rollout`` prints)."""
+    started = time.monotonic()
+    async with local_stack(config, run_dir) as stack:
+        rollout = stack.create_rollout(task, rollout_id=f"rollout-{uuid.uuid4().hex[:12]}")
+        limit = timeout_s or (config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120)
+        [done] = await stack.controller.run_until_done([rollout.rollout_id], timeout_s=limit)
+        calls = stack.store.list_calls(done.rollout_id)
+    attempt_dir = run_dir / "rollouts" / done.rollout_id / f"attempt-{done.attempt}"
+    return {
+        "rollout_id": done.rollout_id,
+        "status": done.status.value,
+        "outcome": done.outcome.value if done.outcome else None,
+        "reward": done.reward,
+        "calls": len(calls),
+        "tokens": sum(len(c.prompt_token_ids) + len(c.response_token_ids) for c in calls),
+        "flags": done.flags,
+        "attempts": done.attempt + 1,
+        "error": done.error,
+        "log": str(attempt_dir),
+        "store": str(run_dir / "harnessrl.db") if config.store is None else config.store.url,
+        "seconds": round(time.monotonic() - started, 2),
+    }

@@ -1,0 +1,66 @@
+"""Pulling a final answer out of a model's reply, and comparing it with a gold answer.
+
+Shared by the ``reasoning_gym`` and ``exact_match`` evaluators. The default convention is the one
+``harnessrl.tasks.reasoning_gym`` prompts for: a last line ``Answer: X``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Literal
+
+AnswerFallback = Literal["none", "last_line", "last_number"]
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+_BOXED = re.compile(r"^\\boxed\{(.*)\}$")
+
+
+def extract_answer(
+    text: str, pattern: re.Pattern[str] | None, fallback: AnswerFallback = "none"
+) -> str | None:
+    """The answer in ``text``: group 1 (or the whole match) of the *last* match of ``pattern``;
+    without a match, per ``fallback``, the last non-empty line, the last number, or None. Without a
+    pattern the whole text. Surrounding markdown (``**``, backticks, ``$``), ``\\boxed{}`` and one
+    trailing period are removed: formatting is not what the reward measures."""
+    answer: str | None = None
+    if pattern is None:
+        answer = text
+    else:
+        matches = list(pattern.finditer(text))
+        if matches:
+            last = matches[-1]
+            answer = last.group(1) if pattern.groups else last.group(0)
+        elif fallback == "last_line":
+            answer = next((line for line in reversed(text.splitlines()) if line.strip()), None)
+        elif fallback == "last_number":
+            numbers = _NUMBER.findall(text.replace(",", ""))
+            answer = numbers[-1] if numbers else None
+    if answer is None:
+        return None
+    for _ in range(2):  # "**7.**", "`7`.", "$\\boxed{7}$."
+        answer = answer.strip().strip("*`$ \t").strip()
+        boxed = _BOXED.match(answer)
+        if boxed:
+            answer = boxed.group(1).strip()
+        if answer.endswith(".") and not answer.endswith(".."):
+            answer = answer[:-1].rstrip()
+    return answer
+
+
+def normalize_answer(text: str) -> str:
+    """Case-folded, whitespace collapsed, trailing period dropped."""
+    return " ".join(text.casefold().split()).rstrip(".").rstrip()
+
+
+def answers_match(answer: str, gold: str, *, normalize: bool = True) -> bool:
+    """Equal, or with ``normalize`` equal after ``normalize_answer`` or as numbers."""
+    if not normalize:
+        return answer == gold
+    a, g = normalize_answer(answer), normalize_answer(gold)
+    if a == g:
+        return True
+    try:  # "7.0" == "7", "1,000" == "1000"
+        return math.isclose(float(a.replace(",", "")), float(g.replace(",", "")), rel_tol=1e-9, abs_tol=1e-12)
+    except ValueError:
+        return False

@@ -1,0 +1,68 @@
+"""Tasks as JSON Lines: one task per line, loaded for a run and saved for the next.
+
+A line is either a full ``Task`` record (``{"task_id": ..., "split": ..., "data": {...}}``) or just
+the task's data (``{"prompt": ..., "answer": ...}``), which gets ``task_id`` from its own
+``task_id``/``id`` field or ``<file stem>-<line number>``. Errors name the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Task
+
+_RECORD_KEYS = frozenset(Task.model_fields)
+
+
+def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
+    """All tasks in ``path``; ``split`` overrides each task's split when given."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"tasks: cannot read {path}: {exc}") from exc
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"tasks: {where}: not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError(f"tasks: {where}: expected a JSON object, got {type(obj).__name__}")
+        try:
+            if "task_id" in obj and isinstance(obj.get("data"), dict) and set(obj) <= _RECORD_KEYS:
+                task = Task.model_validate(obj)
+            else:  # bare task data
+                task_id = obj.get("task_id", obj.get("id", f"{path.stem}-{lineno}"))
+                task = Task(task_id=str(task_id), data=obj)
+        except ValidationError as exc:
+            raise ConfigError(f"tasks: {where}: {exc.errors()[0]['msg']}") from exc
+        if split is not None:
+            task = task.model_copy(update={"split": split})
+        if task.task_id in seen:
+            raise ConfigError(f"tasks: {where}: duplicate task_id {task.task_id!r}")
+        seen.add(task.task_id)
+        tasks.append(task)
+    return tasks
+
+
+def save_tasks(path: str | Path, tasks: Iterable[Task]) -> Path:
+    """Write ``tasks`` as full records, atomically (a reader never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for task in tasks:
+            fh.write(json.dumps(task.model_dump(mode="json"), ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path

@@ -1,0 +1,149 @@
+"""reasoning-gym as a task source, and the scoring the ``reasoning_gym`` evaluator calls.
+
+Each task's data carries the reasoning-gym entry (``question``, ``answer``, ``metadata``) *and* how
+to regenerate it (``dataset``, ``config``, ``seed``, ``size``, ``index``), so scoring uses the
+dataset's own ``score_answer`` on exactly the entry that was asked, with its native metadata types
+(tuples, sets) rather than their JSON round-trip.
+
+Seeds: reasoning-gym builds item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``. Two
+task lists overlap whenever their ``[seed, seed + size)`` ranges do: 4000 train items at seed 2000
+and eval items at seed 3000 are the *same* questions. Keep the ranges apart (``eval_seed`` gives
+one) and check with ``overlapping_questions`` / ``check_disjoint`` (which also catch duplicates that
+small problem spaces produce by chance).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Task
+
+PROMPT_SUFFIX = (
+    '\n\nWork it out, then end your reply with a final line of the form "Answer: X" '
+    "where X is only the final answer."
+)
+
+
+def dataset_names() -> list[str]:
+    import reasoning_gym.factory  # slow import: only when reasoning-gym is used
+
+    return sorted(reasoning_gym.factory.DATASETS)
+
+
+@functools.lru_cache(maxsize=64)
+def _dataset(name: str, config_json: str, seed: int, size: int) -> Any:
+    import reasoning_gym
+
+    return reasoning_gym.create_dataset(name, seed=seed, size=size, **json.loads(config_json))
+
+
+def _config_json(config: Mapping[str, Any] | None) -> str:
+    config = dict(config or {})
+    if {"seed", "size"} & set(config):
+        raise ConfigError("reasoning_gym: pass seed and size as arguments, not inside config")
+    return json.dumps(config, sort_keys=True)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=repr))
+
+
+def task_id_for(dataset: str, seed: int, index: int, config: Mapping[str, Any] | None = None) -> str:
+    """Deterministic: the same dataset, config, seed and index always give the same id."""
+    suffix = ""
+    if config:
+        suffix = "-" + hashlib.sha256(_config_json(config).encode()).hexdigest()[:8]
+    return f"rg-{dataset}{suffix}-s{seed}-{index}"
+
+
+def reasoning_gym_tasks(
+    dataset: str, size: int, seed: int, config: dict[str, Any] | None = None, split: str = "train"
+) -> list[Task]:
+    """``size`` tasks from reasoning-gym ``dataset`` built with ``seed`` (and dataset ``config``)."""
+    if size < 1:
+        raise ConfigError(f"reasoning_gym: size must be >= 1, got {size}")
+    if dataset not in dataset_names():
+        raise ConfigError(f"reasoning_gym: unknown dataset {dataset!r}")
+    config_json = _config_json(config)
+    try:
+        ds = _dataset(dataset, config_json, seed, size)
+    except (TypeError, ValueError, AssertionError) as exc:  # reasoning-gym validates configs with assert
+        raise ConfigError(f"reasoning_gym: bad config for {dataset!r}: {exc}") from exc
+    tasks = []
+    for index in range(size):
+        entry = ds[index]
+        data = {
+            "prompt": entry["question"] + PROMPT_SUFFIX,
+            "question": entry["question"],
+            "answer": entry["answer"],
+            "dataset": dataset,
+            "config": json.loads(config_json),
+            "seed": seed,
+            "size": size,
+            "index": index,
+            "metadata": _jsonable(entry.get("metadata", {})),
+        }
+        tasks.append(Task(task_id=task_id_for(dataset, seed, index, config), split=split, data=data))
+    return tasks
+
+
+def score_answer(task: Mapping[str, Any], answer: str | None) -> float:
+    """The dataset's own score (0..1, partial credit included) of ``answer`` for ``task``'s data.
+
+    Regenerates the entry from (dataset, config, seed, size, index) when the task has them and the
+    regenerated question matches; otherwise (another reasoning-gym version, hand-written tasks)
+    scores against the stored ``question``/``answer``/``metadata``.
+    """
+    name = task.get("dataset") or (task.get("metadata") or {}).get("source_dataset")
+    if not name:
+        raise ValueError("the task has no reasoning-gym 'dataset' field")
+    config_json = _config_json(task.get("config"))
+    entry = None
+    if task.get("seed") is not None and task.get("index") is not None:
+        index = int(task["index"])
+        ds = _dataset(name, config_json, int(task["seed"]), int(task.get("size") or index + 1))
+        generated = ds[index]
+        if "question" not in task or generated["question"] == task["question"]:
+            entry = generated
+    if entry is None:
+        if "answer" not in task:
+            raise ValueError("the task has neither (seed, index) to regenerate it nor an 'answer'")
+        ds = _dataset(name, config_json, 0, 1)
+        entry = {
+            "question": task.get("question", ""),
+            "answer": task["answer"],
+            "metadata": task.get("metadata") or {},
+        }
+    return float(ds.score_answer(answer, entry))
+
+
+def eval_seed(train_seed: int, train_size: int, eval_size: int, gap: int = 1_000_000) -> int:
+    """A seed whose ``Random(seed + i)`` streams cannot meet the training set's (for any eval_size)."""
+    return train_seed + train_size + max(gap, eval_size)
+
+
+def _question(task: Task | Mapping[str, Any]) -> str:
+    data = task.data if isinstance(task, Task) else task
+    return " ".join(str(data.get("question", data.get("prompt", ""))).split())
+
+
+def overlapping_questions(a: Iterable[Task], b: Iterable[Task]) -> list[str]:
+    """Questions (whitespace-normalized) that occur in both task lists, sorted."""
+    return sorted({_question(t) for t in a} & {_question(t) for t in b} - {""})
+
+
+def check_disjoint(train: Iterable[Task], evaluation: Iterable[Task]) -> None:
+    """Raise ``ConfigError`` if any evaluation question also occurs in training."""
+    train, evaluation = list(train), list(evaluation)
+    shared = overlapping_questions(train, evaluation)
+    if shared:
+        raise ConfigError(
+            f"{len(shared)} of {len(evaluation)} evaluation questions also occur in the training tasks "
+            f"(e.g. {shared[0][:80]!r}); reasoning-gym items come from Random(seed + index), so keep "
+            "[seed, seed + size) ranges apart (see harnessrl.tasks.reasoning_gym.eval_seed)"
+        )

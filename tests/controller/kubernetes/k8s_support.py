@@ -1,0 +1,49 @@
+"""Shared constants and builders for the Kubernetes runner tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.fakes.kubernetes_api import FakeKubernetes
+
+from harnessrl.controller.base import Launch, ResourceLimits
+
+__all__ = ["CLUSTER_GATEWAY", "KEY", "LOCAL_GATEWAY", "FakeKubernetes", "build_launch"]
+
+KEY = "hrl-rk-0123456789abcdef"
+LOCAL_GATEWAY = "http://127.0.0.1:18080"
+CLUSTER_GATEWAY = "http://harnessrl-gateway.harnessrl.svc:8000"
+
+
+def build_launch(root: Path, rollout_id: str = "r1", attempt: int = 0, **overrides: Any) -> Launch:
+    """A Launch as the controller renders it for the local machine (local gateway, local paths, the
+    controller's PATH), so the tests see what the runner must translate."""
+    workspace = root / "ws" / rollout_id
+    base = f"{LOCAL_GATEWAY}/rollouts/{rollout_id}"
+    fields: dict[str, Any] = dict(
+        rollout_id=rollout_id,
+        attempt=attempt,
+        argv=["python", "agent.py", "--task", str(root / "ws" / "task.json")],
+        env={
+            "PATH": "/home/me/.venv/bin:/usr/bin",  # copied from the controller's machine
+            "HOME": str(root / "ws" / "home"),
+            "HARNESSRL_TASK_FILE": str(root / "ws" / "task.json"),
+            "OPENAI_API_BASE": f"{base}/v1",
+            "OPENAI_BASE_URL": f"{base}/v1",
+            "ANTHROPIC_BASE_URL": base,
+            "OPENAI_API_KEY": KEY,
+            "ANTHROPIC_API_KEY": KEY,
+            "HARNESSRL_ROLLOUT_ID": rollout_id,
+            "MODEL": "policy",
+        },
+        task={"prompt": "What is 2+2?", "answer": "4"},
+        files={"agent.py": "print('hi')\n"},
+        workspace=workspace,
+        cwd=workspace,
+        log_dir=root / "logs" / rollout_id,
+        timeout_s=120.0,
+        limits=ResourceLimits(memory_mb=1024, cpus=0.5),
+    )
+    fields.update(overrides)
+    return Launch(**fields)

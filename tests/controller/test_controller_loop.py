@@ -1,0 +1,183 @@
+"""The controller loop with real sandboxed processes: concurrency cap, cancellation, retries only for
+infrastructure failures, two controllers sharing a store, and a shutdown that leaves no orphans."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.base import HarnessSpec, ResourceLimits
+from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
+from harnessrl.controller.evaluators import build_evaluator
+from harnessrl.controller.local import LocalRunner
+from harnessrl.schemas import RolloutStatus
+from harnessrl.store.sqlite import SQLiteStore
+
+# Sleep durations no other process on the machine uses, so pgrep finds only ours.
+MARK = f"{300 + os.getpid() % 1000}.{time.time_ns() % 10**6}"
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
+
+
+def make_controller(store, tmp_path: Path, command: list[str], *, evaluator=None, **config) -> Controller:
+    return Controller(
+        store,
+        LocalRunner(bridge_path=None),  # these harnesses make no model calls
+        gateway=GatewayEndpoint("127.0.0.1", 9),
+        harness=HarnessSpec(
+            command=command,
+            timeout_s=config.pop("timeout_s", 60),
+            limits=config.pop("limits", ResourceLimits()),
+        ),
+        evaluator=build_evaluator(evaluator or {"type": "command", "command": ["true"]}),
+        run_dir=tmp_path / "run",
+        config=ControllerConfig(poll_interval_s=0.1, **config),
+    )
+
+
+def test_concurrency_cap_is_respected(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    ids = [store.create_rollout(task={"i": i}).rollout_id for i in range(5)]
+    controller = make_controller(store, tmp_path, ["sleep", "0.6"], concurrency=2)
+    peak = 0
+
+    async def go():
+        nonlocal peak
+        watcher_done = asyncio.Event()
+
+        async def watch():
+            nonlocal peak
+            while not watcher_done.is_set():
+                peak = max(peak, store.count_rollouts(status=RolloutStatus.RUNNING))
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch())
+        done = await controller.run_until_done(ids, timeout_s=60)
+        watcher_done.set()
+        await watcher
+        await controller.shutdown()
+        return done
+
+    done = asyncio.run(go())
+    assert all(r.status is RolloutStatus.FINISHED and r.reward == 1.0 for r in done)
+    assert peak == 2
+
+
+def test_cancelled_rollout_is_killed(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    controller = make_controller(store, tmp_path, ["sleep", MARK])
+
+    async def go():
+        run = asyncio.create_task(controller.run_until_done([rid], timeout_s=30))
+        while store.get_rollout(rid).status is not RolloutStatus.RUNNING:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        store.cancel_rollout(rid)
+        [r] = await run
+        await controller.shutdown()
+        return r, time.monotonic() - started
+
+    rollout, seconds = asyncio.run(go())
+    assert rollout.status is RolloutStatus.CANCELLED
+    assert seconds < 5
+    assert subprocess.run(["pgrep", "-f", f"sleep {MARK}"], capture_output=True).stdout == b""
+
+
+def test_infrastructure_failures_are_retried_then_recorded(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    # Exit code 127 from an evaluator means "the scorer could not run": an infrastructure failure.
+    controller = make_controller(
+        store,
+        tmp_path,
+        ["true"],
+        evaluator={"type": "command", "command": ["sh", "-c", "exit 127"]},
+        max_infra_retries=2,
+    )
+    [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=60))
+    asyncio.run(controller.shutdown())
+    assert rollout.status is RolloutStatus.FAILED
+    assert rollout.outcome.value == "infra_failure"
+    assert rollout.attempt == 2
+    assert "evaluator failed" in (rollout.error or "")
+    assert sorted(p.name for p in (tmp_path / "run" / "rollouts" / rid).iterdir()) == [
+        "attempt-0",
+        "attempt-1",
+        "attempt-2",
+    ]
+
+
+def test_policy_failures_are_not_retried(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    controller = make_controller(store, tmp_path, ["false"], max_infra_retries=2)
+    [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=60))
+    asyncio.run(controller.shutdown())
+    assert rollout.outcome.value == "policy_failure"
+    assert rollout.attempt == 0
+
+
+def test_fork_bomb_does_not_hurt_other_rollouts(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    bomb = store.create_rollout(task={"kind": "bomb"}).rollout_id
+    calm = store.create_rollout(task={"kind": "calm"}).rollout_id
+    controller = make_controller(
+        store,
+        tmp_path,
+        ["bash", "-c", 'if grep -q bomb "$HARNESSRL_TASK_FILE"; then :(){ :|:& };: ; sleep 1; exit 3; fi; echo fine'],
+        limits=ResourceLimits(max_processes=40),
+        timeout_s=20,
+        concurrency=2,
+    )
+    done = {r.rollout_id: r for r in asyncio.run(controller.run_until_done([bomb, calm], timeout_s=60))}
+    asyncio.run(controller.shutdown())
+    assert done[calm].outcome.value == "success" and done[calm].reward == 1.0
+    assert done[bomb].outcome.value in ("policy_failure", "timeout")
+    assert done[bomb].metadata["exit"]["kind"] in ("resource_limit", "timeout")
+
+
+def test_two_controllers_never_launch_the_same_rollout(tmp_path):
+    db = tmp_path / "db.sqlite"
+    setup = SQLiteStore(db)
+    ids = [setup.create_rollout(task={}).rollout_id for _ in range(8)]
+    ledger = tmp_path / "ledger.txt"
+    command = ["sh", "-c", f'echo "$HARNESSRL_ROLLOUT_ID" >> {ledger}; sleep 0.2']
+
+    async def go():
+        stores = [SQLiteStore(db), SQLiteStore(db)]
+        controllers = [make_controller(s, tmp_path, command, concurrency=3) for s in stores]
+        results = await asyncio.gather(*(c.run_until_done(ids, timeout_s=60) for c in controllers))
+        for c in controllers:
+            await c.shutdown()
+        return results
+
+    asyncio.run(go())
+    launched = ledger.read_text().split()
+    assert sorted(launched) == sorted(ids)  # each exactly once
+    assert all(r.status is RolloutStatus.FINISHED for r in setup.list_rollouts())
+
+
+def test_shutdown_kills_running_attempts_and_requeues_them(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    ids = [store.create_rollout(task={}).rollout_id for _ in range(2)]
+    controller = make_controller(store, tmp_path, ["sh", "-c", f"sleep {MARK}1 & sleep {MARK}1; wait"], concurrency=2)
+
+    async def go():
+        stop = asyncio.Event()
+        loop = asyncio.create_task(controller.run_forever(stop))
+        while store.count_rollouts(status=RolloutStatus.RUNNING) < 2:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(loop, 20)
+
+    asyncio.run(go())
+    assert subprocess.run(["pgrep", "-f", f"sleep {MARK}1"], capture_output=True).stdout == b""
+    assert all(store.get_rollout(i).status is RolloutStatus.QUEUED for i in ids)

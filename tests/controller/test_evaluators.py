@@ -1,0 +1,363 @@
+"""Evaluators: real subprocesses for ``command``, real reasoning-gym datasets, config errors up front."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.evaluators import (
+    CommandEvaluatorConfig,
+    EvaluationInput,
+    EvaluationResult,
+    EvaluatorError,
+    build_evaluator,
+    final_answer_text,
+    parse_evaluator_config,
+)
+from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.schemas import Call
+from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
+
+# -- functions the python evaluator imports (by this module's own name) ----------------------------
+
+
+def score_sync(inp: EvaluationInput, bonus: float = 0.0) -> float:
+    return (1.0 if "42" in inp.final_answer else 0.0) + bonus
+
+
+async def score_async(inp: EvaluationInput) -> EvaluationResult:
+    return EvaluationResult(0.5, {"workspace": str(inp.workspace)})
+
+
+def score_dict(inp: EvaluationInput) -> dict:
+    return {"reward": True, "why": "bool counts as 1"}
+
+
+def score_crash(inp: EvaluationInput) -> float:
+    raise RuntimeError("scorer bug")
+
+
+def score_nan(inp: EvaluationInput) -> float:
+    return math.nan
+
+
+def score_slow(inp: EvaluationInput) -> float:
+    time.sleep(2)
+    return 1.0
+
+
+not_callable = 3
+
+# -- helpers ----------------------------------------------------------------------------------------
+
+
+def call(content, seq: int = 0) -> Call:
+    return Call(
+        rollout_id="r",
+        seq=seq,
+        response={"role": "assistant", "content": content},
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        response_logprobs=[0.0],
+    )
+
+
+def evaluate(config: dict, inp: EvaluationInput) -> EvaluationResult:
+    return asyncio.run(build_evaluator(config).evaluate(inp))
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return workspace
+
+
+def sh(script: str, **extra) -> dict:
+    return {"type": "command", "command": ["sh", "-c", script], **extra}
+
+
+# -- command ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("code", "reward"), [(0, 1.0), (1, 0.0), (5, 0.0)])
+def test_command_exit_code(ws, code, reward):
+    result = evaluate(sh(f"exit {code}"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == reward and result.details["exit_code"] == code
+
+
+def test_command_runs_in_workspace_with_templates_and_clean_env(ws, monkeypatch):
+    monkeypatch.setenv("HARNESSRL_ADMIN_KEY", "admin-secret")
+    (ws / "marker").write_text("here")
+    config = {
+        "type": "command",
+        "reward_from": "json",
+        "env": {"GOLD": "{task[answer]}"},
+        "command": [
+            sys.executable,
+            "-c",
+            "import json, os, sys; print(json.dumps({'reward': 1, 'cwd_ok': os.path.exists('marker'),"
+            " 'argv': sys.argv[1:], 'gold': os.environ['GOLD'], 'task': json.load(open(sys.argv[2])),"
+            " 'admin': os.environ.get('HARNESSRL_ADMIN_KEY'), 'rid': os.environ['HARNESSRL_ROLLOUT_ID']}))",
+            "{workspace}",
+            "{task_file}",
+            "${HOME}",
+        ],
+    }
+    result = evaluate(config, EvaluationInput(task={"answer": "7"}, workspace=ws, rollout_id="r-9"))
+    out = result.details["output"]
+    assert result.reward == 1.0
+    assert out["cwd_ok"] and out["argv"][0] == str(ws) and out["argv"][2] == "${HOME}"
+    assert out["gold"] == "7" and out["task"] == {"answer": "7"} and out["rid"] == "r-9"
+    assert out["admin"] is None  # the controller's secrets never reach the scorer
+
+
+@pytest.mark.parametrize(
+    ("script", "reward_from", "reward"),
+    [
+        ("echo noise; echo 0.25", "stdout_float", 0.25),
+        ('echo \'{"reward": 0.75, "passed": 3}\'', "json", 0.75),
+    ],
+)
+def test_command_parsed_output(ws, script, reward_from, reward):
+    assert (
+        evaluate(sh(script, reward_from=reward_from), EvaluationInput(task={}, workspace=ws)).reward == reward
+    )
+
+
+@pytest.mark.parametrize(
+    ("script", "reward_from", "message"),
+    [
+        ("echo not-a-number", "stdout_float", "not a number"),
+        ("echo nan", "stdout_float", "finite"),
+        ("echo '{\"score\": 1}'", "json", 'no "reward"'),
+        ("echo '[1]'", "json", 'no "reward"'),
+        ("echo {", "json", "not JSON"),
+        ("echo 1; exit 3", "stdout_float", "exited with 3"),
+        ("exit 127", "exit_code", "could not run"),
+    ],
+)
+def test_command_failures_are_evaluator_errors(ws, script, reward_from, message):
+    with pytest.raises(EvaluatorError, match=message) as info:
+        evaluate(sh(script, reward_from=reward_from), EvaluationInput(task={}, workspace=ws))
+    assert isinstance(info.value, HarnessRLError)
+
+
+def test_command_timeout_kills_the_process_group(ws):
+    pidfile = ws / "child.pid"
+    started = time.monotonic()
+    with pytest.raises(EvaluatorError, match="timed out"):
+        evaluate(
+            sh(f"sleep 60 & echo $! > {pidfile}; wait", timeout_s=0.5), EvaluationInput(task={}, workspace=ws)
+        )
+    assert time.monotonic() - started < 10
+    pid = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the evaluator's child survived its timeout")
+
+
+def test_command_leftover_children_do_not_hang_it(ws):
+    started = time.monotonic()
+    result = evaluate(sh("sleep 60 & echo started"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 1.0 and time.monotonic() - started < 10
+
+
+def test_command_argv_prefix(ws):
+    evaluator = build_evaluator(
+        CommandEvaluatorConfig(command=["exit 0"]), validate=False, argv_prefix=["sh", "-c"]
+    )
+    assert asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws))).reward == 1.0
+
+
+def test_command_missing_task_field_is_an_evaluator_error(ws):
+    with pytest.raises(EvaluatorError, match="nope"):
+        evaluate(sh("echo {task[nope]}"), EvaluationInput(task={}, workspace=ws))
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (
+            {"type": "command", "command": ["no-such-scorer-xyz"]},
+            r"evaluator.command\[0\].*no-such-scorer-xyz",
+        ),
+        ({"type": "command", "command": ["/nonexistent/bin/score"]}, r"evaluator.command\[0\]"),
+        (
+            {"type": "command", "command": ["sh", "-c", "curl {base_url}"]},
+            r"evaluator.command\[2\].*base_url",
+        ),
+        ({"type": "command", "command": []}, r"evaluator.command"),
+        ({"type": "command", "command": ["sh"], "reward_from": "vibes"}, r"evaluator.command.reward_from"),
+        ({"type": "command", "command": ["sh"], "shell": True}, r"evaluator.command.shell"),
+        ({"type": "python", "function": "no_such_module_xyz:f"}, r"evaluator.function.*no_such_module_xyz"),
+        ({"type": "python", "function": "json:no_such_function"}, r"evaluator.function.*no_such_function"),
+        ({"type": "python", "function": f"{__name__}:not_callable"}, r"evaluator.function.*not callable"),
+        ({"type": "python", "function": "not a path"}, r"evaluator.python.function"),
+        ({"type": "reasoning_gym", "dataset": "no_such_dataset"}, r"evaluator.dataset"),
+        ({"type": "reasoning_gym", "answer_pattern": "(unclosed"}, r"evaluator.answer_pattern"),
+        ({"type": "exact_match", "pattern": "[bad"}, r"evaluator.pattern"),
+        ({"type": "telepathy"}, r"evaluator.type"),
+    ],
+)
+def test_bad_config_fails_before_any_rollout(config, message):
+    with pytest.raises(ConfigError, match=message):
+        build_evaluator(config)
+
+
+def test_relative_and_templated_executables_are_checked_at_run_time():
+    build_evaluator({"type": "command", "command": ["./run_tests.sh"]})
+    build_evaluator({"type": "command", "command": ["{workspace}/run_tests.sh"]})
+
+
+# -- python -----------------------------------------------------------------------------------------
+
+
+def test_python_sync_async_and_dict(ws):
+    inp = EvaluationInput(task={}, workspace=ws, calls=[call("The answer is 42")])
+    assert evaluate({"type": "python", "function": f"{__name__}:score_sync"}, inp).reward == 1.0
+    with_kwargs = {"type": "python", "function": f"{__name__}:score_sync", "kwargs": {"bonus": 0.5}}
+    assert evaluate(with_kwargs, inp).reward == 1.5
+    result = evaluate({"type": "python", "function": f"{__name__}:score_async"}, inp)
+    assert result == EvaluationResult(0.5, {"workspace": str(ws)})
+    result = evaluate({"type": "python", "function": f"{__name__}:score_dict"}, inp)
+    assert result.reward == 1.0 and result.details == {"why": "bool counts as 1"}
+
+
+@pytest.mark.parametrize(
+    ("function", "message"),
+    [("score_crash", "scorer bug"), ("score_nan", "finite"), ("score_slow", "timed out")],
+)
+def test_python_failures_are_evaluator_errors(ws, function, message):
+    config = {"type": "python", "function": f"{__name__}:{function}", "timeout_s": 0.3}
+    with pytest.raises(EvaluatorError, match=message):
+        evaluate(config, EvaluationInput(task={}, workspace=ws))
+
+
+# -- reasoning_gym ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def arithmetic_task() -> dict:
+    # basic_arithmetic uses reasoning-gym's default scorer, which gives partial credit.
+    return next(
+        t.data for t in reasoning_gym_tasks("basic_arithmetic", 20, seed=7) if len(t.data["answer"]) > 1
+    )
+
+
+def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task):
+    gold = arithmetic_task["answer"]
+
+    def reward(text: str, **config) -> float:
+        inp = EvaluationInput(
+            task=arithmetic_task, workspace=ws, calls=[call("thinking..."), call(text, seq=1)]
+        )
+        return evaluate({"type": "reasoning_gym", **config}, inp).reward
+
+    assert reward(f"Let me see.\nAnswer: {gold}") == 1.0
+    assert reward(f"**Answer:** `{gold}`.") == 1.0
+    assert reward(f"Answer: 0\nwait, no.\nAnswer: {gold}") == 1.0  # the last answer counts
+    assert reward("Answer: 123456789") == 0.0
+    assert reward(f"<think>Answer: 1</think>{gold}") == 1.0  # fallback: last line; thinking ignored
+    assert reward(f"the result is {gold}", fallback="none") == 0.0
+    assert reward(f"so it is {gold} I think", fallback="last_number") == 1.0
+
+
+def test_reasoning_gym_strict_vs_partial_credit(ws, arithmetic_task):
+    inp = EvaluationInput(
+        task=arithmetic_task, workspace=ws, calls=[call(f"Answer: {arithmetic_task['answer']}0")]
+    )
+    strict = evaluate({"type": "reasoning_gym"}, inp)
+    partial = evaluate({"type": "reasoning_gym", "strict": False}, inp)
+    assert strict.reward == 0.0 and 0.0 < partial.reward < 1.0 == strict.details["score"] + 1 - partial.reward
+    assert strict.details["extracted"] == arithmetic_task["answer"] + "0"
+
+
+def test_reasoning_gym_stored_entry_and_stdout_source(ws):
+    task = {"dataset": "basic_arithmetic", "question": "Calculate 2 + 5.", "answer": "7", "metadata": {}}
+    inp = EvaluationInput(task=task, workspace=ws, stdout="log line\nAnswer: 7\n")
+    assert evaluate({"type": "reasoning_gym", "source": "stdout"}, inp).reward == 1.0
+    no_dataset = {"question": "q", "answer": "7"}
+    assert (
+        evaluate(
+            {"type": "reasoning_gym", "dataset": "basic_arithmetic"},
+            EvaluationInput(task=no_dataset, workspace=ws, calls=[call("Answer: 7")]),
+        ).reward
+        == 1.0
+    )
+    with pytest.raises(EvaluatorError, match="dataset"):
+        evaluate(
+            {"type": "reasoning_gym"},
+            EvaluationInput(task=no_dataset, workspace=ws, calls=[call("Answer: 7")]),
+        )
+
+
+# -- exact_match and final answers -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "gold", "config", "reward"),
+    [
+        ("Paris", "paris", {}, 1.0),
+        ("  The  Answer. ", "the answer", {}, 1.0),
+        ("7.0", "7", {}, 1.0),
+        ("1,000", "1000", {}, 1.0),
+        ("Paris", "paris", {"normalize": False}, 0.0),
+        ("I think Answer: B", ["A", "B"], {"pattern": r"Answer:\s*(\w+)"}, 1.0),
+        ("no marker here", "here", {"pattern": r"Answer:\s*(.+)"}, 0.0),
+        ("no marker here", "no marker here", {"pattern": r"Answer:\s*(.+)", "fallback": "last_line"}, 1.0),
+    ],
+)
+def test_exact_match(ws, text, gold, config, reward):
+    inp = EvaluationInput(task={"answer": gold}, workspace=ws, calls=[call(text)])
+    assert evaluate({"type": "exact_match", **config}, inp).reward == reward
+
+
+def test_exact_match_missing_field(ws):
+    with pytest.raises(EvaluatorError, match="solution"):
+        evaluate({"type": "exact_match", "field": "solution"}, EvaluationInput(task={}, workspace=ws))
+
+
+def test_final_answer_text_across_shapes():
+    tool_only = Call(
+        rollout_id="r",
+        seq=2,
+        response={"role": "assistant", "content": None, "tool_calls": []},
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        response_logprobs=[0.0],
+    )
+    anthropic = Call(
+        rollout_id="r",
+        seq=1,
+        response={
+            "content": [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": "Answer: 3"}]
+        },
+        prompt_token_ids=[1],
+        response_token_ids=[2],
+        response_logprobs=[0.0],
+    )
+    assert final_answer_text([call("first", seq=0), anthropic, tool_only]) == "Answer: 3"
+    assert final_answer_text([call("<think>x</think>\n  done  ")]) == "done"
+    assert final_answer_text([]) == ""
+
+
+def test_parse_config_round_trip():
+    config = parse_evaluator_config(
+        {"type": "command", "command": ["pytest", "-q"], "reward_from": "exit_code"}
+    )
+    assert isinstance(config, CommandEvaluatorConfig) and config.timeout_s == 120
+    assert json.loads(config.model_dump_json())["type"] == "command"

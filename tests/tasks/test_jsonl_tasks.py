@@ -1,0 +1,49 @@
+"""Tasks as JSON Lines: round trip, bare data lines, and errors that name the line."""
+
+from __future__ import annotations
+
+import pytest
+
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Task
+from harnessrl.tasks import load_tasks, save_tasks
+
+
+def test_round_trip(tmp_path):
+    tasks = [Task(task_id="a", data={"prompt": "hi", "answer": 1}), Task(task_id="b", split="eval", data={})]
+    path = save_tasks(tmp_path / "sub" / "tasks.jsonl", tasks)
+    assert load_tasks(path) == tasks
+    assert [t.split for t in load_tasks(path, split="test")] == ["test", "test"]
+    assert not list(path.parent.glob(".*.tmp"))
+
+
+def test_bare_data_lines(tmp_path):
+    path = tmp_path / "math.jsonl"
+    path.write_text(
+        '{"prompt": "1+1", "answer": "2"}\n\n{"id": 7, "prompt": "2+2"}\n{"task_id": "x", "data": 3}\n'
+    )
+    tasks = load_tasks(path)
+    assert [t.task_id for t in tasks] == ["math-1", "7", "x"]
+    assert tasks[0].data == {"prompt": "1+1", "answer": "2"}
+    assert tasks[2].data == {"task_id": "x", "data": 3}  # not a record (data is not an object): bare data
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"prompt": "a"}\n{oops\n', r"tasks\.jsonl:2: not valid JSON"),
+        ("[1, 2]\n", r"tasks\.jsonl:1: expected a JSON object"),
+        ('{"task_id": "a"}\n{"task_id": "a"}\n', r"tasks\.jsonl:2: duplicate task_id 'a'"),
+        ('{"task_id": "a", "data": {}, "split": 3}\n', r"tasks\.jsonl:1"),
+    ],
+)
+def test_errors_name_the_line(tmp_path, content, message):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_tasks(path)
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_tasks(tmp_path / "nope.jsonl")
