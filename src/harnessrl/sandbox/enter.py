@@ -14,6 +14,7 @@ infrastructure failure).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import fcntl
 import json
@@ -60,10 +61,8 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
         pass
     finally:
         for s in (src, dst):
-            try:
+            with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
 
 def _relay(client: socket.socket, unix_path: str) -> None:
@@ -132,7 +131,9 @@ def main(argv: list[str]) -> int:
         print(f"harnessrl sandbox: cannot start {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
         return 127
     if listener is not None:
-        threading.Thread(target=serve_relay, args=(listener, spec["gateway_unix_socket"]), daemon=True).start()
+        threading.Thread(
+            target=serve_relay, args=(listener, spec["gateway_unix_socket"]), daemon=True
+        ).start()
     code = child.wait()
     return 128 - code if code < 0 else code
 

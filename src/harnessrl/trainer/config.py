@@ -1,0 +1,123 @@
+"""The one TOML file of ``harnessrl train``: every section is a typed model (``extra="forbid"``).
+
+Sections: ``[run]``, ``[engine]``, ``[gateway]``, ``[harness]``, ``[evaluator]``, ``[controller]``,
+``[tasks]`` / ``[heldout]``, ``[algorithm]``, ``[optimizer]``, ``[trainer]``, ``[metrics]``.
+Defaults are the recommended settings; ``docs/train.md`` documents each field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.config import EngineConfig, GatewayConfig, Section
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.controller import ControllerConfig
+from harnessrl.controller.evaluators import parse_evaluator_config
+
+
+class RunSection(Section):
+    name: str = "run"
+    dir: str | None = Field(default=None, description="run folder (default runs/<name>)")
+    seed: int = 0
+
+
+class TaskSource(Section):
+    """Where tasks come from: a reasoning-gym dataset (generated offline), a JSONL file, or inline."""
+
+    type: Literal["reasoning_gym", "jsonl", "inline"] = "reasoning_gym"
+    dataset: str | None = None  # reasoning_gym
+    size: int = Field(default=1000, ge=1)
+    seed: int = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+    path: str | None = None  # jsonl
+    items: list[dict[str, Any]] = Field(default_factory=list)  # inline
+    prompt_template: str | None = Field(
+        default=None, description="optional '{question}'-style template for the task's prompt field"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> TaskSource:
+        if self.type == "reasoning_gym" and not self.dataset:
+            raise ValueError("dataset is required for type = 'reasoning_gym'")
+        if self.type == "jsonl" and not self.path:
+            raise ValueError("path is required for type = 'jsonl'")
+        if self.type == "inline" and not self.items:
+            raise ValueError("items must not be empty for type = 'inline'")
+        return self
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(default=1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(default=0.0, ge=0)
+    grad_clip: float | None = Field(default=1.0, gt=0)
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+
+
+class LoraSection(Section):
+    r: int = Field(default=16, ge=1)
+    alpha: int = Field(default=32, ge=1)
+    dropout: float = Field(default=0.0, ge=0, lt=1)
+    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class TrainerSection(Section):
+    mode: Literal["sync", "async"] = "async"
+    steps: int = Field(default=10, ge=1)
+    tasks_per_step: int = Field(default=4, ge=1)
+    group_size: int = Field(default=8, ge=1, description="rollouts per task (one group)")
+    max_in_flight: int | None = Field(
+        default=None, ge=1, description="async: rollouts queued or running at once (default 2 steps' worth)"
+    )
+    max_staleness: int = Field(
+        default=1, ge=0, description="async: newest minus oldest policy version allowed"
+    )
+    stale_samples: Literal["drop", "downweight"] = "drop"
+    temperature: float = Field(
+        default=1.0, gt=0, description="sampling temperature forced on training rollouts"
+    )
+    max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
+    micro_batch_tokens: int = Field(default=4096, ge=16)
+    max_sample_tokens: int | None = Field(default=None, ge=16)
+    autocast: Literal["none", "bf16"] = "none"
+    gradient_checkpointing: bool = False
+    lora: LoraSection | None = None
+    eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations (0: never)")
+    eval_temperature: float = Field(default=0.0, ge=0)
+    save_every: int = Field(default=0, ge=0, description="steps between numbered checkpoints (0: end only)")
+    rollout_timeout_s: float | None = Field(default=None, gt=0)
+
+
+class MetricsSection(Section):
+    tensorboard: bool = True
+    wandb_project: str | None = None
+    progress: bool = True
+
+
+class TrainConfig(Section):
+    run: RunSection = Field(default_factory=RunSection)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
+    harness: HarnessSpec
+    evaluator: dict[str, Any]
+    controller: ControllerConfig = Field(default_factory=ControllerConfig)
+    tasks: TaskSource
+    heldout: TaskSource | None = None
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    metrics: MetricsSection = Field(default_factory=MetricsSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        parse_evaluator_config(self.evaluator)
+        if self.engine.model.startswith("scripted:"):
+            raise ValueError(
+                "engine.model: a scripted engine cannot be trained; use tiny, smollm2 or a model"
+            )
+        return self

@@ -1,0 +1,213 @@
+"""The trainable policy: a transformers causal LM, its optimizer step and its checkpoints.
+
+The trainer keeps its own fp32 copy of the weights (the master copy); the engine serving rollouts
+gets a copy of them after every step (``engine_state_dict``). Log-probabilities are computed at the
+sampling temperature the engine used (``log_softmax(logits / T)``), so they are comparable with the
+behaviour log-probabilities recorded by the gateway.
+
+Micro-batches use the packed layout (``algorithms.losses.collate``): all samples in one row with
+``position_ids`` restarting per sample and no attention mask; transformers then builds a
+block-diagonal causal mask from the position ids, so no padding is computed and no token attends
+across samples (checked by ``tests/trainer/test_policy.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.algorithms.losses import collate, micro_batch_loss, token_logprobs
+from harnessrl.algorithms.packing import pack_micro_batches, step_totals
+from harnessrl.trainer.config import LoraSection, OptimizerConfig
+from harnessrl.trajectory import Sample
+
+
+def lr_lambda(config: OptimizerConfig, total_steps: int):
+    def factor(step: int) -> float:
+        if config.warmup_steps and step < config.warmup_steps:
+            return (step + 1) / config.warmup_steps
+        if config.schedule == "constant":
+            return 1.0
+        span = max(1, total_steps - config.warmup_steps)
+        progress = min(1.0, (step - config.warmup_steps) / span)
+        shape = 1.0 - progress if config.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return config.min_lr_ratio + (1.0 - config.min_lr_ratio) * shape
+
+    return factor
+
+
+class TrainablePolicy:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        optimizer: OptimizerConfig,
+        total_steps: int,
+        *,
+        lora: LoraSection | None = None,
+        gradient_checkpointing: bool = False,
+        autocast: str = "none",
+        seed: int = 0,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model_dir = Path(model_dir)
+        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+        model.config.use_cache = False
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.lora = lora
+        if lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=lora.r,
+                    lora_alpha=lora.alpha,
+                    lora_dropout=lora.dropout,
+                    target_modules=lora.target_modules,
+                    task_type="CAUSAL_LM",
+                ),
+            )
+        self.model = model
+        self.model.train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optimizer, total_steps))
+        self.grad_clip = optimizer.grad_clip
+        self.autocast = autocast
+
+    # -- forward -------------------------------------------------------------------------------------
+    def _autocast(self):
+        if self.autocast == "bf16":
+            return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def logprobs(
+        self, input_ids_B_T: torch.Tensor, position_ids_B_T: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        with self._autocast():
+            logits = self.model(
+                input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
+            ).logits
+        logits = logits.float()
+        if temperature != 1.0:
+            logits = logits / temperature
+        return token_logprobs(logits, input_ids_B_T)  # (B, T)
+
+    # -- one optimizer step --------------------------------------------------------------------------
+    def train_step(
+        self,
+        samples: list[Sample],
+        algorithm: AlgorithmConfig,
+        *,
+        temperature: float,
+        micro_batch_tokens: int,
+    ) -> dict[str, float]:
+        """One optimizer step over all ``samples`` (all samples of every rollout of the step)."""
+        totals = step_totals(samples)
+        if totals.num_loss_tokens == 0:
+            return {"loss": 0.0, "skipped": 1.0}
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        loss_total = 0.0
+        entropy_proxy = 0.0
+        tokens = 0
+        for micro in pack_micro_batches(samples, micro_batch_tokens):
+            batch = collate(micro, totals, packed=True)
+            logprobs = self.logprobs(batch.input_ids_B_T, batch.position_ids_B_T, temperature)
+            out = micro_batch_loss(logprobs, batch, totals, algorithm)
+            out.loss.backward()
+            loss_total += float(out.loss.detach())
+            n = int(batch.loss_mask_B_T.sum())
+            tokens += int(batch.input_ids_B_T.numel())
+            # -mean logprob of the sampled tokens: a cheap, unbiased estimate of the policy's entropy.
+            entropy_proxy += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
+            for key, value in out.metrics.items():
+                sums[key] = sums.get(key, 0.0) + float(value) * n
+                weights[key] = weights.get(key, 0.0) + n
+        grad_norm = (
+            float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            if self.grad_clip
+            else 0.0
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        metrics = {f"loss/{k}": sums[k] / weights[k] for k in sums if weights[k]}
+        metrics.update(
+            {
+                "loss": loss_total,
+                "grad_norm": grad_norm,
+                "lr": self.scheduler.get_last_lr()[0],
+                "entropy": entropy_proxy / max(1, totals.num_loss_tokens),
+                "train_tokens": float(tokens),
+                "loss_tokens": float(totals.num_loss_tokens),
+                "samples": float(len(samples)),
+            }
+        )
+        return metrics
+
+    # -- weights out ---------------------------------------------------------------------------------
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights (LoRA merged in), detached, under the base model's parameter names."""
+        if self.lora is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        # Merge the adapters into the base weights, copy them out, and unmerge so training goes on
+        # with separate adapters. peft keeps a wrapped layer's original weight at "<name>.base_layer".
+        self.model.merge_adapter()  # type: ignore[attr-defined]
+        try:
+            base = self.model.get_base_model()  # type: ignore[attr-defined]
+            return {
+                k.replace(".base_layer", ""): v.detach().clone()
+                for k, v in base.state_dict().items()
+                if "lora_" not in k
+            }
+        finally:
+            self.model.unmerge_adapter()  # type: ignore[attr-defined]
+
+    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
+        """Hugging Face format (loadable by transformers / vLLM as is), plus tokenizer files and the
+        optimizer/scheduler state for ``--resume``. Written to a temp folder, then renamed."""
+        tmp = folder.with_name(folder.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        if self.lora is not None:
+            self.model.save_pretrained(str(tmp / "adapter"))
+            base = self.model.get_base_model()  # type: ignore[attr-defined]
+            base.save_pretrained(str(tmp), state_dict=self.engine_state_dict(), safe_serialization=True)
+        else:
+            self.model.save_pretrained(str(tmp), safe_serialization=True)
+        for name in (
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "special_tokens_map.json",
+            "chat_template.jinja",
+            "generation_config.json",
+        ):
+            src = self.model_dir / name
+            if src.exists() and not (tmp / name).exists():
+                shutil.copy2(src, tmp / name)
+        if with_optimizer:
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                tmp / "trainer_state.pt",
+            )
+        if folder.exists():
+            shutil.rmtree(folder)
+        tmp.rename(folder)
+        return folder
+
+    def load_trainer_state(self, folder: Path) -> None:
+        state: dict[str, Any] = torch.load(folder / "trainer_state.pt", weights_only=False)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
