@@ -19,7 +19,10 @@ def main() -> None:
     request = urllib.request.Request(
         os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
         data=json.dumps(body).encode(),
-        headers={"Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}", "Content-Type": "application/json"},
+        headers={
+            "Authorization": f"Bearer {os.environ['OPENAI_API_KEY']}",
+            "Content-Type": "application/json",
+        },
     )
     with urllib.request.urlopen(request, timeout=600) as response:
         reply = json.load(response)

@@ -131,7 +131,11 @@ def test_fork_bomb_does_not_hurt_other_rollouts(tmp_path):
     controller = make_controller(
         store,
         tmp_path,
-        ["bash", "-c", 'if grep -q bomb "$HARNESSRL_TASK_FILE"; then :(){ :|:& };: ; sleep 1; exit 3; fi; echo fine'],
+        [
+            "bash",
+            "-c",
+            'if grep -q bomb "$HARNESSRL_TASK_FILE"; then :(){ :|:& };: ; sleep 1; exit 3; fi; echo fine',
+        ],
         limits=ResourceLimits(max_processes=40),
         timeout_s=20,
         concurrency=2,
@@ -167,7 +171,9 @@ def test_two_controllers_never_launch_the_same_rollout(tmp_path):
 def test_shutdown_kills_running_attempts_and_requeues_them(tmp_path):
     store = SQLiteStore(tmp_path / "db.sqlite")
     ids = [store.create_rollout(task={}).rollout_id for _ in range(2)]
-    controller = make_controller(store, tmp_path, ["sh", "-c", f"sleep {MARK}1 & sleep {MARK}1; wait"], concurrency=2)
+    controller = make_controller(
+        store, tmp_path, ["sh", "-c", f"sleep {MARK}1 & sleep {MARK}1; wait"], concurrency=2
+    )
 
     async def go():
         stop = asyncio.Event()

@@ -10,7 +10,9 @@ from harnessrl.schemas import Task
 
 def vowel_tasks(n: int = 16) -> list[Task]:
     """``n`` prompts asking for vowels; see :func:`vowel_share` for the reward."""
-    return [Task(task_id=f"vowels-{i}", data={"prompt": f"Task {i}: reply with vowels only."}) for i in range(n)]
+    return [
+        Task(task_id=f"vowels-{i}", data={"prompt": f"Task {i}: reply with vowels only."}) for i in range(n)
+    ]
 
 
 def vowel_share(inp: Any) -> float:
