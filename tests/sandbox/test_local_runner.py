@@ -166,3 +166,20 @@ def test_fork_bomb_is_contained(tmp_path, gateway_listener):
 def test_missing_executable_is_a_nonzero_exit(tmp_path, gateway_listener):
     exit_, _, _ = run_attempt(tmp_path, gateway_listener, ["/nonexistent/harness"])
     assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 127
+
+
+def test_offline_mode_has_no_network_at_all(tmp_path, other_listener):
+    before = other_listener.connections
+    code = f"import socket; socket.create_connection(('127.0.0.1', {other_listener.port}), timeout=3)"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl.sandbox.enter", "--", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode != 0 and "ConnectionRefusedError" in proc.stderr
+    assert other_listener.connections == before
+    ok = subprocess.run(
+        [sys.executable, "-m", "harnessrl.sandbox.enter", "--", "sh", "-c", "exit 7"], timeout=30
+    )
+    assert ok.returncode == 7

@@ -131,7 +131,8 @@ class CommandEvaluatorConfig(_Config):
     reward_from: Literal["exit_code", "stdout_float", "json"] = "exit_code"
     env: dict[str, str] = Field(default_factory=dict)
     infra_exit_codes: list[int] = Field(
-        default_factory=lambda: [126, 127], description="exit codes meaning the scorer could not run"
+        default_factory=lambda: [125, 126, 127],
+        description="exit codes meaning the scorer could not run (125: its sandbox failed)",
     )
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -32,6 +33,9 @@ from harnessrl.schemas import Rollout
 from harnessrl.store.base import Store
 
 
+OFFLINE_PREFIX = [sys.executable, "-m", "harnessrl.sandbox.enter", "--"]
+
+
 class RolloutConfig(Section):
     """The TOML file of ``harnessrl rollout`` and ``harnessrl controller``."""
 
@@ -53,7 +57,10 @@ def prepare(config: RolloutConfig) -> tuple[HarnessSpec, Evaluator]:
     """Resolve the harness preset and validate harness and evaluator before anything starts."""
     harness = apply_preset(config.harness)
     check_harness(harness)
-    evaluator = build_evaluator(config.evaluator, validate=True)
+    # Command evaluators run code the policy wrote: give them no network either (unless the
+    # harness itself was allowed the host network, e.g. for debugging).
+    prefix = OFFLINE_PREFIX if harness.network == "gateway" else []
+    evaluator = build_evaluator(config.evaluator, validate=True, argv_prefix=prefix)
     return harness, evaluator
 
 

@@ -7,7 +7,8 @@ gateway through a Unix socket on the host's filesystem (filesystems are shared; 
 status. So the harness reaches the gateway at the usual ``http://127.0.0.1:<port>`` and nothing else:
 no other host port, no outside address, no DNS.
 
-The spec is JSON written by the local runner (``SandboxSpec``). Exit status: the harness's own, or
+The spec is JSON written by the local runner. ``enter -- CMD...`` instead runs one command with no
+network at all (see ``offline``). Exit status: the harness's own, or
 128 + signal number if it was killed; 125 if the sandbox itself could not be set up (an
 infrastructure failure).
 """
@@ -99,7 +100,26 @@ def _child_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
 
 
+def offline(argv: list[str]) -> int:
+    """``python -m harnessrl.sandbox.enter -- CMD...``: run CMD with no network at all (a fresh
+    namespace with only loopback), in this environment and folder. Evaluators use it: they run code
+    the policy wrote (tests, conftest.py), which must not reach anything either."""
+    try:
+        unshare_network()
+        loopback_up()
+    except OSError as exc:
+        print(f"harnessrl sandbox: setup failed: {exc}", file=sys.stderr, flush=True)
+        return SETUP_FAILED
+    try:
+        os.execvp(argv[0], argv)
+    except OSError as exc:
+        print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        return 127
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) > 2 and argv[1] == "--":
+        return offline(argv[2:])
     with open(argv[1]) as f:
         spec = json.load(f)
     try:
