@@ -352,7 +352,9 @@ def _cache_key(params: dict[str, Any]) -> str:
 
 
 def default_cache_dir() -> Path:
-    return Path.home() / ".cache" / "harnessrl"
+    """Where built and converted models live: ``$HARNESSRL_CACHE_DIR``, else ``~/.cache/harnessrl``."""
+    override = os.environ.get("HARNESSRL_CACHE_DIR")
+    return Path(override) if override else Path.home() / ".cache" / "harnessrl"
 
 
 def tiny_model_dir(cache_dir: str | Path | None = None, *, seed: int = 0, weights: bool = True) -> Path:
