@@ -1,0 +1,89 @@
+"""Smoke test of ``benchmarks/merge_rate.py``: its core functions on a few short rollouts (not a timed test).
+
+Records a handful of tool-calling rollouts through a real gateway (scripted engine, 127.0.0.1), then
+checks the two merge rules: harnessrl keeps every append-only rollout one sample, and the Agent
+Lightning rule splits exactly where a retokenized prompt stops extending the previous call.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.schemas import Call
+from harnessrl.tokenizer import PolicyTokenizer
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "merge_rate.py"
+
+
+@pytest.fixture(scope="module")
+def merge_rate() -> ModuleType:
+    # benchmarks/ is not a package: load the script as a module.
+    spec = importlib.util.spec_from_file_location("merge_rate_benchmark", _SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def _call(seq: int, messages: list[dict], prompt: list[int], response: list[int]) -> Call:
+    return Call(
+        rollout_id="r",
+        seq=seq,
+        request={"messages": messages},
+        response={"role": "assistant", "content": "x"},
+        prompt_token_ids=prompt,
+        response_token_ids=response,
+        response_logprobs=[0.0] * len(response),
+    )
+
+
+def test_agl_rule_splits_on_retokenization_drift(merge_rate: ModuleType) -> None:
+    tok = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    end = tok.token_to_id("<|im_end|>")
+    user = [{"role": "user", "content": "hi"}]
+    follow = [*user, {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "more"}]
+    canonical = tok.encode("Hello there") + [end]
+    # The same text sampled as other token IDs (decoding is not injective).
+    drifted = tok.encode("Hello") + tok.encode(" th") + tok.encode("ere") + [end]
+    assert tok.decode(drifted) == tok.decode(canonical) and drifted != canonical
+
+    def calls(answer: list[int]) -> list[Call]:
+        return [
+            _call(0, user, tok.encode_chat(user), answer),
+            _call(1, follow, tok.encode_chat(follow), [end]),
+        ]
+
+    assert merge_rate.agl_rule_samples(calls(canonical), tok) == 1
+    assert merge_rate.agl_rule_samples(calls(drifted), tok) == 2
+
+
+def test_tool_calling_family_end_to_end(merge_rate: ModuleType) -> None:
+    traces = merge_rate.record_family("tool_calling", 3, seed=1, quick=True)
+    assert len(traces.records) == 3
+    assert all(len(r.calls) >= 2 for r in traces.records)
+    result = merge_rate.measure(traces)
+    assert result["harnessrl"]["samples_per_rollout"] == 1.0  # append-only: one chain per rollout
+    assert result["agl_rule"]["samples_per_rollout"] >= 1.0
+    assert result["gateway_prompt_reuse"].get("no_match", 0) == 0
+    assert set(result["harnessrl"]["breaks"]) >= {"prefix_mismatch", "history_edited"}
+    json.dumps(result)  # the result must be JSON-serializable
+
+
+def test_tool_outputs_are_varied(merge_rate: ModuleType) -> None:
+    import random
+
+    rng = random.Random(0)
+    outputs = [merge_rate.tool_output(rng) for _ in range(200)]
+    assert any("Traceback" in o or "FAILED" in o for o in outputs)
+    assert any(any(ord(ch) > 127 for ch in o) for o in outputs)
+    assert max(len(line) for o in outputs for line in o.splitlines() or [""]) > 300  # long lines
+    turns = merge_rate.scripted_turns(rng, 6)
+    assert len(turns) == 6 and not turns[-1].get("tool_calls") and all(t["tool_calls"] for t in turns[:-1])
