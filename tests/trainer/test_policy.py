@@ -52,3 +52,42 @@ def test_lr_schedule(schedule):
         assert 0.1 < f(7) < 1.0
         if schedule == "cosine":
             assert f(7) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+
+
+def test_lora_trains_adapters_and_exports_merged_base_weights():
+    from transformers import AutoModelForCausalLM
+
+    from harnessrl.trainer.config import LoraSection
+    from harnessrl.trajectory import Sample, SampledSpan
+
+    lora = TrainablePolicy(
+        tiny_model_dir(), OptimizerConfig(lr=1e-2), total_steps=2, lora=LoraSection(r=4, alpha=8)
+    )
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()))
+    before = lora.engine_state_dict()
+    assert set(before) == set(base.state_dict())  # the engine's names, no lora_ tensors
+    sample = Sample(
+        rollout_id="r",
+        input_ids=[5, 6, 7, 8, 9],
+        loss_mask=[0, 0, 1, 1, 1],
+        behaviour_logprobs=[0.0, 0.0, -8.0, -8.0, -8.0],
+        spans=[SampledSpan(2, 5, 0, 0)],
+        advantage=1.0,
+    )
+    other = Sample(
+        rollout_id="q",
+        input_ids=[5, 6, 10, 11],
+        loss_mask=[0, 0, 1, 1],
+        behaviour_logprobs=[0.0, 0.0, -8.0, -8.0],
+        spans=[SampledSpan(2, 4, 0, 0)],
+        advantage=-1.0,
+    )
+    from harnessrl.algorithms.config import AlgorithmConfig
+
+    lora.train_step([sample, other], AlgorithmConfig(), temperature=1.0, micro_batch_tokens=64)
+    lora.train_step([sample, other], AlgorithmConfig(), temperature=1.0, micro_batch_tokens=64)
+    after = lora.engine_state_dict()
+    changed = [k for k in after if not torch.equal(after[k], before[k])]
+    assert changed and all("proj" in k for k in changed)  # only the adapted projections move
+    # Exporting merged weights does not disturb training: adapters are still separate afterwards.
+    assert any("lora_" in name for name, _ in lora.model.named_parameters())
