@@ -63,6 +63,9 @@ def run_controller_command(
 
     config = load_rollout_config(config_path, overrides)
     harness, evaluator = prepare(config)
+    if config.kubernetes is not None:
+        # Pods reach the gateway at kubernetes.gateway_url; the runner rewrites the harness's URLs.
+        gateway_url = gateway_url or config.kubernetes.gateway_url
     parsed = urlparse(gateway_url)
     if not parsed.hostname or not parsed.port:
         raise ConfigError(f"--gateway-url {gateway_url!r} must look like http://127.0.0.1:8000")
@@ -75,9 +78,15 @@ def run_controller_command(
             loop.add_signal_handler(sig, stop.set)
         try:
             async with GatewayBridge(parsed.hostname, parsed.port) as bridge:
+                if config.kubernetes is not None:
+                    from harnessrl.controller.kubernetes import KubernetesRunner
+
+                    runner = KubernetesRunner(config=config.kubernetes)
+                else:
+                    runner = LocalRunner(bridge_path=bridge.path)
                 controller = Controller(
                     store,
-                    LocalRunner(bridge_path=bridge.path),
+                    runner,
                     gateway=GatewayEndpoint("127.0.0.1", parsed.port),
                     harness=harness,
                     evaluator=evaluator,

@@ -89,8 +89,6 @@ def render_harness(
         "task": rollout.task,
     }
     argv = [fill(arg, values, field=f"harness.command[{i}]") for i, arg in enumerate(spec.command)]
-    if shutil.which(argv[0]) is None and not Path(argv[0]).is_file():
-        raise ConfigError(f"harness.command[0]: executable {argv[0]!r} not found on PATH")
     home = workspace.parent / "home"
     home.mkdir(parents=True, exist_ok=True)
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}

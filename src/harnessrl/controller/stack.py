@@ -25,13 +25,13 @@ from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
 from harnessrl.controller.evaluators import Evaluator, build_evaluator, parse_evaluator_config
 from harnessrl.controller.harness import check_harness
+from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.schemas import Rollout
 from harnessrl.store.base import Store
-
 
 OFFLINE_PREFIX = [sys.executable, "-m", "harnessrl.sandbox.enter", "--"]
 
@@ -46,6 +46,9 @@ class RolloutConfig(Section):
     evaluator: dict[str, Any] = Field(default_factory=lambda: {"type": "exact_match"})
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     task: dict[str, Any] | None = None
+    kubernetes: KubernetesRunnerConfig | None = Field(
+        default=None, description="launch harnesses as Kubernetes Jobs (harnessrl controller only)"
+    )
 
     @model_validator(mode="after")
     def _check_evaluator(self) -> RolloutConfig:
@@ -56,7 +59,8 @@ class RolloutConfig(Section):
 def prepare(config: RolloutConfig) -> tuple[HarnessSpec, Evaluator]:
     """Resolve the harness preset and validate harness and evaluator before anything starts."""
     harness = apply_preset(config.harness)
-    check_harness(harness)
+    if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
+        check_harness(harness)
     # Command evaluators run code the policy wrote: give them no network either (unless the
     # harness itself was allowed the host network, e.g. for debugging).
     prefix = OFFLINE_PREFIX if harness.network == "gateway" else []

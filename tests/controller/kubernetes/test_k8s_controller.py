@@ -1,0 +1,82 @@
+"""The controller driving the Kubernetes runner end to end against the fake API: a queued rollout
+becomes a Job, the Job's outcome becomes the rollout's outcome, and the evaluator scores it."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kubernetes.client import ApiClient, Configuration
+from tests.controller.kubernetes.k8s_support import FakeKubernetes
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
+from harnessrl.controller.evaluators import build_evaluator
+from harnessrl.controller.kubernetes import KubernetesRunner
+from harnessrl.controller.stack import RolloutConfig
+from harnessrl.schemas import RolloutStatus
+from harnessrl.store.sqlite import SQLiteStore
+
+TEMPLATE = {"spec": {"template": {"spec": {"containers": [{"name": "harness", "image": "agent:1"}]}}}}
+
+
+def test_controller_runs_rollouts_as_jobs(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    ok = store.create_rollout(task={"prompt": "fix it"}).rollout_id
+    crash = store.create_rollout(task={"prompt": "fix it"}).rollout_id
+
+    async def go():
+        with FakeKubernetes() as fake:
+            api = ApiClient(Configuration(host=fake.url))
+            runner = KubernetesRunner(
+                api,
+                gateway_url="http://gateway.harnessrl.svc:8000",
+                network_policy={"gateway_port": 8000, "gateway_pod_labels": {"app": "gw"}},
+                job_template=TEMPLATE,
+                poll_interval_s=0.2,
+            )
+            controller = Controller(
+                store,
+                runner,
+                gateway=GatewayEndpoint("127.0.0.1", 8000),
+                harness=HarnessSpec(command=["agent", "{prompt}"], timeout_s=60),
+                evaluator=build_evaluator({"type": "command", "command": ["true"]}),
+                run_dir=tmp_path / "run",
+                config=ControllerConfig(poll_interval_s=0.1),
+            )
+            run = asyncio.create_task(controller.run_until_done([ok, crash], timeout_s=30))
+            while len(fake.jobs()) < 2:
+                await asyncio.sleep(0.05)
+            jobs = {j["metadata"]["labels"]["harnessrl/rollout-id"]: j for j in fake.jobs()}
+            container = jobs[ok]["spec"]["template"]["spec"]["containers"][0]
+            assert container["command"] == ["agent", "fix it"]
+            env = {e["name"]: e for e in container["env"]}
+            assert env["OPENAI_BASE_URL"]["value"] == f"http://gateway.harnessrl.svc:8000/rollouts/{ok}/v1"
+            assert "secretKeyRef" in env["OPENAI_API_KEY"]["valueFrom"]
+                "agent",
+                "fix it",
+            ]
+            fake.succeed_job(jobs[ok]["metadata"]["name"])
+            fake.fail_job(jobs[crash]["metadata"]["name"], exit_code=2)
+            done = {r.rollout_id: r for r in await run}
+            await controller.shutdown()
+            api.close()
+            return done
+
+    done = asyncio.run(go())
+    assert done[ok].status is RolloutStatus.FINISHED and done[ok].outcome.value == "success"
+    assert done[ok].reward == 1.0
+    assert done[crash].outcome.value == "policy_failure"
+
+
+def test_kubernetes_section_skips_the_local_executable_check():
+    config = RolloutConfig.model_validate(
+        {
+            "harness": {"command": ["only-in-the-image", "{prompt}"]},
+            "evaluator": {"type": "exact_match"},
+            "kubernetes": {"gateway_url": "http://gw:8000", "network_policy": None},
+        }
+    )
+    from harnessrl.controller.stack import prepare
+
+    harness, _ = prepare(config)
+    assert harness.command[0] == "only-in-the-image"
