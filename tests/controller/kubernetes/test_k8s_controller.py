@@ -52,9 +52,6 @@ def test_controller_runs_rollouts_as_jobs(tmp_path):
             env = {e["name"]: e for e in container["env"]}
             assert env["OPENAI_BASE_URL"]["value"] == f"http://gateway.harnessrl.svc:8000/rollouts/{ok}/v1"
             assert "secretKeyRef" in env["OPENAI_API_KEY"]["valueFrom"]
-                "agent",
-                "fix it",
-            ]
             fake.succeed_job(jobs[ok]["metadata"]["name"])
             fake.fail_job(jobs[crash]["metadata"]["name"], exit_code=2)
             done = {r.rollout_id: r for r in await run}
