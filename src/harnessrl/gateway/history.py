@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import anyio.to_thread
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.conversation import PriorCall
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
@@ -48,12 +49,12 @@ class RolloutMemory:
 
 def prior_from_call(call: Call) -> PriorCall | None:
     """The reuse entry of a stored call, or ``None`` for calls reuse cannot use."""
-    if call.api != "chat.completions" or not isinstance(call.request.get("messages"), list):
-        return None
     try:
-        return PriorCall.from_call(
-            call.request["messages"], call.response, call.prompt_token_ids, call.response_token_ids
-        )
+        conversation = internal_conversation(call.api, call.request)
+        if conversation is None:
+            return None
+        messages, _tools = conversation
+        return PriorCall.from_call(messages, call.response, call.prompt_token_ids, call.response_token_ids)
     except (HarnessRLError, KeyError, TypeError, AttributeError):
         log.warning("call %s/%d cannot be used for reuse", call.rollout_id, call.seq)
         return None
