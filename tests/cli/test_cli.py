@@ -1,0 +1,52 @@
+"""The ``harnessrl`` command: help is fast and torch-free, every command documents itself, and bad
+input gets one clear line naming the problem."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*HARNESSRL, *args], capture_output=True, text=True, timeout=60)
+
+
+def test_help_lists_every_command():
+    out = run("--help").stdout
+    for command in ("gateway", "rollout", "controller", "train", "version"):
+        assert command in out
+
+
+def test_cli_and_gateway_modules_do_not_import_torch():
+    code = (
+        "import sys, harnessrl.cli.main, harnessrl.gateway.app, harnessrl.store.sqlite, "
+        "harnessrl.engines.scripted, harnessrl.trajectory, harnessrl.algorithms, harnessrl.controller.controller; "
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_each_command_has_help():
+    for command in ("gateway", "rollout", "controller", "train"):
+        proc = run(command, "--help")
+        assert proc.returncode == 0 and "Usage" in proc.stdout
+
+
+def test_bad_config_file_is_named(tmp_path):
+    proc = run("rollout", "--config", str(tmp_path / "missing.toml"), "--task", "{}")
+    assert proc.returncode == 2
+    assert "missing.toml" in proc.stderr and "does not exist" in proc.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[harness\n")
+    proc = run("train", str(bad))
+    assert proc.returncode == 2 and "not valid TOML" in proc.stderr
+
+
+def test_unknown_gateway_section_is_refused(tmp_path):
+    cfg = tmp_path / "g.toml"
+    cfg.write_text("[gatewy]\nport = 1\n")
+    proc = run("gateway", "--config", str(cfg))
+    assert proc.returncode == 2 and "gatewy" in proc.stderr
