@@ -15,12 +15,14 @@ evaluator. Four kinds, chosen by ``type`` in the config:
 ``ConfigError`` naming the field). A failure of the evaluator itself at run time (timeout, crash,
 unparsable output) raises ``EvaluatorError``, which the controller records as an infrastructure
 failure: a broken scorer must never look like a policy that earned 0.
+
+The inputs and results are defined in ``evaluator_types``, the command evaluator's process runner in
+``evaluator_command``; every public name is importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib
 import inspect
 import json
@@ -28,90 +30,43 @@ import math
 import os
 import re
 import shutil
-import signal
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from harnessrl.errors import ConfigError, HarnessRLError
-from harnessrl.schemas import Call
+from harnessrl.controller.evaluator_command import fill_placeholders, inherited_env, run_command
+from harnessrl.controller.evaluator_types import (
+    THINK,
+    EvaluationInput,
+    EvaluationResult,
+    EvaluatorError,
+    final_answer_text,
+)
+from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback, answers_match, extract_answer
 
-
-class EvaluatorError(HarnessRLError):
-    """The evaluator itself failed (timeout, crash, unparsable output): an infrastructure failure."""
-
-    code = "evaluator_failed"
-
-
-# ---------------------------------------------------------------------------------------------------
-# Inputs and results
-# ---------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class EvaluationInput:
-    task: dict[str, Any]
-    workspace: Path
-    calls: Sequence[Call] = ()
-    exit_code: int | None = None
-    exit_kind: str = "exited"  # an ``ExitKind`` value
-    stdout: str = ""  # the harness's stdout
-    task_file: Path | None = None  # the task JSON the harness saw; written to a temp file if None
-    rollout_id: str = ""
-
-    @property
-    def final_answer(self) -> str:
-        """The content of the last assistant message with text, ``<think>`` blocks removed."""
-        return final_answer_text(self.calls)
-
-
-@dataclass(frozen=True)
-class EvaluationResult:
-    reward: float
-    details: dict[str, Any] = field(default_factory=dict)
-
-
-_THINK = re.compile(r"<think>.*?</think>", re.S)
-
-
-def final_answer_text(calls: Sequence[Call]) -> str:
-    """The last non-empty assistant text in ``calls`` (OpenAI, Anthropic or Responses shapes)."""
-    for call in sorted(calls, key=lambda c: c.seq, reverse=True):
-        text = _THINK.sub("", _message_text(call.response)).strip()
-        if text:
-            return text
-    return ""
-
-
-def _message_text(msg: Any) -> str:
-    if not isinstance(msg, dict):
-        return ""
-    if isinstance(msg.get("choices"), list) and msg["choices"]:
-        return _message_text((msg["choices"][-1] or {}).get("message"))
-    content = msg.get("content")
-    if isinstance(content, str):
-        return content
-    parts = (
-        content
-        if isinstance(content, list)
-        else msg.get("output")
-        if isinstance(msg.get("output"), list)
-        else []
-    )
-    texts = []
-    for part in parts:
-        if isinstance(part, dict) and part.get("type") in ("text", "output_text"):
-            texts.append(str(part.get("text", "")))
-        elif isinstance(part, dict) and part.get("type") == "message":
-            texts.append(_message_text(part))
-    return "\n".join(t for t in texts if t)
-
+__all__ = [
+    "CommandEvaluator",
+    "CommandEvaluatorConfig",
+    "EvaluationInput",
+    "EvaluationResult",
+    "Evaluator",
+    "EvaluatorConfig",
+    "EvaluatorError",
+    "ExactMatchEvaluator",
+    "ExactMatchEvaluatorConfig",
+    "PythonEvaluator",
+    "PythonEvaluatorConfig",
+    "ReasoningGymEvaluator",
+    "ReasoningGymEvaluatorConfig",
+    "build_evaluator",
+    "final_answer_text",
+    "parse_evaluator_config",
+]
 
 # ---------------------------------------------------------------------------------------------------
 # Config
@@ -222,12 +177,8 @@ def _checked(reward: Any, details: dict[str, Any]) -> EvaluationResult:
 # command
 # ---------------------------------------------------------------------------------------------------
 
-_PLACEHOLDER = re.compile(r"\{(workspace|task_file|rollout_id|prompt|task\[([^\]\}]+)\])\}")
 # Harness placeholders an evaluator has no value for; used only to give a clear config error.
 _HARNESS_ONLY = re.compile(r"\{(base_url|anthropic_base_url|api_key|model|attempt)\}")
-# Passed through from the controller's environment; everything else (the admin key) is dropped.
-_INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR")
-_OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr kept (the tail): a chatty test suite can't exhaust memory
 
 
 class CommandEvaluator:
@@ -263,17 +214,17 @@ class CommandEvaluator:
                 "prompt": inp.task.get("prompt"),
                 "task": inp.task,
             }
-            argv = self.argv_prefix + [_fill(a, values) for a in self.config.command]
-            env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
+            argv = self.argv_prefix + [fill_placeholders(a, values) for a in self.config.command]
+            env = inherited_env()
             env.update(
                 HARNESSRL_WORKSPACE=str(inp.workspace),
                 HARNESSRL_TASK_FILE=str(task_file),
                 HARNESSRL_TASK=json.dumps(inp.task),
                 HARNESSRL_ROLLOUT_ID=inp.rollout_id,
             )
-            env.update({k: _fill(v, values) for k, v in self.config.env.items()})
+            env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
             started = time.monotonic()
-            code, out, err = await _run(argv, inp.workspace, env, self.config.timeout_s, Path(tmp))
+            code, out, err = await run_command(argv, inp.workspace, env, self.config.timeout_s, Path(tmp))
         details = {
             "exit_code": code,
             "seconds": round(time.monotonic() - started, 3),
@@ -299,60 +250,6 @@ class CommandEvaluator:
         if not isinstance(payload, dict) or "reward" not in payload:
             raise EvaluatorError(f'evaluator JSON has no "reward": {last[:200]!r}')
         return _checked(payload.pop("reward"), {**details, "output": payload})
-
-
-def _fill(template: str, values: dict[str, Any]) -> str:
-    """Replace known placeholders only, so shell ``${X}`` and JSON braces pass through."""
-
-    def substitute(match: re.Match[str]) -> str:
-        name, key = match.group(1), match.group(2)
-        value = values["task"].get(key) if key is not None else values.get(name)
-        if value is None:
-            raise EvaluatorError(f"evaluator template {match.group(0)}: the task has no such field")
-        return value if isinstance(value, str) else json.dumps(value)
-
-    return _PLACEHOLDER.sub(substitute, template)
-
-
-async def _run(
-    argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float, scratch: Path
-) -> tuple[int, str, str]:
-    """Run ``argv`` in its own process group; kill the whole group on timeout and once it exits.
-
-    Output goes to files in ``scratch``, not pipes: test suites leave servers behind that would hold
-    a pipe open (and asyncio's ``wait()`` waits for the pipes), and a file's tail is cheap to read.
-    """
-    out_path, err_path = scratch / "stdout", scratch / "stderr"
-    with out_path.open("wb") as out_fh, err_path.open("wb") as err_fh:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_fh,
-                stderr=err_fh,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise EvaluatorError(f"cannot start evaluator command {argv[0]!r}: {exc}") from exc
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError as exc:
-            raise EvaluatorError(f"evaluator command timed out after {timeout_s:g}s") from exc
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, _tail(out_path), _tail(err_path)
-
-
-def _tail(path: Path) -> str:
-    with path.open("rb") as fh:
-        fh.seek(max(0, path.stat().st_size - _OUTPUT_LIMIT))
-        return fh.read().decode(errors="replace")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -426,7 +323,7 @@ def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
 
 
 def _answer_source(inp: EvaluationInput, source: str) -> str:
-    return inp.final_answer if source == "final_answer" else _THINK.sub("", inp.stdout)
+    return inp.final_answer if source == "final_answer" else THINK.sub("", inp.stdout)
 
 
 class ReasoningGymEvaluator:
