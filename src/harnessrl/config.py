@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -49,6 +49,9 @@ class GatewayConfig(Section):
     default_max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length
     tool_call_parser: str = "hermes"
     public_url: str | None = None  # base URL handed to harnesses; default http://host:port
+    # Responses-API tools the gateway cannot serve (web_search, file_search, MCP, namespaces...):
+    # "drop" leaves them out of the prompt, "refuse" answers 400 naming the tool.
+    unsupported_tools: Literal["drop", "refuse"] = "drop"
 
 
 class StoreConfig(Section):

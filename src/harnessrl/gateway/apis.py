@@ -22,6 +22,8 @@ Converter = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str
 # api name (Call.api) -> "module:function"
 CONVERTERS: dict[str, str] = {
     "chat.completions": "harnessrl.gateway.apis:chat_request_to_internal",
+    "responses": "harnessrl.gateway.responses:request_to_internal",
+    "messages": "harnessrl.gateway.anthropic:request_to_internal",
 }
 
 

@@ -17,10 +17,11 @@ from starlette.routing import Route
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
-from harnessrl.gateway import control
+from harnessrl.gateway import anthropic, control
 from harnessrl.gateway.chat import chat_completions
 from harnessrl.gateway.completions import completions, list_models
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS
+from harnessrl.gateway.responses import responses
 from harnessrl.gateway.state import GatewayState
 from harnessrl.store.base import Store
 
@@ -32,6 +33,10 @@ def _model_routes(prefix: str) -> list[Route]:
         Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
         Route(f"{prefix}/completions", completions, methods=["POST"]),
         Route(f"{prefix}/models", list_models, methods=["GET"]),
+        Route(f"{prefix}/responses", responses, methods=["POST"]),
+        Route(f"{prefix}/messages", anthropic.messages, methods=["POST"]),
+        Route(f"{prefix}/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
+        Route(prefix, anthropic.probe, methods=["HEAD"]),
     ]
 
 
@@ -64,6 +69,8 @@ def create_app(
     routes = [
         *_model_routes("/rollouts/{rollout_id}/v1"),
         *_model_routes("/v1"),
+        Route("/", anthropic.probe, methods=["HEAD"]),
+        Route("/rollouts/{rollout_id}", anthropic.probe, methods=["HEAD"]),
         Route("/api/health", control.health, methods=["GET"]),
         Route("/api/rollouts", control.create_rollout, methods=["POST"]),
         Route("/api/rollouts", control.list_rollouts, methods=["GET"]),

@@ -1,4 +1,7 @@
-"""The gateway's one error boundary: every failure leaves as OpenAI's error shape.
+"""The gateway's one error boundary: every failure leaves in the provider's error shape.
+
+Anthropic Messages routes (``/v1/messages``...) answer ``{"type": "error", "error": {"type",
+"message"}}`` with Anthropic's error types; every other route answers OpenAI's shape:
 
 ``{"error": {"message", "type", "code", "param"}}`` with the status of the ``HarnessRLError``
 subclass. Client mistakes are 4xx and carry ``x-should-retry: false`` so the OpenAI SDK (and
@@ -10,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -28,6 +32,9 @@ from harnessrl.errors import (
 )
 
 log = logging.getLogger("harnessrl.gateway")
+
+#: Seconds a client told to back off (429, 503, 529) should wait before retrying.
+RETRY_AFTER_S = "1"
 
 
 class RolloutClosed(Conflict):
@@ -59,11 +66,57 @@ def error_headers(status: int) -> dict[str, str]:
     # rollout, which retrying cannot fix. 429 (overload) is the one 4xx worth retrying.
     if 400 <= status < 500 and status != 429:
         return {"x-should-retry": "false"}
+    if status in (429, 503, 529):
+        # Some clients (Codex CLI) treat a 429 without Retry-After as fatal; tell them when to retry.
+        return {"retry-after": RETRY_AFTER_S}
     return {}
 
 
 def error_response(exc: HarnessRLError) -> JSONResponse:
     return JSONResponse(error_body(exc), status_code=exc.http_status, headers=error_headers(exc.http_status))
+
+
+# -- Anthropic's shape ------------------------------------------------------------------------------
+
+_ANTHROPIC_ROUTE = re.compile(r"/v1/messages(/|$)")
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def is_anthropic_route(path: str) -> bool:
+    return _ANTHROPIC_ROUTE.search(path) is not None
+
+
+def anthropic_error_body(exc: HarnessRLError) -> dict[str, Any]:
+    """Anthropic's error object for ``exc``; its ``type`` follows the HTTP status as Anthropic's does."""
+    status = exc.http_status
+    kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": str(exc) or exc.__class__.__name__}}
+
+
+def anthropic_error_response(exc: HarnessRLError) -> JSONResponse:
+    return JSONResponse(
+        anthropic_error_body(exc), status_code=exc.http_status, headers=error_headers(exc.http_status)
+    )
+
+
+def anthropic_sse_error(exc: HarnessRLError) -> str:
+    """An ``error`` event inside an Anthropic stream whose 200 header is already sent."""
+    return f"event: error\ndata: {json.dumps(anthropic_error_body(exc))}\n\n"
+
+
+def _respond(request: Request, exc: HarnessRLError) -> JSONResponse:
+    if is_anthropic_route(request.url.path):
+        return anthropic_error_response(exc)
+    return error_response(exc)
 
 
 def sse_error(exc: HarnessRLError) -> str:
@@ -117,7 +170,7 @@ async def handle_harnessrl_error(request: Request, exc: Exception) -> JSONRespon
     _count(request, exc)
     if exc.http_status >= 500:
         log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.http_status, exc)
-    return error_response(exc)
+    return _respond(request, exc)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> JSONResponse:
@@ -144,7 +197,7 @@ async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     internal = HarnessRLError(f"internal error: {exc.__class__.__name__}")
     _count(request, internal)
-    return error_response(internal)
+    return _respond(request, internal)
 
 
 EXCEPTION_HANDLERS = {

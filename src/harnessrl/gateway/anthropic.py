@@ -1,0 +1,273 @@
+"""``POST /v1/messages`` (Anthropic Messages, streaming or not) and ``/v1/messages/count_tokens``.
+
+Same life as a chat call (``calls.PreparedCall``): authenticate, validate, convert the request to
+the internal conversation (``anthropic_convert.request_to_internal``, also what reuse after a
+restart uses), build the prompt with sampled-token reuse, wait at the pause gate, generate, record
+(``api="messages"``, the request as received, the internal assistant message as the response),
+and only then hand the client the end of the answer. The answer's blocks come from
+``anthropic_blocks.BlockAssembler``, for streaming and non-streaming alike.
+
+Streaming follows Anthropic's event sequence: ``message_start``; per block ``content_block_start``,
+``content_block_delta`` (``thinking_delta`` + ``signature_delta``, ``text_delta``,
+``input_json_delta``), ``content_block_stop``; ``message_delta`` (stop reason, output tokens);
+``message_stop``. ``ping`` events keep the connection alive while the call waits at a paused gateway
+and whenever sampled tokens produce no event for ``keepalive_s`` (a long tool call is held back
+until its block closes). Errors anywhere under ``/v1/messages`` are in Anthropic's shape
+(``gateway.errors``); after the 200 header they arrive as an ``error`` event.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from harnessrl.engines.base import SamplingParams
+from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.anthropic_blocks import BlockAssembler
+from harnessrl.gateway.anthropic_convert import (
+    CountTokensRequest,
+    Internal,
+    MessagesRequest,
+    ThinkingParam,
+    request_to_internal,
+)
+from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.gateway.bodies import read_json, validate_body
+from harnessrl.gateway.calls import PreparedCall, sampling_params
+from harnessrl.gateway.chat import SSE_HEADERS
+from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_messages
+from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
+from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.state import GatewayState
+from harnessrl.schemas import TERMINAL_STATUSES, Rollout
+
+__all__ = ["count_tokens", "messages", "probe", "request_to_internal"]
+
+PING = 'event: ping\ndata: {"type": "ping"}\n\n'
+
+
+def _event(payload: dict[str, Any]) -> str:
+    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+
+def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools: Any) -> dict[str, Any]:
+    """``thinking`` onto the template's reasoning switch (Qwen3's ``enable_thinking``) if it has one."""
+    if thinking is None:
+        return {}
+    try:
+        source = state.engine.tokenizer.get_chat_template(tools)
+    except ConfigError:
+        return {}  # no template: build_prompt reports it
+    if "enable_thinking" not in source:
+        return {}  # nothing to switch: accepted and ignored
+    return {"enable_thinking": thinking.type != "disabled"}
+
+
+async def _plan(
+    request: Request, internal: Internal, thinking: ThinkingParam | None, rollout: Rollout
+) -> tuple[PromptPlan, RolloutMemory]:
+    state: GatewayState = request.app.state.gateway
+    messages, tools = internal
+    messages = normalize_messages(messages)
+    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    priors = list(memory.priors.values())
+    kwargs = _template_kwargs(state, thinking, tools)
+    tokenizer = state.engine.tokenizer
+    # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
+    plan = await state.in_thread(
+        lambda: build_prompt(tokenizer, messages, priors, tools=tools, template_kwargs=kwargs)
+    )
+    return plan, memory
+
+
+def _sampling(
+    state: GatewayState, body: MessagesRequest, prompt_len: int, rollout: Rollout
+) -> SamplingParams:
+    try:
+        return sampling_params(state, body, prompt_len, body.max_tokens, rollout)
+    except ContextLengthExceeded as exc:
+        # Anthropic's own wording: Claude Code parses it (compacts the history, or lowers max_tokens).
+        context = state.engine.context_length
+        cap = (rollout.metadata.get("sampling") or {}).get("max_tokens")
+        max_tokens = body.max_tokens if cap is None else min(body.max_tokens, int(cap))
+        if prompt_len >= context:
+            message = f"prompt is too long: {prompt_len} tokens > {context - 1} maximum"
+        else:
+            message = (
+                f"input length and `max_tokens` exceed context limit: {prompt_len} + {max_tokens} > "
+                f"{context}, decrease input length or `max_tokens` and try again"
+            )
+        raise ContextLengthExceeded(message, param=exc.param) from exc
+
+
+async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest]:
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    data = await read_json(request, state.config.max_body_bytes)
+    body = validate_body(MessagesRequest, data)
+    internal = request_to_internal(data)  # refuses unusable content (images...) before the rollout starts
+    rollout = await open_rollout(state, rollout)
+    plan, memory = await _plan(request, internal, body.thinking, rollout)
+    state.metrics.reuse.labels(result=plan.result).inc()
+    params = _sampling(state, body, len(plan.prompt_ids), rollout)
+    call = PreparedCall(
+        state, rollout, memory, "messages", data, plan.prompt_ids, params, body.stop_strings()
+    )
+    return call, body
+
+
+def _assembler(call: PreparedCall, body: MessagesRequest) -> BlockAssembler:
+    state = call.state
+    # A template may open the reasoning itself (the generation prompt ends with "<think>").
+    tail = state.engine.tokenizer.decode(call.prompt_ids[-4:])
+    parser = state.tool_parser() if body.wants_tool_calls else None
+    return BlockAssembler(parser, in_thinking=tail.rstrip().endswith("<think>"))
+
+
+def _stop(call: PreparedCall, assembler: BlockAssembler) -> tuple[str, str | None, str]:
+    """(Anthropic ``stop_reason``, ``stop_sequence``, the recorded finish reason in chat's terms)."""
+    gen = call.generation
+    assert gen is not None
+    if gen.finish_reason == "length":
+        return "max_tokens", None, "length"
+    by_token = bool(gen.token_ids) and gen.token_ids[-1] in call.params.stop_token_ids
+    if not by_token and call.stop:
+        # A stop string ended it; the answer was cut exactly where that string starts.
+        full = call.state.engine.tokenizer.decode(gen.token_ids)
+        hit = next((s for s in call.stop if full.startswith(s, len(gen.text))), None)
+        hit = hit or min(call.stop, key=lambda s: (full.find(s) < 0, full.find(s)))
+        return "stop_sequence", hit, "stop"
+    if assembler.calls:
+        return "tool_use", None, "tool_calls"
+    return "end_turn", None, "stop"
+
+
+def _usage(call: PreparedCall) -> dict[str, int]:
+    gen = call.generation
+    return {
+        "input_tokens": len(call.prompt_ids),
+        "output_tokens": len(gen.token_ids) if gen else 0,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+async def messages(request: Request) -> Response:
+    call, body = await _prepare(request)
+    model = body.model or call.state.engine.model_name
+    msg_id = f"msg_{secrets.token_hex(12)}"
+    if body.stream:
+        headers = {**SSE_HEADERS, **call.headers(), "request-id": msg_id}
+        return StreamingResponse(
+            _stream(call, body, model, msg_id), media_type="text/event-stream", headers=headers
+        )
+    try:
+        async for _ in call.admit():
+            pass
+        gen = await call.start().run()
+        assembler = _assembler(call, body)
+        assembler.feed(gen.text)
+        assembler.finish()
+        stop_reason, stop_sequence, finish = _stop(call, assembler)
+        await call.record(assembler.message(), finish)
+    finally:
+        call.finish()
+    payload = {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": assembler.blocks,
+        "stop_reason": stop_reason,
+        "stop_sequence": stop_sequence,
+        "usage": _usage(call),
+    }
+    return JSONResponse(payload, headers={**call.headers(), "request-id": msg_id})
+
+
+async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id: str) -> AsyncIterator[str]:
+    state = call.state
+    completed = False
+    try:
+        async for _ in call.admit(keepalive=True):
+            yield PING
+        gen = call.start()
+        start = {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(call),
+        }
+        yield _event({"type": "message_start", "message": start})
+        assembler = _assembler(call, body)
+        last_sent = time.monotonic()
+        pieces = gen.pieces()
+        try:
+            async for piece in pieces:
+                events = assembler.feed(piece.text) if piece.text else []
+                for event in events:
+                    yield _event(event)
+                if events:
+                    last_sent = time.monotonic()
+                elif time.monotonic() - last_sent >= state.keepalive_s:
+                    yield PING  # tokens are arriving but held back (a long tool call): keep the client
+                    last_sent = time.monotonic()
+        finally:
+            # Close the engine's iterator even when a client disconnect cancels us; shielded so the
+            # close itself is not cancelled (it frees the engine slot).
+            with anyio.CancelScope(shield=True):
+                await pieces.aclose()  # type: ignore[attr-defined]
+        for event in assembler.finish():
+            yield _event(event)
+        stop_reason, stop_sequence, finish = _stop(call, assembler)
+        await call.record(assembler.message(), finish)  # durable before the client sees the end
+        yield _event(
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                "usage": {"output_tokens": len(gen.token_ids)},
+            }
+        )
+        yield _event({"type": "message_stop"})
+        completed = True
+    except HarnessRLError as exc:
+        completed = True
+        state.metrics.errors.labels(code=exc.code).inc()
+        yield anthropic_sse_error(exc)
+    finally:
+        if not completed and call.stored is None:
+            # The client left (or the server is shutting down) before the answer was whole; closing
+            # the pieces iterator cancelled the generation and nothing was recorded.
+            state.metrics.disconnects.inc()
+        call.finish()
+
+
+async def count_tokens(request: Request) -> Response:
+    """Input tokens of a Messages request, built exactly as a call would be (reuse included)."""
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    data = await read_json(request, state.config.max_body_bytes)
+    body = validate_body(CountTokensRequest, data)
+    if rollout.status in TERMINAL_STATUSES:
+        raise RolloutClosed(
+            f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more calls"
+        )
+    # Counting is not a call: it neither starts a queued rollout nor waits at the pause gate.
+    plan, _ = await _plan(request, request_to_internal(data), body.thinking, rollout)
+    return JSONResponse({"input_tokens": len(plan.prompt_ids)})
+
+
+async def probe(request: Request) -> Response:
+    """``HEAD /`` and friends: Claude Code checks that the base URL answers before its first call."""
+    return Response(status_code=200)

@@ -1,0 +1,242 @@
+"""Anthropic Messages requests -> the internal conversation model (OpenAI chat messages + tools).
+
+``request_to_internal`` is a pure function of the request body, registered for ``api="messages"``
+in ``gateway.apis.CONVERTERS``: the live handler and the reuse memory rebuilt after a restart both
+go through it, so a stored request always maps to the same internal messages.
+
+Mapping (what the chat template and the history matching see):
+
+- ``system`` (a string or text blocks) and ``role: "system"`` messages -> ``system`` messages.
+- ``text`` blocks -> content. User and system blocks are joined with a blank line (they are
+  separate paragraphs, e.g. Claude Code's ``<system-reminder>`` blocks); assistant text blocks are
+  joined with nothing, because that is how the gateway split its own answer into blocks.
+- ``tool_use`` -> an assistant ``tool_calls`` entry (the block id is the call id, ``input`` is
+  serialized to a JSON string); ``tool_result`` -> a ``role: "tool"`` message, placed before any
+  text of the same user turn (Anthropic requires tool results to lead the turn anyway).
+- ``thinking`` -> ``reasoning_content``; ``redacted_thinking`` is dropped (opaque, the gateway never
+  produces it, and it cannot be rendered).
+- Consecutive assistant messages are merged into one turn, as Anthropic's API does: some clients
+  send one answer's thinking, text and tool_use as separate messages.
+- ``cache_control``, ``citations``, ``signature`` and other block annotations are ignored, so
+  moving cache markers between turns never changes the internal conversation.
+- ``image`` / ``document`` (and any other non-text block) -> 400: the policy reads text only, and
+  silently dropping them would train on a conversation the harness did not send (the chat API
+  refuses non-text parts the same way).
+- ``tools``: custom tools (``name``, ``description``, ``input_schema``) -> OpenAI function tools;
+  Anthropic server tools (``web_search_…``, ``bash_…`` and other typed tools without an
+  ``input_schema``) are dropped: the gateway cannot run them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import Field
+
+from harnessrl.errors import BadRequest
+from harnessrl.gateway.bodies import Lenient, SamplingFields
+
+Internal = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
+
+
+class MessageParam(Lenient):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class ThinkingParam(Lenient):
+    # "enabled", "adaptive", "between_tools"... anything but "disabled" switches reasoning on; new
+    # types appear with new models, and refusing them would break a harness for no gain.
+    type: str
+    budget_tokens: int | None = None
+
+
+class CountTokensRequest(Lenient):
+    """``/v1/messages/count_tokens``: the prompt-shaping fields of a Messages request."""
+
+    model: str | None = None
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: ThinkingParam | None = None
+
+
+class MessagesRequest(CountTokensRequest, SamplingFields):
+    """``/v1/messages``. Unknown fields (``metadata``, ``context_management``, ``output_config``,
+    ``service_tier``, ``container`` ...) are accepted and ignored."""
+
+    max_tokens: int = Field(ge=1)  # type: ignore[assignment]  # required by Anthropic's API
+    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # accepted; the engines sample with top_p only
+    stop_sequences: list[str] | None = None
+    stream: bool | None = False
+
+    def stop_strings(self) -> list[str]:
+        return [s for s in self.stop_sequences or [] if s]
+
+    @property
+    def wants_tool_calls(self) -> bool:
+        return bool(self.tools) and (self.tool_choice or {}).get("type") != "none"
+
+
+def _block_text(block: dict[str, Any], where: str) -> str:
+    text = block.get("text")
+    if not isinstance(text, str):
+        raise BadRequest(f"{where}.text must be a string", param=f"{where}.text")
+    return text
+
+
+def _unsupported(block: Any, where: str) -> BadRequest:
+    kind = block.get("type") if isinstance(block, dict) else type(block).__name__
+    return BadRequest(
+        f"{where}: content block of type {kind!r} is not supported here (this policy reads text only)",
+        param=where,
+    )
+
+
+def _text_of(content: Any, where: str, joiner: str = "\n\n") -> str:
+    """A string from a string or a list of text blocks (system prompts, tool results)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of content blocks", param=where)
+    texts = []
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or block.get("type") != "text":
+            raise _unsupported(block, f"{where}.{i}")
+        texts.append(_block_text(block, f"{where}.{i}"))
+    return joiner.join(texts)
+
+
+def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise BadRequest(f"{where} must be a string or a list of content blocks", param=where)
+    for i, block in enumerate(content):
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise BadRequest(f"{where}.{i} must be a content block with a 'type'", param=f"{where}.{i}")
+    return content
+
+
+def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
+    tool_messages: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for i, block in enumerate(_blocks(content, where)):
+        at = f"{where}.{i}"
+        kind = block["type"]
+        if kind == "text":
+            texts.append(_block_text(block, at))
+        elif kind == "tool_result":
+            if not isinstance(block.get("tool_use_id"), str):
+                raise BadRequest(f"{at}.tool_use_id is required", param=f"{at}.tool_use_id")
+            # ``is_error`` is not rendered: the content already says what failed (Claude Code wraps
+            # it in <tool_use_error>), and the chat template has no place for a flag.
+            tool_messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": block["tool_use_id"],
+                    "content": _text_of(block.get("content"), f"{at}.content"),
+                }
+            )
+        else:
+            raise _unsupported(block, at)
+    out = tool_messages
+    if texts or not tool_messages:
+        out.append({"role": "user", "content": "\n\n".join(texts)})
+    return out
+
+
+def _assistant_message(content: Any, where: str) -> dict[str, Any]:
+    texts: list[str] = []
+    thinking: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for i, block in enumerate(_blocks(content, where)):
+        at = f"{where}.{i}"
+        kind = block["type"]
+        if kind == "text":
+            texts.append(_block_text(block, at))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise BadRequest(f"{at}.thinking must be a string", param=f"{at}.thinking")
+            thinking.append(block["thinking"])
+        elif kind == "redacted_thinking":
+            continue
+        elif kind in ("tool_use", "server_tool_use"):
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("id"), str):
+                raise BadRequest(f"{at}: tool_use needs 'id' and 'name'", param=at)
+            tool_input = block.get("input", {})
+            calls.append(
+                {
+                    "id": block["id"],
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": json.dumps(tool_input, ensure_ascii=False),
+                    },
+                }
+            )
+        else:
+            raise _unsupported(block, at)
+    message: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = "".join(thinking)
+    return message
+
+
+def _merge_assistant(into: dict[str, Any], more: dict[str, Any]) -> None:
+    into["content"] += more["content"]
+    if more.get("tool_calls"):
+        into["tool_calls"] = into.get("tool_calls", []) + more["tool_calls"]
+    if more.get("reasoning_content"):
+        into["reasoning_content"] = into.get("reasoning_content", "") + more["reasoning_content"]
+
+
+def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    out = []
+    for i, tool in enumerate(tools or []):
+        if not isinstance(tool, dict) or not isinstance(tool.get("name"), str):
+            raise BadRequest(f"tools.{i}.name is required", param=f"tools.{i}.name")
+        if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
+            continue  # an Anthropic server tool (web search, computer use...): nothing here can run it
+        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        if tool.get("description"):
+            function["description"] = tool["description"]
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def request_to_internal(request: dict[str, Any]) -> Internal:
+    """The internal ``(messages, tools)`` of a Messages request body; 400 (``BadRequest``) if unusable."""
+    messages: list[dict[str, Any]] = []
+    system = request.get("system")
+    if system:
+        messages.append({"role": "system", "content": _text_of(system, "system")})
+    raw = request.get("messages")
+    if not isinstance(raw, list):
+        raise BadRequest("messages must be a list", param="messages")
+    for i, message in enumerate(raw):
+        where = f"messages.{i}"
+        if not isinstance(message, dict):
+            raise BadRequest(f"{where} must be an object", param=where)
+        role, content = message.get("role"), message.get("content")
+        if role == "system":
+            messages.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+        elif role == "user":
+            messages.extend(_user_messages(content, f"{where}.content"))
+        elif role == "assistant":
+            turn = _assistant_message(content, f"{where}.content")
+            if messages and messages[-1]["role"] == "assistant":
+                _merge_assistant(messages[-1], turn)
+            else:
+                messages.append(turn)
+        else:
+            raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system'", param=f"{where}.role")
+    return messages, convert_tools(request.get("tools"))
