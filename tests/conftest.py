@@ -10,5 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-os.environ.setdefault("HARNESSRL_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "harnessrl"))
+os.environ.setdefault(
+    "HARNESSRL_CACHE_DIR", str(Path(__file__).resolve().parents[1] / ".cache" / "harnessrl")
+)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
