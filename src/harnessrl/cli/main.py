@@ -14,6 +14,7 @@ from typing import Annotated
 import typer
 
 from harnessrl import __version__
+from harnessrl.cli.data import app as data_app
 from harnessrl.errors import HarnessRLError
 
 app = typer.Typer(
@@ -23,6 +24,7 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.add_typer(data_app, name="data")  # harnessrl data filter|calibrate|select|split
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:

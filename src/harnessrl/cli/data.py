@@ -1,0 +1,148 @@
+"""``harnessrl data``: curate SWE-smith-style task sets (filter → calibrate → select → split).
+
+Each command reads JSONL, writes JSONL, prints its report as one JSON line (the last stdout line)
+and, with ``--report``, writes it to a file too. Only ``calibrate`` starts the rollout stack, and it
+imports it lazily so the other commands stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from harnessrl.errors import HarnessRLError
+
+app = typer.Typer(
+    name="data",
+    help="Curate SWE-smith-style task sets: filter, calibrate, select, split (JSONL in, JSONL out).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ReportOption = Annotated[Path | None, typer.Option(help="Also write the JSON report to this file")]
+
+
+def _fail(exc: HarnessRLError) -> typer.Exit:
+    typer.secho(f"harnessrl: error: {exc}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _emit(report: dict[str, Any], path: Path | None) -> None:
+    from harnessrl.data.records import write_report
+
+    write_report(path, report)
+    typer.echo(json.dumps(report))
+
+
+@app.command("filter")
+def filter_command(
+    in_path: Annotated[Path, typer.Argument(metavar="IN", help="Raw records (JSONL)")],
+    out_path: Annotated[Path, typer.Argument(metavar="OUT", help="Kept records (JSONL)")],
+    max_tests: Annotated[
+        int | None, typer.Option(help="Drop records with more FAIL_TO_PASS + PASS_TO_PASS tests")
+    ] = None,
+    dedupe_statements: Annotated[
+        bool, typer.Option(help="Also drop records whose normalized problem statement was seen")
+    ] = False,
+    report: ReportOption = None,
+) -> None:
+    """Drop empty problem statements, missing image/branch, too many tests and duplicates."""
+    from harnessrl.data.curate import filter_records
+    from harnessrl.data.records import read_records, write_records
+
+    try:
+        kept, summary = filter_records(
+            read_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
+        )
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    write_records(out_path, kept)
+    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
+
+
+@app.command("calibrate")
+def calibrate_command(
+    in_path: Annotated[Path, typer.Argument(metavar="IN", help="Filtered records (JSONL)")],
+    out_path: Annotated[Path, typer.Argument(metavar="OUT", help="Records with a calibration field")],
+    config: Annotated[
+        Path, typer.Option(help="Rollout TOML: [engine], [harness], [evaluator], [controller]")
+    ],
+    k: Annotated[int, typer.Option(help="Rollouts per task")] = 4,
+    run_dir: Annotated[
+        Path | None, typer.Option(help="Folder for the store and rollout logs (default: a temp folder)")
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
+    ] = None,
+    report: ReportOption = None,
+) -> None:
+    """Run the policy K times per task through the rollout stack; record passes (reward >= 1).
+
+    Resumable: tasks already calibrated (same K, no infrastructure failures) in OUT are skipped.
+    """
+    import asyncio
+    import logging
+    import tempfile
+
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.data.calibrate import calibrate_file
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        rollout_config = load_rollout_config(str(config), set_ or [])
+        folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
+        summary = asyncio.run(calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder))
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
+
+
+@app.command("select")
+def select_command(
+    in_path: Annotated[Path, typer.Argument(metavar="IN", help="Calibrated records (JSONL)")],
+    out_path: Annotated[Path, typer.Argument(metavar="OUT", help="Selected records (JSONL)")],
+    unsolvable: Annotated[int, typer.Option(help="Never-solved tasks to add")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed for choosing the never-solved tasks")] = 0,
+    report: ReportOption = None,
+) -> None:
+    """Keep tasks with mixed outcomes (0 < passes < k) and add N never-solved ones."""
+    from harnessrl.data.curate import select_records
+    from harnessrl.data.records import read_records, write_records
+
+    try:
+        kept, summary = select_records(read_records(in_path), unsolvable=unsolvable, seed=seed)
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    write_records(out_path, kept)
+    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
+
+
+@app.command("split")
+def split_command(
+    in_path: Annotated[Path, typer.Argument(metavar="IN", help="Selected records (JSONL)")],
+    train: Annotated[Path, typer.Option(help="Training records (JSONL)")],
+    test: Annotated[Path, typer.Option(help="Test records (JSONL)")],
+    test_size: Annotated[int, typer.Option(help="Records in the test set")],
+    seed: Annotated[int, typer.Option(help="Seed of the split")] = 0,
+    no_repo_leakage: Annotated[
+        bool, typer.Option(help="Keep every repository on one side (the test set may come out smaller)")
+    ] = False,
+    report: ReportOption = None,
+) -> None:
+    """Split into train and test sets by count, optionally without repository leakage."""
+    from harnessrl.data.curate import split_records
+    from harnessrl.data.records import read_records, write_records
+
+    try:
+        train_records, test_records, summary = split_records(
+            read_records(in_path), test_size=test_size, seed=seed, no_repo_leakage=no_repo_leakage
+        )
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    write_records(train, train_records)
+    write_records(test, test_records)
+    _emit({**summary, "in": str(in_path), "train_out": str(train), "test_out": str(test)}, report)

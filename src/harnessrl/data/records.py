@@ -1,0 +1,146 @@
+"""SWE-smith-style task records: reading and writing JSONL, and mapping a record to a harnessrl task.
+
+A *record* is one raw line of a task set as SWE-smith publishes it (``instance_id``,
+``problem_statement``, ``image_name``, ``repo``, ``base_commit``, ``FAIL_TO_PASS``,
+``PASS_TO_PASS``, ``patch``...). The curation commands keep records as they are and only add fields
+(``calibration``), so a curated file can still be fed to SWE-smith's own tools. ``to_task`` is the one
+place that says how a record becomes the task data a harness sees (``docs/data.md`` has the table).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import ConfigError
+
+Record = dict[str, Any]
+
+# Fields the pipeline adds; ``to_task`` leaves them out of what the harness sees.
+PIPELINE_FIELDS = ("calibration",)
+
+
+def read_records(path: str | Path) -> list[Record]:
+    """All records of a JSONL file (blank lines skipped); errors name the file and line."""
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"data: cannot read {path}: {exc}") from exc
+    records: list[Record] = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"data: {path}:{lineno}: not valid JSON: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise ConfigError(f"data: {path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+        records.append(obj)
+    return records
+
+
+def write_records(path: str | Path, records: Iterable[Record]) -> Path:
+    """Write records as JSONL atomically (a reader, or a resumed run, never sees half a file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with tmp.open("w", encoding="utf-8") as fh:
+        for record in records:
+            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def append_record(path: str | Path, record: Record) -> None:
+    """Append one record and flush it to disk: what a killed ``calibrate`` has finished survives."""
+    with Path(path).open("a", encoding="utf-8") as fh:
+        fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+def write_report(path: str | Path | None, report: dict[str, Any]) -> None:
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+def instance_id(record: Record) -> str:
+    value = record.get("instance_id")
+    return value.strip() if isinstance(value, str) else ""
+
+
+def text_field(record: Record, name: str) -> str:
+    """A string field, stripped; anything missing or not a string counts as empty."""
+    value = record.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+def tests_of(record: Record, name: str) -> list[str]:
+    """``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as a list. Hugging Face exports of SWE-bench-style sets
+    store them as JSON-encoded strings (``'["tests/test_a.py::test_x"]'``); both shapes are read."""
+    value = record.get(name)
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return [value]  # a single test id written as a bare string
+    if isinstance(value, list):
+        return [str(item) for item in value]
+    return [str(value)]
+
+
+def count_tests(record: Record) -> int:
+    return len(tests_of(record, "FAIL_TO_PASS")) + len(tests_of(record, "PASS_TO_PASS"))
+
+
+def branch_ref(record: Record) -> str:
+    """The code reference the task's repository is checked out at: ``branch`` if given, else
+    ``base_commit`` (SWE-smith also names each task's branch after its ``instance_id`` in the
+    mirror repository, but a record without either field cannot be reproduced from itself)."""
+    return text_field(record, "branch") or text_field(record, "base_commit")
+
+
+_SPACE = re.compile(r"\s+")
+
+
+def normalized_statement(record: Record) -> str:
+    """Case-folded, whitespace-collapsed problem statement: near-identical rewrites of one issue."""
+    return _SPACE.sub(" ", text_field(record, "problem_statement")).casefold()
+
+
+def repo_of(record: Record) -> str:
+    """The repository a record belongs to; SWE-smith's ``repo`` is ``swesmith/owner__name.commit``,
+    so the mirror's commit suffix is dropped: two snapshots of one project are one repository."""
+    repo = text_field(record, "repo")
+    if not repo:
+        return ""
+    name = repo.rsplit("/", 1)[-1]
+    return name.split(".", 1)[0] if "__" in name else repo
+
+
+def to_task(record: Record) -> dict[str, Any]:
+    """The task data a harness sees for a record (``{prompt}``, ``{task[FIELD]}`` in the harness spec).
+
+    Every original field is kept (``{task[image_name]}``, ``{task[repo]}`` work as written), the
+    test lists are decoded to lists, and ``prompt``/``task_id``/``branch`` are added.
+    """
+    task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS}
+    task.update(
+        {
+            "task_id": instance_id(record),
+            "prompt": text_field(record, "problem_statement"),
+            "branch": branch_ref(record),
+            "FAIL_TO_PASS": tests_of(record, "FAIL_TO_PASS"),
+            "PASS_TO_PASS": tests_of(record, "PASS_TO_PASS"),
+        }
+    )
+    return task

@@ -1,0 +1,128 @@
+"""``harnessrl data calibrate`` end to end: the real rollout stack (gateway, scripted engine, sandbox,
+evaluator, audit) runs a tiny agent k times per task; pass counts land in the output and a second
+run resumes, calibrating only the new task. Then ``select`` runs on the result."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harnessrl.data.records import read_records, write_records
+
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
+
+# A stand-in policy with a known skill per task: it asks the model (every rollout makes a real,
+# recorded call through the gateway), then answers right on the first ``solve_k`` samples of the
+# task (the sample index is the last part of the calibration rollout id), wrong on the rest.
+AGENT = """
+import json, os, sys, urllib.request
+req = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": sys.argv[1]}]}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+)
+reply = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
+task = json.loads(os.environ["HARNESSRL_TASK"])
+sample = int(os.environ["HARNESSRL_ROLLOUT_ID"].rsplit("-", 1)[1])
+print(reply if sample < task["solve_k"] else "Answer: 0")
+"""
+
+
+def record(i: int, solve_k: int) -> dict:
+    return {
+        "instance_id": f"owner__proj.abc.task_{i}",
+        "repo": "swesmith/owner__proj.abc",
+        "image_name": "img",
+        "base_commit": "0" * 40,
+        "problem_statement": f"Task {i}: reply with the answer.",
+        "FAIL_TO_PASS": '["tests/test_x.py::test_x"]',
+        "PASS_TO_PASS": [],
+        "answer": "42",
+        "solve_k": solve_k,
+    }
+
+
+def calibrate(tmp_path: Path, records: list[dict], name: str) -> dict:
+    src = tmp_path / f"{name}.jsonl"
+    write_records(src, records)
+    proc = subprocess.run(
+        [
+            *HARNESSRL,
+            "data",
+            "calibrate",
+            str(src),
+            str(tmp_path / "calibrated.jsonl"),
+            "--config",
+            str(tmp_path / "rollout.toml"),
+            "--k",
+            "4",
+            "--run-dir",
+            str(tmp_path / f"run-{name}"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_calibrate_records_pass_counts_and_resumes(tmp_path: Path):
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(
+        f"""
+[engine]
+model = "scripted:{tmp_path / "script.json"}"
+
+[harness]
+preset = "python"
+command = ["./agent.py", "{{prompt}}"]
+timeout_s = 60
+
+[evaluator]
+type = "exact_match"
+field = "answer"
+pattern = 'Answer:\\s*(-?[0-9.]+)'
+source = "stdout"
+
+[controller]
+concurrency = 4
+max_infra_retries = 0
+poll_interval_s = 0.2
+"""
+    )
+    first = [record(0, 0), record(1, 1), record(2, 3), record(3, 4)]
+    report = calibrate(tmp_path, first, "first")
+    assert (report["calibrated"], report["rollouts"], report["skipped_already_done"]) == (4, 16, 0)
+    assert (report["never_solved"], report["mixed"], report["always_solved"]) == (1, 2, 1)
+    out = read_records(tmp_path / "calibrated.jsonl")
+    assert [r["calibration"]["passes"] for r in out] == [0, 1, 3, 4]
+    assert out[2]["calibration"]["rewards"] == [1.0, 1.0, 1.0, 0.0]
+    assert all(r["calibration"]["k"] == 4 and r["calibration"]["infra_failures"] == 0 for r in out)
+    assert out[0]["answer"] == "42"  # the record itself is passed through unchanged
+
+    # Resume: the four done tasks are skipped, only the new one runs; OUT stays in input order.
+    report = calibrate(tmp_path, [*first[:2], record(4, 2), *first[2:]], "second")
+    assert (report["calibrated"], report["skipped_already_done"], report["rollouts"]) == (1, 4, 4)
+    out = read_records(tmp_path / "calibrated.jsonl")
+    assert [r["instance_id"][-6:] for r in out] == ["task_0", "task_1", "task_4", "task_2", "task_3"]
+    assert [r["calibration"]["passes"] for r in out] == [0, 1, 2, 3, 4]
+
+    proc = subprocess.run(
+        [*HARNESSRL, "data", "select", str(tmp_path / "calibrated.jsonl"), str(tmp_path / "sel.jsonl")]
+        + ["--unsolvable", "1", "--seed", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    selected = read_records(tmp_path / "sel.jsonl")
+    assert [r["instance_id"][-6:] for r in selected] == ["task_0", "task_1", "task_4", "task_2"]

@@ -1,0 +1,149 @@
+"""``harnessrl data filter | select | split`` on a generated task set with known defects: exact counts,
+exact outputs, and the same bytes for the same seed. The commands are run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.data.generate import calibrated_records, raw_records
+
+from harnessrl.data.curate import filter_records, select_records, split_records
+from harnessrl.data.records import read_records, repo_of, to_task, write_records
+
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+
+def data_cli(*args: str) -> dict:
+    proc = subprocess.run([*HARNESSRL, "data", *args], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def ids(records: list[dict]) -> list[str]:
+    return [r["instance_id"] for r in records]
+
+
+def test_filter_counts_each_rule_exactly(tmp_path: Path):
+    raw = tmp_path / "raw.jsonl"
+    write_records(raw, raw_records())
+    report = data_cli(
+        "filter",
+        str(raw),
+        str(tmp_path / "kept.jsonl"),
+        "--max-tests",
+        "50",
+        "--report",
+        str(tmp_path / "r.json"),
+    )
+    assert report["input"] == 330 and report["output"] == 246
+    assert report["dropped"] == {
+        "missing_instance_id": 10,
+        "empty_problem_statement": 20,  # 15 blank + 4 also missing the image + 1 shadowing copy
+        "missing_image": 12,
+        "missing_branch": 8,
+        "no_fail_to_pass": 5,
+        "too_many_tests": 20,
+        "duplicate_instance": 9,
+        "duplicate_problem_statement": 0,
+    }
+    assert json.loads((tmp_path / "r.json").read_text()) == report
+    kept = read_records(tmp_path / "kept.jsonl")
+    # Exactly the 240 good records and the 6 near-duplicates, in input order; good #0 survives its
+    # broken first copy, and records with exactly 50 tests are kept.
+    good = [r for r in raw_records() if r.get("instance_id", "").split(".")[-1].startswith("func_pm_0")]
+    assert ids(kept) == list(dict.fromkeys(ids(good[1:]))) + [f"near-duplicate-{i}" for i in range(6)]
+    assert kept[0]["problem_statement"]
+    assert max(len(to_task(r)["FAIL_TO_PASS"]) + len(to_task(r)["PASS_TO_PASS"]) for r in kept) == 50
+
+
+def test_filter_can_drop_near_duplicate_statements():
+    kept, report = filter_records(raw_records(), max_tests=50, dedupe_statements=True)
+    assert report["output"] == 240 and report["dropped"]["duplicate_problem_statement"] == 6
+    assert not any(i.startswith("near-duplicate") for i in ids(kept))
+    _, unlimited = filter_records(raw_records())  # without --max-tests nothing is too large
+    assert unlimited["dropped"]["too_many_tests"] == 0 and unlimited["output"] == 266
+
+
+def test_to_task_maps_swe_smith_fields():
+    record = raw_records()[1]  # good #0, test lists stored as JSON strings
+    task = to_task({**record, "calibration": {"k": 4, "passes": 1}})
+    assert task["task_id"] == record["instance_id"]
+    assert task["prompt"] == record["problem_statement"]
+    assert task["branch"] == record["base_commit"]
+    assert task["FAIL_TO_PASS"] == ["tests/test_mod0.py::test_bug_0"]
+    assert isinstance(task["PASS_TO_PASS"], list) and "calibration" not in task
+    assert task["image_name"] == record["image_name"] and task["repo"] == record["repo"]
+
+
+def test_select_keeps_mixed_and_adds_seeded_unsolvable(tmp_path: Path):
+    path = tmp_path / "cal.jsonl"
+    write_records(path, calibrated_records())
+    report = data_cli("select", str(path), str(tmp_path / "sel.jsonl"), "--unsolvable", "5", "--seed", "7")
+    assert {k: report[k] for k in ("input", "output", "mixed", "never_solved", "always_solved")} == {
+        "input": 65,
+        "output": 41,
+        "mixed": 36,
+        "never_solved": 12,
+        "always_solved": 12,
+    }
+    assert report["uncalibrated"] == 3 and report["infra_failed"] == 2 and report["unsolvable_added"] == 5
+    selected = read_records(tmp_path / "sel.jsonl")
+    assert [ids([r]) for r in selected if r["calibration"]["passes"] == 0] == [
+        ["owner0__project0.00000000.func_pm_0000"],
+        ["owner0__project0.00000000.func_pm_0005"],
+        ["owner0__project0.00000000.func_pm_0010"],
+        ["owner1__project1.00000001.func_pm_0025"],
+        ["owner1__project1.00000001.func_pm_0030"],
+    ]
+    assert all(0 < r["calibration"]["passes"] < 4 for r in selected if r["calibration"]["passes"])
+    again, _ = select_records(calibrated_records(), unsolvable=5, seed=7)
+    assert again == selected
+    other, _ = select_records(calibrated_records(), unsolvable=5, seed=8)
+    assert ids(other) != ids(selected)
+    everything, report = select_records(calibrated_records(), unsolvable=100, seed=0)
+    assert report["unsolvable_added"] == 12 and len(everything) == 48
+
+
+def test_split_by_count_and_without_repo_leakage(tmp_path: Path):
+    kept, _ = filter_records(raw_records(), max_tests=50)
+    path = tmp_path / "kept.jsonl"
+    write_records(path, kept)
+    train, test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    report = data_cli(
+        "split", str(path), "--train", str(train), "--test", str(test), "--test-size", "40", "--seed", "3"
+    )
+    assert (report["train"], report["test"], report["repos_shared"]) == (206, 40, 12)
+    test_records = read_records(test)
+    assert ids(test_records)[:3] == [
+        "owner0__project0.00000000.func_pm_0003",
+        "owner0__project0.00000000.func_pm_0016",
+        "owner1__project1.00000001.func_pm_0033",
+    ]
+    assert sorted(ids(read_records(train)) + ids(test_records)) == sorted(ids(kept))
+
+    report = data_cli(
+        "split", str(path), "--train", str(train), "--test", str(test), "--test-size", "40", "--seed", "3",
+        "--no-repo-leakage",
+    )  # fmt: skip
+    assert (report["train"], report["test"], report["repos_test"], report["repos_shared"]) == (206, 40, 2, 0)
+    test_repos = {repo_of(r) for r in read_records(test)}
+    assert test_repos == {"owner1__project1", "owner7__project7"}
+    assert not test_repos & {repo_of(r) for r in read_records(train)}
+    # 30 cannot be met with whole repositories of 20 (and 26): the test set comes out smaller.
+    _, small, report = split_records(kept, test_size=30, seed=3, no_repo_leakage=True)
+    assert len(small) == report["test"] == 20 and report["repos_shared"] == 0
+
+
+def test_bad_input_is_one_clear_line(tmp_path: Path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"instance_id": "a"}\nnot json\n')
+    proc = subprocess.run(
+        [*HARNESSRL, "data", "filter", str(bad), str(tmp_path / "out.jsonl")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2 and "bad.jsonl:2" in proc.stderr
