@@ -67,5 +67,39 @@ else
   echo "install.sh: npm not found; skipping Claude Code, Codex, OpenCode and Qwen Code (tests skip them)"
 fi
 
+# --- OpenHands CLI (optional): PyPI `openhands` needs Python 3.12 exactly, so it gets its own venv in
+# .harnesses/openhands-venv, where the `openhands` preset looks first. ~2.5 min and ~800 MB (cold pip
+# cache, 2 shared cores, 2026-11-29): installed when HARNESSRL_INSTALL_OPENHANDS=1, and by default in
+# CI (CI=true); HARNESSRL_INSTALL_OPENHANDS=0 skips it. Skipped with a note without Python 3.12
+# (python3.12 on PATH, pyenv's 3.12.x, or HARNESSRL_OPENHANDS_PYTHON); the matrix then skips it.
+OPENHANDS_VERSION="1.16.0"
+OPENHANDS_VENV=.harnesses/openhands-venv
+install_openhands="${HARNESSRL_INSTALL_OPENHANDS:-}"
+if [ -z "$install_openhands" ] && [ "${CI:-}" = true ]; then install_openhands=1; fi
+if [ "$install_openhands" = 1 ]; then
+  if [ -x "$OPENHANDS_VENV/bin/openhands" ] &&
+    "$OPENHANDS_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openhands') != '$OPENHANDS_VERSION')" 2>/dev/null; then
+    : # already installed at the pinned version
+  else
+    py312=""
+    for candidate in "${HARNESSRL_OPENHANDS_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+      if [ -n "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+        py312="$candidate"
+        break
+      fi
+    done
+    if [ -z "$py312" ]; then
+      echo "install.sh: Python 3.12 not found; skipping OpenHands (set HARNESSRL_OPENHANDS_PYTHON; tests skip it)"
+    else
+      echo "install.sh: installing OpenHands $OPENHANDS_VERSION into $OPENHANDS_VENV (a few minutes)"
+      mkdir -p .harnesses
+      { [ -x "$OPENHANDS_VENV/bin/python" ] || "$py312" -m venv "$OPENHANDS_VENV"; } &&
+        timeout 900 "$OPENHANDS_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+          "openhands==$OPENHANDS_VERSION" ||
+        echo "install.sh: OpenHands failed to install; its matrix test will be skipped" >&2
+    fi
+  fi
+fi
+
 .venv/bin/harnessrl version >/dev/null
 echo "install.sh: ready — activate with: source .venv/bin/activate"

@@ -1,7 +1,7 @@
 """The harness matrix: every supported harness, unmodified, through ``harnessrl rollout``.
 
 Each case launches the real harness (installed by ``install.sh``: npm ones in ``.harnesses/``, Python
-ones in the venv) with its preset, in the controller's sandbox (loopback-only network namespace),
+ones in the venv, OpenHands in ``.harnesses/openhands-venv`` when asked for) with its preset, in the controller's sandbox (loopback-only network namespace),
 against the real gateway serving a scripted engine. The script makes the harness call its *own*
 shell tool to create ``hello.txt`` containing ``hi``, read it back, then answer with a final message. The test
 checks the file in the workspace, that every call is recorded token-exact, and that the trajectory
@@ -107,6 +107,16 @@ CASES = [
         samples=3,
     ),
     Case("openai-agents", "responses", "bash", "command"),
+    # OpenHands (its own Python 3.12 venv, .harnesses/openhands-venv): chat completions via litellm,
+    # not streamed. `terminal` requires `security_risk`; the run ends through its `finish` tool.
+    Case(
+        "openhands",
+        "chat.completions",
+        "terminal",
+        "command",
+        {"security_risk": "LOW", "summary": "Run the command"},
+        final=tool_turn("finish", message=DONE),
+    ),
     Case(
         "openai-agents", "chat.completions", "bash", "command", env={"OPENAI_AGENTS_API": "chat_completions"}
     ),

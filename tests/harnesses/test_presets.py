@@ -7,6 +7,7 @@ Fast (no harness is started); ``test_matrix.py`` runs the real harnesses.
 from __future__ import annotations
 
 import json
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -116,3 +117,45 @@ def test_missing_harness_is_a_config_error_naming_it(preset, tmp_path, monkeypat
     missing = spec.model_copy(update={"command": [NPM_PRESETS[preset], *spec.command[1:]]})
     with pytest.raises(ConfigError, match=f"harness.command\\[0\\].*'{NPM_PRESETS[preset]}'"):
         check_harness(missing)
+
+
+def test_openhands_reads_the_rollout_from_its_llm_env(tmp_path):
+    _, rendered = render("openhands", tmp_path)
+    assert rendered.env["LLM_MODEL"] == "openai/my-policy"  # litellm's OpenAI-compatible route
+    assert rendered.env["LLM_BASE_URL"] == BASE_URL
+    assert rendered.env["LLM_API_KEY"] == "hrl-secret"
+    assert rendered.env["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+    argv = rendered.argv
+    assert {"--headless", "--override-with-envs", "--json"} <= set(argv)
+    assert argv[argv.index("-t") + 1] == "make hello.txt"
+
+
+def test_openhands_comes_from_its_venv_or_path_and_gets_its_own_tmux_socket_folder(tmp_path):
+    command = PRESETS["openhands"]().command
+    if command[0] == "openhands":  # not installed: the bare name, so check_harness names it
+        pytest.skip("OpenHands is not installed (HARNESSRL_INSTALL_OPENHANDS=1 ./install.sh)")
+    assert command[:2] == ["/bin/sh", "-c"] and command[3] == "openhands"
+    exe = command[4]
+    assert exe.endswith(".harnesses/openhands-venv/bin/openhands") or Path(exe).name == "openhands"
+    # The wrapper runs the harness with a fresh TMUX_TMPDIR and removes it afterwards, keeping the
+    # exit status (tmux's socket name is fixed; concurrent rollouts must not share one server).
+    probe = tmp_path / "probe.sh"
+    probe.write_text('#!/bin/sh\necho "$TMUX_TMPDIR"; test -d "$TMUX_TMPDIR" && echo "$@"; exit 3\n')
+    probe.chmod(0o755)
+    done = subprocess.run(
+        [*command[:4], str(probe), "--headless", "a b"], capture_output=True, text=True, timeout=10
+    )
+    folder, args = done.stdout.splitlines()
+    assert done.returncode == 3 and args == "--headless a b"
+    assert folder.startswith("/tmp/harnessrl-openhands.") and not Path(folder).exists()
+
+
+def test_missing_openhands_is_a_config_error_naming_it(tmp_path, monkeypatch):
+    import harnessrl.controller.presets as presets
+
+    monkeypatch.setattr(presets, "_openhands_bin", lambda: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    spec = presets.openhands()
+    assert spec.command[0] == "openhands"
+    with pytest.raises(ConfigError, match="harness.command\\[0\\].*'openhands'"):
+        check_harness(spec)

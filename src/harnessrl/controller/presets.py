@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable
@@ -49,6 +50,32 @@ def _npm_bin(name: str) -> str:
     if prefix is not None and (prefix / "node_modules" / ".bin" / name).exists():
         return str(prefix / "node_modules" / ".bin" / name)
     return name
+
+
+# install.sh puts OpenHands (PyPI ``openhands``, Python 3.12, not 3.11 like harnessrl) into its own venv
+# inside the npm prefix folder: ``.harnesses/openhands-venv``.
+OPENHANDS_VENV = "openhands-venv"
+
+
+def _openhands_bin() -> str | None:
+    """OpenHands from its project-local venv (``.harnesses/openhands-venv/bin``), else from PATH."""
+    for root in (Path(sys.prefix).parent, Path.cwd()):
+        candidate = root / NPM_PREFIX / OPENHANDS_VENV / "bin" / "openhands"
+        if candidate.exists():
+            return str(candidate)
+    return shutil.which("openhands")
+
+
+# OpenHands runs its `terminal` tool in tmux (when tmux is installed) on a server with the fixed socket
+# name "openhands", i.e. /tmp/tmux-<uid>/openhands, shared by every process of the user. Concurrent
+# rollouts would then share one tmux server: the second rollout's commands would run inside the
+# first one's sandbox (its network namespace and cgroup) and die with it. The wrapper gives each
+# attempt its own TMUX_TMPDIR (short, in /tmp: a socket path must fit in 107 bytes, which an attempt
+# folder under a deep run dir does not) and removes it afterwards.
+_OPENHANDS_WRAPPER = (
+    "d=$(mktemp -d /tmp/harnessrl-openhands.XXXXXX) || exit 1; "
+    'TMUX_TMPDIR="$d" "$@"; rc=$?; rm -rf "$d"; exit $rc'
+)
 
 
 def mini_swe_agent() -> HarnessSpec:
@@ -269,6 +296,31 @@ def qwen_code() -> HarnessSpec:
     )
 
 
+def openhands() -> HarnessSpec:
+    """OpenHands CLI (PyPI ``openhands``, its own Python 3.12 venv): chat completions through litellm,
+    not streamed.
+
+    ``--override-with-envs`` builds the agent from ``LLM_MODEL`` / ``LLM_API_KEY`` / ``LLM_BASE_URL``
+    (no ``agent_settings.json`` needed: the attempt's ``$HOME/.openhands`` starts empty);
+    ``--headless`` auto-approves every action. The CLI runs its tools as local processes in the
+    workspace (no runtime container). Started through a small ``sh`` wrapper that gives each attempt
+    its own tmux socket folder (see ``_OPENHANDS_WRAPPER``); when OpenHands is not installed the
+    command is the bare name, so ``check_harness`` reports it before anything starts."""
+    exe = _openhands_bin()
+    args = ["--headless", "--override-with-envs", "--json", "-t", "{prompt}"]
+    command = ["/bin/sh", "-c", _OPENHANDS_WRAPPER, "openhands", exe, *args] if exe else ["openhands", *args]
+    return HarnessSpec(
+        command=command,
+        env={
+            "LLM_MODEL": "openai/{model}",
+            "LLM_API_KEY": "{api_key}",
+            "LLM_BASE_URL": "{base_url}",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            "OPENHANDS_SUPPRESS_BANNER": "1",
+        },
+    )
+
+
 _SMOLAGENTS_AGENT = """import os, subprocess, sys
 from smolagents import OpenAIServerModel, Tool, ToolCallingAgent
 
@@ -344,6 +396,7 @@ PRESETS: dict[str, Callable[[], HarnessSpec]] = {
     "codex": codex,
     "opencode": opencode,
     "qwen-code": qwen_code,
+    "openhands": openhands,
     "smolagents": smolagents,
     "openai-agents": openai_agents,
 }
