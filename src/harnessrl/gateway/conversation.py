@@ -20,11 +20,24 @@ The algorithm (``build_prompt``):
 
 Anything that does not line up falls back to ``encode(T_full)``; the result says which path was
 taken (``reused``, ``first``, ``no_match``, ``mismatch``) for the metrics.
+
+Incremental rendering (the default). Steps 1 and 3 render the whole conversation twice, which
+makes every call O(context) even though only ``glue + tail`` is encoded. When the new messages
+after the matched assistant turn contain no assistant turn (the append-only common case: tool
+results, a user message), ``T_prefix``/``T_full`` are rendered from a short *surrogate*
+conversation instead: the leading system message (it carries the tools header), the message before
+the matched assistant turn, that turn, and the new messages. The tail depends only on these local
+neighbours in the templates we know, but chat templates are not compositional in general, so the
+first ``VERIFY_CALLS`` incremental splices per tokenizer are also computed the full way and
+compared; one difference turns incremental rendering off for that tokenizer for good. Any failure
+of the surrogate path (template error, prefix mismatch) falls back to the full path above, so the
+prompt IDs are always the full path's.
 """
 
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -188,13 +201,27 @@ def build_prompt(
     *,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    incremental: bool = True,
 ) -> PromptPlan:
-    """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens."""
+    """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens.
+
+    ``incremental=False`` always renders the whole conversation (the reference path)."""
     kwargs = template_kwargs or {}
-    full_text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
     priors = list(priors)
     keys = [message_key(m) for m in messages]
     prior = find_prior(keys, priors)
+    if prior is not None and incremental and _INCREMENTAL_OK.get(tokenizer, 0) >= 0:
+        spliced = _splice_incremental(tokenizer, messages, prior, tools, kwargs)
+        if spliced is not None:
+            checks = _INCREMENTAL_OK.get(tokenizer, 0)
+            if checks >= VERIFY_CALLS:
+                return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+            full = build_prompt(
+                tokenizer, messages, [prior], tools=tools, template_kwargs=kwargs, incremental=False
+            )
+            _INCREMENTAL_OK[tokenizer] = checks + 1 if full.prompt_ids == spliced else -1
+            return full
+    full_text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
     if prior is None:
         return PromptPlan(tokenizer.encode(full_text), "no_match" if priors else "first")
     n = len(prior.message_keys)
@@ -205,6 +232,35 @@ def build_prompt(
     if spliced is None:
         return PromptPlan(tokenizer.encode(full_text), "mismatch")
     return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+
+
+#: Incremental splices per tokenizer checked against the full path before it is trusted.
+VERIFY_CALLS = 2
+# tokenizer -> verified incremental splices so far, or -1 once one differed from the full path.
+_INCREMENTAL_OK: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+def _splice_incremental(
+    tokenizer: PolicyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    prior: PriorCall,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> list[int] | None:
+    """The spliced prompt rendered from a surrogate conversation, or ``None`` to use the full path."""
+    n = len(prior.message_keys)
+    tail = list(messages[n + 1 :])
+    if any(m["role"] == "assistant" for m in tail):
+        return None  # an assistant turn in the tail may render by global rules (e.g. dropped <think>)
+    head = [messages[0]] if messages[0]["role"] == "system" and n > 0 else []
+    before = [messages[n - 1]] if n - 1 >= len(head) else []
+    surrogate = [*head, *before, messages[n]]
+    try:
+        prefix_text = tokenizer.render_chat(surrogate, tools=tools, add_generation_prompt=False, **kwargs)
+        full_text = tokenizer.render_chat(surrogate + tail, tools=tools, add_generation_prompt=True, **kwargs)
+    except Exception:  # a template may refuse the surrogate (e.g. role-alternation checks)
+        return None
+    return _splice(tokenizer, prior, prefix_text, full_text)
 
 
 def _splice(

@@ -1,0 +1,332 @@
+"""Several engine replicas behind one Engine: affinity, health, retries, failover, draining.
+
+Routing. A call with a ``rollout_id`` goes to the first *available* replica on a consistent-hash
+ring (virtual nodes), so a rollout's calls land on the replica whose prefix cache holds its
+conversation, and adding/removing a replica moves only ~1/N of the rollouts. A replica is available
+when it is healthy and not draining; if none on the ring is, the call falls back to any non-draining
+replica (a health check may simply be stale). Calls without a rollout go to the least-loaded one.
+
+Failures before the first token (connection refused, timeout, 429, 5xx: ``RemoteEngineError`` with
+``retryable``) are retried with exponential backoff, moving to the next replica on the ring; a
+transport failure also marks the replica unhealthy until a health check passes again.
+
+Failures after tokens were streamed (a replica dies mid-generation). Restarting from the prompt
+would yield tokens the caller never sees alongside ones it already has, so it is never done once
+something was yielded. Instead the pool *continues* the generation on another replica from
+``prompt + tokens so far`` with the remaining budget. That is exact, not a heuristic: sampling is
+autoregressive, so the distribution of the rest given the prefix is the same on any replica serving
+the same weights, and the tokens already yielded keep their recorded logprobs. It is done only when
+the new replica serves the same ``policy_version`` as the first (otherwise one answer would mix two
+policies); if not, or ``resume_mid_stream=False``, the error is raised to the gateway.
+
+Weight updates. ``mode="all_at_once"`` (default; what the gateway's pause already implies): stop
+routing, wait for every replica's in-flight calls, update all concurrently, re-admit; calls arriving
+meanwhile wait rather than fail. ``mode="rolling"``: one replica at a time is drained, updated and
+re-admitted while the others serve; ``policy_version`` reports the *oldest* version still serving,
+so a call's recorded version is never newer than the weights that may have produced it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import contextlib
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.remote import RemoteEngineError, is_retryable
+from harnessrl.errors import ConfigError, UpstreamError
+
+log = logging.getLogger("harnessrl.engines.pool")
+
+
+def _hash(key: str) -> int:
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass
+class Replica:
+    engine: Engine
+    name: str
+    healthy: bool = True
+    draining: bool = False
+    in_flight: int = 0
+    served: int = 0  # generations started here (for tests and metrics)
+    pending: WeightUpdate | None = None  # an update this replica missed (it was down); kept out until applied
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        self.idle.set()
+
+    @property
+    def available(self) -> bool:
+        return self.healthy and not self.draining
+
+
+class EnginePool:
+    """Implements :class:`harnessrl.engines.base.Engine` over ``replicas`` (started and closed with it).
+
+    ``sleep`` is a seam for tests (backoff without waiting).
+    """
+
+    def __init__(
+        self,
+        replicas: Sequence[Engine],
+        *,
+        max_retries: int = 4,
+        backoff_s: float = 0.2,
+        max_backoff_s: float = 5.0,
+        health_interval_s: float = 5.0,
+        resume_mid_stream: bool = True,
+        update_mode: Literal["all_at_once", "rolling"] = "all_at_once",
+        virtual_nodes: int = 64,
+        sleep: Any = asyncio.sleep,
+    ):
+        if not replicas:
+            raise ConfigError("an engine pool needs at least one replica")
+        self.replicas = [
+            Replica(engine, getattr(engine, "base_url", None) or f"replica-{i}")
+            for i, engine in enumerate(replicas)
+        ]
+        self.max_retries = max_retries
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.health_interval_s = health_interval_s
+        self.resume_mid_stream = resume_mid_stream
+        self.update_mode = update_mode
+        self._sleep = sleep
+        self._ring = sorted(
+            (_hash(f"{i}#{v}"), i) for i in range(len(self.replicas)) for v in range(virtual_nodes)
+        )
+        self._ring_keys = [h for h, _ in self._ring]
+        self._admitting = asyncio.Event()
+        self._admitting.set()
+        self._health_task: asyncio.Task[None] | None = None
+        self._update_lock = asyncio.Lock()
+
+    # --- Engine properties (the first replica speaks for all: they serve the same model) ------------
+
+    @property
+    def model_name(self) -> str:
+        return self.replicas[0].engine.model_name
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.replicas[0].engine.tokenizer
+
+    @property
+    def context_length(self) -> int:
+        return min(r.engine.context_length for r in self.replicas)
+
+    @property
+    def policy_version(self) -> int:
+        serving = [r for r in self.replicas if r.pending is None] or self.replicas
+        return min(r.engine.policy_version for r in serving)
+
+    async def start(self) -> None:
+        # A replica that is down at start is marked unhealthy rather than failing the pool: the
+        # health loop re-admits it when it comes up. All down is a configuration problem.
+        results = await asyncio.gather(*(r.engine.start() for r in self.replicas), return_exceptions=True)
+        for replica, result in zip(self.replicas, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, UpstreamError):
+                    raise result
+                log.warning("replica %s did not start: %s", replica.name, result)
+                replica.healthy = False
+        if not any(r.healthy for r in self.replicas):
+            raise UpstreamError("no replica of the engine pool could be reached")
+        if self.health_interval_s > 0 and self._health_task is None:
+            self._health_task = asyncio.create_task(self._health_loop(), name="engine-pool-health")
+
+    async def aclose(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health_task
+            self._health_task = None
+        await asyncio.gather(*(r.engine.aclose() for r in self.replicas), return_exceptions=True)
+
+    # --- routing -----------------------------------------------------------------------------------
+
+    def preference(self, rollout_id: str | None) -> list[int]:
+        """Replica indices in the order a call of ``rollout_id`` tries them."""
+        if rollout_id is None:
+            return sorted(range(len(self.replicas)), key=lambda i: self.replicas[i].in_flight)
+        start = bisect.bisect(self._ring_keys, _hash(rollout_id)) % len(self._ring)
+        order: list[int] = []
+        for k in range(len(self._ring)):
+            index = self._ring[(start + k) % len(self._ring)][1]
+            if index not in order:
+                order.append(index)
+                if len(order) == len(self.replicas):
+                    break
+        return order
+
+    def _pick(self, rollout_id: str | None, avoid: set[int]) -> int | None:
+        order = self.preference(rollout_id)
+        for pass_ in (lambda r: r.available, lambda r: not r.draining):
+            for index in order:
+                if index not in avoid and pass_(self.replicas[index]):
+                    return index
+        # Every non-draining replica has failed this call once: try them again rather than give
+        # up early (the retry budget bounds this).
+        return next((i for i in order if not self.replicas[i].draining), None)
+
+    def _backoff(self, attempt: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2**attempt)
+
+    # --- generation --------------------------------------------------------------------------------
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        rollout_id = context.rollout_id if context else None
+        sampled: list[int] = []  # tokens already yielded to the caller
+        version: int | None = None  # policy version of the replica that produced `sampled`
+        attempt = 0
+        avoid: set[int] = set()
+        while True:
+            await self._admitting.wait()  # an all-at-once weight update is in progress
+            index = self._pick(rollout_id, avoid)
+            if index is None:
+                await self._sleep(self._backoff(attempt))
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise UpstreamError("no engine replica is accepting calls")
+                continue
+            replica = self.replicas[index]
+            if sampled and replica.engine.policy_version != version:
+                raise UpstreamError(
+                    f"replica died after {len(sampled)} tokens and no replica serving policy version "
+                    f"{version} is left to continue the generation"
+                )
+            replica.in_flight += 1
+            replica.served += 1
+            replica.idle.clear()
+            stream = replica.engine.generate(
+                list(prompt_ids) + sampled,
+                replace(params, max_tokens=params.max_tokens - len(sampled)),
+                context,
+            )
+            try:
+                if version is None:
+                    version = replica.engine.policy_version
+                async for sample in stream:
+                    sampled.append(sample.token_id)
+                    yield sample
+                return
+            except UpstreamError as exc:
+                if not is_retryable(exc) or (sampled and not self.resume_mid_stream):
+                    raise
+                if isinstance(exc, RemoteEngineError) and not exc.is_overload:
+                    replica.healthy = False  # the health loop re-admits it
+                attempt += 1
+                if attempt > self.max_retries:
+                    raise
+                avoid.add(index)
+                log.warning(
+                    "replica %s failed (%s) after %d tokens; retry %d/%d",
+                    replica.name,
+                    exc,
+                    len(sampled),
+                    attempt,
+                    self.max_retries,
+                )
+                if not sampled or isinstance(exc, RemoteEngineError) and exc.is_overload:
+                    await self._sleep(self._backoff(attempt - 1))
+                if len(sampled) >= params.max_tokens:
+                    return  # the budget was used up exactly when the replica died
+            finally:
+                with contextlib.suppress(Exception):
+                    await stream.aclose()  # type: ignore[attr-defined]
+                replica.in_flight -= 1
+                if replica.in_flight == 0:
+                    replica.idle.set()
+
+    # --- health ------------------------------------------------------------------------------------
+
+    async def check_health(self) -> None:
+        """Probe every replica once; a replica is healthy iff its ``health()`` answers."""
+
+        async def probe(replica: Replica) -> None:
+            try:
+                await replica.engine.health()
+            except Exception as exc:  # any failure: route around it until it answers again
+                if replica.healthy:
+                    log.warning("replica %s unhealthy: %s", replica.name, exc)
+                replica.healthy = False
+            else:
+                if not replica.healthy:
+                    log.info("replica %s healthy again", replica.name)
+                replica.healthy = True
+
+        await asyncio.gather(*(probe(r) for r in self.replicas))
+
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval_s)
+            await self.check_health()
+            for index, replica in enumerate(self.replicas):
+                if replica.pending is not None and replica.healthy:
+                    await self._update_one(index, replica.pending)
+
+    async def health(self) -> dict[str, Any]:
+        replicas = [
+            {
+                "name": r.name,
+                "healthy": r.healthy,
+                "draining": r.draining,
+                "in_flight": r.in_flight,
+                "policy_version": r.engine.policy_version,
+            }
+            for r in self.replicas
+        ]
+        if not any(r.healthy for r in self.replicas):
+            raise UpstreamError("no engine replica is healthy")
+        return {"engine": "pool", "policy_version": self.policy_version, "replicas": replicas}
+
+    # --- weight updates ----------------------------------------------------------------------------
+
+    async def drain(self, index: int) -> None:
+        """Stop routing new calls to replica ``index`` and wait for its in-flight ones to finish."""
+        replica = self.replicas[index]
+        replica.draining = True
+        await replica.idle.wait()
+
+    def readmit(self, index: int) -> None:
+        self.replicas[index].draining = False
+
+    async def _update_one(self, index: int, update: WeightUpdate) -> bool:
+        """Drain, update, re-admit. A replica that cannot take the update stays out of rotation
+        (``pending``) until the health loop finds it up and applies it: serving old weights from
+        one replica would silently make the pool's answers off-policy."""
+        replica = self.replicas[index]
+        await self.drain(index)
+        try:
+            await replica.engine.update_weights(update)
+        except UpstreamError as exc:
+            log.warning("replica %s missed weight update %d: %s", replica.name, update.version, exc)
+            replica.pending, replica.healthy = update, False
+            return False
+        replica.pending = None
+        self.readmit(index)
+        return True
+
+    async def update_weights(self, update: WeightUpdate) -> None:
+        async with self._update_lock:
+            if self.update_mode == "rolling":
+                done = [await self._update_one(i, update) for i in range(len(self.replicas))]
+            else:
+                self._admitting.clear()
+                try:
+                    done = await asyncio.gather(
+                        *(self._update_one(i, update) for i in range(len(self.replicas)))
+                    )
+                finally:
+                    self._admitting.set()
+            if not any(done):
+                raise UpstreamError(f"no engine replica accepted weight update {update.version}")

@@ -1,0 +1,131 @@
+"""An SGLang server as an Engine, through its native ``/generate`` API (token IDs in and out).
+
+Request (docs.sglang.io "Sampling Parameters" / "Native APIs"; ``GenerateReqInput`` in
+``sglang/srt/managers/io_struct.py``)::
+
+    {"input_ids": [...], "stream": true, "return_logprob": true,
+     "sampling_params": {"max_new_tokens", "temperature", "top_p", "stop_token_ids",
+                         "skip_special_tokens": false, "no_stop_trim": true}}
+
+``no_stop_trim`` keeps a sampled stop token in the output, as our protocol wants. Each stream event
+is ``data: {"text", "output_ids", "meta_info": {"output_token_logprobs": [[logprob, token_id, text],
+...], "finish_reason", ...}}``, ending with ``data: [DONE]``. By default SGLang streams *cumulative*
+``output_token_logprobs`` (every event repeats the tokens so far); with the server flag
+``--incremental-streaming-output`` each event has only new ones. Both are handled: we count what was
+yielded and take the new suffix (``incremental_stream=True`` reads each event as new tokens only).
+
+Model and context length: ``GET /get_model_info`` (``model_path``) and ``GET /get_server_info``
+(``context_length``; ``null`` means the model's own, then the tokenizer's config is used).
+
+Weight updates (docs.sglang.io "SGLang for RL Systems"): ``POST /pause_generation``, then
+``POST /update_weights_from_disk`` ``{"model_path": dir}`` (answers ``{"success", "message"}``; it
+flushes the radix cache itself), then ``POST /continue_generation``. Exercised only against
+``tests/fakes/sglang_server.py``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
+
+
+class SGLangEngine(RemoteEngine):
+    """One SGLang server. Implements :class:`harnessrl.engines.base.Engine`."""
+
+    kind = "sglang"
+
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: Any,
+        *,
+        incremental_stream: bool = False,
+        pause_for_update: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(base_url, tokenizer, **kwargs)
+        self.incremental_stream = incremental_stream
+        self.pause_for_update = pause_for_update
+
+    async def _discover(self) -> tuple[str | None, int | None]:
+        info = await self.http.request_json("GET", "/get_model_info")
+        model = info.get("model_path") if isinstance(info, dict) else None
+        try:
+            server = await self.http.request_json("GET", "/get_server_info")
+        except RemoteEngineError as exc:
+            if exc.retryable:
+                raise
+            server = {}  # older servers: fall back to the tokenizer's max_position_embeddings
+        context = server.get("context_length") if isinstance(server, dict) else None
+        return model, context
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        budget = self._check_prompt(prompt_ids, params.max_tokens)
+        sampling: dict[str, Any] = {
+            "max_new_tokens": budget,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "skip_special_tokens": False,
+            "no_stop_trim": True,
+        }
+        if params.stop_token_ids:
+            sampling["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            sampling["sampling_seed"] = params.seed
+        body = {
+            "input_ids": list(prompt_ids),
+            "sampling_params": sampling,
+            "return_logprob": True,
+            "stream": True,
+        }
+        url = f"{self.base_url}/generate"
+        stops = set(params.stop_token_ids)
+        yielded = 0
+        async with self.http.stream_sse("/generate", body) as events:
+            async for event in events:
+                error = stream_error(event, url)
+                if error is not None:
+                    raise error
+                entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
+                new = entries if self.incremental_stream else entries[yielded:]
+                for entry in new:
+                    # [logprob, token_id, token_text_or_null]
+                    if not isinstance(entry, list | tuple) or len(entry) < 2:
+                        raise RemoteEngineError(
+                            f"{url}: bad output_token_logprobs entry {entry!r}", retryable=False
+                        )
+                    logprob, token_id = entry[0], int(entry[1])
+                    yielded += 1
+                    yield TokenSample(token_id, float(logprob if logprob is not None else 0.0))
+                    if token_id in stops:
+                        return
+
+    async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
+        if self.pause_for_update:
+            await self.http.request_json("POST", "/pause_generation", json_body={"mode": "abort"})
+        try:
+            answer = await self.http.request_json(
+                "POST", "/update_weights_from_disk", json_body={"model_path": checkpoint_dir}
+            )
+            if isinstance(answer, dict) and answer.get("success") is False:
+                raise RemoteEngineError(
+                    f"{self.base_url}/update_weights_from_disk failed: {answer.get('message')}",
+                    retryable=False,
+                )
+        finally:
+            if self.pause_for_update:
+                await self.http.request_json("POST", "/continue_generation", json_body={})
+
+    async def health(self) -> dict[str, Any]:
+        await self.http.request_json("GET", "/health", timeout_s=5.0)
+        return {
+            "engine": "sglang",
+            "url": self.base_url,
+            "model": self.model_name,
+            "policy_version": self._version,
+        }

@@ -1,0 +1,133 @@
+"""A vLLM OpenAI-compatible server as an Engine: token IDs in, (token id, logprob) stream out.
+
+Request (``POST /v1/completions``, vLLM's OpenAI server; docs.vllm.ai "OpenAI-Compatible Server",
+``CompletionRequest`` in ``vllm/entrypoints/openai/protocol.py``):
+
+- ``prompt``: a list of token IDs (the completions API takes ``List[int]`` as well as text), so the
+  server conditions on exactly the gateway's tokens — no chat template, no retokenization;
+- ``return_token_ids: true`` (vLLM extension): each choice / stream chunk carries ``token_ids``,
+  the sampled IDs (text cannot be trusted to round-trip to the same IDs);
+- ``logprobs: 0``: ``choices[].logprobs.token_logprobs`` holds the sampled tokens' logprobs with no
+  alternatives (vLLM: "0 means sampled token logprobs only");
+- ``stop_token_ids``, ``skip_special_tokens: false``, ``stream: true``; vLLM keeps a sampled stop
+  token in ``token_ids``, as our protocol wants.
+
+Stream chunks are ``data: {"choices": [{"text", "token_ids", "logprobs": {"token_logprobs"},
+"finish_reason"}]}`` ending with ``data: [DONE]``. Closing the stream aborts the request server-side.
+
+Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``).
+
+Weight updates (server started with ``VLLM_SERVER_DEV_MODE=1``; ``vllm/entrypoints/serve/rlhf``):
+``POST /pause`` (``wait_for_inflight_requests``, ``clear_cache`` query params; the prefix cache holds
+KV of the old weights), then ``POST /collective_rpc`` ``{"method": "reload_weights", ...}`` pointing
+the workers at the checkpoint folder, then ``POST /resume``. The RPC method and its arguments have
+changed across vLLM releases, so they are constructor arguments; this was exercised only against
+``tests/fakes/vllm_server.py`` (see docs/engines.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
+
+
+class VLLMEngine(RemoteEngine):
+    """One vLLM server. Implements :class:`harnessrl.engines.base.Engine`."""
+
+    kind = "vllm"
+
+    def __init__(
+        self,
+        base_url: str,
+        tokenizer: Any,
+        *,
+        reload_method: str = "reload_weights",
+        pause_for_update: bool = True,
+        **kwargs: Any,
+    ):
+        super().__init__(base_url, tokenizer, **kwargs)
+        self.reload_method = reload_method
+        self.pause_for_update = pause_for_update
+
+    async def _discover(self) -> tuple[str | None, int | None]:
+        listing = await self.http.request_json("GET", "/v1/models")
+        models = listing.get("data") if isinstance(listing, dict) else None
+        if not models:
+            raise RemoteEngineError(f"{self.base_url}/v1/models lists no model", retryable=True)
+        chosen = next((m for m in models if m.get("id") == self._model), models[0])
+        return chosen.get("id"), chosen.get("max_model_len")
+
+    def _request(self, prompt_ids: Sequence[int], params: SamplingParams, budget: int) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model_name,
+            "prompt": list(prompt_ids),
+            "max_tokens": budget,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": 0,
+            "return_token_ids": True,
+            "skip_special_tokens": False,
+            "stream": True,
+        }
+        if params.stop_token_ids:
+            body["stop_token_ids"] = list(params.stop_token_ids)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        return body
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        budget = self._check_prompt(prompt_ids, params.max_tokens)
+        url = f"{self.base_url}/v1/completions"
+        stops = set(params.stop_token_ids)
+        async with self.http.stream_sse(
+            "/v1/completions", self._request(prompt_ids, params, budget)
+        ) as events:
+            async for event in events:
+                error = stream_error(event, url)
+                if error is not None:
+                    raise error
+                for choice in event.get("choices") or []:
+                    ids = choice.get("token_ids") or []
+                    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+                    if len(logprobs) != len(ids):
+                        raise RemoteEngineError(
+                            f"{url}: chunk has {len(ids)} token_ids but {len(logprobs)} logprobs "
+                            "(is the server older than return_token_ids?)",
+                            retryable=False,
+                        )
+                    for token_id, logprob in zip(ids, logprobs, strict=True):
+                        yield TokenSample(int(token_id), float(logprob if logprob is not None else 0.0))
+                        if token_id in stops:
+                            return
+
+    async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
+        if self.pause_for_update:
+            # Callers drain first, so waiting costs nothing; clearing the prefix cache matters:
+            # cached KV was computed by the old weights.
+            await self.http.request_json(
+                "POST", "/pause", params={"wait_for_inflight_requests": "true", "clear_cache": "true"}
+            )
+        try:
+            await self.http.request_json(
+                "POST",
+                "/collective_rpc",
+                json_body={"method": self.reload_method, "kwargs": {"weights_path": checkpoint_dir}},
+            )
+        finally:
+            if self.pause_for_update:
+                await self.http.request_json("POST", "/resume")
+
+    async def health(self) -> dict[str, Any]:
+        # vLLM's GET /health answers 200 with an empty body when the engine loop is alive.
+        await self.http.request_json("GET", "/health", timeout_s=5.0)
+        return {
+            "engine": "vllm",
+            "url": self.base_url,
+            "model": self.model_name,
+            "policy_version": self._version,
+        }

@@ -1,0 +1,270 @@
+"""EnginePool over fake vLLM replicas: affinity, retries, failover, draining, and a real gateway run."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from tests.fakes.vllm_server import FakeServer, serve_vllm
+
+from harnessrl.client import GatewayClient
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.pool import EnginePool
+from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.engines.vllm import VLLMEngine
+from harnessrl.gateway import create_app
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store.sqlite import SQLiteStore
+from harnessrl.tokenizer import PolicyTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PolicyTokenizer:
+    return PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+
+
+@pytest.fixture(scope="module")
+def reply(tokenizer: PolicyTokenizer) -> list[int]:
+    return tokenizer.encode("The answer is 42, as computed.<|im_end|>")
+
+
+@pytest.fixture
+def servers(reply: list[int]) -> Iterator[list[FakeServer]]:
+    started = [serve_vllm(reply), serve_vllm(reply)]
+    yield started
+    for server in started:
+        server.kill()
+
+
+def make_pool(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, **kwargs: object
+) -> tuple[EnginePool, list]:
+    delays: list[float] = []
+
+    async def no_sleep(seconds: float) -> None:
+        delays.append(seconds)
+
+    pool = EnginePool(
+        [VLLMEngine(s.url, tokenizer) for s in servers], health_interval_s=0, sleep=no_sleep, **kwargs
+    )
+    return pool, delays
+
+
+async def generate(pool: EnginePool, rollout: str | None, max_tokens: int = 100) -> list[TokenSample]:
+    ctx = GenerationContext(rollout_id=rollout)
+    return [s async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=max_tokens), ctx)]
+
+
+def test_affinity_same_rollout_same_replica(servers: list[FakeServer], tokenizer: PolicyTokenizer) -> None:
+    pool, _ = make_pool(servers, tokenizer)
+    rollouts = [f"rollout-{i}" for i in range(12)]
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            for rollout in rollouts:
+                home = pool.preference(rollout)[0]
+                before = pool.replicas[home].served
+                for _ in range(3):
+                    await generate(pool, rollout, max_tokens=2)
+                assert pool.replicas[home].served == before + 3
+        finally:
+            await pool.aclose()
+
+    asyncio.run(run())
+    assert all(r.served > 0 for r in pool.replicas)  # the ring spreads rollouts over both
+
+
+def test_retries_with_backoff_before_first_token(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    pool, delays = make_pool(servers, tokenizer, backoff_s=0.1)
+    home = pool.preference("r")[0]
+    servers[home].fake.fail_with = [429]
+    servers[1 - home].fake.fail_with = [503]
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            return await generate(pool, "r")
+        finally:
+            await pool.aclose()
+
+    samples = asyncio.run(run())
+    assert [s.token_id for s in samples] == reply
+    assert delays == [0.1, 0.2]  # exponential
+    assert all(r.healthy for r in pool.replicas)  # overload is not ill health
+
+
+def test_non_retryable_error_is_raised(servers: list[FakeServer], tokenizer: PolicyTokenizer) -> None:
+    pool, delays = make_pool(servers, tokenizer)
+    for server in servers:
+        server.fake.fail_with = [400]
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            await generate(pool, "r")
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(RemoteEngineError):
+        asyncio.run(run())
+    assert delays == []
+
+
+def test_dead_replica_falls_back_and_is_marked_unhealthy(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    pool, _ = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            servers[home].kill()
+            samples = await generate(pool, "r")
+            assert not pool.replicas[home].healthy
+            await pool.check_health()
+            assert not pool.replicas[home].healthy and pool.replicas[1 - home].healthy
+            return samples
+        finally:
+            await pool.aclose()
+
+    assert [s.token_id for s in asyncio.run(run())] == reply
+
+
+def test_mid_stream_death_continues_on_another_replica(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    pool, _ = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+    servers[home].fake.kill_after_tokens = 3
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            return await generate(pool, "r")
+        finally:
+            await pool.aclose()
+
+    samples = asyncio.run(run())
+    # Exactly the reply, no token twice, logprobs as the model gave them.
+    assert [s.token_id for s in samples] == reply
+    assert [s.logprob for s in samples] == pytest.approx([-(j + 1) / 100 for j in range(len(reply))])
+    # The survivor was asked to continue from prompt + the 3 tokens already streamed.
+    assert servers[1 - home].fake.prompts == [[7, 8, 9, *reply[:3]]]
+
+
+def test_mid_stream_death_raises_when_resume_is_off(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer
+) -> None:
+    pool, _ = make_pool(servers, tokenizer, resume_mid_stream=False)
+    servers[pool.preference("r")[0]].fake.kill_after_tokens = 3
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            await generate(pool, "r")
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(RemoteEngineError):
+        asyncio.run(run())
+
+
+@pytest.mark.parametrize("mode", ["all_at_once", "rolling"])
+def test_update_drains_in_flight_calls(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, mode: str
+) -> None:
+    pool, _ = make_pool(servers, tokenizer, update_mode=mode)
+    for server in servers:
+        server.fake.token_delay_s = 0.01
+    events: list[str] = []
+
+    async def slow_call() -> None:
+        await generate(pool, "r")
+        events.append("generation done")
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            task = asyncio.create_task(slow_call())
+            await asyncio.sleep(0.05)  # the generation is streaming now
+            await pool.update_weights(WeightUpdate(version=7, checkpoint_dir="/ckpt/7"))
+            events.append("update done")
+            await task
+        finally:
+            await pool.aclose()
+
+    asyncio.run(run())
+    assert events == ["generation done", "update done"]
+    assert pool.policy_version == 7
+    for server in servers:
+        assert [p for p, _ in server.fake.calls] == ["/pause", "/collective_rpc", "/resume"]
+    assert not any(r.draining for r in pool.replicas)
+
+
+def test_replica_that_misses_an_update_stays_out(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer
+) -> None:
+    pool, _ = make_pool(servers, tokenizer)
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            servers[0].kill()
+            await pool.update_weights(WeightUpdate(version=2, checkpoint_dir="/ckpt/2"))
+            assert pool.replicas[0].pending is not None and pool.replicas[0].draining
+            assert pool.policy_version == 2  # only replicas serving the new weights count
+            for i in range(6):
+                await generate(pool, f"r{i}", max_tokens=2)
+            assert pool.replicas[0].served == 0
+        finally:
+            await pool.aclose()
+
+    asyncio.run(run())
+
+
+def test_gateway_survives_replica_death_mid_rollout(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, tmp_path: Path
+) -> None:
+    """A real gateway over a pool of two fake vLLM replicas; an OpenAI-SDK multi-turn conversation.
+
+    The replica serving the rollout dies in the middle of turn 2's answer (3 tokens streamed): the
+    pool continues that answer on the other replica, later calls go there too; the harness sees no
+    error and every call is recorded exactly once.
+    """
+    openai = pytest.importorskip("openai")
+    pool = EnginePool([VLLMEngine(s.url, tokenizer) for s in servers], health_interval_s=0.2, backoff_s=0.01)
+    store = SQLiteStore(tmp_path / "store.db")
+    app = create_app(GatewayConfig(admin_key="admin"), store, pool)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(serve_in_thread(app))
+        admin = stack.enter_context(GatewayClient(url, "admin"))
+        rollout = admin.create_rollout({"prompt": "failover"})
+        client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
+        home = pool.preference(rollout["rollout_id"])[0]
+        messages: list[dict[str, str]] = [{"role": "system", "content": "You are terse."}]
+        for turn in range(6):
+            if turn == 2:
+                servers[home].fake.kill_after_tokens = 3  # dies mid-answer
+            messages.append({"role": "user", "content": f"question {turn}"})
+            answer = client.chat.completions.create(model="policy", messages=messages, stream=turn % 2 == 1)
+            if turn % 2 == 1:
+                text = "".join(c.choices[0].delta.content or "" for c in answer if c.choices)
+            else:
+                text = answer.choices[0].message.content
+            assert text == "The answer is 42, as computed."
+            messages.append({"role": "assistant", "content": text})
+        calls = admin.list_calls(rollout["rollout_id"])
+    store.close()
+    assert [c.seq for c in calls] == list(range(6))  # recorded once each, in order
+    assert len(servers[home].fake.prompts) == 3  # turns 0, 1 and the cut turn 2
+    assert len(servers[1 - home].fake.prompts) == 4  # the rest of turn 2, then turns 3-5
+    assert servers[home].fake.killed.is_set()

@@ -1,0 +1,218 @@
+"""The vLLM and SGLang engines against real HTTP fakes of their documented token-ID protocols."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from tests.fakes.sglang_server import serve_sglang
+from tests.fakes.vllm_server import FakeServer, serve_vllm
+
+from harnessrl.config import EngineConfig
+from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.factory import create_engine, parse_remote_spec
+from harnessrl.engines.pool import EnginePool
+from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.sglang import SGLangEngine
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.engines.vllm import VLLMEngine
+from harnessrl.errors import ConfigError, ContextLengthExceeded
+from harnessrl.tokenizer import PolicyTokenizer
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PolicyTokenizer:
+    return PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+
+
+@pytest.fixture(scope="module")
+def reply(tokenizer: PolicyTokenizer) -> list[int]:
+    return tokenizer.encode("Hello from the fake server!<|im_end|>")
+
+
+SERVERS: dict[str, tuple[Callable[..., FakeServer], type]] = {
+    "vllm": (serve_vllm, VLLMEngine),
+    "sglang": (serve_sglang, SGLangEngine),
+}
+
+
+@pytest.fixture(params=["vllm", "sglang", "sglang-incremental"])
+def remote(request: Any, reply: list[int], tokenizer: PolicyTokenizer) -> Iterator[tuple[FakeServer, Any]]:
+    kind = request.param.split("-")[0]
+    incremental = request.param.endswith("incremental")
+    serve, cls = SERVERS[kind]
+    kwargs: dict[str, Any] = {"incremental": True} if incremental else {}
+    server = serve(reply, context_length=512, **kwargs)
+    engine_kwargs = {"incremental_stream": True} if incremental else {}
+    engine = cls(server.url, tokenizer, **engine_kwargs)
+    yield server, engine
+    server.kill()
+
+
+async def collect(engine: Engine, prompt: list[int], params: SamplingParams) -> list[TokenSample]:
+    return [s async for s in engine.generate(prompt, params)]
+
+
+def test_stream_ids_logprobs_and_discovery(remote: tuple[FakeServer, Any], reply: list[int]) -> None:
+    server, engine = remote
+    stop = reply[-1]
+
+    async def run() -> tuple[list[TokenSample], list[TokenSample]]:
+        await engine.start()
+        try:
+            full = await collect(engine, [1, 2, 3], SamplingParams(max_tokens=100, stop_token_ids=(stop,)))
+            short = await collect(engine, [1, 2, 3], SamplingParams(max_tokens=3))
+            return full, short
+        finally:
+            await engine.aclose()
+
+    full, short = asyncio.run(run())
+    assert engine.model_name == "fake-model"
+    assert engine.context_length == 512
+    assert [s.token_id for s in full] == reply  # the stop token is yielded
+    assert [s.logprob for s in full] == pytest.approx([-(j + 1) / 100 for j in range(len(reply))])
+    assert [s.token_id for s in short] == reply[:3]
+    assert server.fake.prompts[0] == [1, 2, 3]
+
+
+def test_context_length_is_checked_before_sending(remote: tuple[FakeServer, Any]) -> None:
+    server, engine = remote
+
+    async def run() -> None:
+        await engine.start()
+        try:
+            await collect(engine, list(range(600)), SamplingParams(max_tokens=4))
+        finally:
+            await engine.aclose()
+
+    with pytest.raises(ContextLengthExceeded):
+        asyncio.run(run())
+    assert server.fake.prompts == []
+
+
+def test_weight_update_calls_documented_endpoints(remote: tuple[FakeServer, Any]) -> None:
+    server, engine = remote
+
+    async def run() -> None:
+        await engine.start()
+        try:
+            await engine.update_weights(WeightUpdate(version=3, checkpoint_dir="/ckpt/step-3"))
+            with pytest.raises(ConfigError):
+                await engine.update_weights(WeightUpdate(version=4, state_dict={}))
+        finally:
+            await engine.aclose()
+
+    asyncio.run(run())
+    assert engine.policy_version == 3
+    paths = [p for p, _ in server.fake.calls]
+    if isinstance(engine, VLLMEngine):
+        assert paths == ["/pause", "/collective_rpc", "/resume"]
+        assert server.fake.calls[1][1]["kwargs"]["weights_path"] == "/ckpt/step-3"
+    else:
+        assert paths == ["/pause_generation", "/update_weights_from_disk", "/continue_generation"]
+        assert server.fake.calls[1][1] == {"model_path": "/ckpt/step-3"}
+
+
+def test_http_errors_are_classified(remote: tuple[FakeServer, Any]) -> None:
+    server, engine = remote
+    server.fake.fail_with = [429, 503, 400]
+
+    async def attempt() -> RemoteEngineError:
+        with pytest.raises(RemoteEngineError) as err:
+            await collect(engine, [1], SamplingParams(max_tokens=2))
+        return err.value
+
+    async def run() -> list[RemoteEngineError]:
+        await engine.start()
+        try:
+            return [await attempt() for _ in range(3)]
+        finally:
+            await engine.aclose()
+
+    errors = asyncio.run(run())
+    assert [(e.status, e.retryable) for e in errors] == [(429, True), (503, True), (400, False)]
+
+
+def test_dead_server_is_a_retryable_error(tokenizer: PolicyTokenizer, reply: list[int]) -> None:
+    server = serve_vllm(reply)
+    engine = VLLMEngine(server.url, tokenizer)
+
+    async def run() -> None:
+        await engine.start()
+        server.kill()
+        try:
+            await collect(engine, [1], SamplingParams(max_tokens=2))
+        finally:
+            await engine.aclose()
+
+    with pytest.raises(RemoteEngineError) as err:
+        asyncio.run(run())
+    assert err.value.retryable and err.value.status is None
+
+
+def test_killed_mid_stream_raises_after_partial_output(tokenizer: PolicyTokenizer, reply: list[int]) -> None:
+    server = serve_vllm(reply)
+    server.fake.kill_after_tokens = 2
+    engine = VLLMEngine(server.url, tokenizer)
+    got: list[int] = []
+
+    async def run() -> None:
+        await engine.start()
+        try:
+            async for sample in engine.generate([1], SamplingParams(max_tokens=50)):
+                got.append(sample.token_id)
+        finally:
+            await engine.aclose()
+
+    with pytest.raises(RemoteEngineError) as err:
+        asyncio.run(run())
+    assert err.value.retryable
+    assert got == reply[:2]
+
+
+def test_sglang_failed_update_is_not_retryable(tokenizer: PolicyTokenizer, reply: list[int]) -> None:
+    server = serve_sglang(reply, fail_update=True)
+    engine = SGLangEngine(server.url, tokenizer)
+
+    async def run() -> None:
+        await engine.start()
+        try:
+            await engine.update_weights(WeightUpdate(version=1, checkpoint_dir="/x"))
+        finally:
+            await engine.aclose()
+
+    try:
+        with pytest.raises(RemoteEngineError) as err:
+            asyncio.run(run())
+        assert not err.value.retryable
+        assert engine.policy_version == 0
+        assert server.fake.calls[-1][0] == "/continue_generation"  # generation resumed anyway
+    finally:
+        server.kill()
+
+
+def test_factory_specs(reply: list[int]) -> None:
+    assert parse_remote_spec("vllm:http://127.0.0.1:1, http://127.0.0.1:2/") == (
+        "vllm",
+        ["http://127.0.0.1:1", "http://127.0.0.1:2"],
+    )
+    with pytest.raises(ConfigError):
+        parse_remote_spec("sglang:127.0.0.1:1")
+    with pytest.raises(ConfigError):
+        create_engine(EngineConfig(model="vllm:http://127.0.0.1:1"))  # no tokenizer
+    with serve_vllm(reply) as a, serve_sglang(reply) as b:
+        for spec, cls in ((f"vllm:{a.url},{a.url}", VLLMEngine), (f"sglang:{b.url}", SGLangEngine)):
+            engine = create_engine(EngineConfig(model=spec, tokenizer="tiny", health_interval_s=0))
+            assert isinstance(engine, EnginePool)
+            assert all(isinstance(r.engine, cls) for r in engine.replicas)
+
+            async def run(engine: EnginePool = engine) -> list[int]:
+                await engine.start()
+                try:
+                    return [s.token_id for s in await collect(engine, [5], SamplingParams(max_tokens=3))]
+                finally:
+                    await engine.aclose()
+
+            assert asyncio.run(run()) == reply[:3]

@@ -1,0 +1,224 @@
+"""A small, real HTTP fake of vLLM's OpenAI server for tests (no GPU on dev/CI machines).
+
+Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM documents them:
+``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /health``, ``POST /v1/completions``
+with ``prompt`` as token IDs, ``return_token_ids``, ``logprobs``, ``stop_token_ids``, streaming
+(``data: {...}`` chunks with ``choices[].token_ids`` and ``logprobs.token_logprobs``, then
+``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
+``/collective_rpc``, which record their calls.
+
+The "model" is deterministic: it answers ``reply`` (a list of token IDs), *continuing* it when the
+prompt already ends with a prefix of it — as a real model would continue its own partial answer —
+and the logprob of reply token ``j`` is ``-(j + 1) / 100``. Test-only knobs (plain attributes, not
+HTTP): ``token_delay_s``, ``fail_with`` (statuses to answer the next completions with, e.g. 429,
+503), ``kill_after_tokens`` (the server dies after streaming that many tokens of one request).
+:class:`FakeServer` runs any such app with uvicorn in a thread on 127.0.0.1 and can ``kill`` it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+def continue_reply(prompt: Sequence[int], reply: Sequence[int]) -> int:
+    """How much of ``reply`` the prompt already ends with (the fake model continues from there)."""
+    for k in range(min(len(reply) - 1, len(prompt)), 0, -1):
+        if list(prompt[-k:]) == list(reply[:k]):
+            return k
+    return 0
+
+
+class FakeModel:
+    """State shared by the vLLM and SGLang fakes: the reply, failure knobs, recorded calls."""
+
+    def __init__(self, reply: Sequence[int], *, model: str = "fake-model", context_length: int = 4096):
+        self.reply = list(reply)
+        self.model = model
+        self.context_length = context_length
+        self.token_delay_s = 0.0
+        self.fail_with: list[int] = []
+        self.kill_after_tokens: int | None = None
+        self.paused = False
+        self.calls: list[tuple[str, Any]] = []  # (path, body) of every control/weight call
+        self.prompts: list[list[int]] = []  # prompt of every generation request
+        self.killed = threading.Event()
+
+    def plan(
+        self, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int]
+    ) -> list[tuple[int, float]]:
+        start = continue_reply(prompt, self.reply)
+        out: list[tuple[int, float]] = []
+        for j in range(start, len(self.reply)):
+            if len(out) >= max_tokens:
+                break
+            out.append((self.reply[j], -(j + 1) / 100))
+            if self.reply[j] in stop_ids:
+                break
+        return out
+
+    def failure(self) -> Response | None:
+        if self.fail_with:
+            status = self.fail_with.pop(0)
+            return JSONResponse({"error": {"message": f"fake failure {status}", "code": status}}, status)
+        return None
+
+    async def paced(self, plan: list[tuple[int, float]]) -> AsyncIterator[tuple[int, float]]:
+        for n, item in enumerate(plan):
+            if self.kill_after_tokens is not None and n >= self.kill_after_tokens:
+                self.killed.set()  # the FakeServer thread notices and stops the process's server
+                raise ConnectionResetError("fake replica killed mid-stream")
+            if self.token_delay_s:
+                await asyncio.sleep(self.token_delay_s)
+            yield item
+
+
+def _sse(payload: Any) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+def create_vllm_app(fake: FakeModel) -> Starlette:
+    async def models(request: Request) -> Response:
+        card = {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.context_length}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def completions(request: Request) -> Response:
+        failure = fake.failure()
+        if failure is not None:
+            return failure
+        body = await request.json()
+        prompt = body["prompt"]
+        if not (isinstance(prompt, list) and all(isinstance(t, int) for t in prompt)):
+            return JSONResponse(
+                {"error": {"message": "this fake only takes token-ID prompts", "code": 400}}, 400
+            )
+        if len(prompt) + body.get("max_tokens", 16) > fake.context_length:
+            return JSONResponse({"error": {"message": "maximum context length exceeded", "code": 400}}, 400)
+        fake.prompts.append(prompt)
+        plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
+        with_ids = bool(body.get("return_token_ids"))
+
+        def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
+            out: dict[str, Any] = {"index": 0, "text": "", "finish_reason": finish}
+            if body.get("logprobs") is not None:
+                out["logprobs"] = {
+                    "tokens": [],
+                    "token_logprobs": [lp for _, lp in items],
+                    "top_logprobs": [],
+                }
+            if with_ids:
+                out["token_ids"] = [t for t, _ in items]
+            return out
+
+        finish = "stop" if plan and plan[-1][0] in (body.get("stop_token_ids") or []) else "length"
+        base = {
+            "id": "cmpl-fake",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": fake.model,
+        }
+        if not body.get("stream"):
+            items = [item async for item in fake.paced(plan)]
+            payload = {**base, "choices": [choice(items, finish)]}
+            if with_ids:
+                payload["prompt_token_ids"] = prompt
+            return JSONResponse(payload)
+
+        async def chunks() -> AsyncIterator[str]:
+            async for item in fake.paced(plan):
+                yield _sse({**base, "choices": [choice([item], None)]})
+            yield _sse({**base, "choices": [choice([], finish)]})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    def recorder(path: str) -> Any:
+        async def record(request: Request) -> Response:
+            raw = await request.body()
+            fake.calls.append((path, json.loads(raw) if raw else dict(request.query_params)))
+            if path == "/pause":
+                fake.paused = True
+            elif path == "/resume":
+                fake.paused = False
+            return JSONResponse({"status": "ok"})
+
+        return record
+
+    async def is_paused(request: Request) -> Response:
+        return JSONResponse({"is_paused": fake.paused})
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/is_paused", is_paused, methods=["GET"]),
+        *[Route(p, recorder(p), methods=["POST"]) for p in ("/pause", "/resume", "/collective_rpc")],
+    ]
+    return Starlette(routes=routes)
+
+
+class FakeServer:
+    """Runs an app with uvicorn on 127.0.0.1 in a thread. ``kill()`` stops it; the port then refuses."""
+
+    def __init__(self, app: Starlette, fake: FakeModel):
+        self.fake = fake
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = self._sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, log_level="critical", access_log=False, timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True
+        )
+        self._watch = threading.Thread(target=self._watch_kill, daemon=True)
+
+    def start(self) -> FakeServer:
+        if self._thread.is_alive():
+            return self
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("fake server did not start")
+            time.sleep(0.01)
+        self._watch.start()
+        return self
+
+    def _watch_kill(self) -> None:
+        self.fake.killed.wait()
+        self.kill()
+
+    def kill(self) -> None:
+        self.fake.killed.set()
+        self._server.should_exit = True
+        self._server.force_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
+
+    def __enter__(self) -> FakeServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
+
+
+def serve_vllm(reply: Sequence[int], **kwargs: Any) -> FakeServer:
+    """A started fake vLLM server answering ``reply``; use as a context manager or call ``kill()``."""
+    fake = FakeModel(reply, **kwargs)
+    return FakeServer(create_vllm_app(fake), fake).start()
