@@ -24,8 +24,12 @@ fi
 need_apt=()
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# Headless Chromium + its driver for the dashboard's browser tests (Selenium uses the system driver).
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
 if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"; } ||
+    echo "install.sh: could not install ${need_apt[*]} (the tests that need them will skip)" >&2
 fi
 
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv

@@ -154,5 +154,41 @@ def train(
     typer.echo(json.dumps(summary))
 
 
+@app.command()
+def dashboard(
+    run: Annotated[str, typer.Option("--run", help="The run folder (holds harnessrl.db and metrics.jsonl)")],
+    port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8080,
+    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+) -> None:
+    """Serve the read-only web dashboard for a run folder at http://HOST:PORT/ui/.
+
+    The admin key comes from HARNESSRL_ADMIN_KEY; if unset, one is generated and the sign-in URL printed.
+    """
+    import secrets
+    import socket
+    from pathlib import Path
+
+    import uvicorn
+
+    from harnessrl.dashboard import create_dashboard_app
+
+    if not (Path(run) / "harnessrl.db").is_file():
+        raise fail(f"no store at {str(Path(run) / 'harnessrl.db')!r}: is {run!r} a run folder?")
+    admin_key = os.environ.get("HARNESSRL_ADMIN_KEY") or secrets.token_urlsafe(24)
+    try:
+        app_ = create_dashboard_app(run, admin_key)
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    sock = socket.create_server((host, port))
+    bound = sock.getsockname()[1]
+    shown_key = admin_key if "HARNESSRL_ADMIN_KEY" not in os.environ else "$HARNESSRL_ADMIN_KEY"
+    typer.echo(f"dashboard: http://{host}:{bound}/ui/?key={shown_key}", err=True)
+    server = uvicorn.Server(uvicorn.Config(app_, log_level="warning", access_log=False))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        sock.close()
+
+
 def main() -> None:  # pragma: no cover - thin wrapper for `python -m harnessrl`
     sys.exit(app())

@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from harnessrl.config import GatewayConfig
+from harnessrl.dashboard import gateway_dashboard
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway import anthropic, control
@@ -82,6 +83,7 @@ def create_app(
         Route("/api/resume", control.resume, methods=["POST"]),
         Route("/api/state", control.get_state, methods=["GET"]),
         Route("/metrics", control.metrics, methods=["GET"]),
+        gateway_dashboard(store, config.admin_key, engine),  # /ui: the web dashboard (admin key)
     ]
     app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.gateway = state

@@ -1,0 +1,94 @@
+"""Dashboard authentication: only the admin key opens it, never a rollout key.
+
+The key arrives as ``Authorization: Bearer KEY``/``x-api-key``, once as ``?key=KEY`` (answered with
+a redirect that drops it from the URL), or through the login form. The last two set an HttpOnly,
+SameSite=Strict cookie holding an HMAC of the admin key (not the key itself), so the cookie is
+useless anywhere else. No key: 401 with the login form; a wrong key (a rollout's included): 403.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import parse_qs, urlencode
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from harnessrl.dashboard.html import esc, page
+
+COOKIE = "harnessrl_dashboard"
+
+
+def session_token(admin_key: str) -> str:
+    return hmac.new(admin_key.encode(), b"harnessrl-dashboard-session", hashlib.sha256).hexdigest()
+
+
+def _header_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return token.strip()
+    return request.headers.get("x-api-key") or None
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode(), b.encode())
+
+
+def login_page(prefix: str, next_url: str, *, status_code: int, message: str) -> HTMLResponse:
+    body = (
+        f'<div class="card" style="max-width:420px"><h1>Sign in</h1><p>{esc(message)}</p>'
+        f'<form method="post" action="{esc(prefix)}/login">'
+        f'<input type="hidden" name="next" value="{esc(next_url)}">'
+        '<label>Admin key <input type="password" name="key" autofocus required></label> '
+        '<button type="submit">Open dashboard</button></form></div>'
+    )
+    return HTMLResponse(page("Sign in", body, prefix=prefix), status_code=status_code)
+
+
+def _with_cookie(response: Response, admin_key: str, secure: bool) -> Response:
+    response.set_cookie(
+        COOKIE, session_token(admin_key), httponly=True, samesite="strict", secure=secure, path="/"
+    )
+    return response
+
+
+def check(request: Request, admin_key: str, prefix: str) -> Response | None:
+    """``None`` when the request is the admin's; otherwise the response to send instead."""
+    secure = request.url.scheme == "https"
+    query_key = request.query_params.get("key")
+    if query_key is not None:
+        if not _same(query_key, admin_key):
+            return login_page(
+                prefix, prefix + "/", status_code=403, message="That key does not open the dashboard."
+            )
+        params = [(k, v) for k, v in request.query_params.multi_items() if k != "key"]
+        target = request.url.path + ("?" + urlencode(params) if params else "")
+        return _with_cookie(RedirectResponse(target, status_code=303), admin_key, secure)
+    header_key = _header_key(request)
+    if header_key is not None:
+        if _same(header_key, admin_key):
+            return None
+        return login_page(
+            prefix, request.url.path, status_code=403, message="That key does not open the dashboard."
+        )
+    cookie = request.cookies.get(COOKIE)
+    if cookie is not None and _same(cookie, session_token(admin_key)):
+        return None
+    if cookie is not None:
+        return login_page(prefix, request.url.path, status_code=403, message="Your session is not valid.")
+    target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+    return login_page(prefix, target, status_code=401, message="Enter the run's admin key.")
+
+
+async def login(request: Request, admin_key: str, prefix: str) -> Response:
+    """POST of the login form (url-encoded; parsed here so python-multipart is not needed)."""
+    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    key = (form.get("key") or [""])[0]
+    next_url = (form.get("next") or [prefix + "/"])[0]
+    if not next_url.startswith(prefix + "/") and next_url != prefix:
+        next_url = prefix + "/"  # never redirect off the dashboard (open redirect)
+    if not _same(key, admin_key):
+        return login_page(prefix, next_url, status_code=403, message="That key does not open the dashboard.")
+    return _with_cookie(RedirectResponse(next_url, status_code=303), admin_key, request.url.scheme == "https")

@@ -1,0 +1,157 @@
+"""``DashboardData``: the dashboard's read-only queries on a run's SQLite store.
+
+The dashboard never writes: it opens the store file with ``mode=ro`` (a fresh connection per query,
+so threads never share one), and pages the rollouts table with SQL ``LIMIT``/``OFFSET`` plus one
+aggregate query over the page's calls, so a page costs the same with 100 or 100k rollouts. Filters
+the ``Store`` protocol lacks (outcome, flagged) and per-rollout call statistics need SQL, which is
+why this module reads the SQLite schema directly instead of going through ``Store``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import NotFound
+from harnessrl.schemas import Call, Rollout, Run
+from harnessrl.store._sqlite_schema import call_from_row, rollout_from_row, run_from_row
+
+_ROLLOUT_COLUMNS = (
+    "pk, rollout_id, api_key, run_id, task_id, task, group_id, step, status, outcome, reward, attempt, "
+    "worker_id, error, flags, metadata, created_at, started_at, finished_at"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutFilter:
+    """The rollouts table's filters; ``None`` (or ``False`` for ``flagged``) means no filter."""
+
+    run_id: str | None = None
+    status: str | None = None
+    outcome: str | None = None
+    step: int | None = None
+    group_id: str | None = None
+    flagged: bool = False
+
+    def where(self) -> tuple[str, list[Any]]:
+        clauses: list[str] = []
+        params: list[Any] = []
+        for column in ("run_id", "status", "outcome", "step", "group_id"):
+            value = getattr(self, column)
+            if value is not None:
+                clauses.append(f"{column} = ?")
+                params.append(value)
+        if self.flagged:
+            clauses.append("flags != '[]'")
+        return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+
+@dataclass(slots=True)
+class RolloutRow:
+    """One line of the rollouts table: the rollout plus statistics over its calls."""
+
+    rollout: Rollout
+    calls: int = 0
+    prompt_tokens: int = 0  # tokens of the last call's prompt (the context the harness built)
+    sampled_tokens: int = 0  # tokens the policy sampled over all calls
+    policy_versions: list[int] = field(default_factory=list)
+    samples: int = 0  # filled by the caller, which builds samples from the calls
+
+    @property
+    def duration_s(self) -> float | None:
+        r = self.rollout
+        return None if r.started_at is None or r.finished_at is None else r.finished_at - r.started_at
+
+
+class DashboardData:
+    """Read-only access to one SQLite store file."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise NotFound(f"store file {str(self.path)!r} does not exist")
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
+        conn.row_factory = sqlite3.Row
+        conn.execute("PRAGMA busy_timeout = 5000")
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    # -- runs ---------------------------------------------------------------------------------------
+    def list_runs(self) -> list[Run]:
+        with self._connect() as conn:
+            return [run_from_row(row) for row in conn.execute("SELECT * FROM runs ORDER BY pk")]
+
+    def get_run(self, run_id: str) -> Run:
+        with self._connect() as conn:
+            row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFound(f"run {run_id!r} not found")
+        return run_from_row(row)
+
+    def run_counts(self, run_id: str) -> dict[str, int]:
+        """Rollouts of a run by status."""
+        sql = "SELECT status, COUNT(*) FROM rollouts WHERE run_id = ? GROUP BY status"
+        with self._connect() as conn:
+            return {status: n for status, n in conn.execute(sql, (run_id,))}
+
+    # -- rollouts -----------------------------------------------------------------------------------
+    def count_rollouts(self, filters: RolloutFilter) -> int:
+        where, params = filters.where()
+        with self._connect() as conn:
+            return conn.execute(f"SELECT COUNT(*) FROM rollouts{where}", params).fetchone()[0]
+
+    def page_rollouts(self, filters: RolloutFilter, *, limit: int, offset: int) -> list[RolloutRow]:
+        """One page of rollouts (creation order) with their call statistics."""
+        where, params = filters.where()
+        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT ? OFFSET ?"
+        with self._connect() as conn:
+            rows = [RolloutRow(rollout_from_row(row)) for row in conn.execute(sql, [*params, limit, offset])]
+            if rows:
+                self._add_call_stats(conn, rows)
+        return rows
+
+    @staticmethod
+    def _add_call_stats(conn: sqlite3.Connection, rows: list[RolloutRow]) -> None:
+        by_id = {row.rollout.rollout_id: row for row in rows}
+        marks = ", ".join("?" * len(by_id))
+        # Token counts from blob lengths (int32 each): no need to decode the token lists.
+        sql = (
+            "SELECT rollout_id, COUNT(*) AS n, SUM(LENGTH(response_token_ids)) / 4 AS sampled, "
+            "GROUP_CONCAT(DISTINCT policy_version) AS versions, "
+            "(SELECT LENGTH(c2.prompt_token_ids) / 4 FROM calls c2 WHERE c2.rollout_id = calls.rollout_id "
+            " ORDER BY c2.seq DESC LIMIT 1) AS last_prompt "
+            f"FROM calls WHERE rollout_id IN ({marks}) GROUP BY rollout_id"
+        )
+        for rec in conn.execute(sql, list(by_id)):
+            row = by_id[rec["rollout_id"]]
+            row.calls, row.sampled_tokens = rec["n"], rec["sampled"] or 0
+            row.prompt_tokens = rec["last_prompt"] or 0
+            row.policy_versions = sorted(int(v) for v in str(rec["versions"] or "").split(",") if v)
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        with self._connect() as conn:
+            row = conn.execute(
+                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?", (rollout_id,)
+            ).fetchone()
+        if row is None:
+            raise NotFound(f"rollout {rollout_id!r} not found")
+        return rollout_from_row(row)
+
+    def list_calls(self, rollout_id: str) -> list[Call]:
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
+            return [call_from_row(row) for row in rows.fetchall()]
+
+    def group_rollout_ids(self, group_id: str) -> list[str]:
+        sql = "SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY pk LIMIT 64"
+        with self._connect() as conn:
+            return [row[0] for row in conn.execute(sql, (group_id,))]

@@ -1,0 +1,104 @@
+"""The dashboard's page shell (layout, navigation, CSS) and small HTML helpers.
+
+Every value interpolated into HTML goes through ``esc`` (``html.escape`` with quotes), so text
+from harnesses, models and tasks can never inject markup.
+"""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from typing import Any
+from urllib.parse import urlencode
+
+CSS = """
+:root { --fg:#111827; --muted:#6b7280; --line:#e5e7eb; --bg:#f9fafb; --accent:#2563eb; }
+* { box-sizing: border-box; }
+body { margin:0; font:14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; color:var(--fg);
+  background:var(--bg); }
+header { background:#111827; color:#fff; padding:10px 20px; display:flex; gap:20px; align-items:center; }
+header a { color:#d1d5db; text-decoration:none; } header a:hover { color:#fff; }
+header .brand { font-weight:700; color:#fff; }
+main { padding:16px 20px; max-width:1500px; }
+h1 { font-size:20px; margin:4px 0 12px; } h2 { font-size:16px; margin:20px 0 8px; }
+a { color:var(--accent); }
+.card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px 14px; margin:10px 0; }
+.charts { display:flex; flex-wrap:wrap; gap:10px; }
+.chart { background:#fff; border:1px solid var(--line); border-radius:6px; }
+.chart-title { font-weight:600; font-size:12px; } .axis { font-size:10px; fill:#6b7280; }
+.legend { font-size:11px; } .grid { stroke:#e5e7eb; } .muted { color:var(--muted); fill:#9ca3af; }
+table { border-collapse:collapse; width:100%; background:#fff; }
+th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; vertical-align:top; }
+th { background:#f3f4f6; font-weight:600; font-size:12px; } td.num { text-align:right;
+  font-variant-numeric:tabular-nums; }
+tr:hover td { background:#f9fafb; }
+.badge { display:inline-block; padding:0 6px; border-radius:9px; font-size:12px; background:#e5e7eb; }
+.b-success, .b-finished { background:#dcfce7; color:#166534; }
+.b-policy_failure, .b-timeout { background:#fef3c7; color:#92400e; }
+.b-infra_failure, .b-failed, .b-flag { background:#fee2e2; color:#991b1b; }
+.b-running, .b-queued { background:#dbeafe; color:#1e40af; }
+form.filters { display:flex; flex-wrap:wrap; gap:8px; align-items:end; margin-bottom:10px; }
+form.filters label { font-size:12px; color:var(--muted); display:flex; flex-direction:column; }
+input, select, button { font:inherit; padding:3px 6px; }
+pre { white-space:pre-wrap; word-break:break-word; margin:4px 0; font:12px/1.4 ui-monospace, monospace; }
+.msg { border-left:4px solid #d1d5db; padding:4px 10px; margin:8px 0; background:#fff; }
+.msg .role { font-size:12px; font-weight:600; color:var(--muted); text-transform:uppercase; }
+.msg.system { border-color:#9ca3af; } .msg.user { border-color:#2563eb; }
+.msg.assistant { border-color:#16a34a; } .msg.tool { border-color:#ea580c; }
+mark.hit { background:#fecaca; color:#7f1d1d; font-weight:700; }
+.tokens { font:12px/1.9 ui-monospace, monospace; word-break:break-all; background:#fff; padding:8px;
+  border:1px solid var(--line); border-radius:6px; }
+.tok { white-space:pre-wrap; border-radius:2px; }
+.tok.ctx { background:#f3f4f6; color:#4b5563; }
+.tok.smp { background:#bbf7d0; color:#14532d; outline:1px solid #86efac; }
+.tok.low { background:#fde68a; }
+.brk { display:inline-block; background:#fee2e2; color:#991b1b; font-weight:700; font-size:11px; padding:0 4px;
+  margin:0 2px; border-radius:3px; }
+.pv { display:inline-block; background:#ede9fe; color:#5b21b6; font-size:11px; padding:0 4px; margin:0 2px;
+  border-radius:3px; }
+.compare { display:grid; grid-template-columns:1fr 1fr; gap:14px; }
+.pager { margin:10px 0; display:flex; gap:12px; align-items:center; }
+details > summary { cursor:pointer; color:var(--accent); }
+.kv td:first-child { color:var(--muted); width:160px; }
+"""
+
+
+def esc(value: Any) -> str:
+    """HTML-escaped text of any value (``None`` → empty)."""
+    return "" if value is None else escape(str(value), quote=True)
+
+
+def url(path: str, **params: Any) -> str:
+    """``path?query`` with the non-empty params, escaped for an attribute."""
+    query = urlencode({k: v for k, v in params.items() if v not in (None, "", False)})
+    return esc(f"{path}?{query}" if query else path)
+
+
+def badge(text: Any, kind: str | None = None) -> str:
+    if text in (None, ""):
+        return ""
+    return f'<span class="badge b-{esc(kind or text)}">{esc(text)}</span>'
+
+
+def pretty_json(value: Any) -> str:
+    return f"<pre>{esc(json.dumps(value, indent=2, ensure_ascii=False, default=str))}</pre>"
+
+
+def fmt_num(value: float | None, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+
+
+def page(title: str, body: str, *, prefix: str, refresh_s: int | None = None) -> str:
+    """A full HTML page: header navigation under ``prefix`` (e.g. ``/ui``), then ``body``."""
+    refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
+    live = (
+        ' <span class="badge b-running" title="this page refreshes itself">live</span>' if refresh_s else ""
+    )
+    return (
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
+        f"<title>{esc(title)} · harnessrl</title><style>{CSS}</style></head><body>"
+        f'<header><a class="brand" href="{esc(prefix)}/">harnessrl</a>'
+        f'<a href="{esc(prefix)}/">Runs</a><a href="{esc(prefix)}/rollouts">Rollouts</a>{live}</header>'
+        f"<main>{body}</main></body></html>"
+    )

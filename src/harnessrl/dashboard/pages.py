@@ -1,0 +1,145 @@
+"""The runs page and the rollouts table (filterable, paginated in SQL)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from harnessrl.dashboard.charts import read_metrics, run_charts
+from harnessrl.dashboard.data import DashboardData, RolloutFilter, RolloutRow
+from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, url
+from harnessrl.schemas import Outcome, RolloutStatus
+
+PAGE_SIZE = 50
+
+
+def runs_body(data: DashboardData, metrics_path: Path, prefix: str) -> tuple[str, bool]:
+    """The runs page body, and whether any run is still running (the page then refreshes itself)."""
+    runs = data.list_runs()
+    records = read_metrics(metrics_path)
+    parts = ["<h1>Runs</h1>"]
+    if not runs:
+        parts.append('<p class="muted">No runs in this store yet.</p>')
+    for run in runs:
+        counts = data.run_counts(run.run_id)
+        total = sum(counts.values())
+        count_text = ", ".join(f"{n} {esc(status)}" for status, n in sorted(counts.items())) or "none"
+        last = records[-1] if records else {}
+        parts.append(
+            f'<div class="card run" id="run-{esc(run.run_id)}"><h2>{esc(run.run_id)} {badge(run.status)}</h2>'
+            f'<p><a href="{url(prefix + "/rollouts", run=run.run_id)}">{total} rollouts</a> ({count_text})'
+            f"{' · step ' + esc(last.get('step')) if last else ''}"
+            f"{' · policy version ' + esc(last.get('policy_version')) if 'policy_version' in last else ''}</p>"
+        )
+        if len(runs) == 1 or run.config.get("run", {}).get("dir") == str(metrics_path.parent):
+            parts.append('<div class="charts">' + "".join(run_charts(records)) + "</div>")
+        parts.append(f"<details><summary>config</summary>{pretty_json(run.config)}</details></div>")
+    return "".join(parts), any(run.status == "running" for run in runs)
+
+
+@dataclass(frozen=True, slots=True)
+class TableQuery:
+    filters: RolloutFilter
+    page: int  # 1-based
+
+
+def parse_table_query(params: dict[str, str]) -> TableQuery:
+    """Filters from the query string; junk values are ignored rather than erroring."""
+
+    def _int(name: str) -> int | None:
+        try:
+            return int(params.get(name, ""))
+        except ValueError:
+            return None
+
+    status = params.get("status") or None
+    outcome = params.get("outcome") or None
+    filters = RolloutFilter(
+        run_id=params.get("run") or None,
+        status=status if status in set(RolloutStatus) else None,
+        outcome=outcome if outcome in set(Outcome) else None,
+        step=_int("step"),
+        group_id=params.get("group") or None,
+        flagged=params.get("flagged") in ("1", "on", "true"),
+    )
+    return TableQuery(filters=filters, page=max(1, _int("page") or 1))
+
+
+def _select(name: str, options: list[str], current: str | None) -> str:
+    opts = ['<option value="">any</option>'] + [
+        f'<option value="{esc(o)}"{" selected" if o == current else ""}>{esc(o)}</option>' for o in options
+    ]
+    return f'<label>{esc(name)}<select name="{esc(name)}">{"".join(opts)}</select></label>'
+
+
+def _row_html(row: RolloutRow, prefix: str) -> str:
+    r = row.rollout
+    flags = " ".join(badge(flag, "flag") for flag in r.flags)
+    versions = ", ".join(str(v) for v in row.policy_versions)
+    duration = "" if row.duration_s is None else f"{row.duration_s:.1f}s"
+    task = r.task_id or str(r.task.get("prompt", ""))[:40]
+    return (
+        f'<tr class="rollout-row"><td><a class="trace-link" href="{esc(prefix)}/rollouts/{esc(r.rollout_id)}">'
+        f"{esc(r.rollout_id)}</a></td><td class=num>{esc(r.step)}</td><td>{esc(task)}</td>"
+        f'<td><a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a></td>'
+        f"<td>{badge(r.status)} {badge(r.outcome)}</td><td class=num>{fmt_num(r.reward)}</td>"
+        f"<td class=num>{duration}</td><td class=num>{row.calls}</td>"
+        f'<td class=num title="last prompt {row.prompt_tokens} tokens">{row.sampled_tokens}</td>'
+        f"<td class=num>{row.calls and row.samples}</td><td>{flags}</td><td>{esc(versions)}</td></tr>"
+    )
+
+
+def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_of: dict[str, int]) -> str:
+    """The rollouts table page. ``samples_of`` maps the page's rollout ids to their sample counts."""
+    f = query.filters
+    total = data.count_rollouts(f)
+    pages = max(1, -(-total // PAGE_SIZE))
+    page_no = min(query.page, pages)
+    rows = data.page_rollouts(f, limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
+    for row in rows:
+        row.samples = samples_of.get(row.rollout.rollout_id, 0)
+    form = (
+        f'<form class="filters" method="get" action="{esc(prefix)}/rollouts">'
+        + (f'<input type="hidden" name="run" value="{esc(f.run_id)}">' if f.run_id else "")
+        + _select("status", [s.value for s in RolloutStatus], f.status)
+        + _select("outcome", [o.value for o in Outcome], f.outcome)
+        + f'<label>step<input name="step" size="5" value="{esc(f.step)}"></label>'
+        + f'<label>group<input name="group" size="12" value="{esc(f.group_id)}"></label>'
+        + f'<label>flagged<input type="checkbox" name="flagged" value="1"{" checked" if f.flagged else ""}></label>'
+        + f'<button type="submit">Filter</button> <a href="{esc(prefix)}/rollouts">clear</a></form>'
+    )
+    params = {
+        "run": f.run_id,
+        "status": f.status,
+        "outcome": f.outcome,
+        "step": f.step,
+        "group": f.group_id,
+        "flagged": "1" if f.flagged else None,
+    }
+    prev_link = (
+        f'<a rel="prev" href="{url(prefix + "/rollouts", **params, page=page_no - 1)}">← prev</a>'
+        if page_no > 1
+        else "<span class=muted>← prev</span>"
+    )
+    next_link = (
+        f'<a rel="next" href="{url(prefix + "/rollouts", **params, page=page_no + 1)}">next →</a>'
+        if page_no < pages
+        else "<span class=muted>next →</span>"
+    )
+    pager = f'<div class="pager">{prev_link}<span>page {page_no} of {pages} · {total} rollouts</span>{next_link}</div>'
+    head = (
+        "<tr><th>rollout</th><th>step</th><th>task</th><th>group</th><th>status / outcome</th><th>reward</th>"
+        "<th>duration</th><th>calls</th><th>tokens</th><th>samples</th><th>flags</th><th>policy versions</th></tr>"
+    )
+    body_rows = "".join(_row_html(row, prefix) for row in rows) or (
+        '<tr><td colspan="12" class="muted">no rollouts match</td></tr>'
+    )
+    compare = ""
+    if f.group_id and len(rows) >= 2:
+        best = max(rows, key=lambda row: row.rollout.reward or 0.0)
+        worst = min(rows, key=lambda row: row.rollout.reward or 0.0)
+        compare = (
+            f'<p><a href="{url(prefix + "/compare", a=best.rollout.rollout_id, b=worst.rollout.rollout_id)}">'
+            "compare best vs worst of this group</a></p>"
+        )
+    return f"<h1>Rollouts</h1>{form}{compare}{pager}<table id=rollouts>{head}{body_rows}</table>{pager}"

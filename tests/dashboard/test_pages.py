@@ -1,0 +1,92 @@
+"""Every dashboard page on a store made by a real tiny training run, and on a crafted one."""
+
+from __future__ import annotations
+
+import re
+
+from starlette.testclient import TestClient
+from tests.dashboard.conftest import RunFolder
+
+
+def _row_ids(html: str) -> list[str]:
+    return re.findall(r'class="trace-link" href="/ui/rollouts/([^"]+)"', html)
+
+
+def test_runs_page_shows_run_status_config_and_charts(client: TestClient, tiny_run: RunFolder) -> None:
+    html = client.get("/ui/").text
+    assert tiny_run.run_id in html and "b-finished" in html
+    assert "<details><summary>config</summary>" in html and "tiny-vowels" in html
+    for title in ("Reward", "Samples per rollout", "Staleness", "Throughput", "Step time", "Pause time"):
+        assert f'aria-label="{title}' in html
+    assert html.count("<polyline") >= 5  # train reward, samples, staleness, tokens/s, step/pause time
+    assert 'http-equiv="refresh"' not in html  # a finished run does not refresh
+
+
+def test_rollouts_table_filters_and_pages(client: TestClient) -> None:
+    html = client.get("/ui/rollouts").text
+    ids = _row_ids(html)
+    assert len(ids) == 48 and "page 1 of 1" in html
+    group = client.get("/ui/rollouts", params={"group": "g000000"}).text
+    assert sorted(_row_ids(group)) == [f"g000000-r{i}" for i in range(8)]
+    assert "compare best vs worst" in group
+    step0 = _row_ids(client.get("/ui/rollouts", params={"step": "0"}).text)
+    assert step0 and all(rid in ids for rid in step0) and len(step0) < 48
+    assert _row_ids(client.get("/ui/rollouts", params={"outcome": "timeout"}).text) == []
+    assert "no rollouts match" in client.get("/ui/rollouts", params={"flagged": "1"}).text
+    # columns: calls, sampled tokens, samples and policy versions come from the calls
+    row = re.search(r'<tr class="rollout-row">(.*?)</tr>', html).group(1)  # type: ignore[union-attr]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    assert cells[7] == "1" and int(cells[8]) > 0 and cells[9] == "1" and cells[11] == "0"
+
+
+def test_trace_shows_conversation_tokens_and_versions(client: TestClient) -> None:
+    html = client.get("/ui/rollouts/g000000-r0").text
+    assert "reply with vowels only" in html  # the task prompt as the harness sent it
+    assert 'class="msg assistant answer"' in html
+    assert 'class="tok smp' in html and 'class="tok ctx"' in html
+    assert re.search(r'title="#\d+ id \d+ · sampled · logprob -?\d+\.\d{4}"', html)
+    assert "&lt;|im_start|&gt;" in html  # tokens decoded with the run's tokenizer, escaped
+    assert 'class="pv">call 0 · v0' in html and "evaluator output" in html
+
+
+def test_compare_shows_both_rollouts(client: TestClient) -> None:
+    html = client.get("/ui/compare", params={"a": "g000000-r0", "b": "g000000-r1"}).text
+    assert html.count('class="side"') == 2 and "g000000-r1" in html
+    assert "not in the same group" not in html
+    other = client.get("/ui/compare", params={"a": "g000000-r0", "b": "g000001-r0"}).text
+    assert "not in the same group" in other
+    assert client.get("/ui/compare", params={"a": "g000000-r0"}).status_code == 400
+
+
+def test_unknown_rollout_is_404(client: TestClient) -> None:
+    assert client.get("/ui/rollouts/nope").status_code == 404
+
+
+def test_crafted_trace_highlights_audit_and_marks_breaks(crafted: TestClient) -> None:
+    html = crafted.get("/ui/rollouts/r-hack").text
+    assert 'cd x &amp;&amp; <mark class="hit">rm -rf tests/</mark> &amp;&amp; pytest' in html
+    assert "chain break: new_context" in html and "break: new_context" in html
+    assert 'class="pv">call 2 · v8' in html and 'class="pv">call 0 · v7' in html
+    assert "<b>bash</b>" in html and "tests/ &lt;main.py&gt;" in html and "done!" in html
+    assert "PASSED &lt;ok&gt;" in html
+    assert "<script>" not in html and "t&lt;script&gt;" in html
+    assert "api_key" not in html and "hrl-" not in html  # rollout keys never reach the page
+
+
+def test_crafted_flagged_filter_and_heldout_chart(crafted: TestClient) -> None:
+    assert _row_ids(crafted.get("/ui/rollouts", params={"flagged": "1"}).text) == ["r-hack"]
+    assert _row_ids(crafted.get("/ui/rollouts", params={"outcome": "policy_failure"}).text) == ["r-honest"]
+    runs = crafted.get("/ui/").text
+    assert "held-out" in runs and "held-out (none)" not in runs
+
+
+def test_live_refresh_while_running(crafted: TestClient, tmp_path) -> None:  # noqa: ANN001
+    from harnessrl.store.sqlite import SQLiteStore
+
+    store = SQLiteStore(tmp_path / "crafted" / "harnessrl.db")
+    store.set_run_status("crafted", "running")
+    store.create_rollout(rollout_id="r-live", run_id="crafted")
+    store.close()
+    assert 'http-equiv="refresh"' in crafted.get("/ui/").text
+    assert 'http-equiv="refresh"' in crafted.get("/ui/rollouts/r-live").text
+    assert 'http-equiv="refresh"' not in crafted.get("/ui/rollouts/r-hack").text
