@@ -91,3 +91,46 @@ def test_lora_trains_adapters_and_exports_merged_base_weights():
     assert changed and all("proj" in k for k in changed)  # only the adapted projections move
     # Exporting merged weights does not disturb training: adapters are still separate afterwards.
     assert any("lora_" in name for name, _ in lora.model.named_parameters())
+
+
+def test_packed_rows_give_the_same_loss_and_gradient_as_one_row(policy):
+    """Bounded rows (several per micro-batch, padded) change nothing but the attention cost."""
+    from harnessrl.algorithms.config import AlgorithmConfig
+    from harnessrl.algorithms.losses import collate, micro_batch_loss
+    from harnessrl.algorithms.packing import step_totals
+    from harnessrl.trainer.policy import packed_rows
+    from harnessrl.trajectory import Sample, SampledSpan
+
+    samples = []
+    for i, n in enumerate([9, 5, 12, 7, 3, 11]):
+        ids = [(7 * i + j) % 50 + 5 for j in range(n)]
+        mask = [0] * 2 + [1] * (n - 2)
+        samples.append(
+            Sample(
+                rollout_id=f"r{i % 3}",
+                input_ids=ids,
+                loss_mask=mask,
+                behaviour_logprobs=[0.0, 0.0] + [-7.0] * (n - 2),
+                spans=[SampledSpan(2, n, 0, 0)],
+                advantage=float(i % 2) - 0.5,
+                sample_index=i,
+            )
+        )
+    totals = step_totals(samples)
+    config = AlgorithmConfig()
+
+    def loss_and_grad(batch):
+        policy.model.zero_grad(set_to_none=True)
+        logprobs = policy.logprobs(batch.input_ids_B_T, batch.position_ids_B_T, temperature=1.0)
+        loss = micro_batch_loss(logprobs, batch, totals, config).loss
+        loss.backward()
+        grad = policy.model.get_input_embeddings().weight.grad.clone()
+        return loss.detach(), grad
+
+    one_loss, one_grad = loss_and_grad(collate(samples, totals, packed=True))
+    rows = packed_rows(samples, totals, row_tokens=16)
+    assert rows.input_ids_B_T.shape[0] > 1  # really several rows
+    rows_loss, rows_grad = loss_and_grad(rows)
+    torch.testing.assert_close(rows_loss, one_loss, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(rows_grad, one_grad, atol=1e-6, rtol=1e-4)
+    policy.model.zero_grad(set_to_none=True)

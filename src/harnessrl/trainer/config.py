@@ -83,6 +83,7 @@ class TrainerSection(Section):
     )
     max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
     micro_batch_tokens: int = Field(default=4096, ge=16)
+    row_tokens: int = Field(default=1024, ge=16, description="packed row length inside a micro-batch")
     max_sample_tokens: int | None = Field(default=None, ge=16)
     autocast: Literal["none", "bf16"] = "none"
     gradient_checkpointing: bool = False

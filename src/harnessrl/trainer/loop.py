@@ -132,6 +132,7 @@ class Trainer:
             gradient_checkpointing=cfg.trainer.gradient_checkpointing,
             autocast=cfg.trainer.autocast,
             seed=cfg.run.seed,
+            row_tokens=cfg.trainer.row_tokens,
         )
         if checkpoint is not None and (checkpoint / "trainer_state.pt").exists():
             policy.load_trainer_state(checkpoint)
