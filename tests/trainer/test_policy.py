@@ -134,3 +134,14 @@ def test_packed_rows_give_the_same_loss_and_gradient_as_one_row(policy):
     torch.testing.assert_close(rows_loss, one_loss, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(rows_grad, one_grad, atol=1e-6, rtol=1e-4)
     policy.model.zero_grad(set_to_none=True)
+
+
+def test_selective_lm_head_matches_full_logits_on_trained_tokens(policy):
+    ids = torch.tensor([[5, 17, 99, 3, 42, 7, 8, 9], [11, 12, 13, 14, 15, 16, 0, 0]])
+    pos = torch.tensor([list(range(8)), list(range(6)) + [0, 1]])
+    mask = torch.tensor([[0, 0, 0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
+    with torch.no_grad():
+        full = policy.logprobs(ids, pos, temperature=0.7)
+        selective = policy.logprobs(ids, pos, temperature=0.7, loss_mask_B_T=mask)
+    torch.testing.assert_close(selective[mask], full[mask], atol=1e-5, rtol=1e-5)
+    assert (selective[~mask] == 0).all()

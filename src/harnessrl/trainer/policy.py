@@ -129,16 +129,43 @@ class TrainablePolicy:
         return contextlib.nullcontext()
 
     def logprobs(
-        self, input_ids_B_T: torch.Tensor, position_ids_B_T: torch.Tensor, temperature: float
+        self,
+        input_ids_B_T: torch.Tensor,
+        position_ids_B_T: torch.Tensor,
+        temperature: float,
+        loss_mask_B_T: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """log p(token t | tokens < t) at temperature T, aligned with the tokens: (B, T).
+
+        With ``loss_mask_B_T`` the vocabulary projection is applied only where a logprob is needed
+        (the position before each trained token); everywhere else the result is 0. Prompts and tool
+        output are most of an agent's tokens, and the LM head over a 49k vocabulary at every position
+        was the largest single cost of a step.
+        """
+        if loss_mask_B_T is None:
+            with self._autocast():
+                logits = self.model(
+                    input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
+                ).logits
+            logits = logits.float()
+            if temperature != 1.0:
+                logits = logits / temperature
+            return token_logprobs(logits, input_ids_B_T)  # (B, T)
+        decoder = self.model.get_decoder()
+        lm_head = self.model.get_output_embeddings()
         with self._autocast():
-            logits = self.model(
+            hidden_B_T_H = decoder(
                 input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
-            ).logits
-        logits = logits.float()
+            ).last_hidden_state
+            rows, cols = loss_mask_B_T[:, 1:].nonzero(as_tuple=True)  # token (b, c + 1) is trained
+            logits_N_V = lm_head(hidden_B_T_H[rows, cols])  # predicted from the position before it
+        logits_N_V = logits_N_V.float()
         if temperature != 1.0:
-            logits = logits / temperature
-        return token_logprobs(logits, input_ids_B_T)  # (B, T)
+            logits_N_V = logits_N_V / temperature
+        targets_N = input_ids_B_T[rows, cols + 1]
+        logp_N = logits_N_V.gather(-1, targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
+        out_B_T = torch.zeros(input_ids_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
+        return out_B_T.index_put((rows, cols + 1), logp_N)
 
     # -- one optimizer step --------------------------------------------------------------------------
     def train_step(
@@ -161,7 +188,9 @@ class TrainablePolicy:
         tokens = 0
         for micro in pack_micro_batches(samples, micro_batch_tokens):
             batch = packed_rows(micro, totals, self.row_tokens)
-            logprobs = self.logprobs(batch.input_ids_B_T, batch.position_ids_B_T, temperature)
+            logprobs = self.logprobs(
+                batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
+            )
             out = micro_batch_loss(logprobs, batch, totals, algorithm)
             out.loss.backward()
             loss_total += float(out.loss.detach())
