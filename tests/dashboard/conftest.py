@@ -35,6 +35,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> RunFolder:
     cmd = [
         sys.executable, "-m", "harnessrl", "train", "examples/tiny/train.toml",
         "--set", f"run.dir={run_dir}", "--set", "trainer.steps=2", "--set", "metrics.progress=false",
+        "--set", "trainer.tasks_per_step=2", "--set", "controller.concurrency=8",
     ]  # fmt: skip
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=os.environ.copy())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -25,12 +25,13 @@ def test_runs_page_shows_run_status_config_and_charts(client: TestClient, tiny_r
 def test_rollouts_table_filters_and_pages(client: TestClient) -> None:
     html = client.get("/ui/rollouts").text
     ids = _row_ids(html)
-    assert len(ids) == 48 and "page 1 of 1" in html
+    # 2 trained steps of 2 groups x 8, plus whole groups the async feeder had in flight.
+    assert len(ids) >= 32 and len(ids) % 8 == 0 and "page 1 of 1" in html
     group = client.get("/ui/rollouts", params={"group": "g000000"}).text
     assert sorted(_row_ids(group)) == [f"g000000-r{i}" for i in range(8)]
     assert "compare best vs worst" in group
     step0 = _row_ids(client.get("/ui/rollouts", params={"step": "0"}).text)
-    assert step0 and all(rid in ids for rid in step0) and len(step0) < 48
+    assert step0 and all(rid in ids for rid in step0) and len(step0) < len(ids)
     assert _row_ids(client.get("/ui/rollouts", params={"outcome": "timeout"}).text) == []
     assert "no rollouts match" in client.get("/ui/rollouts", params={"flagged": "1"}).text
     # columns: calls, sampled tokens, samples and policy versions come from the calls

@@ -70,7 +70,7 @@ def test_reward_goes_up_and_checkpoint_loads(tmp_path):
     assert versions == list(range(1, 13))
     # Calls carry the policy version that sampled them; later groups saw newer policies.
     trained = [r for r in store.list_rollouts(run_id="tiny-vowels") if r.metadata.get("trained_at_step")]
-    assert len(trained) == 12 * 2 * 8
+    assert len(trained) == 12 * 4 * 8
     assert max(c.policy_version for c in store.list_calls(trained[-1].rollout_id)) >= 10
     store.close()
 
@@ -114,7 +114,7 @@ def test_resume_after_sigkill_continues_without_retraining(tmp_path):
 
     state = json.loads((run_dir / "checkpoints" / "latest" / "harnessrl_state.json").read_text())
     assert state["step"] == 8
-    assert len(state["consumed_groups"]) == len(set(state["consumed_groups"])) == 8 * 2
+    assert len(state["consumed_groups"]) == len(set(state["consumed_groups"])) == 8 * 4
     steps_after = [r["step"] for r in metrics(run_dir)]
     # Steps logged after the restart continue from the checkpoint: nothing past it is done twice.
     resumed_steps = steps_after[len(steps_before) :]
