@@ -151,6 +151,11 @@ class Trainer:
             run_name=self.run_id,
             progress=cfg.metrics.progress,
         )
+        if self.heldout_overlap:
+            # Held-out accuracy on problems the policy trained on overstates generalization.
+            self.metrics.message(
+                f"warning: {self.heldout_overlap} held-out tasks also appear among the training tasks"
+            )
         started = time.monotonic()
         try:
             async with local_stack(rollout_cfg, self.run_dir, run_id=self.run_id) as stack:
@@ -419,4 +424,5 @@ class Trainer:
             "heldout/reward": statistics.fmean(rewards),
             "heldout/accuracy": sum(1 for x in rewards if x >= 1.0) / len(rewards),
             "heldout/rollouts": len(rewards),
+            "heldout/overlap_with_train": self.heldout_overlap,
         }
