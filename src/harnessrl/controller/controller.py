@@ -157,32 +157,23 @@ class Controller:
 
     # -- one rollout ----------------------------------------------------------------------------------
     async def run_rollout(self, rollout: Rollout) -> Rollout:
-        """Run attempts of a claimed (running) rollout until it is finished, failed or cancelled."""
-        while True:
-            try:
-                result = await self._run_attempt(rollout)
-            except asyncio.CancelledError:
-                with contextlib.suppress(HarnessRLError):
-                    await asyncio.to_thread(
-                        self.store.requeue_rollout, rollout.rollout_id, error="controller shut down"
-                    )
-                raise
-            if result is not None:
-                return result
-            # Infrastructure failure with retries left: the rollout was requeued; claim it back.
-            rollout = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
-            if rollout.status is not RolloutStatus.QUEUED:
-                return rollout
-            claimed = await asyncio.to_thread(self._claim_specific, rollout.rollout_id)
-            if claimed is None:
-                return rollout
-            rollout = claimed
+        """Run one attempt of a claimed (running) rollout.
 
-    def _claim_specific(self, rollout_id: str) -> Rollout | None:
+        After an infrastructure failure with retries left the rollout is requeued and this returns;
+        the next attempt is claimed like any queued rollout (atomically, by whichever controller gets
+        it first). Re-claiming it here instead raced with ``fill`` and could run two attempts at once.
+        """
         try:
-            return self.store.start_rollout(rollout_id)
-        except InvalidTransition:
-            return None
+            result = await self._run_attempt(rollout)
+        except asyncio.CancelledError:
+            with contextlib.suppress(HarnessRLError):
+                await asyncio.to_thread(
+                    self.store.requeue_rollout, rollout.rollout_id, error="controller shut down"
+                )
+            raise
+        if result is not None:
+            return result
+        return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
 
     def _attempt_dir(self, rollout: Rollout) -> Path:
         return self.run_dir / "rollouts" / rollout.rollout_id / f"attempt-{rollout.attempt}"
