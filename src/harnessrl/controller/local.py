@@ -117,8 +117,8 @@ class LocalRunner:
         spec_path.write_text(json.dumps(spec))
         stdout = open(launch.log_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         stderr = open(launch.log_dir / "stderr.log", "ab")  # noqa: SIM115
-        try:
-            proc = await asyncio.create_subprocess_exec(
+        spawn = asyncio.ensure_future(
+            asyncio.create_subprocess_exec(
                 self.python,
                 "-m",
                 "harnessrl.sandbox.enter",
@@ -128,6 +128,19 @@ class LocalRunner:
                 stderr=stderr,
                 start_new_session=True,  # one process group for the whole attempt
             )
+        )
+        try:
+            # Shielded: if the caller is cancelled while the process is being created, the process
+            # still exists; it must be killed here, or it would run on as an orphan nobody tracks.
+            proc = await asyncio.shield(spawn)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                orphan = await spawn
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(orphan.pid, signal.SIGKILL)
+            if group is not None:
+                group.destroy()
+            raise
         except BaseException:
             if group is not None:
                 group.destroy()
