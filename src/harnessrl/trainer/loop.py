@@ -34,6 +34,7 @@ from harnessrl.controller.stack import RolloutConfig, local_stack
 from harnessrl.engines.base import WeightUpdate
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import TERMINAL_STATUSES, Outcome, PolicyVersion, Rollout, RolloutStatus
+from harnessrl.store import open_store
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.metrics import MetricsWriter
 from harnessrl.trainer.schedule import (
@@ -157,8 +158,9 @@ class Trainer:
                 f"warning: {self.heldout_overlap} held-out tasks also appear among the training tasks"
             )
         started = time.monotonic()
+        store = open_store(str(self.run_dir / "harnessrl.db"))
         try:
-            async with local_stack(rollout_cfg, self.run_dir, run_id=self.run_id) as stack:
+            async with local_stack(rollout_cfg, self.run_dir, store=store, run_id=self.run_id) as stack:
                 self.stack = stack
                 self.store = stack.store
                 self.store.create_run(self.run_id, cfg.model_dump(mode="json"))
@@ -176,7 +178,13 @@ class Trainer:
                     stop.set()
                     await controller_task
                 self.store.set_run_status(self.run_id, "finished")
+            # The gateway and every harness are gone now, so nothing of this run can still be
+            # running: requeue what a late call or a cancelled launch left marked running, so the
+            # store says what a later --resume will find.
+            for rollout in store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):
+                store.requeue_rollout(rollout.rollout_id, error="run ended while it was in flight")
         finally:
+            store.close()
             self.metrics.close()
         final = self.run_dir / "checkpoints" / "final"
         if not final.exists():
