@@ -54,16 +54,9 @@ def test_reward_goes_up_and_checkpoint_loads(tmp_path):
     rows = [r for r in metrics(run_dir) if r.get("reward/mean") is not None]
     assert [r["step"] for r in rows] == list(range(1, 13))
     rewards = [r["reward/mean"] for r in rows]
-    # A random policy gets ~0.33 (step-to-step noise ~0.02); learning shows as a clear rise.
-    if sum(rewards[-3:]) / 3 <= sum(rewards[:3]) / 3 + 0.05:
-        # Sampling order depends on how concurrent calls are batched, so a run can start slowly on
-        # a loaded machine; a second, longer run must then show the rise.
-        run_dir = tmp_path / "run2"
-        proc = train(run_dir, "--set", "trainer.steps=20", "--set", "run.seed=1")
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        rewards = [r["reward/mean"] for r in metrics(run_dir) if r.get("reward/mean") is not None]
-        assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.05, rewards
-        return
+    # A random policy gets ~0.32 (step-to-step noise ~0.02); the example's learning rate makes it
+    # settle on vowel-heavy tokens (0.5-0.6) within about five steps.
+    assert sum(rewards[-3:]) / 3 > sum(rewards[:3]) / 3 + 0.1, rewards
     assert all(r["trajectory/samples_per_rollout"] == 1.0 for r in rows)
 
     import torch
