@@ -25,14 +25,15 @@ class RunSection(Section):
 
 
 class TaskSource(Section):
-    """Where tasks come from: a reasoning-gym dataset (generated offline), a JSONL file, or inline."""
+    """Where tasks come from: a reasoning-gym dataset (generated offline), a JSONL file, inline, or
+    ScienceWorld variations (``config`` = ``scienceworld_tasks`` keyword arguments)."""
 
-    type: Literal["reasoning_gym", "jsonl", "inline"] = "reasoning_gym"
+    type: Literal["reasoning_gym", "jsonl", "inline", "scienceworld", "swesmith"] = "reasoning_gym"
     dataset: str | None = None  # reasoning_gym
     size: int = Field(default=1000, ge=1)
     seed: int = 0
     config: dict[str, Any] = Field(default_factory=dict)
-    path: str | None = None  # jsonl
+    path: str | None = None  # jsonl; swesmith (SWE-smith-style records, mapped by harnessrl.data.to_task)
     items: list[dict[str, Any]] = Field(default_factory=list)  # inline
     prompt_template: str | None = Field(
         default=None, description="optional '{question}'-style template for the task's prompt field"
@@ -42,8 +43,8 @@ class TaskSource(Section):
     def _check(self) -> TaskSource:
         if self.type == "reasoning_gym" and not self.dataset:
             raise ValueError("dataset is required for type = 'reasoning_gym'")
-        if self.type == "jsonl" and not self.path:
-            raise ValueError("path is required for type = 'jsonl'")
+        if self.type in ("jsonl", "swesmith") and not self.path:
+            raise ValueError(f"path is required for type = {self.type!r}")
         if self.type == "inline" and not self.items:
             raise ValueError("items must not be empty for type = 'inline'")
         return self
@@ -84,6 +85,9 @@ class TrainerSection(Section):
     max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
     micro_batch_tokens: int = Field(default=4096, ge=16)
     row_tokens: int = Field(default=1024, ge=16, description="packed row length inside a micro-batch")
+    share_prefixes: bool = Field(
+        default=True, description="compute tokens that samples share at their start once (prefix_tree.py)"
+    )
     max_sample_tokens: int | None = Field(default=None, ge=16)
     autocast: Literal["none", "bf16"] = "none"
     gradient_checkpointing: bool = False

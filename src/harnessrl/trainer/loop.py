@@ -25,6 +25,7 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,9 +76,17 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 class Trainer:
     def __init__(
-        self, config: TrainConfig, run_dir: Path, *, resume: bool = False, base_dir: Path | None = None
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        base_dir: Path | None = None,
+        policy_factory: Callable[[Path], Any] | None = None,
     ):
         self.config = config
+        # torchrun: rank 0's handle on a policy sharded over all ranks (trainer/distributed.py).
+        self.policy_factory = policy_factory
         self.run_dir = run_dir
         self.resume = resume
         self.base_dir = base_dir or Path.cwd()
@@ -125,16 +134,10 @@ class Trainer:
         cfg = self.config
         self._load_tasks()
         model_dir, checkpoint = self._model_dir()
-        policy = TrainablePolicy(
-            model_dir,
-            cfg.optimizer,
-            cfg.trainer.steps,
-            lora=cfg.trainer.lora,
-            gradient_checkpointing=cfg.trainer.gradient_checkpointing,
-            autocast=cfg.trainer.autocast,
-            seed=cfg.run.seed,
-            row_tokens=cfg.trainer.row_tokens,
-        )
+        if self.policy_factory is not None:
+            policy = self.policy_factory(model_dir)
+        else:
+            policy = TrainablePolicy.from_config(cfg, model_dir)
         if checkpoint is not None and (checkpoint / "trainer_state.pt").exists():
             policy.load_trainer_state(checkpoint)
         self.policy = policy

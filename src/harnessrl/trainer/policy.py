@@ -19,8 +19,9 @@ from __future__ import annotations
 import contextlib
 import math
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,7 +29,11 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.losses import MicroBatch, collate, micro_batch_loss, token_logprobs
 from harnessrl.algorithms.packing import StepTotals, pack_micro_batches, step_totals
 from harnessrl.trainer.config import LoraSection, OptimizerConfig
+from harnessrl.trainer.prefix_tree import PrefixBatch, prefix_batch, prefix_micro_batches
 from harnessrl.trajectory import Sample
+
+if TYPE_CHECKING:
+    from harnessrl.trainer.config import TrainConfig
 
 
 def lr_lambda(config: OptimizerConfig, total_steps: int):
@@ -88,6 +93,8 @@ class TrainablePolicy:
         autocast: str = "none",
         seed: int = 0,
         row_tokens: int = 1024,
+        share_prefixes: bool = True,
+        prepare_model: Callable[[torch.nn.Module], None] | None = None,
     ):
         from transformers import AutoModelForCausalLM
 
@@ -113,6 +120,10 @@ class TrainablePolicy:
             )
         self.model = model
         self.model.train()
+        if prepare_model is not None:
+            # Before the optimizer is built: FSDP (trainer/distributed.py) replaces the parameters
+            # with sharded ones, and the optimizer must hold those.
+            prepare_model(model)
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             params, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay
@@ -121,6 +132,30 @@ class TrainablePolicy:
         self.grad_clip = optimizer.grad_clip
         self.autocast = autocast
         self.row_tokens = row_tokens
+        self.share_prefixes = share_prefixes
+
+    @classmethod
+    def from_config(
+        cls,
+        config: TrainConfig,
+        model_dir: str | Path,
+        *,
+        prepare_model: Callable[[torch.nn.Module], None] | None = None,
+    ) -> TrainablePolicy:
+        """The policy a ``harnessrl train`` run trains (one process, or every torchrun rank)."""
+        t = config.trainer
+        return cls(
+            model_dir,
+            config.optimizer,
+            t.steps,
+            lora=t.lora,
+            gradient_checkpointing=t.gradient_checkpointing,
+            autocast=t.autocast,
+            seed=config.run.seed,
+            row_tokens=t.row_tokens,
+            share_prefixes=t.share_prefixes,
+            prepare_model=prepare_model,
+        )
 
     # -- forward -------------------------------------------------------------------------------------
     def _autocast(self):
@@ -167,7 +202,40 @@ class TrainablePolicy:
         out_B_T = torch.zeros(input_ids_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
         return out_B_T.index_put((rows, cols + 1), logp_N)
 
+    def prefix_logprobs(self, batch: PrefixBatch, temperature: float) -> torch.Tensor:
+        """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout."""
+        decoder = self.model.get_decoder()
+        lm_head = self.model.get_output_embeddings()
+        mask_B_1_T_T = batch.attention_B_T_T[:, None]
+        if self.model.config._attn_implementation != "sdpa":
+            # eager attention adds the mask to the scores; sdpa takes True = attend
+            mask_B_1_T_T = torch.zeros(mask_B_1_T_T.shape).masked_fill(
+                ~mask_B_1_T_T, torch.finfo(torch.float32).min
+            )
+        with self._autocast():
+            hidden_B_T_H = decoder(
+                input_ids=batch.input_ids_B_T,
+                position_ids=batch.position_ids_B_T,
+                attention_mask=mask_B_1_T_T,
+                use_cache=False,
+            ).last_hidden_state
+            logits_N_V = lm_head(hidden_B_T_H[batch.hidden_row_N, batch.hidden_col_N])
+        logits_N_V = logits_N_V.float()
+        if temperature != 1.0:
+            logits_N_V = logits_N_V / temperature
+        logp_N = logits_N_V.gather(-1, batch.targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
+        return logp_N[None]
+
     # -- one optimizer step --------------------------------------------------------------------------
+    def _micro_batches(self, samples: list[Sample], totals: StepTotals, micro_batch_tokens: int):
+        """Shared-prefix micro-batches (``prefix_tree``), or bounded packed rows when sharing is off."""
+        if self.share_prefixes:
+            for rows in prefix_micro_batches(samples, micro_batch_tokens, self.row_tokens):
+                yield prefix_batch(rows, totals)
+        else:
+            for micro in pack_micro_batches(samples, micro_batch_tokens):
+                yield packed_rows(micro, totals, self.row_tokens)
+
     def train_step(
         self,
         samples: list[Sample],
@@ -186,16 +254,21 @@ class TrainablePolicy:
         loss_total = 0.0
         entropy_proxy = 0.0
         tokens = 0
-        for micro in pack_micro_batches(samples, micro_batch_tokens):
-            batch = packed_rows(micro, totals, self.row_tokens)
-            logprobs = self.logprobs(
-                batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
-            )
+        for micro in self._micro_batches(samples, totals, micro_batch_tokens):
+            if isinstance(micro, PrefixBatch):
+                logprobs = self.prefix_logprobs(micro, temperature)
+                batch = micro.entries
+                tokens += micro.computed_tokens
+            else:
+                batch = micro
+                logprobs = self.logprobs(
+                    batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
+                )
+                tokens += int(batch.input_ids_B_T.numel())
             out = micro_batch_loss(logprobs, batch, totals, algorithm)
             out.loss.backward()
             loss_total += float(out.loss.detach())
             n = int(batch.loss_mask_B_T.sum())
-            tokens += int(batch.input_ids_B_T.numel())
             # -mean logprob of the sampled tokens: a cheap, unbiased estimate of the policy's entropy.
             entropy_proxy += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
             for key, value in out.metrics.items():
@@ -240,9 +313,19 @@ class TrainablePolicy:
         finally:
             self.model.unmerge_adapter()  # type: ignore[attr-defined]
 
-    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
+    def save_checkpoint(
+        self,
+        folder: Path,
+        *,
+        with_optimizer: bool = True,
+        state_dict: dict[str, torch.Tensor] | None = None,
+        optimizer_state: dict[str, Any] | None = None,
+    ) -> Path:
         """Hugging Face format (loadable by transformers / vLLM as is), plus tokenizer files and the
-        optimizer/scheduler state for ``--resume``. Written to a temp folder, then renamed."""
+        optimizer/scheduler state for ``--resume``. Written to a temp folder, then renamed.
+
+        ``state_dict`` / ``optimizer_state`` replace the model's and optimizer's own: a sharded
+        (FSDP) policy passes the full tensors it gathered on rank 0."""
         tmp = folder.with_name(folder.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -251,7 +334,7 @@ class TrainablePolicy:
             base = self.model.get_base_model()  # type: ignore[attr-defined]
             base.save_pretrained(str(tmp), state_dict=self.engine_state_dict(), safe_serialization=True)
         else:
-            self.model.save_pretrained(str(tmp), safe_serialization=True)
+            self.model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         for name in (
             "tokenizer.json",
             "tokenizer_config.json",
@@ -264,7 +347,10 @@ class TrainablePolicy:
                 shutil.copy2(src, tmp / name)
         if with_optimizer:
             torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
+                {
+                    "optimizer": self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                    "scheduler": self.scheduler.state_dict(),
+                },
                 tmp / "trainer_state.pt",
             )
         if folder.exists():

@@ -36,6 +36,24 @@ def load_task_source(source: TaskSource, *, split: str, base_dir: Path | None = 
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
         tasks = load_tasks(path)
+    elif source.type == "swesmith":  # records as `harnessrl data` writes them (docs/data.md)
+        from harnessrl.data.records import read_records, to_task
+
+        assert source.path is not None
+        path = Path(source.path)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        tasks = [Task(task_id=t["task_id"], split=split, data=t) for t in map(to_task, read_records(path))]
+        ids = [task.task_id for task in tasks]
+        if "" in ids or len(set(ids)) != len(ids):
+            raise ConfigError(f"{split} tasks: {path}: every record needs a unique instance_id")
+    elif source.type == "scienceworld":
+        from harnessrl.tasks.scienceworld import scienceworld_tasks
+
+        try:
+            tasks = scienceworld_tasks(size=source.size, seed=source.seed, split=split, **source.config)
+        except TypeError as exc:  # an unknown key in [tasks.config]
+            raise ConfigError(f"{split} tasks: scienceworld config: {exc}") from exc
     else:
         tasks = [
             Task(task_id=str(item.get("task_id", f"inline-{i}")), split=split, data=dict(item))

@@ -1,0 +1,347 @@
+"""Data-parallel training over ``torchrun`` with FSDP2: one optimizer step spread over N ranks that
+gives the same loss and the same gradients as the one-process step (``TrainablePolicy.train_step``).
+
+How a step is split (``distributed_train_step``):
+
+- **Every rank sees the whole step.** The step's normalizers (``step_totals``: rollouts, loss tokens
+  per rollout, samples) come from the full sample list, so each rank's loss is its share of the
+  *global* loss and the ranks' losses sum to the one-process loss exactly (up to float order).
+- **Rollouts stay whole.** ``assign_rollouts`` gives every rollout, with all its samples, to one rank,
+  longest-processing-time first on token counts (deterministic: every rank computes the same
+  assignment without talking to the others).
+- **Gradients are summed, not averaged.** FSDP's reduce-scatter divides by the world size by default
+  (right for a loss averaged per rank, wrong here where each rank's loss is already a share of the
+  global loss); ``shard_model`` sets a divide factor of 1 with a plain SUM reduction.
+- **Same number of forward passes on every rank.** Each forward/backward of a sharded layer is a
+  collective, so a rank with fewer micro-batches runs idle ones (a two-token batch whose loss is
+  multiplied by 0) until all ranks have run as many as the busiest one.
+
+Sharding: every decoder layer is its own FSDP unit; a small root module (``ShardedPolicy.root``)
+holds the rest (embeddings, final norm, LM head, tied or not) and runs ``TrainablePolicy.logprobs``
+or ``prefix_logprobs`` inside its forward, so the one-process micro-batching and forward code
+(shared-prefix rows or packed rows, selective LM head) run unchanged on each rank's share.
+
+Full weights for the engine and checkpoints are gathered on rank 0. ``harnessrl.trainer.torchrun``
+runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks follow).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.algorithms.losses import MicroBatch, micro_batch_loss
+from harnessrl.algorithms.packing import step_totals
+from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trainer.prefix_tree import PrefixBatch
+from harnessrl.trajectory import Sample
+
+#: How long the other ranks wait for rank 0's next command: rank 0 may spend a long time collecting
+#: rollouts between steps, far longer than a collective's usual timeout.
+COMMAND_TIMEOUT = timedelta(days=7)
+
+
+# -- assignment of rollouts to ranks (pure) -------------------------------------------------------------
+def assign_rollouts(samples: Sequence[Sample], world_size: int) -> list[list[Sample]]:
+    """Split a step's samples over ``world_size`` ranks, every rollout whole on one rank.
+
+    Greedy longest-processing-time on tokens (prompt + response, what a forward pass costs): rollouts
+    by decreasing token count (ties: first appearance), each to the least-loaded rank (ties: lowest
+    rank). So the busiest rank holds at most one rollout's tokens more than the least busy. Each
+    rank's samples keep their order in ``samples``. Deterministic, so every rank computes the same
+    split on its own.
+    """
+    if world_size < 1:
+        raise BadRequest(f"world_size must be at least 1, got {world_size}", param="world_size")
+    tokens: dict[str, int] = {}
+    for s in samples:
+        tokens[s.rollout_id] = tokens.get(s.rollout_id, 0) + len(s)
+    order = sorted(tokens, key=lambda rid: -tokens[rid])  # sorted() is stable: ties keep first appearance
+    load = [0] * world_size
+    rank_of: dict[str, int] = {}
+    for rid in order:
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        rank_of[rid] = rank
+        load[rank] += tokens[rid]
+    shards: list[list[Sample]] = [[] for _ in range(world_size)]
+    for s in samples:
+        shards[rank_of[s.rollout_id]].append(s)
+    return shards
+
+
+# -- the process group --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class DistributedContext:
+    """This process's place in the torchrun world. ``control`` is a gloo group with a long timeout
+    for commands and small Python objects (metrics); the default group carries the tensors."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    mesh: DeviceMesh
+    control: Any  # dist.ProcessGroup
+
+    @property
+    def is_leader(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed() -> DistributedContext:
+    """Join the torchrun world (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` set by
+    torchrun): nccl with one GPU per rank when CUDA is there, gloo on CPU."""
+    missing = [k for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK") if k not in os.environ]
+    if missing:
+        raise ConfigError(
+            f"not started by torchrun ({', '.join(missing)} unset): "
+            "torchrun --nproc_per_node N -m harnessrl.trainer.torchrun CONFIG"
+        )
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank)
+        device, backend = torch.device("cuda", local_rank), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    control = dist.new_group(backend="gloo", timeout=COMMAND_TIMEOUT)
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    return DistributedContext(dist.get_rank(), dist.get_world_size(), device, mesh, control)
+
+
+# -- the sharded policy -----------------------------------------------------------------------------
+class _Root(torch.nn.Module):
+    """FSDP root: runs a callable (``TrainablePolicy.logprobs``) inside its forward, so FSDP gathers
+    the parameters the layers do not own (embeddings, norm, LM head) around it and reduces their
+    gradients after backward, whichever submodules the callable uses directly."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = fn(*args, **kwargs)
+        # FSDP hooks its pre-backward on the output; an in-place op on a view would bypass it.
+        return out.clone() if out._base is not None else out
+
+
+def shard_model(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
+    """Apply FSDP2 in place: one unit per decoder layer, the rest in a root; return the root."""
+    layers = getattr(model.get_decoder(), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or not len(layers):
+        raise ConfigError(f"cannot shard {type(model).__name__}: no decoder.layers to wrap")
+    units = [fully_shard(layer, mesh=mesh) for layer in layers]
+    root = fully_shard(_Root(model), mesh=mesh)
+    for unit in [*units, root]:
+        # Each rank's loss is its share of the global loss: sum the gradients (FSDP's default divides
+        # by the world size). A plain SUM also avoids PREMUL_SUM, which gloo lacks.
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
+    return root
+
+
+class ShardedPolicy:
+    """A ``TrainablePolicy`` whose model is sharded over the torchrun world. Every method is a
+    collective: all ranks call it, in the same order, with the same arguments."""
+
+    def __init__(self, ctx: DistributedContext, build: Callable[..., TrainablePolicy]):
+        self.ctx = ctx
+        self._root: torch.nn.Module | None = None
+        self.policy = build(prepare_model=self._shard)
+        if self.policy.lora is not None:
+            raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
+        assert self._root is not None
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        self._root = shard_model(model, self.ctx.mesh)
+
+    @property
+    def root(self) -> torch.nn.Module:
+        assert self._root is not None
+        return self._root
+
+    def train_step(
+        self,
+        samples: list[Sample],
+        algorithm: AlgorithmConfig,
+        *,
+        temperature: float,
+        micro_batch_tokens: int,
+    ) -> dict[str, float]:
+        return distributed_train_step(
+            self, samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+        )
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full weights on CPU on rank 0 (an empty dict elsewhere), under the model's own names."""
+        return get_model_state_dict(
+            self.policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+        )
+
+    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
+        """Rank 0 writes the same folder as the one-process policy; the optimizer state is the full
+        (unsharded) state dict keyed by parameter name, reloadable by any world size."""
+        state = self.engine_state_dict()
+        optimizer_state = (
+            get_optimizer_state_dict(
+                self.policy.model,
+                self.policy.optimizer,
+                options=StateDictOptions(full_state_dict=True, cpu_offload=True),
+            )
+            if with_optimizer
+            else None
+        )
+        if self.ctx.is_leader:
+            self.policy.save_checkpoint(
+                folder, with_optimizer=with_optimizer, state_dict=state, optimizer_state=optimizer_state
+            )
+        dist.barrier(group=self.ctx.control)
+        return folder
+
+    def load_trainer_state(self, folder: Path) -> None:
+        """Rank 0 reads the optimizer/scheduler state and broadcasts it (other ranks need no access
+        to the run folder)."""
+        saved: dict[str, Any] = (
+            torch.load(folder / "trainer_state.pt", weights_only=False) if self.ctx.is_leader else {}
+        )
+        set_optimizer_state_dict(
+            self.policy.model,
+            self.policy.optimizer,
+            optim_state_dict=saved.get("optimizer", {}),
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        box = [saved.get("scheduler")]
+        dist.broadcast_object_list(box, src=0, group=self.ctx.control)
+        self.policy.scheduler.load_state_dict(box[0])
+
+
+# -- one data-parallel optimizer step ----------------------------------------------------------------
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """A micro-batch (``MicroBatch`` or ``PrefixBatch``, nested) with its tensors on ``device``."""
+    if device.type == "cpu":
+        return batch
+    moved = {}
+    for f in dataclasses.fields(batch):
+        value = getattr(batch, f.name)
+        if isinstance(value, torch.Tensor):
+            moved[f.name] = value.to(device)
+        elif dataclasses.is_dataclass(value):
+            moved[f.name] = _to_device(value, device)
+    return dataclasses.replace(batch, **moved)
+
+
+def distributed_train_step(
+    sharded: ShardedPolicy,
+    samples: list[Sample],
+    algorithm: AlgorithmConfig,
+    *,
+    temperature: float,
+    micro_batch_tokens: int,
+) -> dict[str, float]:
+    """One optimizer step over all ``samples`` (the whole step, identical on every rank), each rank
+    training on its ``assign_rollouts`` share. Returns the same metrics as
+    ``TrainablePolicy.train_step``, aggregated over ranks (identical on every rank)."""
+    ctx, policy = sharded.ctx, sharded.policy
+    totals = step_totals(samples)  # global normalizers: every rank sees the whole step
+    if totals.num_loss_tokens == 0:
+        return {"loss": 0.0, "skipped": 1.0}
+    local = assign_rollouts(samples, ctx.world_size)[ctx.rank]
+    # The one-process micro-batching (shared-prefix rows or bounded packed rows) on this rank's share.
+    micros = list(policy._micro_batches(local, totals, micro_batch_tokens)) if local else []
+    count = torch.tensor([len(micros)], device=ctx.device)
+    dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    rounds = int(count.item())
+
+    policy.optimizer.zero_grad(set_to_none=True)
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    loss_total = entropy_sum = 0.0
+    tokens = 0
+    for i in range(rounds):
+        # Reduce-scatter once, after the last micro-batch; before that gradients accumulate locally.
+        sharded.root.set_requires_gradient_sync(i == rounds - 1)
+        micro = _to_device(micros[i] if i < len(micros) else _idle_batch(), ctx.device)
+        # Forward through the FSDP root, which gathers what the layers do not own around the call.
+        if isinstance(micro, PrefixBatch):
+            logprobs = sharded.root(policy.prefix_logprobs, micro, temperature)
+            batch = micro.entries
+        else:
+            batch = micro
+            logprobs = sharded.root(
+                policy.logprobs, batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
+            )
+        if i >= len(micros):  # idle round: this rank has no work left but must join the collectives
+            (logprobs.sum() * 0.0).backward()
+            continue
+        out = micro_batch_loss(logprobs, batch, totals, algorithm)
+        out.loss.backward()
+        loss_total += float(out.loss.detach())
+        n = int(batch.loss_mask_B_T.sum())
+        tokens += (
+            micro.computed_tokens if isinstance(micro, PrefixBatch) else int(batch.input_ids_B_T.numel())
+        )
+        entropy_sum += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
+        for key, value in out.metrics.items():
+            sums[key] = sums.get(key, 0.0) + float(value) * n
+            weights[key] = weights.get(key, 0.0) + n
+    grad_norm = 0.0
+    if policy.grad_clip:
+        # On DTensor parameters this is the norm of the full gradient (a collective).
+        norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    policy.optimizer.step()
+    policy.scheduler.step()
+
+    parts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(parts, (loss_total, entropy_sum, tokens, sums, weights), group=ctx.control)
+    all_sums: dict[str, float] = {}
+    all_weights: dict[str, float] = {}
+    for _, _, _, s, w in parts:
+        for key in s:
+            all_sums[key] = all_sums.get(key, 0.0) + s[key]
+            all_weights[key] = all_weights.get(key, 0.0) + w[key]
+    metrics = {f"loss/{k}": all_sums[k] / all_weights[k] for k in all_sums if all_weights[k]}
+    metrics.update(
+        {
+            "loss": sum(p[0] for p in parts),
+            "grad_norm": grad_norm,
+            "lr": policy.scheduler.get_last_lr()[0],
+            "entropy": sum(p[1] for p in parts) / max(1, totals.num_loss_tokens),
+            "train_tokens": float(sum(p[2] for p in parts)),
+            "loss_tokens": float(totals.num_loss_tokens),
+            "samples": float(len(samples)),
+            "world_size": float(ctx.world_size),
+        }
+    )
+    return metrics
+
+
+def _idle_batch() -> MicroBatch:
+    """Two tokens, the second "trained" so the selective LM head runs as on a real batch."""
+    zeros = torch.zeros((1, 2))
+    return MicroBatch(
+        input_ids_B_T=torch.zeros((1, 2), dtype=torch.long),
+        position_ids_B_T=torch.arange(2)[None],
+        loss_mask_B_T=torch.tensor([[False, True]]),
+        behaviour_logprobs_B_T=zeros,
+        advantages_B_T=zeros,
+        rollout_index_B_T=torch.zeros((1, 2), dtype=torch.long),
+        sample_index_B_T=torch.zeros((1, 2), dtype=torch.long),
+    )

@@ -1,0 +1,132 @@
+"""``torchrun --nproc_per_node N -m harnessrl.trainer.torchrun CONFIG``: a ``harnessrl train`` run
+whose policy is sharded over N ranks (FSDP2, ``harnessrl.trainer.distributed``).
+
+Rank 0 runs the whole stack exactly as one process does (store, engine, gateway, controller, the
+``Trainer`` loop); its policy is a ``LeaderPolicy``, which broadcasts every call (the step with its
+samples, the weight gather for the engine, checkpoints, loading optimizer state) over a command
+channel before running it, so all ranks enter the same collectives in the same order. The other
+ranks only train: ``follow`` builds the same sharded policy when rank 0 does and runs rank 0's
+commands until it says stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.distributed import DistributedContext, ShardedPolicy, init_distributed
+from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trajectory import Sample
+
+
+class LeaderPolicy:
+    """Rank 0's policy for ``Trainer``: each call is broadcast to the other ranks (``follow``), then
+    run here, so all ranks enter the same collectives in the same order."""
+
+    def __init__(self, sharded: ShardedPolicy):
+        self.sharded = sharded
+
+    def _command(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        dist.broadcast_object_list([(name, args, kwargs)], src=0, group=self.sharded.ctx.control)
+        return getattr(self.sharded, name)(*args, **kwargs)
+
+    def train_step(
+        self, samples: list[Sample], algorithm: AlgorithmConfig, **kwargs: Any
+    ) -> dict[str, float]:
+        return self._command("train_step", samples, algorithm, **kwargs)
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        return self._command("engine_state_dict")
+
+    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
+        return self._command("save_checkpoint", folder, with_optimizer=with_optimizer)
+
+    def load_trainer_state(self, folder: Path) -> None:
+        self._command("load_trainer_state", folder)
+
+
+def _receive(ctx: DistributedContext) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    box: list[Any] = [None]
+    dist.broadcast_object_list(box, src=0, group=ctx.control)
+    return box[0]
+
+
+def follow(ctx: DistributedContext) -> None:
+    """Ranks > 0: build the sharded policy when rank 0 does, then run rank 0's commands until it stops."""
+    sharded: ShardedPolicy | None = None
+    while True:
+        name, args, kwargs = _receive(ctx)
+        if name == "stop":
+            return
+        if name == "build":
+            config, model_dir = args
+            sharded = ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir))
+            continue
+        assert sharded is not None, f"command {name!r} before build"
+        getattr(sharded, name)(*args, **kwargs)
+
+
+def leader_policy_factory(ctx: DistributedContext, config: TrainConfig) -> Callable[[Path], LeaderPolicy]:
+    """``Trainer(policy_factory=...)`` for rank 0: tells the other ranks which weights to load."""
+
+    def make(model_dir: Path) -> LeaderPolicy:
+        dist.broadcast_object_list([("build", (config, model_dir), {})], src=0, group=ctx.control)
+        return LeaderPolicy(
+            ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir))
+        )
+
+    return make
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``torchrun --nproc_per_node N -m harnessrl.trainer.torchrun CONFIG [--resume RUN] [--set k=v]``."""
+    parser = argparse.ArgumentParser(prog="torchrun ... -m harnessrl.trainer.torchrun")
+    parser.add_argument("config", nargs="?")
+    parser.add_argument("--resume")
+    parser.add_argument("--set", dest="overrides", action="append", default=[])
+    args = parser.parse_args(argv)
+    ctx = init_distributed()
+    try:
+        if not ctx.is_leader:
+            follow(ctx)
+            return 0
+        try:
+            from harnessrl.cli.train import prepare_run
+            from harnessrl.trainer.loop import Trainer
+
+            config, run_dir, base_dir = prepare_run(args.config, args.resume, args.overrides)
+            if config.trainer.lora is not None:
+                raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
+            trainer = Trainer(
+                config,
+                run_dir,
+                resume=bool(args.resume),
+                base_dir=base_dir,
+                policy_factory=leader_policy_factory(ctx, config),
+            )
+            summary = asyncio.run(trainer.run())
+        finally:
+            dist.broadcast_object_list([("stop", (), {})], src=0, group=ctx.control)
+        print(json.dumps({**summary, "world_size": ctx.world_size}))
+        return 0
+    except HarnessRLError as exc:
+        print(f"harnessrl: error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
