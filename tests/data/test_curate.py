@@ -78,6 +78,16 @@ def test_to_task_maps_swe_smith_fields():
     assert task["image_name"] == record["image_name"] and task["repo"] == record["repo"]
 
 
+def test_to_task_hides_the_gold_patch_from_the_harness():
+    from harnessrl.controller.harness import harness_view
+
+    record = {**raw_records()[1], "patch": "diff --git GOLD", "test_patch": "diff --git TESTS"}
+    task = to_task(record)
+    assert task["hidden"] == {"patch": "diff --git GOLD", "test_patch": "diff --git TESTS"}
+    assert "patch" not in task and "test_patch" not in task
+    assert "GOLD" not in json.dumps(harness_view(task)) and "TESTS" not in json.dumps(harness_view(task))
+
+
 def test_select_keeps_mixed_and_adds_seeded_unsolvable(tmp_path: Path):
     path = tmp_path / "cal.jsonl"
     write_records(path, calibrated_records())

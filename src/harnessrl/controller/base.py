@@ -37,6 +37,10 @@ class HarnessSpec(BaseModel):
     command: list[str] = Field(
         default_factory=list, description="argv; the first item must be an executable (or use a preset)"
     )
+    args: list[str] = Field(
+        default_factory=list,
+        description="argv items appended after the command (templates), e.g. extra flags for a preset",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = Field(
         default=None, description="subfolder of the workspace to start in (template); default: workspace"

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
 from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
-from harnessrl.controller.harness import render_harness
+from harnessrl.controller.harness import harness_view, render_harness
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.sandbox.workspace import prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
@@ -204,7 +204,7 @@ class Controller:
                 attempt=rollout.attempt,
                 argv=rendered.argv,
                 env=rendered.env,
-                task=rollout.task,
+                task=harness_view(rollout.task),  # what the runner may show the harness
                 files=rendered.files,
                 workspace=workspace,
                 cwd=rendered.cwd,
@@ -246,7 +246,8 @@ class Controller:
                     exit_code=exit_.exit_code,
                     exit_kind=exit_.kind.value,
                     stdout=stdout_path.read_text(errors="replace") if stdout_path.exists() else "",
-                    task_file=attempt_dir / "task.json",
+                    # None: the evaluator writes the full task (hidden fields included) to its own file
+                    task_file=None,
                     rollout_id=rollout.rollout_id,
                 )
             )

@@ -65,6 +65,18 @@ def fill(template: str, values: dict[str, Any], *, field: str) -> str:
     return _PLACEHOLDER.sub(substitute, template)
 
 
+HIDDEN_TASK_KEY = "hidden"
+
+
+def harness_view(task: dict[str, Any]) -> dict[str, Any]:
+    """The task as the harness may see it: everything but ``task["hidden"]``.
+
+    Task data under ``hidden`` (a gold patch, hidden test names, answers) is for evaluators only: it
+    never reaches the harness's environment, task file or command line.
+    """
+    return {k: v for k, v in task.items() if k != HIDDEN_TASK_KEY}
+
+
 def render_harness(
     spec: HarnessSpec,
     *,
@@ -73,9 +85,10 @@ def render_harness(
     base_url: str,
     anthropic_base_url: str,
 ) -> RenderedHarness:
+    task = harness_view(rollout.task)
     task_file = workspace.parent / "task.json"
     task_file.parent.mkdir(parents=True, exist_ok=True)
-    task_file.write_text(json.dumps(rollout.task, indent=2))
+    task_file.write_text(json.dumps(task, indent=2))
     values: dict[str, Any] = {
         "rollout_id": rollout.rollout_id,
         "attempt": rollout.attempt,
@@ -85,10 +98,11 @@ def render_harness(
         "api_key": rollout.api_key,
         "model": spec.model_name,
         "task_file": str(task_file),
-        "prompt": rollout.task.get("prompt"),
-        "task": rollout.task,
+        "prompt": task.get("prompt"),
+        "task": task,
     }
     argv = [fill(arg, values, field=f"harness.command[{i}]") for i, arg in enumerate(spec.command)]
+    argv += [fill(arg, values, field=f"harness.args[{i}]") for i, arg in enumerate(spec.args)]
     home = workspace.parent / "home"
     home.mkdir(parents=True, exist_ok=True)
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
@@ -103,7 +117,7 @@ def render_harness(
             "ANTHROPIC_API_KEY": rollout.api_key,
             "HARNESSRL_ROLLOUT_ID": rollout.rollout_id,
             "HARNESSRL_ATTEMPT": str(rollout.attempt),
-            "HARNESSRL_TASK": json.dumps(rollout.task),
+            "HARNESSRL_TASK": json.dumps(task),
             "HARNESSRL_TASK_FILE": str(task_file),
             "HARNESSRL_MODEL": spec.model_name,
         }

@@ -22,6 +22,9 @@ Record = dict[str, Any]
 
 # Fields the pipeline adds; ``to_task`` leaves them out of what the harness sees.
 PIPELINE_FIELDS = ("calibration",)
+# Fields that would hand the agent the answer: moved under task["hidden"], which evaluators see and
+# the harness never does (harnessrl.controller.harness.harness_view).
+HIDDEN_FIELDS = ("patch", "test_patch", "gold_patch")
 
 
 def read_records(path: str | Path) -> list[Record]:
@@ -131,9 +134,13 @@ def to_task(record: Record) -> dict[str, Any]:
     """The task data a harness sees for a record (``{prompt}``, ``{task[FIELD]}`` in the harness spec).
 
     Every original field is kept (``{task[image_name]}``, ``{task[repo]}`` work as written), the
-    test lists are decoded to lists, and ``prompt``/``task_id``/``branch`` are added.
+    test lists are decoded to lists, and ``prompt``/``task_id``/``branch`` are added. The gold patch
+    and test patch go under ``hidden`` (``{task[hidden]}`` is for evaluators; harnesses never see it).
     """
-    task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS}
+    task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS and k not in HIDDEN_FIELDS}
+    hidden = {k: record[k] for k in HIDDEN_FIELDS if k in record}
+    if hidden:
+        task["hidden"] = {**task.get("hidden", {}), **hidden}
     task.update(
         {
             "task_id": instance_id(record),

