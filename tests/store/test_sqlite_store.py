@@ -1,23 +1,19 @@
-"""What is particular to ``SQLiteStore`` beyond the shared contract: file setup, pragmas, the schema
-version and migrations, URL forms, and fork safety."""
+"""What is particular to ``SQLiteStore`` beyond the shared contract: file setup, pragmas, URL forms,
+and fork safety. Schema versions and migrations are tested for every backend in ``test_migrations.py``."""
 
 from __future__ import annotations
 
 import multiprocessing
 import sqlite3
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from harnessrl.errors import BadRequest, HarnessRLError
 from harnessrl.schemas import Call
 from harnessrl.store import open_store
-from harnessrl.store._sqlite_schema import SCHEMA_VERSION
+from harnessrl.store.migrations import SCHEMA_VERSION
 from harnessrl.store.sqlite import SQLiteStore
-
-WORKER = Path(__file__).with_name("store_worker.py")
 
 
 def test_file_setup(tmp_path: Path) -> None:
@@ -34,52 +30,12 @@ def test_file_setup(tmp_path: Path) -> None:
     raw.close()
 
 
-def test_newer_schema_is_refused(tmp_path: Path) -> None:
-    path = tmp_path / "store.db"
-    SQLiteStore(path).close()
-    raw = sqlite3.connect(path)
-    raw.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
-    raw.commit()
-    raw.close()
-    with pytest.raises(HarnessRLError, match="newer"):
-        SQLiteStore(path)
-
-
 def test_open_store_urls(tmp_path: Path) -> None:
     for url in (f"sqlite:///{tmp_path}/x.db", str(tmp_path / "x.db"), ":memory:"):
         store = open_store(url)
         assert isinstance(store, SQLiteStore)
         store.close()
     assert (tmp_path / "x.db").exists()
-
-
-def test_token_ids_must_fit_int32() -> None:
-    with SQLiteStore(":memory:") as store:
-        rollout = store.create_rollout()
-        too_big = Call(
-            rollout_id=rollout.rollout_id,
-            prompt_token_ids=[2**31],
-            response_token_ids=[],
-            response_logprobs=[],
-        )
-        with pytest.raises(BadRequest, match="int32"):
-            store.add_call(too_big)
-        assert store.count_calls() == 0
-
-
-def test_processes_opening_a_fresh_file_at_once(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'fresh' / 'store.db'}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), "claim", url, f"p{i}"], stdin=subprocess.PIPE, text=True
-        )
-        for i in range(3)
-    ]
-    for proc in procs:
-        proc.communicate("go\n", timeout=60)
-        assert proc.returncode == 0
-    with SQLiteStore(tmp_path / "fresh" / "store.db") as store:
-        assert store.count_rollouts() == 0
 
 
 def _child_adds_a_call(store: SQLiteStore, rollout_id: str) -> None:

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harnessrl.errors import InvalidTransition, NotFound
+from harnessrl.errors import BadRequest, InvalidTransition, NotFound
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
     Call,
@@ -338,6 +338,15 @@ def test_call_fields_round_trip(store: Store) -> None:
     assert store.list_calls(rollout.rollout_id) == [stored]
     no_usage = store.add_call(make_call(rollout.rollout_id))
     assert no_usage.usage is None and store.list_calls(rollout.rollout_id)[1] == no_usage
+
+
+def test_token_ids_must_fit_int32(store: Store) -> None:
+    rollout = store.create_rollout()
+    too_big = make_call(rollout.rollout_id, prompt_token_ids=[2**31])
+    with pytest.raises(BadRequest, match="int32"):
+        store.add_call(too_big)
+    assert store.count_calls() == 0
+    assert store.add_call(make_call(rollout.rollout_id)).seq == 0  # a refused call takes no seq
 
 
 json_values = st.recursive(

@@ -18,7 +18,7 @@ from typing import Any
 
 from harnessrl.errors import NotFound
 from harnessrl.schemas import Call, Rollout, Run
-from harnessrl.store._sqlite_schema import call_from_row, rollout_from_row, run_from_row
+from harnessrl.store.codecs import call_from_row, rollout_from_row, run_from_row
 
 _ROLLOUT_COLUMNS = (
     "pk, rollout_id, api_key, run_id, task_id, task, group_id, step, status, outcome, reward, attempt, "

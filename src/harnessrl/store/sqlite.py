@@ -26,9 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from harnessrl.errors import InvalidTransition, NotFound
+from harnessrl.errors import NotFound
 from harnessrl.schemas import (
-    ROLLOUT_TRANSITIONS,
     Call,
     Outcome,
     PolicyVersion,
@@ -39,23 +38,22 @@ from harnessrl.schemas import (
     now,
     status_for_outcome,
 )
-from harnessrl.store._sqlite_schema import (
+from harnessrl.store.codecs import (
+    ROLLOUT_COLUMNS,
     call_from_row,
     call_to_row,
+    check_transition,
     dump_json,
     load_json,
-    migrate,
     policy_version_from_row,
     rollout_from_row,
     rollout_to_row,
     run_from_row,
+    sql_where,
     task_from_row,
 )
+from harnessrl.store.migrations import migrate_sqlite
 
-_ROLLOUT_COLUMNS = (
-    "pk, rollout_id, api_key, run_id, task_id, task, group_id, step, status, outcome, reward, attempt, "
-    "worker_id, error, flags, metadata, created_at, started_at, finished_at"
-)
 StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
 
 
@@ -79,7 +77,7 @@ class SQLiteStore:
         self._closed = False
         self._conn = self._connect()
         with self._write() as conn:
-            migrate(conn)
+            migrate_sqlite(conn, where=f"store {self.path!r}")
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue
@@ -161,7 +159,7 @@ class SQLiteStore:
             return task_from_row(row)
 
     def list_tasks(self, run_id: str | None = None, split: str | None = None) -> list[Task]:
-        where, params = _where(run_id=run_id, split=split)
+        where, params = sql_where("?", run_id=run_id, split=split)
         with self._locked() as conn:
             return [
                 task_from_row(row) for row in conn.execute(f"SELECT * FROM tasks{where} ORDER BY pk", params)
@@ -202,7 +200,7 @@ class SQLiteStore:
     def get_rollout_by_key(self, api_key: str) -> Rollout:
         with self._locked() as conn:
             row = conn.execute(
-                f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE api_key = ?", (api_key,)
+                f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE api_key = ?", (api_key,)
             ).fetchone()
         if row is None:
             raise NotFound("no rollout has this api key")  # never echo a (wrong) key into logs
@@ -218,17 +216,17 @@ class SQLiteStore:
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Rollout]:
-        where, params = _where(run_id=run_id, status=status, step=step, group_id=group_id)
+        where, params = sql_where("?", run_id=run_id, status=status, step=step, group_id=group_id)
         # SQLite needs a LIMIT before OFFSET; -1 means no limit.
         params += [-1 if limit is None else limit, offset]
-        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT ? OFFSET ?"
+        sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT ? OFFSET ?"
         with self._locked() as conn:
             return [rollout_from_row(row) for row in conn.execute(sql, params)]
 
     def count_rollouts(
         self, *, run_id: str | None = None, status: StatusFilter = None, step: int | None = None
     ) -> int:
-        where, params = _where(run_id=run_id, status=status, step=step)
+        where, params = sql_where("?", run_id=run_id, status=status, step=step)
         with self._locked() as conn:
             return conn.execute(f"SELECT COUNT(*) FROM rollouts{where}", params).fetchone()[0]
 
@@ -241,7 +239,7 @@ class SQLiteStore:
             rows = conn.execute(
                 "UPDATE rollouts SET status = 'running', worker_id = ?, started_at = ? WHERE pk IN "
                 f"(SELECT pk FROM rollouts WHERE status = 'queued'{run_filter} ORDER BY pk LIMIT ?) "
-                f"RETURNING {_ROLLOUT_COLUMNS}",
+                f"RETURNING {ROLLOUT_COLUMNS}",
                 params,
             ).fetchall()
         # RETURNING gives no order guarantee; the contract is oldest first.
@@ -252,7 +250,7 @@ class SQLiteStore:
             row = _rollout_row(conn, rollout_id)
             if row["status"] == RolloutStatus.RUNNING:
                 return rollout_from_row(row)  # started by an earlier call or a claim; starting is idempotent
-            _check_transition(row, RolloutStatus.RUNNING)
+            check_transition(row, RolloutStatus.RUNNING)
             return self._update(conn, rollout_id, status=RolloutStatus.RUNNING.value, started_at=now())
 
     def finish_rollout(
@@ -268,7 +266,7 @@ class SQLiteStore:
         status = status_for_outcome(outcome)
         with self._write() as conn:
             row = _rollout_row(conn, rollout_id)
-            _check_transition(row, status)
+            check_transition(row, status)
             changes: dict[str, Any] = {
                 "status": status.value,
                 "outcome": outcome.value,
@@ -283,7 +281,7 @@ class SQLiteStore:
     def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
         with self._write() as conn:
             row = _rollout_row(conn, rollout_id)
-            _check_transition(row, RolloutStatus.QUEUED)
+            check_transition(row, RolloutStatus.QUEUED)
             changes: dict[str, Any] = {
                 "status": RolloutStatus.QUEUED.value,
                 "attempt": row["attempt"] + 1,
@@ -295,7 +293,7 @@ class SQLiteStore:
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
         with self._write() as conn:
-            _check_transition(_rollout_row(conn, rollout_id), RolloutStatus.CANCELLED)
+            check_transition(_rollout_row(conn, rollout_id), RolloutStatus.CANCELLED)
             return self._update(conn, rollout_id, status=RolloutStatus.CANCELLED.value, finished_at=now())
 
     def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None:
@@ -313,7 +311,7 @@ class SQLiteStore:
         # Column names come from this module only, never from callers.
         assignments = ", ".join(f"{column} = ?" for column in changes)
         row = conn.execute(
-            f"UPDATE rollouts SET {assignments} WHERE rollout_id = ? RETURNING {_ROLLOUT_COLUMNS}",
+            f"UPDATE rollouts SET {assignments} WHERE rollout_id = ? RETURNING {ROLLOUT_COLUMNS}",
             [*changes.values(), rollout_id],
         ).fetchone()
         return rollout_from_row(row)
@@ -332,13 +330,13 @@ class SQLiteStore:
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
 
     def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
-        where, params = _where(rollout_id=rollout_id, attempt=attempt)
+        where, params = sql_where("?", rollout_id=rollout_id, attempt=attempt)
         with self._locked() as conn:
             rows = conn.execute(f"SELECT * FROM calls{where} ORDER BY seq", params).fetchall()
         return [call_from_row(row) for row in rows]
 
     def count_calls(self, rollout_id: str | None = None) -> int:
-        where, params = _where(rollout_id=rollout_id)
+        where, params = sql_where("?", rollout_id=rollout_id)
         with self._locked() as conn:
             return conn.execute(f"SELECT COUNT(*) FROM calls{where}", params).fetchone()[0]
 
@@ -378,24 +376,6 @@ class SQLiteStore:
 # -- helpers: SQL ----------------------------------------------------------------------------------
 
 
-def _where(**filters: Any) -> tuple[str, list[Any]]:
-    """A WHERE clause over the non-None filters; a sequence of statuses becomes ``IN (...)``."""
-    clauses: list[str] = []
-    params: list[Any] = []
-    for column, value in filters.items():
-        if value is None:
-            continue
-        # A single RolloutStatus is a str (itself a Sequence), so test for str first.
-        if isinstance(value, Sequence) and not isinstance(value, str):
-            values = [str(v) for v in value]
-            clauses.append(f"{column} IN ({', '.join('?' * len(values))})" if values else "0")
-            params += values
-        else:
-            clauses.append(f"{column} = ?")
-            params.append(str(value) if isinstance(value, RolloutStatus) else value)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
-
-
 def _insert(conn: sqlite3.Connection, table: str, row: dict[str, Any], conflict: str = "") -> None:
     columns = ", ".join(row)
     placeholders = ", ".join(f":{column}" for column in row)
@@ -412,11 +392,5 @@ def _fetch_one(
 
 
 def _rollout_row(conn: sqlite3.Connection, rollout_id: str) -> sqlite3.Row:
-    sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
+    sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = ?"
     return _fetch_one(conn, sql, (rollout_id,), "rollout", rollout_id)
-
-
-def _check_transition(row: sqlite3.Row, to: RolloutStatus) -> None:
-    current = RolloutStatus(row["status"])
-    if to not in ROLLOUT_TRANSITIONS[current]:
-        raise InvalidTransition(f"rollout {row['rollout_id']!r} cannot go from {current.value} to {to.value}")

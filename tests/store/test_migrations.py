@@ -1,0 +1,185 @@
+"""Schema versions and in-place migrations, on every backend whose data outlives a connection.
+
+A version-1 store (the frozen first schema in ``migrations.MIGRATIONS``) is built and filled with
+raw SQL, as the first release wrote it; opening it with the current code must migrate it in place
+with every record intact. A store newer than the code is refused and left untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.errors import HarnessRLError
+from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task, Usage
+from harnessrl.store import migrations
+from harnessrl.store.codecs import call_to_row, dump_json, rollout_to_row
+from harnessrl.store.migrations import SCHEMA_VERSION, migrate_postgres, migrate_sqlite, pending, statements
+
+WORKER = Path(__file__).with_name("store_worker.py")
+
+
+@contextlib.contextmanager
+def raw_connection(url: str) -> Iterator[tuple[Any, str]]:
+    """A plain DB-API connection to the factory's database and its placeholder style; commits on exit."""
+    if url.startswith("postgresql://"):
+        import psycopg
+
+        with psycopg.connect(url) as conn:  # commits when the block ends without error
+            yield conn, "%s"
+    else:
+        path = Path(url.removeprefix("sqlite:///"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield conn, "?"
+            conn.execute("COMMIT")
+        finally:
+            conn.close()
+
+
+def migrate_raw(conn: Any, mark: str, target: int) -> int:
+    return (migrate_postgres if mark == "%s" else migrate_sqlite)(conn, target=target)
+
+
+def insert(conn: Any, mark: str, table: str, row: dict[str, Any]) -> None:
+    columns = ", ".join(row)
+    conn.execute(
+        f"INSERT INTO {table} ({columns}) VALUES ({', '.join([mark] * len(row))})", list(row.values())
+    )
+
+
+def stored_version(url: str) -> int:
+    with raw_connection(url) as (conn, _):
+        return int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
+
+
+def test_v1_store_is_migrated_in_place_with_data_intact(shared_store_factory: Any) -> None:
+    url = shared_store_factory.url
+    run = Run(run_id="run-1", config={"lr": 1e-6})
+    task = Task(task_id="t1", run_id="run-1", data={"prompt": "2+2"})
+    done = Rollout(
+        rollout_id="r-done", api_key="hrl-done", run_id="run-1", task_id="t1", group_id="g", step=0,
+        status=RolloutStatus.FINISHED, outcome=Outcome.SUCCESS, reward=1.0, attempt=1,
+        flags=["git_log"], metadata={"evaluator": {"passed": 3}}, started_at=1.0, finished_at=2.0,
+    )  # fmt: skip
+    queued = Rollout(rollout_id="r-queued", api_key="hrl-queued", task={"prompt": "hi"})
+    calls = [
+        Call(
+            rollout_id="r-done", seq=seq, attempt=seq // 2, call_id=f"c{seq}",
+            request={"messages": [{"role": "user", "content": f"q{seq} ☃"}]}, response={"content": "a"},
+            prompt_token_ids=[seq, 2**31 - 1, 0], response_token_ids=[7], response_logprobs=[-0.0 - seq / 3],
+            usage=Usage(prompt_tokens=3, completion_tokens=1), policy_version=seq,
+        )
+        for seq in range(3)
+    ]  # fmt: skip
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=1) == 0
+        insert(conn, mark, "runs", {**run.model_dump(), "config": dump_json(run.config)})
+        insert(conn, mark, "tasks", {**task.model_dump(), "data": dump_json(task.data)})
+        insert(conn, mark, "rollouts", rollout_to_row(done))
+        insert(conn, mark, "rollouts", rollout_to_row(queued))
+        for call in calls:
+            insert(conn, mark, "calls", call_to_row(call))
+        version = PolicyVersion(version=3, step=2, checkpoint="/ckpt/3", metadata={"loss": 0.5})
+        insert(
+            conn, mark, "policy_versions", {**version.model_dump(), "metadata": dump_json(version.metadata)}
+        )
+    assert stored_version(url) == 1
+    assert index_columns(url, "rollouts_run") == ["run_id", "status"]
+
+    store = shared_store_factory()  # the current code: migrates on open
+    assert stored_version(url) == SCHEMA_VERSION
+    assert store.list_runs() == [run] and store.list_tasks() == [task]
+    assert store.get_rollout("r-done") == done and store.get_rollout_by_key("hrl-queued") == queued
+    assert store.list_calls("r-done") == calls
+    assert store.list_policy_versions() == [version]
+    assert index_columns(url, "rollouts_run") == ["run_id", "status", "pk"]  # version 2's change
+    assert store.add_call(calls[0].model_copy(update={"call_id": None})).seq == 3
+    assert store.add_call(calls[0].model_copy(update={"rollout_id": "r-queued", "call_id": None})).seq == 0
+    assert [r.rollout_id for r in store.claim_rollouts("w", 5)] == ["r-queued"]
+    store.close()
+    assert shared_store_factory().count_calls() == 5  # reopening an up-to-date store changes nothing
+    assert stored_version(url) == SCHEMA_VERSION
+
+
+def index_columns(url: str, index: str) -> list[str]:
+    with raw_connection(url) as (conn, mark):
+        if mark == "?":
+            return [row[2] for row in conn.execute(f"PRAGMA index_info({index})")]
+        sql = (
+            "SELECT a.attname FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid "
+            "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+            "WHERE c.relname = %s ORDER BY array_position(i.indkey::int2[], a.attnum)"
+        )
+        return [row[0] for row in conn.execute(sql, (index,))]
+
+
+def test_newer_store_is_refused_and_left_alone(shared_store_factory: Any) -> None:
+    url = shared_store_factory.url
+    shared_store_factory().create_rollout(rollout_id="kept")
+    with raw_connection(url) as (conn, mark):
+        conn.execute(
+            f"UPDATE meta SET value = {mark} WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),)
+        )
+    with pytest.raises(
+        HarnessRLError, match=rf"schema version {SCHEMA_VERSION + 1}, newer .*upgrade harnessrl"
+    ):
+        shared_store_factory()
+    assert stored_version(url) == SCHEMA_VERSION + 1
+    with raw_connection(url) as (conn, _):
+        assert conn.execute("SELECT rollout_id FROM rollouts").fetchall() == [("kept",)]
+
+
+def test_migrating_part_way_then_the_rest(shared_store_factory: Any) -> None:
+    url = shared_store_factory.url
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=1) == 0
+        assert migrate_raw(conn, mark, target=1) == 1  # already there: nothing to do
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=SCHEMA_VERSION) == 1
+    assert stored_version(url) == SCHEMA_VERSION
+
+
+def test_migration_list_is_well_formed() -> None:
+    assert [m.version for m in migrations.MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
+    assert pending(0) == migrations.MIGRATIONS
+    assert pending(SCHEMA_VERSION) == ()
+    assert pending(0, target=1) == migrations.MIGRATIONS[:1]
+    with pytest.raises(HarnessRLError, match="newer"):
+        pending(SCHEMA_VERSION + 1)
+    with pytest.raises(ValueError, match="target"):
+        pending(0, target=SCHEMA_VERSION + 1)
+    for migration in migrations.MIGRATIONS:
+        assert statements(migration.sqlite) and len(statements(migration.sqlite)) == len(
+            statements(migration.postgres)
+        ), f"migration {migration.version} differs between dialects"
+
+
+def test_statements_drop_comments() -> None:
+    script = "CREATE TABLE a (x INT); -- a comment; with a semicolon\nCREATE INDEX i ON a (x) -- trailing\n;"
+    assert statements(script) == ["CREATE TABLE a (x INT)", "CREATE INDEX i ON a (x)"]
+
+
+def test_processes_opening_a_fresh_store_at_once(shared_store_factory: Any) -> None:
+    """Only one of several processes opening an empty database migrates it; none fails."""
+    url = shared_store_factory.url
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), "claim", url, f"p{i}"], stdin=subprocess.PIPE, text=True
+        )
+        for i in range(3)
+    ]
+    for proc in procs:
+        proc.communicate("go\n", timeout=60)
+        assert proc.returncode == 0
+    assert stored_version(url) == SCHEMA_VERSION
+    assert shared_store_factory().count_rollouts() == 0

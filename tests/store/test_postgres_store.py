@@ -1,0 +1,219 @@
+"""What is particular to ``PostgresStore`` beyond the shared contract: URL forms, config, connection
+errors, a pool smaller than the number of threads, fork safety, a server restart under an open
+store, the ``ThrowawayPostgres`` helper itself, and a real gateway process recording into PostgreSQL."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from harnessrl.client import GatewayClient
+from harnessrl.config import StoreConfig, load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.errors import ConfigError, UpstreamError
+from harnessrl.schemas import Call
+from harnessrl.store import open_store
+from harnessrl.store.pg_server import PostgresServer, ThrowawayPostgres, find_bindir, server_for_tests
+
+if os.environ.get("CI") != "true":  # CI must have the driver: there a missing one fails collection
+    pytest.importorskip("psycopg", reason="needs harnessrl[postgres]")
+from harnessrl.store.postgres import PostgresStore, redact  # noqa: E402  (needs psycopg)
+
+
+@pytest.fixture
+def pg_url(pg_server: PostgresServer) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield pg_server.create_database(name)
+    pg_server.drop_database(name)
+
+
+def a_call(rollout_id: str, n: int = 0) -> Call:
+    return Call(
+        rollout_id=rollout_id, prompt_token_ids=[n], response_token_ids=[n + 1], response_logprobs=[-1.0]
+    )
+
+
+def test_open_store_urls(pg_url: str) -> None:
+    for url in (pg_url, pg_url.replace("postgresql://", "postgres://", 1), pg_url + "?application_name=hrl"):
+        store = open_store(url)
+        assert isinstance(store, PostgresStore)
+        store.create_rollout()
+        store.close()
+    with PostgresStore(pg_url) as store:
+        assert store.count_rollouts() == 3  # all three URLs reached the same database
+
+
+@pytest.mark.parametrize("url", ["mysql://u@h/db", "sqlite+pysqlite://x", ""])
+def test_unknown_store_urls_are_refused(url: str) -> None:
+    with pytest.raises(ConfigError, match="store url"):
+        open_store(url)
+
+
+def test_store_config_keeps_a_postgres_url(tmp_path: Path) -> None:
+    url = "postgresql://hrl:s3cret@db.internal:5432/harnessrl?sslmode=require"
+    config = tmp_path / "c.toml"
+    config.write_text(f'[store]\nurl = "{url}"\n[harness]\ncommand = ["./run.sh"]\n')
+    raw = resolve_relative_paths(load_raw_config(config), tmp_path)
+    assert validate_config(StoreConfig, raw["store"]).url == url
+    env = {"HARNESSRL_STORE__URL": url}  # the env override path parses values as TOML scalars
+    assert load_raw_config(None, env=env)["store"]["url"] == url
+    assert load_raw_config(None, [f"store.url={url}"], env={})["store"]["url"] == url
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # nothing listens here once the socket is closed
+
+
+def test_unreachable_server_is_an_upstream_error_without_the_password() -> None:
+    url = f"postgresql://hrl:s3cret@127.0.0.1:{_closed_port()}/db"
+    with pytest.raises(UpstreamError, match="cannot use PostgreSQL store") as excinfo:
+        PostgresStore(url, timeout_s=5)
+    assert "s3cret" not in str(excinfo.value) and "hrl:***@127.0.0.1" in str(excinfo.value)
+    assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+def test_missing_database_is_an_upstream_error(pg_server: PostgresServer) -> None:
+    with pytest.raises(UpstreamError, match="does not exist"):
+        PostgresStore(pg_server.url("no_such_db"))
+
+
+def test_pool_smaller_than_the_threads(pg_url: str) -> None:
+    with PostgresStore(pg_url, max_connections=2) as store:
+        rollout = store.create_rollout()
+        errors: list[BaseException] = []
+
+        def add(i: int) -> None:
+            try:
+                for n in range(10):
+                    store.add_call(a_call(rollout.rollout_id, 100 * i + n))
+            except BaseException as exc:  # re-raised below, in the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not errors
+        assert [c.seq for c in store.list_calls(rollout.rollout_id)] == list(range(80))
+
+
+def _child_adds_a_call(store: PostgresStore, rollout_id: str) -> None:
+    store.add_call(a_call(rollout_id, 1))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_forked_child_opens_its_own_connections(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    rollout = store.create_rollout()
+    store.add_call(a_call(rollout.rollout_id))
+    child = multiprocessing.get_context("fork").Process(
+        target=_child_adds_a_call, args=(store, rollout.rollout_id)
+    )
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0
+    # The parent's pooled connection still works: the child neither used nor closed it.
+    assert [c.seq for c in store.list_calls(rollout.rollout_id)] == [0, 1]
+    store.close()
+
+
+@pytest.mark.skipif(find_bindir() is None, reason="needs PostgreSQL's binaries for a server of its own")
+def test_throwaway_server_restart_under_an_open_store() -> None:
+    with ThrowawayPostgres() as server:
+        assert server.folder is not None and server.startup_s is not None
+        folder = server.folder
+        # Only loopback: the port answers on 127.0.0.1.
+        socket.create_connection(("127.0.0.1", server.port), timeout=5).close()
+        url = server.create_database("restart")
+        store = PostgresStore(url)
+        rollout = store.create_rollout()
+        store.add_call(a_call(rollout.rollout_id))
+        server.restart()
+        # The pool drops the connections the restart broke and lends fresh ones: no call fails.
+        assert store.add_call(a_call(rollout.rollout_id, 1)).seq == 1
+        assert [c.seq for c in store.list_calls(rollout.rollout_id)] == [0, 1]
+        store.close()
+    assert not folder.exists()  # the cluster is deleted with the block
+
+
+def test_server_for_tests_uses_the_env_url(
+    pg_server: PostgresServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HARNESSRL_TEST_PG_URL", pg_server.base_url)
+    with server_for_tests() as server:
+        assert not isinstance(server, ThrowawayPostgres) and server.base_url == pg_server.base_url
+        url = server.create_database("t_from_env")
+        assert url == pg_server.url("t_from_env")
+        with PostgresStore(url) as store:
+            assert store.count_rollouts() == 0
+        server.drop_database("t_from_env")
+    with pytest.raises(ValueError, match="database name"):
+        server.create_database('x"; DROP DATABASE postgres; --')
+
+
+@pytest.mark.timeout(180)
+def test_gateway_process_records_into_postgres(pg_url: str, tmp_path: Path) -> None:
+    """The real gateway CLI on a postgresql:// store: concurrent harness calls from worker threads
+    land dense and in order, token-exact, readable from another process's store."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": ["Sure, here is an answer."]}))
+    env = {**os.environ, "HARNESSRL_ADMIN_KEY": "pg-admin"}
+    command = [sys.executable, "-m", "harnessrl.gateway", "--model", f"scripted:{script}", "--port", "0"]
+    proc = subprocess.Popen(
+        [*command, "--store", pg_url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if match := re.search(r"listening on (http://\S+)", line):
+                url = match.group(1)
+                break
+        else:
+            raise AssertionError(f"gateway exited with {proc.wait()}")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()  # keep draining the log
+        admin = GatewayClient(url, "pg-admin")
+        admin.wait_ready(timeout=60)
+        rollouts = [admin.create_rollout({"i": i}) for i in range(4)]
+
+        def harness(rollout: dict[str, Any]) -> list[int]:
+            seqs, messages = [], [{"role": "user", "content": "go"}]
+            with httpx.Client(headers={"Authorization": f"Bearer {rollout['api_key']}"}, timeout=60) as http:
+                for _ in range(5):
+                    r = http.post(
+                        f"{rollout['base_url']}/chat/completions", json={"model": "m", "messages": messages}
+                    )
+                    r.raise_for_status()
+                    seqs.append(int(r.headers["x-harnessrl-call-seq"]))
+                    messages += [r.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+            return seqs
+
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(harness, rollouts)) == [list(range(5))] * 4
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    with PostgresStore(pg_url) as store:
+        for rollout in rollouts:
+            calls = store.list_calls(rollout["rollout_id"])
+            assert [c.seq for c in calls] == list(range(5))
+            for prev, nxt in itertools.pairwise(calls):  # each call extends the previous one token for token
+                head = prev.prompt_token_ids + prev.response_token_ids
+                assert nxt.prompt_token_ids[: len(head)] == head
+            assert store.get_rollout(rollout["rollout_id"]).status == "running"
