@@ -27,6 +27,8 @@ command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 # Headless Chromium + its driver for the dashboard's browser tests (Selenium uses the system driver).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)
+# Java 17 for ScienceWorld (examples/scienceworld; the simulator runs in a JVM).
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 # PostgreSQL server binaries for the PostgreSQL store's tests (each test session starts a throwaway
 # server from them; see docs/store.md). Debian keeps them in /usr/lib/postgresql/N/bin.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 ||
