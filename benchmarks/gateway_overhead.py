@@ -13,8 +13,9 @@ shell-like tool result per turn, with a system prompt and tool schemas; the last
   of the upstream, one rollout per conversation (``POST /api/rollouts``), chat calls to the rollout's
   ``base_url``. The gateway renders the chat template, tokenizes (with sampled-token reuse), and calls
   the upstream's ``/v1/completions`` with a token-ID prompt — through ``VLLMEngine`` when
-  ``harnessrl.engines.vllm`` exists and works, otherwise through a minimal engine adapter defined here
-  (the JSON says which). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
+  ``harnessrl.engines.vllm`` exists and works (non-streaming clients: one JSON answer, as the
+  engine asks for then), otherwise through a minimal engine adapter defined here (the JSON says
+  which). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
 - ``agentlightning``: Agent Lightning 1.0.2's ``agl-server`` (its own Python 3.12 venv in
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
   ``POST /api/rollouts``, calls to ``/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions``.
@@ -349,8 +350,8 @@ def serve_upstream(port: int) -> None:
         body = json.loads(raw)
         return Response(chat_json(body, max(1, len(raw) // 4)), media_type="application/json")
 
-    # Streaming (what VLLMEngine asks for): one SSE event per token, as vLLM sends by default; the
-    # first carries ``prompt_token_ids``. Pre-serialized, sent as one body (the fake is "instant").
+    # Streaming (what VLLMEngine asks for when its client streams): one SSE event per token, as vLLM
+    # sends by default; the first carries ``prompt_token_ids``. Pre-serialized, sent as one body.
     stream_events = []
     for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
         last = k == len(ids) - 1
@@ -524,7 +525,10 @@ def make_engine(upstream: str, tokenizer: Any, kind: str) -> tuple[Any, str]:
             reason = f"no VLLMEngine: {exc}"
         else:
             engine = VLLMEngine(upstream, tokenizer, model=MODEL)
-            return engine, "harnessrl.engines.vllm.VLLMEngine (streaming /v1/completions, token-ID prompt)"
+            return engine, (
+                "harnessrl.engines.vllm.VLLMEngine (/v1/completions with a token-ID prompt; one JSON answer "
+                "for non-streaming clients, SSE per token for streaming ones)"
+            )
     else:
         reason = "asked for"
     adapter = UpstreamCompletionsEngine(f"{upstream}/v1", tokenizer)

@@ -175,17 +175,30 @@ class GatewayClient:
 
     # -- pause / resume -----------------------------------------------------------------------------
 
-    def pause(self, timeout: float | None = None) -> dict[str, Any]:
-        """Hold new model calls; returns once in-flight calls drained (``drained``) or after ``timeout``."""
-        params = {"timeout": timeout} if timeout is not None else {}
-        http_timeout = None if timeout is None else timeout + 30.0
+    # ``scope``: ``cluster`` (default: this gateway and all its peers), ``node`` (this node's worker
+    # processes) or ``process`` (only the gateway process that answers); see docs/gateway.md.
+
+    def pause(self, timeout: float | None = None, *, scope: str | None = None) -> dict[str, Any]:
+        """Hold new model calls on every gateway; returns once in-flight calls drained (``drained``)
+        or after ``timeout``. ``Conflict`` if a newer resume overtook it; ``UpstreamError`` if a peer
+        gateway could not be reached (then do not update weights)."""
+        params: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
+        if scope is not None:
+            params["scope"] = scope
+        http_timeout = None if timeout is None else timeout + 60.0
         return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
 
-    def resume(self) -> dict[str, Any]:
-        return self._request("POST", "/api/resume")
+    def resume(self, *, scope: str | None = None, policy_version: int | None = None) -> dict[str, Any]:
+        """Release held calls on every gateway. ``policy_version``: the trainer updated a shared remote
+        engine itself; every gateway labels calls from now on with this version."""
+        params: dict[str, Any] = {"scope": scope} if scope else {}
+        if policy_version is not None:
+            params["policy_version"] = policy_version
+        return self._request("POST", "/api/resume", params=params)
 
-    def state(self) -> dict[str, Any]:
-        return self._request("GET", "/api/state")
+    def state(self, *, scope: str | None = None) -> dict[str, Any]:
+        """Pause state, in-flight and waiting calls; with peers, totals and ``gateways`` (one per process)."""
+        return self._request("GET", "/api/state", params={"scope": scope} if scope else {})
 
     def metrics(self) -> str:
         response = self._http.get("/metrics")

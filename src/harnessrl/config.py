@@ -61,6 +61,11 @@ class GatewayConfig(Section):
     # Responses-API tools the gateway cannot serve (web_search, file_search, MCP, namespaces...):
     # "drop" leaves them out of the prompt, "refuse" answers 400 naming the tool.
     unsupported_tools: Literal["drop", "refuse"] = "drop"
+    # Several gateways sharing one store (docs/gateway.md, "Several gateways"). ``workers``: gateway
+    # processes behind this one address (remote or scripted engines only). ``peers``: the other
+    # nodes' gateways (base URLs) that pause/resume must reach too.
+    workers: int = Field(default=1, ge=1, le=64)
+    peers: list[str] = Field(default_factory=list)
 
 
 class StoreConfig(Section):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from functools import cached_property
@@ -33,6 +34,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import orjson
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
@@ -262,6 +264,12 @@ class PolicyTokenizer:
         self.model_vocab_size = model_vocab_size
         self.max_position_embeddings = max_position_embeddings
         self._compiled: dict[str, jinja2.Template] = {}
+        self._token_texts: dict[int, str] = {}  # token id -> decode([id]); bounded by the vocabulary
+        # Template-ready copies of recent tool lists, by their JSON: an agent sends the same tools on
+        # every call, and rebuilding them (``_plain``) costs more than the rest of a short render.
+        # Shared safely: the sandbox is immutable, templates cannot change them.
+        self._tools_cache: dict[bytes, Any] = {}
+        self._tools_lock = threading.Lock()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> PolicyTokenizer:
@@ -316,6 +324,17 @@ class PolicyTokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (no tokenization-space clean-up, so it agrees with :class:`StreamDecoder`)."""
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """``decode([i])`` for each ID (the per-token text of logprob entries), cached per ID."""
+        cache = self._token_texts
+        out = []
+        for token_id in ids:
+            text = cache.get(token_id)
+            if text is None:
+                text = cache[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
+            out.append(text)
+        return out
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(int(i)) for i in ids]
@@ -406,13 +425,31 @@ class PolicyTokenizer:
         try:
             return compiled.render(
                 messages=_normalize_messages(messages),
-                tools=_plain(tools),
+                tools=self._template_tools(tools),
                 documents=_plain(variables.pop("documents", None)),
                 add_generation_prompt=add_generation_prompt,
                 **_plain(variables),
             )
         except jinja2.exceptions.TemplateError as exc:
             raise BadRequest(f"chat template failed: {exc}", param="messages") from exc
+
+    def _template_tools(self, tools: Any) -> Any:
+        """``_plain(tools)``, cached for the last few distinct tool lists."""
+        if tools is None:
+            return None
+        try:
+            key = orjson.dumps(tools)
+        except TypeError:  # not plain JSON (pydantic models, huge integers...): no caching
+            return _plain(tools)
+        with self._tools_lock:
+            cached = self._tools_cache.get(key)
+        if cached is None:
+            cached = _plain(tools)
+            with self._tools_lock:
+                if len(self._tools_cache) >= 16:
+                    self._tools_cache.pop(next(iter(self._tools_cache)))
+                self._tools_cache[key] = cached
+        return cached
 
     def encode_chat(
         self,

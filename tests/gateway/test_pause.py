@@ -154,3 +154,15 @@ def test_streaming_call_gets_keepalives_while_paused(
     assert lines[-1] == "data: [DONE]"
     events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
     assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == "streamed after resume"
+
+
+def test_resume_with_a_bad_policy_version_is_a_400_naming_it(make_gateway: Any) -> None:
+    from harnessrl.errors import BadRequest
+
+    gw = make_gateway(["x"])
+    gw.client.pause(timeout=5)
+    for bad in ("abc", -1):
+        with pytest.raises(BadRequest, match="policy_version"):
+            gw.client.resume(policy_version=bad)  # type: ignore[arg-type]
+    assert gw.client.state()["paused"] is True
+    assert gw.client.resume(policy_version=3)["paused"] is False

@@ -51,6 +51,10 @@ def gateway(
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(help="Gateway processes behind this address (remote/scripted engines; shared store)"),
+    ] = None,
 ) -> None:
     """Serve a policy behind the OpenAI-compatible gateway, recording every call token-exactly.
 
@@ -61,6 +65,8 @@ def gateway(
     try:
         raw = load_raw_config(config, set_)
         gateway_raw = {"host": host, "port": port, **raw.get("gateway", {})}
+        if workers is not None:
+            gateway_raw["workers"] = workers
         if os.environ.get("HARNESSRL_ADMIN_KEY"):
             gateway_raw["admin_key"] = os.environ["HARNESSRL_ADMIN_KEY"]
         engine_raw = {"model": model, **raw.get("engine", {})}

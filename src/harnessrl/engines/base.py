@@ -46,6 +46,9 @@ class GenerationContext:
 
     rollout_id: str | None = None
     call_index: int = 0  # how many calls this rollout made before this one
+    # False: the caller needs only the whole answer (a non-streaming client), so a remote engine may
+    # fetch it as one response instead of one event per token. The samples yielded are the same.
+    stream: bool = True
     extra: dict[str, Any] = field(default_factory=dict)
 
 

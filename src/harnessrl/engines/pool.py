@@ -127,6 +127,14 @@ class EnginePool:
         serving = [r for r in self.replicas if r.pending is None] or self.replicas
         return min(r.engine.policy_version for r in serving)
 
+    def adopt_policy_version(self, version: int) -> None:
+        """Every replica's weights were updated by someone else (the trainer): label them ``version``."""
+        for replica in self.replicas:
+            adopt = getattr(replica.engine, "adopt_policy_version", None)
+            if adopt is None:
+                raise ConfigError(f"engine pool replica {replica.engine!r} cannot adopt a policy version")
+            adopt(version)
+
     async def start(self) -> None:
         # A replica that is down at start is marked unhealthy rather than failing the pool: the
         # health loop re-admits it when it comes up. All down is a configuration problem.

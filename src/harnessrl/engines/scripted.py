@@ -219,5 +219,9 @@ class ScriptedEngine:
     async def update_weights(self, update: WeightUpdate) -> None:
         self._version = update.version
 
+    def adopt_policy_version(self, version: int) -> None:
+        """Scripted replies stand in for a shared remote engine in tests: only the label changes."""
+        self._version = version
+
     async def health(self) -> dict[str, Any]:
         return {"engine": "scripted", "turns": len(self._turns), "policy_version": self._version}

@@ -9,11 +9,17 @@ Request (``POST /v1/completions``, vLLM's OpenAI server; docs.vllm.ai "OpenAI-Co
   the sampled IDs (text cannot be trusted to round-trip to the same IDs);
 - ``logprobs: 0``: ``choices[].logprobs.token_logprobs`` holds the sampled tokens' logprobs with no
   alternatives (vLLM: "0 means sampled token logprobs only");
-- ``stop_token_ids``, ``skip_special_tokens: false``, ``stream: true``; vLLM keeps a sampled stop
-  token in ``token_ids``, as our protocol wants.
+- ``stop_token_ids``, ``skip_special_tokens: false``; vLLM keeps a sampled stop token in
+  ``token_ids``, as our protocol wants;
+- ``stream: true``, unless the caller said it needs only the whole answer
+  (``GenerationContext.stream`` false: a non-streaming client), then one JSON answer with the same
+  ``choices[0].token_ids`` and ``logprobs.token_logprobs``: one event per token costs both ends far
+  more than the tokens themselves.
 
 Stream chunks are ``data: {"choices": [{"text", "token_ids", "logprobs": {"token_logprobs"},
-"finish_reason"}]}`` ending with ``data: [DONE]``. Closing the stream aborts the request server-side.
+"finish_reason"}]}`` ending with ``data: [DONE]``. Closing the stream (or, not streaming, the
+request) aborts the request server-side. After a stop token the stream is read to its end, so the
+keep-alive connection is reused.
 
 Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``).
 
@@ -60,7 +66,9 @@ class VLLMEngine(RemoteEngine):
         chosen = next((m for m in models if m.get("id") == self._model), models[0])
         return chosen.get("id"), chosen.get("max_model_len")
 
-    def _request(self, prompt_ids: Sequence[int], params: SamplingParams, budget: int) -> dict[str, Any]:
+    def _request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, budget: int, stream: bool
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {
             "model": self.model_name,
             "prompt": list(prompt_ids),
@@ -70,7 +78,7 @@ class VLLMEngine(RemoteEngine):
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,
-            "stream": True,
+            "stream": stream,
         }
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
@@ -82,28 +90,55 @@ class VLLMEngine(RemoteEngine):
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
     ) -> AsyncIterator[TokenSample]:
         budget = self._check_prompt(prompt_ids, params.max_tokens)
-        url = f"{self.base_url}/v1/completions"
         stops = set(params.stop_token_ids)
+        if context is not None and not context.stream:
+            # The caller wants the whole answer: one JSON response instead of one event per token
+            # (far less work on both ends). Closing this iterator mid-request still aborts it.
+            body = self._request(prompt_ids, params, budget, stream=False)
+            answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
+            for token_id, logprob in self._samples(answer):
+                yield TokenSample(token_id, logprob)
+                if token_id in stops:
+                    return
+            return
+        stopped = False
         async with self.http.stream_sse(
-            "/v1/completions", self._request(prompt_ids, params, budget)
+            "/v1/completions", self._request(prompt_ids, params, budget, True)
         ) as events:
             async for event in events:
-                error = stream_error(event, url)
-                if error is not None:
-                    raise error
-                for choice in event.get("choices") or []:
-                    ids = choice.get("token_ids") or []
-                    logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
-                    if len(logprobs) != len(ids):
-                        raise RemoteEngineError(
-                            f"{url}: chunk has {len(ids)} token_ids but {len(logprobs)} logprobs "
-                            "(is the server older than return_token_ids?)",
-                            retryable=False,
-                        )
-                    for token_id, logprob in zip(ids, logprobs, strict=True):
-                        yield TokenSample(int(token_id), float(logprob if logprob is not None else 0.0))
-                        if token_id in stops:
-                            return
+                samples = self._samples(event)
+                if stopped:
+                    if samples:
+                        return  # tokens past the stop token: stop reading (closes the connection)
+                    continue  # read the stream to its end so the connection is reused
+                for token_id, logprob in samples:
+                    yield TokenSample(token_id, logprob)
+                    if token_id in stops:
+                        stopped = True
+                        break
+
+    def _samples(self, event: Any) -> list[tuple[int, float]]:
+        """The (token id, logprob) pairs of one stream chunk or of a whole non-streamed answer."""
+        url = f"{self.base_url}/v1/completions"
+        error = stream_error(event, url)
+        if error is not None:
+            raise error
+        if not isinstance(event, dict):
+            raise RemoteEngineError(f"{url}: unexpected answer {str(event)[:120]!r}", retryable=False)
+        out: list[tuple[int, float]] = []
+        for choice in event.get("choices") or []:
+            ids = choice.get("token_ids") or []
+            logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            if len(logprobs) != len(ids):
+                raise RemoteEngineError(
+                    f"{url}: chunk has {len(ids)} token_ids but {len(logprobs)} logprobs "
+                    "(is the server older than return_token_ids?)",
+                    retryable=False,
+                )
+            out += [
+                (int(t), float(lp) if lp is not None else 0.0) for t, lp in zip(ids, logprobs, strict=True)
+            ]
+        return out
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:

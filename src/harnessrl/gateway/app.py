@@ -8,7 +8,7 @@ Every error leaves through ``gateway.errors`` in OpenAI's shape.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -20,6 +20,7 @@ from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway import anthropic, control
 from harnessrl.gateway.chat import chat_completions
+from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.completions import completions, list_models
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS
 from harnessrl.gateway.responses import responses
@@ -42,17 +43,24 @@ def _model_routes(prefix: str) -> list[Route]:
 
 
 def create_app(
-    config: GatewayConfig, store: Store, engine: Engine, *, keepalive_s: float = 10.0
+    config: GatewayConfig,
+    store: Store,
+    engine: Engine,
+    *,
+    keepalive_s: float = 10.0,
+    siblings: Sequence[str] = (),
 ) -> Starlette:
     """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
 
     ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
+    ``siblings``: control URLs of the other worker processes of this node (``gateway.cluster``).
     """
     if not config.admin_key:
         raise ConfigError(
             "gateway.admin_key is required (set HARNESSRL_ADMIN_KEY or let run_gateway make one)"
         )
-    state = GatewayState(config=config, store=store, engine=engine, keepalive_s=keepalive_s)
+    cluster = Cluster(siblings=tuple(siblings), remotes=tuple(config.peers), admin_key=config.admin_key or "")
+    state = GatewayState(config=config, store=store, engine=engine, keepalive_s=keepalive_s, cluster=cluster)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -65,6 +73,7 @@ def create_app(
         finally:
             state.ready = False
             state.gate.resume()  # let anything still held run into the shutdown instead of hanging
+            await cluster.aclose()
             await engine.aclose()
 
     routes = [

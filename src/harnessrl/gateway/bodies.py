@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, TypeVar
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect, Request
 
@@ -44,9 +45,14 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+        # orjson: ~10x faster on a long agent history. It is strict JSON; what it refuses (NaN,
+        # lone surrogates, huge integers) still gets the lenient parser, as before.
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        try:
+            data = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise BadRequest(f"request body must be a JSON object, not {type(data).__name__}")
     return data

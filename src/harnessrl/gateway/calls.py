@@ -5,16 +5,25 @@ pause gate, so a paused gateway still answers bad requests at once), wait at the
 then make the call durable in the store, and only then hand the client the full answer. A call
 whose client went away before the end is not recorded: no one saw its answer, so no later call
 can build on it.
+
+The OpenAI-shaped APIs (chat and legacy completions) also share their ends here: the answer
+envelope, usage, the non-streaming "generate, record, answer" tail and the streaming response.
+JSON is written with orjson: the answers carry hundreds of logprob entries, and ``json.dumps``
+costs a large share of a call's CPU at that size.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import orjson
+from starlette.responses import Response, StreamingResponse
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
@@ -94,6 +103,9 @@ class PreparedCall:
     prompt_ids: list[int]
     params: SamplingParams
     stop: list[str] = field(default_factory=list)
+    # ``message_key``s of the request's messages when the API computed them (chat), so recording
+    # the call does not normalize the whole history again.
+    message_keys: tuple[bytes, ...] | None = None
     generation: Generation | None = None
     stored: Call | None = None
     _ticket: Ticket | None = None
@@ -116,10 +128,13 @@ class PreparedCall:
         state.metrics.pause_wait.observe(self._waited_s)
         state.refresh_gauges()
 
-    def start(self) -> Generation:
-        """Create the generation; reads the call index now so concurrent calls get distinct ones."""
+    def start(self, *, stream: bool = True) -> Generation:
+        """Create the generation; reads the call index now so concurrent calls get distinct ones.
+
+        ``stream=False``: the client gets the answer whole, so the engine need not stream it.
+        """
         index = self.memory.begin_call()
-        context = GenerationContext(rollout_id=self.rollout.rollout_id, call_index=index)
+        context = GenerationContext(rollout_id=self.rollout.rollout_id, call_index=index, stream=stream)
         self.generation = Generation(self.state.engine, self.prompt_ids, self.params, self.stop, context)
         return self.generation
 
@@ -127,7 +142,9 @@ class PreparedCall:
         """Make the answered call durable; the client must not get the full answer before this returns."""
         gen = self.generation
         assert gen is not None, "record() before start()"
-        call = Call(
+        # model_construct: every value is ours and already typed; validating a 16 k-token prompt
+        # list again costs more than the rest of recording.
+        call = Call.model_construct(
             rollout_id=self.rollout.rollout_id,
             attempt=self.rollout.attempt,
             api=self.api,
@@ -151,7 +168,7 @@ class PreparedCall:
         state = self.state
         stored = await state.in_thread(state.store.add_call, call)
         # Synchronously after the write: the next call of this rollout must see it for reuse.
-        state.history.record(stored)
+        state.history.record(stored, self.message_keys)
         self.stored = stored
         m = state.metrics
         m.calls.labels(api=self.api, finish_reason=stored.finish_reason).inc()
@@ -182,14 +199,85 @@ class PreparedCall:
 
 
 async def run_to_end(call: PreparedCall) -> None:
-    """Non-streaming: wait at the gate, then generate to the end."""
+    """Non-streaming: wait at the gate, then generate to the end.
+
+    The engine is told it need not stream unless stop strings are set: those are found in the text
+    as it grows and end the generation early, which saves the engine the rest.
+    """
     async for _ in call.admit():
         pass
-    await call.start().run()
+    await call.start(stream=bool(call.stop)).run()
+
+
+def _dumps(data: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(data)
+    except TypeError:  # what orjson refuses (integers past 64 bits): the slower, lenient json
+        return json.dumps(data, ensure_ascii=False).encode()
 
 
 def sse(data: dict[str, Any]) -> str:
-    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+    return "data: " + _dumps(data).decode() + "\n\n"
+
+
+def json_response(payload: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
+    """A JSON answer (orjson: UTF-8, compact; what ``JSONResponse`` sends, several times faster)."""
+    return Response(_dumps(payload), media_type="application/json", headers=headers)
+
+
+# -- the ends the OpenAI-shaped APIs share (chat.completions, completions) ------------------------
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def openai_usage(call: PreparedCall) -> dict[str, int]:
+    gen = call.generation
+    completion = len(gen.token_ids) if gen else 0
+    return {
+        "prompt_tokens": len(call.prompt_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(call.prompt_ids) + completion,
+    }
+
+
+def openai_envelope(id_prefix: str, obj: str, model: str, policy_version: int) -> dict[str, Any]:
+    """The fields every OpenAI answer and stream chunk starts with."""
+    return {
+        "id": f"{id_prefix}-{secrets.token_hex(12)}",
+        "object": obj,
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"harnessrl-policy-{policy_version}",
+    }
+
+
+async def generate_and_record(
+    call: PreparedCall, answer: Callable[[Generation], tuple[dict[str, Any], str]]
+) -> tuple[Generation, dict[str, Any], str]:
+    """Non-streaming: wait at the gate, generate, and make the call durable before anyone answers.
+
+    ``answer`` turns the finished generation into the recorded response and finish reason.
+    """
+    try:
+        await run_to_end(call)
+        gen = call.generation
+        assert gen is not None
+        response, finish = answer(gen)
+        await call.record(response, finish)
+    finally:
+        call.finish()
+    return gen, response, finish
+
+
+def streaming_response(
+    call: PreparedCall, chunks: Callable[[], AsyncGenerator[str, None]], headers: dict[str, str] | None = None
+) -> StreamingResponse:
+    """An SSE answer: ``chunks`` wrapped by ``sse_stream`` (gate keep-alives, errors, ``[DONE]``)."""
+    return StreamingResponse(
+        sse_stream(call, chunks),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, **call.headers(), **(headers or {})},
+    )
 
 
 async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, None]]) -> AsyncIterator[str]:

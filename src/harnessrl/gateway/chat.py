@@ -4,33 +4,49 @@ The prompt comes from ``conversation.build_prompt`` (sampled-token reuse); tool 
 configured parser. Streaming emits content token by token as the engine samples it, and each tool
 call as one delta when its block closes. The answered message is recorded exactly as the client
 receives it (same tool-call ids), because it is what the next call's history is matched against.
+
+Per-call cost matters here (every model call of every rollout passes through): the request's
+messages are normalized and keyed incrementally (``RolloutMemory.key_messages``), the prompt is
+spliced on the event loop when that is cheap (``quick_prompt``) and only otherwise rendered in a
+thread, and a non-streaming answer is generated without per-token decoding.
 """
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response
 
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import ChatCompletionRequest, read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall, run_to_end, sampling_params, sse, sse_stream
-from harnessrl.gateway.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.calls import (
+    SSE_HEADERS,
+    PreparedCall,
+    generate_and_record,
+    json_response,
+    openai_envelope,
+    openai_usage,
+    sampling_params,
+    sse,
+    streaming_response,
+)
+from harnessrl.gateway.conversation import PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.generation import Generation, Piece
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
 
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+__all__ = ["SSE_HEADERS", "chat_completions"]  # SSE_HEADERS: imported from here by other APIs
 
 
-def logprob_entry(state: GatewayState, token_id: int, logprob: float) -> dict[str, Any]:
+def logprob_entries(state: GatewayState, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
     # The engine reports the sampled token's logprob only, so ``top_logprobs`` stays empty.
-    token = state.engine.tokenizer.decode([token_id])
-    return {"token": token, "logprob": logprob, "bytes": list(token.encode("utf-8")), "top_logprobs": []}
+    texts = state.engine.tokenizer.token_texts(token_ids)
+    return [
+        {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
+        for text, lp in zip(texts, logprobs, strict=True)
+    ]
 
 
 def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, Any], str]:
@@ -50,33 +66,36 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(ChatCompletionRequest, data)
     body.check_n()
-    messages = normalize_messages(data["messages"])
-    rollout = await open_rollout(state, rollout)
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    keyed = memory.key_messages(data["messages"])  # 400 for unusable content, before the rollout starts
+    rollout = await open_rollout(state, rollout)
     priors = list(memory.priors.values())
     tokenizer = state.engine.tokenizer
-    # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-    plan = await state.in_thread(
-        lambda: build_prompt(
-            tokenizer, messages, priors, tools=body.tools or None, template_kwargs=body.chat_template_kwargs
-        )
+    tools, kwargs = body.tools or None, body.chat_template_kwargs
+    plan: PromptPlan | None = quick_prompt(
+        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs
     )
+    if plan is None:
+        # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
+        plan = await state.in_thread(
+            lambda: build_prompt(
+                tokenizer, keyed.messages, priors, tools=tools, template_kwargs=kwargs, keys=keyed.keys
+            )
+        )
     state.metrics.reuse.labels(result=plan.result).inc()
     params = sampling_params(state, body, len(plan.prompt_ids), body.requested_max_tokens, rollout)
     call = PreparedCall(
-        state, rollout, memory, "chat.completions", data, plan.prompt_ids, params, body.stop_strings()
+        state,
+        rollout,
+        memory,
+        "chat.completions",
+        data,
+        plan.prompt_ids,
+        params,
+        body.stop_strings(),
+        message_keys=keyed.keys,
     )
     return call, body
-
-
-def _usage(call: PreparedCall) -> dict[str, int]:
-    gen = call.generation
-    completion = len(gen.token_ids) if gen else 0
-    return {
-        "prompt_tokens": len(call.prompt_ids),
-        "completion_tokens": completion,
-        "total_tokens": len(call.prompt_ids) + completion,
-    }
 
 
 async def chat_completions(request: Request) -> Response:
@@ -84,55 +103,34 @@ async def chat_completions(request: Request) -> Response:
     state = call.state
     model = body.model or state.engine.model_name
     if body.stream:
-        stream = sse_stream(call, lambda: _chunks(call, body, model))
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={**SSE_HEADERS, **call.headers()}
-        )
-    try:
-        await run_to_end(call)
-        gen = call.generation
-        assert gen is not None
+        return streaming_response(call, lambda: _chunks(call, body, model))
+
+    def answer(gen: Generation) -> tuple[dict[str, Any], str]:
         if body.wants_tool_calls:
             parser = state.tool_parser()
             parsed = collect(parser.feed(gen.text) + parser.finish())
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
-        message, finish = answer_message(parsed, gen)
-        await call.record(message, finish)
-    finally:
-        call.finish()
+        return answer_message(parsed, gen)
+
+    gen, message, finish = await generate_and_record(call, answer)
     logprobs = None
     if body.logprobs:
         stop_ids = set(call.params.stop_token_ids)
-        logprobs = {
-            "content": [
-                logprob_entry(state, t, lp)
-                for t, lp in zip(gen.token_ids, gen.logprobs, strict=True)
-                if t not in stop_ids
-            ]
-        }
+        kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
+        logprobs = {"content": logprob_entries(state, [t for t, _ in kept], [lp for _, lp in kept])}
     payload = {
-        "id": f"chatcmpl-{secrets.token_hex(12)}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"harnessrl-policy-{gen.policy_version}",
+        **openai_envelope("chatcmpl", "chat.completion", model, gen.policy_version),
         "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": _usage(call),
+        "usage": openai_usage(call),
     }
-    return JSONResponse(payload, headers=call.headers())
+    return json_response(payload, headers=call.headers())
 
 
 async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -> AsyncGenerator[str, None]:
     state = call.state
     gen = call.start()
-    base = {
-        "id": f"chatcmpl-{secrets.token_hex(12)}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"harnessrl-policy-{state.engine.policy_version}",
-    }
+    base = openai_envelope("chatcmpl", "chat.completion.chunk", model, state.engine.policy_version)
 
     def chunk(
         delta: dict[str, Any], finish: str | None = None, logprobs: list[dict[str, Any]] | None = None
@@ -166,7 +164,7 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
     piece: Piece
     async for piece in gen.pieces():
         if body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
-            pending_lp.append(logprob_entry(state, piece.token_id, piece.logprob))
+            pending_lp += logprob_entries(state, [piece.token_id], [piece.logprob])
         if piece.text:
             for out in emit(parser.feed(piece.text) if parser else [ContentEvent(piece.text)]):
                 yield out
@@ -178,4 +176,4 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
     await call.record(message, finish)  # durable before the client sees the end of the answer
     yield chunk({}, finish=finish, logprobs=pending_lp)
     if body.include_usage:
-        yield sse({**base, "choices": [], "usage": _usage(call)})
+        yield sse({**base, "choices": [], "usage": openai_usage(call)})

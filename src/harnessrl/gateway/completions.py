@@ -7,13 +7,11 @@ template and no reuse: the caller owns the exact prompt.
 
 from __future__ import annotations
 
-import secrets
-import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
@@ -21,12 +19,15 @@ from harnessrl.gateway.bodies import CompletionRequest, read_json, validate_body
 from harnessrl.gateway.calls import (
     PreparedCall,
     check_token_ids,
-    run_to_end,
+    generate_and_record,
+    json_response,
+    openai_envelope,
+    openai_usage,
     sampling_params,
     sse,
-    sse_stream,
+    streaming_response,
 )
-from harnessrl.gateway.chat import SSE_HEADERS
+from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.state import GatewayState
 
 
@@ -43,12 +44,12 @@ class _LegacyLogprobs:
         self.token_logprobs: list[float] = []
         self.text_offset: list[int] = []
 
-    def add(self, token_id: int, logprob: float) -> None:
-        token = self._state.engine.tokenizer.decode([token_id])
-        self.tokens.append(token)
-        self.token_logprobs.append(logprob)
-        self.text_offset.append(self._offset)
-        self._offset += len(token)
+    def add(self, token_ids: list[int], logprobs: list[float]) -> None:
+        for token, logprob in zip(self._state.engine.tokenizer.token_texts(token_ids), logprobs, strict=True):
+            self.tokens.append(token)
+            self.token_logprobs.append(logprob)
+            self.text_offset.append(self._offset)
+            self._offset += len(token)
 
     def take(self) -> dict[str, Any]:
         out = {
@@ -80,58 +81,28 @@ async def completions(request: Request) -> Response:
     params = sampling_params(state, body, len(prompt_ids), body.max_tokens, rollout)
     call = PreparedCall(state, rollout, memory, "completions", data, prompt_ids, params, body.stop_strings())
     model = body.model or state.engine.model_name
-    want_lp = body.logprobs is not None
     if body.stream:
-        stream = sse_stream(call, lambda: _chunks(call, body, model))
-        return StreamingResponse(
-            stream, media_type="text/event-stream", headers={**SSE_HEADERS, **call.headers()}
-        )
-    try:
-        await run_to_end(call)
-        gen = call.generation
-        assert gen is not None
-        await call.record({"text": gen.text}, gen.finish_reason)
-    finally:
-        call.finish()
+        return streaming_response(call, lambda: _chunks(call, body, model))
+    gen, _, finish = await generate_and_record(call, lambda g: ({"text": g.text}, g.finish_reason))
     logprobs = None
-    if want_lp:
+    if body.logprobs is not None:
         acc = _LegacyLogprobs(state)
         stop_ids = set(params.stop_token_ids)
-        for t, lp in zip(gen.token_ids, gen.logprobs, strict=True):
-            if t not in stop_ids:
-                acc.add(t, lp)
+        kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
+        acc.add([t for t, _ in kept], [lp for _, lp in kept])
         logprobs = acc.take()
     payload = {
-        "id": f"cmpl-{secrets.token_hex(12)}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"harnessrl-policy-{gen.policy_version}",
-        "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": gen.finish_reason}],
-        "usage": _usage(call),
+        **openai_envelope("cmpl", "text_completion", model, gen.policy_version),
+        "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": finish}],
+        "usage": openai_usage(call),
     }
-    return JSONResponse(payload, headers=call.headers())
-
-
-def _usage(call: PreparedCall) -> dict[str, int]:
-    completion = len(call.generation.token_ids) if call.generation else 0
-    return {
-        "prompt_tokens": len(call.prompt_ids),
-        "completion_tokens": completion,
-        "total_tokens": len(call.prompt_ids) + completion,
-    }
+    return json_response(payload, headers=call.headers())
 
 
 async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> AsyncGenerator[str, None]:
     state = call.state
-    gen = call.start()
-    base = {
-        "id": f"cmpl-{secrets.token_hex(12)}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"harnessrl-policy-{state.engine.policy_version}",
-    }
+    gen: Generation = call.start()
+    base = openai_envelope("cmpl", "text_completion", model, state.engine.policy_version)
     acc = _LegacyLogprobs(state) if body.logprobs is not None else None
 
     def chunk(text: str, finish: str | None = None) -> str:
@@ -140,13 +111,13 @@ async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> As
 
     async for piece in gen.pieces():
         if acc is not None and piece.token_id >= 0 and not piece.is_stop_token:
-            acc.add(piece.token_id, piece.logprob)
+            acc.add([piece.token_id], [piece.logprob])
         if piece.text:
             yield chunk(piece.text)
     await call.record({"text": gen.text}, gen.finish_reason)
     yield chunk("", finish=gen.finish_reason)
     if body.include_usage:
-        yield sse({**base, "choices": [], "usage": _usage(call)})
+        yield sse({**base, "choices": [], "usage": openai_usage(call)})
 
 
 async def list_models(request: Request) -> Response:

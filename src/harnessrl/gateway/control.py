@@ -6,14 +6,16 @@ reward) and the trainer (read calls with token IDs, pause for a weight update, r
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.errors import BadRequest, NotFound, UpstreamError
+from harnessrl.errors import BadRequest, Conflict, NotFound, UpstreamError
 from harnessrl.gateway.auth import require_admin
 from harnessrl.gateway.bodies import CreateRolloutRequest, FinishRolloutRequest, read_json, validate_body
+from harnessrl.gateway.cluster import aggregate, format_order, parse_order, parse_scope
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, RolloutStatus
 
@@ -153,36 +155,97 @@ def _state_json(state: GatewayState) -> dict[str, Any]:
         "policy_version": state.engine.policy_version,
         "context_length": state.engine.context_length,
         "uptime_s": round(state.uptime(), 3),
+        "order": format_order(state.cluster.last),  # stamp of the last pause/resume applied
     }
 
 
-async def pause(request: Request) -> Response:
-    state = _admin_state(request)
+def _pause_timeout(request: Request, state: GatewayState) -> float:
     raw = request.query_params.get("timeout")
-    timeout = state.config.pause_timeout_s
-    if raw is not None:
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise BadRequest(
-                "query parameter 'timeout' must be a number of seconds", param="timeout"
-            ) from None
-        if not timeout >= 0:
-            raise BadRequest("query parameter 'timeout' must be >= 0", param="timeout")
+    if raw is None:
+        return state.config.pause_timeout_s
+    try:
+        timeout = float(raw)
+    except ValueError:
+        raise BadRequest("query parameter 'timeout' must be a number of seconds", param="timeout") from None
+    if not timeout >= 0:
+        raise BadRequest("query parameter 'timeout' must be >= 0", param="timeout")
+    return timeout
+
+
+async def pause(request: Request) -> Response:
+    """Pause this gateway and its peers (``gateway.cluster``); answer once all drained or timed out."""
+    state = _admin_state(request)
+    timeout = _pause_timeout(request, state)
+    scope = parse_scope(request.query_params.get("scope"))
+    cluster = state.cluster
+    order = cluster.stamp(parse_order(request.query_params.get("order")))
+    if not cluster.apply(order, "pause") and cluster.last_kind == "resume":
+        raise Conflict(
+            f"pause {format_order(order)} was overtaken by a newer resume ({format_order(cluster.last)}); "
+            "the gateways are serving: pause again before updating weights"
+        )
+    # Applied, or older than a pause already in force: either way the gate is (kept) closed and
+    # this request waits for the drain like the newer one does.
+    state.gate.close()
     state.metrics.paused.set(1)
-    drained = await state.gate.pause(timeout)
-    return JSONResponse({**_state_json(state), "paused": True, "drained": drained})
+    drained, peers = await asyncio.gather(
+        state.gate.drain(timeout), cluster.forward("POST", "/api/pause", scope, order, timeout)
+    )
+    if cluster.last_kind == "resume" and cluster.last > order:
+        raise Conflict(
+            f"pause {format_order(order)} was overtaken by a newer resume ({format_order(cluster.last)}) "
+            "while draining; pause again before updating weights"
+        )
+    local = {**_state_json(state), "paused": True, "drained": drained}
+    return JSONResponse(aggregate(local, peers))
+
+
+def _policy_version(request: Request) -> int | None:
+    raw = request.query_params.get("policy_version")
+    if raw is None:
+        return None
+    try:
+        version = int(raw)
+    except ValueError:
+        raise BadRequest(
+            "query parameter 'policy_version' must be an integer", param="policy_version"
+        ) from None
+    if version < 0:
+        raise BadRequest("query parameter 'policy_version' must be >= 0", param="policy_version")
+    return version
 
 
 async def resume(request: Request) -> Response:
+    """Resume this gateway and its peers, unless a newer pause is in force (then ``superseded``)."""
     state = _admin_state(request)
-    released = state.gate.resume()
-    return JSONResponse({**_state_json(state), "released": released})
+    scope = parse_scope(request.query_params.get("scope"))
+    cluster = state.cluster
+    order = cluster.stamp(parse_order(request.query_params.get("order")))
+    version = _policy_version(request)
+    adopt = getattr(state.engine, "adopt_policy_version", None)
+    if version is not None and adopt is None:
+        raise BadRequest(
+            "policy_version on resume is for gateways in front of a shared remote engine; this "
+            "gateway's engine holds its own weights (update them through the engine)",
+            param="policy_version",
+        )
+    applied = cluster.apply(order, "resume")
+    if applied and adopt is not None and version is not None:
+        # The trainer installed new weights in a shared remote engine itself (docs/gateway.md,
+        # "Several gateways"); every gateway records calls from now on under this version.
+        adopt(version)
+    released = state.gate.resume() if applied else 0
+    extra = {"policy_version": str(version)} if version is not None else None
+    peers = await cluster.forward("POST", "/api/resume", scope, order, None, extra)
+    local = {**_state_json(state), "released": released, "superseded": not applied}
+    return JSONResponse(aggregate(local, peers))
 
 
 async def get_state(request: Request) -> Response:
     state = _admin_state(request)
-    return JSONResponse(_state_json(state))
+    scope = parse_scope(request.query_params.get("scope"))
+    peers = await state.cluster.forward("GET", "/api/state", scope, None, None)
+    return JSONResponse(aggregate(_state_json(state), peers))
 
 
 async def metrics(request: Request) -> Response:

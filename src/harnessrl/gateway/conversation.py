@@ -31,16 +31,26 @@ neighbours in the templates we know, but chat templates are not compositional in
 first ``VERIFY_CALLS`` incremental splices per tokenizer are also computed the full way and
 compared; one difference turns incremental rendering off for that tokenizer for good. Any failure
 of the surrogate path (template error, prefix mismatch) falls back to the full path above, so the
-prompt IDs are always the full path's.
+prompt IDs are always the full path's. ``quick_prompt`` is that trusted incremental path alone: cheap
+enough (a few short renders, one short encode) for the gateway to run on its event loop, sending only
+the rest to a thread.
+
+Normalizing and fingerprinting (step 2) is O(context) as well. ``key_messages`` makes it O(new
+messages): an agent resends its whole history on every call, so a digest of each raw message is
+compared with the rollout's previous request and the messages that are byte-for-byte the same (as
+canonical JSON) take their normalized form and key from it; only the new tail is normalized.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import weakref
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from harnessrl.errors import BadRequest
 
@@ -127,18 +137,20 @@ def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any
     return [normalize_message(m, i) for i, m in enumerate(messages)]
 
 
-def _canonical(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def _canonical(value: Any) -> bytes:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except TypeError:  # what orjson cannot encode (integers past 64 bits): the slower, lenient json
+        return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-def message_key(message: dict[str, Any]) -> str:
+def message_key(message: dict[str, Any]) -> bytes:
     """A comparable fingerprint of a normalized message: what it says, not how it was serialized.
 
     Ignored: tool-call ids, surrounding whitespace, JSON key order and spacing in arguments.
     """
-    calls = [
-        (c["function"]["name"], _canonical(c["function"]["arguments"])) for c in message.get("tool_calls", [])
-    ]
+    # Arguments go in as values: the sorted-key compact encoding of the whole key normalizes them.
+    calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
     return _canonical(
         {
             "role": message["role"],
@@ -154,8 +166,8 @@ def message_key(message: dict[str, Any]) -> str:
 class PriorCall:
     """What reuse needs to remember of one answered chat call."""
 
-    message_keys: tuple[str, ...]  # fingerprints of the request's normalized messages
-    answer_key: str  # fingerprint of the assistant message the gateway answered with
+    message_keys: tuple[bytes, ...]  # fingerprints of the request's normalized messages
+    answer_key: bytes  # fingerprint of the assistant message the gateway answered with
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
 
@@ -167,12 +179,65 @@ class PriorCall:
         prompt_ids: Sequence[int],
         response_ids: Sequence[int],
     ) -> PriorCall:
+        keys = tuple(message_key(m) for m in normalize_messages(request_messages))
+        return cls.from_keys(keys, answer, prompt_ids, response_ids)
+
+    @classmethod
+    def from_keys(
+        cls,
+        message_keys: Sequence[bytes],
+        answer: dict[str, Any],
+        prompt_ids: Sequence[int],
+        response_ids: Sequence[int],
+    ) -> PriorCall:
+        """From the request's message keys as ``key_messages`` computed them (no re-normalizing)."""
         return cls(
-            message_keys=tuple(message_key(m) for m in normalize_messages(request_messages)),
+            message_keys=tuple(message_keys),
             answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
             prompt_ids=tuple(prompt_ids),
             response_ids=tuple(response_ids),
         )
+
+
+def _raw_digest(message: Any) -> bytes:
+    """A digest of a message exactly as sent: equal digests mean equal JSON (types included)."""
+    try:
+        blob = orjson.dumps(message)
+    except TypeError:
+        blob = json.dumps(message, ensure_ascii=False).encode()
+    return hashlib.blake2b(blob, digest_size=16).digest()
+
+
+@dataclass(frozen=True)
+class KeyedMessages:
+    """A request's messages normalized and fingerprinted, with what the next request needs to reuse it."""
+
+    messages: list[dict[str, Any]]  # normalized (``normalize_message``)
+    keys: tuple[bytes, ...]  # ``message_key`` of each
+    raw_digests: tuple[bytes, ...]  # ``_raw_digest`` of each message as received
+
+
+def key_messages(raw: Sequence[Any], previous: KeyedMessages | None = None) -> KeyedMessages:
+    """Normalize and fingerprint ``raw`` (``BadRequest`` for a malformed message), reusing the work
+    done for ``previous`` (the rollout's last request) on the leading messages it repeats exactly.
+
+    Reuse is by position, so a message keeps the index its default tool-call ids were made from.
+    A reused message was validated when ``previous`` was keyed.
+    """
+    digests = tuple(_raw_digest(m) for m in raw)
+    same = 0
+    if previous is not None:
+        limit = min(len(digests), len(previous.raw_digests))
+        while same < limit and digests[same] == previous.raw_digests[same]:
+            same += 1
+    reused_messages = previous.messages[:same] if previous is not None else []
+    reused_keys = previous.keys[:same] if previous is not None else ()
+    new = [normalize_message(m, i) for i, m in enumerate(raw[same:], start=same)]
+    return KeyedMessages(
+        messages=[*reused_messages, *new],
+        keys=(*reused_keys, *(message_key(m) for m in new)),
+        raw_digests=digests,
+    )
 
 
 @dataclass(frozen=True)
@@ -182,14 +247,14 @@ class PromptPlan:
     reused_tokens: int = 0  # how many leading tokens were taken from an earlier call verbatim
 
 
-def find_prior(keys: Sequence[str], priors: Iterable[PriorCall]) -> PriorCall | None:
+def find_prior(keys: Sequence[bytes], priors: Iterable[PriorCall]) -> PriorCall | None:
     """The earlier call with the most messages whose history and answer this conversation continues."""
     best: PriorCall | None = None
     for prior in priors:
         n = len(prior.message_keys)
         if n >= len(keys) or (best is not None and n < len(best.message_keys)):
             continue
-        if tuple(keys[:n]) == prior.message_keys and keys[n] == prior.answer_key:
+        if keys[n] == prior.answer_key and tuple(keys[:n]) == prior.message_keys:
             best = prior  # ties go to the later call
     return best
 
@@ -202,13 +267,15 @@ def build_prompt(
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
     incremental: bool = True,
+    keys: Sequence[bytes] | None = None,
 ) -> PromptPlan:
     """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens.
 
-    ``incremental=False`` always renders the whole conversation (the reference path)."""
+    ``incremental=False`` always renders the whole conversation (the reference path). ``keys``: the
+    messages' ``message_key``s if already computed (``key_messages``)."""
     kwargs = template_kwargs or {}
     priors = list(priors)
-    keys = [message_key(m) for m in messages]
+    keys = [message_key(m) for m in messages] if keys is None else keys
     prior = find_prior(keys, priors)
     if prior is not None and incremental and _INCREMENTAL_OK.get(tokenizer, 0) >= 0:
         spliced = _splice_incremental(tokenizer, messages, prior, tools, kwargs)
@@ -217,7 +284,13 @@ def build_prompt(
             if checks >= VERIFY_CALLS:
                 return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
             full = build_prompt(
-                tokenizer, messages, [prior], tools=tools, template_kwargs=kwargs, incremental=False
+                tokenizer,
+                messages,
+                [prior],
+                tools=tools,
+                template_kwargs=kwargs,
+                incremental=False,
+                keys=keys,
             )
             _INCREMENTAL_OK[tokenizer] = checks + 1 if full.prompt_ids == spliced else -1
             return full
@@ -231,6 +304,32 @@ def build_prompt(
     spliced = _splice(tokenizer, prior, prefix_text, full_text)
     if spliced is None:
         return PromptPlan(tokenizer.encode(full_text), "mismatch")
+    return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+
+
+def quick_prompt(
+    tokenizer: PolicyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    priors: Iterable[PriorCall],
+    keys: Sequence[bytes],
+    *,
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+) -> PromptPlan | None:
+    """``build_prompt``'s result when it comes from a trusted incremental splice, else ``None``.
+
+    The cheap case only: a few renders of a short surrogate conversation and one encode of the new
+    tail. Everything that renders or encodes the whole conversation (no match, a splice still being
+    verified, a failed splice) returns ``None`` for ``build_prompt`` to do, off the event loop.
+    """
+    if _INCREMENTAL_OK.get(tokenizer, 0) < VERIFY_CALLS:
+        return None
+    prior = find_prior(keys, priors)
+    if prior is None:
+        return None
+    spliced = _splice_incremental(tokenizer, messages, prior, tools, template_kwargs or {})
+    if spliced is None:
+        return None
     return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
 
 

@@ -75,20 +75,25 @@ class Generation:
         self.started_at = now()
         stream = self.engine.generate(self.prompt_ids, self.params, self.context)
         ended_by = None  # "token" (a stop token was sampled), "string" (a stop string appeared) or None
+        released_parts: list[str] = []  # joined once at the end: += on a long answer is quadratic
         try:
             async for sample in stream:
+                if ended_by is not None:
+                    break  # an engine yielding past its stop token: the turn ended there
                 if self.first_token_at is None:
                     self.first_token_at = now()
                 self.token_ids.append(sample.token_id)
                 self.logprobs.append(sample.logprob)
                 if sample.token_id in stop_ids:
                     # Not decoded: the stop token ends the turn and is no part of the answer's text.
+                    # The engine ends by itself after it; letting it finish (rather than closing it)
+                    # lets a remote engine read its stream to the end and keep the connection.
                     ended_by = "token"
                     yield Piece("", sample.token_id, sample.logprob, is_stop_token=True)
-                    break
+                    continue
                 pending += decoder.push(sample.token_id)
                 released, pending, hit = self._release(pending)
-                self.text += released
+                released_parts.append(released)
                 yield Piece(released, sample.token_id, sample.logprob)
                 if hit:
                     ended_by = "string"
@@ -103,11 +108,12 @@ class Generation:
             pending += decoder.flush()
             released, pending, hit = self._release(pending)
             tail = released if hit else released + pending
-            self.text += tail
+            released_parts.append(tail)
             if tail:
                 yield Piece(tail, -1, 0.0)
             if hit:
                 ended_by = "string"
+        self.text = "".join(released_parts)
         # No stop token and no stop string: the engine ran out of budget (max_tokens or context).
         self.finish_reason = "length" if ended_by is None else "stop"
         self.finished_at = now()
@@ -123,7 +129,35 @@ class Generation:
         return pending[: len(pending) - hold], pending[len(pending) - hold :], False
 
     async def run(self) -> Generation:
-        """Generate to the end without streaming."""
-        async for _ in self.pieces():
-            pass
+        """Generate to the end without streaming.
+
+        Without stop strings nothing has to be decided token by token, so the tokens are collected
+        and decoded once at the end (``StreamDecoder`` pieces joined equal ``decode`` of all IDs);
+        with stop strings the text is checked as it grows, exactly as when streaming.
+        """
+        if self.stop:
+            async for _ in self.pieces():
+                pass
+            return self
+        stop_ids = set(self.params.stop_token_ids)
+        self.policy_version = self.engine.policy_version
+        self.started_at = now()
+        stream = self.engine.generate(self.prompt_ids, self.params, self.context)
+        ended_by_token = False
+        try:
+            async for sample in stream:
+                if ended_by_token:
+                    break  # an engine yielding past its stop token: the turn ended there
+                if self.first_token_at is None:
+                    self.first_token_at = now()
+                self.token_ids.append(sample.token_id)
+                self.logprobs.append(sample.logprob)
+                ended_by_token = sample.token_id in stop_ids
+        finally:
+            with anyio.CancelScope(shield=True):
+                await stream.aclose()  # type: ignore[attr-defined]
+        text_ids = self.token_ids[:-1] if ended_by_token else self.token_ids
+        self.text = self.engine.tokenizer.decode(text_ids) if text_ids else ""
+        self.finish_reason = "stop" if ended_by_token else "length"
+        self.finished_at = now()
         return self

@@ -4,6 +4,9 @@ In memory for speed, but never the source of truth: after a gateway restart a ro
 rebuilt lazily from ``store.list_calls`` (the stored request messages, answered message and token
 IDs are all reuse needs). Entries are keyed by (rollout, attempt) so a retried rollout never
 splices in tokens of an abandoned attempt. Least-recently-used rollouts are forgotten past a cap.
+
+Each memory also keeps the rollout's last request's keyed messages (``conversation.key_messages``),
+so the next request normalizes and fingerprints only the messages it adds.
 """
 
 from __future__ import annotations
@@ -11,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio.to_thread
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
-from harnessrl.gateway.conversation import PriorCall
+from harnessrl.gateway.conversation import KeyedMessages, PriorCall, key_messages
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
 
@@ -32,6 +37,16 @@ class RolloutMemory:
     recorded: set[int] = field(default_factory=set)  # seqs of this attempt's calls in the store
     in_flight: int = 0
     loaded: bool = False
+    last_keyed: KeyedMessages | None = None  # the last request's messages, a cache for the next one
+    # The rollout's call count in the store (all attempts) as of the last load, plus calls recorded
+    # here since: with peer gateways, a larger count in the store means this memory is stale.
+    store_calls: int = 0
+
+    def key_messages(self, raw: Sequence[Any]) -> KeyedMessages:
+        """``conversation.key_messages`` for a new request of this rollout, remembered for the next."""
+        keyed = key_messages(raw, self.last_keyed)
+        self.last_keyed = keyed
+        return keyed
 
     def begin_call(self) -> int:
         """Count a generation as started; returns its ``call_index`` (calls made before it).
@@ -61,20 +76,36 @@ def prior_from_call(call: Call) -> PriorCall | None:
 
 
 class CallHistory:
-    def __init__(self, store: Store, max_rollouts: int = 4096) -> None:
+    """``check_store``: other gateways write into the same store (``gateway.cluster``), so a rollout's
+    memory may lack calls they served; each ``get`` then compares the store's call count with what the
+    memory accounts for and loads the missing calls (one ``count_calls`` query per call)."""
+
+    def __init__(self, store: Store, max_rollouts: int = 4096, *, check_store: bool = False) -> None:
         self._store = store
         self._max = max_rollouts
+        self._check_store = check_store
         self._memories: OrderedDict[Key, RolloutMemory] = OrderedDict()
         self._locks: dict[Key, asyncio.Lock] = {}
 
     async def get(self, rollout_id: str, attempt: int) -> RolloutMemory:
         key = (rollout_id, attempt)
         memory = self._memory(key)
+        stale = False
         if memory.loaded:
-            return memory
+            if not self._check_store:
+                return memory
+            count = await anyio.to_thread.run_sync(lambda: self._store.count_calls(rollout_id))
+            if count == memory.store_calls:
+                return memory
+            stale = True
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
-            if not memory.loaded:
+            if not memory.loaded or stale:
+                # Count first: a call recorded between the two reads makes the next get load again.
+                if self._check_store:
+                    memory.store_calls = await anyio.to_thread.run_sync(
+                        lambda: self._store.count_calls(rollout_id)
+                    )
                 calls = await anyio.to_thread.run_sync(
                     lambda: self._store.list_calls(rollout_id, attempt=attempt)
                 )
@@ -88,11 +119,22 @@ class CallHistory:
         self._locks.pop(key, None)
         return memory
 
-    def record(self, call: Call) -> None:
-        """Remember a call just added to the store (``seq`` assigned)."""
+    def record(self, call: Call, message_keys: Sequence[bytes] | None = None) -> None:
+        """Remember a call just added to the store (``seq`` assigned).
+
+        ``message_keys``: the keys of the call's request messages when the caller already has them
+        (``RolloutMemory.key_messages``), which spares normalizing the whole history again.
+        """
         memory = self._memory((call.rollout_id, call.attempt))
+        if call.seq not in memory.recorded:
+            memory.store_calls += 1
         memory.recorded.add(call.seq)
-        prior = prior_from_call(call)
+        if message_keys is not None:
+            prior: PriorCall | None = PriorCall.from_keys(
+                message_keys, call.response, call.prompt_token_ids, call.response_token_ids
+            )
+        else:
+            prior = prior_from_call(call)
         if prior is not None:
             memory.priors[call.seq] = prior
 

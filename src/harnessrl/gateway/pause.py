@@ -4,7 +4,8 @@ Every model call takes a ``Ticket`` before it generates. While the gate is open 
 admitted at once (counted in flight); while paused it waits in a FIFO queue. ``pause`` closes the
 gate and waits until the calls already in flight have finished (drained) or a timeout passes;
 ``resume`` admits every waiting ticket in arrival order, in one step, so a quick re-pause cannot
-reorder them. Everything runs on the event loop: no locks.
+reorder them. ``close`` + ``drain`` are the two halves of ``pause`` for callers (the control API with
+peers) that must close the gate synchronously and then wait. Everything runs on the event loop: no locks.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class PauseGate:
         self._queue: deque[Ticket] = deque()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._reopened = asyncio.Event()  # set while open; lets a drain end early on resume
+        self._reopened.set()
 
     @property
     def waiting(self) -> int:
@@ -70,16 +73,32 @@ class PauseGate:
 
     async def pause(self, timeout: float) -> bool:
         """Close the gate; return whether in-flight calls drained within ``timeout`` seconds."""
+        self.close()
+        return await self.drain(timeout)
+
+    def close(self) -> None:
+        """Close the gate now (synchronously, so no other request can slip in between)."""
         self.paused = True
+        self._reopened.clear()
+
+    async def drain(self, timeout: float) -> bool:
+        """Wait until no call is in flight: ``True`` once drained while closed; ``False`` after
+        ``timeout`` seconds, or as soon as a ``resume`` reopened the gate (the drain is moot then)."""
+        if self._idle.is_set() or not self.paused:
+            return self._idle.is_set() and self.paused
+        idle = asyncio.ensure_future(self._idle.wait())
+        reopened = asyncio.ensure_future(self._reopened.wait())
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+            done, _ = await asyncio.wait({idle, reopened}, timeout=timeout, return_when="FIRST_COMPLETED")
+        finally:
+            idle.cancel()
+            reopened.cancel()
+        return idle in done and self.paused
 
     def resume(self) -> int:
         """Open the gate and admit every waiting call in arrival order; returns how many."""
         self.paused = False
+        self._reopened.set()
         released = 0
         while self._queue:
             self._admit(self._queue.popleft())

@@ -53,7 +53,7 @@ def _ignore_signal(signum: int, frame: object) -> None:
 
 
 def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
-    """Serve until SIGINT/SIGTERM. Blocking."""
+    """Serve until SIGINT/SIGTERM. Blocking. ``gateway.workers > 1``: that many processes (``run_workers``)."""
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
     from harnessrl.store import open_store
@@ -62,6 +62,13 @@ def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) ->
     generated = gateway.admin_key is None
     if generated:
         gateway = gateway.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
+    if gateway.workers > 1:
+        from harnessrl.gateway.workers import run_workers
+
+        if generated:
+            print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
+        run_workers(gateway, engine, store_url)
+        return
     sock = _bind(gateway.host, gateway.port)
     port = sock.getsockname()[1]
     url = _url(gateway.host, port)
@@ -92,13 +99,26 @@ def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) ->
 
 
 @contextlib.contextmanager
-def serve_in_thread(app: Starlette, host: str = "127.0.0.1", timeout_s: float = 30.0) -> Iterator[str]:
-    """Run ``app`` with a real uvicorn server on a free port in a background thread; yields its URL.
+def serve_in_thread(
+    app: Starlette,
+    host: str = "127.0.0.1",
+    timeout_s: float = 30.0,
+    *,
+    sock: socket.socket | None = None,
+    port: int = 0,
+) -> Iterator[str]:
+    """Run ``app`` with a real uvicorn server on ``port`` (0: a free one) in a background thread;
+    yields its URL.
 
     For tests and notebooks: the lifespan runs (engine started), and leaving the block shuts the
-    server down cleanly. uvicorn installs no signal handlers off the main thread.
+    server down cleanly. uvicorn installs no signal handlers off the main thread. ``sock``: a
+    listening socket bound beforehand (e.g. so peer gateways can be told each other's URL); it is
+    closed at the end.
     """
-    sock = _bind(host, 0)
+    if sock is None:
+        sock = _bind(host, port)
+    else:
+        host = sock.getsockname()[0]
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
@@ -124,7 +144,8 @@ def serve_in_thread(app: Starlette, host: str = "127.0.0.1", timeout_s: float = 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m harnessrl.gateway --model M --port P --store S [--host H]`` (admin key from env)."""
+    """``python -m harnessrl.gateway --model M --port P --store S [--host H] [--workers N] [--peer URL]``
+    (admin key from env)."""
     import argparse
     import os
 
@@ -133,12 +154,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--store", default="runs/gateway/harnessrl.db")
+    parser.add_argument("--workers", type=int, default=1, help="gateway processes behind this address")
+    parser.add_argument("--peer", action="append", default=[], help="another node's gateway URL")
+    parser.add_argument("--tokenizer", default=None, help="the policy's tokenizer (remote engines)")
     args = parser.parse_args(argv)
     try:
         gateway = GatewayConfig(
-            host=args.host, port=args.port, admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None
+            host=args.host,
+            port=args.port,
+            admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None,
+            workers=args.workers,
+            peers=args.peer,
         )
-        run_gateway(gateway, EngineConfig(model=args.model), args.store)
+        run_gateway(gateway, EngineConfig(model=args.model, tokenizer=args.tokenizer), args.store)
     except ConfigError as exc:
         print(f"harnessrl gateway: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -10,6 +10,7 @@ import anyio.to_thread
 
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
+from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.pause import PauseGate
@@ -28,6 +29,8 @@ class GatewayState:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     gate: PauseGate = field(default_factory=PauseGate)
     history: CallHistory = field(init=False)
+    # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
+    cluster: Cluster | None = None
     tool_parser: Callable[[], ToolParser] = field(init=False)
     # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
     # client read timeouts from giving up on a call that is merely waiting for new weights).
@@ -36,7 +39,10 @@ class GatewayState:
     ready: bool = False
 
     def __post_init__(self) -> None:
-        self.history = CallHistory(self.store)
+        if self.cluster is None:
+            self.cluster = Cluster(remotes=tuple(self.config.peers), admin_key=self.config.admin_key or "")
+        # With peers, another gateway may have recorded this rollout's latest calls: check the store.
+        self.history = CallHistory(self.store, check_store=self.cluster.shares_store)
         self.tool_parser = get_tool_parser(self.config.tool_call_parser)
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:

@@ -1,0 +1,159 @@
+"""``run_workers``: N gateway processes serving one address, sharing one store (``gateway.workers``).
+
+Each worker listens on the public address with its own SO_REUSEPORT socket, so the kernel spreads
+new connections evenly over the workers. (One listening socket shared by all, as gunicorn does,
+spreads badly here: asyncio accepts every pending connection in one wake-up, so the worker that
+wakes first takes a whole burst of clients, and keep-alive keeps them there.) The parent binds the
+port first without listening, which resolves ``port = 0`` and holds the port for the workers.
+Each worker also gets a private loopback control socket; every worker knows the others' control
+URLs as its siblings, so ``/api/pause`` on the public address (whichever worker takes it) reaches
+all of them (``gateway.cluster``).
+
+Each worker opens its own store connection and its own engine. That is why only remote engines
+(``vllm:``/``sglang:``: the workers share the inference servers) and the scripted engine are
+allowed: an embedded model would be loaded N times and a weight update would reach one copy.
+
+The parent forwards SIGINT/SIGTERM to the workers and waits for them; if a worker dies on its
+own, the parent stops the others and fails (a gateway missing a worker would refuse every pause).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import time
+
+from harnessrl.config import EngineConfig, GatewayConfig
+from harnessrl.errors import ConfigError
+
+log = logging.getLogger("harnessrl.gateway")
+
+_SHARED_ENGINE_PREFIXES = ("vllm:", "sglang:", "scripted:")
+
+
+def check_workers_config(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
+    """``ConfigError`` for settings several worker processes cannot run with."""
+    if not engine.model.startswith(_SHARED_ENGINE_PREFIXES):
+        raise ConfigError(
+            f"gateway.workers = {gateway.workers} needs a remote engine (vllm:URL or sglang:URL) or a "
+            f"scripted: engine, not {engine.model!r}: each worker would load its own copy of an "
+            "embedded model and a weight update would reach only one of them"
+        )
+    if store_url.strip() in (":memory:", "sqlite://:memory:", "sqlite:///:memory:"):
+        raise ConfigError(
+            f"gateway.workers = {gateway.workers} needs a store the workers share "
+            "(a PostgreSQL URL or a SQLite file), not :memory:"
+        )
+
+
+def _reuseport_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"gateway: cannot listen on {host}:{port}: {exc.strerror}") from exc
+    return sock
+
+
+def run_workers(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
+    """Serve with ``gateway.workers`` processes until SIGINT/SIGTERM. Blocking. ``admin_key`` must be set."""
+    from harnessrl.gateway.server import _bind, _url
+
+    check_workers_config(gateway, engine, store_url)
+    assert gateway.admin_key, "run_gateway sets the admin key before starting workers"
+    reserved = _reuseport_socket(gateway.host, gateway.port)  # bound, never listening: takes no calls
+    port = reserved.getsockname()[1]
+    controls = [_bind("127.0.0.1", 0) for _ in range(gateway.workers)]
+    control_urls = [_url("127.0.0.1", s.getsockname()[1]) for s in controls]
+    url = _url(gateway.host, port)
+    # fork: the control sockets are inherited as they are, and nothing is open yet that a child could
+    # not share (the store and engine are opened in each worker).
+    ctx = multiprocessing.get_context("fork")
+    workers = []
+    for i in range(gateway.workers):
+        siblings = [u for j, u in enumerate(control_urls) if j != i]
+        proc = ctx.Process(
+            target=_serve_worker,
+            args=(i, gateway, engine, store_url, port, controls[i], siblings),
+            name=f"harnessrl-gateway-{i}",
+        )
+        proc.start()
+        workers.append(proc)
+    for sock in controls:
+        sock.close()
+    print(
+        f"harnessrl gateway listening on {url} ({gateway.workers} workers, control "
+        f"{', '.join(control_urls)}; store {store_url}, model {engine.model})",
+        flush=True,
+    )
+    stopping = {"signal": 0}
+
+    def forward(signum: int, frame: object) -> None:
+        stopping["signal"] = signum
+        for proc in workers:
+            if proc.pid is not None and proc.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    failed: list[str] = []
+    try:
+        while any(p.is_alive() for p in workers):
+            for proc in workers:
+                proc.join(timeout=0.2)
+                if not proc.is_alive() and not stopping["signal"] and proc.exitcode != 0:
+                    failed.append(f"{proc.name} exited with {proc.exitcode}")
+                    forward(signal.SIGTERM, None)
+                    stopping["signal"] = -1
+            time.sleep(0.05)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        reserved.close()
+    if failed:
+        raise ConfigError("gateway worker failed: " + "; ".join(failed) + " (see the log above)")
+
+
+def _serve_worker(
+    index: int,
+    gateway: GatewayConfig,
+    engine: EngineConfig,
+    store_url: str,
+    port: int,
+    control: socket.socket,
+    siblings: list[str],
+) -> None:
+    """One worker process: its own store connection, engine and app, on the public + its control socket."""
+    import uvicorn
+
+    public = _reuseport_socket(gateway.host, port)
+    public.listen(2048)
+
+    from harnessrl.engines.factory import create_engine
+    from harnessrl.gateway.app import create_app
+    from harnessrl.store import open_store
+
+    store = open_store(store_url)
+    try:
+        app = create_app(gateway, store, create_engine(engine), siblings=siblings)
+        config = uvicorn.Config(
+            app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
+        )
+        server = uvicorn.Server(config)
+        log.info("gateway worker %d (pid %d) serving; siblings %s", index, os.getpid(), ", ".join(siblings))
+        # As in run_gateway: uvicorn re-raises the stop signal to the previous handler; make it a no-op.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda signum, frame: None)
+        server.run(sockets=[public, control])
+    finally:
+        store.close()
+    if not server.started:
+        raise SystemExit(1)

@@ -1,0 +1,185 @@
+"""How ``VLLMEngine`` talks to its server: whole answers for non-streaming callers, SSE parsed from raw
+bytes, and keep-alive connections reused after a finished stream.
+
+The server here is a small real starlette app on uvicorn (``tests.fakes.vllm_server.FakeServer``)
+that records each request's ``stream`` flag and client port, and can cut its SSE body into odd
+byte chunks, use CRLF line endings, and send tokens past a stop token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from tests.fakes.vllm_server import FakeModel, FakeServer, serve_vllm
+
+from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.engines.vllm import VLLMEngine
+from harnessrl.tokenizer import PolicyTokenizer
+
+WHOLE = GenerationContext(rollout_id="r", stream=False)
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> PolicyTokenizer:
+    return PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+
+
+@dataclass
+class Knobs:
+    """What the test server sends, and what it saw."""
+
+    tokens: list[tuple[int, float]]
+    chunk_bytes: int = 0  # >0: the SSE body is sent in pieces of this many bytes
+    line_end: str = "\n"
+    preamble: str = ""  # sent before the first event (comments, `event:` lines)
+    done: str | None = None  # the stream's end; None: "data: [DONE]" and a blank line
+    seen: list[tuple[bool, int]] = field(default_factory=list)  # (stream flag, client port) per request
+
+
+def serve_knobs(knobs: Knobs) -> FakeServer:
+    async def models(request: Request) -> Response:
+        return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        assert request.client is not None
+        knobs.seen.append((bool(body.get("stream")), request.client.port))
+        ids = [t for t, _ in knobs.tokens]
+        lps = [lp for _, lp in knobs.tokens]
+        if not body.get("stream"):
+            return JSONResponse({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": lps}}]})
+        nl = knobs.line_end
+        events = [
+            json.dumps({"choices": [{"token_ids": [t], "logprobs": {"token_logprobs": [lp]}}]})
+            for t, lp in knobs.tokens
+        ]
+        events.append(json.dumps({"choices": [{"token_ids": [], "finish_reason": "stop"}]}))
+        done = f"data: [DONE]{nl}{nl}" if knobs.done is None else knobs.done
+        text = knobs.preamble + "".join(f"data: {e}{nl}{nl}" for e in events) + done
+        raw = text.encode()
+
+        async def pieces() -> AsyncIterator[bytes]:
+            size = knobs.chunk_bytes or len(raw)
+            for i in range(0, len(raw), size):
+                yield raw[i : i + size]
+
+        return StreamingResponse(pieces(), media_type="text/event-stream")
+
+    app = Starlette(
+        routes=[Route("/v1/models", models), Route("/v1/completions", completions, methods=["POST"])]
+    )
+    return FakeServer(app, FakeModel([0])).start()
+
+
+@pytest.fixture
+def knobs_server(tokenizer: PolicyTokenizer) -> Iterator[tuple[Knobs, VLLMEngine]]:
+    text_ids = tokenizer.encode("Grüße, 世界 🚀 done")
+    stop = tokenizer.stop_token_ids[0]
+    knobs = Knobs(tokens=[(t, -0.5 - i / 100) for i, t in enumerate([*text_ids, stop])])
+    server = serve_knobs(knobs)
+    yield knobs, VLLMEngine(server.url, tokenizer)
+    server.kill()
+
+
+def _run(engine: VLLMEngine, calls: list[tuple[SamplingParams, GenerationContext | None]]) -> list[list[Any]]:
+    async def go() -> list[list[Any]]:
+        await engine.start()
+        try:
+            out = []
+            for params, context in calls:
+                out.append(
+                    [(s.token_id, s.logprob) async for s in engine.generate([1, 2, 3], params, context)]
+                )
+            return out
+        finally:
+            await engine.aclose()
+
+    return asyncio.run(go())
+
+
+def test_non_streaming_caller_gets_one_whole_answer_with_the_same_samples(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
+) -> None:
+    knobs, engine = knobs_server
+    params = SamplingParams(max_tokens=100, stop_token_ids=tokenizer.stop_token_ids)
+    streamed, whole, default = _run(
+        engine, [(params, None), (params, WHOLE), (params, GenerationContext("r"))]
+    )
+    assert streamed == whole == default == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
+    assert [stream for stream, _ in knobs.seen] == [True, False, True]
+
+
+def test_sse_is_parsed_across_odd_chunks_crlf_and_comments(knobs_server: tuple[Knobs, VLLMEngine]) -> None:
+    knobs, engine = knobs_server
+    knobs.chunk_bytes, knobs.line_end = 7, "\r\n"
+    knobs.preamble = ": keep-alive\r\n\r\nevent: message\r\n"
+    (got,) = _run(engine, [(SamplingParams(max_tokens=100), None)])
+    assert got == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
+
+
+def test_connection_is_reused_after_a_stream_ends_with_a_stop_token(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
+) -> None:
+    knobs, engine = knobs_server
+    params = SamplingParams(max_tokens=100, stop_token_ids=tokenizer.stop_token_ids)
+    _run(engine, [(params, None)] * 3 + [(params, WHOLE)])
+    ports = {port for _, port in knobs.seen}
+    assert len(knobs.seen) == 4 and len(ports) == 1  # one keep-alive connection for every call
+
+
+def test_tokens_past_a_stop_token_are_not_yielded(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
+) -> None:
+    knobs, engine = knobs_server
+    stop = tokenizer.stop_token_ids[0]
+    knobs.tokens = [(5, -0.1), (stop, -0.2), (6, -0.3), (7, -0.4)]
+    params = SamplingParams(max_tokens=100, stop_token_ids=(stop,))
+    streamed, whole = _run(engine, [(params, None), (params, WHOLE)])
+    assert [t for t, _ in streamed] == [t for t, _ in whole] == [5, stop]
+
+
+def test_stream_end_without_done_is_retryable_and_a_last_line_without_newline_counts(
+    knobs_server: tuple[Knobs, VLLMEngine],
+) -> None:
+    knobs, engine = knobs_server
+    knobs.done = "data: [DONE]"  # no newline after it: still a complete stream
+    (got,) = _run(engine, [(SamplingParams(max_tokens=100), None)])
+    assert got == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
+    knobs.done = ""  # the server went away between events
+    with pytest.raises(RemoteEngineError) as err:
+        _run(engine, [(SamplingParams(max_tokens=100), None)])
+    assert err.value.retryable and "[DONE]" in str(err.value)
+
+
+def test_vllm_fake_whole_answer_matches_stream(tokenizer: PolicyTokenizer) -> None:
+    """Against the shared vLLM fake: the non-streamed answer gives the same samples, stop and budget."""
+    reply = tokenizer.encode("Hello from the fake server!<|im_end|>")
+    with serve_vllm(reply) as server:
+        engine = VLLMEngine(server.url, tokenizer)
+        stop = SamplingParams(max_tokens=100, stop_token_ids=(reply[-1],))
+        short = SamplingParams(max_tokens=3)
+        got = _run(engine, [(stop, None), (stop, WHOLE), (short, None), (short, WHOLE)])
+    ids = [[t for t, _ in samples] for samples in got]
+    assert ids == [reply, reply, reply[:3], reply[:3]]
+    assert got[0] == got[1] and got[2] == got[3]
+
+
+def test_error_object_in_a_whole_answer_is_raised(tokenizer: PolicyTokenizer) -> None:
+    reply = tokenizer.encode("x<|im_end|>")
+    with serve_vllm(reply) as server:
+        server.fake.fail_with = [503]
+        engine = VLLMEngine(server.url, tokenizer)
+        with pytest.raises(RemoteEngineError) as err:
+            _run(engine, [(SamplingParams(max_tokens=4), WHOLE)])
+    assert err.value.status == 503 and err.value.retryable
