@@ -124,3 +124,18 @@ def test_train_step_reports_computed_tokens(policy):
     with torch.no_grad():
         for n, p in policy.model.named_parameters():
             p.copy_(before[n])
+
+
+def test_micro_batches_move_to_the_policy_device_whole():
+    """Every tensor of a micro-batch (the nested loss entries too) follows the model to its device;
+    checked with the meta device, which every torch build has."""
+    from harnessrl.trainer.policy import _to_device
+
+    samples = group_samples()
+    rows = prefix_micro_batches(samples, 4096, 4096)[0]
+    moved = _to_device(prefix_batch(rows, step_totals(samples)), torch.device("meta"))
+    tensors = [getattr(moved, f) for f in moved.__slots__] + [
+        getattr(moved.entries, f) for f in moved.entries.__slots__
+    ]
+    assert all(t.device.type == "meta" for t in tensors if isinstance(t, torch.Tensor))
+    assert moved.computed_tokens > 0

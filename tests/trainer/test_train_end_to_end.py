@@ -143,3 +143,139 @@ def test_bad_config_names_the_field(tmp_path):
     )
     assert proc.returncode == 2
     assert "trainer.group_size" in proc.stderr
+
+
+@pytest.mark.slow
+def test_train_on_a_postgres_store(tmp_path):
+    """``[store] url`` points a run at a shared PostgreSQL instead of the run folder's SQLite file."""
+    from harnessrl.store import open_store
+    from harnessrl.store.pg_server import PostgresUnavailable, server_for_tests
+
+    try:
+        server_cm = server_for_tests()
+        server = server_cm.__enter__()
+    except PostgresUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            raise
+        pytest.skip(str(exc))
+    try:
+        url = server.create_database("train_e2e")
+        run_dir = tmp_path / "run"
+        proc = train(run_dir, "--set", "trainer.steps=2", "--set", f"store.url={url}")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert not (run_dir / "harnessrl.db").exists()
+        store = open_store(url)
+        try:
+            assert [v.version for v in store.list_policy_versions()] == [1, 2]
+            trained = [
+                r for r in store.list_rollouts(run_id="tiny-vowels") if r.metadata.get("trained_at_step")
+            ]
+            assert len(trained) == 2 * 4 * 8
+            assert all(store.count_calls(r.rollout_id) >= 1 for r in trained)
+        finally:
+            store.close()
+    finally:
+        server_cm.__exit__(None, None, None)
+
+
+def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_path):
+    """Engine ``vllm:URL``: the trainer trains ``trainer.model``'s weights and after every step hands
+    the server a Hugging Face folder through vLLM's reload call; calls carry the new version."""
+    from tests.fakes.vllm_server import serve_vllm
+
+    from harnessrl.engines.tiny import tiny_model_dir
+    from harnessrl.tokenizer import PolicyTokenizer
+
+    tok = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    reply = tok.encode("aeiou") + [tok.eos_token_id]
+    with serve_vllm(reply, context_length=2048) as upstream:
+        run_dir = tmp_path / "run"
+        proc = train(
+            run_dir,
+            "--set", f"engine.model=vllm:{upstream.url}",
+            "--set", "engine.tokenizer=tiny",
+            "--set", "trainer.model=tiny",
+            "--set", "trainer.mode=sync",
+            "--set", "trainer.steps=2",
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        reloads = [body for path, body in upstream.fake.calls if path == "/collective_rpc"]
+    folders = [Path(r["kwargs"]["weights_path"]) for r in reloads]
+    assert [f.name for f in folders] == ["v1", "v2"]
+    assert not folders[0].exists()  # replaced once the next version was loaded
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(folders[1]))
+
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        by_step: dict[int, set[int]] = {}
+        for r in store.list_rollouts(run_id="tiny-vowels"):
+            versions = {c.policy_version for c in store.list_calls(r.rollout_id)}
+            by_step.setdefault(r.metadata["trained_at_step"], set()).update(versions)
+        # sync: step 2's rollouts were sampled after the first update, by the reloaded servers
+        assert by_step == {1: {0}, 2: {1}}
+    finally:
+        store.close()
+
+
+@pytest.mark.slow
+def test_train_with_an_external_controller_on_the_shared_store(tmp_path):
+    """``trainer.controllers = "external"``: the run only queues rollouts; a separately started
+    ``harnessrl controller`` (given the run's own config file) launches and scores them."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    run_dir = tmp_path / "run"
+    trainer = subprocess.Popen(
+        [*HARNESSRL, "train", str(CONFIG), "--set", f"run.dir={run_dir}", "--set", "metrics.progress=false",
+         "--set", "trainer.controllers=external", "--set", "trainer.mode=sync", "--set", "trainer.steps=1",
+         "--set", f"gateway.port={port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    controller = None
+    try:
+        deadline = time.monotonic() + 180
+        while True:  # the gateway answers once the run's store and engine are up
+            assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the run's gateway never came up"
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/api/health", timeout=2)
+                break
+            except OSError as exc:
+                if getattr(exc, "code", None) is not None:  # an HTTP answer (401): it is up
+                    break
+                time.sleep(0.3)
+        time.sleep(1.0)  # every rollout of the first step is queued before the controller starts
+        queued = SQLiteStore(run_dir / "harnessrl.db")
+        assert queued.count_rollouts(run_id="tiny-vowels") == 4 * 8
+        assert not list((run_dir / "rollouts").glob("*")) if (run_dir / "rollouts").exists() else True
+        queued.close()
+        controller = subprocess.Popen(
+            [*HARNESSRL, "controller", "--config", str(CONFIG), "--store", str(run_dir / "harnessrl.db"),
+             "--gateway-url", f"http://127.0.0.1:{port}", "--run-dir", str(tmp_path / "controller")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        out, err = trainer.communicate(timeout=300)
+        assert trainer.returncode == 0, err[-3000:]
+        assert json.loads(out.strip().splitlines()[-1])["steps"] == 1
+    finally:
+        for proc in (trainer, controller):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        trained = [r for r in store.list_rollouts(run_id="tiny-vowels") if r.metadata.get("trained_at_step")]
+        assert len(trained) == 4 * 8 and all(r.reward is not None for r in trained)
+    finally:
+        store.close()
+    # the controller, not the run, launched the harnesses
+    assert len(list((tmp_path / "controller").rglob("stdout.log"))) >= 4 * 8
+    assert not (run_dir / "rollouts").exists() or not list((run_dir / "rollouts").rglob("stdout.log"))

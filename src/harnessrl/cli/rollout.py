@@ -13,11 +13,16 @@ from typing import Any
 from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError
 
+# Sections only `harnessrl train` reads: a controller started for a training run takes the run's own
+# config file and ignores them.
+TRAIN_ONLY_SECTIONS = ("run", "tasks", "heldout", "algorithm", "optimizer", "trainer", "metrics")
 
-def load_rollout_config(path: str | None, overrides: list[str] | None):
+
+def load_rollout_config(path: str | None, overrides: list[str] | None, *, ignore: tuple[str, ...] = ()):
     from harnessrl.controller.stack import RolloutConfig
 
     raw = load_raw_config(path, overrides)
+    raw = {k: v for k, v in raw.items() if k not in ignore}
     if path is not None:
         raw = resolve_relative_paths(raw, Path(path).resolve().parent)
     return validate_config(RolloutConfig, raw)
@@ -61,7 +66,7 @@ def run_controller_command(
     from harnessrl.sandbox.proxy import GatewayBridge
     from harnessrl.store import open_store
 
-    config = load_rollout_config(config_path, overrides)
+    config = load_rollout_config(config_path, overrides, ignore=TRAIN_ONLY_SECTIONS)
     harness, evaluator = prepare(config)
     if config.kubernetes is not None:
         # Pods reach the gateway at kubernetes.gateway_url; the runner rewrites the harness's URLs.

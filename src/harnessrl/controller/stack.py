@@ -102,7 +102,7 @@ async def local_stack(
     try:
         engine = create_engine(config.engine)
         app = create_app(gateway_cfg, store, engine)
-        with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300) as url:
+        with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300, port=gateway_cfg.port) as url:
             port = urlparse(url).port
             assert port is not None
             async with GatewayBridge("127.0.0.1", port) as bridge:

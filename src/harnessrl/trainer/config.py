@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.config import EngineConfig, GatewayConfig, Section
+from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import ControllerConfig
 from harnessrl.controller.evaluators import parse_evaluator_config
@@ -68,7 +68,14 @@ class LoraSection(Section):
 
 
 class TrainerSection(Section):
+    # With a remote engine (vllm:/sglang:) the weights the trainer starts from (tiny, smollm2 or a
+    # Hugging Face folder): the servers must serve the same weights at step 0.
+    model: str | None = None
     mode: Literal["sync", "async"] = "async"
+    # "local": this process launches the harnesses; "external": separately started
+    # `harnessrl controller` processes (local sandboxes elsewhere, Kubernetes Jobs) take the queued
+    # rollouts from the shared store (docs/scale.md)
+    controllers: Literal["local", "external"] = "local"
     steps: int = Field(default=10, ge=1)
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=8, ge=1, description="rollouts per task (one group)")
@@ -84,7 +91,10 @@ class TrainerSection(Section):
     )
     max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
     micro_batch_tokens: int = Field(default=4096, ge=16)
-    row_tokens: int = Field(default=1024, ge=16, description="packed row length inside a micro-batch")
+    row_tokens: int = Field(default=512, ge=16, description="packed row length inside a micro-batch")
+    device: str = Field(
+        default="auto", description='"auto" (the first GPU if any, else CPU), "cpu", "cuda:0", ...'
+    )
     share_prefixes: bool = Field(
         default=True, description="compute tokens that samples share at their start once (prefix_tree.py)"
     )
@@ -117,10 +127,17 @@ class TrainConfig(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     metrics: MetricsSection = Field(default_factory=MetricsSection)
+    # None: the run folder's own SQLite file; a postgresql:// URL shares one store (docs/scale.md)
+    store: StoreConfig | None = None
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         parse_evaluator_config(self.evaluator)
+        if self.engine.model.startswith(("vllm:", "sglang:")) and not self.trainer.model:
+            raise ValueError(
+                "trainer.model: required with a remote engine (the weights the trainer starts from, "
+                "the same ones the servers serve)"
+            )
         if self.engine.model.startswith("scripted:"):
             raise ValueError(
                 "engine.model: a scripted engine cannot be trained; use tiny, smollm2 or a model"

@@ -87,6 +87,7 @@ class Trainer:
         self.config = config
         # torchrun: rank 0's handle on a policy sharded over all ranks (trainer/distributed.py).
         self.policy_factory = policy_factory
+        self._updater: Any = None  # remote engines: the trainer's own client for weight reloads
         self.run_dir = run_dir
         self.resume = resume
         self.base_dir = base_dir or Path.cwd()
@@ -125,7 +126,37 @@ class Trainer:
         if checkpoint is not None:
             self.state = TrainState.from_json((checkpoint / STATE_FILE).read_text())
             return checkpoint, checkpoint
-        return Path(resolve_model_dir(self.config.engine.model, self.config.engine.cache_dir)), None
+        source = self.config.trainer.model if self._remote_engine else self.config.engine.model
+        return Path(resolve_model_dir(source, self.config.engine.cache_dir)), None
+
+    @property
+    def _remote_engine(self) -> bool:
+        return self.config.engine.model.startswith(("vllm:", "sglang:"))
+
+    async def _publish_weights(self, version: int) -> None:
+        """The policy's weights to the engine: in place (embedded), or as a Hugging Face folder that
+        remote servers load (``engine-weights/v<N>``; older versions are removed once loaded)."""
+        if not self._remote_engine:
+            await self.stack.engine.update_weights(
+                WeightUpdate(version=version, state_dict=self.policy.engine_state_dict())
+            )
+            return
+        root = self.run_dir / "engine-weights"
+        folder = root / f"v{version}"
+        await asyncio.to_thread(self.policy.save_checkpoint, folder, with_optimizer=False)
+        # The gateway's engine object lives on the gateway's event loop; the trainer loads the
+        # servers through its own client, then tells the gateway(s) the new version on resume
+        # (the same path as a trainer driving several gateways, docs/gateway.md).
+        if self._updater is None:
+            from harnessrl.engines.factory import create_engine
+
+            self._updater = create_engine(self.config.engine)
+            await self._updater.start()
+        await self._updater.update_weights(WeightUpdate(version=version, checkpoint_dir=str(folder)))
+        await asyncio.to_thread(self._client().resume, policy_version=version)
+        for old in root.glob("v*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -142,7 +173,11 @@ class Trainer:
             policy.load_trainer_state(checkpoint)
         self.policy = policy
         rollout_cfg = RolloutConfig(
-            engine=cfg.engine.model_copy(update={"model": str(model_dir)}),
+            # embedded: the engine serves the trainer's own starting weights; remote servers are
+            # given the trainer's weights after every step (_publish_weights)
+            engine=cfg.engine
+            if self._remote_engine
+            else cfg.engine.model_copy(update={"model": str(model_dir)}),
             gateway=cfg.gateway,
             harness=cfg.harness,
             evaluator=cfg.evaluator,
@@ -161,7 +196,9 @@ class Trainer:
                 f"warning: {self.heldout_overlap} held-out tasks also appear among the training tasks"
             )
         started = time.monotonic()
-        store = open_store(str(self.run_dir / "harnessrl.db"))
+        # [store] url (e.g. a shared PostgreSQL, docs/scale.md) or the run folder's own SQLite file
+        store_url = cfg.store.url if cfg.store is not None else str(self.run_dir / "harnessrl.db")
+        store = open_store(store_url)
         try:
             async with local_stack(rollout_cfg, self.run_dir, store=store, run_id=self.run_id) as stack:
                 self.stack = stack
@@ -170,16 +207,23 @@ class Trainer:
                 self.store.set_run_status(self.run_id, "running")
                 self._recover()
                 if self.state.step > 0:  # the engine loaded the checkpoint; give it the right version
-                    await stack.engine.update_weights(
-                        WeightUpdate(version=self.state.step, state_dict=policy.engine_state_dict())
-                    )
+                    await self._publish_weights(self.state.step)
                 stop = asyncio.Event()
-                controller_task = asyncio.create_task(stack.controller.run_forever(stop))
+                if cfg.trainer.controllers == "external":
+                    self.metrics.message(
+                        "waiting for external controllers: harnessrl controller --config CONFIG "
+                        f"--store {store_url} --gateway-url {stack.gateway_url}"
+                    )
+                    controller_task = asyncio.create_task(stop.wait())
+                else:
+                    controller_task = asyncio.create_task(stack.controller.run_forever(stop))
                 try:
                     await self._train_loop()
                 finally:
                     stop.set()
                     await controller_task
+                    if self._updater is not None:
+                        await self._updater.aclose()
                 self.store.set_run_status(self.run_id, "finished")
             # The gateway and every harness are gone now, so nothing of this run can still be
             # running: requeue what a late call or a cancelled launch left marked running, so the
@@ -331,9 +375,7 @@ class Trainer:
                 ),
             )
             new_version = version + 1
-            await self.stack.engine.update_weights(
-                WeightUpdate(version=new_version, state_dict=self.policy.engine_state_dict())
-            )
+            await self._publish_weights(new_version)
         finally:
             if async_mode:
                 await asyncio.to_thread(client.resume)

@@ -81,6 +81,24 @@ def packed_rows(samples: list[Sample], totals: StepTotals, row_tokens: int) -> M
     )
 
 
+def _to_device(batch: Any, device: torch.device) -> Any:
+    """A micro-batch (``MicroBatch`` or ``PrefixBatch``) with its tensors on ``device``."""
+    if device.type == "cpu":
+        return batch
+    moved = {
+        f: (
+            v.to(device)
+            if isinstance(v, torch.Tensor)
+            else _to_device(v, device)
+            if hasattr(v, "__slots__")
+            else v
+        )
+        for f in batch.__slots__
+        for v in [getattr(batch, f)]
+    }
+    return type(batch)(**moved)
+
+
 class TrainablePolicy:
     def __init__(
         self,
@@ -92,8 +110,9 @@ class TrainablePolicy:
         gradient_checkpointing: bool = False,
         autocast: str = "none",
         seed: int = 0,
-        row_tokens: int = 1024,
+        row_tokens: int = 512,
         share_prefixes: bool = True,
+        device: str = "auto",
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
     ):
         from transformers import AutoModelForCausalLM
@@ -118,6 +137,9 @@ class TrainablePolicy:
                     task_type="CAUSAL_LM",
                 ),
             )
+        if prepare_model is None:
+            # "auto": the first GPU when there is one. A torchrun rank's prepare_model places it.
+            model.to(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
         self.model = model
         self.model.train()
         if prepare_model is not None:
@@ -133,6 +155,7 @@ class TrainablePolicy:
         self.autocast = autocast
         self.row_tokens = row_tokens
         self.share_prefixes = share_prefixes
+        self.device = next(self.model.parameters()).device
 
     @classmethod
     def from_config(
@@ -154,6 +177,7 @@ class TrainablePolicy:
             seed=config.run.seed,
             row_tokens=t.row_tokens,
             share_prefixes=t.share_prefixes,
+            device=t.device,
             prepare_model=prepare_model,
         )
 
@@ -231,10 +255,10 @@ class TrainablePolicy:
         """Shared-prefix micro-batches (``prefix_tree``), or bounded packed rows when sharing is off."""
         if self.share_prefixes:
             for rows in prefix_micro_batches(samples, micro_batch_tokens, self.row_tokens):
-                yield prefix_batch(rows, totals)
+                yield _to_device(prefix_batch(rows, totals), self.device)
         else:
             for micro in pack_micro_batches(samples, micro_batch_tokens):
-                yield packed_rows(micro, totals, self.row_tokens)
+                yield _to_device(packed_rows(micro, totals, self.row_tokens), self.device)
 
     def train_step(
         self,
