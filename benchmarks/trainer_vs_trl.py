@@ -18,7 +18,9 @@ How each side is timed (generation excluded from both):
   behaviour log-probs computed once beforehand by the same model) go through
   ``TrainablePolicy.train_step`` — packing into micro-batches of ``micro_batch_tokens``, the
   forward at the sampling temperature, the PPO-clip loss, backward, grad clip, optimizer and LR
-  scheduler step. Timed with ``time.perf_counter`` around the call.
+  scheduler step. Timed with ``time.perf_counter`` around the call. Run twice: with shared-prefix
+  rows (the default: the 8 completions of a group share their prompt, which is computed once) and
+  without (``ratio_no_shared_prefixes``: every sequence computed in full, as TRL does).
 - **TRL 1.16**: a real ``GRPOTrainer`` whose ``_generate_and_score_completions`` is replaced by a
   method returning the same batch in TRL's own layout (left-padded prompt ids/mask, completion
   ids/mask, advantages, ``num_items_in_batch``), so ``trainer.train()`` runs TRL's unmodified
@@ -114,7 +116,13 @@ def build_batch(model_dir: Path, prompts: int, group: int, completion_tokens: in
 
 # -- harnessrl ---------------------------------------------------------------------------------------
 def bench_harnessrl(
-    model_dir: Path, batch: Batch, dtype: str, steps: int, warmup: int, micro_batch_tokens: int
+    model_dir: Path,
+    batch: Batch,
+    dtype: str,
+    steps: int,
+    warmup: int,
+    micro_batch_tokens: int,
+    share_prefixes: bool = True,
 ) -> dict[str, Any]:
     from harnessrl.algorithms.config import AlgorithmConfig
     from harnessrl.trainer.config import OptimizerConfig
@@ -127,6 +135,7 @@ def bench_harnessrl(
         OptimizerConfig(lr=LR, grad_clip=1.0),
         steps + warmup,
         autocast="bf16" if dtype == "bf16" else "none",
+        share_prefixes=share_prefixes,
     )
     samples = []
     for i, (p, c, adv) in enumerate(zip(batch.prompts, batch.completions, batch.advantages, strict=True)):
@@ -274,13 +283,20 @@ def main() -> None:
     for dtype in dtypes:
         print(f"{dtype}: harnessrl...", file=sys.stderr, flush=True)
         ours = bench_harnessrl(model_dir, batch, dtype, args.steps, args.warmup, args.micro_batch_tokens)
+        print(f"{dtype}: harnessrl without shared prefixes...", file=sys.stderr, flush=True)
+        plain = bench_harnessrl(
+            model_dir, batch, dtype, args.steps, args.warmup, args.micro_batch_tokens, share_prefixes=False
+        )
         print(f"{dtype}: trl...", file=sys.stderr, flush=True)
         theirs = bench_trl(model_dir, batch, dtype, args.steps, args.warmup, args.group)
         h, t = summarize(ours["step_seconds"], batch.tokens), summarize(theirs["step_seconds"], batch.tokens)
+        n = summarize(plain["step_seconds"], batch.tokens)
         per_dtype[dtype] = {
             "harnessrl": h,
+            "harnessrl_no_shared_prefixes": n,
             "trl": t,
             "ratio": round(h["tokens_per_s"] / t["tokens_per_s"], 3),
+            "ratio_no_shared_prefixes": round(n["tokens_per_s"] / t["tokens_per_s"], 3),
         }
         print(f"  {dtype}: {json.dumps(per_dtype[dtype])}", file=sys.stderr, flush=True)
     headline = per_dtype["bf16" if "bf16" in per_dtype else dtypes[0]]
@@ -291,6 +307,7 @@ def main() -> None:
         "harnessrl_tokens_per_s": headline["harnessrl"]["tokens_per_s"],
         "trl_tokens_per_s": headline["trl"]["tokens_per_s"],
         "ratio": headline["ratio"],
+        "ratio_no_shared_prefixes": headline["ratio_no_shared_prefixes"],
         "headline_dtype": "bf16" if "bf16" in per_dtype else dtypes[0],
         "per_dtype": per_dtype,
         "settings": {
