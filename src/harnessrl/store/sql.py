@@ -1,0 +1,359 @@
+"""``SQLStore``: the ``Store`` methods both SQL backends share.
+
+SQLite and PostgreSQL run the same statements; they differ only in the parameter placeholder, in
+how a transaction takes its locks, and in a few clauses. A backend subclass supplies those:
+
+- ``_read()`` / ``_write()``: context managers giving a connection inside one transaction. A write
+  transaction must make its read-modify-write safe against other processes: SQLite takes the
+  database's write lock up front (``BEGIN IMMEDIATE``); PostgreSQL locks the rows it reads
+  (``ROW_LOCK`` = ``FOR UPDATE``).
+- ``PARAM`` (``?`` or ``%s``), ``named(column)`` (``:column`` or ``%(column)s``), ``ROW_LOCK``,
+  ``CLAIM_LOCK`` (PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so concurrent claimers skip each other's
+  rows), ``NO_LIMIT`` (SQLite needs ``LIMIT -1`` before an ``OFFSET``; PostgreSQL takes NULL), and
+  ``_executemany``.
+
+Rows are read by column name (``sqlite3.Row`` and psycopg's ``dict_row`` both allow it); column and
+table names in SQL text come from this module and ``codecs`` only, never from callers.
+"""
+
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from harnessrl.errors import NotFound
+from harnessrl.schemas import (
+    Call,
+    Outcome,
+    PolicyVersion,
+    Rollout,
+    RolloutStatus,
+    Run,
+    Task,
+    now,
+    status_for_outcome,
+)
+from harnessrl.store.codecs import (
+    ROLLOUT_COLUMNS,
+    call_from_row,
+    call_to_row,
+    check_transition,
+    dump_json,
+    load_json,
+    policy_version_from_row,
+    rollout_from_row,
+    rollout_to_row,
+    run_from_row,
+    sql_where,
+    task_from_row,
+)
+
+StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
+
+
+class SQLStore:
+    PARAM: str
+    ROW_LOCK: str
+    CLAIM_LOCK: str
+    NO_LIMIT: Any
+
+    # -- what a backend supplies ------------------------------------------------------------------
+    def _read(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def _write(self) -> AbstractContextManager[Any]:
+        raise NotImplementedError
+
+    def named(self, column: str) -> str:
+        raise NotImplementedError
+
+    def _executemany(self, conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        raise NotImplementedError
+
+    # -- runs -------------------------------------------------------------------------------------
+    def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
+        run = Run(run_id=run_id, config=config or {})
+        p = self.PARAM
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO runs (run_id, config, status, created_at) VALUES ({p}, {p}, {p}, {p}) "
+                "ON CONFLICT (run_id) DO NOTHING",
+                (run.run_id, dump_json(run.config), run.status, run.created_at),
+            )
+            return run_from_row(self._run_row(conn, run_id))
+
+    def get_run(self, run_id: str) -> Run:
+        with self._read() as conn:
+            return run_from_row(self._run_row(conn, run_id))
+
+    def list_runs(self) -> list[Run]:
+        with self._read() as conn:
+            return [run_from_row(row) for row in conn.execute("SELECT * FROM runs ORDER BY pk")]
+
+    def set_run_status(self, run_id: str, status: str) -> None:
+        p = self.PARAM
+        with self._write() as conn:
+            if (
+                conn.execute(f"UPDATE runs SET status = {p} WHERE run_id = {p}", (status, run_id)).rowcount
+                == 0
+            ):
+                raise NotFound(f"run {run_id!r} not found")
+
+    # -- tasks ------------------------------------------------------------------------------------
+    def add_tasks(self, tasks: Sequence[Task]) -> None:
+        if not tasks:
+            return
+        p = self.PARAM
+        with self._write() as conn:
+            self._executemany(
+                conn,
+                f"INSERT INTO tasks (task_id, run_id, split, data) VALUES ({p}, {p}, {p}, {p}) "
+                "ON CONFLICT (task_id) DO NOTHING",
+                [(t.task_id, t.run_id, t.split, dump_json(t.data)) for t in tasks],
+            )
+
+    def get_task(self, task_id: str) -> Task:
+        with self._read() as conn:
+            sql = f"SELECT * FROM tasks WHERE task_id = {self.PARAM}"
+            return task_from_row(self._fetch_one(conn, sql, (task_id,), "task", task_id))
+
+    def list_tasks(self, run_id: str | None = None, split: str | None = None) -> list[Task]:
+        where, params = sql_where(self.PARAM, run_id=run_id, split=split)
+        with self._read() as conn:
+            return [
+                task_from_row(row) for row in conn.execute(f"SELECT * FROM tasks{where} ORDER BY pk", params)
+            ]
+
+    # -- rollouts ---------------------------------------------------------------------------------
+    def create_rollout(
+        self,
+        *,
+        rollout_id: str | None = None,
+        task: dict[str, Any] | None = None,
+        run_id: str | None = None,
+        task_id: str | None = None,
+        group_id: str | None = None,
+        step: int | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        rollout = Rollout(
+            rollout_id=rollout_id or uuid.uuid4().hex,
+            api_key="hrl-" + secrets.token_urlsafe(24),
+            run_id=run_id,
+            task_id=task_id,
+            task=task or {},
+            group_id=group_id,
+            step=step,
+            metadata=metadata or {},
+        )
+        with self._write() as conn:
+            # ON CONFLICT DO NOTHING makes a repeated create (a retried HTTP request, or a
+            # concurrent one) a no-op, so the caller gets back the key the first create issued.
+            self._insert(conn, "rollouts", rollout_to_row(rollout), "ON CONFLICT (rollout_id) DO NOTHING")
+            return rollout_from_row(self._rollout_row(conn, rollout.rollout_id))
+
+    def get_rollout(self, rollout_id: str) -> Rollout:
+        with self._read() as conn:
+            return rollout_from_row(self._rollout_row(conn, rollout_id, lock=False))
+
+    def get_rollout_by_key(self, api_key: str) -> Rollout:
+        with self._read() as conn:
+            sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE api_key = {self.PARAM}"
+            row = conn.execute(sql, (api_key,)).fetchone()
+        if row is None:
+            raise NotFound("no rollout has this api key")  # never echo a (wrong) key into logs
+        return rollout_from_row(row)
+
+    def list_rollouts(
+        self,
+        *,
+        run_id: str | None = None,
+        status: StatusFilter = None,
+        step: int | None = None,
+        group_id: str | None = None,
+        limit: int | None = None,
+        offset: int = 0,
+    ) -> list[Rollout]:
+        p = self.PARAM
+        where, params = sql_where(p, run_id=run_id, status=status, step=step, group_id=group_id)
+        params += [self.NO_LIMIT if limit is None else limit, offset]
+        sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT {p} OFFSET {p}"
+        with self._read() as conn:
+            return [rollout_from_row(row) for row in conn.execute(sql, params)]
+
+    def count_rollouts(
+        self, *, run_id: str | None = None, status: StatusFilter = None, step: int | None = None
+    ) -> int:
+        where, params = sql_where(self.PARAM, run_id=run_id, status=status, step=step)
+        with self._read() as conn:
+            return self._scalar(conn, f"SELECT COUNT(*) AS n FROM rollouts{where}", params)
+
+    def claim_rollouts(self, worker_id: str, limit: int, *, run_id: str | None = None) -> list[Rollout]:
+        if limit <= 0:
+            return []
+        p = self.PARAM
+        run_filter = "" if run_id is None else f" AND run_id = {p}"
+        params: list[Any] = [worker_id, now(), *([] if run_id is None else [run_id]), limit]
+        with self._write() as conn:
+            rows = conn.execute(
+                f"UPDATE rollouts SET status = 'running', worker_id = {p}, started_at = {p} WHERE pk IN "
+                f"(SELECT pk FROM rollouts WHERE status = 'queued'{run_filter} ORDER BY pk LIMIT {p}"
+                f"{self.CLAIM_LOCK}) RETURNING {ROLLOUT_COLUMNS}",
+                params,
+            ).fetchall()
+        # RETURNING gives no order guarantee; the contract is oldest first.
+        return [rollout_from_row(row) for row in sorted(rows, key=lambda row: row["pk"])]
+
+    def start_rollout(self, rollout_id: str) -> Rollout:
+        with self._write() as conn:
+            row = self._rollout_row(conn, rollout_id)
+            if row["status"] == RolloutStatus.RUNNING:
+                return rollout_from_row(row)  # started by an earlier call or a claim; starting is idempotent
+            check_transition(row, RolloutStatus.RUNNING)
+            return self._update(conn, rollout_id, status=RolloutStatus.RUNNING.value, started_at=now())
+
+    def finish_rollout(
+        self,
+        rollout_id: str,
+        outcome: Outcome,
+        reward: float,
+        *,
+        error: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> Rollout:
+        outcome = Outcome(outcome)
+        status = status_for_outcome(outcome)
+        with self._write() as conn:
+            row = self._rollout_row(conn, rollout_id)
+            check_transition(row, status)
+            changes: dict[str, Any] = {
+                "status": status.value,
+                "outcome": outcome.value,
+                "reward": float(reward),
+                "finished_at": now(),
+                "metadata": dump_json({**load_json(row["metadata"]), **(metadata or {})}),
+            }
+            if error is not None:
+                changes["error"] = error
+            return self._update(conn, rollout_id, **changes)
+
+    def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
+        with self._write() as conn:
+            row = self._rollout_row(conn, rollout_id)
+            check_transition(row, RolloutStatus.QUEUED)
+            changes: dict[str, Any] = {
+                "status": RolloutStatus.QUEUED.value,
+                "attempt": row["attempt"] + 1,
+                "worker_id": None,
+            }
+            if error is not None:
+                changes["error"] = error
+            return self._update(conn, rollout_id, **changes)
+
+    def cancel_rollout(self, rollout_id: str) -> Rollout:
+        with self._write() as conn:
+            check_transition(self._rollout_row(conn, rollout_id), RolloutStatus.CANCELLED)
+            return self._update(conn, rollout_id, status=RolloutStatus.CANCELLED.value, finished_at=now())
+
+    def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None:
+        p = self.PARAM
+        with self._write() as conn:
+            sql = f"UPDATE rollouts SET flags = {p} WHERE rollout_id = {p}"
+            if conn.execute(sql, (dump_json(list(flags)), rollout_id)).rowcount == 0:
+                raise NotFound(f"rollout {rollout_id!r} not found")
+
+    def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
+        with self._write() as conn:
+            merged = {**load_json(self._rollout_row(conn, rollout_id)["metadata"]), **metadata}
+            return self._update(conn, rollout_id, metadata=dump_json(merged))
+
+    # -- calls ------------------------------------------------------------------------------------
+    def add_call(self, call: Call) -> Call:
+        # Encode before the transaction: packing long token lists is the slow part.
+        row = call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
+        p = self.PARAM
+        with self._write() as conn:
+            # The write transaction (SQLite: the database lock; PostgreSQL: the rollout's row lock)
+            # serializes this rollout's writers until commit, so MAX(seq) counts the previous call
+            # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
+            locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
+            if conn.execute(locked, (call.rollout_id,)).fetchone() is None:
+                raise NotFound(f"rollout {call.rollout_id!r} not found")
+            sql = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
+            row["seq"] = self._scalar(conn, sql, (call.rollout_id,))
+            self._insert(conn, "calls", row)
+        return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
+
+    def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
+        where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
+        with self._read() as conn:
+            rows = conn.execute(f"SELECT * FROM calls{where} ORDER BY seq", params).fetchall()
+        return [call_from_row(row) for row in rows]
+
+    def count_calls(self, rollout_id: str | None = None) -> int:
+        where, params = sql_where(self.PARAM, rollout_id=rollout_id)
+        with self._read() as conn:
+            return self._scalar(conn, f"SELECT COUNT(*) AS n FROM calls{where}", params)
+
+    # -- policy versions --------------------------------------------------------------------------
+    def add_policy_version(self, version: PolicyVersion) -> None:
+        with self._write() as conn:
+            row = {**version.model_dump(), "metadata": dump_json(version.metadata)}
+            upsert = ", ".join(f"{column} = excluded.{column}" for column in row if column != "version")
+            self._insert(conn, "policy_versions", row, f"ON CONFLICT (version) DO UPDATE SET {upsert}")
+
+    def latest_policy_version(self) -> PolicyVersion | None:
+        with self._read() as conn:
+            row = conn.execute("SELECT * FROM policy_versions ORDER BY version DESC LIMIT 1").fetchone()
+        return None if row is None else policy_version_from_row(row)
+
+    def list_policy_versions(self) -> list[PolicyVersion]:
+        with self._read() as conn:
+            return [
+                policy_version_from_row(row)
+                for row in conn.execute("SELECT * FROM policy_versions ORDER BY version")
+            ]
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> None:
+        columns = ", ".join(row)
+        placeholders = ", ".join(self.named(column) for column in row)
+        conn.execute(f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) {conflict}", row)
+
+    def _update(self, conn: Any, rollout_id: str, **changes: Any) -> Rollout:
+        p = self.PARAM
+        assignments = ", ".join(f"{column} = {p}" for column in changes)
+        row = conn.execute(
+            f"UPDATE rollouts SET {assignments} WHERE rollout_id = {p} RETURNING {ROLLOUT_COLUMNS}",
+            [*changes.values(), rollout_id],
+        ).fetchone()
+        assert row is not None  # callers read the row in this transaction
+        return rollout_from_row(row)
+
+    @staticmethod
+    def _scalar(conn: Any, sql: str, params: Sequence[Any]) -> int:
+        row = conn.execute(sql, params).fetchone()
+        assert row is not None
+        return row["n"]
+
+    @staticmethod
+    def _fetch_one(conn: Any, sql: str, params: tuple[Any, ...], kind: str, key: str) -> Any:
+        row = conn.execute(sql, params).fetchone()
+        if row is None:
+            raise NotFound(f"{kind} {key!r} not found")
+        return row
+
+    def _run_row(self, conn: Any, run_id: str) -> Any:
+        sql = f"SELECT * FROM runs WHERE run_id = {self.PARAM}"
+        return self._fetch_one(conn, sql, (run_id,), "run", run_id)
+
+    def _rollout_row(self, conn: Any, rollout_id: str, *, lock: bool = True) -> Any:
+        # Inside a write, the row lock (PostgreSQL) holds the row until commit, so a
+        # read-modify-write cannot act on a stale status.
+        sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE rollout_id = {self.PARAM}"
+        return self._fetch_one(
+            conn, sql + (self.ROW_LOCK if lock else ""), (rollout_id,), "rollout", rollout_id
+        )
