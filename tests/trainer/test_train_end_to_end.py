@@ -279,3 +279,51 @@ def test_train_with_an_external_controller_on_the_shared_store(tmp_path):
     # the controller, not the run, launched the harnesses
     assert len(list((tmp_path / "controller").rglob("stdout.log"))) >= 4 * 8
     assert not (run_dir / "rollouts").exists() or not list((run_dir / "rollouts").rglob("stdout.log"))
+
+
+def test_train_pauses_and_versions_peer_gateways(tmp_path):
+    """A run in front of shared inference servers with ``[gateway] peers``: every weight update
+    pauses the peer gateways too (the trainer waits for all to drain) and tells them the version."""
+    import socket
+
+    from tests.fakes.vllm_server import serve_vllm
+
+    from harnessrl.client import GatewayClient
+    from harnessrl.config import GatewayConfig
+    from harnessrl.engines.scripted import ScriptedEngine
+    from harnessrl.engines.tiny import tiny_model_dir
+    from harnessrl.gateway.app import create_app
+    from harnessrl.gateway.server import serve_in_thread
+    from harnessrl.store import open_store
+    from harnessrl.tokenizer import PolicyTokenizer
+
+    key = "hrl-admin-peer-test"
+    tok = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    peer_store = open_store(str(tmp_path / "peer.db"))
+    sock = socket.create_server(("127.0.0.1", 0))
+    run_port = socket.create_server(("127.0.0.1", 0))
+    port = run_port.getsockname()[1]
+    run_port.close()
+    peer_app = create_app(
+        GatewayConfig(admin_key=key, peers=[f"http://127.0.0.1:{port}"]),
+        peer_store,
+        ScriptedEngine(["aeiou"], tok),
+    )
+    with (
+        serve_vllm(tok.encode("aeiou") + [tok.eos_token_id], context_length=2048) as upstream,
+        serve_in_thread(peer_app, sock=sock) as peer_url,
+    ):
+        proc = train(
+            tmp_path / "run",
+            "--set", f"engine.model=vllm:{upstream.url}",
+            "--set", "engine.tokenizer=tiny",
+            "--set", "trainer.model=tiny",
+            "--set", "trainer.steps=2",
+            "--set", f"gateway.port={port}",
+            "--set", f"gateway.admin_key={key}",
+            "--set", f'gateway.peers=["{peer_url}"]',
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        state = GatewayClient(peer_url, key).state(scope="process")
+    peer_store.close()
+    assert state["policy_version"] == 2 and state["paused"] is False
