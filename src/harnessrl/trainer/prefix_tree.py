@@ -28,14 +28,7 @@ from harnessrl.algorithms.losses import MicroBatch
 from harnessrl.algorithms.packing import StepTotals
 from harnessrl.errors import BadRequest
 from harnessrl.trajectory import Sample
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+from harnessrl.trajectory.samples import common_prefix
 
 
 def prefix_micro_batches(
@@ -58,7 +51,7 @@ def prefix_micro_batches(
     row_used = micro_used = 0
     for sample in ordered:
         row = micro_batches[-1][-1]
-        shared = _common_prefix(row[-1].input_ids, sample.input_ids) if row else 0
+        shared = common_prefix(row[-1].input_ids, sample.input_ids) if row else 0
         cost = len(sample) - shared
         if row and row_used + cost > row_cap:
             shared, cost = 0, len(sample)
@@ -129,7 +122,7 @@ def prefix_batch(
         for sample in row:
             if sample.advantage is None:
                 raise BadRequest(f"sample of rollout {sample.rollout_id} has no advantage", param="samples")
-            shared = _common_prefix(previous.input_ids, sample.input_ids) if previous else 0
+            shared = common_prefix(previous.input_ids, sample.input_ids) if previous else 0
             path = previous_path[:shared]
             start = len(ids)
             row_segments.append((list(path), start, start + len(sample) - shared))

@@ -148,7 +148,8 @@ def _validate(call: Call) -> None:
         )
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many tokens ``a`` and ``b`` share at their start."""
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:
@@ -163,8 +164,8 @@ def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
 
 def _classify_break(prompt: Sequence[int], chains: Sequence[_Chain]) -> str:
     """Why ``prompt`` extends none of ``chains`` (at least one chain). One of ``BREAK_REASONS``."""
-    best = max(chains, key=lambda c: (_common_prefix(prompt, c.input_ids), c.last_touched))
-    p = _common_prefix(prompt, best.input_ids)
+    best = max(chains, key=lambda c: (common_prefix(prompt, c.input_ids), c.last_touched))
+    p = common_prefix(prompt, best.input_ids)
     if p == len(prompt):
         return "retried"
     if p < best.first_response_start:
