@@ -219,19 +219,7 @@ def migrate_sqlite(conn: Any, *, target: int = SCHEMA_VERSION, where: str = "sto
     """Bring a SQLite database to ``target``; returns the version it had. The caller holds a
     write transaction (``BEGIN IMMEDIATE``), so two processes opening a fresh file at once cannot
     both migrate it."""
-    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-    found = _read_version(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone())
-    todo = pending(found, target=target, where=where)
-    for migration in todo:
-        for statement in statements(migration.sqlite):
-            conn.execute(statement)
-    if todo or found == 0:
-        conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', ?) "
-            "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
-            (str(max(found, target)),),
-        )
-    return found
+    return _migrate(conn, "sqlite", "?", target=target, where=where)
 
 
 # pg_advisory_xact_lock key for migrations (any constant; advisory locks are per database).
@@ -243,15 +231,20 @@ def migrate_postgres(conn: Any, *, target: int = SCHEMA_VERSION, where: str = "s
     caller's transaction (PostgreSQL's DDL is transactional) after taking an advisory lock that
     serializes processes opening the same database at once; the lock ends with the transaction."""
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_MIGRATION_LOCK,))
+    return _migrate(conn, "postgres", "%s", target=target, where=where)
+
+
+def _migrate(conn: Any, dialect: str, param: str, *, target: int, where: str) -> int:
+    """Apply the pending migrations' ``dialect`` DDL in the caller's transaction and record the version."""
     conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     found = _read_version(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone())
     todo = pending(found, target=target, where=where)
     for migration in todo:
-        for statement in statements(migration.postgres):
+        for statement in statements(getattr(migration, dialect)):
             conn.execute(statement)
     if todo or found == 0:
         conn.execute(
-            "INSERT INTO meta (key, value) VALUES ('schema_version', %s) "
+            f"INSERT INTO meta (key, value) VALUES ('schema_version', {param}) "
             "ON CONFLICT (key) DO UPDATE SET value = excluded.value",
             (str(max(found, target)),),
         )
