@@ -39,6 +39,9 @@ class EngineConfig(Section):
     context_length: int | None = Field(default=None, ge=16)  # default: the model's own
     cache_dir: str | None = None  # where built/converted models are kept (default ~/.cache/harnessrl)
     seed: int = 0
+    # Embedded engine: copy a prompt prefix another running request already computed instead of
+    # prefilling it again (an RL step sends each prompt group_size times).
+    prefix_sharing: bool = True
     # Remote engines (``vllm:URL[,URL...]``, ``sglang:URL[,URL...]``): the policy's tokenizer folder
     # (the gateway tokenizes; ``tiny`` for the test model), and the pool's fault-tolerance settings.
     tokenizer: str | None = None

@@ -223,3 +223,50 @@ def test_chunked_prefill_while_other_rows_finish(tiny_dir: Path) -> None:
         assert [s.token_id for s in asyncio.run(mixed())] == [s.token_id for s in alone]
     finally:
         asyncio.run(engine.aclose())
+
+
+def _shared_prefix_prompts(engine: EmbeddedEngine) -> list[list[int]]:
+    """A long system prompt shared by all, some prompts repeated (an RL group), some not."""
+    system = {"role": "system", "content": "You are a careful assistant with tools. " * 6}
+    # The first differs from the group after it, so the best source row is not simply row 0.
+    questions = ["Count to 4.", "What is 2 + 3?", "What is 2 + 3?", "Name a colour.", "What is 2 + 3?"]
+    prompts = [engine.tokenizer.encode_chat([system, {"role": "user", "content": q}]) for q in questions]
+    assert len(prompts[0]) > 40
+    return prompts
+
+
+@pytest.mark.parametrize("prefill_chunk", [512, 16])
+def test_shared_prompt_prefixes_are_copied_not_recomputed(
+    tiny_dir: Path, prefill_chunk: int
+) -> None:
+    """Requests start from a decoding row's cached prefix; outputs and logprobs are unchanged."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
+    sharing = _start(EmbeddedEngine(tiny_dir, max_batch_size=8, prefill_chunk=prefill_chunk))
+    plain = _start(
+        EmbeddedEngine(tiny_dir, max_batch_size=8, prefill_chunk=prefill_chunk, prefix_sharing=False)
+    )
+    try:
+        prompts = _shared_prefix_prompts(sharing)
+
+        async def run(engine: EmbeddedEngine, params: list[SamplingParams]):
+            return await asyncio.gather(*[_generate(engine, p, s) for p, s in zip(prompts, params)])
+
+        # Different lengths, so rows retire (and the cache compacts) while others are admitted.
+        sampled = [SamplingParams(max_tokens=6 + 3 * i, temperature=1.0, seed=i) for i in range(5)]
+        for prompt, samples in zip(prompts, asyncio.run(run(sharing, sampled)), strict=True):
+            got = torch.tensor([s.logprob for s in samples])
+            torch.testing.assert_close(
+                got, _reference_logprobs(model, prompt, samples, 1.0), atol=1e-4, rtol=0
+            )
+        stats = asyncio.run(sharing.health())
+        assert stats["prefix_reused_tokens"] >= 3 * 40  # at least the system prompt, three times
+        assert stats["prefill_tokens"] + stats["prefix_reused_tokens"] == sum(map(len, prompts))
+
+        greedy = [SamplingParams(max_tokens=12, temperature=0.0)] * 5
+        with_sharing = [[s.token_id for s in out] for out in asyncio.run(run(sharing, greedy))]
+        without = [[s.token_id for s in out] for out in asyncio.run(run(plain, greedy))]
+        assert with_sharing == without
+        assert asyncio.run(plain.health())["prefix_reused_tokens"] == 0
+    finally:
+        asyncio.run(sharing.aclose())
+        asyncio.run(plain.aclose())

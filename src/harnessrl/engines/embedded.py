@@ -8,6 +8,12 @@ One background thread owns the model. Each iteration of its loop it
 3. samples (:func:`sample_tokens`) and hands each request its token through its own event loop
    (one ``call_soon_threadsafe`` per loop per step), then retires finished or cancelled rows.
 
+Shared prompt prefixes are computed once. An RL step sends the same prompt ``group_size`` times and
+every prompt of a harness starts with the same system prompt and tool schemas, so before prefilling
+a request the engine copies the longest prompt prefix it shares with a decoding row from that row's
+KV cache and prefills only the rest. A request whose best match is a prompt being prefilled in the
+same iteration waits one iteration for it (``prefix_sharing=False`` turns all of this off).
+
 Logprobs are those of the distribution sampled from (see :mod:`harnessrl.engines.sampling`:
 ``log_softmax(logits / T)``; greedy reports temperature 1; top-p truncation is not reflected).
 
@@ -73,6 +79,7 @@ class EmbeddedEngine:
         seed: int = 0,
         prefill_chunk: int = 512,
         num_threads: int | None = None,
+        prefix_sharing: bool = True,
     ):
         if dtype not in _DTYPES:
             raise ConfigError(f"engine.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
@@ -83,6 +90,7 @@ class EmbeddedEngine:
         self._max_batch = max_batch_size
         self._prefill_chunk = prefill_chunk
         self._num_threads = num_threads
+        self._prefix_sharing = prefix_sharing
         self._tokenizer = PolicyTokenizer.from_dir(self._model_dir)
         model_ctx = self._tokenizer.max_position_embeddings or 4096
         self._context_length = min(context_length or model_ctx, model_ctx)
@@ -100,7 +108,7 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BaseException | None = None
-        self._stats = {"steps": 0, "tokens": 0, "requests": 0}
+        self._stats = {"steps": 0, "tokens": 0, "requests": 0, "prefill_tokens": 0, "prefix_reused_tokens": 0}
 
     # --- Engine properties ---------------------------------------------------------------------------
 
@@ -295,23 +303,31 @@ class EmbeddedEngine:
             # Rows were retired since its last chunk: bring its partial cache down to its new row.
             decoder.move_row(self._prefill_row, len(self._rows), request.prefilled)
         self._prefilling = None
+        first_row = len(self._rows)
         while budget > 0 and len(self._rows) + len(segments) < self._max_batch:
             if request is None:
                 with self._wake:
                     if not self._pending:
                         break
                     request = self._pending.popleft()
-                self._stats["requests"] += 1
                 if request.cancelled:
+                    self._stats["requests"] += 1
                     out.append((request, _DONE))
                     request = None
                     continue
+                if self._prefix_sharing and not self._share_prefix(
+                    request, first_row + len(segments), [r for r, _ in segments]
+                ):
+                    with self._wake:  # wait for the prompt it shares most with to be cached
+                        self._pending.appendleft(request)
+                    break
+                self._stats["requests"] += 1
             chunk = request.prompt[request.prefilled : request.prefilled + budget]
             segments.append((request, chunk))
             budget -= len(chunk)
+            self._stats["prefill_tokens"] += len(chunk)
             request = None
         if segments:
-            first_row = len(self._rows)
             logits_S_V = decoder.prefill_packed(
                 [(first_row + j, chunk, r.prefilled) for j, (r, chunk) in enumerate(segments)]
             )
@@ -339,6 +355,32 @@ class EmbeddedEngine:
             self._sample(decode_rows, logits_B_V, out)
             self._retire(out)
         self._deliver(out)
+
+    def _share_prefix(self, request: _Request, row: int, batch: list[_Request]) -> bool:
+        """Start ``request`` (bound for cache ``row``) from the longest prompt prefix a decoding row holds.
+
+        Returns False when a prompt being prefilled in this iteration (``batch``) shares clearly more
+        with it than any decoding row: the caller puts it back to wait one iteration for that cache.
+        At least the prompt's last token is always prefilled, for the logits of the first sample.
+        """
+        prompt = request.prompt
+        limit = len(prompt) - 1
+        best, best_row = 0, -1
+        for source_row, source in enumerate(self._rows):
+            shared = _common_prefix(prompt, source.prompt, limit)
+            if shared > best:
+                best, best_row = shared, source_row
+        pending = max((_common_prefix(prompt, r.prompt, limit) for r in batch), default=0)
+        if pending >= best + _MIN_SHARED_PREFIX and batch:
+            return False
+        if best >= _MIN_SHARED_PREFIX:
+            decoder = self._decoder
+            assert decoder is not None
+            decoder.ensure_capacity(row + 1, best)
+            decoder.move_row(best_row, row, best)
+            request.prefilled = best
+            self._stats["prefix_reused_tokens"] += best
+        return True
 
     def _sample(
         self, requests: list[_Request], logits_B_V: torch.Tensor, out: list[tuple[_Request, Any]]
@@ -388,6 +430,27 @@ class EmbeddedEngine:
         for loop, items in by_loop.items():
             with contextlib.suppress(RuntimeError):  # the caller's loop is closed; nobody is listening
                 loop.call_soon_threadsafe(_put_all, items)
+
+
+#: Shorter shared prefixes are prefilled again: copying a few positions saves less than it costs.
+_MIN_SHARED_PREFIX = 16
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
+    n = min(len(a), len(b), limit)
+    if n <= 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:  # the common case in RL (the same prompt n times): one C-level compare
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slices, still C-level compares
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:

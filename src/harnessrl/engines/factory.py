@@ -87,4 +87,5 @@ def create_engine(cfg: EngineConfig) -> Engine:
         max_batch_size=cfg.max_batch_size,
         context_length=cfg.context_length,
         seed=cfg.seed,
+        prefix_sharing=cfg.prefix_sharing,
     )

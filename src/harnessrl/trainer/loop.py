@@ -363,7 +363,8 @@ class Trainer:
         async_mode = cfg.trainer.mode == "async"
         client = self._client()
         if async_mode:
-            await asyncio.to_thread(client.pause)
+            await asyncio.to_thread(client.pause)  # returns once in-flight calls have finished
+        drain_s = time.monotonic() - pause_started
         try:
             train_metrics = await asyncio.to_thread(
                 self.policy.train_step,
@@ -386,7 +387,11 @@ class Trainer:
         self.store.add_policy_version(PolicyVersion(version=new_version, step=new_version))
         for r in rollouts:
             self.store.update_rollout_metadata(r.rollout_id, {"trained_at_step": new_version})
-        self._checkpoint()
+        checkpoint_started = time.monotonic()
+        # In a thread: writing ~12 bytes per parameter takes seconds, and this event loop also runs
+        # the local controller (launching harnesses, scoring them) meanwhile.
+        await asyncio.to_thread(self._checkpoint)
+        checkpoint_s = time.monotonic() - checkpoint_started
 
         rewards = [
             r.reward for r in rollouts if r.reward is not None and r.outcome is not Outcome.INFRA_FAILURE
@@ -406,6 +411,8 @@ class Trainer:
             "time/step_s": wall,
             "time/train_s": time.monotonic() - t0,
             "time/pause_s": pause_s if async_mode else 0.0,
+            "time/drain_s": drain_s if async_mode else 0.0,
+            "time/checkpoint_s": checkpoint_s,
             "policy_version": new_version,
             **advantages.metrics,
             **batch.stats.as_metrics(prefix="trajectory/"),
