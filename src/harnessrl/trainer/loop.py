@@ -100,6 +100,10 @@ class Trainer:
         self.state = TrainState()
         self._groups_created = 0
         self._pause_s = 0.0
+        # The step's checkpoint being written while the next rollouts generate (one process only:
+        # a sharded policy's save is a collective that must run in step with the other ranks).
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._checkpoint_in_background = policy_factory is None
 
     # -- setup ---------------------------------------------------------------------------------------
     def _load_tasks(self) -> None:
@@ -220,6 +224,7 @@ class Trainer:
                 try:
                     await self._train_loop()
                 finally:
+                    await self._checkpoint_written()
                     stop.set()
                     await controller_task
                     if self._updater is not None:
@@ -332,9 +337,20 @@ class Trainer:
             await asyncio.sleep(0.2)
 
     # -- one step ------------------------------------------------------------------------------------
+    async def _checkpoint_written(self) -> float:
+        """Wait for the previous step's checkpoint write; returns the seconds waited."""
+        task, self._checkpoint_task = self._checkpoint_task, None
+        if task is None:
+            return 0.0
+        started = time.monotonic()
+        await task
+        return time.monotonic() - started
+
     async def _step(self, groups: list[list[Rollout]], *, since: float) -> dict[str, Any]:
         cfg = self.config
         t0 = time.monotonic()
+        # The previous checkpoint must be whole before this step changes the weights it holds.
+        checkpoint_wait_s = await self._checkpoint_written()
         rollouts = [r for members in groups for r in members]
         calls = {r.rollout_id: await asyncio.to_thread(self.store.list_calls, r.rollout_id) for r in rollouts}
         version = self.state.step
@@ -387,11 +403,16 @@ class Trainer:
         self.store.add_policy_version(PolicyVersion(version=new_version, step=new_version))
         for r in rollouts:
             self.store.update_rollout_metadata(r.rollout_id, {"trained_at_step": new_version})
-        checkpoint_started = time.monotonic()
-        # In a thread: writing ~12 bytes per parameter takes seconds, and this event loop also runs
-        # the local controller (launching harnesses, scoring them) meanwhile.
-        await asyncio.to_thread(self._checkpoint)
-        checkpoint_s = time.monotonic() - checkpoint_started
+        # Writing ~12 bytes per parameter takes seconds: one process writes it in a thread while
+        # the next step's rollouts generate (the next step waits for it before it trains, so the
+        # weights cannot change under it). A kill before it is whole resumes from the step before
+        # and trains this step again from the same stored rollouts. Ranks of a distributed run
+        # write it together (collectives), in step.
+        checkpoint = asyncio.create_task(asyncio.to_thread(self._checkpoint))
+        if self._checkpoint_in_background:
+            self._checkpoint_task = checkpoint
+        else:
+            await checkpoint
 
         rewards = [
             r.reward for r in rollouts if r.reward is not None and r.outcome is not Outcome.INFRA_FAILURE
@@ -412,7 +433,7 @@ class Trainer:
             "time/train_s": time.monotonic() - t0,
             "time/pause_s": pause_s if async_mode else 0.0,
             "time/drain_s": drain_s if async_mode else 0.0,
-            "time/checkpoint_s": checkpoint_s,
+            "time/checkpoint_wait_s": checkpoint_wait_s,
             "policy_version": new_version,
             **advantages.metrics,
             **batch.stats.as_metrics(prefix="trajectory/"),
