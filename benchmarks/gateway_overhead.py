@@ -26,6 +26,17 @@ targets are measured in interleaved rounds (the order rotates each round) so tha
 a shared machine hits all three alike; the load average is recorded per batch. Reported per level:
 req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to direct.
 
+CPU accounting. Each batch also records the CPU time (user + system, ``/proc/PID/stat``, 10 ms ticks
+summed over the batch) of every process a call passes through — ``upstream``, ``gateway`` (the
+harnessrl gateway or ``agl-server``) and the load-generating ``client`` (``time.process_time``) —
+reported per level and target as ``cpu_ms_per_call``. ``cpu_ceilings`` turns that into the
+throughput the machine's cores allow (``cores * 1000 / total CPU ms per call``: client, upstream
+and proxy share the cores), what each server process allows on its one core (``1000 / its CPU ms``:
+a Python server's Python code runs on one core at a time) and which of these binds, and the gateway
+CPU per call at which harnessrl's ceiling would be 0.8x direct's; ``goals.cpu_c32`` says it in one
+line. Where the measured req/s is near its ceiling, the
+run was CPU-bound and only less CPU per call (not less waiting) can raise it.
+
 What it does not show. The upstream is instant, so this is the proxy's own cost, not what a run
 would see end to end (a real engine takes far longer per call, which hides most of it). The load
 generator, upstream and proxies share the same CPU cores, so at C=32 the throughput ratio partly
@@ -548,6 +559,12 @@ def serve_harnessrl(
     Path(engine_file).write_text(description)
     store = open_store(store_path)
     app = create_app(GatewayConfig(admin_key=admin_key, port=port), store, engine)
+    try:
+        from harnessrl.gateway.server import tune_gc
+    except ImportError:  # an older harnessrl: default GC settings
+        pass
+    else:
+        tune_gc()  # as run_gateway does
     try:  # the same uvicorn settings as run_gateway
         uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
     finally:
@@ -558,10 +575,15 @@ def serve_harnessrl(
 
 
 class Target:
-    """Where one conversation's calls go: ``url`` and headers, per conversation (rollouts made up front)."""
+    """Where one conversation's calls go: ``url`` and headers, per conversation (rollouts made up front).
+
+    ``pids``: the server processes a call to this target runs through (role -> pid), whose CPU time
+    each batch records (``cpu_seconds``); the client's own CPU is added as ``client``.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.pids: dict[str, int] = {}
 
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
         raise NotImplementedError
@@ -623,10 +645,42 @@ class AgentLightning(Target):
         ]
 
 
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live children (``/proc``, clock-tick resolution).
+
+    Children count because a server may run its work in a worker process (uvicorn with workers,
+    hydra launchers); threads are part of their process's times already.
+    """
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces: split after its closing parenthesis.
+            fields = f.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                total += sum(cpu_seconds(int(c)) for c in f.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # the process (or a child) exited: its time is gone with it
+    return total
+
+
+def _cpu_snapshot(target: Target) -> dict[str, float]:
+    out = {role: cpu_seconds(pid) for role, pid in target.pids.items()}
+    out["client"] = time.process_time()
+    return out
+
+
 async def run_batch(
     session: Any, target: Target, conversations: list[list[bytes]], n_conv: int, concurrency: int
 ) -> dict[str, Any]:
-    """``n_conv`` conversations of ``TURNS`` calls with ``concurrency`` workers; latencies in seconds."""
+    """``n_conv`` conversations of ``TURNS`` calls with ``concurrency`` workers; latencies in seconds.
+
+    ``cpu_s``: CPU seconds each process involved used during the batch (``target.pids`` and the client).
+    """
     slots = await target.prepare(session, n_conv)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n_conv):
@@ -650,10 +704,19 @@ async def run_batch(
                 latencies.append(time.perf_counter() - t0)
 
     load_before = os.getloadavg()[0]
+    cpu_before = _cpu_snapshot(target)
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
-    return {"latencies": latencies, "wall_s": wall, "errors": errors, "load_avg_1m": load_before}
+    cpu_after = _cpu_snapshot(target)
+    cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
+    return {
+        "latencies": latencies,
+        "wall_s": wall,
+        "errors": errors,
+        "load_avg_1m": load_before,
+        "cpu_s": cpu,
+    }
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -675,6 +738,60 @@ def summarize(batches: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_ms": round(sum(lat) / len(lat) * 1000, 2),
         "per_round_req_s": [round(len(b["latencies"]) / b["wall_s"], 1) for b in batches],
         "load_avg_1m_per_round": [round(b["load_avg_1m"], 2) for b in batches],
+        "cpu_ms_per_call": cpu_per_call(batches),
+    }
+
+
+def cpu_per_call(batches: list[dict[str, Any]]) -> dict[str, float]:
+    """CPU milliseconds per call of each process (``upstream``, ``gateway``, ``client``) and their ``total``."""
+    n = sum(len(b["latencies"]) for b in batches)
+    roles = batches[0]["cpu_s"].keys()
+    out = {role: round(sum(b["cpu_s"][role] for b in batches) / n * 1000, 3) for role in roles}
+    out["total"] = round(sum(out.values()), 3)
+    return out
+
+
+def cpu_ceilings(level: dict[str, Any], cores: int) -> dict[str, Any]:
+    """What the CPU numbers say about throughput on ``cores`` cores, per target and for the 0.8x goal.
+
+    ``ceiling_req_s``: ``cores * 1000 / total CPU ms per call`` — the most calls per second the
+    client, upstream and proxy together could make if they kept every core busy and nothing else ran.
+    ``gateway_budget_ms_for_0_8x``: the proxy CPU per call at which that ceiling is 0.8x direct's,
+    given the client's and upstream's CPU per call as measured through the proxy.
+    """
+    d = level["direct"]["cpu_ms_per_call"]
+    direct_ceiling = cores * 1000 / d["total"]
+    out: dict[str, Any] = {"cores": cores, "direct": _bounds(d, cores)}
+    for name, s in level.items():
+        if name in ("direct", "ratios_to_direct") or not isinstance(s, dict) or "cpu_ms_per_call" not in s:
+            continue
+        c = s["cpu_ms_per_call"]
+        others = c["total"] - c.get("gateway", 0.0)
+        budget = cores * 1000 / (0.8 * direct_ceiling) - others
+        out[name] = {
+            **_bounds(c, cores),
+            "ceiling_x_direct": round(d["total"] / c["total"], 3),
+            "gateway_cpu_ms": c.get("gateway"),
+            "gateway_budget_ms_for_0_8x": round(budget, 3),
+        }
+    return out
+
+
+def _bounds(cpu: dict[str, float], cores: int) -> dict[str, Any]:
+    """``ceiling_req_s`` (all cores) and ``one_core_req_s`` per server process: a Python server runs its
+    Python code on one core at a time (the GIL), so ``1000 / its CPU ms`` caps it whatever the cores;
+    ``bound_req_s`` is the lower of them and ``bound_by`` says which one it is."""
+    ceilings = {"all_cores": cores * 1000 / cpu["total"]}
+    per_process = {
+        role: round(1000 / ms, 1) for role, ms in cpu.items() if role not in ("client", "total") and ms > 0
+    }
+    ceilings.update(per_process)
+    bound_by = min(ceilings, key=ceilings.__getitem__)
+    return {
+        "ceiling_req_s": round(ceilings["all_cores"], 1),
+        "one_core_req_s": per_process,
+        "bound_req_s": round(ceilings[bound_by], 1),
+        "bound_by": bound_by,
     }
 
 
@@ -774,6 +891,7 @@ async def measure(
             for name, s in level.items()
             if name != "direct"
         }
+        level["cpu_ceilings"] = cpu_ceilings(level, os.cpu_count() or 1)
         levels[str(concurrency)] = level
     return levels
 
@@ -866,6 +984,8 @@ def main() -> None:
         hr = f"http://127.0.0.1:{hr_port}"
         wait_http(f"{hr}/api/health", procs[-1])
         targets: list[Target] = [Direct(upstream), Harnessrl(hr, admin_key)]
+        targets[0].pids = {"upstream": procs[0].pid}
+        targets[1].pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
         if use_agl:
             agl_port = free_port()
             agl_dir = tmp / "agl"
@@ -894,6 +1014,7 @@ def main() -> None:
                 r = httpx.post(f"{agl}/api/models", json=[{"model": MODEL, "endpoint": f"{upstream}/v1"}])
                 r.raise_for_status()
                 targets.append(AgentLightning(agl))
+                targets[-1].pids = {"upstream": procs[0].pid, "gateway": procs[-1].pid}
                 version, py = agl_version(args.agl_venv).split()
                 agl_info = {
                     "measured": True,
@@ -974,12 +1095,24 @@ def main() -> None:
             "harnessrl_added_p50_c1_ms": c1["added_p50_ms"],
             "added_p50_goal_ms": 1.5,
             "added_p50_met": c1["added_p50_ms"] <= 1.5,
+            "cpu_c32": cpu_goal_line(levels["32"]["cpu_ceilings"]),
         },
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result)
     print(f"wrote {args.out}")
+
+
+def cpu_goal_line(ceilings: dict[str, Any]) -> str:
+    """One sentence: the CPU-bound throughput ceilings at C=32 and the proxy CPU the 0.8x goal needs."""
+    h = ceilings["harnessrl"]
+    return (
+        f"on {ceilings['cores']} cores the CPU ceiling is {ceilings['direct']['ceiling_req_s']} req/s direct and "
+        f"{h['ceiling_req_s']} req/s through harnessrl ({h['ceiling_x_direct']}x; the gateway process alone "
+        f"caps it at {h['one_core_req_s'].get('gateway')} req/s on one core); 0.8x direct needs the "
+        f"gateway at <= {h['gateway_budget_ms_for_0_8x']} ms CPU per call (measured {h['gateway_cpu_ms']} ms)"
+    )
 
 
 def _quote(s: str) -> str:
@@ -993,7 +1126,7 @@ def print_table(result: dict[str, Any]) -> None:
     )
     for c, level in result["levels"].items():
         for name, s in level.items():
-            if name == "ratios_to_direct":
+            if name in ("ratios_to_direct", "cpu_ceilings"):
                 continue
             r = level["ratios_to_direct"].get(name)
             extra = (
@@ -1002,7 +1135,19 @@ def print_table(result: dict[str, Any]) -> None:
                 else f"{'1.000':>15} {'1.00':>7} {'0.00':>8}"
             )
             print(f"{c:>3} {name:15s} {s['req_s']:8.1f} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {extra}")
+    print(f"\n{'C':>3} {'target':15s} CPU ms per call (per process, total) -> CPU ceiling req/s")
+    for c, level in result["levels"].items():
+        for name, s in level.items():
+            if name in ("ratios_to_direct", "cpu_ceilings"):
+                continue
+            cpu = s["cpu_ms_per_call"]
+            parts = " ".join(f"{k}={v:.3f}" for k, v in cpu.items())
+            b = level["cpu_ceilings"][name]
+            print(
+                f"{c:>3} {name:15s} {parts}  -> {b['ceiling_req_s']} (bound {b['bound_req_s']}: {b['bound_by']})"
+            )
     g = result["goals"]
+    print(g["cpu_c32"])
     print(
         f"goals: C=32 throughput {g['harnessrl_throughput_c32_ratio']:.3f}x direct (>= 0.8: "
         f"{g['throughput_met']}); C=1 added p50 {g['harnessrl_added_p50_c1_ms']:.2f} ms (<= 1.5: {g['added_p50_met']})"

@@ -183,3 +183,82 @@ def test_error_object_in_a_whole_answer_is_raised(tokenizer: PolicyTokenizer) ->
         with pytest.raises(RemoteEngineError) as err:
             _run(engine, [(SamplingParams(max_tokens=4), WHOLE)])
     assert err.value.status == 503 and err.value.retryable
+
+
+def test_proxy_and_netrc_come_from_the_environment_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    # The session reads them when it is made (aiohttp's trust_env would, per request, in threads).
+    from yarl import URL
+
+    from harnessrl.engines.remote import _env_settings
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine upstream.example login me password secret\n")
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HTTP_PROXY", "http://proxy.example:3128")
+    monkeypatch.delenv("http_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    monkeypatch.delenv("no_proxy", raising=False)
+    proxy, auth = _env_settings(URL("http://upstream.example:8000"), netrc=True)
+    assert proxy["proxy"] == URL("http://proxy.example:3128")
+    assert auth is not None and (auth.login, auth.password) == ("me", "secret")
+    proxy, auth = _env_settings(URL("http://127.0.0.1:8000"), netrc=True)
+    assert proxy == {} and auth is None  # NO_PROXY exempts the host; no netrc entry for it
+    assert _env_settings(URL("http://upstream.example:8000"), netrc=False)[1] is None  # an API key wins
+
+
+def test_a_proxy_in_the_environment_is_used_for_generation(
+    tokenizer: PolicyTokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # HTTP_PROXY pointing at a real (fake) vLLM server: requests to an unreachable host arrive there.
+    knobs = Knobs(tokens=[(5, -0.5), (6, -0.25)])
+    with serve_knobs(knobs) as server:
+        monkeypatch.setenv("HTTP_PROXY", server.url)
+        monkeypatch.delenv("http_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        monkeypatch.delenv("no_proxy", raising=False)
+
+        async def main() -> list[int]:
+            engine = VLLMEngine("http://upstream.invalid:9", tokenizer)
+            await engine.start()
+            try:
+                params = SamplingParams(max_tokens=4, stop_token_ids=())
+                return [s.token_id async for s in engine.generate([1, 2], params, WHOLE)]
+            finally:
+                await engine.aclose()
+
+        assert asyncio.run(main()) == [5, 6]
+    assert knobs.seen and knobs.seen[0][0] is False
+
+
+def test_whole_answer_generation_matches_the_token_by_token_one(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
+) -> None:
+    # ``Generation.run`` takes a non-streamed answer whole (``generate_whole``); tokens the server
+    # sends past the stop token are dropped exactly as the streaming path drops them.
+    from harnessrl.gateway.generation import Generation
+
+    knobs, engine = knobs_server
+    stop = tokenizer.stop_token_ids[0]
+    knobs.tokens = [*knobs.tokens, (7, -0.1), (stop, -0.2)]  # past the first stop token
+    params = SamplingParams(max_tokens=100, stop_token_ids=tokenizer.stop_token_ids)
+
+    async def go() -> list[Generation]:
+        await engine.start()
+        try:
+            return [
+                await Generation(engine, [1, 2, 3], params, context=context).run()
+                for context in (WHOLE, GenerationContext("r"))
+            ]
+        finally:
+            await engine.aclose()
+
+    whole, streamed = asyncio.run(go())
+    first_stop = knobs.tokens.index((stop, knobs.tokens[-3][1])) + 1
+    assert whole.token_ids == streamed.token_ids == [t for t, _ in knobs.tokens[:first_stop]]
+    assert whole.logprobs == pytest.approx(streamed.logprobs)
+    assert whole.text == streamed.text == "Grüße, 世界 🚀 done"
+    assert whole.finish_reason == streamed.finish_reason == "stop"
+    assert whole.first_token_at is not None and whole.finished_at is not None
+    assert [s for s, _ in knobs.seen] == [False, True]

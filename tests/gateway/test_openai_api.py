@@ -316,3 +316,20 @@ def test_litellm(make_gateway: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Done."
     assert_extends(gw.client.list_calls(rollout["rollout_id"]))
     assert os.environ["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def test_logprob_entries_carry_each_tokens_utf8_bytes(make_gateway: Any) -> None:
+    # Entries are built from a per-token cache: the same token in two answers gets equal entries.
+    gw = make_gateway(["héllo wörld", "héllo wörld again"])
+    client = sdk(gw.rollout())
+    answers = []
+    for _ in range(2):
+        resp = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], logprobs=True
+        )
+        entries = resp.choices[0].logprobs.content
+        assert entries and all(
+            e.bytes == list(e.token.encode("utf-8")) and e.top_logprobs == [] for e in entries
+        )
+        answers.append([(e.token, e.bytes) for e in entries])
+    assert answers[1][: len(answers[0])] == answers[0]

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
+from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
+from yarl import URL
 
 from harnessrl.engines.base import WeightUpdate
 from harnessrl.errors import ConfigError, ContextLengthExceeded, UpstreamError
@@ -87,7 +89,10 @@ class HttpUpstream:
     """An ``aiohttp.ClientSession`` for one server, translating every failure into ``RemoteEngineError``.
 
     The session is made on first use, inside the event loop that uses it. Proxy settings come from
-    the environment (``HTTP_PROXY``, ``NO_PROXY``), as with most HTTP clients.
+    the environment (``HTTP_PROXY``, ``NO_PROXY``), as with most HTTP clients, and ``.netrc``
+    credentials for the host are used when no API key is given — both read once, when the session is
+    made: aiohttp's ``trust_env`` would look them up again on every request, with two thread-pool
+    hops (and a ``.netrc`` read) per model call.
     """
 
     def __init__(
@@ -104,14 +109,16 @@ class HttpUpstream:
         # found in seconds, not after the whole read timeout).
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s, sock_read=timeout_s)
         self._session: aiohttp.ClientSession | None = None
+        self._proxy: dict[str, Any] = {}  # proxy / proxy_auth for every request, from the environment
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
+            self._proxy, auth = _env_settings(URL(self.base_url), netrc=not self._headers)
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0),
                 headers=self._headers,
                 timeout=self._timeout,
-                trust_env=True,
+                auth=auth,
             )
         return self._session
 
@@ -130,7 +137,8 @@ class HttpUpstream:
         timeout_s: float | None = None,
     ) -> Any:
         url = f"{self.base_url}{path}"
-        kwargs: dict[str, Any] = {}
+        session = self._client()
+        kwargs: dict[str, Any] = dict(self._proxy)
         if params:
             kwargs["params"] = params
         if json_body is not None:
@@ -139,7 +147,7 @@ class HttpUpstream:
         if timeout_s is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with self._client().request(method, url, **kwargs) as response:
+            async with session.request(method, url, **kwargs) as response:
                 body = await response.read()
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
@@ -160,12 +168,32 @@ class HttpUpstream:
         """
         url = f"{self.base_url}{path}"
         try:
-            async with self._client().post(url, data=dumps(json_body), headers=_JSON_HEADERS) as response:
+            session = self._client()
+            async with session.post(
+                url, data=dumps(json_body), headers=_JSON_HEADERS, **self._proxy
+            ) as response:
                 if response.status >= 400:
                     raise _status_error("POST", url, response, await response.read())
                 yield _events(response, url)
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
+
+
+def _env_settings(url: URL, *, netrc: bool) -> tuple[dict[str, Any], aiohttp.BasicAuth | None]:
+    """What ``trust_env=True`` would find for ``url``: the proxy (``HTTP(S)_PROXY`` unless ``NO_PROXY``
+    exempts the host) as request arguments, and, if ``netrc``, the host's ``.netrc`` credentials."""
+    proxy: dict[str, Any] = {}
+    try:
+        proxy_url, proxy_auth = get_env_proxy_for_url(url)
+    except LookupError:
+        pass
+    else:
+        proxy = {"proxy": proxy_url, "proxy_auth": proxy_auth}
+    auth = None
+    if netrc and url.host is not None:
+        with suppress(LookupError):  # no .netrc, or no entry for this host
+            auth = basicauth_from_netrc(netrc_from_env(), url.host)
+    return proxy, auth
 
 
 async def _events(response: aiohttp.ClientResponse, url: str) -> AsyncIterator[Any]:

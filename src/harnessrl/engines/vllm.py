@@ -94,12 +94,9 @@ class VLLMEngine(RemoteEngine):
         if context is not None and not context.stream:
             # The caller wants the whole answer: one JSON response instead of one event per token
             # (far less work on both ends). Closing this iterator mid-request still aborts it.
-            body = self._request(prompt_ids, params, budget, stream=False)
-            answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
-            for token_id, logprob in self._samples(answer):
+            ids, logprobs = await self.generate_whole(prompt_ids, params, context)
+            for token_id, logprob in zip(ids, logprobs, strict=True):
                 yield TokenSample(token_id, logprob)
-                if token_id in stops:
-                    return
             return
         stopped = False
         async with self.http.stream_sse(
@@ -116,6 +113,22 @@ class VLLMEngine(RemoteEngine):
                     if token_id in stops:
                         stopped = True
                         break
+
+    async def generate_whole(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> tuple[list[int], list[float]]:
+        """The whole answer in one non-streamed request: sampled token IDs up to and including the
+        first stop token, and their logprobs. What ``generate`` yields for a non-streaming context,
+        without a ``TokenSample`` and an async-generator step per token (``Generation.run`` uses it)."""
+        budget = self._check_prompt(prompt_ids, params.max_tokens)
+        body = self._request(prompt_ids, params, budget, stream=False)
+        answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
+        samples = self._samples(answer)
+        ids = [t for t, _ in samples]
+        logprobs = [lp for _, lp in samples]
+        stops = set(params.stop_token_ids)
+        cut = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
+        return ids[:cut], logprobs[:cut]
 
     def _samples(self, event: Any) -> list[tuple[int, float]]:
         """The (token id, logprob) pairs of one stream chunk or of a whole non-streamed answer."""

@@ -11,6 +11,7 @@ import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
+import anyio.to_thread
 from starlette.applications import Starlette
 from starlette.routing import Route
 
@@ -75,6 +76,7 @@ def create_app(
             state.gate.resume()  # let anything still held run into the shutdown instead of hanging
             await cluster.aclose()
             await engine.aclose()
+            await anyio.to_thread.run_sync(state.writer.close)  # write what is queued
 
     routes = [
         *_model_routes("/rollouts/{rollout_id}/v1"),

@@ -166,7 +166,7 @@ class PreparedCall:
 
     async def _store(self, call: Call) -> Call:
         state = self.state
-        stored = await state.in_thread(state.store.add_call, call)
+        stored = await state.writer.add(call)  # committed, maybe with other calls (group commit)
         # Synchronously after the write: the next call of this rollout must see it for reuse.
         state.history.record(stored, self.message_keys)
         self.stored = stored

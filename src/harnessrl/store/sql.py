@@ -274,18 +274,59 @@ class SQLStore:
     def add_call(self, call: Call) -> Call:
         # Encode before the transaction: packing long token lists is the slow part.
         row = call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
-        p = self.PARAM
         with self._write() as conn:
-            # The write transaction (SQLite: the database lock; PostgreSQL: the rollout's row lock)
-            # serializes this rollout's writers until commit, so MAX(seq) counts the previous call
-            # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
-            locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
-            if conn.execute(locked, (call.rollout_id,)).fetchone() is None:
-                raise NotFound(f"rollout {call.rollout_id!r} not found")
-            sql = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
-            row["seq"] = self._scalar(conn, sql, (call.rollout_id,))
-            self._insert(conn, "calls", row)
+            self._add_call_row(conn, call, row)
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
+
+    def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
+        """``add_call`` for several calls in one transaction (group commit); one result per call.
+
+        A call that cannot be added (unknown rollout, token ids past int32) gets its exception in
+        its place and is rolled back alone (a savepoint); the others are committed. If the commit
+        itself fails, it raises: then none was added. Calls of one rollout get consecutive ``seq``
+        numbers in list order. Rows are locked in rollout-id order, so two writers' batches (several
+        gateways on one PostgreSQL) cannot deadlock on each other's rollout locks.
+        """
+        results: list[Call | Exception] = []
+        rows: list[dict[str, Any] | None] = []
+        for call in calls:  # encode outside the transaction, as add_call does
+            try:
+                rows.append(
+                    call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
+                )
+                results.append(call)
+            except Exception as exc:  # noqa: BLE001 - this call's own failure, reported in its place
+                rows.append(None)
+                results.append(exc)
+        by_rollout = sorted(range(len(calls)), key=lambda i: calls[i].rollout_id)  # stable
+        with self._write() as conn:
+            for i in by_rollout:
+                call, row = calls[i], rows[i]
+                if row is None:
+                    continue
+                conn.execute("SAVEPOINT harnessrl_call")
+                try:
+                    self._add_call_row(conn, call, row)
+                except Exception as exc:  # noqa: BLE001 - as above
+                    conn.execute("ROLLBACK TO SAVEPOINT harnessrl_call")
+                    results[i] = exc
+                else:
+                    results[i] = call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
+                conn.execute("RELEASE SAVEPOINT harnessrl_call")
+        return results
+
+    def _add_call_row(self, conn: Any, call: Call, row: dict[str, Any]) -> None:
+        """Insert one encoded call inside a write transaction, setting ``row["seq"]``."""
+        p = self.PARAM
+        # The write transaction (SQLite: the database lock; PostgreSQL: the rollout's row lock)
+        # serializes this rollout's writers until commit, so MAX(seq) counts the previous call
+        # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
+        locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
+        if conn.execute(locked, (call.rollout_id,)).fetchone() is None:
+            raise NotFound(f"rollout {call.rollout_id!r} not found")
+        sql = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
+        row["seq"] = self._scalar(conn, sql, (call.rollout_id,))
+        self._insert(conn, "calls", row)
 
     def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
         where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)

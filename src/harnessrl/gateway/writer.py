@@ -1,0 +1,127 @@
+"""Group commit: one writer thread makes every answered call durable, several per transaction.
+
+Every model call ends with a store write that must be committed before the client gets its answer.
+Handing each write to the thread pool costs a thread hop (a lock hand-off and a wake-up of the
+event loop) and one transaction per call. Here the calls go into one queue; a single thread takes
+whatever is waiting, writes it all in one transaction (``store.add_calls``, each call under its own
+savepoint so a bad call fails alone) and wakes each event loop once for the whole batch. Under
+load, calls that finish while a transaction is being written share the next one; alone, a call
+is written at once, as before.
+
+Each caller still waits for its own call's commit: ``add`` returns the stored call (``seq`` set)
+only after the transaction holding it committed, or raises that call's own error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from harnessrl.schemas import Call
+from harnessrl.store.base import Store
+
+log = logging.getLogger("harnessrl.gateway")
+
+#: Most calls written in one transaction (bounds how long the first of them waits for the commit).
+MAX_BATCH = 64
+
+_Item = tuple[Call, asyncio.AbstractEventLoop, "asyncio.Future[Call]"]
+
+
+class CallWriter:
+    """The gateway's one writer thread for answered calls (started on first use, daemon)."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.batches = 0  # transactions written (for tests and metrics)
+
+    async def add(self, call: Call) -> Call:
+        """``store.add_call(call)``, committed (maybe with other calls) before this returns."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Call] = loop.create_future()
+        self._ensure_thread()
+        self._queue.put((call, loop, future))
+        return await future
+
+    def close(self) -> None:
+        """Write what is queued, then stop the thread (a later ``add`` starts a new one)."""
+        with self._start_lock:
+            thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(None)
+            thread.join()
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="harnessrl-call-writer", daemon=True
+                    )
+                    self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            batch = [item]
+            stop = False
+            while len(batch) < MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if more is None:
+                    stop = True
+                    break
+                batch.append(more)
+            self._deliver(batch, self._write([call for call, _, _ in batch]))
+            if stop:
+                return
+
+    def _write(self, calls: Sequence[Call]) -> list[Call | BaseException]:
+        self.batches += 1
+        add_calls = getattr(self._store, "add_calls", None)
+        if add_calls is None or len(calls) == 1:
+            # A store without group commit (or a lone call): one transaction per call.
+            out: list[Call | BaseException] = []
+            for call in calls:
+                try:
+                    out.append(self._store.add_call(call))
+                except Exception as exc:  # noqa: BLE001 - the caller gets its own call's error
+                    out.append(exc)
+            return out
+        try:
+            return list(add_calls(calls))
+        except Exception as exc:  # noqa: BLE001 - the commit failed: no call of the batch was added
+            return [exc] * len(calls)
+
+    @staticmethod
+    def _deliver(batch: list[_Item], results: list[Call | BaseException]) -> None:
+        # One wake-up per event loop for the whole batch, not one per call.
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Call], Any]]] = {}
+        for (_, loop, future), result in zip(batch, results, strict=True):
+            by_loop.setdefault(loop, []).append((future, result))
+        for loop, pairs in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve, pairs)
+            except RuntimeError:  # the loop closed (shutdown): nobody is waiting any more
+                log.debug("call writer: event loop closed before %d call(s) were answered", len(pairs))
+
+
+def _resolve(pairs: list[tuple[asyncio.Future[Call], Any]]) -> None:
+    for future, result in pairs:
+        if future.cancelled():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
