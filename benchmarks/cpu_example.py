@@ -21,8 +21,11 @@ of training wall time (whatever number of steps fits). When the harnessrl run is
 minute budget, its last checkpoint is evaluated by an evaluation-only ``harnessrl train`` run on that
 checkpoint (the step-0 held-out evaluation of a new run, stopped once it is written).
 ``cpu_minutes`` is wall time of training including the periodic held-out evaluations the config asks
-for (harnessrl) and excluding the before/after evaluations (TRL); ``train_minutes`` excludes all
-evaluation for both where it can be separated.
+for (harnessrl: from its step-0 row to the row of the step whose checkpoint is evaluated, so the
+shutdown after the budget is not charged; ``stopped_after_minutes`` is until the process ended) and
+excluding the before/after evaluations (TRL: ``trainer.train()``, whose last step may end past the
+budget); ``train_minutes`` excludes all evaluation for both where it can be separated.
+``comparison`` holds both gains with their standard errors (100 problems) and the time ratio.
 
 What it does not show: a like-for-like episode (TRL's episode is one completion; harnessrl's is an
 agent process that may call the calculator and the model again), or results at other scales. The CPU
@@ -89,7 +92,16 @@ def harnessrl_train(
     started = launched = time.monotonic()
     first_row = False
     with open(run_dir.parent / f"{run_dir.name}.log", "w") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            argv,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # A benchmark started in the background (`cmd &` in a script) inherits SIGINT as ignored,
+            # and so would the run: then Ctrl-C cannot stop it and it trains past the budget (seen:
+            # 2 min, 3 steps, until SIGKILL). Give the run the default disposition back.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         stopped = False
         while proc.poll() is None:
             time.sleep(2)
@@ -101,12 +113,15 @@ def harnessrl_train(
             if budget_s is not None and first_row and time.monotonic() - started > budget_s:
                 stopped = True
             if stopped:
-                os.killpg(proc.pid, signal.SIGINT)
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+                # Ctrl-C (cancels the run's main task); a second one raises KeyboardInterrupt; then
+                # SIGKILL. The checkpoint evaluated is the last whole one either way.
+                for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGINT, 120), (signal.SIGKILL, None)):
+                    os.killpg(proc.pid, sig)
+                    try:
+                        proc.wait(timeout=wait_s)
+                        break
+                    except subprocess.TimeoutExpired:
+                        continue
                 break
     seconds = time.monotonic() - (started if first_row else launched)
     if proc.returncode not in (0, None) and not stopped:
@@ -147,6 +162,14 @@ def run_harnessrl(work: Path, steps: int | None, budget_s: float | None, eval_ev
         if checkpoint is None:
             raise RuntimeError(f"no checkpoint in {run_dir}: was the budget shorter than one step?")
         result["steps"] = json.loads((checkpoint / "harnessrl_state.json").read_text())["step"]
+        # Charge the time up to the evaluated step (its metrics row), not the shutdown after it.
+        by_step = {r["step"]: r["time"] for r in rows if "time" in r}
+        if 0 in by_step and result["steps"] in by_step:
+            result["stopped_after_minutes"] = result["cpu_minutes"]
+            result["cpu_minutes"] = round((by_step[result["steps"]] - by_step[0]) / 60, 2)
+            result["train_minutes"] = round(
+                sum(r["time/step_s"] for r in trained if r["step"] <= result["steps"]) / 60, 2
+            )
         log(f"harnessrl: evaluating {checkpoint} (step {result['steps']})")
         eval_dir = work / "harnessrl-eval"
         harnessrl_train(
@@ -313,6 +336,29 @@ def run_trl(work: Path, steps: int | None, budget_s: float | None) -> dict[str, 
     }
 
 
+def compare(result: dict[str, Any]) -> dict[str, Any]:
+    """Held-out gains, their standard errors (100 problems: a gain is the difference of two
+    proportions, SE = sqrt(p1(1-p1)/n + p2(1-p2)/n)), and the time ratio harnessrl/TRL."""
+    trl = result.get("trl") or {}
+    out: dict[str, Any] = {}
+    for name, side in (("harnessrl", result), ("trl", trl)):
+        before, after = side.get("heldout_reward_before"), side.get("heldout_reward_after")
+        if before is None or after is None:
+            continue
+        n = 100
+        out[f"{name}_gain"] = round(after - before, 3)
+        out[f"{name}_gain_se"] = round(
+            ((before * (1 - before) + after * (1 - after)) / n) ** 0.5, 3
+        )
+    if "harnessrl_gain" in out and "trl_gain" in out:
+        out["gain_difference"] = round(out["harnessrl_gain"] - out["trl_gain"], 3)
+    if result.get("cpu_minutes") and trl.get("cpu_minutes"):
+        out["time_ratio_harnessrl_to_trl"] = round(result["cpu_minutes"] / trl["cpu_minutes"], 3)
+    if result.get("steps") and trl.get("steps"):
+        out["steps_ratio_harnessrl_to_trl"] = round(result["steps"] / trl["steps"], 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -327,6 +373,7 @@ def main() -> None:
     args = parser.parse_args()
 
     cfg = example_config()
+    load_start = os.getloadavg()
     eval_every = args.eval_every or cfg["trainer"]["eval_every"]
     budget_s = args.minutes * 60 if args.minutes else None
     with tempfile.TemporaryDirectory(prefix="harnessrl-cpu-example-") as tmp:
@@ -364,7 +411,12 @@ def main() -> None:
         "transformers": transformers.__version__,
         "trl": trl.__version__,
     }
-    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    result["comparison"] = compare(result)
+    result["machine"] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "load_avg_start_end": [load_start, os.getloadavg()],
+    }
     result["date"] = datetime.now(UTC).isoformat(timespec="seconds")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
