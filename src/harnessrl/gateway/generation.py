@@ -147,11 +147,10 @@ class Generation:
         # an async-generator step and a ``TokenSample`` per token (hundreds per call).
         whole = getattr(self.engine, "generate_whole", None)
         if whole is not None and self.context is not None and not self.context.stream:
-            ids, logprobs = await whole(self.prompt_ids, self.params, self.context)
-            if ids:
+            # Already cut after the first stop token (``generate_whole``'s contract).
+            self.token_ids, self.logprobs = await whole(self.prompt_ids, self.params, self.context)
+            if self.token_ids:
                 self.first_token_at = now()
-            cut = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), len(ids))
-            self.token_ids, self.logprobs = list(ids[:cut]), list(logprobs[:cut])
             ended_by_token = bool(self.token_ids) and self.token_ids[-1] in stop_ids
         else:
             ended_by_token = await self._collect(stop_ids)
