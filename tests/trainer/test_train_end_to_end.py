@@ -132,6 +132,60 @@ def test_resume_after_sigkill_continues_without_retraining(tmp_path):
     store.close()
 
 
+def processes_running(needle: str) -> list[int]:
+    """PIDs of live processes whose command line contains ``needle``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if needle in cmdline and state != "Z":
+                pids.append(int(entry.name))
+    return pids
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
+    """Ctrl-C or SIGTERM (kill, a deleted pod) while harnesses run: every harness process is killed,
+    the rollouts in flight are requeued for --resume, the run is marked stopped, and the command
+    exits 128 + the signal with the --resume line."""
+    agent = tmp_path / "slow_agent.py"  # an agent that is still working when the signal comes
+    agent.write_text("import time\ntime.sleep(600)\n")
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [*HARNESSRL, "train", str(CONFIG), "--set", f"run.dir={run_dir}", "--set", "metrics.progress=false",
+         "--set", f'harness.command=["{agent}"]'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(processes_running(str(agent))) < 4:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            assert time.monotonic() < deadline, "the harnesses never started"
+            time.sleep(0.2)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert f"harnessrl train --resume {run_dir}" in err
+    assert processes_running(str(agent)) == []
+
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        rollouts = store.list_rollouts(run_id="tiny-vowels")
+        assert rollouts and not [r for r in rollouts if r.status.value == "running"]
+        assert [r for r in rollouts if r.status.value == "queued"]  # taken again by --resume
+        assert store.get_run("tiny-vowels").status == "stopped"
+    finally:
+        store.close()
+
+
 def test_bad_config_names_the_field(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text(CONFIG.read_text().replace("group_size = 8", "group_size = 0"))

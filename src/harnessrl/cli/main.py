@@ -148,13 +148,17 @@ def train(
     """Train a policy with RL on an unmodified harness (gateway, controller and trainer in one tree).
 
     Metrics go to RUN_DIR/metrics.jsonl and TensorBoard; checkpoints to RUN_DIR/checkpoints/.
+    Ctrl-C or SIGTERM stops the run cleanly (exit 130 / 143); --resume RUN_DIR continues it.
     """
     import json
 
-    from harnessrl.cli.train import run_train
+    from harnessrl.cli.train import RunInterrupted, run_train
 
     try:
         summary = run_train(config, resume, set_ or [])
+    except RunInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from exc
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))

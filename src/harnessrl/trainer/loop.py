@@ -203,11 +203,13 @@ class Trainer:
         # [store] url (e.g. a shared PostgreSQL, docs/scale.md) or the run folder's own SQLite file
         store_url = cfg.store.url if cfg.store is not None else str(self.run_dir / "harnessrl.db")
         store = open_store(store_url)
+        created = finished = False
         try:
             async with local_stack(rollout_cfg, self.run_dir, store=store, run_id=self.run_id) as stack:
                 self.stack = stack
                 self.store = stack.store
                 self.store.create_run(self.run_id, cfg.model_dump(mode="json"))
+                created = True
                 self.store.set_run_status(self.run_id, "running")
                 self._recover()
                 if self.state.step > 0:  # the engine loaded the checkpoint; give it the right version
@@ -230,14 +232,20 @@ class Trainer:
                     if self._updater is not None:
                         await self._updater.aclose()
                 self.store.set_run_status(self.run_id, "finished")
-            # The gateway and every harness are gone now, so nothing of this run can still be
-            # running: requeue what a late call or a cancelled launch left marked running, so the
-            # store says what a later --resume will find.
-            for rollout in store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):
-                store.requeue_rollout(rollout.rollout_id, error="run ended while it was in flight")
+                finished = True
         finally:
-            store.close()
-            self.metrics.close()
+            try:
+                # The gateway and every harness are gone now (also after Ctrl-C / SIGTERM, which
+                # cancel this task), so nothing of this run can still be running: requeue what a
+                # late call or a cancelled launch left marked running, so the store says what a
+                # later --resume will find.
+                for rollout in store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):
+                    store.requeue_rollout(rollout.rollout_id, error="run ended while it was in flight")
+                if created and not finished:
+                    store.set_run_status(self.run_id, "stopped")
+            finally:
+                store.close()
+                self.metrics.close()
         final = self.run_dir / "checkpoints" / "final"
         if not final.exists():
             policy.save_checkpoint(final, with_optimizer=False)
