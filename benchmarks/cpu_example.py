@@ -26,6 +26,9 @@ shutdown after the budget is not charged; ``stopped_after_minutes`` is until the
 excluding the before/after evaluations (TRL: ``trainer.train()``, whose last step may end past the
 budget); ``train_minutes`` excludes all evaluation for both where it can be separated.
 ``comparison`` holds both gains with their standard errors (100 problems) and the time ratio.
+``--curve-every N`` also saves a harnessrl checkpoint every N steps and evaluates each after the run:
+``heldout_curve_minutes`` is ``[step, training minutes to that step, held-out accuracy]``, and
+``comparison.harnessrl_reaches_trl_gain`` the first of those whose gain is at least TRL's.
 
 What it does not show: a like-for-like episode (TRL's episode is one completion; harnessrl's is an
 agent process that may call the calculator and the model again), or results at other scales. The CPU
@@ -34,6 +37,7 @@ is shared with whatever else runs on the machine; wall times move with it.
     .venv/bin/python benchmarks/cpu_example.py --minutes 20          # 20 min per side, ~45 min in all
     .venv/bin/python benchmarks/cpu_example.py --steps 73            # TRL's anchor length
     .venv/bin/python benchmarks/cpu_example.py --steps 2 --side trl  # one side; keeps the other's result
+    .venv/bin/python benchmarks/cpu_example.py --minutes 20 --side harnessrl --curve-every 6
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import sys
@@ -130,12 +135,30 @@ def harnessrl_train(
     return seconds, stopped
 
 
-def run_harnessrl(work: Path, steps: int | None, budget_s: float | None, eval_every: int) -> dict[str, Any]:
+def evaluate_checkpoint(work: Path, checkpoint: Path) -> float | None:
+    """Greedy held-out accuracy of a checkpoint: the step-0 evaluation of an evaluation-only run."""
+    eval_dir = work / f"harnessrl-eval-{checkpoint.name}"
+    harnessrl_train(
+        eval_dir,
+        [f"engine.model={checkpoint}", "trainer.steps=1", "trainer.eval_every=1", "run.name=arith-eval"],
+        budget_s=None,
+        stop_on_heldout=True,
+    )
+    rows = [r for r in read_metrics(eval_dir) if "heldout/accuracy" in r]
+    shutil.rmtree(eval_dir, ignore_errors=True)
+    return rows[0]["heldout/accuracy"] if rows else None
+
+
+def run_harnessrl(
+    work: Path, steps: int | None, budget_s: float | None, eval_every: int, curve_every: int = 0
+) -> dict[str, Any]:
     run_dir = work / "harnessrl"
     overrides = [
         f"trainer.steps={steps or 100_000}",
         f"trainer.eval_every={eval_every if steps else 100_000}",
     ]
+    if curve_every:  # numbered checkpoints (written in the background), evaluated after the run
+        overrides.append(f"trainer.save_every={curve_every}")
     log(f"harnessrl: training ({budget_text(steps, budget_s)})")
     seconds, stopped = harnessrl_train(run_dir, overrides, budget_s=budget_s)
     rows = read_metrics(run_dir)
@@ -171,15 +194,22 @@ def run_harnessrl(work: Path, steps: int | None, budget_s: float | None, eval_ev
                 sum(r["time/step_s"] for r in trained if r["step"] <= result["steps"]) / 60, 2
             )
         log(f"harnessrl: evaluating {checkpoint} (step {result['steps']})")
-        eval_dir = work / "harnessrl-eval"
-        harnessrl_train(
-            eval_dir,
-            [f"engine.model={checkpoint}", "trainer.steps=1", "trainer.eval_every=1", "run.name=arith-eval"],
-            budget_s=None,
-            stop_on_heldout=True,
-        )
-        rows = [r for r in read_metrics(eval_dir) if "heldout/accuracy" in r]
-        result["heldout_reward_after"] = rows[0]["heldout/accuracy"] if rows else None
+        result["heldout_reward_after"] = evaluate_checkpoint(work, checkpoint)
+    if curve_every:
+        # Held-out accuracy against the training minutes it took to get there (step-0 row to the
+        # step's row), from the numbered checkpoints: how soon harnessrl reaches a given gain.
+        times = {r["step"]: r["time"] for r in rows if "time" in r and "step" in r}
+        curve = []
+        for folder in sorted((run_dir / "checkpoints").glob("step-*")):
+            step = int(folder.name.removeprefix("step-"))
+            if step >= result["steps"] or step not in times or 0 not in times:
+                continue
+            log(f"harnessrl: evaluating {folder.name}")
+            accuracy = evaluate_checkpoint(work, folder)
+            curve.append([step, round((times[step] - times[0]) / 60, 2), accuracy])
+        if result.get("heldout_reward_after") is not None:
+            curve.append([result["steps"], result["cpu_minutes"], result["heldout_reward_after"]])
+        result["heldout_curve_minutes"] = curve
     return result
 
 
@@ -347,15 +377,24 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
             continue
         n = 100
         out[f"{name}_gain"] = round(after - before, 3)
-        out[f"{name}_gain_se"] = round(
-            ((before * (1 - before) + after * (1 - after)) / n) ** 0.5, 3
-        )
+        out[f"{name}_gain_se"] = round(((before * (1 - before) + after * (1 - after)) / n) ** 0.5, 3)
     if "harnessrl_gain" in out and "trl_gain" in out:
         out["gain_difference"] = round(out["harnessrl_gain"] - out["trl_gain"], 3)
     if result.get("cpu_minutes") and trl.get("cpu_minutes"):
         out["time_ratio_harnessrl_to_trl"] = round(result["cpu_minutes"] / trl["cpu_minutes"], 3)
     if result.get("steps") and trl.get("steps"):
         out["steps_ratio_harnessrl_to_trl"] = round(result["steps"] / trl["steps"], 3)
+    before = result.get("heldout_reward_before")
+    if "trl_gain" in out and before is not None and trl.get("cpu_minutes"):
+        # The first evaluated harnessrl step whose held-out gain is at least TRL's whole-run gain.
+        for step, minutes, accuracy in result.get("heldout_curve_minutes", []):
+            if accuracy is not None and accuracy - before >= out["trl_gain"] - 1e-9:
+                out["harnessrl_reaches_trl_gain"] = {
+                    "step": step,
+                    "minutes": minutes,
+                    "time_ratio_to_trl": round(minutes / trl["cpu_minutes"], 3),
+                }
+                break
     return out
 
 
@@ -368,6 +407,13 @@ def main() -> None:
     budget.add_argument("--minutes", type=float, help="training wall-clock minutes per side")
     parser.add_argument("--side", choices=["both", "harnessrl", "trl"], default="both")
     parser.add_argument("--eval-every", type=int, default=None, help="harnessrl: default the config's")
+    parser.add_argument(
+        "--curve-every",
+        type=int,
+        default=0,
+        help="harnessrl: also save a checkpoint every N steps and evaluate each after the run "
+        "(held-out accuracy against training minutes; evaluation time is not charged)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--work", type=Path, default=None, help="keep run folders here (default: temp)")
     args = parser.parse_args()
@@ -384,7 +430,8 @@ def main() -> None:
             result = json.loads(args.out.read_text())
             result["settings"] = {**result.get("settings", {}), "sides_run_separately": True}
         if args.side in ("both", "harnessrl"):
-            result.update(run_harnessrl(work, args.steps, budget_s, eval_every))
+            result.pop("heldout_curve_minutes", None)
+            result.update(run_harnessrl(work, args.steps, budget_s, eval_every, args.curve_every))
             log(f"harnessrl: {json.dumps(result)}")
         if args.side in ("both", "trl"):
             result["trl"] = run_trl(work, args.steps, budget_s)
@@ -398,6 +445,7 @@ def main() -> None:
         "budget": {"steps": args.steps} if args.steps else {"minutes_per_side": args.minutes},
         "config": str(CONFIG.relative_to(ROOT)),
         "harnessrl_eval_every": eval_every,
+        "harnessrl_curve_every": args.curve_every,
         "heldout": "examples/arithmetic/heldout.jsonl (100 problems, none in the training tasks)",
         "trl_anchor_issue_5": {
             "steps": 73,
