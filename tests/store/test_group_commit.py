@@ -3,24 +3,12 @@ failing alone. Run against every SQL backend in ``conftest.BACKENDS``."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
+from tests.store.calls import make_call
 
 from harnessrl.errors import BadRequest, NotFound
-from harnessrl.schemas import Call
 from harnessrl.store import Store
 from harnessrl.store.codecs import pack_ints, unpack_ints
-
-
-def make_call(rollout_id: str, **fields: Any) -> Call:
-    return Call(
-        rollout_id=rollout_id,
-        prompt_token_ids=fields.pop("prompt_token_ids", [1, 2, 3]),
-        response_token_ids=fields.pop("response_token_ids", [4, 5]),
-        response_logprobs=fields.pop("response_logprobs", [-0.25, -1.5]),
-        **fields,
-    )
 
 
 def test_add_calls_numbers_each_rollout_in_list_order(store: Store) -> None:

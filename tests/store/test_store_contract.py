@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.store.calls import make_call
 
 from harnessrl.errors import BadRequest, InvalidTransition, NotFound
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
-    Call,
     Outcome,
     PolicyVersion,
     Rollout,
@@ -29,16 +29,6 @@ from harnessrl.schemas import (
 from harnessrl.store import Store
 
 S = RolloutStatus
-
-
-def make_call(rollout_id: str, **fields: Any) -> Call:
-    return Call(
-        rollout_id=rollout_id,
-        prompt_token_ids=fields.pop("prompt_token_ids", [1, 2, 3]),
-        response_token_ids=fields.pop("response_token_ids", [4, 5]),
-        response_logprobs=fields.pop("response_logprobs", [-0.25, -1.5]),
-        **fields,
-    )
 
 
 def test_implements_the_protocol(store: Store) -> None:
