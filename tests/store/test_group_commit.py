@@ -19,7 +19,7 @@ def test_add_calls_numbers_each_rollout_in_list_order(store: Store) -> None:
         make_call(b.rollout_id),
         make_call(a.rollout_id, finish_reason="length"),
     ]
-    results = store.add_calls(calls)  # type: ignore[attr-defined]
+    results = store.add_calls(calls)
     assert [(r.rollout_id, r.seq) for r in results] == [
         (a.rollout_id, 1),
         (b.rollout_id, 0),
@@ -38,7 +38,7 @@ def test_add_calls_a_bad_call_fails_alone(store: Store) -> None:
         make_call(rollout.rollout_id, prompt_token_ids=[2**31]),  # fails while encoding
         make_call(rollout.rollout_id),
     ]
-    results = store.add_calls(calls)  # type: ignore[attr-defined]
+    results = store.add_calls(calls)
     assert isinstance(results[1], NotFound) and isinstance(results[2], BadRequest)
     assert [r.seq for r in (results[0], results[3])] == [0, 1]  # type: ignore[union-attr]
     assert [c.seq for c in store.list_calls(rollout.rollout_id)] == [0, 1]
@@ -66,7 +66,7 @@ def test_batches_naming_rollouts_in_opposite_orders_do_not_deadlock(store: Store
     def writer(order: list[str]) -> None:
         try:
             for _ in range(rounds):
-                for result in store.add_calls([make_call(rid) for rid in order]):  # type: ignore[attr-defined]
+                for result in store.add_calls([make_call(rid) for rid in order]):
                     if isinstance(result, BaseException):
                         raise result
         except BaseException as exc:  # noqa: BLE001 - reported below

@@ -89,18 +89,13 @@ class CallWriter:
 
     def _write(self, calls: Sequence[Call]) -> list[Call | BaseException]:
         self.batches += 1
-        add_calls = getattr(self._store, "add_calls", None)
-        if add_calls is None or len(calls) == 1:
-            # A store without group commit (or a lone call): one transaction per call.
-            out: list[Call | BaseException] = []
-            for call in calls:
-                try:
-                    out.append(self._store.add_call(call))
-                except Exception as exc:  # noqa: BLE001 - the caller gets its own call's error
-                    out.append(exc)
-            return out
+        if len(calls) == 1:  # a lone call: no savepoint needed
+            try:
+                return [self._store.add_call(calls[0])]
+            except Exception as exc:  # noqa: BLE001 - the caller gets its own call's error
+                return [exc]
         try:
-            return list(add_calls(calls))
+            return list(self._store.add_calls(calls))
         except Exception as exc:  # noqa: BLE001 - the commit failed: no call of the batch was added
             return [exc] * len(calls)
 

@@ -112,6 +112,11 @@ class Store(Protocol):
     def add_call(self, call: Call) -> Call:
         """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set."""
 
+    def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
+        """``add_call`` for several calls in one transaction (the gateway's group commit): one
+        result per call, a call that cannot be added gets its exception in its place and fails
+        alone; raises only if the commit itself fails (then none was added)."""
+
     def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
         """The rollout's calls in ``seq`` order (all attempts unless one is given)."""
 

@@ -272,8 +272,7 @@ class SQLStore:
 
     # -- calls ------------------------------------------------------------------------------------
     def add_call(self, call: Call) -> Call:
-        # Encode before the transaction: packing long token lists is the slow part.
-        row = call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
+        row = _encode_call(call)  # before the transaction: packing long token lists is the slow part
         with self._write() as conn:
             self._add_call_row(conn, call, row)
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
@@ -291,9 +290,7 @@ class SQLStore:
         rows: list[dict[str, Any] | None] = []
         for call in calls:  # encode outside the transaction, as add_call does
             try:
-                rows.append(
-                    call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
-                )
+                rows.append(_encode_call(call))
                 results.append(call)
             except Exception as exc:  # noqa: BLE001 - this call's own failure, reported in its place
                 rows.append(None)
@@ -398,3 +395,8 @@ class SQLStore:
         return self._fetch_one(
             conn, sql + (self.ROW_LOCK if lock else ""), (rollout_id,), "rollout", rollout_id
         )
+
+
+def _encode_call(call: Call) -> dict[str, Any]:
+    """The ``calls`` row of a call, with a new ``call_id`` if it has none (``seq`` is set on insert)."""
+    return call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))
