@@ -182,7 +182,8 @@ def test_injected_env(make_launch) -> None:
     assert env["HARNESSRL_TASK_FILE"] == "/harnessrl/task.json"
     assert env["MODEL"] == "policy"  # launch.env beats the template's env
     assert env["OPENAI_API_BASE"] == f"{CLUSTER_GATEWAY}/rollouts/r%2F1%20x/v1"
-    assert "PATH" not in env and "HOME" not in env  # the controller's machine, not the image's
+    assert "PATH" not in env  # the controller's machine, not the image's
+    assert env["HOME"] == "/home/harnessrl"  # nor the controller's HOME: the pod's writable home volume
     for name in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         assert env[name] == {"secretKeyRef": {"name": "hrl-r1-abc-a0", "key": "api-key"}}
     names = [e["name"] for e in harness(render(launch))["env"]]

@@ -1,8 +1,8 @@
 """Kubernetes runner: one batch/v1 Job per rollout attempt, a Secret for its key, a NetworkPolicy.
 
-``manifests``, ``network_policy``, ``names``, ``observed``, ``reconcile`` and ``config`` are pure
-(no client import); ``runner`` is the thin client layer and the only module importing ``kubernetes``,
-so importing this package stays cheap until ``KubernetesRunner`` is used.
+``manifests``, ``pod_security``, ``network_policy``, ``names``, ``observed``, ``reconcile`` and ``config``
+are pure (no client import); ``runner`` is the thin client layer and the only module importing
+``kubernetes``, so importing this package stays cheap until ``KubernetesRunner`` is used.
 """
 
 from __future__ import annotations

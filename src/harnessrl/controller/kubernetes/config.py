@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class NetworkPolicyConfig(BaseModel):
@@ -30,6 +30,33 @@ class NetworkPolicyConfig(BaseModel):
         return self
 
 
+class PodSecurityConfig(BaseModel):
+    """The hardened security context of harness pods (docs/kubernetes.md, "Security context").
+
+    The ids must not be 0: uid/gid 0 is root, the first thing an agent gaming its reward wants."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(
+        default=True,
+        description="false = the template's security contexts and volumes as written (you harden the pod)",
+    )
+    run_as_user: int = Field(default=1000, description="uid of every container; the image needs no such user")
+    run_as_group: int = Field(default=1000, description="primary gid of every container")
+    fs_group: int = Field(default=1000, description="group that owns the pod's volumes")
+    seed_workspace: bool = Field(
+        default=True,
+        description="copy the image's workspace into the writable workspace volume (init container, needs sh)",
+    )
+
+    @field_validator("run_as_user", "run_as_group", "fs_group")
+    @classmethod
+    def _not_root(cls, value: int, info: ValidationInfo) -> int:
+        if value <= 0:
+            raise ValueError(f"{info.field_name} must be a positive id, got {value}: 0 is root")
+        return value
+
+
 class KubernetesRunnerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -40,6 +67,9 @@ class KubernetesRunnerConfig(BaseModel):
         description="egress allow-list ensured at start; null = you manage network isolation yourself"
     )
     namespace: str = "default"
+    pod_security: PodSecurityConfig = Field(
+        default_factory=PodSecurityConfig, description="non-root, no capabilities, read-only image"
+    )
     job_template: dict[str, Any] = Field(
         default_factory=dict, description="a Job, Pod, PodTemplate or pod template spec (YAML/JSON as a dict)"
     )

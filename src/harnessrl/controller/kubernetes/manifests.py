@@ -15,8 +15,12 @@ Template merge rules (the user's template is deep-copied, never mutated):
 - Env precedence: harnessrl's injected vars > ``launch.env`` > the template's env. The template's
   ``envFrom`` and ``valueFrom`` entries are kept. Host-specific vars in ``HOST_ENV`` (PATH, HOME...)
   are never taken from ``launch.env``: they describe the controller's machine, not the image.
-- ``automountServiceAccountToken`` defaults to false (a harness has no business with the API server)
-  unless the template sets it.
+- The pod is hardened (``pod_security``): non-root uid/gid, no capabilities, no privilege escalation,
+  a read-only root filesystem with writable emptyDir volumes for the workspace, ``HOME`` and /tmp,
+  seccomp ``RuntimeDefault``, no service-account token, no host namespaces. Those fields win over
+  the template's; ``PodSecurityConfig(enabled=False)`` leaves the template's as written, and then
+  ``automountServiceAccountToken`` only defaults to false (a harness has no business with the API
+  server).
 - The harness container is the one named ``container_name``, else one named ``harness``, else the
   first container; the image is ``image`` if given, else the template's.
 
@@ -42,6 +46,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harnessrl.controller.base import Launch, ResourceLimits
+from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.names import (
     ATTEMPT_ANNOTATION,
     CONTAINER_ANNOTATION,
@@ -49,6 +54,7 @@ from harnessrl.controller.kubernetes.names import (
     MANAGED_BY_VALUE,
     ROLLOUT_ANNOTATION,
 )
+from harnessrl.controller.kubernetes.pod_security import HOME_DIR, harden_pod
 from harnessrl.errors import BadRequest, ConfigError
 
 SECRET_API_KEY = "api-key"
@@ -268,8 +274,11 @@ def build_job_manifest(
     image: str | None = None,
     container_name: str | None = None,
     workspace_dir: str | None = None,
+    pod_security: PodSecurityConfig | None = None,
 ) -> dict[str, Any]:
-    """One batch/v1 Job running one attempt of one rollout (see the module docstring for the rules)."""
+    """One batch/v1 Job running one attempt of one rollout (see the module docstring for the rules).
+    ``pod_security`` None means the defaults: hardened."""
+    security = pod_security or PodSecurityConfig()
     job = normalize_template(template)
     key = rollout_key(launch)
     pod = job["spec"]["template"]
@@ -318,10 +327,13 @@ def build_job_manifest(
         "HARNESSRL_TASK": json.dumps(launch.task, sort_keys=True),
         "HARNESSRL_TASK_FILE": f"{TASK_MOUNT_DIR}/{SECRET_TASK}",
     }
+    if security.enabled:  # the image's HOME is read-only; the attempt gets a fresh, writable one
+        pod_env["HOME"] = HOME_DIR
     container["env"] = _container_env(
         container, launch, secret_name=secret_name, key=key, translate=translate, pod_env=pod_env
     )
     _apply_limits(container, launch.limits)
+    harden_pod(pod_spec, container, workspace=workspace, config=security)
 
     files = _file_entries(launch)
     items = [{"key": SECRET_TASK, "path": SECRET_TASK}] + [{"key": k, "path": k} for _, k in files]

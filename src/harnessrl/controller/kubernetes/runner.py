@@ -289,6 +289,7 @@ class KubernetesRunner:
             image=cfg.image,
             container_name=cfg.container_name,
             workspace_dir=self.workspace_dir,
+            pod_security=cfg.pod_security,
         )
         secret = manifests.build_secret_manifest(
             launch,

@@ -1,0 +1,139 @@
+"""The sandbox guarantees a harness pod gets from the cluster: a hardened security context and the
+writable volumes a read-only image needs. Pure: ``harden_pod`` edits the Job dict that
+``manifests.build_job_manifest`` is building (its own deep copy of the template), no I/O.
+
+Threat model: the harness container runs an agent that may try to game its reward. It must not get
+root, Linux capabilities, privilege escalation (setuid binaries), a writable image (to plant
+binaries or edit the evaluator's tools), the service-account token, or the host's namespaces
+(``hostNetwork`` would also bypass the NetworkPolicy). Hardened fields win over the template's; the
+template's other security fields (SELinux, AppArmor, supplementalGroups...) are kept. A
+``seccompProfile`` of type ``Localhost`` in the template is kept: it is a deliberate profile, and
+replacing it with ``RuntimeDefault`` could loosen it. Weakening anything is explicit, in config
+(``PodSecurityConfig.enabled = false``), never a side effect of the template.
+
+Other containers of the template (sidecars, its init containers) keep their container-level
+contexts as written; the pod-level fields (non-root, uid/gid, seccomp) apply to them too.
+
+With the root filesystem read-only, the workspace, ``HOME`` and ``/tmp`` are emptyDir volumes (a
+path the template's harness container already mounts something at is left to that mount). The
+image's workspace would be hidden by the empty volume, so an init container running the same image
+copies it in first (``seed_workspace``); it needs ``sh`` and ``cp`` in the image, and skips the copy
+when the image has no such directory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harnessrl.controller.kubernetes.config import PodSecurityConfig
+
+WORKSPACE_VOLUME = "harnessrl-workspace"
+HOME_VOLUME = "harnessrl-home"
+TMP_VOLUME = "harnessrl-tmp"
+HOME_DIR = "/home/harnessrl"
+TMP_DIR = "/tmp"
+SEED_CONTAINER = "harnessrl-seed-workspace"
+SEED_MOUNT = "/harnessrl-seed"
+# $1 = the image's workspace, $2 = the volume. -P copies symlinks as links (a link to / must not
+# drag the image in); no -p: non-root cannot keep root's ownership, and modes survive without it.
+SEED_SCRIPT = 'if [ -d "$1" ]; then cp -RP "$1/." "$2/"; fi'
+# The seed copy needs no more than the harness; copying its cpu/memory keeps quotas that demand
+# limits on every container satisfied without raising the pod's effective request (the max over
+# init containers, vs the sum over app containers). Extended resources (GPUs) are left out.
+_SEED_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
+
+
+def _seccomp(existing: dict[str, Any] | None) -> dict[str, Any]:
+    """RuntimeDefault, unless the template names its own (Localhost) profile."""
+    if existing and existing.get("type") == "Localhost":
+        return dict(existing)
+    return dict(_RUNTIME_DEFAULT)
+
+
+def pod_security_context(config: PodSecurityConfig, template: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The pod-level ``securityContext``: the template's, with the hardened fields set."""
+    template = template or {}
+    return {
+        **template,
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_group,
+        "fsGroup": config.fs_group,  # emptyDir and secret volumes group-owned: writable/readable as non-root
+        "seccompProfile": _seccomp(template.get("seccompProfile")),
+    }
+
+
+def container_security_context(
+    config: PodSecurityConfig, template: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The harness (and seed) container's ``securityContext``. The uid fields repeat the pod's
+    because a container-level value overrides the pod-level one (a template's ``runAsUser: 0``)."""
+    template = template or {}
+    return {
+        **template,
+        "runAsNonRoot": True,
+        "runAsUser": config.run_as_user,
+        "runAsGroup": config.run_as_group,
+        "privileged": False,
+        "allowPrivilegeEscalation": False,  # no_new_privs: setuid binaries (sudo, su) gain nothing
+        "capabilities": {"drop": ["ALL"]},  # the template's `add` goes too
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": _seccomp(template.get("seccompProfile")),
+    }
+
+
+def _seed_container(container: dict[str, Any], workspace: str, config: PodSecurityConfig) -> dict[str, Any]:
+    # Kubernetes expands $(VAR) in command strings; '$$' keeps every '$' literal.
+    command = [
+        arg.replace("$", "$$") for arg in ("sh", "-c", SEED_SCRIPT, SEED_CONTAINER, workspace, SEED_MOUNT)
+    ]
+    seed: dict[str, Any] = {
+        "name": SEED_CONTAINER,
+        "image": container["image"],
+        "command": command,
+        "securityContext": container_security_context(config),
+        "volumeMounts": [{"name": WORKSPACE_VOLUME, "mountPath": SEED_MOUNT}],
+    }
+    if container.get("imagePullPolicy"):
+        seed["imagePullPolicy"] = container["imagePullPolicy"]
+    resources = {
+        kind: {
+            k: v for k, v in (container.get("resources") or {}).get(kind, {}).items() if k in _SEED_RESOURCES
+        }
+        for kind in ("requests", "limits")
+    }
+    if any(resources.values()):
+        seed["resources"] = {kind: values for kind, values in resources.items() if values}
+    return seed
+
+
+def harden_pod(
+    pod_spec: dict[str, Any], container: dict[str, Any], *, workspace: str, config: PodSecurityConfig
+) -> None:
+    """Set the hardened contexts on ``pod_spec`` and the harness ``container`` and add the writable
+    volumes (and the seed init container). A no-op when ``config.enabled`` is false."""
+    if not config.enabled:
+        return
+    pod_spec["securityContext"] = pod_security_context(config, pod_spec.get("securityContext"))
+    pod_spec["automountServiceAccountToken"] = False  # the template cannot hand the agent a token
+    for field in ("hostNetwork", "hostPID", "hostIPC"):  # host namespaces escape the NetworkPolicy
+        pod_spec[field] = False
+    container["securityContext"] = container_security_context(config, container.get("securityContext"))
+
+    mounts = list(container.get("volumeMounts") or [])
+    taken = {m.get("mountPath", "").rstrip("/") or "/" for m in mounts}
+    volumes = list(pod_spec.get("volumes") or [])
+    ours = []
+    for name, path in ((WORKSPACE_VOLUME, workspace), (HOME_VOLUME, HOME_DIR), (TMP_VOLUME, TMP_DIR)):
+        if path.rstrip("/") in taken:  # the template's mount (a PVC, say) is kept
+            continue
+        taken.add(path.rstrip("/"))
+        ours.append(name)
+        volumes = [v for v in volumes if v.get("name") != name] + [{"name": name, "emptyDir": {}}]
+        mounts.append({"name": name, "mountPath": path})
+    pod_spec["volumes"] = volumes
+    container["volumeMounts"] = mounts
+    if config.seed_workspace and WORKSPACE_VOLUME in ours:
+        init = [c for c in pod_spec.get("initContainers") or [] if c.get("name") != SEED_CONTAINER]
+        pod_spec["initContainers"] = [_seed_container(container, workspace, config), *init]
