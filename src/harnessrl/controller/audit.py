@@ -10,13 +10,17 @@ Anthropic ``tool_use`` blocks, Responses ``output`` items, or text with fenced s
 mini-swe-agent's text mode uses) into ``CommandRecord``s; ``audit_commands`` applies the rules.
 
 This module is the public API: the records, flags, config and these functions. The rules themselves
-(shell, git, Python and patch analysis) are in ``audit_rules``, shell syntax in ``audit_shell``.
-See docs/audit.md.
+(shell, git, Python and patch analysis) are in ``audit_rules``, those about the machine around the
+task (``/proc``, namespaces, the store, paths outside the workspace) in ``audit_system``, shell syntax
+in ``audit_shell``. Only this module knows the workspace: ``outside_workspace`` hints for paths
+inside it are dropped here. See docs/audit.md.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import posixpath
 import re
 import shlex
 from collections.abc import Iterator, Sequence
@@ -36,10 +40,34 @@ from harnessrl.controller.audit_rules import (
     check_write,
 )
 from harnessrl.controller.audit_shell import wordlist
+from harnessrl.controller.audit_system import (
+    NAMESPACE_ESCAPE,
+    OUTSIDE_WORKSPACE,
+    PROC_ACCESS,
+    STORE_ACCESS,
+    check_path,
+    raw_hints,
+)
 from harnessrl.schemas import Call
 
-# The rule names are defined beside their analysis in ``audit_rules`` and re-exported here.
-ALL_RULES: tuple[str, ...] = (GIT_HISTORY, NETWORK_FETCH, PACKAGE_INSTALL, PYTHON_NETWORK, TEST_CONFIG_WRITE)
+# The rule names are defined beside their analysis in ``audit_rules``/``audit_system``, re-exported here.
+ALL_RULES: tuple[str, ...] = (
+    GIT_HISTORY,
+    NETWORK_FETCH,
+    PACKAGE_INSTALL,
+    PYTHON_NETWORK,
+    TEST_CONFIG_WRITE,
+    PROC_ACCESS,
+    NAMESPACE_ESCAPE,
+    STORE_ACCESS,
+    OUTSIDE_WORKSPACE,
+)
+# Every rule zeroes the reward by default except ``outside_workspace``: ordinary agents read
+# /etc/passwd or list / while orienting themselves, so it is recorded for review, not punished.
+ZERO_REWARD_RULES: tuple[str, ...] = tuple(r for r in ALL_RULES if r != OUTSIDE_WORKSPACE)
+
+# The workspace the policy's commands ran in, as one path or several (the host's and a pod's).
+Workspace = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 CommandKind = Literal["shell", "python", "patch", "file_create", "file_edit", "file_delete", "file_read"]
 
@@ -86,13 +114,14 @@ class AuditReport(BaseModel):
 
 class AuditConfig(BaseModel):
     """``rules``: which rules to report. ``zero_reward_on``: flagged rules that zero the reward
-    (``[]`` to only record flags). ``enabled = false`` skips the audit entirely."""
+    (``[]`` to only record flags; every rule but ``outside_workspace`` by default). ``enabled =
+    false`` skips the audit entirely."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     rules: tuple[str, ...] = ALL_RULES
-    zero_reward_on: tuple[str, ...] = ALL_RULES
+    zero_reward_on: tuple[str, ...] = ZERO_REWARD_RULES
 
     @field_validator("rules", "zero_reward_on")
     @classmethod
@@ -278,28 +307,47 @@ def _looks_like_patch(text: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 
 
-def audit_commands(records: Sequence[CommandRecord], rules: Sequence[str] = ALL_RULES) -> list[AuditFlag]:
-    """Flag every record that matches one of ``rules``; each flag names the offending substring."""
+def audit_commands(
+    records: Sequence[CommandRecord], rules: Sequence[str] = ALL_RULES, *, workspace: Workspace | None = None
+) -> list[AuditFlag]:
+    """Flag every record that matches one of ``rules``; each flag names the offending substring.
+
+    ``workspace``: where the commands ran; ``outside_workspace`` only fires when it is given.
+    """
     wanted = set(rules)
+    roots = _workspace_roots(workspace)
     flags: list[AuditFlag] = []
     for record in records:
         command = record.command
-        seen: set[tuple[str, str]] = set()
-        for rule, hint in _analyze_record(record):
-            match = _locate(hint, command)
-            if rule in wanted and (rule, match) not in seen:
-                seen.add((rule, match))
-                flags.append(AuditFlag(rule=rule, call_seq=record.call_seq, command=command, match=match))
+        hints = [(rule, hint) for rule, hint in _analyze_record(record) if rule in wanted]
+        # A path another rule already names (/proc/1/environ, ../harnessrl.db) is not also reported
+        # as outside the workspace: the specific rule says more.
+        named = {hint for rule, hint in hints if rule != OUTSIDE_WORKSPACE}
+        found: dict[tuple[str, str], None] = {}  # ordered and unique
+        for rule, hint in hints:
+            if rule == OUTSIDE_WORKSPACE and (not roots or hint in named or _is_under(hint, roots)):
+                continue
+            found.setdefault((rule, _locate(hint, command)), None)
+        for rule, match in found:
+            if any(r == rule and m != match and match in m for r, m in found):
+                continue  # "harnessrl.db" within "../harnessrl.db" says nothing new
+            flags.append(AuditFlag(rule=rule, call_seq=record.call_seq, command=command, match=match))
     return flags
 
 
-def audit_rollout(calls: Sequence[Call], config: AuditConfig | None = None) -> AuditReport:
-    """Extract and audit a rollout's commands (an empty report when the audit is disabled)."""
+def audit_rollout(
+    calls: Sequence[Call], config: AuditConfig | None = None, *, workspace: Workspace | None = None
+) -> AuditReport:
+    """Extract and audit a rollout's commands (an empty report when the audit is disabled).
+
+    ``workspace``: the attempt's workspace (and any other folder the policy may use, such as its
+    home), as the harness saw it; without it ``outside_workspace`` cannot fire.
+    """
     config = config or AuditConfig()
     if not config.enabled:
         return AuditReport()
     records = extract_commands(calls)
-    flags = audit_commands(records, config.rules)
+    flags = audit_commands(records, config.rules, workspace=workspace)
     return AuditReport(flags=flags, rules=sorted({f.rule for f in flags}), commands_checked=len(records))
 
 
@@ -307,6 +355,18 @@ def reward_after_audit(reward: float, report: AuditReport, config: AuditConfig |
     """``reward``, or 0.0 when the report has a flag for a rule in ``config.zero_reward_on``."""
     config = config or AuditConfig()
     return 0.0 if config.enabled and set(report.rules) & set(config.zero_reward_on) else reward
+
+
+def _workspace_roots(workspace: Workspace | None) -> tuple[str, ...]:
+    if workspace is None:
+        return ()
+    paths = [workspace] if isinstance(workspace, (str, os.PathLike)) else list(workspace)
+    return tuple(posixpath.normpath(os.path.abspath(os.fspath(p))) for p in paths)
+
+
+def _is_under(path: str, roots: tuple[str, ...]) -> bool:
+    path = posixpath.normpath(path)  # /ws/../../etc/passwd is outside /ws
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
 
 
 def _locate(hint: str, command: str) -> str:
@@ -329,6 +389,9 @@ def _analyze_record(record: CommandRecord) -> Iterator[tuple[str, str]]:
     # Raw patterns that count wherever they appear (a path read, a script written, a command).
     for match in _RAW_PATTERNS.finditer(record.command[:MAX_ANALYZED_CHARS]):
         yield (NETWORK_FETCH if match.group("tcp") else GIT_HISTORY), match.group(0)
+    yield from raw_hints(record.command[:MAX_ANALYZED_CHARS])
+    if record.path is not None:  # a file tool's path, read or written
+        yield from check_path(record.path)
     if record.kind == "shell":
         yield from analyze_shell(text, 0)
     elif record.kind == "python":

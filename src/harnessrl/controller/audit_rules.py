@@ -8,7 +8,8 @@ flagged in command position: ``echo "use curl"`` or ``grep curl notes.txt`` are 
 actions), but ``echo "curl x" | sh`` is. Python is matched with regular expressions, not ``ast``: it
 is often a fragment (a heredoc, a notebook cell) and the match is exactly the highlighted substring.
 The audit is a tripwire, not a sandbox: encoded or computed commands (``$(echo Y3VybA== | base64
--d)``) are out of its reach by design. See docs/audit.md.
+-d)``) are out of its reach by design. The rules about the machine around the task (``/proc``,
+namespaces, the store, paths outside the workspace) are in ``audit_system``. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from harnessrl.controller.audit_shell import (
     substitutions,
     wordlist,
 )
+from harnessrl.controller.audit_system import check_path, python_hints, shell_hints
 
 GIT_HISTORY = "git_history"  # git log/show/blame/reflog/..., other commits, .git/ objects, fetch/pull
 NETWORK_FETCH = "network_fetch"  # curl, wget, nc, ssh/scp, /dev/tcp/
@@ -64,6 +66,7 @@ def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> I
         stdin = output_of(previous)
     prog = posixpath.basename(words[0]) if words else ""
     args = words[1:]
+    yield from shell_hints(prog, args, [target for _, target in segment.redirects] + segment.inputs)
     written = output_of(Segment(words=words, stdin=stdin)) if prog in ("echo", "printf", "cat") else None
     for op, target in segment.redirects:
         yield from check_write(target, "edit" if op.endswith(">>") else "create", written)
@@ -306,6 +309,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     for rule, pattern in _PYTHON_PATTERNS:
         for match in pattern.finditer(code):
             yield rule, match.group(0)
+    yield from python_hints(code)
     for match in _PY_SHELL_CALL.finditer(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
         arg = match.group(1)
         strings = [a or b for a, b in _PY_STRING.findall(arg)]
@@ -352,6 +356,7 @@ def analyze_patch(text: str) -> Iterator[tuple[str, str]]:
             sections[-1][2].append(line[1:])
     for path, mode, added in sections:
         content = "\n".join(added)
+        yield from check_path(path)
         yield from check_write(path, mode, content if mode != "delete" else None)
         if path.endswith(".py") and content:
             yield from analyze_python(content, 1)

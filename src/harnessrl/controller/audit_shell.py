@@ -2,7 +2,7 @@
 
 Only syntax, no rules: ``shell_segments`` cuts heredocs out, drops comments, turns unquoted line
 breaks into ``;`` and backticks into ``$( )``, then tokenizes with ``shlex`` into ``Segment``s (words,
-output redirections, stdin text when known). Unparsable shell (unbalanced quotes) falls back to
+output redirections, input files, stdin text when known). Unparsable shell (unbalanced quotes) falls back to
 splitting on operators and whitespace. The helpers below answer the questions the rules ask of one
 command: which program runs under ``sudo``/``timeout``/``uv run``, what literal text it pipes on,
 which script ``bash -c`` runs, which arguments are positional. ``audit_rules`` decides what to flag.
@@ -44,6 +44,7 @@ _WRAPPERS: dict[str, set[str]] = {
     "watch": {"-n", "-d", "--interval"},
     "strace": {"-o", "-e", "-p", "-s"},
     "ltrace": {"-o", "-e"},
+    "busybox": set(),
 }
 _RUNNERS = wordlist("uv poetry pipenv pdm hatch conda mamba micromamba rye pixi")  # X run
 _RUNNER_OPTS = wordlist("-n --name -p --prefix --with --python -e --env --project --directory --from")
@@ -55,10 +56,11 @@ _OPERATOR_CHARS = frozenset("();<>|&")
 
 @dataclass
 class Segment:
-    """One simple command: words, output redirections, its stdin text if known."""
+    """One simple command: words, output redirections, input files, its stdin text if known."""
 
     words: list[str] = field(default_factory=list)
     redirects: list[tuple[str, str]] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)  # ``< FILE`` targets
     stdin: str | None = None
     piped: bool = False  # stdin is the previous segment's output
 
@@ -153,8 +155,11 @@ def _segments(text: str, heredocs: list[str]) -> list[Segment]:
         elif ("<" in token or ">" in token) and "(" not in token and nxt is not None:
             if current.words and current.words[-1].isdigit():
                 current.words.pop()  # the fd of ``2>``
-            if ">" in token and not re.fullmatch(r"\d+|-", nxt):
-                current.redirects.append((token, nxt))
+            if not re.fullmatch(r"\d+|-", nxt):  # not an fd duplication (``2>&1``, ``<&3``)
+                if ">" in token:
+                    current.redirects.append((token, nxt))
+                else:
+                    current.inputs.append(nxt)
         else:
             segments.append(Segment(piped="|" in token and "||" not in token))
             i += 1
