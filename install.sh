@@ -24,6 +24,11 @@ fi
 need_apt=()
 command -v unshare >/dev/null 2>&1 || need_apt+=(util-linux)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+# bubblewrap: the sandbox every harness and command evaluator runs in (docs/sandbox.md); libseccomp2
+# for its seccomp filter (pyseccomp, a ctypes binding, needs the shared library).
+command -v bwrap >/dev/null 2>&1 || need_apt+=(bubblewrap)
+compgen -G "/usr/lib/*/libseccomp.so.2" >/dev/null || compgen -G "/lib/*/libseccomp.so.2" >/dev/null ||
+  need_apt+=(libseccomp2)
 # Headless Chromium + its driver for the dashboard's browser tests (Selenium uses the system driver).
 command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || need_apt+=(chromium-driver)

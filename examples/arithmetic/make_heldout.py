@@ -4,7 +4,9 @@ reasoning-gym builds item ``i`` of seed ``s`` from ``Random(s + i)``, so the hel
 seed far from the training range (``eval_seed``). The problem space is small (2 terms of 1-2 digits,
 + and -: about 20k problems, and the 1-digit ones are drawn far more often), so even a far seed repeats
 some training questions by chance; those are skipped, and ``check_disjoint`` proves the rest are new.
-Reads the training source from ``train.toml`` so the two cannot drift apart.
+Reads the training source from ``train.toml`` so the two cannot drift apart. Each task keeps its
+answer (and what regenerates it) under ``hidden``, as ``reasoning_gym_tasks`` makes it; reading the
+file back with ``load_tasks`` checks that nothing evaluator-only is visible to the harness.
 
     .venv/bin/python examples/arithmetic/make_heldout.py
 """
@@ -14,7 +16,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from harnessrl.tasks.jsonl import save_tasks
+from harnessrl.tasks.jsonl import load_tasks, save_tasks
 from harnessrl.tasks.reasoning_gym import (
     check_disjoint,
     eval_seed,
@@ -44,6 +46,7 @@ def main() -> None:
             break
     check_disjoint(train, heldout)
     save_tasks(HERE / "heldout.jsonl", heldout)
+    assert load_tasks(HERE / "heldout.jsonl") == heldout  # raises ConfigError on a visible answer
     print(
         f"wrote {len(heldout)} held-out tasks (seed {seed}; skipped {len(seen)} questions seen in training "
         f"of {tasks['size']} at seed {tasks['seed']})"

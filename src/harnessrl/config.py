@@ -134,7 +134,7 @@ def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") ->
 
 
 def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """Make ``./x`` and ``../x`` items of ``harness.command`` and ``harness.repo`` absolute, relative to
+    """Make ``./x`` and ``../x`` items of ``harness.command``, ``harness.mounts`` and ``harness.repo`` absolute, relative to
     the config file's folder (harnesses run in their own workspace, so a relative path would break)."""
     harness = raw.get("harness")
     if not isinstance(harness, dict):
@@ -149,4 +149,6 @@ def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any
         harness["command"] = [fix(item) for item in harness["command"]]
     if "repo" in harness:
         harness["repo"] = fix(harness["repo"])
+    if isinstance(harness.get("mounts"), list):
+        harness["mounts"] = [fix(item) for item in harness["mounts"]]
     return raw

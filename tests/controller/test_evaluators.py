@@ -6,12 +6,14 @@ import asyncio
 import json
 import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import (
     CommandEvaluatorConfig,
     EvaluationInput,
@@ -99,7 +101,7 @@ def test_command_runs_in_workspace_with_templates_and_clean_env(ws, monkeypatch)
     config = {
         "type": "command",
         "reward_from": "json",
-        "env": {"GOLD": "{task[answer]}"},
+        "env": {"GOLD": "{task[hidden.answer]}"},  # a dotted path into the full task
         "command": [
             sys.executable,
             "-c",
@@ -111,12 +113,39 @@ def test_command_runs_in_workspace_with_templates_and_clean_env(ws, monkeypatch)
             "${HOME}",
         ],
     }
-    result = evaluate(config, EvaluationInput(task={"answer": "7"}, workspace=ws, rollout_id="r-9"))
+    task = {"prompt": "p", "hidden": {"answer": "7"}}
+    result = evaluate(config, EvaluationInput(task=task, workspace=ws, rollout_id="r-9"))
     out = result.details["output"]
     assert result.reward == 1.0
-    assert out["cwd_ok"] and out["argv"][0] == str(ws) and out["argv"][2] == "${HOME}"
-    assert out["gold"] == "7" and out["task"] == {"answer": "7"} and out["rid"] == "r-9"
+    # It scores a copy of the workspace (in its own sandbox), so nothing it does touches the original.
+    assert out["cwd_ok"] and out["argv"][0] != str(ws) and out["argv"][2] == "${HOME}"
+    assert out["gold"] == "7" and out["task"] == task and out["rid"] == "r-9"  # hidden data included
     assert out["admin"] is None  # the controller's secrets never reach the scorer
+
+
+def test_command_scores_a_copy_and_cannot_change_the_agents_workspace(ws):
+    (ws / "answer.txt").write_text("42")
+    result = evaluate(
+        sh("cat answer.txt && echo scorer-was-here > answer.txt && rm -f missing"),
+        EvaluationInput(task={}, workspace=ws),
+    )
+    assert result.reward == 1.0 and "42" in result.details["stdout_tail"]
+    assert (ws / "answer.txt").read_text() == "42"
+
+
+def test_command_env_is_scrubbed(ws, monkeypatch, tmp_path):
+    # A sitecustomize.py the agent planted where the controller's PYTHONPATH points never runs.
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    (planted / "sitecustomize.py").write_text("print('PLANTED')\n")
+    monkeypatch.setenv("PYTHONPATH", str(planted))
+    result = evaluate(
+        sh('python -c \'import os; print(os.environ.get("PYTHONPATH"), os.environ["HOME"])\''),
+        EvaluationInput(task={}, workspace=ws),
+    )
+    out = result.details["stdout_tail"]
+    assert "PLANTED" not in out and out.startswith("None ")
+    assert str(Path.home()) not in out.split()[1]
 
 
 @pytest.mark.parametrize(
@@ -151,19 +180,15 @@ def test_command_failures_are_evaluator_errors(ws, script, reward_from, message)
 
 
 def test_command_timeout_kills_the_process_group(ws):
-    pidfile = ws / "child.pid"
+    mark = f"61.{os.getpid()}{time.time_ns() % 10**6}"  # a sleep no other process on the machine runs
     started = time.monotonic()
     with pytest.raises(EvaluatorError, match="timed out"):
-        evaluate(
-            sh(f"sleep 60 & echo $! > {pidfile}; wait", timeout_s=0.5), EvaluationInput(task={}, workspace=ws)
-        )
+        evaluate(sh(f"sleep {mark} & wait", timeout_s=1.5), EvaluationInput(task={}, workspace=ws))
     assert time.monotonic() - started < 10
-    pid = int(pidfile.read_text())
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        found = subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True)
+        if not found.stdout.strip():
             break
         time.sleep(0.05)
     else:
@@ -176,16 +201,21 @@ def test_command_leftover_children_do_not_hang_it(ws):
     assert result.reward == 1.0 and time.monotonic() - started < 10
 
 
-def test_command_argv_prefix(ws):
+def test_command_without_sandbox_runs_in_the_workspace_itself(ws):
     evaluator = build_evaluator(
-        CommandEvaluatorConfig(command=["exit 0"]), validate=False, argv_prefix=["sh", "-c"]
+        CommandEvaluatorConfig(command=["sh", "-c", "touch scored"]),
+        validate=False,
+        sandbox=EvaluatorSandbox("none"),
     )
     assert asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws))).reward == 1.0
+    assert (ws / "scored").exists()
 
 
 def test_command_missing_task_field_is_an_evaluator_error(ws):
     with pytest.raises(EvaluatorError, match="nope"):
         evaluate(sh("echo {task[nope]}"), EvaluationInput(task={}, workspace=ws))
+    with pytest.raises(EvaluatorError, match=r"\{task\[hidden\.nope\]\}"):
+        evaluate(sh("echo {task[hidden.nope]}"), EvaluationInput(task={"hidden": {}}, workspace=ws))
 
 
 @pytest.mark.parametrize(
@@ -210,6 +240,11 @@ def test_command_missing_task_field_is_an_evaluator_error(ws):
         ({"type": "reasoning_gym", "dataset": "no_such_dataset"}, r"evaluator.dataset"),
         ({"type": "reasoning_gym", "answer_pattern": "(unclosed"}, r"evaluator.answer_pattern"),
         ({"type": "exact_match", "pattern": "[bad"}, r"evaluator.pattern"),
+        (
+            {"type": "exact_match", "field": "answer"},
+            r"^evaluator\.field: 'answer' is visible to the harness; put it under hidden and use 'hidden\.answer'$",
+        ),
+        ({"type": "exact_match", "field": "hidden"}, r"evaluator\.field: name a field under hidden"),
         ({"type": "telepathy"}, r"evaluator.type"),
     ],
 )
@@ -254,12 +289,14 @@ def test_python_failures_are_evaluator_errors(ws, function, message):
 def arithmetic_task() -> dict:
     # basic_arithmetic uses reasoning-gym's default scorer, which gives partial credit.
     return next(
-        t.data for t in reasoning_gym_tasks("basic_arithmetic", 20, seed=7) if len(t.data["answer"]) > 1
+        t.data
+        for t in reasoning_gym_tasks("basic_arithmetic", 20, seed=7)
+        if len(t.data["hidden"]["answer"]) > 1
     )
 
 
 def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task):
-    gold = arithmetic_task["answer"]
+    gold = arithmetic_task["hidden"]["answer"]
 
     def reward(text: str, **config) -> float:
         inp = EvaluationInput(
@@ -278,19 +315,23 @@ def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task):
 
 def test_reasoning_gym_strict_vs_partial_credit(ws, arithmetic_task):
     inp = EvaluationInput(
-        task=arithmetic_task, workspace=ws, calls=[call(f"Answer: {arithmetic_task['answer']}0")]
+        task=arithmetic_task, workspace=ws, calls=[call(f"Answer: {arithmetic_task['hidden']['answer']}0")]
     )
     strict = evaluate({"type": "reasoning_gym"}, inp)
     partial = evaluate({"type": "reasoning_gym", "strict": False}, inp)
     assert strict.reward == 0.0 and 0.0 < partial.reward < 1.0 == strict.details["score"] + 1 - partial.reward
-    assert strict.details["extracted"] == arithmetic_task["answer"] + "0"
+    assert strict.details["extracted"] == arithmetic_task["hidden"]["answer"] + "0"
 
 
 def test_reasoning_gym_stored_entry_and_stdout_source(ws):
-    task = {"dataset": "basic_arithmetic", "question": "Calculate 2 + 5.", "answer": "7", "metadata": {}}
+    task = {
+        "dataset": "basic_arithmetic",
+        "question": "Calculate 2 + 5.",
+        "hidden": {"answer": "7", "metadata": {}},
+    }
     inp = EvaluationInput(task=task, workspace=ws, stdout="log line\nAnswer: 7\n")
     assert evaluate({"type": "reasoning_gym", "source": "stdout"}, inp).reward == 1.0
-    no_dataset = {"question": "q", "answer": "7"}
+    no_dataset = {"question": "q", "hidden": {"answer": "7"}}
     assert (
         evaluate(
             {"type": "reasoning_gym", "dataset": "basic_arithmetic"},
@@ -322,13 +363,18 @@ def test_reasoning_gym_stored_entry_and_stdout_source(ws):
     ],
 )
 def test_exact_match(ws, text, gold, config, reward):
-    inp = EvaluationInput(task={"answer": gold}, workspace=ws, calls=[call(text)])
-    assert evaluate({"type": "exact_match", **config}, inp).reward == reward
+    inp = EvaluationInput(task={"prompt": "q", "hidden": {"answer": gold}}, workspace=ws, calls=[call(text)])
+    assert evaluate({"type": "exact_match", **config}, inp).reward == reward  # default field: hidden.answer
 
 
-def test_exact_match_missing_field(ws):
-    with pytest.raises(EvaluatorError, match="solution"):
-        evaluate({"type": "exact_match", "field": "solution"}, EvaluationInput(task={}, workspace=ws))
+def test_exact_match_reads_a_dotted_path_and_names_a_missing_field(ws):
+    task = {"hidden": {"gold": {"city": "Paris"}}}
+    inp = EvaluationInput(task=task, workspace=ws, calls=[call("paris")])
+    assert evaluate({"type": "exact_match", "field": "hidden.gold.city"}, inp).reward == 1.0
+    with pytest.raises(EvaluatorError, match="hidden.solution"):
+        evaluate({"type": "exact_match", "field": "hidden.solution"}, EvaluationInput(task={}, workspace=ws))
+    with pytest.raises(EvaluatorError, match="hidden.answer"):  # a top-level answer is never read
+        evaluate({"type": "exact_match"}, EvaluationInput(task={"answer": "x"}, workspace=ws))
 
 
 def test_final_answer_text_across_shapes():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -75,10 +76,76 @@ def test_hidden_task_fields_never_reach_the_harness(tmp_path):
     seen = json.dumps([r.argv, r.env, r.files]) + r.task_file.read_text()
     assert "GOLD-PATCH-MARKER" not in seen
     assert json.loads(r.env["HARNESSRL_TASK"]) == {"prompt": "fix it", "repo": "demo"}
-    with pytest.raises(ConfigError, match="hidden"):
+    with pytest.raises(ValueError, match="hidden"):  # refused when the spec is built: see below
+        HarnessSpec(command=["echo", "{task[hidden]}"])
+
+
+def test_repo_may_use_hidden_fields_and_only_the_repo(tmp_path):
+    """The original repository's path (its history holds the fix) stays hidden: the controller
+    copies it, the harness never learns where it is."""
+    spec = HarnessSpec(command=["echo", "{task[name]}"], repo="{task[hidden.repo_path]}")
+    r = render_harness(
+        spec,
+        rollout=rollout(name="demo", hidden={"repo_path": "/data/REPO-MARKER"}),
+        workspace=tmp_path / "ws",
+        base_url="u",
+        anthropic_base_url="u",
+    )
+    assert r.repo == Path("/data/REPO-MARKER") and r.argv == ["echo", "demo"]
+    assert "REPO-MARKER" not in json.dumps([r.argv, r.env, r.files]) + r.task_file.read_text()
+
+
+@pytest.mark.parametrize(
+    ("fields", "where"),
+    [
+        ({"command": ["echo", "{task[hidden.tests]}"]}, r"harness\.command\[1\]"),
+        ({"command": ["echo"], "args": ["{task[hidden]}"]}, r"harness\.args\[0\]"),
+        ({"command": ["echo"], "env": {"GOLD": "x{task[hidden.answer]}"}}, r"harness\.env\.GOLD"),
+        ({"command": ["echo"], "files": {"a.txt": "{task[hidden.answer]}"}}, r"harness\.files\['a\.txt'\]"),
+        ({"command": ["echo"], "files": {"{task[hidden.answer]}": ""}}, r"harness\.files"),
+        ({"command": ["echo"], "workdir": "{task[hidden.dir]}"}, r"harness\.workdir"),
+    ],
+)
+def test_hidden_fields_in_what_the_harness_sees_are_refused(fields, where):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=where + r": \{task\[hidden.*evaluator-only"):
+        HarnessSpec(**fields)
+
+
+def test_render_refuses_hidden_placeholders_and_visible_answers(tmp_path):
+    # A spec built without validation (model_construct) still cannot render hidden data.
+    spec = HarnessSpec.model_construct(
+        **{**HarnessSpec(command=["echo"]).__dict__, "args": ["{task[hidden.a]}"]}
+    )
+    task = rollout(hidden={"a": "GOLD"})
+    with pytest.raises(ConfigError, match=r"harness\.args\[0\]: \{task\[hidden\.a\]\} is evaluator-only"):
+        render_harness(spec, rollout=task, workspace=tmp_path / "ws", base_url="u", anthropic_base_url="u")
+    # A rollout created through the API with the answer at top level never launches.
+    with pytest.raises(ConfigError, match="task field 'answer' is evaluator-only"):
         render_harness(
-            HarnessSpec(command=["echo", "{task[hidden]}"]),
-            rollout=rollout(prompt="x", hidden={"patch": "p"}),
+            HarnessSpec(command=["echo", "{prompt}"]),
+            rollout=rollout(prompt="2+2?", answer="4"),
+            workspace=tmp_path / "ws2",
+            base_url="u",
+            anthropic_base_url="u",
+        )
+
+
+def test_dotted_task_fields(tmp_path):
+    spec = HarnessSpec(command=["echo", "{task[env.name]}", "{task[env]}"])
+    r = render_harness(
+        spec,
+        rollout=rollout(env={"name": "lab"}),
+        workspace=tmp_path / "ws",
+        base_url="u",
+        anthropic_base_url="u",
+    )
+    assert r.argv == ["echo", "lab", '{"name": "lab"}']
+    with pytest.raises(ConfigError, match=r"harness\.command\[1\]: the task has no field 'env\.nope'"):
+        render_harness(
+            HarnessSpec(command=["echo", "{task[env.nope]}"]),
+            rollout=rollout(env={"name": "lab"}),
             workspace=tmp_path / "ws2",
             base_url="u",
             anthropic_base_url="u",

@@ -36,7 +36,7 @@ timeout_s = 60
 
 [evaluator]
 type = "exact_match"
-field = "answer"
+field = "hidden.answer"
 pattern = 'Answer:\\s*(-?[0-9.]+)'
 
 [controller]
@@ -47,24 +47,26 @@ max_infra_retries = 1
     return config
 
 
-def run_rollout(config: Path, task: dict, run_dir: Path) -> dict:
-    proc = subprocess.run(
-        [
-            *HARNESSRL,
-            "rollout",
-            "--config",
-            str(config),
-            "--task",
-            json.dumps(task),
-            "--run-dir",
-            str(run_dir),
-        ],
+def rollout_cli(config: Path, task: dict, run_dir: Path) -> subprocess.CompletedProcess:
+    """``harnessrl rollout`` with the task in a file (``--task @file``), as the README runs it."""
+    task_file = run_dir.parent / "task.json"
+    task_file.write_text(json.dumps(task))
+    return subprocess.run(
+        [*HARNESSRL, "rollout", "--config", str(config), "--task", f"@{task_file}"]
+        + ["--run-dir", str(run_dir)],
         capture_output=True,
         text=True,
         timeout=240,
     )
+
+
+def run_rollout(config: Path, task: dict, run_dir: Path) -> dict:
+    proc = rollout_cli(config, task, run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+ARITHMETIC = {"prompt": "What is 17 + 25?", "hidden": {"answer": "42"}}  # the answer: evaluator only
 
 
 def test_agent_with_tool_call_is_scored_and_recorded(tmp_path):
@@ -75,14 +77,13 @@ def test_agent_with_tool_call_is_scored_and_recorded(tmp_path):
         },
         {"content": "The calculator says 42. Answer: 42"},
     ]
-    summary = run_rollout(
-        write_config(tmp_path, turns), {"prompt": "What is 17 + 25?", "answer": "42"}, tmp_path / "run"
-    )
+    summary = run_rollout(write_config(tmp_path, turns), ARITHMETIC, tmp_path / "run")
     assert summary["outcome"] == "success"
     assert summary["reward"] == 1.0
     assert summary["calls"] == 2
     assert summary["flags"] == []
     assert Path(summary["log"], "stdout.log").read_text().strip().endswith("Answer: 42")
+    assert json.loads(Path(summary["log"], "task.json").read_text()) == {"prompt": "What is 17 + 25?"}
 
     store = SQLiteStore(tmp_path / "run" / "harnessrl.db")
     rollout = store.get_rollout(summary["rollout_id"])
@@ -100,7 +101,7 @@ def test_agent_with_tool_call_is_scored_and_recorded(tmp_path):
 def test_wrong_answer_gets_zero_reward(tmp_path):
     summary = run_rollout(
         write_config(tmp_path, [{"content": "Answer: 41"}]),
-        {"prompt": "What is 17 + 25?", "answer": "42"},
+        ARITHMETIC,
         tmp_path / "run",
     )
     assert summary["outcome"] == "success"
@@ -111,7 +112,7 @@ def test_agent_crash_is_a_policy_failure(tmp_path):
     config = write_config(tmp_path, [{"content": "Answer: 42"}])
     text = config.read_text().replace('command = ["', 'command = ["-c", "raise SystemExit(3)", "')
     config.write_text(text)
-    summary = run_rollout(config, {"prompt": "x", "answer": "42"}, tmp_path / "run")
+    summary = run_rollout(config, {"prompt": "x", "hidden": {"answer": "42"}}, tmp_path / "run")
     assert summary["outcome"] == "policy_failure"
 
 
@@ -122,9 +123,7 @@ def test_reward_hacking_is_flagged_and_zeroed(tmp_path):
             "content": "I ran `curl http://127.0.0.1:1/answer` to peek.\n```bash\ncurl -s http://127.0.0.1:1/answer\n```\nAnswer: 42"
         },
     ]
-    summary = run_rollout(
-        write_config(tmp_path, turns), {"prompt": "What is 17 + 25?", "answer": "42"}, tmp_path / "run"
-    )
+    summary = run_rollout(write_config(tmp_path, turns), ARITHMETIC, tmp_path / "run")
     assert "network_fetch" in summary["flags"]
     assert summary["reward"] == 0.0
 
@@ -153,6 +152,20 @@ def test_bad_config_fails_before_any_rollout(tmp_path):
     )
     assert proc.returncode == 2
     assert "evaluator" in proc.stderr
+
+
+def test_answers_the_harness_could_see_are_refused_before_any_rollout(tmp_path):
+    config = write_config(tmp_path, [{"content": "Answer: 42"}])
+    proc = rollout_cli(config, {"prompt": "What is 17 + 25?", "answer": "42"}, tmp_path / "run")
+    assert proc.returncode == 2
+    assert "--task: task field 'answer' is evaluator-only" in proc.stderr and "hidden.answer" in proc.stderr
+    assert not (tmp_path / "run" / "harnessrl.db").exists()
+
+    config.write_text(config.read_text().replace('field = "hidden.answer"', 'field = "answer"'))
+    proc = rollout_cli(config, ARITHMETIC, tmp_path / "run")
+    assert proc.returncode == 2
+    assert "evaluator.field: 'answer' is visible to the harness" in proc.stderr
+    assert not (tmp_path / "run" / "harnessrl.db").exists()
 
 
 MINI = Path(sys.executable).with_name("mini")

@@ -89,7 +89,7 @@ timeout_s = 60
 
 [evaluator]
 type = "exact_match"
-field = "answer"
+field = "hidden.answer"        # to_task moves the record's top-level answer under hidden
 pattern = 'Answer:\\s*(-?[0-9.]+)'
 source = "stdout"
 

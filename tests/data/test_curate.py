@@ -56,7 +56,13 @@ def test_filter_counts_each_rule_exactly(tmp_path: Path):
     good = [r for r in raw_records() if r.get("instance_id", "").split(".")[-1].startswith("func_pm_0")]
     assert ids(kept) == list(dict.fromkeys(ids(good[1:]))) + [f"near-duplicate-{i}" for i in range(6)]
     assert kept[0]["problem_statement"]
-    assert max(len(to_task(r)["FAIL_TO_PASS"]) + len(to_task(r)["PASS_TO_PASS"]) for r in kept) == 50
+    assert (
+        max(
+            len(to_task(r)["hidden"]["FAIL_TO_PASS"]) + len(to_task(r)["hidden"]["PASS_TO_PASS"])
+            for r in kept
+        )
+        == 50
+    )
 
 
 def test_filter_can_drop_near_duplicate_statements():
@@ -73,19 +79,35 @@ def test_to_task_maps_swe_smith_fields():
     assert task["task_id"] == record["instance_id"]
     assert task["prompt"] == record["problem_statement"]
     assert task["branch"] == record["base_commit"]
-    assert task["FAIL_TO_PASS"] == ["tests/test_mod0.py::test_bug_0"]
-    assert isinstance(task["PASS_TO_PASS"], list) and "calibration" not in task
+    # The test lists are the scorer's: decoded, and under hidden with every evaluator-only field.
+    assert task["hidden"]["FAIL_TO_PASS"] == ["tests/test_mod0.py::test_bug_0"]
+    assert isinstance(task["hidden"]["PASS_TO_PASS"], list) and "calibration" not in task
+    assert "FAIL_TO_PASS" not in task and "PASS_TO_PASS" not in task
     assert task["image_name"] == record["image_name"] and task["repo"] == record["repo"]
 
 
 def test_to_task_hides_the_gold_patch_from_the_harness():
     from harnessrl.controller.harness import harness_view
+    from harnessrl.tasks.fields import check_visible
 
-    record = {**raw_records()[1], "patch": "diff --git GOLD", "test_patch": "diff --git TESTS"}
+    record = {
+        **raw_records()[1],
+        "patch": "diff --git GOLD",
+        "test_patch": "diff --git TESTS",
+        "answer": "ANSWER",
+        "hidden": {"repo_path": "/data/REPO"},  # a record's own hidden data is kept
+    }
     task = to_task(record)
-    assert task["hidden"] == {"patch": "diff --git GOLD", "test_patch": "diff --git TESTS"}
-    assert "patch" not in task and "test_patch" not in task
-    assert "GOLD" not in json.dumps(harness_view(task)) and "TESTS" not in json.dumps(harness_view(task))
+    assert {k: task["hidden"][k] for k in ("patch", "test_patch", "answer", "repo_path")} == {
+        "patch": "diff --git GOLD",
+        "test_patch": "diff --git TESTS",
+        "answer": "ANSWER",
+        "repo_path": "/data/REPO",
+    }
+    assert not {"patch", "test_patch", "answer"} & set(task)
+    check_visible(task, where="to_task")  # what the swesmith task source checks
+    seen = json.dumps(harness_view(task))
+    assert not any(marker in seen for marker in ("GOLD", "TESTS", "ANSWER", "REPO", "test_bug_0"))
 
 
 def test_select_keeps_mixed_and_adds_seeded_unsolvable(tmp_path: Path):

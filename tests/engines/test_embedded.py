@@ -236,9 +236,7 @@ def _shared_prefix_prompts(engine: EmbeddedEngine) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("prefill_chunk", [512, 16])
-def test_shared_prompt_prefixes_are_copied_not_recomputed(
-    tiny_dir: Path, prefill_chunk: int
-) -> None:
+def test_shared_prompt_prefixes_are_copied_not_recomputed(tiny_dir: Path, prefill_chunk: int) -> None:
     """Requests start from a decoding row's cached prefix; outputs and logprobs are unchanged."""
     model = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
     sharing = _start(EmbeddedEngine(tiny_dir, max_batch_size=8, prefill_chunk=prefill_chunk))
@@ -249,7 +247,9 @@ def test_shared_prompt_prefixes_are_copied_not_recomputed(
         prompts = _shared_prefix_prompts(sharing)
 
         async def run(engine: EmbeddedEngine, params: list[SamplingParams]):
-            return await asyncio.gather(*[_generate(engine, p, s) for p, s in zip(prompts, params)])
+            return await asyncio.gather(
+                *[_generate(engine, p, s) for p, s in zip(prompts, params, strict=True)]
+            )
 
         # Different lengths, so rows retire (and the cache compacts) while others are admitted.
         sampled = [SamplingParams(max_tokens=6 + 3 * i, temperature=1.0, seed=i) for i in range(5)]

@@ -66,10 +66,13 @@ def records(task_set: Path) -> list[dict]:
 
 
 def evaluate(workspace: Path, record: dict, *extra: str) -> subprocess.CompletedProcess:
-    """The evaluator's command, as the task's ``evaluate`` script runs it (task from $HARNESSRL_TASK)."""
-    env = {"PATH": os.environ["PATH"], "HARNESSRL_TASK": json.dumps(record)}
+    """The evaluator's command, as the task's ``evaluate`` script runs it (the full task, hidden
+    fields included, from $HARNESSRL_TASK)."""
+    from harnessrl.data.records import to_task
+
+    env = {"PATH": os.environ["PATH"], "HARNESSRL_TASK": json.dumps(to_task(record))}
     return subprocess.run(
-        [f"{record['hidden_tests']}/evaluate", *extra],
+        [f"{record['hidden']['tests']}/evaluate", *extra],
         cwd=workspace,
         env=env,
         capture_output=True,
@@ -84,7 +87,7 @@ def result(proc: subprocess.CompletedProcess) -> dict:
 
 
 def checkout(record: dict, dest: Path, *, gold: bool = False) -> Path:
-    shutil.copytree(record["repo_path"], dest)
+    shutil.copytree(record["hidden"]["repo_path"], dest)
     if gold:
         fixed = subprocess.run(
             ["git", "-C", str(dest), "show", "HEAD~1:solution.py"], capture_output=True, text=True, check=True
@@ -194,9 +197,12 @@ def test_build_report_exact_counts_and_determinism(task_set: Path):
     for row in rows:
         assert set(row) == {
             "instance_id", "repo", "base_commit", "image_name", "problem_statement", "FAIL_TO_PASS",
-            "PASS_TO_PASS", "repo_path", "hidden_tests", "source",
+            "PASS_TO_PASS", "source", "hidden",
         }  # fmt: skip
-        assert "patch" not in row  # the gold patch stays hidden: everything in a record reaches the harness
+        # Where the original repository (its history holds the fix) and the hidden tests are: never
+        # shown to the harness. The gold patch is not in the record at all.
+        assert set(row["hidden"]) == {"repo_path", "tests"}
+        assert "patch" not in row
         assert row["problem_statement"].startswith("The function `")
         assert "has a bug: `" in row["problem_statement"] and "should return" in row["problem_statement"]
 
@@ -228,7 +234,7 @@ def test_build_report_exact_counts_and_determinism(task_set: Path):
 
 def test_every_task_fails_before_and_passes_after_the_gold_fix(task_set: Path, tmp_path: Path):
     for row in records(task_set):
-        repo = Path(row["repo_path"])
+        repo = Path(row["hidden"]["repo_path"])
         log = subprocess.run(["git", "-C", str(repo), "log", "--format=%s"], capture_output=True, text=True)
         assert len(log.stdout.splitlines()) == 2  # gold commit, then the bug (hidden by the sandbox's squash)
         visible = repo / "tests" / "test_solution.py"
@@ -247,7 +253,7 @@ def test_every_task_fails_before_and_passes_after_the_gold_fix(task_set: Path, t
         )  # ...the rest pass
         fixed = result(evaluate(checkout(row, tmp_path / f"{row['instance_id']}-gold", gold=True), row))
         assert fixed["reward"] == 1.0 and fixed["failed"] == []
-        patch = (Path(row["hidden_tests"]) / "gold.patch").read_text()
+        patch = (Path(row["hidden"]["tests"]) / "gold.patch").read_text()
         assert patch.startswith("diff --git a/solution.py b/solution.py")
 
 
@@ -285,7 +291,7 @@ def test_evaluator_restores_tests_and_ignores_rigging(task_set: Path, tmp_path: 
     # A broken task (its hidden folder is gone) is an evaluator failure: exit 2, not a reward.
     broken = dict(row, FAIL_TO_PASS=[])
     proc = evaluate(checkout(row, tmp_path / "broken"), broken)
-    assert proc.returncode == 2 and "no FAIL_TO_PASS" in proc.stderr
+    assert proc.returncode == 2 and "no hidden.FAIL_TO_PASS" in proc.stderr
 
 
 def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path, tmp_path: Path):
@@ -302,7 +308,10 @@ def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path
     tasks = load_task_source(TaskSource(type="swesmith", path=str(task_set / "tasks.jsonl")), split="train")
     assert [t.task_id for t in tasks] == [e[0] for e in EXPECTED]
     assert tasks[0].data["prompt"] == rows[0]["problem_statement"]
-    assert tasks[0].data["FAIL_TO_PASS"] == rows[0]["FAIL_TO_PASS"]
+    # Everything the scorer and the controller need is hidden from the harness.
+    assert tasks[0].data["hidden"] == {**rows[0]["hidden"], "FAIL_TO_PASS": rows[0]["FAIL_TO_PASS"],
+                                       "PASS_TO_PASS": rows[0]["PASS_TO_PASS"]}  # fmt: skip
+    assert not {"FAIL_TO_PASS", "PASS_TO_PASS", "repo_path", "hidden_tests"} & set(tasks[0].data)
 
     dup = tmp_path / "dup.jsonl"
     dup.write_text("\n".join(json.dumps(r) for r in [rows[0], rows[0]]) + "\n")
@@ -324,7 +333,7 @@ def test_example_config_is_valid_and_harness_args_reach_mini(tmp_path: Path):
     assert config.harness.preset == "mini-swe-agent" and config.tasks.type == "swesmith"
     assert config.controller.audit.enabled and "test_config_write" in config.controller.audit.zero_reward_on
     spec = apply_preset(config.harness)
-    rollout = Rollout(rollout_id="r-1", api_key="k", task={"prompt": "fix it", "repo_path": "/x"})
+    rollout = Rollout(rollout_id="r-1", api_key="k", task={"prompt": "fix it", "hidden": {"repo_path": "/x"}})
     rendered = render_harness(
         spec,
         rollout=rollout,
@@ -366,7 +375,7 @@ def test_scripted_mini_swe_agent_fix_earns_1_and_rigging_earns_0(task_set: Path,
 
     row = records(task_set)[0]
     gold = subprocess.run(
-        ["git", "-C", row["repo_path"], "show", "HEAD~1:solution.py"],
+        ["git", "-C", row["hidden"]["repo_path"], "show", "HEAD~1:solution.py"],
         capture_output=True,
         text=True,
         check=True,

@@ -189,8 +189,9 @@ max_infra_retries = 0
 
     workspace = Path(summary["log"]) / "workspace"
     assert int(git(workspace, "rev-list", "--all", "--count")) == 1  # history squashed
-    # The evaluator restored the repository's own conftest.py over the rigged one.
-    assert (workspace / "conftest.py").read_text("utf-8") == (hidden / "conftest.py").read_text("utf-8")
+    # The evaluator restored the repository's own conftest.py over the rigged one in its own copy of
+    # the workspace; the agent's workspace keeps what the agent left (the rigged file).
+    assert (workspace / "conftest.py").read_text("utf-8") != (hidden / "conftest.py").read_text("utf-8")
     # The cheat was real: with the hidden test but the policy's conftest.py kept, pytest passes.
     replay = tmp_path / "replay"
     shutil.copytree(workspace, replay)

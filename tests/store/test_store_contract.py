@@ -55,13 +55,13 @@ def test_runs(store: Store) -> None:
 def test_tasks(store: Store) -> None:
     store.add_tasks(
         [
-            Task(task_id="t1", run_id="r", data={"prompt": "2+2", "answer": 4}),
+            Task(task_id="t1", run_id="r", data={"prompt": "2+2", "hidden": {"answer": 4}}),
             Task(task_id="t2", run_id="r", split="test"),
             Task(task_id="t3"),
         ]
     )
     store.add_tasks([Task(task_id="t1", data={"changed": True}), Task(task_id="t4", run_id="r")])
-    assert store.get_task("t1").data == {"prompt": "2+2", "answer": 4}  # existing task left alone
+    assert store.get_task("t1").data == {"prompt": "2+2", "hidden": {"answer": 4}}  # existing task left alone
     assert [t.task_id for t in store.list_tasks()] == ["t1", "t2", "t3", "t4"]
     assert [t.task_id for t in store.list_tasks(run_id="r")] == ["t1", "t2", "t4"]
     assert [t.task_id for t in store.list_tasks(run_id="r", split="test")] == ["t2"]
@@ -200,6 +200,20 @@ def test_finish_rollout(store: Store, outcome: Outcome) -> None:
     assert done.reward == 0.5 and done.error == "boom" and done.finished_at is not None
     assert done.metadata == {"keep": 1, "over": 2, "tests": [1, 0]}
     assert store.get_rollout(rollout.rollout_id) == done
+
+
+def test_void_rollout_zeroes_and_flags_a_tampered_rollout(store: Store) -> None:
+    rollout = store.create_rollout()
+    store.start_rollout(rollout.rollout_id)
+    store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)  # by someone else, say
+    store.set_rollout_flags(rollout.rollout_id, ["network_fetch"])
+    voided = store.void_rollout(rollout.rollout_id, flag="tamper_finished", error="finished elsewhere")
+    assert voided.status is S.FINISHED and voided.outcome is Outcome.POLICY_FAILURE
+    assert voided.reward == 0.0 and voided.error == "finished elsewhere"
+    assert voided.flags == ["network_fetch", "tamper_finished"]
+    again = store.void_rollout(rollout.rollout_id, flag="tamper_finished", error="finished elsewhere")
+    assert again.flags == ["network_fetch", "tamper_finished"]  # a flag is recorded once
+    assert store.get_rollout(rollout.rollout_id) == again
 
 
 def test_requeue_bumps_attempt_and_keeps_error(store: Store) -> None:

@@ -1,4 +1,5 @@
-"""Tasks as JSON Lines: round trip, bare data lines, and errors that name the line."""
+"""Tasks as JSON Lines: round trip, bare data lines, errors that name the line, and the refusal of
+tasks that would show the harness their answer."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from harnessrl.tasks import load_tasks, save_tasks
 
 
 def test_round_trip(tmp_path):
-    tasks = [Task(task_id="a", data={"prompt": "hi", "answer": 1}), Task(task_id="b", split="eval", data={})]
+    tasks = [
+        Task(task_id="a", data={"prompt": "hi", "hidden": {"answer": 1}}),
+        Task(task_id="b", split="eval", data={}),
+    ]
     path = save_tasks(tmp_path / "sub" / "tasks.jsonl", tasks)
     assert load_tasks(path) == tasks
     assert [t.split for t in load_tasks(path, split="test")] == ["test", "test"]
@@ -20,11 +24,11 @@ def test_round_trip(tmp_path):
 def test_bare_data_lines(tmp_path):
     path = tmp_path / "math.jsonl"
     path.write_text(
-        '{"prompt": "1+1", "answer": "2"}\n\n{"id": 7, "prompt": "2+2"}\n{"task_id": "x", "data": 3}\n'
+        '{"prompt": "1+1", "hidden": {"answer": "2"}}\n\n{"id": 7, "prompt": "2+2"}\n{"task_id": "x", "data": 3}\n'
     )
     tasks = load_tasks(path)
     assert [t.task_id for t in tasks] == ["math-1", "7", "x"]
-    assert tasks[0].data == {"prompt": "1+1", "answer": "2"}
+    assert tasks[0].data == {"prompt": "1+1", "hidden": {"answer": "2"}}
     assert tasks[2].data == {"task_id": "x", "data": 3}  # not a record (data is not an object): bare data
 
 
@@ -35,6 +39,13 @@ def test_bare_data_lines(tmp_path):
         ("[1, 2]\n", r"tasks\.jsonl:1: expected a JSON object"),
         ('{"task_id": "a"}\n{"task_id": "a"}\n', r"tasks\.jsonl:2: duplicate task_id 'a'"),
         ('{"task_id": "a", "data": {}, "split": 3}\n', r"tasks\.jsonl:1"),
+        # Evaluator-only data at top level would reach the harness (HARNESSRL_TASK, task.json).
+        (
+            '{"prompt": "1+1"}\n{"prompt": "1+1", "answer": "2"}\n',
+            r"tasks\.jsonl:2: task field 'answer' is evaluator-only.*under 'hidden'.*'hidden\.answer'",
+        ),
+        ('{"task_id": "a", "data": {"gold_patch": "diff"}}\n', r"tasks\.jsonl:1: task field 'gold_patch'"),
+        ('{"prompt": "p", "hidden": "42"}\n', r"tasks\.jsonl:1: task field 'hidden' must be a JSON object"),
     ],
 )
 def test_errors_name_the_line(tmp_path, content, message):

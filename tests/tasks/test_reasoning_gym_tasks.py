@@ -25,7 +25,9 @@ def test_tasks_are_deterministic_and_complete():
     assert len({t.task_id for t in a}) == 8 and a[3].task_id == task_id_for("basic_arithmetic", 11, 3)
     data = a[0].data
     assert data["prompt"] == data["question"] + PROMPT_SUFFIX and "Answer: X" in data["prompt"]
-    assert {"question", "answer", "dataset", "config", "seed", "size", "index", "metadata"} <= set(data)
+    # The harness sees the question; the answer and what regenerates it are for the evaluator only.
+    assert set(data) == {"prompt", "question", "dataset", "hidden"}
+    assert set(data["hidden"]) == {"answer", "config", "seed", "size", "index", "metadata"}
     assert json.loads(json.dumps(data)) == data  # storable as-is
     assert a[0].split == "train"
     assert reasoning_gym_tasks("basic_arithmetic", 1, seed=11, split="eval")[0].split == "eval"
@@ -35,7 +37,7 @@ def test_config_changes_the_questions_and_the_id():
     config = {"min_terms": 3, "max_terms": 3}
     tasks = reasoning_gym_tasks("chain_sum", 5, seed=1, config=config)
     assert all(t.data["question"].count("+") + t.data["question"].count("-") >= 2 for t in tasks)
-    assert tasks[0].data["config"] == config
+    assert tasks[0].data["hidden"]["config"] == config
     assert tasks[0].task_id != reasoning_gym_tasks("chain_sum", 1, seed=1)[0].task_id
 
 
@@ -66,17 +68,20 @@ def test_nearby_seeds_overlap_and_check_disjoint_catches_it():
 
 def test_score_answer_regenerates_the_entry():
     task = reasoning_gym_tasks("chain_sum", 3, seed=5)[2].data
-    assert score_answer(task, task["answer"]) == 1.0
+    assert score_answer(task, task["hidden"]["answer"]) == 1.0
     assert score_answer(task, "not a number") == 0.0
     assert score_answer(task, None) == 0.0
 
 
 def test_score_answer_falls_back_to_the_stored_entry():
     task = dict(reasoning_gym_tasks("basic_arithmetic", 1, seed=5)[0].data)
-    task["question"], task["answer"] = "What is 100 + 1?", "101"  # e.g. another reasoning-gym version
+    task["question"] = "What is 100 + 1?"  # e.g. another reasoning-gym version
+    task["hidden"] = {**task["hidden"], "answer": "101"}
     assert score_answer(task, "101") == 1.0
-    handwritten = {"dataset": "basic_arithmetic", "question": "Calculate 2 + 2.", "answer": "4"}
+    handwritten = {"dataset": "basic_arithmetic", "question": "Calculate 2 + 2.", "hidden": {"answer": "4"}}
     assert score_answer(handwritten, "4") == 1.0
     assert score_answer(handwritten, "44") == 0.5  # reasoning-gym's default partial credit
     with pytest.raises(ValueError, match="dataset"):
-        score_answer({"question": "q", "answer": "4"}, "4")
+        score_answer({"question": "q", "hidden": {"answer": "4"}}, "4")
+    with pytest.raises(ValueError, match="hidden.answer"):  # a top-level answer is not read
+        score_answer({"dataset": "basic_arithmetic", "question": "Calculate 2 + 2.", "answer": "4"}, "4")

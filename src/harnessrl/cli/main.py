@@ -25,6 +25,31 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(data_app, name="data")  # harnessrl data filter|calibrate|select|split
+sandbox_app = typer.Typer(
+    help="The sandbox harnesses and evaluators run in (docs/sandbox.md).", no_args_is_help=True
+)
+app.add_typer(sandbox_app, name="sandbox")
+
+
+@sandbox_app.command("check")
+def sandbox_check() -> None:
+    """Try every isolation property of the local sandbox on this machine (from inside a real
+    sandbox) and print each as held / NOT HELD; exit 1 when any does not hold."""
+    from harnessrl.sandbox.check import check_sandbox
+
+    properties = check_sandbox()
+    for prop in properties:
+        mark = (
+            typer.style("held    ", fg=typer.colors.GREEN)
+            if prop.held
+            else typer.style("NOT HELD", fg=typer.colors.RED)
+        )
+        typer.echo(f"{mark}  {prop.name}" + (f"  ({prop.detail})" if prop.detail else ""))
+    broken = [p for p in properties if not p.held]
+    if broken:
+        typer.echo(f"{len(broken)} of {len(properties)} properties do not hold", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"all {len(properties)} properties hold")
 
 
 def fail(message: str, code: int = 2) -> typer.Exit:
@@ -93,7 +118,7 @@ def rollout(
         str, typer.Option(help="TOML file: [harness], [evaluator], [engine], [controller], [task]")
     ],
     task: Annotated[
-        str | None, typer.Option(help="The task as JSON, or @file.json (default: the [task] table)")
+        str | None, typer.Option(help="The task: @file.json, or inline JSON (default: the [task] table)")
     ] = None,
     run_dir: Annotated[
         str | None, typer.Option(help="Folder for the store and logs (default: a temp folder)")

@@ -29,9 +29,14 @@ def load_rollout_config(path: str | None, overrides: list[str] | None, *, ignore
 
 
 def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, Any]:
+    """The task of ``--task`` (JSON, or ``@file.json``) or else the config's ``[task]`` table; one that
+    shows the harness an evaluator-only field (``answer`` at top level) is refused."""
+    from harnessrl.tasks.fields import check_visible
+
     if text is None:
         if default is None:
-            raise ConfigError("no task: pass --task JSON (or @file.json) or put a [task] table in the config")
+            raise ConfigError("no task: pass --task @file.json (or JSON) or put a [task] table in the config")
+        check_visible(default, where="[task]")
         return default
     if text.startswith("@"):
         text = Path(text[1:]).read_text()
@@ -41,6 +46,7 @@ def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, An
         raise ConfigError(f"--task is not valid JSON: {exc}") from exc
     if not isinstance(task, dict):
         raise ConfigError("--task must be a JSON object")
+    check_visible(task, where="--task")
     return task
 
 
@@ -67,7 +73,7 @@ def run_controller_command(
     from harnessrl.store import open_store
 
     config = load_rollout_config(config_path, overrides, ignore=TRAIN_ONLY_SECTIONS)
-    harness, evaluator = prepare(config)
+    harness, evaluator = prepare(config, Path(run_dir))
     if config.kubernetes is not None:
         # Pods reach the gateway at kubernetes.gateway_url; the runner rewrites the harness's URLs.
         gateway_url = gateway_url or config.kubernetes.gateway_url

@@ -9,12 +9,16 @@ enter a group's baseline.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# ``{task[hidden]}`` / ``{task[hidden.x]}``: evaluator-only data, refused wherever the harness sees it.
+_HIDDEN_PLACEHOLDER = re.compile(r"\{task\[hidden(?:\.[^\]\}]*)?\]\}")
 
 
 class ResourceLimits(BaseModel):
@@ -30,7 +34,8 @@ class HarnessSpec(BaseModel):
     """How to run a harness for one rollout. Strings may use ``{placeholders}`` filled per rollout:
     ``{rollout_id}``, ``{workspace}``, ``{base_url}`` (OpenAI-style, ends in /v1),
     ``{anthropic_base_url}``, ``{api_key}``, ``{model}``, ``{task_file}``, ``{prompt}`` (the
-    task's ``prompt`` field, if any) and ``{task[FIELD]}``."""
+    task's ``prompt`` field, if any) and ``{task[FIELD]}`` (``FIELD`` may be a dotted path).
+    ``{task[hidden.…]}`` is refused everywhere but ``repo``, which the harness never sees."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -55,6 +60,15 @@ class HarnessSpec(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0)
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     network: str = Field(default="gateway", pattern="^(gateway|host)$")
+    sandbox: Literal["bwrap", "none"] = Field(
+        default="bwrap",
+        description='"bwrap": the bubblewrap sandbox (docs/sandbox.md); "none": no isolation at all '
+        "(unsafe for training: the agent can read and change everything the controller can)",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        description="absolute host paths the harness may read (bound read-only into its sandbox)",
+    )
     preset: str | None = None
     model_name: str = "policy"
 
@@ -62,6 +76,23 @@ class HarnessSpec(BaseModel):
     def _command_or_preset(self) -> HarnessSpec:
         if not self.command and not self.preset:
             raise ValueError("set harness.command (an argv list) or harness.preset")
+        return self
+
+    @model_validator(mode="after")
+    def _no_hidden_fields(self) -> HarnessSpec:
+        templates = [(f"command[{i}]", a) for i, a in enumerate(self.command)]
+        templates += [(f"args[{i}]", a) for i, a in enumerate(self.args)]
+        templates += [(f"env.{k}", v) for k, v in self.env.items()]
+        templates += [("files", rel) for rel in self.files]
+        templates += [(f"files[{rel!r}]", content) for rel, content in self.files.items()]
+        templates += [("workdir", self.workdir or "")]
+        for where, template in templates:
+            found = _HIDDEN_PLACEHOLDER.search(template)
+            if found:
+                raise ValueError(
+                    f"harness.{where}: {found.group(0)} is evaluator-only data and would reach the harness "
+                    "(only harness.repo, which the controller copies, may use hidden task fields)"
+                )
         return self
 
 
@@ -98,6 +129,10 @@ class Launch:
     limits: ResourceLimits = field(default_factory=ResourceLimits)
     network: str = "gateway"
     gateway_port: int | None = None
+    sandbox: str = "bwrap"  # "bwrap" | "none"
+    home: Path | None = None  # the attempt's $HOME (writable in the sandbox); default workspace/../home
+    task_file: Path | None = None  # the task as the harness sees it (bound read-only)
+    mounts: tuple[Path, ...] = ()  # more host paths bound read-only (the harness's install, ...)
 
 
 class RunHandle(Protocol):

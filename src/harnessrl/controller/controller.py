@@ -30,7 +30,8 @@ from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runne
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
 from harnessrl.controller.harness import harness_view, render_harness
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
-from harnessrl.sandbox.workspace import prepare_workspace
+from harnessrl.sandbox.bwrap import check_mounts
+from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
 from harnessrl.store.base import Store
 
@@ -59,6 +60,8 @@ class GatewayEndpoint:
 
 
 HarnessResolver = Callable[[Rollout], HarnessSpec]
+
+TAMPER_FINISHED = "tamper_finished"  # the flag of a rollout finished behind its controller's back
 
 
 def _outcome_for(exit_: Exit) -> Outcome | None:
@@ -91,7 +94,9 @@ class Controller:
         self.gateway = gateway
         self._harness = harness
         self.evaluator = evaluator
-        self.run_dir = Path(run_dir)
+        self.run_dir = make_private_dir(Path(run_dir))  # holds the store's neighbours: 0700
+        if isinstance(harness, HarnessSpec):  # a resolver's specs are checked per rollout, at launch
+            check_mounts(harness.mounts, forbidden=[self.run_dir])
         self.config = config or ControllerConfig()
         self.run_id = run_id
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -185,6 +190,7 @@ class Controller:
             shutil.rmtree(workspace)
         harness = self.harness_for(rollout)
         try:
+            check_mounts(harness.mounts, forbidden=[self.run_dir])
             rendered = render_harness(
                 harness,
                 rollout=rollout,
@@ -213,6 +219,10 @@ class Controller:
                 limits=harness.limits,
                 network=harness.network,
                 gateway_port=self.gateway.port,
+                sandbox=harness.sandbox,
+                home=workspace.parent / "home",
+                task_file=rendered.task_file,
+                mounts=tuple(Path(m) for m in harness.mounts),
             )
             handle = await self.runner.launch(launch)
         except HarnessRLError as exc:
@@ -254,7 +264,7 @@ class Controller:
         except EvaluatorError as exc:
             return await self._infra_failure(rollout, f"evaluator failed: {exc}")
 
-        report = audit_rollout(calls, self.config.audit)
+        report = audit_rollout(calls, self.config.audit, workspace=(workspace, workspace.parent / "home"))
         reward = reward_after_audit(float(result.reward), report, self.config.audit)
         if report.rules:
             await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, report.rules)
@@ -272,8 +282,23 @@ class Controller:
             return await asyncio.to_thread(
                 self.store.finish_rollout, rollout.rollout_id, outcome, reward, metadata=_jsonable(metadata)
             )
-        except InvalidTransition:  # cancelled meanwhile
-            return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+        except InvalidTransition:  # cancelled by the run meanwhile, or finished by someone else
+            return await self._finished_elsewhere(rollout.rollout_id)
+
+    async def _finished_elsewhere(self, rollout_id: str) -> Rollout:
+        """Only this controller finishes a rollout it is running. One that is already finished (not
+        cancelled) when the controller comes to finish it was finished by someone else — the agent,
+        with a stolen admin key: its reward is void (0) and it is flagged ``tamper_finished``."""
+        current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
+        if current.status is not RolloutStatus.FINISHED:
+            return current
+        log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
+        return await asyncio.to_thread(
+            self.store.void_rollout,
+            rollout_id,
+            flag=TAMPER_FINISHED,
+            error=f"finished by someone other than its controller (reward {current.reward} voided)",
+        )
 
     async def _watch_cancel(self, rollout_id: str, handle: Any) -> None:
         while True:

@@ -9,7 +9,10 @@ evaluator. Four kinds, chosen by ``type`` in the config:
 - ``python``: ``package.module:function`` called with the ``EvaluationInput``.
 - ``reasoning_gym``: the answer extracted from the final assistant message, scored by the task's
   reasoning-gym dataset.
-- ``exact_match``: the extracted answer against a task field.
+- ``exact_match``: the extracted answer against a hidden task field (``hidden.answer``).
+
+Evaluators see the whole task, ``hidden`` included: that is where a task keeps its answer, gold
+patch or hidden tests, which the harness never sees (``harnessrl.tasks.fields``).
 
 ``validate()`` runs at config time (missing executable, unimportable function, bad regex ->
 ``ConfigError`` naming the field). A failure of the evaluator itself at run time (timeout, crash,
@@ -32,13 +35,18 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from harnessrl.controller.evaluator_command import fill_placeholders, inherited_env, run_command
+from harnessrl.controller.evaluator_command import (
+    EvaluatorSandbox,
+    fill_placeholders,
+    run_command,
+    scrubbed_env,
+)
 from harnessrl.controller.evaluator_types import (
     THINK,
     EvaluationInput,
@@ -48,6 +56,7 @@ from harnessrl.controller.evaluator_types import (
 )
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback, answers_match, extract_answer
+from harnessrl.tasks.fields import HIDDEN, get_field, is_hidden_path
 
 __all__ = [
     "CommandEvaluator",
@@ -85,6 +94,11 @@ class CommandEvaluatorConfig(_Config):
     timeout_s: float = Field(default=120.0, gt=0)
     reward_from: Literal["exit_code", "stdout_float", "json"] = "exit_code"
     env: dict[str, str] = Field(default_factory=dict)
+    mounts: list[str] = Field(
+        default_factory=list,
+        description="more host paths the scorer may read (bound read-only into its sandbox); the "
+        "task's and the command's own absolute paths are bound already",
+    )
     infra_exit_codes: list[int] = Field(
         default_factory=lambda: [125, 126, 127],
         description="exit codes meaning the scorer could not run (125: its sandbox failed)",
@@ -110,7 +124,7 @@ class ReasoningGymEvaluatorConfig(_Config):
 
 class ExactMatchEvaluatorConfig(_Config):
     type: Literal["exact_match"] = "exact_match"
-    field: str = "answer"
+    field: str = Field(default=f"{HIDDEN}.answer", description="dotted path of the gold answer, under hidden")
     pattern: str | None = None
     fallback: AnswerFallback = "none"
     normalize: bool = True
@@ -144,18 +158,21 @@ class Evaluator(Protocol):
 
 
 def build_evaluator(
-    config: EvaluatorConfig | Mapping[str, Any], *, validate: bool = True, argv_prefix: Sequence[str] = ()
+    config: EvaluatorConfig | Mapping[str, Any],
+    *,
+    validate: bool = True,
+    sandbox: EvaluatorSandbox | None = None,
 ) -> Evaluator:
     """The evaluator for ``config``, validated unless ``validate=False``.
 
-    ``argv_prefix`` is prepended to a command evaluator's argv, so the controller can run it inside
-    the same sandbox as the harness (the workspace holds code the policy wrote).
+    ``sandbox`` is how a command evaluator is isolated (default: a fresh bubblewrap sandbox over a
+    copy of the workspace, ``EvaluatorSandbox()``); ``EvaluatorSandbox("none")`` runs it directly.
     """
     if isinstance(config, Mapping):
         config = parse_evaluator_config(config)
     evaluator: Evaluator
     if isinstance(config, CommandEvaluatorConfig):
-        evaluator = CommandEvaluator(config, argv_prefix=argv_prefix)
+        evaluator = CommandEvaluator(config, sandbox=sandbox)
     elif isinstance(config, PythonEvaluatorConfig):
         evaluator = PythonEvaluator(config)
     elif isinstance(config, ReasoningGymEvaluatorConfig):
@@ -182,9 +199,9 @@ _HARNESS_ONLY = re.compile(r"\{(base_url|anthropic_base_url|api_key|model|attemp
 
 
 class CommandEvaluator:
-    def __init__(self, config: CommandEvaluatorConfig, *, argv_prefix: Sequence[str] = ()):
+    def __init__(self, config: CommandEvaluatorConfig, *, sandbox: EvaluatorSandbox | None = None):
         self.config = config
-        self.argv_prefix = list(argv_prefix)
+        self.sandbox = sandbox or EvaluatorSandbox(mounts=tuple(Path(m) for m in config.mounts))
 
     def validate(self) -> None:
         for i, arg in enumerate([*self.config.command, *self.config.env.values()]):
@@ -193,7 +210,7 @@ class CommandEvaluator:
             if bad:
                 raise ConfigError(
                     f"{where}: {bad.group(0)} is not available to evaluators "
-                    "(use {workspace}, {task_file}, {rollout_id}, {prompt}, {task[FIELD]})"
+                    "(use {workspace}, {task_file}, {rollout_id}, {prompt}, {task[FIELD]}, {task[hidden.FIELD]})"
                 )
         exe = self.config.command[0]
         if "{" in exe or ("/" in exe and not os.path.isabs(exe)):
@@ -202,29 +219,44 @@ class CommandEvaluator:
             raise ConfigError(f"evaluator.command[0]: executable {exe!r} not found on PATH")
 
     async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
-        with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:
-            task_file = inp.task_file
-            if task_file is None:
-                task_file = Path(tmp) / "task.json"
-                task_file.write_text(json.dumps(inp.task))
+        with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:  # 0700: the sandbox never sees it
+            scratch = Path(tmp)
+            # The full task (hidden fields included) for the scorer; the harness saw only its view.
+            task_file = scratch / "task.json"
+            task_file.write_text(json.dumps(inp.task))
+            sandboxed = self.sandbox.mode != "none"
+            workspace = (
+                await asyncio.to_thread(self.sandbox.copy_workspace, inp.workspace, scratch)
+                if sandboxed
+                else inp.workspace
+            )
             values = {
-                "workspace": str(inp.workspace),
+                "workspace": str(workspace),
                 "task_file": str(task_file),
                 "rollout_id": inp.rollout_id,
                 "prompt": inp.task.get("prompt"),
                 "task": inp.task,
             }
-            argv = self.argv_prefix + [fill_placeholders(a, values) for a in self.config.command]
-            env = inherited_env()
+            command = [fill_placeholders(a, values) for a in self.config.command]
+            env = scrubbed_env(scratch / "home")
             env.update(
-                HARNESSRL_WORKSPACE=str(inp.workspace),
+                HARNESSRL_WORKSPACE=str(workspace),
                 HARNESSRL_TASK_FILE=str(task_file),
                 HARNESSRL_TASK=json.dumps(inp.task),
                 HARNESSRL_ROLLOUT_ID=inp.rollout_id,
             )
             env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
+            argv = self.sandbox.argv(
+                command,
+                workspace=workspace,
+                original_workspace=inp.workspace,
+                scratch=scratch,
+                task=inp.task,
+                task_file=task_file,
+                env=env,
+            )
             started = time.monotonic()
-            code, out, err = await run_command(argv, inp.workspace, env, self.config.timeout_s, Path(tmp))
+            code, out, err = await run_command(argv, workspace, {}, self.config.timeout_s, scratch)
         details = {
             "exit_code": code,
             "seconds": round(time.monotonic() - started, 3),
@@ -369,14 +401,23 @@ class ExactMatchEvaluator:
     def __init__(self, config: ExactMatchEvaluatorConfig):
         self.config = config
         self._pattern = _compile(config.pattern, "evaluator.pattern")
+        # The gold answer must be where the harness cannot read it.
+        if config.field == HIDDEN:
+            raise ConfigError(f"evaluator.field: name a field under {HIDDEN}, e.g. '{HIDDEN}.answer'")
+        if not is_hidden_path(config.field):
+            raise ConfigError(
+                f"evaluator.field: {config.field!r} is visible to the harness; "
+                f"put it under {HIDDEN} and use '{HIDDEN}.{config.field}'"
+            )
 
     def validate(self) -> None:
         """Nothing to check beyond the pattern, compiled in the constructor."""
 
     async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
-        if self.config.field not in inp.task:
-            raise EvaluatorError(f"exact_match: the task has no field {self.config.field!r}")
-        gold = inp.task[self.config.field]
+        try:
+            gold = get_field(inp.task, self.config.field)
+        except KeyError:
+            raise EvaluatorError(f"exact_match: the task has no field {self.config.field!r}") from None
         golds = [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]  # any of several
         answer = extract_answer(_answer_source(inp, self.config.source), self._pattern, self.config.fallback)
         hit = answer is not None and any(

@@ -3,6 +3,11 @@
 Placeholders like ``{workspace}`` are replaced only when they are one of the known names below, so a
 command can carry shell (``${HOME}``) or JSON braces untouched. The harness's environment is built
 from an allow-list, never inherited wholesale: it must not see the admin key or the host's secrets.
+
+Everything the harness sees is rendered against its view of the task (``harness_view``: no
+``hidden``), and ``{task[hidden.…]}`` there is refused. Only ``harness.repo`` — a folder the
+controller copies into the workspace, never shown to the harness — is rendered against the full task,
+so a task can keep the path of its original repository (whose history holds the fix) hidden.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Rollout
+from harnessrl.tasks.fields import HIDDEN, check_visible, get_field, is_hidden_path
 
 _PLACEHOLDER = re.compile(
     r"\{(rollout_id|attempt|workspace|base_url|anthropic_base_url|api_key|model|task_file|prompt|task\[([^\]\}]+)\])\}"
@@ -49,14 +55,24 @@ class RenderedHarness:
     task_file: Path
 
 
-def fill(template: str, values: dict[str, Any], *, field: str) -> str:
+def fill(template: str, values: dict[str, Any], *, field: str, hidden_ok: bool = False) -> str:
+    """``template`` with its known placeholders replaced; ``{task[a.b]}`` is a dotted path. Hidden
+    paths (``{task[hidden.x]}``) are refused unless ``hidden_ok`` (``harness.repo`` only)."""
+
     def substitute(match: re.Match[str]) -> str:
         name, task_key = match.group(1), match.group(2)
         if task_key is not None:
-            task = values["task"]
-            if task_key not in task:
-                raise ConfigError(f"{field}: the task has no field {task_key!r} (used as {match.group(0)})")
-            value = task[task_key]
+            if is_hidden_path(task_key) and not hidden_ok:
+                raise ConfigError(
+                    f"{field}: {match.group(0)} is evaluator-only data; the harness sees only the task's "
+                    "visible fields (hidden ones may be used in harness.repo and by evaluators)"
+                )
+            try:
+                value = get_field(values["task"], task_key)
+            except KeyError:
+                raise ConfigError(
+                    f"{field}: the task has no field {task_key!r} (used as {match.group(0)})"
+                ) from None
             return value if isinstance(value, str) else json.dumps(value)
         if name == "prompt" and values.get("prompt") is None:
             raise ConfigError(f"{field}: {{prompt}} needs a 'prompt' field in the task")
@@ -65,16 +81,13 @@ def fill(template: str, values: dict[str, Any], *, field: str) -> str:
     return _PLACEHOLDER.sub(substitute, template)
 
 
-HIDDEN_TASK_KEY = "hidden"
-
-
 def harness_view(task: dict[str, Any]) -> dict[str, Any]:
     """The task as the harness may see it: everything but ``task["hidden"]``.
 
     Task data under ``hidden`` (a gold patch, hidden test names, answers) is for evaluators only: it
     never reaches the harness's environment, task file or command line.
     """
-    return {k: v for k, v in task.items() if k != HIDDEN_TASK_KEY}
+    return {k: v for k, v in task.items() if k != HIDDEN}
 
 
 def render_harness(
@@ -85,6 +98,8 @@ def render_harness(
     base_url: str,
     anthropic_base_url: str,
 ) -> RenderedHarness:
+    # A task created through the API skips the task loaders' check: refuse it here, before launch.
+    check_visible(rollout.task, where=f"rollout {rollout.rollout_id}")
     task = harness_view(rollout.task)
     task_file = workspace.parent / "task.json"
     task_file.parent.mkdir(parents=True, exist_ok=True)
@@ -129,7 +144,9 @@ def render_harness(
         for rel, content in spec.files.items()
     }
     cwd = workspace / fill(spec.workdir, values, field="harness.workdir") if spec.workdir else workspace
-    repo = Path(fill(spec.repo, values, field="harness.repo")) if spec.repo else None
+    # The controller copies the repo; the harness never sees its path: the full task, hidden included.
+    full = {**values, "task": rollout.task}
+    repo = Path(fill(spec.repo, full, field="harness.repo", hidden_ok=True)) if spec.repo else None
     return RenderedHarness(argv=argv, env=env, files=files, cwd=cwd, repo=repo, task_file=task_file)
 
 

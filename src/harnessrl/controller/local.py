@@ -1,24 +1,30 @@
 """The local runner: each rollout attempt is a sandboxed process tree on this machine.
 
-Per attempt: a cgroup (memory, process count) when the machine allows, a network namespace that
-reaches only the gateway (through ``GatewayBridge``), rlimits, stdout/stderr logged to files, and a
-deadline after which everything in the attempt is killed. ``aclose`` kills whatever is still running,
-so a controller shutdown leaves no orphans.
+Per attempt: a bubblewrap sandbox (``harnessrl.sandbox.bwrap``: its own user, PID, mount and network
+namespaces, a read-only system, only the workspace and home writable, the gateway reachable through
+``GatewayBridge`` and nothing else), a cgroup (memory, process count, freezer) when the machine
+allows, rlimits, stdout/stderr logged to files, and a deadline after which everything in the
+attempt is killed. ``aclose`` kills whatever is still running, so a controller shutdown leaves no
+orphans.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
-import sys
 from pathlib import Path
 
 from harnessrl.controller.base import Exit, ExitKind, Launch
+from harnessrl.sandbox.bwrap import DEFAULT_PATH, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.enter import SETUP_FAILED
+from harnessrl.sandbox.host import SandboxHost, files_in_argv, shared_host
+
+# The launcher's (and so bwrap's) own environment. The sandboxed command gets the harness's
+# environment from the spec; the controller's environment must reach no process inside.
+LAUNCHER_ENV = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
 
 # Processes of the sandbox wrapper itself (Python + relay threads) count against the pids cap.
 _WRAPPER_PIDS = 16
@@ -85,9 +91,9 @@ class LocalRunHandle:
 class LocalRunner:
     """Runs harnesses as sandboxed subprocesses. ``bridge_path`` is the gateway's Unix bridge socket."""
 
-    def __init__(self, *, bridge_path: str | None, python: str = sys.executable):
+    def __init__(self, *, bridge_path: str | None, host: SandboxHost | None = None):
         self.bridge_path = bridge_path
-        self.python = python
+        self.host = host or shared_host()
         self._handles: set[LocalRunHandle] = set()
 
     async def launch(self, launch: Launch) -> LocalRunHandle:
@@ -99,30 +105,42 @@ class LocalRunner:
             memory_mb=limits.memory_mb,
             max_processes=(limits.max_processes + _WRAPPER_PIDS) if limits.max_processes else None,
         )
-        spec = {
-            "argv": launch.argv,
-            "cwd": str(launch.cwd),
-            "env": launch.env,
-            "network": launch.network,
-            "gateway_port": launch.gateway_port,
-            "gateway_unix_socket": self.bridge_path,
-            "cgroup_dirs": [str(d) for d in group.dirs] if group else [],
-            "limits": {
-                **limits.model_dump(),
-                "cgroup_memory": group is not None and "memory" in group.controllers,
-                "cgroup_pids": group is not None and "pids" in group.controllers,
-            },
-        }
-        spec_path = launch.log_dir / f"sandbox-{launch.attempt}.json"
-        spec_path.write_text(json.dumps(spec))
+        try:
+            home = launch.home or launch.workspace.parent / "home"
+            home.mkdir(parents=True, exist_ok=True)
+            argv = self.host.launch_argv(
+                launch.log_dir / f"sandbox-{launch.attempt}.json",
+                sandbox=launch.sandbox,
+                command=launch.argv,
+                cwd=launch.cwd,
+                env=launch.env,
+                writable=(launch.workspace, home),
+                read_only=(
+                    *python_install_paths(),
+                    *launch.mounts,
+                    *((launch.task_file,) if launch.task_file else ()),
+                    *files_in_argv(launch.argv, inside=launch.workspace),
+                ),
+                network=launch.network,
+                gateway_port=launch.gateway_port,
+                gateway_socket=self.bridge_path,
+                cgroup_dirs=tuple(group.dirs) if group else (),
+                limits={
+                    **limits.model_dump(),
+                    "cgroup_memory": group is not None and "memory" in group.controllers,
+                    "cgroup_pids": group is not None and "pids" in group.controllers,
+                },
+            )
+        except BaseException:
+            if group is not None:
+                group.destroy()
+            raise
         stdout = open(launch.log_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
         stderr = open(launch.log_dir / "stderr.log", "ab")  # noqa: SIM115
         spawn = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
-                self.python,
-                "-m",
-                "harnessrl.sandbox.enter",
-                str(spec_path),
+                *argv,
+                env=LAUNCHER_ENV,  # not the controller's: bwrap's /proc/1/environ is visible inside
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,

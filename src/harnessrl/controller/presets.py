@@ -44,6 +44,12 @@ def _npm_prefix() -> Path | None:
     return None
 
 
+def _npm_mounts() -> list[str]:
+    """What an npm harness must be able to read inside the sandbox: the project-local prefix."""
+    prefix = _npm_prefix()
+    return [str(prefix.resolve())] if prefix is not None else []
+
+
 def _npm_bin(name: str) -> str:
     """An npm harness from the project-local prefix, else the bare name (resolved on PATH)."""
     prefix = _npm_prefix()
@@ -55,6 +61,19 @@ def _npm_bin(name: str) -> str:
 # install.sh puts OpenHands (PyPI ``openhands``, Python 3.12, not 3.11 like harnessrl) into its own venv
 # inside the npm prefix folder: ``.harnesses/openhands-venv``.
 OPENHANDS_VENV = "openhands-venv"
+
+
+def _venv_mounts(venv: Path) -> list[str]:
+    """A venv and the Python install it was made from (``home`` in ``pyvenv.cfg``): what a harness
+    in its own venv must be able to read inside the sandbox."""
+    mounts = [str(venv.resolve())]
+    cfg = venv / "pyvenv.cfg"
+    if cfg.is_file():
+        for line in cfg.read_text().splitlines():
+            key, _, value = line.partition("=")
+            if key.strip() == "home" and value.strip():
+                mounts.append(str(Path(value.strip()).resolve().parent))
+    return mounts
 
 
 def _openhands_bin() -> str | None:
@@ -96,7 +115,7 @@ def mini_swe_agent() -> HarnessSpec:
             "-t",
             "{prompt}",
             "-o",
-            "{workspace}/../trajectory.json",
+            "{workspace}/../home/trajectory.json",  # the attempt's home: writable in the sandbox
         ],
         env={
             "MSWEA_CONFIGURED": "true",
@@ -144,6 +163,7 @@ def claude_code() -> HarnessSpec:
             "ANTHROPIC_DEFAULT_OPUS_MODEL": "{model}",
             "CLAUDE_CODE_SUBAGENT_MODEL": "{model}",
         },
+        mounts=_npm_mounts(),
     )
 
 
@@ -197,6 +217,7 @@ def codex() -> HarnessSpec:
             "{prompt}",
         ],
         env={"RUST_LOG": "error"},
+        mounts=_npm_mounts(),
     )
 
 
@@ -242,6 +263,7 @@ def opencode() -> HarnessSpec:
             "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
             "OPENCODE_DISABLE_CLAUDE_CODE": "1",
         },
+        mounts=_npm_mounts(),
     )
 
 
@@ -293,6 +315,7 @@ def qwen_code() -> HarnessSpec:
             "QWEN_CODE_NO_RELAUNCH": "1",
             "QWEN_CODE_DISABLE_PRECONNECT": "1",
         },
+        mounts=sorted({*_npm_mounts(), settings}),
     )
 
 
@@ -318,6 +341,7 @@ def openhands() -> HarnessSpec:
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "OPENHANDS_SUPPRESS_BANNER": "1",
         },
+        mounts=_venv_mounts(Path(exe).parent.parent) if exe else [],
     )
 
 
@@ -416,5 +440,6 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
         "command": command,
         "env": {**base.env, **spec.env},
         "files": {**base.files, **spec.files},
+        "mounts": [*base.mounts, *(m for m in spec.mounts if m not in base.mounts)],
     }
     return HarnessSpec.model_validate(merged)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -23,17 +22,18 @@ from pydantic import Field, model_validator
 from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
+from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import Evaluator, build_evaluator, parse_evaluator_config
 from harnessrl.controller.harness import check_harness
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
+from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
 from harnessrl.sandbox.proxy import GatewayBridge
+from harnessrl.sandbox.workspace import make_private_dir
 from harnessrl.schemas import Rollout
 from harnessrl.store.base import Store
-
-OFFLINE_PREFIX = [sys.executable, "-m", "harnessrl.sandbox.enter", "--"]
 
 
 class RolloutConfig(Section):
@@ -56,15 +56,28 @@ class RolloutConfig(Section):
         return self
 
 
-def prepare(config: RolloutConfig) -> tuple[HarnessSpec, Evaluator]:
-    """Resolve the harness preset and validate harness and evaluator before anything starts."""
+def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[HarnessSpec, Evaluator]:
+    """Resolve the harness preset and validate harness, sandbox and evaluator before anything starts.
+
+    With the local runner the sandbox must be able to run here (``harness.sandbox = "bwrap"``) and
+    no mount may expose ``run_dir`` or the store; a problem is a ``ConfigError`` naming the field.
+    """
     harness = apply_preset(config.harness)
     if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
         check_harness(harness)
-    # Command evaluators run code the policy wrote: give them no network either (unless the
-    # harness itself was allowed the host network, e.g. for debugging).
-    prefix = OFFLINE_PREFIX if harness.network == "gateway" else []
-    evaluator = build_evaluator(config.evaluator, validate=True, argv_prefix=prefix)
+        require_sandbox(harness.sandbox)
+        forbidden = [run_dir] if run_dir is not None else []
+        if config.store is None and run_dir is not None:
+            forbidden.append(run_dir / "harnessrl.db")
+        elif config.store is not None and "://" not in config.store.url:
+            forbidden.append(Path(config.store.url))
+        check_mounts(harness.mounts, forbidden=forbidden)
+    evaluator_config = parse_evaluator_config(config.evaluator)
+    mounts = getattr(evaluator_config, "mounts", [])
+    check_mounts(mounts, forbidden=[run_dir] if run_dir is not None else [], field="evaluator.mounts")
+    # Command evaluators run code the policy wrote: a sandbox of their own, like the harness's.
+    sandbox = EvaluatorSandbox(mode=harness.sandbox, mounts=tuple(Path(m) for m in mounts))
+    evaluator = build_evaluator(evaluator_config, validate=True, sandbox=sandbox)
     return harness, evaluator
 
 
@@ -90,8 +103,8 @@ async def local_stack(
     from harnessrl.gateway.server import serve_in_thread
     from harnessrl.store import open_store
 
-    harness, evaluator = prepare(config)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    harness, evaluator = prepare(config, run_dir)
+    make_private_dir(run_dir)
     own_store = store is None
     if store is None:
         url = config.store.url if config.store else str(run_dir / "harnessrl.db")

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError
+from harnessrl.tasks.fields import EVALUATOR_ONLY, HIDDEN
 
 Record = dict[str, Any]
 
 # Fields the pipeline adds; ``to_task`` leaves them out of what the harness sees.
 PIPELINE_FIELDS = ("calibration",)
-# Fields that would hand the agent the answer: moved under task["hidden"], which evaluators see and
-# the harness never does (harnessrl.controller.harness.harness_view).
-HIDDEN_FIELDS = ("patch", "test_patch", "gold_patch")
+# The test lists, decoded; like every other evaluator-only field they go under task["hidden"].
+TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
 def read_records(path: str | Path) -> list[Record]:
@@ -131,23 +131,24 @@ def repo_of(record: Record) -> str:
 
 
 def to_task(record: Record) -> dict[str, Any]:
-    """The task data a harness sees for a record (``{prompt}``, ``{task[FIELD]}`` in the harness spec).
+    """The task data for a record: what a harness sees (``{prompt}``, ``{task[FIELD]}``) and, under
+    ``hidden``, what only evaluators and ``harness.repo`` see (``{task[hidden.FIELD]}``).
 
-    Every original field is kept (``{task[image_name]}``, ``{task[repo]}`` work as written), the
-    test lists are decoded to lists, and ``prompt``/``task_id``/``branch`` are added. The gold patch
-    and test patch go under ``hidden`` (``{task[hidden]}`` is for evaluators; harnesses never see it).
+    Every original field is kept (``{task[image_name]}``, ``{task[repo]}`` work as written) and
+    ``prompt``/``task_id``/``branch`` are added. Every evaluator-only field
+    (``harnessrl.tasks.fields.EVALUATOR_ONLY``: ``patch``, ``test_patch``, the test lists, decoded to
+    lists, ``answer``...) moves under ``hidden``, merged with the record's own ``hidden`` object.
     """
-    task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS and k not in HIDDEN_FIELDS}
-    hidden = {k: record[k] for k in HIDDEN_FIELDS if k in record}
-    if hidden:
-        task["hidden"] = {**task.get("hidden", {}), **hidden}
+    task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS and k not in EVALUATOR_ONLY}
+    hidden = dict(record.get(HIDDEN) or {})
+    hidden.update({k: v for k, v in record.items() if k in EVALUATOR_ONLY})
+    hidden.update({name: tests_of(record, name) for name in TEST_LISTS})
+    task[HIDDEN] = hidden
     task.update(
         {
             "task_id": instance_id(record),
             "prompt": text_field(record, "problem_statement"),
             "branch": branch_ref(record),
-            "FAIL_TO_PASS": tests_of(record, "FAIL_TO_PASS"),
-            "PASS_TO_PASS": tests_of(record, "PASS_TO_PASS"),
         }
     )
     return task

@@ -40,7 +40,7 @@ class ResourceGroup:
 
     dirs: list[Path]
     version: int
-    controllers: frozenset[str]  # which limits are enforced by the kernel: {"memory", "pids"}
+    controllers: frozenset[str]  # what the kernel does for us: {"memory", "pids", "freezer"}
 
     @classmethod
     def create(cls, name: str, *, memory_mb: int | None, max_processes: int | None) -> ResourceGroup | None:
@@ -65,6 +65,7 @@ class ResourceGroup:
         for controller, limit_file, value in (
             ("memory", "memory.limit_in_bytes", memory_mb * 1024 * 1024 if memory_mb else None),
             ("pids", "pids.max", max_processes),
+            ("freezer", None, None),  # no limit: it lets kill_all stop the whole tree before killing it
         ):
             base = CGROUP_ROOT / controller / _own_v1_path(controller)
             if not _writable_dir(base):
@@ -72,7 +73,7 @@ class ResourceGroup:
             group = base / "harnessrl" / name
             try:
                 group.mkdir(parents=True, exist_ok=True)
-                if value is not None:
+                if limit_file is not None and value is not None:
                     (group / limit_file).write_text(str(value))
                 if controller == "memory":
                     with contextlib.suppress(OSError):  # no swap accounting on some kernels
@@ -96,7 +97,25 @@ class ResourceGroup:
         return found
 
     def kill_all(self, rounds: int = 20) -> None:
-        """SIGKILL every process in the group, repeating while a fork bomb keeps making new ones."""
+        """SIGKILL every process in the group: with ``cgroup.kill`` (v2) or frozen first (v1 freezer),
+        so nothing can fork while it is being killed; else repeatedly while new processes appear."""
+        for group in self.dirs:
+            with contextlib.suppress(OSError):
+                if (group / "cgroup.kill").exists():
+                    (group / "cgroup.kill").write_text("1")
+        freezer = next((d for d in self.dirs if (d / "freezer.state").exists()), None)
+        if freezer is not None and self.pids():
+            with contextlib.suppress(OSError):
+                (freezer / "freezer.state").write_text("FROZEN")
+                for _ in range(100):  # freezing is asynchronous; a tree is frozen within milliseconds
+                    if (freezer / "freezer.state").read_text().strip() == "FROZEN":
+                        break
+                    time.sleep(0.005)
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):  # the queued SIGKILLs take effect when it thaws
+                (freezer / "freezer.state").write_text("THAWED")
         for _ in range(rounds):
             pids = self.pids()
             if not pids:

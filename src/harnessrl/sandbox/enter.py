@@ -1,96 +1,31 @@
-"""The first process inside a sandbox: ``python -m harnessrl.sandbox.enter SPEC.json``.
+"""The host side of a sandbox launch: ``python -m harnessrl.sandbox.enter SPEC.json``.
 
-It (1) joins the rollout's cgroups, (2) moves itself into a fresh network namespace whose only
-interface is loopback, (3) listens on ``127.0.0.1:<port>`` there and relays every connection to the
-gateway through a Unix socket on the host's filesystem (filesystems are shared; networks are not),
-(4) starts the harness with rlimits in its own process group, and (5) exits with the harness's
-status. So the harness reaches the gateway at the usual ``http://127.0.0.1:<port>`` and nothing else:
-no other host port, no outside address, no DNS.
+It runs as the controller's user (root on our machines), single-threaded, between the controller
+and ``bwrap``: (1) it joins the attempt's cgroups, so everything started below is counted and can
+be killed as one; (2) it sets the rlimits, which every process below inherits; (3) it starts
+``bwrap`` with the seccomp filter on an inherited descriptor and reads bwrap's JSON status, so a
+sandbox that failed to start (exit 125) is told apart from a harness that exited non-zero; (4) it
+exits with the sandboxed command's status. With ``"bwrap_argv": null`` (``sandbox = "none"``) it
+runs the command directly: cgroups and rlimits only, no isolation.
 
-The spec is JSON written by the local runner. ``enter -- CMD...`` instead runs one command with no
-network at all (see ``offline``). Exit status: the harness's own, or
-128 + signal number if it was killed; 125 if the sandbox itself could not be set up (an
-infrastructure failure).
+Exit status: the command's own; ``128 + N`` if it was killed by signal ``N``; 125 if the sandbox
+could not be set up (an infrastructure failure); 127 if the command could not be started.
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import fcntl
 import json
 import os
 import resource
-import socket
-import struct
 import subprocess
 import sys
-import threading
 from typing import Any
 
-CLONE_NEWNET = 0x40000000
-CLONE_NEWUSER = 0x10000000
-SIOCGIFFLAGS = 0x8913
-SIOCSIFFLAGS = 0x8914
-IFF_UP = 0x1
 SETUP_FAILED = 125
+CANNOT_START = 127
 
 
-def unshare_network() -> None:
-    """Enter a new, empty network namespace (as root; else try a user namespace too)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(CLONE_NEWNET) == 0:
-        return
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
-        return
-    err = ctypes.get_errno()
-    raise OSError(err, f"unshare(CLONE_NEWNET) failed: {os.strerror(err)}")
-
-
-def loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        request = struct.pack("16sH", b"lo", 0)
-        flags = struct.unpack("16sH", fcntl.ioctl(sock, SIOCGIFFLAGS, request)[:18])[1]
-        fcntl.ioctl(sock, SIOCSIFFLAGS, struct.pack("16sH", b"lo", flags | IFF_UP))
-
-
-def _pipe(src: socket.socket, dst: socket.socket) -> None:
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
-
-
-def _relay(client: socket.socket, unix_path: str) -> None:
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        upstream.connect(unix_path)
-    except OSError:
-        client.close()
-        upstream.close()
-        return
-    threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-    _pipe(client, upstream)
-    client.close()
-    upstream.close()
-
-
-def serve_relay(listener: socket.socket, unix_path: str) -> None:
-    while True:
-        try:
-            client, _ = listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=_relay, args=(client, unix_path), daemon=True).start()
-
-
-def _child_limits(limits: dict[str, Any]) -> None:
-    """Runs in the child between fork and exec: rlimits are per process, so set them here."""
+def _set_limits(limits: dict[str, Any]) -> None:
     if limits.get("cpu_seconds"):
         resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
     if limits.get("memory_mb") and not limits.get("cgroup_memory"):
@@ -100,60 +35,51 @@ def _child_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
 
 
-def offline(argv: list[str]) -> int:
-    """``python -m harnessrl.sandbox.enter -- CMD...``: run CMD with no network at all (a fresh
-    namespace with only loopback), in this environment and folder. Evaluators use it: they run code
-    the policy wrote (tests, conftest.py), which must not reach anything either."""
+def _run_bwrap(argv: list[str], seccomp_file: str) -> int:
+    """Start bwrap, telling it the filter and a status pipe; 125 if the child never started."""
+    filter_fd = os.open(seccomp_file, os.O_RDONLY)
+    status_read, status_write = os.pipe()
+    full = [argv[0], "--seccomp", str(filter_fd), "--json-status-fd", str(status_write), *argv[1:]]
     try:
-        unshare_network()
-        loopback_up()
-    except OSError as exc:
-        print(f"harnessrl sandbox: setup failed: {exc}", file=sys.stderr, flush=True)
-        return SETUP_FAILED
-    try:
-        os.execvp(argv[0], argv)
+        proc = subprocess.Popen(full, pass_fds=(filter_fd, status_write), stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
-        return 127
+        return SETUP_FAILED
+    finally:
+        os.close(filter_fd)
+        os.close(status_write)
+    started = False
+    with os.fdopen(status_read, "rb") as status:
+        for line in status:  # bwrap writes one JSON object per line: child-pid first, exit-code last
+            try:
+                started = started or "child-pid" in json.loads(line)
+            except ValueError:
+                continue
+    code = proc.wait()
+    if not started:
+        print(f"harnessrl sandbox: bwrap failed to set up the sandbox (exit {code})", file=sys.stderr)
+        return SETUP_FAILED
+    return 128 - code if code < 0 else code
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) > 2 and argv[1] == "--":
-        return offline(argv[2:])
     with open(argv[1]) as f:
         spec = json.load(f)
     try:
         for group in spec.get("cgroup_dirs", []):
             with open(os.path.join(group, "cgroup.procs"), "w") as procs:
                 procs.write(str(os.getpid()))
-        listener = None
-        if spec["network"] == "gateway":
-            unshare_network()
-            loopback_up()
-            if spec.get("gateway_unix_socket"):
-                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                listener.bind(("127.0.0.1", int(spec["gateway_port"])))
-                listener.listen(128)
+        _set_limits(spec.get("limits", {}))
     except OSError as exc:
         print(f"harnessrl sandbox: setup failed: {exc}", file=sys.stderr, flush=True)
         return SETUP_FAILED
-    limits = spec.get("limits", {})
-    try:
-        child = subprocess.Popen(
-            spec["argv"],
-            cwd=spec["cwd"],
-            env=spec["env"],
-            stdin=subprocess.DEVNULL,
-            preexec_fn=lambda: _child_limits(limits),  # no threads exist yet in this process
-        )
+    if spec.get("bwrap_argv"):
+        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"])
+    try:  # sandbox = "none"
+        child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
-        return 127
-    if listener is not None:
-        threading.Thread(
-            target=serve_relay, args=(listener, spec["gateway_unix_socket"]), daemon=True
-        ).start()
+        return CANNOT_START
     code = child.wait()
     return 128 - code if code < 0 else code
 

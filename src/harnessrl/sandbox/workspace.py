@@ -44,6 +44,14 @@ def hide_git_history(repo: Path, mode: str) -> None:
         _git(repo, "commit", "-q", "--allow-empty", "-m", "task snapshot")
 
 
+def make_private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) and make it 0700: run folders hold the store, every task with its
+    hidden data, and the rollouts' keys; only the controller's user may enter them."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o700)
+    return path
+
+
 def prepare_workspace(
     workspace: Path, *, repo: Path | None, files: dict[str, str], git_history: str = "squash"
 ) -> None:

@@ -98,6 +98,10 @@ class Store(Protocol):
         """End a rollout with an outcome and reward (finished, or failed for an infra failure).
         ``metadata`` is merged into the rollout's metadata (e.g. evaluator output)."""
 
+    def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
+        """A finished rollout whose result cannot be trusted (it was finished by someone other than its
+        controller): reward 0, outcome ``policy_failure``, ``flag`` added to its flags, ``error`` set."""
+
     def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
         """running -> queued with ``attempt + 1`` (retry after an infrastructure failure)."""
 

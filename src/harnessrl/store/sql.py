@@ -240,6 +240,20 @@ class SQLStore:
                 changes["error"] = error
             return self._update(conn, rollout_id, **changes)
 
+    def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
+        with self._write() as conn:
+            row = self._rollout_row(conn, rollout_id)
+            flags = load_json(row["flags"]) or []
+            return self._update(
+                conn,
+                rollout_id,
+                status=RolloutStatus.FINISHED.value,
+                outcome=Outcome.POLICY_FAILURE.value,
+                reward=0.0,
+                error=error,
+                flags=dump_json([*flags, flag] if flag not in flags else flags),
+            )
+
     def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)

@@ -16,6 +16,7 @@ WAL needs shared memory, so the file must be on a local filesystem (not NFS).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -56,6 +57,11 @@ class SQLiteStore(SQLStore):
         self._conn = self._connect()
         with self._write() as conn:
             migrate_sqlite(conn, where=f"store {self.path!r}")
+        if self.path != ":memory:" and not self.path.startswith("file:"):
+            # Every task with its hidden data and every rollout key: readable by its owner only (the
+            # WAL and shared-memory files SQLite creates next to it copy these permissions).
+            with contextlib.suppress(OSError):
+                os.chmod(self.path, 0o600)
 
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue

@@ -1,8 +1,12 @@
 """Tasks as JSON Lines: one task per line, loaded for a run and saved for the next.
 
 A line is either a full ``Task`` record (``{"task_id": ..., "split": ..., "data": {...}}``) or just
-the task's data (``{"prompt": ..., "answer": ...}``), which gets ``task_id`` from its own
+the task's data (``{"prompt": ..., "hidden": {"answer": ...}}``), which gets ``task_id`` from its own
 ``task_id``/``id`` field or ``<file stem>-<line number>``. Errors name the file and line.
+
+The harness sees every top-level field of a task's data; a line with an evaluator-only name at top
+level (``answer``, ``solution``, ``gold_patch``... ``harnessrl.tasks.fields.EVALUATOR_ONLY``) is
+refused: such data belongs under ``hidden``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from pydantic import ValidationError
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
+from harnessrl.tasks.fields import check_visible
 
 _RECORD_KEYS = frozenset(Task.model_fields)
 
@@ -47,6 +52,7 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
                 task = Task(task_id=str(task_id), data=obj)
         except ValidationError as exc:
             raise ConfigError(f"tasks: {where}: {exc.errors()[0]['msg']}") from exc
+        check_visible(task.data, where=f"tasks: {where}")
         if split is not None:
             task = task.model_copy(update={"split": split})
         if task.task_id in seen:

@@ -1,9 +1,14 @@
 """reasoning-gym as a task source, and the scoring the ``reasoning_gym`` evaluator calls.
 
-Each task's data carries the reasoning-gym entry (``question``, ``answer``, ``metadata``) *and* how
-to regenerate it (``dataset``, ``config``, ``seed``, ``size``, ``index``), so scoring uses the
+Each task's data carries the reasoning-gym entry *and* how to regenerate it, so scoring uses the
 dataset's own ``score_answer`` on exactly the entry that was asked, with its native metadata types
-(tuples, sets) rather than their JSON round-trip.
+(tuples, sets) rather than their JSON round-trip. The harness sees only ``prompt``, ``question`` and
+``dataset``; the answer, the entry's ``metadata`` (some datasets keep the solution there) and the
+regeneration data (``config``, ``seed``, ``size``, ``index``: enough to rebuild the answer) are under
+``hidden``::
+
+    {"prompt", "question", "dataset",
+     "hidden": {"answer", "metadata", "config", "seed", "size", "index"}}
 
 Seeds: reasoning-gym builds item ``i`` of a dataset with seed ``s`` from ``Random(s + i)``. Two
 task lists overlap whenever their ``[seed, seed + size)`` ranges do: 4000 train items at seed 2000
@@ -22,6 +27,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
+from harnessrl.tasks.fields import HIDDEN
 
 PROMPT_SUFFIX = (
     '\n\nWork it out, then end your reply with a final line of the form "Answer: X" '
@@ -80,13 +86,15 @@ def reasoning_gym_tasks(
         data = {
             "prompt": entry["question"] + PROMPT_SUFFIX,
             "question": entry["question"],
-            "answer": entry["answer"],
             "dataset": dataset,
-            "config": json.loads(config_json),
-            "seed": seed,
-            "size": size,
-            "index": index,
-            "metadata": _jsonable(entry.get("metadata", {})),
+            HIDDEN: {
+                "answer": entry["answer"],
+                "metadata": _jsonable(entry.get("metadata", {})),
+                "config": json.loads(config_json),
+                "seed": seed,
+                "size": size,
+                "index": index,
+            },
         }
         tasks.append(Task(task_id=task_id_for(dataset, seed, index, config), split=split, data=data))
     return tasks
@@ -95,29 +103,32 @@ def reasoning_gym_tasks(
 def score_answer(task: Mapping[str, Any], answer: str | None) -> float:
     """The dataset's own score (0..1, partial credit included) of ``answer`` for ``task``'s data.
 
-    Regenerates the entry from (dataset, config, seed, size, index) when the task has them and the
-    regenerated question matches; otherwise (another reasoning-gym version, hand-written tasks)
-    scores against the stored ``question``/``answer``/``metadata``.
+    Regenerates the entry from ``dataset`` and ``hidden`` (config, seed, size, index) when the task
+    has them and the regenerated question matches; otherwise (another reasoning-gym version,
+    hand-written tasks) scores against ``question`` and the hidden ``answer``/``metadata``.
     """
-    name = task.get("dataset") or (task.get("metadata") or {}).get("source_dataset")
+    hidden = task.get(HIDDEN) or {}
+    name = task.get("dataset") or (hidden.get("metadata") or {}).get("source_dataset")
     if not name:
         raise ValueError("the task has no reasoning-gym 'dataset' field")
-    config_json = _config_json(task.get("config"))
+    config_json = _config_json(hidden.get("config"))
     entry = None
-    if task.get("seed") is not None and task.get("index") is not None:
-        index = int(task["index"])
-        ds = _dataset(name, config_json, int(task["seed"]), int(task.get("size") or index + 1))
+    if hidden.get("seed") is not None and hidden.get("index") is not None:
+        index = int(hidden["index"])
+        ds = _dataset(name, config_json, int(hidden["seed"]), int(hidden.get("size") or index + 1))
         generated = ds[index]
         if "question" not in task or generated["question"] == task["question"]:
             entry = generated
     if entry is None:
-        if "answer" not in task:
-            raise ValueError("the task has neither (seed, index) to regenerate it nor an 'answer'")
+        if "answer" not in hidden:
+            raise ValueError(
+                "the task has neither hidden (seed, index) to regenerate it nor a 'hidden.answer'"
+            )
         ds = _dataset(name, config_json, 0, 1)
         entry = {
             "question": task.get("question", ""),
-            "answer": task["answer"],
-            "metadata": task.get("metadata") or {},
+            "answer": hidden["answer"],
+            "metadata": hidden.get("metadata") or {},
         }
     return float(ds.score_answer(answer, entry))
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
+from harnessrl.tasks.fields import HIDDEN, check_visible
 from harnessrl.trainer.config import TaskSource
 
 TRAIN_KIND = "train"
@@ -63,10 +64,13 @@ def load_task_source(source: TaskSource, *, split: str, base_dir: Path | None = 
         raise ConfigError(f"{split} tasks: the source produced no tasks")
     if source.prompt_template:
         for task in tasks:
+            visible = {k: v for k, v in task.data.items() if k != HIDDEN}  # the prompt reaches the harness
             try:
-                task.data["prompt"] = source.prompt_template.format(**task.data)
+                task.data["prompt"] = source.prompt_template.format(**visible)
             except (KeyError, IndexError) as exc:
                 raise ConfigError(f"{split}.prompt_template: the task has no field {exc}") from exc
+    for task in tasks:  # every source, inline items and SWE-smith records included
+        check_visible(task.data, where=f"{split} tasks: task {task.task_id!r}")
     return tasks
 
 

@@ -37,7 +37,7 @@ def build_launch(root: Path, rollout_id: str = "r1", attempt: int = 0, **overrid
             "HARNESSRL_ROLLOUT_ID": rollout_id,
             "MODEL": "policy",
         },
-        task={"prompt": "What is 2+2?", "answer": "4"},
+        task={"prompt": "What is 2+2?"},  # the harness's view: no hidden answer
         files={"agent.py": "print('hi')\n"},
         workspace=workspace,
         cwd=workspace,

@@ -22,7 +22,10 @@ Layout of ``OUT``::
 The gold fix stays in each repository's history: the sandbox's ``git_history = "squash"`` hides it,
 and the red-team test shows what happens without that. Everything is deterministic: the same
 HumanEval version, seed and options give the same bytes (commits use fixed dates and authors).
-Records hold absolute paths (``repo_path``, ``hidden_tests``), so build where the runs will read.
+Records hold absolute paths (``hidden.repo_path``, ``hidden.tests``), so build where the runs will
+read. Both are under ``hidden``: the harness never learns where the original repository (whose
+history holds the fix) or the hidden tests are; the controller copies the repository
+(``harness.repo = "{task[hidden.repo_path]}"``) and the evaluator runs ``{task[hidden.tests]}/evaluate``.
 """
 
 from __future__ import annotations
@@ -310,8 +313,8 @@ def _write_task(staging: Path, task: _Planned, split: SplitChecks | None) -> str
 
 
 def _record(out: Path, task: _Planned) -> dict[str, Any]:
-    """A SWE-smith-shaped record. Everything in it reaches the harness (``HARNESSRL_TASK``), so the
-    gold patch and the mutation stay in the hidden folder, not here."""
+    """A SWE-smith-shaped record. ``to_task`` moves the test lists under ``hidden``, beside the two
+    paths; the gold patch and the mutation stay in the hidden folder, not here."""
     repo = out / "repos" / task.instance_id
     num = task.problem["task_id"].split("/")[-1]
     return {
@@ -322,9 +325,8 @@ def _record(out: Path, task: _Planned) -> dict[str, Any]:
         "problem_statement": task.statement,
         "FAIL_TO_PASS": task.fail_to_pass,
         "PASS_TO_PASS": task.pass_to_pass,
-        "repo_path": str(repo),
-        "hidden_tests": str(out / "hidden" / task.instance_id),
         "source": task.problem["task_id"],
+        "hidden": {"repo_path": str(repo), "tests": str(out / "hidden" / task.instance_id)},
     }
 
 

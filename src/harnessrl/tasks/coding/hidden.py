@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.tasks.fields import HIDDEN
 
 # Passed to pytest from the evaluator's environment; everything else (PYTEST_ADDOPTS...) is dropped.
 _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
@@ -147,11 +148,13 @@ def _junit_outcomes(xml_path: Path) -> dict[tuple[str, str], str]:
 def evaluate_task(
     task: dict[str, Any], hidden: Path, workspace: Path, *, timeout_s: float = 60.0
 ) -> dict[str, Any]:
-    """Restore the hidden files, run FAIL_TO_PASS + PASS_TO_PASS; the evaluator's JSON result."""
-    fail_to_pass = [str(t) for t in task.get("FAIL_TO_PASS") or []]
-    pass_to_pass = [str(t) for t in task.get("PASS_TO_PASS") or []]
+    """Restore the hidden files, run FAIL_TO_PASS + PASS_TO_PASS (under the task's ``hidden``, as
+    ``harnessrl.data.to_task`` puts them); the evaluator's JSON result."""
+    hidden_data = task.get(HIDDEN) or {}
+    fail_to_pass = [str(t) for t in hidden_data.get("FAIL_TO_PASS") or []]
+    pass_to_pass = [str(t) for t in hidden_data.get("PASS_TO_PASS") or []]
     if not fail_to_pass:
-        raise HiddenTestsError("the task lists no FAIL_TO_PASS tests")
+        raise HiddenTestsError("the task lists no hidden.FAIL_TO_PASS tests")
     restore_files(hidden / "files", workspace)
     run = run_tests(workspace, fail_to_pass + pass_to_pass, timeout_s=timeout_s)
     failed = [t for t in fail_to_pass + pass_to_pass if not run.passed(t)]

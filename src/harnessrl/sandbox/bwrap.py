@@ -1,0 +1,274 @@
+"""What a sandboxed process sees, as a bubblewrap command line (``bwrap_argv`` is a pure function).
+
+Every harness attempt and every command evaluator runs under ``bwrap`` (Debian ``bubblewrap``):
+
+- new user, PID, mount, IPC, UTS and cgroup namespaces; inside, the process is uid/gid 1000 with no
+  capabilities, ``no_new_privs`` and the seccomp filter of ``seccomp.py``; nested user namespaces
+  are disabled; it dies with its parent and runs in a new terminal session;
+- a fresh root: the system directories (``/usr`` and the ``/bin``, ``/lib*`` links), a minimal
+  ``/etc`` (a made-up ``passwd``/``group``/``hosts``, the loader cache, certificates), the Python
+  that runs harnessrl (its venv and base install) and the harness installs, all **read-only**; the
+  attempt's workspace and home **writable**; a private ``/tmp``, ``/dev`` and ``/proc``. Nothing
+  else of the host exists inside: not the run folder, the store, other attempts, task files,
+  hidden data, the project checkout, the host's ``/tmp`` or home folders;
+- its own network namespace with only loopback (``network = "gateway"``), where ``init.py`` relays
+  ``127.0.0.1:<gateway port>`` to the gateway's Unix socket, bound as the only way out.
+
+Paths keep their host names inside (the workspace is at the same absolute path), so placeholders
+such as ``{workspace}`` mean the same thing on both sides.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harnessrl.errors import ConfigError
+
+SANDBOX_UID = 1000
+SANDBOX_GID = 1000
+INIT_PATH = "/run/harnessrl/init.py"  # where init.py is bound inside
+GATEWAY_SOCKET = "/run/harnessrl/gateway.sock"  # where the gateway bridge socket is bound inside
+HOSTNAME = "harnessrl-sandbox"
+
+# Top-level system folders bound read-only (or recreated as the same symlink, on merged-/usr systems).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+# Files and folders of the host's /etc that programs need and that hold no secrets.
+ETC_ENTRIES = (
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "nsswitch.conf",
+    "host.conf",
+    "gai.conf",
+    "protocols",
+    "services",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+    "terminfo",
+    "magic",
+    "magic.mime",
+    "shells",
+    "gitconfig",
+    "python3",
+    "python3.11",
+    "python3.12",
+    "java-17-openjdk",
+    "fonts",
+)
+# Made up for the sandbox (written by ``write_etc``), never the host's.
+SANDBOX_ETC = {
+    "passwd": (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"agent:x:{SANDBOX_UID}:{SANDBOX_GID}:harnessrl sandbox:/nonexistent:/bin/sh\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    ),
+    "group": f"root:x:0:\nagent:x:{SANDBOX_GID}:\nnogroup:x:65534:\n",
+    "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
+    "hostname": f"{HOSTNAME}\n",
+}
+# What a sandboxed process inherits from nowhere: PATH is rebuilt, the rest is the caller's choice.
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One sandbox: what is bound where, the environment, and how it reaches the network.
+
+    ``read_only`` and ``writable`` are host paths bound at the same path inside. ``network`` is
+    ``"gateway"`` (loopback only, ``gateway_port`` relayed to ``gateway_socket``), ``"none"``
+    (loopback only, nothing relayed) or ``"host"`` (the host's network: debugging only).
+    """
+
+    command: list[str]
+    cwd: Path
+    env: dict[str, str]
+    etc_dir: Path  # holds the SANDBOX_ETC files
+    writable: tuple[Path, ...] = ()
+    read_only: tuple[Path, ...] = ()
+    network: str = "gateway"
+    gateway_port: int | None = None
+    gateway_socket: str | None = None
+    init_python: str = field(default_factory=lambda: os.path.realpath(sys.executable))
+
+
+def write_etc(folder: Path) -> Path:
+    """Write the made-up ``/etc`` files into ``folder`` (created 0700; the files are 0644)."""
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for name, content in SANDBOX_ETC.items():
+        path = folder / name
+        if not path.is_file() or path.read_text() != content:
+            path.write_text(content)
+            path.chmod(0o644)
+    return folder
+
+
+def python_install_paths() -> tuple[Path, ...]:
+    """The interpreter harnessrl runs on: its venv (``sys.prefix``) and the base install."""
+    paths = {Path(sys.prefix), Path(sys.base_prefix), Path(os.path.realpath(sys.executable)).parent.parent}
+    return tuple(sorted(p for p in paths if not _is_system(p)))
+
+
+def _is_system(path: Path) -> bool:
+    return any(path == Path(d) or path.is_relative_to(d) for d in SYSTEM_DIRS)
+
+
+def _covered(path: Path, mounted: list[Path]) -> bool:
+    return any(path == m or path.is_relative_to(m) for m in mounted)
+
+
+def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
+    """The full ``bwrap`` command line for ``layout`` (``--seccomp`` is added by the launcher)."""
+    argv = [
+        bwrap,
+        "--unshare-all",  # ipc, pid, net, uts, cgroup (and user only if it can: made explicit below)
+        "--unshare-user",
+        *(["--share-net"] if layout.network == "host" else []),
+        "--uid",
+        str(SANDBOX_UID),
+        "--gid",
+        str(SANDBOX_GID),
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--hostname",
+        HOSTNAME,
+        "--clearenv",
+    ]
+    for key, value in sorted(layout.env.items()):
+        argv += ["--setenv", key, value]
+    mounted: list[Path] = []
+    for name in SYSTEM_DIRS:
+        path = Path(name)
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(path), name]
+        elif path.is_dir():
+            argv += ["--ro-bind", name, name]
+            mounted.append(path)
+    etc = Path("/etc")
+    for name in ETC_ENTRIES:
+        if (etc / name).exists():
+            argv += ["--ro-bind", str(etc / name), str(etc / name)]
+    for name in SANDBOX_ETC:
+        argv += ["--ro-bind", str(layout.etc_dir / name), str(etc / name)]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    # Parents before children, so a deeper bind lands on top of (inside) a shallower one.
+    for path in sorted(set(layout.read_only), key=lambda p: (len(p.parts), str(p))):
+        if _covered(path, mounted) or not path.exists():
+            continue
+        argv += ["--ro-bind", str(path), str(path)]
+        mounted.append(path)
+    for path in sorted(set(layout.writable), key=lambda p: (len(p.parts), str(p))):
+        argv += ["--bind", str(path), str(path)]
+    argv += ["--ro-bind", str(Path(__file__).with_name("init.py")), INIT_PATH]
+    port = 0
+    if layout.network == "gateway" and layout.gateway_socket and layout.gateway_port:
+        argv += ["--ro-bind", layout.gateway_socket, GATEWAY_SOCKET]
+        port = layout.gateway_port
+    argv += ["--chdir", str(layout.cwd), "--"]
+    argv += [layout.init_python, "-I", "-S", INIT_PATH, str(port), GATEWAY_SOCKET, "--", *layout.command]
+    return argv
+
+
+# ----------------------------------------------------------------------------------------------------
+# Is the sandbox available here?
+# ----------------------------------------------------------------------------------------------------
+
+
+def find_bwrap() -> str | None:
+    """The ``bwrap`` executable: ``$HARNESSRL_BWRAP`` if set (tests point it elsewhere), else PATH."""
+    configured = os.environ.get("HARNESSRL_BWRAP")
+    if configured is not None:
+        return configured if os.access(configured, os.X_OK) else None
+    return shutil.which("bwrap")
+
+
+_PROBED: dict[str, str | None] = {}
+
+
+def sandbox_problem() -> str | None:
+    """Why the bubblewrap sandbox cannot run on this machine, or ``None`` when it can (probed once)."""
+    bwrap = find_bwrap()
+    if bwrap is None:
+        return (
+            "bubblewrap (bwrap) is not installed: install it (Debian/Ubuntu: apt-get install bubblewrap) "
+            'or set harness.sandbox = "none" (unsafe for training: the agent can read and change '
+            "everything the controller can)"
+        )
+    if bwrap not in _PROBED:
+        try:
+            import pyseccomp  # noqa: F401  (needs the system's libseccomp)
+        except (ImportError, RuntimeError) as exc:
+            _PROBED[bwrap] = f"libseccomp is not usable ({exc}): install libseccomp2 and pyseccomp"
+            return _PROBED[bwrap]
+        probe = [
+            bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--uid",
+            str(SANDBOX_UID),
+            "--disable-userns",
+            "--die-with-parent",
+            "--ro-bind",
+            "/",
+            "/",
+            "--proc",
+            "/proc",
+            "--",
+            "true",
+        ]
+        try:
+            done = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            _PROBED[bwrap] = f"{bwrap} could not run: {exc}"
+        else:
+            _PROBED[bwrap] = (
+                None
+                if done.returncode == 0
+                else (
+                    f"{bwrap} cannot create its namespaces here (user namespaces disabled, or not root?): "
+                    f"{done.stderr.strip()[-300:]}"
+                )
+            )
+    return _PROBED[bwrap]
+
+
+def require_sandbox(mode: str) -> None:
+    """Refuse to start (``ConfigError``) when ``mode`` is ``"bwrap"`` and the sandbox cannot run here."""
+    if mode == "none":
+        return
+    problem = sandbox_problem()
+    if problem is not None:
+        raise ConfigError(f"harness.sandbox: {problem}")
+
+
+def check_mounts(mounts: list[str], *, forbidden: list[Path], field: str = "harness.mounts") -> None:
+    """Refuse any mount that would expose a ``forbidden`` path (the run folder, the store) to the
+    sandbox: the path itself, a folder inside it, or a folder that contains it."""
+    secrets_ = [Path(os.path.realpath(p)) for p in forbidden]
+    for i, raw in enumerate(mounts):
+        path = Path(os.path.realpath(raw))
+        if not Path(raw).is_absolute():
+            raise ConfigError(f"{field}[{i}]: {raw!r} must be an absolute path")
+        for secret in secrets_:
+            if path == secret or path.is_relative_to(secret) or secret.is_relative_to(path):
+                raise ConfigError(
+                    f"{field}[{i}]: {raw!r} would expose {str(secret)!r} (the run folder or store) "
+                    "to the agent"
+                )
