@@ -26,6 +26,7 @@ The inputs and results are defined in ``evaluator_types``, the command evaluator
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib
 import inspect
 import json
@@ -201,7 +202,9 @@ _HARNESS_ONLY = re.compile(r"\{(base_url|anthropic_base_url|api_key|model|attemp
 class CommandEvaluator:
     def __init__(self, config: CommandEvaluatorConfig, *, sandbox: EvaluatorSandbox | None = None):
         self.config = config
-        self.sandbox = sandbox or EvaluatorSandbox(mounts=tuple(Path(m) for m in config.mounts))
+        # The sandbox's mode comes from the caller (the harness's); the paths to mount from this config.
+        base = sandbox or EvaluatorSandbox()
+        self.sandbox = dataclasses.replace(base, mounts=(*base.mounts, *(Path(m) for m in config.mounts)))
 
     def validate(self) -> None:
         for i, arg in enumerate([*self.config.command, *self.config.env.values()]):

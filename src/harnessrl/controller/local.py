@@ -52,7 +52,8 @@ class LocalRunHandle:
     async def kill(self, kind: ExitKind = ExitKind.CANCELLED) -> None:
         if self._forced is None and self._proc.returncode is None:
             self._forced = kind
-        self._kill_tree()
+        # Off the event loop: freezing and killing a cgroup polls the kernel (the trainer shares the loop).
+        await asyncio.to_thread(self._kill_tree)
 
     async def wait(self) -> Exit:
         async with self._lock:
@@ -67,12 +68,12 @@ class LocalRunHandle:
             await self.kill(ExitKind.TIMEOUT)
             code = await self._proc.wait()
         # The harness may have left background children behind: they die with the attempt.
-        self._kill_tree()
+        await asyncio.to_thread(self._kill_tree)
         try:
             return self._classify(code)
         finally:
             if self._group is not None:
-                self._group.destroy()
+                await asyncio.to_thread(self._group.destroy)
 
     def _classify(self, code: int) -> Exit:
         if self._forced is not None:

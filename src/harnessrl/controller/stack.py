@@ -23,7 +23,12 @@ from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
 from harnessrl.controller.evaluator_command import EvaluatorSandbox
-from harnessrl.controller.evaluators import Evaluator, build_evaluator, parse_evaluator_config
+from harnessrl.controller.evaluators import (
+    CommandEvaluatorConfig,
+    Evaluator,
+    build_evaluator,
+    parse_evaluator_config,
+)
 from harnessrl.controller.harness import check_harness
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
@@ -73,11 +78,16 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
             forbidden.append(Path(config.store.url))
         check_mounts(harness.mounts, forbidden=forbidden)
     evaluator_config = parse_evaluator_config(config.evaluator)
-    mounts = getattr(evaluator_config, "mounts", [])
-    check_mounts(mounts, forbidden=[run_dir] if run_dir is not None else [], field="evaluator.mounts")
+    if isinstance(evaluator_config, CommandEvaluatorConfig):
+        check_mounts(
+            evaluator_config.mounts,
+            forbidden=[run_dir] if run_dir is not None else [],
+            field="evaluator.mounts",
+        )
     # Command evaluators run code the policy wrote: a sandbox of their own, like the harness's.
-    sandbox = EvaluatorSandbox(mode=harness.sandbox, mounts=tuple(Path(m) for m in mounts))
-    evaluator = build_evaluator(evaluator_config, validate=True, sandbox=sandbox)
+    evaluator = build_evaluator(
+        evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
+    )
     return harness, evaluator
 
 
