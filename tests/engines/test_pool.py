@@ -14,7 +14,7 @@ from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
 from harnessrl.engines.pool import EnginePool
-from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.gateway import create_app
@@ -270,3 +270,87 @@ def test_gateway_survives_replica_death_mid_rollout(
     assert len(servers[home].fake.prompts) >= 3
     assert len(servers[1 - home].fake.prompts) >= 1
     assert servers[home].fake.killed.is_set()
+
+
+def test_an_abort_mid_stream_is_raised_not_continued_elsewhere(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer
+) -> None:
+    """vLLM ends in-flight requests with finish_reason "abort" when paused with mode=abort: the
+    weights are about to change, so the pool must not continue the answer on another replica (one
+    answer would mix two policies); the caller gets a retryable error naming the abort."""
+    pool, _ = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+    servers[home].fake.abort_after_tokens = 3
+    seen: list[int] = []
+
+    async def run() -> None:
+        await pool.start()
+        try:
+            ctx = GenerationContext(rollout_id="r")
+            async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx):
+                seen.append(s.token_id)
+        finally:
+            await pool.aclose()
+
+    with pytest.raises(AbortedByEngine, match="abort"):
+        asyncio.run(run())
+    assert len(seen) == 3
+    assert servers[1 - home].fake.prompts == []  # not continued
+    assert all(r.healthy for r in pool.replicas)  # an abort is not a dead replica
+
+
+def test_an_abort_before_any_token_reached_the_caller_is_retried_from_the_prompt(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    """Not streaming, the whole (aborted) answer arrives at once and nothing was yielded yet: the pool
+    asks again from the prompt and the caller gets one whole, untruncated answer."""
+    pool, delays = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+    servers[home].fake.abort_after_tokens = 2
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            ctx = GenerationContext(rollout_id="r", stream=False)
+            return [s async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx)]
+        finally:
+            await pool.aclose()
+
+    samples = asyncio.run(run())
+    assert [s.token_id for s in samples] == reply
+    assert len(delays) == 1  # backed off once
+    prompts = servers[0].fake.prompts + servers[1].fake.prompts
+    assert prompts == [[7, 8, 9], [7, 8, 9]]  # from the prompt both times
+
+
+def test_an_aborted_answer_reaches_neither_the_harness_as_an_answer_nor_the_store(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, tmp_path: Path
+) -> None:
+    """Bug 2 of issue 16: an answer vLLM aborted was labelled ``length`` and recorded as a normal
+    call. Streaming, the harness now gets an error event instead of a short answer and nothing is
+    stored; not streaming, the pool asks again and the harness gets the whole answer, stored once."""
+    openai = pytest.importorskip("openai")
+    pool = EnginePool([VLLMEngine(servers[0].url, tokenizer)], health_interval_s=0, backoff_s=0.01)
+    store = SQLiteStore(tmp_path / "store.db")
+    app = create_app(GatewayConfig(admin_key="admin"), store, pool)
+    with contextlib.ExitStack() as stack:
+        url = stack.enter_context(serve_in_thread(app))
+        admin = stack.enter_context(GatewayClient(url, "admin"))
+        rollout = admin.create_rollout({"prompt": "abort"})
+        client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
+        messages = [{"role": "user", "content": "hi"}]
+        servers[0].fake.abort_after_tokens = 3
+        with pytest.raises(openai.APIError, match="abort"):
+            for _ in client.chat.completions.create(model="policy", messages=messages, stream=True):
+                pass
+        assert admin.list_calls(rollout["rollout_id"]) == []
+        servers[0].fake.abort_after_tokens = 3
+        answer = client.chat.completions.create(model="policy", messages=messages)
+        assert answer.choices[0].message.content == "The answer is 42, as computed."
+        assert answer.choices[0].finish_reason == "stop"
+        calls = admin.list_calls(rollout["rollout_id"])
+    store.close()
+    assert [c.finish_reason for c in calls] == ["stop"]
+    assert len(calls[0].response_token_ids) == len(
+        tokenizer.encode("The answer is 42, as computed.<|im_end|>")
+    )

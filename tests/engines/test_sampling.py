@@ -32,3 +32,15 @@ def test_top_p_samples_inside_the_nucleus_and_matches_frequencies() -> None:
     counts = torch.bincount(tokens, minlength=4).float() / 4000
     assert counts[2:].sum() == 0  # 0.5 + 0.3 reaches 0.75: tokens 2 and 3 are cut
     assert counts[0].item() == pytest.approx(0.5 / 0.8, abs=0.03)
+
+
+def test_top_p_logprob_is_that_of_the_renormalized_nucleus() -> None:
+    """The recorded logprob is the distribution actually sampled from: inside the nucleus, renormalized
+    (vLLM's processed_logprobs does the same); rows with top_p = 1 in the same batch are untouched."""
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = torch.log(probs).repeat(2, 1)
+    u = torch.tensor([0.1, 0.1])
+    tokens, logprobs = sample_tokens(logits, torch.ones(2), torch.tensor([0.75, 1.0]), u)
+    assert tokens.tolist() == [0, 0]
+    assert logprobs[0].item() == pytest.approx(torch.log(torch.tensor(0.5 / 0.8)).item(), abs=1e-6)
+    assert logprobs[1].item() == pytest.approx(torch.log(torch.tensor(0.5)).item(), abs=1e-6)

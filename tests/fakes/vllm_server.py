@@ -5,13 +5,16 @@ Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM documen
 with ``prompt`` as token IDs, ``return_token_ids``, ``logprobs``, ``stop_token_ids``, streaming
 (``data: {...}`` chunks with ``choices[].token_ids`` and ``logprobs.token_logprobs``, then
 ``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
-``/collective_rpc``, which record their calls.
+``/collective_rpc``, which record their calls, and ``GET /server_info`` (the ``logprobs_mode``
+knob; ``None`` answers 404 as a server without ``VLLM_SERVER_DEV_MODE`` does).
 
 The "model" is deterministic: it answers ``reply`` (a list of token IDs), *continuing* it when the
 prompt already ends with a prefix of it — as a real model would continue its own partial answer —
 and the logprob of reply token ``j`` is ``-(j + 1) / 100``. Test-only knobs (plain attributes, not
 HTTP): ``token_delay_s``, ``fail_with`` (statuses to answer the next completions with, e.g. 429,
-503), ``kill_after_tokens`` (the server dies after streaming that many tokens of one request).
+503), ``kill_after_tokens`` (the server dies after streaming that many tokens of one request),
+``pause_delay_s`` (``/pause`` takes that long), ``abort_after_tokens`` (the next request ends after that many tokens with ``finish_reason: "abort"``,
+as vLLM's ``/pause?mode=abort`` ends in-flight requests).
 :class:`FakeServer` runs any such app with uvicorn in a thread on 127.0.0.1 and can ``kill`` it.
 """
 
@@ -50,6 +53,10 @@ class FakeModel:
         self.token_delay_s = 0.0
         self.fail_with: list[int] = []
         self.kill_after_tokens: int | None = None
+        self.abort_after_tokens: int | None = None
+        self.pause_delay_s = 0.0  # /pause answers after this long (vLLM's mode=wait while requests run)
+        self.logprobs_mode: str | None = "processed_logprobs"
+        self.requests: list[dict[str, Any]] = []  # every generation request's body but its prompt
         self.paused = False
         self.calls: list[tuple[str, Any]] = []  # (path, body) of every control/weight call
         self.prompts: list[list[int]] = []  # prompt of every generation request
@@ -109,6 +116,7 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
         if len(prompt) + body.get("max_tokens", 16) > fake.context_length:
             return JSONResponse({"error": {"message": "maximum context length exceeded", "code": 400}}, 400)
         fake.prompts.append(prompt)
+        fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
         plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
         with_ids = bool(body.get("return_token_ids"))
 
@@ -125,6 +133,9 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
             return out
 
         finish = "stop" if plan and plan[-1][0] in (body.get("stop_token_ids") or []) else "length"
+        if fake.abort_after_tokens is not None:
+            plan, finish = plan[: fake.abort_after_tokens], "abort"
+            fake.abort_after_tokens = None
         base = {
             "id": "cmpl-fake",
             "object": "text_completion",
@@ -151,6 +162,7 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
             raw = await request.body()
             fake.calls.append((path, json.loads(raw) if raw else dict(request.query_params)))
             if path == "/pause":
+                await asyncio.sleep(fake.pause_delay_s)
                 fake.paused = True
             elif path == "/resume":
                 fake.paused = False
@@ -161,11 +173,17 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
     async def is_paused(request: Request) -> Response:
         return JSONResponse({"is_paused": fake.paused})
 
+    async def server_info(request: Request) -> Response:
+        if fake.logprobs_mode is None:
+            return JSONResponse({"detail": "Not Found"}, 404)
+        return JSONResponse({"vllm_config": {"model_config": {"logprobs_mode": fake.logprobs_mode}}})
+
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/is_paused", is_paused, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
         *[Route(p, recorder(p), methods=["POST"]) for p in ("/pause", "/resume", "/collective_rpc")],
     ]
     return Starlette(routes=routes)

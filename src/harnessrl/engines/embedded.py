@@ -15,7 +15,8 @@ KV cache and prefills only the rest. A request whose best match is a prompt bein
 same iteration waits one iteration for it (``prefix_sharing=False`` turns all of this off).
 
 Logprobs are those of the distribution sampled from (see :mod:`harnessrl.engines.sampling`:
-``log_softmax(logits / T)``; greedy reports temperature 1; top-p truncation is not reflected).
+``log_softmax(logits / T)``, renormalized over the nucleus when ``top_p < 1``; greedy reports
+temperature 1).
 
 Weight updates take the step lock, so they land between two decode steps; tensors are copied in
 place (``load_state_dict`` into the transformers module, whose projection weights are views into the

@@ -44,15 +44,21 @@ def _remote_engine(cfg: EngineConfig) -> Engine:
     else:
         tok_dir = Path(cfg.tokenizer)
     tokenizer = PolicyTokenizer.from_dir(tok_dir)
-    cls = VLLMEngine if kind == "vllm" else SGLangEngine
-    replicas = [
-        cls(
+    common = {
+        "model": cfg.served_model,
+        "context_length": cfg.context_length,
+        "request_timeout_s": cfg.request_timeout_s,
+    }
+    replicas: list[Engine] = [
+        VLLMEngine(
             url,
             tokenizer,
-            model=cfg.served_model,
-            context_length=cfg.context_length,
-            request_timeout_s=cfg.request_timeout_s,
+            pause_timeout_s=cfg.update_timeout_s,
+            request_seeds=cfg.request_seeds,
+            **common,  # type: ignore[arg-type]
         )
+        if kind == "vllm"
+        else SGLangEngine(url, tokenizer, **common)  # type: ignore[arg-type]
         for url in urls
     ]
     # One URL still goes through a pool: retries and health checks are wanted for one server too.

@@ -17,7 +17,9 @@ something was yielded. Instead the pool *continues* the generation on another re
 autoregressive, so the distribution of the rest given the prefix is the same on any replica serving
 the same weights, and the tokens already yielded keep their recorded logprobs. It is done only when
 the new replica serves the same ``policy_version`` as the first (otherwise one answer would mix two
-policies); if not, or ``resume_mid_stream=False``, the error is raised to the gateway.
+policies); if not, or ``resume_mid_stream=False``, the error is raised to the gateway. An answer the
+server itself cut short (:class:`~harnessrl.engines.remote.AbortedByEngine`: vLLM's ``abort``) is
+retried from the prompt if nothing was yielded yet, and otherwise raised: it is never continued.
 
 Weight updates. ``mode="all_at_once"`` (default; what the gateway's pause already implies): stop
 routing, wait for every replica's in-flight calls, update all concurrently, re-admit; calls arriving
@@ -228,7 +230,10 @@ class EnginePool:
                     yield sample
                 return
             except UpstreamError as exc:
-                if not is_retryable(exc) or (sampled and not self.resume_mid_stream):
+                continuable = self.resume_mid_stream and not (
+                    isinstance(exc, RemoteEngineError) and not exc.continuable
+                )
+                if not is_retryable(exc) or (sampled and not continuable):
                     raise
                 if isinstance(exc, RemoteEngineError) and not exc.is_overload:
                     replica.healthy = False  # the health loop re-admits it

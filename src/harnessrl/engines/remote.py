@@ -59,10 +59,31 @@ class RemoteEngineError(UpstreamError):
         self.status = status  # HTTP status, or None for transport errors (connection refused, reset)
         self.url = url
 
+    #: Whether the pool may continue a generation this error cut short on another replica.
+    continuable = True
+
     @property
     def is_overload(self) -> bool:
         """429/503: the server is alive but busy, so backing off beats marking it unhealthy."""
         return self.status in (429, 503)
+
+
+class AbortedByEngine(RemoteEngineError):
+    """The server ended a generation itself (vLLM's ``finish_reason`` ``abort`` or ``error``): the
+    answer is not the policy's and must not be recorded. Retryable from the prompt, but never
+    continued mid-stream (``continuable`` is false): a server paused with ``mode=abort`` usually has
+    its weights changed next, and one answer must not mix two policies."""
+
+    continuable = False
+    http_status = 503  # the harness's SDK retries it; by then the gateway serves again
+    code = "engine_aborted"
+
+    def __init__(self, message: str, *, url: str = ""):
+        super().__init__(message, retryable=True, url=url)
+
+    @property
+    def is_overload(self) -> bool:
+        return True  # the server is alive: back off and try again, do not mark it unhealthy
 
 
 def is_retryable(exc: BaseException) -> bool:

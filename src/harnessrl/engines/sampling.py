@@ -5,9 +5,11 @@ What the engine reports as a token's logprob (the trainer compares it with its o
 - ``temperature > 0``: ``log_softmax(logits / T)[token]`` — the tempered distribution the token was
   drawn from. The trainer must divide its logits by the same ``T`` to compare.
 - ``temperature == 0`` (greedy): ``log_softmax(logits)[token]``, the temperature-1 logprob.
-- top-p truncation is **not** reflected: the logprob is from the tempered distribution before the
-  nucleus is cut and renormalized (the trainer cannot reproduce the cut cheaply, and the untruncated
-  value is what PPO-style ratios are usually computed against).
+- ``top_p < 1``: the logprob under the nucleus the token was drawn from, renormalized:
+  ``log_softmax(logits / T)[token] - log(mass kept)`` — the distribution actually sampled from, as
+  vLLM reports it with ``--logprobs-mode processed_logprobs``. The trainer recomputes the full
+  tempered softmax, so training rollouts sample with ``top_p = 1`` (``trainer.top_p``) unless the
+  user opts in; then the two differ by ``log(mass kept)`` and the importance ratio says so.
 
 Randomness: each row brings one uniform number in [0, 1) from its request's own RNG, and the token
 is found by inverse-CDF lookup. A request's tokens therefore depend only on its seed and its logits,
@@ -27,6 +29,7 @@ def sample_tokens(
     greedy_B = temperatures_B <= 0
     safe_t_B = torch.where(greedy_B, torch.ones_like(temperatures_B), temperatures_B)
     logprobs_B_V = torch.log_softmax(logits_B_V / safe_t_B[:, None], dim=-1)
+    kept_log_mass_B = torch.zeros_like(temperatures_B, dtype=torch.float32)
     if bool(greedy_B.all()):
         tokens_B = logits_B_V.argmax(dim=-1)
     else:
@@ -41,6 +44,9 @@ def sample_tokens(
             target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
             pick_B = torch.searchsorted(cdf_B_V, target_B, right=True).clamp_(max=cdf_B_V.shape[-1] - 1)
             sampled_B = order_B_V.gather(-1, pick_B)[:, 0]
+            # Rows with top_p == 1 keep (almost exactly) everything; only cut rows are renormalized.
+            cut_B = (top_ps_B < 1.0) & ~greedy_B
+            kept_log_mass_B = torch.where(cut_B, cdf_B_V[:, -1].log(), kept_log_mass_B)
         else:
             cdf_B_V = probs_B_V.cumsum(dim=-1)
             target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
@@ -48,4 +54,4 @@ def sample_tokens(
                 max=cdf_B_V.shape[-1] - 1
             )
         tokens_B = torch.where(greedy_B, logits_B_V.argmax(dim=-1), sampled_B)
-    return tokens_B, logprobs_B_V.gather(-1, tokens_B[:, None])[:, 0]
+    return tokens_B, logprobs_B_V.gather(-1, tokens_B[:, None])[:, 0] - kept_log_mass_B

