@@ -334,3 +334,25 @@ def test_vllm_abort_in_a_whole_answer_is_an_aborted_error(
             asyncio.run(run())
     assert info.value.retryable and not info.value.continuable
     assert info.value.http_status == 503
+
+
+def test_vllm_requests_pin_every_sampling_field_harnessrl_does_not_implement(
+    reply: list[int], tokenizer: PolicyTokenizer
+) -> None:
+    """vLLM fills fields a request leaves out from the model's generation_config.json (Qwen3: top_k=20),
+    and its processed logprobs would then be renormalized over a top-k nobody asked for."""
+    with serve_vllm(reply) as server:
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                await collect(engine, [1, 2, 3], SamplingParams(max_tokens=3, temperature=0.7, top_p=0.9))
+            finally:
+                await engine.aclose()
+
+        asyncio.run(run())
+    (body,) = server.fake.requests
+    assert body["temperature"] == 0.7 and body["top_p"] == 0.9
+    assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0
+    assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0

@@ -7,6 +7,9 @@ go through :class:`EngineServer`, so the settings below are stated once:
   distribution it was actually sampled from (after temperature, top-p and top-k), which is what the
   gateway records. Its default, ``raw_logprobs``, ignores the temperature. :func:`check_server`
   reads the mode back from ``GET /server_info`` and refuses any other one.
+- ``--generation-config vllm``: the model's ``generation_config.json`` (Qwen3's sets top_k=20,
+  top_p=0.95) does not fill in sampling fields a request leaves out; the vLLM engine also sends
+  every field it does not implement as "off" (``top_k=0``, ``min_p=0``, no penalties).
 - ``VLLM_SERVER_DEV_MODE=1``: enables ``/pause``, ``/resume``, ``/collective_rpc`` (weight reload)
   and ``/server_info``.
 - Everything local: ``--host 127.0.0.1``, ``VLLM_HOST_IP=127.0.0.1`` (vLLM otherwise looks up the
@@ -132,6 +135,9 @@ def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
         dtype,
         "--logprobs-mode",
         LOGPROBS_MODE,
+        # Sampling defaults come from the request alone, not the model's generation_config.json.
+        "--generation-config",
+        "vllm",
         "--disable-uvicorn-access-log",
     ]
     if launch.max_model_len is not None:

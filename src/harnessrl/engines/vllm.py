@@ -62,6 +62,14 @@ log = logging.getLogger("harnessrl.engines.vllm")
 
 #: vLLM's logprobs mode that reports the distribution a token was actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
+#: Sampling fields harnessrl does not implement, pinned to "off" in every request.
+NEUTRAL_SAMPLING = {
+    "top_k": 0,
+    "min_p": 0.0,
+    "repetition_penalty": 1.0,
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+}
 #: Finish reasons with which the server, not the policy, ended an answer.
 CUT_SHORT = frozenset({"abort", "error"})
 
@@ -139,6 +147,10 @@ class VLLMEngine(RemoteEngine):
             "max_tokens": budget,
             "temperature": params.temperature,
             "top_p": params.top_p,
+            # Neutral values, sent explicitly: vLLM fills what a request leaves out from the model's
+            # generation_config.json (Qwen3's says top_k=20), and processed logprobs would then be
+            # renormalized over a top-k the gateway never asked for and the trainer never recomputes.
+            **NEUTRAL_SAMPLING,
             "logprobs": 0,
             "return_token_ids": True,
             "skip_special_tokens": False,
