@@ -91,8 +91,12 @@ def test_serve_starts_real_vllm_prints_the_engine_spec_and_stops_on_sigterm(tmp_
             lines.append(line)
             if "[engine] model" in line:
                 break
-        assert any(f'model = "vllm:http://127.0.0.1:{port}"' in x for x in lines), lines + [log.read_text()[-2000:]]
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/server_info?config_format=json", timeout=10) as r:
+        assert any(f'model = "vllm:http://127.0.0.1:{port}"' in x for x in lines), lines + [
+            log.read_text()[-2000:]
+        ]
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{port}/server_info?config_format=json", timeout=10
+        ) as r:
             info = orjson.loads(r.read())
         assert info["vllm_config"]["model_config"]["logprobs_mode"] == "processed_logprobs"
         threads = re.findall(r"leaving Torch threads at (\d+)", log.read_text())

@@ -249,6 +249,7 @@ def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_
             "--set", f"engine.model=vllm:{upstream.url}",
             "--set", "engine.tokenizer=tiny",
             "--set", "trainer.model=tiny",
+            "--set", "trainer.served_weights_tolerance=0",  # the fake serves no weights
             "--set", "trainer.mode=sync",
             "--set", "trainer.steps=2",
         )  # fmt: skip
@@ -274,6 +275,29 @@ def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_
         assert by_step == {1: {0}, 2: {1}}
     finally:
         store.close()
+
+
+def test_train_refuses_a_server_that_does_not_serve_the_trainers_weights(tmp_path):
+    """Before the first rollout the trainer probes each server: the fake's logprobs are not the tiny
+    model's, so the run stops naming the server instead of training off-policy."""
+    from tests.fakes.vllm_server import serve_vllm
+
+    from harnessrl.engines.tiny import tiny_model_dir
+    from harnessrl.tokenizer import PolicyTokenizer
+
+    tok = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    with serve_vllm(tok.encode("aeiou") + [tok.eos_token_id], context_length=2048) as upstream:
+        proc = train(
+            tmp_path / "run",
+            "--set", f"engine.model=vllm:{upstream.url}",
+            "--set", "engine.tokenizer=tiny",
+            "--set", "trainer.model=tiny",
+            "--set", "trainer.mode=sync",
+        )  # fmt: skip
+        reloads = [path for path, _ in upstream.fake.calls if path == "/collective_rpc"]
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert f"the engine at {upstream.url} does not serve the trainer's weights" in proc.stderr
+    assert reloads == []  # no step was trained
 
 
 @pytest.mark.slow
@@ -375,6 +399,7 @@ def test_train_pauses_and_versions_peer_gateways(tmp_path):
             "--set", f"engine.model=vllm:{upstream.url}",
             "--set", "engine.tokenizer=tiny",
             "--set", "trainer.model=tiny",
+            "--set", "trainer.served_weights_tolerance=0",  # the fake serves no weights
             "--set", "trainer.steps=2",
             "--set", f"gateway.port={port}",
             "--set", f"gateway.admin_key={key}",

@@ -89,17 +89,23 @@ class TrainerSection(Section):
     temperature: float = Field(
         default=1.0, gt=0, description="sampling temperature forced on training rollouts"
     )
-    top_p: float | None = Field(
+    top_p: float | Literal["harness"] = Field(
         default=1.0,
-        gt=0,
-        le=1,
         description=(
-            "nucleus forced on training rollouts; null lets the harness's top_p through (the recorded "
-            "logprobs are then those of the renormalized nucleus, which the trainer's full-softmax "
-            "recomputation does not reproduce: the importance ratio absorbs the difference)"
+            'nucleus forced on training rollouts, in (0, 1]; "harness" lets the harness\'s top_p through '
+            "(the recorded logprobs are then those of the renormalized nucleus, which the trainer's "
+            "full-softmax recomputation does not reproduce: the importance ratio absorbs the difference)"
         ),
     )
     max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
+    served_weights_tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        description=(
+            "remote engines: before the first rollout each server's logprobs on a probe must be within "
+            "this many nats per token (mean) of the trainer's; 0 skips the check"
+        ),
+    )
     micro_batch_tokens: int = Field(default=4096, ge=16)
     row_tokens: int = Field(default=512, ge=16, description="packed row length inside a micro-batch")
     device: str = Field(
@@ -143,6 +149,9 @@ class TrainConfig(Section):
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         parse_evaluator_config(self.evaluator)
+        top_p = self.trainer.top_p
+        if top_p != "harness" and not 0 < top_p <= 1:
+            raise ValueError(f'trainer.top_p: must be in (0, 1] or "harness", got {top_p}')
         if self.engine.model.startswith(("vllm:", "sglang:")) and not self.trainer.model:
             raise ValueError(
                 "trainer.model: required with a remote engine (the weights the trainer starts from, "

@@ -50,6 +50,8 @@ from harnessrl.trainer.schedule import (
 from harnessrl.trajectory import build_batch
 
 STATE_FILE = "harnessrl_state.json"
+# The served-weights check's prompt: any fixed text the tokenizer can encode.
+SERVED_WEIGHTS_PROBE = "The trainer and the engine must agree on every logprob of this sentence."
 ACTIVE = (RolloutStatus.QUEUED, RolloutStatus.RUNNING)
 
 
@@ -149,19 +151,56 @@ class Trainer:
         root = self.run_dir / "engine-weights"
         folder = root / f"v{version}"
         await asyncio.to_thread(self.policy.save_checkpoint, folder, with_optimizer=False)
-        # The gateway's engine object lives on the gateway's event loop; the trainer loads the
-        # servers through its own client, then tells the gateway(s) the new version on resume
-        # (the same path as a trainer driving several gateways, docs/gateway.md).
+        updater = await self._remote_client()
+        await updater.update_weights(WeightUpdate(version=version, checkpoint_dir=str(folder)))
+        await asyncio.to_thread(self._client().resume, policy_version=version)
+        for old in root.glob("v*"):
+            if old != folder:
+                shutil.rmtree(old, ignore_errors=True)
+
+    async def _remote_client(self) -> Any:
+        """The trainer's own client of the remote servers (an ``EnginePool``). The gateway's engine
+        object lives on the gateway's event loop; the trainer loads the servers through this one,
+        then tells the gateway(s) the new version on resume (the same path as a trainer driving
+        several gateways, docs/gateway.md)."""
         if self._updater is None:
             from harnessrl.engines.factory import create_engine
 
             self._updater = create_engine(self.config.engine)
             await self._updater.start()
-        await self._updater.update_weights(WeightUpdate(version=version, checkpoint_dir=str(folder)))
-        await asyncio.to_thread(self._client().resume, policy_version=version)
-        for old in root.glob("v*"):
-            if old != folder:
-                shutil.rmtree(old, ignore_errors=True)
+        return self._updater
+
+    async def _check_served_weights(self) -> None:
+        """Every remote server must serve the weights the trainer holds (``trainer.model``, or the
+        checkpoint a ``--resume`` just reloaded), or every sample is silently off-policy: a short probe
+        generation per server, its logprobs compared with the trainer's own forward pass."""
+        tolerance = self.config.trainer.served_weights_tolerance
+        if not tolerance:
+            return
+        from harnessrl.engines.base import GenerationContext, SamplingParams
+
+        pool = await self._remote_client()
+        tokenizer = pool.tokenizer
+        prompt = tokenizer.encode(SERVED_WEIGHTS_PROBE)
+        params = SamplingParams(max_tokens=16, temperature=1.0)
+        context = GenerationContext(stream=False)
+        for replica in pool.replicas:
+            samples = [s async for s in replica.engine.generate(prompt, params, context)]
+            served = [s.logprob for s in samples]
+            ours = await asyncio.to_thread(
+                self.policy.response_logprobs, prompt, [s.token_id for s in samples]
+            )
+            gap = statistics.fmean(abs(a - b) for a, b in zip(served, ours, strict=True)) if served else 0.0
+            if gap > tolerance:
+                raise ConfigError(
+                    f"the engine at {replica.name} does not serve the trainer's weights "
+                    f"({self.config.trainer.model or 'trainer.model'}): on a probe its logprobs differ from "
+                    f"the trainer's by {gap:.3f} nats per token on average (tolerance "
+                    f"trainer.served_weights_tolerance = {tolerance}); start the server on the same weights"
+                )
+            self.metrics.message(
+                f"engine at {replica.name} serves the trainer's weights (gap {gap:.4f} nats)"
+            )
 
     # -- the loop ------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
@@ -215,6 +254,8 @@ class Trainer:
                 self._recover()
                 if self.state.step > 0:  # the engine loaded the checkpoint; give it the right version
                     await self._publish_weights(self.state.step)
+                if self._remote_engine:
+                    await self._check_served_weights()
                 stop = asyncio.Event()
                 if cfg.trainer.controllers == "external":
                     self.metrics.message(
@@ -313,7 +354,7 @@ class Trainer:
     def _create_group(self, plan: GroupPlan) -> None:
         cfg = self.config.trainer
         sampling: dict[str, Any] = {"temperature": cfg.temperature}
-        if cfg.top_p is not None:
+        if cfg.top_p != "harness":
             # The trainer's logprobs come from the full tempered softmax; with top_p < 1 the engines
             # record the renormalized nucleus instead (docs/train.md, "What is recorded").
             sampling["top_p"] = cfg.top_p

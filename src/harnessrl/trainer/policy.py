@@ -226,6 +226,17 @@ class TrainablePolicy:
         out_B_T = torch.zeros(input_ids_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
         return out_B_T.index_put((rows, cols + 1), logp_N)
 
+    @torch.no_grad()
+    def response_logprobs(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """log p(response token | prompt, earlier response tokens) at ``temperature``: what an engine
+        serving these weights reports for the same tokens (the served-weights check uses it)."""
+        ids = torch.tensor([prompt_ids + response_ids], device=self.device)
+        positions = torch.arange(ids.shape[1], device=self.device)[None, :]
+        logprobs_B_T = self.logprobs(ids, positions, temperature)
+        return logprobs_B_T[0, len(prompt_ids) :].tolist()
+
     def prefix_logprobs(self, batch: PrefixBatch, temperature: float) -> torch.Tensor:
         """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout."""
         decoder = self.model.get_decoder()
