@@ -356,3 +356,5 @@ def test_vllm_requests_pin_every_sampling_field_harnessrl_does_not_implement(
     assert body["temperature"] == 0.7 and body["top_p"] == 0.9
     assert body["top_k"] == 0 and body["min_p"] == 0.0 and body["repetition_penalty"] == 1.0
     assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
+    # Only the gateway's stop tokens end an answer (vLLM would also stop at config.json's EOS ids).
+    assert body["ignore_eos"] is True

@@ -9,7 +9,8 @@ Request (``POST /v1/completions``, vLLM's OpenAI server; docs.vllm.ai "OpenAI-Co
   the sampled IDs (text cannot be trusted to round-trip to the same IDs);
 - ``logprobs: 0``: ``choices[].logprobs.token_logprobs`` holds the sampled tokens' logprobs with no
   alternatives (vLLM: "0 means sampled token logprobs only");
-- ``stop_token_ids``, ``skip_special_tokens: false``; vLLM keeps a sampled stop token in
+- ``stop_token_ids``, ``ignore_eos: true`` (only the gateway's stop tokens end an answer, not the
+  model's own EOS list), ``skip_special_tokens: false``; vLLM keeps a sampled stop token in
   ``token_ids``, as our protocol wants;
 - ``stream: true``, unless the caller said it needs only the whole answer
   (``GenerationContext.stream`` false: a non-streaming client), then one JSON answer with the same
@@ -153,6 +154,10 @@ class VLLMEngine(RemoteEngine):
             **NEUTRAL_SAMPLING,
             "logprobs": 0,
             "return_token_ids": True,
+            # Stop only at the gateway's stop_token_ids, as every engine does: vLLM would also end at
+            # the model's own EOS ids (config.json), which the gateway may not count as a stop, and
+            # the answer would look cut at "length" with tokens to spare.
+            "ignore_eos": True,
             "skip_special_tokens": False,
             "stream": stream,
         }
