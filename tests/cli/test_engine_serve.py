@@ -109,3 +109,38 @@ def test_serve_starts_real_vllm_prints_the_engine_spec_and_stops_on_sigterm(tmp_
             proc.wait()
     with pytest.raises(OSError):
         urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5)
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
+    """A test run or benchmark killed with SIGKILL/SIGTERM runs no ``finally``: the vLLM server it
+    started must not live on (it holds GBs of memory and two cores)."""
+    from harnessrl.engines.launch import find_vllm_python
+    from harnessrl.engines.models import resolve_model_dir
+    from harnessrl.errors import ConfigError
+
+    try:
+        find_vllm_python()
+    except ConfigError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must have vLLM installed: {exc}")
+        pytest.skip(str(exc))
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from harnessrl.engines.launch import EngineServer, VLLMLaunch, free_port\n"
+        f"s = EngineServer(VLLMLaunch(model={str(resolve_model_dir('tiny'))!r}, port=free_port(), "
+        f"enforce_eager=True, max_model_len=2048), Path({str(tmp_path / 'v.log')!r}))\n"
+        "s.start(); print(s.process.pid, flush=True); time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    server_pid = int(parent.stdout.readline())  # type: ignore[union-attr]
+    time.sleep(3)
+    assert Path(f"/proc/{server_pid}").exists()  # control: the server was running
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not Path(f"/proc/{server_pid}").exists()

@@ -29,6 +29,8 @@ project (what ``HARNESSRL_INSTALL_VLLM=1 ./install.sh`` makes), else the current
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -213,10 +215,23 @@ def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
     return {"model": data[0].get("id"), "max_model_len": data[0].get("max_model_len"), "logprobs_mode": mode}
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the thread that started it dies (Linux
+    ``PR_SET_PDEATHSIG``), so a killed test run or benchmark leaves no vLLM behind (a SIGTERM'd
+    Python does not run ``finally`` blocks). SIGKILL, not SIGTERM: vLLM ignores SIGTERM while it
+    starts up. Its engine processes watch their parent and exit with it (checked)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+
 @dataclass
 class EngineServer:
     """One vLLM server process: ``start`` launches it (own process group, log file), ``wait_ready``
-    polls until it serves, ``stop`` ends it (SIGTERM, then SIGKILL). Usable as a context manager."""
+    polls until it serves, ``stop`` ends it (SIGTERM, then SIGKILL). Usable as a context manager.
+
+    The server is also killed when the thread that called ``start`` ends (or this process dies):
+    call ``start`` from a thread that lives as long as the server should (not ``asyncio.to_thread``)."""
 
     launch: VLLMLaunch
     log_path: Path
@@ -244,6 +259,7 @@ class EngineServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
+                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
