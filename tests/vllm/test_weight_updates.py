@@ -1,0 +1,148 @@
+"""Weight updates and pauses of a real vLLM server while calls are in flight (bugs 1 and 2).
+
+Bug 1: the engine paused vLLM with ``/pause``'s default ``mode=abort``, which cuts every in-flight
+generation short. Bug 2: an answer vLLM ended with ``finish_reason: abort`` was recorded as a normal
+call ending in ``length``. So: whatever pauses or updates the server, every client gets a whole
+answer or an error, and nothing truncated is ever stored; calls after an update are recorded under
+the new version and their logprobs are the new weights' (and not the old ones').
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tests.vllm.vllm_support import (
+    LOGPROB_ATOL,
+    all_admitted,
+    install_weights,
+    max_abs_diff,
+    perturbed_checkpoint,
+    start_call,
+    stored_whole,
+    wait_until,
+)
+
+pytestmark = pytest.mark.vllm
+
+LONG = 400  # tokens: long enough that the update lands mid-generation (~10-20 s on 2 cores)
+
+
+def test_async_trainer_update_drains_calls_and_versions_the_next(
+    gateway: Any,
+    tiny_server: Any,
+    tiny_dir: Path,
+    tokenizer: Any,
+    reference: Any,
+    restore_weights: None,
+    tmp_path: Path,
+) -> None:
+    """What the async trainer does: pause the gateway (in-flight calls finish), reload the server
+    through its own engine client, resume with the new version."""
+    stop_ids = tuple(tokenizer.stop_token_ids)
+    checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=1)
+    before = [start_call(gateway, stream=i % 2 == 0, max_tokens=LONG) for i in range(4)]
+    threads = [thread for _, _, thread in before]
+    wait_until(
+        lambda: all_admitted(gateway, threads) and all(o.streaming() for _, o, _ in before[::2]),
+        lambda: f"the calls to generate: {before}",
+    )
+    assert all(thread.is_alive() for thread in threads)  # the pause below does find them in flight
+    paused = gateway.client.pause()  # returns once the 4 calls have finished
+    assert paused["drained"] is True and paused["in_flight"] == 0
+    late = start_call(gateway, stream=True, max_tokens=32)  # held at the gate
+    wait_until(lambda: gateway.client.state()["waiting"] == 1, "the late call to wait at the gate")
+    install_weights(tiny_server.url, checkpoint, 1)
+    gateway.client.resume(policy_version=1)
+    late[2].join(timeout=300)
+    after = start_call(gateway, stream=False, max_tokens=32)
+    after[2].join(timeout=300)
+    for _, _, thread in before:
+        thread.join(timeout=300)
+
+    old, new = reference(tiny_dir), reference(checkpoint)
+    for rollout, outcome, _ in before:
+        assert outcome.whole(LONG), outcome
+        [call] = gateway.store.list_calls(rollout["rollout_id"])
+        assert call.policy_version == 0 and stored_whole(call, stop_ids, LONG), call.finish_reason
+        # Wholly sampled from the old weights: the update waited for the drain.
+        expected = old.logprobs(call.prompt_token_ids, call.response_token_ids)
+        assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
+    for rollout, outcome, _ in (late, after):
+        assert outcome.whole(32), outcome
+        [call] = gateway.store.list_calls(rollout["rollout_id"])
+        assert call.policy_version == 1 and stored_whole(call, stop_ids, 32)
+        expected = new.logprobs(call.prompt_token_ids, call.response_token_ids)
+        assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
+        stale = old.logprobs(call.prompt_token_ids, call.response_token_ids)
+        assert max_abs_diff(call.response_logprobs, stale) > 0.05  # control: the weights did change
+
+
+def test_engine_update_waits_for_generations_still_running_on_the_server(
+    gateway: Any,
+    tiny_server: Any,
+    tiny_dir: Path,
+    tokenizer: Any,
+    reference: Any,
+    restore_weights: None,
+    tmp_path: Path,
+) -> None:
+    """An update reaching vLLM while it still generates (nobody drained the gateway) lets those
+    generations finish (``/pause?mode=wait``) instead of aborting them."""
+    stop_ids = tuple(tokenizer.stop_token_ids)
+    checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=2)
+    # 500 tokens: vLLM is still generating them when the update reaches it, even if this process (the
+    # clients) lags seconds behind.
+    calls = [start_call(gateway, stream=stream, max_tokens=500) for stream in (True, False)]
+    threads = [thread for _, _, thread in calls]
+    wait_until(
+        lambda: all_admitted(gateway, threads) and calls[0][1].streaming(),
+        lambda: f"the calls to generate: {calls}",
+    )
+    assert all(thread.is_alive() for thread in threads)  # the update below does find them in flight
+    install_weights(tiny_server.url, checkpoint, 1)
+    for _, _, thread in calls:
+        thread.join(timeout=300)
+    old = reference(tiny_dir)
+    for rollout, outcome, _ in calls:
+        assert outcome.whole(500), outcome
+        [call] = gateway.store.list_calls(rollout["rollout_id"])
+        assert stored_whole(call, stop_ids, 500), call.finish_reason
+        expected = old.logprobs(call.prompt_token_ids, call.response_token_ids)
+        assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
+
+
+def test_vllm_paused_with_abort_stores_nothing_truncated(
+    gateway: Any, tiny_server: Any, tokenizer: Any
+) -> None:
+    """``POST /pause?mode=abort`` straight to vLLM mid-call: the streamed call (tokens already sent)
+    ends in an error, the non-streamed one is retried from its prompt and answered whole once vLLM
+    resumes; no call vLLM cut short is stored."""
+    stop_ids = tuple(tokenizer.stop_token_ids)
+    # Budgets far beyond what is generated before the abort: the client (this process, starved of CPU
+    # by vLLM's busy threads) may lag seconds behind what vLLM has already generated.
+    whole_rollout, whole, whole_thread = start_call(gateway, stream=False, max_tokens=800)
+    wait_until(lambda: all_admitted(gateway, [whole_thread]), lambda: f"the call to generate: {whole}")
+    stream_rollout, streamed, stream_thread = start_call(gateway, stream=True, max_tokens=2000)
+    wait_until(streamed.streaming, lambda: f"the streamed call to generate: {streamed}")
+    assert whole_thread.is_alive() and stream_thread.is_alive()
+    httpx.post(f"{tiny_server.url}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
+    try:
+        stream_thread.join(timeout=120)
+        assert not stream_thread.is_alive()
+    finally:
+        httpx.post(f"{tiny_server.url}/resume", timeout=60).raise_for_status()
+    whole_thread.join(timeout=300)
+
+    assert isinstance(streamed.error, openai.APIError), streamed
+    assert streamed.error.code == "engine_aborted" and "finish_reason='abort'" in str(streamed.error)
+    assert gateway.store.list_calls(stream_rollout["rollout_id"]) == []
+    assert whole.whole(800), whole
+    [call] = gateway.store.list_calls(whole_rollout["rollout_id"])
+    assert stored_whole(call, stop_ids, 800) and call.finish_reason != "abort"
+    # The abort did hit it: the pool sent it again (3 generations started: 2 + the streamed one).
+    assert gateway.engine.replicas[0].served == 3
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
