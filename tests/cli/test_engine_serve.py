@@ -14,6 +14,7 @@ from pathlib import Path
 
 import orjson
 import pytest
+from tests.vllm.vllm_support import vllm_python
 
 from harnessrl.engines.launch import VLLMLaunch, free_port, vllm_argv, vllm_env
 
@@ -63,15 +64,7 @@ def test_argv_and_env_carry_what_harnessrl_needs() -> None:
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_serve_starts_real_vllm_prints_the_engine_spec_and_stops_on_sigterm(tmp_path: Path) -> None:
-    from harnessrl.engines.launch import find_vllm_python
-    from harnessrl.errors import ConfigError
-
-    try:
-        find_vllm_python()
-    except ConfigError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have vLLM installed: {exc}")
-        pytest.skip(str(exc))
+    vllm_python()  # skips without vLLM (fails in CI)
     port = free_port()
     log = tmp_path / "vllm.log"
     proc = subprocess.Popen(
@@ -116,16 +109,9 @@ def test_serve_starts_real_vllm_prints_the_engine_spec_and_stops_on_sigterm(tmp_
 def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     """A test run or benchmark killed with SIGKILL/SIGTERM runs no ``finally``: the vLLM server it
     started must not live on (it holds GBs of memory and two cores)."""
-    from harnessrl.engines.launch import find_vllm_python
     from harnessrl.engines.models import resolve_model_dir
-    from harnessrl.errors import ConfigError
 
-    try:
-        find_vllm_python()
-    except ConfigError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must have vLLM installed: {exc}")
-        pytest.skip(str(exc))
+    vllm_python()  # skips without vLLM (fails in CI)
     script = (
         "import sys, time\n"
         "from pathlib import Path\n"
