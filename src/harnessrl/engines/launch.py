@@ -103,6 +103,9 @@ class VLLMLaunch:
     gpu_memory_utilization: float = 0.85  # GPU only
     cache_dir: str | None = None  # compile caches; default <project>/.cache/vllm
     enforce_eager: bool = False
+    # On SIGTERM vLLM lets in-flight requests finish for up to this long (--shutdown-timeout; vLLM's
+    # default, 0, aborts them, and a harness then gets an error instead of its answer or a failover).
+    shutdown_timeout_s: int = 30
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -146,6 +149,7 @@ def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
         argv += ["--max-model-len", str(launch.max_model_len)]
     if launch.device == "gpu":
         argv += ["--gpu-memory-utilization", str(launch.gpu_memory_utilization)]
+    argv += ["--shutdown-timeout", str(launch.shutdown_timeout_s)]
     if launch.enforce_eager:
         argv.append("--enforce-eager")
     return argv + list(launch.extra_args)
@@ -293,18 +297,22 @@ class EngineServer:
             return "(no log)"
         return "\n".join(text.splitlines()[-lines:])
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
+        """SIGTERM to the API server, which finishes in-flight requests (``shutdown_timeout_s``) and
+        stops its engine processes; SIGKILL to the whole process group if it has not exited by
+        ``timeout_s`` (default: the shutdown timeout + 15 s)."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        wait_s = timeout_s if timeout_s is not None else self.launch.shutdown_timeout_s + 15.0
         try:
-            os.killpg(process.pid, signal.SIGTERM)
-            process.wait(timeout_s)
+            process.send_signal(signal.SIGTERM)
+            process.wait(wait_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-        except ProcessLookupError:
             pass
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # anything of the group still alive
+        process.wait()
 
     def __enter__(self) -> EngineServer:
         self.start()
