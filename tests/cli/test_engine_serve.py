@@ -126,9 +126,27 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
     server_pid = int(parent.stdout.readline())  # type: ignore[union-attr]
     time.sleep(3)
     assert Path(f"/proc/{server_pid}").exists()  # control: the server was running
+    time.sleep(20)  # vLLM has started its engine core and worker by now
+    group = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == server_pid]
+    assert len(group) >= 2, "vLLM's engine processes did not start"  # control
     parent.kill()
     parent.wait()
     deadline = time.monotonic() + 30
-    while Path(f"/proc/{server_pid}").exists() and time.monotonic() < deadline:
+    while any(_alive(p) for p in group) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not Path(f"/proc/{server_pid}").exists()
+    assert not any(_alive(p) for p in group)  # the API server and its engine processes
+
+
+def _pgid(proc: Path) -> int | None:
+    try:
+        return os.getpgid(int(proc.name))
+    except (ProcessLookupError, PermissionError):
+        return None
+
+
+def _alive(proc: Path) -> bool:
+    """Running (not gone, not a zombie waiting to be reaped)."""
+    try:
+        return (proc / "stat").read_text().split(") ")[1][0] != "Z"
+    except (OSError, IndexError):
+        return False

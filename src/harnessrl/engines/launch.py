@@ -30,7 +30,6 @@ project (what ``HARNESSRL_INSTALL_VLLM=1 ./install.sh`` makes), else the current
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import signal
 import socket
@@ -219,14 +218,18 @@ def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
     return {"model": data[0].get("id"), "max_model_len": data[0].get("max_model_len"), "logprobs_mode": mode}
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the thread that started it dies (Linux
-    ``PR_SET_PDEATHSIG``), so a killed test run or benchmark leaves no vLLM behind (a SIGTERM'd
-    Python does not run ``finally`` blocks). SIGKILL, not SIGTERM: vLLM ignores SIGTERM while it
-    starts up. Its engine processes watch their parent and exit with it (checked)."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+#: Run beside each server: waits for its stdin (a pipe from the process that started the server) to
+#: close, which happens when that process exits however it exits (even SIGKILL, which runs no
+#: ``finally``), then kills the server's whole process group. vLLM's engine processes do not exit
+#: when its API server is killed, so killing the server alone would leave them running.
+_WATCHDOG = """
+import os, signal, sys
+os.read(0, 1)
+try:
+    os.killpg(int(sys.argv[1]), signal.SIGKILL)
+except ProcessLookupError:
+    pass
+"""
 
 
 @dataclass
@@ -234,13 +237,14 @@ class EngineServer:
     """One vLLM server process: ``start`` launches it (own process group, log file), ``wait_ready``
     polls until it serves, ``stop`` ends it (SIGTERM, then SIGKILL). Usable as a context manager.
 
-    The server is also killed when the thread that called ``start`` ends (or this process dies):
-    call ``start`` from a thread that lives as long as the server should (not ``asyncio.to_thread``)."""
+    When this process exits without ``stop`` (killed, crashed), a watchdog kills the server's whole
+    process group, so a killed test run or benchmark leaves no vLLM behind."""
 
     launch: VLLMLaunch
     log_path: Path
     python: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _watchdog: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
     def url(self) -> str:
@@ -263,10 +267,16 @@ class EngineServer:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
-                preexec_fn=_die_with_parent,
             )
         finally:
             log.close()
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-c", _WATCHDOG, str(self.process.pid)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # not killed with this process's group (Ctrl-C), by design
+        )
 
     def wait_ready(self, timeout_s: float = 600.0, *, progress: Any = None) -> dict[str, Any]:
         """Poll until the server answers and passes :func:`check_server`. ``UpstreamError`` with the
@@ -302,17 +312,21 @@ class EngineServer:
         stops its engine processes; SIGKILL to the whole process group if it has not exited by
         ``timeout_s`` (default: the shutdown timeout + 15 s)."""
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
-            return
-        wait_s = timeout_s if timeout_s is not None else self.launch.shutdown_timeout_s + 15.0
-        try:
-            process.send_signal(signal.SIGTERM)
-            process.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            pass
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # anything of the group still alive
-        process.wait()
+        watchdog, self._watchdog = self._watchdog, None
+        if process is not None and process.poll() is None:
+            wait_s = timeout_s if timeout_s is not None else self.launch.shutdown_timeout_s + 15.0
+            try:
+                process.send_signal(signal.SIGTERM)
+                process.wait(wait_s)
+            except subprocess.TimeoutExpired:
+                pass
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # anything of the group still alive
+            process.wait()
+        if watchdog is not None:
+            watchdog.stdin.close()  # type: ignore[union-attr]  # its kill finds nothing left now
+            watchdog.wait()
 
     def __enter__(self) -> EngineServer:
         self.start()
