@@ -236,4 +236,6 @@ def test_stop_string_ends_the_generation_on_the_server(
     assert len(call.response_token_ids) == len(call.response_logprobs) < 300
     wait_until(lambda: requests_running(tiny_server.url) == 0, "vLLM to end the request")
     generated = server_metric(tiny_server.url, "vllm:generation_tokens_total") - before
-    assert generated < len(call.response_token_ids) + 50  # not the whole 300-token budget
+    # Not the whole budget: with ignore_eos a request nobody ended generates exactly 300 tokens. How
+    # many vLLM samples before the abort reaches it depends on load (57 for a 2-token answer in CI).
+    assert generated < 300
