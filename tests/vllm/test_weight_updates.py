@@ -94,9 +94,9 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     generations finish (``/pause?mode=wait``) instead of aborting them."""
     stop_ids = tuple(tokenizer.stop_token_ids)
     checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=2)
-    # 500 tokens: vLLM is still generating them when the update reaches it, even if this process (the
+    # 1200 tokens: vLLM is still generating them when the update reaches it, even if this process (the
     # clients) lags seconds behind.
-    calls = [start_call(gateway, stream=stream, max_tokens=500) for stream in (True, False)]
+    calls = [start_call(gateway, stream=stream, max_tokens=1200) for stream in (True, False)]
     threads = [thread for _, _, thread in calls]
     wait_until(
         lambda: all_admitted(gateway, threads) and calls[0][1].streaming(),
@@ -108,9 +108,9 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
         thread.join(timeout=300)
     old = reference(tiny_dir)
     for rollout, outcome, _ in calls:
-        assert outcome.whole(500), outcome
+        assert outcome.whole(1200), outcome
         [call] = gateway.store.list_calls(rollout["rollout_id"])
-        assert stored_whole(call, stop_ids, 500), call.finish_reason
+        assert stored_whole(call, stop_ids, 1200), call.finish_reason
         expected = old.logprobs(call.prompt_token_ids, call.response_token_ids)
         assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
 
