@@ -20,11 +20,11 @@ from harnessrl.controller.evaluators import (
     EvaluationResult,
     EvaluatorError,
     build_evaluator,
-    final_answer_text,
     parse_evaluator_config,
 )
 from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.schemas import Call
+from harnessrl.tasks.answers import final_answer_text
 from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
 
 # -- functions the python evaluator imports (by this module's own name) ----------------------------

@@ -151,11 +151,11 @@ def test_openhands_comes_from_its_venv_or_path_and_gets_its_own_tmux_socket_fold
 
 
 def test_missing_openhands_is_a_config_error_naming_it(tmp_path, monkeypatch):
-    import harnessrl.controller.presets as presets
+    import harnessrl.controller.presets_python as presets_python
 
-    monkeypatch.setattr(presets, "_openhands_bin", lambda: None)
+    monkeypatch.setattr(presets_python, "_openhands_bin", lambda: None)
     monkeypatch.setenv("PATH", str(tmp_path))
-    spec = presets.openhands()
+    spec = presets_python.openhands()
     assert spec.command[0] == "openhands"
     with pytest.raises(ConfigError, match="harness.command\\[0\\].*'openhands'"):
         check_harness(spec)

@@ -8,8 +8,11 @@ flagged in command position: ``echo "use curl"`` or ``grep curl notes.txt`` are 
 actions), but ``echo "curl x" | sh`` is. Python is matched with regular expressions, not ``ast``: it
 is often a fragment (a heredoc, a notebook cell) and the match is exactly the highlighted substring.
 The audit is a tripwire, not a sandbox: encoded or computed commands (``$(echo Y3VybA== | base64
--d)``) are out of its reach by design. The rules about the machine around the task (``/proc``,
-namespaces, the store, paths outside the workspace) are in ``audit_system``. See docs/audit.md.
+-d)``) are out of its reach by design. Here are the traversal and the ``git_history``,
+``network_fetch`` and ``python_network`` rules; the checks of one install or one write
+(``package_install``, ``test_config_write``) are in ``audit_changes``, the rules about the machine
+around the task (``/proc``, namespaces, the store, paths outside the workspace) in
+``audit_system``. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -19,6 +22,14 @@ import re
 import shlex
 from collections.abc import Iterator
 
+from harnessrl.controller.audit_changes import (
+    PACKAGE_INSTALL,
+    check_write,
+    install_hint,
+    pip_hint,
+    python_writes,
+    shell_writes,
+)
 from harnessrl.controller.audit_shell import (
     Segment,
     output_of,
@@ -33,9 +44,7 @@ from harnessrl.controller.audit_system import check_path, python_hints, shell_hi
 
 GIT_HISTORY = "git_history"  # git log/show/blame/reflog/..., other commits, .git/ objects, fetch/pull
 NETWORK_FETCH = "network_fetch"  # curl, wget, nc, ssh/scp, /dev/tcp/
-PACKAGE_INSTALL = "package_install"  # pip/conda/uv/npm/apt/... install
 PYTHON_NETWORK = "python_network"  # urllib.request, requests, httpx, aiohttp, socket, http.client, ftplib
-TEST_CONFIG_WRITE = "test_config_write"  # writes to conftest.py/pytest.ini/..., edits or deletes tests
 
 MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
 
@@ -44,7 +53,6 @@ _NETWORK_PROGRAMS = wordlist(
 )
 _SHELLS = wordlist("sh bash zsh dash ksh ash mksh fish")
 _PYTHON_EXE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$|^ipython3?$")
-_PIP_EXE = re.compile(r"^pip(?:\d+(?:\.\d+)*)?$")
 
 
 def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
@@ -89,10 +97,10 @@ def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> I
     elif prog == "patch" and stdin:
         yield from analyze_patch(stdin)
     else:
-        hint = _install_hint(prog, words)
+        hint = install_hint(prog, words)
         if hint:
             yield PACKAGE_INSTALL, hint
-        yield from _shell_writes(prog, args, stdin)
+        yield from shell_writes(prog, args, stdin)
     for flag in ("-exec", "-execdir", "-ok", "-okdir"):
         if flag in args:  # find ... -exec CMD {} ;
             inner = [a for a in args[args.index(flag) + 1 :] if a not in ("{}", "+", ";")]
@@ -115,8 +123,8 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
                 if arg == "-m"
                 else (arg[2:], args[i + 1 :])
             )
-            if module == "pip" and _pip_hint(rest):
-                yield PACKAGE_INSTALL, f"-m pip {_pip_hint(rest)}"
+            if module == "pip" and pip_hint(rest):
+                yield PACKAGE_INSTALL, f"-m pip {pip_hint(rest)}"
             return
         if arg in ("-W", "-X"):
             i += 2
@@ -128,73 +136,6 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
         i += 1
     if stdin:
         yield from analyze_python(stdin, depth + 1)
-
-
-def _pip_hint(args: list[str]) -> str | None:
-    positional = [a for a in args if not a.startswith("-")]
-    if positional and positional[0] in ("install", "download") and "--no-index" not in args:
-        return positional[0]
-    return None
-
-
-# subcommand(s) that install, per package manager; pacman's ``-S`` is handled below.
-_INSTALL_SUBCOMMANDS: dict[str, set[str]] = {
-    **{p: {"install", "create"} for p in ("conda", "mamba", "micromamba")},
-    **{p: {"install", "i", "add", "ci"} for p in ("npm", "yarn", "pnpm", "bun")},
-    **{p: {"install"} for p in ("apt", "apt-get", "aptitude", "yum", "dnf", "zypper", "brew", "port", "gem")},
-    "apk": {"add"},
-    "cargo": {"install", "add"},
-    "go": {"install", "get"},
-    "pipx": {"install", "run"},
-    "poetry": {"add", "install"},
-    "pdm": {"add", "install"},
-    "uv": {"add"},
-}
-
-
-def _install_hint(prog: str, words: list[str]) -> str | None:
-    args = words[1:]
-    positional = [a for a in args if not a.startswith("-")]
-    first = positional[0] if positional else ""
-    if _PIP_EXE.match(prog) and _pip_hint(args):
-        return f"{words[0]} {_pip_hint(args)}"
-    if prog == "uv" and first in ("pip", "tool") and len(positional) > 1 and positional[1] == "install":
-        return f"{words[0]} {first} install"
-    if prog == "easy_install" or prog == "pacman" and any(re.match(r"^-S", a) for a in args):
-        return words[0]
-    if first in _INSTALL_SUBCOMMANDS.get(prog, ()):
-        return f"{words[0]} {first}"
-    return None
-
-
-def _shell_writes(prog: str, args: list[str], stdin: str | None) -> Iterator[tuple[str, str]]:
-    if prog == "tee":
-        mode = "edit" if {"-a", "--append"} & set(args) else "create"
-        for path in positional_args(args, set())[0]:
-            yield from check_write(path, mode, stdin)
-    elif prog == "sed" and any(re.match(r"^-[a-zA-Z]*i|^--in-place", a) for a in args):
-        positional, scripts = positional_args(args, {"-e", "-f", "--expression", "--file"})
-        if not scripts and positional:
-            scripts, positional = positional[:1], positional[1:]
-        for path in positional:
-            yield from check_write(path, "edit", "\n".join(scripts))
-    elif prog == "perl" and any(re.match(r"^-[a-zA-Z]*i", a) for a in args):
-        positional, scripts = positional_args(args, {"-e", "-E"})
-        for path in positional:
-            yield from check_write(path, "edit", "\n".join(scripts))
-    elif prog in ("rm", "unlink", "shred", "truncate"):
-        for path in positional_args(args, {"-s", "--size"})[0]:
-            yield from check_write(path, "delete", None)
-    elif prog in ("cp", "mv", "install", "ln"):
-        positional = positional_args(args, {"-t", "-S", "-m", "-o", "-g", "--target-directory"})[0]
-        if len(positional) >= 2:
-            for source in positional[:-1] if prog == "mv" else ():
-                yield from check_write(source, "delete", None)
-            yield from check_write(positional[-1], "create", None)
-    elif prog == "dd":
-        for arg in args:
-            if arg.startswith("of="):
-                yield from check_write(arg[3:], "create", None)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -248,7 +189,7 @@ def _analyze_git(words: list[str], stdin: str | None) -> Iterator[tuple[str, str
 
 
 # ---------------------------------------------------------------------------------------------------
-# Python, patches, writes
+# Python, patches
 # ---------------------------------------------------------------------------------------------------
 
 _NET_MODULES = (
@@ -294,13 +235,6 @@ _PY_SHELL_CALL = re.compile(
     r"(\[[^\]]*\]|[rbuf]?'[^'\n]*'|[rbuf]?\"[^\"\n]*\")"
 )
 _PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
-_PY_OPEN = re.compile(
-    r"\bopen\(\s*[rbuf]?(['\"])([^'\"\n]+)\1\s*,\s*(?:mode\s*=\s*)?[rbuf]?(['\"])([^'\"\n]*)\3"
-)
-_PY_PATH_OP = re.compile(
-    r"\bPath\(\s*[rbuf]?(['\"])([^'\"\n]+)\1\s*\)\s*\.\s*(write_text|write_bytes|unlink)\b"
-)
-_PY_REMOVE = re.compile(r"\b(?:os\.remove|os\.unlink|shutil\.rmtree)\(\s*[rbuf]?(['\"])([^'\"\n]+)\1")
 
 
 def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
@@ -314,14 +248,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
         arg = match.group(1)
         strings = [a or b for a, b in _PY_STRING.findall(arg)]
         yield from analyze_shell(shlex.join(strings) if arg.startswith("[") else "".join(strings), depth + 1)
-    for match in _PY_OPEN.finditer(code):
-        mode = match.group(4)
-        if set(mode) & set("wxa+"):
-            yield from check_write(match.group(2), "create" if set(mode) & set("wx") else "edit", None)
-    for match in _PY_PATH_OP.finditer(code):
-        yield from check_write(match.group(2), "delete" if match.group(3) == "unlink" else "create", None)
-    for match in _PY_REMOVE.finditer(code):
-        yield from check_write(match.group(2), "delete", None)
+    yield from python_writes(code)  # open(..., "w"), Path(...).unlink(), os.remove(...)
     stripped = code.lstrip()
     if stripped.startswith(("%%bash", "%%sh", "%%script")):  # notebook cell magics run shell
         yield from analyze_shell(stripped.partition("\n")[2], depth + 1)
@@ -365,40 +292,3 @@ def analyze_patch(text: str) -> Iterator[tuple[str, str]]:
 def _diff_path(text: str) -> str:
     path = text.split("\t")[0].strip()
     return path[2:] if path.startswith(("a/", "b/")) else path
-
-
-_TEST_CONFIG_FILES = wordlist(
-    "conftest.py pytest.ini .pytest.ini pytest.toml .pytest.toml tox.ini .coveragerc"
-)
-_PYTEST_MENTION = re.compile(r"pytest|coverage|addopts|testpaths", re.I)
-_TEST_DIR = re.compile(r"(?:^|/)(?:tests?|testing)/")
-
-
-def _is_test_path(path: str, base: str) -> bool:
-    return bool(
-        (base.startswith("test_") and base.endswith(".py"))
-        or base.endswith("_test.py")
-        or base in ("tests.py", "tests", "test", "testing")
-        or _TEST_DIR.search(path)
-    )
-
-
-def check_write(path: str, mode: str, content: str | None) -> Iterator[tuple[str, str]]:
-    """Flag a write (``create``/``edit``/``delete``) that can change what the tests check.
-
-    Config files are flagged for any write; ``setup.cfg``/``pyproject.toml`` only when the written
-    text mentions pytest/coverage (or is unknown). Test files are flagged when edited or deleted, and
-    when created inside a tests folder: a new ``test_fix.py`` at the repository root is the usual
-    reproduction script, not a hack.
-    """
-    path = path.strip()
-    if not path or path.startswith(("/dev/", "&")):
-        return
-    base = posixpath.basename(path.rstrip("/"))
-    if base in _TEST_CONFIG_FILES:
-        yield TEST_CONFIG_WRITE, path
-    elif base in ("setup.cfg", "pyproject.toml"):
-        if content is None or _PYTEST_MENTION.search(content):
-            yield TEST_CONFIG_WRITE, path
-    elif _is_test_path(path, base) and (mode != "create" or _TEST_DIR.search(path)):
-        yield TEST_CONFIG_WRITE, path

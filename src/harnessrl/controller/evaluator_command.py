@@ -1,8 +1,9 @@
-"""The command evaluator's process runner: placeholders filled, environment built, argv run.
+"""The ``command`` evaluator: a program run in the workspace (e.g. the task's tests) scores the rollout.
 
-``CommandEvaluator`` (in ``evaluators``) renders its argv with ``fill_placeholders`` and runs it
-with ``run_command``: in its own process group, killed as a group on timeout and once it exits,
-output written to files of which only the tail is read back.
+``CommandEvaluator`` renders its argv with ``fill_placeholders`` and runs it with ``run_command``:
+in its own process group, killed as a group on timeout and once it exits, output written to files
+of which only the tail is read back. The reward is its exit code (0 -> 1.0), the last stdout line
+as a float, or the last stdout line as JSON ``{"reward": x, ...}`` (``reward_from``).
 
 An evaluator runs code the policy wrote (its tests, a ``conftest.py``), so by default it runs in an
 ``EvaluatorSandbox``: a fresh bubblewrap sandbox of its own over a *copy* of the workspace, with no
@@ -21,12 +22,21 @@ import os
 import re
 import shutil
 import signal
-from dataclasses import dataclass, field
+import tempfile
+import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import harnessrl
-from harnessrl.controller.evaluator_types import EvaluatorError
+from harnessrl.controller.evaluator_config import CommandEvaluatorConfig
+from harnessrl.controller.evaluator_types import (
+    EvaluationInput,
+    EvaluationResult,
+    EvaluatorError,
+    checked_result,
+)
+from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, python_install_paths
 from harnessrl.sandbox.host import SandboxHost, shared_host
 from harnessrl.tasks.fields import get_field
@@ -194,3 +204,95 @@ def _tail(path: Path) -> str:
     with path.open("rb") as fh:
         fh.seek(max(0, path.stat().st_size - _OUTPUT_LIMIT))
         return fh.read().decode(errors="replace")
+
+
+# Harness placeholders an evaluator has no value for; used only to give a clear config error.
+_HARNESS_ONLY = re.compile(r"\{(base_url|anthropic_base_url|api_key|model|attempt)\}")
+
+
+class CommandEvaluator:
+    def __init__(self, config: CommandEvaluatorConfig, *, sandbox: EvaluatorSandbox | None = None):
+        self.config = config
+        # The sandbox's mode comes from the caller (the harness's); the paths to mount from this config.
+        base = sandbox or EvaluatorSandbox()
+        self.sandbox = replace(base, mounts=(*base.mounts, *(Path(m) for m in config.mounts)))
+
+    def validate(self) -> None:
+        for i, arg in enumerate([*self.config.command, *self.config.env.values()]):
+            where = f"evaluator.command[{i}]" if i < len(self.config.command) else "evaluator.env"
+            bad = _HARNESS_ONLY.search(arg)
+            if bad:
+                raise ConfigError(
+                    f"{where}: {bad.group(0)} is not available to evaluators "
+                    "(use {workspace}, {task_file}, {rollout_id}, {prompt}, {task[FIELD]}, {task[hidden.FIELD]})"
+                )
+        exe = self.config.command[0]
+        if "{" in exe or ("/" in exe and not os.path.isabs(exe)):
+            return  # rendered per rollout, or relative to the workspace: checked when it runs
+        if shutil.which(exe) is None:
+            raise ConfigError(f"evaluator.command[0]: executable {exe!r} not found on PATH")
+
+    async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
+        with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:  # 0700: the sandbox never sees it
+            scratch = Path(tmp)
+            # The full task (hidden fields included) for the scorer; the harness saw only its view.
+            task_file = scratch / "task.json"
+            task_file.write_text(json.dumps(inp.task))
+            sandboxed = self.sandbox.mode != "none"
+            workspace = (
+                await asyncio.to_thread(self.sandbox.copy_workspace, inp.workspace, scratch)
+                if sandboxed
+                else inp.workspace
+            )
+            values = {
+                "workspace": str(workspace),
+                "task_file": str(task_file),
+                "rollout_id": inp.rollout_id,
+                "prompt": inp.task.get("prompt"),
+                "task": inp.task,
+            }
+            command = [fill_placeholders(a, values) for a in self.config.command]
+            env = scrubbed_env(scratch / "home")
+            env.update(
+                HARNESSRL_WORKSPACE=str(workspace),
+                HARNESSRL_TASK_FILE=str(task_file),
+                HARNESSRL_TASK=json.dumps(inp.task),
+                HARNESSRL_ROLLOUT_ID=inp.rollout_id,
+            )
+            env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
+            argv = self.sandbox.argv(
+                command,
+                workspace=workspace,
+                original_workspace=inp.workspace,
+                scratch=scratch,
+                task=inp.task,
+                task_file=task_file,
+                env=env,
+            )
+            started = time.monotonic()
+            code, out, err = await run_command(argv, workspace, {}, self.config.timeout_s, scratch)
+        details = {
+            "exit_code": code,
+            "seconds": round(time.monotonic() - started, 3),
+            "stdout_tail": out[-2000:],
+            "stderr_tail": err[-2000:],
+        }
+        if code in self.config.infra_exit_codes:
+            raise EvaluatorError(f"evaluator command could not run (exit {code}): {err[-500:].strip()}")
+        if self.config.reward_from == "exit_code":
+            return checked_result(1.0 if code == 0 else 0.0, details)
+        if code != 0:
+            raise EvaluatorError(f"evaluator command exited with {code}: {err[-500:].strip()}")
+        last = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+        if self.config.reward_from == "stdout_float":
+            try:
+                return checked_result(float(last), details)
+            except ValueError as exc:
+                raise EvaluatorError(f"evaluator output's last line is not a number: {last[:200]!r}") from exc
+        try:
+            payload = json.loads(last)
+        except ValueError as exc:
+            raise EvaluatorError(f"evaluator output's last line is not JSON: {last[:200]!r}") from exc
+        if not isinstance(payload, dict) or "reward" not in payload:
+            raise EvaluatorError(f'evaluator JSON has no "reward": {last[:200]!r}')
+        return checked_result(payload.pop("reward"), {**details, "output": payload})

@@ -1,14 +1,15 @@
 """What evaluators receive and return: ``EvaluationInput``, ``EvaluationResult``, ``EvaluatorError``.
 
-Shared by the evaluators (``evaluators``), the command runner (``evaluator_command``) and the
-controller, which imports them from ``harnessrl.controller.evaluators``. ``final_answer_text`` is
-the answer the ``reasoning_gym`` and ``exact_match`` evaluators read: the last assistant text of a
-rollout's calls, in any provider's message shape.
+Shared by every evaluator kind (``evaluator_command``, ``evaluator_python``, ``evaluator_answer``)
+and the controller, which imports them from ``harnessrl.controller.evaluators``. ``checked_result``
+is the one check every kind applies to the reward it computed: a finite number, else an
+``EvaluatorError``. ``EvaluationInput.final_answer`` is ``harnessrl.tasks.answers.final_answer_text``
+of the rollout's calls.
 """
 
 from __future__ import annotations
 
-import re
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,12 +17,11 @@ from typing import Any
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Call
+from harnessrl.tasks.answers import final_answer_text
 
 
 class EvaluatorError(HarnessRLError):
     """The evaluator itself failed (timeout, crash, unparsable output): an infrastructure failure."""
-
-    code = "evaluator_failed"
 
 
 @dataclass(frozen=True)
@@ -47,37 +47,8 @@ class EvaluationResult:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-THINK = re.compile(r"<think>.*?</think>", re.S)  # reasoning blocks, never part of the answer
-
-
-def final_answer_text(calls: Sequence[Call]) -> str:
-    """The last non-empty assistant text in ``calls`` (OpenAI, Anthropic or Responses shapes)."""
-    for call in sorted(calls, key=lambda c: c.seq, reverse=True):
-        text = THINK.sub("", _message_text(call.response)).strip()
-        if text:
-            return text
-    return ""
-
-
-def _message_text(msg: Any) -> str:
-    if not isinstance(msg, dict):
-        return ""
-    if isinstance(msg.get("choices"), list) and msg["choices"]:
-        return _message_text((msg["choices"][-1] or {}).get("message"))
-    content = msg.get("content")
-    if isinstance(content, str):
-        return content
-    parts = (
-        content
-        if isinstance(content, list)
-        else msg.get("output")
-        if isinstance(msg.get("output"), list)
-        else []
-    )
-    texts = []
-    for part in parts:
-        if isinstance(part, dict) and part.get("type") in ("text", "output_text"):
-            texts.append(str(part.get("text", "")))
-        elif isinstance(part, dict) and part.get("type") == "message":
-            texts.append(_message_text(part))
-    return "\n".join(t for t in texts if t)
+def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:
+    """``EvaluationResult(reward, details)`` if ``reward`` is a finite number, else ``EvaluatorError``."""
+    if isinstance(reward, bool | int | float) and math.isfinite(float(reward)):
+        return EvaluationResult(float(reward), details)
+    raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {reward!r}")

@@ -1,14 +1,20 @@
 """Pulling a final answer out of a model's reply, and comparing it with a gold answer.
 
-Shared by the ``reasoning_gym`` and ``exact_match`` evaluators. The default convention is the one
-``harnessrl.tasks.reasoning_gym`` prompts for: a last line ``Answer: X``.
+Shared by the ``reasoning_gym`` and ``exact_match`` evaluators and by task modules that check what
+the policy said (``harnessrl.tasks.scienceworld``): ``final_answer_text`` is the last assistant
+text of a rollout's calls, in any provider's message shape; ``extract_answer`` pulls the answer out
+of it. The default convention is the one ``harnessrl.tasks.reasoning_gym`` prompts for: a last
+line ``Answer: X``. Depends only on ``harnessrl.schemas``: tasks never import the controller.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from typing import Literal
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from harnessrl.schemas import Call
 
 AnswerFallback = Literal["none", "last_line", "last_number"]
 
@@ -64,3 +70,40 @@ def answers_match(answer: str, gold: str, *, normalize: bool = True) -> bool:
         return math.isclose(float(a.replace(",", "")), float(g.replace(",", "")), rel_tol=1e-9, abs_tol=1e-12)
     except ValueError:
         return False
+
+
+THINK = re.compile(r"<think>.*?</think>", re.S)  # reasoning blocks, never part of the answer
+
+
+def final_answer_text(calls: Sequence[Call]) -> str:
+    """The last non-empty assistant text in ``calls`` (OpenAI, Anthropic or Responses shapes),
+    ``<think>`` blocks removed."""
+    for call in sorted(calls, key=lambda c: c.seq, reverse=True):
+        text = THINK.sub("", _message_text(call.response)).strip()
+        if text:
+            return text
+    return ""
+
+
+def _message_text(msg: Any) -> str:
+    if not isinstance(msg, dict):
+        return ""
+    if isinstance(msg.get("choices"), list) and msg["choices"]:
+        return _message_text((msg["choices"][-1] or {}).get("message"))
+    content = msg.get("content")
+    if isinstance(content, str):
+        return content
+    parts = (
+        content
+        if isinstance(content, list)
+        else msg.get("output")
+        if isinstance(msg.get("output"), list)
+        else []
+    )
+    texts = []
+    for part in parts:
+        if isinstance(part, dict) and part.get("type") in ("text", "output_text"):
+            texts.append(str(part.get("text", "")))
+        elif isinstance(part, dict) and part.get("type") == "message":
+            texts.append(_message_text(part))
+    return "\n".join(t for t in texts if t)

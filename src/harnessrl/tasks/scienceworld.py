@@ -43,6 +43,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call, Task
+from harnessrl.tasks.answers import final_answer_text
 
 ACTION_LOG = "scienceworld_actions.json"  # written by the agent in its workspace (its working directory)
 SPLITS = ("train", "dev", "test")
@@ -325,9 +326,6 @@ def unverified_actions(actions: Sequence[str], calls: Sequence[Call]) -> list[st
     call that matched action ``i-1``: the agent may skip a reply (nothing parsable) but cannot invent
     or reorder actions. Returns the first offending action onward (empty: all verified).
     """
-    # Imported here: harnessrl.controller imports harnessrl.tasks, not the other way round at import time.
-    from harnessrl.controller.evaluators import final_answer_text
-
     texts = [_norm(final_answer_text([c])) for c in sorted(calls, key=lambda c: (c.attempt, c.seq))]
     position = 0
     for index, action in enumerate(actions):

@@ -1,0 +1,232 @@
+"""Presets for the npm harnesses: Claude Code, Codex, OpenCode and Qwen Code.
+
+Each is looked up in the project-local npm prefix that ``install.sh`` fills
+(``.harnesses/node_modules/.bin``), then on ``PATH``, and gets that prefix mounted read-only in its
+sandbox. Each is configured through argv and environment only (the policy, conventions and merge
+are in ``presets``); Qwen Code, which reads some switches only from a settings file, gets a static
+one kept in the prefix, not in ``$HOME`` or the workspace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from harnessrl.controller.base import HarnessSpec
+
+# Where install.sh puts the npm harnesses: beside the venv (``<project>/.venv`` ->
+# ``<project>/.harnesses``) or in the current folder.
+NPM_PREFIX = ".harnesses"
+
+
+def _npm_prefix() -> Path | None:
+    """The project-local npm prefix, if install.sh made one."""
+    for root in (Path(sys.prefix).parent, Path.cwd()):
+        if (root / NPM_PREFIX / "node_modules").is_dir():
+            return root / NPM_PREFIX
+    return None
+
+
+def _npm_mounts() -> list[str]:
+    """What an npm harness must be able to read inside the sandbox: the project-local prefix."""
+    prefix = _npm_prefix()
+    return [str(prefix.resolve())] if prefix is not None else []
+
+
+def _npm_bin(name: str) -> str:
+    """An npm harness from the project-local prefix, else the bare name (resolved on PATH)."""
+    prefix = _npm_prefix()
+    if prefix is not None and (prefix / "node_modules" / ".bin" / name).exists():
+        return str(prefix / "node_modules" / ".bin" / name)
+    return name
+
+
+def claude_code() -> HarnessSpec:
+    """Claude Code (npm ``@anthropic-ai/claude-code``): Anthropic Messages, always streamed.
+
+    The rollout's ``ANTHROPIC_BASE_URL`` / ``ANTHROPIC_API_KEY`` come from the controller; the model
+    name is passed for every role (main, "haiku" background, subagents) so no call names a model
+    the gateway would not serve, and background calls (titles, summaries) are switched off.
+    ``IS_SANDBOX=1`` lets ``--dangerously-skip-permissions`` run as root (we are in a sandbox)."""
+    return HarnessSpec(
+        command=[
+            _npm_bin("claude"),
+            "-p",
+            "{prompt}",
+            "--dangerously-skip-permissions",
+            "--output-format",
+            "json",
+            "--model",
+            "{model}",
+        ],
+        env={
+            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+            "DISABLE_TELEMETRY": "1",
+            "DISABLE_AUTOUPDATER": "1",
+            "DISABLE_ERROR_REPORTING": "1",
+            "DISABLE_NON_ESSENTIAL_MODEL_CALLS": "1",
+            "IS_SANDBOX": "1",
+            "ANTHROPIC_MODEL": "{model}",
+            "ANTHROPIC_SMALL_FAST_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_HAIKU_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_SONNET_MODEL": "{model}",
+            "ANTHROPIC_DEFAULT_OPUS_MODEL": "{model}",
+            "CLAUDE_CODE_SUBAGENT_MODEL": "{model}",
+        },
+        mounts=_npm_mounts(),
+    )
+
+
+def codex() -> HarnessSpec:
+    """Codex CLI (npm ``@openai/codex``): OpenAI Responses only, always streamed.
+
+    The provider is defined with ``-c`` overrides (TOML values) instead of ``~/.codex/config.toml``,
+    so nothing is written into the attempt's ``$HOME``; ``env_key`` makes Codex send the rollout key
+    from ``OPENAI_API_KEY``. A custom provider id and model name keep Codex off OpenAI's own
+    request format (the built-in ``openai`` provider with a known model uses other endpoints)."""
+    return HarnessSpec(
+        command=[
+            _npm_bin("codex"),
+            "exec",
+            "--dangerously-bypass-approvals-and-sandbox",
+            "--skip-git-repo-check",
+            "-m",
+            "{model}",
+            "-c",
+            'model_provider="harnessrl"',
+            "-c",
+            'model_providers.harnessrl.name="harnessrl"',
+            "-c",
+            'model_providers.harnessrl.base_url="{base_url}"',
+            "-c",
+            'model_providers.harnessrl.env_key="OPENAI_API_KEY"',
+            "-c",
+            'model_providers.harnessrl.wire_api="responses"',
+            "-c",
+            'approval_policy="never"',
+            "-c",
+            "analytics.enabled=false",
+            "-c",
+            "feedback.enabled=false",
+            "-c",
+            "check_for_update_on_startup=false",
+            "-c",
+            'web_search="disabled"',
+            "--disable",
+            "plugins",
+            "--disable",
+            "remote_plugin",
+            "--disable",
+            "apps",
+            "--disable",
+            "in_app_updates",
+            "--disable",
+            "goals",
+            "--disable",
+            "multi_agent",
+            "{prompt}",
+        ],
+        env={"RUST_LOG": "error"},
+        mounts=_npm_mounts(),
+    )
+
+
+def opencode() -> HarnessSpec:
+    """OpenCode (npm ``opencode-ai``): chat completions through ``@ai-sdk/openai-compatible``, streamed.
+
+    The whole config (a ``harnessrl`` provider whose ``baseURL`` is the rollout) is passed in
+    ``OPENCODE_CONFIG_CONTENT``; ``--pure`` skips external plugins (which OpenCode would otherwise
+    install from npm at start-up — impossible, and pointless, inside the sandbox)."""
+    config = {
+        "$schema": "https://opencode.ai/config.json",
+        "provider": {
+            "harnessrl": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "harnessrl",
+                "options": {"baseURL": "{base_url}", "apiKey": "{api_key}"},
+                "models": {"{model}": {"name": "{model}", "tool_call": True}},
+            }
+        },
+        "model": "harnessrl/{model}",
+        "small_model": "harnessrl/{model}",
+        "autoupdate": False,
+        "share": "disabled",
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+    }
+    return HarnessSpec(
+        command=[
+            _npm_bin("opencode"),
+            "run",
+            "--pure",
+            "--title",
+            "harnessrl",
+            "-m",
+            "harnessrl/{model}",
+            "{prompt}",
+        ],
+        env={
+            "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+            "OPENCODE_DISABLE_MODELS_FETCH": "1",
+            "OPENCODE_DISABLE_AUTOUPDATE": "1",
+            "OPENCODE_DISABLE_SHARE": "1",
+            "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+            "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+            "OPENCODE_DISABLE_CLAUDE_CODE": "1",
+        },
+        mounts=_npm_mounts(),
+    )
+
+
+# Qwen Code reads its switches only from settings files. Written once per machine (static content,
+# no rollout data) and passed as the *system* settings file, which overrides user and project files.
+QWEN_SETTINGS = {
+    "$version": 4,  # the current schema: an older one makes Qwen Code migrate (rewrite) the file
+    "general": {"enableAutoUpdate": False},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False},
+}
+
+
+def _static_config_file(name: str, content: str) -> str:
+    """A config file with fixed content, kept in the npm prefix (else the temp folder); rewritten
+    only when its content changed, so concurrent rollouts read a complete file."""
+    folder = (_npm_prefix() or Path(tempfile.gettempdir())) / "harnessrl-presets"
+    path = folder / name
+    if not path.is_file() or path.read_text() != content:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(content)
+        tmp.replace(path)
+    return str(path)
+
+
+def qwen_code() -> HarnessSpec:
+    """Qwen Code (npm ``@qwen-code/qwen-code``): chat completions, streamed; reads the controller's
+    ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY`` with ``--auth-type openai``. Its background
+    "auto-memory" extraction call (a second, unrelated conversation per run) is switched off."""
+    settings = _static_config_file("qwen-code-settings.json", json.dumps(QWEN_SETTINGS, indent=2))
+    return HarnessSpec(
+        command=[
+            _npm_bin("qwen"),
+            "--auth-type",
+            "openai",
+            "--yolo",
+            "--telemetry=false",
+            "-o",
+            "json",
+            "-m",
+            "{model}",
+            "{prompt}",
+        ],
+        env={
+            "OPENAI_MODEL": "{model}",
+            "QWEN_CODE_SYSTEM_SETTINGS_PATH": settings,
+            "QWEN_CODE_NO_RELAUNCH": "1",
+            "QWEN_CODE_DISABLE_PRECONNECT": "1",
+        },
+        mounts=sorted({*_npm_mounts(), settings}),
+    )
