@@ -560,7 +560,7 @@ def serve_harnessrl(
     store = open_store(store_path)
     app = create_app(GatewayConfig(admin_key=admin_key, port=port), store, engine)
     try:
-        from harnessrl.gateway.server import tune_gc
+        from harnessrl.gateway.process import tune_gc
     except ImportError:  # an older harnessrl: default GC settings
         pass
     else:

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harnessrl.algorithms import pack_micro_batches, step_totals
-from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.errors import ConfigError, InvalidBatch
 from harnessrl.trajectory import Sample
 
 
@@ -44,5 +44,5 @@ def test_step_totals_count_per_rollout_and_sample():
     assert totals.sample_token_counts_S == (2, 3, 4, 0)
     assert (totals.num_rollouts, totals.num_samples, totals.num_loss_tokens) == (2, 3, 9)
     assert totals.rollout_index(samples[2]) == 0 and totals.sample_index(samples[2]) == 2
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidBatch):
         step_totals([sample("a", 0, 5, 2), sample("a", 0, 5, 2)])

@@ -22,7 +22,7 @@ def test_ci_runs_exactly_the_readme_install_and_test_commands():
 
 
 def test_the_main_job_config_is_valid_and_its_heldout_set_is_there(tmp_path):
-    from harnessrl.cli.train import prepare_run
+    from harnessrl.trainer.run_setup import prepare_run
 
     _, main_job, _ = front_door()
     assert main_job.startswith(".venv/bin/harnessrl train ")

@@ -14,7 +14,7 @@ from tests.dashboard.conftest import ADMIN_KEY, RunFolder
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
-from harnessrl.dashboard import create_dashboard_app
+from harnessrl.dashboard import create_dashboard_app, gateway_dashboard
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -74,7 +74,8 @@ def test_login_form(anonymous: TestClient, rollout_key: str) -> None:
 def test_gateway_mounts_dashboard_behind_admin_key(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "harnessrl.db")
     tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
-    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), store, ScriptedEngine(["Hello!"], tokenizer))
+    engine = ScriptedEngine(["Hello!"], tokenizer)
+    app = create_app(GatewayConfig(admin_key=ADMIN_KEY), store, engine, extra_routes=[gateway_dashboard])
     with serve_in_thread(app) as url, GatewayClient(url, ADMIN_KEY) as client:
         rollout = client.create_rollout({"prompt": "test"})
         _check_gateway(url, rollout)

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from harnessrl.errors import NotFound
-from harnessrl.gateway.server import GC_GEN0_THRESHOLD, tune_gc
+from harnessrl.gateway.process import GC_GEN0_THRESHOLD, tune_gc
 from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import Call
 from harnessrl.store.sqlite import SQLiteStore

@@ -330,6 +330,10 @@ def test_two_worker_processes_serve_one_address_and_pause_together(pg_url: str, 
         assert all(g["paused"] for g in client.state()["gateways"])
         assert client.resume()["paused"] is False
         client.close()
+        # The entry point mounts the dashboard in every worker (the gateway package does not import
+        # it); on a PostgreSQL store its pages answer 501, an unmounted /ui would be a 404.
+        ui = httpx.get(f"{url}/ui/", headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=30)
+        assert ui.status_code == 501, ui.text
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0

@@ -24,8 +24,8 @@ from pathlib import Path
 import pytest
 
 import harnessrl
+from harnessrl.controller.sandbox_check import LoopbackListener
 from harnessrl.sandbox.bwrap import sandbox_problem
-from harnessrl.sandbox.check import LoopbackListener
 from harnessrl.store.sqlite import SQLiteStore
 
 pytestmark = [

@@ -17,7 +17,7 @@ import pytest
 
 from harnessrl.controller.base import ExitKind, Launch, ResourceLimits
 from harnessrl.controller.local import LocalRunner
-from harnessrl.sandbox.check import LoopbackListener
+from harnessrl.controller.sandbox_check import LoopbackListener
 from harnessrl.sandbox.proxy import GatewayBridge
 
 # A sleep duration no other process on the machine uses, so pgrep finds only ours.

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.errors import BadRequest
+from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Call, Rollout
 from harnessrl.trajectory import Sample, build_rollout_samples, calls_to_samples
 
@@ -225,7 +225,7 @@ def test_logprob_count_must_match_response():
     call = Call(
         rollout_id="r", seq=0, prompt_token_ids=[1], response_token_ids=[2, 3], response_logprobs=[-1.0]
     )
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidBatch):
         calls_to_samples(rollout(), [call])
 
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harnessrl.errors import BadRequest
+from harnessrl.errors import InvalidSampleFile
 from harnessrl.trajectory import FORMAT, Sample, SampledSpan, read_samples, write_samples
 from harnessrl.trajectory.export import row_to_sample, sample_to_row
 
@@ -65,16 +65,16 @@ def test_jsonl_row_is_documented_shape(tmp_path):
 
 
 def test_unknown_suffix_and_bad_rows_are_rejected(tmp_path):
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidSampleFile):
         write_samples(tmp_path / "s.csv", [])
     (tmp_path / "bad.jsonl").write_text(json.dumps({"format": "other"}) + "\n")
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidSampleFile):
         read_samples(tmp_path / "bad.jsonl")
     (tmp_path / "short.jsonl").write_text(
         json.dumps({"format": FORMAT, "rollout_id": "r", "input_ids": [1, 2], "loss_mask": [0],
                     "behaviour_logprobs": [0.0, 0.0], "spans": []}) + "\n"
     )  # fmt: skip
-    with pytest.raises(BadRequest):
+    with pytest.raises(InvalidSampleFile):
         read_samples(tmp_path / "short.jsonl")
 
 

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.errors import BadRequest
+from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Outcome, Rollout
 from harnessrl.trajectory import Sample, group_key
 
@@ -130,7 +130,7 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
     seen: set[str] = set()
     for rollout in rollouts:
         if rollout.rollout_id in seen:
-            raise BadRequest(f"rollout {rollout.rollout_id} given twice", param="rollouts")
+            raise InvalidBatch(f"rollout {rollout.rollout_id} given twice")
         seen.add(rollout.rollout_id)
         if rollout.outcome is Outcome.INFRA_FAILURE:
             excluded[rollout.rollout_id] = "infra_failure"
@@ -183,7 +183,5 @@ def assign_advantages(samples: Sequence[Sample], advantages: RolloutAdvantages) 
         if sample.rollout_id in advantages.advantages:
             out.append(dataclasses.replace(sample, advantage=advantages.advantages[sample.rollout_id]))
         elif sample.rollout_id not in advantages.excluded:
-            raise BadRequest(
-                f"sample of rollout {sample.rollout_id}, which got no advantage", param="samples"
-            )
+            raise InvalidBatch(f"sample of rollout {sample.rollout_id}, which got no advantage")
     return out

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.errors import ConfigError, InvalidBatch
 from harnessrl.trajectory import Sample
 
 
@@ -60,7 +60,7 @@ def step_totals(samples: Sequence[Sample]) -> StepTotals:
     for sample in samples:
         key = (sample.rollout_id, sample.sample_index)
         if key in sample_index:
-            raise BadRequest(f"sample {key} appears twice in the step", param="samples")
+            raise InvalidBatch(f"sample {key} appears twice in the step")
         sample_index[key] = len(sample_counts)
         n = sample.num_loss_tokens
         sample_counts.append(n)

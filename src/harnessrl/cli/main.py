@@ -114,7 +114,7 @@ def _interrupt(*_: object) -> None:
 def sandbox_check() -> None:
     """Try every isolation property of the local sandbox on this machine (from inside a real
     sandbox) and print each as held / NOT HELD; exit 1 when any does not hold."""
-    from harnessrl.sandbox.check import check_sandbox
+    from harnessrl.controller.sandbox_check import check_sandbox
 
     properties = check_sandbox()
     for prop in properties:
@@ -183,10 +183,11 @@ def gateway(
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
 
+    from harnessrl.dashboard import gateway_dashboard
     from harnessrl.gateway.server import run_gateway
 
     try:
-        run_gateway(gateway_cfg, engine_cfg, store_url)
+        run_gateway(gateway_cfg, engine_cfg, store_url, extra_routes=[gateway_dashboard])  # /ui
     except HarnessRLError as exc:
         raise fail(str(exc), code=1) from exc
 

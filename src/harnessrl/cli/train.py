@@ -1,5 +1,6 @@
 """``harnessrl train``: parse and validate the run's config before importing torch, prepare the run
-folder (refusing to overwrite one without ``--resume``), then hand over to the trainer.
+folder (``trainer.run_setup.prepare_run``: refusing to overwrite one without ``--resume``), then
+hand over to the trainer.
 
 SIGINT (Ctrl-C) and SIGTERM (``kill``, a Kubernetes pod being deleted, systemd) stop a run the same
 clean way: the trainer's task is cancelled, so its harness processes are killed, the gateway closes,
@@ -11,62 +12,17 @@ the process was started ignoring (a job of a non-interactive shell: ``cmd &``) s
 from __future__ import annotations
 
 import asyncio
-import json
 import signal
 from pathlib import Path
 from typing import Any
 
-from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
-from harnessrl.errors import ConfigError, HarnessRLError
-
-CONFIG_FILE = "config.json"
-
-
-def prepare_run(config_path: str | None, resume: str | None, overrides: list[str]) -> tuple[Any, Path, Path]:
-    from harnessrl.trainer.config import TrainConfig
-
-    if resume:
-        run_dir = Path(resume)
-        saved = run_dir / CONFIG_FILE
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume!r}: no {CONFIG_FILE} there; is it a harnessrl run folder?")
-        raw = json.loads(saved.read_text())
-        base_dir = Path(raw.pop("_base_dir", "."))
-        for item in overrides:  # e.g. raise trainer.steps to train longer
-            key, _, value = item.partition("=")
-            raw_override = load_raw_config(None, [f"{key}={value}"], env={})
-            _merge(raw, raw_override)
-        config = validate_config(TrainConfig, raw)
-        return config, run_dir, base_dir
-    if config_path is None:
-        raise ConfigError("give a config file (harnessrl train CONFIG) or --resume RUN_DIR")
-    base_dir = Path(config_path).resolve().parent
-    raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
-    config = validate_config(TrainConfig, raw)
-    run_dir = Path(config.run.dir) if config.run.dir else Path("runs") / config.run.name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
-            "or set run.name / run.dir to start a new run"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
-    saved = config.model_dump(mode="json")
-    saved["_base_dir"] = str(base_dir)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
-    return config, run_dir, base_dir
-
-
-def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
-    for key, value in new.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
+from harnessrl.errors import HarnessRLError
+from harnessrl.trainer.run_setup import prepare_run
 
 
 def run_train(config_path: str | None, resume: str | None, overrides: list[str]) -> dict[str, Any]:
     config, run_dir, base_dir = prepare_run(config_path, resume, overrides)
-    from harnessrl.trainer.loop import Trainer
+    from harnessrl.trainer.run import Trainer
 
     trainer = Trainer(config, run_dir, resume=bool(resume), base_dir=base_dir)
     return asyncio.run(_until_signalled(trainer.run(), run_dir))

@@ -3,8 +3,9 @@
 Anthropic Messages routes (``/v1/messages``...) answer ``{"type": "error", "error": {"type",
 "message"}}`` with Anthropic's error types; every other route answers OpenAI's shape:
 
-``{"error": {"message", "type", "code", "param"}}`` with the status of the ``HarnessRLError``
-subclass. Client mistakes are 4xx and carry ``x-should-retry: false`` so the OpenAI SDK (and
+``{"error": {"message", "type", "code", "param"}}``. The status, ``type`` and ``code`` of each
+``HarnessRLError`` class are in one table here (``ERROR_SHAPES``); the classes themselves carry no
+HTTP status. Client mistakes are 4xx and carry ``x-should-retry: false`` so the OpenAI SDK (and
 litellm, which wraps it) does not retry them; unexpected exceptions become a logged 500 in the
 same shape. Streaming responses that fail after their headers went out use ``sse_error``.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,12 +25,19 @@ from starlette.responses import JSONResponse
 
 from harnessrl.errors import (
     BadRequest,
+    ConfigError,
     Conflict,
+    ContextLengthExceeded,
     Forbidden,
+    GenerationAborted,
     HarnessRLError,
+    InvalidGenerationRequest,
+    InvalidTransition,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
     Unauthorized,
+    UpstreamError,
 )
 
 log = logging.getLogger("harnessrl.gateway")
@@ -40,22 +49,73 @@ RETRY_AFTER_S = "1"
 class RolloutClosed(Conflict):
     """A model call for a rollout that is finished, failed or cancelled."""
 
-    code = "rollout_closed"
-
 
 class MethodNotAllowed(HarnessRLError):
-    http_status = 405
-    error_type = "invalid_request_error"
-    code = "method_not_allowed"
+    """A known route asked with a method it does not serve."""
+
+
+class HTTPStatusError(BadRequest):
+    """Starlette's own ``HTTPException`` with a 4xx status the table has no class for; keeps it."""
+
+    def __init__(self, message: str, *, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class ErrorShape:
+    """How one error leaves the gateway: its HTTP status, OpenAI's ``type`` and the ``code``."""
+
+    status: int
+    type: str
+    code: str
+
+
+#: Each error class's status, ``type`` and ``code``. A class not listed answers as its nearest
+#: listed base (its MRO), so a new subclass needs a row only when it should answer differently.
+ERROR_SHAPES: dict[type[HarnessRLError], ErrorShape] = {
+    HarnessRLError: ErrorShape(500, "server_error", "internal_error"),
+    ConfigError: ErrorShape(500, "server_error", "bad_config"),
+    BadRequest: ErrorShape(400, "invalid_request_error", "invalid_request"),
+    ContextLengthExceeded: ErrorShape(400, "invalid_request_error", "context_length_exceeded"),
+    PayloadTooLarge: ErrorShape(413, "invalid_request_error", "payload_too_large"),
+    # The engine checks the prompt and max_tokens it is handed too (the embedded engine: empty,
+    # outside the vocabulary); they came from the client's request, so 400 as a BadRequest would.
+    InvalidGenerationRequest: ErrorShape(400, "invalid_request_error", "invalid_request"),
+    Unauthorized: ErrorShape(401, "authentication_error", "invalid_api_key"),
+    Forbidden: ErrorShape(403, "permission_error", "forbidden"),
+    NotFound: ErrorShape(404, "not_found_error", "not_found"),
+    MethodNotAllowed: ErrorShape(405, "invalid_request_error", "method_not_allowed"),
+    Conflict: ErrorShape(409, "invalid_request_error", "conflict"),
+    InvalidTransition: ErrorShape(409, "invalid_request_error", "invalid_transition"),
+    RolloutClosed: ErrorShape(409, "invalid_request_error", "rollout_closed"),
+    Overloaded: ErrorShape(429, "rate_limit_error", "overloaded"),
+    UpstreamError: ErrorShape(502, "api_error", "upstream_error"),
+    # The engine ended the generation itself (a pause with mode=abort before a weight update): 503
+    # so the harness's SDK retries, and by then the gateway serves again.
+    GenerationAborted: ErrorShape(503, "api_error", "engine_aborted"),
+}
+
+
+def error_shape(exc: HarnessRLError) -> ErrorShape:
+    """The row of ``ERROR_SHAPES`` for ``exc``: its class's, or its nearest listed base's."""
+    for cls in type(exc).__mro__:
+        shape = ERROR_SHAPES.get(cls)  # type: ignore[call-overload]
+        if shape is not None:
+            if isinstance(exc, HTTPStatusError):
+                return ErrorShape(exc.status, shape.type, shape.code)
+            return shape
+    raise TypeError(f"{type(exc).__name__} is not a HarnessRLError")
 
 
 def error_body(exc: HarnessRLError) -> dict[str, Any]:
     """OpenAI's error object for ``exc``."""
+    shape = error_shape(exc)
     return {
         "error": {
             "message": str(exc) or exc.__class__.__name__,
-            "type": exc.error_type,
-            "code": exc.code,
+            "type": shape.type,
+            "code": shape.code,
             "param": getattr(exc, "param", None),
         }
     }
@@ -73,7 +133,8 @@ def error_headers(status: int) -> dict[str, str]:
 
 
 def error_response(exc: HarnessRLError) -> JSONResponse:
-    return JSONResponse(error_body(exc), status_code=exc.http_status, headers=error_headers(exc.http_status))
+    status = error_shape(exc).status
+    return JSONResponse(error_body(exc), status_code=status, headers=error_headers(status))
 
 
 # -- Anthropic's shape ------------------------------------------------------------------------------
@@ -97,15 +158,14 @@ def is_anthropic_route(path: str) -> bool:
 
 def anthropic_error_body(exc: HarnessRLError) -> dict[str, Any]:
     """Anthropic's error object for ``exc``; its ``type`` follows the HTTP status as Anthropic's does."""
-    status = exc.http_status
+    status = error_shape(exc).status
     kind = _ANTHROPIC_TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": str(exc) or exc.__class__.__name__}}
 
 
 def anthropic_error_response(exc: HarnessRLError) -> JSONResponse:
-    return JSONResponse(
-        anthropic_error_body(exc), status_code=exc.http_status, headers=error_headers(exc.http_status)
-    )
+    status = error_shape(exc).status
+    return JSONResponse(anthropic_error_body(exc), status_code=status, headers=error_headers(status))
 
 
 def anthropic_sse_error(exc: HarnessRLError) -> str:
@@ -162,14 +222,15 @@ def from_validation_error(exc: ValidationError, data: Any = None) -> BadRequest:
 def _count(request: Request, exc: HarnessRLError) -> None:
     gateway = getattr(request.app.state, "gateway", None)
     if gateway is not None:
-        gateway.metrics.errors.labels(code=exc.code).inc()
+        gateway.metrics.errors.labels(code=error_shape(exc).code).inc()
 
 
 async def handle_harnessrl_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HarnessRLError)
     _count(request, exc)
-    if exc.http_status >= 500:
-        log.warning("%s %s -> %d: %s", request.method, request.url.path, exc.http_status, exc)
+    status = error_shape(exc).status
+    if status >= 500:
+        log.warning("%s %s -> %d: %s", request.method, request.url.path, status, exc)
     return _respond(request, exc)
 
 
@@ -188,8 +249,7 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
     elif exc.status_code == 413:
         mapped = PayloadTooLarge(exc.detail)
     else:
-        mapped = BadRequest(exc.detail)
-        mapped.http_status = exc.status_code
+        mapped = HTTPStatusError(exc.detail, status=exc.status_code)
     return await handle_harnessrl_error(request, mapped)
 
 

@@ -32,6 +32,7 @@ from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_json, validate_body
 from harnessrl.gateway.calls import PreparedCall, sampling_params
 from harnessrl.gateway.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.responses_input import (
     PREVIOUS_KEY,
     request_to_internal,
@@ -111,7 +112,7 @@ class ResponsesCall:
             "created_at": self.created_at,
             "status": status,
             "background": False,
-            "error": {"code": error.code, "message": str(error)} if error is not None else None,
+            "error": {"code": error_shape(error).code, "message": str(error)} if error is not None else None,
             "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
             "instructions": body.instructions,
             "max_output_tokens": body.max_output_tokens,
@@ -289,7 +290,7 @@ async def _sse(rc: ResponsesCall) -> AsyncIterator[str]:
         yield event({"type": final, "response": rc.response(status, out)})
     except HarnessRLError as exc:
         completed = True
-        state.metrics.errors.labels(code=exc.code).inc()
+        state.metrics.errors.labels(code=error_shape(exc).code).inc()
         yield event({"type": "response.failed", "response": rc.response("failed", out, exc)})
     finally:
         if not completed and call.stored is None:

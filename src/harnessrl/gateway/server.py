@@ -9,7 +9,6 @@ store. ``python -m harnessrl.gateway`` is the same without the typer CLI.
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 import secrets
 import signal
@@ -17,65 +16,38 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.applications import Starlette
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
+from harnessrl.gateway.process import bind_socket, tune_gc, url_for
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.app import RouteFactory
 
 log = logging.getLogger("harnessrl.gateway")
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """Bind the listening socket ourselves, so port 0 resolves to a real port before we print the URL."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"gateway: cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
-
-
-def _url(host: str, port: int) -> str:
-    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
-    shown = f"[{shown}]" if ":" in shown else shown
-    return f"http://{shown}:{port}"
 
 
 def _ignore_signal(signum: int, frame: object) -> None:
     log.info("gateway stopped by signal %d", signum)
 
 
-#: The gateway process's first-generation GC threshold (CPython's default: 700).
-GC_GEN0_THRESHOLD = 10_000
+def run_gateway(
+    gateway: GatewayConfig,
+    engine: EngineConfig,
+    store_url: str,
+    *,
+    extra_routes: Sequence[RouteFactory] = (),
+) -> None:
+    """Serve until SIGINT/SIGTERM. Blocking. ``gateway.workers > 1``: that many processes (``run_workers``).
 
-
-def tune_gc() -> None:
-    """Garbage-collector settings for a gateway process: call once, after the app is built.
-
-    Every call allocates hundreds of small containers (an answer's logprob entries) next to lists of
-    thousands of token IDs; with the default threshold a young-generation collection runs about once
-    per call and walks those lists, and full collections walk everything imported at start-up. This
-    moves what exists now (modules, tokenizer, templates) out of the collector's sight
-    (``gc.freeze``) and collects the young generation every 10 000 net allocations, not 700: in the
-    gateway_overhead benchmark that cut the gateway's GC time per call about fivefold (~0.25 ms of
-    ~5 ms CPU per call). Only process-wide settings change; garbage is still collected.
+    ``extra_routes``: routes the app serves beside the gateway's own (``create_app``), e.g. the
+    dashboard's ``/ui``; the caller composing the gateway chooses them.
     """
-    gc.collect()
-    gc.freeze()
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
-
-
-def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
-    """Serve until SIGINT/SIGTERM. Blocking. ``gateway.workers > 1``: that many processes (``run_workers``)."""
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
     from harnessrl.store import open_store
@@ -89,15 +61,15 @@ def run_gateway(gateway: GatewayConfig, engine: EngineConfig, store_url: str) ->
 
         if generated:
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
-        run_workers(gateway, engine, store_url)
+        run_workers(gateway, engine, store_url, extra_routes=extra_routes)
         return
-    sock = _bind(gateway.host, gateway.port)
+    sock = bind_socket(gateway.host, gateway.port)
     port = sock.getsockname()[1]
-    url = _url(gateway.host, port)
+    url = url_for(gateway.host, port)
     store = open_store(store_url)
     try:
         policy = create_engine(engine)
-        app = create_app(gateway, store, policy)
+        app = create_app(gateway, store, policy, extra_routes=extra_routes)
         if generated:
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
         print(f"harnessrl gateway listening on {url} (store {store_url}, model {engine.model})", flush=True)
@@ -139,7 +111,7 @@ def serve_in_thread(
     closed at the end.
     """
     if sock is None:
-        sock = _bind(host, port)
+        sock = bind_socket(host, port)
     else:
         host = sock.getsockname()[0]
     port = sock.getsockname()[1]
@@ -159,14 +131,14 @@ def serve_in_thread(
             raise RuntimeError(f"gateway test server on port {port} did not start")
         time.sleep(0.01)
     try:
-        yield _url(host, port)
+        yield url_for(host, port)
     finally:
         server.should_exit = True
         thread.join(timeout=timeout_s)
         sock.close()
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] = ()) -> None:
     """``python -m harnessrl.gateway --model M --port P --store S [--host H] [--workers N] [--peer URL]``
     (admin key from env)."""
     import argparse
@@ -189,7 +161,12 @@ def main(argv: list[str] | None = None) -> None:
             workers=args.workers,
             peers=args.peer,
         )
-        run_gateway(gateway, EngineConfig(model=args.model, tokenizer=args.tokenizer), args.store)
+        run_gateway(
+            gateway,
+            EngineConfig(model=args.model, tokenizer=args.tokenizer),
+            args.store,
+            extra_routes=extra_routes,
+        )
     except ConfigError as exc:
         print(f"harnessrl gateway: error: {exc}", file=sys.stderr)
         sys.exit(2)

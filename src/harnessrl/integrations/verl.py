@@ -41,7 +41,7 @@ from verl import DataProto
 from verl.utils.model import compute_position_id_with_mask
 
 from harnessrl.algorithms.packing import StepTotals, step_totals
-from harnessrl.errors import BadRequest
+from harnessrl.errors import EmptyBatch, InvalidBatch
 from harnessrl.integrations.verl_loss import (
     LOSS_NAME,
     ROLLOUT_TOKENS_KEY,
@@ -69,12 +69,12 @@ FORMAT = "harnessrl.verl/v1"
 
 def _prompt_length(sample: Sample) -> int:
     if not sample.spans:
-        raise BadRequest(f"sample of rollout {sample.rollout_id} has no sampled span", param="samples")
+        raise InvalidBatch(f"sample of rollout {sample.rollout_id} has no sampled span")
     p = sample.spans[0].start
     if p < 1:
         # verl's unpadding (no_padding_2_padding) reads the log-prob of the first response token
         # from the last prompt position: a row needs at least one prompt token.
-        raise BadRequest(f"sample of rollout {sample.rollout_id} has an empty first prompt", param="samples")
+        raise InvalidBatch(f"sample of rollout {sample.rollout_id} has an empty first prompt")
     return p
 
 
@@ -102,16 +102,16 @@ def samples_to_dataproto(
     part of it. Every sample needs its ``advantage``. ``dtype`` is that of the float tensors.
     """
     if not samples:
-        raise BadRequest("no samples to convert", param="samples")
+        raise EmptyBatch("no samples to convert")
     totals = totals if totals is not None else step_totals(samples)
     prompt_lens = [_prompt_length(s) for s in samples]
     response_lens = [len(s) - p for s, p in zip(samples, prompt_lens, strict=True)]
     P = max(prompt_lens) if prompt_length is None else prompt_length
     L = max(response_lens) if response_length is None else response_length
     if max(prompt_lens) > P:
-        raise BadRequest(f"a first prompt has {max(prompt_lens)} tokens, more than prompt_length {P}")
+        raise InvalidBatch(f"a first prompt has {max(prompt_lens)} tokens, more than prompt_length {P}")
     if max(response_lens) > L:
-        raise BadRequest(f"a response part has {max(response_lens)} tokens, more than response_length {L}")
+        raise InvalidBatch(f"a response part has {max(response_lens)} tokens, more than response_length {L}")
 
     B = len(samples)
     prompts = torch.full((B, P), pad_token_id, dtype=torch.long)
@@ -124,13 +124,11 @@ def samples_to_dataproto(
     rollout_tokens = torch.zeros((B,), dtype=torch.long)
     for b, (s, p, n) in enumerate(zip(samples, prompt_lens, response_lens, strict=True)):
         if s.advantage is None:
-            raise BadRequest(f"sample of rollout {s.rollout_id} has no advantage", param="samples")
+            raise InvalidBatch(f"sample of rollout {s.rollout_id} has no advantage")
         try:
             r = totals.rollout_index(s)
         except KeyError as exc:
-            raise BadRequest(
-                f"rollout {s.rollout_id} is not in the given step totals", param="totals"
-            ) from exc
+            raise InvalidBatch(f"rollout {s.rollout_id} is not in the given step totals") from exc
         prompts[b, P - p :] = torch.tensor(s.input_ids[:p], dtype=torch.long)  # left padding
         prompt_attn[b, P - p :] = 1
         responses[b, :n] = torch.tensor(s.input_ids[p:], dtype=torch.long)  # right padding
@@ -194,7 +192,7 @@ def dataproto_to_samples(data: DataProto) -> list[Sample]:
     Log-probs come back in the batch's float dtype (exact when it was float64).
     """
     if data.meta_info.get("format") != FORMAT:
-        raise BadRequest(f"not a {FORMAT} batch (format={data.meta_info.get('format')!r})", param="data")
+        raise InvalidBatch(f"not a {FORMAT} batch (format={data.meta_info.get('format')!r})")
     batch, extra = data.batch, data.non_tensor_batch
     P = batch["prompts"].shape[1]
     out: list[Sample] = []

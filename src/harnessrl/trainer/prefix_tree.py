@@ -26,7 +26,7 @@ import torch
 
 from harnessrl.algorithms.losses import MicroBatch
 from harnessrl.algorithms.packing import StepTotals
-from harnessrl.errors import BadRequest
+from harnessrl.errors import EmptyBatch, InvalidBatch
 from harnessrl.trajectory import Sample
 from harnessrl.trajectory.samples import common_prefix
 
@@ -100,7 +100,7 @@ def prefix_batch(
     sample's longest common prefix with the earlier ones is the one with its predecessor.
     """
     if not rows or not any(rows):
-        raise BadRequest("cannot build an empty micro-batch", param="samples")
+        raise EmptyBatch("cannot build an empty micro-batch")
     flat_ids: list[list[int]] = []
     flat_pos: list[list[int]] = []
     # per row: (shared path, start, end) of each sample's new segment, to build the mask with
@@ -121,7 +121,7 @@ def prefix_batch(
         previous_path: list[int] = []
         for sample in row:
             if sample.advantage is None:
-                raise BadRequest(f"sample of rollout {sample.rollout_id} has no advantage", param="samples")
+                raise InvalidBatch(f"sample of rollout {sample.rollout_id} has no advantage")
             shared = common_prefix(previous.input_ids, sample.input_ids) if previous else 0
             path = previous_path[:shared]
             start = len(ids)

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.errors import ConfigError, InvalidSampleFile
 from harnessrl.trajectory.samples import Sample, SampledSpan
 
 FORMAT = "harnessrl.samples/v1"
@@ -41,9 +41,9 @@ def sample_to_row(sample: Sample) -> dict[str, Any]:
 
 
 def row_to_sample(row: dict[str, Any]) -> Sample:
-    """Parse one export row; raises ``BadRequest`` on an unknown format or a malformed row."""
+    """Parse one export row; raises ``InvalidSampleFile`` on an unknown format or a malformed row."""
     if row.get("format") != FORMAT:
-        raise BadRequest(f"not a {FORMAT} row (format={row.get('format')!r})", param="format")
+        raise InvalidSampleFile(f"not a {FORMAT} row (format={row.get('format')!r})")
     try:
         sample = Sample(
             rollout_id=row["rollout_id"],
@@ -62,10 +62,10 @@ def row_to_sample(row: dict[str, Any]) -> Sample:
             advantage=row.get("advantage"),
         )
     except (KeyError, TypeError, ValueError) as exc:
-        raise BadRequest(f"malformed sample row: {exc}") from exc
+        raise InvalidSampleFile(f"malformed sample row: {exc}") from exc
     n = len(sample.input_ids)
     if len(sample.loss_mask) != n or len(sample.behaviour_logprobs) != n:
-        raise BadRequest("input_ids, loss_mask and behaviour_logprobs must have one entry per token")
+        raise InvalidSampleFile("input_ids, loss_mask and behaviour_logprobs must have one entry per token")
     return sample
 
 
@@ -119,7 +119,7 @@ def write_samples(path: str | Path, samples: Iterable[Sample]) -> Path:
             for row in rows:
                 f.write(json.dumps(row, separators=(",", ":")) + "\n")
     else:
-        raise BadRequest(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+        raise InvalidSampleFile(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
     return path
 
 
@@ -137,7 +137,7 @@ def iter_samples(path: str | Path) -> Iterator[Sample]:
                 if line.strip():
                     yield row_to_sample(json.loads(line))
     else:
-        raise BadRequest(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+        raise InvalidSampleFile(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
 
 
 def read_samples(path: str | Path) -> list[Sample]:

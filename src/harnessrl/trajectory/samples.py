@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from harnessrl.errors import BadRequest
+from harnessrl.errors import ConfigError, InvalidBatch
 from harnessrl.schemas import Call, Rollout
 
 #: Why a call did not extend any chain (a new sample starts). See docs/trajectories.md.
@@ -141,10 +141,9 @@ def group_key(rollout: Rollout) -> str:
 
 def _validate(call: Call) -> None:
     if len(call.response_logprobs) != len(call.response_token_ids):
-        raise BadRequest(
+        raise InvalidBatch(
             f"call {call.seq} of rollout {call.rollout_id}: {len(call.response_token_ids)} response tokens "
-            f"but {len(call.response_logprobs)} logprobs",
-            param="response_logprobs",
+            f"but {len(call.response_logprobs)} logprobs"
         )
 
 
@@ -216,7 +215,7 @@ def build_rollout_samples(
     ``seq`` order. Samples come out in the order their chains started.
     """
     if max_sample_tokens is not None and max_sample_tokens < 1:
-        raise BadRequest("max_sample_tokens must be at least 1", param="max_sample_tokens")
+        raise ConfigError("max_sample_tokens must be at least 1")
     result = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
     final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
     result.calls_other_attempts = len(calls) - len(final)

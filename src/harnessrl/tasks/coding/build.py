@@ -147,9 +147,10 @@ def build_task_set(
                 break
 
     records = [_record(out, task) for task in planned]
-    from harnessrl.data.records import write_records
-
-    write_records(staging / "tasks.jsonl", records)
+    # The JSONL ``harnessrl data`` reads (``data.records``); the staging folder is renamed whole below,
+    # so a plain write is as atomic as ``write_records`` and tasks/ need not import data/.
+    with (staging / "tasks.jsonl").open("w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
     report = {
         "builder": BUILDER,
         "out": str(out),

@@ -42,8 +42,6 @@ _ENV_KEEP = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR")
 class HiddenTestsError(HarnessRLError):
     """The task's hidden tests are missing or unusable: not the policy's fault."""
 
-    code = "bad_task"
-
 
 @dataclass
 class TestRun:

@@ -5,6 +5,9 @@ a probe program inside, next to a secret file, a "gateway" and another listener 
 loopback that it prepares first. The probe tries each property from inside and reports; the
 host side checks what only it can see (the secret's listener counts, survivors after the attempt).
 Every property is printed as held / NOT HELD; the exit status is non-zero when any does not hold.
+
+It lives in ``controller/``, not ``sandbox/``, because it launches through the controller's
+``LocalRunner``: the sandbox package stays below the controller that uses it.
 """
 
 from __future__ import annotations

@@ -1,0 +1,88 @@
+"""The run folder a training run starts from: its validated config, its folder, its base directory.
+
+``prepare_run`` is shared by the two entry points that start a run, ``harnessrl train``
+(``cli.train``) and ``torchrun -m harnessrl.trainer.torchrun``, so the trainer never imports the
+CLI. It imports no torch: the CLI validates the config before paying for that import.
+
+A new run saves its resolved config as ``config.json`` in its folder (with ``_base_dir``, the folder
+relative paths in the original file were resolved against); ``--resume`` reads it back, with
+``--set`` overrides merged on top (e.g. ``trainer.steps`` raised to train longer).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    from harnessrl.trainer.config import TrainConfig
+
+CONFIG_FILE = "config.json"
+
+
+def prepare_run(
+    config_path: str | None, resume: str | None, overrides: list[str]
+) -> tuple[TrainConfig, Path, Path]:
+    """``(config, run_dir, base_dir)`` for a new run from ``config_path`` or a resumed one from
+    ``resume`` (a run folder). A new run refuses a folder that is not empty."""
+    from harnessrl.trainer.config import TrainConfig
+
+    if resume:
+        run_dir = Path(resume)
+        saved = run_dir / CONFIG_FILE
+        if not saved.is_file():
+            raise ConfigError(f"--resume {resume!r}: no {CONFIG_FILE} there; is it a harnessrl run folder?")
+        raw = upgrade_saved_config(json.loads(saved.read_text()))
+        base_dir = Path(raw.pop("_base_dir", "."))
+        for item in overrides:  # e.g. raise trainer.steps to train longer
+            key, _, value = item.partition("=")
+            raw_override = load_raw_config(None, [f"{key}={value}"], env={})
+            _merge(raw, raw_override)
+        config = validate_config(TrainConfig, raw)
+        return config, run_dir, base_dir
+    if config_path is None:
+        raise ConfigError("give a config file (harnessrl train CONFIG) or --resume RUN_DIR")
+    base_dir = Path(config_path).resolve().parent
+    raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
+    config = validate_config(TrainConfig, raw)
+    run_dir = Path(config.run.dir) if config.run.dir else Path("runs") / config.run.name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
+            "or set run.name / run.dir to start a new run"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved = config.model_dump(mode="json")
+    saved["_base_dir"] = str(base_dir)
+    (run_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
+    return config, run_dir, base_dir
+
+
+def upgrade_saved_config(raw: dict[str, Any]) -> dict[str, Any]:
+    """A ``config.json`` saved by an older harnessrl, in today's schema. A run folder saves every
+    field with its value then, so fields that were removed (they had no effect) are dropped here, or
+    ``--resume`` of an older run would be refused:
+
+    - ``trainer.rollout_timeout_s`` was never read;
+    - ``algorithm.tis_cap`` without ``algorithm.proximal`` never applied in the native trainer (its
+      old default 2.0 was saved in every run); it applies only with ``proximal = "trainer"`` now.
+    """
+    trainer = raw.get("trainer")
+    if isinstance(trainer, dict):
+        trainer.pop("rollout_timeout_s", None)
+    algorithm = raw.get("algorithm")
+    if isinstance(algorithm, dict) and "proximal" not in algorithm:
+        algorithm.pop("tis_cap", None)
+    return raw
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
