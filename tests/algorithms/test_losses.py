@@ -223,7 +223,7 @@ def test_truncated_importance_weights():
     beh = batch.behaviour_logprobs_B_T
     old = torch.where(batch.loss_mask_B_T, beh + 2.0, beh)  # trainer/engine drift: weight e^2 > cap 2
     lp = old.clone().requires_grad_(True)
-    config = AlgorithmConfig(tis_cap=2.0)
+    config = AlgorithmConfig(proximal="trainer", tis_cap=2.0)
     out = micro_batch_loss(lp, batch, totals, config, old_logprobs_B_T=old)
     out.loss.backward()
     assert out.metrics["importance_weight_max"] == pytest.approx(2.0)

@@ -31,7 +31,7 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from harnessrl.algorithms import AlgorithmConfig, assign_advantages, rollout_advantages, step_totals  # noqa: E402
 from harnessrl.algorithms.losses import collate, micro_batch_loss  # noqa: E402
-from harnessrl.errors import BadRequest  # noqa: E402
+from harnessrl.errors import EmptyBatch, InvalidBatch  # noqa: E402
 from harnessrl.integrations.verl import (  # noqa: E402
     LOSS_NAME,
     compute_policy_loss_harnessrl_rollout,
@@ -181,23 +181,23 @@ def test_fixed_widths_pad_further_and_too_long_is_an_error():
     assert data.batch["prompts"].shape == (2, 5) and data.batch["responses"].shape == (2, 7)
     assert data.batch["prompts"][0].tolist() == [0, 0, 1, 2, 3]
     assert "old_log_probs" not in data.batch
-    with pytest.raises(BadRequest, match="prompt_length"):
+    with pytest.raises(InvalidBatch, match="prompt_length"):
         samples_to_dataproto(hand_built(), prompt_length=2)
-    with pytest.raises(BadRequest, match="response_length"):
+    with pytest.raises(InvalidBatch, match="response_length"):
         samples_to_dataproto(hand_built(), response_length=4)
 
 
 def test_bad_input_is_rejected_with_a_clear_error():
     s1, s2 = hand_built()
-    with pytest.raises(BadRequest, match="no samples"):
+    with pytest.raises(EmptyBatch, match="no samples"):
         samples_to_dataproto([])
     s2.advantage = None
-    with pytest.raises(BadRequest, match="no advantage"):
+    with pytest.raises(InvalidBatch, match="no advantage"):
         samples_to_dataproto([s1, s2])
     s2.advantage, s2.spans = 0.0, [SampledSpan(0, 3, 0, 0)]
-    with pytest.raises(BadRequest, match="empty first prompt"):
+    with pytest.raises(InvalidBatch, match="empty first prompt"):
         samples_to_dataproto([s1, s2])
-    with pytest.raises(BadRequest, match="not in the given step totals"):
+    with pytest.raises(InvalidBatch, match="not in the given step totals"):
         samples_to_dataproto(hand_built(), totals=step_totals(hand_built()[:1]))
 
 
@@ -216,7 +216,7 @@ def test_round_trip_returns_the_same_samples():
 def test_a_batch_of_another_format_is_refused():
     data = samples_to_dataproto(hand_built())
     data.meta_info["format"] = "other"
-    with pytest.raises(BadRequest, match="harnessrl.verl/v1"):
+    with pytest.raises(InvalidBatch, match="harnessrl.verl/v1"):
         dataproto_to_samples(data)
 
 
@@ -230,7 +230,7 @@ AGGS = ["rollout_token_mean", "token_mean", "seq_mean_token_mean"]
 def test_loss_and_gradients_through_verl_equal_harnessrl(loss_agg, dual_clip, tis):
     samples = unbalanced_step()
     totals = step_totals(samples)
-    alg = AlgorithmConfig(loss_agg=loss_agg, dual_clip=dual_clip, tis_cap=1.2)
+    alg = AlgorithmConfig(loss_agg=loss_agg, dual_clip=dual_clip, proximal="trainer", tis_cap=1.2)
     batch = collate(samples, totals, packed=False, dtype=F64)
     lp_ours = harnessrl_layout(samples, seed=1, noise=0.4).requires_grad_(True)
     lp_verl = lp_ours.detach().clone().requires_grad_(True)

@@ -5,7 +5,8 @@ CPU) on this very file (the ``__main__`` block is the worker): the ranks train t
 optimizer steps on fixed synthetic rollouts (different sample counts and lengths, rollout-level
 advantages), save a checkpoint, reload it into a fresh sharded policy (weights + optimizer state),
 and take a third step. The same three steps run here with the plain ``TrainablePolicy.train_step``;
-the losses, gradient norms and final weights must match.
+the losses, gradient norms and final weights must match. Three modes: shared-prefix rows, packed
+rows, and a KL penalty to a (sharded) reference model with the trainer proximal and ``tis_cap``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import pytest
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.packing import pack_micro_batches
-from harnessrl.errors import BadRequest
+from harnessrl.errors import ConfigError
 from harnessrl.trainer.config import OptimizerConfig
 from harnessrl.trajectory import Sample, SampledSpan
 
@@ -110,12 +111,24 @@ def test_assign_rollouts_two_ranks_is_the_best_split_here():
     shards = assign_rollouts(samples, 2)
     assert [sorted({s.rollout_id for s in shard}) for shard in shards] == [["a", "d", "e"], ["b", "c"]]
     assert assign_rollouts([], 3) == [[], [], []]
-    with pytest.raises(BadRequest):
+    with pytest.raises(ConfigError):
         assign_rollouts(samples, 0)
 
 
 # -- the equivalence test -----------------------------------------------------------------------------
-MODES = {"shared_prefixes": True, "packed_rows": False}  # the two micro-batchings of TrainablePolicy
+#: mode: (share_prefixes, algorithm, with a reference model). The first two are the two micro-batchings
+#: of the step; the third adds the reference model's forward to every round (idle ones too).
+MODES = {
+    "shared_prefixes": (True, AlgorithmConfig(), False),
+    "packed_rows": (False, AlgorithmConfig(), False),
+    "kl_ref": (True, AlgorithmConfig(kl_coef=0.1, proximal="trainer", tis_cap=1.5), True),
+}
+
+
+def reference_dir(out: Path) -> Path:
+    """The KL mode's reference: the tiny model's weights, perturbed so that the KL term is far from
+    0 from the first step (written by the test before torchrun starts)."""
+    return out / "reference"
 
 
 @pytest.mark.slow
@@ -137,6 +150,13 @@ def test_two_ranks_train_like_one_process(tmp_path):
         counts = [[len(split(shard)) for shard in assign_rollouts(make_samples(s), 2)] for s in range(STEPS)]
         assert any(a != b for a, b in counts), counts
 
+    perturbed = AutoModelForCausalLM.from_pretrained(str(model_dir))
+    noise = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in perturbed.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=noise))
+    perturbed.save_pretrained(str(reference_dir(tmp_path)))
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     proc = subprocess.run(
@@ -144,9 +164,15 @@ def test_two_ranks_train_like_one_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
-    for mode, share in MODES.items():
+    for mode, (share, algorithm, with_reference) in MODES.items():
         out = tmp_path / mode
-        reference = TrainablePolicy(model_dir, OPTIMIZER, total_steps=STEPS, share_prefixes=share)
+        reference = TrainablePolicy(
+            model_dir,
+            OPTIMIZER,
+            total_steps=STEPS,
+            share_prefixes=share,
+            reference_dir=reference_dir(tmp_path) if with_reference else None,
+        )
         initial = {k: v.clone() for k, v in reference.engine_state_dict().items()}
         ref_metrics = []
         for s in range(STEPS):
@@ -154,14 +180,19 @@ def test_two_ranks_train_like_one_process(tmp_path):
                 at_checkpoint = {k: v.clone() for k, v in reference.engine_state_dict().items()}
             ref_metrics.append(
                 reference.train_step(
-                    make_samples(s), AlgorithmConfig(), temperature=1.0, micro_batch_tokens=MICRO_BATCH_TOKENS
+                    make_samples(s), algorithm, temperature=1.0, micro_batch_tokens=MICRO_BATCH_TOKENS
                 )
             )
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
         for metrics in ranks:  # every rank reports the aggregated metrics
             for step, (got, want) in enumerate(zip(metrics["steps"], ref_metrics, strict=True)):
                 assert got["world_size"] == 2
-                for key in ("loss", "lr", "entropy", "loss/clip_fraction", "loss_tokens"):
+                assert set(got) == {*want, "world_size"}, mode
+                keys = ["loss", "lr", "entropy", "loss/clip_fraction", "loss_tokens"]
+                if with_reference:
+                    assert want["loss/kl_ref"] > 1e-3 and want["loss/importance_weight_max"] > 1.0
+                    keys += ["loss/kl_ref", "loss/importance_weight_mean", "loss/engine_trainer_kl"]
+                for key in keys:
                     assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-9), (mode, key)
                 # torch's fp32 norm of a 0.5M-element tensor is itself off by ~1e-5 relative (vs
                 # fp64), differently for shards and the whole; the gradients agree to ~4e-7.
@@ -198,11 +229,15 @@ def _worker(model_dir: str, out: Path) -> None:
     from harnessrl.trainer.policy import TrainablePolicy
 
     ctx = init_distributed()
-    for mode, share in MODES.items():
+    for mode, (share, algorithm, with_reference) in MODES.items():
         folder = out / mode
         folder.mkdir(exist_ok=True)
         build = functools.partial(
-            TrainablePolicy, optimizer=OPTIMIZER, total_steps=STEPS, share_prefixes=share
+            TrainablePolicy,
+            optimizer=OPTIMIZER,
+            total_steps=STEPS,
+            share_prefixes=share,
+            reference_dir=reference_dir(out) if with_reference else None,
         )
         sharded = ShardedPolicy(ctx, functools.partial(build, model_dir))
         steps = []
@@ -213,9 +248,7 @@ def _worker(model_dir: str, out: Path) -> None:
                 sharded.load_trainer_state(folder / "checkpoint")
             samples = make_samples(s)
             steps.append(
-                sharded.train_step(
-                    samples, AlgorithmConfig(), temperature=1.0, micro_batch_tokens=MICRO_BATCH_TOKENS
-                )
+                sharded.train_step(samples, algorithm, temperature=1.0, micro_batch_tokens=MICRO_BATCH_TOKENS)
             )
         weights = sharded.engine_state_dict()
         mine = sorted({x.rollout_id for x in assign_rollouts(make_samples(0), ctx.world_size)[ctx.rank]})

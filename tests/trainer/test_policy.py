@@ -98,7 +98,7 @@ def test_packed_rows_give_the_same_loss_and_gradient_as_one_row(policy):
     from harnessrl.algorithms.config import AlgorithmConfig
     from harnessrl.algorithms.losses import collate, micro_batch_loss
     from harnessrl.algorithms.packing import step_totals
-    from harnessrl.trainer.policy import packed_rows
+    from harnessrl.trainer.train_step import packed_rows
     from harnessrl.trajectory import Sample, SampledSpan
 
     samples = []

@@ -13,6 +13,7 @@ from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.trainer.config import OptimizerConfig
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.prefix_tree import prefix_batch, prefix_micro_batches
+from harnessrl.trainer.train_step import micro_batches, to_device
 from harnessrl.trajectory import Sample, SampledSpan
 
 
@@ -83,7 +84,7 @@ def loss_and_grads(policy: TrainablePolicy, samples: list[Sample], *, share: boo
     totals = step_totals(samples)
     policy.model.zero_grad(set_to_none=True)
     total = torch.zeros(())
-    for micro in policy._micro_batches(samples, totals, micro_batch_tokens=60):
+    for micro in micro_batches(samples, totals, 60, share_prefixes=share, row_tokens=row_tokens):
         if share:
             logprobs, batch = policy.prefix_logprobs(micro, temperature=0.7), micro.entries
         else:
@@ -129,11 +130,9 @@ def test_train_step_reports_computed_tokens(policy):
 def test_micro_batches_move_to_the_policy_device_whole():
     """Every tensor of a micro-batch (the nested loss entries too) follows the model to its device;
     checked with the meta device, which every torch build has."""
-    from harnessrl.trainer.policy import _to_device
-
     samples = group_samples()
     rows = prefix_micro_batches(samples, 4096, 4096)[0]
-    moved = _to_device(prefix_batch(rows, step_totals(samples)), torch.device("meta"))
+    moved = to_device(prefix_batch(rows, step_totals(samples)), torch.device("meta"))
     tensors = [getattr(moved, f) for f in moved.__slots__] + [
         getattr(moved.entries, f) for f in moved.entries.__slots__
     ]

@@ -20,7 +20,7 @@ def test_training_rollouts_sample_the_full_distribution_by_default() -> None:
 
 
 def test_harness_lets_the_harness_top_p_through() -> None:
-    assert config("trainer.top_p=\"harness\"").trainer.top_p == "harness"
+    assert config('trainer.top_p="harness"').trainer.top_p == "harness"
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "-0.1", '"nucleus"'])

@@ -18,9 +18,14 @@ class AlgorithmConfig(Section):
     - ``clip_low`` / ``clip_high``: PPO ratio clipped to ``[1 - clip_low, 1 + clip_high]`` (DAPO's
       asymmetric "clip-higher" by default).
     - ``dual_clip``: for negative advantages, cap the loss at ``-A * dual_clip`` (> 1; off when None).
-    - ``tis_cap``: truncation of the importance weight ``pi_trainer_old / pi_engine`` when the
-      trainer's recomputed old logprobs are given (None: untruncated).
-    - ``kl_coef``: weight of the k3 KL penalty to a reference policy (0: off).
+    - ``proximal``: the policy the PPO ratio is taken against. ``behaviour``: the engine's recorded
+      logprobs (exact for one optimizer step per batch of on-policy rollouts). ``trainer``: the
+      trainer's own logprobs before the update (decoupled PPO), with the engine/trainer mismatch
+      corrected by the importance weight ``min(pi_trainer_old / pi_engine, tis_cap)`` (TIS).
+    - ``tis_cap``: that truncation, with ``proximal = "trainer"`` only (None: untruncated; 2 is
+      Yao et al.'s choice). Refused with ``behaviour``, where there is no such weight.
+    - ``kl_coef``: weight of the k3 KL penalty to a reference policy, a frozen copy of the weights
+      training starts from (0: off, and no reference model is loaded).
     - ``loss_agg``: ``rollout_token_mean`` (each rollout weighs the same), ``token_mean`` or
       ``seq_mean_token_mean``.
     """
@@ -31,12 +36,18 @@ class AlgorithmConfig(Section):
     clip_low: float = Field(default=0.2, ge=0, lt=1)
     clip_high: float = Field(default=0.28, ge=0)
     dual_clip: float | None = Field(default=None, gt=1)
-    tis_cap: float | None = Field(default=2.0, gt=0)
+    proximal: Literal["behaviour", "trainer"] = "behaviour"
+    tis_cap: float | None = Field(default=None, gt=0)
     kl_coef: float = Field(default=0.0, ge=0)
     loss_agg: Literal["rollout_token_mean", "token_mean", "seq_mean_token_mean"] = "rollout_token_mean"
 
     @model_validator(mode="after")
-    def _dual_clip_above_clip_high(self) -> AlgorithmConfig:
+    def _check(self) -> AlgorithmConfig:
         if self.dual_clip is not None and self.dual_clip <= 1 + self.clip_high:
             raise ValueError("dual_clip must be greater than 1 + clip_high")
+        if self.tis_cap is not None and self.proximal != "trainer":
+            raise ValueError(
+                'tis_cap: applies only with proximal = "trainer" (it truncates the importance weight '
+                "pi_trainer_old / pi_engine); with the behaviour proximal there is no such weight"
+            )
         return self

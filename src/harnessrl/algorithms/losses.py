@@ -8,7 +8,7 @@ always a prompt token, gets 0).
 Per token (only where ``loss_mask`` is 1; elsewhere the loss and its gradient are exactly 0):
 
     ratio = exp(logprobs - prox)                        prox = behaviour (engine) logprobs, or the
-                                                        trainer's recomputed old logprobs if given
+                                                        trainer's old logprobs if given
     pg    = max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))       (PPO, DAPO bounds)
     pg    = min(pg, -A * dual_clip)  where A < 0                                  (dual clip, optional)
     pg    = pg * min(exp(old - behaviour), tis_cap)   only when old logprobs are given (TIS)
@@ -23,10 +23,12 @@ Aggregation (``LOSS_AGGREGATIONS``) turns per-token losses into a scalar with *s
 - ``seq_mean_token_mean``: ``1 / (tokens of its sample * samples in step)`` (original GRPO).
 
 Departures from the papers: the PPO ratio is taken against the engine's behaviour logprobs by
-default (no separate old-policy forward pass), which is exact for one optimizer step per batch of
-on-policy rollouts. With several updates per batch, or to separate engine/trainer drift from policy
-change, pass ``old_logprobs_B_T`` (decoupled PPO: clip against the trainer's old policy, correct the
-engine mismatch with the truncated importance weight, as in Yao et al. 2025 "TIS").
+default (``AlgorithmConfig.proximal = "behaviour"``: no separate old-policy forward pass), which is
+exact for one optimizer step per batch of on-policy rollouts. To separate engine/trainer drift from
+policy change, pass ``old_logprobs_B_T`` (decoupled PPO: clip against the trainer's old policy,
+correct the engine mismatch with the truncated importance weight, as in Yao et al. 2025 "TIS"); the
+native trainer does so with ``proximal = "trainer"``, its own logprobs detached (one optimizer step
+per batch: the ratio is then 1 and the weight ``min(exp(old - behaviour), tis_cap)`` is what acts).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import torch.nn.functional as F
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.packing import StepTotals
-from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.errors import ConfigError, EmptyBatch, InvalidBatch
 from harnessrl.trajectory import Sample
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps ratios finite; such tokens are clipped anyway
@@ -75,7 +77,7 @@ def collate(
     ``dtype`` is that of the float tensors (behaviour logprobs, advantages).
     """
     if not samples:
-        raise BadRequest("cannot collate an empty micro-batch", param="samples")
+        raise EmptyBatch("cannot collate an empty micro-batch")
     rows = [list(samples)] if packed else [[s] for s in samples]
     T = max(sum(len(s) for s in row) for row in rows)
     B = len(rows)
@@ -91,7 +93,7 @@ def collate(
         t = 0
         for s in row:
             if s.advantage is None:
-                raise BadRequest(f"sample of rollout {s.rollout_id} has no advantage", param="samples")
+                raise InvalidBatch(f"sample of rollout {s.rollout_id} has no advantage")
             n = len(s)
             ids[b, t : t + n] = torch.tensor(s.input_ids, dtype=torch.long)
             pos[b, t : t + n] = torch.arange(n)
@@ -218,7 +220,7 @@ def policy_loss(
     ridx = _per_token(rollout_index, logprobs_B_T)  # (B, T)
     if sample_index is None:
         if config.loss_agg == "seq_mean_token_mean":
-            raise BadRequest("seq_mean_token_mean needs sample_index", param="sample_index")
+            raise InvalidBatch("seq_mean_token_mean needs sample_index")
         sample_index = torch.zeros_like(ridx)
     sidx = _per_token(sample_index, logprobs_B_T)  # (B, T)
 

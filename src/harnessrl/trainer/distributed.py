@@ -1,7 +1,8 @@
 """Data-parallel training over ``torchrun`` with FSDP2: one optimizer step spread over N ranks that
-gives the same loss and the same gradients as the one-process step (``TrainablePolicy.train_step``).
+gives the same loss and the same gradients as the one-process step. Both run the same
+``train_step.train_step``; ``ShardedRanks`` is what makes it a step over N ranks.
 
-How a step is split (``distributed_train_step``):
+How a step is split:
 
 - **Every rank sees the whole step.** The step's normalizers (``step_totals``: rollouts, loss tokens
   per rollout, samples) come from the full sample list, so each rank's loss is its share of the
@@ -14,12 +15,14 @@ How a step is split (``distributed_train_step``):
   global loss); ``shard_model`` sets a divide factor of 1 with a plain SUM reduction.
 - **Same number of forward passes on every rank.** Each forward/backward of a sharded layer is a
   collective, so a rank with fewer micro-batches runs idle ones (a two-token batch whose loss is
-  multiplied by 0) until all ranks have run as many as the busiest one.
+  multiplied by 0) until all ranks have run as many as the busiest one (an all-reduce MAX of the
+  micro-batch counts).
 
 Sharding: every decoder layer is its own FSDP unit; a small root module (``ShardedPolicy.root``)
 holds the rest (embeddings, final norm, LM head, tied or not) and runs ``TrainablePolicy.logprobs``
 or ``prefix_logprobs`` inside its forward, so the one-process micro-batching and forward code
-(shared-prefix rows or packed rows, selective LM head) run unchanged on each rank's share.
+(shared-prefix rows or packed rows, selective LM head) run unchanged on each rank's share. The KL
+penalty's reference model (``algorithm.kl_coef > 0``) is sharded the same way, with its own root.
 
 Full weights for the engine and checkpoints are gathered on rank 0. ``harnessrl.trainer.torchrun``
 runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks follow).
@@ -27,7 +30,6 @@ runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks fol
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,11 +49,9 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.algorithms.losses import MicroBatch, micro_batch_loss
-from harnessrl.algorithms.packing import step_totals
-from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.errors import ConfigError
 from harnessrl.trainer.policy import TrainablePolicy
-from harnessrl.trainer.prefix_tree import PrefixBatch
+from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
 
 #: How long the other ranks wait for rank 0's next command: rank 0 may spend a long time collecting
@@ -70,7 +70,7 @@ def assign_rollouts(samples: Sequence[Sample], world_size: int) -> list[list[Sam
     split on its own.
     """
     if world_size < 1:
-        raise BadRequest(f"world_size must be at least 1, got {world_size}", param="world_size")
+        raise ConfigError(f"world_size must be at least 1, got {world_size}")
     tokens: dict[str, int] = {}
     for s in samples:
         tokens[s.rollout_id] = tokens.get(s.rollout_id, 0) + len(s)
@@ -168,6 +168,10 @@ class ShardedPolicy:
         if self.policy.lora is not None:
             raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
         assert self._root is not None
+        reference = self.policy.reference  # the KL penalty's, sharded like the policy
+        self.ranks = ShardedRanks(
+            ctx, self._root, shard_model(reference, ctx.mesh) if reference is not None else None
+        )
 
     def _shard(self, model: torch.nn.Module) -> None:
         self._root = shard_model(model, self.ctx.mesh)
@@ -185,8 +189,16 @@ class ShardedPolicy:
         temperature: float,
         micro_batch_tokens: int,
     ) -> dict[str, float]:
-        return distributed_train_step(
-            self, samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+        """One optimizer step over all ``samples`` (the whole step, identical on every rank), each
+        rank training on its ``assign_rollouts`` share. Returns the one-process step's metrics,
+        aggregated over ranks (identical on every rank), plus ``world_size``."""
+        return train_step(
+            self.policy,
+            samples,
+            algorithm,
+            temperature=temperature,
+            micro_batch_tokens=micro_batch_tokens,
+            ranks=self.ranks,
         )
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
@@ -233,115 +245,37 @@ class ShardedPolicy:
 
 
 # -- one data-parallel optimizer step ----------------------------------------------------------------
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """A micro-batch (``MicroBatch`` or ``PrefixBatch``, nested) with its tensors on ``device``."""
-    if device.type == "cpu":
-        return batch
-    moved = {}
-    for f in dataclasses.fields(batch):
-        value = getattr(batch, f.name)
-        if isinstance(value, torch.Tensor):
-            moved[f.name] = value.to(device)
-        elif dataclasses.is_dataclass(value):
-            moved[f.name] = _to_device(value, device)
-    return dataclasses.replace(batch, **moved)
+class ShardedRanks:
+    """``train_step``'s reducer over the torchrun world (see the module docstring)."""
 
+    def __init__(
+        self, ctx: DistributedContext, root: torch.nn.Module, reference_root: torch.nn.Module | None
+    ):
+        self.ctx = ctx
+        self.root = root
+        self.reference_root = reference_root
 
-def distributed_train_step(
-    sharded: ShardedPolicy,
-    samples: list[Sample],
-    algorithm: AlgorithmConfig,
-    *,
-    temperature: float,
-    micro_batch_tokens: int,
-) -> dict[str, float]:
-    """One optimizer step over all ``samples`` (the whole step, identical on every rank), each rank
-    training on its ``assign_rollouts`` share. Returns the same metrics as
-    ``TrainablePolicy.train_step``, aggregated over ranks (identical on every rank)."""
-    ctx, policy = sharded.ctx, sharded.policy
-    totals = step_totals(samples)  # global normalizers: every rank sees the whole step
-    if totals.num_loss_tokens == 0:
-        return {"loss": 0.0, "skipped": 1.0}
-    local = assign_rollouts(samples, ctx.world_size)[ctx.rank]
-    # The one-process micro-batching (shared-prefix rows or bounded packed rows) on this rank's share.
-    micros = list(policy._micro_batches(local, totals, micro_batch_tokens)) if local else []
-    count = torch.tensor([len(micros)], device=ctx.device)
-    dist.all_reduce(count, op=dist.ReduceOp.MAX)
-    rounds = int(count.item())
+    def share(self, samples: list[Sample]) -> list[Sample]:
+        return assign_rollouts(samples, self.ctx.world_size)[self.ctx.rank]
 
-    policy.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
-    weights: dict[str, float] = {}
-    loss_total = entropy_sum = 0.0
-    tokens = 0
-    for i in range(rounds):
-        # Reduce-scatter once, after the last micro-batch; before that gradients accumulate locally.
-        sharded.root.set_requires_gradient_sync(i == rounds - 1)
-        micro = _to_device(micros[i] if i < len(micros) else _idle_batch(), ctx.device)
-        # Forward through the FSDP root, which gathers what the layers do not own around the call.
-        if isinstance(micro, PrefixBatch):
-            logprobs = sharded.root(policy.prefix_logprobs, micro, temperature)
-            batch = micro.entries
-        else:
-            batch = micro
-            logprobs = sharded.root(
-                policy.logprobs, batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
-            )
-        if i >= len(micros):  # idle round: this rank has no work left but must join the collectives
-            (logprobs.sum() * 0.0).backward()
-            continue
-        out = micro_batch_loss(logprobs, batch, totals, algorithm)
-        out.loss.backward()
-        loss_total += float(out.loss.detach())
-        n = int(batch.loss_mask_B_T.sum())
-        tokens += (
-            micro.computed_tokens if isinstance(micro, PrefixBatch) else int(batch.input_ids_B_T.numel())
-        )
-        entropy_sum += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
-        for key, value in out.metrics.items():
-            sums[key] = sums.get(key, 0.0) + float(value) * n
-            weights[key] = weights.get(key, 0.0) + n
-    grad_norm = 0.0
-    if policy.grad_clip:
-        # On DTensor parameters this is the norm of the full gradient (a collective).
-        norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    policy.optimizer.step()
-    policy.scheduler.step()
+    def rounds(self, count: int) -> int:
+        counts = torch.tensor([count], device=self.ctx.device)
+        dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+        return int(counts.item())
 
-    parts: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(parts, (loss_total, entropy_sum, tokens, sums, weights), group=ctx.control)
-    all_sums: dict[str, float] = {}
-    all_weights: dict[str, float] = {}
-    for _, _, _, s, w in parts:
-        for key in s:
-            all_sums[key] = all_sums.get(key, 0.0) + s[key]
-            all_weights[key] = all_weights.get(key, 0.0) + w[key]
-    metrics = {f"loss/{k}": all_sums[k] / all_weights[k] for k in all_sums if all_weights[k]}
-    metrics.update(
-        {
-            "loss": sum(p[0] for p in parts),
-            "grad_norm": grad_norm,
-            "lr": policy.scheduler.get_last_lr()[0],
-            "entropy": sum(p[1] for p in parts) / max(1, totals.num_loss_tokens),
-            "train_tokens": float(sum(p[2] for p in parts)),
-            "loss_tokens": float(totals.num_loss_tokens),
-            "samples": float(len(samples)),
-            "world_size": float(ctx.world_size),
-        }
-    )
-    return metrics
+    def sync_gradients(self, on: bool) -> None:
+        self.root.set_requires_gradient_sync(on)
 
+    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, reference: bool = False, **kwargs: Any):
+        # Through the FSDP root, which gathers what the layers do not own around the call.
+        root = self.reference_root if reference else self.root
+        assert root is not None, "no sharded reference model"
+        return root(fn, *args, **kwargs)
 
-def _idle_batch() -> MicroBatch:
-    """Two tokens, the second "trained" so the selective LM head runs as on a real batch."""
-    zeros = torch.zeros((1, 2))
-    return MicroBatch(
-        input_ids_B_T=torch.zeros((1, 2), dtype=torch.long),
-        position_ids_B_T=torch.arange(2)[None],
-        loss_mask_B_T=torch.tensor([[False, True]]),
-        behaviour_logprobs_B_T=zeros,
-        advantages_B_T=zeros,
-        rollout_index_B_T=torch.zeros((1, 2), dtype=torch.long),
-        sample_index_B_T=torch.zeros((1, 2), dtype=torch.long),
-    )
+    def gather(self, part: Any) -> list[Any]:
+        parts: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(parts, part, group=self.ctx.control)
+        return parts
+
+    def metrics(self) -> dict[str, float]:
+        return {"world_size": float(self.ctx.world_size)}

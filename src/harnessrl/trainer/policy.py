@@ -5,13 +5,10 @@ gets a copy of them after every step (``engine_state_dict``). Log-probabilities 
 sampling temperature the engine used (``log_softmax(logits / T)``), so they are comparable with the
 behaviour log-probabilities recorded by the gateway.
 
-Micro-batches use the packed layout (``algorithms.losses.collate``): samples are packed into rows
-of at most ``row_tokens`` tokens (first-fit decreasing) with ``position_ids`` restarting per sample
-and no attention mask; transformers builds a block-diagonal causal mask from the position ids, so no
-token attends across samples (checked by ``tests/trainer/test_policy.py``). Rows are bounded because
-attention over a packed row costs row-length squared: one 3,000-token row of 32 short samples did
-~30x the attention work of 32 separate rows and made the step slower than TRL's padded batch. Rows
-are padded to the longest row, which wastes little since rows are filled close to ``row_tokens``.
+The optimizer step itself (micro-batching, forward/backward, metrics) is ``trainer.train_step``,
+the same code for one process and for torchrun ranks. With ``reference_dir`` (``algorithm.kl_coef >
+0``) the policy also holds a frozen reference model for the KL penalty: a full fp32 copy of those
+weights, never trained, in eval mode.
 """
 
 from __future__ import annotations
@@ -26,10 +23,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.algorithms.losses import MicroBatch, collate, micro_batch_loss, token_logprobs
-from harnessrl.algorithms.packing import StepTotals, pack_micro_batches, step_totals
+from harnessrl.algorithms.losses import token_logprobs
 from harnessrl.trainer.config import LoraSection, OptimizerConfig
-from harnessrl.trainer.prefix_tree import PrefixBatch, prefix_batch, prefix_micro_batches
+from harnessrl.trainer.prefix_tree import PrefixBatch
+from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
 
 if TYPE_CHECKING:
@@ -50,55 +47,6 @@ def lr_lambda(config: OptimizerConfig, total_steps: int):
     return factor
 
 
-def packed_rows(samples: list[Sample], totals: StepTotals, row_tokens: int) -> MicroBatch:
-    """One micro-batch as several packed rows of at most ``max(row_tokens, longest sample)`` tokens.
-
-    Padding (to the longest row) has loss mask 0 and its own restarting positions, so it forms its
-    own attention block and contributes nothing.
-    """
-    capacity = max(row_tokens, max(len(s) for s in samples))
-    rows = pack_micro_batches(samples, capacity)
-    parts = [collate(row, totals, packed=True) for row in rows]
-    T = max(p.input_ids_B_T.shape[1] for p in parts)
-
-    def pad(t: torch.Tensor, positions: bool = False) -> torch.Tensor:
-        extra = T - t.shape[1]
-        if extra == 0:
-            return t
-        fill = (
-            torch.arange(extra, dtype=t.dtype)[None] if positions else torch.zeros((1, extra), dtype=t.dtype)
-        )
-        return torch.cat([t, fill], dim=1)
-
-    return MicroBatch(
-        input_ids_B_T=torch.cat([pad(p.input_ids_B_T) for p in parts]),
-        position_ids_B_T=torch.cat([pad(p.position_ids_B_T, positions=True) for p in parts]),
-        loss_mask_B_T=torch.cat([pad(p.loss_mask_B_T) for p in parts]),
-        behaviour_logprobs_B_T=torch.cat([pad(p.behaviour_logprobs_B_T) for p in parts]),
-        advantages_B_T=torch.cat([pad(p.advantages_B_T) for p in parts]),
-        rollout_index_B_T=torch.cat([pad(p.rollout_index_B_T) for p in parts]),
-        sample_index_B_T=torch.cat([pad(p.sample_index_B_T) for p in parts]),
-    )
-
-
-def _to_device(batch: Any, device: torch.device) -> Any:
-    """A micro-batch (``MicroBatch`` or ``PrefixBatch``) with its tensors on ``device``."""
-    if device.type == "cpu":
-        return batch
-    moved = {
-        f: (
-            v.to(device)
-            if isinstance(v, torch.Tensor)
-            else _to_device(v, device)
-            if hasattr(v, "__slots__")
-            else v
-        )
-        for f in batch.__slots__
-        for v in [getattr(batch, f)]
-    }
-    return type(batch)(**moved)
-
-
 class TrainablePolicy:
     def __init__(
         self,
@@ -113,6 +61,7 @@ class TrainablePolicy:
         row_tokens: int = 512,
         share_prefixes: bool = True,
         device: str = "auto",
+        reference_dir: str | Path | None = None,
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
     ):
         from transformers import AutoModelForCausalLM
@@ -137,9 +86,19 @@ class TrainablePolicy:
                     task_type="CAUSAL_LM",
                 ),
             )
+        #: The KL penalty's frozen reference (None without one). A torchrun rank shards it itself.
+        self.reference: torch.nn.Module | None = None
+        if reference_dir is not None:
+            self.reference = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32)
+            self.reference.config.use_cache = False
+            self.reference.requires_grad_(False)
+            self.reference.eval()
         if prepare_model is None:
             # "auto": the first GPU when there is one. A torchrun rank's prepare_model places it.
-            model.to(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+            place = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+            model.to(place)
+            if self.reference is not None:
+                self.reference.to(place)
         self.model = model
         self.model.train()
         if prepare_model is not None:
@@ -163,9 +122,13 @@ class TrainablePolicy:
         config: TrainConfig,
         model_dir: str | Path,
         *,
+        reference_dir: str | Path | None = None,
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
     ) -> TrainablePolicy:
-        """The policy a ``harnessrl train`` run trains (one process, or every torchrun rank)."""
+        """The policy a ``harnessrl train`` run trains (one process, or every torchrun rank).
+
+        With ``algorithm.kl_coef > 0`` it holds a reference model loaded from ``reference_dir``
+        (default ``model_dir``: the weights it starts from)."""
         t = config.trainer
         return cls(
             model_dir,
@@ -178,6 +141,7 @@ class TrainablePolicy:
             row_tokens=t.row_tokens,
             share_prefixes=t.share_prefixes,
             device=t.device,
+            reference_dir=(reference_dir or model_dir) if config.algorithm.kl_coef > 0 else None,
             prepare_model=prepare_model,
         )
 
@@ -193,25 +157,27 @@ class TrainablePolicy:
         position_ids_B_T: torch.Tensor,
         temperature: float,
         loss_mask_B_T: torch.Tensor | None = None,
+        *,
+        model: torch.nn.Module | None = None,
     ) -> torch.Tensor:
         """log p(token t | tokens < t) at temperature T, aligned with the tokens: (B, T).
 
         With ``loss_mask_B_T`` the vocabulary projection is applied only where a logprob is needed
         (the position before each trained token); everywhere else the result is 0. Prompts and tool
         output are most of an agent's tokens, and the LM head over a 49k vocabulary at every position
-        was the largest single cost of a step.
+        was the largest single cost of a step. ``model``: another model than the policy's (the
+        reference).
         """
+        model = self.model if model is None else model
         if loss_mask_B_T is None:
             with self._autocast():
-                logits = self.model(
-                    input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
-                ).logits
+                logits = model(input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False).logits
             logits = logits.float()
             if temperature != 1.0:
                 logits = logits / temperature
             return token_logprobs(logits, input_ids_B_T)  # (B, T)
-        decoder = self.model.get_decoder()
-        lm_head = self.model.get_output_embeddings()
+        decoder = model.get_decoder()
+        lm_head = model.get_output_embeddings()
         with self._autocast():
             hidden_B_T_H = decoder(
                 input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
@@ -237,12 +203,15 @@ class TrainablePolicy:
         logprobs_B_T = self.logprobs(ids, positions, temperature)
         return logprobs_B_T[0, len(prompt_ids) :].tolist()
 
-    def prefix_logprobs(self, batch: PrefixBatch, temperature: float) -> torch.Tensor:
+    def prefix_logprobs(
+        self, batch: PrefixBatch, temperature: float, *, model: torch.nn.Module | None = None
+    ) -> torch.Tensor:
         """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout."""
-        decoder = self.model.get_decoder()
-        lm_head = self.model.get_output_embeddings()
+        model = self.model if model is None else model
+        decoder = model.get_decoder()
+        lm_head = model.get_output_embeddings()
         mask_B_1_T_T = batch.attention_B_T_T[:, None]
-        if self.model.config._attn_implementation != "sdpa":
+        if model.config._attn_implementation != "sdpa":
             # eager attention adds the mask to the scores; sdpa takes True = attend
             mask_B_1_T_T = torch.zeros(mask_B_1_T_T.shape).masked_fill(
                 ~mask_B_1_T_T, torch.finfo(torch.float32).min
@@ -262,15 +231,6 @@ class TrainablePolicy:
         return logp_N[None]
 
     # -- one optimizer step --------------------------------------------------------------------------
-    def _micro_batches(self, samples: list[Sample], totals: StepTotals, micro_batch_tokens: int):
-        """Shared-prefix micro-batches (``prefix_tree``), or bounded packed rows when sharing is off."""
-        if self.share_prefixes:
-            for rows in prefix_micro_batches(samples, micro_batch_tokens, self.row_tokens):
-                yield _to_device(prefix_batch(rows, totals), self.device)
-        else:
-            for micro in pack_micro_batches(samples, micro_batch_tokens):
-                yield _to_device(packed_rows(micro, totals, self.row_tokens), self.device)
-
     def train_step(
         self,
         samples: list[Sample],
@@ -280,55 +240,9 @@ class TrainablePolicy:
         micro_batch_tokens: int,
     ) -> dict[str, float]:
         """One optimizer step over all ``samples`` (all samples of every rollout of the step)."""
-        totals = step_totals(samples)
-        if totals.num_loss_tokens == 0:
-            return {"loss": 0.0, "skipped": 1.0}
-        self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = {}
-        weights: dict[str, float] = {}
-        loss_total = 0.0
-        entropy_proxy = 0.0
-        tokens = 0
-        for micro in self._micro_batches(samples, totals, micro_batch_tokens):
-            if isinstance(micro, PrefixBatch):
-                logprobs = self.prefix_logprobs(micro, temperature)
-                batch = micro.entries
-                tokens += micro.computed_tokens
-            else:
-                batch = micro
-                logprobs = self.logprobs(
-                    batch.input_ids_B_T, batch.position_ids_B_T, temperature, batch.loss_mask_B_T
-                )
-                tokens += int(batch.input_ids_B_T.numel())
-            out = micro_batch_loss(logprobs, batch, totals, algorithm)
-            out.loss.backward()
-            loss_total += float(out.loss.detach())
-            n = int(batch.loss_mask_B_T.sum())
-            # -mean logprob of the sampled tokens: a cheap, unbiased estimate of the policy's entropy.
-            entropy_proxy += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
-            for key, value in out.metrics.items():
-                sums[key] = sums.get(key, 0.0) + float(value) * n
-                weights[key] = weights.get(key, 0.0) + n
-        grad_norm = (
-            float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.grad_clip))
-            if self.grad_clip
-            else 0.0
+        return train_step(
+            self, samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
         )
-        self.optimizer.step()
-        self.scheduler.step()
-        metrics = {f"loss/{k}": sums[k] / weights[k] for k in sums if weights[k]}
-        metrics.update(
-            {
-                "loss": loss_total,
-                "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0],
-                "entropy": entropy_proxy / max(1, totals.num_loss_tokens),
-                "train_tokens": float(tokens),
-                "loss_tokens": float(totals.num_loss_tokens),
-                "samples": float(len(samples)),
-            }
-        )
-        return metrics
 
     # -- weights out ---------------------------------------------------------------------------------
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
