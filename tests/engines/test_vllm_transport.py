@@ -235,7 +235,7 @@ def test_a_proxy_in_the_environment_is_used_for_generation(
 def test_whole_answer_generation_matches_the_token_by_token_one(
     knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
 ) -> None:
-    # ``Generation.run`` takes a non-streamed answer whole (``generate_whole``); tokens the server
+    # A non-streamed answer is read whole (``VLLMEngine.generate_whole``); tokens the server
     # sends past the stop token are dropped exactly as the streaming path drops them.
     from harnessrl.gateway.generation import Generation
 

@@ -146,5 +146,9 @@ class RunHandle(Protocol):
 class Runner(Protocol):
     async def launch(self, launch: Launch) -> RunHandle: ...
 
+    def forget(self, handle: RunHandle) -> None:
+        """The controller is done with ``handle`` (its attempt ended and was recorded): drop it
+        from what ``aclose`` would kill."""
+
     async def aclose(self) -> None:
         """Kill whatever is still running; leave no orphans."""

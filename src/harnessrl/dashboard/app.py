@@ -30,6 +30,7 @@ from harnessrl.schemas import TERMINAL_STATUSES
 from harnessrl.trajectory import build_rollout_samples
 
 if TYPE_CHECKING:
+    from harnessrl.store.base import Store
     from harnessrl.tokenizer import PolicyTokenizer
 
 PREFIX = "/ui"
@@ -54,6 +55,16 @@ class Dashboard:
             if len(self._token_text) < 200_000:
                 self._token_text[token_id] = text
         return text
+
+
+def _embedded(model: str) -> bool:
+    """Whether a stored run's ``engine.model`` names weights this process could load."""
+    from harnessrl.config import parse_engine_model
+
+    try:
+        return parse_engine_model(model).kind == "embedded"
+    except ValueError:
+        return False
 
 
 def _html(title: str, body: str, *, live: bool = False, status_code: int = 200) -> HTMLResponse:
@@ -165,10 +176,10 @@ def dashboard_mount(dash: Dashboard) -> Mount:
     return Mount(PREFIX, app=Starlette(routes=dashboard_routes(dash)))
 
 
-def gateway_dashboard(store: Any, admin_key: str, engine: Any) -> Mount:
+def gateway_dashboard(store: Store, admin_key: str, engine: Any) -> Mount:
     """The ``/ui`` mount for a gateway: its store file (read-only) and its engine's tokenizer."""
-    path = getattr(store, "path", None)
-    data = DashboardData(path) if path and path != ":memory:" and Path(path).is_file() else None
+    path = store.local_file
+    data = DashboardData(path) if path is not None and path.is_file() else None
 
     def load_tokenizer() -> PolicyTokenizer | None:
         try:
@@ -203,7 +214,7 @@ def _run_tokenizer_loader(run_dir: Path) -> Callable[[], PolicyTokenizer | None]
             if (folder / "tokenizer.json").is_file():
                 tokenizer = PolicyTokenizer.from_dir(folder)
                 break
-        if tokenizer is None and engine.get("model") and not str(engine["model"]).startswith("scripted:"):
+        if tokenizer is None and engine.get("model") and _embedded(str(engine["model"])):
             try:
                 from harnessrl.engines.models import resolve_model_dir
 

@@ -78,6 +78,17 @@ class Engine(Protocol):
     @property
     def policy_version(self) -> int: ...
 
+    @property
+    def shares_weights(self) -> bool:
+        """Whether the weights live in servers that other gateways (and the trainer) reach too
+        (remote engines; the scripted engine stands in for one). Then whoever loads new weights
+        tells every gateway their version with ``adopt_policy_version``; an engine holding its own
+        copy (embedded) answers ``False`` and is only ever updated through ``update_weights``."""
+
+    def adopt_policy_version(self, version: int) -> None:
+        """Label calls from now on with ``version``: someone else installed those weights in the
+        shared servers. Only for engines that ``shares_weights``; others raise ``ConfigError``."""
+
     async def start(self) -> None:
         """Load the model / connect; must be called before ``generate``."""
 

@@ -42,7 +42,13 @@ import torch
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
 from harnessrl.engines.decoder import BatchedDecoder
 from harnessrl.engines.sampling import sample_tokens
-from harnessrl.errors import BadRequest, ConfigError, ContextLengthExceeded, UpstreamError
+from harnessrl.errors import (
+    ConfigError,
+    ContextLengthExceeded,
+    InvalidGenerationRequest,
+    InvalidWeightUpdate,
+    UpstreamError,
+)
 from harnessrl.tokenizer import PolicyTokenizer
 
 _DONE = object()  # end-of-stream marker put on a request's queue
@@ -130,6 +136,13 @@ class EmbeddedEngine:
         return self._version
 
     @property
+    def shares_weights(self) -> bool:
+        return False  # this process holds the weights; update_weights is the only way to change them
+
+    def adopt_policy_version(self, version: int) -> None:
+        raise ConfigError("the embedded engine holds its own weights: update them with update_weights")
+
+    @property
     def model(self) -> Any:
         """The transformers module (its parameters are the ones served)."""
         return self._model
@@ -178,7 +191,7 @@ class EmbeddedEngine:
             raise UpstreamError(f"the embedded engine failed: {self._failure!r}")
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
-            raise BadRequest("the prompt is empty", param="messages")
+            raise InvalidGenerationRequest("the prompt is empty")
         if len(prompt) >= self._context_length:
             raise ContextLengthExceeded(
                 f"prompt has {len(prompt)} tokens; the context length is {self._context_length}",
@@ -186,9 +199,9 @@ class EmbeddedEngine:
             )
         vocab = self._decoder.embed.shape[0]
         if min(prompt) < 0 or max(prompt) >= vocab:
-            raise BadRequest(f"prompt token IDs must be in [0, {vocab})", param="messages")
+            raise InvalidGenerationRequest(f"prompt token IDs must be in [0, {vocab})")
         if params.max_tokens < 1:
-            raise BadRequest("max_tokens must be at least 1", param="max_tokens")
+            raise InvalidGenerationRequest("max_tokens must be at least 1")
         seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(64)
         request = _Request(
             prompt=prompt,
@@ -229,12 +242,12 @@ class EmbeddedEngine:
             for path in sorted(Path(update.checkpoint_dir).glob("*.safetensors")):
                 state.update(load_file(str(path)))
         if state is None:
-            raise BadRequest("a weight update needs a state_dict or a checkpoint_dir")
+            raise InvalidWeightUpdate("a weight update needs a state_dict or a checkpoint_dir")
         with self._step_lock, torch.no_grad():
             # strict=False: tied weights may be present under one name only.
             result = self._model.load_state_dict(state, strict=False)
             if result.unexpected_keys:
-                raise BadRequest(f"unexpected weights in update: {result.unexpected_keys[:5]}")
+                raise InvalidWeightUpdate(f"unexpected weights in update: {result.unexpected_keys[:5]}")
             self._version = update.version
 
     async def update_weights(self, update: WeightUpdate) -> None:

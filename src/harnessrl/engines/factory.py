@@ -11,21 +11,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harnessrl.config import EngineConfig
+from harnessrl.config import EngineConfig, RemoteServers, ScriptedModel, parse_engine_model
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
-
-SCRIPTED_PREFIX = "scripted:"
-REMOTE_PREFIXES = ("vllm:", "sglang:")
 
 
 def parse_remote_spec(model: str) -> tuple[str, list[str]]:
     """``"vllm:http://a:1,http://b:2"`` -> ``("vllm", ["http://a:1", "http://b:2"])``."""
-    kind, _, rest = model.partition(":")
-    urls = [u.strip().rstrip("/") for u in rest.split(",") if u.strip()]
-    if not urls or not all(u.startswith(("http://", "https://")) for u in urls):
-        raise ConfigError(f"engine.model {model!r}: expected {kind}:http://host:port[,http://host2:port]")
-    return kind, urls
+    try:
+        source = parse_engine_model(model)
+    except ValueError as exc:
+        raise ConfigError(f"engine.model {exc}") from None
+    if not isinstance(source, RemoteServers):
+        raise ConfigError(f"engine.model {model!r}: expected vllm:URL[,URL...] or sglang:URL[,URL...]")
+    return source.kind, list(source.urls)
 
 
 def _remote_engine(cfg: EngineConfig) -> Engine:
@@ -72,13 +71,12 @@ def _remote_engine(cfg: EngineConfig) -> Engine:
 
 def create_engine(cfg: EngineConfig) -> Engine:
     """The engine for ``cfg.model``; call ``await engine.start()`` before generating."""
-    if cfg.model.startswith(SCRIPTED_PREFIX):
+    source = cfg.source
+    if isinstance(source, ScriptedModel):
         from harnessrl.engines.scripted import ScriptedEngine
 
-        return ScriptedEngine(
-            cfg.model[len(SCRIPTED_PREFIX) :], cache_dir=cfg.cache_dir, context_length=cfg.context_length
-        )
-    if cfg.model.startswith(REMOTE_PREFIXES):
+        return ScriptedEngine(source.path, cache_dir=cfg.cache_dir, context_length=cfg.context_length)
+    if isinstance(source, RemoteServers):
         return _remote_engine(cfg)
     from harnessrl.engines.models import resolve_model_dir
 

@@ -129,13 +129,14 @@ class EnginePool:
         serving = [r for r in self.replicas if r.pending is None] or self.replicas
         return min(r.engine.policy_version for r in serving)
 
+    @property
+    def shares_weights(self) -> bool:
+        return all(r.engine.shares_weights for r in self.replicas)
+
     def adopt_policy_version(self, version: int) -> None:
         """Every replica's weights were updated by someone else (the trainer): label them ``version``."""
         for replica in self.replicas:
-            adopt = getattr(replica.engine, "adopt_policy_version", None)
-            if adopt is None:
-                raise ConfigError(f"engine pool replica {replica.engine!r} cannot adopt a policy version")
-            adopt(version)
+            replica.engine.adopt_policy_version(version)  # raises ConfigError if it holds its own
 
     async def start(self) -> None:
         # A replica that is down at start is marked unhealthy rather than failing the pool: the

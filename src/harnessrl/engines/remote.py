@@ -24,7 +24,7 @@ from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_f
 from yarl import URL
 
 from harnessrl.engines.base import WeightUpdate
-from harnessrl.errors import ConfigError, ContextLengthExceeded, UpstreamError
+from harnessrl.errors import ConfigError, ContextLengthExceeded, GenerationAborted, UpstreamError
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
@@ -68,15 +68,13 @@ class RemoteEngineError(UpstreamError):
         return self.status in (429, 503)
 
 
-class AbortedByEngine(RemoteEngineError):
+class AbortedByEngine(RemoteEngineError, GenerationAborted):
     """The server ended a generation itself (vLLM's ``finish_reason`` ``abort`` or ``error``): the
     answer is not the policy's and must not be recorded. Retryable from the prompt, but never
     continued mid-stream (``continuable`` is false): a server paused with ``mode=abort`` usually has
     its weights changed next, and one answer must not mix two policies."""
 
     continuable = False
-    http_status = 503  # the harness's SDK retries it; by then the gateway serves again
-    code = "engine_aborted"
 
     def __init__(self, message: str, *, url: str = ""):
         super().__init__(message, retryable=True, url=url)
@@ -316,6 +314,10 @@ class RemoteEngine:
     @property
     def policy_version(self) -> int:
         return self._version
+
+    @property
+    def shares_weights(self) -> bool:
+        return True
 
     @property
     def http(self) -> HttpUpstream:

@@ -162,6 +162,10 @@ class ScriptedEngine:
         return self._version
 
     @property
+    def shares_weights(self) -> bool:
+        return True  # stands in for a shared remote engine in tests
+
+    @property
     def turns(self) -> list[dict[str, Any]]:
         return [dict(t) for t in self._turns]
 

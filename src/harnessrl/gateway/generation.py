@@ -132,8 +132,7 @@ class Generation:
         """Generate to the end without streaming.
 
         Without stop strings nothing has to be decided token by token, so the tokens are collected
-        (at once, from an engine with ``generate_whole``, when the caller is not streaming) and decoded
-        once at the end (``StreamDecoder`` pieces joined equal ``decode`` of all IDs);
+        and decoded once at the end (``StreamDecoder`` pieces joined equal ``decode`` of all IDs);
         with stop strings the text is checked as it grows, exactly as when streaming.
         """
         if self.stop:
@@ -143,17 +142,7 @@ class Generation:
         stop_ids = set(self.params.stop_token_ids)
         self.policy_version = self.engine.policy_version
         self.started_at = now()
-        # An engine that can hand over a whole non-streamed answer at once (``VLLMEngine``) spares
-        # an async-generator step and a ``TokenSample`` per token (hundreds per call).
-        whole = getattr(self.engine, "generate_whole", None)
-        if whole is not None and self.context is not None and not self.context.stream:
-            # Already cut after the first stop token (``generate_whole``'s contract).
-            self.token_ids, self.logprobs = await whole(self.prompt_ids, self.params, self.context)
-            if self.token_ids:
-                self.first_token_at = now()
-            ended_by_token = bool(self.token_ids) and self.token_ids[-1] in stop_ids
-        else:
-            ended_by_token = await self._collect(stop_ids)
+        ended_by_token = await self._collect(stop_ids)
         text_ids = self.token_ids[:-1] if ended_by_token else self.token_ids
         self.text = self.engine.tokenizer.decode(text_ids) if text_ids else ""
         self.finish_reason = "stop" if ended_by_token else "length"

@@ -26,18 +26,22 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
+from harnessrl.gateway.process import bind_socket, tune_gc, url_for
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.app import RouteFactory
 
 log = logging.getLogger("harnessrl.gateway")
-
-_SHARED_ENGINE_PREFIXES = ("vllm:", "sglang:", "scripted:")
 
 
 def check_workers_config(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
     """``ConfigError`` for settings several worker processes cannot run with."""
-    if not engine.model.startswith(_SHARED_ENGINE_PREFIXES):
+    if engine.source.kind == "embedded":
         raise ConfigError(
             f"gateway.workers = {gateway.workers} needs a remote engine (vllm:URL or sglang:URL) or a "
             f"scripted: engine, not {engine.model!r}: each worker would load its own copy of an "
@@ -63,17 +67,24 @@ def _reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def run_workers(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
-    """Serve with ``gateway.workers`` processes until SIGINT/SIGTERM. Blocking. ``admin_key`` must be set."""
-    from harnessrl.gateway.server import _bind, _url
+def run_workers(
+    gateway: GatewayConfig,
+    engine: EngineConfig,
+    store_url: str,
+    *,
+    extra_routes: Sequence[RouteFactory] = (),
+) -> None:
+    """Serve with ``gateway.workers`` processes until SIGINT/SIGTERM. Blocking. ``admin_key`` must be set.
 
+    ``extra_routes``: as for ``create_app``; each worker builds them on its own store and engine.
+    """
     check_workers_config(gateway, engine, store_url)
     assert gateway.admin_key, "run_gateway sets the admin key before starting workers"
     reserved = _reuseport_socket(gateway.host, gateway.port)  # bound, never listening: takes no calls
     port = reserved.getsockname()[1]
-    controls = [_bind("127.0.0.1", 0) for _ in range(gateway.workers)]
-    control_urls = [_url("127.0.0.1", s.getsockname()[1]) for s in controls]
-    url = _url(gateway.host, port)
+    controls = [bind_socket("127.0.0.1", 0) for _ in range(gateway.workers)]
+    control_urls = [url_for("127.0.0.1", s.getsockname()[1]) for s in controls]
+    url = url_for(gateway.host, port)
     # fork: the control sockets are inherited as they are, and nothing is open yet that a child could
     # not share (the store and engine are opened in each worker).
     ctx = multiprocessing.get_context("fork")
@@ -82,7 +93,7 @@ def run_workers(gateway: GatewayConfig, engine: EngineConfig, store_url: str) ->
         siblings = [u for j, u in enumerate(control_urls) if j != i]
         proc = ctx.Process(
             target=_serve_worker,
-            args=(i, gateway, engine, store_url, port, controls[i], siblings),
+            args=(i, gateway, engine, store_url, port, controls[i], siblings, tuple(extra_routes)),
             name=f"harnessrl-gateway-{i}",
         )
         proc.start()
@@ -130,6 +141,7 @@ def _serve_worker(
     port: int,
     control: socket.socket,
     siblings: list[str],
+    extra_routes: Sequence[RouteFactory],
 ) -> None:
     """One worker process: its own store connection, engine and app, on the public + its control socket."""
     import uvicorn
@@ -139,12 +151,11 @@ def _serve_worker(
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
-    from harnessrl.gateway.server import tune_gc
     from harnessrl.store import open_store
 
     store = open_store(store_url)
     try:
-        app = create_app(gateway, store, create_engine(engine), siblings=siblings)
+        app = create_app(gateway, store, create_engine(engine), siblings=siblings, extra_routes=extra_routes)
         config = uvicorn.Config(
             app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
         )

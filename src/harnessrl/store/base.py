@@ -15,6 +15,7 @@ Every implementation (SQLite now, PostgreSQL later) passes the same contract tes
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task
@@ -23,6 +24,11 @@ from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStat
 @runtime_checkable
 class Store(Protocol):
     # -- runs -------------------------------------------------------------------------------------
+    @property
+    def local_file(self) -> Path | None:
+        """The database file, when the store is a file on this machine (SQLite); else ``None``
+        (PostgreSQL, an in-memory SQLite). The dashboard opens it read-only."""
+
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
         """Create a run, or return the existing one with that id (idempotent)."""
 

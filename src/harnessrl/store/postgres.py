@@ -30,6 +30,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -72,6 +73,10 @@ class PostgresStore(SQLStore):
     ROW_LOCK = " FOR UPDATE"
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"  # concurrent claimers skip each other's rows
     NO_LIMIT = None  # LIMIT NULL is no limit
+
+    @property
+    def local_file(self) -> Path | None:
+        return None  # a server's database: the dashboard reads it through --store
 
     def __init__(
         self, url: str, *, min_connections: int = 1, max_connections: int = 8, timeout_s: float = 30.0

@@ -63,6 +63,12 @@ class SQLiteStore(SQLStore):
             with contextlib.suppress(OSError):
                 os.chmod(self.path, 0o600)
 
+    @property
+    def local_file(self) -> Path | None:
+        if self.path == ":memory:" or self.path.startswith("file:"):
+            return None
+        return Path(self.path)
+
     def _connect(self) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue
         # BEGIN IMMEDIATE / COMMIT ourselves so every write's locking is explicit.

@@ -235,6 +235,9 @@ class KubernetesRunner:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
+    def forget(self, handle: Any) -> None:
+        """Nothing to drop: an attempt leaves ``_attempts`` by itself when its Job ends."""
+
     async def aclose(self, *, kill_running: bool = True) -> None:
         """Stop the loop and the watch; kill every unfinished attempt (``kill_running=False`` leaves
         the Jobs running for a successor controller to adopt)."""
