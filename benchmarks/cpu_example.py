@@ -179,7 +179,7 @@ def run_harnessrl(
     if heldout and heldout[-1]["step"] == result["steps"] and result["steps"] > 0:
         result["heldout_reward_after"] = heldout[-1]["heldout/accuracy"]
     else:
-        from harnessrl.trainer.loop import latest_checkpoint
+        from harnessrl.trainer.checkpoint import latest_checkpoint
 
         checkpoint = latest_checkpoint(run_dir)  # "latest", or "latest.old" if stopped mid-swap
         if checkpoint is None:

@@ -93,6 +93,20 @@ class Task(Record):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class SamplingOverrides(Record):
+    """Sampling that a rollout's creator forces on every call of the rollout, whatever the harness
+    asks: ``temperature`` and ``top_p`` replace the harness's, ``max_tokens`` caps it. The trainer
+    sets them so training calls sample at the temperature its logprobs assume and evaluations run
+    greedy. Stored in the rollout's ``metadata["sampling"]`` (the control API's documented field)."""
+
+    temperature: float | None = Field(default=None, ge=0, allow_inf_nan=False)
+    top_p: float | None = Field(default=None, gt=0, le=1, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=1, le=2**31 - 1)
+
+    def as_metadata(self) -> dict[str, Any]:
+        return self.model_dump(exclude_none=True)
+
+
 class Rollout(Record):
     rollout_id: str
     api_key: str
@@ -112,6 +126,12 @@ class Rollout(Record):
     created_at: float = Field(default_factory=now)
     started_at: float | None = None
     finished_at: float | None = None
+
+    @property
+    def sampling(self) -> SamplingOverrides:
+        """The creator's sampling overrides (``metadata["sampling"]``); raises pydantic's
+        ``ValidationError`` if they are malformed (the control API refuses those at creation)."""
+        return SamplingOverrides.model_validate(self.metadata.get("sampling") or {})
 
 
 class Usage(Record):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -102,6 +103,10 @@ class Controller:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self._tasks: set[asyncio.Task[Rollout]] = set()
         self._stopping = asyncio.Event()
+        # Called with a rollout's id whenever one of its attempts ends here (finished, failed, or
+        # requeued for another attempt): how a trainer in this process learns of completions
+        # without polling the store (``trainer.fleet.RolloutBook.notify``).
+        self.on_attempt_done: Callable[[str], None] | None = None
 
     def harness_for(self, rollout: Rollout) -> HarnessSpec:
         return self._harness if isinstance(self._harness, HarnessSpec) else self._harness(rollout)
@@ -128,7 +133,12 @@ class Controller:
             task = asyncio.create_task(self.run_rollout(rollout), name=f"rollout-{rollout.rollout_id}")
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+            task.add_done_callback(functools.partial(self._attempt_done, rollout.rollout_id))
         return claimed
+
+    def _attempt_done(self, rollout_id: str, task: asyncio.Task[Rollout]) -> None:
+        if self.on_attempt_done is not None:
+            self.on_attempt_done(rollout_id)
 
     async def run_until_done(self, rollout_ids: list[str], timeout_s: float | None = None) -> list[Rollout]:
         """Run the loop until the given rollouts are terminal (used by ``harnessrl rollout`` and tests)."""
@@ -236,9 +246,7 @@ class Controller:
             exit_ = await handle.wait()
         finally:
             watcher.cancel()
-        forget = getattr(self.runner, "forget", None)
-        if forget is not None:
-            forget(handle)
+        self.runner.forget(handle)
         if exit_.kind is ExitKind.CANCELLED:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
         outcome = _outcome_for(exit_)

@@ -14,7 +14,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from pydantic import Field, model_validator
@@ -39,6 +39,9 @@ from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
 from harnessrl.schemas import Rollout
 from harnessrl.store.base import Store
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.gating import GatewayHandle
 
 
 class RolloutConfig(Section):
@@ -98,6 +101,7 @@ class LocalStack:
     admin_key: str
     controller: Controller
     engine: Engine
+    gateway: GatewayHandle  # the gateway's gate and engine, for a trainer in this process
 
     def create_rollout(self, task: dict[str, Any], **fields: Any) -> Rollout:
         return self.store.create_rollout(task=task, **fields)
@@ -108,8 +112,10 @@ async def local_stack(
     config: RolloutConfig, run_dir: Path, *, store: Store | None = None, run_id: str | None = None
 ) -> AsyncIterator[LocalStack]:
     """Start engine + gateway (thread) + bridge + local runner + controller; stop them all on exit."""
+    from harnessrl.dashboard import gateway_dashboard
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
+    from harnessrl.gateway.gating import GatewayHandle
     from harnessrl.gateway.server import serve_in_thread
     from harnessrl.store import open_store
 
@@ -124,7 +130,7 @@ async def local_stack(
         gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     try:
         engine = create_engine(config.engine)
-        app = create_app(gateway_cfg, store, engine)
+        app = create_app(gateway_cfg, store, engine, extra_routes=[gateway_dashboard])  # /ui
         with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300, port=gateway_cfg.port) as url:
             port = urlparse(url).port
             assert port is not None
@@ -140,7 +146,8 @@ async def local_stack(
                     run_id=run_id,
                 )
                 try:
-                    yield LocalStack(store, url, gateway_cfg.admin_key or "", controller, engine)
+                    handle = GatewayHandle(app.state.gateway, url)
+                    yield LocalStack(store, url, gateway_cfg.admin_key or "", controller, engine, handle)
                 finally:
                     await controller.shutdown()
     finally:

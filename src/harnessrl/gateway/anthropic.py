@@ -40,10 +40,10 @@ from harnessrl.gateway.anthropic_convert import (
 )
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall, sampling_params
+from harnessrl.gateway.calls import PreparedCall, rollout_sampling, sampling_params
 from harnessrl.gateway.chat import SSE_HEADERS
 from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_messages
-from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
+from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error, error_shape
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
@@ -95,8 +95,8 @@ def _sampling(
     except ContextLengthExceeded as exc:
         # Anthropic's own wording: Claude Code parses it (compacts the history, or lowers max_tokens).
         context = state.engine.context_length
-        cap = (rollout.metadata.get("sampling") or {}).get("max_tokens")
-        max_tokens = body.max_tokens if cap is None else min(body.max_tokens, int(cap))
+        cap = rollout_sampling(rollout).max_tokens
+        max_tokens = body.max_tokens if cap is None else min(body.max_tokens, cap)
         if prompt_len >= context:
             message = f"prompt is too long: {prompt_len} tokens > {context - 1} maximum"
         else:
@@ -243,7 +243,7 @@ async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id:
         completed = True
     except HarnessRLError as exc:
         completed = True
-        state.metrics.errors.labels(code=exc.code).inc()
+        state.metrics.errors.labels(code=error_shape(exc).code).inc()
         yield anthropic_sse_error(exc)
     finally:
         if not completed and call.stored is None:

@@ -7,16 +7,16 @@ Every error leaves through ``gateway.errors`` in OpenAI's shape.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from starlette.applications import Starlette
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from harnessrl.config import GatewayConfig
-from harnessrl.dashboard import gateway_dashboard
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway import anthropic, control
@@ -29,6 +29,11 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.store.base import Store
 
 log = logging.getLogger("harnessrl.gateway")
+
+#: Builds a route the app serves beside its own from the gateway's store, admin key and engine
+#: (``harnessrl.dashboard.gateway_dashboard``: the ``/ui`` mount). Whoever composes the gateway
+#: (the CLI, ``controller.stack.local_stack``) passes these in, so the gateway imports no web UI.
+RouteFactory = Callable[[Store, str, Engine], BaseRoute]
 
 
 def _model_routes(prefix: str) -> list[Route]:
@@ -50,11 +55,13 @@ def create_app(
     *,
     keepalive_s: float = 10.0,
     siblings: Sequence[str] = (),
+    extra_routes: Sequence[RouteFactory] = (),
 ) -> Starlette:
     """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
 
     ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
     ``siblings``: control URLs of the other worker processes of this node (``gateway.cluster``).
+    ``extra_routes``: more routes to serve, each built from ``(store, admin_key, engine)``.
     """
     if not config.admin_key:
         raise ConfigError(
@@ -66,6 +73,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await engine.start()
+        state.loop = asyncio.get_running_loop()
         state.ready = True
         state.refresh_gauges()
         log.info("gateway ready: model %s, policy version %d", engine.model_name, engine.policy_version)
@@ -94,7 +102,7 @@ def create_app(
         Route("/api/resume", control.resume, methods=["POST"]),
         Route("/api/state", control.get_state, methods=["GET"]),
         Route("/metrics", control.metrics, methods=["GET"]),
-        gateway_dashboard(store, config.admin_key, engine),  # /ui: the web dashboard (admin key)
+        *(build(store, config.admin_key, engine) for build in extra_routes),
     ]
     app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
     app.state.gateway = state

@@ -16,7 +16,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
 from harnessrl.gateway.errors import from_validation_error
-from harnessrl.schemas import Outcome
+from harnessrl.schemas import Outcome, SamplingOverrides
 
 B = TypeVar("B", bound=BaseModel)
 
@@ -168,6 +168,13 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class RolloutMetadataIn(Lenient):
+    """A new rollout's free-form metadata; only ``sampling`` has a shape (checked here, so a bad
+    value is a 400 now instead of a failure of every later call of the rollout)."""
+
+    sampling: SamplingOverrides | None = None
+
+
 class CreateRolloutRequest(Strict):
     task: dict[str, Any] = Field(default_factory=dict)
     rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
@@ -175,7 +182,7 @@ class CreateRolloutRequest(Strict):
     run_id: str | None = None
     task_id: str | None = None
     step: int | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    metadata: RolloutMetadataIn = Field(default_factory=RolloutMetadataIn)
 
 
 class FinishRolloutRequest(Strict):

@@ -23,18 +23,32 @@ from typing import Any
 
 import anyio
 import orjson
+from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.bodies import SamplingFields
-from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.errors import error_shape, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Call, Rollout, Usage, now
+from harnessrl.schemas import Call, Rollout, SamplingOverrides, Usage, now
+
+
+def rollout_sampling(rollout: Rollout | None) -> SamplingOverrides:
+    """The rollout's sampling overrides; ``BadRequest`` naming the field if they are malformed."""
+    if rollout is None:
+        return SamplingOverrides()
+    try:
+        return rollout.sampling
+    except ValidationError as exc:
+        raise BadRequest(
+            f"rollout {rollout.rollout_id!r} has invalid metadata.sampling: {exc.errors()[0]['msg']}",
+            param="metadata.sampling",
+        ) from None
 
 
 def sampling_params(
@@ -46,19 +60,21 @@ def sampling_params(
 ) -> SamplingParams:
     """Sampling settings for the engine; 400 if the prompt plus ``max_tokens`` cannot fit the context.
 
-    A rollout may carry ``metadata["sampling"]`` set by whoever created it (the trainer): its
+    A rollout may carry ``SamplingOverrides`` set by whoever created it (the trainer): its
     ``temperature`` / ``top_p`` replace the harness's, and its ``max_tokens`` caps the harness's.
     That is how training runs sample at the temperature the trainer's logprobs assume and how
     evaluations run greedy, whatever the unmodified harness asks for.
     """
-    overrides = (rollout.metadata.get("sampling") or {}) if rollout is not None else {}
-    if overrides.get("max_tokens") is not None:
-        cap = int(overrides["max_tokens"])
+    overrides = rollout_sampling(rollout)
+    if overrides.max_tokens is not None:
+        cap = overrides.max_tokens
         requested_max = cap if requested_max is None else min(requested_max, cap)
     temperature = 1.0 if body.temperature is None else body.temperature
-    temperature = float(overrides.get("temperature", temperature))
+    if overrides.temperature is not None:
+        temperature = overrides.temperature
     top_p = 1.0 if body.top_p is None else body.top_p
-    top_p = float(overrides.get("top_p", top_p))
+    if overrides.top_p is not None:
+        top_p = overrides.top_p
     context = state.engine.context_length
     room = context - prompt_len
     if room <= 0:
@@ -300,7 +316,7 @@ async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, 
         yield "data: [DONE]\n\n"
     except HarnessRLError as exc:
         completed = True
-        state.metrics.errors.labels(code=exc.code).inc()
+        state.metrics.errors.labels(code=error_shape(exc).code).inc()
         yield sse_error(exc)
     finally:
         if not completed and call.stored is None:

@@ -6,16 +6,16 @@ reward) and the trainer (read calls with token IDs, pause for a weight update, r
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.errors import BadRequest, Conflict, NotFound, UpstreamError
+from harnessrl.errors import BadRequest, NotFound, UpstreamError
 from harnessrl.gateway.auth import require_admin
 from harnessrl.gateway.bodies import CreateRolloutRequest, FinishRolloutRequest, read_json, validate_body
-from harnessrl.gateway.cluster import aggregate, format_order, parse_order, parse_scope
+from harnessrl.gateway.cluster import aggregate, parse_order, parse_scope
+from harnessrl.gateway.gating import gateway_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, RolloutStatus
 
@@ -80,7 +80,7 @@ async def create_rollout(request: Request) -> Response:
             task_id=body.task_id,
             group_id=body.group,
             step=body.step,
-            metadata=body.metadata,
+            metadata=body.metadata.model_dump(exclude_unset=True),
         )
     )
     return JSONResponse(rollout_json(state, request, rollout), status_code=200 if existed else 201)
@@ -145,20 +145,6 @@ async def cancel_rollout(request: Request) -> Response:
     return JSONResponse(rollout_json(state, request, rollout))
 
 
-def _state_json(state: GatewayState) -> dict[str, Any]:
-    state.refresh_gauges()
-    return {
-        "paused": state.gate.paused,
-        "in_flight": state.gate.in_flight,
-        "waiting": state.gate.waiting,
-        "model": state.engine.model_name,
-        "policy_version": state.engine.policy_version,
-        "context_length": state.engine.context_length,
-        "uptime_s": round(state.uptime(), 3),
-        "order": format_order(state.cluster.last),  # stamp of the last pause/resume applied
-    }
-
-
 def _pause_timeout(request: Request, state: GatewayState) -> float:
     raw = request.query_params.get("timeout")
     if raw is None:
@@ -177,27 +163,8 @@ async def pause(request: Request) -> Response:
     state = _admin_state(request)
     timeout = _pause_timeout(request, state)
     scope = parse_scope(request.query_params.get("scope"))
-    cluster = state.cluster
-    order = cluster.stamp(parse_order(request.query_params.get("order")))
-    if not cluster.apply(order, "pause") and cluster.last_kind == "resume":
-        raise Conflict(
-            f"pause {format_order(order)} was overtaken by a newer resume ({format_order(cluster.last)}); "
-            "the gateways are serving: pause again before updating weights"
-        )
-    # Applied, or older than a pause already in force: either way the gate is (kept) closed and
-    # this request waits for the drain like the newer one does.
-    state.gate.close()
-    state.metrics.paused.set(1)
-    drained, peers = await asyncio.gather(
-        state.gate.drain(timeout), cluster.forward("POST", "/api/pause", scope, order, timeout)
-    )
-    if cluster.last_kind == "resume" and cluster.last > order:
-        raise Conflict(
-            f"pause {format_order(order)} was overtaken by a newer resume ({format_order(cluster.last)}) "
-            "while draining; pause again before updating weights"
-        )
-    local = {**_state_json(state), "paused": True, "drained": drained}
-    return JSONResponse(aggregate(local, peers))
+    order = parse_order(request.query_params.get("order"))
+    return JSONResponse(await pause_gateways(state, timeout, scope=scope, order=order))
 
 
 def _policy_version(request: Request) -> int | None:
@@ -219,33 +186,17 @@ async def resume(request: Request) -> Response:
     """Resume this gateway and its peers, unless a newer pause is in force (then ``superseded``)."""
     state = _admin_state(request)
     scope = parse_scope(request.query_params.get("scope"))
-    cluster = state.cluster
-    order = cluster.stamp(parse_order(request.query_params.get("order")))
+    order = parse_order(request.query_params.get("order"))
     version = _policy_version(request)
-    adopt = getattr(state.engine, "adopt_policy_version", None)
-    if version is not None and adopt is None:
-        raise BadRequest(
-            "policy_version on resume is for gateways in front of a shared remote engine; this "
-            "gateway's engine holds its own weights (update them through the engine)",
-            param="policy_version",
-        )
-    applied = cluster.apply(order, "resume")
-    if applied and adopt is not None and version is not None:
-        # The trainer installed new weights in a shared remote engine itself (docs/gateway.md,
-        # "Several gateways"); every gateway records calls from now on under this version.
-        adopt(version)
-    released = state.gate.resume() if applied else 0
-    extra = {"policy_version": str(version)} if version is not None else None
-    peers = await cluster.forward("POST", "/api/resume", scope, order, None, extra)
-    local = {**_state_json(state), "released": released, "superseded": not applied}
-    return JSONResponse(aggregate(local, peers))
+    answer = await resume_gateways(state, scope=scope, order=order, policy_version=version)
+    return JSONResponse(answer)
 
 
 async def get_state(request: Request) -> Response:
     state = _admin_state(request)
     scope = parse_scope(request.query_params.get("scope"))
     peers = await state.cluster.forward("GET", "/api/state", scope, None, None)
-    return JSONResponse(aggregate(_state_json(state), peers))
+    return JSONResponse(aggregate(gateway_state_json(state), peers))
 
 
 async def metrics(request: Request) -> Response:

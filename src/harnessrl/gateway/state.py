@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -39,6 +40,9 @@ class GatewayState:
     keepalive_s: float = 10.0
     started_at: float = field(default_factory=now)
     ready: bool = False
+    # The event loop serving this app (set by the lifespan): code on other loops reaches the gate
+    # and the engine through it (``gating.GatewayHandle``).
+    loop: asyncio.AbstractEventLoop | None = None
 
     def __post_init__(self) -> None:
         if self.cluster is None:

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
+from harnessrl.config import REMOTE_KINDS, EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import ControllerConfig
 from harnessrl.controller.evaluators import parse_evaluator_config
@@ -68,7 +68,7 @@ class LoraSection(Section):
 
 
 class TrainerSection(Section):
-    # With a remote engine (vllm:/sglang:) the weights the trainer starts from (tiny, smollm2 or a
+    # With a remote engine (vllm or sglang servers) the weights the trainer starts from (tiny, smollm2 or a
     # Hugging Face folder): the servers must serve the same weights at step 0.
     model: str | None = None
     mode: Literal["sync", "async"] = "async"
@@ -76,6 +76,9 @@ class TrainerSection(Section):
     # `harnessrl controller` processes (local sandboxes elsewhere, Kubernetes Jobs) take the queued
     # rollouts from the shared store (docs/scale.md)
     controllers: Literal["local", "external"] = "local"
+    # Drive gateways started elsewhere (`harnessrl gateway`, docs/scale.md) instead of serving one:
+    # the trainer pauses them over the control API and loads the remote servers itself.
+    gateway_url: str | None = None
     steps: int = Field(default=10, ge=1)
     tasks_per_step: int = Field(default=4, ge=1)
     group_size: int = Field(default=8, ge=1, description="rollouts per task (one group)")
@@ -121,7 +124,6 @@ class TrainerSection(Section):
     eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations (0: never)")
     eval_temperature: float = Field(default=0.0, ge=0)
     save_every: int = Field(default=0, ge=0, description="steps between numbered checkpoints (0: end only)")
-    rollout_timeout_s: float | None = Field(default=None, gt=0)
 
 
 class MetricsSection(Section):
@@ -152,12 +154,26 @@ class TrainConfig(Section):
         top_p = self.trainer.top_p
         if top_p != "harness" and not 0 < top_p <= 1:
             raise ValueError(f'trainer.top_p: must be in (0, 1] or "harness", got {top_p}')
-        if self.engine.model.startswith(("vllm:", "sglang:")) and not self.trainer.model:
+        if self.engine.source.kind in REMOTE_KINDS and not self.trainer.model:
             raise ValueError(
                 "trainer.model: required with a remote engine (the weights the trainer starts from, "
                 "the same ones the servers serve)"
             )
-        if self.engine.model.startswith("scripted:"):
+        if self.trainer.gateway_url:
+            needs = {
+                "trainer.controllers": self.trainer.controllers == "external",
+                "store.url": self.store is not None,
+                "engine.model": self.engine.source.kind in REMOTE_KINDS,
+                "gateway.admin_key": bool(self.gateway.admin_key),
+            }
+            missing = [name for name, ok in needs.items() if not ok]
+            if missing:
+                raise ValueError(
+                    f"trainer.gateway_url needs {', '.join(missing)}: external controllers, the store "
+                    "the gateways share, remote engine servers the trainer loads itself, and the "
+                    "gateways' admin key"
+                )
+        if self.engine.source.kind == "scripted":
             raise ValueError(
                 "engine.model: a scripted engine cannot be trained; use tiny, smollm2 or a model"
             )

@@ -3,19 +3,20 @@ creates exactly the rollouts the crashed one would have (``create_rollout`` is i
 
 Groups are numbered 0, 1, 2, ... in creation order; group ``g`` is task ``order[g % N]`` where
 ``order`` is a fresh seeded permutation of the task list every epoch. A group is ``group_size``
-rollouts of that task with ids ``g{g:06d}-r{k}``.
+rollouts of that task with ids ``g{g:06d}-r{k}``. A held-out evaluation at step ``s`` is one group of
+one rollout per held-out task, ``eval-s{s:05d}-t{i:04d}``.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.errors import ConfigError
-from harnessrl.schemas import Task
+from harnessrl.schemas import SamplingOverrides, Task
 from harnessrl.tasks.fields import HIDDEN, check_visible
-from harnessrl.trainer.config import TaskSource
+from harnessrl.trainer.config import TaskSource, TrainerSection
 
 TRAIN_KIND = "train"
 EVAL_KIND = "eval"
@@ -74,19 +75,65 @@ def load_task_source(source: TaskSource, *, split: str, base_dir: Path | None = 
     return tasks
 
 
+def heldout_overlap(train: list[Task], heldout: list[Task]) -> int:
+    """Held-out tasks whose question also appears among the training tasks (overstates accuracy)."""
+
+    def question(task: Task) -> object:
+        return task.data.get("question") or task.data.get("prompt")
+
+    seen = {question(t) for t in train}
+    return sum(1 for t in heldout if question(t) in seen)
+
+
 @dataclass(frozen=True)
 class GroupPlan:
-    index: int
+    """Rollouts created together and consumed together: a training group (one task, ``group_size``
+    times) or one held-out evaluation (each held-out task once)."""
+
     group_id: str
-    task: Task
-    rollout_ids: tuple[str, ...]
+    kind: str  # TRAIN_KIND | EVAL_KIND, kept in each rollout's metadata["kind"]
+    step: int  # stored as each rollout's step: a training group's index, an evaluation's policy step
+    members: tuple[tuple[str, Task], ...]  # (rollout_id, task)
+    sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
+
+    @property
+    def index(self) -> int:
+        return self.step
+
+    @property
+    def rollout_ids(self) -> tuple[str, ...]:
+        return tuple(rollout_id for rollout_id, _ in self.members)
+
+    @property
+    def task(self) -> Task:
+        """A training group's task (every member has the same one)."""
+        return self.members[0][1]
+
+
+def train_sampling(cfg: TrainerSection) -> SamplingOverrides:
+    """What training calls sample with, whatever the harness asks (docs/train.md, "What is recorded")."""
+    # The trainer's logprobs come from the full tempered softmax; with top_p < 1 the engines record
+    # the renormalized nucleus instead, so the nucleus is forced too unless the config opts out.
+    top_p = None if cfg.top_p == "harness" else cfg.top_p
+    return SamplingOverrides(temperature=cfg.temperature, top_p=top_p, max_tokens=cfg.max_tokens)
+
+
+def eval_sampling(cfg: TrainerSection) -> SamplingOverrides:
+    return SamplingOverrides(temperature=cfg.eval_temperature, max_tokens=cfg.max_tokens)
 
 
 class TaskSchedule:
-    def __init__(self, tasks: list[Task], group_size: int, seed: int):
+    def __init__(
+        self,
+        tasks: list[Task],
+        group_size: int,
+        seed: int,
+        sampling: SamplingOverrides | None = None,
+    ):
         self.tasks = tasks
         self.group_size = group_size
         self.seed = seed
+        self.sampling = sampling or SamplingOverrides()
         self._orders: dict[int, list[int]] = {}
 
     def _order(self, epoch: int) -> list[int]:
@@ -100,9 +147,14 @@ class TaskSchedule:
         epoch, position = divmod(index, len(self.tasks))
         task = self.tasks[self._order(epoch)[position]]
         group_id = f"g{index:06d}"
-        rollout_ids = tuple(f"{group_id}-r{k}" for k in range(self.group_size))
-        return GroupPlan(index, group_id, task, rollout_ids)
+        members = tuple((f"{group_id}-r{k}", task) for k in range(self.group_size))
+        return GroupPlan(group_id, TRAIN_KIND, index, members, self.sampling)
 
 
 def eval_rollout_id(step: int, task_index: int) -> str:
     return f"eval-s{step:05d}-t{task_index:04d}"
+
+
+def eval_plan(step: int, heldout: list[Task], sampling: SamplingOverrides) -> GroupPlan:
+    members = tuple((eval_rollout_id(step, i), task) for i, task in enumerate(heldout))
+    return GroupPlan(f"eval-s{step:05d}", EVAL_KIND, step, members, sampling)

@@ -72,20 +72,24 @@ def follow(ctx: DistributedContext) -> None:
             return
         if name == "build":
             config, model_dir = args
-            sharded = ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir))
+            build = functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs)
+            sharded = ShardedPolicy(ctx, build)
             continue
         assert sharded is not None, f"command {name!r} before build"
         getattr(sharded, name)(*args, **kwargs)
 
 
-def leader_policy_factory(ctx: DistributedContext, config: TrainConfig) -> Callable[[Path], LeaderPolicy]:
-    """``Trainer(policy_factory=...)`` for rank 0: tells the other ranks which weights to load."""
+def leader_policy_factory(
+    ctx: DistributedContext, config: TrainConfig
+) -> Callable[[Path, Path], LeaderPolicy]:
+    """``Trainer(policy_factory=...)`` for rank 0: tells the other ranks which weights to load
+    (``model_dir``) and which the KL reference is (``reference_dir``: the run's starting weights)."""
 
-    def make(model_dir: Path) -> LeaderPolicy:
-        dist.broadcast_object_list([("build", (config, model_dir), {})], src=0, group=ctx.control)
-        return LeaderPolicy(
-            ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir))
-        )
+    def make(model_dir: Path, reference_dir: Path) -> LeaderPolicy:
+        kwargs = {"reference_dir": reference_dir}
+        dist.broadcast_object_list([("build", (config, model_dir), kwargs)], src=0, group=ctx.control)
+        build = functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs)
+        return LeaderPolicy(ShardedPolicy(ctx, build))
 
     return make
 
@@ -103,8 +107,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             follow(ctx)
             return 0
         try:
-            from harnessrl.cli.train import prepare_run
-            from harnessrl.trainer.loop import Trainer
+            from harnessrl.trainer.run import Trainer
+            from harnessrl.trainer.run_setup import prepare_run
 
             config, run_dir, base_dir = prepare_run(args.config, args.resume, args.overrides)
             if config.trainer.lora is not None:

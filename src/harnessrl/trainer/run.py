@@ -1,0 +1,207 @@
+"""``Trainer``: one training run, set up around the loop (``loop.TrainingLoop``) and torn down.
+
+It loads the tasks, builds the policy (from ``trainer.model``/``engine.model``, or the checkpoint a
+``--resume`` continues), opens the store and the fleet (a gateway this process serves, or gateways
+started elsewhere with ``trainer.gateway_url``), reopens what a dead process left behind, publishes a
+resumed checkpoint and checks that remote servers serve the trainer's weights before any rollout
+starts; then runs the loop, and on every way out (also Ctrl-C / SIGTERM) stops the harnesses,
+requeues what was in flight, finishes the checkpoint being written and records the run's status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from harnessrl.config import REMOTE_KINDS
+from harnessrl.controller.stack import RolloutConfig
+from harnessrl.store import open_store
+from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, latest_checkpoint
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.fleet import Fleet, RolloutBook
+from harnessrl.trainer.fleet_local import local_fleet, served_weights_check
+from harnessrl.trainer.fleet_remote import remote_fleet
+from harnessrl.trainer.loop import TrainingLoop
+from harnessrl.trainer.metrics import MetricsWriter
+from harnessrl.trainer.schedule import TaskSchedule, heldout_overlap, load_task_source, train_sampling
+
+
+class Trainer:
+    def __init__(
+        self,
+        config: TrainConfig,
+        run_dir: Path,
+        *,
+        resume: bool = False,
+        base_dir: Path | None = None,
+        policy_factory: Callable[[Path, Path], Any] | None = None,
+    ):
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.base_dir = base_dir or Path.cwd()
+        # torchrun: rank 0's handle on a policy sharded over all ranks (trainer/distributed.py).
+        self.policy_factory = policy_factory
+        t = config.trainer
+        self.tasks = load_task_source(config.tasks, split="train", base_dir=self.base_dir)
+        self.heldout = (
+            load_task_source(config.heldout, split="heldout", base_dir=self.base_dir)
+            if config.heldout
+            else []
+        )
+        self.heldout_overlap = heldout_overlap(self.tasks, self.heldout)
+        self.schedule = TaskSchedule(self.tasks, t.group_size, config.run.seed, train_sampling(t))
+        self.state = TrainState()
+        self.checkpoint = latest_checkpoint(run_dir) if resume else None
+        if self.checkpoint is not None:
+            self.state = TrainState.from_json((self.checkpoint / STATE_FILE).read_text())
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def _configured_weights(self) -> Path:
+        """The weights the run starts from (built or converted if need be); also the KL reference."""
+        from harnessrl.engines.models import resolve_model_dir
+
+        remote = self.config.engine.source.kind in REMOTE_KINDS
+        source = self.config.trainer.model if remote else self.config.engine.model
+        return Path(resolve_model_dir(source, self.config.engine.cache_dir))
+
+    def _starting_weights(self) -> Path:
+        """The checkpoint being resumed, else the configured weights."""
+        return self.checkpoint if self.checkpoint is not None else self._configured_weights()
+
+    def _build_policy(self) -> Any:
+        from harnessrl.trainer.policy import TrainablePolicy
+
+        model_dir = self._starting_weights()
+        # A resumed run keeps its KL anchor: the weights the run started from, not the checkpoint.
+        reference = self._configured_weights() if self.config.algorithm.kl_coef > 0 else model_dir
+        if self.policy_factory is not None:
+            policy = self.policy_factory(model_dir, reference)
+        else:
+            policy = TrainablePolicy.from_config(self.config, model_dir, reference_dir=reference)
+        if self.checkpoint is not None and (self.checkpoint / "trainer_state.pt").exists():
+            policy.load_trainer_state(self.checkpoint)
+        return policy
+
+    def _rollout_config(self) -> RolloutConfig:
+        cfg = self.config
+        engine = cfg.engine
+        if engine.source.kind == "embedded":  # it serves the trainer's own starting weights
+            engine = engine.model_copy(update={"model": str(self._starting_weights())})
+        return RolloutConfig(
+            engine=engine,
+            gateway=cfg.gateway,
+            harness=cfg.harness,
+            evaluator=cfg.evaluator,
+            controller=cfg.controller,
+        )
+
+    # -- the run -------------------------------------------------------------------------------------
+    async def run(self) -> dict[str, Any]:
+        cfg = self.config
+        policy = self._build_policy()
+        checkpointer = Checkpointer(
+            policy, self.run_dir, save_every=cfg.trainer.save_every, background=self.policy_factory is None
+        )
+        metrics = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.metrics.tensorboard,
+            wandb_project=cfg.metrics.wandb_project,
+            run_name=cfg.run.name,
+            progress=cfg.metrics.progress,
+        )
+        if self.heldout_overlap:
+            # Held-out accuracy on problems the policy trained on overstates generalization.
+            metrics.message(
+                f"warning: {self.heldout_overlap} held-out tasks also appear among the training tasks"
+            )
+        started = time.monotonic()
+        # [store] url (e.g. a shared PostgreSQL, docs/scale.md) or the run folder's own SQLite file
+        store_url = cfg.store.url if cfg.store is not None else str(self.run_dir / "harnessrl.db")
+        store = open_store(store_url)
+        external = cfg.trainer.controllers == "external"
+        book = RolloutBook(store, cfg.run.name, poll_s=0.5 if external else 2.0)
+        created = finished = False
+        try:
+            async with self._open_fleet(book, store_url, metrics.message) as (fleet, start_controllers):
+                await asyncio.to_thread(store.create_run, cfg.run.name, cfg.model_dump(mode="json"))
+                created = True
+                await asyncio.to_thread(store.set_run_status, cfg.run.name, "running")
+                groups_created = await self._reopen(fleet)
+                if self.state.step > 0:  # the engine serves the starting weights: give it the checkpoint's
+                    await fleet.publish(self.state.step, policy)
+                if cfg.trainer.served_weights_tolerance:
+                    await fleet.check_served_weights(
+                        served_weights_check(policy, cfg.trainer, metrics.message)
+                    )
+                start_controllers()
+                loop = TrainingLoop(
+                    cfg,
+                    fleet,
+                    policy,
+                    self.schedule,
+                    self.state,
+                    checkpointer,
+                    metrics,
+                    heldout=self.heldout,
+                    heldout_overlap=self.heldout_overlap,
+                    groups_created=groups_created,
+                )
+                try:
+                    await loop.run()
+                finally:
+                    await checkpointer.written()
+                await asyncio.to_thread(store.set_run_status, cfg.run.name, "finished")
+                finished = True
+        finally:
+            try:
+                # The gateway and every harness are gone now (also after Ctrl-C / SIGTERM, which
+                # cancel this task), so nothing of this run can still be running.
+                book.requeue_running("run ended while it was in flight")
+                if created and not finished:
+                    store.set_run_status(cfg.run.name, "stopped")
+            finally:
+                store.close()
+                metrics.close()
+        final = self.run_dir / "checkpoints" / "final"
+        if not final.exists():
+            policy.save_checkpoint(final, with_optimizer=False)
+        return {
+            "run_dir": str(self.run_dir),
+            "steps": self.state.step,
+            "minutes": round((time.monotonic() - started) / 60, 2),
+            "final_checkpoint": str(final),
+        }
+
+    def _open_fleet(self, book: RolloutBook, store_url: str, message: Callable[[str], None]):  # noqa: ANN202
+        """Gateways started elsewhere (``trainer.gateway_url``), or one this process serves (an
+        async context manager yielding the fleet and its ``start_controllers``)."""
+        cfg = self.config
+        common = {"message": message, "store_url": store_url}
+        if cfg.trainer.gateway_url:
+            return remote_fleet(
+                cfg.trainer.gateway_url,
+                cfg.gateway.admin_key or "",
+                cfg.engine,
+                self.run_dir,
+                book,
+                pause_timeout_s=cfg.gateway.pause_timeout_s,
+                **common,
+            )
+        external = cfg.trainer.controllers == "external"
+        return local_fleet(
+            self._rollout_config(), self.run_dir, book, external_controllers=external, **common
+        )
+
+    async def _reopen(self, fleet: Fleet) -> int:
+        """A resumed run: requeue what the dead process left running and reopen the groups it
+        created but did not train (the schedule recreates the same plans). Returns how many groups
+        the run has created."""
+        created = await asyncio.to_thread(fleet.book.recover)
+        consumed = set(self.state.consumed_groups)
+        plans = [self.schedule.group(i) for i in range(created)]
+        await fleet.submit([p for p in plans if p.group_id not in consumed])
+        return created

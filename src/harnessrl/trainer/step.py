@@ -1,0 +1,95 @@
+"""From completed groups to the samples of one optimizer step: pure, no processes, no I/O.
+
+``prepare_step`` decides what a step trains on: rollouts too stale for the run's bound are dropped
+(or their advantages shrunk), the rest become token-exact samples (``harnessrl.trajectory``) with
+rollout-level advantages (``harnessrl.algorithms``), and the step's data metrics are computed. Each
+rollout's staleness is the trained policy version minus the oldest version that sampled a call of
+its final attempt.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from harnessrl.algorithms import assign_advantages, rollout_advantages
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.errors import HarnessRLError
+from harnessrl.schemas import Outcome, Rollout
+from harnessrl.trainer.config import TrainerSection
+from harnessrl.trainer.fleet import Group
+from harnessrl.trajectory import Sample, build_batch
+
+
+class EvaluationFailed(HarnessRLError):
+    """A held-out evaluation produced no scored rollout (every one failed for infrastructure reasons)."""
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    samples: list[Sample]
+    rollouts: list[Rollout]  # every rollout of the step's groups, dropped ones included
+    metrics: dict[str, Any]  # the data side of the step's metrics (rewards, staleness, trajectories)
+    generated_tokens: int
+
+
+def staleness_bound(cfg: TrainerSection) -> int:
+    """How many policy versions a rollout may lag: ``max_staleness`` in async mode; 0 in sync mode,
+    where the next groups are created only after the previous step trained."""
+    return cfg.max_staleness if cfg.mode == "async" else 0
+
+
+def rollout_staleness(rollout: Rollout, group: Group, version: int) -> int:
+    versions = [c.policy_version for c in group.calls[rollout.rollout_id] if c.attempt == rollout.attempt]
+    return version - min(versions) if versions else 0
+
+
+def prepare_step(
+    groups: list[Group], version: int, trainer: TrainerSection, algorithm: AlgorithmConfig
+) -> StepBatch:
+    """The samples and data metrics of the step that trains policy ``version`` on ``groups``."""
+    bound = staleness_bound(trainer)
+    rollouts = [r for g in groups for r in g.rollouts]
+    calls = {r.rollout_id: g.calls[r.rollout_id] for g in groups for r in g.rollouts}
+    lags = {r.rollout_id: rollout_staleness(r, g, version) for g in groups for r in g.rollouts}
+    too_stale = {rid for rid, lag in lags.items() if lag > bound}
+    drop = trainer.stale_samples == "drop"
+    kept = [r for r in rollouts if not (drop and r.rollout_id in too_stale)]
+
+    batch = build_batch([(r, calls[r.rollout_id]) for r in kept], max_sample_tokens=trainer.max_sample_tokens)
+    advantages = rollout_advantages(kept, algorithm)
+    if not drop:  # down-weight: shrink a stale rollout's advantage by bound / lag
+        for rid in too_stale & advantages.advantages.keys():
+            advantages.advantages[rid] *= bound / lags[rid]
+    samples = assign_advantages(batch.samples, advantages)
+
+    rewards = [r.reward for r in rollouts if r.reward is not None and r.outcome is not Outcome.INFRA_FAILURE]
+    staleness = list(lags.values())
+    metrics: dict[str, Any] = {
+        "reward/mean": statistics.fmean(rewards) if rewards else None,
+        "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
+        "reward/success_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
+        "rollouts": len(rollouts),
+        "rollouts/infra_failures": sum(1 for r in rollouts if r.outcome is Outcome.INFRA_FAILURE),
+        "rollouts/dropped_stale": len(too_stale) if drop else 0,
+        "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
+        "staleness/max": max(staleness, default=0),
+        **advantages.metrics,
+        **batch.stats.as_metrics(prefix="trajectory/"),
+    }
+    generated = sum(len(c.response_token_ids) for cs in calls.values() for c in cs)
+    return StepBatch(samples, rollouts, metrics, generated)
+
+
+def heldout_metrics(group: Group, overlap: int) -> dict[str, Any]:
+    """A held-out evaluation's metrics; ``EvaluationFailed`` if no rollout of it could be scored."""
+    rewards = [r.reward or 0.0 for r in group.rollouts if r.outcome is not Outcome.INFRA_FAILURE]
+    if not rewards:
+        raise EvaluationFailed("held-out evaluation: every rollout failed for infrastructure reasons")
+    return {
+        "heldout/reward": statistics.fmean(rewards),
+        "heldout/accuracy": sum(1 for x in rewards if x >= 1.0) / len(rewards),
+        "heldout/rollouts": len(rewards),
+        "heldout/overlap_with_train": overlap,
+    }

@@ -1,0 +1,110 @@
+"""``LocalFleet``: the trainer pauses, updates and resumes the gateway it serves in-process, with one
+pause and one resume per update (the gateway's order stamps count them), and weights in the form
+the engine takes."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import WeightUpdate
+from harnessrl.engines.scripted import ScriptedEngine
+from harnessrl.errors import UpstreamError
+from harnessrl.gateway.app import create_app
+from harnessrl.gateway.gating import GatewayHandle
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store import open_store
+from harnessrl.trainer.fleet import RolloutBook
+from harnessrl.trainer.fleet_local import LocalFleet, load_weights
+
+
+class FolderWeights:
+    """Weights that write a marker folder (what a server would load) or hand out a state dict."""
+
+    def __init__(self) -> None:
+        self.saved: list[Path] = []
+
+    def engine_state_dict(self) -> dict[str, Any]:
+        return {"w": 1.0}
+
+    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+        self.saved.append(folder)
+        return folder
+
+
+@pytest.fixture
+def gateway(tmp_path: Path):
+    store = open_store(str(tmp_path / "store.db"))
+    engine = ScriptedEngine(["hi"])  # stands in for shared remote servers (shares_weights)
+    app = create_app(GatewayConfig(admin_key="k", pause_timeout_s=0.3), store, engine)
+    with serve_in_thread(app) as url:
+        yield GatewayHandle(app.state.gateway, url), store
+    store.close()
+
+
+def counter(handle: GatewayHandle) -> int:
+    return handle.state.cluster.last[0]  # the Lamport counter: +1 per pause or resume applied
+
+
+def test_an_update_inside_a_pause_resumes_once_and_announces_the_version(gateway, tmp_path):
+    handle, store = gateway
+    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "engine-weights")
+    weights = FolderWeights()
+    before = counter(handle)
+
+    async def main() -> None:
+        async with fleet.paused():
+            assert handle.state.gate.paused
+            await fleet.publish(1, weights)
+            assert handle.state.gate.paused  # still held: the outer pause resumes
+        assert not handle.state.gate.paused
+        await fleet.publish(2, weights)  # outside a pause: pauses and resumes around the swap
+
+    asyncio.run(main())
+    assert counter(handle) - before == 4  # (pause, resume) twice: no second resume per update
+    assert handle.engine.policy_version == 2 and not handle.state.gate.paused
+    assert [f.name for f in weights.saved] == ["v1", "v2"]
+    assert [p.name for p in (tmp_path / "engine-weights").iterdir()] == ["v2"]  # v1 removed once loaded
+
+
+def test_a_pause_that_does_not_drain_reopens_the_gate_and_refuses(gateway, tmp_path):
+    handle, store = gateway
+    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "w")
+
+    async def hold_a_call() -> Any:
+        return handle.state.gate.join()  # an admitted call that never ends
+
+    async def main() -> None:
+        ticket = await handle.run(hold_a_call)
+        with pytest.raises(UpstreamError, match="did not drain"):
+            async with fleet.paused():
+                pytest.fail("entered a pause with a call in flight")
+        assert not handle.state.gate.paused  # generation goes on; weights were not touched
+
+        async def end_the_call() -> None:
+            ticket.release()
+
+        await handle.run(end_the_call)
+
+    asyncio.run(main())
+    assert handle.engine.policy_version == 0
+
+
+def test_load_weights_gives_an_in_process_engine_the_state_dict(tmp_path):
+    updates: list[WeightUpdate] = []
+
+    async def update(u: WeightUpdate) -> None:
+        updates.append(u)
+
+    weights = FolderWeights()
+    asyncio.run(load_weights(update, False, 3, weights, tmp_path / "w"))
+    assert updates[0].version == 3 and updates[0].state_dict == {"w": 1.0}
+    assert updates[0].checkpoint_dir is None and not weights.saved
+    asyncio.run(load_weights(update, True, 4, weights, tmp_path / "w"))
+    assert updates[1].checkpoint_dir == str(tmp_path / "w" / "v4") and updates[1].state_dict is None

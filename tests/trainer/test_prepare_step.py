@@ -1,0 +1,132 @@
+"""``prepare_step``: what a step trains on, from completed groups alone (no processes, no store)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.errors import HarnessRLError
+from harnessrl.schemas import Call, Outcome, Rollout, RolloutStatus, Task
+from harnessrl.trainer.config import TrainerSection
+from harnessrl.trainer.fleet import Group
+from harnessrl.trainer.schedule import TRAIN_KIND, GroupPlan
+from harnessrl.trainer.step import heldout_metrics, prepare_step, staleness_bound
+
+TASK = Task(task_id="t", split="train", data={"prompt": "2+2"})
+
+
+def group(
+    group_id: str,
+    rewards: list[float],
+    *,
+    versions: list[int] | None = None,
+    outcomes: list[Outcome] | None = None,
+) -> Group:
+    """A complete group: rollout k answered one call sampled by policy ``versions[k]``."""
+    versions = versions or [0] * len(rewards)
+    outcomes = outcomes or [Outcome.SUCCESS] * len(rewards)
+    members = tuple((f"{group_id}-r{k}", TASK) for k in range(len(rewards)))
+    rollouts, calls = [], {}
+    for k, (rollout_id, _) in enumerate(members):
+        rollouts.append(
+            Rollout(
+                rollout_id=rollout_id,
+                api_key="k",
+                task_id="t",
+                group_id=group_id,
+                status=RolloutStatus.FINISHED,
+                outcome=outcomes[k],
+                reward=rewards[k],
+            )
+        )
+        response = [10 + k, 20 + k]
+        calls[rollout_id] = [
+            Call(
+                rollout_id=rollout_id,
+                seq=0,
+                prompt_token_ids=[1, 2, 3],
+                response_token_ids=response,
+                response_logprobs=[-0.5, -0.25],
+                policy_version=versions[k],
+            )
+        ]
+    return Group(GroupPlan(group_id, TRAIN_KIND, 0, members), tuple(rollouts), calls)
+
+
+def advantage_of(batch, rollout_id: str) -> float:
+    [sample] = [s for s in batch.samples if s.rollout_id == rollout_id]
+    return sample.advantage
+
+
+def test_fresh_groups_become_one_sample_per_rollout_with_centered_advantages():
+    batch = prepare_step(
+        [group("g0", [1.0, 0.0]), group("g1", [1.0, 1.0])], 0, TrainerSection(), AlgorithmConfig()
+    )
+    assert len(batch.samples) == 4 and len(batch.rollouts) == 4
+    assert advantage_of(batch, "g0-r0") > 0 > advantage_of(batch, "g0-r1")
+    assert batch.metrics["reward/mean"] == 0.75
+    assert batch.metrics["rollouts/dropped_stale"] == 0 and batch.metrics["staleness/max"] == 0
+    assert batch.generated_tokens == 8
+
+
+def test_zero_variance_groups_carry_no_signal():
+    batch = prepare_step([group("g0", [1.0, 1.0, 1.0])], 0, TrainerSection(), AlgorithmConfig())
+    assert all(s.advantage == 0.0 for s in batch.samples)
+    assert batch.metrics["reward/std"] == 0.0
+
+
+def test_rollouts_past_the_staleness_bound_are_dropped():
+    trainer = TrainerSection(mode="async", max_staleness=1, stale_samples="drop")
+    # trained at version 3: lags 0, 1 (kept), 2 (dropped)
+    batch = prepare_step([group("g0", [1.0, 0.0, 1.0], versions=[3, 2, 1])], 3, trainer, AlgorithmConfig())
+    assert {s.rollout_id for s in batch.samples} == {"g0-r0", "g0-r1"}
+    assert batch.metrics["rollouts/dropped_stale"] == 1
+    assert batch.metrics["staleness/max"] == 2 and batch.metrics["staleness/mean"] == 1.0
+    assert len(batch.rollouts) == 3  # still reported (and marked trained) as part of the step
+
+
+def test_downweight_shrinks_a_stale_rollouts_advantage_by_bound_over_lag():
+    stale = group("g0", [1.0, 0.0], versions=[1, 3])  # trained at 3: lags 2 and 0
+    fresh = prepare_step([stale], 3, TrainerSection(mode="async", max_staleness=5), AlgorithmConfig())
+    shrunk = prepare_step(
+        [stale],
+        3,
+        TrainerSection(mode="async", max_staleness=1, stale_samples="downweight"),
+        AlgorithmConfig(),
+    )
+    assert len(shrunk.samples) == 2 and shrunk.metrics["rollouts/dropped_stale"] == 0
+    assert advantage_of(shrunk, "g0-r0") == pytest.approx(advantage_of(fresh, "g0-r0") * 1 / 2)
+    assert advantage_of(shrunk, "g0-r1") == advantage_of(fresh, "g0-r1")
+
+
+def test_sync_mode_is_bound_zero():
+    assert staleness_bound(TrainerSection(mode="sync", max_staleness=4)) == 0
+    assert staleness_bound(TrainerSection(mode="async", max_staleness=4)) == 4
+    batch = prepare_step(
+        [group("g0", [1.0, 0.0], versions=[1, 0])], 1, TrainerSection(mode="sync"), AlgorithmConfig()
+    )
+    assert {s.rollout_id for s in batch.samples} == {"g0-r0"}
+
+
+def test_infra_failures_are_left_out_of_the_reward_metrics():
+    g = group(
+        "g0", [1.0, 0.0, 0.0], outcomes=[Outcome.SUCCESS, Outcome.POLICY_FAILURE, Outcome.INFRA_FAILURE]
+    )
+    batch = prepare_step([g], 0, TrainerSection(), AlgorithmConfig())
+    assert batch.metrics["rollouts/infra_failures"] == 1
+    assert batch.metrics["reward/mean"] == 0.5  # over the two scored rollouts
+    assert batch.metrics["advantage/excluded_infra_failure"] == 1.0
+    assert "g0-r2" not in {s.rollout_id for s in batch.samples}
+
+
+def test_heldout_metrics_and_an_evaluation_with_nothing_scored():
+    g = group("eval-s00000", [1.0, 0.0], outcomes=[Outcome.SUCCESS, Outcome.INFRA_FAILURE])
+    assert heldout_metrics(g, overlap=2) == {
+        "heldout/reward": 1.0,
+        "heldout/accuracy": 1.0,
+        "heldout/rollouts": 1,
+        "heldout/overlap_with_train": 2,
+    }
+    broken = group("eval-s00001", [0.0], outcomes=[Outcome.INFRA_FAILURE])
+    with pytest.raises(HarnessRLError, match="every rollout failed"):
+        heldout_metrics(broken, overlap=0)

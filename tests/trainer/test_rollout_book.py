@@ -1,0 +1,151 @@
+"""``RolloutBook``: completed groups are found from events and the open rollouts alone, never by
+scanning the run, however many rollouts it already finished."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from harnessrl.schemas import Outcome, Task
+from harnessrl.store import open_store
+from harnessrl.trainer.fleet import RolloutBook
+from harnessrl.trainer.schedule import TRAIN_KIND, TaskSchedule
+
+RUN = "run"
+TASKS = [Task(task_id=f"t{i}", split="train", data={"prompt": f"task {i}"}) for i in range(3)]
+
+
+class CountingStore:
+    """The store, counting every call and every rollout row it hands back."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.calls: Counter[str] = Counter()
+        self.rows = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            out = attr(*args, **kwargs)
+            self.rows += len(out) if isinstance(out, list) else 1
+            return out
+
+        return counted
+
+    def reset(self) -> None:
+        self.calls.clear()
+        self.rows = 0
+
+
+def finish(store: Any, rollout_ids: list[str], reward: float = 1.0) -> None:
+    claimed = {r.rollout_id for r in store.claim_rollouts("w", len(rollout_ids), run_id=RUN)}
+    assert set(rollout_ids) <= claimed
+    for rollout_id in rollout_ids:
+        store.finish_rollout(rollout_id, Outcome.SUCCESS, reward)
+
+
+@pytest.fixture(scope="module")
+def long_run(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A store whose run already finished (and trained) 10,000 rollouts."""
+    path = str(tmp_path_factory.mktemp("book") / "store.db")
+    store = open_store(path)
+    store.create_run(RUN)
+    old = TaskSchedule(TASKS, 10, seed=0)
+    for index in range(1000):
+        plan = old.group(index)
+        for rollout_id, task in plan.members:
+            store.create_rollout(
+                rollout_id=rollout_id,
+                task=task.data,
+                run_id=RUN,
+                task_id=task.task_id,
+                group_id=plan.group_id,
+                step=index,
+                metadata={"kind": TRAIN_KIND},
+            )
+    for rollout in store.claim_rollouts("w", 10_000, run_id=RUN):
+        store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)
+    assert store.count_rollouts(run_id=RUN) == 10_000
+    store.close()
+    return path
+
+
+def test_completion_reads_only_the_open_rollouts_of_a_long_run(long_run: str):
+    store = CountingStore(open_store(long_run))
+    book = RolloutBook(store, RUN, poll_s=0.05)  # a fast timer: many wake-ups, each must stay cheap
+    schedule = TaskSchedule(TASKS, 2, seed=1)
+    plans = [schedule.group(1000 + i) for i in range(2)]
+
+    async def main() -> list[Any]:
+        await book.submit(plans)
+        store.reset()
+        waiter = asyncio.create_task(book.completed(2))
+        for plan in plans:  # the groups end one after the other, with idle ticks in between
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(finish, store._store, list(plan.rollout_ids))
+        return await asyncio.wait_for(waiter, 30)
+
+    groups = asyncio.run(main())
+    assert [g.group_id for g in groups] == [p.group_id for p in plans]
+    assert all(len(g.rollouts) == 2 and all(r.reward == 1.0 for r in g.rollouts) for g in groups)
+    # No read of the run as a whole: only single rollouts and their calls.
+    assert set(store.calls) <= {"get_rollout", "list_calls"}, store.calls
+    ticks = store.calls["get_rollout"]
+    # ~12+ ticks of at most 4 open rollouts each, plus reading the 4 back: far from 10,000 rows.
+    assert 4 < ticks < 4 * 100 and store.rows < 500, (store.calls, store.rows)
+
+    # Control: the probe does notice a scan of the run (recovery reads it once, at start-up).
+    store.reset()
+    assert book.recover() == 1002
+    assert store.calls["list_rollouts"] == 2 and store.rows > 10_000
+
+
+def test_a_notify_wakes_the_wait_at_once(long_run: str):
+    store = open_store(long_run)
+    book = RolloutBook(store, RUN, poll_s=60.0)  # the timer alone would take a minute
+    plan = TaskSchedule(TASKS, 2, seed=2).group(2000)
+
+    async def main() -> float:
+        await book.submit([plan])
+        waiter = asyncio.create_task(book.completed(1))
+        await asyncio.sleep(0.2)
+        await asyncio.to_thread(finish, store, list(plan.rollout_ids))
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        book.notify(plan.rollout_ids[-1])
+        await asyncio.wait_for(waiter, 10)
+        return loop.time() - started
+
+    assert asyncio.run(main()) < 10
+
+
+def test_top_up_is_asked_on_every_wake_and_open_groups_are_counted(long_run: str):
+    store = open_store(long_run)
+    book = RolloutBook(store, RUN, poll_s=0.05)
+    schedule = TaskSchedule(TASKS, 2, seed=3)
+    created: list[str] = []
+
+    def top_up() -> list[Any]:
+        if book.open_groups >= 2:  # the admission policy under test: two groups open at most
+            return []
+        plan = schedule.group(3000 + len(created))
+        created.append(plan.group_id)
+        return [plan]
+
+    async def main() -> list[Any]:
+        waiter = asyncio.create_task(book.completed(1, top_up=top_up))
+        await asyncio.sleep(0.3)
+        assert book.open_groups == 2 and book.in_flight == 4
+        await asyncio.to_thread(finish, store, [f"{created[0]}-r0", f"{created[0]}-r1"])
+        return await asyncio.wait_for(waiter, 10)
+
+    [group] = asyncio.run(main())
+    assert group.group_id == created[0] and len(created) == 2
+    assert book.open_groups == 1 and book.in_flight == 2
