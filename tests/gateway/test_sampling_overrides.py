@@ -63,7 +63,9 @@ def test_malformed_sampling_is_refused_at_creation_and_nothing_is_stored(gateway
         )
         assert response.status_code == 400, (bad, response.text)
         error = response.json()["error"]
-        assert error["type"] == "invalid_request_error" and "metadata.sampling" in (error.get("param") or ""), (
+        assert error["type"] == "invalid_request_error" and "metadata.sampling" in (
+            error.get("param") or ""
+        ), (
             bad,
             error,
         )
