@@ -87,6 +87,14 @@ class Fleet(Protocol):
         logprobs)`` (the trainer compares the logprobs with its own forward pass)."""
 
 
+def external_controllers_hint(store_url: str, gateway_url: str) -> str:
+    """What to start when the run's harnesses are launched by external controllers."""
+    return (
+        "waiting for external controllers: harnessrl controller --config CONFIG "
+        f"--store {store_url} --gateway-url {gateway_url}"
+    )
+
+
 class RolloutBook:
     """The store side of a fleet: open groups, and which of them are complete."""
 

@@ -26,7 +26,7 @@ from harnessrl.engines.pool import EnginePool
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.gating import GatewayHandle
 from harnessrl.trainer.config import TrainerSection
-from harnessrl.trainer.fleet import Group, RolloutBook, Weights
+from harnessrl.trainer.fleet import Group, RolloutBook, Weights, external_controllers_hint
 from harnessrl.trainer.schedule import GroupPlan
 
 # The served-weights check's prompt: any fixed text the tokenizer can encode.
@@ -184,10 +184,7 @@ async def local_fleet(
 
         def start_controllers() -> None:
             if external_controllers:
-                message(
-                    "waiting for external controllers: harnessrl controller --config CONFIG "
-                    f"--store {store_url} --gateway-url {stack.gateway_url}"
-                )
+                message(external_controllers_hint(store_url, stack.gateway_url))
                 return
             stack.controller.on_attempt_done = book.notify
             running.append(asyncio.create_task(stack.controller.run_forever(stop)))

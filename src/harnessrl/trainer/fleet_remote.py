@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from harnessrl.client import GatewayClient
 from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, WeightUpdate
-from harnessrl.trainer.fleet import RolloutBook
+from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
 from harnessrl.trainer.fleet_local import LocalFleet
 
 T = TypeVar("T")
@@ -82,10 +82,7 @@ async def remote_fleet(
         await asyncio.to_thread(client.state)  # reachable, and the admin key is right
 
         def start_controllers() -> None:
-            message(
-                "waiting for external controllers: harnessrl controller --config CONFIG "
-                f"--store {store_url} --gateway-url {gateway_url}"
-            )
+            message(external_controllers_hint(store_url, gateway_url))
 
         fleet = RemoteFleet(
             client, engine, book, weights_root=run_dir / "engine-weights", pause_timeout_s=pause_timeout_s
