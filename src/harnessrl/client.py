@@ -207,12 +207,17 @@ class GatewayClient:
         http_timeout = None if timeout is None else timeout + 60.0
         return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
 
-    def resume(self, *, scope: str | None = None, policy_version: int | None = None) -> dict[str, Any]:
+    def resume(
+        self, *, scope: str | None = None, policy_version: int | None = None, rewind: bool = False
+    ) -> dict[str, Any]:
         """Release held calls on every gateway. ``policy_version``: the trainer updated a shared remote
-        engine itself; every gateway labels calls from now on with this version."""
+        engine itself; every gateway labels calls from now on with this version. ``rewind``: it is
+        an older version than the gateways serve (a restored checkpoint), accept it anyway."""
         params: dict[str, Any] = {"scope": scope} if scope else {}
         if policy_version is not None:
             params["policy_version"] = policy_version
+            if rewind:
+                params["rewind"] = "true"
         return self._request("POST", "/api/resume", params=params)
 
     def state(self, *, scope: str | None = None) -> dict[str, Any]:

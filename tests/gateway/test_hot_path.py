@@ -7,7 +7,8 @@
 - ``Generation.run`` (one decode at the end) gives the text ``pieces`` (incremental decode) gives;
 - through a real gateway in front of the vLLM fake, streaming and non-streaming clients record the
   same calls, and only a non-streaming call without stop strings lets the engine skip streaming;
-- request bodies orjson refuses (``NaN``) are still read as before.
+- request bodies orjson refuses (``NaN``) are refused with a 400, as strict JSON (issue 19), and
+  nothing is recorded.
 """
 
 from __future__ import annotations
@@ -366,7 +367,7 @@ def test_engine_is_told_to_stream_only_when_someone_needs_it(tmp_path: Path) -> 
     assert [c.stream for c in engine.contexts if c is not None] == [False, True, True, True]
 
 
-def test_body_with_nan_is_still_accepted(make_gateway: Any) -> None:
+def test_body_with_nan_is_refused_before_anything_is_recorded(make_gateway: Any) -> None:
     gw = make_gateway(["ok"])
     rollout = gw.rollout()
     raw = b'{"messages": [{"role": "user", "content": "hi"}], "metadata": {"score": NaN}}'
@@ -381,9 +382,10 @@ def test_body_with_nan_is_still_accepted(make_gateway: Any) -> None:
             content=b'{"messages": [',
             headers={"authorization": f"Bearer {rollout['api_key']}", "content-type": "application/json"},
         )
-    assert resp.status_code == 200, resp.text
-    assert resp.json()["choices"][0]["message"]["content"] == "ok"
+    assert resp.status_code == 400, resp.text
+    assert "NaN and Infinity are not JSON numbers" in resp.json()["error"]["message"]
     assert bad.status_code == 400 and "not valid JSON" in bad.json()["error"]["message"]
+    assert gw.client.list_calls(rollout["rollout_id"]) == []
 
 
 def test_token_texts_are_single_token_decodes() -> None:

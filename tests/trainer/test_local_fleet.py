@@ -108,3 +108,22 @@ def test_load_weights_gives_an_in_process_engine_the_state_dict(tmp_path):
     assert updates[0].checkpoint_dir is None and not weights.saved
     asyncio.run(load_weights(update, True, 4, weights, tmp_path / "w"))
     assert updates[1].checkpoint_dir == str(tmp_path / "w" / "v4") and updates[1].state_dict is None
+
+
+def test_a_restored_checkpoint_may_rewind_the_version_and_nothing_else_may(gateway, tmp_path):
+    from harnessrl.errors import Conflict
+
+    handle, store = gateway
+    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "w")
+    weights = FolderWeights()
+
+    async def main() -> None:
+        await fleet.publish(5, weights)
+        # A --resume from the checkpoint of step 3 (step 4's and 5's were never written whole):
+        await fleet.publish(3, weights, restore=True)
+        assert handle.engine.policy_version == 3 and not handle.state.gate.paused
+        # Control: without saying so, nothing may take the gateways back a version.
+        with pytest.raises(Conflict, match="never go backwards"):
+            await handle.resume(policy_version=2)
+
+    asyncio.run(main())

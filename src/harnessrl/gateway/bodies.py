@@ -3,26 +3,35 @@
 Model-API bodies allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``,
 ``store``, ``user`` ...) that must be ignored, not rejected. Control-API bodies are ours and
 strict. Validation errors become a 400 naming the field (``gateway.errors.from_validation_error``).
+
+Every body is strict JSON (``gateway.json_input.parse_json``) before any model sees it, and the
+fields the store keeps in columns are typed to what it can hold (``StoreInt``, ``StoreText``).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
 from harnessrl.gateway.errors import from_validation_error
+from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, parse_json
 from harnessrl.schemas import Outcome, SamplingOverrides
 
 B = TypeVar("B", bound=BaseModel)
 
+#: An integer the store can hold (``step``, ``attempt``, ``seed``...); pydantic turns an integral
+#: float (``1e19``) into an int, so the range is checked on the field as well as in the JSON.
+StoreInt = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+#: Text stored in its own column: PostgreSQL's TEXT cannot hold NUL.
+StoreText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object; 413 past ``max_bytes`` (declared or actually sent), 400 if not JSON."""
+    """The body as a JSON object; 413 past ``max_bytes`` (declared or actually sent), 400 if it is not
+    strict JSON (``parse_json``) or not an object."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -44,15 +53,7 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     raw = b"".join(chunks)
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
-    try:
-        # orjson: ~10x faster on a long agent history. It is strict JSON; what it refuses (NaN,
-        # lone surrogates, huge integers) still gets the lenient parser, as before.
-        data = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        try:
-            data = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"request body is not valid JSON: {exc}") from exc
+    data = parse_json(raw)
     if not isinstance(data, dict):
         raise BadRequest(f"request body must be a JSON object, not {type(data).__name__}")
     return data
@@ -104,7 +105,7 @@ class SamplingFields(Lenient):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: StoreInt | None = None
     n: int | None = Field(default=None, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
@@ -124,6 +125,39 @@ class SamplingFields(Lenient):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+#: Names a client may not set in ``chat_template_kwargs``: what the gateway passes to the template
+#: itself (``PolicyTokenizer.render_chat``; ``chat_template``/``tokenize`` vLLM refuses too), and the
+#: functions templates call (jinja's default globals and ``tokenizer.compile_chat_template``'s), which
+#: a value would shadow. Either way rendering would fail (a TypeError), not the template's choice.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"messages", "tools", "add_generation_prompt", "chat_template", "tokenize", "self"}
+    | {"raise_exception", "strftime_now", "dict", "namespace", "range", "lipsum", "cycler", "joiner"}
+)
+
+
+class ChatTemplateKwargs(Lenient):
+    """``chat_template_kwargs``: extra variables for the chat template (``enable_thinking``...).
+
+    Any name a template may read is allowed, as vLLM allows it, except ``RESERVED_TEMPLATE_KWARGS``:
+    the conversation, which only ``messages`` and ``tools`` may carry, and the template's functions.
+    """
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_reserved_names(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(data))
+            if taken:
+                raise ValueError(
+                    f"{', '.join(taken)} cannot be set here: the gateway renders the template with its "
+                    f"own (reserved: {', '.join(sorted(RESERVED_TEMPLATE_KWARGS))})"
+                )
+        return data
+
+    def as_kwargs(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[MessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -133,7 +167,7 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
-    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's extension, e.g. enable_thinking
+    chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -178,15 +212,15 @@ class RolloutMetadataIn(Lenient):
 class CreateRolloutRequest(Strict):
     task: dict[str, Any] = Field(default_factory=dict)
     rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
-    group: str | None = None
-    run_id: str | None = None
-    task_id: str | None = None
-    step: int | None = None
+    group: StoreText | None = None
+    run_id: StoreText | None = None
+    task_id: StoreText | None = None
+    step: int | None = Field(default=None, ge=0, le=INT64_MAX)
     metadata: RolloutMetadataIn = Field(default_factory=RolloutMetadataIn)
 
 
 class FinishRolloutRequest(Strict):
     outcome: Outcome
-    reward: float
-    error: str | None = None
+    reward: float = Field(allow_inf_nan=False)  # a reward of inf/NaN poisons every advantage of its group
+    error: StoreText | None = None
     metadata: dict[str, Any] | None = None

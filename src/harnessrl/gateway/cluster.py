@@ -48,7 +48,8 @@ def parse_order(raw: str | None) -> Order | None:
     if raw is None:
         return None
     counter, sep, origin = raw.partition(".")
-    if not sep or not origin or not counter.isdigit():
+    # isascii: str.isdigit() is true of "²", which int() refuses; 19 digits keep it a 64-bit counter.
+    if not sep or not origin or not (counter.isascii() and counter.isdigit()) or len(counter) > 18:
         raise BadRequest("query parameter 'order' must look like COUNTER.ORIGIN", param="order")
     return int(counter), origin
 

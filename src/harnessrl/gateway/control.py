@@ -2,10 +2,18 @@
 
 Used by the controller (create rollouts, hand harnesses their base URL and key, finish them with a
 reward) and the trainer (read calls with token IDs, pause for a weight update, resume).
+
+Inputs are checked like the model API's (``gateway.json_input``, ``gateway.bodies``): integers in query parameters within
+the store's 64-bit range, a finite pause timeout, no NUL in text the store compares. Records are
+served by ``stored_json``, which shows a value JSON cannot carry (stored before the boundary was
+strict) as a placeholder instead of failing the read.
 """
 
 from __future__ import annotations
 
+import json
+import math
+import re
 from typing import Any
 
 from starlette.requests import Request
@@ -16,6 +24,7 @@ from harnessrl.gateway.auth import require_admin
 from harnessrl.gateway.bodies import CreateRolloutRequest, FinishRolloutRequest, read_json, validate_body
 from harnessrl.gateway.cluster import aggregate, parse_order, parse_scope
 from harnessrl.gateway.gating import gateway_state_json, pause_gateways, resume_gateways
+from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, RolloutStatus
 
@@ -24,6 +33,39 @@ def _admin_state(request: Request) -> GatewayState:
     state: GatewayState = request.app.state.gateway
     require_admin(request, state)
     return state
+
+
+#: Seconds a pause may wait for the drain; a longer one is surely a mistake (``timeout=1e308``).
+MAX_PAUSE_TIMEOUT_S = 86_400.0
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def placeholders(value: Any) -> Any:
+    """``value`` with what JSON cannot carry made visible: a lone surrogate becomes U+FFFD, a
+    non-finite float the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (which pydantic reads
+    back as the float)."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {placeholders(k): placeholders(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [placeholders(v) for v in value]
+    return value
+
+
+def stored_json(content: Any, status_code: int = 200) -> Response:
+    """Stored records as JSON, as ``JSONResponse`` writes it. A row written before the boundary was
+    strict may hold a lone surrogate (a task, a group) or a reward of inf; JSON cannot carry those,
+    and failing would fail this read and every later one, so they leave as ``placeholders``."""
+    try:
+        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        body = text.encode("utf-8")
+    except ValueError:  # a non-finite float; UnicodeEncodeError (a lone surrogate) is a ValueError
+        body = json.dumps(placeholders(content), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def rollout_json(state: GatewayState, request: Request, rollout: Rollout) -> dict[str, Any]:
@@ -39,9 +81,23 @@ def _query_int(request: Request, name: str, default: int | None, minimum: int = 
         value = int(raw)
     except ValueError:
         raise BadRequest(f"query parameter {name!r} must be an integer", param=name) from None
-    if value < minimum:
-        raise BadRequest(f"query parameter {name!r} must be >= {minimum}", param=name)
+    if not minimum <= value <= INT64_MAX:
+        raise BadRequest(f"query parameter {name!r} must be in {minimum}..{INT64_MAX}", param=name)
     return value
+
+
+def _query_text(request: Request, name: str) -> str | None:
+    raw = request.query_params.get(name)
+    if raw is not None and "\x00" in raw:
+        raise BadRequest(f"query parameter {name!r} must not contain NUL", param=name)
+    return raw
+
+
+def _rollout_id(request: Request) -> str:
+    rollout_id: str = request.path_params["rollout_id"]
+    if "\x00" in rollout_id:  # no rollout id holds NUL, and PostgreSQL cannot even compare one
+        raise NotFound(f"rollout {rollout_id!r} not found")
+    return rollout_id
 
 
 async def health(request: Request) -> Response:
@@ -83,7 +139,7 @@ async def create_rollout(request: Request) -> Response:
             metadata=body.metadata.model_dump(exclude_unset=True),
         )
     )
-    return JSONResponse(rollout_json(state, request, rollout), status_code=200 if existed else 201)
+    return stored_json(rollout_json(state, request, rollout), status_code=200 if existed else 201)
 
 
 async def list_rollouts(request: Request) -> Response:
@@ -98,35 +154,35 @@ async def list_rollouts(request: Request) -> Response:
             raise BadRequest(f"unknown status in {status!r} (known: {known})", param="status") from None
     rollouts = await state.in_thread(
         lambda: state.store.list_rollouts(
-            run_id=request.query_params.get("run_id"),
+            run_id=_query_text(request, "run_id"),
             status=statuses,
-            group_id=request.query_params.get("group"),
+            group_id=_query_text(request, "group"),
             step=_query_int(request, "step", None),
             limit=_query_int(request, "limit", 100, minimum=1),
             offset=_query_int(request, "offset", 0) or 0,
         )
     )
-    return JSONResponse([rollout_json(state, request, r) for r in rollouts])
+    return stored_json([rollout_json(state, request, r) for r in rollouts])
 
 
 async def get_rollout(request: Request) -> Response:
     state = _admin_state(request)
-    rollout = await state.in_thread(state.store.get_rollout, request.path_params["rollout_id"])
-    return JSONResponse(rollout_json(state, request, rollout))
+    rollout = await state.in_thread(state.store.get_rollout, _rollout_id(request))
+    return stored_json(rollout_json(state, request, rollout))
 
 
 async def list_calls(request: Request) -> Response:
     state = _admin_state(request)
-    rollout_id = request.path_params["rollout_id"]
+    rollout_id = _rollout_id(request)
     attempt = _query_int(request, "attempt", None)
     await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout
     calls = await state.in_thread(lambda: state.store.list_calls(rollout_id, attempt=attempt))
-    return JSONResponse([c.model_dump(mode="json") for c in calls])
+    return stored_json([c.model_dump(mode="json") for c in calls])
 
 
 async def finish_rollout(request: Request) -> Response:
     state = _admin_state(request)
-    rollout_id = request.path_params["rollout_id"]
+    rollout_id = _rollout_id(request)
     body = validate_body(FinishRolloutRequest, await read_json(request, state.config.max_body_bytes))
     rollout = await state.in_thread(
         lambda: state.store.finish_rollout(
@@ -134,15 +190,15 @@ async def finish_rollout(request: Request) -> Response:
         )
     )
     state.history.forget(rollout_id)
-    return JSONResponse(rollout_json(state, request, rollout))
+    return stored_json(rollout_json(state, request, rollout))
 
 
 async def cancel_rollout(request: Request) -> Response:
     state = _admin_state(request)
-    rollout_id = request.path_params["rollout_id"]
+    rollout_id = _rollout_id(request)
     rollout = await state.in_thread(state.store.cancel_rollout, rollout_id)
     state.history.forget(rollout_id)
-    return JSONResponse(rollout_json(state, request, rollout))
+    return stored_json(rollout_json(state, request, rollout))
 
 
 def _pause_timeout(request: Request, state: GatewayState) -> float:
@@ -153,8 +209,11 @@ def _pause_timeout(request: Request, state: GatewayState) -> float:
         timeout = float(raw)
     except ValueError:
         raise BadRequest("query parameter 'timeout' must be a number of seconds", param="timeout") from None
-    if not timeout >= 0:
-        raise BadRequest("query parameter 'timeout' must be >= 0", param="timeout")
+    if not 0 <= timeout <= MAX_PAUSE_TIMEOUT_S:  # NaN fails both
+        raise BadRequest(
+            f"query parameter 'timeout' must be a finite number of seconds in 0..{MAX_PAUSE_TIMEOUT_S:.0f}",
+            param="timeout",
+        )
     return timeout
 
 
@@ -177,9 +236,7 @@ def _policy_version(request: Request) -> int | None:
         raise BadRequest(
             "query parameter 'policy_version' must be an integer", param="policy_version"
         ) from None
-    if version < 0:
-        raise BadRequest("query parameter 'policy_version' must be >= 0", param="policy_version")
-    return version
+    return version  # its range and that it does not go backwards: ``resume_gateways``
 
 
 async def resume(request: Request) -> Response:
@@ -188,7 +245,12 @@ async def resume(request: Request) -> Response:
     scope = parse_scope(request.query_params.get("scope"))
     order = parse_order(request.query_params.get("order"))
     version = _policy_version(request)
-    answer = await resume_gateways(state, scope=scope, order=order, policy_version=version)
+    rewind = request.query_params.get("rewind", "false").lower()
+    if rewind not in ("true", "false", "1", "0"):
+        raise BadRequest("query parameter 'rewind' must be true or false", param="rewind")
+    answer = await resume_gateways(
+        state, scope=scope, order=order, policy_version=version, rewind=rewind in ("true", "1")
+    )
     return JSONResponse(answer)
 
 

@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from harnessrl.errors import BadRequest
+from harnessrl.gateway.json_input import json_problem
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
@@ -87,13 +88,18 @@ def normalize_content(content: Any, where: str = "content") -> str:
 
 
 def normalize_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as a JSON object when they are one (a string or a dict), else unchanged."""
+    """Tool-call arguments as a JSON object when they are one (a string or a dict), else unchanged.
+
+    Parsed as strictly as a request body (``json_input.parse_json``): a string that only lenient JSON
+    reads (NaN, lone surrogates) or that nests too deep stays a string, so the template never sees
+    a value that fails it or the tokenizer.
+    """
     if isinstance(arguments, str):
         try:
-            parsed = json.loads(arguments)
-        except json.JSONDecodeError:
+            parsed = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
             return arguments
-        return parsed if isinstance(parsed, dict) else arguments
+        return parsed if isinstance(parsed, dict) and json_problem(parsed) is None else arguments
     return arguments
 
 

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import BadRequest, Conflict
 from harnessrl.gateway.cluster import Order, Scope, aggregate, format_order
+from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 
 T = TypeVar("T")
@@ -76,22 +77,43 @@ async def resume_gateways(
     scope: Scope = "cluster",
     order: Order | None = None,
     policy_version: int | None = None,
+    rewind: bool = False,
 ) -> dict[str, Any]:
     """Open this gateway's gate and its peers', unless a newer pause is in force (``superseded``).
 
     ``policy_version``: the version the trainer just loaded into a remote engine these gateways
     share; each gateway records calls under it from now on. A gateway whose engine holds its own
-    weights refuses it (``BadRequest``).
+    weights refuses it (``BadRequest``), as it does a version outside the store's range. Versions
+    never go backwards: one below the engine's current version is refused (``Conflict``) and the
+    gateway stays paused, because calls recorded under an older label would be trained on as if
+    the older weights had sampled them; the current version again is accepted (a repeated resume).
+    ``rewind``: the trainer restored an older checkpoint into the servers (a ``--resume`` after a
+    crash between an update and its checkpoint) and says so; then the older version is accepted.
     """
     engine = state.engine
-    if policy_version is not None and not engine.shares_weights:
-        raise BadRequest(
-            "policy_version on resume is for gateways in front of a shared remote engine; this "
-            "gateway's engine holds its own weights (update them through the engine)",
-            param="policy_version",
-        )
+    if policy_version is not None:
+        if not engine.shares_weights:
+            raise BadRequest(
+                "policy_version on resume is for gateways in front of a shared remote engine; this "
+                "gateway's engine holds its own weights (update them through the engine)",
+                param="policy_version",
+            )
+        if not 0 <= policy_version <= INT64_MAX:
+            raise BadRequest(f"policy_version must be in 0..{INT64_MAX}", param="policy_version")
     cluster = state.cluster
     stamp = cluster.stamp(order)
+    # Only a resume that will apply can go backwards; a stale one answers ``superseded`` as before.
+    if (
+        policy_version is not None
+        and not rewind
+        and stamp > cluster.last
+        and policy_version < engine.policy_version
+    ):
+        raise Conflict(
+            f"policy_version {policy_version} is older than the version this gateway serves "
+            f"({engine.policy_version}); versions never go backwards (the gateway stays paused; a "
+            "trainer restoring an older checkpoint passes rewind=true)"
+        )
     applied = cluster.apply(stamp, "resume")
     if applied and policy_version is not None and engine.shares_weights:
         # The trainer installed new weights in a shared remote engine itself (docs/gateway.md,
@@ -99,6 +121,8 @@ async def resume_gateways(
         engine.adopt_policy_version(policy_version)
     released = state.gate.resume() if applied else 0
     extra = {"policy_version": str(policy_version)} if policy_version is not None else None
+    if extra is not None and rewind:
+        extra["rewind"] = "true"
     peers = await cluster.forward("POST", "/api/resume", scope, stamp, None, extra)
     local = {**gateway_state_json(state), "released": released, "superseded": not applied}
     return aggregate(local, peers)
@@ -132,8 +156,10 @@ class GatewayHandle:
         limit = self.state.config.pause_timeout_s if timeout is None else timeout
         return await self._on_gateway_loop(lambda: pause_gateways(self.state, limit))
 
-    async def resume(self, policy_version: int | None = None) -> dict[str, Any]:
-        return await self._on_gateway_loop(lambda: resume_gateways(self.state, policy_version=policy_version))
+    async def resume(self, policy_version: int | None = None, *, rewind: bool = False) -> dict[str, Any]:
+        return await self._on_gateway_loop(
+            lambda: resume_gateways(self.state, policy_version=policy_version, rewind=rewind)
+        )
 
     async def update_weights(self, update: WeightUpdate) -> None:
         await self._on_gateway_loop(lambda: self.state.engine.update_weights(update))

@@ -176,8 +176,11 @@ def input_to_messages(input_: Any, where: str = "input") -> list[dict[str, Any]]
         if not isinstance(item, dict):
             raise BadRequest(f"{at} must be an object", param=at)
         kind = item.get("type") or ("message" if "role" in item else None)
+        if kind is not None and not isinstance(kind, str):
+            raise BadRequest(f"{at}.type must be a string", param=f"{at}.type")
         if kind == "message":
-            role = _ROLES.get(item.get("role"))  # type: ignore[arg-type]
+            raw_role = item.get("role")
+            role = _ROLES.get(raw_role) if isinstance(raw_role, str) else None
             if role is None:
                 raise BadRequest(
                     f"{at}.role must be one of user, assistant, system, developer", param=f"{at}.role"
@@ -257,7 +260,7 @@ def unsupported_tools(body: dict[str, Any]) -> list[str]:
             found.append(f"tools.{i} ({kind})")
     if isinstance(body.get("input"), list):
         for i, item in enumerate(body["input"]):
-            if isinstance(item, dict) and item.get("type") in HOSTED_ITEMS:
+            if isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] in HOSTED_ITEMS:
                 found.append(f"input.{i} ({item['type']})")
     return found
 

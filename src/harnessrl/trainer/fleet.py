@@ -76,9 +76,10 @@ class Fleet(Protocol):
         (``UpstreamError`` if they did not drain). On exit the gateways serve again, announcing a
         version ``publish`` installed meanwhile."""
 
-    async def publish(self, version: int, weights: Weights) -> None:
+    async def publish(self, version: int, weights: Weights, *, restore: bool = False) -> None:
         """Install ``weights`` as policy ``version`` in every engine. Outside ``paused()`` it pauses
-        and resumes around the swap itself."""
+        and resumes around the swap itself. ``restore``: a resumed run's checkpoint, which may be
+        older than what long-running gateways serve (versions otherwise never go backwards)."""
 
     async def check_served_weights(
         self, check: Callable[[str, list[int], list[int], list[float]], Awaitable[None]]

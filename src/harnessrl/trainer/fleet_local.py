@@ -99,6 +99,7 @@ class LocalFleet:
         self.base_url = gateway.base_url
         self._pause_depth = 0
         self._announce: int | None = None  # a version published while paused, for the resume
+        self._rewind = False  # that version restores an older checkpoint
 
     async def submit(self, plans: Sequence[GroupPlan]) -> None:
         await self.book.submit(plans)
@@ -118,7 +119,7 @@ class LocalFleet:
             try:
                 check_drained(answer, self.base_url)
             except Exception:
-                await self._resume(None)
+                await self._resume(None, rewind=False)
                 raise
         self._pause_depth += 1
         try:
@@ -127,14 +128,15 @@ class LocalFleet:
             self._pause_depth -= 1
             if self._pause_depth == 0:
                 version, self._announce = self._announce, None
-                await self._resume(version)
+                rewind, self._rewind = self._rewind, False
+                await self._resume(version, rewind=rewind)
 
-    async def publish(self, version: int, weights: Weights) -> None:
+    async def publish(self, version: int, weights: Weights, *, restore: bool = False) -> None:
         async with self.paused():
             shared = self._engine().shares_weights
             await load_weights(self._update, shared, version, weights, self.weights_root)
             if shared:  # every gateway in front of the same servers labels calls with it
-                self._announce = version
+                self._announce, self._rewind = version, restore
 
     async def check_served_weights(
         self, check: Callable[[str, list[int], list[int], list[float]], Awaitable[None]]
@@ -150,8 +152,8 @@ class LocalFleet:
     async def _pause(self) -> dict[str, Any]:
         return await self.gateway.pause()
 
-    async def _resume(self, version: int | None) -> None:
-        await self.gateway.resume(policy_version=version)
+    async def _resume(self, version: int | None, *, rewind: bool) -> None:
+        await self.gateway.resume(policy_version=version, rewind=rewind)
 
     async def _update(self, update: WeightUpdate) -> None:
         await self.gateway.update_weights(update)

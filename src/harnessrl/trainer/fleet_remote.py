@@ -42,12 +42,13 @@ class RemoteFleet(LocalFleet):
         self.pause_timeout_s = pause_timeout_s
         self._pause_depth = 0
         self._announce: int | None = None
+        self._rewind = False
 
     async def _pause(self) -> dict[str, Any]:
         return await asyncio.to_thread(self.client.pause, self.pause_timeout_s)
 
-    async def _resume(self, version: int | None) -> None:
-        await asyncio.to_thread(lambda: self.client.resume(policy_version=version))
+    async def _resume(self, version: int | None, *, rewind: bool) -> None:
+        await asyncio.to_thread(lambda: self.client.resume(policy_version=version, rewind=rewind))
 
     async def _update(self, update: WeightUpdate) -> None:
         await self.engine.update_weights(update)

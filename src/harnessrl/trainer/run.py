@@ -132,7 +132,7 @@ class Trainer:
                 await asyncio.to_thread(store.set_run_status, cfg.run.name, "running")
                 groups_created = await self._reopen(fleet)
                 if self.state.step > 0:  # the engine serves the starting weights: give it the checkpoint's
-                    await fleet.publish(self.state.step, policy)
+                    await fleet.publish(self.state.step, policy, restore=True)
                 if cfg.trainer.served_weights_tolerance:
                     await fleet.check_served_weights(
                         served_weights_check(policy, cfg.trainer, metrics.message)
