@@ -206,3 +206,22 @@ def test_gateway_side_imports_need_no_torch(tiny_dir: Path) -> None:
         "assert not bad, bad\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_long_text_encodes_without_holding_the_gil(tiny_dir: Path) -> None:
+    """The gateway encodes in a worker thread; a long prompt must not stop the event loop's thread
+    (an 8 MiB prompt held ``/api/health`` for seconds while ``encode`` held the GIL)."""
+    import threading
+
+    tok = PolicyTokenizer.from_dir(tiny_dir)
+    text = "lorem ipsum dolor sit amet, <|im_end|> ünïcode\n" * 20_000  # ~1 M characters
+    assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids  # same IDs
+    short = "hello <|im_end|> world"
+    assert tok.encode(short) == tok._tok.encode(short, add_special_tokens=False).ids
+    ticks = 0
+    worker = threading.Thread(target=tok.encode, args=(text,))
+    worker.start()
+    while worker.is_alive():
+        ticks += 1  # needs the GIL: counts only while the encode lets go of it
+        worker.join(timeout=0.001)
+    assert ticks >= 20

@@ -124,6 +124,21 @@ class GatewayConfig(Section):
     # nodes' gateways (base URLs) that pause/resume must reach too.
     workers: int = Field(default=1, ge=1, le=64)
     peers: list[str] = Field(default_factory=list)
+    # Connections (docs/gateway.md, "Connections and timeouts"; gateway.connections). An idle
+    # keep-alive connection is closed after keepalive_timeout_s: longer than clients keep theirs
+    # (httpx and the OpenAI SDK: 5 s), so a client never reuses one the server is closing.
+    keepalive_timeout_s: float = Field(default=75.0, gt=0)
+    # A request's line and headers must arrive within header_timeout_s (of the connection opening,
+    # or of the request's first byte), its body within body_timeout_s of the headers.
+    header_timeout_s: float = Field(default=30.0, gt=0)
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    # Open connections per gateway process; past it the one idle longest is closed, else a 503.
+    max_connections: int = Field(default=4096, ge=1)
+    # Model requests one API key (one rollout) may have in flight at once; past it a 429.
+    max_requests_per_key: int = Field(default=64, ge=1)
+    # Characters of text (message contents, tool definitions...) in one model request, checked
+    # before anything is tokenized: 413 past it. None: 16 per token of the engine's context length.
+    max_prompt_chars: int | None = Field(default=None, ge=1)
 
 
 class StoreConfig(Section):

@@ -53,6 +53,9 @@ _NAMED_SPECIAL_TOKENS = (
 #: Names a message's reasoning travels under; transformers fills all of them from whichever is set.
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _END_OF_TURN = "<|im_end|>"
+#: Texts at least this long are encoded without holding the GIL (``PolicyTokenizer.encode``); shorter
+#: ones (a call's new tail, usually) take ``encode``'s cheaper path.
+GIL_FREE_ENCODE_CHARS = 32_768
 
 
 def _token_content(value: Any) -> str | None:
@@ -318,7 +321,14 @@ class PolicyTokenizer:
     # --- encoding ------------------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        """Token IDs of ``text``; no BOS/EOS added; special-token strings become their special IDs."""
+        """Token IDs of ``text``; no BOS/EOS added; special-token strings become their special IDs.
+
+        A long text goes through ``encode_batch``, which gives the same IDs but releases the GIL
+        while it works (``encode`` holds it throughout): the gateway encodes in a worker thread, and
+        a 500 k-character prompt held its event loop (every other request) for seconds otherwise.
+        """
+        if len(text) >= GIL_FREE_ENCODE_CHARS:
+            return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

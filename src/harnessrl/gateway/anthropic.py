@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from harnessrl.engines.base import SamplingParams
-from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
+from harnessrl.errors import ConfigError, ContextLengthExceeded
 from harnessrl.gateway.anthropic_blocks import BlockAssembler
 from harnessrl.gateway.anthropic_convert import (
     CountTokensRequest,
@@ -40,10 +40,16 @@ from harnessrl.gateway.anthropic_convert import (
 )
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall, rollout_sampling, sampling_params
+from harnessrl.gateway.calls import (
+    PreparedCall,
+    check_prompt_size,
+    rollout_sampling,
+    sampling_params,
+    stream_error,
+)
 from harnessrl.gateway.chat import SSE_HEADERS
 from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_messages
-from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error, error_shape
+from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
@@ -112,6 +118,7 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest]:
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(MessagesRequest, data)
+    check_prompt_size(state, data, "messages")
     internal = request_to_internal(data)  # refuses unusable content (images...) before the rollout starts
     rollout = await open_rollout(state, rollout)
     plan, memory = await _plan(request, internal, body.thinking, rollout)
@@ -176,20 +183,23 @@ async def messages(request: Request) -> Response:
         assembler.feed(gen.text)
         assembler.finish()
         stop_reason, stop_sequence, finish = _stop(call, assembler)
+        payload = {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": assembler.blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": _usage(call),
+        }
+        # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
+        answer = JSONResponse(payload, headers={"request-id": msg_id})
         await call.record(assembler.message(), finish)
     finally:
         call.finish()
-    payload = {
-        "id": msg_id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": assembler.blocks,
-        "stop_reason": stop_reason,
-        "stop_sequence": stop_sequence,
-        "usage": _usage(call),
-    }
-    return JSONResponse(payload, headers={**call.headers(), "request-id": msg_id})
+    answer.headers.update(call.headers())
+    return answer
 
 
 async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id: str) -> AsyncIterator[str]:
@@ -231,20 +241,20 @@ async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id:
         for event in assembler.finish():
             yield _event(event)
         stop_reason, stop_sequence, finish = _stop(call, assembler)
+        # What follows the record is built first: once the call is durable only the transport can fail.
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {"output_tokens": len(gen.token_ids)},
+        }
+        tail = [_event(delta), _event({"type": "message_stop"})]
         await call.record(assembler.message(), finish)  # durable before the client sees the end
-        yield _event(
-            {
-                "type": "message_delta",
-                "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-                "usage": {"output_tokens": len(gen.token_ids)},
-            }
-        )
-        yield _event({"type": "message_stop"})
+        for out in tail:
+            yield out
         completed = True
-    except HarnessRLError as exc:
+    except Exception as exc:
         completed = True
-        state.metrics.errors.labels(code=error_shape(exc).code).inc()
-        yield anthropic_sse_error(exc)
+        yield anthropic_sse_error(stream_error(call, exc))
     finally:
         if not completed and call.stored is None:
             # The client left (or the server is shutting down) before the answer was whole; closing
@@ -259,6 +269,7 @@ async def count_tokens(request: Request) -> Response:
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(CountTokensRequest, data)
+    check_prompt_size(state, data, "messages")
     if rollout.status in TERMINAL_STATUSES:
         raise RolloutClosed(
             f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more calls"

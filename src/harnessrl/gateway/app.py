@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.routing import BaseRoute, Route
 
 from harnessrl.config import GatewayConfig
@@ -23,7 +24,8 @@ from harnessrl.gateway import anthropic, control
 from harnessrl.gateway.chat import chat_completions
 from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.completions import completions, list_models
-from harnessrl.gateway.errors import EXCEPTION_HANDLERS
+from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
+from harnessrl.gateway.key_limits import PerKeyLimit
 from harnessrl.gateway.responses import responses
 from harnessrl.gateway.state import GatewayState
 from harnessrl.store.base import Store
@@ -104,6 +106,12 @@ def create_app(
         Route("/metrics", control.metrics, methods=["GET"]),
         *(build(store, config.admin_key, engine) for build in extra_routes),
     ]
-    app = Starlette(routes=routes, exception_handlers=EXCEPTION_HANDLERS, lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        exception_handlers=EXCEPTION_HANDLERS,
+        # Outermost first: unexpected errors become a 500 inside uvicorn's view of a normal answer.
+        middleware=[Middleware(UnexpectedErrors), Middleware(PerKeyLimit, limit=config.max_requests_per_key)],
+        lifespan=lifespan,
+    )
     app.state.gateway = state
     return app

@@ -15,6 +15,7 @@ costs a large share of a call's CPU at that size.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -27,15 +28,17 @@ from pydantic import ValidationError
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
-from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, PayloadTooLarge
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.bodies import SamplingFields
-from harnessrl.gateway.errors import error_shape, sse_error
+from harnessrl.gateway.errors import error_shape, internal_error, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, SamplingOverrides, Usage, now
+
+log = logging.getLogger("harnessrl.gateway")
 
 
 def rollout_sampling(rollout: Rollout | None) -> SamplingOverrides:
@@ -98,6 +101,43 @@ def sampling_params(
         stop_token_ids=tuple(state.engine.tokenizer.stop_token_ids),
         seed=body.seed,
     )
+
+
+#: Characters of request text per token of context the gateway tokenizes by default
+#: (``gateway.max_prompt_chars`` unset): English averages about 4 per token, and a prompt of 16 per
+#: token of the context can hardly fit it.
+CHARS_PER_CONTEXT_TOKEN = 16
+
+
+def prompt_char_limit(state: GatewayState) -> int:
+    return state.config.max_prompt_chars or CHARS_PER_CONTEXT_TOKEN * state.engine.context_length
+
+
+def check_prompt_size(state: GatewayState, data: Any, param: str) -> None:
+    """413 if the request carries more text than the gateway tokenizes for one call.
+
+    Checked before anything is rendered or encoded: tokenizing an 8 MiB prompt took seconds of a
+    worker thread and held the event loop up (``/api/health`` stalled for as long). Counts the
+    characters of every string in the body (contents, tool definitions, arguments), in a loop
+    rather than recursion, and stops as soon as the limit is passed.
+    """
+    limit = prompt_char_limit(state)
+    total = 0
+    stack = [data]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            total += len(node)
+            if total > limit:
+                raise PayloadTooLarge(
+                    f"the request has more than {limit} characters of text, the most this gateway "
+                    "tokenizes for one call (gateway.max_prompt_chars)",
+                    param=param,
+                )
+        elif isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
 
 
 def check_token_ids(state: GatewayState, ids: list[int]) -> None:
@@ -268,21 +308,27 @@ def openai_envelope(id_prefix: str, obj: str, model: str, policy_version: int) -
 
 
 async def generate_and_record(
-    call: PreparedCall, answer: Callable[[Generation], tuple[dict[str, Any], str]]
-) -> tuple[Generation, dict[str, Any], str]:
+    call: PreparedCall,
+    answer: Callable[[Generation], tuple[dict[str, Any], str]],
+    reply: Callable[[Generation, dict[str, Any], str], Response],
+) -> Response:
     """Non-streaming: wait at the gate, generate, and make the call durable before anyone answers.
 
-    ``answer`` turns the finished generation into the recorded response and finish reason.
+    ``answer`` turns the finished generation into the recorded response and finish reason;
+    ``reply`` builds the client's HTTP answer from them, before the record, so a call whose answer
+    cannot be built (a 500) is not recorded either.
     """
     try:
         await run_to_end(call)
         gen = call.generation
         assert gen is not None
         response, finish = answer(gen)
+        out = reply(gen, response, finish)
         await call.record(response, finish)
     finally:
         call.finish()
-    return gen, response, finish
+    out.headers.update(call.headers())  # with the call's seq, known once it is recorded
+    return out
 
 
 def streaming_response(
@@ -294,6 +340,25 @@ def streaming_response(
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **call.headers(), **(headers or {})},
     )
+
+
+def stream_error(call: PreparedCall, exc: Exception) -> HarnessRLError:
+    """The error a failed stream ends with, as an event in the provider's shape (its 200 is sent).
+
+    Ours as it is; anything else is logged once, with its traceback, and becomes an internal error
+    (its class named, its message not leaked). Every stream builds what it sends after the record
+    before recording, so a stream that fails was never recorded as answered.
+    """
+    if not isinstance(exc, HarnessRLError):
+        log.error(
+            "unexpected error in a %s stream of rollout %s",
+            call.api,
+            call.rollout.rollout_id,
+            exc_info=exc,
+        )
+        exc = internal_error(exc)
+    call.state.metrics.errors.labels(code=error_shape(exc).code).inc()
+    return exc
 
 
 async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, None]]) -> AsyncIterator[str]:
@@ -314,10 +379,9 @@ async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, 
                 await chunks.aclose()
         completed = True
         yield "data: [DONE]\n\n"
-    except HarnessRLError as exc:
+    except Exception as exc:
         completed = True
-        state.metrics.errors.labels(code=error_shape(exc).code).inc()
-        yield sse_error(exc)
+        yield sse_error(stream_error(call, exc))
     finally:
         if not completed and call.stored is None:
             # The client disconnected (or the server is shutting down) before the answer was whole;

@@ -25,6 +25,7 @@ from harnessrl.gateway.bodies import ChatCompletionRequest, read_json, validate_
 from harnessrl.gateway.calls import (
     SSE_HEADERS,
     PreparedCall,
+    check_prompt_size,
     generate_and_record,
     json_response,
     openai_envelope,
@@ -80,12 +81,14 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(ChatCompletionRequest, data)
     body.check_n()
+    check_prompt_size(state, data, "messages")
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
     keyed = memory.key_messages(data["messages"])  # 400 for unusable content, before the rollout starts
     rollout = await open_rollout(state, rollout)
     priors = list(memory.priors.values())
     tokenizer = state.engine.tokenizer
-    tools, kwargs = body.tools or None, body.chat_template_kwargs
+    tools = body.tools or None
+    kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
     plan: PromptPlan | None = quick_prompt(
         tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs
     )
@@ -127,18 +130,20 @@ async def chat_completions(request: Request) -> Response:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
         return answer_message(parsed, gen)
 
-    gen, message, finish = await generate_and_record(call, answer)
-    logprobs = None
-    if body.logprobs:
-        stop_ids = set(call.params.stop_token_ids)
-        kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
-        logprobs = {"content": logprob_entries(state, [t for t, _ in kept], [lp for _, lp in kept])}
-    payload = {
-        **openai_envelope("chatcmpl", "chat.completion", model, gen.policy_version),
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": openai_usage(call),
-    }
-    return json_response(payload, headers=call.headers())
+    def reply(gen: Generation, message: dict[str, Any], finish: str) -> Response:
+        logprobs = None
+        if body.logprobs:
+            stop_ids = set(call.params.stop_token_ids)
+            kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
+            logprobs = {"content": logprob_entries(state, [t for t, _ in kept], [lp for _, lp in kept])}
+        payload = {
+            **openai_envelope("chatcmpl", "chat.completion", model, gen.policy_version),
+            "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
+            "usage": openai_usage(call),
+        }
+        return json_response(payload)
+
+    return await generate_and_record(call, answer, reply)
 
 
 async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -> AsyncGenerator[str, None]:
@@ -187,7 +192,10 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
             yield out
     parsed = collect(events) if parser else ParsedMessage(content=gen.text, tool_calls=[])
     message, finish = answer_message(parsed, gen)
-    await call.record(message, finish)  # durable before the client sees the end of the answer
-    yield chunk({}, finish=finish, logprobs=pending_lp)
+    # What follows the record is built first: once the call is durable only the transport can fail.
+    tail = [chunk({}, finish=finish, logprobs=pending_lp)]
     if body.include_usage:
-        yield sse({**base, "choices": [], "usage": openai_usage(call)})
+        tail.append(sse({**base, "choices": [], "usage": openai_usage(call)}))
+    await call.record(message, finish)  # durable before the client sees the end of the answer
+    for out in tail:
+        yield out

@@ -18,6 +18,7 @@ from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import CompletionRequest, read_json, validate_body
 from harnessrl.gateway.calls import (
     PreparedCall,
+    check_prompt_size,
     check_token_ids,
     generate_and_record,
     json_response,
@@ -68,6 +69,7 @@ async def completions(request: Request) -> Response:
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(CompletionRequest, data)
     body.check_n()
+    check_prompt_size(state, data, "prompt")
     prompt = body.single_prompt()
     if isinstance(prompt, str):
         prompt_ids = await state.in_thread(state.engine.tokenizer.encode, prompt)
@@ -83,20 +85,23 @@ async def completions(request: Request) -> Response:
     model = body.model or state.engine.model_name
     if body.stream:
         return streaming_response(call, lambda: _chunks(call, body, model))
-    gen, _, finish = await generate_and_record(call, lambda g: ({"text": g.text}, g.finish_reason))
-    logprobs = None
-    if body.logprobs is not None:
-        acc = _LegacyLogprobs(state)
-        stop_ids = set(params.stop_token_ids)
-        kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
-        acc.add([t for t, _ in kept], [lp for _, lp in kept])
-        logprobs = acc.take()
-    payload = {
-        **openai_envelope("cmpl", "text_completion", model, gen.policy_version),
-        "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": finish}],
-        "usage": openai_usage(call),
-    }
-    return json_response(payload, headers=call.headers())
+
+    def reply(gen: Generation, response: dict[str, Any], finish: str) -> Response:
+        logprobs = None
+        if body.logprobs is not None:
+            acc = _LegacyLogprobs(state)
+            stop_ids = set(params.stop_token_ids)
+            kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
+            acc.add([t for t, _ in kept], [lp for _, lp in kept])
+            logprobs = acc.take()
+        payload = {
+            **openai_envelope("cmpl", "text_completion", model, gen.policy_version),
+            "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": finish}],
+            "usage": openai_usage(call),
+        }
+        return json_response(payload)
+
+    return await generate_and_record(call, lambda g: ({"text": g.text}, g.finish_reason), reply)
 
 
 async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> AsyncGenerator[str, None]:
@@ -114,10 +119,13 @@ async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> As
             acc.add([piece.token_id], [piece.logprob])
         if piece.text:
             yield chunk(piece.text)
-    await call.record({"text": gen.text}, gen.finish_reason)
-    yield chunk("", finish=gen.finish_reason)
+    # What follows the record is built first: once the call is durable only the transport can fail.
+    tail = [chunk("", finish=gen.finish_reason)]
     if body.include_usage:
-        yield sse({**base, "choices": [], "usage": openai_usage(call)})
+        tail.append(sse({**base, "choices": [], "usage": openai_usage(call)}))
+    await call.record({"text": gen.text}, gen.finish_reason)
+    for out in tail:
+        yield out
 
 
 async def list_models(request: Request) -> Response:

@@ -7,7 +7,8 @@ Anthropic Messages routes (``/v1/messages``...) answer ``{"type": "error", "erro
 ``HarnessRLError`` class are in one table here (``ERROR_SHAPES``); the classes themselves carry no
 HTTP status. Client mistakes are 4xx and carry ``x-should-retry: false`` so the OpenAI SDK (and
 litellm, which wraps it) does not retry them; unexpected exceptions become a logged 500 in the
-same shape. Streaming responses that fail after their headers went out use ``sse_error``.
+same shape (``UnexpectedErrors``, which keeps the keep-alive connection open). Streaming responses
+that fail after their headers went out end with ``sse_error`` / ``anthropic_sse_error``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harnessrl.errors import (
     BadRequest,
@@ -253,9 +255,15 @@ async def handle_http_exception(request: Request, exc: Exception) -> JSONRespons
     return await handle_harnessrl_error(request, mapped)
 
 
+def internal_error(exc: BaseException) -> HarnessRLError:
+    """What the client is told about an unexpected exception: its class, not its message (internals
+    are logged, not leaked)."""
+    return HarnessRLError(f"internal error: {exc.__class__.__name__}")
+
+
 async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
-    internal = HarnessRLError(f"internal error: {exc.__class__.__name__}")
+    log.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    internal = internal_error(exc)
     _count(request, internal)
     return _respond(request, internal)
 
@@ -263,5 +271,48 @@ async def handle_unexpected(request: Request, exc: Exception) -> JSONResponse:
 EXCEPTION_HANDLERS = {
     HarnessRLError: handle_harnessrl_error,
     HTTPException: handle_http_exception,
-    Exception: handle_unexpected,
 }
+
+
+class UnexpectedErrors:
+    """ASGI middleware: an unexpected exception becomes a logged 500 in the provider's shape.
+
+    It sits inside starlette's ``ServerErrorMiddleware``, which answers a 500 too but then re-raises,
+    and uvicorn closes the connection of any request whose app raised: the client's next request on
+    that keep-alive connection was reset. Here the exception ends with the answer, so the connection
+    stays usable. An exception after the response started (a stream) cannot be answered any more:
+    it is logged and re-raised, and uvicorn closes the connection, the only way left to tell the
+    client the body is incomplete (the streaming paths send an error event themselves first).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception as exc:
+            request = Request(scope)
+            if started:
+                log.error(
+                    "unexpected error on %s %s after the response started",
+                    request.method,
+                    request.url.path,
+                    exc_info=exc,
+                )
+                raise
+            if isinstance(exc, ClientDisconnect):
+                return  # the client left mid-request: there is no one to answer
+            response = await handle_unexpected(request, exc)
+            await response(scope, receive, send)

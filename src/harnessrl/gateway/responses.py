@@ -30,7 +30,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall, sampling_params
+from harnessrl.gateway.calls import PreparedCall, check_prompt_size, sampling_params, stream_error
 from harnessrl.gateway.conversation import build_prompt, normalize_messages
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.responses_input import (
@@ -139,6 +139,12 @@ class ResponsesCall:
         message = out.internal_message()
         finish = "tool_calls" if out.tool_calls and gen.finish_reason == "stop" else gen.finish_reason
         await self.call.record({**message, RESPONSE_ID_KEY: self.response_id}, finish)
+        return self.status()
+
+    def status(self) -> str:
+        """The finished Response's status (after the generation)."""
+        gen = self.call.generation
+        assert gen is not None
         return "incomplete" if gen.finish_reason == "length" else "completed"
 
 
@@ -172,6 +178,7 @@ async def prepare_responses(request: Request) -> ResponsesCall:
     data = await read_json(request, state.config.max_body_bytes)
     body = validate_body(ResponsesRequest, data)
     body.check_n()
+    check_prompt_size(state, data, "input")
     if state.config.unsupported_tools == "refuse":
         found = unsupported_tools(data)
         if found:
@@ -256,10 +263,13 @@ async def responses(request: Request) -> Response:
             pass
         async for _ in _drain(_generate(rc, out)):
             pass
-        status = await rc.record(out)
+        # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
+        answer = JSONResponse(rc.response(rc.status(), out))
+        await rc.record(out)
     finally:
         call.finish()
-    return JSONResponse(rc.response(status, out), headers=call.headers())
+    answer.headers.update(call.headers())
+    return answer
 
 
 async def _sse(rc: ResponsesCall) -> AsyncIterator[str]:
@@ -284,14 +294,22 @@ async def _sse(rc: ResponsesCall) -> AsyncIterator[str]:
         async for batch in _drain(_generate(rc, out)):
             for payload in batch:
                 yield event(payload)
-        status = await rc.record(out)  # durable before the client sees the end of the answer
+        # The last event is built first: once the call is durable only the transport can fail.
+        status = rc.status()
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        final = event({"type": kind, "response": rc.response(status, out)})
+        await rc.record(out)  # durable before the client sees the end of the answer
         completed = True
-        final = "response.completed" if status == "completed" else "response.incomplete"
-        yield event({"type": final, "response": rc.response(status, out)})
-    except HarnessRLError as exc:
+        yield final
+    except Exception as exc:
         completed = True
-        state.metrics.errors.labels(code=error_shape(exc).code).inc()
-        yield event({"type": "response.failed", "response": rc.response("failed", out, exc)})
+        error = stream_error(call, exc)
+        try:
+            failed = rc.response("failed", out, error)
+        except Exception:  # the Response object itself is what cannot be built
+            failed = {"id": rc.response_id, "object": "response", "status": "failed", "output": []}
+            failed["error"] = {"code": error_shape(error).code, "message": str(error)}
+        yield event({"type": "response.failed", "response": failed})
     finally:
         if not completed and call.stored is None:
             state.metrics.disconnects.inc()  # the client left before the answer was whole

@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
+from harnessrl.gateway.connections import uvicorn_config
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
 
 if TYPE_CHECKING:
@@ -73,9 +74,7 @@ def run_gateway(
         if generated:
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
         print(f"harnessrl gateway listening on {url} (store {store_url}, model {engine.model})", flush=True)
-        config = uvicorn.Config(
-            app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
-        )
+        config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
         tune_gc()
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
@@ -108,16 +107,19 @@ def serve_in_thread(
     For tests and notebooks: the lifespan runs (engine started), and leaving the block shuts the
     server down cleanly. uvicorn installs no signal handlers off the main thread. ``sock``: a
     listening socket bound beforehand (e.g. so peer gateways can be told each other's URL); it is
-    closed at the end.
+    closed at the end. Connections are served as ``run_gateway`` serves them (``gateway.connections``),
+    with the timeouts and limits of the app's ``GatewayConfig`` (a training run's local stack serves
+    its gateway this way).
     """
     if sock is None:
         sock = bind_socket(host, port)
     else:
         host = sock.getsockname()[0]
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        app, log_level="warning", access_log=False, lifespan="on", timeout_graceful_shutdown=5
-    )
+    # The connection settings of the gateway served (``create_app`` keeps its config on the app).
+    state = getattr(app.state, "gateway", None)
+    gateway = state.config if state is not None else GatewayConfig()
+    config = uvicorn_config(app, gateway, log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"gateway:{port}", daemon=True

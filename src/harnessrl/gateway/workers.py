@@ -151,14 +151,14 @@ def _serve_worker(
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
+    from harnessrl.gateway.connections import uvicorn_config
     from harnessrl.store import open_store
 
     store = open_store(store_url)
     try:
         app = create_app(gateway, store, create_engine(engine), siblings=siblings, extra_routes=extra_routes)
-        config = uvicorn.Config(
-            app, log_level="info", access_log=False, timeout_graceful_shutdown=30, lifespan="on"
-        )
+        # The connection settings and limits apply per worker process.
+        config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
         tune_gc()  # as run_gateway does
         log.info("gateway worker %d (pid %d) serving; siblings %s", index, os.getpid(), ", ".join(siblings))
