@@ -21,6 +21,7 @@ from tests.vllm.vllm_support import (
     install_weights,
     max_abs_diff,
     perturbed_checkpoint,
+    requests_running,
     start_call,
     stored_whole,
     wait_until,
@@ -98,9 +99,14 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     # clients) lags seconds behind.
     calls = [start_call(gateway, stream=stream, max_tokens=1200) for stream in (True, False)]
     threads = [thread for _, _, thread in calls]
+    # Both must be generating in vLLM itself, not only admitted by the gateway: a request still on
+    # its way to the server when the update lands is held by vLLM's pause and then sampled by the
+    # new weights (what failed on a loaded CI machine; the gateway's own pause prevents it in a run).
     wait_until(
-        lambda: all_admitted(gateway, threads) and calls[0][1].streaming(),
-        lambda: f"the calls to generate: {calls}",
+        lambda: all_admitted(gateway, threads)
+        and calls[0][1].streaming()
+        and requests_running(tiny_server.url) >= 2,
+        lambda: f"the calls to generate in vLLM: {calls}",
     )
     assert all(thread.is_alive() for thread in threads)  # the update below does find them in flight
     install_weights(tiny_server.url, checkpoint, 1)
