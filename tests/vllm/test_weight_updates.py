@@ -103,9 +103,11 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     # its way to the server when the update lands is held by vLLM's pause and then sampled by the
     # new weights (what failed on a loaded CI machine; the gateway's own pause prevents it in a run).
     wait_until(
-        lambda: all_admitted(gateway, threads)
-        and calls[0][1].streaming()
-        and requests_running(tiny_server.url) >= 2,
+        lambda: (
+            all_admitted(gateway, threads)
+            and calls[0][1].streaming()
+            and requests_running(tiny_server.url) >= 2
+        ),
         lambda: f"the calls to generate in vLLM: {calls}",
     )
     assert all(thread.is_alive() for thread in threads)  # the update below does find them in flight
