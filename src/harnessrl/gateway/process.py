@@ -10,17 +10,23 @@ import socket
 from harnessrl.errors import ConfigError
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """Bind the listening socket ourselves, so port 0 resolves to a real port before we print the URL."""
+def bind_socket(host: str, port: int, *, reuse_port: bool = False, listen: bool = True) -> socket.socket:
+    """Bind the listening socket ourselves, so port 0 resolves to a real port before we print the URL.
+
+    ``reuse_port``: several worker processes bind the same address (``SO_REUSEPORT``); ``listen``
+    False leaves it bound but taking no connections (a reservation of the port)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as exc:
         sock.close()
         raise ConfigError(f"gateway: cannot listen on {host}:{port}: {exc.strerror}") from exc
-    sock.listen(2048)
+    if listen:
+        sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

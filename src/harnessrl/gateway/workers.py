@@ -54,19 +54,6 @@ def check_workers_config(gateway: GatewayConfig, engine: EngineConfig, store_url
         )
 
 
-def _reuseport_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError(f"gateway: cannot listen on {host}:{port}: {exc.strerror}") from exc
-    return sock
-
-
 def run_workers(
     gateway: GatewayConfig,
     engine: EngineConfig,
@@ -80,7 +67,7 @@ def run_workers(
     """
     check_workers_config(gateway, engine, store_url)
     assert gateway.admin_key, "run_gateway sets the admin key before starting workers"
-    reserved = _reuseport_socket(gateway.host, gateway.port)  # bound, never listening: takes no calls
+    reserved = bind_socket(gateway.host, gateway.port, reuse_port=True, listen=False)  # takes no calls
     port = reserved.getsockname()[1]
     controls = [bind_socket("127.0.0.1", 0) for _ in range(gateway.workers)]
     control_urls = [url_for("127.0.0.1", s.getsockname()[1]) for s in controls]
@@ -146,8 +133,7 @@ def _serve_worker(
     """One worker process: its own store connection, engine and app, on the public + its control socket."""
     import uvicorn
 
-    public = _reuseport_socket(gateway.host, port)
-    public.listen(2048)
+    public = bind_socket(gateway.host, port, reuse_port=True)
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
