@@ -11,6 +11,7 @@ requeues what was in flight, finishes the checkpoint being written and records t
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -60,6 +61,7 @@ class Trainer:
             self.state = TrainState.from_json((self.checkpoint / STATE_FILE).read_text())
 
     # -- setup ---------------------------------------------------------------------------------------
+    @functools.cached_property
     def _configured_weights(self) -> Path:
         """The weights the run starts from (built or converted if need be); also the KL reference."""
         from harnessrl.engines.models import resolve_model_dir
@@ -70,14 +72,14 @@ class Trainer:
 
     def _starting_weights(self) -> Path:
         """The checkpoint being resumed, else the configured weights."""
-        return self.checkpoint if self.checkpoint is not None else self._configured_weights()
+        return self.checkpoint if self.checkpoint is not None else self._configured_weights
 
     def _build_policy(self) -> Any:
         from harnessrl.trainer.policy import TrainablePolicy
 
         model_dir = self._starting_weights()
         # A resumed run keeps its KL anchor: the weights the run started from, not the checkpoint.
-        reference = self._configured_weights() if self.config.algorithm.kl_coef > 0 else model_dir
+        reference = self._configured_weights if self.config.algorithm.kl_coef > 0 else model_dir
         if self.policy_factory is not None:
             policy = self.policy_factory(model_dir, reference)
         else:
