@@ -161,6 +161,29 @@ def test_mid_stream_death_continues_on_another_replica(
     assert servers[1 - home].fake.prompts == [[7, 8, 9, *reply[:3]]]
 
 
+def test_a_survivors_transient_failure_does_not_send_the_remaining_tries_to_the_dead_replica(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    """The home replica dies mid-stream and the survivor's first answer is a 500: the call goes on,
+    alternating by fewest failures, and the survivor finishes it (a CI run once failed this way)."""
+    pool, _ = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+    servers[home].fake.kill_after_tokens = 3
+    servers[1 - home].fake.fail_with = [500]
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            return await generate(pool, "r")
+        finally:
+            await pool.aclose()
+
+    samples = asyncio.run(run())
+    assert [s.token_id for s in samples] == reply
+    # The dead replica got the interrupted call and one retry (refused); the survivor the rest.
+    assert [r.served for r in (pool.replicas[home], pool.replicas[1 - home])] == [2, 2]
+
+
 def test_mid_stream_death_raises_when_resume_is_off(
     servers: list[FakeServer], tokenizer: PolicyTokenizer
 ) -> None:

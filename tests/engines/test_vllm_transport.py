@@ -22,7 +22,7 @@ from starlette.routing import Route
 from tests.fakes.vllm_server import FakeModel, FakeServer, serve_vllm
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
-from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.remote import HttpUpstream, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.tokenizer import PolicyTokenizer
@@ -262,3 +262,89 @@ def test_whole_answer_generation_matches_the_token_by_token_one(
     assert whole.finish_reason == streamed.finish_reason == "stop"
     assert whole.first_token_at is not None and whole.finished_at is not None
     assert [s for s, _ in knobs.seen] == [False, True]
+
+
+class HangUpServer:
+    """A raw HTTP/1.1 server that answers ``answers_per_connection`` requests on a connection and then
+    closes it on reading the next one, unanswered: what a keep-alive connection the server has just
+    timed out looks like to a client that writes into it."""
+
+    def __init__(self, answers_per_connection: int):
+        self.answers_per_connection = answers_per_connection
+        self.connections = 0
+        self.requests = 0
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}"
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        answered = 0
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
+                await reader.readexactly(length)
+                self.requests += 1
+                if answered == self.answers_per_connection:
+                    return  # hang up without an answer
+                answered += 1
+                body = b'{"ok": true}'
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n")
+                writer.write(b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return
+        finally:
+            writer.close()
+
+
+def test_a_pooled_connection_the_server_closed_is_replaced_not_reported_as_a_failure() -> None:
+    """A call on a keep-alive connection the server hangs up on is sent again on a new connection:
+    reported as a failure, the pool would mark a live replica down (a CI failover run once sent all
+    its retries to the dead replica that way)."""
+
+    async def go() -> HangUpServer:
+        server = HangUpServer(answers_per_connection=1)
+        upstream = HttpUpstream(await server.start())
+        try:
+            for _ in range(3):
+                assert await upstream.request_json("POST", "/v1/x", json_body={"a": 1}) == {"ok": True}
+        finally:
+            await upstream.aclose()
+            assert server.server is not None
+            server.server.close()
+        return server
+
+    server = asyncio.run(go())
+    # Each call after the first met a closed connection once: 5 requests over 3 connections.
+    assert (server.requests, server.connections) == (5, 3)
+
+
+def test_a_server_that_always_hangs_up_is_an_error_after_one_new_connection() -> None:
+    async def go() -> HangUpServer:
+        server = HangUpServer(answers_per_connection=0)
+        upstream = HttpUpstream(await server.start())
+        try:
+            with pytest.raises(RemoteEngineError) as caught:
+                async with upstream.stream_sse("/v1/completions", {"a": 1}) as events:
+                    [event async for event in events]
+            assert caught.value.retryable
+        finally:
+            await upstream.aclose()
+            assert server.server is not None
+            server.server.close()
+        return server
+
+    server = asyncio.run(go())
+    assert (server.requests, server.connections) == (2, 2)

@@ -177,15 +177,23 @@ class EnginePool:
                     break
         return order
 
-    def _pick(self, rollout_id: str | None, avoid: set[int]) -> int | None:
+    def _pick(self, rollout_id: str | None, failed: dict[int, int]) -> int | None:
+        """The replica for the next try of a call; ``failed`` counts this call's failures per replica.
+
+        The first available one in preference order that this call has not failed on, else any
+        non-draining one it has not failed on (its health check may be stale). Once every
+        non-draining replica has failed this call, the one with the fewest failures, healthy first:
+        a survivor's one transient failure must not send every remaining try to a dead replica.
+        """
         order = self.preference(rollout_id)
         for pass_ in (lambda r: r.available, lambda r: not r.draining):
             for index in order:
-                if index not in avoid and pass_(self.replicas[index]):
+                if index not in failed and pass_(self.replicas[index]):
                     return index
-        # Every non-draining replica has failed this call once: try them again rather than give
-        # up early (the retry budget bounds this).
-        return next((i for i in order if not self.replicas[i].draining), None)
+        candidates = [i for i in order if not self.replicas[i].draining]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda i: (failed.get(i, 0), not self.replicas[i].healthy))
 
     def _backoff(self, attempt: int) -> float:
         return min(self.max_backoff_s, self.backoff_s * 2**attempt)
@@ -199,10 +207,10 @@ class EnginePool:
         sampled: list[int] = []  # tokens already yielded to the caller
         version: int | None = None  # policy version of the replica that produced `sampled`
         attempt = 0
-        avoid: set[int] = set()
+        failed: dict[int, int] = {}  # this call's failures per replica
         while True:
             await self._admitting.wait()  # an all-at-once weight update is in progress
-            index = self._pick(rollout_id, avoid)
+            index = self._pick(rollout_id, failed)
             if index is None:
                 await self._sleep(self._backoff(attempt))
                 attempt += 1
@@ -241,7 +249,7 @@ class EnginePool:
                 attempt += 1
                 if attempt > self.max_retries:
                     raise
-                avoid.add(index)
+                failed[index] = failed.get(index, 0) + 1
                 log.warning(
                     "replica %s failed (%s) after %d tokens; retry %d/%d",
                     replica.name,

@@ -33,6 +33,18 @@ RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 _JSON_HEADERS = {"content-type": "application/json"}
 # What a request can fail with below HTTP: refused, reset, timed out, a body cut short.
 _TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+# uvicorn (vLLM's and SGLang's server) closes a connection idle for 5 s; aiohttp would keep one for
+# 15 s, so a call after a lull of 5-15 s could be written into a socket the server is closing.
+IDLE_CONNECTION_S = 4.0
+
+
+def _stale_connection(exc: BaseException) -> bool:
+    """Whether a request failed on a pooled connection the server had closed (reset while writing, or
+    disconnected before any answer): a new connection will do. A refused connect is not this: that
+    server is down, which the caller (the pool) has to know."""
+    return isinstance(exc, aiohttp.ServerDisconnectedError | aiohttp.ClientOSError) and not isinstance(
+        exc, aiohttp.ClientConnectorError
+    )
 
 
 def loads(data: bytes | str) -> Any:
@@ -134,7 +146,9 @@ class HttpUpstream:
         if self._session is None or self._session.closed:
             self._proxy, auth = _env_settings(URL(self.base_url), netrc=not self._headers)
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=1024, limit_per_host=0, keepalive_timeout=IDLE_CONNECTION_S
+                ),
                 headers=self._headers,
                 timeout=self._timeout,
                 auth=auth,
@@ -146,6 +160,21 @@ class HttpUpstream:
             await self._session.close()
             self._session = None
 
+    async def _send(self, method: str, url: str, **kwargs: Any) -> aiohttp.ClientResponse:
+        """The response's headers, over a new connection if the pooled one turns out to be closed.
+
+        Reconnecting is not a retry policy (that is the pool's): the request never reached a server
+        that was listening. Once only, so a server that keeps hanging up is still an error.
+        """
+        session = self._client()  # first: it reads the proxy settings
+        try:
+            return await session.request(method, url, **self._proxy, **kwargs)
+        except _TRANSPORT_ERRORS as exc:
+            if not _stale_connection(exc):
+                raise
+        # aiohttp dropped the closed connection
+        return await session.request(method, url, **self._proxy, **kwargs)
+
     async def request_json(
         self,
         method: str,
@@ -156,8 +185,7 @@ class HttpUpstream:
         timeout_s: float | None = None,
     ) -> Any:
         url = f"{self.base_url}{path}"
-        session = self._client()
-        kwargs: dict[str, Any] = dict(self._proxy)
+        kwargs: dict[str, Any] = {}
         if params:
             kwargs["params"] = params
         if json_body is not None:
@@ -166,7 +194,7 @@ class HttpUpstream:
         if timeout_s is not None:
             kwargs["timeout"] = aiohttp.ClientTimeout(total=timeout_s)
         try:
-            async with session.request(method, url, **kwargs) as response:
+            async with await self._send(method, url, **kwargs) as response:
                 body = await response.read()
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
@@ -187,9 +215,8 @@ class HttpUpstream:
         """
         url = f"{self.base_url}{path}"
         try:
-            session = self._client()
-            async with session.post(
-                url, data=dumps(json_body), headers=_JSON_HEADERS, **self._proxy
+            async with await self._send(
+                "POST", url, data=dumps(json_body), headers=_JSON_HEADERS
             ) as response:
                 if response.status >= 400:
                     raise _status_error("POST", url, response, await response.read())
