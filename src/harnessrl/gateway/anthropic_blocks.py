@@ -24,7 +24,7 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
-from harnessrl.gateway.tool_parsers import ContentEvent, Event, ToolCall, ToolParser, _partial_suffix
+from harnessrl.gateway.tool_parsers import ContentEvent, Event, ToolCall, ToolParser, partial_suffix
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -56,7 +56,7 @@ class ThinkSplitter:
             elif self._state == "thinking":
                 end = self._buffer.find(THINK_CLOSE)
                 if end < 0:
-                    hold = _partial_suffix(self._buffer, THINK_CLOSE)
+                    hold = partial_suffix(self._buffer, THINK_CLOSE)
                     ready = self._buffer[: len(self._buffer) - hold]
                     if ready:
                         out.append(("thinking", ready))

@@ -19,21 +19,13 @@ from typing import Any
 
 from harnessrl.gateway.generation import Piece
 from harnessrl.gateway.responses_input import encode_reasoning
-from harnessrl.gateway.tool_parsers import ContentEvent, ToolCall, ToolCallEvent, ToolParser
+from harnessrl.gateway.tool_parsers import ContentEvent, ToolCall, ToolCallEvent, ToolParser, partial_suffix
 
 OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
-
-
-def _partial_suffix(text: str, tag: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag``."""
-    for size in range(min(len(tag) - 1, len(text)), 0, -1):
-        if text.endswith(tag[:size]):
-            return size
-    return 0
 
 
 class ThinkSplitter:
@@ -63,7 +55,7 @@ class ThinkSplitter:
             elif self.state == "think":
                 end = self._buf.find(CLOSE_THINK)
                 if end < 0:
-                    ready = len(self._buf) - _partial_suffix(self._buf, CLOSE_THINK)
+                    ready = len(self._buf) - partial_suffix(self._buf, CLOSE_THINK)
                     if ready:
                         out.append(("reasoning", self._buf[:ready]))
                     self._buf = self._buf[ready:]

@@ -1,0 +1,55 @@
+"""Tool-call parsers: sampled text -> OpenAI ``tool_calls``, per model family, in a registry.
+
+Each family's parser is a module of this package (``hermes``, ...), built on ``base``. The gateway
+picks one by name (``[gateway] tool_call_parser``); ``parse_tool_calls`` is the non-streaming view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from harnessrl.errors import ConfigError
+from harnessrl.gateway.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ParsedMessage,
+    ToolCall,
+    ToolCallEvent,
+    ToolParser,
+    collect,
+    partial_suffix,
+)
+from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
+
+__all__ = [
+    "TOOL_PARSERS",
+    "ContentEvent",
+    "Event",
+    "HermesToolParser",
+    "ParsedMessage",
+    "ToolCall",
+    "ToolCallEvent",
+    "ToolParser",
+    "collect",
+    "get_tool_parser",
+    "parse_tool_calls",
+    "partial_suffix",
+]
+
+TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
+    "hermes": HermesToolParser,
+    "qwen": HermesToolParser,
+}
+
+
+def get_tool_parser(name: str) -> Callable[[], ToolParser]:
+    try:
+        return TOOL_PARSERS[name]
+    except KeyError:
+        known = ", ".join(sorted(TOOL_PARSERS))
+        raise ConfigError(f"gateway.tool_call_parser: unknown parser {name!r} (known: {known})") from None
+
+
+def parse_tool_calls(text: str, parser: str = "hermes") -> ParsedMessage:
+    p = get_tool_parser(parser)()
+    return collect(p.feed(text) + p.finish())

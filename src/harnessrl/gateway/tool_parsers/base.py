@@ -1,0 +1,69 @@
+"""What every tool-call parser shares: the events it emits and the ``ToolParser`` protocol.
+
+A parser is incremental (``feed`` text as it is sampled, ``finish`` at the end) and emits
+``ContentEvent`` / ``ToolCallEvent`` items, so streaming and non-streaming answers come from the
+same code. A parser never invents a call the policy did not fully make: a block that does not parse
+(or is cut short by ``max_tokens``) stays in the content as text.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    name: str
+    arguments: str  # a JSON object, serialized (OpenAI sends arguments as a string)
+    id: str = field(default_factory=lambda: f"call_{secrets.token_hex(12)}")
+
+    def to_openai(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+@dataclass(frozen=True)
+class ContentEvent:
+    text: str
+
+
+@dataclass(frozen=True)
+class ToolCallEvent:
+    call: ToolCall
+
+
+Event = ContentEvent | ToolCallEvent
+
+
+class ToolParser(Protocol):
+    def feed(self, text: str) -> list[Event]: ...
+
+    def finish(self) -> list[Event]: ...
+
+
+def partial_suffix(text: str, tag: str) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (a tag maybe starting)."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:size]):
+            return size
+    return 0
+
+
+@dataclass
+class ParsedMessage:
+    content: str | None
+    tool_calls: list[ToolCall]
+
+
+def collect(events: list[Event]) -> ParsedMessage:
+    """Fold events into one message: with tool calls, content is trimmed (None when empty)."""
+    text = "".join(e.text for e in events if isinstance(e, ContentEvent))
+    calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
+    if calls:
+        return ParsedMessage(content=text.strip() or None, tool_calls=calls)
+    return ParsedMessage(content=text, tool_calls=[])
