@@ -31,7 +31,7 @@ HERMES_TEXTS = [
 
 
 def ours(parser: str, text: str, pieces: list[str] | None = None) -> dict[str, Any]:
-    p = get_tool_parser(parser)()
+    p = get_tool_parser(parser)([BASH])
     events = [e for piece in (pieces or [text]) for e in p.feed(piece)] + p.finish()
     message = collect(events)
     return {

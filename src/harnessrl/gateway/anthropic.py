@@ -52,6 +52,7 @@ from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_m
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.tool_parsers import Tools
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
 __all__ = ["count_tokens", "messages", "probe", "request_to_internal"]
@@ -113,7 +114,7 @@ def _sampling(
         raise ContextLengthExceeded(message, param=exc.param) from exc
 
 
-async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest]:
+async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Tools]:
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = await read_json(request, state.config.max_body_bytes)
@@ -127,14 +128,14 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest]:
     call = PreparedCall(
         state, rollout, memory, "messages", data, plan.prompt_ids, params, body.stop_strings()
     )
-    return call, body
+    return call, body, internal[1]
 
 
-def _assembler(call: PreparedCall, body: MessagesRequest) -> BlockAssembler:
+def _assembler(call: PreparedCall, body: MessagesRequest, tools: Tools) -> BlockAssembler:
     state = call.state
     # A template may open the reasoning itself (the generation prompt ends with "<think>").
     tail = state.engine.tokenizer.decode(call.prompt_ids[-4:])
-    parser = state.tool_parser() if body.wants_tool_calls else None
+    parser = state.tool_parser(tools) if body.wants_tool_calls else None
     return BlockAssembler(parser, in_thinking=tail.rstrip().endswith("<think>"))
 
 
@@ -167,19 +168,19 @@ def _usage(call: PreparedCall) -> dict[str, int]:
 
 
 async def messages(request: Request) -> Response:
-    call, body = await _prepare(request)
+    call, body, tools = await _prepare(request)
     model = body.model or call.state.engine.model_name
     msg_id = f"msg_{secrets.token_hex(12)}"
     if body.stream:
         headers = {**SSE_HEADERS, **call.headers(), "request-id": msg_id}
         return StreamingResponse(
-            _stream(call, body, model, msg_id), media_type="text/event-stream", headers=headers
+            _stream(call, body, tools, model, msg_id), media_type="text/event-stream", headers=headers
         )
     try:
         async for _ in call.admit():
             pass
         gen = await call.start().run()
-        assembler = _assembler(call, body)
+        assembler = _assembler(call, body, tools)
         assembler.feed(gen.text)
         assembler.finish()
         stop_reason, stop_sequence, finish = _stop(call, assembler)
@@ -202,7 +203,9 @@ async def messages(request: Request) -> Response:
     return answer
 
 
-async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id: str) -> AsyncIterator[str]:
+async def _stream(
+    call: PreparedCall, body: MessagesRequest, tools: Tools, model: str, msg_id: str
+) -> AsyncIterator[str]:
     state = call.state
     completed = False
     try:
@@ -220,7 +223,7 @@ async def _stream(call: PreparedCall, body: MessagesRequest, model: str, msg_id:
             "usage": _usage(call),
         }
         yield _event({"type": "message_start", "message": start})
-        assembler = _assembler(call, body)
+        assembler = _assembler(call, body, tools)
         last_sent = time.monotonic()
         pieces = gen.pieces()
         try:

@@ -124,7 +124,7 @@ async def chat_completions(request: Request) -> Response:
 
     def answer(gen: Generation) -> tuple[dict[str, Any], str]:
         if body.wants_tool_calls:
-            parser = state.tool_parser()
+            parser = state.tool_parser(body.tools)
             parsed = collect(parser.feed(gen.text) + parser.finish())
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
@@ -160,7 +160,7 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
         )
 
     yield chunk({"role": "assistant", "content": ""}, logprobs=[])
-    parser = state.tool_parser() if body.wants_tool_calls else None
+    parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
     events: list[Event] = []
     pending_lp: list[dict[str, Any]] = []  # logprobs of tokens whose text is not released yet
     n_calls = 0

@@ -86,7 +86,7 @@ class ResponsesCall:
         wants_tools = bool(self.tools) and self.body.tool_choice != "none"
         encrypt = "reasoning.encrypted_content" in (self.body.include or [])
         return OutputStream(
-            state.tool_parser() if wants_tools else None, in_think=self.in_think, encrypt=encrypt
+            state.tool_parser(self.tools) if wants_tools else None, in_think=self.in_think, encrypt=encrypt
         )
 
     def response(

@@ -15,7 +15,7 @@ from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.pause import PauseGate
-from harnessrl.gateway.tool_parsers import ToolParser, get_tool_parser
+from harnessrl.gateway.tool_parsers import ToolParserFactory, get_tool_parser
 from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import now
 from harnessrl.store.base import Store
@@ -34,7 +34,7 @@ class GatewayState:
     writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
     # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
     cluster: Cluster | None = None
-    tool_parser: Callable[[], ToolParser] = field(init=False)
+    tool_parser: ToolParserFactory = field(init=False)
     # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
     # client read timeouts from giving up on a call that is merely waiting for new weights).
     keepalive_s: float = 10.0

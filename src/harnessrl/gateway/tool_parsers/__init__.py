@@ -6,8 +6,6 @@ picks one by name (``[gateway] tool_call_parser``); ``parse_tool_calls`` is the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.tool_parsers.base import (
     ContentEvent,
@@ -16,6 +14,8 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     ToolParser,
+    ToolParserFactory,
+    Tools,
     collect,
     partial_suffix,
 )
@@ -30,19 +30,21 @@ __all__ = [
     "ToolCall",
     "ToolCallEvent",
     "ToolParser",
+    "ToolParserFactory",
+    "Tools",
     "collect",
     "get_tool_parser",
     "parse_tool_calls",
     "partial_suffix",
 ]
 
-TOOL_PARSERS: dict[str, Callable[[], ToolParser]] = {
+TOOL_PARSERS: dict[str, ToolParserFactory] = {
     "hermes": HermesToolParser,
     "qwen": HermesToolParser,
 }
 
 
-def get_tool_parser(name: str) -> Callable[[], ToolParser]:
+def get_tool_parser(name: str) -> ToolParserFactory:
     try:
         return TOOL_PARSERS[name]
     except KeyError:
@@ -50,6 +52,6 @@ def get_tool_parser(name: str) -> Callable[[], ToolParser]:
         raise ConfigError(f"gateway.tool_call_parser: unknown parser {name!r} (known: {known})") from None
 
 
-def parse_tool_calls(text: str, parser: str = "hermes") -> ParsedMessage:
-    p = get_tool_parser(parser)()
+def parse_tool_calls(text: str, parser: str = "hermes", tools: Tools = None) -> ParsedMessage:
+    p = get_tool_parser(parser)(tools)
     return collect(p.feed(text) + p.finish())

@@ -9,8 +9,14 @@ same code. A parser never invents a call the policy did not fully make: a block 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+#: The request's tools in OpenAI's chat shape (``{"type": "function", "function": {"name",
+#: "parameters"}}``). Parsers of formats that write arguments as text (Qwen3-Coder's XML, GLM's
+#: ``<arg_value>``) read each parameter's JSON-schema type from them; the others ignore them.
+Tools = Sequence[dict[str, Any]] | None
 
 
 @dataclass(frozen=True)
@@ -44,6 +50,10 @@ class ToolParser(Protocol):
     def feed(self, text: str) -> list[Event]: ...
 
     def finish(self) -> list[Event]: ...
+
+
+#: How the gateway makes a parser for one answer: ``factory(request_tools)``.
+ToolParserFactory = Callable[[Tools], ToolParser]
 
 
 def partial_suffix(text: str, tag: str) -> int:

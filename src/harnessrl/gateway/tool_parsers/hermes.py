@@ -8,7 +8,14 @@ from __future__ import annotations
 
 import json
 
-from harnessrl.gateway.tool_parsers.base import ContentEvent, Event, ToolCall, ToolCallEvent, partial_suffix
+from harnessrl.gateway.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    Tools,
+    partial_suffix,
+)
 
 
 class HermesToolParser:
@@ -17,7 +24,7 @@ class HermesToolParser:
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
 
-    def __init__(self) -> None:
+    def __init__(self, tools: Tools = None) -> None:
         self._buffer = ""
         self._in_block = False
 
