@@ -114,7 +114,10 @@ class GatewayConfig(Section):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     pause_timeout_s: float = Field(default=300.0, gt=0)
     default_max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length
-    tool_call_parser: str = "hermes"
+    # How answers are read: "auto" chooses by the model's chat template (gateway/model_formats.py);
+    # a name chooses explicitly (docs/gateway.md, "Model families").
+    tool_call_parser: str = "auto"
+    reasoning_parser: str = "auto"
     public_url: str | None = None  # base URL handed to harnesses; default http://host:port
     # Responses-API tools the gateway cannot serve (web_search, file_search, MCP, namespaces...):
     # "drop" leaves them out of the prompt, "refuse" answers 400 naming the tool.

@@ -108,6 +108,11 @@ async def health(request: Request) -> Response:
         "policy_version": state.engine.policy_version,
         "context_length": state.engine.context_length,
         "paused": state.gate.paused,
+        "formats": {
+            "tool_call_parser": state.formats.tool_parser,
+            "reasoning_parser": state.formats.reasoning_parser,
+            "chosen_by": state.formats.source,
+        },
     }
     if not state.ready:
         return JSONResponse(body, status_code=503)

@@ -56,6 +56,12 @@ class GatewayMetrics:
             ["result"],
             registry=r,
         )
+        self.malformed_tool_calls = Counter(
+            "harnessrl_tool_calls_malformed",
+            "Tool calls the policy wrote but did not finish or form (returned to the harness as text)",
+            ["parser"],
+            registry=r,
+        )
         self.disconnects = Counter(
             "harnessrl_client_disconnects",
             "Streaming calls abandoned by the client (not recorded)",

@@ -14,8 +14,15 @@ from harnessrl.engines.base import Engine
 from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
+from harnessrl.gateway.model_formats import ModelFormats, resolve_formats
 from harnessrl.gateway.pause import PauseGate
-from harnessrl.gateway.tool_parsers import ToolParserFactory, get_tool_parser
+from harnessrl.gateway.tool_parsers import (
+    CountingParser,
+    ToolParser,
+    ToolParserFactory,
+    Tools,
+    get_tool_parser,
+)
 from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import now
 from harnessrl.store.base import Store
@@ -34,7 +41,8 @@ class GatewayState:
     writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
     # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
     cluster: Cluster | None = None
-    tool_parser: ToolParserFactory = field(init=False)
+    formats: ModelFormats = field(init=False)  # the tool-call and reasoning formats answers are read in
+    _tool_parser: ToolParserFactory = field(init=False, repr=False)
     # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
     # client read timeouts from giving up on a call that is merely waiting for new weights).
     keepalive_s: float = 10.0
@@ -49,8 +57,18 @@ class GatewayState:
             self.cluster = Cluster(remotes=tuple(self.config.peers), admin_key=self.config.admin_key or "")
         # With peers, another gateway may have recorded this rollout's latest calls: check the store.
         self.history = CallHistory(self.store, check_store=self.cluster.shares_store)
-        self.tool_parser = get_tool_parser(self.config.tool_call_parser)
+        self.formats = resolve_formats(
+            self.config.tool_call_parser,
+            self.config.reasoning_parser,
+            getattr(self.engine.tokenizer, "chat_template", None),
+        )
+        self._tool_parser = get_tool_parser(self.formats.tool_parser)
         self.writer = CallWriter(self.store)
+
+    def tool_parser(self, tools: Tools) -> ToolParser:
+        """A parser for one answer, its malformed calls counted in ``harnessrl_tool_calls_malformed``."""
+        counter = self.metrics.malformed_tool_calls.labels(parser=self.formats.tool_parser)
+        return CountingParser(self._tool_parser(tools), counter.inc)
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         """Run a blocking store call off the event loop (the store's methods are thread-safe)."""

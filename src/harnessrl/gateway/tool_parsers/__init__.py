@@ -9,6 +9,7 @@ from __future__ import annotations
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.tool_parsers.base import (
     ContentEvent,
+    CountingParser,
     Event,
     ParsedMessage,
     ToolCall,
@@ -24,6 +25,7 @@ from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
 __all__ = [
     "TOOL_PARSERS",
     "ContentEvent",
+    "CountingParser",
     "Event",
     "HermesToolParser",
     "ParsedMessage",

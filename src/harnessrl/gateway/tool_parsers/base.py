@@ -47,9 +47,40 @@ Event = ContentEvent | ToolCallEvent
 
 
 class ToolParser(Protocol):
+    #: Calls the policy began but did not form (bad JSON, no name) or finish, returned as text.
+    malformed: int
+
     def feed(self, text: str) -> list[Event]: ...
 
     def finish(self) -> list[Event]: ...
+
+
+class CountingParser:
+    """A parser whose malformed calls are added to a metric as they are found."""
+
+    def __init__(self, parser: ToolParser, on_malformed: Callable[[int], None]):
+        self.parser = parser
+        self._on_malformed = on_malformed
+        self._counted = 0
+
+    @property
+    def malformed(self) -> int:
+        return self.parser.malformed
+
+    def _count(self) -> None:
+        if self.parser.malformed != self._counted:
+            self._on_malformed(self.parser.malformed - self._counted)
+            self._counted = self.parser.malformed
+
+    def feed(self, text: str) -> list[Event]:
+        events = self.parser.feed(text)
+        self._count()
+        return events
+
+    def finish(self) -> list[Event]:
+        events = self.parser.finish()
+        self._count()
+        return events
 
 
 #: How the gateway makes a parser for one answer: ``factory(request_tools)``.

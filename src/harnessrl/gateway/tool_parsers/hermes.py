@@ -27,6 +27,7 @@ class HermesToolParser:
     def __init__(self, tools: Tools = None) -> None:
         self._buffer = ""
         self._in_block = False
+        self.malformed = 0  # blocks returned as text
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -53,11 +54,14 @@ class HermesToolParser:
             self._in_block = False
             call = self._parse_block(inner)
             if call is None:
+                self.malformed += 1
                 events.append(ContentEvent(self.open_tag + inner + self.close_tag))
             else:
                 events.append(ToolCallEvent(call))
 
     def finish(self) -> list[Event]:
+        if self._in_block:
+            self.malformed += 1  # cut short (max_tokens, a stop string)
         rest = (self.open_tag if self._in_block else "") + self._buffer
         self._buffer, self._in_block = "", False
         return [ContentEvent(rest)] if rest else []

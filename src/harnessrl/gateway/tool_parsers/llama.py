@@ -1,0 +1,210 @@
+"""``llama3_json`` (Llama 3.1-3.3, Llama 4 JSON mode): ``{"name": ..., "parameters": {...}}`` calls.
+
+Llama writes a call as a bare JSON object, optionally after the ``<|python_tag|>`` special token,
+and several calls separated by ``;``. Because the JSON is bare, ordinary content that merely
+contains JSON must not become a call. The rule (vLLM's streaming rule, which is also the narrower
+of its two): a call is recognised only where the answer *starts* with ``{`` (after whitespace), or
+right after a ``<|python_tag|>``, or right after a previous call (whitespace and one ``;`` between).
+A ``{`` later in prose is content, although vLLM's non-streaming path would take any ``{"name":
+...}`` anywhere in the text (and then drop the prose). Text after the calls is content; vLLM drops
+it.
+
+A call needs a non-empty string ``name`` and an ``arguments`` or ``parameters`` object (or a JSON
+string of one; ``arguments`` wins when both are there, as in vLLM). A block that fails that — or is
+cut short — stays in the content verbatim and counts in ``malformed``; vLLM instead returns the
+*whole* answer as content when any object fails, even after good calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from harnessrl.gateway.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    Tools,
+    partial_suffix,
+)
+
+_JSON_SPECIAL = re.compile(r'[{}\[\]"]')
+_STRING_SPECIAL = re.compile(r'["\\]')
+
+
+class JsonValueScanner:
+    """Finds where a JSON object or array that starts at ``text[0]`` ends, over a growing text.
+
+    Brackets are counted outside strings (``{``/``[`` alike; ``json.loads`` checks the pairing
+    afterwards), so the end is the same however the text was split, and each character is looked at
+    once across calls.
+    """
+
+    def __init__(self) -> None:
+        self._pos = 0
+        self._depth = 0
+        self._in_string = False
+
+    def end(self, text: str) -> int | None:
+        """Index just past the closing bracket, or None while the value is still open."""
+        pos = self._pos
+        while True:
+            if self._in_string:
+                match = _STRING_SPECIAL.search(text, pos)
+                if match is None:
+                    self._pos = len(text)
+                    return None
+                if match.group() == "\\":
+                    if match.end() >= len(text):  # the escaped character has not arrived
+                        self._pos = match.start()
+                        return None
+                    pos = match.end() + 1
+                    continue
+                self._in_string = False
+                pos = match.end()
+                continue
+            match = _JSON_SPECIAL.search(text, pos)
+            if match is None:
+                self._pos = len(text)
+                return None
+            char, pos = match.group(), match.end()
+            if char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            else:
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._pos = pos
+                    return pos
+
+
+def call_from_json(data: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+    """A ``{"name", <arguments key>}`` object as a call, or None when it is not a well-formed one."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        return None
+    key = next((k for k in argument_keys if k in data), None)
+    if key is None:
+        return None
+    return call_with_arguments(data["name"], data[key])
+
+
+def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
+    """The call, with arguments a JSON object (given parsed or as a JSON string), else None."""
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def _leading_space(text: str) -> int:
+    return len(text) - len(text.lstrip())
+
+
+class Llama3JsonToolParser:
+    """Bare JSON calls at the start of the answer or after ``<|python_tag|>``, streamed."""
+
+    python_tag = "<|python_tag|>"
+
+    def __init__(self, tools: Tools = None) -> None:
+        self.malformed = 0
+        self._buffer = ""
+        # "start": nothing but whitespace so far; "content": prose; "tag": after a python tag,
+        # waiting for "{"; "block": inside a JSON object; "between": after a call.
+        self._state = "start"
+        self._prefix = ""  # the text before the current block (tag, separator), verbatim
+        self._scanner = JsonValueScanner()
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while self._step(events):
+            pass
+        return events
+
+    def finish(self) -> list[Event]:
+        events: list[Event] = []
+        rest = self._prefix + self._buffer
+        if self._state in ("block", "tag"):  # a call cut short
+            self.malformed += 1
+        self._buffer, self._prefix, self._state = "", "", "content"
+        if rest:
+            events.append(ContentEvent(rest))
+        return events
+
+    def _step(self, events: list[Event]) -> bool:
+        """Consume what the buffer allows; False when more text is needed."""
+        buf = self._buffer
+        if self._state in ("start", "between", "tag"):
+            space = _leading_space(buf)
+            rest = buf[space:]
+            if not rest:
+                return False
+            if rest[0] == "{":
+                self._open_block(space)
+                return True
+            if self._state == "between" and rest[0] == ";" and ";" not in self._prefix:
+                self._prefix += buf[: space + 1]
+                self._buffer = buf[space + 1 :]
+                return True
+            if self._state != "tag" and rest.startswith(self.python_tag):
+                self._prefix += buf[: space + len(self.python_tag)]
+                self._buffer = buf[space + len(self.python_tag) :]
+                self._state = "tag"
+                return True
+            if self._state != "tag" and self.python_tag.startswith(rest):
+                return False
+            if self._state == "tag":  # a tag not followed by JSON (built-in tools write code there)
+                self.malformed += 1
+            self._state = "content"
+            self._buffer = self._prefix + buf
+            self._prefix = ""
+            return True
+        if self._state == "content":
+            start = buf.find(self.python_tag)
+            if start < 0:
+                ready = buf[: len(buf) - partial_suffix(buf, self.python_tag)]
+                if ready:
+                    events.append(ContentEvent(ready))
+                self._buffer = buf[len(ready) :]
+                return False
+            if start:
+                events.append(ContentEvent(buf[:start]))
+            self._prefix = self.python_tag
+            self._buffer = buf[start + len(self.python_tag) :]
+            self._state = "tag"
+            return True
+        end = self._scanner.end(buf)  # state "block"
+        if end is None:
+            return False
+        block, self._buffer = buf[:end], buf[end:]
+        call = self._parse_block(block)
+        if call is None:
+            self.malformed += 1
+            events.append(ContentEvent(self._prefix + block))
+            self._state = "content"
+        else:
+            events.append(ToolCallEvent(call))
+            self._state = "between"
+        self._prefix = ""
+        return True
+
+    def _open_block(self, space: int) -> None:
+        self._prefix += self._buffer[:space]
+        self._buffer = self._buffer[space:]
+        self._state = "block"
+        self._scanner = JsonValueScanner()
+
+    @staticmethod
+    def _parse_block(block: str) -> ToolCall | None:
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError:
+            return None
+        return call_from_json(data, ("arguments", "parameters"))

@@ -1,0 +1,154 @@
+"""``mistral`` (Mistral, Mixtral, Devstral, Magistral): calls after the ``[TOOL_CALLS]`` token.
+
+Two forms, told apart by what follows the marker, so one parser reads both tokenizer generations:
+
+* before tokenizer v11: ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` (a JSON array,
+  or one object);
+* v11 and later: ``[TOOL_CALLS]NAME[ARGS]{json}``, one marker per call (``NAME{json}`` without
+  ``[ARGS]`` is read too, as vLLM does).
+
+Text before, between and after the calls is content (vLLM keeps only the text before the first
+marker, reads only the first pre-v11 array, and drops the rest). A block that does not parse —
+bad JSON, no name, a name with spaces in it, an array holding anything but calls, arguments that
+are not an object — or that is cut short stays in the content verbatim and counts in
+``malformed``. vLLM instead turns a pre-v11 entry without a name into a call named ``""`` and skips
+entries that are not objects.
+"""
+
+from __future__ import annotations
+
+import json
+
+from harnessrl.gateway.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    Tools,
+    partial_suffix,
+)
+from harnessrl.gateway.tool_parsers.llama import JsonValueScanner, call_from_json, call_with_arguments
+
+
+class MistralToolParser:
+    """``[TOOL_CALLS]`` blocks of either form, streamed."""
+
+    bot_token = "[TOOL_CALLS]"
+    args_token = "[ARGS]"
+
+    def __init__(self, tools: Tools = None) -> None:
+        self.malformed = 0
+        self._buffer = ""
+        # "content"; "head": after the marker, before the form is known; "name": reading a v11
+        # name; "args": after the name, waiting for "{"; "block": inside the JSON.
+        self._state = "content"
+        self._prefix = ""  # the block so far, before the buffer, verbatim
+        self._name: str | None = None  # None: a pre-v11 block
+        self._scanner = JsonValueScanner()
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while self._step(events):
+            pass
+        return events
+
+    def finish(self) -> list[Event]:
+        rest = self._prefix + self._buffer
+        if self._state != "content":
+            self.malformed += 1  # cut short inside a block
+        self._buffer, self._prefix, self._state = "", "", "content"
+        return [ContentEvent(rest)] if rest else []
+
+    def _step(self, events: list[Event]) -> bool:
+        """Consume what the buffer allows; False when more text is needed."""
+        buf = self._buffer
+        if self._state == "content":
+            start = buf.find(self.bot_token)
+            if start < 0:
+                ready = buf[: len(buf) - partial_suffix(buf, self.bot_token)]
+                if ready:
+                    events.append(ContentEvent(ready))
+                self._buffer = buf[len(ready) :]
+                return False
+            if start:
+                events.append(ContentEvent(buf[:start]))
+            self._consume(start + len(self.bot_token), "head")
+            return True
+        if self._state == "head":
+            rest = buf.lstrip()
+            if not rest:
+                return False
+            if rest[0] in "[{":
+                self._name = None
+                self._open_block(len(buf) - len(rest))
+            else:
+                self._state = "name"
+            return True
+        if self._state == "name":
+            ends = [i for i in (buf.find(self.args_token), buf.find("{")) if i >= 0]
+            if not ends:
+                return False
+            end = min(ends)
+            name = buf[:end].strip()
+            if not name or any(c.isspace() or c in "[]{}" for c in name):
+                self._fail(events, end)
+                return True
+            self._name = name
+            if buf.startswith(self.args_token, end):
+                self._consume(end + len(self.args_token), "args")
+            else:
+                self._consume(end, "args")
+            return True
+        if self._state == "args":
+            rest = buf.lstrip()
+            if not rest:
+                return False
+            if rest[0] != "{":
+                self._fail(events, 0)
+                return True
+            self._open_block(len(buf) - len(rest))
+            return True
+        end = self._scanner.end(buf)  # state "block"
+        if end is None:
+            return False
+        call_events = self._parse_block(buf[:end])
+        if call_events is None:
+            self._fail(events, end)
+        else:
+            events.extend(call_events)
+            self._prefix, self._buffer, self._state = "", buf[end:], "content"
+        return True
+
+    def _consume(self, size: int, state: str) -> None:
+        self._prefix += self._buffer[:size]
+        self._buffer = self._buffer[size:]
+        self._state = state
+
+    def _open_block(self, space: int) -> None:
+        self._consume(space, "block")
+        self._scanner = JsonValueScanner()
+
+    def _fail(self, events: list[Event], size: int) -> None:
+        """The block up to ``size`` more characters is not a call: it goes out as text."""
+        self.malformed += 1
+        events.append(ContentEvent(self._prefix + self._buffer[:size]))
+        self._prefix, self._buffer, self._state = "", self._buffer[size:], "content"
+
+    def _parse_block(self, block: str) -> list[Event] | None:
+        try:
+            data = json.loads(block)
+        except json.JSONDecodeError:
+            return None
+        calls: list[ToolCall | None]
+        if self._name is not None:
+            calls = [call_with_arguments(self._name, data) if isinstance(data, dict) else None]
+        else:
+            items = data if isinstance(data, list) else [data]
+            calls = [
+                call_from_json({"arguments": {}, **item} if isinstance(item, dict) else item, ("arguments",))
+                for item in items
+            ]
+        if not calls or any(c is None for c in calls):
+            return None
+        return [ToolCallEvent(c) for c in calls if c is not None]

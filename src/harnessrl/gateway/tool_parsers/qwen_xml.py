@@ -1,0 +1,278 @@
+"""``qwen3_coder`` / ``qwen3_xml`` (Qwen3-Coder, Qwen3.5): XML tool calls whose arguments are text.
+
+    <tool_call>
+    <function=NAME>
+    <parameter=KEY>
+    VALUE
+    </parameter>
+    </function>
+    </tool_call>
+
+A value loses one leading and one trailing newline (the template's framing) and is then typed by
+the request's schema for that parameter (``coerce_value``, shared with ``glm``), as vLLM does: a
+string stays text; integer, number, boolean, null, object and array values are parsed; a value of
+an unknown type is parsed as JSON when it is JSON; a parameter the schema does not describe stays
+text. Inside a value only ``</parameter>`` is markup, so a value may hold ``</function>`` or
+``</tool_call>`` (vLLM ends the call at a ``</function>`` there).
+
+A block that breaks the shape is content up to the point where it breaks, counted in
+``malformed``, and reading goes on from there as content, so a good block after a stray
+``<tool_call>`` is still a call; a block cut short (``max_tokens``) is content. vLLM instead keeps
+what it can: it drops stray text inside a block, makes a call of a truncated block, and accepts a
+bare ``<function=...>`` without ``<tool_call>``; see ``tests/vllm/test_parsers_qwen_glm.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from harnessrl.gateway.tool_parsers.base import (
+    ContentEvent,
+    Event,
+    ToolCall,
+    ToolCallEvent,
+    Tools,
+    partial_suffix,
+)
+
+# vLLM's spellings of JSON-schema types (``coerce_to_schema_type``), so a loosely written schema
+# types a value the same way there and here.
+_TYPE_ALIASES = {
+    **dict.fromkeys(("str", "text", "varchar", "char", "enum"), "string"),
+    **dict.fromkeys(
+        ("int", "int32", "int64", "uint", "uint32", "uint64", "long", "short", "unsigned"), "integer"
+    ),
+    **dict.fromkeys(("float", "float32", "float64", "double"), "number"),
+    "bool": "boolean",
+    "dict": "object",
+    **dict.fromkeys(("arr", "list", "sequence"), "array"),
+}
+# bool before int: True is an int too.
+_ENUM_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
+def tool_properties(tools: Tools, name: str) -> dict[str, Any]:
+    """The ``properties`` of the first request tool called ``name`` ({} when there is none)."""
+    for tool in tools or ():
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(function, dict) and function.get("name") == name:
+            parameters = function.get("parameters")
+            properties = parameters.get("properties") if isinstance(parameters, dict) else None
+            return properties if isinstance(properties, dict) else {}
+    return {}
+
+
+def schema_types(schema: dict[str, Any]) -> set[str]:
+    """Every type a schema allows: ``type``, the types of ``enum`` values, ``anyOf``/``oneOf``/``allOf``."""
+    types: set[str] = set()
+    declared = schema.get("type")
+    for t in declared if isinstance(declared, list) else [declared]:
+        if isinstance(t, str):
+            types.add(t)
+    enum = schema.get("enum")
+    for value in enum if isinstance(enum, list) else ():
+        if value is None:
+            types.add("null")
+        else:
+            types.update([t for kind, t in _ENUM_TYPES if isinstance(value, kind)][:1])
+    for key in ("anyOf", "oneOf", "allOf"):
+        choices = schema.get(key)
+        for choice in choices if isinstance(choices, list) else ():
+            if isinstance(choice, dict):
+                types |= schema_types(choice)
+    return types or {"string"}
+
+
+def _json_value(text: str) -> tuple[bool, Any]:
+    """``(True, value)`` when ``text`` is JSON that serializes back (no NaN/Infinity), else ``(False, None)``."""
+    try:
+        value = json.loads(text)
+        json.dumps(value, allow_nan=False)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's limit
+        return False, None
+    return True, value
+
+
+def coerce_value(value: str, schema: dict[str, Any]) -> Any:
+    """A text value typed by its schema, trying null, integer, number, boolean, object, array, string."""
+    types = {_TYPE_ALIASES.get(t.strip().lower(), t.strip().lower()) for t in schema_types(schema)}
+    for candidate in ("null", "integer", "number", "boolean", "object", "array", "string"):
+        if candidate not in types:
+            continue
+        if candidate == "null" and value.lower() == "null":
+            return None
+        if candidate == "string":
+            return value
+        if candidate == "integer":
+            try:
+                return int(value)  # like vLLM: Python's int(), so " 7 " and "1_000" count
+            except ValueError:
+                pass
+        if candidate == "number":
+            try:
+                number = float(value)
+            except ValueError:
+                continue
+            if math.isfinite(number):
+                return int(number) if number == int(number) else number
+        if candidate == "boolean":
+            word = value.lower().strip()
+            if word in ("true", "1", "false", "0"):
+                return word in ("true", "1")
+        if candidate in ("object", "array"):
+            ok, parsed = _json_value(value)
+            if ok:
+                return parsed
+    # No allowed type fits (or the type is unknown): vLLM's best effort is any JSON, else the text.
+    ok, parsed = _json_value(value)
+    return parsed if ok else value
+
+
+def typed_arguments(tools: Tools, name: str, raw: dict[str, str]) -> dict[str, Any]:
+    """Each raw text argument typed by the tool's schema; arguments it does not describe stay text."""
+    properties = tool_properties(tools, name)
+    typed: dict[str, Any] = {}
+    for key, value in raw.items():
+        schema = properties.get(key)
+        typed[key] = coerce_value(value, schema) if isinstance(schema, dict) else value
+    return typed
+
+
+def skip_space(buffer: str, pos: int) -> int:
+    while pos < len(buffer) and buffer[pos].isspace():
+        pos += 1
+    return pos
+
+
+def match_tag(buffer: str, pos: int, tags: tuple[str, ...]) -> str | None:
+    """The tag of ``tags`` at ``pos``; "" when the text so far could still become one; None when none fits."""
+    rest = buffer[pos : pos + max(map(len, tags))]
+    for tag in tags:
+        if rest.startswith(tag):
+            return tag
+    return "" if any(tag.startswith(rest) for tag in tags) else None
+
+
+def read_word(buffer: str, pos: int, end: str) -> tuple[int, str | None] | None:
+    """A name or key up to ``end`` (not on one line, no ``<``): ``(after end, word)``, ``(where it broke,
+    None)``, or None until more text comes."""
+    for i in range(pos, len(buffer)):
+        if buffer[i] == end:
+            word = buffer[pos:i].strip()
+            return (i + 1, word) if word else (i, None)
+        if buffer[i] in "<\n":
+            return i, None
+    return None
+
+
+class QwenXmlToolParser:
+    """``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>``, streamed."""
+
+    open_tag = "<tool_call>"
+    close_tag = "</tool_call>"
+
+    def __init__(self, tools: Tools = None) -> None:
+        self.tools = tools
+        self.malformed = 0  # blocks given back as text
+        self._buffer = ""  # outside a block: content not yet released; inside: the block after its open tag
+        self._in_block = False
+        self._pos = 0  # how far the block is read
+        self._state = "call"  # what comes next in the block: call, name, body, key, value, after
+        self._calls: list[tuple[str, dict[str, str]]] = []  # the block's functions read so far
+        self._key = ""
+
+    def feed(self, text: str) -> list[Event]:
+        self._buffer += text
+        events: list[Event] = []
+        while True:
+            if not self._in_block:
+                start = self._buffer.find(self.open_tag)
+                if start < 0:
+                    ready = self._buffer[: len(self._buffer) - partial_suffix(self._buffer, self.open_tag)]
+                    if ready:
+                        events.append(ContentEvent(ready))
+                    self._buffer = self._buffer[len(ready) :]
+                    return events
+                if start:
+                    events.append(ContentEvent(self._buffer[:start]))
+                self._buffer = self._buffer[start + len(self.open_tag) :]
+                self._in_block, self._pos, self._state, self._calls = True, 0, "call", []
+            outcome = self._read_block()
+            if outcome is None:
+                return events
+            if outcome == "done":
+                events += [
+                    ToolCallEvent(
+                        ToolCall(
+                            name=name,
+                            arguments=json.dumps(typed_arguments(self.tools, name, raw), ensure_ascii=False),
+                        )
+                    )
+                    for name, raw in self._calls
+                ]
+            else:  # broken at self._pos: the block so far is text, the rest is read as content again
+                self.malformed += 1
+                events.append(ContentEvent(self.open_tag + self._buffer[: self._pos]))
+            self._buffer = self._buffer[self._pos :]
+            self._in_block = False
+
+    def finish(self) -> list[Event]:
+        if self._in_block:
+            self.malformed += 1  # cut short inside a block
+        rest = (self.open_tag if self._in_block else "") + self._buffer
+        self._buffer, self._in_block = "", False
+        return [ContentEvent(rest)] if rest else []
+
+    def _read_block(self) -> str | None:
+        """Read on in the block: "done" (``_pos`` after its close tag), "broken" (``_pos`` where), or None."""
+        buffer = self._buffer
+        while True:
+            if self._state in ("name", "key"):
+                read = read_word(buffer, self._pos, ">")
+                if read is None:
+                    return None
+                self._pos, word = read
+                if word is None:
+                    return "broken"
+                if self._state == "name":
+                    self._calls.append((word, {}))
+                    self._state = "body"
+                else:
+                    self._key, self._state = word, "value"
+                continue
+            if self._state == "value":
+                end = buffer.find("</parameter>", self._pos)
+                if end < 0:
+                    return None
+                value = buffer[self._pos : end]
+                # The template writes "<parameter=K>\nVALUE\n</parameter>": that framing is not the value.
+                value = value[1:] if value.startswith("\n") else value
+                value = value[:-1] if value.endswith("\n") else value
+                self._calls[-1][1][self._key] = value  # a repeated key: the last one wins, as in vLLM
+                self._pos, self._state = end + len("</parameter>"), "body"
+                continue
+            expected = {
+                "call": ("<function=",),
+                "body": ("<parameter=", "</function>"),
+                "after": ("<function=", self.close_tag),
+            }[self._state]
+            pos = skip_space(buffer, self._pos)
+            tag = match_tag(buffer, pos, expected)
+            if tag == "":
+                return None
+            if tag is None:
+                self._pos = pos
+                return "broken"
+            self._pos = pos + len(tag)
+            if tag == self.close_tag:
+                return "done"
+            self._state = {"<function=": "name", "<parameter=": "key", "</function>": "after"}[tag]
