@@ -118,6 +118,11 @@ class GatewayConfig(Section):
     # a name chooses explicitly (docs/gateway.md, "Model families").
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"
+    # Earlier assistant turns in a prompt: "sampled" (the tokens the policy sampled, reasoning
+    # included: on-policy, one chain per rollout) or "as_rendered" (what the chat template renders
+    # from the history the harness sent, as a deployed server would; chains break where the
+    # template drops or moves earlier reasoning). docs/gateway.md, "History".
+    history: Literal["sampled", "as_rendered"] = "sampled"
     public_url: str | None = None  # base URL handed to harnesses; default http://host:port
     # Responses-API tools the gateway cannot serve (web_search, file_search, MCP, namespaces...):
     # "drop" leaves them out of the prompt, "refuse" answers 400 naming the tool.

@@ -18,7 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -64,15 +64,31 @@ class Case:
     # A known gateway shortfall that splits the rollout into more samples than the history needs:
     # the sample check is then an expected failure (reported, not hidden) until it is fixed.
     known_split: str | None = None
+    # The reasoning variant: turns carry reasoning (``<think>`` text) and one turn makes two
+    # parallel tool calls, the report's first cause of retokenization (templates that drop or
+    # move earlier reasoning) and the shape a thinking model's agent loop has.
+    reasoning: bool = False
+
+    def shell(self, *commands: str) -> dict[str, Any]:
+        calls = [{"name": self.tool, "arguments": {self.command_arg: c, **self.extra_args}} for c in commands]
+        return {"content": "Next step.", "tool_calls": calls}
 
     @property
     def turns(self) -> list[Any]:
-        shell = [tool_turn(self.tool, **{self.command_arg: cmd}, **self.extra_args) for cmd in (WRITE, CHECK)]
-        return [*shell, self.final]
+        if not self.reasoning:
+            return [self.shell(WRITE), self.shell(CHECK), self.final]
+        final = self.final if isinstance(self.final, dict) else {"content": self.final}
+        return [
+            {**self.shell(WRITE), "reasoning": "The file does not exist yet: write it first."},
+            self.shell(CHECK),  # a turn without reasoning between two with it
+            {**self.shell(CHECK, "wc -c hello.txt"), "reasoning": "Check content and size together."},
+            {**final, "reasoning": "Both checks passed, so the task is done."},
+        ]
 
     @property
     def id(self) -> str:
-        return self.preset + ("-chat" if "OPENAI_AGENTS_API" in self.env else "")
+        chat = "-chat" if "OPENAI_AGENTS_API" in self.env else ""
+        return self.preset + chat + ("-reasoning" if self.reasoning else "")
 
 
 CASES = [
@@ -121,6 +137,9 @@ CASES = [
         "openai-agents", "chat.completions", "bash", "command", env={"OPENAI_AGENTS_API": "chat_completions"}
     ),
 ]
+
+
+REASONING_CASES = [replace(case, reasoning=True) for case in CASES]
 
 
 def harness_or_skip(preset: str) -> HarnessSpec:
@@ -187,7 +206,7 @@ def run_rollout(config: Path, run_dir: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", CASES + REASONING_CASES, ids=[c.id for c in CASES + REASONING_CASES])
 def test_harness_does_the_task_through_the_gateway(case: Case, tmp_path: Path) -> None:
     harness_or_skip(case.preset)
     summary = run_rollout(write_config(tmp_path, case), tmp_path / "run")

@@ -89,7 +89,9 @@ async def _plan(
     tokenizer = state.engine.tokenizer
     # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
     plan = await state.in_thread(
-        lambda: build_prompt(tokenizer, messages, priors, tools=tools, template_kwargs=kwargs)
+        lambda: build_prompt(
+            tokenizer, messages, priors, tools=tools, template_kwargs=kwargs, history=state.config.history
+        )
     )
     return plan, memory
 

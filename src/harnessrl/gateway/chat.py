@@ -89,14 +89,21 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     tokenizer = state.engine.tokenizer
     tools = body.tools or None
     kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
+    history = state.config.history
     plan: PromptPlan | None = quick_prompt(
-        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs
+        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs, history=history
     )
     if plan is None:
         # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
         plan = await state.in_thread(
             lambda: build_prompt(
-                tokenizer, keyed.messages, priors, tools=tools, template_kwargs=kwargs, keys=keyed.keys
+                tokenizer,
+                keyed.messages,
+                priors,
+                tools=tools,
+                template_kwargs=kwargs,
+                keys=keyed.keys,
+                history=history,
             )
         )
     state.metrics.reuse.labels(result=plan.result).inc()

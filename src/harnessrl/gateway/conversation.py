@@ -150,20 +150,35 @@ def _canonical(value: Any) -> bytes:
         return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":")).encode()
 
 
+def visible_text(content: str) -> str:
+    """An assistant turn's text without its reasoning: what every harness sends back the same way.
+
+    The gateway answers chat calls with the sampled text, ``<think>…</think>`` included; litellm
+    (mini-swe-agent) moves that block to ``reasoning_content``, other harnesses drop it, Anthropic
+    and Responses clients send it as a block or an item. Matching on the text after the reasoning
+    finds the call whichever way the harness chose.
+    """
+    if "</think>" in content:
+        content = content.rsplit("</think>", 1)[1]
+    return content.strip()
+
+
 def message_key(message: dict[str, Any]) -> bytes:
     """A comparable fingerprint of a normalized message: what it says, not how it was serialized.
 
-    Ignored: tool-call ids, surrounding whitespace, JSON key order and spacing in arguments.
+    Ignored: tool-call ids, surrounding whitespace, JSON key order and spacing in arguments, and an
+    assistant turn's reasoning (``visible_text``): the sampled tokens hold it, whatever the
+    harness sends back.
     """
     # Arguments go in as values: the sorted-key compact encoding of the whole key normalizes them.
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
+    content = message["content"]
     return _canonical(
         {
             "role": message["role"],
-            "content": message["content"].strip(),
+            "content": visible_text(content) if message["role"] == "assistant" else content.strip(),
             "tool_calls": calls,
             "name": message.get("name"),
-            "reasoning": (message.get("reasoning_content") or "").strip(),
         }
     )
 
@@ -274,12 +289,17 @@ def build_prompt(
     template_kwargs: dict[str, Any] | None = None,
     incremental: bool = True,
     keys: Sequence[bytes] | None = None,
+    history: str = "sampled",
 ) -> PromptPlan:
     """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens.
 
     ``incremental=False`` always renders the whole conversation (the reference path). ``keys``: the
-    messages' ``message_key``s if already computed (``key_messages``)."""
+    messages' ``message_key``s if already computed (``key_messages``). ``history="as_rendered"``:
+    the prompt is what the template renders, as a deployed server would tokenize it (no splice)."""
     kwargs = template_kwargs or {}
+    if history == "as_rendered":
+        text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
+        return PromptPlan(tokenizer.encode(text), "as_rendered")
     priors = list(priors)
     keys = [message_key(m) for m in messages] if keys is None else keys
     prior = find_prior(keys, priors)
@@ -309,6 +329,10 @@ def build_prompt(
     )
     spliced = _splice(tokenizer, prior, prefix_text, full_text)
     if spliced is None:
+        # The template renders the shared history differently once more turns follow (Qwen3 drops
+        # the reasoning of earlier turns): keep the sampled tokens, add what follows the turn.
+        spliced = _splice_after_turn(tokenizer, messages, n, prior, full_text, tools, kwargs)
+    if spliced is None:
         return PromptPlan(tokenizer.encode(full_text), "mismatch")
     return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
 
@@ -321,6 +345,7 @@ def quick_prompt(
     *,
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
+    history: str = "sampled",
 ) -> PromptPlan | None:
     """``build_prompt``'s result when it comes from a trusted incremental splice, else ``None``.
 
@@ -328,7 +353,7 @@ def quick_prompt(
     tail. Everything that renders or encodes the whole conversation (no match, a splice still being
     verified, a failed splice) returns ``None`` for ``build_prompt`` to do, off the event loop.
     """
-    if _INCREMENTAL_OK.get(tokenizer, 0) < VERIFY_CALLS:
+    if history != "sampled" or _INCREMENTAL_OK.get(tokenizer, 0) < VERIFY_CALLS:
         return None
     prior = find_prior(keys, priors)
     if prior is None:
@@ -395,3 +420,69 @@ def _splice(
     if not prior.response_ids or prior.response_ids[-1] not in stop_ids:
         ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
     return ids + list(tokenizer.encode(glue + tail))
+
+
+#: Stands in for the content of the message after a reused turn, to find where that turn ends.
+_MARK = "\u2063harnessrl-next-message\u2063"
+
+
+def _turn_ends(tokenizer: PolicyTokenizer, text: str) -> list[tuple[int, int]]:
+    """``(end position, token id)`` of every end-of-turn (stop-token) text in ``text``, in order."""
+    ends: list[tuple[int, int]] = []
+    for token_id in tokenizer.stop_token_ids:
+        token_text = tokenizer.decode([token_id])
+        if not token_text:
+            continue
+        start = text.find(token_text)
+        while start >= 0:
+            ends.append((start + len(token_text), token_id))
+            start = text.find(token_text, start + len(token_text))
+    return sorted(ends)
+
+
+def _splice_after_turn(
+    tokenizer: PolicyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    n: int,
+    prior: PriorCall,
+    full_text: str,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> list[int] | None:
+    """``history = "sampled"`` where the template rewrites earlier turns: the earlier call's prompt
+    and sampled answer, then the text the template renders after that answer's turn ends.
+
+    Where the turn ends is found structurally: the message after it is rendered with a marker for
+    its content, and the turn ends at the last end-of-turn text before the marker. The splice is
+    refused (``None``) unless the render has exactly as many turn ends before that point as the
+    earlier call's tokens (so no text the template put between turns is lost) and the text from
+    there to the marker reads the same in the real render.
+    """
+    if n + 1 >= len(messages) or messages[n + 1]["role"] == "assistant":
+        return None
+    marked = [*messages[: n + 1], {**messages[n + 1], "content": _MARK}, *messages[n + 2 :]]
+    try:
+        marked_text = tokenizer.render_chat(marked, tools=tools, add_generation_prompt=True, **kwargs)
+    except Exception:  # a template may refuse the marked message (it checks the content)
+        return None
+    mark_at = marked_text.find(_MARK)
+    if mark_at < 0 or marked_text.count(_MARK) != 1:
+        return None
+    ends_before = [end for end in _turn_ends(tokenizer, marked_text) if end[0] <= mark_at]
+    stop_ids = set(tokenizer.stop_token_ids)
+    ids = list(prior.prompt_ids) + list(prior.response_ids)
+    closed = bool(prior.response_ids) and prior.response_ids[-1] in stop_ids
+    sampled_ends = sum(1 for token_id in ids if token_id in stop_ids) + (0 if closed else 1)
+    if not ends_before or len(ends_before) != sampled_ends:
+        return None
+    end, eot_id = ends_before[-1]
+    real_ends = _turn_ends(tokenizer, full_text)
+    if len(real_ends) < len(ends_before):
+        return None
+    real_end, real_eot = real_ends[len(ends_before) - 1]
+    between = marked_text[end:mark_at]  # glue and the next message's header
+    if real_eot != eot_id or not full_text.startswith(between, real_end):
+        return None
+    if not closed:
+        ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
+    return ids + list(tokenizer.encode(full_text[real_end:]))

@@ -52,7 +52,8 @@ class GatewayMetrics:
         self.reuse = Counter(
             "harnessrl_prompt_reuse",
             "How chat prompts were tokenized: reused (sampled IDs spliced in), first (no earlier call), "
-            "no_match (history matches no earlier call), mismatch (matched but the template did not line up)",
+            "no_match (history matches no earlier call), mismatch (matched but the template did not line up), "
+            "as_rendered (history = as_rendered: never spliced)",
             ["result"],
             registry=r,
         )

@@ -205,7 +205,9 @@ async def prepare_responses(request: Request) -> ResponsesCall:
     tokenizer = state.engine.tokenizer
     kwargs = thinking_kwargs(tokenizer, body.reasoning)
     plan = await state.in_thread(
-        lambda: build_prompt(tokenizer, messages, priors, tools=tools, template_kwargs=kwargs)
+        lambda: build_prompt(
+            tokenizer, messages, priors, tools=tools, template_kwargs=kwargs, history=state.config.history
+        )
     )
     state.metrics.reuse.labels(result=plan.result).inc()
     try:
