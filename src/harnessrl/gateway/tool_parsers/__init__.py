@@ -1,6 +1,7 @@
 """Tool-call parsers: sampled text -> OpenAI ``tool_calls``, per model family, in a registry.
 
-Each family's parser is a module of this package (``hermes``, ...), built on ``base``. The gateway
+Each family's parser is a module of this package (``hermes``, ``qwen_xml``, ``glm``, ...), built on
+``base``; docs/gateway.md ("Model families") lists them, how each is detected and how it was tested. The gateway
 picks one by name (``[gateway] tool_call_parser``); ``parse_tool_calls`` is the non-streaming view.
 """
 
@@ -20,14 +21,18 @@ from harnessrl.gateway.tool_parsers.base import (
     collect,
     partial_suffix,
 )
+from harnessrl.gateway.tool_parsers.glm import GlmToolParser
 from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
+from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser
 
 __all__ = [
     "TOOL_PARSERS",
     "ContentEvent",
     "CountingParser",
     "Event",
+    "GlmToolParser",
     "HermesToolParser",
+    "QwenXmlToolParser",
     "ParsedMessage",
     "ToolCall",
     "ToolCallEvent",
@@ -40,9 +45,14 @@ __all__ = [
     "partial_suffix",
 ]
 
+# vLLM's names (``--tool-call-parser``), so a model's documented vLLM setting works here too.
 TOOL_PARSERS: dict[str, ToolParserFactory] = {
     "hermes": HermesToolParser,
-    "qwen": HermesToolParser,
+    "qwen": HermesToolParser,  # Qwen2.5 / Qwen3 (JSON in <tool_call>)
+    "qwen3_coder": QwenXmlToolParser,  # Qwen3-Coder, Qwen3.5 (XML in <tool_call>)
+    "qwen3_xml": QwenXmlToolParser,
+    "glm45": GlmToolParser,
+    "glm47": GlmToolParser,
 }
 
 

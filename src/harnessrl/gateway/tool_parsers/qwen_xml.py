@@ -20,12 +20,16 @@ A block that breaks the shape is content up to the point where it breaks, counte
 ``<tool_call>`` is still a call; a block cut short (``max_tokens``) is content. vLLM instead keeps
 what it can: it drops stray text inside a block, makes a call of a truncated block, and accepts a
 bare ``<function=...>`` without ``<tool_call>``; see ``tests/vllm/test_parsers_qwen_glm.py``.
+
+The schema typing and the streaming frame (``TaggedBlockParser``) are shared with ``glm``; they
+live here, beside their first caller, until a third format wants them in a module of their own.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 from harnessrl.gateway.tool_parsers.base import (
@@ -49,6 +53,7 @@ _TYPE_ALIASES = {
     "dict": "object",
     **dict.fromkeys(("arr", "list", "sequence"), "array"),
 }
+_ANGLE = re.compile(r"[<>]")
 # bool before int: True is an int too.
 _ENUM_TYPES = (
     (bool, "boolean"),
@@ -162,23 +167,23 @@ def match_tag(buffer: str, pos: int, tags: tuple[str, ...]) -> str | None:
     return "" if any(tag.startswith(rest) for tag in tags) else None
 
 
-def read_word(buffer: str, pos: int, end: str) -> tuple[int, str | None] | None:
-    """A name or key up to ``end`` (not on one line, no ``<``): ``(after end, word)``, ``(where it broke,
-    None)``, or None until more text comes."""
-    for i in range(pos, len(buffer)):
-        if buffer[i] == end:
-            word = buffer[pos:i].strip()
-            return (i + 1, word) if word else (i, None)
-        if buffer[i] in "<\n":
-            return i, None
-    return None
+def find_value_end(buffer: str, pos: int, seen: int, close: str) -> tuple[int, int]:
+    """Where ``close`` starts at or after ``pos`` (-1: not yet), and from where to look next time."""
+    end = buffer.find(close, max(pos, seen))
+    return end, max(pos, len(buffer) - len(close) + 1)
 
 
-class QwenXmlToolParser:
-    """``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>``, streamed."""
+class TaggedBlockParser:
+    """The streaming frame of ``<tool_call>...</tool_call>`` formats whose block is read piece by piece.
+
+    Outside a block, content is released as soon as it cannot be the start of the open tag. Inside,
+    ``_read_block`` (a subclass's format) reads on from ``_pos`` whenever text arrives, waits while
+    the text so far could still go either way, and so decides the same for any split of the text.
+    """
 
     open_tag = "<tool_call>"
     close_tag = "</tool_call>"
+    first_state = ""  # where a block's reading starts: the subclass's first state
 
     def __init__(self, tools: Tools = None) -> None:
         self.tools = tools
@@ -186,9 +191,10 @@ class QwenXmlToolParser:
         self._buffer = ""  # outside a block: content not yet released; inside: the block after its open tag
         self._in_block = False
         self._pos = 0  # how far the block is read
-        self._state = "call"  # what comes next in the block: call, name, body, key, value, after
-        self._calls: list[tuple[str, dict[str, str]]] = []  # the block's functions read so far
-        self._key = ""
+        self._state = ""  # where in the block: the subclass's states
+        self._calls: list[tuple[str, dict[str, str]]] = []  # the block's calls read so far, raw
+        self._key = ""  # the argument being read
+        self._seen = 0  # in a value: where to look for its end next (what came before has no end tag)
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -205,21 +211,15 @@ class QwenXmlToolParser:
                 if start:
                     events.append(ContentEvent(self._buffer[:start]))
                 self._buffer = self._buffer[start + len(self.open_tag) :]
-                self._in_block, self._pos, self._state, self._calls = True, 0, "call", []
+                self._in_block, self._pos, self._state, self._calls = True, 0, self.first_state, []
             outcome = self._read_block()
             if outcome is None:
                 return events
             if outcome == "done":
-                events += [
-                    ToolCallEvent(
-                        ToolCall(
-                            name=name,
-                            arguments=json.dumps(typed_arguments(self.tools, name, raw), ensure_ascii=False),
-                        )
-                    )
-                    for name, raw in self._calls
-                ]
-            else:  # broken at self._pos: the block so far is text, the rest is read as content again
+                for name, raw in self._calls:
+                    arguments = typed_arguments(self.tools, name, raw)
+                    events.append(ToolCallEvent(ToolCall(name, json.dumps(arguments, ensure_ascii=False))))
+            else:  # broken at _pos: the block so far is text, and what follows is read as content again
                 self.malformed += 1
                 events.append(ContentEvent(self.open_tag + self._buffer[: self._pos]))
             self._buffer = self._buffer[self._pos :]
@@ -233,24 +233,35 @@ class QwenXmlToolParser:
         return [ContentEvent(rest)] if rest else []
 
     def _read_block(self) -> str | None:
-        """Read on in the block: "done" (``_pos`` after its close tag), "broken" (``_pos`` where), or None."""
+        """Read on: "done" (``_pos`` after the close tag), "broken" (``_pos`` where), or None (wait)."""
+        raise NotImplementedError
+
+
+class QwenXmlToolParser(TaggedBlockParser):
+    """``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>``, streamed."""
+
+    first_state = "call"  # then: name, body, key, value, after (a function's end)
+
+    def _read_block(self) -> str | None:
         buffer = self._buffer
         while True:
             if self._state in ("name", "key"):
-                read = read_word(buffer, self._pos, ">")
-                if read is None:
+                angle = _ANGLE.search(buffer, self._pos)
+                if angle is None:
                     return None
-                self._pos, word = read
-                if word is None:
+                word = buffer[self._pos : angle.start()].strip()
+                # A name is one word; a key may hold spaces (a schema may use them), but neither is empty.
+                if angle.group() == "<" or not word or (self._state == "name" and len(word.split()) > 1):
                     return "broken"
+                self._pos = angle.end()
                 if self._state == "name":
                     self._calls.append((word, {}))
                     self._state = "body"
                 else:
-                    self._key, self._state = word, "value"
+                    self._key, self._state, self._seen = word, "value", 0
                 continue
             if self._state == "value":
-                end = buffer.find("</parameter>", self._pos)
+                end, self._seen = find_value_end(buffer, self._pos, self._seen, "</parameter>")
                 if end < 0:
                     return None
                 value = buffer[self._pos : end]
