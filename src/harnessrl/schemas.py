@@ -137,6 +137,11 @@ class Rollout(Record):
 class Usage(Record):
     prompt_tokens: int
     completion_tokens: int
+    #: How the gateway built the prompt of a chat-style call: ``reused`` (an earlier call's sampled
+    #: tokens spliced in), ``first``, ``no_match``, ``mismatch`` or ``as_rendered`` (``[gateway]
+    #: history``); None for raw completions and calls recorded before it was kept.
+    prompt_source: str | None = None
+    reused_prompt_tokens: int = 0  # leading prompt tokens taken verbatim from an earlier call
 
     @property
     def total_tokens(self) -> int:

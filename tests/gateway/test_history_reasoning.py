@@ -14,9 +14,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 
+from harnessrl.client import GatewayClient
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.gateway import create_app
 from harnessrl.gateway.conversation import (
     PriorCall,
     _splice,
@@ -24,6 +29,8 @@ from harnessrl.gateway.conversation import (
     message_key,
     normalize_messages,
 )
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
 TEMPLATE = Path(__file__).parents[1] / "fixtures" / "chat_templates" / "qwen3_style.jinja"
@@ -143,3 +150,47 @@ def test_a_turn_cut_by_max_tokens_is_closed_before_the_next_message(qwen3: Polic
     head = [*prior.prompt_ids, *prior.response_ids]
     assert plan.result == "reused"
     assert qwen3.decode(plan.prompt_ids[len(head) :]) == "<|im_end|>" + AFTER["user"]
+
+
+@pytest.mark.parametrize("history", ["sampled", "as_rendered"])
+def test_through_the_gateway_each_call_says_how_its_prompt_was_built(
+    qwen3: PolicyTokenizer, tmp_path: Path, history: str
+) -> None:
+    """A real gateway and the OpenAI SDK, the harness sending turns back as litellm does."""
+    turns = [
+        {
+            "content": "Next step.",
+            "reasoning": "The file does not exist yet.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}],
+        },
+        {"content": "Done.", "reasoning": "It exists now."},
+    ]
+    store = SQLiteStore(tmp_path / "s.db")
+    app = create_app(GatewayConfig(admin_key="k", history=history), store, ScriptedEngine(turns, qwen3))
+    with serve_in_thread(app) as url:
+        admin = GatewayClient(url, "k")
+        rollout = admin.create_rollout({"prompt": "x"})
+        client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"])
+        messages: list[Any] = list(START)
+        first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS).choices[0].message
+        assert first.tool_calls and first.content and first.content.startswith("<think>")
+        sent_back = {
+            "role": "assistant",
+            "content": first.content.split("</think>")[1],
+            "reasoning_content": first.content.split("</think>")[0].removeprefix("<think>"),
+            "tool_calls": [c.model_dump() for c in first.tool_calls],
+        }
+        messages += [sent_back, {"role": "user", "content": "Observation: hello.txt"}]
+        client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
+        client.close()
+        admin.close()
+    calls = store.list_calls(rollout["rollout_id"])
+    store.close()
+    sources = [c.usage.prompt_source for c in calls if c.usage is not None]
+    head = [*calls[0].prompt_token_ids, *calls[0].response_token_ids]
+    chained = calls[1].prompt_token_ids[: len(head)] == head
+    if history == "sampled":
+        assert sources == ["first", "reused"] and chained
+        assert calls[1].usage is not None and calls[1].usage.reused_prompt_tokens == len(head)
+    else:
+        assert sources == ["as_rendered", "as_rendered"] and not chained

@@ -59,7 +59,9 @@ class Case:
     command_arg: str
     extra_args: dict[str, Any] = field(default_factory=dict)
     final: Any = DONE  # the last turn (a plain answer unless the harness ends through a tool)
-    samples: int = 1  # the fewest samples its history allows (1: every call extends the previous one)
+    # The fewest samples its history allows: 1 (every call extends the previous one), or one per
+    # call for a harness that rewrites its whole history (``sample_per_call``).
+    sample_per_call: bool = False
     env: dict[str, str] = field(default_factory=dict)
     # A known gateway shortfall that splits the rollout into more samples than the history needs:
     # the sample check is then an expected failure (reported, not hidden) until it is fixed.
@@ -84,6 +86,10 @@ class Case:
             {**self.shell(CHECK, "wc -c hello.txt"), "reasoning": "Check content and size together."},
             {**final, "reasoning": "Both checks passed, so the task is done."},
         ]
+
+    @property
+    def samples(self) -> int:
+        return len(self.turns) if self.sample_per_call else 1
 
     @property
     def id(self) -> str:
@@ -120,7 +126,7 @@ CASES = [
         # smolagents rewrites its own history: an earlier tool call comes back as assistant *text*
         # ("Calling tools:\n[{...}]") and its result as a user "Observation:", so no call extends
         # the previous one token for token — one sample per call is the fewest possible.
-        samples=3,
+        sample_per_call=True,
     ),
     Case("openai-agents", "responses", "bash", "command"),
     # OpenHands (its own Python 3.12 venv, .harnesses/openhands-venv): chat completions via litellm,
@@ -249,4 +255,6 @@ def test_harness_does_the_task_through_the_gateway(case: Case, tmp_path: Path) -
     if stats.samples != case.samples and case.known_split:
         pytest.xfail(f"{case.preset}: {stats.samples} samples, not {case.samples}: {case.known_split}")
     assert stats.samples == case.samples, report
+    if case.samples == 1:  # each call says its prompt continued the previous one's sampled tokens
+        assert [c.usage.prompt_source for c in calls[1:] if c.usage] == ["reused"] * (len(calls) - 1), report
     assert stats.loss_tokens == sum(len(c.response_token_ids) for c in calls), report

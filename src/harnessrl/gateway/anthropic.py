@@ -128,7 +128,16 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Too
     state.metrics.reuse.labels(result=plan.result).inc()
     params = _sampling(state, body, len(plan.prompt_ids), rollout)
     call = PreparedCall(
-        state, rollout, memory, "messages", data, plan.prompt_ids, params, body.stop_strings()
+        state,
+        rollout,
+        memory,
+        "messages",
+        data,
+        plan.prompt_ids,
+        params,
+        body.stop_strings(),
+        prompt_source=plan.result,
+        reused_prompt_tokens=plan.reused_tokens,
     )
     return call, body, internal[1]
 

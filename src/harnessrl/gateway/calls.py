@@ -162,6 +162,9 @@ class PreparedCall:
     # ``message_key``s of the request's messages when the API computed them (chat), so recording
     # the call does not normalize the whole history again.
     message_keys: tuple[bytes, ...] | None = None
+    # How the prompt was built (``PromptPlan.result`` and ``reused_tokens``), kept in ``Call.usage``.
+    prompt_source: str | None = None
+    reused_prompt_tokens: int = 0
     generation: Generation | None = None
     stored: Call | None = None
     _ticket: Ticket | None = None
@@ -211,7 +214,12 @@ class PreparedCall:
             response_logprobs=gen.logprobs,
             policy_version=gen.policy_version,
             finish_reason=finish_reason,
-            usage=Usage(prompt_tokens=len(self.prompt_ids), completion_tokens=len(gen.token_ids)),
+            usage=Usage(
+                prompt_tokens=len(self.prompt_ids),
+                completion_tokens=len(gen.token_ids),
+                prompt_source=self.prompt_source,
+                reused_prompt_tokens=self.reused_prompt_tokens,
+            ),
             started_at=gen.started_at,
             first_token_at=gen.first_token_at,
             finished_at=gen.finished_at,

@@ -118,6 +118,8 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
         params,
         body.stop_strings(),
         message_keys=keyed.keys,
+        prompt_source=plan.result,
+        reused_prompt_tokens=plan.reused_tokens,
     )
     return call, body
 

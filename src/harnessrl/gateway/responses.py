@@ -217,7 +217,16 @@ async def prepare_responses(request: Request) -> ResponsesCall:
         exc.param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(exc.param or "", exc.param)
         raise
     call = PreparedCall(
-        state, rollout, memory, "responses", recorded, plan.prompt_ids, params, body.stop_strings()
+        state,
+        rollout,
+        memory,
+        "responses",
+        recorded,
+        plan.prompt_ids,
+        params,
+        body.stop_strings(),
+        prompt_source=plan.result,
+        reused_prompt_tokens=plan.reused_tokens,
     )
     # Templates that open the <think> block in the generation prompt make the text start inside it.
     in_think = tokenizer.decode(plan.prompt_ids[-3:]).rstrip().endswith("<think>")

@@ -147,6 +147,11 @@ def rollout_from_row(row: Row) -> Rollout:
     return Rollout.model_validate(fields)
 
 
+def _usage(stored: dict[str, Any]) -> Usage:
+    # Fields a newer writer added are left out, so an older reader of a shared store still reads it.
+    return Usage(**{key: value for key, value in stored.items() if key in Usage.model_fields})
+
+
 def call_from_row(row: Row) -> Call:
     usage = load_json(row["usage"])
     # model_construct skips re-validating long token lists this module wrote itself.
@@ -163,7 +168,7 @@ def call_from_row(row: Row) -> Call:
         response_logprobs=unpack_floats(row["response_logprobs"]),
         policy_version=row["policy_version"],
         finish_reason=row["finish_reason"],
-        usage=None if usage is None else Usage(**usage),
+        usage=None if usage is None else _usage(usage),
         started_at=row["started_at"],
         first_token_at=row["first_token_at"],
         finished_at=row["finished_at"],
