@@ -39,7 +39,7 @@ RULES: tuple[FormatRule, ...] = (
         "DeepSeek V3.1+",
         ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "</think>"),
         "deepseek_v31",
-        "deepseek_r1",
+        "deepseek_v3",  # thinks only when the prompt opened <think> (its non-thinking prompt ends in </think>)
     ),
     FormatRule("DeepSeek V3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"), "deepseek_v3", None),
     FormatRule("Kimi K2", ("<|tool_calls_section_begin|>",), "kimi_k2", "kimi_k2"),

@@ -22,6 +22,7 @@ from harnessrl.gateway.tool_parsers.base import (
     partial_suffix,
 )
 from harnessrl.gateway.tool_parsers.glm import GlmToolParser
+from harnessrl.gateway.tool_parsers.harmony import HarmonyToolParser
 from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
 from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser
 
@@ -31,6 +32,7 @@ __all__ = [
     "CountingParser",
     "Event",
     "GlmToolParser",
+    "HarmonyToolParser",
     "HermesToolParser",
     "QwenXmlToolParser",
     "ParsedMessage",
@@ -53,6 +55,7 @@ TOOL_PARSERS: dict[str, ToolParserFactory] = {
     "qwen3_xml": QwenXmlToolParser,
     "glm45": GlmToolParser,
     "glm47": GlmToolParser,
+    "openai": HarmonyToolParser,  # gpt-oss (harmony channels)
 }
 
 
