@@ -45,6 +45,10 @@ def test_only_tool_calls_gives_none_content() -> None:
         '<tool_call>\n{"arguments": {}}\n</tool_call>',  # no name
         '<tool_call>\n{"name": "bash", "arguments": [1]}\n</tool_call>',  # arguments not an object
         '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"',  # cut by max_tokens
+        # Lenient JSON a client could not read back, or the store could not keep: text, not a call.
+        '<tool_call>\n{"name": "bash", "arguments": {"n": NaN}}\n</tool_call>',
+        '<tool_call>\n{"name": "bash", "arguments": {"n": 123456789012345678901234567890}}\n</tool_call>',
+        '<tool_call>\n{"name": "bash", "arguments": "{\\"n\\": Infinity}"}\n</tool_call>',
         "plain text with a < sign and <tool",
     ],
 )

@@ -13,6 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from harnessrl.errors import BadRequest
+from harnessrl.gateway.json_input import parse_json
+
 #: The request's tools in OpenAI's chat shape (``{"type": "function", "function": {"name",
 #: "parameters"}}``). Parsers of formats that write arguments as text (Qwen3-Coder's XML, GLM's
 #: ``<arg_value>``) read each parameter's JSON-schema type from them; the others ignore them.
@@ -93,6 +96,19 @@ def partial_suffix(text: str, tag: str) -> int:
         if text.endswith(tag[:size]):
             return size
     return 0
+
+
+def model_json(text: str) -> tuple[bool, Any]:
+    """``(True, value)`` if the policy wrote strict JSON, else ``(False, None)``.
+
+    As strict as a request body (``json_input.parse_json``): no NaN or Infinity, no integer past
+    64 bits, bounded nesting. Arguments the lenient parser would accept come out as JSON no client
+    can read back (``NaN``), or overflow the store; such a call is returned as text instead.
+    """
+    try:
+        return True, parse_json(text, "tool-call arguments")
+    except BadRequest:
+        return False, None
 
 
 @dataclass

@@ -27,6 +27,7 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    model_json,
     partial_suffix,
 )
 
@@ -197,10 +198,7 @@ class HarmonyToolParser:
         name = header.function_name
         if name is None:
             return None
-        try:
-            arguments = json.loads(body.strip())
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(arguments, dict):
+        ok, arguments = model_json(body.strip())
+        if not ok or not isinstance(arguments, dict):
             return None
         return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))

@@ -14,6 +14,7 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    model_json,
     partial_suffix,
 )
 
@@ -68,18 +69,14 @@ class HermesToolParser:
 
     @staticmethod
     def _parse_block(inner: str) -> ToolCall | None:
-        try:
-            data = json.loads(inner.strip())
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        ok, data = model_json(inner.strip())
+        if not ok or not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
             return None
         arguments = data.get("arguments", data.get("parameters", {}))
         if isinstance(arguments, str):
             # Some models emit arguments already serialized; accept them only if they are JSON.
-            try:
-                arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            ok, arguments = model_json(arguments)
+            if not ok:
                 return None
         if not isinstance(arguments, dict):
             return None

@@ -38,6 +38,7 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    model_json,
     partial_suffix,
 )
 
@@ -99,12 +100,7 @@ def schema_types(schema: dict[str, Any]) -> set[str]:
 
 def _json_value(text: str) -> tuple[bool, Any]:
     """``(True, value)`` when ``text`` is JSON that serializes back (no NaN/Infinity), else ``(False, None)``."""
-    try:
-        value = json.loads(text)
-        json.dumps(value, allow_nan=False)
-    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past Python's limit
-        return False, None
-    return True, value
+    return model_json(text)
 
 
 def coerce_value(value: str, schema: dict[str, Any]) -> Any:
