@@ -14,6 +14,12 @@ grep hits, JSON blobs, diffs, unicode, long lines). Two trace families:
   harness that re-serializes tool-call arguments compactly (``json.dumps(..., separators=(",", ":"))``,
   as OpenCode / Qwen Code do) and sometimes sends assistant content back as a list of text parts
   (tool-call handlers normalize the response).
+- ``reasoning``: the same scripted tool-calling policy on a Qwen3-style chat template (the tiny
+  vocabulary with ``tests/fixtures/chat_templates/qwen3_style.jinja``: earlier turns' reasoning is
+  dropped from the render), every tool-calling turn with ``<think>`` text and ~40% with two parallel
+  calls; the harness sends each turn back as litellm does (reasoning moved to
+  ``reasoning_content``), without its reasoning, or verbatim, and half the rollouts send command
+  output as a user message (mini-swe-agent's way).
 
 For every rollout the calls are read back from the gateway's control API and counted two ways:
 
@@ -40,6 +46,7 @@ import json
 import platform
 import random
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -66,6 +73,8 @@ from harnessrl.trajectory import BREAK_REASONS, build_batch, build_rollout_sampl
 
 ADMIN_KEY = "merge-rate-benchmark"  # a throwaway key for a gateway that only listens on 127.0.0.1
 RESULTS = Path(__file__).resolve().parent / "results" / "merge_rate.json"
+QWEN3_STYLE_TEMPLATE = Path(__file__).resolve().parents[1] / "tests/fixtures/chat_templates/qwen3_style.jinja"
+FAMILIES = ("sampled", "tool_calling", "reasoning")
 GOAL = 1.1  # samples per rollout on append-only traces (roadmap issue 3)
 AGL_REPORTED = 2.41  # Agent Lightning v1.0's reported samples per rollout with exact-prefix merging
 
@@ -382,8 +391,9 @@ def _tool_call(rng: random.Random) -> dict[str, Any]:
     return {"name": name, "arguments": arguments}
 
 
-def scripted_turns(rng: random.Random, turns: int) -> list[dict[str, Any]]:
-    """A rollout's assistant turns: ``turns - 1`` tool-calling turns, then a final text answer."""
+def scripted_turns(rng: random.Random, turns: int, *, reasoning: bool = False) -> list[dict[str, Any]]:
+    """A rollout's assistant turns: ``turns - 1`` tool-calling turns, then a final text answer.
+    ``reasoning``: every turn thinks first and ~40% of tool turns make two parallel calls."""
     out: list[dict[str, Any]] = []
     for _ in range(turns - 1):
         turn: dict[str, Any] = {
@@ -399,13 +409,15 @@ def scripted_turns(rng: random.Random, turns: int) -> list[dict[str, Any]]:
                     "That fails when `k` is missing.",
                 ]
             ),
-            "tool_calls": [_tool_call(rng) for _ in range(1 if rng.random() < 0.85 else 2)],
+            "tool_calls": [
+                _tool_call(rng) for _ in range(1 if rng.random() < (0.6 if reasoning else 0.85) else 2)
+            ],
         }
-        if rng.random() < 0.3:
+        if reasoning or rng.random() < 0.3:
             turn["reasoning"] = _sentence(rng, 8, 30)
         out.append(turn)
     summary = f"Done. {_sentence(rng, 5, 15)} The tests in `tests/test_loader.py` pass now ✓."
-    out.append({"content": summary})
+    out.append({"content": summary, **({"reasoning": _sentence(rng, 6, 20)} if reasoning else {})})
     return out
 
 
@@ -473,6 +485,9 @@ class HarnessPlan:
     reserialize_arguments: bool  # OpenCode / Qwen Code: json.dumps(json.loads(args), separators=(",", ":"))
     parts_content: float  # probability of sending an assistant message's content as [{"type": "text", ...}]
     seed: int
+    # How a turn's <think> block goes back: "verbatim", "litellm" (moved to reasoning_content), "dropped".
+    reasoning_back: str = "verbatim"
+    observations_as_user: bool = False  # mini-swe-agent: command output is a user message
 
 
 @dataclass
@@ -541,6 +556,11 @@ async def run_harness(base_url: str, api_key: str, plan: HarnessPlan, context_le
             content, tool_calls, used = await _complete(client, plan.stream, **kwargs)
             calls += 1
             assistant: dict[str, Any] = {"role": "assistant", "content": content}
+            if content and "</think>" in content and plan.reasoning_back != "verbatim":
+                thought, _, content = content.partition("</think>")
+                assistant["content"] = content
+                if plan.reasoning_back == "litellm":
+                    assistant["reasoning_content"] = thought.removeprefix("<think>")
             if content and rng.random() < plan.parts_content:
                 assistant["content"] = [{"type": "text", "text": content}]
             if tool_calls:
@@ -550,11 +570,14 @@ async def run_harness(base_url: str, api_key: str, plan: HarnessPlan, context_le
                         fn["arguments"] = json.dumps(json.loads(fn["arguments"]), separators=(",", ":"))
                 assistant["tool_calls"] = tool_calls
             messages.append(assistant)
-            if plan.family == "tool_calling" and not tool_calls:
+            if plan.family in ("tool_calling", "reasoning") and not tool_calls:
                 break  # the agent answered in text: the episode is over
             if turn == plan.turns - 1:
                 break
-            if tool_calls:
+            if tool_calls and plan.observations_as_user:
+                outputs = "\n\n".join(tool_output(rng) for _ in tool_calls)
+                results = [{"role": "user", "content": f"Observation:\n{outputs}"}]
+            elif tool_calls:
                 results = [
                     {"role": "tool", "tool_call_id": tc["id"], "content": tool_output(rng)}
                     for tc in tool_calls
@@ -597,8 +620,13 @@ def _plans(family: str, n: int, seed: int, quick: bool) -> list[HarnessPlan]:
                 tools=rng.random() < 0.5 if sampled else True,
                 max_tokens=(rng.randint(8, 16) if quick else rng.randint(24, 48)) if sampled else None,
                 reserialize_arguments=not sampled,
-                parts_content=0.0 if sampled else 0.3,
+                # Content parts only where the template takes them (Qwen3's reads content as text).
+                parts_content=0.3 if family == "tool_calling" else 0.0,
                 seed=rng.getrandbits(32) + i,
+                reasoning_back=rng.choice(["litellm", "dropped", "verbatim"])
+                if family == "reasoning"
+                else "verbatim",
+                observations_as_user=family == "reasoning" and rng.random() < 0.5,
             )
         )
     return plans
@@ -612,9 +640,20 @@ def _reuse_counts(metrics_text: str) -> dict[str, float]:
     return counts
 
 
-def _make_engine(family: str, model: str, seed: int) -> tuple[Engine, str]:
+def qwen3_style_tokenizer(folder: Path) -> PolicyTokenizer:
+    """The tiny model's vocabulary with Qwen3's reasoning template (earlier reasoning dropped)."""
+    source = tiny_model_dir(weights=False)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "config.json"):
+        shutil.copy(source / name, folder / name)
+    shutil.copy(QWEN3_STYLE_TEMPLATE, folder / "chat_template.jinja")
+    return PolicyTokenizer.from_dir(folder)
+
+
+def _make_engine(family: str, model: str, seed: int, folder: Path) -> tuple[Engine, str]:
     if family == "tool_calling":
         return PerRolloutScriptedEngine(PolicyTokenizer.from_dir(tiny_model_dir(weights=False))), "scripted"
+    if family == "reasoning":
+        return PerRolloutScriptedEngine(qwen3_style_tokenizer(folder)), "scripted (qwen3-style template)"
     from harnessrl.engines.factory import create_engine
 
     return create_engine(EngineConfig(model=model, seed=seed, max_batch_size=16)), model
@@ -646,17 +685,18 @@ def record_family(
 ) -> FamilyTraces:
     """Run ``rollouts`` harness episodes of ``family`` through a fresh gateway; return the stored calls."""
     started = time.perf_counter()
-    engine, model_name = _make_engine(family, model, seed)
     plans = _plans(family, rollouts, seed, quick)
-    with (
-        tempfile.TemporaryDirectory(prefix=f"merge-rate-{family}-") as tmp,
-        _gateway(engine, Path(tmp)) as (client, store),
-    ):
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"merge-rate-{family}-")))
+        (tmp / "model").mkdir()
+        engine, model_name = _make_engine(family, model, seed, tmp / "model")
+        client, store = stack.enter_context(_gateway(engine, tmp))
         context_length = int(client.health()["context_length"])
         created = [client.create_rollout({"prompt": f"{family} {i}"}, group=family) for i in range(rollouts)]
         if isinstance(engine, PerRolloutScriptedEngine):
             for plan, rollout in zip(plans, created, strict=True):
-                engine.add(rollout["rollout_id"], scripted_turns(random.Random(plan.seed), plan.turns))
+                turns = scripted_turns(random.Random(plan.seed), plan.turns, reasoning=family == "reasoning")
+                engine.add(rollout["rollout_id"], turns)
 
         async def drive_all() -> None:
             gate = asyncio.Semaphore(concurrency)
@@ -834,7 +874,7 @@ def run_benchmark(
     seed: int = 0,
     model: str = "tiny",
     quick: bool = False,
-    families: Sequence[str] = ("sampled", "tool_calling"),
+    families: Sequence[str] = FAMILIES,
 ) -> dict[str, Any]:
     started = time.perf_counter()
     measured = {}
@@ -863,7 +903,8 @@ def run_benchmark(
             "quick": quick,
             "temperature": 1.0,
             "concurrency": 8,
-            "gateway": "harnessrl gateway (uvicorn, 127.0.0.1), SQLite store, tool_call_parser hermes",
+            "gateway": "harnessrl gateway (uvicorn, 127.0.0.1), SQLite store, tool_call_parser auto "
+            "(hermes), history sampled",
         },
         "versions": {
             "harnessrl": getattr(harnessrl, "__version__", "unknown"),
@@ -945,13 +986,11 @@ def main(argv: list[str] | None = None) -> int:
         "--model", default="tiny", help="engine model for the sampled family: tiny | smollm2 | a folder"
     )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--family", choices=["sampled", "tool_calling"], action="append", help="run only these"
-    )
+    parser.add_argument("--family", choices=FAMILIES, action="append", help="run only these")
     parser.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON result")
     args = parser.parse_args(argv)
     rollouts = args.rollouts or (6 if args.quick else 48)
-    families = args.family or ["sampled", "tool_calling"]
+    families = args.family or list(FAMILIES)
     result = run_benchmark(rollouts, seed=args.seed, model=args.model, quick=args.quick, families=families)
     print_table(result)
     args.out.parent.mkdir(parents=True, exist_ok=True)

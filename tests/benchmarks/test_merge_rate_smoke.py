@@ -87,3 +87,14 @@ def test_tool_outputs_are_varied(merge_rate: ModuleType) -> None:
     assert max(len(line) for o in outputs for line in o.splitlines() or [""]) > 300  # long lines
     turns = merge_rate.scripted_turns(rng, 6)
     assert len(turns) == 6 and not turns[-1].get("tool_calls") and all(t["tool_calls"] for t in turns[:-1])
+
+
+def test_reasoning_family_on_a_template_that_drops_earlier_reasoning(merge_rate: ModuleType) -> None:
+    """Reasoning turns sent back every way on a Qwen3-style template: still one chain per rollout,
+    while retokenizing what the harness sent splits after each reasoning turn."""
+    traces = merge_rate.record_family("reasoning", 4, seed=2, quick=True)
+    result = merge_rate.measure(traces)
+    assert result["harnessrl"]["samples_per_rollout"] == 1.0
+    assert result["agl_rule"]["samples_per_rollout"] > 1.0
+    assert result["gateway_prompt_reuse"].get("mismatch", 0) == 0
+    assert {r.plan.reasoning_back for r in traces.records} - {"litellm", "dropped", "verbatim"} == set()
