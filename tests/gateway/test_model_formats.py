@@ -25,6 +25,7 @@ TEMPLATES = {
     "glm45": "{{ '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key><arg_value>{{ v }}</arg_value>",
     "openai": "<|start|>assistant<|channel|>commentary to=functions.{{ name }}<|message|>{{ args }}<|call|>",
     "deepseek_v31": "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>{{ args }}</think>",
+    "deepseek_v3": "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{{ name }}\\n```json\\n{{ args }}\\n```",
     "kimi_k2": "<|tool_calls_section_begin|><|tool_call_begin|>{{ id }}<|tool_call_argument_begin|>",
     "mistral": "[AVAILABLE_TOOLS]{{ tools }}[/AVAILABLE_TOOLS][TOOL_CALLS]{{ calls }}",
     "llama3_json": "<|start_header_id|>ipython<|end_header_id|><|python_tag|>{{ call }}<|eot_id|>",
@@ -39,7 +40,7 @@ def test_each_familys_template_chooses_its_parser(parser: str) -> None:
 
 def test_every_rule_is_reachable_and_no_marker_keeps_todays_parsers() -> None:
     detected = {detect_formats(TEMPLATES[p]).source for p in TEMPLATES}
-    assert {rule.family for rule in RULES} - detected <= {"DeepSeek V3", "Llama 3.x (JSON)"}
+    assert {rule.family for rule in RULES} - detected <= {"DeepSeek R1", "Llama 3.x (JSON)"}
     plain = detect_formats("{{ message.content }}<|im_end|>")
     assert (plain.tool_parser, plain.reasoning_parser, plain.source) == ("hermes", "qwen3", "default")
     # Named templates (tool_use, default) are all read.
@@ -110,3 +111,13 @@ def test_a_tool_call_the_policy_did_not_finish_reaches_the_harness_as_text_and_i
     assert content == cut
     assert _malformed(gateway) == 1
     client.close()
+
+
+def test_every_rule_names_registered_parsers() -> None:
+    """A detected family whose parser is missing would stop the gateway from starting."""
+    from harnessrl.gateway.reasoning_parsers import REASONING_PARSERS
+    from harnessrl.gateway.tool_parsers import TOOL_PARSERS
+
+    for rule in RULES:
+        assert rule.tool_parser in TOOL_PARSERS, rule
+        assert rule.reasoning_parser is None or rule.reasoning_parser in REASONING_PARSERS, rule

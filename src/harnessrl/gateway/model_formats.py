@@ -30,18 +30,26 @@ class FormatRule:
 
 
 # First match wins: more specific formats before ones whose markers they share (Qwen3-Coder's
-# template also says ``<tool_call>``; DeepSeek V3.1 and V3 share the section markers).
+# template also says ``<tool_call>``; DeepSeek V3, R1 and V3.1 share the section markers). Llama
+# comes late: every Llama-3 vocabulary has <|python_tag|>, so only its template's use counts.
 RULES: tuple[FormatRule, ...] = (
     FormatRule("gpt-oss (harmony)", ("<|channel|>", "<|message|>"), "openai", "openai_gptoss"),
     FormatRule("Qwen3-Coder / Qwen3.5 (XML)", ("<function=", "<parameter="), "qwen3_coder", "qwen3"),
     FormatRule("GLM-4.5+", ("<arg_key>", "<arg_value>"), "glm45", "glm45"),
+    # DeepSeek V3 and R1 write arguments in a ```json fence after the name; V3.1+ does not.
+    FormatRule(
+        "DeepSeek R1",
+        ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json", "</think>"),
+        "deepseek_v3",
+        "deepseek_r1",
+    ),
+    FormatRule("DeepSeek V3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "```json"), "deepseek_v3", None),
     FormatRule(
         "DeepSeek V3.1+",
-        ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "</think>"),
+        ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"),
         "deepseek_v31",
         "deepseek_v3",  # thinks only when the prompt opened <think> (its non-thinking prompt ends in </think>)
     ),
-    FormatRule("DeepSeek V3", ("<｜tool▁call▁begin｜>", "<｜tool▁sep｜>"), "deepseek_v3", None),
     FormatRule("Kimi K2", ("<|tool_calls_section_begin|>",), "kimi_k2", "kimi_k2"),
     FormatRule("Mistral / Devstral", ("[TOOL_CALLS]",), "mistral", None),
     FormatRule("Llama 3.x (JSON)", ("<|python_tag|>",), "llama3_json", None),

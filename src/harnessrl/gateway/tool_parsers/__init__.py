@@ -21,19 +21,28 @@ from harnessrl.gateway.tool_parsers.base import (
     collect,
     partial_suffix,
 )
+from harnessrl.gateway.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
 from harnessrl.gateway.tool_parsers.glm import GlmToolParser
 from harnessrl.gateway.tool_parsers.harmony import HarmonyToolParser
 from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
+from harnessrl.gateway.tool_parsers.kimi import KimiK2ToolParser
+from harnessrl.gateway.tool_parsers.llama import Llama3JsonToolParser
+from harnessrl.gateway.tool_parsers.mistral import MistralToolParser
 from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser
 
 __all__ = [
     "TOOL_PARSERS",
     "ContentEvent",
+    "DeepSeekV3ToolParser",
+    "DeepSeekV31ToolParser",
     "CountingParser",
     "Event",
     "GlmToolParser",
     "HarmonyToolParser",
     "HermesToolParser",
+    "KimiK2ToolParser",
+    "Llama3JsonToolParser",
+    "MistralToolParser",
     "QwenXmlToolParser",
     "ParsedMessage",
     "ToolCall",
@@ -56,6 +65,12 @@ TOOL_PARSERS: dict[str, ToolParserFactory] = {
     "glm45": GlmToolParser,
     "glm47": GlmToolParser,
     "openai": HarmonyToolParser,  # gpt-oss (harmony channels)
+    "llama3_json": Llama3JsonToolParser,  # Llama 3.x: JSON, after <|python_tag|> or bare
+    "llama4_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,  # [TOOL_CALLS][...] and [TOOL_CALLS]NAME[ARGS]{...}
+    "deepseek_v3": DeepSeekV3ToolParser,  # DeepSeek V3, R1
+    "deepseek_v31": DeepSeekV31ToolParser,  # DeepSeek V3.1+
+    "kimi_k2": KimiK2ToolParser,
 }
 
 

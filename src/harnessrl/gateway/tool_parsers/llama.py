@@ -27,6 +27,7 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    model_json,
     partial_suffix,
 )
 
@@ -37,7 +38,7 @@ _STRING_SPECIAL = re.compile(r'["\\]')
 class JsonValueScanner:
     """Finds where a JSON object or array that starts at ``text[0]`` ends, over a growing text.
 
-    Brackets are counted outside strings (``{``/``[`` alike; ``json.loads`` checks the pairing
+    Brackets are counted outside strings (``{``/``[`` alike; the JSON parser checks the pairing
     afterwards), so the end is the same however the text was split, and each character is looked at
     once across calls.
     """
@@ -94,9 +95,8 @@ def call_from_json(data: Any, argument_keys: tuple[str, ...]) -> ToolCall | None
 def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
     """The call, with arguments a JSON object (given parsed or as a JSON string), else None."""
     if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
+        ok, arguments = model_json(arguments)
+        if not ok:
             return None
     if not isinstance(arguments, dict):
         return None
@@ -162,9 +162,9 @@ class Llama3JsonToolParser:
                 return False
             if self._state == "tag":  # a tag not followed by JSON (built-in tools write code there)
                 self.malformed += 1
-            self._state = "content"
-            self._buffer = self._prefix + buf
-            self._prefix = ""
+            if self._prefix:  # the tag or separator before it is text now, not read again
+                events.append(ContentEvent(self._prefix))
+            self._state, self._prefix = "content", ""
             return True
         if self._state == "content":
             start = buf.find(self.python_tag)
@@ -203,8 +203,5 @@ class Llama3JsonToolParser:
 
     @staticmethod
     def _parse_block(block: str) -> ToolCall | None:
-        try:
-            data = json.loads(block)
-        except json.JSONDecodeError:
-            return None
-        return call_from_json(data, ("arguments", "parameters"))
+        ok, data = model_json(block)
+        return call_from_json(data, ("arguments", "parameters")) if ok else None

@@ -17,7 +17,7 @@ entries that are not objects.
 
 from __future__ import annotations
 
-import json
+import re
 
 from harnessrl.gateway.tool_parsers.base import (
     ContentEvent,
@@ -25,9 +25,12 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    model_json,
     partial_suffix,
 )
 from harnessrl.gateway.tool_parsers.llama import JsonValueScanner, call_from_json, call_with_arguments
+
+_NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*")
 
 
 class MistralToolParser:
@@ -73,32 +76,35 @@ class MistralToolParser:
                 return False
             if start:
                 events.append(ContentEvent(buf[:start]))
-            self._consume(start + len(self.bot_token), "head")
+            self._buffer = buf[start:]
+            self._consume(len(self.bot_token), "head")
             return True
         if self._state == "head":
             rest = buf.lstrip()
             if not rest:
                 return False
-            if rest[0] in "[{":
+            if rest[0] == "[" and len(rest) < 2:
+                return False
+            if rest[0] == "[" and rest[1].isalpha():  # a marker ("[TOOL_CALLS]", "[ARGS]"), not JSON
+                self._fail(events, len(buf) - len(rest))
+            elif rest[0] in "[{":
                 self._name = None
                 self._open_block(len(buf) - len(rest))
             else:
                 self._state = "name"
             return True
         if self._state == "name":
-            ends = [i for i in (buf.find(self.args_token), buf.find("{")) if i >= 0]
-            if not ends:
+            # A name is one run of characters without spaces or brackets, then "[ARGS]" or "{";
+            # anything else there ends the block as text at the first character that breaks it.
+            match = _NAME.match(buf)
+            end = match.end() if match else len(buf) - len(buf.lstrip())
+            if end == len(buf) or (match and self.args_token.startswith(buf[end:])):
                 return False
-            end = min(ends)
-            name = buf[:end].strip()
-            if not name or any(c.isspace() or c in "[]{}" for c in name):
+            if match is None or not (buf.startswith(self.args_token, end) or buf[end] == "{"):
                 self._fail(events, end)
                 return True
-            self._name = name
-            if buf.startswith(self.args_token, end):
-                self._consume(end + len(self.args_token), "args")
-            else:
-                self._consume(end, "args")
+            self._name = match.group(1)
+            self._consume(end + (len(self.args_token) if buf[end] == "[" else 0), "args")
             return True
         if self._state == "args":
             rest = buf.lstrip()
@@ -136,9 +142,8 @@ class MistralToolParser:
         self._prefix, self._buffer, self._state = "", self._buffer[size:], "content"
 
     def _parse_block(self, block: str) -> list[Event] | None:
-        try:
-            data = json.loads(block)
-        except json.JSONDecodeError:
+        ok, data = model_json(block)
+        if not ok:
             return None
         calls: list[ToolCall | None]
         if self._name is not None:
