@@ -231,8 +231,11 @@ class PreparedCall:
     async def _store(self, call: Call) -> Call:
         state = self.state
         stored = await state.writer.add(call)  # committed, maybe with other calls (group commit)
-        # Synchronously after the write: the next call of this rollout must see it for reuse.
+        # Synchronously after the write: the next call of this rollout must see it for reuse, and
+        # must not count it as still generating (a harness sends it the moment the answer ends,
+        # before this call's ``finish``, which runs after the last byte, has run).
         state.history.record(stored, self.message_keys)
+        self._end_generation()
         self.stored = stored
         m = state.metrics
         m.calls.labels(api=self.api, finish_reason=stored.finish_reason).inc()
@@ -244,11 +247,15 @@ class PreparedCall:
             m.first_token.labels(api=self.api).observe(call.first_token_at - call.started_at)
         return stored
 
-    def finish(self) -> None:
-        """Leave the gate and the rollout's in-flight count (always, in a ``finally``)."""
+    def _end_generation(self) -> None:
+        """Leave the rollout's in-flight count (once: recording and ``finish`` both call it)."""
         if self.generation is not None and self.generation.context is not None:
             self.memory.end_call()
-            self.generation.context = None  # make finish() idempotent
+            self.generation.context = None
+
+    def finish(self) -> None:
+        """Leave the gate and the rollout's in-flight count (always, in a ``finally``)."""
+        self._end_generation()
         if self._ticket is not None:
             self._ticket.release()
             self._ticket = None
