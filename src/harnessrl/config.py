@@ -147,6 +147,9 @@ class GatewayConfig(Section):
     # Characters of text (message contents, tool definitions...) in one model request, checked
     # before anything is tokenized: 413 past it. None: 16 per token of the engine's context length.
     max_prompt_chars: int | None = Field(default=None, ge=1)
+    # The most seconds one request's prompt may take to render and encode (413 past it), so one
+    # pathological request cannot hold a worker thread and the clients behind it.
+    tokenize_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
 
 
 class StoreConfig(Section):

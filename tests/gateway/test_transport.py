@@ -359,3 +359,38 @@ def test_requests_in_flight_per_key_are_capped(make_gateway: Any) -> None:
             assert "[DONE]" in held.read().decode()
         assert client.post(f"{mine['base_url']}/chat/completions", json=CHAT, headers=auth).status_code == 200
     assert len(gw.client.list_calls(mine["rollout_id"])) == 2
+
+
+def test_a_prompt_that_takes_too_long_to_tokenize_is_a_413_and_others_go_on(
+    make_gateway: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The size cap cannot see a template or text that is slow to tokenize: the time budget can."""
+    import threading
+    import time
+
+    slow = threading.Event()
+    render = tokenizer.render_chat
+
+    def slow_render(messages: Any, *args: Any, **kwargs: Any) -> str:
+        if any("SLOW" in str(m.get("content")) for m in messages):
+            slow.set()
+            time.sleep(3.0)
+        return render(messages, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "render_chat", slow_render)
+    gateway = make_gateway(["Fine."], tokenize_timeout_s=0.5)
+    rollout = gateway.rollout()
+    headers = {"authorization": f"Bearer {rollout['api_key']}"}
+    url = f"{gateway.url}/v1/chat/completions"
+    with httpx.Client(timeout=30) as client:
+        started = time.monotonic()
+        slow_answer = client.post(url, json={"messages": [{"role": "user", "content": "SLOW"}]}, headers=headers)
+        waited = time.monotonic() - started
+        assert slow.is_set()
+        assert slow_answer.status_code == 413, slow_answer.text
+        assert "tokenize_timeout_s" in slow_answer.json()["error"]["message"]
+        assert waited < 2.5  # answered at the budget, not when the render finished
+        assert gateway.store.list_calls(rollout["rollout_id"]) == []
+        # Control: the same gateway answers an ordinary prompt.
+        fine = client.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, headers=headers)
+        assert fine.status_code == 200, fine.text

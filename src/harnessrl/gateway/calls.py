@@ -20,7 +20,7 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import orjson
@@ -111,6 +111,28 @@ CHARS_PER_CONTEXT_TOKEN = 16
 
 def prompt_char_limit(state: GatewayState) -> int:
     return state.config.max_prompt_chars or CHARS_PER_CONTEXT_TOKEN * state.engine.context_length
+
+
+T = TypeVar("T")
+
+
+async def tokenize_in_thread(state: GatewayState, fn: Callable[[], T], param: str) -> T:
+    """Render and encode a prompt in a worker thread, within ``gateway.tokenize_timeout_s``.
+
+    The size cap (``check_prompt_size``) bounds the text; the time budget bounds what the size cap
+    cannot see (a template that loops over a long history, a tokenizer that is slow on some text).
+    Past it the client gets a 413 and the event loop moves on; the thread cannot be stopped and
+    finishes in the background, its result dropped.
+    """
+    budget = state.config.tokenize_timeout_s
+    try:
+        with anyio.fail_after(budget):
+            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
+    except TimeoutError:
+        raise PayloadTooLarge(
+            f"the prompt took more than {budget:g} s to tokenize (gateway.tokenize_timeout_s)",
+            param=param,
+        ) from None
 
 
 def check_prompt_size(state: GatewayState, data: Any, param: str) -> None:

@@ -33,6 +33,7 @@ from harnessrl.gateway.calls import (
     sampling_params,
     sse,
     streaming_response,
+    tokenize_in_thread,
 )
 from harnessrl.gateway.conversation import PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.generation import Generation, Piece
@@ -95,7 +96,8 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     )
     if plan is None:
         # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-        plan = await state.in_thread(
+        plan = await tokenize_in_thread(
+            state,
             lambda: build_prompt(
                 tokenizer,
                 keyed.messages,
@@ -104,7 +106,8 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
                 template_kwargs=kwargs,
                 keys=keyed.keys,
                 history=history,
-            )
+            ),
+            "messages",
         )
     state.metrics.reuse.labels(result=plan.result).inc()
     params = sampling_params(state, body, len(plan.prompt_ids), body.requested_max_tokens, rollout)

@@ -27,6 +27,7 @@ from harnessrl.gateway.calls import (
     sampling_params,
     sse,
     streaming_response,
+    tokenize_in_thread,
 )
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.state import GatewayState
@@ -72,7 +73,7 @@ async def completions(request: Request) -> Response:
     check_prompt_size(state, data, "prompt")
     prompt = body.single_prompt()
     if isinstance(prompt, str):
-        prompt_ids = await state.in_thread(state.engine.tokenizer.encode, prompt)
+        prompt_ids = await tokenize_in_thread(state, lambda: state.engine.tokenizer.encode(prompt), "prompt")
         if not prompt_ids:
             raise BadRequest("prompt is empty", param="prompt")
     else:
