@@ -8,6 +8,8 @@ with every record intact. A store newer than the code is refused and left untouc
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import sqlite3
 import subprocess
 import sys
@@ -159,9 +161,10 @@ def test_migration_list_is_well_formed() -> None:
     with pytest.raises(ValueError, match="target"):
         pending(0, target=SCHEMA_VERSION + 1)
     for migration in migrations.MIGRATIONS:
-        assert statements(migration.sqlite) and len(statements(migration.sqlite)) == len(
-            statements(migration.postgres)
-        ), f"migration {migration.version} differs between dialects"
+        assert statements(migration.sqlite) or migration.repair, f"migration {migration.version} does nothing"
+        assert len(statements(migration.sqlite)) == len(statements(migration.postgres)), (
+            f"migration {migration.version} differs between dialects"
+        )
 
 
 def test_statements_drop_comments() -> None:
@@ -183,3 +186,49 @@ def test_processes_opening_a_fresh_store_at_once(shared_store_factory: Any) -> N
         assert proc.returncode == 0
     assert stored_version(url) == SCHEMA_VERSION
     assert shared_store_factory().count_rollouts() == 0
+
+
+def test_rows_stored_before_the_strict_boundary_are_repaired_once(shared_store_factory: Any) -> None:
+    """Migration 3: lone surrogates and NaN/Infinity inside stored JSON, and a non-finite reward,
+    as a store at version 2 may hold them (written by the lenient parser), are rewritten in place;
+    clean rows are left byte for byte as they were."""
+    url = shared_store_factory.url
+    poisoned = Rollout(
+        rollout_id="r-bad", api_key="hrl-bad", task={"prompt": "a\ud800b", "\udc00": [1.5]},
+        metadata={"m": "\ud83d", "pair": "😀"}, status=RolloutStatus.FINISHED,
+        outcome=Outcome.SUCCESS, flags=["git_log"],
+    )  # fmt: skip
+    clean = Rollout(rollout_id="r-ok", api_key="hrl-ok", task={"prompt": "NaN is fine in text ☃"}, reward=0.5)
+    bad_call = Call(
+        rollout_id="r-bad", seq=0, call_id="c0",
+        request={"model": "m\ud800", "metadata": {"s": math.nan, "t": [math.inf]}},
+        response={"content": "ok"}, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.5],
+    )  # fmt: skip
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=2) == 0
+        row = rollout_to_row(poisoned)
+        row["reward"] = math.inf
+        insert(conn, mark, "rollouts", row)
+        insert(conn, mark, "rollouts", rollout_to_row(clean))
+        insert(conn, mark, "calls", call_to_row(bad_call))
+        before_clean = conn.execute(
+            f"SELECT task FROM rollouts WHERE rollout_id = {mark}", ("r-ok",)
+        ).fetchone()[0]
+
+    store = shared_store_factory()  # migrates to 3 on open
+    assert stored_version(url) == SCHEMA_VERSION
+    fixed = store.get_rollout("r-bad")
+    assert fixed.task == {"prompt": "a\ufffdb", "\ufffd": [1.5]}
+    assert fixed.metadata == {"m": "\ufffd", "pair": "😀"}  # stored as a valid surrogate pair: kept
+    assert fixed.reward is None and fixed.flags == ["git_log", migrations.REWARD_REPAIRED_FLAG]
+    [call] = store.list_calls("r-bad")
+    assert call.request == {"model": "m\ufffd", "metadata": {"s": None, "t": [None]}}
+    assert store.get_rollout("r-ok") == clean
+    store.close()
+    with raw_connection(url) as (conn, mark):
+        after_clean = conn.execute(
+            f"SELECT task FROM rollouts WHERE rollout_id = {mark}", ("r-ok",)
+        ).fetchone()[0]
+        stored = conn.execute(f"SELECT request FROM calls WHERE call_id = {mark}", ("c0",)).fetchone()[0]
+    assert after_clean == before_clean
+    json.loads(stored, parse_constant=lambda name: pytest.fail(f"{name} left in the store"))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 from starlette.requests import Request
@@ -27,6 +26,7 @@ from harnessrl.gateway.gating import gateway_state_json, pause_gateways, resume_
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, RolloutStatus
+from harnessrl.store.codecs import json_safe
 
 
 def _admin_state(request: Request) -> GatewayState:
@@ -38,22 +38,16 @@ def _admin_state(request: Request) -> GatewayState:
 #: Seconds a pause may wait for the drain; a longer one is surely a mistake (``timeout=1e308``).
 MAX_PAUSE_TIMEOUT_S = 86_400.0
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
+
+def _non_finite_text(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
 
 
 def placeholders(value: Any) -> Any:
     """``value`` with what JSON cannot carry made visible: a lone surrogate becomes U+FFFD, a
     non-finite float the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (which pydantic reads
     back as the float)."""
-    if isinstance(value, str):
-        return _SURROGATE.sub("\ufffd", value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {placeholders(k): placeholders(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [placeholders(v) for v in value]
-    return value
+    return json_safe(value, _non_finite_text)
 
 
 def stored_json(content: Any, status_code: int = 200) -> Response:

@@ -15,10 +15,12 @@ Encoding choices (why):
 from __future__ import annotations
 
 import json
+import math
+import re
 import struct
 import sys
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from harnessrl.errors import BadRequest, InvalidTransition
@@ -52,6 +54,24 @@ ROLLOUT_COLUMNS = (
 # -- codecs ---------------------------------------------------------------------------------------
 
 _BIG_ENDIAN = sys.byteorder == "big"
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_safe(value: Any, non_finite: Callable[[float], Any]) -> Any:
+    """``value`` with what strict JSON cannot carry replaced: a lone surrogate (in a key or a string)
+    by U+FFFD, a non-finite float by ``non_finite(value)``. Rows written before the gateway's
+    boundary was strict may hold either; reads show them this way and migration 3 repairs them."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return non_finite(value)
+    if isinstance(value, dict):
+        return {json_safe(k, non_finite): json_safe(v, non_finite) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v, non_finite) for v in value]
+    return value
 
 
 def dump_json(value: Any) -> str:

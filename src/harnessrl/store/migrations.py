@@ -10,19 +10,23 @@ harnessrl reads it: an older harnessrl opening a store this code migrated sees t
 and refuses, instead of writing rows the new schema does not expect.
 
 To change the schema: append a ``Migration`` (both dialects) and bump ``SCHEMA_VERSION``. Never
-edit an old one: a store at that version already ran it. Scripts are split on ``;``, so a statement
+edit an old one: a store at that version already ran it. A migration may instead (or also) repair
+data: its ``repair`` runs after its statements, in the same transaction. Scripts are split on ``;``, so a statement
 must not contain one (no triggers or function bodies); the statements run one by one because
 SQLite's ``executescript`` would commit the caller's transaction first.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +35,8 @@ class Migration:
     summary: str
     sqlite: str
     postgres: str
+    # A data repair run after the statements: ``repair(conn, dialect, param)``.
+    repair: Callable[[Any, str, str], None] | None = None
 
 
 # Version 1 as first released (SQLite only then); frozen. The PostgreSQL dialect mirrors it column
@@ -187,10 +193,79 @@ DROP INDEX rollouts_run;
 CREATE INDEX rollouts_run ON rollouts (run_id, status, pk)
 """
 
+# Version 3: rows written before the gateway's boundary was strict (issue 19) may hold what JSON
+# cannot carry: lone surrogates (``"\ud800"`` escapes) or NaN/Infinity inside the JSON columns, and
+# an infinite or NaN reward. Reads already show them as placeholders; this rewrites them once.
+_JSON_COLUMNS = {  # table: (its key, its JSON columns)
+    "runs": ("pk", ("config",)),
+    "tasks": ("pk", ("data",)),
+    "rollouts": ("pk", ("task", "flags", "metadata")),
+    "calls": ("call_id", ("request", "response", "usage")),
+    "policy_versions": ("version", ("metadata",)),
+}
+# What the suspect rows' text contains (json.dumps writes a lone surrogate as an escape, since it
+# escapes all non-ASCII; valid pairs match too and are left as they are).
+_SUSPECT = [f"\\ud{c}" for c in "89abcdef"] + ["NaN", "Infinity"]
+_NOT_FINITE = {
+    "sqlite": "reward IN (9e999, -9e999)",  # SQLite keeps NaN as NULL; 9e999 reads as infinity
+    "postgres": "reward IN ('Infinity'::float8, '-Infinity'::float8, 'NaN'::float8)",
+}
+#: The flag a repaired rollout gets: its stored reward was not a number and is now null.
+REWARD_REPAIRED_FLAG = "reward_not_finite"
+
+
+def _cell(row: Any, index: int, name: str) -> Any:
+    return row[name] if isinstance(row, dict) else row[index]
+
+
+def _repair_unrepresentable(conn: Any, dialect: str, param: str) -> None:
+    """Rewrite what strict JSON cannot carry: lone surrogates become U+FFFD and non-finite numbers
+    inside JSON become null; a non-finite reward becomes null and the rollout is flagged."""
+    # LIKE: PostgreSQL's default escape character is the backslash (so it is doubled), SQLite has none.
+    patterns = [p.replace("\\", "\\\\") if dialect == "postgres" else p for p in _SUSPECT]
+    for table, (key, columns) in _JSON_COLUMNS.items():
+        wanted = " OR ".join(f"{col} LIKE {param}" for col in columns for _ in patterns)
+        values = [f"%{p}%" for _ in columns for p in patterns]
+        rows = conn.execute(
+            f"SELECT {key}, {', '.join(columns)} FROM {table} WHERE {wanted}", values
+        ).fetchall()
+        for row in rows:
+            updates: dict[str, str] = {}
+            for i, col in enumerate(columns, start=1):
+                text = _cell(row, i, col)
+                if text is None:
+                    continue
+                fixed = dump_json(json_safe(json.loads(text), lambda _: None))
+                if fixed != text:
+                    updates[col] = fixed
+            if updates:
+                assignments = ", ".join(f"{col} = {param}" for col in updates)
+                conn.execute(
+                    f"UPDATE {table} SET {assignments} WHERE {key} = {param}",
+                    [*updates.values(), _cell(row, 0, key)],
+                )
+    rows = conn.execute(f"SELECT pk, flags FROM rollouts WHERE {_NOT_FINITE[dialect]}").fetchall()
+    for row in rows:
+        flags = json.loads(_cell(row, 1, "flags") or "[]")
+        if REWARD_REPAIRED_FLAG not in flags:
+            flags.append(REWARD_REPAIRED_FLAG)
+        conn.execute(
+            f"UPDATE rollouts SET reward = NULL, flags = {param} WHERE pk = {param}",
+            [dump_json(flags), _cell(row, 0, "pk")],
+        )
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
         2, "rollouts_run index ends in pk (ordered claims per run)", _V2_RUN_CLAIM_INDEX, _V2_RUN_CLAIM_INDEX
+    ),
+    Migration(
+        3,
+        "repair lone surrogates and non-finite numbers stored before the strict boundary",
+        "",
+        "",
+        repair=_repair_unrepresentable,
     ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
@@ -242,6 +317,8 @@ def _migrate(conn: Any, dialect: str, param: str, *, target: int, where: str) ->
     for migration in todo:
         for statement in statements(getattr(migration, dialect)):
             conn.execute(statement)
+        if migration.repair is not None:
+            migration.repair(conn, dialect, param)
     if todo or found == 0:
         conn.execute(
             f"INSERT INTO meta (key, value) VALUES ('schema_version', {param}) "
