@@ -46,6 +46,7 @@ from harnessrl.gateway.calls import (
     rollout_sampling,
     sampling_params,
     stream_error,
+    tokenize_in_thread,
 )
 from harnessrl.gateway.chat import SSE_HEADERS
 from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_messages
@@ -88,10 +89,12 @@ async def _plan(
     kwargs = _template_kwargs(state, thinking, tools)
     tokenizer = state.engine.tokenizer
     # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-    plan = await state.in_thread(
+    plan = await tokenize_in_thread(
+        state,
         lambda: build_prompt(
             tokenizer, messages, priors, tools=tools, template_kwargs=kwargs, history=state.config.history
-        )
+        ),
+        "messages",
     )
     return plan, memory
 
@@ -144,10 +147,9 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Too
 
 def _assembler(call: PreparedCall, body: MessagesRequest, tools: Tools) -> BlockAssembler:
     state = call.state
-    # A template may open the reasoning itself (the generation prompt ends with "<think>").
-    tail = state.engine.tokenizer.decode(call.prompt_ids[-4:])
     parser = state.tool_parser(tools) if body.wants_tool_calls else None
-    return BlockAssembler(parser, in_thinking=tail.rstrip().endswith("<think>"))
+    # A template may open the reasoning itself (the generation prompt ends with "<think>").
+    return BlockAssembler(parser, reasoning=state.reasoning_parser(call.prompt_ids))
 
 
 def _stop(call: PreparedCall, assembler: BlockAssembler) -> tuple[str, str | None, str]:

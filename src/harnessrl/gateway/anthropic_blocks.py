@@ -1,8 +1,10 @@
 """Sampled text -> Anthropic content blocks, incrementally, for streaming and non-streaming answers alike.
 
-The policy samples one text: ``[<think>…</think>] content [<tool_call>{…}</tool_call>…]``. The
-``BlockAssembler`` splits it as it arrives into ``thinking``, ``text`` and ``tool_use`` blocks and
-returns the stream events each piece produces (``content_block_start`` / ``_delta`` / ``_stop``).
+The policy samples one text: ``[<think>…</think>] content [<tool_call>{…}</tool_call>…]``, in its
+family's markers. The ``BlockAssembler`` splits it as it arrives into ``thinking``, ``text`` and
+``tool_use`` blocks (reasoning by the configured reasoning parser, ``reasoning_parsers``; tool calls in
+the content by the tool parser) and returns the stream events each piece produces
+(``content_block_start`` / ``_delta`` / ``_stop``).
 A non-streaming answer feeds the whole text and keeps only ``blocks``; a streaming one forwards
 the events. Both therefore answer with the same blocks, and ``message()`` (the internal assistant
 message that is recorded and matched against the next call's history) is built from exactly what
@@ -24,58 +26,14 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
-from harnessrl.gateway.tool_parsers import ContentEvent, Event, ToolCall, ToolParser, partial_suffix
-
-THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-class ThinkSplitter:
-    """Splits sampled text into ``("thinking", …)`` and ``("text", …)`` pieces.
-
-    Reasoning is recognised only at the start of the answer (after optional whitespace), or from
-    the first token when the prompt already opened it (templates that end the generation prompt
-    with ``<think>``). A ``<think>`` later in the text is ordinary content.
-    """
-
-    def __init__(self, in_thinking: bool = False) -> None:
-        self._state = "thinking" if in_thinking else "start"
-        self._buffer = ""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        self._buffer += text
-        out: list[tuple[str, str]] = []
-        while True:
-            if self._state == "start":
-                head = self._buffer.lstrip()
-                if head.startswith(THINK_OPEN):
-                    self._buffer, self._state = head[len(THINK_OPEN) :], "thinking"
-                    continue
-                if THINK_OPEN.startswith(head):
-                    return out  # nothing yet, or maybe the start of <think>: wait for more
-                self._state = "text"
-            elif self._state == "thinking":
-                end = self._buffer.find(THINK_CLOSE)
-                if end < 0:
-                    hold = partial_suffix(self._buffer, THINK_CLOSE)
-                    ready = self._buffer[: len(self._buffer) - hold]
-                    if ready:
-                        out.append(("thinking", ready))
-                    self._buffer = self._buffer[len(ready) :]
-                    return out
-                if end:
-                    out.append(("thinking", self._buffer[:end]))
-                self._buffer, self._state = self._buffer[end + len(THINK_CLOSE) :], "text"
-            else:
-                if self._buffer:
-                    out.append(("text", self._buffer))
-                self._buffer = ""
-                return out
-
-    def finish(self) -> list[tuple[str, str]]:
-        # An unclosed <think> (cut by max_tokens) is still reasoning, not an answer.
-        kind = "thinking" if self._state == "thinking" else "text"
-        rest, self._buffer = self._buffer, ""
-        return [(kind, rest)] if rest else []
+from harnessrl.gateway.model_formats import DEFAULT_REASONING_PARSER
+from harnessrl.gateway.reasoning_parsers import (
+    ReasoningEvent,
+    ReasoningParser,
+    ReasoningText,
+    get_reasoning_parser,
+)
+from harnessrl.gateway.tool_parsers import ContentEvent, Event, ToolCall, ToolParser
 
 
 def thinking_signature(thinking: str) -> str:
@@ -92,8 +50,12 @@ def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
 
 
 class BlockAssembler:
-    def __init__(self, parser: ToolParser | None, *, in_thinking: bool = False) -> None:
-        self._split = ThinkSplitter(in_thinking)
+    def __init__(self, parser: ToolParser | None, *, reasoning: ReasoningParser | None = None) -> None:
+        """``reasoning``: the answer's reasoning parser (``GatewayState.reasoning_parser``; default
+        ``qwen3``'s, the text not starting inside a block)."""
+        self._reasoning = (
+            reasoning if reasoning is not None else get_reasoning_parser(DEFAULT_REASONING_PARSER)()
+        )
         self._parser = parser  # None: tool calls are not parsed (no tools, or tool_choice none)
         self.blocks: list[dict[str, Any]] = []
         self.calls: list[ToolCall] = []
@@ -103,15 +65,15 @@ class BlockAssembler:
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Stream events for newly sampled text."""
         events: list[dict[str, Any]] = []
-        for kind, piece in self._split.feed(text):
-            events += self._route(kind, piece)
+        for event in self._reasoning.feed(text):
+            events += self._route(event)
         return events
 
     def finish(self) -> list[dict[str, Any]]:
         """Stream events for what was held back, closing the last block."""
         events: list[dict[str, Any]] = []
-        for kind, piece in self._split.finish():
-            events += self._route(kind, piece)
+        for event in self._reasoning.finish():
+            events += self._route(event)
         if self._parser is not None:
             for event in self._parser.finish():
                 events += self._on_parsed(event)
@@ -128,12 +90,14 @@ class BlockAssembler:
             message["reasoning_content"] = thinking
         return message
 
-    def _route(self, kind: str, piece: str) -> list[dict[str, Any]]:
-        if kind == "thinking" or self._parser is None:
-            return self._append(kind, piece)
+    def _route(self, event: ReasoningEvent) -> list[dict[str, Any]]:
+        if isinstance(event, ReasoningText):
+            return self._append("thinking", event.text)
+        if self._parser is None:
+            return self._append("text", event.text)
         events: list[dict[str, Any]] = []
-        for event in self._parser.feed(piece):
-            events += self._on_parsed(event)
+        for parsed in self._parser.feed(event.text):
+            events += self._on_parsed(parsed)
         return events
 
     def _on_parsed(self, event: Event) -> list[dict[str, Any]]:

@@ -30,7 +30,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall, check_prompt_size, sampling_params, stream_error
+from harnessrl.gateway.calls import (
+    PreparedCall,
+    check_prompt_size,
+    sampling_params,
+    stream_error,
+    tokenize_in_thread,
+)
 from harnessrl.gateway.conversation import build_prompt, normalize_messages
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.responses_input import (
@@ -78,15 +84,16 @@ class ResponsesCall:
     response_id: str
     created_at: int
     reused_tokens: int
-    in_think: bool
     tools: list[dict[str, Any]]
 
     def output(self) -> OutputStream:
         state = self.call.state
         wants_tools = bool(self.tools) and self.body.tool_choice != "none"
         encrypt = "reasoning.encrypted_content" in (self.body.include or [])
+        # A template may open the reasoning itself (the generation prompt ends with "<think>").
+        reasoning = state.reasoning_parser(self.call.prompt_ids)
         return OutputStream(
-            state.tool_parser(self.tools) if wants_tools else None, in_think=self.in_think, encrypt=encrypt
+            state.tool_parser(self.tools) if wants_tools else None, reasoning=reasoning, encrypt=encrypt
         )
 
     def response(
@@ -204,10 +211,12 @@ async def prepare_responses(request: Request) -> ResponsesCall:
     priors = list(memory.priors.values())
     tokenizer = state.engine.tokenizer
     kwargs = thinking_kwargs(tokenizer, body.reasoning)
-    plan = await state.in_thread(
+    plan = await tokenize_in_thread(
+        state,
         lambda: build_prompt(
             tokenizer, messages, priors, tools=tools, template_kwargs=kwargs, history=state.config.history
-        )
+        ),
+        "input",
     )
     state.metrics.reuse.labels(result=plan.result).inc()
     try:
@@ -228,8 +237,6 @@ async def prepare_responses(request: Request) -> ResponsesCall:
         prompt_source=plan.result,
         reused_prompt_tokens=plan.reused_tokens,
     )
-    # Templates that open the <think> block in the generation prompt make the text start inside it.
-    in_think = tokenizer.decode(plan.prompt_ids[-3:]).rstrip().endswith("<think>")
     return ResponsesCall(
         call=call,
         body=body,
@@ -237,7 +244,6 @@ async def prepare_responses(request: Request) -> ResponsesCall:
         response_id=new_id("resp"),
         created_at=int(time.time()),
         reused_tokens=plan.reused_tokens,
-        in_think=in_think,
         tools=tools or [],
     )
 

@@ -5,11 +5,16 @@ completes (``response.output_item.added``, ``response.output_text.delta``, ...; 
 ``sequence_number``, which the SSE writer adds). The non-streaming path feeds the same pieces and
 drops the events, so both answers are built by one piece of code and always agree.
 
-Output order is the order of the sampled text: a ``reasoning`` item for a leading
-``<think>...</think>`` block, a ``message`` item for the text, one ``function_call`` item per
-``<tool_call>`` block (parsed by the configured tool parser, which holds text back while a tag may be
-starting, so no delta ever shows part of a tool call). Whitespace at the end of the text is held
-back too and dropped when tool calls follow it, as chat completions trims content with tool calls.
+Output order is the order of the sampled text: a ``reasoning`` item for each reasoning block (as
+the configured reasoning parser reads it: ``<think>...</think>``, Harmony's ``analysis`` channel...), a
+``message`` item for the text, one ``function_call`` item per tool call (parsed by the configured tool
+parser, which holds text back while a tag may be starting, so no delta ever shows part of a tool
+call). Whitespace between a reasoning block and the answer (the template's separator) is dropped.
+Whitespace at the end of the text is held back too and dropped when tool calls follow it, as chat
+completions trims content with tool calls.
+
+A family that can open a block again after the answer started (``glm45``) gets a new reasoning item
+for it; the open message keeps receiving the answer's text.
 """
 
 from __future__ import annotations
@@ -18,101 +23,60 @@ import secrets
 from typing import Any
 
 from harnessrl.gateway.generation import Piece
+from harnessrl.gateway.model_formats import DEFAULT_REASONING_PARSER
+from harnessrl.gateway.reasoning_parsers import (
+    ReasoningEvent,
+    ReasoningParser,
+    ReasoningText,
+    get_reasoning_parser,
+)
 from harnessrl.gateway.responses_input import encode_reasoning
-from harnessrl.gateway.tool_parsers import ContentEvent, ToolCall, ToolCallEvent, ToolParser, partial_suffix
-
-OPEN_THINK, CLOSE_THINK = "<think>", "</think>"
+from harnessrl.gateway.tool_parsers import ContentEvent, ToolCall, ToolCallEvent, ToolParser
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
 
-class ThinkSplitter:
-    """Splits sampled text into reasoning (a leading ``<think>`` block) and content, incrementally.
-
-    ``in_think``: the prompt already opened the block (templates that end the generation prompt with
-    ``<think>\\n``), so the text starts inside it.
-    """
-
-    def __init__(self, in_think: bool = False) -> None:
-        self.state = "think" if in_think else "start"  # start | think | after | content
-        self._buf = ""
-
-    def feed(self, text: str) -> list[tuple[str, str]]:
-        """``(kind, text)`` pairs, kind ``reasoning`` or ``content``."""
-        self._buf += text
-        out: list[tuple[str, str]] = []
-        while True:
-            if self.state == "start":
-                stripped = self._buf.lstrip()
-                if stripped.startswith(OPEN_THINK):
-                    self._buf, self.state = stripped[len(OPEN_THINK) :], "think"
-                elif OPEN_THINK.startswith(stripped):
-                    return out  # still maybe the opening tag (or only whitespace so far)
-                else:
-                    self.state = "content"
-            elif self.state == "think":
-                end = self._buf.find(CLOSE_THINK)
-                if end < 0:
-                    ready = len(self._buf) - partial_suffix(self._buf, CLOSE_THINK)
-                    if ready:
-                        out.append(("reasoning", self._buf[:ready]))
-                    self._buf = self._buf[ready:]
-                    return out
-                if end:
-                    out.append(("reasoning", self._buf[:end]))
-                self._buf, self.state = self._buf[end + len(CLOSE_THINK) :], "after"
-            elif self.state == "after":
-                # The template's separator between the block and the answer is no part of the answer.
-                self._buf = self._buf.lstrip()
-                if not self._buf:
-                    return out
-                self.state = "content"
-            else:
-                if self._buf:
-                    out.append(("content", self._buf))
-                self._buf = ""
-                return out
-
-    def finish(self) -> list[tuple[str, str]]:
-        rest, self._buf = self._buf, ""
-        if not rest:
-            return []
-        # An unclosed block (cut by max_output_tokens) is all reasoning: the answer never started.
-        return [("reasoning" if self.state == "think" else "content", rest)]
-
-
 class OutputStream:
     """Builds the output items of one response from sampled pieces, emitting stream events."""
 
-    def __init__(self, parser: ToolParser | None, *, in_think: bool = False, encrypt: bool = False) -> None:
+    def __init__(
+        self, parser: ToolParser | None, *, reasoning: ReasoningParser | None = None, encrypt: bool = False
+    ) -> None:
+        """``reasoning``: the answer's reasoning parser (``GatewayState.reasoning_parser``; default
+        ``qwen3``'s, the text not starting inside a block)."""
         self.parser = parser
-        self.splitter = ThinkSplitter(in_think)
+        self.reasoning = (
+            reasoning if reasoning is not None else get_reasoning_parser(DEFAULT_REASONING_PARSER)()
+        )
         self.encrypt = encrypt  # also return the reasoning as (our plain) encrypted_content
         self.items: list[dict[str, Any]] = []  # output items in output_index order
         self.reasoning_tokens = 0
         self.tool_calls: list[ToolCall] = []
-        self._reasoning: dict[str, Any] | None = None  # the open reasoning item
+        self._reasoning: dict[str, Any] | None = None  # the last reasoning item (open or closed)
         self._reasoning_text = ""
+        self._reasoning_texts: list[str] = []  # the closed reasoning items' texts
         self._message: dict[str, Any] | None = None  # the open message item
         self._text = ""
         self._held_ws = ""  # trailing whitespace not released yet
+        # A reasoning block was entered and no content has followed it yet: leading whitespace of
+        # the content is the template's separator (and its tokens count as reasoning).
+        self._after_block = False
 
     # -- feeding ------------------------------------------------------------------------------------
 
     def feed(self, piece: Piece) -> list[dict[str, Any]]:
-        before = self.splitter.state
-        events = self._route(self.splitter.feed(piece.text)) if piece.text else []
-        # A token is reasoning if any of its text was inside the <think> block (or its separator).
-        in_block = {before, self.splitter.state} & {"think", "after"}
-        if piece.token_id >= 0 and not piece.is_stop_token and in_block:
+        before = self._note_block()
+        events = self._route(self.reasoning.feed(piece.text)) if piece.text else []
+        # A token is reasoning if any of its text was inside a reasoning block (or its separator).
+        if piece.token_id >= 0 and not piece.is_stop_token and (before or self._note_block()):
             self.reasoning_tokens += 1
         return events
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         """Close every open item; ``status`` is ``completed`` or ``incomplete``."""
-        events = self._route(self.splitter.finish())
+        events = self._route(self.reasoning.finish())
         if self.parser is not None:
             events += self._content(self.parser.finish())
         events += self._close_reasoning(status)
@@ -125,15 +89,30 @@ class OutputStream:
             events += self._close_message(status)
         return events
 
-    def _route(self, pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    def _note_block(self) -> bool:
+        """Whether the text is now in a reasoning block or the separator after it (noting the block,
+        also one that ends without any text in it)."""
+        if self.reasoning.in_reasoning:
+            self._after_block = True
+        return self._after_block
+
+    def _route(self, parsed: list[ReasoningEvent]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        for kind, text in pairs:
-            if kind == "reasoning":
-                events += self._reasoning_delta(text)
-            else:
-                events += self._close_reasoning("completed")
-                parsed = self.parser.feed(text) if self.parser is not None else [ContentEvent(text)]
-                events += self._content(parsed)
+        for event in parsed:
+            if isinstance(event, ReasoningText):
+                self._after_block = True
+                events += self._reasoning_delta(event.text)
+                continue
+            text = event.text
+            if self._after_block:
+                if self._message is None:
+                    text = text.lstrip()  # the separator between the block and the answer
+                if not text:
+                    continue
+                self._after_block = False
+            events += self._close_reasoning("completed")
+            content = self.parser.feed(text) if self.parser is not None else [ContentEvent(text)]
+            events += self._content(content)
         return events
 
     def _content(self, parsed: list[Any]) -> list[dict[str, Any]]:
@@ -158,10 +137,11 @@ class OutputStream:
 
     def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if self._reasoning is None:
+        if self._reasoning is None or self._reasoning["status"] != "in_progress":
+            # The first block, or one the model opened after the answer started (glm45).
             item = {"id": new_id("rs"), "type": "reasoning", "summary": [], "status": "in_progress"}
             _, events = self._add(item)
-            self._reasoning = item
+            self._reasoning, self._reasoning_text = item, ""
         self._reasoning_text += text
         index = self.items.index(self._reasoning)
         return events + [
@@ -179,6 +159,7 @@ class OutputStream:
         if item is None or item["status"] != "in_progress":
             return []
         text = self._reasoning_text.strip()
+        self._reasoning_texts.append(text)
         index = self.items.index(item)
         # The full reasoning goes in the summary too: harnesses echo summaries back, and matching
         # the next call's history against this answer needs the text.
@@ -278,5 +259,5 @@ class OutputStream:
         if self.tool_calls:
             message["tool_calls"] = [c.to_openai() for c in self.tool_calls]
         if self._reasoning is not None:
-            message["reasoning_content"] = self._reasoning_text.strip()
+            message["reasoning_content"] = "\n".join(self._reasoning_texts)
         return message

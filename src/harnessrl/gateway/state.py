@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -16,6 +16,7 @@ from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.model_formats import ModelFormats, resolve_formats
 from harnessrl.gateway.pause import PauseGate
+from harnessrl.gateway.reasoning_parsers import ReasoningParser, ReasoningParserFactory, get_reasoning_parser
 from harnessrl.gateway.tool_parsers import (
     CountingParser,
     ToolParser,
@@ -28,6 +29,10 @@ from harnessrl.schemas import now
 from harnessrl.store.base import Store
 
 T = TypeVar("T")
+
+#: Prompt tokens decoded to see whether the generation prompt opened the reasoning block
+#: (``<think>\n`` is one or two tokens in the families that do; a few more cost nothing).
+PROMPT_TAIL_TOKENS = 8
 
 
 @dataclass
@@ -43,6 +48,7 @@ class GatewayState:
     cluster: Cluster | None = None
     formats: ModelFormats = field(init=False)  # the tool-call and reasoning formats answers are read in
     _tool_parser: ToolParserFactory = field(init=False, repr=False)
+    _reasoning_parser: ReasoningParserFactory = field(init=False, repr=False)
     # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
     # client read timeouts from giving up on a call that is merely waiting for new weights).
     keepalive_s: float = 10.0
@@ -63,12 +69,19 @@ class GatewayState:
             getattr(self.engine.tokenizer, "chat_template", None),
         )
         self._tool_parser = get_tool_parser(self.formats.tool_parser)
+        self._reasoning_parser = get_reasoning_parser(self.formats.reasoning_parser)
         self.writer = CallWriter(self.store)
 
     def tool_parser(self, tools: Tools) -> ToolParser:
         """A parser for one answer, its malformed calls counted in ``harnessrl_tool_calls_malformed``."""
         counter = self.metrics.malformed_tool_calls.labels(parser=self.formats.tool_parser)
         return CountingParser(self._tool_parser(tools), counter.inc)
+
+    def reasoning_parser(self, prompt_ids: Sequence[int]) -> ReasoningParser:
+        """A parser for one answer to ``prompt_ids``, inside the reasoning block if the prompt opened it."""
+        tail = self.engine.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:])
+        factory = self._reasoning_parser
+        return factory(starts_in_reasoning=factory.prompt_opens_reasoning(tail))
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         """Run a blocking store call off the event loop (the store's methods are thread-safe)."""
