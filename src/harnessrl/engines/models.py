@@ -25,12 +25,10 @@ import importlib.util
 import json
 import os
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 from harnessrl.engines.chat_templates import chatml_tools_template
-from harnessrl.engines.tiny import default_cache_dir, tiny_model_dir
+from harnessrl.engines.tiny import build_folder_atomically, default_cache_dir, tiny_model_dir
 from harnessrl.errors import ConfigError
 
 #: Bump when the conversion output changes (invalidates converted folders in caches).
@@ -102,9 +100,7 @@ def convert_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
+    def convert(tmp: Path) -> None:
         tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
         model = AutoModelForCausalLM.from_pretrained(str(src.parent), gguf_file=src.name, dtype=torch.float32)
         model.hf_quantizer = None
@@ -115,15 +111,8 @@ def convert_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> 
         _install_chat_template(
             tmp, tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else None
         )
-        try:
-            os.rename(tmp, target)  # atomic; another converter may have won the race
-        except OSError:
-            if not target.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return build_folder_atomically(target, convert)  # another converter may win the race
 
 
 def resolve_model_dir(model: str, cache_dir: str | Path | None = None) -> Path:

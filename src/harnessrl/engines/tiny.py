@@ -31,6 +31,7 @@ import struct
 import sys
 import sysconfig
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -357,6 +358,25 @@ def default_cache_dir() -> Path:
     return Path(override) if override else Path.home() / ".cache" / "harnessrl"
 
 
+def build_folder_atomically(target: Path, build: Callable[[Path], object]) -> Path:
+    """``target``, written by ``build(tmp)`` into a private temporary folder beside it and renamed
+    into place: safe when several processes build the same folder at once (the first rename wins,
+    the others' work is dropped), and a crash never leaves a half-written ``target``."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        build(tmp)
+        try:
+            os.rename(tmp, target)  # atomic on POSIX; fails if another builder got there first
+        except OSError:
+            if not target.is_dir():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
 def tiny_model_dir(cache_dir: str | Path | None = None, *, seed: int = 0, weights: bool = True) -> Path:
     """Path of the tiny model, building it on first use into ``cache_dir`` (default ``~/.cache/harnessrl``).
 
@@ -371,16 +391,4 @@ def tiny_model_dir(cache_dir: str | Path | None = None, *, seed: int = 0, weight
     target = full if full.is_dir() or weights else root / f"tiny-{key}-tokenizer"
     if target.is_dir():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        build_tiny_model(tmp, seed=seed, weights=weights)
-        try:
-            os.rename(tmp, target)  # atomic on POSIX; fails if another builder got there first
-        except OSError:
-            if not target.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_folder_atomically(target, lambda tmp: build_tiny_model(tmp, seed=seed, weights=weights))

@@ -32,9 +32,6 @@ import hashlib
 import importlib.metadata
 import importlib.util
 import json
-import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,7 +39,13 @@ from pathlib import Path
 import tokenizers
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
-from harnessrl.engines.tiny import _model_config, _random_weights, _write_safetensors, default_cache_dir
+from harnessrl.engines.tiny import (
+    _model_config,
+    _random_weights,
+    _write_safetensors,
+    build_folder_atomically,
+    default_cache_dir,
+)
 from harnessrl.errors import ConfigError
 
 #: Bump when the build changes in a way the inputs do not capture (invalidates caches).
@@ -523,16 +526,6 @@ def tiny_family_dir(
     target = full if full.is_dir() or weights else root / f"{name}-tokenizer"
     if target.is_dir():
         return target
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=root))
-    try:
-        build_family_model(tmp, family, seed=seed, weights=weights)
-        try:
-            os.rename(tmp, target)  # atomic on POSIX; fails if another builder got there first
-        except OSError:
-            if not target.is_dir():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+    return build_folder_atomically(
+        target, lambda tmp: build_family_model(tmp, family, seed=seed, weights=weights)
+    )
