@@ -8,6 +8,8 @@ same code. A parser never invents a call the policy did not fully make: a block 
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -109,6 +111,78 @@ def model_json(text: str) -> tuple[bool, Any]:
         return True, parse_json(text, "tool-call arguments")
     except BadRequest:
         return False, None
+
+
+def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
+    """The call, with arguments a JSON object (given parsed or as a JSON string), else None."""
+    if isinstance(arguments, str):
+        ok, arguments = model_json(arguments)
+        if not ok:
+            return None
+    if not isinstance(arguments, dict):
+        return None
+    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+
+
+def call_from_json(data: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:
+    """A ``{"name", <arguments key>}`` object as a call, or None when it is not a well-formed one."""
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+        return None
+    key = next((k for k in argument_keys if k in data), None)
+    if key is None:
+        return None
+    return call_with_arguments(data["name"], data[key])
+
+
+_JSON_SPECIAL = re.compile(r'[{}\[\]"]')
+_STRING_SPECIAL = re.compile(r'["\\]')
+
+
+class JsonValueScanner:
+    """Finds where a JSON object or array that starts at ``text[0]`` ends, over a growing text.
+
+    Brackets are counted outside strings (``{``/``[`` alike; the JSON parser checks the pairing
+    afterwards), so the end is the same however the text was split, and each character is looked at
+    once across calls.
+    """
+
+    def __init__(self) -> None:
+        self._pos = 0
+        self._depth = 0
+        self._in_string = False
+
+    def end(self, text: str) -> int | None:
+        """Index just past the closing bracket, or None while the value is still open."""
+        pos = self._pos
+        while True:
+            if self._in_string:
+                match = _STRING_SPECIAL.search(text, pos)
+                if match is None:
+                    self._pos = len(text)
+                    return None
+                if match.group() == "\\":
+                    if match.end() >= len(text):  # the escaped character has not arrived
+                        self._pos = match.start()
+                        return None
+                    pos = match.end() + 1
+                    continue
+                self._in_string = False
+                pos = match.end()
+                continue
+            match = _JSON_SPECIAL.search(text, pos)
+            if match is None:
+                self._pos = len(text)
+                return None
+            char, pos = match.group(), match.end()
+            if char == '"':
+                self._in_string = True
+            elif char in "{[":
+                self._depth += 1
+            else:
+                self._depth -= 1
+                if self._depth <= 0:
+                    self._pos = pos
+                    return pos
 
 
 @dataclass

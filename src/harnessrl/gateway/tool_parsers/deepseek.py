@@ -25,10 +25,10 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
+    call_with_arguments,
     model_json,
     partial_suffix,
 )
-from harnessrl.gateway.tool_parsers.llama import call_with_arguments
 
 
 class SectionToolParser:

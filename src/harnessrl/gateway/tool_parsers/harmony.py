@@ -17,7 +17,6 @@ The header helpers here are shared with the reasoning parser (``gateway.reasonin
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -27,7 +26,7 @@ from harnessrl.gateway.tool_parsers.base import (
     ToolCall,
     ToolCallEvent,
     Tools,
-    model_json,
+    call_with_arguments,
     partial_suffix,
 )
 
@@ -198,7 +197,4 @@ class HarmonyToolParser:
         name = header.function_name
         if name is None:
             return None
-        ok, arguments = model_json(body.strip())
-        if not ok or not isinstance(arguments, dict):
-            return None
-        return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+        return call_with_arguments(name, body.strip())

@@ -6,14 +6,13 @@ the content as text, and so does an unclosed block (a response cut by ``max_toke
 
 from __future__ import annotations
 
-import json
-
 from harnessrl.gateway.tool_parsers.base import (
     ContentEvent,
     Event,
     ToolCall,
     ToolCallEvent,
     Tools,
+    call_with_arguments,
     model_json,
     partial_suffix,
 )
@@ -72,12 +71,5 @@ class HermesToolParser:
         ok, data = model_json(inner.strip())
         if not ok or not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
             return None
-        arguments = data.get("arguments", data.get("parameters", {}))
-        if isinstance(arguments, str):
-            # Some models emit arguments already serialized; accept them only if they are JSON.
-            ok, arguments = model_json(arguments)
-            if not ok:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        return ToolCall(name=data["name"], arguments=json.dumps(arguments, ensure_ascii=False))
+        # Some models write the arguments already serialized: call_with_arguments reads them then.
+        return call_with_arguments(data["name"], data.get("arguments", data.get("parameters", {})))

@@ -22,13 +22,15 @@ import re
 from harnessrl.gateway.tool_parsers.base import (
     ContentEvent,
     Event,
+    JsonValueScanner,
     ToolCall,
     ToolCallEvent,
     Tools,
+    call_from_json,
+    call_with_arguments,
     model_json,
     partial_suffix,
 )
-from harnessrl.gateway.tool_parsers.llama import JsonValueScanner, call_from_json, call_with_arguments
 
 _NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*")
 
