@@ -384,7 +384,9 @@ def test_a_prompt_that_takes_too_long_to_tokenize_is_a_413_and_others_go_on(
     url = f"{gateway.url}/v1/chat/completions"
     with httpx.Client(timeout=30) as client:
         started = time.monotonic()
-        slow_answer = client.post(url, json={"messages": [{"role": "user", "content": "SLOW"}]}, headers=headers)
+        slow_answer = client.post(
+            url, json={"messages": [{"role": "user", "content": "SLOW"}]}, headers=headers
+        )
         waited = time.monotonic() - started
         assert slow.is_set()
         assert slow_answer.status_code == 413, slow_answer.text
