@@ -51,7 +51,9 @@ def test_async_trainer_update_drains_calls_and_versions_the_next(
         lambda: all_admitted(gateway, threads) and all(o.streaming() for _, o, _ in before[::2]),
         lambda: f"the calls to generate: {before}",
     )
-    assert all(thread.is_alive() for thread in threads)  # the pause below does find them in flight
+    # The pause below finds calls in flight. Not necessarily all four: a call may end early at a
+    # stop token the tiny model samples (a CI run once saw one end before this line).
+    assert any(thread.is_alive() for thread in threads)
     paused = gateway.client.pause()  # returns once the 4 calls have finished
     assert paused["drained"] is True and paused["in_flight"] == 0
     late = start_call(gateway, stream=True, max_tokens=32)  # held at the gate
