@@ -35,6 +35,26 @@ def test_each_command_has_help():
         assert proc.returncode == 0 and "Usage" in proc.stdout
 
 
+def test_help_texts_keep_toml_section_names():
+    # Rich markup used to eat "[harness]" as a style tag: "TOML file: , , , ,".
+    out = run("rollout", "--help").stdout
+    assert "[harness]" in out and "[evaluator]" in out
+    assert "[harness]" in run("data", "calibrate", "--help").stdout
+
+
+def test_version_flag_and_command_print_the_version():
+    from harnessrl import __version__
+
+    for args in (("--version",), ("version",)):
+        proc = run(*args)
+        assert proc.returncode == 0 and proc.stdout.strip() == __version__, proc.stderr
+
+
+def test_split_flag_reads_as_written():
+    out = run("data", "split", "--help").stdout
+    assert "--no-repo-leakage" in out and "--no-no-repo-leakage" not in out
+
+
 def test_bad_config_file_is_named(tmp_path):
     proc = run("rollout", "--config", str(tmp_path / "missing.toml"), "--task", "{}")
     assert proc.returncode == 2

@@ -21,6 +21,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # help texts name TOML sections ("[harness]"): not style tags
 )
 
 ReportOption = Annotated[Path | None, typer.Option(help="Also write the JSON report to this file")]
@@ -129,7 +130,11 @@ def split_command(
     test_size: Annotated[int, typer.Option(help="Records in the test set")],
     seed: Annotated[int, typer.Option(help="Seed of the split")] = 0,
     no_repo_leakage: Annotated[
-        bool, typer.Option(help="Keep every repository on one side (the test set may come out smaller)")
+        bool,
+        typer.Option(
+            "--no-repo-leakage/--allow-repo-leakage",
+            help="Keep every repository on one side (the test set may come out smaller)",
+        ),
     ] = False,
     report: ReportOption = None,
 ) -> None:

@@ -23,16 +23,22 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts name TOML sections ("[gateway]"); rich markup would eat them as style tags.
+    rich_markup_mode=None,
 )
 app.add_typer(data_app, name="data")  # harnessrl data filter|calibrate|select|split
 sandbox_app = typer.Typer(
-    help="The sandbox harnesses and evaluators run in (docs/sandbox.md).", no_args_is_help=True
+    help="The sandbox harnesses and evaluators run in (docs/sandbox.md).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(sandbox_app, name="sandbox")
 
 
 engine_app = typer.Typer(
-    help="Inference servers harnessrl can train through (docs/engines.md).", no_args_is_help=True
+    help="Inference servers harnessrl can train through (docs/engines.md).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
 )
 app.add_typer(engine_app, name="engine")
 
@@ -135,6 +141,24 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print an error for a person and return the Exit to raise."""
     typer.secho(f"harnessrl: error: {message}", err=True, fg=typer.colors.RED)
     return typer.Exit(code)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def main_options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the harnessrl version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Reinforcement learning for LLM agents inside their real, unmodified harnesses."""
 
 
 @app.command()
