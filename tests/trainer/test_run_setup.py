@@ -1,8 +1,12 @@
-"""``prepare_run``: a run folder saved by an older harnessrl resumes under today's schema."""
+"""``prepare_run``: a run folder saved by an older harnessrl resumes under today's schema, and the
+preflight refuses what would fail every rollout before the run folder is created."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +44,42 @@ def test_a_current_config_keeps_its_tis_cap_and_refuses_unknown_fields(tmp_path)
     (run_dir / CONFIG_FILE).write_text(json.dumps(saved))
     with pytest.raises(ConfigError, match="no_such_field"):
         prepare_run(None, str(run_dir), [])
+
+
+def _train(tmp_path, *sets: str) -> subprocess.CompletedProcess:
+    argv = [sys.executable, "-m", "harnessrl", "train", str(CONFIG), "--set", f"run.dir={tmp_path / 'run'}"]
+    for item in sets:
+        argv += ["--set", item]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def test_a_missing_harness_script_is_refused_before_anything_is_created(tmp_path):
+    # The typo of the issue: every rollout used to fail as the policy's fault and the run "trained".
+    proc = _train(tmp_path, f'harness.command=["{tmp_path / "agentt.py"}", "{{prompt}}"]')
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "harness.command[1]" in proc.stderr and "agentt.py" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+    # Control: the example's real script passes the same preflight (prepare_run runs it).
+    _, run_dir, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'real'}"])
+    assert run_dir.is_dir()
+
+
+def test_wandb_asked_for_but_missing_is_refused_before_anything_is_created(tmp_path):
+    if importlib.util.find_spec("wandb") is not None:
+        pytest.skip("wandb is installed here")
+    proc = _train(tmp_path, "metrics.wandb_project=demo")
+    assert proc.returncode == 2 and "metrics.wandb_project" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_non_executable_harness_is_refused(tmp_path):
+    from harnessrl.controller.base import HarnessSpec
+    from harnessrl.controller.harness import check_harness
+
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(ConfigError, match=r"harness.command\[0\].*not executable"):
+        check_harness(HarnessSpec(command=[str(script)]))
+    script.chmod(0o755)
+    check_harness(HarnessSpec(command=[str(script)]))

@@ -150,8 +150,20 @@ def render_harness(
     return RenderedHarness(argv=argv, env=env, files=files, cwd=cwd, repo=repo, task_file=task_file)
 
 
+# Interpreters whose first argument is the program they run (python3.11, node, bash...).
+_INTERPRETER = re.compile(r"^(python[\d.]*|node|bash|sh|zsh|ruby|perl|deno|bun)$")
+
+
 def check_harness(spec: HarnessSpec) -> None:
     """Fail before any rollout starts if the harness cannot run at all."""
     exe = spec.command[0]
     if "{" not in exe and shutil.which(exe) is None and not Path(exe).is_file():
         raise ConfigError(f"harness.command[0]: executable {exe!r} not found on PATH")
+    if "{" not in exe and Path(exe).is_file() and not os.access(exe, os.X_OK):
+        raise ConfigError(f"harness.command[0]: {exe!r} is not executable")
+    # The script an interpreter runs (the python preset: [python, "/abs/agent.py", ...]): a typo in
+    # it would otherwise fail every rollout as the policy's fault, reward 0, and the run "train" on.
+    if len(spec.command) > 1 and _INTERPRETER.match(Path(exe).name):
+        script = spec.command[1]
+        if os.path.isabs(script) and "{" not in script and not Path(script).is_file():
+            raise ConfigError(f"harness.command[1]: script {script!r} does not exist")

@@ -43,6 +43,7 @@ def prepare_run(
             raw_override = load_raw_config(None, [f"{key}={value}"], env={})
             _merge(raw, raw_override)
         config = validate_config(TrainConfig, raw)
+        preflight(config)
         return config, run_dir, base_dir
     if config_path is None:
         raise ConfigError("give a config file (harnessrl train CONFIG) or --resume RUN_DIR")
@@ -50,6 +51,7 @@ def prepare_run(
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
     config = validate_config(TrainConfig, raw)
     run_dir = Path(config.run.dir) if config.run.dir else Path("runs") / config.run.name
+    preflight(config, run_dir)  # before the folder exists: a bad config leaves nothing behind
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
             f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
@@ -60,6 +62,27 @@ def prepare_run(
     saved["_base_dir"] = str(base_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
     return config, run_dir, base_dir
+
+
+def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
+    """What would fail every rollout, or the run after it started, checked before anything is
+    created: the harness's executable and script (``check_harness``), the sandbox, the evaluator, and
+    the optional integrations the config asks for. Each problem is a ``ConfigError`` naming the field.
+
+    Skipped for the harness when the trainer's controllers run elsewhere (``trainer.controllers =
+    "external"``): their machines, not this one, must have the harness."""
+    import importlib.util
+
+    if config.metrics.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("metrics.wandb_project: wandb is not installed (pip install wandb), or unset it")
+    if config.trainer.controllers == "external":
+        return
+    from harnessrl.controller.stack import RolloutConfig, prepare
+
+    prepare(
+        RolloutConfig(harness=config.harness, evaluator=config.evaluator, controller=config.controller),
+        run_dir,
+    )
 
 
 def upgrade_saved_config(raw: dict[str, Any]) -> dict[str, Any]:
