@@ -215,11 +215,27 @@ def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") ->
 
 
 def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
-    """Make ``./x`` and ``../x`` items of ``harness.command``, ``harness.mounts`` and ``harness.repo`` absolute, relative to
-    the config file's folder (harnesses run in their own workspace, so a relative path would break)."""
+    """Make ``./x`` and ``../x`` items of ``harness.command``, ``harness.args``, ``harness.mounts``,
+    ``harness.repo``, ``evaluator.command`` and ``evaluator.mounts`` absolute, relative to the config
+    file's folder (harnesses and evaluators run in their own workspace, so a relative path would break).
+    A path the harness should resolve in its workspace is written without ``./`` (``notes/a.txt``)."""
+
+    def fix(value: Any) -> Any:
+        if isinstance(value, str) and value.startswith(("./", "../")):
+            return str((base_dir / value).resolve())
+        return value
+
+    for section, keys in (("harness", ("command", "args", "mounts")), ("evaluator", ("command", "mounts"))):
+        table = raw.get(section)
+        if not isinstance(table, dict):
+            continue
+        for key in keys:
+            if isinstance(table.get(key), list):
+                table[key] = [fix(item) for item in table[key]]
     harness = raw.get("harness")
-    if not isinstance(harness, dict):
-        return raw
+    if isinstance(harness, dict) and "repo" in harness:
+        harness["repo"] = fix(harness["repo"])
+    return raw
 
     def fix(value: Any) -> Any:
         if isinstance(value, str) and value.startswith(("./", "../")):
