@@ -81,6 +81,18 @@ def test_crafted_flagged_filter_and_heldout_chart(crafted: TestClient) -> None:
     assert "held-out" in runs and "held-out (none)" not in runs
 
 
+def test_result_badges_show_the_reward_not_the_harness_exit(crafted: TestClient) -> None:
+    # "success" means the harness exited 0: a rollout that did so with reward 0 used to get a green
+    # "success" badge. The result is the reward; how the harness ended is on hover and in the trace.
+    table = crafted.get("/ui/rollouts").text
+    assert '<span class="badge b-solved" title="harness: success">solved</span>' in table
+    assert '<span class="badge b-unsolved" title="harness: policy_failure">unsolved</span>' in table
+    assert "badge b-success" not in table
+    trace = crafted.get("/ui/rollouts/r-honest").text
+    assert '<h1>Rollout r-honest <span class="badge b-unsolved"' in trace
+    assert 'harness ended</td><td><span class="badge b-policy_failure">policy_failure</span>' in trace
+
+
 def test_live_refresh_while_running(crafted: TestClient, tmp_path) -> None:  # noqa: ANN001
     from harnessrl.store.sqlite import SQLiteStore
 

@@ -33,7 +33,8 @@ th { background:#f3f4f6; font-weight:600; font-size:12px; } td.num { text-align:
   font-variant-numeric:tabular-nums; }
 tr:hover td { background:#f9fafb; }
 .badge { display:inline-block; padding:0 6px; border-radius:9px; font-size:12px; background:#e5e7eb; }
-.b-success, .b-finished { background:#dcfce7; color:#166534; }
+.b-success, .b-finished, .b-solved { background:#dcfce7; color:#166534; }
+.b-partial { background:#fef9c3; color:#854d0e; } .b-unsolved { background:#f3f4f6; color:#374151; }
 .b-policy_failure, .b-timeout { background:#fef3c7; color:#92400e; }
 .b-infra_failure, .b-failed, .b-flag { background:#fee2e2; color:#991b1b; }
 .b-running, .b-queued { background:#dbeafe; color:#1e40af; }
@@ -78,6 +79,17 @@ def badge(text: Any, kind: str | None = None) -> str:
     if text in (None, ""):
         return ""
     return f'<span class="badge b-{esc(kind or text)}">{esc(text)}</span>'
+
+
+def result_badge(reward: float | None, outcome: Any) -> str:
+    """A rollout's result by its reward — ``solved`` (1), ``partial``, ``unsolved`` (0) — with how the
+    harness ended on hover. The harness's exit status (``success`` = exited 0) says nothing of the
+    task; with no reward (an infrastructure failure, a rollout still running) the outcome is shown."""
+    if reward is None:
+        return badge(outcome)
+    kind = "solved" if reward >= 1 else "partial" if reward > 0 else "unsolved"
+    ended = getattr(outcome, "value", outcome)
+    return f'<span class="badge b-{kind}" title="harness: {esc(ended)}">{kind}</span>'
 
 
 def pretty_json(value: Any) -> str:

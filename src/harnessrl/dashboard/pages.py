@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harnessrl.dashboard.charts import read_metrics, run_charts
 from harnessrl.dashboard.data import DashboardData, RolloutFilter, RolloutRow
-from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, url
+from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
 from harnessrl.schemas import Outcome, RolloutStatus
 
 PAGE_SIZE = 50
@@ -82,7 +82,7 @@ def _row_html(row: RolloutRow, prefix: str) -> str:
         f'<tr class="rollout-row"><td><a class="trace-link" href="{esc(prefix)}/rollouts/{esc(r.rollout_id)}">'
         f"{esc(r.rollout_id)}</a></td><td class=num>{esc(r.step)}</td><td>{esc(task)}</td>"
         f'<td><a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a></td>'
-        f"<td>{badge(r.status)} {badge(r.outcome)}</td><td class=num>{fmt_num(r.reward)}</td>"
+        f"<td>{badge(r.status)} {result_badge(r.reward, r.outcome)}</td><td class=num>{fmt_num(r.reward)}</td>"
         f"<td class=num>{duration}</td><td class=num>{row.calls}</td>"
         f'<td class=num title="last prompt {row.prompt_tokens} tokens">{row.sampled_tokens}</td>'
         f"<td class=num>{row.calls and row.samples}</td><td>{flags}</td><td>{esc(versions)}</td></tr>"

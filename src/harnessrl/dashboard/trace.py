@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, url
+from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
 from harnessrl.schemas import Call, Rollout
 from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples
 
@@ -136,7 +136,8 @@ def audit_html(rollout: Rollout) -> str:
 def evaluation_html(rollout: Rollout) -> str:
     meta = rollout.metadata
     rows = [
-        ("outcome", badge(rollout.outcome)),
+        ("result", result_badge(rollout.reward, rollout.outcome)),
+        ("harness ended", badge(rollout.outcome)),
         ("reward", esc(fmt_num(rollout.reward, 4))),
         ("reward before audit", esc(fmt_num(meta.get("reward_before_audit"), 4))),
         ("exit", esc(json.dumps(meta.get("exit"))) if meta.get("exit") else ""),
@@ -248,7 +249,7 @@ def _summary(rollout: Rollout, prefix: str) -> str:
 def trace_body(rollout: Rollout, calls: Sequence[Call], decode: Decoder, prefix: str) -> str:
     calls_tbl, token_views = samples_html(rollout, calls, decode)
     return (
-        f"<h1>Rollout {esc(rollout.rollout_id)} {badge(rollout.outcome)}</h1>{_summary(rollout, prefix)}"
+        f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>{_summary(rollout, prefix)}"
         f"<details><summary>task</summary>{pretty_json(rollout.task)}</details>"
         f'<h2>Evaluation</h2><div class="card">{evaluation_html(rollout)}</div>'
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
@@ -269,7 +270,7 @@ def compare_body(pairs: list[tuple[Rollout, list[Call]]], decode: Decoder, prefi
         _, tokens = samples_html(rollout, calls, decode)
         cols.append(
             f'<div class="side"><h2><a href="{esc(prefix)}/rollouts/{esc(rollout.rollout_id)}">'
-            f"{esc(rollout.rollout_id)}</a> {badge(rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
+            f"{esc(rollout.rollout_id)}</a> {result_badge(rollout.reward, rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
             f"{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
             f"<h3>Audit</h3>{audit_html(rollout)}<h3>Conversation</h3>{conversation_html(calls)}"
             f"<h3>Tokens</h3>{tokens}</div>"
