@@ -130,3 +130,19 @@ def test_heldout_metrics_and_an_evaluation_with_nothing_scored():
     broken = group("eval-s00001", [0.0], outcomes=[Outcome.INFRA_FAILURE])
     with pytest.raises(HarnessRLError, match="every rollout failed"):
         heldout_metrics(broken, overlap=0)
+
+
+def test_step_metrics_report_lengths_truncation_prompt_and_zero_variance_share():
+    varied, flat = group("g0", [1.0, 0.0]), group("g1", [0.5, 0.5])
+    cut = varied.calls["g0-r1"][0]
+    varied.calls["g0-r1"] = [
+        cut.model_copy(update={"finish_reason": "length", "finished_at": cut.started_at + 2.0})
+    ]
+    batch = prepare_step([varied, flat], 0, TrainerSection(), AlgorithmConfig())
+    m = batch.metrics
+    assert m["response/length_mean"] == 2.0 and m["response/length_max"] == 2.0
+    assert m["response/truncated_share"] == 0.25  # one call of four stopped at max_tokens
+    assert m["prompt/length_mean"] == 3.0 and m["prompt/length_max"] == 3.0
+    assert m["calls/per_rollout"] == 1.0
+    assert m["time/generation_s_mean"] == 2.0  # the only call with a finish time
+    assert m["advantage/zero_variance_share"] == 0.5  # g1's rewards are all equal

@@ -78,8 +78,36 @@ def prepare_step(
         **advantages.metrics,
         **batch.stats.as_metrics(prefix="trajectory/"),
     }
+    metrics.update(call_metrics([c for r in kept for c in calls[r.rollout_id] if c.attempt == r.attempt]))
+    groups_seen = metrics.get("advantage/groups") or 0.0
+    metrics["advantage/zero_variance_share"] = (
+        metrics.get("advantage/zero_variance_groups", 0.0) / groups_seen if groups_seen else 0.0
+    )
     generated = sum(len(c.response_token_ids) for cs in calls.values() for c in cs)
     return StepBatch(samples, rollouts, metrics, generated)
+
+
+def call_metrics(calls: list[Any]) -> dict[str, float]:
+    """Per model call of the step's trained rollouts: response length (sampled tokens), the share cut
+    at ``max_tokens`` (``finish_reason == "length"``), prompt length, and generation seconds (first
+    request byte to last token, queueing included). TRL/verl: ``completions/mean_length``,
+    ``completions/clipped_ratio``; ``response_length/mean``, ``response_length/clip_ratio``,
+    ``prompt_length/mean``."""
+    if not calls:
+        return {}
+    lengths = [len(c.response_token_ids) for c in calls]
+    timed = [
+        c.finished_at - c.started_at for c in calls if c.finished_at is not None and c.started_at is not None
+    ]
+    return {
+        "response/length_mean": statistics.fmean(lengths),
+        "response/length_max": float(max(lengths)),
+        "response/truncated_share": sum(c.finish_reason == "length" for c in calls) / len(calls),
+        "prompt/length_mean": statistics.fmean(len(c.prompt_token_ids) for c in calls),
+        "prompt/length_max": float(max(len(c.prompt_token_ids) for c in calls)),
+        "time/generation_s_mean": statistics.fmean(timed) if timed else 0.0,
+        "calls/per_rollout": len(calls) / max(1, len({c.rollout_id for c in calls})),
+    }
 
 
 def heldout_metrics(group: Group, overlap: int) -> dict[str, Any]:
