@@ -55,6 +55,14 @@ def test_split_flag_reads_as_written():
     assert "--no-repo-leakage" in out and "--no-no-repo-leakage" not in out
 
 
+def test_run_dir_is_one_option_name_everywhere(tmp_path):
+    for command in (("train",), ("dashboard",), ("rollout",), ("data", "calibrate")):
+        assert "--run-dir" in run(*command, "--help").stdout, command
+    both = run("train", "--run-dir", str(tmp_path / "a"), "--resume", str(tmp_path / "b"))
+    assert both.returncode == 2 and "not both" in both.stderr
+    assert not (tmp_path / "a").exists()
+
+
 def test_bad_config_file_is_named(tmp_path):
     proc = run("rollout", "--config", str(tmp_path / "missing.toml"), "--task", "{}")
     assert proc.returncode == 2

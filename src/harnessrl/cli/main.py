@@ -270,6 +270,9 @@ def controller(
 def train(
     config: Annotated[str | None, typer.Argument(help="TOML file describing the run")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue the run in this folder")] = None,
+    run_dir: Annotated[
+        str | None, typer.Option("--run-dir", help="The run folder (default: run.dir, else runs/<run.name>)")
+    ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
     ] = None,
@@ -283,8 +286,13 @@ def train(
 
     from harnessrl.cli.train import RunInterrupted, run_train
 
+    overrides = list(set_ or [])
+    if run_dir is not None:
+        if resume is not None:
+            raise fail("give --run-dir for a new run or --resume RUN_DIR to continue one, not both")
+        overrides.append(f"run.dir={run_dir}")
     try:
-        summary = run_train(config, resume, set_ or [])
+        summary = run_train(config, resume, overrides)
     except RunInterrupted as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(exc.exit_code) from exc
@@ -295,7 +303,9 @@ def train(
 
 @app.command()
 def dashboard(
-    run: Annotated[str, typer.Option("--run", help="The run folder (holds harnessrl.db and metrics.jsonl)")],
+    run: Annotated[
+        str, typer.Option("--run-dir", "--run", help="The run folder (holds harnessrl.db and metrics.jsonl)")
+    ],
     port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8080,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
 ) -> None:
