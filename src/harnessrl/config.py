@@ -73,7 +73,7 @@ class EngineConfig(Section):
 
     model: str = "tiny"
     device: str = "cpu"
-    dtype: str = "float32"  # float32 | bfloat16
+    dtype: str = "float32"  # float32 | bfloat16 | auto (bf16 on a GPU or a CPU with native bf16)
     max_batch_size: int = Field(default=32, ge=1)
     context_length: int | None = Field(default=None, ge=16)  # default: the model's own
     cache_dir: str | None = None  # where built/converted models are kept (default ~/.cache/harnessrl)

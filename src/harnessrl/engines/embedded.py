@@ -49,6 +49,7 @@ from harnessrl.errors import (
     InvalidWeightUpdate,
     UpstreamError,
 )
+from harnessrl.hardware import resolve_dtype
 from harnessrl.tokenizer import PolicyTokenizer
 
 _DONE = object()  # end-of-stream marker put on a request's queue
@@ -88,8 +89,9 @@ class EmbeddedEngine:
         num_threads: int | None = None,
         prefix_sharing: bool = True,
     ):
+        dtype = resolve_dtype(dtype, device)
         if dtype not in _DTYPES:
-            raise ConfigError(f"engine.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+            raise ConfigError(f"engine.dtype must be one of {sorted([*_DTYPES, 'auto'])}, got {dtype!r}")
         self._model_dir = Path(model_dir)
         self._model_name = model_name or self._model_dir.name
         self._device = torch.device(device)

@@ -118,7 +118,8 @@ class TrainerSection(Section):
         default=True, description="compute tokens that samples share at their start once (prefix_tree.py)"
     )
     max_sample_tokens: int | None = Field(default=None, ge=16)
-    autocast: Literal["none", "bf16"] = "none"
+    # "auto": bf16 on a GPU or a CPU with native bf16 (AMX / AVX512-BF16), else none (harnessrl.hardware)
+    autocast: Literal["none", "bf16", "auto"] = "none"
     gradient_checkpointing: bool = False
     lora: LoraSection | None = None
     eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations (0: never)")

@@ -24,6 +24,7 @@ import torch
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.losses import token_logprobs
+from harnessrl.hardware import resolve_autocast
 from harnessrl.trainer.config import LoraSection, OptimizerConfig
 from harnessrl.trainer.prefix_tree import PrefixBatch
 from harnessrl.trainer.train_step import train_step
@@ -111,10 +112,10 @@ class TrainablePolicy:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optimizer, total_steps))
         self.grad_clip = optimizer.grad_clip
-        self.autocast = autocast
         self.row_tokens = row_tokens
         self.share_prefixes = share_prefixes
         self.device = next(self.model.parameters()).device
+        self.autocast = resolve_autocast(autocast, on_gpu=self.device.type == "cuda")
 
     @classmethod
     def from_config(
