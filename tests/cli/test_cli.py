@@ -63,6 +63,16 @@ def test_run_dir_is_one_option_name_everywhere(tmp_path):
     assert not (tmp_path / "a").exists()
 
 
+def test_rollout_refuses_a_missing_harness_script(tmp_path):
+    config = tmp_path / "rollout.toml"
+    config.write_text('[harness]\npreset = "python"\ncommand = ["./agentt.py", "{prompt}"]\n')
+    proc = run(
+        "rollout", "--config", str(config), "--task", '{"prompt": "hi"}', "--run-dir", str(tmp_path / "r")
+    )
+    assert proc.returncode == 2 and "harness.command[1]" in proc.stderr and "agentt.py" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_bad_config_file_is_named(tmp_path):
     proc = run("rollout", "--config", str(tmp_path / "missing.toml"), "--task", "{}")
     assert proc.returncode == 2

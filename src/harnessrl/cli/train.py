@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +21,66 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.trainer.run_setup import prepare_run
 
 
+def finished_step(run_dir: Path) -> int | None:
+    """The step of the run's last whole checkpoint, read without importing torch."""
+    import json
+
+    for name in ("latest", "latest.old"):
+        state = run_dir / "checkpoints" / name / "harnessrl_state.json"
+        if state.is_file():
+            return int(json.loads(state.read_text())["step"])
+    return None
+
+
 def run_train(config_path: str | None, resume: str | None, overrides: list[str]) -> dict[str, Any]:
     config, run_dir, base_dir = prepare_run(config_path, resume, overrides)
+    done = finished_step(run_dir) if resume else None
+    if done is not None and done >= config.trainer.steps:
+        # Nothing to train: say so (and how to go on) instead of starting and stopping silently.
+        print(
+            f"harnessrl: {run_dir} already finished its {config.trainer.steps} steps (checkpoint at step "
+            f"{done}); to train further: harnessrl train --resume {run_dir} --set trainer.steps={done + 10}",
+            file=sys.stderr,
+        )
+        return {"run_dir": str(run_dir), "steps": done, "already_finished": True}
+    print(
+        f"harnessrl: {'resuming' if resume else 'training'} in {run_dir} (loading the model...)",
+        file=sys.stderr,
+    )
+    quiet_third_party_bars()
     from harnessrl.trainer.run import Trainer
 
     trainer = Trainer(config, run_dir, resume=bool(resume), base_dir=base_dir)
-    return asyncio.run(_until_signalled(trainer.run(), run_dir))
+    summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
+    print(next_commands(run_dir, tensorboard=config.metrics.tensorboard), file=sys.stderr)
+    return summary
+
+
+def quiet_third_party_bars() -> None:
+    """transformers draws a "Loading weights" / "Writing model shards" bar on every checkpoint load
+    and save; with stderr not a terminal (a log file, CI) each one is a screenful of carriage
+    returns per step. Off there, kept in a terminal."""
+    if not sys.stderr.isatty():
+        import os
+
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        try:
+            from transformers.utils import logging as hf_logging
+        except ImportError:
+            return
+        hf_logging.disable_progress_bar()
+
+
+def next_commands(run_dir: Path, *, tensorboard: bool) -> str:
+    """The closing lines of a run: where its results are and the commands that show them."""
+    lines = [
+        f"harnessrl: done; metrics {run_dir / 'metrics.jsonl'}, checkpoints {run_dir / 'checkpoints'}",
+        f"  dashboard:   harnessrl dashboard --run-dir {run_dir}",
+    ]
+    if tensorboard:
+        lines.append(f"  tensorboard: tensorboard --logdir {run_dir / 'tensorboard'}")
+    lines.append(f"  train on:    harnessrl train --resume {run_dir} --set trainer.steps=N")
+    return "\n".join(lines)
 
 
 class RunInterrupted(HarnessRLError):
