@@ -132,6 +132,46 @@ def test_resume_after_sigkill_continues_without_retraining(tmp_path):
     store.close()
 
 
+def resume_to(run_dir: Path, steps: int) -> subprocess.CompletedProcess:
+    argv = [*HARNESSRL, "train", "--resume", str(run_dir), "--set", "metrics.progress=false"]
+    return subprocess.run(
+        argv + ["--set", f"trainer.steps={steps}"], capture_output=True, text=True, timeout=600
+    )
+
+
+def test_resume_past_a_finished_run_rewrites_the_final_checkpoint(tmp_path):
+    # checkpoints/final used to be written only if missing: resumed from 2 to 3 steps, it kept step 2.
+    from safetensors.torch import load_file
+
+    run_dir = tmp_path / "run"
+    short = ("--set", "trainer.steps=2", "--set", "trainer.eval_every=0")
+    first = train(run_dir, *short)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # The run folder is announced first, the closing lines say what to run next, and transformers'
+    # weight-loading bars stay out of a log that is not a terminal.
+    assert first.stderr.startswith(f"harnessrl: training in {run_dir}")
+    assert f"dashboard:   harnessrl dashboard --run-dir {run_dir}" in first.stderr
+    assert "Loading weights" not in first.stderr and "Writing model shards" not in first.stderr
+    final = run_dir / "checkpoints" / "final"
+    assert json.loads((final / "harnessrl_final.json").read_text()) == {"step": 2}
+    at_two = load_file(final / "model.safetensors")
+    resumed = resume_to(run_dir, 3)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert json.loads(resumed.stdout.strip().splitlines()[-1])["steps"] == 3
+    assert json.loads((final / "harnessrl_final.json").read_text()) == {"step": 3}
+    at_three = load_file(final / "model.safetensors")
+    latest = load_file(run_dir / "checkpoints" / "latest" / "model.safetensors")
+    assert all((at_three[k] == latest[k]).all() for k in latest)  # final = the last step's weights
+    assert any((at_three[k] != at_two[k]).any() for k in at_two)  # and not the first run's
+    # --resume of a finished run trains nothing and says how to extend it.
+    rows = len(metrics(run_dir))
+    again = resume_to(run_dir, 3)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "already finished its 3 steps" in again.stderr and "--set trainer.steps=13" in again.stderr
+    assert json.loads(again.stdout.strip().splitlines()[-1])["already_finished"] is True
+    assert len(metrics(run_dir)) == rows
+
+
 def processes_running(needle: str) -> list[int]:
     """PIDs of live processes whose command line contains ``needle``."""
     pids = []

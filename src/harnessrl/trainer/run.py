@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -168,9 +169,10 @@ class Trainer:
             finally:
                 store.close()
                 metrics.close()
+        # Always rewritten: after --resume the folder holds an earlier run's end, not this one's.
         final = self.run_dir / "checkpoints" / "final"
-        if not final.exists():
-            policy.save_checkpoint(final, with_optimizer=False)
+        policy.save_checkpoint(final, with_optimizer=False)
+        (final / "harnessrl_final.json").write_text(json.dumps({"step": self.state.step}) + "\n")
         return {
             "run_dir": str(self.run_dir),
             "steps": self.state.step,
