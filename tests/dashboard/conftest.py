@@ -109,7 +109,18 @@ def crafted(tmp_path: Path) -> Iterator[TestClient]:
     )
     store.close()
     (run_dir / "metrics.jsonl").write_text(
-        "\n".join(json.dumps({"step": s, "reward/mean": s / 10, "heldout/reward": s / 20}) for s in (1, 2, 3))
+        "\n".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "time": 1000.0 + 90 * s,
+                    "reward/mean": s / 10,
+                    "heldout/reward": s / 20,
+                    "custom/x": s * s,
+                }
+            )
+            for s in (1, 2, 3)
+        )
         + "\n{torn"
     )
     with TestClient(create_dashboard_app(run_dir, ADMIN_KEY)) as c:

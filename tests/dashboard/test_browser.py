@@ -51,7 +51,10 @@ def test_click_through_runs_rollouts_trace_compare(browser: tuple[object, str]) 
     driver.find_element(By.CSS_SELECTOR, "form button").click()  # type: ignore[attr-defined]
     WebDriverWait(driver, 20).until(lambda d: d.find_elements(By.TAG_NAME, "h2"))
     assert "tiny-vowels" in driver.find_element(By.TAG_NAME, "h2").text  # type: ignore[attr-defined]
-    assert len(driver.find_elements(By.CSS_SELECTOR, "svg.chart")) == 6  # type: ignore[attr-defined]
+    # Every logged scalar is charted, in groups (reward, policy health, rollouts, throughput, other).
+    groups = [h.text for h in driver.find_elements(By.CSS_SELECTOR, "h3.chart-group")]  # type: ignore[attr-defined]
+    assert groups == ["Reward", "Policy health", "Rollouts", "Throughput"]
+    assert len(driver.find_elements(By.CSS_SELECTOR, "svg.chart")) >= 15  # type: ignore[attr-defined]
 
     driver.find_element(By.LINK_TEXT, "Rollouts").click()  # type: ignore[attr-defined]
     WebDriverWait(driver, 20).until(lambda d: "/ui/rollouts" in d.current_url)
@@ -65,7 +68,7 @@ def test_click_through_runs_rollouts_trace_compare(browser: tuple[object, str]) 
     rows = driver.find_elements(By.CSS_SELECTOR, "tr.rollout-row")  # type: ignore[attr-defined]
     assert len(rows) == 8 and all("g000001" in row.text for row in rows)
 
-    rows[0].find_element(By.CSS_SELECTOR, "a.trace-link").click()
+    rows[-1].find_element(By.CSS_SELECTOR, "a.trace-link").click()  # newest first: r0 is last
     WebDriverWait(driver, 20).until(lambda d: "/ui/rollouts/g000001" in d.current_url)
     assert driver.find_element(By.TAG_NAME, "h1").text.startswith("Rollout g000001-r0")  # type: ignore[attr-defined]
     sampled = driver.find_elements(By.CSS_SELECTOR, ".tokens .tok.smp")  # type: ignore[attr-defined]

@@ -34,8 +34,24 @@ def test_rollouts_table_filters_and_pages(client: TestClient) -> None:
     assert step0 and all(rid in ids for rid in step0) and len(step0) < len(ids)
     assert _row_ids(client.get("/ui/rollouts", params={"outcome": "timeout"}).text) == []
     assert "no rollouts match" in client.get("/ui/rollouts", params={"flagged": "1"}).text
+    # Newest first by default; oldest first, by reward, by split and by result on request.
+    oldest_html = client.get("/ui/rollouts", params={"order": "oldest"}).text
+    assert _row_ids(oldest_html) == ids[::-1]
+    by_reward = _row_ids(
+        client.get("/ui/rollouts", params={"order": "reward_desc", "run": "tiny-vowels"}).text
+    )
+    assert sorted(by_reward) == sorted(ids) and by_reward != ids
+    heldout = _row_ids(client.get("/ui/rollouts", params={"split": "eval"}).text)
+    train = _row_ids(client.get("/ui/rollouts", params={"split": "train"}).text)
+    assert train and not set(train) & set(heldout) and len(train) + len(heldout) == len(ids)
+    results = {
+        r: set(_row_ids(client.get("/ui/rollouts", params={"result": r}).text))
+        for r in ("solved", "partial", "unsolved")
+    }
+    assert results["partial"] and sum(map(len, results.values())) == len(set().union(*results.values()))
+    assert set().union(*results.values()) <= set(ids)  # rewards in [0, 1]: each rollout in one class
     # columns: calls, sampled tokens, samples and policy versions come from the calls
-    row = re.search(r'<tr class="rollout-row">(.*?)</tr>', html).group(1)  # type: ignore[union-attr]
+    row = re.search(r'<tr class="rollout-row">(.*?)</tr>', oldest_html).group(1)  # type: ignore[union-attr]
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
     assert cells[7] == "1" and int(cells[8]) > 0 and cells[9] == "1" and cells[11] == "0"
 
@@ -91,6 +107,20 @@ def test_result_badges_show_the_reward_not_the_harness_exit(crafted: TestClient)
     trace = crafted.get("/ui/rollouts/r-honest").text
     assert '<h1>Rollout r-honest <span class="badge b-unsolved"' in trace
     assert 'harness ended</td><td><span class="badge b-policy_failure">policy_failure</span>' in trace
+
+
+def test_every_logged_metric_is_charted_in_groups_with_smoothing_and_a_clock_axis(
+    crafted: TestClient,
+) -> None:
+    page = crafted.get("/ui/").text
+    assert '<h3 class="chart-group">Reward</h3>' in page and 'aria-label="Reward"' in page
+    assert 'aria-label="Loss"' not in page  # nothing logged for it: no empty chart
+    assert "Other metrics (1)" in page and 'aria-label="custom/x"' in page  # a metric no group names
+    assert 'class="smoothed"' not in page and ">step</text>" in page
+    smooth = crafted.get("/ui/", params={"smooth": "0.9", "x": "minutes"}).text
+    assert 'class="smoothed"' in smooth and ">minutes</text>" in smooth
+    assert "minutes 3: 0.3" in smooth  # step 3 was logged 3 minutes after step 1's row... minus step 1
+    assert crafted.get("/ui/", params={"smooth": "junk", "x": "nope"}).status_code == 200
 
 
 def test_live_refresh_while_running(crafted: TestClient, tmp_path) -> None:  # noqa: ANN001

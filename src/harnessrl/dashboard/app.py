@@ -93,7 +93,9 @@ def _guarded(handler: Callable[[Request, Dashboard, DashboardData], Any], dash: 
 
 
 async def _runs(request: Request, dash: Dashboard, data: DashboardData) -> Response:
-    body, running = await run_in_threadpool(runs_body, data, dash.metrics_path, PREFIX)
+    body, running = await run_in_threadpool(
+        runs_body, data, dash.metrics_path, PREFIX, dict(request.query_params)
+    )
     return _html("Runs", body, live=running)
 
 

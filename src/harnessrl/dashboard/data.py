@@ -36,6 +36,9 @@ class RolloutFilter:
     step: int | None = None
     group_id: str | None = None
     flagged: bool = False
+    kind: str | None = None  # "train" or "eval" (held-out): the trainer's metadata["kind"]
+    result: str | None = None  # "solved" (reward >= 1), "partial", "unsolved" (reward <= 0)
+    order: str = "newest"  # one of ORDERS
 
     def where(self) -> tuple[str, list[Any]]:
         clauses: list[str] = []
@@ -47,7 +50,26 @@ class RolloutFilter:
                 params.append(value)
         if self.flagged:
             clauses.append("flags != '[]'")
+        if self.kind is not None:
+            clauses.append("json_extract(metadata, '$.kind') = ?")
+            params.append(self.kind)
+        if self.result in RESULTS:
+            clauses.append(RESULTS[self.result])
         return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+
+    def order_by(self) -> str:
+        return ORDERS.get(self.order, ORDERS["newest"])
+
+
+#: The table's result filter, by reward (what a badge shows), as SQL.
+RESULTS = {"solved": "reward >= 1", "partial": "reward > 0 AND reward < 1", "unsolved": "reward <= 0"}
+#: The table's sort orders; rollouts without a reward sort last by reward.
+ORDERS = {
+    "newest": "pk DESC",
+    "oldest": "pk",
+    "reward_desc": "reward IS NULL, reward DESC, pk DESC",
+    "reward_asc": "reward IS NULL, reward ASC, pk DESC",
+}
 
 
 @dataclass(slots=True)
@@ -110,9 +132,9 @@ class DashboardData:
             return conn.execute(f"SELECT COUNT(*) FROM rollouts{where}", params).fetchone()[0]
 
     def page_rollouts(self, filters: RolloutFilter, *, limit: int, offset: int) -> list[RolloutRow]:
-        """One page of rollouts (creation order) with their call statistics."""
+        """One page of rollouts (``filters.order``: newest first by default) with their call statistics."""
         where, params = filters.where()
-        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT ? OFFSET ?"
+        sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY {filters.order_by()} LIMIT ? OFFSET ?"
         with self._connect() as conn:
             rows = [RolloutRow(rollout_from_row(row)) for row in conn.execute(sql, [*params, limit, offset])]
             if rows:

@@ -24,6 +24,7 @@ h1 { font-size:20px; margin:4px 0 12px; } h2 { font-size:16px; margin:20px 0 8px
 a { color:var(--accent); }
 .card { background:#fff; border:1px solid var(--line); border-radius:8px; padding:12px 14px; margin:10px 0; }
 .charts { display:flex; flex-wrap:wrap; gap:10px; }
+.chart-group { font-size:13px; margin:12px 0 6px; color:var(--muted); }
 .chart { background:#fff; border:1px solid var(--line); border-radius:6px; }
 .chart-title { font-weight:600; font-size:12px; } .axis { font-size:10px; fill:#6b7280; }
 .legend { font-size:11px; } .grid { stroke:#e5e7eb; } .muted { color:var(--muted); fill:#9ca3af; }

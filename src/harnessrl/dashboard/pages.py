@@ -6,17 +6,48 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.dashboard.charts import read_metrics, run_charts
-from harnessrl.dashboard.data import DashboardData, RolloutFilter, RolloutRow
+from harnessrl.dashboard.data import ORDERS, RESULTS, DashboardData, RolloutFilter, RolloutRow
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
 from harnessrl.schemas import Outcome, RolloutStatus
 
 PAGE_SIZE = 50
 
 
-def runs_body(data: DashboardData, metrics_path: Path, prefix: str) -> tuple[str, bool]:
+SMOOTHING = (0.0, 0.6, 0.8, 0.9, 0.95)
+
+
+def chart_options(params: dict[str, str]) -> tuple[str, float]:
+    """``(x axis, smoothing)`` from the query string (``x=step|minutes``, ``smooth=0.9``); junk is ignored."""
+    x = "minutes" if params.get("x") == "minutes" else "step"
+    try:
+        smooth = float(params.get("smooth", 0))
+    except ValueError:
+        smooth = 0.0
+    return x, smooth if smooth in SMOOTHING else 0.0
+
+
+def _chart_form(prefix: str, x: str, smooth: float) -> str:
+    axes = "".join(
+        f'<option value="{a}"{" selected" if a == x else ""}>{a}</option>' for a in ("step", "minutes")
+    )
+    weights = "".join(
+        f'<option value="{w:g}"{" selected" if w == smooth else ""}>{"off" if w == 0 else f"{w:g}"}</option>'
+        for w in SMOOTHING
+    )
+    return (
+        f'<form class="filters chart-options" method="get" action="{esc(prefix)}/">'
+        f'<label>x axis<select name="x">{axes}</select></label>'
+        f'<label>smoothing<select name="smooth">{weights}</select></label><button>apply</button></form>'
+    )
+
+
+def runs_body(
+    data: DashboardData, metrics_path: Path, prefix: str, params: dict[str, str] | None = None
+) -> tuple[str, bool]:
     """The runs page body, and whether any run is still running (the page then refreshes itself)."""
     runs = data.list_runs()
     records = read_metrics(metrics_path)
+    x, smooth = chart_options(params or {})
     parts = ["<h1>Runs</h1>"]
     if not runs:
         parts.append('<p class="muted">No runs in this store yet.</p>')
@@ -32,7 +63,7 @@ def runs_body(data: DashboardData, metrics_path: Path, prefix: str) -> tuple[str
             f"{' · policy version ' + esc(last.get('policy_version')) if 'policy_version' in last else ''}</p>"
         )
         if len(runs) == 1 or run.config.get("run", {}).get("dir") == str(metrics_path.parent):
-            parts.append('<div class="charts">' + "".join(run_charts(records)) + "</div>")
+            parts.append(_chart_form(prefix, x, smooth) + run_charts(records, x=x, smooth=smooth))
         parts.append(f"<details><summary>config</summary>{pretty_json(run.config)}</details></div>")
     return "".join(parts), any(run.status == "running" for run in runs)
 
@@ -61,13 +92,24 @@ def parse_table_query(params: dict[str, str]) -> TableQuery:
         step=_int("step"),
         group_id=params.get("group") or None,
         flagged=params.get("flagged") in ("1", "on", "true"),
+        kind=params.get("split") if params.get("split") in SPLITS.values() else None,
+        result=params.get("result") if params.get("result") in RESULTS else None,
+        order=params.get("order") if params.get("order") in ORDERS else "newest",
     )
     return TableQuery(filters=filters, page=max(1, _int("page") or 1))
 
 
-def _select(name: str, options: list[str], current: str | None) -> str:
-    opts = ['<option value="">any</option>'] + [
-        f'<option value="{esc(o)}"{" selected" if o == current else ""}>{esc(o)}</option>' for o in options
+#: split filter: label -> the rollouts' metadata["kind"]
+SPLITS = {"train": "train", "held-out": "eval"}
+
+
+def _select(
+    name: str, options: list[str], current: str | None, *, labels: list[str] | None = None, any_: bool = True
+) -> str:
+    opts = ['<option value="">any</option>'] if any_ else []
+    opts += [
+        f'<option value="{esc(o)}"{" selected" if o == current else ""}>{esc(label)}</option>'
+        for o, label in zip(options, labels or options, strict=True)
     ]
     return f'<label>{esc(name)}<select name="{esc(name)}">{"".join(opts)}</select></label>'
 
@@ -105,7 +147,12 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_o
         + _select("outcome", [o.value for o in Outcome], f.outcome)
         + f'<label>step<input name="step" size="5" value="{esc(f.step)}"></label>'
         + f'<label>group<input name="group" size="12" value="{esc(f.group_id)}"></label>'
+        + _select("split", list(SPLITS.values()), f.kind, labels=list(SPLITS))
+        + _select("result", list(RESULTS), f.result)
         + f'<label>flagged<input type="checkbox" name="flagged" value="1"{" checked" if f.flagged else ""}></label>'
+        + _select(
+            "order", list(ORDERS), f.order, labels=["newest", "oldest", "reward ↓", "reward ↑"], any_=False
+        )
         + f'<button type="submit">Filter</button> <a href="{esc(prefix)}/rollouts">clear</a></form>'
     )
     params = {
@@ -115,6 +162,9 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_o
         "step": f.step,
         "group": f.group_id,
         "flagged": "1" if f.flagged else None,
+        "split": f.kind,
+        "result": f.result,
+        "order": None if f.order == "newest" else f.order,
     }
     prev_link = (
         f'<a rel="prev" href="{url(prefix + "/rollouts", **params, page=page_no - 1)}">← prev</a>'
@@ -128,7 +178,7 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_o
     )
     pager = f'<div class="pager">{prev_link}<span>page {page_no} of {pages} · {total} rollouts</span>{next_link}</div>'
     head = (
-        "<tr><th>rollout</th><th>step</th><th>task</th><th>group</th><th>status / outcome</th><th>reward</th>"
+        "<tr><th>rollout</th><th>step</th><th>task</th><th>group</th><th>status / result</th><th>reward</th>"
         "<th>duration</th><th>calls</th><th>tokens</th><th>samples</th><th>flags</th><th>policy versions</th></tr>"
     )
     body_rows = "".join(_row_html(row, prefix) for row in rows) or (
