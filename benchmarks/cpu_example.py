@@ -85,6 +85,18 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def stop_run(proc: subprocess.Popen, *, first_wait_s: float) -> None:
+    """Stop a ``harnessrl train`` process group: Ctrl-C (cancels the run's main task), a second one
+    (raises KeyboardInterrupt), then SIGKILL. The checkpoint evaluated is the last whole one either way."""
+    for sig, wait_s in ((signal.SIGINT, first_wait_s), (signal.SIGINT, 120), (signal.SIGKILL, None)):
+        os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def harnessrl_train(
     run_dir: Path, overrides: list[str], *, budget_s: float | None, stop_on_heldout: bool = False
 ):
@@ -118,15 +130,7 @@ def harnessrl_train(
             if budget_s is not None and first_row and time.monotonic() - started > budget_s:
                 stopped = True
             if stopped:
-                # Ctrl-C (cancels the run's main task); a second one raises KeyboardInterrupt; then
-                # SIGKILL. The checkpoint evaluated is the last whole one either way.
-                for sig, wait_s in ((signal.SIGINT, 20), (signal.SIGINT, 120), (signal.SIGKILL, None)):
-                    os.killpg(proc.pid, sig)
-                    try:
-                        proc.wait(timeout=wait_s)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
+                stop_run(proc, first_wait_s=20)
                 break
     seconds = time.monotonic() - (started if first_row else launched)
     if proc.returncode not in (0, None) and not stopped:

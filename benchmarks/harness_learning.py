@@ -45,6 +45,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from cpu_example import stop_run  # benchmarks/ is on sys.path: these scripts run as files
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "shell_agent"
 RESULTS = ROOT / "benchmarks" / "results" / "harness_learning.json"
@@ -123,13 +125,7 @@ def train(run_dir: Path, overrides: list[str], budget_s: float | None) -> tuple[
             time.sleep(2)
             if budget_s is not None and time.monotonic() - started > budget_s:
                 stopped = True
-                for sig, wait_s in ((signal.SIGINT, 30), (signal.SIGINT, 120), (signal.SIGKILL, None)):
-                    os.killpg(proc.pid, sig)
-                    try:
-                        proc.wait(timeout=wait_s)
-                        break
-                    except subprocess.TimeoutExpired:
-                        continue
+                stop_run(proc, first_wait_s=30)
                 break
     if proc.returncode != 0 and not stopped:
         tail = (run_dir.parent / "train.log").read_text()[-4000:]
