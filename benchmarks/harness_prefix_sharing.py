@@ -77,6 +77,7 @@ def trainer_tokens(store_path: Path, groups: int) -> dict[str, int]:
     from harnessrl.store.sqlite import SQLiteStore
     from harnessrl.trainer.prefix_tree import prefix_micro_batches
     from harnessrl.trajectory import build_batch
+    from harnessrl.trajectory.samples import common_prefix
 
     store = SQLiteStore(store_path)
     rollouts = [
@@ -93,13 +94,9 @@ def trainer_tokens(store_path: Path, groups: int) -> dict[str, int]:
     for micro in prefix_micro_batches(batch.samples, 1 << 30, 1 << 30):
         for row in micro:
             previous: list[int] = []
-            for sample in row:
-                ids = list(sample.input_ids)
-                common = 0
-                while common < min(len(ids), len(previous)) and ids[common] == previous[common]:
-                    common += 1
-                shared += len(ids) - common
-                previous = ids
+            for sample in row:  # a sample adds its tokens past its common prefix with the one before
+                shared += len(sample.input_ids) - common_prefix(sample.input_ids, previous)
+                previous = sample.input_ids
     return {"samples": len(batch.samples), "tokens_packed_rows": plain, "tokens_shared_prefix_rows": shared}
 
 

@@ -159,6 +159,7 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
         "advantage/rollouts": float(len(kept)),
         "advantage/groups": float(groups),
         "advantage/zero_variance_groups": float(zero_variance),
+        "advantage/zero_variance_share": zero_variance / groups if groups else 0.0,
         "advantage/zero_variance_groups_dropped": float(
             zero_variance if config.zero_variance_groups == "drop" else 0
         ),

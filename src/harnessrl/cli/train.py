@@ -22,14 +22,11 @@ from harnessrl.trainer.run_setup import prepare_run
 
 
 def finished_step(run_dir: Path) -> int | None:
-    """The step of the run's last whole checkpoint, read without importing torch."""
-    import json
+    """The step of the run's last whole checkpoint (``trainer.checkpoint`` imports no torch)."""
+    from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint
 
-    for name in ("latest", "latest.old"):
-        state = run_dir / "checkpoints" / name / "harnessrl_state.json"
-        if state.is_file():
-            return int(json.loads(state.read_text())["step"])
-    return None
+    folder = latest_checkpoint(run_dir)
+    return None if folder is None else TrainState.from_json((folder / STATE_FILE).read_text()).step
 
 
 def run_train(config_path: str | None, resume: str | None, overrides: list[str]) -> dict[str, Any]:

@@ -79,10 +79,6 @@ def prepare_step(
         **batch.stats.as_metrics(prefix="trajectory/"),
     }
     metrics.update(call_metrics([c for r in kept for c in calls[r.rollout_id] if c.attempt == r.attempt]))
-    groups_seen = metrics.get("advantage/groups") or 0.0
-    metrics["advantage/zero_variance_share"] = (
-        metrics.get("advantage/zero_variance_groups", 0.0) / groups_seen if groups_seen else 0.0
-    )
     generated = sum(len(c.response_token_ids) for cs in calls.values() for c in cs)
     return StepBatch(samples, rollouts, metrics, generated)
 
