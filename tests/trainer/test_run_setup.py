@@ -83,3 +83,34 @@ def test_a_non_executable_harness_is_refused(tmp_path):
         check_harness(HarnessSpec(command=[str(script)]))
     script.chmod(0o755)
     check_harness(HarnessSpec(command=[str(script)]))
+
+
+def test_the_default_run_folder_is_beside_the_config_file_wherever_the_command_runs(tmp_path, monkeypatch):
+    config_dir = tmp_path / "project"
+    config_dir.mkdir()
+    config_file = config_dir / "train.toml"
+    # The tiny example's config, its script path made absolute so the copy still finds it.
+    text = CONFIG.read_text().replace('"./', f'"{CONFIG.parent}/')
+    config_file.write_text(text)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    config, run_dir, _ = prepare_run(str(config_file), None, [])
+    assert run_dir == config_dir / "runs" / config.run.name and run_dir.is_dir()
+    assert not (elsewhere / "runs").exists()
+    # An explicit run.dir is taken as given (relative to where the command runs).
+    _, explicit, _ = prepare_run(str(config_file), None, ["run.dir=mine"])
+    assert explicit.resolve() == (elsewhere / "mine").resolve()
+
+
+def test_tensorboard_asked_for_by_name_but_missing_is_refused_the_default_is_not(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # find_spec reports it missing
+    with pytest.raises(ConfigError, match=r"^metrics\.tensorboard: tensorboard is not installed"):
+        prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'asked'}", "metrics.tensorboard=true"])
+    assert not (tmp_path / "asked").exists()
+    # Left at its default (on, optional) it does not stop a run: metrics.jsonl has everything.
+    text = CONFIG.read_text().replace('"./', f'"{CONFIG.parent}/')
+    copy = tmp_path / "train.toml"
+    copy.write_text("\n".join(line for line in text.splitlines() if not line.startswith("tensorboard")))
+    config, run_dir, _ = prepare_run(str(copy), None, [f"run.dir={tmp_path / 'default'}"])
+    assert config.metrics.tensorboard and run_dir.is_dir()

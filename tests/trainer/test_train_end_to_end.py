@@ -172,6 +172,44 @@ def test_resume_past_a_finished_run_rewrites_the_final_checkpoint(tmp_path):
     assert len(metrics(run_dir)) == rows
 
 
+def test_a_step_that_failed_before_the_policy_was_sampled_stops_the_run_and_resume_skips_it(tmp_path):
+    # The harness starts but dies at once, the same way every time (a dependency it cannot import):
+    # every rollout used to be a policy_failure with reward 0 and the run "trained" on.
+    run_dir = tmp_path / "run"
+    broken = """harness.command=["-c", "import sys; sys.exit('ModuleNotFoundError: No module named openai_fake')"]"""
+    first = train(run_dir, "--set", broken, "--set", "trainer.eval_every=0")
+    assert first.returncode == 2, first.stderr[-3000:]
+    assert "step 1: all 32 rollouts of the step failed the same way" in first.stderr
+    assert "exit code 1" in first.stderr and "No module named openai_fake" in first.stderr
+    assert f"harnessrl train --resume {run_dir}" in first.stderr and "Traceback" not in first.stderr
+    assert not (run_dir / "metrics.jsonl").exists()  # nothing was trained
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        assert store.get_run("tiny-vowels").status == "stopped"
+        stopped = {
+            r.group_id for r in store.list_rollouts(run_id="tiny-vowels") if r.metadata.get("stopped_run")
+        }
+        assert len(stopped) == 4
+    finally:
+        store.close()
+    # Fixed on resume: the step trains on new groups, none of the ones that failed before.
+    agent = CONFIG.parent / "agent.py"
+    fixed = subprocess.run(
+        [*HARNESSRL, "train", "--resume", str(run_dir), "--set", f'harness.command=["{agent}", "{{prompt}}"]',
+         "--set", "trainer.steps=1", "--set", "metrics.progress=false"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert fixed.returncode == 0, fixed.stderr[-3000:]
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        trained = {
+            r.group_id for r in store.list_rollouts(run_id="tiny-vowels") if "trained_at_step" in r.metadata
+        }
+        assert len(trained) == 4 and not trained & stopped
+    finally:
+        store.close()
+
+
 def processes_running(needle: str) -> list[int]:
     """PIDs of live processes whose command line contains ``needle``."""
     pids = []
@@ -311,6 +349,11 @@ def test_train_against_a_remote_vllm_engine_publishes_versioned_checkpoints(tmp_
             assert r.metadata["sampling"]["top_p"] == 1.0  # forced, whatever the harness asks for
             versions = {c.policy_version for c in store.list_calls(r.rollout_id)}
             by_step.setdefault(r.metadata["trained_at_step"], set()).update(versions)
+            # "step" is only ever a policy step: sync groups are created at the step before the
+            # one that trains them; the group's index is its own field.
+            assert r.step == r.metadata["trained_at_step"] - 1
+            assert r.metadata["group"] == int(r.group_id.removeprefix("g"))
+            assert "advantage" in r.metadata
         # sync: step 2's rollouts were sampled after the first update, by the reloaded servers
         assert by_step == {1: {0}, 2: {1}}
     finally:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.trainer.failures import StepFailed
 from harnessrl.trainer.run_setup import prepare_run
 
 
@@ -48,7 +49,13 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
     from harnessrl.trainer.run import Trainer
 
     trainer = Trainer(config, run_dir, resume=bool(resume), base_dir=base_dir)
-    summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
+    try:
+        summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
+    except StepFailed as exc:
+        raise StepFailed(
+            f"{exc}\n  the run stopped: fix the cause, then continue it (the failed groups are left out) with: "
+            f"harnessrl train --resume {run_dir} --set section.key=value"
+        ) from None
     print(next_commands(run_dir, tensorboard=config.metrics.tensorboard), file=sys.stderr)
     return summary
 

@@ -282,6 +282,7 @@ class Controller:
             "audit": [flag.model_dump() for flag in report.flags],
             "reward_before_audit": float(result.reward),
             "log_dir": str(attempt_dir),
+            "stderr_tail": log_tail(attempt_dir),
             "harness_seconds": round(time.time() - started, 3),
         }
         if not self.config.keep_workspaces:
@@ -335,3 +336,16 @@ class Controller:
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+def log_tail(attempt_dir: Path, *, max_chars: int = 600) -> str:
+    """The last lines of the harness's stderr (Kubernetes: the merged pod log): what a harness that
+    failed before the policy had a say printed, kept with the rollout so a run can tell that every
+    rollout of a step failed the same way (``trainer.step.common_failure``)."""
+    for name in ("stderr.log", "stdout.log"):
+        path = attempt_dir / name
+        if path.is_file() and path.stat().st_size:
+            with path.open("rb") as f:
+                f.seek(max(0, path.stat().st_size - max_chars))
+                return f.read().decode(errors="replace").strip()[-max_chars:]
+    return ""

@@ -8,6 +8,7 @@ the controller runs on the caller's loop; both share the store object, which is 
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import secrets
 import time
 import uuid
@@ -34,6 +35,7 @@ from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
+from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
@@ -71,6 +73,10 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
     no mount may expose ``run_dir`` or the store; a problem is a ``ConfigError`` naming the field.
     """
     harness = apply_preset(config.harness)
+    if config.kubernetes is not None and importlib.util.find_spec("kubernetes") is None:
+        raise ConfigError(
+            "kubernetes: the kubernetes client is not installed (pip install 'harnessrl[kubernetes]')"
+        )
     if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
         check_harness(harness)
         require_sandbox(harness.sandbox)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 
 from harnessrl.schemas import TERMINAL_STATUSES, Call, Rollout, RolloutStatus
 from harnessrl.store.base import Store
+from harnessrl.trainer.failures import failure_signature
 from harnessrl.trainer.schedule import TRAIN_KIND, GroupPlan
 
 
@@ -143,7 +144,11 @@ class RolloutBook:
                     task_id=task.task_id,
                     group_id=plan.group_id,
                     step=plan.step,
-                    metadata={"kind": plan.kind, "sampling": plan.sampling.as_metadata()},
+                    metadata={
+                        "kind": plan.kind,
+                        "sampling": plan.sampling.as_metadata(),
+                        **({"group": plan.index} if plan.index is not None else {}),
+                    },
                 )
             self._open[plan.group_id] = plan
 
@@ -207,6 +212,21 @@ class RolloutBook:
             if r.metadata.get("kind") == TRAIN_KIND
         }
         return len(groups)
+
+    def failed_before_sampling(self, plans: Sequence[GroupPlan]) -> set[str]:
+        """The groups among ``plans`` whose every rollout ended without the policy being sampled
+        (``failures.failure_signature``): a resumed run leaves them out. They teach nothing (no
+        tokens, reward 0 everywhere) and would stop the run again (``TrainingLoop._stop_if_broken``)
+        although its cause, e.g. a broken harness command, was fixed for the resume."""
+        dead = set()
+        for plan in plans:
+            rollouts = [self.store.get_rollout(r) for r in plan.rollout_ids]
+            if all(
+                r.status in TERMINAL_STATUSES and failure_signature(r, self.store.list_calls(r.rollout_id))
+                for r in rollouts
+            ):
+                dead.add(plan.group_id)
+        return dead
 
     def requeue_running(self, error: str) -> None:
         """The run is over: what a late call or a cancelled launch left marked running goes back to

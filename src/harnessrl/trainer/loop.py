@@ -31,6 +31,7 @@ from typing import Any
 from harnessrl.schemas import PolicyVersion, Task
 from harnessrl.trainer.checkpoint import Checkpointer, TrainState
 from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.failures import STOPPED_RUN_KEY, StepFailed, common_failure
 from harnessrl.trainer.fleet import Fleet, Group
 from harnessrl.trainer.metrics import MetricsWriter
 from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, eval_plan, eval_sampling
@@ -65,17 +66,37 @@ class TrainingLoop:
         if self._evaluation_due(0) and 0 not in self.state.evaluated_steps and self.state.step == 0:
             before = await self._evaluate(0)
             self.metrics.write(0, before)
-            self.metrics.progress(0, cfg.steps, before)
+            self.metrics.progress(0, before)
         last = time.monotonic()
         while self.state.step < cfg.steps:
+            self.metrics.phase(f"rollouts for step {self.state.step + 1}")
             groups = await self.fleet.completed(cfg.tasks_per_step, top_up=self._top_up)
+            await self._stop_if_broken(groups)
+            self.metrics.phase(f"training step {self.state.step + 1}")
             metrics = await self._step(groups, since=last)
             last = time.monotonic()
             step = self.state.step
             if self._evaluation_due(step):
                 metrics = {**metrics, **await self._evaluate(step)}
             self.metrics.write(step, metrics)
-            self.metrics.progress(step, cfg.steps, metrics)
+            self.metrics.progress(step, metrics)
+
+    async def _stop_if_broken(self, groups: list[Group]) -> None:
+        """Raise ``StepFailed`` if every rollout of the step failed alike before the policy was
+        sampled (``failures``). Its rollouts are marked, so a resumed run (the cause fixed, e.g.
+        ``--set harness.command=...``) leaves those groups out instead of stopping on them again."""
+        reason = common_failure(groups)
+        if reason is None:
+            return
+        store = self.fleet.book.store
+
+        def mark() -> None:
+            for group in groups:
+                for rollout in group.rollouts:
+                    store.update_rollout_metadata(rollout.rollout_id, {STOPPED_RUN_KEY: reason})
+
+        await asyncio.to_thread(mark)
+        raise StepFailed(f"step {self.state.step + 1}: {reason}")
 
     def _top_up(self) -> list[GroupPlan]:
         """The next groups to create: bounded by rollouts in flight and by how far generation may
@@ -86,7 +107,7 @@ class TrainingLoop:
             book.in_flight + (len(plans) + 1) * group_size <= self.in_flight_limit
             and book.open_groups + len(plans) < self.max_open_groups
         ):
-            plans.append(self.schedule.group(self.groups_created))
+            plans.append(self.schedule.group(self.groups_created, step=self.state.step))
             self.groups_created += 1
         return plans
 
@@ -117,7 +138,8 @@ class TrainingLoop:
 
         self.state.step = version + 1
         self.state.consumed_groups.extend(g.group_id for g in groups)
-        await asyncio.to_thread(self._record_step, version + 1, groups)
+        advantages = {s.rollout_id: s.advantage for s in batch.samples if s.advantage is not None}
+        await asyncio.to_thread(self._record_step, version + 1, groups, advantages)
         await self.checkpointer.save(self.state)
         wall = max(1e-9, time.monotonic() - since)
         metrics: dict[str, Any] = {
@@ -131,16 +153,18 @@ class TrainingLoop:
             "policy_version": version + 1,
             **train_metrics,
         }
-        if train_metrics.get("loss/approx_kl") is not None:
-            metrics["kl"] = train_metrics["loss/approx_kl"]
         return metrics
 
-    def _record_step(self, version: int, groups: list[Group]) -> None:
+    def _record_step(self, version: int, groups: list[Group], advantages: dict[str, float]) -> None:
+        """Each consumed rollout learns the step that trained it and the advantage its samples got
+        (0 in a zero-variance group; None when no token of it was trained: dropped as stale, an
+        infrastructure failure, no recorded call)."""
         store = self.fleet.book.store
         store.add_policy_version(PolicyVersion(version=version, step=version))
         for group in groups:
             for rollout in group.rollouts:
-                store.update_rollout_metadata(rollout.rollout_id, {"trained_at_step": version})
+                trained = {"trained_at_step": version, "advantage": advantages.get(rollout.rollout_id)}
+                store.update_rollout_metadata(rollout.rollout_id, trained)
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluation_due(self, step: int) -> bool:
@@ -148,6 +172,7 @@ class TrainingLoop:
         return bool(self.heldout and every) and (step % every == 0 or step == steps)
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
+        self.metrics.phase(f"held-out evaluation at step {step} ({len(self.heldout)} tasks)", announce=True)
         plan = eval_plan(step, self.heldout, eval_sampling(self.config.trainer))
         await self.fleet.submit([plan])
         group = await self.fleet.finished(plan)

@@ -1,5 +1,5 @@
-"""Per-step metrics: JSONL (always), TensorBoard (if installed and on), W&B (if configured), and a
-live progress line in the terminal (rich)."""
+"""Per-step metrics: JSONL (always), TensorBoard (if installed and on), W&B (if configured), and the
+run's progress display on stderr (``trainer.progress``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harnessrl.trainer.progress import RunProgress
+
 
 def _clean(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
@@ -19,12 +21,20 @@ def _clean(value: Any) -> Any:
 
 class MetricsWriter:
     def __init__(
-        self, run_dir: Path, *, tensorboard: bool, wandb_project: str | None, run_name: str, progress: bool
+        self,
+        run_dir: Path,
+        *,
+        tensorboard: bool,
+        wandb_project: str | None,
+        run_name: str,
+        progress: bool,
+        total_steps: int = 0,
+        start_step: int = 0,
     ):
         self.path = run_dir / "metrics.jsonl"
         self._tb = None
         self._wandb = None
-        self._console = None
+        self._progress: RunProgress | None = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -39,7 +49,9 @@ class MetricsWriter:
         if progress:
             from rich.console import Console
 
-            self._console = Console(file=sys.stderr)
+            self._progress = RunProgress(
+                Console(file=sys.stderr), total_steps=total_steps, start_step=start_step
+            )
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         row = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
@@ -53,29 +65,22 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
 
-    def progress(self, step: int, total: int, metrics: dict[str, Any]) -> None:
-        if self._console is None:
-            return
-        parts = [f"[bold]step {step}/{total}[/bold]"]
-        for key, label, fmt in (
-            ("reward/mean", "reward", "{:.3f}"),
-            ("heldout/reward", "held-out", "{:.3f}"),
-            ("trajectory/samples_per_rollout", "samples/rollout", "{:.2f}"),
-            ("loss", "loss", "{:.4f}"),
-            ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
-            ("time/step_s", "step s", "{:.1f}"),
-            ("time/pause_s", "pause s", "{:.2f}"),
-            ("staleness/max", "stale", "{:.0f}"),
-        ):
-            if metrics.get(key) is not None:
-                parts.append(f"{label} {fmt.format(metrics[key])}")
-        self._console.print("  ".join(parts))
+    def progress(self, step: int, metrics: dict[str, Any]) -> None:
+        """A finished step's line (and the bar, in a terminal): ``trainer.progress``."""
+        if self._progress is not None:
+            self._progress.step_done(step, metrics)
+
+    def phase(self, text: str, *, announce: bool = False) -> None:
+        if self._progress is not None:
+            self._progress.phase(text, announce=announce)
 
     def message(self, text: str) -> None:
-        if self._console is not None:
-            self._console.print(text)
+        if self._progress is not None:
+            self._progress.print(text)
 
     def close(self) -> None:
+        if self._progress is not None:
+            self._progress.close()
         if self._tb is not None:
             self._tb.close()
         if self._wandb is not None:

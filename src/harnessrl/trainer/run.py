@@ -115,6 +115,8 @@ class Trainer:
             wandb_project=cfg.metrics.wandb_project,
             run_name=cfg.run.name,
             progress=cfg.metrics.progress,
+            total_steps=cfg.trainer.steps,
+            start_step=self.state.step,
         )
         if self.heldout_overlap:
             # Held-out accuracy on problems the policy trained on overstates generalization.
@@ -202,10 +204,13 @@ class Trainer:
 
     async def _reopen(self, fleet: Fleet) -> int:
         """A resumed run: requeue what the dead process left running and reopen the groups it
-        created but did not train (the schedule recreates the same plans). Returns how many groups
-        the run has created."""
+        created but did not train (the schedule recreates the same plans), except those that failed
+        before the policy was sampled (what stopped the run, if a ``StepFailed`` did). Returns how
+        many groups the run has created."""
         created = await asyncio.to_thread(fleet.book.recover)
         consumed = set(self.state.consumed_groups)
-        plans = [self.schedule.group(i) for i in range(created)]
-        await fleet.submit([p for p in plans if p.group_id not in consumed])
+        plans = [self.schedule.group(i, step=self.state.step) for i in range(created)]
+        plans = [p for p in plans if p.group_id not in consumed]
+        dead = await asyncio.to_thread(fleet.book.failed_before_sampling, plans)
+        await fleet.submit([p for p in plans if p.group_id not in dead])
         return created

@@ -50,7 +50,9 @@ def prepare_run(
     base_dir = Path(config_path).resolve().parent
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
     config = validate_config(TrainConfig, raw)
-    run_dir = Path(config.run.dir) if config.run.dir else Path("runs") / config.run.name
+    # Next to the config file, not the working directory: the same command from anywhere finds
+    # (and refuses to overwrite) the same folder.
+    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
     preflight(config, run_dir)  # before the folder exists: a bad config leaves nothing behind
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
@@ -75,6 +77,13 @@ def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
 
     if config.metrics.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ConfigError("metrics.wandb_project: wandb is not installed (pip install wandb), or unset it")
+    # TensorBoard is on by default and optional (metrics.jsonl has everything): refused only when a
+    # config asks for it by name.
+    asked_for_tensorboard = "tensorboard" in config.metrics.model_fields_set and config.metrics.tensorboard
+    if asked_for_tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "metrics.tensorboard: tensorboard is not installed (pip install 'harnessrl[train]'), or set it false"
+        )
     if config.trainer.controllers == "external":
         return
     from harnessrl.controller.stack import RolloutConfig, prepare

@@ -5,6 +5,10 @@ Groups are numbered 0, 1, 2, ... in creation order; group ``g`` is task ``order[
 ``order`` is a fresh seeded permutation of the task list every epoch. A group is ``group_size``
 rollouts of that task with ids ``g{g:06d}-r{k}``. A held-out evaluation at step ``s`` is one group of
 one rollout per held-out task, ``eval-s{s:05d}-t{i:04d}``.
+
+"Step" always means an optimizer step (a policy version): a training rollout's stored ``step`` is
+the policy step at which its group was created, a held-out rollout's the step it evaluates. The
+group's index is ``metadata["group"]`` (and the ``g{g:06d}`` of its ``group_id``).
 """
 
 from __future__ import annotations
@@ -92,13 +96,10 @@ class GroupPlan:
 
     group_id: str
     kind: str  # TRAIN_KIND | EVAL_KIND, kept in each rollout's metadata["kind"]
-    step: int  # stored as each rollout's step: a training group's index, an evaluation's policy step
+    step: int  # stored as each rollout's step: the policy step it was created at / evaluates
     members: tuple[tuple[str, Task], ...]  # (rollout_id, task)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)
-
-    @property
-    def index(self) -> int:
-        return self.step
+    index: int | None = None  # a training group's index in the schedule (metadata["group"])
 
     @property
     def rollout_ids(self) -> tuple[str, ...]:
@@ -143,12 +144,14 @@ class TaskSchedule:
             self._orders[epoch] = order
         return self._orders[epoch]
 
-    def group(self, index: int) -> GroupPlan:
+    def group(self, index: int, *, step: int = 0) -> GroupPlan:
+        """Group ``index``, created while the policy is at ``step`` (a resumed run recreating a
+        group passes any step: the rollouts exist already and keep the step they were created at)."""
         epoch, position = divmod(index, len(self.tasks))
         task = self.tasks[self._order(epoch)[position]]
         group_id = f"g{index:06d}"
         members = tuple((f"{group_id}-r{k}", task) for k in range(self.group_size))
-        return GroupPlan(group_id, TRAIN_KIND, index, members, self.sampling)
+        return GroupPlan(group_id, TRAIN_KIND, step, members, self.sampling, index=index)
 
 
 def eval_rollout_id(step: int, task_index: int) -> str:

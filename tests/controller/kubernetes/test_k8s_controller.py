@@ -4,7 +4,9 @@ becomes a Job, the Job's outcome becomes the rollout's outcome, and the evaluato
 from __future__ import annotations
 
 import asyncio
+import sys
 
+import pytest
 from kubernetes.client import ApiClient, Configuration
 from tests.controller.kubernetes.k8s_support import FakeKubernetes
 
@@ -77,3 +79,19 @@ def test_kubernetes_section_skips_the_local_executable_check():
 
     harness, _ = prepare(config)
     assert harness.command[0] == "only-in-the-image"
+
+
+def test_a_kubernetes_section_without_the_kubernetes_client_is_refused_naming_it(monkeypatch):
+    from harnessrl.controller.stack import prepare
+    from harnessrl.errors import ConfigError
+
+    config = RolloutConfig.model_validate(
+        {
+            "harness": {"command": ["only-in-the-image", "{prompt}"]},
+            "evaluator": {"type": "exact_match"},
+            "kubernetes": {"gateway_url": "http://gw:8000", "network_policy": None},
+        }
+    )
+    monkeypatch.setitem(sys.modules, "kubernetes", None)  # find_spec reports it missing
+    with pytest.raises(ConfigError, match=r"^kubernetes: .*pip install 'harnessrl\[kubernetes\]'"):
+        prepare(config)
