@@ -56,7 +56,7 @@ def test_split_flag_reads_as_written():
 
 
 def test_run_dir_is_one_option_name_everywhere(tmp_path):
-    for command in (("train",), ("dashboard",), ("rollout",), ("data", "calibrate")):
+    for command in (("train",), ("dashboard",), ("rollout",), ("controller",), ("data", "calibrate")):
         assert "--run-dir" in run(*command, "--help").stdout, command
     both = run("train", "--run-dir", str(tmp_path / "a"), "--resume", str(tmp_path / "b"))
     assert both.returncode == 2 and "not both" in both.stderr
@@ -71,6 +71,18 @@ def test_rollout_refuses_a_missing_harness_script(tmp_path):
     )
     assert proc.returncode == 2 and "harness.command[1]" in proc.stderr and "agentt.py" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_controller_refuses_a_missing_harness_script_before_touching_the_store(tmp_path):
+    config = tmp_path / "rollout.toml"
+    config.write_text('[harness]\npreset = "python"\ncommand = ["./agentt.py", "{prompt}"]\n')
+    store = tmp_path / "store.db"
+    proc = run(
+        "controller", "--config", str(config), "--store", str(store),
+        "--gateway-url", "http://127.0.0.1:9", "--run-dir", str(tmp_path / "c"),
+    )  # fmt: skip
+    assert proc.returncode == 2 and "harness.command[1]" in proc.stderr and "agentt.py" in proc.stderr
+    assert not store.exists() and not (tmp_path / "c").exists()
 
 
 def test_bad_config_file_is_named(tmp_path):
