@@ -186,6 +186,9 @@ def _get_json(url: str, timeout: float) -> Any:
         return orjson.loads(response.read() or b"null")
 
 
+SERVER_INFO_TIMEOUT_S = 60.0
+
+
 def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
     """What harnessrl needs from a running vLLM server, checked: it answers, lists a model, and runs
     with ``--logprobs-mode processed_logprobs``. Returns ``{"model", "max_model_len",
@@ -203,12 +206,16 @@ def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
     if not data:
         raise ConfigError(f"vLLM at {url}: /v1/models lists no model")
     try:
-        info = _get_json(f"{url}/server_info?config_format=json", timeout)
+        # The first /server_info serializes the whole engine config: seconds on a busy CPU machine
+        # (measured > 10 s at load average 16), so it gets more time than a liveness probe.
+        info = _get_json(f"{url}/server_info?config_format=json", max(timeout, SERVER_INFO_TIMEOUT_S))
     except urllib.error.HTTPError as exc:
         raise ConfigError(
             f"vLLM at {url}: GET /server_info answered {exc.code}; start it with "
             "VLLM_SERVER_DEV_MODE=1 (harnessrl needs its /pause, /resume and /collective_rpc too)"
         ) from exc
+    except (urllib.error.URLError, OSError) as exc:  # a timeout included: an error, not a traceback
+        raise UpstreamError(f"vLLM at {url}: GET /server_info did not answer: {exc}") from exc
     mode = logprobs_mode_of(info)
     if mode != LOGPROBS_MODE:
         raise ConfigError(
