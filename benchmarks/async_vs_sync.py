@@ -171,7 +171,7 @@ def run_mode(folder: Path, mode: str, args: argparse.Namespace) -> dict[str, Any
         "seconds": round(seconds, 2),
         "loop_seconds": round(sum(r["time/step_s"] for r in rows), 2),
         "steps": len(rows),
-        "rollouts_trained": sum(r["rollouts"] - r["rollouts/dropped_stale"] for r in rows),
+        "rollouts_trained": sum(r["rollouts/total"] - r["rollouts/dropped_stale"] for r in rows),
         "rollouts_dropped_stale": sum(r["rollouts/dropped_stale"] for r in rows),
         "staleness_mean": round(sum(r["staleness/mean"] for r in rows) / max(1, len(rows)), 3),
         "pause_seconds": round(sum(r["time/pause_s"] for r in rows), 2),

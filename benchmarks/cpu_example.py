@@ -34,6 +34,7 @@ What it does not show: a like-for-like episode (TRL's episode is one completion;
 agent process that may call the calculator and the model again), or results at other scales. The CPU
 is shared with whatever else runs on the machine; wall times move with it.
 
+    ./install.sh --bench                                             # once: TRL 1.16.0 (both sides need it)
     .venv/bin/python benchmarks/cpu_example.py --minutes 20          # 20 min per side, ~45 min in all
     .venv/bin/python benchmarks/cpu_example.py --steps 73            # TRL's anchor length
     .venv/bin/python benchmarks/cpu_example.py --steps 2 --side trl  # one side; keeps the other's result
@@ -125,7 +126,7 @@ def harnessrl_train(
             rows = read_metrics(run_dir)
             if rows and not first_row:
                 first_row, started = True, time.monotonic()
-            if stop_on_heldout and any("heldout/accuracy" in r for r in rows):
+            if stop_on_heldout and any("heldout/success_rate" in r for r in rows):
                 stopped = True
             if budget_s is not None and first_row and time.monotonic() - started > budget_s:
                 stopped = True
@@ -148,9 +149,9 @@ def evaluate_checkpoint(work: Path, checkpoint: Path) -> float | None:
         budget_s=None,
         stop_on_heldout=True,
     )
-    rows = [r for r in read_metrics(eval_dir) if "heldout/accuracy" in r]
+    rows = [r for r in read_metrics(eval_dir) if "heldout/success_rate" in r]
     shutil.rmtree(eval_dir, ignore_errors=True)
-    return rows[0]["heldout/accuracy"] if rows else None
+    return rows[0]["heldout/success_rate"] if rows else None
 
 
 def run_harnessrl(
@@ -166,22 +167,22 @@ def run_harnessrl(
     log(f"harnessrl: training ({budget_text(steps, budget_s)})")
     seconds, stopped = harnessrl_train(run_dir, overrides, budget_s=budget_s)
     rows = read_metrics(run_dir)
-    heldout = [r for r in rows if "heldout/accuracy" in r]
+    heldout = [r for r in rows if "heldout/success_rate" in r]
     trained = [r for r in rows if r.get("reward/mean") is not None]
     result: dict[str, Any] = {
-        "heldout_reward_before": heldout[0]["heldout/accuracy"]
+        "heldout_reward_before": heldout[0]["heldout/success_rate"]
         if heldout and heldout[0]["step"] == 0
         else None,
         "steps": trained[-1]["step"] if trained else 0,
         "cpu_minutes": round(seconds / 60, 2),
         "train_minutes": round(sum(r["time/step_s"] for r in trained) / 60, 2),
         "model": MODEL,
-        "heldout_curve": [[r["step"], r["heldout/accuracy"]] for r in heldout],
+        "heldout_curve": [[r["step"], r["heldout/success_rate"]] for r in heldout],
         "reward_curve": [[r["step"], round(r["reward/mean"], 3)] for r in trained],
         "stopped_by_budget": stopped,
     }
     if heldout and heldout[-1]["step"] == result["steps"] and result["steps"] > 0:
-        result["heldout_reward_after"] = heldout[-1]["heldout/accuracy"]
+        result["heldout_reward_after"] = heldout[-1]["heldout/success_rate"]
     else:
         from harnessrl.trainer.checkpoint import latest_checkpoint
 

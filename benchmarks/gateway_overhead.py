@@ -50,9 +50,9 @@ Run (one command; re-executes itself inside a loopback-only network namespace wh
     .venv/bin/python benchmarks/gateway_overhead.py --quick    # fewer rounds, seconds
     .venv/bin/python benchmarks/gateway_overhead.py --no-agl   # without Agent Lightning
 
-The AGL venv: ``/root/.pyenv/versions/3.12.1/bin/python3.12 -m venv .bench/agl-venv &&
-.bench/agl-venv/bin/pip install agentlightning==1.0.2`` (``--agl-venv`` to point elsewhere).
-Writes ``benchmarks/results/gateway_overhead.json``.
+The AGL venv (Python 3.12, ``agentlightning==1.0.2``) is made by ``./install.sh --bench`` in
+``.bench/agl-venv`` (``--agl-venv`` to point elsewhere; without it the run skips Agent Lightning and
+says so in the JSON). Writes ``benchmarks/results/gateway_overhead.json``.
 """
 
 from __future__ import annotations

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         "steps": last["step"],
         "minutes": round(minutes, 2),
         "stopped_by_budget": stopped,
-        "rollouts_per_step": trained[0]["rollouts"] if trained else None,
+        "rollouts_per_step": trained[0]["rollouts/total"] if trained else None,
         "samples_per_rollout": round(
             statistics.fmean(r["trajectory/samples_per_rollout"] for r in trained), 3
         )

@@ -36,8 +36,11 @@ temperature 0.7, no KL / reference model).
 What it does not show: GPU throughput, multi-turn samples (harnessrl's packing of long agent
 traces), or the cost of generation, which dominates end-to-end RL time on CPU.
 
+    ./install.sh --bench                                               # once: TRL 1.16.0 into .venv
     .venv/bin/python benchmarks/trainer_vs_trl.py                      # fp32 and bf16, ~6 min
     .venv/bin/python benchmarks/trainer_vs_trl.py --dtype bf16 --steps 3
+    .venv/bin/python benchmarks/trainer_vs_trl.py --model tiny --dtype fp32 --prompts 2 --group 2 \
+        --completion-tokens 8 --steps 1 --out /tmp/tvt.json            # smoke run, ~20 s
 """
 
 from __future__ import annotations

@@ -128,7 +128,9 @@ def test_infra_failures_do_not_enter_the_group(name, infra_reward):
     )  # fmt: skip
     assert with_infra.advantages == clean.advantages
     assert with_infra.excluded == {"x": "infra_failure", "y": "infra_failure"}
-    assert with_infra.metrics["advantage/excluded_infra_failure"] == 2
+    # Counted once, by the step (rollouts/infra_failures), not again here.
+    assert not any("infra" in key for key in with_infra.metrics)
+    assert with_infra.metrics["rollouts/trained"] == clean.metrics["rollouts/trained"] == 3
     assert assign_advantages([sample("x"), sample("a")], with_infra)[0].rollout_id == "a"
 
 
@@ -142,17 +144,21 @@ def test_zero_variance_groups_keep_or_drop():
     kept = rollout_advantages(rollouts, AlgorithmConfig(zero_variance_groups="keep"))
     assert kept.advantages["a"] == kept.advantages["b"] == 0.0
     assert kept.metrics["advantage/zero_variance_groups"] == 1
-    assert kept.metrics["advantage/zero_variance_groups_dropped"] == 0
+    assert kept.metrics["rollouts/dropped_zero_variance"] == 0 and kept.metrics["rollouts/trained"] == 4
+    assert kept.metrics["reward/trained_mean"] == 0.75
     dropped = rollout_advantages(rollouts, AlgorithmConfig(zero_variance_groups="drop"))
     assert set(dropped.advantages) == {"c", "d"}
     assert dropped.excluded == {"a": "zero_variance", "b": "zero_variance"}
-    assert dropped.metrics["advantage/zero_variance_groups_dropped"] == 1
+    assert dropped.metrics["advantage/zero_variance_groups"] == 1
+    assert dropped.metrics["rollouts/dropped_zero_variance"] == 2 and dropped.metrics["rollouts/trained"] == 2
+    assert dropped.metrics["reward/trained_mean"] == 0.5  # the mean of what the loss sees, not of all
     assert [s.rollout_id for s in assign_advantages([sample("a"), sample("c")], dropped)] == ["c"]
 
 
 def test_unscored_rollouts_are_excluded_and_unknown_samples_rejected():
     result = rollout_advantages([rollout("a", 1.0), rollout("b", None, outcome=None)], AlgorithmConfig())
     assert result.excluded == {"b": "no_reward"}
+    assert result.metrics["rollouts/no_reward"] == 1
     with pytest.raises(Exception, match="no advantage"):
         assign_advantages([sample("zzz")], result)
     with pytest.raises(Exception, match="twice"):

@@ -473,7 +473,7 @@ def test_tiny_model_trains_one_step_on_coding_tasks(task_set: Path, tmp_path: Pa
     assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 1
 
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert row["step"] == 1 and row["rollouts"] == 4 and row["rollouts/infra_failures"] == 0
+    assert row["step"] == 1 and row["rollouts/total"] == 4 and row["rollouts/infra_failures"] == 0
     # A random policy fixes nothing: both groups have zero variance, and the step still happens.
     assert row["reward/mean"] == 0.0 and row["advantage/zero_variance_groups"] == 2.0
     assert row["policy_version"] == 1 and row["trajectory/samples"] >= 4

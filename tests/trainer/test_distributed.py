@@ -186,19 +186,26 @@ def test_two_ranks_train_like_one_process(tmp_path):
         ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
         for metrics in ranks:  # every rank reports the aggregated metrics
             for step, (got, want) in enumerate(zip(metrics["steps"], ref_metrics, strict=True)):
-                assert got["world_size"] == 2
-                assert set(got) == {*want, "world_size"}, mode
-                keys = ["loss", "lr", "entropy", "loss/clip_fraction", "loss_tokens"]
+                assert got["policy/world_size"] == 2
+                assert set(got) == {*want, "policy/world_size"}, mode
+                keys = [
+                    "policy/loss",
+                    "policy/lr",
+                    "policy/entropy",
+                    "policy/sampled_nll",
+                    "policy/clip_fraction",
+                    "policy/loss_tokens",
+                ]
                 if with_reference:
-                    assert want["loss/kl_ref"] > 1e-3 and want["loss/importance_weight_max"] > 1.0
-                    keys += ["loss/kl_ref", "loss/importance_weight_mean", "loss/engine_trainer_kl"]
+                    assert want["policy/kl_ref"] > 1e-3 and want["policy/importance_weight_max"] > 1.0
+                    keys += ["policy/kl_ref", "policy/importance_weight_mean", "policy/engine_trainer_kl"]
                 for key in keys:
                     assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-9), (mode, key)
                 # torch's fp32 norm of a 0.5M-element tensor is itself off by ~1e-5 relative (vs
                 # fp64), differently for shards and the whole; the gradients agree to ~4e-7.
-                assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-4), mode
+                assert got["policy/grad_norm"] == pytest.approx(want["policy/grad_norm"], rel=1e-4), mode
                 if share:  # the ranks shared prefixes too (each among its own rollouts' samples)
-                    assert got["train_tokens"] < sum(len(x) for x in make_samples(step))
+                    assert got["policy/forward_tokens"] < sum(len(x) for x in make_samples(step))
         assert {r["rank"]: r["rollouts"] for r in ranks} == {
             r: sorted({x.rollout_id for x in assign_rollouts(make_samples(0), 2)[r]}) for r in range(2)
         }
@@ -282,9 +289,12 @@ def test_torchrun_train_runs_the_collocated_stack_on_two_ranks(tmp_path):
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert summary["steps"] == 2 and summary["world_size"] == 2
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    trained = [r for r in rows if "loss" in r]
+    trained = [r for r in rows if "policy/loss" in r]
     assert [r["step"] for r in trained] == [1, 2]
-    assert all(r["world_size"] == 2 and r["rollouts"] == 16 and r["grad_norm"] > 0 for r in trained)
+    assert all(
+        r["policy/world_size"] == 2 and r["rollouts/total"] == 16 and r["policy/grad_norm"] > 0
+        for r in trained
+    )
     AutoModelForCausalLM.from_pretrained(str(run_dir / "checkpoints" / "final"))  # full weights, HF format
 
 

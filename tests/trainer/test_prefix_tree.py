@@ -118,8 +118,8 @@ def test_train_step_reports_computed_tokens(policy):
     policy.row_tokens = 4096
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     metrics = policy.train_step(samples, AlgorithmConfig(), temperature=0.7, micro_batch_tokens=4096)
-    assert metrics["train_tokens"] < sum(len(s) for s in samples)
-    assert metrics["loss_tokens"] == sum(s.num_loss_tokens for s in samples)
+    assert metrics["policy/forward_tokens"] < sum(len(s) for s in samples)
+    assert metrics["policy/loss_tokens"] == sum(s.num_loss_tokens for s in samples)
     changed = [n for n, p in policy.model.named_parameters() if not torch.equal(p.detach(), before[n])]
     assert changed
     with torch.no_grad():

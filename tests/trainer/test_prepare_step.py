@@ -115,7 +115,7 @@ def test_infra_failures_are_left_out_of_the_reward_metrics():
     batch = prepare_step([g], 0, TrainerSection(), AlgorithmConfig())
     assert batch.metrics["rollouts/infra_failures"] == 1
     assert batch.metrics["reward/mean"] == 0.5  # over the two scored rollouts
-    assert batch.metrics["advantage/excluded_infra_failure"] == 1.0
+    assert batch.metrics["rollouts/trained"] == 2 and batch.metrics["rollouts/total"] == 3
     assert "g0-r2" not in {s.rollout_id for s in batch.samples}
 
 
@@ -123,7 +123,7 @@ def test_heldout_metrics_and_an_evaluation_with_nothing_scored():
     g = group("eval-s00000", [1.0, 0.0], outcomes=[Outcome.SUCCESS, Outcome.INFRA_FAILURE])
     assert heldout_metrics(g, overlap=2) == {
         "heldout/reward": 1.0,
-        "heldout/accuracy": 1.0,
+        "heldout/success_rate": 1.0,
         "heldout/rollouts": 1,
         "heldout/overlap_with_train": 2,
     }

@@ -1,12 +1,14 @@
 """``train_step`` on one process: its loss is the sum of its micro-batches', idle rounds (what a rank
 with less work runs under torchrun) change nothing, the KL penalty adds its k3 term against a frozen
-reference, and ``tis_cap`` truncates the engine/trainer importance weight with the trainer proximal.
+reference, ``tis_cap`` truncates the engine/trainer importance weight with the trainer proximal, and
+``policy/entropy`` is the entropy of the tempered policy (not the sampled tokens' negative log-prob).
 
 The N-rank reducer runs in ``tests/trainer/test_distributed.py`` (the torchrun equivalence test).
 """
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -26,21 +28,21 @@ from harnessrl.trajectory import Sample, SampledSpan
 
 MICRO_BATCH_TOKENS = 40  # several micro-batches per step
 METRICS = {
-    "loss/loss_tokens",
-    "loss/clip_fraction",
-    "loss/dual_clip_fraction",
-    "loss/approx_kl",
-    "loss/ratio_mean",
-    "loss/ratio_max",
-    "loss/importance_weight_mean",
-    "loss/importance_weight_max",
-    "loss",
-    "grad_norm",
-    "lr",
-    "entropy",
-    "train_tokens",
-    "loss_tokens",
-    "samples",
+    "policy/clip_fraction",
+    "policy/dual_clip_fraction",
+    "policy/approx_kl",
+    "policy/ratio_mean",
+    "policy/ratio_max",
+    "policy/importance_weight_mean",
+    "policy/importance_weight_max",
+    "policy/loss",
+    "policy/entropy",
+    "policy/sampled_nll",
+    "policy/grad_norm",
+    "policy/lr",
+    "policy/forward_tokens",
+    "policy/loss_tokens",
+    "policy/samples",
 }
 
 
@@ -105,9 +107,9 @@ def test_the_step_loss_is_the_sum_of_its_micro_batch_losses(share):
     before = weights(policy)
     metrics = policy.train_step(samples, algorithm, temperature=0.9, micro_batch_tokens=MICRO_BATCH_TOKENS)
     assert set(metrics) == METRICS  # one process adds no world_size
-    assert metrics["loss"] == pytest.approx(expected, rel=1e-6)
-    assert metrics["loss_tokens"] == sum(s.num_loss_tokens for s in samples)
-    assert metrics["samples"] == len(samples) and metrics["grad_norm"] > 0
+    assert metrics["policy/loss"] == pytest.approx(expected, rel=1e-6)
+    assert metrics["policy/loss_tokens"] == sum(s.num_loss_tokens for s in samples)
+    assert metrics["policy/samples"] == len(samples) and metrics["policy/grad_norm"] > 0
     assert any(not torch.equal(before[k], v) for k, v in weights(policy).items())
 
 
@@ -145,14 +147,16 @@ def test_the_kl_penalty_adds_its_k3_term_against_the_frozen_reference():
     reference = {k: v.clone() for k, v in policy.reference.state_dict().items()}
     # Step 1: the policy is its reference, so k3 and its gradient are 0: both take the same step.
     first, first_free = step(policy, with_kl), step(free, without)
-    assert first["loss/kl_ref"] == 0.0 and "loss/kl_ref" not in first_free
-    assert first["loss"] == first_free["loss"]
+    assert first["policy/kl_ref"] == 0.0 and "policy/kl_ref" not in first_free
+    assert first["policy/loss"] == first_free["policy/loss"]
     assert all(torch.equal(weights(free)[k], v) for k, v in weights(policy).items())
     # Step 2: the policy moved away; on the same weights the loss differs by kl_coef * mean k3
     # (token_mean: every loss token weighs 1 / loss tokens, as in the kl_ref metric).
     second, second_free = step(policy, with_kl, 1), step(free, without, 1)
-    assert second["loss/kl_ref"] > 1e-5
-    assert second["loss"] - second_free["loss"] == pytest.approx(0.5 * second["loss/kl_ref"], rel=1e-4)
+    assert second["policy/kl_ref"] > 1e-5
+    assert second["policy/loss"] - second_free["policy/loss"] == pytest.approx(
+        0.5 * second["policy/kl_ref"], rel=1e-4
+    )
     assert any(not torch.equal(weights(policy)[k], weights(free)[k]) for k in reference)  # its gradient
     for name, value in policy.reference.state_dict().items():  # frozen
         assert torch.equal(value, reference[name]), name
@@ -178,19 +182,97 @@ def test_tis_cap_truncates_the_importance_weight_where_it_exceeds_the_cap():
         return step(new_policy(), AlgorithmConfig(proximal="trainer", **kwargs))
 
     untruncated = run()
-    assert untruncated["loss/importance_weight_max"] > 1.5  # engine/trainer drift to truncate
+    assert untruncated["policy/importance_weight_max"] > 1.5  # engine/trainer drift to truncate
     # The ratio is against the trainer's own logprobs (one optimizer step): 1, never clipped.
-    assert untruncated["loss/ratio_mean"] == pytest.approx(1.0) and untruncated["loss/clip_fraction"] == 0
-    assert untruncated["loss/engine_trainer_kl"] > 0
+    assert untruncated["policy/ratio_mean"] == pytest.approx(1.0)
+    assert untruncated["policy/clip_fraction"] == 0
+    assert untruncated["policy/engine_trainer_kl"] > 0
     # Control: a cap no weight reaches changes nothing.
     loose = run(tis_cap=1e6)
-    assert loose.pop("loss/importance_weight_truncated_fraction") == 0.0
+    assert loose.pop("policy/importance_weight_truncated_fraction") == 0.0
     assert loose == untruncated
     # A cap that applies truncates the weights above it, and the loss changes.
     tight = run(tis_cap=1.0)
-    assert 0 < tight["loss/importance_weight_truncated_fraction"] < 1
-    assert tight["loss/importance_weight_max"] == pytest.approx(1.0)
-    assert abs(tight["loss"] - untruncated["loss"]) > 1e-4
+    assert 0 < tight["policy/importance_weight_truncated_fraction"] < 1
+    assert tight["policy/importance_weight_max"] == pytest.approx(1.0)
+    assert abs(tight["policy/loss"] - untruncated["policy/loss"]) > 1e-4
     # The default (behaviour) proximal has no such weight.
     behaviour = step(new_policy(), AlgorithmConfig())
-    assert behaviour["loss/importance_weight_max"] == 1.0 and "loss/engine_trainer_kl" not in behaviour
+    assert behaviour["policy/importance_weight_max"] == 1.0 and "policy/engine_trainer_kl" not in behaviour
+
+
+# -- entropy and the other policy/* metrics -------------------------------------------------------------
+def direct_entropy_and_nll(policy: TrainablePolicy, samples: list[Sample], temperature: float):
+    """The reference: every sample alone through the full model, p = softmax(logits / T) at every
+    position, and over the step's loss tokens the mean of -sum_v p_v log p_v (the entropy) and the
+    mean of -log p(sampled token) (what ``entropy`` used to be)."""
+    entropy = nll = tokens = 0.0
+    with torch.no_grad():
+        for s in samples:
+            ids = torch.tensor([s.input_ids])
+            logp = (policy.model(input_ids=ids).logits[0, :-1].double() / temperature).log_softmax(-1)
+            trained = torch.tensor(s.loss_mask[1:], dtype=torch.bool)  # position t predicts token t + 1
+            entropy += float(-(logp.exp() * logp).sum(-1)[trained].sum())
+            nll += float(-logp.gather(-1, ids[0, 1:, None])[trained].sum())
+            tokens += int(trained.sum())
+    return entropy / tokens, nll / tokens
+
+
+@pytest.mark.parametrize("share", [True, False])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_entropy_is_that_of_the_tempered_policy_not_the_sampled_tokens_nll(share, temperature):
+    policy = new_policy(share_prefixes=share)
+    samples = make_samples(0)  # tokens not drawn from the policy: their NLL is not its entropy
+    entropy, nll = direct_entropy_and_nll(policy, samples, temperature)
+    metrics = train_step(
+        policy, samples, AlgorithmConfig(), temperature=temperature, micro_batch_tokens=MICRO_BATCH_TOKENS
+    )
+    assert metrics["policy/entropy"] == pytest.approx(entropy, rel=1e-5)
+    assert metrics["policy/sampled_nll"] == pytest.approx(nll, rel=1e-5)
+    assert nll - entropy > 0.1 * entropy  # (7.7 vs 8.8 nats at T = 1): the old `entropy` was nll
+    # The temperature divides the logits before the softmax: at T / 2 the entropy is far lower.
+    sharper, _ = direct_entropy_and_nll(policy, samples, temperature / 2)
+    assert entropy - sharper > 0.1 * entropy
+
+
+def test_token_entropy_in_chunks_matches_the_direct_formula_and_ignores_impossible_tokens():
+    from harnessrl.algorithms.losses import token_entropy
+
+    logits_N_V = torch.randn(37, 50, generator=torch.Generator().manual_seed(0)) * 3
+    logits_N_V[0, :10] = -torch.inf  # tokens the distribution cannot produce
+    logp = logits_N_V.double().log_softmax(-1)
+    direct_N = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
+    for chunk_elements in (1, 50 * 5, 50 * 37, 10**9):  # one row per chunk ... all rows in one
+        got_N = token_entropy(logits_N_V, chunk_elements=chunk_elements)
+        assert not got_N.isnan().any()
+        torch.testing.assert_close(got_N.double(), direct_N, rtol=1e-5, atol=1e-6)
+    uniform = token_entropy(torch.zeros(2, 64))
+    torch.testing.assert_close(uniform, torch.full((2,), math.log(64)))
+    assert not token_entropy(torch.randn(3, 8, requires_grad=True)).requires_grad  # a metric: no graph
+
+
+def test_max_metrics_are_the_largest_over_the_step_and_means_do_not_depend_on_micro_batching():
+    def run(micro_batch_tokens: int) -> dict[str, float]:
+        return train_step(
+            new_policy(share_prefixes=False),
+            make_samples(0),
+            AlgorithmConfig(proximal="trainer"),
+            temperature=0.9,
+            micro_batch_tokens=micro_batch_tokens,
+        )
+
+    one, several = run(10**6), run(MICRO_BATCH_TOKENS)  # one micro-batch; several
+    # (a token mean of each micro-batch's maximum, as these were, is below the maximum)
+    assert several["policy/importance_weight_max"] == pytest.approx(one["policy/importance_weight_max"])
+    assert several["policy/ratio_max"] == pytest.approx(one["policy/ratio_max"])
+    for key in ("policy/entropy", "policy/sampled_nll", "policy/importance_weight_mean", "policy/loss"):
+        assert several[key] == pytest.approx(one[key], rel=1e-5), key
+
+
+def test_lr_is_the_rate_of_this_step_update():
+    policy = TrainablePolicy(
+        tiny_model_dir(), OptimizerConfig(lr=1e-2, warmup_steps=2), total_steps=4, row_tokens=24
+    )
+    first, second = step(policy, AlgorithmConfig()), step(policy, AlgorithmConfig(), 1)
+    assert first["policy/lr"] == pytest.approx(0.5e-2)  # warmup: step 1 of 2 (not step 2's rate)
+    assert second["policy/lr"] == pytest.approx(1e-2)

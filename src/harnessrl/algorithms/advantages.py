@@ -155,18 +155,15 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
     advantages_R = estimator(rewards_R, group_index_R, config.eps)
     groups = len(by_group)
     reasons = list(excluded.values())
+    # Infrastructure failures are counted once, by the step (rollouts/infra_failures).
     metrics = {
-        "advantage/rollouts": float(len(kept)),
+        "rollouts/trained": float(len(kept)),
+        "rollouts/no_reward": float(reasons.count("no_reward")),
+        "rollouts/dropped_zero_variance": float(reasons.count("zero_variance")),
+        "reward/trained_mean": _mean(rewards_R) if rewards_R else 0.0,
         "advantage/groups": float(groups),
         "advantage/zero_variance_groups": float(zero_variance),
         "advantage/zero_variance_share": zero_variance / groups if groups else 0.0,
-        "advantage/zero_variance_groups_dropped": float(
-            zero_variance if config.zero_variance_groups == "drop" else 0
-        ),
-        "advantage/excluded_infra_failure": float(reasons.count("infra_failure")),
-        "advantage/excluded_no_reward": float(reasons.count("no_reward")),
-        "advantage/excluded_zero_variance": float(reasons.count("zero_variance")),
-        "advantage/reward_mean": _mean(rewards_R) if rewards_R else 0.0,
         "advantage/mean": _mean(advantages_R) if advantages_R else 0.0,
         "advantage/abs_mean": _mean([abs(a) for a in advantages_R]) if advantages_R else 0.0,
     }

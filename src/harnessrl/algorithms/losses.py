@@ -120,6 +120,31 @@ def token_logprobs(logits_B_T_V: torch.Tensor, input_ids_B_T: torch.Tensor) -> t
     return F.pad(logp, (1, 0))  # (B, T): position 0 has no prediction
 
 
+#: ``token_entropy`` works on chunks of rows of at most this many logits (16 MiB of fp32 each), so
+#: its two temporaries stay small whatever the number of tokens and the vocabulary size.
+ENTROPY_CHUNK_ELEMENTS = 1 << 22
+
+
+@torch.no_grad()
+def token_entropy(logits_N_V: torch.Tensor, *, chunk_elements: int = ENTROPY_CHUNK_ELEMENTS) -> torch.Tensor:
+    """Entropy ``-sum_v p_v log p_v`` of each row's distribution ``p = softmax(logits)``: (N,), fp32.
+
+    Pass logits already divided by the sampling temperature to get the entropy of the distribution
+    the engine sampled from. No autograd graph is kept (it is a metric), and rows are processed in
+    chunks of at most ``chunk_elements`` logits, so the extra memory is two (chunk, V) temporaries.
+    A logit of -inf (a token that cannot be sampled) contributes 0, not NaN.
+    """
+    N, V = logits_N_V.shape
+    out_N = torch.empty(N, dtype=torch.float32, device=logits_N_V.device)
+    rows = max(1, chunk_elements // max(1, V))
+    for start in range(0, N, rows):
+        logp = logits_N_V[start : start + rows].float().log_softmax(-1)  # (n, V)
+        p = logp.exp()
+        logp.clamp_(min=torch.finfo(logp.dtype).min)  # where p is 0: 0 * finite, not 0 * -inf
+        out_N[start : start + rows] = -p.mul_(logp).sum(-1)
+    return out_N
+
+
 def ppo_clip_loss(
     log_ratio_B_T: torch.Tensor,
     advantages_B_T: torch.Tensor,

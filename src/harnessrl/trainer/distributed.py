@@ -136,9 +136,11 @@ class _Root(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = fn(*args, **kwargs)
-        # FSDP hooks its pre-backward on the output; an in-place op on a view would bypass it.
+    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)  # a tensor, or (logprobs, detached entropy) with ``with_entropy``
+        # FSDP hooks its pre-backward on the outputs; an in-place op on a view would bypass it.
+        if isinstance(out, tuple):
+            return tuple(t.clone() if t._base is not None else t for t in out)
         return out.clone() if out._base is not None else out
 
 
@@ -191,7 +193,7 @@ class ShardedPolicy:
     ) -> dict[str, float]:
         """One optimizer step over all ``samples`` (the whole step, identical on every rank), each
         rank training on its ``assign_rollouts`` share. Returns the one-process step's metrics,
-        aggregated over ranks (identical on every rank), plus ``world_size``."""
+        aggregated over ranks (identical on every rank), plus ``policy/world_size``."""
         return train_step(
             self.policy,
             samples,
@@ -278,4 +280,4 @@ class ShardedRanks:
         return parts
 
     def metrics(self) -> dict[str, float]:
-        return {"world_size": float(self.ctx.world_size)}
+        return {"policy/world_size": float(self.ctx.world_size)}

@@ -3,7 +3,9 @@
 The trainer keeps its own fp32 copy of the weights (the master copy); the engine serving rollouts
 gets a copy of them after every step (``engine_state_dict``). Log-probabilities are computed at the
 sampling temperature the engine used (``log_softmax(logits / T)``), so they are comparable with the
-behaviour log-probabilities recorded by the gateway.
+behaviour log-probabilities recorded by the gateway; with ``with_entropy`` the same forward also gives
+each trained token's entropy at that temperature (``algorithms.losses.token_entropy``, no grad), from
+the logits it already computed.
 
 The optimizer step itself (micro-batching, forward/backward, metrics) is ``trainer.train_step``,
 the same code for one process and for torchrun ranks. With ``reference_dir`` (``algorithm.kl_coef >
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.algorithms.losses import token_logprobs
+from harnessrl.algorithms.losses import token_entropy, token_logprobs
 from harnessrl.hardware import resolve_autocast
 from harnessrl.trainer.config import LoraSection, OptimizerConfig
 from harnessrl.trainer.prefix_tree import PrefixBatch
@@ -160,14 +162,16 @@ class TrainablePolicy:
         loss_mask_B_T: torch.Tensor | None = None,
         *,
         model: torch.nn.Module | None = None,
-    ) -> torch.Tensor:
+        with_entropy: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """log p(token t | tokens < t) at temperature T, aligned with the tokens: (B, T).
 
         With ``loss_mask_B_T`` the vocabulary projection is applied only where a logprob is needed
         (the position before each trained token); everywhere else the result is 0. Prompts and tool
         output are most of an agent's tokens, and the LM head over a 49k vocabulary at every position
         was the largest single cost of a step. ``model``: another model than the policy's (the
-        reference).
+        reference). ``with_entropy``: also the entropy of the tempered distribution each token was
+        drawn from, in the same layout (0 where the log-prob is 0), detached: ``(logprobs, entropy)``.
         """
         model = self.model if model is None else model
         if loss_mask_B_T is None:
@@ -176,7 +180,13 @@ class TrainablePolicy:
             logits = logits.float()
             if temperature != 1.0:
                 logits = logits / temperature
-            return token_logprobs(logits, input_ids_B_T)  # (B, T)
+            logprobs_B_T = token_logprobs(logits, input_ids_B_T)  # (B, T)
+            if not with_entropy:
+                return logprobs_B_T
+            B, T, V = logits.shape
+            entropy_B_T = torch.zeros(logprobs_B_T.shape, dtype=torch.float32, device=logits.device)
+            entropy_B_T[:, 1:] = token_entropy(logits[:, :-1].reshape(-1, V)).view(B, T - 1)
+            return logprobs_B_T, entropy_B_T
         decoder = model.get_decoder()
         lm_head = model.get_output_embeddings()
         with self._autocast():
@@ -191,7 +201,11 @@ class TrainablePolicy:
         targets_N = input_ids_B_T[rows, cols + 1]
         logp_N = logits_N_V.gather(-1, targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
         out_B_T = torch.zeros(input_ids_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
-        return out_B_T.index_put((rows, cols + 1), logp_N)
+        logprobs_B_T = out_B_T.index_put((rows, cols + 1), logp_N)
+        if not with_entropy:
+            return logprobs_B_T
+        entropy_B_T = torch.zeros(input_ids_B_T.shape, dtype=torch.float32, device=logp_N.device)
+        return logprobs_B_T, entropy_B_T.index_put((rows, cols + 1), token_entropy(logits_N_V))
 
     @torch.no_grad()
     def response_logprobs(
@@ -205,9 +219,15 @@ class TrainablePolicy:
         return logprobs_B_T[0, len(prompt_ids) :].tolist()
 
     def prefix_logprobs(
-        self, batch: PrefixBatch, temperature: float, *, model: torch.nn.Module | None = None
-    ) -> torch.Tensor:
-        """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout."""
+        self,
+        batch: PrefixBatch,
+        temperature: float,
+        *,
+        model: torch.nn.Module | None = None,
+        with_entropy: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout;
+        ``with_entropy`` as in ``logprobs``."""
         model = self.model if model is None else model
         decoder = model.get_decoder()
         lm_head = model.get_output_embeddings()
@@ -229,7 +249,9 @@ class TrainablePolicy:
         if temperature != 1.0:
             logits_N_V = logits_N_V / temperature
         logp_N = logits_N_V.gather(-1, batch.targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
-        return logp_N[None]
+        if not with_entropy:
+            return logp_N[None]
+        return logp_N[None], token_entropy(logits_N_V)[None]
 
     # -- one optimizer step --------------------------------------------------------------------------
     def train_step(

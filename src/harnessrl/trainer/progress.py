@@ -22,7 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 STEP_LINE_FIELDS = (
     ("reward/mean", "reward", "{:.3f}"),
     ("heldout/reward", "held-out", "{:.3f}"),
-    ("loss", "loss", "{:.4f}"),
+    ("policy/loss", "loss", "{:.4f}"),
     ("response/length_mean", "resp len", "{:.0f}"),
     ("throughput/tokens_per_s", "tok/s", "{:.0f}"),
     ("time/step_s", "step s", "{:.1f}"),

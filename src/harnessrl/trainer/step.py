@@ -70,7 +70,7 @@ def prepare_step(
         "reward/mean": statistics.fmean(rewards) if rewards else None,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "reward/success_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
-        "rollouts": len(rollouts),
+        "rollouts/total": len(rollouts),
         "rollouts/infra_failures": sum(1 for r in rollouts if r.outcome is Outcome.INFRA_FAILURE),
         "rollouts/dropped_stale": len(too_stale) if drop else 0,
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
@@ -84,11 +84,11 @@ def prepare_step(
 
 
 def call_metrics(calls: list[Any]) -> dict[str, float]:
-    """Per model call of the step's trained rollouts: response length (sampled tokens), the share cut
-    at ``max_tokens`` (``finish_reason == "length"``), prompt length, and generation seconds (first
-    request byte to last token, queueing included). TRL/verl: ``completions/mean_length``,
-    ``completions/clipped_ratio``; ``response_length/mean``, ``response_length/clip_ratio``,
-    ``prompt_length/mean``."""
+    """Per model call of the final attempts of the step's rollouts not dropped as stale: response
+    length (sampled tokens), the share cut at ``max_tokens`` (``finish_reason == "length"``), prompt
+    length, and generation seconds (first request byte to last token, queueing included). TRL/verl:
+    ``completions/mean_length``, ``completions/clipped_ratio``; ``response_length/mean``,
+    ``response_length/clip_ratio``, ``prompt_length/mean`` (docs/metrics.md)."""
     if not calls:
         return {}
     lengths = [len(c.response_token_ids) for c in calls]
@@ -113,7 +113,7 @@ def heldout_metrics(group: Group, overlap: int) -> dict[str, Any]:
         raise EvaluationFailed("held-out evaluation: every rollout failed for infrastructure reasons")
     return {
         "heldout/reward": statistics.fmean(rewards),
-        "heldout/accuracy": sum(1 for x in rewards if x >= 1.0) / len(rewards),
+        "heldout/success_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards),
         "heldout/rollouts": len(rewards),
         "heldout/overlap_with_train": overlap,
     }

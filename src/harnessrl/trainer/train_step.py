@@ -17,6 +17,13 @@ identity, ``distributed.ShardedRanks`` the torchrun one. Per step:
 5. Gradient clip, optimizer and LR scheduler step; ``Ranks.gather`` collects every rank's sums, so
    the metrics are those of the whole step (identical on every rank).
 
+Metrics (``policy/*``, docs/metrics.md): token means over the step's loss tokens. ``policy/entropy``
+is the entropy of the tempered policy at each trained token, computed without grad from the logits
+the policy's forward already holds (``algorithms.losses.token_entropy``, in chunks of rows);
+``policy/sampled_nll`` is the mean negative log-prob of the sampled tokens, what was logged as
+``entropy`` before (an estimate of the entropy only where the tokens were sampled from this very
+distribution: the gap between the two is off-policyness).
+
 The proximal policy of the PPO ratio is ``algorithm.proximal``: the engine's behaviour log-probs, or
 the trainer's own (its log-probs detached, free within one optimizer step), in which case the
 engine/trainer mismatch is corrected by the truncated importance weight
@@ -34,6 +41,7 @@ which wastes little since rows are filled close to ``row_tokens``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -190,22 +198,35 @@ def _logprobs(
     ranks: Ranks,
     *,
     reference: bool = False,
-) -> tuple[torch.Tensor, MicroBatch]:
-    """The log-probs of one micro-batch's trained tokens (policy or reference) and its loss entries."""
+) -> tuple[torch.Tensor, torch.Tensor | None, MicroBatch]:
+    """One micro-batch's trained-token log-probs (policy or reference), their entropies (the
+    policy's only, detached) and its loss entries."""
     model = policy.reference if reference else policy.model
+    with_entropy = not reference
     if isinstance(micro, PrefixBatch):
-        logprobs = ranks.forward(policy.prefix_logprobs, micro, temperature, model=model, reference=reference)
-        return logprobs, micro.entries
-    logprobs = ranks.forward(
-        policy.logprobs,
-        micro.input_ids_B_T,
-        micro.position_ids_B_T,
-        temperature,
-        micro.loss_mask_B_T,
-        model=model,
-        reference=reference,
-    )
-    return logprobs, micro
+        out = ranks.forward(
+            policy.prefix_logprobs,
+            micro,
+            temperature,
+            model=model,
+            with_entropy=with_entropy,
+            reference=reference,
+        )
+        batch = micro.entries
+    else:
+        out = ranks.forward(
+            policy.logprobs,
+            micro.input_ids_B_T,
+            micro.position_ids_B_T,
+            temperature,
+            micro.loss_mask_B_T,
+            model=model,
+            with_entropy=with_entropy,
+            reference=reference,
+        )
+        batch = micro
+    logprobs, entropy = out if with_entropy else (out, None)
+    return logprobs, entropy, batch
 
 
 # -- the step -----------------------------------------------------------------------------------------
@@ -222,7 +243,7 @@ def train_step(
     ranks = ranks or OneProcess()
     totals = step_totals(samples)  # global normalizers: every rank sees the whole step
     if totals.num_loss_tokens == 0:
-        return {"loss": 0.0, "skipped": 1.0}
+        return {"policy/loss": 0.0, "policy/skipped": 1.0}
     with_reference = algorithm.kl_coef > 0
     if with_reference and policy.reference is None:
         raise ConfigError(
@@ -236,9 +257,10 @@ def train_step(
     rounds = ranks.rounds(len(micros))
 
     policy.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}
+    sums: dict[str, float] = {}  # per-token means, weighted by each micro-batch's loss tokens
     weights: dict[str, float] = {}
-    loss_total = entropy_sum = 0.0
+    maxima: dict[str, float] = {}  # the "_max" metrics: the largest over the step, not a mean
+    loss_total = entropy_sum = nll_sum = 0.0
     tokens = 0
     for i in range(rounds):
         # Gradients are reduced once, after the last round; before that they accumulate locally.
@@ -248,8 +270,8 @@ def train_step(
         ref_logprobs = None
         if with_reference:
             with torch.no_grad():
-                ref_logprobs, _ = _logprobs(policy, micro, temperature, ranks, reference=True)
-        logprobs, batch = _logprobs(policy, micro, temperature, ranks)
+                ref_logprobs, _, _ = _logprobs(policy, micro, temperature, ranks, reference=True)
+        logprobs, entropy, batch = _logprobs(policy, micro, temperature, ranks)
         if idle:  # this rank has no work left but must join the collectives
             (logprobs.sum() * 0.0).backward()
             continue
@@ -264,9 +286,15 @@ def train_step(
         tokens += (
             micro.computed_tokens if isinstance(micro, PrefixBatch) else int(batch.input_ids_B_T.numel())
         )
-        # -mean logprob of the sampled tokens: a cheap, unbiased estimate of the policy's entropy.
-        entropy_sum += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
+        assert entropy is not None
+        entropy_sum += float((entropy * batch.loss_mask_B_T).sum())
+        nll_sum += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
         for key, value in out.metrics.items():
+            if key == "loss_tokens":  # a count, not a per-token mean: the step's is policy/loss_tokens
+                continue
+            if key.endswith("_max"):
+                maxima[key] = max(maxima.get(key, -math.inf), float(value))
+                continue
             sums[key] = sums.get(key, 0.0) + float(value) * n
             weights[key] = weights.get(key, 0.0) + n
     grad_norm = 0.0
@@ -274,26 +302,33 @@ def train_step(
         # On sharded (DTensor) parameters this is the norm of the full gradient (a collective).
         norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    lr = policy.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
     policy.optimizer.step()
     policy.scheduler.step()
 
-    parts = ranks.gather((loss_total, entropy_sum, tokens, sums, weights))
+    parts = ranks.gather((loss_total, entropy_sum, nll_sum, tokens, sums, weights, maxima))
     all_sums: dict[str, float] = {}
     all_weights: dict[str, float] = {}
-    for _, _, _, s, w in parts:
+    all_maxima: dict[str, float] = {}
+    for *_, s, w, m in parts:
         for key in s:
             all_sums[key] = all_sums.get(key, 0.0) + s[key]
             all_weights[key] = all_weights.get(key, 0.0) + w[key]
-    metrics = {f"loss/{k}": all_sums[k] / all_weights[k] for k in all_sums if all_weights[k]}
+        for key in m:
+            all_maxima[key] = max(all_maxima.get(key, -math.inf), m[key])
+    loss_tokens = max(1, totals.num_loss_tokens)
+    metrics = {f"policy/{k}": all_sums[k] / all_weights[k] for k in all_sums if all_weights[k]}
+    metrics.update({f"policy/{k}": v for k, v in all_maxima.items()})
     metrics.update(
         {
-            "loss": sum(p[0] for p in parts),
-            "grad_norm": grad_norm,
-            "lr": policy.scheduler.get_last_lr()[0],
-            "entropy": sum(p[1] for p in parts) / max(1, totals.num_loss_tokens),
-            "train_tokens": float(sum(p[2] for p in parts)),
-            "loss_tokens": float(totals.num_loss_tokens),
-            "samples": float(len(samples)),
+            "policy/loss": sum(p[0] for p in parts),
+            "policy/entropy": sum(p[1] for p in parts) / loss_tokens,
+            "policy/sampled_nll": sum(p[2] for p in parts) / loss_tokens,
+            "policy/grad_norm": grad_norm,
+            "policy/lr": lr,
+            "policy/forward_tokens": float(sum(p[3] for p in parts)),
+            "policy/loss_tokens": float(totals.num_loss_tokens),
+            "policy/samples": float(len(samples)),
             **ranks.metrics(),
         }
     )

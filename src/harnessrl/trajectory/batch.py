@@ -62,9 +62,9 @@ class TrajectoryStats:
             self.max_sample_tokens_seen = max(self.max_sample_tokens_seen, len(sample))
 
     def as_metrics(self, prefix: str = "trajectory/") -> dict[str, float]:
+        # rollouts_skipped_infra is left out: the step logs every infra failure (rollouts/infra_failures).
         metrics: dict[str, float] = {
-            "rollouts": self.rollouts,
-            "rollouts_skipped_infra": self.rollouts_skipped_infra,
+            "rollouts_with_samples": self.rollouts,
             "rollouts_without_samples": self.rollouts_without_samples,
             "samples": self.samples,
             "samples_per_rollout": self.samples_per_rollout,
