@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.store.calls import agent_trace, make_call
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task, Usage
 from harnessrl.store import migrations
-from harnessrl.store.codecs import call_to_row, dump_json, rollout_to_row
+from harnessrl.store.codecs import dump_json, pack_floats, pack_ints, rollout_to_row
 from harnessrl.store.migrations import SCHEMA_VERSION, migrate_postgres, migrate_sqlite, pending, statements
 
 WORKER = Path(__file__).with_name("store_worker.py")
@@ -46,6 +47,20 @@ def raw_connection(url: str) -> Iterator[tuple[Any, str]]:
             conn.execute("COMMIT")
         finally:
             conn.close()
+
+
+def whole_call_row(call: Call) -> dict[str, Any]:
+    """A call's row as versions 1-3 stored it (frozen here): the whole prompt, the whole request."""
+    row = call.model_dump(exclude={"prompt_token_ids", "response_token_ids", "response_logprobs"})
+    row.update(
+        request=dump_json(call.request),
+        response=dump_json(call.response),
+        usage=None if call.usage is None else dump_json(row["usage"]),
+        prompt_token_ids=pack_ints(call.prompt_token_ids),
+        response_token_ids=pack_ints(call.response_token_ids),
+        response_logprobs=pack_floats(call.response_logprobs),
+    )
+    return row
 
 
 def migrate_raw(conn: Any, mark: str, target: int) -> int:
@@ -90,7 +105,7 @@ def test_v1_store_is_migrated_in_place_with_data_intact(shared_store_factory: An
         insert(conn, mark, "rollouts", rollout_to_row(done))
         insert(conn, mark, "rollouts", rollout_to_row(queued))
         for call in calls:
-            insert(conn, mark, "calls", call_to_row(call))
+            insert(conn, mark, "calls", whole_call_row(call))
         version = PolicyVersion(version=3, step=2, checkpoint="/ckpt/3", metadata={"loss": 0.5})
         insert(
             conn, mark, "policy_versions", {**version.model_dump(), "metadata": dump_json(version.metadata)}
@@ -210,7 +225,7 @@ def test_rows_stored_before_the_strict_boundary_are_repaired_once(shared_store_f
         row["reward"] = math.inf
         insert(conn, mark, "rollouts", row)
         insert(conn, mark, "rollouts", rollout_to_row(clean))
-        insert(conn, mark, "calls", call_to_row(bad_call))
+        insert(conn, mark, "calls", whole_call_row(bad_call))
         before_clean = conn.execute(
             f"SELECT task FROM rollouts WHERE rollout_id = {mark}", ("r-ok",)
         ).fetchone()[0]
@@ -232,3 +247,83 @@ def test_rows_stored_before_the_strict_boundary_are_repaired_once(shared_store_f
         stored = conn.execute(f"SELECT request FROM calls WHERE call_id = {mark}", ("c0",)).fetchone()[0]
     assert after_clean == before_clean
     json.loads(stored, parse_constant=lambda name: pytest.fail(f"{name} left in the store"))
+
+
+def test_whole_calls_are_rewritten_as_deltas_in_place(shared_store_factory: Any) -> None:
+    """Migration 4: calls stored whole (versions 1-3) become deltas on their chain and read back
+    equal: two attempts of a growing conversation, a call with an edited history, a completions
+    call, another rollout. New calls then extend the migrated chains."""
+    url = shared_store_factory.url
+    first = agent_trace("r-long", 8, system=300, observation=40, answer=10)
+    retried = [
+        c.model_copy(update={"attempt": 1})
+        for c in agent_trace("r-long", 4, system=300, observation=40, answer=10)
+    ]
+    edited = retried[-1].model_copy(
+        update={"request": {**retried[-1].request, "messages": retried[-1].request["messages"][1:]}}
+    )
+    completion = make_call("r-long", api="completions", attempt=1, request={"model": "m", "prompt": "2+2="})
+    calls = [
+        call.model_copy(update={"seq": seq, "call_id": f"c{seq}"})
+        for seq, call in enumerate([*first, *retried, edited, completion])
+    ]
+    other = make_call(
+        "r-other", seq=0, call_id="o0", request={"messages": [{"role": "user", "content": "hi"}]}
+    )
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=3) == 0
+        for rollout_id in ("r-long", "r-other"):
+            insert(
+                conn,
+                mark,
+                "rollouts",
+                rollout_to_row(Rollout(rollout_id=rollout_id, api_key=f"hrl-{rollout_id}")),
+            )
+        for call in [*calls, other]:
+            insert(conn, mark, "calls", whole_call_row(call))
+    before = column_bytes(url, ("prompt_token_ids", "request"))
+
+    store = shared_store_factory()  # migrates to 4 on open
+    assert stored_version(url) == SCHEMA_VERSION
+    assert store.list_calls("r-long") == calls and store.list_calls("r-other") == [other]
+    assert store.list_calls("r-long", attempt=1) == calls[8:]
+    assert column_bytes(url, ("prompt_token_ids", "request", "request_items")) < before / 3
+    with raw_connection(url) as (conn, _):
+        rows = conn.execute(
+            "SELECT seq, prompt_base_seq, prompt_len FROM calls WHERE rollout_id = 'r-long' ORDER BY seq"
+        )
+        bases = [(seq, base) for seq, base, _ in rows.fetchall()]
+    # Each attempt's calls extend its own chain; the edited and the completions call do not.
+    assert bases == [
+        (0, None),
+        *((s, s - 1) for s in range(1, 8)),
+        (8, None),
+        (9, 8),
+        (10, 9),
+        (11, 10),
+        (12, 10),
+        (13, None),
+    ]
+    nxt = first[-1].model_copy(
+        update={
+            "attempt": 1,
+            "prompt_token_ids": [*retried[-1].prompt_token_ids, *retried[-1].response_token_ids, 5],
+        }
+    )
+    added = store.add_call(nxt)
+    assert store.list_calls("r-long")[-1] == added
+    with raw_connection(url) as (conn, mark):
+        row = conn.execute(
+            f"SELECT prompt_base_seq, prompt_len FROM calls WHERE call_id = {mark}", (added.call_id,)
+        ).fetchone()
+    assert tuple(row) == (
+        12,
+        len(nxt.prompt_token_ids),
+    )  # call 12 repeats call 11's tokens: the newest chain wins
+
+
+def column_bytes(url: str, columns: tuple[str, ...]) -> int:
+    """What the calls table holds in these columns, in bytes (their text is ASCII)."""
+    total = " + ".join(f"COALESCE(LENGTH({c}), 0)" for c in columns)
+    with raw_connection(url) as (conn, _):
+        return int(conn.execute(f"SELECT SUM({total}) FROM calls").fetchone()[0])

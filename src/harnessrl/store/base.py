@@ -8,6 +8,8 @@ Every implementation (SQLite now, PostgreSQL later) passes the same contract tes
   ``InvalidTransition``. Unknown ids raise ``NotFound``.
 - ``add_call`` assigns ``seq`` atomically (0, 1, 2, ... per rollout), so calls keep their order
   even when several gateway workers write for one rollout.
+- A call reads back equal to the call added (with its ``seq`` and ``call_id``), however it is
+  stored: the SQL stores keep each call as a delta on earlier calls of its attempt (``chains``).
 - ``claim_rollouts`` moves queued rollouts to running atomically: two claimers never get the same one.
 - Methods are thread-safe; async callers run them in a worker thread when latency matters.
 """

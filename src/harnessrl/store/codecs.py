@@ -10,6 +10,9 @@ Encoding choices (why):
 - Token IDs are little-endian int32 bytes and logprobs little-endian float64 bytes (``array``), in
   a BLOB / BYTEA: 4x/2x smaller than JSON text, decoded by C code, and float64 round-trips every
   Python float bit for bit (``-0.0``, ``inf`` and ``nan`` included), which JSON text does not guarantee.
+- A ``calls`` row is a delta on earlier calls of its rollout attempt (``store.chains`` says what
+  each column holds and how a base is chosen); ``calls_from_rows`` folds a rollout's rows back
+  into whole ``Call`` records in one pass.
 """
 
 from __future__ import annotations
@@ -20,10 +23,11 @@ import re
 import struct
 import sys
 from array import array
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from harnessrl.errors import BadRequest, InvalidTransition
+from harnessrl.errors import BadRequest, HarnessRLError, InvalidTransition
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
     Call,
@@ -84,7 +88,7 @@ def load_json(text: str | None) -> Any:
 
 def pack_ints(values: Sequence[int]) -> bytes:
     # struct packs a 16 k-token prompt about twice as fast as array("i", ...) (every call of a
-    # rollout stores its whole prompt), and "<" makes it little-endian on every machine.
+    # rollout packs its whole prompt, to find what is new), and "<" makes it little-endian everywhere.
     try:
         return struct.pack(f"<{len(values)}i", *values)
     except struct.error as exc:
@@ -93,7 +97,7 @@ def pack_ints(values: Sequence[int]) -> bytes:
         raise TypeError(f"token ids must be integers: {exc}") from exc
 
 
-def unpack_ints(blob: bytes) -> list[int]:
+def unpack_ints(blob: bytes | memoryview) -> list[int]:
     arr = array("i")
     arr.frombytes(blob)
     if _BIG_ENDIAN:
@@ -130,19 +134,6 @@ def rollout_to_row(rollout: Rollout) -> dict[str, Any]:
     return row
 
 
-def call_to_row(call: Call) -> dict[str, Any]:
-    row = call.model_dump(exclude={"prompt_token_ids", "response_token_ids", "response_logprobs"})
-    row.update(
-        request=dump_json(call.request),
-        response=dump_json(call.response),
-        usage=None if call.usage is None else dump_json(row["usage"]),
-        prompt_token_ids=pack_ints(call.prompt_token_ids),
-        response_token_ids=pack_ints(call.response_token_ids),
-        response_logprobs=pack_floats(call.response_logprobs),
-    )
-    return row
-
-
 # -- rows -> records ---------------------------------------------------------------------------------
 
 
@@ -167,13 +158,90 @@ def rollout_from_row(row: Row) -> Rollout:
     return Rollout.model_validate(fields)
 
 
-def _usage(stored: dict[str, Any]) -> Usage:
+def usage_from_json(text: str | None) -> Usage | None:
+    stored = load_json(text)
+    if stored is None:
+        return None
     # Fields a newer writer added are left out, so an older reader of a shared store still reads it.
     return Usage(**{key: value for key, value in stored.items() if key in Usage.model_fields})
 
 
+#: ``request`` of a row whose request frame is its request base's (a request is a JSON object, never null).
+SAME_FRAME = "null"
+
+
+@dataclass(frozen=True, slots=True)
+class UnfoldedCall:
+    """A stored call's delta-encoded parts made whole again (what a later row's delta extends)."""
+
+    tokens: bytes  # the whole prompt's token IDs then the response's, packed int32
+    prompt_bytes: int  # how many of ``tokens``' bytes are the prompt's
+    key: str | None  # the request's history key (``messages`` / ``input``), or None
+    frame: str  # the request's JSON with its history list set to null (the whole request if no key)
+    items: tuple[str, ...]  # the history list's items as JSON texts
+
+
+def unfold_rows(rows: Iterable[Row]) -> Iterator[tuple[Row, UnfoldedCall]]:
+    """Each ``calls`` row with its whole prompt tokens and request parts, in one pass.
+
+    ``rows``: one rollout's rows (or one attempt's) in ``seq`` order. A row's bases are earlier
+    rows of its attempt, so each row is made whole from rows already unfolded: reading a rollout
+    costs what it returns, however long its chains are. A base that is not among the earlier rows
+    means the store was damaged (or rows were left out): that raises rather than guess.
+    """
+    done: dict[tuple[str, int], UnfoldedCall] = {}
+    for row in rows:
+        rollout_id, seq = row["rollout_id"], row["seq"]
+        prompt = bytes(row["prompt_token_ids"])
+        if row["prompt_base_seq"] is not None:
+            prompt = _earlier(done, rollout_id, seq, row["prompt_base_seq"]).tokens + prompt
+        if len(prompt) != 4 * row["prompt_len"]:
+            raise HarnessRLError(
+                f"call {rollout_id}/{seq}: its prompt has {len(prompt) // 4} tokens, the row says "
+                f"{row['prompt_len']}: the store is damaged"
+            )
+        frame, items = row["request"], ()
+        if row["request_base_seq"] is not None:
+            base = _earlier(done, rollout_id, seq, row["request_base_seq"])
+            items = base.items
+            if frame == SAME_FRAME:
+                frame = base.frame
+        elif frame == SAME_FRAME:
+            raise HarnessRLError(f"call {rollout_id}/{seq}: its request names no base: the store is damaged")
+        if row["request_items"]:  # "" is no new item (a JSON text is never empty)
+            items = items + tuple(row["request_items"].split("\n"))
+        unfolded = UnfoldedCall(
+            prompt + bytes(row["response_token_ids"]), len(prompt), row["request_key"], frame, items
+        )
+        done[(rollout_id, seq)] = unfolded
+        yield row, unfolded
+
+
+def _earlier(done: dict[tuple[str, int], UnfoldedCall], rollout_id: str, seq: int, base: int) -> UnfoldedCall:
+    found = done.get((rollout_id, base))
+    if found is None or base >= seq:
+        raise HarnessRLError(f"call {rollout_id}/{seq}: its base call {base} is not among the rows read")
+    return found
+
+
+def calls_from_rows(rows: Iterable[Row]) -> list[Call]:
+    """``calls`` rows of one rollout (all of it, or whole attempts), in ``seq`` order, as ``Call``s
+    equal to what was added. The one decoder of call rows: every reader of the table uses it."""
+    return [_call(row, unfolded) for row, unfolded in unfold_rows(rows)]
+
+
 def call_from_row(row: Row) -> Call:
-    usage = load_json(row["usage"])
+    """One self-contained row (no base: the first call of an attempt, say); a row that is a delta
+    raises: decode a rollout's rows together with ``calls_from_rows``."""
+    [call] = calls_from_rows([row])
+    return call
+
+
+def _call(row: Row, unfolded: UnfoldedCall) -> Call:
+    request = json.loads(unfolded.frame)
+    if unfolded.key is not None:
+        request[unfolded.key] = json.loads("[" + ",".join(unfolded.items) + "]")
+    tokens = memoryview(unfolded.tokens)
     # model_construct skips re-validating long token lists this module wrote itself.
     return Call.model_construct(
         call_id=row["call_id"],
@@ -181,14 +249,14 @@ def call_from_row(row: Row) -> Call:
         seq=row["seq"],
         attempt=row["attempt"],
         api=row["api"],
-        request=load_json(row["request"]),
+        request=request,
         response=load_json(row["response"]),
-        prompt_token_ids=unpack_ints(row["prompt_token_ids"]),
-        response_token_ids=unpack_ints(row["response_token_ids"]),
+        prompt_token_ids=unpack_ints(tokens[: unfolded.prompt_bytes]),
+        response_token_ids=unpack_ints(tokens[unfolded.prompt_bytes :]),
         response_logprobs=unpack_floats(row["response_logprobs"]),
         policy_version=row["policy_version"],
         finish_reason=row["finish_reason"],
-        usage=None if usage is None else _usage(usage),
+        usage=usage_from_json(row["usage"]),
         started_at=row["started_at"],
         first_token_at=row["first_token_at"],
         finished_at=row["finished_at"],

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.store.chains import CHAIN_COLUMNS, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +256,47 @@ def _repair_unrepresentable(conn: Any, dialect: str, param: str) -> None:
         )
 
 
+# Version 4: calls stored as deltas on their chain (issue 22; ``chains`` describes the columns).
+# Until now every row held its whole prompt and whole request, so a rollout cost O(calls x context).
+# The new columns are added, then ``_chain_stored_calls`` rewrites each rollout's rows in place
+# with the encoder new writes use. ``prompt_len``'s default only lets it be added to a filled table.
+_V4_SQLITE = """
+ALTER TABLE calls ADD COLUMN prompt_base_seq INTEGER;
+ALTER TABLE calls ADD COLUMN prompt_len INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE calls ADD COLUMN request_key TEXT;
+ALTER TABLE calls ADD COLUMN request_items TEXT;
+ALTER TABLE calls ADD COLUMN request_base_seq INTEGER
+"""
+_V4_POSTGRES = _V4_SQLITE.replace("INTEGER", "BIGINT")
+
+
+def _chain_stored_calls(conn: Any, dialect: str, param: str) -> None:
+    """Rewrite every call row (each whole, as versions 1-3 stored them) as a delta on the earlier
+    calls of its rollout attempt, one rollout at a time (memory: one rollout's rows)."""
+    rollouts = [_cell(row, 0, "rollout_id") for row in conn.execute("SELECT DISTINCT rollout_id FROM calls")]
+    assignments = ", ".join(f"{column} = {param}" for column in CHAIN_COLUMNS)
+    update = f"UPDATE calls SET {assignments} WHERE call_id = {param}"
+    for rollout_id in rollouts:
+        rows = conn.execute(
+            "SELECT call_id, seq, attempt, request, prompt_token_ids, response_token_ids FROM calls "
+            f"WHERE rollout_id = {param} ORDER BY seq",
+            (rollout_id,),
+        ).fetchall()
+        by_attempt: dict[int, AttemptChains] = {}
+        for row in rows:
+            call_id, seq, attempt = (
+                _cell(row, i, name) for i, name in enumerate(("call_id", "seq", "attempt"))
+            )
+            key, frame, items = split_request(json.loads(_cell(row, 3, "request")))
+            prompt, response = (
+                bytes(_cell(row, 4, "prompt_token_ids")),
+                bytes(_cell(row, 5, "response_token_ids")),
+            )
+            chains = by_attempt.get(attempt) or AttemptChains(attempt, seq - 1)
+            new, by_attempt[attempt] = place(PackedCall({}, prompt, response, key, frame, items), seq, chains)
+            conn.execute(update, [*(new[column] for column in CHAIN_COLUMNS), call_id])
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
@@ -266,6 +308,13 @@ MIGRATIONS: tuple[Migration, ...] = (
         "",
         "",
         repair=_repair_unrepresentable,
+    ),
+    Migration(
+        4,
+        "calls stored as deltas on their chain (linear bytes per rollout)",
+        _V4_SQLITE,
+        _V4_POSTGRES,
+        repair=_chain_stored_calls,
     ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))

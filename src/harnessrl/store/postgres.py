@@ -83,6 +83,7 @@ class PostgresStore(SQLStore):
     ) -> None:
         if not 1 <= min_connections <= max_connections:
             raise ConfigError("PostgresStore needs 1 <= min_connections <= max_connections")
+        super().__init__()
         self.url = url
         self._min, self._max, self._timeout_s = min_connections, max_connections, timeout_s
         self._pid = os.getpid()

@@ -14,6 +14,10 @@ how a transaction takes its locks, and in a few clauses. A backend subclass supp
 
 Rows are read by column name (``sqlite3.Row`` and psycopg's ``dict_row`` both allow it); column and
 table names in SQL text come from this module and ``codecs`` only, never from callers.
+
+Calls are stored as deltas on earlier calls of their rollout attempt (``chains``): a write picks its
+bases from the store's memory of each rollout's chains (``ChainCache``), rebuilt from the attempt's
+rows whenever it does not account for the rollout's newest call; reads fold rows back whole.
 """
 
 from __future__ import annotations
@@ -36,10 +40,10 @@ from harnessrl.schemas import (
     now,
     status_for_outcome,
 )
+from harnessrl.store.chains import AttemptChains, ChainCache, PackedCall, chains_from_rows, pack_call, place
 from harnessrl.store.codecs import (
     ROLLOUT_COLUMNS,
-    call_from_row,
-    call_to_row,
+    calls_from_rows,
     check_transition,
     dump_json,
     load_json,
@@ -54,11 +58,23 @@ from harnessrl.store.codecs import (
 StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
 
 
+# What rebuilding a rollout attempt's chains reads of its rows.
+_CHAIN_ROW_COLUMNS = (
+    "rollout_id, seq, prompt_token_ids, prompt_base_seq, prompt_len, response_token_ids, "
+    "request, request_key, request_items, request_base_seq"
+)
+
+
 class SQLStore:
     PARAM: str
     ROW_LOCK: str
     CLAIM_LOCK: str
     NO_LIMIT: Any
+    #: Memory for the chains of recently written rollouts (``chains.ChainCache``), per store.
+    CHAIN_CACHE_BYTES = 64 * 2**20
+
+    def __init__(self) -> None:
+        self._chains = ChainCache(self.CHAIN_CACHE_BYTES)
 
     # -- what a backend supplies ------------------------------------------------------------------
     def _read(self) -> AbstractContextManager[Any]:
@@ -286,9 +302,11 @@ class SQLStore:
 
     # -- calls ------------------------------------------------------------------------------------
     def add_call(self, call: Call) -> Call:
-        row = _encode_call(call)  # before the transaction: packing long token lists is the slow part
+        packed = pack_call(call)  # before the transaction: packing long token lists is the slow part
+        written: dict[str, AttemptChains] = {}
         with self._write() as conn:
-            self._add_call_row(conn, call, row)
+            row = self._add_call_row(conn, packed, written)
+        self._chains.put(written)  # committed: these rows may now be bases
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
 
     def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
@@ -297,53 +315,80 @@ class SQLStore:
         A call that cannot be added (unknown rollout, token ids past int32) gets its exception in
         its place and is rolled back alone (a savepoint); the others are committed. If the commit
         itself fails, it raises: then none was added. Calls of one rollout get consecutive ``seq``
-        numbers in list order. Rows are locked in rollout-id order, so two writers' batches (several
-        gateways on one PostgreSQL) cannot deadlock on each other's rollout locks.
+        numbers in list order (a later one may be stored on an earlier one). Rows are locked in
+        rollout-id order, so two writers' batches (several gateways on one PostgreSQL) cannot
+        deadlock on each other's rollout locks.
         """
         results: list[Call | Exception] = []
-        rows: list[dict[str, Any] | None] = []
+        packed: list[PackedCall | None] = []
         for call in calls:  # encode outside the transaction, as add_call does
             try:
-                rows.append(_encode_call(call))
+                packed.append(pack_call(call))
                 results.append(call)
             except Exception as exc:  # noqa: BLE001 - this call's own failure, reported in its place
-                rows.append(None)
+                packed.append(None)
                 results.append(exc)
         by_rollout = sorted(range(len(calls)), key=lambda i: calls[i].rollout_id)  # stable
+        written: dict[str, AttemptChains] = {}
         with self._write() as conn:
             for i in by_rollout:
-                call, row = calls[i], rows[i]
-                if row is None:
+                call, one = calls[i], packed[i]
+                if one is None:
                     continue
                 conn.execute("SAVEPOINT harnessrl_call")
                 try:
-                    self._add_call_row(conn, call, row)
+                    row = self._add_call_row(conn, one, written)
                 except Exception as exc:  # noqa: BLE001 - as above
                     conn.execute("ROLLBACK TO SAVEPOINT harnessrl_call")
                     results[i] = exc
                 else:
                     results[i] = call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
                 conn.execute("RELEASE SAVEPOINT harnessrl_call")
+        self._chains.put(written)
         return results
 
-    def _add_call_row(self, conn: Any, call: Call, row: dict[str, Any]) -> None:
-        """Insert one encoded call inside a write transaction, setting ``row["seq"]``."""
+    def _add_call_row(
+        self, conn: Any, packed: PackedCall, written: dict[str, AttemptChains]
+    ) -> dict[str, Any]:
+        """Insert one packed call inside a write transaction; returns its row (``seq`` set).
+
+        ``written``: the chains this transaction left per rollout (read before the cache, updated
+        only once the row is in), for the cache once the transaction commits.
+        """
         p = self.PARAM
+        rollout_id, attempt = packed.columns["rollout_id"], packed.columns["attempt"]
         # The write transaction (SQLite: the database lock; PostgreSQL: the rollout's row lock)
         # serializes this rollout's writers until commit, so MAX(seq) counts the previous call
         # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
         locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
-        if conn.execute(locked, (call.rollout_id,)).fetchone() is None:
-            raise NotFound(f"rollout {call.rollout_id!r} not found")
+        if conn.execute(locked, (rollout_id,)).fetchone() is None:
+            raise NotFound(f"rollout {rollout_id!r} not found")
         sql = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
-        row["seq"] = self._scalar(conn, sql, (call.rollout_id,))
+        seq = self._scalar(conn, sql, (rollout_id,))
+        chains = written.get(rollout_id) or self._chains.get(rollout_id)
+        if seq == 0:  # the rollout's first call: nothing to be stored on
+            chains = AttemptChains(attempt, -1)
+        elif chains is None or not chains.continues(attempt, seq):
+            chains = self._load_chains(conn, rollout_id, attempt, seq)
+        row, after = place(packed, seq, chains)
         self._insert(conn, "calls", row)
+        written[rollout_id] = after
+        return row
+
+    def _load_chains(self, conn: Any, rollout_id: str, attempt: int, seq: int) -> AttemptChains:
+        """The attempt's chains from its rows (all before ``seq``: the rollout is locked)."""
+        p = self.PARAM
+        rows = conn.execute(
+            f"SELECT {_CHAIN_ROW_COLUMNS} FROM calls WHERE rollout_id = {p} AND attempt = {p} ORDER BY seq",
+            (rollout_id, attempt),
+        )
+        return chains_from_rows(rows, attempt, seq - 1)
 
     def list_calls(self, rollout_id: str, *, attempt: int | None = None) -> list[Call]:
         where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
         with self._read() as conn:
             rows = conn.execute(f"SELECT * FROM calls{where} ORDER BY seq", params).fetchall()
-        return [call_from_row(row) for row in rows]
+        return calls_from_rows(rows)  # one pass: a row's bases are earlier rows of its attempt
 
     def count_calls(self, rollout_id: str | None = None) -> int:
         where, params = sql_where(self.PARAM, rollout_id=rollout_id)
@@ -409,8 +454,3 @@ class SQLStore:
         return self._fetch_one(
             conn, sql + (self.ROW_LOCK if lock else ""), (rollout_id,), "rollout", rollout_id
         )
-
-
-def _encode_call(call: Call) -> dict[str, Any]:
-    """The ``calls`` row of a call, with a new ``call_id`` if it has none (``seq`` is set on insert)."""
-    return call_to_row(call.model_copy(update={"call_id": call.call_id or uuid.uuid4().hex}))

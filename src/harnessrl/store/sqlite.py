@@ -46,6 +46,7 @@ class SQLiteStore(SQLStore):
         timeout_s: float = 30.0,
         synchronous: Literal["NORMAL", "FULL"] = "NORMAL",
     ) -> None:
+        super().__init__()
         self.path = str(path)
         self._timeout_s = timeout_s
         self._synchronous = synchronous
