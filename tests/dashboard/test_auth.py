@@ -22,7 +22,13 @@ from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
-ROUTES = ["/ui/", "/ui/rollouts", "/ui/rollouts/g000000-r0", "/ui/compare?a=g000000-r0&b=g000000-r1"]
+ROUTES = [
+    "/ui/",
+    "/ui/rollouts",
+    "/ui/rollouts/g000000-r0",
+    "/ui/rollouts/g000000-r0/logs/0/stderr",
+    "/ui/compare?a=g000000-r0&b=g000000-r1",
+]
 
 
 @pytest.fixture(scope="module")

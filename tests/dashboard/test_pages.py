@@ -3,13 +3,30 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
+import pytest
 from starlette.testclient import TestClient
 from tests.dashboard.conftest import RunFolder
+
+from harnessrl.dashboard.data import DashboardData
+from harnessrl.dashboard.logs import log_path, read_log_tail
+from harnessrl.errors import NotFound
+from harnessrl.schemas import Rollout
 
 
 def _row_ids(html: str) -> list[str]:
     return re.findall(r'class="trace-link" href="/ui/rollouts/([^"]+)"', html)
+
+
+def _rows(html: str) -> list[dict[str, str]]:
+    """The table's rows as ``{column header: cell html}``."""
+    head = re.search(r"<table id=rollouts><tr>(.*?)</tr>", html).group(1)  # type: ignore[union-attr]
+    names = [re.sub(r"<[^>]+>|[ ↑↓]+$", "", th) for th in re.findall(r"<th[^>]*>(.*?)</th>", head)]
+    return [
+        dict(zip(names, re.findall(r"<td[^>]*>(.*?)</td>", row), strict=True))
+        for row in re.findall(r'<tr class="rollout-row">(.*?)</tr>', html)
+    ]
 
 
 def test_runs_page_shows_run_status_config_and_charts(client: TestClient, tiny_run: RunFolder) -> None:
@@ -51,9 +68,39 @@ def test_rollouts_table_filters_and_pages(client: TestClient) -> None:
     assert results["partial"] and sum(map(len, results.values())) == len(set().union(*results.values()))
     assert set().union(*results.values()) <= set(ids)  # rewards in [0, 1]: each rollout in one class
     # columns: calls, sampled tokens, samples and policy versions come from the calls
-    row = re.search(r'<tr class="rollout-row">(.*?)</tr>', oldest_html).group(1)  # type: ignore[union-attr]
-    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
-    assert cells[7] == "1" and int(cells[8]) > 0 and cells[9] == "1" and cells[11] == "0"
+    first = _rows(oldest_html)[0]
+    assert first["calls"] == "1" and int(first["tokens"]) > 0 and first["samples"] == "1"
+    assert (
+        first["policy versions"] == "0"
+        and first["split"] == "train"
+        and first["group"].endswith("g000000</a>")
+    )
+
+
+def test_table_sorts_by_header_links_on_reward_duration_and_created(client: TestClient) -> None:
+    def durations(order: str) -> list[float | None]:
+        html = client.get("/ui/rollouts", params={"order": order}).text
+        return [float(row["duration"].rstrip("s")) if row["duration"] else None for row in _rows(html)]
+
+    longest, shortest = durations("duration_desc"), durations("duration_asc")
+    timed = [d for d in longest if d is not None]
+    assert len(timed) > 8 and longest[: len(timed)] == sorted(timed, reverse=True)  # unfinished: last
+    assert shortest[: len(timed)] == sorted(timed)
+    # A sortable header links to its order, and to the other way once sorted by it.
+    default = client.get("/ui/rollouts").text
+    assert 'data-order="reward_desc"' in default and 'data-order="duration_desc"' in default
+    assert 'data-order="oldest"' in default  # newest first already: "created" sorts oldest first
+    by_reward = client.get("/ui/rollouts", params={"order": "reward_desc"}).text
+    assert 'data-order="reward_asc"' in by_reward and "reward</a> ↓" in by_reward
+    rewards = [float(row["reward"]) for row in _rows(by_reward) if row["reward"]]
+    assert len(rewards) > 8 and rewards == sorted(rewards, reverse=True)
+
+
+def test_step_zero_survives_the_sort_and_pager_links(client: TestClient) -> None:
+    # url() once dropped 0 as empty, so sorting the step-0 rows showed every step.
+    html = client.get("/ui/rollouts", params={"step": "0"}).text
+    assert "order=reward_desc&amp;step=0" in html or "step=0&amp;order=reward_desc" in html
+    assert {row["step"] for row in _rows(html)} == {"0"}
 
 
 def test_trace_shows_conversation_tokens_and_versions(client: TestClient) -> None:
@@ -92,6 +139,11 @@ def test_crafted_trace_highlights_audit_and_marks_breaks(crafted: TestClient) ->
 
 def test_crafted_flagged_filter_and_heldout_chart(crafted: TestClient) -> None:
     assert _row_ids(crafted.get("/ui/rollouts", params={"flagged": "1"}).text) == ["r-hack"]
+    table = crafted.get("/ui/rollouts").text
+    assert '<option value="test_tampering">test_tampering</option>' in table  # the store's flags
+    assert _row_ids(crafted.get("/ui/rollouts", params={"flag": "test_tampering"}).text) == ["r-hack"]
+    assert _row_ids(crafted.get("/ui/rollouts", params={"flag": "no_such_rule"}).text) == []
+    assert {r["split"] for r in _rows(table)} == {"train", "held-out"}
     assert _row_ids(crafted.get("/ui/rollouts", params={"outcome": "policy_failure"}).text) == ["r-honest"]
     runs = crafted.get("/ui/").text
     assert "held-out" in runs and "held-out (none)" not in runs
@@ -128,8 +180,75 @@ def test_live_refresh_while_running(crafted: TestClient, tmp_path) -> None:  # n
 
     store = SQLiteStore(tmp_path / "crafted" / "harnessrl.db")
     store.set_run_status("crafted", "running")
-    store.create_rollout(rollout_id="r-live", run_id="crafted")
+    store.create_rollout(rollout_id="r-live", run_id="crafted", metadata={"kind": "train"})
     store.close()
     assert 'http-equiv="refresh"' in crafted.get("/ui/").text
-    assert 'http-equiv="refresh"' in crafted.get("/ui/rollouts/r-live").text
+    live = crafted.get("/ui/rollouts/r-live").text
+    assert 'http-equiv="refresh"' in live and "trained at step</td><td>not trained (yet)" in live
     assert 'http-equiv="refresh"' not in crafted.get("/ui/rollouts/r-hack").text
+
+
+def test_trace_shows_split_steps_advantage_and_log_links(crafted: TestClient) -> None:
+    hack = crafted.get("/ui/rollouts/r-hack").text
+    assert "split</td><td>train" in hack and "created at step</td><td>3" in hack
+    assert "trained at step</td><td><b>4</b>" in hack and "advantage</td><td><b>0.5</b>" in hack
+    assert "(training group 1)" in hack
+    assert (
+        'href="/ui/rollouts/r-hack/logs/0/stdout"' in hack
+        and 'href="/ui/rollouts/r-hack/logs/0/stderr"' in hack
+    )
+    honest = crafted.get("/ui/rollouts/r-honest").text
+    assert "taught nothing" in honest and "/logs/0/stdout" not in honest  # its stdout.log is a link out
+    retried = crafted.get("/ui/rollouts/r-retried").text
+    assert "evaluated at step</td><td>4" in retried and "held-out" in retried and "trained at" not in retried
+    links = re.findall(r'class="log-link" href="/ui/rollouts/r-retried/logs/(\d)/(\w+)"', retried)
+    assert links == [("0", "stderr"), ("1", "stdout"), ("1", "stderr")]  # one line per attempt
+    assert "attempt 0:" in retried and "attempt 1:" in retried
+
+
+def test_logs_are_plain_text_and_only_of_stored_attempts(crafted: TestClient) -> None:
+    log = crafted.get("/ui/rollouts/r-hack/logs/0/stdout")
+    assert log.status_code == 200 and log.text == "<script>alert(1)</script> hacked"
+    assert (
+        log.headers["content-type"].startswith("text/plain")
+        and log.headers["x-content-type-options"] == "nosniff"
+    )
+    assert crafted.get("/ui/rollouts/r-retried/logs/1/stdout").text == "second attempt ok"
+    for missing in ("r-retried/logs/0/stdout", "r-retried/logs/2/stderr", "nope/logs/0/stdout"):
+        assert crafted.get(f"/ui/rollouts/{missing}").status_code == 404, missing
+
+
+def test_logs_refuse_traversal_and_links_out(crafted: TestClient, tmp_path: Path) -> None:
+    from harnessrl.store.sqlite import SQLiteStore
+
+    run_dir = tmp_path / "crafted"
+    # A stored rollout id that climbs out of RUN_DIR/rollouts, with a file where it would lead.
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    store.create_rollout(rollout_id="..", run_id="crafted")
+    store.close()
+    (run_dir / "attempt-0").mkdir()
+    (run_dir / "attempt-0" / "stdout.log").write_text("SECRET in the run folder")
+    with pytest.raises(NotFound):
+        log_path(run_dir, store_rollout(run_dir, ".."), 0, "stdout")
+    for attempt in (
+        "r-honest/logs/0/stdout",  # stdout.log is a symlink to a file outside the run folder
+        "r-hack/logs/0/..%2F..%2F..%2Fharnessrl.db",
+        "r-hack/logs/0/config",
+        "r-hack/logs/-1/stdout",
+        "..%2F..%2Fsecret.txt/logs/0/stdout",
+        "%2E%2E/logs/0/stdout",
+    ):
+        response = crafted.get(f"/ui/rollouts/{attempt}")
+        assert response.status_code == 404 and "SECRET" not in response.text, attempt
+
+
+def store_rollout(run_dir: Path, rollout_id: str) -> Rollout:
+    return DashboardData(run_dir / "harnessrl.db").get_rollout(rollout_id)
+
+
+def test_a_long_log_is_served_as_its_tail(tmp_path: Path) -> None:
+    path = tmp_path / "stdout.log"
+    path.write_text("a" * 2000 + "b" * 1000)
+    text = read_log_tail(path, limit=1000)
+    assert text == "[first 2000 of 3000 bytes not shown]\n" + "b" * 1000
+    assert read_log_tail(path) == "a" * 2000 + "b" * 1000

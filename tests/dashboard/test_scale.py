@@ -41,6 +41,8 @@ def test_rollouts_page_renders_fast_with_100k_rollouts(tmp_path: Path) -> None:
         {"page": "1500"},
         {"outcome": "policy_failure", "page": "40"},
         {"flagged": "1"},
+        {"flag": "test_tampering", "order": "duration_desc"},
+        {"order": "reward_asc", "page": "2"},
         {"step": "77"},
     ):
         started = time.perf_counter()

@@ -271,7 +271,10 @@ def train(
     config: Annotated[str | None, typer.Argument(help="TOML file describing the run")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue the run in this folder")] = None,
     run_dir: Annotated[
-        str | None, typer.Option("--run-dir", help="The run folder (default: run.dir, else runs/<run.name>)")
+        str | None,
+        typer.Option(
+            "--run-dir", help="The run folder (default: run.dir, else runs/<run.name> beside the config file)"
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
@@ -304,25 +307,29 @@ def train(
 @app.command()
 def dashboard(
     run: Annotated[
-        str, typer.Option("--run-dir", "--run", help="The run folder (holds harnessrl.db and metrics.jsonl)")
+        list[str],
+        typer.Option(
+            "--run-dir",
+            "--run",
+            help="A run folder (holds harnessrl.db and metrics.jsonl) or a folder of run folders;"
+            " repeat it to overlay several runs",
+        ),
     ],
     port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8080,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
 ) -> None:
-    """Serve the read-only web dashboard for a run folder at http://HOST:PORT/ui/.
+    """Serve the read-only web dashboard for run folders at http://HOST:PORT/ui/.
 
+    Several runs (--run-dir repeated, or a folder of run folders) get their metrics overlaid.
     The admin key comes from HARNESSRL_ADMIN_KEY; if unset, one is generated and the sign-in URL printed.
     """
     import secrets
     import socket
-    from pathlib import Path
 
     import uvicorn
 
     from harnessrl.dashboard import create_dashboard_app
 
-    if not (Path(run) / "harnessrl.db").is_file():
-        raise fail(f"no store at {str(Path(run) / 'harnessrl.db')!r}: is {run!r} a run folder?")
     admin_key = os.environ.get("HARNESSRL_ADMIN_KEY") or secrets.token_urlsafe(24)
     try:
         app_ = create_dashboard_app(run, admin_key)

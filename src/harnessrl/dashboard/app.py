@@ -1,14 +1,17 @@
 """The dashboard's routes, mounted at ``/ui`` by the gateway or served alone for a run folder.
 
 Routes (all behind the admin key, see ``dashboard.auth``): ``/ui/`` runs, ``/ui/rollouts`` table,
-``/ui/rollouts/{rollout_id}`` trace, ``/ui/compare?a=ID&b=ID``, ``/ui/login`` (GET form, POST key).
-Pages refresh themselves (``<meta http-equiv="refresh">``) while their run or rollout is going.
+``/ui/rollouts/{rollout_id}`` trace, ``/ui/rollouts/{rollout_id}/logs/{attempt}/{stream}`` the
+harness's stdout/stderr (``dashboard.logs``), ``/ui/compare?a=ID&b=ID``, ``/ui/login`` (GET form,
+POST key). With several run folders, ``/ui/`` overlays their metrics (``dashboard.runs``) and each
+run's routes move under ``/ui/runs/NAME``. Pages refresh themselves (``<meta http-equiv="refresh">``)
+while their run or rollout is going.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -17,13 +20,15 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 
 from harnessrl.dashboard import auth
 from harnessrl.dashboard.data import DashboardData
 from harnessrl.dashboard.html import esc, page
+from harnessrl.dashboard.logs import attempt_logs, log_path, read_log_tail
 from harnessrl.dashboard.pages import parse_table_query, rollouts_body, runs_body
+from harnessrl.dashboard.runs import STORE_FILE, RunSource, find_run_folders, name_runs, overview_body
 from harnessrl.dashboard.trace import compare_body, trace_body
 from harnessrl.errors import NotFound
 from harnessrl.schemas import TERMINAL_STATUSES
@@ -39,12 +44,16 @@ REFRESH_S = 5
 
 @dataclass
 class Dashboard:
-    """What the pages read: the store (read-only), the metrics file, and a tokenizer if one loads."""
+    """What the pages read: the store (read-only), the metrics file, the run folder (for the
+    harness logs) and a tokenizer if one loads; and where its pages are (``prefix``)."""
 
     data: DashboardData | None  # None: the store is not a SQLite file (e.g. ":memory:")
     admin_key: str
     metrics_path: Path
     load_tokenizer: Callable[[], PolicyTokenizer | None] = lambda: None
+    run_dir: Path | None = None  # None: no logs to link (a gateway store outside a run folder)
+    prefix: str = PREFIX
+    home: str | None = None  # the several-runs overview these pages belong to, if any
     _token_text: dict[int, str] = field(default_factory=dict)
 
     def decode(self, token_id: int) -> str:
@@ -67,36 +76,43 @@ def _embedded(model: str) -> bool:
         return False
 
 
-def _html(title: str, body: str, *, live: bool = False, status_code: int = 200) -> HTMLResponse:
-    return HTMLResponse(page(title, body, prefix=PREFIX, refresh_s=REFRESH_S if live else None), status_code)
+def _html(
+    dash: Dashboard, title: str, body: str, *, live: bool = False, status_code: int = 200
+) -> HTMLResponse:
+    refresh_s = REFRESH_S if live else None
+    return HTMLResponse(
+        page(title, body, prefix=dash.prefix, refresh_s=refresh_s, home=dash.home), status_code
+    )
 
 
-def _error(status_code: int, message: str) -> HTMLResponse:
-    return _html("Error", f"<h1>{status_code}</h1><p>{esc(message)}</p>", status_code=status_code)
+def _error(dash: Dashboard, status_code: int, message: str) -> HTMLResponse:
+    return _html(dash, "Error", f"<h1>{status_code}</h1><p>{esc(message)}</p>", status_code=status_code)
 
 
 def _guarded(handler: Callable[[Request, Dashboard, DashboardData], Any], dash: Dashboard) -> Callable:
     """Auth first, then the page; a missing record is a 404 page."""
 
     async def endpoint(request: Request) -> Response:
-        denied = auth.check(request, dash.admin_key, PREFIX)
+        denied = auth.check(request, dash.admin_key, dash.prefix)
         if denied is not None:
             return denied
         if dash.data is None:
-            return _error(501, "The dashboard needs a SQLite store file; this gateway's store is not one.")
+            return _error(
+                dash, 501, "The dashboard needs a SQLite store file; this gateway's store is not one."
+            )
         try:
             return await handler(request, dash, dash.data)
         except NotFound as exc:
-            return _error(404, str(exc))
+            return _error(dash, 404, str(exc))
 
     return endpoint
 
 
 async def _runs(request: Request, dash: Dashboard, data: DashboardData) -> Response:
     body, running = await run_in_threadpool(
-        runs_body, data, dash.metrics_path, PREFIX, dict(request.query_params)
+        runs_body, data, dash.metrics_path, dash.prefix, dict(request.query_params)
     )
-    return _html("Runs", body, live=running)
+    return _html(dash, "Runs", body, live=running)
 
 
 def _samples_of(data: DashboardData, rollout_ids: list[str]) -> dict[str, int]:
@@ -107,75 +123,93 @@ def _samples_of(data: DashboardData, rollout_ids: list[str]) -> dict[str, int]:
     return counts
 
 
-def _rollouts_page(data: DashboardData, params: dict[str, str]) -> tuple[str, bool]:
-    query = parse_table_query(params)
-    # Sample counts need the page's calls; find the page's ids first (one cheap query).
-    from harnessrl.dashboard.pages import PAGE_SIZE
-
-    total = data.count_rollouts(query.filters)
-    page_no = min(query.page, max(1, -(-total // PAGE_SIZE)))
-    ids = [
-        r.rollout.rollout_id
-        for r in data.page_rollouts(query.filters, limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
-    ]
-    body = rollouts_body(data, query, PREFIX, _samples_of(data, ids))
+def _rollouts_page(data: DashboardData, params: dict[str, str], prefix: str) -> tuple[str, bool]:
+    body = rollouts_body(data, parse_table_query(params), prefix, partial(_samples_of, data))
     running = any(run.status == "running" for run in data.list_runs())
     return body, running
 
 
 async def _rollouts(request: Request, dash: Dashboard, data: DashboardData) -> Response:
-    body, running = await run_in_threadpool(_rollouts_page, data, dict(request.query_params))
-    return _html("Rollouts", body, live=running)
+    body, running = await run_in_threadpool(_rollouts_page, data, dict(request.query_params), dash.prefix)
+    return _html(dash, "Rollouts", body, live=running)
 
 
 def _trace_page(dash: Dashboard, data: DashboardData, rollout_id: str) -> tuple[str, bool]:
     rollout = data.get_rollout(rollout_id)
-    body = trace_body(rollout, data.list_calls(rollout_id), dash.decode, PREFIX)
+    logs = attempt_logs(dash.run_dir, rollout)
+    body = trace_body(rollout, data.list_calls(rollout_id), dash.decode, dash.prefix, logs=logs)
     return body, rollout.status not in TERMINAL_STATUSES
 
 
 async def _trace(request: Request, dash: Dashboard, data: DashboardData) -> Response:
     body, live = await run_in_threadpool(_trace_page, dash, data, request.path_params["rollout_id"])
-    return _html(f"Rollout {request.path_params['rollout_id']}", body, live=live)
+    return _html(dash, f"Rollout {request.path_params['rollout_id']}", body, live=live)
+
+
+def _read_log(dash: Dashboard, data: DashboardData, rollout_id: str, attempt: int, stream: str) -> str:
+    if dash.run_dir is None:
+        raise NotFound("this dashboard has no run folder, so no harness logs")
+    path = log_path(dash.run_dir, data.get_rollout(rollout_id), attempt, stream)
+    try:
+        return read_log_tail(path)
+    except OSError as exc:  # gone, or a link swapped in since log_path looked
+        raise NotFound(f"rollout {rollout_id!r} has no readable {stream} log of attempt {attempt}") from exc
+
+
+async def _log(request: Request, dash: Dashboard, data: DashboardData) -> Response:
+    """A harness log as plain text: never rendered as HTML (the harness wrote it), never framed."""
+    p = request.path_params
+    text = await run_in_threadpool(_read_log, dash, data, p["rollout_id"], p["attempt"], p["stream"])
+    headers = {"X-Content-Type-Options": "nosniff", "Content-Security-Policy": "default-src 'none'; sandbox"}
+    return PlainTextResponse(text, headers=headers)
 
 
 def _compare_page(dash: Dashboard, data: DashboardData, a: str, b: str) -> tuple[str, bool]:
     pairs = [(data.get_rollout(rid), data.list_calls(rid)) for rid in (a, b)]
     live = any(rollout.status not in TERMINAL_STATUSES for rollout, _ in pairs)
-    return compare_body(pairs, dash.decode, PREFIX), live
+    return compare_body(pairs, dash.decode, dash.prefix), live
 
 
 async def _compare(request: Request, dash: Dashboard, data: DashboardData) -> Response:
     a, b = request.query_params.get("a"), request.query_params.get("b")
     if not a or not b:
-        return _error(400, "compare needs two rollouts: /ui/compare?a=ROLLOUT_ID&b=ROLLOUT_ID")
+        return _error(
+            dash, 400, f"compare needs two rollouts: {dash.prefix}/compare?a=ROLLOUT_ID&b=ROLLOUT_ID"
+        )
     body, live = await run_in_threadpool(_compare_page, dash, data, a, b)
-    return _html("Compare", body, live=live)
+    return _html(dash, "Compare", body, live=live)
 
 
 def dashboard_routes(dash: Dashboard) -> list[Route]:
     """The routes of the ``/ui`` sub-app (paths relative to the mount)."""
 
+    return [
+        Route("/", _guarded(_runs, dash), methods=["GET"]),
+        Route("/rollouts", _guarded(_rollouts, dash), methods=["GET"]),
+        Route("/rollouts/{rollout_id}", _guarded(_trace, dash), methods=["GET"]),
+        Route("/rollouts/{rollout_id}/logs/{attempt:int}/{stream}", _guarded(_log, dash), methods=["GET"]),
+        Route("/compare", _guarded(_compare, dash), methods=["GET"]),
+        *_login_routes(dash.admin_key, dash.prefix),
+    ]
+
+
+def _login_routes(admin_key: str, prefix: str) -> list[Route]:
     async def login_form(request: Request) -> Response:
         return auth.login_page(
-            PREFIX,
-            request.query_params.get("next", PREFIX + "/"),
+            prefix,
+            request.query_params.get("next", prefix + "/"),
             status_code=200,
             message="Enter the run's admin key.",
         )
 
     return [
-        Route("/", _guarded(_runs, dash), methods=["GET"]),
-        Route("/rollouts", _guarded(_rollouts, dash), methods=["GET"]),
-        Route("/rollouts/{rollout_id}", _guarded(_trace, dash), methods=["GET"]),
-        Route("/compare", _guarded(_compare, dash), methods=["GET"]),
         Route("/login", login_form, methods=["GET"]),
-        Route("/login", partial(auth.login, admin_key=dash.admin_key, prefix=PREFIX), methods=["POST"]),
+        Route("/login", partial(auth.login, admin_key=admin_key, prefix=prefix), methods=["POST"]),
     ]
 
 
 def dashboard_mount(dash: Dashboard) -> Mount:
-    return Mount(PREFIX, app=Starlette(routes=dashboard_routes(dash)))
+    return Mount(dash.prefix, app=Starlette(routes=dashboard_routes(dash)))
 
 
 def gateway_dashboard(store: Store, admin_key: str, engine: Any) -> Mount:
@@ -189,9 +223,17 @@ def gateway_dashboard(store: Store, admin_key: str, engine: Any) -> Mount:
         except Exception:  # noqa: BLE001 - an engine not started yet: show token ids instead
             return None
 
-    metrics = Path(path).parent / "metrics.jsonl" if data else Path("/nonexistent/metrics.jsonl")
+    # A run's store is RUN_DIR/harnessrl.db: its metrics and harness logs are beside it.
+    run_dir = Path(path).parent if data else None
+    metrics = run_dir / "metrics.jsonl" if run_dir else Path("/nonexistent/metrics.jsonl")
     return dashboard_mount(
-        Dashboard(data=data, admin_key=admin_key, metrics_path=metrics, load_tokenizer=load_tokenizer)
+        Dashboard(
+            data=data,
+            admin_key=admin_key,
+            metrics_path=metrics,
+            load_tokenizer=load_tokenizer,
+            run_dir=run_dir,
+        )
     )
 
 
@@ -231,17 +273,61 @@ def _run_tokenizer_loader(run_dir: Path) -> Callable[[], PolicyTokenizer | None]
     return load
 
 
-def create_dashboard_app(run_dir: str | Path, admin_key: str) -> Starlette:
-    """A standalone, read-only dashboard for one run folder (``harnessrl dashboard --run RUN_DIR``)."""
-    run_dir = Path(run_dir)
-    dash = Dashboard(
-        data=DashboardData(run_dir / "harnessrl.db"),
+def _folder_dashboard(
+    run_dir: Path, admin_key: str, *, prefix: str = PREFIX, home: str | None = None
+) -> Dashboard:
+    return Dashboard(
+        data=DashboardData(run_dir / STORE_FILE),
         admin_key=admin_key,
         metrics_path=run_dir / "metrics.jsonl",
         load_tokenizer=_run_tokenizer_loader(run_dir),
+        run_dir=run_dir,
+        prefix=prefix,
+        home=home,
     )
+
+
+def _overview_mount(sources: list[RunSource], admin_key: str) -> Mount:
+    """``/ui/``: the runs overlaid; ``/ui/runs/NAME/...``: each run's own pages."""
+
+    async def overview(request: Request) -> Response:
+        denied = auth.check(request, admin_key, PREFIX)
+        if denied is not None:
+            return denied
+        body, running = await run_in_threadpool(overview_body, sources, PREFIX, dict(request.query_params))
+        refresh_s = REFRESH_S if running else None
+        return HTMLResponse(
+            page("Runs", body, prefix=PREFIX, refresh_s=refresh_s, home=PREFIX, run_nav=False)
+        )
+
+    runs = [
+        Mount(
+            f"/runs/{s.name}",
+            app=Starlette(
+                routes=dashboard_routes(
+                    _folder_dashboard(s.path, admin_key, prefix=f"{PREFIX}/runs/{s.name}", home=PREFIX)
+                )
+            ),
+        )
+        for s in sources
+    ]
+    return Mount(
+        PREFIX, routes=[Route("/", overview, methods=["GET"]), *_login_routes(admin_key, PREFIX), *runs]
+    )
+
+
+def create_dashboard_app(run_dirs: str | Path | Sequence[str | Path], admin_key: str) -> Starlette:
+    """A standalone, read-only dashboard (``harnessrl dashboard --run-dir DIR [--run-dir DIR ...]``).
+
+    One run folder: its pages at ``/ui/``. Several (or a folder of run folders): their metrics
+    overlaid at ``/ui/``, each run's pages under ``/ui/runs/NAME/``. ``NotFound`` names a path that
+    holds no run."""
+    paths = [run_dirs] if isinstance(run_dirs, str | Path) else list(run_dirs)
+    folders = find_run_folders(paths)
 
     async def root(request: Request) -> Response:
         return RedirectResponse(PREFIX + "/" + (f"?{request.url.query}" if request.url.query else ""), 307)
 
-    return Starlette(routes=[Route("/", root), dashboard_mount(dash)])
+    if len(folders) == 1:
+        return Starlette(routes=[Route("/", root), dashboard_mount(_folder_dashboard(folders[0], admin_key))])
+    return Starlette(routes=[Route("/", root), _overview_mount(name_runs(folders), admin_key)])

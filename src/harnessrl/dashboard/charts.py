@@ -1,7 +1,8 @@
 """Run metrics for the dashboard: reading ``metrics.jsonl`` and drawing inline SVG line charts.
 
 Plain SVG strings (no JavaScript, no CDN): each point carries a ``<title>`` so hovering shows the
-step and value.
+step and value. ``run_charts`` draws one run's metrics; ``overlay_charts`` draws several runs' on
+the same charts, one colour per run (as W&B does), the metrics of a chart told apart by dashes.
 """
 
 from __future__ import annotations
@@ -10,20 +11,31 @@ import json
 import math
 from html import escape
 from pathlib import Path
+from typing import NamedTuple
 
 Series = list[tuple[float, float]]
 
+
+class Line(NamedTuple):
+    """One line of a chart. A plain ``(label, points)`` pair is a line coloured by its position."""
+
+    label: str
+    points: Series
+    color: str | None = None  # None: the palette colour of the line's position
+    dashed: bool = False
+
+
 Chart = tuple[str, list[tuple[str, str]]]  # (title, [(metric key, legend label), ...])
 
-#: The runs page's charts, in groups. A chart none of whose metrics was logged is left out (a run
-#: without held-out tasks has no held-out chart); every other numeric metric gets a chart of its own
-#: under "Other metrics", so nothing logged is invisible.
+#: The runs page's charts, in groups, by the names of docs/metrics.md. A chart none of whose metrics
+#: was logged is left out (a run without held-out tasks has no held-out line); every other numeric
+#: metric gets a chart of its own under "Other metrics", so nothing logged is invisible.
 CHART_GROUPS: list[tuple[str, list[Chart]]] = [
     (
         "Reward",
         [
             ("Reward", [("reward/mean", "train"), ("heldout/reward", "held-out")]),
-            ("Success rate", [("reward/success_rate", "train"), ("heldout/accuracy", "held-out")]),
+            ("Success rate", [("reward/success_rate", "train"), ("heldout/success_rate", "held-out")]),
             (
                 "Reward spread",
                 [("reward/std", "std"), ("advantage/zero_variance_share", "zero-variance groups")],
@@ -33,19 +45,25 @@ CHART_GROUPS: list[tuple[str, list[Chart]]] = [
     (
         "Policy health",
         [
-            ("Loss", [("loss", "loss")]),
-            ("KL", [("kl", "to behaviour"), ("loss/kl_ref", "to reference")]),
-            ("Entropy", [("entropy", "entropy")]),
-            ("Grad norm", [("grad_norm", "grad norm")]),
-            ("Clip fraction", [("loss/clip_fraction", "clipped")]),
-            ("Learning rate", [("lr", "lr")]),
+            ("Loss", [("policy/loss", "loss")]),
+            ("KL", [("policy/approx_kl", "to the proximal policy"), ("policy/kl_ref", "to the reference")]),
+            ("Entropy (nats)", [("policy/entropy", "entropy"), ("policy/sampled_nll", "sampled-token NLL")]),
+            ("Grad norm", [("policy/grad_norm", "grad norm")]),
+            (
+                "Clip fraction",
+                [("policy/clip_fraction", "clipped"), ("policy/dual_clip_fraction", "dual clip")],
+            ),
+            ("Importance ratio", [("policy/ratio_mean", "mean"), ("policy/ratio_max", "max")]),
+            ("Learning rate", [("policy/lr", "lr")]),
             ("Advantage", [("advantage/mean", "mean"), ("advantage/abs_mean", "mean |A|")]),
         ],
     ),
     (
         "Rollouts",
         [
+            ("Rollouts per step", [("rollouts/total", "total"), ("rollouts/trained", "trained")]),
             ("Samples per rollout", [("trajectory/samples_per_rollout", "samples/rollout")]),
+            ("Calls per rollout", [("calls/per_rollout", "calls")]),
             ("Response length (tokens)", [("response/length_mean", "mean"), ("response/length_max", "max")]),
             ("Truncated at max_tokens", [("response/truncated_share", "share")]),
             ("Prompt length (tokens)", [("prompt/length_mean", "mean"), ("prompt/length_max", "max")]),
@@ -62,11 +80,28 @@ CHART_GROUPS: list[tuple[str, list[Chart]]] = [
         ],
     ),
 ]
+#: What run folders from before the one-name-per-quantity renaming logged instead, so their charts
+#: still draw (the old ``entropy`` was the mean sampled-token NLL, hence its new name).
+FORMER_NAMES = {
+    "heldout/success_rate": "heldout/accuracy",
+    "policy/loss": "loss",
+    "policy/approx_kl": "kl",
+    "policy/kl_ref": "loss/kl_ref",
+    "policy/sampled_nll": "entropy",
+    "policy/grad_norm": "grad_norm",
+    "policy/clip_fraction": "loss/clip_fraction",
+    "policy/lr": "lr",
+}
 #: Not charted under "Other metrics": the axes themselves and counters that only identify a row.
 _NOT_CHARTED = frozenset({"step", "time", "policy_version"})
 #: Always drawn, even before the first step (a new run shows where its reward will appear).
 _ALWAYS = frozenset({"Reward"})
-_COLORS = ("#2563eb", "#ea580c", "#16a34a", "#9333ea")
+#: Line colours; the overlay gives run i colour i, so ten runs get ten colours before any repeats.
+COLORS = (
+    "#2563eb", "#ea580c", "#16a34a", "#9333ea", "#dc2626",
+    "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d",
+)  # fmt: skip
+_DASH = ' stroke-dasharray="6 3"'
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
@@ -99,6 +134,14 @@ def series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Ser
     return points
 
 
+def named_series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Series:
+    """``series`` of a metric by its current name, else by its former name (``FORMER_NAMES``)."""
+    points = series(records, key, x=x)
+    if not points and key in FORMER_NAMES:
+        points = series(records, FORMER_NAMES[key], x=x)
+    return points
+
+
 def smoothed(points: Series, weight: float) -> Series:
     """TensorBoard's smoothing: an exponential moving average with a bias correction, so the first
     points are not pulled toward 0. ``weight`` 0 returns the points as they are."""
@@ -112,13 +155,16 @@ def smoothed(points: Series, weight: float) -> Series:
     return out
 
 
-def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
-    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering ``[lo, hi]``."""
+def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
+    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering ``[lo, hi]``. ``integer``:
+    whole numbers only (steps: no tick at step 2.5), so a spacing of 2.5 becomes 2 and 0.5 becomes 1."""
     if hi <= lo:
         return [lo]
     raw = (hi - lo) / max(1, count)
     power = 10 ** math.floor(math.log10(raw))
     step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    if integer:
+        step = max(1.0, float(math.floor(step)))
     first = math.ceil(lo / step - 1e-9) * step
     ticks = []
     value = first
@@ -138,18 +184,22 @@ def _fmt(value: float) -> str:
 
 def line_chart(
     title: str,
-    lines: list[tuple[str, Series]],
+    lines: list[Line] | list[tuple[str, Series]],
     *,
     width: int = 380,
     height: int = 200,
     x_label: str = "step",
     smooth: float = 0.0,
+    legend: list[Line] | None = None,
 ) -> str:
-    """An SVG line chart of ``(label, points)`` lines; says so when there is no data. With ``smooth``
-    each line is drawn faint as logged and solid as its moving average (``smoothed``)."""
+    """An SVG line chart of ``(label, points)`` lines (or ``Line``s); says so when there is no data.
+    With ``smooth`` each line is drawn faint as logged and solid as its moving average
+    (``smoothed``). ``legend``: the entries to list instead of one per line (the overlay lists its
+    metrics' dash styles, the runs' colours being on the page)."""
+    drawn = [Line(*line) for line in lines]
     left, right, top, bottom = 48, 10, 26, 30
     pw, ph = width - left - right, height - top - bottom
-    points = [p for _, pts in lines for p in pts]
+    points = [p for line in drawn for p in line.points]
     head = (
         f'<svg class="chart" role="img" aria-label="{escape(title)}" viewBox="0 0 {width} {height}" '
         f'width="{width}" height="{height}" xmlns="http://www.w3.org/2000/svg">'
@@ -183,7 +233,7 @@ def line_chart(
         parts.append(
             f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" text-anchor="end" class="axis">{_fmt(y)}</text>'
         )
-    for x in nice_ticks(x0, x1, 5):
+    for x in nice_ticks(x0, x1, 5, integer=x_label == "step"):
         if x0 <= x <= x1:
             parts.append(
                 f'<text x="{sx(x):.1f}" y="{height - 12}" text-anchor="middle" class="axis">{_fmt(x)}</text>'
@@ -191,69 +241,143 @@ def line_chart(
     parts.append(
         f'<text x="{left + pw / 2}" y="{height - 1}" text-anchor="middle" class="axis">{escape(x_label)}</text>'
     )
-    for i, (label, pts) in enumerate(lines):
-        color = _COLORS[i % len(_COLORS)]
-        if pts:
-            raw = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(pts))
+    for i, line in enumerate(drawn):
+        color = line.color or COLORS[i % len(COLORS)]
+        dash = _DASH if line.dashed else ""
+        if line.points:
+            raw = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in sorted(line.points))
             if smooth > 0:
                 parts.append(
-                    f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-width="1" opacity="0.3"/>'
+                    f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-width="1" opacity="0.3"{dash}/>'
                 )
-                line = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in smoothed(pts, smooth))
+                ema = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in smoothed(line.points, smooth))
                 parts.append(
-                    f'<polyline class="smoothed" points="{line}" fill="none" stroke="{color}" stroke-width="2"/>'
+                    f'<polyline class="smoothed" points="{ema}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
                 )
             else:
-                parts.append(f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-width="2"/>')
-            for x, y in pts:
+                parts.append(
+                    f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
+                )
+            for x, y in line.points:
                 parts.append(
                     f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="{2 if smooth > 0 else 3}" fill="{color}">'
-                    f"<title>{escape(label)} {escape(x_label)} {_fmt(x)}: {_fmt(y)}</title></circle>"
+                    f"<title>{escape(line.label)} {escape(x_label)} {_fmt(x)}: {_fmt(y)}</title></circle>"
                 )
-        parts.append(
-            f'<text x="{left + pw - 4}" y="{top + 12 + 14 * i}" text-anchor="end" fill="{color}" '
-            f'class="legend">{escape(label)}{"" if pts else " (none)"}</text>'
-        )
+    for i, entry in enumerate(drawn if legend is None else legend):
+        parts.append(_legend_entry(entry, i, x=left + pw - 4, y=top + 12 + 14 * i, sample=legend is not None))
     parts.append("</svg>")
     return "".join(parts)
+
+
+def _legend_entry(line: Line, i: int, *, x: float, y: float, sample: bool) -> str:
+    """A right-aligned legend label in its line's colour; with ``sample``, after a short stretch of
+    the line's stroke (solid or dashed), which is how the overlay tells a chart's metrics apart."""
+    color = line.color or COLORS[i % len(COLORS)]
+    stroke = ""
+    if sample:
+        stroke = (
+            f'<line x1="{x - 18}" x2="{x}" y1="{y - 4}" y2="{y - 4}" stroke="{color}" stroke-width="2"'
+            f"{_DASH if line.dashed else ''}/>"
+        )
+        x -= 22
+    return stroke + (
+        f'<text x="{x}" y="{y}" text-anchor="end" fill="{color}" class="legend">'
+        f"{escape(line.label)}{'' if line.points else ' (none)'}</text>"
+    )
 
 
 def run_charts(records: list[dict[str, float]], *, x: str = "step", smooth: float = 0.0) -> str:
     """The runs page's charts for one run's metric records: one section per group of
     ``CHART_GROUPS`` (charts with no data left out, except "Reward"), then "Other metrics": a chart
     for every other numeric metric the run logged."""
-    x_label = "minutes" if x == "minutes" else "step"
-    used: set[str] = set()
+    x_label = _x_label(x)
     sections = []
     for group, charts in CHART_GROUPS:
         drawn = []
         for title, keys in charts:
-            used.update(key for key, _ in keys)
-            lines = [(label, series(records, key, x=x)) for key, label in keys]
+            lines = [(label, named_series(records, key, x=x)) for key, label in keys]
             if title in _ALWAYS or any(pts for _, pts in lines):
                 drawn.append(line_chart(title, lines, x_label=x_label, smooth=smooth))
-        if drawn:
-            sections.append(
-                f'<h3 class="chart-group">{escape(group)}</h3><div class="charts">{"".join(drawn)}</div>'
-            )
-    others = sorted(
+        sections.append(_section(group, drawn))
+    others = _other_metrics([records])
+    drawn = [
+        line_chart(key, [(key, series(records, key, x=x))], x_label=x_label, smooth=smooth) for key in others
+    ]
+    return "".join(sections) + _others_section(drawn)
+
+
+def overlay_charts(
+    runs: list[tuple[str, list[dict[str, float]]]], *, x: str = "step", smooth: float = 0.0
+) -> str:
+    """The charts of several runs overlaid: the same groups as ``run_charts``, run i drawn in
+    ``COLORS[i]`` on every chart (the page shows which colour is which run), and the second metric
+    of a chart (held-out beside train, max beside mean) dashed, as the chart's legend says."""
+    x_label = _x_label(x)
+    big = {"width": 400, "height": 230, "x_label": x_label, "smooth": smooth}  # three a row at 1280 px
+    sections = []
+    for group, charts in CHART_GROUPS:
+        drawn = []
+        for title, keys in charts:
+            lines = [
+                Line(f"{name} · {label}", named_series(records, key, x=x), COLORS[i % len(COLORS)], j > 0)
+                for i, (name, records) in enumerate(runs)
+                for j, (key, label) in enumerate(keys)
+            ]
+            if title in _ALWAYS or any(line.points for line in lines):
+                legend = [
+                    Line(label, [p for line in lines[j :: len(keys)] for p in line.points], "#4b5563", j > 0)
+                    for j, (_, label) in enumerate(keys)
+                ]
+                drawn.append(line_chart(title, lines, legend=legend if len(keys) > 1 else [], **big))
+        sections.append(_section(group, drawn))
+    drawn = [
+        line_chart(
+            key,
+            [
+                Line(name, series(records, key, x=x), COLORS[i % len(COLORS)])
+                for i, (name, records) in enumerate(runs)
+            ],
+            legend=[],
+            **big,
+        )
+        for key in _other_metrics([records for _, records in runs])
+    ]
+    return "".join(sections) + _others_section(drawn)
+
+
+def _x_label(x: str) -> str:
+    return "minutes" if x == "minutes" else "step"
+
+
+def _section(group: str, drawn: list[str]) -> str:
+    if not drawn:
+        return ""
+    return f'<h3 class="chart-group">{escape(group)}</h3><div class="charts">{"".join(drawn)}</div>'
+
+
+def _others_section(drawn: list[str]) -> str:
+    if not drawn:
+        return ""
+    return (
+        f'<details class="chart-group"><summary>Other metrics ({len(drawn)})</summary>'
+        f'<div class="charts">{"".join(drawn)}</div></details>'
+    )
+
+
+def _other_metrics(runs_records: list[list[dict[str, float]]]) -> list[str]:
+    """Numeric metrics that no chart of ``CHART_GROUPS`` names, over all the runs' records."""
+    named = {key for _, charts in CHART_GROUPS for _, keys in charts for key, _ in keys} | set(
+        FORMER_NAMES.values()
+    )
+    return sorted(
         {
             key
+            for records in runs_records
             for record in records
             for key, value in record.items()
-            if key not in used
+            if key not in named
             and key not in _NOT_CHARTED
             and isinstance(value, int | float)
             and not isinstance(value, bool)
         }
     )
-    if others:
-        drawn = [
-            line_chart(key, [(key, series(records, key, x=x))], x_label=x_label, smooth=smooth)
-            for key in others
-        ]
-        sections.append(
-            f'<details class="chart-group"><summary>Other metrics ({len(others)})</summary>'
-            f'<div class="charts">{"".join(drawn)}</div></details>'
-        )
-    return "".join(sections)

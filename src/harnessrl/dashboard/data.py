@@ -4,7 +4,10 @@ The dashboard never writes: it opens the store file with ``mode=ro`` (a fresh co
 so threads never share one), and pages the rollouts table with SQL ``LIMIT``/``OFFSET`` plus one
 aggregate query over the page's calls, so a page costs the same with 100 or 100k rollouts. Filters
 the ``Store`` protocol lacks (outcome, flagged) and per-rollout call statistics need SQL, which is
-why this module reads the SQLite schema directly instead of going through ``Store``.
+why this module reads the SQLite schema directly instead of going through ``Store``. Calls are
+stored as deltas on earlier calls (``store.chains``): they are decoded with ``codecs.calls_from_rows``,
+a whole rollout at a time, and a store of an older schema (which only a read-write open migrates)
+is refused with a message rather than misread.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import NotFound
+from harnessrl.errors import ConfigError, NotFound
 from harnessrl.schemas import Call, Rollout, Run
-from harnessrl.store.codecs import call_from_row, rollout_from_row, run_from_row
+from harnessrl.store.codecs import calls_from_rows, rollout_from_row, run_from_row
+from harnessrl.store.migrations import SCHEMA_VERSION
 
 _ROLLOUT_COLUMNS = (
     "pk, rollout_id, api_key, run_id, task_id, task, group_id, step, status, outcome, reward, attempt, "
@@ -36,6 +40,7 @@ class RolloutFilter:
     step: int | None = None
     group_id: str | None = None
     flagged: bool = False
+    flag: str | None = None  # one audit rule: the rollouts it flagged
     kind: str | None = None  # "train" or "eval" (held-out): the trainer's metadata["kind"]
     result: str | None = None  # "solved" (reward >= 1), "partial", "unsolved" (reward <= 0)
     order: str = "newest"  # one of ORDERS
@@ -50,6 +55,9 @@ class RolloutFilter:
                 params.append(value)
         if self.flagged:
             clauses.append("flags != '[]'")
+        if self.flag is not None:
+            clauses.append("EXISTS (SELECT 1 FROM json_each(flags) WHERE json_each.value = ?)")
+            params.append(self.flag)
         if self.kind is not None:
             clauses.append("json_extract(metadata, '$.kind') = ?")
             params.append(self.kind)
@@ -63,12 +71,16 @@ class RolloutFilter:
 
 #: The table's result filter, by reward (what a badge shows), as SQL.
 RESULTS = {"solved": "reward >= 1", "partial": "reward > 0 AND reward < 1", "unsolved": "reward <= 0"}
-#: The table's sort orders; rollouts without a reward sort last by reward.
+#: The table's sort orders (created: the store's insertion order, which is creation order);
+#: rollouts without a reward, or not finished (no duration), sort last.
+_DURATION = "(finished_at - started_at)"
 ORDERS = {
     "newest": "pk DESC",
     "oldest": "pk",
     "reward_desc": "reward IS NULL, reward DESC, pk DESC",
     "reward_asc": "reward IS NULL, reward ASC, pk DESC",
+    "duration_desc": f"{_DURATION} IS NULL, {_DURATION} DESC, pk DESC",
+    "duration_asc": f"{_DURATION} IS NULL, {_DURATION} ASC, pk DESC",
 }
 
 
@@ -96,6 +108,21 @@ class DashboardData:
         self.path = Path(path)
         if not self.path.is_file():
             raise NotFound(f"store file {str(self.path)!r} does not exist")
+        found = self.schema_version()
+        if found < SCHEMA_VERSION:
+            raise ConfigError(
+                f"store {str(self.path)!r} has schema version {found}, this dashboard reads {SCHEMA_VERSION}; "
+                "the dashboard opens stores read-only, so migrate it once: python -c "
+                f"\"from harnessrl.store.sqlite import SQLiteStore; SQLiteStore('{self.path}').close()\""
+            )
+
+    def schema_version(self) -> int:
+        with self._connect() as conn:
+            try:
+                row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+            except sqlite3.OperationalError:  # no meta table: an empty or pre-versioning file
+                return 0
+        return 0 if row is None else int(row[0])
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -145,11 +172,12 @@ class DashboardData:
     def _add_call_stats(conn: sqlite3.Connection, rows: list[RolloutRow]) -> None:
         by_id = {row.rollout.rollout_id: row for row in rows}
         marks = ", ".join("?" * len(by_id))
-        # Token counts from blob lengths (int32 each): no need to decode the token lists.
+        # Token counts without decoding: response blobs are whole (int32 each), and a prompt (a
+        # delta on an earlier call) has its whole length in prompt_len.
         sql = (
             "SELECT rollout_id, COUNT(*) AS n, SUM(LENGTH(response_token_ids)) / 4 AS sampled, "
             "GROUP_CONCAT(DISTINCT policy_version) AS versions, "
-            "(SELECT LENGTH(c2.prompt_token_ids) / 4 FROM calls c2 WHERE c2.rollout_id = calls.rollout_id "
+            "(SELECT c2.prompt_len FROM calls c2 WHERE c2.rollout_id = calls.rollout_id "
             " ORDER BY c2.seq DESC LIMIT 1) AS last_prompt "
             f"FROM calls WHERE rollout_id IN ({marks}) GROUP BY rollout_id"
         )
@@ -158,6 +186,15 @@ class DashboardData:
             row.calls, row.sampled_tokens = rec["n"], rec["sampled"] or 0
             row.prompt_tokens = rec["last_prompt"] or 0
             row.policy_versions = sorted(int(v) for v in str(rec["versions"] or "").split(",") if v)
+
+    def list_flags(self) -> list[str]:
+        """The audit rules that flagged at least one rollout (the table's flag filter offers these)."""
+        sql = (
+            "SELECT DISTINCT json_each.value FROM rollouts, json_each(rollouts.flags) "
+            "WHERE rollouts.flags != '[]' ORDER BY 1"
+        )
+        with self._connect() as conn:
+            return [row[0] for row in conn.execute(sql)]
 
     def get_rollout(self, rollout_id: str) -> Rollout:
         with self._connect() as conn:
@@ -171,7 +208,7 @@ class DashboardData:
     def list_calls(self, rollout_id: str) -> list[Call]:
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
-            return [call_from_row(row) for row in rows.fetchall()]
+            return calls_from_rows(rows.fetchall())
 
     def group_rollout_ids(self, group_id: str) -> list[str]:
         sql = "SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY pk LIMIT 64"

@@ -62,6 +62,9 @@ mark.hit { background:#fecaca; color:#7f1d1d; font-weight:700; }
 .pager { margin:10px 0; display:flex; gap:12px; align-items:center; }
 details > summary { cursor:pointer; color:var(--accent); }
 .kv td:first-child { color:var(--muted); width:160px; }
+.swatch { display:inline-block; width:12px; height:12px; border-radius:2px; margin-right:6px;
+  vertical-align:-1px; }
+th a.sort { color:inherit; }
 """
 
 
@@ -71,8 +74,8 @@ def esc(value: Any) -> str:
 
 
 def url(path: str, **params: Any) -> str:
-    """``path?query`` with the non-empty params, escaped for an attribute."""
-    query = urlencode({k: v for k, v in params.items() if v not in (None, "", False)})
+    """``path?query`` with the non-empty params, escaped for an attribute (0 is a value: step 0)."""
+    query = urlencode({k: v for k, v in params.items() if v is not None and v is not False and v != ""})
     return esc(f"{path}?{query}" if query else path)
 
 
@@ -101,17 +104,33 @@ def fmt_num(value: float | None, digits: int = 3) -> str:
     return "" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
 
 
-def page(title: str, body: str, *, prefix: str, refresh_s: int | None = None) -> str:
-    """A full HTML page: header navigation under ``prefix`` (e.g. ``/ui``), then ``body``."""
+def page(
+    title: str,
+    body: str,
+    *,
+    prefix: str,
+    refresh_s: int | None = None,
+    home: str | None = None,
+    run_nav: bool = True,
+) -> str:
+    """A full HTML page: header navigation under ``prefix`` (e.g. ``/ui``), then ``body``. ``home``:
+    the several-runs overview (``/ui``) that a run's pages belong to, linked as "All runs";
+    ``run_nav=False`` for the overview itself, which has no runs page or rollouts of its own."""
     refresh = f'<meta http-equiv="refresh" content="{int(refresh_s)}">' if refresh_s else ""
     live = (
         ' <span class="badge b-running" title="this page refreshes itself">live</span>' if refresh_s else ""
     )
+    nav = f'<a href="{esc(home)}/">All runs</a>' if home is not None else ""
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f'<meta name="viewport" content="width=device-width, initial-scale=1">{refresh}'
         f"<title>{esc(title)} · harnessrl</title><style>{CSS}</style></head><body>"
-        f'<header><a class="brand" href="{esc(prefix)}/">harnessrl</a>'
-        f'<a href="{esc(prefix)}/">Runs</a><a href="{esc(prefix)}/rollouts">Rollouts</a>{live}</header>'
+        f'<header><a class="brand" href="{esc(home or prefix)}/">harnessrl</a>{nav}'
+        + (
+            f'<a href="{esc(prefix)}/">Runs</a><a href="{esc(prefix)}/rollouts">Rollouts</a>'
+            if run_nav
+            else ""
+        )
+        + f"{live}</header>"
         f"<main>{body}</main></body></html>"
     )

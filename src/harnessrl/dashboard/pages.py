@@ -1,7 +1,14 @@
-"""The runs page and the rollouts table (filterable, paginated in SQL)."""
+"""The runs page and the rollouts table (filterable, sortable, paginated in SQL).
+
+"step" here only ever means a policy (optimizer) step: a training rollout's step is the step at
+which its group was created, a held-out rollout's the step it evaluated. Which training group a
+rollout belongs to is its group (``group_id``).
+"""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +33,7 @@ def chart_options(params: dict[str, str]) -> tuple[str, float]:
     return x, smooth if smooth in SMOOTHING else 0.0
 
 
-def _chart_form(prefix: str, x: str, smooth: float) -> str:
+def chart_form(prefix: str, x: str, smooth: float) -> str:
     axes = "".join(
         f'<option value="{a}"{" selected" if a == x else ""}>{a}</option>' for a in ("step", "minutes")
     )
@@ -63,7 +70,7 @@ def runs_body(
             f"{' · policy version ' + esc(last.get('policy_version')) if 'policy_version' in last else ''}</p>"
         )
         if len(runs) == 1 or run.config.get("run", {}).get("dir") == str(metrics_path.parent):
-            parts.append(_chart_form(prefix, x, smooth) + run_charts(records, x=x, smooth=smooth))
+            parts.append(chart_form(prefix, x, smooth) + run_charts(records, x=x, smooth=smooth))
         parts.append(f"<details><summary>config</summary>{pretty_json(run.config)}</details></div>")
     return "".join(parts), any(run.status == "running" for run in runs)
 
@@ -92,6 +99,7 @@ def parse_table_query(params: dict[str, str]) -> TableQuery:
         step=_int("step"),
         group_id=params.get("group") or None,
         flagged=params.get("flagged") in ("1", "on", "true"),
+        flag=params.get("flag") or None,
         kind=params.get("split") if params.get("split") in SPLITS.values() else None,
         result=params.get("result") if params.get("result") in RESULTS else None,
         order=params.get("order") if params.get("order") in ORDERS else "newest",
@@ -114,6 +122,44 @@ def _select(
     return f'<label>{esc(name)}<select name="{esc(name)}">{"".join(opts)}</select></label>'
 
 
+#: The table's columns: (header, order when the header is clicked, the other way, hover text).
+_COLUMNS: list[tuple[str, str | None, str | None, str]] = [
+    ("rollout", None, None, ""),
+    ("split", None, None, "train, or held-out (metadata.kind)"),
+    (
+        "step",
+        None,
+        None,
+        "policy step: for a training rollout the step at which its group was created, "
+        "for a held-out rollout the step it evaluated",
+    ),
+    (
+        "group",
+        None,
+        None,
+        "the training group (group_id); its rollouts share a task and an advantage baseline",
+    ),
+    ("task", None, None, ""),
+    ("status / result", None, None, "result by reward; hover a badge for how the harness ended"),
+    ("reward", "reward_desc", "reward_asc", ""),
+    ("duration", "duration_desc", "duration_asc", "harness start to finish"),
+    ("created", "newest", "oldest", "UTC"),
+    ("calls", None, None, ""),
+    ("tokens", None, None, "tokens the policy sampled; hover a cell for the last prompt's size"),
+    ("samples", None, None, ""),
+    ("flags", None, None, "audit flags"),
+    ("policy versions", None, None, "versions of the policy that sampled the calls"),
+]
+
+
+def _split_of(rollout_kind: object) -> str:
+    return next((label for label, kind in SPLITS.items() if kind == rollout_kind), "")
+
+
+def _created(at: float) -> str:
+    return time.strftime("%m-%d %H:%M:%S", time.gmtime(at))
+
+
 def _row_html(row: RolloutRow, prefix: str) -> str:
     r = row.rollout
     flags = " ".join(badge(flag, "flag") for flag in r.flags)
@@ -122,50 +168,78 @@ def _row_html(row: RolloutRow, prefix: str) -> str:
     task = r.task_id or str(r.task.get("prompt", ""))[:40]
     return (
         f'<tr class="rollout-row"><td><a class="trace-link" href="{esc(prefix)}/rollouts/{esc(r.rollout_id)}">'
-        f"{esc(r.rollout_id)}</a></td><td class=num>{esc(r.step)}</td><td>{esc(task)}</td>"
-        f'<td><a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a></td>'
+        f"{esc(r.rollout_id)}</a></td><td>{esc(_split_of(r.metadata.get('kind')))}</td>"
+        f"<td class=num>{esc(r.step)}</td>"
+        f'<td><a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a></td><td>{esc(task)}</td>'
         f"<td>{badge(r.status)} {result_badge(r.reward, r.outcome)}</td><td class=num>{fmt_num(r.reward)}</td>"
-        f"<td class=num>{duration}</td><td class=num>{row.calls}</td>"
+        f"<td class=num>{duration}</td><td class=num>{_created(r.created_at)}</td><td class=num>{row.calls}</td>"
         f'<td class=num title="last prompt {row.prompt_tokens} tokens">{row.sampled_tokens}</td>'
         f"<td class=num>{row.calls and row.samples}</td><td>{flags}</td><td>{esc(versions)}</td></tr>"
     )
 
 
-def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_of: dict[str, int]) -> str:
-    """The rollouts table page. ``samples_of`` maps the page's rollout ids to their sample counts."""
-    f = query.filters
-    total = data.count_rollouts(f)
-    pages = max(1, -(-total // PAGE_SIZE))
-    page_no = min(query.page, pages)
-    rows = data.page_rollouts(f, limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
-    for row in rows:
-        row.samples = samples_of.get(row.rollout.rollout_id, 0)
-    form = (
-        f'<form class="filters" method="get" action="{esc(prefix)}/rollouts">'
-        + (f'<input type="hidden" name="run" value="{esc(f.run_id)}">' if f.run_id else "")
-        + _select("status", [s.value for s in RolloutStatus], f.status)
-        + _select("outcome", [o.value for o in Outcome], f.outcome)
-        + f'<label>step<input name="step" size="5" value="{esc(f.step)}"></label>'
-        + f'<label>group<input name="group" size="12" value="{esc(f.group_id)}"></label>'
-        + _select("split", list(SPLITS.values()), f.kind, labels=list(SPLITS))
-        + _select("result", list(RESULTS), f.result)
-        + f'<label>flagged<input type="checkbox" name="flagged" value="1"{" checked" if f.flagged else ""}></label>'
-        + _select(
-            "order", list(ORDERS), f.order, labels=["newest", "oldest", "reward ↓", "reward ↑"], any_=False
+def _header(params: dict[str, object], prefix: str, order: str) -> str:
+    """The header row; a sortable column's header links to its order (clicked again: the other way)."""
+    cells = []
+    for label, first, second, hover in _COLUMNS:
+        title = f' title="{esc(hover)}"' if hover else ""
+        if first is None:
+            cells.append(f"<th{title}>{esc(label)}</th>")
+            continue
+        target = second if order == first else first
+        arrow = " ↓" if order == first else " ↑" if order == second else ""
+        link = url(prefix + "/rollouts", **{**params, "order": None if target == "newest" else target})
+        cells.append(
+            f'<th{title}><a class="sort" data-order="{esc(target)}" href="{link}">{esc(label)}</a>{arrow}</th>'
         )
-        + f'<button type="submit">Filter</button> <a href="{esc(prefix)}/rollouts">clear</a></form>'
-    )
-    params = {
+    return "<tr>" + "".join(cells) + "</tr>"
+
+
+#: The order select's labels (the same orders as the sortable headers).
+_ORDER_LABELS = {
+    "newest": "created ↓ (newest)",
+    "oldest": "created ↑",
+    "reward_desc": "reward ↓",
+    "reward_asc": "reward ↑",
+    "duration_desc": "duration ↓",
+    "duration_asc": "duration ↑",
+}
+
+
+def _table_params(f: RolloutFilter) -> dict[str, object]:
+    """The query string of the current filters and order, for the pager and the sort links."""
+    return {
         "run": f.run_id,
         "status": f.status,
         "outcome": f.outcome,
         "step": f.step,
         "group": f.group_id,
         "flagged": "1" if f.flagged else None,
+        "flag": f.flag,
         "split": f.kind,
         "result": f.result,
         "order": None if f.order == "newest" else f.order,
     }
+
+
+def _filter_form(f: RolloutFilter, prefix: str, flags: list[str]) -> str:
+    return (
+        f'<form class="filters" method="get" action="{esc(prefix)}/rollouts">'
+        + (f'<input type="hidden" name="run" value="{esc(f.run_id)}">' if f.run_id else "")
+        + _select("split", list(SPLITS.values()), f.kind, labels=list(SPLITS))
+        + _select("result", list(RESULTS), f.result)
+        + _select("status", [s.value for s in RolloutStatus], f.status)
+        + _select("outcome", [o.value for o in Outcome], f.outcome)
+        + f'<label title="policy step">step<input name="step" size="5" value="{esc(f.step)}"></label>'
+        + f'<label>group<input name="group" size="12" value="{esc(f.group_id)}"></label>'
+        + _select("flag", flags, f.flag)
+        + f'<label>flagged<input type="checkbox" name="flagged" value="1"{" checked" if f.flagged else ""}></label>'
+        + _select("order", list(ORDERS), f.order, labels=[_ORDER_LABELS[o] for o in ORDERS], any_=False)
+        + f'<button type="submit">Filter</button> <a href="{esc(prefix)}/rollouts">clear</a></form>'
+    )
+
+
+def _pager(params: dict[str, object], prefix: str, page_no: int, pages: int, total: int) -> str:
     prev_link = (
         f'<a rel="prev" href="{url(prefix + "/rollouts", **params, page=page_no - 1)}">← prev</a>'
         if page_no > 1
@@ -176,13 +250,26 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_o
         if page_no < pages
         else "<span class=muted>next →</span>"
     )
-    pager = f'<div class="pager">{prev_link}<span>page {page_no} of {pages} · {total} rollouts</span>{next_link}</div>'
-    head = (
-        "<tr><th>rollout</th><th>step</th><th>task</th><th>group</th><th>status / result</th><th>reward</th>"
-        "<th>duration</th><th>calls</th><th>tokens</th><th>samples</th><th>flags</th><th>policy versions</th></tr>"
-    )
+    return f'<div class="pager">{prev_link}<span>page {page_no} of {pages} · {total} rollouts</span>{next_link}</div>'
+
+
+def rollouts_body(
+    data: DashboardData, query: TableQuery, prefix: str, count_samples: Callable[[list[str]], dict[str, int]]
+) -> str:
+    """The rollouts table page. ``count_samples`` maps the page's rollout ids to their sample counts
+    (it builds samples from the calls: only for the page's rollouts)."""
+    f = query.filters
+    total = data.count_rollouts(f)
+    pages = max(1, -(-total // PAGE_SIZE))
+    page_no = min(query.page, pages)
+    rows = data.page_rollouts(f, limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
+    samples_of = count_samples([row.rollout.rollout_id for row in rows])
+    for row in rows:
+        row.samples = samples_of.get(row.rollout.rollout_id, 0)
+    params = _table_params(f)
+    pager = _pager(params, prefix, page_no, pages, total)
     body_rows = "".join(_row_html(row, prefix) for row in rows) or (
-        '<tr><td colspan="12" class="muted">no rollouts match</td></tr>'
+        f'<tr><td colspan="{len(_COLUMNS)}" class="muted">no rollouts match</td></tr>'
     )
     compare = ""
     if f.group_id and len(rows) >= 2:
@@ -192,4 +279,7 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str, samples_o
             f'<p><a href="{url(prefix + "/compare", a=best.rollout.rollout_id, b=worst.rollout.rollout_id)}">'
             "compare best vs worst of this group</a></p>"
         )
-    return f"<h1>Rollouts</h1>{form}{compare}{pager}<table id=rollouts>{head}{body_rows}</table>{pager}"
+    return (
+        f"<h1>Rollouts</h1>{_filter_form(f, prefix, data.list_flags())}{compare}{pager}"
+        f"<table id=rollouts>{_header(params, prefix, f.order)}{body_rows}</table>{pager}"
+    )

@@ -4,7 +4,9 @@ A trace shows what the harness saw (the last call's request messages plus the an
 calls and results), the evaluator's output, audit flags with the offending substring highlighted,
 every call (policy version, sizes, which sample it extended or why its chain broke), and the token
 view of each sample: sampled tokens (loss mask 1) and context tokens shaded differently, the
-behaviour logprob on hover, and chain breaks marked where a new sample starts.
+behaviour logprob on hover, and chain breaks marked where a new sample starts. Its summary says
+when the rollout was made and trained (policy steps, see ``_when_rows``), the advantage it was
+trained with, and links to the harness's stdout/stderr of each attempt.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
+from harnessrl.dashboard.logs import LogFile
 from harnessrl.schemas import Call, Rollout
 from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples
 
@@ -223,21 +226,69 @@ def samples_html(rollout: Rollout, calls: Sequence[Call], decode: Decoder) -> tu
     )
 
 
-def _summary(rollout: Rollout, prefix: str) -> str:
+def _when_rows(rollout: Rollout) -> list[tuple[str, str]]:
+    """Which policy steps the rollout belongs to, named for what they are: a training rollout's
+    ``step`` is the step at which its group was created and ``metadata.trained_at_step`` the step
+    that trained on it; a held-out rollout's ``step`` is the step it evaluated."""
+    meta, step = rollout.metadata, esc(rollout.step)
+    if meta.get("kind") == "eval":
+        return [("split", "held-out"), ("evaluated at step", step)]
+    if meta.get("kind") != "train":
+        return [("step", step)]
+    trained = meta.get("trained_at_step")
+    return [
+        ("split", "train"),
+        ("created at step", step),
+        ("trained at step", "not trained (yet)" if trained is None else f"<b>{esc(trained)}</b>"),
+        ("advantage", _advantage_html(meta)),
+    ]
+
+
+def _advantage_html(meta: dict[str, Any]) -> str:
+    """``metadata.advantage``: the trainer writes None for a rollout that taught nothing; a run
+    from before it recorded advantages has no key at all (nothing is shown then)."""
+    if "advantage" not in meta:
+        return ""
+    advantage = meta["advantage"]
+    if isinstance(advantage, int | float):
+        return f"<b>{esc(fmt_num(advantage, 4))}</b>"
+    return '<span class="muted">none: it taught nothing (a zero-variance group, stale, or failed)</span>'
+
+
+def logs_html(rollout: Rollout, logs: Sequence[LogFile], prefix: str) -> str:
+    """Links to the harness's stdout/stderr, one line per attempt (earlier attempts were retried)."""
+    by_attempt: dict[int, list[LogFile]] = {}
+    for log in logs:
+        by_attempt.setdefault(log.attempt, []).append(log)
+    lines = []
+    for attempt, files in sorted(by_attempt.items()):
+        links = " · ".join(
+            f'<a class="log-link" href="{esc(prefix)}/rollouts/{esc(rollout.rollout_id)}/logs/{attempt}/'
+            f'{esc(f.stream)}">{esc(f.stream)}</a> <span class="muted">({f.size:,} B)</span>'
+            for f in files
+        )
+        lines.append(f"attempt {attempt}: {links}")
+    return "<br>".join(lines)
+
+
+def _summary(rollout: Rollout, prefix: str, logs: Sequence[LogFile] = ()) -> str:
     r = rollout
+    group = r.metadata.get("group")
     rows = [
         ("rollout", esc(r.rollout_id)),
         ("run", esc(r.run_id)),
-        ("step", esc(r.step)),
+        *_when_rows(r),
         ("task", esc(r.task_id)),
         (
             "group",
             f'<a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a>'
+            + (f' <span class="muted">(training group {esc(group)})</span>' if isinstance(group, int) else "")
             if r.group_id
             else "",
         ),
         ("status", badge(r.status)),
         ("attempt", esc(r.attempt)),
+        ("harness logs", logs_html(r, logs, prefix)),
     ]
     return (
         '<table class="kv">'
@@ -246,10 +297,13 @@ def _summary(rollout: Rollout, prefix: str) -> str:
     )
 
 
-def trace_body(rollout: Rollout, calls: Sequence[Call], decode: Decoder, prefix: str) -> str:
+def trace_body(
+    rollout: Rollout, calls: Sequence[Call], decode: Decoder, prefix: str, *, logs: Sequence[LogFile] = ()
+) -> str:
     calls_tbl, token_views = samples_html(rollout, calls, decode)
     return (
-        f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>{_summary(rollout, prefix)}"
+        f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>"
+        f"{_summary(rollout, prefix, logs)}"
         f"<details><summary>task</summary>{pretty_json(rollout.task)}</details>"
         f'<h2>Evaluation</h2><div class="card">{evaluation_html(rollout)}</div>'
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
