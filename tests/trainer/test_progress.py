@@ -28,7 +28,12 @@ def test_a_log_gets_whole_step_lines_with_elapsed_and_an_eta_from_this_processs_
     shown.phase("held-out evaluation at step 2 (60 tasks)", announce=True)
     shown.phase("rollouts for step 3")
     fake.now += 60
-    metrics = {"reward/mean": 0.25, "policy/loss": 0.1234, "throughput/tokens_per_s": 812.0, "time/step_s": 60.0}
+    metrics = {
+        "reward/mean": 0.25,
+        "policy/loss": 0.1234,
+        "throughput/tokens_per_s": 812.0,
+        "time/step_s": 60.0,
+    }
     metrics |= {"response/length_mean": 31.0}
     shown.step_done(3, metrics)
     lines = out.getvalue().splitlines()

@@ -149,3 +149,20 @@ def test_top_up_is_asked_on_every_wake_and_open_groups_are_counted(long_run: str
     [group] = asyncio.run(main())
     assert group.group_id == created[0] and len(created) == 2
     assert book.open_groups == 1 and book.in_flight == 2
+
+
+def test_resume_leaves_out_groups_that_failed_before_sampling_and_survives_a_half_created_one(tmp_path):
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run(RUN)
+    book = RolloutBook(store, RUN)
+    schedule = TaskSchedule(TASKS, 2, seed=4)
+    broken, scored, half = (schedule.group(i) for i in range(3))
+    for plan in (broken, scored):
+        asyncio.run(book.submit([plan]))
+    store.create_rollout(rollout_id=half.rollout_ids[0], run_id=RUN, group_id=half.group_id)  # killed here
+    for rollout in store.claim_rollouts("w", 10, run_id=RUN):
+        reward = 0.0 if rollout.group_id == broken.group_id else 1.0
+        store.finish_rollout(rollout.rollout_id, Outcome.POLICY_FAILURE, reward, metadata={"exit": {"code": 1}})
+    # The broken group never called the model (reward 0, no calls): it teaches nothing.
+    assert book.failed_before_sampling([broken, scored, half]) == {broken.group_id}
+    store.close()

@@ -20,7 +20,9 @@ from harnessrl.controller.evaluators import parse_evaluator_config
 
 class RunSection(Section):
     name: str = "run"
-    dir: str | None = Field(default=None, description="run folder (default runs/<name> beside the config file)")
+    dir: str | None = Field(
+        default=None, description="run folder (default runs/<name> beside the config file)"
+    )
     seed: int = 0
 
 

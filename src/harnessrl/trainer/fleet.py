@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from harnessrl.errors import NotFound
 from harnessrl.schemas import TERMINAL_STATUSES, Call, Rollout, RolloutStatus
 from harnessrl.store.base import Store
 from harnessrl.trainer.failures import failure_signature
@@ -220,7 +221,10 @@ class RolloutBook:
         although its cause, e.g. a broken harness command, was fixed for the resume."""
         dead = set()
         for plan in plans:
-            rollouts = [self.store.get_rollout(r) for r in plan.rollout_ids]
+            try:
+                rollouts = [self.store.get_rollout(r) for r in plan.rollout_ids]
+            except NotFound:  # a group the dead process was still creating: submit creates the rest
+                continue
             if all(
                 r.status in TERMINAL_STATUSES and failure_signature(r, self.store.list_calls(r.rollout_id))
                 for r in rollouts
