@@ -162,7 +162,9 @@ def test_resume_leaves_out_groups_that_failed_before_sampling_and_survives_a_hal
     store.create_rollout(rollout_id=half.rollout_ids[0], run_id=RUN, group_id=half.group_id)  # killed here
     for rollout in store.claim_rollouts("w", 10, run_id=RUN):
         reward = 0.0 if rollout.group_id == broken.group_id else 1.0
-        store.finish_rollout(rollout.rollout_id, Outcome.POLICY_FAILURE, reward, metadata={"exit": {"code": 1}})
+        store.finish_rollout(
+            rollout.rollout_id, Outcome.POLICY_FAILURE, reward, metadata={"exit": {"code": 1}}
+        )
     # The broken group never called the model (reward 0, no calls): it teaches nothing.
     assert book.failed_before_sampling([broken, scored, half]) == {broken.group_id}
     store.close()
