@@ -45,6 +45,10 @@ class Knobs:
     preamble: str = ""  # sent before the first event (comments, `event:` lines)
     done: str | None = None  # the stream's end; None: "data: [DONE]" and a blank line
     seen: list[tuple[bool, int]] = field(default_factory=list)  # (stream flag, client port) per request
+    # How the sampled IDs are sent: "token_ids" (a list per choice, as with return_token_ids),
+    # "names" (logprobs tokens "token_id:{id}", as with return_tokens_as_token_ids) or "text"
+    # (logprobs tokens as text: a server that ignored return_tokens_as_token_ids).
+    ids_as: str = "token_ids"
 
 
 def serve_knobs(knobs: Knobs) -> FakeServer:
@@ -55,15 +59,18 @@ def serve_knobs(knobs: Knobs) -> FakeServer:
         body = await request.json()
         assert request.client is not None
         knobs.seen.append((bool(body.get("stream")), request.client.port))
-        ids = [t for t, _ in knobs.tokens]
-        lps = [lp for _, lp in knobs.tokens]
+
+        def choice(tokens: list[tuple[int, float]]) -> dict[str, Any]:
+            logprobs: dict[str, Any] = {"token_logprobs": [lp for _, lp in tokens]}
+            if knobs.ids_as == "token_ids":
+                return {"token_ids": [t for t, _ in tokens], "logprobs": logprobs}
+            names = [f"token_id:{t}" if knobs.ids_as == "names" else f"t{t}" for t, _ in tokens]
+            return {"logprobs": {**logprobs, "tokens": names}}
+
         if not body.get("stream"):
-            return JSONResponse({"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": lps}}]})
+            return JSONResponse({"choices": [choice(knobs.tokens)]})
         nl = knobs.line_end
-        events = [
-            json.dumps({"choices": [{"token_ids": [t], "logprobs": {"token_logprobs": [lp]}}]})
-            for t, lp in knobs.tokens
-        ]
+        events = [json.dumps({"choices": [choice([token])]}) for token in knobs.tokens]
         events.append(json.dumps({"choices": [{"token_ids": [], "finish_reason": "stop"}]}))
         done = f"data: [DONE]{nl}{nl}" if knobs.done is None else knobs.done
         text = knobs.preamble + "".join(f"data: {e}{nl}{nl}" for e in events) + done
@@ -120,6 +127,26 @@ def test_non_streaming_caller_gets_one_whole_answer_with_the_same_samples(
     assert [stream for stream, _ in knobs.seen] == [True, False, True]
 
 
+@pytest.mark.parametrize("context", [None, WHOLE], ids=["streamed", "whole"])
+def test_sampled_ids_come_from_token_id_names_when_the_server_sends_no_token_ids(
+    knobs_server: tuple[Knobs, VLLMEngine], context: GenerationContext | None
+) -> None:
+    knobs, engine = knobs_server
+    knobs.ids_as = "names"
+    (got,) = _run(engine, [(SamplingParams(max_tokens=100), context)])
+    assert got == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
+
+
+def test_a_logprobs_token_that_names_no_id_is_an_error_that_says_why(
+    knobs_server: tuple[Knobs, VLLMEngine],
+) -> None:
+    knobs, engine = knobs_server
+    knobs.ids_as = "text"
+    with pytest.raises(RemoteEngineError) as err:
+        _run(engine, [(SamplingParams(max_tokens=100), WHOLE)])
+    assert not err.value.retryable and "return_tokens_as_token_ids" in str(err.value)
+
+
 def test_sse_is_parsed_across_odd_chunks_crlf_and_comments(knobs_server: tuple[Knobs, VLLMEngine]) -> None:
     knobs, engine = knobs_server
     knobs.chunk_bytes, knobs.line_end = 7, "\r\n"
@@ -173,6 +200,9 @@ def test_vllm_fake_whole_answer_matches_stream(tokenizer: PolicyTokenizer) -> No
     ids = [[t for t, _ in samples] for samples in got]
     assert ids == [reply, reply, reply[:3], reply[:3]]
     assert got[0] == got[1] and got[2] == got[3]
+    # The IDs came as logprobs token names: the server was never asked to echo the prompt back.
+    sent = server.fake.requests
+    assert all(r["return_tokens_as_token_ids"] is True and "return_token_ids" not in r for r in sent)
 
 
 def test_error_object_in_a_whole_answer_is_raised(tokenizer: PolicyTokenizer) -> None:

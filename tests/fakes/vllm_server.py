@@ -2,8 +2,9 @@
 
 Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM documents them:
 ``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /health``, ``POST /v1/completions``
-with ``prompt`` as token IDs, ``return_token_ids``, ``logprobs``, ``stop_token_ids``, streaming
-(``data: {...}`` chunks with ``choices[].token_ids`` and ``logprobs.token_logprobs``, then
+with ``prompt`` as token IDs, ``return_token_ids`` (``token_ids``, and ``prompt_token_ids`` echoed),
+``return_tokens_as_token_ids`` (``logprobs.tokens`` as ``"token_id:{id}"``), ``logprobs``,
+``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, then
 ``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
 ``/collective_rpc``, which record their calls, and ``GET /server_info`` (the ``logprobs_mode``
 knob; ``None`` answers 404 as a server without ``VLLM_SERVER_DEV_MODE`` does).
@@ -119,12 +120,14 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
         fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
         plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
         with_ids = bool(body.get("return_token_ids"))
+        # vLLM names each logprobs token "token_id:{id}" when asked; this fake has no text otherwise.
+        as_ids = bool(body.get("return_tokens_as_token_ids"))
 
         def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
             out: dict[str, Any] = {"index": 0, "text": "", "finish_reason": finish}
             if body.get("logprobs") is not None:
                 out["logprobs"] = {
-                    "tokens": [],
+                    "tokens": [f"token_id:{t}" if as_ids else "" for t, _ in items],
                     "token_logprobs": [lp for _, lp in items],
                     "top_logprobs": [],
                 }

@@ -269,6 +269,44 @@ def test_run_without_incremental_decoding_gives_what_pieces_give(ending: str) ->
     assert fast.finish_reason == expected
 
 
+class WholeListEngine(ListEngine):
+    """``ListEngine`` with ``generate_whole`` (``engines.base.WholeAnswer``), counting how it is asked."""
+
+    def __init__(self, tokenizer: PolicyTokenizer, ids: Sequence[int]):
+        super().__init__(tokenizer, ids)
+        self.whole_calls = 0
+
+    async def generate_whole(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> tuple[list[int], list[float]]:
+        self.whole_calls += 1
+        ids = self.ids[: params.max_tokens]  # past the stop token too: the caller must cut
+        return ids, [-i / 10 for i in range(len(ids))]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_whole_answer_engine_is_asked_once_when_nobody_streams(stream: bool) -> None:
+    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    stop_id = tokenizer.stop_token_ids[0]
+    ids = [*tokenizer.encode("whole answer"), stop_id, *tokenizer.encode("past the stop")]
+    params = SamplingParams(max_tokens=50, stop_token_ids=(stop_id,))
+    engine = WholeListEngine(tokenizer, ids)
+    reference = ListEngine(tokenizer, ids)
+    context = GenerationContext("r", stream=stream)
+
+    async def both() -> tuple[Generation, Generation]:
+        got = await Generation(engine, [1], params, context=context).run()  # type: ignore[arg-type]
+        want = await Generation(reference, [1], params, context=context).run()  # type: ignore[arg-type]
+        return got, want
+
+    got, want = asyncio.run(both())
+    assert (engine.whole_calls, len(engine.contexts)) == ((0, 1) if stream else (1, 0))
+    for name in ("text", "token_ids", "logprobs", "finish_reason"):
+        assert getattr(got, name) == getattr(want, name), name
+    assert got.token_ids[-1] == stop_id and got.finish_reason == "stop"
+    assert got.first_token_at is not None
+
+
 # -- through the gateway --------------------------------------------------------------------------
 
 

@@ -113,3 +113,18 @@ class Engine(Protocol):
 
     async def health(self) -> dict[str, Any]:
         """A small JSON-able status dict; raises ``UpstreamError`` if unhealthy."""
+
+
+@runtime_checkable
+class WholeAnswer(Protocol):
+    """What an engine may offer besides ``Engine``: the whole answer of a non-streaming call at once.
+
+    ``generate_whole`` returns what iterating ``generate`` with the same arguments would yield, as
+    two lists (sampled token IDs up to and including the first stop token, and their logprobs).
+    The gateway uses it for contexts with ``stream=False`` when the engine has it: per-token
+    iteration is pure overhead when nobody reads the tokens as they come.
+    """
+
+    async def generate_whole(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> tuple[list[int], list[float]]: ...

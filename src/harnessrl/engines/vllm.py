@@ -5,10 +5,13 @@ Request (``POST /v1/completions``, vLLM's OpenAI server; docs.vllm.ai "OpenAI-Co
 
 - ``prompt``: a list of token IDs (the completions API takes ``List[int]`` as well as text), so the
   server conditions on exactly the gateway's tokens — no chat template, no retokenization;
-- ``return_token_ids: true`` (vLLM extension): each choice / stream chunk carries ``token_ids``,
-  the sampled IDs (text cannot be trusted to round-trip to the same IDs);
 - ``logprobs: 0``: ``choices[].logprobs.token_logprobs`` holds the sampled tokens' logprobs with no
   alternatives (vLLM: "0 means sampled token logprobs only");
+- ``return_tokens_as_token_ids: true`` (vLLM extension): ``logprobs.tokens`` names each sampled
+  token as ``"token_id:{id}"``, the sampled IDs (text cannot be trusted to round-trip to the same
+  IDs). Not ``return_token_ids``, which gives the same IDs as ``token_ids`` but also echoes the
+  whole prompt (``prompt_token_ids``): 16 k IDs a call that the server serializes and the gateway
+  parses for nothing. A server's ``token_ids``, where it sends them anyway, are used as they are;
 - ``stop_token_ids``, ``ignore_eos: true`` (only the gateway's stop tokens end an answer, not the
   model's own EOS list), ``skip_special_tokens: false``; vLLM keeps a sampled stop token in
   ``token_ids``, as our protocol wants;
@@ -153,7 +156,7 @@ class VLLMEngine(RemoteEngine):
             # renormalized over a top-k the gateway never asked for and the trainer never recomputes.
             **NEUTRAL_SAMPLING,
             "logprobs": 0,
-            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
             # Stop only at the gateway's stop_token_ids, as every engine does: vLLM would also end at
             # the model's own EOS ids (config.json), which the gateway may not count as a stop, and
             # the answer would look cut at "length" with tokens to spare.
@@ -228,12 +231,15 @@ class VLLMEngine(RemoteEngine):
                     "with mode=abort, aborted, or failed); the partial answer is discarded",
                     url=url,
                 )
-            ids = choice.get("token_ids") or []
-            logprobs = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            block = choice.get("logprobs") or {}
+            logprobs = block.get("token_logprobs") or []
+            ids = choice.get("token_ids")
+            if ids is None:
+                ids = [_token_id(token, url) for token in block.get("tokens") or []]
             if len(logprobs) != len(ids):
                 raise RemoteEngineError(
-                    f"{url}: chunk has {len(ids)} token_ids but {len(logprobs)} logprobs "
-                    "(is the server older than return_token_ids?)",
+                    f"{url}: chunk has {len(ids)} token IDs but {len(logprobs)} logprobs "
+                    "(does the server take logprobs and return_tokens_as_token_ids?)",
                     retryable=False,
                 )
             out += [
@@ -286,3 +292,19 @@ class VLLMEngine(RemoteEngine):
             "model": self.model_name,
             "policy_version": self._version,
         }
+
+
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def _token_id(token: Any, url: str) -> int:
+    """The ID in a ``"token_id:{id}"`` logprobs token (``return_tokens_as_token_ids``)."""
+    if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
+        digits = token[len(_TOKEN_ID_PREFIX) :]
+        if digits.isascii() and digits.isdigit():
+            return int(digits)
+    raise RemoteEngineError(
+        f"{url}: logprobs token {str(token)[:40]!r} is not 'token_id:<id>' (is the server older than "
+        "return_tokens_as_token_ids, vLLM 0.6?)",
+        retryable=False,
+    )
