@@ -10,6 +10,8 @@ goal of issue 22: a 50-call rollout over a growing context stores about its fina
 
 from __future__ import annotations
 
+import json
+import math
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,7 +26,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Call, Usage
 from harnessrl.store import Store
 from harnessrl.store.chains import AttemptChains, Chain, ChainCache, Link
-from harnessrl.store.codecs import call_from_row, dump_json
+from harnessrl.store.codecs import call_from_row, dump_call_json, dump_json
 
 APIS = ("chat.completions", "responses", "messages", "completions")
 SYSTEM_TOKENS = list(range(1000, 1040))  # a system prompt the main agent and its subagents share
@@ -319,12 +321,43 @@ def test_a_retry_and_an_edit_take_the_longest_exact_base(shared_store_factory: A
     assert store.list_calls(rollout_id) == [*written, retry, edit]
     rows = stored_rows(shared_store_factory.url, rollout_id)
     # The retry repeats call 3's prompt: its tokens are stored on call 2, as call 3's were, its
-    # request on call 3 (nothing new). The edit keeps call 0's 105 tokens and the first 3
-    # messages (call 1's request had 4, call 0's 2): call 0 is its base for both.
+    # request on call 3 (nothing new). The edit keeps call 0's 105 tokens, and the first 3
+    # messages: more than call 0's whole request (2), so it takes the first 3 of call 1's 4.
     assert (rows[4]["prompt_base_seq"], rows[4]["request_base_seq"]) == (2, 3)
-    assert (rows[4]["request"], rows[4]["request_items"]) == ("null", "")
-    assert (rows[5]["prompt_base_seq"], rows[5]["request_base_seq"]) == (0, 0)
+    assert (rows[4]["request"], rows[4]["request_items"], rows[4]["request_base_items"]) == ("null", "", None)
+    assert (rows[5]["prompt_base_seq"], rows[5]["request_base_seq"], rows[5]["request_base_items"]) == (
+        0,
+        1,
+        3,
+    )
     assert len(rows[5]["prompt_token_ids"]) == 4 * (len(edited_prompt) - 105)
+    assert rows[5]["request_items"].count("\n") == 0  # only the edited message is new
+
+
+def test_an_edited_newest_message_is_stored_on_the_rest_of_the_call_before(shared_store_factory: Any) -> None:
+    """Claude Code moves its cache_control marker to the newest message on every call, so each
+    request repeats the one before except for its last message: stored on that request's other
+    items, not whole (whole, a 50-call rollout stored O(calls x context) again)."""
+    store = shared_store_factory()
+    rollout_id = store.create_rollout().rollout_id
+    trace = agent_trace(rollout_id, 50, system=200, observation=40, answer=10)
+    marked = []
+    for call in trace:
+        messages = [dict(m) for m in call.request["messages"]]
+        messages[-1]["cache_control"] = {"type": "ephemeral"}  # only on the newest message
+        marked.append(call.model_copy(update={"request": {**call.request, "messages": messages}}))
+    written = [store.add_call(c) for c in marked]
+    assert store.list_calls(rollout_id) == written
+    assert [c.request for c in store.list_calls(rollout_id)] == [c.request for c in marked]
+    rows = stored_rows(shared_store_factory.url, rollout_id)
+    assert [row["request_base_seq"] for row in rows] == [None, *range(49)]
+    # Each takes all but the last of the previous request's items (that one lost its marker).
+    assert [row["request_base_items"] for row in rows[1:]] == [
+        len(c.request["messages"]) - 1 for c in marked[:-1]
+    ]
+    final = marked[-1]
+    stored = sum(len(row["request_items"]) + len(row["request"]) for row in rows)
+    assert stored < 2.5 * len(json.dumps(final.request))  # linear: each message about twice at most
 
 
 def test_calls_from_rows_refuses_a_delta_without_its_base(shared_store_factory: Any) -> None:
@@ -372,3 +405,20 @@ def test_chain_cache_keeps_the_most_recently_written_rollouts_within_its_bound()
     assert cache.get("b") is None and cache.get("a") is not None and cache.get("c") is not None
     cache.put({"d": chains(500)})  # larger than the bound: nothing is kept
     assert [cache.get(k) for k in "acd"] == [None, None, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ({"text": "é ☃\n\u0000", "n": [1, -2.5]}, {"text": "é ☃\n\u0000", "n": [1, -2.5]}),
+        ({"big": 2**70}, {"big": 2**70}),  # past 64 bits: orjson refuses, json writes it
+        ({"lone": "a\ud800"}, {"lone": "a\ud800"}),  # a lone surrogate: json escapes it
+        ({1: "int key"}, {"1": "int key"}),  # json's reading of a non-string key
+        ({"nan": math.nan, "inf": [math.inf]}, {"nan": None, "inf": [None]}),  # not JSON: null
+        ({"nan": math.nan, "big": 2**70}, {"nan": None, "big": 2**70}),  # null on the json path too
+    ],
+)
+def test_call_json_is_compact_json_that_reads_back(value: dict[Any, Any], expected: dict[str, Any]) -> None:
+    text = dump_call_json(value)
+    assert "\n" not in text.replace("\\n", "")  # one line: history items are stored one per line
+    assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written")) == expected

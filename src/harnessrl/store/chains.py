@@ -17,14 +17,19 @@ attempt):
                        call ``request_base_seq``'s frame; the whole request when ``request_key`` is NULL
 ``request_key``        ``messages`` or ``input``: the key whose list is in ``request_items``; NULL when
                        the request has no such list (``completions``, a string ``input``)
-``request_items``      the JSON texts of the list's items after those of call ``request_base_seq``,
-                       one per line (compact JSON never holds a raw newline); all of them when NULL
-``request_base_seq``   a call whose history list is, item for item as JSON text, a prefix of this one
+``request_items``      the JSON texts of the list's items after the base's, one per line (compact
+                       JSON never holds a raw newline); all of them when ``request_base_seq`` is NULL
+``request_base_seq``   a call whose history list starts this one, item for item as JSON text
+``request_base_items`` how many of that call's items start this one; NULL: all of them (schema 5)
 =====================  ==========================================================================
 
 Nothing is guessed: a base is taken only where its bytes (or item texts) are an exact prefix, as
 compared on write, so an edited history (a message changed or removed, a compacted context) gets
-the longest base before the edit, or none: a full copy. Reading is ``codecs.calls_from_rows``: one
+the longest base before the edit, or none: a full copy. A request may take only the leading items
+of a longer call (``request_base_items``): Claude Code moves its ``cache_control`` marker to the
+newest message on every call, so each request repeats the previous one but for the last message;
+without a partial base no earlier call was ever a prefix and every request was stored whole
+(O(calls x context) again). Token chains need no such thing: a prompt continues the sampled tokens. Reading is ``codecs.calls_from_rows``: one
 pass over a rollout's rows, each made whole from rows already read, so its cost is what it returns.
 
 Choosing a base. The writer keeps, per rollout attempt, a few chains (``AttemptChains``): the
@@ -50,7 +55,15 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from harnessrl.schemas import Call
-from harnessrl.store.codecs import SAME_FRAME, Row, dump_json, pack_floats, pack_ints, unfold_rows
+from harnessrl.store.codecs import (
+    SAME_FRAME,
+    Row,
+    dump_call_json,
+    dump_json,
+    pack_floats,
+    pack_ints,
+    unfold_rows,
+)
 
 #: Chains remembered per rollout attempt (a main agent and a few subagents at once).
 MAX_CHAINS = 8
@@ -67,7 +80,10 @@ CHAIN_COLUMNS = (
     "request_key",
     "request_items",
     "request_base_seq",
+    "request_base_items",
 )
+#: What migration 4 wrote (schema 4 has no ``request_base_items``: whole bases only).
+CHAIN_COLUMNS_V4 = CHAIN_COLUMNS[:-1]
 
 V = TypeVar("V", bytes, tuple[str, ...])
 
@@ -126,9 +142,9 @@ def split_request(request: Mapping[str, Any]) -> tuple[str | None, str, tuple[st
     """A request's history key, frame JSON and history item texts (see the module docstring)."""
     key = next((k for k in HISTORY_KEYS if isinstance(request.get(k), list)), None)
     if key is None:
-        return None, dump_json(request), ()
+        return None, dump_call_json(request), ()
     # {**request, key: None} keeps the key in its place, so the frame restores the key order.
-    return key, dump_json({**request, key: None}), tuple(dump_json(item) for item in request[key])
+    return key, dump_call_json({**request, key: None}), tuple(map(dump_call_json, request[key]))
 
 
 def pack_call(call: Call) -> PackedCall:
@@ -139,7 +155,7 @@ def pack_call(call: Call) -> PackedCall:
         "rollout_id": call.rollout_id,
         "attempt": call.attempt,
         "api": call.api,
-        "response": dump_json(call.response),
+        "response": dump_call_json(call.response),
         "response_token_ids": pack_ints(call.response_token_ids),
         "response_logprobs": pack_floats(call.response_logprobs),
         "policy_version": call.policy_version,
@@ -153,11 +169,15 @@ def pack_call(call: Call) -> PackedCall:
     return PackedCall(columns, prompt, columns["response_token_ids"], key, frame, items)
 
 
-def place(packed: PackedCall, seq: int, chains: AttemptChains) -> tuple[dict[str, Any], AttemptChains]:
-    """The row of call ``seq`` stored on the longest bases ``chains`` offer, and the chains after it."""
+def place(
+    packed: PackedCall, seq: int, chains: AttemptChains, *, partial: bool = True
+) -> tuple[dict[str, Any], AttemptChains]:
+    """The row of call ``seq`` stored on the longest bases ``chains`` offer, and the chains after it.
+
+    ``partial=False``: request bases are whole calls only (schema 4, which migration 4 writes)."""
     row = {**packed.columns, "seq": seq, "prompt_len": len(packed.prompt) // 4, "request_key": packed.key}
     whole = packed.prompt + packed.response
-    found = _longest_base(chains.tokens, None, packed.prompt, _shared_bytes)
+    found = _longest_base(chains.tokens, None, packed.prompt, _shared_bytes, partial=False)
     link = None if found is None else chains.tokens[found[0]].links[found[1]]
     row["prompt_base_seq"] = None if link is None else link.seq
     row["prompt_token_ids"] = packed.prompt if link is None else packed.prompt[link.length :]
@@ -165,12 +185,15 @@ def place(packed: PackedCall, seq: int, chains: AttemptChains) -> tuple[dict[str
 
     requests = chains.requests
     row["request_base_seq"], row["request"], row["request_items"] = None, packed.frame, None
+    row["request_base_items"] = None
     if packed.key is not None:
-        found = _longest_base(requests, packed.key, packed.items, _shared_items)
+        found = _longest_base(requests, packed.key, packed.items, _shared_items, partial=partial)
         items, start, frame = packed.items, 0, packed.frame
         if found is not None:
             base, link = requests[found[0]], requests[found[0]].links[found[1]]
-            start, row["request_base_seq"] = link.length, link.seq
+            start, row["request_base_seq"] = found[2], link.seq
+            if start < link.length:
+                row["request_base_items"] = start
             items = base.value[:start] + packed.items[start:]  # the base's texts: one copy in memory
             if link.frame == packed.frame:
                 row["request"], frame = SAME_FRAME, link.frame  # likewise the frame
@@ -186,12 +209,13 @@ def chains_from_rows(rows: Iterable[Row], attempt: int, last_seq: int) -> Attemp
     for row, unfolded in unfold_rows(rows):
         seq = row["seq"]
         whole, items = unfolded.tokens, unfolded.items
-        token_base = _find(chains.tokens, row["prompt_base_seq"])
+        token_base = _find(chains.tokens, row["prompt_base_seq"], None)
         tokens = _extend(chains.tokens, token_base, None, whole, Link(len(whole), seq))
         requests = chains.requests
         if unfolded.key is not None:  # frames and item texts of a base are shared objects already
             own = Link(len(items), seq, unfolded.frame)
-            requests = _extend(requests, _find(requests, row["request_base_seq"]), unfolded.key, items, own)
+            base = _find(requests, row["request_base_seq"], row["request_base_items"])
+            requests = _extend(requests, base, unfolded.key, items, own)
         chains = AttemptChains(attempt, last_seq, tokens, requests)
     return chains
 
@@ -223,44 +247,56 @@ def _shared_items(new: tuple[str, ...], value: tuple[str, ...]) -> int:
     )
 
 
+#: A base on ``chains``: (chain index, link index, how many of the link's items or bytes are used).
+Base = tuple[int, int, int]
+
+
 def _longest_base(
-    chains: tuple[Chain[V], ...], key: str | None, new: V, shared: Callable[[V, V], int]
-) -> tuple[int, int] | None:
-    """(chain, link) indices of the longest call on ``chains`` whose value is a prefix of ``new``;
-    the most recently extended chain wins a tie."""
-    best, best_length = None, -1
+    chains: tuple[Chain[V], ...], key: str | None, new: V, shared: Callable[[V, V], int], *, partial: bool
+) -> Base | None:
+    """The call on ``chains`` that ``new`` shares the most leading items (or bytes) with: the longest
+    whose whole value is a prefix of ``new``, or, with ``partial``, the leading part of a longer call
+    where that part is longer. A whole call wins a tie, and the most recently extended chain."""
+    best, best_used = None, -1
     for i, chain in enumerate(chains):
         if chain.key != key:
             continue
         n = shared(new, chain.value)
         j = bisect.bisect_right(chain.links, n, key=lambda link: link.length) - 1
-        if j >= 0 and chain.links[j].length > best_length:
-            best, best_length = (i, j), chain.links[j].length
+        if j >= 0 and chain.links[j].length > best_used:
+            best, best_used = (i, j, chain.links[j].length), chain.links[j].length
+        if partial and j + 1 < len(chain.links) and n > max(best_used, 0):
+            best, best_used = (i, j + 1, n), n  # the first n items of a call longer than n
     return best
 
 
-def _find(chains: tuple[Chain[V], ...], seq: int | None) -> tuple[int, int] | None:
-    """(chain, link) indices of call ``seq`` on ``chains``, if they still hold it."""
+def _find(chains: tuple[Chain[V], ...], seq: int | None, used: int | None) -> Base | None:
+    """Call ``seq`` on ``chains`` as a base of which ``used`` items are used (``None``: all), if they
+    still hold it."""
     if seq is not None:
         for i, chain in enumerate(chains):
             for j, link in enumerate(chain.links):
                 if link.seq == seq:
-                    return i, j
+                    return i, j, link.length if used is None else used
     return None
 
 
 def _extend(
-    chains: tuple[Chain[V], ...], base: tuple[int, int] | None, key: str | None, value: V, link: Link
+    chains: tuple[Chain[V], ...], base: Base | None, key: str | None, value: V, link: Link
 ) -> tuple[Chain[V], ...]:
     """``chains`` after the call of ``link`` (with ``value``) was stored on ``base``: the newest call
-    of a chain is replaced by the call that extends it; a call extending an older link branches off
-    (and both stay, for a retry to find its base); no base starts a chain. The oldest are dropped."""
+    of a chain is replaced by the call that extends it; a call extending an older link, or only the
+    leading part of one, branches off (and both stay, for a retry to find its base), keeping the
+    links within the part it shares; no base starts a chain. The oldest are dropped."""
     rest, links = chains, (link,)
     if base is not None:
-        i, j = base
-        links = (chains[i].links[: j + 1] + links)[-MAX_LINKS:]
-        if j == len(chains[i].links) - 1:
+        i, j, used = base
+        kept = chains[i].links[: j + 1]
+        if used < kept[-1].length:  # a partial base: only calls within the shared part are prefixes
+            kept = kept[: bisect.bisect_right(kept, used, key=lambda k: k.length)]
+        elif j == len(chains[i].links) - 1:
             rest = chains[:i] + chains[i + 1 :]
+        links = (kept + links)[-MAX_LINKS:]
     return (Chain(key, value, links, _nbytes(value, links)), *rest)[:MAX_CHAINS]
 
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.store.chains import CHAIN_COLUMNS, AttemptChains, PackedCall, place, split_request
+from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,7 +274,7 @@ def _chain_stored_calls(conn: Any, dialect: str, param: str) -> None:
     """Rewrite every call row (each whole, as versions 1-3 stored them) as a delta on the earlier
     calls of its rollout attempt, one rollout at a time (memory: one rollout's rows)."""
     rollouts = [_cell(row, 0, "rollout_id") for row in conn.execute("SELECT DISTINCT rollout_id FROM calls")]
-    assignments = ", ".join(f"{column} = {param}" for column in CHAIN_COLUMNS)
+    assignments = ", ".join(f"{column} = {param}" for column in CHAIN_COLUMNS_V4)
     update = f"UPDATE calls SET {assignments} WHERE call_id = {param}"
     for rollout_id in rollouts:
         rows = conn.execute(
@@ -293,8 +293,16 @@ def _chain_stored_calls(conn: Any, dialect: str, param: str) -> None:
                 bytes(_cell(row, 5, "response_token_ids")),
             )
             chains = by_attempt.get(attempt) or AttemptChains(attempt, seq - 1)
-            new, by_attempt[attempt] = place(PackedCall({}, prompt, response, key, frame, items), seq, chains)
-            conn.execute(update, [*(new[column] for column in CHAIN_COLUMNS), call_id])
+            packed = PackedCall({}, prompt, response, key, frame, items)
+            new, by_attempt[attempt] = place(packed, seq, chains, partial=False)  # schema 4's columns
+            conn.execute(update, [*(new[column] for column in CHAIN_COLUMNS_V4), call_id])
+
+
+# Version 5: a request may be stored on the leading items of a longer call (``chains``): Claude
+# Code edits its newest message on every call (``cache_control`` moves on), so no earlier request
+# was ever a whole prefix and every one was stored whole. NULL, as in every existing row, is "all".
+_V5_SQLITE = "ALTER TABLE calls ADD COLUMN request_base_items INTEGER"
+_V5_POSTGRES = _V5_SQLITE.replace("INTEGER", "BIGINT")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -315,6 +323,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         _V4_SQLITE,
         _V4_POSTGRES,
         repair=_chain_stored_calls,
+    ),
+    Migration(
+        5,
+        "a request may be stored on the leading items of a longer call",
+        _V5_SQLITE,
+        _V5_POSTGRES,
     ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))

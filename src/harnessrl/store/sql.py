@@ -61,7 +61,7 @@ StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
 # What rebuilding a rollout attempt's chains reads of its rows.
 _CHAIN_ROW_COLUMNS = (
     "rollout_id, seq, prompt_token_ids, prompt_base_seq, prompt_len, response_token_ids, "
-    "request, request_key, request_items, request_base_seq"
+    "request, request_key, request_items, request_base_seq, request_base_items"
 )
 
 
