@@ -416,10 +416,11 @@ def _splice(
         # unusual template); splicing would duplicate or drop text, so tokenize fully instead.
         return None
     tail = full_text[len(prefix_text) :]
-    ids = list(prior.prompt_ids) + list(prior.response_ids)
+    ids = [*prior.prompt_ids, *prior.response_ids]  # one copy of a long prompt, extended in place
     if not prior.response_ids or prior.response_ids[-1] not in stop_ids:
         ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
-    return ids + list(tokenizer.encode(glue + tail))
+    ids.extend(tokenizer.encode(glue + tail))
+    return ids
 
 
 #: Stands in for the content of the message after a reused turn, to find where that turn ends.
