@@ -2,29 +2,52 @@
 
 What is measured. One run starts a fake vLLM-shaped upstream (this file, starlette + uvicorn; instant
 answers, always the same 256-token assistant turn — some text and one Hermes tool call — with token
-IDs and one logprob per token; chat non-streaming, ``/v1/completions`` streaming one SSE event per
-token when asked, as vLLM does) and drives it three ways with the *same* pre-serialized
-agent-like request bodies (20-turn conversations that grow by one assistant tool call and one
-shell-like tool result per turn, with a system prompt and tool schemas; the last body is ~40 KB):
+IDs and one logprob per token) and drives it through three targets with the *same* pre-serialized
+agent-like request bodies, in three legs (``--legs``, all by default):
 
-- ``direct``: ``POST /v1/chat/completions`` on the upstream;
+- ``chat`` (JSON ``levels``; the issues' goals are measured from it): 20-turn chat conversations
+  that grow by one assistant tool call and one shell-like tool result per turn, with a system prompt
+  and tool schemas (the last body is ~40 KB), not streamed; C = 1 and C = 32.
+- ``stream`` (``legs.streaming_c1``, ``legs.streaming_c32``): the same bodies with ``"stream": true``
+  and ``stream_options.include_usage``; the client reads the whole SSE body (a call's latency is the
+  time to ``[DONE]``, and a body that does not end with it counts as an error). The upstream's chat
+  endpoint streams as vLLM does: a role chunk carrying ``prompt_token_ids``, one chunk per token
+  (content, then the tool call's header and its ``arguments`` pieces; a token the tool parser holds
+  back has an empty delta), each with its ``token_ids`` and logprobs, the usage chunk, ``[DONE]``.
+- ``messages`` (``legs.messages_c1``, ``legs.messages_c32``): Claude Code-shaped Anthropic Messages
+  bodies for the same conversations (``system`` as text blocks with ``cache_control``, tools with
+  ``input_schema``, assistant ``text`` + ``tool_use`` blocks, ``tool_result`` blocks with the same
+  tool-result texts, a ``cache_control`` marker on the newest block, ``max_tokens``, not streamed).
+
+The targets:
+
+- ``direct``: the upstream itself (``/v1/chat/completions``, ``/v1/messages`` — vLLM serves both;
+  the fake answers Messages with a text block and one ``tool_use`` block);
 - ``harnessrl``: the harnessrl gateway (``create_app`` served by uvicorn like ``run_gateway``, durable
   SQLite store — the default WAL store; each call is committed before its answer is sent) in front
-  of the upstream, one rollout per conversation (``POST /api/rollouts``), chat calls to the rollout's
-  ``base_url``. The gateway renders the chat template, tokenizes (with sampled-token reuse), and calls
-  the upstream's ``/v1/completions`` with a token-ID prompt — through ``VLLMEngine`` when
-  ``harnessrl.engines.vllm`` exists and works (non-streaming clients: one JSON answer, as the
-  engine asks for then), otherwise through a minimal engine adapter defined here (the JSON says
-  which). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
+  of the upstream, one rollout per conversation (``POST /api/rollouts``), calls to the rollout's
+  ``base_url`` (``/chat/completions``, or ``/messages`` with ``x-api-key`` and ``anthropic-version``).
+  The gateway renders the chat template, tokenizes (with sampled-token reuse), and calls the
+  upstream's ``/v1/completions`` with a token-ID prompt — through ``VLLMEngine`` when
+  ``harnessrl.engines.vllm`` exists and works (one JSON answer for a non-streaming client, one SSE
+  event per token for a streaming one), otherwise through a minimal non-streaming engine adapter
+  defined here (the JSON says which). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
 - ``agentlightning``: Agent Lightning 1.0.2's ``agl-server`` (its own Python 3.12 venv in
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
   ``POST /api/rollouts``, calls to ``/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions``.
   It forwards the chat body to the upstream's ``/v1/chat/completions`` and keeps an in-memory event.
+  Before the stream and messages legs the run sends it one such body (streaming to its chat path,
+  Messages to ``.../openai/v1/messages`` and ``.../anthropic/v1/messages``) and measures it in a leg
+  only if it answers whole; otherwise the leg's ``not_measured`` holds its answer and the lines of its
+  installed source that refuse it (1.0.2: ``server/proxy.py`` answers a streaming body 400 "Streaming
+  responses are not supported"; ``server/routes/proxy.py`` accepts only ``chat/completions`` and
+  ``completions`` under ``/openai/v1/``, so Messages is a 404).
 
-Concurrency 1 and 32 (each client worker runs whole conversations one turn after another). The three
-targets are measured in interleaved rounds (the order rotates each round) so that background load on
-a shared machine hits all three alike; the load average is recorded per batch. Reported per level:
-req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to direct.
+Each leg runs at C = 1 and C = 32 (each client worker runs whole conversations one turn after
+another). The targets are measured in interleaved rounds (the order rotates each round) so that
+background load on a shared machine hits all alike; the load average is recorded per batch. Reported
+per level: req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to
+direct.
 
 CPU accounting. Each batch also records the CPU time (user + system, ``/proc/PID/stat``, 10 ms ticks
 summed over the batch) of every process a call passes through — ``upstream``, ``gateway`` (the
@@ -34,25 +57,44 @@ throughput the machine's cores allow (``cores * 1000 / total CPU ms per call``: 
 and proxy share the cores), what each server process allows on its one core (``1000 / its CPU ms``:
 a Python server's Python code runs on one core at a time) and which of these binds, and the gateway
 CPU per call at which harnessrl's ceiling would be 0.8x direct's; ``goals.cpu_c32`` says it in one
-line. Where the measured req/s is near its ceiling, the
-run was CPU-bound and only less CPU per call (not less waiting) can raise it.
+line. Where the measured req/s is near its ceiling, the run was CPU-bound and only less CPU per call
+(not less waiting) can raise it. ``goals`` also holds issue 22's two lines against Agent Lightning,
+from the chat leg: gateway CPU per call (harnessrl / Agent Lightning) <= 0.3 at C = 1 and C = 32, and
+added p50 at C = 1 (harnessrl / Agent Lightning) <= 0.5, each with its measured value and ``met``.
+
+Store bytes (``store_bytes``). After the gateway has stopped, its SQLite file is opened read-only and,
+per rollout of each harnessrl leg, the bytes of its ``calls`` rows (every column's length, as
+``store_growth.py`` counts them) are set against the issue's yardstick — the final call's prompt +
+response token IDs as int32 plus its request's JSON — and their ratio. For Agent Lightning, the JSON
+of each conversation's newest chat-leg rollout's events (``GET /api/rollouts/{id}/events``, what it
+keeps in memory: each call's whole request and response) against the same yardstick built from its
+final event; its prompt token IDs there are the fake upstream's (one ``7`` per 4 body bytes, 2 JSON
+bytes each), fewer and shorter than a real vLLM's, so its bytes are a lower bound. The Messages
+bodies move their ``cache_control`` marker each turn as Claude Code does, so each call's copy of the
+previous newest message differs from that call's: what the store makes of that is measured too.
 
 What it does not show. The upstream is instant, so this is the proxy's own cost, not what a run
 would see end to end (a real engine takes far longer per call, which hides most of it). The load
 generator, upstream and proxies share the same CPU cores, so at C=32 the throughput ratio partly
 measures who uses the least CPU. ``agl-server`` runs as installed (uvicorn without uvloop/httptools,
 access log on — its defaults) and records in memory (nothing durable); harnessrl does more work per
-call (tokenization, tool-call parsing, durable write). No streaming.
+call (tokenization, tool-call parsing, durable write). A streamed call's latency is to the end of the
+body; time to first token is not measured. The fake sends a stream as one body (vLLM writes each
+event as it is sampled), so in the stream leg the direct client reads one buffer while harnessrl's
+client reads one HTTP chunk per event: compare the gateway's CPU there, not the client's. The Messages
+leg's direct answer is the fake's (vLLM's own Messages layer would cost the upstream more CPU).
+Agent Lightning's stored bytes are the JSON its API returns, not its Python objects' memory.
 
 Run (one command; re-executes itself inside a loopback-only network namespace when it can)::
 
     .venv/bin/python benchmarks/gateway_overhead.py            # ~2-4 min on 2 shared CPU cores
-    .venv/bin/python benchmarks/gateway_overhead.py --quick    # fewer rounds, seconds
+    .venv/bin/python benchmarks/gateway_overhead.py --quick    # fewer rounds, ~40 s
     .venv/bin/python benchmarks/gateway_overhead.py --no-agl   # without Agent Lightning
+    .venv/bin/python benchmarks/gateway_overhead.py --legs chat        # only the chat leg (the goals)
 
 The AGL venv (Python 3.12, ``agentlightning==1.0.2``) is made by ``./install.sh --bench`` in
 ``.bench/agl-venv`` (``--agl-venv`` to point elsewhere; without it the run skips Agent Lightning and
-says so in the JSON). Writes ``benchmarks/results/gateway_overhead.json``.
+says so in the JSON). Writes ``benchmarks/results/gateway_overhead.json`` (``--out`` elsewhere).
 """
 
 from __future__ import annotations
@@ -72,7 +114,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,8 +285,11 @@ def _tool_output(rng: random.Random, turn: int) -> str:
     return "\n".join(f"{i + rng.randint(1, 300):5d}\t{s}" for i, s in enumerate(source * rng.randint(2, 5)))
 
 
-def build_conversations(reply: dict[str, Any], count: int, seed: int = 0) -> list[list[bytes]]:
-    """``count`` conversations, each a list of ``TURNS`` serialized request bodies (call k sees k turns)."""
+def build_conversations(
+    reply: dict[str, Any], count: int, seed: int = 0, extra: dict[str, Any] | None = None
+) -> list[list[bytes]]:
+    """``count`` chat conversations, each a list of ``TURNS`` serialized request bodies (call k sees k
+    turns); ``extra`` is merged into every body (the stream leg's ``stream`` and ``stream_options``)."""
     conversations = []
     for c in range(count):
         rng = random.Random(seed * 1000 + c)
@@ -268,6 +313,7 @@ def build_conversations(reply: dict[str, Any], count: int, seed: int = 0) -> lis
                 # call does the same work (vLLM: token IDs of prompt and answer, sampled logprobs).
                 "logprobs": True,
                 "return_token_ids": True,
+                **(extra or {}),
             }
             bodies.append(json.dumps(body).encode())
             call_id = f"call_{c}_{turn}"
@@ -290,13 +336,206 @@ def build_conversations(reply: dict[str, Any], count: int, seed: int = 0) -> lis
     return conversations
 
 
+STREAM_EXTRA = {"stream": True, "stream_options": {"include_usage": True}}
+# Claude Code sends its identity line as a system block of its own before the long prompt.
+_IDENTITY = "You are a coding agent running in a terminal."
+_ANTHROPIC_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in _TOOLS
+]
+_EPHEMERAL = {"type": "ephemeral"}
+
+
+def build_messages_conversations(reply: dict[str, Any], count: int, seed: int = 0) -> list[list[bytes]]:
+    """The conversations of ``build_conversations`` as Claude Code-shaped Anthropic Messages bodies.
+
+    Same user task, assistant turns (a ``text`` block and a ``tool_use`` block with the reply's
+    arguments as ``input``) and tool-result texts (``tool_result`` blocks); ``system`` is two text
+    blocks, the long one marked ``cache_control``, and, as Claude Code does, the newest message's last
+    block carries a ``cache_control`` marker that moves on each turn. Not streamed.
+    """
+    tool_input = json.loads(reply["arguments"])
+    conversations = []
+    for c in range(count):
+        rng = random.Random(seed * 1000 + c)  # the chat conversation's tool outputs, in the same order
+        messages: list[dict[str, Any]] = [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "text",
+                        "text": f"Issue #{100 + c}: header values keep a leading space after the "
+                        "colon. Make tests/test_parser.py pass without breaking other tests.",
+                    }
+                ],
+            }
+        ]
+        bodies = []
+        for turn in range(TURNS):
+            newest = messages[-1]
+            marked = {
+                **newest,
+                "content": [*newest["content"][:-1], {**newest["content"][-1], "cache_control": _EPHEMERAL}],
+            }
+            body = {
+                "model": MODEL,
+                "max_tokens": 1024,
+                "temperature": 1.0,
+                "system": [
+                    {"type": "text", "text": _IDENTITY},
+                    {"type": "text", "text": _SYSTEM, "cache_control": _EPHEMERAL},
+                ],
+                "tools": _ANTHROPIC_TOOLS,
+                "messages": [*messages[:-1], marked],
+                "metadata": {"user_id": f"bench-user-{c}"},
+                "stream": False,
+            }
+            bodies.append(json.dumps(body).encode())
+            call_id = f"toolu_bench_{c}_{turn}"
+            messages = [
+                *messages,
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "text", "text": reply["content"]},
+                        {"type": "tool_use", "id": call_id, "name": "bash", "input": tool_input},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": call_id, "content": _tool_output(rng, turn)}
+                    ],
+                },
+            ]
+        conversations.append(bodies)
+    return conversations
+
+
+def chat_stream_events(reply: dict[str, Any], *, logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
+    """The chunks of a streamed chat answer as vLLM sends them (before the usage chunk and ``[DONE]``).
+
+    A role chunk first (with ``prompt_token_ids`` — the string ``"@PROMPT@"`` here, replaced per call
+    — when ``token_ids``), then one chunk per sampled token: the reply's content as ``content``
+    deltas, then the tool call's header (id, name) and its ``arguments`` in pieces, as the Hermes tool
+    parser streams them; a token that adds to neither (``<tool_call>``, the JSON around the arguments,
+    the stop token) has an empty delta. Each token chunk carries its ``token_ids`` and logprob entry;
+    the last one ``finish_reason: "tool_calls"``.
+    """
+    text, content, args = reply["text"], reply["content"], reply["arguments"]
+    args_at = text.index(args, len(content))
+    tool_at = text.index("<tool_call>", len(content))
+    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+    first: dict[str, Any] = {
+        **base,
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        ],
+    }
+    if token_ids:
+        first["prompt_token_ids"] = "@PROMPT@"
+    events = [first]
+    pos, header_sent = 0, False
+    ids, tokens, lps = reply["token_ids"], reply["tokens"], reply["logprobs"]
+    for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
+        start, end = pos, pos + len(tok)
+        pos = end
+        delta: dict[str, Any] = {}
+        if start < len(content):
+            delta["content"] = text[start : min(end, len(content))]
+        piece = text[max(start, args_at) : min(end, args_at + len(args))]
+        call: dict[str, Any] | None = None
+        if end > tool_at and not header_sent:
+            call = {"index": 0, "id": "chatcmpl-tool-bench", "type": "function"}
+            call["function"] = {"name": "bash", "arguments": piece}
+            header_sent = True
+        elif piece:
+            call = {"index": 0, "function": {"arguments": piece}}
+        if call is not None:
+            delta["tool_calls"] = [call]
+        choice: dict[str, Any] = {
+            "index": 0,
+            "delta": delta,
+            "logprobs": {
+                "content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}]
+            }
+            if logprobs
+            else None,
+            "finish_reason": "tool_calls" if k == len(ids) - 1 else None,
+        }
+        if token_ids:
+            choice["token_ids"] = [tok_id]
+        events.append({**base, "choices": [choice]})
+    return events
+
+
+def completions_stream_events(
+    reply: dict[str, Any], *, logprobs: bool, as_ids: bool, token_ids: bool
+) -> list[dict[str, Any]]:
+    """The chunks of a streamed ``/v1/completions`` answer as vLLM sends them (before ``[DONE]``): one
+    per sampled token, its text and, as asked, its logprob entry (``logprobs``; the token named
+    ``"token_id:{id}"`` with ``as_ids``, vLLM's ``return_tokens_as_token_ids``) and ``token_ids``
+    (``token_ids``, vLLM's ``return_token_ids``, which also echoes ``prompt_token_ids`` in the first
+    chunk — the string ``"@PROMPT@"`` here, replaced per call). The last says ``finish_reason: "stop"``.
+    """
+    ids, tokens, lps = reply["token_ids"], reply["tokens"], reply["logprobs"]
+    events, offset = [], 0
+    for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
+        choice: dict[str, Any] = {"index": 0, "text": tok}
+        choice["logprobs"] = (
+            {
+                "tokens": [f"token_id:{tok_id}" if as_ids else tok],
+                "token_logprobs": [lp],
+                "text_offset": [offset],
+                "top_logprobs": None,
+            }
+            if logprobs
+            else None
+        )
+        choice.update(finish_reason="stop" if k == len(ids) - 1 else None, stop_reason=None)
+        if token_ids:
+            choice["token_ids"] = [tok_id]
+            if k == 0:
+                choice["prompt_token_ids"] = "@PROMPT@"
+        offset += len(tok)
+        events.append(
+            {
+                "id": "cmpl-bench",
+                "object": "text_completion",
+                "created": 0,
+                "model": MODEL,
+                "choices": [choice],
+            }
+        )
+    return events
+
+
+def sse_complete(body: bytes) -> bool:
+    """A streamed answer read to its end: the body's last event is ``data: [DONE]`` (an error event
+    after the 200 header ends a harnessrl or vLLM stream without it)."""
+    return body.rstrip().endswith(b"data: [DONE]")
+
+
 # --- the fake vLLM-shaped upstream ----------------------------------------------------------------------
 
 
 def serve_upstream(port: int) -> None:
     """Instant answers. ``/v1/chat/completions`` (vLLM shape with ``return_token_ids``: ``prompt_token_ids``
     at top level — fabricated, one per 4 body bytes, the fake has no chat template — and ``token_ids``
-    per choice) and ``/v1/completions`` with a token-ID prompt (echoed as ``prompt_token_ids``)."""
+    per choice; streamed per token as ``chat_stream_events`` when asked), ``/v1/completions`` with a
+    token-ID prompt (streamed per token as ``completions_stream_events`` when asked; ``token_ids`` and
+    the prompt echoed as ``prompt_token_ids`` with ``return_token_ids``, logprobs tokens as
+    ``"token_id:{id}"`` with ``return_tokens_as_token_ids``, as vLLM does) and ``/v1/messages``
+    (Anthropic shape, not streamed)."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -356,51 +595,101 @@ def serve_upstream(port: int) -> None:
         text = json.dumps(out)
         return text.replace('"@PROMPT@"', "[" + seven[: 2 * n_prompt - 1] + "]") if n_prompt else text
 
+    # Streamed chat (the stream leg's direct calls): pre-serialized per (logprobs, token_ids) variant,
+    # split where the per-call prompt IDs go; sent as one body, like the completions stream below.
+    chat_streams: dict[tuple[bool, bool], tuple[bytes, bytes]] = {}
+
+    def chat_stream(body: dict[str, Any], n_prompt: int) -> bytes:
+        key = (bool(body.get("logprobs")), bool(body.get("return_token_ids")))
+        if key not in chat_streams:
+            events = chat_stream_events(reply, logprobs=key[0], token_ids=key[1])
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+            head, _, rest = text.partition('"@PROMPT@"')
+            chat_streams[key] = head.encode(), rest.encode()
+        head, rest = chat_streams[key]
+        prompt = ("[" + seven[: 2 * n_prompt - 1] + "]").encode() if key[1] else b""
+        tail = b""
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage = {
+                "prompt_tokens": n_prompt,
+                "completion_tokens": usage_out,
+                "total_tokens": n_prompt + usage_out,
+            }
+            last = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
+            tail = f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n".encode()
+        return head + prompt + rest + tail + b"data: [DONE]\n\n"
+
     async def chat(request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw)
-        return Response(chat_json(body, max(1, len(raw) // 4)), media_type="application/json")
+        n_prompt = max(1, len(raw) // 4)
+        if body.get("stream"):
+            return Response(chat_stream(body, n_prompt), media_type="text/event-stream")
+        return Response(chat_json(body, n_prompt), media_type="application/json")
+
+    # Anthropic Messages (vLLM serves /v1/messages too): a text block and one tool_use block.
+    tool_input = json.loads(reply["arguments"])
+    message_blocks = [
+        {"type": "text", "text": reply["content"]},
+        {"type": "tool_use", "id": "@ID@", "name": "bash", "input": tool_input},
+    ]
+
+    async def anthropic_messages(request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        if body.get("stream"):
+            return JSONResponse(
+                {
+                    "type": "error",
+                    "error": {"type": "invalid_request_error", "message": "the fake does not stream"},
+                },
+                status_code=400,
+            )
+        n = next(counter)
+        out = {
+            "id": f"msg_bench{n}",
+            "type": "message",
+            "role": "assistant",
+            "model": body.get("model", MODEL),
+            "content": message_blocks,
+            "stop_reason": "tool_use",
+            "stop_sequence": None,
+            "usage": {"input_tokens": max(1, len(raw) // 4), "output_tokens": usage_out},
+        }
+        return Response(json.dumps(out).replace('"@ID@"', f'"toolu_bench{n}"'), media_type="application/json")
 
     # Streaming (what VLLMEngine asks for when its client streams): one SSE event per token, as vLLM
-    # sends by default; the first carries ``prompt_token_ids``. Pre-serialized, sent as one body.
-    stream_events = []
-    for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
-        last = k == len(ids) - 1
-        choice = {
-            "index": 0,
-            "text": tok,
-            "logprobs": {
-                "tokens": [tok],
-                "token_logprobs": [lp],
-                "text_offset": [offsets[k]],
-                "top_logprobs": None,
-            },
-            "finish_reason": "stop" if last else None,
-            "stop_reason": None,
-            "token_ids": [tok_id],
-        }
-        if k == 0:
-            choice["prompt_token_ids"] = "@PROMPT@"
-        event = {
-            "id": "cmpl-bench",
-            "object": "text_completion",
-            "created": 0,
-            "model": MODEL,
-            "choices": [choice],
-        }
-        stream_events.append(f"data: {json.dumps(event)}\n\n")
-    stream_head, stream_tail = "".join(stream_events).split('"@PROMPT@"')
-    stream_tail = (stream_tail + "data: [DONE]\n\n").encode()
-    stream_head_b = stream_head.encode()
+    # sends by default. Pre-serialized per variant of what was asked, sent as one body.
+    comp_streams: dict[tuple[bool, bool, bool], tuple[bytes, bytes]] = {}
+
+    def completions_stream(body: dict[str, Any], prompt: list[int]) -> bytes:
+        key = (
+            body.get("logprobs") is not None,
+            bool(body.get("return_tokens_as_token_ids")),
+            bool(body.get("return_token_ids")),
+        )
+        if key not in comp_streams:
+            events = completions_stream_events(reply, logprobs=key[0], as_ids=key[1], token_ids=key[2])
+            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+            head, _, tail = text.partition('"@PROMPT@"')
+            comp_streams[key] = head.encode(), tail.encode()
+        head, tail = comp_streams[key]
+        return head + (json.dumps(prompt).encode() + tail if key[2] else b"")
+
+    id_tokens = [f"token_id:{t}" for t in ids]
 
     async def completions(request: Request) -> Response:
         body = json.loads(await request.body())
         prompt = body["prompt"]
         if body.get("stream"):
-            content = stream_head_b + json.dumps(prompt).encode() + stream_tail
-            return Response(content, media_type="text/event-stream")
+            return Response(completions_stream(body, prompt), media_type="text/event-stream")
         n = next(counter)
         want = body.get("return_token_ids")
+        logprobs = None
+        if body.get("logprobs") is not None:
+            logprobs = comp_logprobs
+            if body.get("return_tokens_as_token_ids"):
+                logprobs = {**comp_logprobs, "tokens": id_tokens}
         out = {
             "id": f"cmpl-{n}",
             "object": "text_completion",
@@ -410,7 +699,7 @@ def serve_upstream(port: int) -> None:
                 {
                     "index": 0,
                     "text": reply["text"],
-                    "logprobs": comp_logprobs if body.get("logprobs") is not None else None,
+                    "logprobs": logprobs,
                     "finish_reason": "stop",
                     "stop_reason": None,
                     "prompt_token_ids": prompt if want else None,
@@ -437,6 +726,7 @@ def serve_upstream(port: int) -> None:
         routes=[
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/messages", anthropic_messages, methods=["POST"]),
             Route("/v1/models", models),
             Route("/health", health),
         ]
@@ -574,39 +864,48 @@ def serve_harnessrl(
 # --- load generation -------------------------------------------------------------------------------------
 
 
+ANTHROPIC_HEADERS = {"anthropic-version": "2023-06-01", "content-type": "application/json"}
+
+
 class Target:
     """Where one conversation's calls go: ``url`` and headers, per conversation (rollouts made up front).
 
-    ``pids``: the server processes a call to this target runs through (role -> pid), whose CPU time
-    each batch records (``cpu_seconds``); the client's own CPU is added as ``client``.
+    ``api``: ``chat`` (OpenAI chat completions, streamed or not: the body says) or ``messages``
+    (Anthropic Messages). ``pids``: the server processes a call to this target runs through (role ->
+    pid), whose CPU time each batch records (``cpu_seconds``); the client's own CPU is added as
+    ``client``. ``rollouts``: (rollout id, the conversation's place in its batch) of every conversation
+    sent, for reading what was recorded afterwards.
     """
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, api: str = "chat") -> None:
+        assert api in ("chat", "messages"), api
+        self.name, self.api = name, api
         self.pids: dict[str, int] = {}
+        self.rollouts: list[tuple[str, int]] = []
 
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
         raise NotImplementedError
 
 
 class Direct(Target):
-    def __init__(self, base: str) -> None:
-        super().__init__("direct")
+    def __init__(self, base: str, api: str = "chat") -> None:
+        super().__init__("direct", api)
         self.base = base
 
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
+        if self.api == "messages":
+            return [(f"{self.base}/v1/messages", {**ANTHROPIC_HEADERS, "x-api-key": "bench"})] * n
         return [(f"{self.base}/v1/chat/completions", {"content-type": "application/json"})] * n
 
 
 class Harnessrl(Target):
-    def __init__(self, base: str, admin_key: str) -> None:
-        super().__init__("harnessrl")
+    def __init__(self, base: str, admin_key: str, api: str = "chat") -> None:
+        super().__init__("harnessrl", api)
         self.base, self.admin_key = base, admin_key
-        self.rollouts: list[str] = []
 
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
         out = []
-        for _ in range(n):
+        for i in range(n):
             async with session.post(
                 f"{self.base}/api/rollouts",
                 json={"task": {"bench": True}},
@@ -614,35 +913,61 @@ class Harnessrl(Target):
             ) as r:
                 assert r.status == 201, await r.text()
                 ro = await r.json()
-            self.rollouts.append(ro["rollout_id"])
-            out.append(
-                (
-                    f"{ro['base_url']}/chat/completions",
-                    {"authorization": f"Bearer {ro['api_key']}", "content-type": "application/json"},
+            self.rollouts.append((ro["rollout_id"], i))
+            if self.api == "messages":
+                # The Anthropic SDK's (and Claude Code's) key header; auth.request_key accepts it.
+                out.append((f"{ro['base_url']}/messages", {**ANTHROPIC_HEADERS, "x-api-key": ro["api_key"]}))
+            else:
+                out.append(
+                    (
+                        f"{ro['base_url']}/chat/completions",
+                        {"authorization": f"Bearer {ro['api_key']}", "content-type": "application/json"},
+                    )
                 )
-            )
         return out
 
 
+AGL_PROXY = "/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1"
+
+
 class AgentLightning(Target):
-    def __init__(self, base: str) -> None:
-        super().__init__("agentlightning")
+    """``agl-server``'s rollout proxy: ``{AGL_PROXY}/chat/completions``, or ``/messages`` for the Messages
+    API (which 1.0.2 refuses: ``probe_agl`` checks before a leg measures it)."""
+
+    def __init__(self, base: str, api: str = "chat") -> None:
+        super().__init__("agentlightning", api)
         self.base = base
         self.count = 0
+        # Unique per target: agl-server's POST /api/rollouts returns an existing id unchanged, so a
+        # reused id would add this target's events to another's rollout.
+        self.prefix = f"bench-{api}-{secrets.token_hex(3)}"
 
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
-        ids = [f"bench-{self.count + i}" for i in range(n)]
-        self.count += n
-        payload = [{"input": {"bench": True}, "rollout_id": rid} for rid in ids]
-        async with session.post(f"{self.base}/api/rollouts", json=payload) as r:
-            assert r.status == 201, await r.text()
+        ids = await self.new_rollouts(session, n)
+        self.rollouts.extend((rid, i) for i, rid in enumerate(ids))
+        if self.api == "messages":
+            return [
+                (
+                    f"{self.base}{AGL_PROXY.format(rollout_id=rid)}/messages",
+                    {**ANTHROPIC_HEADERS, "x-api-key": "bench"},
+                )
+                for rid in ids
+            ]
         return [
             (
-                f"{self.base}/proxy/rollout/{rid}/attempt/0/mode/train/openai/v1/chat/completions",
+                f"{self.base}{AGL_PROXY.format(rollout_id=rid)}/chat/completions",
                 {"content-type": "application/json"},
             )
             for rid in ids
         ]
+
+    async def new_rollouts(self, session: Any, n: int) -> list[str]:
+        ids = [f"{self.prefix}-{self.count + i}" for i in range(n)]
+        self.count += n
+        payload = [{"input": {"bench": True}, "rollout_id": rid} for rid in ids]
+        async with session.post(f"{self.base}/api/rollouts", json=payload) as r:
+            assert r.status == 201, await r.text()
+        return ids
 
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -675,11 +1000,18 @@ def _cpu_snapshot(target: Target) -> dict[str, float]:
 
 
 async def run_batch(
-    session: Any, target: Target, conversations: list[list[bytes]], n_conv: int, concurrency: int
+    session: Any,
+    target: Target,
+    conversations: list[list[bytes]],
+    n_conv: int,
+    concurrency: int,
+    complete: Callable[[bytes], bool] | None = None,
 ) -> dict[str, Any]:
     """``n_conv`` conversations of ``TURNS`` calls with ``concurrency`` workers; latencies in seconds.
 
-    ``cpu_s``: CPU seconds each process involved used during the batch (``target.pids`` and the client).
+    Each answer is read whole; a status other than 200, or a body ``complete`` refuses (a stream cut
+    short), is an error. ``cpu_s``: CPU seconds each process involved used during the batch
+    (``target.pids`` and the client).
     """
     slots = await target.prepare(session, n_conv)
     queue: asyncio.Queue[int] = asyncio.Queue()
@@ -701,6 +1033,8 @@ async def run_batch(
                     data = await r.read()
                     if r.status != 200:
                         errors.append(f"{r.status}: {data[:200]!r}")
+                    elif complete is not None and not complete(data):
+                        errors.append(f"incomplete answer: ...{data[-200:]!r}")
                 latencies.append(time.perf_counter() - t0)
 
     load_before = os.getloadavg()[0]
@@ -849,51 +1183,462 @@ def agl_version(venv: Path) -> str:
     return out.stdout.strip()
 
 
+# --- the legs --------------------------------------------------------------------------------------------
+
+LEGS = ("chat", "stream", "messages")
+#: Where a leg's levels go in the JSON: the chat leg is ``levels`` (what the goals read); the others
+#: are ``legs.{prefix}_c{C}``.
+LEG_KEYS = {"stream": "streaming", "messages": "messages"}
+#: Keys of a level that are not a target's summary.
+LEVEL_EXTRAS = ("ratios_to_direct", "cpu_ceilings", "not_measured")
+
+
+def parse_legs(text: str) -> list[str]:
+    """``--legs``: a comma-separated subset of ``LEGS``, run in ``LEGS`` order."""
+    asked = {part.strip() for part in text.split(",") if part.strip()}
+    unknown = asked - set(LEGS)
+    if unknown or not asked:
+        raise argparse.ArgumentTypeError(f"--legs takes some of {', '.join(LEGS)} (got {text!r})")
+    return [leg for leg in LEGS if leg in asked]
+
+
+def leg_plan(args: argparse.Namespace, leg: str) -> list[tuple[int, int, int]]:
+    """(concurrency, rounds, conversations per batch) of each level of ``leg``."""
+    rounds_c32 = args.rounds_c32 if leg == "chat" else args.rounds_c32_extra
+    return [
+        (1, args.rounds_c1, args.conversations_c1),
+        (32, rounds_c32, 32 * args.conversations_per_worker),
+    ]
+
+
+def answer_is_message(body: bytes) -> bool:
+    """A whole Anthropic message (a 200 answer that is an ``error`` object, or not JSON, is not)."""
+    try:
+        return json.loads(body).get("type") == "message"
+    except (ValueError, AttributeError):
+        return False
+
+
+LEG_CHECKS: dict[str, Callable[[bytes], bool] | None] = {
+    "chat": None,  # as before this check existed: the goals' leg keeps its client cost
+    "stream": sse_complete,
+    "messages": answer_is_message,
+}
+
+
+def target_summaries(level: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: s for name, s in level.items() if name not in LEVEL_EXTRAS}
+
+
 async def measure(
-    args: argparse.Namespace, targets: list[Target], conversations: list[list[bytes]]
+    args: argparse.Namespace,
+    targets: list[Target],
+    conversations: list[list[bytes]],
+    plan: list[tuple[int, int, int]] | None = None,
+    complete: Callable[[bytes], bool] | None = None,
+    label: str = "chat",
 ) -> dict[str, Any]:
+    """One leg: per level of ``plan`` (``leg_plan``'s chat levels by default), a warm-up batch per
+    target, then ``rounds`` interleaved rounds; the level's summaries, ratios and CPU ceilings."""
     import aiohttp
 
     levels: dict[str, Any] = {}
-    plan = [
-        (1, args.rounds_c1, args.conversations_c1),
-        (32, args.rounds_c32, 32 * args.conversations_per_worker),
-    ]
-    for concurrency, rounds, n_conv in plan:
+    for concurrency, rounds, n_conv in plan or leg_plan(args, "chat"):
         connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=False)
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=600)
         ) as session:
             for t in targets:  # warm-up: connections, caches, lazy imports
-                await run_batch(session, t, conversations, max(1, concurrency // 4), min(concurrency, 8))
+                await run_batch(
+                    session, t, conversations, max(1, concurrency // 4), min(concurrency, 8), complete
+                )
             batches: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
             for r in range(rounds):
                 order = targets[r % len(targets) :] + targets[: r % len(targets)]
                 for t in order:
-                    batches[t.name].append(await run_batch(session, t, conversations, n_conv, concurrency))
+                    batches[t.name].append(
+                        await run_batch(session, t, conversations, n_conv, concurrency, complete)
+                    )
                     b = batches[t.name][-1]
                     print(
-                        f"  C={concurrency} round {r + 1}/{rounds} {t.name:15s} "
+                        f"  {label:8s} C={concurrency} round {r + 1}/{rounds} {t.name:15s} "
                         f"{len(b['latencies']) / b['wall_s']:7.1f} req/s  load {b['load_avg_1m']:.2f}"
                         f"{'  ERRORS ' + str(len(b['errors'])) if b['errors'] else ''}",
                         flush=True,
                     )
-        level = {name: summarize(bs) for name, bs in batches.items()}
-        d = level["direct"]
-        level["ratios_to_direct"] = {
-            name: {
-                "throughput": round(s["req_s"] / d["req_s"], 3),
-                "p50": round(s["p50_ms"] / d["p50_ms"], 3),
-                "p99": round(s["p99_ms"] / d["p99_ms"], 3),
-                "added_p50_ms": round(s["p50_ms"] - d["p50_ms"], 2),
-                "added_p99_ms": round(s["p99_ms"] - d["p99_ms"], 2),
-            }
-            for name, s in level.items()
-            if name != "direct"
-        }
-        level["cpu_ceilings"] = cpu_ceilings(level, os.cpu_count() or 1)
-        levels[str(concurrency)] = level
+        levels[str(concurrency)] = summarize_level(batches, os.cpu_count() or 1)
     return levels
+
+
+def summarize_level(batches: dict[str, list[dict[str, Any]]], cores: int) -> dict[str, Any]:
+    """Each target's summary, its ratios to ``direct`` and the CPU ceilings of one level."""
+    level: dict[str, Any] = {name: summarize(bs) for name, bs in batches.items()}
+    d = level["direct"]
+    level["ratios_to_direct"] = {
+        name: {
+            "throughput": round(s["req_s"] / d["req_s"], 3),
+            "p50": round(s["p50_ms"] / d["p50_ms"], 3),
+            "p99": round(s["p99_ms"] / d["p99_ms"], 3),
+            "added_p50_ms": round(s["p50_ms"] - d["p50_ms"], 2),
+            "added_p99_ms": round(s["p99_ms"] - d["p99_ms"], 2),
+        }
+        for name, s in level.items()
+        if name != "direct"
+    }
+    level["cpu_ceilings"] = cpu_ceilings(level, cores)
+    return level
+
+
+# --- what Agent Lightning accepts, and what each side keeps -------------------------------------------
+
+#: Lines of Agent Lightning's installed source that decide each leg (found by text, so the JSON
+#: quotes the installed version's own lines).
+AGL_SOURCE = {
+    "stream": [
+        ("server/proxy.py", 'if body.get("stream", False):'),
+        ("server/proxy.py", "Streaming responses are not supported"),
+    ],
+    "messages": [
+        ("server/routes/proxy.py", "/mode/{mode}/openai/v1/{upstream_path:path}"),
+        ("server/routes/proxy.py", "if upstream_path not in"),
+    ],
+    "events": [
+        ("server/routes/events.py", '@router.get("/rollouts/{rollout_id}/events"'),
+        ("server/store.py", "_events: dict["),
+    ],
+}
+
+
+def agl_source_lines(venv: Path, leg: str) -> list[str]:
+    """``agentlightning/<file>:<line>: <text>`` for each of ``AGL_SOURCE[leg]`` in the venv's package."""
+    found = sorted(venv.glob("lib/python*/site-packages/agentlightning"))
+    if not found:
+        return [f"agentlightning not found under {venv}/lib"]
+    out = []
+    for rel, needle in AGL_SOURCE[leg]:
+        path = found[0] / rel
+        try:
+            lines = path.read_text().splitlines()
+        except OSError as exc:
+            out.append(f"agentlightning/{rel}: {exc}")
+            continue
+        hits = [
+            f"agentlightning/{rel}:{i}: {line.strip()}" for i, line in enumerate(lines, 1) if needle in line
+        ]
+        out.extend(hits or [f"agentlightning/{rel}: no line contains {needle!r}"])
+    return out
+
+
+async def probe_agl(agl: str, leg: str, body: bytes, venv: Path) -> dict[str, Any]:
+    """Send one of ``leg``'s bodies to ``agl-server`` as a harness would; ``measured`` if it answered whole.
+
+    Streaming goes to the rollout proxy's chat path; Messages to ``.../openai/v1/messages`` (where an
+    Anthropic SDK pointed at the proxy's ``openai`` base ends up) and ``.../anthropic/v1/messages``.
+    """
+    import aiohttp
+
+    api = "messages" if leg == "messages" else "chat"
+    target = AgentLightning(agl, api)
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+        [rid] = await target.new_rollouts(session, 1)
+        if leg == "messages":
+            paths = [
+                f"{AGL_PROXY.format(rollout_id=rid)}/messages",
+                f"/proxy/rollout/{rid}/attempt/0/mode/train/anthropic/v1/messages",
+            ]
+            headers = {**ANTHROPIC_HEADERS, "x-api-key": "bench"}
+        else:
+            paths = [f"{AGL_PROXY.format(rollout_id=rid)}/chat/completions"]
+            headers = {"content-type": "application/json"}
+        probes = []
+        for path in paths:
+            async with session.post(f"{agl}{path}", data=body, headers=headers) as r:
+                data = await r.read()
+                complete = LEG_CHECKS[leg]
+                probes.append(
+                    {
+                        "path": path,
+                        "status": r.status,
+                        "content_type": r.headers.get("content-type"),
+                        "body": data[:300].decode(errors="replace"),
+                        "answered_whole": r.status == 200 and (complete is None or complete(data)),
+                    }
+                )
+    measured = probes[0]["answered_whole"]
+    out: dict[str, Any] = {"measured": measured, "probes": probes}
+    if not measured:
+        p = probes[0]
+        what = "a streaming chat body" if leg == "stream" else "a Messages body"
+        out["reason"] = f"agl-server answered {what} on {p['path']} with {p['status']}: {p['body']}"
+        out["source"] = agl_source_lines(venv, leg)
+    return out
+
+
+def yardstick_bytes(prompt_tokens: int, response_tokens: int, request: Any) -> int:
+    """The issue's measure of one call: prompt + response token IDs as int32, plus the request's JSON
+    (compact, as the store writes it)."""
+    from harnessrl.store.codecs import dump_json
+
+    return 4 * (prompt_tokens + response_tokens) + len(dump_json(request).encode())
+
+
+def column_bytes(rows: Sequence[Sequence[Any]]) -> int:
+    """Bytes the rows' text and blob columns hold (numbers and NULLs not counted), as
+    ``store_growth.py`` counts a rollout's ``calls`` rows (text as UTF-8: the same for ASCII)."""
+    return sum(
+        len(v.encode()) if isinstance(v, str) else len(v)
+        for row in rows
+        for v in row
+        if isinstance(v, str | bytes)
+    )
+
+
+def _stats(values: Sequence[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return {"min": s[0], "median": s[len(s) // 2], "max": s[-1]}
+
+
+def summarize_store(entries: list[dict[str, Any]], bytes_key: str) -> dict[str, Any]:
+    """Per-rollout bytes (``bytes_key``), yardsticks and ratios over the rollouts with all ``TURNS``
+    calls; ``per_conversation``: the newest such rollout of each conversation, with the byte range of
+    all rollouts of that conversation (same bodies, so they should store the same)."""
+    whole = [e for e in entries if e["calls"] == TURNS]
+    by_conv: dict[int, list[dict[str, Any]]] = {}
+    for e in whole:
+        by_conv.setdefault(e["conversation"], []).append(e)
+    per_conversation = []
+    for conv in sorted(by_conv):
+        group = by_conv[conv]
+        newest = dict(group[-1])
+        newest["rollouts_of_this_conversation"] = len(group)
+        newest[f"{bytes_key}_range"] = [min(e[bytes_key] for e in group), max(e[bytes_key] for e in group)]
+        per_conversation.append(newest)
+    return {
+        "rollouts": len(entries),
+        "rollouts_with_all_calls": len(whole),
+        bytes_key: _stats([e[bytes_key] for e in whole]),
+        "yardstick_bytes": _stats([e["yardstick_bytes"] for e in whole]),
+        "ratio": _stats([e["ratio"] for e in whole]),
+        "per_conversation": per_conversation,
+    }
+
+
+def harnessrl_store_bytes(db_path: Path, rollouts: list[tuple[str, int]], n_conv: int) -> dict[str, Any]:
+    """Per rollout: its ``calls`` rows' bytes in the SQLite file (opened read-only) against the
+    yardstick of its final call (decoded from the rows with the store's own reader)."""
+    import sqlite3
+
+    from harnessrl.store.codecs import calls_from_rows
+
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    conn.row_factory = sqlite3.Row
+    entries = []
+    try:
+        for rollout_id, position in rollouts:
+            rows = conn.execute(
+                "SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,)
+            ).fetchall()
+            if not rows:
+                continue
+            final = calls_from_rows(rows)[-1]
+            yard = yardstick_bytes(len(final.prompt_token_ids), len(final.response_token_ids), final.request)
+            stored = column_bytes(rows)
+            entries.append(
+                {
+                    "rollout_id": rollout_id,
+                    "conversation": position % n_conv,
+                    "calls": len(rows),
+                    "row_bytes": stored,
+                    "final_prompt_tokens": len(final.prompt_token_ids),
+                    "final_response_tokens": len(final.response_token_ids),
+                    "final_request_json_bytes": yard
+                    - 4 * (len(final.prompt_token_ids) + len(final.response_token_ids)),
+                    "yardstick_bytes": yard,
+                    "ratio": round(stored / yard, 3),
+                }
+            )
+    finally:
+        conn.close()
+    return summarize_store(entries, "row_bytes")
+
+
+async def agl_event_bytes(agl: str, rollouts: list[tuple[str, int]], n_conv: int) -> dict[str, Any]:
+    """The JSON of the events ``agl-server`` keeps for the newest rollout of each conversation
+    (``GET /api/rollouts/{id}/events``), against the yardstick of its final ``model_request`` event."""
+    import aiohttp
+
+    newest: dict[int, tuple[str, int]] = {}
+    for rollout_id, position in rollouts:
+        newest[position % n_conv] = (rollout_id, position)
+    entries = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+        for conv in sorted(newest):
+            rollout_id, _ = newest[conv]
+            async with session.get(f"{agl}/api/rollouts/{rollout_id}/events") as r:
+                raw = await r.read()
+                assert r.status == 200, raw[:200]
+            calls = [e["data"] for e in json.loads(raw) if e.get("event_type") == "model_request"]
+            if not calls:
+                continue
+            final = calls[-1]
+            response = final.get("response") or {}
+            choices = response.get("choices") or [{}]
+            prompt = response.get("prompt_token_ids") or choices[0].get("prompt_token_ids") or []
+            answer = choices[0].get("token_ids") or []
+            yard = yardstick_bytes(len(prompt), len(answer), final.get("request"))
+            entries.append(
+                {
+                    "rollout_id": rollout_id,
+                    "conversation": conv,
+                    "calls": len(calls),
+                    "event_json_bytes": len(raw),
+                    "final_prompt_tokens": len(prompt),
+                    "final_response_tokens": len(answer),
+                    "final_request_json_bytes": yard - 4 * (len(prompt) + len(answer)),
+                    "yardstick_bytes": yard,
+                    "ratio": round(len(raw) / yard, 3),
+                }
+            )
+    return summarize_store(entries, "event_json_bytes")
+
+
+# --- goals ------------------------------------------------------------------------------------------------
+
+CPU_VS_AGL_GOAL = 0.3
+ADDED_P50_VS_AGL_GOAL = 0.5
+
+
+def agl_goals(levels: dict[str, Any]) -> dict[str, Any]:
+    """Issue 22's two lines against Agent Lightning, from the chat leg's levels: the gateway process's
+    CPU per call and the added p50 at C = 1, harnessrl's over Agent Lightning's."""
+    cpu_goal = f"gateway CPU per call (harnessrl / Agent Lightning) at C=1 and C=32 <= {CPU_VS_AGL_GOAL}"
+    p50_goal = f"added p50 at C=1 (harnessrl / Agent Lightning) <= {ADDED_P50_VS_AGL_GOAL}"
+    have = [c for c in ("1", "32") if "agentlightning" in levels.get(c, {}) and "harnessrl" in levels[c]]
+    if have != ["1", "32"]:
+        why = "Agent Lightning (or the chat leg) was not measured at C=1 and C=32"
+        return {
+            "gateway_cpu_vs_agl": {"goal": cpu_goal, "measured": None, "met": None, "reason": why},
+            "added_p50_vs_agl": {"goal": p50_goal, "measured": None, "met": None, "reason": why},
+        }
+    cpu: dict[str, Any] = {"goal": cpu_goal}
+    for c in have:
+        h = levels[c]["harnessrl"]["cpu_ms_per_call"]["gateway"]
+        a = levels[c]["agentlightning"]["cpu_ms_per_call"]["gateway"]
+        ratio = round(h / a, 3) if a > 0 else None
+        cpu[f"c{c}"] = {
+            "harnessrl_ms": h,
+            "agentlightning_ms": a,
+            "ratio": ratio,
+            "met": None if ratio is None else ratio <= CPU_VS_AGL_GOAL,
+        }
+    cpu["measured"] = [cpu["c1"]["ratio"], cpu["c32"]["ratio"]]
+    parts = [cpu["c1"]["met"], cpu["c32"]["met"]]
+    cpu["met"] = None if None in parts else all(parts)
+    h = levels["1"]["ratios_to_direct"]["harnessrl"]["added_p50_ms"]
+    a = levels["1"]["ratios_to_direct"]["agentlightning"]["added_p50_ms"]
+    p50: dict[str, Any] = {"goal": p50_goal, "harnessrl_ms": h, "agentlightning_ms": a}
+    if a > 0:
+        p50["measured"] = round(h / a, 3)
+        p50["met"] = p50["measured"] <= ADDED_P50_VS_AGL_GOAL
+    else:  # noise put Agent Lightning at or under direct: no ratio to take
+        p50.update(measured=None, met=None, reason=f"Agent Lightning's added p50 was {a} ms")
+    return {"gateway_cpu_vs_agl": cpu, "added_p50_vs_agl": p50}
+
+
+def cpu_goal_line(ceilings: dict[str, Any]) -> str:
+    """One sentence: the CPU-bound throughput ceilings at C=32 and the proxy CPU the 0.8x goal needs."""
+    h = ceilings["harnessrl"]
+    return (
+        f"on {ceilings['cores']} cores the CPU ceiling is {ceilings['direct']['ceiling_req_s']} req/s direct and "
+        f"{h['ceiling_req_s']} req/s through harnessrl ({h['ceiling_x_direct']}x; the gateway process alone "
+        f"caps it at {h['one_core_req_s'].get('gateway')} req/s on one core); 0.8x direct needs the "
+        f"gateway at <= {h['gateway_budget_ms_for_0_8x']} ms CPU per call (measured {h['gateway_cpu_ms']} ms)"
+    )
+
+
+def chat_goals(levels: dict[str, Any]) -> dict[str, Any]:
+    """The goals of issue 7 (throughput and added p50 vs direct) and issue 22 (vs Agent Lightning)."""
+    if "1" not in levels or "32" not in levels:
+        why = "the chat leg was not run (--legs)"
+        return {"measured": False, "reason": why, **agl_goals(levels)}
+    c1, c32 = levels["1"]["ratios_to_direct"]["harnessrl"], levels["32"]["ratios_to_direct"]["harnessrl"]
+    return {
+        "harnessrl_throughput_c32_ratio": c32["throughput"],
+        "throughput_goal": 0.8,
+        "throughput_met": c32["throughput"] >= 0.8,
+        "harnessrl_added_p50_c1_ms": c1["added_p50_ms"],
+        "added_p50_goal_ms": 1.5,
+        "added_p50_met": c1["added_p50_ms"] <= 1.5,
+        "cpu_c32": cpu_goal_line(levels["32"]["cpu_ceilings"]),
+        **agl_goals(levels),
+    }
+
+
+# --- the run ----------------------------------------------------------------------------------------------
+
+
+async def gateway_reuse(hr: str, admin_key: str) -> dict[str, float]:
+    """harnessrl's ``harnessrl_prompt_reuse_total`` counters by result (how each prompt was built)."""
+    import aiohttp
+
+    headers = {"authorization": f"Bearer {admin_key}"}
+    async with aiohttp.ClientSession() as session, session.get(f"{hr}/metrics", headers=headers) as r:
+        metrics = await r.text()
+    return {
+        line.split('result="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("harnessrl_prompt_reuse_total{")
+    }
+
+
+async def run_legs(
+    args: argparse.Namespace,
+    urls: dict[str, str],
+    pids: dict[str, int],
+    admin_key: str,
+    bodies: dict[str, list[list[bytes]]],
+) -> dict[str, Any]:
+    """Every asked leg in turn: its targets (Agent Lightning only where ``probe_agl`` found it answers
+    whole), levels, and the harnessrl reuse counters it moved. Returns the legs' levels by JSON key, the
+    targets by leg, the AGL probes and the reuse per leg."""
+    out: dict[str, Any] = {"levels": {}, "legs": {}, "targets": {}, "agl_probes": {}, "reuse": {}}
+    agl = urls.get("agentlightning")
+    for leg in args.legs:
+        api = "messages" if leg == "messages" else "chat"
+        targets: list[Target] = [Direct(urls["upstream"], api), Harnessrl(urls["harnessrl"], admin_key, api)]
+        not_measured = None
+        if agl:
+            if leg == "chat":
+                targets.append(AgentLightning(agl))
+            else:
+                probe = await probe_agl(agl, leg, bodies[leg][0][0], args.agl_venv)
+                out["agl_probes"][leg] = probe
+                if probe["measured"]:
+                    targets.append(AgentLightning(agl, api))
+                else:
+                    not_measured = {
+                        "agentlightning": {"reason": probe["reason"], "see": f"agentlightning.legs.{leg}"}
+                    }
+                    print(f"{leg}: Agent Lightning not measured: {probe['reason'][:160]}", flush=True)
+        for t in targets:
+            t.pids = {"upstream": pids["upstream"]}
+            if t.name != "direct":
+                t.pids["gateway"] = pids[t.name]
+        before = await gateway_reuse(urls["harnessrl"], admin_key)
+        levels = await measure(args, targets, bodies[leg], leg_plan(args, leg), LEG_CHECKS[leg], leg)
+        after = await gateway_reuse(urls["harnessrl"], admin_key)
+        out["reuse"][leg] = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
+        out["targets"][leg] = targets
+        if leg == "chat":
+            out["levels"] = levels
+        else:
+            for c, level in levels.items():
+                if not_measured:
+                    level["not_measured"] = not_measured
+                out["legs"][f"{LEG_KEYS[leg]}_c{c}"] = level
+    return out
 
 
 def main() -> None:
@@ -901,9 +1646,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer rounds and conversations")
     ap.add_argument("--no-agl", action="store_true", help="skip Agent Lightning")
     ap.add_argument("--agl-venv", type=Path, default=DEFAULT_AGL_VENV)
+    ap.add_argument(
+        "--legs",
+        type=parse_legs,
+        default=list(LEGS),
+        help=f"comma-separated legs to run, of {','.join(LEGS)} (default: all)",
+    )
     ap.add_argument("--rounds-c1", type=int, default=6)
     ap.add_argument("--conversations-c1", type=int, default=2, help="conversations per C=1 batch")
-    ap.add_argument("--rounds-c32", type=int, default=4)
+    ap.add_argument("--rounds-c32", type=int, default=4, help="C=32 rounds of the chat leg")
+    ap.add_argument(
+        "--rounds-c32-extra", type=int, default=2, help="C=32 rounds of the stream and messages legs"
+    )
     ap.add_argument("--conversations-per-worker", type=int, default=1, help="C=32 batch: 32 x this")
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument(
@@ -935,7 +1689,7 @@ def main() -> None:
             cmd = " ".join(["ip link set lo up && exec", *map(_quote, [sys.executable, *sys.argv])])
             os.execvpe("unshare", ["unshare", "-n", "sh", "-c", cmd], {**os.environ, NETNS_ENV: "1"})
     if args.quick:
-        args.rounds_c1, args.conversations_c1, args.rounds_c32 = 2, 1, 1
+        args.rounds_c1, args.conversations_c1, args.rounds_c32, args.rounds_c32_extra = 2, 1, 1, 1
     os.environ.update(OFFLINE_ENV)
 
     use_agl = not args.no_agl
@@ -943,21 +1697,51 @@ def main() -> None:
     if use_agl and not (args.agl_venv / "bin" / "agl-server").exists():
         agl_info["reason"] = f"{args.agl_venv}/bin/agl-server not found (see the module docstring)"
         use_agl = False
+    elif not use_agl:
+        agl_info["reason"] = "--no-agl"
 
     tokenizer = _tokenizer()
     reply = build_reply(tokenizer)
-    conversations = build_conversations(reply, count=8)
+    n_conv = 8
+    bodies = {
+        "chat": build_conversations(reply, count=n_conv),
+        "stream": build_conversations(reply, count=n_conv, extra=STREAM_EXTRA),
+        "messages": build_messages_conversations(reply, count=n_conv),
+    }
     me = str(Path(__file__).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
+    try:
+        result = run(args, me, tmp, bodies, n_conv, use_agl, agl_info, in_netns)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print_table(result)
+    print(f"wrote {args.out}")
+
+
+def run(
+    args: argparse.Namespace,
+    me: str,
+    tmp: Path,
+    bodies: dict[str, list[list[bytes]]],
+    n_conv: int,
+    use_agl: bool,
+    agl_info: dict[str, Any],
+    in_netns: bool,
+) -> dict[str, Any]:
+    """Start the upstream, the harnessrl gateway and (``use_agl``) ``agl-server``; run the legs; read
+    what each side recorded; stop them; read the harnessrl store file. The result JSON."""
     admin_key = f"bench-{secrets.token_hex(8)}"
     load_start = os.getloadavg()
     started = time.time()
+    store_path = tmp / "harnessrl.db"
+    agl_store: dict[str, Any] | None = None
     with processes() as procs:
         up_port, hr_port = free_port(), free_port()
         upstream = f"http://127.0.0.1:{up_port}"
         procs.append(subprocess.Popen([sys.executable, me, "--role", "upstream", "--port", str(up_port)]))
         wait_http(f"{upstream}/health", procs[-1])
-        store_path = tmp / "harnessrl.db"
         engine_file = tmp / "engine.txt"
         procs.append(
             subprocess.Popen(
@@ -983,9 +1767,8 @@ def main() -> None:
         )
         hr = f"http://127.0.0.1:{hr_port}"
         wait_http(f"{hr}/api/health", procs[-1])
-        targets: list[Target] = [Direct(upstream), Harnessrl(hr, admin_key)]
-        targets[0].pids = {"upstream": procs[0].pid}
-        targets[1].pids = {"upstream": procs[0].pid, "gateway": procs[1].pid}
+        urls = {"upstream": upstream, "harnessrl": hr}
+        pids = {"upstream": procs[0].pid, "harnessrl": procs[1].pid}
         if use_agl:
             agl_port = free_port()
             agl_dir = tmp / "agl"
@@ -1013,9 +1796,10 @@ def main() -> None:
 
                 r = httpx.post(f"{agl}/api/models", json=[{"model": MODEL, "endpoint": f"{upstream}/v1"}])
                 r.raise_for_status()
-                targets.append(AgentLightning(agl))
-                targets[-1].pids = {"upstream": procs[0].pid, "gateway": procs[-1].pid}
+                urls["agentlightning"] = agl
+                pids["agentlightning"] = procs[-1].pid
                 version, py = agl_version(args.agl_venv).split()
+                site = sorted(args.agl_venv.glob("lib/python*/site-packages"))
                 agl_info = {
                     "measured": True,
                     "version": version,
@@ -1023,7 +1807,9 @@ def main() -> None:
                     "server": "agl-server (hydra entry point; uvicorn.run defaults as installed: "
                     "no uvloop/httptools in its deps, access log on, one worker)",
                     "recording": "in-memory event per call (request + response JSON), not durable",
-                    "proxy_path": "/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions",
+                    "proxy_path": AGL_PROXY + "/chat/completions",
+                    "litellm_installed": bool(site and (site[0] / "litellm").exists()),
+                    "proxy": "its own FastAPI route forwarding the body with httpx (no LiteLLM in 1.0.2)",
                 }
             except Exception as exc:  # noqa: BLE001 - report, still measure the others
                 agl_info = {
@@ -1032,27 +1818,62 @@ def main() -> None:
                     "log_tail": (tmp / "agl.log").read_text(errors="replace")[-2000:],
                 }
                 print(f"Agent Lightning not measured: {agl_info['reason']}", file=sys.stderr)
-        print(f"targets: {[t.name for t in targets]}; upstream {upstream}", flush=True)
-        levels = asyncio.run(measure(args, targets, conversations))
+        print(f"targets: {sorted(urls)}; legs {args.legs}; upstream {upstream}", flush=True)
+        measured = asyncio.run(run_legs(args, urls, pids, admin_key, bodies))
         engine_desc = engine_file.read_text()
         import httpx
 
-        harness_target = targets[1]
-        assert isinstance(harness_target, Harnessrl)
-        calls = httpx.get(
-            f"{hr}/api/rollouts/{harness_target.rollouts[-1]}/calls",
-            headers={"authorization": f"Bearer {admin_key}"},
-        ).json()
-        metrics = httpx.get(f"{hr}/metrics", headers={"authorization": f"Bearer {admin_key}"}).text
-        reuse = {
-            line.split('result="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
-            for line in metrics.splitlines()
-            if line.startswith("harnessrl_prompt_reuse_total{")
+        legs_run = measured["targets"]
+        calls: list[dict[str, Any]] = []
+        if "chat" in legs_run:
+            harness_target = legs_run["chat"][1]
+            calls = httpx.get(
+                f"{hr}/api/rollouts/{harness_target.rollouts[-1][0]}/calls",
+                headers={"authorization": f"Bearer {admin_key}"},
+                timeout=60,
+            ).json()
+            if "agentlightning" in urls:
+                agl_store = asyncio.run(
+                    agl_event_bytes(urls["agentlightning"], legs_run["chat"][2].rollouts, n_conv)
+                )
+        reuse = asyncio.run(gateway_reuse(hr, admin_key))
+    # The gateway has stopped (its store closed): read what it wrote, read-only.
+    hr_store = {
+        leg: harnessrl_store_bytes(store_path, targets[1].rollouts, n_conv)
+        for leg, targets in legs_run.items()
+    }
+    store_bytes: dict[str, Any] = {
+        "yardstick": "final call's prompt + response token IDs as int32 + its request's compact JSON",
+        "harnessrl": {
+            "how": "bytes of the text and blob columns of each rollout's calls rows in the SQLite file "
+            "(read-only, after the gateway stopped), as store_growth.py counts them; the final call "
+            "decoded with harnessrl.store.codecs.calls_from_rows",
+            "messages_bodies": "each turn moves a cache_control marker onto the newest message's last block, "
+            "as Claude Code does for prompt caching, so an earlier call's last history item differs "
+            "from this call's copy of it",
+            **hr_store,
+        },
+    }
+    if agl_store is not None:
+        store_bytes["agentlightning"] = {
+            "how": "JSON bytes of GET /api/rollouts/{id}/events (the in-memory model_request events: "
+            "each call's whole request and response) for the newest chat-leg rollout of each conversation; "
+            "its prompt token IDs are the fake upstream's (one per 4 body bytes, '7', 2 JSON bytes each), "
+            "so this is a lower bound on what a real vLLM's IDs would take",
+            "source": agl_source_lines(args.agl_venv, "events"),
+            "chat": agl_store,
         }
-    shutil.rmtree(tmp, ignore_errors=True)
+    else:
+        why = agl_info.get("reason") or "the chat leg was not run (--legs)"
+        store_bytes["agentlightning"] = {"measured": False, "reason": why}
+    agl_info["legs"] = {
+        leg: {"measured": True} for leg in legs_run if any(t.name == "agentlightning" for t in legs_run[leg])
+    }
+    for leg, probe in measured["agl_probes"].items():
+        agl_info["legs"][leg] = probe
 
-    c1, c32 = levels["1"]["ratios_to_direct"]["harnessrl"], levels["32"]["ratios_to_direct"]["harnessrl"]
-    result = {
+    levels = measured["levels"]
+    return {
         "benchmark": "gateway_overhead",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "duration_s": round(time.time() - started, 1),
@@ -1067,8 +1888,8 @@ def main() -> None:
         "settings": {
             "turns_per_conversation": TURNS,
             "output_tokens": OUTPUT_TOKENS,
-            "streaming": False,
-            "body_bytes_first_last": [len(conversations[0][0]), len(conversations[0][-1])],
+            "streaming": False,  # the chat leg (levels); legs.streaming_* stream
+            "body_bytes_first_last": [len(bodies["chat"][0][0]), len(bodies["chat"][0][-1])],
             "harnessrl_prompt_tokens_first_last": [
                 len(calls[0]["prompt_token_ids"]),
                 len(calls[-1]["prompt_token_ids"]),
@@ -1077,42 +1898,40 @@ def main() -> None:
             else None,
             "c1": {"rounds": args.rounds_c1, "conversations_per_round": args.conversations_c1},
             "c32": {"rounds": args.rounds_c32, "conversations_per_round": 32 * args.conversations_per_worker},
+            "legs": {
+                leg: {
+                    "json": "levels"
+                    if leg == "chat"
+                    else f"legs.{LEG_KEYS[leg]}_c1, legs.{LEG_KEYS[leg]}_c32",
+                    "plan": [
+                        {"concurrency": c, "rounds": r, "conversations_per_round": n}
+                        for c, r, n in leg_plan(args, leg)
+                    ],
+                    "body_bytes_first_last": [len(bodies[leg][0][0]), len(bodies[leg][0][-1])],
+                    "answer_check": {
+                        "chat": "status 200",
+                        "stream": "status 200 and the body ends with data: [DONE]",
+                        "messages": "status 200 and a JSON message",
+                    }[leg],
+                }
+                for leg in args.legs
+            },
             "order": "interleaved rounds, order rotated each round",
-            "client": "aiohttp, pre-serialized bodies, keep-alive",
+            "client": "aiohttp, pre-serialized bodies, keep-alive; every answer read whole",
         },
         "harnessrl": {
             "engine": engine_desc,
             "recording": "durable: SQLite store (WAL, synchronous=NORMAL), call committed before the answer",
             "calls_recorded_last_rollout": len(calls),
             "prompt_reuse_total": reuse,
+            "prompt_reuse_per_leg": measured["reuse"],
         },
         "agentlightning": agl_info,
         "levels": levels,
-        "goals": {
-            "harnessrl_throughput_c32_ratio": c32["throughput"],
-            "throughput_goal": 0.8,
-            "throughput_met": c32["throughput"] >= 0.8,
-            "harnessrl_added_p50_c1_ms": c1["added_p50_ms"],
-            "added_p50_goal_ms": 1.5,
-            "added_p50_met": c1["added_p50_ms"] <= 1.5,
-            "cpu_c32": cpu_goal_line(levels["32"]["cpu_ceilings"]),
-        },
+        "legs": measured["legs"],
+        "store_bytes": store_bytes,
+        "goals": chat_goals(levels),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print_table(result)
-    print(f"wrote {args.out}")
-
-
-def cpu_goal_line(ceilings: dict[str, Any]) -> str:
-    """One sentence: the CPU-bound throughput ceilings at C=32 and the proxy CPU the 0.8x goal needs."""
-    h = ceilings["harnessrl"]
-    return (
-        f"on {ceilings['cores']} cores the CPU ceiling is {ceilings['direct']['ceiling_req_s']} req/s direct and "
-        f"{h['ceiling_req_s']} req/s through harnessrl ({h['ceiling_x_direct']}x; the gateway process alone "
-        f"caps it at {h['one_core_req_s'].get('gateway')} req/s on one core); 0.8x direct needs the "
-        f"gateway at <= {h['gateway_budget_ms_for_0_8x']} ms CPU per call (measured {h['gateway_cpu_ms']} ms)"
-    )
 
 
 def _quote(s: str) -> str:
@@ -1120,38 +1939,68 @@ def _quote(s: str) -> str:
 
 
 def print_table(result: dict[str, Any]) -> None:
+    tables = [(f"chat C={c}", level) for c, level in result["levels"].items()]
+    tables += [(key, level) for key, level in result["legs"].items()]
     print(
-        f"\n{'C':>3} {'target':15s} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct req/s':>15} "
-        f"{'x p50':>7} {'+p50 ms':>8}"
+        f"\n{'leg':14s} {'target':15s} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'x direct req/s':>15} "
+        f"{'x p50':>7} {'+p50 ms':>8} {'errors':>6}"
     )
-    for c, level in result["levels"].items():
-        for name, s in level.items():
-            if name in ("ratios_to_direct", "cpu_ceilings"):
-                continue
+    for label, level in tables:
+        for name, s in target_summaries(level).items():
             r = level["ratios_to_direct"].get(name)
             extra = (
                 f"{r['throughput']:15.3f} {r['p50']:7.2f} {r['added_p50_ms']:8.2f}"
                 if r
                 else f"{'1.000':>15} {'1.00':>7} {'0.00':>8}"
             )
-            print(f"{c:>3} {name:15s} {s['req_s']:8.1f} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {extra}")
-    print(f"\n{'C':>3} {'target':15s} CPU ms per call (per process, total) -> CPU ceiling req/s")
-    for c, level in result["levels"].items():
-        for name, s in level.items():
-            if name in ("ratios_to_direct", "cpu_ceilings"):
-                continue
+            print(
+                f"{label:14s} {name:15s} {s['req_s']:8.1f} {s['p50_ms']:8.2f} {s['p99_ms']:8.2f} {extra} "
+                f"{s['errors']:6d}"
+            )
+        for name, why in (level.get("not_measured") or {}).items():
+            print(f"{label:14s} {name:15s} not measured: {why['reason'][:90]}")
+    print(f"\n{'leg':14s} {'target':15s} CPU ms per call (per process, total) -> CPU ceiling req/s")
+    for label, level in tables:
+        for name, s in target_summaries(level).items():
             cpu = s["cpu_ms_per_call"]
             parts = " ".join(f"{k}={v:.3f}" for k, v in cpu.items())
             b = level["cpu_ceilings"][name]
             print(
-                f"{c:>3} {name:15s} {parts}  -> {b['ceiling_req_s']} (bound {b['bound_req_s']}: {b['bound_by']})"
+                f"{label:14s} {name:15s} {parts}  -> {b['ceiling_req_s']} "
+                f"(bound {b['bound_req_s']}: {b['bound_by']})"
             )
+    print("\nstore bytes per rollout (median; ratio to the final call's token IDs + request JSON):")
+    for side in ("harnessrl", "agentlightning"):
+        for leg, s in result["store_bytes"].get(side, {}).items():
+            if isinstance(s, dict) and s.get("ratio"):
+                key = "row_bytes" if side == "harnessrl" else "event_json_bytes"
+                print(
+                    f"  {side:15s} {leg:9s} {s[key]['median']:>10} bytes, yardstick "
+                    f"{s['yardstick_bytes']['median']:>9}, ratio {s['ratio']['median']} "
+                    f"({s['rollouts_with_all_calls']} rollouts)"
+                )
     g = result["goals"]
-    print(g["cpu_c32"])
-    print(
-        f"goals: C=32 throughput {g['harnessrl_throughput_c32_ratio']:.3f}x direct (>= 0.8: "
-        f"{g['throughput_met']}); C=1 added p50 {g['harnessrl_added_p50_c1_ms']:.2f} ms (<= 1.5: {g['added_p50_met']})"
-    )
+    if "cpu_c32" in g:
+        print(g["cpu_c32"])
+        print(
+            f"goals: C=32 throughput {g['harnessrl_throughput_c32_ratio']:.3f}x direct (>= 0.8: "
+            f"{g['throughput_met']}); C=1 added p50 {g['harnessrl_added_p50_c1_ms']:.2f} ms "
+            f"(<= 1.5: {g['added_p50_met']})"
+        )
+    for key in ("gateway_cpu_vs_agl", "added_p50_vs_agl"):
+        line = g[key]
+        print(f"goal: {line['goal']}: measured {line['measured']}, met {line['met']}")
+    failed = [
+        f"{label} {name}: {s['errors']} ({s['first_error'][:120]})"
+        for label, level in tables
+        for name, s in target_summaries(level).items()
+        if s["errors"]
+    ]
+    if failed:
+        print(
+            "WARNING: failed calls, the numbers above are not a measurement of them:\n  "
+            + "\n  ".join(failed)
+        )
 
 
 if __name__ == "__main__":

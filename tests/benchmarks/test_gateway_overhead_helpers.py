@@ -1,0 +1,262 @@
+"""The pure helpers of ``benchmarks/gateway_overhead.py`` (its bodies, its fake stream, its byte counts
+and goals); the benchmark itself is run by hand, never as a timed test."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sqlite3
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from harnessrl.gateway.anthropic_convert import request_to_internal
+from harnessrl.schemas import Call
+from harnessrl.store import open_store
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def go() -> ModuleType:
+    # benchmarks/ is not a package: load the script as a module.
+    spec = importlib.util.spec_from_file_location("gateway_overhead_benchmark", _SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def reply(go: ModuleType) -> dict[str, Any]:
+    return go.build_reply(go._tokenizer())
+
+
+def test_chat_stream_events_carry_the_reply_one_token_per_event(
+    go: ModuleType, reply: dict[str, Any]
+) -> None:
+    events = go.chat_stream_events(reply, logprobs=True, token_ids=True)
+    first, tokens = events[0], events[1:]
+    assert first["prompt_token_ids"] == "@PROMPT@"
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(tokens) == len(reply["token_ids"]) == go.OUTPUT_TOKENS
+    choices = [e["choices"][0] for e in tokens]
+    assert [c["token_ids"] for c in choices] == [[t] for t in reply["token_ids"]]
+    assert [c["logprobs"]["content"][0]["logprob"] for c in choices] == reply["logprobs"]
+    assert "".join(c["delta"].get("content", "") for c in choices) == reply["content"]
+    calls = [tc for c in choices for tc in c["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "bash" and calls[0]["id"]
+    assert sum("id" in tc for tc in calls) == 1  # one header, then argument pieces
+    assert "".join(tc["function"]["arguments"] for tc in calls) == reply["arguments"]
+    assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["tool_calls"]
+    for event in events:
+        json.dumps(event)  # the upstream serializes them as they are
+
+
+def test_chat_stream_events_leave_out_what_was_not_asked_for(go: ModuleType, reply: dict[str, Any]) -> None:
+    events = go.chat_stream_events(reply, logprobs=False, token_ids=False)
+    assert "prompt_token_ids" not in events[0]
+    assert all(e["choices"][0]["logprobs"] is None for e in events)
+    assert not any("token_ids" in e["choices"][0] for e in events)
+
+
+@pytest.mark.parametrize("as_ids", [True, False])
+@pytest.mark.parametrize("token_ids", [True, False])
+def test_completions_stream_events_follow_what_was_asked(
+    go: ModuleType, reply: dict[str, Any], as_ids: bool, token_ids: bool
+) -> None:
+    events = go.completions_stream_events(reply, logprobs=True, as_ids=as_ids, token_ids=token_ids)
+    choices = [e["choices"][0] for e in events]
+    assert len(choices) == go.OUTPUT_TOKENS
+    assert "".join(c["text"] for c in choices) == reply["text"]
+    assert [c["logprobs"]["token_logprobs"][0] for c in choices] == reply["logprobs"]
+    named = [c["logprobs"]["tokens"][0] for c in choices]
+    assert named == ([f"token_id:{t}" for t in reply["token_ids"]] if as_ids else reply["tokens"])
+    assert [c.get("token_ids") for c in choices] == (
+        [[t] for t in reply["token_ids"]] if token_ids else [None] * 256
+    )
+    assert ("prompt_token_ids" in choices[0]) is token_ids  # the prompt echo only with return_token_ids
+    assert [c["finish_reason"] for c in choices][-2:] == [None, "stop"]
+    plain = go.completions_stream_events(reply, logprobs=False, as_ids=as_ids, token_ids=token_ids)
+    assert all(e["choices"][0]["logprobs"] is None for e in plain)
+
+
+def test_sse_complete(go: ModuleType) -> None:
+    assert go.sse_complete(b'data: {"x": 1}\n\ndata: [DONE]\n\n')
+    assert not go.sse_complete(b'data: {"x": 1}\n\n')
+    assert not go.sse_complete(b'data: {"error": {"message": "boom"}}\n\n')
+
+
+def _without_ids(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for m in messages:
+        m = {k: v for k, v in m.items() if k != "tool_call_id"}
+        if "tool_calls" in m:
+            m["tool_calls"] = [{**tc, "id": ""} for tc in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def test_messages_bodies_are_the_chat_conversations(go: ModuleType, reply: dict[str, Any]) -> None:
+    """Through the gateway's own converter a Messages body is the chat body's conversation: same
+    task, assistant turns, tool results and tools (the system prompt gains the identity block)."""
+    chat = go.build_conversations(reply, 2)
+    messages = go.build_messages_conversations(reply, 2)
+    for c in range(2):
+        assert len(messages[c]) == len(chat[c]) == go.TURNS
+        for turn in (0, 1, go.TURNS - 1):
+            chat_body = json.loads(chat[c][turn])
+            internal, tools = request_to_internal(json.loads(messages[c][turn]))
+            assert internal[0] == {"role": "system", "content": go._IDENTITY + "\n\n" + go._SYSTEM}
+            assert _without_ids(internal[1:]) == _without_ids(chat_body["messages"][1:])
+            assert tools == chat_body["tools"]
+
+
+def test_messages_bodies_are_claude_code_shaped(go: ModuleType, reply: dict[str, Any]) -> None:
+    bodies = [json.loads(b) for b in go.build_messages_conversations(reply, 1)[0]]
+    sizes = [len(json.dumps(b)) for b in bodies]
+    assert sizes == sorted(sizes)  # each turn grows
+    for turn, body in enumerate(bodies):
+        assert body["max_tokens"] > 0 and body["stream"] is False
+        assert [b["type"] for b in body["system"]] == ["text", "text"]
+        assert all("input_schema" in t and "parameters" not in t for t in body["tools"])
+        msgs = body["messages"]
+        assert len(msgs) == 1 + 2 * turn
+        assert [m["role"] for m in msgs] == ["user"] + ["assistant", "user"] * turn
+        for assistant, result in zip(msgs[1::2], msgs[2::2], strict=True):
+            text, use = assistant["content"]
+            assert text == {"type": "text", "text": reply["content"]}
+            assert use["type"] == "tool_use" and use["input"] == json.loads(reply["arguments"])
+            assert result["content"][0]["type"] == "tool_result"
+            assert result["content"][0]["tool_use_id"] == use["id"]
+        # The cache marker sits on the newest message's last block only.
+        marked = [
+            (i, j) for i, m in enumerate(msgs) for j, b in enumerate(m["content"]) if "cache_control" in b
+        ]
+        assert marked == [(len(msgs) - 1, len(msgs[-1]["content"]) - 1)]
+
+
+def test_parse_legs(go: ModuleType) -> None:
+    assert go.parse_legs("messages,chat") == ["chat", "messages"]
+    assert go.parse_legs(" stream ") == ["stream"]
+    for bad in ("", "chat,bogus", ","):
+        with pytest.raises(argparse.ArgumentTypeError):
+            go.parse_legs(bad)
+
+
+def test_answer_is_message(go: ModuleType) -> None:
+    assert go.answer_is_message(b'{"type": "message", "content": []}')
+    assert not go.answer_is_message(b'{"type": "error", "error": {}}')
+    assert not go.answer_is_message(b"data: [DONE]")
+    assert not go.answer_is_message(b"[]")
+
+
+def _level(gateway_ms: dict[str, float], added_p50: dict[str, float]) -> dict[str, Any]:
+    level: dict[str, Any] = {"direct": {"cpu_ms_per_call": {"upstream": 1.0}}}
+    for name, ms in gateway_ms.items():
+        level[name] = {"cpu_ms_per_call": {"upstream": 1.0, "gateway": ms}}
+    level["ratios_to_direct"] = {name: {"added_p50_ms": v} for name, v in added_p50.items()}
+    return level
+
+
+def test_agl_goals_ratios_and_met(go: ModuleType) -> None:
+    levels = {
+        "1": _level({"harnessrl": 1.0, "agentlightning": 4.0}, {"harnessrl": 1.0, "agentlightning": 4.0}),
+        "32": _level({"harnessrl": 2.0, "agentlightning": 4.0}, {"harnessrl": 9.0, "agentlightning": 1.0}),
+    }
+    goals = go.agl_goals(levels)
+    cpu, p50 = goals["gateway_cpu_vs_agl"], goals["added_p50_vs_agl"]
+    assert "<= 0.3" in cpu["goal"] and "C=1 and C=32" in cpu["goal"]
+    assert cpu["c1"] == {"harnessrl_ms": 1.0, "agentlightning_ms": 4.0, "ratio": 0.25, "met": True}
+    assert cpu["c32"]["ratio"] == 0.5 and cpu["c32"]["met"] is False
+    assert cpu["measured"] == [0.25, 0.5] and cpu["met"] is False
+    assert "<= 0.5" in p50["goal"] and p50["measured"] == 0.25 and p50["met"] is True  # C=1 only
+
+
+def test_agl_goals_without_agent_lightning(go: ModuleType) -> None:
+    levels = {c: _level({"harnessrl": 1.0}, {"harnessrl": 1.0}) for c in ("1", "32")}
+    goals = go.agl_goals(levels)
+    for line in goals.values():
+        assert line["measured"] is None and line["met"] is None and line["reason"]
+    noisy = {
+        c: _level({"harnessrl": 1.0, "agentlightning": 2.0}, {"harnessrl": 1.0, "agentlightning": -0.1})
+        for c in ("1", "32")
+    }
+    p50 = go.agl_goals(noisy)["added_p50_vs_agl"]
+    assert p50["measured"] is None and p50["met"] is None and "-0.1" in p50["reason"]
+
+
+def test_column_bytes_counts_text_and_blobs(go: ModuleType) -> None:
+    assert go.column_bytes([("ab", b"\x00\x01\x02", 7, None), ("é", 1.5)]) == 2 + 3 + 2
+
+
+def test_yardstick_bytes(go: ModuleType) -> None:
+    request = {"messages": [{"role": "user", "content": "hi"}]}
+    assert go.yardstick_bytes(10, 2, request) == 48 + len(json.dumps(request, separators=(",", ":")))
+
+
+def test_summarize_store_keeps_whole_rollouts(go: ModuleType) -> None:
+    def entry(conv: int, calls: int, stored: int) -> dict[str, Any]:
+        return {
+            "conversation": conv,
+            "calls": calls,
+            "row_bytes": stored,
+            "yardstick_bytes": 100,
+            "ratio": stored / 100,
+        }
+
+    entries = [entry(0, go.TURNS, 150), entry(1, go.TURNS, 170), entry(0, go.TURNS, 160), entry(1, 3, 20)]
+    s = go.summarize_store(entries, "row_bytes")
+    assert s["rollouts"] == 4 and s["rollouts_with_all_calls"] == 3
+    assert s["row_bytes"] == {"min": 150, "median": 160, "max": 170}
+    assert [p["conversation"] for p in s["per_conversation"]] == [0, 1]
+    assert s["per_conversation"][0]["row_bytes"] == 160  # the newest of conversation 0
+    assert s["per_conversation"][0]["row_bytes_range"] == [150, 160]
+    assert s["per_conversation"][0]["rollouts_of_this_conversation"] == 2
+
+
+def test_harnessrl_store_bytes_reads_a_real_store(go: ModuleType, tmp_path: Path) -> None:
+    path = tmp_path / "store.db"
+    store = open_store(str(path))
+    rollout_id = store.create_rollout(task={"bench": True}).rollout_id
+    prompt: list[int] = list(range(50))
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "task"}]
+    for turn in range(go.TURNS):
+        response = [1000 + turn, 1001 + turn]
+        store.add_call(
+            Call(
+                rollout_id=rollout_id,
+                request={"model": "m", "messages": messages},
+                response={"role": "assistant", "content": f"turn {turn}"},
+                prompt_token_ids=prompt,
+                response_token_ids=response,
+                response_logprobs=[-0.5, -0.25],
+            )
+        )
+        prompt = [*prompt, *response, 7, 8, 9]
+        messages = [
+            *messages,
+            {"role": "assistant", "content": f"turn {turn}"},
+            {"role": "user", "content": "go"},
+        ]
+    final = store.list_calls(rollout_id)[-1]
+    store.close()
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ?", (rollout_id,)).fetchall()
+    conn.close()
+
+    s = go.harnessrl_store_bytes(path, [(rollout_id, 9)], 8)
+
+    [entry] = s["per_conversation"]
+    assert entry["conversation"] == 1 and entry["calls"] == go.TURNS
+    assert entry["row_bytes"] == go.column_bytes(rows)
+    assert entry["final_prompt_tokens"] == len(final.prompt_token_ids)
+    assert entry["yardstick_bytes"] == go.yardstick_bytes(
+        len(final.prompt_token_ids), len(final.response_token_ids), final.request
+    )
+    assert entry["ratio"] == round(entry["row_bytes"] / entry["yardstick_bytes"], 3)
