@@ -187,12 +187,12 @@ class VLLMEngine(RemoteEngine):
             "/v1/completions", self._request(prompt_ids, params, budget, True)
         ) as events:
             async for event in events:
-                samples = self._samples(event)
+                ids, logprobs = self._samples(event)
                 if stopped:
-                    if samples:
+                    if ids:
                         return  # tokens past the stop token: stop reading (closes the connection)
                     continue  # read the stream to its end so the connection is reused
-                for token_id, logprob in samples:
+                for token_id, logprob in zip(ids, logprobs, strict=True):
                     yield TokenSample(token_id, logprob)
                     if token_id in stops:
                         stopped = True
@@ -207,22 +207,21 @@ class VLLMEngine(RemoteEngine):
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
-        samples = self._samples(answer)
-        ids = [t for t, _ in samples]
-        logprobs = [lp for _, lp in samples]
+        ids, logprobs = self._samples(answer)
         stops = set(params.stop_token_ids)
         cut = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
         return ids[:cut], logprobs[:cut]
 
-    def _samples(self, event: Any) -> list[tuple[int, float]]:
-        """The (token id, logprob) pairs of one stream chunk or of a whole non-streamed answer."""
+    def _samples(self, event: Any) -> tuple[list[int], list[float]]:
+        """The token IDs and logprobs of one stream chunk or of a whole non-streamed answer."""
         url = f"{self.base_url}/v1/completions"
         error = stream_error(event, url)
         if error is not None:
             raise error
         if not isinstance(event, dict):
             raise RemoteEngineError(f"{url}: unexpected answer {str(event)[:120]!r}", retryable=False)
-        out: list[tuple[int, float]] = []
+        out_ids: list[int] = []
+        out_logprobs: list[float] = []
         for choice in event.get("choices") or []:
             finish = choice.get("finish_reason")
             if finish in CUT_SHORT:
@@ -234,18 +233,16 @@ class VLLMEngine(RemoteEngine):
             block = choice.get("logprobs") or {}
             logprobs = block.get("token_logprobs") or []
             ids = choice.get("token_ids")
-            if ids is None:
-                ids = [_token_id(token, url) for token in block.get("tokens") or []]
+            ids = _token_ids(block.get("tokens") or [], url) if ids is None else [int(t) for t in ids]
             if len(logprobs) != len(ids):
                 raise RemoteEngineError(
                     f"{url}: chunk has {len(ids)} token IDs but {len(logprobs)} logprobs "
                     "(does the server take logprobs and return_tokens_as_token_ids?)",
                     retryable=False,
                 )
-            out += [
-                (int(t), float(lp) if lp is not None else 0.0) for t, lp in zip(ids, logprobs, strict=True)
-            ]
-        return out
+            out_ids += ids
+            out_logprobs += [0.0 if lp is None else float(lp) for lp in logprobs]
+        return out_ids, out_logprobs
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:
@@ -297,14 +294,19 @@ class VLLMEngine(RemoteEngine):
 _TOKEN_ID_PREFIX = "token_id:"
 
 
-def _token_id(token: Any, url: str) -> int:
-    """The ID in a ``"token_id:{id}"`` logprobs token (``return_tokens_as_token_ids``)."""
-    if isinstance(token, str) and token.startswith(_TOKEN_ID_PREFIX):
-        digits = token[len(_TOKEN_ID_PREFIX) :]
-        if digits.isascii() and digits.isdigit():
-            return int(digits)
+def _token_ids(tokens: list[Any], url: str) -> list[int]:
+    """The IDs in ``"token_id:{id}"`` logprobs tokens (``return_tokens_as_token_ids``); one list
+    comprehension, as a 256-token answer has 256 of them."""
+    skip = len(_TOKEN_ID_PREFIX)
+    try:
+        ids = [int(t[skip:]) for t in tokens if t[:skip] == _TOKEN_ID_PREFIX]
+    except (TypeError, ValueError):  # not a string, or no number after the prefix
+        ids = []
+    if len(ids) == len(tokens) and min(ids, default=0) >= 0:
+        return ids
+    bad = next((t for t in tokens if not (isinstance(t, str) and t[skip:].isdigit())), tokens[0])
     raise RemoteEngineError(
-        f"{url}: logprobs token {str(token)[:40]!r} is not 'token_id:<id>' (is the server older than "
+        f"{url}: logprobs token {str(bad)[:40]!r} is not 'token_id:<id>' (is the server older than "
         "return_tokens_as_token_ids, vLLM 0.6?)",
         retryable=False,
     )

@@ -25,12 +25,13 @@ from typing import Any, TypeVar
 import anyio
 import orjson
 from pydantic import ValidationError
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, PayloadTooLarge
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.bodies import SamplingFields
+from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.errors import error_shape, internal_error, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
@@ -370,9 +371,10 @@ async def generate_and_record(
 
 def streaming_response(
     call: PreparedCall, chunks: Callable[[], AsyncGenerator[str, None]], headers: dict[str, str] | None = None
-) -> StreamingResponse:
-    """An SSE answer: ``chunks`` wrapped by ``sse_stream`` (gate keep-alives, errors, ``[DONE]``)."""
-    return StreamingResponse(
+) -> CoalescingStreamingResponse:
+    """An SSE answer: ``chunks`` wrapped by ``sse_stream`` (gate keep-alives, errors, ``[DONE]``),
+    events that are ready together sent in one write (``coalesce``)."""
+    return CoalescingStreamingResponse(
         sse_stream(call, chunks),
         media_type="text/event-stream",
         headers={**SSE_HEADERS, **call.headers(), **(headers or {})},

@@ -25,7 +25,7 @@ from typing import Any
 import anyio
 from pydantic import Field
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
@@ -37,6 +37,7 @@ from harnessrl.gateway.calls import (
     stream_error,
     tokenize_in_thread,
 )
+from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.conversation import build_prompt, normalize_messages
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.responses_input import (
@@ -270,7 +271,7 @@ async def _drain(events: AsyncGenerator[Any, None]) -> AsyncIterator[Any]:
 async def responses(request: Request) -> Response:
     rc = await prepare_responses(request)
     if rc.body.stream:
-        return StreamingResponse(
+        return CoalescingStreamingResponse(
             _sse(rc), media_type="text/event-stream", headers={**SSE_HEADERS, **rc.call.headers()}
         )
     call = rc.call
