@@ -14,11 +14,16 @@ Streaming follows Anthropic's event sequence: ``message_start``; per block ``con
 and whenever sampled tokens produce no event for ``keepalive_s`` (a long tool call is held back
 until its block closes). Errors anywhere under ``/v1/messages`` are in Anthropic's shape
 (``gateway.errors``); after the 200 header they arrive as an ``error`` event.
+
+Per-call cost is chat's (issue 22): the converted messages are keyed incrementally
+(``RolloutMemory.key_messages``; the conversion drops ``cache_control``, so Claude Code's moving
+marker does not make the newest-but-one message look new), a trusted splice runs on the event loop
+(``quick_prompt``), recording reuses the keys, a non-streaming answer is generated without a
+per-token stream, and JSON is written with orjson.
 """
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +31,7 @@ from typing import Any
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from harnessrl.engines.base import SamplingParams
 from harnessrl.errors import ConfigError, ContextLengthExceeded
@@ -43,13 +48,23 @@ from harnessrl.gateway.bodies import read_json, validate_body
 from harnessrl.gateway.calls import (
     PreparedCall,
     check_prompt_size,
+    json_response,
     rollout_sampling,
+    run_to_end,
     sampling_params,
+    sse,
     stream_error,
     tokenize_in_thread,
 )
 from harnessrl.gateway.chat import SSE_HEADERS
-from harnessrl.gateway.conversation import PromptPlan, build_prompt, normalize_messages
+from harnessrl.gateway.coalesce import CoalescingStreamingResponse
+from harnessrl.gateway.conversation import (
+    KeyedMessages,
+    PromptPlan,
+    build_prompt,
+    key_messages,
+    quick_prompt,
+)
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
@@ -62,7 +77,7 @@ PING = 'event: ping\ndata: {"type": "ping"}\n\n'
 
 
 def _event(payload: dict[str, Any]) -> str:
-    return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+    return f"event: {payload['type']}\n" + sse(payload)  # orjson: a stream sends one event per delta
 
 
 def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools: Any) -> dict[str, Any]:
@@ -79,24 +94,48 @@ def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools:
 
 
 async def _plan(
-    request: Request, internal: Internal, thinking: ThinkingParam | None, rollout: Rollout
-) -> tuple[PromptPlan, RolloutMemory]:
+    request: Request,
+    internal: Internal,
+    thinking: ThinkingParam | None,
+    memory: RolloutMemory,
+    *,
+    remember: bool = True,
+) -> tuple[PromptPlan, KeyedMessages]:
+    """The prompt of a converted request, and its messages keyed for recording.
+
+    The internal messages are keyed incrementally (``RolloutMemory.key_messages``): the conversion
+    drops ``cache_control``, so a message that differs from the previous request's only by the
+    marker Claude Code moves every turn keeps its normalized form and key. ``remember=False`` (a
+    token count, not a call) uses the rollout's last keyed request without replacing it. A trusted
+    incremental splice runs on the event loop (``quick_prompt``); anything that renders the whole
+    conversation goes to a thread.
+    """
     state: GatewayState = request.app.state.gateway
     messages, tools = internal
-    messages = normalize_messages(messages)
-    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    keyed = memory.key_messages(messages) if remember else key_messages(messages, memory.last_keyed)
     priors = list(memory.priors.values())
     kwargs = _template_kwargs(state, thinking, tools)
     tokenizer = state.engine.tokenizer
-    # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-    plan = await tokenize_in_thread(
-        state,
-        lambda: build_prompt(
-            tokenizer, messages, priors, tools=tools, template_kwargs=kwargs, history=state.config.history
-        ),
-        "messages",
+    history = state.config.history
+    plan = quick_prompt(
+        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs, history=history
     )
-    return plan, memory
+    if plan is None:
+        # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
+        plan = await tokenize_in_thread(
+            state,
+            lambda: build_prompt(
+                tokenizer,
+                keyed.messages,
+                priors,
+                tools=tools,
+                template_kwargs=kwargs,
+                keys=keyed.keys,
+                history=history,
+            ),
+            "messages",
+        )
+    return plan, keyed
 
 
 def _sampling(
@@ -127,7 +166,8 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Too
     check_prompt_size(state, data, "messages")
     internal = request_to_internal(data)  # refuses unusable content (images...) before the rollout starts
     rollout = await open_rollout(state, rollout)
-    plan, memory = await _plan(request, internal, body.thinking, rollout)
+    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    plan, keyed = await _plan(request, internal, body.thinking, memory)
     state.metrics.reuse.labels(result=plan.result).inc()
     params = _sampling(state, body, len(plan.prompt_ids), rollout)
     call = PreparedCall(
@@ -139,6 +179,7 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Too
         plan.prompt_ids,
         params,
         body.stop_strings(),
+        message_keys=keyed.keys,
         prompt_source=plan.result,
         reused_prompt_tokens=plan.reused_tokens,
     )
@@ -186,13 +227,13 @@ async def messages(request: Request) -> Response:
     msg_id = f"msg_{secrets.token_hex(12)}"
     if body.stream:
         headers = {**SSE_HEADERS, **call.headers(), "request-id": msg_id}
-        return StreamingResponse(
+        return CoalescingStreamingResponse(
             _stream(call, body, tools, model, msg_id), media_type="text/event-stream", headers=headers
         )
     try:
-        async for _ in call.admit():
-            pass
-        gen = await call.start().run()
+        await run_to_end(call)  # the engine need not stream: nobody reads the answer before its end
+        gen = call.generation
+        assert gen is not None
         assembler = _assembler(call, body, tools)
         assembler.feed(gen.text)
         assembler.finish()
@@ -208,7 +249,7 @@ async def messages(request: Request) -> Response:
             "usage": _usage(call),
         }
         # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
-        answer = JSONResponse(payload, headers={"request-id": msg_id})
+        answer = json_response(payload, headers={"request-id": msg_id})
         await call.record(assembler.message(), finish)
     finally:
         call.finish()
@@ -291,7 +332,8 @@ async def count_tokens(request: Request) -> Response:
             f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more calls"
         )
     # Counting is not a call: it neither starts a queued rollout nor waits at the pause gate.
-    plan, _ = await _plan(request, request_to_internal(data), body.thinking, rollout)
+    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    plan, _ = await _plan(request, request_to_internal(data), body.thinking, memory, remember=False)
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})
 
 

@@ -57,10 +57,13 @@ class BlockAssembler:
             reasoning if reasoning is not None else get_reasoning_parser(DEFAULT_REASONING_PARSER)()
         )
         self._parser = parser  # None: tool calls are not parsed (no tools, or tool_choice none)
-        self.blocks: list[dict[str, Any]] = []
+        self.blocks: list[dict[str, Any]] = []  # whole once ``finish`` has closed the last one
         self.calls: list[ToolCall] = []
         self._open: str | None = None  # "thinking" | "text": the block still receiving deltas
         self._held_ws = ""  # trailing whitespace of the open block, not sent yet
+        # The open block's text so far, joined into the block when it closes: a streamed answer
+        # adds one piece per token, and ``+=`` on the block's string copied it whole every time.
+        self._parts: list[str] = []
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Stream events for newly sampled text."""
@@ -137,7 +140,7 @@ class BlockAssembler:
         self._held_ws = text[len(body) :]
         if body:
             field = "thinking" if kind == "thinking" else "text"
-            self.blocks[-1][field] += body
+            self._parts.append(body)
             events.append(_delta(len(self.blocks) - 1, {"type": f"{field}_delta", field: body}))
         return events
 
@@ -145,10 +148,13 @@ class BlockAssembler:
         if self._open is None:
             return []
         index = len(self.blocks) - 1
+        block = self.blocks[-1]
+        block[self._open] = "".join(self._parts)  # the field is named after the kind
+        self._parts = []
         events = []
         if self._open == "thinking":
-            signature = thinking_signature(self.blocks[-1]["thinking"])
-            self.blocks[-1]["signature"] = signature
+            signature = thinking_signature(block["thinking"])
+            block["signature"] = signature
             events.append(_delta(index, {"type": "signature_delta", "signature": signature}))
         events.append({"type": "content_block_stop", "index": index})
         self._open, self._held_ws = None, ""
