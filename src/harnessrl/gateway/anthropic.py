@@ -49,21 +49,19 @@ from harnessrl.gateway.calls import (
     PreparedCall,
     check_prompt_size,
     json_response,
+    plan_prompt,
     rollout_sampling,
     run_to_end,
     sampling_params,
     sse,
     stream_error,
-    tokenize_in_thread,
 )
 from harnessrl.gateway.chat import SSE_HEADERS
 from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.conversation import (
     KeyedMessages,
     PromptPlan,
-    build_prompt,
     key_messages,
-    quick_prompt,
 )
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
 from harnessrl.gateway.history import RolloutMemory
@@ -113,28 +111,7 @@ async def _plan(
     state: GatewayState = request.app.state.gateway
     messages, tools = internal
     keyed = memory.key_messages(messages) if remember else key_messages(messages, memory.last_keyed)
-    priors = list(memory.priors.values())
-    kwargs = _template_kwargs(state, thinking, tools)
-    tokenizer = state.engine.tokenizer
-    history = state.config.history
-    plan = quick_prompt(
-        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs, history=history
-    )
-    if plan is None:
-        # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-        plan = await tokenize_in_thread(
-            state,
-            lambda: build_prompt(
-                tokenizer,
-                keyed.messages,
-                priors,
-                tools=tools,
-                template_kwargs=kwargs,
-                keys=keyed.keys,
-                history=history,
-            ),
-            "messages",
-        )
+    plan = await plan_prompt(state, keyed, memory, tools, _template_kwargs(state, thinking, tools))
     return plan, keyed
 
 

@@ -32,6 +32,7 @@ from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, 
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.bodies import SamplingFields
 from harnessrl.gateway.coalesce import CoalescingStreamingResponse
+from harnessrl.gateway.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.errors import error_shape, internal_error, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
@@ -134,6 +135,45 @@ async def tokenize_in_thread(state: GatewayState, fn: Callable[[], T], param: st
             f"the prompt took more than {budget:g} s to tokenize (gateway.tokenize_timeout_s)",
             param=param,
         ) from None
+
+
+async def plan_prompt(
+    state: GatewayState,
+    keyed: KeyedMessages,
+    memory: RolloutMemory,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
+) -> PromptPlan:
+    """The prompt of a keyed conversation (``conversation.build_prompt``, sampled-token reuse):
+    a trusted incremental splice on the event loop (``quick_prompt``), anything that renders the
+    whole conversation in a thread (it takes milliseconds on a long one). Chat and Messages share it."""
+    tokenizer = state.engine.tokenizer
+    priors = list(memory.priors.values())
+    history = state.config.history
+    plan = quick_prompt(
+        tokenizer,
+        keyed.messages,
+        priors,
+        keyed.keys,
+        tools=tools,
+        template_kwargs=template_kwargs,
+        history=history,
+    )
+    if plan is not None:
+        return plan
+    return await tokenize_in_thread(
+        state,
+        lambda: build_prompt(
+            tokenizer,
+            keyed.messages,
+            priors,
+            tools=tools,
+            template_kwargs=template_kwargs,
+            keys=keyed.keys,
+            history=history,
+        ),
+        "messages",
+    )
 
 
 def check_prompt_size(state: GatewayState, data: Any, param: str) -> None:

@@ -30,12 +30,11 @@ from harnessrl.gateway.calls import (
     json_response,
     openai_envelope,
     openai_usage,
+    plan_prompt,
     sampling_params,
     sse,
     streaming_response,
-    tokenize_in_thread,
 )
-from harnessrl.gateway.conversation import PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.generation import Generation, Piece
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
@@ -86,29 +85,9 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
     keyed = memory.key_messages(data["messages"])  # 400 for unusable content, before the rollout starts
     rollout = await open_rollout(state, rollout)
-    priors = list(memory.priors.values())
-    tokenizer = state.engine.tokenizer
     tools = body.tools or None
     kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
-    history = state.config.history
-    plan: PromptPlan | None = quick_prompt(
-        tokenizer, keyed.messages, priors, keyed.keys, tools=tools, template_kwargs=kwargs, history=history
-    )
-    if plan is None:
-        # Rendering and encoding a long conversation takes milliseconds: keep it off the event loop.
-        plan = await tokenize_in_thread(
-            state,
-            lambda: build_prompt(
-                tokenizer,
-                keyed.messages,
-                priors,
-                tools=tools,
-                template_kwargs=kwargs,
-                keys=keyed.keys,
-                history=history,
-            ),
-            "messages",
-        )
+    plan = await plan_prompt(state, keyed, memory, tools, kwargs)
     state.metrics.reuse.labels(result=plan.result).inc()
     params = sampling_params(state, body, len(plan.prompt_ids), body.requested_max_tokens, rollout)
     call = PreparedCall(
