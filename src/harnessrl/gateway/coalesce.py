@@ -10,8 +10,9 @@ a lone token is sent as soon as the iterator yields it, so nothing waits for com
 added latency). The bytes the client receives are the same, only cut into fewer writes.
 
 Nothing but the answer's length (``max_tokens``) bounds how far the iterator runs ahead of a slow
-client: it pauses only at the engine, so one answer's events may wait in memory. A failed send (the client left) stops the iterator at its next chunk
-and is raised as before, so ``starlette`` still turns it into ``ClientDisconnect``.
+client: it pauses only at the engine, so one answer's events may wait in memory. A failed send
+(the client left) stops the iterator at its next chunk and is raised as before, so ``starlette``
+still turns it into ``ClientDisconnect``.
 """
 
 from __future__ import annotations

@@ -29,8 +29,9 @@ the longest base before the edit, or none: a full copy. A request may take only 
 of a longer call (``request_base_items``): Claude Code moves its ``cache_control`` marker to the
 newest message on every call, so each request repeats the previous one but for the last message;
 without a partial base no earlier call was ever a prefix and every request was stored whole
-(O(calls x context) again). Token chains need no such thing: a prompt continues the sampled tokens. Reading is ``codecs.calls_from_rows``: one
-pass over a rollout's rows, each made whole from rows already read, so its cost is what it returns.
+(O(calls x context) again). Token chains need no such thing: a prompt continues the sampled
+tokens. Reading is ``codecs.calls_from_rows``: one pass over a rollout's rows, each made whole
+from rows already read, so its cost is what it returns.
 
 Choosing a base. The writer keeps, per rollout attempt, a few chains (``AttemptChains``): the
 packed tokens (or item texts) of the newest call on each, and the length and seq of each call
