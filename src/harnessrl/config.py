@@ -114,6 +114,10 @@ class GatewayConfig(Section):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     pause_timeout_s: float = Field(default=300.0, gt=0)
     default_max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length
+    # A cap on every call's max_tokens, whatever the harness asks for (Hermes asks for 65536, OpenCode
+    # for 32000: more than a small model's context). None: the harness's own, checked against the
+    # context. A training run's trainer.max_tokens caps calls the same way.
+    max_tokens: int | None = Field(default=None, ge=1)
     # How answers are read: "auto" chooses by the model's chat template (gateway/model_formats.py);
     # a name chooses explicitly (docs/gateway.md, "Model families").
     tool_call_parser: str = "auto"

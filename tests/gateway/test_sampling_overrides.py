@@ -38,6 +38,35 @@ def test_rollout_sampling_overrides_the_harness(tmp_path):
     store.close()
 
 
+def test_gateway_max_tokens_caps_what_the_harness_asks_for(tmp_path):
+    """Hermes asks for max_tokens 65536 on every call: more than the tiny model's whole context. With
+    ``gateway.max_tokens`` the call is cut to the cap instead of refused (the control is the same
+    request without the cap: a 400 context_length_exceeded)."""
+    from harnessrl.client import GatewayClient
+
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    engine = create_engine(EngineConfig(model="tiny"))
+    request = dict(model="x", messages=[{"role": "user", "content": "hi"}], max_tokens=65536)
+    for cap in (None, 3):
+        app = create_app(GatewayConfig(admin_key=ADMIN, max_tokens=cap), store, engine)
+        with serve_in_thread(app) as url:
+            admin = GatewayClient(url, ADMIN)
+            rollout = admin.create_rollout({})
+            client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
+            if cap is None:
+                try:
+                    client.chat.completions.create(**request)
+                except openai.BadRequestError as exc:
+                    assert exc.body["code"] == "context_length_exceeded"
+                else:
+                    raise AssertionError("65536 new tokens fit the tiny model's context?")
+            else:
+                reply = client.chat.completions.create(**request, temperature=0.0)
+                assert 1 <= reply.usage.completion_tokens <= cap
+            admin.close()
+    store.close()
+
+
 BAD_SAMPLING = [  # JSON text, as a client may send it
     '"x"',
     "[0.5]",

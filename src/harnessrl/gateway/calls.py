@@ -71,9 +71,9 @@ def sampling_params(
     evaluations run greedy, whatever the unmodified harness asks for.
     """
     overrides = rollout_sampling(rollout)
-    if overrides.max_tokens is not None:
-        cap = overrides.max_tokens
-        requested_max = cap if requested_max is None else min(requested_max, cap)
+    for cap in (overrides.max_tokens, state.config.max_tokens):
+        if cap is not None:
+            requested_max = cap if requested_max is None else min(requested_max, cap)
     temperature = 1.0 if body.temperature is None else body.temperature
     if overrides.temperature is not None:
         temperature = overrides.temperature
