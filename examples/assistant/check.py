@@ -1,0 +1,78 @@
+"""The assistant example's scorer: the share of the task's constraints the workspace meets.
+
+Run by harnessrl's ``command`` evaluator in a fresh sandbox over a copy of the workspace (the agent's
+sandbox is gone by then). Reads the full task (``HARNESSRL_TASK_FILE``, hidden fields included) and
+the workspace (``HARNESSRL_WORKSPACE``); prints one JSON line ``{"reward": share met, "detail": ...}``.
+A symlink never counts as the file or folder asked for: the assistant must create the thing itself.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _regular_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def _lines(path: Path) -> list[str]:
+    with path.open("rb") as f:  # a huge file is the agent's problem, not the scorer's memory
+        text = f.read(1 << 16).decode("utf-8", "replace")
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
+def met(check: dict, workspace: Path) -> bool:
+    """Whether one constraint holds; the kinds are the ones make_tasks.py writes."""
+    if ".." in Path(check["path"]).parts or Path(check["path"]).is_absolute():
+        raise ValueError(f"check path {check['path']!r} leaves the workspace")
+    target, kind, value = workspace / check["path"], check["kind"], check.get("value")
+    if kind == "dir":
+        return target.is_dir() and not target.is_symlink()
+    if not _regular_file(target) or (target.parent != workspace and target.parent.is_symlink()):
+        return False
+    if kind == "file":
+        return True
+    if kind == "empty_file":
+        return target.stat().st_size == 0
+    lines = _lines(target)
+    if kind == "line_count":
+        return len(lines) == value
+    if kind == "lines_from":
+        return bool(lines) and all(line.lower() in value for line in lines)
+    if kind == "lines_exact":
+        return lines == value
+    if kind == "first_line":
+        return bool(lines) and lines[0] == value
+    if kind == "bullets":
+        bullets = [line[2:].strip().lower() for line in lines if line.startswith("- ")]
+        return sorted(bullets) == sorted(value)
+    if kind == "exact":
+        return lines == [value]
+    if kind == "json_key":
+        try:
+            data = json.loads(target.read_text(encoding="utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            return False
+        found = data.get(check["key"]) if isinstance(data, dict) else None
+        return type(found) is int and found == value
+    raise ValueError(f"unknown check kind {kind!r}")
+
+
+def score(checks: list[dict], workspace: Path) -> tuple[float, list[str]]:
+    """(share of constraints met, the ones missed)."""
+    missed = [f"{c['kind']} {c['path']}" for c in checks if not met(c, workspace)]
+    return (len(checks) - len(missed)) / len(checks), missed
+
+
+def main() -> int:
+    task = json.loads(Path(os.environ["HARNESSRL_TASK_FILE"]).read_text())
+    reward, missed = score(task["hidden"]["checks"], Path(os.environ["HARNESSRL_WORKSPACE"]))
+    print(
+        json.dumps({"reward": reward, "detail": "all met" if not missed else "missed: " + "; ".join(missed)})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,222 @@
+"""The assistant example: instruction following through an unmodified Hermes Agent, scored by check.py.
+
+The task generator (deterministic, held-out disjoint from training), the scorer (every constraint
+kind, partial credit, a symlink never passes for the file asked for), the configs (RLOO, the Hermes
+preset with its file tools), a scripted policy through the real Hermes in the sandbox (the right file
+earns 1, a half-right one part of it), and one training step on the tiny model through Hermes.
+``examples/assistant/README.md``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "assistant"
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+needs_hermes = pytest.mark.skipif(
+    os.geteuid() != 0 or PRESETS["hermes"]().command[0] == "hermes",
+    reason="the sandbox needs root here, and Hermes Agent in .harnesses/hermes-venv (./install.sh)",
+)
+
+
+def _module(name: str):
+    spec = importlib.util.spec_from_file_location(f"assistant_{name}", EXAMPLE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _make(out: Path, *extra: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_tasks.py"), "--out", str(out), *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_tasks_are_deterministic_disjoint_and_match_the_committed_files(tmp_path: Path):
+    report = _make(tmp_path / "a")
+    _make(tmp_path / "b")
+    for name in ("train.jsonl", "heldout.jsonl"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+        assert (tmp_path / "a" / name).read_bytes() == (EXAMPLE / "tasks" / name).read_bytes()
+    train, heldout = _records(tmp_path / "a" / "train.jsonl"), _records(tmp_path / "a" / "heldout.jsonl")
+    assert (len(train), len(heldout)) == (report["train"], report["heldout"]) == (300, 40)
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in heldout}
+    assert len({r["task_id"] for r in train + heldout}) == 340
+    assert {r["family"] for r in heldout} == {f.__name__ for f in _module("make_tasks").FAMILIES}
+    for record in train + heldout:
+        assert record["hidden"]["checks"] and "checks" not in record["prompt"]
+    _make(tmp_path / "c", "--seed", "1")
+    assert (tmp_path / "c" / "heldout.jsonl").read_bytes() != (tmp_path / "a" / "heldout.jsonl").read_bytes()
+    with pytest.raises(SystemExit, match="shares 1 task"):
+        _module("make_tasks").check_disjoint(train[:1], train[:1])
+
+
+def test_the_scorer_gives_the_share_met_and_a_symlink_never_passes(tmp_path: Path):
+    score = _module("check").score
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "list.md").write_text("# Shopping\n- apple\n- lemon\n")
+    (ws / "up.txt").write_text("LEMON\n")
+    (ws / "low.txt").write_text("lemon\n")
+    (ws / "n.txt").write_text("7\n6\n5\n")
+    (ws / "words.txt").write_text("tiger\nstone\n")
+    (ws / "config.json").write_text('{"port": 42}')
+    (ws / "bad.json").write_text('{"port": "42"}')
+    (ws / "box").mkdir()
+    (ws / "box" / "a.txt").write_text("")
+    (ws / "box" / "b.txt").write_text("x")
+
+    def share(*checks: dict) -> float:
+        return score(list(checks), ws)[0]
+
+    assert share({"kind": "first_line", "path": "list.md", "value": "# Shopping"}) == 1.0
+    assert share({"kind": "bullets", "path": "list.md", "value": ["lemon", "apple"]}) == 1.0
+    assert share({"kind": "bullets", "path": "list.md", "value": ["apple"]}) == 0.0
+    assert share({"kind": "exact", "path": "up.txt", "value": "LEMON"}) == 1.0
+    assert share({"kind": "exact", "path": "low.txt", "value": "LEMON"}) == 0.0
+    assert share({"kind": "lines_exact", "path": "n.txt", "value": ["7", "6", "5"]}) == 1.0
+    assert share({"kind": "lines_exact", "path": "n.txt", "value": ["5", "6", "7"]}) == 0.0
+    assert share({"kind": "lines_from", "path": "words.txt", "value": ["tiger", "stone", "cloud"]}) == 1.0
+    assert share({"kind": "lines_from", "path": "words.txt", "value": ["tiger", "cloud"]}) == 0.0
+    assert share({"kind": "json_key", "path": "config.json", "key": "port", "value": 42}) == 1.0
+    assert share({"kind": "json_key", "path": "bad.json", "key": "port", "value": 42}) == 0.0  # a string
+    assert share({"kind": "dir", "path": "box"}, {"kind": "empty_file", "path": "box/a.txt"}) == 1.0
+    # Partial credit: two of three constraints met.
+    half = share(
+        {"kind": "file", "path": "n.txt"},
+        {"kind": "line_count", "path": "n.txt", "value": 3},
+        {"kind": "empty_file", "path": "box/b.txt"},
+    )
+    assert half == pytest.approx(2 / 3)
+    # Control: the same content as a real file passes; as a symlink, or under a symlinked folder, not.
+    outside = tmp_path / "outside.txt"
+    outside.write_text("LEMON\n")
+    (ws / "link.txt").symlink_to(outside)
+    (ws / "linkbox").symlink_to(ws / "box")
+    assert share({"kind": "exact", "path": "link.txt", "value": "LEMON"}) == 0.0
+    assert share({"kind": "dir", "path": "linkbox"}, {"kind": "empty_file", "path": "linkbox/a.txt"}) == 0.0
+    with pytest.raises(ValueError, match="leaves the workspace"):
+        score([{"kind": "file", "path": "../outside.txt"}], ws)
+
+
+def test_configs_are_valid_rloo_and_run_hermes_with_its_file_tools():
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+    from harnessrl.trainer.config import TrainConfig
+
+    configs = {
+        name: validate_config(TrainConfig, resolve_relative_paths(load_raw_config(EXAMPLE / name), EXAMPLE))
+        for name in ("train.toml", "train_gpu.toml")
+    }
+    for name, config in configs.items():
+        assert config.algorithm.advantage == "rloo" and config.harness.preset == "hermes", name
+        assert config.evaluator["command"] == ["python3", str(EXAMPLE / "check.py")], name
+        assert (EXAMPLE / config.tasks.path).is_file() and (EXAMPLE / config.heldout.path).is_file(), name
+    assert configs["train.toml"].harness.args[:2] == ["-t", "file"]
+    assert (
+        configs["train_gpu.toml"].engine.device == "cuda"
+        and "-t" not in configs["train_gpu.toml"].harness.args
+    )
+    rollout = load_rollout_config(str(EXAMPLE / "rollout.toml"), [])
+    assert rollout.harness.args == configs["train.toml"].harness.args
+    assert rollout.gateway.max_tokens == configs["train.toml"].trainer.max_tokens
+
+
+def _scripted_rollout(tmp_path: Path, name: str, turns: list, task: dict) -> dict:
+    script = tmp_path / f"{name}.json"
+    script.write_text(json.dumps({"turns": turns, "on_exhausted": "repeat_last"}))
+    task_file = tmp_path / f"{name}-task.json"
+    task_file.write_text(json.dumps(task))
+    argv = [*HARNESSRL, "rollout", "--config", str(EXAMPLE / "rollout.toml"), "--task", f"@{task_file}"]
+    argv += ["--run-dir", str(tmp_path / f"run-{name}"), "--set", f"engine.model=scripted:{script}"]
+    argv += ["--set", "engine.context_length=65536"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@needs_hermes
+def test_scripted_policy_through_real_hermes_right_file_earns_1_half_right_part(tmp_path: Path):
+    task = {
+        "prompt": "Write the word lemon in uppercase letters into notes.txt, and nothing else.",
+        "hidden": {
+            "checks": [
+                {"kind": "file", "path": "notes.txt"},
+                {"kind": "exact", "path": "notes.txt", "value": "LEMON"},
+            ]
+        },
+    }
+
+    def write(content: str) -> list:
+        call = {"name": "write_file", "arguments": {"path": "notes.txt", "content": content}}
+        return [{"content": "Writing it.", "tool_calls": [call]}, "Done: notes.txt is written."]
+
+    right = _scripted_rollout(tmp_path, "right", write("LEMON\n"), task)
+    assert right["reward"] == 1.0 and right["calls"] == 2 and right["flags"] == [], right
+    assert (Path(right["log"]) / "workspace" / "notes.txt").read_text() == "LEMON\n"
+    half = _scripted_rollout(tmp_path, "half", write("lemon\n"), task)
+    assert half["reward"] == 0.5, half  # the file exists; its content is not what was asked
+
+
+@pytest.mark.slow
+@needs_hermes
+def test_one_training_step_on_the_tiny_model_through_hermes(tmp_path: Path):
+    from harnessrl.store.sqlite import SQLiteStore
+
+    overrides = {
+        "run.dir": str(tmp_path / "run"),
+        "engine.model": "tiny",  # 4096 positions: Hermes's file-tools prompt (~3.8k tokens) fits
+        "trainer.mode": "sync",
+        "trainer.steps": "1",
+        "trainer.tasks_per_step": "2",
+        "trainer.group_size": "2",
+        "trainer.max_tokens": "16",
+        "trainer.autocast": "none",
+        "trainer.eval_every": "0",
+        "metrics.progress": "false",
+        "metrics.tensorboard": "false",
+    }
+    argv = [*HARNESSRL, "train", str(EXAMPLE / "train.toml")]
+    for key, value in overrides.items():
+        argv += ["--set", f"{key}={value}"]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 1
+
+    [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert row["step"] == 1 and row["rollouts/total"] == 4 and row["rollouts/infra_failures"] == 0
+    assert row["policy_version"] == 1
+    # Hermes's history is append-only: however many calls a rollout made, it is one sample.
+    assert row["trajectory/samples"] == 4 and row["trajectory/samples_per_rollout"] == 1.0
+    assert row["policy/loss_tokens"] > 0
+
+    store = SQLiteStore(tmp_path / "run" / "harnessrl.db")
+    rollouts = store.list_rollouts()
+    assert len(rollouts) == 4
+    for rollout in rollouts:
+        assert rollout.status.value == "finished" and rollout.metadata.get("trained_at_step") == 1
+        assert rollout.metadata["evaluation"]["output"]["detail"]  # check.py ran on the workspace
+        calls = store.list_calls(rollout.rollout_id)
+        assert calls and all(len(c.response_token_ids) <= 16 for c in calls)  # trainer.max_tokens caps 65536
+    assert [v.version for v in store.list_policy_versions()] == [1]
+    store.close()
