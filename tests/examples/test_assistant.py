@@ -9,20 +9,18 @@ earns 1, a half-right one part of it), and one training step on the tiny model t
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.examples.example_files import HARNESSRL, load_script, make_tasks, records, scripted_rollout
 
 from harnessrl.controller.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "assistant"
-HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
 needs_hermes = pytest.mark.skipif(
     os.geteuid() != 0 or PRESETS["hermes"]().command[0] == "hermes",
@@ -30,48 +28,27 @@ needs_hermes = pytest.mark.skipif(
 )
 
 
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"assistant_{name}", EXAMPLE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _make(out: Path, *extra: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE / "make_tasks.py"), "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_tasks_are_deterministic_disjoint_and_match_the_committed_files(tmp_path: Path):
-    report = _make(tmp_path / "a")
-    _make(tmp_path / "b")
+    report = make_tasks(EXAMPLE, tmp_path / "a")
+    make_tasks(EXAMPLE, tmp_path / "b")
     for name in ("train.jsonl", "heldout.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
         assert (tmp_path / "a" / name).read_bytes() == (EXAMPLE / "tasks" / name).read_bytes()
-    train, heldout = _records(tmp_path / "a" / "train.jsonl"), _records(tmp_path / "a" / "heldout.jsonl")
+    train, heldout = records(tmp_path / "a" / "train.jsonl"), records(tmp_path / "a" / "heldout.jsonl")
     assert (len(train), len(heldout)) == (report["train"], report["heldout"]) == (300, 40)
     assert not {r["prompt"] for r in train} & {r["prompt"] for r in heldout}
     assert len({r["task_id"] for r in train + heldout}) == 340
-    assert {r["family"] for r in heldout} == {f.__name__ for f in _module("make_tasks").FAMILIES}
+    assert {r["family"] for r in heldout} == {f.__name__ for f in load_script(EXAMPLE, "make_tasks").FAMILIES}
     for record in train + heldout:
         assert record["hidden"]["checks"] and "checks" not in record["prompt"]
-    _make(tmp_path / "c", "--seed", "1")
+    make_tasks(EXAMPLE, tmp_path / "c", "--seed", "1")
     assert (tmp_path / "c" / "heldout.jsonl").read_bytes() != (tmp_path / "a" / "heldout.jsonl").read_bytes()
     with pytest.raises(SystemExit, match="shares 1 task"):
-        _module("make_tasks").check_disjoint(train[:1], train[:1])
+        load_script(EXAMPLE, "make_tasks").check_disjoint(train[:1], train[:1])
 
 
 def test_the_scorer_gives_the_share_met_and_a_symlink_never_passes(tmp_path: Path):
-    score = _module("check").score
+    score = load_script(EXAMPLE, "check").score
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "list.md").write_text("# Shopping\n- apple\n- lemon\n")
@@ -141,19 +118,6 @@ def test_configs_are_valid_rloo_and_run_hermes_with_its_file_tools():
     assert rollout.gateway.max_tokens == configs["train.toml"].trainer.max_tokens
 
 
-def _scripted_rollout(tmp_path: Path, name: str, turns: list, task: dict) -> dict:
-    script = tmp_path / f"{name}.json"
-    script.write_text(json.dumps({"turns": turns, "on_exhausted": "repeat_last"}))
-    task_file = tmp_path / f"{name}-task.json"
-    task_file.write_text(json.dumps(task))
-    argv = [*HARNESSRL, "rollout", "--config", str(EXAMPLE / "rollout.toml"), "--task", f"@{task_file}"]
-    argv += ["--run-dir", str(tmp_path / f"run-{name}"), "--set", f"engine.model=scripted:{script}"]
-    argv += ["--set", "engine.context_length=65536"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 @needs_hermes
 def test_scripted_policy_through_real_hermes_right_file_earns_1_half_right_part(tmp_path: Path):
@@ -171,10 +135,10 @@ def test_scripted_policy_through_real_hermes_right_file_earns_1_half_right_part(
         call = {"name": "write_file", "arguments": {"path": "notes.txt", "content": content}}
         return [{"content": "Writing it.", "tool_calls": [call]}, "Done: notes.txt is written."]
 
-    right = _scripted_rollout(tmp_path, "right", write("LEMON\n"), task)
+    right = scripted_rollout(EXAMPLE, tmp_path, "right", write("LEMON\n"), task)
     assert right["reward"] == 1.0 and right["calls"] == 2 and right["flags"] == [], right
     assert (Path(right["log"]) / "workspace" / "notes.txt").read_text() == "LEMON\n"
-    half = _scripted_rollout(tmp_path, "half", write("lemon\n"), task)
+    half = scripted_rollout(EXAMPLE, tmp_path, "half", write("lemon\n"), task)
     assert half["reward"] == 0.5, half  # the file exists; its content is not what was asked
 
 

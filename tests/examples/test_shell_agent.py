@@ -9,7 +9,6 @@ benchmark's whole pipeline on the tiny model for 2 steps. ``examples/shell_agent
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.examples.example_files import load_script, make_tasks, records, scripted_rollout
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "shell_agent"
-HARNESSRL = [sys.executable, "-m", "harnessrl"]
 MINI = Path(sys.executable).with_name("mini")
 
 needs_sandbox = pytest.mark.skipif(
@@ -29,52 +28,31 @@ needs_sandbox = pytest.mark.skipif(
 )
 
 
-def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"shell_agent_{name}", EXAMPLE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _make(out: Path, *extra: str) -> dict:
-    proc = subprocess.run(
-        [sys.executable, str(EXAMPLE / "make_tasks.py"), "--out", str(out), *extra],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _records(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
-
-
 def test_tasks_are_deterministic_and_the_heldout_split_shares_no_instance(tmp_path: Path):
-    report = _make(tmp_path / "a")
-    _make(tmp_path / "b")
+    report = make_tasks(EXAMPLE, tmp_path / "a")
+    make_tasks(EXAMPLE, tmp_path / "b")
     for name in ("train.jsonl", "heldout.jsonl"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
-    train, heldout = _records(tmp_path / "a" / "train.jsonl"), _records(tmp_path / "a" / "heldout.jsonl")
+    train, heldout = records(tmp_path / "a" / "train.jsonl"), records(tmp_path / "a" / "heldout.jsonl")
     assert (len(train), len(heldout)) == (report["train"], report["heldout"]) == (400, 60)
     assert not {r["problem_statement"] for r in train} & {r["problem_statement"] for r in heldout}
     assert len({r["instance_id"] for r in train + heldout}) == 460
-    make_tasks = _module("make_tasks")
+    generator = load_script(EXAMPLE, "make_tasks")
     for record in train + heldout:  # never the worked examples of mini_shell.yaml
         check = record["hidden"]["check"]
-        assert not set(check["path"].split("/")) & make_tasks.EXAMPLE_NAMES
-        assert check.get("value") not in make_tasks.EXAMPLE_NAMES
+        assert not set(check["path"].split("/")) & generator.EXAMPLE_NAMES
+        assert check.get("value") not in generator.EXAMPLE_NAMES
         assert "hidden" not in record["problem_statement"]
     assert set(report["heldout_families"]) == {"file", "word", "number", "dir", "file_in_dir"}
     # A different seed gives different tasks; the check that refuses overlap really refuses it.
-    _make(tmp_path / "c", "--seed", "1")
+    make_tasks(EXAMPLE, tmp_path / "c", "--seed", "1")
     assert (tmp_path / "c" / "heldout.jsonl").read_bytes() != (tmp_path / "a" / "heldout.jsonl").read_bytes()
     with pytest.raises(SystemExit, match="shares 1 task"):
-        make_tasks.check_disjoint(train[:1], train[:1])
+        generator.check_disjoint(train[:1], train[:1])
 
 
 def test_the_scorer_checks_each_kind_and_a_symlink_never_passes(tmp_path: Path):
-    score = _module("check").score
+    score = load_script(EXAMPLE, "check").score
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "answer.txt").write_text("The word is Apple.\n")
@@ -155,18 +133,6 @@ def test_mini_parses_the_first_block_of_a_rambling_reply_with_its_own_parser():
     assert config["model_class"] == "litellm_textbased"
 
 
-def _scripted_rollout(tmp_path: Path, name: str, turns: list[str], task: dict) -> dict:
-    script = tmp_path / f"{name}.json"
-    script.write_text(json.dumps({"turns": turns, "on_exhausted": "repeat_last"}))
-    task_file = tmp_path / f"{name}-task.json"
-    task_file.write_text(json.dumps(task))
-    argv = [*HARNESSRL, "rollout", "--config", str(EXAMPLE / "rollout.toml"), "--task", f"@{task_file}"]
-    argv += ["--run-dir", str(tmp_path / f"run-{name}"), "--set", f"engine.model=scripted:{script}"]
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
 @pytest.mark.slow
 @needs_sandbox
 def test_scripted_policy_through_real_mini_swe_agent_right_command_earns_1_forgery_0(tmp_path: Path):
@@ -174,7 +140,8 @@ def test_scripted_policy_through_real_mini_swe_agent_right_command_earns_1_forge
         "prompt": "Create a file named answer.txt containing the word apple.",
         "hidden": {"check": {"kind": "contains", "path": "answer.txt", "value": "apple"}},
     }
-    right = _scripted_rollout(
+    right = scripted_rollout(
+        EXAMPLE,
         tmp_path,
         "right",
         [
@@ -190,7 +157,8 @@ def test_scripted_policy_through_real_mini_swe_agent_right_command_earns_1_forge
     assert trajectory["info"]["exit_status"] == "Submitted"
     # A forgery: answer.txt as a symlink to a host file that holds the word. The evaluator's copy of
     # the workspace keeps the symlink, and check.py refuses it.
-    forged = _scripted_rollout(
+    forged = scripted_rollout(
+        EXAMPLE,
         tmp_path,
         "forged",
         ["```bash\nln -s /usr/share/dict/words answer.txt || ln -s /etc/hostname answer.txt\n```"],

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.harnesses.test_matrix import DONE, WRITE, harness_or_skip, run_rollout, tool_turn, write_config
+from tests.harnesses.test_matrix import DONE, WRITE, harness_or_skip, rollout_did_the_task, tool_turn
 
-from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.trajectory import build_batch
 
 pytestmark = [
@@ -111,19 +110,8 @@ CASES = [
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_what_breaks_the_chain(case: Breaker, tmp_path: Path) -> None:
     harness_or_skip(case.preset)
-    summary = run_rollout(write_config(tmp_path, case), tmp_path / "run")
+    summary, rollout, calls = rollout_did_the_task(case, tmp_path, case.id)
     log = Path(summary["log"])
-    context = f"{case.id}: {summary}\nstderr: {(log / 'stderr.log').read_text()[-2000:]}"
-    assert summary["outcome"] == "success", context
-    assert (log / "workspace" / "hello.txt").read_text() == "hi\n", context
-
-    store = SQLiteStore(tmp_path / "run" / "harnessrl.db")
-    try:
-        rollout = store.get_rollout(summary["rollout_id"])
-        calls = store.list_calls(rollout.rollout_id)
-    finally:
-        store.close()
-    assert len(calls) == len(case.turns), context
     stats = build_batch([(rollout, calls)]).stats
     report = {"case": case.id, "samples": stats.samples, "breaks": dict(stats.breaks)}
     print(f"\nCHAIN-BREAKERS {json.dumps(report)}")

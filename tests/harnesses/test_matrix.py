@@ -221,20 +221,14 @@ def run_rollout(config: Path, run_dir: Path) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("case", CASES + REASONING_CASES, ids=[c.id for c in CASES + REASONING_CASES])
-def test_harness_does_the_task_through_the_gateway(case: Case, tmp_path: Path) -> None:
-    harness_or_skip(case.preset)
+def rollout_did_the_task(case: Any, tmp_path: Path, name: str) -> tuple[dict[str, Any], Any, list[Any]]:
+    """Run ``case`` (its preset, turns and env) through ``harnessrl rollout``; assert the task's effect
+    in the sandboxed workspace and one recorded call per scripted turn. (summary, rollout, calls)."""
     summary = run_rollout(write_config(tmp_path, case), tmp_path / "run")
     log = Path(summary["log"])
-    context = f"{case.preset}: {summary}\nstderr: {(log / 'stderr.log').read_text()[-2000:]}"
-
-    # The task's effect, in the sandboxed workspace, scored by the evaluator.
+    context = f"{name}: {summary}\nstderr: {(log / 'stderr.log').read_text()[-2000:]}"
     assert summary["outcome"] == "success", context
     assert (log / "workspace" / "hello.txt").read_text() == "hi\n", context
-    assert summary["reward"] == 1.0, context
-    assert summary["flags"] == [], context
-
-    # Every call recorded, token-exact, in the API the harness speaks.
     store = SQLiteStore(tmp_path / "run" / "harnessrl.db")
     try:
         rollout = store.get_rollout(summary["rollout_id"])
@@ -242,6 +236,17 @@ def test_harness_does_the_task_through_the_gateway(case: Case, tmp_path: Path) -
     finally:
         store.close()
     assert len(calls) == len(case.turns), context
+    return summary, rollout, calls
+
+
+@pytest.mark.parametrize("case", CASES + REASONING_CASES, ids=[c.id for c in CASES + REASONING_CASES])
+def test_harness_does_the_task_through_the_gateway(case: Case, tmp_path: Path) -> None:
+    harness_or_skip(case.preset)
+    summary, rollout, calls = rollout_did_the_task(case, tmp_path, case.preset)
+    assert summary["reward"] == 1.0, summary
+    assert summary["flags"] == [], summary
+
+    # Every call recorded, token-exact, in the API the harness speaks.
     for call in calls:
         assert call.api == case.api
         assert call.prompt_token_ids and call.response_token_ids
