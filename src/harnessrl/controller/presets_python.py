@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets_npm import NPM_PREFIX
+from harnessrl.controller.presets_npm import project_path
 from harnessrl.errors import ConfigError
 
 
@@ -46,11 +46,8 @@ def _venv_mounts(venv: Path) -> list[str]:
 
 def _openhands_bin() -> str | None:
     """OpenHands from its project-local venv (``.harnesses/openhands-venv/bin``), else from PATH."""
-    for root in (Path(sys.prefix).parent, Path.cwd()):
-        candidate = root / NPM_PREFIX / OPENHANDS_VENV / "bin" / "openhands"
-        if candidate.exists():
-            return str(candidate)
-    return shutil.which("openhands")
+    candidate = project_path(OPENHANDS_VENV, "bin", "openhands")
+    return str(candidate) if candidate is not None else shutil.which("openhands")
 
 
 # OpenHands runs its `terminal` tool in tmux (when tmux is installed) on a server with the fixed socket
