@@ -40,6 +40,7 @@ from harnessrl.schemas import (
     Task,
     Usage,
 )
+from harnessrl.token_ids import int32_bytes
 
 
 class Row(Protocol):
@@ -112,10 +113,10 @@ def load_json(text: str | None) -> Any:
 
 
 def pack_ints(values: Sequence[int]) -> bytes:
-    # struct packs a 16 k-token prompt about twice as fast as array("i", ...) (every call of a
-    # rollout packs its whole prompt, to find what is new), and "<" makes it little-endian everywhere.
+    # struct packs a 16 k-token prompt about twice as fast as array("i", ...), and "<" makes it
+    # little-endian everywhere; a gateway's prompt (``TokenIds``) usually has its bytes already.
     try:
-        return struct.pack(f"<{len(values)}i", *values)
+        return int32_bytes(values)
     except struct.error as exc:
         if all(isinstance(v, int) for v in values):
             raise BadRequest("token ids must fit in int32") from exc
