@@ -17,7 +17,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
 from harnessrl.gateway.errors import from_validation_error
-from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, parse_json
+from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, decode_json, parse_json, within_bounds
 from harnessrl.schemas import Outcome, SamplingOverrides
 
 B = TypeVar("B", bound=BaseModel)
@@ -32,6 +32,11 @@ StoreText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body as a JSON object; 413 past ``max_bytes`` (declared or actually sent), 400 if it is not
     strict JSON (``parse_json``) or not an object."""
+    return _json_object(parse_json(await read_body(request, max_bytes)))
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The body's bytes; 413 past ``max_bytes`` (declared or actually sent), 400 if it is empty."""
     declared = request.headers.get("content-length")
     if declared is not None:
         try:
@@ -53,7 +58,10 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     raw = b"".join(chunks)
     if not raw.strip():
         raise BadRequest("request body is empty; expected a JSON object")
-    data = parse_json(raw)
+    return raw
+
+
+def _json_object(data: Any) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequest(f"request body must be a JSON object, not {type(data).__name__}")
     return data
@@ -64,6 +72,45 @@ def validate_body(model: type[B], data: dict[str, Any]) -> B:
         return model.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc, data) from exc
+
+
+# -- a body whose history repeats an already-checked one (``gateway.repeats``) ------------------
+
+
+def decode_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, decoded strictly but not yet walked for ``parse_json``'s bounds:
+    the caller must ``check_repeating_body`` it (or ``parse_json`` it) before using it."""
+    return _json_object(decode_json(raw))
+
+
+def check_repeating_body(raw: bytes, data: dict[str, Any], key: str, same: int) -> None:
+    """What ``parse_json`` checks, for a body whose list ``data[key]`` starts with ``same`` items of a
+    body that passed it (the same JSON): only the rest is walked. On any problem the whole body goes
+    through ``parse_json``, so the error is the one it gives."""
+    items = data.get(key)
+    if isinstance(items, list) and same:
+        rest = {k: v for k, v in data.items() if k != key}
+        fine = within_bounds(rest) and within_bounds(items[same:], depth=2)
+    else:
+        fine = within_bounds(data)
+    if not fine:
+        parse_json(raw)
+
+
+def validate_tail(model: type[B], data: dict[str, Any], key: str, same: int) -> B:
+    """``validate_body`` for a body whose list ``data[key]`` starts with ``same`` items that passed
+    this model before (the same JSON): only the others are validated (the last item if none is new).
+
+    The model's ``key`` field then holds only those items: read the list from ``data``. A refusal
+    is reported from the whole body, exactly as ``validate_body`` reports it.
+    """
+    items = data.get(key)
+    if not isinstance(items, list) or not same:
+        return validate_body(model, data)
+    try:
+        return model.model_validate({**data, key: items[same:] or items[-1:]})
+    except ValidationError:
+        return validate_body(model, data)
 
 
 # -- model API ------------------------------------------------------------------------------------

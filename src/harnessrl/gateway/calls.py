@@ -37,6 +37,7 @@ from harnessrl.gateway.errors import error_shape, internal_error, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
+from harnessrl.gateway.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, SamplingOverrides, Usage, now
 
@@ -176,27 +177,33 @@ async def plan_prompt(
     )
 
 
-def check_prompt_size(state: GatewayState, data: Any, param: str) -> None:
+def check_prompt_size(
+    state: GatewayState, data: Any, param: str, history: HistoryBytes | None = None
+) -> None:
     """413 if the request carries more text than the gateway tokenizes for one call.
 
     Checked before anything is rendered or encoded: tokenizing an 8 MiB prompt took seconds of a
     worker thread and held the event loop up (``/api/health`` stalled for as long). Counts the
     characters of every string in the body (contents, tool definitions, arguments), in a loop
-    rather than recursion, and stops as soon as the limit is passed.
+    rather than recursion, and stops as soon as the limit is passed. ``history``: the body's
+    ``data[param]`` list as ``repeats.history_bytes`` encoded it, whose count it already has.
     """
     limit = prompt_char_limit(state)
     total = 0
     stack = [data]
-    while stack:
+    if history is not None:
+        total = history.text_chars(len(history.ends))
+        stack = [v for k, v in data.items() if k != param]
+    while stack or total > limit:
+        if total > limit:
+            raise PayloadTooLarge(
+                f"the request has more than {limit} characters of text, the most this gateway "
+                "tokenizes for one call (gateway.max_prompt_chars)",
+                param=param,
+            )
         node = stack.pop()
         if isinstance(node, str):
             total += len(node)
-            if total > limit:
-                raise PayloadTooLarge(
-                    f"the request has more than {limit} characters of text, the most this gateway "
-                    "tokenizes for one call (gateway.max_prompt_chars)",
-                    param=param,
-                )
         elif isinstance(node, dict):
             stack.extend(node.values())
         elif isinstance(node, list):

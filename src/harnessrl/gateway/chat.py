@@ -21,7 +21,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import ChatCompletionRequest, read_json, validate_body
+from harnessrl.gateway.bodies import (
+    ChatCompletionRequest,
+    check_repeating_body,
+    decode_body,
+    read_body,
+    validate_tail,
+)
 from harnessrl.gateway.calls import (
     SSE_HEADERS,
     PreparedCall,
@@ -78,12 +84,19 @@ def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, An
 async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRequest]:
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    data = await read_json(request, state.config.max_body_bytes)
-    body = validate_body(ChatCompletionRequest, data)
-    body.check_n()
-    check_prompt_size(state, data, "messages")
+    raw = await read_body(request, state.config.max_body_bytes)
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
-    keyed = memory.key_messages(data["messages"])  # 400 for unusable content, before the rollout starts
+    # The messages this request repeats of the rollout's last one passed every check below then:
+    # only the rest of the body is walked and validated (``gateway.repeats``).
+    data = decode_body(raw)
+    repeated = memory.repeats(data.get("messages"))
+    same = repeated[1] if repeated is not None else 0
+    check_repeating_body(raw, data, "messages", same)
+    body = validate_tail(ChatCompletionRequest, data, "messages", same)  # body.messages: the new ones
+    body.check_n()
+    check_prompt_size(state, data, "messages", repeated[0] if repeated is not None else None)
+    # 400 for unusable content, before the rollout starts
+    keyed = memory.key_messages(data["messages"], repeated)
     rollout = await open_rollout(state, rollout)
     tools = body.tools or None
     kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None

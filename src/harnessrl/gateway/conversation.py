@@ -36,17 +36,16 @@ enough (a few short renders, one short encode) for the gateway to run on its eve
 the rest to a thread.
 
 Normalizing and fingerprinting (step 2) is O(context) as well. ``key_messages`` makes it O(new
-messages): an agent resends its whole history on every call, so a digest of each raw message is
-compared with the rollout's previous request and the messages that are byte-for-byte the same (as
-canonical JSON) take their normalized form and key from it; only the new tail is normalized.
+messages): an agent resends its whole history on every call, so the leading messages that are the
+same JSON as the rollout's previous request's (``repeats.history_bytes``: one encoding of the list,
+compared byte for byte) take their normalized form and key from it; only the new tail is normalized.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +53,8 @@ import orjson
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import json_problem
+from harnessrl.gateway.repeats import HistoryBytes, history_bytes
+from harnessrl.token_ids import TokenIds
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
@@ -189,8 +190,22 @@ class PriorCall:
 
     message_keys: tuple[bytes, ...]  # fingerprints of the request's normalized messages
     answer_key: bytes  # fingerprint of the assistant message the gateway answered with
-    prompt_ids: tuple[int, ...]
-    response_ids: tuple[int, ...]
+    # The call's prompt then its sampled response: what the next call's prompt starts with. A
+    # ``TokenIds``, so a prompt spliced from it derives its encodings from this one's.
+    tokens: TokenIds
+    prompt_len: int
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.tokens[: self.prompt_len]
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.tokens[self.prompt_len :]
+
+    def ends_with_stop(self, stop_ids: Collection[int]) -> bool:
+        """Whether the sampled response ended with a stop token (it closed its turn itself)."""
+        return len(self.tokens) > self.prompt_len and self.tokens[-1] in stop_ids
 
     @classmethod
     def from_call(
@@ -215,18 +230,9 @@ class PriorCall:
         return cls(
             message_keys=tuple(message_keys),
             answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
-            prompt_ids=tuple(prompt_ids),
-            response_ids=tuple(response_ids),
+            tokens=TokenIds.joined(prompt_ids, response_ids),
+            prompt_len=len(prompt_ids),
         )
-
-
-def _raw_digest(message: Any) -> bytes:
-    """A digest of a message exactly as sent: equal digests mean equal JSON (types included)."""
-    try:
-        blob = orjson.dumps(message)
-    except TypeError:
-        blob = json.dumps(message, ensure_ascii=False).encode()
-    return hashlib.blake2b(blob, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
@@ -235,29 +241,31 @@ class KeyedMessages:
 
     messages: list[dict[str, Any]]  # normalized (``normalize_message``)
     keys: tuple[bytes, ...]  # ``message_key`` of each
-    raw_digests: tuple[bytes, ...]  # ``_raw_digest`` of each message as received
+    history: HistoryBytes | None  # the messages as received, encoded (``repeats``); None: unencodable
 
 
-def key_messages(raw: Sequence[Any], previous: KeyedMessages | None = None) -> KeyedMessages:
+def key_messages(
+    raw: Sequence[Any],
+    previous: KeyedMessages | None = None,
+    repeated: tuple[HistoryBytes, int] | None = None,
+) -> KeyedMessages:
     """Normalize and fingerprint ``raw`` (``BadRequest`` for a malformed message), reusing the work
     done for ``previous`` (the rollout's last request) on the leading messages it repeats exactly.
 
+    ``repeated``: ``repeats.history_bytes(raw, previous.history)`` when the caller has it already.
     Reuse is by position, so a message keeps the index its default tool-call ids were made from.
     A reused message was validated when ``previous`` was keyed.
     """
-    digests = tuple(_raw_digest(m) for m in raw)
-    same = 0
-    if previous is not None:
-        limit = min(len(digests), len(previous.raw_digests))
-        while same < limit and digests[same] == previous.raw_digests[same]:
-            same += 1
+    if repeated is None:
+        repeated = history_bytes(raw, previous.history if previous is not None else None)
+    history, same = repeated if repeated is not None else (None, 0)
     reused_messages = previous.messages[:same] if previous is not None else []
     reused_keys = previous.keys[:same] if previous is not None else ()
     new = [normalize_message(m, i) for i, m in enumerate(raw[same:], start=same)]
     return KeyedMessages(
         messages=[*reused_messages, *new],
         keys=(*reused_keys, *(message_key(m) for m in new)),
-        raw_digests=digests,
+        history=history,
     )
 
 
@@ -308,7 +316,7 @@ def build_prompt(
         if spliced is not None:
             checks = _INCREMENTAL_OK.get(tokenizer, 0)
             if checks >= VERIFY_CALLS:
-                return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+                return PromptPlan(spliced, "reused", len(prior.tokens))
             full = build_prompt(
                 tokenizer,
                 messages,
@@ -334,7 +342,7 @@ def build_prompt(
         spliced = _splice_after_turn(tokenizer, messages, n, prior, full_text, tools, kwargs)
     if spliced is None:
         return PromptPlan(tokenizer.encode(full_text), "mismatch")
-    return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+    return PromptPlan(spliced, "reused", len(prior.tokens))
 
 
 def quick_prompt(
@@ -361,7 +369,7 @@ def quick_prompt(
     spliced = _splice_incremental(tokenizer, messages, prior, tools, template_kwargs or {})
     if spliced is None:
         return None
-    return PromptPlan(spliced, "reused", len(prior.prompt_ids) + len(prior.response_ids))
+    return PromptPlan(spliced, "reused", len(prior.tokens))
 
 
 #: Incremental splices per tokenizer checked against the full path before it is trusted.
@@ -401,8 +409,7 @@ def _splice(
     stop_ids = list(tokenizer.stop_token_ids)
     # The end-of-turn token closing the assistant turn is the last stop-token string in the prefix.
     best_pos, eot_id, eot_text = -1, None, ""
-    for token_id in stop_ids:
-        text = tokenizer.decode([token_id])
+    for token_id, text in zip(stop_ids, tokenizer.token_texts(stop_ids), strict=True):
         if not text:
             continue
         pos = prefix_text.rfind(text)
@@ -416,11 +423,9 @@ def _splice(
         # unusual template); splicing would duplicate or drop text, so tokenize fully instead.
         return None
     tail = full_text[len(prefix_text) :]
-    ids = [*prior.prompt_ids, *prior.response_ids]  # one copy of a long prompt, extended in place
-    if not prior.response_ids or prior.response_ids[-1] not in stop_ids:
-        ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
-    ids.extend(tokenizer.encode(glue + tail))
-    return ids
+    # The turn was cut (max_tokens, a stop string): close it as the template does.
+    close = [] if prior.ends_with_stop(stop_ids) else [eot_id]
+    return TokenIds.joined(prior.tokens, close, tokenizer.encode(glue + tail))
 
 
 #: Stands in for the content of the message after a reused turn, to find where that turn ends.
@@ -471,9 +476,8 @@ def _splice_after_turn(
         return None
     ends_before = [end for end in _turn_ends(tokenizer, marked_text) if end[0] <= mark_at]
     stop_ids = set(tokenizer.stop_token_ids)
-    ids = list(prior.prompt_ids) + list(prior.response_ids)
-    closed = bool(prior.response_ids) and prior.response_ids[-1] in stop_ids
-    sampled_ends = sum(1 for token_id in ids if token_id in stop_ids) + (0 if closed else 1)
+    closed = prior.ends_with_stop(stop_ids)
+    sampled_ends = sum(1 for token_id in prior.tokens if token_id in stop_ids) + (0 if closed else 1)
     if not ends_before or len(ends_before) != sampled_ends:
         return None
     end, eot_id = ends_before[-1]
@@ -484,6 +488,6 @@ def _splice_after_turn(
     between = marked_text[end:mark_at]  # glue and the next message's header
     if real_eot != eot_id or not full_text.startswith(between, real_end):
         return None
-    if not closed:
-        ids.append(eot_id)  # the turn was cut (max_tokens, a stop string): close it as the template does
-    return ids + list(tokenizer.encode(full_text[real_end:]))
+    # The turn was cut (max_tokens, a stop string): close it as the template does.
+    close = [] if closed else [eot_id]
+    return TokenIds.joined(prior.tokens, close, tokenizer.encode(full_text[real_end:]))

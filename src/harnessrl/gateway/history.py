@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +23,17 @@ import anyio.to_thread
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.conversation import KeyedMessages, PriorCall, key_messages
+from harnessrl.gateway.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
 
 log = logging.getLogger("harnessrl.gateway")
 
 Key = tuple[str, int]
+
+#: Priors per rollout attempt that keep their tokens' encodings: the main agent's newest call and
+#: a few subagents' (each is the base of the next prompt on its chain).
+ENCODED_PRIORS = 4
 
 
 @dataclass
@@ -41,10 +46,30 @@ class RolloutMemory:
     # The rollout's call count in the store (all attempts) as of the last load, plus calls recorded
     # here since: with peer gateways, a larger count in the store means this memory is stale.
     store_calls: int = 0
+    # The newest priors, which keep their tokens' encodings (``TokenIds``) for the next prompts
+    # spliced from them; older ones drop theirs (a prompt 16 k tokens long keeps ~170 KB of them).
+    encoded: deque[PriorCall] = field(default_factory=lambda: deque(maxlen=ENCODED_PRIORS))
 
-    def key_messages(self, raw: Sequence[Any]) -> KeyedMessages:
-        """``conversation.key_messages`` for a new request of this rollout, remembered for the next."""
-        keyed = key_messages(raw, self.last_keyed)
+    def remember(self, seq: int, prior: PriorCall) -> None:
+        """Keep ``prior`` for reuse; the oldest of the encoded priors forgets its encodings."""
+        self.priors[seq] = prior
+        if len(self.encoded) == ENCODED_PRIORS:
+            self.encoded[0].tokens.forget_encodings()
+        self.encoded.append(prior)
+
+    def repeats(self, raw: Any) -> tuple[HistoryBytes, int] | None:
+        """``repeats.history_bytes`` of a new request's history list against the last request's:
+        what it repeats needs no checking again. ``None`` if ``raw`` is not a list or not encodable."""
+        if not isinstance(raw, list):
+            return None
+        return history_bytes(raw, self.last_keyed.history if self.last_keyed is not None else None)
+
+    def key_messages(
+        self, raw: Sequence[Any], repeated: tuple[HistoryBytes, int] | None = None
+    ) -> KeyedMessages:
+        """``conversation.key_messages`` for a new request of this rollout, remembered for the next
+        (``repeated``: what ``repeats`` gave for ``raw``)."""
+        keyed = key_messages(raw, self.last_keyed, repeated)
         self.last_keyed = keyed
         return keyed
 
@@ -136,7 +161,7 @@ class CallHistory:
         else:
             prior = prior_from_call(call)
         if prior is not None:
-            memory.priors[call.seq] = prior
+            memory.remember(call.seq, prior)
 
     def forget(self, rollout_id: str) -> None:
         for key in [k for k in self._memories if k[0] == rollout_id]:

@@ -102,14 +102,14 @@ def _int_message(literal: str) -> str:
     return f"integer {shown} is outside the 64-bit range"
 
 
-def _scan(value: Any) -> tuple[str | None, Any, Any, bool]:
-    """Walk an orjson-parsed ``value``: (what makes it unfit, or ``None``; the container and the
-    value at fault; whether it holds an integral float past 64 bits, which may have been an integer
-    literal that orjson read as a float)."""
+def _scan(value: Any, depth: int = 1) -> tuple[str | None, Any, Any, bool]:
+    """Walk an orjson-parsed ``value`` nested ``depth`` levels deep (1: the body itself): (what makes
+    it unfit, or ``None``; the container and the value at fault; whether it holds an integral float
+    past 64 bits, which may have been an integer literal that orjson read as a float)."""
     if type(value) is not dict and type(value) is not list:
         return None, None, None, False
     suspect = False
-    stack: list[tuple[Any, int]] = [(value, 1)]
+    stack: list[tuple[Any, int]] = [(value, depth)]
     while stack:
         node, depth = stack.pop()
         for child in node.values() if type(node) is dict else node:
@@ -146,18 +146,34 @@ def json_problem(value: Any) -> str | None:
     return _scan(value)[0]
 
 
-def parse_json(raw: bytes | str, where: str = "request body") -> Any:
-    """``raw`` as strict JSON (see the module docstring); ``BadRequest`` naming the problem and,
-    where it can, the field (``param``)."""
+def within_bounds(value: Any, depth: int = 1) -> bool:
+    """Whether a part of an orjson-parsed body, nested ``depth`` levels deep, passes what
+    ``parse_json`` walks for (nesting, 64-bit integers), with no integral float past 64 bits (only
+    the text tells those from integer literals: ``parse_json`` on the whole body decides)."""
+    problem, _, _, suspect = _scan(value, depth)
+    return problem is None and not suspect
+
+
+def decode_json(raw: bytes | str, where: str = "request body") -> Any:
+    """``raw`` decoded by orjson, strictly (see the module docstring), without the walk for nesting
+    and integer bounds that ``parse_json`` adds: only for a caller that walks the value itself."""
     if isinstance(raw, bytes) and raw.startswith(_UTF8_BOM):
         raw = raw[len(_UTF8_BOM) :]  # RFC 8259 lets a parser ignore it; clients on Windows send one
     try:
         # orjson: ~10x faster than json on a long agent history, and strict: it refuses NaN,
         # Infinity, lone surrogates, invalid UTF-8 and numbers that overflow a double.
-        data = orjson.loads(raw)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         text = raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw
         raise _decode_error(exc, text, where) from None
+
+
+def parse_json(raw: bytes | str, where: str = "request body") -> Any:
+    """``raw`` as strict JSON (see the module docstring); ``BadRequest`` naming the problem and,
+    where it can, the field (``param``)."""
+    if isinstance(raw, bytes) and raw.startswith(_UTF8_BOM):
+        raw = raw[len(_UTF8_BOM) :]
+    data = decode_json(raw, where)
     problem, parent, child, suspect = _scan(data)
     if problem is not None:
         param = _path_to(data, parent, child)
