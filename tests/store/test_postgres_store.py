@@ -51,6 +51,7 @@ def test_open_store_urls(pg_url: str) -> None:
     for url in (pg_url, pg_url.replace("postgresql://", "postgres://", 1), pg_url + "?application_name=hrl"):
         store = open_store(url)
         assert isinstance(store, PostgresStore)
+        assert not store.reads_at_once  # a server round trip: the gateway reads keys in a thread
         store.create_rollout()
         store.close()
     with PostgresStore(pg_url) as store:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import multiprocessing
 import sqlite3
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -58,4 +59,76 @@ def test_forked_child_reconnects(tmp_path: Path) -> None:
     child.join(timeout=30)
     assert child.exitcode == 0
     assert [c.seq for c in store.list_calls(rollout.rollout_id)] == [0, 1]
+    store.close()
+
+
+def _child_reads_a_key(store: SQLiteStore, api_key: str, out: multiprocessing.Queue) -> None:
+    out.put(store.get_rollout_by_key(api_key).status.value)
+
+
+def test_key_lookup_reads_at_once_while_another_thread_writes(tmp_path: Path) -> None:
+    """``reads_at_once``: ``get_rollout_by_key`` answers while a write transaction is open on the
+    store's shared connection (the gateway calls it on its event loop); the control, a read on the
+    shared connection, waits for that transaction."""
+    store = SQLiteStore(tmp_path / "store.db")
+    rollout = store.create_rollout()
+    assert store.reads_at_once and not SQLiteStore(":memory:").reads_at_once
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_a_write() -> None:
+        with store._write():
+            holding.set()
+            release.wait(30)
+
+    writer = threading.Thread(target=hold_a_write)
+    writer.start()
+    assert holding.wait(30)
+    try:
+        assert store.get_rollout_by_key(rollout.api_key).rollout_id == rollout.rollout_id
+        shared = threading.Thread(target=store.get_rollout, args=(rollout.rollout_id,))
+        shared.start()
+        shared.join(timeout=0.5)
+        assert shared.is_alive()  # control: the shared connection waits for the writer
+    finally:
+        release.set()
+        writer.join()
+    shared.join(timeout=30)
+    store.close()
+
+
+def test_key_lookup_sees_every_commit_and_ends_with_the_store(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    other = SQLiteStore(tmp_path / "store.db")  # another process's store, as far as SQLite knows
+    rollout = store.create_rollout()
+    assert store.get_rollout_by_key(rollout.api_key).status.value == "queued"
+    other.start_rollout(rollout.rollout_id)
+    assert store.get_rollout_by_key(rollout.api_key).status.value == "running"
+    other.requeue_rollout(rollout.rollout_id)
+    assert store.get_rollout_by_key(rollout.api_key).attempt == 1
+    # Each thread reads on its own connection, and all of them close with the store.
+    seen: list[str] = []
+    reader = threading.Thread(
+        target=lambda: seen.append(store.get_rollout_by_key(rollout.api_key).rollout_id)
+    )
+    reader.start()
+    reader.join()
+    assert seen == [rollout.rollout_id] and len(store._reader_conns) == 2
+    store.close()
+    other.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.get_rollout_by_key(rollout.api_key)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="fork start method")
+def test_a_forked_child_reads_keys_on_its_own_connection(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    rollout = store.create_rollout()
+    store.get_rollout_by_key(rollout.api_key)  # the parent's reader connection exists
+    store.start_rollout(rollout.rollout_id)
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_child_reads_a_key, args=(store, rollout.api_key, out))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == 0 and out.get(timeout=5) == "running"
     store.close()

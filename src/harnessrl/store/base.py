@@ -31,6 +31,13 @@ class Store(Protocol):
         """The database file, when the store is a file on this machine (SQLite); else ``None``
         (PostgreSQL, an in-memory SQLite). The dashboard opens it read-only."""
 
+    @property
+    def reads_at_once(self) -> bool:
+        """Whether ``get_rollout_by_key`` answers from this machine in microseconds, never waiting for
+        another thread's transaction (SQLite in WAL mode, on its own connection per thread): an
+        event loop may call it directly instead of handing it to a thread (the gateway does, once
+        per model call). False for a server's database (PostgreSQL: a network round trip)."""
+
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
         """Create a run, or return the existing one with that id (idempotent)."""
 

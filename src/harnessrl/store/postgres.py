@@ -78,6 +78,10 @@ class PostgresStore(SQLStore):
     def local_file(self) -> Path | None:
         return None  # a server's database: the dashboard reads it through --store
 
+    @property
+    def reads_at_once(self) -> bool:
+        return False  # every read is a round trip to the server
+
     def __init__(
         self, url: str, *, min_connections: int = 1, max_connections: int = 8, timeout_s: float = 30.0
     ) -> None:

@@ -177,8 +177,7 @@ class SQLStore:
 
     def get_rollout_by_key(self, api_key: str) -> Rollout:
         with self._read() as conn:
-            sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE api_key = {self.PARAM}"
-            row = conn.execute(sql, (api_key,)).fetchone()
+            row = conn.execute(self._rollout_by_key_sql(), (api_key,)).fetchone()
         if row is None:
             raise NotFound("no rollout has this api key")  # never echo a (wrong) key into logs
         return rollout_from_row(row)
@@ -446,6 +445,9 @@ class SQLStore:
     def _run_row(self, conn: Any, run_id: str) -> Any:
         sql = f"SELECT * FROM runs WHERE run_id = {self.PARAM}"
         return self._fetch_one(conn, sql, (run_id,), "run", run_id)
+
+    def _rollout_by_key_sql(self) -> str:
+        return f"SELECT {ROLLOUT_COLUMNS} FROM rollouts WHERE api_key = {self.PARAM}"
 
     def _rollout_row(self, conn: Any, rollout_id: str, *, lock: bool = True) -> Any:
         # Inside a write, the row lock (PostgreSQL) holds the row until commit, so a

@@ -25,6 +25,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+from harnessrl.errors import NotFound
+from harnessrl.schemas import Rollout
+from harnessrl.store.codecs import rollout_from_row
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
 
@@ -55,6 +58,7 @@ class SQLiteStore(SQLStore):
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._closed = False
+        self._reset_readers()
         self._conn = self._connect()
         with self._write() as conn:
             migrate_sqlite(conn, where=f"store {self.path!r}")
@@ -70,7 +74,40 @@ class SQLiteStore(SQLStore):
             return None
         return Path(self.path)
 
-    def _connect(self) -> sqlite3.Connection:
+    @property
+    def reads_at_once(self) -> bool:
+        # A file in WAL mode: each thread reads on a connection of its own, which never waits for
+        # the shared connection's write transactions (an in-memory database is private to one).
+        return self.path != ":memory:"
+
+    def get_rollout_by_key(self, api_key: str) -> Rollout:
+        if not self.reads_at_once:
+            return super().get_rollout_by_key(api_key)
+        row = self._reader().execute(self._rollout_by_key_sql(), (api_key,)).fetchone()
+        if row is None:
+            raise NotFound("no rollout has this api key")  # never echo a (wrong) key into logs
+        return rollout_from_row(row)
+
+    def _reader(self) -> sqlite3.Connection:
+        """This thread's read-only connection (autocommit: each read sees every commit before it)."""
+        if self._pid != os.getpid():
+            self._reset_readers()
+        conn = getattr(self._readers, "conn", None)
+        if conn is None:
+            if self._closed:
+                raise sqlite3.ProgrammingError("the store is closed")
+            conn = self._readers.conn = self._connect(read_only=True)
+            with self._readers_lock:
+                self._reader_conns.append(conn)
+        return conn
+
+    def _reset_readers(self) -> None:
+        # A forked child must not use its parent's connections (their POSIX locks do not carry over).
+        self._readers = threading.local()
+        self._readers_lock = threading.Lock()
+        self._reader_conns: list[sqlite3.Connection] = []
+
+    def _connect(self, *, read_only: bool = False) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue
         # BEGIN IMMEDIATE / COMMIT ourselves so every write's locking is explicit.
         conn = sqlite3.connect(
@@ -78,6 +115,9 @@ class SQLiteStore(SQLStore):
         )
         conn.row_factory = sqlite3.Row
         conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+        if read_only:
+            conn.execute("PRAGMA query_only = ON")  # the file is in WAL mode already (set on open)
+            return conn
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
@@ -121,6 +161,10 @@ class SQLiteStore(SQLStore):
             if not self._closed:
                 self._closed = True
                 self._conn.close()
+                with self._readers_lock:
+                    readers, self._reader_conns = self._reader_conns, []
+                for conn in readers:
+                    conn.close()
 
     def __enter__(self) -> SQLiteStore:
         return self
