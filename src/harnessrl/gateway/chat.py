@@ -13,7 +13,6 @@ thread, and a non-streaming answer is generated without per-token decoding.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -42,32 +41,11 @@ from harnessrl.gateway.calls import (
     streaming_response,
 )
 from harnessrl.gateway.generation import Generation, Piece
+from harnessrl.gateway.logprobs import logprob_content
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
 
 __all__ = ["SSE_HEADERS", "chat_completions"]  # SSE_HEADERS: imported from here by other APIs
-
-
-# tokenizer -> {token id: (text, UTF-8 bytes as a list)}: a non-streaming answer carries one entry per
-# token (hundreds), and building each ``bytes`` list anew cost more than the rest of the entry.
-_ENTRY_PARTS: weakref.WeakKeyDictionary[Any, dict[int, tuple[str, list[int]]]] = weakref.WeakKeyDictionary()
-
-
-def logprob_entries(state: GatewayState, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
-    # The engine reports the sampled token's logprob only, so ``top_logprobs`` stays empty.
-    tokenizer = state.engine.tokenizer
-    parts = _ENTRY_PARTS.get(tokenizer)
-    if parts is None:
-        parts = _ENTRY_PARTS[tokenizer] = {}
-    missing = [t for t in dict.fromkeys(token_ids) if t not in parts]
-    if missing:
-        for token_id, text in zip(missing, tokenizer.token_texts(missing), strict=True):
-            parts[token_id] = (text, list(text.encode("utf-8")))
-    # The cached ``bytes`` lists are shared between answers: they are only ever serialized.
-    return [
-        {"token": text, "logprob": lp, "bytes": raw, "top_logprobs": []}
-        for (text, raw), lp in zip(map(parts.__getitem__, token_ids), logprobs, strict=True)
-    ]
 
 
 def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, Any], str]:
@@ -137,9 +115,12 @@ async def chat_completions(request: Request) -> Response:
     def reply(gen: Generation, message: dict[str, Any], finish: str) -> Response:
         logprobs = None
         if body.logprobs:
+            ids, lps = gen.token_ids, gen.logprobs
             stop_ids = set(call.params.stop_token_ids)
-            kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
-            logprobs = {"content": logprob_entries(state, [t for t, _ in kept], [lp for _, lp in kept])}
+            if not stop_ids.isdisjoint(ids):  # a sampled stop token has no entry
+                kept = [(t, lp) for t, lp in zip(ids, lps, strict=True) if t not in stop_ids]
+                ids, lps = [t for t, _ in kept], [lp for _, lp in kept]
+            logprobs = {"content": logprob_content(state.engine.tokenizer, ids, lps)}
         payload = {
             **openai_envelope("chatcmpl", "chat.completion", model, gen.policy_version),
             "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
@@ -155,39 +136,44 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
     gen = call.start()
     base = openai_envelope("chatcmpl", "chat.completion.chunk", model, state.engine.policy_version)
 
-    def chunk(
-        delta: dict[str, Any], finish: str | None = None, logprobs: list[dict[str, Any]] | None = None
-    ) -> str:
-        lp = {"content": logprobs} if body.logprobs else None
+    tokenizer = state.engine.tokenizer
+    # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
+    pending_ids: list[int] = []
+    pending_lps: list[float] = []
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        nonlocal pending_ids, pending_lps
+        lp = None
+        if body.logprobs:
+            lp = {"content": logprob_content(tokenizer, pending_ids, pending_lps)}
+            pending_ids, pending_lps = [], []
         return sse(
             {**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
         )
 
-    yield chunk({"role": "assistant", "content": ""}, logprobs=[])
+    yield chunk({"role": "assistant", "content": ""})
     parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
     events: list[Event] = []
-    pending_lp: list[dict[str, Any]] = []  # logprobs of tokens whose text is not released yet
     n_calls = 0
 
     def emit(new_events: list[Event]) -> list[str]:
-        nonlocal pending_lp, n_calls
+        nonlocal n_calls
         out = []
         for event in new_events:
             events.append(event)
             if isinstance(event, ContentEvent):
-                out.append(chunk({"content": event.text}, logprobs=pending_lp))
-                pending_lp = []
+                out.append(chunk({"content": event.text}))
             elif isinstance(event, ToolCallEvent):
                 delta = {"tool_calls": [{"index": n_calls, **event.call.to_openai()}]}
-                out.append(chunk(delta, logprobs=pending_lp))
-                pending_lp = []
+                out.append(chunk(delta))
                 n_calls += 1
         return out
 
     piece: Piece
     async for piece in gen.pieces():
         if body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
-            pending_lp += logprob_entries(state, [piece.token_id], [piece.logprob])
+            pending_ids.append(piece.token_id)
+            pending_lps.append(piece.logprob)
         if piece.text:
             for out in emit(parser.feed(piece.text) if parser else [ContentEvent(piece.text)]):
                 yield out
@@ -197,7 +183,7 @@ async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -
     parsed = collect(events) if parser else ParsedMessage(content=gen.text, tool_calls=[])
     message, finish = answer_message(parsed, gen)
     # What follows the record is built first: once the call is durable only the transport can fail.
-    tail = [chunk({}, finish=finish, logprobs=pending_lp)]
+    tail = [chunk({}, finish=finish)]
     if body.include_usage:
         tail.append(sse({**base, "choices": [], "usage": openai_usage(call)}))
     await call.record(message, finish)  # durable before the client sees the end of the answer
