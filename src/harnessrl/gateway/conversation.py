@@ -190,22 +190,19 @@ class PriorCall:
 
     message_keys: tuple[bytes, ...]  # fingerprints of the request's normalized messages
     answer_key: bytes  # fingerprint of the assistant message the gateway answered with
-    # The call's prompt then its sampled response: what the next call's prompt starts with. A
-    # ``TokenIds``, so a prompt spliced from it derives its encodings from this one's.
-    tokens: TokenIds
-    prompt_len: int
+    # The call's prompt, then its sampled response: what the next call's prompt starts with. The
+    # prompt is a ``TokenIds`` (the recorded call's own), so a prompt spliced from it derives its
+    # encodings from this one's.
+    prompt_ids: TokenIds
+    response_ids: tuple[int, ...]
 
     @property
-    def prompt_ids(self) -> list[int]:
-        return self.tokens[: self.prompt_len]
-
-    @property
-    def response_ids(self) -> list[int]:
-        return self.tokens[self.prompt_len :]
+    def token_count(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
 
     def ends_with_stop(self, stop_ids: Collection[int]) -> bool:
         """Whether the sampled response ended with a stop token (it closed its turn itself)."""
-        return len(self.tokens) > self.prompt_len and self.tokens[-1] in stop_ids
+        return bool(self.response_ids) and self.response_ids[-1] in stop_ids
 
     @classmethod
     def from_call(
@@ -230,8 +227,8 @@ class PriorCall:
         return cls(
             message_keys=tuple(message_keys),
             answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
-            tokens=TokenIds.joined(prompt_ids, response_ids),
-            prompt_len=len(prompt_ids),
+            prompt_ids=prompt_ids if isinstance(prompt_ids, TokenIds) else TokenIds(prompt_ids),
+            response_ids=tuple(response_ids),
         )
 
 
@@ -316,7 +313,7 @@ def build_prompt(
         if spliced is not None:
             checks = _INCREMENTAL_OK.get(tokenizer, 0)
             if checks >= VERIFY_CALLS:
-                return PromptPlan(spliced, "reused", len(prior.tokens))
+                return PromptPlan(spliced, "reused", prior.token_count)
             full = build_prompt(
                 tokenizer,
                 messages,
@@ -342,7 +339,7 @@ def build_prompt(
         spliced = _splice_after_turn(tokenizer, messages, n, prior, full_text, tools, kwargs)
     if spliced is None:
         return PromptPlan(tokenizer.encode(full_text), "mismatch")
-    return PromptPlan(spliced, "reused", len(prior.tokens))
+    return PromptPlan(spliced, "reused", prior.token_count)
 
 
 def quick_prompt(
@@ -369,7 +366,7 @@ def quick_prompt(
     spliced = _splice_incremental(tokenizer, messages, prior, tools, template_kwargs or {})
     if spliced is None:
         return None
-    return PromptPlan(spliced, "reused", len(prior.tokens))
+    return PromptPlan(spliced, "reused", prior.token_count)
 
 
 #: Incremental splices per tokenizer checked against the full path before it is trusted.
@@ -425,7 +422,7 @@ def _splice(
     tail = full_text[len(prefix_text) :]
     # The turn was cut (max_tokens, a stop string): close it as the template does.
     close = [] if prior.ends_with_stop(stop_ids) else [eot_id]
-    return TokenIds.joined(prior.tokens, close, tokenizer.encode(glue + tail))
+    return TokenIds.joined(prior.prompt_ids, prior.response_ids, close, tokenizer.encode(glue + tail))
 
 
 #: Stands in for the content of the message after a reused turn, to find where that turn ends.
@@ -477,7 +474,8 @@ def _splice_after_turn(
     ends_before = [end for end in _turn_ends(tokenizer, marked_text) if end[0] <= mark_at]
     stop_ids = set(tokenizer.stop_token_ids)
     closed = prior.ends_with_stop(stop_ids)
-    sampled_ends = sum(1 for token_id in prior.tokens if token_id in stop_ids) + (0 if closed else 1)
+    sampled = (*prior.prompt_ids, *prior.response_ids)
+    sampled_ends = sum(1 for token_id in sampled if token_id in stop_ids) + (0 if closed else 1)
     if not ends_before or len(ends_before) != sampled_ends:
         return None
     end, eot_id = ends_before[-1]
@@ -490,4 +488,6 @@ def _splice_after_turn(
         return None
     # The turn was cut (max_tokens, a stop string): close it as the template does.
     close = [] if closed else [eot_id]
-    return TokenIds.joined(prior.tokens, close, tokenizer.encode(full_text[real_end:]))
+    return TokenIds.joined(
+        prior.prompt_ids, prior.response_ids, close, tokenizer.encode(full_text[real_end:])
+    )

@@ -46,7 +46,7 @@ class RolloutMemory:
     # The rollout's call count in the store (all attempts) as of the last load, plus calls recorded
     # here since: with peer gateways, a larger count in the store means this memory is stale.
     store_calls: int = 0
-    # The newest priors, which keep their tokens' encodings (``TokenIds``) for the next prompts
+    # The newest priors, which keep their prompts' encodings (``TokenIds``) for the next prompts
     # spliced from them; older ones drop theirs (a prompt 16 k tokens long keeps ~170 KB of them).
     encoded: deque[PriorCall] = field(default_factory=lambda: deque(maxlen=ENCODED_PRIORS))
 
@@ -54,7 +54,7 @@ class RolloutMemory:
         """Keep ``prior`` for reuse; the oldest of the encoded priors forgets its encodings."""
         self.priors[seq] = prior
         if len(self.encoded) == ENCODED_PRIORS:
-            self.encoded[0].tokens.forget_encodings()
+            self.encoded[0].prompt_ids.forget_encodings()
         self.encoded.append(prior)
 
     def repeats(self, raw: Any) -> tuple[HistoryBytes, int] | None:
