@@ -70,6 +70,11 @@ class SQLStore:
     ROW_LOCK: str
     CLAIM_LOCK: str
     NO_LIMIT: Any
+    #: Whether a call's write may read its rollout's row and next ``seq`` in one statement: where the
+    #: write transaction holds its lock before its first read (SQLite's ``BEGIN IMMEDIATE``). Not in
+    #: PostgreSQL, where one statement would count the calls in a snapshot taken before it waited
+    #: for the row lock, and two writers of one rollout would take the same ``seq``.
+    SEQ_WITH_LOCK = False
     #: Memory for the chains of recently written rollouts (``chains.ChainCache``), per store.
     CHAIN_CACHE_BYTES = 64 * 2**20
 
@@ -359,11 +364,16 @@ class SQLStore:
         # The write transaction (SQLite: the database lock; PostgreSQL: the rollout's row lock)
         # serializes this rollout's writers until commit, so MAX(seq) counts the previous call
         # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
-        locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
-        if conn.execute(locked, (rollout_id,)).fetchone() is None:
+        next_seq = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
+        if self.SEQ_WITH_LOCK:  # one statement: the rollout's row (none: no such rollout) and its next seq
+            locked = f"SELECT ({next_seq}) AS n FROM rollouts WHERE rollout_id = {p}"
+            row = conn.execute(locked, (rollout_id, rollout_id)).fetchone()
+        else:
+            locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
+            row = conn.execute(locked, (rollout_id,)).fetchone()
+        if row is None:
             raise NotFound(f"rollout {rollout_id!r} not found")
-        sql = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
-        seq = self._scalar(conn, sql, (rollout_id,))
+        seq = row["n"] if self.SEQ_WITH_LOCK else self._scalar(conn, next_seq, (rollout_id,))
         chains = written.get(rollout_id) or self._chains.get(rollout_id)
         if seq == 0:  # the rollout's first call: nothing to be stored on
             chains = AttemptChains(attempt, -1)

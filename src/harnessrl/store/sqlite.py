@@ -41,6 +41,7 @@ class SQLiteStore(SQLStore):
     ROW_LOCK = ""  # the write transaction already holds the database's write lock
     CLAIM_LOCK = ""
     NO_LIMIT = -1  # SQLite needs a LIMIT before OFFSET; -1 means none
+    SEQ_WITH_LOCK = True  # BEGIN IMMEDIATE holds the database's write lock from the start
 
     def __init__(
         self,
