@@ -130,6 +130,8 @@ TEXTS = [
     "   spaces   and\ttabs\r\n",
     "it's I'LL we've 12345 3.14159",
     "",
+    # ASCII edge cases of the fast path (harnessrl.ascii_encoder): onig's \s is not Python's.
+    "x    \x1c    y\x0b\x0c\r\n  '  I'LLx 007 !!\n\n<|im_end|><|im_start|>",
 ]
 
 
@@ -208,13 +210,14 @@ def test_gateway_side_imports_need_no_torch(tiny_dir: Path) -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_long_text_encodes_without_holding_the_gil(tiny_dir: Path) -> None:
+@pytest.mark.parametrize("word", ["ünïcode", "ascii"])  # ASCII would take the fast path if short
+def test_long_text_encodes_without_holding_the_gil(tiny_dir: Path, word: str) -> None:
     """The gateway encodes in a worker thread; a long prompt must not stop the event loop's thread
     (an 8 MiB prompt held ``/api/health`` for seconds while ``encode`` held the GIL)."""
     import threading
 
     tok = PolicyTokenizer.from_dir(tiny_dir)
-    text = "lorem ipsum dolor sit amet, <|im_end|> ünïcode\n" * 20_000  # ~1 M characters
+    text = f"lorem ipsum dolor sit amet, <|im_end|> {word}\n" * 20_000  # ~1 M characters
     assert tok.encode(text) == tok._tok.encode(text, add_special_tokens=False).ids  # same IDs
     short = "hello <|im_end|> world"
     assert tok.encode(short) == tok._tok.encode(short, add_special_tokens=False).ids

@@ -15,6 +15,10 @@ environment: ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blo
 ``tojson`` filter, ``raise_exception``, ``strftime_now``, the named special tokens as variables, and
 the same message normalisation). Tests check this against transformers on the tiny model and SmolLM2.
 
+``encode`` takes a faster, exact path for short ASCII texts where the tokenizer allows it
+(``harnessrl.ascii_encoder``: the pre-tokenizer's regex in Python ``re`` and a cache of each piece's
+BPE); other texts and tokenizers go through ``tokenizers`` as before.
+
 Departures from transformers, on purpose: ``decode`` never applies ``clean_up_tokenization_spaces``
 (the gateway needs decoding that agrees with streaming, token by token), and no BOS/EOS is ever added
 by ``encode`` (chat templates write their own).
@@ -38,6 +42,7 @@ import orjson
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
+from harnessrl.ascii_encoder import AsciiEncoder
 from harnessrl.errors import BadRequest, ConfigError
 
 #: Named special tokens transformers passes to every chat template (``special_tokens_map``).
@@ -54,7 +59,7 @@ _NAMED_SPECIAL_TOKENS = (
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _END_OF_TURN = "<|im_end|>"
 #: Texts at least this long are encoded without holding the GIL (``PolicyTokenizer.encode``); shorter
-#: ones (a call's new tail, usually) take ``encode``'s cheaper path.
+#: ones (a call's new tail, usually) take a cheaper path: the ASCII fast path, or ``encode``.
 GIL_FREE_ENCODE_CHARS = 32_768
 
 
@@ -273,6 +278,7 @@ class PolicyTokenizer:
         # Shared safely: the sandbox is immutable, templates cannot change them.
         self._tools_cache: dict[bytes, Any] = {}
         self._tools_lock = threading.Lock()
+        self._ascii = AsciiEncoder.build(tokenizer, name=name_or_path, max_chars=GIL_FREE_ENCODE_CHARS)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> PolicyTokenizer:
@@ -326,10 +332,16 @@ class PolicyTokenizer:
         A long text goes through ``encode_batch``, which gives the same IDs but releases the GIL
         while it works (``encode`` holds it throughout): the gateway encodes in a worker thread, and
         a 500 k-character prompt held its event loop (every other request) for seconds otherwise.
+        A shorter ASCII text takes the fast path (:class:`AsciiEncoder`) where the tokenizer has one:
+        the same IDs at a fraction of the cost, holding the GIL for a few milliseconds at most.
         Where the library has ``encode_batch_fast`` (tokenizers 0.21), every text goes through it:
         the same IDs, the GIL released too, and ~20% less CPU, as it tracks no character offsets
         (every model call encodes its new tail).
         """
+        if self._ascii is not None:
+            ids = self._ascii.encode(text)
+            if ids is not None:
+                return ids
         fast = getattr(self._tok, "encode_batch_fast", None)
         if fast is not None:
             return fast([text], add_special_tokens=False)[0].ids
