@@ -185,7 +185,54 @@ def test_stream_decoder_equals_decode(pair, data: st.DataObject) -> None:
     skip = data.draw(st.booleans())
     decoder = ours.stream_decoder(skip_special_tokens=skip)
     pieces = [decoder.push(i) for i in ids]
-    assert "".join(pieces) + decoder.flush() == ours.decode(ids, skip_special_tokens=skip)
+    library = ours._tok.decode(ids, skip_special_tokens=skip)  # not ours.decode: it joins token texts
+    assert "".join(pieces) + decoder.flush() == ours.decode(ids, skip_special_tokens=skip) == library
+
+
+FAMILIES = ["qwen3", "deepseek"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def family(request: pytest.FixtureRequest) -> PolicyTokenizer:
+    from harnessrl.engines.tiny_families import family_available, tiny_family_dir
+
+    reason = family_available(request.param)
+    if reason is not None:
+        pytest.skip(reason)
+    return PolicyTokenizer.from_dir(tiny_family_dir(request.param, weights=False))
+
+
+@settings(max_examples=80, deadline=None)
+@given(data=st.data())
+def test_joined_token_texts_decode_as_the_library_does(family: PolicyTokenizer, data: st.DataObject) -> None:
+    """``decode`` and ``StreamDecoder`` join per-token texts (``texts_join``) on byte-level vocabularies:
+    the same text as the library's decode, partial UTF-8 tokens and special tokens included."""
+    assert family.texts_join
+    text = data.draw(st.text(alphabet=st.characters(codec="utf-8"), max_size=30))
+    random_ids = data.draw(st.lists(st.integers(0, family.vocab_size - 1), max_size=30))
+    ids = data.draw(st.permutations(family.encode(text) + random_ids))
+    library = family._tok.decode(ids, skip_special_tokens=False)
+    decoder = family.stream_decoder()
+    assert family.decode(ids) == library
+    assert "".join(decoder.push(i) for i in ids) + decoder.flush() == library
+
+
+def test_texts_are_not_joined_where_the_decoder_looks_across_tokens() -> None:
+    """A SentencePiece-style decoder (``Metaspace``) drops the first token's leading space: joining
+    token texts would differ (the control), so ``texts_join`` is off and the library decodes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "\u2581hello": 1, "\u2581world": 2}
+    hf = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    hf.pre_tokenizer = pre_tokenizers.Metaspace()
+    hf.decoder = decoders.Metaspace()
+    tok = PolicyTokenizer(hf, name_or_path="metaspace", chat_template=None, special_tokens={})
+    joined = "".join(hf.decode([i]) for i in (1, 2))
+    assert joined != hf.decode([1, 2])  # the control: "hello" + "world" without the space
+    assert not tok.texts_join
+    assert tok.decode([1, 2]) == hf.decode([1, 2]) == "hello world"
+    decoder = tok.stream_decoder()
+    assert "".join(decoder.push(i) for i in (1, 2)) + decoder.flush() == "hello world"
 
 
 def test_stream_decoder_holds_back_partial_characters(tiny_dir: Path) -> None:

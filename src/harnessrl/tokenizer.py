@@ -11,13 +11,14 @@ folder with the ``tokenizers`` library and ``jinja2``:
   ``config.json``.
 
 ``render_chat`` renders exactly like transformers' ``apply_chat_template(tokenize=False)`` (same Jinja
-environment: ``ImmutableSandboxedEnvironment`` with ``trim_blocks``/``lstrip_blocks``, the same
-``tojson`` filter, ``raise_exception``, ``strftime_now``, the named special tokens as variables, and
-the same message normalisation). Tests check this against transformers on the tiny model and SmolLM2.
+environment and message normalisation, ``harnessrl.chat_template``, with the named special tokens as
+variables). Tests check this against transformers on the tiny model and SmolLM2.
 
 ``encode`` takes a faster, exact path for short ASCII texts where the tokenizer allows it
 (``harnessrl.ascii_encoder``: the pre-tokenizer's regex in Python ``re`` and a cache of each piece's
-BPE); other texts and tokenizers go through ``tokenizers`` as before.
+BPE); other texts and tokenizers go through ``tokenizers`` as before. ``decode`` and
+``StreamDecoder`` join kept per-token texts where the decoder is byte-level and every token is whole
+UTF-8 on its own (``texts_join``), which is what the library's decode gives then.
 
 Departures from transformers, on purpose: ``decode`` never applies ``clean_up_tokenization_spaces``
 (the gateway needs decoding that agrees with streaming, token by token), and no BOS/EOS is ever added
@@ -26,23 +27,17 @@ by ``encode`` (chat templates write their own).
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import jinja2
-import jinja2.ext
-import jinja2.nodes
-import orjson
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
 
 from harnessrl.ascii_encoder import AsciiEncoder
+from harnessrl.chat_template import TemplateInputs, compile_chat_template, plain
 from harnessrl.errors import BadRequest, ConfigError
 
 #: Named special tokens transformers passes to every chat template (``special_tokens_map``).
@@ -55,9 +50,12 @@ _NAMED_SPECIAL_TOKENS = (
     "cls_token",
     "mask_token",
 )
-#: Names a message's reasoning travels under; transformers fills all of them from whichever is set.
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _END_OF_TURN = "<|im_end|>"
+#: Decoded both ways before ``PolicyTokenizer.texts_join`` is trusted: leading and doubled spaces,
+#: newlines, digits, punctuation, multi-byte characters.
+_DECODE_SAMPLE = (
+    " Hello,  world!\n\n  x = f(1, 2) # ok\t\u00e9t\u00e9 \u4e16\u754c \U0001f600 'quoted' 3.14\r\n"
+)
 #: Texts at least this long are encoded without holding the GIL (``PolicyTokenizer.encode``); shorter
 #: ones (a call's new tail, usually) take a cheaper path: the ASCII fast path, or ``encode``.
 GIL_FREE_ENCODE_CHARS = 32_768
@@ -89,123 +87,6 @@ def _as_id_list(value: Any) -> list[int]:
     return [int(v) for v in value]
 
 
-# --- the Jinja environment, mirroring transformers.utils.chat_template_utils -------------------------
-
-
-class _GenerationTag(jinja2.ext.Extension):
-    """Accept ``{% generation %}...{% endgeneration %}`` (assistant-mask markers) and render the body as is."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Callable[[], str]) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
-) -> str:
-    # Jinja's own tojson HTML-escapes '<', '>', '&' and "'"; transformers replaces it with plain json.dumps.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _TemplateDict:
-    """``dict`` for templates, limited like transformers' so attribute tricks cannot escape the sandbox."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
-        return dict.fromkeys(*args, **kwargs)
-
-
-class _TemplateNamespace(jinja2.utils.Namespace):
-    """A Jinja namespace that refuses underscore-prefixed attributes (as transformers' does)."""
-
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - same signature trick as jinja2.utils.Namespace
-        self, args = args[0], args[1:]
-        attrs = dict(*args, **kwargs)
-        for name in attrs:
-            _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name: str, value: Any) -> None:
-        _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check_name(name: Any) -> None:
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(
-                f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}."
-            )
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """Compile a chat template in the same sandboxed environment transformers uses."""
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _TemplateDict()
-    env.globals["namespace"] = _TemplateNamespace
-    return env.from_string(source)
-
-
-def _plain(value: Any) -> Any:
-    """Rebuild template inputs from plain JSON types (pydantic models and dataclasses become dicts)."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if callable(getattr(value, "model_dump", None)):
-        return _plain(value.model_dump())
-    return f"<{type(value).__name__}>"
-
-
-def _normalize_messages(messages: Iterable[Any]) -> list[dict[str, Any]]:
-    """What transformers does before rendering: plain dicts, ``None`` values dropped, reasoning aliased."""
-    out = []
-    for message in _plain(list(messages)):
-        if not isinstance(message, dict):
-            raise BadRequest(f"chat messages must be objects, got {message!r}", param="messages")
-        # Drop None values: templates handle a missing key but print "None" for content=None.
-        message = {k: v for k, v in message.items() if v is not None}
-        reasoning = next((message[k] for k in _REASONING_FIELDS if message.get(k) is not None), None)
-        if reasoning is not None:
-            message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
-        out.append(message)
-    return out
-
-
 # --- streaming detokenization ------------------------------------------------------------------------
 
 
@@ -230,6 +111,13 @@ class StreamDecoder:
     def push(self, token_id: int) -> str:
         """Add one sampled token; return the text it completes (possibly ``""``)."""
         self._ids.append(int(token_id))
+        if self._read == len(self._ids) - 1 and not self._skip and self._tok.texts_join:
+            # Nothing held back: a whole-UTF-8 token adds exactly its own text (``texts_join``).
+            text = self._tok.token_texts((token_id,))[0]
+            if text and "\ufffd" not in text:
+                self._prefix = self._read
+                self._read = len(self._ids)
+                return text
         prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
         new_text = self._tok.decode(self._ids[self._prefix :], self._skip)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
@@ -273,11 +161,9 @@ class PolicyTokenizer:
         self.max_position_embeddings = max_position_embeddings
         self._compiled: dict[str, jinja2.Template] = {}
         self._token_texts: dict[int, str] = {}  # token id -> decode([id]); bounded by the vocabulary
-        # Template-ready copies of recent tool lists, by their JSON: an agent sends the same tools on
-        # every call, and rebuilding them (``_plain``) costs more than the rest of a short render.
-        # Shared safely: the sandbox is immutable, templates cannot change them.
-        self._tools_cache: dict[bytes, Any] = {}
-        self._tools_lock = threading.Lock()
+        # Template-ready messages and tool lists, kept by their JSON: an agent resends its history and
+        # tools on every call, and preparing them costs more than the rest of a short render.
+        self._template_inputs = TemplateInputs()
         self._ascii = AsciiEncoder.build(tokenizer, name=name_or_path, max_chars=GIL_FREE_ENCODE_CHARS)
 
     @classmethod
@@ -351,18 +237,48 @@ class PolicyTokenizer:
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (no tokenization-space clean-up, so it agrees with :class:`StreamDecoder`)."""
+        if not skip_special_tokens and self.texts_join:
+            text = "".join(self.token_texts(ids))
+            if "\ufffd" not in text:  # every token whole UTF-8 on its own: the library's answer
+                return text
         return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """``decode([i])`` for each ID (the per-token text of logprob entries), cached per ID."""
         cache = self._token_texts
-        out = []
-        for token_id in ids:
-            text = cache.get(token_id)
-            if text is None:
-                text = cache[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
-            out.append(text)
-        return out
+        out = list(map(cache.get, ids))
+        if None in out:
+            for i, token_id in enumerate(ids):
+                if out[i] is None:
+                    text = cache.get(token_id)
+                    if text is None:
+                        text = cache[token_id] = self._tok.decode([token_id], skip_special_tokens=False)
+                    out[i] = text
+        return out  # type: ignore[return-value]
+
+    @cached_property
+    def texts_join(self) -> bool:
+        """Whether decoding is joining the tokens' own texts wherever each is whole UTF-8.
+
+        True of a byte-level decoder (``ByteLevel``: each token's bytes, joined, read as UTF-8): if no
+        token's text holds U+FFFD, each is whole UTF-8 and the join reads the same. Not of decoders
+        that look across tokens (SentencePiece's ``Metaspace`` drops the first token's leading
+        space). Checked on a sample against the library's decode before it is trusted.
+        """
+        try:
+            decoder = json.loads(self._tok.decoder.__getstate__()) if self._tok.decoder is not None else None
+        except Exception:  # noqa: BLE001 - a tokenizers release that serializes differently: not trusted
+            return False
+        if not isinstance(decoder, dict) or decoder.get("type") != "ByteLevel":
+            return False
+        sample = self._tok.encode(_DECODE_SAMPLE, add_special_tokens=False).ids
+        sample += sorted(self._tok.get_added_tokens_decoder())[:64]
+        for ids in (sample, sample[1:], sample[::-1], [i for i in sample if i % 3]):
+            texts = [self._tok.decode([i], skip_special_tokens=False) for i in ids]
+            joined = "".join(texts)
+            if "\ufffd" not in joined and joined != self._tok.decode(ids, skip_special_tokens=False):
+                return False
+        return True
 
     def convert_ids_to_tokens(self, ids: Sequence[int]) -> list[str]:
         return [self._tok.id_to_token(int(i)) for i in ids]
@@ -452,32 +368,14 @@ class PolicyTokenizer:
         variables = {**self.special_tokens_map, **template_kwargs}  # kwargs override, as in transformers
         try:
             return compiled.render(
-                messages=_normalize_messages(messages),
-                tools=self._template_tools(tools),
-                documents=_plain(variables.pop("documents", None)),
+                messages=self._template_inputs.messages(messages),
+                tools=self._template_inputs.tools(tools),
+                documents=plain(variables.pop("documents", None)),
                 add_generation_prompt=add_generation_prompt,
-                **_plain(variables),
+                **plain(variables),
             )
         except jinja2.exceptions.TemplateError as exc:
             raise BadRequest(f"chat template failed: {exc}", param="messages") from exc
-
-    def _template_tools(self, tools: Any) -> Any:
-        """``_plain(tools)``, cached for the last few distinct tool lists."""
-        if tools is None:
-            return None
-        try:
-            key = orjson.dumps(tools)
-        except TypeError:  # not plain JSON (pydantic models, huge integers...): no caching
-            return _plain(tools)
-        with self._tools_lock:
-            cached = self._tools_cache.get(key)
-        if cached is None:
-            cached = _plain(tools)
-            with self._tools_lock:
-                if len(self._tools_cache) >= 16:
-                    self._tools_cache.pop(next(iter(self._tools_cache)))
-                self._tools_cache[key] = cached
-        return cached
 
     def encode_chat(
         self,

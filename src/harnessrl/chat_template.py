@@ -1,0 +1,276 @@
+"""Chat templates rendered exactly as transformers renders them, and cheaply enough for every call.
+
+The environment mirrors ``transformers.utils.chat_template_utils``: ``ImmutableSandboxedEnvironment``
+with ``trim_blocks``/``lstrip_blocks``, ``tojson`` as plain ``json.dumps``, ``raise_exception``,
+``strftime_now``, a limited ``dict`` and ``namespace``, the ``generation`` tag and loop controls;
+messages are made plain (pydantic models and dataclasses become dicts), with ``None`` values dropped
+and the reasoning aliased under every name templates read it by.
+
+The gateway renders two short conversations per model call (``gateway.conversation``), and in a
+render that short most of the time went to the sandbox's machinery, not the template. What this
+module adds for speed changes no output (the tests render both ways):
+
+- ``message.role`` on a plain dict reads the item directly. The sandbox tries the attribute first
+  and catches the ``AttributeError``; a plain dict has no attribute but ``dict``'s own, so for any
+  other name the result is the item, or undefined, exactly as the sandbox gives it.
+- ``tojson`` of a dict or list is kept per object. Every dict and list a template sees is a private
+  copy made here (``TemplateInputs``) or one it built itself, and the immutable sandbox can change
+  none of them, so an object's JSON never changes while it lives (the kept entry holds it alive).
+- Each message's template form is kept by the message's JSON (``TemplateInputs.messages``): an
+  agent resends its history, so most messages of a render were prepared for an earlier one. Only
+  messages made of JSON types alone are kept so (a tuple or a NaN would not read back as itself).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import orjson
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from harnessrl.errors import BadRequest
+
+#: Names a message's reasoning travels under; transformers fills all of them from whichever is set.
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """Accept ``{% generation %}...{% endgeneration %}`` (assistant-mask markers) and render the body as is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Callable[[], str]) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+#: ``tojson`` results kept per dict or list object: (id, arguments) -> (the object, its JSON).
+_JSON_KEPT: dict[tuple[Any, ...], tuple[Any, str]] = {}
+_JSON_KEPT_MAX = 1024
+_JSON_LOCK = threading.Lock()
+
+
+def _tojson(
+    x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
+) -> str:
+    # Jinja's own tojson HTML-escapes '<', '>', '&' and "'"; transformers replaces it with plain json.dumps.
+    if type(x) is not dict and type(x) is not list:
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+    try:
+        key = (id(x), ensure_ascii, indent, tuple(separators) if separators is not None else None, sort_keys)
+        hash(key)
+    except TypeError:  # unhashable arguments: nothing kept
+        return json.dumps(
+            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+        )
+    kept = _JSON_KEPT.get(key)
+    if kept is not None and kept[0] is x:
+        return kept[1]
+    text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+    with _JSON_LOCK:
+        if len(_JSON_KEPT) >= _JSON_KEPT_MAX:
+            del _JSON_KEPT[next(iter(_JSON_KEPT))]
+        _JSON_KEPT[key] = (x, text)
+    return text
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    """``dict`` for templates, limited like transformers' so attribute tricks cannot escape the sandbox."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """A Jinja namespace that refuses underscore-prefixed attributes (as transformers' does)."""
+
+    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - same signature trick as jinja2.utils.Namespace
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}."
+            )
+
+
+#: Every attribute a plain dict has: for any other name, ``getattr`` on one raises.
+_DICT_ATTRIBUTES = frozenset(dir(dict))
+
+
+class _Environment(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with ``dict_obj.name`` read as the item without a caught exception."""
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
+            # What the sandbox returns here: getattr fails, so the item, or undefined.
+            try:
+                return obj[attribute]
+            except KeyError:
+                return self.undefined(obj=obj, name=attribute)
+        return super().getattr(obj, attribute)
+
+
+def compile_chat_template(source: str) -> jinja2.Template:
+    """Compile a chat template in the same sandboxed environment transformers uses."""
+    env = _Environment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
+    return env.from_string(source)
+
+
+def plain(value: Any) -> Any:
+    """Rebuild template inputs from plain JSON types (pydantic models and dataclasses become dicts)."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {plain(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(plain(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return plain(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+def template_message(message: Any) -> dict[str, Any]:
+    """What transformers makes of a message before rendering: a plain dict, ``None`` values dropped,
+    the reasoning aliased."""
+    message = plain(message)
+    if not isinstance(message, dict):
+        raise BadRequest(f"chat messages must be objects, got {message!r}", param="messages")
+    # Drop None values: templates handle a missing key but print "None" for content=None.
+    message = {k: v for k, v in message.items() if v is not None}
+    reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
+    if reasoning is not None:
+        message = {"thinking": reasoning, **message, "reasoning_content": reasoning}
+    return message
+
+
+_JSON_SCALARS = (str, int, bool, type(None))
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether ``value`` is made of exact dicts (string keys), lists, strings, integers, finite floats,
+    booleans and ``None`` only: then its JSON says all there is to it (a tuple or a NaN would not
+    read back as itself)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict:
+            if not all(type(k) is str for k in node):
+                return False
+            stack.extend(node.values())
+        elif kind is list:
+            stack.extend(node)
+        elif kind is float:
+            if node != node or node in (float("inf"), float("-inf")):
+                return False
+        elif kind not in _JSON_SCALARS:
+            return False
+    return True
+
+
+class TemplateInputs:
+    """A tokenizer's template-ready messages and tool lists, kept by their JSON for the next render.
+
+    Thread-safe (renders run on the event loop and in worker threads); bounded. The kept objects are
+    shared between renders, which is safe: the sandbox is immutable and nothing else sees them.
+    """
+
+    MAX_MESSAGES = 1024
+    MAX_TOOL_LISTS = 16
+
+    def __init__(self) -> None:
+        self._messages: dict[bytes, dict[str, Any]] = {}
+        self._tools: dict[bytes, Any] = {}
+        self._lock = threading.Lock()
+
+    def messages(self, messages: Iterable[Any]) -> list[dict[str, Any]]:
+        return [self._message(m) for m in messages]
+
+    def _message(self, message: Any) -> dict[str, Any]:
+        if not _plain_json(message):  # pydantic models, tuples...: its JSON would not say it all
+            return template_message(message)
+        try:
+            key = orjson.dumps(message)
+        except TypeError:  # integers past 64 bits
+            return template_message(message)
+        kept = self._messages.get(key)
+        if kept is None:
+            kept = template_message(message)
+            self._keep(self._messages, key, kept, self.MAX_MESSAGES)
+        return kept
+
+    def tools(self, tools: Any) -> Any:
+        """``plain(tools)``, kept for the last few distinct tool lists."""
+        if tools is None:
+            return None
+        if not _plain_json(tools):
+            return plain(tools)
+        try:
+            key = orjson.dumps(tools)
+        except TypeError:  # integers past 64 bits
+            return plain(tools)
+        kept = self._tools.get(key)
+        if kept is None:
+            kept = plain(tools)
+            self._keep(self._tools, key, kept, self.MAX_TOOL_LISTS)
+        return kept
+
+    def _keep(self, table: dict[bytes, Any], key: bytes, value: Any, limit: int) -> None:
+        with self._lock:
+            if len(table) >= limit:
+                del table[next(iter(table))]  # the oldest
+            table[key] = value
