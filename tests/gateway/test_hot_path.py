@@ -23,6 +23,7 @@ import httpx
 import pytest
 from tests.fakes.vllm_server import serve_vllm
 
+from harnessrl.chat_template import TemplateInputs
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
 from harnessrl.engines.scripted import ScriptedEngine, render_turn
@@ -355,10 +356,14 @@ def test_streaming_and_whole_clients_record_the_same_calls_through_vllm(tmp_path
                             },
                         ]
                     calls[stream] = store.list_calls(r["rollout_id"])
+            sent = list(upstream.fake.prompts)
         finally:
             store.close()
     whole, streamed = calls[False], calls[True]
     assert len(whole) == len(streamed) == 3
+    # The engine conditioned on exactly the recorded prompts (their JSON comes from the previous
+    # call's, ``TokenIds``, once incremental splicing is trusted: the streamed rollout's).
+    assert sent == [c.prompt_token_ids for c in [*whole, *streamed]]
     for a, b in zip(whole, streamed, strict=True):
         assert a.prompt_token_ids == b.prompt_token_ids
         assert a.response_token_ids == b.response_token_ids == reply
@@ -460,4 +465,4 @@ def test_rendering_with_cached_tools_follows_every_change_of_the_tools() -> None
     for k in range(40):  # many distinct tool lists: the cache stays bounded and every render is right
         tools = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": f"tool_{k}"}}]
         assert f'"name": "tool_{k}"' in tokenizer.render_chat(messages, tools=tools)
-    assert len(tokenizer._tools_cache) <= 16
+    assert len(tokenizer._template_inputs._tools) <= TemplateInputs.MAX_TOOL_LISTS
