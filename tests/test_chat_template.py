@@ -166,6 +166,8 @@ def test_tojson_follows_a_namespace_that_changes() -> None:
         "{{ m.get('content') }}|{{ m.role }}|{{ m.missing is defined }}|{{ m.keys | string }}",
         "{{ ms.append(1) }}",
         "{{ m.__init__.__globals__ }}",
+        "{% for x in ms %}{{ loop.first }}{{ loop.length }}{{ loop.cycle('a', 'b') }}{{ loop._after }}"
+        "{{ loop.__class__ }}{{ loop.missing is defined }}{% endfor %}",
     ],
 )
 def test_the_sandbox_answers_as_before(source: str) -> None:

@@ -12,7 +12,8 @@ module adds for speed changes no output (the tests render both ways):
 
 - ``message.role`` on a plain dict reads the item directly. The sandbox tries the attribute first
   and catches the ``AttributeError``; a plain dict has no attribute but ``dict``'s own, so for any
-  other name the result is the item, or undefined, exactly as the sandbox gives it.
+  other name the result is the item, or undefined, exactly as the sandbox gives it. ``loop.first``
+  and a loop's other public attributes are read without the sandbox's checks, which pass for them.
 - ``tojson`` of a dict or list is kept per object. Every dict and list a template sees is a private
   copy made here (``TemplateInputs``) or one it built itself, and the immutable sandbox can change
   none of them, so an object's JSON never changes while it lives (the kept entry holds it alive).
@@ -34,6 +35,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import orjson
+from jinja2.runtime import LoopContext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from harnessrl.errors import BadRequest
@@ -130,18 +132,25 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
 #: Every attribute a plain dict has: for any other name, ``getattr`` on one raises.
 _DICT_ATTRIBUTES = frozenset(dir(dict))
+#: A loop's public attributes (``loop.first``, ``loop.previtem``...), all of which the sandbox allows.
+_LOOP_ATTRIBUTES = frozenset(name for name in dir(LoopContext) if not name.startswith("_"))
 
 
 class _Environment(ImmutableSandboxedEnvironment):
-    """transformers' sandbox, with ``dict_obj.name`` read as the item without a caught exception."""
+    """transformers' sandbox, with the two lookups a chat template makes most taken directly:
+    ``dict_obj.name`` read as the item without a caught exception, and a loop's public attributes
+    without the checks for attributes that could reach Python's internals or mutate a container."""
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        if type(obj) is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
+        kind = type(obj)
+        if kind is dict and type(attribute) is str and attribute not in _DICT_ATTRIBUTES:
             # What the sandbox returns here: getattr fails, so the item, or undefined.
             try:
                 return obj[attribute]
             except KeyError:
                 return self.undefined(obj=obj, name=attribute)
+        if kind is LoopContext and attribute in _LOOP_ATTRIBUTES:
+            return getattr(obj, attribute)  # what the sandbox returns after finding it safe
         return super().getattr(obj, attribute)
 
 
@@ -197,25 +206,25 @@ def template_message(message: Any) -> dict[str, Any]:
     return message
 
 
-_JSON_SCALARS = (str, int, bool, type(None))
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
+_INFINITY = float("inf")
 
 
 def _plain_json(value: Any) -> bool:
-    """Whether ``value`` is made of exact dicts (string keys), lists, strings, integers, finite floats,
-    booleans and ``None`` only: then its JSON says all there is to it (a tuple or a NaN would not
-    read back as itself)."""
+    """Whether ``value`` is made of exact dicts, lists, strings, integers, finite floats, booleans and
+    ``None`` only: then its JSON says all there is to it (a tuple or a NaN would not read back as
+    itself). Dict keys need no look: orjson refuses any but strings."""
     stack = [value]
+    pop, extend = stack.pop, stack.extend
     while stack:
-        node = stack.pop()
+        node = pop()
         kind = type(node)
         if kind is dict:
-            if not all(type(k) is str for k in node):
-                return False
-            stack.extend(node.values())
+            extend(node.values())
         elif kind is list:
-            stack.extend(node)
+            extend(node)
         elif kind is float:
-            if node != node or node in (float("inf"), float("-inf")):
+            if not -_INFINITY < node < _INFINITY:  # NaN compares false too
                 return False
         elif kind not in _JSON_SCALARS:
             return False
