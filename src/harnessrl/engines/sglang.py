@@ -28,8 +28,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+import orjson
+
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
 from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
+from harnessrl.token_ids import json_array
 
 
 class SGLangEngine(RemoteEngine):
@@ -78,7 +81,7 @@ class SGLangEngine(RemoteEngine):
         if params.seed is not None:
             sampling["sampling_seed"] = params.seed
         body = {
-            "input_ids": list(prompt_ids),
+            "input_ids": orjson.Fragment(json_array(prompt_ids)),  # kept by a gateway's TokenIds
             "sampling_params": sampling,
             "return_logprob": True,
             "stream": True,
