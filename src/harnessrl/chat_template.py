@@ -263,9 +263,12 @@ class TemplateInputs:
         return kept
 
     def tools(self, tools: Any) -> Any:
-        """``plain(tools)``, kept for the last few distinct tool lists."""
+        """``plain(tools)``, kept for the last few distinct tool lists; a kept list is its own form
+        (a caller preparing tools once for several renders passes what this returned)."""
         if tools is None:
             return None
+        if any(tools is kept for kept in self._tools.values()):
+            return tools
         if not _plain_json(tools):
             return plain(tools)
         try:

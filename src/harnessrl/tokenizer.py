@@ -377,6 +377,11 @@ class PolicyTokenizer:
         except jinja2.exceptions.TemplateError as exc:
             raise BadRequest(f"chat template failed: {exc}", param="messages") from exc
 
+    def template_tools(self, tools: list[dict[str, Any]] | None) -> Any:
+        """The template-ready form of ``tools``: what ``render_chat`` makes of them, kept by their
+        JSON. Passing it as ``tools`` to several renders prepares the list once, not each time."""
+        return self._template_inputs.tools(tools)
+
     def encode_chat(
         self,
         messages: list[dict[str, Any]],

@@ -70,6 +70,12 @@ def test_health_state_metrics(gateway: Any) -> None:
     state = gateway.client.state()
     assert state["paused"] is False and state["in_flight"] == 0
     assert "harnessrl_calls_in_flight 0.0" in gateway.client.metrics()
+    # The gauges follow the gate (they are set only when a value changed: ``refresh_gauges``).
+    assert "harnessrl_paused 0.0" in gateway.client.metrics()
+    gateway.client.pause(timeout=5)
+    assert "harnessrl_paused 1.0" in gateway.client.metrics()
+    gateway.client.resume()
+    assert "harnessrl_paused 0.0" in gateway.client.metrics()
 
 
 def test_rollout_keys_cannot_use_the_control_api(gateway: Any) -> None:
@@ -118,3 +124,18 @@ def test_model_api_keys(gateway: Any) -> None:
     assert len(gateway.client.list_calls(a["rollout_id"])) == 1
     assert len(gateway.client.list_calls(b["rollout_id"])) == 1
     assert gateway.client.list_calls(b["rollout_id"])[0].rollout_id == b["rollout_id"]
+
+
+def test_call_metrics_count_every_answered_call(make_gateway: Any) -> None:
+    gw = make_gateway(["Hello!", "Again!"])
+    r = gw.rollout()
+    headers = {"authorization": f"Bearer {r['api_key']}"}
+    messages = [{"role": "user", "content": "hi"}]
+    for _ in range(2):
+        resp = httpx.post(f"{r['base_url']}/chat/completions", json={"messages": messages}, headers=headers)
+        assert resp.status_code == 200, resp.text
+        messages = [*messages, resp.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+    metrics = gw.client.metrics()
+    assert 'harnessrl_calls_total{api="chat.completions",finish_reason="stop"} 2.0' in metrics
+    assert 'harnessrl_call_latency_seconds_count{api="chat.completions"} 2.0' in metrics
+    assert 'harnessrl_time_to_first_token_seconds_count{api="chat.completions"} 2.0' in metrics

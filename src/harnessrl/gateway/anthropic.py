@@ -145,7 +145,7 @@ async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Too
     rollout = await open_rollout(state, rollout)
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
     plan, keyed = await _plan(request, internal, body.thinking, memory)
-    state.metrics.reuse.labels(result=plan.result).inc()
+    state.metrics.child(state.metrics.reuse, plan.result).inc()
     params = _sampling(state, body, len(plan.prompt_ids), rollout)
     call = PreparedCall(
         state,

@@ -151,6 +151,7 @@ async def plan_prompt(
     tokenizer = state.engine.tokenizer
     priors = list(memory.priors.values())
     history = state.config.history
+    tools = tokenizer.template_tools(tools)  # prepared once for every render of this call
     plan = quick_prompt(
         tokenizer,
         keyed.messages,
@@ -308,13 +309,13 @@ class PreparedCall:
         self._end_generation()
         self.stored = stored
         m = state.metrics
-        m.calls.labels(api=self.api, finish_reason=stored.finish_reason).inc()
+        m.child(m.calls, self.api, stored.finish_reason).inc()
         m.prompt_tokens.inc(len(stored.prompt_token_ids))
         m.completion_tokens.inc(len(stored.response_token_ids))
         if call.finished_at is not None:
-            m.latency.labels(api=self.api).observe(call.finished_at - call.started_at)
+            m.child(m.latency, self.api).observe(call.finished_at - call.started_at)
         if call.first_token_at is not None:
-            m.first_token.labels(api=self.api).observe(call.first_token_at - call.started_at)
+            m.child(m.first_token, self.api).observe(call.first_token_at - call.started_at)
         return stored
 
     def _end_generation(self) -> None:

@@ -79,7 +79,7 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     tools = body.tools or None
     kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
     plan = await plan_prompt(state, keyed, memory, tools, kwargs)
-    state.metrics.reuse.labels(result=plan.result).inc()
+    state.metrics.child(state.metrics.reuse, plan.result).inc()
     params = sampling_params(state, body, len(plan.prompt_ids), body.requested_max_tokens, rollout)
     call = PreparedCall(
         state,

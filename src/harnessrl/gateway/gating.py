@@ -58,7 +58,7 @@ async def pause_gateways(
     # Applied, or older than a pause already in force: either way the gate is (kept) closed and
     # this request waits for the drain like the newer one does.
     state.gate.close()
-    state.metrics.paused.set(1)
+    state.refresh_gauges()  # paused: 1
     drained, peers = await asyncio.gather(
         state.gate.drain(timeout), cluster.forward("POST", "/api/pause", scope, stamp, timeout)
     )

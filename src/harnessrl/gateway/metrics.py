@@ -6,6 +6,8 @@ benchmarks) never collide or share counts.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -13,6 +15,7 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 
 class GatewayMetrics:
     def __init__(self) -> None:
+        self._children: dict[tuple[Any, ...], Any] = {}  # (metric id, label values) -> child
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.calls = Counter(
@@ -68,6 +71,15 @@ class GatewayMetrics:
             "Streaming calls abandoned by the client (not recorded)",
             registry=r,
         )
+
+    def child(self, metric: Any, *label_values: str) -> Any:
+        """``metric.labels(*label_values)``, kept: the hot path counts each model call in several
+        labelled metrics, and prometheus_client's ``labels`` takes a lock and rebuilds the key."""
+        key = (id(metric), *label_values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*label_values)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

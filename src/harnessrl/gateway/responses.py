@@ -219,7 +219,7 @@ async def prepare_responses(request: Request) -> ResponsesCall:
         ),
         "input",
     )
-    state.metrics.reuse.labels(result=plan.result).inc()
+    state.metrics.child(state.metrics.reuse, plan.result).inc()
     try:
         params = sampling_params(state, body, len(plan.prompt_ids), body.max_output_tokens, rollout)
     except ContextLengthExceeded as exc:

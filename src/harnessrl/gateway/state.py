@@ -57,6 +57,7 @@ class GatewayState:
     # The event loop serving this app (set by the lifespan): code on other loops reaches the gate
     # and the engine through it (``gating.GatewayHandle``).
     loop: asyncio.AbstractEventLoop | None = None
+    _gauge_values: tuple[int, ...] = field(default=(), init=False, repr=False)  # as last set
 
     def __post_init__(self) -> None:
         if self.cluster is None:
@@ -74,7 +75,7 @@ class GatewayState:
 
     def tool_parser(self, tools: Tools) -> ToolParser:
         """A parser for one answer, its malformed calls counted in ``harnessrl_tool_calls_malformed``."""
-        counter = self.metrics.malformed_tool_calls.labels(parser=self.formats.tool_parser)
+        counter = self.metrics.child(self.metrics.malformed_tool_calls, self.formats.tool_parser)
         return CountingParser(self._tool_parser(tools), counter.inc)
 
     def reasoning_parser(self, prompt_ids: Sequence[int]) -> ReasoningParser:
@@ -95,7 +96,16 @@ class GatewayState:
         return now() - self.started_at
 
     def refresh_gauges(self) -> None:
-        self.metrics.in_flight.set(self.gate.in_flight)
-        self.metrics.waiting.set(self.gate.waiting)
-        self.metrics.paused.set(1 if self.gate.paused else 0)
-        self.metrics.policy_version.set(self.engine.policy_version)
+        # Several times per call: set (each takes a lock) only what changed since the last time.
+        values = (
+            self.gate.in_flight,
+            self.gate.waiting,
+            1 if self.gate.paused else 0,
+            self.engine.policy_version,
+        )
+        if values == self._gauge_values:
+            return
+        self._gauge_values = values
+        m = self.metrics
+        for gauge, value in zip((m.in_flight, m.waiting, m.paused, m.policy_version), values, strict=True):
+            gauge.set(value)
