@@ -192,3 +192,14 @@ def test_what_is_kept_stays_bounded() -> None:
         assert inputs.tools([{"name": f"t{k}"}]) == [{"name": f"t{k}"}]
     assert len(inputs._messages) <= TemplateInputs.MAX_MESSAGES
     assert len(inputs._tools) <= TemplateInputs.MAX_TOOL_LISTS
+
+
+def test_prepared_tools_render_as_the_tools_themselves() -> None:
+    tok = TOKENIZERS["tiny"]
+    prepared = tok.template_tools(TOOLS)
+    assert tok.template_tools(prepared) is prepared  # a kept form is its own form
+    messages = CONVERSATIONS[1]
+    assert tok.render_chat(messages, tools=prepared) == tok.render_chat(messages, tools=TOOLS)
+    changed = json.loads(json.dumps(TOOLS))
+    changed[0]["function"]["name"] = "shell"
+    assert "shell" in tok.render_chat(messages, tools=tok.template_tools(changed))
