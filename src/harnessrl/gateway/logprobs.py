@@ -17,8 +17,10 @@ from typing import Any
 
 import orjson
 
-# tokenizer -> {token id: (the entry's JSON up to its logprob, the JSON after it and a comma)}
-_PIECES: weakref.WeakKeyDictionary[Any, dict[int, tuple[bytes, bytes]]] = weakref.WeakKeyDictionary()
+# tokenizer -> ({token id: "," + the entry's JSON up to its logprob}, {token id: the JSON after it})
+_PIECES: weakref.WeakKeyDictionary[Any, tuple[dict[int, bytes], dict[int, bytes]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _encode(value: Any) -> bytes:
@@ -28,16 +30,18 @@ def _encode(value: Any) -> bytes:
         return json.dumps(value, ensure_ascii=False).encode()
 
 
-def _pieces(tokenizer: Any, token_ids: Sequence[int]) -> dict[int, tuple[bytes, bytes]]:
+def _pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[dict[int, bytes], dict[int, bytes]]:
     pieces = _PIECES.get(tokenizer)
     if pieces is None:
-        pieces = _PIECES[tokenizer] = {}
-    missing = [t for t in dict.fromkeys(token_ids) if t not in pieces]
+        pieces = _PIECES[tokenizer] = ({}, {})
+    heads, tails = pieces
+    missing = [t for t in dict.fromkeys(token_ids) if t not in tails]
     for token_id, text in zip(missing, tokenizer.token_texts(missing), strict=True):
-        head = _encode({"token": text})[:-1] + b',"logprob":'
+        heads[token_id] = b"," + _encode({"token": text})[:-1] + b',"logprob":'
         # The engine reports the sampled token's logprob only, so ``top_logprobs`` stays empty.
-        tail = b',"bytes":' + _encode(list(text.encode("utf-8", "surrogatepass"))) + b',"top_logprobs":[]},'
-        pieces[token_id] = (head, tail)
+        tails[token_id] = (
+            b',"bytes":' + _encode(list(text.encode("utf-8", "surrogatepass"))) + b',"top_logprobs":[]}'
+        )
     return pieces
 
 
@@ -47,11 +51,12 @@ def logprob_content(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence
         raise ValueError(f"{len(token_ids)} token IDs but {len(logprobs)} logprobs")
     if not token_ids:
         return orjson.Fragment(b"[]")
-    pieces = _pieces(tokenizer, token_ids)
+    heads, tails = _pieces(tokenizer, token_ids)
     # Floats never hold a comma: one encode of the list gives each logprob's text.
     numbers = orjson.dumps(logprobs if isinstance(logprobs, list) else list(logprobs))[1:-1].split(b",")
-    parts: list[bytes] = [b""] * (3 * len(token_ids))
-    parts[0::3] = [pieces[t][0] for t in token_ids]
-    parts[1::3] = numbers
-    parts[2::3] = [pieces[t][1] for t in token_ids]
-    return orjson.Fragment(b"[" + b"".join(parts)[:-1] + b"]")
+    parts: list[bytes] = [b""] * (3 * len(token_ids) + 2)  # "[", then head, number, tail per entry, "]"
+    parts[1:-1:3] = map(heads.__getitem__, token_ids)
+    parts[2:-1:3] = numbers
+    parts[3:-1:3] = map(tails.__getitem__, token_ids)
+    parts[0], parts[1], parts[-1] = b"[", parts[1][1:], b"]"  # the first entry has no comma before it
+    return orjson.Fragment(b"".join(parts))
