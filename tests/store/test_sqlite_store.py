@@ -105,6 +105,11 @@ def test_key_lookup_sees_every_commit_and_ends_with_the_store(tmp_path: Path) ->
     assert store.get_rollout_by_key(rollout.api_key).status.value == "running"
     other.requeue_rollout(rollout.rollout_id)
     assert store.get_rollout_by_key(rollout.api_key).attempt == 1
+    # An unchanged row gives the rollout built for it; any change to the row, a new one.
+    same = store.get_rollout_by_key(rollout.api_key)
+    assert store.get_rollout_by_key(rollout.api_key) is same
+    other.update_rollout_metadata(rollout.rollout_id, {"sampling": {"temperature": 0.5}})
+    assert store.get_rollout_by_key(rollout.api_key).sampling.temperature == 0.5
     # Each thread reads on its own connection, and all of them close with the store.
     seen: list[str] = []
     reader = threading.Thread(

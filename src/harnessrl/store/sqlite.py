@@ -60,6 +60,7 @@ class SQLiteStore(SQLStore):
         self._pid = os.getpid()
         self._closed = False
         self._reset_readers()
+        self._by_key: dict[str, tuple[tuple[Any, ...], Rollout]] = {}  # key -> (its row, its rollout)
         self._conn = self._connect()
         with self._write() as conn:
             migrate_sqlite(conn, where=f"store {self.path!r}")
@@ -81,13 +82,27 @@ class SQLiteStore(SQLStore):
         # the shared connection's write transactions (an in-memory database is private to one).
         return self.path != ":memory:"
 
+    #: Rollouts looked up by key whose rows are remembered (``get_rollout_by_key``).
+    KEY_LOOKUPS_KEPT = 4096
+
     def get_rollout_by_key(self, api_key: str) -> Rollout:
+        """The rollout owning ``api_key``, read on this thread's own connection. Built once per row:
+        while its row is unchanged, a later lookup returns the same (read-only) ``Rollout``; the
+        gateway looks every model call's key up, and validating the record costs more than the read."""
         if not self.reads_at_once:
             return super().get_rollout_by_key(api_key)
         row = self._reader().execute(self._rollout_by_key_sql(), (api_key,)).fetchone()
         if row is None:
             raise NotFound("no rollout has this api key")  # never echo a (wrong) key into logs
-        return rollout_from_row(row)
+        values = tuple(row)
+        kept = self._by_key.get(api_key)
+        if kept is not None and kept[0] == values:
+            return kept[1]
+        rollout = rollout_from_row(row)
+        if len(self._by_key) >= self.KEY_LOOKUPS_KEPT:
+            self._by_key.clear()  # rare (thousands of live rollouts): start again
+        self._by_key[api_key] = (values, rollout)
+        return rollout
 
     def _reader(self) -> sqlite3.Connection:
         """This thread's read-only connection (autocommit: each read sees every commit before it)."""
