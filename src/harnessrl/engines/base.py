@@ -8,7 +8,7 @@ replies for tests and demos); remote vLLM/SGLang engines follow the same protoco
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -113,6 +113,17 @@ class Engine(Protocol):
 
     async def health(self) -> dict[str, Any]:
         """A small JSON-able status dict; raises ``UpstreamError`` if unhealthy."""
+
+
+def through_first_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> int:
+    """How many of ``ids`` an answer keeps: up to and including its first stop token, or all of them.
+
+    Set intersection and ``index`` (C) rather than a Python scan: every whole answer is cut here.
+    """
+    found = set(stop_ids).intersection(ids)
+    if not found:
+        return len(ids)
+    return min(map(ids.index, found)) + 1
 
 
 @runtime_checkable

@@ -60,7 +60,7 @@ from typing import Any, Literal
 
 import orjson
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, through_first_stop
 from harnessrl.engines.remote import AbortedByEngine, RemoteEngine, RemoteEngineError, stream_error
 from harnessrl.errors import ConfigError
 from harnessrl.token_ids import json_array
@@ -213,9 +213,8 @@ class VLLMEngine(RemoteEngine):
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
         ids, logprobs = self._samples(answer)
-        stops = set(params.stop_token_ids)
-        cut = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
-        return ids[:cut], logprobs[:cut]
+        cut = through_first_stop(ids, params.stop_token_ids)
+        return (ids, logprobs) if cut == len(ids) else (ids[:cut], logprobs[:cut])
 
     def _samples(self, event: Any) -> tuple[list[int], list[float]]:
         """The token IDs and logprobs of one stream chunk or of a whole non-streamed answer.

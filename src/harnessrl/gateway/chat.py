@@ -117,7 +117,9 @@ async def chat_completions(request: Request) -> Response:
         if body.logprobs:
             ids, lps = gen.token_ids, gen.logprobs
             stop_ids = set(call.params.stop_token_ids)
-            if not stop_ids.isdisjoint(ids):  # a sampled stop token has no entry
+            if ids and ids[-1] in stop_ids:  # a sampled stop token has no entry (it ends the answer)
+                ids, lps = ids[:-1], lps[:-1]
+            if not stop_ids.isdisjoint(ids):  # any other (an engine that went on past one)
                 kept = [(t, lp) for t, lp in zip(ids, lps, strict=True) if t not in stop_ids]
                 ids, lps = [t for t, _ in kept], [lp for _, lp in kept]
             logprobs = {"content": logprob_content(state.engine.tokenizer, ids, lps)}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.engines.base import GenerationContext, SamplingParams, through_first_stop
 from harnessrl.schemas import now
 
 if TYPE_CHECKING:
@@ -159,7 +159,7 @@ class Generation:
         whole = getattr(self.engine, "generate_whole", None)
         if whole is not None and self.context is not None and not self.context.stream:
             ids, logprobs = await whole(self.prompt_ids, self.params, self.context)
-            cut = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), len(ids))
+            cut = through_first_stop(ids, stop_ids)
             if cut:
                 self.first_token_at = now()
             self.token_ids, self.logprobs = list(ids[:cut]), list(logprobs[:cut])
