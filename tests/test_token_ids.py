@@ -8,6 +8,7 @@ call condition on (or record) other tokens than its prompt: every way of buildin
 from __future__ import annotations
 
 import copy
+import gc
 import pickle
 import struct
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.token_ids import TokenIds, int32_bytes, json_array
+from harnessrl.token_ids import KeptIds, TokenIds, int32_bytes, json_array
 
 ids = st.lists(st.integers(min_value=-(2**31), max_value=2**31 - 1), max_size=40)
 
@@ -96,3 +97,43 @@ def test_it_is_a_list_and_copies_without_encodings() -> None:
 def test_a_value_past_int32_is_refused_when_packed() -> None:
     with pytest.raises(struct.error):
         TokenIds([2**31]).packed()
+
+
+@settings(max_examples=100, deadline=None)
+@given(first=ids, rest=st.lists(ids, max_size=3), encode_first=st.booleans())
+def test_joined_on_kept_ids_encodes_the_concatenation(
+    first: list[int], rest: list[list[int]], encode_first: bool
+) -> None:
+    base = TokenIds(first)
+    if encode_first:
+        encodings(base)
+    kept = KeptIds(base)
+    assert kept.ids == tuple(first) and (kept.packed is not None) == encode_first
+    joined = TokenIds.joined(kept, *rest)
+    whole = [*first, *(v for part in rest for v in part)]
+    assert joined == whole and encodings(joined) == encoded_from_scratch(whole)
+    kept.forget_encodings()
+    assert encodings(TokenIds.joined(kept, *rest)) == encoded_from_scratch(whole)
+
+
+def test_kept_ids_are_left_alone_by_the_garbage_collector() -> None:
+    """A gateway keeps every answered call's prompt (16 k IDs) for the next: as a list the collector
+    would walk every one of them on each full collection; an exact tuple of ints it stops tracking."""
+    kept = KeptIds(TokenIds(range(1000, 17000)))
+    gc.collect()
+    assert not gc.is_tracked(kept.ids)
+    assert gc.is_tracked(TokenIds(range(1000, 17000)))  # the control: a list stays tracked
+
+
+def test_kept_ids_hold_only_what_they_add_to_what_they_were_joined_on() -> None:
+    """A rollout's remembered prompts are deltas: memory O(its tokens), not O(calls x context)."""
+    first = KeptIds(TokenIds(range(1000)))
+    second = KeptIds(TokenIds.joined(first, [1, 2], [3]))
+    third = KeptIds(TokenIds.joined(second, [4]))
+    assert (second.base, second.extra) == (first, (1, 2, 3)) and (third.base, third.extra) == (second, (4,))
+    assert third.ids == (*range(1000), 1, 2, 3, 4) and len(third) == 1004
+    assert TokenIds.joined(third, [5]) == [*range(1000), 1, 2, 3, 4, 5]
+    changed = TokenIds.joined(second, [4])
+    changed[0] = -1  # no longer what it was joined on: kept whole
+    kept = KeptIds(changed)
+    assert kept.base is None and kept.ids == (-1, *range(1, 1000), 1, 2, 3, 4)

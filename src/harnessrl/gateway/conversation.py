@@ -54,7 +54,7 @@ import orjson
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import json_problem
 from harnessrl.gateway.repeats import HistoryBytes, history_bytes
-from harnessrl.token_ids import TokenIds
+from harnessrl.token_ids import KeptIds, TokenIds
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
@@ -191,14 +191,18 @@ class PriorCall:
     message_keys: tuple[bytes, ...]  # fingerprints of the request's normalized messages
     answer_key: bytes  # fingerprint of the assistant message the gateway answered with
     # The call's prompt, then its sampled response: what the next call's prompt starts with. The
-    # prompt is a ``TokenIds`` (the recorded call's own), so a prompt spliced from it derives its
-    # encodings from this one's.
-    prompt_ids: TokenIds
+    # prompt is kept with the encodings the recorded call's ``TokenIds`` had, so a prompt spliced from
+    # it derives its own from them; both as exact tuples, which the garbage collector stops tracking.
+    prompt: KeptIds
     response_ids: tuple[int, ...]
 
     @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        return self.prompt.ids
+
+    @property
     def token_count(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
+        return len(self.prompt) + len(self.response_ids)
 
     def ends_with_stop(self, stop_ids: Collection[int]) -> bool:
         """Whether the sampled response ended with a stop token (it closed its turn itself)."""
@@ -227,7 +231,7 @@ class PriorCall:
         return cls(
             message_keys=tuple(message_keys),
             answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
-            prompt_ids=prompt_ids if isinstance(prompt_ids, TokenIds) else TokenIds(prompt_ids),
+            prompt=KeptIds(prompt_ids),
             response_ids=tuple(response_ids),
         )
 
@@ -422,7 +426,7 @@ def _splice(
     tail = full_text[len(prefix_text) :]
     # The turn was cut (max_tokens, a stop string): close it as the template does.
     close = [] if prior.ends_with_stop(stop_ids) else [eot_id]
-    return TokenIds.joined(prior.prompt_ids, prior.response_ids, close, tokenizer.encode(glue + tail))
+    return TokenIds.joined(prior.prompt, prior.response_ids, close, tokenizer.encode(glue + tail))
 
 
 #: Stands in for the content of the message after a reused turn, to find where that turn ends.
@@ -488,6 +492,4 @@ def _splice_after_turn(
         return None
     # The turn was cut (max_tokens, a stop string): close it as the template does.
     close = [] if closed else [eot_id]
-    return TokenIds.joined(
-        prior.prompt_ids, prior.response_ids, close, tokenizer.encode(full_text[real_end:])
-    )
+    return TokenIds.joined(prior.prompt, prior.response_ids, close, tokenizer.encode(full_text[real_end:]))

@@ -54,7 +54,7 @@ class RolloutMemory:
         """Keep ``prior`` for reuse; the oldest of the encoded priors forgets its encodings."""
         self.priors[seq] = prior
         if len(self.encoded) == ENCODED_PRIORS:
-            self.encoded[0].prompt_ids.forget_encodings()
+            self.encoded[0].prompt.forget_encodings()
         self.encoded.append(prior)
 
     def repeats(self, raw: Any) -> tuple[HistoryBytes, int] | None:
