@@ -25,6 +25,7 @@ from harnessrl.gateway.chat import chat_completions
 from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.completions import completions, list_models
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
+from harnessrl.gateway.fast_lane import FastLane
 from harnessrl.gateway.key_limits import PerKeyLimit
 from harnessrl.gateway.responses import responses
 from harnessrl.gateway.state import GatewayState
@@ -38,14 +39,21 @@ log = logging.getLogger("harnessrl.gateway")
 RouteFactory = Callable[[Store, str, Engine], BaseRoute]
 
 
+#: The model API's POST routes, under ``/rollouts/{rollout_id}/v1`` and ``/v1``: every model call takes
+#: one (``fast_lane.FastLane`` answers them without starlette's router; the routes stay declared).
+MODEL_POSTS = {
+    "/chat/completions": chat_completions,
+    "/completions": completions,
+    "/responses": responses,
+    "/messages": anthropic.messages,
+    "/messages/count_tokens": anthropic.count_tokens,
+}
+
+
 def _model_routes(prefix: str) -> list[Route]:
     return [
-        Route(f"{prefix}/chat/completions", chat_completions, methods=["POST"]),
-        Route(f"{prefix}/completions", completions, methods=["POST"]),
+        *(Route(f"{prefix}{path}", handler, methods=["POST"]) for path, handler in MODEL_POSTS.items()),
         Route(f"{prefix}/models", list_models, methods=["GET"]),
-        Route(f"{prefix}/responses", responses, methods=["POST"]),
-        Route(f"{prefix}/messages", anthropic.messages, methods=["POST"]),
-        Route(f"{prefix}/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route(prefix, anthropic.probe, methods=["HEAD"]),
     ]
 
@@ -110,7 +118,11 @@ def create_app(
         routes=routes,
         exception_handlers=EXCEPTION_HANDLERS,
         # Outermost first: unexpected errors become a 500 inside uvicorn's view of a normal answer.
-        middleware=[Middleware(UnexpectedErrors), Middleware(PerKeyLimit, limit=config.max_requests_per_key)],
+        middleware=[
+            Middleware(UnexpectedErrors),
+            Middleware(PerKeyLimit, limit=config.max_requests_per_key),
+            Middleware(FastLane, routes=MODEL_POSTS),  # innermost: inside both of the above
+        ],
         lifespan=lifespan,
     )
     app.state.gateway = state
