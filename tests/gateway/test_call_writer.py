@@ -132,6 +132,27 @@ def test_writer_serves_several_event_loops_and_restarts_after_close(store: SQLit
     writer.close()
 
 
+def test_a_lone_call_is_written_at_once_and_a_held_lock_sends_it_to_the_thread(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    rollout = store.create_rollout()
+    writer = CallWriter(store)
+
+    async def main() -> list[int]:
+        alone = [(await writer.add(make_call(rollout.rollout_id))).seq for _ in range(3)]
+        lock = DatabaseLock(tmp_path / "s.db")
+        held = asyncio.ensure_future(writer.add(make_call(rollout.rollout_id)))
+        await asyncio.sleep(0.2)
+        assert not held.done()  # in the thread, waiting for the lock (not the event loop)
+        lock.release()
+        return [*alone, (await held).seq]
+
+    assert asyncio.run(main()) == [0, 1, 2, 3]
+    writer.close()
+    assert (writer.written_at_once, writer.batches) == (3, 1)
+    assert store.count_calls(rollout.rollout_id) == 4
+
+
 def test_tune_gc_freezes_startup_objects_and_raises_the_young_threshold() -> None:
     before = gc.get_threshold()
     try:

@@ -52,10 +52,12 @@ def test_open_store_urls(pg_url: str) -> None:
         store = open_store(url)
         assert isinstance(store, PostgresStore)
         assert not store.reads_at_once  # a server round trip: the gateway reads keys in a thread
-        store.create_rollout()
+        rollout = store.create_rollout()
+        assert store.add_call_now(a_call(rollout.rollout_id)) is None  # and writes in its writer thread
         store.close()
     with PostgresStore(pg_url) as store:
         assert store.count_rollouts() == 3  # all three URLs reached the same database
+        assert store.count_calls() == 0
 
 
 @pytest.mark.parametrize("url", ["mysql://u@h/db", "sqlite+pysqlite://x", ""])

@@ -137,3 +137,38 @@ def test_a_forked_child_reads_keys_on_its_own_connection(tmp_path: Path) -> None
     child.join(timeout=30)
     assert child.exitcode == 0 and out.get(timeout=5) == "running"
     store.close()
+
+
+def _a_call(rollout_id: str, n: int = 0) -> Call:
+    return Call(
+        rollout_id=rollout_id, prompt_token_ids=[n, n + 1], response_token_ids=[7], response_logprobs=[-0.5]
+    )
+
+
+def test_add_call_now_writes_at_once_or_not_at_all(tmp_path: Path) -> None:
+    """``add_call_now``: the same record as ``add_call`` when the write lock is free; ``None`` at once,
+    and nothing written, while another connection (another process) holds it."""
+    store = SQLiteStore(tmp_path / "store.db")
+    rollout = store.create_rollout()
+    now = store.add_call_now(_a_call(rollout.rollout_id, 0))
+    later = store.add_call(_a_call(rollout.rollout_id, 1))
+    assert now is not None and (now.seq, later.seq) == (0, 1)
+    assert store.list_calls(rollout.rollout_id) == [now, later]
+
+    other = sqlite3.connect(tmp_path / "store.db", isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the write lock, held as another process would
+    try:
+        assert store.add_call_now(_a_call(rollout.rollout_id, 2)) is None  # at once: busy_timeout 0
+        waiting = threading.Thread(target=store.add_call, args=(_a_call(rollout.rollout_id, 3),))
+        waiting.start()
+        waiting.join(timeout=0.5)
+        assert waiting.is_alive()  # the control: add_call waits for the lock
+    finally:
+        other.execute("COMMIT")
+        other.close()
+    waiting.join(timeout=30)
+    assert [c.prompt_token_ids for c in store.list_calls(rollout.rollout_id)] == [[0, 1], [1, 2], [3, 4]]
+    assert SQLiteStore(":memory:").add_call_now(_a_call(rollout.rollout_id)) is None  # one connection
+    store.close()
+    with pytest.raises(sqlite3.ProgrammingError):
+        store.add_call_now(_a_call(rollout.rollout_id))

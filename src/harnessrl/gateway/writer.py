@@ -10,6 +10,12 @@ is written at once, as before.
 
 Each caller still waits for its own call's commit: ``add`` returns the stored call (``seq`` set)
 only after the transaction holding it committed, or raises that call's own error.
+
+When nothing is queued or being written, a call is written at once on the caller's own thread
+(``store.add_call_now``: SQLite, whose write lock is free, is written without waiting; anything
+else says no and the call goes to the thread). One call at a time, the hop to the thread and back
+(two thread wake-ups) cost ~50 us of a call's ~1.9 ms of gateway CPU, and group commit had
+nothing to share.
 """
 
 from __future__ import annotations
@@ -40,10 +46,17 @@ class CallWriter:
         self._queue: queue.SimpleQueue[_Item | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
-        self.batches = 0  # transactions written (for tests and metrics)
+        self.batches = 0  # transactions written by the thread (for tests and metrics)
+        self.written_at_once = 0  # calls written on their caller's thread (``add_call_now``)
+        self._writing = False  # the thread holds calls it has not answered yet
 
     async def add(self, call: Call) -> Call:
         """``store.add_call(call)``, committed (maybe with other calls) before this returns."""
+        if not self._writing and self._queue.empty():
+            stored = self._store.add_call_now(call)  # no wait: None when the lock is taken
+            if stored is not None:
+                self.written_at_once += 1
+                return stored
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Call] = loop.create_future()
         self._ensure_thread()
@@ -69,7 +82,9 @@ class CallWriter:
 
     def _run(self) -> None:
         while True:
+            self._writing = False
             item = self._queue.get()
+            self._writing = True
             if item is None:
                 return
             batch = [item]

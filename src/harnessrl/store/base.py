@@ -131,6 +131,13 @@ class Store(Protocol):
     def add_call(self, call: Call) -> Call:
         """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set."""
 
+    def add_call_now(self, call: Call) -> Call | None:
+        """``add_call``, if it can be done this moment without waiting for anything (another
+        writer's lock, a server); else ``None``, having done nothing. An event loop may call it: the
+        gateway writes a call this way when nothing else is being written (a hop to its writer
+        thread and back cost more than the write), and hands it to that thread otherwise.
+        Always ``None`` for a server's database (PostgreSQL)."""
+
     def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
         """``add_call`` for several calls in one transaction (the gateway's group commit): one
         result per call, a call that cannot be added gets its exception in its place and fails

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harnessrl.errors import NotFound
-from harnessrl.schemas import Rollout
+from harnessrl.schemas import Call, Rollout
+from harnessrl.store.chains import AttemptChains, pack_call
 from harnessrl.store.codecs import rollout_from_row
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
@@ -104,6 +105,44 @@ class SQLiteStore(SQLStore):
         self._by_key[api_key] = (values, rollout)
         return rollout
 
+    def add_call_now(self, call: Call) -> Call | None:
+        """``add_call`` on this thread's own connection, which never waits for the database's write
+        lock (``busy_timeout`` 0): ``None`` when another connection or process holds it, having done
+        nothing. An in-memory database has one connection: always ``None``."""
+        if not self.reads_at_once:
+            return None
+        conn = self._connection_now()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
+                return None
+            raise
+        written: dict[str, AttemptChains] = {}
+        try:
+            row = self._add_call_row(conn, pack_call(call), written)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+        self._chains.put(written)  # committed: these rows may now be bases
+        return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
+
+    def _connection_now(self) -> sqlite3.Connection:
+        """This thread's connection for ``add_call_now`` (its own, so it never waits for the shared
+        connection's lock, and its ``busy_timeout`` is 0)."""
+        if self._pid != os.getpid():
+            self._reset_readers()
+        conn = getattr(self._readers, "now", None)
+        if conn is None:
+            if self._closed:
+                raise sqlite3.ProgrammingError("the store is closed")
+            conn = self._readers.now = self._connect(busy_timeout_s=0.0)
+            with self._readers_lock:
+                self._reader_conns.append(conn)
+        return conn
+
     def _reader(self) -> sqlite3.Connection:
         """This thread's read-only connection (autocommit: each read sees every commit before it)."""
         if self._pid != os.getpid():
@@ -123,14 +162,13 @@ class SQLiteStore(SQLStore):
         self._readers_lock = threading.Lock()
         self._reader_conns: list[sqlite3.Connection] = []
 
-    def _connect(self, *, read_only: bool = False) -> sqlite3.Connection:
+    def _connect(self, *, read_only: bool = False, busy_timeout_s: float | None = None) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue
         # BEGIN IMMEDIATE / COMMIT ourselves so every write's locking is explicit.
-        conn = sqlite3.connect(
-            self.path, timeout=self._timeout_s, isolation_level=None, check_same_thread=False
-        )
+        timeout = self._timeout_s if busy_timeout_s is None else busy_timeout_s
+        conn = sqlite3.connect(self.path, timeout=timeout, isolation_level=None, check_same_thread=False)
         conn.row_factory = sqlite3.Row
-        conn.execute(f"PRAGMA busy_timeout = {int(self._timeout_s * 1000)}")
+        conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
         if read_only:
             conn.execute("PRAGMA query_only = ON")  # the file is in WAL mode already (set on open)
             return conn
