@@ -168,6 +168,10 @@ def test_tojson_follows_a_namespace_that_changes() -> None:
         "{{ m.__init__.__globals__ }}",
         "{% for x in ms %}{{ loop.first }}{{ loop.length }}{{ loop.cycle('a', 'b') }}{{ loop._after }}"
         "{{ loop.__class__ }}{{ loop.missing is defined }}{% endfor %}",
+        "{% macro f(a, b=2) %}{{ a }}{{ b }}{{ varargs }}{{ kwargs }}{% if caller %}{{ caller() }}{% endif %}"
+        "{% endmacro %}{% for x in ms %}{{ f(x) }}{{ f(x, 3, 4, k=5) }}{% call f(x) %}in{% endcall %}{% endfor %}"
+        "{{ f.__globals__ }}{{ f._func }}{{ f.name }}",
+        "{% macro g() %}{{ m.role }}{% endmacro %}{% set ns = namespace(v=g()) %}{{ ns.v }}{{ g(1) }}",
     ],
 )
 def test_the_sandbox_answers_as_before(source: str) -> None:
@@ -177,8 +181,8 @@ def test_the_sandbox_answers_as_before(source: str) -> None:
     def render(template: jinja2.Template) -> str:
         try:
             return template.render(**values)
-        except jinja2.exceptions.SecurityError as exc:
-            return f"refused: {exc}"
+        except (jinja2.exceptions.SecurityError, TypeError) as exc:  # refused, or a wrong call
+            return f"refused: {type(exc).__name__}: {exc}"
 
     reference = ImmutableSandboxedEnvironment().from_string(source)
     assert render(compile_chat_template(source)) == render(reference)

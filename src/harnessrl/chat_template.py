@@ -13,7 +13,8 @@ module adds for speed changes no output (the tests render both ways):
 - ``message.role`` on a plain dict reads the item directly. The sandbox tries the attribute first
   and catches the ``AttributeError``; a plain dict has no attribute but ``dict``'s own, so for any
   other name the result is the item, or undefined, exactly as the sandbox gives it. ``loop.first``
-  and a loop's other public attributes are read without the sandbox's checks, which pass for them.
+  and a loop's other public attributes are read without the sandbox's checks, which pass for them,
+  and a template's own macros are called without them too.
 - ``tojson`` of a dict or list is kept per object. Every dict and list a template sees is a private
   copy made here (``TemplateInputs``) or one it built itself, and the immutable sandbox can change
   none of them, so an object's JSON never changes while it lives (the kept entry holds it alive).
@@ -35,7 +36,7 @@ import jinja2
 import jinja2.ext
 import jinja2.nodes
 import orjson
-from jinja2.runtime import LoopContext
+from jinja2.runtime import Context, LoopContext, Macro
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from harnessrl.errors import BadRequest
@@ -152,6 +153,20 @@ class _Environment(ImmutableSandboxedEnvironment):
         if kind is LoopContext and attribute in _LOOP_ATTRIBUTES:
             return getattr(obj, attribute)  # what the sandbox returns after finding it safe
         return super().getattr(obj, attribute)
+
+    def call(__self, __context: Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - jinja's signature
+        if type(__obj) is Macro:
+            # What the sandbox then ``Context.call`` do for a template's own macro (always safe to
+            # call; its ``__call__`` takes the evaluation context), without their lookups.
+            kwargs.pop("_block_vars", None)
+            kwargs.pop("_loop_vars", None)
+            try:
+                return __obj.__call__(__context.eval_ctx, *args, **kwargs)
+            except StopIteration:
+                return __self.undefined(
+                    "value was undefined because a callable raised a StopIteration exception"
+                )
+        return super().call(__context, __obj, *args, **kwargs)
 
 
 def compile_chat_template(source: str) -> jinja2.Template:
