@@ -160,7 +160,8 @@ def pack_call(call: Call) -> PackedCall:
         "response_logprobs": pack_floats(call.response_logprobs),
         "policy_version": call.policy_version,
         "finish_reason": call.finish_reason,
-        "usage": None if call.usage is None else dump_call_json(call.usage.model_dump()),
+        # Its fields as they are (plain values, no aliases): what model_dump gives, without its cost.
+        "usage": None if call.usage is None else dump_call_json(dict(call.usage.__dict__)),
         "started_at": call.started_at,
         "first_token_at": call.first_token_at,
         "finished_at": call.finished_at,

@@ -80,6 +80,7 @@ class SQLStore:
 
     def __init__(self) -> None:
         self._chains = ChainCache(self.CHAIN_CACHE_BYTES)
+        self._insert_sql: dict[tuple[str, tuple[str, ...], str], str] = {}  # (table, columns, conflict)
 
     # -- what a backend supplies ------------------------------------------------------------------
     def _read(self) -> AbstractContextManager[Any]:
@@ -425,9 +426,15 @@ class SQLStore:
 
     # -- helpers ----------------------------------------------------------------------------------
     def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> None:
-        columns = ", ".join(row)
-        placeholders = ", ".join(self.named(column) for column in row)
-        conn.execute(f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) {conflict}", row)
+        key = (table, tuple(row), conflict)
+        sql = self._insert_sql.get(key)
+        if sql is None:  # every call writes a row: its statement's text is made once per column set
+            columns = ", ".join(row)
+            placeholders = ", ".join(self.named(column) for column in row)
+            sql = self._insert_sql[key] = (
+                f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) {conflict}"
+            )
+        conn.execute(sql, row)
 
     def _update(self, conn: Any, rollout_id: str, **changes: Any) -> Rollout:
         p = self.PARAM
