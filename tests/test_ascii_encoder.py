@@ -384,3 +384,39 @@ def test_cache_stays_bounded(tiny_json: str) -> None:
         assert encoder.cached_pieces <= 200
     encoder.clear_cache()
     assert encoder.encode("  1 2 'll") == hf.encode("  1 2 'll", add_special_tokens=False).ids
+
+
+# --- whole conversations: long stretches kept by their text ---------------------------------------
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_encode_conversation_gives_hf_ids_and_keeps_long_stretches(
+    tiny_json: str, data: st.DataObject
+) -> None:
+    """A rendered conversation encodes to HF's IDs through ``encode_conversation``, whose stretches of
+    ``STRETCH_KEPT_CHARS`` or more between added tokens come, the second time, from what it kept."""
+    from harnessrl.tokenizer import STRETCH_KEPT_CHARS
+
+    hf = Tokenizer.from_str(tiny_json)
+    policy = PolicyTokenizer(hf, name_or_path="tiny", chat_template=None, special_tokens={})
+    words = st.sampled_from([*FRAGMENTS, "<|im_start|>", "<|im_end|>", "<tool_call>", "\n", "  ", "x1"])
+    long = "".join(data.draw(st.lists(words, min_size=1, max_size=8))) * (STRETCH_KEPT_CHARS // 8 + 1)
+    parts = data.draw(
+        st.lists(st.sampled_from([long, "<|im_end|>", "<|im_start|>", "user\nhi", "é"]), max_size=6)
+    )
+    text = "".join(parts)
+    want = hf.encode(text, add_special_tokens=False).ids
+    assert policy.encode_conversation(text) == want
+    assert policy.encode_conversation(text) == want  # from the kept stretches, where there were any
+
+
+def test_kept_stretches_stay_within_their_bound(tiny_json: str) -> None:
+    hf = Tokenizer.from_str(tiny_json)
+    policy = PolicyTokenizer(hf, name_or_path="tiny", chat_template=None, special_tokens={})
+    policy.stretches_kept_chars = 10_000
+    for k in range(30):
+        text = "<|im_start|>system\n" + f"rule {k}. " * 300 + "<|im_end|>"
+        assert policy.encode_conversation(text) == hf.encode(text, add_special_tokens=False).ids
+    assert 0 < policy._stretch_chars <= 10_000
+    assert sum(map(len, policy._stretches)) == policy._stretch_chars

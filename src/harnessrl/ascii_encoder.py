@@ -307,6 +307,15 @@ class AsciiEncoder:
         self._remember(learned)
         return [learned[piece] if ids is None else ids for piece, ids in zip(pieces, found, strict=True)]
 
+    def segments(self, text: str) -> list[str | int]:
+        """ASCII ``text`` as the stretches between its added tokens (in its first split: those not
+        ``normalized``, where there are any) and those tokens' IDs, in order. The tokenizer encodes
+        each stretch on its own, so a stretch's IDs do not depend on what surrounds it."""
+        if not self._added_rxs:
+            return [text]
+        added = self._added
+        return [added[part][0] if i % 2 else part for i, part in enumerate(self._added_rxs[0].split(text))]
+
     def _pieces(self, text: str, level: int = 0) -> list[str]:
         """The text's pre-tokenized pieces, added tokens among them as their own pieces."""
         if level < len(self._added_rxs):

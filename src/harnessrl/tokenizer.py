@@ -28,6 +28,7 @@ by ``encode`` (chat templates write their own).
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Mapping, Sequence
 from functools import cached_property
 from pathlib import Path
@@ -56,6 +57,10 @@ _END_OF_TURN = "<|im_end|>"
 _DECODE_SAMPLE = (
     " Hello,  world!\n\n  x = f(1, 2) # ok\t\u00e9t\u00e9 \u4e16\u754c \U0001f600 'quoted' 3.14\r\n"
 )
+#: ``encode_conversation`` keeps the IDs of stretches between added tokens this long or longer...
+STRETCH_KEPT_CHARS = 1024
+#: ... up to this many characters of them in all (~10 MB of IDs at ~4 characters a token).
+STRETCHES_KEPT_CHARS = 8_000_000
 #: Texts at least this long are encoded without holding the GIL (``PolicyTokenizer.encode``); shorter
 #: ones (a call's new tail, usually) take a cheaper path: the ASCII fast path, or ``encode``.
 GIL_FREE_ENCODE_CHARS = 32_768
@@ -165,6 +170,11 @@ class PolicyTokenizer:
         # tools on every call, and preparing them costs more than the rest of a short render.
         self._template_inputs = TemplateInputs()
         self._ascii = AsciiEncoder.build(tokenizer, name=name_or_path, max_chars=GIL_FREE_ENCODE_CHARS)
+        # ``encode_conversation``'s long stretches between added tokens, by their text.
+        self._stretches: dict[str, tuple[int, ...]] = {}
+        self._stretch_chars = 0
+        self.stretches_kept_chars = STRETCHES_KEPT_CHARS
+        self._stretches_lock = threading.Lock()
 
     @classmethod
     def from_dir(cls, path: str | Path) -> PolicyTokenizer:
@@ -234,6 +244,43 @@ class PolicyTokenizer:
         if len(text) >= GIL_FREE_ENCODE_CHARS:
             return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_conversation(self, text: str) -> list[int]:
+        """``encode`` of a whole rendered conversation (a first call's prompt, a fallback's): the same
+        IDs, with its long stretches between added tokens (a system prompt, the tool definitions)
+        kept by their text for the next one. Every rollout of a run starts with the same system prompt
+        and tools, thousands of tokens encoded again for each one otherwise. The tokenizer encodes the
+        stretches between added tokens independently, so a kept stretch's IDs are exact anywhere.
+        (A call's new tail is encoded with ``encode``: it is new text.)"""
+        encoder = self._ascii
+        if encoder is None or not text.isascii():
+            return self.encode(text)
+        kept = self._stretches
+        out: list[int] = []
+        for part in encoder.segments(text):
+            if type(part) is int:
+                out.append(part)
+            elif len(part) < STRETCH_KEPT_CHARS:
+                out += self.encode(part)
+            else:
+                ids = kept.get(part)
+                if ids is None:
+                    ids = tuple(self.encode(part))
+                    self._keep_stretch(part, ids)
+                out += ids
+        return out
+
+    def _keep_stretch(self, text: str, ids: tuple[int, ...]) -> None:
+        with self._stretches_lock:  # oldest out first, within ``stretches_kept_chars`` characters
+            kept = self._stretches
+            if text in kept:
+                return
+            while kept and self._stretch_chars + len(text) > self.stretches_kept_chars:
+                oldest = next(iter(kept))
+                self._stretch_chars -= len(oldest)
+                del kept[oldest]
+            kept[text] = ids
+            self._stretch_chars += len(text)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text of ``ids`` (no tokenization-space clean-up, so it agrees with :class:`StreamDecoder`)."""

@@ -39,6 +39,10 @@ class CountingTokenizer:
         self.encoded += len(text)
         return self._inner.encode(text)
 
+    def encode_conversation(self, text: str) -> list[int]:
+        self.encoded += len(text)
+        return self._inner.encode_conversation(text)
+
     def render_chat(self, *args: Any, **kwargs: Any) -> str:
         text = self._inner.render_chat(*args, **kwargs)
         self.rendered += len(text)

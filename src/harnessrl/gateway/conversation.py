@@ -308,7 +308,7 @@ def build_prompt(
     kwargs = template_kwargs or {}
     if history == "as_rendered":
         text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
-        return PromptPlan(tokenizer.encode(text), "as_rendered")
+        return PromptPlan(tokenizer.encode_conversation(text), "as_rendered")
     priors = list(priors)
     keys = [message_key(m) for m in messages] if keys is None else keys
     prior = find_prior(keys, priors)
@@ -331,7 +331,7 @@ def build_prompt(
             return full
     full_text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
     if prior is None:
-        return PromptPlan(tokenizer.encode(full_text), "no_match" if priors else "first")
+        return PromptPlan(tokenizer.encode_conversation(full_text), "no_match" if priors else "first")
     n = len(prior.message_keys)
     prefix_text = tokenizer.render_chat(
         list(messages[: n + 1]), tools=tools, add_generation_prompt=False, **kwargs
@@ -342,7 +342,7 @@ def build_prompt(
         # the reasoning of earlier turns): keep the sampled tokens, add what follows the turn.
         spliced = _splice_after_turn(tokenizer, messages, n, prior, full_text, tools, kwargs)
     if spliced is None:
-        return PromptPlan(tokenizer.encode(full_text), "mismatch")
+        return PromptPlan(tokenizer.encode_conversation(full_text), "mismatch")
     return PromptPlan(spliced, "reused", prior.token_count)
 
 
