@@ -65,6 +65,8 @@ def test_history_bytes_counts_exactly_the_repeated_items(
     starts = [1, *(end + 1 for end in history.ends[:-1])][: len(new)]
     assert [blob[s:e] for s, e in zip(starts, history.ends, strict=True)] == [orjson.dumps(i) for i in new]
     assert history.text_chars(len(new)) == text_chars(new)
+    # What the store keeps of each item (``store.chains.EncodedItems``), non-ASCII text included.
+    assert history.texts() == tuple(orjson.dumps(i).decode() for i in new)
 
 
 def test_key_messages_takes_a_retyped_message_as_new() -> None:

@@ -422,3 +422,19 @@ def test_call_json_is_compact_json_that_reads_back(value: dict[Any, Any], expect
     text = dump_call_json(value)
     assert "\n" not in text.replace("\\n", "")  # one line: history items are stored one per line
     assert json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written")) == expected
+
+
+def test_encoded_items_are_taken_only_for_their_own_list() -> None:
+    """``pack_call`` takes a caller's item texts (``EncodedItems``) for the very list they encode,
+    and encodes the items itself for any other (a copy, another request, a different length)."""
+    from harnessrl.store.chains import EncodedItems, split_request
+
+    request = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": 1.5}],
+    }
+    plain = split_request(request)
+    marked = ("A", "B")  # not the real texts: shows which were used
+    assert split_request(request, EncodedItems(request["messages"], marked))[2] == marked
+    for other in (EncodedItems(list(request["messages"]), marked), EncodedItems(request["messages"], ("A",))):
+        assert split_request(request, other) == plain

@@ -40,6 +40,7 @@ from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, SamplingOverrides, Usage, now
+from harnessrl.store.chains import EncodedItems
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -233,6 +234,9 @@ class PreparedCall:
     # ``message_key``s of the request's messages when the API computed them (chat), so recording
     # the call does not normalize the whole history again.
     message_keys: tuple[bytes, ...] | None = None
+    # ``request["messages"]`` as the API encoded it to compare it with the rollout's last request:
+    # the store takes its items' JSON from it (``store.chains.EncodedItems``).
+    history: HistoryBytes | None = None
     # How the prompt was built (``PromptPlan.result`` and ``reused_tokens``), kept in ``Call.usage``.
     prompt_source: str | None = None
     reused_prompt_tokens: int = 0
@@ -301,7 +305,11 @@ class PreparedCall:
 
     async def _store(self, call: Call) -> Call:
         state = self.state
-        stored = await state.writer.add(call)  # committed, maybe with other calls (group commit)
+        encoded = None
+        messages = call.request.get("messages")
+        if self.history is not None and isinstance(messages, list):
+            encoded = EncodedItems(messages, self.history.texts())
+        stored = await state.writer.add(call, encoded)  # committed, maybe with other calls (group commit)
         # Synchronously after the write: the next call of this rollout must see it for reuse, and
         # must not count it as still generating (a harness sends it the moment the answer ends,
         # before this call's ``finish``, which runs after the last byte, has run).

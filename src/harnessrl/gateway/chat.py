@@ -91,6 +91,7 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
         params,
         body.stop_strings(),
         message_keys=keyed.keys,
+        history=keyed.history,
         prompt_source=plan.result,
         reused_prompt_tokens=plan.reused_tokens,
     )

@@ -34,6 +34,15 @@ class HistoryBytes:
         """Characters of text in the first ``count`` items."""
         return self.chars[count - 1] if count else 0
 
+    def texts(self) -> tuple[str, ...]:
+        """Each item's compact JSON, as ``orjson.dumps`` of the item gives it (the store keeps these)."""
+        blob, ends = self.blob, self.ends
+        starts = (1, *(end + 1 for end in ends[:-1]))
+        text = blob.decode()
+        if len(text) == len(blob):  # ASCII: byte offsets are character offsets
+            return tuple(map(text.__getitem__, map(slice, starts, ends)))
+        return tuple(blob[start:end].decode() for start, end in zip(starts, ends, strict=True))
+
 
 def text_chars(node: Any) -> int:
     """Characters of every string value in a JSON value (object keys excluded), without recursion."""

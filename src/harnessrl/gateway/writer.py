@@ -29,13 +29,14 @@ from typing import Any
 
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
+from harnessrl.store.chains import EncodedItems
 
 log = logging.getLogger("harnessrl.gateway")
 
 #: Most calls written in one transaction (bounds how long the first of them waits for the commit).
 MAX_BATCH = 64
 
-_Item = tuple[Call, asyncio.AbstractEventLoop, "asyncio.Future[Call]"]
+_Item = tuple[Call, "EncodedItems | None", asyncio.AbstractEventLoop, "asyncio.Future[Call]"]
 
 
 class CallWriter:
@@ -50,17 +51,17 @@ class CallWriter:
         self.written_at_once = 0  # calls written on their caller's thread (``add_call_now``)
         self._writing = False  # the thread holds calls it has not answered yet
 
-    async def add(self, call: Call) -> Call:
-        """``store.add_call(call)``, committed (maybe with other calls) before this returns."""
+    async def add(self, call: Call, encoded: EncodedItems | None = None) -> Call:
+        """``store.add_call(call, encoded)``, committed (maybe with other calls) before this returns."""
         if not self._writing and self._queue.empty():
-            stored = self._store.add_call_now(call)  # no wait: None when the lock is taken
+            stored = self._store.add_call_now(call, encoded)  # no wait: None when the lock is taken
             if stored is not None:
                 self.written_at_once += 1
                 return stored
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Call] = loop.create_future()
         self._ensure_thread()
-        self._queue.put((call, loop, future))
+        self._queue.put((call, encoded, loop, future))
         return await future
 
     def close(self) -> None:
@@ -98,19 +99,21 @@ class CallWriter:
                     stop = True
                     break
                 batch.append(more)
-            self._deliver(batch, self._write([call for call, _, _ in batch]))
+            self._deliver(batch, self._write([call for call, *_ in batch], [item[1] for item in batch]))
             if stop:
                 return
 
-    def _write(self, calls: Sequence[Call]) -> list[Call | BaseException]:
+    def _write(
+        self, calls: Sequence[Call], encoded: Sequence[EncodedItems | None]
+    ) -> list[Call | BaseException]:
         self.batches += 1
         if len(calls) == 1:  # a lone call: no savepoint needed
             try:
-                return [self._store.add_call(calls[0])]
+                return [self._store.add_call(calls[0], encoded[0])]
             except Exception as exc:  # noqa: BLE001 - the caller gets its own call's error
                 return [exc]
         try:
-            return list(self._store.add_calls(calls))
+            return list(self._store.add_calls(calls, encoded))
         except Exception as exc:  # noqa: BLE001 - the commit failed: no call of the batch was added
             return [exc] * len(calls)
 
@@ -118,7 +121,7 @@ class CallWriter:
     def _deliver(batch: list[_Item], results: list[Call | BaseException]) -> None:
         # One wake-up per event loop for the whole batch, not one per call.
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[Call], Any]]] = {}
-        for (_, loop, future), result in zip(batch, results, strict=True):
+        for (_, _, loop, future), result in zip(batch, results, strict=True):
             by_loop.setdefault(loop, []).append((future, result))
         for loop, pairs in by_loop.items():
             try:

@@ -18,9 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task
+
+if TYPE_CHECKING:
+    from harnessrl.store.chains import EncodedItems
 
 
 @runtime_checkable
@@ -128,17 +131,21 @@ class Store(Protocol):
         """Merge keys into the rollout's metadata."""
 
     # -- calls ------------------------------------------------------------------------------------
-    def add_call(self, call: Call) -> Call:
-        """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set."""
+    def add_call(self, call: Call, encoded: EncodedItems | None = None) -> Call:
+        """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set.
+        ``encoded``: its request's history items as the caller already encoded them (a shortcut,
+        ``store.chains.EncodedItems``)."""
 
-    def add_call_now(self, call: Call) -> Call | None:
+    def add_call_now(self, call: Call, encoded: EncodedItems | None = None) -> Call | None:
         """``add_call``, if it can be done this moment without waiting for anything (another
         writer's lock, a server); else ``None``, having done nothing. An event loop may call it: the
         gateway writes a call this way when nothing else is being written (a hop to its writer
         thread and back cost more than the write), and hands it to that thread otherwise.
         Always ``None`` for a server's database (PostgreSQL)."""
 
-    def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
+    def add_calls(
+        self, calls: Sequence[Call], encoded: Sequence[EncodedItems | None] | None = None
+    ) -> list[Call | Exception]:
         """``add_call`` for several calls in one transaction (the gateway's group commit): one
         result per call, a call that cannot be added gets its exception in its place and fails
         alone; raises only if the commit itself fails (then none was added)."""

@@ -138,18 +138,37 @@ class PackedCall:
     items: tuple[str, ...]
 
 
-def split_request(request: Mapping[str, Any]) -> tuple[str | None, str, tuple[str, ...]]:
+@dataclass(frozen=True, slots=True)
+class EncodedItems:
+    """A request's history list with each item's compact JSON, as its caller encoded them already (the
+    gateway does, to compare each request with the one before): ``pack_call`` takes these texts
+    instead of encoding every item again. They describe only that very list (``items``, compared by
+    identity) and must be what ``dump_call_json`` gives for each item (orjson's compact JSON)."""
+
+    items: list[Any]
+    texts: tuple[str, ...]
+
+
+def split_request(
+    request: Mapping[str, Any], encoded: EncodedItems | None = None
+) -> tuple[str | None, str, tuple[str, ...]]:
     """A request's history key, frame JSON and history item texts (see the module docstring)."""
     key = next((k for k in HISTORY_KEYS if isinstance(request.get(k), list)), None)
     if key is None:
         return None, dump_call_json(request), ()
+    history = request[key]
+    if encoded is not None and encoded.items is history and len(encoded.texts) == len(history):
+        items = encoded.texts
+    else:
+        items = tuple(map(dump_call_json, history))
     # {**request, key: None} keeps the key in its place, so the frame restores the key order.
-    return key, dump_call_json({**request, key: None}), tuple(map(dump_call_json, request[key]))
+    return key, dump_call_json({**request, key: None}), items
 
 
-def pack_call(call: Call) -> PackedCall:
-    """Everything of a call's row that does not depend on earlier calls; a new ``call_id`` if it has none."""
-    key, frame, items = split_request(call.request)
+def pack_call(call: Call, encoded: EncodedItems | None = None) -> PackedCall:
+    """Everything of a call's row that does not depend on earlier calls; a new ``call_id`` if it has none.
+    ``encoded``: the request's history items as the caller encoded them (``EncodedItems``)."""
+    key, frame, items = split_request(call.request, encoded)
     columns = {
         "call_id": call.call_id or uuid.uuid4().hex,
         "rollout_id": call.rollout_id,

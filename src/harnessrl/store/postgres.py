@@ -36,6 +36,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.schemas import Call
+from harnessrl.store.chains import EncodedItems
 from harnessrl.store.codecs import Row
 from harnessrl.store.migrations import migrate_postgres
 from harnessrl.store.sql import SQLStore
@@ -83,7 +84,7 @@ class PostgresStore(SQLStore):
     def reads_at_once(self) -> bool:
         return False  # every read is a round trip to the server
 
-    def add_call_now(self, call: Call) -> Call | None:
+    def add_call_now(self, call: Call, encoded: EncodedItems | None = None) -> Call | None:
         return None  # every write is a round trip to the server: a thread's job
 
     def __init__(

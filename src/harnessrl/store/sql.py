@@ -40,7 +40,15 @@ from harnessrl.schemas import (
     now,
     status_for_outcome,
 )
-from harnessrl.store.chains import AttemptChains, ChainCache, PackedCall, chains_from_rows, pack_call, place
+from harnessrl.store.chains import (
+    AttemptChains,
+    ChainCache,
+    EncodedItems,
+    PackedCall,
+    chains_from_rows,
+    pack_call,
+    place,
+)
 from harnessrl.store.codecs import (
     ROLLOUT_COLUMNS,
     calls_from_rows,
@@ -306,15 +314,17 @@ class SQLStore:
             return self._update(conn, rollout_id, metadata=dump_json(merged))
 
     # -- calls ------------------------------------------------------------------------------------
-    def add_call(self, call: Call) -> Call:
-        packed = pack_call(call)  # before the transaction: packing long token lists is the slow part
+    def add_call(self, call: Call, encoded: EncodedItems | None = None) -> Call:
+        packed = pack_call(call, encoded)  # before the transaction: packing is the slow part
         written: dict[str, AttemptChains] = {}
         with self._write() as conn:
             row = self._add_call_row(conn, packed, written)
         self._chains.put(written)  # committed: these rows may now be bases
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
 
-    def add_calls(self, calls: Sequence[Call]) -> list[Call | Exception]:
+    def add_calls(
+        self, calls: Sequence[Call], encoded: Sequence[EncodedItems | None] | None = None
+    ) -> list[Call | Exception]:
         """``add_call`` for several calls in one transaction (group commit); one result per call.
 
         A call that cannot be added (unknown rollout, token ids past int32) gets its exception in
@@ -326,9 +336,10 @@ class SQLStore:
         """
         results: list[Call | Exception] = []
         packed: list[PackedCall | None] = []
-        for call in calls:  # encode outside the transaction, as add_call does
+        hints = encoded if encoded is not None else [None] * len(calls)
+        for call, hint in zip(calls, hints, strict=True):  # encode outside the transaction, as add_call does
             try:
-                packed.append(pack_call(call))
+                packed.append(pack_call(call, hint))
                 results.append(call)
             except Exception as exc:  # noqa: BLE001 - this call's own failure, reported in its place
                 packed.append(None)

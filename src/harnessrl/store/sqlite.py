@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from harnessrl.errors import NotFound
 from harnessrl.schemas import Call, Rollout
-from harnessrl.store.chains import AttemptChains, pack_call
+from harnessrl.store.chains import AttemptChains, EncodedItems, pack_call
 from harnessrl.store.codecs import rollout_from_row
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
@@ -105,7 +105,7 @@ class SQLiteStore(SQLStore):
         self._by_key[api_key] = (values, rollout)
         return rollout
 
-    def add_call_now(self, call: Call) -> Call | None:
+    def add_call_now(self, call: Call, encoded: EncodedItems | None = None) -> Call | None:
         """``add_call`` on this thread's own connection, which never waits for the database's write
         lock (``busy_timeout`` 0): ``None`` when another connection or process holds it, having done
         nothing. An in-memory database has one connection: always ``None``."""
@@ -120,7 +120,7 @@ class SQLiteStore(SQLStore):
             raise
         written: dict[str, AttemptChains] = {}
         try:
-            row = self._add_call_row(conn, pack_call(call), written)
+            row = self._add_call_row(conn, pack_call(call, encoded), written)
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
