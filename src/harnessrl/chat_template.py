@@ -179,7 +179,11 @@ def compile_chat_template(source: str) -> jinja2.Template:
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
-    return env.from_string(source)
+    template = env.from_string(source)
+    # Its globals are a ChainMap over the environment's, copied into every render's context: flat,
+    # that copy is a dict's (nothing changes the environment's after this).
+    template.globals = dict(template.globals)
+    return template
 
 
 def plain(value: Any) -> Any:
