@@ -160,7 +160,9 @@ class PolicyTokenizer:
         self._tok = tokenizer
         self.name_or_path = name_or_path
         self.chat_template = chat_template
-        self.special_tokens_map: dict[str, str] = {k: v for k, v in special_tokens.items() if v is not None}
+        self.special_tokens_map: dict[str, str] = {
+            k: plain(v) for k, v in special_tokens.items() if v is not None
+        }
         self._generation_eos_ids = tuple(generation_eos_ids)
         self.model_vocab_size = model_vocab_size
         self.max_position_embeddings = max_position_embeddings
@@ -412,14 +414,20 @@ class PolicyTokenizer:
         compiled = self._compiled.get(source)
         if compiled is None:
             compiled = self._compiled[source] = compile_chat_template(source)
-        variables = {**self.special_tokens_map, **template_kwargs}  # kwargs override, as in transformers
+        if template_kwargs:
+            variables = plain(
+                {**self.special_tokens_map, **template_kwargs}
+            )  # kwargs override, as in transformers
+            documents = variables.pop("documents", None)
+        else:  # the usual render: the special tokens alone, plain strings already
+            variables, documents = self.special_tokens_map, None
         try:
             return compiled.render(
                 messages=self._template_inputs.messages(messages),
                 tools=self._template_inputs.tools(tools),
-                documents=plain(variables.pop("documents", None)),
+                documents=documents,
                 add_generation_prompt=add_generation_prompt,
-                **plain(variables),
+                **variables,
             )
         except jinja2.exceptions.TemplateError as exc:
             raise BadRequest(f"chat template failed: {exc}", param="messages") from exc
