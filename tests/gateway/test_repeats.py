@@ -141,3 +141,23 @@ def test_a_fault_in_the_new_messages_gets_the_whole_body_answer(make_gateway: An
     assert whole.status_code in (400, 413), whole.text
     assert second.json() == whole.json()
     assert len(gw.client.list_calls(rollout["rollout_id"])) == 1  # only the first call
+
+
+def test_the_rest_of_the_body_is_checked_again_when_it_changes(make_gateway: Any) -> None:
+    """The rest of a body (model, tools, sampling) is taken as checked only while it is the same JSON
+    as the last request's: a changed field is validated, and its new value is the one used."""
+    gw = make_gateway(["ok", "A long answer that max_tokens cuts.", "ok"])
+    rollout = gw.rollout()
+    first = {"model": "m", "messages": BASE, "temperature": 0.5}
+    with httpx.Client(timeout=30) as http:
+        assert _post(http, rollout, json.dumps(first).encode()).status_code == 200
+        history = [*BASE, ANSWER, {"role": "user", "content": "more"}]
+        for changed, status in (({"temperature": 7}, 400), ({"n": 2}, 400), ({"temperature": "hot"}, 400)):
+            resp = _post(http, rollout, json.dumps({**first, "messages": history, **changed}).encode())
+            fresh = _post(http, gw.rollout(), json.dumps({**first, "messages": history, **changed}).encode())
+            assert resp.status_code == status and resp.json() == fresh.json(), (changed, resp.text)
+        # The same messages again with a new max_tokens: answered, and cut where it says.
+        cut = _post(http, rollout, json.dumps({**first, "messages": history, "max_tokens": 2}).encode())
+    assert cut.status_code == 200, cut.text
+    choice = cut.json()["choices"][0]
+    assert choice["finish_reason"] == "length" and cut.json()["usage"]["completion_tokens"] == 2

@@ -10,9 +10,11 @@ fields the store keeps in columns are typed to what it can hold (``StoreInt``, `
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
@@ -83,34 +85,74 @@ def decode_body(raw: bytes) -> dict[str, Any]:
     return _json_object(decode_json(raw))
 
 
-def check_repeating_body(raw: bytes, data: dict[str, Any], key: str, same: int) -> None:
+@dataclass(frozen=True)
+class CheckedRest:
+    """What the checks made of a body but its history list, for the rollout's next body: that part's
+    JSON (``rest_json``), its characters of text, and the model validated from the body."""
+
+    json: bytes
+    chars: int
+    body: BaseModel
+
+
+def rest_json(data: dict[str, Any], key: str) -> bytes | None:
+    """The JSON of ``data`` without ``data[key]`` (model, tools, sampling fields...): equal for two bodies
+    exactly when everything but their history lists is the same JSON. ``None`` if orjson cannot say."""
+    try:
+        return orjson.dumps({k: v for k, v in data.items() if k != key})
+    except TypeError:
+        return None
+
+
+def check_repeating_body(
+    raw: bytes, data: dict[str, Any], key: str, same: int, *, rest_checked: bool = False
+) -> None:
     """What ``parse_json`` checks, for a body whose list ``data[key]`` starts with ``same`` items of a
-    body that passed it (the same JSON): only the rest is walked. On any problem the whole body goes
-    through ``parse_json``, so the error is the one it gives."""
+    body that passed it (the same JSON): only the rest is walked, and not even that where
+    ``rest_checked`` (everything but the list is the same JSON as in that body). On any problem the
+    whole body goes through ``parse_json``, so the error is the one it gives."""
     items = data.get(key)
-    if isinstance(items, list) and same:
-        rest = {k: v for k, v in data.items() if k != key}
-        fine = within_bounds(rest) and within_bounds(items[same:], depth=2)
+    if isinstance(items, list) and (same or rest_checked):
+        rest_fine = rest_checked or within_bounds({k: v for k, v in data.items() if k != key})
+        fine = rest_fine and within_bounds(items[same:], depth=2)
     else:
         fine = within_bounds(data)
     if not fine:
         parse_json(raw)
 
 
-def validate_tail(model: type[B], data: dict[str, Any], key: str, same: int) -> B:
+def validate_tail(
+    model: type[B], data: dict[str, Any], key: str, same: int, *, previous: B | None = None
+) -> B:
     """``validate_body`` for a body whose list ``data[key]`` starts with ``same`` items that passed
     this model before (the same JSON): only the others are validated (the last item if none is new).
+    ``previous``: the model validated from a body whose fields but ``key`` were the same JSON; it is
+    returned as it is, once the new items pass (its fields are this body's).
 
-    The model's ``key`` field then holds only those items: read the list from ``data``. A refusal
-    is reported from the whole body, exactly as ``validate_body`` reports it.
+    The model's ``key`` field then holds only the validated items: read the list from ``data``. A
+    refusal is reported from the whole body, exactly as ``validate_body`` reports it.
     """
     items = data.get(key)
-    if not isinstance(items, list) or not same:
+    if not isinstance(items, list) or not items or (not same and previous is None):
         return validate_body(model, data)
     try:
+        if previous is not None:
+            _items_adapter(model, key).validate_python(items[same:])
+            return previous
         return model.model_validate({**data, key: items[same:] or items[-1:]})
     except ValidationError:
         return validate_body(model, data)
+
+
+_ITEMS_ADAPTERS: dict[tuple[type[BaseModel], str], TypeAdapter[Any]] = {}
+
+
+def _items_adapter(model: type[BaseModel], key: str) -> TypeAdapter[Any]:
+    """A validator of the list field ``key`` of ``model`` alone."""
+    adapter = _ITEMS_ADAPTERS.get((model, key))
+    if adapter is None:
+        adapter = _ITEMS_ADAPTERS[(model, key)] = TypeAdapter(model.model_fields[key].annotation)
+    return adapter
 
 
 # -- model API ------------------------------------------------------------------------------------

@@ -180,29 +180,46 @@ async def plan_prompt(
 
 
 def check_prompt_size(
-    state: GatewayState, data: Any, param: str, history: HistoryBytes | None = None
-) -> None:
+    state: GatewayState,
+    data: Any,
+    param: str,
+    history: HistoryBytes | None = None,
+    rest_chars: int | None = None,
+) -> int:
     """413 if the request carries more text than the gateway tokenizes for one call.
 
     Checked before anything is rendered or encoded: tokenizing an 8 MiB prompt took seconds of a
     worker thread and held the event loop up (``/api/health`` stalled for as long). Counts the
     characters of every string in the body (contents, tool definitions, arguments), in a loop
-    rather than recursion, and stops as soon as the limit is passed. ``history``: the body's
-    ``data[param]`` list as ``repeats.history_bytes`` encoded it, whose count it already has.
+    rather than recursion, and stops as soon as the limit is passed.
+
+    ``history``: the body's ``data[param]`` list as ``repeats.history_bytes`` encoded it, which has
+    its count already; ``rest_chars``: the count of everything else, where known (the rest of the
+    body is the same JSON as the last request's). Returns that count (0 without ``history``).
     """
     limit = prompt_char_limit(state)
-    total = 0
-    stack = [data]
-    if history is not None:
-        total = history.text_chars(len(history.ends))
-        stack = [v for k, v in data.items() if k != param]
-    while stack or total > limit:
+    if history is None:
+        _count_text(data, 0, limit, param)
+        return 0
+    listed = history.text_chars(len(history.ends))
+    if rest_chars is None:
+        rest_chars = _count_text([v for k, v in data.items() if k != param], listed, limit, param) - listed
+    _count_text(None, listed + rest_chars, limit, param)
+    return rest_chars
+
+
+def _count_text(node: Any, total: int, limit: int, param: str) -> int:
+    """``total`` plus the characters of every string in ``node``; ``PayloadTooLarge`` past ``limit``."""
+    stack = [node]
+    while True:
         if total > limit:
             raise PayloadTooLarge(
                 f"the request has more than {limit} characters of text, the most this gateway "
                 "tokenizes for one call (gateway.max_prompt_chars)",
                 param=param,
             )
+        if not stack:
+            return total
         node = stack.pop()
         if isinstance(node, str):
             total += len(node)

@@ -22,9 +22,11 @@ from starlette.responses import Response
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import (
     ChatCompletionRequest,
+    CheckedRest,
     check_repeating_body,
     decode_body,
     read_body,
+    rest_json,
     validate_tail,
 )
 from harnessrl.gateway.calls import (
@@ -69,12 +71,21 @@ async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRe
     data = decode_body(raw)
     repeated = memory.repeats(data.get("messages"))
     same = repeated[1] if repeated is not None else 0
-    check_repeating_body(raw, data, "messages", same)
-    body = validate_tail(ChatCompletionRequest, data, "messages", same)  # body.messages: the new ones
+    # Likewise the rest of the body (model, tools, sampling), where it is the same JSON again.
+    rest = rest_json(data, "messages") if repeated is not None else None
+    known = memory.last_rest if memory.last_rest is not None and memory.last_rest.json == rest else None
+    check_repeating_body(raw, data, "messages", same, rest_checked=known is not None)
+    body = validate_tail(  # body.messages: the new ones
+        ChatCompletionRequest, data, "messages", same, previous=known.body if known is not None else None
+    )
     body.check_n()
-    check_prompt_size(state, data, "messages", repeated[0] if repeated is not None else None)
+    history = repeated[0] if repeated is not None else None
+    rest_chars = check_prompt_size(
+        state, data, "messages", history, known.chars if known is not None else None
+    )
     # 400 for unusable content, before the rollout starts
     keyed = memory.key_messages(data["messages"], repeated)
+    memory.last_rest = CheckedRest(rest, rest_chars, body) if rest is not None else None
     rollout = await open_rollout(state, rollout)
     tools = body.tools or None
     kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None

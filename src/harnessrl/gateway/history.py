@@ -22,6 +22,7 @@ import anyio.to_thread
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
+from harnessrl.gateway.bodies import CheckedRest
 from harnessrl.gateway.conversation import KeyedMessages, PriorCall, key_messages
 from harnessrl.gateway.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
@@ -43,6 +44,7 @@ class RolloutMemory:
     in_flight: int = 0
     loaded: bool = False
     last_keyed: KeyedMessages | None = None  # the last request's messages, a cache for the next one
+    last_rest: CheckedRest | None = None  # what the last request's checks made of the rest of its body
     # The rollout's call count in the store (all attempts) as of the last load, plus calls recorded
     # here since: with peer gateways, a larger count in the store means this memory is stale.
     store_calls: int = 0
