@@ -49,8 +49,10 @@ background load on a shared machine hits all alike; the load average is recorded
 per level: req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to
 direct.
 
-CPU accounting. Each batch also records the CPU time (user + system, ``/proc/PID/stat``, 10 ms ticks
-summed over the batch) of every process a call passes through — ``upstream``, ``gateway`` (the
+CPU accounting. Each batch also records the CPU time (the nanoseconds each thread spent on a CPU,
+``/proc/PID/task/TID/schedstat``, summed over the threads; user + system clock ticks of
+``/proc/PID/stat`` where a thread exited during the batch, as 10 ms ticks alone put several percent
+of noise on a 40-call batch) of every process a call passes through — ``upstream``, ``gateway`` (the
 harnessrl gateway or ``agl-server``) and the load-generating ``client`` (``time.process_time``) —
 reported per level and target as ``cpu_ms_per_call``. ``cpu_ceilings`` turns that into the
 throughput the machine's cores allow (``cores * 1000 / total CPU ms per call``: client, upstream
@@ -993,8 +995,46 @@ def cpu_seconds(pid: int) -> float:
     return total
 
 
-def _cpu_snapshot(target: Target) -> dict[str, float]:
-    out = {role: cpu_seconds(pid) for role, pid in target.pids.items()}
+def thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
+    """Nanoseconds on a CPU of each live thread of process ``pid`` and of its live children
+    (``/proc/PID/task/TID/schedstat``, first field); empty where the kernel does not keep them."""
+    out: dict[tuple[int, int], int] = {}
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                out[(pid, int(task))] = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    out.update(thread_cpu_ns(int(child)))
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        pass  # exited, or no schedstat: the caller falls back to clock ticks
+    return out
+
+
+CpuSample = tuple[float, dict[tuple[int, int], int]]
+
+
+def cpu_sample(pid: int) -> CpuSample:
+    """Both clocks of ``cpu_seconds_between``: clock ticks (which keep exited threads' time) and each
+    live thread's nanoseconds."""
+    return cpu_seconds(pid), thread_cpu_ns(pid)
+
+
+def cpu_seconds_between(before: CpuSample, after: CpuSample) -> float:
+    """CPU seconds a process (and its children) used between two samples: from the threads'
+    nanoseconds where every thread of ``before`` is still there (a thread started since counts from
+    zero), else from clock ticks (an exited thread's nanoseconds went with it). Ticks are 10 ms: a
+    40-call batch at ~2 ms a call is ~8 of them, so ticks alone put several percent of noise on a
+    batch."""
+    ticks_before, ns_before = before
+    ticks_after, ns_after = after
+    if ns_before and ns_after and ns_before.keys() <= ns_after.keys():
+        return sum(ns - ns_before.get(key, 0) for key, ns in ns_after.items()) / 1e9
+    return ticks_after - ticks_before
+
+
+def _cpu_snapshot(target: Target) -> dict[str, Any]:
+    out: dict[str, Any] = {role: cpu_sample(pid) for role, pid in target.pids.items()}
     out["client"] = time.process_time()
     return out
 
@@ -1043,7 +1083,12 @@ async def run_batch(
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall = time.perf_counter() - start
     cpu_after = _cpu_snapshot(target)
-    cpu = {role: cpu_after[role] - cpu_before[role] for role in cpu_before}
+    cpu = {
+        role: cpu_after[role] - cpu_before[role]
+        if role == "client"
+        else cpu_seconds_between(cpu_before[role], cpu_after[role])
+        for role in cpu_before
+    }
     return {
         "latencies": latencies,
         "wall_s": wall,
@@ -1652,7 +1697,7 @@ def main() -> None:
         default=list(LEGS),
         help=f"comma-separated legs to run, of {','.join(LEGS)} (default: all)",
     )
-    ap.add_argument("--rounds-c1", type=int, default=6)
+    ap.add_argument("--rounds-c1", type=int, default=10)
     ap.add_argument("--conversations-c1", type=int, default=2, help="conversations per C=1 batch")
     ap.add_argument("--rounds-c32", type=int, default=4, help="C=32 rounds of the chat leg")
     ap.add_argument(

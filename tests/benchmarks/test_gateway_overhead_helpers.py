@@ -260,3 +260,24 @@ def test_harnessrl_store_bytes_reads_a_real_store(go: ModuleType, tmp_path: Path
         len(final.prompt_token_ids), len(final.response_token_ids), final.request
     )
     assert entry["ratio"] == round(entry["row_bytes"] / entry["yardstick_bytes"], 3)
+
+
+def test_cpu_between_samples_counts_threads_in_nanoseconds(go: ModuleType) -> None:
+    """Threads' nanoseconds where every thread of the first sample is still there (one started since
+    counts from zero); clock ticks where one exited (its nanoseconds went with it)."""
+    before = (1.0, {(1, 1): 5_000_000, (1, 2): 1_000_000})
+    grown = (1.02, {(1, 1): 6_000_000, (1, 2): 1_500_000, (1, 3): 250_000})
+    assert go.cpu_seconds_between(before, grown) == pytest.approx(0.00175)
+    shrunk = (1.02, {(1, 1): 6_000_000})
+    assert go.cpu_seconds_between(before, shrunk) == pytest.approx(0.02)
+    assert go.cpu_seconds_between((1.0, {}), (1.03, {})) == pytest.approx(0.03)  # no schedstat
+
+
+def test_cpu_sample_of_this_process_moves_with_its_work(go: ModuleType) -> None:
+    import os
+
+    before = go.cpu_sample(os.getpid())
+    sum(i * i for i in range(300_000))
+    after = go.cpu_sample(os.getpid())
+    used = go.cpu_seconds_between(before, after)
+    assert 0 < used < 5 and before[1], before
