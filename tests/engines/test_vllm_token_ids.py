@@ -1,6 +1,6 @@
 """How ``VLLMEngine`` reads sampled token IDs and logprobs out of an answer: the C-level parse of
 ``"token_id:{id}"`` names (``vllm._token_ids``) accepts and refuses exactly what the token-by-token
-parse does, with the same IDs and the same error."""
+parse does, with the same IDs and the same error (a few tokens, as a streamed chunk has, are parsed one by one)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from harnessrl.engines.remote import RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
-from harnessrl.engines.vllm import VLLMEngine, _token_ids, _token_ids_one_by_one
+from harnessrl.engines.vllm import VLLMEngine, _token_ids, _token_ids_joined, _token_ids_one_by_one
 from harnessrl.tokenizer import PolicyTokenizer
 
 
@@ -53,6 +53,7 @@ tokens_strategy = st.lists(
 @example(["token_id:5", "x,token_id:6"])
 @example(["token_id:\ud800"])  # a lone surrogate cannot be encoded
 def test_the_fast_parse_matches_the_token_by_token_one(tokens: list[Any]) -> None:
+    assert outcome(_token_ids_joined, tokens) == outcome(_token_ids_one_by_one, tokens)
     assert outcome(_token_ids, tokens) == outcome(_token_ids_one_by_one, tokens)
 
 

@@ -50,3 +50,17 @@ def test_an_answer_embeds_them_as_they_are(tokenizer: PolicyTokenizer) -> None:
 def test_mismatched_lengths_are_refused(tokenizer: PolicyTokenizer) -> None:
     with pytest.raises(ValueError):
         logprob_content(tokenizer, [1, 2], [-1.0])
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data())
+def test_a_one_token_chunk_is_what_its_dict_encodes_to(
+    tokenizer: PolicyTokenizer, data: st.DataObject
+) -> None:
+    # A streamed answer's chunks carry one token each (a path of its own); new and kept tokens alike.
+    token_id = data.draw(st.integers(0, tokenizer.vocab_size - 1))
+    lp = data.draw(logprobs | st.integers(-50, 0))
+    for _ in range(2):
+        assert bytes(orjson.dumps(logprob_content(tokenizer, [token_id], [lp]))) == plain(
+            tokenizer, [token_id], [lp]
+        )

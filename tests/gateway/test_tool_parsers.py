@@ -16,6 +16,7 @@ from harnessrl.gateway.tool_parsers import (
     get_tool_parser,
     parse_tool_calls,
 )
+from harnessrl.gateway.tool_parsers.base import partial_suffix
 
 TEXT = (
     'I will list files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>\n'
@@ -79,3 +80,12 @@ def test_streaming_in_any_pieces_equals_whole(cuts: list[int]) -> None:
     ]
     # Content is never emitted as part of a tag.
     assert all("<tool_call" not in e.text for e in events if isinstance(e, ContentEvent))
+
+
+@given(
+    text=st.text(alphabet="<tol_ca>/x", max_size=14),
+    tag=st.sampled_from(["<tool_call>", "</tool_call>", "<", "ab", ""]),
+)
+def test_partial_suffix_is_the_longest_tail_that_starts_the_tag(text: str, tag: str) -> None:
+    longest = max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
+    assert partial_suffix(text, tag) == longest

@@ -308,6 +308,8 @@ class VLLMEngine(RemoteEngine):
 _TOKEN_ID_PREFIX = "token_id:"
 _PREFIX = _TOKEN_ID_PREFIX.encode()
 _SEPARATED_PREFIX = b"," + _PREFIX
+# Up to this many tokens, ``_token_ids`` parses them one by one.
+_FEW_TOKENS = 4
 
 
 def _token_ids(tokens: list[Any], url: str) -> list[int]:
@@ -321,8 +323,13 @@ def _token_ids(tokens: list[Any], url: str) -> list[int]:
     digits. Anything else (or digits JSON refuses, such as ``01``, or reads as a float, past 64 bits)
     takes the token-by-token path, which accepts and refuses exactly what it always did.
     """
-    if not tokens:
-        return []
+    if len(tokens) <= _FEW_TOKENS:  # a streamed chunk (one token): the passes cost more than a loop
+        return _token_ids_one_by_one(tokens, url)
+    return _token_ids_joined(tokens, url)
+
+
+def _token_ids_joined(tokens: list[Any], url: str) -> list[int]:
+    """``_token_ids`` by the C-level passes (any number of tokens)."""
     try:
         joined = ",".join(tokens).encode()
     except (TypeError, UnicodeEncodeError):  # a token that is not a string, or a lone surrogate

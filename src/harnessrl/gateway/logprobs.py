@@ -51,6 +51,8 @@ def logprob_content(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence
         raise ValueError(f"{len(token_ids)} token IDs but {len(logprobs)} logprobs")
     if not token_ids:
         return orjson.Fragment(b"[]")
+    if len(token_ids) == 1:  # a streamed chunk: one entry
+        return orjson.Fragment(_one_entry(tokenizer, token_ids[0], logprobs[0]))
     heads, tails = _pieces(tokenizer, token_ids)
     # Floats never hold a comma: one encode of the list gives each logprob's text.
     numbers = orjson.dumps(logprobs if isinstance(logprobs, list) else list(logprobs))[1:-1].split(b",")
@@ -60,3 +62,11 @@ def logprob_content(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence
     parts[3:-1:3] = map(tails.__getitem__, token_ids)
     parts[0], parts[1], parts[-1] = b"[", parts[1][1:], b"]"  # the first entry has no comma before it
     return orjson.Fragment(b"".join(parts))
+
+
+def _one_entry(tokenizer: Any, token_id: int, logprob: float) -> bytes:
+    pieces = _PIECES.get(tokenizer)
+    if pieces is None or token_id not in pieces[1]:
+        pieces = _pieces(tokenizer, [token_id])
+    number = orjson.dumps([logprob])[1:-1]  # as the list of many is encoded
+    return b"[" + pieces[0][token_id][1:] + number + pieces[1][token_id] + b"]"

@@ -94,6 +94,8 @@ ToolParserFactory = Callable[[Tools], ToolParser]
 
 def partial_suffix(text: str, tag: str) -> int:
     """Length of the longest suffix of ``text`` that is a proper prefix of ``tag`` (a tag maybe starting)."""
+    if tag[:1] not in text[max(0, len(text) - len(tag) + 1) :]:
+        return 0  # no tail could start the tag (most text, checked once per streamed token)
     for size in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:size]):
             return size
