@@ -269,17 +269,7 @@ class TemplateInputs:
         return [self._message(m) for m in messages]
 
     def _message(self, message: Any) -> dict[str, Any]:
-        if not _plain_json(message):  # pydantic models, tuples...: its JSON would not say it all
-            return template_message(message)
-        try:
-            key = orjson.dumps(message)
-        except TypeError:  # integers past 64 bits
-            return template_message(message)
-        kept = self._messages.get(key)
-        if kept is None:
-            kept = template_message(message)
-            self._keep(self._messages, key, kept, self.MAX_MESSAGES)
-        return kept
+        return self._kept(self._messages, message, template_message, self.MAX_MESSAGES)
 
     def tools(self, tools: Any) -> Any:
         """``plain(tools)``, kept for the last few distinct tool lists; a kept list is its own form
@@ -288,16 +278,20 @@ class TemplateInputs:
             return None
         if any(tools is kept for kept in self._tools.values()):
             return tools
-        if not _plain_json(tools):
-            return plain(tools)
+        return self._kept(self._tools, tools, plain, self.MAX_TOOL_LISTS)
+
+    def _kept(self, table: dict[bytes, Any], value: Any, build: Callable[[Any], Any], limit: int) -> Any:
+        """``build(value)``, kept in ``table`` by ``value``'s JSON text."""
+        if not _plain_json(value):  # pydantic models, tuples...: its JSON would not say it all
+            return build(value)
         try:
-            key = orjson.dumps(tools)
+            key = orjson.dumps(value)
         except TypeError:  # integers past 64 bits
-            return plain(tools)
-        kept = self._tools.get(key)
+            return build(value)
+        kept = table.get(key)
         if kept is None:
-            kept = plain(tools)
-            self._keep(self._tools, key, kept, self.MAX_TOOL_LISTS)
+            kept = build(value)
+            self._keep(table, key, kept, limit)
         return kept
 
     def _keep(self, table: dict[bytes, Any], key: bytes, value: Any, limit: int) -> None:
