@@ -12,6 +12,8 @@ calls, and the sandbox still refusing what it refused.
 from __future__ import annotations
 
 import json
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +209,38 @@ def test_prepared_tools_render_as_the_tools_themselves() -> None:
     changed = json.loads(json.dumps(TOOLS))
     changed[0]["function"]["name"] = "shell"
     assert "shell" in tok.render_chat(messages, tools=tok.template_tools(changed))
+
+
+def test_tool_lists_are_looked_up_while_other_threads_keep_new_ones() -> None:
+    """Renders run on the event loop and in worker threads at once: asking whether a list is a kept
+    form must not iterate the table while another thread changes it ("dictionary changed size
+    during iteration" took a call down before)."""
+    inputs = TemplateInputs()
+    prepared = inputs.tools(TOOLS)
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def keep_new_lists() -> None:
+        k = 0
+        while not stop.is_set():
+            inputs.tools([{"name": f"t{k}"}])
+            k += 1
+
+    def ask_about_the_kept_one() -> None:
+        try:
+            for _ in range(100_000):
+                inputs.tools(prepared)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible: the race shows within ms
+    try:
+        churn = threading.Thread(target=keep_new_lists)
+        churn.start()
+        ask_about_the_kept_one()
+        stop.set()
+        churn.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []

@@ -73,25 +73,29 @@ def _tojson(
     x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False
 ) -> str:
     # Jinja's own tojson HTML-escapes '<', '>', '&' and "'"; transformers replaces it with plain json.dumps.
-    if type(x) is not dict and type(x) is not list:
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-    try:
-        key = (id(x), ensure_ascii, indent, tuple(separators) if separators is not None else None, sort_keys)
-        hash(key)
-    except TypeError:  # unhashable arguments: nothing kept
-        return json.dumps(
-            x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-        )
-    kept = _JSON_KEPT.get(key)
-    if kept is not None and kept[0] is x:
-        return kept[1]
+    key = None
+    if type(x) is dict or type(x) is list:
+        try:
+            key = (
+                id(x),
+                ensure_ascii,
+                indent,
+                tuple(separators) if separators is not None else None,
+                sort_keys,
+            )
+            hash(key)
+        except TypeError:  # unhashable arguments: nothing kept
+            key = None
+        else:
+            kept = _JSON_KEPT.get(key)
+            if kept is not None and kept[0] is x:
+                return kept[1]
     text = json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-    with _JSON_LOCK:
-        if len(_JSON_KEPT) >= _JSON_KEPT_MAX:
-            del _JSON_KEPT[next(iter(_JSON_KEPT))]
-        _JSON_KEPT[key] = (x, text)
+    if key is not None:
+        with _JSON_LOCK:
+            if len(_JSON_KEPT) >= _JSON_KEPT_MAX:
+                del _JSON_KEPT[next(iter(_JSON_KEPT))]
+            _JSON_KEPT[key] = (x, text)
     return text
 
 
@@ -276,7 +280,9 @@ class TemplateInputs:
         (a caller preparing tools once for several renders passes what this returned)."""
         if tools is None:
             return None
-        if any(tools is kept for kept in self._tools.values()):
+        with self._lock:  # another thread may be keeping a new list meanwhile
+            prepared = any(tools is kept for kept in self._tools.values())
+        if prepared:
             return tools
         return self._kept(self._tools, tools, plain, self.MAX_TOOL_LISTS)
 
