@@ -316,8 +316,12 @@ class SQLStore:
     # -- calls ------------------------------------------------------------------------------------
     def add_call(self, call: Call, encoded: EncodedItems | None = None) -> Call:
         packed = pack_call(call, encoded)  # before the transaction: packing is the slow part
+        return self._add_packed(call, packed, self._write())
+
+    def _add_packed(self, call: Call, packed: PackedCall, transaction: AbstractContextManager[Any]) -> Call:
+        """Write one packed call in ``transaction`` (its connection, committed when the block ends)."""
         written: dict[str, AttemptChains] = {}
-        with self._write() as conn:
+        with transaction as conn:
             row = self._add_call_row(conn, packed, written)
         self._chains.put(written)  # committed: these rows may now be bases
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})

@@ -27,7 +27,7 @@ from typing import Any, Literal
 
 from harnessrl.errors import NotFound
 from harnessrl.schemas import Call, Rollout
-from harnessrl.store.chains import AttemptChains, EncodedItems, pack_call
+from harnessrl.store.chains import EncodedItems, pack_call
 from harnessrl.store.codecs import rollout_from_row
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
@@ -111,47 +111,30 @@ class SQLiteStore(SQLStore):
         nothing. An in-memory database has one connection: always ``None``."""
         if not self.reads_at_once:
             return None
-        conn = self._connection_now()
+        # This thread's own connection, so it never waits for the shared connection's lock.
+        conn = self._thread_connection("now", busy_timeout_s=0.0)
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
             if exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
                 return None
             raise
-        written: dict[str, AttemptChains] = {}
-        try:
-            row = self._add_call_row(conn, pack_call(call, encoded), written)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-        self._chains.put(written)  # committed: these rows may now be bases
-        return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
-
-    def _connection_now(self) -> sqlite3.Connection:
-        """This thread's connection for ``add_call_now`` (its own, so it never waits for the shared
-        connection's lock, and its ``busy_timeout`` is 0)."""
-        if self._pid != os.getpid():
-            self._reset_readers()
-        conn = getattr(self._readers, "now", None)
-        if conn is None:
-            if self._closed:
-                raise sqlite3.ProgrammingError("the store is closed")
-            conn = self._readers.now = self._connect(busy_timeout_s=0.0)
-            with self._readers_lock:
-                self._reader_conns.append(conn)
-        return conn
+        return self._add_packed(call, pack_call(call, encoded), _committed(conn))
 
     def _reader(self) -> sqlite3.Connection:
         """This thread's read-only connection (autocommit: each read sees every commit before it)."""
+        return self._thread_connection("reader", read_only=True)
+
+    def _thread_connection(self, role: str, **settings: Any) -> sqlite3.Connection:
+        """This thread's connection for ``role``, opened with ``settings`` (``_connect``'s) on first use."""
         if self._pid != os.getpid():
             self._reset_readers()
-        conn = getattr(self._readers, "conn", None)
+        conn = getattr(self._readers, role, None)
         if conn is None:
             if self._closed:
                 raise sqlite3.ProgrammingError("the store is closed")
-            conn = self._readers.conn = self._connect(read_only=True)
+            conn = self._connect(**settings)
+            setattr(self._readers, role, conn)
             with self._readers_lock:
                 self._reader_conns.append(conn)
         return conn
@@ -193,13 +176,8 @@ class SQLiteStore(SQLStore):
         """One write transaction holding the database's write lock from its first read."""
         with self._locked() as conn:
             conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _committed(conn):
                 yield conn
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-            conn.execute("COMMIT")
 
     _read = _locked
 
@@ -225,3 +203,15 @@ class SQLiteStore(SQLStore):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@contextmanager
+def _committed(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """The transaction just begun on ``conn``: committed when the block ends, rolled back if it raises."""
+    try:
+        yield conn
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")
