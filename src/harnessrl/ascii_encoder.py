@@ -63,20 +63,14 @@ def _state(component: object | None) -> dict | None:
     return None if component is None else json.loads(component.__getstate__())
 
 
-def _identity_on_ascii(normalizer: dict | None) -> bool:
-    if normalizer is None:
+def _only_types(component: dict | None, allowed: set[str], parts: str) -> bool:
+    """Whether a tokenizer component is absent or of an ``allowed`` type; a ``Sequence`` if each of
+    its ``parts`` (``"normalizers"``, ``"processors"``) is."""
+    if component is None:
         return True
-    if normalizer["type"] == "Sequence":
-        return all(_identity_on_ascii(n) for n in normalizer["normalizers"])
-    return normalizer["type"] in _ASCII_IDENTITY_NORMALIZERS
-
-
-def _quiet_post_processor(processor: dict | None) -> bool:
-    if processor is None:
-        return True
-    if processor["type"] == "Sequence":
-        return all(_quiet_post_processor(p) for p in processor["processors"])
-    return processor["type"] in _QUIET_POST_PROCESSORS
+    if component["type"] == "Sequence":
+        return all(_only_types(part, allowed, parts) for part in component[parts])
+    return component["type"] in allowed
 
 
 def unsupported_reason(tokenizer: Tokenizer, ascii_splits: SplitTable = ASCII_SPLITS) -> str | None:
@@ -92,7 +86,7 @@ def unsupported_reason(tokenizer: Tokenizer, ascii_splits: SplitTable = ASCII_SP
     model = tokenizer.model
     if not isinstance(model, models.BPE) or model.dropout is not None:
         return "the model is not BPE without dropout"
-    if not _identity_on_ascii(_state(tokenizer.normalizer)):
+    if not _only_types(_state(tokenizer.normalizer), _ASCII_IDENTITY_NORMALIZERS, "normalizers"):
         return "the normalizer may change ASCII text"
     patterns = split_patterns(_state(tokenizer.pre_tokenizer))
     if isinstance(patterns, str):
@@ -107,7 +101,7 @@ def unsupported_reason(tokenizer: Tokenizer, ascii_splits: SplitTable = ASCII_SP
         return "special tokens are encoded as text"
     if tokenizer.padding is not None or tokenizer.truncation is not None:
         return "padding or truncation is set"
-    if not _quiet_post_processor(_state(tokenizer.post_processor)):
+    if not _only_types(_state(tokenizer.post_processor), _QUIET_POST_PROCESSORS, "processors"):
         return "the post-processor may add tokens"
     return None
 

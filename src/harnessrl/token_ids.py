@@ -33,14 +33,22 @@ def int32_bytes(ids: Sequence[int]) -> bytes:
     """``ids`` as little-endian int32 bytes; ``struct.error`` for a value that is not an int32."""
     if isinstance(ids, TokenIds):
         return ids.packed()
-    return struct.pack(_LITTLE_ENDIAN_INT32.format(len(ids)), *ids)
+    return _pack(ids)
 
 
 def json_array(ids: Sequence[int]) -> bytes:
     """``ids`` as a compact JSON array (what ``orjson.dumps(list(ids))`` gives)."""
     if isinstance(ids, TokenIds):
         return ids.json()
-    return orjson.dumps(ids if isinstance(ids, list) else list(ids))
+    return _dump(ids)
+
+
+def _pack(ids: Sequence[int]) -> bytes:
+    return struct.pack(_LITTLE_ENDIAN_INT32.format(len(ids)), *ids)
+
+
+def _dump(ids: Sequence[int]) -> bytes:
+    return orjson.dumps(ids if isinstance(ids, list) else list(ids))  # orjson takes a list subclass as is
 
 
 class KeptIds:
@@ -130,13 +138,13 @@ class TokenIds(list[int]):
     def packed(self) -> bytes:
         """Little-endian int32 bytes (``struct.error`` if a value does not fit); kept."""
         if self._packed is None:
-            self._packed = struct.pack(_LITTLE_ENDIAN_INT32.format(len(self)), *self)
+            self._packed = _pack(self)
         return self._packed
 
     def json(self) -> bytes:
         """The compact JSON array; kept."""
         if self._json is None:
-            self._json = orjson.dumps(list(self))
+            self._json = _dump(self)
         return self._json
 
     def forget_encodings(self) -> None:
