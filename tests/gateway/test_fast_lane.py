@@ -31,13 +31,18 @@ def _comparable(resp: httpx.Response) -> tuple[Any, ...]:
         body: Any = resp.json()
     except ValueError:
         body = resp.text
-    if isinstance(body, dict):
-        body = {k: v for k, v in body.items() if k not in VOLATILE}
-        for choice in body.get("choices", []):
-            for call in (choice.get("message") or {}).get("tool_calls") or []:
-                call.pop("id", None)
     headers = {k: resp.headers.get(k) for k in ("content-type", "x-should-retry", "allow")}
-    return resp.status_code, headers, body
+    return resp.status_code, headers, _stable(body)
+
+
+def _stable(value: Any) -> Any:
+    """``value`` without its ids and timestamps, at any depth (a tool call's id, a listed model's
+    ``created``: the two gateways may answer in different seconds)."""
+    if isinstance(value, dict):
+        return {k: _stable(v) for k, v in value.items() if k not in VOLATILE}
+    if isinstance(value, list):
+        return [_stable(v) for v in value]
+    return value
 
 
 def _requests(gw: Any) -> list[tuple[str, str, dict[str, Any]]]:
