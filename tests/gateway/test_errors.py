@@ -134,6 +134,9 @@ def test_completions_bad_prompts(env: Any) -> None:
 
 def test_finished_rollout_is_409_and_the_sdk_does_not_retry(env: Any) -> None:
     gw, rollout, http = env
+    # Its key answered a call first: the gateway's lookup of that key (kept while the rollout's row
+    # is unchanged) must see the rollout end.
+    assert http.post("/chat/completions", json=CHAT).status_code == 200
     gw.client.finish_rollout(rollout["rollout_id"], "success", 1.0)
     assert_error(http.post("/chat/completions", json=CHAT), 409, "rollout_closed")
     client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=3)
