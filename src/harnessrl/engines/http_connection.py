@@ -240,18 +240,12 @@ class Connection(asyncio.Protocol):
         self._wake_drain()
 
     def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None:
-            self._waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
+        waiter, self._waiter = self._waiter, None
+        _settle(waiter)
 
     def _wake_drain(self) -> None:
-        drain = self._drain
-        if drain is not None:
-            self._drain = None
-            if not drain.done():
-                drain.set_result(None)
+        drain, self._drain = self._drain, None
+        _settle(drain)
 
     def _read_to_close(self) -> bool:
         """Whether the answer's body is delimited by the connection's end (no length, not chunked)."""
@@ -275,3 +269,9 @@ class Connection(asyncio.Protocol):
             return
         self._fail(ReadTimeout(f"nothing received for {self.read_timeout:g} s"))
         self.transport.abort()  # type: ignore[union-attr]
+
+
+def _settle(future: asyncio.Future[None] | None) -> None:
+    """Wake whoever awaits ``future`` (if anyone still does)."""
+    if future is not None and not future.done():
+        future.set_result(None)
