@@ -97,21 +97,8 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     generations finish (``/pause?mode=wait``) instead of aborting them."""
     stop_ids = tuple(tokenizer.stop_token_ids)
     checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=2)
-    # 1200 tokens: vLLM is still generating them when the update reaches it, even if this process (the
-    # clients) lags seconds behind.
-    calls = [start_call(gateway, stream=stream, max_tokens=1200) for stream in (True, False)]
+    calls = _pair_generating_in_vllm(gateway, tiny_server.url)
     threads = [thread for _, _, thread in calls]
-    # Both must be generating in vLLM itself, not only admitted by the gateway: a request still on
-    # its way to the server when the update lands is held by vLLM's pause and then sampled by the
-    # new weights (what failed on a loaded CI machine; the gateway's own pause prevents it in a run).
-    wait_until(
-        lambda: (
-            all_admitted(gateway, threads)
-            and calls[0][1].streaming()
-            and requests_running(tiny_server.url) >= 2
-        ),
-        lambda: f"the calls to generate in vLLM: {calls}",
-    )
     assert all(thread.is_alive() for thread in threads)  # the update below does find them in flight
     install_weights(tiny_server.url, checkpoint, 1)
     for _, _, thread in calls:
@@ -123,6 +110,33 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
         assert stored_whole(call, stop_ids, 1200), call.finish_reason
         expected = old.logprobs(call.prompt_token_ids, call.response_token_ids)
         assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
+
+
+def _pair_generating_in_vllm(gateway: Any, url: str) -> list[tuple[Any, Any, Any]]:
+    """A streamed and a non-streamed call of 1200 tokens, both generating in vLLM itself, not only
+    admitted by the gateway: a request still on its way to the server when an update lands is held
+    by vLLM's pause and then sampled by the new weights (what failed on a loaded CI machine; the
+    gateway's own pause prevents it in a run). 1200 tokens: vLLM is still generating them when the
+    update reaches it, even if this process (the clients) lags seconds behind. The random tiny model
+    samples at temperature 1 and may end a call at a stop token first (a fresh-clone CI run waited
+    for two running requests that never came): such a pair is waited out and started again, three
+    times at most."""
+    for _ in range(3):
+        calls = [start_call(gateway, stream=stream, max_tokens=1200) for stream in (True, False)]
+        threads = [thread for _, _, thread in calls]
+        wait_until(
+            lambda c=calls, t=threads: (
+                not all(thread.is_alive() for thread in t)
+                or (all_admitted(gateway, t) and c[0][1].streaming() and requests_running(url) >= 2)
+            ),
+            lambda c=calls: f"the calls to generate in vLLM ({requests_running(url)} running): {c}",
+        )
+        if all(thread.is_alive() for thread in threads):
+            return calls
+        for _, outcome, thread in calls:
+            thread.join(timeout=300)
+            assert not thread.is_alive() and outcome.whole(1200), outcome  # ended early, not failed
+    pytest.fail("three pairs in a row, a call ended at a stop token before the update could reach it")
 
 
 def _both_generating(gateway: Any) -> tuple[Any, Any, int]:
