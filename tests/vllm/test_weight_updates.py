@@ -9,6 +9,7 @@ the new version and their logprobs are the new weights' (and not the old ones').
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,13 @@ import openai
 import pytest
 from tests.vllm.vllm_support import (
     LOGPROB_ATOL,
-    all_admitted,
+    freeze_mid_generation,
     install_weights,
     max_abs_diff,
+    pause_server,
     perturbed_checkpoint,
-    requests_running,
+    requests_finished,
+    resume_server,
     start_call,
     stored_whole,
     wait_until,
@@ -29,7 +32,7 @@ from tests.vllm.vllm_support import (
 
 pytestmark = pytest.mark.vllm
 
-LONG = 400  # tokens: long enough that the update lands mid-generation (~10-20 s on 2 cores)
+LONG = 400  # tokens per call, of which vLLM has sampled a few when it is frozen
 
 
 def test_async_trainer_update_drains_calls_and_versions_the_next(
@@ -45,17 +48,23 @@ def test_async_trainer_update_drains_calls_and_versions_the_next(
     through its own engine client, resume with the new version."""
     stop_ids = tuple(tokenizer.stop_token_ids)
     checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=1)
+    finished = requests_finished(tiny_server.url)
     before = [start_call(gateway, stream=i % 2 == 0, max_tokens=LONG) for i in range(4)]
     threads = [thread for _, _, thread in before]
-    wait_until(
-        lambda: all_admitted(gateway, threads) and all(o.streaming() for _, o, _ in before[::2]),
-        lambda: f"the calls to generate: {before}",
-    )
-    # The pause below finds calls in flight. Not necessarily all four: a call may end early at a
-    # stop token the tiny model samples (a CI run once saw one end before this line).
-    assert any(thread.is_alive() for thread in threads)
-    paused = gateway.client.pause()  # returns once the 4 calls have finished
-    assert paused["drained"] is True and paused["in_flight"] == 0
+    try:
+        # vLLM frozen with the calls mid-generation, so the pause below surely finds them in flight
+        # (not necessarily all four: a call may end early at a stop token the tiny model samples).
+        held = freeze_mid_generation(tiny_server.url, len(threads), finished)
+        assert held >= 1, f"every call ended before vLLM could be frozen: {before}"
+        drain: dict[str, Any] = {}
+        pausing = threading.Thread(target=lambda: drain.update(gateway.client.pause()))
+        pausing.start()  # returns once the calls in flight have finished
+        wait_until(lambda: gateway.client.state()["paused"], "the gateway to start its pause")
+        assert gateway.client.state()["in_flight"] >= held
+    finally:
+        resume_server(tiny_server.url)
+    pausing.join(timeout=300)
+    assert drain["drained"] is True and drain["in_flight"] == 0
     late = start_call(gateway, stream=True, max_tokens=32)  # held at the gate
     wait_until(lambda: gateway.client.state()["waiting"] == 1, "the late call to wait at the gate")
     install_weights(tiny_server.url, checkpoint, 1)
@@ -97,10 +106,14 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     generations finish (``/pause?mode=wait``) instead of aborting them."""
     stop_ids = tuple(tokenizer.stop_token_ids)
     checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=2)
-    calls = _pair_generating_in_vllm(gateway, tiny_server.url)
-    threads = [thread for _, _, thread in calls]
-    assert all(thread.is_alive() for thread in threads)  # the update below does find them in flight
-    install_weights(tiny_server.url, checkpoint, 1)
+    whole, streamed, _ = _frozen_pair(gateway, tiny_server.url, whole_tokens=1200, streamed_tokens=1200)
+    calls = [whole, streamed]
+    try:
+        # Resumed one request before the update's /pause?mode=wait, which lets them go on (with
+        # mode=abort they would end there). The budget leaves them seconds of generation.
+        install_weights(tiny_server.url, checkpoint, 1, before=lambda: resume_server(tiny_server.url))
+    finally:
+        resume_server(tiny_server.url)
     for _, _, thread in calls:
         thread.join(timeout=300)
     old = reference(tiny_dir)
@@ -112,53 +125,24 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
         assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
 
 
-def _pair_generating_in_vllm(gateway: Any, url: str) -> list[tuple[Any, Any, Any]]:
-    """A streamed and a non-streamed call of 1200 tokens, both generating in vLLM itself, not only
-    admitted by the gateway: a request still on its way to the server when an update lands is held
-    by vLLM's pause and then sampled by the new weights (what failed on a loaded CI machine; the
-    gateway's own pause prevents it in a run). 1200 tokens: vLLM is still generating them when the
-    update reaches it, even if this process (the clients) lags seconds behind. The random tiny model
-    samples at temperature 1 and may end a call at a stop token first (a fresh-clone CI run waited
-    for two running requests that never came): such a pair is waited out and started again, three
-    times at most."""
-    for _ in range(3):
-        calls = [start_call(gateway, stream=stream, max_tokens=1200) for stream in (True, False)]
-        threads = [thread for _, _, thread in calls]
-        wait_until(
-            lambda c=calls, t=threads: (
-                not all(thread.is_alive() for thread in t)
-                or (all_admitted(gateway, t) and c[0][1].streaming() and requests_running(url) >= 2)
-            ),
-            lambda c=calls: f"the calls to generate in vLLM ({requests_running(url)} running): {c}",
-        )
-        if all(thread.is_alive() for thread in threads):
-            return calls
-        for _, outcome, thread in calls:
-            thread.join(timeout=300)
-            assert not thread.is_alive() and outcome.whole(1200), outcome  # ended early, not failed
-    pytest.fail("three pairs in a row, a call ended at a stop token before the update could reach it")
-
-
-def _both_generating(gateway: Any) -> tuple[Any, Any, int]:
-    """A non-streamed and a streamed call, both generating in vLLM at once, and how many pairs were
-    started again first. The random tiny model samples at temperature 1 and may end a call at a stop
-    token before the abort (a fresh-clone CI run saw it): such a pair tests nothing, so it is waited
-    out and started again, three times at most."""
+def _frozen_pair(
+    gateway: Any, url: str, *, whole_tokens: int, streamed_tokens: int
+) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any], int]:
+    """A non-streamed and a streamed call, both frozen mid-generation in vLLM (``/pause?mode=keep``;
+    the caller resumes it), and how many pairs were started again first. The random tiny model
+    samples at temperature 1 and may end a call at a stop token before the freeze: such a pair tests
+    nothing, so it is waited out and started again, three times at most."""
     for retries in range(3):
-        # Budgets far beyond what is generated before the abort: the client (this process, starved of
-        # CPU by vLLM's busy threads) may lag seconds behind what vLLM has already generated.
-        whole = start_call(gateway, stream=False, max_tokens=800)
-        wait_until(
-            lambda w=whole: all_admitted(gateway, [w[2]]), lambda w=whole: f"the call to generate: {w[1]}"
-        )
-        streamed = start_call(gateway, stream=True, max_tokens=2000)
-        wait_until(streamed[1].streaming, lambda s=streamed: f"the streamed call to generate: {s[1]}")
-        if whole[2].is_alive() and streamed[2].is_alive():
+        finished = requests_finished(url)
+        whole = start_call(gateway, stream=False, max_tokens=whole_tokens)
+        streamed = start_call(gateway, stream=True, max_tokens=streamed_tokens)
+        if freeze_mid_generation(url, 2, finished) == 2:
             return whole, streamed, retries
-        for _, _, thread in (whole, streamed):
+        resume_server(url)
+        for (_, outcome, thread), budget in ((whole, whole_tokens), (streamed, streamed_tokens)):
             thread.join(timeout=300)
-            assert not thread.is_alive()
-    pytest.fail("three pairs in a row, a call ended at a stop token before the abort could reach it")
+            assert not thread.is_alive() and outcome.whole(budget), outcome  # ended early, not failed
+    pytest.fail("three pairs in a row, a call ended at a stop token before vLLM could be frozen")
 
 
 def test_vllm_paused_with_abort_stores_nothing_truncated(
@@ -168,15 +152,15 @@ def test_vllm_paused_with_abort_stores_nothing_truncated(
     ends in an error, the non-streamed one is retried from its prompt and answered whole once vLLM
     resumes; no call vLLM cut short is stored."""
     stop_ids = tuple(tokenizer.stop_token_ids)
-    (whole_rollout, whole, whole_thread), (stream_rollout, streamed, stream_thread), retries = (
-        _both_generating(gateway)
+    (whole_rollout, whole, whole_thread), (stream_rollout, streamed, stream_thread), retries = _frozen_pair(
+        gateway, tiny_server.url, whole_tokens=800, streamed_tokens=800
     )
-    httpx.post(f"{tiny_server.url}/pause", params={"mode": "abort"}, timeout=60).raise_for_status()
     try:
+        pause_server(tiny_server.url, "abort")  # ends both frozen generations
         stream_thread.join(timeout=120)
         assert not stream_thread.is_alive()
     finally:
-        httpx.post(f"{tiny_server.url}/resume", timeout=60).raise_for_status()
+        resume_server(tiny_server.url)
     whole_thread.join(timeout=300)
 
     assert isinstance(streamed.error, openai.APIError), streamed

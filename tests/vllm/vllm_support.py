@@ -61,14 +61,20 @@ def start_vllm_server(
     return server
 
 
-def install_weights(url: str, folder: Path, version: int) -> None:
+def install_weights(
+    url: str, folder: Path, version: int, *, before: Callable[[], None] | None = None
+) -> None:
     """What the trainer does for a remote engine: its own engine client loads ``folder`` into the
-    server (vLLM ``/pause?mode=wait``, ``/collective_rpc reload_weights``, ``/resume``)."""
+    server (vLLM ``/pause?mode=wait``, ``/collective_rpc reload_weights``, ``/resume``). ``before``
+    runs once that client is ready, right before the update, so what it does (resume a frozen
+    server) is at most one request ahead of the update."""
 
     async def run() -> None:
         engine = create_engine(EngineConfig(model=f"vllm:{url}", tokenizer="tiny", health_interval_s=0))
         await engine.start()
         try:
+            if before is not None:
+                before()
             await engine.update_weights(WeightUpdate(version=version, checkpoint_dir=str(folder)))
         finally:
             await engine.aclose()
@@ -155,6 +161,57 @@ def server_metric(url: str, name: str) -> float:
 def requests_running(url: str) -> int:
     """Requests the server is generating right now."""
     return int(server_metric(url, "vllm:num_requests_running"))
+
+
+def requests_finished(url: str) -> int:
+    """Requests the server has ended so far, whatever the reason (``vllm:request_success_total``,
+    one series per finish reason)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    series = [line for line in text.splitlines() if line.startswith("vllm:request_success_total{")]
+    assert series, f"{url}/metrics has no vllm:request_success_total"
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in series))
+
+
+def pause_server(url: str, mode: str) -> None:
+    """``POST /pause?mode=...`` straight to vLLM (``keep``: requests stay where they are and nothing
+    is sampled until ``/resume``; ``abort``: every request ends now)."""
+    httpx.post(f"{url}/pause", params={"mode": mode}, timeout=60).raise_for_status()
+
+
+def resume_server(url: str) -> None:
+    httpx.post(f"{url}/resume", timeout=60).raise_for_status()
+
+
+def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
+    """Freeze the server (``/pause?mode=keep``) as soon as every one of ``calls`` requests it was
+    sent (``finished_before``: its finished count before they started) generates there or has
+    ended; returns how many it holds unfinished, frozen mid-generation.
+
+    Why a freeze: the tiny model samples hundreds of tokens a second here, and this process (the
+    clients and the gateway, starved of CPU by vLLM's busy threads) lags seconds behind the server,
+    so "still generating" seen from a client is a guess (calls ended before an abort or update
+    reached them in fresh-clone CI runs). So the server's own counts decide, both before and after:
+    the running gauge says which requests reached it (one still on its way would only be sampled
+    after the freeze) and the finished counter which of them ended, including one the gauge still
+    shows from the last step before the freeze. The caller resumes the server or aborts what it
+    holds (``/pause?mode=abort``); vLLM 0.32 answers ``/pause?mode=wait`` on a frozen server at
+    once, without letting the frozen requests finish."""
+
+    def unfinished() -> int:
+        return calls - (requests_finished(url) - finished_before)
+
+    def held() -> int:
+        return min(requests_running(url), unfinished())
+
+    wait_until(
+        lambda: held() == unfinished(),
+        lambda: f"{calls} calls to generate in vLLM ({held()} of {unfinished()} unfinished do)",
+    )
+    pause_server(url, "keep")
+    # The server's API process records the last outputs of the engine shortly after the pause
+    # answers; a second is far more than it takes.
+    time.sleep(1.0)
+    return held()
 
 
 def wait_until(
