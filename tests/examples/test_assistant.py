@@ -28,6 +28,30 @@ needs_hermes = pytest.mark.skipif(
 )
 
 
+def answers_hermes_rewrote(calls: list) -> list[int]:
+    """Seqs of the calls whose answer Hermes sent back changed, beyond what the gateway matches.
+
+    Hermes strips reasoning and tool-call markup from every assistant turn it keeps
+    (``strip_think_blocks``: a stray ``<think>`` or ``</think>``, a ``<tool_call>…</tool_call>`` block
+    left in the text), then sends that turn back. The gateway reuses a turn's sampled tokens only
+    when the text after its reasoning is the same (``visible_text``), so a rewritten answer ends its
+    chain: the next call's prompt no longer extends it. A random tiny model samples those tags now
+    and then. Each call is compared with the assistant turn the next call sent back for it.
+    """
+    from harnessrl.gateway.conversation import visible_text
+
+    def text(message: dict) -> str:
+        return visible_text(message.get("content") or "")
+
+    rewritten = []
+    ordered = sorted(calls, key=lambda c: c.seq)
+    for answered, following in zip(ordered, ordered[1:], strict=False):
+        sent_back = [m for m in following.request["messages"] if m.get("role") == "assistant"]
+        if sent_back and text(sent_back[-1]) != text(answered.response):
+            rewritten.append(answered.seq)
+    return rewritten
+
+
 def test_tasks_are_deterministic_disjoint_and_match_the_committed_files(tmp_path: Path):
     report = make_tasks(EXAMPLE, tmp_path / "a")
     make_tasks(EXAMPLE, tmp_path / "b")
@@ -144,6 +168,41 @@ def test_scripted_policy_through_real_hermes_right_file_earns_1_half_right_part(
 
 @pytest.mark.slow
 @needs_hermes
+def test_hermes_rewriting_an_answer_it_sends_back_ends_the_sample_there(tmp_path: Path):
+    """The one way a Hermes rollout is more than one sample: Hermes strips markup from an answer.
+
+    Each scripted answer is cut at 8 tokens, so Hermes asks to continue 3 times (4 calls). With a
+    stray ``<think>`` in it, Hermes sends every answer back without the tag: 3 rewrites, 4 samples.
+    The control, an answer cut in a run of newlines that Hermes strips as whitespace, stays one sample
+    (the gateway matches an answer up to surrounding whitespace).
+    """
+    from harnessrl.store.sqlite import SQLiteStore
+    from harnessrl.trajectory.samples import build_rollout_samples
+
+    task = {
+        "prompt": "Write LEMON into notes.txt.",
+        "hidden": {"checks": [{"kind": "file", "path": "notes.txt"}]},
+    }
+    answers = {
+        "tag": "ok <think> abc def ghi jkl mno pqr stu vwx yz",
+        "newlines": "abc def" + "\n" * 16,
+    }
+    found = {}
+    for name, answer in answers.items():
+        summary = scripted_rollout(EXAMPLE, tmp_path, name, [answer], task, "gateway.max_tokens=8")
+        assert summary["calls"] == 4, summary
+        store = SQLiteStore(summary["store"])
+        [rollout] = store.list_rollouts()
+        calls = store.list_calls(rollout.rollout_id)
+        samples = build_rollout_samples(rollout, calls)
+        found[name] = (answers_hermes_rewrote(calls), len(samples.samples), dict(samples.breaks))
+        store.close()
+    assert found["tag"] == ([0, 1, 2], 4, {"prefix_mismatch": 3})
+    assert found["newlines"] == ([], 1, {})
+
+
+@pytest.mark.slow
+@needs_hermes
 def test_one_training_step_on_the_tiny_model_through_hermes(tmp_path: Path):
     from harnessrl.store.sqlite import SQLiteStore
 
@@ -170,17 +229,24 @@ def test_one_training_step_on_the_tiny_model_through_hermes(tmp_path: Path):
     [row] = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert row["step"] == 1 and row["rollouts/total"] == 4 and row["rollouts/infra_failures"] == 0
     assert row["policy_version"] == 1
-    # Hermes's history is append-only: however many calls a rollout made, it is one sample.
-    assert row["trajectory/samples"] == 4 and row["trajectory/samples_per_rollout"] == 1.0
     assert row["policy/loss_tokens"] > 0
 
     store = SQLiteStore(tmp_path / "run" / "harnessrl.db")
     rollouts = store.list_rollouts()
     assert len(rollouts) == 4
+    rewritten = {}
     for rollout in rollouts:
         assert rollout.status.value == "finished" and rollout.metadata.get("trained_at_step") == 1
         assert rollout.metadata["evaluation"]["output"]["detail"]  # check.py ran on the workspace
         calls = store.list_calls(rollout.rollout_id)
         assert calls and all(len(c.response_token_ids) <= 16 for c in calls)  # trainer.max_tokens caps 65536
+        rewritten[rollout.rollout_id] = answers_hermes_rewrote(calls)
+    # Hermes appends to its history: however many calls a rollout made, it is one sample, unless
+    # Hermes stripped a tag the tiny model sampled from an answer it sent back (a fresh-clone CI run
+    # had 5 samples). Each such rewrite, and nothing else, ends a chain.
+    rewrites = sum(len(seqs) for seqs in rewritten.values())
+    breaks = {key: value for key, value in row.items() if key.startswith("trajectory/breaks/") and value}
+    assert row["trajectory/samples"] == 4 + rewrites, (row["trajectory/samples"], rewritten, breaks)
+    assert sum(breaks.values()) == rewrites, (rewritten, breaks)
     assert [v.version for v in store.list_policy_versions()] == [1]
     store.close()
