@@ -32,7 +32,7 @@ from tests.vllm.vllm_support import (
 
 pytestmark = pytest.mark.vllm
 
-LONG = 400  # tokens per call, of which vLLM has sampled a few when it is frozen
+LONG = 400  # tokens per call, sampled after the gateway's pause began
 
 
 def test_async_trainer_update_drains_calls_and_versions_the_next(
@@ -49,18 +49,20 @@ def test_async_trainer_update_drains_calls_and_versions_the_next(
     stop_ids = tuple(tokenizer.stop_token_ids)
     checkpoint = perturbed_checkpoint(tiny_dir, tmp_path / "v1", seed=1)
     finished = requests_finished(tiny_server.url)
-    before = [start_call(gateway, stream=i % 2 == 0, max_tokens=LONG) for i in range(4)]
-    threads = [thread for _, _, thread in before]
+    # vLLM frozen before the calls start: it queues them and samples nothing until it resumes, so
+    # the gateway's pause surely finds all four in flight. (Freezing it with them mid-generation
+    # raced: this process lags vLLM by seconds, and a fresh-clone CI run saw all four 400-token
+    # calls end before the freeze.)
+    pause_server(tiny_server.url, "keep")
     try:
-        # vLLM frozen with the calls mid-generation, so the pause below surely finds them in flight
-        # (not necessarily all four: a call may end early at a stop token the tiny model samples).
-        held = freeze_mid_generation(tiny_server.url, len(threads), finished)
-        assert held >= 1, f"every call ended before vLLM could be frozen: {before}"
+        before = [start_call(gateway, stream=i % 2 == 0, max_tokens=LONG) for i in range(4)]
+        wait_until(lambda: gateway.client.state()["in_flight"] == 4, "the four calls to be in flight")
         drain: dict[str, Any] = {}
         pausing = threading.Thread(target=lambda: drain.update(gateway.client.pause()))
         pausing.start()  # returns once the calls in flight have finished
         wait_until(lambda: gateway.client.state()["paused"], "the gateway to start its pause")
-        assert gateway.client.state()["in_flight"] >= held
+        assert gateway.client.state()["in_flight"] == 4
+        assert requests_finished(tiny_server.url) == finished  # control: vLLM ended none of them
     finally:
         resume_server(tiny_server.url)
     pausing.join(timeout=300)

@@ -149,13 +149,24 @@ def direct_completion(
     }
 
 
+def server_metrics(url: str) -> dict[str, float]:
+    """vLLM's Prometheus series in one read, each name summed over its labelled series
+    (``vllm:request_success_total`` has one per finish reason)."""
+    totals: dict[str, float] = {}
+    for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        series, value = line.rsplit(" ", 1)
+        name = series.split("{", 1)[0]
+        totals[name] = totals.get(name, 0.0) + float(value)
+    return totals
+
+
 def server_metric(url: str, name: str) -> float:
     """One of vLLM's Prometheus series (``vllm:num_requests_running``, ``vllm:generation_tokens_total``)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    for line in text.splitlines():
-        if line.startswith(f"{name}{{") or line.startswith(f"{name} "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{url}/metrics has no {name}")
+    metrics = server_metrics(url)
+    assert name in metrics, f"{url}/metrics has no {name}"
+    return metrics[name]
 
 
 def requests_running(url: str) -> int:
@@ -164,12 +175,8 @@ def requests_running(url: str) -> int:
 
 
 def requests_finished(url: str) -> int:
-    """Requests the server has ended so far, whatever the reason (``vllm:request_success_total``,
-    one series per finish reason)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    series = [line for line in text.splitlines() if line.startswith("vllm:request_success_total{")]
-    assert series, f"{url}/metrics has no vllm:request_success_total"
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in series))
+    """Requests the server has ended so far, whatever the reason."""
+    return int(server_metric(url, "vllm:request_success_total"))
 
 
 def pause_server(url: str, mode: str) -> None:
@@ -197,21 +204,21 @@ def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
     holds (``/pause?mode=abort``); vLLM 0.32 answers ``/pause?mode=wait`` on a frozen server at
     once, without letting the frozen requests finish."""
 
-    def unfinished() -> int:
-        return calls - (requests_finished(url) - finished_before)
-
-    def held() -> int:
-        return min(requests_running(url), unfinished())
+    def held_and_unfinished() -> tuple[int, int]:
+        # One read, so the two counts are of the same moment.
+        metrics = server_metrics(url)
+        unfinished = calls - (int(metrics["vllm:request_success_total"]) - finished_before)
+        return min(int(metrics["vllm:num_requests_running"]), unfinished), unfinished
 
     wait_until(
-        lambda: held() == unfinished(),
-        lambda: f"{calls} calls to generate in vLLM ({held()} of {unfinished()} unfinished do)",
+        lambda: len(set(held_and_unfinished())) == 1,
+        lambda: "{} calls to generate in vLLM ({} of {} unfinished do)".format(calls, *held_and_unfinished()),
     )
     pause_server(url, "keep")
     # The server's API process records the last outputs of the engine shortly after the pause
     # answers; a second is far more than it takes.
     time.sleep(1.0)
-    return held()
+    return held_and_unfinished()[0]
 
 
 def wait_until(
