@@ -162,8 +162,11 @@ def test_vllm_paused_with_abort_stores_nothing_truncated(
     ends in an error, the non-streamed one is retried from its prompt and answered whole once vLLM
     resumes; no call vLLM cut short is stored."""
     stop_ids = tuple(tokenizer.stop_token_ids)
+    # Near the tiny model's whole context, as in the update test: with 800-token budgets a fresh-clone
+    # CI run saw three pairs in a row end (or one of them) before the freeze.
+    budget = 3600
     (whole_rollout, whole, whole_thread), (stream_rollout, streamed, stream_thread), retries = _frozen_pair(
-        gateway, tiny_server.url, whole_tokens=800, streamed_tokens=800
+        gateway, tiny_server.url, whole_tokens=budget, streamed_tokens=budget
     )
     try:
         pause_server(tiny_server.url, "abort")  # ends both frozen generations
@@ -176,9 +179,9 @@ def test_vllm_paused_with_abort_stores_nothing_truncated(
     assert isinstance(streamed.error, openai.APIError), streamed
     assert streamed.error.code == "engine_aborted" and "finish_reason='abort'" in str(streamed.error)
     assert gateway.store.list_calls(stream_rollout["rollout_id"]) == []
-    assert whole.whole(800), whole
+    assert whole.whole(budget), whole
     [call] = gateway.store.list_calls(whole_rollout["rollout_id"])
-    assert stored_whole(call, stop_ids, 800) and call.finish_reason != "abort"
+    assert stored_whole(call, stop_ids, budget) and call.finish_reason != "abort"
     # The abort did hit it: the pool sent it again (3 generations started: 2 + the streamed one),
     # after the 2 of each pair that ended before the abort.
     assert gateway.engine.replicas[0].served == 3 + 2 * retries
