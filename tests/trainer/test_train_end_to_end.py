@@ -237,6 +237,7 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
         [*HARNESSRL, "train", str(CONFIG), "--set", f"run.dir={run_dir}", "--set", "metrics.progress=false",
          "--set", f'harness.command=["{agent}"]'],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT makes it print every thread's stack
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -245,7 +246,15 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
             assert time.monotonic() < deadline, "the harnesses never started"
             time.sleep(0.2)
         proc.send_signal(signum)
-        _, err = proc.communicate(timeout=90)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            # A fresh-clone CI run once hung here (stderr: only "loading the model..."); say where.
+            proc.send_signal(signal.SIGABRT)
+            _, err = proc.communicate(timeout=60)
+            pytest.fail(
+                f"still running 90 s after {signal.Signals(signum).name}; its threads:\n{err[-8000:]}"
+            )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
