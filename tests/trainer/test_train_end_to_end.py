@@ -249,7 +249,7 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
         try:
             _, err = proc.communicate(timeout=90)
         except subprocess.TimeoutExpired:
-            # A fresh-clone CI run once hung here (stderr: only "loading the model..."); say where.
+            # Two fresh-clone CI runs hung here (stderr: only "loading the model..."); say where.
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=60)
             pytest.fail(

@@ -210,8 +210,12 @@ def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
         unfinished = calls - (int(metrics["vllm:request_success_total"]) - finished_before)
         return min(int(metrics["vllm:num_requests_running"]), unfinished), unfinished
 
+    def all_held() -> bool:
+        held, unfinished = held_and_unfinished()
+        return held == unfinished
+
     wait_until(
-        lambda: len(set(held_and_unfinished())) == 1,
+        all_held,
         lambda: "{} calls to generate in vLLM ({} of {} unfinished do)".format(calls, *held_and_unfinished()),
     )
     pause_server(url, "keep")
