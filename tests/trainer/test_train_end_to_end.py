@@ -4,12 +4,14 @@ load in transformers, and ``--resume`` after SIGKILL that neither re-trains nor 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -225,44 +227,87 @@ def processes_running(needle: str) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
-    """Ctrl-C or SIGTERM (kill, a deleted pod) while harnesses run: every harness process is killed,
-    the rollouts in flight are requeued for --resume, the run is marked stopped, and the command
-    exits 128 + the signal with the --resume line."""
-    agent = tmp_path / "slow_agent.py"  # an agent that is still working when the signal comes
+@contextlib.contextmanager
+def children_start_with_sigint(disposition: signal.Handlers) -> Iterator[None]:
+    """Processes started inside the block begin with SIGINT at ``disposition``: ``SIG_DFL`` (what
+    a terminal gives) or ``SIG_IGN`` (what a background job of a non-interactive shell gets, e.g.
+    ``cmd &`` in a script or ``nohup``). Only "ignored" survives exec, so the default is asked for
+    by catching SIGINT here meanwhile (exec resets a caught signal to its default action). Without
+    this, a test run started in the background passes its ignored SIGINT on to ``harnessrl train``,
+    which keeps it ignored (as documented), and the SIGINT test waits for nothing: that is how two
+    fresh-clone CI runs, started with ``setsid nohup ... &``, hung in it."""
+    previous = signal.getsignal(signal.SIGINT)
+    signal.signal(
+        signal.SIGINT, signal.SIG_IGN if disposition is signal.SIG_IGN else signal.default_int_handler
+    )
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def signals_in(pid: int, field: str) -> set[int]:
+    """The signals in ``/proc/PID/status``'s ``field`` mask (``SigIgn``: ignored, ``SigCgt``: caught)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            mask = int(line.split()[1], 16)
+            return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def start_slow_run(tmp_path: Path, sigint: signal.Handlers) -> tuple[subprocess.Popen, Path, Path]:
+    """``harnessrl train`` on the tiny example with an agent that sleeps for 10 minutes, started with
+    SIGINT at ``sigint``; returns once at least 4 of its harnesses run (signals now find rollouts in
+    flight)."""
+    agent = tmp_path / "slow_agent.py"
     agent.write_text("import time\ntime.sleep(600)\n")
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(
-        [*HARNESSRL, "train", str(CONFIG), "--set", f"run.dir={run_dir}", "--set", "metrics.progress=false",
-         "--set", f'harness.command=["{agent}"]'],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT makes it print every thread's stack
-    )  # fmt: skip
+    with children_start_with_sigint(sigint):
+        proc = subprocess.Popen(
+            [*HARNESSRL, "train", str(CONFIG), "--set", f"run.dir={run_dir}", "--set", "metrics.progress=false",
+             "--set", f'harness.command=["{agent}"]'],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env={**os.environ, "PYTHONFAULTHANDLER": "1"},  # SIGABRT makes it print every thread's stack
+        )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
         while len(processes_running(str(agent))) < 4:
             assert proc.poll() is None, proc.stderr.read()[-3000:]
             assert time.monotonic() < deadline, "the harnesses never started"
             time.sleep(0.2)
-        proc.send_signal(signum)
+    except BaseException:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    return proc, run_dir, agent
+
+
+def stopped_by(proc: subprocess.Popen, *signums: int) -> str:
+    """Send ``signums`` in order; return the run's stderr once it exited. A run still going 90 s
+    later is made to print every thread's stack (SIGABRT with faulthandler) and fails the test."""
+    try:
+        for signum in signums:
+            proc.send_signal(signum)
         try:
-            _, err = proc.communicate(timeout=90)
+            return proc.communicate(timeout=90)[1]
         except subprocess.TimeoutExpired:
-            # Two fresh-clone CI runs hung here (stderr: only "loading the model..."); say where.
             proc.send_signal(signal.SIGABRT)
             _, err = proc.communicate(timeout=60)
             pytest.fail(
-                f"still running 90 s after {signal.Signals(signum).name}; its threads:\n{err[-8000:]}"
+                f"still running 90 s after {[signal.Signals(s).name for s in signums]}; its threads:\n{err[-8000:]}"
             )
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def assert_stopped_cleanly(proc: subprocess.Popen, err: str, signum: int, run_dir: Path, agent: Path) -> None:
+    """Exit 128 + ``signum`` with the --resume line, no harness left, in-flight rollouts requeued."""
     assert proc.returncode == 128 + signum, err[-3000:]
+    assert f"{signal.Signals(signum).name}: run stopped" in err
     assert f"harnessrl train --resume {run_dir}" in err
     assert processes_running(str(agent)) == []
-
     store = SQLiteStore(run_dir / "harnessrl.db")
     try:
         rollouts = store.list_rollouts(run_id="tiny-vowels")
@@ -271,6 +316,30 @@ def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
         assert store.get_run("tiny-vowels").status == "stopped"
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_cleanly(tmp_path, signum):
+    """Ctrl-C or SIGTERM (kill, a deleted pod) while harnesses run: every harness process is killed,
+    the rollouts in flight are requeued for --resume, the run is marked stopped, and the command
+    exits 128 + the signal with the --resume line."""
+    proc, run_dir, agent = start_slow_run(tmp_path, signal.SIG_DFL)
+    # The run catches both (its event loop's handlers), whatever this test process inherited.
+    assert {signal.SIGINT, signal.SIGTERM} <= signals_in(proc.pid, "SigCgt")
+    err = stopped_by(proc, signum)
+    assert_stopped_cleanly(proc, err, signum, run_dir, agent)
+
+
+def test_a_run_started_ignoring_sigint_keeps_ignoring_it(tmp_path):
+    """A run started as a background job of a script (``harnessrl train ... &``: the shell sets
+    SIGINT to ignored) is not stopped by a Ctrl-C meant for the script's foreground; SIGTERM still
+    stops it the clean way. The SIGINT is sent first, so one that acted would exit 130, not 143."""
+    proc, run_dir, agent = start_slow_run(tmp_path, signal.SIG_IGN)
+    assert signal.SIGINT in signals_in(proc.pid, "SigIgn")
+    assert signal.SIGTERM in signals_in(proc.pid, "SigCgt")
+    err = stopped_by(proc, signal.SIGINT, signal.SIGTERM)
+    assert "SIGINT" not in err
+    assert_stopped_cleanly(proc, err, signal.SIGTERM, run_dir, agent)
 
 
 def test_bad_config_names_the_field(tmp_path):
@@ -438,7 +507,7 @@ def test_train_with_an_external_controller_on_the_shared_store(tmp_path):
     finally:
         for proc in (trainer, controller):
             if proc is not None and proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
                 try:
                     proc.wait(timeout=30)
                 except subprocess.TimeoutExpired:

@@ -78,7 +78,7 @@ def test_train_drives_a_gateway_started_elsewhere(tmp_path):
             finally:
                 for proc in (trainer, controller):
                     if proc.poll() is None:
-                        proc.send_signal(signal.SIGINT)
+                        proc.send_signal(signal.SIGTERM)
                         try:
                             proc.wait(timeout=30)
                         except subprocess.TimeoutExpired:
