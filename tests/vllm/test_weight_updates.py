@@ -18,11 +18,13 @@ import openai
 import pytest
 from tests.vllm.vllm_support import (
     LOGPROB_ATOL,
+    direct_completion,
     freeze_mid_generation,
     install_weights,
     max_abs_diff,
     pause_server,
     perturbed_checkpoint,
+    preemptions,
     requests_finished,
     resume_server,
     start_call,
@@ -112,6 +114,7 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
     # the two still generating is enough here (a fresh-clone CI run saw three pairs in a row where
     # one had ended first); neither is on its way to the server, which the freeze rules out.
     budget = 3600
+    preempted = preemptions(tiny_server.url)
     whole, streamed, _ = _frozen_pair(
         gateway, tiny_server.url, whole_tokens=budget, streamed_tokens=budget, need=1
     )
@@ -124,6 +127,9 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
         resume_server(tiny_server.url)
     for _, _, thread in calls:
         thread.join(timeout=300)
+    # The freeze kept their KV: vLLM preempted neither, and a wait does not wait for a preempted one,
+    # which the new weights would then finish (what a CI run saw before pause_server kept the cache).
+    assert preemptions(tiny_server.url) == preempted
     old = reference(tiny_dir)
     for rollout, outcome, _ in calls:
         assert outcome.whole(budget), outcome
@@ -131,6 +137,47 @@ def test_engine_update_waits_for_generations_still_running_on_the_server(
         assert stored_whole(call, stop_ids, budget), call.finish_reason
         expected = old.logprobs(call.prompt_token_ids, call.response_token_ids)
         assert max_abs_diff(call.response_logprobs, expected) < LOGPROB_ATOL
+
+
+def test_keep_pause_clearing_the_cache_hides_generations_from_a_wait(tiny_server: Any) -> None:
+    """Why ``pause_server`` freezes with ``clear_cache=false``: vLLM 0.32's ``/pause?mode=keep``
+    with its default ``clear_cache=true`` preempts the generation it freezes, and a
+    ``/pause?mode=wait`` then answers with it unfinished, to be finished after the pause (by the
+    next weights, were this an update). Frozen with the cache kept, it stays a running request and
+    the wait lets it finish (the control)."""
+    url = tiny_server.url
+    preempted = preemptions(url)
+    assert _freeze_then_wait(url, clear_cache=True) == "unfinished"
+    assert preemptions(url) == preempted + 1  # control: the probe below sees a preemption
+    assert _freeze_then_wait(url, clear_cache=False) == "finished"
+    assert preemptions(url) == preempted + 1
+
+
+def _freeze_then_wait(url: str, *, clear_cache: bool) -> str:
+    """Freeze a 2000-token generation (it cannot end before: ``ignore_eos``) with ``/pause?mode=keep``,
+    then pause with ``mode=wait``; whether the generation had finished when the wait answered. The
+    server stays paused until the answer is read: nothing is sampled then, so the finished count
+    cannot move on after the wait."""
+    budget = 2000
+    finished = requests_finished(url)
+    answer: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: answer.update(direct_completion(url, [5, 6, 7, 8], max_tokens=budget, ignore_eos=True))
+    )
+    thread.start()
+    assert freeze_mid_generation(url, 1, finished, clear_cache=clear_cache) == 1
+    try:
+        pause_server(url, "wait")
+        try:  # the finished count reaches the API process shortly after the engine ends a request
+            wait_until(lambda: requests_finished(url) > finished, "the generation to finish", timeout_s=5)
+            seen = "finished"
+        except AssertionError:
+            seen = "unfinished"
+    finally:
+        resume_server(url)
+    thread.join(timeout=300)
+    assert answer["finish_reason"] == "length" and len(answer["token_ids"]) == budget
+    return seen
 
 
 def _frozen_pair(

@@ -179,17 +179,30 @@ def requests_finished(url: str) -> int:
     return int(server_metric(url, "vllm:request_success_total"))
 
 
-def pause_server(url: str, mode: str) -> None:
+def preemptions(url: str) -> int:
+    """Requests the server has preempted so far (KV dropped, back to its waiting queue). Counted in
+    the stats of the step after the preemption: a paused server's count is not up to date."""
+    return int(server_metric(url, "vllm:num_preemptions_total"))
+
+
+def pause_server(url: str, mode: str, *, clear_cache: bool = False) -> None:
     """``POST /pause?mode=...`` straight to vLLM (``keep``: requests stay where they are and nothing
-    is sampled until ``/resume``; ``abort``: every request ends now)."""
-    httpx.post(f"{url}/pause", params={"mode": mode}, timeout=60).raise_for_status()
+    is sampled until ``/resume``; ``abort``: every request ends now).
+
+    ``clear_cache`` is false unless asked for, unlike vLLM's own default: vLLM 0.32 clears the caches
+    of a ``keep`` pause too, preempting every running request (its KV dropped, back to the waiting
+    queue, to be recomputed). A later ``/pause?mode=wait`` does not wait for a request in that state,
+    so a generation frozen that way could be finished by the weights of the next update: what failed
+    a CI run (``test_keep_pause_clearing_the_cache_hides_generations_from_a_wait`` shows it)."""
+    params = {"mode": mode, "clear_cache": str(clear_cache).lower()}
+    httpx.post(f"{url}/pause", params=params, timeout=60).raise_for_status()
 
 
 def resume_server(url: str) -> None:
     httpx.post(f"{url}/resume", timeout=60).raise_for_status()
 
 
-def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
+def freeze_mid_generation(url: str, calls: int, finished_before: int, *, clear_cache: bool = False) -> int:
     """Freeze the server (``/pause?mode=keep``) as soon as every one of ``calls`` requests it was
     sent (``finished_before``: its finished count before they started) generates there or has
     ended; returns how many it holds unfinished, frozen mid-generation.
@@ -200,9 +213,10 @@ def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
     reached them in fresh-clone CI runs). So the server's own counts decide, both before and after:
     the running gauge says which requests reached it (one still on its way would only be sampled
     after the freeze) and the finished counter which of them ended, including one the gauge still
-    shows from the last step before the freeze. The caller resumes the server or aborts what it
-    holds (``/pause?mode=abort``); vLLM 0.32 answers ``/pause?mode=wait`` on a frozen server at
-    once, without letting the frozen requests finish."""
+    shows from the last step before the freeze. The frozen requests keep their KV unless
+    ``clear_cache`` (see ``pause_server``), so they stay running requests, which
+    ``/pause?mode=wait`` waits for. The caller resumes the server or aborts what it holds
+    (``/pause?mode=abort``)."""
 
     def held_and_unfinished() -> tuple[int, int]:
         # One read, so the two counts are of the same moment.
@@ -218,7 +232,7 @@ def freeze_mid_generation(url: str, calls: int, finished_before: int) -> int:
         all_held,
         lambda: "{} calls to generate in vLLM ({} of {} unfinished do)".format(calls, *held_and_unfinished()),
     )
-    pause_server(url, "keep")
+    pause_server(url, "keep", clear_cache=clear_cache)
     # The server's API process records the last outputs of the engine shortly after the pause
     # answers; a second is far more than it takes.
     time.sleep(1.0)

