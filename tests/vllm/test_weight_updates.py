@@ -167,7 +167,7 @@ def _freeze_then_wait(url: str, *, clear_cache: bool) -> str:
     thread.start()
     assert freeze_mid_generation(url, 1, finished, clear_cache=clear_cache) == 1
     try:
-        pause_server(url, "wait")
+        pause_server(url, "wait", clear_cache=True)  # as harnessrl's update pauses
         try:  # the finished count reaches the API process shortly after the engine ends a request
             wait_until(lambda: requests_finished(url) > finished, "the generation to finish", timeout_s=5)
             seen = "finished"
