@@ -87,3 +87,47 @@ def test_two_steps_reload_the_server_which_then_serves_the_final_checkpoint(
     assert max_abs_diff(answer["logprobs"], final) < LOGPROB_ATOL
     initial = reference(tiny_dir).logprobs(prompt, answer["token_ids"])
     assert max_abs_diff(answer["logprobs"], initial) > 0.01  # control: training changed the weights
+
+
+def test_torchrun_trains_against_the_server_after_the_served_weights_check(
+    tiny_server: EngineServer,
+    tokenizer: Any,
+    reference: Any,
+    restore_weights: None,
+    tmp_path: Path,
+) -> None:
+    """docs/scale.md step 5: ``torchrun -m harnessrl.trainer.torchrun`` with remote vLLM servers. The
+    run first checks that the server serves the trainer's weights (``served_weights_check`` asks the
+    policy for its logprobs: on 2 ranks a collective), then trains and reloads the server. The
+    torchrun policies used to lack ``response_logprobs``, so this run died before its first rollout."""
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "-m", "harnessrl.trainer.torchrun", str(CONFIG),
+            "--set", f"run.dir={run_dir}",
+            "--set", f"engine.model={tiny_server.engine_model}",
+            "--set", "engine.tokenizer=tiny",
+            "--set", "trainer.model=tiny",
+            "--set", "trainer.mode=sync",
+            "--set", "trainer.steps=1",
+            "--set", "trainer.tasks_per_step=2",
+            "--set", "trainer.group_size=4",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert f"engine at {tiny_server.url} serves the trainer's weights" in proc.stdout + proc.stderr
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == 1 and summary["world_size"] == 2
+    assert versions_by_step(run_dir) == {1: {0}}
+
+    prompt = tokenizer.encode_chat([{"role": "user", "content": "Task 0: reply with vowels only."}])
+    answer = direct_completion(tiny_server.url, prompt, max_tokens=16, temperature=1.0)
+    final = reference(Path(summary["final_checkpoint"])).logprobs(prompt, answer["token_ids"])
+    assert max_abs_diff(answer["logprobs"], final) < LOGPROB_ATOL  # the sharded weights, gathered
