@@ -17,6 +17,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import (
     GATEWAY_SOCKET,
     INIT_PATH,
+    INIT_STATUS_FD,
     Layout,
     bwrap_argv,
     check_mounts,
@@ -70,7 +71,17 @@ def test_argv_binds_only_what_is_listed(tmp_path):
     assert ("/tmp" in argv[argv.index("--tmpfs") + 1]) and "--proc" in argv and "--dev" in argv
     # The command runs under init.py, which relays the gateway port to the bound socket.
     tail = argv[argv.index("--") + 1 :]
-    assert tail[1:] == ["-I", "-S", INIT_PATH, "8123", GATEWAY_SOCKET, "--", "agent", "--go"]
+    assert tail[1:] == [
+        "-I",
+        "-S",
+        INIT_PATH,
+        "8123",
+        GATEWAY_SOCKET,
+        str(INIT_STATUS_FD),
+        "--",
+        "agent",
+        "--go",
+    ]
 
 
 def test_argv_for_no_network_relays_nothing(tmp_path):

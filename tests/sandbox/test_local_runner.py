@@ -156,6 +156,16 @@ def test_fork_bomb_is_contained(tmp_path, gateway_listener):
     assert seconds < 25
 
 
-def test_missing_executable_is_a_nonzero_exit(tmp_path, gateway_listener):
+def test_missing_executable_is_an_infrastructure_failure(tmp_path, gateway_listener):
+    # The sandbox's init says it could not start the command: the launch failed, not the policy.
     exit_, _, _ = run_attempt(tmp_path, gateway_listener, ["/nonexistent/harness"])
-    assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 127
+    assert exit_.kind is ExitKind.INFRA and "/nonexistent/harness" in exit_.detail
+
+
+@pytest.mark.parametrize("code", [125, 126, 127])
+def test_a_harness_choosing_a_launcher_exit_status_is_still_its_own_outcome(tmp_path, gateway_listener, code):
+    # 125 is what the launcher returns when the sandbox cannot be set up, 127 when the command cannot
+    # start: a harness that exits with them itself must not pass for an infrastructure failure
+    # (retried, left out of its group's baseline) instead of its own 0.
+    exit_, _, _ = run_attempt(tmp_path, gateway_listener, ["bash", "-c", f"exit {code}"])
+    assert exit_.kind is ExitKind.EXITED and exit_.exit_code == code

@@ -19,7 +19,7 @@ from pathlib import Path
 from harnessrl.controller.base import Exit, ExitKind, Launch
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
-from harnessrl.sandbox.enter import SETUP_FAILED
+from harnessrl.sandbox.enter import read_status
 from harnessrl.sandbox.host import SandboxHost, files_in_argv, shared_host
 
 # The launcher's (and so bwrap's) own environment. The sandboxed command gets the harness's
@@ -31,10 +31,13 @@ _WRAPPER_PIDS = 16
 
 
 class LocalRunHandle:
-    def __init__(self, proc: asyncio.subprocess.Process, launch: Launch, group: ResourceGroup | None):
+    def __init__(
+        self, proc: asyncio.subprocess.Process, launch: Launch, group: ResourceGroup | None, spec: Path
+    ):
         self._proc = proc
         self._launch = launch
         self._group = group
+        self._spec = spec
         self._forced: ExitKind | None = None
         self._exit: Exit | None = None
         self._lock = asyncio.Lock()
@@ -78,8 +81,11 @@ class LocalRunHandle:
     def _classify(self, code: int) -> Exit:
         if self._forced is not None:
             return Exit(self._forced, code, f"killed ({self._forced.value})")
-        if code == SETUP_FAILED:
-            return Exit(ExitKind.INFRA, code, "sandbox setup failed (see stderr.log)")
+        # Only the launcher's own report makes this an infrastructure failure, never an exit status:
+        # the harness chooses its exit status (125 included), it cannot write the launcher's status.
+        status = read_status(str(self._spec))
+        if not status.get("started"):
+            return Exit(ExitKind.INFRA, code, f"the harness never started: {status.get('detail', '')}")
         if self._group is not None and self._group.oom_killed():
             return Exit(ExitKind.OOM, code, "memory limit exceeded")
         if code in (128 + signal.SIGXCPU, 128 + signal.SIGKILL) and self._launch.limits.cpu_seconds:
@@ -109,8 +115,9 @@ class LocalRunner:
         try:
             home = launch.home or launch.workspace.parent / "home"
             home.mkdir(parents=True, exist_ok=True)
+            spec = launch.log_dir / f"sandbox-{launch.attempt}.json"
             argv = self.host.launch_argv(
-                launch.log_dir / f"sandbox-{launch.attempt}.json",
+                spec,
                 sandbox=launch.sandbox,
                 command=launch.argv,
                 cwd=launch.cwd,
@@ -167,7 +174,7 @@ class LocalRunner:
         finally:
             stdout.close()
             stderr.close()
-        handle = LocalRunHandle(proc, launch, group)
+        handle = LocalRunHandle(proc, launch, group, spec)
         self._handles.add(handle)
         return handle
 
@@ -182,7 +189,3 @@ class LocalRunner:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(handle.wait(), 10)
         self._handles.clear()
-
-
-def log_paths(log_dir: Path) -> tuple[Path, Path]:
-    return log_dir / "stdout.log", log_dir / "stderr.log"

@@ -32,6 +32,10 @@ from harnessrl.errors import ConfigError
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
 INIT_PATH = "/run/harnessrl/init.py"  # where init.py is bound inside
+# The descriptor on which init.py says whether the command started: ``ok`` right before its exec
+# (the descriptor is close-on-exec, so the command never holds it) or ``error: ...``. The launcher
+# (``enter.py``) reads it: only what it learns there makes an attempt an infrastructure failure.
+INIT_STATUS_FD = 200
 GATEWAY_SOCKET = "/run/harnessrl/gateway.sock"  # where the gateway bridge socket is bound inside
 HOSTNAME = "harnessrl-sandbox"
 
@@ -86,12 +90,23 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
+class Bind:
+    """A host path bound at another path inside (``Layout.read_only``/``writable`` keep the host path)."""
+
+    source: Path
+    target: Path
+    writable: bool = False
+
+
+@dataclass(frozen=True)
 class Layout:
     """One sandbox: what is bound where, the environment, and how it reaches the network.
 
-    ``read_only`` and ``writable`` are host paths bound at the same path inside. ``network`` is
-    ``"gateway"`` (loopback only, ``gateway_port`` relayed to ``gateway_socket``), ``"none"``
+    ``read_only`` and ``writable`` are host paths bound at the same path inside; ``binds`` put a host
+    path at another path inside (bound after the others, so they may land inside them). ``network``
+    is ``"gateway"`` (loopback only, ``gateway_port`` relayed to ``gateway_socket``), ``"none"``
     (loopback only, nothing relayed) or ``"host"`` (the host's network: debugging only).
+    ``tmp_size_mb`` caps the private ``/tmp`` (a tmpfs; its pages also count against the memory cgroup).
     """
 
     command: list[str]
@@ -103,6 +118,8 @@ class Layout:
     network: str = "gateway"
     gateway_port: int | None = None
     gateway_socket: str | None = None
+    binds: tuple[Bind, ...] = ()
+    tmp_size_mb: int | None = None
     init_python: str = field(default_factory=lambda: os.path.realpath(sys.executable))
 
 
@@ -167,7 +184,10 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
             argv += ["--ro-bind", str(etc / name), str(etc / name)]
     for name in SANDBOX_ETC:
         argv += ["--ro-bind", str(layout.etc_dir / name), str(etc / name)]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--tmpfs", "/run"]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if layout.tmp_size_mb:
+        argv += ["--size", str(layout.tmp_size_mb * 1024 * 1024)]
+    argv += ["--tmpfs", "/tmp", "--tmpfs", "/run"]
     # Parents before children, so a deeper bind lands on top of (inside) a shallower one.
     for path in sorted(set(layout.read_only), key=lambda p: (len(p.parts), str(p))):
         if _covered(path, mounted) or not path.exists():
@@ -176,13 +196,16 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
         mounted.append(path)
     for path in sorted(set(layout.writable), key=lambda p: (len(p.parts), str(p))):
         argv += ["--bind", str(path), str(path)]
+    for bind in sorted(layout.binds, key=lambda b: (len(b.target.parts), str(b.target))):
+        argv += ["--bind" if bind.writable else "--ro-bind", str(bind.source), str(bind.target)]
     argv += ["--ro-bind", str(Path(__file__).with_name("init.py")), INIT_PATH]
     port = 0
     if layout.network == "gateway" and layout.gateway_socket and layout.gateway_port:
         argv += ["--ro-bind", layout.gateway_socket, GATEWAY_SOCKET]
         port = layout.gateway_port
     argv += ["--chdir", str(layout.cwd), "--"]
-    argv += [layout.init_python, "-I", "-S", INIT_PATH, str(port), GATEWAY_SOCKET, "--", *layout.command]
+    argv += [layout.init_python, "-I", "-S", INIT_PATH, str(port), GATEWAY_SOCKET, str(INIT_STATUS_FD)]
+    argv += ["--", *layout.command]
     return argv
 
 

@@ -3,13 +3,19 @@
 It runs as the controller's user (root on our machines), single-threaded, between the controller
 and ``bwrap``: (1) it joins the attempt's cgroups, so everything started below is counted and can
 be killed as one; (2) it sets the rlimits, which every process below inherits; (3) it starts
-``bwrap`` with the seccomp filter on an inherited descriptor and reads bwrap's JSON status, so a
-sandbox that failed to start (exit 125) is told apart from a harness that exited non-zero; (4) it
-exits with the sandboxed command's status. With ``"bwrap_argv": null`` (``sandbox = "none"``) it
-runs the command directly: cgroups and rlimits only, no isolation.
+``bwrap`` with the seccomp filter on an inherited descriptor, and learns from ``init.py`` (on
+``INIT_STATUS_FD``, which the command never holds) whether the command started; (4) it exits with
+the sandboxed command's status. With ``"bwrap_argv": null`` (``sandbox = "none"``) it runs the
+command directly: cgroups and rlimits only, no isolation.
+
+**Whether the command started is written to the spec's ``status_file``** (``{"started": bool,
+"detail": ..., "exit_code": ...}``), a file in a folder the sandbox never sees. That file, not the
+exit status, is how the controller tells an infrastructure failure (the sandbox could not be set
+up, the command could not be started) from the command's own outcome: an exit status is the
+command's to choose, so a harness that exits 125 is a harness that exited 125.
 
 Exit status: the command's own; ``128 + N`` if it was killed by signal ``N``; 125 if the sandbox
-could not be set up (an infrastructure failure); 127 if the command could not be started.
+could not be set up; 127 if the command could not be started (both also said in the status file).
 """
 
 from __future__ import annotations
@@ -21,8 +27,36 @@ import subprocess
 import sys
 from typing import Any
 
+from harnessrl.sandbox.bwrap import INIT_STATUS_FD
+
 SETUP_FAILED = 125
 CANNOT_START = 127
+
+
+def status_path(spec_path: str) -> str:
+    """Where the launch of ``spec_path`` reports whether its command started (beside the spec)."""
+    return (
+        spec_path[: -len(".json")] + ".status.json" if spec_path.endswith(".json") else spec_path + ".status"
+    )
+
+
+def read_status(spec_path: str) -> dict[str, Any]:
+    """The launch's status; ``{"started": False, ...}`` when the launcher never wrote one."""
+    try:
+        with open(status_path(spec_path)) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return {"started": False, "detail": "the sandbox launcher wrote no status (it did not run?)"}
+    return status if isinstance(status, dict) else {"started": False, "detail": "unreadable status"}
+
+
+def _write_status(path: str | None, **status: Any) -> None:
+    if not path:
+        return
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(status, f)
+    os.replace(tmp, path)
 
 
 def _set_limits(limits: dict[str, Any]) -> None:
@@ -35,36 +69,54 @@ def _set_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
 
 
-def _run_bwrap(argv: list[str], seccomp_file: str) -> int:
-    """Start bwrap, telling it the filter and a status pipe; 125 if the child never started."""
+def _read_line(fd: int, limit: int = 4096) -> bytes:
+    """The first line written on ``fd`` (up to ``limit`` bytes), or what came before EOF."""
+    data = b""
+    while b"\n" not in data and len(data) < limit:
+        chunk = os.read(fd, limit - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\n", 1)[0]
+
+
+def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> int:
+    """Start bwrap with the filter and init.py's status descriptor; report whether the command started."""
     filter_fd = os.open(seccomp_file, os.O_RDONLY)
-    status_read, status_write = os.pipe()
-    full = [argv[0], "--seccomp", str(filter_fd), "--json-status-fd", str(status_write), *argv[1:]]
+    init_read, init_write = os.pipe()
+    os.dup2(init_write, INIT_STATUS_FD, inheritable=True)
+    os.close(init_write)
+    full = [argv[0], "--seccomp", str(filter_fd), *argv[1:]]
     try:
-        proc = subprocess.Popen(full, pass_fds=(filter_fd, status_write), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(full, pass_fds=(filter_fd, INIT_STATUS_FD), stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
+        _write_status(status_file, started=False, detail=f"cannot start {argv[0]!r}: {exc}")
         return SETUP_FAILED
     finally:
         os.close(filter_fd)
-        os.close(status_write)
-    started = False
-    with os.fdopen(status_read, "rb") as status:
-        for line in status:  # bwrap writes one JSON object per line: child-pid first, exit-code last
-            try:
-                started = started or "child-pid" in json.loads(line)
-            except ValueError:
-                continue
+        os.close(INIT_STATUS_FD)
+    # init.py writes "ok" right before it execs the command, or "error: ..."; EOF with nothing means
+    # bwrap failed before init.py ran (bwrap itself holds a copy until it exits).
+    with os.fdopen(init_read, "rb") as init_status:
+        said = _read_line(init_status.fileno()).decode(errors="replace")
+    if said == "ok":
+        _write_status(status_file, started=True, detail="")
     code = proc.wait()
-    if not started:
-        print(f"harnessrl sandbox: bwrap failed to set up the sandbox (exit {code})", file=sys.stderr)
-        return SETUP_FAILED
-    return 128 - code if code < 0 else code
+    code = 128 - code if code < 0 else code
+    if said != "ok":
+        detail = said.removeprefix("error: ") or f"bwrap failed to set up the sandbox (exit {code})"
+        print(f"harnessrl sandbox: {detail}", file=sys.stderr, flush=True)
+        _write_status(status_file, started=False, detail=detail, exit_code=code)
+        return CANNOT_START if said.startswith("error:") else SETUP_FAILED
+    _write_status(status_file, started=True, detail="", exit_code=code)
+    return code
 
 
 def main(argv: list[str]) -> int:
     with open(argv[1]) as f:
         spec = json.load(f)
+    status_file = spec.get("status_file")
     try:
         for group in spec.get("cgroup_dirs", []):
             with open(os.path.join(group, "cgroup.procs"), "w") as procs:
@@ -72,16 +124,21 @@ def main(argv: list[str]) -> int:
         _set_limits(spec.get("limits", {}))
     except OSError as exc:
         print(f"harnessrl sandbox: setup failed: {exc}", file=sys.stderr, flush=True)
+        _write_status(status_file, started=False, detail=f"setup failed: {exc}")
         return SETUP_FAILED
     if spec.get("bwrap_argv"):
-        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"])
+        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file)
     try:  # sandbox = "none"
         child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdin=subprocess.DEVNULL)
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
+        _write_status(status_file, started=False, detail=f"cannot start {spec['argv'][0]!r}: {exc}")
         return CANNOT_START
+    _write_status(status_file, started=True, detail="")
     code = child.wait()
-    return 128 - code if code < 0 else code
+    code = 128 - code if code < 0 else code
+    _write_status(status_file, started=True, detail="", exit_code=code)
+    return code
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError
-from harnessrl.sandbox.bwrap import DEFAULT_PATH, Layout, bwrap_argv, find_bwrap, write_etc
+from harnessrl.sandbox.bwrap import DEFAULT_PATH, Bind, Layout, bwrap_argv, find_bwrap, write_etc
+from harnessrl.sandbox.enter import status_path
 from harnessrl.sandbox.seccomp import filter_file
 
 
@@ -54,11 +55,19 @@ class SandboxHost:
         gateway_socket: str | None = None,
         cgroup_dirs: tuple[Path, ...] = (),
         limits: dict[str, Any] | None = None,
+        binds: tuple[Bind, ...] = (),
+        tmp_size_mb: int | None = None,
     ) -> list[str]:
         """Write the launch spec to ``spec_path`` (a folder the sandbox never sees) and return the argv
-        that runs ``command`` in the sandbox: ``sandbox`` is ``"bwrap"`` or ``"none"`` (no isolation)."""
+        that runs ``command`` in the sandbox: ``sandbox`` is ``"bwrap"`` or ``"none"`` (no isolation).
+        The launcher reports whether the command started in ``enter.status_path(spec_path)``."""
         env = {**env, "PATH": f"{Path(sys.prefix) / 'bin'}:{env.get('PATH') or DEFAULT_PATH}"}
-        spec: dict[str, Any] = {"cgroup_dirs": [str(d) for d in cgroup_dirs], "limits": limits or {}}
+        spec: dict[str, Any] = {
+            "cgroup_dirs": [str(d) for d in cgroup_dirs],
+            "limits": limits or {},
+            "status_file": status_path(str(spec_path)),
+        }
+        Path(spec["status_file"]).unlink(missing_ok=True)  # a dead controller's attempt may have left one
         if sandbox == "bwrap":
             bwrap = find_bwrap()
             if bwrap is None:
@@ -77,6 +86,8 @@ class SandboxHost:
                 network=network,
                 gateway_port=gateway_port,
                 gateway_socket=gateway_socket,
+                binds=binds,
+                tmp_size_mb=tmp_size_mb,
             )
             spec.update(bwrap_argv=bwrap_argv(layout, bwrap=bwrap), seccomp_file=str(seccomp))
         else:
