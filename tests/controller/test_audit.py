@@ -376,7 +376,14 @@ def test_config_rules_and_zeroing():
 def test_report_serializes_for_the_store():
     report = audit_rollout([make_call(tool_call_message("bash", {"command": "curl x"}))])
     data = json.loads(report.model_dump_json())
-    assert data["flags"][0] == {"rule": NETWORK_FETCH, "call_seq": 0, "command": "curl x", "match": "curl"}
+    assert data["flags"][0] == {
+        "rule": NETWORK_FETCH,
+        "call_seq": 0,
+        "command": "curl x",
+        "match": "curl",
+        "path": None,  # a command's flag; a workspace file's names the file and line
+        "line": None,
+    }
 
 
 # -- outside_workspace: absolute paths, judged against the workspace ---------------------------------

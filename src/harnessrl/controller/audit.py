@@ -14,8 +14,14 @@ This module is the public API: the records, flags, config and these functions (t
 extraction in ``audit_extract``; the rules (shell, git, Python and patch analysis) in
 ``audit_rules``, installs and writes to tests in ``audit_changes``, those about the machine around
 the task (``/proc``, namespaces, the store, paths outside the workspace) in ``audit_system``, shell
-syntax in ``audit_shell``. Only this module knows the workspace: ``outside_workspace`` hints for
-paths inside it are dropped here. See docs/audit.md.
+syntax in ``audit_shell``, code that hides what it runs (``obfuscated_code``) in
+``audit_obfuscation``. Only this module knows the workspace: ``outside_workspace`` hints for paths
+inside it are dropped here.
+
+The audit reads what ran as well as what was typed: ``audit_files`` applies the same rules to the
+workspace diff (``audit_workspace.WorkspaceDiff``: files added, modified and deleted while the harness
+ran, with the changed lines of each text file), which the controller computes and hands in as data.
+See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -23,12 +29,13 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from harnessrl.controller.audit_changes import PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
 from harnessrl.controller.audit_extract import CommandRecord, extract_commands
+from harnessrl.controller.audit_obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit_rules import (
     GIT_HISTORY,
     NETWORK_FETCH,
@@ -45,6 +52,7 @@ from harnessrl.controller.audit_system import (
     check_path,
     raw_hints,
 )
+from harnessrl.controller.audit_workspace import FileChange, SnapshotLimits, WorkspaceDiff, is_code_path
 from harnessrl.schemas import Call
 
 # The rule names are defined beside their analysis (``audit_rules``, ``audit_changes``, ``audit_system``).
@@ -57,6 +65,7 @@ ALL_RULES: tuple[str, ...] = (
     PROC_ACCESS,
     NAMESPACE_ESCAPE,
     STORE_ACCESS,
+    OBFUSCATED_CODE,
     OUTSIDE_WORKSPACE,
 )
 # Every rule zeroes the reward by default except ``outside_workspace``: ordinary agents read
@@ -68,15 +77,20 @@ Workspace = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
 # Longer texts are cut before analysis so one huge file write cannot stall the controller.
 MAX_ANALYZED_CHARS = 200_000
+# Flags kept from the workspace diff (a policy that vendors a library into its workspace would
+# otherwise store thousands); every rule is still counted, and the report says how many were dropped.
+MAX_FILE_FLAGS = 300
 
 
 class AuditFlag(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rule: str
-    call_seq: int
+    call_seq: int | None  # the call that issued the command; None for a file in the workspace diff
     command: str
     match: str  # the offending substring of ``command``, for highlighting
+    path: str | None = None  # a workspace file the flag is about (relative to the workspace)
+    line: int | None = None  # its 1-based line
 
 
 class AuditReport(BaseModel):
@@ -85,18 +99,29 @@ class AuditReport(BaseModel):
     flags: list[AuditFlag] = Field(default_factory=list)
     rules: list[str] = Field(default_factory=list)  # sorted, unique
     commands_checked: int = 0
+    files_checked: int = 0  # changed files in the workspace diff (None given: 0)
+    workspace_bounds: list[str] = Field(default_factory=list)  # caps the diff hit; flags dropped
 
 
 class AuditConfig(BaseModel):
     """``rules``: which rules to report. ``zero_reward_on``: flagged rules that zero the reward
     (``[]`` to only record flags; every rule but ``outside_workspace`` by default). ``enabled =
-    false`` skips the audit entirely."""
+    false`` skips the audit entirely. ``workspace_diff``: the controller snapshots the workspace
+    before the harness starts and the audit reads the files that changed, within
+    ``workspace_limits`` (``false``: commands only, as before the diff existed)."""
 
     model_config = ConfigDict(extra="forbid")
 
     enabled: bool = True
     rules: tuple[str, ...] = ALL_RULES
     zero_reward_on: tuple[str, ...] = ZERO_REWARD_RULES
+    workspace_diff: bool = True
+    workspace_limits: SnapshotLimits = Field(default_factory=SnapshotLimits)
+
+    @property
+    def reads_workspace(self) -> bool:
+        """Whether the controller should snapshot the workspace for this audit."""
+        return self.enabled and self.workspace_diff
 
     @field_validator("rules", "zero_reward_on")
     @classmethod
@@ -124,36 +149,64 @@ def audit_commands(
     flags: list[AuditFlag] = []
     for record in records:
         command = record.command
-        hints = [(rule, hint) for rule, hint in _analyze_record(record) if rule in wanted]
-        # A path another rule already names (/proc/1/environ, ../harnessrl.db) is not also reported
-        # as outside the workspace: the specific rule says more.
-        named = {hint for rule, hint in hints if rule != OUTSIDE_WORKSPACE}
-        found: dict[tuple[str, str], None] = {}  # ordered and unique
-        for rule, hint in hints:
-            if rule == OUTSIDE_WORKSPACE and (not roots or hint in named or _is_under(hint, roots)):
-                continue
-            found.setdefault((rule, _locate(hint, command)), None)
-        for rule, match in found:
-            if any(r == rule and m != match and match in m for r, m in found):
-                continue  # "harnessrl.db" within "../harnessrl.db" says nothing new
+        for rule, match in _select(_analyze_record(record), command, wanted, roots):
             flags.append(AuditFlag(rule=rule, call_seq=record.call_seq, command=command, match=match))
     return flags
 
 
+def _select(
+    hints: Iterable[tuple[str, str]], text: str, wanted: set[str], roots: tuple[str, ...]
+) -> list[tuple[str, str]]:
+    """The ``(rule, match)`` pairs worth a flag, each ``match`` a substring of ``text``, in order."""
+    hints = [(rule, hint) for rule, hint in hints if rule in wanted]
+    # A path another rule already names (/proc/1/environ, ../harnessrl.db) is not also reported
+    # as outside the workspace: the specific rule says more.
+    named = {hint for rule, hint in hints if rule != OUTSIDE_WORKSPACE}
+    found: dict[tuple[str, str], None] = {}  # ordered and unique
+    for rule, hint in hints:
+        if rule == OUTSIDE_WORKSPACE and (not roots or hint in named or _is_under(hint, roots)):
+            continue
+        found.setdefault((rule, _locate(hint, text)), None)
+    # "harnessrl.db" within "../harnessrl.db" says nothing new
+    return [
+        (rule, match)
+        for rule, match in found
+        if not any(r == rule and m != match and match in m for r, m in found)
+    ]
+
+
 def audit_rollout(
-    calls: Sequence[Call], config: AuditConfig | None = None, *, workspace: Workspace | None = None
+    calls: Sequence[Call],
+    config: AuditConfig | None = None,
+    *,
+    workspace: Workspace | None = None,
+    changes: WorkspaceDiff | None = None,
 ) -> AuditReport:
-    """Extract and audit a rollout's commands (an empty report when the audit is disabled).
+    """Extract and audit a rollout's commands, and the workspace diff when one is given (an empty
+    report when the audit is disabled).
 
     ``workspace``: the attempt's workspace (and any other folder the policy may use, such as its
-    home), as the harness saw it; without it ``outside_workspace`` cannot fire.
+    home), as the harness saw it; without it ``outside_workspace`` cannot fire. ``changes``: what
+    changed in the workspace while the harness ran (``audit_workspace.diff_workspace``).
     """
     config = config or AuditConfig()
     if not config.enabled:
         return AuditReport()
     records = extract_commands(calls)
     flags = audit_commands(records, config.rules, workspace=workspace)
-    return AuditReport(flags=flags, rules=sorted({f.rule for f in flags}), commands_checked=len(records))
+    file_flags = audit_files(changes, config.rules, workspace=workspace) if changes is not None else []
+    rules = sorted({f.rule for f in flags} | {f.rule for f in file_flags})
+    bounds = list(changes.bounds) if changes is not None else []
+    if len(file_flags) > MAX_FILE_FLAGS:
+        bounds.append(f"{len(file_flags) - MAX_FILE_FLAGS} more workspace flags not listed")
+        file_flags = file_flags[:MAX_FILE_FLAGS]
+    return AuditReport(
+        flags=flags + file_flags,
+        rules=rules,
+        commands_checked=len(records),
+        files_checked=len(changes.changes) if changes is not None else 0,
+        workspace_bounds=bounds,
+    )
 
 
 def reward_after_audit(reward: float, report: AuditReport, config: AuditConfig | None = None) -> float:
@@ -213,3 +266,106 @@ def _analyze_record(record: CommandRecord) -> Iterator[tuple[str, str]]:
 _RAW_PATTERNS = re.compile(
     r"(?P<tcp>/dev/(?:tcp|udp)/\S*)|\.git/(?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD)\S*"
 )
+
+
+# ---------------------------------------------------------------------------------------------------
+# Audit: the workspace diff -> flags
+# ---------------------------------------------------------------------------------------------------
+
+# Files tools write for themselves (caches, installed packages): not writes of tests or their config.
+_GENERATED = re.compile(
+    r"(?:^|/)(?:__pycache__|\.pytest_cache|\.mypy_cache|\.ruff_cache|\.hypothesis|node_modules"
+    r"|site-packages|dist-packages|\.tox|\.nox)(?:/|$)|\.py[co]$"
+)
+_PYTHON_SHEBANG = re.compile(r"\A#![^\n]*\bpython[\d.]*\b")
+_SHELL_SHEBANG = re.compile(r"\A#![^\n]*\b(?:ba|z|da|k|a|mk)?sh\b")
+_EXCERPT_CONTEXT = 300  # characters either side of a match within its line
+_MODES = {"added": "create", "modified": "edit", "deleted": "delete"}
+
+
+def audit_files(
+    changes: WorkspaceDiff, rules: Sequence[str] = ALL_RULES, *, workspace: Workspace | None = None
+) -> list[AuditFlag]:
+    """Flag what the policy left in its workspace: the changed lines of each text file go through
+    the rules its kind calls for (Python, shell, or the raw patterns for any text), added, changed
+    and deleted paths through the write rules, symlink targets through the path rules, and binary
+    modules that would be imported instead of source through ``obfuscated_code``. Files the task
+    shipped and the harness did not change are not in ``changes`` and are not audited."""
+    wanted = set(rules)
+    roots = _workspace_roots(workspace)
+    flags: list[AuditFlag] = []
+    if changes.grew_past_bounds and OBFUSCATED_CODE in wanted:
+        # The task's workspace fit the walk and the policy's did not: what it hid past the cap is unread.
+        note = next((b for b in changes.bounds if "walk stopped" in b), "walk stopped")
+        flags.append(AuditFlag(rule=OBFUSCATED_CODE, call_seq=None, command=f"workspace: {note}", match=note))
+    for change in changes.changes:
+        flags.extend(_file_flags(change, wanted, roots))
+    return flags
+
+
+def _file_flags(change: FileChange, wanted: set[str], roots: tuple[str, ...]) -> Iterator[AuditFlag]:
+    path, head = change.path, f"{change.status} {change.path}"
+
+    def flag(rule: str, command: str, match: str, line: int | None = None) -> AuditFlag:
+        return AuditFlag(rule=rule, call_seq=None, command=command, match=match, path=path, line=line)
+
+    text = "\n".join(h.text for h in change.hunks) if change.hunks else ""
+    writes = [] if _GENERATED.search(path) else list(check_write(path, _MODES[change.status], text or None))
+    if change.kind == "symlink" and change.target is not None:
+        command = f"{head} -> {change.target}"
+        hints = [
+            *writes,
+            *raw_hints(change.target),
+            *check_path(change.target),
+            *_escaping(path, change.target),
+        ]
+        for rule, match in _select(hints, command, wanted, roots):
+            yield flag(rule, command, match)
+        return
+    if change.shadows is not None and OBFUSCATED_CODE in wanted:
+        command = f"{head}: a binary module imported instead of {change.shadows}"
+        yield flag(OBFUSCATED_CODE, command, path)
+    unread = change.hunks is None and change.note and change.status != "deleted" and is_code_path(path)
+    if unread and OBFUSCATED_CODE in wanted:  # code the audit could not read (padded past the cap, say)
+        yield flag(OBFUSCATED_CODE, f"{head}: {change.note}", path)
+    for rule, match in _select(writes, head, wanted, roots):
+        yield flag(rule, head, match)
+    if not text:
+        return
+    hints: list[tuple[str, str]] = []
+    analyzed = text  # already bounded by the diff's limits (max_text_bytes per file)
+    for match in _RAW_PATTERNS.finditer(analyzed):
+        hints.append((NETWORK_FETCH if match.group("tcp") else GIT_HISTORY, match.group(0)))
+    hints.extend(raw_hints(analyzed))
+    first = change.hunks[0] if change.hunks else None
+    shebang = first.text if first is not None and first.start == 1 else ""
+    if path.endswith((".py", ".pyw", ".pth")) or _PYTHON_SHEBANG.match(shebang):
+        hints.extend(analyze_python(analyzed, 1))
+    elif path.endswith((".sh", ".bash", ".zsh", ".ksh")) or _SHELL_SHEBANG.match(shebang):
+        hints.extend(analyze_shell(analyzed, 1))
+    lines = [n for h in change.hunks or () for n in range(h.start, h.start + h.text.count("\n") + 1)]
+    for rule, match in _select(hints, analyzed, wanted, roots):
+        index, excerpt, shown = _excerpt(analyzed, match)
+        line = lines[index] if index < len(lines) else None
+        yield flag(rule, f"{head}, line {line}:\n{excerpt}", shown, line)
+
+
+def _escaping(path: str, target: str) -> Iterator[tuple[str, str]]:
+    """A relative symlink target that climbs out of the workspace (absolute ones are paths already)."""
+    if not target.startswith("/"):
+        resolved = posixpath.normpath(posixpath.join(posixpath.dirname(path), target))
+        if resolved == ".." or resolved.startswith("../"):
+            yield OUTSIDE_WORKSPACE, target
+
+
+def _excerpt(text: str, match: str) -> tuple[int, str, str]:
+    """(line index of ``match`` in ``text``, the text around it on its lines, ``match`` as shown)."""
+    at = text.find(match)
+    if at < 0:  # _locate found nothing better than the whole text
+        first = text.split("\n", 1)[0][: 2 * _EXCERPT_CONTEXT]
+        return 0, first, first
+    shown = match if len(match) <= 2 * _EXCERPT_CONTEXT else match[: 2 * _EXCERPT_CONTEXT]
+    start = max(text.rfind("\n", 0, at) + 1, at - _EXCERPT_CONTEXT)
+    end = text.find("\n", at + len(shown))
+    end = min(len(text) if end < 0 else end, at + len(shown) + _EXCERPT_CONTEXT)
+    return text.count("\n", 0, at), text[start:end], shown

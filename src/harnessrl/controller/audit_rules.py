@@ -7,8 +7,10 @@ commands by ``audit_shell``; ``bash -c``, ``eval``, ``python -c``, heredocs, ``$
 flagged in command position: ``echo "use curl"`` or ``grep curl notes.txt`` are not (strings are not
 actions), but ``echo "curl x" | sh`` is. Python is matched with regular expressions, not ``ast``: it
 is often a fragment (a heredoc, a notebook cell) and the match is exactly the highlighted substring.
-The audit is a tripwire, not a sandbox: encoded or computed commands (``$(echo Y3VybA== | base64
--d)``) are out of its reach by design. Here are the traversal and the ``git_history``,
+The audit is a tripwire, not a sandbox: what encoded or computed commands (``$(echo Y3VybA== |
+base64 -d)``) do is out of its reach by design; that they decode and run something is flagged
+(``obfuscated_code``, in ``audit_obfuscation``), and what they write lands in the workspace diff.
+Here are the traversal and the ``git_history``,
 ``network_fetch`` and ``python_network`` rules; the checks of one install or one write
 (``package_install``, ``test_config_write``) are in ``audit_changes``, the rules about the machine
 around the task (``/proc``, namespaces, the store, paths outside the workspace) in
@@ -30,6 +32,7 @@ from harnessrl.controller.audit_changes import (
     python_writes,
     shell_writes,
 )
+from harnessrl.controller.audit_obfuscation import python_obfuscation, shell_obfuscation
 from harnessrl.controller.audit_shell import (
     Segment,
     output_of,
@@ -59,7 +62,9 @@ def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
         return
     previous: Segment | None = None
-    for segment in shell_segments(script):
+    segments = shell_segments(script)
+    yield from shell_obfuscation(script, segments)
+    for segment in segments:
         yield from _analyze_simple(segment, previous, depth)
         previous = segment
 
@@ -244,6 +249,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
         for match in pattern.finditer(code):
             yield rule, match.group(0)
     yield from python_hints(code)
+    yield from python_obfuscation(code)
     for match in _PY_SHELL_CALL.finditer(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
         arg = match.group(1)
         strings = [a or b for a, b in _PY_STRING.findall(arg)]

@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
+from harnessrl.controller.audit_workspace import diff_workspace, snapshot_workspace
 from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
 from harnessrl.controller.harness import harness_view, render_harness
@@ -215,6 +216,10 @@ class Controller:
                 files=rendered.files,
                 git_history=harness.git_history,
             )
+            # What the harness starts from, so the audit reads what it wrote, not only what it typed.
+            audit, before = self.config.audit, None
+            if audit.reads_workspace:
+                before = await asyncio.to_thread(snapshot_workspace, workspace, audit.workspace_limits)
             launch = Launch(
                 rollout_id=rollout.rollout_id,
                 attempt=rollout.attempt,
@@ -254,6 +259,10 @@ class Controller:
             return await self._infra_failure(rollout, f"harness infrastructure failure: {exit_.detail}")
 
         calls = await asyncio.to_thread(self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt)
+        # Diffed before the evaluator runs: one that scores in place (sandbox "none") writes there.
+        changes = None
+        if before is not None:
+            changes = await asyncio.to_thread(diff_workspace, before, workspace, audit.workspace_limits)
         stdout_path = attempt_dir / "stdout.log"
         try:
             result = await self.evaluator.evaluate(
@@ -272,7 +281,9 @@ class Controller:
         except EvaluatorError as exc:
             return await self._infra_failure(rollout, f"evaluator failed: {exc}")
 
-        report = audit_rollout(calls, self.config.audit, workspace=(workspace, workspace.parent / "home"))
+        report = await asyncio.to_thread(  # reading a workspace diff takes a while: off the event loop
+            audit_rollout, calls, audit, workspace=(workspace, workspace.parent / "home"), changes=changes
+        )
         reward = reward_after_audit(float(result.reward), report, self.config.audit)
         if report.rules:
             await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, report.rules)
@@ -280,6 +291,7 @@ class Controller:
             "exit": {"kind": exit_.kind.value, "code": exit_.exit_code, "detail": exit_.detail},
             "evaluation": result.details,
             "audit": [flag.model_dump() for flag in report.flags],
+            "audit_files": {"changed": report.files_checked, "bounds": report.workspace_bounds},
             "reward_before_audit": float(result.reward),
             "log_dir": str(attempt_dir),
             "stderr_tail": log_tail(attempt_dir),
