@@ -23,6 +23,7 @@ from tests.store.calls import agent_trace, make_call
 from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task, Usage
 from harnessrl.store import migrations
+from harnessrl.store.base import RolloutEnded
 from harnessrl.store.codecs import dump_json, pack_floats, pack_ints, rollout_to_row
 from harnessrl.store.migrations import SCHEMA_VERSION, migrate_postgres, migrate_sqlite, pending, statements
 
@@ -120,11 +121,12 @@ def test_v1_store_is_migrated_in_place_with_data_intact(shared_store_factory: An
     assert store.list_calls("r-done") == calls
     assert store.list_policy_versions() == [version]
     assert index_columns(url, "rollouts_run") == ["run_id", "status", "pk"]  # version 2's change
-    assert store.add_call(calls[0].model_copy(update={"call_id": None})).seq == 3
+    with pytest.raises(RolloutEnded):  # a finished rollout takes no more calls, migrated or not
+        store.add_call(calls[0].model_copy(update={"call_id": None}))
     assert store.add_call(calls[0].model_copy(update={"rollout_id": "r-queued", "call_id": None})).seq == 0
     assert [r.rollout_id for r in store.claim_rollouts("w", 5)] == ["r-queued"]
     store.close()
-    assert shared_store_factory().count_calls() == 5  # reopening an up-to-date store changes nothing
+    assert shared_store_factory().count_calls() == 4  # reopening an up-to-date store changes nothing
     assert stored_version(url) == SCHEMA_VERSION
 
 

@@ -169,6 +169,44 @@ def test_concurrent_add_call_from_processes(shared_store_factory: Any) -> None:
         assert mine == [int(s) for s in seqs]
 
 
+def test_a_finish_racing_writers_leaves_only_calls_recorded_before_it(store_factory: Any) -> None:
+    """Writers keep adding calls while another connection reads the calls and finishes: every call
+    is either in what a read right after the finish sees, or was refused; none lands after it."""
+    from harnessrl.schemas import Outcome
+    from harnessrl.store.base import RolloutEnded
+
+    store = store_factory()
+    stores = [store_factory() for _ in range(3)] if store_factory.shared else [store] * 3
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    started = threading.Event()
+    outcome: dict[int, tuple[list[Call], int]] = {}
+
+    def write(i: int) -> None:
+        written, refused = [], 0
+        for n in range(400):
+            try:
+                written.append(stores[i].add_call(call_for(rollout.rollout_id, n, f"{i}:")))
+            except RolloutEnded:
+                refused += 1
+            if n == 5:
+                started.set()
+        outcome[i] = (written, refused)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    assert started.wait(30)
+    store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)
+    seen_at_finish = store.list_calls(rollout.rollout_id)
+    for t in threads:
+        t.join(timeout=60)
+    written = [c for calls, _ in outcome.values() for c in calls]
+    refused = sum(r for _, r in outcome.values())
+    assert refused > 0 and written  # the race happened: both sides of it
+    assert store.list_calls(rollout.rollout_id) == seen_at_finish  # nothing after the finish
+    assert sorted(c.call_id for c in seen_at_finish) == sorted(c.call_id for c in written)
+
+
 # -- durability -----------------------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from tests.store.calls import make_call
 from harnessrl.errors import BadRequest, InvalidTransition, NotFound
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
+    Call,
     Outcome,
     PolicyVersion,
     Rollout,
@@ -27,6 +28,7 @@ from harnessrl.schemas import (
     status_for_outcome,
 )
 from harnessrl.store import Store
+from harnessrl.store.base import DROPPED_CALLS_KEY, RolloutEnded
 
 S = RolloutStatus
 
@@ -112,6 +114,7 @@ UNKNOWN_ID_CALLS: dict[str, Callable[[Store], object]] = {
     "start_rollout": lambda s: s.start_rollout("nope"),
     "finish_rollout": lambda s: s.finish_rollout("nope", Outcome.SUCCESS, 1.0),
     "requeue_rollout": lambda s: s.requeue_rollout("nope"),
+    "count_dropped_call": lambda s: s.count_dropped_call("nope", "client_gone"),
     "cancel_rollout": lambda s: s.cancel_rollout("nope"),
     "set_rollout_flags": lambda s: s.set_rollout_flags("nope", ["x"]),
     "update_rollout_metadata": lambda s: s.update_rollout_metadata("nope", {"x": 1}),
@@ -320,6 +323,83 @@ def test_add_and_list_calls(store: Store) -> None:
     assert store.list_calls(a.rollout_id, attempt=7) == []
     assert store.list_calls(b.rollout_id) == [mine]
     assert store.count_calls(a.rollout_id) == 5 and store.count_calls() == 6
+
+
+# -- a rollout that ended takes no more calls (issue 36) -------------------------------------------
+
+
+ENDINGS: dict[str, Callable[[Store, str], Any]] = {
+    "finish": lambda s, rid: s.finish_rollout(rid, Outcome.SUCCESS, 1.0),
+    "infra_failure": lambda s, rid: s.finish_rollout(rid, Outcome.INFRA_FAILURE, 0.0),
+    "cancel": lambda s, rid: s.cancel_rollout(rid),
+}
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_an_ended_rollout_takes_no_more_calls(store: Store, ending: str) -> None:
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    before = store.add_call(make_call(rollout.rollout_id))  # control: the same write is taken while running
+    ENDINGS[ending](store, rollout.rollout_id)
+    with pytest.raises(RolloutEnded, match="takes no more calls"):
+        store.add_call(make_call(rollout.rollout_id))
+    # In a group commit the late call fails alone; the other rollout's call is written.
+    other = store.create_rollout()
+    late, kept = store.add_calls([make_call(rollout.rollout_id), make_call(other.rollout_id)])
+    assert isinstance(late, RolloutEnded) and isinstance(kept, Call)
+    assert store.list_calls(rollout.rollout_id) == [before]
+    assert isinstance(RolloutEnded("x"), InvalidTransition)  # a 409 wherever it surfaces
+
+
+def test_a_superseded_attempt_takes_no_more_calls(store: Store) -> None:
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    store.add_call(make_call(rollout.rollout_id, attempt=0))
+    store.requeue_rollout(rollout.rollout_id)  # attempt 0's harness failed; attempt 1 is queued
+    with pytest.raises(RolloutEnded):
+        store.add_call(make_call(rollout.rollout_id, attempt=0))
+    assert store.add_call(make_call(rollout.rollout_id, attempt=1)).seq == 1  # control: the new attempt's
+
+
+def test_rollout_end_watchers_hear_every_ending_write(store: Store) -> None:
+    heard: list[str] = []
+    stop = store.watch_rollout_ends(heard.append)
+    ids = [store.start_rollout(store.create_rollout().rollout_id).rollout_id for _ in range(4)]
+    store.finish_rollout(ids[0], Outcome.SUCCESS, 1.0)
+    store.cancel_rollout(ids[1])
+    store.requeue_rollout(ids[2])
+    store.void_rollout(ids[0], flag="tamper", error="x")
+    store.update_rollout_metadata(ids[3], {"k": 1})  # control: not an ending
+    store.add_call(make_call(ids[3]))
+    with pytest.raises(InvalidTransition):
+        store.cancel_rollout(ids[1])  # a refused transition commits nothing: not heard
+    assert heard == [ids[0], ids[1], ids[2], ids[0]]
+    stop()
+    store.cancel_rollout(ids[3])
+    assert heard == [ids[0], ids[1], ids[2], ids[0]]
+
+
+def test_a_failing_watcher_does_not_fail_the_write(store: Store) -> None:
+    def broken(rollout_id: str) -> None:
+        raise RuntimeError("boom")
+
+    store.watch_rollout_ends(broken)
+    rollout = store.create_rollout()
+    assert store.cancel_rollout(rollout.rollout_id).status is S.CANCELLED
+
+
+def test_dropped_calls_are_counted_per_reason(store: Store) -> None:
+    rollout = store.create_rollout(metadata={"kind": "train"})
+    store.count_dropped_call(rollout.rollout_id, "client_gone")
+    store.count_dropped_call(rollout.rollout_id, "client_gone")
+    store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0, metadata={"evaluation": {}})
+    counted = store.count_dropped_call(rollout.rollout_id, "rollout_ended")  # after the end too
+    assert counted.metadata == {
+        "kind": "train",
+        "evaluation": {},
+        DROPPED_CALLS_KEY: {"client_gone": 2, "rollout_ended": 1},
+    }
+    assert store.get_rollout(rollout.rollout_id) == counted
+    with pytest.raises(NotFound):
+        store.count_dropped_call("nope", "client_gone")
 
 
 def test_call_fields_round_trip(store: Store) -> None:

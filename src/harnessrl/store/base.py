@@ -11,19 +11,31 @@ Every implementation (SQLite now, PostgreSQL later) passes the same contract tes
 - A call reads back equal to the call added (with its ``seq`` and ``call_id``), however it is
   stored: the SQL stores keep each call as a delta on earlier calls of its attempt (``chains``).
 - ``claim_rollouts`` moves queued rollouts to running atomically: two claimers never get the same one.
+- A rollout that ended (finished, failed, cancelled) takes no more calls, nor does an attempt that a
+  requeue superseded: ``add_call`` raises ``RolloutEnded``, decided under the lock the ending write
+  takes, so every call is either recorded before the end or refused (docs/store.md).
 - Methods are thread-safe; async callers run them in a worker thread when latency matters.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from harnessrl.errors import InvalidTransition
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task
 
 if TYPE_CHECKING:
     from harnessrl.store.chains import EncodedItems
+
+#: The rollout metadata key under which ``count_dropped_call`` counts the calls a gateway dropped
+#: (never recorded) per reason: ``{"client_gone": 2, "rollout_ended": 1, ...}``.
+DROPPED_CALLS_KEY = "dropped_calls"
+
+
+class RolloutEnded(InvalidTransition):
+    """A call for a rollout (or attempt) that has ended: it is not recorded."""
 
 
 @runtime_checkable
@@ -130,9 +142,20 @@ class Store(Protocol):
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
         """Merge keys into the rollout's metadata."""
 
+    def count_dropped_call(self, rollout_id: str, reason: str) -> Rollout:
+        """Add one to ``metadata["dropped_calls"][reason]`` (atomically, whatever the rollout's status):
+        a model call of this rollout that a gateway cancelled and did not record (its client left,
+        read too slowly, or the rollout ended first). The trainer reports these per step."""
+
+    def watch_rollout_ends(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(rollout_id)`` after every commit, through this store object, that ends a
+        rollout or an attempt of it (finish, cancel, requeue; void too); returns a function that
+        stops the calls. In-process only (other processes' writes are not seen)."""
+
     # -- calls ------------------------------------------------------------------------------------
     def add_call(self, call: Call, encoded: EncodedItems | None = None) -> Call:
         """Durably append a call to its rollout; returns it with ``seq`` and ``call_id`` set.
+        ``RolloutEnded`` if the rollout ended or ``call.attempt`` is older than its attempt.
         ``encoded``: its request's history items as the caller already encoded them (a shortcut,
         ``store.chains.EncodedItems``)."""
 

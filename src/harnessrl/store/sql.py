@@ -22,9 +22,11 @@ rows whenever it does not account for the rollout's newest call; reads fold rows
 
 from __future__ import annotations
 
+import logging
 import secrets
+import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -40,6 +42,7 @@ from harnessrl.schemas import (
     now,
     status_for_outcome,
 )
+from harnessrl.store.base import DROPPED_CALLS_KEY, RolloutEnded
 from harnessrl.store.chains import (
     AttemptChains,
     ChainCache,
@@ -65,6 +68,11 @@ from harnessrl.store.codecs import (
 
 StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
 
+log = logging.getLogger("harnessrl.store")
+
+#: What a call's write reads of its rollout's row (under the write lock): whether it may take calls.
+_TERMINAL = tuple(s.value for s in (RolloutStatus.FINISHED, RolloutStatus.FAILED, RolloutStatus.CANCELLED))
+
 
 # What rebuilding a rollout attempt's chains reads of its rows.
 _CHAIN_ROW_COLUMNS = (
@@ -89,6 +97,8 @@ class SQLStore:
     def __init__(self) -> None:
         self._chains = ChainCache(self.CHAIN_CACHE_BYTES)
         self._insert_sql: dict[tuple[str, tuple[str, ...], str], str] = {}  # (table, columns, conflict)
+        self._end_watchers: list[Callable[[str], None]] = []
+        self._watchers_lock = threading.Lock()
 
     # -- what a backend supplies ------------------------------------------------------------------
     def _read(self) -> AbstractContextManager[Any]:
@@ -267,13 +277,15 @@ class SQLStore:
             }
             if error is not None:
                 changes["error"] = error
-            return self._update(conn, rollout_id, **changes)
+            ended = self._update(conn, rollout_id, **changes)
+        self._announce_end(rollout_id)
+        return ended
 
     def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
             flags = load_json(row["flags"]) or []
-            return self._update(
+            voided = self._update(
                 conn,
                 rollout_id,
                 status=RolloutStatus.FINISHED.value,
@@ -282,6 +294,8 @@ class SQLStore:
                 error=error,
                 flags=dump_json([*flags, flag] if flag not in flags else flags),
             )
+        self._announce_end(rollout_id)
+        return voided
 
     def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
         with self._write() as conn:
@@ -294,12 +308,55 @@ class SQLStore:
             }
             if error is not None:
                 changes["error"] = error
-            return self._update(conn, rollout_id, **changes)
+            requeued = self._update(conn, rollout_id, **changes)
+        self._announce_end(rollout_id)  # the attempt ended: its calls in flight will not be recorded
+        return requeued
 
     def cancel_rollout(self, rollout_id: str) -> Rollout:
         with self._write() as conn:
             check_transition(self._rollout_row(conn, rollout_id), RolloutStatus.CANCELLED)
-            return self._update(conn, rollout_id, status=RolloutStatus.CANCELLED.value, finished_at=now())
+            cancelled = self._update(
+                conn, rollout_id, status=RolloutStatus.CANCELLED.value, finished_at=now()
+            )
+        self._announce_end(rollout_id)
+        return cancelled
+
+    def watch_rollout_ends(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """Call ``callback(rollout_id)`` after each commit that ends a rollout or one of its attempts
+        (finish, cancel, requeue) made through this store object; returns the function that stops it.
+
+        In-process only: a gateway sharing this object with the controller (``local_stack``) cancels
+        the calls still generating for the rollout at once. Writes by other processes are not seen;
+        ``add_call`` refuses their late calls all the same (``RolloutEnded``). Callbacks run on the
+        writer's thread and must not block; one that raises is logged and skipped.
+        """
+        with self._watchers_lock:
+            self._end_watchers.append(callback)
+
+        def stop() -> None:
+            with self._watchers_lock:
+                if callback in self._end_watchers:
+                    self._end_watchers.remove(callback)
+
+        return stop
+
+    def _announce_end(self, rollout_id: str) -> None:
+        with self._watchers_lock:
+            watchers = list(self._end_watchers)
+        for callback in watchers:
+            try:
+                callback(rollout_id)
+            except Exception:  # noqa: BLE001 - a watcher's failure must not fail the committed write
+                log.exception("a rollout-end watcher failed for rollout %s", rollout_id)
+
+    def count_dropped_call(self, rollout_id: str, reason: str) -> Rollout:
+        with self._write() as conn:
+            metadata = load_json(self._rollout_row(conn, rollout_id)["metadata"])
+            counts = metadata.get(DROPPED_CALLS_KEY)
+            counts = dict(counts) if isinstance(counts, dict) else {}
+            counts[reason] = int(counts.get(reason, 0)) + 1
+            metadata[DROPPED_CALLS_KEY] = counts
+            return self._update(conn, rollout_id, metadata=dump_json(metadata))
 
     def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None:
         p = self.PARAM
@@ -382,13 +439,20 @@ class SQLStore:
         # and a rollout's calls get 0, 1, 2, ... in commit order, whichever process wrote them.
         next_seq = f"SELECT COALESCE(MAX(seq) + 1, 0) AS n FROM calls WHERE rollout_id = {p}"
         if self.SEQ_WITH_LOCK:  # one statement: the rollout's row (none: no such rollout) and its next seq
-            locked = f"SELECT ({next_seq}) AS n FROM rollouts WHERE rollout_id = {p}"
+            locked = f"SELECT ({next_seq}) AS n, status, attempt FROM rollouts WHERE rollout_id = {p}"
             row = conn.execute(locked, (rollout_id, rollout_id)).fetchone()
         else:
-            locked = f"SELECT 1 AS n FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
+            locked = f"SELECT status, attempt FROM rollouts WHERE rollout_id = {p}{self.ROW_LOCK}"
             row = conn.execute(locked, (rollout_id,)).fetchone()
         if row is None:
             raise NotFound(f"rollout {rollout_id!r} not found")
+        # Read under the same lock as the finish that ends the rollout: a call is either recorded
+        # before the end (and read by whoever ends it after) or refused, never recorded after it.
+        if row["status"] in _TERMINAL or attempt < row["attempt"]:
+            raise RolloutEnded(
+                f"rollout {rollout_id!r} attempt {attempt} has ended ({row['status']}, attempt "
+                f"{row['attempt']}); it takes no more calls"
+            )
         seq = row["n"] if self.SEQ_WITH_LOCK else self._scalar(conn, next_seq, (rollout_id,))
         chains = written.get(rollout_id) or self._chains.get(rollout_id)
         if seq == 0:  # the rollout's first call: nothing to be stored on
