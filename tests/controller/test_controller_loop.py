@@ -94,12 +94,12 @@ def test_cancelled_rollout_is_killed(tmp_path):
 def test_infrastructure_failures_are_retried_then_recorded(tmp_path):
     store = SQLiteStore(tmp_path / "db.sqlite")
     rid = store.create_rollout(task={}).rollout_id
-    # Exit code 127 from an evaluator means "the scorer could not run": an infrastructure failure.
+    # The scorer names a task field this task lacks: the controller cannot even start it.
     controller = make_controller(
         store,
         tmp_path,
         ["true"],
-        evaluator={"type": "command", "command": ["sh", "-c", "exit 127"]},
+        evaluator={"type": "command", "command": ["sh", "-c", "echo {task[hidden.tests]}"]},
         max_infra_retries=2,
     )
     [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=60))
@@ -113,6 +113,24 @@ def test_infrastructure_failures_are_retried_then_recorded(tmp_path):
         "attempt-1",
         "attempt-2",
     ]
+
+
+def test_a_scorer_exiting_127_is_a_zero_not_a_retry(tmp_path):
+    # 127 once meant "the scorer could not run" (retried, left out of the group's baseline): the code
+    # the scorer runs can exit with it, so it is now the policy's outcome, flagged.
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    controller = make_controller(
+        store,
+        tmp_path,
+        ["true"],
+        evaluator={"type": "command", "command": ["sh", "-c", "exit 127"], "reward_from": "json"},
+        max_infra_retries=2,
+    )
+    [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=60))
+    asyncio.run(controller.shutdown())
+    assert rollout.status is RolloutStatus.FINISHED and rollout.attempt == 0
+    assert rollout.reward == 0.0 and rollout.flags == ["scorer_failed"]
 
 
 def test_policy_failures_are_not_retried(tmp_path):

@@ -22,7 +22,7 @@ from harnessrl.controller.evaluators import (
     build_evaluator,
     parse_evaluator_config,
 )
-from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call
 from harnessrl.tasks.answers import final_answer_text
 from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
@@ -107,19 +107,24 @@ def test_command_runs_in_workspace_with_templates_and_clean_env(ws, monkeypatch)
             "-c",
             "import json, os, sys; print(json.dumps({'reward': 1, 'cwd_ok': os.path.exists('marker'),"
             " 'argv': sys.argv[1:], 'gold': os.environ['GOLD'], 'task': json.load(open(sys.argv[2])),"
-            " 'admin': os.environ.get('HARNESSRL_ADMIN_KEY'), 'rid': os.environ['HARNESSRL_ROLLOUT_ID']}))",
+            " 'admin': os.environ.get('HARNESSRL_ADMIN_KEY'), 'rid': os.environ['HARNESSRL_ROLLOUT_ID'],"
+            " 'env_task': os.environ.get('HARNESSRL_TASK')}))",
             "{workspace}",
             "{task_file}",
             "${HOME}",
         ],
     }
-    task = {"prompt": "p", "hidden": {"answer": "7"}}
+    task = {"prompt": "p", "hidden": {"answer": "7", "patch": "the gold fix", "repo_path": str(ws)}}
     result = evaluate(config, EvaluationInput(task=task, workspace=ws, rollout_id="r-9"))
     out = result.details["output"]
     assert result.reward == 1.0
-    # It scores a copy of the workspace (in its own sandbox), so nothing it does touches the original.
-    assert out["cwd_ok"] and out["argv"][0] != str(ws) and out["argv"][2] == "${HOME}"
-    assert out["gold"] == "7" and out["task"] == task and out["rid"] == "r-9"  # hidden data included
+    # It scores a copy of the workspace, bound at the workspace's own path (the test below shows
+    # nothing it does touches the original); its task file is its own, inside its sandbox.
+    assert out["cwd_ok"] and out["argv"] == [str(ws), "/run/harnessrl/task.json", "${HOME}"]
+    assert out["gold"] == "7" and out["rid"] == "r-9"
+    # The scorer's task holds what scoring needs, not the solution: no gold patch, no original repo.
+    assert out["task"] == {"prompt": "p", "hidden": {"answer": "7"}}
+    assert out["env_task"] is None  # not in the environment, which every child would inherit
     assert out["admin"] is None  # the controller's secrets never reach the scorer
 
 
@@ -162,7 +167,7 @@ def test_command_parsed_output(ws, script, reward_from, reward):
 
 
 @pytest.mark.parametrize(
-    ("script", "reward_from", "message"),
+    ("script", "reward_from", "why"),
     [
         ("echo not-a-number", "stdout_float", "not a number"),
         ("echo nan", "stdout_float", "finite"),
@@ -170,35 +175,71 @@ def test_command_parsed_output(ws, script, reward_from, reward):
         ("echo '[1]'", "json", 'no "reward"'),
         ("echo {", "json", "not JSON"),
         ("echo 1; exit 3", "stdout_float", "exited with 3"),
-        ("exit 127", "exit_code", "could not run"),
+        ("echo '{\"reward\": 1}'; kill -9 $$", "json", "exited with 137"),
     ],
 )
-def test_command_failures_are_evaluator_errors(ws, script, reward_from, message):
-    with pytest.raises(EvaluatorError, match=message) as info:
-        evaluate(sh(script, reward_from=reward_from), EvaluationInput(task={}, workspace=ws))
-    assert isinstance(info.value, HarnessRLError)
+def test_a_scorer_without_a_valid_verdict_scores_zero_with_a_flag(ws, script, reward_from, why):
+    # The agent's code runs inside the scorer and can make it crash, print garbage or kill it: that
+    # is the policy's outcome (0), never an infrastructure failure that would be retried and left
+    # out of its group's baseline.
+    result = evaluate(sh(script, reward_from=reward_from), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.flags == ("scorer_failed",)
+    assert why in result.details["why"]
 
 
-def test_command_timeout_kills_the_process_group(ws):
+@pytest.mark.parametrize("code", [125, 126, 127])
+def test_exit_statuses_that_once_meant_could_not_run_are_the_scorers_outcome(ws, code):
+    result = evaluate(sh(f"exit {code}"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.details["exit_code"] == code
+
+
+def test_infra_exit_codes_is_refused_with_the_reason():
+    with pytest.raises(ConfigError, match="infra_exit_codes was removed"):
+        build_evaluator({"type": "command", "command": ["sh"], "infra_exit_codes": [125]})
+
+
+@pytest.mark.parametrize(
+    ("verdict", "reward", "flags"),
+    [
+        ("0.5", 0.5, ()),
+        ("1e300", 0.0, ("reward_out_of_range",)),
+        ("-1", 0.0, ("reward_out_of_range",)),
+        ("1.0000001", 0.0, ("reward_out_of_range",)),
+    ],
+)
+def test_a_reward_outside_the_declared_range_is_refused(ws, verdict, reward, flags):
+    result = evaluate(
+        sh(f"echo {verdict}", reward_from="stdout_float"), EvaluationInput(task={}, workspace=ws)
+    )
+    assert (result.reward, result.flags) == (reward, flags)
+    wide = evaluate(
+        sh("echo 7", reward_from="stdout_float", reward_range=[0, 10]), EvaluationInput(task={}, workspace=ws)
+    )
+    assert (wide.reward, wide.flags) == (7.0, ())
+
+
+def test_a_scorers_own_flags_are_kept_when_well_formed(ws):
+    out = '{"reward": 0, "flags": ["verdict_disagreement", "Bad Flag!", 3, "verdict_disagreement"]}'
+    result = evaluate(sh(f"echo '{out}'", reward_from="json"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.flags == ("verdict_disagreement",)
+
+
+def test_a_scorer_past_its_time_limit_scores_zero_and_leaves_nothing_running(ws):
     mark = f"61.{os.getpid()}{time.time_ns() % 10**6}"  # a sleep no other process on the machine runs
-    started = time.monotonic()
-    with pytest.raises(EvaluatorError, match="timed out"):
-        evaluate(sh(f"sleep {mark} & wait", timeout_s=1.5), EvaluationInput(task={}, workspace=ws))
-    assert time.monotonic() - started < 10
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
-        found = subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True)
-        if not found.stdout.strip():
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the evaluator's child survived its timeout")
+    result = evaluate(sh(f"sleep {mark} & wait", timeout_s=1.5), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.flags == ("scorer_timeout",)
+    found = subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True)
+    assert not found.stdout.strip(), "the evaluator's child survived its timeout"
 
 
 def test_command_leftover_children_do_not_hang_it(ws):
-    started = time.monotonic()
-    result = evaluate(sh("sleep 60 & echo started"), EvaluationInput(task={}, workspace=ws))
-    assert result.reward == 1.0 and time.monotonic() - started < 10
+    mark = f"62.{os.getpid()}{time.time_ns() % 10**6}"
+    result = evaluate(
+        sh(f"sleep {mark} & echo started", timeout_s=30), EvaluationInput(task={}, workspace=ws)
+    )
+    assert result.reward == 1.0 and result.flags == ()
+    found = subprocess.run(["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True)
+    assert not found.stdout.strip(), "a process the scorer left outlived it"
 
 
 def test_command_without_sandbox_runs_in_the_workspace_itself(ws):

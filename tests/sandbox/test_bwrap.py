@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.evaluator_command import drop_escaping_links
+from harnessrl.sandbox.copy import drop_escaping_links
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import (
     GATEWAY_SOCKET,

@@ -280,13 +280,17 @@ class Controller:
             )
         except EvaluatorError as exc:
             return await self._infra_failure(rollout, f"evaluator failed: {exc}")
+        except Exception as exc:  # a bug of ours must still end the rollout, never leave it running
+            log.exception("rollout %s: the evaluator raised", rollout.rollout_id)
+            return await self._infra_failure(rollout, f"evaluator crashed: {type(exc).__name__}: {exc}")
 
         report = await asyncio.to_thread(  # reading a workspace diff takes a while: off the event loop
             audit_rollout, calls, audit, workspace=(workspace, workspace.parent / "home"), changes=changes
         )
         reward = reward_after_audit(float(result.reward), report, self.config.audit)
-        if report.rules:
-            await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, report.rules)
+        flags = list(dict.fromkeys([*result.flags, *report.rules]))  # the scorer's and the audit's
+        if flags:
+            await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, flags)
         metadata: dict[str, Any] = {
             "exit": {"kind": exit_.kind.value, "code": exit_.exit_code, "detail": exit_.detail},
             "evaluation": result.details,

@@ -1,16 +1,40 @@
-"""The ``command`` evaluator: a program run in the workspace (e.g. the task's tests) scores the rollout.
+"""The ``command`` evaluator: a program (the *scorer*) run over a copy of the workspace scores the rollout.
 
-``CommandEvaluator`` renders its argv with ``fill_placeholders`` and runs it with ``run_command``:
-in its own process group, killed as a group on timeout and once it exits, output written to files
-of which only the tail is read back. The reward is its exit code (0 -> 1.0), the last stdout line
-as a float, or the last stdout line as JSON ``{"reward": x, ...}`` (``reward_from``).
+The reward is the scorer's exit code (0 -> 1.0), its last stdout line as a float, or its last stdout
+line as JSON ``{"reward": x, "flags": [...], ...}`` (``reward_from``). A scorer usually runs the
+agent's code (its tests, its functions), and that code is as hostile as the agent, so by default the
+scorer runs in a fresh bubblewrap sandbox of its own where it sees only what scoring needs:
 
-An evaluator runs code the policy wrote (its tests, a ``conftest.py``), so by default it runs in an
-``EvaluatorSandbox``: a fresh bubblewrap sandbox of its own over a *copy* of the workspace, with no
-network, the evaluator's code and the task's hidden data bound read-only, and a scrubbed
-environment (``scrubbed_env``: no inherited ``PYTHONPATH``, ``HOME`` or site folders; a fresh home).
-Nothing the agent left behind outside its workspace — and it can reach nothing else — can change
-the reward.
+- **a copy of the workspace** (``sandbox.copy``: special files skipped, sparse files kept sparse,
+  hard links linked, capped in size and count, links out of it dropped), at the workspace's own path;
+- **its inputs, copied**: a path a ``{task[F]}`` placeholder renders to, and an absolute path named
+  in the command, is copied into ``/run/harnessrl/inputs/`` and the command names the copy. Nothing
+  else of the task's is there: not the original repository, not the task folder, not a gold patch
+  beside the hidden tests. ``evaluator.mounts`` are bound read-only (for large, shared, non-secret
+  things: a dataset, a tool); Python and harnessrl itself read-only, as for harnesses;
+- **a task file without the solution** (``$HARNESSRL_TASK_FILE`` = ``/run/harnessrl/task.json``): the
+  task minus ``hidden``'s ``withheld_fields`` (the gold patch, the repository's path...). The task is
+  not in the environment: every child would inherit it;
+- a private folder for the scorer (``$HARNESSRL_SCORER_DIR``, also its ``HOME``), a sized ``/tmp``,
+  no network, a scrubbed environment, and a cgroup with the evaluator's ``limits``.
+
+A scorer that runs the agent's code should do so through ``harnessrl.sandbox.scored.run_scored``
+(the coding tasks' and ``harnessrl.tasks.pytest_scoring``'s scorers do): that code then cannot read
+the inputs or the task file, reach the scorer's memory, descriptors or stdout, or signal it.
+
+**The verdict is the scorer's only after everything else is dead.** When the scorer's process exits,
+the sandbox's first process kills every other process in it, and the controller kills the cgroup,
+before the output is read. A reward outside ``reward_range`` is refused (reward 0, flag
+``reward_out_of_range``).
+
+**Only the controller decides what is an infrastructure failure** (an ``EvaluatorError``, retried):
+the scorer's sandbox did not start, or the command named a task field the task lacks. Everything
+after the scorer started is the policy's outcome: a scorer that exits non-zero (``json`` and
+``stdout_float``), prints no verdict, is killed, or runs past ``timeout_s`` gives reward 0 with a flag
+(``scorer_failed``, ``scorer_timeout``) — the agent's code can do all of that to it, and a 0 it could
+turn into "not counted" would be a way out of every failing group. A workspace over the copy's caps
+gives reward 0 with ``workspace_too_large``; special files left out are flagged
+``special_files_skipped`` (informational).
 """
 
 from __future__ import annotations
@@ -18,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -30,25 +55,38 @@ from typing import Any
 
 import harnessrl
 from harnessrl.controller.evaluator_config import CommandEvaluatorConfig
-from harnessrl.controller.evaluator_types import (
-    EvaluationInput,
-    EvaluationResult,
-    EvaluatorError,
-    checked_result,
-)
+from harnessrl.controller.evaluator_types import EvaluationInput, EvaluationResult, EvaluatorError
 from harnessrl.errors import ConfigError
-from harnessrl.sandbox.bwrap import DEFAULT_PATH, python_install_paths
-from harnessrl.sandbox.host import SandboxHost, shared_host
-from harnessrl.tasks.fields import get_field
+from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
+from harnessrl.sandbox.cgroups import ResourceGroup
+from harnessrl.sandbox.copy import copy_untrusted_tree
+from harnessrl.sandbox.enter import read_status
+from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
+from harnessrl.tasks.fields import HIDDEN, get_field
 
 _PLACEHOLDER = re.compile(r"\{(workspace|task_file|rollout_id|prompt|task\[([^\]\}]+)\])\}")
 # Passed through from the controller's environment; everything else (the admin key, PYTHONPATH,
 # HOME, VIRTUAL_ENV: places the agent might have planted a sitecustomize.py) is dropped.
 _INHERITED_ENV = ("LANG", "LC_ALL", "TZ")
 _OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr kept (the tail): a chatty test suite can't exhaust memory
-
+_WRAPPER_PIDS = 8  # the launcher, bwrap and the sandbox's init count against the process cap
 
 HARNESSRL_PACKAGE = Path(harnessrl.__file__).parent
+
+# Where the scorer's own things are inside its sandbox (never shown to the code it runs through
+# ``run_scored``, whose domain does not include /run).
+INSIDE = Path("/run/harnessrl")
+INPUTS_INSIDE = INSIDE / "inputs"
+TASK_INSIDE = INSIDE / "task.json"
+SCORER_DIR_INSIDE = INSIDE / "scorer"
+
+# Flags a command evaluator records with the rollout.
+SCORER_FAILED = "scorer_failed"  # the scorer ran but gave no valid verdict (exit status, output, killed)
+SCORER_TIMEOUT = "scorer_timeout"  # the scorer ran past timeout_s
+REWARD_OUT_OF_RANGE = "reward_out_of_range"  # a verdict outside reward_range
+WORKSPACE_TOO_LARGE = "workspace_too_large"  # over max_workspace_mb / max_workspace_files: not scored
+SPECIAL_FILES_SKIPPED = "special_files_skipped"  # FIFOs, sockets or devices left out of the copy
+_SCORER_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # what a scorer may add through its JSON "flags"
 
 
 def scrubbed_env(home: Path) -> dict[str, str]:
@@ -59,95 +97,110 @@ def scrubbed_env(home: Path) -> dict[str, str]:
     return env
 
 
-def paths_in(value: Any) -> set[Path]:
-    """Absolute paths of existing files or folders named anywhere in ``value`` (a task, an argv):
-    the hidden data an evaluator needs bound read-only into its sandbox."""
-    found: set[Path] = set()
-    if isinstance(value, str):
-        if value.startswith("/") and "\n" not in value and len(value) < 4096 and os.path.exists(value):
-            found.add(Path(value))
-    elif isinstance(value, dict):
-        for item in value.values():
-            found |= paths_in(item)
-    elif isinstance(value, list | tuple):
-        for item in value:
-            found |= paths_in(item)
-    return found
-
-
-def drop_escaping_links(root: Path) -> list[Path]:
-    """Remove every symlink under ``root`` that points outside it (returned). The scorer binds hidden
-    data read-only into its sandbox; a link the agent planted (``answer.txt -> /hidden/gold.txt``)
-    would otherwise let the scorer read the gold answer as if the agent had written it."""
-    dropped = []
-    real_root = os.path.realpath(root)
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            if path.is_symlink():
-                target = os.path.realpath(path)
-                if target != real_root and not target.startswith(real_root + os.sep):
-                    path.unlink()
-                    dropped.append(path)
-    return dropped
+def scorer_view(task: dict[str, Any], withheld: list[str]) -> dict[str, Any]:
+    """The task as a scorer sees it: ``hidden`` without the ``withheld`` fields (the solution)."""
+    hidden = task.get(HIDDEN)
+    if not isinstance(hidden, dict):
+        return dict(task)
+    return {**task, HIDDEN: {k: v for k, v in hidden.items() if k not in withheld}}
 
 
 @dataclass(frozen=True)
 class EvaluatorSandbox:
-    """How command evaluators are isolated: ``mode`` ``"bwrap"`` (default) or ``"none"``."""
+    """How command evaluators are isolated: ``mode`` ``"bwrap"`` (default) or ``"none"`` (the scorer
+    runs on the host, in the agent's own workspace, with the task's own paths: debugging only)."""
 
     mode: str = "bwrap"
-    mounts: tuple[Path, ...] = ()  # more read-only paths (the evaluator's own code)
+    mounts: tuple[Path, ...] = ()  # more read-only paths (bound at the same path)
     host: SandboxHost = field(default_factory=shared_host)
 
-    def copy_workspace(self, workspace: Path, scratch: Path) -> Path:
-        """A private copy of the agent's workspace to score (links copied as links, never followed)."""
-        copy = scratch / "workspace"
-        if workspace.is_dir():
-            shutil.copytree(workspace, copy, symlinks=True)
-            drop_escaping_links(copy)
+    def shared(self) -> tuple[Path, ...]:
+        """What every scorer may read where it is: Python, harnessrl (evaluator code) and the mounts."""
+        return (*python_install_paths(), HARNESSRL_PACKAGE, *self.mounts)
+
+
+_MAX_INPUT_BYTES = 1 << 30  # a scorer input bigger than this belongs in evaluator.mounts
+
+
+class _Stage:
+    """The scorer's inputs: each host path named by the command, copied once into ``scratch``.
+    Not copied: the workspace (the scorer gets its own copy of it) and what holds it (the run
+    folder), and what every scorer may read in place (``EvaluatorSandbox.shared``)."""
+
+    def __init__(self, scratch: Path, shared: tuple[Path, ...], workspace: Path):
+        self.folder = scratch / "inputs"
+        self.shared = shared
+        self.workspace = workspace
+        self.inside: dict[str, str] = {}  # host path -> its copy's path inside the sandbox
+
+    def path(self, value: str) -> str:
+        """``value`` itself, or the inside path of its copy when it names a host file or folder."""
+        if value in self.inside:
+            return self.inside[value]
+        if not _names_a_host_path(value):
+            return value
+        source = Path(os.path.normpath(value))
+        if (
+            self._is_shared(source)
+            or source.is_relative_to(self.workspace)
+            or self.workspace.is_relative_to(source)
+        ):
+            return value
+        if _size(source) > _MAX_INPUT_BYTES:
+            raise EvaluatorError(
+                f"evaluator input {value!r} is over {_MAX_INPUT_BYTES >> 20} MB to copy for each rollout: "
+                "bind it read-only with evaluator.mounts instead"
+            )
+        index = len(self.inside)
+        host_copy = self.folder / str(index) / (source.name or "root")
+        host_copy.parent.mkdir(parents=True)
+        if source.is_dir():
+            shutil.copytree(source, host_copy, symlinks=True)
         else:
-            copy.mkdir()
-        return copy
+            shutil.copyfile(source, host_copy)
+            shutil.copymode(source, host_copy)
+        self.inside[value] = str(INPUTS_INSIDE / str(index) / host_copy.name)
+        return self.inside[value]
 
-    def argv(
-        self,
-        command: list[str],
-        *,
-        workspace: Path,
-        original_workspace: Path,
-        scratch: Path,
-        task: dict[str, Any],
-        task_file: Path,
-        env: dict[str, str],
-    ) -> list[str]:
-        """The sandboxed argv for ``command`` over the copy ``workspace``; the task's and the command's
-        paths (hidden tests, the evaluator script) are bound read-only, except any folder holding
-        the original workspace (that would be the run folder)."""
-        home = scratch / "home"
-        home.mkdir(exist_ok=True)
-        named = {
-            p
-            for p in paths_in(task) | paths_in(command)
-            if p != Path("/") and not original_workspace.is_relative_to(p)
-        }
-        return self.host.launch_argv(
-            scratch / "sandbox.json",
-            sandbox=self.mode,
-            command=command,
-            cwd=workspace,
-            env=env,
-            writable=(workspace, home),
-            # harnessrl itself is evaluator code (e.g. the coding tasks' scorer): read-only, like the
-            # rest; an editable install keeps it in the project checkout, which harnesses never see.
-            read_only=(*python_install_paths(), HARNESSRL_PACKAGE, task_file, *self.mounts, *sorted(named)),
-            network="none",
-        )
+    def _is_shared(self, path: Path) -> bool:
+        roots = [Path(d) for d in SYSTEM_DIRS] + list(self.shared)
+        return any(path == r or path.is_relative_to(r) for r in roots)
+
+    def binds(self) -> tuple[Bind, ...]:
+        return (Bind(self.folder, INPUTS_INSIDE),) if self.inside else ()
+
+    def rewrite(self, value: Any) -> Any:
+        """``value`` (a task) with every string that names a copied path pointing at the copy."""
+        if isinstance(value, str):
+            return self.inside.get(value, value)
+        if isinstance(value, dict):
+            return {k: self.rewrite(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.rewrite(v) for v in value]
+        return value
 
 
-def fill_placeholders(template: str, values: dict[str, Any]) -> str:
+def _names_a_host_path(value: str) -> bool:
+    return value.startswith("/") and "\n" not in value and len(value) < 4096 and os.path.exists(value)
+
+
+def _size(path: Path) -> int:
+    if not path.is_dir():
+        return path.stat().st_size
+    total = 0
+    for folder, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(folder, name)).st_size
+        if total > _MAX_INPUT_BYTES:
+            break
+    return total
+
+
+def fill_placeholders(template: str, values: dict[str, Any], stage: _Stage | None = None) -> str:
     """Replace known placeholders only, so shell ``${X}`` and JSON braces pass through.
-    ``{task[F]}`` takes a dotted path into the full task (``{task[hidden.tests]}``)."""
+    ``{task[F]}`` takes a dotted path into the full task (``{task[hidden.tests]}``); with ``stage``,
+    a value naming a host path becomes its copy's path inside the sandbox."""
 
     def substitute(match: re.Match[str]) -> str:
         name, key = match.group(1), match.group(2)
@@ -160,50 +213,20 @@ def fill_placeholders(template: str, values: dict[str, Any]) -> str:
             value = values.get(name)
         if value is None:
             raise EvaluatorError(f"evaluator template {match.group(0)}: the task has no such field")
-        return value if isinstance(value, str) else json.dumps(value)
+        text = value if isinstance(value, str) else json.dumps(value)
+        return stage.path(text) if stage is not None and key is not None else text
 
-    return _PLACEHOLDER.sub(substitute, template)
-
-
-async def run_command(
-    argv: list[str], cwd: Path, env: dict[str, str], timeout_s: float, scratch: Path
-) -> tuple[int, str, str]:
-    """Run ``argv`` in its own process group; kill the whole group on timeout and once it exits.
-
-    Output goes to files in ``scratch``, not pipes: test suites leave servers behind that would hold
-    a pipe open (and asyncio's ``wait()`` waits for the pipes), and a file's tail is cheap to read.
-    """
-    out_path, err_path = scratch / "stdout", scratch / "stderr"
-    with out_path.open("wb") as out_fh, err_path.open("wb") as err_fh:
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=cwd,
-                env=env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_fh,
-                stderr=err_fh,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise EvaluatorError(f"cannot start evaluator command {argv[0]!r}: {exc}") from exc
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError as exc:
-            raise EvaluatorError(f"evaluator command timed out after {timeout_s:g}s") from exc
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            if proc.returncode is None:
-                await proc.wait()
-    assert proc.returncode is not None
-    return proc.returncode, _tail(out_path), _tail(err_path)
+    filled = _PLACEHOLDER.sub(substitute, template)
+    return stage.path(filled) if stage is not None else filled
 
 
-def _tail(path: Path) -> str:
-    with path.open("rb") as fh:
-        fh.seek(max(0, path.stat().st_size - _OUTPUT_LIMIT))
-        return fh.read().decode(errors="replace")
+@dataclass
+class _Run:
+    code: int | None  # None: killed at the time limit
+    stdout: str
+    stderr: str
+    seconds: float
+    oom: bool = False
 
 
 # Harness placeholders an evaluator has no value for; used only to give a clear config error.
@@ -235,64 +258,222 @@ class CommandEvaluator:
     async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
         with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:  # 0700: the sandbox never sees it
             scratch = Path(tmp)
-            # The full task (hidden fields included) for the scorer; the harness saw only its view.
-            task_file = scratch / "task.json"
-            task_file.write_text(json.dumps(inp.task))
-            sandboxed = self.sandbox.mode != "none"
-            workspace = (
-                await asyncio.to_thread(self.sandbox.copy_workspace, inp.workspace, scratch)
-                if sandboxed
-                else inp.workspace
+            if self.sandbox.mode == "none":
+                return await self._evaluate_unsandboxed(inp, scratch)
+            copy = await asyncio.to_thread(
+                copy_untrusted_tree,
+                inp.workspace,
+                scratch / "workspace",
+                max_bytes=self.config.max_workspace_mb * 1024 * 1024,
+                max_files=self.config.max_workspace_files,
             )
+            copied = {
+                "bytes": copy.bytes,
+                "files": copy.files,
+                "skipped": copy.skipped[:20],
+                "dropped_links": copy.dropped_links[:20],
+            }
+            flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
+            if copy.over_limit:
+                return EvaluationResult(
+                    0.0,
+                    {"workspace_copy": {**copied, "over_limit": copy.over_limit}},
+                    (WORKSPACE_TOO_LARGE, *flags),
+                )
+            stage = _Stage(scratch, self.sandbox.shared(), inp.workspace)
             values = {
-                "workspace": str(workspace),
-                "task_file": str(task_file),
+                "workspace": str(inp.workspace),  # the copy is bound at the workspace's own path
+                "task_file": str(TASK_INSIDE),
                 "rollout_id": inp.rollout_id,
                 "prompt": inp.task.get("prompt"),
                 "task": inp.task,
             }
-            command = [fill_placeholders(a, values) for a in self.config.command]
-            env = scrubbed_env(scratch / "home")
-            env.update(
-                HARNESSRL_WORKSPACE=str(workspace),
-                HARNESSRL_TASK_FILE=str(task_file),
-                HARNESSRL_TASK=json.dumps(inp.task),
-                HARNESSRL_ROLLOUT_ID=inp.rollout_id,
+            command = [fill_placeholders(a, values, stage) for a in self.config.command]
+            env = scrubbed_env(SCORER_DIR_INSIDE)
+            env.update(self._task_env(inp, str(TASK_INSIDE)), HARNESSRL_SCORER_DIR=str(SCORER_DIR_INSIDE))
+            env.update({k: fill_placeholders(v, values, stage) for k, v in self.config.env.items()})
+            task_file = scratch / "task.json"
+            task_file.write_text(
+                json.dumps(stage.rewrite(scorer_view(inp.task, self.config.withheld_fields)))
             )
-            env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
-            argv = self.sandbox.argv(
-                command,
-                workspace=workspace,
-                original_workspace=inp.workspace,
-                scratch=scratch,
-                task=inp.task,
-                task_file=task_file,
+            (scratch / "scorer").mkdir(mode=0o700)
+            binds = (
+                Bind(scratch / "workspace", inp.workspace, writable=True),
+                Bind(scratch / "scorer", SCORER_DIR_INSIDE, writable=True),
+                Bind(task_file, TASK_INSIDE),
+                *stage.binds(),
+            )
+            run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=binds)
+        result = self._verdict(run)
+        return replace(
+            result,
+            details={**result.details, "workspace_copy": copied},
+            flags=(*result.flags, *flags),
+        )
+
+    def _task_env(self, inp: EvaluationInput, task_file: str) -> dict[str, str]:
+        return {
+            "HARNESSRL_WORKSPACE": str(inp.workspace),
+            "HARNESSRL_TASK_FILE": task_file,
+            "HARNESSRL_ROLLOUT_ID": inp.rollout_id,
+        }
+
+    async def _evaluate_unsandboxed(self, inp: EvaluationInput, scratch: Path) -> EvaluationResult:
+        """``sandbox = "none"``: the scorer runs on the host in the agent's workspace (no copy, no
+        staging, the full task): what the red-team controls compare against. Never train with it."""
+        task_file = scratch / "task.json"
+        task_file.write_text(json.dumps(inp.task))
+        values = {
+            "workspace": str(inp.workspace),
+            "task_file": str(task_file),
+            "rollout_id": inp.rollout_id,
+            "prompt": inp.task.get("prompt"),
+            "task": inp.task,
+        }
+        command = [fill_placeholders(a, values) for a in self.config.command]
+        (scratch / "scorer").mkdir()
+        env = scrubbed_env(scratch / "scorer")
+        env.update(self._task_env(inp, str(task_file)), HARNESSRL_SCORER_DIR=str(scratch / "scorer"))
+        env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
+        return self._verdict(await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=()))
+
+    async def _run(
+        self,
+        command: list[str],
+        inp: EvaluationInput,
+        scratch: Path,
+        *,
+        env: dict[str, str],
+        cwd: Path,
+        binds: tuple[Bind, ...],
+    ) -> _Run:
+        """Run the scorer in its sandbox and cgroup; kill everything left once it exits or times out;
+        ``EvaluatorError`` only if the launcher says it never started."""
+        limits = self.config.limits
+        group = ResourceGroup.create(
+            f"eval-{inp.rollout_id or 'x'}-{os.getpid()}-{scratch.name}",
+            memory_mb=limits.memory_mb,
+            max_processes=limits.max_processes + _WRAPPER_PIDS if limits.max_processes else None,
+        )
+        spec = scratch / "sandbox.json"
+        out_path, err_path = scratch / "stdout", scratch / "stderr"
+        try:
+            argv = self.sandbox.host.launch_argv(
+                spec,
+                sandbox=self.sandbox.mode,
+                command=command,
+                cwd=cwd,
                 env=env,
+                read_only=self.sandbox.shared(),
+                binds=binds,
+                network="none",
+                cgroup_dirs=tuple(group.dirs) if group else (),
+                limits={
+                    "cpu_seconds": limits.cpu_seconds,
+                    "memory_mb": limits.memory_mb,
+                    "max_processes": limits.max_processes,
+                    "cgroup_memory": group is not None and "memory" in group.controllers,
+                    "cgroup_pids": group is not None and "pids" in group.controllers,
+                },
+                tmp_size_mb=limits.tmp_mb,
             )
             started = time.monotonic()
-            code, out, err = await run_command(argv, workspace, {}, self.config.timeout_s, scratch)
-        details = {
-            "exit_code": code,
-            "seconds": round(time.monotonic() - started, 3),
-            "stdout_tail": out[-2000:],
-            "stderr_tail": err[-2000:],
+            with out_path.open("wb") as out_fh, err_path.open("wb") as err_fh:
+                try:
+                    proc = await asyncio.create_subprocess_exec(
+                        *argv,
+                        env=LAUNCHER_ENV,
+                        stdin=asyncio.subprocess.DEVNULL,
+                        stdout=out_fh,
+                        stderr=err_fh,
+                        start_new_session=True,
+                    )
+                except OSError as exc:
+                    raise EvaluatorError(f"cannot start the evaluator's sandbox: {exc}") from exc
+                code: int | None
+                try:
+                    code = await asyncio.wait_for(proc.wait(), self.config.timeout_s)
+                except TimeoutError:
+                    code = None
+                finally:
+                    # Everything the scorer left (and, on a timeout, the scorer) dies before its
+                    # output is read: nothing can append to it afterwards.
+                    await asyncio.to_thread(_kill, proc.pid, group)
+                    if proc.returncode is None:
+                        await proc.wait()
+            oom = group is not None and group.oom_killed()
+        finally:
+            if group is not None:
+                await asyncio.to_thread(group.destroy)
+        status = read_status(str(spec))
+        if not status.get("started"):
+            raise EvaluatorError(
+                f"the scorer did not start: {status.get('detail') or _tail(err_path)[-500:]}"
+            )
+        return _Run(code, _tail(out_path), _tail(err_path), round(time.monotonic() - started, 3), oom)
+
+    def _verdict(self, run: _Run) -> EvaluationResult:
+        """The reward the scorer's run gives, or 0 with a flag when it gave no valid verdict."""
+        details: dict[str, Any] = {
+            "exit_code": run.code,
+            "seconds": run.seconds,
+            "stdout_tail": run.stdout[-2000:],
+            "stderr_tail": run.stderr[-2000:],
         }
-        if code in self.config.infra_exit_codes:
-            raise EvaluatorError(f"evaluator command could not run (exit {code}): {err[-500:].strip()}")
+        if run.code is None:
+            return EvaluationResult(
+                0.0, {**details, "why": f"timed out after {self.config.timeout_s:g} s"}, (SCORER_TIMEOUT,)
+            )
+        if run.oom:
+            details["oom_killed"] = True
         if self.config.reward_from == "exit_code":
-            return checked_result(1.0 if code == 0 else 0.0, details)
-        if code != 0:
-            raise EvaluatorError(f"evaluator command exited with {code}: {err[-500:].strip()}")
-        last = next((line.strip() for line in reversed(out.splitlines()) if line.strip()), "")
+            return self._in_range(1.0 if run.code == 0 else 0.0, details, ())
+        if run.code != 0:
+            return _failed(details, f"the scorer exited with {run.code}")
+        last = next((line.strip() for line in reversed(run.stdout.splitlines()) if line.strip()), "")
         if self.config.reward_from == "stdout_float":
             try:
-                return checked_result(float(last), details)
-            except ValueError as exc:
-                raise EvaluatorError(f"evaluator output's last line is not a number: {last[:200]!r}") from exc
+                reward = float(last)
+            except ValueError:
+                return _failed(details, f"its output's last line is not a number: {last[:200]!r}")
+            return self._in_range(reward, details, ())
         try:
             payload = json.loads(last)
-        except ValueError as exc:
-            raise EvaluatorError(f"evaluator output's last line is not JSON: {last[:200]!r}") from exc
+        except ValueError:
+            return _failed(details, f"its output's last line is not JSON: {last[:200]!r}")
         if not isinstance(payload, dict) or "reward" not in payload:
-            raise EvaluatorError(f'evaluator JSON has no "reward": {last[:200]!r}')
-        return checked_result(payload.pop("reward"), {**details, "output": payload})
+            return _failed(details, f'its JSON has no "reward": {last[:200]!r}')
+        reward = payload.pop("reward")
+        reported = payload.get("flags", [])
+        flags = (
+            tuple(dict.fromkeys(f for f in reported if isinstance(f, str) and _SCORER_FLAG.match(f)))[:16]
+            if isinstance(reported, list)
+            else ()
+        )
+        return self._in_range(reward, {**details, "output": payload}, flags)
+
+    def _in_range(self, reward: Any, details: dict[str, Any], flags: tuple[str, ...]) -> EvaluationResult:
+        if not isinstance(reward, bool | int | float) or not math.isfinite(float(reward)):
+            return _failed(details, f"its reward is not a finite number: {reward!r}", flags)
+        low, high = self.config.reward_range
+        if not low <= float(reward) <= high:
+            why = f"reward {reward!r} outside reward_range [{low:g}, {high:g}]"
+            return EvaluationResult(0.0, {**details, "why": why}, (*flags, REWARD_OUT_OF_RANGE))
+        return EvaluationResult(float(reward), details, flags)
+
+
+def _failed(details: dict[str, Any], why: str, flags: tuple[str, ...] = ()) -> EvaluationResult:
+    return EvaluationResult(0.0, {**details, "why": why}, (*flags, SCORER_FAILED))
+
+
+def _kill(pid: int, group: ResourceGroup | None) -> None:
+    if group is not None:
+        group.kill_all()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _tail(path: Path) -> str:
+    with path.open("rb") as fh:
+        fh.seek(max(0, path.stat().st_size - _OUTPUT_LIMIT))
+        return fh.read().decode(errors="replace")

@@ -9,10 +9,11 @@ a config mapping into one of them, reporting every problem as a ``ConfigError`` 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback
@@ -23,6 +24,21 @@ class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class EvaluatorLimits(_Config):
+    """Caps of a command evaluator's sandbox: the scorer runs the agent's code, so it gets the same
+    kind of limits as the harness (a cgroup per evaluation, ``RLIMIT_CPU``, a sized ``/tmp``)."""
+
+    memory_mb: int | None = Field(default=2048, ge=16, description="cgroup memory cap (``/tmp`` counts)")
+    max_processes: int | None = Field(default=256, ge=1, description="process-count cap (fork bombs)")
+    cpu_seconds: int | None = Field(default=None, ge=1, description="RLIMIT_CPU of each process")
+    tmp_mb: int = Field(default=512, ge=1, description="size of the private /tmp (a tmpfs)")
+
+
+# Fields of ``task["hidden"]`` that hold the solution itself, never what scoring needs: withheld from
+# a command scorer's task file unless ``evaluator.withheld_fields`` says otherwise.
+GOLD_FIELDS = ("patch", "gold_patch", "gold", "solution", "repo_path")
+
+
 class CommandEvaluatorConfig(_Config):
     type: Literal["command"] = "command"
     command: list[str] = Field(
@@ -30,16 +46,45 @@ class CommandEvaluatorConfig(_Config):
     )
     timeout_s: float = Field(default=120.0, gt=0)
     reward_from: Literal["exit_code", "stdout_float", "json"] = "exit_code"
+    reward_range: tuple[float, float] = Field(
+        default=(0.0, 1.0),
+        description="rewards outside [low, high] are refused: reward 0, flag reward_out_of_range",
+    )
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[str] = Field(
         default_factory=list,
-        description="more host paths the scorer may read (bound read-only into its sandbox); the "
-        "task's and the command's own absolute paths are bound already",
+        description="more host paths the scorer may read (bound read-only at the same path); paths "
+        "named in the command are copied in by themselves",
     )
-    infra_exit_codes: list[int] = Field(
-        default_factory=lambda: [125, 126, 127],
-        description="exit codes meaning the scorer could not run (125: its sandbox failed)",
+    withheld_fields: list[str] = Field(
+        default_factory=lambda: list(GOLD_FIELDS),
+        description="fields of task.hidden left out of the scorer's task file (the solution itself)",
     )
+    limits: EvaluatorLimits = Field(default_factory=EvaluatorLimits)
+    max_workspace_mb: int = Field(
+        default=2048, ge=1, description="data in the workspace copy; more ends the rollout with reward 0"
+    )
+    max_workspace_files: int = Field(
+        default=200_000, ge=1, description="entries in the workspace copy; more ends it with reward 0"
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_fields(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "infra_exit_codes" in data:
+            raise ValueError(
+                "infra_exit_codes was removed: an exit status is the scorer's (and so the scored code's) "
+                "to choose; only the controller decides what is an infrastructure failure "
+                "(docs/evaluators.md)"
+            )
+        return data
+
+    @model_validator(mode="after")
+    def _range(self) -> CommandEvaluatorConfig:
+        low, high = self.reward_range
+        if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+            raise ValueError(f"reward_range must be two finite numbers, low <= high, not {self.reward_range}")
+        return self
 
 
 class PythonEvaluatorConfig(_Config):

@@ -21,7 +21,9 @@ from harnessrl.tasks.answers import final_answer_text
 
 
 class EvaluatorError(HarnessRLError):
-    """The evaluator itself failed (timeout, crash, unparsable output): an infrastructure failure."""
+    """The evaluation could not be carried out for a reason that is not the policy's (a task field
+    missing, the scorer's sandbox could not start, a Python evaluator crashed): an infrastructure
+    failure. A command scorer that ran and then failed is the policy's outcome, not this."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,9 @@ class EvaluationInput:
 class EvaluationResult:
     reward: float
     details: dict[str, Any] = field(default_factory=dict)
+    # Named findings about how the rollout was scored (``scorer_failed``, ``reward_out_of_range``, a
+    # scorer's own ``verdict_disagreement``...): recorded with the rollout like the audit's flags.
+    flags: tuple[str, ...] = ()
 
 
 def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:

@@ -17,14 +17,10 @@ import signal
 from pathlib import Path
 
 from harnessrl.controller.base import Exit, ExitKind, Launch
-from harnessrl.sandbox.bwrap import DEFAULT_PATH, python_install_paths
+from harnessrl.sandbox.bwrap import python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.enter import read_status
-from harnessrl.sandbox.host import SandboxHost, files_in_argv, shared_host
-
-# The launcher's (and so bwrap's) own environment. The sandboxed command gets the harness's
-# environment from the spec; the controller's environment must reach no process inside.
-LAUNCHER_ENV = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, shared_host
 
 # Processes of the sandbox wrapper itself (Python + relay threads) count against the pids cap.
 _WRAPPER_PIDS = 16

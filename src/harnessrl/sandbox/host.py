@@ -24,6 +24,11 @@ from harnessrl.sandbox.bwrap import DEFAULT_PATH, Bind, Layout, bwrap_argv, find
 from harnessrl.sandbox.enter import status_path
 from harnessrl.sandbox.seccomp import filter_file
 
+# The launcher's (and so bwrap's) own environment. The sandboxed command gets its environment from
+# the spec; the controller's environment must reach no process inside (bwrap's /proc/1/environ is
+# visible there).
+LAUNCHER_ENV = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
+
 
 class SandboxHost:
     def __init__(self) -> None:

@@ -1,0 +1,156 @@
+"""Copying a folder the agent wrote (its workspace) for a scorer: the copy never blocks, never grows.
+
+The workspace is hostile input. ``shutil.copytree`` opens a FIFO for reading and waits forever for a
+writer that is dead (the rollout then stays ``running``), fails on a Unix socket, and writes a
+sparse file's holes out as zeros (a 1 TB sparse file is 1 TB of the host's disk). So
+``copy_untrusted_tree``:
+
+- copies regular files, folders and symlinks only, never following a link; FIFOs, sockets and device
+  nodes are skipped and listed (``CopyReport.skipped``);
+- opens each file ``O_NOFOLLOW | O_NONBLOCK`` and checks what it opened is still a regular file;
+- copies only a file's data extents (``SEEK_DATA``/``SEEK_HOLE``), so holes stay holes;
+- copies a hard-linked file once and links the rest (a file linked 1,000 times is not copied 1,000
+  times);
+- stops at ``max_bytes`` of copied data or ``max_files`` entries (``CopyReport.over_limit`` says
+  which), so the caller can end the rollout instead of filling the disk;
+- drops the setuid/setgid/sticky bits, keeps the rest of each mode and the modification times;
+- finally removes symlinks that lead outside the copy (``drop_escaping_links``): a scorer that
+  follows ``answer.txt -> /hidden/gold.txt`` would otherwise read the gold answer as the agent's.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_CHUNK = 1 << 20
+
+
+@dataclass
+class CopyReport:
+    files: int = 0  # entries created (files, folders, links)
+    bytes: int = 0  # data bytes copied (holes not counted)
+    skipped: list[str] = field(default_factory=list)  # special files left out, relative paths
+    dropped_links: list[str] = field(default_factory=list)  # links out of the tree, relative paths
+    over_limit: str | None = None  # why the copy stopped early, if it did
+
+
+class _TooBig(Exception):
+    pass
+
+
+def copy_untrusted_tree(src: Path, dst: Path, *, max_bytes: int, max_files: int) -> CopyReport:
+    """Copy the tree ``src`` to a new folder ``dst`` (see the module docstring for what is refused)."""
+    report = CopyReport()
+    dst.mkdir(mode=0o755)
+    if not src.is_dir() or src.is_symlink():
+        return report
+    linked: dict[tuple[int, int], Path] = {}  # (device, inode) of a hard-linked file -> its copy
+    stack: list[tuple[Path, Path]] = [(src, dst)]
+    try:
+        while stack:
+            folder, target = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue  # unreadable folder: nothing to copy from it
+            for entry in entries:
+                _count(report, max_files)
+                source, copy = Path(entry.path), target / entry.name
+                info = entry.stat(follow_symlinks=False)
+                mode = info.st_mode
+                if stat.S_ISLNK(mode):
+                    os.symlink(os.readlink(source), copy)
+                elif stat.S_ISDIR(mode):
+                    copy.mkdir(mode=0o700)
+                    stack.append((source, copy))
+                    _finish(copy, info)  # mode and times (the times of a folder change as it fills:
+                    # good enough for scorers, which never compare folder times)
+                elif stat.S_ISREG(mode):
+                    key = (info.st_dev, info.st_ino)
+                    if info.st_nlink > 1 and key in linked:
+                        os.link(linked[key], copy)
+                        continue
+                    _copy_file(source, copy, report, max_bytes, str(source.relative_to(src)))
+                    _finish(copy, info)
+                    if info.st_nlink > 1:
+                        linked[key] = copy
+                else:  # FIFO, socket, character or block device
+                    report.skipped.append(str(source.relative_to(src)))
+    except _TooBig as exc:
+        report.over_limit = str(exc)
+        return report
+    report.dropped_links = [str(p.relative_to(dst)) for p in drop_escaping_links(dst)]
+    return report
+
+
+def _count(report: CopyReport, max_files: int) -> None:
+    report.files += 1
+    if report.files > max_files:
+        raise _TooBig(f"more than {max_files} files")
+
+
+def _finish(path: Path, info: os.stat_result) -> None:
+    os.chmod(path, stat.S_IMODE(info.st_mode) & 0o777 | (0o700 if stat.S_ISDIR(info.st_mode) else 0))
+    os.utime(path, ns=(info.st_atime_ns, info.st_mtime_ns), follow_symlinks=False)
+
+
+def _copy_file(source: Path, copy: Path, report: CopyReport, max_bytes: int, relative: str) -> None:
+    try:
+        fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return  # vanished or unreadable: the scorer sees no file
+    try:
+        if not stat.S_ISREG(os.fstat(fd_in).st_mode):
+            report.skipped.append(relative)
+            return
+        fd_out = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size = os.fstat(fd_in).st_size
+            offset = 0
+            while offset < size:
+                try:
+                    start = os.lseek(fd_in, offset, os.SEEK_DATA)
+                except OSError as exc:
+                    if exc.errno == errno.ENXIO:  # only a hole is left
+                        break
+                    raise
+                end = os.lseek(fd_in, start, os.SEEK_HOLE)
+                report.bytes += end - start
+                if report.bytes > max_bytes:
+                    raise _TooBig(f"more than {max_bytes} bytes of data")
+                os.lseek(fd_in, start, os.SEEK_SET)
+                os.lseek(fd_out, start, os.SEEK_SET)
+                remaining = end - start
+                while remaining:
+                    chunk = os.read(fd_in, min(_CHUNK, remaining))
+                    if not chunk:
+                        break
+                    os.write(fd_out, chunk)
+                    remaining -= len(chunk)
+                offset = end
+            os.ftruncate(fd_out, size)  # a trailing hole
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+def drop_escaping_links(root: Path) -> list[Path]:
+    """Remove every symlink under ``root`` that points outside it (returned). The scorer binds hidden
+    data read-only into its sandbox; a link the agent planted (``answer.txt -> /hidden/gold.txt``)
+    would otherwise let the scorer read the gold answer as if the agent had written it."""
+    dropped = []
+    real_root = os.path.realpath(root)
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                target = os.path.realpath(path)
+                if target != real_root and not target.startswith(real_root + os.sep):
+                    path.unlink()
+                    dropped.append(path)
+    return dropped
