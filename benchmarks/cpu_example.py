@@ -277,14 +277,13 @@ def run_trl(work: Path, steps: int | None, budget_s: float | None) -> dict[str, 
 
     from harnessrl.engines.models import resolve_model_dir
     from harnessrl.tasks.jsonl import load_tasks
-    from harnessrl.trainer.config import TaskSource
-    from harnessrl.trainer.schedule import load_task_source
+    from harnessrl.trainer.task_sources import parse_task_source
 
     cfg = example_config()
     t = cfg["trainer"]
     pattern = cfg["evaluator"].get("answer_pattern", r"Answer:\s*(.+)")
     fallback = cfg["evaluator"].get("fallback", "last_line")
-    train = load_task_source(TaskSource(**cfg["tasks"]), split="train")
+    train = parse_task_source(cfg["tasks"]).load(split="train")
     heldout = load_tasks(EXAMPLE / cfg["heldout"]["path"])
     model_dir = str(resolve_model_dir(cfg["engine"]["model"]))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -135,8 +135,8 @@ def bench_harnessrl(
 
     policy = TrainablePolicy(
         model_dir,
-        OptimizerConfig(lr=LR, grad_clip=1.0),
-        steps + warmup,
+        optimizer=OptimizerConfig(lr=LR, grad_clip=1.0),
+        total_steps=steps + warmup,
         autocast="bf16" if dtype == "bf16" else "none",
         share_prefixes=share_prefixes,
     )
@@ -144,7 +144,7 @@ def bench_harnessrl(
     for i, (p, c, adv) in enumerate(zip(batch.prompts, batch.completions, batch.advantages, strict=True)):
         ids = p + c
         with torch.no_grad():  # behaviour log-probs, as the engine would have recorded them
-            lp = policy.logprobs(torch.tensor([ids]), torch.arange(len(ids))[None], TEMPERATURE)[0]
+            lp = policy.logprobs(torch.tensor([ids]), torch.arange(len(ids))[None], TEMPERATURE).logprobs[0]
         behaviour = [0.0] * len(p) + lp[len(p) :].tolist()
         samples.append(
             Sample(

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar, overload
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator
 
 from harnessrl.errors import ConfigError
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
 
 
 class Section(BaseModel):
@@ -204,9 +205,16 @@ def load_raw_config(
     return data
 
 
-def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") -> M:
-    """Build ``model`` from ``data``, turning pydantic's errors into one message naming each bad field."""
+@overload
+def validate_config(model: type[M], data: dict[str, Any], *, where: str = "") -> M: ...
+@overload
+def validate_config(model: TypeAdapter[T], data: dict[str, Any], *, where: str = "") -> T: ...
+def validate_config(model: type[M] | TypeAdapter[T], data: dict[str, Any], *, where: str = "") -> M | T:
+    """Build ``model`` (a pydantic model, or a ``TypeAdapter`` of a union of them) from ``data``,
+    turning pydantic's errors into one message naming each bad field."""
     try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(data)
         return model.model_validate(data)
     except ValidationError as exc:
         problems = []
@@ -239,17 +247,4 @@ def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any
     harness = raw.get("harness")
     if isinstance(harness, dict) and "repo" in harness:
         harness["repo"] = fix(harness["repo"])
-    return raw
-
-    def fix(value: Any) -> Any:
-        if isinstance(value, str) and value.startswith(("./", "../")):
-            return str((base_dir / value).resolve())
-        return value
-
-    if isinstance(harness.get("command"), list):
-        harness["command"] = [fix(item) for item in harness["command"]]
-    if "repo" in harness:
-        harness["repo"] = fix(harness["repo"])
-    if isinstance(harness.get("mounts"), list):
-        harness["mounts"] = [fix(item) for item in harness["mounts"]]
     return raw

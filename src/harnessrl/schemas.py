@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -134,13 +134,20 @@ class Rollout(Record):
         return SamplingOverrides.model_validate(self.metadata.get("sampling") or {})
 
 
+#: The provider API a call came in through (the gateway's routes: docs/gateway.md).
+CallApi = Literal["chat.completions", "completions", "messages", "responses"]
+
+#: How the gateway built the prompt of a chat-style call: ``reused`` (an earlier call's sampled
+#: tokens spliced in), ``first`` (no earlier call), ``no_match`` (none it continues), ``mismatch``
+#: (its history differs from the earlier call's) or ``as_rendered`` (``[gateway] history``).
+PromptSource = Literal["reused", "first", "no_match", "mismatch", "as_rendered"]
+
+
 class Usage(Record):
     prompt_tokens: int
     completion_tokens: int
-    #: How the gateway built the prompt of a chat-style call: ``reused`` (an earlier call's sampled
-    #: tokens spliced in), ``first``, ``no_match``, ``mismatch`` or ``as_rendered`` (``[gateway]
-    #: history``); None for raw completions and calls recorded before it was kept.
-    prompt_source: str | None = None
+    #: ``PromptSource``; None for raw completions and calls recorded before it was kept.
+    prompt_source: PromptSource | None = None
     reused_prompt_tokens: int = 0  # leading prompt tokens taken verbatim from an earlier call
 
     @property
@@ -160,7 +167,7 @@ class Call(Record):
     rollout_id: str
     seq: int = -1  # position within the rollout; assigned by the store on insert
     attempt: int = 0
-    api: str = "chat.completions"  # chat.completions | completions | messages | responses
+    api: CallApi = "chat.completions"
     request: dict[str, Any] = Field(default_factory=dict)
     response: dict[str, Any] = Field(default_factory=dict)
     prompt_token_ids: list[int]

@@ -18,7 +18,7 @@ from tests.trainer.test_prepare_step import group
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.engines.tiny import tiny_model_dir
-from harnessrl.trainer.config import OptimizerConfig, TrainerSection
+from harnessrl.trainer.config import TrainerSection
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.step import heldout_metrics, prepare_step
 from harnessrl.trainer.train_step import train_step
@@ -67,11 +67,9 @@ def written() -> frozenset[str]:
     groups = [group("g0", [1.0, 0.0, 1.0]), group("g1", [0.5, 0.5, 0.5])]
     batch = prepare_step(groups, 0, TrainerSection(), AlgorithmConfig())
     everything = AlgorithmConfig(kl_coef=0.1, proximal="trainer", tis_cap=2.0, dual_clip=3.0)
-    policy = TrainablePolicy(
-        tiny_model_dir(), OptimizerConfig(), total_steps=2, reference_dir=tiny_model_dir()
-    )
-    trained = train_step(policy, batch.samples, everything, temperature=1.0, micro_batch_tokens=64)
-    skipped = train_step(policy, [], everything, temperature=1.0, micro_batch_tokens=64)
+    policy = TrainablePolicy(tiny_model_dir(), total_steps=2, reference_dir=tiny_model_dir())
+    trained = train_step(policy.learner, batch.samples, everything, temperature=1.0, micro_batch_tokens=64)
+    skipped = train_step(policy.learner, [], everything, temperature=1.0, micro_batch_tokens=64)
     loop = literal_keys(TRAINER / "loop.py", "_step")
     ranks = literal_keys(TRAINER / "distributed.py", "metrics")
     assert {"time/step_s", "policy_version"} <= loop, loop  # the parse found the loop's dict

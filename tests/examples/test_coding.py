@@ -296,8 +296,7 @@ def test_evaluator_restores_tests_and_ignores_rigging(task_set: Path, tmp_path: 
 
 def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path, tmp_path: Path):
     from harnessrl.data import filter_records, read_records, split_records
-    from harnessrl.trainer.config import TaskSource
-    from harnessrl.trainer.schedule import load_task_source
+    from harnessrl.trainer.task_sources import SweSmithTasks
 
     rows = read_records(task_set / "tasks.jsonl")
     kept, report = filter_records(rows, max_tests=50)
@@ -305,7 +304,7 @@ def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path
     train, test, split_report = split_records(kept, test_size=1, seed=0, no_repo_leakage=True)
     assert len(train) + len(test) == 3 and split_report["repos_shared"] == 0
 
-    tasks = load_task_source(TaskSource(type="swesmith", path=str(task_set / "tasks.jsonl")), split="train")
+    tasks = SweSmithTasks(type="swesmith", path=str(task_set / "tasks.jsonl")).load(split="train")
     assert [t.task_id for t in tasks] == [e[0] for e in EXPECTED]
     assert tasks[0].data["prompt"] == rows[0]["problem_statement"]
     # Everything the scorer and the controller need is hidden from the harness.
@@ -316,9 +315,9 @@ def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path
     dup = tmp_path / "dup.jsonl"
     dup.write_text("\n".join(json.dumps(r) for r in [rows[0], rows[0]]) + "\n")
     with pytest.raises(ConfigError, match="unique instance_id"):
-        load_task_source(TaskSource(type="swesmith", path=str(dup)), split="train")
-    with pytest.raises(ValueError, match="path is required"):
-        TaskSource(type="swesmith")
+        SweSmithTasks(type="swesmith", path=str(dup)).load(split="train")
+    with pytest.raises(ValueError, match="path"):  # pydantic's ValidationError: a field is missing
+        SweSmithTasks(type="swesmith")
 
 
 def test_example_config_is_valid_and_harness_args_reach_mini(tmp_path: Path):

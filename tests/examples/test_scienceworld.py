@@ -93,8 +93,7 @@ def _task(max_steps: int = 10) -> dict:
 @needs_scienceworld
 def test_task_source_enumerates_variations_from_scienceworld_splits():
     from harnessrl.tasks.scienceworld import scienceworld_tasks
-    from harnessrl.trainer.config import TaskSource
-    from harnessrl.trainer.schedule import load_task_source
+    from harnessrl.trainer.task_sources import ScienceWorldTasks
 
     train = scienceworld_tasks(
         [TASK], variations="train", size=3, seed=0, simplifications=SIMPLE, max_steps=5
@@ -116,13 +115,13 @@ def test_task_source_enumerates_variations_from_scienceworld_splits():
     assert all(t.split == "heldout" for t in dev)
 
     # Through the trainer's [tasks] section: the same records.
-    source = TaskSource(
+    source = ScienceWorldTasks(
         type="scienceworld",
         size=3,
         seed=0,
         config={"tasks": [TASK], "simplifications": SIMPLE, "max_steps": 5},
     )
-    assert [t.task_id for t in load_task_source(source, split="train")] == [t.task_id for t in train]
+    assert [t.task_id for t in source.load(split="train")] == [t.task_id for t in train]
 
     with pytest.raises(ConfigError, match="unknown task"):
         scienceworld_tasks(["find-unicorn"])
@@ -131,9 +130,7 @@ def test_task_source_enumerates_variations_from_scienceworld_splits():
     with pytest.raises(ConfigError, match="unknown simplification"):
         scienceworld_tasks([TASK], simplifications="fly")
     with pytest.raises(ConfigError, match="scienceworld config"):
-        load_task_source(
-            TaskSource(type="scienceworld", config={"tasks": [TASK], "colour": "red"}), split="train"
-        )
+        ScienceWorldTasks(type="scienceworld", config={"tasks": [TASK], "colour": "red"}).load(split="train")
 
 
 # -- replay evaluator ----------------------------------------------------------------------------------

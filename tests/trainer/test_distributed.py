@@ -168,7 +168,7 @@ def test_two_ranks_train_like_one_process(tmp_path):
         out = tmp_path / mode
         reference = TrainablePolicy(
             model_dir,
-            OPTIMIZER,
+            optimizer=OPTIMIZER,
             total_steps=STEPS,
             share_prefixes=share,
             reference_dir=reference_dir(tmp_path) if with_reference else None,

@@ -1,6 +1,6 @@
-"""``LocalFleet``: the trainer pauses, updates and resumes the gateway it serves in-process, with one
-pause and one resume per update (the gateway's order stamps count them), and weights in the form
-the engine takes."""
+"""``GatewayFleet`` over a ``LocalGateway``: the trainer pauses, updates and resumes the gateway it
+serves in-process, with one pause and one resume per update (the gateway's order stamps count them),
+and weights in the form the engine takes."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from harnessrl.gateway.gating import GatewayHandle
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store import open_store
 from harnessrl.trainer.fleet import RolloutBook
-from harnessrl.trainer.fleet_local import LocalFleet, load_weights
+from harnessrl.trainer.fleet_gateway import GatewayFleet, load_weights
+from harnessrl.trainer.fleet_local import LocalGateway
 
 
 class FolderWeights:
@@ -54,7 +55,9 @@ def counter(handle: GatewayHandle) -> int:
 
 def test_an_update_inside_a_pause_resumes_once_and_announces_the_version(gateway, tmp_path):
     handle, store = gateway
-    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "engine-weights")
+    fleet = GatewayFleet(
+        RolloutBook(store, "run"), LocalGateway(handle), weights_root=tmp_path / "engine-weights"
+    )
     weights = FolderWeights()
     before = counter(handle)
 
@@ -75,7 +78,7 @@ def test_an_update_inside_a_pause_resumes_once_and_announces_the_version(gateway
 
 def test_a_pause_that_does_not_drain_reopens_the_gate_and_refuses(gateway, tmp_path):
     handle, store = gateway
-    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "w")
+    fleet = GatewayFleet(RolloutBook(store, "run"), LocalGateway(handle), weights_root=tmp_path / "w")
 
     async def hold_a_call() -> Any:
         return handle.state.gate.join()  # an admitted call that never ends
@@ -114,7 +117,7 @@ def test_a_restored_checkpoint_may_rewind_the_version_and_nothing_else_may(gatew
     from harnessrl.errors import Conflict
 
     handle, store = gateway
-    fleet = LocalFleet(handle, RolloutBook(store, "run"), weights_root=tmp_path / "w")
+    fleet = GatewayFleet(RolloutBook(store, "run"), LocalGateway(handle), weights_root=tmp_path / "w")
     weights = FolderWeights()
 
     async def main() -> None:

@@ -15,7 +15,7 @@ from harnessrl.trainer.policy import TrainablePolicy, lr_lambda
 
 @pytest.fixture(scope="module")
 def policy() -> TrainablePolicy:
-    return TrainablePolicy(tiny_model_dir(), OptimizerConfig(), total_steps=10)
+    return TrainablePolicy(tiny_model_dir(), total_steps=10)
 
 
 def test_packed_rows_equal_separate_forward_passes(policy):
@@ -23,9 +23,9 @@ def test_packed_rows_equal_separate_forward_passes(policy):
     ids = torch.tensor([a + b])
     pos = torch.tensor([list(range(len(a))) + list(range(len(b)))])
     with torch.no_grad():
-        packed = policy.logprobs(ids, pos, temperature=1.0)[0]
-        alone_a = policy.logprobs(torch.tensor([a]), torch.tensor([list(range(len(a)))]), 1.0)[0]
-        alone_b = policy.logprobs(torch.tensor([b]), torch.tensor([list(range(len(b)))]), 1.0)[0]
+        packed = policy.logprobs(ids, pos, temperature=1.0).logprobs[0]
+        alone_a = policy.logprobs(torch.tensor([a]), torch.tensor([list(range(len(a)))]), 1.0).logprobs[0]
+        alone_b = policy.logprobs(torch.tensor([b]), torch.tensor([list(range(len(b)))]), 1.0).logprobs[0]
     torch.testing.assert_close(packed[: len(a)], alone_a, atol=1e-5, rtol=1e-5)
     # Position 0 of each sample has no prediction; the rest must not see the previous sample.
     torch.testing.assert_close(packed[len(a) + 1 :], alone_b[1:], atol=1e-5, rtol=1e-5)
@@ -37,7 +37,7 @@ def test_temperature_scales_logits(policy):
     with torch.no_grad():
         logits = policy.model(input_ids=ids, position_ids=pos).logits[0, :-1] / 0.5
         expected = torch.log_softmax(logits, -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
-        got = policy.logprobs(ids, pos, temperature=0.5)[0, 1:]
+        got = policy.logprobs(ids, pos, temperature=0.5).logprobs[0, 1:]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
@@ -61,7 +61,7 @@ def test_lora_trains_adapters_and_exports_merged_base_weights():
     from harnessrl.trajectory import Sample, SampledSpan
 
     lora = TrainablePolicy(
-        tiny_model_dir(), OptimizerConfig(lr=1e-2), total_steps=2, lora=LoraSection(r=4, alpha=8)
+        tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2), total_steps=2, lora=LoraSection(r=4, alpha=8)
     )
     base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()))
     before = lora.engine_state_dict()
@@ -121,7 +121,7 @@ def test_packed_rows_give_the_same_loss_and_gradient_as_one_row(policy):
 
     def loss_and_grad(batch):
         policy.model.zero_grad(set_to_none=True)
-        logprobs = policy.logprobs(batch.input_ids_B_T, batch.position_ids_B_T, temperature=1.0)
+        logprobs = policy.logprobs(batch.input_ids_B_T, batch.position_ids_B_T, temperature=1.0).logprobs
         loss = micro_batch_loss(logprobs, batch, totals, config).loss
         loss.backward()
         grad = policy.model.get_input_embeddings().weight.grad.clone()
@@ -141,7 +141,10 @@ def test_selective_lm_head_matches_full_logits_on_trained_tokens(policy):
     pos = torch.tensor([list(range(8)), list(range(6)) + [0, 1]])
     mask = torch.tensor([[0, 0, 0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 1, 1, 0, 0]], dtype=torch.bool)
     with torch.no_grad():
-        full = policy.logprobs(ids, pos, temperature=0.7)
-        selective = policy.logprobs(ids, pos, temperature=0.7, loss_mask_B_T=mask)
+        logits = policy.model(input_ids=ids, position_ids=pos).logits[:, :-1] / 0.7  # the whole head
+        full = torch.nn.functional.pad(
+            torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0], (1, 0)
+        )
+        selective = policy.logprobs(ids, pos, temperature=0.7, loss_mask_B_T=mask).logprobs
     torch.testing.assert_close(selective[mask], full[mask], atol=1e-5, rtol=1e-5)
     assert (selective[~mask] == 0).all()

@@ -10,7 +10,7 @@ import torch
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.packing import step_totals
 from harnessrl.engines.tiny import tiny_model_dir
-from harnessrl.trainer.config import OptimizerConfig
+from harnessrl.trainer.forward import prefix_logprobs
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.prefix_tree import prefix_batch, prefix_micro_batches
 from harnessrl.trainer.train_step import micro_batches, to_device
@@ -73,23 +73,23 @@ def test_micro_batches_group_shared_prefixes_and_respect_budgets():
 
 @pytest.fixture(scope="module", params=["sdpa", "eager"])
 def policy(request) -> TrainablePolicy:
-    p = TrainablePolicy(tiny_model_dir(), OptimizerConfig(), total_steps=10)
+    p = TrainablePolicy(tiny_model_dir(), total_steps=10)
     p.model.config._attn_implementation = request.param
     return p
 
 
 def loss_and_grads(policy: TrainablePolicy, samples: list[Sample], *, share: bool, row_tokens: int):
-    policy.share_prefixes = share
-    policy.row_tokens = row_tokens
     totals = step_totals(samples)
     policy.model.zero_grad(set_to_none=True)
     total = torch.zeros(())
     for micro in micro_batches(samples, totals, 60, share_prefixes=share, row_tokens=row_tokens):
         if share:
-            logprobs, batch = policy.prefix_logprobs(micro, temperature=0.7), micro.entries
+            logprobs, batch = prefix_logprobs(policy.model, micro, temperature=0.7).logprobs, micro.entries
         else:
             batch = micro
-            logprobs = policy.logprobs(micro.input_ids_B_T, micro.position_ids_B_T, 0.7, micro.loss_mask_B_T)
+            logprobs = policy.logprobs(
+                micro.input_ids_B_T, micro.position_ids_B_T, 0.7, micro.loss_mask_B_T
+            ).logprobs
         from harnessrl.algorithms.losses import micro_batch_loss
 
         loss = micro_batch_loss(logprobs, batch, totals, AlgorithmConfig()).loss
@@ -114,8 +114,7 @@ def test_shared_prefix_loss_and_gradient_equal_separate_samples(policy, row_toke
 
 def test_train_step_reports_computed_tokens(policy):
     samples = group_samples()
-    policy.share_prefixes = True
-    policy.row_tokens = 4096
+    assert policy.config.share_prefixes and policy.config.row_tokens == 512
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     metrics = policy.train_step(samples, AlgorithmConfig(), temperature=0.7, micro_batch_tokens=4096)
     assert metrics["policy/forward_tokens"] < sum(len(s) for s in samples)

@@ -1,5 +1,6 @@
 """``RolloutBook``: completed groups are found from events and the open rollouts alone, never by
-scanning the run, however many rollouts it already finished."""
+scanning the run, however many rollouts it already finished; an attempt running past the deadline
+is cancelled and marked, so a group never waits forever on it."""
 
 from __future__ import annotations
 
@@ -103,27 +104,25 @@ def test_completion_reads_only_the_open_rollouts_of_a_long_run(long_run: str):
 
     # Control: the probe does notice a scan of the run (recovery reads it once, at start-up).
     store.reset()
-    assert book.recover() == 1002
+    assert asyncio.run(book.recover(lambda created: [])) == 1002
     assert store.calls["list_rollouts"] == 2 and store.rows > 10_000
 
 
 def test_a_notify_wakes_the_wait_at_once(long_run: str):
     store = open_store(long_run)
-    book = RolloutBook(store, RUN, poll_s=60.0)  # the timer alone would take a minute
+    book = RolloutBook(store, RUN, poll_s=3600.0)  # the timer alone would take an hour
     plan = TaskSchedule(TASKS, 2, seed=2).group(2000)
 
-    async def main() -> float:
+    async def main() -> list[Any]:
         await book.submit([plan])
         waiter = asyncio.create_task(book.completed(1))
-        await asyncio.sleep(0.2)
         await asyncio.to_thread(finish, store, list(plan.rollout_ids))
-        loop = asyncio.get_running_loop()
-        started = loop.time()
+        # Before or after the waiter started waiting, a notify wakes it: it stays set until read.
         book.notify(plan.rollout_ids[-1])
-        await asyncio.wait_for(waiter, 10)
-        return loop.time() - started
+        return await asyncio.wait_for(waiter, 600)  # a guard against a hang, not a timing
 
-    assert asyncio.run(main()) < 10
+    [group] = asyncio.run(main())
+    assert group.group_id == plan.group_id
 
 
 def test_top_up_is_asked_on_every_wake_and_open_groups_are_counted(long_run: str):
@@ -132,8 +131,11 @@ def test_top_up_is_asked_on_every_wake_and_open_groups_are_counted(long_run: str
     schedule = TaskSchedule(TASKS, 2, seed=3)
     created: list[str] = []
 
+    full = asyncio.Event()  # the admission policy said "no more" at least once
+
     def top_up() -> list[Any]:
         if book.open_groups >= 2:  # the admission policy under test: two groups open at most
+            full.set()
             return []
         plan = schedule.group(3000 + len(created))
         created.append(plan.group_id)
@@ -141,7 +143,7 @@ def test_top_up_is_asked_on_every_wake_and_open_groups_are_counted(long_run: str
 
     async def main() -> list[Any]:
         waiter = asyncio.create_task(book.completed(1, top_up=top_up))
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(full.wait(), 600)
         assert book.open_groups == 2 and book.in_flight == 4
         await asyncio.to_thread(finish, store, [f"{created[0]}-r0", f"{created[0]}-r1"])
         return await asyncio.wait_for(waiter, 10)
@@ -167,4 +169,47 @@ def test_resume_leaves_out_groups_that_failed_before_sampling_and_survives_a_hal
         )
     # The broken group never called the model (reward 0, no calls): it teaches nothing.
     assert book.failed_before_sampling([broken, scored, half]) == {broken.group_id}
+    store.close()
+
+
+def test_an_attempt_running_past_the_deadline_is_cancelled_marked_and_counted(tmp_path):
+    from harnessrl.algorithms.config import AlgorithmConfig
+    from harnessrl.schemas import RolloutStatus
+    from harnessrl.trainer.config import TrainerSection
+    from harnessrl.trainer.step import prepare_step
+
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run(RUN)
+    now = [0.0]  # the book's clock, moved by hand
+    book = RolloutBook(store, RUN, poll_s=3600.0, deadline_s=60.0, clock=lambda: now[0])
+    stuck, done, queued = (TaskSchedule(TASKS, 2, seed=5).group(i) for i in range(3))
+
+    async def main() -> list[Any]:
+        await book.submit([stuck, done])
+        claimed = store.claim_rollouts("w", 4, run_id=RUN)
+        assert len(claimed) == 4
+        await book.submit([queued])  # never claimed: a queued rollout is not stuck
+        started = max(r.started_at for r in claimed)
+        store.finish_rollout(stuck.rollout_ids[1], Outcome.SUCCESS, 1.0)
+        for rollout_id in done.rollout_ids:
+            store.finish_rollout(rollout_id, Outcome.SUCCESS, 0.5)
+        now[0] = started + 59.0  # within the deadline: the stuck group stays open
+        book.notify()
+        first = await asyncio.wait_for(book.completed(1), 600)
+        assert [g.group_id for g in first] == [done.group_id]
+        assert store.get_rollout(stuck.rollout_ids[0]).status is RolloutStatus.RUNNING
+        now[0] = started + 61.0
+        book.notify()
+        return await asyncio.wait_for(book.completed(1), 600)
+
+    [group] = asyncio.run(main())
+    assert group.group_id == stuck.group_id
+    cancelled = store.get_rollout(stuck.rollout_ids[0])
+    assert cancelled.status is RolloutStatus.CANCELLED
+    assert cancelled.metadata["cancelled_stuck"]["deadline_s"] == 60.0
+    assert {r.status for r in store.list_rollouts(run_id=RUN) if r.group_id == queued.group_id} == {
+        RolloutStatus.QUEUED
+    }
+    metrics = prepare_step([group], 0, TrainerSection(), AlgorithmConfig()).metrics
+    assert metrics["rollouts/cancelled_stuck"] == 1 and metrics["rollouts/no_reward"] == 1
     store.close()

@@ -7,8 +7,8 @@ import pytest
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
-from harnessrl.trainer.config import TaskSource
-from harnessrl.trainer.schedule import TaskSchedule, load_task_source
+from harnessrl.trainer.schedule import TaskSchedule
+from harnessrl.trainer.task_sources import InlineTasks, JsonlTasks
 
 
 def test_groups_are_deterministic_and_cover_each_epoch():
@@ -25,16 +25,16 @@ def test_groups_are_deterministic_and_cover_each_epoch():
 
 
 def test_task_sources_refuse_answers_the_harness_would_see(tmp_path):
-    hidden = TaskSource(type="inline", items=[{"task_id": "a", "prompt": "2+2?", "hidden": {"answer": "4"}}])
-    assert load_task_source(hidden, split="train")[0].data["hidden"] == {"answer": "4"}
-    visible = TaskSource(type="inline", items=[{"task_id": "a", "prompt": "2+2?", "solution": "4"}])
+    hidden = InlineTasks(type="inline", items=[{"task_id": "a", "prompt": "2+2?", "hidden": {"answer": "4"}}])
+    assert hidden.load(split="train")[0].data["hidden"] == {"answer": "4"}
+    visible = InlineTasks(type="inline", items=[{"task_id": "a", "prompt": "2+2?", "solution": "4"}])
     with pytest.raises(ConfigError, match="train tasks: task 'a': task field 'solution' is evaluator-only"):
-        load_task_source(visible, split="train")
+        visible.load(split="train")
     # The prompt reaches the harness: a template cannot pull hidden data into it.
-    leaky = TaskSource(type="inline", items=hidden.items, prompt_template="{prompt} ({hidden[answer]})")
+    leaky = InlineTasks(type="inline", items=hidden.items, prompt_template="{prompt} ({hidden[answer]})")
     with pytest.raises(ConfigError, match="prompt_template: the task has no field 'hidden'"):
-        load_task_source(leaky, split="train")
+        leaky.load(split="train")
     path = tmp_path / "t.jsonl"
     path.write_text('{"prompt": "2+2?", "answer": "4"}\n')
     with pytest.raises(ConfigError, match=r"t\.jsonl:1: task field 'answer'"):
-        load_task_source(TaskSource(type="jsonl", path=str(path)), split="heldout")
+        JsonlTasks(type="jsonl", path=str(path)).load(split="heldout")

@@ -21,6 +21,7 @@ from harnessrl.config import load_raw_config, validate_config
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.config import OptimizerConfig, TrainConfig
+from harnessrl.trainer.forward import prefix_logprobs
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.prefix_tree import PrefixBatch
 from harnessrl.trainer.train_step import OneProcess, micro_batches, train_step
@@ -71,12 +72,19 @@ def make_samples(step: int) -> list[Sample]:
 
 
 def new_policy(**kwargs) -> TrainablePolicy:
-    return TrainablePolicy(tiny_model_dir(), OptimizerConfig(lr=1e-2), total_steps=4, row_tokens=24, **kwargs)
+    return TrainablePolicy(
+        tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2), total_steps=4, row_tokens=24, **kwargs
+    )
 
 
 def step(policy: TrainablePolicy, algorithm: AlgorithmConfig, s: int = 0, **kwargs) -> dict[str, float]:
     return train_step(
-        policy, make_samples(s), algorithm, temperature=0.9, micro_batch_tokens=MICRO_BATCH_TOKENS, **kwargs
+        policy.learner,
+        make_samples(s),
+        algorithm,
+        temperature=0.9,
+        micro_batch_tokens=MICRO_BATCH_TOKENS,
+        **kwargs,
     )
 
 
@@ -91,18 +99,18 @@ def test_the_step_loss_is_the_sum_of_its_micro_batch_losses(share):
     totals = step_totals(samples)
     expected = 0.0
     micros = micro_batches(
-        samples, totals, MICRO_BATCH_TOKENS, share_prefixes=share, row_tokens=policy.row_tokens
+        samples, totals, MICRO_BATCH_TOKENS, share_prefixes=share, row_tokens=policy.config.row_tokens
     )
     assert len(micros) > 1
     with torch.no_grad():
         for micro in micros:
             if isinstance(micro, PrefixBatch):
-                logprobs, batch = policy.prefix_logprobs(micro, 0.9), micro.entries
+                logprobs, batch = prefix_logprobs(policy.model, micro, 0.9).logprobs, micro.entries
             else:
                 batch = micro
                 logprobs = policy.logprobs(
                     micro.input_ids_B_T, micro.position_ids_B_T, 0.9, micro.loss_mask_B_T
-                )
+                ).logprobs
             expected += float(micro_batch_loss(logprobs, batch, totals, algorithm).loss)
     before = weights(policy)
     metrics = policy.train_step(samples, algorithm, temperature=0.9, micro_batch_tokens=MICRO_BATCH_TOKENS)
@@ -225,7 +233,11 @@ def test_entropy_is_that_of_the_tempered_policy_not_the_sampled_tokens_nll(share
     samples = make_samples(0)  # tokens not drawn from the policy: their NLL is not its entropy
     entropy, nll = direct_entropy_and_nll(policy, samples, temperature)
     metrics = train_step(
-        policy, samples, AlgorithmConfig(), temperature=temperature, micro_batch_tokens=MICRO_BATCH_TOKENS
+        policy.learner,
+        samples,
+        AlgorithmConfig(),
+        temperature=temperature,
+        micro_batch_tokens=MICRO_BATCH_TOKENS,
     )
     assert metrics["policy/entropy"] == pytest.approx(entropy, rel=1e-5)
     assert metrics["policy/sampled_nll"] == pytest.approx(nll, rel=1e-5)
@@ -254,7 +266,7 @@ def test_token_entropy_in_chunks_matches_the_direct_formula_and_ignores_impossib
 def test_max_metrics_are_the_largest_over_the_step_and_means_do_not_depend_on_micro_batching():
     def run(micro_batch_tokens: int) -> dict[str, float]:
         return train_step(
-            new_policy(share_prefixes=False),
+            new_policy(share_prefixes=False).learner,
             make_samples(0),
             AlgorithmConfig(proximal="trainer"),
             temperature=0.9,
@@ -271,7 +283,7 @@ def test_max_metrics_are_the_largest_over_the_step_and_means_do_not_depend_on_mi
 
 def test_lr_is_the_rate_of_this_step_update():
     policy = TrainablePolicy(
-        tiny_model_dir(), OptimizerConfig(lr=1e-2, warmup_steps=2), total_steps=4, row_tokens=24
+        tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2, warmup_steps=2), total_steps=4, row_tokens=24
     )
     first, second = step(policy, AlgorithmConfig()), step(policy, AlgorithmConfig(), 1)
     assert first["policy/lr"] == pytest.approx(0.5e-2)  # warmup: step 1 of 2 (not step 2's rate)

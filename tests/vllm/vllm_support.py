@@ -87,10 +87,9 @@ def perturbed_checkpoint(model_dir: Path, folder: Path, *, seed: int, scale: flo
     exactly as the trainer writes the folders it hands remote engines."""
     import torch
 
-    from harnessrl.trainer.config import OptimizerConfig
     from harnessrl.trainer.policy import TrainablePolicy
 
-    policy = TrainablePolicy(model_dir, OptimizerConfig(), total_steps=1, device="cpu")
+    policy = TrainablePolicy(model_dir, device="cpu")
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in policy.model.parameters():

@@ -50,8 +50,8 @@ _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps ratios finite; such tokens are cli
 @dataclass(slots=True)
 class MicroBatch:
     """Tensors of one micro-batch. Padded layout: one sample per row. Packed layout: all samples
-    concatenated in one row, ``position_ids`` restarting per sample and ``cu_seqlens`` marking the
-    boundaries (attention must not cross them: use varlen/flash attention or a block mask)."""
+    concatenated in one row, ``position_ids`` restarting per sample (transformers then keeps
+    attention inside each sample: ``trainer/train_step.py``, "Packed rows")."""
 
     input_ids_B_T: torch.Tensor  # (B, T) long
     position_ids_B_T: torch.Tensor  # (B, T) long
@@ -60,7 +60,6 @@ class MicroBatch:
     advantages_B_T: torch.Tensor  # (B, T) float
     rollout_index_B_T: torch.Tensor  # (B, T) long, index into StepTotals.rollout_token_counts_R
     sample_index_B_T: torch.Tensor  # (B, T) long, index into StepTotals.sample_token_counts_S
-    cu_seqlens: torch.Tensor | None = None  # (num_samples + 1,) int32, packed layout only
 
 
 def collate(
@@ -88,7 +87,6 @@ def collate(
     adv = torch.zeros((B, T), dtype=dtype)
     ridx = torch.zeros((B, T), dtype=torch.long)
     sidx = torch.zeros((B, T), dtype=torch.long)
-    bounds = [0]
     for b, row in enumerate(rows):
         t = 0
         for s in row:
@@ -103,13 +101,10 @@ def collate(
             ridx[b, t : t + n] = totals.rollout_index(s)
             sidx[b, t : t + n] = totals.sample_index(s)
             t += n
-            bounds.append(bounds[-1] + n)
-    cu = torch.tensor(bounds, dtype=torch.int32) if packed else None
     tensors = [ids, pos, mask, beh, adv, ridx, sidx]
     if device is not None:
         tensors = [x.to(device) for x in tensors]
-        cu = cu.to(device) if cu is not None else None
-    return MicroBatch(*tensors, cu_seqlens=cu)
+    return MicroBatch(*tensors)
 
 
 def token_logprobs(logits_B_T_V: torch.Tensor, input_ids_B_T: torch.Tensor) -> torch.Tensor:
@@ -203,6 +198,24 @@ LOSS_AGGREGATIONS: dict[str, TokenWeights] = {
     "token_mean": _token_mean,
     "seq_mean_token_mean": _seq_mean_token_mean,
 }
+
+
+#: Every metric ``policy_loss`` can report, in a fixed order (it reports a subset, by config): a
+#: distributed step reduces them by position in one tensor (``trainer/train_step.py``). Names ending
+#: in ``_max`` are maxima, ``loss_tokens`` a count, the rest means over the micro-batch's loss tokens.
+LOSS_METRICS: tuple[str, ...] = (
+    "loss_tokens",
+    "clip_fraction",
+    "dual_clip_fraction",
+    "approx_kl",
+    "ratio_mean",
+    "ratio_max",
+    "importance_weight_mean",
+    "importance_weight_max",
+    "engine_trainer_kl",
+    "importance_weight_truncated_fraction",
+    "kl_ref",
+)
 
 
 @dataclass(slots=True)

@@ -7,15 +7,17 @@ Defaults are the recommended settings; ``docs/train.md`` documents each field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.config import REMOTE_KINDS, EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import ControllerConfig
-from harnessrl.controller.evaluators import parse_evaluator_config
+from harnessrl.controller.evaluators import EvaluatorConfig, parse_evaluator_config
+from harnessrl.trainer.task_sources import TaskSource
 
 
 class RunSection(Section):
@@ -24,32 +26,6 @@ class RunSection(Section):
         default=None, description="run folder (default runs/<name> beside the config file)"
     )
     seed: int = 0
-
-
-class TaskSource(Section):
-    """Where tasks come from: a reasoning-gym dataset (generated offline), a JSONL file, inline, or
-    ScienceWorld variations (``config`` = ``scienceworld_tasks`` keyword arguments)."""
-
-    type: Literal["reasoning_gym", "jsonl", "inline", "scienceworld", "swesmith"] = "reasoning_gym"
-    dataset: str | None = None  # reasoning_gym
-    size: int = Field(default=1000, ge=1)
-    seed: int = 0
-    config: dict[str, Any] = Field(default_factory=dict)
-    path: str | None = None  # jsonl; swesmith (SWE-smith-style records, mapped by harnessrl.data.to_task)
-    items: list[dict[str, Any]] = Field(default_factory=list)  # inline
-    prompt_template: str | None = Field(
-        default=None, description="optional '{question}'-style template for the task's prompt field"
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> TaskSource:
-        if self.type == "reasoning_gym" and not self.dataset:
-            raise ValueError("dataset is required for type = 'reasoning_gym'")
-        if self.type in ("jsonl", "swesmith") and not self.path:
-            raise ValueError(f"path is required for type = {self.type!r}")
-        if self.type == "inline" and not self.items:
-            raise ValueError("items must not be empty for type = 'inline'")
-        return self
 
 
 class OptimizerConfig(Section):
@@ -67,6 +43,37 @@ class LoraSection(Section):
     alpha: int = Field(default=32, ge=1)
     dropout: float = Field(default=0.0, ge=0, lt=1)
     target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+class PolicyConfig(Section):
+    """How the trainer's policy is built and stepped: what ``TrainablePolicy`` owns (its
+    ``config``). ``from_train_config`` takes it from a run's ``[optimizer]``, ``[trainer]`` and
+    ``[run]`` sections."""
+
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    total_steps: int = Field(default=1, ge=1, description="optimizer steps the LR schedule spans")
+    lora: LoraSection | None = None
+    gradient_checkpointing: bool = False
+    autocast: Literal["none", "bf16", "auto"] = "none"
+    seed: int = 0
+    row_tokens: int = Field(default=512, ge=1, description="packed row length inside a micro-batch")
+    share_prefixes: bool = True
+    device: str = "auto"
+
+    @classmethod
+    def from_train_config(cls, config: TrainConfig) -> PolicyConfig:
+        t = config.trainer
+        return cls(
+            optimizer=config.optimizer,
+            total_steps=t.steps,
+            lora=t.lora,
+            gradient_checkpointing=t.gradient_checkpointing,
+            autocast=t.autocast,
+            seed=config.run.seed,
+            row_tokens=t.row_tokens,
+            share_prefixes=t.share_prefixes,
+            device=t.device,
+        )
 
 
 class TrainerSection(Section):
@@ -124,6 +131,15 @@ class TrainerSection(Section):
     autocast: Literal["none", "bf16", "auto"] = "none"
     gradient_checkpointing: bool = False
     lora: LoraSection | None = None
+    rollout_deadline_s: float | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "a rollout whose attempt is still running this many seconds after it started is cancelled "
+            "and counted (rollouts/cancelled_stuck); default: harness.timeout_s + the evaluator's "
+            "timeout_s + 120"
+        ),
+    )
     eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations (0: never)")
     eval_temperature: float = Field(default=0.0, ge=0)
     save_every: int = Field(default=0, ge=0, description="steps between numbered checkpoints (0: end only)")
@@ -135,12 +151,17 @@ class MetricsSection(Section):
     progress: bool = True
 
 
+#: Added to the harness's and the evaluator's timeouts for the default ``trainer.rollout_deadline_s``:
+#: workspace set-up, sandbox start, the audit and writing the result, none of which has a timeout.
+ROLLOUT_DEADLINE_MARGIN_S = 120.0
+
+
 class TrainConfig(Section):
     run: RunSection = Field(default_factory=RunSection)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
     harness: HarnessSpec
-    evaluator: dict[str, Any]
+    evaluator: EvaluatorConfig
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     tasks: TaskSource
     heldout: TaskSource | None = None
@@ -151,9 +172,22 @@ class TrainConfig(Section):
     # None: the run folder's own SQLite file; a postgresql:// URL shares one store (docs/scale.md)
     store: StoreConfig | None = None
 
+    def rollout_deadline_s(self) -> float:
+        """``trainer.rollout_deadline_s``, or what a healthy attempt can take at most: the harness's
+        timeout, then the evaluator's, plus ``ROLLOUT_DEADLINE_MARGIN_S``."""
+        if self.trainer.rollout_deadline_s is not None:
+            return self.trainer.rollout_deadline_s
+        evaluator_s = getattr(self.evaluator, "timeout_s", 0.0)  # exact_match has no timeout
+        return self.harness.timeout_s + evaluator_s + ROLLOUT_DEADLINE_MARGIN_S
+
+    @field_validator("evaluator", mode="before")
+    @classmethod
+    def _parse_evaluator(cls, value: Any) -> Any:
+        # parse_evaluator_config names the field as written (evaluator.command), not by the union's tag
+        return parse_evaluator_config(value) if isinstance(value, Mapping) else value
+
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        parse_evaluator_config(self.evaluator)
         top_p = self.trainer.top_p
         if top_p != "harness" and not 0 < top_p <= 1:
             raise ValueError(f'trainer.top_p: must be in (0, 1] or "harness", got {top_p}')

@@ -19,10 +19,12 @@ How a step is split:
   micro-batch counts).
 
 Sharding: every decoder layer is its own FSDP unit; a small root module (``ShardedPolicy.root``)
-holds the rest (embeddings, final norm, LM head, tied or not) and runs ``TrainablePolicy.logprobs``
+holds the rest (embeddings, final norm, LM head, tied or not) and runs ``forward.sequence_logprobs``
 or ``prefix_logprobs`` inside its forward, so the one-process micro-batching and forward code
 (shared-prefix rows or packed rows, selective LM head) run unchanged on each rank's share. The KL
 penalty's reference model (``algorithm.kl_coef > 0``) is sharded the same way, with its own root.
+The step's metrics are reduced in one collective: every rank's sums as one float64 vector,
+gathered (``ShardedRanks.gather``).
 
 Full weights for the engine and checkpoints are gathered on rank 0. ``harnessrl.trainer.torchrun``
 runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks follow).
@@ -50,6 +52,7 @@ from torch.distributed.fsdp import fully_shard
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
+from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
@@ -128,20 +131,18 @@ def init_distributed() -> DistributedContext:
 
 # -- the sharded policy -----------------------------------------------------------------------------
 class _Root(torch.nn.Module):
-    """FSDP root: runs a callable (``TrainablePolicy.logprobs``) inside its forward, so FSDP gathers
-    the parameters the layers do not own (embeddings, norm, LM head) around it and reduces their
-    gradients after backward, whichever submodules the callable uses directly."""
+    """FSDP root: runs a forward function (``forward.sequence_logprobs``) inside its forward, so FSDP
+    gathers the parameters the layers do not own (embeddings, norm, LM head) around it and reduces
+    their gradients after backward, whichever submodules the function uses directly."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        out = fn(*args, **kwargs)  # a tensor, or (logprobs, detached entropy) with ``with_entropy``
+    def forward(self, fn: Callable[..., TokenLogprobs], *args: Any, **kwargs: Any) -> TokenLogprobs:
+        out = fn(*args, **kwargs)
         # FSDP hooks its pre-backward on the outputs; an in-place op on a view would bypass it.
-        if isinstance(out, tuple):
-            return tuple(t.clone() if t._base is not None else t for t in out)
-        return out.clone() if out._base is not None else out
+        return TokenLogprobs(*(t.clone() if t is not None and t._base is not None else t for t in out))
 
 
 def shard_model(model: torch.nn.Module, mesh: DeviceMesh) -> torch.nn.Module:
@@ -165,23 +166,15 @@ class ShardedPolicy:
 
     def __init__(self, ctx: DistributedContext, build: Callable[..., TrainablePolicy]):
         self.ctx = ctx
-        self._root: torch.nn.Module | None = None
-        self.policy = build(prepare_model=self._shard)
-        if self.policy.lora is not None:
+        roots: list[torch.nn.Module] = []
+        self.policy = build(prepare_model=lambda model: roots.append(shard_model(model, ctx.mesh)))
+        if self.policy.config.lora is not None:
             raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
-        assert self._root is not None
+        [self.root] = roots  # build() shards the model exactly once, before making its optimizer
         reference = self.policy.reference  # the KL penalty's, sharded like the policy
         self.ranks = ShardedRanks(
-            ctx, self._root, shard_model(reference, ctx.mesh) if reference is not None else None
+            ctx, self.root, shard_model(reference, ctx.mesh) if reference is not None else None
         )
-
-    def _shard(self, model: torch.nn.Module) -> None:
-        self._root = shard_model(model, self.ctx.mesh)
-
-    @property
-    def root(self) -> torch.nn.Module:
-        assert self._root is not None
-        return self._root
 
     def train_step(
         self,
@@ -195,13 +188,31 @@ class ShardedPolicy:
         rank training on its ``assign_rollouts`` share. Returns the one-process step's metrics,
         aggregated over ranks (identical on every rank), plus ``policy/world_size``."""
         return train_step(
-            self.policy,
+            self.policy.learner,
             samples,
             algorithm,
             temperature=temperature,
             micro_batch_tokens=micro_batch_tokens,
             ranks=self.ranks,
         )
+
+    @torch.no_grad()
+    def response_logprobs(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        """``TrainablePolicy.response_logprobs`` through the sharded model (every rank computes it)."""
+        device = self.policy.device
+        ids = torch.tensor([prompt_ids + response_ids], device=device)
+        positions = torch.arange(ids.shape[1], device=device)[None, :]
+        out = self.ranks.forward(
+            sequence_logprobs,
+            self.policy.model,
+            ids,
+            positions,
+            temperature,
+            autocast=self.policy.learner.autocast,
+        )
+        return out.logprobs[0, len(prompt_ids) :].tolist()
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights on CPU on rank 0 (an empty dict elsewhere), under the model's own names."""
@@ -268,16 +279,19 @@ class ShardedRanks:
     def sync_gradients(self, on: bool) -> None:
         self.root.set_requires_gradient_sync(on)
 
-    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, reference: bool = False, **kwargs: Any):
+    def forward(
+        self, fn: Callable[..., TokenLogprobs], *args: Any, reference: bool = False, **kwargs: Any
+    ) -> TokenLogprobs:
         # Through the FSDP root, which gathers what the layers do not own around the call.
         root = self.reference_root if reference else self.root
-        assert root is not None, "no sharded reference model"
+        if root is None:  # train_step refuses kl_coef > 0 without a reference before any forward
+            raise ConfigError("no sharded reference model: the policy was built without reference_dir")
         return root(fn, *args, **kwargs)
 
-    def gather(self, part: Any) -> list[Any]:
-        parts: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(parts, part, group=self.ctx.control)
-        return parts
+    def gather(self, values_L: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(values_L, device=self.ctx.device) for _ in range(self.ctx.world_size)]
+        dist.all_gather(parts, values_L.to(self.ctx.device))
+        return torch.stack(parts).cpu()
 
     def metrics(self) -> dict[str, float]:
         return {"policy/world_size": float(self.ctx.world_size)}

@@ -19,6 +19,9 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Outcome, Rollout
 
 STOPPED_RUN_KEY = "stopped_run"  # rollout metadata: the reason a step of them stopped the run
+#: rollout metadata: its attempt ran past ``trainer.rollout_deadline_s`` and the trainer cancelled it
+#: (``fleet.RolloutBook``): ``{"attempt", "running_s", "deadline_s"}``
+CANCELLED_STUCK_KEY = "cancelled_stuck"
 
 
 class StepFailed(HarnessRLError):
@@ -32,6 +35,12 @@ def failure_signature(rollout: Rollout, calls: Sequence[Any]) -> str | None:
         return None
     if rollout.outcome is Outcome.INFRA_FAILURE:
         return f"infrastructure failure: {_same_for_all(rollout, rollout.error or 'no error recorded')}"
+    stuck = rollout.metadata.get(CANCELLED_STUCK_KEY)
+    if stuck:
+        return (
+            f"the harness was still running after trainer.rollout_deadline_s = {stuck.get('deadline_s')} s "
+            "without a model call, and was cancelled"
+        )
     exit_ = rollout.metadata.get("exit") or {}
     tail = _same_for_all(rollout, str(rollout.metadata.get("stderr_tail") or "")).strip()
     code = exit_.get("code")

@@ -1,35 +1,41 @@
 """The one boundary between the trainer and everything that produces rollouts.
 
 The trainer speaks to a ``Fleet`` in a few verbs: ``submit`` group plans, wait for ``completed``
-groups, hold generation ``paused()`` while it computes, and ``publish`` new weights. What is behind
-it (store rows, the controllers that claim them, gateways, engines) is the fleet's business:
+groups, hold generation ``paused()`` while it computes, ``publish`` new weights, and record what a
+step did with its rollouts. What is behind it (store rows, the controllers that claim them,
+gateways, engines) is the fleet's business. One implementation, ``fleet_gateway.GatewayFleet``,
+composes a ``RolloutBook`` (below) with the gateways it drives:
 
-- ``LocalFleet`` (``fleet_local.py``): the gateway this process serves, with its gate and engine
+- ``fleet_local.LocalGateway``: the gateway this process serves, with its gate and engine
   (embedded, or a pool of remote servers) reached in-process, and its own controller or external
-  ones on the shared store.
-- ``RemoteFleet`` (``fleet_remote.py``): gateways elsewhere, reached over HTTP, remote engine
-  servers the trainer loads itself, and external controllers.
+  ones on the shared store;
+- ``fleet_remote.RemoteGateway``: gateways elsewhere, reached over HTTP, remote engine servers the
+  trainer loads itself, and external controllers.
 
-Both keep their rollouts in the store through a ``RolloutBook``: it creates a plan's rollouts,
-remembers the groups still open, and finds completed ones by re-reading only the open groups'
-unfinished rollouts when something may have changed: a controller in this process says so at once
+A ``RolloutBook`` keeps a fleet's rollouts in the store: it creates a plan's rollouts, remembers the
+groups still open, and finds completed ones by re-reading only the open groups' unfinished
+rollouts when something may have changed: a controller in this process says so at once
 (``notify``), and a slow timer covers rollouts finished elsewhere (external controllers, the
-control API). No read ever scans the run, however long it has been going.
+control API). No read ever scans the run, however long it has been going. The same reads enforce
+the per-rollout deadline (``trainer.rollout_deadline_s``): an attempt still running past it is
+cancelled through the store (its controller kills the harness) and marked
+``metadata.cancelled_stuck``, so a step never waits forever on one rollout.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
-from harnessrl.errors import NotFound
-from harnessrl.schemas import TERMINAL_STATUSES, Call, Rollout, RolloutStatus
+from harnessrl.errors import InvalidTransition, NotFound
+from harnessrl.schemas import TERMINAL_STATUSES, Call, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store.base import Store
-from harnessrl.trainer.failures import failure_signature
+from harnessrl.trainer.base import Weights
+from harnessrl.trainer.failures import CANCELLED_STUCK_KEY, STOPPED_RUN_KEY, failure_signature
 from harnessrl.trainer.schedule import TRAIN_KIND, GroupPlan
 
 
@@ -46,21 +52,20 @@ class Group:
         return self.plan.group_id
 
 
-class Weights(Protocol):
-    """What a fleet needs from the trainer's policy to publish it (``TrainablePolicy`` is one)."""
-
-    def engine_state_dict(self) -> dict[str, Any]:
-        """Full weights under the base model's names (in-process engines load these)."""
-
-    def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
-        """A Hugging Face folder (engine servers load these)."""
-
-
 class Fleet(Protocol):
-    book: RolloutBook
+    @property
+    def open_groups(self) -> int:
+        """Training groups submitted and not yet handed out by ``completed``."""
+        ...
+
+    @property
+    def in_flight(self) -> int:
+        """Rollouts of open training groups not yet seen ended (queued or running)."""
+        ...
 
     async def submit(self, plans: Sequence[GroupPlan]) -> None:
         """Create the plans' rollouts (idempotent per rollout id); controllers pick them up."""
+        ...
 
     async def completed(
         self, n: int, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
@@ -69,25 +74,47 @@ class Fleet(Protocol):
 
         ``top_up`` is asked for more plans whenever rollouts may have ended (the trainer's
         admission policy: how much to keep in flight)."""
+        ...
 
     async def finished(self, plan: GroupPlan) -> Group:
         """Wait until every rollout of a submitted plan ended (an evaluation)."""
+        ...
 
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
         """Inside, no model call generates: new calls wait at the gateways, in-flight ones finished
         (``UpstreamError`` if they did not drain). On exit the gateways serve again, announcing a
         version ``publish`` installed meanwhile."""
+        ...
 
     async def publish(self, version: int, weights: Weights, *, restore: bool = False) -> None:
         """Install ``weights`` as policy ``version`` in every engine. Outside ``paused()`` it pauses
         and resumes around the swap itself. ``restore``: a resumed run's checkpoint, which may be
         older than what long-running gateways serve (versions otherwise never go backwards)."""
+        ...
 
     async def check_served_weights(
         self, check: Callable[[str, list[int], list[int], list[float]], Awaitable[None]]
     ) -> None:
         """Remote servers only: sample a probe on each and await ``check(name, prompt, ids,
         logprobs)`` (the trainer compares the logprobs with its own forward pass)."""
+        ...
+
+    async def record_trained(
+        self, version: int, groups: Sequence[Group], advantages: Mapping[str, float]
+    ) -> None:
+        """Policy ``version`` trained on ``groups``: each rollout learns the step that trained it and
+        the advantage its samples got (None when none of its tokens was trained)."""
+        ...
+
+    async def mark_failed_step(self, groups: Sequence[Group], reason: str) -> None:
+        """``groups`` stopped the run (``failures.common_failure``): a resumed run leaves them out."""
+        ...
+
+    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]]) -> int:
+        """A restarted run: requeue what a dead process left running and reopen the groups it
+        created but did not train (``plans(created)``: those the schedule recreates), except those
+        that failed before the policy was sampled. Returns how many groups the run created."""
+        ...
 
 
 def external_controllers_hint(store_url: str, gateway_url: str) -> str:
@@ -99,12 +126,26 @@ def external_controllers_hint(store_url: str, gateway_url: str) -> str:
 
 
 class RolloutBook:
-    """The store side of a fleet: open groups, and which of them are complete."""
+    """The store side of a fleet: open groups, and which of them are complete.
 
-    def __init__(self, store: Store, run_id: str, *, poll_s: float = 1.0) -> None:
+    ``deadline_s``: an attempt still running that long after it started (``Rollout.started_at``) is
+    cancelled and marked ``metadata.cancelled_stuck`` (None: never). ``clock`` is the store's clock
+    (wall seconds, ``schemas.now``), a seam for tests."""
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        *,
+        poll_s: float = 1.0,
+        deadline_s: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
         self.run_id = run_id
         self.poll_s = poll_s  # fallback re-read of open rollouts finished outside this process
+        self.deadline_s = deadline_s
+        self.clock = clock
         self._open: dict[str, GroupPlan] = {}  # submitted, not yet handed out, in submission order
         self._ended: set[str] = set()  # rollout ids of open groups already seen in a final state
         self._wake = asyncio.Event()
@@ -180,14 +221,34 @@ class RolloutBook:
         await asyncio.to_thread(self._refresh)
 
     def _refresh(self) -> None:
-        """Re-read the open groups' rollouts not yet seen ended (O(in flight), never O(run))."""
+        """Re-read the open groups' rollouts not yet seen ended (O(in flight), never O(run));
+        cancel those running past the deadline."""
         for plan in list(self._open.values()):
             for rollout_id in plan.rollout_ids:
-                if (
-                    rollout_id not in self._ended
-                    and self.store.get_rollout(rollout_id).status in TERMINAL_STATUSES
-                ):
+                if rollout_id in self._ended:
+                    continue
+                rollout = self.store.get_rollout(rollout_id)
+                if rollout.status in TERMINAL_STATUSES or self._cancel_if_stuck(rollout):
                     self._ended.add(rollout_id)
+
+    def _cancel_if_stuck(self, rollout: Rollout) -> bool:
+        """Cancel ``rollout`` if its attempt has been running past the deadline; whether it ended."""
+        if (
+            self.deadline_s is None
+            or rollout.status is not RolloutStatus.RUNNING
+            or rollout.started_at is None
+        ):
+            return False
+        running_s = self.clock() - rollout.started_at
+        if running_s <= self.deadline_s:
+            return False
+        try:
+            self.store.cancel_rollout(rollout.rollout_id)  # its controller kills the harness
+        except InvalidTransition:  # it ended (or went back to the queue) meanwhile: read it again
+            return self.store.get_rollout(rollout.rollout_id).status in TERMINAL_STATUSES
+        stuck = {"attempt": rollout.attempt, "running_s": round(running_s, 1), "deadline_s": self.deadline_s}
+        self.store.update_rollout_metadata(rollout.rollout_id, {CANCELLED_STUCK_KEY: stuck})
+        return True
 
     async def _hand_out(self, plans: list[GroupPlan]) -> list[Group]:
         def read(plan: GroupPlan) -> Group:
@@ -201,8 +262,36 @@ class RolloutBook:
             self._ended.difference_update(plan.rollout_ids)
         return groups
 
+    # -- what a step records -------------------------------------------------------------------------------
+    async def record_trained(
+        self, version: int, groups: Sequence[Group], advantages: Mapping[str, float]
+    ) -> None:
+        def write() -> None:
+            self.store.add_policy_version(PolicyVersion(version=version, step=version))
+            for group in groups:
+                for rollout in group.rollouts:
+                    trained = {"trained_at_step": version, "advantage": advantages.get(rollout.rollout_id)}
+                    self.store.update_rollout_metadata(rollout.rollout_id, trained)
+
+        await asyncio.to_thread(write)
+
+    async def mark_failed_step(self, groups: Sequence[Group], reason: str) -> None:
+        def write() -> None:
+            for group in groups:
+                for rollout in group.rollouts:
+                    self.store.update_rollout_metadata(rollout.rollout_id, {STOPPED_RUN_KEY: reason})
+
+        await asyncio.to_thread(write)
+
     # -- a restarted run ---------------------------------------------------------------------------------
-    def recover(self) -> int:
+    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]]) -> int:
+        created = await asyncio.to_thread(self._requeue_and_count)
+        reopened = list(plans(created))
+        dead = await asyncio.to_thread(self.failed_before_sampling, reopened)
+        await self.submit([p for p in reopened if p.group_id not in dead])
+        return created
+
+    def _requeue_and_count(self) -> int:
         """Requeue the run's rollouts a dead process left running; return how many training groups
         were already created (the schedule's next index). Reads the run once, at start-up."""
         for rollout in self.store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):

@@ -14,8 +14,9 @@ a staleness bound (``step.staleness_bound``):
   update carries per-call policy versions; rollouts more than the bound behind are dropped (or
   down-weighted).
 
-Everything that produces rollouts sits behind a ``Fleet`` (``fleet.py``); ``run.py`` sets the run
-up around this loop (store, fleet, policy, resume). Crash safety: after a step the weights,
+Everything that produces rollouts sits behind a ``Fleet`` (``fleet.py``), the policy behind a
+``Policy`` (``base.py``); the loop touches neither the store nor a gateway itself. ``run.py`` sets
+the run up around this loop (store, fleet, policy, resume). Crash safety: after a step the weights,
 optimizer state and consumed groups are written together (``checkpoint.py``); a resumed run
 reopens the groups it created but did not train, so none is trained twice and none is lost.
 """
@@ -28,10 +29,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.schemas import PolicyVersion, Task
+from harnessrl.schemas import Task
+from harnessrl.trainer.base import Policy
 from harnessrl.trainer.checkpoint import Checkpointer, TrainState
 from harnessrl.trainer.config import TrainConfig
-from harnessrl.trainer.failures import STOPPED_RUN_KEY, StepFailed, common_failure
+from harnessrl.trainer.failures import StepFailed, common_failure
 from harnessrl.trainer.fleet import Fleet, Group
 from harnessrl.trainer.metrics import MetricsWriter
 from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, eval_plan, eval_sampling
@@ -42,7 +44,7 @@ from harnessrl.trainer.step import heldout_metrics, prepare_step, staleness_boun
 class TrainingLoop:
     config: TrainConfig
     fleet: Fleet
-    policy: Any  # TrainablePolicy, or rank 0's handle on a sharded one (torchrun)
+    policy: Policy  # TrainablePolicy, or rank 0's handle on a sharded one (torchrun)
     schedule: TaskSchedule
     state: TrainState
     checkpointer: Checkpointer
@@ -88,24 +90,17 @@ class TrainingLoop:
         reason = common_failure(groups)
         if reason is None:
             return
-        store = self.fleet.book.store
-
-        def mark() -> None:
-            for group in groups:
-                for rollout in group.rollouts:
-                    store.update_rollout_metadata(rollout.rollout_id, {STOPPED_RUN_KEY: reason})
-
-        await asyncio.to_thread(mark)
+        await self.fleet.mark_failed_step(groups, reason)
         raise StepFailed(f"step {self.state.step + 1}: {reason}")
 
     def _top_up(self) -> list[GroupPlan]:
         """The next groups to create: bounded by rollouts in flight and by how far generation may
         run ahead of training (open groups)."""
-        book, group_size = self.fleet.book, self.config.trainer.group_size
+        fleet, group_size = self.fleet, self.config.trainer.group_size
         plans: list[GroupPlan] = []
         while (
-            book.in_flight + (len(plans) + 1) * group_size <= self.in_flight_limit
-            and book.open_groups + len(plans) < self.max_open_groups
+            fleet.in_flight + (len(plans) + 1) * group_size <= self.in_flight_limit
+            and fleet.open_groups + len(plans) < self.max_open_groups
         ):
             plans.append(self.schedule.group(self.groups_created, step=self.state.step))
             self.groups_created += 1
@@ -138,8 +133,11 @@ class TrainingLoop:
 
         self.state.step = version + 1
         self.state.consumed_groups.extend(g.group_id for g in groups)
+        # Each consumed rollout learns the step that trained it and the advantage its samples got (0
+        # in a zero-variance group; None when no token of it was trained: dropped as stale, an
+        # infrastructure failure, no recorded call).
         advantages = {s.rollout_id: s.advantage for s in batch.samples if s.advantage is not None}
-        await asyncio.to_thread(self._record_step, version + 1, groups, advantages)
+        await self.fleet.record_trained(version + 1, groups, advantages)
         await self.checkpointer.save(self.state)
         wall = max(1e-9, time.monotonic() - since)
         metrics: dict[str, Any] = {
@@ -154,17 +152,6 @@ class TrainingLoop:
             **train_metrics,
         }
         return metrics
-
-    def _record_step(self, version: int, groups: list[Group], advantages: dict[str, float]) -> None:
-        """Each consumed rollout learns the step that trained it and the advantage its samples got
-        (0 in a zero-variance group; None when no token of it was trained: dropped as stale, an
-        infrastructure failure, no recorded call)."""
-        store = self.fleet.book.store
-        store.add_policy_version(PolicyVersion(version=version, step=version))
-        for group in groups:
-            for rollout in group.rollouts:
-                trained = {"trained_at_step": version, "advantage": advantages.get(rollout.rollout_id)}
-                store.update_rollout_metadata(rollout.rollout_id, trained)
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluation_due(self, step: int) -> bool:

@@ -1,21 +1,20 @@
 """The trainable policy: a transformers causal LM, its optimizer step and its checkpoints.
 
 The trainer keeps its own fp32 copy of the weights (the master copy); the engine serving rollouts
-gets a copy of them after every step (``engine_state_dict``). Log-probabilities are computed at the
-sampling temperature the engine used (``log_softmax(logits / T)``), so they are comparable with the
-behaviour log-probabilities recorded by the gateway; with ``with_entropy`` the same forward also gives
-each trained token's entropy at that temperature (``algorithms.losses.token_entropy``, no grad), from
-the logits it already computed.
+gets a copy of them after every step (``engine_state_dict``). The policy owns its settings
+(``config``, a ``PolicyConfig``: ``TrainablePolicy(model_dir, **settings)``, or ``from_config`` for
+a run's). Its forward pass is ``trainer.forward`` (log-probs at the engine's sampling temperature);
+the optimizer step is ``trainer.train_step`` over the policy's ``learner`` (model, optimizer, LR
+schedule, reference), the same code for one process and for torchrun ranks. With ``reference_dir``
+(``algorithm.kl_coef > 0``) the policy also holds a frozen reference model for the KL penalty: a full
+fp32 copy of those weights, never trained, in eval mode.
 
-The optimizer step itself (micro-batching, forward/backward, metrics) is ``trainer.train_step``,
-the same code for one process and for torchrun ranks. With ``reference_dir`` (``algorithm.kl_coef >
-0``) the policy also holds a frozen reference model for the KL penalty: a full fp32 copy of those
-weights, never trained, in eval mode.
+It implements ``trainer.base.Policy``, as ``distributed.ShardedPolicy`` and ``torchrun.LeaderPolicy``
+do.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 import shutil
 from collections.abc import Callable
@@ -25,11 +24,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.algorithms.losses import token_entropy, token_logprobs
+from harnessrl.errors import ConfigError
 from harnessrl.hardware import resolve_autocast
-from harnessrl.trainer.config import LoraSection, OptimizerConfig
-from harnessrl.trainer.prefix_tree import PrefixBatch
-from harnessrl.trainer.train_step import train_step
+from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
+from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
+from harnessrl.trainer.train_step import Learner, train_step
 from harnessrl.trajectory import Sample
 
 if TYPE_CHECKING:
@@ -50,74 +49,94 @@ def lr_lambda(config: OptimizerConfig, total_steps: int):
     return factor
 
 
+def load_model(model_dir: str | Path, config: PolicyConfig) -> torch.nn.Module:
+    """The fp32 model the policy trains (with LoRA adapters when ``config.lora``)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    model.config.use_cache = False
+    if config.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    if config.lora is not None:
+        from peft import LoraConfig, get_peft_model
+
+        lora = config.lora
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=lora.r,
+                lora_alpha=lora.alpha,
+                lora_dropout=lora.dropout,
+                target_modules=lora.target_modules,
+                task_type="CAUSAL_LM",
+            ),
+        )
+    return model
+
+
+def load_reference(reference_dir: str | Path) -> torch.nn.Module:
+    """The KL penalty's frozen fp32 reference model, in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32)
+    reference.config.use_cache = False
+    reference.requires_grad_(False)
+    reference.eval()
+    return reference
+
+
 class TrainablePolicy:
     def __init__(
         self,
         model_dir: str | Path,
-        optimizer: OptimizerConfig,
-        total_steps: int,
+        config: PolicyConfig | None = None,
         *,
-        lora: LoraSection | None = None,
-        gradient_checkpointing: bool = False,
-        autocast: str = "none",
-        seed: int = 0,
-        row_tokens: int = 512,
-        share_prefixes: bool = True,
-        device: str = "auto",
         reference_dir: str | Path | None = None,
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
+        **settings: Any,
     ):
-        from transformers import AutoModelForCausalLM
-
-        torch.manual_seed(seed)
+        """``config``, or the ``PolicyConfig`` fields as keywords (``optimizer=``, ``total_steps=``,
+        ``share_prefixes=``...). ``prepare_model`` places the model instead of ``config.device``
+        (a torchrun rank shards it: ``distributed.ShardedPolicy``)."""
+        if config is not None and settings:
+            raise ConfigError(f"TrainablePolicy: give config or settings, not both ({', '.join(settings)})")
+        self.config = config if config is not None else PolicyConfig(**settings)
         self.model_dir = Path(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-        model.config.use_cache = False
-        if gradient_checkpointing:
-            model.gradient_checkpointing_enable()
-        self.lora = lora
-        if lora is not None:
-            from peft import LoraConfig, get_peft_model
-
-            model = get_peft_model(
-                model,
-                LoraConfig(
-                    r=lora.r,
-                    lora_alpha=lora.alpha,
-                    lora_dropout=lora.dropout,
-                    target_modules=lora.target_modules,
-                    task_type="CAUSAL_LM",
-                ),
-            )
+        torch.manual_seed(self.config.seed)
+        model = load_model(model_dir, self.config)
         #: The KL penalty's frozen reference (None without one). A torchrun rank shards it itself.
-        self.reference: torch.nn.Module | None = None
-        if reference_dir is not None:
-            self.reference = AutoModelForCausalLM.from_pretrained(str(reference_dir), dtype=torch.float32)
-            self.reference.config.use_cache = False
-            self.reference.requires_grad_(False)
-            self.reference.eval()
+        reference = load_reference(reference_dir) if reference_dir is not None else None
         if prepare_model is None:
             # "auto": the first GPU when there is one. A torchrun rank's prepare_model places it.
+            device = self.config.device
             place = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
             model.to(place)
-            if self.reference is not None:
-                self.reference.to(place)
-        self.model = model
-        self.model.train()
+            if reference is not None:
+                reference.to(place)
+        model.train()
         if prepare_model is not None:
             # Before the optimizer is built: FSDP (trainer/distributed.py) replaces the parameters
             # with sharded ones, and the optimizer must hold those.
             prepare_model(model)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            params, lr=optimizer.lr, betas=optimizer.betas, weight_decay=optimizer.weight_decay
+        optimizer_config = self.config.optimizer
+        optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad],
+            lr=optimizer_config.lr,
+            betas=optimizer_config.betas,
+            weight_decay=optimizer_config.weight_decay,
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(optimizer, total_steps))
-        self.grad_clip = optimizer.grad_clip
-        self.row_tokens = row_tokens
-        self.share_prefixes = share_prefixes
-        self.device = next(self.model.parameters()).device
-        self.autocast = resolve_autocast(autocast, on_gpu=self.device.type == "cuda")
+        device = next(model.parameters()).device
+        self.learner = Learner(
+            model=model,
+            optimizer=optimizer,
+            scheduler=torch.optim.lr_scheduler.LambdaLR(
+                optimizer, lr_lambda(optimizer_config, self.config.total_steps)
+            ),
+            config=self.config,
+            device=device,
+            autocast=resolve_autocast(self.config.autocast, on_gpu=device.type == "cuda"),
+            reference=reference,
+        )
 
     @classmethod
     def from_config(
@@ -132,28 +151,35 @@ class TrainablePolicy:
 
         With ``algorithm.kl_coef > 0`` it holds a reference model loaded from ``reference_dir``
         (default ``model_dir``: the weights it starts from)."""
-        t = config.trainer
         return cls(
             model_dir,
-            config.optimizer,
-            t.steps,
-            lora=t.lora,
-            gradient_checkpointing=t.gradient_checkpointing,
-            autocast=t.autocast,
-            seed=config.run.seed,
-            row_tokens=t.row_tokens,
-            share_prefixes=t.share_prefixes,
-            device=t.device,
+            PolicyConfig.from_train_config(config),
             reference_dir=(reference_dir or model_dir) if config.algorithm.kl_coef > 0 else None,
             prepare_model=prepare_model,
         )
 
-    # -- forward -------------------------------------------------------------------------------------
-    def _autocast(self):
-        if self.autocast == "bf16":
-            return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    # -- the learner's parts, by name ----------------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.learner.model
 
+    @property
+    def reference(self) -> torch.nn.Module | None:
+        return self.learner.reference
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.learner.optimizer
+
+    @property
+    def scheduler(self) -> torch.optim.lr_scheduler.LRScheduler:
+        return self.learner.scheduler
+
+    @property
+    def device(self) -> torch.device:
+        return self.learner.device
+
+    # -- forward -------------------------------------------------------------------------------------
     def logprobs(
         self,
         input_ids_B_T: torch.Tensor,
@@ -161,51 +187,19 @@ class TrainablePolicy:
         temperature: float,
         loss_mask_B_T: torch.Tensor | None = None,
         *,
-        model: torch.nn.Module | None = None,
         with_entropy: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """log p(token t | tokens < t) at temperature T, aligned with the tokens: (B, T).
-
-        With ``loss_mask_B_T`` the vocabulary projection is applied only where a logprob is needed
-        (the position before each trained token); everywhere else the result is 0. Prompts and tool
-        output are most of an agent's tokens, and the LM head over a 49k vocabulary at every position
-        was the largest single cost of a step. ``model``: another model than the policy's (the
-        reference). ``with_entropy``: also the entropy of the tempered distribution each token was
-        drawn from, in the same layout (0 where the log-prob is 0), detached: ``(logprobs, entropy)``.
-        """
-        model = self.model if model is None else model
-        if loss_mask_B_T is None:
-            with self._autocast():
-                logits = model(input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False).logits
-            logits = logits.float()
-            if temperature != 1.0:
-                logits = logits / temperature
-            logprobs_B_T = token_logprobs(logits, input_ids_B_T)  # (B, T)
-            if not with_entropy:
-                return logprobs_B_T
-            B, T, V = logits.shape
-            entropy_B_T = torch.zeros(logprobs_B_T.shape, dtype=torch.float32, device=logits.device)
-            entropy_B_T[:, 1:] = token_entropy(logits[:, :-1].reshape(-1, V)).view(B, T - 1)
-            return logprobs_B_T, entropy_B_T
-        decoder = model.get_decoder()
-        lm_head = model.get_output_embeddings()
-        with self._autocast():
-            hidden_B_T_H = decoder(
-                input_ids=input_ids_B_T, position_ids=position_ids_B_T, use_cache=False
-            ).last_hidden_state
-            rows, cols = loss_mask_B_T[:, 1:].nonzero(as_tuple=True)  # token (b, c + 1) is trained
-            logits_N_V = lm_head(hidden_B_T_H[rows, cols])  # predicted from the position before it
-        logits_N_V = logits_N_V.float()
-        if temperature != 1.0:
-            logits_N_V = logits_N_V / temperature
-        targets_N = input_ids_B_T[rows, cols + 1]
-        logp_N = logits_N_V.gather(-1, targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
-        out_B_T = torch.zeros(input_ids_B_T.shape, dtype=logp_N.dtype, device=logp_N.device)
-        logprobs_B_T = out_B_T.index_put((rows, cols + 1), logp_N)
-        if not with_entropy:
-            return logprobs_B_T
-        entropy_B_T = torch.zeros(input_ids_B_T.shape, dtype=torch.float32, device=logp_N.device)
-        return logprobs_B_T, entropy_B_T.index_put((rows, cols + 1), token_entropy(logits_N_V))
+    ) -> TokenLogprobs:
+        """``forward.sequence_logprobs`` of the policy's model: (B, T) log-probs at ``temperature``
+        where ``loss_mask_B_T`` is set (every token but each row's first without one), 0 elsewhere."""
+        return sequence_logprobs(
+            self.model,
+            input_ids_B_T,
+            position_ids_B_T,
+            temperature,
+            loss_mask_B_T,
+            with_entropy=with_entropy,
+            autocast=self.learner.autocast,
+        )
 
     @torch.no_grad()
     def response_logprobs(
@@ -215,43 +209,7 @@ class TrainablePolicy:
         serving these weights reports for the same tokens (the served-weights check uses it)."""
         ids = torch.tensor([prompt_ids + response_ids], device=self.device)
         positions = torch.arange(ids.shape[1], device=self.device)[None, :]
-        logprobs_B_T = self.logprobs(ids, positions, temperature)
-        return logprobs_B_T[0, len(prompt_ids) :].tolist()
-
-    def prefix_logprobs(
-        self,
-        batch: PrefixBatch,
-        temperature: float,
-        *,
-        model: torch.nn.Module | None = None,
-        with_entropy: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout;
-        ``with_entropy`` as in ``logprobs``."""
-        model = self.model if model is None else model
-        decoder = model.get_decoder()
-        lm_head = model.get_output_embeddings()
-        mask_B_1_T_T = batch.attention_B_T_T[:, None]
-        if model.config._attn_implementation != "sdpa":
-            # eager attention adds the mask to the scores; sdpa takes True = attend
-            mask_B_1_T_T = torch.zeros(mask_B_1_T_T.shape).masked_fill(
-                ~mask_B_1_T_T, torch.finfo(torch.float32).min
-            )
-        with self._autocast():
-            hidden_B_T_H = decoder(
-                input_ids=batch.input_ids_B_T,
-                position_ids=batch.position_ids_B_T,
-                attention_mask=mask_B_1_T_T,
-                use_cache=False,
-            ).last_hidden_state
-            logits_N_V = lm_head(hidden_B_T_H[batch.hidden_row_N, batch.hidden_col_N])
-        logits_N_V = logits_N_V.float()
-        if temperature != 1.0:
-            logits_N_V = logits_N_V / temperature
-        logp_N = logits_N_V.gather(-1, batch.targets_N[:, None]).squeeze(-1) - logits_N_V.logsumexp(-1)
-        if not with_entropy:
-            return logp_N[None]
-        return logp_N[None], token_entropy(logits_N_V)[None]
+        return self.logprobs(ids, positions, temperature).logprobs[0, len(prompt_ids) :].tolist()
 
     # -- one optimizer step --------------------------------------------------------------------------
     def train_step(
@@ -264,13 +222,13 @@ class TrainablePolicy:
     ) -> dict[str, float]:
         """One optimizer step over all ``samples`` (all samples of every rollout of the step)."""
         return train_step(
-            self, samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+            self.learner, samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
         )
 
     # -- weights out ---------------------------------------------------------------------------------
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Full weights (LoRA merged in), detached, under the base model's parameter names."""
-        if self.lora is None:
+        if self.config.lora is None:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         # Merge the adapters into the base weights, copy them out, and unmerge so training goes on
         # with separate adapters. peft keeps a wrapped layer's original weight at "<name>.base_layer".
@@ -301,7 +259,7 @@ class TrainablePolicy:
         tmp = folder.with_name(folder.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
-        if self.lora is not None:
+        if self.config.lora is not None:
             self.model.save_pretrained(str(tmp / "adapter"))
             base = self.model.get_base_model()  # type: ignore[attr-defined]
             base.save_pretrained(str(tmp), state_dict=self.engine_state_dict(), safe_serialization=True)

@@ -11,6 +11,7 @@ requeues what was in flight, finishes the checkpoint being written and records t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import time
@@ -21,14 +22,16 @@ from typing import Any
 from harnessrl.config import REMOTE_KINDS
 from harnessrl.controller.stack import RolloutConfig
 from harnessrl.store import open_store
+from harnessrl.trainer.base import Policy
 from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, latest_checkpoint
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.fleet import Fleet, RolloutBook
-from harnessrl.trainer.fleet_local import local_fleet, served_weights_check
+from harnessrl.trainer.fleet_gateway import served_weights_check
+from harnessrl.trainer.fleet_local import local_fleet
 from harnessrl.trainer.fleet_remote import remote_fleet
 from harnessrl.trainer.loop import TrainingLoop
 from harnessrl.trainer.metrics import MetricsWriter
-from harnessrl.trainer.schedule import TaskSchedule, heldout_overlap, load_task_source, train_sampling
+from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, heldout_overlap, train_sampling
 
 
 class Trainer:
@@ -39,7 +42,7 @@ class Trainer:
         *,
         resume: bool = False,
         base_dir: Path | None = None,
-        policy_factory: Callable[[Path, Path], Any] | None = None,
+        policy_factory: Callable[[Path, Path], Policy] | None = None,
     ):
         self.config = config
         self.run_dir = run_dir
@@ -48,12 +51,8 @@ class Trainer:
         # torchrun: rank 0's handle on a policy sharded over all ranks (trainer/distributed.py).
         self.policy_factory = policy_factory
         t = config.trainer
-        self.tasks = load_task_source(config.tasks, split="train", base_dir=self.base_dir)
-        self.heldout = (
-            load_task_source(config.heldout, split="heldout", base_dir=self.base_dir)
-            if config.heldout
-            else []
-        )
+        self.tasks = config.tasks.load(split="train", base_dir=self.base_dir)
+        self.heldout = config.heldout.load(split="heldout", base_dir=self.base_dir) if config.heldout else []
         self.heldout_overlap = heldout_overlap(self.tasks, self.heldout)
         self.schedule = TaskSchedule(self.tasks, t.group_size, config.run.seed, train_sampling(t))
         self.state = TrainState()
@@ -75,12 +74,13 @@ class Trainer:
         """The checkpoint being resumed, else the configured weights."""
         return self.checkpoint if self.checkpoint is not None else self._configured_weights
 
-    def _build_policy(self) -> Any:
+    def _build_policy(self) -> Policy:
         from harnessrl.trainer.policy import TrainablePolicy
 
         model_dir = self._starting_weights()
         # A resumed run keeps its KL anchor: the weights the run started from, not the checkpoint.
         reference = self._configured_weights if self.config.algorithm.kl_coef > 0 else model_dir
+        policy: Policy
         if self.policy_factory is not None:
             policy = self.policy_factory(model_dir, reference)
         else:
@@ -98,7 +98,7 @@ class Trainer:
             engine=engine,
             gateway=cfg.gateway,
             harness=cfg.harness,
-            evaluator=cfg.evaluator,
+            evaluator=cfg.evaluator.model_dump(mode="json"),
             controller=cfg.controller,
         )
 
@@ -128,7 +128,9 @@ class Trainer:
         store_url = cfg.store.url if cfg.store is not None else str(self.run_dir / "harnessrl.db")
         store = open_store(store_url)
         external = cfg.trainer.controllers == "external"
-        book = RolloutBook(store, cfg.run.name, poll_s=0.5 if external else 2.0)
+        book = RolloutBook(
+            store, cfg.run.name, poll_s=0.5 if external else 2.0, deadline_s=cfg.rollout_deadline_s()
+        )
         created = finished = False
         try:
             async with self._open_fleet(book, store_url, metrics.message) as (fleet, start_controllers):
@@ -182,7 +184,9 @@ class Trainer:
             "final_checkpoint": str(final),
         }
 
-    def _open_fleet(self, book: RolloutBook, store_url: str, message: Callable[[str], None]):  # noqa: ANN202
+    def _open_fleet(
+        self, book: RolloutBook, store_url: str, message: Callable[[str], None]
+    ) -> contextlib.AbstractAsyncContextManager[tuple[Fleet, Callable[[], None]]]:
         """Gateways started elsewhere (``trainer.gateway_url``), or one this process serves (an
         async context manager yielding the fleet and its ``start_controllers``)."""
         cfg = self.config
@@ -207,10 +211,10 @@ class Trainer:
         created but did not train (the schedule recreates the same plans), except those that failed
         before the policy was sampled (what stopped the run, if a ``StepFailed`` did). Returns how
         many groups the run has created."""
-        created = await asyncio.to_thread(fleet.book.recover)
         consumed = set(self.state.consumed_groups)
-        plans = [self.schedule.group(i, step=self.state.step) for i in range(created)]
-        plans = [p for p in plans if p.group_id not in consumed]
-        dead = await asyncio.to_thread(fleet.book.failed_before_sampling, plans)
-        await fleet.submit([p for p in plans if p.group_id not in dead])
-        return created
+
+        def reopened(created: int) -> list[GroupPlan]:
+            plans = [self.schedule.group(i, step=self.state.step) for i in range(created)]
+            return [p for p in plans if p.group_id not in consumed]
+
+        return await fleet.recover(reopened)

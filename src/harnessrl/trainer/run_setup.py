@@ -89,7 +89,11 @@ def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
     from harnessrl.controller.stack import RolloutConfig, prepare
 
     prepare(
-        RolloutConfig(harness=config.harness, evaluator=config.evaluator, controller=config.controller),
+        RolloutConfig(
+            harness=config.harness,
+            evaluator=config.evaluator.model_dump(mode="json"),
+            controller=config.controller,
+        ),
         run_dir,
     )
 

@@ -15,68 +15,15 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Literal
 
-from harnessrl.errors import ConfigError
 from harnessrl.schemas import SamplingOverrides, Task
-from harnessrl.tasks.fields import HIDDEN, check_visible
-from harnessrl.trainer.config import TaskSource, TrainerSection
+from harnessrl.trainer.config import TrainerSection
 
-TRAIN_KIND = "train"
-EVAL_KIND = "eval"
-
-
-def load_task_source(source: TaskSource, *, split: str, base_dir: Path | None = None) -> list[Task]:
-    if source.type == "reasoning_gym":
-        from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
-
-        assert source.dataset is not None
-        tasks = reasoning_gym_tasks(
-            source.dataset, source.size, source.seed, source.config or None, split=split
-        )
-    elif source.type == "jsonl":
-        from harnessrl.tasks.jsonl import load_tasks
-
-        assert source.path is not None
-        path = Path(source.path)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        tasks = load_tasks(path)
-    elif source.type == "swesmith":  # records as `harnessrl data` writes them (docs/data.md)
-        from harnessrl.data.records import read_records, to_task
-
-        assert source.path is not None
-        path = Path(source.path)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
-        tasks = [Task(task_id=t["task_id"], split=split, data=t) for t in map(to_task, read_records(path))]
-        ids = [task.task_id for task in tasks]
-        if "" in ids or len(set(ids)) != len(ids):
-            raise ConfigError(f"{split} tasks: {path}: every record needs a unique instance_id")
-    elif source.type == "scienceworld":
-        from harnessrl.tasks.scienceworld import scienceworld_tasks
-
-        try:
-            tasks = scienceworld_tasks(size=source.size, seed=source.seed, split=split, **source.config)
-        except TypeError as exc:  # an unknown key in [tasks.config]
-            raise ConfigError(f"{split} tasks: scienceworld config: {exc}") from exc
-    else:
-        tasks = [
-            Task(task_id=str(item.get("task_id", f"inline-{i}")), split=split, data=dict(item))
-            for i, item in enumerate(source.items)
-        ]
-    if not tasks:
-        raise ConfigError(f"{split} tasks: the source produced no tasks")
-    if source.prompt_template:
-        for task in tasks:
-            visible = {k: v for k, v in task.data.items() if k != HIDDEN}  # the prompt reaches the harness
-            try:
-                task.data["prompt"] = source.prompt_template.format(**visible)
-            except (KeyError, IndexError) as exc:
-                raise ConfigError(f"{split}.prompt_template: the task has no field {exc}") from exc
-    for task in tasks:  # every source, inline items and SWE-smith records included
-        check_visible(task.data, where=f"{split} tasks: task {task.task_id!r}")
-    return tasks
+#: A group's kind, kept in each of its rollouts' ``metadata["kind"]``.
+GroupKind = Literal["train", "eval"]
+TRAIN_KIND: GroupKind = "train"
+EVAL_KIND: GroupKind = "eval"
 
 
 def heldout_overlap(train: list[Task], heldout: list[Task]) -> int:
@@ -95,7 +42,7 @@ class GroupPlan:
     times) or one held-out evaluation (each held-out task once)."""
 
     group_id: str
-    kind: str  # TRAIN_KIND | EVAL_KIND, kept in each rollout's metadata["kind"]
+    kind: GroupKind
     step: int  # stored as each rollout's step: the policy step it was created at / evaluates
     members: tuple[tuple[str, Task], ...]  # (rollout_id, task)
     sampling: SamplingOverrides = field(default_factory=SamplingOverrides)

@@ -18,6 +18,7 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Outcome, Rollout
 from harnessrl.trainer.config import TrainerSection
+from harnessrl.trainer.failures import CANCELLED_STUCK_KEY
 from harnessrl.trainer.fleet import Group
 from harnessrl.trajectory import Sample, build_batch
 
@@ -72,6 +73,8 @@ def prepare_step(
         "reward/success_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
         "rollouts/total": len(rollouts),
         "rollouts/infra_failures": sum(1 for r in rollouts if r.outcome is Outcome.INFRA_FAILURE),
+        # still running past trainer.rollout_deadline_s: cancelled, no reward, out of the baselines
+        "rollouts/cancelled_stuck": sum(1 for r in rollouts if CANCELLED_STUCK_KEY in r.metadata),
         "rollouts/dropped_stale": len(too_stale) if drop else 0,
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness/max": max(staleness, default=0),

@@ -32,8 +32,10 @@ from harnessrl.trajectory import Sample
 
 
 class LeaderPolicy:
-    """Rank 0's policy for ``Trainer``: each call is broadcast to the other ranks (``follow``), then
-    run here, so all ranks enter the same collectives in the same order."""
+    """Rank 0's policy for ``Trainer`` (a ``trainer.base.Policy``): each call is broadcast to the
+    other ranks (``follow``), then run here, so all ranks enter the same collectives in the same
+    order. Every method of the protocol is here: a missing one is an ``AttributeError`` only rank 0
+    would see, with the other ranks waiting for a command that never comes."""
 
     def __init__(self, sharded: ShardedPolicy):
         self.sharded = sharded
@@ -43,9 +45,21 @@ class LeaderPolicy:
         return getattr(self.sharded, name)(*args, **kwargs)
 
     def train_step(
-        self, samples: list[Sample], algorithm: AlgorithmConfig, **kwargs: Any
+        self,
+        samples: list[Sample],
+        algorithm: AlgorithmConfig,
+        *,
+        temperature: float,
+        micro_batch_tokens: int,
     ) -> dict[str, float]:
-        return self._command("train_step", samples, algorithm, **kwargs)
+        return self._command(
+            "train_step", samples, algorithm, temperature=temperature, micro_batch_tokens=micro_batch_tokens
+        )
+
+    def response_logprobs(
+        self, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0
+    ) -> list[float]:
+        return self._command("response_logprobs", prompt_ids, response_ids, temperature)
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         return self._command("engine_state_dict")
@@ -75,7 +89,8 @@ def follow(ctx: DistributedContext) -> None:
             build = functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs)
             sharded = ShardedPolicy(ctx, build)
             continue
-        assert sharded is not None, f"command {name!r} before build"
+        if sharded is None:  # rank 0 always builds first (leader_policy_factory): a broken protocol
+            raise RuntimeError(f"rank 0 sent {name!r} before 'build'")
         getattr(sharded, name)(*args, **kwargs)
 
 

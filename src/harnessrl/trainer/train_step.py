@@ -1,7 +1,8 @@
 """One optimizer step, the same code for one process and for N torchrun ranks (as nanochat does).
 
-``train_step`` takes a ``Ranks`` object for what differs between the two; ``OneProcess`` is the
-identity, ``distributed.ShardedRanks`` the torchrun one. Per step:
+``train_step`` works on a ``Learner`` (the model, its optimizer and LR schedule, the KL reference,
+the policy's config) and takes a ``Ranks`` object for what differs between one process and N;
+``OneProcess`` is the identity, ``distributed.ShardedRanks`` the torchrun one. Per step:
 
 1. Step normalizers (``step_totals``) from *all* samples, so each rank's loss is its share of the
    global loss; ``Ranks.share`` keeps this rank's rollouts (all of them in one process).
@@ -11,11 +12,13 @@ identity, ``distributed.ShardedRanks`` the torchrun one. Per step:
    forward of a sharded layer is a collective); a rank past its last micro-batch runs an idle round
    (a two-token batch whose loss is multiplied by 0). ``Ranks.sync_gradients`` is on for the last
    round only, so gradients are reduced once.
-4. Per round, forwards go through ``Ranks.forward`` (the FSDP root on torchrun): with ``kl_coef > 0``
-   first the frozen reference model's log-probs (no grad), then the policy's; then the loss
-   (``micro_batch_loss``) and its backward.
-5. Gradient clip, optimizer and LR scheduler step; ``Ranks.gather`` collects every rank's sums, so
-   the metrics are those of the whole step (identical on every rank).
+4. Per round, forwards (``trainer/forward.py``) go through ``Ranks.forward`` (the FSDP root on
+   torchrun): with ``kl_coef > 0`` first the frozen reference model's log-probs (no grad), then the
+   policy's; then the loss (``micro_batch_loss``) and its backward.
+5. Gradient clip, optimizer and LR scheduler step. The metrics' sums are one float64 vector per rank
+   (``StepSums``, laid out by ``algorithms.losses.LOSS_METRICS``); ``Ranks.gather`` stacks every
+   rank's in one collective, and the step's metrics are their sums (maxima for ``*_max``), identical
+   on every rank.
 
 Metrics (``policy/*``, docs/metrics.md): token means over the step's loss tokens. ``policy/entropy``
 is the entropy of the tempered policy at each trained token, computed without grad from the logits
@@ -42,20 +45,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.algorithms.losses import MicroBatch, collate, micro_batch_loss
+from harnessrl.algorithms.losses import LOSS_METRICS, MicroBatch, collate, micro_batch_loss
 from harnessrl.algorithms.packing import StepTotals, pack_micro_batches, step_totals
 from harnessrl.errors import ConfigError
+from harnessrl.trainer.config import PolicyConfig
+from harnessrl.trainer.forward import TokenLogprobs, prefix_logprobs, sequence_logprobs
 from harnessrl.trainer.prefix_tree import PrefixBatch, prefix_batch, prefix_micro_batches
 from harnessrl.trajectory import Sample
 
-if TYPE_CHECKING:
-    from harnessrl.trainer.policy import TrainablePolicy
+
+@dataclass(frozen=True)
+class Learner:
+    """What one optimizer step works on (``TrainablePolicy.learner``)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    config: PolicyConfig  # micro-batch layout (row_tokens, share_prefixes), grad_clip
+    device: torch.device
+    autocast: str = "none"  # resolved: "bf16" or "none"
+    reference: torch.nn.Module | None = None  # the KL penalty's frozen reference model
 
 
 # -- what differs between one process and N ranks ----------------------------------------------------
@@ -74,13 +90,15 @@ class Ranks(Protocol):
         """Whether the coming backward reduces gradients over ranks (the last round's does)."""
         ...
 
-    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, reference: bool = False, **kwargs: Any):
+    def forward(
+        self, fn: Callable[..., TokenLogprobs], *args: Any, reference: bool = False, **kwargs: Any
+    ) -> TokenLogprobs:
         """``fn(*args, **kwargs)``, through the policy's (or, with ``reference``, the reference
         model's) sharding root where there is one."""
         ...
 
-    def gather(self, part: Any) -> list[Any]:
-        """Every rank's ``part``, in rank order."""
+    def gather(self, values_L: torch.Tensor) -> torch.Tensor:
+        """Every rank's ``values_L`` (a float64 vector), stacked in rank order: (world, L)."""
         ...
 
     def metrics(self) -> dict[str, float]:
@@ -100,11 +118,13 @@ class OneProcess:
     def sync_gradients(self, on: bool) -> None:
         pass
 
-    def forward(self, fn: Callable[..., torch.Tensor], *args: Any, reference: bool = False, **kwargs: Any):
+    def forward(
+        self, fn: Callable[..., TokenLogprobs], *args: Any, reference: bool = False, **kwargs: Any
+    ) -> TokenLogprobs:
         return fn(*args, **kwargs)
 
-    def gather(self, part: Any) -> list[Any]:
-        return [part]
+    def gather(self, values_L: torch.Tensor) -> torch.Tensor:
+        return values_L[None]
 
     def metrics(self) -> dict[str, float]:
         return {}
@@ -191,47 +211,103 @@ def to_device(batch: Any, device: torch.device) -> Any:
     return dataclasses.replace(batch, **moved)
 
 
-def _logprobs(
-    policy: TrainablePolicy,
+def micro_logprobs(
+    learner: Learner,
     micro: MicroBatch | PrefixBatch,
     temperature: float,
     ranks: Ranks,
     *,
     reference: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None, MicroBatch]:
-    """One micro-batch's trained-token log-probs (policy or reference), their entropies (the
-    policy's only, detached) and its loss entries."""
-    model = policy.reference if reference else policy.model
-    with_entropy = not reference
+) -> tuple[TokenLogprobs, MicroBatch]:
+    """One micro-batch's trained-token log-probs (policy or reference) with their entropies (the
+    policy's only, detached), and the micro-batch's loss entries."""
+    model = learner.reference if reference else learner.model
+    options = {"with_entropy": not reference, "autocast": learner.autocast}
     if isinstance(micro, PrefixBatch):
-        out = ranks.forward(
-            policy.prefix_logprobs,
-            micro,
-            temperature,
-            model=model,
-            with_entropy=with_entropy,
-            reference=reference,
-        )
-        batch = micro.entries
-    else:
-        out = ranks.forward(
-            policy.logprobs,
-            micro.input_ids_B_T,
-            micro.position_ids_B_T,
-            temperature,
-            micro.loss_mask_B_T,
-            model=model,
-            with_entropy=with_entropy,
-            reference=reference,
-        )
-        batch = micro
-    logprobs, entropy = out if with_entropy else (out, None)
-    return logprobs, entropy, batch
+        out = ranks.forward(prefix_logprobs, model, micro, temperature, reference=reference, **options)
+        return out, micro.entries
+    out = ranks.forward(
+        sequence_logprobs,
+        model,
+        micro.input_ids_B_T,
+        micro.position_ids_B_T,
+        temperature,
+        micro.loss_mask_B_T,
+        reference=reference,
+        **options,
+    )
+    return out, micro
+
+
+# -- the step's metric sums ---------------------------------------------------------------------------
+#: Positions in a rank's sums vector before the per-metric ones.
+_LOSS, _ENTROPY, _NLL, _TOKENS = range(4)
+_MEANS = tuple(name for name in LOSS_METRICS if name != "loss_tokens" and not name.endswith("_max"))
+_MAXIMA = tuple(name for name in LOSS_METRICS if name.endswith("_max"))
+
+
+class StepSums:
+    """One rank's sums over its micro-batches, as one float64 vector: loss, entropy, sampled NLL,
+    forward tokens, then for each mean metric of ``LOSS_METRICS`` its loss-token-weighted sum and
+    its weight, then each maximum (-inf where none was seen)."""
+
+    def __init__(self) -> None:
+        self.totals = [0.0, 0.0, 0.0, 0.0]
+        self.sums = dict.fromkeys(_MEANS, 0.0)
+        self.weights = dict.fromkeys(_MEANS, 0.0)
+        self.maxima = dict.fromkeys(_MAXIMA, -math.inf)
+
+    def add(
+        self,
+        loss_metrics: Mapping[str, float],
+        n: int,
+        *,
+        loss: float,
+        entropy: float,
+        nll: float,
+        tokens: int,
+    ) -> None:
+        self.totals[_LOSS] += loss
+        self.totals[_ENTROPY] += entropy
+        self.totals[_NLL] += nll
+        self.totals[_TOKENS] += tokens
+        for key, value in loss_metrics.items():
+            if key == "loss_tokens":  # a count, not a per-token mean: the step's is policy/loss_tokens
+                continue
+            if key in self.maxima:
+                self.maxima[key] = max(self.maxima[key], float(value))
+            else:
+                self.sums[key] += float(value) * n  # KeyError: a metric missing from LOSS_METRICS
+                self.weights[key] += n
+
+    def vector(self) -> torch.Tensor:
+        values = [*self.totals, *self.sums.values(), *self.weights.values(), *self.maxima.values()]
+        return torch.tensor(values, dtype=torch.float64)
+
+
+def reduce_sums(parts_W_L: torch.Tensor, loss_tokens: int) -> dict[str, float]:
+    """The step's metrics from every rank's ``StepSums.vector()`` (rows in rank order)."""
+    k = len(_MEANS)
+    summed = parts_W_L[:, : 4 + 2 * k].sum(0).tolist()
+    maxima = parts_W_L[:, 4 + 2 * k :].amax(0).tolist()
+    sums, weights = summed[4 : 4 + k], summed[4 + k :]
+    metrics = {f"policy/{key}": s / w for key, s, w in zip(_MEANS, sums, weights, strict=True) if w}
+    metrics.update({f"policy/{key}": m for key, m in zip(_MAXIMA, maxima, strict=True) if m != -math.inf})
+    denominator = max(1, loss_tokens)
+    metrics.update(
+        {
+            "policy/loss": summed[_LOSS],
+            "policy/entropy": summed[_ENTROPY] / denominator,
+            "policy/sampled_nll": summed[_NLL] / denominator,
+            "policy/forward_tokens": summed[_TOKENS],
+        }
+    )
+    return metrics
 
 
 # -- the step -----------------------------------------------------------------------------------------
 def train_step(
-    policy: TrainablePolicy,
+    learner: Learner,
     samples: list[Sample],
     algorithm: AlgorithmConfig,
     *,
@@ -245,33 +321,33 @@ def train_step(
     if totals.num_loss_tokens == 0:
         return {"policy/loss": 0.0, "policy/skipped": 1.0}
     with_reference = algorithm.kl_coef > 0
-    if with_reference and policy.reference is None:
+    if with_reference and learner.reference is None:
         raise ConfigError(
             "algorithm.kl_coef > 0 needs a reference model: build the policy with reference_dir "
             "(TrainablePolicy.from_config does when kl_coef > 0)"
         )
     local = ranks.share(samples)
     micros = micro_batches(
-        local, totals, micro_batch_tokens, share_prefixes=policy.share_prefixes, row_tokens=policy.row_tokens
+        local,
+        totals,
+        micro_batch_tokens,
+        share_prefixes=learner.config.share_prefixes,
+        row_tokens=learner.config.row_tokens,
     )
     rounds = ranks.rounds(len(micros))
 
-    policy.optimizer.zero_grad(set_to_none=True)
-    sums: dict[str, float] = {}  # per-token means, weighted by each micro-batch's loss tokens
-    weights: dict[str, float] = {}
-    maxima: dict[str, float] = {}  # the "_max" metrics: the largest over the step, not a mean
-    loss_total = entropy_sum = nll_sum = 0.0
-    tokens = 0
+    learner.optimizer.zero_grad(set_to_none=True)
+    sums = StepSums()
     for i in range(rounds):
         # Gradients are reduced once, after the last round; before that they accumulate locally.
         ranks.sync_gradients(i == rounds - 1)
         idle = i >= len(micros)
-        micro = to_device(idle_batch() if idle else micros[i], policy.device)
+        micro = to_device(idle_batch() if idle else micros[i], learner.device)
         ref_logprobs = None
         if with_reference:
             with torch.no_grad():
-                ref_logprobs, _, _ = _logprobs(policy, micro, temperature, ranks, reference=True)
-        logprobs, entropy, batch = _logprobs(policy, micro, temperature, ranks)
+                ref_logprobs = micro_logprobs(learner, micro, temperature, ranks, reference=True)[0].logprobs
+        (logprobs, entropy), batch = micro_logprobs(learner, micro, temperature, ranks)
         if idle:  # this rank has no work left but must join the collectives
             (logprobs.sum() * 0.0).backward()
             continue
@@ -281,52 +357,31 @@ def train_step(
             logprobs, batch, totals, algorithm, old_logprobs_B_T=old_logprobs, ref_logprobs_B_T=ref_logprobs
         )
         out.loss.backward()
-        loss_total += float(out.loss.detach())
-        n = int(batch.loss_mask_B_T.sum())
-        tokens += (
-            micro.computed_tokens if isinstance(micro, PrefixBatch) else int(batch.input_ids_B_T.numel())
+        mask = batch.loss_mask_B_T
+        sums.add(
+            out.metrics,
+            int(mask.sum()),
+            loss=float(out.loss.detach()),
+            entropy=float((entropy * mask).sum()) if entropy is not None else 0.0,
+            nll=float(-(logprobs.detach() * mask).sum()),
+            tokens=micro.computed_tokens
+            if isinstance(micro, PrefixBatch)
+            else int(batch.input_ids_B_T.numel()),
         )
-        assert entropy is not None
-        entropy_sum += float((entropy * batch.loss_mask_B_T).sum())
-        nll_sum += float(-(logprobs.detach() * batch.loss_mask_B_T).sum())
-        for key, value in out.metrics.items():
-            if key == "loss_tokens":  # a count, not a per-token mean: the step's is policy/loss_tokens
-                continue
-            if key.endswith("_max"):
-                maxima[key] = max(maxima.get(key, -math.inf), float(value))
-                continue
-            sums[key] = sums.get(key, 0.0) + float(value) * n
-            weights[key] = weights.get(key, 0.0) + n
     grad_norm = 0.0
-    if policy.grad_clip:
+    if learner.config.optimizer.grad_clip:
         # On sharded (DTensor) parameters this is the norm of the full gradient (a collective).
-        norm = torch.nn.utils.clip_grad_norm_(policy.model.parameters(), policy.grad_clip)
+        norm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), learner.config.optimizer.grad_clip)
         grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-    lr = policy.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
-    policy.optimizer.step()
-    policy.scheduler.step()
+    lr = learner.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
+    learner.optimizer.step()
+    learner.scheduler.step()
 
-    parts = ranks.gather((loss_total, entropy_sum, nll_sum, tokens, sums, weights, maxima))
-    all_sums: dict[str, float] = {}
-    all_weights: dict[str, float] = {}
-    all_maxima: dict[str, float] = {}
-    for *_, s, w, m in parts:
-        for key in s:
-            all_sums[key] = all_sums.get(key, 0.0) + s[key]
-            all_weights[key] = all_weights.get(key, 0.0) + w[key]
-        for key in m:
-            all_maxima[key] = max(all_maxima.get(key, -math.inf), m[key])
-    loss_tokens = max(1, totals.num_loss_tokens)
-    metrics = {f"policy/{k}": all_sums[k] / all_weights[k] for k in all_sums if all_weights[k]}
-    metrics.update({f"policy/{k}": v for k, v in all_maxima.items()})
+    metrics = reduce_sums(ranks.gather(sums.vector()), totals.num_loss_tokens)
     metrics.update(
         {
-            "policy/loss": sum(p[0] for p in parts),
-            "policy/entropy": sum(p[1] for p in parts) / loss_tokens,
-            "policy/sampled_nll": sum(p[2] for p in parts) / loss_tokens,
             "policy/grad_norm": grad_norm,
             "policy/lr": lr,
-            "policy/forward_tokens": float(sum(p[3] for p in parts)),
             "policy/loss_tokens": float(totals.num_loss_tokens),
             "policy/samples": float(len(samples)),
             **ranks.metrics(),
