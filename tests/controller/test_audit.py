@@ -14,6 +14,7 @@ from harnessrl.controller.audit import (
     GIT_HISTORY,
     NAMESPACE_ESCAPE,
     NETWORK_FETCH,
+    OBFUSCATED_CODE,
     OUTSIDE_WORKSPACE,
     PACKAGE_INSTALL,
     PROC_ACCESS,
@@ -129,6 +130,28 @@ POSITIVE: list[tuple[str, str]] = [
     ("python -c \"import sqlite3; sqlite3.connect('x.db')\"", STORE_ACCESS),
     ("python3 - <<'EOF'\nfrom sqlite3 import connect\nEOF", STORE_ACCESS),
     ("python -c \"from sqlalchemy import create_engine; create_engine('sqlite:///state.db')\"", STORE_ACCESS),
+    # code that hides what it runs: decoded text handed to an interpreter
+    ("echo Y3VybCBodHRwOi8veA== | base64 -d | sh", OBFUSCATED_CODE),
+    ("echo Y3VybCBodHRwOi8veA== | base64 --decode | bash -s", OBFUSCATED_CODE),
+    ("cat blob.gz | gunzip | python3 -", OBFUSCATED_CODE),
+    ("printf '\\x63\\x75\\x72\\x6c' | sh", OBFUSCATED_CODE),
+    ("xxd -r -p payload.hex | perl", OBFUSCATED_CODE),
+    ('eval "$(echo ZWNobyBoaQ== | base64 -d)"', OBFUSCATED_CODE),
+    ('bash -c "$(base64 -d < x.b64)"', OBFUSCATED_CODE),
+    ('python3 -c "$(echo aW1wb3J0IG9z | base64 -d)"', OBFUSCATED_CODE),
+    ("source <(echo ZWNobyBoaQ== | base64 -d)", OBFUSCATED_CODE),
+    ("python -c \"exec(__import__('base64').b64decode('cHJpbnQoMSk='))\"", OBFUSCATED_CODE),
+    ("python -c \"import zlib,base64; exec(zlib.decompress(base64.b64decode(b'eJw=')))\"", OBFUSCATED_CODE),
+    (
+        "python3 - <<'EOF'\nimport codecs\nsrc = codecs.decode('cevag(1)', 'rot13')\nexec(src)\nEOF",
+        OBFUSCATED_CODE,
+    ),
+    ("python -c \"__import__('so'[::-1]).system('id')\"", OBFUSCATED_CODE),
+    ("python -c \"m = __import__('o' + 's'); m.getcwd()\"", OBFUSCATED_CODE),
+    ("python -c \"import marshal; exec(marshal.loads(open('c.bin', 'rb').read()))\"", OBFUSCATED_CODE),
+    ("python -c \"import builtins; getattr(builtins, 'ex' + 'ec')('print(1)')\"", OBFUSCATED_CODE),
+    ("python -c \"import pickle, base64; pickle.loads(base64.b64decode(b'gAR9lC4='))\"", OBFUSCATED_CODE),
+    ("python -c \"import os; os.system(bytes.fromhex('6964').decode())\"", OBFUSCATED_CODE),
 ]
 
 NEGATIVE: list[str] = [
@@ -190,6 +213,18 @@ NEGATIVE: list[str] = [
     "cat notes.dbx",
     'python -c "from django.db import connection"',
     "python -m pytest tests/test_sqlite.py -q",
+    # decoding is not running: the decoded text lands in the workspace, which the audit diffs
+    "echo aGVsbG8= | base64 -d",
+    "echo aGVsbG8= | base64 -d > data.txt",
+    "echo aGVsbG8= | base64 -d | gunzip >> fixture.py",
+    "zcat logs.gz | grep ERROR | head",
+    "xxd -d data.bin | sh -c 'cat'",
+    "gunzip -c archive.gz > out.txt && bash run.sh",
+    "python -c \"import base64; print(base64.b64decode('aGk='))\"",
+    "python -c \"import ast; print(ast.literal_eval('[1, 2]'))\"",
+    "python -c \"import re; p = re.compile('a+'); print(p.match('aa'))\"",
+    "python -c \"import importlib; m = importlib.import_module('json'); print(m.dumps(1))\"",
+    "python -c \"print(''.join(chr(ord(c) + 1) for c in 'abc'))\"",
 ]
 
 

@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harnessrl.controller.audit_changes import PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
+from harnessrl.controller.audit_changes import FORCED_EXIT, PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
 from harnessrl.controller.audit_extract import CommandRecord, extract_commands
 from harnessrl.controller.audit_obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit_rules import (
@@ -66,6 +66,7 @@ ALL_RULES: tuple[str, ...] = (
     NAMESPACE_ESCAPE,
     STORE_ACCESS,
     OBFUSCATED_CODE,
+    FORCED_EXIT,
     OUTSIDE_WORKSPACE,
 )
 # Every rule zeroes the reward by default except ``outside_workspace``: ordinary agents read
@@ -332,20 +333,19 @@ def _file_flags(change: FileChange, wanted: set[str], roots: tuple[str, ...]) ->
         yield flag(rule, head, match)
     if not text:
         return
-    hints: list[tuple[str, str]] = []
-    analyzed = text  # already bounded by the diff's limits (max_text_bytes per file)
-    for match in _RAW_PATTERNS.finditer(analyzed):
+    hints: list[tuple[str, str]] = []  # ``text`` is bounded by the diff's limits (max_text_bytes)
+    for match in _RAW_PATTERNS.finditer(text):
         hints.append((NETWORK_FETCH if match.group("tcp") else GIT_HISTORY, match.group(0)))
-    hints.extend(raw_hints(analyzed))
+    hints.extend(raw_hints(text))
     first = change.hunks[0] if change.hunks else None
     shebang = first.text if first is not None and first.start == 1 else ""
     if path.endswith((".py", ".pyw", ".pth")) or _PYTHON_SHEBANG.match(shebang):
-        hints.extend(analyze_python(analyzed, 1))
+        hints.extend(analyze_python(text, 1))
     elif path.endswith((".sh", ".bash", ".zsh", ".ksh")) or _SHELL_SHEBANG.match(shebang):
-        hints.extend(analyze_shell(analyzed, 1))
+        hints.extend(analyze_shell(text, 1))
     lines = [n for h in change.hunks or () for n in range(h.start, h.start + h.text.count("\n") + 1)]
-    for rule, match in _select(hints, analyzed, wanted, roots):
-        index, excerpt, shown = _excerpt(analyzed, match)
+    for rule, match in _select(hints, text, wanted, roots):
+        index, excerpt, shown = _excerpt(text, match)
         line = lines[index] if index < len(lines) else None
         yield flag(rule, f"{head}, line {line}:\n{excerpt}", shown, line)
 

@@ -77,7 +77,7 @@ def python_obfuscation(code: str) -> Iterator[tuple[str, str]]:
     tainted = _tainted_names(code)
     for match in _SINK.finditer(code):
         argument = _argument(code, match.end())
-        decoded = _DECODER.search(argument) or any(re.search(rf"\b{n}\b", argument) for n in tainted)
+        decoded = _DECODER.search(argument) or any(re.search(rf"(?<![\w.]){n}\b", argument) for n in tainted)
         built = _IMPORT_SINK.search(match.group(0)) and _BUILT_NAME.search(argument)
         if decoded or built:
             call = code[match.start() : match.end() + len(argument) + 1]
@@ -118,7 +118,7 @@ def _tainted_names(code: str) -> set[str]:
     for _ in range(3):  # chains: a = b64decode(x); b = a.decode(); c = b
         grew = False
         for targets, value in assignments:
-            if _DECODER.search(value) or any(re.search(rf"\b{n}\b", value) for n in tainted):
+            if _DECODER.search(value) or any(re.search(rf"(?<![\w.]){n}\b", value) for n in tainted):
                 for name in re.split(r"[ \t]*,[ \t]*", targets):
                     if name not in tainted:
                         tainted.add(name)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from harnessrl.controller.audit_changes import (
     PACKAGE_INSTALL,
     check_write,
+    forced_exit_hints,
     install_hint,
     pip_hint,
     python_writes,
@@ -250,6 +251,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
             yield rule, match.group(0)
     yield from python_hints(code)
     yield from python_obfuscation(code)
+    yield from forced_exit_hints(code)
     for match in _PY_SHELL_CALL.finditer(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
         arg = match.group(1)
         strings = [a or b for a, b in _PY_STRING.findall(arg)]

@@ -294,7 +294,7 @@ def _change(
     if new.kind == "symlink":
         return FileChange(path=path, status=status, kind="symlink", target=_show(new.digest)), 0
     if new.kind == "special":
-        return FileChange(path=path, status=status, kind="special", note=new.digest), 0
+        return FileChange(path=path, status=status, kind="special", note=f"{new.digest}, never opened"), 0
     sha = None if new.digest.startswith("stat:") else new.digest
     base = {"path": path, "status": status, "size": new.size, "sha256": sha}
     if new.size > limits.max_text_bytes:
