@@ -212,6 +212,45 @@ def test_a_step_that_failed_before_the_policy_was_sampled_stops_the_run_and_resu
         store.close()
 
 
+def test_a_harness_that_hangs_is_cancelled_at_the_deadline_and_counted(tmp_path):
+    """Issue 35: a step never waits forever on one rollout. Every group's first rollout runs a
+    harness that hangs (far past any test's patience: its own timeout is an hour); the trainer
+    cancels each at ``trainer.rollout_deadline_s`` and trains on the rest."""
+    agent = tmp_path / "hangs_on_r0.py"
+    hang = (
+        "\n    if os.environ['HARNESSRL_ROLLOUT_ID'].endswith('-r0'):\n        __import__('time').sleep(3600)"
+    )
+    main = 'if __name__ == "__main__":'
+    agent.write_text((CONFIG.parent / "agent.py").read_text().replace(main, main + hang))
+    agent.chmod(0o755)
+    run_dir = tmp_path / "run"
+    proc = train(
+        run_dir,
+        "--set", f'harness.command=["{agent}", "{{prompt}}"]',
+        "--set", "harness.timeout_s=3600",
+        "--set", "trainer.rollout_deadline_s=20",
+        "--set", "trainer.mode=sync",
+        "--set", "trainer.steps=1",
+        "--set", "trainer.tasks_per_step=2",
+        "--set", "trainer.group_size=3",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = [r for r in metrics(run_dir) if "rollouts/total" in r]
+    assert row["rollouts/total"] == 6 and row["rollouts/cancelled_stuck"] == 2
+    assert row["rollouts/trained"] == 4 and row["rollouts/no_reward"] == 2
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        stuck = [r for r in store.list_rollouts(run_id="tiny-vowels") if r.rollout_id.endswith("-r0")]
+        assert len(stuck) == 2
+        for rollout in stuck:
+            assert rollout.status.value == "cancelled" and rollout.reward is None
+            assert rollout.metadata["cancelled_stuck"]["deadline_s"] == 20
+            assert rollout.metadata["cancelled_stuck"]["running_s"] > 20
+    finally:
+        store.close()
+    assert processes_running(str(agent)) == []  # nothing of the run is left running
+
+
 def processes_running(needle: str) -> list[int]:
     """PIDs of live processes whose command line contains ``needle``."""
     pids = []
