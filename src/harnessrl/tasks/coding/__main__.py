@@ -3,17 +3,17 @@
 ``build --out DIR [--limit N] [--seed S] [--mutants-per-problem K] [--problems ID,...] [--jobs J]``
 writes a task set (``build``); its report is the last stdout line (JSON).
 
-``evaluate [TASK_FILE] --hidden DIR [--timeout S]`` is the evaluator's command, run in the rollout's
-workspace inside the sandbox: restores the hidden tests, runs them and prints
-``{"reward": 0.0 | 1.0, ...}`` as its last line. Exit status 2 (the controller's "evaluator failed",
-an infrastructure failure) only when the task itself is broken, never because of the policy's code.
+``evaluate [TASK_FILE] --hidden DIR [--timeout S]`` is the evaluator's command, run over a copy of
+the rollout's workspace inside the scorer's sandbox (``hidden``): checks the probed values, restores
+and runs the hidden tests, and prints ``{"reward": 0.0 | 1.0, "flags": [...], ...}`` as its last
+line. The task comes from ``TASK_FILE`` or ``$HARNESSRL_TASK_FILE``. Exit status 2 (the controller
+records a flagged 0) only when the task itself is broken, never because of the policy's code.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "task_file",
         type=Path,
         nargs="?",
-        help="the task JSON (default: $HARNESSRL_TASK, set by the evaluator)",
+        help="the task JSON (default: $HARNESSRL_TASK_FILE, set by the evaluator)",
     )
     evaluate.add_argument("--hidden", type=Path, required=True, help="the task's hidden folder")
     evaluate.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole test run")
@@ -61,20 +61,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(json.dumps(build_task_set(options)))
         else:
-            from harnessrl.tasks.coding.hidden import HiddenTestsError, evaluate_task
+            from harnessrl.tasks.coding.hidden import evaluate_task
+            from harnessrl.tasks.pytest_scoring import read_task
 
-            where = str(args.task_file) if args.task_file else "$HARNESSRL_TASK"
-            try:
-                text = (
-                    args.task_file.read_text(encoding="utf-8")
-                    if args.task_file
-                    else os.environ["HARNESSRL_TASK"]
-                )
-                task = json.loads(text)
-            except (OSError, KeyError, ValueError) as exc:
-                raise HiddenTestsError(f"cannot read the task from {where}: {exc!r}") from exc
-            if not isinstance(task, dict):
-                raise HiddenTestsError(f"the task in {where} is not a JSON object")
+            task = read_task(args.task_file)
             print(json.dumps(evaluate_task(task, args.hidden, Path.cwd(), timeout_s=args.timeout)))
     except HarnessRLError as exc:
         print(f"harnessrl: error: {exc}", file=sys.stderr)

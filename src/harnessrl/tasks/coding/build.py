@@ -8,24 +8,30 @@ then confirmed with real pytest runs of the hidden tests, exactly as the evaluat
 ``FAIL_TO_PASS`` = tests the buggy code fails and the gold code passes, ``PASS_TO_PASS`` = tests both
 pass. A task is written only if ``FAIL_TO_PASS`` is non-empty and the gold code passes every test.
 
+Each probed check (``assert candidate(...) == expected``, see ``probes``) is run against the gold
+code and its value recorded; a probe whose verdict on the bug disagrees with pytest's is left to
+pytest alone, so the scorer's cross-check never flags honest code.
+
 Layout of ``OUT``::
 
     tasks.jsonl                 SWE-smith-shaped records (``harnessrl data`` reads them)
     report.json                 counts: tasks, skipped problems by reason, mutation operators
     repos/<instance_id>/        git repo: commit 1 = gold code, commit 2 (HEAD) = the bug
         solution.py  pytest.ini  tests/test_solution.py (PASS_TO_PASS tests only)
-    hidden/<instance_id>/       never copied into a workspace
-        files/                  restored over the workspace before scoring: full test module, pytest.ini
-        evaluate                the evaluator's command: restore + run (harnessrl.tasks.coding.hidden)
+    hidden/<instance_id>/       what scoring needs, and nothing else: the evaluator names this folder
+        files/                  restored over the workspace before pytest: full test module, pytest.ini
+        scoring.json            the probes and the gold values they must return
+    gold/<instance_id>/         never named by an evaluator: the answer itself
         gold.patch  mutation.json
 
-The gold fix stays in each repository's history: the sandbox's ``git_history = "squash"`` hides it,
-and the red-team test shows what happens without that. Everything is deterministic: the same
+The gold fix also stays in each repository's history: the sandbox's ``git_history = "squash"`` hides
+it, and the red-team test shows what happens without that. Everything is deterministic: the same
 HumanEval version, seed and options give the same bytes (commits use fixed dates and authors).
 Records hold absolute paths (``hidden.repo_path``, ``hidden.tests``), so build where the runs will
 read. Both are under ``hidden``: the harness never learns where the original repository (whose
 history holds the fix) or the hidden tests are; the controller copies the repository
-(``harness.repo = "{task[hidden.repo_path]}"``) and the evaluator runs ``{task[hidden.tests]}/evaluate``.
+(``harness.repo = "{task[hidden.repo_path]}"``) and never gives it to the scorer, whose command names
+the hidden folder: ``python -I -m harnessrl.tasks.coding evaluate --hidden {task[hidden.tests]}``.
 """
 
 from __future__ import annotations
@@ -33,10 +39,8 @@ from __future__ import annotations
 import ast
 import json
 import random
-import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import textwrap
 from collections import Counter
@@ -46,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError
+from harnessrl.tasks.coding import probes as probing
 from harnessrl.tasks.coding.checks import (
     SOLUTION_FILE,
     TEST_FILE,
@@ -56,6 +61,7 @@ from harnessrl.tasks.coding.checks import (
 from harnessrl.tasks.coding.hidden import run_tests
 from harnessrl.tasks.coding.mutations import Mutant, mutants
 from harnessrl.tasks.coding.screen import Screened, screen
+from harnessrl.tasks.pytest_scoring import DISAGREEMENT, REPORT_MISSING, TestRun
 
 BUILDER = "harnessrl.tasks.coding"
 PYTEST_INI = "[pytest]\n# The tests import the repository's root modules (`from solution import *`).\npythonpath = .\ntestpaths = tests\n"
@@ -92,6 +98,7 @@ class _Planned:
     fail_to_pass: list[str]
     pass_to_pass: list[str]
     statement: str
+    spec: probing.ProbeSpec  # the probes, with the gold values recorded for those the scorer checks
     base_commit: str = ""  # set when the repository is written
 
 
@@ -161,6 +168,7 @@ def build_task_set(
         "operators": dict(sorted(Counter(t.mutant.operator for t in planned).items())),
         "fail_to_pass_tests": sum(len(t.fail_to_pass) for t in planned),
         "pass_to_pass_tests": sum(len(t.pass_to_pass) for t in planned),
+        "probed_tests": sum(len(t.spec.recorded()) for t in planned),
         "seed": options.seed,
         "mutants_per_problem": options.mutants_per_problem,
     }
@@ -216,14 +224,18 @@ def _plan_problem(problem: dict[str, Any], options: BuildOptions) -> _ProblemRes
     with tempfile.TemporaryDirectory(prefix="harnessrl-coding-") as tmp:
         ids = [t.test_id for t in split.tests]
         gold_run = _pytest(Path(tmp) / "gold", gold, module, ids, options.test_timeout_s)
-        if not all(gold_run.passed(i) for i in ids):
+        if not all(gold_run.passed(i) for i in ids) or gold_run.flags:
             return _ProblemResult(skipped="gold_fails", split=split)
+        spec, _ = probing.record(
+            Path(tmp) / "gold", probing.spec_for(split), timeout_s=options.test_timeout_s
+        )
         tasks: list[_Planned] = []
         for k in mixed + total:
             if len(tasks) == options.mutants_per_problem:
                 break
-            run = _pytest(Path(tmp) / f"m{k}", candidates[k].source, module, ids, options.test_timeout_s)
-            if run.timed_out:
+            folder = Path(tmp) / f"m{k}"
+            run = _pytest(folder, candidates[k].source, module, ids, options.test_timeout_s)
+            if run.timed_out or {DISAGREEMENT, REPORT_MISSING} & set(run.flags):
                 continue
             f2p = [i for i in ids if not run.passed(i)]
             p2p = [i for i in ids if run.passed(i)]
@@ -231,18 +243,32 @@ def _plan_problem(problem: dict[str, Any], options: BuildOptions) -> _ProblemRes
                 continue  # screening and pytest disagree: trust pytest, try the next mutant
             num = problem["task_id"].split("/")[-1]
             statement = problem_statement(problem, split, f2p, by_index[k])
-            tasks.append(_Planned(f"humaneval__{num}.m{k:02d}", problem, candidates[k], f2p, p2p, statement))
+            task_spec = _agreeing(spec, folder, run, options.test_timeout_s)
+            tasks.append(
+                _Planned(f"humaneval__{num}.m{k:02d}", problem, candidates[k], f2p, p2p, statement, task_spec)
+            )
     if not tasks:
         return _ProblemResult(skipped="no_failing_mutant", split=split)
     return _ProblemResult(tasks=tasks, split=split)
 
 
-def _pytest(folder: Path, solution: str, test_module: str, ids: list[str], timeout_s: float):
+def _pytest(folder: Path, solution: str, test_module: str, ids: list[str], timeout_s: float) -> TestRun:
+    """The scorer's pytest run (tripwires included), as a plain child: gold and mutant code is ours."""
     (folder / "tests").mkdir(parents=True)
     (folder / SOLUTION_FILE).write_text(solution)
     (folder / TEST_FILE).write_text(test_module)
     (folder / "pytest.ini").write_text(PYTEST_INI)
-    return run_tests(folder, ids, timeout_s=timeout_s)
+    return run_tests(folder, ids, timeout_s=timeout_s, isolated=False)
+
+
+def _agreeing(spec: probing.ProbeSpec, folder: Path, run: TestRun, timeout_s: float) -> probing.ProbeSpec:
+    """``spec`` without the recorded values whose verdict on the bug in ``folder`` differs from
+    pytest's: the scorer would flag honest code there (a check whose value depends on state the
+    other tests leave behind, say)."""
+    recorded = spec.recorded()
+    probe_run = probing.run_probes(folder, recorded, spec, timeout_s=timeout_s, isolated=False)
+    verdicts = probing.verdicts(probe_run, recorded)
+    return probing.drop(spec, {p.name for p in recorded if verdicts[p.test_id] != run.passed(p.test_id)})
 
 
 def problem_statement(
@@ -292,8 +318,10 @@ def _write_task(staging: Path, task: _Planned, split: SplitChecks | None) -> str
     (hidden / "files" / "tests").mkdir(parents=True)
     (hidden / "files" / TEST_FILE).write_text(full)
     (hidden / "files" / "pytest.ini").write_text(PYTEST_INI)
-    gold_patch = _git(repo, "diff", "HEAD", "HEAD~1")
-    (hidden / "gold.patch").write_text(gold_patch)
+    (hidden / probing.SCORING_FILE).write_text(json.dumps(task.spec.to_json(), indent=1) + "\n")
+    answer = staging / "gold" / task.instance_id  # named by no evaluator command: out of the scorer's reach
+    answer.mkdir(parents=True)
+    (answer / "gold.patch").write_text(_git(repo, "diff", "HEAD", "HEAD~1"))
     mutation = {
         "problem": problem["task_id"],
         "operator": task.mutant.operator,
@@ -301,21 +329,13 @@ def _write_task(staging: Path, task: _Planned, split: SplitChecks | None) -> str
         "before": task.mutant.before,
         "after": task.mutant.after,
     }
-    (hidden / "mutation.json").write_text(json.dumps(mutation, indent=2) + "\n")
-    script = hidden / "evaluate"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"# Scores a rollout of {task.instance_id}: restores the hidden tests into the current folder (the\n"
-        '# rollout\'s workspace) and runs them; prints {"reward": ...}. Written by harnessrl.tasks.coding.\n'
-        f'exec {shlex.quote(sys.executable)} -I -m harnessrl.tasks.coding evaluate --hidden "$(dirname "$0")" "$@"\n'
-    )
-    script.chmod(0o755)
+    (answer / "mutation.json").write_text(json.dumps(mutation, indent=2) + "\n")
     return _git(repo, "rev-parse", "HEAD").strip()
 
 
 def _record(out: Path, task: _Planned) -> dict[str, Any]:
     """A SWE-smith-shaped record. ``to_task`` moves the test lists under ``hidden``, beside the two
-    paths; the gold patch and the mutation stay in the hidden folder, not here."""
+    paths; the gold patch and the mutation stay in ``gold/``, named nowhere in the record."""
     repo = out / "repos" / task.instance_id
     num = task.problem["task_id"].split("/")[-1]
     return {

@@ -1,0 +1,494 @@
+"""A scorer for repository test suites that the code under test cannot talk into a pass.
+
+``python -I -m harnessrl.tasks.pytest_scoring [--files DIR] [--config FILE] [TASK_FILE]`` is a command
+evaluator's scorer for SWE-smith-style tasks: it restores the task's test files over the workspace,
+runs the tests named in ``hidden.FAIL_TO_PASS`` and ``hidden.PASS_TO_PASS`` with pytest, and prints
+``{"reward": 0.0 | 1.0, "flags": [...], ...}`` as its last line. Reward 1 only if every listed test
+passed *and* nothing about the run contradicts that.
+
+pytest runs in the process that imports the code under test, so its verdict is that code's to
+rewrite (``os._exit(0)`` at import, a patched ``TestReport``, a forged JUnit file). What this scorer
+does about it:
+
+- pytest runs through ``harnessrl.sandbox.scored.run_scored``: in a Landlock domain of its own that
+  cannot read this scorer's inputs, write its stdout, signal it or outlive ``run_scored``;
+- isolated: ``python -I -m pytest`` (no workspace ``pytest.py``/``sitecustomize.py``, no ``PYTHON*``
+  variables), ``--noconftest``, plugin auto-loading off, ``-o addopts=`` (the workspace's config
+  cannot add options), no cache; outcomes come from pytest's JUnit XML, read only once every
+  process of the run is dead;
+- **tripwires**: before the run, two tests with fresh random names (shaped like the file's own test
+  names) are appended to every test file holding a listed test, one that must fail and one that
+  must pass. Code that does not know them cannot forge a report that gets them right. The verdict
+  is refused (reward 0, flag ``verdict_disagreement``) when a must-fail tripwire passed, a tripwire
+  is missing from a file whose tests were reported, or pytest exited 0 (the must-fail tripwire
+  makes an honest run exit 1); ``report_missing`` when there is no readable report,
+  ``tests_missing`` when a listed test was never reported (an import error, a deleted file),
+  ``tests_timed_out`` when the run was killed at its time limit.
+
+Residual risk, precisely: code that reads the test files at run time can tell the tripwires apart
+(their bodies are not the suite's) and rewrite only the outcomes of the real tests; tripwires catch
+code that rewrites reports wholesale or by name pattern, not code written against this scorer.
+Where assertions can be checked outside the process (``harnessrl.tasks.coding``'s probes), they
+are. ``docs/evaluators.md`` says how to use this scorer.
+
+Exit status 2 (the controller's "scorer failed": reward 0, flagged) only when the task itself is
+broken (no test lists, no files folder); never because of the code under test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import HarnessRLError
+from harnessrl.sandbox import landlock
+from harnessrl.sandbox.scored import domain_spec, run_scored
+from harnessrl.tasks.fields import HIDDEN
+
+# Flags in the scorer's JSON output (the controller records them with the rollout).
+DISAGREEMENT = "verdict_disagreement"  # independent signals contradict the in-process verdict
+REPORT_MISSING = "report_missing"  # no readable JUnit report: the run was cut short or tampered with
+TESTS_MISSING = "tests_missing"  # a listed test was never reported
+TIMED_OUT = "tests_timed_out"  # the run was killed at its time limit
+INPUTS_EXPOSED = "scorer_inputs_exposed"  # the scored code could read what the scorer keeps from it
+WEAK_ISOLATION = "weak_isolation"  # no Landlock, or one without signal scoping (ABI < 6): informational
+
+# The scored process's environment: nothing of the scorer's beyond these.
+_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ")
+_REPORT_LIMIT = 64 << 20  # bytes of JUnit XML read: more is no report
+_TRIPWIRE_HEAD = "\n\n\n"
+
+
+class ScoringError(HarnessRLError):
+    """The task or the scorer's inputs are unusable: not the scored code's doing."""
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """How a child that ran the code under test ended; ``output`` is untrusted."""
+
+    exit_code: int | None  # None when killed at the time limit
+    timed_out: bool
+    output: bytes
+    isolation: str  # run_scored's ("landlock", ...) or "none" (a trusted child, not isolated)
+    leftovers: int = 0  # processes it left behind, killed before the run returned
+
+
+def child_env(home: Path) -> dict[str, str]:
+    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
+    env.update(HOME=str(home), TMPDIR=str(home), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
+    return env
+
+
+def run_child(
+    argv: Sequence[str],
+    *,
+    cwd: Path,
+    env: dict[str, str],
+    timeout_s: float,
+    stdin: bytes = b"",
+    writable: Sequence[Path] = (),
+    isolated: bool = True,
+    output_limit: int = 1 << 16,
+) -> ChildRun:
+    """Run ``argv`` over code under test: through ``run_scored`` (``isolated``, what scorers do), or as
+    a plain process group for trusted code (the task builder's runs of gold and mutant code, which
+    run several at once: ``run_scored`` kills every descendant of its caller)."""
+    if isolated:
+        run = run_scored(
+            argv,
+            cwd=cwd,
+            env=env,
+            timeout_s=timeout_s,
+            writable=writable,
+            stdin=stdin,
+            output_limit=output_limit,
+        )
+        return ChildRun(run.exit_code, run.timed_out, run.output, run.isolation, run.leftovers)
+    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
+        fin.write(stdin)
+        fin.seek(0)
+        proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        code: int | None
+        try:
+            code = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if code is not None and code < 0:
+            code = 128 - code  # killed by a signal, as run_scored reports it
+        fout.seek(max(0, fout.tell() - output_limit))
+        output = fout.read()
+    return ChildRun(code, code is None, output, "none")
+
+
+def inputs_exposed(secrets: Sequence[Path], *, cwd: Path, writable: Sequence[Path] = ()) -> list[str]:
+    """Which of ``secrets`` the scored code's domain (``run_scored`` with these arguments) could read:
+    all of them without Landlock; with it, those beneath a folder the domain allows (``/tmp``, the
+    workspace, Python's install...). The evaluator's layout keeps inputs under ``/run/harnessrl``."""
+    abi = landlock.abi_version()
+    if abi < 1:
+        return [str(p) for p in secrets]
+    spec = domain_spec(cwd=cwd, readable=(), writable=writable, abi=abi)
+    roots = [Path(os.path.realpath(p)) for p in spec["rules"]]
+    found = []
+    for secret in secrets:
+        real = Path(os.path.realpath(secret))
+        if any(real == root or real.is_relative_to(root) for root in roots):
+            found.append(str(secret))
+    return found
+
+
+def restore_files(files: Path, workspace: Path) -> list[str]:
+    """Copy every file under ``files`` over the workspace (a directory, link or file in the way is
+    removed first, so no write follows a link the policy planted); returns the relative paths."""
+    if not files.is_dir():
+        raise ScoringError(f"the test files folder {str(files)!r} is missing")
+    restored = []
+    for src in sorted(p for p in files.rglob("*") if p.is_file()):
+        rel = src.relative_to(files)
+        target = workspace
+        for part in rel.parts[:-1]:
+            target = target / part
+            if target.is_symlink() or (target.exists() and not target.is_dir()):
+                target.unlink()
+            target.mkdir(exist_ok=True)
+        target = target / rel.parts[-1]
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():  # a FIFO or socket
+            target.unlink()
+        shutil.copyfile(src, target)
+        restored.append(rel.as_posix())
+    return restored
+
+
+# --------------------------------------------------------------------------------------------------
+# Tripwires
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tripwire:
+    test_id: str
+    must_pass: bool
+
+
+def _own_file(workspace: Path, rel: str) -> Path | None:
+    """``workspace/rel`` if it is a regular file reached without links, else None."""
+    path = workspace / rel
+    real = os.path.realpath(path)
+    if real != os.path.join(os.path.realpath(workspace), os.path.normpath(rel)) or path.is_symlink():
+        return None
+    return path if path.is_file() else None
+
+
+def _function_name(test_id: str) -> str:
+    return test_id.partition("[")[0].split("::")[-1]
+
+
+def _tripwire_names(source: str, listed: list[str], rng: random.Random) -> tuple[str, str]:
+    """Two fresh names shaped like the file's listed tests: ``test_check_07`` beside ``test_check_03``."""
+    taken = set(re.findall(r"\b(?:def|class)\s+(\w+)", source))
+    prefix = os.path.commonprefix(listed) if listed else ""
+    prefix = prefix[: prefix.rfind("_") + 1] if "_" in prefix else ""
+    if not prefix or not prefix.isidentifier():
+        prefix = "test_"
+    tails = [n[len(prefix) :] for n in listed]
+    width = len(tails[0]) if tails and all(t.isdigit() and len(t) == len(tails[0]) for t in tails) else 0
+    names: list[str] = []
+    while len(names) < 2:
+        if width and len(names) + len(taken) < 10**width // 2:
+            tail = str(rng.randrange(10**width)).zfill(width)
+        else:
+            tail = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8))
+        name = prefix + tail
+        if name not in taken and name not in names:
+            names.append(name)
+    return names[0], names[1]
+
+
+def plant_tripwires(
+    workspace: Path, test_ids: Sequence[str], rng: random.Random | None = None
+) -> list[Tripwire]:
+    """Append a must-fail and a must-pass test to each file holding one of ``test_ids``."""
+    rng = rng or random.SystemRandom()
+    by_file: dict[str, list[str]] = {}
+    for test_id in test_ids:
+        by_file.setdefault(test_id.split("::", 1)[0], []).append(_function_name(test_id))
+    planted = []
+    for rel, names in sorted(by_file.items()):
+        path = _own_file(workspace, rel)
+        if path is None:
+            continue  # deleted or replaced by a link: its tests go missing, which scores 0
+        source = path.read_bytes().decode(errors="replace")
+        fail, ok = _tripwire_names(source, names, rng)
+        a, b = rng.sample(range(100, 1000), 2)
+        code = (
+            f"{_TRIPWIRE_HEAD}def {fail}():\n    assert {a} == {b}\n\n\ndef {ok}():\n    assert {a} == {a}\n"
+        )
+        with path.open("ab") as fh:
+            fh.write(code.encode())
+        planted += [Tripwire(f"{rel}::{fail}", False), Tripwire(f"{rel}::{ok}", True)]
+    return planted
+
+
+# --------------------------------------------------------------------------------------------------
+# Running pytest and reading its verdict
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TestRun:
+    outcomes: dict[str, str]  # listed test id -> passed | failed | skipped | missing
+    exit_code: int | None  # pytest's exit status; None when killed at the time limit
+    timed_out: bool = False
+    output: str = ""  # the tail of pytest's output
+    flags: list[str] = field(default_factory=list)
+    isolation: str = "none"
+    leftovers: int = 0
+
+    def passed(self, test_id: str) -> bool:
+        return self.outcomes.get(test_id) == "passed"
+
+    @property
+    def missing(self) -> list[str]:
+        return [t for t, outcome in self.outcomes.items() if outcome == "missing"]
+
+
+def junit_key(test_id: str) -> tuple[str, str]:
+    """A pytest node id as JUnit's (classname, name), the way pytest's ``junitxml`` writes it:
+    ``tests/test_x.py::TestA::test_b[1]`` -> ``("tests.test_x.TestA", "test_b[1]")``."""
+    path, bracket, params = test_id.partition("[")
+    names = path.split("::")
+    names[0] = re.sub(r"\.py$", "", names[0].replace("/", "."))
+    names[-1] += bracket + params
+    return ".".join(names[:-1]), names[-1]
+
+
+def read_junit(path: Path) -> dict[tuple[str, str], str] | None:
+    """Outcome per (classname, name), any failure of a test winning; None when there is no readable
+    report (missing, not a plain file, too large, declarations pytest never writes, bad XML)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not os.path.isfile(f"/proc/self/fd/{fd}") or os.fstat(fd).st_size > _REPORT_LIMIT:
+            return None
+        data = fh.read(_REPORT_LIMIT + 1)
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+        return None
+    try:
+        root = ET.fromstring(data)
+    except ET.ParseError:
+        return None
+    outcomes: dict[tuple[str, str], str] = {}
+    for case in root.iter("testcase"):
+        key = (case.get("classname", ""), case.get("name", ""))
+        if case.find("failure") is not None or case.find("error") is not None:
+            outcome = "failed"
+        elif case.find("skipped") is not None:
+            outcome = "skipped"
+        else:
+            outcome = "passed"
+        if outcomes.get(key) != "failed":  # a pass, then a teardown error: failed
+            outcomes[key] = outcome
+    return outcomes
+
+
+def verdict_flags(
+    reported: dict[tuple[str, str], str] | None,
+    test_ids: Sequence[str],
+    tripwires: Sequence[Tripwire],
+    exit_code: int | None,
+) -> list[str]:
+    """What contradicts the report (a pure function of what the run left)."""
+    if exit_code is None:
+        return [TIMED_OUT]
+    if reported is None:
+        return [REPORT_MISSING]
+    flags = []
+    if any(junit_key(t) not in reported for t in test_ids):
+        flags.append(TESTS_MISSING)
+    seen_files = {t.split("::", 1)[0] for t in test_ids if junit_key(t) in reported}
+    for wire in tripwires:
+        outcome = reported.get(junit_key(wire.test_id))
+        if outcome is None:
+            wrong = wire.test_id.split("::", 1)[0] in seen_files  # its file ran, it did not
+        else:
+            wrong = (outcome == "passed") != wire.must_pass
+        if wrong:
+            flags.append(DISAGREEMENT)
+            break
+    if tripwires and exit_code == 0:  # a must-fail tripwire ran: an honest pytest exits 1
+        flags.append(DISAGREEMENT)
+    return list(dict.fromkeys(flags))
+
+
+def run_pytest(
+    workspace: Path,
+    test_ids: Sequence[str],
+    *,
+    timeout_s: float = 60.0,
+    config: str | None = "pytest.ini",
+    isolated: bool = True,
+    tripwires: bool = True,
+) -> TestRun:
+    """Run the files holding ``test_ids`` with pytest in ``workspace``: outcome per listed id, and the
+    flags of ``verdict_flags``. ``config`` is the ini file (relative to the workspace) pytest reads."""
+    test_ids = list(dict.fromkeys(test_ids))
+    wires = plant_tripwires(workspace, test_ids) if tripwires else []
+    files = sorted({t.split("::", 1)[0] for t in test_ids})
+    with tempfile.TemporaryDirectory(prefix="harnessrl-pytest-") as tmp:
+        scratch = Path(tmp)  # the scored code's own (pytest writes its report here): untrusted
+        xml_path = scratch / "junit.xml"
+        # -I ignores PYTHON* variables: -B (no bytecode written into the workspace) is the flag's job.
+        argv = [sys.executable, "-I", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest"]
+        argv += ["-o", "addopts=", "--continue-on-collection-errors", "--rootdir", "."]
+        argv += [*(["-c", config] if config else []), "--junitxml", str(xml_path), "--", *files]
+        run = run_child(
+            argv,
+            cwd=workspace,
+            env=child_env(scratch),
+            timeout_s=timeout_s,
+            writable=(scratch,),
+            isolated=isolated,
+            output_limit=4000,
+        )
+        reported = None if run.timed_out else read_junit(xml_path)  # every process of the run is dead
+    flags = verdict_flags(reported, test_ids, wires, run.exit_code)
+    if isolated and run.isolation != "landlock":
+        flags.append(WEAK_ISOLATION)
+    outcomes = {t: (reported or {}).get(junit_key(t), "missing") for t in test_ids}
+    return TestRun(
+        outcomes,
+        run.exit_code,
+        run.timed_out,
+        run.output.decode(errors="replace"),
+        flags,
+        run.isolation,
+        run.leftovers,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The scorer
+# --------------------------------------------------------------------------------------------------
+
+# Flags that leave the reward alone (informational); every other flag zeroes it.
+INFORMATIONAL = frozenset({WEAK_ISOLATION})
+
+
+def test_lists(task: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """``hidden.FAIL_TO_PASS`` and ``hidden.PASS_TO_PASS`` (as ``harnessrl.data.to_task`` puts them)."""
+    hidden = task.get(HIDDEN) or {}
+    fail_to_pass = [str(t) for t in hidden.get("FAIL_TO_PASS") or []]
+    pass_to_pass = [str(t) for t in hidden.get("PASS_TO_PASS") or []]
+    if not fail_to_pass:
+        raise ScoringError("the task lists no hidden.FAIL_TO_PASS tests")
+    return fail_to_pass, pass_to_pass
+
+
+def summary(
+    run: TestRun,
+    fail_to_pass: list[str],
+    pass_to_pass: list[str],
+    *,
+    failed: Sequence[str] = (),
+    flags: Sequence[str] = (),
+) -> dict[str, Any]:
+    """The scorer's JSON: reward 1.0 only if every listed test passed and no flag zeroes it.
+    ``failed``/``flags``: more failures and flags from other signals (the coding tasks' probes)."""
+    listed = fail_to_pass + pass_to_pass
+    failing = set(failed)
+    bad = [t for t in listed if not run.passed(t) or t in failing]
+    all_flags = list(dict.fromkeys([*run.flags, *flags]))
+    zeroing = [f for f in all_flags if f not in INFORMATIONAL]
+    return {
+        "reward": 0.0 if bad or zeroing else 1.0,
+        "flags": all_flags,
+        "fail_to_pass": f"{sum(t not in bad for t in fail_to_pass)}/{len(fail_to_pass)}",
+        "pass_to_pass": f"{sum(t not in bad for t in pass_to_pass)}/{len(pass_to_pass)}",
+        "failed": bad[:20],
+        "missing": run.missing[:20],
+        "timed_out": run.timed_out,
+        "pytest_exit": run.exit_code,
+        "isolation": run.isolation,
+        "leftovers": run.leftovers,
+        "output_tail": run.output[-1000:],
+    }
+
+
+def score_tests(
+    task: dict[str, Any],
+    files: Path | None,
+    workspace: Path,
+    *,
+    timeout_s: float = 60.0,
+    config: str | None = None,
+) -> dict[str, Any]:
+    """Restore ``files`` (if given) over ``workspace``, run the task's listed tests; the JSON result."""
+    fail_to_pass, pass_to_pass = test_lists(task)
+    if files is not None:
+        restore_files(files, workspace)
+    run = run_pytest(workspace, fail_to_pass + pass_to_pass, timeout_s=timeout_s, config=config)
+    return summary(run, fail_to_pass, pass_to_pass)
+
+
+def read_task(task_file: Path | None) -> dict[str, Any]:
+    """The task (hidden fields included) from ``task_file``, default ``$HARNESSRL_TASK_FILE``."""
+    where = str(task_file) if task_file else "$HARNESSRL_TASK_FILE"
+    try:
+        path = task_file or Path(os.environ["HARNESSRL_TASK_FILE"])
+        task = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, KeyError, ValueError) as exc:
+        raise ScoringError(f"cannot read the task from {where}: {exc!r}") from exc
+    if not isinstance(task, dict):
+        raise ScoringError(f"the task in {where} is not a JSON object")
+    return task
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -I -m harnessrl.tasks.pytest_scoring", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("task_file", type=Path, nargs="?", help="default: $HARNESSRL_TASK_FILE")
+    parser.add_argument("--files", type=Path, help="test files restored over the workspace first")
+    parser.add_argument("--config", help="pytest's ini file, relative to the workspace (restore it too)")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole test run")
+    args = parser.parse_args(argv)
+    try:
+        task = read_task(args.task_file)
+        print(
+            json.dumps(score_tests(task, args.files, Path.cwd(), timeout_s=args.timeout, config=args.config))
+        )
+    except HarnessRLError as exc:
+        print(f"harnessrl: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
