@@ -10,21 +10,26 @@ the unfixed bug 0, with no flags.
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import subprocess
 import textwrap
+import tomllib
 from pathlib import Path
 
 import pytest
 from tests.tasks.coding_support import build_outside_tmp, records
 from tests.tasks.scorer_sandbox import PY, Scored, run_in_sandbox, sandbox_missing
 
+from harnessrl.controller.evaluator_types import EvaluationInput
+from harnessrl.controller.evaluators import build_evaluator
 from harnessrl.data.records import to_task
 from harnessrl.tasks.pytest_scoring import DISAGREEMENT, REPORT_MISSING
 
 pytestmark = pytest.mark.skipif(sandbox_missing() is not None, reason=str(sandbox_missing()))
 
 SCORER = [PY, "-I", "-m", "harnessrl.tasks.coding", "evaluate", "--hidden", "{hidden}"]
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "coding" / "train.toml"
 
 
 @pytest.fixture(scope="module")
@@ -459,3 +464,26 @@ def test_the_scorers_environ_stdout_and_memory_are_closed_to_the_code(row: dict,
     log = (ws / "proc.log").read_text()
     assert "environ read" in log and "fd1 wrote" in log
     assert done.last == {"reward": 1.0, "flags": []}
+
+
+# --------------------------------------------------------------------------------------------------
+# Through the command evaluator itself, with the example's [evaluator] section
+# --------------------------------------------------------------------------------------------------
+
+
+def test_the_example_evaluator_records_the_scorers_flags(row: dict, task_set: Path, tmp_path: Path):
+    evaluator = build_evaluator(tomllib.loads(EXAMPLE.read_text())["evaluator"])
+
+    def evaluate(ws: Path):
+        return asyncio.run(
+            evaluator.evaluate(EvaluationInput(task=to_task(row), workspace=ws, rollout_id="r"))
+        )
+
+    gold = task_set / "gold" / row["instance_id"] / "gold.patch"
+    fixed = evaluate(workspace(row, tmp_path / "gold", gold_patch=gold))
+    assert fixed.reward == 1.0 and fixed.flags == (), fixed.details
+    assert fixed.details["output"]["fail_to_pass"] == "3/3"
+    rigged = evaluate(workspace(row, tmp_path / "rigged", append="\nTARGETED = False\n" + PATCH_REPORTS))
+    assert rigged.reward == 0.0 and DISAGREEMENT in rigged.flags
+    exited = evaluate(workspace(row, tmp_path / "exit", append="\nimport os\nos._exit(0)\n"))
+    assert exited.reward == 0.0 and REPORT_MISSING in exited.flags
