@@ -26,19 +26,23 @@ def test_native_bf16_is_read_from_the_cpu_flags(tmp_path: Path):
     assert not hardware.cpu_has_native_bf16(str(tmp_path / "missing"))
 
 
-def test_auto_picks_bf16_only_where_it_is_native(monkeypatch):
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: False)
+def test_auto_picks_bf16_only_where_it_is_native():
+    def emulated() -> bool:
+        return False
+
+    def native() -> bool:
+        return True
+
     assert (
-        hardware.resolve_dtype("auto", "cpu") == "float32"
-        and hardware.resolve_autocast("auto", False) == "none"
+        hardware.resolve_dtype("auto", "cpu", native_bf16=emulated) == "float32"
+        and hardware.resolve_autocast("auto", False, native_bf16=emulated) == "none"
     )
     assert (
-        hardware.resolve_dtype("auto", "cuda") == "bfloat16"
-        and hardware.resolve_autocast("auto", True) == "bf16"
+        hardware.resolve_dtype("auto", "cuda", native_bf16=emulated) == "bfloat16"
+        and hardware.resolve_autocast("auto", True, native_bf16=emulated) == "bf16"
     )
-    assert hardware.resolve_dtype("bfloat16", "cpu") == "bfloat16"  # an explicit choice is kept
-    monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: True)
+    assert hardware.resolve_dtype("bfloat16", "cpu", native_bf16=emulated) == "bfloat16"  # kept as chosen
     assert (
-        hardware.resolve_dtype("auto", "cpu") == "bfloat16"
-        and hardware.resolve_autocast("auto", False) == "bf16"
+        hardware.resolve_dtype("auto", "cpu", native_bf16=native) == "bfloat16"
+        and hardware.resolve_autocast("auto", False, native_bf16=native) == "bf16"
     )

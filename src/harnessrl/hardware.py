@@ -9,6 +9,7 @@ minutes. ``engine.dtype = "auto"`` and ``trainer.autocast = "auto"`` pick bf16 o
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 _BF16_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
@@ -28,15 +29,17 @@ def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     return False
 
 
-def resolve_dtype(dtype: str, device: str) -> str:
-    """``engine.dtype``: ``"auto"`` is bfloat16 on a GPU or a CPU with native bf16, else float32."""
+def resolve_dtype(dtype: str, device: str, *, native_bf16: Callable[[], bool] = cpu_has_native_bf16) -> str:
+    """``engine.dtype``: ``"auto"`` is bfloat16 on a GPU or a CPU with ``native_bf16``, else float32."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if not device.startswith("cpu") or cpu_has_native_bf16() else "float32"
+    return "bfloat16" if not device.startswith("cpu") or native_bf16() else "float32"
 
 
-def resolve_autocast(autocast: str, on_gpu: bool) -> str:
-    """``trainer.autocast``: ``"auto"`` is bf16 on a GPU or a CPU with native bf16, else none."""
+def resolve_autocast(
+    autocast: str, on_gpu: bool, *, native_bf16: Callable[[], bool] = cpu_has_native_bf16
+) -> str:
+    """``trainer.autocast``: ``"auto"`` is bf16 on a GPU or a CPU with ``native_bf16``, else none."""
     if autocast != "auto":
         return autocast
-    return "bf16" if on_gpu or cpu_has_native_bf16() else "none"
+    return "bf16" if on_gpu or native_bf16() else "none"

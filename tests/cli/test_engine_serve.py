@@ -120,13 +120,20 @@ def test_a_server_dies_with_the_process_that_started_it(tmp_path: Path) -> None:
         "from harnessrl.engines.launch import EngineServer, VLLMLaunch, free_port\n"
         f"s = EngineServer(VLLMLaunch(model={str(resolve_model_dir('tiny'))!r}, port=free_port(), "
         f"enforce_eager=True, max_model_len=2048), Path({str(tmp_path / 'v.log')!r}))\n"
-        "s.start(); print(s.process.pid, flush=True); time.sleep(600)\n"
+        "s.start(); print(s.process.pid, s.url, flush=True); time.sleep(600)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
-    server_pid = int(parent.stdout.readline())  # type: ignore[union-attr]
-    time.sleep(3)
-    assert Path(f"/proc/{server_pid}").exists()  # control: the server was running
-    time.sleep(20)  # vLLM has started its engine core and worker by now
+    pid, url = parent.stdout.readline().split()  # type: ignore[union-attr]
+    server_pid = int(pid)
+    deadline = time.monotonic() + 300
+    while True:  # until vLLM serves: its API server, engine core and worker have all started
+        assert Path(f"/proc/{server_pid}").exists(), "the vLLM server exited"
+        assert time.monotonic() < deadline, "vLLM did not start"
+        try:
+            if urllib.request.urlopen(f"{url}/health", timeout=5).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
     group = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _pgid(p) == server_pid]
     assert len(group) >= 2, "vLLM's engine processes did not start"  # control
     parent.kill()

@@ -389,7 +389,9 @@ def test_idle_connections_are_not_reused_after_the_idle_timeout_and_are_closed()
         await asyncio.wait_for(server.hung_up.wait(), 5)  # the sweep closed it once idle for 0.3 s
         assert server.hangups == 1
         await client.request("GET", "/c")
-        time.sleep(0.4)  # the loop is stuck: no sweep ran; the age check at reuse must catch it
+        # The loop is stuck (a blocking call, on purpose): no sweep can run; the age check at reuse
+        # must catch the connection that went idle meanwhile.
+        time.sleep(0.4)
         await client.request("GET", "/d")  # the pooled connection is too old: a new one
         await client.aclose()
         server.close()
@@ -420,10 +422,8 @@ def test_the_read_timeout_is_the_silence_between_bytes_and_timeout_s_bounds_the_
         server, url = await serve(handler)
         upstream = HttpUpstream(url, timeout_s=0.3)  # the read timeout
         assert await upstream.request_json("GET", "/slow") == {"slow": 1}
-        start = time.monotonic()
-        with pytest.raises(RemoteEngineError) as silent:
-            await upstream.request_json("GET", "/silent")
-        assert 0.25 < time.monotonic() - start < 1.0
+        with pytest.raises(RemoteEngineError) as silent:  # the guard: a read timeout, not the test's
+            await asyncio.wait_for(upstream.request_json("GET", "/silent"), 600)
         assert silent.value.retryable and "ReadTimeout" in str(silent.value)
         got = []
         with pytest.raises(RemoteEngineError) as stalled:

@@ -209,16 +209,19 @@ def test_update_drains_in_flight_calls(
     for server in servers:
         server.fake.token_delay_s = 0.01
     events: list[str] = []
+    streaming = asyncio.Event()
 
     async def slow_call() -> None:
-        await generate(pool, "r")
+        ctx = GenerationContext(rollout_id="r")
+        async for _ in pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx):
+            streaming.set()  # a first token came: the generation is in flight on a replica
         events.append("generation done")
 
     async def run() -> None:
         await pool.start()
         try:
             task = asyncio.create_task(slow_call())
-            await asyncio.sleep(0.05)  # the generation is streaming now
+            await asyncio.wait_for(streaming.wait(), 600)
             await pool.update_weights(WeightUpdate(version=7, checkpoint_dir="/ckpt/7"))
             events.append("update done")
             await task

@@ -7,7 +7,6 @@ import io
 
 from rich.console import Console
 
-from harnessrl.trainer import progress as progress_module
 from harnessrl.trainer.progress import RunProgress, clock
 
 
@@ -19,11 +18,10 @@ class Clock:
         return self.now
 
 
-def test_a_log_gets_whole_step_lines_with_elapsed_and_an_eta_from_this_processs_steps(monkeypatch):
+def test_a_log_gets_whole_step_lines_with_elapsed_and_an_eta_from_this_processs_steps():
     fake = Clock()
-    monkeypatch.setattr(progress_module.time, "monotonic", fake)
     out = io.StringIO()
-    shown = RunProgress(Console(file=out, width=80), total_steps=10, start_step=2)  # resumed at 2
+    shown = RunProgress(Console(file=out, width=80), total_steps=10, start_step=2, now=fake)  # resumed at 2
     fake.now += 30  # loading, before the first rollout
     shown.phase("held-out evaluation at step 2 (60 tasks)", announce=True)
     shown.phase("rollouts for step 3")

@@ -26,6 +26,7 @@ class CountingStore:
         self._store = store
         self.calls: Counter[str] = Counter()
         self.rows = 0
+        self.rollouts_read: set[str] = set()  # ids given to get_rollout
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._store, name)
@@ -34,6 +35,8 @@ class CountingStore:
 
         def counted(*args: Any, **kwargs: Any) -> Any:
             self.calls[name] += 1
+            if name == "get_rollout":
+                self.rollouts_read.add(args[0])
             out = attr(*args, **kwargs)
             self.rows += len(out) if isinstance(out, list) else 1
             return out
@@ -43,6 +46,7 @@ class CountingStore:
     def reset(self) -> None:
         self.calls.clear()
         self.rows = 0
+        self.rollouts_read.clear()
 
 
 def finish(store: Any, rollout_ids: list[str], reward: float = 1.0) -> None:
@@ -84,23 +88,29 @@ def test_completion_reads_only_the_open_rollouts_of_a_long_run(long_run: str):
     schedule = TaskSchedule(TASKS, 2, seed=1)
     plans = [schedule.group(1000 + i) for i in range(2)]
 
+    async def idle_ticks(reads: int) -> None:
+        """Until the book has re-read open rollouts ``reads`` more times (a tick reads each once)."""
+        target = store.calls["get_rollout"] + reads
+        while store.calls["get_rollout"] < target:
+            await asyncio.sleep(0.01)
+
     async def main() -> list[Any]:
         await book.submit(plans)
         store.reset()
         waiter = asyncio.create_task(book.completed(2))
         for plan in plans:  # the groups end one after the other, with idle ticks in between
-            await asyncio.sleep(0.3)
+            await idle_ticks(3 * 4)
             await asyncio.to_thread(finish, store._store, list(plan.rollout_ids))
-        return await asyncio.wait_for(waiter, 30)
+        return await asyncio.wait_for(waiter, 600)
 
     groups = asyncio.run(main())
     assert [g.group_id for g in groups] == [p.group_id for p in plans]
     assert all(len(g.rollouts) == 2 and all(r.reward == 1.0 for r in g.rollouts) for g in groups)
     # No read of the run as a whole: only single rollouts and their calls.
     assert set(store.calls) <= {"get_rollout", "list_calls"}, store.calls
-    ticks = store.calls["get_rollout"]
-    # ~12+ ticks of at most 4 open rollouts each, plus reading the 4 back: far from 10,000 rows.
-    assert 4 < ticks < 4 * 100 and store.rows < 500, (store.calls, store.rows)
+    # Every tick read only the open groups' rollouts, each one row: never the 10,000 finished ones.
+    assert store.rollouts_read == {r for plan in plans for r in plan.rollout_ids}
+    assert store.rows == store.calls["get_rollout"], (store.calls, store.rows)  # no call was recorded
 
     # Control: the probe does notice a scan of the run (recovery reads it once, at start-up).
     store.reset()

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harnessrl.schemas import RolloutStatus
 from harnessrl.store.sqlite import SQLiteStore
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -530,11 +531,16 @@ def test_train_with_an_external_controller_on_the_shared_store(tmp_path):
                 if getattr(exc, "code", None) is not None:  # an HTTP answer (401): it is up
                     break
                 time.sleep(0.3)
-        time.sleep(1.0)  # every rollout of the first step is queued before the controller starts
         queued = SQLiteStore(run_dir / "harnessrl.db")
-        assert queued.count_rollouts(run_id="tiny-vowels") == 4 * 8
+        try:  # the run queues the first step's rollouts; nothing launches them before the controller
+            while queued.count_rollouts(run_id="tiny-vowels") < 4 * 8:
+                assert trainer.poll() is None, trainer.stderr.read()[-3000:]
+                assert time.monotonic() < deadline, "the run never queued its first step"
+                time.sleep(0.2)
+            assert queued.count_rollouts(run_id="tiny-vowels", status=RolloutStatus.QUEUED) == 4 * 8
+        finally:
+            queued.close()
         assert not list((run_dir / "rollouts").glob("*")) if (run_dir / "rollouts").exists() else True
-        queued.close()
         controller = subprocess.Popen(
             [*HARNESSRL, "controller", "--config", str(CONFIG), "--store", str(run_dir / "harnessrl.db"),
              "--gateway-url", f"http://127.0.0.1:{port}", "--run-dir", str(tmp_path / "controller")],

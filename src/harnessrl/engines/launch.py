@@ -189,10 +189,13 @@ def _get_json(url: str, timeout: float) -> Any:
 SERVER_INFO_TIMEOUT_S = 60.0
 
 
-def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
+def check_server(
+    url: str, *, timeout: float = 10.0, server_info_timeout: float = SERVER_INFO_TIMEOUT_S
+) -> dict[str, Any]:
     """What harnessrl needs from a running vLLM server, checked: it answers, lists a model, and runs
     with ``--logprobs-mode processed_logprobs``. Returns ``{"model", "max_model_len",
-    "logprobs_mode"}``; ``ConfigError`` naming the problem otherwise.
+    "logprobs_mode"}``; ``ConfigError`` naming the problem otherwise. ``/server_info`` gets at least
+    ``server_info_timeout`` seconds.
 
     The mode is read from ``GET /server_info`` (``VLLM_SERVER_DEV_MODE=1``, which weight updates need
     anyway); a server without that endpoint is reported as such rather than guessed at.
@@ -208,7 +211,7 @@ def check_server(url: str, *, timeout: float = 10.0) -> dict[str, Any]:
     try:
         # The first /server_info serializes the whole engine config: seconds on a busy CPU machine
         # (measured > 10 s at load average 16), so it gets more time than a liveness probe.
-        info = _get_json(f"{url}/server_info?config_format=json", max(timeout, SERVER_INFO_TIMEOUT_S))
+        info = _get_json(f"{url}/server_info?config_format=json", max(timeout, server_info_timeout))
     except urllib.error.HTTPError as exc:
         raise ConfigError(
             f"vLLM at {url}: GET /server_info answered {exc.code}; start it with "

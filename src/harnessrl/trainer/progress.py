@@ -13,6 +13,7 @@ before a ``--resume`` took an unknown time in another process and are not counte
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -39,13 +40,22 @@ def clock(seconds: float) -> str:
 
 
 class RunProgress:
-    """The run's display on ``console``; ``start_step`` is where a resumed run picked up."""
+    """The run's display on ``console``; ``start_step`` is where a resumed run picked up; ``now``
+    is the clock elapsed time and the ETA are read from (monotonic seconds)."""
 
-    def __init__(self, console: Console, *, total_steps: int, start_step: int = 0) -> None:
+    def __init__(
+        self,
+        console: Console,
+        *,
+        total_steps: int,
+        start_step: int = 0,
+        now: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.console = console
         self.total = total_steps
         self.start_step = start_step
-        self.started = time.monotonic()
+        self.now = now
+        self.started = now()
         self._first_step_at: float | None = None  # when this process began its first step's work
         self._done = start_step
         self._phase = ""
@@ -73,11 +83,11 @@ class RunProgress:
             return
         self._phase = text
         if self._first_step_at is None and text.startswith("rollouts"):
-            self._first_step_at = time.monotonic()
+            self._first_step_at = self.now()
         if self._bar is not None:
             self._bar.update(self._task, description=text, **self._times())
         elif announce:
-            self.print(f"{text}...  elapsed {clock(time.monotonic() - self.started)}")
+            self.print(f"{text}...  elapsed {clock(self.now() - self.started)}")
 
     def step_done(self, step: int, metrics: dict[str, Any]) -> None:
         self._done = max(self._done, step)
@@ -108,9 +118,9 @@ class RunProgress:
         trained = self._done - self.start_step
         if trained <= 0 or self._first_step_at is None:
             return None
-        per_step = (time.monotonic() - self._first_step_at) / trained
+        per_step = (self.now() - self._first_step_at) / trained
         return per_step * max(0, self.total - self._done)
 
     def _times(self) -> dict[str, str]:
         eta = self.eta_s()
-        return {"elapsed": clock(time.monotonic() - self.started), "eta": "?" if eta is None else clock(eta)}
+        return {"elapsed": clock(self.now() - self.started), "eta": "?" if eta is None else clock(eta)}
