@@ -1,18 +1,10 @@
-"""Toy tasks whose reward a tiny random model can learn in a few steps: for smoke tests and the
-end-to-end learning test of the trainer, never for claims about real models."""
+"""A toy reward a tiny random model can learn in a few steps: for smoke tests and the end-to-end
+learning test of the trainer (examples/tiny/train.toml, whose inline tasks ask for vowels), never for
+claims about real models."""
 
 from __future__ import annotations
 
 from typing import Any
-
-from harnessrl.schemas import Task
-
-
-def vowel_tasks(n: int = 16) -> list[Task]:
-    """``n`` prompts asking for vowels; see :func:`vowel_share` for the reward."""
-    return [
-        Task(task_id=f"vowels-{i}", data={"prompt": f"Task {i}: reply with vowels only."}) for i in range(n)
-    ]
 
 
 def vowel_share(inp: Any) -> float:
