@@ -22,8 +22,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from harnessrl.controller.audit import (
+    ALL_RULES,
     FORCED_EXIT,
     GIT_HISTORY,
     NETWORK_FETCH,
@@ -39,6 +42,8 @@ from harnessrl.controller.audit import (
     reward_after_audit,
 )
 from harnessrl.controller.audit_workspace import (
+    FileChange,
+    Hunk,
     SnapshotLimits,
     WorkspaceDiff,
     diff_workspace,
@@ -431,6 +436,67 @@ def test_benign_fixes_raise_no_flag(tmp_path, before, after):
     ws, diff = run_policy(tmp_path, {"solution.py": before}, policy)
     assert {c.path for c in diff.changes} >= {"solution.py", "reproduce.py"}
     assert audit_files(diff, workspace=ws) == []
+
+
+_CODEISH = st.lists(
+    st.sampled_from(
+        [
+            "exec(",
+            "eval(",
+            "b64decode(",
+            "zlib.decompress(",
+            ")",
+            "(",
+            "'",
+            '"',
+            "\n",
+            "    ",
+            "x = ",
+            "def f(s):",
+            "__import__(",
+            "''.join(",
+            "chr(",
+            "[::-1]",
+            "/proc/1/environ",
+            "os._exit(0)",
+            "| sh",
+            "base64 -d",
+            "echo",
+            "$(",
+            "import socket",
+            "#!/bin/sh\n",
+            "#!/usr/bin/env python\n",
+            "conftest.py",
+            "+",
+            "%",
+        ]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    text=st.one_of(st.text(max_size=300), _CODEISH),
+    path=st.sampled_from(
+        ["solution.py", "run.sh", "notes.txt", "tests/test_a.py", "bin/tool", "a.so", "x.pyc"]
+    ),
+    start=st.integers(1, 50),
+    kind=st.sampled_from(["file", "symlink", "binary", "special"]),
+    status=st.sampled_from(["added", "modified", "deleted"]),
+)
+def test_audit_files_never_crashes_and_every_match_is_shown(text, path, start, kind, status):
+    change = FileChange(
+        path=path,
+        status=status,
+        kind=kind,
+        target=text if kind == "symlink" else None,
+        hunks=(Hunk(start=start, text=text),) if kind == "file" else None,
+        shadows="solution.py" if kind == "binary" else None,
+        note=None if kind == "file" else "not read",
+    )
+    for flag in audit_files(WorkspaceDiff(changes=(change,)), workspace="/ws"):
+        assert flag.rule in ALL_RULES and flag.match and flag.match in flag.command and flag.path == path
 
 
 # -- the report ---------------------------------------------------------------------------------------
