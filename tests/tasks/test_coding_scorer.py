@@ -260,16 +260,7 @@ if "_pytest.reports" in _sys.modules:
 
     _TR.__init__ = _passing
 '''
-GENERIC = [
-    PY,
-    "-I",
-    "-m",
-    "harnessrl.tasks.pytest_scoring",
-    "--files",
-    "{hidden}/files",
-    "--config",
-    "pytest.ini",
-]
+GENERIC = [PY, "-I", "-m", "harnessrl.tasks.pytest_scoring", "--hidden", "{hidden}", "--config", "pytest.ini"]
 
 
 def test_code_that_rewrites_every_report_trips_the_tripwires(row: dict, tmp_path: Path):

@@ -1,7 +1,8 @@
 """A scorer for repository test suites that the code under test cannot talk into a pass.
 
-``python -I -m harnessrl.tasks.pytest_scoring [--files DIR] [--config FILE] [TASK_FILE]`` is a command
-evaluator's scorer for SWE-smith-style tasks: it restores the task's test files over the workspace,
+``python -I -m harnessrl.tasks.pytest_scoring [--hidden DIR | --files DIR] [--config FILE] [TASK_FILE]``
+is a command evaluator's scorer for SWE-smith-style tasks: it restores the task's test files
+(``DIR/files/`` of the hidden folder, or ``--files DIR`` itself) over the workspace,
 runs the tests named in ``hidden.FAIL_TO_PASS`` and ``hidden.PASS_TO_PASS`` with pytest, and prints
 ``{"reward": 0.0 | 1.0, "flags": [...], ...}`` as its last line. Reward 1 only if every listed test
 passed *and* nothing about the run contradicts that.
@@ -475,15 +476,16 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -I -m harnessrl.tasks.pytest_scoring", description=__doc__.splitlines()[0]
     )
     parser.add_argument("task_file", type=Path, nargs="?", help="default: $HARNESSRL_TASK_FILE")
-    parser.add_argument("--files", type=Path, help="test files restored over the workspace first")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--hidden", type=Path, help="the task's hidden folder: its files/ are restored first")
+    where.add_argument("--files", type=Path, help="a folder of test files restored over the workspace first")
     parser.add_argument("--config", help="pytest's ini file, relative to the workspace (restore it too)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole test run")
     args = parser.parse_args(argv)
     try:
         task = read_task(args.task_file)
-        print(
-            json.dumps(score_tests(task, args.files, Path.cwd(), timeout_s=args.timeout, config=args.config))
-        )
+        files = args.hidden / "files" if args.hidden is not None else args.files
+        print(json.dumps(score_tests(task, files, Path.cwd(), timeout_s=args.timeout, config=args.config)))
     except HarnessRLError as exc:
         print(f"harnessrl: error: {exc}", file=sys.stderr)
         return 2
