@@ -114,3 +114,19 @@ def test_setuid_bits_are_dropped_and_modes_kept(tmp_path):
     os.chmod(src / "run.sh", 0o4755)
     copy_untrusted_tree(src, tmp_path / "copy", max_bytes=BIG, max_files=100)
     assert (tmp_path / "copy" / "run.sh").stat().st_mode & 0o7777 == 0o755
+
+
+def test_bytecode_is_left_out_when_asked(tmp_path):
+    # A crafted __pycache__ entry whose header matches solution.py would run instead of the source.
+    src = tmp_path / "ws"
+    (src / "__pycache__").mkdir(parents=True)
+    (src / "solution.py").write_text("x = 1\n")
+    (src / "__pycache__" / "solution.cpython-311.pyc").write_bytes(b"crafted")
+    (src / "helper.pyc").write_bytes(b"sourceless")
+    report = copy_untrusted_tree(src, tmp_path / "copy", max_bytes=BIG, max_files=100, drop_bytecode=True)
+    assert sorted(p.name for p in (tmp_path / "copy").iterdir()) == ["solution.py"]
+    assert report.dropped_bytecode == 2
+    kept = copy_untrusted_tree(src, tmp_path / "control", max_bytes=BIG, max_files=100)
+    assert (
+        tmp_path / "control" / "__pycache__" / "solution.cpython-311.pyc"
+    ).exists() and kept.dropped_bytecode == 0

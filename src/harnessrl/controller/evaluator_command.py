@@ -6,7 +6,8 @@ agent's code (its tests, its functions), and that code is as hostile as the agen
 scorer runs in a fresh bubblewrap sandbox of its own where it sees only what scoring needs:
 
 - **a copy of the workspace** (``sandbox.copy``: special files skipped, sparse files kept sparse,
-  hard links linked, capped in size and count, links out of it dropped), at the workspace's own path;
+  hard links linked, capped in size and count, links out of it and Python bytecode dropped), at the
+  workspace's own path;
 - **its inputs, copied**: a path a ``{task[F]}`` placeholder renders to, and an absolute path named
   in the command, is copied into ``/run/harnessrl/inputs/`` and the command names the copy. Nothing
   else of the task's is there: not the original repository, not the task folder, not a gold patch
@@ -266,12 +267,14 @@ class CommandEvaluator:
                 scratch / "workspace",
                 max_bytes=self.config.max_workspace_mb * 1024 * 1024,
                 max_files=self.config.max_workspace_files,
+                drop_bytecode=True,  # Python recompiles from the source the audit read
             )
             copied = {
                 "bytes": copy.bytes,
                 "files": copy.files,
                 "skipped": copy.skipped[:20],
                 "dropped_links": copy.dropped_links[:20],
+                "dropped_bytecode": copy.dropped_bytecode,
             }
             flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
             if copy.over_limit:
@@ -303,6 +306,8 @@ class CommandEvaluator:
                 Bind(task_file, TASK_INSIDE),
                 *stage.binds(),
             )
+            if inp.environment is not None:  # the image's tools after harnessrl's venv
+                env["PATH"] = inp.environment.search_path()
             run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=binds)
         result = self._verdict(run)
         return replace(
@@ -376,6 +381,7 @@ class CommandEvaluator:
                     "cgroup_pids": group is not None and "pids" in group.controllers,
                 },
                 tmp_size_mb=limits.tmp_mb,
+                root=inp.environment if self.sandbox.mode == "bwrap" else None,
             )
             started = time.monotonic()
             with out_path.open("wb") as out_fh, err_path.open("wb") as err_fh:

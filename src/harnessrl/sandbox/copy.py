@@ -15,7 +15,10 @@ sparse file's holes out as zeros (a 1 TB sparse file is 1 TB of the host's disk)
   which), so the caller can end the rollout instead of filling the disk;
 - drops the setuid/setgid/sticky bits, keeps the rest of each mode and the modification times;
 - finally removes symlinks that lead outside the copy (``drop_escaping_links``): a scorer that
-  follows ``answer.txt -> /hidden/gold.txt`` would otherwise read the gold answer as the agent's.
+  follows ``answer.txt -> /hidden/gold.txt`` would otherwise read the gold answer as the agent's;
+- leaves out Python bytecode (``__pycache__`` folders, ``.pyc``/``.pyo`` files) when asked
+  (``drop_bytecode``): a crafted ``__pycache__/solution.cpython-311.pyc`` whose header matches
+  ``solution.py`` would run code nobody audited in place of the source the audit read.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class CopyReport:
     bytes: int = 0  # data bytes copied (holes not counted)
     skipped: list[str] = field(default_factory=list)  # special files left out, relative paths
     dropped_links: list[str] = field(default_factory=list)  # links out of the tree, relative paths
+    dropped_bytecode: int = 0  # __pycache__ folders and .pyc/.pyo files left out
     over_limit: str | None = None  # why the copy stopped early, if it did
 
 
@@ -42,7 +46,12 @@ class _TooBig(Exception):
     pass
 
 
-def copy_untrusted_tree(src: Path, dst: Path, *, max_bytes: int, max_files: int) -> CopyReport:
+_BYTECODE_SUFFIXES = (".pyc", ".pyo")
+
+
+def copy_untrusted_tree(
+    src: Path, dst: Path, *, max_bytes: int, max_files: int, drop_bytecode: bool = False
+) -> CopyReport:
     """Copy the tree ``src`` to a new folder ``dst`` (see the module docstring for what is refused)."""
     report = CopyReport()
     dst.mkdir(mode=0o755)
@@ -62,6 +71,12 @@ def copy_untrusted_tree(src: Path, dst: Path, *, max_bytes: int, max_files: int)
                 source, copy = Path(entry.path), target / entry.name
                 info = entry.stat(follow_symlinks=False)
                 mode = info.st_mode
+                if drop_bytecode and (
+                    (stat.S_ISDIR(mode) and entry.name == "__pycache__")
+                    or (not stat.S_ISDIR(mode) and entry.name.endswith(_BYTECODE_SUFFIXES))
+                ):
+                    report.dropped_bytecode += 1
+                    continue
                 if stat.S_ISLNK(mode):
                     os.symlink(os.readlink(source), copy)
                 elif stat.S_ISDIR(mode):
