@@ -247,4 +247,20 @@ def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any
     harness = raw.get("harness")
     if isinstance(harness, dict) and "repo" in harness:
         harness["repo"] = fix(harness["repo"])
+    _resolve_environment_paths(raw, base_dir)
     return raw
+
+
+def _resolve_environment_paths(raw: dict[str, Any], base_dir: Path) -> None:
+    """A relative ``containerfile``/``context`` of ``harness.environment.images.*`` and a relative
+    ``harness.environment.store`` are the config file's (docs/environments.md)."""
+    harness = raw.get("harness")
+    environment = harness.get("environment") if isinstance(harness, dict) else None
+    if not isinstance(environment, dict):
+        return
+    if isinstance(environment.get("store"), str):
+        environment["store"] = str((base_dir / environment["store"]).resolve())
+    for recipe in (environment.get("images") or {}).values():
+        for key in ("containerfile", "context"):
+            if isinstance(recipe, dict) and isinstance(recipe.get(key), str):
+                recipe[key] = str((base_dir / recipe[key]).resolve())

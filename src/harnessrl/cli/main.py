@@ -15,6 +15,7 @@ import typer
 
 from harnessrl import __version__
 from harnessrl.cli.data import app as data_app
+from harnessrl.cli.images import app as images_app
 from harnessrl.errors import HarnessRLError
 
 app = typer.Typer(
@@ -27,6 +28,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(data_app, name="data")  # harnessrl data filter|calibrate|select|split
+app.add_typer(images_app, name="images")  # harnessrl images build|list|prune|df
 sandbox_app = typer.Typer(
     help="The sandbox harnesses and evaluators run in (docs/sandbox.md).",
     no_args_is_help=True,

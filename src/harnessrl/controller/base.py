@@ -17,6 +17,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from harnessrl.environments.config import EnvironmentConfig
+from harnessrl.sandbox.rootfs import ImageRoot
+
 # ``{task[hidden]}`` / ``{task[hidden.x]}``: evaluator-only data, refused wherever the harness sees it.
 _HIDDEN_PLACEHOLDER = re.compile(r"\{task\[hidden(?:\.[^\]\}]*)?\]\}")
 
@@ -71,6 +74,11 @@ class HarnessSpec(BaseModel):
     )
     preset: str | None = None
     model_name: str = "policy"
+    environment: EnvironmentConfig | None = Field(
+        default=None,
+        description="each task's environment: a container image as the sandbox's root "
+        "(docs/environments.md); None: the host's system folders for every task",
+    )
 
     @model_validator(mode="after")
     def _command_or_preset(self) -> HarnessSpec:
@@ -133,6 +141,11 @@ class Launch:
     home: Path | None = None  # the attempt's $HOME (writable in the sandbox); default workspace/../home
     task_file: Path | None = None  # the task as the harness sees it (bound read-only)
     mounts: tuple[Path, ...] = ()  # more host paths bound read-only (the harness's install, ...)
+    # The task's environment (docs/environments.md): ``root`` is its image mounted on this machine
+    # (local runner: the sandbox's / is the image's), ``image`` the reference a cluster pulls
+    # (Kubernetes: the Job's image). Both None: the host's system, as before.
+    root: ImageRoot | None = None
+    image: str | None = None
 
 
 class RunHandle(Protocol):

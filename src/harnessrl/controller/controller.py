@@ -31,8 +31,10 @@ from harnessrl.controller.audit_workspace import diff_workspace, snapshot_worksp
 from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
 from harnessrl.controller.harness import harness_view, render_harness
+from harnessrl.environments.resolve import Environments, HarnessNeeds
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.sandbox.bwrap import check_mounts
+from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
 from harnessrl.store.base import Store
@@ -90,6 +92,7 @@ class Controller:
         config: ControllerConfig | None = None,
         run_id: str | None = None,
         worker_id: str | None = None,
+        environments: Environments | None = None,
     ):
         self.store = store
         self.runner = runner
@@ -108,6 +111,29 @@ class Controller:
         # requeued for another attempt): how a trainer in this process learns of completions
         # without polling the store (``trainer.fleet.RolloutBook.notify``).
         self.on_attempt_done: Callable[[str], None] | None = None
+        # Each task's environment (docs/environments.md): images built, mounted and checked once.
+        self._environments: dict[str, Environments] = {}
+        if environments is not None and isinstance(harness, HarnessSpec):
+            self._environments[_environment_key(harness)] = environments
+
+    def environments_for(self, harness: HarnessSpec) -> Environments:
+        """The ``Environments`` of a harness spec's ``environment`` settings (one per distinct setting)."""
+        key = _environment_key(harness)
+        if key not in self._environments:
+            self._environments[key] = Environments(harness.environment)
+        return self._environments[key]
+
+    async def _environment(self, harness: HarnessSpec, rollout: Rollout, argv: list[str], workspace: Path):
+        """``(root, image)`` of a rollout's task: its image mounted here (local runner) or the reference a
+        cluster pulls (a runner with ``image_references``); ``(None, None)`` for the host."""
+        if harness.environment is None:
+            return None, None
+        environments = self.environments_for(harness)
+        if getattr(self.runner, "image_references", False):
+            return None, await asyncio.to_thread(environments.reference_for, rollout.task)
+        mounts = (*(Path(m) for m in harness.mounts), *files_in_argv(argv, inside=workspace))
+        needs = HarnessNeeds(tuple(argv[:1]), tuple(mounts))
+        return await asyncio.to_thread(environments.require, rollout.task, needs), None
 
     def harness_for(self, rollout: Rollout) -> HarnessSpec:
         return self._harness if isinstance(self._harness, HarnessSpec) else self._harness(rollout)
@@ -216,6 +242,7 @@ class Controller:
                 files=rendered.files,
                 git_history=harness.git_history,
             )
+            root, image = await self._environment(harness, rollout, rendered.argv, workspace)
             # What the harness starts from, so the audit reads what it wrote, not only what it typed.
             audit, before = self.config.audit, None
             if audit.reads_workspace:
@@ -238,6 +265,8 @@ class Controller:
                 home=workspace.parent / "home",
                 task_file=rendered.task_file,
                 mounts=tuple(Path(m) for m in harness.mounts),
+                root=root,
+                image=image,
             )
             handle = await self.runner.launch(launch)
         except HarnessRLError as exc:
@@ -276,6 +305,7 @@ class Controller:
                     # None: the evaluator writes the full task (hidden fields included) to its own file
                     task_file=None,
                     rollout_id=rollout.rollout_id,
+                    environment=root,
                 )
             )
         except EvaluatorError as exc:
@@ -301,6 +331,11 @@ class Controller:
             "stderr_tail": log_tail(attempt_dir),
             "harness_seconds": round(time.time() - started, 3),
         }
+        if root is not None or image is not None:  # which image the harness and the scorer ran on
+            metadata["environment"] = {
+                "image": root.name if root is not None else image,
+                "image_id": root.image_id[:12] if root is not None else None,
+            }
         if not self.config.keep_workspaces:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
         try:
@@ -348,6 +383,10 @@ class Controller:
             )
         except InvalidTransition:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+
+
+def _environment_key(harness: HarnessSpec) -> str:
+    return harness.environment.model_dump_json() if harness.environment is not None else ""
 
 
 def _jsonable(value: Any) -> Any:

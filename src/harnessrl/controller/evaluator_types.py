@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.sandbox.rootfs import ImageRoot
 from harnessrl.schemas import Call
 from harnessrl.tasks.answers import final_answer_text
 
@@ -36,6 +37,9 @@ class EvaluationInput:
     stdout: str = ""  # the harness's stdout
     task_file: Path | None = None  # the task JSON the harness saw; written to a temp file if None
     rollout_id: str = ""
+    # The task's environment (docs/environments.md): a command scorer's sandbox runs on the same
+    # image as the harness did. None: the host's system folders.
+    environment: ImageRoot | None = None
 
     @property
     def final_answer(self) -> str:

@@ -22,6 +22,10 @@ from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.enter import read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, shared_host
 
+# Variables the controller copies from its own machine (``harness._INHERITED``): they describe the
+# host's installs, so a harness whose root is an image starts from the image's instead.
+HOST_ONLY_ENV = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "JAVA_HOME", "NODE_PATH"})
+
 # Processes of the sandbox wrapper itself (Python + relay threads) count against the pids cap.
 _WRAPPER_PIDS = 16
 
@@ -112,12 +116,15 @@ class LocalRunner:
             home = launch.home or launch.workspace.parent / "home"
             home.mkdir(parents=True, exist_ok=True)
             spec = launch.log_dir / f"sandbox-{launch.attempt}.json"
+            env = launch.env
+            if launch.root is not None:
+                env = {k: v for k, v in env.items() if k not in HOST_ONLY_ENV}
             argv = self.host.launch_argv(
                 spec,
                 sandbox=launch.sandbox,
                 command=launch.argv,
                 cwd=launch.cwd,
-                env=launch.env,
+                env=env,
                 writable=(launch.workspace, home),
                 read_only=(
                     *python_install_paths(),
@@ -134,6 +141,10 @@ class LocalRunner:
                     "cgroup_memory": group is not None and "memory" in group.controllers,
                     "cgroup_pids": group is not None and "pids" in group.controllers,
                 },
+                root=launch.root,
+                # In an image the harness finds the image's tools first; its own install is named by
+                # absolute path (presets do), so harnessrl's venv stays off its PATH.
+                venv_on_path=launch.root is None,
             )
         except BaseException:
             if group is not None:

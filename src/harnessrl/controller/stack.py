@@ -7,12 +7,13 @@ the controller runs on the caller's loop; both share the store object, which is 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,8 +36,10 @@ from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
+from harnessrl.environments.resolve import Environments, HarnessNeeds
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
+from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
 from harnessrl.schemas import Rollout
@@ -77,8 +80,13 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         raise ConfigError(
             "kubernetes: the kubernetes client is not installed (pip install 'harnessrl[kubernetes]')"
         )
+    if harness.environment is not None and harness.sandbox != "bwrap" and config.kubernetes is None:
+        raise ConfigError(
+            'harness.environment: task images are sandbox roots and need harness.sandbox = "bwrap"'
+        )
     if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
-        check_harness(harness)
+        if harness.environment is None or harness.environment.harness == "host":
+            check_harness(harness)  # else the image brings it: checked per image (check_environments)
         require_sandbox(harness.sandbox)
         forbidden = [run_dir] if run_dir is not None else []
         if config.store is None and run_dir is not None:
@@ -98,6 +106,21 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
     )
     return harness, evaluator
+
+
+def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) -> dict[str, int] | None:
+    """The tasks' environments, before anything runs (``docs/environments.md``): every image a task
+    names is found or built, mounted and checked to run ``harness`` (a preset already applied); a
+    problem is a ``ConfigError`` naming the task, the image and what is missing. Returns how many
+    tasks use each environment; None when the harness has no ``environment`` settings."""
+    if harness.environment is None:
+        return None
+    command = harness.command[:1] if harness.command and "{" not in harness.command[0] else []
+    mounts = (
+        *(Path(m) for m in harness.mounts),
+        *files_in_argv(harness.command, inside=Path("/nonexistent")),
+    )
+    return Environments(harness.environment).check_tasks(tasks, HarnessNeeds(tuple(command), mounts))
 
 
 @dataclass
@@ -166,6 +189,8 @@ async def run_one_rollout(
 ) -> dict[str, Any]:
     """Run one rollout end to end and return its summary (what ``harnessrl rollout`` prints)."""
     started = time.monotonic()
+    if config.harness.environment is not None:  # the task's image: built and checked before anything starts
+        await asyncio.to_thread(check_environments, apply_preset(config.harness), [task])
     async with local_stack(config, run_dir) as stack:
         rollout = stack.create_rollout(task, rollout_id=f"rollout-{uuid.uuid4().hex[:12]}")
         limit = timeout_s or (config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120)

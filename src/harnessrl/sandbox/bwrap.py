@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.errors import ConfigError
+from harnessrl.sandbox.rootfs import HIDDEN_ETC, ImageRoot, mount_targets, resolve_inside, root_args
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -85,6 +86,7 @@ SANDBOX_ETC = {
     "hosts": "127.0.0.1\tlocalhost\n::1\tlocalhost\n",
     "hostname": f"{HOSTNAME}\n",
 }
+EMPTY_FILE = "empty"  # an empty file beside SANDBOX_ETC, bound over what an image must not show
 # What a sandboxed process inherits from nowhere: PATH is rebuilt, the rest is the caller's choice.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -107,6 +109,8 @@ class Layout:
     is ``"gateway"`` (loopback only, ``gateway_port`` relayed to ``gateway_socket``), ``"none"``
     (loopback only, nothing relayed) or ``"host"`` (the host's network: debugging only).
     ``tmp_size_mb`` caps the private ``/tmp`` (a tmpfs; its pages also count against the memory cgroup).
+    ``root`` is a container image's filesystem to use as ``/`` instead of the host's system folders
+    (``rootfs.py``); host paths under the system folders are then never bound (the image has its own).
     """
 
     command: list[str]
@@ -120,13 +124,14 @@ class Layout:
     gateway_socket: str | None = None
     binds: tuple[Bind, ...] = ()
     tmp_size_mb: int | None = None
+    root: ImageRoot | None = None
     init_python: str = field(default_factory=lambda: os.path.realpath(sys.executable))
 
 
 def write_etc(folder: Path) -> Path:
     """Write the made-up ``/etc`` files into ``folder`` (created 0700; the files are 0644)."""
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    for name, content in SANDBOX_ETC.items():
+    for name, content in {**SANDBOX_ETC, EMPTY_FILE: ""}.items():
         path = folder / name
         if not path.is_file() or path.read_text() != content:
             path.write_text(content)
@@ -171,19 +176,23 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
     for key, value in sorted(layout.env.items()):
         argv += ["--setenv", key, value]
     mounted: list[Path] = []
-    for name in SYSTEM_DIRS:
-        path = Path(name)
-        if path.is_symlink():
-            argv += ["--symlink", os.readlink(path), name]
-        elif path.is_dir():
-            argv += ["--ro-bind", name, name]
-            mounted.append(path)
-    etc = Path("/etc")
-    for name in ETC_ENTRIES:
-        if (etc / name).exists():
-            argv += ["--ro-bind", str(etc / name), str(etc / name)]
-    for name in SANDBOX_ETC:
-        argv += ["--ro-bind", str(layout.etc_dir / name), str(etc / name)]
+    if layout.root is None:
+        for name in SYSTEM_DIRS:
+            path = Path(name)
+            if path.is_symlink():
+                argv += ["--symlink", os.readlink(path), name]
+            elif path.is_dir():
+                argv += ["--ro-bind", name, name]
+                mounted.append(path)
+        etc = Path("/etc")
+        for name in ETC_ENTRIES:
+            if (etc / name).exists():
+                argv += ["--ro-bind", str(etc / name), str(etc / name)]
+        for name in SANDBOX_ETC:
+            argv += ["--ro-bind", str(layout.etc_dir / name), str(etc / name)]
+    else:
+        argv += _image_root(layout)
+        mounted += [Path(d) for d in SYSTEM_DIRS]  # the image's own: never shadowed by the host's
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if layout.tmp_size_mb:
         argv += ["--size", str(layout.tmp_size_mb * 1024 * 1024)]
@@ -203,10 +212,40 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
     if layout.network == "gateway" and layout.gateway_socket and layout.gateway_port:
         argv += ["--ro-bind", layout.gateway_socket, GATEWAY_SOCKET]
         port = layout.gateway_port
+    if layout.root is not None:
+        argv += ["--remount-ro", "/"]  # the skeleton around the image: nothing can be made beside it
     argv += ["--chdir", str(layout.cwd), "--"]
     argv += [layout.init_python, "-I", "-S", INIT_PATH, str(port), GATEWAY_SOCKET, str(INIT_STATUS_FD)]
     argv += ["--", *layout.command]
     return argv
+
+
+def _image_root(layout: Layout) -> list[str]:
+    """The image's tree as ``/`` with mount points for everything bound later, then the sandbox's own
+    ``/etc`` files over the image's, and an empty file over each of ``rootfs.HIDDEN_ETC`` it has."""
+    root = layout.root
+    assert root is not None  # invariant: called only for layouts with an image root
+    system = [Path(d) for d in SYSTEM_DIRS]
+    etc_files = [f"/etc/{name}" for name in SANDBOX_ETC]
+    hidden = [f"/etc/{name}" for name in HIDDEN_ETC if os.path.lexists(root.path / "etc" / name)]
+    targets = mount_targets(
+        read_only=[p for p in layout.read_only if not _covered(p, system)],
+        writable=layout.writable,
+        bind_targets=[(b.source, b.target) for b in layout.binds],
+        files=[*etc_files, *hidden],
+    )
+    argv = root_args(root, targets)
+    for name in SANDBOX_ETC:
+        argv += ["--ro-bind", str(layout.etc_dir / name), f"/etc/{name}"]
+    for inside in hidden:
+        argv += ["--ro-bind", str(layout.etc_dir / EMPTY_FILE), inside]
+    return argv
+
+
+def image_problem(root: ImageRoot) -> str | None:
+    """What an image lacks that every sandbox over it needs (a shell, a dynamic loader), or None."""
+    missing = [p for p in ("/bin/sh",) if resolve_inside(root.path, p) is None]
+    return f"no {', '.join(missing)}" if missing else None
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from typing import Any
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, Bind, Layout, bwrap_argv, find_bwrap, write_etc
 from harnessrl.sandbox.enter import status_path
+from harnessrl.sandbox.rootfs import ImageRoot, image_env
 from harnessrl.sandbox.seccomp import filter_file
 
 # The launcher's (and so bwrap's) own environment. The sandboxed command gets its environment from
@@ -62,11 +63,27 @@ class SandboxHost:
         limits: dict[str, Any] | None = None,
         binds: tuple[Bind, ...] = (),
         tmp_size_mb: int | None = None,
+        root: ImageRoot | None = None,
+        venv_on_path: bool = True,
     ) -> list[str]:
         """Write the launch spec to ``spec_path`` (a folder the sandbox never sees) and return the argv
         that runs ``command`` in the sandbox: ``sandbox`` is ``"bwrap"`` or ``"none"`` (no isolation).
-        The launcher reports whether the command started in ``enter.status_path(spec_path)``."""
-        env = {**env, "PATH": f"{Path(sys.prefix) / 'bin'}:{env.get('PATH') or DEFAULT_PATH}"}
+        The launcher reports whether the command started in ``enter.status_path(spec_path)``.
+
+        With ``root`` (an image, ``sandbox`` must be ``"bwrap"``) the image is the sandbox's ``/``; the
+        process starts from the image's declared environment (``rootfs.image_env``) under ``env``, and
+        ``PATH`` is the image's unless ``env`` sets one. ``venv_on_path`` puts harnessrl's venv first
+        on ``PATH`` (scorers run ``python -m harnessrl...``; a harness in an image does not want the
+        venv's ``python`` in front of the image's)."""
+        if root is not None:
+            if sandbox != "bwrap":
+                raise ConfigError(
+                    f"image {root.name!r}: an image root needs the bubblewrap sandbox (harness.sandbox)"
+                )
+            env = {**image_env(root), **env}
+            env.setdefault("PATH", root.search_path())
+        path = env.get("PATH") or DEFAULT_PATH
+        env = {**env, "PATH": f"{Path(sys.prefix) / 'bin'}:{path}" if venv_on_path else path}
         spec: dict[str, Any] = {
             "cgroup_dirs": [str(d) for d in cgroup_dirs],
             "limits": limits or {},
@@ -93,6 +110,7 @@ class SandboxHost:
                 gateway_socket=gateway_socket,
                 binds=binds,
                 tmp_size_mb=tmp_size_mb,
+                root=root,
             )
             spec.update(bwrap_argv=bwrap_argv(layout, bwrap=bwrap), seccomp_file=str(seccomp))
         else:

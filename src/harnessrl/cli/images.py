@@ -1,0 +1,170 @@
+"""``harnessrl images``: the task environments' images (docs/environments.md): build, list, prune, df.
+
+``build`` reads the ``[harness.environment]`` section of a rollout or training config (any other
+section is ignored) and builds or finds every environment it names, printing one JSON line per
+image and a summary; the other commands work on the image store (``--store``, default
+``$HARNESSRL_CACHE_DIR/containers``). Every command prints JSON; errors exit with status 2.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from harnessrl.errors import HarnessRLError
+
+app = typer.Typer(
+    name="images",
+    help="Task environments' container images: build, list, prune, df (docs/environments.md).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+)
+
+StoreOption = Annotated[
+    Path | None, typer.Option(help="Image store folder (default: $HARNESSRL_CACHE_DIR/containers)")
+]
+
+
+def _fail(exc: HarnessRLError) -> typer.Exit:
+    typer.secho(f"harnessrl: error: {exc}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def environment_config(path: Path, overrides: list[str]):
+    """The ``[harness.environment]`` of a config file, relative paths resolved against its folder."""
+    from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+    from harnessrl.environments.config import EnvironmentConfig
+    from harnessrl.errors import ConfigError
+
+    raw = resolve_relative_paths(load_raw_config(str(path), overrides), path.resolve().parent)
+    section = (raw.get("harness") or {}).get("environment")
+    if section is None:
+        raise ConfigError(f"{path}: no [harness.environment] section: nothing to build")
+    return validate_config(EnvironmentConfig, section, where="harness.environment")
+
+
+def _store(store: Path | None, config: Any = None):
+    from harnessrl.environments.store import ImageStore
+
+    if config is not None:
+        if store is not None:
+            config = config.model_copy(update={"store": str(store)})
+        return ImageStore.from_config(config)
+    return ImageStore(store)
+
+
+@app.command("build")
+def build_command(
+    config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A rollout or training config")],
+    only: Annotated[
+        list[str] | None, typer.Option("--only", help="Build only this environment (repeatable)")
+    ] = None,
+    store: StoreOption = None,
+    set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value overrides")] = None,
+) -> None:
+    """Build (or find) every environment of the config's [harness.environment] images."""
+    from harnessrl.environments.podman import ImageError, podman_problem
+
+    try:
+        config = environment_config(config_path, set_ or [])
+        problem = podman_problem()
+        if problem is not None:
+            raise ImageError(problem)
+        images = _store(store, config)
+        names = only or list(config.images)
+        unknown = [n for n in names if n not in config.images]
+        if unknown:
+            raise ImageError(
+                f"--only {unknown[0]!r}: not in harness.environment.images ({sorted(config.images)})"
+            )
+        built = []
+        for name in names:
+            image = images.ensure(name, config.images[name], recipes=config.images)
+            row = {
+                "name": name,
+                "reference": image.reference,
+                "id": image.image_id[:12],
+                "built": image.built,
+                "seconds": image.seconds,
+            }
+            typer.echo(json.dumps(row))
+            built.append(row)
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    usage = images.disk_usage()
+    typer.echo(
+        json.dumps(
+            {
+                "images": len(built),
+                "built_now": sum(r["built"] for r in built),
+                "seconds": round(sum(r["seconds"] for r in built), 3),
+                "store": usage["store"],
+                "store_bytes": usage["store_bytes"],
+            }
+        )
+    )
+
+
+@app.command("list")
+def list_command(store: StoreOption = None) -> None:
+    """harnessrl's images in the store: name, references, id, recipe digest, size (one JSON line each)."""
+    try:
+        for row in _store(store).list():
+            typer.echo(json.dumps({**row, "id": row["id"][:12]}))
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+
+
+@app.command("df")
+def df_command(store: StoreOption = None) -> None:
+    """Disk use: the whole store (shared layers once) and each image."""
+    try:
+        typer.echo(json.dumps(_store(store).disk_usage()))
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+
+
+@app.command("prune")
+def prune_command(
+    store: StoreOption = None,
+    keep: Annotated[
+        Path | None,
+        typer.Option(help="Keep the current images of this config's environments; remove the rest"),
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Remove every harnessrl image")] = False,
+) -> None:
+    """Remove images: by default those superseded by a newer build of the same environment (no longer
+    tagged :latest); --keep CONFIG keeps only that config's current images; --all removes them all."""
+    from harnessrl.environments.store import PREFIX, ImageStore
+
+    try:
+        if keep is not None and all_:
+            raise typer.BadParameter("give --keep or --all, not both")
+        images: ImageStore
+        if keep is not None:
+            config = environment_config(keep, [])
+            images = _store(store, config)
+            kept = set()
+            for name, recipe in config.images.items():
+                if recipe.image is None:  # only harnessrl's own builds are ever removed
+                    kept.add(images.ensure(name, recipe, recipes=config.images).image_id)
+            report = images.prune(kept)
+        elif all_:
+            images = _store(store)
+            report = images.prune(None)
+        else:
+            images = _store(store)
+            current = {
+                row["id"]
+                for row in images.list()
+                if any(r.startswith(PREFIX) and r.endswith(":latest") for r in row["references"])
+            }
+            report = images.prune(current)
+    except HarnessRLError as exc:
+        raise _fail(exc) from exc
+    typer.echo(json.dumps(report))

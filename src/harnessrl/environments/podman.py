@@ -1,0 +1,212 @@
+"""The container tool, podman, behind one small class: build, import, inspect, mount, list, remove.
+
+harnessrl builds and stores images with podman (Debian ``podman``) rather than code of its own. It
+never touches the machine's podman setup (``/etc/containers``, ``/var/lib/containers``): every call
+runs with a **private configuration** kept beside its own storage:
+
+- ``containers.conf``: the ``runc`` runtime (``crun`` fails on hybrid cgroup layouts such as these
+  machines'), the ``cgroupfs`` manager, pinned ulimits (``nofile=20000:20000``,
+  ``nproc=32768:32768``: the host's may be unlimited, which runc refuses), a file events log;
+- ``storage.conf``: the overlay driver, images under ``<store>/storage``, run state under
+  ``/run/harnessrl-containers/<hash>`` (a tmpfs: a reboot forgets the mounts with the kernel);
+- ``registries.conf``: no unqualified search registries (a bare ``FROM debian`` never goes looking).
+
+Errors are ``ImageError`` (a ``ConfigError``: the run refuses to start) carrying the tail of the
+tool's output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from harnessrl.errors import ConfigError
+
+ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
+RUNTIME = "runc"
+
+
+class ImageError(ConfigError):
+    """An image could not be found, built, pulled or mounted; the message says which and why."""
+
+
+def _toml_list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def podman_problem() -> str | None:
+    """Why podman cannot work here (not installed, no runc), or None."""
+    if shutil.which(os.environ.get("HARNESSRL_PODMAN", "podman")) is None:
+        return "podman is not installed (Debian: apt-get install podman runc; ./install.sh does it)"
+    if shutil.which(RUNTIME) is None:
+        return "runc is not installed (Debian: apt-get install runc); podman's default crun fails on this cgroup layout"
+    return None
+
+
+class Podman:
+    """podman with storage and configuration of its own under ``store``."""
+
+    def __init__(self, store: Path):
+        self.store = Path(store).resolve()
+        self.graphroot = self.store / "storage"
+        key = hashlib.sha256(str(self.store).encode()).hexdigest()[:12]
+        self.runroot = Path("/run/harnessrl-containers") / key
+        self.conf = self.store / "conf"
+        self.binary = os.environ.get("HARNESSRL_PODMAN", "podman")
+
+    # -- configuration --------------------------------------------------------------------------------
+    def _write_conf(self) -> None:
+        files = {
+            "containers.conf": (
+                "[containers]\n"
+                f"default_ulimits = {_toml_list(ULIMITS)}\n"
+                "[engine]\n"
+                f'runtime = "{RUNTIME}"\n'
+                'cgroup_manager = "cgroupfs"\n'
+                'events_logger = "file"\n'
+                f'tmp_dir = "{self.runroot / "libpod"}"\n'
+            ),
+            "storage.conf": (
+                f'[storage]\ndriver = "overlay"\ngraphroot = "{self.graphroot}"\nrunroot = "{self.runroot}"\n'
+            ),
+            "registries.conf": "unqualified-search-registries = []\n",
+        }
+        self.conf.mkdir(parents=True, exist_ok=True)
+        for name, content in files.items():
+            path = self.conf / name
+            if not path.is_file() or path.read_text() != content:
+                tmp = path.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(content)
+                tmp.replace(path)
+
+    def env(self) -> dict[str, str]:
+        """The environment every podman call runs with (the private configuration, nothing else of ours)."""
+        self._write_conf()
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTAINERS_")}
+        env.update(
+            CONTAINERS_CONF=str(self.conf / "containers.conf"),
+            CONTAINERS_STORAGE_CONF=str(self.conf / "storage.conf"),
+            CONTAINERS_REGISTRIES_CONF=str(self.conf / "registries.conf"),
+        )
+        return env
+
+    # -- calls ----------------------------------------------------------------------------------------
+    def run(
+        self,
+        *args: str,
+        timeout: float = 300,
+        check: bool = True,
+        stdout: Any = subprocess.PIPE,
+        stdin: Any = subprocess.DEVNULL,
+        what: str = "",
+    ) -> subprocess.CompletedProcess[str]:
+        try:
+            done = subprocess.run(
+                [self.binary, *args],
+                env=self.env(),
+                stdin=stdin,
+                stdout=stdout,
+                stderr=subprocess.PIPE if stdout is subprocess.PIPE else subprocess.STDOUT,
+                text=True,
+                timeout=timeout,
+            )
+        except FileNotFoundError as exc:
+            raise ImageError(podman_problem() or f"cannot run {self.binary}: {exc}") from exc
+        except subprocess.TimeoutExpired as exc:
+            raise ImageError(f"{what or 'podman ' + args[0]}: no answer after {timeout:g} s") from exc
+        if check and done.returncode != 0:
+            tail = ((done.stderr or "") + (done.stdout or ""))[-2000:].strip()
+            raise ImageError(f"{what or 'podman ' + ' '.join(args[:2])} failed ({done.returncode}): {tail}")
+        return done
+
+    def exists(self, ref: str) -> bool:
+        return self.run("image", "exists", ref, check=False).returncode == 0
+
+    def inspect(self, ref: str) -> dict[str, Any]:
+        """``podman image inspect`` of one image (its ``Id``, ``Config``, ``Labels``, ``Size``...)."""
+        out = self.run("image", "inspect", "--format", "json", ref, what=f"image {ref!r}").stdout
+        data = json.loads(out)
+        return data[0] if isinstance(data, list) else data
+
+    def images(self, label: str | None = None) -> list[dict[str, Any]]:
+        args = ["images", "--format", "json", "--no-trunc"]
+        if label:
+            args += ["--filter", f"label={label}"]
+        return json.loads(self.run(*args).stdout or "[]")
+
+    def build(
+        self,
+        containerfile: Path,
+        context: Path,
+        *,
+        tags: Sequence[str],
+        labels: Mapping[str, str],
+        build_args: Mapping[str, str],
+        ca_bundle: str | None,
+        log: Path,
+        timeout: float,
+        pull: bool,
+    ) -> None:
+        """``podman build``; its whole output goes to ``log``. Builds use the host's network (RUN steps
+        fetch packages; no firewall chains are added) and get ``ca_bundle`` at its own path in RUN steps
+        only, where package downloads go through a TLS-intercepting proxy."""
+        args = ["build", "--network=host", "--layers", f"--pull={'missing' if pull else 'never'}"]
+        args += ["-f", str(containerfile)]
+        for tag in tags:
+            args += ["-t", tag]
+        for key, value in sorted(labels.items()):
+            args += ["--label", f"{key}={value}"]
+        for key, value in sorted(build_args.items()):
+            args += ["--build-arg", f"{key}={value}"]
+        if ca_bundle and os.path.isfile(ca_bundle):
+            args += ["-v", f"{ca_bundle}:{ca_bundle}:ro"]
+        args.append(str(context))
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            done = self.run(*args, timeout=timeout, check=False, stdout=out, what="podman build")
+        if done.returncode != 0:
+            raise ImageError(f"podman build exited {done.returncode}:\n{log_tail(log)}")
+
+    def import_tar(self, tar: Path, ref: str, *, labels: Mapping[str, str], timeout: float = 600) -> None:
+        changes: list[str] = []
+        for key, value in sorted(labels.items()):
+            changes += ["--change", f"LABEL {key}={value}"]
+        changes += ["--change", "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        self.run("import", *changes, str(tar), ref, timeout=timeout, what=f"podman import {ref}")
+
+    def pull(self, ref: str, timeout: float = 1800) -> None:
+        self.run("pull", ref, timeout=timeout, what=f"podman pull {ref}")
+
+    def tag(self, ref: str, *tags: str) -> None:
+        self.run("tag", ref, *tags)
+
+    def mount(self, ref: str) -> Path:
+        """The image's root filesystem, mounted read-only on this machine (podman keeps a count)."""
+        path = self.run("image", "mount", ref, what=f"podman image mount {ref}").stdout.strip()
+        if not path or not Path(path).is_dir():
+            raise ImageError(f"podman image mount {ref}: no folder ({path!r})")
+        return Path(path)
+
+    def unmount(self, ref: str) -> None:
+        self.run("image", "unmount", "--force", ref, check=False)
+
+    def remove(self, ref: str) -> bool:
+        self.unmount(ref)
+        return self.run("rmi", "--force", ref, check=False).returncode == 0
+
+    def prune_dangling(self) -> None:
+        self.run("image", "prune", "--force", check=False, timeout=600)
+
+
+def log_tail(log: Path, lines: int = 25) -> str:
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.rstrip().splitlines()[-lines:])

@@ -1,0 +1,155 @@
+"""Build recipes: what a recipe reads (checked before it is built) and the digest its image is cached by.
+
+A recipe is a Containerfile (Dockerfile syntax) and its context folder. ``check_recipe`` refuses,
+before anything is built, a recipe that would read outside its context: a ``COPY``/``ADD`` source
+or a ``RUN --mount`` source that is absolute or climbs out with ``..``, and a symlink in the context
+that leads out of it. ``recipe_digest`` hashes everything the build reads (the Containerfile, every
+file of the context with its mode and link targets, the build arguments, and the ids of the local
+images it starts ``FROM``), so an image is rebuilt exactly when one of them changed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import stat
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+from harnessrl.environments.podman import ImageError
+
+_INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$", re.S)
+
+
+def instructions(containerfile: Path) -> list[tuple[int, str, str]]:
+    """``(line number, INSTRUCTION, arguments)`` for each instruction; continuation lines joined,
+    comments and parser directives left out."""
+    out: list[tuple[int, str, str]] = []
+    pending, start = "", 0
+    for number, line in enumerate(containerfile.read_text(errors="replace").splitlines(), start=1):
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if not pending:
+            start = number
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        pending += stripped
+        match = _INSTRUCTION.match(pending)
+        if match:
+            out.append((start, match.group(1).upper(), match.group(2).strip()))
+        pending = ""
+    return out
+
+
+def _escapes(source: str) -> bool:
+    if source.startswith(("http://", "https://", "git@")):
+        return False  # a download, not a path (ADD url): it reads nothing of the host
+    path = PurePosixPath(source)
+    if path.is_absolute():
+        return False  # COPY /x is relative to the context root in Docker and buildah
+    depth = 0
+    for part in path.parts:
+        depth += -1 if part == ".." else 0 if part == "." else 1
+        if depth < 0:
+            return True
+    return False
+
+
+def _copy_sources(args: str) -> list[str]:
+    if args.startswith("["):
+        try:
+            items = json.loads(args)
+        except ValueError:
+            items = []
+    else:
+        items = shlex.split(args, posix=True)
+    items = [i for i in items if isinstance(i, str)]
+    if any(i.startswith("--from") for i in items):
+        return []  # from another stage or image: not the context
+    sources = [i for i in items if not i.startswith("--")]
+    return sources[:-1]
+
+
+def base_images(containerfile: Path) -> list[str]:
+    """The images a recipe starts from (``FROM`` of each stage, stage names and ``scratch`` left out)."""
+    stages: set[str] = set()
+    bases = []
+    for _, name, args in instructions(containerfile):
+        if name != "FROM":
+            continue
+        words = [w for w in args.split() if not w.startswith("--")]
+        if not words:
+            continue
+        image = words[0]
+        if len(words) >= 3 and words[1].lower() == "as":
+            stages.add(words[2].lower())
+        if image.lower() not in stages and image != "scratch":
+            bases.append(image)
+    return bases
+
+
+def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:
+    """Refuse a recipe that reads outside its context folder (``ImageError`` naming the line)."""
+    if not containerfile.is_file():
+        raise ImageError(f"{where}: the Containerfile {str(containerfile)!r} does not exist")
+    if not context.is_dir():
+        raise ImageError(f"{where}: the build context {str(context)!r} is not a folder")
+    for number, name, args in instructions(containerfile):
+        bad: list[str] = []
+        if name in ("COPY", "ADD"):
+            bad = [s for s in _copy_sources(args) if _escapes(s)]
+        elif name == "RUN":
+            for mount in re.findall(r"--mount=(\S+)", args):
+                fields = dict(f.partition("=")[::2] for f in mount.split(","))
+                source = fields.get("source") or fields.get("src")
+                if "from" not in fields and source and (_escapes(source) or source.startswith("/")):
+                    bad.append(source)
+        if bad:
+            raise ImageError(
+                f"{where}: {containerfile.name}:{number}: {name} reads {bad[0]!r}, outside its context "
+                f"folder {str(context)!r}; put what the build needs inside the context"
+            )
+    real_context = Path(os.path.realpath(context))
+    for folder, dirs, files in os.walk(context):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                target = Path(os.path.realpath(path))
+                if not (target == real_context or target.is_relative_to(real_context)):
+                    raise ImageError(
+                        f"{where}: {path} in the build context is a link to {str(target)!r}, outside the "
+                        "context; copy the file in instead"
+                    )
+
+
+def recipe_digest(
+    containerfile: Path, context: Path, build_args: Mapping[str, str], base_ids: Mapping[str, str]
+) -> str:
+    """sha256 over what the build reads (see the module docstring), hex."""
+    h = hashlib.sha256()
+    h.update(b"harnessrl-recipe-1\0")
+    h.update(containerfile.read_bytes())
+    h.update(json.dumps({"args": dict(build_args), "bases": dict(base_ids)}, sort_keys=True).encode())
+    for folder, dirs, files in sorted(os.walk(context)):
+        dirs.sort()
+        for name in sorted(files + [d for d in dirs if (Path(folder) / d).is_symlink()]):
+            path = Path(folder) / name
+            rel = path.relative_to(context).as_posix()
+            info = path.lstat()
+            h.update(f"\0{rel}\0{stat.S_IMODE(info.st_mode):o}\0".encode())
+            if stat.S_ISLNK(info.st_mode):
+                h.update(b"link:" + os.readlink(path).encode())
+            elif stat.S_ISREG(info.st_mode):
+                with path.open("rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+    return h.hexdigest()
+
+
+def debian_digest(spec: Mapping[str, object]) -> str:
+    return hashlib.sha256(b"harnessrl-debian-1\0" + json.dumps(spec, sort_keys=True).encode()).hexdigest()

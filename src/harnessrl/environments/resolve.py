@@ -1,0 +1,179 @@
+"""Tasks to environments at run time: ``Environments`` gives each task its image root (local runner) or
+image reference (Kubernetes), building and checking each image once per process.
+
+``check_tasks`` is the pre-flight the entry points run before anything is created (``harnessrl
+rollout``, ``train``, ``data calibrate``): every environment the tasks name is built or found, mounted,
+and checked to run the harness (``check.harness_problems``); a problem is a ``ConfigError`` naming
+the task, the image and what is missing. The controller asks again per rollout (``root_for``), which
+is a dictionary lookup once the pre-flight ran, and an image that fails there (removed meanwhile)
+is an infrastructure failure with the same message.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from harnessrl.environments.check import harness_problems
+from harnessrl.environments.config import HOST, EnvironmentConfig
+from harnessrl.environments.podman import ImageError, podman_problem
+from harnessrl.environments.store import BuiltImage, ImageStore, own_reference, slug
+from harnessrl.errors import ConfigError
+from harnessrl.sandbox.rootfs import ImageRoot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class HarnessNeeds:
+    """What a harness needs of an image: its argv (first item checked) and the host paths mounted."""
+
+    argv: tuple[str, ...]
+    mounts: tuple[Path, ...] = ()
+
+
+def task_label(task: dict[str, Any]) -> str:
+    for key in ("task_id", "instance_id", "id"):
+        if isinstance(task.get(key), str) and task[key]:
+            return f"task {task[key]!r}"
+    return "a task"
+
+
+class Environments:
+    """The environments of one run. ``config`` None: every task runs on the host (today's sandbox)."""
+
+    def __init__(self, config: EnvironmentConfig | None, *, store: ImageStore | None = None):
+        self.config = config
+        self._store = store
+        self._built: dict[str, BuiltImage] = {}
+        self._roots: dict[str, ImageRoot] = {}
+        self._checked: dict[tuple[str, HarnessNeeds], list[str]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def store(self) -> ImageStore:
+        if self._store is None:
+            assert self.config is not None  # invariant: only environments with a config build images
+            self._store = ImageStore.from_config(self.config)
+        return self._store
+
+    def name_for(self, task: dict[str, Any]) -> str:
+        if self.config is None:
+            return HOST
+        try:
+            return self.config.name_for(task)
+        except ValueError as exc:
+            raise ConfigError(f"{task_label(task)}: harness.environment: {exc}") from exc
+
+    def uses_images(self, tasks: Iterable[dict[str, Any]]) -> bool:
+        return any(self.name_for(t) != HOST for t in tasks)
+
+    def _name_lock(self, name: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(name, threading.Lock())
+
+    def built(self, name: str, *, where: str) -> BuiltImage:
+        """The image of environment ``name`` (built or found once per process)."""
+        assert self.config is not None  # invariant: HOST never reaches here
+        with self._name_lock(name):
+            if name not in self._built:
+                try:
+                    recipe = self.config.recipe_for(name)
+                except ValueError as exc:
+                    raise ConfigError(f"{where}: harness.environment: {exc}") from exc
+                assert recipe is not None  # invariant: name is not HOST
+                problem = podman_problem()
+                if problem is not None:
+                    raise ImageError(f"{where}: environment {name!r} needs podman: {problem}")
+                self._built[name] = self.store.ensure(name, recipe, recipes=self.config.images, where=where)
+            return self._built[name]
+
+    def root(self, name: str, *, where: str) -> ImageRoot:
+        built = self.built(name, where=where)
+        with self._name_lock(name):
+            if name not in self._roots:
+                self._roots[name] = self.store.root(built)
+            return self._roots[name]
+
+    def root_for(self, task: dict[str, Any]) -> ImageRoot | None:
+        """The image root a task's sandboxes run on; None for the host."""
+        name = self.name_for(task)
+        if name == HOST:
+            return None
+        return self.root(name, where=f"{task_label(task)} (environment {name!r})")
+
+    def reference_for(self, task: dict[str, Any]) -> str | None:
+        """The image reference a cluster runs a task's harness in (Kubernetes); None for the host.
+        A recipe's reference is its content-addressed tag, under ``registry`` when one is set
+        (push it there: ``harnessrl images push``); a plain image reference is used as written."""
+        name = self.name_for(task)
+        if name == HOST:
+            return None
+        assert self.config is not None  # invariant: HOST otherwise
+        try:
+            recipe = self.config.recipe_for(name)
+        except ValueError as exc:
+            raise ConfigError(f"{task_label(task)}: harness.environment: {exc}") from exc
+        assert recipe is not None  # invariant: name is not HOST
+        if recipe.image is not None:
+            return recipe.image
+        built = self.built(name, where=f"{task_label(task)} (environment {name!r})")
+        reference = own_reference(name, built.digest)
+        if self.config.registry:
+            return f"{self.config.registry.rstrip('/')}/harnessrl/{slug(name)}:{built.digest[:16]}"
+        return reference
+
+    def problems(self, root: ImageRoot, needs: HarnessNeeds) -> list[str]:
+        """What stops ``root`` from running the harness (checked once per image and harness)."""
+        assert self.config is not None  # invariant: only image roots are checked
+        key = (root.image_id or str(root.path), needs)
+        with self._lock:
+            cached = self._checked.get(key)
+        if cached is None:
+            cached, notes = harness_problems(
+                root, list(needs.argv), host_harness=self.config.harness == "host", mounts=needs.mounts
+            )
+            for note in notes:
+                log.info("image %s: %s (not needed by most harnesses)", root.name, note)
+            with self._lock:
+                self._checked[key] = cached
+        return cached
+
+    def require(self, task: dict[str, Any], needs: HarnessNeeds) -> ImageRoot | None:
+        """The task's image root, refusing (``ConfigError``) an image that cannot run the harness."""
+        root = self.root_for(task)
+        if root is None:
+            return None
+        problems = self.problems(root, needs)
+        if problems:
+            name = self.name_for(task)
+            raise ImageError(
+                f"{task_label(task)}: image {root.name} (environment {name!r}) cannot run the harness "
+                f"{self._how()}: " + "; ".join(problems)
+            )
+        return root
+
+    def _how(self) -> str:
+        assert self.config is not None  # invariant: called for image roots only
+        if self.config.harness == "host":
+            return 'mounted from this machine (harness.environment.harness = "host")'
+        return 'it should bring (harness.environment.harness = "image")'
+
+    def check_tasks(self, tasks: Iterable[dict[str, Any]], needs: HarnessNeeds) -> dict[str, int]:
+        """The pre-flight: every environment the tasks name exists (or is built) and can run the
+        harness. Returns how many tasks use each environment."""
+        counts: dict[str, int] = {}
+        first: dict[str, dict[str, Any]] = {}
+        for task in tasks:
+            name = self.name_for(task)
+            counts[name] = counts.get(name, 0) + 1
+            first.setdefault(name, task)
+        for name, task in first.items():
+            if name != HOST:
+                self.require(task, needs)
+        return counts
