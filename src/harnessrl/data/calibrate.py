@@ -13,6 +13,7 @@ measures it again.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import math
@@ -68,7 +69,8 @@ async def calibrate_file(
     progress: Callable[[str], None] = log.info,
 ) -> dict[str, Any]:
     """Calibrate every record of ``in_path`` not yet done in ``out_path``; returns the report."""
-    from harnessrl.controller.stack import local_stack
+    from harnessrl.controller.presets import apply_preset
+    from harnessrl.controller.stack import check_environments, local_stack
 
     if k < 1:
         raise ConfigError("calibrate: --k must be >= 1")
@@ -90,6 +92,10 @@ async def calibrate_file(
         # when it ends, so an interrupted run loses at most one batch.
         per_batch = max(1, math.ceil(config.controller.concurrency / k))
         limit = config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120
+        # Each task's image (docs/environments.md): built and checked to run the harness before any
+        # rollout, so a missing image is one clear error, not k infrastructure failures per task.
+        harness = apply_preset(config.harness)
+        await asyncio.to_thread(check_environments, harness, [to_task(r) for r in todo])
         async with local_stack(config, run_dir) as stack:
             for start in range(0, len(todo), per_batch):
                 batch = todo[start : start + per_batch]

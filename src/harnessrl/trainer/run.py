@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.config import REMOTE_KINDS
-from harnessrl.controller.stack import RolloutConfig
+from harnessrl.controller.presets import apply_preset
+from harnessrl.controller.stack import RolloutConfig, check_environments
 from harnessrl.store import open_store
 from harnessrl.trainer.base import Policy
 from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, latest_checkpoint
@@ -105,6 +106,11 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         cfg = self.config
+        if cfg.harness.environment is not None and cfg.trainer.controllers != "external":
+            # Each task's image (docs/environments.md), built and checked to run the harness before
+            # anything of the run starts: a missing image is one clear error, not a run of failures.
+            tasks = [t.data for t in (*self.tasks, *self.heldout)]
+            await asyncio.to_thread(check_environments, apply_preset(cfg.harness), tasks)
         policy = self._build_policy()
         checkpointer = Checkpointer(
             policy, self.run_dir, save_every=cfg.trainer.save_every, background=self.policy_factory is None
