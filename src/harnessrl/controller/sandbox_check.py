@@ -22,52 +22,18 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from harnessrl.sandbox.bwrap import find_bwrap, sandbox_problem
+import harnessrl
+from harnessrl.controller.seccomp_probes import DENIED_ERRNOS, seccomp_calls, syscall_number
+from harnessrl.sandbox.bwrap import DEFAULT_PATH, find_bwrap, sandbox_problem
 
-PROBE = r"""
-import ctypes, json, os, socket, subprocess, sys, urllib.request
-libc = ctypes.CDLL(None, use_errno=True)
-t = json.loads(sys.argv[1])
-out = {}
-status = open("/proc/self/status").read()
-field = lambda name: next(l.split()[1] for l in status.splitlines() if l.startswith(name + ":"))
-out["uid"] = os.getuid()
-out["cap_eff"] = field("CapEff")
-out["no_new_privs"] = field("NoNewPrivs")
-out["seccomp"] = field("Seccomp")
-def denied(call):
-    try:
-        return call() != 0
-    except OSError:
-        return True
-out["setns_denied"] = denied(lambda: libc.setns(os.open("/proc/self/ns/net", os.O_RDONLY), 0))
-out["unshare_denied"] = denied(lambda: libc.unshare(0x10000000))
-out["mount_denied"] = denied(lambda: libc.mount(b"none", b"/tmp", b"tmpfs", 0, None))
-out["ptrace_denied"] = denied(lambda: libc.ptrace(16, 1, None, None))
-out["host_pid_visible"] = os.path.exists(f"/proc/{t['host_pid']}") and b"harnessrl" in open(f"/proc/{t['host_pid']}/cmdline", "rb").read()
-out["pids"] = len([p for p in os.listdir("/proc") if p.isdigit()])
-out["secret_visible"] = os.path.exists(t["secret"])
-out["cgroupfs_visible"] = os.path.exists("/sys/fs/cgroup")
-try:
-    open("/usr/.harnessrl-check", "w"); out["usr_writable"] = True
-except OSError:
-    out["usr_writable"] = False
-out["workspace_writable"] = open("ws-ok", "w").write("ok") == 2
-try:
-    socket.create_connection(("127.0.0.1", t["other_port"]), timeout=3).close(); out["other_port"] = True
-except OSError:
-    out["other_port"] = False
-try:
-    out["gateway"] = urllib.request.urlopen(f"http://127.0.0.1:{t['gateway_port']}/", timeout=5).read().decode()
-except OSError as exc:
-    out["gateway"] = repr(exc)
-subprocess.Popen(["setsid", "sleep", t["mark"]], start_new_session=True)
-print(json.dumps(out), flush=True)
-"""
+HARNESSRL_PACKAGE = Path(harnessrl.__file__).parent  # bound read-only for the scorer section
+
+PROBE = Path(__file__).with_name("sandbox_probe.py")  # run inside, bound there by itself
 
 
 @dataclass(frozen=True)
@@ -120,53 +86,124 @@ def check_sandbox() -> list[Property]:
     return found + asyncio.run(_probe())
 
 
-async def _probe() -> list[Property]:
+def probe_targets(sections: Iterable[str], **targets: Any) -> dict[str, Any]:
+    """What ``sandbox_probe.py`` needs for ``sections`` (``targets`` add to or replace it)."""
+    base: dict[str, Any] = {"sections": list(sections)}
+    if "syscalls" in base["sections"]:
+        base["calls"] = seccomp_calls()
+    if "fileless" in base["sections"]:
+        base["execveat"] = syscall_number("execveat")
+    if "scorer" in base["sections"]:
+        base.update(
+            package_parent=str(HARNESSRL_PACKAGE.parent),
+            env_mark=f"SCORER-ENV-{secrets.token_hex(6)}",
+            forged=f'{{"reward": 1e300, "forged": "{secrets.token_hex(6)}"}}',
+        )
+    return {**base, **targets}
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    targets: dict[str, Any]  # what the probe was given
+    seen: dict[str, Any]  # a key per section (``{"error": ...}`` where one could not run)
+    stdout: str
+    stderr: str
+    exit: Any  # the runner's Exit
+
+
+async def launch_probe(
+    targets: dict[str, Any],
+    folder: Path,
+    *,
+    sandbox: str = "bwrap",
+    gateway_port: int | None = None,
+    bridge_path: str | None = None,
+) -> ProbeRun:
+    """Run ``sandbox_probe.py`` once through the real local runner (``sandbox`` "bwrap" or "none",
+    the control) in an attempt laid out under ``folder``; the package is bound read-only for the
+    scorer section."""
     from harnessrl.controller.base import Launch, ResourceLimits
     from harnessrl.controller.local import LocalRunner
+
+    attempt = folder / "attempt"
+    workspace = attempt / "workspace"
+    workspace.mkdir(parents=True, exist_ok=True)
+    runner = LocalRunner(bridge_path=bridge_path)
+    launch = Launch(
+        rollout_id="sandbox-check",
+        attempt=0,
+        argv=[sys.executable, "-I", str(PROBE), json.dumps(targets)],
+        env={
+            "HOME": str(attempt / "home"),
+            "PATH": DEFAULT_PATH,
+            **({"SCORER_MARK": targets["env_mark"]} if "env_mark" in targets else {}),
+        },
+        task={},
+        files={},
+        workspace=workspace,
+        cwd=workspace,
+        log_dir=attempt,
+        timeout_s=60,
+        limits=ResourceLimits(memory_mb=512, max_processes=64),
+        network="gateway" if gateway_port else "none",
+        gateway_port=gateway_port,
+        sandbox=sandbox,
+        mounts=(PROBE, *((HARNESSRL_PACKAGE,) if "scorer" in targets["sections"] else ())),
+    )
+    try:
+        handle = await runner.launch(launch)
+        exit_ = await handle.wait()
+    finally:
+        await runner.aclose()
+    stdout = (attempt / "stdout.log").read_text()
+    stderr = (attempt / "stderr.log").read_text()
+    try:
+        seen = json.loads(stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        seen = {}
+    return ProbeRun(targets, seen, stdout, stderr, exit_)
+
+
+def check_folder() -> Path:
+    """A fresh root-only folder for one probe's attempt, outside ``/tmp`` where the host has one: paths
+    keep their host names inside, and code a scorer runs may read and write ``/tmp`` (``run_scored``),
+    so a scorer's own files (in the attempt's home) must live elsewhere."""
+    parent = "/var/tmp" if os.access("/var/tmp", os.W_OK) else None
+    return Path(tempfile.mkdtemp(prefix="harnessrl-check-", dir=parent))
+
+
+def run_probe(sections: Iterable[str], *, sandbox: str = "bwrap", **targets: Any) -> ProbeRun:
+    """``launch_probe`` for ``sections`` without a network (what the tests use, with their controls)."""
+    folder = check_folder()
+    try:
+        return asyncio.run(launch_probe(probe_targets(sections, **targets), folder, sandbox=sandbox))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _probe() -> list[Property]:
     from harnessrl.sandbox.cgroups import ResourceGroup
     from harnessrl.sandbox.proxy import GatewayBridge
 
-    folder = Path(tempfile.mkdtemp(prefix="harnessrl-check-"))
+    folder = check_folder()
     gateway, other = LoopbackListener(b"gateway-ok"), LoopbackListener(b"LEAKED")
     mark = f"9{secrets.randbelow(10**6)}.{os.getpid()}"
     secret = folder / "secret.txt"
     secret.write_text(secrets.token_hex(8))
-    workspace = folder / "attempt" / "workspace"
-    workspace.mkdir(parents=True)
-    targets = {
-        "host_pid": os.getpid(),
-        "secret": str(secret),
-        "other_port": other.port,
-        "gateway_port": gateway.port,
-        "mark": mark,
-    }
+    targets = probe_targets(
+        ("basics", "syscalls", "fileless", "scorer"),
+        host_pid=os.getpid(),
+        secret=str(secret),
+        other_port=other.port,
+        gateway_port=gateway.port,
+        mark=mark,
+    )
     try:
         async with GatewayBridge("127.0.0.1", gateway.port) as bridge:
-            runner = LocalRunner(bridge_path=bridge.path)
-            launch = Launch(
-                rollout_id="sandbox-check",
-                attempt=0,
-                argv=[sys.executable, "-I", "-c", PROBE, json.dumps(targets)],
-                env={"HOME": str(folder / "attempt" / "home")},
-                task={},
-                files={},
-                workspace=workspace,
-                cwd=workspace,
-                log_dir=folder / "attempt",
-                timeout_s=60,
-                limits=ResourceLimits(memory_mb=512, max_processes=64),
-                gateway_port=gateway.port,
-            )
-            handle = await runner.launch(launch)
-            exit_ = await handle.wait()
-            await runner.aclose()
-        stdout = (folder / "attempt" / "stdout.log").read_text()
-        stderr = (folder / "attempt" / "stderr.log").read_text()
-        try:
-            seen = json.loads(stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            return [Property("the probe ran inside the sandbox", False, f"{exit_}: {stderr[-300:]}")]
-        time.sleep(0.2)
+            run = await launch_probe(targets, folder, gateway_port=gateway.port, bridge_path=bridge.path)
+        seen = run.seen.get("basics", {})
+        if "uid" not in seen:
+            return [Property("the probe ran inside the sandbox", False, f"{run.exit}: {run.stderr[-300:]}")]
         survivors = subprocess.run(
             ["pgrep", "-f", f"sleep {mark}"], capture_output=True, text=True
         ).stdout.split()
@@ -186,6 +223,9 @@ async def _probe() -> list[Property]:
                 and all(seen[k] for k in ("setns_denied", "unshare_denied", "mount_denied", "ptrace_denied")),
                 f"Seccomp {seen['seccomp']}",
             ),
+            seccomp_parity(run.seen.get("syscalls", {}), targets["calls"]),
+            no_fileless_exec(run.seen.get("fileless", {})),
+            scorer_isolation(run.seen.get("scorer", {}), run.stdout, targets["forged"]),
             Property(
                 "own PID namespace (no host process visible)",
                 not seen["host_pid_visible"] and seen["pids"] < 20,
@@ -218,3 +258,49 @@ async def _probe() -> list[Property]:
         gateway.close()
         other.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def seccomp_parity(answers: dict[str, int], calls: dict[str, list[int]]) -> Property:
+    """Every call of ``SECCOMP_PROBES`` this machine has was refused (EPERM, or ENOSYS)."""
+    allowed = sorted(label for label in calls if answers.get(label) not in DENIED_ERRNOS)
+    return Property(
+        "seccomp at least as strict as Docker's default",
+        bool(answers) and not allowed,
+        f"{len(calls)} calls it denies (or we add) tried, "
+        + (f"NOT refused: {', '.join(allowed)}" if allowed else "all refused"),
+    )
+
+
+def no_fileless_exec(seen: dict[str, str]) -> Property:
+    """No program held only in memory (a memfd) ran, by path or by ``execveat``."""
+    keys = ("memfd", "memfd_execveat", "memfd_exec_flag", "memfd_exec_flag_execveat")
+    ran = [key for key in keys if seen.get(key, "ran") == "ran"]
+    return Property(
+        "no fileless exec (memfd through /proc/self/fd, execveat, MFD_EXEC)",
+        bool(seen) and "error" not in seen and not ran,
+        f"ran: {ran}" if ran else "; ".join(f"{k}: {seen.get(k)}" for k in keys),
+    )
+
+
+def scorer_isolation(seen: dict[str, Any], stdout: str, forged: str) -> Property:
+    """Code a scorer runs through ``run_scored`` reached nothing of the scorer's."""
+    reached = [name for name, ok in seen.get("reached", {"no report": True}).items() if ok]
+    held = (
+        "error" not in seen
+        and not reached
+        and not seen.get("leftover")
+        and not seen.get("signals")
+        and forged not in stdout
+    )
+    detail = (
+        f"Landlock ABI {seen.get('abi')}, isolation {seen.get('isolation')!r}"
+        if "error" not in seen
+        else seen["error"]
+    )
+    if reached or seen.get("leftover"):
+        detail += f"; reached {reached}, leftover {seen.get('leftover')}"
+    return Property(
+        "scorer isolation: scored code cannot read, write, signal or outlive its scorer",
+        held,
+        detail,
+    )

@@ -20,6 +20,7 @@ could not be set up; 127 if the command could not be started (both also said in 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -31,6 +32,8 @@ from harnessrl.sandbox.bwrap import INIT_STATUS_FD
 
 SETUP_FAILED = 125
 CANNOT_START = 127
+_CLONE_NEWPID = 0x20000000
+MEMFD_NOEXEC = "/proc/sys/vm/memfd_noexec"
 
 
 def status_path(spec_path: str) -> str:
@@ -80,6 +83,26 @@ def _read_line(fd: int, limit: int = 4096) -> bytes:
     return data.split(b"\n", 1)[0]
 
 
+def _new_pid_namespace() -> bool:
+    """Make the next child the first process (pid 1) of a new PID namespace; False where this process
+    may not (it needs CAP_SYS_ADMIN: the controller is root on our machines)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.unshare(_CLONE_NEWPID) == 0
+
+
+def _memfds_not_executable() -> None:
+    """Run in bwrap's process before its exec, as pid 1 of the namespace ``_new_pid_namespace`` made:
+    set that namespace's ``vm.memfd_noexec`` to 2. The sysctl is per PID namespace (Linux 6.3+): the
+    host's own value is untouched, the sandbox's namespace (a child of this one) inherits it and
+    cannot lower it, so no memfd created inside can be executed and ``MFD_EXEC`` is refused. Without
+    the sysctl (an older kernel) nothing is set: ``harnessrl sandbox check`` reports it."""
+    try:
+        with open(MEMFD_NOEXEC, "w") as f:
+            f.write("2")
+    except OSError:
+        pass
+
+
 def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> int:
     """Start bwrap with the filter and init.py's status descriptor; report whether the command started."""
     filter_fd = os.open(seccomp_file, os.O_RDONLY)
@@ -87,8 +110,13 @@ def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> i
     os.dup2(init_write, INIT_STATUS_FD, inheritable=True)
     os.close(init_write)
     full = [argv[0], "--seccomp", str(filter_fd), *argv[1:]]
+    # bwrap becomes pid 1 of a PID namespace of our own, whose memfds cannot be executed (this process
+    # is single-threaded, so preexec_fn is safe). Killing bwrap kills everything in that namespace.
+    noexec = _memfds_not_executable if _new_pid_namespace() else None
     try:
-        proc = subprocess.Popen(full, pass_fds=(filter_fd, INIT_STATUS_FD), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            full, pass_fds=(filter_fd, INIT_STATUS_FD), stdin=subprocess.DEVNULL, preexec_fn=noexec
+        )
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         _write_status(status_file, started=False, detail=f"cannot start {argv[0]!r}: {exc}")

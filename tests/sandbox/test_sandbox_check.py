@@ -1,0 +1,58 @@
+"""``harnessrl sandbox check`` reports issue 35's properties, and notices when one does not hold.
+
+The check itself is run as users run it; its control feeds the same property functions what the
+same probes see without isolation (``sandbox = "none"``, a scorer running its code with a plain
+subprocess): each must then be reported NOT HELD.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from harnessrl.controller.sandbox_check import (
+    no_fileless_exec,
+    run_probe,
+    scorer_isolation,
+    seccomp_parity,
+)
+from harnessrl.sandbox import landlock
+from harnessrl.sandbox.bwrap import sandbox_problem
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}"
+)
+
+NEW_PROPERTIES = (
+    "seccomp at least as strict as Docker's default",
+    "no fileless exec",
+    "scorer isolation",
+)
+
+
+def test_the_check_reports_the_new_properties_held():
+    proc = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "sandbox", "check"], capture_output=True, text=True, timeout=120
+    )
+    lines = {name: [line for line in proc.stdout.splitlines() if name in line] for name in NEW_PROPERTIES}
+    assert all(len(found) == 1 for found in lines.values()), proc.stdout + proc.stderr
+    assert all(found[0].startswith("held") for found in lines.values()), proc.stdout
+    scorer = lines["scorer isolation"][0]
+    assert f"Landlock ABI {landlock.abi_version()}" in scorer
+    if landlock.abi_version() >= landlock.SCOPE_ABI:
+        assert "isolation 'landlock'" in scorer
+    assert "all refused" in lines["seccomp at least as strict as Docker's default"][0]
+
+
+def test_control_the_same_probes_without_isolation_are_reported_not_held():
+    run = run_probe(["syscalls", "fileless", "scorer"], sandbox="none", plain=True)
+    assert set(run.seen) == {"syscalls", "fileless", "scorer"}, run.stderr[-2000:]
+    parity = seccomp_parity(run.seen["syscalls"], run.targets["calls"])
+    fileless = no_fileless_exec(run.seen["fileless"])
+    scorer = scorer_isolation(run.seen["scorer"], run.stdout, run.targets["forged"])
+    assert not parity.held and "io_uring_setup" in parity.detail and "mbind" in parity.detail
+    assert not fileless.held and "memfd" in fileless.detail
+    assert not scorer.held and "environ" in scorer.detail and "leftover" in scorer.detail
