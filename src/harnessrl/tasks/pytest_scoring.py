@@ -105,6 +105,7 @@ def run_child(
     writable: Sequence[Path] = (),
     isolated: bool = True,
     output_limit: int = 1 << 16,
+    readable: Sequence[Path] = (),
 ) -> ChildRun:
     """Run ``argv`` over code under test: through ``run_scored`` (``isolated``, what scorers do), or as
     a plain process group for trusted code (the task builder's runs of gold and mutant code, which
@@ -116,6 +117,7 @@ def run_child(
             env=env,
             timeout_s=timeout_s,
             writable=writable,
+            readable=readable,
             stdin=stdin,
             output_limit=output_limit,
         )
@@ -356,9 +358,12 @@ def run_pytest(
     config: str | None = "pytest.ini",
     isolated: bool = True,
     tripwires: bool = True,
+    python: str | None = None,
 ) -> TestRun:
     """Run the files holding ``test_ids`` with pytest in ``workspace``: outcome per listed id, and the
-    flags of ``verdict_flags``. ``config`` is the ini file (relative to the workspace) pytest reads."""
+    flags of ``verdict_flags``. ``config`` is the ini file (relative to the workspace) pytest reads.
+    ``python`` is the interpreter that runs pytest (default: this one); a task's image has its own,
+    with the project's test dependencies (docs/environments.md)."""
     test_ids = list(dict.fromkeys(test_ids))
     wires = plant_tripwires(workspace, test_ids) if tripwires else []
     files = sorted({t.split("::", 1)[0] for t in test_ids})
@@ -366,7 +371,8 @@ def run_pytest(
         scratch = Path(tmp)  # the scored code's own (pytest writes its report here): untrusted
         xml_path = scratch / "junit.xml"
         # -I ignores PYTHON* variables: -B (no bytecode written into the workspace) is the flag's job.
-        argv = [sys.executable, "-I", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest"]
+        interpreter = python or sys.executable
+        argv = [interpreter, "-I", "-B", "-m", "pytest", "-q", "-p", "no:cacheprovider", "--noconftest"]
         argv += ["-o", "addopts=", "--continue-on-collection-errors", "--rootdir", "."]
         argv += [*(["-c", config] if config else []), "--junitxml", str(xml_path), "--", *files]
         run = run_child(
@@ -377,6 +383,7 @@ def run_pytest(
             writable=(scratch,),
             isolated=isolated,
             output_limit=4000,
+            readable=_install_of(interpreter),
         )
         reported = None if run.timed_out else read_junit(xml_path)  # every process of the run is dead
     flags = verdict_flags(reported, test_ids, wires, run.exit_code)
@@ -442,6 +449,15 @@ def summary(
     }
 
 
+def _install_of(python: str) -> tuple[Path, ...]:
+    """The folder of an interpreter's install (``/opt/conda`` for ``/opt/conda/bin/python``), for the
+    scored code's domain to read; none for one under the system folders, which it reads anyway."""
+    real = Path(os.path.realpath(python))
+    if real.parts[1:2] and real.parts[1] in ("usr", "bin", "lib", "lib64", "sbin"):
+        return ()
+    return (real.parent.parent,)
+
+
 def score_tests(
     task: dict[str, Any],
     files: Path | None,
@@ -449,12 +465,15 @@ def score_tests(
     *,
     timeout_s: float = 60.0,
     config: str | None = None,
+    python: str | None = None,
 ) -> dict[str, Any]:
     """Restore ``files`` (if given) over ``workspace``, run the task's listed tests; the JSON result."""
     fail_to_pass, pass_to_pass = test_lists(task)
     if files is not None:
         restore_files(files, workspace)
-    run = run_pytest(workspace, fail_to_pass + pass_to_pass, timeout_s=timeout_s, config=config)
+    run = run_pytest(
+        workspace, fail_to_pass + pass_to_pass, timeout_s=timeout_s, config=config, python=python
+    )
     return summary(run, fail_to_pass, pass_to_pass)
 
 
@@ -481,11 +500,18 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--files", type=Path, help="a folder of test files restored over the workspace first")
     parser.add_argument("--config", help="pytest's ini file, relative to the workspace (restore it too)")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds for the whole test run")
+    parser.add_argument(
+        "--python",
+        help="the interpreter that runs pytest (a task image's, e.g. /usr/bin/python3); default: this one",
+    )
     args = parser.parse_args(argv)
     try:
         task = read_task(args.task_file)
         files = args.hidden / "files" if args.hidden is not None else args.files
-        print(json.dumps(score_tests(task, files, Path.cwd(), timeout_s=args.timeout, config=args.config)))
+        result = score_tests(
+            task, files, Path.cwd(), timeout_s=args.timeout, config=args.config, python=args.python
+        )
+        print(json.dumps(result))
     except HarnessRLError as exc:
         print(f"harnessrl: error: {exc}", file=sys.stderr)
         return 2
