@@ -268,6 +268,119 @@ def _():
 
 
 # ---------------------------------------------------------------------------------------------------
+# Kernel surface Docker's default seccomp profile closes, and fileless execution (issue 35)
+# ---------------------------------------------------------------------------------------------------
+
+NUMBERS = {  # (x86_64, aarch64)
+    "io_uring_setup": (425, 425),
+    "mbind": (237, 235),
+    "set_mempolicy": (238, 237),
+    "move_pages": (279, 239),
+    "execveat": (322, 281),
+}
+libc.syscall.restype = ctypes.c_long
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+)
+
+
+def syscall(name, *args):
+    number = NUMBERS[name][os.uname().machine == "aarch64"]
+    result = libc.syscall(ctypes.c_long(number), *args)
+    return result, ctypes.get_errno()
+
+
+def a_page():
+    return libc.mmap(None, 4096, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+
+
+@attack("io_uring_setup")
+def _():
+    params = ctypes.create_string_buffer(120)  # struct io_uring_params, zeroed
+    fd, err = syscall("io_uring_setup", ctypes.c_uint(4), params)
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0, f"fd {fd} errno {err}"
+
+
+@attack("personality_read_implies_exec")
+def _():
+    old = libc.personality(0xFFFFFFFF)
+    result = libc.personality(old | 0x0400000)  # READ_IMPLIES_EXEC: every readable mapping executable
+    now = libc.personality(0xFFFFFFFF)
+    libc.personality(old)
+    return result != -1 and bool(now & 0x0400000), f"persona {now:#x} errno {ctypes.get_errno()}"
+
+
+@attack("numa_mbind")
+def _():
+    nodes = ctypes.c_ulong(1)
+    result, err = syscall(
+        "mbind", ctypes.c_void_p(a_page()), ctypes.c_ulong(4096), 2, ctypes.byref(nodes), 64, 0
+    )
+    return result == 0, f"errno {err}"  # MPOL_BIND to node 0
+
+
+@attack("numa_set_mempolicy")
+def _():
+    nodes = ctypes.c_ulong(1)
+    result, err = syscall("set_mempolicy", 1, ctypes.byref(nodes), 64)  # MPOL_PREFERRED, node 0
+    syscall("set_mempolicy", 0, None, 0)
+    return result == 0, f"errno {err}"
+
+
+@attack("numa_move_pages")
+def _():
+    page = ctypes.c_void_p(a_page())
+    ctypes.memset(page, 1, 1)  # touch it, so it has a node
+    status = ctypes.c_int(-1)
+    result, err = syscall(
+        "move_pages", 0, ctypes.c_ulong(1), ctypes.byref(page), None, ctypes.byref(status), 0
+    )
+    return result == 0 and status.value >= 0, f"errno {err}, status {status.value}"
+
+
+def memfd_holding_true():
+    fd = libc.memfd_create(b"payload", 0)
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "memfd_create")
+    with open("/bin/true", "rb") as f:
+        os.write(fd, f.read())
+    return fd
+
+
+@attack("memfd_exec")
+def _():
+    fd = memfd_holding_true()
+    try:
+        done = subprocess.run([f"/proc/self/fd/{fd}"], pass_fds=(fd,), capture_output=True, timeout=10)
+        return done.returncode == 0, f"exit {done.returncode}"
+    finally:
+        os.close(fd)
+
+
+@attack("execveat_memfd")
+def _():
+    fd = memfd_holding_true()
+    pid = os.fork()
+    if pid == 0:
+        argv = (ctypes.c_char_p * 2)(b"true", None)
+        envp = (ctypes.c_char_p * 1)(None)
+        syscall("execveat", fd, b"", argv, envp, 0x1000)  # AT_EMPTY_PATH
+        os._exit(100 + ctypes.get_errno())
+    os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code == 0, "ran" if code == 0 else f"errno {code - 100}"
+
+
+# ---------------------------------------------------------------------------------------------------
 # Namespaces, mounts, privileges
 # ---------------------------------------------------------------------------------------------------
 
