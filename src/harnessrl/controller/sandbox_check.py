@@ -266,7 +266,7 @@ def seccomp_parity(answers: dict[str, int], calls: dict[str, list[int]]) -> Prop
     return Property(
         "seccomp at least as strict as Docker's default",
         bool(answers) and not allowed,
-        f"{len(calls)} calls it denies (or we add) tried, "
+        f"{len(calls)} calls Docker's default denies (or we also do) tried: "
         + (f"NOT refused: {', '.join(allowed)}" if allowed else "all refused"),
     )
 
@@ -278,7 +278,7 @@ def no_fileless_exec(seen: dict[str, str]) -> Property:
     return Property(
         "no fileless exec (memfd through /proc/self/fd, execveat, MFD_EXEC)",
         bool(seen) and "error" not in seen and not ran,
-        f"ran: {ran}" if ran else "; ".join(f"{k}: {seen.get(k)}" for k in keys),
+        f"ran: {ran}" if ran else ", ".join(f"{k} {seen.get(k)}" for k in keys),
     )
 
 

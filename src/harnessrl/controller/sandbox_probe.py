@@ -12,6 +12,7 @@ which imports ``harnessrl.sandbox.scored`` from the package folder the check bin
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -115,7 +116,7 @@ def _exec_status(path_or_fd, execveat_nr: int | None = None) -> str:
         said = f.read()
     _, status = os.waitpid(pid, 0)
     if said:
-        return os.strerror(int(said))
+        return errno.errorcode.get(int(said), said)
     return "ran" if os.waitstatus_to_exitcode(status) == 0 else f"exited {os.waitstatus_to_exitcode(status)}"
 
 
@@ -133,7 +134,8 @@ def fileless(t: dict) -> dict:
     for label, flags in (("memfd", 0), ("memfd_exec_flag", 0x10)):  # MFD_EXEC
         fd = libc.memfd_create(b"payload", flags)
         if fd < 0:
-            out[label] = out[label + "_execveat"] = f"memfd_create: {os.strerror(ctypes.get_errno())}"
+            refused = errno.errorcode.get(ctypes.get_errno(), "?")
+            out[label] = out[label + "_execveat"] = f"memfd_create: {refused}"
             continue
         os.write(fd, program)
         out[label] = _exec_status(f"/proc/self/fd/{fd}")
