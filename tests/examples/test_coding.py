@@ -168,6 +168,49 @@ def check(candidate):
         split_checks("def other(candidate):\n    assert candidate(1)\n", "square")
 
 
+def test_probes_whose_verdict_on_the_bug_differs_from_pytests_are_left_to_pytest(tmp_path: Path):
+    """A check whose value depends on what earlier tests left behind gives a different verdict when its
+    probe runs alone: the build records no value for it, or the scorer would flag honest code."""
+    from harnessrl.tasks.coding import probes
+    from harnessrl.tasks.coding.build import PYTEST_INI, agreeing_probes
+    from harnessrl.tasks.coding.checks import TEST_FILE, render_test_module, split_checks
+    from harnessrl.tasks.coding.hidden import run_tests
+
+    split = split_checks(
+        "def check(candidate):\n    for k in range(1):\n        assert candidate(k) == k\n"
+        "    assert candidate(1) == 1\n    assert candidate(5) == 5\n",
+        "f",
+    )
+    module = render_test_module(split, "X/0", "f")
+    stateful = (
+        "calls = 0\n\n\ndef f(x):\n    global calls\n    calls += 1\n    return x + (calls == 2 and x == 1)\n"
+    )
+
+    def folder(name: str, solution: str) -> Path:
+        (tmp_path / name / "tests").mkdir(parents=True)
+        (tmp_path / name / "solution.py").write_text(solution)
+        (tmp_path / name / TEST_FILE).write_text(module)
+        (tmp_path / name / "pytest.ini").write_text(PYTEST_INI)
+        return tmp_path / name
+
+    spec, skipped = probes.record(
+        folder("gold", "def f(x):\n    return x\n"), probes.spec_for(split), timeout_s=60
+    )
+    assert skipped == [] and [p.expected for p in spec.recorded()] == ["1", "5"]
+    bug = folder("bug", stateful)
+    ids = [t.test_id for t in split.tests]
+    run = run_tests(bug, ids, isolated=False)
+    assert [run.passed(i) for i in ids] == [True, False, True] and run.flags == []
+    # Control: the recorded values as they are would disagree with pytest on test_check_01 (alone, the
+    # probe's call is the first: it returns 1).
+    values = probes.verdicts(
+        probes.run_probes(bug, spec.recorded(), spec, timeout_s=60, isolated=False), spec.recorded()
+    )
+    assert values == {ids[1]: True, ids[2]: True}
+    kept = agreeing_probes(spec, bug, run, 60)
+    assert [p.name for p in kept.recorded()] == ["test_check_02"]
+
+
 # --------------------------------------------------------------------------------------------------
 # The generator
 # --------------------------------------------------------------------------------------------------

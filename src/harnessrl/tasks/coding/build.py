@@ -243,7 +243,7 @@ def _plan_problem(problem: dict[str, Any], options: BuildOptions) -> _ProblemRes
                 continue  # screening and pytest disagree: trust pytest, try the next mutant
             num = problem["task_id"].split("/")[-1]
             statement = problem_statement(problem, split, f2p, by_index[k])
-            task_spec = _agreeing(spec, folder, run, options.test_timeout_s)
+            task_spec = agreeing_probes(spec, folder, run, options.test_timeout_s)
             tasks.append(
                 _Planned(f"humaneval__{num}.m{k:02d}", problem, candidates[k], f2p, p2p, statement, task_spec)
             )
@@ -261,7 +261,9 @@ def _pytest(folder: Path, solution: str, test_module: str, ids: list[str], timeo
     return run_tests(folder, ids, timeout_s=timeout_s, isolated=False)
 
 
-def _agreeing(spec: probing.ProbeSpec, folder: Path, run: TestRun, timeout_s: float) -> probing.ProbeSpec:
+def agreeing_probes(
+    spec: probing.ProbeSpec, folder: Path, run: TestRun, timeout_s: float
+) -> probing.ProbeSpec:
     """``spec`` without the recorded values whose verdict on the bug in ``folder`` differs from
     pytest's: the scorer would flag honest code there (a check whose value depends on state the
     other tests leave behind, say)."""
