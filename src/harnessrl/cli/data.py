@@ -89,12 +89,13 @@ def calibrate_command(
     import logging
     import tempfile
 
-    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
     from harnessrl.data.calibrate import calibrate_file
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        rollout_config = load_rollout_config(str(config), set_ or [])
+        # A training config works too: calibrate with the harness and evaluator the run trains with.
+        rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
         folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
         summary = asyncio.run(calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder))
     except HarnessRLError as exc:

@@ -1,0 +1,133 @@
+"""Recipes and environment settings, without building anything: what a recipe may read, what its
+digest covers, which environment a task names, and the config errors a bad setting gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harnessrl.config import resolve_relative_paths
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.environments.config import EnvironmentConfig, is_reference
+from harnessrl.environments.podman import ImageError
+from harnessrl.environments.recipes import base_images, check_recipe, recipe_digest
+
+
+def recipe(tmp_path: Path, text: str) -> tuple[Path, Path]:
+    context = tmp_path / "ctx"
+    context.mkdir(exist_ok=True)
+    (context / "requirements.txt").write_text("pytest==8.3.4\n")
+    containerfile = context / "Containerfile"
+    containerfile.write_text(text)
+    return containerfile, context
+
+
+@pytest.mark.parametrize(
+    ("line", "shown"),
+    [
+        ("COPY ../secret.txt /x", "../secret.txt"),
+        ("ADD a/../../b.txt /x", "a/../../b.txt"),
+        ('COPY ["requirements.txt", "../../etc/shadow", "/x/"]', "../../etc/shadow"),
+        ("RUN --mount=type=bind,source=/etc,target=/host-etc cat /host-etc/shadow", "/etc"),
+        ("RUN --mount=type=bind,src=../..,target=/up ls /up", "../.."),
+    ],
+)
+def test_a_recipe_reading_outside_its_context_is_refused_naming_the_line(
+    tmp_path: Path, line: str, shown: str
+):
+    containerfile, context = recipe(tmp_path, f"FROM base\nRUN true\n{line}\n")
+    with pytest.raises(ImageError) as err:
+        check_recipe(containerfile, context, where="task 't1' (environment 'swe/x')")
+    assert "Containerfile:3: " in str(err.value) and repr(shown) in str(err.value)
+    assert "task 't1'" in str(err.value) and "outside its context" in str(err.value)
+
+
+def test_what_a_recipe_may_read_passes(tmp_path: Path):
+    # The control: the same instructions inside the context, a download, another stage, a cache mount.
+    containerfile, context = recipe(
+        tmp_path,
+        "FROM base AS build\nCOPY requirements.txt /x/\nCOPY ./requirements.txt /abs-is-context-root /y/\n"
+        "ADD https://example.invalid/a.tar.gz /z\nFROM base\nCOPY --from=build /x /x\n"
+        "RUN --mount=type=cache,target=/root/.cache pip --version \\\n    && true\n",
+    )
+    check_recipe(containerfile, context, where="env")
+    assert base_images(containerfile) == ["base", "base"]
+
+
+def test_a_link_out_of_the_context_is_refused(tmp_path: Path):
+    containerfile, context = recipe(tmp_path, "FROM base\nCOPY . /src\n")
+    (tmp_path / "outside.txt").write_text("secret")
+    (context / "data").symlink_to(tmp_path / "outside.txt")
+    with pytest.raises(ImageError, match="link to .*outside the context"):
+        check_recipe(containerfile, context, where="env")
+    (context / "data").unlink()
+    (context / "inside").symlink_to("requirements.txt")  # the control: a link within the context
+    check_recipe(containerfile, context, where="env")
+
+
+def test_the_digest_covers_what_the_build_reads_and_nothing_else(tmp_path: Path):
+    containerfile, context = recipe(tmp_path, "FROM base\nCOPY . /src\n")
+    first = recipe_digest(containerfile, context, {}, {"base": "sha256:1"})
+    (context / "unrelated-mtime").write_text("x")
+    second = recipe_digest(containerfile, context, {}, {"base": "sha256:1"})
+    assert second != first  # a new file in the context is read by COPY .
+    assert recipe_digest(containerfile, context, {}, {"base": "sha256:1"}) == second  # stable
+    (context / "unrelated-mtime").touch()  # same content, new time: same digest
+    assert recipe_digest(containerfile, context, {}, {"base": "sha256:1"}) == second
+    assert recipe_digest(containerfile, context, {"V": "1"}, {"base": "sha256:1"}) != second  # build args
+    assert recipe_digest(containerfile, context, {}, {"base": "sha256:2"}) != second  # a rebuilt base
+    (context / "requirements.txt").chmod(0o600)
+    assert recipe_digest(containerfile, context, {}, {"base": "sha256:1"}) != second  # modes
+
+
+def test_which_environment_a_task_names():
+    config = EnvironmentConfig(field="image_name", images={"swe/a": {"containerfile": "/x/Containerfile"}})
+    assert config.name_for({"image_name": "swe/a"}) == "swe/a"
+    assert config.recipe_for("swe/a").kind == "containerfile"
+    # A SWE-smith image_name that is not configured is an image reference.
+    name = config.name_for({"image_name": "jyangballin/swesmith.x86_64.owner_1776_repo.abc123"})
+    assert config.recipe_for(name).image == "jyangballin/swesmith.x86_64.owner_1776_repo.abc123"
+    assert config.name_for({}) == "host" and config.recipe_for("host") is None  # no field: the host
+    assert EnvironmentConfig(default="swe/a").name_for({"environment": ""}) == "swe/a"
+    by_repo = EnvironmentConfig(field="repo", images={"pypi/toolz": {"image": "localhost/x:1"}})
+    assert by_repo.name_for({"repo": "pypi/toolz"}) == "pypi/toolz"  # recipes keyed by repository
+    with pytest.raises(ValueError, match="neither configured"):
+        config.recipe_for("Not A Reference!")
+    assert is_reference("registry.local:5000/a/b__c-d:Tag1") and not is_reference("../up")
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"images": {"a": {}}}, "exactly one of image, containerfile or debian"),
+        ({"images": {"a": {"image": "x", "containerfile": "y"}}}, "exactly one of"),
+        ({"images": {"a": {"image": "Not/Valid Ref"}}}, "not an image reference"),
+        ({"images": {"a": {"image": "x", "context": "/c"}}}, "context and build_args go with containerfile"),
+        ({"images": {"host": {"image": "x"}}}, "not a usable environment name"),
+        ({"field": "hidden.image"}, "evaluator-only data"),
+        ({"images": {"a": {"debian": {"include": ["python3; rm -rf /"]}}}}, "not a Debian package name"),
+        ({"harness": "somewhere"}, "harness"),
+        ({"unknown": 1}, "unknown"),
+    ],
+)
+def test_bad_environment_settings_are_config_errors_naming_the_field(section: dict, message: str):
+    with pytest.raises(ValueError, match=message):
+        HarnessSpec(command=["true"], environment=section)
+
+
+def test_recipe_paths_are_the_config_files(tmp_path: Path):
+    raw = {
+        "harness": {
+            "environment": {
+                "store": "store",
+                "images": {"a": {"containerfile": "images/a/Containerfile", "context": "images/a"}},
+            }
+        }
+    }
+    resolved = resolve_relative_paths(raw, tmp_path)["harness"]["environment"]
+    assert resolved["store"] == str(tmp_path / "store")
+    assert resolved["images"]["a"] == {
+        "containerfile": str(tmp_path / "images/a/Containerfile"),
+        "context": str(tmp_path / "images/a"),
+    }
