@@ -2,22 +2,32 @@
 
 The check itself is run as users run it; its control feeds the same property functions what the
 same probes see without isolation (``sandbox = "none"``, a scorer running its code with a plain
-subprocess): each must then be reported NOT HELD.
+subprocess, the command evaluator with ``sandbox = "none"`` and no limits): each must then be
+reported NOT HELD.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from harnessrl.controller.sandbox_check import (
+    check_folder,
     no_fileless_exec,
     run_probe,
     scorer_isolation,
     seccomp_parity,
+)
+from harnessrl.controller.sandbox_check_evaluator import (
+    copy_held,
+    limits_held,
+    prepare_workspace,
+    probe_evaluator,
 )
 from harnessrl.sandbox import landlock
 from harnessrl.sandbox.bwrap import sandbox_problem
@@ -30,6 +40,8 @@ NEW_PROPERTIES = (
     "seccomp at least as strict as Docker's default",
     "no fileless exec",
     "scorer isolation",
+    "evaluator workspace copy skips FIFOs/sockets and keeps sparse files sparse",
+    "evaluator sandbox limits (memory, processes, /tmp)",
 )
 
 
@@ -56,3 +68,19 @@ def test_control_the_same_probes_without_isolation_are_reported_not_held():
     assert not parity.held and "io_uring_setup" in parity.detail and "mbind" in parity.detail
     assert not fileless.held and "memfd" in fileless.detail
     assert not scorer.held and "environ" in scorer.detail and "leftover" in scorer.detail
+
+
+def test_control_the_evaluator_probe_without_its_sandbox_and_limits_is_reported_not_held():
+    folder = check_folder()
+    try:
+        prepare_workspace(folder / "ws")
+        probe = asyncio.run(probe_evaluator(folder / "ws", mode="none", limits=None))
+        copy, copy_detail = copy_held(probe)
+        limits, limits_detail = limits_held(probe)
+        assert not copy and "FIFO fifo, socket socket" in copy_detail
+        assert not limits and probe.seen["memory"] == "allocated" and probe.seen["processes"] == 64
+        # and the "sparse" measure notices a copy that wrote the holes out
+        shutil.copyfile(folder / "ws" / "sparse.bin", folder / "dense.bin")
+        assert os.stat(folder / "dense.bin").st_blocks * 512 >= 64 << 20
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -28,6 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import harnessrl
+from harnessrl.controller.sandbox_check_evaluator import (
+    EvaluatorProbe,
+    copy_held,
+    limits_held,
+    prepare_workspace,
+    probe_evaluator,
+)
 from harnessrl.controller.seccomp_probes import DENIED_ERRNOS, seccomp_calls, syscall_number
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, find_bwrap, sandbox_problem
 
@@ -200,7 +207,11 @@ async def _probe() -> list[Property]:
     )
     try:
         async with GatewayBridge("127.0.0.1", gateway.port) as bridge:
-            run = await launch_probe(targets, folder, gateway_port=gateway.port, bridge_path=bridge.path)
+            prepare_workspace(folder / "evaluated")
+            run, evaluation = await asyncio.gather(
+                launch_probe(targets, folder, gateway_port=gateway.port, bridge_path=bridge.path),
+                _evaluate(folder / "evaluated"),
+            )
         seen = run.seen.get("basics", {})
         if "uid" not in seen:
             return [Property("the probe ran inside the sandbox", False, f"{run.exit}: {run.stderr[-300:]}")]
@@ -226,6 +237,14 @@ async def _probe() -> list[Property]:
             seccomp_parity(run.seen.get("syscalls", {}), targets["calls"]),
             no_fileless_exec(run.seen.get("fileless", {})),
             scorer_isolation(run.seen.get("scorer", {}), run.stdout, targets["forged"]),
+            Property(
+                "evaluator workspace copy skips FIFOs/sockets and keeps sparse files sparse",
+                *(copy_held(evaluation) if isinstance(evaluation, EvaluatorProbe) else (False, evaluation)),
+            ),
+            Property(
+                "evaluator sandbox limits (memory, processes, /tmp)",
+                *(limits_held(evaluation) if isinstance(evaluation, EvaluatorProbe) else (False, evaluation)),
+            ),
             Property(
                 "own PID namespace (no host process visible)",
                 not seen["host_pid_visible"] and seen["pids"] < 20,
@@ -258,6 +277,14 @@ async def _probe() -> list[Property]:
         gateway.close()
         other.close()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+async def _evaluate(workspace: Path) -> EvaluatorProbe | str:
+    """The evaluator's probe through the real ``CommandEvaluator``, or why it could not run."""
+    try:
+        return await probe_evaluator(workspace)
+    except Exception as exc:  # any failure is the property not holding, said in its detail
+        return f"the evaluation failed: {type(exc).__name__}: {exc}"
 
 
 def seccomp_parity(answers: dict[str, int], calls: dict[str, list[int]]) -> Property:
