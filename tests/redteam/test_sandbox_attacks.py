@@ -104,7 +104,11 @@ def survivors(mark: str) -> list[str]:
     return found.stdout.split()
 
 
-def run_attacker(tmp_path: Path, sandbox: str, signals: list) -> dict:
+def run_attacker(
+    tmp_path: Path, sandbox: str, signals: list, *, extra_config: str = "", task_fields: dict | None = None
+) -> dict:
+    """One attacker rollout; ``extra_config`` is appended to its config and ``task_fields`` to its task
+    (``test_image_root_attacks.py`` runs the same attacks with a task image as the sandbox's root)."""
     marker = f"ANSWER-{secrets.token_hex(6)}"
     env_marker = f"ENVMARK-{secrets.token_hex(6)}"
     run_dir = tmp_path / "run"
@@ -149,6 +153,7 @@ def run_attacker(tmp_path: Path, sandbox: str, signals: list) -> dict:
             "installs": [sys.prefix, sys.base_prefix, str(Path(harnessrl.__file__).parents[2])],
         },
         "hidden": {"answer": marker, "dir": str(hidden)},
+        **(task_fields or {}),
     }
     task_file.write_text(json.dumps(task))
     (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "unused"}]}))
@@ -172,6 +177,7 @@ command = ["python", "-I", "-c", {json.dumps(SCORER)}]
 [controller]
 max_infra_retries = 0
 """
+        + extra_config
     )
     env = {**os.environ, "HARNESSRL_REDTEAM_MARKER": env_marker, "PYTHONPATH": str(pythonpath)}
     try:

@@ -1,0 +1,77 @@
+"""What the tests that need real container images share: the example's environments, one attack image,
+and a skip reason when images cannot be built or run here.
+
+Every image is built through harnessrl's own image store (``HARNESSRL_CACHE_DIR/containers``, which
+``tests/conftest.py`` points into the checkout) and cached by its recipe's content, so the Debian base
+(``examples/swe/train.toml``'s ``swe-base``, ~3 min with a cold apt download) is made once per
+machine and every later session, and every xdist worker, finds it (builds take a lock per recipe).
+Images a test makes for itself (a recipe with a random token in it) are removed by that test.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harnessrl.environments.config import EnvironmentConfig
+from harnessrl.environments.podman import podman_problem
+from harnessrl.environments.resolve import Environments
+from harnessrl.sandbox.bwrap import sandbox_problem
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "swe"
+ATTACK_IMAGE = ROOT / "tests" / "redteam" / "image" / "Containerfile"
+ATTACK = "redteam/attack"  # the attack image's environment name
+
+
+def images_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "image roots need root here (podman image mount, the sandbox's cgroups)"
+    return sandbox_problem() or podman_problem()
+
+
+needs_images = pytest.mark.skipif(images_problem() is not None, reason=f"no images here: {images_problem()}")
+
+
+@functools.cache
+def example_environment() -> dict[str, Any]:
+    """``[harness.environment]`` of the example's ``train.toml``, paths resolved, plus the attack image."""
+    from harnessrl.config import load_raw_config, resolve_relative_paths
+
+    raw = resolve_relative_paths(load_raw_config(str(EXAMPLE / "train.toml"), [], env={}), EXAMPLE)
+    section = raw["harness"]["environment"]
+    section["images"][ATTACK] = {"containerfile": str(ATTACK_IMAGE)}
+    return section
+
+
+def environments() -> Environments:
+    return Environments(EnvironmentConfig.model_validate(example_environment()))
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml_value(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value)
+
+
+def environment_toml(section: dict[str, Any] | None = None, **changes: Any) -> str:
+    """``section`` (default: the example's, with the attack image) as a ``[harness.environment]``
+    TOML table to append to a test's config; ``changes`` override its top-level keys."""
+    section = {**(section or example_environment()), **changes}
+    lines = ["[harness.environment]"]
+    for key, value in section.items():
+        if key != "images":
+            lines.append(f"{key} = {_toml_value(value)}")
+    for name, recipe in section.get("images", {}).items():
+        lines.append(f"[harness.environment.images.{json.dumps(name)}]")
+        lines += [f"{k} = {_toml_value(v)}" for k, v in recipe.items()]
+    return "\n".join(lines) + "\n"
