@@ -417,7 +417,7 @@ def test_a_process_left_behind_is_dead_before_the_verdict_and_never_reaches_stdo
         """
         # harnessrl.tasks.coding (what the code looks for in a command line)
         import json, pathlib, sys, time
-        from harnessrl.tasks.pytest_scoring import child_env, run_child
+        from harnessrl.tasks.scored_child import child_env, run_child
         ws = pathlib.Path.cwd()
         run_child([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, ''); import solution"],
                   cwd=ws, env=child_env(pathlib.Path("/tmp")), timeout_s=30, isolated=False)
@@ -483,7 +483,7 @@ def test_the_scorers_environ_stdout_and_memory_are_closed_to_the_code(row: dict,
         """
         # harnessrl.tasks.coding (what the code looks for in a command line)
         import pathlib, sys
-        from harnessrl.tasks.pytest_scoring import child_env, run_child
+        from harnessrl.tasks.scored_child import child_env, run_child
         run_child([sys.executable, "-I", "-c", "import sys; sys.path.insert(0, ''); import solution"],
                   cwd=pathlib.Path.cwd(), env=child_env(pathlib.Path("/tmp")), timeout_s=30, isolated=False)
         """,

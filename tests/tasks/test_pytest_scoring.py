@@ -22,10 +22,10 @@ from harnessrl.tasks.pytest_scoring import (
     REPORT_MISSING,
     TESTS_MISSING,
     TIMED_OUT,
-    Tripwire,
     junit_key,
     verdict_flags,
 )
+from harnessrl.tasks.tripwires import Tripwire
 
 needs_sandbox = pytest.mark.skipif(sandbox_missing() is not None, reason=str(sandbox_missing()))
 

@@ -39,14 +39,10 @@ broken (no test lists, no files folder); never because of the code under test.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import random
 import re
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
@@ -56,109 +52,22 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.sandbox import landlock
-from harnessrl.sandbox.scored import domain_spec, run_scored
 from harnessrl.tasks.fields import HIDDEN
+from harnessrl.tasks.scored_child import child_env, run_child
+from harnessrl.tasks.tripwires import Tripwire, plant_tripwires
 
 # Flags in the scorer's JSON output (the controller records them with the rollout).
 DISAGREEMENT = "verdict_disagreement"  # independent signals contradict the in-process verdict
 REPORT_MISSING = "report_missing"  # no readable JUnit report: the run was cut short or tampered with
 TESTS_MISSING = "tests_missing"  # a listed test was never reported
 TIMED_OUT = "tests_timed_out"  # the run was killed at its time limit
-INPUTS_EXPOSED = "scorer_inputs_exposed"  # the scored code could read what the scorer keeps from it
 WEAK_ISOLATION = "weak_isolation"  # no Landlock, or one without signal scoping (ABI < 6): informational
 
-# The scored process's environment: nothing of the scorer's beyond these.
-_ENV_KEEP = ("PATH", "LANG", "LC_ALL", "TZ")
 _REPORT_LIMIT = 64 << 20  # bytes of JUnit XML read: more is no report
-_TRIPWIRE_HEAD = "\n\n\n"
 
 
 class ScoringError(HarnessRLError):
     """The task or the scorer's inputs are unusable: not the scored code's doing."""
-
-
-@dataclass(frozen=True)
-class ChildRun:
-    """How a child that ran the code under test ended; ``output`` is untrusted."""
-
-    exit_code: int | None  # None when killed at the time limit
-    timed_out: bool
-    output: bytes
-    isolation: str  # run_scored's ("landlock", ...) or "none" (a trusted child, not isolated)
-    leftovers: int = 0  # processes it left behind, killed before the run returned
-
-
-def child_env(home: Path) -> dict[str, str]:
-    env = {k: os.environ[k] for k in _ENV_KEEP if k in os.environ}
-    env.update(HOME=str(home), TMPDIR=str(home), PYTEST_DISABLE_PLUGIN_AUTOLOAD="1")
-    return env
-
-
-def run_child(
-    argv: Sequence[str],
-    *,
-    cwd: Path,
-    env: dict[str, str],
-    timeout_s: float,
-    stdin: bytes = b"",
-    writable: Sequence[Path] = (),
-    isolated: bool = True,
-    output_limit: int = 1 << 16,
-    readable: Sequence[Path] = (),
-) -> ChildRun:
-    """Run ``argv`` over code under test: through ``run_scored`` (``isolated``, what scorers do), or as
-    a plain process group for trusted code (the task builder's runs of gold and mutant code, which
-    run several at once: ``run_scored`` kills every descendant of its caller)."""
-    if isolated:
-        run = run_scored(
-            argv,
-            cwd=cwd,
-            env=env,
-            timeout_s=timeout_s,
-            writable=writable,
-            readable=readable,
-            stdin=stdin,
-            output_limit=output_limit,
-        )
-        return ChildRun(run.exit_code, run.timed_out, run.output, run.isolation, run.leftovers)
-    with tempfile.TemporaryFile() as fin, tempfile.TemporaryFile() as fout:
-        fin.write(stdin)
-        fin.seek(0)
-        proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=fin, stdout=fout, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        code: int | None
-        try:
-            code = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        finally:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if code is not None and code < 0:
-            code = 128 - code  # killed by a signal, as run_scored reports it
-        fout.seek(max(0, fout.tell() - output_limit))
-        output = fout.read()
-    return ChildRun(code, code is None, output, "none")
-
-
-def inputs_exposed(secrets: Sequence[Path], *, cwd: Path, writable: Sequence[Path] = ()) -> list[str]:
-    """Which of ``secrets`` the scored code's domain (``run_scored`` with these arguments) could read:
-    all of them without Landlock; with it, those beneath a folder the domain allows (``/tmp``, the
-    workspace, Python's install...). The evaluator's layout keeps inputs under ``/run/harnessrl``."""
-    abi = landlock.abi_version()
-    if abi < 1:
-        return [str(p) for p in secrets]
-    spec = domain_spec(cwd=cwd, readable=(), writable=writable, abi=abi)
-    roots = [Path(os.path.realpath(p)) for p in spec["rules"]]
-    found = []
-    for secret in secrets:
-        real = Path(os.path.realpath(secret))
-        if any(real == root or real.is_relative_to(root) for root in roots):
-            found.append(str(secret))
-    return found
 
 
 def restore_files(files: Path, workspace: Path) -> list[str]:
@@ -185,76 +94,6 @@ def restore_files(files: Path, workspace: Path) -> list[str]:
         shutil.copyfile(src, target)
         restored.append(rel.as_posix())
     return restored
-
-
-# --------------------------------------------------------------------------------------------------
-# Tripwires
-# --------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tripwire:
-    test_id: str
-    must_pass: bool
-
-
-def _own_file(workspace: Path, rel: str) -> Path | None:
-    """``workspace/rel`` if it is a regular file reached without links, else None."""
-    path = workspace / rel
-    real = os.path.realpath(path)
-    if real != os.path.join(os.path.realpath(workspace), os.path.normpath(rel)) or path.is_symlink():
-        return None
-    return path if path.is_file() else None
-
-
-def _function_name(test_id: str) -> str:
-    return test_id.partition("[")[0].split("::")[-1]
-
-
-def _tripwire_names(source: str, listed: list[str], rng: random.Random) -> tuple[str, str]:
-    """Two fresh names shaped like the file's listed tests: ``test_check_07`` beside ``test_check_03``."""
-    taken = set(re.findall(r"\b(?:def|class)\s+(\w+)", source))
-    prefix = os.path.commonprefix(listed) if listed else ""
-    prefix = prefix[: prefix.rfind("_") + 1] if "_" in prefix else ""
-    if not prefix or not prefix.isidentifier():
-        prefix = "test_"
-    tails = [n[len(prefix) :] for n in listed]
-    width = len(tails[0]) if tails and all(t.isdigit() and len(t) == len(tails[0]) for t in tails) else 0
-    names: list[str] = []
-    while len(names) < 2:
-        if width and len(names) + len(taken) < 10**width // 2:
-            tail = str(rng.randrange(10**width)).zfill(width)
-        else:
-            tail = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(8))
-        name = prefix + tail
-        if name not in taken and name not in names:
-            names.append(name)
-    return names[0], names[1]
-
-
-def plant_tripwires(
-    workspace: Path, test_ids: Sequence[str], rng: random.Random | None = None
-) -> list[Tripwire]:
-    """Append a must-fail and a must-pass test to each file holding one of ``test_ids``."""
-    rng = rng or random.SystemRandom()
-    by_file: dict[str, list[str]] = {}
-    for test_id in test_ids:
-        by_file.setdefault(test_id.split("::", 1)[0], []).append(_function_name(test_id))
-    planted = []
-    for rel, names in sorted(by_file.items()):
-        path = _own_file(workspace, rel)
-        if path is None:
-            continue  # deleted or replaced by a link: its tests go missing, which scores 0
-        source = path.read_bytes().decode(errors="replace")
-        fail, ok = _tripwire_names(source, names, rng)
-        a, b = rng.sample(range(100, 1000), 2)
-        code = (
-            f"{_TRIPWIRE_HEAD}def {fail}():\n    assert {a} == {b}\n\n\ndef {ok}():\n    assert {a} == {a}\n"
-        )
-        with path.open("ab") as fh:
-            fh.write(code.encode())
-        planted += [Tripwire(f"{rel}::{fail}", False), Tripwire(f"{rel}::{ok}", True)]
-    return planted
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,15 +32,14 @@ from typing import Any
 from harnessrl.tasks.coding import probes as probing
 from harnessrl.tasks.pytest_scoring import (
     DISAGREEMENT,
-    INPUTS_EXPOSED,
     ScoringError,
     TestRun,
-    inputs_exposed,
     restore_files,
     run_pytest,
     summary,
     test_lists,
 )
+from harnessrl.tasks.scored_child import INPUTS_EXPOSED, inputs_exposed
 
 
 class HiddenTestsError(ScoringError):

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.tasks.coding.checks import SOLUTION_FILE, TEST_FILE, SplitChecks
-from harnessrl.tasks.pytest_scoring import child_env, run_child
+from harnessrl.tasks.scored_child import child_env, run_child
 
 SCORING_FILE = "scoring.json"  # in the hidden folder: the scorer's metadata and expected values
 FORMAT = 1
