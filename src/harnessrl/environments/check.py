@@ -238,8 +238,13 @@ def _ask_the_loader(plan: _Plan, mounts: tuple[Path, ...], host: SandboxHost) ->
         if line.startswith("== "):
             current = line[3:].split("|", 1)[-1]
             continue
-        if current and "not found" in line:
+        if not current:
+            continue
+        if "=> not found" in line:  # not in the loader's cache or paths
             missing.setdefault(current, []).append(line.split("=>")[0].strip())
+        elif "error while loading shared libraries:" in line:  # in its cache, but the file is gone
+            library = line.split("error while loading shared libraries:", 1)[1].split(":", 1)[0].strip()
+            missing.setdefault(current, []).append(library)
     for path, libraries in missing.items():
         plan.problems.append(
             f"{plan.labels.get(path, path)} ({path}) needs {', '.join(sorted(set(libraries)))}, "

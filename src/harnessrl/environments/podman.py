@@ -134,8 +134,8 @@ class Podman:
         data = json.loads(out)
         return data[0] if isinstance(data, list) else data
 
-    def images(self, label: str | None = None) -> list[dict[str, Any]]:
-        args = ["images", "--format", "json", "--no-trunc"]
+    def images(self, label: str | None = None, *, all_: bool = False) -> list[dict[str, Any]]:
+        args = ["images", "--format", "json", "--no-trunc", *(["--all"] if all_ else [])]
         if label:
             args += ["--filter", f"label={label}"]
         return json.loads(self.run(*args).stdout or "[]")

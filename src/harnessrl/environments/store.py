@@ -176,6 +176,7 @@ class ImageStore:
                         pull=self.allow_pull,
                     )
                 except ImageError as exc:
+                    self._remove_partial(digest)
                     raise ImageError(
                         f"{where}: building image {reference} failed (log: {log}):\n{exc}"
                     ) from exc
@@ -190,6 +191,12 @@ class ImageStore:
             built=built,
             seconds=round(time.monotonic() - started, 3),
         )
+
+    def _remove_partial(self, digest: str) -> None:
+        """What a failed build left (intermediate images carry its labels): removed, so a failure
+        creates nothing."""
+        for image in self.podman.images(label=f"{LABEL_RECIPE}={digest}", all_=True):
+            self.podman.remove(image.get("Id", ""))
 
     @staticmethod
     def _recipe_named(image_slug: str, recipes: Mapping[str, ImageRecipe]) -> str | None:
@@ -292,7 +299,11 @@ class ImageStore:
     def list(self) -> list[dict[str, Any]]:
         """harnessrl's images here: name, reference(s), id, recipe digest, size, created."""
         rows = []
+        seen: set[str] = set()
         for image in self.podman.images(label=LABEL_NAME):
+            if not image.get("Names") or image.get("Id") in seen:
+                continue  # a dangling layer (prune removes those), or an image listed once per tag
+            seen.add(image.get("Id", ""))
             labels = image.get("Labels") or {}
             rows.append(
                 {
