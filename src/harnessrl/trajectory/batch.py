@@ -1,9 +1,11 @@
 """Build one step's samples from many rollouts, with the statistics a run should report.
 
 ``build_batch`` runs ``build_rollout_samples`` on every rollout and aggregates what happened:
-samples per rollout, the share of rollouts that stayed one sample, chain-break reasons, and calls
-dropped for length. Rollouts whose outcome is an infrastructure failure are skipped here (they
-never enter the loss); ``harnessrl.algorithms`` also excludes them from group statistics.
+samples per rollout, the share of rollouts that stayed one sample, chain-break reasons, calls
+dropped for length, calls the evaluator did not see, and the calls the gateway dropped before
+recording them (the rollout's ``metadata.dropped_calls``: client gone, slow reader, rollout ended).
+Rollouts whose outcome is an infrastructure failure are skipped here (they never enter the loss);
+``harnessrl.algorithms`` also excludes them from group statistics.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from harnessrl.schemas import Call, Outcome, Rollout
+from harnessrl.store.base import DROP_REASONS, DROPPED_CALLS_KEY
 from harnessrl.trajectory.samples import BREAK_REASONS, RolloutSamples, Sample, build_rollout_samples
 
 
@@ -27,6 +30,8 @@ class TrajectoryStats:
     single_sample_rollouts: int = 0
     calls_used: int = 0
     calls_other_attempts: int = 0
+    calls_unseen: int = 0  # recorded after the evaluator read the calls: left out
+    calls_dropped: Counter[str] = field(default_factory=Counter)  # by the gateway, never recorded
     oversized_calls: int = 0
     oversized_tokens: int = 0
     empty_samples: int = 0
@@ -52,6 +57,7 @@ class TrajectoryStats:
         self.samples += len(built.samples)
         self.calls_used += built.calls_used
         self.calls_other_attempts += built.calls_other_attempts
+        self.calls_unseen += built.calls_unseen
         self.oversized_calls += built.oversized_calls
         self.oversized_tokens += built.oversized_tokens
         self.empty_samples += built.empty_samples
@@ -71,6 +77,7 @@ class TrajectoryStats:
             "single_sample_share": self.single_sample_share,
             "calls_used": self.calls_used,
             "calls_other_attempts": self.calls_other_attempts,
+            "calls_unseen": self.calls_unseen,
             "oversized_calls": self.oversized_calls,
             "oversized_tokens": self.oversized_tokens,
             "empty_samples": self.empty_samples,
@@ -80,6 +87,8 @@ class TrajectoryStats:
         }
         for reason in BREAK_REASONS:
             metrics[f"breaks/{reason}"] = self.breaks.get(reason, 0)
+        for reason in DROP_REASONS:
+            metrics[f"calls_dropped/{reason}"] = self.calls_dropped.get(reason, 0)
         return {prefix + k: float(v) for k, v in metrics.items()}
 
 
@@ -98,6 +107,7 @@ def build_batch(
     stats = TrajectoryStats()
     samples: list[Sample] = []
     for rollout, calls in rollouts:
+        stats.calls_dropped.update(dropped_calls(rollout))
         if rollout.outcome is Outcome.INFRA_FAILURE:
             stats.rollouts_skipped_infra += 1
             continue
@@ -105,3 +115,14 @@ def build_batch(
         stats.add(built)
         samples.extend(built.samples)
     return SampleBatch(samples=samples, stats=stats)
+
+
+def dropped_calls(rollout: Rollout) -> Counter[str]:
+    """The calls of ``rollout`` a gateway dropped, by reason (``metadata.dropped_calls``; malformed
+    entries count as none)."""
+    counts = rollout.metadata.get(DROPPED_CALLS_KEY)
+    if not isinstance(counts, dict):
+        return Counter()
+    return Counter(
+        {k: v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool) and v > 0}
+    )

@@ -18,6 +18,13 @@ never re-prompted with a shortened context, which would be off-policy) and count
 ``RolloutSamples.oversized_calls``; the chain it extended ends there (break reason ``length``, once
 per chain). A later call that fits and extends that chain still continues it.
 
+What the evaluator saw: a rollout's finisher (its controller) may say in ``metadata.calls_seen``
+how many calls of the final attempt its evaluator and audit read. Calls past those (by ``seq``,
+which is commit order) were recorded after that read: no evaluator judged them and no audit
+looked at them (their harness had usually died with them in flight), so they are left out and
+counted in ``RolloutSamples.calls_unseen``. The store already refuses any call after the rollout
+ended (``store.base.RolloutEnded``), so this closes the window between the read and the finish.
+
 Departures from Agent Lightning v1.0 (which merges on exact prefix as well): we match against *all*
 chains, not only the previous call's, and we classify every break. Identical prompts retried
 by the harness are kept as separate chains (reason ``retried``): both responses were sampled
@@ -50,6 +57,10 @@ from harnessrl.schemas import Call, Rollout
 #: - ``length``: a call extending a chain is longer than ``max_sample_tokens`` and was dropped; the
 #:   chain's sample ends at its previous call (counted once per chain).
 BREAK_REASONS: tuple[str, ...] = ("new_context", "history_edited", "prefix_mismatch", "retried", "length")
+
+#: The rollout metadata key in which a finisher says how many calls of the final attempt its
+#: evaluator and audit read (see the module docstring). Absent: every recorded call was seen.
+CALLS_SEEN_KEY = "calls_seen"
 
 # How many trailing tokens of a response must reappear, when a prompt diverges exactly at the start
 # of that response, for the response to count as re-rendered (prefix_mismatch) not replaced.
@@ -113,6 +124,7 @@ class RolloutSamples:
     breaks: Counter[str] = field(default_factory=Counter)
     calls_used: int = 0
     calls_other_attempts: int = 0  # calls of earlier (infra-failed) attempts, ignored
+    calls_unseen: int = 0  # calls recorded after the evaluator read the rollout's calls, left out
     oversized_calls: int = 0  # calls longer than max_sample_tokens on their own, dropped
     oversized_tokens: int = 0
     empty_samples: int = 0  # chains with no sampled token (all responses empty), dropped
@@ -219,6 +231,10 @@ def build_rollout_samples(
     result = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
     final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
     result.calls_other_attempts = len(calls) - len(final)
+    seen = calls_seen(rollout)
+    if seen is not None and len(final) > seen:
+        result.calls_unseen = len(final) - seen
+        final = final[:seen]
     chains: list[_Chain] = []
     for order, call in enumerate(final):
         _validate(call)
@@ -268,6 +284,15 @@ def build_rollout_samples(
             )
         )
     return result
+
+
+def calls_seen(rollout: Rollout) -> int | None:
+    """How many calls of the final attempt the rollout's evaluator read (``metadata.calls_seen``),
+    or ``None`` if its finisher did not say (anything but a non-negative integer counts as unsaid)."""
+    seen = rollout.metadata.get(CALLS_SEEN_KEY)
+    if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0:
+        return seen
+    return None
 
 
 def calls_to_samples(
