@@ -7,16 +7,19 @@ from harnessrl.trajectory.batch import SampleBatch, TrajectoryStats, build_batch
 from harnessrl.trajectory.export import FORMAT, iter_samples, read_samples, write_samples
 from harnessrl.trajectory.samples import (
     BREAK_REASONS,
+    CALLS_SEEN_KEY,
     RolloutSamples,
     Sample,
     SampledSpan,
     build_rollout_samples,
+    calls_seen,
     calls_to_samples,
     group_key,
 )
 
 __all__ = [
     "BREAK_REASONS",
+    "CALLS_SEEN_KEY",
     "FORMAT",
     "RolloutSamples",
     "Sample",
@@ -25,6 +28,7 @@ __all__ = [
     "TrajectoryStats",
     "build_batch",
     "build_rollout_samples",
+    "calls_seen",
     "calls_to_samples",
     "group_key",
     "iter_samples",
