@@ -73,7 +73,19 @@ class KubernetesRunnerConfig(BaseModel):
     job_template: dict[str, Any] = Field(
         default_factory=dict, description="a Job, Pod, PodTemplate or pod template spec (YAML/JSON as a dict)"
     )
-    image: str | None = Field(default=None, description="harness image; overrides the template's")
+    image: str | None = Field(
+        default=None,
+        description="harness image; overrides the template's (a task's own image, harness.environment, wins)",
+    )
+    harness_image: str | None = Field(
+        default=None,
+        description="with task images: an image holding the harness, copied into each pod by an init "
+        "container (harness_paths) and mounted read-only at the same paths; None: the task image has it",
+    )
+    harness_paths: list[str] = Field(
+        default_factory=list,
+        description="absolute folders of harness_image to inject (a venv, its Python, .harnesses/)",
+    )
     container_name: str | None = Field(default=None, description="harness container in the template")
     workspace_dir: str | None = Field(
         default=None, description="pod-side workspace; default: the container's workingDir, else /workspace"
@@ -97,3 +109,12 @@ class KubernetesRunnerConfig(BaseModel):
     )
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")
+
+    @model_validator(mode="after")
+    def _harness_injection(self) -> KubernetesRunnerConfig:
+        if self.harness_image and not self.harness_paths:
+            raise ValueError("harness_image needs harness_paths: the folders of it the harness runs from")
+        for path in self.harness_paths:
+            if not path.startswith("/") or path.rstrip("/") == "":
+                raise ValueError(f"harness_paths: {path!r} must be an absolute folder other than /")
+        return self

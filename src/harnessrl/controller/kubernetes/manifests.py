@@ -47,6 +47,7 @@ from urllib.parse import quote
 
 from harnessrl.controller.base import Launch, ResourceLimits
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
+from harnessrl.controller.kubernetes.harness_injection import inject_harness
 from harnessrl.controller.kubernetes.names import (
     ATTEMPT_ANNOTATION,
     CONTAINER_ANNOTATION,
@@ -275,9 +276,13 @@ def build_job_manifest(
     container_name: str | None = None,
     workspace_dir: str | None = None,
     pod_security: PodSecurityConfig | None = None,
+    harness_image: str | None = None,
+    harness_paths: list[str] | None = None,
 ) -> dict[str, Any]:
     """One batch/v1 Job running one attempt of one rollout (see the module docstring for the rules).
-    ``pod_security`` None means the defaults: hardened."""
+    ``pod_security`` None means the defaults: hardened. The container's image is the task's own
+    (``launch.image``, docs/environments.md) if it has one, else ``image``, else the template's;
+    with a task image and ``harness_image`` the harness is copied in (``harness_injection``)."""
     security = pod_security or PodSecurityConfig()
     job = normalize_template(template)
     key = rollout_key(launch)
@@ -307,7 +312,7 @@ def build_job_manifest(
     pod_spec.setdefault("automountServiceAccountToken", False)
 
     container["name"] = container.get("name") or "harness"
-    container["image"] = image or container.get("image")
+    container["image"] = launch.image or image or container.get("image")
     if not container["image"]:
         raise ConfigError("no image for the harness container: set `image` or put one in job_template")
     container["command"] = [_literal(translate(arg), key) for arg in launch.argv]
@@ -334,6 +339,10 @@ def build_job_manifest(
     )
     _apply_limits(container, launch.limits)
     harden_pod(pod_spec, container, workspace=workspace, config=security)
+    if launch.image and harness_image:  # the task's image, the harness copied in from its own
+        inject_harness(
+            pod_spec, container, harness_image=harness_image, paths=harness_paths or [], security=security
+        )
 
     files = _file_entries(launch)
     items = [{"key": SECRET_TASK, "path": SECRET_TASK}] + [{"key": k, "path": k} for _, k in files]

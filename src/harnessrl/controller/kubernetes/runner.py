@@ -100,6 +100,10 @@ class KubernetesRunner:
     """Runner protocol over Kubernetes Jobs. ``options`` are ``KubernetesRunnerConfig`` fields
     (``namespace``, ``job_template``, ``gateway_url``, ``max_concurrent_jobs``, ``poll_interval_s``...)."""
 
+    # A task's environment reaches a Job as an image reference (``Launch.image``), never as an image
+    # mounted on the controller's machine (docs/environments.md).
+    image_references = True
+
     def __init__(
         self,
         api_client: k8s.ApiClient | None = None,
@@ -293,6 +297,8 @@ class KubernetesRunner:
             container_name=cfg.container_name,
             workspace_dir=self.workspace_dir,
             pod_security=cfg.pod_security,
+            harness_image=cfg.harness_image,
+            harness_paths=cfg.harness_paths,
         )
         secret = manifests.build_secret_manifest(
             launch,
