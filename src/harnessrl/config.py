@@ -155,6 +155,17 @@ class GatewayConfig(Section):
     # The most seconds one request's prompt may take to render and encode (413 past it), so one
     # pathological request cannot hold a worker thread and the clients behind it.
     tokenize_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
+    # Request heads: past max_header_bytes (request line and headers) or max_headers headers, a 431
+    # and the connection closed before anything more is read.
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024)
+    max_headers: int = Field(default=100, ge=8)
+    # Streams (docs/gateway.md, "What reaches the client"): at most stream_buffer_bytes of a stream's
+    # events wait in the gateway (the generation waits when they do); a client that takes waiting
+    # bytes slower than slow_reader_bytes_per_s, over slow_reader_window_s, is cut off and its call
+    # dropped (not recorded).
+    stream_buffer_bytes: int = Field(default=256 * 1024, ge=4096)
+    slow_reader_bytes_per_s: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
+    slow_reader_window_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
 
 
 class StoreConfig(Section):

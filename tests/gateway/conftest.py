@@ -4,7 +4,7 @@ tiny model's tokenizer, a fresh SQLite store per test, and helpers to create rol
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +13,7 @@ import pytest
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -23,11 +24,37 @@ from harnessrl.tokenizer import PolicyTokenizer
 ADMIN_KEY = "test-admin-key"
 
 
+class CountingEngine:
+    """The scripted engine, counting what it does: ``sampled`` (tokens yielded, all generations),
+    ``started`` and ``running`` generations (an ``Engine`` like any other: the gateway's seam)."""
+
+    def __init__(self, engine: ScriptedEngine) -> None:
+        self._engine = engine
+        self.sampled = 0
+        self.started = 0
+        self.running = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        self.started += 1
+        self.running += 1
+        try:
+            async for sample in self._engine.generate(prompt_ids, params, context):
+                self.sampled += 1
+                yield sample
+        finally:
+            self.running -= 1
+
+
 @dataclass
 class Gateway:
     url: str
     store: SQLiteStore
-    engine: ScriptedEngine
+    engine: Any  # ScriptedEngine, or CountingEngine around one
     client: GatewayClient
     app: Any
 
@@ -43,7 +70,8 @@ def tokenizer() -> PolicyTokenizer:
 
 @pytest.fixture
 def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
-    """``make_gateway(turns, token_delay_s=0, **gateway_config)`` starts a gateway; stopped at teardown."""
+    """``make_gateway(turns, token_delay_s=0, counting=False, **gateway_config)`` starts a gateway;
+    stopped at teardown. ``counting``: the engine is a ``CountingEngine``."""
     stack = contextlib.ExitStack()
     count = {"n": 0}
 
@@ -53,16 +81,19 @@ def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callabl
         token_delay_s: float = 0.0,
         context_length: int | None = None,
         keepalive_s: float = 10.0,
+        counting: bool = False,
         **config: Any,
     ) -> Gateway:
         count["n"] += 1
         store = SQLiteStore(tmp_path / f"store-{count['n']}.db")
-        engine = ScriptedEngine(
+        engine: Any = ScriptedEngine(
             turns if isinstance(turns, dict) else list(turns),
             tokenizer,
             token_delay_s=token_delay_s,
             context_length=context_length,
         )
+        if counting:
+            engine = CountingEngine(engine)
         cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
         app = create_app(cfg, store, engine, keepalive_s=keepalive_s)
         url = stack.enter_context(serve_in_thread(app))

@@ -57,12 +57,12 @@ from harnessrl.gateway.calls import (
     stream_error,
 )
 from harnessrl.gateway.chat import SSE_HEADERS
-from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.conversation import (
     KeyedMessages,
     PromptPlan,
     key_messages,
 )
+from harnessrl.gateway.delivery import CallStream, respond_whole
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
@@ -204,10 +204,11 @@ async def messages(request: Request) -> Response:
     msg_id = f"msg_{secrets.token_hex(12)}"
     if body.stream:
         headers = {**SSE_HEADERS, **call.headers(), "request-id": msg_id}
-        return CoalescingStreamingResponse(
-            _stream(call, body, tools, model, msg_id), media_type="text/event-stream", headers=headers
+        return CallStream(
+            call, _stream(call, body, tools, model, msg_id), closing=anthropic_sse_error, headers=headers
         )
-    try:
+
+    async def work() -> Response:
         await run_to_end(call)  # the engine need not stream: nobody reads the answer before its end
         gen = call.generation
         assert gen is not None
@@ -228,17 +229,15 @@ async def messages(request: Request) -> Response:
         # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
         answer = json_response(payload, headers={"request-id": msg_id})
         await call.record(assembler.message(), finish)
-    finally:
-        call.finish()
-    answer.headers.update(call.headers())
-    return answer
+        return answer
+
+    return await respond_whole(call, request, work)
 
 
 async def _stream(
     call: PreparedCall, body: MessagesRequest, tools: Tools, model: str, msg_id: str
 ) -> AsyncIterator[str]:
     state = call.state
-    completed = False
     try:
         async for _ in call.admit(keepalive=True):
             yield PING
@@ -268,8 +267,8 @@ async def _stream(
                     yield PING  # tokens are arriving but held back (a long tool call): keep the client
                     last_sent = time.monotonic()
         finally:
-            # Close the engine's iterator even when a client disconnect cancels us; shielded so the
-            # close itself is not cancelled (it frees the engine slot).
+            # Close the engine's iterator even when the call is being cancelled (a drop); shielded so
+            # the close itself is not cancelled (it frees the engine slot).
             with anyio.CancelScope(shield=True):
                 await pieces.aclose()  # type: ignore[attr-defined]
         for event in assembler.finish():
@@ -285,16 +284,8 @@ async def _stream(
         await call.record(assembler.message(), finish)  # durable before the client sees the end
         for out in tail:
             yield out
-        completed = True
     except Exception as exc:
-        completed = True
         yield anthropic_sse_error(stream_error(call, exc))
-    finally:
-        if not completed and call.stored is None:
-            # The client left (or the server is shutting down) before the answer was whole; closing
-            # the pieces iterator cancelled the generation and nothing was recorded.
-            state.metrics.disconnects.inc()
-        call.finish()
 
 
 async def count_tokens(request: Request) -> Response:

@@ -83,18 +83,27 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await engine.start()
-        state.loop = asyncio.get_running_loop()
+        loop = state.loop = asyncio.get_running_loop()
+
+        def rollout_ended(rollout_id: str) -> None:  # on the thread that ended it (the store's writer)
+            loop.call_soon_threadsafe(state.calls.end_rollout, rollout_id)
+
+        # The calls still generating for a rollout that ends (finished, cancelled, requeued through
+        # this store object: the control API, an in-process controller) are dropped at once.
+        stop_watching = store.watch_rollout_ends(rollout_ended)
         state.ready = True
         state.refresh_gauges()
         log.info("gateway ready: model %s, policy version %d", engine.model_name, engine.policy_version)
         try:
             yield
         finally:
+            stop_watching()
             state.ready = False
             state.gate.resume()  # let anything still held run into the shutdown instead of hanging
             await cluster.aclose()
             await engine.aclose()
             await anyio.to_thread.run_sync(state.writer.close)  # write what is queued
+            await state.drops_written()
 
     routes = [
         *_model_routes("/rollouts/{rollout_id}/v1"),

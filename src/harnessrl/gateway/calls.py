@@ -3,8 +3,9 @@
 Order matters and is the same for every API: authenticate and validate, tokenize (before the
 pause gate, so a paused gateway still answers bad requests at once), wait at the gate, generate,
 then make the call durable in the store, and only then hand the client the full answer. A call
-whose client went away before the end is not recorded: no one saw its answer, so no later call
-can build on it.
+whose client went away before the end, whose client read too slowly, or whose rollout ended first
+is dropped (``delivery``): cancelled wherever it is, not recorded, counted. No one saw its answer,
+so no later call can build on it and no trainer may train on it.
 
 The OpenAI-shaped APIs (chat and legacy completions) also share their ends here: the answer
 envelope, usage, the non-streaming "generate, record, answer" tail and the streaming response.
@@ -20,27 +21,32 @@ import secrets
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import orjson
 from pydantic import ValidationError
+from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, PayloadTooLarge
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.bodies import SamplingFields
-from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
-from harnessrl.gateway.errors import error_shape, internal_error, sse_error
+from harnessrl.gateway.delivery import CallStream, DropReason, respond_whole
+from harnessrl.gateway.errors import RolloutClosed, error_shape, internal_error, sse_error
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Call, Rollout, SamplingOverrides, Usage, now
+from harnessrl.schemas import Call, Rollout, RolloutStatus, SamplingOverrides, Usage, now
+from harnessrl.store.base import RolloutEnded
 from harnessrl.store.chains import EncodedItems
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.coalesce import Outlet
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -236,7 +242,7 @@ def check_token_ids(state: GatewayState, ids: list[int]) -> None:
         raise BadRequest(f"token id {bad} is outside the vocabulary (0..{limit - 1})", param="prompt")
 
 
-@dataclass
+@dataclass(eq=False)  # compared and hashed by identity (kept in ``delivery.CallsInFlight``)
 class PreparedCall:
     """A validated, tokenized call, ready to wait at the gate and generate."""
 
@@ -259,8 +265,40 @@ class PreparedCall:
     reused_prompt_tokens: int = 0
     generation: Generation | None = None
     stored: Call | None = None
+    # Why the call was dropped (``delivery.DROP_REASONS``), once it was; it is then never recorded.
+    drop_reason: DropReason | None = None
+    # A streamed call's way to its client (``coalesce.Outlet``): the record waits for it to settle.
+    outlet: Outlet | None = None
     _ticket: Ticket | None = None
     _waited_s: float = 0.0
+    _scope: anyio.CancelScope | None = None  # what ``cancel`` cancels (``delivery``'s drivers)
+    _recording: bool = False  # the store write has begun: the call is no longer dropped
+
+    def attach(self, scope: anyio.CancelScope) -> None:
+        """Run under ``scope`` (a driver's), cancelled by ``cancel``; its rollout's end reaches it."""
+        self._scope = scope
+        self.state.calls.add(self)
+
+    def cancel(self, reason: DropReason) -> None:
+        """Drop the call for ``reason`` wherever it is (gate, generation, waiting for its client),
+        unless its record has begun: a call being recorded is answered."""
+        if self.stored is not None or self._recording or self.drop_reason is not None:
+            return
+        self.drop_reason = reason
+        if self._scope is not None:
+            self._scope.cancel()
+
+    async def closed_error(self) -> RolloutClosed:
+        """The 409 of a call whose rollout ended, naming how (as ``auth.open_rollout`` words it)."""
+        rollout_id = self.rollout.rollout_id
+        try:
+            rollout = await self.state.in_thread(self.state.store.get_rollout, rollout_id)
+            status = rollout.status.value
+            if rollout.status is RolloutStatus.QUEUED:
+                status = f"queued again (attempt {rollout.attempt})"
+        except HarnessRLError:
+            status = "ended"
+        return RolloutClosed(f"rollout {rollout_id!r} is {status}; it takes no more calls")
 
     async def admit(self, *, keepalive: bool = False) -> AsyncIterator[str]:
         """Wait at the pause gate; yields SSE keep-alive comments while waiting if asked to."""
@@ -316,7 +354,11 @@ class PreparedCall:
             first_token_at=gen.first_token_at,
             finished_at=gen.finished_at,
         )
+        if self.outlet is not None:
+            # A stream: what was sent so far must have reached the client (``coalesce.Outlet``).
+            await self.outlet.settle()
         # Shielded: once the write starts, finish it and remember it even if the client just left.
+        self._recording = True
         with anyio.CancelScope(shield=True):
             return await self._store(call)
 
@@ -326,7 +368,13 @@ class PreparedCall:
         messages = call.request.get("messages")
         if self.history is not None and isinstance(messages, list):
             encoded = EncodedItems(messages, self.history.texts())
-        stored = await state.writer.add(call, encoded)  # committed, maybe with other calls (group commit)
+        try:
+            stored = await state.writer.add(call, encoded)  # committed, maybe with other calls (group commit)
+        except RolloutEnded:
+            # Ended by someone this gateway did not hear (another process): refused, as it must be.
+            self._recording = False
+            self.drop_reason = "rollout_ended"
+            raise await self.closed_error() from None
         # Synchronously after the write: the next call of this rollout must see it for reuse, and
         # must not count it as still generating (a harness sends it the moment the answer ends,
         # before this call's ``finish``, which runs after the last byte, has run).
@@ -350,12 +398,21 @@ class PreparedCall:
             self.generation.context = None
 
     def finish(self) -> None:
-        """Leave the gate and the rollout's in-flight count (always, in a ``finally``)."""
+        """Leave the gate and the rollout's in-flight count, count a drop (always, in a ``finally``)."""
         self._end_generation()
         if self._ticket is not None:
             self._ticket.release()
             self._ticket = None
-        self.state.refresh_gauges()
+        state = self.state
+        if self._scope is not None:
+            self._scope = None
+            state.calls.discard(self)
+            if self.stored is None and self.drop_reason is not None:
+                gen = self.generation
+                state.count_drop(
+                    self.rollout.rollout_id, self.api, self.drop_reason, gen.token_ids if gen else ()
+                )
+        state.refresh_gauges()
 
     def headers(self) -> dict[str, str]:
         out = {"x-harnessrl-rollout-id": self.rollout.rollout_id}
@@ -420,6 +477,7 @@ def openai_envelope(id_prefix: str, obj: str, model: str, policy_version: int) -
 
 async def generate_and_record(
     call: PreparedCall,
+    request: Request,
     answer: Callable[[Generation], tuple[dict[str, Any], str]],
     reply: Callable[[Generation, dict[str, Any], str], Response],
 ) -> Response:
@@ -427,29 +485,31 @@ async def generate_and_record(
 
     ``answer`` turns the finished generation into the recorded response and finish reason;
     ``reply`` builds the client's HTTP answer from them, before the record, so a call whose answer
-    cannot be built (a 500) is not recorded either.
+    cannot be built (a 500) is not recorded either. Driven by ``delivery.respond_whole``: a client
+    that leaves (or a rollout that ends) meanwhile cancels it.
     """
-    try:
+
+    async def work() -> Response:
         await run_to_end(call)
         gen = call.generation
         assert gen is not None
         response, finish = answer(gen)
         out = reply(gen, response, finish)
         await call.record(response, finish)
-    finally:
-        call.finish()
-    out.headers.update(call.headers())  # with the call's seq, known once it is recorded
-    return out
+        return out
+
+    return await respond_whole(call, request, work)
 
 
 def streaming_response(
     call: PreparedCall, chunks: Callable[[], AsyncGenerator[str, None]], headers: dict[str, str] | None = None
-) -> CoalescingStreamingResponse:
+) -> CallStream:
     """An SSE answer: ``chunks`` wrapped by ``sse_stream`` (gate keep-alives, errors, ``[DONE]``),
-    events that are ready together sent in one write (``coalesce``)."""
-    return CoalescingStreamingResponse(
+    driven by ``delivery.CallStream`` (drops, backpressure, events ready together sent in one write)."""
+    return CallStream(
+        call,
         sse_stream(call, chunks),
-        media_type="text/event-stream",
+        closing=lambda exc: sse_error(exc),
         headers={**SSE_HEADERS, **call.headers(), **(headers or {})},
     )
 
@@ -474,9 +534,7 @@ def stream_error(call: PreparedCall, exc: Exception) -> HarnessRLError:
 
 
 async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, None]]) -> AsyncIterator[str]:
-    """Wrap an API's chunk generator: keep-alives at the gate, errors as SSE events, disconnect counting."""
-    state = call.state
-    completed = False
+    """Wrap an API's chunk generator: keep-alives at the gate, errors as SSE events, ``[DONE]``."""
     try:
         async for comment in call.admit(keepalive=True):
             yield comment
@@ -485,18 +543,10 @@ async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, 
             async for chunk in chunks:
                 yield chunk
         finally:
-            # Close the API's generator (and through it the engine's) even when we are being
-            # cancelled by a client disconnect; shielded so the close itself is not cancelled.
+            # Close the API's generator (and through it the engine's) even when the call is being
+            # cancelled (a drop); shielded so the close itself is not cancelled.
             with anyio.CancelScope(shield=True):
                 await chunks.aclose()
-        completed = True
         yield "data: [DONE]\n\n"
     except Exception as exc:
-        completed = True
         yield sse_error(stream_error(call, exc))
-    finally:
-        if not completed and call.stored is None:
-            # The client disconnected (or the server is shutting down) before the answer was whole;
-            # closing ``body`` closed the engine iterator, which cancelled the generation.
-            state.metrics.disconnects.inc()
-        call.finish()

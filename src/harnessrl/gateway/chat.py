@@ -142,7 +142,7 @@ async def chat_completions(request: Request) -> Response:
         }
         return json_response(payload)
 
-    return await generate_and_record(call, answer, reply)
+    return await generate_and_record(call, request, answer, reply)
 
 
 async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -> AsyncGenerator[str, None]:

@@ -1,63 +1,172 @@
-"""``CoalescingStreamingResponse``: a stream's chunks that are ready together go out in one write.
+"""``Outlet``: one streamed answer's way to its client — coalesced writes, a bounded buffer, slow readers.
 
 A streamed answer is one SSE event per sampled token. Sent one by one, each event is an ASGI
 ``send`` through the middlewares and a socket write: at 256 tokens that was the largest share of a
 streaming call's CPU in the gateway (``benchmarks/gateway_overhead.py``'s stream leg), more than
-generating the events. Here the body iterator runs as before, in the request's own task, and only
-the sending moves to a writer task, which sends whatever has accumulated each time it gets to run.
+generating the events. The answer's events are produced in the request's own task and only the
+sending is done by a writer task, which sends whatever has accumulated each time it gets to run.
 Tokens that arrive together (one network read from the engine, a burst after a pause) leave together;
-a lone token is sent as soon as the iterator yields it, so nothing waits for company (no timer, no
-added latency). The bytes the client receives are the same, only cut into fewer writes.
+a lone token is sent as soon as it is put, so nothing waits for company (no timer, no added latency).
 
-Nothing but the answer's length (``max_tokens``) bounds how far the iterator runs ahead of a slow
-client: it pauses only at the engine, so one answer's events may wait in memory. A failed send
-(the client left) stops the iterator at its next chunk and is raised as before, so ``starlette``
-still turns it into ``ClientDisconnect``.
+**Backpressure.** Events not yet handed to the socket wait in a buffer of at most ``buffer_bytes``
+(``gateway.stream_buffer_bytes``); past it ``put`` waits until the writer takes them, so the
+generation waits too (its next token is not read from the engine). What one stream holds in the
+gateway is thus bounded by about twice ``buffer_bytes`` plus the transport's 64 KiB, whatever the
+answer's length: it used to be the whole answer (~10 MB for 24 k tokens with logprobs).
+
+**Slow readers.** While the socket is full the writer waits for the client; a client that takes the
+waiting bytes slower than ``min_bytes_per_s`` over ``window_s`` (``gateway.slow_reader_bytes_per_s``
+and ``slow_reader_window_s``) is given up on: ``on_slow`` is called (the call is dropped and the
+connection cut).
+
+**Before the final event** (``settle``): everything put so far has left the gateway, and the
+client's TCP has acknowledged all but ``RECORD_SLACK_BYTES`` of it (Linux; elsewhere: left the
+gateway). A streamed call is recorded only then, and its final event follows the commit, so a
+recorded call's client is at most that many bytes plus the final event away from having it all.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from starlette.responses import StreamingResponse
 from starlette.types import Send
 
+if TYPE_CHECKING:
+    from harnessrl.gateway.delivery import ClientConnection
 
-class CoalescingStreamingResponse(StreamingResponse):
-    """``StreamingResponse`` whose ready chunks are joined into one ``http.response.body`` message."""
+#: Bytes of an answer its client's TCP may not have acknowledged yet when the call is recorded: the
+#: last events of a healthy stream are usually still unacknowledged (delayed ACKs), a few KiB.
+RECORD_SLACK_BYTES = 16 * 1024
 
-    async def stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        pending: list[bytes] = []
-        ready = asyncio.Event()
-        closing = False
+#: Longest pause between two looks at the kernel's send queue while a call waits to be recorded.
+_SETTLE_POLL_S = 0.05
 
-        async def write() -> None:
-            while True:
-                if not pending:
-                    if closing:
-                        return
-                    await ready.wait()
-                    ready.clear()
-                    continue
-                body = b"".join(pending)
-                pending.clear()
-                await send({"type": "http.response.body", "body": body, "more_body": True})
 
-        writer = asyncio.ensure_future(write())
+class ClientTooSlow(BaseException):  # noqa: N818 - it names what happened, like ``GeneratorExit``
+    """Raised by ``put``/``settle`` once the client was given up on as too slow.
+
+    A ``BaseException``: the APIs turn an ``Exception`` in a stream into an error event for the
+    client, and this one has no client left to tell; the streaming driver catches it."""
+
+
+class Outlet:
+    """``put`` an answer's encoded events; a writer task sends them (see the module docstring).
+
+    ``connection``: the client's connection (``delivery.ClientConnection``), or ``None`` when the app
+    is served by something other than ``GatewayProtocol`` (then only the buffer bound applies).
+    """
+
+    def __init__(
+        self,
+        send: Send,
+        connection: ClientConnection | None,
+        *,
+        buffer_bytes: int,
+        min_bytes_per_s: float,
+        window_s: float,
+        on_slow: Callable[[], None],
+    ) -> None:
+        self._send = send
+        self._connection = connection
+        self._limit = buffer_bytes
+        self._min_rate = min_bytes_per_s
+        self._window_s = window_s
+        self._on_slow = on_slow
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self._ready = asyncio.Event()  # something was put
+        self._room = asyncio.Event()  # the buffer has room again
+        self._room.set()
+        self._idle = asyncio.Event()  # nothing pending and nothing being sent
+        self._idle.set()
+        self._closing = False
+        self.gave_up = False  # the client was too slow: ``on_slow`` was called
+        self._writer = asyncio.ensure_future(self._write())
         # Mark a failure as seen even when another exception ends the stream first (no "Task
-        # exception was never retrieved" in the log); it is raised below otherwise.
-        writer.add_done_callback(lambda task: task.cancelled() or task.exception())
+        # exception was never retrieved" in the log); ``put``/``settle``/``close`` raise it.
+        self._writer.add_done_callback(lambda task: task.cancelled() or task.exception())
+
+    async def put(self, chunk: bytes) -> None:
+        """Queue ``chunk``; waits while the buffer is full (the client is behind)."""
+        self._check()
+        self._pending.append(chunk)
+        self._pending_bytes += len(chunk)
+        self._idle.clear()
+        self._ready.set()
+        if self._pending_bytes >= self._limit:
+            self._room.clear()
+            await self._room.wait()
+            self._check()
+
+    async def settle(self) -> None:
+        """Wait until everything put has left the gateway and the client's TCP has acknowledged all
+        but ``RECORD_SLACK_BYTES`` of it; a client slower than the rule meanwhile is given up on."""
+        await self._idle.wait()
+        self._check()
+        if self._connection is None:
+            return
+        loop = asyncio.get_running_loop()
+        unsent = self._connection.unsent_bytes()
+        since, unsent_then = loop.time(), unsent
+        delay = 0.001
+        while unsent > RECORD_SLACK_BYTES:
+            await asyncio.sleep(delay)  # the kernel tells no one when an ACK arrives: look again
+            delay = min(2 * delay, _SETTLE_POLL_S)
+            unsent = self._connection.unsent_bytes()
+            if loop.time() - since >= self._window_s:
+                if unsent_then - unsent < self._min_rate * self._window_s:
+                    self._give_up()
+                    self._check()
+                since, unsent_then = loop.time(), unsent
+
+    async def close(self) -> None:
+        """Send what is left (the stream's end follows) and stop the writer."""
+        self._closing = True
+        self._ready.set()
+        await self._writer
+
+    def abandon(self) -> None:
+        """Stop the writer without sending what is left (the call was dropped)."""
+        if not self._writer.done():
+            self._writer.cancel()
+
+    def _give_up(self) -> None:
+        if not self.gave_up:
+            self.gave_up = True
+            self._on_slow()
+
+    def _check(self) -> None:
+        if self.gave_up:
+            raise ClientTooSlow
+        if self._writer.done() and not self._writer.cancelled():
+            exc = self._writer.exception()
+            if exc is not None:
+                raise exc
+
+    async def _write(self) -> None:
         try:
-            async for chunk in self.body_iterator:
-                if writer.done():
-                    break  # the last send failed: raised by the await below
-                pending.append(chunk if isinstance(chunk, bytes | memoryview) else chunk.encode(self.charset))
-                ready.set()
-            closing = True
-            ready.set()
-            await writer
+            while True:
+                if not self._pending:
+                    self._idle.set()
+                    if self._closing:
+                        return
+                    await self._ready.wait()
+                    self._ready.clear()
+                    continue
+                body = b"".join(self._pending)
+                self._pending.clear()
+                self._pending_bytes = 0
+                self._room.set()
+                connection = self._connection
+                if connection is not None and not await connection.wait_writable(
+                    self._window_s, self._min_rate
+                ):
+                    self._give_up()
+                    return
+                await self._send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
-            if not writer.done():
-                writer.cancel()
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # Whatever ends the writer, nobody may wait for it any more.
+            self._room.set()
+            self._idle.set()

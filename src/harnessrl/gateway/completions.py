@@ -102,7 +102,7 @@ async def completions(request: Request) -> Response:
         }
         return json_response(payload)
 
-    return await generate_and_record(call, lambda g: ({"text": g.text}, g.finish_reason), reply)
+    return await generate_and_record(call, request, lambda g: ({"text": g.text}, g.finish_reason), reply)
 
 
 async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> AsyncGenerator[str, None]:

@@ -21,6 +21,13 @@ that instant, and gets a ``ReadError`` for a call that was never recorded.
   longest is closed to make room, those that never sent a whole request first; if every connection
   is busy with a request, the new one's request is answered 503 (``Retry-After: 1``) and it is
   closed. Refused connections count against the cap until they close (at most 5 s).
+- **request heads** (``gateway.heads``): a head past ``max_header_bytes`` or with more than
+  ``max_headers`` headers is answered 431 and the connection closed, without reading on (a 64 MiB
+  header line used to be read whole, seconds of CPU); an ``Upgrade`` the gateway does not speak
+  (``curl --http2``'s ``h2c``) is ignored, where the parser used to drop the request's body.
+- **the client, as the app sees it** (``delivery.ClientConnection``): routes learn when the client
+  leaves (FIN, half-close, RST) through ``watch`` instead of polling ``receive``, wait for a slow
+  reader within a rate (``wait_writable``), and see how much of an answer is not yet acknowledged.
 
 Everything else (parsing, flow control, the ASGI cycle) is uvicorn's.
 """
@@ -28,17 +35,22 @@ Everything else (parsing, flow control, the ASGI cycle) is uvicorn's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import resource
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import httptools
 import orjson
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from harnessrl.config import GatewayConfig
+from harnessrl.gateway.delivery import CONNECTION_KEY
+from harnessrl.gateway.heads import UnsupportedUpgrade, head_without_upgrade, new_parser, unacknowledged_bytes
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -49,8 +61,9 @@ FD_RESERVE = 64
 REFUSED_HEAD_TIMEOUT_S = 5.0
 
 #: Where a connection is in its current request: ``new`` (nothing received yet), ``head`` (reading
-#: the request line and headers), ``body``, ``app`` (the route is answering), ``idle`` (keep-alive).
-Phase = Literal["new", "head", "body", "app", "idle"]
+#: the request line and headers), ``body``, ``app`` (the route is answering), ``idle`` (keep-alive),
+#: ``refused`` (its head was too large: answered 431, closing, nothing more is read).
+Phase = Literal["new", "head", "body", "app", "idle", "refused"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,8 @@ class ConnectionLimits:
     header_timeout_s: float = 30.0
     body_timeout_s: float = 60.0
     max_connections: int = 4096
+    max_header_bytes: int = 65536
+    max_headers: int = 100
 
     @classmethod
     def from_config(cls, config: GatewayConfig) -> ConnectionLimits:
@@ -69,6 +84,8 @@ class ConnectionLimits:
             header_timeout_s=config.header_timeout_s,
             body_timeout_s=config.body_timeout_s,
             max_connections=config.max_connections,
+            max_header_bytes=config.max_header_bytes,
+            max_headers=config.max_headers,
         )
 
 
@@ -120,6 +137,16 @@ class GatewayProtocol(HttpToolsProtocol):
         self.refused = False  # over the connection cap: its request is answered 503, then it closes
         self.last_active = time.monotonic()
         self._deadline: asyncio.TimerHandle | None = None
+        # The request head being read: bytes and headers so far (``on_url``/``on_header``), bytes
+        # of chunks that ended inside it, why it is refused, and an Upgrade to ignore.
+        self._head_bytes = 0
+        self._head_headers = 0
+        self._head_chunks = 0
+        self._head_refusal: str | None = None
+        self._upgrade_ignored = False
+        # The app's view of the client (``delivery.ClientConnection``).
+        self._watchers: set[Callable[[], None]] = set()
+        self._lost = False
 
     # -- the read deadline ----------------------------------------------------------------------
 
@@ -189,29 +216,152 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
+        self._lost = True
+        watchers, self._watchers = self._watchers, set()
+        for callback in watchers:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - one watcher's failure must not skip the others
+                log.exception("a client-gone watcher failed")
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self.scope[CONNECTION_KEY] = self  # type: ignore[literal-required]
         self.last_active = time.monotonic()
         if self.phase != "new":  # a new connection's first request counts from the connection's start
             self._arm(self.limits.header_timeout_s)
         self.phase = "head"
+        self._head_bytes = self._head_headers = self._head_chunks = 0
+        self._upgrade_ignored = False
+
+    def on_url(self, url: bytes) -> None:
+        self._head_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._head_headers += 1
+        self._head_bytes += len(name) + len(value) + 4  # "name: value\r\n"
+        if self._head_refusal is not None:
+            return
+        if self._head_headers > self.limits.max_headers:
+            self._head_refusal = f"the request has more than {self.limits.max_headers} headers"
+        elif self._head_bytes > self.limits.max_header_bytes:
+            self._head_refusal = f"the request line and headers exceed {self.limits.max_header_bytes} bytes"
+        else:
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
+        if self._head_refusal is not None:
+            self.phase = "refused"  # answered 431 once the parser returns (``data_received``)
+            return
+        if self.parser.should_upgrade():
+            # No Upgrade is served here. The parser would skip the body as another protocol's
+            # bytes; ``data_received`` parses the request again without the header instead.
+            self._upgrade_ignored = True
+            return
         self.phase = "body"
         self._arm(self.limits.body_timeout_s)
         super().on_headers_complete()
 
+    def on_body(self, body: bytes) -> None:
+        if self._head_refusal is None and not self._upgrade_ignored:
+            super().on_body(body)
+
     def on_message_complete(self) -> None:
+        if self._head_refusal is not None or self._upgrade_ignored:
+            return
         self._disarm()
         self.phase = "app"
         super().on_message_complete()
+
+    def data_received(self, data: bytes) -> None:
+        """uvicorn's, with the head caps and Upgrade handling of ``gateway.heads``."""
+        if self.phase == "refused":
+            return  # answered 431 and closing: nothing more is read
+        self._unset_keepalive_if_required()
+        received = len(data)
+        while data:
+            try:
+                self.parser.feed_data(data)
+                data = b""
+            except httptools.HttpParserUpgrade as exc:
+                # Parse the request again, without its Upgrade, followed by what came after its head.
+                rest = data[exc.args[0] :]
+                try:
+                    head = head_without_upgrade(self.parser, self.url, self.headers)
+                except UnsupportedUpgrade as refused:
+                    self.send_400_response(str(refused))
+                    return
+                self.parser = new_parser(self)
+                data = head + rest
+            except httptools.HttpParserError:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+                return
+        if self.phase == "head" and self._head_refusal is None:
+            # The head goes on past this chunk. The parser keeps a header's pieces until it is
+            # whole, so count whole chunks (at most one more than the head holds) and stop here.
+            self._head_chunks += received
+            if self._head_chunks > self.limits.max_header_bytes:
+                self._head_refusal = (
+                    f"the request line and headers exceed {self.limits.max_header_bytes} bytes"
+                )
+        if self._head_refusal is not None:
+            self._refuse_head()
+
+    def _refuse_head(self) -> None:
+        """Answer 431 and close without reading on."""
+        message = self._head_refusal or "request head too large"
+        log.debug("refusing a request head from %s: %s", self._peer(), message)
+        self.phase = "refused"
+        self._disarm()
+        payload = _openai_error(message, "invalid_request_error", "request_header_fields_too_large")
+        self.transport.write(_raw_response(b"431 Request Header Fields Too Large", payload))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         self.last_active = time.monotonic()
         if self.phase == "app":
             self.phase = "idle"
         super().on_response_complete()
+
+    # -- the client, as the app sees it (``delivery.ClientConnection``) ---------------------------
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` once when the client's connection is lost (FIN, half-close, RST, cut);
+        at once (soon) if it already is. Returns the function that stops watching."""
+        if self._lost or self.transport is None or self.transport.is_closing():
+            handle = self.loop.call_soon(callback)
+            return handle.cancel
+        self._watchers.add(callback)
+        return lambda: self._watchers.discard(callback)
+
+    async def wait_writable(self, window_s: float, min_bytes_per_s: float) -> bool:
+        """Wait until the socket takes more bytes (uvicorn's write flow control); ``False`` when the
+        client takes the waiting bytes slower than ``min_bytes_per_s``, measured over ``window_s``."""
+        while self.flow.write_paused and not self._lost:
+            before = self.transport.get_write_buffer_size()
+            try:
+                await asyncio.wait_for(self.flow.drain(), window_s)
+            except TimeoutError:
+                if before - self.transport.get_write_buffer_size() < min_bytes_per_s * window_s:
+                    return False
+        return True
+
+    def unsent_bytes(self) -> int:
+        """Bytes of the answer not yet acknowledged by the client's TCP: the transport's buffer plus
+        the kernel's send queue (Linux)."""
+        if self.transport is None or self._lost:
+            return 0
+        sock = self.transport.get_extra_info("socket")
+        queued = unacknowledged_bytes(sock.fileno()) if sock is not None else 0
+        return self.transport.get_write_buffer_size() + queued
+
+    def cut(self) -> None:
+        """Drop the connection now, without flushing what is buffered (a reader too slow to wait for)."""
+        if self.transport is not None:
+            self.transport.abort()
 
 
 def protocol_class(limits: ConnectionLimits) -> type[GatewayProtocol]:
@@ -244,12 +394,7 @@ def fd_headroom(limits: ConnectionLimits) -> ConnectionLimits:
             soft,
             allowed,
         )
-        return ConnectionLimits(
-            keepalive_timeout_s=limits.keepalive_timeout_s,
-            header_timeout_s=limits.header_timeout_s,
-            body_timeout_s=limits.body_timeout_s,
-            max_connections=allowed,
-        )
+        return dataclasses.replace(limits, max_connections=allowed)
     return limits
 
 

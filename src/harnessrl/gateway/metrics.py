@@ -68,7 +68,18 @@ class GatewayMetrics:
         )
         self.disconnects = Counter(
             "harnessrl_client_disconnects",
-            "Streaming calls abandoned by the client (not recorded)",
+            "Model calls whose client left before the answer's end, streamed or not (not recorded)",
+            registry=r,
+        )
+        self.dropped = Counter(
+            "harnessrl_calls_dropped",
+            "Model calls cancelled and not recorded, by reason: client_gone, slow_reader, rollout_ended",
+            ["api", "reason"],
+            registry=r,
+        )
+        self.dropped_tokens = Counter(
+            "harnessrl_dropped_tokens",
+            "Tokens the engine had sampled for calls that were then dropped (generation cancelled)",
             registry=r,
         )
 

@@ -37,8 +37,8 @@ from harnessrl.gateway.calls import (
     stream_error,
     tokenize_in_thread,
 )
-from harnessrl.gateway.coalesce import CoalescingStreamingResponse
 from harnessrl.gateway.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.delivery import CallStream, respond_whole
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.responses_input import (
     PREVIOUS_KEY,
@@ -86,6 +86,23 @@ class ResponsesCall:
     created_at: int
     reused_tokens: int
     tools: list[dict[str, Any]]
+    seq: int = 0  # the next stream event's ``sequence_number``
+    out: OutputStream | None = None  # a stream's output so far
+
+    def event(self, payload: dict[str, Any]) -> str:
+        """One SSE event of the stream, numbered."""
+        payload = {"type": payload["type"], "sequence_number": self.seq, **payload}
+        self.seq += 1
+        return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
+
+    def failed(self, error: HarnessRLError) -> dict[str, Any]:
+        """The ``response.failed`` event's payload for ``error``."""
+        try:
+            failed = self.response("failed", self.out, error)
+        except Exception:  # noqa: BLE001 - the Response object itself is what cannot be built
+            failed = {"id": self.response_id, "object": "response", "status": "failed", "output": []}
+            failed["error"] = {"code": error_shape(error).code, "message": str(error)}
+        return {"type": "response.failed", "response": failed}
 
     def output(self) -> OutputStream:
         state = self.call.state
@@ -271,12 +288,16 @@ async def _drain(events: AsyncGenerator[Any, None]) -> AsyncIterator[Any]:
 async def responses(request: Request) -> Response:
     rc = await prepare_responses(request)
     if rc.body.stream:
-        return CoalescingStreamingResponse(
-            _sse(rc), media_type="text/event-stream", headers={**SSE_HEADERS, **rc.call.headers()}
+        return CallStream(
+            rc.call,
+            _sse(rc),
+            closing=lambda exc: rc.event(rc.failed(exc)),
+            headers={**SSE_HEADERS, **rc.call.headers()},
         )
     call = rc.call
     out = rc.output()
-    try:
+
+    async def work() -> Response:
         async for _ in call.admit():
             pass
         async for _ in _drain(_generate(rc, out)):
@@ -284,51 +305,30 @@ async def responses(request: Request) -> Response:
         # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
         answer = JSONResponse(rc.response(rc.status(), out))
         await rc.record(out)
-    finally:
-        call.finish()
-    answer.headers.update(call.headers())
-    return answer
+        return answer
+
+    return await respond_whole(call, request, work)
 
 
 async def _sse(rc: ResponsesCall) -> AsyncIterator[str]:
     """The documented event sequence, with ``sequence_number`` on every event."""
-    call, state = rc.call, rc.call.state
-    seq = 0
-
-    def event(payload: dict[str, Any]) -> str:
-        nonlocal seq
-        payload = {"type": payload["type"], "sequence_number": seq, **payload}
-        seq += 1
-        return f"event: {payload['type']}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-
-    completed = False
+    call = rc.call
     out = rc.output()
+    rc.out = out
     try:
-        yield event({"type": "response.created", "response": rc.response("in_progress")})
-        yield event({"type": "response.in_progress", "response": rc.response("in_progress")})
+        yield rc.event({"type": "response.created", "response": rc.response("in_progress")})
+        yield rc.event({"type": "response.in_progress", "response": rc.response("in_progress")})
         async for comment in call.admit(keepalive=True):
             yield comment
-            yield event({"type": "response.in_progress", "response": rc.response("in_progress")})
+            yield rc.event({"type": "response.in_progress", "response": rc.response("in_progress")})
         async for batch in _drain(_generate(rc, out)):
             for payload in batch:
-                yield event(payload)
+                yield rc.event(payload)
         # The last event is built first: once the call is durable only the transport can fail.
         status = rc.status()
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        final = event({"type": kind, "response": rc.response(status, out)})
+        final = rc.event({"type": kind, "response": rc.response(status, out)})
         await rc.record(out)  # durable before the client sees the end of the answer
-        completed = True
         yield final
     except Exception as exc:
-        completed = True
-        error = stream_error(call, exc)
-        try:
-            failed = rc.response("failed", out, error)
-        except Exception:  # the Response object itself is what cannot be built
-            failed = {"id": rc.response_id, "object": "response", "status": "failed", "output": []}
-            failed["error"] = {"code": error_shape(error).code, "message": str(error)}
-        yield event({"type": "response.failed", "response": failed})
-    finally:
-        if not completed and call.stored is None:
-            state.metrics.disconnects.inc()  # the client left before the answer was whole
-        call.finish()
+        yield rc.event(rc.failed(stream_error(call, exc)))

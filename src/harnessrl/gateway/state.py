@@ -1,9 +1,11 @@
-"""What every route of one gateway app shares: config, store, engine, gate, metrics, reuse memory."""
+"""What every route of one gateway app shares: config, store, engine, gate, metrics, reuse memory,
+the calls in flight."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -12,6 +14,7 @@ import anyio.to_thread
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
 from harnessrl.gateway.cluster import Cluster
+from harnessrl.gateway.delivery import CallsInFlight, DropReason
 from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.model_formats import ModelFormats, resolve_formats
@@ -30,6 +33,8 @@ from harnessrl.store.base import Store
 
 T = TypeVar("T")
 
+log = logging.getLogger("harnessrl.gateway")
+
 #: Prompt tokens decoded to see whether the generation prompt opened the reasoning block
 #: (``<think>\n`` is one or two tokens in the families that do; a few more cost nothing).
 PROMPT_TAIL_TOKENS = 8
@@ -42,6 +47,7 @@ class GatewayState:
     engine: Engine
     metrics: GatewayMetrics = field(default_factory=GatewayMetrics)
     gate: PauseGate = field(default_factory=PauseGate)
+    calls: CallsInFlight = field(default_factory=CallsInFlight)  # by rollout, for its end to cancel
     history: CallHistory = field(init=False)
     writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
     # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
@@ -58,6 +64,7 @@ class GatewayState:
     # and the engine through it (``gating.GatewayHandle``).
     loop: asyncio.AbstractEventLoop | None = None
     _gauge_values: tuple[int, ...] = field(default=(), init=False, repr=False)  # as last set
+    _drop_writes: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.cluster is None:
@@ -83,6 +90,31 @@ class GatewayState:
         tail = self.engine.tokenizer.decode(prompt_ids[-PROMPT_TAIL_TOKENS:])
         factory = self._reasoning_parser
         return factory(starts_in_reasoning=factory.prompt_opens_reasoning(tail))
+
+    def count_drop(self, rollout_id: str, api: str, reason: DropReason, token_ids: Collection[int]) -> None:
+        """Count a dropped call: in the metrics now, in the rollout's ``metadata.dropped_calls`` (the
+        trainer's count) by a store write in the background."""
+        m = self.metrics
+        m.child(m.dropped, api, reason).inc()
+        m.dropped_tokens.inc(len(token_ids))
+        if reason == "client_gone":
+            m.disconnects.inc()
+        task = asyncio.ensure_future(self._write_drop(rollout_id, reason))
+        self._drop_writes.add(task)
+        task.add_done_callback(self._drop_writes.discard)
+
+    async def _write_drop(self, rollout_id: str, reason: str) -> None:
+        try:
+            await self.in_thread(self.store.count_dropped_call, rollout_id, reason)
+        except Exception:  # noqa: BLE001 - a count must not fail anything; the metric has it
+            log.warning(
+                "could not count a dropped call of rollout %s in the store", rollout_id, exc_info=True
+            )
+
+    async def drops_written(self) -> None:
+        """Wait for the background writes of drop counts (shutdown, tests)."""
+        while self._drop_writes:
+            await asyncio.gather(*self._drop_writes, return_exceptions=True)
 
     async def in_thread(self, fn: Callable[..., T], *args: object) -> T:
         """Run a blocking store call off the event loop (the store's methods are thread-safe)."""

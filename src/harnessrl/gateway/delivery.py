@@ -1,0 +1,230 @@
+"""A call is training data only if its harness received it: the two drivers every model call runs in.
+
+A call ends without reaching its harness in three ways, and then it is **dropped**: its generation
+is cancelled at the engine (the engine iterator is closed, which aborts a remote request), nothing
+is recorded, and it is counted by reason (``harnessrl_calls_dropped_total{api,reason}``, the
+rollout's ``metadata.dropped_calls``, the trainer's ``trajectory/calls_dropped/*``):
+
+- ``client_gone``: the client's connection is gone (FIN, half-close, RST — an SDK's read timeout
+  closes it), streamed or not, while the call waits at a paused gateway, generates, or waits for
+  its client to take the answer;
+- ``slow_reader``: a streaming client takes its answer slower than ``gateway.slow_reader_bytes_per_s``
+  (``coalesce.Outlet``); its connection is cut;
+- ``rollout_ended``: the rollout was finished or cancelled (or its attempt requeued) meanwhile.
+  The gateway cancels the calls it is answering for that rollout as soon as it hears of the end
+  (this process's store object, ``Store.watch_rollout_ends``); a call whose end it did not hear
+  of (another process finished the rollout) is refused by the store when it comes to be recorded
+  (``RolloutEnded``). The client, if still there, gets 409 ``rollout_closed`` (an error event in a
+  stream). Cancelling rather than letting the finish wait: a rollout ends when its harness has
+  exited (its calls' clients are gone already) or when the run gives up on it; either way nobody
+  will build on the answer, and waiting would only hold the finish and an engine slot.
+
+``respond_whole`` drives a non-streaming call and ``CallStream`` a streaming one: each runs the
+call inside a cancel scope that any of the three reasons cancels (``PreparedCall.cancel``), and
+learns that the client left from the connection itself (``ClientConnection.watch``: uvicorn tells
+the protocol the moment the socket closes) rather than from a task polling ``receive``.
+
+**The window between record and final event.** A call is recorded before its answer's last part
+is sent (so a SIGKILL never loses an answered call): a non-streaming answer is one write right
+after the commit; a stream is recorded only once every earlier event has left the gateway and its
+client's TCP has acknowledged all but ``coalesce.RECORD_SLACK_BYTES`` (16 KiB) of them, and its final
+event follows the commit. A client that leaves inside that window leaves a recorded call; the
+window is the commit (about a millisecond) plus, for a stream, at most 16 KiB and the final event
+of reading, which a client not cut as a slow reader does in 16 s at most.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from harnessrl.errors import HarnessRLError
+from harnessrl.gateway.coalesce import ClientTooSlow, Outlet
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.calls import PreparedCall
+
+log = logging.getLogger("harnessrl.gateway")
+
+#: The ASGI scope key under which ``GatewayProtocol`` hands routes the client's connection.
+CONNECTION_KEY = "harnessrl.connection"
+
+DropReason = Literal["client_gone", "slow_reader", "rollout_ended"]  # ``store.base.DROP_REASONS``
+
+#: The status a dropped non-streaming call "answers": nobody is there to read it (nginx's 499).
+CLIENT_GONE_STATUS = 499
+
+
+class ClientConnection(Protocol):
+    """What a route may ask of its client's connection (``connections.GatewayProtocol``)."""
+
+    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` once when the connection is lost; returns the function that stops it."""
+
+    async def wait_writable(self, window_s: float, min_bytes_per_s: float) -> bool:
+        """Wait until the socket takes more; ``False`` for a client slower than the rate."""
+
+    def unsent_bytes(self) -> int:
+        """Bytes written that the client's TCP has not acknowledged yet."""
+
+    def cut(self) -> None:
+        """Drop the connection without flushing."""
+
+
+@contextlib.asynccontextmanager
+async def watching_client(
+    scope: Scope, receive: Receive, on_gone: Callable[[], None]
+) -> AsyncIterator[ClientConnection | None]:
+    """Call ``on_gone()`` if the client leaves while the block runs; yields its connection.
+
+    Under ``GatewayProtocol`` the connection itself tells (no task). Served otherwise (an app driven
+    in-process by a test), a task waits for ASGI's ``http.disconnect``; then the connection is
+    ``None``.
+    """
+    connection: ClientConnection | None = scope.get(CONNECTION_KEY)
+    if connection is not None:
+        stop = connection.watch(on_gone)
+        try:
+            yield connection
+        finally:
+            stop()
+        return
+
+    async def listen() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        on_gone()
+
+    task = asyncio.ensure_future(listen())
+    try:
+        yield None
+    finally:
+        task.cancel()
+
+
+class CallsInFlight:
+    """The model calls one gateway is answering, by rollout, so a rollout's end cancels its calls."""
+
+    def __init__(self) -> None:
+        self._by_rollout: dict[str, set[PreparedCall]] = {}
+
+    def add(self, call: PreparedCall) -> None:
+        self._by_rollout.setdefault(call.rollout.rollout_id, set()).add(call)
+
+    def discard(self, call: PreparedCall) -> None:
+        calls = self._by_rollout.get(call.rollout.rollout_id)
+        if calls is not None:
+            calls.discard(call)
+            if not calls:
+                del self._by_rollout[call.rollout.rollout_id]
+
+    def end_rollout(self, rollout_id: str) -> int:
+        """Cancel every call of ``rollout_id`` in flight here (``rollout_ended``); returns how many."""
+        calls = list(self._by_rollout.get(rollout_id, ()))
+        for call in calls:
+            call.cancel("rollout_ended")
+        return len(calls)
+
+    def __len__(self) -> int:
+        return sum(len(calls) for calls in self._by_rollout.values())
+
+
+async def respond_whole(
+    call: PreparedCall, request: Request, work: Callable[[], Awaitable[Response]]
+) -> Response:
+    """Drive a non-streaming call: ``work`` waits at the gate, generates, builds the answer and
+    records the call; a drop cancels it wherever it is (``client_gone``: a 499 nobody reads;
+    ``rollout_ended``: 409 ``rollout_closed``)."""
+    answer: Response | None = None
+    try:
+        with anyio.CancelScope() as cancel:
+            call.attach(cancel)
+            async with watching_client(request.scope, request.receive, lambda: call.cancel("client_gone")):
+                answer = await work()
+    finally:
+        call.finish()
+    if answer is None:
+        if call.drop_reason == "rollout_ended":
+            raise await call.closed_error()
+        return Response(status_code=CLIENT_GONE_STATUS)
+    answer.headers.update(call.headers())  # with the call's seq, known once it is recorded
+    return answer
+
+
+class CallStream(StreamingResponse):
+    """Drive a streaming call: its events (``content``, already in the provider's shape) go through an
+    ``Outlet``; a drop cancels the call and ends the stream (``rollout_ended``: ``closing(exc)``, the
+    provider's error event, is sent first; ``slow_reader``: the connection is cut)."""
+
+    def __init__(
+        self,
+        call: PreparedCall,
+        content: AsyncIterator[str],
+        *,
+        closing: Callable[[HarnessRLError], str],
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.call = call
+        self.closing = closing
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        call, config = self.call, self.call.state.config
+        connection: ClientConnection | None = None
+        outlet: Outlet | None = None
+        try:
+            with anyio.CancelScope() as cancel:
+                call.attach(cancel)
+                async with watching_client(scope, receive, lambda: call.cancel("client_gone")) as connection:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": self.status_code,
+                            "headers": self.raw_headers,
+                        }
+                    )
+                    outlet = Outlet(
+                        send,
+                        connection,
+                        buffer_bytes=config.stream_buffer_bytes,
+                        min_bytes_per_s=config.slow_reader_bytes_per_s,
+                        window_s=config.slow_reader_window_s,
+                        on_slow=lambda: call.cancel("slow_reader"),
+                    )
+                    call.outlet = outlet
+                    try:
+                        async for chunk in self.body_iterator:
+                            await outlet.put(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+                        await outlet.close()
+                    except ClientTooSlow:
+                        pass  # ``on_slow`` dropped the call (or it was recorded: only the end is lost)
+        finally:
+            if outlet is not None:
+                outlet.abandon()
+            # Close the events' generator (and through it the engine's stream) however we got here;
+            # shielded so that a cancellation cannot cut the close short.
+            with anyio.CancelScope(shield=True):
+                await _aclose(self.body_iterator)
+            call.finish()
+        if outlet is not None and outlet.gave_up and connection is not None:
+            connection.cut()
+        elif call.stored is None and call.drop_reason == "rollout_ended":
+            # The harness may still be there (the run cancelled its rollout): tell it, if it reads.
+            body = self.closing(await call.closed_error()).encode()
+            with anyio.move_on_after(config.slow_reader_window_s):
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _aclose(iterator: Any) -> None:
+    aclose = getattr(iterator, "aclose", None)
+    if aclose is not None:
+        await aclose()
