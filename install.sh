@@ -74,6 +74,16 @@ command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 # server from them; see docs/store.md). Debian keeps them in /usr/lib/postgresql/N/bin.
 compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null || command -v initdb >/dev/null 2>&1 ||
   need_apt+=(postgresql)
+# Task environments (docs/environments.md): podman builds, stores and mounts each task's image (with
+# runc: crun fails on hybrid cgroup layouts), mmdebstrap makes Debian bases where no registry is
+# reachable; skopeo and umoci for benchmarks/image_environments.py's comparison. harnessrl gives
+# podman a private configuration; /etc/containers is left as the package installs it.
+command -v podman >/dev/null 2>&1 || need_apt+=(podman)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+command -v mmdebstrap >/dev/null 2>&1 || need_apt+=(mmdebstrap)
+command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
+command -v umoci >/dev/null 2>&1 || need_apt+=(umoci)
+command -v buildah >/dev/null 2>&1 || need_apt+=(buildah)
 if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}"; } ||
     echo "install.sh: could not install ${need_apt[*]} (the tests that need them will skip)" >&2
