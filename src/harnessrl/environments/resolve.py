@@ -12,6 +12,7 @@ is an infrastructure failure with the same message.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -96,7 +97,8 @@ class Environments:
     def root(self, name: str, *, where: str) -> ImageRoot:
         built = self.built(name, where=where)
         with self._name_lock(name):
-            if name not in self._roots:
+            # Mounted again if someone unmounted it meanwhile (harnessrl images prune, a reboot).
+            if name not in self._roots or not os.path.ismount(self._roots[name].path):
                 self._roots[name] = self.store.root(built)
             return self._roots[name]
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harnessrl.errors import ConfigError
-from harnessrl.sandbox.rootfs import HIDDEN_ETC, ImageRoot, mount_targets, resolve_inside, root_args
+from harnessrl.sandbox.rootfs import HIDDEN_ETC, ImageRoot, mount_targets, root_args
 
 SANDBOX_UID = 1000
 SANDBOX_GID = 1000
@@ -240,12 +240,6 @@ def _image_root(layout: Layout) -> list[str]:
     for inside in hidden:
         argv += ["--ro-bind", str(layout.etc_dir / EMPTY_FILE), inside]
     return argv
-
-
-def image_problem(root: ImageRoot) -> str | None:
-    """What an image lacks that every sandbox over it needs (a shell, a dynamic loader), or None."""
-    missing = [p for p in ("/bin/sh",) if resolve_inside(root.path, p) is None]
-    return f"no {', '.join(missing)}" if missing else None
 
 
 # ----------------------------------------------------------------------------------------------------
