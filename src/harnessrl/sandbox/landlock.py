@@ -5,8 +5,9 @@ sandbox is the same uid with the same view. Landlock adds a boundary inside: a p
 ``restrict`` enters a new domain, nested in whatever domain it was in, which it and every descendant
 keep for life. The kernel then forbids a process to
 
-- ptrace a process outside its domain, which also closes ``/proc/<pid>/{mem,environ,fd,...}`` of such
-  a process (every one of those checks is a ptrace access check);
+- ptrace-attach to a process outside its domain, which closes ``/proc/<pid>/mem`` of such a process
+  (read-mode checks such as ``environ``, ``maps`` and ``fd`` pass Landlock on this kernel: a scorer
+  also makes itself non-dumpable, which closes those to an unprivileged process, see ``scored.py``);
 - send it a signal, or connect to its abstract Unix sockets (``scope_*``, Landlock ABI 6);
 - open, execute or write files beneath any folder its rules do not allow (only the access rights the
   domain *handles* are restricted; an unhandled right is left alone).

@@ -12,8 +12,9 @@ that enters the domain and execs the command):
 - it may read only the system folders, ``/etc``, ``/dev``, ``/proc``, Python's install and the
   ``readable`` paths, write only its working folder, ``/tmp`` and the ``writable`` paths: nothing of
   the scorer's own (keep inputs and private files elsewhere, e.g. under ``/run/harnessrl``);
-- it cannot ptrace the scorer, so ``/proc/<scorer>/{mem,environ,fd,...}`` are closed to it, and
-  cannot signal it (Landlock ABI 6 scopes; older kernels: memory and descriptors only);
+- it cannot ptrace-attach to the scorer (``/proc/<scorer>/mem`` is closed) and, the scorer being
+  non-dumpable, cannot open its ``environ``, ``maps`` or ``fd/*`` (as an unprivileged sandbox user;
+  a root caller outside a sandbox keeps the read-mode ones), and cannot signal it (Landlock ABI 6);
 - it gets none of the scorer's descriptors: stdin is a file or ``/dev/null``, stdout and stderr go to
   a file of the scorer's that it never sees by name;
 - every process it started is killed before ``run_scored`` returns (the scorer is their subreaper,
@@ -170,7 +171,10 @@ def run_scored(
     output_limit: int = 1 << 16,
 ) -> ScoredRun:
     """Run ``argv`` (the code under test) in its own domain; wait up to ``timeout_s``; kill everything
-    it started; return its exit and the tail of its output. ``env`` is its whole environment."""
+    it started; return its exit and the tail of its output. ``env`` is its whole environment.
+
+    Everything below the calling process is killed when it returns (orphans are re-parented to the
+    scorer and cannot be told apart): call it from one thread at a time."""
     guard_scorer()
     abi = landlock.abi_version()
     private = Path(tempfile.mkdtemp(prefix="scorer-", dir=_private_root()))
