@@ -64,6 +64,15 @@ CHART_GROUPS: list[tuple[str, list[Chart]]] = [
             ("Rollouts per step", [("rollouts/total", "total"), ("rollouts/trained", "trained")]),
             ("Samples per rollout", [("trajectory/samples_per_rollout", "samples/rollout")]),
             ("Calls per rollout", [("calls/per_rollout", "calls")]),
+            (
+                "Calls dropped, not trained on",
+                [
+                    ("trajectory/calls_dropped/client_gone", "client gone"),
+                    ("trajectory/calls_dropped/slow_reader", "slow reader"),
+                    ("trajectory/calls_dropped/rollout_ended", "rollout ended"),
+                    ("trajectory/calls_unseen", "unseen by the evaluator"),
+                ],
+            ),
             ("Response length (tokens)", [("response/length_mean", "mean"), ("response/length_max", "max")]),
             ("Truncated at max_tokens", [("response/truncated_share", "share")]),
             ("Prompt length (tokens)", [("prompt/length_mean", "mean"), ("prompt/length_max", "max")]),

@@ -20,6 +20,7 @@ from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_ba
 from harnessrl.dashboard.logs import LogFile
 from harnessrl.schemas import Call, Rollout
 from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples
+from harnessrl.trajectory.batch import dropped_calls
 
 Decoder = Callable[[int], str]  # token id -> its text
 MAX_TOKENS_SHOWN = 20_000  # per sample; a longer one is cut (said so on the page)
@@ -212,9 +213,17 @@ def samples_html(rollout: Rollout, calls: Sequence[Call], decode: Decoder) -> tu
             f"{sample.num_loss_tokens} sampled, policy versions {esc(versions)}</h3>"
             + tokens_html(sample, decode, breaks.get(first_seq) if first_seq is not None else None)
         )
+    dropped = dropped_calls(rollout)
     summary = (
         f"<p>{len(built.samples)} samples · breaks: {esc(dict(built.breaks)) if built.breaks else 'none'}"
-        f" · calls of earlier attempts ignored: {built.calls_other_attempts}</p>"
+        f" · calls of earlier attempts ignored: {built.calls_other_attempts}"
+        + (
+            f" · calls recorded after the evaluator read them, left out: {built.calls_unseen}"
+            if built.calls_unseen
+            else ""
+        )
+        + (f" · calls dropped by the gateway (never recorded): {esc(dict(dropped))}" if dropped else "")
+        + "</p>"
     )
     legend = (
         '<p><span class="tok smp">sampled</span> (trained on, logprob on hover) '
