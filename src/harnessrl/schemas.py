@@ -182,6 +182,20 @@ class Call(Record):
     call_id: str | None = None  # assigned by the store if unset
 
 
+class ToolRequest(Record):
+    """One request a harness's tool made to a tool the gateway serves (the retriever, docs/retrieval.md):
+    what was asked and what was answered, per rollout and attempt. Not training data: the policy's
+    view of it is the tool output inside its next call's prompt."""
+
+    rollout_id: str
+    attempt: int = 0
+    tool: str  # "search"
+    request: dict[str, Any] = Field(default_factory=dict)
+    response: dict[str, Any] = Field(default_factory=dict)
+    started_at: float = Field(default_factory=now)
+    finished_at: float = Field(default_factory=now)
+
+
 class PolicyVersion(Record):
     version: int
     step: int | None = None

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harnessrl.errors import InvalidTransition
-from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task
+from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task, ToolRequest
 
 if TYPE_CHECKING:
     from harnessrl.store.chains import EncodedItems
@@ -188,6 +188,13 @@ class Store(Protocol):
     def latest_policy_version(self) -> PolicyVersion | None: ...
 
     def list_policy_versions(self) -> list[PolicyVersion]: ...
+
+    # -- tool requests (the retriever's query log) -----------------------------------------------
+    def add_tool_request(self, request: ToolRequest) -> None:
+        """Record one request to a gateway-served tool (``schemas.ToolRequest``), durably."""
+
+    def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:
+        """The rollout's tool requests in arrival order (all attempts unless one is given)."""
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None: ...

@@ -27,7 +27,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,6 +305,28 @@ _V5_SQLITE = "ALTER TABLE calls ADD COLUMN request_base_items INTEGER"
 _V5_POSTGRES = _V5_SQLITE.replace("INTEGER", "BIGINT")
 
 
+# Version 6: what harnesses asked of the tools the gateway serves (the retriever) and what they got,
+# per rollout and attempt (``schemas.ToolRequest``), read beside the calls in the dashboard's trace.
+_V6_SQLITE = """
+CREATE TABLE tool_requests (
+    pk           INTEGER PRIMARY KEY,  -- arrival order
+    rollout_id   TEXT NOT NULL,
+    attempt      INTEGER NOT NULL,
+    tool         TEXT NOT NULL,
+    request      TEXT NOT NULL,
+    response     TEXT NOT NULL,
+    started_at   REAL NOT NULL,
+    finished_at  REAL NOT NULL
+);
+CREATE INDEX tool_requests_rollout ON tool_requests (rollout_id, attempt, pk)
+"""
+_V6_POSTGRES = (
+    _V6_SQLITE.replace("INTEGER PRIMARY KEY", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
+    .replace("INTEGER NOT NULL", "BIGINT NOT NULL")
+    .replace("REAL", "DOUBLE PRECISION")
+)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
@@ -330,6 +352,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         _V5_SQLITE,
         _V5_POSTGRES,
     ),
+    Migration(6, "tool_requests: what harnesses asked of gateway-served tools", _V6_SQLITE, _V6_POSTGRES),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

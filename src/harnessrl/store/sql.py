@@ -39,6 +39,7 @@ from harnessrl.schemas import (
     RolloutStatus,
     Run,
     Task,
+    ToolRequest,
     now,
     status_for_outcome,
 )
@@ -502,6 +503,30 @@ class SQLStore:
                 policy_version_from_row(row)
                 for row in conn.execute("SELECT * FROM policy_versions ORDER BY version")
             ]
+
+    # -- tool requests ----------------------------------------------------------------------------
+    def add_tool_request(self, request: ToolRequest) -> None:
+        row = request.model_dump()
+        row["request"], row["response"] = dump_json(request.request), dump_json(request.response)
+        with self._write() as conn:
+            self._insert(conn, "tool_requests", row)
+
+    def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:
+        where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
+        with self._read() as conn:
+            rows = conn.execute(f"SELECT * FROM tool_requests{where} ORDER BY pk", params).fetchall()
+        return [
+            ToolRequest(
+                rollout_id=row["rollout_id"],
+                attempt=row["attempt"],
+                tool=row["tool"],
+                request=load_json(row["request"]),
+                response=load_json(row["response"]),
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+            )
+            for row in rows
+        ]
 
     # -- helpers ----------------------------------------------------------------------------------
     def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> None:

@@ -1,0 +1,157 @@
+"""The retriever on the gateway: ``POST /rollouts/{rollout_id}/search`` for a rollout's own key, and
+``GET /api/rollouts/{rollout_id}/tool_requests`` (admin) for what it asked and got.
+
+A sandboxed harness reaches the gateway through the one relayed socket it has (docs/sandbox.md), so
+serving the retriever here opens nothing: no port, no second socket. A search is authorized exactly
+like a model call (the rollout's key, only under its own URL; the admin key is refused), refused
+for a rollout that ended, rate-limited per rollout (a token bucket, 429 with ``Retry-After``),
+bounded in size (413 past ``retrieval.max_query_chars``), run off the event loop, and recorded in the
+store (``ToolRequest``) before it is answered, like a call.
+
+The gateway package never imports this module: whoever composes the app passes
+``RetrievalRoutes(index, config)`` among its ``extra_routes`` (``controller.stack.local_stack``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio.to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from harnessrl.errors import BadRequest, Overloaded, PayloadTooLarge
+from harnessrl.gateway.auth import authorize_rollout, require_admin
+from harnessrl.gateway.bodies import read_body
+from harnessrl.gateway.errors import RolloutClosed
+from harnessrl.gateway.json_input import parse_json
+from harnessrl.gateway.state import GatewayState
+from harnessrl.retrieval.config import RetrievalConfig
+from harnessrl.retrieval.index import RetrievalIndex
+from harnessrl.schemas import TERMINAL_STATUSES, ToolRequest, now
+
+#: A search body is small: a query of ``max_query_chars`` characters (4 bytes each at most) and top_k.
+_BODY_SLACK = 1024
+#: Buckets kept per gateway process; the least recently used rollout's is dropped past this.
+_MAX_BUCKETS = 100_000
+
+
+@dataclass
+class RateLimit:
+    """A token bucket per rollout: ``rate`` tokens a second, at most ``burst`` saved up. ``clock`` is
+    a seam (tests pass their own)."""
+
+    rate: float
+    burst: int
+    clock: Callable[[], float] = time.monotonic
+    _buckets: OrderedDict[str, tuple[float, float]] = field(default_factory=OrderedDict)
+
+    def take(self, key: str) -> float:
+        """0 if ``key`` may go now (a token is spent), else the seconds until it may."""
+        at = self.clock()
+        tokens, last = self._buckets.pop(key, (float(self.burst), at))
+        tokens = min(float(self.burst), tokens + (at - last) * self.rate)
+        wait = 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+        self._buckets[key] = (tokens - 1.0 if wait == 0.0 else tokens, at)
+        if len(self._buckets) > _MAX_BUCKETS:
+            self._buckets.popitem(last=False)
+        return wait
+
+
+def _top_k(body: dict[str, Any], config: RetrievalConfig) -> int:
+    value = body.get("top_k", config.top_k)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= config.max_top_k:
+        raise BadRequest(f"top_k must be an integer from 1 to {config.max_top_k}", param="top_k")
+    return value
+
+
+class RetrievalRoutes:
+    """The route factories for ``create_app(extra_routes=...)``: ``search`` (rollout key) and
+    ``tool_requests`` (admin key). Picklable, so gateway worker processes can take them."""
+
+    def __init__(
+        self, index: RetrievalIndex, config: RetrievalConfig, *, clock: Callable[[], float] | None = None
+    ):
+        self.index = index
+        self.config = config
+        self.limit = RateLimit(config.rate_per_s, config.burst, clock or time.monotonic)
+
+    def factories(self) -> list[Callable[..., BaseRoute]]:
+        return [self.search_route, self.log_route]
+
+    def search_route(self, store: Any, admin_key: str, engine: Any) -> BaseRoute:
+        return Route("/rollouts/{rollout_id}/search", self.search, methods=["POST"])
+
+    def log_route(self, store: Any, admin_key: str, engine: Any) -> BaseRoute:
+        return Route("/api/rollouts/{rollout_id}/tool_requests", self.tool_requests, methods=["GET"])
+
+    async def search(self, request: Request) -> Response:
+        state: GatewayState = request.app.state.gateway
+        started = now()
+        rollout = await authorize_rollout(request, state, request.path_params["rollout_id"])
+        if rollout.status in TERMINAL_STATUSES:
+            raise RolloutClosed(
+                f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more searches"
+            )
+        wait = self.limit.take(rollout.rollout_id)
+        if wait > 0:
+            raise Overloaded(  # 429 with Retry-After (gateway.errors)
+                f"more than {self.config.rate_per_s:g} searches a second (burst {self.config.burst}) "
+                f"from rollout {rollout.rollout_id!r}; retry in {wait:.2f} s"
+            )
+        cfg = self.config
+        raw = await read_body(request, cfg.max_query_chars * 4 + _BODY_SLACK)
+        body = parse_json(raw)
+        if not isinstance(body, dict):
+            raise BadRequest('the body must be a JSON object {"query": "..."}')
+        query = body.get("query")
+        if not isinstance(query, str) or not query.strip():
+            raise BadRequest("query must be a non-empty string", param="query")
+        if len(query) > cfg.max_query_chars:
+            raise PayloadTooLarge(
+                f"query of {len(query)} characters exceeds retrieval.max_query_chars ({cfg.max_query_chars})"
+            )
+        k = _top_k(body, cfg)
+        hits = await anyio.to_thread.run_sync(
+            lambda: self.index.search(query, k, max_terms=cfg.max_query_terms)
+        )
+        passages = [
+            {
+                "id": h.id,
+                "title": h.title,
+                "text": h.text[: cfg.max_passage_chars],
+                "score": round(h.score, 4),
+            }
+            for h in hits
+        ]
+        answer = {"query": query, "passages": passages}
+        record = ToolRequest(
+            rollout_id=rollout.rollout_id,
+            attempt=rollout.attempt,
+            tool="search",
+            request={"query": query, "top_k": k},
+            response={"passages": passages},
+            started_at=started,
+            finished_at=now(),
+        )
+        await state.in_thread(state.store.add_tool_request, record)  # durable before the answer
+        return JSONResponse(answer)
+
+    async def tool_requests(self, request: Request) -> Response:
+        state: GatewayState = request.app.state.gateway
+        require_admin(request, state)
+        rollout_id = request.path_params["rollout_id"]
+        attempt_text = request.query_params.get("attempt")
+        attempt = None
+        if attempt_text is not None:
+            if not attempt_text.isdigit() or len(attempt_text) > 18:
+                raise BadRequest("attempt must be a non-negative integer", param="attempt")
+            attempt = int(attempt_text)
+        await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout
+        rows = await state.in_thread(lambda: state.store.list_tool_requests(rollout_id, attempt=attempt))
+        return JSONResponse([r.model_dump(mode="json") for r in rows])

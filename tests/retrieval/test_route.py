@@ -1,0 +1,154 @@
+"""The retriever on the gateway, over HTTP: a rollout's own key only, every served search recorded
+with what it returned, and what a hostile rollout sends (other rollouts' URLs, closed rollouts, huge
+queries and bodies, floods) refused in the provider's error shape, never a 500 or a dead gateway."""
+
+from __future__ import annotations
+
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+from .conftest import ADMIN_KEY, PASSAGES
+
+
+def post(url: str, key: str | None, body: object) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(url, json=body, headers=headers, timeout=30)
+
+
+def test_a_search_answers_the_best_passages_and_is_recorded(make_search_gateway) -> None:
+    gw = make_search_gateway()
+    rollout = gw.rollout()
+    answer = post(gw.search_url(rollout), rollout["api_key"], {"query": "who founded Velmora", "top_k": 2})
+    assert answer.status_code == 200
+    passages = answer.json()["passages"]
+    assert passages[0]["id"] == "velmora" and passages[0]["text"] == PASSAGES[0]["text"]
+    assert len(passages) <= 2
+    [logged] = gw.store.list_tool_requests(rollout["rollout_id"])
+    assert logged.tool == "search" and logged.attempt == 0
+    assert logged.request == {"query": "who founded Velmora", "top_k": 2}
+    assert logged.response["passages"] == passages
+    # The admin reads the log over the control API; a rollout key cannot.
+    listed = httpx.get(
+        f"{gw.url}/api/rollouts/{rollout['rollout_id']}/tool_requests",
+        headers={"authorization": f"Bearer {ADMIN_KEY}"},
+    )
+    assert listed.status_code == 200 and listed.json()[0]["response"]["passages"] == passages
+    refused = httpx.get(
+        f"{gw.url}/api/rollouts/{rollout['rollout_id']}/tool_requests",
+        headers={"authorization": f"Bearer {rollout['api_key']}"},
+    )
+    assert refused.status_code == 401
+
+
+def test_only_the_rollouts_own_key_searches_under_its_url(make_search_gateway) -> None:
+    gw = make_search_gateway()
+    mine, other = gw.rollout(), gw.rollout()
+    url = gw.search_url(mine)
+    body = {"query": "Velmora"}
+    assert post(url, None, body).status_code == 401
+    assert post(url, "hrl-not-a-key", body).status_code == 401
+    assert post(url, ADMIN_KEY, body).status_code == 401  # the admin key is not a rollout key
+    forbidden = post(url, other["api_key"], body)
+    assert forbidden.status_code == 403 and forbidden.json()["error"]["code"] == "forbidden"
+    assert gw.store.list_tool_requests(mine["rollout_id"]) == []
+    assert gw.store.list_tool_requests(other["rollout_id"]) == []
+    assert post(url, mine["api_key"], body).status_code == 200  # control
+
+
+def test_a_rollout_that_ended_searches_no_more(make_search_gateway) -> None:
+    gw = make_search_gateway()
+    rollout = gw.rollout()
+    assert post(gw.search_url(rollout), rollout["api_key"], {"query": "Velmora"}).status_code == 200
+    gw.client.cancel_rollout(rollout["rollout_id"])
+    closed = post(gw.search_url(rollout), rollout["api_key"], {"query": "Velmora"})
+    assert closed.status_code == 409 and closed.json()["error"]["code"] == "rollout_closed"
+    assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 1
+
+
+def test_huge_queries_and_bodies_are_refused_before_any_work(make_search_gateway) -> None:
+    gw = make_search_gateway(max_query_chars=100)
+    rollout = gw.rollout()
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    assert post(url, key, {"query": "Velmora " + "x" * 92}).status_code == 200  # control: 100 characters
+    too_long = post(url, key, {"query": "Velmora " + "x" * 93})
+    assert too_long.status_code == 413 and too_long.json()["error"]["code"] == "payload_too_large"
+    huge_body = post(url, key, {"query": "Velmora", "pad": "x" * 5_000_000})
+    assert huge_body.status_code == 413
+    for bad, param in [({"query": ""}, "query"), ({"query": 7}, "query"), ({"query": "a", "top_k": 0}, "top_k"),
+                       ({"query": "a", "top_k": 11}, "top_k"), ({"query": "a", "top_k": True}, "top_k")]:  # fmt: skip
+        answer = post(url, key, bad)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == param, bad
+    not_json = httpx.post(url, content=b"{query: 1", headers={"authorization": f"Bearer {key}"})
+    assert not_json.status_code == 400
+    assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 1  # only the control
+
+
+def test_path_tricks_in_a_query_never_read_a_file_outside_the_corpus(
+    make_search_gateway, tmp_path: Path
+) -> None:
+    # A secret beside the corpus, named by every trick: only corpus passages ever come back.
+    token = f"SECRET{secrets.token_hex(8)}"
+    secret = tmp_path / "secret.txt"
+    secret.write_text(f"{token}\n")
+    gw = make_search_gateway()
+    rollout = gw.rollout()
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    tricks = [
+        str(secret), f"file://{secret}", f"../../{secret.name}", f"{gw.corpus.parent}/../secret.txt", token,
+        "/etc/passwd", "../../../../etc/shadow", "root:x:0:0", "\x00/etc/passwd", "%2e%2e%2fsecret.txt",
+    ]  # fmt: skip
+    corpus_ids = {p["id"] for p in PASSAGES}
+    for query in tricks:
+        answer = post(url, key, {"query": query})
+        assert answer.status_code in (200, 400), query
+        if answer.status_code == 200:  # (the answer echoes the query: only the passages are read)
+            passages = answer.json()["passages"]
+            assert {p["id"] for p in passages} <= corpus_ids, query
+            assert not any(token in p["text"] or "root:" in p["text"] for p in passages), query
+    # Control: the same token in the corpus is found, so the queries above would have surfaced it.
+    leaky = make_search_gateway([*PASSAGES, {"id": "s", "title": "secret", "text": token}])
+    rollout = leaky.rollout()
+    found = post(leaky.search_url(rollout), rollout["api_key"], {"query": token}).json()["passages"]
+    assert [p["text"] for p in found] == [token]
+
+
+def test_a_burst_past_the_rate_is_refused_with_retry_after_and_other_rollouts_are_untouched(
+    make_search_gateway,
+) -> None:
+    gw = make_search_gateway(rate_per_s=0.001, burst=5)  # refills one search in ~17 min: none in a test
+    greedy, quiet = gw.rollout(), gw.rollout()
+    statuses = [post(gw.search_url(greedy), greedy["api_key"], {"query": "Velmora"}) for _ in range(8)]
+    assert [s.status_code for s in statuses] == [200] * 5 + [429] * 3
+    assert statuses[-1].json()["error"]["code"] == "overloaded" and "retry-after" in statuses[-1].headers
+    assert post(gw.search_url(quiet), quiet["api_key"], {"query": "Velmora"}).status_code == 200  # control
+    assert len(gw.store.list_tool_requests(greedy["rollout_id"])) == 5
+
+
+def test_a_flood_from_one_rollout_is_rate_limited_never_a_crash(make_search_gateway) -> None:
+    gw = make_search_gateway(rate_per_s=0.001, burst=20)
+    rollout = gw.rollout()
+    url, headers = gw.search_url(rollout), {"authorization": f"Bearer {rollout['api_key']}"}
+
+    def flood(n: int, workers: int = 32) -> list[int]:
+        # As fast as this machine's clients go, on keep-alive connections, `workers` at a time.
+        with (
+            httpx.Client(timeout=httpx.Timeout(60, pool=None)) as client,
+            ThreadPoolExecutor(workers) as pool,
+        ):
+            send = lambda _: client.post(url, json={"query": "Velmora"}, headers=headers).status_code  # noqa: E731
+            return list(pool.map(send, range(n)))
+
+    statuses = flood(2000)
+    assert set(statuses) <= {200, 429}
+    assert statuses.count(200) == 20
+    assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 20  # every served search recorded
+    health = httpx.get(f"{gw.url}/api/health")
+    assert health.status_code == 200
+    other = gw.rollout()  # the gateway still serves everyone else
+    assert (
+        post(gw.search_url(other), other["api_key"], {"query": "Tarsk"}).json()["passages"][0]["id"]
+        == "tarsk"
+    )
