@@ -79,6 +79,11 @@ class HarnessSpec(BaseModel):
         description="each task's environment: a container image as the sandbox's root "
         "(docs/environments.md); None: the host's system folders for every task",
     )
+    tools: list[Literal["search"]] = Field(
+        default_factory=list,
+        description='tools the gateway serves that the harness gets: "search" (the retriever as a '
+        "`search` command and, for Claude Code, Codex and OpenCode, an MCP server; needs [retrieval])",
+    )
 
     @model_validator(mode="after")
     def _command_or_preset(self) -> HarnessSpec:

@@ -18,11 +18,13 @@ per machine that reads the rollout from the environment).
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.presets_assistants import hermes, openclaw
-from harnessrl.controller.presets_npm import claude_code, codex, opencode, qwen_code
+from harnessrl.controller.presets_npm import claude_code, codex, opencode, project_path, qwen_code
 from harnessrl.controller.presets_python import (
     mini_swe_agent,
     openai_agents,
@@ -31,6 +33,8 @@ from harnessrl.controller.presets_python import (
     smolagents,
 )
 from harnessrl.errors import ConfigError
+from harnessrl.retrieval import harness_tools
+from harnessrl.sandbox.bwrap import DEFAULT_PATH
 
 PRESETS: dict[str, Callable[[], HarnessSpec]] = {
     "mini-swe-agent": mini_swe_agent,
@@ -51,7 +55,7 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
     """``spec`` filled in from its preset: the user's fields win, ``env``/``files`` merge (the user's
     keys last), ``mounts`` add up; the ``python`` preset prepends its interpreter to ``command``."""
     if spec.preset is None:
-        return spec
+        return add_tools(spec)
     if spec.preset not in PRESETS:
         raise ConfigError(f"harness.preset: unknown preset {spec.preset!r}; known: {sorted(PRESETS)}")
     base = PRESETS[spec.preset]()
@@ -65,4 +69,45 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
         "files": {**base.files, **spec.files},
         "mounts": [*base.mounts, *(m for m in spec.mounts if m not in base.mounts)],
     }
-    return HarnessSpec.model_validate(merged)
+    return add_tools(HarnessSpec.model_validate(merged))
+
+
+def _mcp_claude_code(command: list[str], argv: list[str]) -> list[str]:
+    # --mcp-config takes several values: --strict-mcp-config (no other MCP servers) ends the list.
+    config = {"mcpServers": {harness_tools.MCP_NAME: {"type": "stdio", "command": argv[0], "args": argv[1:]}}}
+    at = command.index("{prompt}") + 1
+    return [*command[:at], "--mcp-config", json.dumps(config), "--strict-mcp-config", *command[at:]]
+
+
+def _mcp_codex(command: list[str], argv: list[str]) -> list[str]:
+    key = f"mcp_servers.{harness_tools.MCP_NAME}"
+    overrides = ["-c", f"{key}.command={json.dumps(argv[0])}", "-c", f"{key}.args={json.dumps(argv[1:])}"]
+    at = command.index("{prompt}")
+    return [*command[:at], *overrides, *command[at:]]
+
+
+def _mcp_opencode(env: dict[str, str], argv: list[str]) -> dict[str, str]:
+    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    config["mcp"] = {harness_tools.MCP_NAME: {"type": "local", "command": argv, "enabled": True}}
+    return {**env, "OPENCODE_CONFIG_CONTENT": json.dumps(config)}
+
+
+def add_tools(spec: HarnessSpec) -> HarnessSpec:
+    """``spec`` with the tools ``harness.tools`` names (docs/retrieval.md). ``"search"``: the ``search``
+    command first on ``PATH`` for every harness, and for the tool-calling harnesses that take MCP
+    servers from their own flags or config (Claude Code, Codex, OpenCode) the MCP server too. The
+    sandbox binds the tools' files read-only, nothing else of the project."""
+    if "search" not in spec.tools:
+        return spec
+    bin_dir = harness_tools.search_bin_dir(project_path())  # .harnesses/, else the temp folder
+    path = spec.env.get("PATH") or os.environ.get("PATH") or DEFAULT_PATH
+    env = {**spec.env, "PATH": f"{bin_dir}:{path}"}
+    command, argv = list(spec.command), harness_tools.mcp_server_argv()
+    if spec.preset == "claude-code" and "{prompt}" in command:
+        command = _mcp_claude_code(command, argv)
+    elif spec.preset == "codex" and "{prompt}" in command:
+        command = _mcp_codex(command, argv)
+    elif spec.preset == "opencode" and "OPENCODE_CONFIG_CONTENT" in env:
+        env = _mcp_opencode(env, argv)
+    mounts = [*spec.mounts, *(m for m in harness_tools.tool_mounts(bin_dir) if m not in spec.mounts)]
+    return spec.model_copy(update={"command": command, "env": env, "mounts": mounts})

@@ -38,6 +38,7 @@ from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
 from harnessrl.environments.resolve import Environments, HarnessNeeds
 from harnessrl.errors import ConfigError
+from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
 from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
@@ -62,6 +63,10 @@ class RolloutConfig(Section):
     kubernetes: KubernetesRunnerConfig | None = Field(
         default=None, description="launch harnesses as Kubernetes Jobs (harnessrl controller only)"
     )
+    retrieval: RetrievalConfig | None = Field(
+        default=None,
+        description="a corpus the gateway serves to the harness's search tool (docs/retrieval.md)",
+    )
 
     @model_validator(mode="after")
     def _check_evaluator(self) -> RolloutConfig:
@@ -76,6 +81,8 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
     no mount may expose ``run_dir`` or the store; a problem is a ``ConfigError`` naming the field.
     """
     harness = apply_preset(config.harness)
+    if "search" in harness.tools and config.retrieval is None:
+        raise ConfigError('harness.tools: "search" needs a [retrieval] section naming the corpus')
     if config.kubernetes is not None and importlib.util.find_spec("kubernetes") is None:
         raise ConfigError(
             "kubernetes: the kubernetes client is not installed (pip install 'harnessrl[kubernetes]')"
@@ -159,7 +166,10 @@ async def local_stack(
         gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     try:
         engine = create_engine(config.engine)
-        app = create_app(gateway_cfg, store, engine, extra_routes=[gateway_dashboard])  # /ui
+        routes: list[Any] = [gateway_dashboard]  # /ui
+        if config.retrieval is not None:  # the retriever, on the gateway: the sandbox's one way out
+            routes += await asyncio.to_thread(retrieval_routes, config.retrieval)
+        app = create_app(gateway_cfg, store, engine, extra_routes=routes)
         with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300, port=gateway_cfg.port) as url:
             port = urlparse(url).port
             assert port is not None
@@ -182,6 +192,16 @@ async def local_stack(
     finally:
         if own_store:
             store.close()
+
+
+def retrieval_routes(config: RetrievalConfig) -> list[Any]:
+    """The retriever's gateway routes over ``config.corpus``'s index (built into the cache once per
+    corpus content, else opened from it)."""
+    from harnessrl.retrieval.index import RetrievalIndex
+    from harnessrl.retrieval.route import RetrievalRoutes
+
+    cache = Path(config.cache_dir) if config.cache_dir else None
+    return RetrievalRoutes(RetrievalIndex.for_corpus(Path(config.corpus), cache), config).factories()
 
 
 async def run_one_rollout(

@@ -137,7 +137,8 @@ async def _rollouts(request: Request, dash: Dashboard, data: DashboardData) -> R
 def _trace_page(dash: Dashboard, data: DashboardData, rollout_id: str) -> tuple[str, bool]:
     rollout = data.get_rollout(rollout_id)
     logs = attempt_logs(dash.run_dir, rollout)
-    body = trace_body(rollout, data.list_calls(rollout_id), dash.decode, dash.prefix, logs=logs)
+    calls, requests = data.list_calls(rollout_id), data.list_tool_requests(rollout_id)
+    body = trace_body(rollout, calls, dash.decode, dash.prefix, logs=logs, tool_requests=requests)
     return body, rollout.status not in TERMINAL_STATUSES
 
 

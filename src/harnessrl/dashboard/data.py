@@ -12,6 +12,7 @@ is refused with a message rather than misread.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError, NotFound
-from harnessrl.schemas import Call, Rollout, Run
+from harnessrl.schemas import Call, Rollout, Run, ToolRequest
 from harnessrl.store.codecs import calls_from_rows, rollout_from_row, run_from_row
 from harnessrl.store.migrations import SCHEMA_VERSION
 
@@ -209,6 +210,23 @@ class DashboardData:
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
             return calls_from_rows(rows.fetchall())
+
+    def list_tool_requests(self, rollout_id: str) -> list[ToolRequest]:
+        """The rollout's searches and what they returned, in arrival order."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT * FROM tool_requests WHERE rollout_id = ? ORDER BY pk", (rollout_id,))
+            return [
+                ToolRequest(
+                    rollout_id=row["rollout_id"],
+                    attempt=row["attempt"],
+                    tool=row["tool"],
+                    request=json.loads(row["request"]),
+                    response=json.loads(row["response"]),
+                    started_at=row["started_at"],
+                    finished_at=row["finished_at"],
+                )
+                for row in rows.fetchall()
+            ]
 
     def group_rollout_ids(self, group_id: str) -> list[str]:
         sql = "SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY pk LIMIT 64"

@@ -18,7 +18,8 @@ from typing import Any
 
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
 from harnessrl.dashboard.logs import LogFile
-from harnessrl.schemas import Call, Rollout
+from harnessrl.dashboard.tool_requests import timeline_html
+from harnessrl.schemas import Call, Rollout, ToolRequest
 from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples
 from harnessrl.trajectory.batch import dropped_calls
 
@@ -307,7 +308,13 @@ def _summary(rollout: Rollout, prefix: str, logs: Sequence[LogFile] = ()) -> str
 
 
 def trace_body(
-    rollout: Rollout, calls: Sequence[Call], decode: Decoder, prefix: str, *, logs: Sequence[LogFile] = ()
+    rollout: Rollout,
+    calls: Sequence[Call],
+    decode: Decoder,
+    prefix: str,
+    *,
+    logs: Sequence[LogFile] = (),
+    tool_requests: Sequence[ToolRequest] = (),
 ) -> str:
     calls_tbl, token_views = samples_html(rollout, calls, decode)
     return (
@@ -317,7 +324,9 @@ def trace_body(
         f'<h2>Evaluation</h2><div class="card">{evaluation_html(rollout)}</div>'
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
         f'<h2>Conversation</h2><div class="conversation">{conversation_html(calls)}</div>'
-        f"<h2>Calls</h2>{calls_tbl}<h2>Tokens</h2>{token_views}"
+        f"<h2>Calls</h2>{calls_tbl}"
+        + (f"<h2>Calls and tool requests</h2>{timeline_html(calls, tool_requests)}" if tool_requests else "")
+        + f"<h2>Tokens</h2>{token_views}"
     )
 
 

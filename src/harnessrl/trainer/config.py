@@ -17,6 +17,7 @@ from harnessrl.config import REMOTE_KINDS, EngineConfig, GatewayConfig, Section,
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import ControllerConfig
 from harnessrl.controller.evaluators import EvaluatorConfig, parse_evaluator_config
+from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.trainer.task_sources import TaskSource
 
 
@@ -171,6 +172,8 @@ class TrainConfig(Section):
     metrics: MetricsSection = Field(default_factory=MetricsSection)
     # None: the run folder's own SQLite file; a postgresql:// URL shares one store (docs/scale.md)
     store: StoreConfig | None = None
+    # a corpus the gateway serves to the harness's search tool (docs/retrieval.md)
+    retrieval: RetrievalConfig | None = None
 
     def rollout_deadline_s(self) -> float:
         """``trainer.rollout_deadline_s``, or what a healthy attempt can take at most: the harness's

@@ -101,6 +101,7 @@ class Trainer:
             harness=cfg.harness,
             evaluator=cfg.evaluator.model_dump(mode="json"),
             controller=cfg.controller,
+            retrieval=cfg.retrieval,
         )
 
     # -- the run -------------------------------------------------------------------------------------

@@ -93,6 +93,7 @@ def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
             harness=config.harness,
             evaluator=config.evaluator.model_dump(mode="json"),
             controller=config.controller,
+            retrieval=config.retrieval,
         ),
         run_dir,
     )

@@ -131,6 +131,19 @@ class ScienceWorldTasks(SourceBase):
             raise ConfigError(f"{split} tasks: scienceworld config: {exc}") from exc
 
 
+class SearchQATasks(SourceBase):
+    """Question answering in the Search-R1 / FlashRAG / NQ-open / HotpotQA JSONL layouts (``question``
+    and gold answers), for a search agent (``harnessrl.tasks.search.load_searchqa``; docs/retrieval.md)."""
+
+    type: Literal["searchqa"]
+    path: str = Field(min_length=1)
+
+    def read(self, split: str, base_dir: Path | None) -> list[Task]:
+        from harnessrl.tasks.search import load_searchqa
+
+        return load_searchqa(_resolve(self.path, base_dir), split=split)
+
+
 def _kind(value: Any) -> str:
     """The kind of a source as written (``type``, ``reasoning_gym`` when left out) or as built."""
     if isinstance(value, dict):
@@ -143,7 +156,8 @@ TaskSource = Annotated[
     | Annotated[JsonlTasks, Tag("jsonl")]
     | Annotated[InlineTasks, Tag("inline")]
     | Annotated[SweSmithTasks, Tag("swesmith")]
-    | Annotated[ScienceWorldTasks, Tag("scienceworld")],
+    | Annotated[ScienceWorldTasks, Tag("scienceworld")]
+    | Annotated[SearchQATasks, Tag("searchqa")],
     Discriminator(_kind),
 ]
 

@@ -1,0 +1,441 @@
+"""Search tasks: a generated encyclopedia of fictional entities, multi-hop questions, Search-R1 data.
+
+- ``make_world(seed, ...)``: a deterministic world of fictional countries, cities, people and
+  organizations with attributes and links between them (a city's founder is a person, a person's
+  birthplace is a city...). No name or fact comes from the real world, so a model cannot answer from
+  memory: it must retrieve. Entities are split into a training part and a held-out part, and links
+  never cross the split, so a held-out question's whole chain is about entities no training question
+  ever touches.
+- ``corpus_passages(world)``: the encyclopedia as passages (one for each place and organization, two
+  for each person), the corpus ``[retrieval]`` indexes.
+- ``make_questions(world, split, ...)``: questions answered by following 1, 2 or 3 links, each needing
+  one retrieval per link ("In which country was the founder of Orvane Works born?" = organization ->
+  founder -> birthplace -> country).
+- ``load_searchqa(path)``: tasks from the Search-R1 / FlashRAG / NQ-open / HotpotQA JSONL layouts
+  (``question`` plus ``golden_answers``, ``answer``, ``answers`` or ``reward_model.ground_truth.target``),
+  so a user with those files and the wiki-18 corpus runs the paper's setup.
+- ``score_search``: the reward, exact match (or F1) of the normalised answer against any gold answer,
+  with Search-R1's normalisation (lower case, no punctuation, no articles, single spaces).
+
+Run ``python -m harnessrl.tasks.search --out DIR`` to write ``corpus.jsonl``, ``train.jsonl`` and
+``heldout.jsonl`` (docs/retrieval.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from harnessrl.errors import ConfigError
+from harnessrl.schemas import Task
+from harnessrl.tasks.answers import final_answer_text
+from harnessrl.tasks.fields import HIDDEN
+
+# -- the world ------------------------------------------------------------------------------------
+
+_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "gr",
+           "kr", "tr", "th", "sh", "ch", "st", "vr", "qu", "h", "j", "y"]  # fmt: skip
+_VOWELS = ["a", "e", "i", "o", "u", "ae", "ei", "ou", "ia", "y"]
+_CODAS = ["", "", "", "n", "r", "l", "s", "th", "nd", "rk", "x", "m", "sk", "v"]
+OCCUPATIONS = ["cartographer", "glassblower", "astronomer", "shipwright", "archivist", "beekeeper",
+               "clockmaker", "botanist", "mason", "translator", "brewer", "physician", "weaver",
+               "surveyor", "violinist", "engraver", "potter", "tanner", "chemist", "lighthouse keeper"]  # fmt: skip
+INDUSTRIES = ["shipping", "mining", "textiles", "printing", "glassworks", "timber", "salt trading",
+              "brewing", "instrument making", "banking", "insurance", "railways"]  # fmt: skip
+_ORG_SUFFIXES = ["Works", "Company", "Guild", "Foundry", "Trading House", "Society", "Mills", "Bank"]
+
+
+def _name(rng: random.Random, syllables: int) -> str:
+    return "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(syllables))
+
+
+@dataclass
+class Entity:
+    key: str  # "person:12"
+    kind: Literal["country", "city", "person", "org"]
+    name: str
+    part: Literal["train", "heldout"]
+    attrs: dict[str, Any] = field(default_factory=dict)  # values: str, int, or another entity's key
+
+
+@dataclass
+class World:
+    seed: int
+    entities: dict[str, Entity]
+
+    def of(self, kind: str, part: str) -> list[Entity]:
+        return [e for e in self.entities.values() if e.kind == kind and e.part == part]
+
+    def name(self, value: Any) -> str:
+        return self.entities[value].name if isinstance(value, str) and value in self.entities else str(value)
+
+
+def make_world(
+    seed: int = 0,
+    *,
+    countries: int = 60,
+    cities: int = 500,
+    people: int = 1200,
+    orgs: int = 400,
+    heldout_share: float = 0.2,
+) -> World:
+    """A deterministic world: same arguments, same entities, names and facts."""
+    rng = random.Random(seed)
+    used: set[str] = set()
+
+    def fresh(make: Any) -> str:
+        while True:
+            candidate = make()
+            if candidate.lower() not in used:
+                used.add(candidate.lower())
+                return candidate
+
+    entities: dict[str, Entity] = {}
+    counts = {"country": countries, "city": cities, "person": people, "org": orgs}
+    for kind, n in counts.items():
+        for i in range(n):
+            part: Literal["train", "heldout"] = "heldout" if i < round(n * heldout_share) else "train"
+            if kind == "person":
+                name = fresh(lambda: f"{_name(rng, 2).title()} {_name(rng, 2).title()}")
+            elif kind == "org":
+                name = fresh(lambda: f"{_name(rng, 2).title()} {rng.choice(_ORG_SUFFIXES)}")
+            elif kind == "country":
+                name = fresh(lambda: _name(rng, 2).title() + rng.choice(["ia", "land", "mark", "stan", ""]))
+            else:
+                name = fresh(lambda: _name(rng, 2).title())
+            entities[f"{kind}:{i}"] = Entity(f"{kind}:{i}", kind, name, part)  # type: ignore[arg-type]
+    world = World(seed, entities)
+    for part in ("train", "heldout"):
+        c_countries, c_cities = world.of("country", part), world.of("city", part)
+        c_people, c_orgs = world.of("person", part), world.of("org", part)
+        for country in c_countries:
+            country.attrs = {
+                "capital": None,  # set below from its cities
+                "founded": rng.randint(900, 1700),
+                "language": _name(rng, 2).title() + "ish",
+            }
+        for city in c_cities:
+            city.attrs = {
+                "country": rng.choice(c_countries).key,
+                "founded": rng.randint(1000, 1850),
+                "founder": rng.choice(c_people).key,
+                "river": "the " + _name(rng, 2).title(),
+            }
+        for country in c_countries:
+            own = [c for c in c_cities if c.attrs["country"] == country.key]
+            country.attrs["capital"] = rng.choice(own).key if own else rng.choice(c_cities).key
+        for person in c_people:
+            person.attrs = {
+                "born": rng.randint(1700, 1990),
+                "birthplace": rng.choice(c_cities).key,
+                "occupation": rng.choice(OCCUPATIONS),
+                "employer": rng.choice(c_orgs).key,
+            }
+        for org in c_orgs:
+            org.attrs = {
+                "founded": rng.randint(1750, 2000),
+                "headquarters": rng.choice(c_cities).key,
+                "founder": rng.choice(c_people).key,
+                "industry": rng.choice(INDUSTRIES),
+            }
+    return world
+
+
+# -- the encyclopedia -----------------------------------------------------------------------------
+
+
+def corpus_passages(world: World) -> list[dict[str, str]]:
+    """The encyclopedia: ``{"id", "title", "text"}`` passages, in a fixed order."""
+    n = world.name
+    out: list[dict[str, str]] = []
+    for e in world.entities.values():
+        a = e.attrs
+        if e.kind == "country":
+            texts = [
+                f"{e.name} is a country. Its capital is {n(a['capital'])}. {e.name} was founded in "
+                f"{a['founded']}, and its people speak {a['language']}."
+            ]
+        elif e.kind == "city":
+            texts = [
+                f"{e.name} is a city in {n(a['country'])}. It was founded in {a['founded']} by "
+                f"{n(a['founder'])}. The river {a['river'][4:]} flows through {e.name}."
+            ]
+        elif e.kind == "org":
+            texts = [
+                f"{e.name} is an organization in {a['industry']}. It was founded in {a['founded']} by "
+                f"{n(a['founder'])} and is headquartered in {n(a['headquarters'])}."
+            ]
+        else:
+            texts = [
+                f"{e.name} is a {a['occupation']}. {e.name} was born in {a['born']} in {n(a['birthplace'])}.",
+                f"{e.name} works for {n(a['employer'])}, an organization in "
+                f"{world.entities[a['employer']].attrs['industry']}.",
+            ]
+        for i, text in enumerate(texts):
+            out.append({"id": f"{e.key.replace(':', '-')}-{i}", "title": e.name, "text": text})
+    return out
+
+
+# -- questions ------------------------------------------------------------------------------------
+
+# (kind of the subject, path of attributes, question template): the template names the subject as {s}.
+# One retrieval per attribute on the path: the subject's passage gives the first link, and so on.
+_TEMPLATES: list[tuple[str, tuple[str, ...], str]] = [
+    ("city", ("founded",), "In what year was {s} founded?"),
+    ("city", ("founder",), "Who founded the city of {s}?"),
+    ("city", ("country",), "In which country is the city of {s}?"),
+    ("city", ("river",), "Which river flows through {s}?"),
+    ("person", ("born",), "In what year was {s} born?"),
+    ("person", ("birthplace",), "In which city was {s} born?"),
+    ("person", ("occupation",), "What is the occupation of {s}?"),
+    ("person", ("employer",), "Which organization does {s} work for?"),
+    ("org", ("founded",), "In what year was {s} founded?"),
+    ("org", ("headquarters",), "In which city is {s} headquartered?"),
+    ("org", ("founder",), "Who founded {s}?"),
+    ("country", ("capital",), "What is the capital of {s}?"),
+    ("city", ("founder", "born"), "In what year was the founder of {s} born?"),
+    ("city", ("founder", "occupation"), "What is the occupation of the person who founded {s}?"),
+    ("person", ("birthplace", "country"), "In which country was {s} born?"),
+    ("person", ("employer", "founded"), "In what year was the organization {s} works for founded?"),
+    ("person", ("birthplace", "founded"), "In what year was the birthplace of {s} founded?"),
+    ("org", ("headquarters", "country"), "In which country is {s} headquartered?"),
+    ("org", ("founder", "birthplace"), "In which city was the founder of {s} born?"),
+    ("country", ("capital", "founder"), "Who founded the capital of {s}?"),
+    ("org", ("founder", "birthplace", "country"), "In which country was the founder of {s} born?"),
+    ("city", ("founder", "birthplace", "river"), "Which river flows through the birthplace of the founder of {s}?"),
+    ("person", ("employer", "headquarters", "country"), "In which country is the organization {s} works for headquartered?"),
+    ("country", ("capital", "founder", "born"), "In what year was the founder of the capital of {s} born?"),
+]  # fmt: skip
+
+
+def make_questions(
+    world: World,
+    part: Literal["train", "heldout"],
+    count: int,
+    *,
+    seed: int = 0,
+    hops: Sequence[int] = (1, 2, 3),
+    hop_weights: Sequence[float] | None = None,
+) -> list[dict[str, Any]]:
+    """``count`` tasks about ``part``'s entities, distinct questions, each needing ``len(path)``
+    retrievals. A task: ``{"task_id", "prompt", "hops", "hidden": {"answers", "path"}}``."""
+    rng = random.Random(f"{world.seed}-{part}-{seed}")
+    weights = list(hop_weights) if hop_weights is not None else [1.0] * len(hops)
+    templates = {h: [t for t in _TEMPLATES if len(t[1]) == h] for h in hops}
+    if any(not templates[h] for h in hops):
+        raise ValueError(f"hops must be among 1, 2, 3, got {list(hops)}")
+    seen: set[str] = set()
+    tasks: list[dict[str, Any]] = []
+    attempts = 0
+    while len(tasks) < count:
+        attempts += 1
+        if attempts > 50 * count + 1000:
+            raise ValueError(f"only {len(tasks)} distinct {part} questions exist for these settings")
+        hop = rng.choices(list(hops), weights)[0]
+        kind, path, template = rng.choice(templates[hop])
+        subject = rng.choice(world.of(kind, part))
+        value: Any = subject.key
+        chain = [subject.name]
+        for attribute in path:
+            value = world.entities[value].attrs[attribute]
+            chain.append(world.name(value))
+        question = template.format(s=subject.name)
+        if question in seen:
+            continue
+        seen.add(question)
+        answer = world.name(value)
+        answers = [answer, answer[4:]] if answer.startswith("the ") else [answer]
+        tasks.append(
+            {
+                "task_id": f"{part}-{len(tasks):05d}",
+                "prompt": question,
+                "hops": hop,
+                HIDDEN: {"answers": answers, "path": chain},
+            }
+        )
+    return tasks
+
+
+def write_dataset(
+    out: Path, *, seed: int = 0, train: int = 2000, heldout: int = 200, hops: Sequence[int] = (1, 2, 3)
+) -> dict[str, Any]:
+    """``corpus.jsonl``, ``train.jsonl`` and ``heldout.jsonl`` in ``out``; returns their counts."""
+    world = make_world(seed)
+    out.mkdir(parents=True, exist_ok=True)
+    passages = corpus_passages(world)
+    _write_jsonl(out / "corpus.jsonl", passages)
+    splits = {"train": make_questions(world, "train", train, hops=hops)}
+    splits["heldout"] = make_questions(world, "heldout", heldout, hops=hops)
+    for name, rows in splits.items():
+        _write_jsonl(out / f"{name}.jsonl", rows)
+    return {
+        "passages": len(passages),
+        **{f"{name}_questions": len(rows) for name, rows in splits.items()},
+        **{f"{name}_hops": dict(Counter(r["hops"] for r in rows)) for name, rows in splits.items()},
+    }
+
+
+def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    tmp = path.with_suffix(".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
+# -- Search-R1 / NQ / HotpotQA layouts ------------------------------------------------------------
+
+
+def _golds(row: dict[str, Any]) -> list[str]:
+    for key in ("golden_answers", "answers", "answer"):
+        if key in row:
+            value = row[key]
+            break
+    else:
+        value = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list) and value and all(isinstance(v, str | int | float) for v in value):
+        return [str(v) for v in value]
+    return []
+
+
+def load_searchqa(path: Path, *, split: str) -> list[Task]:
+    """Tasks from a question-answering JSONL file (Search-R1 / FlashRAG ``{"id", "question",
+    "golden_answers"}``, NQ-open ``{"question", "answer": [...]}``, HotpotQA ``{"_id", "question",
+    "answer"}``, Search-R1's processed rows with ``reward_model.ground_truth.target``). The answers go
+    under ``hidden``; only the question reaches the harness (as ``prompt`` and ``question``)."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"{split} tasks: cannot read {path}: {exc}") from exc
+    tasks: list[Task] = []
+    seen: set[str] = set()
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{split} tasks: {path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{where}: not JSON: {exc}") from exc
+        if (
+            not isinstance(row, dict)
+            or not isinstance(row.get("question"), str)
+            or not row["question"].strip()
+        ):
+            raise ConfigError(f"{where}: needs a 'question' string")
+        golds = _golds(row)
+        if not golds:
+            raise ConfigError(
+                f"{where}: needs gold answers ('golden_answers', 'answers', 'answer' or "
+                "'reward_model.ground_truth.target')"
+            )
+        task_id = str(row.get("id", row.get("_id", f"{path.stem}-{lineno}")))
+        if task_id in seen:
+            raise ConfigError(f"{where}: task id {task_id!r} appears twice")
+        seen.add(task_id)
+        question = row["question"].strip()
+        data: dict[str, Any] = {"prompt": question, "question": question, HIDDEN: {"answers": golds}}
+        if "hops" in row:
+            data["hops"] = row["hops"]
+        tasks.append(Task(task_id=task_id, split=split, data=data))
+    return tasks
+
+
+# -- scoring --------------------------------------------------------------------------------------
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = set(string.punctuation)
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+ANSWER_FILE = "answer.txt"
+_MAX_ANSWER_BYTES = 4096
+
+
+def normalize(text: str) -> str:
+    """Search-R1's (and SQuAD's) answer normalisation."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, golds: Sequence[str]) -> float:
+    p = normalize(prediction)
+    return 1.0 if any(p == normalize(g) for g in golds) else 0.0
+
+
+def f1(prediction: str, golds: Sequence[str]) -> float:
+    best = 0.0
+    p = normalize(prediction).split()
+    for gold in golds:
+        g = normalize(gold).split()
+        common = sum((Counter(p) & Counter(g)).values())
+        if common:
+            precision, recall = common / len(p), common / len(g)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def read_answer_file(workspace: Path) -> str | None:
+    """The first line of ``answer.txt`` in the (hostile) workspace: never through a link, never more
+    than 4 KiB, and only from a regular file."""
+    try:
+        fd = os.open(workspace / ANSWER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not os.path.stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        text = f.read(_MAX_ANSWER_BYTES).decode("utf-8", "replace")
+    lines = [line.strip().strip("\"'") for line in text.splitlines() if line.strip()]
+    return lines[0] if lines else None
+
+
+def extract_answer(text: str) -> str | None:
+    """The last ``<answer>…</answer>`` of a reply (Search-R1's format), else None."""
+    found = _ANSWER_TAG.findall(text)
+    return found[-1].strip() if found else None
+
+
+def score_search(
+    inp: Any, *, source: Literal["file", "final_answer"] = "file", metric: str = "em"
+) -> dict[str, Any]:
+    """A ``python`` evaluator (``function = "harnessrl.tasks.search:score_search"``): the answer from
+    ``answer.txt`` in the workspace (``source = "file"``: what a shell harness writes) or from the last
+    ``<answer>…</answer>`` of the final assistant text (``"final_answer"``); reward = exact match
+    (``metric = "em"``) or F1 (``"f1"``) against the task's ``hidden.answers``."""
+    golds = [str(g) for g in inp.task.get(HIDDEN, {}).get("answers", [])]
+    if not golds:
+        raise ValueError("the task has no hidden.answers")
+    if source == "file":
+        answer = read_answer_file(Path(inp.workspace))
+    else:
+        answer = extract_answer(final_answer_text(inp.calls))
+    em = exact_match(answer, golds) if answer is not None else 0.0
+    f = f1(answer, golds) if answer is not None else 0.0
+    return {"reward": em if metric == "em" else f, "em": em, "f1": round(f, 4), "answer": answer}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Write the fictional encyclopedia and its questions.")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train", type=int, default=2000)
+    parser.add_argument("--heldout", type=int, default=200)
+    parser.add_argument("--hops", default="1,2,3", help="comma-separated hop counts to draw from")
+    args = parser.parse_args(argv)
+    hops = tuple(int(h) for h in args.hops.split(","))
+    counts = write_dataset(args.out, seed=args.seed, train=args.train, heldout=args.heldout, hops=hops)
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
