@@ -105,6 +105,9 @@ def add_tools(spec: HarnessSpec) -> HarnessSpec:
     command, argv = list(spec.command), harness_tools.mcp_server_argv()
     if spec.preset == "claude-code" and "{prompt}" in command:
         command = _mcp_claude_code(command, argv)
+        # In -p mode Claude Code connects MCP servers in the background and its first call may go out
+        # before the tool is listed; "false" makes it wait for the connection first.
+        env.setdefault("MCP_CONNECTION_NONBLOCKING", "false")
     elif spec.preset == "codex" and "{prompt}" in command:
         command = _mcp_codex(command, argv)
     elif spec.preset == "opencode" and "OPENCODE_CONFIG_CONTENT" in env:

@@ -266,9 +266,16 @@ def make_questions(
 
 
 def write_dataset(
-    out: Path, *, seed: int = 0, train: int = 2000, heldout: int = 200, hops: Sequence[int] = (1, 2, 3)
+    out: Path,
+    *,
+    seed: int = 0,
+    train: int = 2000,
+    heldout: int = 200,
+    hops: Sequence[int] = (1, 2, 3),
+    suffix: str = "",
 ) -> dict[str, Any]:
-    """``corpus.jsonl``, ``train.jsonl`` and ``heldout.jsonl`` in ``out``; returns their counts."""
+    """``corpus.jsonl``, ``train{suffix}.jsonl`` and ``heldout{suffix}.jsonl`` in ``out``; returns
+    their counts. The corpus depends on ``seed`` only, so question sets with other hops share it."""
     world = make_world(seed)
     out.mkdir(parents=True, exist_ok=True)
     passages = corpus_passages(world)
@@ -276,7 +283,7 @@ def write_dataset(
     splits = {"train": make_questions(world, "train", train, hops=hops)}
     splits["heldout"] = make_questions(world, "heldout", heldout, hops=hops)
     for name, rows in splits.items():
-        _write_jsonl(out / f"{name}.jsonl", rows)
+        _write_jsonl(out / f"{name}{suffix}.jsonl", rows)
     return {
         "passages": len(passages),
         **{f"{name}_questions": len(rows) for name, rows in splits.items()},
@@ -431,9 +438,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train", type=int, default=2000)
     parser.add_argument("--heldout", type=int, default=200)
     parser.add_argument("--hops", default="1,2,3", help="comma-separated hop counts to draw from")
+    parser.add_argument("--suffix", default="", help="train{suffix}.jsonl, heldout{suffix}.jsonl")
     args = parser.parse_args(argv)
     hops = tuple(int(h) for h in args.hops.split(","))
-    counts = write_dataset(args.out, seed=args.seed, train=args.train, heldout=args.heldout, hops=hops)
+    counts = write_dataset(
+        args.out, seed=args.seed, train=args.train, heldout=args.heldout, hops=hops, suffix=args.suffix
+    )
     print(json.dumps(counts))
 
 
