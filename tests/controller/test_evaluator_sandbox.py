@@ -36,7 +36,8 @@ def readable(path):
             return None
 seen = {name: readable(path) for name, path in targets.items()}
 mounts = open("/proc/self/mountinfo").read()
-print(json.dumps({"reward": 0, "seen": seen, "here": os.path.dirname(os.path.abspath(__file__)),
+pid1 = open("/proc/1/cmdline", "rb").read().decode(errors="replace")
+print(json.dumps({"reward": 0, "seen": seen, "pid1": pid1, "here": os.path.dirname(os.path.abspath(__file__)),
     "listing": sorted(os.listdir(os.path.dirname(os.path.abspath(__file__)))),
     "mounts": mounts, "environ": dict(os.environ), "argv": sys.argv}))
 """
@@ -94,6 +95,10 @@ def test_the_scorer_sees_its_inputs_copied_and_nothing_else_of_the_task(task_fil
     # No host path of the task set in its mount table, environment or command line.
     root = str(task_files["root"])
     assert root not in out["mounts"] and root not in json.dumps(out["environ"]) and root not in out["argv"]
+    # The sandbox's pid 1 (a copy of bwrap) shows no bind of the evaluator's: its options came on a
+    # descriptor, not its command line.
+    options = out["pid1"].split("\x00--\x00", 1)[0].split("\x00")
+    assert options[0].endswith("bwrap") and options[1:] == ["--args", options[2]] and len(options) == 3
     assert "GOLD-PATCH-TEXT" not in json.dumps(out)
 
     # Control: without the sandbox the same scorer reaches all of it.

@@ -26,9 +26,10 @@ import os
 import resource
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
-from harnessrl.sandbox.bwrap import INIT_STATUS_FD
+from harnessrl.sandbox.bwrap import INIT_PATH, INIT_STATUS_FD
 
 SETUP_FAILED = 125
 CANNOT_START = 127
@@ -103,19 +104,35 @@ def _memfds_not_executable() -> None:
         pass
 
 
+def _command_start(argv: list[str]) -> int:
+    """Where bwrap's options end: the ``--`` before the sandbox's init (``python -I -S INIT_PATH``)."""
+    for i, arg in enumerate(argv):
+        if arg == "--" and argv[i + 4 : i + 5] == [INIT_PATH]:
+            return i
+    return len(argv)
+
+
 def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> int:
     """Start bwrap with the filter and init.py's status descriptor; report whether the command started."""
     filter_fd = os.open(seccomp_file, os.O_RDONLY)
     init_read, init_write = os.pipe()
     os.dup2(init_write, INIT_STATUS_FD, inheritable=True)
     os.close(init_write)
-    full = [argv[0], "--seccomp", str(filter_fd), *argv[1:]]
+    # bwrap's options (binds with host paths, the environment) go through a file descriptor, not its
+    # command line: the sandbox's pid 1 is a copy of bwrap, and its /proc/1/cmdline is visible inside.
+    split = _command_start(argv)
+    options = tempfile.TemporaryFile()  # noqa: SIM115 - closed below, once bwrap has read it
+    options.write(b"".join(a.encode() + b"\0" for a in ["--seccomp", str(filter_fd), *argv[1:split]]))
+    options.flush()
+    options.seek(0)
+    args_fd = options.fileno()
+    full = [argv[0], "--args", str(args_fd), *argv[split:]]
     # bwrap becomes pid 1 of a PID namespace of our own, whose memfds cannot be executed (this process
     # is single-threaded, so preexec_fn is safe). Killing bwrap kills everything in that namespace.
     noexec = _memfds_not_executable if _new_pid_namespace() else None
     try:
         proc = subprocess.Popen(
-            full, pass_fds=(filter_fd, INIT_STATUS_FD), stdin=subprocess.DEVNULL, preexec_fn=noexec
+            full, pass_fds=(filter_fd, INIT_STATUS_FD, args_fd), stdin=subprocess.DEVNULL, preexec_fn=noexec
         )
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
@@ -124,6 +141,7 @@ def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> i
     finally:
         os.close(filter_fd)
         os.close(INIT_STATUS_FD)
+        options.close()
     # init.py writes "ok" right before it execs the command, or "error: ..."; EOF with nothing means
     # bwrap failed before init.py ran (bwrap itself holds a copy until it exits).
     with os.fdopen(init_read, "rb") as init_status:
