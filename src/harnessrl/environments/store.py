@@ -159,7 +159,8 @@ class ImageStore:
         digest = recipe_digest(containerfile, context, recipe.build_args, base_ids)
         reference = own_reference(name, digest)
         if self.podman.exists(reference):
-            return BuiltImage(name, reference, self.podman.inspect(reference)["Id"], digest)
+            image_id = self.podman.inspect(reference)["Id"]
+            return BuiltImage(name, reference, image_id, digest, seconds=round(time.monotonic() - started, 3))
         with self._locked(digest):
             if not self.podman.exists(reference):  # another process may have built it meanwhile
                 log = self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log"
