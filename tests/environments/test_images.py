@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,50 @@ def test_the_host_ca_bundle_helps_the_build_and_is_not_baked_in(tmp_path: Path):
     assert (root.path / "usr/local/lib").exists()
     assert not image_bundle.exists() or image_bundle.read_bytes() != host_bundle
     assert (root.path / "opt/swe/requirements-test.txt").is_file()
+
+
+def test_prune_keep_and_all_in_a_store_of_its_own(tmp_path: Path):
+    # FROM scratch recipes need no base: a private store, emptied and removed at the end.
+    store_dir = tmp_path / "store"
+    images = {}
+    for name in ("keep-me", "drop-me"):
+        context = tmp_path / name
+        context.mkdir()
+        (context / "token").write_text(secrets.token_hex(8))
+        (context / "Containerfile").write_text("FROM scratch\nCOPY token /token\n")
+        images[name] = {"containerfile": str(context / "Containerfile")}
+    config = tmp_path / "both.toml"
+    config.write_text('[harness]\ncommand = ["true"]\n\n' + environment_toml({"images": images}))
+    keep = tmp_path / "keep.toml"
+    keep.write_text(
+        '[harness]\ncommand = ["true"]\n\n' + environment_toml({"images": {"keep-me": images["keep-me"]}})
+    )
+    store = ImageStore(store_dir)
+    try:
+        built = subprocess.run(
+            [*HARNESSRL, "images", "build", str(config), "--store", str(store_dir)],
+            capture_output=True,
+            text=True,
+        )
+        assert built.returncode == 0, built.stderr[-2000:]
+        assert {row["name"] for row in store.list()} == {"keep-me", "drop-me"}
+        before = store.disk_usage()["store_bytes"]
+        kept = subprocess.run(
+            [*HARNESSRL, "images", "prune", "--store", str(store_dir), "--keep", str(keep)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert [r["name"] for r in json.loads(kept.stdout)["removed"]] == ["drop-me"]
+        assert {row["name"] for row in store.list()} == {"keep-me"}
+        emptied = subprocess.run(
+            [*HARNESSRL, "images", "prune", "--store", str(store_dir), "--all"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert [r["name"] for r in json.loads(emptied.stdout)["removed"]] == ["keep-me"]
+        assert store.list() == [] and store.disk_usage()["store_bytes"] <= before
+    finally:
+        store.prune(None)
+        shutil.rmtree(store.podman.runroot, ignore_errors=True)
