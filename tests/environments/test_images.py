@@ -55,32 +55,48 @@ def harnessrl_ids(store: ImageStore) -> set[str]:
     return {row["id"] for row in store.list()}
 
 
+def images_named(store: ImageStore, name: str) -> list[dict]:
+    """Every image of environment ``name`` in the store, intermediate layers included."""
+    return store.podman.images(label=f"io.harnessrl.name={name}", all_=True)
+
+
 def test_an_image_is_built_once_and_then_found_in_the_store(tmp_path: Path):
-    section = throwaway(tmp_path, "RUN echo built > /built.txt\n")
+    # A store of its own (FROM scratch needs no base), so pruning here touches no other test's images.
+    context = tmp_path / "ctx"
+    context.mkdir()
+    (context / "token.txt").write_text(secrets.token_hex(8))
+    (context / "Containerfile").write_text("FROM scratch\nCOPY token.txt /token.txt\n")
+    section = {
+        "store": str(tmp_path / "store"),
+        "images": {"throwaway": {"containerfile": str(context / "Containerfile")}},
+    }
     config = EnvironmentConfig.model_validate(section)
     store = ImageStore.from_config(config)
-    first = store.ensure("throwaway", config.images["throwaway"], recipes=config.images)
     try:
+        first = store.ensure("throwaway", config.images["throwaway"], recipes=config.images)
         again = ImageStore.from_config(config).ensure(
             "throwaway", config.images["throwaway"], recipes=config.images
         )
         assert first.built and not again.built and again.image_id == first.image_id  # cached by content
         assert first.reference == f"localhost/harnessrl/throwaway:{first.digest[:16]}"
-        (tmp_path / "ctx" / "token.txt").write_text("changed")  # the recipe's content changed
+        (context / "token.txt").write_text("changed")  # the recipe's content changed
         changed = store.ensure("throwaway", config.images["throwaway"], recipes=config.images)
         assert changed.built and changed.image_id != first.image_id and changed.digest != first.digest
         rows = {row["id"]: row for row in store.list()}
         assert rows[first.image_id]["name"] == "throwaway" and rows[first.image_id]["recipe"] == first.digest
         # Prune's default removes what a newer build superseded (no longer :latest), keeps the rest.
-        pruned = subprocess.run([*HARNESSRL, "images", "prune"], capture_output=True, text=True, check=True)
+        pruned = subprocess.run(
+            [*HARNESSRL, "images", "prune", "--store", str(tmp_path / "store")],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         report = json.loads(pruned.stdout.strip().splitlines()[-1])
-        assert {"name": "throwaway", "id": first.image_id[:12]} in report["removed"]
-        assert first.image_id not in harnessrl_ids(store) and changed.image_id in harnessrl_ids(store)
-        assert environments().built("swe-base", where="test").image_id in harnessrl_ids(store)
+        assert report["removed"] == [{"name": "throwaway", "id": first.image_id[:12]}]
+        assert harnessrl_ids(store) == {changed.image_id}
     finally:
-        for image in (first, locals().get("changed")):
-            if image is not None:
-                store.podman.remove(image.image_id)
+        store.prune(None)
+        shutil.rmtree(store.podman.runroot, ignore_errors=True)
 
 
 def test_images_build_list_df_on_the_example_config():
@@ -138,7 +154,6 @@ def test_a_missing_image_is_refused_before_anything_is_created(tmp_path: Path):
 def test_a_failing_build_names_the_task_and_shows_the_log_tail(tmp_path: Path):
     token = secrets.token_hex(4)
     section = throwaway(tmp_path, f"RUN echo 'step fails: {token}' && exit 3\n", name="broken/repo")
-    before = harnessrl_ids(environments().store)
     done = rollout_with(
         tmp_path, section, {"prompt": "x", "task_id": "t-broken", "image_name": "broken/repo"}
     )
@@ -147,19 +162,22 @@ def test_a_failing_build_names_the_task_and_shows_the_log_tail(tmp_path: Path):
     assert "building image localhost/harnessrl/broken-repo:" in done.stderr
     assert f"step fails: {token}" in done.stderr  # the build log's tail
     assert not (tmp_path / "run").exists()
-    assert harnessrl_ids(environments().store) == before  # no image was made
+    assert images_named(environments().store, "broken/repo") == []  # no image, no layer left
 
 
 def test_a_recipe_reading_outside_its_context_is_refused_before_building(tmp_path: Path):
     (tmp_path / "secret.txt").write_text("host secret")
-    section = throwaway(tmp_path, "COPY ../secret.txt /secret.txt\n")
+    section = throwaway(tmp_path, "COPY ../secret.txt /secret.txt\n", name="reads-outside")
     config = tmp_path / "images.toml"
     config.write_text('[harness]\ncommand = ["true"]\n\n' + environment_toml(section))
-    before = harnessrl_ids(environments().store)
-    done = subprocess.run([*HARNESSRL, "images", "build", str(config)], capture_output=True, text=True)
+    done = subprocess.run(
+        [*HARNESSRL, "images", "build", str(config), "--only", "reads-outside"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2
     assert "Containerfile:3: COPY reads '../secret.txt', outside its context folder" in done.stderr
-    assert harnessrl_ids(environments().store) == before
+    assert images_named(environments().store, "reads-outside") == []
 
 
 def test_an_image_that_cannot_run_the_harness_is_refused_naming_what_is_missing(tmp_path: Path):
