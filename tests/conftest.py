@@ -5,13 +5,14 @@ own ``.cache/harnessrl`` instead of ``~/.cache``, so the suite behaves the same 
 as on a developer's (the first run builds them; later runs reuse them). Subprocesses inherit it.
 
 The suite runs on every core (pytest-xdist, ``-n auto --dist loadgroup`` in pyproject.toml). Tests
-that share an expensive server are put in one ``xdist_group``, so one worker runs them all and the
-server starts once: every real-vLLM test (``-m vllm``, and whatever uses the session's vLLM
-servers) shares one vLLM server, the dashboard tests one trained run, the PostgreSQL tests one
-throwaway server. Each worker runs its tests longest first, by the durations recorded in
-``tests/durations.json`` (a group counts as the sum of its tests), so a long test or group does
-not start last and leave the other cores idle; ``python tests/durations.py`` rewrites it from a
-``--durations=0`` run.
+that share an expensive server form one group (``GROUPS``: by file or folder), which one worker runs
+whole, so the server starts once: every real-vLLM test shares one vLLM server (a ``-m vllm`` test
+outside a "vllm" path is refused at collection, so none escapes), the dashboard tests one trained
+run. The groups are applied by a scheduler of our own (``GroupScheduling``): pytest-xdist 3.8 marks
+``xdist_group`` by rewriting ``item._nodeid``, which pytest 9 no longer reads, so its ``loadgroup``
+groups nothing. Each worker gets the longest tests and groups first, by the durations recorded in
+``tests/durations.json`` (a group counts as the sum of its tests), so a long one does not start
+last and leave the other cores idle; ``python tests/durations.py LOG`` rewrites the record.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,37 +29,60 @@ os.environ.setdefault(
 )
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-#: Session fixtures that start a server or a run, and the group of the tests that use them.
-SHARED_FIXTURES = {
-    "tiny_server": "vllm",  # tests/vllm/conftest.py: the session's vLLM server
-    "smollm2_server": "vllm",
-    "tiny_run": "dashboard-run",  # tests/dashboard/conftest.py: a 2-step harnessrl train
-    "pg_server": "postgres",  # tests/store/conftest.py: a throwaway PostgreSQL server
+#: Test files or folders (node id prefixes) whose tests one worker runs together, and why.
+GROUPS = {
+    "tests/vllm/": "vllm",  # the session's vLLM server (tests/vllm/conftest.py)
+    "tests/cli/test_engine_serve.py": "vllm",  # starts vLLM servers: never two vLLM at once
+    "tests/dashboard/": "dashboard",  # one 2-step harnessrl train (tests/dashboard/conftest.py)
 }
 DURATIONS = Path(__file__).resolve().parent / "durations.json"
 
 
-def group_of(item: pytest.Item) -> str | None:
-    if item.get_closest_marker("vllm") is not None:
-        return "vllm"  # one vLLM server at a time, however many workers
-    for fixture, group in SHARED_FIXTURES.items():
-        if fixture in getattr(item, "fixturenames", ()):
+def group_of(nodeid: str) -> str | None:
+    for prefix, group in GROUPS.items():
+        if nodeid.startswith(prefix):
             return group
     return None
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """With ``HARNESSRL_TEST_LOG=FILE``, one line per test phase as it ends (seconds, phase,
+    outcome, test id), written by the controlling process: a record of a run even if it is killed
+    before pytest's own ``--durations`` summary (``python tests/durations.py FILE`` reads it)."""
+    path = os.environ.get("HARNESSRL_TEST_LOG")
+    if path and os.environ.get("PYTEST_XDIST_WORKER") is None:
+        with open(path, "a") as log:
+            log.write(f"{report.duration:.2f}\t{report.when}\t{report.outcome}\t{report.nodeid}\n")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = group_of(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+    stray = [i.nodeid for i in items if i.get_closest_marker("vllm") and group_of(i.nodeid) != "vllm"]
+    if stray:
+        raise pytest.UsageError(
+            f"tests marked vllm outside a 'vllm' group of tests/conftest.py GROUPS: {stray}"
+        )
     if os.environ.get("PYTEST_XDIST_WORKER") is None:
         return  # one process: keep the files' own order
     recorded: dict[str, float] = json.loads(DURATIONS.read_text()) if DURATIONS.exists() else {}
     weight: dict[str, float] = {}
     for item in items:
-        key = group_of(item) or item.nodeid
+        key = group_of(item.nodeid) or item.nodeid
         weight[key] = weight.get(key, 0.0) + recorded.get(item.nodeid, 0.0)
-    # Every worker collects the same items and sorts them alike: the scheduler hands out the
-    # longest units first. sorted() is stable: equal weights keep the collection order.
-    items.sort(key=lambda item: -weight[group_of(item) or item.nodeid])
+    # Every worker collects the same items and sorts them alike; the scheduler hands out units in
+    # this order. sorted() is stable: equal weights keep the collection order.
+    items.sort(key=lambda item: -weight[group_of(item.nodeid) or item.nodeid])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        """``loadgroup`` by ``GROUPS``: a group's tests are one unit, every other test its own."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return GroupScheduling(config, log)

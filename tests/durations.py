@@ -1,6 +1,6 @@
 """Rewrite ``tests/durations.json`` (and the table in ``tests/DURATIONS.md``) from a pytest run.
 
-    .venv/bin/pytest --durations=0 | tee /tmp/pytest.log
+    .venv/bin/pytest --durations=0 | tee /tmp/pytest.log     # or HARNESSRL_TEST_LOG=/tmp/pytest.log
     .venv/bin/python tests/durations.py /tmp/pytest.log
 
 ``durations.json`` maps each test that took at least ``MIN_S`` seconds (setup + call + teardown) to
@@ -18,15 +18,16 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 MIN_S = 1.0
-LINE = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S.*)$")
+LINE = re.compile(r"^(\d+(?:\.\d+)?)s (setup|call|teardown)\s+(\S.*)$")  # --durations
+LOGGED = re.compile(r"^(\d+(?:\.\d+)?)\t(setup|call|teardown)\t\w+\t(\S.*)$")  # HARNESSRL_TEST_LOG
 
 
 def parse(log: str) -> dict[str, float]:
     seconds: dict[str, float] = defaultdict(float)
     for line in log.splitlines():
-        match = LINE.match(line.strip())
-        if match:
-            seconds[match.group(3)] += float(match.group(1))
+        match = LINE.match(line.strip()) or LOGGED.match(line.rstrip("\n"))
+        if match:  # "tests/x.py::test@vllm": xdist's group suffix is not part of the test's id
+            seconds[match.group(3).split("@")[0]] += float(match.group(1))
     return dict(seconds)
 
 
