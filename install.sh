@@ -16,7 +16,7 @@ Sets up harnessrl into ./.venv: CPU torch 2.13.0, the package with every extra, 
 SmolLM2 weights, the npm harnesses in .harnesses/ and missing Debian tools (idempotent).
 
   --bench   also install the peers benchmarks/ compares against (benchmarks/README.md):
-              TRL 1.16.0 into .venv (nothing already there changes version),
+              TRL 1.16.0 and bm25s 0.3.16 into .venv (nothing already there changes version),
               Agent Lightning 1.0.2 into .bench/agl-venv (needs Python 3.12),
               vLLM's CPU build into .venv-vllm (as HARNESSRL_INSTALL_VLLM=1 does)
   --help    show this message
@@ -282,6 +282,8 @@ if [ "$bench" = 1 ]; then
       echo "install.sh: TRL failed to install; benchmarks/trainer_vs_trl.py and cpu_example.py need it" >&2
     rm -f "$trl_constraints"
   fi
+  # bm25s: the retriever library benchmarks/retrieval_speed.py measures beside tantivy (docs/retrieval.md).
+  "${PIP[@]}" "bm25s==0.3.16" || echo "install.sh: bm25s failed to install; retrieval_speed.py skips it" >&2
   if [ -x "$AGL_VENV/bin/agl-server" ] &&
     "$AGL_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('agentlightning') != '$AGL_VERSION')" 2>/dev/null; then
     : # already installed at the pinned version

@@ -1,0 +1,98 @@
+"""The two faces as the presets hand them to a harness: the `search` command first on PATH (run here
+against a real gateway), and the MCP server in Claude Code's, Codex's and OpenCode's own flags or
+config, with the rollout's placeholders; the sandbox binds only their files. Without
+``harness.tools`` nothing of it is added (the control)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.presets import apply_preset
+from harnessrl.controller.stack import RolloutConfig, prepare
+from harnessrl.errors import ConfigError
+from harnessrl.retrieval import harness_tools
+
+SERVER = str(harness_tools.MCP_SERVER)
+
+
+def mcp_args(spec: HarnessSpec) -> list[str]:
+    preset = spec.preset
+    if preset == "claude-code":
+        config = json.loads(spec.command[spec.command.index("--mcp-config") + 1])
+        server = config["mcpServers"]["harnessrl"]
+        return [server["command"], *server["args"]]
+    if preset == "codex":
+        values = {}
+        for item in spec.command:
+            if item.startswith("mcp_servers.harnessrl."):
+                values.update(tomllib.loads(item.replace("mcp_servers.harnessrl.", "", 1)))
+        return [values["command"], *values["args"]]
+    config = json.loads(spec.env["OPENCODE_CONFIG_CONTENT"])
+    assert config["mcp"]["harnessrl"]["type"] == "local"
+    return config["mcp"]["harnessrl"]["command"]
+
+
+@pytest.mark.parametrize("preset", ["claude-code", "codex", "opencode"])
+def test_tool_calling_presets_start_the_mcp_server_with_the_rollouts_url_and_key(preset: str) -> None:
+    spec = apply_preset(HarnessSpec(preset=preset, tools=["search"]))
+    argv = mcp_args(spec)
+    assert argv[1:] == ["-I", SERVER, "--base-url", "{base_url}", "--api-key", "{api_key}"]
+    assert Path(argv[0]).is_file()
+    assert {str(harness_tools.MCP_SERVER.resolve()), str(harness_tools.CLIENT.resolve())} <= set(spec.mounts)
+    plain = apply_preset(HarnessSpec(preset=preset))  # control: no tools, no server, no mounts
+    assert SERVER not in json.dumps(plain.model_dump())
+
+
+@pytest.mark.parametrize("preset", ["mini-swe-agent", "claude-code", None])
+def test_every_harness_gets_the_search_command_first_on_path(preset: str | None) -> None:
+    spec = apply_preset(HarnessSpec(preset=preset, command=[] if preset else ["true"], tools=["search"]))
+    first = Path(spec.env["PATH"].split(":")[0])
+    assert (first / "search").is_file() and os.access(first / "search", os.X_OK)
+    assert str(first.resolve()) in spec.mounts
+    assert "PATH" not in apply_preset(HarnessSpec(preset=preset, command=[] if preset else ["true"])).env
+
+
+def test_the_search_tool_needs_a_retrieval_section(tmp_path: Path) -> None:
+    harness = HarnessSpec(preset="python", command=["/bin/true"], tools=["search"], sandbox="none")
+    with pytest.raises(ConfigError, match=r"harness\.tools.*\[retrieval\]"):
+        prepare(RolloutConfig(harness=harness), tmp_path / "run")
+
+
+def test_the_search_command_prints_passages_from_the_gateway(make_search_gateway) -> None:
+    gw = make_search_gateway()
+    rollout = gw.rollout()
+    spec = apply_preset(HarnessSpec(preset="python", command=["x"], tools=["search"]))
+    env = {
+        "PATH": spec.env["PATH"],
+        "OPENAI_BASE_URL": rollout["base_url"],
+        "OPENAI_API_KEY": rollout["api_key"],
+    }
+    done = subprocess.run(
+        ["search", "who founded Velmora"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[1] Velmora\nVelmora is a city founded in 1432 by Arlen Voss.")
+    [logged] = gw.store.list_tool_requests(rollout["rollout_id"])
+    assert logged.request["query"] == "who founded Velmora"
+    refused = subprocess.run(
+        ["search", "Velmora"],
+        env={**env, "OPENAI_API_KEY": "hrl-wrong"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "refused (401)" in refused.stderr  # control: a wrong key
+
+
+def test_docs_name_every_retrieval_setting() -> None:
+    from harnessrl.retrieval.config import RetrievalConfig
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "retrieval.md").read_text()
+    assert [name for name in RetrievalConfig.model_fields if f"`{name}`" not in text] == []
