@@ -28,6 +28,18 @@ the client's (this process's), and how many idle connections were still open at 
 the end (an idle connection is closed after ``gateway.keepalive_timeout_s``, 75 s: a run longer than
 that ends with none).
 
+Then hostile clients (``--hostile`` per behaviour, 8; issue 36), against a second gateway started as
+``python -m harnessrl gateway --set ...`` with one long scripted answer (10,000 tokens) and short
+slow-reader settings (``HOSTILE_SETTINGS``): clients that stay (the control), leave after 0.3 s (an
+SDK's timeout), half-close, reset, read 160 bytes a second (slow readers, streams with logprobs),
+whose rollout is finished 0.2 s into the call, and that send ``Upgrade: h2c``; all three APIs,
+streamed or not (raw sockets). Then calls sent to a paused gateway whose clients leave before the
+resume, a 64 MiB header line beside ``/api/health`` calls, and a head of 150 headers. Checked: every
+rollout holds exactly the calls whose client received the final event, the controls got theirs,
+nothing was generated for the calls that left the pause, 431 for the oversized heads. Reported:
+calls dropped by reason and API, tokens generated for them, the gateway's peak RSS, its CPU, how
+much of the header flood it took before closing, and health latency meanwhile.
+
 What it does not show. The engine is instant, so this is the gateway's own cost under a crowd, not
 a training run's; client and gateway share the machine's cores (2 here), so calls/s partly measures
 the client. The idle connections are loopback sockets in this process.
@@ -50,10 +62,13 @@ import os
 import platform
 import random
 import resource
+import socket
 import statistics
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,27 +359,311 @@ async def check_store(admin: httpx.AsyncClient, rollouts: list[Rollout], turns: 
     return {**counts, "rollouts": len(rollouts), "problems": problems[:10], "ok": not problems}
 
 
-def start_gateway(folder: Path, turns: int) -> tuple[subprocess.Popen[str], str]:
-    script = folder / "script.json"
-    script.write_text(json.dumps({"turns": script_turns(turns)}))
+def start_gateway(
+    folder: Path, script: Path, store: Path, settings: list[str] | None = None
+) -> tuple[subprocess.Popen[str], str]:
+    """The gateway as a user starts it: ``python -m harnessrl.gateway``, or ``python -m harnessrl
+    gateway --set ...`` when there are ``settings``."""
     env = {**os.environ, "HARNESSRL_ADMIN_KEY": ADMIN_KEY, "HF_HUB_OFFLINE": "1"}
+    module = ["harnessrl", "gateway"] if settings else ["harnessrl.gateway"]
     cmd = [
         sys.executable,
         "-m",
-        "harnessrl.gateway",
+        *module,
         "--model",
         f"scripted:{script}",
         "--port",
         "0",
         "--store",
-        str(folder / "harnessrl.db"),
+        str(store),
     ]
+    for setting in settings or []:
+        cmd += ["--set", setting]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     for line in proc.stdout:
         if "listening on" in line:
             return proc, line.split("listening on ")[1].split()[0]
     raise RuntimeError("the gateway did not start")
+
+
+# -- hostile clients (issue 36): calls whose harness never received them must leave no record -------
+
+#: One long scripted answer (10,000 tokens, ~3.5 MB streamed with logprobs), so that clients leave
+#: mid-generation and slow readers fall behind even with the instant scripted engine.
+LONG_TURN = "word " * 10_000
+HOSTILE_SETTINGS = [  # as a user would set them; short windows so that a slow reader is cut in seconds
+    "engine.context_length=12288",
+    "gateway.slow_reader_window_s=1",
+    "gateway.slow_reader_bytes_per_s=20000",
+    "gateway.stream_buffer_bytes=65536",
+]
+HOSTILE_APIS = {"chat": "chat/completions", "responses": "responses", "messages": "messages"}
+
+
+@dataclass
+class Hostile:
+    behaviour: str
+    api: str
+    stream: bool
+    rollout_id: str = ""
+    api_key: str = ""
+    received_final: bool = False
+    status: int = 0
+
+
+def hostile_request(h: Hostile, *, extra_headers: tuple[str, ...] = (), logprobs: bool = False) -> bytes:
+    if h.api == "chat":
+        body: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+        if logprobs:
+            body["logprobs"] = True
+    elif h.api == "responses":
+        body = {"model": "m", "input": "go"}
+    else:
+        body = {"model": "m", "max_tokens": 11_000, "messages": [{"role": "user", "content": "go"}]}
+    raw = json.dumps({**body, "stream": h.stream}).encode()
+    head = [
+        f"POST /rollouts/{h.rollout_id}/v1/{HOSTILE_APIS[h.api]} HTTP/1.1",
+        "Host: 127.0.0.1",
+        f"x-api-key: {h.api_key}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(raw)}",
+        *extra_headers,
+    ]
+    if not any(line.lower().startswith("connection:") for line in extra_headers):
+        head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
+
+
+def got_final(h: Hostile, answer: bytes) -> bool:
+    head, _, body = answer.partition(b"\r\n\r\n")
+    h.status = int(head.split(b" ", 2)[1]) if head.startswith(b"HTTP/1.1 ") else 0
+    if h.status != 200:
+        return False
+    if not h.stream:
+        return b'"usage"' in body
+    if h.api == "responses":
+        return b"event: response.completed" in body or b"event: response.incomplete" in body
+    if h.api == "messages":
+        return b"event: message_stop" in body and b"event: error" not in body
+    return b"data: [DONE]" in body and b'data: {"error"' not in body
+
+
+def read_all(sock: socket.socket) -> bytes:
+    got = b""
+    while True:
+        try:
+            chunk = sock.recv(1 << 16)
+        except (ConnectionResetError, TimeoutError):
+            return got
+        if not chunk:
+            return got
+        got += chunk
+
+
+def run_hostile(url: str, admin: httpx.Client, h: Hostile) -> None:
+    """One client of ``h.behaviour``; sets ``h.received_final``."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    if h.behaviour == "slow_reader":
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(180)
+    sock.connect((host, int(port)))
+    extra: tuple[str, ...] = ()
+    if h.behaviour == "h2c":  # what curl --http2 sends on http://
+        extra = ("Connection: Upgrade, HTTP2-Settings, close", "Upgrade: h2c", "HTTP2-Settings: AAMAAABk")
+    try:
+        sock.sendall(hostile_request(h, extra_headers=extra, logprobs=h.behaviour == "slow_reader"))
+        if h.behaviour in ("leaves", "resets", "paused_then_left"):
+            time.sleep(0.3)  # an SDK's short read timeout: it closes the connection
+            if h.behaviour == "resets":
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            return
+        if h.behaviour == "half_closes":
+            sock.shutdown(socket.SHUT_WR)
+        elif h.behaviour == "finished_mid_call":
+            time.sleep(0.2)
+            admin.post(f"/api/rollouts/{h.rollout_id}/finish", json={"outcome": "success", "reward": 0.0})
+        elif h.behaviour == "slow_reader":
+            got = b""
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:  # 160 bytes a second
+                try:
+                    chunk = sock.recv(16)
+                except (ConnectionResetError, TimeoutError):
+                    break
+                if not chunk:
+                    break
+                got += chunk
+                time.sleep(0.1)
+            h.received_final = got_final(h, got)
+            return
+        h.received_final = got_final(h, read_all(sock))
+    finally:
+        sock.close()
+
+
+def prometheus(url: str, admin: httpx.Client) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in admin.get("/metrics").text.splitlines():
+        if line.startswith("harnessrl_") and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def head_flood(url: str, megabytes: int) -> dict[str, Any]:
+    """An unauthenticated request whose header line never ends, beside /api/health calls."""
+    host, port = url.removeprefix("http://").split(":")
+    sent = {"bytes": 0}
+
+    def flood() -> None:
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"GET /api/health HTTP/1.1\r\nHost: x\r\nX-Flood: ")
+            block = b"a" * 65536
+            try:
+                while sent["bytes"] < megabytes * 2**20:
+                    sock.sendall(block)
+                    sent["bytes"] += len(block)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=flood)
+    thread.start()
+    health_ms = []
+    with httpx.Client(base_url=url, timeout=30) as http:
+        while thread.is_alive() or len(health_ms) < 5:
+            began = time.monotonic()
+            assert http.get("/api/health").status_code == 200
+            health_ms.append(1000 * (time.monotonic() - began))
+    thread.join()
+    many = (
+        b"GET /api/health HTTP/1.1\r\nHost: x\r\n"
+        + b"".join(b"X-H%d: v\r\n" % i for i in range(150))
+        + b"\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(many)
+        too_many = read_all(sock).split(b"\r\n", 1)[0].decode()
+    return {
+        "header_line_mib_offered": megabytes,
+        "header_bytes_taken_before_close": sent["bytes"],
+        "health_during_flood_ms": {
+            "max": round(max(health_ms), 1),
+            "p50": round(statistics.median(health_ms), 1),
+        },
+        "150_headers": too_many,
+    }
+
+
+def hostile_phase(folder: Path, per_behaviour: int) -> dict[str, Any]:
+    """Hostile clients against a gateway of their own (long answers), then the checks."""
+    script = folder / "long.json"
+    script.write_text(json.dumps({"turns": [LONG_TURN]}))
+    proc, url = start_gateway(folder, script, folder / "hostile.db", HOSTILE_SETTINGS)
+    threading.Thread(target=proc.stdout.read, daemon=True).start()  # type: ignore[union-attr]
+    try:
+        admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN_KEY}"}, timeout=60)
+        cpu_before = cpu_seconds(proc.pid)
+        behaviours = ["stays", "leaves", "half_closes", "resets", "slow_reader", "finished_mid_call", "h2c"]
+        apis = sorted(HOSTILE_APIS)
+        clients: list[Hostile] = []
+        for b in behaviours:
+            for i in range(per_behaviour):
+                api = "chat" if b == "slow_reader" else apis[i % 3]
+                stream = True if b == "slow_reader" else i % 2 == 0
+                clients.append(Hostile(b, api, stream))
+        for h in clients:
+            d = admin.post("/api/rollouts", json={"task": {"hostile": h.behaviour}}).json()
+            h.rollout_id, h.api_key = d["rollout_id"], d["api_key"]
+        began = time.monotonic()
+        threads = [threading.Thread(target=run_hostile, args=(url, admin, h)) for h in clients]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        crowd_s = time.monotonic() - began
+        # Clients that leave while the gateway is paused: none of their calls may be generated at resume.
+        before = prometheus(url, admin)
+        admin.post("/api/pause", params={"timeout": 0})
+        paused = [Hostile("paused_then_left", apis[i % 3], i % 2 == 0) for i in range(per_behaviour)]
+        for h in paused:
+            d = admin.post("/api/rollouts", json={"task": {"hostile": h.behaviour}}).json()
+            h.rollout_id, h.api_key = d["rollout_id"], d["api_key"]
+        threads = [threading.Thread(target=run_hostile, args=(url, admin, h)) for h in paused]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        deadline = time.monotonic() + 30
+        while admin.get("/api/state").json()["waiting"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        waiting_after_they_left = admin.get("/api/state").json()["waiting"]
+        admin.post("/api/resume")
+        after = prometheus(url, admin)
+        flood = head_flood(url, 64)
+        cpu = cpu_seconds(proc.pid) - cpu_before
+        rss_kb = next(
+            int(line.split()[1])
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+            if line.startswith("VmHWM")
+        )
+        time.sleep(1.0)  # the drop counts' store writes are in the background: let them land
+        metrics = prometheus(url, admin)
+        by_behaviour: dict[str, dict[str, int]] = {}
+        problems = []
+        for h in clients + paused:
+            recorded = len(admin.get(f"/api/rollouts/{h.rollout_id}/calls").json())
+            row = by_behaviour.setdefault(h.behaviour, {"clients": 0, "received_final": 0, "recorded": 0})
+            row["clients"] += 1
+            row["received_final"] += h.received_final
+            row["recorded"] += recorded
+            if recorded != (1 if h.received_final else 0):
+                problems.append(
+                    f"{h.behaviour} {h.api} stream={h.stream}: recorded {recorded}, final {h.received_final}"
+                )
+            if h.behaviour in ("stays", "h2c") and not h.received_final:
+                problems.append(f"{h.behaviour} {h.api} stream={h.stream}: no answer (status {h.status})")
+        dropped = {
+            k.split("reason=")[1].split('"')[1] + "/" + k.split('api="')[1].split('"')[0]: v
+            for k, v in metrics.items()
+            if k.startswith("harnessrl_calls_dropped_total{")
+        }
+        generated_while_paused = after.get("harnessrl_dropped_tokens_total", 0.0) - before.get(
+            "harnessrl_dropped_tokens_total", 0.0
+        )
+        if generated_while_paused or waiting_after_they_left:
+            problems.append(
+                f"paused: {generated_while_paused} tokens generated, {waiting_after_they_left} left waiting"
+            )
+        if not flood["150_headers"].startswith("HTTP/1.1 431"):
+            problems.append(f"150 headers: {flood['150_headers']}")
+        return {
+            "per_behaviour": per_behaviour,
+            "answer_tokens": len(LONG_TURN.split()),
+            "settings": HOSTILE_SETTINGS,
+            "by_behaviour": by_behaviour,
+            "dropped_by_reason_and_api": dropped,
+            "dropped_tokens": metrics.get("harnessrl_dropped_tokens_total", 0.0),
+            "calls_recorded": metrics.get("harnessrl_calls_total", 0.0)
+            + sum(v for k, v in metrics.items() if k.startswith("harnessrl_calls_total{")),
+            "paused_then_left": {
+                "waiting_after_they_left": waiting_after_they_left,
+                "tokens_generated": generated_while_paused,
+            },
+            "crowd_s": round(crowd_s, 2),
+            "gateway_cpu_s": round(cpu, 2),
+            "gateway_peak_rss_mb": round(rss_kb / 1024, 1),
+            "request_heads": flood,
+            "problems": problems[:10],
+            "ok": not problems,
+        }
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def main() -> None:
@@ -374,6 +673,9 @@ def main() -> None:
     parser.add_argument("--idle", type=int, default=1000, help="idle keep-alive connections held alongside")
     parser.add_argument("--pause-s", type=float, default=5.0, help="how long the mid-run pause holds")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--hostile", type=int, default=8, help="hostile clients per behaviour in the second phase (0: none)"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     # This process holds the idle sockets and up to one pool per rollout; the gateway (which
@@ -383,7 +685,9 @@ def main() -> None:
     if soft != resource.RLIM_INFINITY and soft < needed:
         sys.exit(f"open-file limit {soft} (hard {hard}) is below the {needed} this run needs; lower --idle")
     with tempfile.TemporaryDirectory(prefix="hrl-hostile-") as tmp:
-        proc, url = start_gateway(Path(tmp), args.turns)
+        script = Path(tmp) / "script.json"
+        script.write_text(json.dumps({"turns": script_turns(args.turns)}))
+        proc, url = start_gateway(Path(tmp), script, Path(tmp) / "harnessrl.db")
         try:
             load_before = os.getloadavg()
             result = asyncio.run(drive(url, args, proc.pid))
@@ -394,6 +698,7 @@ def main() -> None:
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        hostile = hostile_phase(Path(tmp), args.hostile) if args.hostile else None
     import httpx as _httpx
     import uvicorn
 
@@ -413,6 +718,7 @@ def main() -> None:
             "fd_limit": [soft, hard],
         },
         **result,
+        "hostile_clients": hostile,
         "loadavg_before_after": [round(load_before[0], 2), round(load_after[0], 2)],
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "versions": {"httpx": _httpx.__version__, "uvicorn": uvicorn.__version__},
@@ -423,9 +729,12 @@ def main() -> None:
     summary["gateway_cpu_ms_per_call"] = out["gateway_cpu_ms_per_call"]
     summary["idle_open_at_end"] = f"{out['idle_connections_open_at_end']}/{args.idle}"
     summary["checks_ok"] = out["checks"]["ok"]
+    if hostile is not None:
+        summary["hostile_ok"] = hostile["ok"]
+        summary["dropped_tokens"] = hostile["dropped_tokens"]
     print(json.dumps(summary))
     print(f"wrote {args.out}")
-    if out["client_errors"] or not out["checks"]["ok"]:
+    if out["client_errors"] or not out["checks"]["ok"] or (hostile is not None and not hostile["ok"]):
         sys.exit(1)
 
 

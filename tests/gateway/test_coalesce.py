@@ -213,3 +213,30 @@ def test_settle_waits_until_the_client_has_all_but_the_slack() -> None:
         return seen
 
     assert asyncio.run(main()) == [False, False, False, True]
+
+
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "control_not_recorded"])
+def test_a_recorded_calls_last_bytes_wait_for_a_slow_client(recorded: bool) -> None:
+    """Once the call is recorded, cutting its client would leave a recorded call whose end the
+    client never got: the writer waits on, however slow the client; before that, it gives up."""
+
+    async def main() -> tuple[list[str], bool]:
+        link = Link()
+        link.writable.clear()
+        calls: list[str] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        out = outlet(send, link, on_slow=lambda: calls.append("slow"), recorded=lambda: recorded)
+        await out.put(b"final event")
+        await until(lambda: bool(calls) or link.windows >= 3)
+        link.writable.set()  # the client reads at last
+        if not calls:
+            await asyncio.wait_for(out.close(), 5)
+        else:
+            out.abandon()
+        return calls, out.gave_up
+
+    calls, gave_up = asyncio.run(main())
+    assert (calls, gave_up) == (([], False) if recorded else (["slow"], True))

@@ -282,11 +282,16 @@ class PreparedCall:
     def cancel(self, reason: DropReason) -> None:
         """Drop the call for ``reason`` wherever it is (gate, generation, waiting for its client),
         unless its record has begun: a call being recorded is answered."""
-        if self.stored is not None or self._recording or self.drop_reason is not None:
+        if self.committed or self.drop_reason is not None:
             return
         self.drop_reason = reason
         if self._scope is not None:
             self._scope.cancel()
+
+    @property
+    def committed(self) -> bool:
+        """Whether the call's record has begun (then it is answered, never dropped)."""
+        return self.stored is not None or self._recording
 
     async def closed_error(self) -> RolloutClosed:
         """The 409 of a call whose rollout ended, naming how (as ``auth.open_rollout`` words it)."""

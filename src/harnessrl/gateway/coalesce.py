@@ -17,7 +17,9 @@ answer's length: it used to be the whole answer (~10 MB for 24 k tokens with log
 **Slow readers.** While the socket is full the writer waits for the client; a client that takes the
 waiting bytes slower than ``min_bytes_per_s`` over ``window_s`` (``gateway.slow_reader_bytes_per_s``
 and ``slow_reader_window_s``) is given up on: ``on_slow`` is called (the call is dropped and the
-connection cut).
+connection cut). Not once the call is recorded (``recorded()``): what is left then (at most
+``RECORD_SLACK_BYTES`` and the final event) is sent however slowly the client reads it, since cutting
+it would leave a recorded call its client never got the end of.
 
 **Before the final event** (``settle``): everything put so far has left the gateway, and the
 client's TCP has acknowledged all but ``RECORD_SLACK_BYTES`` of it (Linux; elsewhere: left the
@@ -67,6 +69,7 @@ class Outlet:
         min_bytes_per_s: float,
         window_s: float,
         on_slow: Callable[[], None],
+        recorded: Callable[[], bool] = lambda: False,
     ) -> None:
         self._send = send
         self._connection = connection
@@ -74,6 +77,7 @@ class Outlet:
         self._min_rate = min_bytes_per_s
         self._window_s = window_s
         self._on_slow = on_slow
+        self._recorded = recorded
         self._pending: list[bytes] = []
         self._pending_bytes = 0
         self._ready = asyncio.Event()  # something was put
@@ -160,11 +164,12 @@ class Outlet:
                 self._pending_bytes = 0
                 self._room.set()
                 connection = self._connection
-                if connection is not None and not await connection.wait_writable(
-                    self._window_s, self._min_rate
+                while connection is not None and not await connection.wait_writable(
+                    self._window_s, 0.0 if self._recorded() else self._min_rate
                 ):
-                    self._give_up()
-                    return
+                    if not self._recorded():  # (recorded meanwhile: wait on, as long as it takes)
+                        self._give_up()
+                        return
                 await self._send({"type": "http.response.body", "body": body, "more_body": True})
         finally:
             # Whatever ends the writer, nobody may wait for it any more.

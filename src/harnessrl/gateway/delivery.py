@@ -198,6 +198,7 @@ class CallStream(StreamingResponse):
                         min_bytes_per_s=config.slow_reader_bytes_per_s,
                         window_s=config.slow_reader_window_s,
                         on_slow=lambda: call.cancel("slow_reader"),
+                        recorded=lambda: call.committed,
                     )
                     call.outlet = outlet
                     try:

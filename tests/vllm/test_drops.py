@@ -1,0 +1,104 @@
+"""With real vLLM (CPU): a client that leaves mid-generation stops the engine, and the store holds only
+calls whose clients received their final event (issue 36).
+
+vLLM samples the tiny model faster than a client here can be made to leave "mid-generation", so the
+server is frozen with the call's request in it (``freeze_mid_generation``: ``/pause?mode=keep``),
+the client's socket is closed, and only then is vLLM resumed. Tokens are counted by vLLM itself
+(``vllm:generation_tokens_total``): after the client left, the request generates nothing more.
+Control, in the same test: the same call whose client stays is generated to its budget after the
+resume, and recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+from tests.vllm.vllm_support import (
+    freeze_mid_generation,
+    requests_finished,
+    requests_running,
+    resume_server,
+    server_metric,
+    stored_whole,
+    wait_until,
+)
+
+BUDGET = 600
+#: Tokens vLLM may still sample for a request after its client left: the steps already scheduled
+#: when the abort arrives (one token per step for one request).
+STEPS_IN_FLIGHT = 8
+
+
+def request_bytes(gateway: Any, rollout: dict[str, Any], api: str, stream: bool) -> bytes:
+    prompt = "Tell me a very long story about a lighthouse keeper."
+    headers = [f"Authorization: Bearer {rollout['api_key']}"]
+    if api == "chat":
+        path = f"/rollouts/{rollout['rollout_id']}/v1/chat/completions"
+        body = {"model": "tiny", "messages": [{"role": "user", "content": prompt}], "max_tokens": BUDGET}
+    elif api == "responses":
+        path = f"/rollouts/{rollout['rollout_id']}/v1/responses"
+        body = {"model": "tiny", "input": prompt, "max_output_tokens": BUDGET}
+    else:
+        path = f"/rollouts/{rollout['rollout_id']}/v1/messages"
+        headers = [f"x-api-key: {rollout['api_key']}", "anthropic-version: 2023-06-01"]
+        body = {"model": "tiny", "max_tokens": BUDGET, "messages": [{"role": "user", "content": prompt}]}
+    raw = json.dumps({**body, "temperature": 1.0, "stream": stream}).encode()
+    head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
+    head += [f"Content-Length: {len(raw)}", "Connection: close"]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
+
+
+def dropped(gateway: Any) -> float:
+    for row in gateway.client.metrics().splitlines():
+        if row.startswith("harnessrl_calls_dropped_total{") and 'reason="client_gone"' in row:
+            return float(row.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def generated(url: str) -> float:
+    return server_metric(url, "vllm:generation_tokens_total")
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("api", ["chat", "responses", "messages"])
+def test_a_client_that_leaves_stops_vllm_and_leaves_no_record(
+    gateway: Any, tiny_server: Any, api: str, stream: bool
+) -> None:
+    url = tiny_server.url
+    host, port = gateway.url.removeprefix("http://").split(":")
+    results = {}
+    for leaves in (True, False):  # the probe, then its control
+        rollout = gateway.rollout()
+        finished = requests_finished(url)
+        sock = socket.create_connection((host, int(port)), timeout=300)
+        sock.sendall(request_bytes(gateway, rollout, api, stream))
+        try:
+            assert freeze_mid_generation(url, 1, finished) == 1, "the call ended before vLLM was frozen"
+            at_freeze = generated(url)
+            if leaves:
+                sock.close()
+                wait_until(lambda: dropped(gateway) == 1.0, "the gateway to drop the call")
+        finally:
+            resume_server(url)
+        if leaves:  # an aborted request is not counted finished by vLLM: it leaves the running ones
+            wait_until(lambda: requests_running(url) == 0, "vLLM to abort it")
+        else:
+            got = b""
+            while chunk := sock.recv(65536):  # the whole answer, to the gateway's close
+                got += chunk
+            sock.close()
+            assert got.startswith(b"HTTP/1.1 200 ")
+            wait_until(lambda n=finished: requests_finished(url) > n, "vLLM to finish it")
+        calls = gateway.store.list_calls(rollout["rollout_id"])
+        results[leaves] = (generated(url) - at_freeze, calls)
+
+    after_leaving, calls = results[True]
+    assert after_leaving <= STEPS_IN_FLIGHT  # vLLM stopped generating for the client that left
+    assert calls == []  # and nothing was recorded
+    after_staying, calls = results[False]
+    [call] = calls  # control: the client that stayed got its whole answer, recorded...
+    assert stored_whole(call, gateway.engine.tokenizer.stop_token_ids, BUDGET)
+    assert after_staying > STEPS_IN_FLIGHT  # ...generated after the resume: the count would show it
