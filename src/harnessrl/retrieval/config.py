@@ -19,7 +19,7 @@ class RetrievalConfig(Section):
     cache_dir: str | None = Field(
         default=None,
         description="where built indexes are kept, one folder per corpus content hash "
-        "(default: $XDG_CACHE_HOME/harnessrl/retrieval or ~/.cache/harnessrl/retrieval)",
+        "(default: $HARNESSRL_CACHE_DIR/retrieval, else ~/.cache/harnessrl/retrieval)",
     )
     top_k: int = Field(default=3, ge=1, le=50, description="passages a search returns unless it asks")
     max_top_k: int = Field(default=10, ge=1, le=100, description="the most passages one search may ask for")
