@@ -502,3 +502,29 @@ def test_data_survives_reopening(shared_store_factory: Any) -> None:
     assert second.list_calls(rollout.rollout_id) == [call]
     assert second.latest_policy_version() is not None
     assert second.add_call(make_call(rollout.rollout_id)).seq == 1
+
+
+def test_tool_requests_are_kept_per_rollout_and_attempt_in_arrival_order(store: Store) -> None:
+    from harnessrl.schemas import ToolRequest
+
+    store.create_rollout(task={"prompt": "q"}, rollout_id="tr-1")
+    store.create_rollout(task={"prompt": "q"}, rollout_id="tr-2")
+    passages = [{"id": "p", "title": "Velmora", "text": "é \u0000-free ✓", "score": 1.5}]
+    for attempt, query in [(0, "first"), (1, "second"), (0, "third")]:
+        store.add_tool_request(
+            ToolRequest(
+                rollout_id="tr-1",
+                attempt=attempt,
+                tool="search",
+                request={"query": query},
+                response={"passages": passages},
+                started_at=1.0,
+                finished_at=2.0,
+            )  # fmt: skip
+        )
+    store.add_tool_request(ToolRequest(rollout_id="tr-2", tool="search", request={"query": "other"}))
+    assert [r.request["query"] for r in store.list_tool_requests("tr-1")] == ["first", "second", "third"]
+    assert [r.request["query"] for r in store.list_tool_requests("tr-1", attempt=0)] == ["first", "third"]
+    assert store.list_tool_requests("tr-1")[0].response == {"passages": passages}
+    assert [r.request["query"] for r in store.list_tool_requests("tr-2")] == ["other"]
+    assert store.list_tool_requests("no-such-rollout") == []
