@@ -130,7 +130,7 @@ def test_configs_are_valid_rloo_and_run_hermes_with_its_file_tools():
     }
     for name, config in configs.items():
         assert config.algorithm.advantage == "rloo" and config.harness.preset == "hermes", name
-        assert config.evaluator["command"] == ["python3", str(EXAMPLE / "check.py")], name
+        assert config.evaluator.command == ["python3", str(EXAMPLE / "check.py")], name
         assert (EXAMPLE / config.tasks.path).is_file() and (EXAMPLE / config.heldout.path).is_file(), name
     assert configs["train.toml"].harness.args[:2] == ["-t", "file"]
     assert (

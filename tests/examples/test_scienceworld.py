@@ -316,6 +316,6 @@ def test_example_configs_validate():
         config = validate_config(TrainConfig, resolve_relative_paths(load_raw_config(str(path), []), EXAMPLE))
         assert config.tasks.type == config.heldout.type == "scienceworld"
         assert config.tasks.config["variations"] == "train" and config.heldout.config["variations"] == "dev"
-        assert config.evaluator["function"] == "harnessrl.tasks.scienceworld:replay_reward"
+        assert config.evaluator.function == "harnessrl.tasks.scienceworld:replay_reward"
         assert config.engine.device == device
         assert config.harness.command[0] == str(EXAMPLE / "agent.py")
