@@ -32,6 +32,17 @@ INVARIANTS = {
         "harnessrl/controller/evaluator_command.py",
         "proc.returncode is not None",
     ): "after the process was waited",
+    ("harnessrl/environments/store.py", "recipe.containerfile is not None"): "ImageRecipe validates one kind",
+    ("harnessrl/environments/store.py", "recipe.debian is not None"): "the caller matched the kind",
+    (
+        "harnessrl/sandbox/seccomp.py",
+        "not set(ALLOWED_SYSCALLS) & set(DENIED_SYSCALLS)",
+    ): "the module's tables",
+    ("harnessrl/tasks/coding/probes.py", "probe.expected is not None"): "callers pass the recorded probes",
+    (
+        "harnessrl/retrieval/sandbox_tools/search_mcp.py",
+        "spec is not None and spec.loader is not None",
+    ): "the module's own sibling file",
 }
 
 
@@ -45,7 +56,10 @@ def own(target: ast.expr) -> bool:
 
 
 def narrows_a_type(test: ast.expr) -> bool:
-    """``x is not None``, ``isinstance(x, T)`` or ``not isinstance(x, T)`` of an ``own`` target."""
+    """``x is not None``, ``isinstance(x, T)`` or ``not isinstance(x, T)`` of an ``own`` target, or
+    several of them joined by ``and``."""
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        return all(narrows_a_type(value) for value in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
         test = test.operand
     if isinstance(test, ast.Compare):
