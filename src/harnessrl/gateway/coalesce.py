@@ -94,6 +94,12 @@ class Outlet:
 
     async def put(self, chunk: bytes) -> None:
         """Queue ``chunk``; waits while the buffer is full (the client is behind)."""
+        if self.push(chunk):
+            await self.wait_room()
+
+    def push(self, chunk: bytes) -> bool:
+        """``put`` without the wait: queue ``chunk``; whether the buffer is full (then ``wait_room``
+        before the next). A stream pushes one event per token: no coroutine per event."""
         self._check()
         self._pending.append(chunk)
         self._pending_bytes += len(chunk)
@@ -101,8 +107,13 @@ class Outlet:
         self._ready.set()
         if self._pending_bytes >= self._limit:
             self._room.clear()
-            await self._room.wait()
-            self._check()
+            return True
+        return False
+
+    async def wait_room(self) -> None:
+        """Wait until the writer has taken the buffer (the client is behind until then)."""
+        await self._room.wait()
+        self._check()
 
     async def settle(self) -> None:
         """Wait until everything put has left the gateway and the client's TCP has acknowledged all

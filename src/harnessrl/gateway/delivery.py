@@ -203,7 +203,8 @@ class CallStream(StreamingResponse):
                     call.outlet = outlet
                     try:
                         async for chunk in self.body_iterator:
-                            await outlet.put(chunk.encode() if isinstance(chunk, str) else bytes(chunk))
+                            if outlet.push(chunk.encode() if isinstance(chunk, str) else bytes(chunk)):
+                                await outlet.wait_room()  # the client is behind: the generation waits
                         await outlet.close()
                     except ClientTooSlow:
                         pass  # ``on_slow`` dropped the call (or it was recorded: only the end is lost)
