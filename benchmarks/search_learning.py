@@ -79,15 +79,18 @@ def searches_per_rollout(run_dir: Path) -> dict[str, float]:
     rollouts = [r for (r,) in db.execute("SELECT rollout_id FROM rollouts WHERE finished_at IS NOT NULL")]
     counts = dict(db.execute("SELECT rollout_id, COUNT(*) FROM tool_requests GROUP BY rollout_id").fetchall())
     calls = dict(db.execute("SELECT rollout_id, COUNT(*) FROM calls GROUP BY rollout_id").fetchall())
-    f1s = []
+    f1s, answered = [], 0
     for (meta,) in db.execute("SELECT metadata FROM rollouts WHERE finished_at IS NOT NULL"):
-        f1s.append(float(((json.loads(meta or "{}").get("evaluation") or {}).get("f1")) or 0.0))
+        evaluation = json.loads(meta or "{}").get("evaluation") or {}
+        f1s.append(float(evaluation.get("f1") or 0.0))
+        answered += evaluation.get("answer") is not None
     db.close()
     n = max(1, len(rollouts))
     return {
         "searches_per_rollout": round(sum(counts.get(r, 0) for r in rollouts) / n, 3),
         "share_with_a_search": round(sum(1 for r in rollouts if counts.get(r, 0) > 0) / n, 3),
         "calls_per_rollout": round(sum(calls.get(r, 0) for r in rollouts) / n, 3),
+        "share_with_an_answer": round(answered / n, 3),  # wrote answer.txt (right or wrong)
         "f1": round(statistics.fmean(f1s), 4) if f1s else 0.0,
     }
 
@@ -236,6 +239,8 @@ def main(argv: list[str] | None = None) -> None:
         "stopped_by_budget": stopped,
         "rollouts_per_step": trained[0]["rollouts/total"] if trained else None,
         "train_reward_curve": [[r["step"], round(r["reward/mean"], 3)] for r in trained],
+        # the training rollouts (sampled at trainer.temperature): what the policy did while it trained
+        "train_rollouts": searches_per_rollout(run_dir),
         "eval_minutes": {c["step"]: c["result"]["minutes"] for c in curve} | {"base": before["minutes"]},
         "eval_infra_failures": before["infra_failures"] + sum(c["result"]["infra_failures"] for c in curve),
         "config": vars(args) | {"work": str(work), "out": str(args.out), "picture": str(picture)},
