@@ -95,6 +95,8 @@ def test_agent_with_tool_call_is_scored_and_recorded(tmp_path):
         first.prompt_token_ids + first.response_token_ids
     )
     assert rollout.metadata["evaluation"]
+    # The finisher says how many calls the evaluator read: samples are built from those only.
+    assert rollout.metadata["calls_seen"] == 2
     store.close()
 
 

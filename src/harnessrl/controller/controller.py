@@ -38,6 +38,7 @@ from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
 from harnessrl.store.base import Store
+from harnessrl.trajectory.samples import CALLS_SEEN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -330,6 +331,9 @@ class Controller:
             "log_dir": str(attempt_dir),
             "stderr_tail": log_tail(attempt_dir),
             "harness_seconds": round(time.time() - started, 3),
+            # How many calls the evaluator and audit read: a call the gateway recorded after this
+            # (its rollout not yet finished) is never trained on (trajectory.samples.CALLS_SEEN_KEY).
+            CALLS_SEEN_KEY: len(calls),
         }
         if root is not None or image is not None:  # which image the harness and the scorer ran on
             metadata["environment"] = {
@@ -396,7 +400,7 @@ def _jsonable(value: Any) -> Any:
 def log_tail(attempt_dir: Path, *, max_chars: int = 600) -> str:
     """The last lines of the harness's stderr (Kubernetes: the merged pod log): what a harness that
     failed before the policy had a say printed, kept with the rollout so a run can tell that every
-    rollout of a step failed the same way (``trainer.step.common_failure``)."""
+    rollout of a step failed the same way (``trainer.failures.common_failure``)."""
     for name in ("stderr.log", "stdout.log"):
         path = attempt_dir / name
         if path.is_file() and path.stat().st_size:

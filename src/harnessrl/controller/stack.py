@@ -13,13 +13,13 @@ import importlib.util
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator
 
 from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
@@ -28,6 +28,8 @@ from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import (
     CommandEvaluatorConfig,
     Evaluator,
+    EvaluatorConfig,
+    ExactMatchEvaluatorConfig,
     build_evaluator,
     parse_evaluator_config,
 )
@@ -57,7 +59,7 @@ class RolloutConfig(Section):
     gateway: GatewayConfig = Field(default_factory=lambda: GatewayConfig(port=0))
     store: StoreConfig | None = None
     harness: HarnessSpec
-    evaluator: dict[str, Any] = Field(default_factory=lambda: {"type": "exact_match"})
+    evaluator: EvaluatorConfig = Field(default_factory=ExactMatchEvaluatorConfig)
     controller: ControllerConfig = Field(default_factory=ControllerConfig)
     task: dict[str, Any] | None = None
     kubernetes: KubernetesRunnerConfig | None = Field(
@@ -68,10 +70,11 @@ class RolloutConfig(Section):
         description="a corpus the gateway serves to the harness's search tool (docs/retrieval.md)",
     )
 
-    @model_validator(mode="after")
-    def _check_evaluator(self) -> RolloutConfig:
-        parse_evaluator_config(self.evaluator)  # raises ConfigError naming evaluator.<field>
-        return self
+    @field_validator("evaluator", mode="before")
+    @classmethod
+    def _parse_evaluator(cls, value: Any) -> Any:
+        # parse_evaluator_config names the field as written (evaluator.command), not by the union's tag
+        return parse_evaluator_config(value) if isinstance(value, Mapping) else value
 
 
 def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[HarnessSpec, Evaluator]:
@@ -101,7 +104,7 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         elif config.store is not None and "://" not in config.store.url:
             forbidden.append(Path(config.store.url))
         check_mounts(harness.mounts, forbidden=forbidden)
-    evaluator_config = parse_evaluator_config(config.evaluator)
+    evaluator_config = config.evaluator
     if isinstance(evaluator_config, CommandEvaluatorConfig):
         check_mounts(
             evaluator_config.mounts,

@@ -99,7 +99,7 @@ class Trainer:
             engine=engine,
             gateway=cfg.gateway,
             harness=cfg.harness,
-            evaluator=cfg.evaluator.model_dump(mode="json"),
+            evaluator=cfg.evaluator,
             controller=cfg.controller,
             retrieval=cfg.retrieval,
         )

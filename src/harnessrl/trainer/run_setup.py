@@ -91,7 +91,7 @@ def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
     prepare(
         RolloutConfig(
             harness=config.harness,
-            evaluator=config.evaluator.model_dump(mode="json"),
+            evaluator=config.evaluator,
             controller=config.controller,
             retrieval=config.retrieval,
         ),
