@@ -15,7 +15,7 @@ from harnessrl.store.sqlite import SQLiteStore
 def test_searches_appear_between_the_calls_they_came_between(tmp_path: Path) -> None:
     store = SQLiteStore(tmp_path / "harnessrl.db")
     store.create_rollout(task={"prompt": "q"}, rollout_id="r1")
-    for seq, at in enumerate((10.0, 30.0)):
+    for at in (10.0, 30.0):
         store.add_call(
             Call(
                 rollout_id="r1",

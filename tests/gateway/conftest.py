@@ -71,7 +71,8 @@ def tokenizer() -> PolicyTokenizer:
 @pytest.fixture
 def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callable[..., Gateway]]:
     """``make_gateway(turns, token_delay_s=0, counting=False, **gateway_config)`` starts a gateway;
-    stopped at teardown. ``counting``: the engine is a ``CountingEngine``."""
+    stopped at teardown. ``counting``: the engine is a ``CountingEngine``; ``policy_tokenizer``: the
+    policy's tokenizer (default the tiny model's)."""
     stack = contextlib.ExitStack()
     count = {"n": 0}
 
@@ -82,13 +83,14 @@ def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callabl
         context_length: int | None = None,
         keepalive_s: float = 10.0,
         counting: bool = False,
+        policy_tokenizer: PolicyTokenizer | None = None,
         **config: Any,
     ) -> Gateway:
         count["n"] += 1
         store = SQLiteStore(tmp_path / f"store-{count['n']}.db")
         engine: Any = ScriptedEngine(
             turns if isinstance(turns, dict) else list(turns),
-            tokenizer,
+            policy_tokenizer or tokenizer,
             token_delay_s=token_delay_s,
             context_length=context_length,
         )

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
 from harnessrl.engines.scripted import ScriptedEngine
+from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
@@ -361,37 +362,39 @@ def test_requests_in_flight_per_key_are_capped(make_gateway: Any) -> None:
     assert len(gw.client.list_calls(mine["rollout_id"])) == 2
 
 
-def test_a_prompt_that_takes_too_long_to_tokenize_is_a_413_and_others_go_on(
-    make_gateway: Any, tokenizer: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_prompt_that_takes_too_long_to_tokenize_is_a_413_and_others_go_on(make_gateway: Any) -> None:
     """The size cap cannot see a template or text that is slow to tokenize: the time budget can."""
     import threading
-    import time
 
     slow = threading.Event()
-    render = tokenizer.render_chat
+    release = threading.Event()
 
-    def slow_render(messages: Any, *args: Any, **kwargs: Any) -> str:
-        if any("SLOW" in str(m.get("content")) for m in messages):
-            slow.set()
-            time.sleep(3.0)
-        return render(messages, *args, **kwargs)
+    class SlowTokenizer(PolicyTokenizer):
+        """The tiny model's tokenizer, with a render that hangs on prompts saying SLOW."""
 
-    monkeypatch.setattr(tokenizer, "render_chat", slow_render)
-    gateway = make_gateway(["Fine."], tokenize_timeout_s=0.5)
+        def render_chat(self, messages: Any, *args: Any, **kwargs: Any) -> str:
+            if any("SLOW" in str(m.get("content")) for m in messages):
+                slow.set()
+                release.wait(30)
+            return super().render_chat(messages, *args, **kwargs)
+
+    gateway = make_gateway(
+        ["Fine."],
+        tokenize_timeout_s=0.5,
+        policy_tokenizer=SlowTokenizer.from_dir(tiny_model_dir(weights=False)),
+    )
     rollout = gateway.rollout()
     headers = {"authorization": f"Bearer {rollout['api_key']}"}
     url = f"{gateway.url}/v1/chat/completions"
     with httpx.Client(timeout=30) as client:
-        started = time.monotonic()
         slow_answer = client.post(
             url, json={"messages": [{"role": "user", "content": "SLOW"}]}, headers=headers
         )
-        waited = time.monotonic() - started
-        assert slow.is_set()
+        # Answered while the render still hangs (it returns only once released): at the budget.
+        assert slow.is_set() and not release.is_set()
+        release.set()
         assert slow_answer.status_code == 413, slow_answer.text
         assert "tokenize_timeout_s" in slow_answer.json()["error"]["message"]
-        assert waited < 2.5  # answered at the budget, not when the render finished
         assert gateway.store.list_calls(rollout["rollout_id"]) == []
         # Control: the same gateway answers an ordinary prompt.
         fine = client.post(url, json={"messages": [{"role": "user", "content": "hi"}]}, headers=headers)

@@ -153,7 +153,7 @@ def test_openhands_comes_from_its_venv_or_path_and_gets_its_own_tmux_socket_fold
 def test_missing_openhands_is_a_config_error_naming_it(tmp_path, monkeypatch):
     import harnessrl.controller.presets_python as presets_python
 
-    monkeypatch.setattr(presets_python, "_openhands_bin", lambda: None)
+    monkeypatch.setenv("HARNESSRL_HARNESSES_DIR", str(tmp_path))  # installed harnesses: none there
     monkeypatch.setenv("PATH", str(tmp_path))
     spec = presets_python.openhands()
     assert spec.command[0] == "openhands"
@@ -221,9 +221,7 @@ def test_openclaw_runs_on_node_24_against_the_harnessrl_provider(tmp_path):
 
 @pytest.mark.parametrize("preset", ["hermes", "openclaw"])
 def test_missing_assistant_is_a_config_error_naming_it(preset, tmp_path, monkeypatch):
-    import harnessrl.controller.presets_assistants as presets_assistants
-
-    monkeypatch.setattr(presets_assistants, "project_path", lambda *parts: None)
+    monkeypatch.setenv("HARNESSRL_HARNESSES_DIR", str(tmp_path))  # installed harnesses: none there
     monkeypatch.setenv("PATH", str(tmp_path))
     spec = PRESETS[preset]()
     assert spec.command[0] == preset

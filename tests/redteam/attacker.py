@@ -236,11 +236,24 @@ def _():
     return True, "sent (the test counts what arrived)"
 
 
+def started(argv):
+    """A child that has exec'd ``argv`` (its /proc name says so), the target of the next attacks."""
+    child = subprocess.Popen(argv)
+    for _ in range(2000):
+        try:
+            with open(f"/proc/{child.pid}/comm") as comm:
+                if comm.read().strip() == os.path.basename(argv[0]):
+                    break
+        except OSError:
+            pass
+        time.sleep(0.005)
+    return child
+
+
 @attack("ptrace_another_process")
 def _():
-    child = subprocess.Popen(["sleep", "30"])
+    child = started(["sleep", "30"])
     try:
-        time.sleep(0.2)
         ok = libc.ptrace(16, child.pid, None, None) == 0  # PTRACE_ATTACH
         return ok, f"errno {ctypes.get_errno()}"
     finally:
@@ -249,9 +262,8 @@ def _():
 
 @attack("process_vm_readv")
 def _():
-    child = subprocess.Popen(["sleep", "30"])
+    child = started(["sleep", "30"])
     try:
-        time.sleep(0.2)
         buf = ctypes.create_string_buffer(8)
 
         class IoVec(ctypes.Structure):

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.sandbox.copy import drop_escaping_links
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import (
     GATEWAY_SOCKET,
@@ -23,6 +22,7 @@ from harnessrl.sandbox.bwrap import (
     check_mounts,
     sandbox_problem,
 )
+from harnessrl.sandbox.copy import drop_escaping_links
 from harnessrl.sandbox.seccomp import DENIED_SYSCALLS, compile_filter
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]

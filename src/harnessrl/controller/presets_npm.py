@@ -23,10 +23,18 @@ NPM_PREFIX = ".harnesses"
 
 
 def project_path(*parts: str) -> Path | None:
-    """``<project>/.harnesses/<parts>`` if install.sh made it; the project is the folder holding
-    harnessrl's venv, else the current folder. Every preset finds its harness through this."""
-    for root in (Path(sys.prefix).parent, Path.cwd()):
-        candidate = root.joinpath(NPM_PREFIX, *parts)
+    """``<harnesses>/<parts>`` if install.sh made it. ``<harnesses>`` is ``$HARNESSRL_HARNESSES_DIR``
+    when set (harnesses installed elsewhere; nothing else is looked at then), else ``.harnesses/`` of
+    the project (the folder holding harnessrl's venv) or of the current folder. Every preset finds its
+    harness through this."""
+    configured = os.environ.get("HARNESSRL_HARNESSES_DIR")
+    roots = (
+        [Path(configured)]
+        if configured
+        else [root / NPM_PREFIX for root in (Path(sys.prefix).parent, Path.cwd())]
+    )
+    for root in roots:
+        candidate = root.joinpath(*parts)
         if candidate.exists():
             return candidate
     return None

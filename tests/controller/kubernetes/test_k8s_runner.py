@@ -68,6 +68,22 @@ async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.02)
 
 
+def job_lists(fake: FakeKubernetes) -> int:
+    """How many times runners listed the Jobs (once per reconcile pass; watches not counted)."""
+    return sum(
+        1
+        for method, path, query in fake.requests
+        if method == "GET" and path.endswith("/jobs") and query.get("watch") != "true"
+    )
+
+
+async def reconcile_passes(fake: FakeKubernetes, n: int = 3) -> None:
+    """Wait until the runners have listed the Jobs ``n`` more times: whatever they would do on their
+    own, they had the chance to do it by then."""
+    start = job_lists(fake)
+    await until(lambda: job_lists(fake) >= start + n)
+
+
 def job_posts(fake: FakeKubernetes) -> int:
     return sum(1 for method, path, _ in fake.requests if method == "POST" and path.endswith("/jobs"))
 
@@ -134,7 +150,7 @@ async def test_stuck_image_pull_is_infra_and_deleted(fake_k8s, runners, make_lau
     runner = runners(stuck_pending_s=60)
     handle = await runner.launch(make_launch("r1"))
     fake_k8s.set_waiting(handle.job_name, "ImagePullBackOff", "Back-off pulling image")
-    await asyncio.sleep(0.3)
+    await reconcile_passes(fake_k8s)
     assert not handle._attempt.done.done()  # a fresh pull may still succeed
     fake_k8s.set_job_age(handle.job_name, 120)
     exit_ = await asyncio.wait_for(handle.wait(), 5)
@@ -190,7 +206,7 @@ async def test_restarted_controller_deletes_orphans_after_grace(fake_k8s, runner
     assert fake_k8s.job(kept.job_name) is not None
     other_run = runners(run_id="run-2", orphan_grace_s=0)  # another run's runner never touches run-1's Jobs
     await other_run.start()
-    await asyncio.sleep(0.4)
+    await reconcile_passes(fake_k8s)
     assert fake_k8s.job(kept.job_name) is not None
 
 
@@ -198,7 +214,7 @@ async def test_concurrency_cap(fake_k8s, runners, make_launch) -> None:
     runner = runners(max_concurrent_jobs=2)
     launches = [asyncio.create_task(runner.launch(make_launch(f"r{i}"))) for i in range(4)]
     await until(lambda: sum(t.done() for t in launches) == 2)
-    await asyncio.sleep(0.3)  # several reconcile passes: still only two
+    await reconcile_passes(fake_k8s)  # still only two
     assert len(fake_k8s.jobs()) == 2 and sum(t.done() for t in launches) == 2
     first = next(t for t in launches if t.done()).result()
     fake_k8s.succeed_job(first.job_name)
@@ -208,7 +224,7 @@ async def test_concurrency_cap(fake_k8s, runners, make_launch) -> None:
     waiting = next(t for t in launches if not t.done())
     waiting.cancel()  # a launch cancelled while queued leaves nothing behind
     await asyncio.gather(waiting, return_exceptions=True)
-    await asyncio.sleep(0.3)
+    await reconcile_passes(fake_k8s)
     assert len(fake_k8s.jobs()) == 3
 
 
@@ -216,12 +232,16 @@ async def test_watch_recovers_from_expired_resource_version(fake_k8s, runners, m
     runner = runners(watch_timeout_s=1, poll_interval_s=30)  # only the watch can deliver the outcome
     handle = await runner.launch(make_launch("r1"))
     fake_k8s.compact()
-    await asyncio.sleep(1.3)  # the watch reconnects from a compacted version: 410, relist, watch again
+
+    def watches() -> int:
+        return sum(1 for _, _, q in fake_k8s.requests if q.get("watch") == "true")
+
+    # The watch reconnects from a compacted version (410), relists and watches again: a later watch.
+    await until(lambda: watches() >= 2, timeout=10)
     fake_k8s.fail_job(handle.job_name, exit_code=5)
     exit_ = await asyncio.wait_for(handle.wait(), 5)
     assert exit_.exit_code == 5
-    watches = [q for m, _, q in fake_k8s.requests if q.get("watch") == "true"]
-    assert len(watches) >= 2
+    assert watches() >= 2
 
 
 async def test_network_policy_converges(fake_k8s, runners) -> None:
