@@ -314,7 +314,9 @@ def test_paused_gateway_streams_pings_and_completes_after_resume(make_gateway: A
     while gw.client.state()["waiting"] != 1:
         assert time.monotonic() < deadline, "the call never reached the gate"
         time.sleep(0.02)
-    time.sleep(0.3)
+    while lines.count("event: ping") < 2:  # the held stream is kept alive meanwhile
+        assert time.monotonic() < deadline + 5, "no keep-alive pings while paused"
+        time.sleep(0.02)
     gw.client.resume()
     thread.join(timeout=10)
     first_start = lines.index("event: message_start")

@@ -53,6 +53,14 @@ def store(tmp_path: Path) -> Any:
     s.close()
 
 
+async def until(condition: Any, timeout_s: float = 10.0) -> None:
+    """Yield to the event loop until ``condition()`` holds (the writer's thread moves meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the writer never got there"
+        await asyncio.sleep(0.005)
+
+
 def test_concurrent_calls_share_one_commit_and_each_is_durable_when_answered(
     store: SQLiteStore, tmp_path: Path
 ) -> None:
@@ -73,9 +81,9 @@ def test_concurrent_calls_share_one_commit_and_each_is_durable_when_answered(
     async def main() -> list[int]:
         lock = DatabaseLock(tmp_path / "s.db")
         first = asyncio.ensure_future(add(0))
-        await asyncio.sleep(0.2)  # the writer is now waiting for the lock with call 0
+        await until(lambda: writer.writing and writer.queued == 0)  # waiting for the lock with call 0
         rest = [asyncio.ensure_future(add(i)) for i in (1, 2, 3)]
-        await asyncio.sleep(0.1)
+        await until(lambda: writer.queued == 3)
         lock.release()
         return await asyncio.gather(first, *rest)
 
@@ -95,13 +103,13 @@ def test_a_failed_write_fails_only_its_own_call(store: SQLiteStore, tmp_path: Pa
     async def main() -> list[Any]:
         lock = DatabaseLock(tmp_path / "s.db")
         blocker = asyncio.ensure_future(writer.add(make_call(rollout.rollout_id)))
-        await asyncio.sleep(0.2)
+        await until(lambda: writer.writing and writer.queued == 0)
         batch = [
             asyncio.ensure_future(writer.add(make_call(rollout.rollout_id))),
             asyncio.ensure_future(writer.add(make_call("no-such-rollout"))),
             asyncio.ensure_future(writer.add(make_call(rollout.rollout_id))),
         ]
-        await asyncio.sleep(0.1)
+        await until(lambda: writer.queued == 3)
         lock.release()
         return await asyncio.gather(blocker, *batch, return_exceptions=True)
 
@@ -142,7 +150,7 @@ def test_a_lone_call_is_written_at_once_and_a_held_lock_sends_it_to_the_thread(
         alone = [(await writer.add(make_call(rollout.rollout_id))).seq for _ in range(3)]
         lock = DatabaseLock(tmp_path / "s.db")
         held = asyncio.ensure_future(writer.add(make_call(rollout.rollout_id)))
-        await asyncio.sleep(0.2)
+        await until(lambda: writer.writing and writer.queued == 0)
         assert not held.done()  # in the thread, waiting for the lock (not the event loop)
         lock.release()
         return [*alone, (await held).seq]

@@ -189,26 +189,36 @@ def _request(path: str = "/api/health") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".encode()
 
 
+def _still_open(sock: socket.socket) -> bool:
+    """Whether the server has neither answered nor closed ``sock`` yet (nothing to read, no EOF)."""
+    sock.setblocking(False)
+    try:
+        sock.recv(1, socket.MSG_PEEK)  # an answer, or b"" for a close
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
 def test_half_sent_request_is_closed_after_the_header_timeout(make_gateway: Any) -> None:
     gw = make_gateway(header_timeout_s=0.5)
-    half = _connect(gw.url)
-    half.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0")  # never finished
-    silent = _connect(gw.url)  # never sends anything
-    began = time.monotonic()
-    with httpx.Client(base_url=gw.url, timeout=10) as client:
-        assert client.get("/api/health").status_code == 200  # a normal client is served meanwhile
-        answer = _read_until_closed(half)
-        assert answer.startswith(b"HTTP/1.1 408 ")
-        assert b"request_timeout" in answer
-        assert _read_until_closed(silent).startswith(b"HTTP/1.1 408 ")
-        assert 0.4 < time.monotonic() - began < 5
-        assert client.get("/api/health").status_code == 200
-    # Control: a whole request in time is answered, and its idle keep-alive connection outlives the
-    # header timeout (idle is the keep-alive timeout's business).
+    # Control, opened first: a whole request in time is answered, and its connection then sits idle
+    # for longer than the header timeout (the others below are closed for it meanwhile).
     ok = _connect(gw.url)
     ok.sendall(_request())
     assert ok.recv(65536).startswith(b"HTTP/1.1 200 ")
-    time.sleep(1.0)
+    half = _connect(gw.url)
+    half.sendall(b"GET /api/health HTTP/1.1\r\nHost: 127.0.0")  # never finished
+    silent = _connect(gw.url)  # never sends anything
+    with httpx.Client(base_url=gw.url, timeout=10) as client:
+        assert client.get("/api/health").status_code == 200  # a normal client is served meanwhile
+        answer = _read_until_closed(half)
+        assert answer.startswith(b"HTTP/1.1 408 ")  # closed for the header timeout, and says so
+        assert b"request_timeout" in answer
+        assert _read_until_closed(silent).startswith(b"HTTP/1.1 408 ")
+        assert client.get("/api/health").status_code == 200
+    # Idle is the keep-alive timeout's business: the control's connection is still served.
     ok.sendall(_request())
     assert ok.recv(65536).startswith(b"HTTP/1.1 200 ")
     ok.close()
@@ -224,9 +234,8 @@ def test_body_that_never_arrives_is_closed_after_the_body_timeout(make_gateway: 
         "content-length: 1000\r\n\r\n"
     )
     sock.sendall(head.encode() + b'{"model": "m", ')
-    began = time.monotonic()
-    _read_until_closed(sock)
-    assert 0.4 < time.monotonic() - began < 5
+    assert _still_open(sock)  # not refused on sight: it waits for the rest, up to the body timeout
+    assert _read_until_closed(sock) == b""  # then closed
     assert gw.client.list_calls(rollout["rollout_id"]) == []
     # Control: the whole body in time is a call.
     r = httpx.post(
@@ -243,9 +252,8 @@ def test_idle_keep_alive_connection_closes_after_the_keepalive_timeout(make_gate
     sock = _connect(gw.url)
     sock.sendall(_request())
     assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-    began = time.monotonic()
-    assert _read_until_closed(sock) == b""  # closed by the server, no answer
-    assert 0.4 < time.monotonic() - began < 5
+    assert _still_open(sock)  # kept alive after its answer...
+    assert _read_until_closed(sock) == b""  # ...until the keep-alive timeout: closed, no answer
 
 
 def test_default_keep_alive_outlives_the_clients_5_s() -> None:
@@ -259,7 +267,7 @@ def test_connection_idle_5_s_is_still_served(make_gateway: Any) -> None:
     sock = _connect(gw.url)
     sock.sendall(_request())
     assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
-    time.sleep(5.5)
+    time.sleep(5.5)  # the scenario itself, not a wait for something: idle as long as clients keep theirs
     sock.sendall(_request())
     assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
 

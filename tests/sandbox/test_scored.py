@@ -63,9 +63,9 @@ print(json.dumps(found), flush=True)
 # The scorer, run inside the sandbox: the inputs and private folder live under /run/harnessrl, as in
 # the command evaluator's sandbox. It runs the attack once as `mode` says and prints what it saw.
 SCORER = r"""
-import json, os, subprocess, sys, time
+import json, os, subprocess, sys
 from pathlib import Path
-from harnessrl.sandbox.scored import run_scored
+from harnessrl.sandbox.scored import descendants, run_scored
 mode, attack, workspace = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 targets = {"input": "/run/harnessrl/inputs/expected.txt", "private": os.environ["HARNESSRL_SCORER_DIR"],
            "marker": str(workspace / "leftover.txt")}
@@ -74,11 +74,13 @@ env = {"PATH": os.environ["PATH"], "HOME": "/tmp"}
 if mode == "scored":
     run = run_scored(argv, cwd=workspace, env=env, timeout_s=30)
     print(run.output.decode(), file=sys.stderr)
-    found, extra = json.loads(run.output.decode().strip().splitlines()[-1]), {"isolation": run.isolation}
+    found = json.loads(run.output.decode().strip().splitlines()[-1])
+    # Dead, not merely slow: nothing below this scorer is left to write anything later.
+    extra = {"isolation": run.isolation, "left": run.leftovers, "alive": len(descendants(os.getpid()))}
 else:
+    # The leftover holds the captured stdout: run() returns once it has done what it wanted.
     done = subprocess.run(argv, cwd=workspace, env=env, capture_output=True, text=True, timeout=30)
     found, extra = json.loads(done.stdout.strip().splitlines()[-1]), {}
-time.sleep(3)  # give a leftover the time it asked for: it must have been killed, not merely slow
 print(json.dumps({"found": found, "leftover": (workspace / "leftover.txt").exists(), **extra}))
 """
 
@@ -127,7 +129,7 @@ def run_scorer(tmp_path: Path, mode: str) -> tuple[dict, str]:
 
 def test_scored_code_cannot_reach_its_scorer(tmp_path):
     seen, stdout = run_scorer(tmp_path, "scored")
-    assert seen["isolation"] == "landlock"
+    assert seen["isolation"] == "landlock" and seen["left"] >= 1 and seen["alive"] == 0
     assert seen["found"] == {
         "environ": False,
         "mem_write": False,

@@ -51,6 +51,16 @@ class CallWriter:
         self.written_at_once = 0  # calls written on their caller's thread (``add_call_now``)
         self._writing = False  # the thread holds calls it has not answered yet
 
+    @property
+    def writing(self) -> bool:
+        """Whether the writer's thread holds calls it has not answered yet (waiting for the lock, say)."""
+        return self._writing
+
+    @property
+    def queued(self) -> int:
+        """Calls waiting for the writer's thread to take them."""
+        return self._queue.qsize()
+
     async def add(self, call: Call, encoded: EncodedItems | None = None) -> Call:
         """``store.add_call(call, encoded)``, committed (maybe with other calls) before this returns."""
         if not self._writing and self._queue.empty():
