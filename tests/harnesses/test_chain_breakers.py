@@ -122,9 +122,12 @@ def test_what_breaks_the_chain(case: Breaker, tmp_path: Path) -> None:
     requests = [c.request for c in calls]
     tool_names = [sorted(t["function"]["name"] for t in r.get("tools", [])) for r in requests]
     if case.id == "hermes-delegate_task":
-        parent, child = [0, 1, 3], 2
-        assert requests[child]["messages"][0] != requests[0]["messages"][0]  # its own system prompt
-        assert "delegate_task" not in tool_names[child] and "delegate_task" in tool_names[0]
+        # The subagent's calls are the ones without the delegate_task tool (recorded in the order
+        # they were committed, which a loaded machine may interleave differently).
+        child = [i for i, names in enumerate(tool_names) if "delegate_task" not in names]
+        parent = [i for i in range(len(requests)) if i not in child]
+        assert len(child) >= 1 and len(parent) >= 2 and parent[0] == 0, tool_names
+        assert all(requests[i]["messages"][0] != requests[0]["messages"][0] for i in child)  # its own prompt
         assert all(tool_names[i] == tool_names[0] for i in parent)
     elif case.preset == "hermes":
         system = [r["messages"][0] for r in requests]
