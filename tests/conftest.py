@@ -86,3 +86,17 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return group_of(nodeid) or nodeid
 
     return GroupScheduling(config, log)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Unmount the images the tests mounted (the sandbox's roots stay mounted for reuse while a run
+    goes on), once every worker is done: the controlling process only, or a run without workers. A
+    checkout left with mounts inside cannot be deleted."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    from harnessrl.environments.podman import Podman, podman_problem
+    from harnessrl.environments.store import default_store
+
+    store = default_store()
+    if store.is_dir() and podman_problem() is None:
+        Podman(store).run("image", "unmount", "--all", "--force", check=False)
