@@ -1,4 +1,7 @@
-"""The rollouts table stays fast with 100k rollouts: pages come from SQL LIMIT/OFFSET."""
+"""The rollouts table pages 100k rollouts right: pages come from SQL LIMIT/OFFSET, counts from SQL.
+
+What a page costs at that size, against 1k, is measured by ``benchmarks/dashboard_scale.py``, not here.
+"""
 
 from __future__ import annotations
 
@@ -45,9 +48,9 @@ def test_rollouts_page_renders_fast_with_100k_rollouts(tmp_path: Path) -> None:
         {"order": "reward_asc", "page": "2"},
         {"step": "77"},
     ):
-        started = time.perf_counter()
         response = client.get("/ui/rollouts", params=query)
-        elapsed = time.perf_counter() - started
-        assert response.status_code == 200 and elapsed < 1.0, (query, elapsed)
+        assert response.status_code == 200, query
+        # One page: the table's 50 rows (the flag filter matches 100), never the whole run.
+        assert response.text.count('href="/ui/rollouts/r') == 50, query
     assert "page 1500 of 2000 · 100000 rollouts" in client.get("/ui/rollouts", params={"page": "1500"}).text
     assert "100 rollouts" in client.get("/ui/rollouts", params={"flagged": "1"}).text

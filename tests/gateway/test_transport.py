@@ -295,10 +295,14 @@ def test_connection_cap_answers_503_when_every_connection_is_busy(make_gateway: 
         sock = _connect(gw.url)
         sock.sendall(
             f"POST /rollouts/{rollout['rollout_id']}/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-            f"Authorization: Bearer {rollout['api_key']}\r\ncontent-length: 100\r\n\r\n{{".encode()
+            f"Authorization: Bearer {rollout['api_key']}\r\ncontent-length: 100\r\n"
+            "Expect: 100-continue\r\n\r\n".encode()
         )
+        # The server answers "100 Continue" when the app first reads the body: it has read the head
+        # and the connection is in its body phase.
+        assert sock.recv(64).startswith(b"HTTP/1.1 100 Continue")
+        sock.sendall(b"{")
         busy.append(sock)
-    time.sleep(0.2)  # let the server read both heads (the phase is server-side state)
     r = httpx.get(f"{gw.url}/api/health", timeout=10)
     assert r.status_code == 503
     assert r.json()["error"]["code"] == "too_many_connections"
