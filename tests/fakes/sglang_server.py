@@ -5,8 +5,8 @@ with ``input_ids``, ``sampling_params`` (``max_new_tokens``, ``stop_token_ids``)
 and ``stream`` (events ``data: {"text", "output_ids", "meta_info": {"output_token_logprobs":
 [[logprob, id, null], ...], "finish_reason"}}``, cumulative by default as SGLang streams them, or
 incremental; then ``data: [DONE]``); ``GET /get_model_info``, ``GET /get_server_info``,
-``GET /health``; ``POST /update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``
-(recorded). The deterministic model, failure knobs and server runner are the vLLM fake's.
+``GET /health``; ``POST /update_weights_from_disk``, ``/pause_generation``, ``/continue_generation``,
+``/load_lora_adapter``, ``/unload_lora_adapter`` (recorded; ``fail_update`` fails the loads). The deterministic model, failure knobs and server runner are the vLLM fake's.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ def create_sglang_app(fake: FakeModel, *, incremental: bool = False, fail_update
         prompt = body["input_ids"]
         sampling = body.get("sampling_params") or {}
         fake.prompts.append(prompt)
+        fake.requests.append({k: v for k, v in body.items() if k != "input_ids"})
         stops = sampling.get("stop_token_ids") or []
         plan = fake.plan(prompt, sampling.get("max_new_tokens", 128), stops)
         finish = {"type": "stop"} if plan and plan[-1][0] in stops else {"type": "length"}
@@ -69,6 +70,8 @@ def create_sglang_app(fake: FakeModel, *, incremental: bool = False, fail_update
         async def record(request: Request) -> Response:
             raw = await request.body()
             fake.calls.append((path, json.loads(raw) if raw else {}))
+            if path in ("/load_lora_adapter", "/unload_lora_adapter"):
+                return JSONResponse({"success": not fail_update, "message": "fake: adapter " + path})
             if path == "/update_weights_from_disk":
                 if fail_update:
                     return JSONResponse({"success": False, "message": "fake: cannot load"})
@@ -77,7 +80,13 @@ def create_sglang_app(fake: FakeModel, *, incremental: bool = False, fail_update
 
         return record
 
-    control = ("/update_weights_from_disk", "/pause_generation", "/continue_generation")
+    control = (
+        "/update_weights_from_disk",
+        "/pause_generation",
+        "/continue_generation",
+        "/load_lora_adapter",
+        "/unload_lora_adapter",
+    )
     routes = [
         Route("/get_model_info", model_info, methods=["GET"]),
         Route("/get_server_info", server_info, methods=["GET"]),

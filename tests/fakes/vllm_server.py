@@ -61,6 +61,10 @@ class FakeModel:
         self.paused = False
         self.calls: list[tuple[str, Any]] = []  # (path, body) of every control/weight call
         self.prompts: list[list[int]] = []  # prompt of every generation request
+        # Runtime LoRA (--enable-lora, VLLM_ALLOW_RUNTIME_LORA_UPDATING): False answers its routes 404
+        # as vLLM does without them. Loaded adapters by name (requests may name one as their model).
+        self.lora = True
+        self.adapters: dict[str, str] = {}
         self.killed = threading.Event()
 
     def plan(
@@ -116,6 +120,9 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
             )
         if len(prompt) + body.get("max_tokens", 16) > fake.context_length:
             return JSONResponse({"error": {"message": "maximum context length exceeded", "code": 400}}, 400)
+        if body.get("model", fake.model) not in (fake.model, *fake.adapters):
+            message = f"The model `{body['model']}` does not exist."
+            return JSONResponse({"error": {"message": message, "code": 404}}, 404)
         fake.prompts.append(prompt)
         fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
         plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
@@ -173,6 +180,23 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
 
         return record
 
+    async def lora_adapter(request: Request) -> Response:
+        if not fake.lora:
+            return JSONResponse({"detail": "Not Found"}, 404)
+        body = await request.json()
+        fake.calls.append((request.url.path, body))
+        name = body["lora_name"]
+        if request.url.path == "/v1/load_lora_adapter":
+            if name in fake.adapters:
+                message = f"The lora adapter '{name}' has already been loaded."
+                return JSONResponse({"error": {"message": message, "code": 400}}, 400)
+            fake.adapters[name] = body["lora_path"]
+            return Response(f"Success: LoRA adapter '{name}' added successfully.")
+        if fake.adapters.pop(name, None) is None:
+            message = f"The lora adapter '{name}' cannot be found."
+            return JSONResponse({"error": {"message": message, "code": 404}}, 404)
+        return Response(f"Success: LoRA adapter '{name}' removed successfully.")
+
     async def is_paused(request: Request) -> Response:
         return JSONResponse({"is_paused": fake.paused})
 
@@ -188,6 +212,10 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
         Route("/is_paused", is_paused, methods=["GET"]),
         Route("/server_info", server_info, methods=["GET"]),
         *[Route(p, recorder(p), methods=["POST"]) for p in ("/pause", "/resume", "/collective_rpc")],
+        *[
+            Route(p, lora_adapter, methods=["POST"])
+            for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+        ],
     ]
     return Starlette(routes=routes)
 

@@ -42,6 +42,7 @@ def test_the_protocol_has_what_the_run_the_loop_and_the_fleets_call():
         "response_logprobs",
         "engine_state_dict",
         "save_checkpoint",
+        "save_adapter",  # LoRA: what remote engines load each step instead of the whole model
         "load_trainer_state",
     }
 

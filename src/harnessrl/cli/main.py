@@ -59,6 +59,9 @@ def engine_serve(
     enforce_eager: Annotated[
         bool, typer.Option(help="Skip compilation (faster start, slower decode)")
     ] = False,
+    lora_rank: Annotated[
+        int | None, typer.Option(help="Serve LoRA adapters up to this rank ([trainer.lora] r)")
+    ] = None,
     log: Annotated[str, typer.Option(help="Where the server's output goes")] = "runs/engine/vllm.log",
     ready_timeout_s: Annotated[float, typer.Option(help="Give up if not serving after this long")] = 900.0,
 ) -> None:
@@ -89,6 +92,7 @@ def engine_serve(
             kv_cache_gib=kv_cache_gib,
             threads=threads,
             enforce_eager=enforce_eager,
+            lora_rank=lora_rank,
             extra_args=tuple(shlex.split(os.environ.get("HARNESSRL_VLLM_ARGS", ""))),
         )
         python = find_vllm_python()
@@ -304,6 +308,34 @@ def train(
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))
+
+
+@app.command()
+def export(
+    checkpoint: Annotated[
+        str,
+        typer.Argument(
+            help="A checkpoint folder (RUN_DIR/checkpoints/final, latest, step-N) or a run folder"
+        ),
+    ],
+    out: Annotated[str, typer.Argument(help="The folder to write (must not exist)")],
+    merged: Annotated[
+        bool,
+        typer.Option(help="A Hugging Face folder with the adapter merged in, instead of the adapter alone"),
+    ] = False,
+) -> None:
+    """Write a checkpoint's LoRA adapter (PEFT format: adapter_config.json, adapter_model.safetensors)
+    or, with --merged, its merged weights as a Hugging Face folder with the tokenizer files (no run
+    state). A run folder means its final checkpoint, else its latest."""
+    from pathlib import Path
+
+    from harnessrl.trainer.lora import export_checkpoint, run_checkpoint
+
+    try:
+        written = export_checkpoint(run_checkpoint(Path(checkpoint)), Path(out), merged=merged)
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    typer.echo(str(written))
 
 
 @app.command()

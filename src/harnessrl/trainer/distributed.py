@@ -220,6 +220,9 @@ class ShardedPolicy:
             self.policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
 
+    def save_adapter(self, folder: Path) -> bool:
+        return False  # [trainer.lora] is refused with torchrun (see __init__): there is no adapter
+
     def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
         """Rank 0 writes the same folder as the one-process policy; the optimizer state is the full
         (unsharded) state dict keyed by parameter name, reloadable by any world size."""

@@ -68,12 +68,16 @@ async def load_weights(
     weights_root: Path,
 ) -> None:
     """Give an engine ``weights`` as ``version``: in place, or as a folder its servers load
-    (``<weights_root>/v<N>``; older versions are removed once the new one is loaded)."""
+    (``<weights_root>/v<N>``; older versions are removed once the new one is loaded). With LoRA
+    that folder holds the adapter alone (PEFT format), which the servers load as a new adapter."""
     if not shares_weights:
         await engine_update(WeightUpdate(version=version, state_dict=weights.engine_state_dict()))
         return
     folder = weights_root / f"v{version}"
-    await asyncio.to_thread(weights.save_checkpoint, folder, with_optimizer=False)
+    if folder.exists():  # a version published again (a resumed run's restore)
+        await asyncio.to_thread(shutil.rmtree, folder)
+    if not await asyncio.to_thread(weights.save_adapter, folder):
+        await asyncio.to_thread(weights.save_checkpoint, folder, with_optimizer=False)
     await engine_update(WeightUpdate(version=version, checkpoint_dir=str(folder)))
     for old in weights_root.glob("v*"):
         if old != folder:

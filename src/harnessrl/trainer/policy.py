@@ -7,7 +7,8 @@ a run's). Its forward pass is ``trainer.forward`` (log-probs at the engine's sam
 the optimizer step is ``trainer.train_step`` over the policy's ``learner`` (model, optimizer, LR
 schedule, reference), the same code for one process and for torchrun ranks. With ``reference_dir``
 (``algorithm.kl_coef > 0``) the policy also holds a frozen reference model for the KL penalty: a full
-fp32 copy of those weights, never trained, in eval mode.
+fp32 copy of those weights, never trained, in eval mode; with LoRA on the same base weights, the
+policy's own model with its adapters switched off (``trainer/lora.py``), no copy.
 
 It implements ``trainer.base.Policy``, as ``distributed.ShardedPolicy`` and ``torchrun.LeaderPolicy``
 do.
@@ -28,6 +29,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.hardware import resolve_autocast
 from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
+from harnessrl.trainer.lora import ADAPTER_DIR, with_lora
 from harnessrl.trainer.train_step import Learner, train_step
 from harnessrl.trajectory import Sample
 
@@ -49,8 +51,11 @@ def lr_lambda(config: OptimizerConfig, total_steps: int):
     return factor
 
 
-def load_model(model_dir: str | Path, config: PolicyConfig) -> torch.nn.Module:
-    """The fp32 model the policy trains (with LoRA adapters when ``config.lora``)."""
+def load_model(
+    model_dir: str | Path, config: PolicyConfig, adapter_dir: str | Path | None = None
+) -> torch.nn.Module:
+    """The fp32 model the policy trains (with LoRA adapters when ``config.lora``: fresh ones, or
+    those saved in ``adapter_dir``)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
@@ -58,19 +63,9 @@ def load_model(model_dir: str | Path, config: PolicyConfig) -> torch.nn.Module:
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     if config.lora is not None:
-        from peft import LoraConfig, get_peft_model
-
-        lora = config.lora
-        model = get_peft_model(
-            model,
-            LoraConfig(
-                r=lora.r,
-                lora_alpha=lora.alpha,
-                lora_dropout=lora.dropout,
-                target_modules=lora.target_modules,
-                task_type="CAUSAL_LM",
-            ),
-        )
+        model = with_lora(model, config.lora, adapter_dir)
+    elif adapter_dir is not None:
+        raise ConfigError(f"trainer.lora: {adapter_dir} holds an adapter, but [trainer.lora] is not set")
     return model
 
 
@@ -92,20 +87,33 @@ class TrainablePolicy:
         config: PolicyConfig | None = None,
         *,
         reference_dir: str | Path | None = None,
+        adapter_dir: str | Path | None = None,
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
         **settings: Any,
     ):
         """``config``, or the ``PolicyConfig`` fields as keywords (``optimizer=``, ``total_steps=``,
         ``share_prefixes=``...). ``prepare_model`` places the model instead of ``config.device``
-        (a torchrun rank shards it: ``distributed.ShardedPolicy``)."""
+        (a torchrun rank shards it: ``distributed.ShardedPolicy``). With ``config.lora``, ``adapter_dir``
+        is the adapter a ``--resume`` continues (on the base weights in ``model_dir``), and a
+        ``reference_dir`` naming ``model_dir`` is the model itself with its adapters switched off:
+        no second copy of the weights."""
         if config is not None and settings:
             raise ConfigError(f"TrainablePolicy: give config or settings, not both ({', '.join(settings)})")
         self.config = config if config is not None else PolicyConfig(**settings)
         self.model_dir = Path(model_dir)
         torch.manual_seed(self.config.seed)
-        model = load_model(model_dir, self.config)
+        model = load_model(model_dir, self.config, adapter_dir)
         #: The KL penalty's frozen reference (None without one). A torchrun rank shards it itself.
-        reference = load_reference(reference_dir) if reference_dir is not None else None
+        #: LoRA on the reference's own weights: the policy's model is the reference, adapters off
+        #: (``train_step.micro_logprobs``); it is placed and prepared with the model.
+        shared_base = (
+            self.config.lora is not None
+            and reference_dir is not None
+            and Path(reference_dir).resolve() == self.model_dir.resolve()
+        )
+        reference = None
+        if reference_dir is not None and not shared_base:
+            reference = load_reference(reference_dir)
         if prepare_model is None:
             # "auto": the first GPU when there is one. A torchrun rank's prepare_model places it.
             device = self.config.device
@@ -126,6 +134,8 @@ class TrainablePolicy:
             weight_decay=optimizer_config.weight_decay,
         )
         device = next(model.parameters()).device
+        if shared_base:
+            reference = model
         self.learner = Learner(
             model=model,
             optimizer=optimizer,
@@ -145,16 +155,19 @@ class TrainablePolicy:
         model_dir: str | Path,
         *,
         reference_dir: str | Path | None = None,
+        adapter_dir: str | Path | None = None,
         prepare_model: Callable[[torch.nn.Module], None] | None = None,
     ) -> TrainablePolicy:
         """The policy a ``harnessrl train`` run trains (one process, or every torchrun rank).
 
         With ``algorithm.kl_coef > 0`` it holds a reference model loaded from ``reference_dir``
-        (default ``model_dir``: the weights it starts from)."""
+        (default ``model_dir``: the weights it starts from; with LoRA the base weights themselves).
+        ``adapter_dir``: the LoRA adapter a ``--resume`` continues."""
         return cls(
             model_dir,
             PolicyConfig.from_train_config(config),
             reference_dir=(reference_dir or model_dir) if config.algorithm.kl_coef > 0 else None,
+            adapter_dir=adapter_dir,
             prepare_model=prepare_model,
         )
 
@@ -243,6 +256,15 @@ class TrainablePolicy:
         finally:
             self.model.unmerge_adapter()  # type: ignore[attr-defined]
 
+    def save_adapter(self, folder: Path) -> bool:
+        """The LoRA adapter alone, in PEFT's format (``adapter_config.json``,
+        ``adapter_model.safetensors``: what vLLM's and SGLang's runtime LoRA loading takes) into
+        ``folder``; False, writing nothing, without ``[trainer.lora]``."""
+        if self.config.lora is None:
+            return False
+        self.model.save_pretrained(str(folder))
+        return True
+
     def save_checkpoint(
         self,
         folder: Path,
@@ -260,7 +282,7 @@ class TrainablePolicy:
         if tmp.exists():
             shutil.rmtree(tmp)
         if self.config.lora is not None:
-            self.model.save_pretrained(str(tmp / "adapter"))
+            self.save_adapter(tmp / ADAPTER_DIR)
             base = self.model.get_base_model()  # type: ignore[attr-defined]
             base.save_pretrained(str(tmp), state_dict=self.engine_state_dict(), safe_serialization=True)
         else:

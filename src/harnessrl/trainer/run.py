@@ -31,6 +31,7 @@ from harnessrl.trainer.fleet_gateway import served_weights_check
 from harnessrl.trainer.fleet_local import local_fleet
 from harnessrl.trainer.fleet_remote import remote_fleet
 from harnessrl.trainer.loop import TrainingLoop
+from harnessrl.trainer.lora import ADAPTER_DIR
 from harnessrl.trainer.metrics import MetricsWriter
 from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, heldout_overlap, train_sampling
 
@@ -78,14 +79,19 @@ class Trainer:
     def _build_policy(self) -> Policy:
         from harnessrl.trainer.policy import TrainablePolicy
 
-        model_dir = self._starting_weights()
+        model_dir, adapter = self._starting_weights(), None
+        if self.config.trainer.lora is not None and self.checkpoint is not None:
+            # LoRA resumes the checkpoint's adapter on the run's base weights (trainer/lora.py).
+            model_dir, adapter = self._configured_weights, self.checkpoint / ADAPTER_DIR
         # A resumed run keeps its KL anchor: the weights the run started from, not the checkpoint.
         reference = self._configured_weights if self.config.algorithm.kl_coef > 0 else model_dir
         policy: Policy
         if self.policy_factory is not None:
             policy = self.policy_factory(model_dir, reference)
         else:
-            policy = TrainablePolicy.from_config(self.config, model_dir, reference_dir=reference)
+            policy = TrainablePolicy.from_config(
+                self.config, model_dir, reference_dir=reference, adapter_dir=adapter
+            )
         if self.checkpoint is not None and (self.checkpoint / "trainer_state.pt").exists():
             policy.load_trainer_state(self.checkpoint)
         return policy
@@ -107,6 +113,10 @@ class Trainer:
     # -- the run -------------------------------------------------------------------------------------
     async def run(self) -> dict[str, Any]:
         cfg = self.config
+        if cfg.trainer.lora is not None:  # a bad [trainer.lora] fails before anything starts
+            from harnessrl.trainer.lora import check_lora_dir
+
+            await asyncio.to_thread(check_lora_dir, self._configured_weights, cfg.trainer.lora)
         if cfg.harness.environment is not None and cfg.trainer.controllers != "external":
             # Each task's image (docs/environments.md), built and checked to run the harness before
             # anything of the run starts: a missing image is one clear error, not a run of failures.
@@ -147,6 +157,10 @@ class Trainer:
                 groups_created = await self._reopen(fleet)
                 if self.state.step > 0:  # the engine serves the starting weights: give it the checkpoint's
                     await fleet.publish(self.state.step, policy, restore=True)
+                elif cfg.trainer.lora is not None and cfg.engine.source.kind in REMOTE_KINDS:
+                    # The servers load the fresh adapter (the base model's function) before any
+                    # rollout: one that cannot load adapters fails here, not after the first step.
+                    await fleet.publish(0, policy)
                 if cfg.trainer.served_weights_tolerance:
                     await fleet.check_served_weights(
                         served_weights_check(policy, cfg.trainer, metrics.message)

@@ -67,6 +67,9 @@ class LeaderPolicy:
     def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
         return self._command("save_checkpoint", folder, with_optimizer=with_optimizer)
 
+    def save_adapter(self, folder: Path) -> bool:
+        return False  # torchrun refuses [trainer.lora] before it starts: there is no adapter
+
     def load_trainer_state(self, folder: Path) -> None:
         self._command("load_trainer_state", folder)
 

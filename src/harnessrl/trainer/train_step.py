@@ -43,6 +43,7 @@ which wastes little since rows are filled close to ``row_tokens``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping
@@ -71,7 +72,8 @@ class Learner:
     config: PolicyConfig  # micro-batch layout (row_tokens, share_prefixes), grad_clip
     device: torch.device
     autocast: str = "none"  # resolved: "bf16" or "none"
-    reference: torch.nn.Module | None = None  # the KL penalty's frozen reference model
+    # the KL penalty's frozen reference model (LoRA: ``model`` itself, its adapters off)
+    reference: torch.nn.Module | None = None
 
 
 # -- what differs between one process and N ranks ----------------------------------------------------
@@ -223,19 +225,22 @@ def micro_logprobs(
     policy's only, detached), and the micro-batch's loss entries."""
     model = learner.reference if reference else learner.model
     options = {"with_entropy": not reference, "autocast": learner.autocast}
-    if isinstance(micro, PrefixBatch):
-        out = ranks.forward(prefix_logprobs, model, micro, temperature, reference=reference, **options)
-        return out, micro.entries
-    out = ranks.forward(
-        sequence_logprobs,
-        model,
-        micro.input_ids_B_T,
-        micro.position_ids_B_T,
-        temperature,
-        micro.loss_mask_B_T,
-        reference=reference,
-        **options,
-    )
+    # LoRA: the reference is the policy's own base weights, its adapters switched off (policy.py).
+    base = model.disable_adapter() if reference and model is learner.model else contextlib.nullcontext()
+    with base:
+        if isinstance(micro, PrefixBatch):
+            out = ranks.forward(prefix_logprobs, model, micro, temperature, reference=reference, **options)
+            return out, micro.entries
+        out = ranks.forward(
+            sequence_logprobs,
+            model,
+            micro.input_ids_B_T,
+            micro.position_ids_B_T,
+            temperature,
+            micro.loss_mask_B_T,
+            reference=reference,
+            **options,
+        )
     return out, micro
 
 

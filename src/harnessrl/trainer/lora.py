@@ -1,0 +1,123 @@
+"""LoRA for the trainer's policy: checking ``[trainer.lora]`` against the model, wrapping it with
+PEFT, and the adapter's files (PEFT's own format, which vLLM, SGLang and PEFT load as they are).
+
+What a LoRA run holds: the base weights (frozen, one copy: the KL penalty's reference is the same
+model with its adapters switched off, ``peft.PeftModel.disable_adapter``) and the adapter (the only
+trainable parameters, with their AdamW state). A checkpoint folder keeps the adapter under
+``adapter/`` (``adapter_config.json`` + ``adapter_model.safetensors``) beside the merged weights
+(a Hugging Face folder, so a checkpoint still loads anywhere as is) and the run state; ``--resume``
+rebuilds the policy from the run's base weights plus that adapter, never from the merged copy
+(fresh adapters on merged weights would hide what was learnt from the adapter and its optimizer).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harnessrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from harnessrl.trainer.config import LoraSection
+
+#: Where a checkpoint keeps its adapter (PEFT format).
+ADAPTER_DIR = "adapter"
+#: What the merged export leaves out of a checkpoint folder: the adapter and the run state.
+RUN_STATE_FILES = ("trainer_state.pt", "harnessrl_state.json", "harnessrl_final.json")
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def check_lora(model: torch.nn.Module, lora: LoraSection) -> None:
+    """``ConfigError`` naming the field when ``lora`` cannot apply to ``model``: a target module the
+    model does not have (or that is not a linear layer), or a rank above a target layer's smaller
+    side (the low-rank product could not be low rank: ``r`` up to min(in, out))."""
+    import torch
+
+    linear = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    leaves = sorted({_leaf(n) for n in linear})
+    for target in lora.target_modules:
+        matched = [m for n, m in linear.items() if n == target or n.endswith("." + target)]
+        if not matched:
+            others = {_leaf(n) for n, _ in model.named_modules() if n == target or n.endswith("." + target)}
+            what = "is not a linear layer" if others else "is not a module of this model"
+            raise ConfigError(
+                f"trainer.lora.target_modules: {target!r} {what}; its linear layers are {', '.join(leaves)}"
+            )
+        smallest = min(min(m.in_features, m.out_features) for m in matched)
+        if lora.r > smallest:
+            raise ConfigError(
+                f"trainer.lora.r: {lora.r} is larger than the {target!r} layers allow ({smallest}, the "
+                "smaller of their input and output sizes)"
+            )
+
+
+def check_lora_dir(model_dir: str | Path, lora: LoraSection) -> None:
+    """``check_lora`` on the model in ``model_dir`` built on the meta device: no weights are read,
+    so a run checks its ``[trainer.lora]`` before anything starts."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(str(model_dir))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    check_lora(model, lora)
+
+
+def with_lora(
+    model: torch.nn.Module, lora: LoraSection, adapter_dir: str | Path | None = None
+) -> torch.nn.Module:
+    """``model`` wrapped by PEFT: fresh adapters (B = 0: the policy starts as the base model), or
+    the trainable adapter saved in ``adapter_dir`` (a ``--resume``)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    check_lora(model, lora)
+    if adapter_dir is not None:
+        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora.r,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules,
+            task_type="CAUSAL_LM",
+        ),
+    )
+
+
+def adapter_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the adapter's tensors (what publishing an adapter moves)."""
+    return sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "lora_" in n)
+
+
+def export_checkpoint(checkpoint: Path, out: Path, *, merged: bool) -> Path:
+    """Write a checkpoint's adapter (PEFT format) or its merged weights (a Hugging Face folder with
+    the tokenizer files, without the run state) to ``out``, which must not exist."""
+    if out.exists():
+        raise ConfigError(f"{out}: already exists")
+    adapter = checkpoint / ADAPTER_DIR
+    if not (checkpoint / "config.json").exists():
+        raise ConfigError(f"{checkpoint}: not a harnessrl checkpoint (no config.json)")
+    if not merged:
+        if not (adapter / "adapter_config.json").exists():
+            raise ConfigError(
+                f"{checkpoint}: has no adapter (trained without [trainer.lora]); export it with --merged"
+            )
+        shutil.copytree(adapter, out)
+        return out
+    shutil.copytree(checkpoint, out, ignore=shutil.ignore_patterns(ADAPTER_DIR, *RUN_STATE_FILES))
+    return out
+
+
+def run_checkpoint(path: Path) -> Path:
+    """``path`` itself, or for a run folder its final checkpoint, else its latest one."""
+    for candidate in (path, path / "checkpoints" / "final", path / "checkpoints" / "latest"):
+        if (candidate / "config.json").exists():
+            return candidate
+    raise ConfigError(f"{path}: neither a checkpoint folder nor a run folder with checkpoints")

@@ -1,0 +1,236 @@
+"""LoRA in the trainer (``[trainer.lora]``, ``trainer/lora.py``): a bad section is a config error
+naming its field before anything starts; the KL reference is the base weights with the adapters
+switched off (no second copy, the same steps as a separate copy); checkpoints hold the adapter in
+PEFT's format and resume from base + adapter exactly; ``harnessrl export`` writes the adapter or the
+merged Hugging Face folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from harnessrl.algorithms.config import AlgorithmConfig
+from harnessrl.config import load_raw_config, validate_config
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.errors import ConfigError
+from harnessrl.trainer.checkpoint import TrainState, write_checkpoint
+from harnessrl.trainer.config import LoraSection, OptimizerConfig, TrainConfig
+from harnessrl.trainer.lora import check_lora_dir
+from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trainer.run import Trainer
+from harnessrl.trajectory import Sample, SampledSpan
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "examples" / "tiny" / "train.toml"
+LORA = LoraSection(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
+
+
+def config(*overrides: str) -> TrainConfig:
+    return validate_config(TrainConfig, load_raw_config(str(CONFIG), list(overrides)))
+
+
+def samples(step: int) -> list[Sample]:
+    gen = torch.Generator().manual_seed(step)
+    out = []
+    for r, advantage in enumerate([1.0, -0.5, 0.7]):
+        ids = torch.randint(5, 4096, (14,), generator=gen).tolist()
+        mask = [0] * 5 + [1] * 9
+        out.append(
+            Sample(
+                rollout_id=f"s{step}-r{r}",
+                input_ids=ids,
+                loss_mask=mask,
+                behaviour_logprobs=[-8.3 if m else 0.0 for m in mask],
+                spans=[SampledSpan(5, 14, 0, 0)],
+                advantage=advantage,
+            )
+        )
+    return out
+
+
+def new_policy(model_dir: Path | None = None, **kwargs) -> TrainablePolicy:
+    return TrainablePolicy(
+        model_dir or tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2), total_steps=4, lora=LORA, **kwargs
+    )
+
+
+def step(policy: TrainablePolicy, s: int, kl_coef: float = 0.0) -> dict[str, float]:
+    return policy.train_step(
+        samples(s), AlgorithmConfig(kl_coef=kl_coef), temperature=1.0, micro_batch_tokens=64
+    )
+
+
+PROMPT, ANSWER = [5, 9, 33, 120, 7], [44, 45, 46, 47]
+
+
+# -- bad input -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("lora", "field", "detail"),
+    [
+        (LoraSection(target_modules=["q_proj", "qkv_proj"]), "trainer.lora.target_modules", "not a module"),
+        (LoraSection(target_modules=["norm"]), "trainer.lora.target_modules", "not a linear layer"),
+        # k_proj is 128 -> 64 on the tiny model (2 KV heads of 32)
+        (LoraSection(r=65, target_modules=["q_proj", "k_proj"]), "trainer.lora.r", "'k_proj'.*\\(64"),
+    ],
+)
+def test_a_lora_section_the_model_cannot_take_is_a_config_error_naming_the_field(lora, field, detail):
+    with pytest.raises(ConfigError, match=f"^{field}: .*{detail}"):
+        check_lora_dir(tiny_model_dir(), lora)
+    with pytest.raises(ConfigError, match=f"^{field}: "):  # also building the policy directly
+        TrainablePolicy(tiny_model_dir(), lora=lora)
+
+
+def test_the_largest_rank_a_layer_allows_is_accepted():
+    check_lora_dir(tiny_model_dir(), LoraSection(r=64, target_modules=["k_proj"]))
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ("trainer.lora.r=0", "trainer.lora.r"),
+        ("trainer.lora.target_modules=[]", "trainer.lora.target_modules"),
+    ],
+)
+def test_rank_zero_and_no_target_modules_are_refused_when_the_config_is_read(override, field):
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        config("trainer.lora.alpha=8", override)
+
+
+def test_lora_with_gateways_started_elsewhere_is_refused_naming_trainer_lora():
+    with pytest.raises(ConfigError, match=r"trainer\.lora: not supported with trainer\.gateway_url"):
+        config(
+            "trainer.lora.r=4",
+            "trainer.gateway_url=http://127.0.0.1:9",
+            "trainer.controllers=external",
+            "store.url=postgresql://127.0.0.1:9/x",
+            "engine.model=vllm:http://127.0.0.1:9",
+            "trainer.model=tiny",
+            "gateway.admin_key=k",
+        )
+
+
+def test_a_run_checks_its_lora_section_before_anything_starts(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    trainer = Trainer(config("trainer.lora.target_modules=['nope']"), run_dir, base_dir=CONFIG.parent)
+    import asyncio
+
+    with pytest.raises(ConfigError, match=r"^trainer\.lora\.target_modules: 'nope'"):
+        asyncio.run(trainer.run())
+    assert list(run_dir.iterdir()) == []  # no store, no metrics, no gateway: nothing started
+
+
+# -- the KL reference ------------------------------------------------------------------------------------
+def test_the_kl_reference_is_the_base_weights_with_adapters_off_and_no_second_copy(tmp_path):
+    copy = tmp_path / "base"
+    shutil.copytree(tiny_model_dir(), copy)
+    shared = new_policy(reference_dir=tiny_model_dir())
+    separate = new_policy(reference_dir=copy)  # another folder: a copy is loaded, as without LoRA
+    assert shared.reference is shared.model
+    assert separate.reference is not None and separate.reference is not separate.model
+    for s in range(3):
+        a, b = step(shared, s, kl_coef=0.5), step(separate, s, kl_coef=0.5)
+        assert a["policy/kl_ref"] == pytest.approx(b["policy/kl_ref"], rel=1e-5, abs=1e-9)
+        assert a["policy/loss"] == pytest.approx(b["policy/loss"], rel=1e-5)
+    assert a["policy/kl_ref"] > 1e-6  # the adapters moved the policy away from its base
+    # and the adapters are back on after the reference pass
+    torch.testing.assert_close(
+        torch.tensor(shared.response_logprobs(PROMPT, ANSWER)),
+        torch.tensor(separate.response_logprobs(PROMPT, ANSWER)),
+        atol=1e-5,
+        rtol=0,
+    )
+
+
+# -- checkpoints, resume, export -------------------------------------------------------------------------
+def test_a_checkpoint_holds_the_adapter_and_resumes_exactly_from_base_plus_adapter(tmp_path):
+    policy = new_policy()
+    step(policy, 0)
+    step(policy, 1)
+    folder = policy.save_checkpoint(tmp_path / "ckpt")
+    assert {p.name for p in (folder / "adapter").iterdir()} >= {
+        "adapter_config.json",
+        "adapter_model.safetensors",
+    }
+    resumed = new_policy(adapter_dir=folder / "adapter")
+    resumed.load_trainer_state(folder)
+    assert resumed.response_logprobs(PROMPT, ANSWER) == pytest.approx(
+        policy.response_logprobs(PROMPT, ANSWER), abs=1e-6
+    )
+    # The next step is the one the first policy takes: same adapter, same AdamW state.
+    step(policy, 2)
+    step(resumed, 2)
+    ours = {n: p for n, p in policy.model.named_parameters() if p.requires_grad}
+    for name, p in resumed.model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(p, ours[name], atol=1e-6, rtol=0)
+    # A fresh adapter on the merged weights (what --resume did before) would lose the AdamW state.
+    assert len(resumed.optimizer.state) == len(ours)
+
+
+def test_a_resumed_lora_run_builds_its_policy_from_the_base_weights_and_the_checkpoint_adapter(tmp_path):
+    cfg = config("trainer.lora.r=4", "trainer.lora.alpha=8", "algorithm.kl_coef=0.05")
+    run_dir = tmp_path / "run"
+    policy = TrainablePolicy.from_config(cfg, tiny_model_dir())
+    step(policy, 0)
+    write_checkpoint(policy, TrainState(step=1), run_dir, save_every=0)
+    trainer = Trainer(cfg, run_dir, resume=True, base_dir=CONFIG.parent)
+    resumed = trainer._build_policy()
+    assert isinstance(resumed, TrainablePolicy)
+    assert resumed.model_dir == tiny_model_dir()  # the base, not the checkpoint's merged weights
+    assert resumed.reference is resumed.model  # the KL anchor is still the base: no second copy
+    assert resumed.response_logprobs(PROMPT, ANSWER) == pytest.approx(
+        policy.response_logprobs(PROMPT, ANSWER), abs=1e-6
+    )
+
+
+def test_save_adapter_writes_nothing_without_lora(tmp_path):
+    assert TrainablePolicy(tiny_model_dir()).save_adapter(tmp_path / "a") is False
+    assert not (tmp_path / "a").exists()
+
+
+def harnessrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "harnessrl", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_export_writes_the_adapter_or_the_merged_model(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    policy = new_policy()
+    step(policy, 0)
+    run_dir = tmp_path / "run"
+    policy.save_checkpoint(run_dir / "checkpoints" / "final", with_optimizer=False)
+    expected = policy.response_logprobs(PROMPT, ANSWER)
+
+    def logprobs(model: torch.nn.Module) -> list[float]:
+        with torch.no_grad():
+            logits = model(torch.tensor([PROMPT + ANSWER])).logits[0].log_softmax(-1)
+        return [logits[len(PROMPT) - 1 + i, t].item() for i, t in enumerate(ANSWER)]
+
+    done = harnessrl("export", str(run_dir), str(tmp_path / "adapter"))  # a run folder: its final one
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(tmp_path / "adapter")
+    base = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir()))
+    assert logprobs(PeftModel.from_pretrained(base, str(tmp_path / "adapter"))) == pytest.approx(
+        expected, abs=1e-5
+    )
+
+    done = harnessrl("export", str(run_dir / "checkpoints" / "final"), str(tmp_path / "merged"), "--merged")
+    assert done.returncode == 0, done.stderr
+    merged = tmp_path / "merged"
+    assert not (merged / "adapter").exists() and (merged / "tokenizer.json").exists()
+    assert logprobs(AutoModelForCausalLM.from_pretrained(str(merged))) == pytest.approx(expected, abs=1e-5)
+
+    again = harnessrl("export", str(run_dir), str(tmp_path / "adapter"))
+    assert again.returncode == 2 and "already exists" in again.stderr
+    full = TrainablePolicy(tiny_model_dir()).save_checkpoint(tmp_path / "full", with_optimizer=False)
+    refused = harnessrl("export", str(full), str(tmp_path / "nothing"))
+    assert refused.returncode == 2 and "has no adapter" in refused.stderr and "--merged" in refused.stderr
