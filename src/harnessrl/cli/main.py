@@ -339,6 +339,33 @@ def export(
 
 
 @app.command()
+def sft(
+    config: Annotated[str | None, typer.Argument(help="TOML file describing the SFT run")] = None,
+    resume: Annotated[str | None, typer.Option(help="Continue the SFT run in this folder")] = None,
+    export_jsonl: Annotated[
+        str | None,
+        typer.Option("--export-jsonl", help="Write the selected conversations (OpenAI messages) here; no training"),
+    ] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
+    ] = None,
+) -> None:
+    """Fine-tune a student on recorded rollouts (a teacher's, chosen by reward, flags and audit).
+
+    The result, RUN_DIR/checkpoints/latest, is a model folder `harnessrl train` starts from (docs/sft.md).
+    """
+    import json
+
+    from harnessrl.cli.sft import run_sft
+
+    try:
+        summary = run_sft(config, resume, list(set_ or []), export_jsonl)
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
+    typer.echo(json.dumps(summary))
+
+
+@app.command()
 def dashboard(
     run: Annotated[
         list[str],

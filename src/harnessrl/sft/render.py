@@ -1,0 +1,211 @@
+"""Recorded conversations → the student's token sequences, with loss on the answer tokens only.
+
+For each call (``conversations.Conversation``), with the *student's* tokenizer and chat template:
+
+1. ``prompt`` = the conversation rendered with the generation prompt, encoded: exactly what the
+   gateway would send the student's engine for this request;
+2. the answer's text = the conversation *with* the answer rendered without generation prompt, minus
+   ``prompt``'s text (the template must render the prompt as a prefix of the whole, else the call
+   is skipped: ``prefix_mismatch``); encoded, cut after its end-of-turn token (the student's stop
+   token): those tokens carry loss 1; what the template writes after it (``"\\n"`` in ChatML) is
+   glue the student never samples, so it only appears as the next call's context;
+3. the answer must survive the round trip through the student's own parsers (the gateway's
+   reasoning and tool-call parsers for the student's family, ``model_formats``): the text the
+   student would sample, parsed as the gateway would parse it, gives back the teacher's content,
+   reasoning and tool calls (name and arguments as JSON values). If not, the template cannot express
+   the answer (a template that drops reasoning, a tool-call format that cannot carry it) and the call
+   is counted and skipped (``reasoning_dropped``, ``tool_calls_lost``, ``content_changed``), never
+   trained on in a mangled form.
+
+Chains: a prompt whose text starts with an earlier call's prompt + answer text reuses that call's
+prompt and answer IDs and encodes only the rest (glue, tool output, the next turn's opening), as the
+gateway builds the student's prompts when it serves it (``gateway.conversation``: the sampled IDs of
+earlier turns are reused, never re-encoded; re-encoding would merge e.g. an answer's trailing ``"\n"``
+with the template's). The rendered calls then become token-exact ``Call``s (prompt IDs, answer IDs)
+and go through the RL sample builder itself (``trajectory.build_rollout_samples``), so calls whose
+prompt extends an earlier call's prompt + answer train as one sequence, with the same break
+reasons. Context tokens (the first prompt, tool output, glue) carry loss 0.
+
+Pure Python (no torch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from harnessrl.errors import BadRequest
+from harnessrl.gateway.model_formats import ModelFormats
+from harnessrl.gateway.reasoning_parsers import get_reasoning_parser, split_reasoning
+from harnessrl.gateway.tool_parsers import parse_tool_calls
+from harnessrl.schemas import Call, Rollout
+from harnessrl.sft.conversations import Conversation, NoConversation, conversation, final_calls
+from harnessrl.tokenizer import PolicyTokenizer
+from harnessrl.trajectory import CALLS_SEEN_KEY, Sample, build_rollout_samples
+
+#: Why a call's answer was not trained on (``RenderReport.skipped``).
+SKIP_REASONS: tuple[str, ...] = (
+    "raw_completion",
+    "no_answer",
+    "unreadable_request",
+    "template_error",
+    "prefix_mismatch",
+    "reasoning_dropped",
+    "tool_calls_lost",
+    "content_changed",
+    "empty_answer",
+)
+
+
+@dataclass(frozen=True)
+class RenderedCall:
+    conversation: Conversation
+    prompt_text: str
+    answer_text: str  # the text of answer_ids
+    answer_ids: list[int]  # trained: the answer through its end-of-turn token
+
+
+class Inexpressible(Exception):
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+@dataclass
+class RenderReport:
+    calls: int = 0
+    rendered: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    breaks: Counter[str] = field(default_factory=Counter)
+    examples: dict[str, str] = field(default_factory=dict)  # one detail per skip reason
+
+    def add(self, other: RenderReport) -> None:
+        self.calls += other.calls
+        self.rendered += other.rendered
+        self.skipped.update(other.skipped)
+        self.breaks.update(other.breaks)
+        for reason, detail in other.examples.items():
+            self.examples.setdefault(reason, detail)
+
+
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments as a JSON value, whichever way they were serialized."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def check_expressed(
+    answer: dict[str, Any], text: str, formats: ModelFormats, prompt_text: str, tools: Any
+) -> None:
+    """Raise ``Inexpressible`` unless ``text`` (the student's answer, end-of-turn removed) parses
+    back to ``answer`` with the student's reasoning and tool-call parsers."""
+    opens = get_reasoning_parser(formats.reasoning_parser).prompt_opens_reasoning(prompt_text[-64:])
+    reasoning, content = split_reasoning(text, formats.reasoning_parser, starts_in_reasoning=opens)
+    parsed = parse_tool_calls(content, formats.tool_parser, tools)
+    want_reasoning = (answer.get("reasoning_content") or "").strip()
+    if (reasoning or "").strip() != want_reasoning:
+        raise Inexpressible(
+            "reasoning_dropped", f"reasoning {want_reasoning[:60]!r} is not in {text[:120]!r}"
+        )
+    want_calls = [
+        (c["function"]["name"], _arguments(c["function"]["arguments"])) for c in answer.get("tool_calls", [])
+    ]
+    got_calls = [(c.name, _arguments(c.arguments)) for c in parsed.tool_calls]
+    if got_calls != want_calls:
+        raise Inexpressible("tool_calls_lost", f"tool calls {want_calls!r} read back as {got_calls!r}")
+    if (parsed.content or "").strip() != (answer.get("content") or "").strip():
+        raise Inexpressible(
+            "content_changed", f"content {answer.get('content', '')[:60]!r} read back differently"
+        )
+
+
+def render_call(conv: Conversation, tokenizer: PolicyTokenizer, formats: ModelFormats) -> RenderedCall:
+    """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be."""
+    try:
+        prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True)
+        full_text = tokenizer.render_chat(
+            [*conv.messages, conv.answer], conv.tools, add_generation_prompt=False
+        )
+    except BadRequest as exc:
+        raise Inexpressible("template_error", str(exc)) from exc
+    if not full_text.startswith(prompt_text):
+        raise Inexpressible("prefix_mismatch", "the prompt does not render as a prefix of prompt + answer")
+    ids = tokenizer.encode(full_text[len(prompt_text) :])
+    stops = set(tokenizer.stop_token_ids)
+    end = next((i + 1 for i, t in enumerate(ids) if t in stops), len(ids))
+    answer_ids = ids[:end]  # what follows the end-of-turn token is template glue: context
+    if not answer_ids:
+        raise Inexpressible("empty_answer")
+    sampled = answer_ids[:-1] if answer_ids[-1] in stops else answer_ids
+    check_expressed(conv.answer, tokenizer.decode(sampled), formats, prompt_text, conv.tools)
+    return RenderedCall(conv, prompt_text, tokenizer.decode(answer_ids), answer_ids)
+
+
+class PromptBuilder:
+    """Prompt IDs that reuse earlier calls' prompt + answer IDs where the text continues them."""
+
+    def __init__(self, tokenizer: PolicyTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._contexts: list[tuple[str, list[int]]] = []  # (prompt + answer text, their IDs)
+
+    def prompt_ids(self, rendered: RenderedCall) -> list[int]:
+        text = rendered.prompt_text
+        earlier = [c for c in self._contexts if text.startswith(c[0])]
+        if earlier:
+            done, ids = max(earlier, key=lambda c: len(c[0]))
+            prompt = ids + self.tokenizer.encode(text[len(done) :])
+        else:
+            prompt = self.tokenizer.encode(text)
+        self._contexts.append((text + rendered.answer_text, prompt + rendered.answer_ids))
+        return prompt
+
+
+def rollout_sequences(
+    rollout: Rollout,
+    calls: Sequence[Call],
+    tokenizer: PolicyTokenizer,
+    formats: ModelFormats,
+    *,
+    max_sample_tokens: int | None = None,
+) -> tuple[list[Sample], RenderReport]:
+    """The training sequences of one rollout (loss mask 1 on the answers) and what was skipped."""
+    report = RenderReport()
+    prompts = PromptBuilder(tokenizer)
+    token_calls: list[Call] = []
+    for call in final_calls(rollout, calls):
+        report.calls += 1
+        try:
+            rendered = render_call(conversation(call), tokenizer, formats)
+        except (NoConversation, Inexpressible) as exc:
+            report.skipped[exc.reason] += 1
+            report.examples.setdefault(exc.reason, f"rollout {rollout.rollout_id} call {call.seq}: {exc}")
+            continue
+        report.rendered += 1
+        token_calls.append(
+            Call(
+                rollout_id=rollout.rollout_id,
+                seq=call.seq,
+                attempt=rollout.attempt,
+                prompt_token_ids=prompts.prompt_ids(rendered),
+                response_token_ids=rendered.answer_ids,
+                response_logprobs=[0.0] * len(rendered.answer_ids),
+            )
+        )
+    # calls_seen was applied above (final_calls), before skipped calls changed the count.
+    metadata = {k: v for k, v in rollout.metadata.items() if k != CALLS_SEEN_KEY}
+    built = build_rollout_samples(
+        rollout.model_copy(update={"metadata": metadata}), token_calls, max_sample_tokens=max_sample_tokens
+    )
+    report.breaks.update(built.breaks)
+    if built.oversized_calls:
+        report.skipped["too_long"] += built.oversized_calls
+    for sample in built.samples:
+        sample.advantage = 1.0  # the packing helpers' weight; the SFT loss is a plain token mean
+    return built.samples, report

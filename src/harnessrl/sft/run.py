@@ -1,0 +1,158 @@
+"""An SFT run: its folder, its config, the loop of ``sft.step`` with checkpoints, resume and metrics.
+
+The folder works like a ``harnessrl train`` run folder (``trainer.run_setup``): a new run saves its
+resolved config as ``config.json`` (refusing a folder that is not empty), ``--resume`` reads it back
+with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer). Checkpoints are
+``train``'s (``trainer.checkpoint``): ``checkpoints/latest`` holds the Hugging Face weights, the
+tokenizer and chat template, the optimizer and LR schedule, and ``TrainState`` (its
+``consumed_groups`` are the selected rollout IDs, checked on resume); ``harnessrl train`` starts from
+it with ``engine.model = "RUN_DIR/checkpoints/latest"``. ``sft_data.json`` records what was selected,
+rendered and skipped; ``metrics.jsonl`` one row per step (``sft/*``, docs/sft.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harnessrl.config import load_raw_config, validate_config
+from harnessrl.errors import ConfigError
+from harnessrl.sft.config import SftConfig
+
+CONFIG_FILE = "config.json"
+DATA_FILE = "sft_data.json"
+
+
+def prepare_sft_run(
+    config_path: str | None, resume: str | None, overrides: list[str]
+) -> tuple[SftConfig, Path]:
+    """``(config, run_dir)`` for a new run from ``config_path`` or a resumed one from ``resume``.
+    Imports no torch: the CLI checks the config before paying for that."""
+    if resume:
+        run_dir = Path(resume)
+        saved = run_dir / CONFIG_FILE
+        if not saved.is_file():
+            raise ConfigError(
+                f"--resume {resume!r}: no {CONFIG_FILE} there; is it a harnessrl sft run folder?"
+            )
+        raw = json.loads(saved.read_text())
+        _merge(raw, load_raw_config(None, overrides, env={}))
+        return validate_config(SftConfig, raw), run_dir
+    if config_path is None:
+        raise ConfigError("give a config file (harnessrl sft CONFIG) or --resume RUN_DIR")
+    base_dir = Path(config_path).resolve().parent
+    raw = load_raw_config(config_path, overrides)
+    source = raw.get("source")
+    if isinstance(source, dict):  # relative to the config file, as train's paths are
+        for key in ("run_dir", "store_url"):
+            value = source.get(key)
+            if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+                source[key] = str((base_dir / value).resolve())
+    config = validate_config(SftConfig, raw)
+    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
+            "or set run.name / run.dir to start a new run"
+        )
+    return config, run_dir
+
+
+def save_config(config: SftConfig, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / CONFIG_FILE).write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+
+
+def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+class SftRun:
+    """One SFT run in ``run_dir``. ``stop_after``: end after that many steps of this process (the
+    seam the resume test interrupts a run with; a real run ends at its last step or a signal)."""
+
+    def __init__(
+        self, config: SftConfig, run_dir: Path, *, resume: bool = False, stop_after: int | None = None
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.resume = resume
+        self.stop_after = stop_after
+
+    def run(self) -> dict[str, Any]:
+        from harnessrl.engines.models import resolve_model_dir
+        from harnessrl.sft.data import StepPlan, load_data
+        from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint, write_checkpoint
+        from harnessrl.trainer.metrics import MetricsWriter
+
+        cfg, s = self.config, self.config.sft
+        student = Path(resolve_model_dir(s.model, s.cache_dir))
+        data = load_data(cfg, student)  # before anything is written: a bad selection leaves nothing
+        checkpoint = latest_checkpoint(self.run_dir) if self.resume else None
+        state = TrainState(consumed_groups=data.rollout_ids)
+        if checkpoint is not None:
+            state = TrainState.from_json((checkpoint / STATE_FILE).read_text())
+            if sorted(state.consumed_groups) != sorted(data.rollout_ids):
+                raise ConfigError(
+                    f"--resume {self.run_dir}: the selection changed since the run started "
+                    f"({len(state.consumed_groups)} rollouts then, {len(data.rollout_ids)} now); "
+                    "start a new run to train on the new selection"
+                )
+        elif not self.resume:
+            save_config(cfg, self.run_dir)
+        (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
+        plan = StepPlan(data.samples, per_step=s.sequences_per_step, epochs=s.epochs, seed=cfg.run.seed)
+        if state.step >= plan.total_steps:
+            return self._summary(state.step, plan.total_steps, data, already_finished=True)
+
+        from harnessrl.sft.step import sft_step
+        from harnessrl.trainer.policy import TrainablePolicy
+
+        policy = TrainablePolicy(checkpoint or student, cfg.policy_config(plan.total_steps))
+        if checkpoint is not None:
+            policy.load_trainer_state(checkpoint)
+        metrics = MetricsWriter(
+            self.run_dir,
+            tensorboard=cfg.metrics.tensorboard,
+            wandb_project=cfg.metrics.wandb_project,
+            run_name=cfg.run.name,
+            progress=cfg.metrics.progress,
+            total_steps=plan.total_steps,
+            start_step=state.step,
+        )
+        done_here = 0
+        try:
+            while state.step < plan.total_steps:
+                if self.stop_after is not None and done_here >= self.stop_after:
+                    break
+                row = sft_step(
+                    policy.learner, plan.batch(state.step), micro_batch_tokens=s.micro_batch_tokens
+                )
+                state.step += 1
+                done_here += 1
+                row["sft/epoch"] = (state.step - 1) // plan.steps_per_epoch
+                write_checkpoint(policy, state, self.run_dir, save_every=s.save_every)
+                metrics.write(state.step, row)
+                metrics.progress(state.step, row)
+        finally:
+            metrics.close()
+        return self._summary(state.step, plan.total_steps, data)
+
+    def _summary(self, step: int, total: int, data: Any, *, already_finished: bool = False) -> dict[str, Any]:
+        out = {
+            "run_dir": str(self.run_dir),
+            "steps": step,
+            "total_steps": total,
+            "checkpoint": str(self.run_dir / "checkpoints" / "latest"),
+            "sequences": len(data.samples),
+            "rollouts": len(data.rollout_ids),
+            "calls_skipped": dict(data.report.skipped),
+        }
+        if already_finished:
+            out["already_finished"] = True
+        return out
