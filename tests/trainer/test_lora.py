@@ -234,3 +234,53 @@ def test_export_writes_the_adapter_or_the_merged_model(tmp_path):
     full = TrainablePolicy(tiny_model_dir()).save_checkpoint(tmp_path / "full", with_optimizer=False)
     refused = harnessrl("export", str(full), str(tmp_path / "nothing"))
     assert refused.returncode == 2 and "has no adapter" in refused.stderr and "--merged" in refused.stderr
+
+
+# -- the embedded engine ---------------------------------------------------------------------------------
+def test_the_embedded_engine_applies_the_adapted_layers_in_place_and_samples_the_trained_policy(tmp_path):
+    """The in-process engine gets only the adapted layers' merged weights (nothing else changes);
+    its logprobs then equal the trainer's (base + adapter) to the embedded engine's usual 1e-4, and
+    before the update (control) they are the base model's."""
+    import asyncio
+
+    from harnessrl.engines.base import SamplingParams
+    from harnessrl.engines.embedded import EmbeddedEngine
+    from harnessrl.trainer.fleet_gateway import load_weights
+
+    policy = new_policy()
+    base = TrainablePolicy(tiny_model_dir())
+    for s in range(3):
+        step(policy, s)
+    published = policy.engine_state_dict()
+    assert published and all(
+        k.endswith(("q_proj.weight", "v_proj.weight", "down_proj.weight")) for k in published
+    )
+    engine = EmbeddedEngine(tiny_model_dir(), max_batch_size=4, seed=0)
+
+    async def run() -> tuple[list, list]:
+        await engine.start()
+        try:
+            params = SamplingParams(max_tokens=10, temperature=1.0)
+            before = [s async for s in engine.generate(PROMPT, params)]
+            await load_weights(engine.update_weights, engine.shares_weights, 1, policy, tmp_path)
+            after = [s async for s in engine.generate(PROMPT, params)]
+            return before, after
+        finally:
+            await engine.aclose()
+
+    before, after = asyncio.run(run())
+    assert engine.policy_version == 1 and list(tmp_path.iterdir()) == []  # in place: no folder
+    for samples, model in ((before, base), (after, policy)):
+        ids = [s.token_id for s in samples]
+        want = torch.tensor(model.response_logprobs(PROMPT, ids))
+        torch.testing.assert_close(torch.tensor([s.logprob for s in samples]), want, atol=1e-4, rtol=0)
+    ids = [s.token_id for s in after]  # control: the trained policy is not the base one
+    assert (
+        max(
+            abs(a - b)
+            for a, b in zip(
+                policy.response_logprobs(PROMPT, ids), base.response_logprobs(PROMPT, ids), strict=True
+            )
+        )
+        > 1e-2
+    )

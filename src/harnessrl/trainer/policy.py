@@ -240,9 +240,14 @@ class TrainablePolicy:
 
     # -- weights out ---------------------------------------------------------------------------------
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights (LoRA merged in), detached, under the base model's parameter names."""
+        """The weights an in-process engine loads, detached, under the base model's parameter names:
+        all of them; with LoRA only the adapted layers' (adapters merged in), since nothing else
+        changes (the engine loads a partial state dict in place; ``benchmarks/lora.py``)."""
         if self.config.lora is None:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
+        return self._merged_state_dict(adapted_only=True)
+
+    def _merged_state_dict(self, *, adapted_only: bool) -> dict[str, torch.Tensor]:
         # Merge the adapters into the base weights, copy them out, and unmerge so training goes on
         # with separate adapters. peft keeps a wrapped layer's original weight at "<name>.base_layer".
         self.model.merge_adapter()  # type: ignore[attr-defined]
@@ -251,7 +256,7 @@ class TrainablePolicy:
             return {
                 k.replace(".base_layer", ""): v.detach().clone()
                 for k, v in base.state_dict().items()
-                if "lora_" not in k
+                if "lora_" not in k and (".base_layer." in k or not adapted_only)
             }
         finally:
             self.model.unmerge_adapter()  # type: ignore[attr-defined]
@@ -284,7 +289,9 @@ class TrainablePolicy:
         if self.config.lora is not None:
             self.save_adapter(tmp / ADAPTER_DIR)
             base = self.model.get_base_model()  # type: ignore[attr-defined]
-            base.save_pretrained(str(tmp), state_dict=self.engine_state_dict(), safe_serialization=True)
+            base.save_pretrained(
+                str(tmp), state_dict=self._merged_state_dict(adapted_only=False), safe_serialization=True
+            )
         else:
             self.model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         for name in (
