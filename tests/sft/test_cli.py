@@ -53,3 +53,79 @@ def test_sft_trains_a_checkpoint_train_starts_from(record, solving, tmp_path):
     from harnessrl.engines.models import resolve_model_dir
 
     assert resolve_model_dir(str(latest)) == latest
+
+
+def error_line(result) -> str:
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("harnessrl: error:")]
+    assert len(lines) == 1, result.output
+    return lines[0]
+
+
+def test_a_missing_store_is_named(tmp_path):
+    config = write_config(tmp_path, tmp_path / "nowhere")
+    line = error_line(runner.invoke(app, ["sft", str(config)]))
+    assert "source.run_dir" in line and "nowhere" in line and "no recorded rollouts" in line
+    assert not (tmp_path / "runs").exists()  # a bad config leaves nothing behind
+
+
+def test_a_selection_that_matches_nothing_says_why(record, solving, tmp_path):
+    rec = record(
+        [solving, solving, solving, solving],
+        [0.0, 0.5, 1.0, 1.0],
+        flags=[[], [], ["verdict_disagreement"], []],
+        audit=[False, False, False, True],
+    )
+    config = write_config(tmp_path, rec.run_dir, min_reward=0.9)
+    line = error_line(runner.invoke(app, ["sft", str(config)]))
+    assert "select: no recorded rollout matches the selection" in line
+    assert "0 of 4 rollouts selected" in line
+    assert "1 audit flagged" in line and "1 flagged" in line and "2 below reward" in line
+    assert "min_reward = 0.9" in line
+    assert not (tmp_path / "runs").exists()
+
+    # allowing the scorer's flag keeps that rollout; an audit finding is never allowed
+    config = write_config(
+        tmp_path, rec.run_dir, min_reward=0.9, allow_flags=["verdict_disagreement", "git_history"]
+    )
+    out = tmp_path / "kept.jsonl"
+    result = runner.invoke(app, ["sft", str(config), "--export-jsonl", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["rollouts"] == 1
+    assert [json.loads(line)["rollout_id"] for line in out.read_text().splitlines()] == [rec.rollout_ids[2]]
+
+
+def test_export_jsonl_writes_each_conversation_once_in_openai_form(record, solving, tmp_path):
+    rec = record([solving, solving], [1.0, 1.0])
+    out = tmp_path / "out" / "teacher.jsonl"
+    result = runner.invoke(app, ["sft", str(write_config(tmp_path, rec.run_dir)), "--export-jsonl", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(lines) == 2  # two rollouts of two calls each: call 2 continues call 1's conversation
+    line = lines[0]
+    assert line["rollout_id"] == rec.rollout_ids[0] and line["reward"] == 1.0
+    assert line["tools"][0]["function"]["name"] == "bash"
+    roles = [m["role"] for m in line["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    call = line["messages"][2]["tool_calls"][0]
+    assert call["type"] == "function" and call["function"]["name"] == "bash"
+    assert json.loads(call["function"]["arguments"]) == {
+        "command": "cat a.txt"
+    }  # a JSON string, as OpenAI sends
+    assert line["messages"][3]["tool_call_id"] == call["id"]
+    assert line["messages"][-1]["content"] == "The answer is 42."
+    assert not (tmp_path / "runs").exists()  # exporting trains nothing
+
+
+def test_resume_of_a_folder_that_is_not_an_sft_run(tmp_path):
+    line = error_line(runner.invoke(app, ["sft", "--resume", str(tmp_path)]))
+    assert "--resume" in line and "config.json" in line
+
+
+def test_answers_no_student_template_can_express_are_a_clear_error(record, tmp_path):
+    thinking = [
+        {"reasoning": "cat the file", "content": "", "tool_calls": [{"name": "bash", "arguments": {}}]}
+    ]
+    rec = record([thinking], [1.0])  # the tiny student's template has no place for reasoning
+    line = error_line(runner.invoke(app, ["sft", str(write_config(tmp_path, rec.run_dir))]))
+    assert "1 rollouts selected, but none of their" in line and "reasoning_dropped" in line

@@ -113,7 +113,14 @@ class SftRun:
         from harnessrl.sft.step import sft_step
         from harnessrl.trainer.policy import TrainablePolicy
 
-        policy = TrainablePolicy(checkpoint or student, cfg.policy_config(plan.total_steps))
+        model_dir, adapter = checkpoint or student, None
+        if s.lora is not None:
+            from harnessrl.trainer.lora import ADAPTER_DIR, check_lora_dir
+
+            check_lora_dir(student, s.lora)
+            if checkpoint is not None:  # LoRA resumes the checkpoint's adapter on the student's base weights
+                model_dir, adapter = student, checkpoint / ADAPTER_DIR
+        policy = TrainablePolicy(model_dir, cfg.policy_config(plan.total_steps), adapter_dir=adapter)
         if checkpoint is not None:
             policy.load_trainer_state(checkpoint)
         metrics = MetricsWriter(

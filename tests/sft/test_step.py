@@ -1,0 +1,94 @@
+"""One SFT step against a plain torch reference: the loss is the token-mean cross-entropy of the
+answer tokens, and the step's gradient is that loss's gradient (read off the update of plain SGD at
+learning rate 1, put in the learner the step works on: Adam's first update is about lr * sign(grad),
+which turns fp32 noise on near-zero gradients into whole-lr differences)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from harnessrl.engines.tiny import tiny_model_dir
+from harnessrl.sft.step import sft_step
+from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
+from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trajectory import Sample, SampledSpan
+
+
+def sequence(rollout_id: str, ids: list[int], answers: list[tuple[int, int]]) -> Sample:
+    mask = [0] * len(ids)
+    for start, end in answers:
+        mask[start:end] = [1] * (end - start)
+    spans = [SampledSpan(s, e, 0, i) for i, (s, e) in enumerate(answers)]
+    return Sample(rollout_id, ids, mask, [0.0] * len(ids), spans, advantage=1.0)
+
+
+def policy(grad_clip: float) -> TrainablePolicy:
+    config = PolicyConfig(
+        optimizer=OptimizerConfig(grad_clip=grad_clip), share_prefixes=False, device="cpu", row_tokens=64
+    )
+    return TrainablePolicy(tiny_model_dir(), config)
+
+
+def sgd_learner(p: TrainablePolicy):
+    optimizer = torch.optim.SGD(p.model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+    return dataclasses.replace(p.learner, optimizer=optimizer, scheduler=scheduler)
+
+
+def reference_step(
+    model: torch.nn.Module, samples: list[Sample], grad_clip: float
+) -> tuple[float, torch.nn.Module]:
+    """Cross-entropy over all answer tokens of all sequences (each sequence on its own), clipped
+    gradient, one SGD step at learning rate 1."""
+    model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    logits, targets = [], []
+    for s in samples:
+        ids = torch.tensor([s.input_ids])
+        mask = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+        out = model(input_ids=ids).logits[0, :-1]  # position t predicts token t + 1
+        logits.append(out[mask])
+        targets.append(ids[0, 1:][mask])
+    loss = F.cross_entropy(torch.cat(logits), torch.cat(targets))
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return float(loss.detach()), model
+
+
+def assert_same_weights(a: torch.nn.Module, b: torch.nn.Module) -> None:
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_one_step_on_one_sequence_is_the_reference_cross_entropy():
+    torch.manual_seed(0)
+    ids = torch.randint(0, 4000, (40,)).tolist()
+    sample = sequence("r", ids, [(12, 20), (30, 40)])  # two answers with context between
+    p = policy(grad_clip=1.0)
+    before = copy.deepcopy(p.model)
+    metrics = sft_step(sgd_learner(p), [sample], micro_batch_tokens=4096)
+    loss, after = reference_step(before, [sample], grad_clip=1.0)
+    assert abs(metrics["sft/loss"] - loss) < 1e-5
+    assert metrics["sft/loss_tokens"] == 18
+    assert_same_weights(p.model, after)
+
+
+def test_micro_batches_and_packing_change_nothing():
+    """Three sequences in three micro-batches: still one token mean over the whole step."""
+    torch.manual_seed(1)
+    samples = [
+        sequence(f"r{i}", torch.randint(0, 4000, (n,)).tolist(), [(n // 2, n)])
+        for i, n in enumerate((30, 24, 18))
+    ]
+    p = policy(grad_clip=1.0)
+    before = copy.deepcopy(p.model)
+    metrics = sft_step(sgd_learner(p), samples, micro_batch_tokens=32)
+    loss, after = reference_step(before, samples, grad_clip=1.0)
+    assert abs(metrics["sft/loss"] - loss) < 1e-5
+    assert metrics["sft/forward_tokens"] >= 72
+    assert_same_weights(p.model, after)
