@@ -68,6 +68,57 @@ def agent(base_url: str, api_key: str, task: str, max_calls: int = 4) -> None:
                 messages.append({"role": "tool", "tool_call_id": call["id"], "content": "42\n"})
 
 
+def anthropic_agent(base_url: str, api_key: str, task: str, max_calls: int = 4) -> None:
+    """The same loop over the Anthropic Messages API."""
+    tools = [
+        {
+            "name": "bash",
+            "description": "run a shell command",
+            "input_schema": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    with httpx.Client(base_url=base_url, headers={"x-api-key": api_key}, timeout=30) as http:
+        for _ in range(max_calls):
+            body = {
+                "model": "m",
+                "max_tokens": 256,
+                "system": "You are a careful agent.",
+                "messages": messages,
+            }
+            reply = http.post("/messages", json={**body, "tools": tools})
+            reply.raise_for_status()
+            content = reply.json()["content"]
+            messages.append({"role": "assistant", "content": content})
+            uses = [b for b in content if b["type"] == "tool_use"]
+            if not uses:
+                return
+            results = [{"type": "tool_result", "tool_use_id": b["id"], "content": "42\n"} for b in uses]
+            messages.append({"role": "user", "content": results})
+
+
+def responses_agent(base_url: str, api_key: str, task: str, max_calls: int = 4) -> None:
+    """The same loop over the OpenAI Responses API (stateless: the whole input each time)."""
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    items: list[dict[str, Any]] = [{"role": "user", "content": task}]
+    with httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=30) as http:
+        for _ in range(max_calls):
+            body = {"model": "m", "instructions": "You are a careful agent.", "input": items, "tools": tools}
+            reply = http.post("/responses", json=body)
+            reply.raise_for_status()
+            output = reply.json()["output"]
+            items.extend(output)
+            calls = [item for item in output if item["type"] == "function_call"]
+            if not calls:
+                return
+            items.extend(
+                {"type": "function_call_output", "call_id": c["call_id"], "output": "42\n"} for c in calls
+            )
+
+
+AGENTS = {"chat": agent, "messages": anthropic_agent, "responses": responses_agent}
+
+
 @pytest.fixture
 def solving() -> list[dict[str, Any]]:
     return [dict(turn) for turn in SOLVING]
@@ -91,6 +142,7 @@ def record(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Any]:
         flags: Sequence[Sequence[str]] | None = None,
         audit: Sequence[bool] | None = None,
         run_dir: Path | None = None,
+        api: str = "chat",
     ) -> Recorded:
         run_dir = run_dir or tmp_path / "teacher"
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,7 +154,7 @@ def record(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Any]:
             app = create_app(GatewayConfig(admin_key=ADMIN_KEY), store, engine)
             with serve_in_thread(app) as url, GatewayClient(url, ADMIN_KEY) as client:
                 created = client.create_rollout({"prompt": f"task {i}"}, run_id="teacher", task_id=f"t{i}")
-                agent(created["base_url"], created["api_key"], f"What is in a.txt? (task {i})")
+                AGENTS[api](created["base_url"], created["api_key"], f"What is in a.txt? (task {i})")
             rid = created["rollout_id"]
             if flags and flags[i]:
                 store.set_rollout_flags(rid, list(flags[i]))

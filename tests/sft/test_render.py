@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -83,6 +84,27 @@ def test_a_recorded_tool_calling_rollout_is_one_sequence(record, tokenizer, solv
         "<|im_start|>assistant\n"
     )
     assert sum(sample.loss_mask) == sum(s.end - s.start for s in sample.spans)
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+def test_calls_through_the_other_apis_render_as_the_same_sequence(record, tokenizer, solving, api, tmp_path):
+    """A teacher recorded through the Anthropic Messages or the Responses API trains the student
+    on the same answer tokens as through chat completions (the prompts differ only where the APIs
+    do: the order of a tool's fields in the tools header)."""
+    chat = record([solving], [1.0], run_dir=tmp_path / "chat")
+    other = record([solving], [1.0], run_dir=tmp_path / api, api=api)
+
+    def trained(rec):
+        r = rec.store.get_rollout(rec.rollout_ids[0])
+        samples, report = rollout_sequences(
+            r, rec.store.list_calls(r.rollout_id), tokenizer, formats(tokenizer)
+        )
+        assert report.rendered == 2 and not report.skipped, report
+        assert len(samples) == 1
+        return [s.input_ids[span.start : span.end] for s in samples for span in s.spans]
+
+    assert {c.api for c in other.store.list_calls(other.rollout_ids[0])} == {api}
+    assert trained(other) == trained(chat)
 
 
 def test_an_answer_the_template_cannot_express_is_counted_and_skipped(tokenizer):
