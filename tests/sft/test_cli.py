@@ -42,8 +42,10 @@ def test_sft_trains_a_checkpoint_train_starts_from(record, solving, tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["rollouts"] == 2 and summary["sequences"] == 2 and summary["steps"] == 2
-    latest = Path(summary["checkpoint"])
-    assert (latest / "config.json").is_file() and (latest / "chat_template.jinja").is_file()
+    final = Path(summary["checkpoint"])
+    assert final == tmp_path / "runs/student/checkpoints/final"
+    assert (final / "config.json").is_file() and (final / "chat_template.jinja").is_file()
+    assert json.loads((final / "harnessrl_final.json").read_text()) == {"step": 2}
     rows = [json.loads(line) for line in (tmp_path / "runs/student/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and all(r["sft/loss"] > 0 for r in rows)
     data = json.loads((tmp_path / "runs/student/sft_data.json").read_text())
@@ -52,7 +54,7 @@ def test_sft_trains_a_checkpoint_train_starts_from(record, solving, tmp_path):
     # train's starting weights: engine.model names a model folder (engines.models.resolve_model_dir)
     from harnessrl.engines.models import resolve_model_dir
 
-    assert resolve_model_dir(str(latest)) == latest
+    assert resolve_model_dir(str(final)) == final
 
 
 def error_line(result) -> str:

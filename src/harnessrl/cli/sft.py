@@ -28,7 +28,7 @@ def run_sft(
     summary = SftRun(config, run_dir, resume=bool(resume)).run()
     print(
         f"harnessrl: done; metrics {run_dir / 'metrics.jsonl'}, data report {run_dir / 'sft_data.json'}\n"
-        f'  RL from it: set engine.model = "{run_dir / "checkpoints" / "latest"}" in a train config',
+        f'  RL from it: set engine.model = "{run_dir / "checkpoints" / "final"}" in a train config',
         file=sys.stderr,
     )
     return summary

@@ -5,8 +5,9 @@ resolved config as ``config.json`` (refusing a folder that is not empty), ``--re
 with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer). Checkpoints are
 ``train``'s (``trainer.checkpoint``): ``checkpoints/latest`` holds the Hugging Face weights, the
 tokenizer and chat template, the optimizer and LR schedule, and ``TrainState`` (its
-``consumed_groups`` are the selected rollout IDs, checked on resume); ``harnessrl train`` starts from
-it with ``engine.model = "RUN_DIR/checkpoints/latest"``. ``sft_data.json`` records what was selected,
+``consumed_groups`` are the selected rollout IDs, checked on resume); at the last step
+``checkpoints/final`` (weights and tokenizer only) is written as ``train`` writes it, and ``harnessrl
+train`` starts from it with ``engine.model = "RUN_DIR/checkpoints/final"``. ``sft_data.json`` records what was selected,
 rendered and skipped; ``metrics.jsonl`` one row per step (``sft/*``, docs/sft.md).
 """
 
@@ -146,6 +147,10 @@ class SftRun:
                 write_checkpoint(policy, state, self.run_dir, save_every=s.save_every)
                 metrics.write(state.step, row)
                 metrics.progress(state.step, row)
+            if state.step == plan.total_steps:  # as train ends: weights only, what the next stage loads
+                final = self.run_dir / "checkpoints" / "final"
+                policy.save_checkpoint(final, with_optimizer=False)
+                (final / "harnessrl_final.json").write_text(json.dumps({"step": state.step}) + "\n")
         finally:
             metrics.close()
         return self._summary(state.step, plan.total_steps, data)
@@ -155,7 +160,7 @@ class SftRun:
             "run_dir": str(self.run_dir),
             "steps": step,
             "total_steps": total,
-            "checkpoint": str(self.run_dir / "checkpoints" / "latest"),
+            "checkpoint": str(self.run_dir / "checkpoints" / ("final" if step >= total else "latest")),
             "sequences": len(data.samples),
             "rollouts": len(data.rollout_ids),
             "calls_skipped": dict(data.report.skipped),
