@@ -61,6 +61,22 @@ def test_argv_and_env_carry_what_harnessrl_needs() -> None:
     gpu = VLLMLaunch(model="/models/m", device="gpu")
     assert vllm_argv(gpu, "python")[vllm_argv(gpu, "python").index("--dtype") + 1] == "bfloat16"
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(gpu, {})
+    assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+
+
+def test_lora_rank_serves_runtime_loaded_adapters(tmp_path: Path) -> None:
+    launch = VLLMLaunch(model="/models/m", lora_rank=32)
+    argv = vllm_argv(launch, "python")
+    assert argv[argv.index("--enable-lora") :][:5] == [
+        "--enable-lora",
+        "--max-lora-rank",
+        "32",
+        "--max-loras",
+        "2",
+    ]
+    assert vllm_env(launch, {})["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    proc = run("engine", "serve", "tiny", "--lora-rank", "0", "--log", str(tmp_path / "v.log"))
+    assert proc.returncode == 2 and "lora_rank" in proc.stderr
 
 
 @pytest.mark.vllm

@@ -78,9 +78,10 @@ def test_each_version_is_a_new_adapter_calls_go_to_it_and_the_old_one_is_unloade
     asyncio.run(run())
     v1, v2 = lora_adapter_name(1), lora_adapter_name(2)
     adapter_calls = [(p, b) for p, b in server.fake.calls if "lora" in p]
+    inplace = {"load_inplace": True} if kind == "vllm" else {}  # replaces a name left loaded before
     assert adapter_calls == [
-        (LOAD[kind], {"lora_name": v1, "lora_path": str(tmp_path / "v1")}),
-        (LOAD[kind], {"lora_name": v2, "lora_path": str(tmp_path / "v2")}),
+        (LOAD[kind], {"lora_name": v1, "lora_path": str(tmp_path / "v1"), **inplace}),
+        (LOAD[kind], {"lora_name": v2, "lora_path": str(tmp_path / "v2"), **inplace}),
         (UNLOAD[kind], {"lora_name": v1}),
     ]
     base = "fake-model" if kind == "vllm" else None
@@ -127,3 +128,20 @@ def test_a_server_that_cannot_load_adapters_is_a_config_error_naming_trainer_lor
                 with pytest.raises(ConfigError, match=r"trainer\.lora: the (vllm|sglang) server at"):
                     asyncio.run(run())
                 assert engine.served_adapter is None and engine.policy_version == 0
+
+
+def test_vllm_replaces_an_adapter_an_earlier_run_left_under_the_same_name(tmp_path, tokenizer):
+    with serve_vllm(tokenizer.encode("hi"), context_length=512) as server:
+        server.fake.adapters[lora_adapter_name(1)] = "/old/run/v1"
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> None:
+            await engine.start()
+            try:
+                folder = adapter_folder(tmp_path, 1)
+                await engine.update_weights(WeightUpdate(version=1, checkpoint_dir=folder))
+            finally:
+                await engine.aclose()
+
+        asyncio.run(run())
+        assert server.fake.adapters == {lora_adapter_name(1): str(tmp_path / "v1")}

@@ -187,7 +187,7 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
         fake.calls.append((request.url.path, body))
         name = body["lora_name"]
         if request.url.path == "/v1/load_lora_adapter":
-            if name in fake.adapters:
+            if name in fake.adapters and not body.get("load_inplace"):
                 message = f"The lora adapter '{name}' has already been loaded."
                 return JSONResponse({"error": {"message": message, "code": 400}}, 400)
             fake.adapters[name] = body["lora_path"]

@@ -45,8 +45,10 @@ def start_vllm_server(
     served_model_name: str = "tiny",
     max_model_len: int = 4096,
     extra_args: Sequence[str] = (),
+    lora_rank: int | None = None,
 ) -> EngineServer:
-    """Launch a vLLM server of ``model_dir`` on a free port; not ready yet (call ``wait_ready``)."""
+    """Launch a vLLM server of ``model_dir`` on a free port; not ready yet (call ``wait_ready``).
+    ``lora_rank``: it loads LoRA adapters up to that rank at runtime (``[trainer.lora]`` runs)."""
     launch = VLLMLaunch(
         model=str(model_dir),
         served_model_name=served_model_name,
@@ -54,6 +56,7 @@ def start_vllm_server(
         max_model_len=max_model_len,
         kv_cache_gib=1,
         enforce_eager=True,  # no torch.compile: ~45 s to start instead of ~100 s
+        lora_rank=lora_rank,
         extra_args=tuple(extra_args),
     )
     server = EngineServer(launch, log_path=log_path, python=vllm_python())

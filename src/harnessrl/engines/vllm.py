@@ -52,7 +52,7 @@ RPC method is a constructor argument (it has changed across releases). Tested ag
 
 LoRA (``[trainer.lora]``): each step's adapter (a PEFT folder) is loaded as a new adapter named for
 its policy version, ``POST /v1/load_lora_adapter {"lora_name": "harnessrl-lora-v<N>", "lora_path":
-FOLDER}``; calls from then on ask for ``"model": "harnessrl-lora-v<N>"`` and the previous version is
+FOLDER, "load_inplace": true}`` (in place: a server an earlier run left that name on takes the new one); calls from then on ask for ``"model": "harnessrl-lora-v<N>"`` and the previous version is
 unloaded (``POST /v1/unload_lora_adapter``). The server needs ``--enable-lora --max-lora-rank R``
 and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` (``harnessrl engine serve --lora-rank R``); no pause or
 reload is needed, since the gateway drained its calls and the base weights do not change. Tested
@@ -287,9 +287,9 @@ class VLLMEngine(RemoteEngine):
                 await self.http.request_json("POST", "/resume")
 
     async def _load_adapter(self, name: str, folder: str) -> None:
-        await self.http.request_json(
-            "POST", "/v1/load_lora_adapter", json_body={"lora_name": name, "lora_path": folder}
-        )
+        # load_inplace: a name already loaded (a server an earlier run left it on) is replaced.
+        body = {"lora_name": name, "lora_path": folder, "load_inplace": True}
+        await self.http.request_json("POST", "/v1/load_lora_adapter", json_body=body)
 
     async def _unload_adapter(self, name: str) -> None:
         await self.http.request_json("POST", "/v1/unload_lora_adapter", json_body={"lora_name": name})
