@@ -8,6 +8,11 @@ harnessrl.x import y`` is an edge to ``harnessrl.x.y`` when ``y`` is a submodule
 TYPE_CHECKING:`` are left out: they never run, so they cannot form an import-time cycle, and naming
 a type in an annotation is how a module uses a protocol without depending on its implementation.
 
+Imports by string count too: ``importlib.import_module("harnessrl.x")`` (or ``import_module``,
+``__import__``) with a literal name, and a literal ``"harnessrl.x:attr"`` (an entry-point style
+reference, resolved by whoever reads it), are edges like ``import harnessrl.x``, so a table of
+module names cannot hide a cycle.
+
 A package is ``harnessrl.<name>`` (``harnessrl.gateway``); a top-level module (``harnessrl.errors``)
 is its own. Entry points (``__main__`` modules) compose the app, so the layering rules do not apply
 to them; nothing may import one.
@@ -16,6 +21,7 @@ to them; nothing may import one.
 from __future__ import annotations
 
 import ast
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -68,13 +74,39 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
+_BY_STRING = {"import_module", "__import__"}
+_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")
+
+
+def _by_string(node: ast.Call) -> ast.Import | None:
+    """``importlib.import_module("harnessrl.x")`` (a literal name) as ``import harnessrl.x``."""
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+    if name not in _BY_STRING or not node.args:
+        return None
+    arg = node.args[0]
+    if not (isinstance(arg, ast.Constant) and isinstance(arg.value, str)):
+        return None
+    return ast.Import(names=[ast.alias(name=arg.value)])
+
+
 def _imports(tree: ast.AST) -> Iterable[ast.Import | ast.ImportFrom]:
-    """Every import statement at any depth, except those under ``if TYPE_CHECKING:``."""
+    """Every import statement at any depth, and every import by a literal string, except those under
+    ``if TYPE_CHECKING:``."""
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             yield node
+        elif isinstance(node, ast.Call) and (by_string := _by_string(node)) is not None:
+            yield by_string
+            stack.extend(ast.iter_child_nodes(node))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and _REFERENCE.fullmatch(node.value)
+        ):
+            yield ast.Import(names=[ast.alias(name=node.value.partition(":")[0])])
         elif isinstance(node, ast.If) and _is_type_checking(node):
             stack.extend(node.orelse)
         else:
@@ -327,3 +359,20 @@ def test_the_checker_accepts_a_dag(tmp_path: Path) -> None:
     graph = import_graph(src, "pkg")
     assert graph["pkg.mid"] == {"pkg.low"} and graph["pkg.top"] == {"pkg.mid", "pkg.low"}
     assert find_cycles(graph) == [] and reaches(graph, "pkg.low", "pkg.top") is None
+
+
+def test_the_checker_follows_imports_by_string(tmp_path: Path) -> None:
+    src = _tree(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "table.py": "import importlib\n\ndef load():\n    return importlib.import_module('pkg.user')\n",
+            "user.py": "from pkg import table\n",
+            "other.py": "from importlib import import_module\nimport_module('pkg.user')\nimport_module(name)\n",
+            "refs.py": "TABLE = {'x': 'pkg.user:convert', 'y': 'not a reference: pkg.table'}\n",
+        },
+    )
+    graph = import_graph(src, "pkg")
+    assert graph["pkg.table"] == {"pkg.user"} and graph["pkg.other"] == {"pkg.user"}
+    assert graph["pkg.refs"] == {"pkg.user"}
+    assert find_cycles(graph) == [["pkg.table", "pkg.user", "pkg.table"]]

@@ -34,6 +34,7 @@ from harnessrl.gateway import create_app
 from harnessrl.gateway.conversation import (
     VERIFY_CALLS,
     PriorCall,
+    SpliceTrust,
     build_prompt,
     key_messages,
     message_key,
@@ -141,7 +142,8 @@ def _answer(tokenizer: PolicyTokenizer, k: int) -> tuple[list[int], dict[str, An
 
 
 def test_quick_prompt_is_build_prompt_once_trusted_else_none() -> None:
-    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))  # its own trust counter
+    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    trust = SpliceTrust()
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "You are an agent."},
         {"role": "user", "content": "Fix it."},
@@ -152,8 +154,8 @@ def test_quick_prompt_is_build_prompt_once_trusted_else_none() -> None:
     for k in range(VERIFY_CALLS + 4):
         keyed = key_messages(messages, previous)
         previous = keyed
-        quick = quick_prompt(tokenizer, keyed.messages, priors, keyed.keys, tools=TOOLS)
-        plan = build_prompt(tokenizer, keyed.messages, priors, tools=TOOLS, keys=keyed.keys)
+        quick = quick_prompt(tokenizer, keyed.messages, priors, keyed.keys, tools=TOOLS, trust=trust)
+        plan = build_prompt(tokenizer, keyed.messages, priors, tools=TOOLS, keys=keyed.keys, trust=trust)
         reference = build_prompt(tokenizer, keyed.messages, priors, tools=TOOLS, incremental=False)
         assert plan.prompt_ids == reference.prompt_ids
         if quick is not None:
@@ -268,44 +270,6 @@ def test_run_without_incremental_decoding_gives_what_pieces_give(ending: str) ->
     assert fast.first_token_at is not None and fast.finished_at is not None
     expected = {"stop_token": "stop", "max_tokens": "length", "stop_string": "stop"}[ending]
     assert fast.finish_reason == expected
-
-
-class WholeListEngine(ListEngine):
-    """``ListEngine`` with ``generate_whole`` (``engines.base.WholeAnswer``), counting how it is asked."""
-
-    def __init__(self, tokenizer: PolicyTokenizer, ids: Sequence[int]):
-        super().__init__(tokenizer, ids)
-        self.whole_calls = 0
-
-    async def generate_whole(
-        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> tuple[list[int], list[float]]:
-        self.whole_calls += 1
-        ids = self.ids[: params.max_tokens]  # past the stop token too: the caller must cut
-        return ids, [-i / 10 for i in range(len(ids))]
-
-
-@pytest.mark.parametrize("stream", [False, True])
-def test_a_whole_answer_engine_is_asked_once_when_nobody_streams(stream: bool) -> None:
-    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
-    stop_id = tokenizer.stop_token_ids[0]
-    ids = [*tokenizer.encode("whole answer"), stop_id, *tokenizer.encode("past the stop")]
-    params = SamplingParams(max_tokens=50, stop_token_ids=(stop_id,))
-    engine = WholeListEngine(tokenizer, ids)
-    reference = ListEngine(tokenizer, ids)
-    context = GenerationContext("r", stream=stream)
-
-    async def both() -> tuple[Generation, Generation]:
-        got = await Generation(engine, [1], params, context=context).run()  # type: ignore[arg-type]
-        want = await Generation(reference, [1], params, context=context).run()  # type: ignore[arg-type]
-        return got, want
-
-    got, want = asyncio.run(both())
-    assert (engine.whole_calls, len(engine.contexts)) == ((0, 1) if stream else (1, 0))
-    for name in ("text", "token_ids", "logprobs", "finish_reason"):
-        assert getattr(got, name) == getattr(want, name), name
-    assert got.token_ids[-1] == stop_id and got.finish_reason == "stop"
-    assert got.first_token_at is not None
 
 
 # -- through the gateway --------------------------------------------------------------------------

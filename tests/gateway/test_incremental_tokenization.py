@@ -11,7 +11,13 @@ import json
 from typing import Any
 
 from harnessrl.engines.scripted import render_turn
-from harnessrl.gateway.conversation import VERIFY_CALLS, PriorCall, build_prompt, normalize_messages
+from harnessrl.gateway.conversation import (
+    VERIFY_CALLS,
+    PriorCall,
+    SpliceTrust,
+    build_prompt,
+    normalize_messages,
+)
 from harnessrl.gateway.tool_parsers import parse_tool_calls
 from harnessrl.tokenizer import PolicyTokenizer
 
@@ -75,11 +81,12 @@ def test_twenty_turns_tokenize_only_new_messages(tokenizer: PolicyTokenizer) -> 
     ]
     priors: list[PriorCall] = []
     new_chars = sum(len(m["content"]) for m in messages)
+    trust = SpliceTrust()
     rows = []
     for k in range(20):
         normalized = normalize_messages(messages)
         counting.encoded = counting.rendered = 0
-        plan = build_prompt(counting, normalized, priors, tools=TOOLS)  # type: ignore[arg-type]
+        plan = build_prompt(counting, normalized, priors, tools=TOOLS, trust=trust)  # type: ignore[arg-type]
         reference = build_prompt(tokenizer, normalized, priors, tools=TOOLS, incremental=False)
         assert plan.prompt_ids == reference.prompt_ids
         assert plan.result == reference.result == ("first" if k == 0 else "reused")

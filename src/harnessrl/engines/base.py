@@ -124,18 +124,3 @@ def through_first_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> int:
     if not found:
         return len(ids)
     return min(map(ids.index, found)) + 1
-
-
-@runtime_checkable
-class WholeAnswer(Protocol):
-    """What an engine may offer besides ``Engine``: the whole answer of a non-streaming call at once.
-
-    ``generate_whole`` returns what iterating ``generate`` with the same arguments would yield, as
-    two lists (sampled token IDs up to and including the first stop token, and their logprobs).
-    The gateway uses it for contexts with ``stream=False`` when the engine has it: per-token
-    iteration is pure overhead when nobody reads the tokens as they come.
-    """
-
-    async def generate_whole(
-        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> tuple[list[int], list[float]]: ...

@@ -1,10 +1,9 @@
 """``POST /v1/messages`` (Anthropic Messages, streaming or not) and ``/v1/messages/count_tokens``.
 
-Same life as a chat call (``calls.PreparedCall``): authenticate, validate, convert the request to
-the internal conversation (``anthropic_convert.request_to_internal``, also what reuse after a
-restart uses), build the prompt with sampled-token reuse, wait at the pause gate, generate, record
-(``api="messages"``, the request as received, the internal assistant message as the response),
-and only then hand the client the end of the answer. The answer's blocks come from
+The call runs through ``pipeline``, as every API's does: the request is converted to the internal
+conversation (``anthropic_convert.request_to_internal``, also what reuse after a restart uses) and
+recorded with ``api="messages"``, the request as received and the internal assistant message as the
+response. The answer's blocks come from
 ``anthropic_blocks.BlockAssembler``, for streaming and non-streaming alike.
 
 Streaming follows Anthropic's event sequence: ``message_start``; per block ``content_block_start``,
@@ -15,67 +14,43 @@ and whenever sampled tokens produce no event for ``keepalive_s`` (a long tool ca
 until its block closes). Errors anywhere under ``/v1/messages`` are in Anthropic's shape
 (``gateway.errors``); after the 200 header they arrive as an ``error`` event.
 
-Per-call cost is chat's (issue 22): the converted messages are keyed incrementally
-(``RolloutMemory.key_messages``; the conversion drops ``cache_control``, so Claude Code's moving
-marker does not make the newest-but-one message look new), a trusted splice runs on the event loop
-(``quick_prompt``), recording reuses the keys, a non-streaming answer is generated without a
-per-token stream, and JSON is written with orjson.
+The converted messages are keyed incrementally by the pipeline (``RolloutMemory.key_messages``); the
+conversion drops ``cache_control``, so Claude Code's moving marker does not make the newest-but-one
+message look new.
 """
 
 from __future__ import annotations
 
 import secrets
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.engines.base import SamplingParams
-from harnessrl.errors import ConfigError, ContextLengthExceeded
+from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.anthropic_blocks import BlockAssembler
 from harnessrl.gateway.anthropic_convert import (
     CountTokensRequest,
-    Internal,
     MessagesRequest,
     ThinkingParam,
     request_to_internal,
 )
-from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import read_json, validate_body
-from harnessrl.gateway.calls import (
-    PreparedCall,
-    check_prompt_size,
-    json_response,
-    plan_prompt,
-    rollout_sampling,
-    run_to_end,
-    sampling_params,
-    sse,
-    stream_error,
-)
-from harnessrl.gateway.chat import SSE_HEADERS
-from harnessrl.gateway.conversation import (
-    KeyedMessages,
-    PromptPlan,
-    key_messages,
-)
-from harnessrl.gateway.delivery import CallStream, respond_whole
+from harnessrl.gateway.auth import authorize_rollout
+from harnessrl.gateway.bodies import parse_body, read_json, validate_body
+from harnessrl.gateway.calls import PreparedCall
+from harnessrl.gateway.conversation import key_messages
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
+from harnessrl.gateway.generation import Generation, Piece
 from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.limits import check_prompt_size, rollout_sampling
+from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, plan_prompt, serve
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.tool_parsers import Tools
+from harnessrl.gateway.wire import json_response, sse_event
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
-__all__ = ["count_tokens", "messages", "probe", "request_to_internal"]
+__all__ = ["MESSAGES", "count_tokens", "messages", "probe", "request_to_internal"]
 
 PING = 'event: ping\ndata: {"type": "ping"}\n\n'
-
-
-def _event(payload: dict[str, Any]) -> str:
-    return f"event: {payload['type']}\n" + sse(payload)  # orjson: a stream sends one event per delta
 
 
 def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools: Any) -> dict[str, Any]:
@@ -91,40 +66,39 @@ def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools:
     return {"enable_thinking": thinking.type != "disabled"}
 
 
-async def _plan(
-    request: Request,
-    internal: Internal,
-    thinking: ThinkingParam | None,
-    memory: RolloutMemory,
-    *,
-    remember: bool = True,
-) -> tuple[PromptPlan, KeyedMessages]:
-    """The prompt of a converted request, and its messages keyed for recording.
+class MessagesApi:
+    name = "messages"
 
-    The internal messages are keyed incrementally (``RolloutMemory.key_messages``): the conversion
-    drops ``cache_control``, so a message that differs from the previous request's only by the
-    marker Claude Code moves every turn keeps its normalized form and key. ``remember=False`` (a
-    token count, not a call) uses the rollout's last keyed request without replacing it. A trusted
-    incremental splice runs on the event loop (``quick_prompt``); anything that renders the whole
-    conversation goes to a thread.
-    """
-    state: GatewayState = request.app.state.gateway
-    messages, tools = internal
-    keyed = memory.key_messages(messages) if remember else key_messages(messages, memory.last_keyed)
-    plan = await plan_prompt(state, keyed, memory, tools, _template_kwargs(state, thinking, tools))
-    return plan, keyed
+    async def parse(
+        self, state: GatewayState, rollout: Rollout, memory: RolloutMemory, raw: bytes
+    ) -> CallRequest[MessagesRequest]:
+        data = parse_body(raw)
+        body = validate_body(MessagesRequest, data)
+        check_prompt_size(state, data, "messages")
+        messages, tools = request_to_internal(data)  # refuses unusable content (images...)
+        return CallRequest(
+            data,
+            body,
+            body.max_tokens,
+            "messages",
+            messages=messages,
+            tools=tools,
+            template_kwargs=_template_kwargs(state, body.thinking, tools),
+        )
 
-
-def _sampling(
-    state: GatewayState, body: MessagesRequest, prompt_len: int, rollout: Rollout
-) -> SamplingParams:
-    try:
-        return sampling_params(state, body, prompt_len, body.max_tokens, rollout)
-    except ContextLengthExceeded as exc:
-        # Anthropic's own wording: Claude Code parses it (compacts the history, or lowers max_tokens).
+    def too_long(
+        self,
+        state: GatewayState,
+        exc: ContextLengthExceeded,
+        request: CallRequest[MessagesRequest],
+        prompt_len: int,
+        rollout: Rollout,
+    ) -> ContextLengthExceeded:
+        """Anthropic's own wording: Claude Code parses it (compacts the history, or lowers max_tokens)."""
         context = state.engine.context_length
         cap = rollout_sampling(rollout).max_tokens
-        max_tokens = body.max_tokens if cap is None else min(body.max_tokens, cap)
+        requested = request.body.max_tokens
+        max_tokens = requested if cap is None else min(requested, cap)
         if prompt_len >= context:
             message = f"prompt is too long: {prompt_len} tokens > {context - 1} maximum"
         else:
@@ -132,42 +106,87 @@ def _sampling(
                 f"input length and `max_tokens` exceed context limit: {prompt_len} + {max_tokens} > "
                 f"{context}, decrease input length or `max_tokens` and try again"
             )
-        raise ContextLengthExceeded(message, param=exc.param) from exc
+        return ContextLengthExceeded(message, param=exc.param)
+
+    def answer(self, call: PreparedCall, request: CallRequest[MessagesRequest]) -> MessageAnswer:
+        return MessageAnswer(call, request.body, request.tools)
 
 
-async def _prepare(request: Request) -> tuple[PreparedCall, MessagesRequest, Tools]:
-    state: GatewayState = request.app.state.gateway
-    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    data = await read_json(request, state.config.max_body_bytes)
-    body = validate_body(MessagesRequest, data)
-    check_prompt_size(state, data, "messages")
-    internal = request_to_internal(data)  # refuses unusable content (images...) before the rollout starts
-    rollout = await open_rollout(state, rollout)
-    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
-    plan, keyed = await _plan(request, internal, body.thinking, memory)
-    state.metrics.child(state.metrics.reuse, plan.result).inc()
-    params = _sampling(state, body, len(plan.prompt_ids), rollout)
-    call = PreparedCall(
-        state,
-        rollout,
-        memory,
-        "messages",
-        data,
-        plan.prompt_ids,
-        params,
-        body.stop_strings(),
-        message_keys=keyed.keys,
-        prompt_source=plan.result,
-        reused_prompt_tokens=plan.reused_tokens,
-    )
-    return call, body, internal[1]
+MESSAGES = MessagesApi()
 
 
-def _assembler(call: PreparedCall, body: MessagesRequest, tools: Tools) -> BlockAssembler:
-    state = call.state
-    parser = state.tool_parser(tools) if body.wants_tool_calls else None
-    # A template may open the reasoning itself (the generation prompt ends with "<think>").
-    return BlockAssembler(parser, reasoning=state.reasoning_parser(call.prompt_ids))
+async def messages(request: Request) -> Response:
+    return await serve(MESSAGES, request)
+
+
+class MessageAnswer:
+    """A Messages answer: its blocks come from ``anthropic_blocks.BlockAssembler``, whole or streamed."""
+
+    ping = PING
+    whole_from_pieces = False
+
+    def __init__(self, call: PreparedCall, body: MessagesRequest, tools: Any) -> None:
+        self.call = call
+        self.model = body.model or call.state.engine.model_name
+        self.msg_id = f"msg_{secrets.token_hex(12)}"
+        self.headers = {"request-id": self.msg_id}
+        state = call.state
+        parser = state.tool_parser(tools) if body.wants_tool_calls else None
+        # A template may open the reasoning itself (the generation prompt ends with "<think>").
+        self.assembler = BlockAssembler(parser, reasoning=state.reasoning_parser(call.prompt_ids))
+
+    def whole(self, gen: Generation) -> Whole:
+        assembler = self.assembler
+        assembler.feed(gen.text)
+        assembler.finish()
+        stop_reason, stop_sequence, finish = _stop(self.call, assembler)
+        payload = {
+            "id": self.msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": assembler.blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": _usage(self.call),
+        }
+        return Whole(json_response(payload, headers=self.headers), assembler.message(), finish)
+
+    def opening(self) -> list[str]:
+        return []
+
+    def waiting(self, comment: str) -> list[str]:
+        return [PING]
+
+    def started(self, gen: Generation) -> list[str]:
+        start = {
+            "id": self.msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": _usage(self.call),
+        }
+        return [sse_event({"type": "message_start", "message": start})]
+
+    def feed(self, piece: Piece) -> list[str]:
+        return [sse_event(event) for event in self.assembler.feed(piece.text)] if piece.text else []
+
+    def finished(self, gen: Generation) -> Streamed:
+        last = [sse_event(event) for event in self.assembler.finish()]
+        stop_reason, stop_sequence, finish = _stop(self.call, self.assembler)
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {"output_tokens": len(gen.token_ids)},
+        }
+        tail = [sse_event(delta), sse_event({"type": "message_stop"})]
+        return Streamed(last, self.assembler.message(), finish, tail)
+
+    def error(self, exc: HarnessRLError) -> str:
+        return anthropic_sse_error(exc)
 
 
 def _stop(call: PreparedCall, assembler: BlockAssembler) -> tuple[str, str | None, str]:
@@ -198,96 +217,6 @@ def _usage(call: PreparedCall) -> dict[str, int]:
     }
 
 
-async def messages(request: Request) -> Response:
-    call, body, tools = await _prepare(request)
-    model = body.model or call.state.engine.model_name
-    msg_id = f"msg_{secrets.token_hex(12)}"
-    if body.stream:
-        headers = {**SSE_HEADERS, **call.headers(), "request-id": msg_id}
-        return CallStream(
-            call, _stream(call, body, tools, model, msg_id), closing=anthropic_sse_error, headers=headers
-        )
-
-    async def work() -> Response:
-        await run_to_end(call)  # the engine need not stream: nobody reads the answer before its end
-        gen = call.generation
-        assert gen is not None
-        assembler = _assembler(call, body, tools)
-        assembler.feed(gen.text)
-        assembler.finish()
-        stop_reason, stop_sequence, finish = _stop(call, assembler)
-        payload = {
-            "id": msg_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": assembler.blocks,
-            "stop_reason": stop_reason,
-            "stop_sequence": stop_sequence,
-            "usage": _usage(call),
-        }
-        # Built before the record: a call whose answer cannot be built (a 500) is not recorded.
-        answer = json_response(payload, headers={"request-id": msg_id})
-        await call.record(assembler.message(), finish)
-        return answer
-
-    return await respond_whole(call, request, work)
-
-
-async def _stream(
-    call: PreparedCall, body: MessagesRequest, tools: Tools, model: str, msg_id: str
-) -> AsyncIterator[str]:
-    state = call.state
-    try:
-        async for _ in call.admit(keepalive=True):
-            yield PING
-        gen = call.start()
-        start = {
-            "id": msg_id,
-            "type": "message",
-            "role": "assistant",
-            "model": model,
-            "content": [],
-            "stop_reason": None,
-            "stop_sequence": None,
-            "usage": _usage(call),
-        }
-        yield _event({"type": "message_start", "message": start})
-        assembler = _assembler(call, body, tools)
-        last_sent = time.monotonic()
-        pieces = gen.pieces()
-        try:
-            async for piece in pieces:
-                events = assembler.feed(piece.text) if piece.text else []
-                for event in events:
-                    yield _event(event)
-                if events:
-                    last_sent = time.monotonic()
-                elif time.monotonic() - last_sent >= state.keepalive_s:
-                    yield PING  # tokens are arriving but held back (a long tool call): keep the client
-                    last_sent = time.monotonic()
-        finally:
-            # Close the engine's iterator even when the call is being cancelled (a drop); shielded so
-            # the close itself is not cancelled (it frees the engine slot).
-            with anyio.CancelScope(shield=True):
-                await pieces.aclose()  # type: ignore[attr-defined]
-        for event in assembler.finish():
-            yield _event(event)
-        stop_reason, stop_sequence, finish = _stop(call, assembler)
-        # What follows the record is built first: once the call is durable only the transport can fail.
-        delta = {
-            "type": "message_delta",
-            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
-            "usage": {"output_tokens": len(gen.token_ids)},
-        }
-        tail = [_event(delta), _event({"type": "message_stop"})]
-        await call.record(assembler.message(), finish)  # durable before the client sees the end
-        for out in tail:
-            yield out
-    except Exception as exc:
-        yield anthropic_sse_error(stream_error(call, exc))
-
-
 async def count_tokens(request: Request) -> Response:
     """Input tokens of a Messages request, built exactly as a call would be (reuse included)."""
     state: GatewayState = request.app.state.gateway
@@ -301,7 +230,10 @@ async def count_tokens(request: Request) -> Response:
         )
     # Counting is not a call: it neither starts a queued rollout nor waits at the pause gate.
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
-    plan, _ = await _plan(request, request_to_internal(data), body.thinking, memory, remember=False)
+    messages, tools = request_to_internal(data)
+    keyed = key_messages(messages, memory.last_keyed)  # a count, not a call: the last request stays
+    kwargs = _template_kwargs(state, body.thinking, tools)
+    plan = await plan_prompt(state, keyed, memory, tools, kwargs)
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})
 
 

@@ -206,9 +206,12 @@ def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
             raise BadRequest(f"tools.{i}.name is required", param=f"tools.{i}.name")
         if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
             continue  # an Anthropic server tool (web search, computer use...): nothing here can run it
-        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        # In OpenAI's order (name, description, parameters): the template renders the tools' JSON as
+        # it is, and a Messages call must build the prompt a chat call with the same tools builds.
+        function = {"name": tool["name"]}
         if tool.get("description"):
             function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
         out.append({"type": "function", "function": function})
     return out or None
 

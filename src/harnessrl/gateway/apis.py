@@ -7,24 +7,19 @@ after a restart, the gateway rebuilds each call's internal messages from its sto
 API's converter below, so no API needs extra columns in the store.
 
 A converter takes the stored request body and returns ``(messages, tools)`` in internal form, or
-raises ``HarnessRLError`` if it cannot. Converters are referenced by import path so this module does
-not import every API module.
+raises ``HarnessRLError`` if it cannot. The converters are pure functions in modules that import no
+call machinery (``responses_input``, ``anthropic_convert``), so this table imports them directly.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import Any
 
-Converter = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
+from harnessrl.gateway.anthropic_convert import request_to_internal as messages_request_to_internal
+from harnessrl.gateway.responses_input import request_to_internal as responses_request_to_internal
 
-# api name (Call.api) -> "module:function"
-CONVERTERS: dict[str, str] = {
-    "chat.completions": "harnessrl.gateway.apis:chat_request_to_internal",
-    "responses": "harnessrl.gateway.responses:request_to_internal",
-    "messages": "harnessrl.gateway.anthropic:request_to_internal",
-}
+Converter = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
 
 
 def chat_request_to_internal(
@@ -33,14 +28,18 @@ def chat_request_to_internal(
     return list(request["messages"]), request.get("tools") or None
 
 
+#: api name (``Call.api``) -> its converter; ``completions`` has no conversation.
+CONVERTERS: dict[str, Converter] = {
+    "chat.completions": chat_request_to_internal,
+    "responses": responses_request_to_internal,
+    "messages": messages_request_to_internal,
+}
+
+
 def internal_conversation(
     api: str, request: dict[str, Any]
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None] | None:
     """The internal ``(messages, tools)`` of a stored request, or ``None`` for APIs without a
     conversation (``completions``)."""
-    target = CONVERTERS.get(api)
-    if target is None:
-        return None
-    module, _, name = target.partition(":")
-    converter: Converter = getattr(importlib.import_module(module), name)
-    return converter(request)
+    converter = CONVERTERS.get(api)
+    return None if converter is None else converter(request)

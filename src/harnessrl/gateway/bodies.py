@@ -34,7 +34,13 @@ StoreText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
     """The body as a JSON object; 413 past ``max_bytes`` (declared or actually sent), 400 if it is not
     strict JSON (``parse_json``) or not an object."""
-    return _json_object(parse_json(await read_body(request, max_bytes)))
+    return parse_body(await read_body(request, max_bytes))
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, strictly (``parse_json``: bounds, no lone surrogates, 64-bit
+    integers); 400 if it is not."""
+    return _json_object(parse_json(raw))
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -1,245 +1,40 @@
 """The life of one model call, shared by every provider API: admit, generate, record.
 
+``PreparedCall`` is a call after ``pipeline.prepare`` validated and tokenized it; the pipeline
+drives it through the gate, the generation and the record, and each API renders its answer.
+
 Order matters and is the same for every API: authenticate and validate, tokenize (before the
 pause gate, so a paused gateway still answers bad requests at once), wait at the gate, generate,
 then make the call durable in the store, and only then hand the client the full answer. A call
 whose client went away before the end, whose client read too slowly, or whose rollout ended first
 is dropped (``delivery``): cancelled wherever it is, not recorded, counted. No one saw its answer,
 so no later call can build on it and no trainer may train on it.
-
-The OpenAI-shaped APIs (chat and legacy completions) also share their ends here: the answer
-envelope, usage, the non-streaming "generate, record, answer" tail and the streaming response.
-JSON is written with orjson: the answers carry hundreds of logprob entries, and ``json.dumps``
-costs a large share of a call's CPU at that size.
 """
 
 from __future__ import annotations
 
-import json
-import logging
-import secrets
-import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import orjson
-from pydantic import ValidationError
-from starlette.requests import Request
-from starlette.responses import Response
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
-from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, PayloadTooLarge
+from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import open_rollout
-from harnessrl.gateway.bodies import SamplingFields
-from harnessrl.gateway.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
-from harnessrl.gateway.delivery import CallStream, DropReason, respond_whole
-from harnessrl.gateway.errors import RolloutClosed, error_shape, internal_error, sse_error
+from harnessrl.gateway.delivery import DropReason
+from harnessrl.gateway.errors import RolloutClosed
 from harnessrl.gateway.generation import Generation
 from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Call, Rollout, RolloutStatus, SamplingOverrides, Usage, now
+from harnessrl.schemas import Call, Rollout, RolloutStatus, Usage, now
 from harnessrl.store.base import RolloutEnded
 from harnessrl.store.chains import EncodedItems
 
 if TYPE_CHECKING:
     from harnessrl.gateway.coalesce import Outlet
-
-log = logging.getLogger("harnessrl.gateway")
-
-
-def rollout_sampling(rollout: Rollout | None) -> SamplingOverrides:
-    """The rollout's sampling overrides; ``BadRequest`` naming the field if they are malformed."""
-    if rollout is None:
-        return SamplingOverrides()
-    try:
-        return rollout.sampling
-    except ValidationError as exc:
-        raise BadRequest(
-            f"rollout {rollout.rollout_id!r} has invalid metadata.sampling: {exc.errors()[0]['msg']}",
-            param="metadata.sampling",
-        ) from None
-
-
-def sampling_params(
-    state: GatewayState,
-    body: SamplingFields,
-    prompt_len: int,
-    requested_max: int | None,
-    rollout: Rollout | None = None,
-) -> SamplingParams:
-    """Sampling settings for the engine; 400 if the prompt plus ``max_tokens`` cannot fit the context.
-
-    A rollout may carry ``SamplingOverrides`` set by whoever created it (the trainer): its
-    ``temperature`` / ``top_p`` replace the harness's, and its ``max_tokens`` caps the harness's.
-    That is how training runs sample at the temperature the trainer's logprobs assume and how
-    evaluations run greedy, whatever the unmodified harness asks for.
-    """
-    overrides = rollout_sampling(rollout)
-    for cap in (overrides.max_tokens, state.config.max_tokens):
-        if cap is not None:
-            requested_max = cap if requested_max is None else min(requested_max, cap)
-    temperature = 1.0 if body.temperature is None else body.temperature
-    if overrides.temperature is not None:
-        temperature = overrides.temperature
-    top_p = 1.0 if body.top_p is None else body.top_p
-    if overrides.top_p is not None:
-        top_p = overrides.top_p
-    context = state.engine.context_length
-    room = context - prompt_len
-    if room <= 0:
-        raise ContextLengthExceeded(
-            f"the prompt has {prompt_len} tokens; this model's context length is {context}", param="messages"
-        )
-    if requested_max is not None:
-        if requested_max > room:
-            raise ContextLengthExceeded(
-                f"the prompt has {prompt_len} tokens and max_tokens is {requested_max}; together they exceed "
-                f"this model's context length of {context}",
-                param="max_tokens",
-            )
-        max_tokens = requested_max
-    else:
-        max_tokens = min(room, state.config.default_max_tokens or room)
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        stop_token_ids=tuple(state.engine.tokenizer.stop_token_ids),
-        seed=body.seed,
-    )
-
-
-#: Characters of request text per token of context the gateway tokenizes by default
-#: (``gateway.max_prompt_chars`` unset): English averages about 4 per token, and a prompt of 16 per
-#: token of the context can hardly fit it.
-CHARS_PER_CONTEXT_TOKEN = 16
-
-
-def prompt_char_limit(state: GatewayState) -> int:
-    return state.config.max_prompt_chars or CHARS_PER_CONTEXT_TOKEN * state.engine.context_length
-
-
-T = TypeVar("T")
-
-
-async def tokenize_in_thread(state: GatewayState, fn: Callable[[], T], param: str) -> T:
-    """Render and encode a prompt in a worker thread, within ``gateway.tokenize_timeout_s``.
-
-    The size cap (``check_prompt_size``) bounds the text; the time budget bounds what the size cap
-    cannot see (a template that loops over a long history, a tokenizer that is slow on some text).
-    Past it the client gets a 413 and the event loop moves on; the thread cannot be stopped and
-    finishes in the background, its result dropped.
-    """
-    budget = state.config.tokenize_timeout_s
-    try:
-        with anyio.fail_after(budget):
-            return await anyio.to_thread.run_sync(fn, abandon_on_cancel=True)
-    except TimeoutError:
-        raise PayloadTooLarge(
-            f"the prompt took more than {budget:g} s to tokenize (gateway.tokenize_timeout_s)",
-            param=param,
-        ) from None
-
-
-async def plan_prompt(
-    state: GatewayState,
-    keyed: KeyedMessages,
-    memory: RolloutMemory,
-    tools: list[dict[str, Any]] | None,
-    template_kwargs: dict[str, Any] | None,
-) -> PromptPlan:
-    """The prompt of a keyed conversation (``conversation.build_prompt``, sampled-token reuse):
-    a trusted incremental splice on the event loop (``quick_prompt``), anything that renders the
-    whole conversation in a thread (it takes milliseconds on a long one). Chat and Messages share it."""
-    tokenizer = state.engine.tokenizer
-    priors = list(memory.priors.values())
-    history = state.config.history
-    tools = tokenizer.template_tools(tools)  # prepared once for every render of this call
-    plan = quick_prompt(
-        tokenizer,
-        keyed.messages,
-        priors,
-        keyed.keys,
-        tools=tools,
-        template_kwargs=template_kwargs,
-        history=history,
-    )
-    if plan is not None:
-        return plan
-    return await tokenize_in_thread(
-        state,
-        lambda: build_prompt(
-            tokenizer,
-            keyed.messages,
-            priors,
-            tools=tools,
-            template_kwargs=template_kwargs,
-            keys=keyed.keys,
-            history=history,
-        ),
-        "messages",
-    )
-
-
-def check_prompt_size(
-    state: GatewayState,
-    data: Any,
-    param: str,
-    history: HistoryBytes | None = None,
-    rest_chars: int | None = None,
-) -> int:
-    """413 if the request carries more text than the gateway tokenizes for one call.
-
-    Checked before anything is rendered or encoded: tokenizing an 8 MiB prompt took seconds of a
-    worker thread and held the event loop up (``/api/health`` stalled for as long). Counts the
-    characters of every string in the body (contents, tool definitions, arguments), in a loop
-    rather than recursion, and stops as soon as the limit is passed.
-
-    ``history``: the body's ``data[param]`` list as ``repeats.history_bytes`` encoded it, which has
-    its count already; ``rest_chars``: the count of everything else, where known (the rest of the
-    body is the same JSON as the last request's). Returns that count (0 without ``history``).
-    """
-    limit = prompt_char_limit(state)
-    if history is None:
-        _count_text(data, 0, limit, param)
-        return 0
-    listed = history.text_chars(len(history.ends))
-    if rest_chars is None:
-        rest_chars = _count_text([v for k, v in data.items() if k != param], listed, limit, param) - listed
-    _count_text(None, listed + rest_chars, limit, param)
-    return rest_chars
-
-
-def _count_text(node: Any, total: int, limit: int, param: str) -> int:
-    """``total`` plus the characters of every string in ``node``; ``PayloadTooLarge`` past ``limit``."""
-    stack = [node]
-    while True:
-        if total > limit:
-            raise PayloadTooLarge(
-                f"the request has more than {limit} characters of text, the most this gateway "
-                "tokenizes for one call (gateway.max_prompt_chars)",
-                param=param,
-            )
-        if not stack:
-            return total
-        node = stack.pop()
-        if isinstance(node, str):
-            total += len(node)
-        elif isinstance(node, dict):
-            stack.extend(node.values())
-        elif isinstance(node, list):
-            stack.extend(node)
-
-
-def check_token_ids(state: GatewayState, ids: list[int]) -> None:
-    limit = state.engine.tokenizer.vocab_size
-    bad = next((t for t in ids if not 0 <= t < limit), None)
-    if bad is not None:
-        raise BadRequest(f"token id {bad} is outside the vocabulary (0..{limit - 1})", param="prompt")
 
 
 @dataclass(eq=False)  # compared and hashed by identity (kept in ``delivery.CallsInFlight``)
@@ -436,122 +231,3 @@ async def run_to_end(call: PreparedCall) -> None:
     async for _ in call.admit():
         pass
     await call.start(stream=bool(call.stop)).run()
-
-
-def _dumps(data: dict[str, Any]) -> bytes:
-    try:
-        return orjson.dumps(data)
-    except TypeError:  # what orjson refuses (integers past 64 bits): the slower, lenient json
-        return json.dumps(data, ensure_ascii=False).encode()
-
-
-def sse(data: dict[str, Any]) -> str:
-    return "data: " + _dumps(data).decode() + "\n\n"
-
-
-def json_response(payload: dict[str, Any], headers: dict[str, str] | None = None) -> Response:
-    """A JSON answer (orjson: UTF-8, compact; what ``JSONResponse`` sends, several times faster)."""
-    return Response(_dumps(payload), media_type="application/json", headers=headers)
-
-
-# -- the ends the OpenAI-shaped APIs share (chat.completions, completions) ------------------------
-
-SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
-
-
-def openai_usage(call: PreparedCall) -> dict[str, int]:
-    gen = call.generation
-    completion = len(gen.token_ids) if gen else 0
-    return {
-        "prompt_tokens": len(call.prompt_ids),
-        "completion_tokens": completion,
-        "total_tokens": len(call.prompt_ids) + completion,
-    }
-
-
-def openai_envelope(id_prefix: str, obj: str, model: str, policy_version: int) -> dict[str, Any]:
-    """The fields every OpenAI answer and stream chunk starts with."""
-    return {
-        "id": f"{id_prefix}-{secrets.token_hex(12)}",
-        "object": obj,
-        "created": int(time.time()),
-        "model": model,
-        "system_fingerprint": f"harnessrl-policy-{policy_version}",
-    }
-
-
-async def generate_and_record(
-    call: PreparedCall,
-    request: Request,
-    answer: Callable[[Generation], tuple[dict[str, Any], str]],
-    reply: Callable[[Generation, dict[str, Any], str], Response],
-) -> Response:
-    """Non-streaming: wait at the gate, generate, and make the call durable before anyone answers.
-
-    ``answer`` turns the finished generation into the recorded response and finish reason;
-    ``reply`` builds the client's HTTP answer from them, before the record, so a call whose answer
-    cannot be built (a 500) is not recorded either. Driven by ``delivery.respond_whole``: a client
-    that leaves (or a rollout that ends) meanwhile cancels it.
-    """
-
-    async def work() -> Response:
-        await run_to_end(call)
-        gen = call.generation
-        assert gen is not None
-        response, finish = answer(gen)
-        out = reply(gen, response, finish)
-        await call.record(response, finish)
-        return out
-
-    return await respond_whole(call, request, work)
-
-
-def streaming_response(
-    call: PreparedCall, chunks: Callable[[], AsyncGenerator[str, None]], headers: dict[str, str] | None = None
-) -> CallStream:
-    """An SSE answer: ``chunks`` wrapped by ``sse_stream`` (gate keep-alives, errors, ``[DONE]``),
-    driven by ``delivery.CallStream`` (drops, backpressure, events ready together sent in one write)."""
-    return CallStream(
-        call,
-        sse_stream(call, chunks),
-        closing=lambda exc: sse_error(exc),
-        headers={**SSE_HEADERS, **call.headers(), **(headers or {})},
-    )
-
-
-def stream_error(call: PreparedCall, exc: Exception) -> HarnessRLError:
-    """The error a failed stream ends with, as an event in the provider's shape (its 200 is sent).
-
-    Ours as it is; anything else is logged once, with its traceback, and becomes an internal error
-    (its class named, its message not leaked). Every stream builds what it sends after the record
-    before recording, so a stream that fails was never recorded as answered.
-    """
-    if not isinstance(exc, HarnessRLError):
-        log.error(
-            "unexpected error in a %s stream of rollout %s",
-            call.api,
-            call.rollout.rollout_id,
-            exc_info=exc,
-        )
-        exc = internal_error(exc)
-    call.state.metrics.errors.labels(code=error_shape(exc).code).inc()
-    return exc
-
-
-async def sse_stream(call: PreparedCall, body: Callable[[], AsyncGenerator[str, None]]) -> AsyncIterator[str]:
-    """Wrap an API's chunk generator: keep-alives at the gate, errors as SSE events, ``[DONE]``."""
-    try:
-        async for comment in call.admit(keepalive=True):
-            yield comment
-        chunks = body()
-        try:
-            async for chunk in chunks:
-                yield chunk
-        finally:
-            # Close the API's generator (and through it the engine's) even when the call is being
-            # cancelled (a drop); shielded so the close itself is not cancelled.
-            with anyio.CancelScope(shield=True):
-                await chunks.aclose()
-        yield "data: [DONE]\n\n"
-    except Exception as exc:
-        yield sse_error(stream_error(call, exc))

@@ -1,53 +1,45 @@
 """``POST /v1/chat/completions``: OpenAI chat, streaming or not, with tools.
 
-The prompt comes from ``conversation.build_prompt`` (sampled-token reuse); tool calls from the
+The call runs through ``pipeline``; this module holds chat's shapes. Tool calls come from the
 configured parser. Streaming emits content token by token as the engine samples it, and each tool
 call as one delta when its block closes. The answered message is recorded exactly as the client
 receives it (same tool-call ids), because it is what the next call's history is matched against.
 
-Per-call cost matters here (every model call of every rollout passes through): the request's
-messages are normalized and keyed incrementally (``RolloutMemory.key_messages``), the prompt is
-spliced on the event loop when that is cheap (``quick_prompt``) and only otherwise rendered in a
-thread, and a non-streaming answer is generated without per-token decoding.
+Chat's body is the one a harness resends longest, so parsing it is incremental too: the messages
+the request repeats of the rollout's last one (``RolloutMemory.repeats``) and the rest of the body,
+when it is the same JSON again, passed every check then and are not walked again.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.errors import ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.bodies import (
     ChatCompletionRequest,
     CheckedRest,
     check_repeating_body,
     decode_body,
-    read_body,
     rest_json,
     validate_tail,
 )
-from harnessrl.gateway.calls import (
-    SSE_HEADERS,
-    PreparedCall,
-    check_prompt_size,
-    generate_and_record,
-    json_response,
-    openai_envelope,
-    openai_usage,
-    plan_prompt,
-    sampling_params,
-    sse,
-    streaming_response,
-)
+from harnessrl.gateway.calls import PreparedCall
+from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.generation import Generation, Piece
+from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.limits import check_prompt_size
 from harnessrl.gateway.logprobs import logprob_content
+from harnessrl.gateway.openai_shapes import openai_envelope, openai_usage
+from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
+from harnessrl.gateway.wire import DONE, json_response, sse
+from harnessrl.schemas import Rollout
 
-__all__ = ["SSE_HEADERS", "chat_completions"]  # SSE_HEADERS: imported from here by other APIs
+__all__ = ["CHAT", "chat_completions"]
 
 
 def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, Any], str]:
@@ -61,70 +53,93 @@ def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, An
     return message, finish
 
 
-async def prepare_chat(request: Request) -> tuple[PreparedCall, ChatCompletionRequest]:
-    state: GatewayState = request.app.state.gateway
-    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    raw = await read_body(request, state.config.max_body_bytes)
-    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
-    # The messages this request repeats of the rollout's last one passed every check below then:
-    # only the rest of the body is walked and validated (``gateway.repeats``).
-    data = decode_body(raw)
-    repeated = memory.repeats(data.get("messages"))
-    same = repeated[1] if repeated is not None else 0
-    # Likewise the rest of the body (model, tools, sampling), where it is the same JSON again.
-    rest = rest_json(data, "messages") if repeated is not None else None
-    known = memory.last_rest if memory.last_rest is not None and memory.last_rest.json == rest else None
-    check_repeating_body(raw, data, "messages", same, rest_checked=known is not None)
-    body = validate_tail(  # body.messages: the new ones
-        ChatCompletionRequest, data, "messages", same, previous=known.body if known is not None else None
-    )
-    body.check_n()
-    history = repeated[0] if repeated is not None else None
-    rest_chars = check_prompt_size(
-        state, data, "messages", history, known.chars if known is not None else None
-    )
-    # 400 for unusable content, before the rollout starts
-    keyed = memory.key_messages(data["messages"], repeated)
-    memory.last_rest = CheckedRest(rest, rest_chars, body) if rest is not None else None
-    rollout = await open_rollout(state, rollout)
-    tools = body.tools or None
-    kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
-    plan = await plan_prompt(state, keyed, memory, tools, kwargs)
-    state.metrics.child(state.metrics.reuse, plan.result).inc()
-    params = sampling_params(state, body, len(plan.prompt_ids), body.requested_max_tokens, rollout)
-    call = PreparedCall(
-        state,
-        rollout,
-        memory,
-        "chat.completions",
-        data,
-        plan.prompt_ids,
-        params,
-        body.stop_strings(),
-        message_keys=keyed.keys,
-        history=keyed.history,
-        prompt_source=plan.result,
-        reused_prompt_tokens=plan.reused_tokens,
-    )
-    return call, body
+class ChatApi:
+    name = "chat.completions"
+
+    async def parse(
+        self, state: GatewayState, rollout: Rollout, memory: RolloutMemory, raw: bytes
+    ) -> CallRequest[ChatCompletionRequest]:
+        # The messages this request repeats of the rollout's last one passed every check below then:
+        # only the rest of the body is walked and validated (``gateway.repeats``).
+        data = decode_body(raw)
+        repeated = memory.repeats(data.get("messages"))
+        same = repeated[1] if repeated is not None else 0
+        # Likewise the rest of the body (model, tools, sampling), where it is the same JSON again.
+        rest = rest_json(data, "messages") if repeated is not None else None
+        known = memory.last_rest if memory.last_rest is not None and memory.last_rest.json == rest else None
+        check_repeating_body(raw, data, "messages", same, rest_checked=known is not None)
+        body = validate_tail(  # body.messages: the new ones
+            ChatCompletionRequest, data, "messages", same, previous=known.body if known is not None else None
+        )
+        body.check_n()
+        history = repeated[0] if repeated is not None else None
+        rest_chars = check_prompt_size(
+            state, data, "messages", history, known.chars if known is not None else None
+        )
+        memory.last_rest = CheckedRest(rest, rest_chars, body) if rest is not None else None
+        kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
+        return CallRequest(
+            data,
+            body,
+            body.requested_max_tokens,
+            "messages",
+            messages=data["messages"],
+            tools=body.tools or None,
+            template_kwargs=kwargs,
+            repeated=repeated,
+            messages_are_the_body=True,
+        )
+
+    def too_long(
+        self,
+        state: GatewayState,
+        exc: ContextLengthExceeded,
+        request: CallRequest[Any],
+        prompt_len: int,
+        rollout: Rollout,
+    ) -> ContextLengthExceeded:
+        return exc
+
+    def answer(self, call: PreparedCall, request: CallRequest[ChatCompletionRequest]) -> ChatAnswer:
+        return ChatAnswer(call, request.body)
+
+
+CHAT = ChatApi()
 
 
 async def chat_completions(request: Request) -> Response:
-    call, body = await prepare_chat(request)
-    state = call.state
-    model = body.model or state.engine.model_name
-    if body.stream:
-        return streaming_response(call, lambda: _chunks(call, body, model))
+    return await serve(CHAT, request)
 
-    def answer(gen: Generation) -> tuple[dict[str, Any], str]:
-        if body.wants_tool_calls:
-            parser = state.tool_parser(body.tools)
-            parsed = collect(parser.feed(gen.text) + parser.finish())
+
+class ChatAnswer:
+    """A chat completion, whole or as ``chat.completion.chunk`` events."""
+
+    headers: dict[str, str] = {}
+    ping = None
+    whole_from_pieces = False
+
+    def __init__(self, call: PreparedCall, body: ChatCompletionRequest) -> None:
+        self.call = call
+        self.body = body
+        self.model = body.model or call.state.engine.model_name
+        state = call.state
+        self.parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
+        self.events: list[Event] = []
+        self.n_calls = 0
+        self.base: dict[str, Any] = {}
+        # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
+        self.pending_ids: list[int] = []
+        self.pending_lps: list[float] = []
+
+    # -- whole ----------------------------------------------------------------------------------
+
+    def whole(self, gen: Generation) -> Whole:
+        body, call = self.body, self.call
+        if self.parser is not None:
+            parsed = collect(self.parser.feed(gen.text) + self.parser.finish())
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
-        return answer_message(parsed, gen)
-
-    def reply(gen: Generation, message: dict[str, Any], finish: str) -> Response:
+        message, finish = answer_message(parsed, gen)
         logprobs = None
         if body.logprobs:
             ids, lps = gen.token_ids, gen.logprobs
@@ -134,72 +149,70 @@ async def chat_completions(request: Request) -> Response:
             if not stop_ids.isdisjoint(ids):  # any other (an engine that went on past one)
                 kept = [(t, lp) for t, lp in zip(ids, lps, strict=True) if t not in stop_ids]
                 ids, lps = [t for t, _ in kept], [lp for _, lp in kept]
-            logprobs = {"content": logprob_content(state.engine.tokenizer, ids, lps)}
+            logprobs = {"content": logprob_content(call.state.engine.tokenizer, ids, lps)}
         payload = {
-            **openai_envelope("chatcmpl", "chat.completion", model, gen.policy_version),
+            **openai_envelope("chatcmpl", "chat.completion", self.model, gen.policy_version),
             "choices": [{"index": 0, "message": message, "logprobs": logprobs, "finish_reason": finish}],
             "usage": openai_usage(call),
         }
-        return json_response(payload)
+        return Whole(json_response(payload), message, finish)
 
-    return await generate_and_record(call, request, answer, reply)
+    # -- streamed -------------------------------------------------------------------------------
 
+    def opening(self) -> list[str]:
+        return []
 
-async def _chunks(call: PreparedCall, body: ChatCompletionRequest, model: str) -> AsyncGenerator[str, None]:
-    state = call.state
-    gen = call.start()
-    base = openai_envelope("chatcmpl", "chat.completion.chunk", model, state.engine.policy_version)
+    def waiting(self, comment: str) -> list[str]:
+        return [comment]
 
-    tokenizer = state.engine.tokenizer
-    # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
-    pending_ids: list[int] = []
-    pending_lps: list[float] = []
+    def started(self, gen: Generation) -> list[str]:
+        policy = self.call.state.engine.policy_version
+        self.base = openai_envelope("chatcmpl", "chat.completion.chunk", self.model, policy)
+        return [self._chunk({"role": "assistant", "content": ""})]
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        nonlocal pending_ids, pending_lps
-        lp = None
-        if body.logprobs:
-            lp = {"content": logprob_content(tokenizer, pending_ids, pending_lps)}
-            pending_ids, pending_lps = [], []
-        return sse(
-            {**base, "choices": [{"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}]}
-        )
+    def feed(self, piece: Piece) -> list[str]:
+        if self.body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
+            self.pending_ids.append(piece.token_id)
+            self.pending_lps.append(piece.logprob)
+        if not piece.text:
+            return []
+        if self.parser is None:
+            return self._emit([ContentEvent(piece.text)])
+        return self._emit(self.parser.feed(piece.text))
 
-    yield chunk({"role": "assistant", "content": ""})
-    parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
-    events: list[Event] = []
-    n_calls = 0
+    def finished(self, gen: Generation) -> Streamed:
+        last = self._emit(self.parser.finish()) if self.parser is not None else []
+        if self.parser is not None:
+            parsed = collect(self.events)
+        else:
+            parsed = ParsedMessage(content=gen.text, tool_calls=[])
+        message, finish = answer_message(parsed, gen)
+        tail = [self._chunk({}, finish=finish)]
+        if self.body.include_usage:
+            tail.append(sse({**self.base, "choices": [], "usage": openai_usage(self.call)}))
+        tail.append(DONE)
+        return Streamed(last, message, finish, tail)
 
-    def emit(new_events: list[Event]) -> list[str]:
-        nonlocal n_calls
+    def error(self, exc: HarnessRLError) -> str:
+        return sse_error(exc)
+
+    def _emit(self, new_events: list[Event]) -> list[str]:
         out = []
         for event in new_events:
-            events.append(event)
+            if self.parser is not None:
+                self.events.append(event)
             if isinstance(event, ContentEvent):
-                out.append(chunk({"content": event.text}))
+                out.append(self._chunk({"content": event.text}))
             elif isinstance(event, ToolCallEvent):
-                delta = {"tool_calls": [{"index": n_calls, **event.call.to_openai()}]}
-                out.append(chunk(delta))
-                n_calls += 1
+                out.append(self._chunk({"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}))
+                self.n_calls += 1
         return out
 
-    piece: Piece
-    async for piece in gen.pieces():
-        if body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
-            pending_ids.append(piece.token_id)
-            pending_lps.append(piece.logprob)
-        if piece.text:
-            for out in emit(parser.feed(piece.text) if parser else [ContentEvent(piece.text)]):
-                yield out
-    if parser:
-        for out in emit(parser.finish()):
-            yield out
-    parsed = collect(events) if parser else ParsedMessage(content=gen.text, tool_calls=[])
-    message, finish = answer_message(parsed, gen)
-    # What follows the record is built first: once the call is durable only the transport can fail.
-    tail = [chunk({}, finish=finish)]
-    if body.include_usage:
-        tail.append(sse({**base, "choices": [], "usage": openai_usage(call)}))
-    await call.record(message, finish)  # durable before the client sees the end of the answer
-    for out in tail:
-        yield out
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        lp = None
+        if self.body.logprobs:
+            tokenizer = self.call.state.engine.tokenizer
+            lp = {"content": logprob_content(tokenizer, self.pending_ids, self.pending_lps)}
+            self.pending_ids, self.pending_lps = [], []
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return sse({**self.base, "choices": [choice]})

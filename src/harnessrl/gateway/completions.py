@@ -2,35 +2,29 @@
 
 The prompt is text (encoded with the policy's tokenizer, special-token strings included) or a list
 of token IDs used verbatim — the way to drive the policy token-in/token-out from outside. No chat
-template and no reuse: the caller owns the exact prompt.
+template and no reuse: the caller owns the exact prompt. The call runs through ``pipeline``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.errors import BadRequest
-from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import CompletionRequest, read_json, validate_body
-from harnessrl.gateway.calls import (
-    PreparedCall,
-    check_prompt_size,
-    check_token_ids,
-    generate_and_record,
-    json_response,
-    openai_envelope,
-    openai_usage,
-    sampling_params,
-    sse,
-    streaming_response,
-    tokenize_in_thread,
-)
-from harnessrl.gateway.generation import Generation
+from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.auth import authorize_rollout
+from harnessrl.gateway.bodies import CompletionRequest, parse_body, validate_body
+from harnessrl.gateway.calls import PreparedCall
+from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.generation import Generation, Piece
+from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.limits import check_prompt_size, check_token_ids, tokenize_in_thread
+from harnessrl.gateway.openai_shapes import openai_envelope, openai_usage
+from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.wire import DONE, json_response, sse
+from harnessrl.schemas import Rollout
 
 
 class _LegacyLogprobs:
@@ -64,69 +58,109 @@ class _LegacyLogprobs:
         return out
 
 
+class CompletionsApi:
+    name = "completions"
+
+    async def parse(
+        self, state: GatewayState, rollout: Rollout, memory: RolloutMemory, raw: bytes
+    ) -> CallRequest[CompletionRequest]:
+        data = parse_body(raw)
+        body = validate_body(CompletionRequest, data)
+        body.check_n()
+        check_prompt_size(state, data, "prompt")
+        prompt = body.single_prompt()
+        if isinstance(prompt, str):
+            prompt_ids = await tokenize_in_thread(
+                state, lambda: state.engine.tokenizer.encode(prompt), "prompt"
+            )
+            if not prompt_ids:
+                raise BadRequest("prompt is empty", param="prompt")
+        else:
+            prompt_ids = list(prompt)
+            check_token_ids(state, prompt_ids)
+        return CallRequest(data, body, body.max_tokens, "prompt", prompt_ids=prompt_ids)
+
+    def too_long(
+        self,
+        state: GatewayState,
+        exc: ContextLengthExceeded,
+        request: CallRequest[Any],
+        prompt_len: int,
+        rollout: Rollout,
+    ) -> ContextLengthExceeded:
+        return exc
+
+    def answer(self, call: PreparedCall, request: CallRequest[CompletionRequest]) -> CompletionAnswer:
+        return CompletionAnswer(call, request.body)
+
+
+COMPLETIONS = CompletionsApi()
+
+
 async def completions(request: Request) -> Response:
-    state: GatewayState = request.app.state.gateway
-    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    data = await read_json(request, state.config.max_body_bytes)
-    body = validate_body(CompletionRequest, data)
-    body.check_n()
-    check_prompt_size(state, data, "prompt")
-    prompt = body.single_prompt()
-    if isinstance(prompt, str):
-        prompt_ids = await tokenize_in_thread(state, lambda: state.engine.tokenizer.encode(prompt), "prompt")
-        if not prompt_ids:
-            raise BadRequest("prompt is empty", param="prompt")
-    else:
-        prompt_ids = list(prompt)
-        check_token_ids(state, prompt_ids)
-    rollout = await open_rollout(state, rollout)
-    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
-    params = sampling_params(state, body, len(prompt_ids), body.max_tokens, rollout)
-    call = PreparedCall(state, rollout, memory, "completions", data, prompt_ids, params, body.stop_strings())
-    model = body.model or state.engine.model_name
-    if body.stream:
-        return streaming_response(call, lambda: _chunks(call, body, model))
+    return await serve(COMPLETIONS, request)
 
-    def reply(gen: Generation, response: dict[str, Any], finish: str) -> Response:
+
+class CompletionAnswer:
+    """A ``text_completion``, whole or streamed."""
+
+    headers: dict[str, str] = {}
+    ping = None
+    whole_from_pieces = False
+
+    def __init__(self, call: PreparedCall, body: CompletionRequest) -> None:
+        self.call = call
+        self.body = body
+        self.model = body.model or call.state.engine.model_name
+        self.acc = _LegacyLogprobs(call.state) if body.logprobs is not None else None
+        self.base: dict[str, Any] = {}
+
+    def whole(self, gen: Generation) -> Whole:
         logprobs = None
-        if body.logprobs is not None:
-            acc = _LegacyLogprobs(state)
-            stop_ids = set(params.stop_token_ids)
+        if self.acc is not None:
+            stop_ids = set(self.call.params.stop_token_ids)
             kept = [(t, lp) for t, lp in zip(gen.token_ids, gen.logprobs, strict=True) if t not in stop_ids]
-            acc.add([t for t, _ in kept], [lp for _, lp in kept])
-            logprobs = acc.take()
+            self.acc.add([t for t, _ in kept], [lp for _, lp in kept])
+            logprobs = self.acc.take()
+        finish = gen.finish_reason
         payload = {
-            **openai_envelope("cmpl", "text_completion", model, gen.policy_version),
+            **openai_envelope("cmpl", "text_completion", self.model, gen.policy_version),
             "choices": [{"index": 0, "text": gen.text, "logprobs": logprobs, "finish_reason": finish}],
-            "usage": openai_usage(call),
+            "usage": openai_usage(self.call),
         }
-        return json_response(payload)
+        return Whole(json_response(payload), {"text": gen.text}, finish)
 
-    return await generate_and_record(call, request, lambda g: ({"text": g.text}, g.finish_reason), reply)
+    def opening(self) -> list[str]:
+        return []
 
+    def waiting(self, comment: str) -> list[str]:
+        return [comment]
 
-async def _chunks(call: PreparedCall, body: CompletionRequest, model: str) -> AsyncGenerator[str, None]:
-    state = call.state
-    gen: Generation = call.start()
-    base = openai_envelope("cmpl", "text_completion", model, state.engine.policy_version)
-    acc = _LegacyLogprobs(state) if body.logprobs is not None else None
+    def started(self, gen: Generation) -> list[str]:
+        policy = self.call.state.engine.policy_version
+        self.base = openai_envelope("cmpl", "text_completion", self.model, policy)
+        return []
 
-    def chunk(text: str, finish: str | None = None) -> str:
-        lp = acc.take() if acc is not None else None
-        return sse({**base, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
+    def feed(self, piece: Piece) -> list[str]:
+        if self.acc is not None and piece.token_id >= 0 and not piece.is_stop_token:
+            self.acc.add([piece.token_id], [piece.logprob])
+        return [self._chunk(piece.text)] if piece.text else []
 
-    async for piece in gen.pieces():
-        if acc is not None and piece.token_id >= 0 and not piece.is_stop_token:
-            acc.add([piece.token_id], [piece.logprob])
-        if piece.text:
-            yield chunk(piece.text)
-    # What follows the record is built first: once the call is durable only the transport can fail.
-    tail = [chunk("", finish=gen.finish_reason)]
-    if body.include_usage:
-        tail.append(sse({**base, "choices": [], "usage": openai_usage(call)}))
-    await call.record({"text": gen.text}, gen.finish_reason)
-    for out in tail:
-        yield out
+    def finished(self, gen: Generation) -> Streamed:
+        tail = [self._chunk("", finish=gen.finish_reason)]
+        if self.body.include_usage:
+            tail.append(sse({**self.base, "choices": [], "usage": openai_usage(self.call)}))
+        tail.append(DONE)
+        return Streamed([], {"text": gen.text}, gen.finish_reason, tail)
+
+    def error(self, exc: HarnessRLError) -> str:
+        return sse_error(exc)
+
+    def _chunk(self, text: str, finish: str | None = None) -> str:
+        lp = self.acc.take() if self.acc is not None else None
+        return sse(
+            {**self.base, "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]}
+        )
 
 
 async def list_models(request: Request) -> Response:

@@ -28,8 +28,10 @@ results, a user message), ``T_prefix``/``T_full`` are rendered from a short *sur
 conversation instead: the leading system message (it carries the tools header), the message before
 the matched assistant turn, that turn, and the new messages. The tail depends only on these local
 neighbours in the templates we know, but chat templates are not compositional in general, so the
-first ``VERIFY_CALLS`` incremental splices per tokenizer are also computed the full way and
-compared; one difference turns incremental rendering off for that tokenizer for good. Any failure
+first ``VERIFY_CALLS`` incremental splices are also computed the full way and compared; one
+difference turns incremental rendering off for good. That record is a ``SpliceTrust``, passed in by
+whoever owns the tokenizer (the gateway keeps one, ``history.CallHistory.trust``): these functions
+hold no state of their own. Any failure
 of the surrogate path (template error, prefix mismatch) falls back to the full path above, so the
 prompt IDs are always the full path's. ``quick_prompt`` is that trusted incremental path alone: cheap
 enough (a few short renders, one short encode) for the gateway to run on its event loop, sending only
@@ -44,7 +46,6 @@ compared byte for byte) take their normalized form and key from it; only the new
 from __future__ import annotations
 
 import json
-import weakref
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -299,12 +300,16 @@ def build_prompt(
     incremental: bool = True,
     keys: Sequence[bytes] | None = None,
     history: str = "sampled",
+    trust: SpliceTrust | None = None,
 ) -> PromptPlan:
     """Prompt token IDs for ``messages`` (already normalized), splicing in earlier sampled tokens.
 
     ``incremental=False`` always renders the whole conversation (the reference path). ``keys``: the
     messages' ``message_key``s if already computed (``key_messages``). ``history="as_rendered"``:
-    the prompt is what the template renders, as a deployed server would tokenize it (no splice)."""
+    the prompt is what the template renders, as a deployed server would tokenize it (no splice).
+    ``trust``: how far incremental splices with this tokenizer are verified (a fresh one, which
+    verifies every splice the full way, when not given)."""
+    trust = SpliceTrust() if trust is None else trust
     kwargs = template_kwargs or {}
     if history == "as_rendered":
         text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
@@ -312,11 +317,10 @@ def build_prompt(
     priors = list(priors)
     keys = [message_key(m) for m in messages] if keys is None else keys
     prior = find_prior(keys, priors)
-    if prior is not None and incremental and _INCREMENTAL_OK.get(tokenizer, 0) >= 0:
+    if prior is not None and incremental and not trust.refuted:
         spliced = _splice_incremental(tokenizer, messages, prior, tools, kwargs)
         if spliced is not None:
-            checks = _INCREMENTAL_OK.get(tokenizer, 0)
-            if checks >= VERIFY_CALLS:
+            if trust.trusted:
                 return PromptPlan(spliced, "reused", prior.token_count)
             full = build_prompt(
                 tokenizer,
@@ -327,7 +331,7 @@ def build_prompt(
                 incremental=False,
                 keys=keys,
             )
-            _INCREMENTAL_OK[tokenizer] = checks + 1 if full.prompt_ids == spliced else -1
+            trust.verify(full.prompt_ids == spliced)
             return full
     full_text = tokenizer.render_chat(list(messages), tools=tools, add_generation_prompt=True, **kwargs)
     if prior is None:
@@ -355,6 +359,7 @@ def quick_prompt(
     tools: list[dict[str, Any]] | None = None,
     template_kwargs: dict[str, Any] | None = None,
     history: str = "sampled",
+    trust: SpliceTrust | None = None,
 ) -> PromptPlan | None:
     """``build_prompt``'s result when it comes from a trusted incremental splice, else ``None``.
 
@@ -362,7 +367,7 @@ def quick_prompt(
     tail. Everything that renders or encodes the whole conversation (no match, a splice still being
     verified, a failed splice) returns ``None`` for ``build_prompt`` to do, off the event loop.
     """
-    if history != "sampled" or _INCREMENTAL_OK.get(tokenizer, 0) < VERIFY_CALLS:
+    if history != "sampled" or trust is None or not trust.trusted:
         return None
     prior = find_prior(keys, priors)
     if prior is None:
@@ -373,10 +378,29 @@ def quick_prompt(
     return PromptPlan(spliced, "reused", prior.token_count)
 
 
-#: Incremental splices per tokenizer checked against the full path before it is trusted.
+#: Incremental splices checked against the full path before the incremental path is trusted.
 VERIFY_CALLS = 2
-# tokenizer -> verified incremental splices so far, or -1 once one differed from the full path.
-_INCREMENTAL_OK: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+
+class SpliceTrust:
+    """How far incremental splices with one tokenizer (one chat template) have been verified:
+    ``VERIFY_CALLS`` agreeing with the full path trust it; one disagreeing refutes it for good."""
+
+    def __init__(self) -> None:
+        self.checks = 0  # splices verified so far; -1 once one differed from the full path
+
+    @property
+    def trusted(self) -> bool:
+        return self.checks >= VERIFY_CALLS
+
+    @property
+    def refuted(self) -> bool:
+        return self.checks < 0
+
+    def verify(self, agreed: bool) -> None:
+        """Count one splice checked against the full path."""
+        if not self.refuted:
+            self.checks = self.checks + 1 if agreed else -1
 
 
 def _splice_incremental(

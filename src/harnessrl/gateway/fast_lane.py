@@ -12,7 +12,7 @@ else (other methods, ``GET /models``, the probes, the control API, the dashboard
 unknown paths and their 404/405) goes on to starlette.
 
 The handlers' responses raise nothing once sent: JSON answers are bytes, and a stream's errors are
-events inside it (``calls.sse_stream``); so, unlike ``request_response``, the response is not wrapped.
+events inside it (``pipeline.sse_events``); so, unlike ``request_response``, the response is not wrapped.
 """
 
 from __future__ import annotations

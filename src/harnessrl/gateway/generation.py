@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, through_first_stop
+from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.schemas import now
 
 if TYPE_CHECKING:
@@ -152,18 +152,9 @@ class Generation:
     async def _collect(self, stop_ids: set[int]) -> bool:
         """Read the engine's samples to the end; whether a stop token ended them.
 
-        An engine with ``generate_whole`` (``engines.base.WholeAnswer``) hands a non-streaming
-        context the answer as two lists: no async-generator step and ``TokenSample`` per token,
-        which cost as much as the rest of the generation's bookkeeping on a 256-token answer.
+        The context says nobody streams (``GenerationContext.stream``), so an engine that can answer
+        whole does (``VLLMEngine`` asks its server for one JSON answer); this loop only collects.
         """
-        whole = getattr(self.engine, "generate_whole", None)
-        if whole is not None and self.context is not None and not self.context.stream:
-            ids, logprobs = await whole(self.prompt_ids, self.params, self.context)
-            cut = through_first_stop(ids, stop_ids)
-            if cut:
-                self.first_token_at = now()
-            self.token_ids, self.logprobs = list(ids[:cut]), list(logprobs[:cut])
-            return cut > 0 and ids[cut - 1] in stop_ids
         stream = self.engine.generate(self.prompt_ids, self.params, self.context)
         ended_by_token = False
         try:

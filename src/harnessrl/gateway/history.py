@@ -5,6 +5,8 @@ rebuilt lazily from ``store.list_calls`` (the stored request messages, answered 
 IDs are all reuse needs). Entries are keyed by (rollout, attempt) so a retried rollout never
 splices in tokens of an abandoned attempt. Least-recently-used rollouts are forgotten past a cap.
 
+The gateway's ``SpliceTrust`` (how far incremental prompt splices are verified) lives here too.
+
 Each memory also keeps the rollout's last request's keyed messages (``conversation.key_messages``),
 so the next request normalizes and fingerprints only the messages it adds.
 """
@@ -23,7 +25,7 @@ import anyio.to_thread
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.bodies import CheckedRest
-from harnessrl.gateway.conversation import KeyedMessages, PriorCall, key_messages
+from harnessrl.gateway.conversation import KeyedMessages, PriorCall, SpliceTrust, key_messages
 from harnessrl.gateway.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
@@ -113,6 +115,8 @@ class CallHistory:
         self._check_store = check_store
         self._memories: OrderedDict[Key, RolloutMemory] = OrderedDict()
         self._locks: dict[Key, asyncio.Lock] = {}
+        # How far this gateway has verified incremental prompt splices with its tokenizer.
+        self.trust = SpliceTrust()
 
     async def get(self, rollout_id: str, attempt: int) -> RolloutMemory:
         key = (rollout_id, attempt)

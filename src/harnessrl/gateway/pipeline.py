@@ -1,0 +1,336 @@
+"""One driver for a model call, whatever provider API it speaks.
+
+A provider API knows its own shapes and nothing else (``ProviderApi``): it parses a request body
+into the common ``CallRequest``, names its context-length error, and gives each prepared call an
+``Answer`` that renders the finished answer, the stream's events and an error in its shape. The
+life of the call between is here, once, the same for chat, responses, messages and completions:
+
+    authenticate -> read the body -> parse (the API) -> key the messages (a 400 before the rollout
+    starts) -> open the rollout -> build the prompt -> sampling settings -> wait at the gate ->
+    generate -> record -> answer, whole (``delivery.respond_whole``) or streamed (``sse_events``
+    under ``delivery.CallStream``)
+
+The prompt is built with the fast path for every conversation API: the messages are keyed
+incrementally against the rollout's last request (``RolloutMemory.key_messages``, with the byte
+comparison ``repeats`` did when the API has it), a trusted splice runs on the event loop
+(``quick_prompt``) and only a full render goes to a thread, and recording reuses the keys so the
+store write does not normalize the whole history again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import Response
+
+from harnessrl.errors import ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.gateway.bodies import SamplingFields, read_body
+from harnessrl.gateway.calls import PreparedCall
+from harnessrl.gateway.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
+from harnessrl.gateway.delivery import CallStream, respond_whole
+from harnessrl.gateway.errors import error_shape, internal_error
+from harnessrl.gateway.generation import Generation, Piece
+from harnessrl.gateway.history import RolloutMemory
+from harnessrl.gateway.limits import sampling_params, tokenize_in_thread
+from harnessrl.gateway.repeats import HistoryBytes
+from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.wire import SSE_HEADERS
+from harnessrl.schemas import Rollout
+
+log = logging.getLogger("harnessrl.gateway")
+
+B = TypeVar("B", bound=SamplingFields)
+
+
+@dataclass
+class CallRequest(Generic[B]):
+    """A request body as every API's becomes it: what the pipeline needs to run the call."""
+
+    data: dict[str, Any]  # the body as recorded (``Call.request``)
+    body: B  # the API's validated fields (sampling, ``stream``, its own)
+    requested_max: int | None  # the answer's token budget the client asked for
+    param: str  # the field a prompt problem is blamed on ("messages", "input", "prompt")
+    # A conversation (chat, responses, messages): its messages in internal form, not yet keyed...
+    messages: Sequence[Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    template_kwargs: dict[str, Any] | None = None
+    # ...with ``repeats.history_bytes`` of them when the API compared them already (chat), and
+    # whether they are the body's own ``messages`` list (then the store takes their JSON from it).
+    repeated: tuple[HistoryBytes, int] | None = None
+    messages_are_the_body: bool = False
+    # Or a prompt of its own (completions): no template, no reuse.
+    prompt_ids: list[int] | None = None
+
+
+class Streamed(NamedTuple):
+    """How a stream ends: events that complete its content (sent before the record), the recorded
+    response and finish reason, and the events sent after the record (built before it)."""
+
+    last: list[str]
+    response: dict[str, Any]
+    finish_reason: str
+    tail: list[str]
+
+
+class Whole(NamedTuple):
+    """A whole answer: the client's reply (built before the record), the recorded response and
+    finish reason."""
+
+    reply: Response
+    response: dict[str, Any]
+    finish_reason: str
+
+
+class Answer(Protocol):
+    """One call's answer in its API's shape, whole or as server-sent events."""
+
+    #: Headers of the answer besides the call's own (``PreparedCall.headers``).
+    headers: dict[str, str]
+    #: Sent when tokens arrive but make no event for ``keepalive_s`` (a tool call held back until
+    #: it closes); ``None``: never.
+    ping: str | None
+    #: Whether a whole answer is built from the generation's pieces (else from its final text).
+    whole_from_pieces: bool
+
+    def opening(self) -> list[str]:
+        """Events sent before the call waits at the gate."""
+
+    def waiting(self, comment: str) -> list[str]:
+        """What is sent for each keep-alive ``comment`` while the call waits at a paused gate."""
+
+    def started(self, gen: Generation) -> list[str]:
+        """Events sent once the generation starts."""
+
+    def feed(self, piece: Piece) -> list[str]:
+        """The events one sampled piece completes."""
+
+    def finished(self, gen: Generation) -> Streamed:
+        """The end of a stream (after every piece was fed)."""
+
+    def whole(self, gen: Generation) -> Whole:
+        """The whole answer of a finished generation."""
+
+    def error(self, exc: HarnessRLError) -> str:
+        """``exc`` as the event that ends a stream (its 200 was sent)."""
+
+
+class ProviderApi(Protocol[B]):
+    """A provider API: its own shapes, parsed in and rendered out."""
+
+    #: ``Call.api`` of its calls.
+    name: str
+
+    async def parse(
+        self, state: GatewayState, rollout: Rollout, memory: RolloutMemory, raw: bytes
+    ) -> CallRequest[B]:
+        """Validate the body and turn it into the common request (``BadRequest`` and friends)."""
+
+    def too_long(
+        self,
+        state: GatewayState,
+        exc: ContextLengthExceeded,
+        request: CallRequest[B],
+        prompt_len: int,
+        rollout: Rollout,
+    ) -> ContextLengthExceeded:
+        """The context-length error as this API words it."""
+
+    def answer(self, call: PreparedCall, request: CallRequest[B]) -> Answer:
+        """The answer of a prepared call."""
+
+
+async def serve(api: ProviderApi[Any], request: Request) -> Response:
+    """Run one call of ``api`` from its HTTP request to its answer."""
+    call, parsed = await prepare(api, request)
+    answer = api.answer(call, parsed)
+    if parsed.body.stream:
+        headers = {**SSE_HEADERS, **call.headers(), **answer.headers}
+        return CallStream(call, sse_events(call, answer), closing=answer.error, headers=headers)
+    return await respond_whole(call, request, lambda: whole(call, answer))
+
+
+async def prepare(api: ProviderApi[B], request: Request) -> tuple[PreparedCall, CallRequest[B]]:
+    """Authenticate, parse, build the prompt and the sampling settings: a call ready for the gate."""
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    raw = await read_body(request, state.config.max_body_bytes)
+    memory = await state.history.get(rollout.rollout_id, rollout.attempt)
+    parsed = await api.parse(state, rollout, memory, raw)
+    keyed = None
+    if parsed.messages is not None:
+        keyed = memory.key_messages(parsed.messages, parsed.repeated)  # 400s before the rollout starts
+    rollout = await open_rollout(state, rollout)
+    plan = None
+    if keyed is not None:
+        plan = await plan_prompt(state, keyed, memory, parsed.tools, parsed.template_kwargs, parsed.param)
+        state.metrics.child(state.metrics.reuse, plan.result).inc()
+        prompt_ids = plan.prompt_ids
+    else:
+        assert parsed.prompt_ids is not None, "a request is a conversation or a prompt"
+        prompt_ids = parsed.prompt_ids
+    try:
+        params = sampling_params(state, parsed.body, len(prompt_ids), parsed.requested_max, rollout)
+    except ContextLengthExceeded as exc:
+        raise api.too_long(state, exc, parsed, len(prompt_ids), rollout) from None
+    call = PreparedCall(
+        state,
+        rollout,
+        memory,
+        api.name,
+        parsed.data,
+        prompt_ids,
+        params,
+        parsed.body.stop_strings(),
+        message_keys=keyed.keys if keyed is not None else None,
+        history=keyed.history if keyed is not None and parsed.messages_are_the_body else None,
+        prompt_source=plan.result if plan is not None else None,
+        reused_prompt_tokens=plan.reused_tokens if plan is not None else 0,
+    )
+    return call, parsed
+
+
+async def plan_prompt(
+    state: GatewayState,
+    keyed: KeyedMessages,
+    memory: RolloutMemory,
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any] | None,
+    param: str = "messages",
+) -> PromptPlan:
+    """The prompt of a keyed conversation (``conversation.build_prompt``, sampled-token reuse):
+    a trusted incremental splice on the event loop (``quick_prompt``), anything that renders the
+    whole conversation in a thread (it takes milliseconds on a long one)."""
+    tokenizer = state.engine.tokenizer
+    priors = list(memory.priors.values())
+    history = state.config.history
+    trust = state.history.trust
+    tools = tokenizer.template_tools(tools)  # prepared once for every render of this call
+    kwargs = template_kwargs
+    plan = quick_prompt(
+        tokenizer,
+        keyed.messages,
+        priors,
+        keyed.keys,
+        tools=tools,
+        template_kwargs=kwargs,
+        history=history,
+        trust=trust,
+    )
+    if plan is not None:
+        return plan
+    return await tokenize_in_thread(
+        state,
+        lambda: build_prompt(
+            tokenizer,
+            keyed.messages,
+            priors,
+            tools=tools,
+            template_kwargs=kwargs,
+            keys=keyed.keys,
+            history=history,
+            trust=trust,
+        ),
+        param,
+    )
+
+
+async def whole(call: PreparedCall, answer: Answer) -> Response:
+    """Non-streaming: wait at the gate, generate, and make the call durable before anyone answers.
+
+    The engine is told it need not stream unless stop strings are set (they are found in the text
+    as it grows and end the generation early) or the answer is built from pieces. The reply is
+    built before the record, so a call whose answer cannot be built (a 500) is not recorded either.
+    Driven by ``delivery.respond_whole``: a client that leaves (or a rollout that ends) cancels it.
+    """
+    async for _ in call.admit():
+        pass
+    if answer.whole_from_pieces:
+        gen = call.start()
+        pieces = gen.pieces()
+        try:
+            async for piece in pieces:
+                answer.feed(piece)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pieces.aclose()  # type: ignore[attr-defined]
+    else:
+        gen = await call.start(stream=bool(call.stop)).run()
+    reply, response, finish = answer.whole(gen)
+    await call.record(response, finish)
+    return reply
+
+
+async def sse_events(call: PreparedCall, answer: Answer) -> AsyncIterator[str]:
+    """A streamed call's events, for every API: the answer's opening, keep-alives at the gate, one
+    batch of events per sampled piece, the record, the tail; an error as the API's error event."""
+    try:
+        for event in answer.opening():
+            yield event
+        async for comment in call.admit(keepalive=True):
+            for event in answer.waiting(comment):
+                yield event
+        gen = call.start()
+        for event in answer.started(gen):
+            yield event
+        pieces = gen.pieces()
+        try:
+            if answer.ping is None:
+                async for piece in pieces:
+                    for event in answer.feed(piece):
+                        yield event
+            else:
+                async for event in _with_pings(call, answer, pieces, answer.ping):
+                    yield event
+        finally:
+            # Close the engine's iterator even when the call is being cancelled (a drop); shielded
+            # so the close itself is not cancelled (it frees the engine slot).
+            with anyio.CancelScope(shield=True):
+                await pieces.aclose()  # type: ignore[attr-defined]
+        last, response, finish, tail = answer.finished(gen)
+        for event in last:
+            yield event
+        await call.record(response, finish)  # durable before the client sees the end of the answer
+        for event in tail:
+            yield event
+    except Exception as exc:
+        yield answer.error(stream_error(call, exc))
+
+
+async def _with_pings(
+    call: PreparedCall, answer: Answer, pieces: AsyncIterator[Piece], ping: str
+) -> AsyncIterator[str]:
+    """The pieces' events, and ``ping`` whenever tokens arrive but make no event for ``keepalive_s``."""
+    keepalive = call.state.keepalive_s
+    last_sent = time.monotonic()
+    async for piece in pieces:
+        events = answer.feed(piece)
+        for event in events:
+            yield event
+        if events:
+            last_sent = time.monotonic()
+        elif time.monotonic() - last_sent >= keepalive:
+            yield ping
+            last_sent = time.monotonic()
+
+
+def stream_error(call: PreparedCall, exc: Exception) -> HarnessRLError:
+    """The error a failed stream ends with, as an event in the provider's shape (its 200 is sent).
+
+    Ours as it is; anything else is logged once, with its traceback, and becomes an internal error
+    (its class named, its message not leaked). Every stream builds what it sends after the record
+    before recording, so a stream that fails was never recorded as answered.
+    """
+    if not isinstance(exc, HarnessRLError):
+        log.error(
+            "unexpected error in a %s stream of rollout %s", call.api, call.rollout.rollout_id, exc_info=exc
+        )
+        exc = internal_error(exc)
+    call.state.metrics.errors.labels(code=error_shape(exc).code).inc()
+    return exc
