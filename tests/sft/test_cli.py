@@ -131,3 +131,25 @@ def test_answers_no_student_template_can_express_are_a_clear_error(record, tmp_p
     rec = record([thinking], [1.0])  # the tiny student's template has no place for reasoning
     line = error_line(runner.invoke(app, ["sft", str(write_config(tmp_path, rec.run_dir))]))
     assert "1 rollouts selected, but none of their" in line and "reasoning_dropped" in line
+
+
+def test_sft_help_and_export_import_no_torch(record, solving, tmp_path):
+    """As every command: the config is checked, and an export done, without paying for torch."""
+    import subprocess
+    import sys
+
+    rec = record([solving], [1.0])
+    config = write_config(tmp_path, rec.run_dir)
+    code = (
+        "import sys; from harnessrl.cli.sft import run_sft; "
+        f"print(run_sft({str(config)!r}, None, [], {str(tmp_path / 'x.jsonl')!r})); "
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; sys.exit(f'imported {bad}' if bad else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert (tmp_path / "x.jsonl").read_text().count("\n") == 1
+    both = runner.invoke(
+        app, ["sft", str(config), "--run-dir", str(tmp_path / "a"), "--resume", str(tmp_path)]
+    )
+    assert "not both" in error_line(both)
+    assert "--run-dir" in runner.invoke(app, ["sft", "--help"]).output

@@ -342,9 +342,17 @@ def export(
 def sft(
     config: Annotated[str | None, typer.Argument(help="TOML file describing the SFT run")] = None,
     resume: Annotated[str | None, typer.Option(help="Continue the SFT run in this folder")] = None,
+    run_dir: Annotated[
+        str | None,
+        typer.Option(
+            "--run-dir", help="The run folder (default: run.dir, else runs/<run.name> beside the config file)"
+        ),
+    ] = None,
     export_jsonl: Annotated[
         str | None,
-        typer.Option("--export-jsonl", help="Write the selected conversations (OpenAI messages) here; no training"),
+        typer.Option(
+            "--export-jsonl", help="Write the selected conversations (OpenAI messages) here; no training"
+        ),
     ] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
@@ -358,8 +366,13 @@ def sft(
 
     from harnessrl.cli.sft import run_sft
 
+    overrides = list(set_ or [])
+    if run_dir is not None:
+        if resume is not None:
+            raise fail("give --run-dir for a new run or --resume RUN_DIR to continue one, not both")
+        overrides.append(f"run.dir={run_dir}")
     try:
-        summary = run_sft(config, resume, list(set_ or []), export_jsonl)
+        summary = run_sft(config, resume, overrides, export_jsonl)
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))
