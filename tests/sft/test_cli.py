@@ -51,6 +51,15 @@ def test_sft_trains_a_checkpoint_train_starts_from(record, solving, tmp_path):
     data = json.loads((tmp_path / "runs/student/sft_data.json").read_text())
     assert data["rollouts_dropped"] == {"below_reward": 1}
 
+    # the dashboard charts it as it charts a train run (and overlays it with one)
+    from starlette.testclient import TestClient
+
+    from harnessrl.dashboard import create_dashboard_app
+
+    with TestClient(create_dashboard_app(tmp_path / "runs/student", "k")) as dashboard:
+        page = dashboard.get("/ui/?key=k")
+        assert page.status_code == 200 and "sft/loss" in page.text
+
     # train's starting weights: engine.model names a model folder (engines.models.resolve_model_dir)
     from harnessrl.engines.models import resolve_model_dir
 

@@ -7,7 +7,9 @@ with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer). 
 tokenizer and chat template, the optimizer and LR schedule, and ``TrainState`` (its
 ``consumed_groups`` are the selected rollout IDs, checked on resume); at the last step
 ``checkpoints/final`` (weights and tokenizer only) is written as ``train`` writes it, and ``harnessrl
-train`` starts from it with ``engine.model = "RUN_DIR/checkpoints/final"``. ``sft_data.json`` records what was selected,
+train`` starts from it with ``engine.model = "RUN_DIR/checkpoints/final"``. The folder's own
+``harnessrl.db`` holds the run (its config and status, no rollouts), so ``harnessrl dashboard
+--run-dir`` charts it like a train run. ``sft_data.json`` records what was selected,
 rendered and skipped; ``metrics.jsonl`` one row per step (``sft/*``, docs/sft.md).
 """
 
@@ -20,6 +22,7 @@ from typing import Any
 from harnessrl.config import load_raw_config, validate_config
 from harnessrl.errors import ConfigError
 from harnessrl.sft.config import SftConfig
+from harnessrl.store import open_store
 
 CONFIG_FILE = "config.json"
 DATA_FILE = "sft_data.json"
@@ -133,6 +136,12 @@ class SftRun:
             total_steps=plan.total_steps,
             start_step=state.step,
         )
+        # The run's own store, so `harnessrl dashboard --run-dir` shows (and overlays with RL runs) its
+        # metrics as it does a train run's; SFT creates no rollouts.
+        store = open_store(str(self.run_dir / "harnessrl.db"))
+        store.create_run(cfg.run.name, cfg.model_dump(mode="json"))
+        store.set_run_status(cfg.run.name, "running")
+        status = "stopped"
         done_here = 0
         try:
             while state.step < plan.total_steps:
@@ -151,8 +160,11 @@ class SftRun:
                 final = self.run_dir / "checkpoints" / "final"
                 policy.save_checkpoint(final, with_optimizer=False)
                 (final / "harnessrl_final.json").write_text(json.dumps({"step": state.step}) + "\n")
+                status = "finished"
         finally:
             metrics.close()
+            store.set_run_status(cfg.run.name, status)
+            store.close()
         return self._summary(state.step, plan.total_steps, data)
 
     def _summary(self, step: int, total: int, data: Any, *, already_finished: bool = False) -> dict[str, Any]:
