@@ -207,3 +207,68 @@ def test_loss_masks_cover_exactly_the_answer_tokens(tokenizer, drawn, user):
     # reasoning is never trained on by a student whose template drops it
     for seq in trained_calls:
         assert not (by_seq[seq].response.get("reasoning_content") or "").strip()
+
+
+# -- other students: the same teacher answers in each family's own formats ----------------------------
+FAMILY_MARKERS = {
+    "qwen3": ("<think>", '<tool_call>\n{"name": "bash"'),
+    "qwen3.6": ("</think>", "<function=bash>"),
+    "deepseek": (None, "<｜tool▁call▁begin｜>bash<｜tool▁sep｜>"),
+}
+
+
+def teacher_answers(reasoning: bool) -> list[dict[str, Any]]:
+    call = {
+        "id": "c00",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "cat a.txt"}'},
+    }
+    answers: list[dict[str, Any]] = [
+        {"content": "Let me look.", "tool_calls": [call]},
+        {"content": "It says 42."},
+    ]
+    if reasoning:
+        answers[0]["reasoning_content"] = "The file should say it."
+        answers[1]["reasoning_content"] = "The tool printed 42."
+    return answers
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_MARKERS))
+def test_reasoning_and_tool_calls_train_in_the_students_own_format(family):
+    """Qwen3 (Hermes JSON, <think>) and Qwen3.6 (XML calls, thinking opened by the prompt) students
+    learn the teacher's reasoning and tool calls in their own format. DeepSeek V3.1's template renders
+    no reasoning in an assistant turn (its history drops it, with or without ``thinking``), so
+    reasoning answers are counted and skipped, and the same answers without reasoning train."""
+    from harnessrl.engines.tiny_families import family_available, tiny_family_dir
+
+    if (why := family_available(family)) is not None:
+        pytest.skip(why)
+    student = PolicyTokenizer.from_dir(tiny_family_dir(family, weights=False))
+    reasoning_marker, call_marker = FAMILY_MARKERS[family]
+    if reasoning_marker is None:
+        for kwargs in ({}, {"thinking": True}):
+            samples, report = rollout_sequences(
+                rollout(),
+                chat_calls(teacher_answers(True)),
+                student,
+                formats(student),
+                template_kwargs=kwargs,
+            )
+            assert samples == [] and report.rendered == 0 and sum(report.skipped.values()) == 2, (
+                report.skipped
+            )
+    samples, report = rollout_sequences(
+        rollout(), chat_calls(teacher_answers(reasoning_marker is not None)), student, formats(student)
+    )
+    assert (report.rendered, dict(report.skipped)) == (2, {}), report.examples
+    assert len(samples) == 1, report.breaks
+    trained = [student.decode(s.input_ids[sp.start : sp.end]) for s in samples for sp in s.spans]
+    assert call_marker in trained[0] and "cat a.txt" in trained[0] and "It says 42." in trained[1]
+    if reasoning_marker is not None:
+        assert "The file should say it." in trained[0] and reasoning_marker in trained[0]
+        assert "The tool printed 42." in trained[1]
+    for sample in samples:  # nothing but the answers carries loss
+        spans = [0] * len(sample.input_ids)
+        for sp in sample.spans:
+            spans[sp.start : sp.end] = [1] * (sp.end - sp.start)
+        assert sample.loss_mask == spans

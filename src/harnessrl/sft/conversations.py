@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway import anthropic_convert, responses_input
+from harnessrl.gateway.bodies import RESERVED_TEMPLATE_KWARGS
 from harnessrl.gateway.conversation import message_key, normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout
 
@@ -39,6 +40,8 @@ class Conversation:
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     answer: dict[str, Any]
+    #: the request's ``chat_template_kwargs`` (vLLM's extension the gateway honours: ``enable_thinking``...)
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def keys(self) -> list[bytes]:
         return [message_key(m) for m in (*self.messages, self.answer)]
@@ -80,7 +83,9 @@ def conversation(call: Call) -> Conversation:
     """``call`` as chat; ``NoConversation`` (with its reason) if it cannot be read as one."""
     try:
         messages, tools = request_messages(call)
-        return Conversation(call, normalize_messages(messages), tools, answer_message(call))
+        kwargs = call.request.get("chat_template_kwargs") if call.api == "chat.completions" else None
+        kwargs = {k: v for k, v in (kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
+        return Conversation(call, normalize_messages(messages), tools, answer_message(call), kwargs)
     except BadRequest as exc:  # the gateway answered it, so this is a request we no longer read
         raise NoConversation("unreadable_request", f"call {call.seq}: {exc}") from exc
 

@@ -103,6 +103,7 @@ def load_data(config: SftConfig, model_dir: Path) -> SftData:
                 tokenizer,
                 formats,
                 max_sample_tokens=s.max_sequence_tokens,
+                template_kwargs=s.chat_template_kwargs,
             )
             samples.extend(got)
             report.add(part)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -126,12 +126,20 @@ def check_expressed(
         )
 
 
-def render_call(conv: Conversation, tokenizer: PolicyTokenizer, formats: ModelFormats) -> RenderedCall:
-    """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be."""
+def render_call(
+    conv: Conversation,
+    tokenizer: PolicyTokenizer,
+    formats: ModelFormats,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> RenderedCall:
+    """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be.
+    ``template_kwargs`` (``sft.chat_template_kwargs``) are the template's variables, under the
+    request's own ``chat_template_kwargs``."""
+    kwargs = {**(template_kwargs or {}), **conv.template_kwargs}
     try:
-        prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True)
+        prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True, **kwargs)
         full_text = tokenizer.render_chat(
-            [*conv.messages, conv.answer], conv.tools, add_generation_prompt=False
+            [*conv.messages, conv.answer], conv.tools, add_generation_prompt=False, **kwargs
         )
     except BadRequest as exc:
         raise Inexpressible("template_error", str(exc)) from exc
@@ -174,6 +182,7 @@ def rollout_sequences(
     formats: ModelFormats,
     *,
     max_sample_tokens: int | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> tuple[list[Sample], RenderReport]:
     """The training sequences of one rollout (loss mask 1 on the answers) and what was skipped."""
     report = RenderReport()
@@ -182,7 +191,7 @@ def rollout_sequences(
     for call in final_calls(rollout, calls):
         report.calls += 1
         try:
-            rendered = render_call(conversation(call), tokenizer, formats)
+            rendered = render_call(conversation(call), tokenizer, formats, template_kwargs)
         except (NoConversation, Inexpressible) as exc:
             report.skipped[exc.reason] += 1
             report.examples.setdefault(exc.reason, f"rollout {rollout.rollout_id} call {call.seq}: {exc}")
