@@ -8,7 +8,7 @@ and how it is trained.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -54,6 +54,10 @@ class SftSection(Section):
     )
     reasoning_parser: str = Field(
         default="auto", description="the student's reasoning format (gateway names)"
+    )
+    chat_template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the student's template variables (e.g. enable_thinking); a request's own take precedence",
     )
     epochs: int = Field(default=3, ge=1)
     sequences_per_step: int = Field(default=8, ge=1)
