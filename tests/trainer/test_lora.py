@@ -6,6 +6,7 @@ merged Hugging Face folder."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,17 @@ def test_a_resumed_lora_run_builds_its_policy_from_the_base_weights_and_the_chec
     )
 
 
+def test_resuming_an_adapter_with_other_lora_settings_is_a_config_error_naming_the_field(tmp_path):
+    new_policy().save_adapter(tmp_path / "adapter")
+    with pytest.raises(ConfigError, match=r"^trainer\.lora\.r: 8, but the adapter being resumed .* with 4"):
+        TrainablePolicy(
+            tiny_model_dir(), lora=LORA.model_copy(update={"r": 8}), adapter_dir=tmp_path / "adapter"
+        )
+    other = LORA.model_copy(update={"target_modules": ["q_proj"]})
+    with pytest.raises(ConfigError, match=r"^trainer\.lora\.target_modules: "):
+        TrainablePolicy(tiny_model_dir(), lora=other, adapter_dir=tmp_path / "adapter")
+
+
 def test_save_adapter_writes_nothing_without_lora(tmp_path):
     assert TrainablePolicy(tiny_model_dir()).save_adapter(tmp_path / "a") is False
     assert not (tmp_path / "a").exists()
@@ -284,3 +296,37 @@ def test_the_embedded_engine_applies_the_adapted_layers_in_place_and_samples_the
         )
         > 1e-2
     )
+
+
+# -- a whole run -----------------------------------------------------------------------------------------
+@pytest.mark.skipif(__import__("os").geteuid() != 0, reason="the sandbox needs root here")
+def test_a_lora_run_with_a_kl_penalty_trains_resumes_and_exports(tmp_path):
+    """``harnessrl train`` of the tiny example with ``[trainer.lora]`` and ``kl_coef`` on the embedded
+    engine, one step, then ``--resume`` for a second (the engine, started on the checkpoint's merged
+    weights, gets the adapted layers again), then ``harnessrl export`` of the run."""
+    run_dir = tmp_path / "run"
+    common = [
+        "--set",
+        "metrics.progress=false",
+        "--set",
+        "trainer.tasks_per_step=2",
+        "--set",
+        "trainer.group_size=4",
+    ]
+    first = harnessrl(
+        "train", str(CONFIG), "--set", f"run.dir={run_dir}", *common,
+        "--set", "trainer.steps=1", "--set", "trainer.lora.r=4", "--set", "trainer.lora.alpha=8",
+        "--set", "algorithm.kl_coef=0.05",
+    )  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    adapter_1 = (run_dir / "checkpoints" / "latest" / "adapter" / "adapter_model.safetensors").read_bytes()
+    again = harnessrl("train", "--resume", str(run_dir), *common, "--set", "trainer.steps=2")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert json.loads(again.stdout.strip().splitlines()[-1])["steps"] == 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "policy/kl_ref" in r] == [1, 2]
+    adapter_2 = (run_dir / "checkpoints" / "latest" / "adapter" / "adapter_model.safetensors").read_bytes()
+    assert adapter_2 != adapter_1  # the resumed step trained the adapter further
+    exported = harnessrl("export", str(run_dir), str(tmp_path / "out"))
+    assert exported.returncode == 0, exported.stderr
+    assert (tmp_path / "out" / "adapter_model.safetensors").read_bytes() == adapter_2

@@ -12,6 +12,7 @@ rebuilds the policy from the run's base weights plus that adapter, never from th
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,6 +79,7 @@ def with_lora(
 
     check_lora(model, lora)
     if adapter_dir is not None:
+        check_adapter_matches(Path(adapter_dir), lora)
         return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
     return get_peft_model(
         model,
@@ -89,6 +91,24 @@ def with_lora(
             task_type="CAUSAL_LM",
         ),
     )
+
+
+def check_adapter_matches(adapter_dir: Path, lora: LoraSection) -> None:
+    """``ConfigError`` naming the field when a saved adapter (a ``--resume``) was trained with other
+    ``[trainer.lora]`` settings than the config's: the run would silently go on with the saved ones."""
+    saved = json.loads((adapter_dir / "adapter_config.json").read_text())
+    wanted = {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
+    found = {
+        "r": saved.get("r"),
+        "alpha": saved.get("lora_alpha"),
+        "target_modules": sorted(saved.get("target_modules") or []),
+    }
+    for field, value in wanted.items():
+        if found[field] != value:
+            raise ConfigError(
+                f"trainer.lora.{field}: {value!r}, but the adapter being resumed ({adapter_dir}) was "
+                f"trained with {found[field]!r}"
+            )
 
 
 def adapter_bytes(model: torch.nn.Module) -> int:
