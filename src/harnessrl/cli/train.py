@@ -46,6 +46,9 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
         file=sys.stderr,
     )
     quiet_third_party_bars()
+    from harnessrl.trainer import allocator
+
+    allocator.tune()  # before the model's tensors: big blocks mmapped, at most 2 arenas
     from harnessrl.trainer.run import Trainer
 
     trainer = Trainer(config, run_dir, resume=bool(resume), base_dir=base_dir)

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.schemas import Task
+from harnessrl.trainer import allocator
 from harnessrl.trainer.base import Policy
 from harnessrl.trainer.checkpoint import Checkpointer, TrainState
 from harnessrl.trainer.config import TrainConfig
@@ -121,6 +122,7 @@ class TrainingLoop:
         async with self.fleet.paused() if async_mode else contextlib.nullcontext():
             drain_s = time.monotonic() - paused_at
             longest = max((len(s) for s in batch.samples), default=0)
+            trained_at = time.monotonic()
             train_metrics = await asyncio.to_thread(
                 self.policy.train_step,
                 batch.samples,
@@ -128,7 +130,9 @@ class TrainingLoop:
                 temperature=cfg.trainer.temperature,
                 micro_batch_tokens=max(cfg.trainer.micro_batch_tokens, longest),
             )
+            train_step_s = time.monotonic() - trained_at
             await self.fleet.publish(version + 1, self.policy)
+            allocator.release()  # the step's activations and the weights' copy, back to the system
         pause_s = time.monotonic() - paused_at
 
         self.state.step = version + 1
@@ -145,6 +149,7 @@ class TrainingLoop:
             "throughput/tokens_per_s": batch.generated_tokens / wall,
             "time/step_s": wall,
             "time/train_s": time.monotonic() - t0,
+            "time/train_step_s": train_step_s,  # forward, backward and optimizer step only
             "time/pause_s": pause_s if async_mode else 0.0,
             "time/drain_s": drain_s if async_mode else 0.0,
             "time/checkpoint_wait_s": checkpoint_wait_s,
