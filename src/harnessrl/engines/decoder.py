@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: The least a KV cache's positions grow by (``BatchedDecoder.ensure_capacity``).
+LENGTH_STEP = 256
 
 
 @dataclass
@@ -128,7 +130,10 @@ class BatchedDecoder:
     # --- cache management ----------------------------------------------------------------------------
 
     def ensure_capacity(self, rows: int, length: int) -> None:
-        """Grow the cache (doubling) so that ``rows`` rows of ``length`` positions fit."""
+        """Grow the cache so that ``rows`` rows of ``length`` positions fit: rows doubling, positions
+        by a quarter (at least ``LENGTH_STEP``), so a cache holds at most ~25% (or 256 positions) more
+        than its longest row needs, not up to twice. Layer by layer: while it grows, one layer's old
+        tensors are held beside the new ones, not the whole old cache."""
         if rows <= self.rows_cap and length <= self.len_cap:
             return
         new_rows = max(self.rows_cap, 1)
@@ -137,19 +142,19 @@ class BatchedDecoder:
         new_rows = min(max(new_rows, rows), self.max_rows)
         new_len = max(self.len_cap, self._initial_capacity)
         while new_len < length:
-            new_len *= 2
+            new_len += max(LENGTH_STEP, new_len // 4)
         new_len = min(max(new_len, length), self.context_length)
         shape = (new_rows, self.n_kv, new_len, self.head_dim)
-        new_k, new_v = [], []
-        for i in range(len(self.layers)):
-            k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            v = torch.zeros(shape, dtype=self.dtype, device=self.device)
-            if self.k_cache:  # keep what is cached
-                k[: self.rows_cap, :, : self.len_cap] = self.k_cache[i]
-                v[: self.rows_cap, :, : self.len_cap] = self.v_cache[i]
-            new_k.append(k)
-            new_v.append(v)
-        self.k_cache, self.v_cache = new_k, new_v
+        if not self.k_cache:
+            self.k_cache = [torch.empty(0)] * len(self.layers)
+            self.v_cache = [torch.empty(0)] * len(self.layers)
+        for cache in (self.k_cache, self.v_cache):
+            for i, old in enumerate(cache):
+                new = torch.zeros(shape, dtype=self.dtype, device=self.device)
+                if old.numel():  # keep what is cached
+                    new[: self.rows_cap, :, : self.len_cap] = old
+                cache[i] = new
+                del old
         self.rows_cap, self.len_cap = new_rows, new_len
 
     def release(self) -> None:
