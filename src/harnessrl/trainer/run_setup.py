@@ -12,6 +12,7 @@ relative paths in the original file were resolved against); ``--resume`` reads i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,14 +67,25 @@ def prepare_run(
     return config, run_dir, base_dir
 
 
-def preflight(config: TrainConfig, run_dir: Path | None = None) -> None:
+def preflight(
+    config: TrainConfig,
+    run_dir: Path | None = None,
+    *,
+    memory_available: Callable[[], int | None] | None = None,
+) -> None:
     """What would fail every rollout, or the run after it started, checked before anything is
-    created: the harness's executable and script (``check_harness``), the sandbox, the evaluator, and
-    the optional integrations the config asks for. Each problem is a ``ConfigError`` naming the field.
+    created: the memory the run needs against what the machine has (``memory_budget.check_memory``;
+    ``memory_available()`` in bytes, by default ``MemAvailable``; None skips the check), the harness's executable
+    and script (``check_harness``), the sandbox, the evaluator, and the optional integrations the
+    config asks for. Each problem is a ``ConfigError`` naming the field.
 
     Skipped for the harness when the trainer's controllers run elsewhere (``trainer.controllers =
     "external"``): their machines, not this one, must have the harness."""
     import importlib.util
+
+    from harnessrl.trainer.memory_budget import available_memory, check_memory
+
+    check_memory(config, (memory_available or available_memory)())
 
     if config.metrics.wandb_project and importlib.util.find_spec("wandb") is None:
         raise ConfigError("metrics.wandb_project: wandb is not installed (pip install wandb), or unset it")

@@ -1,0 +1,88 @@
+"""The preflight's memory estimate: a run that cannot fit in the machine's memory is refused before it
+starts, with a message naming the setting to lower."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.errors import ConfigError
+from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.memory_budget import (
+    GB,
+    SMOLLM2,
+    ModelShape,
+    check_memory,
+    estimate_memory,
+    model_shape,
+)
+from harnessrl.trainer.run_setup import preflight
+
+ROOT = Path(__file__).resolve().parents[2]
+MAIN_JOB = ROOT / "examples" / "arithmetic" / "train.toml"
+
+
+def main_job(*overrides: str) -> TrainConfig:
+    """The README's main job's config, as ``harnessrl train`` validates it."""
+    raw = resolve_relative_paths(load_raw_config(str(MAIN_JOB), list(overrides)), MAIN_JOB.parent)
+    return validate_config(TrainConfig, raw)
+
+
+def test_the_main_job_is_refused_by_the_preflight_on_a_machine_too_small_for_it():
+    config = main_job("engine.dtype=float32", "trainer.autocast=none")
+    need = estimate_memory(config, SMOLLM2).total
+    # One byte short: refused before anything starts, naming the setting of the largest part.
+    with pytest.raises(
+        ConfigError, match=r"needs about .* GB of memory .* lower (engine|trainer|controller)\."
+    ):
+        preflight(config, memory_available=lambda: need - 1)
+    # Enough: the memory check passes (the rest of the preflight runs as on any machine).
+    preflight(config, memory_available=lambda: need)
+
+
+def test_the_message_names_the_setting_of_the_largest_part():
+    config = main_job("engine.dtype=float32", "engine.context_length=8192", "trainer.micro_batch_tokens=1024")
+    with pytest.raises(ConfigError, match=r"lower engine\.context_length \(now 8192\)"):
+        check_memory(config, available=int(1 * GB))
+    config = main_job("engine.context_length=512", "trainer.micro_batch_tokens=65536")
+    with pytest.raises(ConfigError, match=r"lower trainer\.micro_batch_tokens \(now 65536\)"):
+        check_memory(config, available=int(8 * GB))
+
+
+def test_the_estimate_grows_with_each_setting_it_names():
+    base = estimate_memory(main_job("engine.context_length=2048"), SMOLLM2)
+    for override, part in [
+        ("engine.context_length=4096", "engine KV cache"),
+        ("engine.max_batch_size=64", "engine KV cache"),
+        ("trainer.micro_batch_tokens=4096", "activations"),
+        ("controller.concurrency=64", "process"),
+    ]:
+        bigger = estimate_memory(main_job("engine.context_length=2048", override), SMOLLM2)
+        assert bigger.parts[part] > base.parts[part], override
+    checkpointed = estimate_memory(
+        main_job("engine.context_length=2048", "trainer.gradient_checkpointing=true"), SMOLLM2
+    )
+    assert checkpointed.parts["activations"] < base.parts["activations"]
+    # fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter (2.15 GB for SmolLM2)
+    assert base.parts["trainer weights+grads+Adam"] == 16 * SMOLLM2.params
+
+
+def test_the_shape_of_a_model_folder_is_read_from_its_config(tmp_path):
+    # SmolLM2-135M's config.json: its parameter count is the built-in shape's
+    (tmp_path / "config.json").write_text(
+        '{"hidden_size": 576, "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,'
+        ' "vocab_size": 49152, "intermediate_size": 1536, "max_position_embeddings": 8192,'
+        ' "tie_word_embeddings": true}'
+    )
+    assert model_shape(str(tmp_path)) == SMOLLM2
+    assert model_shape(str(tmp_path / "missing")) is None
+    assert isinstance(model_shape("smollm2"), ModelShape)
+
+
+def test_no_check_where_the_engine_is_remote_or_memory_unknown():
+    config = main_job()
+    assert check_memory(config, available=None) is None
+    remote = main_job('engine.model="vllm:http://127.0.0.1:1"', 'trainer.model="smollm2"')
+    assert check_memory(remote, available=1) is None
