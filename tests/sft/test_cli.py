@@ -60,10 +60,32 @@ def test_sft_trains_a_checkpoint_train_starts_from(record, solving, tmp_path):
         page = dashboard.get("/ui/?key=k")
         assert page.status_code == 200 and "sft/loss" in page.text
 
-    # train's starting weights: engine.model names a model folder (engines.models.resolve_model_dir)
-    from harnessrl.engines.models import resolve_model_dir
+    # and RL starts from it: one step of the tiny example's harnessed train on the SFT weights
+    import subprocess
+    import sys
 
-    assert resolve_model_dir(str(final)) == final
+    repo = Path(__file__).resolve().parents[2]
+    rl = tmp_path / "rl"
+    sets = [f"engine.model={final}", "trainer.steps=1", "trainer.tasks_per_step=1", "trainer.group_size=2"]
+    sets += ["metrics.progress=false", "metrics.tensorboard=false"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "harnessrl",
+        "train",
+        str(repo / "examples/tiny/train.toml"),
+        "--run-dir",
+        str(rl),
+    ]
+    proc = subprocess.run(
+        [*cmd, *(arg for item in sets for arg in ("--set", item))],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((rl / "config.json").read_text())["engine"]["model"] == str(final)
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["steps"] == 1
 
 
 def error_line(result) -> str:
