@@ -11,7 +11,7 @@ and what training must see.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -148,6 +148,21 @@ class Generation:
         self.finish_reason = "stop" if ended_by_token else "length"
         self.finished_at = now()
         return self
+
+    def replayed_pieces(self) -> Iterator[Piece]:
+        """The pieces ``pieces`` would have yielded for this finished generation, from its token IDs
+        (for an answer generated whole, ``run`` without stop strings, that is read piece by piece)."""
+        assert not self.stop, "a generation with stop strings runs piece by piece"
+        stop_ids = set(self.params.stop_token_ids)
+        decoder = self.engine.tokenizer.stream_decoder()
+        for token_id, logprob in zip(self.token_ids, self.logprobs, strict=True):
+            if token_id in stop_ids:
+                yield Piece("", token_id, logprob, is_stop_token=True)
+            else:
+                yield Piece(decoder.push(token_id), token_id, logprob)
+        tail = decoder.flush()
+        if tail:
+            yield Piece(tail, -1, 0.0)
 
     async def _collect(self, stop_ids: set[int]) -> bool:
         """Read the engine's samples to the end; whether a stop token ended them.

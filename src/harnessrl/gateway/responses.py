@@ -157,7 +157,6 @@ class ResponsesAnswer:
 
     headers: dict[str, str] = {}
     ping = None
-    whole_from_pieces = True  # ``usage`` counts reasoning tokens, which only the pieces tell apart
 
     def __init__(self, call: PreparedCall, body: ResponsesRequest, tools: list[dict[str, Any]]) -> None:
         self.call = call
@@ -167,13 +166,21 @@ class ResponsesAnswer:
         self.response_id = new_id("resp")
         self.created_at = int(time.time())
         self.seq = 0  # the next stream event's ``sequence_number``
-        state = call.state
-        wants_tools = bool(tools) and body.tool_choice != "none"
+        self.out = self._output()
+
+    @property
+    def whole_from_pieces(self) -> bool:
+        # Stop strings are found in the text as it grows: such a generation runs piece by piece.
+        return bool(self.call.stop)
+
+    def _output(self) -> OutputStream:
+        state, body = self.call.state, self.body
+        wants_tools = bool(self.tools) and body.tool_choice != "none"
         encrypt = "reasoning.encrypted_content" in (body.include or [])
         # A template may open the reasoning itself (the generation prompt ends with "<think>").
-        reasoning = state.reasoning_parser(call.prompt_ids)
-        self.out = OutputStream(
-            state.tool_parser(tools) if wants_tools else None, reasoning=reasoning, encrypt=encrypt
+        reasoning = state.reasoning_parser(self.call.prompt_ids)
+        return OutputStream(
+            state.tool_parser(self.tools) if wants_tools else None, reasoning=reasoning, encrypt=encrypt
         )
 
     def event(self, payload: dict[str, Any]) -> str:
@@ -246,6 +253,12 @@ class ResponsesAnswer:
 
     def whole(self, gen: Generation) -> Whole:
         status = self.status(gen)
+        # Generated whole: its text is read at once, unless it has reasoning (``usage`` counts the
+        # reasoning tokens, which only the pieces tell apart: then it is read piece by piece).
+        if not self.whole_from_pieces and not self.out.feed_whole(gen.text):
+            self.out = self._output()
+            for piece in gen.replayed_pieces():
+                self.out.feed(piece)
         self.out.finish(status)
         return Whole(json_response(self.response(status, self.out)), *self.recorded(gen))
 

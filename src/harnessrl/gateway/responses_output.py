@@ -25,6 +25,7 @@ from typing import Any
 from harnessrl.gateway.generation import Piece
 from harnessrl.gateway.model_formats import DEFAULT_REASONING_PARSER
 from harnessrl.gateway.reasoning_parsers import (
+    ContentText,
     ReasoningEvent,
     ReasoningParser,
     ReasoningText,
@@ -73,6 +74,19 @@ class OutputStream:
         if piece.token_id >= 0 and not piece.is_stop_token and (before or self._note_block()):
             self.reasoning_tokens += 1
         return events
+
+    def feed_whole(self, text: str) -> bool:
+        """Read a whole answer's text at once (nothing fed before), if it has no reasoning: whether
+        it did. An answer with reasoning markup must be fed piece by piece (``reasoning_tokens``
+        counts tokens by where the text was when each arrived); this stream is then spoiled."""
+        if self.reasoning.in_reasoning:
+            return False
+        parsed = self.reasoning.feed(text)
+        plain = not self.reasoning.in_reasoning and all(isinstance(e, ContentText) for e in parsed)
+        if not plain or sum(len(e.text) for e in parsed) != len(text):
+            return False
+        self._route(parsed)
+        return True
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         """Close every open item; ``status`` is ``completed`` or ``incomplete``."""
