@@ -184,3 +184,33 @@ def test_sft_help_and_export_import_no_torch(record, solving, tmp_path):
     )
     assert "not both" in error_line(both)
     assert "--run-dir" in runner.invoke(app, ["sft", "--help"]).output
+
+
+def test_sigterm_stops_a_run_cleanly_and_resume_finishes_it(record, solving, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rec = record([solving, solving, solving], [1.0, 1.0, 1.0])
+    config = write_config(tmp_path, rec.run_dir)
+    run_dir = tmp_path / "runs/student"
+    cmd = [sys.executable, "-m", "harnessrl", "sft", str(config), "--set", "sft.epochs=400"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):  # a step is done
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert f"SIGTERM: sft run stopped; continue it with: harnessrl sft --resume {run_dir}" in err
+
+    done = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    epochs = done // 2 + 1  # 3 sequences, 2 per step: 2 steps an epoch
+    result = runner.invoke(app, ["sft", "--resume", str(run_dir), "--set", f"sft.epochs={epochs}"])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["steps"] == summary["total_steps"] == 2 * epochs > done
+    assert (run_dir / "checkpoints/final/model.safetensors").is_file()

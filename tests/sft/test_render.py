@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.conversation import normalize_message, normalize_messages
-from harnessrl.gateway.model_formats import resolve_formats
+from harnessrl.gateway.parsers.formats import resolve_formats
+from harnessrl.gateway.prompt.conversation import normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout, RolloutStatus
 from harnessrl.sft.render import rollout_sequences
 from harnessrl.tokenizer import PolicyTokenizer

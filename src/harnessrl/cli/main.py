@@ -364,7 +364,7 @@ def sft(
     """
     import json
 
-    from harnessrl.cli.sft import run_sft
+    from harnessrl.cli.sft import SftInterrupted, run_sft
 
     overrides = list(set_ or [])
     if run_dir is not None:
@@ -373,6 +373,9 @@ def sft(
         overrides.append(f"run.dir={run_dir}")
     try:
         summary = run_sft(config, resume, overrides, export_jsonl)
+    except SftInterrupted as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(exc.exit_code) from exc
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))

@@ -1,13 +1,30 @@
 """``harnessrl sft``: validate the config before importing torch, then fine-tune (``sft.run``) or,
-with ``--export-jsonl``, write the selected conversations and stop (no model is loaded)."""
+with ``--export-jsonl``, write the selected conversations and stop (no model is loaded).
+
+SIGINT (Ctrl-C) and SIGTERM stop a run as ``train`` stops: the step in progress is abandoned (its
+checkpoint swap is atomic, so ``checkpoints/latest`` is the last whole step), metrics are closed,
+the run's status is "stopped", and the command exits 128 + the signal's number, naming the
+``--resume`` that continues it. A second signal acts at once (the handlers are removed by the first).
+"""
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
+from harnessrl.errors import HarnessRLError
 from harnessrl.sft.run import SftRun, prepare_sft_run
+
+
+class SftInterrupted(HarnessRLError):
+    """A signal stopped the run; ``exit_code`` is the shell's 128 + signal."""
+
+    def __init__(self, signum: int, run_dir: Path) -> None:
+        name = signal.Signals(signum).name
+        super().__init__(f"{name}: sft run stopped; continue it with: harnessrl sft --resume {run_dir}")
+        self.exit_code = 128 + signum
 
 
 def run_sft(
@@ -25,7 +42,22 @@ def run_sft(
     from harnessrl.cli.train import quiet_third_party_bars
 
     quiet_third_party_bars()
-    summary = SftRun(config, run_dir, resume=bool(resume)).run()
+    # Respect an inherited "ignore SIGINT" (a job of a non-interactive shell), as Python does.
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+    previous = {s: signal.getsignal(s) for s in handled}
+
+    def on_signal(signum: int, _frame: object) -> None:
+        for each, handler in previous.items():
+            signal.signal(each, handler)
+        raise SftInterrupted(signum, run_dir)
+
+    for signum in handled:
+        signal.signal(signum, on_signal)
+    try:
+        summary = SftRun(config, run_dir, resume=bool(resume)).run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     print(
         f"harnessrl: done; metrics {run_dir / 'metrics.jsonl'}, data report {run_dir / 'sft_data.json'}\n"
         f'  RL from it: set engine.model = "{run_dir / "checkpoints" / "final"}" in a train config',
