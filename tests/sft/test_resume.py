@@ -4,6 +4,7 @@ optimizer and LR-schedule state, bit-identical weights and losses."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from safetensors.torch import load_file
@@ -55,3 +56,9 @@ def test_resuming_mid_sft_equals_an_uninterrupted_run(record, solving, tmp_path)
 
     again = SftRun(resumed_config, split, resume=True).run()  # nothing left to do
     assert again.get("already_finished") and again["steps"] == 6
+
+    # stopped after its last step's checkpoint but before the final one: resume writes it
+    shutil.rmtree(split / "checkpoints/final")
+    SftRun(resumed_config, split, resume=True).run()
+    final = load_file(split / "checkpoints/final/model.safetensors")
+    assert all(final[k].equal(a[k]) for k in a)

@@ -111,8 +111,10 @@ class SftRun:
             save_config(cfg, self.run_dir)
         (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
         plan = StepPlan(data.samples, per_step=s.sequences_per_step, epochs=s.epochs, seed=cfg.run.seed)
-        if state.step >= plan.total_steps:
+        final = self.run_dir / "checkpoints" / "final"
+        if state.step >= plan.total_steps and _final_step(final) == state.step:
             return self._summary(state.step, plan.total_steps, data, already_finished=True)
+        # (a run stopped between its last step's checkpoint and the final one loads it to write that)
 
         from harnessrl.sft.step import sft_step
         from harnessrl.trainer.policy import TrainablePolicy
@@ -156,8 +158,7 @@ class SftRun:
                 write_checkpoint(policy, state, self.run_dir, save_every=s.save_every)
                 metrics.write(state.step, row)
                 metrics.progress(state.step, row)
-            if state.step == plan.total_steps:  # as train ends: weights only, what the next stage loads
-                final = self.run_dir / "checkpoints" / "final"
+            if state.step >= plan.total_steps:  # as train ends: weights only, what the next stage loads
                 policy.save_checkpoint(final, with_optimizer=False)
                 (final / "harnessrl_final.json").write_text(json.dumps({"step": state.step}) + "\n")
                 status = "finished"
@@ -180,3 +181,9 @@ class SftRun:
         if already_finished:
             out["already_finished"] = True
         return out
+
+
+def _final_step(final: Path) -> int | None:
+    """The step ``checkpoints/final`` was written at, or None if there is none."""
+    marker = final / "harnessrl_final.json"
+    return json.loads(marker.read_text())["step"] if marker.is_file() else None
