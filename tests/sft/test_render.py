@@ -134,6 +134,16 @@ def test_an_answer_the_template_cannot_express_is_counted_and_skipped(tokenizer)
     assert not any("reasoning" in t or "Write" in t for t in trained)
 
 
+def test_an_answer_cut_at_its_token_limit_is_not_closed_and_trained(tokenizer):
+    calls = chat_calls([{"content": "The answer is"}, {"content": "42."}])
+    calls[0] = calls[0].model_copy(update={"finish_reason": "length"})
+    samples, report = rollout_sequences(rollout(), calls, tokenizer, formats(tokenizer))
+    assert dict(report.skipped) == {"truncated": 1} and report.rendered == 1
+    assert [tokenizer.decode(s.input_ids[sp.start : sp.end]) for s in samples for sp in s.spans] == [
+        "42.<|im_end|>"
+    ]
+
+
 def test_a_raw_completion_has_no_conversation(tokenizer):
     call = Call(
         rollout_id="r",

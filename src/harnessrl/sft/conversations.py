@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway import anthropic_convert, responses_input
+from harnessrl.gateway.apis import anthropic_convert, responses_input
 from harnessrl.gateway.bodies import RESERVED_TEMPLATE_KWARGS
-from harnessrl.gateway.conversation import message_key, normalize_message, normalize_messages
+from harnessrl.gateway.prompt.conversation import message_key, normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.model_formats import ModelFormats, resolve_formats
+from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
 from harnessrl.sft.config import SftConfig
 from harnessrl.sft.render import RenderReport, rollout_sequences
 from harnessrl.sft.select import Selected, Selection, select_rollouts

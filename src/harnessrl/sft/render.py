@@ -9,7 +9,9 @@ For each call (``conversations.Conversation``), with the *student's* tokenizer a
    is skipped: ``prefix_mismatch``); encoded, cut after its end-of-turn token (the student's stop
    token): those tokens carry loss 1; what the template writes after it (``"\\n"`` in ChatML) is
    glue the student never samples, so it only appears as the next call's context;
-3. the answer must survive the round trip through the student's own parsers (the gateway's
+3. an answer cut at its token limit (``finish_reason = "length"``) is skipped (``truncated``): the
+   template would close it with an end-of-turn token, teaching the student to stop mid-answer;
+4. the answer must survive the round trip through the student's own parsers (the gateway's
    reasoning and tool-call parsers for the student's family, ``model_formats``): the text the
    student would sample, parsed as the gateway would parse it, gives back the teacher's content,
    reasoning and tool calls (name and arguments as JSON values). If not, the template cannot express
@@ -38,9 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.model_formats import ModelFormats
-from harnessrl.gateway.reasoning_parsers import get_reasoning_parser, split_reasoning
-from harnessrl.gateway.tool_parsers import parse_tool_calls
+from harnessrl.gateway.parsers.formats import ModelFormats
+from harnessrl.gateway.parsers.reasoning import get_reasoning_parser, split_reasoning
+from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.schemas import Call, Rollout
 from harnessrl.sft.conversations import Conversation, NoConversation, conversation, final_calls
 from harnessrl.tokenizer import PolicyTokenizer
@@ -57,6 +59,7 @@ SKIP_REASONS: tuple[str, ...] = (
     "tool_calls_lost",
     "content_changed",
     "empty_answer",
+    "truncated",
 )
 
 
@@ -135,6 +138,9 @@ def render_call(
     """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be.
     ``template_kwargs`` (``sft.chat_template_kwargs``) are the template's variables, under the
     request's own ``chat_template_kwargs``."""
+    if conv.call.finish_reason == "length":
+        # The template would close the cut answer with an end-of-turn: teaching to stop mid-answer.
+        raise Inexpressible("truncated", "the answer hit its token limit")
     kwargs = {**(template_kwargs or {}), **conv.template_kwargs}
     try:
         prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True, **kwargs)
