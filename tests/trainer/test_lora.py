@@ -220,6 +220,7 @@ def test_export_writes_the_adapter_or_the_merged_model(tmp_path):
     step(policy, 0)
     run_dir = tmp_path / "run"
     policy.save_checkpoint(run_dir / "checkpoints" / "final", with_optimizer=False)
+    (run_dir / "config.json").write_text("{}")  # a run folder holds its config.json too
     expected = policy.response_logprobs(PROMPT, ANSWER)
 
     def logprobs(model: torch.nn.Module) -> list[float]:

@@ -137,7 +137,8 @@ def export_checkpoint(checkpoint: Path, out: Path, *, merged: bool) -> Path:
 
 def run_checkpoint(path: Path) -> Path:
     """``path`` itself, or for a run folder its final checkpoint, else its latest one."""
+    # A run folder has a config.json too (the run's own): a checkpoint is one with weights.
     for candidate in (path, path / "checkpoints" / "final", path / "checkpoints" / "latest"):
-        if (candidate / "config.json").exists():
+        if (candidate / "config.json").exists() and any(candidate.glob("*.safetensors")):
             return candidate
     raise ConfigError(f"{path}: neither a checkpoint folder nor a run folder with checkpoints")
