@@ -119,7 +119,7 @@ class GatewayConfig(Section):
     # for 32000: more than a small model's context). None: the harness's own, checked against the
     # context. A training run's trainer.max_tokens caps calls the same way.
     max_tokens: int | None = Field(default=None, ge=1)
-    # How answers are read: "auto" chooses by the model's chat template (gateway/model_formats.py);
+    # How answers are read: "auto" chooses by the model's chat template (gateway/parsers/formats.py);
     # a name chooses explicitly (docs/gateway.md, "Model families").
     tool_call_parser: str = "auto"
     reasoning_parser: str = "auto"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.gateway.anthropic_convert import request_to_internal
+from harnessrl.gateway.apis.anthropic_convert import request_to_internal
 from harnessrl.schemas import Call
 from harnessrl.store import open_store
 

@@ -267,7 +267,7 @@ def test_whole_answer_generation_matches_the_token_by_token_one(
 ) -> None:
     # A non-streamed answer is read whole (``VLLMEngine.generate_whole``); tokens the server
     # sends past the stop token are dropped exactly as the streaming path drops them.
-    from harnessrl.gateway.generation import Generation
+    from harnessrl.gateway.pipeline.generation import Generation
 
     knobs, engine = knobs_server
     stop = tokenizer.stop_token_ids[0]

@@ -25,13 +25,13 @@ from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.errors import Overloaded
 from harnessrl.gateway import create_app
-from harnessrl.gateway.anthropic import request_to_internal
-from harnessrl.gateway.anthropic_blocks import BlockAssembler
-from harnessrl.gateway.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.apis.anthropic import request_to_internal
+from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler
 from harnessrl.gateway.errors import anthropic_error_response, error_response
-from harnessrl.gateway.history import CallHistory
+from harnessrl.gateway.parsers.tools import HermesToolParser
+from harnessrl.gateway.prompt.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.prompt.history import CallHistory
 from harnessrl.gateway.server import serve_in_thread
-from harnessrl.gateway.tool_parsers import HermesToolParser
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 

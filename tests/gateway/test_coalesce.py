@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.gateway.coalesce import ClientTooSlow, Outlet
+from harnessrl.gateway.pipeline.coalesce import ClientTooSlow, Outlet
 
 
 class Link:
@@ -188,7 +188,7 @@ def test_a_client_slower_than_the_rate_is_given_up_on(taken: int) -> None:
 
 
 def test_settle_waits_until_the_client_has_all_but_the_slack() -> None:
-    from harnessrl.gateway.coalesce import RECORD_SLACK_BYTES
+    from harnessrl.gateway.pipeline.coalesce import RECORD_SLACK_BYTES
 
     async def main() -> list[bool]:
         link = Link()

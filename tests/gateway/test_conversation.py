@@ -15,14 +15,14 @@ from hypothesis import strategies as st
 
 from harnessrl.engines.scripted import render_turn
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.conversation import (
+from harnessrl.gateway.parsers.tools import parse_tool_calls
+from harnessrl.gateway.prompt.conversation import (
     PriorCall,
     build_prompt,
     message_key,
     normalize_message,
     normalize_messages,
 )
-from harnessrl.gateway.tool_parsers import parse_tool_calls
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [

@@ -19,9 +19,9 @@ import openai
 import pytest
 
 from harnessrl.engines.tiny_families import FAMILIES, family_available, tiny_family_dir
-from harnessrl.gateway.conversation import normalize_messages
-from harnessrl.gateway.model_formats import detect_formats
-from harnessrl.gateway.tool_parsers import TOOL_PARSERS
+from harnessrl.gateway.parsers.formats import detect_formats
+from harnessrl.gateway.parsers.tools import TOOL_PARSERS
+from harnessrl.gateway.prompt.conversation import normalize_messages
 from harnessrl.tokenizer import PolicyTokenizer
 
 # The real IDs of each family's markers (from the vocabulary packages and the models' tokenizers).
@@ -127,7 +127,7 @@ def tokenizer(family: str) -> PolicyTokenizer:
 def family_gateway(family: str, tokenizer: PolicyTokenizer, make_gateway: Callable[..., Any]) -> Any:
     parser = detect_formats(tokenizer.chat_template).tool_parser
     if parser not in TOOL_PARSERS:
-        pytest.skip(f"the {parser!r} tool parser is not registered in harnessrl.gateway.tool_parsers yet")
+        pytest.skip(f"the {parser!r} tool parser is not registered in harnessrl.gateway.parsers.tools yet")
     turns = [ANSWERS[family][0], "All done."]
     return make_gateway(turns)
 

@@ -22,7 +22,7 @@ from harnessrl.config import GatewayConfig
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
-from harnessrl.gateway.conversation import (
+from harnessrl.gateway.prompt.conversation import (
     PriorCall,
     _splice,
     build_prompt,

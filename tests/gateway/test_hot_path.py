@@ -31,7 +31,9 @@ from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.errors import BadRequest
 from harnessrl.gateway import create_app
-from harnessrl.gateway.conversation import (
+from harnessrl.gateway.parsers.tools import parse_tool_calls
+from harnessrl.gateway.pipeline.generation import Generation
+from harnessrl.gateway.prompt.conversation import (
     VERIFY_CALLS,
     PriorCall,
     SpliceTrust,
@@ -41,10 +43,8 @@ from harnessrl.gateway.conversation import (
     normalize_messages,
     quick_prompt,
 )
-from harnessrl.gateway.generation import Generation
-from harnessrl.gateway.history import CallHistory, prior_from_call
+from harnessrl.gateway.prompt.history import CallHistory, prior_from_call
 from harnessrl.gateway.server import serve_in_thread
-from harnessrl.gateway.tool_parsers import parse_tool_calls
 from harnessrl.schemas import Call
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer

@@ -11,14 +11,14 @@ import json
 from typing import Any
 
 from harnessrl.engines.scripted import render_turn
-from harnessrl.gateway.conversation import (
+from harnessrl.gateway.parsers.tools import parse_tool_calls
+from harnessrl.gateway.prompt.conversation import (
     VERIFY_CALLS,
     PriorCall,
     SpliceTrust,
     build_prompt,
     normalize_messages,
 )
-from harnessrl.gateway.tool_parsers import parse_tool_calls
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.logprobs import logprob_content
+from harnessrl.gateway.apis.logprobs import logprob_content
 from harnessrl.tokenizer import PolicyTokenizer
 
 

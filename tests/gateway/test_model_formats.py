@@ -15,7 +15,7 @@ from harnessrl.config import GatewayConfig
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway import create_app
-from harnessrl.gateway.model_formats import RULES, detect_formats, resolve_formats
+from harnessrl.gateway.parsers.formats import RULES, detect_formats, resolve_formats
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
@@ -115,8 +115,8 @@ def test_a_tool_call_the_policy_did_not_finish_reaches_the_harness_as_text_and_i
 
 def test_every_rule_names_registered_parsers() -> None:
     """A detected family whose parser is missing would stop the gateway from starting."""
-    from harnessrl.gateway.reasoning_parsers import REASONING_PARSERS
-    from harnessrl.gateway.tool_parsers import TOOL_PARSERS
+    from harnessrl.gateway.parsers.reasoning import REASONING_PARSERS
+    from harnessrl.gateway.parsers.tools import TOOL_PARSERS
 
     for rule in RULES:
         assert rule.tool_parser in TOOL_PARSERS, rule

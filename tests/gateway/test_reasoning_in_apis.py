@@ -16,9 +16,9 @@ from harnessrl.config import GatewayConfig
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway import create_app
-from harnessrl.gateway.generation import Piece
-from harnessrl.gateway.reasoning_parsers import get_reasoning_parser
-from harnessrl.gateway.responses_output import OutputStream
+from harnessrl.gateway.apis.responses_output import OutputStream
+from harnessrl.gateway.parsers.reasoning import get_reasoning_parser
+from harnessrl.gateway.pipeline.generation import Piece
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.reasoning_parsers import (
+from harnessrl.gateway.parsers.reasoning import (
     REASONING_PARSERS,
     ContentText,
     GptOssReasoningParser,

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.conversation import key_messages
-from harnessrl.gateway.repeats import history_bytes, text_chars
+from harnessrl.gateway.prompt.conversation import key_messages
+from harnessrl.gateway.prompt.repeats import history_bytes, text_chars
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-3, 3) | st.sampled_from([1.0, 0.5, -2.0]) | st.text(max_size=6),

@@ -14,8 +14,8 @@ import pytest
 
 from harnessrl.errors import Overloaded
 from harnessrl.gateway.apis import internal_conversation
+from harnessrl.gateway.apis.responses_input import encode_reasoning, request_to_internal
 from harnessrl.gateway.errors import error_response
-from harnessrl.gateway.responses_input import encode_reasoning, request_to_internal
 
 BASH = {
     "type": "function",
@@ -400,7 +400,7 @@ def test_client_that_leaves_mid_stream_cancels_the_call(make_gateway: Any) -> No
 
 def test_function_call_then_message_items_fold_into_one_assistant_turn():
     """Codex replays a streamed answer as [function_call, message]: still one assistant turn."""
-    from harnessrl.gateway.responses_input import input_to_messages
+    from harnessrl.gateway.apis.responses_input import input_to_messages
 
     items = [
         {"role": "user", "content": "hi"},

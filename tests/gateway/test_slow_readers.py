@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.gateway.coalesce import RECORD_SLACK_BYTES
+from harnessrl.gateway.pipeline.coalesce import RECORD_SLACK_BYTES
 
 LONG = "word " * 20000  # 20,000 tokens; with logprobs about 7 MB of events
 RCVBUF = 4096  # the client's receive buffer (Linux doubles it)

@@ -9,14 +9,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.tool_parsers import (
+from harnessrl.gateway.parsers.tools import (
     ContentEvent,
     HermesToolParser,
     collect,
     get_tool_parser,
     parse_tool_calls,
 )
-from harnessrl.gateway.tool_parsers.base import partial_suffix
+from harnessrl.gateway.parsers.tools.base import partial_suffix
 
 TEXT = (
     'I will list files.\n<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>\n'

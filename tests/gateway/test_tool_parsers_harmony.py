@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from harnessrl.gateway.reasoning_parsers import ContentText, GptOssReasoningParser
-from harnessrl.gateway.tool_parsers import ContentEvent, ToolCallEvent, collect
-from harnessrl.gateway.tool_parsers.harmony import HarmonyToolParser, parse_header
+from harnessrl.gateway.parsers.reasoning import ContentText, GptOssReasoningParser
+from harnessrl.gateway.parsers.tools import ContentEvent, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools.harmony import HarmonyToolParser, parse_header
 
 
 def call(name: str, args: str, *, recipient_first: bool = False, end: str = "<|call|>") -> str:

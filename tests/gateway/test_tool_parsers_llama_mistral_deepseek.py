@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.tool_parsers.base import ContentEvent, JsonValueScanner, ToolCallEvent, collect
-from harnessrl.gateway.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
-from harnessrl.gateway.tool_parsers.kimi import KimiK2ToolParser
-from harnessrl.gateway.tool_parsers.llama import Llama3JsonToolParser
-from harnessrl.gateway.tool_parsers.mistral import MistralToolParser
+from harnessrl.gateway.parsers.tools.base import ContentEvent, JsonValueScanner, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from harnessrl.gateway.parsers.tools.kimi import KimiK2ToolParser
+from harnessrl.gateway.parsers.tools.llama import Llama3JsonToolParser
+from harnessrl.gateway.parsers.tools.mistral import MistralToolParser
 
 Parser = type[Llama3JsonToolParser | MistralToolParser | DeepSeekV3ToolParser | KimiK2ToolParser]
 

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.tool_parsers.base import ContentEvent, ToolCallEvent, collect
-from harnessrl.gateway.tool_parsers.glm import GlmToolParser
-from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser, coerce_value
+from harnessrl.gateway.parsers.tools.base import ContentEvent, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools.glm import GlmToolParser
+from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser, coerce_value
 
 TOOLS = [
     {

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from tests.vllm.parser_reference import vllm_parse
 
-from harnessrl.gateway.tool_parsers import collect, get_tool_parser
+from harnessrl.gateway.parsers.tools import collect, get_tool_parser
 
 pytestmark = pytest.mark.vllm
 

@@ -20,11 +20,11 @@ from typing import Any
 import pytest
 from tests.vllm.parser_reference import vllm_parse
 
-from harnessrl.gateway.tool_parsers.base import collect
-from harnessrl.gateway.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
-from harnessrl.gateway.tool_parsers.kimi import KimiK2ToolParser
-from harnessrl.gateway.tool_parsers.llama import Llama3JsonToolParser
-from harnessrl.gateway.tool_parsers.mistral import MistralToolParser
+from harnessrl.gateway.parsers.tools.base import collect
+from harnessrl.gateway.parsers.tools.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from harnessrl.gateway.parsers.tools.kimi import KimiK2ToolParser
+from harnessrl.gateway.parsers.tools.llama import Llama3JsonToolParser
+from harnessrl.gateway.parsers.tools.mistral import MistralToolParser
 
 pytestmark = pytest.mark.vllm
 

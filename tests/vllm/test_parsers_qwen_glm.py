@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from tests.vllm.parser_reference import vllm_parse
 
-from harnessrl.gateway.tool_parsers.base import collect
-from harnessrl.gateway.tool_parsers.glm import GlmToolParser
-from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser
+from harnessrl.gateway.parsers.tools.base import collect
+from harnessrl.gateway.parsers.tools.glm import GlmToolParser
+from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser
 
 pytestmark = pytest.mark.vllm
 

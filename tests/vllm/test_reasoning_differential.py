@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from tests.vllm.parser_reference import vllm_parse
 
-from harnessrl.gateway.reasoning_parsers import ContentText, ReasoningText, get_reasoning_parser
-from harnessrl.gateway.tool_parsers import collect
-from harnessrl.gateway.tool_parsers.harmony import HarmonyToolParser
+from harnessrl.gateway.parsers.reasoning import ContentText, ReasoningText, get_reasoning_parser
+from harnessrl.gateway.parsers.tools import collect
+from harnessrl.gateway.parsers.tools.harmony import HarmonyToolParser
 
 pytestmark = pytest.mark.vllm
 

@@ -20,14 +20,15 @@ from starlette.routing import BaseRoute, Route
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
-from harnessrl.gateway import anthropic, control
-from harnessrl.gateway.chat import chat_completions
+from harnessrl.gateway import control
+from harnessrl.gateway.apis import anthropic
+from harnessrl.gateway.apis.chat import chat_completions
+from harnessrl.gateway.apis.completions import completions, list_models
+from harnessrl.gateway.apis.responses import responses
 from harnessrl.gateway.cluster import Cluster
-from harnessrl.gateway.completions import completions, list_models
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
 from harnessrl.gateway.fast_lane import FastLane
 from harnessrl.gateway.key_limits import PerKeyLimit
-from harnessrl.gateway.responses import responses
 from harnessrl.gateway.state import GatewayState
 from harnessrl.store.base import Store
 

@@ -49,8 +49,8 @@ import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from harnessrl.config import GatewayConfig
-from harnessrl.gateway.delivery import CONNECTION_KEY
 from harnessrl.gateway.heads import UnsupportedUpgrade, head_without_upgrade, new_parser, unacknowledged_bytes
+from harnessrl.gateway.pipeline.delivery import CONNECTION_KEY
 
 log = logging.getLogger("harnessrl.gateway")
 

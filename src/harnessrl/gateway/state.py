@@ -14,19 +14,19 @@ import anyio.to_thread
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
 from harnessrl.gateway.cluster import Cluster
-from harnessrl.gateway.delivery import CallsInFlight, DropReason
-from harnessrl.gateway.history import CallHistory
 from harnessrl.gateway.metrics import GatewayMetrics
-from harnessrl.gateway.model_formats import ModelFormats, resolve_formats
-from harnessrl.gateway.pause import PauseGate
-from harnessrl.gateway.reasoning_parsers import ReasoningParser, ReasoningParserFactory, get_reasoning_parser
-from harnessrl.gateway.tool_parsers import (
+from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
+from harnessrl.gateway.parsers.reasoning import ReasoningParser, ReasoningParserFactory, get_reasoning_parser
+from harnessrl.gateway.parsers.tools import (
     CountingParser,
     ToolParser,
     ToolParserFactory,
     Tools,
     get_tool_parser,
 )
+from harnessrl.gateway.pause import PauseGate
+from harnessrl.gateway.pipeline.delivery import CallsInFlight, DropReason
+from harnessrl.gateway.prompt.history import CallHistory
 from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import now
 from harnessrl.store.base import Store

@@ -28,6 +28,7 @@ from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStat
 
 if TYPE_CHECKING:
     from harnessrl.store.chains import EncodedItems
+    from harnessrl.store.gate import GateState, GatewayRow
 
 #: The rollout metadata key under which ``count_dropped_call`` counts the calls a gateway dropped
 #: (never recorded) per reason: ``{"client_gone": 2, "rollout_ended": 1, ...}``.
@@ -197,4 +198,28 @@ class Store(Protocol):
         """The rollout's tool requests in arrival order (all attempts unless one is given)."""
 
     # -- lifecycle --------------------------------------------------------------------------------
+    # -- the gate shared by the gateways (``store.gate``) -------------------------------------------
+    notifies_gate: bool  # whether ``watch_gate`` pushes changes (PostgreSQL) or callers poll (SQLite)
+
+    def read_gate(self) -> GateState: ...
+
+    def command_gate(
+        self, *, paused: bool, policy_version: int | None = None, rewind: bool = False
+    ) -> GateState:
+        """Pause or open the gate as one new command (``Conflict`` for a version going backwards)."""
+        ...
+
+    def beat(self, row: GatewayRow, *, notify: bool) -> None: ...
+
+    def leave_gate(self, gateway_id: str) -> None: ...
+
+    def list_gateways(self) -> list[GatewayRow]: ...
+
+    def read_gate_and_gateways(self) -> tuple[GateState, list[GatewayRow]]: ...
+
+    def watch_gate(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Notify ``callback(payload)`` of gate, ack and member changes; ``None`` where the backend
+        cannot (the caller polls)."""
+        ...
+
     def close(self) -> None: ...

@@ -27,7 +27,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -327,6 +327,54 @@ _V6_POSTGRES = (
 )
 
 
+# Version 7: the gate every gateway sharing the store agrees on (one row: paused, the live policy
+# version, a command counter) and one heartbeat row per gateway process (``store.gate``).
+_V7_SQLITE = """
+CREATE TABLE gate (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    paused          INTEGER NOT NULL,
+    policy_version  INTEGER,
+    command         INTEGER NOT NULL,
+    updated_at      REAL NOT NULL
+);
+INSERT INTO gate (id, paused, policy_version, command, updated_at) VALUES (1, 0, NULL, 0, 0);
+CREATE TABLE gateways (
+    gateway_id      TEXT PRIMARY KEY,
+    url             TEXT NOT NULL,
+    command         INTEGER NOT NULL,
+    paused          INTEGER NOT NULL,
+    quiet           INTEGER NOT NULL,
+    in_flight       INTEGER NOT NULL,
+    waiting         INTEGER NOT NULL,
+    policy_version  INTEGER NOT NULL,
+    lease_until     REAL NOT NULL,
+    started_at      REAL NOT NULL
+)
+"""
+_V7_POSTGRES = """
+CREATE TABLE gate (
+    id              INTEGER PRIMARY KEY CHECK (id = 1),
+    paused          INTEGER NOT NULL,
+    policy_version  BIGINT,
+    command         BIGINT NOT NULL,
+    updated_at      DOUBLE PRECISION NOT NULL
+);
+INSERT INTO gate (id, paused, policy_version, command, updated_at) VALUES (1, 0, NULL, 0, 0);
+CREATE TABLE gateways (
+    gateway_id      TEXT PRIMARY KEY,
+    url             TEXT NOT NULL,
+    command         BIGINT NOT NULL,
+    paused          INTEGER NOT NULL,
+    quiet           INTEGER NOT NULL,
+    in_flight       INTEGER NOT NULL,
+    waiting         INTEGER NOT NULL,
+    policy_version  BIGINT NOT NULL,
+    lease_until     DOUBLE PRECISION NOT NULL,
+    started_at      DOUBLE PRECISION NOT NULL
+)
+"""
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
@@ -353,6 +401,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         _V5_POSTGRES,
     ),
     Migration(6, "tool_requests: what harnesses asked of gateway-served tools", _V6_SQLITE, _V6_POSTGRES),
+    Migration(
+        7, "gate and gateways: pause state and membership shared through the store", _V7_SQLITE, _V7_POSTGRES
+    ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.schemas import Call
 from harnessrl.store.chains import EncodedItems
 from harnessrl.store.codecs import Row
+from harnessrl.store.gate import CHANNEL
 from harnessrl.store.migrations import migrate_postgres
 from harnessrl.store.sql import SQLStore
 
@@ -55,6 +56,8 @@ except ImportError as exc:  # an optional extra: say how to get it
 # worker threads that did not survive the fork. (psycopg itself never closes a connection that
 # another process opened.)
 _INHERITED_POOLS: list[Any] = []
+#: Seconds a gate listener waits for a notification before looking whether it should stop.
+WATCH_CHECK_S = 1.0
 
 
 def redact(url: str) -> str:
@@ -75,6 +78,7 @@ class PostgresStore(SQLStore):
     ROW_LOCK = " FOR UPDATE"
     CLAIM_LOCK = " FOR UPDATE SKIP LOCKED"  # concurrent claimers skip each other's rows
     NO_LIMIT = None  # LIMIT NULL is no limit
+    notifies_gate = True  # LISTEN/NOTIFY (``watch_gate``)
 
     @property
     def local_file(self) -> Path | None:
@@ -135,6 +139,38 @@ class PostgresStore(SQLStore):
 
     _read = _tx
     _write = _tx
+
+    # -- the gate's notifications (``store.gate``) --------------------------------------------------
+    def _notify_gate(self, conn: psycopg.Connection[Row], payload: str) -> None:
+        conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, payload))  # delivered at COMMIT
+
+    def watch_gate(self, callback: Callable[[str], None]) -> Callable[[], None]:
+        """``LISTEN harnessrl_gate`` on a connection of its own, in a thread that calls ``callback``
+        with each notification's payload. A lost connection is reopened (the callback gets ``""``
+        then, as once listening: a notification may have been missed). The thread also wakes every
+        ``WATCH_CHECK_S`` to see it should stop."""
+        stopping = threading.Event()
+
+        def listen() -> None:
+            while not stopping.is_set():
+                try:
+                    with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                        conn.execute(f"LISTEN {CHANNEL}")
+                        callback("")
+                        while not stopping.is_set():
+                            for notify in conn.notifies(timeout=WATCH_CHECK_S):
+                                callback(notify.payload)
+                except psycopg.Error:
+                    if stopping.wait(1.0):
+                        return
+
+        thread = threading.Thread(target=listen, name="harnessrl-gate-listen", daemon=True)
+        thread.start()
+
+        def stop() -> None:
+            stopping.set()
+
+        return stop
 
     def named(self, column: str) -> str:
         return f"%({column})s"

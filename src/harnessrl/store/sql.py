@@ -66,6 +66,7 @@ from harnessrl.store.codecs import (
     sql_where,
     task_from_row,
 )
+from harnessrl.store.gate import GateRows
 
 StatusFilter = RolloutStatus | Sequence[RolloutStatus] | None
 
@@ -82,7 +83,7 @@ _CHAIN_ROW_COLUMNS = (
 )
 
 
-class SQLStore:
+class SQLStore(GateRows):
     PARAM: str
     ROW_LOCK: str
     CLAIM_LOCK: str

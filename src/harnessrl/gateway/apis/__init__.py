@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from harnessrl.gateway.anthropic_convert import request_to_internal as messages_request_to_internal
-from harnessrl.gateway.responses_input import request_to_internal as responses_request_to_internal
+from harnessrl.gateway.apis.anthropic_convert import request_to_internal as messages_request_to_internal
+from harnessrl.gateway.apis.responses_input import request_to_internal as responses_request_to_internal
 
 Converter = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
 

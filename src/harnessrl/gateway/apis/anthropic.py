@@ -28,8 +28,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
-from harnessrl.gateway.anthropic_blocks import BlockAssembler
-from harnessrl.gateway.anthropic_convert import (
+from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler
+from harnessrl.gateway.apis.anthropic_convert import (
     CountTokensRequest,
     MessagesRequest,
     ThinkingParam,
@@ -37,15 +37,15 @@ from harnessrl.gateway.anthropic_convert import (
 )
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, read_json, validate_body
-from harnessrl.gateway.calls import PreparedCall
-from harnessrl.gateway.conversation import key_messages
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
-from harnessrl.gateway.generation import Generation, Piece
-from harnessrl.gateway.history import RolloutMemory
-from harnessrl.gateway.limits import check_prompt_size, rollout_sampling
-from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, plan_prompt, serve
+from harnessrl.gateway.pipeline.calls import PreparedCall
+from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, plan_prompt, serve
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+from harnessrl.gateway.pipeline.limits import check_prompt_size, rollout_sampling
+from harnessrl.gateway.pipeline.wire import json_response, sse_event
+from harnessrl.gateway.prompt.conversation import key_messages
+from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.wire import json_response, sse_event
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
 __all__ = ["MESSAGES", "count_tokens", "messages", "probe", "request_to_internal"]

@@ -26,14 +26,14 @@ import secrets
 from dataclasses import replace
 from typing import Any
 
-from harnessrl.gateway.model_formats import DEFAULT_REASONING_PARSER
-from harnessrl.gateway.reasoning_parsers import (
+from harnessrl.gateway.parsers.formats import DEFAULT_REASONING_PARSER
+from harnessrl.gateway.parsers.reasoning import (
     ReasoningEvent,
     ReasoningParser,
     ReasoningText,
     get_reasoning_parser,
 )
-from harnessrl.gateway.tool_parsers import ContentEvent, Event, ToolCall, ToolParser
+from harnessrl.gateway.parsers.tools import ContentEvent, Event, ToolCall, ToolParser
 
 
 def thinking_signature(thinking: str) -> str:

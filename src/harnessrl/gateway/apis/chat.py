@@ -18,6 +18,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.apis.logprobs import logprob_content
+from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.bodies import (
     ChatCompletionRequest,
     CheckedRest,
@@ -26,17 +28,15 @@ from harnessrl.gateway.bodies import (
     rest_json,
     validate_tail,
 )
-from harnessrl.gateway.calls import PreparedCall
 from harnessrl.gateway.errors import sse_error
-from harnessrl.gateway.generation import Generation, Piece
-from harnessrl.gateway.history import RolloutMemory
-from harnessrl.gateway.limits import check_prompt_size
-from harnessrl.gateway.logprobs import logprob_content
-from harnessrl.gateway.openai_shapes import openai_envelope, openai_usage
-from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, serve
+from harnessrl.gateway.parsers.tools import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
+from harnessrl.gateway.pipeline.calls import PreparedCall
+from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+from harnessrl.gateway.pipeline.limits import check_prompt_size
+from harnessrl.gateway.pipeline.wire import DONE, json_response, sse
+from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.tool_parsers import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
-from harnessrl.gateway.wire import DONE, json_response, sse
 from harnessrl.schemas import Rollout
 
 __all__ = ["CHAT", "chat_completions"]

@@ -13,17 +13,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import CompletionRequest, parse_body, validate_body
-from harnessrl.gateway.calls import PreparedCall
 from harnessrl.gateway.errors import sse_error
-from harnessrl.gateway.generation import Generation, Piece
-from harnessrl.gateway.history import RolloutMemory
-from harnessrl.gateway.limits import check_prompt_size, check_token_ids, tokenize_in_thread
-from harnessrl.gateway.openai_shapes import openai_envelope, openai_usage
-from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, serve
+from harnessrl.gateway.pipeline.calls import PreparedCall
+from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+from harnessrl.gateway.pipeline.limits import check_prompt_size, check_token_ids, tokenize_in_thread
+from harnessrl.gateway.pipeline.wire import DONE, json_response, sse
+from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.wire import DONE, json_response, sse
 from harnessrl.schemas import Rollout
 
 

@@ -7,7 +7,7 @@ import secrets
 import time
 from typing import Any
 
-from harnessrl.gateway.calls import PreparedCall
+from harnessrl.gateway.pipeline.calls import PreparedCall
 
 
 def openai_usage(call: PreparedCall) -> dict[str, int]:

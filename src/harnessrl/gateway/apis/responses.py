@@ -25,17 +25,17 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, request_to_internal, unsupported_tools
+from harnessrl.gateway.apis.responses_output import OutputStream, new_id
 from harnessrl.gateway.bodies import SamplingFields, parse_body, validate_body
-from harnessrl.gateway.calls import PreparedCall
 from harnessrl.gateway.errors import error_shape
-from harnessrl.gateway.generation import Generation, Piece
-from harnessrl.gateway.history import RolloutMemory
-from harnessrl.gateway.limits import check_prompt_size
-from harnessrl.gateway.pipeline import CallRequest, Streamed, Whole, serve
-from harnessrl.gateway.responses_input import PREVIOUS_KEY, request_to_internal, unsupported_tools
-from harnessrl.gateway.responses_output import OutputStream, new_id
+from harnessrl.gateway.pipeline.calls import PreparedCall
+from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+from harnessrl.gateway.pipeline.limits import check_prompt_size
+from harnessrl.gateway.pipeline.wire import json_response, sse_event
+from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.wire import json_response, sse_event
 from harnessrl.schemas import Rollout
 from harnessrl.tokenizer import PolicyTokenizer
 

@@ -22,17 +22,17 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from harnessrl.gateway.generation import Piece
-from harnessrl.gateway.model_formats import DEFAULT_REASONING_PARSER
-from harnessrl.gateway.reasoning_parsers import (
+from harnessrl.gateway.apis.responses_input import encode_reasoning
+from harnessrl.gateway.parsers.formats import DEFAULT_REASONING_PARSER
+from harnessrl.gateway.parsers.reasoning import (
     ContentText,
     ReasoningEvent,
     ReasoningParser,
     ReasoningText,
     get_reasoning_parser,
 )
-from harnessrl.gateway.responses_input import encode_reasoning
-from harnessrl.gateway.tool_parsers import ContentEvent, ToolCall, ToolCallEvent, ToolParser
+from harnessrl.gateway.parsers.tools import ContentEvent, ToolCall, ToolCallEvent, ToolParser
+from harnessrl.gateway.pipeline.generation import Piece
 
 
 def new_id(prefix: str) -> str:

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.tool_parsers.harmony import (
+from harnessrl.gateway.parsers.tools.harmony import (
     BODY_ENDS,
     MESSAGE,
     START,

@@ -22,19 +22,19 @@ import anyio
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import open_rollout
-from harnessrl.gateway.delivery import DropReason
 from harnessrl.gateway.errors import RolloutClosed
-from harnessrl.gateway.generation import Generation
-from harnessrl.gateway.history import RolloutMemory
 from harnessrl.gateway.pause import Ticket
-from harnessrl.gateway.repeats import HistoryBytes
+from harnessrl.gateway.pipeline.delivery import DropReason
+from harnessrl.gateway.pipeline.generation import Generation
+from harnessrl.gateway.prompt.history import RolloutMemory
+from harnessrl.gateway.prompt.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, RolloutStatus, Usage, now
 from harnessrl.store.base import RolloutEnded
 from harnessrl.store.chains import EncodedItems
 
 if TYPE_CHECKING:
-    from harnessrl.gateway.coalesce import Outlet
+    from harnessrl.gateway.pipeline.coalesce import Outlet
 
 
 @dataclass(eq=False)  # compared and hashed by identity (kept in ``delivery.CallsInFlight``)

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from starlette.types import Send
 
 if TYPE_CHECKING:
-    from harnessrl.gateway.delivery import ClientConnection
+    from harnessrl.gateway.pipeline.delivery import ClientConnection
 
 #: Bytes of an answer its client's TCP may not have acknowledged yet when the call is recorded: the
 #: last events of a healthy stream are usually still unacknowledged (delayed ACKs), a few KiB.

@@ -47,10 +47,10 @@ from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.gateway.coalesce import ClientTooSlow, Outlet
+from harnessrl.gateway.pipeline.coalesce import ClientTooSlow, Outlet
 
 if TYPE_CHECKING:
-    from harnessrl.gateway.calls import PreparedCall
+    from harnessrl.gateway.pipeline.calls import PreparedCall
 
 log = logging.getLogger("harnessrl.gateway")
 

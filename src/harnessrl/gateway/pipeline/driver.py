@@ -32,16 +32,16 @@ from starlette.responses import Response
 from harnessrl.errors import ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_body
-from harnessrl.gateway.calls import PreparedCall
-from harnessrl.gateway.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
-from harnessrl.gateway.delivery import CallStream, respond_whole
 from harnessrl.gateway.errors import error_shape, internal_error
-from harnessrl.gateway.generation import Generation, Piece
-from harnessrl.gateway.history import RolloutMemory
-from harnessrl.gateway.limits import sampling_params, tokenize_in_thread
-from harnessrl.gateway.repeats import HistoryBytes
+from harnessrl.gateway.pipeline.calls import PreparedCall
+from harnessrl.gateway.pipeline.delivery import CallStream, respond_whole
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+from harnessrl.gateway.pipeline.limits import sampling_params, tokenize_in_thread
+from harnessrl.gateway.pipeline.wire import SSE_HEADERS
+from harnessrl.gateway.prompt.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
+from harnessrl.gateway.prompt.history import RolloutMemory
+from harnessrl.gateway.prompt.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.wire import SSE_HEADERS
 from harnessrl.schemas import Rollout
 
 log = logging.getLogger("harnessrl.gateway")

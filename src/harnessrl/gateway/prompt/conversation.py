@@ -54,7 +54,7 @@ import orjson
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import json_problem
-from harnessrl.gateway.repeats import HistoryBytes, history_bytes
+from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
 from harnessrl.token_ids import KeptIds, TokenIds
 
 if TYPE_CHECKING:

@@ -25,8 +25,8 @@ import anyio.to_thread
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.bodies import CheckedRest
-from harnessrl.gateway.conversation import KeyedMessages, PriorCall, SpliceTrust, key_messages
-from harnessrl.gateway.repeats import HistoryBytes, history_bytes
+from harnessrl.gateway.prompt.conversation import KeyedMessages, PriorCall, SpliceTrust, key_messages
+from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
 

@@ -8,7 +8,7 @@ picks one by name (``[gateway] tool_call_parser``); ``parse_tool_calls`` is the 
 from __future__ import annotations
 
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.tool_parsers.base import (
+from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     CountingParser,
     Event,
@@ -21,14 +21,14 @@ from harnessrl.gateway.tool_parsers.base import (
     collect,
     partial_suffix,
 )
-from harnessrl.gateway.tool_parsers.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
-from harnessrl.gateway.tool_parsers.glm import GlmToolParser
-from harnessrl.gateway.tool_parsers.harmony import HarmonyToolParser
-from harnessrl.gateway.tool_parsers.hermes import HermesToolParser
-from harnessrl.gateway.tool_parsers.kimi import KimiK2ToolParser
-from harnessrl.gateway.tool_parsers.llama import Llama3JsonToolParser
-from harnessrl.gateway.tool_parsers.mistral import MistralToolParser
-from harnessrl.gateway.tool_parsers.qwen_xml import QwenXmlToolParser
+from harnessrl.gateway.parsers.tools.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from harnessrl.gateway.parsers.tools.glm import GlmToolParser
+from harnessrl.gateway.parsers.tools.harmony import HarmonyToolParser
+from harnessrl.gateway.parsers.tools.hermes import HermesToolParser
+from harnessrl.gateway.parsers.tools.kimi import KimiK2ToolParser
+from harnessrl.gateway.parsers.tools.llama import Llama3JsonToolParser
+from harnessrl.gateway.parsers.tools.mistral import MistralToolParser
+from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser
 
 __all__ = [
     "TOOL_PARSERS",

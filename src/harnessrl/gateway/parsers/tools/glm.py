@@ -20,7 +20,7 @@ as it would for any parser).
 
 from __future__ import annotations
 
-from harnessrl.gateway.tool_parsers.qwen_xml import TaggedBlockParser, find_value_end, match_tag, skip_space
+from harnessrl.gateway.parsers.tools.qwen_xml import TaggedBlockParser, find_value_end, match_tag, skip_space
 
 
 class GlmToolParser(TaggedBlockParser):

@@ -6,7 +6,7 @@ the content as text, and so does an unclosed block (a response cut by ``max_toke
 
 from __future__ import annotations
 
-from harnessrl.gateway.tool_parsers.base import (
+from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
     ToolCall,

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import re
 
-from harnessrl.gateway.tool_parsers.base import ToolCall
-from harnessrl.gateway.tool_parsers.deepseek import SectionToolParser, call_from_arguments_text
+from harnessrl.gateway.parsers.tools.base import ToolCall
+from harnessrl.gateway.parsers.tools.deepseek import SectionToolParser, call_from_arguments_text
 
 _HEADER = re.compile(r"\s*((?:functions\.)?([^\s:]+):\d+)\s*")
 

@@ -17,7 +17,7 @@ cut short — stays in the content verbatim and counts in ``malformed``; vLLM in
 
 from __future__ import annotations
 
-from harnessrl.gateway.tool_parsers.base import (
+from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
     JsonValueScanner,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-from harnessrl.gateway.tool_parsers.base import (
+from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
     JsonValueScanner,

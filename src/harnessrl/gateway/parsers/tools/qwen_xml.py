@@ -32,7 +32,7 @@ import math
 import re
 from typing import Any
 
-from harnessrl.gateway.tool_parsers.base import (
+from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
     ToolCall,

@@ -1,0 +1,222 @@
+"""The gate's rows: the state every gateway sharing a store agrees on, and who those gateways are.
+
+``gate`` holds one row: paused or open, the live policy version, and ``command``, a counter every
+pause or resume increments in the transaction that changes the row. Commands are therefore totally
+ordered by the database (the last committed one wins), with no clock of our own.
+
+``gateways`` holds one heartbeat row per gateway process: the last command it applied (its ack),
+whether it was quiet then (paused, no call in flight), and a lease it refreshes. A pause is drained
+when every gateway whose lease has not expired acked the pause's command and is quiet
+(``gateway.cluster``). Leases are wall-clock seconds (``time.time()``) of the writing host, so the
+hosts' clocks must agree to within a fraction of a lease (NTP does that).
+
+PostgreSQL wakes every listening gateway with ``NOTIFY harnessrl_gate`` in the same transaction
+(delivered at commit); ``watch_gate`` is the listening side, on its own connection and thread.
+SQLite has no notifications: ``watch_gate`` answers ``None`` and gateways look at the row on a
+short timer, which on a local file costs microseconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harnessrl.errors import Conflict
+
+#: The PostgreSQL notification channel of the gate and the heartbeat rows.
+CHANNEL = "harnessrl_gate"
+#: Rows whose lease ended this long ago are deleted by the next heartbeat (a SIGKILLed gateway's).
+FORGET_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class GateState:
+    paused: bool
+    policy_version: int | None  # None until a resume announces one
+    command: int  # 0: no command yet
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayRow:
+    gateway_id: str
+    url: str
+    command: int  # the last command this gateway applied
+    paused: bool  # its gate, as that command left it
+    quiet: bool  # paused at ``command`` with no call in flight
+    in_flight: int
+    waiting: int
+    policy_version: int
+    lease_until: float
+    started_at: float
+
+    def live(self, at: float) -> bool:
+        return self.lease_until > at
+
+
+_GATEWAY_COLUMNS = (
+    "gateway_id",
+    "url",
+    "command",
+    "paused",
+    "quiet",
+    "in_flight",
+    "waiting",
+    "policy_version",
+    "lease_until",
+    "started_at",
+)
+
+
+class GateRows:
+    """The gate's methods of ``SQLStore`` (mixed in; uses its ``_read``/``_write`` and ``PARAM``)."""
+
+    PARAM: str
+    ROW_LOCK: str
+    #: Whether ``watch_gate`` pushes changes (a server other hosts share) or the caller polls.
+    notifies_gate: bool = False
+
+    def _read(self) -> Any: ...  # supplied by the backend
+    def _write(self) -> Any: ...
+
+    def _notify_gate(self, conn: Any, payload: str) -> None:
+        """Wake the gateways listening (PostgreSQL); nothing to do on SQLite."""
+
+    def watch_gate(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
+        """Call ``callback(payload)`` (on another thread) after each commit that changes the gate
+        (``command_payload``: the new state itself), a heartbeat's ack (``"ack ID"``) or the members (``"leave ID"``), and with
+        ``""`` once listening (or listening again: something may have been missed); returns the
+        function that stops it, or ``None`` where the backend cannot notify (SQLite: the caller looks
+        at the row on a timer)."""
+        return None
+
+    def read_gate(self) -> GateState:
+        with self._read() as conn:
+            row = conn.execute("SELECT paused, policy_version, command FROM gate WHERE id = 1").fetchone()
+        return _gate_state(row)
+
+    def command_gate(
+        self, *, paused: bool, policy_version: int | None = None, rewind: bool = False
+    ) -> GateState:
+        """Pause or open the gate as one new command; ``policy_version``: the version live from now on.
+
+        ``Conflict`` (and nothing changed) for a version below the live one unless ``rewind``:
+        calls recorded under an older label would be trained on as if older weights sampled them.
+        """
+        p = self.PARAM
+        with self._write() as conn:
+            row = conn.execute(
+                "SELECT paused, policy_version, command FROM gate WHERE id = 1" + self.ROW_LOCK
+            ).fetchone()
+            current = _gate_state(row)
+            if (
+                policy_version is not None
+                and not rewind
+                and current.policy_version is not None
+                and policy_version < current.policy_version
+            ):
+                raise Conflict(
+                    f"policy_version {policy_version} is older than the live version "
+                    f"({current.policy_version}); versions never go backwards (the gateways stay "
+                    "paused; a trainer restoring an older checkpoint passes rewind=true)"
+                )
+            version = current.policy_version if policy_version is None else policy_version
+            state = GateState(paused=paused, policy_version=version, command=current.command + 1)
+            conn.execute(
+                f"UPDATE gate SET paused = {p}, policy_version = {p}, command = {p}, updated_at = {p} "
+                "WHERE id = 1",
+                (1 if paused else 0, version, state.command, time.time()),
+            )
+            self._notify_gate(conn, command_payload(state))
+        return state
+
+    def beat(self, row: GatewayRow, *, notify: bool) -> None:
+        """Insert or refresh a gateway's heartbeat row; ``notify``: its ack changed (wake the waiters)."""
+        p = self.PARAM
+        columns = ", ".join(_GATEWAY_COLUMNS)
+        values = ", ".join([p] * len(_GATEWAY_COLUMNS))
+        updates = ", ".join(f"{c} = excluded.{c}" for c in _GATEWAY_COLUMNS[1:])
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO gateways ({columns}) VALUES ({values}) "
+                f"ON CONFLICT (gateway_id) DO UPDATE SET {updates}",
+                (
+                    row.gateway_id,
+                    row.url,
+                    row.command,
+                    1 if row.paused else 0,
+                    1 if row.quiet else 0,
+                    row.in_flight,
+                    row.waiting,
+                    row.policy_version,
+                    row.lease_until,
+                    row.started_at,
+                ),
+            )
+            conn.execute(f"DELETE FROM gateways WHERE lease_until < {p}", (time.time() - FORGET_AFTER_S,))
+            if notify:
+                self._notify_gate(conn, f"ack {row.gateway_id}")
+
+    def leave_gate(self, gateway_id: str) -> None:
+        """Remove a gateway's row (it shuts down): nobody waits for it any more."""
+        with self._write() as conn:
+            conn.execute(f"DELETE FROM gateways WHERE gateway_id = {self.PARAM}", (gateway_id,))
+            self._notify_gate(conn, f"leave {gateway_id}")
+
+    def list_gateways(self) -> list[GatewayRow]:
+        """Every heartbeat row, live or not (``GatewayRow.live``), oldest first."""
+        return self.read_gate_and_gateways()[1]
+
+    def read_gate_and_gateways(self) -> tuple[GateState, list[GatewayRow]]:
+        """``read_gate`` and ``list_gateways`` in one transaction (one round trip for a waiter)."""
+        with self._read() as conn:
+            gate = _gate_state(
+                conn.execute("SELECT paused, policy_version, command FROM gate WHERE id = 1").fetchone()
+            )
+            rows = conn.execute(
+                f"SELECT {', '.join(_GATEWAY_COLUMNS)} FROM gateways ORDER BY started_at, gateway_id"
+            ).fetchall()
+        return gate, [
+            GatewayRow(
+                gateway_id=r["gateway_id"],
+                url=r["url"],
+                command=int(r["command"]),
+                paused=bool(r["paused"]),
+                quiet=bool(r["quiet"]),
+                in_flight=int(r["in_flight"]),
+                waiting=int(r["waiting"]),
+                policy_version=int(r["policy_version"]),
+                lease_until=float(r["lease_until"]),
+                started_at=float(r["started_at"]),
+            )
+            for r in rows
+        ]
+
+
+def _gate_state(row: Any) -> GateState:
+    version = row["policy_version"]
+    return GateState(
+        paused=bool(row["paused"]),
+        policy_version=None if version is None else int(version),
+        command=int(row["command"]),
+    )
+
+
+def command_payload(state: GateState) -> str:
+    """The notification of a command: ``"command N paused|open VERSION|-"``. It carries the state the
+    command committed, so a listener applies it without reading the row back."""
+    version = "-" if state.policy_version is None else str(state.policy_version)
+    return f"command {state.command} {'paused' if state.paused else 'open'} {version}"
+
+
+def parse_command_payload(payload: str) -> GateState | None:
+    """The state in a ``command_payload``; ``None`` for any other notification."""
+    parts = payload.split(" ")
+    if len(parts) != 4 or parts[0] != "command" or parts[2] not in ("paused", "open"):
+        return None
+    try:
+        version = None if parts[3] == "-" else int(parts[3])
+        return GateState(paused=parts[2] == "paused", policy_version=version, command=int(parts[1]))
+    except ValueError:
+        return None
