@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from measure import cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "gateway_hostile_load.json"
@@ -116,11 +117,6 @@ def raise_fd_limit(needed: int) -> tuple[int, int]:
         target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
     return resource.getrlimit(resource.RLIMIT_NOFILE)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 @dataclass

@@ -23,15 +23,15 @@ The targets:
 
 - ``direct``: the upstream itself (``/v1/chat/completions``, ``/v1/messages`` — vLLM serves both;
   the fake answers Messages with a text block and one ``tool_use`` block);
-- ``harnessrl``: the harnessrl gateway (``create_app`` served by uvicorn like ``run_gateway``, durable
-  SQLite store — the default WAL store; each call is committed before its answer is sent) in front
-  of the upstream, one rollout per conversation (``POST /api/rollouts``), calls to the rollout's
-  ``base_url`` (``/chat/completions``, or ``/messages`` with ``x-api-key`` and ``anthropic-version``).
-  The gateway renders the chat template, tokenizes (with sampled-token reuse), and calls the
-  upstream's ``/v1/completions`` with a token-ID prompt — through ``VLLMEngine`` when
-  ``harnessrl.engines.vllm`` exists and works (one JSON answer for a non-streaming client, one SSE
-  event per token for a streaming one), otherwise through a minimal non-streaming engine adapter
-  defined here (the JSON says which). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
+- ``harnessrl``: the harnessrl gateway exactly as ``harnessrl gateway`` serves it (``run_gateway`` with
+  ``engine.model = vllm:UPSTREAM``: ``create_engine``'s ``EnginePool`` over one ``VLLMEngine``, the
+  gateway's uvicorn settings and connection protocol; durable SQLite store — the default WAL store;
+  each call is committed before its answer is sent) in front of the upstream, one rollout per
+  conversation (``POST /api/rollouts``), calls to the rollout's ``base_url`` (``/chat/completions``,
+  or ``/messages`` with ``x-api-key`` and ``anthropic-version``). The gateway renders the chat
+  template, tokenizes (with sampled-token reuse), and calls the upstream's ``/v1/completions`` with a
+  token-ID prompt (one JSON answer for a non-streaming client, one SSE event per token for a
+  streaming one). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
 - ``agentlightning``: Agent Lightning 1.0.2's ``agl-server`` (its own Python 3.12 venv in
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
   ``POST /api/rollouts``, calls to ``/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions``.
@@ -49,7 +49,8 @@ background load on a shared machine hits all alike; the load average is recorded
 per level: req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to
 direct.
 
-CPU accounting. Each batch also records the CPU time (the nanoseconds each thread spent on a CPU,
+CPU accounting (``measure.py``, shared with the other gateway and store benchmarks). Each batch also
+records the CPU time (the nanoseconds each thread spent on a CPU,
 ``/proc/PID/task/TID/schedstat``, summed over the threads; user + system clock ticks of
 ``/proc/PID/stat`` where a thread exited during the batch, as 10 ms ticks alone put several percent
 of noise on a 40-call batch) of every process a call passes through — ``upstream``, ``gateway`` (the
@@ -116,9 +117,18 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # ``measure``, also when loaded by path (tests)
+from measure import (  # noqa: E402
+    column_bytes,
+    cpu_sample,
+    cpu_seconds_between,
+    load_average,
+    yardstick_bytes,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "gateway_overhead.json"
@@ -739,128 +749,29 @@ def serve_upstream(port: int) -> None:
 # --- the harnessrl gateway and its engine ----------------------------------------------------------------
 
 
-class UpstreamCompletionsEngine:
-    """Minimal harnessrl Engine over a vLLM-shaped ``/v1/completions`` with a token-ID prompt (not streaming).
+def engine_config(upstream: str) -> Any:
+    """The engine settings of ``harnessrl gateway --engine.model vllm:URL --engine.tokenizer tiny``."""
+    from harnessrl.config import EngineConfig
 
-    Used when ``harnessrl.engines.vllm.VLLMEngine`` is not available; it sends what a vLLM engine sends
-    (``prompt`` as token IDs, ``return_token_ids``, ``logprobs``) and yields the returned tokens.
-    """
-
-    def __init__(self, base_url: str, tokenizer: Any, context_length: int = 32768) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._tokenizer = tokenizer
-        self._context_length = context_length
-        self._version = 0
-        self._client: Any = None
-
-    @property
-    def model_name(self) -> str:
-        return MODEL
-
-    @property
-    def tokenizer(self) -> Any:
-        return self._tokenizer
-
-    @property
-    def context_length(self) -> int:
-        return self._context_length
-
-    @property
-    def policy_version(self) -> int:
-        return self._version
-
-    async def start(self) -> None:
-        import httpx
-
-        self._client = httpx.AsyncClient(
-            timeout=httpx.Timeout(300.0),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256),
-        )
-
-    async def aclose(self) -> None:
-        if self._client is not None:
-            await self._client.aclose()
-
-    async def generate(
-        self, prompt_ids: Sequence[int], params: Any, context: Any = None
-    ) -> AsyncIterator[Any]:
-        from harnessrl.engines.base import TokenSample
-        from harnessrl.errors import UpstreamError
-
-        body = {
-            "model": MODEL,
-            "prompt": list(prompt_ids),
-            "max_tokens": params.max_tokens,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "logprobs": 0,
-            "return_token_ids": True,
-            "skip_special_tokens": False,
-            "stop_token_ids": list(params.stop_token_ids),
-        }
-        if params.seed is not None:
-            body["seed"] = params.seed
-        try:
-            response = await self._client.post(f"{self._base_url}/completions", json=body)
-        except Exception as exc:  # noqa: BLE001 - any transport failure is the upstream's
-            raise UpstreamError(f"upstream unreachable: {exc}") from exc
-        if response.status_code != 200:
-            raise UpstreamError(f"upstream answered {response.status_code}: {response.text[:200]}")
-        choice = response.json()["choices"][0]
-        for token_id, logprob in zip(choice["token_ids"], choice["logprobs"]["token_logprobs"], strict=True):
-            yield TokenSample(int(token_id), float(logprob))
-
-    async def update_weights(self, update: Any) -> None:
-        self._version = update.version
-
-    async def health(self) -> dict[str, Any]:
-        return {"engine": "benchmark-upstream-adapter", "url": self._base_url}
+    return EngineConfig(model=f"vllm:{upstream}", tokenizer="tiny", served_model=MODEL)
 
 
-def make_engine(upstream: str, tokenizer: Any, kind: str) -> tuple[Any, str]:
-    """``VLLMEngine`` against the fake upstream (``kind`` auto/vllm) when it exists, else the adapter above."""
-    if kind in ("auto", "vllm"):
-        try:
-            from harnessrl.engines.vllm import VLLMEngine
-        except ImportError as exc:
-            if kind == "vllm":
-                raise
-            reason = f"no VLLMEngine: {exc}"
-        else:
-            engine = VLLMEngine(upstream, tokenizer, model=MODEL)
-            return engine, (
-                "harnessrl.engines.vllm.VLLMEngine (/v1/completions with a token-ID prompt; one JSON answer "
-                "for non-streaming clients, SSE per token for streaming ones)"
-            )
-    else:
-        reason = "asked for"
-    adapter = UpstreamCompletionsEngine(f"{upstream}/v1", tokenizer)
-    return adapter, f"benchmark adapter, non-streaming /v1/completions with token-ID prompt ({reason})"
+ENGINE = (
+    "run_gateway with engine.model = vllm:UPSTREAM, exactly as `harnessrl gateway` serves: create_engine's "
+    "EnginePool over one VLLMEngine (/v1/completions with a token-ID prompt; one JSON answer for a "
+    "non-streaming client, SSE per token for a streaming one), the gateway's own connection protocol"
+)
 
 
-def serve_harnessrl(
-    port: int, upstream: str, store_path: str, admin_key: str, engine_file: str, kind: str
-) -> None:
-    import uvicorn
-
+def serve_harnessrl(port: int, upstream: str, store_path: str, admin_key: str) -> None:
+    """The gateway as ``harnessrl gateway`` runs it (``run_gateway``: ``create_engine``, ``create_app``,
+    the gateway's uvicorn settings and connection protocol, its GC tuning); SIGTERM stops it."""
     from harnessrl.config import GatewayConfig
-    from harnessrl.gateway.app import create_app
-    from harnessrl.store import open_store
+    from harnessrl.gateway.server import run_gateway
 
-    engine, description = make_engine(upstream, _tokenizer(), kind)
-    Path(engine_file).write_text(description)
-    store = open_store(store_path)
-    app = create_app(GatewayConfig(admin_key=admin_key, port=port), store, engine)
-    try:
-        from harnessrl.gateway.process import tune_gc
-    except ImportError:  # an older harnessrl: default GC settings
-        pass
-    else:
-        tune_gc()  # as run_gateway does
-    try:  # the same uvicorn settings as run_gateway
-        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, lifespan="on")
-    finally:
-        store.close()
+    run_gateway(
+        GatewayConfig(admin_key=admin_key, host="127.0.0.1", port=port), engine_config(upstream), store_path
+    )
 
 
 # --- load generation -------------------------------------------------------------------------------------
@@ -970,67 +881,6 @@ class AgentLightning(Target):
         async with session.post(f"{self.base}/api/rollouts", json=payload) as r:
             assert r.status == 201, await r.text()
         return ids
-
-
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its live children (``/proc``, clock-tick resolution).
-
-    Children count because a server may run its work in a worker process (uvicorn with workers,
-    hydra launchers); threads are part of their process's times already.
-    """
-    total = 0.0
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The command name (field 2) may hold spaces: split after its closing parenthesis.
-            fields = f.read().rpartition(")")[2].split()
-        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                total += sum(cpu_seconds(int(c)) for c in f.read().split())
-    except (FileNotFoundError, ProcessLookupError):
-        pass  # the process (or a child) exited: its time is gone with it
-    return total
-
-
-def thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
-    """Nanoseconds on a CPU of each live thread of process ``pid`` and of its live children
-    (``/proc/PID/task/TID/schedstat``, first field); empty where the kernel does not keep them."""
-    out: dict[tuple[int, int], int] = {}
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
-                out[(pid, int(task))] = int(f.read().split()[0])
-            with open(f"/proc/{pid}/task/{task}/children") as f:
-                for child in f.read().split():
-                    out.update(thread_cpu_ns(int(child)))
-    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
-        pass  # exited, or no schedstat: the caller falls back to clock ticks
-    return out
-
-
-CpuSample = tuple[float, dict[tuple[int, int], int]]
-
-
-def cpu_sample(pid: int) -> CpuSample:
-    """Both clocks of ``cpu_seconds_between``: clock ticks (which keep exited threads' time) and each
-    live thread's nanoseconds."""
-    return cpu_seconds(pid), thread_cpu_ns(pid)
-
-
-def cpu_seconds_between(before: CpuSample, after: CpuSample) -> float:
-    """CPU seconds a process (and its children) used between two samples: from the threads'
-    nanoseconds where every thread of ``before`` is still there (a thread started since counts from
-    zero), else from clock ticks (an exited thread's nanoseconds went with it). Ticks are 10 ms: a
-    40-call batch at ~2 ms a call is ~8 of them, so ticks alone put several percent of noise on a
-    batch."""
-    ticks_before, ns_before = before
-    ticks_after, ns_after = after
-    if ns_before and ns_after and ns_before.keys() <= ns_after.keys():
-        return sum(ns - ns_before.get(key, 0) for key, ns in ns_after.items()) / 1e9
-    return ticks_after - ticks_before
 
 
 def _cpu_snapshot(target: Target) -> dict[str, Any]:
@@ -1419,25 +1269,6 @@ async def probe_agl(agl: str, leg: str, body: bytes, venv: Path) -> dict[str, An
     return out
 
 
-def yardstick_bytes(prompt_tokens: int, response_tokens: int, request: Any) -> int:
-    """The issue's measure of one call: prompt + response token IDs as int32, plus the request's JSON
-    (compact, as the store writes it)."""
-    from harnessrl.store.codecs import dump_json
-
-    return 4 * (prompt_tokens + response_tokens) + len(dump_json(request).encode())
-
-
-def column_bytes(rows: Sequence[Sequence[Any]]) -> int:
-    """Bytes the rows' text and blob columns hold (numbers and NULLs not counted), as
-    ``store_growth.py`` counts a rollout's ``calls`` rows (text as UTF-8: the same for ASCII)."""
-    return sum(
-        len(v.encode()) if isinstance(v, str) else len(v)
-        for row in rows
-        for v in row
-        if isinstance(v, str | bytes)
-    )
-
-
 def _stats(values: Sequence[float]) -> dict[str, float] | None:
     if not values:
         return None
@@ -1705,26 +1536,19 @@ def main() -> None:
     )
     ap.add_argument("--conversations-per-worker", type=int, default=1, help="C=32 batch: 32 x this")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument(
-        "--engine",
-        choices=["auto", "vllm", "adapter"],
-        default="auto",
-        help="harnessrl's engine: VLLMEngine if present (auto), or the non-streaming adapter in this file",
-    )
     ap.add_argument("--no-netns", action="store_true", help="do not re-run inside a loopback-only netns")
     ap.add_argument("--role", choices=["upstream", "harnessrl"], help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--admin-key", help=argparse.SUPPRESS)
-    ap.add_argument("--engine-file", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.role == "upstream":
         serve_upstream(args.port)
         return
     if args.role == "harnessrl":
-        serve_harnessrl(args.port, args.upstream, args.store, args.admin_key, args.engine_file, args.engine)
+        serve_harnessrl(args.port, args.upstream, args.store, args.admin_key)
         return
 
     in_netns = os.environ.get(NETNS_ENV) == "1"
@@ -1787,7 +1611,6 @@ def run(
         upstream = f"http://127.0.0.1:{up_port}"
         procs.append(subprocess.Popen([sys.executable, me, "--role", "upstream", "--port", str(up_port)]))
         wait_http(f"{upstream}/health", procs[-1])
-        engine_file = tmp / "engine.txt"
         procs.append(
             subprocess.Popen(
                 [
@@ -1799,14 +1622,10 @@ def run(
                     str(hr_port),
                     "--upstream",
                     upstream,
-                    "--engine",
-                    args.engine,
                     "--store",
                     str(store_path),
                     "--admin-key",
                     admin_key,
-                    "--engine-file",
-                    str(engine_file),
                 ]
             )
         )
@@ -1865,7 +1684,7 @@ def run(
                 print(f"Agent Lightning not measured: {agl_info['reason']}", file=sys.stderr)
         print(f"targets: {sorted(urls)}; legs {args.legs}; upstream {upstream}", flush=True)
         measured = asyncio.run(run_legs(args, urls, pids, admin_key, bodies))
-        engine_desc = engine_file.read_text()
+
         import httpx
 
         legs_run = measured["targets"]
@@ -1927,7 +1746,7 @@ def run(
             "platform": platform.platform(),
             "python": platform.python_version(),
             "load_avg_start": [round(x, 2) for x in load_start],
-            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            "load_avg_end": load_average(),
             "network": "loopback-only network namespace" if in_netns else "host network, 127.0.0.1 only",
         },
         "settings": {
@@ -1965,7 +1784,7 @@ def run(
             "client": "aiohttp, pre-serialized bodies, keep-alive; every answer read whole",
         },
         "harnessrl": {
-            "engine": engine_desc,
+            "engine": ENGINE,
             "recording": "durable: SQLite store (WAL, synchronous=NORMAL), call committed before the answer",
             "calls_recorded_last_rollout": len(calls),
             "prompt_reuse_total": reuse,

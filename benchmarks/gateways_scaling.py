@@ -49,6 +49,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gateway_overhead as go  # noqa: E402  (the upstream, the conversations and the load generator)
+from measure import load_average  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "gateways_scaling.json"
@@ -197,7 +198,7 @@ def main() -> None:
             "platform": platform.platform(),
             "python": platform.python_version(),
             "load_avg_start": [round(x, 2) for x in load_start],
-            "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+            "load_avg_end": load_average(),
         },
         "settings": {
             "store": "PostgreSQL (throwaway server, fsync off), one database per gateway",

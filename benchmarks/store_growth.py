@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from measure import column_bytes, load_average
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
@@ -198,8 +199,7 @@ def used_bytes(conn: sqlite3.Connection) -> int:
 
 
 def row_bytes(conn: sqlite3.Connection, rollout_id: str) -> int:
-    rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ?", (rollout_id,)).fetchall()
-    return sum(len(v) for row in rows for v in row if isinstance(v, str | bytes))
+    return column_bytes(conn.execute("SELECT * FROM calls WHERE rollout_id = ?", (rollout_id,)).fetchall())
 
 
 def write_version3(path: Path, rollout_id: str, calls: list[Call]) -> tuple[int, int, float]:
@@ -320,7 +320,7 @@ def main() -> None:
     result = {
         "benchmark": "store_growth",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "load_avg": load_average()},
         "trace": {
             "calls": len(calls),
             "prompt_tokens_first": prompts[0],

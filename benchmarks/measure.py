@@ -1,0 +1,97 @@
+"""What the benchmarks measure the same way: a process's CPU time and the bytes a store's rows hold.
+
+One small library for the scripts beside it (``gateway_overhead.py``, ``gateway_hostile_load.py``,
+``store_growth.py``, ``gateways_scaling.py``), imported as ``measure`` (a script's folder is on
+``sys.path`` when it runs). Every number here is read the same way in every result file, and a fix
+to the accounting reaches every script at once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its live children (``/proc``, clock-tick resolution).
+
+    Children count because a server may run its work in a worker process (uvicorn with workers,
+    hydra launchers); threads are part of their process's times already.
+    """
+    total = 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            # The command name (field 2) may hold spaces: split after its closing parenthesis.
+            fields = f.read().rpartition(")")[2].split()
+        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                total += sum(cpu_seconds(int(c)) for c in f.read().split())
+    except (FileNotFoundError, ProcessLookupError):
+        pass  # the process (or a child) exited: its time is gone with it
+    return total
+
+
+def thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
+    """Nanoseconds on a CPU of each live thread of process ``pid`` and of its live children
+    (``/proc/PID/task/TID/schedstat``, first field); empty where the kernel does not keep them."""
+    out: dict[tuple[int, int], int] = {}
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                out[(pid, int(task))] = int(f.read().split()[0])
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                for child in f.read().split():
+                    out.update(thread_cpu_ns(int(child)))
+    except (FileNotFoundError, ProcessLookupError, IndexError, ValueError):
+        pass  # exited, or no schedstat: the caller falls back to clock ticks
+    return out
+
+
+CpuSample = tuple[float, dict[tuple[int, int], int]]
+
+
+def cpu_sample(pid: int) -> CpuSample:
+    """Both clocks of ``cpu_seconds_between``: clock ticks (which keep exited threads' time) and each
+    live thread's nanoseconds."""
+    return cpu_seconds(pid), thread_cpu_ns(pid)
+
+
+def cpu_seconds_between(before: CpuSample, after: CpuSample) -> float:
+    """CPU seconds a process (and its children) used between two samples: from the threads'
+    nanoseconds where every thread of ``before`` is still there (a thread started since counts from
+    zero), else from clock ticks (an exited thread's nanoseconds went with it). Ticks are 10 ms: a
+    40-call batch at ~2 ms a call is ~8 of them, so ticks alone put several percent of noise on a
+    batch."""
+    ticks_before, ns_before = before
+    ticks_after, ns_after = after
+    if ns_before and ns_after and ns_before.keys() <= ns_after.keys():
+        return sum(ns - ns_before.get(key, 0) for key, ns in ns_after.items()) / 1e9
+    return ticks_after - ticks_before
+
+
+def yardstick_bytes(prompt_tokens: int, response_tokens: int, request: Any) -> int:
+    """The issue's measure of one call: prompt + response token IDs as int32, plus the request's JSON
+    (compact, as the store writes it)."""
+    from harnessrl.store.codecs import dump_json
+
+    return 4 * (prompt_tokens + response_tokens) + len(dump_json(request).encode())
+
+
+def column_bytes(rows: Sequence[Sequence[Any]]) -> int:
+    """Bytes the rows' text and blob columns hold (numbers and NULLs not counted), as
+    ``store_growth.py`` counts a rollout's ``calls`` rows (text as UTF-8: the same for ASCII)."""
+    return sum(
+        len(v.encode()) if isinstance(v, str) else len(v)
+        for row in rows
+        for v in row
+        if isinstance(v, str | bytes)
+    )
+
+
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded (recorded with every result: the machines are shared)."""
+    return [round(x, 2) for x in os.getloadavg()]
