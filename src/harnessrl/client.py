@@ -39,20 +39,21 @@ _BY_STATUS: dict[int, type[HarnessRLError]] = {
 
 def check_drained(answer: dict[str, Any], base_url: str) -> None:
     """Refuse a pause answer in which some gateway still had calls in flight (``drained: false``:
-    the pause timed out, or a peer could not drain). Updating weights then would cut those calls
-    short or record them under the wrong policy. ``UpstreamError`` naming each such gateway."""
+    the pause timed out before every live gateway acked it quiet). Updating weights then would cut
+    those calls short or record them under the wrong policy. ``UpstreamError`` naming each such gateway."""
     if answer.get("drained", False):
         return
-    gateways = answer.get("gateways") or [{**answer, "url": "self"}]
+    gateways = answer.get("gateways") or [{**answer, "url": base_url}]
     stuck = [
-        f"{base_url if g.get('url') == 'self' else g.get('url')} ({g.get('in_flight', '?')} in flight)"
+        f"{g.get('url') or g.get('gateway_id') or base_url} ({g.get('in_flight', '?')} in flight)"
         for g in gateways
         if not g.get("drained", False)
     ]
     raise UpstreamError(
         "the gateway pause did not drain, so the weights were not updated: "
         + ", ".join(stuck or [base_url])
-        + " (raise gateway.pause_timeout_s, or check that every gateway in [gateway] peers is reachable)"
+        + " (raise gateway.pause_timeout_s; a gateway that stopped heartbeating is waited for until "
+        "its lease, gateway.lease_s, ends)"
     )
 
 
@@ -194,35 +195,29 @@ class GatewayClient:
 
     # -- pause / resume -----------------------------------------------------------------------------
 
-    # ``scope``: ``cluster`` (default: this gateway and all its peers), ``node`` (this node's worker
-    # processes) or ``process`` (only the gateway process that answers); see docs/gateway.md.
+    # Any gateway takes these for every gateway sharing its store (docs/scale.md).
 
-    def pause(self, timeout: float | None = None, *, scope: str | None = None) -> dict[str, Any]:
+    def pause(self, timeout: float | None = None) -> dict[str, Any]:
         """Hold new model calls on every gateway; returns once in-flight calls drained (``drained``)
-        or after ``timeout``. ``Conflict`` if a newer resume overtook it; ``UpstreamError`` if a peer
-        gateway could not be reached (then do not update weights)."""
+        or after ``timeout``. ``Conflict`` if a resume overtook it (then do not update weights)."""
         params: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
-        if scope is not None:
-            params["scope"] = scope
         http_timeout = None if timeout is None else timeout + 60.0
         return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
 
-    def resume(
-        self, *, scope: str | None = None, policy_version: int | None = None, rewind: bool = False
-    ) -> dict[str, Any]:
+    def resume(self, *, policy_version: int | None = None, rewind: bool = False) -> dict[str, Any]:
         """Release held calls on every gateway. ``policy_version``: the trainer updated a shared remote
         engine itself; every gateway labels calls from now on with this version. ``rewind``: it is
         an older version than the gateways serve (a restored checkpoint), accept it anyway."""
-        params: dict[str, Any] = {"scope": scope} if scope else {}
+        params: dict[str, Any] = {}
         if policy_version is not None:
             params["policy_version"] = policy_version
             if rewind:
                 params["rewind"] = "true"
         return self._request("POST", "/api/resume", params=params)
 
-    def state(self, *, scope: str | None = None) -> dict[str, Any]:
-        """Pause state, in-flight and waiting calls; with peers, totals and ``gateways`` (one per process)."""
-        return self._request("GET", "/api/state", params={"scope": scope} if scope else {})
+    def state(self) -> dict[str, Any]:
+        """The gate (paused, command, live policy version), totals and ``gateways`` (one per live process)."""
+        return self._request("GET", "/api/state")
 
     def metrics(self) -> str:
         response = self._http.get("/metrics")

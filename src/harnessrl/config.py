@@ -132,11 +132,25 @@ class GatewayConfig(Section):
     # Responses-API tools the gateway cannot serve (web_search, file_search, MCP, namespaces...):
     # "drop" leaves them out of the prompt, "refuse" answers 400 naming the tool.
     unsupported_tools: Literal["drop", "refuse"] = "drop"
-    # Several gateways sharing one store (docs/gateway.md, "Several gateways"). ``workers``: gateway
-    # processes behind this one address (remote or scripted engines only). ``peers``: the other
-    # nodes' gateways (base URLs) that pause/resume must reach too.
+    # Several gateways sharing one store (docs/scale.md). ``workers``: gateway processes behind this
+    # one address (remote or scripted engines only). Every gateway on the store agrees on pause and
+    # policy version through it; ``lease_s``: seconds a gateway that stopped heartbeating (killed,
+    # host lost) is still waited for by a pause. ``peers``: removed (the store replaced it); a
+    # non-empty list is refused with a message saying so.
     workers: int = Field(default=1, ge=1, le=64)
+    lease_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     peers: list[str] = Field(default_factory=list)
+
+    @field_validator("peers")
+    @classmethod
+    def _peers_removed(cls, value: list[str]) -> list[str]:
+        if value:
+            raise ValueError(
+                "gateway.peers was removed: gateways sharing a store agree on pause and policy "
+                "version through it, with no peer list (docs/scale.md); delete gateway.peers"
+            )
+        return value
+
     # Connections (docs/gateway.md, "Connections and timeouts"; gateway.connections). An idle
     # keep-alive connection is closed after keepalive_timeout_s: longer than clients keep theirs
     # (httpx and the OpenAI SDK: 5 s), so a client never reuses one the server is closing.

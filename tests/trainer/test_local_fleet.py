@@ -32,6 +32,9 @@ class FolderWeights:
     def engine_state_dict(self) -> dict[str, Any]:
         return {"w": 1.0}
 
+    def save_adapter(self, folder: Path) -> bool:
+        return False  # no [trainer.lora]: the whole weights go out
+
     def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
         folder.mkdir(parents=True)
         (folder / "config.json").write_text("{}")
@@ -50,7 +53,7 @@ def gateway(tmp_path: Path):
 
 
 def counter(handle: GatewayHandle) -> int:
-    return handle.state.cluster.last[0]  # the Lamport counter: +1 per pause or resume applied
+    return handle.state.cluster.applied  # the store's command counter: +1 per pause or resume
 
 
 def test_an_update_inside_a_pause_resumes_once_and_announces_the_version(gateway, tmp_path):

@@ -568,11 +568,10 @@ def test_train_with_an_external_controller_on_the_shared_store(tmp_path):
     assert not (run_dir / "rollouts").exists() or not list((run_dir / "rollouts").rglob("stdout.log"))
 
 
-def test_train_pauses_and_versions_peer_gateways(tmp_path):
-    """A run in front of shared inference servers with ``[gateway] peers``: every weight update
-    pauses the peer gateways too (the trainer waits for all to drain) and tells them the version."""
-    import socket
-
+def test_train_pauses_and_versions_every_gateway_on_its_store(tmp_path):
+    """A run in front of shared inference servers, with another gateway on the run's store (no peer
+    list: the store's gate): every weight update pauses that gateway too (the trainer waits for all
+    to drain) and tells it the version."""
     from tests.fakes.vllm_server import serve_vllm
 
     from harnessrl.client import GatewayClient
@@ -586,19 +585,14 @@ def test_train_pauses_and_versions_peer_gateways(tmp_path):
 
     key = "hrl-admin-peer-test"
     tok = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
-    peer_store = open_store(str(tmp_path / "peer.db"))
-    sock = socket.create_server(("127.0.0.1", 0))
-    run_port = socket.create_server(("127.0.0.1", 0))
-    port = run_port.getsockname()[1]
-    run_port.close()
-    peer_app = create_app(
-        GatewayConfig(admin_key=key, peers=[f"http://127.0.0.1:{port}"]),
-        peer_store,
-        ScriptedEngine(["aeiou"], tok),
+    shared = tmp_path / "shared.db"
+    other_store = open_store(str(shared))
+    other_app = create_app(
+        GatewayConfig(admin_key=key), other_store, ScriptedEngine(["aeiou"], tok), shared_store=True
     )
     with (
         serve_vllm(tok.encode("aeiou") + [tok.eos_token_id], context_length=2048) as upstream,
-        serve_in_thread(peer_app, sock=sock) as peer_url,
+        serve_in_thread(other_app) as other_url,
     ):
         proc = train(
             tmp_path / "run",
@@ -607,11 +601,12 @@ def test_train_pauses_and_versions_peer_gateways(tmp_path):
             "--set", "trainer.model=tiny",
             "--set", "trainer.served_weights_tolerance=0",  # the fake serves no weights
             "--set", "trainer.steps=2",
-            "--set", f"gateway.port={port}",
             "--set", f"gateway.admin_key={key}",
-            "--set", f'gateway.peers=["{peer_url}"]',
+            "--set", f"store.url={shared}",
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
-        state = GatewayClient(peer_url, key).state(scope="process")
-    peer_store.close()
+        state = GatewayClient(other_url, key).state()
+        commands = other_app.state.gateway.cluster.applied
+    other_store.close()
+    assert commands >= 4  # (pause, resume) per update, each applied by this gateway too
     assert state["policy_version"] == 2 and state["paused"] is False

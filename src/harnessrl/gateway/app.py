@@ -25,7 +25,6 @@ from harnessrl.gateway.apis import anthropic
 from harnessrl.gateway.apis.chat import chat_completions
 from harnessrl.gateway.apis.completions import completions, list_models
 from harnessrl.gateway.apis.responses import responses
-from harnessrl.gateway.cluster import Cluster
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
 from harnessrl.gateway.fast_lane import FastLane
 from harnessrl.gateway.key_limits import PerKeyLimit
@@ -65,21 +64,25 @@ def create_app(
     engine: Engine,
     *,
     keepalive_s: float = 10.0,
-    siblings: Sequence[str] = (),
+    shared_store: bool = False,
     extra_routes: Sequence[RouteFactory] = (),
 ) -> Starlette:
     """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
 
     ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
-    ``siblings``: control URLs of the other worker processes of this node (``gateway.cluster``).
+    ``shared_store``: other gateway processes use ``store`` too though it is a file (``--workers``);
+    a server store (PostgreSQL) is taken as shared anyway (``gateway.cluster``).
     ``extra_routes``: more routes to serve, each built from ``(store, admin_key, engine)``.
     """
     if not config.admin_key:
         raise ConfigError(
             "gateway.admin_key is required (set HARNESSRL_ADMIN_KEY or let run_gateway make one)"
         )
-    cluster = Cluster(siblings=tuple(siblings), remotes=tuple(config.peers), admin_key=config.admin_key or "")
-    state = GatewayState(config=config, store=store, engine=engine, keepalive_s=keepalive_s, cluster=cluster)
+    state = GatewayState(
+        config=config, store=store, engine=engine, keepalive_s=keepalive_s, shared_store=shared_store
+    )
+    cluster = state.cluster
+    cluster.url = config.public_url or ""  # its gateway_id names the host and process
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -92,6 +95,8 @@ def create_app(
         # The calls still generating for a rollout that ends (finished, cancelled, requeued through
         # this store object: the control API, an in-process controller) are dropped at once.
         stop_watching = store.watch_rollout_ends(rollout_ended)
+        # The gate's state before the first call: a gateway (re)started during a pause comes up paused.
+        await cluster.start()
         state.ready = True
         state.refresh_gauges()
         log.info("gateway ready: model %s, policy version %d", engine.model_name, engine.policy_version)
@@ -100,8 +105,8 @@ def create_app(
         finally:
             stop_watching()
             state.ready = False
+            await cluster.stop()  # leaves the gateways: no pause waits for this one any more
             state.gate.resume()  # let anything still held run into the shutdown instead of hanging
-            await cluster.aclose()
             await engine.aclose()
             await anyio.to_thread.run_sync(state.writer.close)  # write what is queued
             await state.drops_written()

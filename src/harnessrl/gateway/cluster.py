@@ -1,202 +1,312 @@
-"""Several gateway processes as one: pause/resume fan-out to peers, ordered so no pause is lost.
+"""Every gateway sharing a store as one: the gate's state and the membership live in the store.
 
-A gateway may have peers: its sibling worker processes on the same node (``--workers N``, each
-reachable on a private loopback control port) and gateways on other nodes (``[gateway] peers``).
-``POST /api/pause`` on any of them closes its own gate and forwards the pause to every peer, and
-answers only when every gateway has drained; ``/api/resume`` likewise; ``/api/state`` reports each
-gateway. The store is already shared (call seqs come from it atomically), so pause/resume is the only
-state the gateways must agree on, and a broadcast is enough: no extra table, no polling.
+The store holds the gate (paused or open, the live policy version, a command counter that every
+pause or resume increments in its transaction) and one heartbeat row per gateway process
+(``store.gate``). ``Cluster`` is one gateway's side of it:
 
-Fan-out scope keeps a forwarded command from being forwarded again: the gateway the trainer called
-(scope ``cluster``) forwards to its siblings with scope ``process`` and to remote peers with scope
-``node``; a ``node`` gateway forwards to its own siblings with scope ``process``; a ``process``
-gateway only acts on itself. So each process is reached exactly once.
+- On start it listens for the store's notifications (PostgreSQL ``LISTEN``), then reads the gate
+  and applies it to its own ``PauseGate`` before the app takes a call: a gateway started or
+  restarted during a pause comes up paused, and adopts the live policy version.
+- It applies every newer command it learns of (a notification wakes it; a slow timer is only the
+  backstop for a lost one; SQLite, which cannot notify, looks on a short timer) and acknowledges it
+  in its heartbeat row: the command it applied and whether it is quiet (paused, no call in flight).
+- It refreshes its lease every third of ``lease_s``; a gateway that stops doing so (SIGKILL, a lost
+  host) is no longer waited for once the lease ends. A clean shutdown deletes the row at once.
 
-Ordering. Two commands can race (a trainer's resume and the next pause; two trainers). Each command
-carries an order stamp ``(counter, origin)`` from a Lamport clock: the origin takes
-``counter = clock + 1``, and every gateway that sees a stamp moves its clock past it. A gateway applies
-a command only if its stamp is newer than the last one it applied, so all gateways end in the state
-of the newest command whatever order the messages arrive in, and a command issued after another
-returned always wins over it. A pause that a newer resume overtook answers 409 (``Conflict``): the
-trainer must not think the gateways are quiet. A pause that is older than a newer pause still waits
-for the drain and succeeds, so concurrent pauses are idempotent.
+A pause (``command(paused=True)`` then ``wait_drained``) is drained when every live gateway acked
+the gate's current command and is quiet. Racing commands need no clock of ours: the database
+orders them, every gateway ends in the state of the last committed one, and a pause that a resume
+overtook while it waited fails with ``Conflict`` (the trainer must not think the gateways are quiet).
+A newer pause does not fail an older one: both wait for the same drain.
 
-A peer that cannot be reached makes the command fail with 502 (``UpstreamError``) naming it; the
-gateways that were reached keep the command (a half-applied pause is safe: calls just wait).
+Any gateway can take a command (``gateway.gating``), so a load balancer in front of a Deployment of
+gateways needs no peer list: a gateway joins by starting and leaves by stopping (docs/scale.md).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
 import secrets
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
 
-import httpx
+import anyio.to_thread
 
-from harnessrl.errors import BadRequest, Conflict, HarnessRLError, UpstreamError
+from harnessrl.engines.base import Engine
+from harnessrl.errors import Conflict
+from harnessrl.gateway.pause import PauseGate
+from harnessrl.store.base import Store
+from harnessrl.store.gate import GateState, GatewayRow, parse_command_payload
 
-Scope = Literal["cluster", "node", "process"]
-SCOPES: tuple[Scope, ...] = ("cluster", "node", "process")
-Kind = Literal["pause", "resume"]
-Order = tuple[int, str]
+log = logging.getLogger("harnessrl.gateway")
 
-
-def parse_order(raw: str | None) -> Order | None:
-    """``"12.ab34"`` -> ``(12, "ab34")``; ``None`` when absent."""
-    if raw is None:
-        return None
-    counter, sep, origin = raw.partition(".")
-    # isascii: str.isdigit() is true of "²", which int() refuses; 19 digits keep it a 64-bit counter.
-    if not sep or not origin or not (counter.isascii() and counter.isdigit()) or len(counter) > 18:
-        raise BadRequest("query parameter 'order' must look like COUNTER.ORIGIN", param="order")
-    return int(counter), origin
+#: Seconds between looks at the gate when the store notifies (the backstop for a lost notification).
+BACKSTOP_S = 5.0
+#: Seconds between looks at the gate when it cannot (SQLite: a read of a local file).
+POLL_S = 0.05
 
 
-def format_order(order: Order) -> str:
-    return f"{order[0]}.{order[1]}"
-
-
-def parse_scope(raw: str | None) -> Scope:
-    if raw is None:
-        return "cluster"
-    if raw not in SCOPES:
-        raise BadRequest(f"query parameter 'scope' must be one of {', '.join(SCOPES)}", param="scope")
-    return raw  # type: ignore[return-value]
-
-
-@dataclass
 class Cluster:
-    """This gateway's peers and the order of the pause/resume commands it has applied."""
+    """This gateway's membership: applies the store's gate to ``gate`` and acks it in a heartbeat row."""
 
-    siblings: tuple[str, ...] = ()  # control URLs of the other worker processes on this node
-    remotes: tuple[str, ...] = ()  # gateways on other nodes (``[gateway] peers``)
-    admin_key: str = ""
-    origin: str = field(default_factory=lambda: secrets.token_hex(4))
-    clock: int = 0
-    last: Order = (0, "")  # stamp of the last applied command
-    last_kind: Kind = "resume"
-    connect_timeout_s: float = 10.0
-    _http: httpx.AsyncClient | None = None
+    def __init__(
+        self,
+        store: Store,
+        gate: PauseGate,
+        engine: Engine,
+        *,
+        url: str = "",
+        lease_s: float = 10.0,
+        shared: bool = False,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.gate = gate
+        self.engine = engine
+        self.url = url  # where this gateway answers, for /api/state (informational)
+        self.lease_s = lease_s
+        self.clock = clock
+        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.started_at = clock()
+        self.applied = 0  # the last command applied to ``gate``
+        self._shared = shared
+        self._acked: tuple[int, bool, bool] | None = None  # (command, paused, quiet) as last written
+        self._next_beat = 0.0
+        self._beat_lock: asyncio.Lock | None = None
+        self._event: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop_watch: Callable[[], None] | None = None
+        self._pushes = False
+        self.on_change: Callable[[], None] = lambda: None  # after a command is applied (the gauges)
+        self._sync_wanted = asyncio.Event()  # the sync loop has something to do
+        self._read_wanted = True  # ... and it is reading the gate
+        gate.on_quiet = self._quiet
 
     @property
     def shares_store(self) -> bool:
-        """Whether other gateways write calls into this gateway's store (its caches can go stale)."""
-        return bool(self.siblings or self.remotes)
+        """Whether other gateways may write calls into this store (its caches can go stale): always
+        on a server store (any gateway may join), and for ``--workers`` on a SQLite file."""
+        return self._shared or self.store.notifies_gate
 
-    def targets(self, scope: Scope) -> list[tuple[str, Scope]]:
-        """(peer URL, scope to forward with) for a command received with ``scope``."""
-        if scope == "process":
-            return []
-        out: list[tuple[str, Scope]] = [(url, "process") for url in self.siblings]
-        if scope == "cluster":
-            out += [(url, "node") for url in self.remotes]
-        return out
+    @property
+    def tick_s(self) -> float:
+        """Seconds between looks at the gate: the backstop where the store notifies or no other
+        process can reach it (SQLite in memory), else the poll (another process may share a file)."""
+        private = not self.store.notifies_gate and self.store.local_file is None
+        return BACKSTOP_S if self._pushes or private else POLL_S
 
-    def stamp(self, order: Order | None) -> Order:
-        """The order of a command: a new stamp at its origin, else the one it came with."""
-        if order is None:
-            self.clock += 1
-            return self.clock, self.origin
-        self.clock = max(self.clock, order[0])
-        return order
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Listen, read and apply the gate, register; then keep in step until ``stop``."""
+        loop = asyncio.get_running_loop()
+        listening = asyncio.Event()
 
-    def apply(self, order: Order, kind: Kind) -> bool:
-        """Record ``kind`` as the current command if ``order`` is the newest seen; ``False`` if stale."""
-        if order <= self.last:
-            return False
-        self.last, self.last_kind = order, kind
-        return True
+        def notified(payload: str) -> None:  # on the listener's thread
+            with contextlib.suppress(RuntimeError):  # the loop closed under a late notification
+                loop.call_soon_threadsafe(listening.set)
+                loop.call_soon_threadsafe(self._notified, payload)
 
-    async def forward(
-        self,
-        method: str,
-        path: str,
-        scope: Scope,
-        order: Order | None,
-        timeout_s: float | None,
-        extra: dict[str, str] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Send a control request to every peer for ``scope``; their JSON answers, in peer order.
+        self._stop_watch = self.store.watch_gate(notified)
+        self._pushes = self._stop_watch is not None
+        if self._pushes:
+            # The listener calls once it is listening: a command committed after that wakes us, one
+            # committed before it is in the row read next. (Bounded: a store that cannot be reached
+            # is the pool's error on the read below.)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listening.wait(), 30.0)
+        await self.sync()
+        self._task = asyncio.create_task(self._run(), name="harnessrl-gate-sync")
 
-        Every peer is tried even if one fails; then the first failure is raised, naming the peer.
-        """
-        targets = self.targets(scope)
-        if not targets:
-            return []
-        if self._http is None:
-            self._http = httpx.AsyncClient(headers={"Authorization": f"Bearer {self.admin_key}"})
-        # A pause waits up to its drain timeout; anything else should answer at once.
-        read_timeout = 30.0 if timeout_s is None else timeout_s + 30.0
+    async def stop(self) -> None:
+        if self._stop_watch is not None:
+            self._stop_watch()
+            self._stop_watch = None
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id)
+        except Exception:  # noqa: BLE001 - the lease ends on its own
+            log.warning(
+                "could not remove gateway %s from the store's gateways", self.gateway_id, exc_info=True
+            )
 
-        async def one(url: str, peer_scope: Scope) -> dict[str, Any]:
-            params: dict[str, str] = {"scope": peer_scope}
-            if order is not None:
-                params["order"] = format_order(order)
-            if timeout_s is not None:
-                params["timeout"] = str(timeout_s)
-            params.update(extra or {})
-            timeout = httpx.Timeout(read_timeout, connect=self.connect_timeout_s)
+    async def _run(self) -> None:
+        failing = False
+        while True:
+            self._sync_wanted.clear()
+            read, self._read_wanted = self._read_wanted, False
             try:
-                response = await self._http.request(  # type: ignore[union-attr]
-                    method, f"{url.rstrip('/')}{path}", params=params, timeout=timeout
-                )
-            except httpx.HTTPError as exc:
-                raise UpstreamError(f"gateway peer {url} unreachable: {exc!r}") from exc
+                if read:
+                    self.apply(await anyio.to_thread.run_sync(self.store.read_gate))
+                await self.ack()
+                failing = False
+            except Exception:  # noqa: BLE001 - keep in step once the store answers again
+                self._read_wanted = True
+                if not failing:  # once per outage, not once per tick
+                    log.warning("gateway %s could not read the gate", self.gateway_id, exc_info=True)
+                failing = True
+            wait = min(self.tick_s, max(0.0, self._next_beat - self.clock()))
             try:
-                body = response.json()
-            except ValueError:
-                body = {}
-            if response.status_code == 409:
-                raise Conflict(f"gateway peer {url}: {_message(body, response)}")
-            if response.status_code >= 400:
-                raise UpstreamError(
-                    f"gateway peer {url} answered {response.status_code}: {_message(body, response)}"
-                )
-            return {"url": url, **body}
+                await asyncio.wait_for(self._sync_wanted.wait(), wait)
+            except TimeoutError:
+                self._read_wanted = True  # the backstop (or, without notifications, the poll)
 
-        results = await asyncio.gather(*(one(u, s) for u, s in targets), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                if isinstance(result, HarnessRLError):
-                    raise result
-                raise UpstreamError(f"gateway peer request failed: {result!r}") from result
-        return list(results)  # type: ignore[arg-type]
+    # -- keeping in step ------------------------------------------------------------------------------
+    def _notified(self, payload: str) -> None:
+        """A notification: a command is applied from its payload at once (and acked by the sync
+        loop); ``""`` (listening again: something may have been missed) makes the loop read the
+        gate; an ack or a leave only wakes those waiting for a drain."""
+        kind = payload.partition(" ")[0]
+        if kind not in ("ack", "leave"):
+            command = parse_command_payload(payload)
+            if command is None:
+                self._read_wanted = True
+            else:
+                self.apply(command)
+            self._sync_wanted.set()
+        self._wake()
 
-    async def aclose(self) -> None:
-        if self._http is not None:
-            await self._http.aclose()
-            self._http = None
+    def _quiet(self) -> None:
+        """The gate's last call in flight ended while closed: ack it, and tell the waiters."""
+        self._sync_wanted.set()
+        self._wake()
 
+    def _changed(self) -> asyncio.Event:
+        """The event the next change sets (take it *before* reading, so no change is missed)."""
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
 
-def _message(body: Any, response: httpx.Response) -> str:
-    try:
-        return str(body["error"]["message"])
-    except (KeyError, TypeError):
-        return response.text[:300]
+    def _wake(self) -> None:
+        event, self._event = self._changed(), asyncio.Event()
+        event.set()
 
+    async def sync(self) -> None:
+        self.apply(await anyio.to_thread.run_sync(self.store.read_gate))
+        await self.ack()
 
-def aggregate(local: dict[str, Any], peers: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """One answer for the whole fan-out: this gateway's fields, totals, and each gateway's own."""
-    if not peers:
-        return local
-    everyone = [{"url": "self", **local}, *peers]
-    out = dict(local)
-    out["paused"] = all(g.get("paused") for g in everyone)
-    out["in_flight"] = sum(int(g.get("in_flight", 0)) for g in everyone)
-    out["waiting"] = sum(int(g.get("waiting", 0)) for g in everyone)
-    if "drained" in local:
-        out["drained"] = all(g.get("drained", False) for g in everyone)
-    if "released" in local:
-        out["released"] = sum(int(g.get("released", 0)) for g in everyone)
-    # A node peer answers for its own siblings too: flatten so every process is listed once.
-    flat: list[dict[str, Any]] = [{k: v for k, v in local.items() if k != "gateways"} | {"url": "self"}]
-    for peer in peers:
-        nested = peer.get("gateways")
-        if nested:
-            flat += [{**g, "url": peer["url"] if g.get("url") == "self" else g.get("url")} for g in nested]
+    def apply(self, state: GateState) -> int:
+        """Put ``gate`` (and the engine's version) in ``state`` if it is newer; calls released."""
+        if state.command <= self.applied:
+            return 0
+        self.applied = state.command
+        released = 0
+        if state.paused:
+            self.gate.close()
         else:
-            flat.append(peer)
-    out["gateways"] = flat
-    return out
+            released = self.gate.resume()
+        version = state.policy_version
+        if version is not None and self.engine.shares_weights and version != self.engine.policy_version:
+            self.engine.adopt_policy_version(version)
+        self.on_change()
+        return released
+
+    @property
+    def quiet(self) -> bool:
+        return self.gate.paused and self.gate.in_flight == 0
+
+    async def ack(self, *, force: bool = False) -> None:
+        """Write this gateway's heartbeat row if its ack changed or its lease is due."""
+        if self._beat_lock is None:
+            self._beat_lock = asyncio.Lock()
+        async with self._beat_lock:  # two writes in threads could commit out of order
+            key = (self.applied, self.gate.paused, self.quiet)
+            now = self.clock()
+            if key == self._acked and now < self._next_beat and not force:
+                return
+            row = GatewayRow(
+                gateway_id=self.gateway_id,
+                url=self.url,
+                command=key[0],
+                paused=key[1],
+                quiet=key[2],
+                in_flight=self.gate.in_flight,
+                waiting=self.gate.waiting,
+                policy_version=self.engine.policy_version,
+                lease_until=now + self.lease_s,
+                started_at=self.started_at,
+            )
+            changed = key != self._acked
+            await anyio.to_thread.run_sync(lambda: self.store.beat(row, notify=changed))
+            self._acked, self._next_beat = key, now + self.lease_s / 3
+
+    # -- commands -------------------------------------------------------------------------------------
+    async def command(
+        self, *, paused: bool, policy_version: int | None = None, rewind: bool = False
+    ) -> tuple[GateState, int]:
+        """Commit a pause or resume, apply it here at once and ack it; (the gate, calls released)."""
+        state = await anyio.to_thread.run_sync(
+            lambda: self.store.command_gate(paused=paused, policy_version=policy_version, rewind=rewind)
+        )
+        released = self.apply(state)
+        await self.ack()
+        return state, released
+
+    async def wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
+        """Wait until every live gateway acked the gate's current pause quiet, or ``timeout`` passed:
+        (drained, the gate, the live gateways). ``Conflict`` once a resume overtook the pause."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            event = self._changed()
+            await self.ack()
+            state, rows = await anyio.to_thread.run_sync(self.store.read_gate_and_gateways)
+            self.apply(state)
+            if not state.paused:
+                raise Conflict(
+                    f"pause (command {command}) was overtaken by a resume (command {state.command}); "
+                    "the gateways are serving: pause again before updating weights"
+                )
+            now = self.clock()
+            live = [self.fresh(r) for r in rows if r.live(now)]
+            pending = [r for r in live if not acked_quiet(r, state.command)]
+            remaining = deadline - loop.time()
+            if not pending or remaining <= 0:
+                return not pending, state, live
+            # A gateway that never acks is waited for until its lease ends, not past it.
+            lease_end = min(r.lease_until for r in pending) - now
+            wait = max(0.001, min(remaining, lease_end + 0.001, self.tick_s))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), wait)
+
+    async def members(self) -> tuple[GateState, list[GatewayRow]]:
+        """The gate and the live gateways, as the store has them now."""
+        state, rows = await anyio.to_thread.run_sync(self.store.read_gate_and_gateways)
+        now = self.clock()
+        return state, [self.fresh(r) for r in rows if r.live(now)]
+
+    def fresh(self, row: GatewayRow) -> GatewayRow:
+        """``row`` with this gateway's own counts as they are now (its row is as of its last beat)."""
+        if row.gateway_id != self.gateway_id:
+            return row
+        return dataclasses.replace(
+            row, in_flight=self.gate.in_flight, waiting=self.gate.waiting, quiet=row.quiet and self.quiet
+        )
+
+    def row_json(self, row: GatewayRow, command: int) -> dict[str, Any]:
+        return {
+            "gateway_id": row.gateway_id,
+            "url": row.url,
+            "self": row.gateway_id == self.gateway_id,
+            "command": row.command,
+            "paused": row.paused,
+            "drained": acked_quiet(row, command),
+            "in_flight": row.in_flight,
+            "waiting": row.waiting,
+            "policy_version": row.policy_version,
+            "lease_s": round(max(0.0, row.lease_until - self.clock()), 3),
+        }
+
+
+def acked_quiet(row: GatewayRow, command: int) -> bool:
+    """Whether ``row``'s gateway applied ``command`` (or a newer one) and had no call in flight."""
+    return row.command >= command and row.quiet

@@ -21,8 +21,7 @@ from starlette.responses import JSONResponse, Response
 from harnessrl.errors import BadRequest, NotFound, UpstreamError
 from harnessrl.gateway.auth import require_admin
 from harnessrl.gateway.bodies import CreateRolloutRequest, FinishRolloutRequest, read_json, validate_body
-from harnessrl.gateway.cluster import aggregate, parse_order, parse_scope
-from harnessrl.gateway.gating import gateway_state_json, pause_gateways, resume_gateways
+from harnessrl.gateway.gating import cluster_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, RolloutStatus
@@ -217,12 +216,10 @@ def _pause_timeout(request: Request, state: GatewayState) -> float:
 
 
 async def pause(request: Request) -> Response:
-    """Pause this gateway and its peers (``gateway.cluster``); answer once all drained or timed out."""
+    """Pause every gateway sharing the store (``gateway.cluster``); answer once all drained or timed out."""
     state = _admin_state(request)
     timeout = _pause_timeout(request, state)
-    scope = parse_scope(request.query_params.get("scope"))
-    order = parse_order(request.query_params.get("order"))
-    return JSONResponse(await pause_gateways(state, timeout, scope=scope, order=order))
+    return JSONResponse(await pause_gateways(state, timeout))
 
 
 def _policy_version(request: Request) -> int | None:
@@ -239,25 +236,19 @@ def _policy_version(request: Request) -> int | None:
 
 
 async def resume(request: Request) -> Response:
-    """Resume this gateway and its peers, unless a newer pause is in force (then ``superseded``)."""
+    """Resume every gateway sharing the store, optionally publishing a policy version."""
     state = _admin_state(request)
-    scope = parse_scope(request.query_params.get("scope"))
-    order = parse_order(request.query_params.get("order"))
     version = _policy_version(request)
     rewind = request.query_params.get("rewind", "false").lower()
     if rewind not in ("true", "false", "1", "0"):
         raise BadRequest("query parameter 'rewind' must be true or false", param="rewind")
-    answer = await resume_gateways(
-        state, scope=scope, order=order, policy_version=version, rewind=rewind in ("true", "1")
-    )
+    answer = await resume_gateways(state, policy_version=version, rewind=rewind in ("true", "1"))
     return JSONResponse(answer)
 
 
 async def get_state(request: Request) -> Response:
     state = _admin_state(request)
-    scope = parse_scope(request.query_params.get("scope"))
-    peers = await state.cluster.forward("GET", "/api/state", scope, None, None)
-    return JSONResponse(aggregate(gateway_state_json(state), peers))
+    return JSONResponse(await cluster_state_json(state))
 
 
 async def metrics(request: Request) -> Response:

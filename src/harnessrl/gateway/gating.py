@@ -1,9 +1,10 @@
-"""Pausing and resuming a gateway and its peers: one implementation, two doors.
+"""Pausing and resuming every gateway sharing the store: one implementation, two doors.
 
 The control API (``POST /api/pause``, ``/api/resume``) and a trainer in the same process
 (``GatewayHandle``) run the same two functions, so a trainer that hosts its gateway and one that
-drives gateways over HTTP pause, drain, order and version them identically (``gateway.cluster``
-explains the ordering and the fan-out to peers).
+drives gateways over HTTP pause, drain and version them identically. Both commit the command in the
+store's gate and wait on the other gateways' acks there (``gateway.cluster``): any gateway can take
+the command, and no gateway needs to know another's address.
 
 ``GatewayHandle`` is how code on another event loop (the trainer's) reaches a gateway served in a
 background thread (``serve_in_thread``): the gate's futures and the engine's HTTP clients belong to
@@ -18,7 +19,6 @@ from typing import Any, TypeVar
 
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import BadRequest, Conflict
-from harnessrl.gateway.cluster import Order, Scope, aggregate, format_order
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 
@@ -26,7 +26,7 @@ T = TypeVar("T")
 
 
 def gateway_state_json(state: GatewayState) -> dict[str, Any]:
-    """What ``/api/state`` reports for this gateway process."""
+    """What this gateway process reports of itself (``/api/state`` adds the gate and its members)."""
     state.refresh_gauges()
     return {
         "paused": state.gate.paused,
@@ -36,57 +36,59 @@ def gateway_state_json(state: GatewayState) -> dict[str, Any]:
         "policy_version": state.engine.policy_version,
         "context_length": state.engine.context_length,
         "uptime_s": round(state.uptime(), 3),
-        "order": format_order(state.cluster.last),  # stamp of the last pause/resume applied
+        "gateway_id": state.cluster.gateway_id,
+        "command": state.cluster.applied,  # the last pause/resume this gateway applied
     }
 
 
-async def pause_gateways(
-    state: GatewayState, timeout: float, *, scope: Scope = "cluster", order: Order | None = None
-) -> dict[str, Any]:
-    """Close this gateway's gate and its peers'; answer once all drained or ``timeout`` passed.
+async def cluster_state_json(state: GatewayState) -> dict[str, Any]:
+    """``/api/state``: the gate as the store has it, totals over the live gateways, and each of them."""
+    gate, live = await state.cluster.members()
+    state.cluster.apply(gate)
+    return {
+        **gateway_state_json(state),
+        "paused": gate.paused,
+        "command": gate.command,
+        "live_policy_version": gate.policy_version,
+        "in_flight": sum(r.in_flight for r in live),
+        "waiting": sum(r.waiting for r in live),
+        "gateways": [state.cluster.row_json(r, gate.command) for r in live],
+    }
 
-    ``drained: false`` in the answer means some gateway still had calls in flight
-    (``client.check_drained`` turns that into an error). ``Conflict`` if a newer resume overtook it.
+
+async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
+    """Pause every gateway sharing the store; answer once all drained or ``timeout`` passed.
+
+    ``drained: false`` in the answer means some live gateway still had calls in flight or had not
+    acked (``client.check_drained`` turns that into an error naming them). ``Conflict`` if a resume
+    overtook the pause while it waited.
     """
-    cluster = state.cluster
-    stamp = cluster.stamp(order)
-    if not cluster.apply(stamp, "pause") and cluster.last_kind == "resume":
-        raise Conflict(
-            f"pause {format_order(stamp)} was overtaken by a newer resume ({format_order(cluster.last)}); "
-            "the gateways are serving: pause again before updating weights"
-        )
-    # Applied, or older than a pause already in force: either way the gate is (kept) closed and
-    # this request waits for the drain like the newer one does.
-    state.gate.close()
+    gate, _ = await state.cluster.command(paused=True)
     state.refresh_gauges()  # paused: 1
-    drained, peers = await asyncio.gather(
-        state.gate.drain(timeout), cluster.forward("POST", "/api/pause", scope, stamp, timeout)
-    )
-    if cluster.last_kind == "resume" and cluster.last > stamp:
-        raise Conflict(
-            f"pause {format_order(stamp)} was overtaken by a newer resume ({format_order(cluster.last)}) "
-            "while draining; pause again before updating weights"
-        )
-    local = {**gateway_state_json(state), "paused": True, "drained": drained}
-    return aggregate(local, peers)
+    drained, gate, live = await state.cluster.wait_drained(gate.command, timeout)
+    return {
+        **gateway_state_json(state),
+        "paused": True,
+        "drained": drained,
+        "command": gate.command,
+        "live_policy_version": gate.policy_version,
+        "in_flight": sum(r.in_flight for r in live),
+        "waiting": sum(r.waiting for r in live),
+        "gateways": [state.cluster.row_json(r, gate.command) for r in live],
+    }
 
 
 async def resume_gateways(
-    state: GatewayState,
-    *,
-    scope: Scope = "cluster",
-    order: Order | None = None,
-    policy_version: int | None = None,
-    rewind: bool = False,
+    state: GatewayState, *, policy_version: int | None = None, rewind: bool = False
 ) -> dict[str, Any]:
-    """Open this gateway's gate and its peers', unless a newer pause is in force (``superseded``).
+    """Open every gateway's gate (the last committed command wins any race).
 
     ``policy_version``: the version the trainer just loaded into a remote engine these gateways
-    share; each gateway records calls under it from now on. A gateway whose engine holds its own
-    weights refuses it (``BadRequest``), as it does a version outside the store's range. Versions
-    never go backwards: one below the engine's current version is refused (``Conflict``) and the
-    gateway stays paused, because calls recorded under an older label would be trained on as if
-    the older weights had sampled them; the current version again is accepted (a repeated resume).
+    share (publishing it); each gateway records calls under it from now on. A gateway whose engine
+    holds its own weights refuses it (``BadRequest``), as it does a version outside the store's
+    range. Versions never go backwards: one below the live version (or this engine's) is refused
+    (``Conflict``) and the gateways stay paused, because calls recorded under an older label would
+    be trained on as if the older weights had sampled them; the current version again is accepted.
     ``rewind``: the trainer restored an older checkpoint into the servers (a ``--resume`` after a
     crash between an update and its checkpoint) and says so; then the older version is accepted.
     """
@@ -100,32 +102,20 @@ async def resume_gateways(
             )
         if not 0 <= policy_version <= INT64_MAX:
             raise BadRequest(f"policy_version must be in 0..{INT64_MAX}", param="policy_version")
-    cluster = state.cluster
-    stamp = cluster.stamp(order)
-    # Only a resume that will apply can go backwards; a stale one answers ``superseded`` as before.
-    if (
-        policy_version is not None
-        and not rewind
-        and stamp > cluster.last
-        and policy_version < engine.policy_version
-    ):
-        raise Conflict(
-            f"policy_version {policy_version} is older than the version this gateway serves "
-            f"({engine.policy_version}); versions never go backwards (the gateway stays paused; a "
-            "trainer restoring an older checkpoint passes rewind=true)"
-        )
-    applied = cluster.apply(stamp, "resume")
-    if applied and policy_version is not None and engine.shares_weights:
-        # The trainer installed new weights in a shared remote engine itself (docs/gateway.md,
-        # "Several gateways"); every gateway records calls from now on under this version.
-        engine.adopt_policy_version(policy_version)
-    released = state.gate.resume() if applied else 0
-    extra = {"policy_version": str(policy_version)} if policy_version is not None else None
-    if extra is not None and rewind:
-        extra["rewind"] = "true"
-    peers = await cluster.forward("POST", "/api/resume", scope, stamp, None, extra)
-    local = {**gateway_state_json(state), "released": released, "superseded": not applied}
-    return aggregate(local, peers)
+        if not rewind and policy_version < engine.policy_version:
+            raise Conflict(
+                f"policy_version {policy_version} is older than the version this gateway serves "
+                f"({engine.policy_version}); versions never go backwards (the gateway stays paused; a "
+                "trainer restoring an older checkpoint passes rewind=true)"
+            )
+    gate, released = await state.cluster.command(paused=False, policy_version=policy_version, rewind=rewind)
+    state.refresh_gauges()
+    return {
+        **gateway_state_json(state),
+        "released": released,
+        "command": gate.command,
+        "live_policy_version": gate.policy_version,
+    }
 
 
 class GatewayHandle:

@@ -4,8 +4,9 @@ Every model call takes a ``Ticket`` before it generates. While the gate is open 
 admitted at once (counted in flight); while paused it waits in a FIFO queue. ``pause`` closes the
 gate and waits until the calls already in flight have finished (drained) or a timeout passes;
 ``resume`` admits every waiting ticket in arrival order, in one step, so a quick re-pause cannot
-reorder them. ``close`` + ``drain`` are the two halves of ``pause`` for callers (the control API with
-peers) that must close the gate synchronously and then wait. Everything runs on the event loop: no locks.
+reorder them. ``close`` + ``drain`` are the two halves of ``pause`` for callers that must close the
+gate synchronously and then wait; ``on_quiet`` is called each time the last call in flight ends while
+closed (``gateway.cluster`` acks the pause then). Everything runs on the event loop: no locks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 
 
 class Ticket:
@@ -57,6 +59,7 @@ class PauseGate:
         self._idle.set()
         self._reopened = asyncio.Event()  # set while open; lets a drain end early on resume
         self._reopened.set()
+        self.on_quiet: Callable[[], None] = lambda: None
 
     @property
     def waiting(self) -> int:
@@ -114,6 +117,8 @@ class PauseGate:
         self.in_flight -= 1
         if self.in_flight == 0:
             self._idle.set()
+            if self.paused:
+                self.on_quiet()
 
     def _abandon(self, ticket: Ticket) -> None:
         with contextlib.suppress(ValueError):

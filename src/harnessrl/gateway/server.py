@@ -141,7 +141,7 @@ def serve_in_thread(
 
 
 def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] = ()) -> None:
-    """``python -m harnessrl.gateway --model M --port P --store S [--host H] [--workers N] [--peer URL]``
+    """``python -m harnessrl.gateway --model M --port P --store S [--host H] [--workers N]``
     (admin key from env)."""
     import argparse
     import os
@@ -152,7 +152,6 @@ def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] 
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--store", default="runs/gateway/harnessrl.db")
     parser.add_argument("--workers", type=int, default=1, help="gateway processes behind this address")
-    parser.add_argument("--peer", action="append", default=[], help="another node's gateway URL")
     parser.add_argument("--tokenizer", default=None, help="the policy's tokenizer (remote engines)")
     args = parser.parse_args(argv)
     try:
@@ -161,7 +160,6 @@ def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] 
             port=args.port,
             admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None,
             workers=args.workers,
-            peers=args.peer,
         )
         run_gateway(
             gateway,

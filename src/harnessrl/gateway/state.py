@@ -50,8 +50,10 @@ class GatewayState:
     calls: CallsInFlight = field(default_factory=CallsInFlight)  # by rollout, for its end to cancel
     history: CallHistory = field(init=False)
     writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
-    # Peer gateways sharing the store (``gateway.cluster``); default: the configured remote peers.
-    cluster: Cluster | None = None
+    # This gateway's part in the gate every gateway sharing the store agrees on (``gateway.cluster``).
+    cluster: Cluster = field(init=False)
+    # Other gateway processes write into this store though it is a file (``--workers``).
+    shared_store: bool = False
     formats: ModelFormats = field(init=False)  # the tool-call and reasoning formats answers are read in
     _tool_parser: ToolParserFactory = field(init=False, repr=False)
     _reasoning_parser: ReasoningParserFactory = field(init=False, repr=False)
@@ -67,9 +69,11 @@ class GatewayState:
     _drop_writes: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.cluster is None:
-            self.cluster = Cluster(remotes=tuple(self.config.peers), admin_key=self.config.admin_key or "")
-        # With peers, another gateway may have recorded this rollout's latest calls: check the store.
+        self.cluster = Cluster(
+            self.store, self.gate, self.engine, lease_s=self.config.lease_s, shared=self.shared_store
+        )
+        self.cluster.on_change = self.refresh_gauges
+        # Another gateway may have recorded this rollout's latest calls: check the store.
         self.history = CallHistory(self.store, check_store=self.cluster.shares_store)
         self.formats = resolve_formats(
             self.config.tool_call_parser,

@@ -5,16 +5,17 @@ new connections evenly over the workers. (One listening socket shared by all, as
 spreads badly here: asyncio accepts every pending connection in one wake-up, so the worker that
 wakes first takes a whole burst of clients, and keep-alive keeps them there.) The parent binds the
 port first without listening, which resolves ``port = 0`` and holds the port for the workers.
-Each worker also gets a private loopback control socket; every worker knows the others' control
-URLs as its siblings, so ``/api/pause`` on the public address (whichever worker takes it) reaches
-all of them (``gateway.cluster``).
+The workers agree on pause and policy version through the store as any gateways sharing it do
+(``gateway.cluster``): ``/api/pause`` on the public address, whichever worker takes it, pauses all.
+Each worker also gets a private loopback control socket, printed at start, to reach one given
+process (its own ``/metrics``, its own row in ``/api/state``); nothing is forwarded through it.
 
 Each worker opens its own store connection and its own engine. That is why only remote engines
 (``vllm:``/``sglang:``: the workers share the inference servers) and the scripted engine are
 allowed: an embedded model would be loaded N times and a weight update would reach one copy.
 
 The parent forwards SIGINT/SIGTERM to the workers and waits for them; if a worker dies on its
-own, the parent stops the others and fails (a gateway missing a worker would refuse every pause).
+own, the parent stops the others and fails (the address would serve on with fewer processes unnoticed).
 """
 
 from __future__ import annotations
@@ -77,10 +78,9 @@ def run_workers(
     ctx = multiprocessing.get_context("fork")
     workers = []
     for i in range(gateway.workers):
-        siblings = [u for j, u in enumerate(control_urls) if j != i]
         proc = ctx.Process(
             target=_serve_worker,
-            args=(i, gateway, engine, store_url, port, controls[i], siblings, tuple(extra_routes)),
+            args=(i, gateway, engine, store_url, port, controls[i], tuple(extra_routes)),
             name=f"harnessrl-gateway-{i}",
         )
         proc.start()
@@ -127,7 +127,6 @@ def _serve_worker(
     store_url: str,
     port: int,
     control: socket.socket,
-    siblings: list[str],
     extra_routes: Sequence[RouteFactory],
 ) -> None:
     """One worker process: its own store connection, engine and app, on the public + its control socket."""
@@ -142,12 +141,12 @@ def _serve_worker(
 
     store = open_store(store_url)
     try:
-        app = create_app(gateway, store, create_engine(engine), siblings=siblings, extra_routes=extra_routes)
+        app = create_app(gateway, store, create_engine(engine), shared_store=True, extra_routes=extra_routes)
         # The connection settings and limits apply per worker process.
         config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
         server = uvicorn.Server(config)
         tune_gc()  # as run_gateway does
-        log.info("gateway worker %d (pid %d) serving; siblings %s", index, os.getpid(), ", ".join(siblings))
+        log.info("gateway worker %d (pid %d) serving", index, os.getpid())
         # As in run_gateway: uvicorn re-raises the stop signal to the previous handler; make it a no-op.
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda signum, frame: None)

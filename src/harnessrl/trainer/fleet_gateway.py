@@ -84,6 +84,17 @@ async def load_weights(
             shutil.rmtree(old, ignore_errors=True)
 
 
+async def announce_start(gateway: GatewayControl) -> None:
+    """Tell every gateway on the store that the run starts at version 0 (and open their gate).
+
+    The store's gate outlives runs: a gateway in front of shared servers adopts the gate's live
+    version on start, which on a store reused from an earlier run is that run's last one. A run
+    starts from its own weights (a resumed run publishes its checkpoint's version right after), so
+    it announces 0 first, as a rewind. Engines holding their own weights label their own calls."""
+    if gateway.engine.shares_weights:
+        await gateway.resume(0, rewind=True)
+
+
 async def probe_replicas(pool: EnginePool, prompt: list[int]) -> list[tuple[str, list[int], list[float]]]:
     """A short sampled generation of ``prompt`` on every server of ``pool``: (name, ids, logprobs)."""
     params = SamplingParams(max_tokens=16, temperature=1.0)

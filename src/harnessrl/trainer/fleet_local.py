@@ -2,9 +2,9 @@
 
 The gate and the engine are the gateway's own objects, reached in-process on the gateway's event
 loop (``gateway.gating.GatewayHandle``): the trainer pauses the very gate its weight update needs
-quiet, and installs weights into the very engine object that serves, with no second client. Peer
-gateways (``[gateway] peers``) are paused and resumed through the same fan-out the control API
-uses. ``local_fleet`` serves the gateway and yields the run's ``GatewayFleet`` over it.
+quiet, and installs weights into the very engine object that serves, with no second client. Other
+gateways on the same store are paused and resumed through its gate, as the control API does
+(``gateway.cluster``). ``local_fleet`` serves the gateway and yields the run's ``GatewayFleet`` over it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from harnessrl.controller.stack import RolloutConfig, local_stack
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.gateway.gating import GatewayHandle
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
-from harnessrl.trainer.fleet_gateway import GatewayFleet
+from harnessrl.trainer.fleet_gateway import GatewayFleet, announce_start
 
 T = TypeVar("T")
 
@@ -75,7 +75,9 @@ async def local_fleet(
             running.append(asyncio.create_task(stack.controller.run_forever(stop)))
 
         try:
-            fleet = GatewayFleet(book, LocalGateway(stack.gateway), weights_root=run_dir / "engine-weights")
+            gateway = LocalGateway(stack.gateway)
+            await announce_start(gateway)
+            fleet = GatewayFleet(book, gateway, weights_root=run_dir / "engine-weights")
             yield fleet, start_controllers
         finally:
             stop.set()

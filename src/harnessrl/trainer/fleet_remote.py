@@ -1,6 +1,6 @@
 """``RemoteGateway``: gateways started elsewhere (``harnessrl gateway``), as a fleet's gateways.
 
-The trainer serves no gateway. It drives one (and, through its ``[gateway] peers``, all of them)
+The trainer serves no gateway. It drives one (and, through the store they share, all of them)
 over the control API, loads new weights into the remote engine servers with its own engine client,
 and tells the gateways the version on resume; external ``harnessrl controller`` processes launch
 the harnesses. The store is the one the gateways share (``[store] url``), so rollouts are created
@@ -20,7 +20,7 @@ from harnessrl.client import GatewayClient
 from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
-from harnessrl.trainer.fleet_gateway import GatewayFleet
+from harnessrl.trainer.fleet_gateway import GatewayFleet, announce_start
 
 T = TypeVar("T")
 
@@ -77,6 +77,7 @@ async def remote_fleet(
             message(external_controllers_hint(store_url, gateway_url))
 
         gateway = RemoteGateway(client, engine, pause_timeout_s=pause_timeout_s)
+        await announce_start(gateway)
         yield GatewayFleet(book, gateway, weights_root=run_dir / "engine-weights"), start_controllers
     finally:
         client.close()
