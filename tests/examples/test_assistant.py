@@ -38,7 +38,7 @@ def answers_hermes_rewrote(calls: list) -> list[int]:
     chain: the next call's prompt no longer extends it. A random tiny model samples those tags now
     and then. Each call is compared with the assistant turn the next call sent back for it.
     """
-    from harnessrl.gateway.prompt.conversation import visible_text
+    from harnessrl.gateway.prompt.messages import visible_text
 
     def text(message: dict) -> str:
         return visible_text(message.get("content") or "")

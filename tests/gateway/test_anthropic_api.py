@@ -29,8 +29,9 @@ from harnessrl.gateway.apis.anthropic import request_to_internal
 from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler
 from harnessrl.gateway.errors import anthropic_error_response, error_response
 from harnessrl.gateway.parsers.tools import HermesToolParser
-from harnessrl.gateway.prompt.conversation import build_prompt, normalize_messages
+from harnessrl.gateway.prompt.conversation import build_prompt
 from harnessrl.gateway.prompt.history import CallHistory
+from harnessrl.gateway.prompt.messages import normalize_messages
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer

@@ -30,8 +30,9 @@ from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
 from harnessrl.gateway.apis.anthropic_convert import request_to_internal
-from harnessrl.gateway.prompt.conversation import KeyedMessages, build_prompt, normalize_messages
+from harnessrl.gateway.prompt.conversation import build_prompt
 from harnessrl.gateway.prompt.history import prior_from_call
+from harnessrl.gateway.prompt.messages import KeyedMessages, normalize_messages
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call

@@ -16,13 +16,8 @@ from hypothesis import strategies as st
 from harnessrl.engines.scripted import render_turn
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.parsers.tools import parse_tool_calls
-from harnessrl.gateway.prompt.conversation import (
-    PriorCall,
-    build_prompt,
-    message_key,
-    normalize_message,
-    normalize_messages,
-)
+from harnessrl.gateway.prompt.conversation import build_prompt
+from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_message, normalize_messages
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [

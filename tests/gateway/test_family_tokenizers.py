@@ -21,7 +21,7 @@ import pytest
 from harnessrl.engines.tiny_families import FAMILIES, family_available, tiny_family_dir
 from harnessrl.gateway.parsers.formats import detect_formats
 from harnessrl.gateway.parsers.tools import TOOL_PARSERS
-from harnessrl.gateway.prompt.conversation import normalize_messages
+from harnessrl.gateway.prompt.messages import normalize_messages
 from harnessrl.tokenizer import PolicyTokenizer
 
 # The real IDs of each family's markers (from the vocabulary packages and the models' tokenizers).

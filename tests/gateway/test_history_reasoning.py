@@ -22,13 +22,8 @@ from harnessrl.config import GatewayConfig
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
-from harnessrl.gateway.prompt.conversation import (
-    PriorCall,
-    _splice,
-    build_prompt,
-    message_key,
-    normalize_messages,
-)
+from harnessrl.gateway.prompt.conversation import _splice, build_prompt
+from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_messages
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer

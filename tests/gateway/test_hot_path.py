@@ -33,17 +33,9 @@ from harnessrl.errors import BadRequest
 from harnessrl.gateway import create_app
 from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.gateway.pipeline.generation import Generation
-from harnessrl.gateway.prompt.conversation import (
-    VERIFY_CALLS,
-    PriorCall,
-    SpliceTrust,
-    build_prompt,
-    key_messages,
-    message_key,
-    normalize_messages,
-    quick_prompt,
-)
+from harnessrl.gateway.prompt.conversation import VERIFY_CALLS, SpliceTrust, build_prompt, quick_prompt
 from harnessrl.gateway.prompt.history import CallHistory, prior_from_call
+from harnessrl.gateway.prompt.messages import PriorCall, key_messages, message_key, normalize_messages
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.schemas import Call
 from harnessrl.store.sqlite import SQLiteStore

@@ -12,13 +12,8 @@ from typing import Any
 
 from harnessrl.engines.scripted import render_turn
 from harnessrl.gateway.parsers.tools import parse_tool_calls
-from harnessrl.gateway.prompt.conversation import (
-    VERIFY_CALLS,
-    PriorCall,
-    SpliceTrust,
-    build_prompt,
-    normalize_messages,
-)
+from harnessrl.gateway.prompt.conversation import VERIFY_CALLS, SpliceTrust, build_prompt
+from harnessrl.gateway.prompt.messages import PriorCall, normalize_messages
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.prompt.conversation import key_messages
+from harnessrl.gateway.prompt.messages import key_messages
 from harnessrl.gateway.prompt.repeats import history_bytes, text_chars
 
 json_values = st.recursive(

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harnessrl.gateway.parsers.formats import resolve_formats
-from harnessrl.gateway.prompt.conversation import normalize_message, normalize_messages
+from harnessrl.gateway.prompt.messages import normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout, RolloutStatus
 from harnessrl.sft.render import rollout_sequences
 from harnessrl.tokenizer import PolicyTokenizer

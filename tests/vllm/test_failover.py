@@ -32,7 +32,7 @@ from tests.vllm.vllm_support import (
 
 from harnessrl.engines.launch import EngineServer
 from harnessrl.engines.pool import EnginePool
-from harnessrl.gateway.prompt.conversation import normalize_messages
+from harnessrl.gateway.prompt.messages import normalize_messages
 
 pytestmark = pytest.mark.vllm
 

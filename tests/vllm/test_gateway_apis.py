@@ -16,7 +16,7 @@ import anthropic
 import pytest
 from tests.vllm.vllm_support import requests_finished, requests_running, server_metric, wait_until
 
-from harnessrl.gateway.prompt.conversation import normalize_messages
+from harnessrl.gateway.prompt.messages import normalize_messages
 from harnessrl.schemas import Call
 
 pytestmark = pytest.mark.vllm

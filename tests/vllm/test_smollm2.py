@@ -15,7 +15,7 @@ import pytest
 from tests.vllm.vllm_support import LOGPROB_ATOL, max_abs_diff
 
 from harnessrl.engines.launch import EngineServer
-from harnessrl.gateway.prompt.conversation import normalize_messages
+from harnessrl.gateway.prompt.messages import normalize_messages
 from harnessrl.tokenizer import PolicyTokenizer
 
 pytestmark = pytest.mark.vllm

@@ -5,7 +5,7 @@ provider's shape) and the answer as one OpenAI-chat-shaped assistant message (``
 ``content``, ``tool_calls``, optional ``reasoning_content``, whichever API it came through). The
 request is read back into the same internal form the gateway rendered it from, by the gateway's own
 converters (``anthropic_convert``, ``responses_input``), then normalized as the gateway normalizes it
-(``conversation.normalize_messages``: content parts joined, tool-call arguments parsed to objects).
+(``messages.normalize_messages``: content parts joined, tool-call arguments parsed to objects).
 Raw ``completions`` calls have no conversation and are counted, not read.
 
 Export (``write_jsonl``): one line per *conversation*, not per call. An agent resends its history,
@@ -28,7 +28,7 @@ from typing import Any
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.apis import anthropic_convert, responses_input
 from harnessrl.gateway.bodies import RESERVED_TEMPLATE_KWARGS
-from harnessrl.gateway.prompt.conversation import message_key, normalize_message, normalize_messages
+from harnessrl.gateway.prompt.messages import message_key, normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout
 
 

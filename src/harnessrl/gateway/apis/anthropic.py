@@ -43,8 +43,8 @@ from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, plan
 from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.pipeline.limits import check_prompt_size, rollout_sampling
 from harnessrl.gateway.pipeline.wire import json_response, sse_event
-from harnessrl.gateway.prompt.conversation import key_messages
 from harnessrl.gateway.prompt.history import RolloutMemory
+from harnessrl.gateway.prompt.messages import key_messages
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 

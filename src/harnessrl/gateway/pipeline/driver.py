@@ -38,8 +38,9 @@ from harnessrl.gateway.pipeline.delivery import CallStream, respond_whole
 from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.pipeline.limits import sampling_params, tokenize_in_thread
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS
-from harnessrl.gateway.prompt.conversation import KeyedMessages, PromptPlan, build_prompt, quick_prompt
+from harnessrl.gateway.prompt.conversation import PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.prompt.history import RolloutMemory
+from harnessrl.gateway.prompt.messages import KeyedMessages
 from harnessrl.gateway.prompt.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout

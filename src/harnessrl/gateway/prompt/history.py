@@ -7,7 +7,7 @@ splices in tokens of an abandoned attempt. Least-recently-used rollouts are forg
 
 The gateway's ``SpliceTrust`` (how far incremental prompt splices are verified) lives here too.
 
-Each memory also keeps the rollout's last request's keyed messages (``conversation.key_messages``),
+Each memory also keeps the rollout's last request's keyed messages (``messages.key_messages``),
 so the next request normalizes and fingerprints only the messages it adds.
 """
 
@@ -25,7 +25,8 @@ import anyio.to_thread
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.bodies import CheckedRest
-from harnessrl.gateway.prompt.conversation import KeyedMessages, PriorCall, SpliceTrust, key_messages
+from harnessrl.gateway.prompt.conversation import SpliceTrust
+from harnessrl.gateway.prompt.messages import KeyedMessages, PriorCall, key_messages
 from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
@@ -71,7 +72,7 @@ class RolloutMemory:
     def key_messages(
         self, raw: Sequence[Any], repeated: tuple[HistoryBytes, int] | None = None
     ) -> KeyedMessages:
-        """``conversation.key_messages`` for a new request of this rollout, remembered for the next
+        """``messages.key_messages`` for a new request of this rollout, remembered for the next
         (``repeated``: what ``repeats`` gave for ``raw``)."""
         keyed = key_messages(raw, self.last_keyed, repeated)
         self.last_keyed = keyed
