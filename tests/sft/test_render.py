@@ -192,7 +192,11 @@ def answers(draw: Any) -> list[dict[str, Any]]:
     return out
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(answers(), _TEXT)
 def test_loss_masks_cover_exactly_the_answer_tokens(tokenizer, drawn, user):
     calls = chat_calls(drawn, user=user or "?")
