@@ -84,6 +84,7 @@ class Cluster:
         self._stop_watch: Callable[[], None] | None = None
         self._pushes = False
         self.on_change: Callable[[], None] = lambda: None  # after a command is applied (the gauges)
+        self._waiters = 0  # pauses waiting here for a drain (``wait_drained``)
         self._sync_wanted = asyncio.Event()  # the sync loop has something to do
         self._read_wanted = True  # ... and it is reading the gate
         gate.on_quiet = self._quiet
@@ -108,6 +109,8 @@ class Cluster:
         listening = asyncio.Event()
 
         def notified(payload: str) -> None:  # on the listener's thread
+            if not self._waiters and payload.startswith(("ack ", "leave ")):
+                return  # only a pause waiting for a drain cares (16 gateways: 16 acks x 16 loops)
             with contextlib.suppress(RuntimeError):  # the loop closed under a late notification
                 loop.call_soon_threadsafe(listening.set)
                 loop.call_soon_threadsafe(self._notified, payload)
@@ -254,6 +257,13 @@ class Cluster:
     async def wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
         """Wait until every live gateway acked the gate's current pause quiet, or ``timeout`` passed:
         (drained, the gate, the live gateways). ``Conflict`` once a resume overtook the pause."""
+        self._waiters += 1
+        try:
+            return await self._wait_drained(command, timeout)
+        finally:
+            self._waiters -= 1
+
+    async def _wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
