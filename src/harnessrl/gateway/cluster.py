@@ -85,6 +85,7 @@ class Cluster:
         self._pushes = False
         self.on_change: Callable[[], None] = lambda: None  # after a command is applied (the gauges)
         self._waiters = 0  # pauses waiting here for a drain (``wait_drained``)
+        self._released = (0, 0)  # (command, calls its resume released here), as last applied
         self._sync_wanted = asyncio.Event()  # the sync loop has something to do
         self._read_wanted = True  # ... and it is reading the gate
         gate.on_quiet = self._quiet
@@ -202,14 +203,16 @@ class Cluster:
         if state.command <= self.applied:
             return 0
         self.applied = state.command
+        # The version first: no call the resume admits may be labelled with the older one.
+        version = state.policy_version
+        if version is not None and self.engine.shares_weights and version != self.engine.policy_version:
+            self.engine.adopt_policy_version(version)
         released = 0
         if state.paused:
             self.gate.close()
         else:
             released = self.gate.resume()
-        version = state.policy_version
-        if version is not None and self.engine.shares_weights and version != self.engine.policy_version:
-            self.engine.adopt_policy_version(version)
+        self._released = (state.command, released)
         self.on_change()
         return released
 
@@ -250,9 +253,10 @@ class Cluster:
         state = await anyio.to_thread.run_sync(
             lambda: self.store.command_gate(paused=paused, policy_version=policy_version, rewind=rewind)
         )
-        released = self.apply(state)
+        self.apply(state)  # unless its own notification, arriving first, applied it already
         await self.ack()
-        return state, released
+        command, released = self._released
+        return state, released if command == state.command else 0
 
     async def wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
         """Wait until every live gateway acked the gate's current pause quiet, or ``timeout`` passed:
