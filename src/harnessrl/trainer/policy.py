@@ -29,7 +29,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.hardware import resolve_autocast
 from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
-from harnessrl.trainer.lora import ADAPTER_DIR, with_lora
+from harnessrl.trainer.lora import ADAPTER_DIR, adapted_weights, with_lora
 from harnessrl.trainer.train_step import Learner, train_step
 from harnessrl.trajectory import Sample
 
@@ -245,7 +245,7 @@ class TrainablePolicy:
         changes (the engine loads a partial state dict in place; ``benchmarks/lora.py``)."""
         if self.config.lora is None:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
-        return self._merged_state_dict(adapted_only=True)
+        return adapted_weights(self.model)
 
     def _merged_state_dict(self, *, adapted_only: bool) -> dict[str, torch.Tensor]:
         # Merge the adapters into the base weights, copy them out, and unmerge so training goes on
