@@ -291,6 +291,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--no-vllm", action="store_true")
+    parser.add_argument(
+        "--embedded-only", action="store_true", help="only the embedded publish part, added to --out's JSON"
+    )
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--trainer-point", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -302,6 +305,15 @@ def main() -> None:
         return
     import torch
 
+    if args.embedded_only:  # a re-measurement beside an earlier run's numbers, labelled by its date
+        result = json.loads(Path(args.out).read_text())
+        rerun = run_embedded(args)
+        rerun["date"] = datetime.now(UTC).isoformat(timespec="seconds")
+        rerun["settings"] = {k: v for k, v in vars(args).items() if k not in ("out", "trainer_point")}
+        result["publish_embedded_rerun"] = rerun
+        Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.out}")
+        return
     result: dict[str, Any] = {
         "benchmark": "lora",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
