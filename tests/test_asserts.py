@@ -43,6 +43,14 @@ INVARIANTS = {
         "harnessrl/retrieval/sandbox_tools/search_mcp.py",
         "spec is not None and spec.loader is not None",
     ): "the module's own sibling file",
+    (
+        "harnessrl/gateway/pipeline/driver.py",
+        "parsed.prompt_ids is not None",
+    ): "the request parser sets messages or prompt IDs, never neither",
+    (
+        "harnessrl/gateway/pipeline/generation.py",
+        "not self.stop",
+    ): "only generations run without stop strings are replayed",
 }
 
 

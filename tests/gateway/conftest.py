@@ -98,9 +98,11 @@ def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callabl
             engine = CountingEngine(engine)
         cfg = GatewayConfig(admin_key=ADMIN_KEY, **config)
         app = create_app(cfg, store, engine, keepalive_s=keepalive_s)
+        # Closed after the server stops (the stack unwinds in reverse): the gateway leaves the
+        # store's gate on its way out.
+        stack.callback(store.close)
         url = stack.enter_context(serve_in_thread(app))
         client = GatewayClient(url, ADMIN_KEY)
-        stack.callback(store.close)
         stack.callback(client.close)
         return Gateway(url=url, store=store, engine=engine, client=client, app=app)
 

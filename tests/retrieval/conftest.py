@@ -80,9 +80,9 @@ def make_search_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[
             engine,
             extra_routes=RetrievalRoutes(index, config).factories(),
         )
+        stack.callback(store.close)  # last-in first-out: closed after the server stopped
         url = stack.enter_context(serve_in_thread(app))
         client = GatewayClient(url, ADMIN_KEY)
-        stack.callback(store.close)
         stack.callback(client.close)
         return SearchGateway(url, store, client, corpus)
 

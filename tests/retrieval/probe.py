@@ -96,6 +96,8 @@ probe(
     "search_command_works",
     lambda: (lambda rc, out: (rc == 0 and "founded in 1432" in out, out))(*search_command("Velmora")),
 )
+
+
 def huge_query_refused():
     """A 160 kB query: answered 413, or the connection closed while the body was still being sent (the
     gateway refuses on the declared length and closes; the client may see that before the 413).

@@ -222,8 +222,8 @@ class VLLMEngine(RemoteEngine):
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
     ) -> tuple[list[int], list[float]]:
         """The whole answer in one non-streamed request: sampled token IDs up to and including the
-        first stop token, and their logprobs. What ``generate`` yields for a non-streaming context,
-        without a ``TokenSample`` and an async-generator step per token (``Generation.run`` uses it)."""
+        first stop token, and their logprobs: what ``generate`` yields for a non-streaming context,
+        which it reads through this method."""
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 #: (never recorded) per reason: ``{"client_gone": 2, "rollout_ended": 1, ...}``.
 DROPPED_CALLS_KEY = "dropped_calls"
 
-#: Why a gateway drops a call (``harnessrl.gateway.delivery``): its client left, its client read
+#: Why a gateway drops a call (``harnessrl.gateway.pipeline.delivery``): its client left, its client read
 #: too slowly, or its rollout (or attempt) ended before it was recorded.
 DROP_REASONS = ("client_gone", "slow_reader", "rollout_ended")
 
