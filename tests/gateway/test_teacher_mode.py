@@ -10,6 +10,7 @@ made to die on cue.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -270,8 +272,33 @@ def test_upstream_errors_reach_the_harness_in_openai_shape_unrecorded(teaching: 
     with pytest.raises(openai.BadRequestError):
         teaching.harness.chat.completions.create(model="m", messages=bad, stream=True)  # type: ignore[arg-type]
     assert teaching.store.list_calls(teaching.rollout_id) == []
+    # Messages and Responses are not served in teacher mode yet: refused in their own shapes.
+    base, key = str(teaching.harness.base_url).rstrip("/"), teaching.harness.api_key
+    refused = httpx.post(f"{base}/messages", headers={"x-api-key": key}, json={"model": "m", "messages": []})
+    assert refused.status_code == 400 and refused.json()["type"] == "error"
+    assert "teacher mode" in refused.json()["error"]["message"]
+    refused = httpx.post(f"{base}/responses", headers={"authorization": f"Bearer {key}"}, json={"input": "x"})
+    assert refused.status_code == 400 and "teacher mode" in refused.json()["error"]["message"]
+    assert teaching.store.list_calls(teaching.rollout_id) == []
     assert len(agent_loop(teaching, stream=False)) == 2  # control: a good call is answered and recorded
     assert len(teaching.store.list_calls(teaching.rollout_id)) == 2
+
+
+def test_the_key_comes_from_the_gateways_environment_not_the_config(
+    teaching: Teaching, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    upstream = str(teaching.direct.base_url).split("/rollouts/")[0] + "/v1"
+    cfg = EngineConfig(
+        model="scripted:x.json",
+        teacher=TeacherConfig(base_url=upstream, model="u", api_key_env="HRL_TEST_TEACHER_KEY"),
+    )
+    with pytest.raises(ConfigError, match="HRL_TEST_TEACHER_KEY is not set"):
+        build_teacher(cfg)
+    monkeypatch.setenv("HRL_TEST_TEACHER_KEY", teaching.key)
+    teacher = build_teacher(cfg)  # probes the upstream's /models with the key: it answers
+    assert teacher is not None and teaching.key not in repr(teacher)
+    assert teaching.key not in cfg.model_dump_json()  # what a run folder saves of the config
+    asyncio.run(teacher.aclose())
 
 
 def test_the_key_reaches_the_upstream_and_nothing_else(
@@ -420,3 +447,12 @@ def test_an_unreachable_upstream_is_a_config_error_naming_engine(tmp_path: Path)
     )
     assert result.exit_code == 2, result.output
     assert "engine.teacher.base_url" in result.output
+
+
+def test_a_training_run_refuses_teacher_mode() -> None:
+    from harnessrl.config import load_raw_config, validate_config
+    from harnessrl.trainer.config import TrainConfig
+
+    sets = ['engine.teacher.base_url="http://127.0.0.1:9/v1"', 'engine.teacher.model="u"']
+    with pytest.raises(ConfigError, match="engine.teacher"):
+        validate_config(TrainConfig, load_raw_config("examples/tiny/train.toml", sets))

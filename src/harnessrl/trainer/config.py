@@ -201,6 +201,11 @@ class TrainConfig(Section):
         top_p = self.trainer.top_p
         if top_p != "harness" and not 0 < top_p <= 1:
             raise ValueError(f'trainer.top_p: must be in (0, 1] or "harness", got {top_p}')
+        if self.engine.teacher is not None:
+            raise ValueError(
+                "engine.teacher: teacher mode records calls for harnessrl sft (run harnessrl gateway "
+                "with it); a training run generates with its policy"
+            )
         if self.engine.source.kind in REMOTE_KINDS and not self.trainer.model:
             raise ValueError(
                 "trainer.model: required with a remote engine (the weights the trainer starts from, "
