@@ -25,7 +25,8 @@ taken (the machine may be shared; a loaded machine makes every time longer):
     .venv/bin/python benchmarks/cpu_budget.py --steps 2 --before A --after B --set trainer.eval_every=0
     .venv/bin/python benchmarks/cpu_budget.py --only gemm,decode         # no training job
 
-Results go to ``benchmarks/results/cpu_budget.json`` (``before``/``after`` or ``current``).
+Results go to ``benchmarks/results/cpu_budget.json`` (``before``/``after`` or ``current``), or to
+``--out``: ``results/cpu_budget_20_steps.json`` is ``--steps 20 --decode-prompt 128`` of one checkout.
 """
 
 from __future__ import annotations
@@ -335,6 +336,7 @@ def main() -> None:
     parser.add_argument("--only", default="gemm,decode,job")
     parser.add_argument("--set", action="append", default=[], help="more --set overrides for the job")
     parser.add_argument("--decode-prompt", type=int, default=256)
+    parser.add_argument("--out", type=Path, default=RESULTS, help="where the results JSON goes")
     parser.add_argument("--decode-child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--decode-gemm", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -373,7 +375,7 @@ def main() -> None:
             result["after"] = measure(args.code, args, parts, machine)
     else:
         result["current"] = measure(args.code, args, parts, machine)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
