@@ -1,0 +1,188 @@
+"""Does the arithmetic example still learn with LoRA? Held-out gain of LoRA vs full fine-tuning at
+equal steps (issue 41).
+
+Each arm is the main job as users start it, launched and measured by ``cpu_budget.run_job`` (a
+``harnessrl train`` subprocess, its process tree sampled from ``/proc`` every second):
+
+- ``lora``: ``examples/arithmetic/train_lora.toml``, run as ``train.toml`` plus the keys in which
+  the two files differ (``[trainer.lora]``, ``optimizer.lr``, ``run.name``) as ``--set`` overrides,
+  so both arms share one launcher and cannot drift apart in anything else;
+- ``full``: ``examples/arithmetic/train.toml`` (full fine-tuning).
+
+The arms run the code of one commit (``--commit``, default ``HEAD``) from a ``git worktree`` in a
+scratch folder, not this checkout, whose uncommitted files (other people's work in progress) may
+change under a run that takes an hour. Same seed, tasks, group size, ``--steps`` and held-out evaluation (100 problems, greedy, at steps 0,
+10 and 20); float32 engine and trainer (``--dtype``, as ``results/cpu_budget_20_steps.json``). Arms
+run one after the other, LoRA first, and the JSON is written after each, so a LoRA-only result
+survives if the full arm is stopped. Without a ``full`` arm in the run, the comparison is against
+the committed full-fine-tuning run (``--reference``) and says so.
+
+Standard errors: held-out success is a share of n = 100 problems, SE = sqrt(p (1 - p) / n); a gain
+or a LoRA-minus-full difference adds the two variances (the problems are the same in both, so this
+overstates the SE of a paired difference a little). It is sampling error of the problems only: two
+runs of the same config also differ (async rollouts, T = 0.7), which it does not cover.
+
+    .venv/bin/python benchmarks/lora_learning.py                       # both arms, ~50+ min on 2 cores
+    .venv/bin/python benchmarks/lora_learning.py --arms lora           # LoRA only, vs the committed run
+    .venv/bin/python benchmarks/lora_learning.py --arms lora --steps 2 --set trainer.eval_every=0 \\
+        --out /tmp/pilot.json                                          # a pilot: does the setting train
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import subprocess
+import sys
+import tempfile
+import tomllib
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cpu_budget import cpu_description, git, load1, log, run_job  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "arithmetic"
+RESULTS = ROOT / "benchmarks" / "results" / "lora_learning.json"
+REFERENCE = ROOT / "benchmarks" / "results" / "cpu_budget_20_steps.json"
+
+
+def flatten(table: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def lora_overrides() -> list[str]:
+    """``train_lora.toml`` as ``--set`` overrides of ``train.toml``: the keys it changes or adds."""
+    full = flatten(tomllib.loads((EXAMPLE / "train.toml").read_text()))
+    lora = flatten(tomllib.loads((EXAMPLE / "train_lora.toml").read_text()))
+    if missing := set(full) - set(lora):
+        raise SystemExit(f"train_lora.toml lacks keys of train.toml: {sorted(missing)}")
+    # json.dumps writes these values (numbers, strings, lists of strings) as TOML reads them
+    return [f"{k}={json.dumps(v)}" for k, v in lora.items() if full.get(k) != v]
+
+
+def se(p: float, n: int) -> float:
+    return math.sqrt(p * (1 - p) / n)
+
+
+def heldout_with_se(heldout: list[list[float]], n: int) -> list[dict[str, Any]]:
+    return [{"step": int(s), "success": p, "se": round(se(p, n), 3)} for s, p in heldout]
+
+
+def gain(points: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if len(points) < 2:
+        return None
+    first, last = points[0], points[-1]
+    return {
+        "from_step": first["step"],
+        "to_step": last["step"],
+        "gain": round(last["success"] - first["success"], 3),
+        "se": round(math.hypot(first["se"], last["se"]), 3),
+    }
+
+
+def summarise(job: dict[str, Any], n: int) -> dict[str, Any]:
+    points = heldout_with_se(job["heldout"], n)
+    rewards = job["reward_mean"]
+    return {
+        "heldout": points,
+        "heldout_gain": gain(points),
+        "reward_mean_first3": round(sum(rewards[:3]) / 3, 3) if len(rewards) >= 3 else None,
+        "reward_mean_last3": round(sum(rewards[-3:]) / 3, 3) if len(rewards) >= 3 else None,
+    }
+
+
+def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dict[str, Any]:
+    """LoRA minus full fine-tuning at each step both evaluated, and of the gains."""
+    by_step = {p["step"]: p for p in full["heldout"]}
+    at_steps = [
+        {
+            "step": p["step"],
+            "lora_minus_full": round(p["success"] - by_step[p["step"]]["success"], 3),
+            "se": round(math.hypot(p["se"], by_step[p["step"]]["se"]), 3),
+        }
+        for p in lora["heldout"]
+        if p["step"] in by_step
+    ]
+    out: dict[str, Any] = {"full_source": full_source, "at_steps": at_steps}
+    if lora["heldout_gain"] and full["heldout_gain"]:
+        d = lora["heldout_gain"]["gain"] - full["heldout_gain"]["gain"]
+        s = math.hypot(lora["heldout_gain"]["se"], full["heldout_gain"]["se"])
+        out["gain_lora_minus_full"] = {"difference": round(d, 3), "se": round(s, 3), "z": round(d / s, 2)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--arms", default="lora,full", help="comma-separated, run in this order")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
+    parser.add_argument("--set", action="append", default=[], help="more --set overrides for both arms")
+    parser.add_argument(
+        "--reference", type=Path, default=REFERENCE, help="full-FT run to compare without a full arm"
+    )
+    parser.add_argument("--commit", default="HEAD", help="the code the arms run (a worktree of it)")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args()
+    code = Path(tempfile.mkdtemp(prefix="lora-learning-code-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(code), args.commit], cwd=ROOT, check=True)
+    try:
+        run_arms(args, code)
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(code)], cwd=ROOT, check=False)
+
+
+def run_arms(args: argparse.Namespace, code: Path) -> None:
+
+    n = sum(1 for line in (EXAMPLE / "heldout.jsonl").read_text().splitlines() if line.strip())
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv[1:],
+        "commit": git(code, "rev-parse", "HEAD"),
+        "dtype": args.dtype,
+        "machine": {"cpu": cpu_description(), "load1_at_start": load1()},
+        "heldout_problems": n,
+        "lora_overrides": lora_overrides(),
+        "note": "load1 is the 1-minute load average; the machine was shared with other work",
+        "arms": {},
+    }
+    for arm in args.arms.split(","):
+        extra = (lora_overrides() if arm == "lora" else []) + args.set
+        work = Path(tempfile.mkdtemp(prefix=f"lora-learning-{arm}-"))
+        try:
+            job = run_job(code, args.steps, args.dtype, work, extra)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        job.pop("forward_tokens", None)
+        job.update(summarise(job, n))
+        result["arms"][arm] = job
+        log(f"{arm}: {json.dumps(job)}")
+        if "lora" in result["arms"]:
+            if "full" in result["arms"]:
+                full, source = result["arms"]["full"], "the full arm of this run"
+            else:
+                ref = json.loads(args.reference.read_text())
+                full = summarise(ref["current"]["job"], n)
+                source = (
+                    f"{args.reference.relative_to(ROOT)} ({ref['date']}, commit {ref['current']['commit'][:7]}): "
+                    "an earlier run on the same machine and config, not this run"
+                )
+            result["comparison"] = compare(result["arms"]["lora"], full, source)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
