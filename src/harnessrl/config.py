@@ -166,7 +166,7 @@ class GatewayConfig(Section):
             )
         return value
 
-    # Connections (docs/gateway.md, "Connections and timeouts"; gateway.connections). An idle
+    # Connections (docs/gateway.md, "Connections and timeouts"; gateway.transport). An idle
     # keep-alive connection is closed after keepalive_timeout_s: longer than clients keep theirs
     # (httpx and the OpenAI SDK: 5 s), so a client never reuses one the server is closing.
     keepalive_timeout_s: float = Field(default=75.0, gt=0)

@@ -87,7 +87,7 @@ def create_app(
     )
     state.teacher = teacher
     cluster = state.cluster
-    cluster.url = config.public_url or ""  # its gateway_id names the host and process
+    cluster.heartbeat.url = config.public_url or ""  # its gateway_id names the host and process
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -1,15 +1,18 @@
 """Request bodies: reading them under a size limit, and the pydantic models that validate them.
 
 Model-API bodies allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``,
-``store``, ``user`` ...) that must be ignored, not rejected. Control-API bodies are ours and
-strict. Validation errors become a 400 naming the field (``gateway.errors.from_validation_error``).
+``store``, ``user`` ...) that must be ignored, not rejected (the control API's bodies are ours and
+strict: ``gateway.control``). Validation errors become a 400 naming the field
+(``gateway.errors.from_validation_error``).
 
 Every body is strict JSON (``gateway.json_input.parse_json``) before any model sees it, and the
-fields the store keeps in columns are typed to what it can hold (``StoreInt``, ``StoreText``).
+fields the store keeps in columns are typed to what it can hold (``StoreInt``; the control API's
+``StoreText``).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -20,15 +23,12 @@ from starlette.requests import ClientDisconnect, Request
 from harnessrl.errors import BadRequest, PayloadTooLarge
 from harnessrl.gateway.errors import from_validation_error
 from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, decode_json, parse_json, within_bounds
-from harnessrl.schemas import Outcome, SamplingOverrides
 
 B = TypeVar("B", bound=BaseModel)
 
 #: An integer the store can hold (``step``, ``attempt``, ``seed``...); pydantic turns an integral
 #: float (``1e19``) into an int, so the range is checked on the field as well as in the JSON.
 StoreInt = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
-#: Text stored in its own column: PostgreSQL's TEXT cannot hold NUL.
-StoreText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -150,15 +150,10 @@ def validate_tail(
         return validate_body(model, data)
 
 
-_ITEMS_ADAPTERS: dict[tuple[type[BaseModel], str], TypeAdapter[Any]] = {}
-
-
+@functools.cache
 def _items_adapter(model: type[BaseModel], key: str) -> TypeAdapter[Any]:
-    """A validator of the list field ``key`` of ``model`` alone."""
-    adapter = _ITEMS_ADAPTERS.get((model, key))
-    if adapter is None:
-        adapter = _ITEMS_ADAPTERS[(model, key)] = TypeAdapter(model.model_fields[key].annotation)
-    return adapter
+    """A validator of the list field ``key`` of ``model`` alone (built once per model and field)."""
+    return TypeAdapter(model.model_fields[key].annotation)
 
 
 # -- model API ------------------------------------------------------------------------------------
@@ -288,34 +283,3 @@ class CompletionRequest(SamplingFields):
         if isinstance(prompt, list) and not prompt:
             raise BadRequest("prompt is empty", param="prompt")
         return prompt  # type: ignore[return-value]
-
-
-# -- control API ----------------------------------------------------------------------------------
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class RolloutMetadataIn(Lenient):
-    """A new rollout's free-form metadata; only ``sampling`` has a shape (checked here, so a bad
-    value is a 400 now instead of a failure of every later call of the rollout)."""
-
-    sampling: SamplingOverrides | None = None
-
-
-class CreateRolloutRequest(Strict):
-    task: dict[str, Any] = Field(default_factory=dict)
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
-    group: StoreText | None = None
-    run_id: StoreText | None = None
-    task_id: StoreText | None = None
-    step: int | None = Field(default=None, ge=0, le=INT64_MAX)
-    metadata: RolloutMetadataIn = Field(default_factory=RolloutMetadataIn)
-
-
-class FinishRolloutRequest(Strict):
-    outcome: Outcome
-    reward: float = Field(allow_inf_nan=False)  # a reward of inf/NaN poisons every advantage of its group
-    error: StoreText | None = None
-    metadata: dict[str, Any] | None = None

@@ -2,7 +2,7 @@
 
 The store holds the gate (paused or open, the live policy version, a command counter that every
 pause or resume increments in its transaction) and one heartbeat row per gateway process
-(``store.gate``). ``Cluster`` is one gateway's side of it:
+(``store.gate``, written by ``gateway.heartbeat``). ``Cluster`` is one gateway's side of it:
 
 - On start it listens for the store's notifications (PostgreSQL ``LISTEN``), then reads the gate
   and applies it to its own ``PauseGate`` before the app takes a call: a gateway started or
@@ -29,17 +29,14 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import os
-import secrets
-import socket
 import time
 from collections.abc import Callable
-from typing import Any
 
 import anyio.to_thread
 
 from harnessrl.engines.base import Engine
 from harnessrl.errors import Conflict
+from harnessrl.gateway.heartbeat import Ack, Heartbeat
 from harnessrl.gateway.pause import PauseGate
 from harnessrl.store.base import Store
 from harnessrl.store.gate import GateState, GatewayRow, parse_command_payload
@@ -61,7 +58,6 @@ class Cluster:
         gate: PauseGate,
         engine: Engine,
         *,
-        url: str = "",
         lease_s: float = 10.0,
         shared: bool = False,
         clock: Callable[[], float] = time.time,
@@ -69,16 +65,10 @@ class Cluster:
         self.store = store
         self.gate = gate
         self.engine = engine
-        self.url = url  # where this gateway answers, for /api/state (informational)
-        self.lease_s = lease_s
         self.clock = clock
-        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
-        self.started_at = clock()
+        self.heartbeat = Heartbeat(store, lease_s=lease_s, clock=clock)
         self.applied = 0  # the last command applied to ``gate``
         self._shared = shared
-        self._acked: tuple[int, bool, bool] | None = None  # (command, paused, quiet) as last written
-        self._next_beat = 0.0
-        self._beat_lock: asyncio.Lock | None = None
         self._event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop_watch: Callable[[], None] | None = None
@@ -89,6 +79,10 @@ class Cluster:
         self._sync_wanted = asyncio.Event()  # the sync loop has something to do
         self._read_wanted = True  # ... and it is reading the gate
         gate.on_quiet = self._quiet
+
+    @property
+    def gateway_id(self) -> str:
+        return self.heartbeat.gateway_id
 
     @property
     def shares_store(self) -> bool:
@@ -137,7 +131,7 @@ class Cluster:
                 await self._task
             self._task = None
         try:
-            await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id)
+            await self.heartbeat.leave()
         except Exception:  # noqa: BLE001 - the lease ends on its own
             log.warning(
                 "could not remove gateway %s from the store's gateways", self.gateway_id, exc_info=True
@@ -158,7 +152,7 @@ class Cluster:
                 if not failing:  # once per outage, not once per tick
                     log.warning("gateway %s could not read the gate", self.gateway_id, exc_info=True)
                 failing = True
-            wait = min(self.tick_s, max(0.0, self._next_beat - self.clock()))
+            wait = min(self.tick_s, max(0.0, self.heartbeat.next_beat - self.clock()))
             try:
                 await asyncio.wait_for(self._sync_wanted.wait(), wait)
             except TimeoutError:
@@ -222,28 +216,17 @@ class Cluster:
 
     async def ack(self, *, force: bool = False) -> None:
         """Write this gateway's heartbeat row if its ack changed or its lease is due."""
-        if self._beat_lock is None:
-            self._beat_lock = asyncio.Lock()
-        async with self._beat_lock:  # two writes in threads could commit out of order
-            key = (self.applied, self.gate.paused, self.quiet)
-            now = self.clock()
-            if key == self._acked and now < self._next_beat and not force:
-                return
-            row = GatewayRow(
-                gateway_id=self.gateway_id,
-                url=self.url,
-                command=key[0],
-                paused=key[1],
-                quiet=key[2],
-                in_flight=self.gate.in_flight,
-                waiting=self.gate.waiting,
-                policy_version=self.engine.policy_version,
-                lease_until=now + self.lease_s,
-                started_at=self.started_at,
-            )
-            changed = key != self._acked
-            await anyio.to_thread.run_sync(lambda: self.store.beat(row, notify=changed))
-            self._acked, self._next_beat = key, now + self.lease_s / 3
+        await self.heartbeat.beat(self._ack, force=force)
+
+    def _ack(self) -> Ack:
+        return Ack(
+            command=self.applied,
+            paused=self.gate.paused,
+            quiet=self.quiet,
+            in_flight=self.gate.in_flight,
+            waiting=self.gate.waiting,
+            policy_version=self.engine.policy_version,
+        )
 
     # -- commands -------------------------------------------------------------------------------------
     async def command(
@@ -305,20 +288,6 @@ class Cluster:
         return dataclasses.replace(
             row, in_flight=self.gate.in_flight, waiting=self.gate.waiting, quiet=row.quiet and self.quiet
         )
-
-    def row_json(self, row: GatewayRow, command: int) -> dict[str, Any]:
-        return {
-            "gateway_id": row.gateway_id,
-            "url": row.url,
-            "self": row.gateway_id == self.gateway_id,
-            "command": row.command,
-            "paused": row.paused,
-            "drained": acked_quiet(row, command),
-            "in_flight": row.in_flight,
-            "waiting": row.waiting,
-            "policy_version": row.policy_version,
-            "lease_s": round(max(0.0, row.lease_until - self.clock()), 3),
-        }
 
 
 def acked_quiet(row: GatewayRow, command: int) -> bool:

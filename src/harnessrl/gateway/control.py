@@ -3,29 +3,67 @@
 Used by the controller (create rollouts, hand harnesses their base URL and key, finish them with a
 reward) and the trainer (read calls with token IDs, pause for a weight update, resume).
 
-Inputs are checked like the model API's (``gateway.json_input``, ``gateway.bodies``): integers in query parameters within
-the store's 64-bit range, a finite pause timeout, no NUL in text the store compares. Records are
-served by ``stored_json``, which shows a value JSON cannot carry (stored before the boundary was
-strict) as a placeholder instead of failing the read.
+Inputs are checked like the model API's (``gateway.json_input``, ``gateway.bodies``), against the
+strict bodies below: integers in query parameters within the store's 64-bit range, a finite pause
+timeout, no NUL in text the store compares. Records are served by ``stored_json``, which shows a
+value JSON cannot carry (stored before the boundary was strict) as a placeholder instead of failing
+the read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Annotated, Any
 
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest, NotFound, UpstreamError
 from harnessrl.gateway.auth import require_admin
-from harnessrl.gateway.bodies import CreateRolloutRequest, FinishRolloutRequest, read_json, validate_body
+from harnessrl.gateway.bodies import Lenient, read_json, validate_body
 from harnessrl.gateway.gating import cluster_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Rollout, RolloutStatus
+from harnessrl.schemas import Outcome, Rollout, RolloutStatus, SamplingOverrides
 from harnessrl.store.codecs import json_safe
+
+# -- bodies (ours, so strict) ----------------------------------------------------------------------
+
+#: Text stored in its own column: PostgreSQL's TEXT cannot hold NUL.
+StoreText = Annotated[str, Field(pattern=r"^[^\x00]*$")]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RolloutMetadataIn(Lenient):
+    """A new rollout's free-form metadata; only ``sampling`` has a shape (checked here, so a bad
+    value is a 400 now instead of a failure of every later call of the rollout)."""
+
+    sampling: SamplingOverrides | None = None
+
+
+class CreateRolloutRequest(Strict):
+    task: dict[str, Any] = Field(default_factory=dict)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
+    group: StoreText | None = None
+    run_id: StoreText | None = None
+    task_id: StoreText | None = None
+    step: int | None = Field(default=None, ge=0, le=INT64_MAX)
+    metadata: RolloutMetadataIn = Field(default_factory=RolloutMetadataIn)
+
+
+class FinishRolloutRequest(Strict):
+    outcome: Outcome
+    reward: float = Field(allow_inf_nan=False)  # a reward of inf/NaN poisons every advantage of its group
+    error: StoreText | None = None
+    metadata: dict[str, Any] | None = None
+
+
+# -- routes ------------------------------------------------------------------------------------------
 
 
 def _admin_state(request: Request) -> GatewayState:

@@ -19,8 +19,10 @@ from typing import Any, TypeVar
 
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import BadRequest, Conflict
+from harnessrl.gateway.cluster import Cluster, acked_quiet
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
+from harnessrl.store.gate import GatewayRow
 
 T = TypeVar("T")
 
@@ -41,6 +43,22 @@ def gateway_state_json(state: GatewayState) -> dict[str, Any]:
     }
 
 
+def row_json(cluster: Cluster, row: GatewayRow, command: int) -> dict[str, Any]:
+    """One live gateway as ``/api/state`` and a pause's answer list it (``command``: the gate's)."""
+    return {
+        "gateway_id": row.gateway_id,
+        "url": row.url,
+        "self": row.gateway_id == cluster.gateway_id,
+        "command": row.command,
+        "paused": row.paused,
+        "drained": acked_quiet(row, command),
+        "in_flight": row.in_flight,
+        "waiting": row.waiting,
+        "policy_version": row.policy_version,
+        "lease_s": round(max(0.0, row.lease_until - cluster.clock()), 3),
+    }
+
+
 async def cluster_state_json(state: GatewayState) -> dict[str, Any]:
     """``/api/state``: the gate as the store has it, totals over the live gateways, and each of them."""
     gate, live = await state.cluster.members()
@@ -52,7 +70,7 @@ async def cluster_state_json(state: GatewayState) -> dict[str, Any]:
         "live_policy_version": gate.policy_version,
         "in_flight": sum(r.in_flight for r in live),
         "waiting": sum(r.waiting for r in live),
-        "gateways": [state.cluster.row_json(r, gate.command) for r in live],
+        "gateways": [row_json(state.cluster, r, gate.command) for r in live],
     }
 
 
@@ -74,7 +92,7 @@ async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
         "live_policy_version": gate.policy_version,
         "in_flight": sum(r.in_flight for r in live),
         "waiting": sum(r.waiting for r in live),
-        "gateways": [state.cluster.row_json(r, gate.command) for r in live],
+        "gateways": [row_json(state.cluster, r, gate.command) for r in live],
     }
 
 

@@ -25,8 +25,8 @@ from starlette.applications import Starlette
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
-from harnessrl.gateway.connections import uvicorn_config
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
+from harnessrl.gateway.transport.serving import uvicorn_config
 
 if TYPE_CHECKING:
     from harnessrl.gateway.app import RouteFactory
@@ -135,7 +135,7 @@ def serve_in_thread(
     For tests and notebooks: the lifespan runs (engine started), and leaving the block shuts the
     server down cleanly. uvicorn installs no signal handlers off the main thread. ``sock``: a
     listening socket bound beforehand (e.g. so peer gateways can be told each other's URL); it is
-    closed at the end. Connections are served as ``run_gateway`` serves them (``gateway.connections``),
+    closed at the end. Connections are served as ``run_gateway`` serves them (``gateway.transport``),
     with the timeouts and limits of the app's ``GatewayConfig`` (a training run's local stack serves
     its gateway this way).
     """

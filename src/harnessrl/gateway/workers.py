@@ -136,7 +136,7 @@ def _serve_worker(
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
-    from harnessrl.gateway.connections import uvicorn_config
+    from harnessrl.gateway.transport.serving import uvicorn_config
     from harnessrl.store import open_store
 
     store = open_store(store_url)

@@ -1,13 +1,4 @@
-"""The gateway's HTTP connections: read timeouts, the idle keep-alive timeout, a cap on open connections.
-
-uvicorn alone (0.54) has one connection timer, the keep-alive timeout, and arms it only after a
-response: a connection that opens and never sends a whole request is held forever, so a few
-hundred of them exhaust the process's file descriptors and lock every other client out. Its 5 s
-keep-alive default also equals the idle time after which httpx and the OpenAI SDK stop reusing a
-connection, so a client sometimes sends its next call on a connection the server is closing at
-that instant, and gets a ``ReadError`` for a call that was never recorded.
-
-``GatewayProtocol`` is uvicorn's httptools protocol with, per connection:
+"""``GatewayProtocol``: uvicorn's httptools protocol with, per connection (the package docstring says why):
 
 - **header timeout**: the request line and headers must arrive within ``header_timeout_s`` of the
   connection opening (first request) or of the request's first byte (later ones); else a 408 and
@@ -21,7 +12,7 @@ that instant, and gets a ``ReadError`` for a call that was never recorded.
   longest is closed to make room, those that never sent a whole request first; if every connection
   is busy with a request, the new one's request is answered 503 (``Retry-After: 1``) and it is
   closed. Refused connections count against the cap until they close (at most 5 s).
-- **request heads** (``gateway.heads``): a head past ``max_header_bytes`` or with more than
+- **request heads** (``transport.heads``): a head past ``max_header_bytes`` or with more than
   ``max_headers`` headers is answered 431 and the connection closed, without reading on (a 64 MiB
   header line used to be read whole, seconds of CPU); an ``Upgrade`` the gateway does not speak
   (``curl --http2``'s ``h2c``) is ignored, where the parser used to drop the request's body.
@@ -35,27 +26,25 @@ Everything else (parsing, flow control, the ASGI cycle) is uvicorn's.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
-import resource
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
 import httptools
-import orjson
-import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from harnessrl.config import GatewayConfig
-from harnessrl.gateway.heads import UnsupportedUpgrade, head_without_upgrade, new_parser, unacknowledged_bytes
 from harnessrl.gateway.pipeline.delivery import CONNECTION_KEY
+from harnessrl.gateway.transport.heads import (
+    UnsupportedUpgrade,
+    head_without_upgrade,
+    new_parser,
+    unacknowledged_bytes,
+)
+from harnessrl.gateway.transport.limits import ConnectionLimits
+from harnessrl.gateway.transport.refusals import openai_error, raw_response, too_many_connections
 
 log = logging.getLogger("harnessrl.gateway")
-
-#: File descriptors kept free beyond the connections (the store, the engine's sockets, logs, threads).
-FD_RESERVE = 64
 
 #: Seconds a connection refused by the cap has to send its request head (to be answered 503).
 REFUSED_HEAD_TIMEOUT_S = 5.0
@@ -64,62 +53,6 @@ REFUSED_HEAD_TIMEOUT_S = 5.0
 #: the request line and headers), ``body``, ``app`` (the route is answering), ``idle`` (keep-alive),
 #: ``refused`` (its head was too large: answered 431, closing, nothing more is read).
 Phase = Literal["new", "head", "body", "app", "idle", "refused"]
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    """The connection settings of ``GatewayConfig``, as the protocol uses them."""
-
-    keepalive_timeout_s: float = 75.0
-    header_timeout_s: float = 30.0
-    body_timeout_s: float = 60.0
-    max_connections: int = 4096
-    max_header_bytes: int = 65536
-    max_headers: int = 100
-
-    @classmethod
-    def from_config(cls, config: GatewayConfig) -> ConnectionLimits:
-        return cls(
-            keepalive_timeout_s=config.keepalive_timeout_s,
-            header_timeout_s=config.header_timeout_s,
-            body_timeout_s=config.body_timeout_s,
-            max_connections=config.max_connections,
-            max_header_bytes=config.max_header_bytes,
-            max_headers=config.max_headers,
-        )
-
-
-def _openai_error(message: str, kind: str, code: str) -> bytes:
-    # No route is known yet (or ever): OpenAI's shape, the gateway's default.
-    return orjson.dumps({"error": {"message": message, "type": kind, "code": code, "param": None}})
-
-
-def _raw_response(status: bytes, payload: bytes) -> bytes:
-    return (
-        b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(payload)).encode() + b"\r\nconnection: close\r\n\r\n"
-    ) + payload
-
-
-def _too_many_connections(limit: int) -> Any:
-    """The ASGI app a connection over the cap gets instead of the gateway: a 503 that closes it."""
-    payload = _openai_error(
-        f"the gateway has {limit} connections open, all busy; retry",
-        "rate_limit_error",
-        "too_many_connections",
-    )
-
-    async def refuse(scope: Any, receive: Any, send: Any) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(payload)).encode()),
-            (b"retry-after", b"1"),
-            (b"connection", b"close"),
-        ]
-        await send({"type": "http.response.start", "status": 503, "headers": headers})
-        await send({"type": "http.response.body", "body": payload})
-
-    return refuse
 
 
 class GatewayProtocol(HttpToolsProtocol):
@@ -173,8 +106,8 @@ class GatewayProtocol(HttpToolsProtocol):
         elif self.phase in ("new", "head"):
             log.debug("closing a connection from %s: no whole request head in time", self._peer())
             message = f"the request line and headers did not arrive within {self.limits.header_timeout_s:g} s"
-            payload = _openai_error(message, "invalid_request_error", "request_timeout")
-            self.transport.write(_raw_response(b"408 Request Timeout", payload))
+            payload = openai_error(message, "invalid_request_error", "request_timeout")
+            self.transport.write(raw_response(b"408 Request Timeout", payload))
             self.transport.close()
 
     def _peer(self) -> str:
@@ -190,7 +123,7 @@ class GatewayProtocol(HttpToolsProtocol):
             # can be lost to the reset that closing then causes), and soon closed if it sends none.
             log.warning("refusing a connection: %d open, every one busy", len(self.connections) - 1)
             self.refused = True
-            self.app = _too_many_connections(self.limits.max_connections)  # type: ignore[assignment]
+            self.app = too_many_connections(self.limits.max_connections)  # type: ignore[assignment]
             self._arm(min(self.limits.header_timeout_s, REFUSED_HEAD_TIMEOUT_S))
 
     def _evictable(self) -> bool:
@@ -275,7 +208,7 @@ class GatewayProtocol(HttpToolsProtocol):
         super().on_message_complete()
 
     def data_received(self, data: bytes) -> None:
-        """uvicorn's, with the head caps and Upgrade handling of ``gateway.heads``."""
+        """uvicorn's, with the head caps and Upgrade handling of ``transport.heads``."""
         if self.phase == "refused":
             return  # answered 431 and closing: nothing more is read
         self._unset_keepalive_if_required()
@@ -316,8 +249,8 @@ class GatewayProtocol(HttpToolsProtocol):
         log.debug("refusing a request head from %s: %s", self._peer(), message)
         self.phase = "refused"
         self._disarm()
-        payload = _openai_error(message, "invalid_request_error", "request_header_fields_too_large")
-        self.transport.write(_raw_response(b"431 Request Header Fields Too Large", payload))
+        payload = openai_error(message, "invalid_request_error", "request_header_fields_too_large")
+        self.transport.write(raw_response(b"431 Request Header Fields Too Large", payload))
         self.transport.close()
 
     def on_response_complete(self) -> None:
@@ -362,52 +295,3 @@ class GatewayProtocol(HttpToolsProtocol):
         """Drop the connection now, without flushing what is buffered (a reader too slow to wait for)."""
         if self.transport is not None:
             self.transport.abort()
-
-
-def protocol_class(limits: ConnectionLimits) -> type[GatewayProtocol]:
-    """A ``GatewayProtocol`` with these limits, for ``uvicorn.Config(http=...)``."""
-    return type("GatewayProtocol", (GatewayProtocol,), {"limits": limits})
-
-
-def fd_headroom(limits: ConnectionLimits) -> ConnectionLimits:
-    """Raise this process's open-file limit to its hard limit if that is needed for ``max_connections``,
-    and lower ``max_connections`` (with a warning) if the hard limit is too low for it.
-
-    Past the fd limit the server cannot accept at all, and then no one gets in, not even to be
-    answered 503; below it the cap decides who stays.
-    """
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = limits.max_connections + FD_RESERVE
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError) as exc:
-            log.warning("cannot raise the open-file limit from %d to %d: %s", soft, target, exc)
-    if soft != resource.RLIM_INFINITY and soft < wanted:
-        allowed = max(1, soft - FD_RESERVE)
-        log.warning(
-            "gateway.max_connections = %d needs %d file descriptors; the limit is %d: capping at %d",
-            limits.max_connections,
-            wanted,
-            soft,
-            allowed,
-        )
-        return dataclasses.replace(limits, max_connections=allowed)
-    return limits
-
-
-def uvicorn_config(
-    app: Any, config: GatewayConfig, *, raise_fd_limit: bool = True, **kwargs: Any
-) -> uvicorn.Config:
-    """``uvicorn.Config`` serving ``app`` with the gateway's connection settings from ``config``.
-
-    ``raise_fd_limit``: adjust the process's open-file limit to ``max_connections`` (``fd_headroom``).
-    """
-    limits = ConnectionLimits.from_config(config)
-    if raise_fd_limit:
-        limits = fd_headroom(limits)
-    kwargs.setdefault("access_log", False)
-    kwargs.setdefault("lifespan", "on")
-    return uvicorn.Config(app, http=protocol_class(limits), **kwargs)

@@ -1,0 +1,83 @@
+"""One gateway's heartbeat row in the store: who it is, what it acked, and its lease.
+
+Each gateway process keeps one row among the store's gateways (``store.gate``): its id (host,
+process, a random suffix), where it answers, the pause/resume command it applied, whether it is
+quiet (paused, no call in flight), and until when its lease runs. ``Heartbeat`` writes the row when
+the ack changes or every third of the lease, and deletes it on a clean shutdown; ``gateway.cluster``
+decides what is acked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio.to_thread
+
+from harnessrl.store.base import Store
+from harnessrl.store.gate import GatewayRow
+
+
+@dataclass(frozen=True)
+class Ack:
+    """What a gateway reports in its row: the command it applied, and its gate and engine now."""
+
+    command: int
+    paused: bool
+    quiet: bool
+    in_flight: int
+    waiting: int
+    policy_version: int
+
+
+class Heartbeat:
+    """This gateway's row among the store's gateways."""
+
+    def __init__(
+        self, store: Store, *, lease_s: float = 10.0, clock: Callable[[], float] = time.time
+    ) -> None:
+        self.store = store
+        self.lease_s = lease_s
+        self.clock = clock
+        self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
+        self.url = ""  # where this gateway answers, for /api/state (informational)
+        self.started_at = clock()
+        self.next_beat = 0.0  # when the lease is next due for a refresh
+        self._acked: tuple[int, bool, bool] | None = None  # (command, paused, quiet) as last written
+        self._lock: asyncio.Lock | None = None
+
+    async def beat(self, ack: Callable[[], Ack], *, force: bool = False) -> None:
+        """Write the row if ``ack()`` changed or the lease is due. ``ack`` is read under the lock, so
+        the last write is always of the state as it was then."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:  # two writes in threads could commit out of order
+            now_acked = ack()
+            key = (now_acked.command, now_acked.paused, now_acked.quiet)
+            now = self.clock()
+            if key == self._acked and now < self.next_beat and not force:
+                return
+            row = GatewayRow(
+                gateway_id=self.gateway_id,
+                url=self.url,
+                command=now_acked.command,
+                paused=now_acked.paused,
+                quiet=now_acked.quiet,
+                in_flight=now_acked.in_flight,
+                waiting=now_acked.waiting,
+                policy_version=now_acked.policy_version,
+                lease_until=now + self.lease_s,
+                started_at=self.started_at,
+            )
+            changed = key != self._acked
+            await anyio.to_thread.run_sync(lambda: self.store.beat(row, notify=changed))
+            self._acked, self.next_beat = key, now + self.lease_s / 3
+
+    async def leave(self) -> None:
+        """Delete the row (a clean shutdown: no pause waits for this gateway any more)."""
+        await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id)
