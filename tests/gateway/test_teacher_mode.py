@@ -83,6 +83,14 @@ class Teaching:
 
 @pytest.fixture
 def teaching(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
+    with teaching_stack(tmp_path, tokenizer) as t:
+        yield t
+
+
+@contextlib.contextmanager
+def teaching_stack(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
+    """The upstream gateway, a teacher-mode gateway on it, and a rollout's harness on each (also
+    used by test_teacher_apis.py)."""
     with contextlib.ExitStack() as stack:
         upstream_store = SQLiteStore(tmp_path / "upstream.db")
         up_app = create_app(
@@ -272,12 +280,11 @@ def test_upstream_errors_reach_the_harness_in_openai_shape_unrecorded(teaching: 
     with pytest.raises(openai.BadRequestError):
         teaching.harness.chat.completions.create(model="m", messages=bad, stream=True)  # type: ignore[arg-type]
     assert teaching.store.list_calls(teaching.rollout_id) == []
-    # Messages and Responses are not served in teacher mode yet: refused in their own shapes.
+    # /completions is not served in teacher mode (Messages and Responses are: test_teacher_apis.py).
     base, key = str(teaching.harness.base_url).rstrip("/"), teaching.harness.api_key
-    refused = httpx.post(f"{base}/messages", headers={"x-api-key": key}, json={"model": "m", "messages": []})
-    assert refused.status_code == 400 and refused.json()["type"] == "error"
-    assert "teacher mode" in refused.json()["error"]["message"]
-    refused = httpx.post(f"{base}/responses", headers={"authorization": f"Bearer {key}"}, json={"input": "x"})
+    refused = httpx.post(
+        f"{base}/completions", headers={"authorization": f"Bearer {key}"}, json={"prompt": "x"}
+    )
     assert refused.status_code == 400 and "teacher mode" in refused.json()["error"]["message"]
     assert teaching.store.list_calls(teaching.rollout_id) == []
     assert len(agent_loop(teaching, stream=False)) == 2  # control: a good call is answered and recorded

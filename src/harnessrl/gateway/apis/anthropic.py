@@ -46,6 +46,7 @@ from harnessrl.gateway.pipeline.wire import json_response, sse_event
 from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.prompt.messages import key_messages
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.messages import teacher_messages
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
 __all__ = ["MESSAGES", "count_tokens", "messages", "probe", "request_to_internal"]
@@ -116,6 +117,9 @@ MESSAGES = MessagesApi()
 
 
 async def messages(request: Request) -> Response:
+    teacher = request.app.state.gateway.teacher
+    if teacher is not None:  # teacher mode: the upstream answers (``gateway.teacher.messages``)
+        return await teacher_messages(request, teacher)
     return await serve(MESSAGES, request)
 
 

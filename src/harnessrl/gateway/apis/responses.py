@@ -146,6 +146,13 @@ RESPONSES = ResponsesApi()
 
 
 async def responses(request: Request) -> Response:
+    teacher = request.app.state.gateway.teacher
+    if teacher is not None:  # teacher mode: the upstream answers
+        # Imported here: ``gateway.teacher.responses`` reuses this module's request model and
+        # ``previous_response_id`` resolution.
+        from harnessrl.gateway.teacher.responses import teacher_responses
+
+        return await teacher_responses(request, teacher)
     return await serve(RESPONSES, request)
 
 

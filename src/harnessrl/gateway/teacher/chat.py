@@ -1,0 +1,108 @@
+"""``POST /v1/chat/completions`` in teacher mode: the upstream's answer passed through as it is.
+
+The body goes to the upstream as received (``model`` replaced) and the harness gets the upstream's
+answer in its own shape: the whole JSON, or its SSE chunks as they arrive (text, reasoning,
+tool-call deltas and their ids untouched). A streamed call asks the upstream for usage; the
+usage-only chunk reaches the harness only if it asked for it too. The closing ``[DONE]`` is sent
+after the record. Errors: an upstream 4xx keeps its status, anything else is a 502; a stream cut
+before it finished ends with an SSE error event. Neither is recorded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from harnessrl.errors import HarnessRLError
+from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.gateway.bodies import decode_body, read_body
+from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
+from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.upstream import (
+    ChatStream,
+    Teacher,
+    answer_message,
+    call_headers,
+    complete,
+    record,
+)
+from harnessrl.schemas import Rollout, now
+
+log = logging.getLogger("harnessrl.gateway")
+
+__all__ = ["teacher_chat"]
+
+
+async def teacher_chat(request: Request, teacher: Teacher) -> Response:
+    """``POST /v1/chat/completions`` answered by the teacher; raises ``HarnessRLError``s the app's
+    handlers answer in OpenAI's shape."""
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    data = decode_body(await read_body(request, state.config.max_body_bytes))
+    rollout = await open_rollout(state, rollout)
+    started_at = now()
+    if not data.get("stream"):
+        answer = await complete(teacher, data)
+        choice = answer["choices"][0]
+        stored = await record(
+            state,
+            rollout,
+            "chat.completions",
+            data,
+            answer_message(choice["message"]),
+            choice.get("finish_reason") or "stop",
+            answer.get("usage"),
+            started_at,
+            None,
+        )
+        return json_response(answer, headers=call_headers(stored))
+    upstream = ChatStream(teacher, data)
+    try:
+        await upstream.open()
+    except BaseException:
+        await upstream.aclose()
+        raise
+    wants_usage = bool((data.get("stream_options") or {}).get("include_usage"))
+    return StreamingResponse(
+        _relay(state, rollout, data, upstream, wants_usage, started_at),
+        headers={**SSE_HEADERS, "x-harnessrl-rollout-id": rollout.rollout_id},
+    )
+
+
+async def _relay(
+    state: GatewayState,
+    rollout: Rollout,
+    data: dict[str, Any],
+    upstream: ChatStream,
+    wants_usage: bool,
+    started_at: float,
+) -> AsyncIterator[str]:
+    """The upstream's chunks as they come; ``[DONE]`` only after the call is recorded."""
+    try:
+        async for payload, chunk in upstream:
+            if chunk.get("choices") or wants_usage:
+                yield f"data: {payload}\n\n"
+        message = upstream.message
+        assert message.finish_reason is not None  # ChatStream raises on a stream that did not finish
+        await record(
+            state,
+            rollout,
+            "chat.completions",
+            data,
+            message.message(),
+            message.finish_reason,
+            message.usage,
+            started_at,
+            upstream.first_token_at,
+        )
+        yield DONE
+    except HarnessRLError as exc:  # its 200 was sent: the error is the stream's last event
+        log.warning("teacher call of rollout %s not recorded: %s", rollout.rollout_id, exc)
+        yield sse_error(exc)
+    finally:
+        await upstream.aclose()

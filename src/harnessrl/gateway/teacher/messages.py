@@ -1,0 +1,332 @@
+"""``POST /v1/messages`` in teacher mode: an Anthropic Messages call answered by the chat upstream.
+
+The request is translated with the converter the policy path uses (``anthropic_convert``: system,
+text, tool_use/tool_result, thinking -> internal chat messages; custom tools -> function tools) plus
+the sampling fields (``max_tokens``, ``temperature``, ``top_p``, ``stop_sequences`` -> ``stop``,
+``tool_choice`` auto/any/tool/none, ``disable_parallel_tool_use``). ``thinking`` and ``top_k`` are
+not sent: chat has no portable field for them (the teacher reasons as its upstream is set up to).
+
+The upstream's answer comes back in Anthropic's shapes, whole or as Anthropic's event sequence
+(``message_start``; per block ``content_block_start`` / ``_delta`` / ``_stop``; ``message_delta``;
+``message_stop``), built by one ``MessageBlocks`` for both so they agree: its reasoning as a
+``thinking`` block (with the gateway's stand-in signature, as the policy path gives), its text as a
+``text`` block, each tool call as a ``tool_use`` block with the upstream's call id and its arguments
+as ``input`` (streamed as one ``input_json_delta`` when the call is complete, as the policy path
+does; arguments that are not a JSON object are an upstream error). Thinking and text stream as the
+upstream sends them. ``finish_reason`` -> ``stop_reason``: ``tool_calls`` -> ``tool_use``, ``length``
+-> ``max_tokens``, a stop string vLLM names in ``stop_reason`` -> ``stop_sequence``, else ``end_turn``.
+
+Recorded with ``api="messages"`` as the policy path records: the request as received, the answer as
+the internal assistant message the harness's blocks read back to (``anthropic_convert``), before
+``message_delta``/``message_stop`` go out. Errors are Anthropic's (``{"type": "error", ...}``; an
+``error`` event once the stream started) and leave nothing recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from harnessrl.errors import HarnessRLError, UpstreamError
+from harnessrl.gateway.apis.anthropic_blocks import thinking_signature
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, request_to_internal
+from harnessrl.gateway.auth import authorize_rollout, open_rollout
+from harnessrl.gateway.bodies import parse_body, read_body, validate_body
+from harnessrl.gateway.errors import anthropic_sse_error
+from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
+from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.upstream import ChatStream, StreamedMessage, Teacher, complete, record
+from harnessrl.schemas import Rollout, now
+
+log = logging.getLogger("harnessrl.gateway")
+
+__all__ = ["MessageBlocks", "chat_request", "teacher_messages"]
+
+
+def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
+    """Anthropic's ``tool_choice`` as chat's, and ``parallel_tool_calls`` if it says."""
+    if not isinstance(choice, dict):
+        return None, None
+    parallel = False if choice.get("disable_parallel_tool_use") else None
+    kind = choice.get("type")
+    if kind == "any":
+        return "required", parallel
+    if kind == "tool" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}, parallel
+    if kind == "none":
+        return "none", None
+    return "auto", parallel
+
+
+def chat_request(data: dict[str, Any]) -> dict[str, Any]:
+    """The chat.completions body of a Messages request (``BadRequest`` if it is not a valid one)."""
+    body = validate_body(MessagesRequest, data)
+    messages, tools = request_to_internal(data)
+    out: dict[str, Any] = {"messages": messages, "max_tokens": body.max_tokens}
+    if tools:
+        out["tools"] = tools
+        choice, parallel = _tool_choice(data.get("tool_choice"))
+        if choice is not None:
+            out["tool_choice"] = choice
+        if parallel is not None:
+            out["parallel_tool_calls"] = parallel
+    for key in ("temperature", "top_p"):
+        if data.get(key) is not None:
+            out[key] = data[key]
+    if body.stop_strings():
+        out["stop"] = body.stop_strings()
+    return out
+
+
+def _start(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_start", "index": index, "content_block": block}
+
+
+def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "content_block_delta", "index": index, "delta": delta}
+
+
+class MessageBlocks:
+    """An upstream chat answer, chunk by chunk, as Anthropic content blocks and their stream events.
+
+    A whole answer is fed as one chunk (``whole_chunk``), so both shapes come from this code."""
+
+    def __init__(self, stop: list[str]) -> None:
+        self.stop = stop
+        self.sum = StreamedMessage()  # tool calls, finish reason, usage
+        self.blocks: list[dict[str, Any]] = []
+        self._open: str | None = None  # "thinking" | "text": the block receiving deltas
+        self._parts: list[str] = []
+        self.calls: list[dict[str, Any]] = []  # the tool calls as sent (internal shape)
+
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        self.sum.feed(chunk)
+        events: list[dict[str, Any]] = []
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                events += self._append("thinking", reasoning)
+            if delta.get("content"):
+                events += self._append("text", delta["content"])
+        return events
+
+    def finish(self) -> list[dict[str, Any]]:
+        """The last events: the open block closed, then each tool call as one ``tool_use`` block."""
+        events = self._close()
+        for i in sorted(self.sum.tool_calls):
+            call = self.sum.tool_calls[i]
+            name, arguments = call["function"]["name"], call["function"]["arguments"] or "{}"
+            try:
+                tool_input = json.loads(arguments)
+            except ValueError:
+                tool_input = None
+            if not isinstance(tool_input, dict) or not name:
+                raise UpstreamError(f"teacher upstream sent tool call {name!r} without a JSON object input")
+            call_id = call["id"] or f"toolu_{secrets.token_hex(12)}"
+            index = len(self.blocks)
+            self.blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input})
+            self.calls.append(
+                {
+                    "id": call_id,
+                    "type": "function",
+                    # As anthropic_convert reads the block back: the next call's history matches it.
+                    "function": {"name": name, "arguments": json.dumps(tool_input, ensure_ascii=False)},
+                }
+            )
+            events += [
+                _start(index, {"type": "tool_use", "id": call_id, "name": name, "input": {}}),
+                _delta(index, {"type": "input_json_delta", "partial_json": arguments}),
+                {"type": "content_block_stop", "index": index},
+            ]
+        return events
+
+    def _append(self, kind: str, text: str) -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        if self._open != kind:
+            events += self._close()
+            block: dict[str, Any] = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+            self.blocks.append(block)
+            self._open = kind
+            events.append(_start(len(self.blocks) - 1, dict(block)))
+        self._parts.append(text)
+        events.append(_delta(len(self.blocks) - 1, {"type": f"{kind}_delta", kind: text}))
+        return events
+
+    def _close(self) -> list[dict[str, Any]]:
+        if self._open is None:
+            return []
+        index = len(self.blocks) - 1
+        block = self.blocks[-1]
+        block[self._open] = "".join(self._parts)
+        events = []
+        if self._open == "thinking":
+            block["signature"] = thinking_signature(block["thinking"])
+            events.append(_delta(index, {"type": "signature_delta", "signature": block["signature"]}))
+        events.append({"type": "content_block_stop", "index": index})
+        self._open, self._parts = None, []
+        return events
+
+    def stop_reason(self) -> tuple[str, str | None, str]:
+        """(Anthropic ``stop_reason``, ``stop_sequence``, the recorded finish reason in chat's terms)."""
+        finish = self.sum.finish_reason or "stop"
+        if self.calls:
+            return "tool_use", None, "tool_calls"
+        if finish == "length":
+            return "max_tokens", None, "length"
+        hit = self.sum.stop_reason
+        if isinstance(hit, str) and hit in self.stop:
+            return "stop_sequence", hit, "stop"
+        return "end_turn", None, "stop"
+
+    def message(self) -> dict[str, Any]:
+        """The internal assistant message the harness's blocks read back to (``anthropic_convert``)."""
+        text = "".join(b["text"] for b in self.blocks if b["type"] == "text")
+        thinking = "".join(b["thinking"] for b in self.blocks if b["type"] == "thinking")
+        message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.calls else None}
+        if self.calls:
+            message["tool_calls"] = self.calls
+        if thinking:
+            message["reasoning_content"] = thinking
+        return message
+
+    def usage(self) -> dict[str, int]:
+        usage = self.sum.usage or {}
+        return {
+            "input_tokens": int(usage.get("prompt_tokens") or 0),
+            "output_tokens": int(usage.get("completion_tokens") or 0),
+            "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": 0,
+        }
+
+
+def whole_chunk(answer: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion as the one chunk that streams it."""
+    choice = answer["choices"][0]
+    message = choice["message"]
+    delta = {k: message.get(k) for k in ("content", "reasoning_content", "reasoning") if message.get(k)}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+    stream_choice = {
+        "index": 0,
+        "delta": delta,
+        "finish_reason": choice.get("finish_reason") or "stop",
+        "stop_reason": choice.get("stop_reason"),
+    }
+    return {"choices": [stream_choice], "usage": answer.get("usage")}
+
+
+async def teacher_messages(request: Request, teacher: Teacher) -> Response:
+    """``POST /v1/messages`` answered by the teacher; raises ``HarnessRLError``s the app's handlers
+    answer in Anthropic's shape (the route is under ``/messages``)."""
+    state: GatewayState = request.app.state.gateway
+    rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    data = parse_body(await read_body(request, state.config.max_body_bytes))
+    body = chat_request(data)  # 400s before the rollout starts
+    rollout = await open_rollout(state, rollout)
+    model = data.get("model") or teacher.model
+    msg_id = f"msg_{secrets.token_hex(12)}"
+    stop = validate_body(MessagesRequest, data).stop_strings()
+    started_at = now()
+    if not data.get("stream"):
+        answer = await complete(teacher, body)
+        blocks = MessageBlocks(stop)
+        try:
+            blocks.feed(whole_chunk(answer))
+        except (KeyError, TypeError, AttributeError):
+            raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
+        blocks.finish()
+        stop_reason, stop_sequence, finish = blocks.stop_reason()
+        await record(
+            state, rollout, "messages", data, blocks.message(), finish, blocks.sum.usage, started_at, None
+        )
+        payload = {
+            "id": msg_id,
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": blocks.blocks,
+            "stop_reason": stop_reason,
+            "stop_sequence": stop_sequence,
+            "usage": blocks.usage(),
+        }
+        return json_response(payload, headers={"request-id": msg_id})
+    upstream = ChatStream(teacher, body)
+    try:
+        await upstream.open()
+    except BaseException:
+        await upstream.aclose()
+        raise
+    start = {
+        "id": msg_id,
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": MessageBlocks(stop).usage(),  # zeros: the upstream tells them at the end
+    }
+    return StreamingResponse(
+        _relay(state, rollout, data, upstream, start, stop, started_at),
+        media_type="text/event-stream",
+        headers={**SSE_HEADERS, "request-id": msg_id, "x-harnessrl-rollout-id": rollout.rollout_id},
+    )
+
+
+async def _relay(
+    state: GatewayState,
+    rollout: Rollout,
+    data: dict[str, Any],
+    upstream: ChatStream,
+    start: dict[str, Any],
+    stop: list[str],
+    started_at: float,
+) -> AsyncIterator[str]:
+    """Anthropic's event sequence from the upstream's chunks; the last two only after the record."""
+    blocks = MessageBlocks(stop)
+    try:
+        yield sse_event({"type": "message_start", "message": start})
+        async for _, chunk in upstream:
+            for event in blocks.feed(chunk):
+                yield sse_event(event)
+        last = blocks.finish()  # raises before any of it is sent if a tool call is unusable
+        for event in last:
+            yield sse_event(event)
+        stop_reason, stop_sequence, finish = blocks.stop_reason()
+        await record(
+            state,
+            rollout,
+            "messages",
+            data,
+            blocks.message(),
+            finish,
+            blocks.sum.usage,
+            started_at,
+            upstream.first_token_at,
+        )
+        usage = blocks.usage()
+        delta = {
+            "type": "message_delta",
+            "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+            "usage": {"input_tokens": usage["input_tokens"], "output_tokens": usage["output_tokens"]},
+        }
+        yield sse_event(delta)
+        yield sse_event({"type": "message_stop"})
+    except HarnessRLError as exc:  # its 200 was sent: the error is the stream's last event
+        log.warning("teacher call of rollout %s not recorded: %s", rollout.rollout_id, exc)
+        yield anthropic_sse_error(exc)
+    finally:
+        await upstream.aclose()

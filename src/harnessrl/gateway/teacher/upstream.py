@@ -1,0 +1,267 @@
+"""The teacher's upstream: an OpenAI-compatible chat endpoint, the key to it, and recording its answers.
+
+``Teacher`` holds the upstream's address and key (read from the gateway process's environment by the
+entry point): the key is sent to the upstream and nowhere else — not in the store, the log, a repr or
+an answer; an upstream error message that echoes it is redacted. Every API the harness speaks is
+served from this one chat endpoint (``teacher.chat``, ``teacher.messages``, ``teacher.responses``),
+through ``complete`` (a whole answer) and ``ChatStream`` (a streamed one, chunk by chunk, which
+fails unless the upstream finished it).
+
+``record`` makes an answered call durable like a policy call: ``Call.request`` as the harness sent
+it, ``Call.response`` one internal (OpenAI chat) assistant message, finish reason, usage, timing, and
+no token ids (the teacher's tokens are not the student's; sft renders the text with the student's
+template). Only an answer the upstream finished is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio.to_thread
+import httpx
+
+from harnessrl.errors import ConfigError, UpstreamError
+from harnessrl.gateway.errors import HTTPStatusError, RolloutClosed
+from harnessrl.gateway.state import GatewayState
+from harnessrl.schemas import Call, Rollout, Usage, now
+from harnessrl.store.base import RolloutEnded
+
+__all__ = ["ChatStream", "StreamedMessage", "Teacher", "answer_message", "complete", "record"]
+
+
+class Teacher:
+    """An upstream OpenAI-compatible chat endpoint and the key to it (never logged or shown)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None,
+        *,
+        timeout_s: float = 600.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self._key = api_key
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+        )
+
+    def __repr__(self) -> str:  # the key stays out of every repr and log line
+        return f"Teacher({self.base_url!r}, model={self.model!r})"
+
+    def probe(self) -> None:
+        """Check the upstream answers (``GET /models``); a ``ConfigError`` naming ``engine`` if not."""
+        try:
+            reply = httpx.get(f"{self.base_url}/models", headers=self._client.headers, timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise ConfigError(
+                f"engine.teacher.base_url {self.base_url!r} is not reachable ({type(exc).__name__})"
+            ) from None
+        if reply.status_code >= 400:
+            raise ConfigError(
+                f"engine.teacher.base_url {self.base_url!r} answered GET /models with {reply.status_code}"
+            )
+
+    async def start(self) -> None:
+        await anyio.to_thread.run_sync(self.probe)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+    def redact(self, text: str) -> str:
+        """``text`` (an upstream's error message, which may echo the key) without the key."""
+        return text.replace(self._key, "[teacher key]") if self._key else text
+
+
+def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError | HTTPStatusError:
+    """The upstream's refusal as the harness gets it: its 4xx kept, anything else a 502."""
+    try:
+        message = str(json.loads(body)["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        message = body[:200].decode("utf-8", "replace")
+    text = f"teacher upstream answered {status}: {teacher.redact(message)}"
+    if 400 <= status < 500:
+        return HTTPStatusError(text, status=status)
+    return UpstreamError(text)
+
+
+def answer_message(message: dict[str, Any]) -> dict[str, Any]:
+    """The recorded assistant message of an upstream's ``choices[0].message`` (sft's shape)."""
+    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
+    reasoning = message.get("reasoning_content") or message.get("reasoning")
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    if message.get("tool_calls"):
+        out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
+    """A whole chat completion of ``body`` (``model`` set here); errors as the harness gets them."""
+    try:
+        reply = await teacher._client.post("/chat/completions", json={**body, "model": teacher.model})
+    except httpx.HTTPError as exc:
+        raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
+    if reply.status_code != 200:
+        raise upstream_error(teacher, reply.status_code, reply.content)
+    try:
+        answer = reply.json()
+        answer["choices"][0]["message"].get("content")
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
+    return answer
+
+
+class StreamedMessage:
+    """The assistant message a chat stream's deltas add up to."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.stop_reason: Any = None  # vLLM's ``stop_reason``: the stop string that ended it, if any
+        self.usage: dict[str, Any] | None = None
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if delta.get("content"):
+                self.content.append(delta["content"])
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                self.reasoning.append(reasoning)
+            for tc in delta.get("tool_calls") or []:
+                slot = self.tool_calls.setdefault(
+                    tc.get("index", 0),
+                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                )
+                if tc.get("id"):
+                    slot["id"] = tc["id"]
+                fn = tc.get("function") or {}
+                slot["function"]["name"] += fn.get("name") or ""
+                slot["function"]["arguments"] += fn.get("arguments") or ""
+            if choice.get("finish_reason"):
+                self.finish_reason = choice["finish_reason"]
+                self.stop_reason = choice.get("stop_reason")
+
+    def message(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.reasoning:
+            out["reasoning_content"] = "".join(self.reasoning)
+        if self.tool_calls:
+            out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+        return out
+
+
+class ChatStream:
+    """One streamed chat completion from the upstream.
+
+    ``await open()`` sends the request (usage asked for, so it can be recorded) and raises the
+    upstream's refusal before any byte reaches the harness; iterating yields ``(payload, chunk)``
+    for each ``data:`` event (the raw JSON text and its parsed form) and raises ``UpstreamError``
+    if the stream breaks, carries an error, or ends before its ``[DONE]`` and finish reason.
+    ``message`` is what the chunks added up to. Always ``aclose()`` it.
+    """
+
+    def __init__(self, teacher: Teacher, body: dict[str, Any]) -> None:
+        self.teacher = teacher
+        options = {**(body.get("stream_options") or {}), "include_usage": True}
+        body = {**body, "model": teacher.model, "stream": True, "stream_options": options}
+        self._upstream = teacher._client.stream("POST", "/chat/completions", json=body)
+        self._reply: httpx.Response | None = None
+        self.message = StreamedMessage()
+        self.first_token_at: float | None = None
+
+    async def open(self) -> None:
+        try:
+            self._reply = await self._upstream.__aenter__()
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
+        if self._reply.status_code != 200:
+            content = await self._reply.aread()
+            raise upstream_error(self.teacher, self._reply.status_code, content)
+
+    async def aclose(self) -> None:
+        if self._reply is not None:
+            await self._upstream.__aexit__(None, None, None)
+            self._reply = None
+
+    async def __aiter__(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        assert self._reply is not None, "open() first"
+        done = False
+        try:
+            async for line in self._reply.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == "[DONE]":
+                    done = True
+                    break
+                try:
+                    chunk = json.loads(payload)
+                    if "error" in chunk:
+                        said = self.teacher.redact(str(chunk["error"].get("message", "error")))
+                        raise UpstreamError(f"teacher upstream: {said}")
+                    self.message.feed(chunk)
+                except (ValueError, KeyError, TypeError, AttributeError):
+                    raise UpstreamError("teacher upstream sent a chunk that is not a chat chunk") from None
+                if self.first_token_at is None and chunk.get("choices"):
+                    self.first_token_at = now()
+                yield payload, chunk
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"teacher upstream stream broke: {type(exc).__name__}") from None
+        if not done or self.message.finish_reason is None:
+            raise UpstreamError("teacher upstream ended the stream before finishing the answer")
+
+
+async def record(
+    state: GatewayState,
+    rollout: Rollout,
+    api: str,
+    data: dict[str, Any],
+    response: dict[str, Any],
+    finish_reason: str,
+    usage: dict[str, Any] | None,
+    started_at: float,
+    first_token_at: float | None,
+) -> Call:
+    """Make the teacher's answered call durable (before the harness has all of it)."""
+    usage = usage or {}
+    call = Call.model_construct(
+        rollout_id=rollout.rollout_id,
+        attempt=rollout.attempt,
+        api=api,
+        request=data,
+        response=response,
+        prompt_token_ids=[],
+        response_token_ids=[],
+        response_logprobs=[],
+        policy_version=0,
+        finish_reason=finish_reason,
+        usage=Usage(
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+        ),
+        started_at=started_at,
+        first_token_at=first_token_at,
+        finished_at=now(),
+        call_id=None,
+    )
+    try:
+        return await state.writer.add(call)
+    except RolloutEnded:  # ended by someone this gateway did not hear: refused, as the policy path does
+        raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more calls") from None
+
+
+def call_headers(stored: Call) -> dict[str, str]:
+    return {"x-harnessrl-rollout-id": stored.rollout_id, "x-harnessrl-call-seq": str(stored.seq)}

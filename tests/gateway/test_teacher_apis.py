@@ -1,0 +1,528 @@
+"""Teacher mode for the Anthropic Messages and OpenAI Responses APIs (``gateway.teacher.messages``,
+``gateway.teacher.responses``): each call translated to the upstream's chat completions and back.
+
+The upstream is a second harnessrl gateway with the scripted engine (``teaching_stack`` of
+test_teacher_mode.py): its own store says what it was asked and what it answered, and a direct
+chat stream from it is what a harness would get from it straight. For what that gateway does not
+send (``reasoning_content`` deltas, tool-call arguments split over chunks, 429/500 answers, a
+stream cut mid-way) the upstream is a small real OpenAI-compatible server here. The harnesses are
+the official ``anthropic`` and ``openai`` SDKs, including their stream helpers, which rebuild the
+answer from the events and fail on a sequence that breaks the API's rules.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import openai
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from tests.gateway.test_teacher_mode import (
+    ADMIN,
+    MESSAGES,
+    TOOLS,
+    Teaching,
+    agent_loop,
+    teaching_stack,
+    without_ids,
+)
+
+from harnessrl.client import GatewayClient
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.scripted import ScriptedEngine
+from harnessrl.gateway import create_app
+from harnessrl.gateway.apis import internal_conversation
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.gateway.teacher import Teacher
+from harnessrl.sft.conversations import conversation
+from harnessrl.store.sqlite import SQLiteStore
+from harnessrl.tokenizer import PolicyTokenizer
+
+SYSTEM, QUESTION = MESSAGES[0]["content"], MESSAGES[1]["content"]
+A_TOOLS = [
+    {
+        "name": t["function"]["name"],
+        "description": t["function"]["description"],
+        "input_schema": t["function"]["parameters"],
+    }
+    for t in TOOLS
+]
+R_TOOLS = [{"type": "function", **t["function"]} for t in TOOLS]
+
+
+@pytest.fixture
+def teaching(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
+    with teaching_stack(tmp_path, tokenizer) as t:
+        yield t
+
+
+def claude(sdk: openai.OpenAI) -> anthropic.Anthropic:
+    """The Anthropic SDK on the same rollout as ``sdk`` (its base URL without ``/v1``)."""
+    base = str(sdk.base_url).rstrip("/").removesuffix("/v1")
+    return anthropic.Anthropic(base_url=base, api_key=sdk.api_key, max_retries=0)
+
+
+# -- what the harness received, in the internal (recorded) message's shape ----------------------------
+
+
+def from_blocks(blocks: list[Any]) -> dict[str, Any]:
+    """An Anthropic answer's blocks as the internal message (as ``anthropic_convert`` reads them)."""
+    text = "".join(b.text for b in blocks if b.type == "text")
+    thinking = "".join(b.thinking for b in blocks if b.type == "thinking")
+    calls = [
+        {
+            "id": b.id,
+            "type": "function",
+            "function": {"name": b.name, "arguments": json.dumps(b.input, ensure_ascii=False)},
+        }
+        for b in blocks
+        if b.type == "tool_use"
+    ]
+    out: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        out["tool_calls"] = calls
+    if thinking:
+        out["reasoning_content"] = thinking
+    return out
+
+
+def from_output(output: list[Any]) -> dict[str, Any]:
+    """A Response's output items as the internal message."""
+    texts = [p.text for item in output if item.type == "message" for p in item.content]
+    reasoning = ["".join(c.text for c in item.content or []) for item in output if item.type == "reasoning"]
+    calls = [
+        {"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.arguments}}
+        for i in output
+        if i.type == "function_call"
+    ]
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        out["tool_calls"] = calls
+    if reasoning:
+        out["reasoning_content"] = "".join(reasoning)
+    return out
+
+
+def same_calls(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with tool-call arguments parsed (JSON spacing is not content)."""
+    if not message.get("tool_calls"):
+        return message
+    calls = [
+        {**c, "function": {**c["function"], "arguments": json.loads(c["function"]["arguments"])}}
+        for c in message["tool_calls"]
+    ]
+    return {**message, "tool_calls": calls}
+
+
+def messages_loop(client: anthropic.Anthropic, *, stream: bool) -> list[dict[str, Any]]:
+    """Claude Code's loop in small: the tool-calling turn, its result, the answer."""
+    history: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
+    got = []
+    for _ in range(2):
+        kwargs: dict[str, Any] = dict(
+            model="claude-x", max_tokens=200, system=SYSTEM, messages=history, tools=A_TOOLS
+        )
+        if stream:
+            deltas: list[str] = []
+            with client.messages.stream(**kwargs) as s:
+                for event in s:
+                    if event.type == "content_block_delta" and event.delta.type == "text_delta":
+                        deltas.append(event.delta.text)
+                answer = s.get_final_message()
+            assert "".join(deltas) == "".join(b.text for b in answer.content if b.type == "text")
+        else:
+            answer = client.messages.create(**kwargs)
+        assert answer.model == "claude-x"  # the name the harness asked for, as the policy path answers
+        got.append(from_blocks(answer.content))
+        history.append(
+            {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]}
+        )
+        results = [
+            {"type": "tool_result", "tool_use_id": b.id, "content": "42\n"}
+            for b in answer.content
+            if b.type == "tool_use"
+        ]
+        history.append({"role": "user", "content": results or "thanks"})
+        if answer.stop_reason != "tool_use":
+            assert answer.stop_reason == "end_turn"
+            break
+    return got
+
+
+def responses_loop(sdk: openai.OpenAI, *, stream: bool) -> list[dict[str, Any]]:
+    """Codex's loop in small (the whole history resent, no previous_response_id)."""
+    history: list[Any] = [{"role": "user", "content": QUESTION}]
+    got = []
+    for _ in range(2):
+        kwargs: dict[str, Any] = dict(model="gpt-x", instructions=SYSTEM, input=history, tools=R_TOOLS)
+        if stream:
+            deltas: list[str] = []
+            with sdk.responses.stream(**kwargs) as s:
+                for event in s:
+                    if event.type == "response.output_text.delta":
+                        deltas.append(event.delta)
+                answer = s.get_final_response()
+            assert "".join(deltas) == answer.output_text
+        else:
+            answer = sdk.responses.create(**kwargs)
+        assert answer.status == "completed" and answer.model == "gpt-x"
+        got.append(from_output(answer.output))
+        history += [item.model_dump(exclude_none=True) for item in answer.output]
+        calls = [i for i in answer.output if i.type == "function_call"]
+        history += [{"type": "function_call_output", "call_id": c.call_id, "output": "42\n"} for c in calls]
+        if not calls:
+            break
+    return got
+
+
+def upstream_answers(t: Teaching) -> list[dict[str, Any]]:
+    out = []
+    for call in t.upstream.list_calls(t.upstream_rollout):
+        message = {k: v for k, v in call.response.items() if k in ("role", "content", "reasoning_content")}
+        if call.response.get("tool_calls"):
+            message["tool_calls"] = call.response["tool_calls"]
+        out.append(message)
+    return out
+
+
+def recorded(t: Teaching) -> list[dict[str, Any]]:
+    return [
+        {k: v for k, v in c.response.items() if not k.startswith("_")}
+        for c in t.store.list_calls(t.rollout_id)
+    ]
+
+
+# -- fidelity against a real upstream (a harnessrl gateway) -------------------------------------------
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_harness_gets_and_store_records_what_the_upstream_sent(
+    teaching: Teaching, api: str, stream: bool
+) -> None:
+    if api == "messages":
+        got = messages_loop(claude(teaching.harness), stream=stream)
+    else:
+        got = responses_loop(teaching.harness, stream=stream)
+    assert len(got) == 2
+    sent = upstream_answers(teaching)
+    assert len(sent) == 2
+    if stream:
+        # The upstream's own chat stream, read straight from it, is what reached the harness in its
+        # API's shape (tool-call ids aside: the upstream makes new ones per call; the harness got
+        # the ones the upstream sent through the teacher, checked against its record).
+        direct = agent_loop(teaching, stream=True, sdk=teaching.direct)
+        assert [same_calls(m) for m in without_ids(got)] == [same_calls(m) for m in without_ids(direct)]
+        assert [c["id"] for c in got[0]["tool_calls"]] == [c["id"] for c in sent[0]["tool_calls"]]
+    else:  # text (the upstream's reasoning in its content, as it sends it), tool calls and their ids
+        assert [same_calls(m) for m in got] == [same_calls(m) for m in sent]
+    assert "<think>\nThe file holds the answer.\n</think>" in (got[0]["content"] or "")
+    assert json.loads(got[0]["tool_calls"][0]["function"]["arguments"]) == {"command": "cat a.txt"}
+    assert got[1]["content"].endswith("The answer is 42.")
+    # Recorded as the harness received it, as the policy path records this API.
+    assert recorded(teaching) == got
+    calls = teaching.store.list_calls(teaching.rollout_id)
+    assert [c.api for c in calls] == [api, api]
+    assert [c.finish_reason for c in calls] == ["tool_calls", "stop"]
+    assert calls[0].request["model"] == ("claude-x" if api == "messages" else "gpt-x")  # as received
+    assert all(c.prompt_token_ids == [] and c.response_token_ids == [] for c in calls)
+    # The upstream was asked for the conversation the request converts to (the tool result under
+    # the id it made) under its own model name.
+    up_calls = teaching.upstream.list_calls(teaching.upstream_rollout)
+    for mine, theirs in zip(calls, up_calls, strict=True):
+        converted = internal_conversation(api, mine.request)
+        assert converted is not None
+        assert theirs.request["messages"] == converted[0]
+        assert theirs.request["model"] == "the-teacher"
+        assert mine.usage is not None and theirs.usage is not None
+        assert mine.usage.completion_tokens == theirs.usage.completion_tokens > 0
+        assert mine.usage.prompt_tokens == theirs.usage.prompt_tokens > 0
+        assert mine.finished_at is not None and mine.finished_at >= mine.started_at
+        if stream:
+            assert mine.first_token_at is not None
+    assert up_calls[1].request["messages"][-1]["tool_call_id"] == got[0]["tool_calls"][0]["id"]
+    # sft reads these calls as it reads the chat ones: the answer is the recorded message.
+    assert conversation(calls[1]).answer["content"] == got[1]["content"]
+    assert conversation(calls[1]).messages[0] == {"role": "system", "content": SYSTEM}
+
+
+def test_previous_response_id_resolves_to_the_teachers_recorded_answer(teaching: Teaching) -> None:
+    sdk = teaching.harness
+    first = sdk.responses.create(model="gpt-x", instructions=SYSTEM, input=QUESTION, tools=R_TOOLS)
+    [call] = [i for i in first.output if i.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "42\n"}
+    second = sdk.responses.create(
+        model="gpt-x", instructions=SYSTEM, input=[output], tools=R_TOOLS, previous_response_id=first.id
+    )
+    assert second.output_text.endswith("The answer is 42.")
+    up_calls = teaching.upstream.list_calls(teaching.upstream_rollout)
+    asked = up_calls[1].request["messages"]
+    assert [m["role"] for m in asked] == ["system", "user", "assistant", "tool"]
+    assert asked[2]["tool_calls"][0]["id"] == call.call_id
+    assert len(teaching.store.list_calls(teaching.rollout_id)) == 2
+
+
+def test_a_request_the_upstream_refuses_reaches_the_harness_in_its_apis_shape_unrecorded(
+    teaching: Teaching,
+) -> None:
+    client, sdk = claude(teaching.harness), teaching.harness
+    huge = 10_000  # valid here; the upstream (a 4096-token policy) answers 400: context exceeded
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as a_err:
+            if stream:
+                with client.messages.stream(
+                    model="c", max_tokens=huge, messages=[{"role": "user", "content": "x"}]
+                ) as s:
+                    s.get_final_message()
+            else:
+                client.messages.create(
+                    model="c", max_tokens=huge, messages=[{"role": "user", "content": "x"}]
+                )
+        body = a_err.value.body
+        assert isinstance(body, dict) and body["type"] == "error"
+        assert body["error"]["type"] == "invalid_request_error"
+        assert "teacher upstream answered 400" in body["error"]["message"]
+        with pytest.raises(openai.BadRequestError) as o_err:
+            sdk.responses.create(model="g", input="x", max_output_tokens=huge, stream=stream)
+        assert "teacher upstream answered 400" in o_err.value.message
+    # A request invalid in the harness's own API is refused here, before the upstream is asked.
+    with pytest.raises(anthropic.BadRequestError, match="max_tokens"):
+        client.messages.create(model="c", max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    assert teaching.store.list_calls(teaching.rollout_id) == []
+    assert teaching.upstream.list_calls(teaching.upstream_rollout) == []
+    assert len(messages_loop(client, stream=False)) == 2  # control: a good call is answered and recorded
+    assert len(teaching.store.list_calls(teaching.rollout_id)) == 2
+
+
+def test_the_key_reaches_the_upstream_and_nothing_else(teaching: Teaching) -> None:
+    key = teaching.key
+    client = claude(teaching.harness)
+    relayed = []
+    args: dict[str, Any] = dict(model="c", max_tokens=100, messages=[{"role": "user", "content": "x"}])
+    raw = client.messages.with_raw_response.create(**args)
+    relayed += [raw.http_response.text, json.dumps(dict(raw.http_response.headers))]
+    with client.messages.with_streaming_response.create(**args, stream=True) as s:
+        relayed += [s.http_response.read().decode(), json.dumps(dict(s.http_response.headers))]
+    r_raw = teaching.harness.responses.with_raw_response.create(model="g", input="x")
+    relayed += [r_raw.http_response.text, json.dumps(dict(r_raw.http_response.headers))]
+    with teaching.harness.responses.with_streaming_response.create(model="g", input="x", stream=True) as s:
+        relayed += [s.http_response.read().decode(), json.dumps(dict(s.http_response.headers))]
+    assert (
+        "Let me look." in relayed[0] and "message_stop" in relayed[2] and "response.completed" in relayed[6]
+    )
+    assert len(teaching.upstream.list_calls(teaching.upstream_rollout)) == 4  # it authenticated the key
+    assert all(key not in text for text in relayed)
+    for path in teaching.db.parent.glob("teacher.db*"):
+        assert key.encode() not in path.read_bytes(), path
+
+
+# -- a small real upstream: reasoning deltas, split tool-call arguments, errors, a cut stream ---------
+
+CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 0, "model": "u"}
+#: As vLLM streams an answer with a reasoning parser and a tool parser: reasoning, text, and a tool
+#: call whose arguments arrive in pieces.
+DELTAS: list[dict[str, Any]] = [
+    {"role": "assistant", "reasoning_content": "Think "},
+    {"reasoning_content": "twice."},
+    {"content": "Half "},
+    {"content": "an answer"},
+    {
+        "tool_calls": [
+            {"index": 0, "id": "call_up1", "type": "function", "function": {"name": "bash", "arguments": ""}}
+        ]
+    },
+    {"tool_calls": [{"index": 0, "function": {"arguments": '{"command": '}}]},
+    {"tool_calls": [{"index": 0, "function": {"arguments": '"ls"}'}}]},
+]
+EXPECTED = {
+    "role": "assistant",
+    "content": "Half an answer",
+    "reasoning_content": "Think twice.",
+    "tool_calls": [
+        {"id": "call_up1", "type": "function", "function": {"name": "bash", "arguments": '{"command": "ls"}'}}
+    ],
+}
+
+
+def small_upstream(*, dies: bool = False, status: int = 200) -> Starlette:
+    """Answers every chat call with ``DELTAS`` (whole: summed into one message) and records each
+    body it got; ``dies``: drops the connection before the stream's end; ``status``: refuses so."""
+    asked: list[dict[str, Any]] = []
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "u", "object": "model"}]})
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        asked.append(body)
+        if status != 200:
+            return JSONResponse({"error": {"message": f"said {status}", "type": "x"}}, status_code=status)
+        usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+        if not body.get("stream"):
+            message = {k: v for k, v in EXPECTED.items()}
+            choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+            return JSONResponse({**CHUNK, "object": "chat.completion", "choices": [choice], "usage": usage})
+
+        async def events() -> AsyncIterator[str]:
+            for delta in DELTAS:
+                yield f"data: {json.dumps({**CHUNK, 'choices': [{'index': 0, 'delta': delta}]})}\n\n"
+            if dies:
+                raise RuntimeError("upstream killed mid-stream")
+            end = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
+            yield f"data: {json.dumps({**CHUNK, 'choices': [end]})}\n\n"
+            yield f"data: {json.dumps({**CHUNK, 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(
+        routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])]
+    )
+    app.state.asked = asked
+    return app
+
+
+@contextlib.contextmanager
+def teacher_on(
+    upstream: Starlette, store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> Iterator[tuple[openai.OpenAI, str]]:
+    """A teacher-mode gateway on ``upstream``; yields an OpenAI SDK on its rollout and the rollout id."""
+    with serve_in_thread(upstream) as up_url:
+        teacher = Teacher(f"{up_url}/v1", "u", None)
+        policy = ScriptedEngine(["(the policy, unused in teacher mode)"], tokenizer)
+        app = create_app(GatewayConfig(admin_key=ADMIN), store, policy, teacher=teacher)
+        with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as client:
+            created = client.create_rollout({"prompt": "x"}, run_id="teacher")
+            with openai.OpenAI(
+                base_url=created["base_url"], api_key=created["api_key"], max_retries=0
+            ) as sdk:
+                yield sdk, created["rollout_id"]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[SQLiteStore]:
+    s = SQLiteStore(tmp_path / "teacher.db")
+    yield s
+    s.close()
+
+
+def test_reasoning_text_and_split_tool_arguments_in_both_apis(
+    store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> None:
+    upstream = small_upstream()
+    with teacher_on(upstream, store, tokenizer) as (sdk, rollout_id):
+        client = claude(sdk)
+        args: dict[str, Any] = dict(
+            model="c",
+            max_tokens=300,
+            messages=[{"role": "user", "content": "go"}],
+            tools=A_TOOLS,
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
+            stop_sequences=["END"],
+            extra_body={"temperature": 0.5},  # (this SDK version dropped the argument)
+        )
+        whole = client.messages.create(**args)
+        with client.messages.stream(**args) as s:
+            kinds = [e.type for e in s]
+            streamed = s.get_final_message()
+        r_args: dict[str, Any] = dict(
+            model="g",
+            input="go",
+            tools=R_TOOLS,
+            tool_choice="required",
+            max_output_tokens=300,
+            include=["reasoning.encrypted_content"],
+        )
+        r_whole = sdk.responses.create(**r_args)
+        with sdk.responses.stream(**r_args) as rs:
+            r_kinds = [e.type for e in rs]
+            r_streamed = rs.get_final_response()
+    expected_blocks = ["thinking", "text", "tool_use"]
+    for answer in (whole, streamed):
+        assert [b.type for b in answer.content] == expected_blocks
+        assert answer.stop_reason == "tool_use"
+        assert answer.usage.input_tokens == 5 and answer.usage.output_tokens == 9
+        assert same_calls(from_blocks(answer.content)) == same_calls(EXPECTED)
+        assert answer.content[0].signature  # a thinking block carries one (Claude Code sends it back)
+    assert whole.content[2].id == "call_up1"
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    for answer in (r_whole, r_streamed):
+        assert [i.type for i in answer.output] == ["reasoning", "message", "function_call"]
+        assert from_output(answer.output) == EXPECTED
+        assert answer.output[0].encrypted_content  # asked for by include
+        assert answer.usage is not None and answer.usage.output_tokens == 9
+    assert r_kinds[:2] == ["response.created", "response.in_progress"] and r_kinds[-1] == "response.completed"
+    assert "response.reasoning_text.delta" in r_kinds and "response.function_call_arguments.done" in r_kinds
+    # What the upstream was asked: chat's fields for the harness's.
+    a_body, r_body = upstream.state.asked[0], upstream.state.asked[2]
+    assert a_body["tool_choice"] == "required" and a_body["parallel_tool_calls"] is False
+    assert a_body["stop"] == ["END"] and a_body["max_tokens"] == 300 and a_body["temperature"] == 0.5
+    assert a_body["model"] == "u" and a_body["tools"] == TOOLS
+    assert upstream.state.asked[1]["stream_options"] == {"include_usage": True}
+    assert r_body["tool_choice"] == "required" and r_body["max_tokens"] == 300 and r_body["tools"] == TOOLS
+    calls = store.list_calls(rollout_id)
+    assert [c.api for c in calls] == ["messages"] * 2 + ["responses"] * 2
+    expected_record = same_calls(EXPECTED)
+    assert [same_calls({k: v for k, v in c.response.items() if not k.startswith("_")}) for c in calls] == [
+        expected_record
+    ] * 4
+    assert calls[2].response["_response_id"] == r_whole.id
+    assert all(c.finish_reason == "tool_calls" and c.usage and c.usage.completion_tokens == 9 for c in calls)
+
+
+@pytest.mark.parametrize("status", [429, 500])
+def test_upstream_error_statuses_in_each_apis_shape(
+    store: SQLiteStore, tokenizer: PolicyTokenizer, status: int
+) -> None:
+    with teacher_on(small_upstream(status=status), store, tokenizer) as (sdk, rollout_id):
+        client = claude(sdk)
+        args: dict[str, Any] = dict(model="c", max_tokens=10, messages=[{"role": "user", "content": "x"}])
+        for stream in (False, True):
+            with pytest.raises(anthropic.APIStatusError) as a_err:
+                client.messages.create(**args, stream=stream)
+            # A 4xx keeps its status (429: rate_limit_error); anything else is a 502 api_error.
+            assert a_err.value.status_code == (429 if status == 429 else 502)
+            body = a_err.value.body
+            assert isinstance(body, dict) and body["type"] == "error"
+            assert body["error"]["type"] == ("rate_limit_error" if status == 429 else "api_error")
+            assert f"teacher upstream answered {status}: said {status}" in body["error"]["message"]
+            with pytest.raises(openai.APIStatusError) as o_err:
+                sdk.responses.create(model="g", input="x", stream=stream)
+            assert o_err.value.status_code == (429 if status == 429 else 502)
+        assert store.list_calls(rollout_id) == []
+
+
+@pytest.mark.parametrize("dies", [True, False])
+def test_an_upstream_killed_mid_stream_leaves_no_answer(
+    store: SQLiteStore, tokenizer: PolicyTokenizer, dies: bool
+) -> None:
+    with teacher_on(small_upstream(dies=dies), store, tokenizer) as (sdk, rollout_id):
+        client = claude(sdk)
+        args: dict[str, Any] = dict(
+            model="c", max_tokens=10, messages=[{"role": "user", "content": "x"}], tools=A_TOOLS
+        )
+        with client.messages.stream(**args) as s:
+            if dies:  # Anthropic's error event: the SDK raises it
+                with pytest.raises(anthropic.APIError, match="teacher upstream"):
+                    s.get_final_message()
+            else:
+                assert s.get_final_message().stop_reason == "tool_use"
+        with sdk.responses.stream(model="g", input="x", tools=R_TOOLS) as rs:
+            events = list(rs)
+        if dies:  # the Responses stream ends with response.failed, saying why
+            assert events[-1].type == "response.failed"
+            assert "teacher upstream" in events[-1].response.error.message
+            assert "response.completed" not in [e.type for e in events]
+        else:
+            assert events[-1].type == "response.completed"
+    calls = store.list_calls(rollout_id)
+    # Cut: nothing recorded; control: the same streams, finished, are recorded.
+    assert [c.api for c in calls] == ([] if dies else ["messages", "responses"])
