@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import ContextLengthExceeded, HarnessRLError
-from harnessrl.gateway.apis.logprobs import logprob_content, logprob_json
+from harnessrl.gateway.apis.logprobs import logprob_content
 from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.bodies import (
     ChatCompletionRequest,
@@ -29,23 +29,18 @@ from harnessrl.gateway.bodies import (
     validate_tail,
 )
 from harnessrl.gateway.errors import sse_error
-from harnessrl.gateway.parsers.tools import ContentEvent, ParsedMessage, ToolCallEvent, collect
-from harnessrl.gateway.parsers.tools import Event as ToolEvent
-from harnessrl.gateway.pipeline.answer import Event
+from harnessrl.gateway.parsers.tools import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.pipeline.limits import check_prompt_size
-from harnessrl.gateway.pipeline.wire import DONE, dumps, json_response, sse
+from harnessrl.gateway.pipeline.wire import DONE, json_response, sse
 from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.chat import teacher_chat
 from harnessrl.schemas import Rollout
 
 __all__ = ["CHAT", "chat_completions"]
-
-_ROLE_DELTA = b'{"role":"assistant","content":""}'
-_OPEN_END = b',"finish_reason":null}]}\n\n'  # a chunk's end while the answer goes on
 
 
 def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, Any], str]:
@@ -133,10 +128,9 @@ class ChatAnswer:
         self.model = body.model or call.state.engine.model_name
         state = call.state
         self.parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
-        self.events: list[ToolEvent] = []
+        self.events: list[Event] = []
         self.n_calls = 0
         self.base: dict[str, Any] = {}
-        self.head = b""  # a chunk's encoded event up to its delta (``started``)
         # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
@@ -169,28 +163,25 @@ class ChatAnswer:
 
     # -- streamed -------------------------------------------------------------------------------
 
-    def opening(self) -> list[Event]:
+    def opening(self) -> list[str]:
         return []
 
-    def waiting(self, comment: str) -> list[Event]:
+    def waiting(self, comment: str) -> list[str]:
         return [comment]
 
-    def started(self, gen: Generation) -> list[Event]:
+    def started(self, gen: Generation) -> list[str]:
         policy = self.call.state.engine.policy_version
         self.base = openai_envelope("chatcmpl", "chat.completion.chunk", self.model, policy)
-        # Every chunk is this envelope, one choice and its delta: the constant parts are encoded once
-        # and each chunk's event is joined from bytes (what ``sse`` of the chunk's dict gives).
-        self.head = b"data: " + dumps(self.base)[:-1] + b',"choices":[{"index":0,"delta":'
-        return [self._chunk(_ROLE_DELTA)]
+        return [self._chunk({"role": "assistant", "content": ""})]
 
-    def feed(self, piece: Piece) -> list[Event]:
+    def feed(self, piece: Piece) -> list[str]:
         if self.body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
             self.pending_ids.append(piece.token_id)
             self.pending_lps.append(piece.logprob)
         if not piece.text:
             return []
         if self.parser is None:
-            return [self._chunk(b'{"content":' + dumps(piece.text) + b"}")]
+            return self._emit([ContentEvent(piece.text)])
         return self._emit(self.parser.feed(piece.text))
 
     def finished(self, gen: Generation) -> Streamed:
@@ -200,7 +191,7 @@ class ChatAnswer:
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
         message, finish = answer_message(parsed, gen)
-        tail: list[Event] = [self._chunk(b"{}", finish=finish)]
+        tail = [self._chunk({}, finish=finish)]
         if self.body.include_usage:
             tail.append(sse({**self.base, "choices": [], "usage": openai_usage(self.call)}))
         tail.append(DONE)
@@ -209,25 +200,23 @@ class ChatAnswer:
     def error(self, exc: HarnessRLError) -> str:
         return sse_error(exc)
 
-    def _emit(self, new_events: list[ToolEvent]) -> list[Event]:
-        out: list[Event] = []
+    def _emit(self, new_events: list[Event]) -> list[str]:
+        out = []
         for event in new_events:
             if self.parser is not None:
                 self.events.append(event)
             if isinstance(event, ContentEvent):
-                out.append(self._chunk(b'{"content":' + dumps(event.text) + b"}"))
+                out.append(self._chunk({"content": event.text}))
             elif isinstance(event, ToolCallEvent):
-                delta = {"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}
-                out.append(self._chunk(dumps(delta)))
+                out.append(self._chunk({"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}))
                 self.n_calls += 1
         return out
 
-    def _chunk(self, delta: bytes, finish: str | None = None) -> bytes:
-        """The event of one chunk whose delta is the JSON ``delta``, with the pending logprobs."""
-        lp = b"null"
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
+        lp = None
         if self.body.logprobs:
             tokenizer = self.call.state.engine.tokenizer
-            lp = b'{"content":' + logprob_json(tokenizer, self.pending_ids, self.pending_lps) + b"}"
+            lp = {"content": logprob_content(tokenizer, self.pending_ids, self.pending_lps)}
             self.pending_ids, self.pending_lps = [], []
-        end = _OPEN_END if finish is None else b',"finish_reason":' + dumps(finish) + b"}]}\n\n"
-        return b"".join((self.head, delta, b',"logprobs":', lp, end))
+        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
+        return sse({**self.base, "choices": [choice]})
