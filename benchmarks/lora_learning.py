@@ -11,19 +11,23 @@ Each arm is the main job as users start it, launched and measured by ``cpu_budge
 
 The arms run the code of one commit (``--commit``, default ``HEAD``) from a ``git worktree`` in a
 scratch folder, not this checkout, whose uncommitted files (other people's work in progress) may
-change under a run that takes an hour. Same seed, tasks, group size, ``--steps`` and held-out evaluation (100 problems, greedy, at steps 0,
-10 and 20); float32 engine and trainer (``--dtype``, as ``results/cpu_budget_20_steps.json``). Arms
+change under a run that takes an hour. Same seed, tasks, group size, ``--steps`` and held-out
+evaluation (100 problems, greedy, at steps 0, 10 and 20); float32 engine and trainer (``--dtype``, as ``results/cpu_budget_20_steps.json``). Arms
 run one after the other, LoRA first, and the JSON is written after each, so a LoRA-only result
-survives if the full arm is stopped. Without a ``full`` arm in the run, the comparison is against
-the committed full-fine-tuning run (``--reference``) and says so.
+survives if the full arm is stopped. Without a ``full`` arm, the comparison is against the committed
+full-fine-tuning run (``--reference``) and says so. ``--combine`` merges the arms of separate runs of
+this script (the two arms started as two processes at the same time, so both see the same load).
 
 Standard errors: held-out success is a share of n = 100 problems, SE = sqrt(p (1 - p) / n); a gain
-or a LoRA-minus-full difference adds the two variances (the problems are the same in both, so this
-overstates the SE of a paired difference a little). It is sampling error of the problems only: two
+or a LoRA-minus-full difference adds the two variances (the problems are the same in both, and a
+problem solved once is likelier solved again, so this overstates the SE of the paired difference). It is sampling error of the problems only: two
 runs of the same config also differ (async rollouts, T = 0.7), which it does not cover.
 
     .venv/bin/python benchmarks/lora_learning.py                       # both arms, ~50+ min on 2 cores
     .venv/bin/python benchmarks/lora_learning.py --arms lora           # LoRA only, vs the committed run
+    .venv/bin/python benchmarks/lora_learning.py --arms lora --out /tmp/lora.json &    # both at once,
+    .venv/bin/python benchmarks/lora_learning.py --arms full --out /tmp/full.json; wait  # then
+    .venv/bin/python benchmarks/lora_learning.py --combine /tmp/lora.json /tmp/full.json
     .venv/bin/python benchmarks/lora_learning.py --arms lora --steps 2 --set trainer.eval_every=0 \\
         --out /tmp/pilot.json                                          # a pilot: does the setting train
 """
@@ -118,8 +122,47 @@ def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dic
     if lora["heldout_gain"] and full["heldout_gain"]:
         d = lora["heldout_gain"]["gain"] - full["heldout_gain"]["gain"]
         s = math.hypot(lora["heldout_gain"]["se"], full["heldout_gain"]["se"])
-        out["gain_lora_minus_full"] = {"difference": round(d, 3), "se": round(s, 3), "z": round(d / s, 2)}
+        out["gain_lora_minus_full"] = {
+            "difference": round(d, 3),
+            "se": round(s, 3),
+            "z": round(d / s, 2) if s else None,
+        }
     return out
+
+
+def with_comparison(result: dict[str, Any], reference: Path) -> dict[str, Any]:
+    """Add LoRA vs full fine-tuning: the full arm of ``result`` if it has one, else ``reference``."""
+    arms = result["arms"]
+    if "lora" not in arms:
+        return result
+    if "full" in arms:
+        full, source = arms["full"], "the full arm in this file"
+    else:
+        ref = json.loads(reference.read_text())
+        full = summarise(ref["current"]["job"], result["heldout_problems"])
+        source = (
+            f"{reference.relative_to(ROOT)} ({ref['date']}, commit {ref['current']['commit'][:7]}): "
+            "an earlier run on the same machine and config, not this run"
+        )
+    result["comparison"] = compare(arms["lora"], full, source)
+    return result
+
+
+def combine(paths: list[Path]) -> dict[str, Any]:
+    """One result from the arms of several runs of this script (e.g. the two arms run at the same
+    time as two processes); each arm keeps the date, commit and command of its own run."""
+    runs = [json.loads(p.read_text()) for p in paths]
+    result = {k: v for k, v in runs[0].items() if k not in ("arms", "comparison", "date", "argv", "commit")}
+    result["arms"] = {}
+    for run in runs:
+        for arm, job in run["arms"].items():
+            result["arms"][arm] = {
+                "started": run["date"],
+                "commit": run["commit"],
+                "argv": run["argv"],
+                **job,
+            }
+    return result
 
 
 def main() -> None:
@@ -134,8 +177,16 @@ def main() -> None:
         "--reference", type=Path, default=REFERENCE, help="full-FT run to compare without a full arm"
     )
     parser.add_argument("--commit", default="HEAD", help="the code the arms run (a worktree of it)")
+    parser.add_argument(
+        "--combine", type=Path, nargs="+", help="merge the arms of these results; run nothing"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
+    if args.combine:
+        result = with_comparison(combine(args.combine), args.reference)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        print(json.dumps(result["comparison"], indent=2))
+        return
     code = Path(tempfile.mkdtemp(prefix="lora-learning-code-"))
     subprocess.run(["git", "worktree", "add", "--detach", str(code), args.commit], cwd=ROOT, check=True)
     try:
@@ -145,7 +196,6 @@ def main() -> None:
 
 
 def run_arms(args: argparse.Namespace, code: Path) -> None:
-
     n = sum(1 for line in (EXAMPLE / "heldout.jsonl").read_text().splitlines() if line.strip())
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -169,18 +219,7 @@ def run_arms(args: argparse.Namespace, code: Path) -> None:
         job.update(summarise(job, n))
         result["arms"][arm] = job
         log(f"{arm}: {json.dumps(job)}")
-        if "lora" in result["arms"]:
-            if "full" in result["arms"]:
-                full, source = result["arms"]["full"], "the full arm of this run"
-            else:
-                ref = json.loads(args.reference.read_text())
-                full = summarise(ref["current"]["job"], n)
-                source = (
-                    f"{args.reference.relative_to(ROOT)} ({ref['date']}, commit {ref['current']['commit'][:7]}): "
-                    "an earlier run on the same machine and config, not this run"
-                )
-            result["comparison"] = compare(result["arms"]["lora"], full, source)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+        args.out.write_text(json.dumps(with_comparison(result, args.reference), indent=2) + "\n")
     print(json.dumps(result, indent=2))
 
 
