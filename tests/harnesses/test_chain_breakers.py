@@ -26,6 +26,7 @@ pytestmark = [
 ]
 
 OPENCLAW_CONTEXT = "<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>"
+CHILD_ANSWER = "hello.txt is written."
 
 
 @dataclass(frozen=True)
@@ -42,25 +43,27 @@ class Breaker:
 
 CASES = [
     # delegate_task starts a subagent: a fresh conversation (its own system prompt, a smaller tool
-    # set, no parent history) whose calls go through the same rollout key. The parent's calls still
-    # extend each other (the subagent's summary comes back as the delegate_task result), so the
-    # rollout is two samples: the parent's chain and the subagent's.
+    # set, no parent history) whose calls go through the same rollout key. `hermes -z` runs it
+    # synchronously: the parent waits, the subagent's calls come between the parent's two, and its
+    # answer comes back as the delegate_task result. The parent's calls still extend each other, so
+    # the rollout is two samples: the parent's chain and the subagent's. (`hermes chat -q` ran it in
+    # the background and interrupted it when the parent's turn ended: a race, see the preset.)
     Breaker(
         "hermes-delegate_task",
         "hermes",
         [
             tool_turn("delegate_task", goal="Create hello.txt containing hi in the current folder."),
             tool_turn("terminal", command=WRITE),  # the subagent's first call
-            "hello.txt is written.",  # the subagent's answer, returned to the parent
+            CHILD_ANSWER,  # the subagent's answer, returned to the parent
             DONE,  # the parent's last call
         ],
         samples=2,
         breaks={"new_context": 1},
     ),
-    # Memory is injected into the system prompt once, at session start (a frozen snapshot), and
-    # --ignore-rules (the preset's default) switches that injection and the store off: the tool
-    # answers an error and no prompt changes. One sample. Each attempt starts from an empty
-    # $HOME/.hermes, so nothing one rollout memorises can leak into another.
+    # Memory is injected into the system prompt once, at session start (a frozen snapshot), and the
+    # preset's fixed config (memory_enabled: false; `hermes -z` has no --ignore-rules) switches that
+    # injection and the store off: the tool answers an error and no prompt changes. One sample. Each
+    # attempt starts from an empty $HOME/.hermes, so nothing one rollout memorises can leak into another.
     Breaker(
         "hermes-memory",
         "hermes",
@@ -122,13 +125,24 @@ def test_what_breaks_the_chain(case: Breaker, tmp_path: Path) -> None:
     requests = [c.request for c in calls]
     tool_names = [sorted(t["function"]["name"] for t in r.get("tools", [])) for r in requests]
     if case.id == "hermes-delegate_task":
-        # The subagent's calls are the ones without the delegate_task tool (recorded in the order
-        # they were committed, which a loaded machine may interleave differently).
-        child = [i for i, names in enumerate(tool_names) if "delegate_task" not in names]
-        parent = [i for i in range(len(requests)) if i not in child]
-        assert len(child) >= 1 and len(parent) >= 2 and parent[0] == 0, tool_names
-        assert all(requests[i]["messages"][0] != requests[0]["messages"][0] for i in child)  # its own prompt
-        assert all(tool_names[i] == tool_names[0] for i in parent)
+        # Synchronous, so the same order on every run: the parent's first call, the subagent's two
+        # (the tools without delegate_task, its own system prompt, the goal as its task), the
+        # parent's last.
+        assert ["delegate_task" in names for names in tool_names] == [True, False, False, True], tool_names
+        parent, child = [requests[0], requests[3]], [requests[1], requests[2]]
+        assert tool_names[3] == tool_names[0] and tool_names[2] == tool_names[1]
+        assert child[0]["messages"][0] != parent[0]["messages"][0]
+        goal = case.turns[0]["tool_calls"][0]["arguments"]["goal"]
+        assert [(m["role"], m["content"]) for m in child[0]["messages"][1:]] == [("user", goal)]
+        assert child[1]["messages"][:2] == child[0]["messages"]
+        # The parent's last call is its first, its delegate_task call and, as that call's result,
+        # the subagent's answer: the subagent wrote the file, and the parent is told so.
+        first, last = parent[0]["messages"], parent[1]["messages"]
+        assert last[: len(first)] == first
+        assert [m["role"] for m in last[len(first) :]] == ["assistant", "tool"]
+        [result] = json.loads(last[-1]["content"])["results"]
+        assert result["status"] == "completed" and result["summary"] == CHILD_ANSWER, result
+        assert [t["tool"] for t in result["tool_trace"]] == ["terminal"], result
     elif case.preset == "hermes":
         system = [r["messages"][0] for r in requests]
         assert system == [system[0]] * len(system)  # the running conversation is never rewritten

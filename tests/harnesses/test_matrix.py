@@ -142,8 +142,9 @@ CASES = [
     Case(
         "openai-agents", "chat.completions", "bash", "command", env={"OPENAI_AGENTS_API": "chat_completions"}
     ),
-    # Hermes Agent (its own venv, .harnesses/hermes-venv): streamed chat completions, 27 tools; its
-    # shell tool is `terminal`. Its history is append-only, so the rollout stays one chain.
+    # Hermes Agent (its own venv, .harnesses/hermes-venv), one-shot `hermes -z`: streamed chat
+    # completions, 26 tools; its shell tool is `terminal`. Its history is append-only, so the rollout
+    # stays one chain.
     Case("hermes", "chat.completions", "terminal", "command"),
     # OpenClaw (Node 24, .harnesses/node24): streamed chat completions; its shell tool is `exec`.
     # Every request ends with a transient user message (<<<BEGIN_OPENCLAW_INTERNAL_CONTEXT>>>: active

@@ -183,7 +183,9 @@ def test_hermes_wrapper_copies_the_fixed_config_into_the_attempts_home(tmp_path)
     assert command[:2] == ["/bin/sh", "-c"]
     config, exe = command[3], command[4]
     assert exe.endswith(".harnesses/hermes-venv/bin/hermes") or Path(exe).name == "hermes"
-    assert command[5:8] == ["chat", "-q", "{prompt}"] and {"-Q", "--yolo", "--ignore-rules"} <= set(command)
+    # One-shot mode (-z), where delegate_task runs synchronously; `chat -q` ran it in the background.
+    assert command[5:] == ["--yolo", "-z", "{prompt}", "--provider", "custom", "-m", "{model}"]
+    assert "memory_enabled: false" in Path(config).read_text()  # -z has no --ignore-rules
     probe = tmp_path / "probe.sh"
     probe.write_text('#!/bin/sh\ncat "$HOME/.hermes/config.yaml"; echo "ARGS $*"; exit 3\n')
     probe.chmod(0o755)

@@ -35,7 +35,9 @@ OPENCLAW = "openclaw"  # its own npm prefix, installed with Node 24 on PATH (its
 # the file. The `custom` provider speaks chat completions to base_url. Hermes has no telemetry, and
 # its update check only runs for a git checkout; the browser, web search and image tools stay
 # unavailable without their credentials or binaries; skills stay as they ship (docs/harnesses.md says
-# what they, memory and subagents do to the chain).
+# what they, memory and subagents do to the chain). Memory is switched off here because ``hermes -z``
+# has no ``--ignore-rules`` (the flag is parsed but one-shot mode never reads it): with it on, the
+# memory snapshot would be injected into the system prompt and the tool would write MEMORY.md.
 HERMES_CONFIG = """\
 # Written by harnessrl (presets_assistants.py); fixed content, copied into each attempt's home.
 model:
@@ -44,6 +46,9 @@ model:
   base_url: ${OPENAI_BASE_URL}
   api_key: ${OPENAI_API_KEY}
   api_mode: chat_completions
+memory:
+  memory_enabled: false  # no MEMORY.md / USER.md in the prompt; the memory tool answers an error
+  user_profile_enabled: false
 security:
   tirith_enabled: false  # its pre-exec command scanner is downloaded on first use: not in a sandbox
 """
@@ -58,29 +63,26 @@ _HERMES_WRAPPER = (
 def hermes() -> HarnessSpec:
     """Hermes Agent (PyPI ``hermes-agent``, ``.harnesses/hermes-venv``): chat completions, streamed.
 
-    One-shot ``hermes chat -q <prompt> -Q --yolo``: quiet output, every command approved (we are in
-    a sandbox); ``--ignore-rules`` keeps AGENTS.md/SOUL.md and preloaded skills out of the prompt,
-    ``--source tool`` tags the session as programmatic. ``harness.args`` are appended
-    (``["--max-turns", "N"]`` bounds its tool loop, ``["-t", "file"]`` keeps only the file tools);
-    when Hermes is not installed the command is the bare name, so ``check_harness`` reports it
-    before anything starts."""
+    Hermes's own one-shot mode, ``hermes --yolo -z <prompt> --provider custom -m <model>``: it prints
+    only the final answer, approves every command (we are in a sandbox), and runs ``delegate_task``
+    *synchronously*, so a subagent's answer is the tool result its parent reads. ``hermes chat -q``
+    (this preset until 2026-12) runs every top-level delegation in the background instead and
+    interrupts it when the one-shot turn ends: the subagent's work was discarded or not depending on
+    thread timing, and so was the reward. What ``-z`` gives up (docs/harnesses.md): it has no
+    ``--max-turns`` (Hermes's budget of 90 model calls applies; ``harness.timeout_s`` bounds a
+    rollout), it sends Hermes's own stderr and logging to /dev/null (the gateway's records and the
+    session in the attempt's ``$HOME/.hermes`` remain), and it has no ``--ignore-rules``: memory is
+    off through the fixed config instead, and an ``AGENTS.md``/``CLAUDE.md``/``.hermes.md``/
+    ``.cursorrules`` a task puts in the workspace is read into the system prompt, as for any user of
+    Hermes. ``harness.args`` are appended; Hermes's top-level flags work there (``["-t", "file"]``
+    keeps only the file tools). When Hermes is not installed the command is the bare name, so
+    ``check_harness`` reports it before anything starts."""
     installed = project_path(HERMES_VENV, "bin", "hermes")
     exe = str(installed) if installed is not None else shutil.which("hermes")
     config = _static_config_file("hermes-config.yaml", HERMES_CONFIG)
-    args = [
-        "chat",
-        "-q",
-        "{prompt}",
-        "-Q",
-        "--yolo",
-        "--provider",
-        "custom",
-        "-m",
-        "{model}",
-        "--ignore-rules",
-        "--source",
-        "tool",
-    ]
+    # -z approves every command itself (HERMES_YOLO_MODE); --yolo sets the same before anything
+    # starts, so it does not hang on the order in which Hermes first imports its approval module.
+    args = ["--yolo", "-z", "{prompt}", "--provider", "custom", "-m", "{model}"]
     if exe is None:
         return HarnessSpec(command=["hermes", *args])
     mounts = sorted({*_venv_mounts(Path(exe).parent.parent), config})
@@ -89,6 +91,8 @@ def hermes() -> HarnessSpec:
         env={
             # Hermes pip-installs optional tool dependencies on first use; never inside a rollout.
             "HERMES_DISABLE_LAZY_INSTALLS": "1",
+            # What `hermes chat --source tool` set: the session is tagged as programmatic.
+            "HERMES_SESSION_SOURCE": "tool",
             "PYTHONUNBUFFERED": "1",
         },
         mounts=mounts,
