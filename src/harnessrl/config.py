@@ -64,7 +64,8 @@ def parse_engine_model(model: str) -> EngineSource:
 
 
 class TeacherConfig(Section):
-    """Teacher mode: an upstream OpenAI-compatible chat endpoint answers the chat calls (docs/gateway.md).
+    """Teacher mode: an upstream OpenAI-compatible chat endpoint answers the calls of every API (chat,
+    Messages and Responses translated to chat; docs/gateway.md).
 
     ``api_key_env`` names an environment variable of the gateway process holding the upstream's key;
     the key itself is never in a config file, the store or a log.
