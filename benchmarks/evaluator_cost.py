@@ -44,8 +44,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from harnessrl.controller.evaluator_types import EvaluationInput
 from harnessrl.controller.evaluators import build_evaluator
+from harnessrl.controller.evaluators.types import EvaluationInput
 from harnessrl.data.records import to_task
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ INVARIANTS = {
     ("harnessrl/controller/kubernetes/names.py", "is_dns1123_label(name)"): "names are built, not read",
     ("harnessrl/ascii_splits.py", "self._matches.groups == 0"): "patterns come from the module's own table",
     (
-        "harnessrl/controller/evaluator_command.py",
+        "harnessrl/controller/evaluators/command.py",
         "proc.returncode is not None",
     ): "after the process was waited",
     ("harnessrl/environments/store.py", "recipe.containerfile is not None"): "ImageRecipe validates one kind",

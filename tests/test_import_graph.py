@@ -51,6 +51,12 @@ ONE_WAY = [
 #: Modules that import no other harnessrl module: the shared vocabulary everything else builds on.
 LEAVES = ["harnessrl.errors", "harnessrl.schemas"]
 
+#: Subpackages a component uses as parts: each imports nothing else of its component, so it can be
+#: read, tested and reused without it (``sft.select`` reads the audit's rules, ``trainer.config``
+#: parses the evaluator section, examples/swe/make_tasks.py scores with an evaluator). The audit is
+#: pure analysis; the evaluators score with ``tasks`` and the ``sandbox``.
+SELF_CONTAINED = ["harnessrl.controller.audit", "harnessrl.controller.evaluators"]
+
 
 # -- the graph ---------------------------------------------------------------------------------------
 
@@ -304,6 +310,23 @@ def test_vocabulary_modules_are_leaves(graph: Graph) -> None:
     for leaf in LEAVES:
         assert graph[leaf] <= {"harnessrl.errors"}, f"{leaf} imports {sorted(graph[leaf])}"
     assert graph["harnessrl.errors"] == set()
+
+
+def test_component_parts_stand_alone(graph: Graph) -> None:
+    def within(module: str, prefix: str) -> bool:
+        return module == prefix or module.startswith(prefix + ".")
+
+    for part in SELF_CONTAINED:
+        assert part in graph, f"{part} is not a package any more: update SELF_CONTAINED"
+        component = part.rsplit(".", 1)[0]
+        outside = sorted(
+            f"{m} -> {t}"
+            for m, ts in graph.items()
+            if within(m, part)
+            for t in ts
+            if within(t, component) and not within(t, part)
+        )
+        assert not outside, f"{part} imports the rest of {component}: {outside}"
 
 
 def test_nothing_imports_an_entry_point(graph: Graph) -> None:

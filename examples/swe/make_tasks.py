@@ -298,8 +298,8 @@ def line_fix(gold: str, buggy: str) -> list[list[Any]] | None:
 
 
 def scorer(config: dict[str, Any]):
-    from harnessrl.controller.evaluator_command import EvaluatorSandbox
     from harnessrl.controller.evaluators import build_evaluator
+    from harnessrl.controller.evaluators.command import EvaluatorSandbox
 
     return build_evaluator(config["evaluator"], validate=True, sandbox=EvaluatorSandbox("bwrap"))
 

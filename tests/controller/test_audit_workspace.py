@@ -1,6 +1,6 @@
 """The audit reads what ran, not only what was typed: the workspace diff and the rules on changed files.
 
-Unit tests of ``audit_workspace`` (what a diff holds, what it never opens or follows, every bound),
+Unit tests of ``audit.workspace`` (what a diff holds, what it never opens or follows, every bound),
 of the rules applied to changed files (``audit_files``), of ``obfuscated_code`` and ``forced_exit``
 on files, and a handful of realistic benign fixes that must raise nothing. The end-to-end test at the
 bottom drives an unmodified mini-swe-agent through ``harnessrl rollout`` with a scripted policy that
@@ -41,7 +41,7 @@ from harnessrl.controller.audit import (
     audit_rollout,
     reward_after_audit,
 )
-from harnessrl.controller.audit_workspace import (
+from harnessrl.controller.audit.workspace import (
     FileChange,
     Hunk,
     SnapshotLimits,

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import EvaluationInput, EvaluationResult, EvaluatorError, build_evaluator
+from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.sandbox.bwrap import sandbox_problem
 
 pytestmark = pytest.mark.skipif(

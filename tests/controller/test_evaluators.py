@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import (
     CommandEvaluatorConfig,
     EvaluationInput,
@@ -22,6 +21,7 @@ from harnessrl.controller.evaluators import (
     build_evaluator,
     parse_evaluator_config,
 )
+from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call
 from harnessrl.tasks.answers import final_answer_text

@@ -93,7 +93,7 @@ def run_scorer(tmp_path: Path, mode: str) -> tuple[dict, str]:
     (scratch / "inputs" / "expected.txt").write_text("what the tests expect")
     (scratch / "ws" / "attack.py").write_text(ATTACK)  # the agent's code lives in the workspace
     (scratch / "scorer.py").write_text(SCORER)
-    from harnessrl.controller.evaluator_command import HARNESSRL_PACKAGE
+    from harnessrl.controller.evaluators.command import HARNESSRL_PACKAGE
     from harnessrl.sandbox.bwrap import Bind, python_install_paths
 
     host = SandboxHost()

@@ -22,8 +22,8 @@ import pytest
 from tests.tasks.coding_support import build_outside_tmp, records
 from tests.tasks.scorer_sandbox import PY, Scored, run_in_sandbox, sandbox_missing
 
-from harnessrl.controller.evaluator_types import EvaluationInput
 from harnessrl.controller.evaluators import build_evaluator
+from harnessrl.controller.evaluators.types import EvaluationInput
 from harnessrl.data.records import to_task
 from harnessrl.tasks.pytest_scoring import DISAGREEMENT, REPORT_MISSING
 

@@ -27,7 +27,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
-from harnessrl.controller.audit_workspace import diff_workspace, snapshot_workspace
+from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
 from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
 from harnessrl.controller.harness import harness_view, render_harness

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.controller.evaluator_command import SPECIAL_FILES_SKIPPED, CommandEvaluator, EvaluatorSandbox
-from harnessrl.controller.evaluator_config import CommandEvaluatorConfig, EvaluatorLimits
-from harnessrl.controller.evaluator_types import EvaluationInput
+from harnessrl.controller.evaluators.command import SPECIAL_FILES_SKIPPED, CommandEvaluator, EvaluatorSandbox
+from harnessrl.controller.evaluators.config import CommandEvaluatorConfig, EvaluatorLimits
+from harnessrl.controller.evaluators.types import EvaluationInput
 
 SPARSE_BYTES = 256 << 20  # apparent size of the sparse file; one byte of data at its end
 MEMORY_MB, MAX_PROCESSES, TMP_MB = 128, 16, 8  # the caps the check's evaluation runs under

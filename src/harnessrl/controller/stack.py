@@ -24,7 +24,6 @@ from pydantic import Field, field_validator
 from harnessrl.config import EngineConfig, GatewayConfig, Section, StoreConfig
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
-from harnessrl.controller.evaluator_command import EvaluatorSandbox
 from harnessrl.controller.evaluators import (
     CommandEvaluatorConfig,
     Evaluator,
@@ -33,6 +32,7 @@ from harnessrl.controller.evaluators import (
     build_evaluator,
     parse_evaluator_config,
 )
+from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.controller.harness import check_harness
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner

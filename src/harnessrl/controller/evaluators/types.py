@@ -1,6 +1,6 @@
 """What evaluators receive and return: ``EvaluationInput``, ``EvaluationResult``, ``EvaluatorError``.
 
-Shared by every evaluator kind (``evaluator_command``, ``evaluator_python``, ``evaluator_answer``)
+Shared by every evaluator kind (``evaluators.command``, ``evaluators.python``, ``evaluators.answer``)
 and the controller, which imports them from ``harnessrl.controller.evaluators``. ``checked_result``
 is the one check every kind applies to the reward it computed: a finite number, else an
 ``EvaluatorError``. ``EvaluationInput.final_answer`` is ``harnessrl.tasks.answers.final_answer_text``

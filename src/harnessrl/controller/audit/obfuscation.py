@@ -4,9 +4,9 @@ The other rules read the text the policy produced. A policy that learns they do 
 ``exec(zlib.decompress(base64.b64decode("…")))``, ``__import__("so"[::-1])``, a pickled payload, a
 code object built by hand, ``echo … | base64 -d | sh``. None of that is needed to fix a bug, and all
 of it defeats every other rule, so it is flagged itself. Each analyser yields ``(rule, hint)`` pairs
-like the other rule modules; ``audit_rules`` calls ``python_obfuscation`` for every piece of Python
+like the other rule modules; ``audit.rules`` calls ``python_obfuscation`` for every piece of Python
 and ``shell_obfuscation`` for every shell script. A binary module that would be imported instead of
-source the audit reads is found by ``audit_workspace`` and flagged by ``audit``.
+source the audit reads is found by ``audit.workspace`` and flagged by ``audit``.
 
 Python (regular expressions, like the other Python rules; the code is often a fragment):
 - a *sink* (``exec``, ``eval``, ``compile``, ``__import__``, ``importlib.import_module``,
@@ -22,7 +22,7 @@ Shell: a decoder (``base64 -d``, ``xxd -r``, ``openssl … -d``, ``gunzip``/``zc
 ``uudecode``, ``rev``, ``printf '\\x..'``) piped into an interpreter that reads its program from
 stdin (``sh``, ``bash``, ``python``, ``perl``, …), or ``$(…decoder…)`` given to ``eval``, ``bash -c``,
 ``python -c``, ``source <(…)``. Decoding into a *file* is not flagged here: the file lands in the
-workspace, where the audit reads it (``audit_workspace``). See docs/audit.md.
+workspace, where the audit reads it (``audit.workspace``). See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from harnessrl.controller.audit_shell import Segment, positional_args, strip_wrappers, substitutions, wordlist
+from harnessrl.controller.audit.shell import Segment, positional_args, strip_wrappers, substitutions, wordlist
 
 OBFUSCATED_CODE = "obfuscated_code"  # exec/eval/import of decoded data, marshal, `base64 -d | sh`
 

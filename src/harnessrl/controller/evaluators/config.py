@@ -2,8 +2,8 @@
 
 ``EvaluatorConfig`` is the discriminated union of the four kinds; ``parse_evaluator_config`` turns
 a config mapping into one of them, reporting every problem as a ``ConfigError`` that names
-``evaluator.<field>``. Pure data, no evaluator code: each kind's module (``evaluator_command``,
-``evaluator_python``, ``evaluator_answer``) imports its own config from here, and
+``evaluator.<field>``. Pure data, no evaluator code: each kind's module (``evaluators.command``,
+``evaluators.python``, ``evaluators.answer``) imports its own config from here, and
 ``evaluators.build_evaluator`` maps a config to its evaluator.
 """
 

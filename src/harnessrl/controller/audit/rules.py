@@ -2,19 +2,19 @@
 
 Each analyser yields ``(rule, hint)`` pairs; ``hint`` is the text that triggered the rule, which
 ``audit.audit_commands`` locates in the command for highlighting. Shell comes split into simple
-commands by ``audit_shell``; ``bash -c``, ``eval``, ``python -c``, heredocs, ``$(...)``, ``find
+commands by ``audit.shell``; ``bash -c``, ``eval``, ``python -c``, heredocs, ``$(...)``, ``find
 -exec`` and ``echo ... | sh`` are analysed recursively, up to ``MAX_DEPTH``. A program is only
 flagged in command position: ``echo "use curl"`` or ``grep curl notes.txt`` are not (strings are not
 actions), but ``echo "curl x" | sh`` is. Python is matched with regular expressions, not ``ast``: it
 is often a fragment (a heredoc, a notebook cell) and the match is exactly the highlighted substring.
 The audit is a tripwire, not a sandbox: what encoded or computed commands (``$(echo Y3VybA== |
 base64 -d)``) do is out of its reach by design; that they decode and run something is flagged
-(``obfuscated_code``, in ``audit_obfuscation``), and what they write lands in the workspace diff.
+(``obfuscated_code``, in ``audit.obfuscation``), and what they write lands in the workspace diff.
 Here are the traversal and the ``git_history``,
 ``network_fetch`` and ``python_network`` rules; the checks of one install or one write
-(``package_install``, ``test_config_write``) are in ``audit_changes``, the rules about the machine
+(``package_install``, ``test_config_write``) are in ``audit.changes``, the rules about the machine
 around the task (``/proc``, namespaces, the store, paths outside the workspace) in
-``audit_system``. See docs/audit.md.
+``audit.system``. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 import shlex
 from collections.abc import Iterator
 
-from harnessrl.controller.audit_changes import (
+from harnessrl.controller.audit.changes import (
     PACKAGE_INSTALL,
     check_write,
     forced_exit_hints,
@@ -33,8 +33,8 @@ from harnessrl.controller.audit_changes import (
     python_writes,
     shell_writes,
 )
-from harnessrl.controller.audit_obfuscation import python_obfuscation, shell_obfuscation
-from harnessrl.controller.audit_shell import (
+from harnessrl.controller.audit.obfuscation import python_obfuscation, shell_obfuscation
+from harnessrl.controller.audit.shell import (
     Segment,
     output_of,
     positional_args,
@@ -44,7 +44,7 @@ from harnessrl.controller.audit_shell import (
     substitutions,
     wordlist,
 )
-from harnessrl.controller.audit_system import check_path, python_hints, shell_hints
+from harnessrl.controller.audit.system import check_path, python_hints, shell_hints
 
 GIT_HISTORY = "git_history"  # git log/show/blame/reflog/..., other commits, .git/ objects, fetch/pull
 NETWORK_FETCH = "network_fetch"  # curl, wget, nc, ssh/scp, /dev/tcp/

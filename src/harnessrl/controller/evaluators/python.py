@@ -14,8 +14,8 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from harnessrl.controller.evaluator_config import PythonEvaluatorConfig
-from harnessrl.controller.evaluator_types import (
+from harnessrl.controller.evaluators.config import PythonEvaluatorConfig
+from harnessrl.controller.evaluators.types import (
     EvaluationInput,
     EvaluationResult,
     EvaluatorError,

@@ -14,8 +14,8 @@ import asyncio
 import re
 from typing import Any
 
-from harnessrl.controller.evaluator_config import ExactMatchEvaluatorConfig, ReasoningGymEvaluatorConfig
-from harnessrl.controller.evaluator_types import (
+from harnessrl.controller.evaluators.config import ExactMatchEvaluatorConfig, ReasoningGymEvaluatorConfig
+from harnessrl.controller.evaluators.types import (
     EvaluationInput,
     EvaluationResult,
     EvaluatorError,

@@ -21,9 +21,9 @@ failure: a broken scorer must never look like a policy that earned 0.
 
 This module is the registry: ``build_evaluator`` maps a config to its evaluator, and every public
 name is importable from here. The config classes and ``parse_evaluator_config`` are in
-``evaluator_config``; the inputs and results in ``evaluator_types``; the kinds in
-``evaluator_command`` (with its sandboxed process runner), ``evaluator_python`` and
-``evaluator_answer`` (``reasoning_gym`` and ``exact_match``). ``final_answer_text`` lives in
+``evaluators.config``; the inputs and results in ``evaluators.types``; the kinds in
+``evaluators.command`` (with its sandboxed process runner), ``evaluators.python`` and
+``evaluators.answer`` (``reasoning_gym`` and ``exact_match``). ``final_answer_text`` lives in
 ``harnessrl.tasks.answers``, so task modules can use it without importing the controller.
 """
 
@@ -32,9 +32,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from harnessrl.controller.evaluator_answer import ExactMatchEvaluator, ReasoningGymEvaluator
-from harnessrl.controller.evaluator_command import CommandEvaluator, EvaluatorSandbox
-from harnessrl.controller.evaluator_config import (
+from harnessrl.controller.evaluators.answer import ExactMatchEvaluator, ReasoningGymEvaluator
+from harnessrl.controller.evaluators.command import CommandEvaluator, EvaluatorSandbox
+from harnessrl.controller.evaluators.config import (
     CommandEvaluatorConfig,
     EvaluatorConfig,
     ExactMatchEvaluatorConfig,
@@ -42,8 +42,8 @@ from harnessrl.controller.evaluator_config import (
     ReasoningGymEvaluatorConfig,
     parse_evaluator_config,
 )
-from harnessrl.controller.evaluator_python import PythonEvaluator
-from harnessrl.controller.evaluator_types import EvaluationInput, EvaluationResult, EvaluatorError
+from harnessrl.controller.evaluators.python import PythonEvaluator
+from harnessrl.controller.evaluators.types import EvaluationInput, EvaluationResult, EvaluatorError
 from harnessrl.tasks.answers import final_answer_text
 
 __all__ = [

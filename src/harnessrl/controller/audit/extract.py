@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from harnessrl.controller.audit_shell import wordlist
+from harnessrl.controller.audit.shell import wordlist
 from harnessrl.schemas import Call
 from harnessrl.tasks.answers import THINK
 

@@ -11,15 +11,15 @@ mini-swe-agent's text mode uses) into ``CommandRecord``s; ``audit_commands`` app
 
 This module is the public API: the records, flags, config and these functions (the rule names and
 ``CommandRecord``/``extract_commands`` are re-exported here). The pass itself lives here; the
-extraction in ``audit_extract``; the rules (shell, git, Python and patch analysis) in
-``audit_rules``, installs and writes to tests in ``audit_changes``, those about the machine around
-the task (``/proc``, namespaces, the store, paths outside the workspace) in ``audit_system``, shell
-syntax in ``audit_shell``, code that hides what it runs (``obfuscated_code``) in
-``audit_obfuscation``. Only this module knows the workspace: ``outside_workspace`` hints for paths
+extraction in ``audit.extract``; the rules (shell, git, Python and patch analysis) in
+``audit.rules``, installs and writes to tests in ``audit.changes``, those about the machine around
+the task (``/proc``, namespaces, the store, paths outside the workspace) in ``audit.system``, shell
+syntax in ``audit.shell``, code that hides what it runs (``obfuscated_code``) in
+``audit.obfuscation``. Only this module knows the workspace: ``outside_workspace`` hints for paths
 inside it are dropped here.
 
 The audit reads what ran as well as what was typed: ``audit_files`` applies the same rules to the
-workspace diff (``audit_workspace.WorkspaceDiff``: files added, modified and deleted while the harness
+workspace diff (``audit.workspace.WorkspaceDiff``: files added, modified and deleted while the harness
 ran, with the changed lines of each text file), which the controller computes and hands in as data.
 See docs/audit.md.
 """
@@ -33,10 +33,10 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harnessrl.controller.audit_changes import FORCED_EXIT, PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
-from harnessrl.controller.audit_extract import CommandRecord, extract_commands
-from harnessrl.controller.audit_obfuscation import OBFUSCATED_CODE
-from harnessrl.controller.audit_rules import (
+from harnessrl.controller.audit.changes import FORCED_EXIT, PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
+from harnessrl.controller.audit.extract import CommandRecord, extract_commands
+from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
+from harnessrl.controller.audit.rules import (
     GIT_HISTORY,
     NETWORK_FETCH,
     PYTHON_NETWORK,
@@ -44,7 +44,7 @@ from harnessrl.controller.audit_rules import (
     analyze_python,
     analyze_shell,
 )
-from harnessrl.controller.audit_system import (
+from harnessrl.controller.audit.system import (
     NAMESPACE_ESCAPE,
     OUTSIDE_WORKSPACE,
     PROC_ACCESS,
@@ -52,10 +52,10 @@ from harnessrl.controller.audit_system import (
     check_path,
     raw_hints,
 )
-from harnessrl.controller.audit_workspace import FileChange, SnapshotLimits, WorkspaceDiff, is_code_path
+from harnessrl.controller.audit.workspace import FileChange, SnapshotLimits, WorkspaceDiff, is_code_path
 from harnessrl.schemas import Call
 
-# The rule names are defined beside their analysis (``audit_rules``, ``audit_changes``, ``audit_system``).
+# The rule names are defined beside their analysis (``audit.rules``, ``audit.changes``, ``audit.system``).
 ALL_RULES: tuple[str, ...] = (
     GIT_HISTORY,
     NETWORK_FETCH,
@@ -188,7 +188,7 @@ def audit_rollout(
 
     ``workspace``: the attempt's workspace (and any other folder the policy may use, such as its
     home), as the harness saw it; without it ``outside_workspace`` cannot fire. ``changes``: what
-    changed in the workspace while the harness ran (``audit_workspace.diff_workspace``).
+    changed in the workspace while the harness ran (``audit.workspace.diff_workspace``).
     """
     config = config or AuditConfig()
     if not config.enabled:

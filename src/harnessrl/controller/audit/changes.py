@@ -5,7 +5,7 @@ with), ``test_config_write`` (``conftest.py``, ``pytest.ini``, pytest settings i
 ``pyproject.toml``/``setup.cfg``, edits or deletions of test files) and ``forced_exit`` (Python that
 ends its process with ``os._exit`` or signals its parent or its own process group: code under test
 that does it at import forges an exit-code verdict or kills the scorer). These are the leaf checks of
-one program invocation or one write; ``audit_rules`` finds them in shell, Python and patches and
+one program invocation or one write; ``audit.rules`` finds them in shell, Python and patches and
 calls ``install_hint``/``pip_hint`` for each command, ``shell_writes`` for the programs that write
 files (``tee``, ``sed -i``, ``rm``, ``cp``, ``dd``, ...), ``python_writes`` for Python code, and
 ``check_write`` for every path written. Each yields ``(rule, hint)`` pairs like the other rule
@@ -18,7 +18,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from harnessrl.controller.audit_shell import positional_args, wordlist
+from harnessrl.controller.audit.shell import positional_args, wordlist
 
 PACKAGE_INSTALL = "package_install"  # pip/conda/uv/npm/apt/... install
 TEST_CONFIG_WRITE = "test_config_write"  # writes to conftest.py/pytest.ini/..., edits or deletes tests

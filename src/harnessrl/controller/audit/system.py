@@ -3,7 +3,7 @@
 Four rules: ``proc_access`` (another process's memory, environment or command line under
 ``/proc``), ``namespace_escape`` (``nsenter``/``unshare``/``mount``/``chroot``/``pivot_root``, from
 shell or Python), ``store_access`` (SQLite files, harnessrl's store) and ``outside_workspace``
-(absolute paths that are neither the workspace nor a system or tool folder). ``audit_rules`` calls
+(absolute paths that are neither the workspace nor a system or tool folder). ``audit.rules`` calls
 ``shell_hints`` for each simple command and ``python_hints`` for each piece of Python code;
 ``audit`` calls ``check_path`` for file tools and patches and ``raw_hints`` on every record's text.
 
@@ -18,7 +18,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from harnessrl.controller.audit_shell import positional_args, wordlist
+from harnessrl.controller.audit.shell import positional_args, wordlist
 
 PROC_ACCESS = "proc_access"  # /proc/<pid>/{mem,environ,cmdline,root}, any pid (self, $PPID, 1, *)
 NAMESPACE_ESCAPE = "namespace_escape"  # nsenter, unshare, setns, mount, umount, chroot, pivot_root

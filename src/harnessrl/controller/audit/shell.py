@@ -5,7 +5,7 @@ breaks into ``;`` and backticks into ``$( )``, then tokenizes with ``shlex`` int
 output redirections, input files, stdin text when known). Unparsable shell (unbalanced quotes) falls back to
 splitting on operators and whitespace. The helpers below answer the questions the rules ask of one
 command: which program runs under ``sudo``/``timeout``/``uv run``, what literal text it pipes on,
-which script ``bash -c`` runs, which arguments are positional. ``audit_rules`` decides what to flag.
+which script ``bash -c`` runs, which arguments are positional. ``audit.rules`` decides what to flag.
 """
 
 from __future__ import annotations

@@ -55,8 +55,8 @@ from pathlib import Path
 from typing import Any
 
 import harnessrl
-from harnessrl.controller.evaluator_config import CommandEvaluatorConfig
-from harnessrl.controller.evaluator_types import EvaluationInput, EvaluationResult, EvaluatorError
+from harnessrl.controller.evaluators.config import CommandEvaluatorConfig
+from harnessrl.controller.evaluators.types import EvaluationInput, EvaluationResult, EvaluatorError
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
