@@ -151,7 +151,7 @@ def test_openhands_comes_from_its_venv_or_path_and_gets_its_own_tmux_socket_fold
 
 
 def test_missing_openhands_is_a_config_error_naming_it(tmp_path, monkeypatch):
-    import harnessrl.controller.presets_python as presets_python
+    import harnessrl.controller.presets.python as presets_python
 
     monkeypatch.setenv("HARNESSRL_HARNESSES_DIR", str(tmp_path))  # installed harnesses: none there
     monkeypatch.setenv("PATH", str(tmp_path))

@@ -9,9 +9,9 @@ nothing but the task, and nothing has to be written outside it. npm harnesses ar
 project-local prefix that ``install.sh`` fills (``.harnesses/node_modules/.bin``), then on ``PATH``;
 Python harnesses next to harnessrl's interpreter, then on ``PATH``.
 
-This module is the registry (``PRESETS``) and the merge (``apply_preset``); the presets themselves
-are in ``presets_npm`` (Claude Code, Codex, OpenCode, Qwen Code) and ``presets_python``
-(mini-swe-agent, ``python``, OpenHands, smolagents, the OpenAI Agents SDK) and ``presets_assistants``
+This package's ``__init__`` is the registry (``PRESETS``) and the merge (``apply_preset``); the
+presets themselves are in ``npm`` (Claude Code, Codex, OpenCode, Qwen Code), ``python``
+(mini-swe-agent, ``python``, OpenHands, smolagents, the OpenAI Agents SDK) and ``assistants``
 (the general-purpose assistants Hermes Agent and OpenClaw, which insist on a config file: a fixed one
 per machine that reads the rollout from the environment).
 """
@@ -23,9 +23,9 @@ import os
 from collections.abc import Callable
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets_assistants import hermes, openclaw
-from harnessrl.controller.presets_npm import claude_code, codex, opencode, project_path, qwen_code
-from harnessrl.controller.presets_python import (
+from harnessrl.controller.presets.assistants import hermes, openclaw
+from harnessrl.controller.presets.npm import claude_code, codex, opencode, project_path, qwen_code
+from harnessrl.controller.presets.python import (
     mini_swe_agent,
     openai_agents,
     openhands,

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets_npm import project_path
+from harnessrl.controller.presets.npm import project_path
 from harnessrl.errors import ConfigError
 
 

