@@ -352,9 +352,11 @@ EXPECTED = {
 }
 
 
-def small_upstream(*, dies: bool = False, status: int = 200) -> Starlette:
+def small_upstream(*, cut: str | None = None, status: int = 200) -> Starlette:
     """Answers every chat call with ``DELTAS`` (whole: summed into one message) and records each
-    body it got; ``dies``: drops the connection before the stream's end; ``status``: refuses so."""
+    body it got; ``cut``: ``"killed"`` drops the connection before the stream's end, ``"ended"``
+    ends the stream there as if it were whole (no finish reason, no ``[DONE]``); ``status``: refuses
+    so."""
     asked: list[dict[str, Any]] = []
 
     async def models(request: Request) -> Response:
@@ -374,8 +376,10 @@ def small_upstream(*, dies: bool = False, status: int = 200) -> Starlette:
         async def events() -> AsyncIterator[str]:
             for delta in DELTAS:
                 yield f"data: {json.dumps({**CHUNK, 'choices': [{'index': 0, 'delta': delta}]})}\n\n"
-            if dies:
+            if cut == "killed":
                 raise RuntimeError("upstream killed mid-stream")
+            if cut == "ended":
+                return
             end = {"index": 0, "delta": {}, "finish_reason": "tool_calls"}
             yield f"data: {json.dumps({**CHUNK, 'choices': [end]})}\n\n"
             yield f"data: {json.dumps({**CHUNK, 'choices': [], 'usage': usage})}\n\n"
@@ -500,29 +504,39 @@ def test_upstream_error_statuses_in_each_apis_shape(
         assert store.list_calls(rollout_id) == []
 
 
-@pytest.mark.parametrize("dies", [True, False])
-def test_an_upstream_killed_mid_stream_leaves_no_answer(
-    store: SQLiteStore, tokenizer: PolicyTokenizer, dies: bool
+@pytest.mark.parametrize("cut", ["killed", "ended", None])
+def test_a_stream_cut_mid_way_leaves_no_answer(
+    store: SQLiteStore, tokenizer: PolicyTokenizer, cut: str | None
 ) -> None:
-    with teacher_on(small_upstream(dies=dies), store, tokenizer) as (sdk, rollout_id):
+    """Killed (the connection drops) or ended early (a clean end with no finish reason and no
+    ``[DONE]``): each API's stream ends with its error event and nothing is recorded. Control
+    (``None``): the same streams, finished, are recorded."""
+    with teacher_on(small_upstream(cut=cut), store, tokenizer) as (sdk, rollout_id):
         client = claude(sdk)
         args: dict[str, Any] = dict(
             model="c", max_tokens=10, messages=[{"role": "user", "content": "x"}], tools=A_TOOLS
         )
         with client.messages.stream(**args) as s:
-            if dies:  # Anthropic's error event: the SDK raises it
+            if cut:  # Anthropic's error event: the SDK raises it
                 with pytest.raises(anthropic.APIError, match="teacher upstream"):
                     s.get_final_message()
             else:
                 assert s.get_final_message().stop_reason == "tool_use"
         with sdk.responses.stream(model="g", input="x", tools=R_TOOLS) as rs:
             events = list(rs)
-        if dies:  # the Responses stream ends with response.failed, saying why
+        if cut:  # the Responses stream ends with response.failed, saying why
             assert events[-1].type == "response.failed"
             assert "teacher upstream" in events[-1].response.error.message
             assert "response.completed" not in [e.type for e in events]
         else:
             assert events[-1].type == "response.completed"
+        chunks = sdk.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "x"}], stream=True
+        )
+        if cut:  # chat's: an error chunk, which the SDK raises
+            with pytest.raises(openai.APIError, match="teacher upstream"):
+                list(chunks)
+        else:
+            assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     calls = store.list_calls(rollout_id)
-    # Cut: nothing recorded; control: the same streams, finished, are recorded.
-    assert [c.api for c in calls] == ([] if dies else ["messages", "responses"])
+    assert [c.api for c in calls] == ([] if cut else ["messages", "responses", "chat.completions"])
