@@ -454,6 +454,19 @@ def test_an_unreachable_upstream_is_a_config_error_naming_engine(tmp_path: Path)
     )
     assert result.exit_code == 2, result.output
     assert "engine.teacher.base_url" in result.output
+    # `harnessrl rollout` builds the teacher too (before any harness starts): the same exit 2.
+    rollout = tmp_path / "rollout.toml"
+    rollout.write_text(
+        f'[engine]\nmodel = "scripted:x.json"\n[engine.teacher]\nbase_url = "{url}"\nmodel = "u"\n'
+        '[harness]\ncommand = ["true"]\nsandbox = "none"\n'
+        '[evaluator]\ntype = "command"\ncommand = ["true"]\n'
+    )
+    task = json.dumps({"prompt": "x"})
+    result = CliRunner().invoke(
+        cli, ["rollout", "--config", str(rollout), "--task", task, "--run-dir", str(tmp_path / "run")]
+    )
+    assert result.exit_code == 2, result.output
+    assert "engine.teacher.base_url" in result.output
 
 
 def test_a_training_run_refuses_teacher_mode() -> None:
