@@ -365,6 +365,7 @@ def test_requests_in_flight_per_key_are_capped(make_gateway: Any) -> None:
             a = client.post(f"{mine['base_url']}/messages", json=ANTHROPIC, headers=auth)
             assert a.status_code == 429
             assert a.json()["error"]["type"] == "rate_limit_error"
+            assert 'harnessrl_errors_total{code="overloaded"} 2.0' in gw.client.metrics()
             # Control: another rollout's key is served meanwhile.
             theirs = {"Authorization": f"Bearer {other['api_key']}"}
             assert client.get(f"{other['base_url']}/models", headers=theirs).status_code == 200

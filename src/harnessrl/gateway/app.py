@@ -144,7 +144,12 @@ def create_app(
         # Outermost first: unexpected errors become a 500 inside uvicorn's view of a normal answer.
         middleware=[
             Middleware(UnexpectedErrors),
-            Middleware(PerKeyLimit, limit=config.max_requests_per_key),
+            Middleware(
+                PerKeyLimit,
+                limit=config.max_requests_per_key,
+                # The labelled counter appears in /metrics only once a request was refused.
+                on_refused=lambda: state.metrics.errors.labels(code="overloaded").inc(),
+            ),
             Middleware(FastLane, routes=MODEL_POSTS),  # innermost: inside both of the above
         ],
         lifespan=lifespan,

@@ -10,6 +10,8 @@ answer's last byte, streams included: an ASGI middleware, because only there doe
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harnessrl.errors import Overloaded
@@ -32,11 +34,13 @@ def _key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
 
 
 class PerKeyLimit:
-    """ASGI middleware: at most ``limit`` model requests in flight per API key."""
+    """ASGI middleware: at most ``limit`` model requests in flight per API key; ``on_refused()`` is
+    called for each request it answers 429 (the app counts it in its error metrics)."""
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, on_refused: Callable[[], None] = lambda: None) -> None:
         self.app = app
         self.limit = limit
+        self.on_refused = on_refused
         self.in_flight: dict[bytes, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -52,9 +56,7 @@ class PerKeyLimit:
                 f"this API key has {count} model requests in flight, the most the gateway serves at once "
                 "for one key (gateway.max_requests_per_key); retry when one has finished"
             )
-            gateway = getattr(scope["app"].state, "gateway", None)
-            if gateway is not None:
-                gateway.metrics.errors.labels(code="overloaded").inc()
+            self.on_refused()
             anthropic = is_anthropic_route(scope["path"])
             response = anthropic_error_response(exc) if anthropic else error_response(exc)
             await response(scope, receive, send)

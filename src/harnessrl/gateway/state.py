@@ -83,7 +83,7 @@ class GatewayState:
         self.formats = resolve_formats(
             self.config.tool_call_parser,
             self.config.reasoning_parser,
-            getattr(self.engine.tokenizer, "chat_template", None),
+            self.engine.tokenizer.chat_template,
         )
         self._tool_parser = get_tool_parser(self.formats.tool_parser)
         self._reasoning_parser = get_reasoning_parser(self.formats.reasoning_parser)
