@@ -240,3 +240,70 @@ def test_a_recorded_calls_last_bytes_wait_for_a_slow_client(recorded: bool) -> N
 
     calls, gave_up = asyncio.run(main())
     assert (calls, gave_up) == (([], False) if recorded else (["slow"], True))
+
+
+def held_answer() -> tuple[list[str], Callable[[], list[bytes]]]:
+    """An answer that holds its pieces' text and draws it as one event (as chat holds content)."""
+    held: list[str] = []
+
+    def draw() -> list[bytes]:
+        if not held:
+            return []
+        event = f"data: {''.join(held)}\n\n".encode()
+        held.clear()
+        return [event]
+
+    return held, draw
+
+
+def test_pieces_held_together_become_one_event_and_a_lone_one_goes_at_once() -> None:
+    async def main() -> list[bytes]:
+        sent: list[bytes] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message["body"])
+
+        out = outlet(send)
+        held, draw = held_answer()
+        out.hold(draw)
+        for piece in "abc":  # arrived together: the writer runs only when the producer waits
+            held.append(piece)
+            assert not out.poke()
+        await asyncio.sleep(0.01)
+        held.append("d")  # alone: drawn the next time the producer waits
+        out.poke()
+        await asyncio.sleep(0.01)
+        await out.close()
+        return sent
+
+    assert asyncio.run(main()) == [b"data: abc\n\n", b"data: d\n\n"]
+
+
+def test_held_pieces_are_bounded_while_the_client_is_behind() -> None:
+    from harnessrl.gateway.pipeline.coalesce import HOLD_LIMIT
+
+    async def main() -> tuple[list[bytes], int, bool]:
+        sent: list[bytes] = []
+        link = Link()
+        link.writable.clear()  # the writer waits for the client: nothing is drawn meanwhile
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message["body"])
+
+        out = outlet(send, link, buffer_bytes=HOLD_LIMIT // 2, window_s=5.0)
+        held, draw = held_answer()
+        out.hold(draw)
+        await out.put(b"x")  # the writer takes it and waits for the socket
+        await asyncio.sleep(0.01)
+        full = False
+        for _ in range(HOLD_LIMIT):
+            held.append("y")
+            full = out.poke()
+        most_held = len(held)
+        link.writable.set()
+        await out.close()
+        return sent, most_held, full
+
+    sent, most_held, full = asyncio.run(main())
+    assert most_held == 0 and full  # drawn at the limit and queued: the producer must wait for room
+    assert b"".join(sent) == b"x" + b"data: " + b"y" * HOLD_LIMIT + b"\n\n"

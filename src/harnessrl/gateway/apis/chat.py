@@ -1,9 +1,10 @@
 """``POST /v1/chat/completions``: OpenAI chat, streaming or not, with tools.
 
 The call runs through ``pipeline``; this module holds chat's shapes. Tool calls come from the
-configured parser. Streaming emits content token by token as the engine samples it, and each tool
-call as one delta when its block closes. The answered message is recorded exactly as the client
-receives it (same tool-call ids), because it is what the next call's history is matched against.
+configured parser. Streaming emits content as the engine samples it (the tokens that arrived
+together in one chunk: ``coalesce.Outlet.hold``), and each tool call as one delta when its block
+closes. The answered message is recorded exactly as the client receives it (same tool-call ids),
+because it is what the next call's history is matched against.
 
 Chat's body is the one a harness resends longest, so parsing it is incremental too: the messages
 the request repeats of the rollout's last one (``RolloutMemory.repeats``) and the rest of the body,
@@ -18,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import ContextLengthExceeded, HarnessRLError
-from harnessrl.gateway.apis.logprobs import logprob_content
+from harnessrl.gateway.apis.logprobs import logprob_content, logprob_json
 from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.bodies import (
     ChatCompletionRequest,
@@ -29,18 +30,23 @@ from harnessrl.gateway.bodies import (
     validate_tail,
 )
 from harnessrl.gateway.errors import sse_error
-from harnessrl.gateway.parsers.tools import ContentEvent, Event, ParsedMessage, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools import ContentEvent, ParsedMessage, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools import Event as ToolEvent
+from harnessrl.gateway.pipeline.answer import Event
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.pipeline.limits import check_prompt_size
-from harnessrl.gateway.pipeline.wire import DONE, json_response, sse
+from harnessrl.gateway.pipeline.wire import DONE, dumps, json_response, sse
 from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.chat import teacher_chat
 from harnessrl.schemas import Rollout
 
 __all__ = ["CHAT", "chat_completions"]
+
+_ROLE_DELTA = b'{"role":"assistant","content":""}'
+_OPEN_END = b',"finish_reason":null}]}\n\n'  # a chunk's end while the answer goes on
 
 
 def answer_message(parsed: ParsedMessage, gen: Generation) -> tuple[dict[str, Any], str]:
@@ -128,9 +134,11 @@ class ChatAnswer:
         self.model = body.model or call.state.engine.model_name
         state = call.state
         self.parser = state.tool_parser(body.tools) if body.wants_tool_calls else None
-        self.events: list[Event] = []
+        self.events: list[ToolEvent] = []
         self.n_calls = 0
         self.base: dict[str, Any] = {}
+        self.head = b""  # a chunk's encoded event up to its delta (``started``)
+        self.held: list[str] = []  # content not yet sent (``_release``)
         # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
@@ -163,35 +171,44 @@ class ChatAnswer:
 
     # -- streamed -------------------------------------------------------------------------------
 
-    def opening(self) -> list[str]:
+    def opening(self) -> list[Event]:
         return []
 
-    def waiting(self, comment: str) -> list[str]:
+    def waiting(self, comment: str) -> list[Event]:
         return [comment]
 
-    def started(self, gen: Generation) -> list[str]:
+    def started(self, gen: Generation) -> list[Event]:
         policy = self.call.state.engine.policy_version
         self.base = openai_envelope("chatcmpl", "chat.completion.chunk", self.model, policy)
-        return [self._chunk({"role": "assistant", "content": ""})]
+        # Every chunk is this envelope, one choice and its delta: the constant parts are encoded once
+        # and each chunk's event is joined from bytes (what ``sse`` of the chunk's dict gives).
+        self.head = b"data: " + dumps(self.base)[:-1] + b',"choices":[{"index":0,"delta":'
+        if self.call.outlet is not None:
+            # Content is held and drawn when the stream's writer runs: the tokens that arrived
+            # together (one read from the engine) become one chunk, not one chunk each.
+            self.call.outlet.hold(self._release)
+        return [self._chunk(_ROLE_DELTA)]
 
-    def feed(self, piece: Piece) -> list[str]:
+    def feed(self, piece: Piece) -> list[Event]:
         if self.body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
             self.pending_ids.append(piece.token_id)
             self.pending_lps.append(piece.logprob)
         if not piece.text:
             return []
         if self.parser is None:
-            return self._emit([ContentEvent(piece.text)])
+            self.held.append(piece.text)
+            return []
         return self._emit(self.parser.feed(piece.text))
 
     def finished(self, gen: Generation) -> Streamed:
         last = self._emit(self.parser.finish()) if self.parser is not None else []
+        last[:0] = self._release()
         if self.parser is not None:
             parsed = collect(self.events)
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
         message, finish = answer_message(parsed, gen)
-        tail = [self._chunk({}, finish=finish)]
+        tail: list[Event] = [self._chunk(b"{}", finish=finish)]
         if self.body.include_usage:
             tail.append(sse({**self.base, "choices": [], "usage": openai_usage(self.call)}))
         tail.append(DONE)
@@ -200,23 +217,34 @@ class ChatAnswer:
     def error(self, exc: HarnessRLError) -> str:
         return sse_error(exc)
 
-    def _emit(self, new_events: list[Event]) -> list[str]:
-        out = []
+    def _emit(self, new_events: list[ToolEvent]) -> list[Event]:
+        """Content is held (``_release``); a tool call goes out at once, after the content before it."""
+        out: list[Event] = []
         for event in new_events:
-            if self.parser is not None:
-                self.events.append(event)
+            self.events.append(event)
             if isinstance(event, ContentEvent):
-                out.append(self._chunk({"content": event.text}))
+                self.held.append(event.text)
             elif isinstance(event, ToolCallEvent):
-                out.append(self._chunk({"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}))
+                out += self._release()
+                delta = {"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}
+                out.append(self._chunk(dumps(delta)))
                 self.n_calls += 1
         return out
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> str:
-        lp = None
+    def _release(self) -> list[Event]:
+        """The held content as one chunk (with the logprobs of every token since the last chunk)."""
+        if not self.held:
+            return []
+        text = self.held[0] if len(self.held) == 1 else "".join(self.held)
+        self.held.clear()
+        return [self._chunk(b'{"content":' + dumps(text) + b"}")]
+
+    def _chunk(self, delta: bytes, finish: str | None = None) -> bytes:
+        """The event of one chunk whose delta is the JSON ``delta``, with the pending logprobs."""
+        lp = b"null"
         if self.body.logprobs:
             tokenizer = self.call.state.engine.tokenizer
-            lp = {"content": logprob_content(tokenizer, self.pending_ids, self.pending_lps)}
+            lp = b'{"content":' + logprob_json(tokenizer, self.pending_ids, self.pending_lps) + b"}"
             self.pending_ids, self.pending_lps = [], []
-        choice = {"index": 0, "delta": delta, "logprobs": lp, "finish_reason": finish}
-        return sse({**self.base, "choices": [choice]})
+        end = _OPEN_END if finish is None else b',"finish_reason":' + dumps(finish) + b"}]}\n\n"
+        return b"".join((self.head, delta, b',"logprobs":', lp, end))

@@ -47,12 +47,17 @@ def _pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[dict[int, bytes],
 
 def logprob_content(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> orjson.Fragment:
     """The JSON array of the entries of ``token_ids`` with ``logprobs`` (a non-finite one as ``null``)."""
+    return orjson.Fragment(logprob_json(tokenizer, token_ids, logprobs))
+
+
+def logprob_json(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence[float]) -> bytes:
+    """``logprob_content`` as bytes (a streamed chunk's event is joined from bytes, not encoded)."""
     if len(token_ids) != len(logprobs):
         raise ValueError(f"{len(token_ids)} token IDs but {len(logprobs)} logprobs")
     if not token_ids:
-        return orjson.Fragment(b"[]")
+        return b"[]"
     if len(token_ids) == 1:  # a streamed chunk: one entry
-        return orjson.Fragment(_one_entry(tokenizer, token_ids[0], logprobs[0]))
+        return _one_entry(tokenizer, token_ids[0], logprobs[0])
     heads, tails = _pieces(tokenizer, token_ids)
     # Floats never hold a comma: one encode of the list gives each logprob's text.
     numbers = orjson.dumps(logprobs if isinstance(logprobs, list) else list(logprobs))[1:-1].split(b",")
@@ -61,7 +66,7 @@ def logprob_content(tokenizer: Any, token_ids: Sequence[int], logprobs: Sequence
     parts[2:-1:3] = numbers
     parts[3:-1:3] = map(tails.__getitem__, token_ids)
     parts[0], parts[1], parts[-1] = b"[", parts[1][1:], b"]"  # the first entry has no comma before it
-    return orjson.Fragment(b"".join(parts))
+    return b"".join(parts)
 
 
 def _one_entry(tokenizer: Any, token_id: int, logprob: float) -> bytes:

@@ -220,14 +220,3 @@ class PreparedCall:
             out["x-harnessrl-call-seq"] = str(self.stored.seq)
             out["x-harnessrl-policy-version"] = str(self.stored.policy_version)
         return out
-
-
-async def run_to_end(call: PreparedCall) -> None:
-    """Non-streaming: wait at the gate, then generate to the end.
-
-    The engine is told it need not stream unless stop strings are set: those are found in the text
-    as it grows and end the generation early, which saves the engine the rest.
-    """
-    async for _ in call.admit():
-        pass
-    await call.start(stream=bool(call.stop)).run()

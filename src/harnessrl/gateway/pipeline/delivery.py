@@ -39,11 +39,11 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import anyio
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from harnessrl.errors import HarnessRLError
@@ -159,21 +159,27 @@ async def respond_whole(
     return answer
 
 
-class CallStream(StreamingResponse):
-    """Drive a streaming call: its events (``content``, already in the provider's shape) go through an
-    ``Outlet``; a drop cancels the call and ends the stream (``rollout_ended``: ``closing(exc)``, the
-    provider's error event, is sent first; ``slow_reader``: the connection is cut)."""
+class CallStream(Response):
+    """Drive a streaming call: ``events(outlet)`` (``streaming.sse_events``) pushes its events, already in
+    the provider's shape, into an ``Outlet``; a drop cancels the call and ends the stream
+    (``rollout_ended``: ``closing(exc)``, the provider's error event, is sent first; ``slow_reader``:
+    the connection is cut)."""
+
+    media_type = "text/event-stream"
 
     def __init__(
         self,
         call: PreparedCall,
-        content: AsyncIterator[str],
+        events: Callable[[Outlet], Awaitable[None]],
         *,
         closing: Callable[[HarnessRLError], str],
         headers: Mapping[str, str] | None = None,
     ) -> None:
-        super().__init__(content, media_type="text/event-stream", headers=headers)
+        self.status_code = 200
+        self.background = None
+        self.init_headers(headers)  # no body: no content-length
         self.call = call
+        self.events = events
         self.closing = closing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -202,19 +208,13 @@ class CallStream(StreamingResponse):
                     )
                     call.outlet = outlet
                     try:
-                        async for chunk in self.body_iterator:
-                            if outlet.push(chunk.encode() if isinstance(chunk, str) else bytes(chunk)):
-                                await outlet.wait_room()  # the client is behind: the generation waits
+                        await self.events(outlet)  # the engine's stream is closed when this returns
                         await outlet.close()
                     except ClientTooSlow:
                         pass  # ``on_slow`` dropped the call (or it was recorded: only the end is lost)
         finally:
             if outlet is not None:
                 outlet.abandon()
-            # Close the events' generator (and through it the engine's stream) however we got here;
-            # shielded so that a cancellation cannot cut the close short.
-            with anyio.CancelScope(shield=True):
-                await _aclose(self.body_iterator)
             call.finish()
         if outlet is not None and outlet.gave_up and connection is not None:
             connection.cut()
@@ -224,9 +224,3 @@ class CallStream(StreamingResponse):
             with anyio.move_on_after(config.slow_reader_window_s):
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-
-async def _aclose(iterator: Any) -> None:
-    aclose = getattr(iterator, "aclose", None)
-    if aclose is not None:
-        await aclose()

@@ -7,8 +7,10 @@ life of the call between is here, once, the same for chat, responses, messages a
 
     authenticate -> read the body -> parse (the API) -> key the messages (a 400 before the rollout
     starts) -> open the rollout -> build the prompt -> sampling settings -> wait at the gate ->
-    generate -> record -> answer, whole (``delivery.respond_whole``) or streamed (``sse_events``
-    under ``delivery.CallStream``)
+    generate -> record -> answer, whole (``delivery.respond_whole``) or streamed
+    (``streaming.sse_events`` under ``delivery.CallStream``)
+
+What the API renders is ``answer.Answer``; the streamed call's own driver is ``streaming``.
 
 The prompt is built with the fast path for every conversation API: the messages are keyed
 incrementally against the rollout's last request (``RolloutMemory.key_messages``, with the byte
@@ -19,24 +21,22 @@ store write does not normalize the whole history again.
 
 from __future__ import annotations
 
-import logging
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.errors import BadRequest, ContextLengthExceeded
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import SamplingFields, read_body
-from harnessrl.gateway.errors import error_shape, internal_error
+from harnessrl.gateway.pipeline.answer import Answer, Streamed, Whole
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.delivery import CallStream, respond_whole
-from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.pipeline.limits import sampling_params, tokenize_in_thread
+from harnessrl.gateway.pipeline.streaming import sse_events
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS
 from harnessrl.gateway.prompt.conversation import PromptPlan, build_prompt, quick_prompt
 from harnessrl.gateway.prompt.history import RolloutMemory
@@ -45,7 +45,8 @@ from harnessrl.gateway.prompt.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout
 
-log = logging.getLogger("harnessrl.gateway")
+# The API modules take the answer's shapes from here too: the driver is the pipeline's face to them.
+__all__ = ["Answer", "CallRequest", "ProviderApi", "Streamed", "Whole", "plan_prompt", "prepare", "serve"]
 
 B = TypeVar("B", bound=SamplingFields)
 
@@ -68,58 +69,6 @@ class CallRequest(Generic[B]):
     messages_are_the_body: bool = False
     # Or a prompt of its own (completions): no template, no reuse.
     prompt_ids: list[int] | None = None
-
-
-class Streamed(NamedTuple):
-    """How a stream ends: events that complete its content (sent before the record), the recorded
-    response and finish reason, and the events sent after the record (built before it)."""
-
-    last: list[str]
-    response: dict[str, Any]
-    finish_reason: str
-    tail: list[str]
-
-
-class Whole(NamedTuple):
-    """A whole answer: the client's reply (built before the record), the recorded response and
-    finish reason."""
-
-    reply: Response
-    response: dict[str, Any]
-    finish_reason: str
-
-
-class Answer(Protocol):
-    """One call's answer in its API's shape, whole or as server-sent events."""
-
-    #: Headers of the answer besides the call's own (``PreparedCall.headers``).
-    headers: dict[str, str]
-    #: Sent when tokens arrive but make no event for ``keepalive_s`` (a tool call held back until
-    #: it closes); ``None``: never.
-    ping: str | None
-    #: Whether a whole answer is built from the generation's pieces (else from its final text).
-    whole_from_pieces: bool
-
-    def opening(self) -> list[str]:
-        """Events sent before the call waits at the gate."""
-
-    def waiting(self, comment: str) -> list[str]:
-        """What is sent for each keep-alive ``comment`` while the call waits at a paused gate."""
-
-    def started(self, gen: Generation) -> list[str]:
-        """Events sent once the generation starts."""
-
-    def feed(self, piece: Piece) -> list[str]:
-        """The events one sampled piece completes."""
-
-    def finished(self, gen: Generation) -> Streamed:
-        """The end of a stream (after every piece was fed)."""
-
-    def whole(self, gen: Generation) -> Whole:
-        """The whole answer of a finished generation."""
-
-    def error(self, exc: HarnessRLError) -> str:
-        """``exc`` as the event that ends a stream (its 200 was sent)."""
 
 
 class ProviderApi(Protocol[B]):
@@ -155,7 +104,9 @@ async def serve(api: ProviderApi[Any], request: Request) -> Response:
     answer = api.answer(call, parsed)
     if parsed.body.stream:
         headers = {**SSE_HEADERS, **call.headers(), **answer.headers}
-        return CallStream(call, sse_events(call, answer), closing=answer.error, headers=headers)
+        return CallStream(
+            call, lambda outlet: sse_events(call, answer, outlet), closing=answer.error, headers=headers
+        )
     return await respond_whole(call, request, lambda: whole(call, answer))
 
 
@@ -268,72 +219,3 @@ async def whole(call: PreparedCall, answer: Answer) -> Response:
     reply, response, finish = answer.whole(gen)
     await call.record(response, finish)
     return reply
-
-
-async def sse_events(call: PreparedCall, answer: Answer) -> AsyncIterator[str]:
-    """A streamed call's events, for every API: the answer's opening, keep-alives at the gate, one
-    batch of events per sampled piece, the record, the tail; an error as the API's error event."""
-    try:
-        for event in answer.opening():
-            yield event
-        async for comment in call.admit(keepalive=True):
-            for event in answer.waiting(comment):
-                yield event
-        gen = call.start()
-        for event in answer.started(gen):
-            yield event
-        pieces = gen.pieces()
-        try:
-            if answer.ping is None:
-                async for piece in pieces:
-                    for event in answer.feed(piece):
-                        yield event
-            else:
-                async for event in _with_pings(call, answer, pieces, answer.ping):
-                    yield event
-        finally:
-            # Close the engine's iterator even when the call is being cancelled (a drop); shielded
-            # so the close itself is not cancelled (it frees the engine slot).
-            with anyio.CancelScope(shield=True):
-                await pieces.aclose()  # type: ignore[attr-defined]
-        last, response, finish, tail = answer.finished(gen)
-        for event in last:
-            yield event
-        await call.record(response, finish)  # durable before the client sees the end of the answer
-        for event in tail:
-            yield event
-    except Exception as exc:
-        yield answer.error(stream_error(call, exc))
-
-
-async def _with_pings(
-    call: PreparedCall, answer: Answer, pieces: AsyncIterator[Piece], ping: str
-) -> AsyncIterator[str]:
-    """The pieces' events, and ``ping`` whenever tokens arrive but make no event for ``keepalive_s``."""
-    keepalive = call.state.keepalive_s
-    last_sent = time.monotonic()
-    async for piece in pieces:
-        events = answer.feed(piece)
-        for event in events:
-            yield event
-        if events:
-            last_sent = time.monotonic()
-        elif time.monotonic() - last_sent >= keepalive:
-            yield ping
-            last_sent = time.monotonic()
-
-
-def stream_error(call: PreparedCall, exc: Exception) -> HarnessRLError:
-    """The error a failed stream ends with, as an event in the provider's shape (its 200 is sent).
-
-    Ours as it is; anything else is logged once, with its traceback, and becomes an internal error
-    (its class named, its message not leaked). Every stream builds what it sends after the record
-    before recording, so a stream that fails was never recorded as answered.
-    """
-    if not isinstance(exc, HarnessRLError):
-        log.error(
-            "unexpected error in a %s stream of rollout %s", call.api, call.rollout.rollout_id, exc_info=exc
-        )
-        exc = internal_error(exc)
-    call.state.metrics.errors.labels(code=error_shape(exc).code).inc()
-    return exc

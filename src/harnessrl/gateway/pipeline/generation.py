@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from harnessrl.engines.base import Engine
 
 
-@dataclass(frozen=True)
-class Piece:
-    """What one sampled token added: released text (maybe ``""``) and the token itself."""
+class Piece(NamedTuple):
+    """What one sampled token added: released text (maybe ``""``) and the token itself.
+
+    A tuple: one is made per sampled token, and a frozen dataclass costs several times as much."""
 
     text: str
     token_id: int
@@ -69,6 +70,7 @@ class Generation:
         """
         tokenizer = self.engine.tokenizer
         stop_ids = set(self.params.stop_token_ids)
+        stop = self.stop
         decoder = tokenizer.stream_decoder()
         pending = ""  # decoded but not yet released: it may be the start of a stop string
         self.policy_version = self.engine.policy_version
@@ -92,6 +94,11 @@ class Generation:
                     yield Piece("", sample.token_id, sample.logprob, is_stop_token=True)
                     continue
                 pending += decoder.push(sample.token_id)
+                if not stop:  # nothing to hold back
+                    released_parts.append(pending)
+                    yield Piece(pending, sample.token_id, sample.logprob)
+                    pending = ""
+                    continue
                 released, pending, hit = self._release(pending)
                 released_parts.append(released)
                 yield Piece(released, sample.token_id, sample.logprob)

@@ -1,0 +1,70 @@
+"""What a provider API renders for the pipeline: one call's answer, whole or as server-sent events.
+
+The pipeline (``driver``, ``streaming``) drives every call the same way and asks the call's
+``Answer`` for its shapes at each step; an event is ``str`` or, on the per-token path, already
+encoded ``bytes`` (a pre-encoded template filled in, not a dict encoded again per token).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Protocol
+
+from starlette.responses import Response
+
+from harnessrl.errors import HarnessRLError
+from harnessrl.gateway.pipeline.generation import Generation, Piece
+
+#: One server-sent event, text or already UTF-8 (``coalesce.Outlet`` takes both).
+Event = str | bytes
+
+
+class Streamed(NamedTuple):
+    """How a stream ends: events that complete its content (sent before the record), the recorded
+    response and finish reason, and the events sent after the record (built before it)."""
+
+    last: list[Event]
+    response: dict[str, Any]
+    finish_reason: str
+    tail: list[Event]
+
+
+class Whole(NamedTuple):
+    """A whole answer: the client's reply (built before the record), the recorded response and
+    finish reason."""
+
+    reply: Response
+    response: dict[str, Any]
+    finish_reason: str
+
+
+class Answer(Protocol):
+    """One call's answer in its API's shape, whole or as server-sent events."""
+
+    #: Headers of the answer besides the call's own (``PreparedCall.headers``).
+    headers: dict[str, str]
+    #: Sent when tokens arrive but make no event for ``keepalive_s`` (a tool call held back until
+    #: it closes); ``None``: never.
+    ping: str | None
+    #: Whether a whole answer is built from the generation's pieces (else from its final text).
+    whole_from_pieces: bool
+
+    def opening(self) -> list[Event]:
+        """Events sent before the call waits at the gate."""
+
+    def waiting(self, comment: str) -> list[Event]:
+        """What is sent for each keep-alive ``comment`` while the call waits at a paused gate."""
+
+    def started(self, gen: Generation) -> list[Event]:
+        """Events sent once the generation starts."""
+
+    def feed(self, piece: Piece) -> list[Event]:
+        """The events one sampled piece completes."""
+
+    def finished(self, gen: Generation) -> Streamed:
+        """The end of a stream (after every piece was fed)."""
+
+    def whole(self, gen: Generation) -> Whole:
+        """The whole answer of a finished generation."""
+
+    def error(self, exc: HarnessRLError) -> str:
+        """``exc`` as the event that ends a stream (its 200 was sent)."""
