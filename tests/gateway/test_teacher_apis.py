@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import anthropic
+import anyio.to_thread
+import httpx
 import openai
 import pytest
 from starlette.applications import Starlette
@@ -356,7 +359,7 @@ def small_upstream(*, cut: str | None = None, status: int = 200) -> Starlette:
     """Answers every chat call with ``DELTAS`` (whole: summed into one message) and records each
     body it got; ``cut``: ``"killed"`` drops the connection before the stream's end, ``"ended"``
     ends the stream there as if it were whole (no finish reason, no ``[DONE]``); ``status``: refuses
-    so."""
+    so. A stream first waits for ``app.state.hold`` (a ``threading.Event``) when one is set there."""
     asked: list[dict[str, Any]] = []
 
     async def models(request: Request) -> Response:
@@ -373,7 +376,11 @@ def small_upstream(*, cut: str | None = None, status: int = 200) -> Starlette:
             choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
             return JSONResponse({**CHUNK, "object": "chat.completion", "choices": [choice], "usage": usage})
 
+        hold: threading.Event | None = request.app.state.hold
+
         async def events() -> AsyncIterator[str]:
+            if hold is not None:  # silent until the test says (a teacher thinking before its first token)
+                await anyio.to_thread.run_sync(hold.wait, 10.0)  # bounded: a failing test ends
             for delta in DELTAS:
                 yield f"data: {json.dumps({**CHUNK, 'choices': [{'index': 0, 'delta': delta}]})}\n\n"
             if cut == "killed":
@@ -391,18 +398,21 @@ def small_upstream(*, cut: str | None = None, status: int = 200) -> Starlette:
         routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])]
     )
     app.state.asked = asked
+    app.state.hold = None
     return app
 
 
 @contextlib.contextmanager
 def teacher_on(
-    upstream: Starlette, store: SQLiteStore, tokenizer: PolicyTokenizer
+    upstream: Starlette, store: SQLiteStore, tokenizer: PolicyTokenizer, *, keepalive_s: float = 10.0
 ) -> Iterator[tuple[openai.OpenAI, str]]:
     """A teacher-mode gateway on ``upstream``; yields an OpenAI SDK on its rollout and the rollout id."""
     with serve_in_thread(upstream) as up_url:
         teacher = Teacher(f"{up_url}/v1", "u", None)
         policy = ScriptedEngine(["(the policy, unused in teacher mode)"], tokenizer)
-        app = create_app(GatewayConfig(admin_key=ADMIN), store, policy, teacher=teacher)
+        app = create_app(
+            GatewayConfig(admin_key=ADMIN), store, policy, teacher=teacher, keepalive_s=keepalive_s
+        )
         with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as client:
             created = client.create_rollout({"prompt": "x"}, run_id="teacher")
             with openai.OpenAI(
@@ -540,3 +550,55 @@ def test_a_stream_cut_mid_way_leaves_no_answer(
             assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     calls = store.list_calls(rollout_id)
     assert [c.api for c in calls] == ([] if cut else ["messages", "responses", "chat.completions"])
+
+
+#: Each API's keep-alive while the upstream is silent, and its stream's last event.
+KEEPALIVES = {
+    "chat/completions": (": waiting for the teacher", "data: [DONE]"),
+    "messages": ("event: ping", "event: message_stop"),
+    "responses": (": waiting for the teacher", "event: response.completed"),  # + response.in_progress
+}
+
+
+def test_a_silent_upstream_gets_the_harness_keep_alives(
+    store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> None:
+    """While the upstream sends nothing (a teacher thinking without streaming its reasoning), each
+    API's stream carries its keep-alive, as the policy path's does, so a harness's idle timer (Codex
+    counts events) does not fire; the answer then arrives whole and is recorded."""
+    upstream = small_upstream()
+    with teacher_on(upstream, store, tokenizer, keepalive_s=0.05) as (sdk, rollout_id):
+        base, key = str(sdk.base_url).rstrip("/"), sdk.api_key
+        headers = {"authorization": f"Bearer {key}", "x-api-key": key}
+        bodies = {
+            "chat/completions": {
+                "model": "m",
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+            },
+            "messages": {
+                "model": "c",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+            },
+            "responses": {"model": "g", "input": "x", "stream": True},
+        }
+        for path, body in bodies.items():
+            keepalive, last = KEEPALIVES[path]
+            hold = upstream.state.hold = threading.Event()
+            lines: list[str] = []
+            with httpx.stream("POST", f"{base}/{path}", json=body, headers=headers, timeout=30) as reply:
+                assert reply.status_code == 200
+                for line in reply.iter_lines():
+                    lines.append(line)
+                    if line.startswith(keepalive) and not hold.is_set():
+                        hold.set()  # seen while the upstream was silent: let it answer
+            assert hold.is_set(), (path, lines)
+            assert lines.index(next(x for x in lines if x.startswith(keepalive))) < next(
+                i for i, x in enumerate(lines) if "Half " in x
+            ), path
+            assert any(x.startswith(last) for x in lines), (path, lines[-5:])
+            if path == "responses":  # the comment comes with an event: Codex's idle timer counts events
+                assert lines.count("event: response.in_progress") >= 2
+    assert [c.api for c in store.list_calls(rollout_id)] == ["chat.completions", "messages", "responses"]

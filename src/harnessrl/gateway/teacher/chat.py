@@ -37,6 +37,9 @@ log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["teacher_chat"]
 
+#: An SSE comment: keeps the connection (and a harness's idle timer) alive while the upstream is silent.
+KEEPALIVE = ": waiting for the teacher\n\n"
+
 
 async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     """``POST /v1/chat/completions`` answered by the teacher; raises ``HarnessRLError``s the app's
@@ -84,7 +87,11 @@ async def _relay(
 ) -> AsyncIterator[str]:
     """The upstream's chunks as they come; ``[DONE]`` only after the call is recorded."""
     try:
-        async for payload, chunk in upstream:
+        async for item in upstream.paced(state.keepalive_s):
+            if item is None:
+                yield KEEPALIVE
+                continue
+            payload, chunk = item
             if chunk.get("choices") or wants_usage:
                 yield f"data: {payload}\n\n"
         message = upstream.message

@@ -8,7 +8,8 @@ not sent: chat has no portable field for them (the teacher reasons as its upstre
 
 The upstream's answer comes back in Anthropic's shapes, whole or as Anthropic's event sequence
 (``message_start``; per block ``content_block_start`` / ``_delta`` / ``_stop``; ``message_delta``;
-``message_stop``), built by one ``MessageBlocks`` for both so they agree: its reasoning as a
+``message_stop``; ``ping`` while the upstream gives nothing to send for ``keepalive_s``), built by
+one ``MessageBlocks`` for both so they agree: its reasoning as a
 ``thinking`` block (with the gateway's stand-in signature, as the policy path gives), its text as a
 ``text`` block, each tool call as a ``tool_use`` block with the upstream's call id and its arguments
 as ``input`` (streamed as one ``input_json_delta`` when the call is complete, as the policy path
@@ -41,12 +42,14 @@ from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.upstream import ChatStream, StreamedMessage, Teacher, complete, record
+from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, StreamedMessage, Teacher, complete, record
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["MessageBlocks", "chat_request", "teacher_messages"]
+
+PING = 'event: ping\ndata: {"type": "ping"}\n\n'  # as apis.anthropic sends it
 
 
 def _tool_choice(choice: Any) -> tuple[Any, bool | None]:
@@ -299,9 +302,16 @@ async def _relay(
     blocks = MessageBlocks(stop)
     try:
         yield sse_event({"type": "message_start", "message": start})
-        async for _, chunk in upstream:
-            for event in blocks.feed(chunk):
+        # ``ping`` while the upstream is silent, or sends only what makes no event yet (a tool call).
+        pacer = Pacer(state.keepalive_s)
+        async for item in upstream.paced(state.keepalive_s):
+            events = blocks.feed(item[1]) if item is not None else []
+            for event in events:
                 yield sse_event(event)
+            if events or pacer.due():
+                if not events:
+                    yield PING
+                pacer.sent()
         last = blocks.finish()  # raises before any of it is sent if a tool call is unusable
         for event in last:
             yield sse_event(event)

@@ -46,7 +46,7 @@ from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.messages import whole_chunk
-from harnessrl.gateway.teacher.upstream import ChatStream, StreamedMessage, Teacher, complete, record
+from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, StreamedMessage, Teacher, complete, record
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -374,9 +374,18 @@ async def _relay(
         in_progress = shell.response("in_progress")
         yield shell.event({"type": "response.created", "response": in_progress})
         yield shell.event({"type": "response.in_progress", "response": in_progress})
-        async for _, chunk in upstream:
-            for event in items.feed(chunk):
+        # While the upstream gives nothing to send: a comment and ``response.in_progress`` again, as
+        # the policy path does (Codex's idle timer counts events, not comments).
+        pacer = Pacer(state.keepalive_s)
+        async for item in upstream.paced(state.keepalive_s):
+            events = items.feed(item[1]) if item is not None else []
+            for event in events:
                 yield shell.event(event)
+            if events or pacer.due():
+                if not events:
+                    yield ": waiting for the teacher\n\n"
+                    yield shell.event({"type": "response.in_progress", "response": in_progress})
+                pacer.sent()
         status = items.status()
         for event in items.finish(status):
             yield shell.event(event)

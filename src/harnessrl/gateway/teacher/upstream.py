@@ -15,7 +15,9 @@ template). Only an answer the upstream finished is recorded.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
 
-__all__ = ["ChatStream", "StreamedMessage", "Teacher", "answer_message", "complete", "record"]
+__all__ = ["ChatStream", "Pacer", "StreamedMessage", "Teacher", "answer_message", "complete", "record"]
 
 
 class Teacher:
@@ -170,7 +172,8 @@ class ChatStream:
     upstream's refusal before any byte reaches the harness; iterating yields ``(payload, chunk)``
     for each ``data:`` event (the raw JSON text and its parsed form) and raises ``UpstreamError``
     if the stream breaks, carries an error, or ends before its ``[DONE]`` and finish reason.
-    ``message`` is what the chunks added up to. Always ``aclose()`` it.
+    ``message`` is what the chunks added up to. Always ``aclose()`` it. ``paced`` iterates the same
+    and also says when the harness is due a keep-alive.
     """
 
     def __init__(self, teacher: Teacher, body: dict[str, Any]) -> None:
@@ -222,6 +225,44 @@ class ChatStream:
             raise UpstreamError(f"teacher upstream stream broke: {type(exc).__name__}") from None
         if not done or self.message.finish_reason is None:
             raise UpstreamError("teacher upstream ended the stream before finishing the answer")
+
+    async def paced(self, keepalive_s: float) -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
+        """The chunks, and ``None`` whenever nothing came for ``keepalive_s`` (a teacher that thinks
+        without streaming its reasoning, or a long tool call held back as one block): time for the
+        API's keep-alive, as the policy path sends them, so a harness's idle timer does not fire."""
+        chunks = self.__aiter__()
+        pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
+        try:
+            while True:
+                if pending is None:  # one read at a time, kept across waits: a timeout cancels nothing
+                    pending = asyncio.ensure_future(anext(chunks))
+                done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
+                if not done:
+                    yield None
+                    continue
+                try:
+                    item = pending.result()
+                except StopAsyncIteration:
+                    return
+                pending = None
+                yield item
+        finally:
+            if pending is not None and not pending.done():
+                pending.cancel()
+
+
+class Pacer:
+    """When a stream last sent the harness something: ``due()`` after ``keepalive_s`` of nothing."""
+
+    def __init__(self, keepalive_s: float) -> None:
+        self.keepalive_s = keepalive_s
+        self.last = time.monotonic()
+
+    def sent(self) -> None:
+        self.last = time.monotonic()
+
+    def due(self) -> bool:
+        return time.monotonic() - self.last >= self.keepalive_s
 
 
 async def record(
