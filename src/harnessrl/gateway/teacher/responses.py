@@ -9,8 +9,9 @@ tools are not sent (hosted tools are dropped or refused per ``gateway.unsupporte
 
 The upstream's answer comes back as a Response object, whole or as the documented event sequence
 (``response.created``, ``response.in_progress``, items added / deltas / done, then
-``response.completed`` or ``response.incomplete``; ``sequence_number`` on each), built by one
-``ResponseItems`` for both: the upstream's reasoning as a ``reasoning`` item (text in ``content``
+``response.completed`` or ``response.incomplete``; ``sequence_number`` on each; a comment and
+``response.in_progress`` again while the upstream gives nothing to send for ``keepalive_s``), built
+by one ``response_items.ResponseItems`` for both: the upstream's reasoning as a ``reasoning`` item (text in ``content``
 and ``summary``; ``encrypted_content`` when ``include`` asks, as the policy path gives it), its text
 as a ``message`` item, each tool call as a ``function_call`` item with the upstream's call id (sent
 whole when the call is complete, as the policy path does).
@@ -24,7 +25,6 @@ stream starts and a ``response.failed`` event after; either way nothing is recor
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -32,26 +32,24 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.responses import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
+from harnessrl.gateway.apis.responses import ResponsesRequest, resolve_previous
 from harnessrl.gateway.apis.responses_input import (
     PREVIOUS_KEY,
-    encode_reasoning,
     request_to_internal,
     unsupported_tools,
 )
-from harnessrl.gateway.apis.responses_output import new_id
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
-from harnessrl.gateway.errors import error_shape
-from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
+from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.messages import whole_chunk
-from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, StreamedMessage, Teacher, complete, record
+from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
+from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, Teacher, complete, record
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
 
-__all__ = ["ResponseItems", "teacher_responses"]
+__all__ = ["chat_request", "teacher_responses"]
 
 
 def _tool_choice(choice: Any) -> Any:
@@ -78,234 +76,6 @@ def chat_request(data: dict[str, Any], body: ResponsesRequest) -> dict[str, Any]
         if data.get(key) is not None:
             out[key] = data[key]
     return out
-
-
-class ResponseItems:
-    """An upstream chat answer, chunk by chunk, as Responses output items and their stream events
-    (without ``sequence_number``, which the writer adds). A whole answer is fed as one chunk."""
-
-    def __init__(self, encrypt: bool) -> None:
-        self.encrypt = encrypt
-        self.sum = StreamedMessage()  # tool calls, finish reason, usage
-        self.items: list[dict[str, Any]] = []
-        self._reasoning: dict[str, Any] | None = None
-        self._reasoning_parts: list[str] = []
-        self._message: dict[str, Any] | None = None
-        self._text_parts: list[str] = []
-        self.calls: list[dict[str, Any]] = []
-
-    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        self.sum.feed(chunk)
-        events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                events += self._reasoning_delta(reasoning)
-            if delta.get("content"):
-                events += self._close_reasoning()
-                events += self._text_delta(delta["content"])
-        return events
-
-    def finish(self, status: str) -> list[dict[str, Any]]:
-        events = self._close_reasoning()
-        if self._message is None and not self.sum.tool_calls:
-            events += self._open_message()  # an answer without tool calls has a message, maybe empty
-        if self._message is not None:
-            events += self._close_message(status)
-        for i in sorted(self.sum.tool_calls):
-            call = self.sum.tool_calls[i]
-            name, arguments = call["function"]["name"], call["function"]["arguments"]
-            if not name:
-                raise UpstreamError("teacher upstream sent a tool call without a name")
-            call_id = call["id"] or new_id("call")
-            self.calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            )
-            item = {
-                "id": new_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": call_id,
-                "name": name,
-                "arguments": "",
-            }
-            index = self._add(item, events)
-            where = {"item_id": item["id"], "output_index": index}
-            item.update(arguments=arguments, status="completed")
-            events += [
-                {"type": "response.function_call_arguments.delta", **where, "delta": arguments},
-                {
-                    "type": "response.function_call_arguments.done",
-                    **where,
-                    "name": name,
-                    "arguments": arguments,
-                },
-                {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
-            ]
-        return events
-
-    def _add(self, item: dict[str, Any], events: list[dict[str, Any]]) -> int:
-        self.items.append(item)
-        index = len(self.items) - 1
-        events.append({"type": "response.output_item.added", "output_index": index, "item": dict(item)})
-        return index
-
-    def _reasoning_delta(self, text: str) -> list[dict[str, Any]]:
-        events: list[dict[str, Any]] = []
-        if self._reasoning is None or self._reasoning["status"] != "in_progress":
-            self._reasoning = {
-                "id": new_id("rs"),
-                "type": "reasoning",
-                "summary": [],
-                "status": "in_progress",
-            }
-            self._add(self._reasoning, events)
-            self._reasoning_parts = []
-        self._reasoning_parts.append(text)
-        where = {"item_id": self._reasoning["id"], "output_index": self.items.index(self._reasoning)}
-        return events + [
-            {"type": "response.reasoning_text.delta", **where, "content_index": 0, "delta": text}
-        ]
-
-    def _close_reasoning(self) -> list[dict[str, Any]]:
-        item = self._reasoning
-        if item is None or item["status"] != "in_progress":
-            return []
-        text = "".join(self._reasoning_parts)
-        index = self.items.index(item)
-        # The text in the summary too, as the policy path gives it: harnesses echo summaries back.
-        item.update(
-            summary=[{"type": "summary_text", "text": text}] if text else [],
-            content=[{"type": "reasoning_text", "text": text}],
-            encrypted_content=encode_reasoning(text) if self.encrypt else None,
-            status="completed",
-        )
-        done = {"item_id": item["id"], "output_index": index, "content_index": 0, "text": text}
-        return [
-            {"type": "response.reasoning_text.done", **done},
-            {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
-        ]
-
-    def _open_message(self) -> list[dict[str, Any]]:
-        item = {
-            "id": new_id("msg"),
-            "type": "message",
-            "role": "assistant",
-            "status": "in_progress",
-            "content": [],
-        }
-        events: list[dict[str, Any]] = []
-        index = self._add(item, events)
-        self._message = item
-        part = {"type": "output_text", "text": "", "annotations": []}
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        return events + [{"type": "response.content_part.added", **where, "part": part}]
-
-    def _text_delta(self, text: str) -> list[dict[str, Any]]:
-        events = self._open_message() if self._message is None else []
-        assert self._message is not None
-        self._text_parts.append(text)
-        where = {"item_id": self._message["id"], "output_index": self.items.index(self._message)}
-        return events + [
-            {"type": "response.output_text.delta", **where, "content_index": 0, "delta": text, "logprobs": []}
-        ]
-
-    def _close_message(self, status: str) -> list[dict[str, Any]]:
-        item = self._message
-        assert item is not None
-        index = self.items.index(item)
-        text = "".join(self._text_parts)
-        part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-        item.update(content=[part], status=status)
-        where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-        return [
-            {"type": "response.output_text.done", **where, "text": text, "logprobs": []},
-            {"type": "response.content_part.done", **where, "part": part},
-            {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
-        ]
-
-    def status(self) -> str:
-        return "incomplete" if self.sum.finish_reason == "length" else "completed"
-
-    def recorded(self, response_id: str) -> tuple[dict[str, Any], str]:
-        """The internal assistant message (with the response id) and the finish reason in chat's terms."""
-        message: dict[str, Any] = {
-            "role": "assistant",
-            "content": "".join(self._text_parts) if self._message is not None else None,
-        }
-        if self.calls:
-            message["tool_calls"] = self.calls
-        if self._reasoning is not None:
-            message["reasoning_content"] = "".join(self._reasoning_parts)
-        finish = self.sum.finish_reason or "stop"
-        if self.calls and finish == "stop":
-            finish = "tool_calls"
-        return {**message, RESPONSE_ID_KEY: response_id}, finish
-
-    def usage(self) -> dict[str, Any] | None:
-        usage = self.sum.usage
-        if usage is None:
-            return None
-        n_in, n_out = int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
-        cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-        reasoning = (usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
-        return {
-            "input_tokens": n_in,
-            "input_tokens_details": {"cached_tokens": cached},
-            "output_tokens": n_out,
-            "output_tokens_details": {"reasoning_tokens": reasoning},
-            "total_tokens": n_in + n_out,
-        }
-
-
-class ResponseShell:
-    """The Response object around the items: what the request asked for, echoed."""
-
-    def __init__(self, body: ResponsesRequest, model: str, tools: list[dict[str, Any]] | None) -> None:
-        self.body = body
-        self.model = model
-        self.tools = tools or []
-        self.id = new_id("resp")
-        self.created_at = int(time.time())
-        self.seq = 0
-
-    def event(self, payload: dict[str, Any]) -> str:
-        payload = {"type": payload["type"], "sequence_number": self.seq, **payload}
-        self.seq += 1
-        return sse_event(payload)
-
-    def response(
-        self, status: str, items: ResponseItems | None = None, error: HarnessRLError | None = None
-    ) -> dict[str, Any]:
-        body = self.body
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": False,
-            "error": {"code": error_shape(error).code, "message": str(error)} if error is not None else None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "model": self.model,
-            "output": [dict(item) for item in items.items] if items is not None else [],
-            "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
-            "store": body.store if body.store is not None else True,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "text": body.text or {"format": {"type": "text"}},
-            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": [{"type": "function", **t["function"]} for t in self.tools],
-            "truncation": "disabled",
-            "usage": items.usage() if items is not None else None,
-            "metadata": body.metadata or {},
-        }
 
 
 async def teacher_responses(request: Request, teacher: Teacher) -> Response:
