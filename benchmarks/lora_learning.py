@@ -14,8 +14,9 @@ scratch folder, not this checkout, whose uncommitted files (other people's work 
 change under a run that takes an hour. Same seed, tasks, group size, ``--steps`` and held-out
 evaluation (100 problems, greedy, at steps 0, 10 and 20); float32 engine and trainer (``--dtype``, as ``results/cpu_budget_20_steps.json``). Arms
 run one after the other, LoRA first, and the JSON is written after each, so a LoRA-only result
-survives if the full arm is stopped. Without a ``full`` arm, the comparison is against the committed
-full-fine-tuning run (``--reference``) and says so. ``--combine`` merges the arms of separate runs of
+survives if the full arm is stopped. LoRA is compared with the full arm where there is one and always
+with the committed full-fine-tuning run (``--reference``, labelled as an earlier run), at each step
+both evaluated and in the gain to the last such step. ``--combine`` merges the arms of separate runs of
 this script (the two arms started as two processes at the same time, so both see the same load).
 
 Standard errors: held-out success is a share of n = 100 problems, SE = sqrt(p (1 - p) / n); a gain
@@ -83,10 +84,12 @@ def heldout_with_se(heldout: list[list[float]], n: int) -> list[dict[str, Any]]:
     return [{"step": int(s), "success": p, "se": round(se(p, n), 3)} for s, p in heldout]
 
 
-def gain(points: list[dict[str, Any]]) -> dict[str, Any] | None:
-    if len(points) < 2:
+def gain(points: list[dict[str, Any]], to_step: int | None = None) -> dict[str, Any] | None:
+    """Held-out success at ``to_step`` (default the last evaluation) minus at the first."""
+    last = next((p for p in points if p["step"] == to_step), None) if to_step is not None else points[-1]
+    if len(points) < 2 or last is None or last is points[0]:
         return None
-    first, last = points[0], points[-1]
+    first = points[0]
     return {
         "from_step": first["step"],
         "to_step": last["step"],
@@ -107,7 +110,7 @@ def summarise(job: dict[str, Any], n: int) -> dict[str, Any]:
 
 
 def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dict[str, Any]:
-    """LoRA minus full fine-tuning at each step both evaluated, and of the gains."""
+    """LoRA minus full fine-tuning at each step both evaluated, and of the gains to the last such step."""
     by_step = {p["step"]: p for p in full["heldout"]}
     at_steps = [
         {
@@ -119,10 +122,14 @@ def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dic
         if p["step"] in by_step
     ]
     out: dict[str, Any] = {"full_source": full_source, "at_steps": at_steps}
-    if lora["heldout_gain"] and full["heldout_gain"]:
-        d = lora["heldout_gain"]["gain"] - full["heldout_gain"]["gain"]
-        s = math.hypot(lora["heldout_gain"]["se"], full["heldout_gain"]["se"])
+    ours = gain(lora["heldout"], at_steps[-1]["step"]) if at_steps else None
+    theirs = gain(full["heldout"], at_steps[-1]["step"]) if at_steps else None
+    if ours and theirs:
+        d, s = ours["gain"] - theirs["gain"], math.hypot(ours["se"], theirs["se"])
         out["gain_lora_minus_full"] = {
+            "to_step": ours["to_step"],
+            "lora": ours["gain"],
+            "full": theirs["gain"],
             "difference": round(d, 3),
             "se": round(s, 3),
             "z": round(d / s, 2) if s else None,
@@ -131,20 +138,21 @@ def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dic
 
 
 def with_comparison(result: dict[str, Any], reference: Path) -> dict[str, Any]:
-    """Add LoRA vs full fine-tuning: the full arm of ``result`` if it has one, else ``reference``."""
+    """Add LoRA vs full fine-tuning: vs the full arm in ``result`` if it has one, and always vs the
+    committed full-fine-tuning run ``reference``."""
     arms = result["arms"]
     if "lora" not in arms:
         return result
+    result["comparison"] = {}
     if "full" in arms:
-        full, source = arms["full"], "the full arm in this file"
-    else:
-        ref = json.loads(reference.read_text())
-        full = summarise(ref["current"]["job"], result["heldout_problems"])
-        source = (
-            f"{reference.relative_to(ROOT)} ({ref['date']}, commit {ref['current']['commit'][:7]}): "
-            "an earlier run on the same machine and config, not this run"
-        )
-    result["comparison"] = compare(arms["lora"], full, source)
+        result["comparison"]["vs_full_arm"] = compare(arms["lora"], arms["full"], "the full arm in this file")
+    ref = json.loads(reference.read_text())
+    source = (
+        f"{reference.relative_to(ROOT)} ({ref['date']}, commit {ref['current']['commit'][:7]}): "
+        "an earlier run on the same machine and config, not this run"
+    )
+    full = summarise(ref["current"]["job"], result["heldout_problems"])
+    result["comparison"]["vs_reference"] = compare(arms["lora"], full, source)
     return result
 
 
