@@ -404,14 +404,23 @@ def small_upstream(*, cut: str | None = None, status: int = 200) -> Starlette:
 
 @contextlib.contextmanager
 def teacher_on(
-    upstream: Starlette, store: SQLiteStore, tokenizer: PolicyTokenizer, *, keepalive_s: float = 10.0
+    upstream: Starlette,
+    store: SQLiteStore,
+    tokenizer: PolicyTokenizer,
+    *,
+    keepalive_s: float = 10.0,
+    max_tokens: int | None = None,
 ) -> Iterator[tuple[openai.OpenAI, str]]:
     """A teacher-mode gateway on ``upstream``; yields an OpenAI SDK on its rollout and the rollout id."""
     with serve_in_thread(upstream) as up_url:
         teacher = Teacher(f"{up_url}/v1", "u", None)
         policy = ScriptedEngine(["(the policy, unused in teacher mode)"], tokenizer)
         app = create_app(
-            GatewayConfig(admin_key=ADMIN), store, policy, teacher=teacher, keepalive_s=keepalive_s
+            GatewayConfig(admin_key=ADMIN, max_tokens=max_tokens),
+            store,
+            policy,
+            teacher=teacher,
+            keepalive_s=keepalive_s,
         )
         with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as client:
             created = client.create_rollout({"prompt": "x"}, run_id="teacher")
@@ -602,3 +611,31 @@ def test_a_silent_upstream_gets_the_harness_keep_alives(
             if path == "responses":  # the comment comes with an event: Codex's idle timer counts events
                 assert lines.count("event: response.in_progress") >= 2
     assert [c.api for c in store.list_calls(rollout_id)] == ["chat.completions", "messages", "responses"]
+
+
+def test_gateway_max_tokens_caps_what_the_upstream_is_asked_for(
+    store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> None:
+    """``gateway.max_tokens`` caps teacher calls as it caps the policy's (Claude Code asks for 32000,
+    more than many a teacher's context holds); a smaller ask is kept."""
+    upstream = small_upstream()
+    with teacher_on(upstream, store, tokenizer, max_tokens=50) as (sdk, _):
+        user = [{"role": "user", "content": "x"}]
+        sdk.chat.completions.create(model="m", messages=user, max_tokens=1000)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="m", messages=user)  # type: ignore[arg-type]
+        sdk.chat.completions.create(model="m", messages=user, max_completion_tokens=20)  # type: ignore[arg-type]
+        claude(sdk).messages.create(model="c", max_tokens=20000, messages=user)  # type: ignore[arg-type]
+        sdk.responses.create(model="g", input="x")
+        sdk.responses.create(model="g", input="x", max_output_tokens=20)
+    asked = [
+        {k: v for k, v in b.items() if k in ("max_tokens", "max_completion_tokens")}
+        for b in upstream.state.asked
+    ]
+    assert asked == [
+        {"max_tokens": 50},
+        {"max_tokens": 50},
+        {"max_completion_tokens": 20},
+        {"max_tokens": 50},
+        {"max_tokens": 50},
+        {"max_tokens": 20},
+    ]

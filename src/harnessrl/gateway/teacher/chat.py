@@ -28,6 +28,7 @@ from harnessrl.gateway.teacher.upstream import (
     Teacher,
     answer_message,
     call_headers,
+    cap_max_tokens,
     complete,
     record,
 )
@@ -48,9 +49,10 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = decode_body(await read_body(request, state.config.max_body_bytes))
     rollout = await open_rollout(state, rollout)
+    body = cap_max_tokens(data, state.config.max_tokens)  # else as received (``model`` replaced)
     started_at = now()
     if not data.get("stream"):
-        answer = await complete(teacher, data)
+        answer = await complete(teacher, body)
         choice = answer["choices"][0]
         stored = await record(
             state,
@@ -64,7 +66,7 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
             None,
         )
         return json_response(answer, headers=call_headers(stored))
-    upstream = ChatStream(teacher, data)
+    upstream = ChatStream(teacher, body)
     try:
         await upstream.open()
     except BaseException:

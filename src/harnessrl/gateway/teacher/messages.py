@@ -42,7 +42,15 @@ from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, StreamedMessage, Teacher, complete, record
+from harnessrl.gateway.teacher.upstream import (
+    ChatStream,
+    Pacer,
+    StreamedMessage,
+    Teacher,
+    cap_max_tokens,
+    complete,
+    record,
+)
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -237,7 +245,7 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = parse_body(await read_body(request, state.config.max_body_bytes))
-    body = chat_request(data)  # 400s before the rollout starts
+    body = cap_max_tokens(chat_request(data), state.config.max_tokens)  # 400s before the rollout starts
     rollout = await open_rollout(state, rollout)
     model = data.get("model") or teacher.model
     msg_id = f"msg_{secrets.token_hex(12)}"

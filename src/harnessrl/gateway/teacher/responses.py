@@ -44,7 +44,7 @@ from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.messages import whole_chunk
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
-from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, Teacher, complete, record
+from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, Teacher, cap_max_tokens, complete, record
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -97,7 +97,7 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
     if body.previous_response_id:
         previous = await resolve_previous(state, rollout, body.previous_response_id)
         recorded = {**data, PREVIOUS_KEY: previous}  # so the converter alone rebuilds it later
-    chat = chat_request(recorded, body)  # 400s before the rollout starts
+    chat = cap_max_tokens(chat_request(recorded, body), state.config.max_tokens)  # 400s first
     rollout = await open_rollout(state, rollout)
     shell = ResponseShell(body, body.model or teacher.model, chat.get("tools"))
     encrypt = "reasoning.encrypted_content" in (body.include or [])

@@ -30,7 +30,16 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
 
-__all__ = ["ChatStream", "Pacer", "StreamedMessage", "Teacher", "answer_message", "complete", "record"]
+__all__ = [
+    "ChatStream",
+    "Pacer",
+    "cap_max_tokens",
+    "StreamedMessage",
+    "Teacher",
+    "answer_message",
+    "complete",
+    "record",
+]
 
 
 class Teacher:
@@ -100,6 +109,20 @@ def answer_message(message: dict[str, Any]) -> dict[str, Any]:
         out["reasoning_content"] = reasoning
     if message.get("tool_calls"):
         out["tool_calls"] = message["tool_calls"]
+    return out
+
+
+def cap_max_tokens(body: dict[str, Any], cap: int | None) -> dict[str, Any]:
+    """``body`` with its answer length capped at ``gateway.max_tokens``, as the policy's calls are:
+    harnesses ask for more than a teacher's context may hold (Claude Code 32000, Hermes 65536)."""
+    if cap is None:
+        return body
+    out = dict(body)
+    asked = [k for k in ("max_tokens", "max_completion_tokens") if isinstance(out.get(k), int)]
+    for key in asked:
+        out[key] = min(out[key], cap)
+    if not asked:
+        out["max_tokens"] = cap
     return out
 
 
