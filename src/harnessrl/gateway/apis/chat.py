@@ -1,9 +1,8 @@
 """``POST /v1/chat/completions``: OpenAI chat, streaming or not, with tools.
 
 The call runs through ``pipeline``; this module holds chat's shapes. Tool calls come from the
-configured parser. Streaming emits content as the engine samples it (the tokens that arrived
-together in one chunk: ``coalesce.Outlet.hold``), and each tool call as one delta when its block
-closes. The answered message is recorded exactly as the client receives it (same tool-call ids),
+configured parser. Streaming emits content token by token as the engine samples it, and each tool
+call as one delta when its block closes. The answered message is recorded exactly as the client receives it (same tool-call ids),
 because it is what the next call's history is matched against.
 
 Chat's body is the one a harness resends longest, so parsing it is incremental too: the messages
@@ -138,7 +137,6 @@ class ChatAnswer:
         self.n_calls = 0
         self.base: dict[str, Any] = {}
         self.head = b""  # a chunk's encoded event up to its delta (``started``)
-        self.held: list[str] = []  # content not yet sent (``_release``)
         # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
@@ -183,10 +181,6 @@ class ChatAnswer:
         # Every chunk is this envelope, one choice and its delta: the constant parts are encoded once
         # and each chunk's event is joined from bytes (what ``sse`` of the chunk's dict gives).
         self.head = b"data: " + dumps(self.base)[:-1] + b',"choices":[{"index":0,"delta":'
-        if self.call.outlet is not None:
-            # Content is held and drawn when the stream's writer runs: the tokens that arrived
-            # together (one read from the engine) become one chunk, not one chunk each.
-            self.call.outlet.hold(self._release)
         return [self._chunk(_ROLE_DELTA)]
 
     def feed(self, piece: Piece) -> list[Event]:
@@ -196,13 +190,11 @@ class ChatAnswer:
         if not piece.text:
             return []
         if self.parser is None:
-            self.held.append(piece.text)
-            return []
+            return [self._content(piece.text)]
         return self._emit(self.parser.feed(piece.text))
 
     def finished(self, gen: Generation) -> Streamed:
         last = self._emit(self.parser.finish()) if self.parser is not None else []
-        last[:0] = self._release()
         if self.parser is not None:
             parsed = collect(self.events)
         else:
@@ -218,26 +210,19 @@ class ChatAnswer:
         return sse_error(exc)
 
     def _emit(self, new_events: list[ToolEvent]) -> list[Event]:
-        """Content is held (``_release``); a tool call goes out at once, after the content before it."""
         out: list[Event] = []
         for event in new_events:
             self.events.append(event)
             if isinstance(event, ContentEvent):
-                self.held.append(event.text)
+                out.append(self._content(event.text))
             elif isinstance(event, ToolCallEvent):
-                out += self._release()
                 delta = {"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}
                 out.append(self._chunk(dumps(delta)))
                 self.n_calls += 1
         return out
 
-    def _release(self) -> list[Event]:
-        """The held content as one chunk (with the logprobs of every token since the last chunk)."""
-        if not self.held:
-            return []
-        text = self.held[0] if len(self.held) == 1 else "".join(self.held)
-        self.held.clear()
-        return [self._chunk(b'{"content":' + dumps(text) + b"}")]
+    def _content(self, text: str) -> bytes:
+        return self._chunk(b'{"content":' + dumps(text) + b"}")
 
     def _chunk(self, delta: bytes, finish: str | None = None) -> bytes:
         """The event of one chunk whose delta is the JSON ``delta``, with the pending logprobs."""

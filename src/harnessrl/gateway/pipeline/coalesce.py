@@ -7,9 +7,6 @@ generating the events. The answer's events are produced in the request's own tas
 sending is done by a writer task, which sends whatever has accumulated each time it gets to run.
 Tokens that arrive together (one network read from the engine, a burst after a pause) leave together;
 a lone token is sent as soon as it is put, so nothing waits for company (no timer, no added latency).
-An answer may also hold its events back (``hold``; ``poke`` for a piece that made none): the writer
-draws them each time it runs, so the tokens of one read make one event, not one event each (chat's
-content: one chunk, its logprob entries together, instead of an envelope per token).
 
 **Backpressure.** Events not yet handed to the socket wait in a buffer of at most ``buffer_bytes``
 (``gateway.stream_buffer_bytes``); past it ``put`` waits until the writer takes them, so the
@@ -47,10 +44,6 @@ RECORD_SLACK_BYTES = 16 * 1024
 
 #: Longest pause between two looks at the kernel's send queue while a call waits to be recorded.
 _SETTLE_POLL_S = 0.05
-
-#: Pieces an answer may hold back (``poke``) before they are drawn without waiting for the writer: the
-#: bound on what it holds while the writer waits for a slow client (the buffer bound applies after).
-HOLD_LIMIT = 64
 
 
 class ClientTooSlow(BaseException):  # noqa: N818 - it names what happened, like ``GeneratorExit``
@@ -93,8 +86,6 @@ class Outlet:
         self._idle = asyncio.Event()  # nothing pending and nothing being sent
         self._idle.set()
         self._closing = False
-        self._draw: Callable[[], Sequence[str | bytes]] | None = None  # what the answer holds (``hold``)
-        self._held = 0  # pieces poked since the last draw
         self.gave_up = False  # the client was too slow: ``on_slow`` was called
         self._writer = asyncio.ensure_future(self._write())
         # Mark a failure as seen even when another exception ends the stream first (no "Task
@@ -138,29 +129,6 @@ class Outlet:
             self._room.clear()
             return True
         return False
-
-    def hold(self, draw: Callable[[], Sequence[str | bytes]]) -> None:
-        """Let the answer hold its events back: ``draw()`` gives the events it holds, and the writer
-        takes them each time it is about to send, so pieces that arrived together (one read from the
-        engine) become one event rather than one each (chat's content deltas)."""
-        self._draw = draw
-
-    def poke(self) -> bool:
-        """A piece made no event: the answer may hold it (``hold``), for the writer's next run.
-        Whether the buffer is full (then ``wait_room``): past ``HOLD_LIMIT`` pieces the held events are
-        drawn at once and queued as ``push_all`` does."""
-        if self._draw is None:
-            return False
-        self._held += 1
-        if self._held >= HOLD_LIMIT:
-            return self.push_all(self._take())
-        self._idle.clear()
-        self._ready.set()
-        return False
-
-    def _take(self) -> Sequence[str | bytes]:
-        self._held = 0
-        return self._draw() if self._draw is not None else ()
 
     async def wait_room(self) -> None:
         """Wait until the writer has taken the buffer (the client is behind until then)."""
@@ -215,8 +183,6 @@ class Outlet:
     async def _write(self) -> None:
         try:
             while True:
-                if self._held:
-                    self.push_all(self._take())
                 if not self._pending:
                     self._idle.set()
                     if self._closing:
