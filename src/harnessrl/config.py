@@ -75,6 +75,10 @@ class TeacherConfig(Section):
     model: str  # the upstream's model name; replaces the one the harness sends
     api_key_env: str | None = None
     timeout_s: float = Field(default=600.0, gt=0)
+    # "chat": Messages and Responses calls translated to the upstream's /chat/completions (any
+    # OpenAI-compatible server); "native": forwarded to its own /messages and /responses (Anthropic's
+    # API for Claude Code, OpenAI's for Codex: their thinking signatures and encrypted reasoning kept).
+    api: Literal["chat", "native"] = "chat"
 
 
 class EngineConfig(Section):

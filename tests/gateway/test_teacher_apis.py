@@ -125,7 +125,9 @@ def same_calls(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "tool_calls": calls}
 
 
-def messages_loop(client: anthropic.Anthropic, *, stream: bool) -> list[dict[str, Any]]:
+def messages_loop(
+    client: anthropic.Anthropic, *, stream: bool, answered_as: str = "claude-x"
+) -> list[dict[str, Any]]:
     """Claude Code's loop in small: the tool-calling turn, its result, the answer."""
     history: list[dict[str, Any]] = [{"role": "user", "content": QUESTION}]
     got = []
@@ -143,7 +145,9 @@ def messages_loop(client: anthropic.Anthropic, *, stream: bool) -> list[dict[str
             assert "".join(deltas) == "".join(b.text for b in answer.content if b.type == "text")
         else:
             answer = client.messages.create(**kwargs)
-        assert answer.model == "claude-x"  # the name the harness asked for, as the policy path answers
+        assert (
+            answer.model == answered_as
+        )  # translated: the name the harness asked for, as the policy path answers
         got.append(from_blocks(answer.content))
         history.append(
             {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in answer.content]}
@@ -160,7 +164,7 @@ def messages_loop(client: anthropic.Anthropic, *, stream: bool) -> list[dict[str
     return got
 
 
-def responses_loop(sdk: openai.OpenAI, *, stream: bool) -> list[dict[str, Any]]:
+def responses_loop(sdk: openai.OpenAI, *, stream: bool, answered_as: str = "gpt-x") -> list[dict[str, Any]]:
     """Codex's loop in small (the whole history resent, no previous_response_id)."""
     history: list[Any] = [{"role": "user", "content": QUESTION}]
     got = []
@@ -176,7 +180,7 @@ def responses_loop(sdk: openai.OpenAI, *, stream: bool) -> list[dict[str, Any]]:
             assert "".join(deltas) == answer.output_text
         else:
             answer = sdk.responses.create(**kwargs)
-        assert answer.status == "completed" and answer.model == "gpt-x"
+        assert answer.status == "completed" and answer.model == answered_as
         got.append(from_output(answer.output))
         history += [item.model_dump(exclude_none=True) for item in answer.output]
         calls = [i for i in answer.output if i.type == "function_call"]
@@ -639,3 +643,177 @@ def test_gateway_max_tokens_caps_what_the_upstream_is_asked_for(
         {"max_tokens": 50},
         {"max_tokens": 20},
     ]
+
+
+# -- api = "native": Messages and Responses forwarded to the upstream's own routes ---------------------
+
+
+@pytest.fixture
+def native(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
+    with teaching_stack(tmp_path, tokenizer, api="native") as t:
+        yield t
+
+
+@pytest.mark.parametrize("api", ["messages", "responses"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_native_forwards_to_the_upstreams_own_api_and_records_its_answer(
+    native: Teaching, api: str, stream: bool
+) -> None:
+    if api == "messages":
+        got = messages_loop(claude(native.harness), stream=stream, answered_as="the-teacher")
+    else:
+        got = responses_loop(native.harness, stream=stream, answered_as="the-teacher")
+    up_calls = native.upstream.list_calls(native.upstream_rollout)
+    # The upstream served the harness's own API (its record says so), under the teacher's name.
+    assert [c.api for c in up_calls] == [api, api]
+    assert all(c.request["model"] == "the-teacher" for c in up_calls)
+    calls = native.store.list_calls(native.rollout_id)
+    assert [c.api for c in calls] == [api, api]
+    assert [c.finish_reason for c in calls] == ["tool_calls", "stop"]
+    # Received = recorded = what the upstream recorded of its own answer (its tool-call arguments
+    # as its parser wrote them: compared parsed). Responses: the upstream's response id, kept.
+    assert recorded(native) == got
+    assert [same_calls(c.response) for c in calls] == [same_calls(c.response) for c in up_calls]
+    assert json.loads(got[0]["tool_calls"][0]["function"]["arguments"]) == {"command": "cat a.txt"}
+    for mine, theirs in zip(calls, up_calls, strict=True):
+        assert mine.usage is not None and theirs.usage is not None
+        assert mine.usage.completion_tokens == theirs.usage.completion_tokens > 0
+        # The request as the harness sent it, which is what the upstream got (model aside).
+        assert {**mine.request, "model": "the-teacher"} == {
+            k: v for k, v in theirs.request.items() if not k.startswith("_")
+        }
+    if api == "messages":  # the thinking, as Anthropic's API signs it, reaches the harness untouched
+        assert "<think>" in got[0]["content"] or got[0].get("reasoning_content")
+
+
+def test_native_previous_response_id_and_errors(native: Teaching) -> None:
+    sdk = native.harness
+    first = sdk.responses.create(model="g", instructions=SYSTEM, input=QUESTION, tools=R_TOOLS)
+    [call] = [i for i in first.output if i.type == "function_call"]
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "42\n"}
+    second = sdk.responses.create(
+        model="g", instructions=SYSTEM, input=[output], tools=R_TOOLS, previous_response_id=first.id
+    )
+    assert second.output_text.endswith("The answer is 42.")
+    calls = native.store.list_calls(native.rollout_id)
+    # Recorded with the earlier conversation resolved, so sft sees the whole of it.
+    assert [m["role"] for m in conversation(calls[1]).messages] == ["system", "user", "assistant", "tool"]
+    client = claude(sdk)
+    for stream in (False, True):
+        with pytest.raises(anthropic.BadRequestError) as err:
+            client.messages.create(
+                model="c", max_tokens=10_000, messages=[{"role": "user", "content": "x"}], stream=stream
+            )
+        body = err.value.body
+        assert isinstance(body, dict) and body["type"] == "error"
+        assert "teacher upstream answered 400" in body["error"]["message"]
+    assert len(native.store.list_calls(native.rollout_id)) == 2
+    assert native.key not in json.dumps(
+        [c.model_dump(mode="json") for c in native.store.list_calls(native.rollout_id)]
+    )
+
+
+def native_upstream(*, cut: bool) -> Starlette:
+    """Anthropic's /messages and OpenAI's /responses, streamed, each cut before its final event
+    (``cut``: a clean end there) or finished."""
+
+    def sse(payload: dict[str, Any]) -> str:
+        return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "u", "object": "model"}]})
+
+    async def messages(request: Request) -> Response:
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "u", "content": []}
+        usage = {"input_tokens": 3, "output_tokens": 2}
+
+        async def events() -> AsyncIterator[str]:
+            yield sse({"type": "message_start", "message": {**message, "usage": usage}})
+            yield sse(
+                {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+            )
+            yield sse(
+                {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "Half"}}
+            )
+            if cut:
+                return
+            yield sse({"type": "content_block_stop", "index": 0})
+            yield sse({"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": usage})
+            yield sse({"type": "message_stop"})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def responses(request: Request) -> Response:
+        item = {
+            "id": "msg_1",
+            "type": "message",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Half", "annotations": []}],
+        }
+        done = {"id": "resp_1", "object": "response", "created_at": 0, "model": "u", "status": "completed"}
+        usage = {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}
+
+        async def events() -> AsyncIterator[str]:
+            yield sse(
+                {
+                    "type": "response.created",
+                    "sequence_number": 0,
+                    "response": {**done, "status": "in_progress", "output": []},
+                }
+            )
+            delta = {
+                "item_id": "msg_1",
+                "output_index": 0,
+                "content_index": 0,
+                "delta": "Half",
+                "logprobs": [],
+            }
+            yield sse({"type": "response.output_text.delta", "sequence_number": 1, **delta})
+            if cut:
+                return
+            final = {**done, "output": [item], "usage": usage}
+            yield sse({"type": "response.completed", "sequence_number": 2, "response": final})
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    return Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/v1/messages", messages, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
+        ]
+    )
+
+
+@pytest.mark.parametrize("cut", [True, False])
+def test_native_stream_cut_before_its_final_event_is_not_recorded(
+    store: SQLiteStore, tokenizer: PolicyTokenizer, cut: bool
+) -> None:
+    with serve_in_thread(native_upstream(cut=cut)) as up_url:
+        teacher = Teacher(f"{up_url}/v1", "u", "k", api="native")
+        policy = ScriptedEngine(["(unused)"], tokenizer)
+        app = create_app(GatewayConfig(admin_key=ADMIN), store, policy, teacher=teacher)
+        with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as gw:
+            created = gw.create_rollout({"prompt": "x"}, run_id="teacher")
+            sdk = openai.OpenAI(base_url=created["base_url"], api_key=created["api_key"], max_retries=0)
+            with claude(sdk).messages.stream(
+                model="c", max_tokens=10, messages=[{"role": "user", "content": "x"}]
+            ) as s:
+                if cut:
+                    with pytest.raises(anthropic.APIError, match="teacher upstream ended the stream"):
+                        s.get_final_message()
+                else:
+                    assert s.get_final_message().content[0].text == "Half"  # type: ignore[union-attr]
+            events = list(sdk.responses.create(model="g", input="x", stream=True))
+            assert events[-1].type == ("response.failed" if cut else "response.completed")
+            sdk.close()
+    calls = store.list_calls(created["rollout_id"])
+    if cut:
+        assert calls == []
+    else:  # control: the same streams, finished, are recorded
+        assert [(c.api, c.response["content"]) for c in calls] == [
+            ("messages", "Half"),
+            ("responses", "Half"),
+        ]
+        assert calls[1].response["_response_id"] == "resp_1"

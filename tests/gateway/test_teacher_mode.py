@@ -88,7 +88,7 @@ def teaching(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
 
 
 @contextlib.contextmanager
-def teaching_stack(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teaching]:
+def teaching_stack(tmp_path: Path, tokenizer: PolicyTokenizer, *, api: str = "chat") -> Iterator[Teaching]:
     """The upstream gateway, a teacher-mode gateway on it, and a rollout's harness on each (also
     used by test_teacher_apis.py)."""
     with contextlib.ExitStack() as stack:
@@ -104,7 +104,7 @@ def teaching_stack(tmp_path: Path, tokenizer: PolicyTokenizer) -> Iterator[Teach
         direct = openai.OpenAI(base_url=other["base_url"], api_key=other["api_key"], max_retries=0)
         stack.callback(direct.close)
         store = SQLiteStore(tmp_path / "teacher.db")
-        teacher = Teacher(f"{up_url}/v1", "the-teacher", key)
+        teacher = Teacher(f"{up_url}/v1", "the-teacher", key, api=api)
         app = create_app(
             GatewayConfig(admin_key=ADMIN),
             store,

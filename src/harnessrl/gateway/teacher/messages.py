@@ -55,7 +55,7 @@ from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
 
-__all__ = ["MessageBlocks", "chat_request", "teacher_messages"]
+__all__ = ["MessageBlocks", "chat_request", "message_of_blocks", "teacher_messages"]
 
 PING = 'event: ping\ndata: {"type": "ping"}\n\n'  # as apis.anthropic sends it
 
@@ -204,14 +204,7 @@ class MessageBlocks:
 
     def message(self) -> dict[str, Any]:
         """The internal assistant message the harness's blocks read back to (``anthropic_convert``)."""
-        text = "".join(b["text"] for b in self.blocks if b["type"] == "text")
-        thinking = "".join(b["thinking"] for b in self.blocks if b["type"] == "thinking")
-        message: dict[str, Any] = {"role": "assistant", "content": text if text or not self.calls else None}
-        if self.calls:
-            message["tool_calls"] = self.calls
-        if thinking:
-            message["reasoning_content"] = thinking
-        return message
+        return message_of_blocks(self.blocks)
 
     def usage(self) -> dict[str, int]:
         usage = self.sum.usage or {}
@@ -221,6 +214,32 @@ class MessageBlocks:
             "cache_creation_input_tokens": 0,
             "cache_read_input_tokens": 0,
         }
+
+
+def message_of_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The internal assistant message of an answer's content blocks, as ``anthropic_convert`` reads
+    them back in the next request: text joined, thinking as ``reasoning_content``, each ``tool_use``
+    a tool call whose arguments are its ``input`` as JSON."""
+    text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
+    thinking = "".join(b.get("thinking") or "" for b in blocks if b.get("type") == "thinking")
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {
+                "name": b["name"],
+                "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False),
+            },
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = thinking
+    return message
 
 
 def whole_chunk(answer: dict[str, Any]) -> dict[str, Any]:
@@ -242,6 +261,10 @@ def whole_chunk(answer: dict[str, Any]) -> dict[str, Any]:
 async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     """``POST /v1/messages`` answered by the teacher; raises ``HarnessRLError``s the app's handlers
     answer in Anthropic's shape (the route is under ``/messages``)."""
+    if teacher.api == "native":  # forwarded to the upstream's own /messages
+        from harnessrl.gateway.teacher.native import native_messages  # (it imports this module)
+
+        return await native_messages(request, teacher)
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = parse_body(await read_body(request, state.config.max_body_bytes))

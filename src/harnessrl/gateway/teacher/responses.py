@@ -43,6 +43,7 @@ from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.messages import whole_chunk
+from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
 from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, Teacher, cap_max_tokens, complete, record
 from harnessrl.schemas import Rollout, now
@@ -81,6 +82,8 @@ def chat_request(data: dict[str, Any], body: ResponsesRequest) -> dict[str, Any]
 async def teacher_responses(request: Request, teacher: Teacher) -> Response:
     """``POST /v1/responses`` answered by the teacher; raises ``HarnessRLError``s the app's handlers
     answer in OpenAI's shape."""
+    if teacher.api == "native":  # forwarded to the upstream's own /responses
+        return await native_responses(request, teacher)
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = parse_body(await read_body(request, state.config.max_body_bytes))

@@ -30,6 +30,9 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
 
+#: The Anthropic API version sent when the harness names none.
+ANTHROPIC_VERSION = "2023-06-01"
+
 __all__ = [
     "ChatStream",
     "Pacer",
@@ -53,9 +56,13 @@ class Teacher:
         *,
         timeout_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        api: str = "chat",
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        # "chat": every API translated to the upstream's chat completions; "native": Messages and
+        # Responses forwarded to the upstream's own /messages and /responses (``teacher.native``).
+        self.api = api
         self._key = api_key
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.AsyncClient(
@@ -69,6 +76,10 @@ class Teacher:
         """Check the upstream answers (``GET /models``); a ``ConfigError`` naming ``engine`` if not."""
         try:
             reply = httpx.get(f"{self.base_url}/models", headers=self._client.headers, timeout=10.0)
+            if self.api == "native" and reply.status_code in (401, 403) and self._key:
+                # Anthropic's API takes its key as x-api-key, with a version.
+                headers = {"x-api-key": self._key, "anthropic-version": ANTHROPIC_VERSION}
+                reply = httpx.get(f"{self.base_url}/models", headers=headers, timeout=10.0)
         except httpx.HTTPError as exc:
             raise ConfigError(
                 f"engine.teacher.base_url {self.base_url!r} is not reachable ({type(exc).__name__})"
@@ -83,6 +94,14 @@ class Teacher:
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    def anthropic_request(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Request:
+        """A request to an upstream Anthropic API: the key as ``x-api-key``, not a bearer token."""
+        request = self._client.build_request("POST", path, json=body, headers=headers)
+        request.headers.pop("authorization", None)
+        if self._key:
+            request.headers["x-api-key"] = self._key
+        return request
 
     def redact(self, text: str) -> str:
         """``text`` (an upstream's error message, which may echo the key) without the key."""
