@@ -3,7 +3,7 @@
 What is measured. One run starts a fake vLLM-shaped upstream (this file, starlette + uvicorn; instant
 answers, always the same 256-token assistant turn — some text and one Hermes tool call — with token
 IDs and one logprob per token) and drives it through three targets with the *same* pre-serialized
-agent-like request bodies, in three legs (``--legs``, all by default):
+agent-like request bodies, in four legs (``--legs``, all by default):
 
 - ``chat`` (JSON ``levels``; the issues' goals are measured from it): 20-turn chat conversations
   that grow by one assistant tool call and one shell-like tool result per turn, with a system prompt
@@ -18,17 +18,22 @@ agent-like request bodies, in three legs (``--legs``, all by default):
   bodies for the same conversations (``system`` as text blocks with ``cache_control``, tools with
   ``input_schema``, assistant ``text`` + ``tool_use`` blocks, ``tool_result`` blocks with the same
   tool-result texts, a ``cache_control`` marker on the newest block, ``max_tokens``, not streamed).
+- ``responses`` (``legs.responses_c1``, ``legs.responses_c32``): Codex CLI-shaped Responses API bodies
+  for the same conversations (``instructions``, ``input`` items: the user's ``message``, per turn the
+  assistant's ``message``, its ``function_call`` and the ``function_call_output``; function tools,
+  ``store: false``, ``max_output_tokens``; not streamed, to set it against the chat leg).
 
 The targets:
 
-- ``direct``: the upstream itself (``/v1/chat/completions``, ``/v1/messages`` — vLLM serves both;
-  the fake answers Messages with a text block and one ``tool_use`` block);
+- ``direct``: the upstream itself (``/v1/chat/completions``, ``/v1/messages``, ``/v1/responses`` —
+  vLLM serves all three; the fake answers Messages with a text block and one ``tool_use`` block,
+  Responses with a message and one ``function_call``);
 - ``harnessrl``: the harnessrl gateway exactly as ``harnessrl gateway`` serves it (``run_gateway`` with
   ``engine.model = vllm:UPSTREAM``: ``create_engine``'s ``EnginePool`` over one ``VLLMEngine``, the
   gateway's uvicorn settings and connection protocol; durable SQLite store — the default WAL store;
   each call is committed before its answer is sent) in front of the upstream, one rollout per
   conversation (``POST /api/rollouts``), calls to the rollout's ``base_url`` (``/chat/completions``,
-  or ``/messages`` with ``x-api-key`` and ``anthropic-version``). The gateway renders the chat
+  ``/messages`` with ``x-api-key`` and ``anthropic-version``, or ``/responses``). The gateway renders the chat
   template, tokenizes (with sampled-token reuse), and calls the upstream's ``/v1/completions`` with a
   token-ID prompt (one JSON answer for a non-streaming client, one SSE event per token for a
   streaming one). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
@@ -36,12 +41,12 @@ The targets:
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
   ``POST /api/rollouts``, calls to ``/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions``.
   It forwards the chat body to the upstream's ``/v1/chat/completions`` and keeps an in-memory event.
-  Before the stream and messages legs the run sends it one such body (streaming to its chat path,
-  Messages to ``.../openai/v1/messages`` and ``.../anthropic/v1/messages``) and measures it in a leg
-  only if it answers whole; otherwise the leg's ``not_measured`` holds its answer and the lines of its
+  Before the stream, messages and responses legs the run sends it one such body (streaming to its
+  chat path, Messages to ``.../openai/v1/messages`` and ``.../anthropic/v1/messages``, Responses to
+  ``.../openai/v1/responses``) and measures it in a leg only if it answers whole; otherwise the leg's ``not_measured`` holds its answer and the lines of its
   installed source that refuse it (1.0.2: ``server/proxy.py`` answers a streaming body 400 "Streaming
   responses are not supported"; ``server/routes/proxy.py`` accepts only ``chat/completions`` and
-  ``completions`` under ``/openai/v1/``, so Messages is a 404).
+  ``completions`` under ``/openai/v1/``, so Messages and Responses are a 404).
 
 Each leg runs at C = 1 and C = 32 (each client worker runs whole conversations one turn after
 another). The targets are measured in interleaved rounds (the order rotates each round) so that
@@ -63,7 +68,9 @@ CPU per call at which harnessrl's ceiling would be 0.8x direct's; ``goals.cpu_c3
 line. Where the measured req/s is near its ceiling, the run was CPU-bound and only less CPU per call
 (not less waiting) can raise it. ``goals`` also holds issue 22's two lines against Agent Lightning,
 from the chat leg: gateway CPU per call (harnessrl / Agent Lightning) <= 0.3 at C = 1 and C = 32, and
-added p50 at C = 1 (harnessrl / Agent Lightning) <= 0.5, each with its measured value and ``met``.
+added p50 at C = 1 (harnessrl / Agent Lightning) <= 0.5, each with its measured value and ``met``;
+and issue 40's, harnessrl's gateway CPU per call in a leg over the chat leg's at the same C:
+``stream_vs_whole`` (<= 1.5) and ``apis_vs_chat`` (messages and responses, <= 1.2).
 
 Store bytes (``store_bytes``). After the gateway has stopped, its SQLite file is opened read-only and,
 per rollout of each harnessrl leg, the bytes of its ``calls`` rows (every column's length, as
@@ -428,6 +435,86 @@ def build_messages_conversations(reply: dict[str, Any], count: int, seed: int = 
     return conversations
 
 
+_RESPONSES_TOOLS = [
+    {
+        "type": "function",
+        "strict": False,
+        **{k: t["function"][k] for k in ("name", "description", "parameters")},
+    }
+    for t in _TOOLS
+]
+
+
+def build_responses_conversations(reply: dict[str, Any], count: int, seed: int = 0) -> list[list[bytes]]:
+    """The conversations of ``build_conversations`` as Codex CLI-shaped Responses API bodies.
+
+    ``instructions`` (the system prompt), ``input`` items (the user's ``message`` with ``input_text``;
+    per turn the assistant's ``message`` with ``output_text``, its ``function_call`` with the reply's
+    arguments and the ``function_call_output`` with the same tool-result text), function tools,
+    ``tool_choice``, ``parallel_tool_calls``, ``store: false``, ``max_output_tokens``. Not streamed
+    (Codex streams; the leg is set against the chat leg, which is not).
+    """
+    conversations = []
+    for c in range(count):
+        rng = random.Random(seed * 1000 + c)  # the chat conversation's tool outputs, in the same order
+        items: list[dict[str, Any]] = [
+            {
+                "type": "message",
+                "role": "user",
+                "content": [
+                    {
+                        "type": "input_text",
+                        "text": f"Issue #{100 + c}: header values keep a leading space after the "
+                        "colon. Make tests/test_parser.py pass without breaking other tests.",
+                    }
+                ],
+            }
+        ]
+        bodies = []
+        for turn in range(TURNS):
+            body = {
+                "model": MODEL,
+                "instructions": _SYSTEM,
+                "input": items,
+                "tools": _RESPONSES_TOOLS,
+                "tool_choice": "auto",
+                "parallel_tool_calls": False,
+                "store": False,
+                "stream": False,
+                "max_output_tokens": 1024,
+                "temperature": 1.0,
+            }
+            bodies.append(json.dumps(body).encode())
+            call_id = f"call_{c}_{turn}"
+            items = [
+                *items,
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": reply["content"]}],
+                },
+                {
+                    "type": "function_call",
+                    "call_id": call_id,
+                    "name": "bash",
+                    "arguments": reply["arguments"],
+                },
+                {"type": "function_call_output", "call_id": call_id, "output": _tool_output(rng, turn)},
+            ]
+        conversations.append(bodies)
+    return conversations
+
+
+def leg_bodies(reply: dict[str, Any], count: int) -> dict[str, list[list[bytes]]]:
+    """Each leg's ``count`` conversations (the same turns in each API's shape)."""
+    return {
+        "chat": build_conversations(reply, count=count),
+        "stream": build_conversations(reply, count=count, extra=STREAM_EXTRA),
+        "messages": build_messages_conversations(reply, count=count),
+        "responses": build_responses_conversations(reply, count=count),
+    }
+
+
 def chat_stream_events(reply: dict[str, Any], *, logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
     """The chunks of a streamed chat answer as vLLM sends them (before the usage chunk and ``[DONE]``).
 
@@ -546,8 +633,9 @@ def serve_upstream(port: int) -> None:
     per choice; streamed per token as ``chat_stream_events`` when asked), ``/v1/completions`` with a
     token-ID prompt (streamed per token as ``completions_stream_events`` when asked; ``token_ids`` and
     the prompt echoed as ``prompt_token_ids`` with ``return_token_ids``, logprobs tokens as
-    ``"token_id:{id}"`` with ``return_tokens_as_token_ids``, as vLLM does) and ``/v1/messages``
-    (Anthropic shape, not streamed)."""
+    ``"token_id:{id}"`` with ``return_tokens_as_token_ids``, as vLLM does), ``/v1/messages``
+    (Anthropic shape, not streamed) and ``/v1/responses`` (a message and a function call, not
+    streamed)."""
     import uvicorn
     from starlette.applications import Starlette
     from starlette.requests import Request
@@ -670,6 +758,41 @@ def serve_upstream(port: int) -> None:
         }
         return Response(json.dumps(out).replace('"@ID@"', f'"toolu_bench{n}"'), media_type="application/json")
 
+    # The Responses API (vLLM serves /v1/responses too): an output message and one function call.
+    response_output = [
+        {
+            "type": "message",
+            "id": "msg_@ID@",
+            "role": "assistant",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": reply["content"], "annotations": []}],
+        },
+        {
+            "type": "function_call",
+            "id": "fc_@ID@",
+            "call_id": "call_@ID@",
+            "name": "bash",
+            "arguments": reply["arguments"],
+            "status": "completed",
+        },
+    ]
+
+    async def responses(request: Request) -> Response:
+        raw = await request.body()
+        body = json.loads(raw)
+        n = next(counter)
+        n_in = max(1, len(raw) // 4)
+        out = {
+            "id": "resp_@ID@",
+            "object": "response",
+            "created_at": int(time.time()),
+            "model": body.get("model", MODEL),
+            "status": "completed",
+            "output": response_output,
+            "usage": {"input_tokens": n_in, "output_tokens": usage_out, "total_tokens": n_in + usage_out},
+        }
+        return Response(json.dumps(out).replace("@ID@", f"bench{n}"), media_type="application/json")
+
     # Streaming (what VLLMEngine asks for when its client streams): one SSE event per token, as vLLM
     # sends by default. Pre-serialized per variant of what was asked, sent as one body.
     comp_streams: dict[tuple[bool, bool, bool], tuple[bytes, bytes]] = {}
@@ -739,6 +862,7 @@ def serve_upstream(port: int) -> None:
             Route("/v1/chat/completions", chat, methods=["POST"]),
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/messages", anthropic_messages, methods=["POST"]),
+            Route("/v1/responses", responses, methods=["POST"]),
             Route("/v1/models", models),
             Route("/health", health),
         ]
@@ -791,7 +915,7 @@ class Target:
     """
 
     def __init__(self, name: str, api: str = "chat") -> None:
-        assert api in ("chat", "messages"), api
+        assert api in ("chat", "messages", "responses"), api
         self.name, self.api = name, api
         self.pids: dict[str, int] = {}
         self.rollouts: list[tuple[str, int]] = []
@@ -808,7 +932,8 @@ class Direct(Target):
     async def prepare(self, session: Any, n: int) -> list[tuple[str, dict[str, str]]]:
         if self.api == "messages":
             return [(f"{self.base}/v1/messages", {**ANTHROPIC_HEADERS, "x-api-key": "bench"})] * n
-        return [(f"{self.base}/v1/chat/completions", {"content-type": "application/json"})] * n
+        path = "/v1/responses" if self.api == "responses" else "/v1/chat/completions"
+        return [(f"{self.base}{path}", {"content-type": "application/json"})] * n
 
 
 class Harnessrl(Target):
@@ -831,9 +956,10 @@ class Harnessrl(Target):
                 # The Anthropic SDK's (and Claude Code's) key header; auth.request_key accepts it.
                 out.append((f"{ro['base_url']}/messages", {**ANTHROPIC_HEADERS, "x-api-key": ro["api_key"]}))
             else:
+                path = "/responses" if self.api == "responses" else "/chat/completions"
                 out.append(
                     (
-                        f"{ro['base_url']}/chat/completions",
+                        f"{ro['base_url']}{path}",
                         {"authorization": f"Bearer {ro['api_key']}", "content-type": "application/json"},
                     )
                 )
@@ -866,11 +992,9 @@ class AgentLightning(Target):
                 )
                 for rid in ids
             ]
+        path = "/responses" if self.api == "responses" else "/chat/completions"
         return [
-            (
-                f"{self.base}{AGL_PROXY.format(rollout_id=rid)}/chat/completions",
-                {"content-type": "application/json"},
-            )
+            (f"{self.base}{AGL_PROXY.format(rollout_id=rid)}{path}", {"content-type": "application/json"})
             for rid in ids
         ]
 
@@ -1080,10 +1204,12 @@ def agl_version(venv: Path) -> str:
 
 # --- the legs --------------------------------------------------------------------------------------------
 
-LEGS = ("chat", "stream", "messages")
+LEGS = ("chat", "stream", "messages", "responses")
+#: The provider API each leg's bodies speak.
+LEG_APIS = {"chat": "chat", "stream": "chat", "messages": "messages", "responses": "responses"}
 #: Where a leg's levels go in the JSON: the chat leg is ``levels`` (what the goals read); the others
 #: are ``legs.{prefix}_c{C}``.
-LEG_KEYS = {"stream": "streaming", "messages": "messages"}
+LEG_KEYS = {"stream": "streaming", "messages": "messages", "responses": "responses"}
 #: Keys of a level that are not a target's summary.
 LEVEL_EXTRAS = ("ratios_to_direct", "cpu_ceilings", "not_measured")
 
@@ -1114,10 +1240,20 @@ def answer_is_message(body: bytes) -> bool:
         return False
 
 
+def answer_is_response(body: bytes) -> bool:
+    """A whole Responses API answer (``object: response``, ``status: completed``)."""
+    try:
+        data = json.loads(body)
+        return data.get("object") == "response" and data.get("status") == "completed"
+    except (ValueError, AttributeError):
+        return False
+
+
 LEG_CHECKS: dict[str, Callable[[bytes], bool] | None] = {
     "chat": None,  # as before this check existed: the goals' leg keeps its client cost
     "stream": sse_complete,
     "messages": answer_is_message,
+    "responses": answer_is_response,
 }
 
 
@@ -1197,6 +1333,10 @@ AGL_SOURCE = {
         ("server/routes/proxy.py", "/mode/{mode}/openai/v1/{upstream_path:path}"),
         ("server/routes/proxy.py", "if upstream_path not in"),
     ],
+    "responses": [
+        ("server/routes/proxy.py", "/mode/{mode}/openai/v1/{upstream_path:path}"),
+        ("server/routes/proxy.py", "if upstream_path not in"),
+    ],
     "events": [
         ("server/routes/events.py", '@router.get("/rollouts/{rollout_id}/events"'),
         ("server/store.py", "_events: dict["),
@@ -1232,7 +1372,7 @@ async def probe_agl(agl: str, leg: str, body: bytes, venv: Path) -> dict[str, An
     """
     import aiohttp
 
-    api = "messages" if leg == "messages" else "chat"
+    api = LEG_APIS[leg]
     target = AgentLightning(agl, api)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
         [rid] = await target.new_rollouts(session, 1)
@@ -1242,6 +1382,9 @@ async def probe_agl(agl: str, leg: str, body: bytes, venv: Path) -> dict[str, An
                 f"/proxy/rollout/{rid}/attempt/0/mode/train/anthropic/v1/messages",
             ]
             headers = {**ANTHROPIC_HEADERS, "x-api-key": "bench"}
+        elif leg == "responses":
+            paths = [f"{AGL_PROXY.format(rollout_id=rid)}/responses"]
+            headers = {"content-type": "application/json"}
         else:
             paths = [f"{AGL_PROXY.format(rollout_id=rid)}/chat/completions"]
             headers = {"content-type": "application/json"}
@@ -1263,7 +1406,7 @@ async def probe_agl(agl: str, leg: str, body: bytes, venv: Path) -> dict[str, An
     out: dict[str, Any] = {"measured": measured, "probes": probes}
     if not measured:
         p = probes[0]
-        what = "a streaming chat body" if leg == "stream" else "a Messages body"
+        what = {"stream": "a streaming chat body", "messages": "a Messages body"}.get(leg, "a Responses body")
         out["reason"] = f"agl-server answered {what} on {p['path']} with {p['status']}: {p['body']}"
         out["source"] = agl_source_lines(venv, leg)
     return out
@@ -1423,6 +1566,40 @@ def agl_goals(levels: dict[str, Any]) -> dict[str, Any]:
     return {"gateway_cpu_vs_agl": cpu, "added_p50_vs_agl": p50}
 
 
+#: Issue 40: a streamed call's gateway CPU over a whole one's, and each other API's over chat's.
+STREAM_VS_WHOLE_GOAL = 1.5
+API_VS_CHAT_GOAL = 1.2
+
+
+def leg_goals(levels: dict[str, Any], legs: dict[str, Any]) -> dict[str, Any]:
+    """Issue 40's lines, harnessrl's gateway CPU per call against the chat leg's at the same C:
+    ``stream_vs_whole`` (the stream leg, <= 1.5) and ``apis_vs_chat`` (messages and responses, <= 1.2)."""
+
+    def ratio(key: str, goal: float) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for c in ("1", "32"):
+            leg = legs.get(f"{key}_c{c}", {}).get("harnessrl")
+            chat = levels.get(c, {}).get("harnessrl")
+            if leg is None or chat is None:
+                continue
+            r = round(leg["cpu_ms_per_call"]["gateway"] / chat["cpu_ms_per_call"]["gateway"], 3)
+            out[f"c{c}"] = {"ratio": r, "met": r <= goal}
+        out["met"] = all(v["met"] for v in out.values()) if out else None
+        return out
+
+    return {
+        "stream_vs_whole": {
+            "goal": f"gateway CPU per call, stream leg / chat leg, at C=1 and C=32 <= {STREAM_VS_WHOLE_GOAL}",
+            **ratio("streaming", STREAM_VS_WHOLE_GOAL),
+        },
+        "apis_vs_chat": {
+            "goal": f"gateway CPU per call, messages and responses legs / chat leg, at C=1 and C=32 <= {API_VS_CHAT_GOAL}",
+            "messages": ratio("messages", API_VS_CHAT_GOAL),
+            "responses": ratio("responses", API_VS_CHAT_GOAL),
+        },
+    }
+
+
 def cpu_goal_line(ceilings: dict[str, Any]) -> str:
     """One sentence: the CPU-bound throughput ceilings at C=32 and the proxy CPU the 0.8x goal needs."""
     h = ceilings["harnessrl"]
@@ -1482,7 +1659,7 @@ async def run_legs(
     out: dict[str, Any] = {"levels": {}, "legs": {}, "targets": {}, "agl_probes": {}, "reuse": {}}
     agl = urls.get("agentlightning")
     for leg in args.legs:
-        api = "messages" if leg == "messages" else "chat"
+        api = LEG_APIS[leg]
         targets: list[Target] = [Direct(urls["upstream"], api), Harnessrl(urls["harnessrl"], admin_key, api)]
         not_measured = None
         if agl:
@@ -1532,7 +1709,10 @@ def main() -> None:
     ap.add_argument("--conversations-c1", type=int, default=2, help="conversations per C=1 batch")
     ap.add_argument("--rounds-c32", type=int, default=4, help="C=32 rounds of the chat leg")
     ap.add_argument(
-        "--rounds-c32-extra", type=int, default=2, help="C=32 rounds of the stream and messages legs"
+        "--rounds-c32-extra",
+        type=int,
+        default=2,
+        help="C=32 rounds of the other legs (stream, messages, responses)",
     )
     ap.add_argument("--conversations-per-worker", type=int, default=1, help="C=32 batch: 32 x this")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -1572,11 +1752,7 @@ def main() -> None:
     tokenizer = _tokenizer()
     reply = build_reply(tokenizer)
     n_conv = 8
-    bodies = {
-        "chat": build_conversations(reply, count=n_conv),
-        "stream": build_conversations(reply, count=n_conv, extra=STREAM_EXTRA),
-        "messages": build_messages_conversations(reply, count=n_conv),
-    }
+    bodies = leg_bodies(reply, n_conv)
     me = str(Path(__file__).resolve())
     tmp = Path(tempfile.mkdtemp(prefix="gateway-overhead-"))
     try:
@@ -1776,6 +1952,7 @@ def run(
                         "chat": "status 200",
                         "stream": "status 200 and the body ends with data: [DONE]",
                         "messages": "status 200 and a JSON message",
+                        "responses": "status 200 and a completed JSON response",
                     }[leg],
                 }
                 for leg in args.legs
@@ -1794,7 +1971,7 @@ def run(
         "levels": levels,
         "legs": measured["legs"],
         "store_bytes": store_bytes,
-        "goals": chat_goals(levels),
+        "goals": {**chat_goals(levels), **leg_goals(levels, measured["legs"])},
     }
 
 
@@ -1854,6 +2031,9 @@ def print_table(result: dict[str, Any]) -> None:
     for key in ("gateway_cpu_vs_agl", "added_p50_vs_agl"):
         line = g[key]
         print(f"goal: {line['goal']}: measured {line['measured']}, met {line['met']}")
+    if "stream_vs_whole" in g:
+        print(f"goal: {g['stream_vs_whole']['goal']}: {g['stream_vs_whole']}")
+        print(f"goal: {g['apis_vs_chat']['goal']}: {g['apis_vs_chat']}")
     failed = [
         f"{label} {name}: {s['errors']} ({s['first_error'][:120]})"
         for label, level in tables

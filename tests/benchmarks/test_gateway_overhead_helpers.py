@@ -141,8 +141,29 @@ def test_messages_bodies_are_claude_code_shaped(go: ModuleType, reply: dict[str,
         assert marked == [(len(msgs) - 1, len(msgs[-1]["content"]) - 1)]
 
 
+def test_responses_bodies_are_the_chat_conversations(go: ModuleType, reply: dict[str, Any]) -> None:
+    """Through the gateway's own converter a Responses body is the chat body's conversation: same
+    system prompt, task, assistant turns, tool results and tools."""
+    from harnessrl.gateway.apis.responses_input import request_to_internal as responses_to_internal
+
+    chat = go.build_conversations(reply, 2)
+    responses = go.build_responses_conversations(reply, 2)
+    for c in range(2):
+        assert len(responses[c]) == len(chat[c]) == go.TURNS
+        for turn in (0, 1, go.TURNS - 1):
+            chat_body = json.loads(chat[c][turn])
+            body = json.loads(responses[c][turn])
+            assert body["stream"] is False and body["max_output_tokens"] > 0
+            internal, tools = responses_to_internal(body)
+            assert _without_ids(internal) == _without_ids(chat_body["messages"])
+            assert tools is not None  # Codex's ``strict: false`` is kept on each function
+            assert [t["function"].pop("strict") for t in tools] == [False] * len(tools)
+            assert tools == chat_body["tools"]
+
+
 def test_parse_legs(go: ModuleType) -> None:
     assert go.parse_legs("messages,chat") == ["chat", "messages"]
+    assert go.parse_legs("responses,stream") == ["stream", "responses"]
     assert go.parse_legs(" stream ") == ["stream"]
     for bad in ("", "chat,bogus", ","):
         with pytest.raises(argparse.ArgumentTypeError):
