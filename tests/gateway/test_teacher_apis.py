@@ -817,3 +817,42 @@ def test_native_stream_cut_before_its_final_event_is_not_recorded(
             ("responses", "Half"),
         ]
         assert calls[1].response["_response_id"] == "resp_1"
+
+
+def test_native_records_the_conversation_part_of_a_providers_answer() -> None:
+    """A provider's answer carries more than the conversation (hosted tools' items, server tool
+    blocks, item types newer than this gateway): the record keeps the conversation, nothing fails."""
+    from harnessrl.gateway.teacher.native import messages_answer, responses_answer
+
+    response = {
+        "id": "resp_1",
+        "status": "completed",
+        "output": [
+            {"type": "web_search_call", "id": "ws_1", "status": "completed"},
+            {"type": "a_type_from_next_year", "id": "x_1"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Look."}]},
+            {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hi"}]},
+            {"type": "function_call", "call_id": "call_1", "name": "bash", "arguments": "{}"},
+        ],
+        "usage": {"input_tokens": 3, "output_tokens": 4},
+    }
+    message, finish, usage = responses_answer(response)
+    call = {"id": "call_1", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+    assert message == {
+        "role": "assistant",
+        "content": "Hi",
+        "reasoning_content": "Look.",
+        "tool_calls": [call],
+        "_response_id": "resp_1",
+    }
+    assert (finish, usage) == ("tool_calls", {"prompt_tokens": 3, "completion_tokens": 4})
+    blocks = [
+        {"type": "thinking", "thinking": "Hm.", "signature": "sig"},
+        {"type": "text", "text": "Searching."},
+        {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "q"}},
+        {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+        {"type": "text", "text": " Found."},
+    ]
+    message, finish, _ = messages_answer({"content": blocks, "stop_reason": "end_turn", "usage": {}})
+    assert message == {"role": "assistant", "content": "Searching. Found.", "reasoning_content": "Hm."}
+    assert finish == "stop"

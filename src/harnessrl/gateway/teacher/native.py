@@ -54,6 +54,9 @@ def _capped(body: dict[str, Any], key: str, cap: int | None) -> dict[str, Any]:
     return body
 
 
+_ITEMS = ("message", "function_call", "reasoning")
+
+
 def messages_answer(answer: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, int]]:
     """(internal message, finish reason in chat's terms, usage) of an Anthropic Message."""
     message = message_of_blocks(list(answer.get("content") or []))
@@ -72,9 +75,10 @@ def messages_answer(answer: dict[str, Any]) -> tuple[dict[str, Any], str, dict[s
 
 def responses_answer(answer: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, int]]:
     """(internal message with the response id, finish reason, usage) of a Response object."""
-    turns = [
-        m for m in input_to_messages(list(answer.get("output") or []), "output") if m["role"] == "assistant"
-    ]
+    # The items of the conversation; hosted tools' items (web search...) and item types newer than
+    # this gateway are in the answer the harness gets, not in the recorded message.
+    output = [i for i in answer.get("output") or [] if isinstance(i, dict) and i.get("type") in _ITEMS]
+    turns = [m for m in input_to_messages(output, "output") if m["role"] == "assistant"]
     message = turns[-1] if turns else {"role": "assistant", "content": None}
     finish = (
         "length"
