@@ -6,7 +6,8 @@ The upstream is a second harnessrl gateway serving the matrix's scripted turns (
 read it back, answer) over chat completions; the teacher-mode gateway translates each call of the
 harness's API to it and back. The harness doing the task is the proof that the translated shapes and
 event sequences are ones the real client accepts; the records are checked against what the upstream
-answered (its own store).
+answered (its own store). Claude Code and Codex run with ``api = "native"`` too: their calls
+forwarded to the upstream's own /messages and /responses.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ TEACHER_CASES = [
 ]
 
 
-def write_config(tmp_path: Path, case: Case, upstream: str) -> Path:
+def write_config(tmp_path: Path, case: Case, upstream: str, api: str) -> Path:
     (tmp_path / "unused.json").write_text(json.dumps({"turns": ["(the policy: unused in teacher mode)"]}))
     config = tmp_path / "rollout.toml"
     config.write_text(
@@ -58,6 +59,7 @@ context_length = 262144
 base_url = "{upstream}"
 model = "the-teacher"
 api_key_env = "{KEY_ENV}"
+api = "{api}"
 
 [harness]
 preset = "{case.preset}"
@@ -78,8 +80,14 @@ max_infra_retries = 0
     return config
 
 
-@pytest.mark.parametrize("case", TEACHER_CASES, ids=[c.id for c in TEACHER_CASES])
-def test_a_real_harness_does_the_task_with_the_teacher(case: Case, tmp_path: Path) -> None:
+#: ``api = "native"``: Claude Code's and Codex's calls forwarded to the upstream's own /messages and
+#: /responses (the upstream gateway speaks both), not translated to chat.
+NATIVE_CASES = [c for c in CASES if c.preset in ("claude-code", "codex") and not c.env]
+RUNS = [(c, "chat") for c in TEACHER_CASES] + [(c, "native") for c in NATIVE_CASES]
+
+
+@pytest.mark.parametrize(("case", "api"), RUNS, ids=[f"{c.id}-{api}" for c, api in RUNS])
+def test_a_real_harness_does_the_task_with_the_teacher(case: Case, api: str, tmp_path: Path) -> None:
     harness_or_skip(case.preset)
     tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
     upstream_store = SQLiteStore(tmp_path / "upstream.db")
@@ -100,7 +108,7 @@ def test_a_real_harness_does_the_task_with_the_teacher(case: Case, tmp_path: Pat
                 "harnessrl",
                 "rollout",
                 "--config",
-                str(write_config(tmp_path, case, f"{up_url}/v1")),
+                str(write_config(tmp_path, case, f"{up_url}/v1", api)),
             ]
             + ["--task", json.dumps({"prompt": PROMPT}), "--run-dir", str(run_dir)],
             capture_output=True,
@@ -115,6 +123,8 @@ def test_a_real_harness_does_the_task_with_the_teacher(case: Case, tmp_path: Pat
         assert summary["outcome"] == "success" and summary["reward"] == 1.0, context
         assert (log / "workspace" / "hello.txt").read_text() == "hi\n", context
         answered = upstream_store.list_calls(up["rollout_id"])
+    # Translated, the upstream served chat; native, the harness's own API.
+    assert {c.api for c in answered} == {"chat.completions" if api == "chat" else case.api}
     store = SQLiteStore(run_dir / "harnessrl.db")
     try:
         calls = store.list_calls(summary["rollout_id"])
