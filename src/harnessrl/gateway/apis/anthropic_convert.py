@@ -243,3 +243,29 @@ def request_to_internal(request: dict[str, Any]) -> Internal:
         else:
             raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system'", param=f"{where}.role")
     return messages, convert_tools(request.get("tools"))
+
+
+def message_of_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The internal assistant message of an answer's content blocks, as ``request_to_internal`` reads
+    them back in the next request: text joined, thinking as ``reasoning_content``, each ``tool_use``
+    a tool call whose arguments are its ``input`` as JSON."""
+    text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
+    thinking = "".join(b.get("thinking") or "" for b in blocks if b.get("type") == "thinking")
+    calls = [
+        {
+            "id": b["id"],
+            "type": "function",
+            "function": {
+                "name": b["name"],
+                "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False),
+            },
+        }
+        for b in blocks
+        if b.get("type") == "tool_use"
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
+    if calls:
+        message["tool_calls"] = calls
+    if thinking:
+        message["reasoning_content"] = thinking
+    return message

@@ -20,14 +20,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, request_to_internal, unsupported_tools
 from harnessrl.gateway.apis.responses_output import OutputStream, new_id
-from harnessrl.gateway.bodies import SamplingFields, parse_body, validate_body
+from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
+from harnessrl.gateway.bodies import parse_body, validate_body
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
@@ -36,31 +36,11 @@ from harnessrl.gateway.pipeline.limits import check_prompt_size
 from harnessrl.gateway.pipeline.wire import json_response, sse_event
 from harnessrl.gateway.prompt.history import RolloutMemory
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.responses import teacher_responses
 from harnessrl.schemas import Rollout
 from harnessrl.tokenizer import PolicyTokenizer
 
 __all__ = ["RESPONSES", "request_to_internal", "responses"]
-
-#: Private key of the recorded internal answer that holds the response id given to the client.
-RESPONSE_ID_KEY = "_response_id"
-
-
-class ResponsesRequest(SamplingFields):
-    """The fields this gateway reads; everything else (``store``, ``metadata``, ``text``, ``include``,
-    ``prompt_cache_key``, ``service_tier``, ``user``...) is accepted and echoed or ignored."""
-
-    input: str | list[Any] | None = None
-    instructions: str | list[Any] | None = None
-    tools: list[Any] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
-    previous_response_id: str | None = None
-    reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
-    include: list[str] | None = None
-    metadata: dict[str, Any] | None = None
-    store: bool | None = None
 
 
 def thinking_kwargs(tokenizer: PolicyTokenizer, reasoning: dict[str, Any] | None) -> dict[str, Any]:
@@ -70,21 +50,6 @@ def thinking_kwargs(tokenizer: PolicyTokenizer, reasoning: dict[str, Any] | None
         return {}
     # An on/off switch has no levels: "none"/"minimal" ask for (almost) no reasoning, the rest for some.
     return {"enable_thinking": effort not in ("none", "minimal")}
-
-
-async def resolve_previous(state: GatewayState, rollout: Rollout, response_id: str) -> list[dict[str, Any]]:
-    """The conversation ``previous_response_id`` continues: its input (without its instructions, which
-    OpenAI does not carry over) and its answer, from the recorded call."""
-    calls = await state.in_thread(lambda: state.store.list_calls(rollout.rollout_id, attempt=rollout.attempt))
-    for call in reversed(calls):
-        if call.api == "responses" and call.response.get(RESPONSE_ID_KEY) == response_id:
-            messages, _ = request_to_internal({**call.request, "instructions": None})
-            answer = {k: v for k, v in call.response.items() if k != RESPONSE_ID_KEY}
-            return messages + [answer]
-    raise BadRequest(
-        f"previous_response_id {response_id!r} is not a response of this rollout",
-        param="previous_response_id",
-    )
 
 
 class ResponsesApi:
@@ -148,10 +113,6 @@ RESPONSES = ResponsesApi()
 async def responses(request: Request) -> Response:
     teacher = request.app.state.gateway.teacher
     if teacher is not None:  # teacher mode: the upstream answers
-        # Imported here: ``gateway.teacher.responses`` reuses this module's request model and
-        # ``previous_response_id`` resolution.
-        from harnessrl.gateway.teacher.responses import teacher_responses
-
         return await teacher_responses(request, teacher)
     return await serve(RESPONSES, request)
 

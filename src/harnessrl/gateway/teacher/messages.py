@@ -36,12 +36,13 @@ from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError, UpstreamError
 from harnessrl.gateway.apis.anthropic_blocks import thinking_signature
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, request_to_internal
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, message_of_blocks, request_to_internal
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.native import native_messages
 from harnessrl.gateway.teacher.upstream import (
     ChatStream,
     Pacer,
@@ -55,7 +56,7 @@ from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
 
-__all__ = ["MessageBlocks", "chat_request", "message_of_blocks", "teacher_messages"]
+__all__ = ["MessageBlocks", "chat_request", "teacher_messages"]
 
 PING = 'event: ping\ndata: {"type": "ping"}\n\n'  # as apis.anthropic sends it
 
@@ -216,32 +217,6 @@ class MessageBlocks:
         }
 
 
-def message_of_blocks(blocks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The internal assistant message of an answer's content blocks, as ``anthropic_convert`` reads
-    them back in the next request: text joined, thinking as ``reasoning_content``, each ``tool_use``
-    a tool call whose arguments are its ``input`` as JSON."""
-    text = "".join(b.get("text") or "" for b in blocks if b.get("type") == "text")
-    thinking = "".join(b.get("thinking") or "" for b in blocks if b.get("type") == "thinking")
-    calls = [
-        {
-            "id": b["id"],
-            "type": "function",
-            "function": {
-                "name": b["name"],
-                "arguments": json.dumps(b.get("input") or {}, ensure_ascii=False),
-            },
-        }
-        for b in blocks
-        if b.get("type") == "tool_use"
-    ]
-    message: dict[str, Any] = {"role": "assistant", "content": text if text or not calls else None}
-    if calls:
-        message["tool_calls"] = calls
-    if thinking:
-        message["reasoning_content"] = thinking
-    return message
-
-
 def whole_chunk(answer: dict[str, Any]) -> dict[str, Any]:
     """A whole chat completion as the one chunk that streams it."""
     choice = answer["choices"][0]
@@ -262,8 +237,6 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     """``POST /v1/messages`` answered by the teacher; raises ``HarnessRLError``s the app's handlers
     answer in Anthropic's shape (the route is under ``/messages``)."""
     if teacher.api == "native":  # forwarded to the upstream's own /messages
-        from harnessrl.gateway.teacher.native import native_messages  # (it imports this module)
-
         return await native_messages(request, teacher)
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))

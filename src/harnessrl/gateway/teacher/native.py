@@ -13,7 +13,7 @@ sent it: the whole JSON, or its SSE events line by line. The key goes as ``x-api
 Recorded as the policy path records each API: the request as received (a Responses request that
 continues ``previous_response_id`` with the earlier conversation resolved from the rollout's
 recorded calls, as the policy path does), and the internal assistant message the answer reads back
-to — its content blocks (``message_of_blocks``), or its output items (``responses_input``) with the
+to — its content blocks (``anthropic_convert.message_of_blocks``), or its output items (``responses_input``) with the
 response id — before the stream's final event (``message_stop``, ``response.completed``) is passed
 on. A stream that ends without it, or with an error event, is not recorded; the harness then gets the
 API's error event.
@@ -31,15 +31,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest
-from harnessrl.gateway.apis.responses import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, message_of_blocks
 from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, input_to_messages
+from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error, error_shape
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, sse_event
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.messages import message_of_blocks
 from harnessrl.gateway.teacher.upstream import ANTHROPIC_VERSION, Teacher, record, upstream_error
 from harnessrl.schemas import Rollout, now
 

@@ -14,9 +14,9 @@ import time
 from typing import Any
 
 from harnessrl.errors import HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.responses import RESPONSE_ID_KEY, ResponsesRequest
 from harnessrl.gateway.apis.responses_input import encode_reasoning
 from harnessrl.gateway.apis.responses_output import new_id
+from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.wire import sse_event
 from harnessrl.gateway.teacher.upstream import StreamedMessage
