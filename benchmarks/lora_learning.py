@@ -121,7 +121,7 @@ def compare(lora: dict[str, Any], full: dict[str, Any], full_source: str) -> dic
         for p in lora["heldout"]
         if p["step"] in by_step
     ]
-    out: dict[str, Any] = {"full_source": full_source, "at_steps": at_steps}
+    out: dict[str, Any] = {"full_source": full_source, "full_heldout": full["heldout"], "at_steps": at_steps}
     ours = gain(lora["heldout"], at_steps[-1]["step"]) if at_steps else None
     theirs = gain(full["heldout"], at_steps[-1]["step"]) if at_steps else None
     if ours and theirs:
@@ -188,10 +188,14 @@ def main() -> None:
     parser.add_argument(
         "--combine", type=Path, nargs="+", help="merge the arms of these results; run nothing"
     )
+    parser.add_argument(
+        "--note", action="append", default=[], help="with --combine: what happened, for the record"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     if args.combine:
         result = with_comparison(combine(args.combine), args.reference)
+        result["notes"] = args.note
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(json.dumps(result["comparison"], indent=2))
         return
