@@ -151,3 +151,19 @@ def test_the_expert_solves_every_family_through_real_hermes_in_teacher_mode(tmp_
     # Control: the same teacher mode with a wrong expert scores below 1 on every family.
     for task, (rollout, _) in zip(tasks, teacher_rollouts(tmp_path, "wrong", wrong, tasks), strict=True):
         assert rollout.reward is not None and rollout.reward < 1.0, (task["family"], rollout.reward)
+
+
+def test_the_benchmark_hands_calibrate_the_example_tasks_unchanged():
+    """``benchmarks/distill_learning.py`` records the teacher with ``data calibrate``: its records,
+    read back by ``to_task``, are the example's tasks (same id, prompt and hidden checks)."""
+    from harnessrl.data.records import to_task
+
+    bench = load_script(ROOT / "benchmarks", "distill_learning")
+    tasks = records(EXAMPLE / "tasks" / "heldout.jsonl")
+    for task, record in zip(tasks, bench.records(tasks), strict=True):
+        seen = to_task(record)
+        assert (seen["task_id"], seen["prompt"], seen["hidden"]["checks"]) == (
+            task["task_id"],
+            task["prompt"],
+            task["hidden"]["checks"],
+        )

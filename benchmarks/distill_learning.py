@@ -1,0 +1,392 @@
+"""Teacher → SFT → RL through an unmodified tool-calling harness: Hermes Agent on the assistant example
+(issue 42, part 3), with held-out success of the base model, after SFT and after RL.
+
+One command runs, all through the same harness (Hermes Agent's ``hermes -z`` with its file tools,
+the ``hermes`` preset), the same sandbox and the same scorer (``examples/assistant/check.py``):
+
+1. **teacher**: ``examples/assistant/expert.py`` started on 127.0.0.1 — a *scripted expert*, not a
+   model: it parses each task's prompt and answers with the right ``write_file`` calls — and
+   ``harnessrl data calibrate --k 1`` with ``teacher.toml`` (the gateway's teacher mode) records one
+   rollout per training task into a store;
+2. **SFT**: ``harnessrl sft examples/assistant/sft.toml`` on that store (rollouts with reward 1, the
+   student SmolLM2-135M-Instruct, rendered with its template and the file tools), a checkpoint;
+3. **RL**: ``harnessrl train examples/assistant/train.toml --set engine.model=<the SFT checkpoint>``;
+4. **held-out evaluation** of the base model, the SFT checkpoint and the RL checkpoint: every
+   held-out task once through ``train.toml``'s harness and evaluator, sampled as the trainer's own
+   held-out evaluation samples (``eval_sampling``: ``trainer.eval_temperature`` = 0, greedy, and
+   ``trainer.max_tokens``), on the same stack ``harnessrl rollout`` and ``data calibrate`` use. A task
+   counts as solved at reward 1 (every constraint met).
+
+Success is a share of n held-out tasks, SE = sqrt(p (1 - p) / n); a gain adds the two variances (the
+tasks are the same at each stage, so this overstates the SE of the paired difference). Each stage
+records its wall time, the CPU seconds of its processes (``RUSAGE_CHILDREN``) and the load average
+before and after (the machine is shared).
+
+    .venv/bin/python benchmarks/distill_learning.py                        # full size: not yet run
+    .venv/bin/python benchmarks/distill_learning.py --smoke                # ~the pipeline end to end, tiny
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from measure import load_average  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "assistant"
+RESULTS = ROOT / "benchmarks" / "results" / "distill_learning.json"
+SMOKE_RESULTS = ROOT / "benchmarks" / "results" / "distill_learning_smoke.json"
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+# The smoke run: the pipeline end to end at the smallest size that exercises every stage.
+SMOKE = {
+    "teacher_tasks": 4, "heldout": 4, "sft_epochs": 1, "sft_sequences_per_step": 2,
+    "rl_steps": 1, "rl_tasks_per_step": 1, "rl_group_size": 2,
+}  # fmt: skip
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def records(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The example's tasks as ``data calibrate`` records (``instance_id``, ``problem_statement``)."""
+    return [
+        {
+            "instance_id": t["task_id"],
+            "problem_statement": t["prompt"],
+            "family": t["family"],
+            "hidden": t["hidden"],
+        }
+        for t in tasks
+    ]
+
+
+class Stage:
+    """Wall time, CPU seconds of the child processes waited for, and load average around a stage."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> Stage:
+        log(f"{self.name}: start (load {load_average()})")
+        self.started, self.cpu = time.monotonic(), self._children_cpu()
+        self.load_before = load_average()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.report = {
+            "wall_s": round(time.monotonic() - self.started, 1),
+            "cpu_s": round(self._children_cpu() - self.cpu, 1),
+            "load_before": self.load_before,
+            "load_after": load_average(),
+        }
+        log(f"{self.name}: {self.report}")
+
+    @staticmethod
+    def _children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+
+def run(argv: list[str], logfile: Path) -> None:
+    with open(logfile, "w") as out:
+        proc = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(argv[2:5])} failed ({proc.returncode}):\n{logfile.read_text()[-3000:]}"
+        )
+
+
+def with_sets(argv: list[str], sets: list[str]) -> list[str]:
+    for item in sets:
+        argv += ["--set", item]
+    return argv
+
+
+# -- stages ----------------------------------------------------------------------------------------
+def record_teacher(tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+    """The expert behind the gateway's teacher mode, one rollout per task; what was recorded."""
+    (work / "teacher-tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records(tasks)))
+    expert = subprocess.Popen(
+        [sys.executable, str(EXAMPLE / "expert.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        url = expert.stdout.readline().split()[-1]  # "expert: serving http://127.0.0.1:PORT/v1"
+        argv = [
+            *HARNESSRL,
+            "data",
+            "calibrate",
+            str(work / "teacher-tasks.jsonl"),
+            str(work / "teacher.jsonl"),
+        ]
+        argv += ["--config", str(EXAMPLE / "teacher.toml"), "--k", "1", "--run-dir", str(work / "teacher")]
+        sets = [f"engine.teacher.base_url={url}", f"engine.model=scripted:{EXAMPLE / 'unused_policy.json'}"]
+        run(with_sets(argv, sets), work / "teacher.log")
+    finally:
+        expert.terminate()
+        expert.wait(timeout=30)
+    rewards = [r["calibration"]["rewards"][0] for r in read_jsonl(work / "teacher.jsonl")]
+    return {"rollouts": len(rewards), "solved": sum(r >= 1.0 for r in rewards), "mean_reward": mean(rewards)}
+
+
+def sft(work: Path, epochs: int, sequences_per_step: int, sets: list[str]) -> dict[str, Any]:
+    argv = [*HARNESSRL, "sft", str(EXAMPLE / "sft.toml")]
+    sets = [f"source.run_dir={work / 'teacher'}", f"run.dir={work / 'sft'}", f"sft.epochs={epochs}",
+            f"sft.sequences_per_step={sequences_per_step}", *sets]  # fmt: skip
+    run(with_sets(argv, sets), work / "sft.log")
+    data = json.loads((work / "sft" / "sft_data.json").read_text())
+    rows = read_jsonl(work / "sft" / "metrics.jsonl")
+    losses = [r["sft/loss"] for r in rows if "sft/loss" in r]
+    return {
+        "rollouts_selected": data["rollouts_selected"],
+        "rollouts_dropped": data["rollouts_dropped"],
+        "calls_rendered": data["calls_rendered"],
+        "calls_skipped": data["calls_skipped"],
+        "sequences": data["sequences"],
+        "answer_tokens": data["answer_tokens"],
+        "tokens": data["tokens"],
+        "steps": len(rows),
+        "loss_first": round(losses[0], 4) if losses else None,
+        "loss_last": round(losses[-1], 4) if losses else None,
+        "checkpoint": str(work / "sft" / "checkpoints" / "final"),
+    }
+
+
+def rl(
+    work: Path, model: str, steps: int, tasks_per_step: int, group_size: int, sets: list[str]
+) -> dict[str, Any]:
+    from harnessrl.trainer.checkpoint import latest_checkpoint
+
+    argv = [*HARNESSRL, "train", str(EXAMPLE / "train.toml")]
+    sets = [f"run.dir={work / 'rl'}", f"engine.model={model}", f"trainer.steps={steps}",
+            f"trainer.tasks_per_step={tasks_per_step}", f"trainer.group_size={group_size}",
+            "trainer.eval_every=0", "metrics.progress=false", "metrics.tensorboard=false", *sets]  # fmt: skip
+    run(with_sets(argv, sets), work / "rl.log")
+    rows = [r for r in read_jsonl(work / "rl" / "metrics.jsonl") if "reward/mean" in r]
+    checkpoint = latest_checkpoint(work / "rl")
+    return {
+        "steps": len(rows),
+        "rollouts": sum(r["rollouts/total"] for r in rows),
+        "reward_curve": [[r["step"], round(r["reward/mean"], 3)] for r in rows],
+        "loss_tokens": sum(r.get("policy/loss_tokens", 0) for r in rows),
+        "checkpoint": str(checkpoint) if checkpoint else None,
+    }
+
+
+def evaluate(model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: list[str]) -> dict[str, Any]:
+    """Every held-out task once, greedy, in a process of its own (``--evaluate``); the successes."""
+    argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
+    run(with_sets(argv, sets), logfile)
+    rewards = json.loads((run_dir / "rewards.json").read_text())
+    n = len(rewards)
+    solved = [r["reward"] >= 1.0 for r in rewards]
+    p = sum(solved) / n
+    families: dict[str, list[bool]] = {}
+    for r, ok in zip(rewards, solved, strict=True):
+        families.setdefault(r["family"], []).append(ok)
+    return {
+        "success": round(p, 3),
+        "se": round(math.sqrt(p * (1 - p) / n), 3),
+        "solved": sum(solved),
+        "tasks": n,
+        "mean_reward": mean([r["reward"] for r in rewards]),
+        "infra_failures": sum(r["outcome"] in ("infra_failure", "failed", "cancelled") for r in rewards),
+        "by_family": {f: round(sum(v) / len(v), 3) for f, v in sorted(families.items())},
+    }
+
+
+async def evaluate_in_process(model: str, tasks_file: Path, run_dir: Path, sets: list[str]) -> None:
+    """The held-out evaluation itself: ``train.toml``'s stack and the trainer's held-out sampling."""
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
+    from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+    from harnessrl.controller.stack import local_stack
+    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.trainer.schedule import eval_sampling
+
+    config_path = EXAMPLE / "train.toml"
+    overrides = [f"engine.model={model}", *sets]
+    raw = resolve_relative_paths(load_raw_config(config_path, overrides), EXAMPLE)
+    sampling = eval_sampling(validate_config(TrainConfig, raw).trainer)
+    config = load_rollout_config(str(config_path), overrides, ignore=TRAIN_ONLY_SECTIONS)
+    tasks = read_jsonl(tasks_file)
+    limit = config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 300
+    async with local_stack(config, run_dir) as stack:
+        ids = [
+            stack.create_rollout(
+                task, rollout_id=f"eval-{i:04d}", task_id=task["task_id"],
+                metadata={"sampling": sampling.as_metadata()},
+            ).rollout_id
+            for i, task in enumerate(tasks)
+        ]  # fmt: skip
+        done = {r.rollout_id: r for r in await stack.controller.run_until_done(ids, limit)}
+    rewards = [
+        {
+            "task_id": task["task_id"],
+            "family": task["family"],
+            "reward": float(done[rid].reward or 0.0),
+            "outcome": done[rid].outcome.value if done[rid].outcome else done[rid].status.value,
+        }
+        for rid, task in zip(ids, tasks, strict=True)
+    ]
+    (run_dir / "rewards.json").write_text(json.dumps(rewards, indent=1) + "\n")
+
+
+def mean(values: list[float]) -> float | None:
+    return round(sum(values) / len(values), 3) if values else None
+
+
+def gain(after: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
+    return {
+        "gain": round(after["success"] - before["success"], 3),
+        "se": round(math.hypot(after["se"], before["se"]), 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--teacher-tasks", type=int, default=48, help="training tasks the teacher records")
+    parser.add_argument("--heldout", type=int, default=40, help="held-out tasks evaluated at each stage")
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--sft-sequences-per-step", type=int, default=8)
+    parser.add_argument("--rl-steps", type=int, default=6)
+    parser.add_argument("--rl-tasks-per-step", type=int, default=2)
+    parser.add_argument("--rl-group-size", type=int, default=4)
+    parser.add_argument("--smoke", action="store_true", help=f"the smallest run of every stage: {SMOKE}")
+    parser.add_argument("--sft-set", action="append", default=[], help="more sft.toml overrides")
+    parser.add_argument("--rl-set", action="append", default=[], help="more train.toml overrides (RL run)")
+    parser.add_argument(
+        "--eval-set", action="append", default=[], help="train.toml overrides for evaluations"
+    )
+    parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp folder)")
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--evaluate", metavar="MODEL", help=argparse.SUPPRESS)  # one evaluation (internal)
+    parser.add_argument("--tasks", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.evaluate:
+        asyncio.run(evaluate_in_process(args.evaluate, args.tasks, args.work, args.eval_set))
+        return
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+    out = args.out or (SMOKE_RESULTS if args.smoke else RESULTS)
+    work = args.work or Path(tempfile.mkdtemp(prefix="distill-learning-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log(f"work folder {work}")
+
+    train_tasks = read_jsonl(EXAMPLE / "tasks" / "train.jsonl")[: args.teacher_tasks]
+    heldout_file = work / "heldout.jsonl"
+    heldout_file.write_text(
+        "".join(
+            line + "\n"
+            for line in (EXAMPLE / "tasks" / "heldout.jsonl").read_text().splitlines()[: args.heldout]
+        )
+    )
+    result: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python benchmarks/distill_learning.py " + " ".join(sys.argv[1:]),
+        "harness": "Hermes Agent (hermes -z, -t file), the hermes preset",
+        "student": "SmolLM2-135M-Instruct",
+        "teacher": "examples/assistant/expert.py: a scripted expert (parses the prompt, answers with "
+        "the right write_file calls), not a model, behind the gateway's teacher mode",
+        "config": {
+            k: getattr(args, k)
+            for k in (
+                "teacher_tasks",
+                "heldout",
+                "sft_epochs",
+                "sft_sequences_per_step",
+                "rl_steps",
+                "rl_tasks_per_step",
+                "rl_group_size",
+                "sft_set",
+                "rl_set",
+                "eval_set",
+            )
+        },  # fmt: skip
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_at_start": load_average()},
+        "stages": {},
+        "heldout": {},
+    }
+
+    def save() -> None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=2) + "\n")
+
+    stages = result["stages"]
+    with Stage("base evaluation") as stage:
+        result["heldout"]["base"] = evaluate(
+            "smollm2", heldout_file, work / "eval-base", work / "eval-base.log", args.eval_set
+        )
+    stages["eval_base"] = stage.report
+    save()
+    with Stage("teacher") as stage:
+        stages["teacher"] = record_teacher(train_tasks, work)
+    stages["teacher"].update(stage.report)
+    save()
+    with Stage("sft") as stage:
+        stages["sft"] = sft(work, args.sft_epochs, args.sft_sequences_per_step, args.sft_set)
+    stages["sft"].update(stage.report)
+    save()
+    with Stage("sft evaluation") as stage:
+        result["heldout"]["sft"] = evaluate(
+            stages["sft"]["checkpoint"], heldout_file, work / "eval-sft", work / "eval-sft.log", args.eval_set
+        )
+    stages["eval_sft"] = stage.report
+    save()
+    with Stage("rl") as stage:
+        stages["rl"] = rl(
+            work,
+            stages["sft"]["checkpoint"],
+            args.rl_steps,
+            args.rl_tasks_per_step,
+            args.rl_group_size,
+            args.rl_set,
+        )
+    stages["rl"].update(stage.report)
+    save()
+    with Stage("rl evaluation") as stage:
+        result["heldout"]["rl"] = evaluate(
+            stages["rl"]["checkpoint"], heldout_file, work / "eval-rl", work / "eval-rl.log", args.eval_set
+        )
+    stages["eval_rl"] = stage.report
+    heldout = result["heldout"]
+    result["gains"] = {
+        "sft_over_base": gain(heldout["sft"], heldout["base"]),
+        "rl_over_sft": gain(heldout["rl"], heldout["sft"]),
+        "rl_over_base": gain(heldout["rl"], heldout["base"]),
+    }
+    result["sft_plus_rl"] = {
+        "wall_minutes": round((stages["sft"]["wall_s"] + stages["rl"]["wall_s"]) / 60, 2),
+        "cpu_minutes": round((stages["sft"]["cpu_s"] + stages["rl"]["cpu_s"]) / 60, 2),
+    }
+    result["machine"]["load_at_end"] = load_average()
+    save()
+    print(
+        json.dumps(
+            {"heldout": {k: (v["success"], v["se"]) for k, v in heldout.items()}, "gains": result["gains"]}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
