@@ -1,13 +1,15 @@
 """Before/after for a gateway change: two trees' gateways side by side in one run, per leg.
 
-A change to the gateway's hot path is judged by its gateway CPU per call, and on a shared machine
-two runs minutes apart differ by more than most changes do. This runs one fake upstream
+A change to the gateway's hot path is judged by its gateway CPU per call, and on a shared machine two
+runs minutes apart differ by more than most changes do. This runs one fake upstream
 (``gateway_overhead``'s) and two gateways, each as ``harnessrl gateway`` serves it
 (``gateway_overhead.serve_harnessrl``): this tree's (``after``) and another checkout's (``before``,
 ``--before``, e.g. ``git worktree add --detach /tmp/before HEAD~3``; its ``src`` is put first on the
-gateway's ``PYTHONPATH``). Each leg's batches alternate between the two, the order turning each round,
-so a slow phase of the machine hits both alike. Prints and writes each side's gateway CPU per call per
-leg, its stream/whole ratio (``stream`` over ``chat``), and after/before per leg.
+gateway's ``PYTHONPATH``). Every round runs every leg on both gateways, the order of legs and of sides
+turning each round, so a slow phase of the machine hits both sides and all legs alike (a leg's ratio to
+the chat leg is measured in the same rounds, unlike ``gateway_overhead``'s legs, which run one after
+another). Prints and writes each side's gateway CPU per call per leg, each leg's over the chat leg's
+(``over_chat``; ``stream`` over ``chat`` is the stream/whole ratio), and after/before per leg.
 
     git worktree add --detach /tmp/before HEAD
     .venv/bin/python benchmarks/gateway_before_after.py --before /tmp/before --legs chat,stream
@@ -66,20 +68,24 @@ async def compare(
     async with aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
+        targets: dict[str, list[Any]] = {}
         for leg in legs:
-            targets = []
+            targets[leg] = []
             for side in ("before", "after"):
                 t = go.Harnessrl(urls[side], key, go.LEG_APIS[leg])
                 t.name, t.pids = side, {"gateway": pids[side]}
-                targets.append(t)
-            check = go.LEG_CHECKS[leg]
-            for t in targets:  # warm-up
-                await go.run_batch(session, t, bodies[leg], 1, 1, check)
-            batches: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
-            for r in range(args.rounds):
-                for t in targets[r % 2 :] + targets[: r % 2]:
-                    batches[t.name].append(await go.run_batch(session, t, bodies[leg], n_conv, c, check))
-            out[leg] = {name: go.summarize(bs) for name, bs in batches.items()}
+                targets[leg].append(t)
+                await go.run_batch(session, t, bodies[leg], 1, 1, go.LEG_CHECKS[leg])  # warm-up
+        # Every round runs every leg on both sides, the order turning: a leg's ratio to another (stream
+        # over chat) is measured in the same rounds, as the two sides are.
+        batches = {leg: {"before": [], "after": []} for leg in legs}
+        for r in range(args.rounds):
+            for leg in legs[r % len(legs) :] + legs[: r % len(legs)]:
+                for t in targets[leg][r % 2 :] + targets[leg][: r % 2]:
+                    batch = await go.run_batch(session, t, bodies[leg], n_conv, c, go.LEG_CHECKS[leg])
+                    batches[leg][t.name].append(batch)
+        for leg in legs:
+            out[leg] = {name: go.summarize(bs) for name, bs in batches[leg].items()}
             cpu = {name: s["cpu_ms_per_call"]["gateway"] for name, s in out[leg].items()}
             out[leg]["after_over_before"] = round(cpu["after"] / cpu["before"], 3)
             print(
@@ -130,6 +136,20 @@ def main() -> None:
         "load_avg_1m": [round(x, 2) for x in os.getloadavg()],
         "legs": legs,
     }
+    if "chat" in legs:
+        result["over_chat"] = {
+            leg: {
+                side: round(
+                    legs[leg][side]["cpu_ms_per_call"]["gateway"]
+                    / legs["chat"][side]["cpu_ms_per_call"]["gateway"],
+                    3,
+                )
+                for side in ("before", "after")
+            }
+            for leg in legs
+            if leg != "chat"
+        }
+        print(f"gateway CPU per call over the chat leg's (same rounds): {result['over_chat']}")
     if "chat" in legs and "stream" in legs:
         result["stream_over_whole"] = {
             side: round(
