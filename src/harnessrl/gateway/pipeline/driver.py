@@ -98,8 +98,12 @@ class ProviderApi(Protocol[B]):
 
 async def serve(api: ProviderApi[Any], request: Request) -> Response:
     """Run one call of ``api`` from its HTTP request to its answer."""
-    if request.app.state.gateway.teacher is not None:  # chat's calls go to ``gateway.teacher``
-        raise BadRequest(f"this gateway is in teacher mode: it serves chat.completions, not {api.name}")
+    if (
+        request.app.state.gateway.teacher is not None
+    ):  # chat, Messages and Responses go to ``gateway.teacher``
+        raise BadRequest(
+            f"this gateway is in teacher mode: it serves chat.completions, messages and responses, not {api.name}"
+        )
     call, parsed = await prepare(api, request)
     answer = api.answer(call, parsed)
     if parsed.body.stream:
