@@ -181,7 +181,8 @@ def rl(
             "trainer.eval_every=0", "metrics.progress=false", "metrics.tensorboard=false", *sets]  # fmt: skip
     run(with_sets(argv, sets), work / "rl.log")
     rows = [r for r in read_jsonl(work / "rl" / "metrics.jsonl") if "reward/mean" in r]
-    checkpoint = latest_checkpoint(work / "rl")
+    final = work / "rl" / "checkpoints" / "final"  # what train writes at its last step
+    checkpoint = final if final.is_dir() else latest_checkpoint(work / "rl")
     return {
         "steps": len(rows),
         "rollouts": sum(r["rollouts/total"] for r in rows),
@@ -279,6 +280,7 @@ def main() -> None:
     )
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp folder)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--resume", action="store_true", help="skip the stages --out already holds")
     parser.add_argument("--evaluate", metavar="MODEL", help=argparse.SUPPRESS)  # one evaluation (internal)
     parser.add_argument("--tasks", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -332,44 +334,37 @@ def main() -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(result, indent=2) + "\n")
 
-    stages = result["stages"]
-    with Stage("base evaluation") as stage:
-        result["heldout"]["base"] = evaluate(
-            "smollm2", heldout_file, work / "eval-base", work / "eval-base.log", args.eval_set
+    if args.resume and out.exists():  # keep the stages a stopped run finished (same --work)
+        done = json.loads(out.read_text())
+        result["stages"], result["heldout"] = done["stages"], done["heldout"]
+        result["resumed_from"] = done["date"]
+    stages, heldout = result["stages"], result["heldout"]
+
+    def stage(name: str, key: str, table: dict[str, Any], fn: Any) -> None:
+        if key in table:
+            log(f"{name}: done in an earlier run, kept")
+            return
+        with Stage(name) as timed:
+            value = fn()
+        if table is stages:
+            stages[key] = {**value, **timed.report}
+        else:
+            table[key] = value
+            stages[f"eval_{key}"] = timed.report
+        save()
+
+    def evaluation(name: str, model: Any) -> Any:
+        return lambda: evaluate(
+            model(), heldout_file, work / f"eval-{name}", work / f"eval-{name}.log", args.eval_set
         )
-    stages["eval_base"] = stage.report
-    save()
-    with Stage("teacher") as stage:
-        stages["teacher"] = record_teacher(train_tasks, work)
-    stages["teacher"].update(stage.report)
-    save()
-    with Stage("sft") as stage:
-        stages["sft"] = sft(work, args.sft_epochs, args.sft_sequences_per_step, args.sft_set)
-    stages["sft"].update(stage.report)
-    save()
-    with Stage("sft evaluation") as stage:
-        result["heldout"]["sft"] = evaluate(
-            stages["sft"]["checkpoint"], heldout_file, work / "eval-sft", work / "eval-sft.log", args.eval_set
-        )
-    stages["eval_sft"] = stage.report
-    save()
-    with Stage("rl") as stage:
-        stages["rl"] = rl(
-            work,
-            stages["sft"]["checkpoint"],
-            args.rl_steps,
-            args.rl_tasks_per_step,
-            args.rl_group_size,
-            args.rl_set,
-        )
-    stages["rl"].update(stage.report)
-    save()
-    with Stage("rl evaluation") as stage:
-        result["heldout"]["rl"] = evaluate(
-            stages["rl"]["checkpoint"], heldout_file, work / "eval-rl", work / "eval-rl.log", args.eval_set
-        )
-    stages["eval_rl"] = stage.report
-    heldout = result["heldout"]
+
+    stage("base evaluation", "base", heldout, evaluation("base", lambda: "smollm2"))
+    stage("teacher", "teacher", stages, lambda: record_teacher(train_tasks, work))
+    stage("sft", "sft", stages, lambda: sft(work, args.sft_epochs, args.sft_sequences_per_step, args.sft_set))
+    stage("sft evaluation", "sft", heldout, evaluation("sft", lambda: stages["sft"]["checkpoint"]))
+    rl_sizes = (args.rl_steps, args.rl_tasks_per_step, args.rl_group_size)
+    stage("rl", "rl", stages, lambda: rl(work, stages["sft"]["checkpoint"], *rl_sizes, args.rl_set))
+    stage("rl evaluation", "rl", heldout, evaluation("rl", lambda: stages["rl"]["checkpoint"]))
     result["gains"] = {
         "sft_over_base": gain(heldout["sft"], heldout["base"]),
         "rl_over_sft": gain(heldout["rl"], heldout["sft"]),
