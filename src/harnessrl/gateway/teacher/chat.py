@@ -23,8 +23,8 @@ from harnessrl.gateway.bodies import decode_body, read_body
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.stream import ChatStream
 from harnessrl.gateway.teacher.upstream import (
-    ChatStream,
     Teacher,
     answer_message,
     call_headers,

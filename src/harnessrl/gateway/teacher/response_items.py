@@ -19,7 +19,7 @@ from harnessrl.gateway.apis.responses_output import new_id
 from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.wire import sse_event
-from harnessrl.gateway.teacher.upstream import StreamedMessage
+from harnessrl.gateway.teacher.stream import StreamedMessage
 
 __all__ = ["ResponseItems", "ResponseShell"]
 

@@ -42,10 +42,10 @@ from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.messages import whole_chunk
 from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
-from harnessrl.gateway.teacher.upstream import ChatStream, Pacer, Teacher, cap_max_tokens, complete, record
+from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
+from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")

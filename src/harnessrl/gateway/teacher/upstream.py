@@ -4,8 +4,8 @@
 entry point): the key is sent to the upstream and nowhere else — not in the store, the log, a repr or
 an answer; an upstream error message that echoes it is redacted. Every API the harness speaks is
 served from this one chat endpoint (``teacher.chat``, ``teacher.messages``, ``teacher.responses``),
-through ``complete`` (a whole answer) and ``ChatStream`` (a streamed one, chunk by chunk, which
-fails unless the upstream finished it).
+through ``complete`` (a whole answer) and ``teacher.stream.ChatStream`` (a streamed one, chunk by
+chunk, which fails unless the upstream finished it).
 
 ``record`` makes an answered call durable like a policy call: ``Call.request`` as the harness sent
 it, ``Call.response`` one internal (OpenAI chat) assistant message, finish reason, usage, timing, and
@@ -15,10 +15,7 @@ template). Only an answer the upstream finished is recorded.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio.to_thread
@@ -34,10 +31,7 @@ from harnessrl.store.base import RolloutEnded
 ANTHROPIC_VERSION = "2023-06-01"
 
 __all__ = [
-    "ChatStream",
-    "Pacer",
     "cap_max_tokens",
-    "StreamedMessage",
     "Teacher",
     "answer_message",
     "complete",
@@ -159,152 +153,6 @@ async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
     return answer
-
-
-class StreamedMessage:
-    """The assistant message a chat stream's deltas add up to."""
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
-        self.finish_reason: str | None = None
-        self.stop_reason: Any = None  # vLLM's ``stop_reason``: the stop string that ended it, if any
-        self.usage: dict[str, Any] | None = None
-
-    def feed(self, chunk: dict[str, Any]) -> None:
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or []:
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
-            if delta.get("content"):
-                self.content.append(delta["content"])
-            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-            if reasoning:
-                self.reasoning.append(reasoning)
-            for tc in delta.get("tool_calls") or []:
-                slot = self.tool_calls.setdefault(
-                    tc.get("index", 0),
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
-                )
-                if tc.get("id"):
-                    slot["id"] = tc["id"]
-                fn = tc.get("function") or {}
-                slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
-            if choice.get("finish_reason"):
-                self.finish_reason = choice["finish_reason"]
-                self.stop_reason = choice.get("stop_reason")
-
-    def message(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
-        if self.reasoning:
-            out["reasoning_content"] = "".join(self.reasoning)
-        if self.tool_calls:
-            out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
-        return out
-
-
-class ChatStream:
-    """One streamed chat completion from the upstream.
-
-    ``await open()`` sends the request (usage asked for, so it can be recorded) and raises the
-    upstream's refusal before any byte reaches the harness; iterating yields ``(payload, chunk)``
-    for each ``data:`` event (the raw JSON text and its parsed form) and raises ``UpstreamError``
-    if the stream breaks, carries an error, or ends before its ``[DONE]`` and finish reason.
-    ``message`` is what the chunks added up to. Always ``aclose()`` it. ``paced`` iterates the same
-    and also says when the harness is due a keep-alive.
-    """
-
-    def __init__(self, teacher: Teacher, body: dict[str, Any]) -> None:
-        self.teacher = teacher
-        options = {**(body.get("stream_options") or {}), "include_usage": True}
-        body = {**body, "model": teacher.model, "stream": True, "stream_options": options}
-        self._upstream = teacher._client.stream("POST", "/chat/completions", json=body)
-        self._reply: httpx.Response | None = None
-        self.message = StreamedMessage()
-        self.first_token_at: float | None = None
-
-    async def open(self) -> None:
-        try:
-            self._reply = await self._upstream.__aenter__()
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
-        if self._reply.status_code != 200:
-            content = await self._reply.aread()
-            raise upstream_error(self.teacher, self._reply.status_code, content)
-
-    async def aclose(self) -> None:
-        if self._reply is not None:
-            await self._upstream.__aexit__(None, None, None)
-            self._reply = None
-
-    async def __aiter__(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        assert self._reply is not None, "open() first"
-        done = False
-        try:
-            async for line in self._reply.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == "[DONE]":
-                    done = True
-                    break
-                try:
-                    chunk = json.loads(payload)
-                    if "error" in chunk:
-                        said = self.teacher.redact(str(chunk["error"].get("message", "error")))
-                        raise UpstreamError(f"teacher upstream: {said}")
-                    self.message.feed(chunk)
-                except (ValueError, KeyError, TypeError, AttributeError):
-                    raise UpstreamError("teacher upstream sent a chunk that is not a chat chunk") from None
-                if self.first_token_at is None and chunk.get("choices"):
-                    self.first_token_at = now()
-                yield payload, chunk
-        except httpx.HTTPError as exc:
-            raise UpstreamError(f"teacher upstream stream broke: {type(exc).__name__}") from None
-        if not done or self.message.finish_reason is None:
-            raise UpstreamError("teacher upstream ended the stream before finishing the answer")
-
-    async def paced(self, keepalive_s: float) -> AsyncIterator[tuple[str, dict[str, Any]] | None]:
-        """The chunks, and ``None`` whenever nothing came for ``keepalive_s`` (a teacher that thinks
-        without streaming its reasoning, or a long tool call held back as one block): time for the
-        API's keep-alive, as the policy path sends them, so a harness's idle timer does not fire."""
-        chunks = self.__aiter__()
-        pending: asyncio.Future[tuple[str, dict[str, Any]]] | None = None
-        try:
-            while True:
-                if pending is None:  # one read at a time, kept across waits: a timeout cancels nothing
-                    pending = asyncio.ensure_future(anext(chunks))
-                done, _ = await asyncio.wait({pending}, timeout=keepalive_s)
-                if not done:
-                    yield None
-                    continue
-                try:
-                    item = pending.result()
-                except StopAsyncIteration:
-                    return
-                pending = None
-                yield item
-        finally:
-            if pending is not None and not pending.done():
-                pending.cancel()
-
-
-class Pacer:
-    """When a stream last sent the harness something: ``due()`` after ``keepalive_s`` of nothing."""
-
-    def __init__(self, keepalive_s: float) -> None:
-        self.keepalive_s = keepalive_s
-        self.last = time.monotonic()
-
-    def sent(self) -> None:
-        self.last = time.monotonic()
-
-    def due(self) -> bool:
-        return time.monotonic() - self.last >= self.keepalive_s
 
 
 async def record(
