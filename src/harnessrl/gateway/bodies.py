@@ -3,7 +3,7 @@
 Model-API bodies allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``,
 ``store``, ``user`` ...) that must be ignored, not rejected (the control API's bodies are ours and
 strict: ``gateway.control``). Validation errors become a 400 naming the field
-(``gateway.errors.from_validation_error``).
+(``gateway.invalid_body.from_validation_error``).
 
 Every body is strict JSON (``gateway.json_input.parse_json``) before any model sees it, and the
 fields the store keeps in columns are typed to what it can hold (``StoreInt``; the control API's
@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
-from harnessrl.gateway.errors import from_validation_error
+from harnessrl.gateway.invalid_body import from_validation_error
 from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, decode_json, parse_json, within_bounds
 
 B = TypeVar("B", bound=BaseModel)
