@@ -1,4 +1,4 @@
-"""Several gateways sharing one PostgreSQL store (``gateway.cluster``, ``gateway.workers``).
+"""Several gateways sharing one PostgreSQL store (``gateway.control.cluster``, ``gateway.workers``).
 
 Two real gateways (uvicorn on 127.0.0.1, each with its own ``PostgresStore`` connection pool on the
 same database and its own scripted engine), told nothing about each other: the store is what they

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from harnessrl.gateway.pause import PauseGate
+from harnessrl.gateway.control.pause import PauseGate
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 

@@ -15,7 +15,7 @@ from harnessrl.engines.base import WeightUpdate
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.errors import UpstreamError
 from harnessrl.gateway.app import create_app
-from harnessrl.gateway.gating import GatewayHandle
+from harnessrl.gateway.control.gating import GatewayHandle
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store import open_store
 from harnessrl.trainer.fleet import RolloutBook

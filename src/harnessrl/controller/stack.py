@@ -49,7 +49,7 @@ from harnessrl.schemas import Rollout
 from harnessrl.store.base import Store
 
 if TYPE_CHECKING:
-    from harnessrl.gateway.gating import GatewayHandle
+    from harnessrl.gateway.control.gating import GatewayHandle
 
 
 class RolloutConfig(Section):
@@ -154,7 +154,7 @@ async def local_stack(
     from harnessrl.dashboard import gateway_dashboard
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
-    from harnessrl.gateway.gating import GatewayHandle
+    from harnessrl.gateway.control.gating import GatewayHandle
     from harnessrl.gateway.server import build_teacher, serve_in_thread
     from harnessrl.store import open_store
 

@@ -20,11 +20,11 @@ from starlette.routing import BaseRoute, Route
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
-from harnessrl.gateway import control
 from harnessrl.gateway.apis import anthropic
 from harnessrl.gateway.apis.chat import chat_completions
 from harnessrl.gateway.apis.completions import completions, list_models
 from harnessrl.gateway.apis.responses import responses
+from harnessrl.gateway.control import api as control
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
 from harnessrl.gateway.fast_lane import FastLane
 from harnessrl.gateway.key_limits import PerKeyLimit
@@ -73,7 +73,7 @@ def create_app(
 
     ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
     ``shared_store``: other gateway processes use ``store`` too though it is a file (``--workers``);
-    a server store (PostgreSQL) is taken as shared anyway (``gateway.cluster``).
+    a server store (PostgreSQL) is taken as shared anyway (``gateway.control.cluster``).
     ``extra_routes``: more routes to serve, each built from ``(store, admin_key, engine)``.
     ``teacher``: teacher mode, chat calls answered by this upstream (``gateway.teacher``); the app
     checks it answers at start and closes it.

@@ -2,7 +2,7 @@
 
 Model-API bodies allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``,
 ``store``, ``user`` ...) that must be ignored, not rejected (the control API's bodies are ours and
-strict: ``gateway.control``). Validation errors become a 400 naming the field
+strict: ``gateway.control.api``). Validation errors become a 400 naming the field
 (``gateway.invalid_body.from_validation_error``).
 
 Every body is strict JSON (``gateway.json_input.parse_json``) before any model sees it, and the

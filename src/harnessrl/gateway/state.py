@@ -13,7 +13,8 @@ import anyio.to_thread
 
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import Engine
-from harnessrl.gateway.cluster import Cluster
+from harnessrl.gateway.control.cluster import Cluster
+from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.gateway.metrics import GatewayMetrics
 from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
 from harnessrl.gateway.parsers.reasoning import ReasoningParser, ReasoningParserFactory, get_reasoning_parser
@@ -24,7 +25,6 @@ from harnessrl.gateway.parsers.tools import (
     Tools,
     get_tool_parser,
 )
-from harnessrl.gateway.pause import PauseGate
 from harnessrl.gateway.pipeline.delivery import CallsInFlight, DropReason
 from harnessrl.gateway.prompt.history import CallHistory
 from harnessrl.gateway.writer import CallWriter
@@ -53,7 +53,7 @@ class GatewayState:
     calls: CallsInFlight = field(default_factory=CallsInFlight)  # by rollout, for its end to cancel
     history: CallHistory = field(init=False)
     writer: CallWriter = field(init=False)  # makes answered calls durable (group commit)
-    # This gateway's part in the gate every gateway sharing the store agrees on (``gateway.cluster``).
+    # This gateway's part in the gate every gateway sharing the store agrees on (``gateway.control.cluster``).
     cluster: Cluster = field(init=False)
     # Other gateway processes write into this store though it is a file (``--workers``).
     shared_store: bool = False

@@ -6,7 +6,7 @@ spreads badly here: asyncio accepts every pending connection in one wake-up, so 
 wakes first takes a whole burst of clients, and keep-alive keeps them there.) The parent binds the
 port first without listening, which resolves ``port = 0`` and holds the port for the workers.
 The workers agree on pause and policy version through the store as any gateways sharing it do
-(``gateway.cluster``): ``/api/pause`` on the public address, whichever worker takes it, pauses all.
+(``gateway.control.cluster``): ``/api/pause`` on the public address, whichever worker takes it, pauses all.
 Each worker also gets a private loopback control socket, printed at start, to reach one given
 process (its own ``/metrics``, its own row in ``/api/state``); nothing is forwarded through it.
 

@@ -7,7 +7,7 @@ ordered by the database (the last committed one wins), with no clock of our own.
 ``gateways`` holds one heartbeat row per gateway process: the last command it applied (its ack),
 whether it was quiet then (paused, no call in flight), and a lease it refreshes. A pause is drained
 when every gateway whose lease has not expired acked the pause's command and is quiet
-(``gateway.cluster``). Leases are wall-clock seconds (``time.time()``) of the writing host, so the
+(``gateway.control.cluster``). Leases are wall-clock seconds (``time.time()``) of the writing host, so the
 hosts' clocks must agree to within a fraction of a lease (NTP does that).
 
 PostgreSQL wakes every listening gateway with ``NOTIFY harnessrl_gate`` in the same transaction

@@ -1,10 +1,10 @@
 """``LocalGateway``: the gateway this process serves (``local_stack``), as a fleet's gateways.
 
 The gate and the engine are the gateway's own objects, reached in-process on the gateway's event
-loop (``gateway.gating.GatewayHandle``): the trainer pauses the very gate its weight update needs
+loop (``gateway.control.gating.GatewayHandle``): the trainer pauses the very gate its weight update needs
 quiet, and installs weights into the very engine object that serves, with no second client. Other
 gateways on the same store are paused and resumed through its gate, as the control API does
-(``gateway.cluster``). ``local_fleet`` serves the gateway and yields the run's ``GatewayFleet`` over it.
+(``gateway.control.cluster``). ``local_fleet`` serves the gateway and yields the run's ``GatewayFleet`` over it.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from harnessrl.controller.stack import RolloutConfig, local_stack
 from harnessrl.engines.base import Engine, WeightUpdate
-from harnessrl.gateway.gating import GatewayHandle
+from harnessrl.gateway.control.gating import GatewayHandle
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
 from harnessrl.trainer.fleet_gateway import GatewayFleet, announce_start
 

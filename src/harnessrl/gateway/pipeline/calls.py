@@ -22,8 +22,8 @@ import anyio
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import open_rollout
+from harnessrl.gateway.control.pause import Ticket
 from harnessrl.gateway.errors import RolloutClosed
-from harnessrl.gateway.pause import Ticket
 from harnessrl.gateway.pipeline.delivery import DropReason
 from harnessrl.gateway.pipeline.generation import Generation
 from harnessrl.gateway.prompt.history import RolloutMemory

@@ -106,7 +106,7 @@ def prior_from_call(call: Call) -> PriorCall | None:
 
 
 class CallHistory:
-    """``check_store``: other gateways write into the same store (``gateway.cluster``), so a rollout's
+    """``check_store``: other gateways write into the same store (``gateway.control.cluster``), so a rollout's
     memory may lack calls they served; each ``get`` then compares the store's call count with what the
     memory accounts for and loads the missing calls (one ``count_calls`` query per call)."""
 

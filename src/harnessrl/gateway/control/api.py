@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from harnessrl.errors import BadRequest, NotFound, UpstreamError
 from harnessrl.gateway.auth import require_admin
 from harnessrl.gateway.bodies import Lenient, read_json, validate_body
-from harnessrl.gateway.gating import cluster_state_json, pause_gateways, resume_gateways
+from harnessrl.gateway.control.gating import cluster_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus, SamplingOverrides
@@ -254,7 +254,7 @@ def _pause_timeout(request: Request, state: GatewayState) -> float:
 
 
 async def pause(request: Request) -> Response:
-    """Pause every gateway sharing the store (``gateway.cluster``); answer once all drained or timed out."""
+    """Pause every gateway sharing the store (``gateway.control.cluster``); answer once all drained or timed out."""
     state = _admin_state(request)
     timeout = _pause_timeout(request, state)
     return JSONResponse(await pause_gateways(state, timeout))

@@ -3,7 +3,7 @@
 The control API (``POST /api/pause``, ``/api/resume``) and a trainer in the same process
 (``GatewayHandle``) run the same two functions, so a trainer that hosts its gateway and one that
 drives gateways over HTTP pause, drain and version them identically. Both commit the command in the
-store's gate and wait on the other gateways' acks there (``gateway.cluster``): any gateway can take
+store's gate and wait on the other gateways' acks there (``gateway.control.cluster``): any gateway can take
 the command, and no gateway needs to know another's address.
 
 ``GatewayHandle`` is how code on another event loop (the trainer's) reaches a gateway served in a
@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import BadRequest, Conflict
-from harnessrl.gateway.cluster import Cluster, acked_quiet
+from harnessrl.gateway.control.cluster import Cluster, acked_quiet
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.store.gate import GatewayRow

@@ -2,7 +2,7 @@
 
 The store holds the gate (paused or open, the live policy version, a command counter that every
 pause or resume increments in its transaction) and one heartbeat row per gateway process
-(``store.gate``, written by ``gateway.heartbeat``). ``Cluster`` is one gateway's side of it:
+(``store.gate``, written by ``gateway.control.heartbeat``). ``Cluster`` is one gateway's side of it:
 
 - On start it listens for the store's notifications (PostgreSQL ``LISTEN``), then reads the gate
   and applies it to its own ``PauseGate`` before the app takes a call: a gateway started or
@@ -19,7 +19,7 @@ orders them, every gateway ends in the state of the last committed one, and a pa
 overtook while it waited fails with ``Conflict`` (the trainer must not think the gateways are quiet).
 A newer pause does not fail an older one: both wait for the same drain.
 
-Any gateway can take a command (``gateway.gating``), so a load balancer in front of a Deployment of
+Any gateway can take a command (``gateway.control.gating``), so a load balancer in front of a Deployment of
 gateways needs no peer list: a gateway joins by starting and leaves by stopping (docs/scale.md).
 """
 
@@ -36,8 +36,8 @@ import anyio.to_thread
 
 from harnessrl.engines.base import Engine
 from harnessrl.errors import Conflict
-from harnessrl.gateway.heartbeat import Ack, Heartbeat
-from harnessrl.gateway.pause import PauseGate
+from harnessrl.gateway.control.heartbeat import Ack, Heartbeat
+from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.store.base import Store
 from harnessrl.store.gate import GateState, GatewayRow, parse_command_payload
 

@@ -6,7 +6,7 @@ gate and waits until the calls already in flight have finished (drained) or a ti
 ``resume`` admits every waiting ticket in arrival order, in one step, so a quick re-pause cannot
 reorder them. ``close`` + ``drain`` are the two halves of ``pause`` for callers that must close the
 gate synchronously and then wait; ``on_quiet`` is called each time the last call in flight ends while
-closed (``gateway.cluster`` acks the pause then). Everything runs on the event loop: no locks.
+closed (``gateway.control.cluster`` acks the pause then). Everything runs on the event loop: no locks.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Each gateway process keeps one row among the store's gateways (``store.gate``): its id (host,
 process, a random suffix), where it answers, the pause/resume command it applied, whether it is
 quiet (paused, no call in flight), and until when its lease runs. ``Heartbeat`` writes the row when
-the ack changes or every third of the lease, and deletes it on a clean shutdown; ``gateway.cluster``
+the ack changes or every third of the lease, and deletes it on a clean shutdown; ``gateway.control.cluster``
 decides what is acked.
 """
 
