@@ -23,7 +23,7 @@ import pytest
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.packing import pack_micro_batches
 from harnessrl.errors import ConfigError
-from harnessrl.trainer.config import OptimizerConfig
+from harnessrl.trainer.config import LoraSection, OptimizerConfig
 from harnessrl.trajectory import Sample, SampledSpan
 
 STEPS = 3
@@ -116,13 +116,23 @@ def test_assign_rollouts_two_ranks_is_the_best_split_here():
 
 
 # -- the equivalence test -----------------------------------------------------------------------------
-#: mode: (share_prefixes, algorithm, with a reference model). The first two are the two micro-batchings
-#: of the step; the third adds the reference model's forward to every round (idle ones too).
+#: mode: (share_prefixes, algorithm, with a reference model, LoRA). The first two are the two
+#: micro-batchings of the step; the third adds the reference model's forward to every round (idle
+#: ones too); the fourth trains LoRA adapters (frozen base sharded with them, the KL reference being
+#: the base itself with the adapters off) and resumes the adapter from its checkpoint.
+KL = AlgorithmConfig(kl_coef=0.1, proximal="trainer", tis_cap=1.5)
+LORA = LoraSection(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"])
 MODES = {
-    "shared_prefixes": (True, AlgorithmConfig(), False),
-    "packed_rows": (False, AlgorithmConfig(), False),
-    "kl_ref": (True, AlgorithmConfig(kl_coef=0.1, proximal="trainer", tis_cap=1.5), True),
+    "shared_prefixes": (True, AlgorithmConfig(), False, None),
+    "packed_rows": (False, AlgorithmConfig(), False, None),
+    "kl_ref": (True, KL, True, None),
+    "lora_kl": (True, KL, True, LORA),
 }
+
+
+def reference_of(out: Path, model_dir: str | Path, lora: LoraSection | None) -> Path:
+    """A mode's KL reference: LoRA's is the base model itself (its adapters switched off)."""
+    return Path(model_dir) if lora is not None else reference_dir(out)
 
 
 def reference_dir(out: Path) -> Path:
@@ -164,14 +174,15 @@ def test_two_ranks_train_like_one_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
 
-    for mode, (share, algorithm, with_reference) in MODES.items():
+    for mode, (share, algorithm, with_reference, lora) in MODES.items():
         out = tmp_path / mode
         reference = TrainablePolicy(
             model_dir,
             optimizer=OPTIMIZER,
             total_steps=STEPS,
             share_prefixes=share,
-            reference_dir=reference_dir(tmp_path) if with_reference else None,
+            reference_dir=reference_of(tmp_path, model_dir, lora) if with_reference else None,
+            lora=lora,
         )
         initial = {k: v.clone() for k, v in reference.engine_state_dict().items()}
         ref_metrics = []
@@ -196,7 +207,7 @@ def test_two_ranks_train_like_one_process(tmp_path):
                     "policy/clip_fraction",
                     "policy/loss_tokens",
                 ]
-                if with_reference:
+                if with_reference and lora is None:
                     assert want["policy/kl_ref"] > 1e-3 and want["policy/importance_weight_max"] > 1.0
                     keys += ["policy/kl_ref", "policy/importance_weight_mean", "policy/engine_trainer_kl"]
                 for key in keys:
@@ -217,12 +228,23 @@ def test_two_ranks_train_like_one_process(tmp_path):
         assert moved > 1e-4  # training really changed the weights, far beyond the tolerance
         for name in want:
             torch.testing.assert_close(got[name], want[name], atol=1e-6, rtol=1e-5, msg=f"{mode} {name}")
-        # The checkpoint rank 0 wrote after two steps is a plain Hugging Face folder with full weights.
+        # The checkpoint rank 0 wrote after two steps is a plain Hugging Face folder with full weights
+        # (with LoRA: merged, beside the adapter in PEFT's format, which the one process's equals).
         folder = out / "checkpoint"
         assert (folder / "trainer_state.pt").exists() and (folder / "tokenizer.json").exists()
         saved = AutoModelForCausalLM.from_pretrained(str(folder)).state_dict()
         for name in want:
             torch.testing.assert_close(saved[name], at_checkpoint[name], atol=1e-6, rtol=1e-5, msg=name)
+        if lora is not None:
+            from safetensors.torch import load_file
+
+            reference.save_adapter(out / "adapter_one_process")
+            mine = load_file(str(out / "adapter_one_process" / "adapter_model.safetensors"))
+            theirs = load_file(str(out / "adapter" / "adapter_model.safetensors"))
+            assert set(mine) == set(theirs) and mine
+            for name in mine:
+                torch.testing.assert_close(theirs[name], mine[name], atol=1e-6, rtol=1e-5, msg=name)
+            assert (folder / "adapter" / "adapter_config.json").exists()
 
 
 def _worker(model_dir: str, out: Path) -> None:
@@ -236,7 +258,7 @@ def _worker(model_dir: str, out: Path) -> None:
     from harnessrl.trainer.policy import TrainablePolicy
 
     ctx = init_distributed()
-    for mode, (share, algorithm, with_reference) in MODES.items():
+    for mode, (share, algorithm, with_reference, lora) in MODES.items():
         folder = out / mode
         folder.mkdir(exist_ok=True)
         build = functools.partial(
@@ -244,20 +266,28 @@ def _worker(model_dir: str, out: Path) -> None:
             optimizer=OPTIMIZER,
             total_steps=STEPS,
             share_prefixes=share,
-            reference_dir=reference_dir(out) if with_reference else None,
+            reference_dir=reference_of(out, model_dir, lora) if with_reference else None,
+            lora=lora,
         )
         sharded = ShardedPolicy(ctx, functools.partial(build, model_dir))
         steps = []
         for s in range(STEPS):
             if s == 2:
-                sharded.save_checkpoint(folder / "checkpoint")
-                sharded = ShardedPolicy(ctx, functools.partial(build, str(folder / "checkpoint")))
-                sharded.load_trainer_state(folder / "checkpoint")
+                checkpoint = folder / "checkpoint"
+                sharded.save_checkpoint(checkpoint)
+                if lora is None:
+                    sharded = ShardedPolicy(ctx, functools.partial(build, str(checkpoint)))
+                else:  # the run's base weights plus the checkpoint's adapter (as Trainer resumes)
+                    resumed = functools.partial(build, model_dir, adapter_dir=checkpoint / "adapter")
+                    sharded = ShardedPolicy(ctx, resumed)
+                sharded.load_trainer_state(checkpoint)
             samples = make_samples(s)
             steps.append(
                 sharded.train_step(samples, algorithm, temperature=1.0, micro_batch_tokens=MICRO_BATCH_TOKENS)
             )
         weights = sharded.engine_state_dict()
+        if lora is not None:
+            assert sharded.save_adapter(folder / "adapter")
         mine = sorted({x.rollout_id for x in assign_rollouts(make_samples(0), ctx.world_size)[ctx.rank]})
         if ctx.is_leader:
             torch.save(weights, folder / "weights.pt")
@@ -296,6 +326,49 @@ def test_torchrun_train_runs_the_collocated_stack_on_two_ranks(tmp_path):
         for r in trained
     )
     AutoModelForCausalLM.from_pretrained(str(run_dir / "checkpoints" / "final"))  # full weights, HF format
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
+def test_torchrun_trains_lora_publishes_it_and_resumes_the_adapter(tmp_path):
+    """LoRA over two ranks through the whole stack: each step's adapted layers reach the embedded
+    engine, checkpoints hold the adapter, and ``--resume`` continues base + adapter (``adapter_dir``
+    through the leader's policy factory to every rank)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    root = Path(__file__).resolve().parents[2]
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    lora = ["trainer.lora.r=4", "trainer.lora.alpha=8", "trainer.group_size=4", "metrics.progress=false"]
+
+    def run(*args: str) -> dict:
+        argv = [*cmd, "-m", "harnessrl.trainer.torchrun", *args]
+        for override in lora:
+            argv += ["--set", override]
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    config = str(root / "examples" / "tiny" / "train.toml")
+    first = run(config, "--set", f"run.dir={run_dir}", "--set", "trainer.steps=2")
+    assert first["steps"] == 2 and first["world_size"] == 2
+    adapter = run_dir / "checkpoints" / "final" / "adapter"
+    after_two = load_file(str(adapter / "adapter_model.safetensors"))
+    assert after_two and all("lora_" in name for name in after_two)
+    assert max(float(t.abs().max()) for n, t in after_two.items() if "lora_B" in n) > 0  # B left 0: trained
+
+    resumed = run("--resume", str(run_dir), "--set", "trainer.steps=3")
+    assert resumed["steps"] == 3 and resumed["world_size"] == 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in rows if "policy/loss" in r]
+    assert [r["step"] for r in trained] == [1, 2, 3]
+    assert all(r["policy/world_size"] == 2 and r["policy/grad_norm"] > 0 for r in trained)
+    after_three = load_file(str(adapter / "adapter_model.safetensors"))
+    assert set(after_three) == set(after_two)
+    assert any(not (after_three[n] == after_two[n]).all() for n in after_two)  # step 3 moved the adapter
+    AutoModelForCausalLM.from_pretrained(str(run_dir / "checkpoints" / "final"))  # merged weights, HF format
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.checkpoint import TrainState, write_checkpoint
 from harnessrl.trainer.config import LoraSection, OptimizerConfig, TrainConfig
-from harnessrl.trainer.lora import check_lora_dir
+from harnessrl.trainer.lora import check_lora_dir, merged_from_state, save_adapter_state
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.run import Trainer
 from harnessrl.trajectory import Sample, SampledSpan
@@ -199,6 +199,42 @@ def test_resuming_an_adapter_with_other_lora_settings_is_a_config_error_naming_t
     other = LORA.model_copy(update={"target_modules": ["q_proj"]})
     with pytest.raises(ConfigError, match=r"^trainer\.lora\.target_modules: "):
         TrainablePolicy(tiny_model_dir(), lora=other, adapter_dir=tmp_path / "adapter")
+
+
+def test_a_gathered_state_dict_gives_what_the_model_itself_gives(tmp_path):
+    """What a sharded policy has on rank 0 is the PEFT model's whole state dict, gathered: merged
+    from it, the engine's weights, the checkpoint's weights and the adapter equal the one process's."""
+    from safetensors.torch import load_file
+
+    policy = new_policy()
+    step(policy, 0)
+    step(policy, 1)  # B is no longer 0: the merge really adds something
+    state = {k: v.detach().clone() for k, v in policy.model.state_dict().items()}
+    engine = merged_from_state(policy.model, state, adapted_only=True)
+    want = policy.engine_state_dict()
+    layers = policy.model.get_base_model().config.num_hidden_layers
+    assert set(engine) == set(want) and len(want) == len(LORA.target_modules) * layers
+    for name in want:
+        torch.testing.assert_close(engine[name], want[name], atol=1e-6, rtol=1e-6, msg=name)
+    full = merged_from_state(policy.model, state, adapted_only=False)
+    merged = policy._merged_state_dict(adapted_only=False)
+    assert set(full) == set(merged)
+    for name in merged:
+        torch.testing.assert_close(full[name], merged[name], atol=1e-6, rtol=1e-6, msg=name)
+    base = {k.removeprefix("base_model.model.").replace(".base_layer", ""): v for k, v in state.items()}
+    moved = max(float((want[k] - base[k]).abs().max()) for k in want)
+    assert moved > 1e-4  # control: the adapters changed the weights they merge into
+
+    save_adapter_state(policy.model, state, tmp_path / "gathered")
+    policy.save_adapter(tmp_path / "own")
+    ours, theirs = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("own", "gathered"))
+    assert set(ours) == set(theirs) and ours
+    for name in ours:
+        torch.testing.assert_close(theirs[name], ours[name], atol=0, rtol=0, msg=name)
+    config = json.loads((tmp_path / "gathered" / "adapter_config.json").read_text())
+    assert config["r"] == LORA.r and config == json.loads(
+        (tmp_path / "own" / "adapter_config.json").read_text()
+    )
 
 
 def test_save_adapter_writes_nothing_without_lora(tmp_path):

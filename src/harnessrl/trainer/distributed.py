@@ -22,11 +22,16 @@ Sharding: every decoder layer is its own FSDP unit; a small root module (``Shard
 holds the rest (embeddings, final norm, LM head, tied or not) and runs ``forward.sequence_logprobs``
 or ``prefix_logprobs`` inside its forward, so the one-process micro-batching and forward code
 (shared-prefix rows or packed rows, selective LM head) run unchanged on each rank's share. The KL
-penalty's reference model (``algorithm.kl_coef > 0``) is sharded the same way, with its own root.
+penalty's reference model (``algorithm.kl_coef > 0``) is sharded the same way, with its own root;
+with LoRA the reference is the policy's own base weights (adapters switched off), so the policy's
+root serves both. LoRA's base weights are frozen and sharded with their layer like the rest; only
+the adapters have gradients and optimizer state (FSDP2 takes a unit with frozen and trainable
+parameters).
 The step's metrics are reduced in one collective: every rank's sums as one float64 vector,
 gathered (``ShardedRanks.gather``).
 
-Full weights for the engine and checkpoints are gathered on rank 0. ``harnessrl.trainer.torchrun``
+Full weights for the engine and checkpoints are gathered on rank 0 (with LoRA the adapter too, and
+the engine gets the adapted layers with the adapters merged, as from one process). ``harnessrl.trainer.torchrun``
 runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks follow).
 """
 
@@ -53,6 +58,7 @@ from torch.distributed.fsdp import fully_shard
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
+from harnessrl.trainer.lora import merged_from_state, save_adapter_state
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
@@ -168,13 +174,15 @@ class ShardedPolicy:
         self.ctx = ctx
         roots: list[torch.nn.Module] = []
         self.policy = build(prepare_model=lambda model: roots.append(shard_model(model, ctx.mesh)))
-        if self.policy.config.lora is not None:
-            raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
         [self.root] = roots  # build() shards the model exactly once, before making its optimizer
         reference = self.policy.reference  # the KL penalty's, sharded like the policy
-        self.ranks = ShardedRanks(
-            ctx, self.root, shard_model(reference, ctx.mesh) if reference is not None else None
-        )
+        if reference is None:
+            reference_root = None
+        elif reference is self.policy.model:  # LoRA: the policy's own base weights, adapters off
+            reference_root = self.root
+        else:
+            reference_root = shard_model(reference, ctx.mesh)
+        self.ranks = ShardedRanks(ctx, self.root, reference_root)
 
     def train_step(
         self,
@@ -214,19 +222,34 @@ class ShardedPolicy:
         )
         return out.logprobs[0, len(prompt_ids) :].tolist()
 
-    def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full weights on CPU on rank 0 (an empty dict elsewhere), under the model's own names."""
+    def _full_state(self) -> dict[str, torch.Tensor]:
+        """The model's whole state dict, gathered on CPU on rank 0 (an empty dict elsewhere)."""
         return get_model_state_dict(
             self.policy.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
         )
 
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """What the one-process policy gives an engine, on rank 0 (an empty dict elsewhere): full
+        weights under the model's own names; with LoRA the adapted layers' weights, adapters merged."""
+        state = self._full_state()
+        if self.policy.config.lora is None or not self.ctx.is_leader:
+            return state
+        return merged_from_state(self.policy.model, state, adapted_only=True)
+
     def save_adapter(self, folder: Path) -> bool:
-        return False  # [trainer.lora] is refused with torchrun (see __init__): there is no adapter
+        """The adapter in PEFT's format, written by rank 0 (as ``TrainablePolicy.save_adapter``)."""
+        if self.policy.config.lora is None:
+            return False
+        state = self._full_state()
+        if self.ctx.is_leader:
+            save_adapter_state(self.policy.model, state, folder)
+        dist.barrier(group=self.ctx.control)
+        return True
 
     def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
         """Rank 0 writes the same folder as the one-process policy; the optimizer state is the full
         (unsharded) state dict keyed by parameter name, reloadable by any world size."""
-        state = self.engine_state_dict()
+        state = self._full_state()
         optimizer_state = (
             get_optimizer_state_dict(
                 self.policy.model,

@@ -12,6 +12,7 @@ rebuilds the policy from the run's base weights plus that adapter, never from th
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
 
 #: Where a checkpoint keeps its adapter (PEFT format).
 ADAPTER_DIR = "adapter"
+#: The one adapter a policy trains (PEFT's default name).
+ADAPTER_NAME = "default"
 #: What the merged export leaves out of a checkpoint folder: the adapter and the run state.
 RUN_STATE_FILES = ("trainer_state.pt", "harnessrl_state.json", "harnessrl_final.json")
 
@@ -128,6 +131,43 @@ def adapted_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
                 delta = sum(module.get_delta_weight(a) for a in module.active_adapters)
                 out[f"{name}.weight"] = (weight + delta).detach()
     return out
+
+
+def merged_from_state(
+    model: torch.nn.Module, state: dict[str, torch.Tensor], *, adapted_only: bool
+) -> dict[str, torch.Tensor]:
+    """A PEFT model's full state dict (``model.state_dict()`` names: ``base_model.model.<layer>.base_layer.weight``,
+    ``<layer>.lora_A.<adapter>.weight``...) as base-model weights with the adapter merged in (W +
+    scale * B @ A): the adapted layers' weights only (``adapted_only``, what ``adapted_weights``
+    gives) or every weight (a checkpoint's). For a sharded policy, whose full tensors exist only as
+    this gathered dict on rank 0 (``trainer/distributed.py``)."""
+    config = model.peft_config[ADAPTER_NAME]  # type: ignore[index]
+    scale = config.lora_alpha / (config.r**0.5 if config.use_rslora else config.r)
+    out = {}
+    for key, value in state.items():
+        if ".lora_" in key or (adapted_only and not key.endswith(".base_layer.weight")):
+            continue
+        if key.endswith(".base_layer.weight"):
+            layer = key[: -len(".base_layer.weight")]
+            a = state[f"{layer}.lora_A.{ADAPTER_NAME}.weight"]
+            b = state[f"{layer}.lora_B.{ADAPTER_NAME}.weight"]
+            value = value + scale * (b @ a)
+        out[key.removeprefix("base_model.model.").replace(".base_layer", "")] = value
+    return out
+
+
+def save_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """Write the adapter in ``state`` (a PEFT model's full state dict, gathered) in PEFT's format,
+    as ``model.save_pretrained`` writes it from the model's own tensors."""
+    from peft import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    adapter = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER_NAME)
+    folder.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in adapter.items()}, str(folder / "adapter_model.safetensors"))
+    config = copy.deepcopy(model.peft_config[ADAPTER_NAME])  # type: ignore[index]
+    config.inference_mode = True  # as PeftModel.save_pretrained writes it
+    config.save_pretrained(str(folder))
 
 
 def adapter_bytes(model: torch.nn.Module) -> int:

@@ -29,7 +29,13 @@ from harnessrl.errors import ConfigError
 from harnessrl.hardware import resolve_autocast
 from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
-from harnessrl.trainer.lora import ADAPTER_DIR, adapted_weights, with_lora
+from harnessrl.trainer.lora import (
+    ADAPTER_DIR,
+    adapted_weights,
+    merged_from_state,
+    save_adapter_state,
+    with_lora,
+)
 from harnessrl.trainer.train_step import Learner, train_step
 from harnessrl.trajectory import Sample
 
@@ -282,16 +288,20 @@ class TrainablePolicy:
         optimizer/scheduler state for ``--resume``. Written to a temp folder, then renamed.
 
         ``state_dict`` / ``optimizer_state`` replace the model's and optimizer's own: a sharded
-        (FSDP) policy passes the full tensors it gathered on rank 0."""
+        (FSDP) policy passes the full tensors it gathered on rank 0 (with LoRA, the PEFT model's
+        whole state dict, adapter included: the folder gets the adapter and the merged weights)."""
         tmp = folder.with_name(folder.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
         if self.config.lora is not None:
-            self.save_adapter(tmp / ADAPTER_DIR)
+            if state_dict is None:
+                self.save_adapter(tmp / ADAPTER_DIR)
+                merged = self._merged_state_dict(adapted_only=False)
+            else:  # a sharded policy's gathered PEFT state dict: the adapter and the base in one
+                save_adapter_state(self.model, state_dict, tmp / ADAPTER_DIR)
+                merged = merged_from_state(self.model, state_dict, adapted_only=False)
             base = self.model.get_base_model()  # type: ignore[attr-defined]
-            base.save_pretrained(
-                str(tmp), state_dict=self._merged_state_dict(adapted_only=False), safe_serialization=True
-            )
+            base.save_pretrained(str(tmp), state_dict=merged, safe_serialization=True)
         else:
             self.model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
         for name in (

@@ -44,7 +44,7 @@ class Trainer:
         *,
         resume: bool = False,
         base_dir: Path | None = None,
-        policy_factory: Callable[[Path, Path], Policy] | None = None,
+        policy_factory: Callable[[Path, Path, Path | None], Policy] | None = None,
     ):
         self.config = config
         self.run_dir = run_dir
@@ -87,7 +87,7 @@ class Trainer:
         reference = self._configured_weights if self.config.algorithm.kl_coef > 0 else model_dir
         policy: Policy
         if self.policy_factory is not None:
-            policy = self.policy_factory(model_dir, reference)
+            policy = self.policy_factory(model_dir, reference, adapter)
         else:
             policy = TrainablePolicy.from_config(
                 self.config, model_dir, reference_dir=reference, adapter_dir=adapter

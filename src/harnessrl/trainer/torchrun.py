@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.errors import HarnessRLError
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.distributed import DistributedContext, ShardedPolicy, init_distributed
 from harnessrl.trainer.policy import TrainablePolicy
@@ -68,7 +68,7 @@ class LeaderPolicy:
         return self._command("save_checkpoint", folder, with_optimizer=with_optimizer)
 
     def save_adapter(self, folder: Path) -> bool:
-        return False  # torchrun refuses [trainer.lora] before it starts: there is no adapter
+        return self._command("save_adapter", folder)
 
     def load_trainer_state(self, folder: Path) -> None:
         self._command("load_trainer_state", folder)
@@ -101,10 +101,11 @@ def leader_policy_factory(
     ctx: DistributedContext, config: TrainConfig
 ) -> Callable[[Path, Path], LeaderPolicy]:
     """``Trainer(policy_factory=...)`` for rank 0: tells the other ranks which weights to load
-    (``model_dir``) and which the KL reference is (``reference_dir``: the run's starting weights)."""
+    (``model_dir``), which the KL reference is (``reference_dir``: the run's starting weights) and,
+    for a LoRA ``--resume``, the adapter to continue (``adapter_dir``)."""
 
-    def make(model_dir: Path, reference_dir: Path) -> LeaderPolicy:
-        kwargs = {"reference_dir": reference_dir}
+    def make(model_dir: Path, reference_dir: Path, adapter_dir: Path | None = None) -> LeaderPolicy:
+        kwargs = {"reference_dir": reference_dir, "adapter_dir": adapter_dir}
         dist.broadcast_object_list([("build", (config, model_dir), kwargs)], src=0, group=ctx.control)
         build = functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs)
         return LeaderPolicy(ShardedPolicy(ctx, build))
@@ -129,8 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             from harnessrl.trainer.run_setup import prepare_run
 
             config, run_dir, base_dir = prepare_run(args.config, args.resume, args.overrides)
-            if config.trainer.lora is not None:
-                raise ConfigError("trainer.lora is not supported with torchrun (FSDP) yet")
             trainer = Trainer(
                 config,
                 run_dir,
