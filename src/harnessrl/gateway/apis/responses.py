@@ -26,7 +26,12 @@ from starlette.responses import Response
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, request_to_internal, unsupported_tools
 from harnessrl.gateway.apis.responses_output import OutputStream, new_id
-from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
+from harnessrl.gateway.apis.responses_request import (
+    RESPONSE_ID_KEY,
+    ResponsesRequest,
+    resolve_previous,
+    response_object,
+)
 from harnessrl.gateway.bodies import parse_body, validate_body
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.calls import PreparedCall
@@ -174,31 +179,19 @@ class ResponsesAnswer:
                 "output_tokens_details": {"reasoning_tokens": out.reasoning_tokens},
                 "total_tokens": n_in + n_out,
             }
-        return {
-            "id": self.response_id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": False,
-            "error": {"code": error_shape(error).code, "message": str(error)} if error is not None else None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "model": self.model,
-            "output": [dict(item) for item in out.items] if out is not None else [],
-            "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
-            "store": body.store if body.store is not None else True,
-            "temperature": params.temperature,
-            "top_p": params.top_p,
-            "text": body.text or {"format": {"type": "text"}},
-            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": [{"type": "function", **t["function"]} for t in self.tools],
-            "truncation": "disabled",
-            "usage": usage,
-            "metadata": body.metadata or {},
-        }
+        return response_object(
+            body,
+            response_id=self.response_id,
+            created_at=self.created_at,
+            model=self.model,
+            status=status,
+            output=[dict(item) for item in out.items] if out is not None else [],
+            usage=usage,
+            tools=self.tools,
+            temperature=params.temperature,
+            top_p=params.top_p,
+            error=error,
+        )
 
     def failed(self, error: HarnessRLError) -> dict[str, Any]:
         """The ``response.failed`` event's payload for ``error``."""

@@ -1,7 +1,8 @@
 """What a Responses API request is, for every gateway path that reads one: the fields the gateway
 reads (``ResponsesRequest``), where a recorded answer keeps the response id it was given
-(``RESPONSE_ID_KEY``) and how ``previous_response_id`` resolves to the rollout's recorded
-conversation (``resolve_previous``).
+(``RESPONSE_ID_KEY``), how ``previous_response_id`` resolves to the rollout's recorded
+conversation (``resolve_previous``), and the Response object that echoes the request around its
+output (``response_object``).
 
 Shared by the policy's handler (``apis.responses``) and teacher mode (``gateway.teacher``), which
 is why it is not in either: each imports it, neither imports the other.
@@ -13,9 +14,10 @@ from typing import Any
 
 from pydantic import Field
 
-from harnessrl.errors import BadRequest
+from harnessrl.errors import BadRequest, HarnessRLError
 from harnessrl.gateway.apis.responses_input import request_to_internal
 from harnessrl.gateway.bodies import SamplingFields
+from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout
 
@@ -54,3 +56,46 @@ async def resolve_previous(state: GatewayState, rollout: Rollout, response_id: s
         f"previous_response_id {response_id!r} is not a response of this rollout",
         param="previous_response_id",
     )
+
+
+def response_object(
+    body: ResponsesRequest,
+    *,
+    response_id: str,
+    created_at: int,
+    model: str,
+    status: str,
+    output: list[dict[str, Any]],
+    usage: dict[str, Any] | None,
+    tools: list[dict[str, Any]],
+    temperature: float | None,
+    top_p: float | None,
+    error: HarnessRLError | None = None,
+) -> dict[str, Any]:
+    """The Response object: ``output`` and ``usage`` inside what the request asked for, echoed
+    (``tools`` are the request's function tools in chat's shape)."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "background": False,
+        "error": {"code": error_shape(error).code, "message": str(error)} if error is not None else None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "model": model,
+        "output": output,
+        "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
+        "store": body.store if body.store is not None else True,
+        "temperature": temperature,
+        "top_p": top_p,
+        "text": body.text or {"format": {"type": "text"}},
+        "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
+        "tools": [{"type": "function", **t["function"]} for t in tools],
+        "truncation": "disabled",
+        "usage": usage,
+        "metadata": body.metadata or {},
+    }

@@ -16,8 +16,7 @@ from typing import Any
 from harnessrl.errors import HarnessRLError, UpstreamError
 from harnessrl.gateway.apis.responses_input import encode_reasoning
 from harnessrl.gateway.apis.responses_output import new_id
-from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest
-from harnessrl.gateway.errors import error_shape
+from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, response_object
 from harnessrl.gateway.pipeline.wire import sse_event
 from harnessrl.gateway.teacher.stream import StreamedMessage
 
@@ -225,28 +224,16 @@ class ResponseShell:
         self, status: str, items: ResponseItems | None = None, error: HarnessRLError | None = None
     ) -> dict[str, Any]:
         body = self.body
-        return {
-            "id": self.id,
-            "object": "response",
-            "created_at": self.created_at,
-            "status": status,
-            "background": False,
-            "error": {"code": error_shape(error).code, "message": str(error)} if error is not None else None,
-            "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
-            "instructions": body.instructions,
-            "max_output_tokens": body.max_output_tokens,
-            "model": self.model,
-            "output": [dict(item) for item in items.items] if items is not None else [],
-            "parallel_tool_calls": body.parallel_tool_calls if body.parallel_tool_calls is not None else True,
-            "previous_response_id": body.previous_response_id,
-            "reasoning": {"effort": (body.reasoning or {}).get("effort"), "summary": None},
-            "store": body.store if body.store is not None else True,
-            "temperature": body.temperature,
-            "top_p": body.top_p,
-            "text": body.text or {"format": {"type": "text"}},
-            "tool_choice": body.tool_choice if body.tool_choice is not None else "auto",
-            "tools": [{"type": "function", **t["function"]} for t in self.tools],
-            "truncation": "disabled",
-            "usage": items.usage() if items is not None else None,
-            "metadata": body.metadata or {},
-        }
+        return response_object(
+            body,
+            response_id=self.id,
+            created_at=self.created_at,
+            model=self.model,
+            status=status,
+            output=[dict(item) for item in items.items] if items is not None else [],
+            usage=items.usage() if items is not None else None,
+            tools=self.tools,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            error=error,
+        )
