@@ -35,6 +35,26 @@ from harnessrl.gateway.parsers.tools import ContentEvent, ToolCall, ToolCallEven
 from harnessrl.gateway.pipeline.generation import Piece
 
 
+def close_reasoning_item(
+    item: dict[str, Any], index: int, text: str, *, encrypt: bool, status: str
+) -> list[dict[str, Any]]:
+    """Complete a reasoning output item with its ``text`` and return the events that say so.
+
+    The full reasoning goes in the summary too: harnesses echo summaries back, and matching the
+    next call's history against this answer needs the text (teacher mode gives the same shape)."""
+    item.update(
+        summary=[{"type": "summary_text", "text": text}] if text else [],
+        content=[{"type": "reasoning_text", "text": text}],
+        encrypted_content=encode_reasoning(text) if encrypt else None,
+        status=status,
+    )
+    done = {"item_id": item["id"], "output_index": index, "content_index": 0, "text": text}
+    return [
+        {"type": "response.reasoning_text.done", **done},
+        {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
+    ]
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(16)}"
 
@@ -174,20 +194,7 @@ class OutputStream:
             return []
         text = self._reasoning_text.strip()
         self._reasoning_texts.append(text)
-        index = self.items.index(item)
-        # The full reasoning goes in the summary too: harnesses echo summaries back, and matching
-        # the next call's history against this answer needs the text.
-        item.update(
-            summary=[{"type": "summary_text", "text": text}] if text else [],
-            content=[{"type": "reasoning_text", "text": text}],
-            encrypted_content=encode_reasoning(text) if self.encrypt else None,
-            status=status,
-        )
-        done = {"item_id": item["id"], "output_index": index, "content_index": 0, "text": text}
-        return [
-            {"type": "response.reasoning_text.done", **done},
-            {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
-        ]
+        return close_reasoning_item(item, self.items.index(item), text, encrypt=self.encrypt, status=status)
 
     def _open_message(self) -> list[dict[str, Any]]:
         item = {

@@ -14,8 +14,7 @@ import time
 from typing import Any
 
 from harnessrl.errors import HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.responses_input import encode_reasoning
-from harnessrl.gateway.apis.responses_output import new_id
+from harnessrl.gateway.apis.responses_output import close_reasoning_item, new_id
 from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, response_object
 from harnessrl.gateway.pipeline.wire import sse_event
 from harnessrl.gateway.teacher.stream import StreamedMessage
@@ -118,19 +117,10 @@ class ResponseItems:
         if item is None or item["status"] != "in_progress":
             return []
         text = "".join(self._reasoning_parts)
-        index = self.items.index(item)
-        # The text in the summary too, as the policy path gives it: harnesses echo summaries back.
-        item.update(
-            summary=[{"type": "summary_text", "text": text}] if text else [],
-            content=[{"type": "reasoning_text", "text": text}],
-            encrypted_content=encode_reasoning(text) if self.encrypt else None,
-            status="completed",
+        # As the policy path closes it (the text in the summary too: harnesses echo summaries back).
+        return close_reasoning_item(
+            item, self.items.index(item), text, encrypt=self.encrypt, status="completed"
         )
-        done = {"item_id": item["id"], "output_index": index, "content_index": 0, "text": text}
-        return [
-            {"type": "response.reasoning_text.done", **done},
-            {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
-        ]
 
     def _open_message(self) -> list[dict[str, Any]]:
         item = {
