@@ -248,6 +248,34 @@ def test_harness_gets_and_store_records_what_the_upstream_sent(teaching: Teachin
         assert mine.finished_at is not None and mine.finished_at >= mine.started_at
 
 
+def metric(t: Teaching, name: str, labels: str = "") -> float:
+    """One sample of the teacher-mode gateway's ``/metrics`` (0 when it has none yet)."""
+    url = str(t.harness.base_url).split("/rollouts/")[0]
+    with GatewayClient(url, ADMIN) as client:
+        for row in client.metrics().splitlines():
+            if row.startswith(f"{name}{labels} ") or (not labels and row.startswith(f"{name} ")):
+                return float(row.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_teacher_calls_count_in_the_gateways_metrics(teaching: Teaching, stream: bool) -> None:
+    """A user watching /metrics sees the teacher's calls as a policy run's: answered calls by finish
+    reason, the upstream's token usage, latency; an upstream error counts no call."""
+    bad = [{"role": "nobody", "content": "x"}]
+    with pytest.raises(openai.BadRequestError):
+        teaching.harness.chat.completions.create(model="m", messages=bad, stream=stream)  # type: ignore[arg-type]
+    assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 0
+    agent_loop(teaching, stream=stream)
+    calls = teaching.store.list_calls(teaching.rollout_id)
+    assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 1
+    assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="stop"}') == 1
+    completion = sum(c.usage.completion_tokens for c in calls if c.usage is not None)
+    assert completion > 0
+    assert metric(teaching, "harnessrl_completion_tokens_total") == completion
+    assert metric(teaching, "harnessrl_call_latency_seconds_count", '{api="chat.completions"}') == 2
+
+
 def test_teacher_calls_are_what_sft_consumes(teaching: Teaching, tokenizer: PolicyTokenizer) -> None:
     """sft reads a teacher-mode call as it reads the same call recorded by the policy path (the
     upstream gateway's own record of it): same conversation, same rendered tokens and loss mask."""

@@ -10,7 +10,8 @@ chunk, which fails unless the upstream finished it).
 ``record`` makes an answered call durable like a policy call: ``Call.request`` as the harness sent
 it, ``Call.response`` one internal (OpenAI chat) assistant message, finish reason, usage, timing, and
 no token ids (the teacher's tokens are not the student's; sft renders the text with the student's
-template). Only an answer the upstream finished is recorded.
+template). Only an answer the upstream finished is recorded, and counted in the gateway's call
+metrics as a policy call is.
 """
 
 from __future__ import annotations
@@ -189,9 +190,25 @@ async def record(
         call_id=None,
     )
     try:
-        return await state.writer.add(call)
+        stored = await state.writer.add(call)
     except RolloutEnded:  # ended by someone this gateway did not hear: refused, as the policy path does
         raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more calls") from None
+    count_answered(state, stored)
+    return stored
+
+
+def count_answered(state: GatewayState, stored: Call) -> None:
+    """The recorded teacher call in the gateway's call metrics, as the policy path counts its calls
+    (``/metrics``: calls by API and finish reason, the upstream's token usage, latency)."""
+    m = state.metrics
+    m.child(m.calls, stored.api, stored.finish_reason).inc()
+    if stored.usage is not None:
+        m.prompt_tokens.inc(stored.usage.prompt_tokens)
+        m.completion_tokens.inc(stored.usage.completion_tokens)
+    if stored.finished_at is not None:
+        m.child(m.latency, stored.api).observe(stored.finished_at - stored.started_at)
+    if stored.first_token_at is not None:
+        m.child(m.first_token, stored.api).observe(stored.first_token_at - stored.started_at)
 
 
 def call_headers(stored: Call) -> dict[str, str]:
