@@ -138,7 +138,7 @@ def record_teacher(tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
             str(work / "teacher.jsonl"),
         ]
         argv += ["--config", str(EXAMPLE / "teacher.toml"), "--k", "1", "--run-dir", str(work / "teacher")]
-        sets = [f"engine.teacher.base_url={url}", f"engine.model=scripted:{EXAMPLE / 'unused_policy.json'}"]
+        sets = [f"engine.teacher.base_url={url}"]
         run(with_sets(argv, sets), work / "teacher.log")
     finally:
         expert.terminate()

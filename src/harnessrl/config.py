@@ -273,7 +273,8 @@ def validate_config(model: type[M] | TypeAdapter[T], data: dict[str, Any], *, wh
 
 def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """Make ``./x`` and ``../x`` items of ``harness.command``, ``harness.args``, ``harness.mounts``,
-    ``harness.repo``, ``evaluator.command`` and ``evaluator.mounts``, and a relative ``retrieval.corpus``,
+    ``harness.repo``, ``evaluator.command`` and ``evaluator.mounts``, the file of a ``scripted:./x``
+    ``engine.model``, and a relative ``retrieval.corpus``,
     absolute, relative to the config file's folder (harnesses and evaluators run in their own
     workspace, so a relative path would break).
     A path the harness should resolve in its workspace is written without ``./`` (``notes/a.txt``)."""
@@ -293,6 +294,11 @@ def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any
     harness = raw.get("harness")
     if isinstance(harness, dict) and "repo" in harness:
         harness["repo"] = fix(harness["repo"])
+    # ``scripted:./replies.json`` is beside the config, like a harness's ``./agent.py``.
+    engine = raw.get("engine")
+    model = engine.get("model") if isinstance(engine, dict) else None
+    if isinstance(model, str) and model.startswith("scripted:"):
+        engine["model"] = "scripted:" + fix(model.removeprefix("scripted:"))
     retrieval = raw.get("retrieval")  # a corpus is never the workspace's: any relative path is the config's
     if isinstance(retrieval, dict) and isinstance(retrieval.get("corpus"), str):
         retrieval["corpus"] = str((base_dir / retrieval["corpus"]).resolve())

@@ -100,3 +100,21 @@ def test_unknown_gateway_section_is_refused(tmp_path):
     cfg.write_text("[gatewy]\nport = 1\n")
     proc = run("gateway", "--config", str(cfg))
     assert proc.returncode == 2 and "gatewy" in proc.stderr
+
+
+def test_a_scripted_policy_beside_the_config_is_found_from_any_folder(tmp_path, monkeypatch):
+    """``scripted:./x.json`` is the config file's, as a harness's ``./agent.py`` is; ``scripted:x.json``
+    stays the working directory's (what ``--set engine.model=scripted:examples/...`` from the repo
+    root means)."""
+    from harnessrl.cli.rollout import load_rollout_config
+
+    folder = tmp_path / "example"
+    folder.mkdir()
+    config = folder / "rollout.toml"
+    config.write_text('[engine]\nmodel = "scripted:./replies.json"\n[harness]\ncommand = ["true"]\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert load_rollout_config(str(config), []).engine.model == f"scripted:{folder / 'replies.json'}"
+    cwd_relative = load_rollout_config(str(config), ["engine.model=scripted:replies.json"])
+    assert cwd_relative.engine.model == "scripted:replies.json"  # control: left as written

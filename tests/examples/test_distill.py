@@ -114,8 +114,8 @@ def teacher_rollouts(tmp_path: Path, name: str, solve, tasks: list[dict]) -> lis
     with serve_in_thread(expert.create_app(solve)) as url:
         argv = [*HARNESSRL, "data", "calibrate", str(given), str(out), "--k", "1", "--run-dir", str(run_dir)]
         argv += ["--config", str(EXAMPLE / "teacher.toml"), "--set", f"engine.teacher.base_url={url}/v1"]
-        argv += ["--set", f"engine.model=scripted:{EXAMPLE / 'unused_policy.json'}"]
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+        # teacher.toml's own engine.model (scripted:./unused_policy.json, beside it), from another folder
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     store = SQLiteStore(run_dir / "harnessrl.db")
     by_task = {r.task_id: r for r in store.list_rollouts()}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -194,10 +195,18 @@ def gateway(
 
     The admin key comes from HARNESSRL_ADMIN_KEY; if unset, one is generated and printed.
     """
-    from harnessrl.config import EngineConfig, GatewayConfig, load_raw_config, validate_config
+    from harnessrl.config import (
+        EngineConfig,
+        GatewayConfig,
+        load_raw_config,
+        resolve_relative_paths,
+        validate_config,
+    )
 
     try:
         raw = load_raw_config(config, set_)
+        if config:  # ``scripted:./x`` is the config file's, as everywhere else
+            raw = resolve_relative_paths(raw, Path(config).resolve().parent)
         gateway_raw = {"host": host, "port": port, **raw.get("gateway", {})}
         if workers is not None:
             gateway_raw["workers"] = workers
