@@ -265,10 +265,14 @@ def test_teacher_calls_count_in_the_gateways_metrics(teaching: Teaching, stream:
     bad = [{"role": "nobody", "content": "x"}]
     with pytest.raises(openai.BadRequestError):
         teaching.harness.chat.completions.create(model="m", messages=bad, stream=stream)  # type: ignore[arg-type]
-    assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 0
+    assert (
+        metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 0
+    )
     agent_loop(teaching, stream=stream)
     calls = teaching.store.list_calls(teaching.rollout_id)
-    assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 1
+    assert (
+        metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="tool_calls"}') == 1
+    )
     assert metric(teaching, "harnessrl_calls_total", '{api="chat.completions",finish_reason="stop"}') == 1
     completion = sum(c.usage.completion_tokens for c in calls if c.usage is not None)
     assert completion > 0
