@@ -645,6 +645,50 @@ def test_gateway_max_tokens_caps_what_the_upstream_is_asked_for(
     ]
 
 
+def test_responses_structured_output_and_reasoning_effort_reach_the_upstream(
+    store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> None:
+    """Codex's ``--output-schema`` (``text.format``) and its reasoning effort are said to the chat
+    upstream in chat's words (``response_format``, ``reasoning_effort``); plain text adds neither; a
+    format chat has no word for is refused, not dropped; Messages' ``thinking`` and ``top_k`` have no
+    portable chat field and are not sent."""
+    upstream = small_upstream()
+    schema = {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}
+    with teacher_on(upstream, store, tokenizer) as (sdk, _):
+        sdk.responses.create(
+            model="g",
+            input="x",
+            reasoning={"effort": "low"},
+            text={"format": {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}},
+        )
+        sdk.responses.create(model="g", input="x", text={"format": {"type": "json_object"}})
+        sdk.responses.create(model="g", input="x", text={"format": {"type": "text"}})
+        with pytest.raises(openai.BadRequestError) as refused:
+            sdk.responses.create(model="g", input="x", text={"format": {"type": "grammar"}})  # type: ignore[arg-type]
+        assert refused.value.status_code == 400 and "text.format" in refused.value.message
+        claude(sdk).messages.create(
+            model="c",
+            max_tokens=200,
+            messages=[{"role": "user", "content": "x"}],
+            thinking={"type": "enabled", "budget_tokens": 100},
+            extra_body={"top_k": 5},
+        )
+    asked = [{k: b.get(k) for k in ("response_format", "reasoning_effort")} for b in upstream.state.asked]
+    assert asked == [
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema, "strict": True},
+            },
+            "reasoning_effort": "low",
+        },
+        {"response_format": {"type": "json_object"}, "reasoning_effort": None},
+        {"response_format": None, "reasoning_effort": None},
+        {"response_format": None, "reasoning_effort": None},
+    ]
+    assert not {"thinking", "top_k"} & set(upstream.state.asked[-1])
+
+
 # -- api = "native": Messages and Responses forwarded to the upstream's own routes ---------------------
 
 

@@ -4,8 +4,10 @@ The request is translated with the converter the policy path uses (``responses_i
 instructions, message/reasoning/function_call/function_call_output items -> internal chat messages;
 function tools; ``previous_response_id`` resolved from this rollout's recorded calls, as the policy
 path resolves it) plus ``max_output_tokens`` -> ``max_tokens``, ``temperature``, ``top_p``,
-``tool_choice`` and ``parallel_tool_calls``. ``reasoning``, ``text`` (structured output) and hosted
-tools are not sent (hosted tools are dropped or refused per ``gateway.unsupported_tools``).
+``tool_choice``, ``parallel_tool_calls``, ``text.format`` (structured output) -> ``response_format``
+and ``reasoning.effort`` -> ``reasoning_effort`` (both in OpenAI's chat API, vLLM's and SGLang's).
+``reasoning.summary`` and ``text.verbosity`` are not sent; hosted tools are dropped or refused per
+``gateway.unsupported_tools``.
 
 The upstream's answer comes back as a Response object, whole or as the documented event sequence
 (``response.created``, ``response.in_progress``, items added / deltas / done, then
@@ -76,7 +78,27 @@ def chat_request(data: dict[str, Any], body: ResponsesRequest) -> dict[str, Any]
     for key in ("temperature", "top_p"):
         if data.get(key) is not None:
             out[key] = data[key]
+    response_format = _response_format(body.text)
+    if response_format is not None:
+        out["response_format"] = response_format
+    effort = (body.reasoning or {}).get("effort")
+    if isinstance(effort, str):
+        out["reasoning_effort"] = effort
     return out
+
+
+def _response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    """Responses' ``text.format`` as chat's ``response_format`` (structured output), None for plain
+    text; a format chat cannot say is refused rather than dropped (the harness relies on it)."""
+    fmt = (text or {}).get("format")
+    if not isinstance(fmt, dict) or fmt.get("type") in (None, "text"):
+        return None
+    if fmt.get("type") == "json_object":
+        return {"type": "json_object"}
+    if fmt.get("type") == "json_schema" and isinstance(fmt.get("name"), str):
+        schema = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    raise BadRequest(f"text.format {fmt.get('type')!r} is not supported in teacher mode", param="text.format")
 
 
 async def teacher_responses(request: Request, teacher: Teacher) -> Response:
