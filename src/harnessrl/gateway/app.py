@@ -11,6 +11,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 import anyio.to_thread
 from starlette.applications import Starlette
@@ -59,6 +60,16 @@ def _model_routes(prefix: str) -> list[Route]:
     ]
 
 
+class GatewayApp(Starlette):
+    """The gateway's ASGI app, carrying its ``GatewayState`` (``gateway``; the handlers reach it as
+    ``request.app.state.gateway``), so whoever serves it reads its connection settings from it."""
+
+    def __init__(self, gateway: GatewayState, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.gateway = gateway
+        self.state.gateway = gateway
+
+
 def create_app(
     config: GatewayConfig,
     store: Store,
@@ -68,7 +79,7 @@ def create_app(
     shared_store: bool = False,
     extra_routes: Sequence[RouteFactory] = (),
     teacher: Teacher | None = None,
-) -> Starlette:
+) -> GatewayApp:
     """The gateway app. The caller owns ``store`` (and closes it); the app starts and closes ``engine``.
 
     ``keepalive_s``: seconds between SSE keep-alive comments to streaming calls held by a pause.
@@ -138,7 +149,8 @@ def create_app(
         Route("/metrics", control.metrics, methods=["GET"]),
         *(build(store, config.admin_key, engine) for build in extra_routes),
     ]
-    app = Starlette(
+    return GatewayApp(
+        state,
         routes=routes,
         exception_handlers=EXCEPTION_HANDLERS,
         # Outermost first: unexpected errors become a 500 inside uvicorn's view of a normal answer.
@@ -154,5 +166,3 @@ def create_app(
         ],
         lifespan=lifespan,
     )
-    app.state.gateway = state
-    return app

@@ -186,6 +186,7 @@ def sse_error(exc: HarnessRLError) -> str:
 
 
 def _count(request: Request, exc: HarnessRLError) -> None:
+    # An app mounted in the gateway (the dashboard's /ui) raises into these handlers as request.app.
     gateway = getattr(request.app.state, "gateway", None)
     if gateway is not None:
         gateway.metrics.errors.labels(code=error_shape(exc).code).inc()

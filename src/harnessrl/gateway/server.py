@@ -144,9 +144,11 @@ def serve_in_thread(
     else:
         host = sock.getsockname()[0]
     port = sock.getsockname()[1]
-    # The connection settings of the gateway served (``create_app`` keeps its config on the app).
-    state = getattr(app.state, "gateway", None)
-    gateway = state.config if state is not None else GatewayConfig()
+    from harnessrl.gateway.app import GatewayApp
+
+    # A gateway is served with its own connection settings; another app (a test's fake upstream)
+    # with the defaults.
+    gateway = app.gateway.config if isinstance(app, GatewayApp) else GatewayConfig()
     config = uvicorn_config(app, gateway, log_level="warning", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     thread = threading.Thread(
