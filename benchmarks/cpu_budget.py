@@ -15,7 +15,10 @@ taken (the machine may be shared; a loaded machine makes every time longer):
 - ``job``: ``harnessrl train examples/arithmetic/train.toml`` as users start it (a subprocess, with
   ``run.dir`` in a scratch folder, ``trainer.steps = --steps``, ``engine.dtype``/``trainer.autocast`` from
   ``--dtype``), its process tree sampled every second from ``/proc``: peak summed RSS and PSS of the
-  tree (PSS counts shared pages once), peak RSS of the training process (its ``VmHWM``), wall time
+  tree (PSS counts shared pages once) and, at the PSS peak, which processes hold it (``at_peak_tree_pss``:
+  PSS/RSS summed by kind: the training process, sandbox launchers, ``bwrap``, the sandboxes' ``init``
+  and the harnesses, and the training process's own ``smaps_rollup``), the tree's PSS every 5 s
+  (``timeline_every_5s``), peak RSS of the training process (its ``VmHWM``), wall time
   from start to exit and per step (``time/step_s``, ``time/train_s``), the trainer's achieved FLOP
   rate ``6 * params * forward_tokens / train_s`` (the attention's FLOPs not counted: a lower bound)
   as a share of the measured GEMM rate, and the held-out rewards the run logged.
@@ -202,14 +205,63 @@ def status_kb(pid: int, key: str) -> int:
     return 0
 
 
-def pss_kb(pid: int) -> int:
+def smaps_kb(pid: int) -> dict[str, int]:
+    """``/proc/PID/smaps_rollup``'s fields in kB (``Rss``, ``Pss``, ``Pss_Anon``, ``Pss_File``...); {} if gone."""
+    out: dict[str, int] = {}
     try:
         for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1])
-    except OSError:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                out[key] = int(rest.split()[0])
+    except (OSError, ValueError):
         pass
-    return 0
+    return out
+
+
+def process_kind(pid: int, root: int) -> str:
+    """What a process of the job's tree is, from its command line: the training process (``root``),
+    a sandbox ``launcher`` (``harnessrl.sandbox.enter``), ``bwrap``, the sandbox's ``init`` (init.py),
+    or a ``harness`` (anything else a sandbox runs: the agent)."""
+    if pid == root:
+        return "trainer"
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return "gone"
+    args = [a.decode(errors="replace") for a in argv if a]
+    if "harnessrl.sandbox.enter" in args:
+        return "launcher"
+    if args and Path(args[0]).name == "bwrap":
+        return "bwrap"
+    if any(a.endswith("/init.py") for a in args[:4]):
+        return "init"
+    return "harness"
+
+
+def tree_memory(root: int) -> dict[str, Any]:
+    """The tree's summed RSS and PSS now (kB), and the same by process kind (``process_kind``)."""
+    kinds: dict[str, dict[str, int]] = {}
+    rss = pss = 0
+    trainer: dict[str, int] = {}
+    for pid in tree_pids(root):
+        fields = smaps_kb(pid)
+        if not fields:
+            continue
+        kind = process_kind(pid, root)
+        if kind == "trainer":
+            trainer = fields
+        k = kinds.setdefault(kind, {"processes": 0, "rss_kb": 0, "pss_kb": 0, "max_pss_kb": 0})
+        k["processes"] += 1
+        k["rss_kb"] += fields.get("Rss", 0)
+        k["pss_kb"] += fields.get("Pss", 0)
+        k["max_pss_kb"] = max(k["max_pss_kb"], fields.get("Pss", 0))
+        rss += fields.get("Rss", 0)
+        pss += fields.get("Pss", 0)
+    return {"rss_kb": rss, "pss_kb": pss, "kinds": kinds, "trainer": trainer}
+
+
+def _gb(kb: int) -> float:
+    return round(kb / 1e6, 3)
 
 
 def run_job(code: Path, steps: int, dtype: str, work: Path, extra: list[str]) -> dict[str, Any]:
@@ -232,18 +284,43 @@ def run_job(code: Path, steps: int, dtype: str, work: Path, extra: list[str]) ->
     log(f"job: {' '.join(argv[2:])} (code {code})")
     started = time.monotonic()
     peak = {"tree_rss_kb": 0, "tree_pss_kb": 0, "train_hwm_kb": 0, "processes": 0}
+    at_pss_peak: dict[str, Any] = {}
+    timeline: list[list[float]] = []  # [s since start, tree PSS GB, trainer PSS GB, processes, load1]
     loads = []
+    metrics_file = run_dir / "metrics.jsonl"
     with open(work / "job.log", "w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=str(code))
         while proc.poll() is None:
-            pids = tree_pids(proc.pid)
-            rss = sum(status_kb(p, "VmRSS") for p in pids)
-            if rss > peak["tree_rss_kb"]:
-                peak["tree_rss_kb"], peak["processes"] = rss, len(pids)
+            now = tree_memory(proc.pid)
+            processes = sum(k["processes"] for k in now["kinds"].values())
+            if now["rss_kb"] > peak["tree_rss_kb"]:
+                peak["tree_rss_kb"], peak["processes"] = now["rss_kb"], processes
                 peak["train_rss_kb_at_peak"] = status_kb(proc.pid, "VmRSS")
-            peak["tree_pss_kb"] = max(peak["tree_pss_kb"], sum(pss_kb(p) for p in pids))
+            if now["pss_kb"] > peak["tree_pss_kb"]:
+                peak["tree_pss_kb"] = now["pss_kb"]
+                logged = metrics_file.read_text().count("\n") if metrics_file.exists() else 0
+                at_pss_peak = {
+                    "s_since_start": round(time.monotonic() - started),
+                    "metrics_rows_logged": logged,
+                    "by_kind": {
+                        kind: {
+                            "processes": k["processes"],
+                            "pss_gb": _gb(k["pss_kb"]),
+                            "rss_gb": _gb(k["rss_kb"]),
+                            "largest_pss_gb": _gb(k["max_pss_kb"]),
+                        }
+                        for kind, k in sorted(now["kinds"].items())
+                    },
+                    "trainer_smaps_gb": {
+                        key: _gb(now["trainer"].get(key, 0))
+                        for key in ("Rss", "Pss", "Pss_Anon", "Pss_File", "Anonymous", "Swap")
+                    },
+                }
             peak["train_hwm_kb"] = max(peak["train_hwm_kb"], status_kb(proc.pid, "VmHWM"))
             loads.append(load1())
+            trainer_pss = _gb(now["kinds"].get("trainer", {}).get("pss_kb", 0))
+            since = round(time.monotonic() - started)
+            timeline.append([since, _gb(now["pss_kb"]), trainer_pss, processes, loads[-1]])
             time.sleep(1.0)
     wall = time.monotonic() - started
     if proc.returncode != 0:
@@ -271,6 +348,8 @@ def run_job(code: Path, steps: int, dtype: str, work: Path, extra: list[str]) ->
         "processes_at_peak_rss": peak["processes"],
         "train_process_rss_at_tree_peak_gb": round(peak.get("train_rss_kb_at_peak", 0) / 1e6, 2),
         "peak_train_process_rss_gb": round(peak["train_hwm_kb"] / 1e6, 2),
+        "at_peak_tree_pss": at_pss_peak,
+        "timeline_every_5s": timeline[::5],  # [s, tree PSS GB, trainer PSS GB, processes, load1]
         "heldout": [[r["step"], r["heldout/success_rate"]] for r in rows if "heldout/success_rate" in r],
         "reward_mean": [round(r["reward/mean"], 3) for r in trained if r.get("reward/mean") is not None],
         "load1_mean": round(sum(loads) / max(1, len(loads)), 2),
@@ -294,7 +373,10 @@ def measure(code: Path, args: argparse.Namespace, parts: set[str], machine: dict
         try:
             out["job"] = run_job(code, args.steps, args.dtype, work, args.set)
         finally:
-            shutil.rmtree(work, ignore_errors=True)
+            if args.keep:
+                log(f"kept the job's run folder and log in {work}")
+            else:
+                shutil.rmtree(work, ignore_errors=True)
         out["job"].update(trainer_flops(out["job"], 134_515_008, machine["gemm"]["float32_gflops"]))
     if "decode" in parts:
         env = {**os.environ, "PYTHONPATH": str(code / "src")}
@@ -337,6 +419,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], help="more --set overrides for the job")
     parser.add_argument("--decode-prompt", type=int, default=256)
     parser.add_argument("--out", type=Path, default=RESULTS, help="where the results JSON goes")
+    parser.add_argument("--keep", action="store_true", help="keep the job's run folder (its path is logged)")
     parser.add_argument("--decode-child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--decode-gemm", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
