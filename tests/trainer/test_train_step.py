@@ -121,6 +121,22 @@ def test_the_step_loss_is_the_sum_of_its_micro_batch_losses(share):
     assert any(not torch.equal(before[k], v) for k, v in weights(policy).items())
 
 
+def test_a_step_drops_its_gradients_once_the_optimizer_has_used_them():
+    # They are not kept through the rollouts and evaluations until the next step (4 bytes a weight).
+    policy = new_policy()
+    before = weights(policy)
+    first = step(policy, AlgorithmConfig())
+    assert first["policy/grad_norm"] > 0  # the step had gradients...
+    assert any(not torch.equal(before[k], v) for k, v in weights(policy).items())  # ...used them...
+    assert all(p.grad is None for p in policy.model.parameters())  # ...and holds none now
+    # Control: the next step computes gradients of its own again and moves the weights with them.
+    middle = weights(policy)
+    second = step(policy, AlgorithmConfig(), 1)
+    assert second["policy/grad_norm"] > 0
+    assert any(not torch.equal(middle[k], v) for k, v in weights(policy).items())
+    assert all(p.grad is None for p in policy.model.parameters())
+
+
 class BusierRanks(OneProcess):
     """One process that behaves as if another rank had two more micro-batches than it has."""
 

@@ -15,7 +15,9 @@ the policy's config) and takes a ``Ranks`` object for what differs between one p
 4. Per round, forwards (``trainer/forward.py``) go through ``Ranks.forward`` (the FSDP root on
    torchrun): with ``kl_coef > 0`` first the frozen reference model's log-probs (no grad), then the
    policy's; then the loss (``micro_batch_loss``) and its backward.
-5. Gradient clip, optimizer and LR scheduler step. The metrics' sums are one float64 vector per rank
+5. Gradient clip, optimizer and LR scheduler step; then the gradients are dropped
+   (``zero_grad(set_to_none=True)``), so the ``4 P`` bytes they hold are not kept between steps,
+   through the rollouts and held-out evaluations, while nothing reads them. The metrics' sums are one float64 vector per rank
    (``StepSums``, laid out by ``algorithms.losses.LOSS_METRICS``); ``Ranks.gather`` stacks every
    rank's in one collective, and the step's metrics are their sums (maxima for ``*_max``), identical
    on every rank.
@@ -381,6 +383,9 @@ def train_step(
     lr = learner.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
     learner.optimizer.step()
     learner.scheduler.step()
+    # Nothing reads the gradients until the next step's backward writes new ones: free them now
+    # rather than at the next step's start (for SmolLM2-135M in fp32, 0.54 GB held otherwise).
+    learner.optimizer.zero_grad(set_to_none=True)
 
     metrics = reduce_sums(ranks.gather(sums.vector()), totals.num_loss_tokens)
     metrics.update(
