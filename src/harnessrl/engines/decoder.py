@@ -5,7 +5,8 @@ cannot use (each request is at its own position). This module re-implements the 
 Llama-style decoders (``llama``, ``mistral``, ``qwen2``, ``qwen3``) on top of the *same parameter
 tensors* as the transformers module, so loading, tying and ``load_state_dict`` keep working, with:
 
-- a preallocated KV cache ``(rows, kv_heads, capacity, head_dim)`` per layer. Rows ``0..n-1`` hold
+- a KV cache ``(rows, kv_heads, capacity, head_dim)`` per layer, grown as the rows need it
+  (``ensure_capacity``) and released when idle. Rows ``0..n-1`` hold
   the decoding sequences, kept contiguous (a finished row is filled by moving the last one), so a
   decode step attends over a *view* ``cache[:n, :, :max_len]`` without gathering;
 - fused QKV and gate/up projections: the transformers ``q_proj/k_proj/v_proj`` (and ``gate_proj``/
@@ -28,7 +29,9 @@ import torch.nn.functional as F
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: The least a KV cache's positions grow by (``BatchedDecoder.ensure_capacity``).
-LENGTH_STEP = 256
+LENGTH_STEP = 64
+#: A KV cache's rows grow to the rows needed rounded up to a multiple of this.
+ROW_STEP = 8
 
 
 @dataclass
@@ -130,19 +133,20 @@ class BatchedDecoder:
     # --- cache management ----------------------------------------------------------------------------
 
     def ensure_capacity(self, rows: int, length: int) -> None:
-        """Grow the cache so that ``rows`` rows of ``length`` positions fit: rows doubling, positions
-        by a quarter (at least ``LENGTH_STEP``), so a cache holds at most ~25% (or 256 positions) more
-        than its longest row needs, not up to twice. Layer by layer: while it grows, one layer's old
+        """Grow the cache so that ``rows`` rows of ``length`` positions fit: rows to a multiple of
+        ``ROW_STEP``, positions by an eighth (at least ``LENGTH_STEP``), so a cache holds at most
+        ``ROW_STEP - 1`` rows and ~12% (or 64 positions) more than its rows need. Every row is as
+        long as the longest, so the slack is paid once per row: with 32 rows of SmolLM2 in fp32,
+        256 spare positions were 0.38 GB. Growing copies the cache (~50 ms for 0.75 GB here, against
+        a decode step of ~0.3-1.5 s at 32 rows on 2 cores), at most a few times per busy period: the
+        cache is released when the engine is idle. Layer by layer: while it grows, one layer's old
         tensors are held beside the new ones, not the whole old cache."""
         if rows <= self.rows_cap and length <= self.len_cap:
             return
-        new_rows = max(self.rows_cap, 1)
-        while new_rows < rows:
-            new_rows *= 2
-        new_rows = min(max(new_rows, rows), self.max_rows)
+        new_rows = min(max(self.rows_cap, -(-rows // ROW_STEP) * ROW_STEP), self.max_rows)
         new_len = max(self.len_cap, self._initial_capacity)
         while new_len < length:
-            new_len += max(LENGTH_STEP, new_len // 4)
+            new_len += max(LENGTH_STEP, new_len // 8)
         new_len = min(max(new_len, length), self.context_length)
         shape = (new_rows, self.n_kv, new_len, self.head_dim)
         if not self.k_cache:

@@ -13,12 +13,15 @@ engine in the same process):
 - engine weights: ``P`` x the engine dtype's size (its own copy, refreshed after every step);
 - engine KV cache, at most: ``engine.max_batch_size`` rows x ``engine.context_length`` positions
   (default: the model's own context) x layers x 2 x KV heads x head dim x dtype size. The cache grows
-  with the longest running request, so this is a bound, reached only by rows that long;
+  with the running requests (rows in eights, every row as long as the longest plus ~12%), so this
+  is a bound, reached only by that many rows that long;
 - activations kept for the backward of one micro-batch: ``trainer.micro_batch_tokens`` x layers x
   ``ACTIVATION_FLOATS_PER_TOKEN_LAYER`` hidden-size multiples, plus the attention probabilities of its
   rows (``row_tokens``^2 x heads per layer); ``trainer.gradient_checkpointing`` keeps one layer's;
 - ``PROCESS_OVERHEAD_BYTES`` for the interpreter, torch, the tokenizer, the gateway and the store, and
-  ``HARNESS_PROCESS_BYTES`` per concurrent harness process (``controller.concurrency``).
+  ``HARNESS_PROCESS_BYTES`` per concurrent rollout (``controller.concurrency``): measured on the main
+  job (PSS, ``benchmarks/cpu_budget.py``), the OpenAI-SDK agent's Python 51 MB, the sandbox
+  launcher 8.7 MB, the sandbox's ``init.py`` 4.7 MB and two ``bwrap`` 0.3 MB: 65 MB a rollout.
 
 Measured on the main job (examples/arithmetic, SmolLM2-135M, fp32): see benchmarks/cpu_budget.py.
 """
@@ -43,7 +46,7 @@ GB = 1e9
 #: and the MLP's gate/up/activation products (4 x intermediate, ~10.7 hidden sizes for SmolLM2).
 ACTIVATION_FLOATS_PER_TOKEN_LAYER = 22
 PROCESS_OVERHEAD_BYTES = int(1.0 * GB)
-HARNESS_PROCESS_BYTES = int(0.05 * GB)
+HARNESS_PROCESS_BYTES = int(0.065 * GB)
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
