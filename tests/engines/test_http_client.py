@@ -243,8 +243,8 @@ def test_streams_in_either_framing_are_read_and_the_connection_reused(framing: s
         upstream = HttpUpstream(url)
         got = []
         for _ in range(2):
-            async with upstream.stream_sse("/v1/completions", {"stream": True}) as events:
-                got.append([e["i"] async for e in events])
+            async with upstream.stream_sse("/v1/completions", {"stream": True}) as batches:
+                got.append([e["i"] async for batch in batches for e in batch])
         await upstream.aclose()
         server.close()
         assert got == [[0, 1, 2], [0, 1, 2]]
@@ -325,15 +325,15 @@ def test_leaving_a_stream_early_closes_the_connection_so_the_server_stops() -> N
 
     async def go() -> None:
         upstream = HttpUpstream(await server.start())
-        async with upstream.stream_sse("/v1/completions", {}) as events:
-            assert [e async for e in events] == [{"i": 9}]
-        async with upstream.stream_sse("/v1/completions", {}) as events:
-            async for event in events:
-                assert event == {"i": 0}
+        async with upstream.stream_sse("/v1/completions", {}) as batches:
+            assert [e async for batch in batches for e in batch] == [{"i": 9}]
+        async with upstream.stream_sse("/v1/completions", {}) as batches:
+            async for batch in batches:
+                assert batch == [{"i": 0}]
                 break  # the server is still "generating"
         await asyncio.wait_for(server.hung_up.wait(), 2)  # well before the idle sweep (4 s)
-        async with upstream.stream_sse("/v1/completions", {}) as events:
-            assert [e async for e in events] == [{"i": 9}]
+        async with upstream.stream_sse("/v1/completions", {}) as batches:
+            assert [e async for batch in batches for e in batch] == [{"i": 9}]
         await upstream.aclose()
         server.close()
         assert [r.connection for r in server.requests] == [1, 1, 2]
@@ -427,9 +427,9 @@ def test_the_read_timeout_is_the_silence_between_bytes_and_timeout_s_bounds_the_
         assert silent.value.retryable and "ReadTimeout" in str(silent.value)
         got = []
         with pytest.raises(RemoteEngineError) as stalled:
-            async with upstream.stream_sse("/stalls", {}) as events:
-                async for event in events:
-                    got.append(event)
+            async with upstream.stream_sse("/stalls", {}) as batches:
+                async for batch in batches:
+                    got += batch
         assert got == [{"i": 0}] and stalled.value.retryable and "ReadTimeout" in str(stalled.value)
         with pytest.raises(RemoteEngineError) as total:
             await upstream.request_json("GET", "/slow", timeout_s=0.5)

@@ -1,5 +1,5 @@
 """How ``VLLMEngine`` reads sampled token IDs and logprobs out of an answer: the C-level parse of
-``"token_id:{id}"`` names (``vllm._token_ids``) accepts and refuses exactly what the token-by-token
+``"token_id:{id}"`` names (``vllm_samples._token_ids``) accepts and refuses exactly what the token-by-token
 parse does, with the same IDs and the same error (a few tokens, as a streamed chunk has, are parsed one by one)."""
 
 from __future__ import annotations
@@ -11,9 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from harnessrl.engines.remote import RemoteEngineError
-from harnessrl.engines.tiny import tiny_model_dir
-from harnessrl.engines.vllm import VLLMEngine, _token_ids, _token_ids_joined, _token_ids_one_by_one
-from harnessrl.tokenizer import PolicyTokenizer
+from harnessrl.engines.vllm_samples import _token_ids, _token_ids_joined, _token_ids_one_by_one, samples_of
 
 
 def outcome(parse: Any, tokens: list[Any]) -> tuple[str, Any]:
@@ -66,19 +64,14 @@ def test_a_whole_answer_of_names_parses_to_its_ids() -> None:
     assert not caught.value.retryable
 
 
-@pytest.fixture(scope="module")
-def engine() -> VLLMEngine:
-    return VLLMEngine("http://127.0.0.1:9", PolicyTokenizer.from_dir(tiny_model_dir(weights=False)))
-
-
-def test_samples_turn_null_and_integer_logprobs_into_floats(engine: VLLMEngine) -> None:
+def test_samples_turn_null_and_integer_logprobs_into_floats() -> None:
     answer = {
         "choices": [{"logprobs": {"tokens": ["token_id:3", "token_id:4"], "token_logprobs": [None, -1]}}]
     }
-    ids, logprobs = engine._samples(answer)
+    ids, logprobs = samples_of(answer, "u")
     assert (ids, logprobs) == ([3, 4], [0.0, -1.0])
     assert all(type(lp) is float for lp in logprobs)
     two = {"choices": [{"token_ids": ["5"], "logprobs": {"token_logprobs": [-0.5]}}] * 2}
-    assert engine._samples(two) == ([5, 5], [-0.5, -0.5])  # IDs as given, converted; choices joined
+    assert samples_of(two, "u") == ([5, 5], [-0.5, -0.5])  # IDs as given, converted; choices joined
     with pytest.raises(ValueError):
-        engine._samples({"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": ["x"]}}]})
+        samples_of({"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": ["x"]}}]}, "u")

@@ -49,6 +49,10 @@ class Knobs:
     # "names" (logprobs tokens "token_id:{id}", as with return_tokens_as_token_ids) or "text"
     # (logprobs tokens as text: a server that ignored return_tokens_as_token_ids).
     ids_as: str = "token_ids"
+    # The event after the tokens' (None: none, the last token's event ends the answer).
+    last_event: dict[str, Any] | None = field(
+        default_factory=lambda: {"choices": [{"token_ids": [], "finish_reason": "stop"}]}
+    )
 
 
 def serve_knobs(knobs: Knobs) -> FakeServer:
@@ -71,7 +75,8 @@ def serve_knobs(knobs: Knobs) -> FakeServer:
             return JSONResponse({"choices": [choice(knobs.tokens)]})
         nl = knobs.line_end
         events = [json.dumps({"choices": [choice([token])]}) for token in knobs.tokens]
-        events.append(json.dumps({"choices": [{"token_ids": [], "finish_reason": "stop"}]}))
+        if knobs.last_event is not None:
+            events.append(json.dumps(knobs.last_event))
         done = f"data: [DONE]{nl}{nl}" if knobs.done is None else knobs.done
         text = knobs.preamble + "".join(f"data: {e}{nl}{nl}" for e in events) + done
         raw = text.encode()

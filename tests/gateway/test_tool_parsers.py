@@ -89,3 +89,18 @@ def test_streaming_in_any_pieces_equals_whole(cuts: list[int]) -> None:
 def test_partial_suffix_is_the_longest_tail_that_starts_the_tag(text: str, tag: str) -> None:
     longest = max((k for k in range(1, len(tag)) if text.endswith(tag[:k])), default=0)
     assert partial_suffix(text, tag) == longest
+
+
+def test_text_that_cannot_start_a_tag_is_content_as_it_comes() -> None:
+    # The per-token case: nothing held, no "<" in the piece; the piece is released whole at once.
+    parser = HermesToolParser()
+    assert parser.feed("Hello") == [ContentEvent("Hello")]
+    assert parser.feed("") == []
+    assert parser.feed(" wor<") == [ContentEvent(" wor")]  # "<" may start a tag: held
+    assert parser.feed("ld") == [ContentEvent("<ld")]
+    assert parser.feed("<tool") == []
+    assert parser.feed("box") == [ContentEvent("<toolbox")]
+    assert parser.feed("<tool_call>") == []
+    assert parser.feed('{"name": "a", "arguments": {}}') == []  # inside a block: held, no "<"
+    events = parser.feed("</tool_call>!")
+    assert [type(e).__name__ for e in events] == ["ToolCallEvent", "ContentEvent"] and events[1].text == "!"

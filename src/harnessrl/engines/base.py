@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from harnessrl.tokenizer import PolicyTokenizer
@@ -27,14 +27,15 @@ class SamplingParams:
     seed: int | None = None
 
 
-@dataclass(frozen=True)
-class TokenSample:
+class TokenSample(NamedTuple):
     """One sampled token and its log-probability under the distribution it was sampled from.
 
     Embedded engine: ``log_softmax(logits / temperature)[token_id]``, renormalized over the nucleus
     when ``top_p < 1``; greedy (``temperature == 0``) reports the temperature-1 logprob. vLLM (with
     ``--logprobs-mode processed_logprobs``, which harnessrl checks): the same. Scripted engine:
     always ``0.0``.
+
+    A tuple: one is made per streamed token, and a frozen dataclass costs about twice as much.
     """
 
     token_id: int

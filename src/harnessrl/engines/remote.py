@@ -30,6 +30,7 @@ from yarl import URL
 from harnessrl.engines.base import WeightUpdate
 from harnessrl.engines.http_client import Answer, HttpClient, HttpClientError
 from harnessrl.engines.proxied_client import ProxiedClient
+from harnessrl.engines.sse import BadEvent, SseLines, loads, parse_events
 from harnessrl.errors import ConfigError, ContextLengthExceeded, GenerationAborted, UpstreamError
 
 if TYPE_CHECKING:
@@ -43,15 +44,6 @@ _TRANSPORT_ERRORS = (HttpClientError, aiohttp.ClientError, TimeoutError, OSError
 # uvicorn (vLLM's and SGLang's server) closes a connection idle for 5 s: a call after a lull must not be
 # written into a socket the server is closing.
 IDLE_CONNECTION_S = 4.0
-
-
-def loads(data: bytes | str) -> Any:
-    """JSON from a server. orjson is strict JSON and ~10x faster than ``json`` on the token lists
-    these servers send; what it refuses (``NaN``, integers past 64 bits) gets the lenient parser."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
 
 
 def dumps(value: Any) -> bytes:
@@ -225,8 +217,9 @@ class HttpUpstream:
             return answer.body.decode("utf-8", "replace")
 
     @asynccontextmanager
-    async def stream_sse(self, path: str, json_body: Any) -> AsyncIterator[AsyncIterator[Any]]:
-        """POST and iterate the server-sent events' ``data:`` payloads as JSON (``[DONE]`` ends it).
+    async def stream_sse(self, path: str, json_body: Any) -> AsyncIterator[AsyncIterator[list[Any]]]:
+        """POST and iterate the server-sent events' ``data:`` payloads as JSON (``[DONE]`` ends it),
+        a list at a time: the events of one piece of the body, as it arrived.
 
         Leaving before the body's end (or being cancelled) closes the connection, which aborts the
         request server-side.
@@ -258,42 +251,30 @@ def _env_settings(url: URL, *, netrc: bool) -> tuple[dict[str, Any], aiohttp.Bas
     return proxy, auth
 
 
-async def _events(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[Any]:
-    """The ``data:`` payloads of an SSE body (its ``chunks`` as they arrive), parsed as JSON, up to
-    ``data: [DONE]``.
+async def _events(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[Any]]:
+    """The ``data:`` payloads of an SSE body, parsed as JSON, up to ``data: [DONE]``: one list per
+    piece of the body as it arrives (``chunks``), of the events that piece completed (never empty).
 
-    Lines are split on bytes (``\\n`` or ``\\r\\n``; vLLM and SGLang send ``\\n``), not decoded and
-    split in Python line by line, which costs more than the JSON itself at one event per token. After
-    ``[DONE]`` the rest of the body is read, so the connection goes back to the pool instead of being
-    closed (a new TCP connection per call otherwise).
+    The parsing is :mod:`harnessrl.engines.sse`'s, a read at a time. After ``[DONE]`` the rest of the
+    body is read, so the connection goes back to the pool instead of being closed (a new TCP
+    connection per call otherwise).
     """
-    done = False
-    buffer = b""
+    lines = SseLines()
     try:
         async for chunk in chunks:
-            if done:
-                continue  # drain: only the chunked-encoding terminator should be left
-            lines = (buffer + chunk).split(b"\n")
-            buffer = lines.pop()  # an incomplete last line waits for the next chunk
-            for line in lines:
-                if not line.startswith(b"data:"):
-                    continue  # comments, blank separators, `event:` lines
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    break
-                try:
-                    event = loads(data)
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise RemoteEngineError(
-                        f"{url}: bad stream event {data[:120]!r}", retryable=True
-                    ) from exc
-                yield event
+            payloads = lines.feed(chunk)  # nothing once [DONE] was seen: the rest is drained
+            if not payloads:
+                continue
+            try:
+                events = parse_events(payloads)
+            except BadEvent as bad:
+                if bad.parsed:
+                    yield bad.parsed
+                raise RemoteEngineError(f"{url}: {bad}", retryable=True) from bad.__cause__
+            yield events
     except _TRANSPORT_ERRORS as exc:
         raise _transport_error(exc, url) from exc
-    if not done and buffer.strip() == b"data: [DONE]":
-        done = True  # a body that ends without the final newline
-    if not done:
+    if not lines.finish():
         # Both vLLM and SGLang end a stream with `data: [DONE]`; a stream that just stops means the
         # server went away mid-answer (the connection closed cleanly between chunks).
         raise RemoteEngineError(f"{url}: stream ended without [DONE]", retryable=True, url=url)

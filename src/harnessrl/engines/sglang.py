@@ -94,24 +94,25 @@ class SGLangEngine(RemoteEngine):
         url = f"{self.base_url}/generate"
         stops = set(params.stop_token_ids)
         yielded = 0
-        async with self.http.stream_sse("/generate", body) as events:
-            async for event in events:
-                error = stream_error(event, url)
-                if error is not None:
-                    raise error
-                entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
-                new = entries if self.incremental_stream else entries[yielded:]
-                for entry in new:
-                    # [logprob, token_id, token_text_or_null]
-                    if not isinstance(entry, list | tuple) or len(entry) < 2:
-                        raise RemoteEngineError(
-                            f"{url}: bad output_token_logprobs entry {entry!r}", retryable=False
-                        )
-                    logprob, token_id = entry[0], int(entry[1])
-                    yielded += 1
-                    yield TokenSample(token_id, float(logprob if logprob is not None else 0.0))
-                    if token_id in stops:
-                        return
+        async with self.http.stream_sse("/generate", body) as batches:
+            async for events in batches:
+                for event in events:
+                    error = stream_error(event, url)
+                    if error is not None:
+                        raise error
+                    entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
+                    new = entries if self.incremental_stream else entries[yielded:]
+                    for entry in new:
+                        # [logprob, token_id, token_text_or_null]
+                        if not isinstance(entry, list | tuple) or len(entry) < 2:
+                            raise RemoteEngineError(
+                                f"{url}: bad output_token_logprobs entry {entry!r}", retryable=False
+                            )
+                        logprob, token_id = entry[0], int(entry[1])
+                        yielded += 1
+                        yield TokenSample(token_id, float(logprob if logprob is not None else 0.0))
+                        if token_id in stops:
+                            return
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:

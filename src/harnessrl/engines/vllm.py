@@ -69,6 +69,7 @@ sent to the server.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
@@ -76,7 +77,8 @@ from typing import Any, Literal
 import orjson
 
 from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, through_first_stop
-from harnessrl.engines.remote import AbortedByEngine, RemoteEngine, RemoteEngineError, stream_error
+from harnessrl.engines.remote import RemoteEngine, RemoteEngineError
+from harnessrl.engines.vllm_samples import batch_samples, events_through, samples_of
 from harnessrl.errors import ConfigError
 from harnessrl.token_ids import json_array
 
@@ -84,6 +86,8 @@ log = logging.getLogger("harnessrl.engines.vllm")
 
 #: vLLM's logprobs mode that reports the distribution a token was actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
+#: ``TokenSample`` of an ``(id, logprob)`` pair, made in C (its ``__new__`` is Python): one per token.
+_token_sample = functools.partial(tuple.__new__, TokenSample)
 #: Sampling fields harnessrl does not implement, pinned to "off" in every request.
 NEUTRAL_SAMPLING = {
     "top_k": 0,
@@ -92,8 +96,6 @@ NEUTRAL_SAMPLING = {
     "presence_penalty": 0.0,
     "frequency_penalty": 0.0,
 }
-#: Finish reasons with which the server, not the policy, ended an answer.
-CUT_SHORT = frozenset({"abort", "error"})
 
 
 def logprobs_mode_of(server_info: Any) -> str | None:
@@ -202,21 +204,36 @@ class VLLMEngine(RemoteEngine):
             for token_id, logprob in zip(ids, logprobs, strict=True):
                 yield TokenSample(token_id, logprob)
             return
+        url = self._completions_url
         stopped = False
         async with self.http.stream_sse(
             "/v1/completions", self._request(prompt_ids, params, budget, True)
-        ) as events:
-            async for event in events:
-                ids, logprobs = self._samples(event)
-                if stopped:
-                    if ids:
-                        return  # tokens past the stop token: stop reading (closes the connection)
-                    continue  # read the stream to its end so the connection is reused
-                for token_id, logprob in zip(ids, logprobs, strict=True):
-                    yield TokenSample(token_id, logprob)
-                    if token_id in stops:
-                        stopped = True
-                        break
+        ) as batches:
+            async for events in batches:  # the events of one read of the socket
+                plain = None if stopped else batch_samples(events)
+                if plain is not None:
+                    ids, logprobs = plain
+                    if stops.isdisjoint(ids):
+                        for sample in map(_token_sample, zip(ids, logprobs, strict=True)):
+                            yield sample
+                        continue
+                    cut = through_first_stop(ids, stops)
+                    for sample in map(_token_sample, zip(ids[:cut], logprobs[:cut], strict=True)):
+                        yield sample
+                    stopped = True  # the events after the stop token's are read as below
+                    events = events[events_through(events, cut, len(ids)) :]
+                # Past a stop token, or an event that is not the plain shape: event by event.
+                for event in events:
+                    ids, logprobs = samples_of(event, url)
+                    if stopped:
+                        if ids:
+                            return  # tokens past the stop token: stop reading (closes the connection)
+                        continue  # read the stream to its end so the connection is reused
+                    for token_id, logprob in zip(ids, logprobs, strict=True):
+                        yield TokenSample(token_id, logprob)
+                        if token_id in stops:
+                            stopped = True
+                            break
 
     async def generate_whole(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
@@ -227,51 +244,9 @@ class VLLMEngine(RemoteEngine):
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
-        ids, logprobs = self._samples(answer)
+        ids, logprobs = samples_of(answer, self._completions_url)
         cut = through_first_stop(ids, params.stop_token_ids)
         return (ids, logprobs) if cut == len(ids) else (ids[:cut], logprobs[:cut])
-
-    def _samples(self, event: Any) -> tuple[list[int], list[float]]:
-        """The token IDs and logprobs of one stream chunk or of a whole non-streamed answer.
-
-        Called once per streamed token, and with 256 tokens for a whole answer: the per-token work is
-        C-level passes (``map``, :func:`_token_ids`), not Python loops."""
-        url = self._completions_url
-        error = stream_error(event, url)
-        if error is not None:
-            raise error
-        if not isinstance(event, dict):
-            raise RemoteEngineError(f"{url}: unexpected answer {str(event)[:120]!r}", retryable=False)
-        out_ids: list[int] = []
-        out_logprobs: list[float] = []
-        for choice in event.get("choices") or []:
-            finish = choice.get("finish_reason")
-            if finish in CUT_SHORT:
-                raise AbortedByEngine(
-                    f"{url}: the server ended the generation itself (finish_reason={finish!r}: paused "
-                    "with mode=abort, aborted, or failed); the partial answer is discarded",
-                    url=url,
-                )
-            block = choice.get("logprobs") or {}
-            logprobs = block.get("token_logprobs") or []
-            ids = choice.get("token_ids")
-            ids = _token_ids(block.get("tokens") or [], url) if ids is None else list(map(int, ids))
-            if len(logprobs) != len(ids):
-                raise RemoteEngineError(
-                    f"{url}: chunk has {len(ids)} token IDs but {len(logprobs)} logprobs "
-                    "(does the server take logprobs and return_tokens_as_token_ids?)",
-                    retryable=False,
-                )
-            try:
-                logprobs = list(map(float, logprobs))
-            except TypeError:  # a null logprob (or a value float() refuses: raised again below)
-                logprobs = [0.0 if lp is None else float(lp) for lp in logprobs]
-            if out_ids:
-                out_ids += ids
-                out_logprobs += logprobs
-            else:  # one choice, as always: its fresh lists, not copies
-                out_ids, out_logprobs = ids, logprobs
-        return out_ids, out_logprobs
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:
@@ -326,66 +301,3 @@ class VLLMEngine(RemoteEngine):
             "model": self.model_name,
             "policy_version": self._version,
         }
-
-
-_TOKEN_ID_PREFIX = "token_id:"
-_PREFIX = _TOKEN_ID_PREFIX.encode()
-_SEPARATED_PREFIX = b"," + _PREFIX
-# Up to this many tokens, ``_token_ids`` parses them one by one.
-_FEW_TOKENS = 4
-
-
-def _token_ids(tokens: list[Any], url: str) -> list[int]:
-    """The IDs in ``"token_id:{id}"`` logprobs tokens (``return_tokens_as_token_ids``).
-
-    A 256-token answer has 256 of them, so they are parsed in a few C-level passes over the tokens
-    joined by commas, not token by token (~20 µs instead of ~110 µs): the joined text starts with the
-    prefix, each of the other tokens' prefixes is one ``",token_id:"`` (counted by how much replacing
-    them with ``","`` shortens the text), what is left is ASCII digits and commas, and that is a JSON
-    array with one integer per token. Together these hold exactly when every token is the prefix and
-    digits. Anything else (or digits JSON refuses, such as ``01``, or reads as a float, past 64 bits)
-    takes the token-by-token path, which accepts and refuses exactly what it always did.
-    """
-    if len(tokens) <= _FEW_TOKENS:  # a streamed chunk (one token): the passes cost more than a loop
-        return _token_ids_one_by_one(tokens, url)
-    return _token_ids_joined(tokens, url)
-
-
-def _token_ids_joined(tokens: list[Any], url: str) -> list[int]:
-    """``_token_ids`` by the C-level passes (any number of tokens)."""
-    try:
-        joined = ",".join(tokens).encode()
-    except (TypeError, UnicodeEncodeError):  # a token that is not a string, or a lone surrogate
-        return _token_ids_one_by_one(tokens, url)
-    skip = len(_PREFIX)
-    numbers = joined[skip:].replace(_SEPARATED_PREFIX, b",")
-    if (
-        joined.startswith(_PREFIX)
-        and len(joined) - skip - len(numbers) == skip * (len(tokens) - 1)  # one prefix per separator
-        and numbers.translate(None, b",").isdigit()
-    ):
-        try:
-            ids = orjson.loads(b"[" + numbers + b"]")
-        except orjson.JSONDecodeError:  # an empty ID, or leading zeros
-            pass
-        else:
-            # No comma inside a token; and no ID past 64 bits, which orjson reads as a float.
-            if len(ids) == len(tokens) and type(sum(ids)) is int:
-                return ids
-    return _token_ids_one_by_one(tokens, url)
-
-
-def _token_ids_one_by_one(tokens: list[Any], url: str) -> list[int]:
-    skip = len(_TOKEN_ID_PREFIX)
-    try:
-        ids = [int(t[skip:]) for t in tokens if t[:skip] == _TOKEN_ID_PREFIX]
-    except (TypeError, ValueError):  # not a string, or no number after the prefix
-        ids = []
-    if len(ids) == len(tokens) and min(ids, default=0) >= 0:
-        return ids
-    bad = next((t for t in tokens if not (isinstance(t, str) and t[skip:].isdigit())), tokens[0])
-    raise RemoteEngineError(
-        f"{url}: logprobs token {str(bad)[:40]!r} is not 'token_id:<id>' (is the server older than "
-        "return_tokens_as_token_ids, vLLM 0.6?)",
-        retryable=False,
-    )

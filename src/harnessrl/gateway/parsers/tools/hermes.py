@@ -30,6 +30,9 @@ class HermesToolParser:
         self.malformed = 0  # blocks returned as text
 
     def feed(self, text: str) -> list[Event]:
+        if not self._buffer and not self._in_block and "<" not in text:
+            # Fed once per sampled token: text with nothing held and no "<" cannot hold or start a tag.
+            return [ContentEvent(text)] if text else []
         self._buffer += text
         events: list[Event] = []
         while True:
