@@ -413,14 +413,16 @@ def test_the_read_timeout_is_the_silence_between_bytes_and_timeout_s_bounds_the_
             return False
         body = b'{"slow": 1}'
         request.writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body))
-        for byte in body:  # 0.08 s between bytes, 0.9 s in all
-            await asyncio.sleep(0.08)
+        for byte in body:  # 0.1 s between bytes, 1.1 s in all: longer than the read timeout
+            await asyncio.sleep(0.1)
             request.writer.write(bytes([byte]))
         return True
 
     async def go() -> None:
         server, url = await serve(handler)
-        upstream = HttpUpstream(url, timeout_s=0.3)  # the read timeout
+        # The read timeout: 10x the gaps between the slow answer's bytes, so a loaded machine (a CI
+        # run saw a 0.3 s timeout expire between bytes 0.08 s apart) does not break the slow read.
+        upstream = HttpUpstream(url, timeout_s=1.0)
         assert await upstream.request_json("GET", "/slow") == {"slow": 1}
         with pytest.raises(RemoteEngineError) as silent:  # the guard: a read timeout, not the test's
             await asyncio.wait_for(upstream.request_json("GET", "/silent"), 600)
