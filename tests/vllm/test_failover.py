@@ -23,7 +23,10 @@ import pytest
 from tests.vllm.vllm_support import (
     LOGPROB_ATOL,
     LONG_STORY,
+    freeze_mid_generation,
     max_abs_diff,
+    requests_finished,
+    resume_server,
     start_call,
     start_vllm_server,
     stored_whole,
@@ -36,7 +39,9 @@ from harnessrl.gateway.prompt.messages import normalize_messages
 
 pytestmark = pytest.mark.vllm
 
-MAX_TOKENS = 600  # vLLM is still generating when it is killed, even if the clients lag behind it
+MAX_TOKENS = 600  # server 2 is frozen mid-generation before it is killed
+#: Calls sent until one is frozen generating on server 2 (the random tiny model may stop early).
+ATTEMPTS = 4
 
 
 @pytest.fixture
@@ -77,13 +82,23 @@ def test_a_replica_that_crashes_mid_stream_fails_over_token_exactly(
         assert warm.whole(8), warm
     assert [r.served for r in pool.replicas] == [1, 1]
 
-    rollout = rollout_preferring(gateway, pool, 1, "failover")
-    _, outcome, thread = start_call(gateway, stream=True, max_tokens=MAX_TOKENS, rollout=rollout)
-    wait_until(
-        lambda: outcome.streaming(10) and pool.replicas[1].in_flight == 1,
-        lambda: f"server 2 to stream: {outcome}",
-    )
-    assert outcome.finish is None  # still generating on server 2
+    for attempt in range(ATTEMPTS):
+        rollout = rollout_preferring(gateway, pool, 1, f"failover{attempt}")
+        finished = requests_finished(second_server.url)
+        _, outcome, thread = start_call(gateway, stream=True, max_tokens=MAX_TOKENS, rollout=rollout)
+        wait_until(
+            lambda o=outcome: o.streaming(10) or o.finish is not None,
+            lambda o=outcome: f"server 2 to stream: {o}",
+        )
+        # Frozen where it is, so the kill below breaks it mid-generation: this process lags vLLM, and a
+        # CI run saw server 2 send the whole answer before the kill (no failover to test).
+        if outcome.finish is None and freeze_mid_generation(second_server.url, 1, finished) == 1:
+            break
+        resume_server(second_server.url)  # it ended first (a stop token, or vLLM ran ahead): again
+        thread.join(timeout=120)
+    else:
+        pytest.fail(f"every one of {ATTEMPTS} calls ended on server 2 before it was frozen")
+    assert pool.replicas[1].in_flight == 1 and outcome.finish is None  # still generating on server 2
     assert second_server.process is not None
     os.killpg(second_server.process.pid, signal.SIGKILL)
     second_server.stop()  # reaps it
