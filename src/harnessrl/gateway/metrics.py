@@ -92,5 +92,17 @@ class GatewayMetrics:
             child = self._children[key] = metric.labels(*label_values)
         return child
 
+    def count_answered(self, api: str, call: Any) -> None:
+        """A recorded call (the policy's or a teacher's) in the call metrics: by API and finish reason,
+        its tokens, latency and time to first token."""
+        self.child(self.calls, api, call.finish_reason).inc()
+        if call.usage is not None:
+            self.prompt_tokens.inc(call.usage.prompt_tokens)
+            self.completion_tokens.inc(call.usage.completion_tokens)
+        if call.finished_at is not None:
+            self.child(self.latency, api).observe(call.finished_at - call.started_at)
+        if call.first_token_at is not None:
+            self.child(self.first_token, api).observe(call.first_token_at - call.started_at)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

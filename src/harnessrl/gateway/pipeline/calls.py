@@ -181,14 +181,7 @@ class PreparedCall:
         state.history.record(stored, self.message_keys)
         self._end_generation()
         self.stored = stored
-        m = state.metrics
-        m.child(m.calls, self.api, stored.finish_reason).inc()
-        m.prompt_tokens.inc(len(stored.prompt_token_ids))
-        m.completion_tokens.inc(len(stored.response_token_ids))
-        if call.finished_at is not None:
-            m.child(m.latency, self.api).observe(call.finished_at - call.started_at)
-        if call.first_token_at is not None:
-            m.child(m.first_token, self.api).observe(call.first_token_at - call.started_at)
+        state.metrics.count_answered(self.api, call)  # its usage is its token counts
         return stored
 
     def _end_generation(self) -> None:

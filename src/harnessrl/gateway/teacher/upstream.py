@@ -193,22 +193,8 @@ async def record(
         stored = await state.writer.add(call)
     except RolloutEnded:  # ended by someone this gateway did not hear: refused, as the policy path does
         raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more calls") from None
-    count_answered(state, stored)
+    state.metrics.count_answered(stored.api, stored)  # as the policy path counts its calls
     return stored
-
-
-def count_answered(state: GatewayState, stored: Call) -> None:
-    """The recorded teacher call in the gateway's call metrics, as the policy path counts its calls
-    (``/metrics``: calls by API and finish reason, the upstream's token usage, latency)."""
-    m = state.metrics
-    m.child(m.calls, stored.api, stored.finish_reason).inc()
-    if stored.usage is not None:
-        m.prompt_tokens.inc(stored.usage.prompt_tokens)
-        m.completion_tokens.inc(stored.usage.completion_tokens)
-    if stored.finished_at is not None:
-        m.child(m.latency, stored.api).observe(stored.finished_at - stored.started_at)
-    if stored.first_token_at is not None:
-        m.child(m.first_token, stored.api).observe(stored.first_token_at - stored.started_at)
 
 
 def call_headers(stored: Call) -> dict[str, str]:
