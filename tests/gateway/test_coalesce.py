@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.gateway.pipeline.coalesce import ClientTooSlow, Outlet
+from harnessrl.gateway.pipeline.coalesce import RECORD_SLACK_BYTES, ClientTooSlow, Outlet
 
 
 class Link:
@@ -24,6 +24,7 @@ class Link:
         self.writable.set()
         self.taken_per_window = 0  # bytes "the client reads" each time a window passes while blocked
         self.unsent = 0
+        self.ack_delay = 0  # of ``unsent``, what a delayed ACK may be holding (all of it was sent)
         self.windows = 0  # windows that passed while blocked
         self.looks = 0  # times the unacknowledged bytes were asked for
 
@@ -43,6 +44,9 @@ class Link:
     def unsent_bytes(self) -> int:
         self.looks += 1
         return self.unsent
+
+    def ack_delay_bytes(self) -> int:
+        return self.ack_delay
 
     def cut(self) -> None:
         pass
@@ -188,7 +192,6 @@ def test_a_client_slower_than_the_rate_is_given_up_on(taken: int) -> None:
 
 
 def test_settle_waits_until_the_client_has_all_but_the_slack() -> None:
-    from harnessrl.gateway.pipeline.coalesce import RECORD_SLACK_BYTES
 
     async def main() -> list[bool]:
         link = Link()
@@ -213,6 +216,36 @@ def test_settle_waits_until_the_client_has_all_but_the_slack() -> None:
         return seen
 
     assert asyncio.run(main()) == [False, False, False, True]
+
+
+@pytest.mark.parametrize("ack_delay", [70_000, 0], ids=["all_sent_ack_delayed", "control_not_all_sent"])
+def test_settle_allows_for_a_delayed_ack_of_what_was_sent(ack_delay: int) -> None:
+    """An answer's last write of 16-64 KiB on loopback: all of it sent, its ACK delayed by the client's
+    kernel (~40 ms). ``settle`` does not wait for that ACK; it does while bytes wait to be sent."""
+
+    async def main() -> tuple[bool, bool]:
+        link = Link()
+        link.taken_per_window = 10**9
+        link.unsent = RECORD_SLACK_BYTES + 40_000
+        link.ack_delay = ack_delay
+
+        async def send(message: dict[str, Any]) -> None:
+            pass
+
+        out = outlet(send, link, window_s=60)
+        await out.put(b"a" * 100)
+        settled = asyncio.ensure_future(out.settle())
+        looks = link.looks
+        await until(lambda: settled.done() or link.looks >= looks + 3)
+        at_once = settled.done()
+        link.unsent = RECORD_SLACK_BYTES  # acknowledged meanwhile
+        await asyncio.wait_for(settled, 5)
+        await out.close()
+        return at_once, settled.done()
+
+    at_once, done = asyncio.run(main())
+    assert done
+    assert at_once is (ack_delay > 0)
 
 
 @pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "control_not_recorded"])

@@ -7,8 +7,10 @@ hide in its kernel; the engine is the scripted one, counting what it samples (``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -148,3 +150,30 @@ def test_a_stream_is_recorded_once_its_client_has_all_but_the_slack(make_gateway
         assert still_on_its_way <= bound
     else:
         assert still_on_its_way > len(body) // 2
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the kernel's send queue is Linux's")
+@pytest.mark.parametrize("reading", [True, False], ids=["all_sent", "control_peer_not_reading"])
+def test_ack_delay_bytes_counts_only_what_was_sent(reading: bool) -> None:
+    """``heads.ack_delay_bytes`` on real loopback sockets: two segments once all that was written was
+    sent (what a delayed ACK may hold); 0 while bytes wait in the send queue because the peer's window
+    is full (a client that does not read is no delayed ACK)."""
+    from harnessrl.gateway.transport.heads import ack_delay_bytes
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.socket()
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        client.connect(server.getsockname())
+        peer, _ = server.accept()
+        with client, peer:
+            peer.setblocking(False)
+            if reading:
+                peer.send(b"x" * 3000)
+                eventually(lambda: ack_delay_bytes(peer) > 0, what="the bytes sent")
+                segment = peer.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
+                assert ack_delay_bytes(peer) == 2 * segment
+            else:
+                with contextlib.suppress(BlockingIOError):
+                    while True:  # fill the client's window and the gateway side's send queue
+                        peer.send(b"x" * 65536)
+                assert ack_delay_bytes(peer) == 0

@@ -23,8 +23,16 @@ it would leave a recorded call its client never got the end of.
 
 **Before the final event** (``settle``): everything put so far has left the gateway, and the
 client's TCP has acknowledged all but ``RECORD_SLACK_BYTES`` of it (Linux; elsewhere: left the
-gateway). A streamed call is recorded only then, and its final event follows the commit, so a
-recorded call's client is at most that many bytes plus the final event away from having it all.
+gateway), or all of it was sent and what is not acknowledged is no more than the client's TCP may
+hold its ACK of (``ClientConnection.ack_delay_bytes``: two segments). A streamed call is recorded only
+then, and its final event follows the commit, so a recorded call's client is at most that many bytes
+plus the final event away from having it all.
+
+Why the delayed ACK counts: a receiver may hold its ACK of less than two segments for ~40 ms (Linux
+does between a request and its answer), and on loopback a segment is 32-64 KiB, so an answer whose
+last write was 16-64 KiB waited ~40 ms to be recorded (p50 ~75 ms for a 256-token Messages or
+Responses stream, ~45 KB). Those bytes were sent; on loopback they are in the client's kernel already.
+On a real network two segments are ~3 KB, less than the slack.
 """
 
 from __future__ import annotations
@@ -142,14 +150,15 @@ class Outlet:
         self._check()
         if self._connection is None:
             return
+        connection = self._connection
+        unsent = connection.unsent_bytes()
         loop = asyncio.get_running_loop()
-        unsent = self._connection.unsent_bytes()
         since, unsent_then = loop.time(), unsent
         delay = 0.001
-        while unsent > RECORD_SLACK_BYTES:
+        while unsent > RECORD_SLACK_BYTES and unsent > connection.ack_delay_bytes():
             await asyncio.sleep(delay)  # the kernel tells no one when an ACK arrives: look again
             delay = min(2 * delay, _SETTLE_POLL_S)
-            unsent = self._connection.unsent_bytes()
+            unsent = connection.unsent_bytes()
             if loop.time() - since >= self._window_s:
                 if unsent_then - unsent < self._min_rate * self._window_s:
                     self._give_up()

@@ -27,7 +27,8 @@ the protocol the moment the socket closes) rather than from a task polling ``rec
 **The window between record and final event.** A call is recorded before its answer's last part
 is sent (so a SIGKILL never loses an answered call): a non-streaming answer is one write right
 after the commit; a stream is recorded only once every earlier event has left the gateway and its
-client's TCP has acknowledged all but ``coalesce.RECORD_SLACK_BYTES`` (16 KiB) of them, and its final
+client's TCP has acknowledged all but ``coalesce.RECORD_SLACK_BYTES`` (16 KiB) of them (or all were
+sent and a delayed ACK may hold the rest: ``coalesce.Outlet.settle``), and its final
 event follows the commit. A client that leaves inside that window leaves a recorded call; the
 window is the commit (about a millisecond) plus, for a stream, at most 16 KiB and the final event
 of reading, which a client not cut as a slow reader does in 16 s at most.
@@ -74,6 +75,9 @@ class ClientConnection(Protocol):
 
     def unsent_bytes(self) -> int:
         """Bytes written that the client's TCP has not acknowledged yet."""
+
+    def ack_delay_bytes(self) -> int:
+        """How many of those a healthy client's TCP may be holding its ACK of (a delayed ACK)."""
 
     def cut(self) -> None:
         """Drop the connection without flushing."""

@@ -10,14 +10,17 @@ by the bytes that came after the head, with a ``new_parser``.
 
 **Unacknowledged bytes.** ``unacknowledged_bytes`` asks the kernel (Linux's ``SIOCOUTQ``) how many
 bytes written to a TCP socket the peer has not acknowledged yet; ``delivery`` records a streamed call
-only once its client's TCP has nearly all of the answer before the final event.
+only once its client's TCP has nearly all of the answer before the final event. ``ack_delay_bytes``
+says how many of them a healthy peer may be holding its ACK of (``coalesce.Outlet.settle``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import socket
 import struct
+import sys
 import termios
 from typing import Any
 
@@ -25,6 +28,8 @@ import httptools
 
 #: ``SIOCOUTQ`` (bytes in a TCP socket's send queue, not yet acknowledged) is ``TIOCOUTQ`` on Linux.
 _SIOCOUTQ = getattr(termios, "TIOCOUTQ", None)
+#: ``SIOCOUTQNSD`` (bytes in the send queue not sent yet), Linux only (``linux/sockios.h``).
+_SIOCOUTQNSD = 0x894B if sys.platform.startswith("linux") else None
 
 
 class UnsupportedUpgrade(Exception):
@@ -65,5 +70,26 @@ def unacknowledged_bytes(fileno: int) -> int:
         return 0
     try:
         return struct.unpack("i", fcntl.ioctl(fileno, _SIOCOUTQ, b"\0\0\0\0"))[0]
+    except OSError:
+        return 0
+
+
+def ack_delay_bytes(sock: socket.socket) -> int:
+    """Of the bytes the peer of TCP socket ``sock`` has not acknowledged, how many it may be holding
+    its ACK of while healthy: two of the connection's segments once every byte written has been sent
+    (a receiver ACKs at least every second full-sized segment, RFC 1122 4.2.3.2, and may delay the
+    ACK of less, ~40 ms on Linux); 0 while some wait to be sent (the peer's window is full: it is not
+    reading), and where the kernel cannot tell.
+
+    On a real network a segment is ~1.4 KB and this is less than ``coalesce.RECORD_SLACK_BYTES``; on
+    loopback a segment is 32-64 KiB, and the peer's kernel has the bytes it was sent (loopback
+    delivers them as they are sent) while it delays the ACK of an answer's last write."""
+    if _SIOCOUTQNSD is None:
+        return 0
+    try:
+        fileno = sock.fileno()
+        if fileno < 0 or struct.unpack("i", fcntl.ioctl(fileno, _SIOCOUTQNSD, b"\0\0\0\0"))[0] > 0:
+            return 0
+        return 2 * sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG)
     except OSError:
         return 0

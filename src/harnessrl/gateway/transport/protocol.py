@@ -37,6 +37,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from harnessrl.gateway.pipeline.delivery import CONNECTION_KEY
 from harnessrl.gateway.transport.heads import (
     UnsupportedUpgrade,
+    ack_delay_bytes,
     head_without_upgrade,
     new_parser,
     unacknowledged_bytes,
@@ -290,6 +291,14 @@ class GatewayProtocol(HttpToolsProtocol):
         sock = self.transport.get_extra_info("socket")
         queued = unacknowledged_bytes(sock.fileno()) if sock is not None else 0
         return self.transport.get_write_buffer_size() + queued
+
+    def ack_delay_bytes(self) -> int:
+        """How many of ``unsent_bytes`` a healthy client's TCP may be holding its ACK of
+        (``heads.ack_delay_bytes``); 0 while some are still in the transport's buffer."""
+        if self.transport is None or self._lost or self.transport.get_write_buffer_size():
+            return 0
+        sock = self.transport.get_extra_info("socket")
+        return ack_delay_bytes(sock) if sock is not None else 0
 
     def cut(self) -> None:
         """Drop the connection now, without flushing what is buffered (a reader too slow to wait for)."""
