@@ -339,6 +339,19 @@ def test_pings_while_a_long_tool_call_is_held_back(make_gateway: Any) -> None:
     assert "event: ping" in lines[start : lines.index("event: content_block_start")]
 
 
+def test_no_pings_while_text_flows(make_gateway: Any) -> None:
+    """Control of the test above: text deltas sent as the tokens arrive (held back until the stream's
+    writer takes them, ``MessageAnswer.held``) count as sent, so no ping goes between them."""
+    gw = make_gateway(["word " * 40], token_delay_s=0.01, keepalive_s=0.05)
+    rollout = gw.rollout()
+    body = {"model": "m", "max_tokens": 256, "messages": USER, "stream": True}
+    headers = {"authorization": f"Bearer {rollout['api_key']}"}
+    with httpx.stream("POST", f"{rollout['base_url']}/messages", json=body, headers=headers) as r:
+        lines = [line for line in r.iter_lines() if line.startswith("event: ")]
+    assert lines.count("event: content_block_delta") > 20
+    assert "event: ping" not in lines
+
+
 def test_rollout_cancelled_while_waiting_gets_an_error_event(make_gateway: Any) -> None:
     gw = make_gateway(["never"], keepalive_s=0.05)
     rollout = gw.rollout()

@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
-from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler
+from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler, joined_deltas
 from harnessrl.gateway.apis.anthropic_convert import (
     CountTokensRequest,
     MessagesRequest,
@@ -38,6 +38,7 @@ from harnessrl.gateway.apis.anthropic_convert import (
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, read_json, validate_body
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, plan_prompt, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -138,6 +139,7 @@ class MessageAnswer:
         parser = state.tool_parser(tools) if body.wants_tool_calls else None
         # A template may open the reasoning itself (the generation prompt ends with "<think>").
         self.assembler = BlockAssembler(parser, reasoning=state.reasoning_parser(call.prompt_ids))
+        self.pending: list[dict[str, Any]] = []  # a stream's events not rendered yet (``held``)
 
     def whole(self, gen: Generation) -> Whole:
         assembler = self.assembler
@@ -176,10 +178,23 @@ class MessageAnswer:
         return [sse_event({"type": "message_start", "message": start})]
 
     def feed(self, piece: Piece) -> list[str]:
-        return [sse_event(event) for event in self.assembler.feed(piece.text)] if piece.text else []
+        if piece.text:
+            self.pending += self.assembler.feed(piece.text)
+            if len(self.pending) >= HOLD_AT_MOST:
+                return self.held()
+        return []
+
+    def held(self) -> list[str]:
+        """The events of the pieces fed since the last write, a block's adjacent text (or thinking)
+        deltas joined into one: the tokens of one engine read are one ``content_block_delta``."""
+        if not self.pending:
+            return []
+        events = [sse_event(event) for event in joined_deltas(self.pending)]
+        self.pending = []
+        return events
 
     def finished(self, gen: Generation) -> Streamed:
-        last = [sse_event(event) for event in self.assembler.finish()]
+        last = self.held() + [sse_event(event) for event in self.assembler.finish()]
         stop_reason, stop_sequence, finish = _stop(self.call, self.assembler)
         delta = {
             "type": "message_delta",

@@ -49,6 +49,32 @@ def _delta(index: int, delta: dict[str, Any]) -> dict[str, Any]:
     return {"type": "content_block_delta", "index": index, "delta": delta}
 
 
+#: The field of each delta type whose text adjacent deltas of one block join into (``joined_deltas``).
+_TEXT_FIELDS = {"text_delta": "text", "thinking_delta": "thinking"}
+
+
+def joined_deltas(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``events`` with each run of adjacent text (or thinking) deltas of one block as one delta of
+    their joined text: a stream sends the tokens that arrived together as one ``content_block_delta``,
+    as Anthropic's own streams carry several tokens' text in one."""
+    out: list[dict[str, Any]] = []
+    for event in events:
+        if out and event["type"] == "content_block_delta" and out[-1]["type"] == "content_block_delta":
+            last, delta = out[-1], event["delta"]
+            field = _TEXT_FIELDS.get(delta["type"])
+            if (
+                field is not None
+                and last["index"] == event["index"]
+                and last["delta"]["type"] == delta["type"]
+            ):
+                out[-1] = _delta(
+                    event["index"], {"type": delta["type"], field: last["delta"][field] + delta[field]}
+                )
+                continue
+        out.append(event)
+    return out
+
+
 class BlockAssembler:
     def __init__(self, parser: ToolParser | None, *, reasoning: ReasoningParser | None = None) -> None:
         """``reasoning``: the answer's reasoning parser (``GatewayState.reasoning_parser``; default

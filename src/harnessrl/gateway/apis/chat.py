@@ -1,8 +1,9 @@
 """``POST /v1/chat/completions``: OpenAI chat, streaming or not, with tools.
 
 The call runs through ``pipeline``; this module holds chat's shapes. Tool calls come from the
-configured parser. Streaming emits content token by token as the engine samples it, and each tool
-call as one delta when its block closes. The answered message is recorded exactly as the client receives it (same tool-call ids),
+configured parser. Streaming emits content as the engine samples it, one chunk per engine read (the
+tokens that arrived together: their text in one delta, one logprob entry per token; ``held``), and
+each tool call as one delta when its block closes. The answered message is recorded exactly as the client receives it (same tool-call ids),
 because it is what the next call's history is matched against.
 
 Chat's body is the one a harness resends longest, so parsing it is incremental too: the messages
@@ -31,7 +32,7 @@ from harnessrl.gateway.bodies import (
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.parsers.tools import ContentEvent, ParsedMessage, ToolCallEvent, collect
 from harnessrl.gateway.parsers.tools import Event as ToolEvent
-from harnessrl.gateway.pipeline.answer import Event
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, Event
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -140,6 +141,7 @@ class ChatAnswer:
         # Sampled tokens (and their logprobs) whose text is not released yet: the next chunk's entries.
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
+        self.held_text: list[str] = []  # pieces' text not rendered yet (``held``)
 
     # -- whole ----------------------------------------------------------------------------------
 
@@ -187,14 +189,27 @@ class ChatAnswer:
         if self.body.logprobs and piece.token_id >= 0 and not piece.is_stop_token:
             self.pending_ids.append(piece.token_id)
             self.pending_lps.append(piece.logprob)
-        if not piece.text:
+        if piece.text:
+            self.held_text.append(piece.text)
+            if len(self.held_text) >= HOLD_AT_MOST:
+                return self.held()
+        return []
+
+    def held(self) -> list[Event]:
+        """The pieces fed since the last chunk as one chunk (and what their text completes for the
+        tool parser): the tokens of one engine read, their logprob entries one per token."""
+        if not self.held_text:
             return []
+        text = "".join(self.held_text) if len(self.held_text) > 1 else self.held_text[0]
+        self.held_text.clear()
         if self.parser is None:
-            return [self._content(piece.text)]
-        return self._emit(self.parser.feed(piece.text))
+            return [self._content(text)]
+        return self._emit(self.parser.feed(text))
 
     def finished(self, gen: Generation) -> Streamed:
-        last = self._emit(self.parser.finish()) if self.parser is not None else []
+        last = self.held()
+        if self.parser is not None:
+            last += self._emit(self.parser.finish())
         if self.parser is not None:
             parsed = collect(self.events)
         else:

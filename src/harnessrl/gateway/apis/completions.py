@@ -141,6 +141,9 @@ class CompletionAnswer:
         self.base = openai_envelope("cmpl", "text_completion", self.model, policy)
         return []
 
+    def held(self) -> list[str]:
+        return []  # every piece's events are sent as they are made
+
     def feed(self, piece: Piece) -> list[str]:
         if self.acc is not None and piece.token_id >= 0 and not piece.is_stop_token:
             self.acc.add([piece.token_id], [piece.logprob])

@@ -34,6 +34,7 @@ from harnessrl.gateway.apis.responses_request import (
 )
 from harnessrl.gateway.bodies import parse_body, validate_body
 from harnessrl.gateway.errors import error_shape
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -122,6 +123,34 @@ async def responses(request: Request) -> Response:
     return await serve(RESPONSES, request)
 
 
+#: The delta events ``joined_deltas`` joins when adjacent and of the same item and content part.
+_TEXT_DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta"})
+
+
+def joined_deltas(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``payloads`` with each run of adjacent text (or reasoning text) deltas of one item's content
+    part as one delta of their joined text (and logprobs): a stream sends the tokens that arrived
+    together as one event, as OpenAI's own streams carry several tokens' text in one delta."""
+    out: list[dict[str, Any]] = []
+    for payload in payloads:
+        kind = payload["type"]
+        if out and kind in _TEXT_DELTAS:
+            last = out[-1]
+            if (
+                last["type"] == kind
+                and last["item_id"] == payload["item_id"]
+                and last["output_index"] == payload["output_index"]
+                and last["content_index"] == payload["content_index"]
+            ):
+                joined = {**last, "delta": last["delta"] + payload["delta"]}
+                if "logprobs" in payload:
+                    joined["logprobs"] = last["logprobs"] + payload["logprobs"]
+                out[-1] = joined
+                continue
+        out.append(payload)
+    return out
+
+
 class ResponsesAnswer:
     """A Response object, whole or as the documented event sequence (``sequence_number`` on each).
 
@@ -140,6 +169,7 @@ class ResponsesAnswer:
         self.created_at = int(time.time())
         self.seq = 0  # the next stream event's ``sequence_number``
         self.out = self._output()
+        self.pending: list[dict[str, Any]] = []  # a stream's events not rendered yet (``held``)
 
     @property
     def whole_from_pieces(self) -> bool:
@@ -241,11 +271,25 @@ class ResponsesAnswer:
         return []
 
     def feed(self, piece: Piece) -> list[str]:
-        return [self.event(payload) for payload in self.out.feed(piece)]
+        payloads = self.out.feed(piece)
+        if payloads:
+            self.pending += payloads
+            if len(self.pending) >= HOLD_AT_MOST:
+                return self.held()
+        return []
+
+    def held(self) -> list[str]:
+        """The events of the pieces fed since the last write, an item's adjacent text deltas joined
+        into one: the tokens of one engine read are one ``response.output_text.delta``."""
+        if not self.pending:
+            return []
+        events = [self.event(payload) for payload in joined_deltas(self.pending)]
+        self.pending = []
+        return events
 
     def finished(self, gen: Generation) -> Streamed:
         status = self.status(gen)
-        last = [self.event(payload) for payload in self.out.finish(status)]
+        last = self.held() + [self.event(payload) for payload in self.out.finish(status)]
         kind = "response.completed" if status == "completed" else "response.incomplete"
         final = self.event({"type": kind, "response": self.response(status, self.out)})
         return Streamed(last, *self.recorded(gen), [final])

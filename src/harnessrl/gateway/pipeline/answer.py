@@ -17,6 +17,11 @@ from harnessrl.gateway.pipeline.generation import Generation, Piece
 #: One server-sent event, text or already UTF-8 (``coalesce.Outlet`` takes both).
 Event = str | bytes
 
+#: Most pieces (or events) an answer holds back for ``held``: while the client is behind, the writer
+#: does not ask for them (``coalesce.Outlet.hold``), so ``feed`` returns them itself past this many
+#: (and the outlet's buffer bound applies to them).
+HOLD_AT_MOST = 256
+
 
 class Streamed(NamedTuple):
     """How a stream ends: events that complete its content (sent before the record), the recorded
@@ -58,7 +63,12 @@ class Answer(Protocol):
         """Events sent once the generation starts."""
 
     def feed(self, piece: Piece) -> list[Event]:
-        """The events one sampled piece completes."""
+        """The events one sampled piece completes (what it may hold back is ``held``'s)."""
+
+    def held(self) -> list[Event]:
+        """The events of what ``feed`` held back, taken (the stream's writer asks right before it
+        writes, so the tokens of one engine read become one event); ``finished`` and ``feed``'s own
+        next events include them first. ``[]`` for an answer that holds nothing back."""
 
     def finished(self, gen: Generation) -> Streamed:
         """The end of a stream (after every piece was fed)."""

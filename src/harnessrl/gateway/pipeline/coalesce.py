@@ -7,6 +7,8 @@ generating the events. The answer's events are produced in the request's own tas
 sending is done by a writer task, which sends whatever has accumulated each time it gets to run.
 Tokens that arrive together (one network read from the engine, a burst after a pause) leave together;
 a lone token is sent as soon as it is put, so nothing waits for company (no timer, no added latency).
+An answer may also hold back what its tokens add (``hold``, chat's content): the writer asks it for
+the held events right before each write, so the tokens of one engine read become one event.
 
 **Backpressure.** Events not yet handed to the socket wait in a buffer of at most ``buffer_bytes``
 (``gateway.stream_buffer_bytes``); past it ``put`` waits until the writer takes them, so the
@@ -38,6 +40,7 @@ On a real network two segments are ~3 KB, less than the slack.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
@@ -94,7 +97,9 @@ class Outlet:
         self._idle = asyncio.Event()  # nothing pending and nothing being sent
         self._idle.set()
         self._closing = False
+        self._held: Callable[[], Sequence[str | bytes]] | None = None
         self.gave_up = False  # the client was too slow: ``on_slow`` was called
+        self.wrote_at = 0.0  # ``time.monotonic()`` of the last write of events
         self._writer = asyncio.ensure_future(self._write())
         # Mark a failure as seen even when another exception ends the stream first (no "Task
         # exception was never retrieved" in the log); ``put``/``settle``/``close`` raise it.
@@ -137,6 +142,18 @@ class Outlet:
             self._room.clear()
             return True
         return False
+
+    def hold(self, held: Callable[[], Sequence[str | bytes]]) -> None:
+        """Before each write, ask ``held()`` for the events of what the producer holds back: what was
+        fed since the last write (the tokens of one engine read) becomes one event, sent with the rest.
+        The producer calls ``wake`` when it held something back, and takes back (and pushes) what it
+        still holds before its own next event, so the events keep their order."""
+        self._held = held
+
+    def wake(self) -> None:
+        """Something was held back (``hold``): the writer is to run once the producer yields."""
+        self._idle.clear()
+        self._ready.set()
 
     async def wait_room(self) -> None:
         """Wait until the writer has taken the buffer (the client is behind until then)."""
@@ -192,6 +209,11 @@ class Outlet:
     async def _write(self) -> None:
         try:
             while True:
+                if self._held is not None:
+                    for event in self._held():
+                        chunk = event.encode() if isinstance(event, str) else event
+                        self._pending.append(chunk)
+                        self._pending_bytes += len(chunk)
                 if not self._pending:
                     self._idle.set()
                     if self._closing:
@@ -211,6 +233,7 @@ class Outlet:
                         self._give_up()
                         return
                 await self._send({"type": "http.response.body", "body": body, "more_body": True})
+                self.wrote_at = time.monotonic()
         finally:
             # Whatever ends the writer, nobody may wait for it any more.
             self._room.set()

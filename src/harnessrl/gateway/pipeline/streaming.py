@@ -7,11 +7,11 @@ together (one read from the engine) leave in one write. Nothing between the engi
 is a generator of its own and no event is awaited on its own: the per-token path is the engine's
 iterator, the API's ``feed`` and a list append (an await only when the buffer is full).
 
-Each token stays its own event. Merging the tokens of one engine read into one chunk (tried: 3x
-fewer bytes, less rendering) moved the end of a 256-token answer under one loopback segment, whose
-ACK the client's kernel delays (~40 ms), and the record waits for that ACK (``Outlet.settle``):
-p50 14 -> 86 ms in ``benchmarks/gateway_before_after.py``. It needs ``settle`` to allow for a
-delayed ACK first.
+An answer may hold back what a piece adds (``Answer.held``: chat's content) instead of rendering an
+event per token: the outlet's writer asks for the held events right before it writes, i.e. once the
+tokens of one engine read were all fed, so they leave as one event (a chat chunk with their text and
+one logprob entry per token). ``Outlet.settle`` allows for the client's delayed ACK of such a short
+stream's last write (without that, p50 14 -> 86 ms when this was first tried).
 """
 
 from __future__ import annotations
@@ -48,12 +48,15 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
         if outlet.push_all(answer.started(gen)):
             await outlet.wait_room()
         pieces = gen.pieces()
+        outlet.hold(answer.held)
         try:
             if answer.ping is None:
-                feed, push = answer.feed, outlet.push_all
+                feed, push, wake = answer.feed, outlet.push_all, outlet.wake
                 async for piece in pieces:
                     events = feed(piece)
-                    if events and push(events):
+                    if not events:
+                        wake()  # it may hold the piece back: the writer takes it before writing
+                    elif push(events):
                         await outlet.wait_room()  # the client is behind: the generation waits
             else:
                 await _with_pings(call, answer, pieces, outlet, answer.ping)
@@ -67,13 +70,18 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
         await call.record(response, finish)  # durable before the client sees the end of the answer
         outlet.push_all(tail)
     except Exception as exc:
-        outlet.push_all([answer.error(stream_error(call, exc))])
+        try:
+            held = answer.held()  # what was fed before the failure, as it would have been sent
+        except Exception:  # what failed may be what renders them: the error alone
+            held = []
+        outlet.push_all([*held, answer.error(stream_error(call, exc))])
 
 
 async def _with_pings(
     call: PreparedCall, answer: Answer, pieces: AsyncIterator[Piece], outlet: Outlet, ping: str
 ) -> None:
-    """The pieces' events, and ``ping`` whenever tokens arrive but make no event for ``keepalive_s``."""
+    """The pieces' events, and ``ping`` whenever tokens arrive but nothing was sent for ``keepalive_s``
+    (neither events ``feed`` returned nor ones the writer took from ``held``)."""
     keepalive = call.state.keepalive_s
     last_sent = time.monotonic()
     async for piece in pieces:
@@ -81,11 +89,12 @@ async def _with_pings(
         if events:
             full = outlet.push_all(events)
             last_sent = time.monotonic()
-        elif time.monotonic() - last_sent >= keepalive:
-            full = outlet.push_all([ping])
-            last_sent = time.monotonic()
         else:
-            continue
+            outlet.wake()  # it may hold the piece's events back: the writer takes them (``held``)
+            if time.monotonic() - max(last_sent, outlet.wrote_at) < keepalive:
+                continue
+            full = outlet.push_all(answer.held() or [ping])  # a ping only when nothing is to be sent
+            last_sent = time.monotonic()
         if full:
             await outlet.wait_room()
 

@@ -293,8 +293,7 @@ class GatewayProtocol(HttpToolsProtocol):
         return self.transport.get_write_buffer_size() + queued
 
     def ack_delay_bytes(self) -> int:
-        """How many of ``unsent_bytes`` a healthy client's TCP may be holding its ACK of
-        (``heads.ack_delay_bytes``); 0 while some are still in the transport's buffer."""
+        """Of ``unsent_bytes``, what a delayed ACK may hold (``heads.ack_delay_bytes``; 0 if buffered)."""
         if self.transport is None or self._lost or self.transport.get_write_buffer_size():
             return 0
         sock = self.transport.get_extra_info("socket")

@@ -1,0 +1,143 @@
+"""A stream sends the tokens that arrive together (one engine read) as one event: a chat chunk with
+their text and one logprob entry per token, one Anthropic ``text_delta``, one Responses
+``output_text.delta``; tokens that arrive apart stay apart. What the client reads joined, and what is
+recorded, are what a whole answer gives.
+
+``BurstEngine`` (an ``Engine`` like any other: the gateway's seam) yields the scripted engine's tokens
+in bursts, yielding to the event loop only between bursts, as ``VLLMEngine`` does with the tokens of
+one network read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from harnessrl.client import GatewayClient
+from harnessrl.config import GatewayConfig
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.scripted import ScriptedEngine
+from harnessrl.gateway import create_app
+from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store.sqlite import SQLiteStore
+from harnessrl.tokenizer import PolicyTokenizer
+
+from .conftest import ADMIN_KEY
+
+TEXT = "Streaming works one token at a time, or a read at a time."
+
+
+class BurstEngine:
+    """The scripted engine's tokens in bursts of ``sizes`` (the last repeated), the event loop run
+    only between bursts."""
+
+    def __init__(self, engine: ScriptedEngine, sizes: Sequence[int]) -> None:
+        self._engine = engine
+        self.sizes = list(sizes)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
+
+    async def generate(
+        self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
+    ) -> AsyncIterator[TokenSample]:
+        samples = [s async for s in self._engine.generate(prompt_ids, params, context)]
+        k, n = 0, 0
+        while k < len(samples):
+            size = self.sizes[min(n, len(self.sizes) - 1)]
+            n += 1
+            await asyncio.sleep(0)  # the next "read": the writer runs first
+            for sample in samples[k : k + size]:
+                yield sample
+            k += size
+
+
+@pytest.fixture
+def gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[tuple[str, GatewayClient, BurstEngine]]:
+    engine = BurstEngine(ScriptedEngine([TEXT] * 8, tokenizer), [1])
+    store = SQLiteStore(tmp_path / "store.db")
+    with contextlib.ExitStack() as stack:
+        stack.callback(store.close)
+        url = stack.enter_context(
+            serve_in_thread(create_app(GatewayConfig(admin_key=ADMIN_KEY), store, engine))
+        )
+        client = GatewayClient(url, ADMIN_KEY)
+        stack.callback(client.close)
+        yield url, client, engine
+
+
+def payloads(body: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in body.splitlines() if line.startswith("data: {")]
+
+
+def post(rollout: dict[str, Any], path: str, body: dict[str, Any]) -> str:
+    headers = {"authorization": f"Bearer {rollout['api_key']}", "x-api-key": rollout["api_key"]}
+    r = httpx.post(f"{rollout['base_url']}/{path}", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.text
+
+
+@pytest.mark.parametrize("sizes", [[1, 4, 7, 1000], [1]], ids=["bursts", "control_token_by_token"])
+def test_chat_sends_one_chunk_per_read_with_every_tokens_logprob(gateway: Any, sizes: list[int]) -> None:
+    url, client, engine = gateway
+    rollout = client.create_rollout({"prompt": "t"})
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": True}
+    whole = json.loads(post(rollout, "chat/completions", body))
+    engine.sizes = sizes
+    chunks = payloads(
+        post(client.create_rollout({"prompt": "t"}), "chat/completions", {**body, "stream": True})
+    )
+    content = [c["choices"][0] for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")]
+    entries = [
+        e
+        for c in chunks
+        if c["choices"] and c["choices"][0]["logprobs"]
+        for e in c["choices"][0]["logprobs"]["content"]
+    ]
+    assert (
+        "".join(c["delta"]["content"] for c in content) == TEXT == whole["choices"][0]["message"]["content"]
+    )
+    assert entries == whole["choices"][0]["logprobs"]["content"]  # one entry per token, in order
+    tokens = len(entries)
+    if sizes == [1]:
+        assert len(content) == tokens  # each token its own chunk, as before
+    else:
+        # One chunk per burst, each with its tokens' entries (the last burst's stop token has none).
+        assert [len(c["logprobs"]["content"]) for c in content] == [1, 4, 7, tokens - 12]
+
+
+@pytest.mark.parametrize("sizes", [[1, 4, 7, 1000], [1]], ids=["bursts", "control_token_by_token"])
+def test_messages_and_responses_send_one_text_delta_per_read(gateway: Any, sizes: list[int]) -> None:
+    url, client, engine = gateway
+    engine.sizes = sizes
+    messages = payloads(
+        post(
+            client.create_rollout({"prompt": "t"}),
+            "messages",
+            {
+                "model": "m",
+                "max_tokens": 200,
+                "stream": True,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+        )
+    )
+    texts = [m["delta"]["text"] for m in messages if m["type"] == "content_block_delta"]
+    responses = payloads(
+        post(client.create_rollout({"prompt": "t"}), "responses", {"input": "hi", "stream": True})
+    )
+    deltas = [r["delta"] for r in responses if r["type"] == "response.output_text.delta"]
+    assert "".join(texts) == "".join(deltas) == TEXT
+    assert [r["sequence_number"] for r in responses] == list(range(len(responses)))
+    if sizes == [1]:
+        assert len(texts) > 12 and len(deltas) > 12  # token by token, as before
+    else:
+        # One delta per burst (a burst's trailing space waits for the next: it never ends a block).
+        assert len(texts) == len(deltas) == 4
