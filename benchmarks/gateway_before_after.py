@@ -14,9 +14,10 @@ another). Prints and writes each side's gateway CPU per call per leg, each leg's
     git worktree add --detach /tmp/before HEAD
     .venv/bin/python benchmarks/gateway_before_after.py --before /tmp/before --legs chat,stream
 
-Legs: ``gateway_overhead``'s (chat, stream, messages, responses), the same bodies; C = 1 by default
-(``--concurrency 32`` for the other level). No Agent Lightning and no direct target: only the two
-gateways are compared.
+Legs: ``gateway_overhead``'s (chat, stream, messages, responses), the same bodies, and the Messages and
+Responses bodies streamed (``messages_stream``, ``responses_stream``: Claude Code and Codex CLI stream;
+set them beside ``stream``); C = 1 by default (``--concurrency 32`` for the other level). No Agent
+Lightning and no direct target: only the two gateways are compared.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ import gateway_overhead as go  # noqa: E402
 
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
+
+
+ALL_LEGS = (*go.LEGS, *go.STREAMED_API_LEGS)
+
+
+def parse_legs(text: str) -> list[str]:
+    """``--legs``: a comma-separated subset of ``ALL_LEGS``, run in that order."""
+    asked = {part.strip() for part in text.split(",") if part.strip()}
+    if not asked or asked - set(ALL_LEGS):
+        raise argparse.ArgumentTypeError(f"--legs takes some of {', '.join(ALL_LEGS)} (got {text!r})")
+    return [leg for leg in ALL_LEGS if leg in asked]
 
 
 def start_gateway(
@@ -98,7 +110,7 @@ async def compare(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the other checkout (its src/ is imported)")
-    ap.add_argument("--legs", type=go.parse_legs, default=["chat", "stream"])
+    ap.add_argument("--legs", type=parse_legs, default=["chat", "stream"])
     ap.add_argument("--concurrency", type=int, choices=[1, 32], default=1)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--conversations", type=int, default=2, help="conversations per batch (x32 at C=32)")
@@ -150,6 +162,20 @@ def main() -> None:
             if leg != "chat"
         }
         print(f"gateway CPU per call over the chat leg's (same rounds): {result['over_chat']}")
+    streams = [leg for leg in ("messages_stream", "responses_stream") if leg in legs]
+    if "stream" in legs and streams:
+        result["over_chat_stream"] = {
+            leg: {
+                side: round(
+                    legs[leg][side]["cpu_ms_per_call"]["gateway"]
+                    / legs["stream"][side]["cpu_ms_per_call"]["gateway"],
+                    3,
+                )
+                for side in ("before", "after")
+            }
+            for leg in streams
+        }
+        print(f"streamed legs' gateway CPU per call over the chat stream leg's: {result['over_chat_stream']}")
     if "chat" in legs and "stream" in legs:
         result["stream_over_whole"] = {
             side: round(

@@ -505,13 +505,23 @@ def build_responses_conversations(reply: dict[str, Any], count: int, seed: int =
     return conversations
 
 
+def streamed(conversations: list[list[bytes]]) -> list[list[bytes]]:
+    """The same bodies with ``"stream": true`` (Claude Code and Codex CLI stream their calls)."""
+    return [[json.dumps({**json.loads(body), "stream": True}).encode() for body in c] for c in conversations]
+
+
 def leg_bodies(reply: dict[str, Any], count: int) -> dict[str, list[list[bytes]]]:
-    """Each leg's ``count`` conversations (the same turns in each API's shape)."""
+    """Each leg's ``count`` conversations (the same turns in each API's shape), and the streamed
+    Messages and Responses legs ``gateway_before_after`` also runs."""
+    messages = build_messages_conversations(reply, count=count)
+    responses = build_responses_conversations(reply, count=count)
     return {
         "chat": build_conversations(reply, count=count),
         "stream": build_conversations(reply, count=count, extra=STREAM_EXTRA),
-        "messages": build_messages_conversations(reply, count=count),
-        "responses": build_responses_conversations(reply, count=count),
+        "messages": messages,
+        "responses": responses,
+        "messages_stream": streamed(messages),
+        "responses_stream": streamed(responses),
     }
 
 
@@ -1205,8 +1215,18 @@ def agl_version(venv: Path) -> str:
 # --- the legs --------------------------------------------------------------------------------------------
 
 LEGS = ("chat", "stream", "messages", "responses")
+#: Legs only ``gateway_before_after`` runs (harnessrl against harnessrl): the Messages and Responses
+#: legs streamed, to set beside the chat stream leg.
+STREAMED_API_LEGS = ("messages_stream", "responses_stream")
 #: The provider API each leg's bodies speak.
-LEG_APIS = {"chat": "chat", "stream": "chat", "messages": "messages", "responses": "responses"}
+LEG_APIS = {
+    "chat": "chat",
+    "stream": "chat",
+    "messages": "messages",
+    "responses": "responses",
+    "messages_stream": "messages",
+    "responses_stream": "responses",
+}
 #: Where a leg's levels go in the JSON: the chat leg is ``levels`` (what the goals read); the others
 #: are ``legs.{prefix}_c{C}``.
 LEG_KEYS = {"stream": "streaming", "messages": "messages", "responses": "responses"}
@@ -1249,11 +1269,23 @@ def answer_is_response(body: bytes) -> bool:
         return False
 
 
+def messages_stream_complete(body: bytes) -> bool:
+    """A streamed Messages answer read to its end (its last event is ``message_stop``)."""
+    return body.rstrip().endswith(b'data: {"type":"message_stop"}')
+
+
+def responses_stream_complete(body: bytes) -> bool:
+    """A streamed Responses answer read to its end (its last event is ``response.completed``)."""
+    return body.rstrip().rsplit(b"\n\n", 1)[-1].startswith(b"event: response.completed\n")
+
+
 LEG_CHECKS: dict[str, Callable[[bytes], bool] | None] = {
     "chat": None,  # as before this check existed: the goals' leg keeps its client cost
     "stream": sse_complete,
     "messages": answer_is_message,
     "responses": answer_is_response,
+    "messages_stream": messages_stream_complete,
+    "responses_stream": responses_stream_complete,
 }
 
 
