@@ -98,6 +98,7 @@ class Outlet:
         self._idle.set()
         self._closing = False
         self._held: Callable[[], Sequence[str | bytes]] | None = None
+        self._woken = False  # ``wake`` was called since the writer last asked ``held``
         self.gave_up = False  # the client was too slow: ``on_slow`` was called
         self.wrote_at = 0.0  # ``time.monotonic()`` of the last write of events
         self._writer = asyncio.ensure_future(self._write())
@@ -151,9 +152,12 @@ class Outlet:
         self._held = held
 
     def wake(self) -> None:
-        """Something was held back (``hold``): the writer is to run once the producer yields."""
-        self._idle.clear()
-        self._ready.set()
+        """Something was held back (``hold``): the writer is to run once the producer yields. Called
+        once per sampled token: only the first call after a write does anything."""
+        if not self._woken:
+            self._woken = True
+            self._idle.clear()
+            self._ready.set()
 
     async def wait_room(self) -> None:
         """Wait until the writer has taken the buffer (the client is behind until then)."""
@@ -210,6 +214,7 @@ class Outlet:
         try:
             while True:
                 if self._held is not None:
+                    self._woken = False
                     for event in self._held():
                         chunk = event.encode() if isinstance(event, str) else event
                         self._pending.append(chunk)

@@ -78,30 +78,38 @@ class Generation:
         stream = self.engine.generate(self.prompt_ids, self.params, self.context)
         ended_by = None  # "token" (a stop token was sampled), "string" (a stop string appeared) or None
         released_parts: list[str] = []  # joined once at the end: += on a long answer is quadratic
+        # Once per sampled token: the bound methods are looked up once.
+        add_id, add_logprob, push, release = (
+            self.token_ids.append,
+            self.logprobs.append,
+            decoder.push,
+            released_parts.append,
+        )
         try:
             async for sample in stream:
                 if ended_by is not None:
                     break  # an engine yielding past its stop token: the turn ended there
+                token_id, logprob = sample.token_id, sample.logprob
                 if self.first_token_at is None:
                     self.first_token_at = now()
-                self.token_ids.append(sample.token_id)
-                self.logprobs.append(sample.logprob)
-                if sample.token_id in stop_ids:
+                add_id(token_id)
+                add_logprob(logprob)
+                if token_id in stop_ids:
                     # Not decoded: the stop token ends the turn and is no part of the answer's text.
                     # The engine ends by itself after it; letting it finish (rather than closing it)
                     # lets a remote engine read its stream to the end and keep the connection.
                     ended_by = "token"
-                    yield Piece("", sample.token_id, sample.logprob, is_stop_token=True)
+                    yield Piece("", token_id, logprob, is_stop_token=True)
                     continue
-                pending += decoder.push(sample.token_id)
-                if not stop:  # nothing to hold back
-                    released_parts.append(pending)
-                    yield Piece(pending, sample.token_id, sample.logprob)
-                    pending = ""
+                if not stop:  # nothing to hold back (``pending`` stays empty)
+                    text = push(token_id)
+                    release(text)
+                    yield Piece(text, token_id, logprob)
                     continue
+                pending += push(token_id)
                 released, pending, hit = self._release(pending)
-                released_parts.append(released)
-                yield Piece(released, sample.token_id, sample.logprob)
+                release(released)
+                yield Piece(released, token_id, logprob)
                 if hit:
                     ended_by = "string"
                     break
