@@ -26,9 +26,12 @@ def sequence(rollout_id: str, ids: list[int], answers: list[tuple[int, int]]) ->
     return Sample(rollout_id, ids, mask, [0.0] * len(ids), spans, advantage=1.0)
 
 
-def policy(grad_clip: float) -> TrainablePolicy:
+def policy(grad_clip: float, *, share_prefixes: bool = False, row_tokens: int = 64) -> TrainablePolicy:
     config = PolicyConfig(
-        optimizer=OptimizerConfig(grad_clip=grad_clip), share_prefixes=False, device="cpu", row_tokens=64
+        optimizer=OptimizerConfig(grad_clip=grad_clip),
+        share_prefixes=share_prefixes,
+        device="cpu",
+        row_tokens=row_tokens,
     )
     return TrainablePolicy(tiny_model_dir(), config)
 
@@ -91,4 +94,45 @@ def test_micro_batches_and_packing_change_nothing():
     loss, after = reference_step(before, samples, grad_clip=1.0)
     assert abs(metrics["sft/loss"] - loss) < 1e-5
     assert metrics["sft/forward_tokens"] >= 72
+    assert_same_weights(p.model, after)
+
+
+def test_a_shared_prefix_runs_once_and_changes_nothing():
+    """Four sequences behind one long common prompt (a harness's system prompt), two of them with a
+    longer common part: in shared-prefix rows the prompt runs through the model once, and the loss
+    and the update are still the reference's, sequence by sequence."""
+    torch.manual_seed(2)
+    prompt = torch.randint(0, 4000, (48,)).tolist()
+    middle = torch.randint(0, 4000, (6,)).tolist()
+    tails = [torch.randint(0, 4000, (n,)).tolist() for n in (9, 12, 7, 10)]
+    samples = [
+        sequence(f"r{i}", ids, [(len(ids) - 5, len(ids)), (48, 50)])
+        for i, ids in enumerate(
+            [prompt + tails[0], prompt + middle + tails[1], prompt + middle + tails[2], prompt + tails[3]]
+        )
+    ]
+    p = policy(grad_clip=1.0, share_prefixes=True, row_tokens=256)
+    before = copy.deepcopy(p.model)
+    metrics = sft_step(sgd_learner(p), samples, micro_batch_tokens=256)
+    loss, after = reference_step(before, samples, grad_clip=1.0)
+    assert abs(metrics["sft/loss"] - loss) < 1e-5
+    assert metrics["sft/loss_tokens"] == 4 * 7
+    # the prompt once, the middle once, each tail once: not the four sequences' 254 tokens
+    assert metrics["sft/forward_tokens"] == 48 + 6 + sum(len(t) for t in tails)
+    assert_same_weights(p.model, after)
+
+
+def test_rows_too_short_to_share_still_train_the_same():
+    """Rows shorter than prompt plus two tails: each sequence runs whole, and nothing changes."""
+    torch.manual_seed(3)
+    prompt = torch.randint(0, 4000, (30,)).tolist()
+    samples = [
+        sequence(f"r{i}", prompt + torch.randint(0, 4000, (8,)).tolist(), [(30, 38)]) for i in range(3)
+    ]
+    p = policy(grad_clip=1.0, share_prefixes=True, row_tokens=16)
+    before = copy.deepcopy(p.model)
+    metrics = sft_step(sgd_learner(p), samples, micro_batch_tokens=16)
+    loss, after = reference_step(before, samples, grad_clip=1.0)
+    assert abs(metrics["sft/loss"] - loss) < 1e-5
+    assert metrics["sft/forward_tokens"] == 3 * 38
     assert_same_weights(p.model, after)

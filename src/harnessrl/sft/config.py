@@ -66,6 +66,11 @@ class SftSection(Section):
     )
     micro_batch_tokens: int = Field(default=4096, ge=16)
     row_tokens: int = Field(default=512, ge=16)
+    share_prefixes: bool = Field(
+        default=True,
+        description="run a prefix several sequences of a step share (a harness's system prompt) once; "
+        "it needs rows (row_tokens) longer than the shared prefix plus the sequences' own tokens",
+    )
     device: str = "auto"
     autocast: Literal["none", "bf16", "auto"] = "none"
     gradient_checkpointing: bool = False
@@ -91,6 +96,6 @@ class SftConfig(Section):
             autocast=s.autocast,
             seed=self.run.seed,
             row_tokens=s.row_tokens,
-            share_prefixes=False,
+            share_prefixes=s.share_prefixes,
             device=s.device,
         )
