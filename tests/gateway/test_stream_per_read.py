@@ -141,3 +141,30 @@ def test_messages_and_responses_send_one_text_delta_per_read(gateway: Any, sizes
     else:
         # One delta per burst (a burst's trailing space waits for the next: it never ends a block).
         assert len(texts) == len(deltas) == 4
+
+
+def test_joined_deltas_join_only_adjacent_deltas_of_one_part() -> None:
+    from harnessrl.gateway.apis.anthropic_blocks import joined_deltas as joined_blocks
+    from harnessrl.gateway.apis.responses import joined_deltas as joined_items
+
+    def text(index: int, kind: str, value: str) -> dict[str, Any]:
+        field = "text" if kind == "text_delta" else "thinking"
+        return {"type": "content_block_delta", "index": index, "delta": {"type": kind, field: value}}
+
+    stop = {"type": "content_block_stop", "index": 0}
+    events = [text(0, "thinking_delta", "a"), text(0, "thinking_delta", "b"), stop]
+    events += [text(1, "text_delta", "c"), text(1, "text_delta", "d"), text(2, "text_delta", "e")]
+    assert joined_blocks(events) == [
+        text(0, "thinking_delta", "ab"),
+        stop,
+        text(1, "text_delta", "cd"),
+        text(2, "text_delta", "e"),
+    ]
+
+    def delta(item: str, value: str, logprobs: list[int]) -> dict[str, Any]:
+        where = {"item_id": item, "output_index": 0, "content_index": 0}
+        return {"type": "response.output_text.delta", **where, "delta": value, "logprobs": logprobs}
+
+    added = {"type": "response.output_item.added", "output_index": 1, "item": {}}
+    payloads = [delta("m", "a", [1]), delta("m", "b", []), delta("m", "c", [2]), added, delta("n", "d", [3])]
+    assert joined_items(payloads) == [delta("m", "abc", [1, 2]), added, delta("n", "d", [3])]

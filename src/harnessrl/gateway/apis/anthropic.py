@@ -139,7 +139,7 @@ class MessageAnswer:
         parser = state.tool_parser(tools) if body.wants_tool_calls else None
         # A template may open the reasoning itself (the generation prompt ends with "<think>").
         self.assembler = BlockAssembler(parser, reasoning=state.reasoning_parser(call.prompt_ids))
-        self.pending: list[dict[str, Any]] = []  # a stream's events not rendered yet (``held``)
+        self.pending: list[str] = []  # a stream's pieces' text not fed to the blocks yet (``held``)
 
     def whole(self, gen: Generation) -> Whole:
         assembler = self.assembler
@@ -179,19 +179,19 @@ class MessageAnswer:
 
     def feed(self, piece: Piece) -> list[str]:
         if piece.text:
-            self.pending += self.assembler.feed(piece.text)
+            self.pending.append(piece.text)
             if len(self.pending) >= HOLD_AT_MOST:
                 return self.held()
         return []
 
     def held(self) -> list[str]:
-        """The events of the pieces fed since the last write, a block's adjacent text (or thinking)
-        deltas joined into one: the tokens of one engine read are one ``content_block_delta``."""
+        """The events of the text of the pieces fed since the last write, fed to the blocks at once
+        (as a whole answer's text is): the tokens of one engine read are one ``content_block_delta``."""
         if not self.pending:
             return []
-        events = [sse_event(event) for event in joined_deltas(self.pending)]
-        self.pending = []
-        return events
+        text = "".join(self.pending)
+        self.pending.clear()
+        return [sse_event(event) for event in joined_deltas(self.assembler.feed(text))]
 
     def finished(self, gen: Generation) -> Streamed:
         last = self.held() + [sse_event(event) for event in self.assembler.finish()]

@@ -55,24 +55,29 @@ _TEXT_FIELDS = {"text_delta": "text", "thinking_delta": "thinking"}
 
 def joined_deltas(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """``events`` with each run of adjacent text (or thinking) deltas of one block as one delta of
-    their joined text: a stream sends the tokens that arrived together as one ``content_block_delta``,
-    as Anthropic's own streams carry several tokens' text in one."""
+    their joined text, as Anthropic's own streams carry several tokens' text in one."""
     out: list[dict[str, Any]] = []
+    run: list[str] = []  # the texts of the run that ``out[-1]`` starts
     for event in events:
-        if out and event["type"] == "content_block_delta" and out[-1]["type"] == "content_block_delta":
-            last, delta = out[-1], event["delta"]
-            field = _TEXT_FIELDS.get(delta["type"])
-            if (
-                field is not None
-                and last["index"] == event["index"]
-                and last["delta"]["type"] == delta["type"]
-            ):
-                out[-1] = _delta(
-                    event["index"], {"type": delta["type"], field: last["delta"][field] + delta[field]}
-                )
+        delta = event.get("delta") if event["type"] == "content_block_delta" else None
+        field = _TEXT_FIELDS.get(delta["type"]) if delta is not None else None
+        if field is not None and run:
+            last = out[-1]
+            if last["index"] == event["index"] and last["delta"]["type"] == delta["type"]:
+                run.append(delta[field])
                 continue
+        if len(run) > 1:
+            _join_run(out[-1], run)
+        run = [delta[field]] if field is not None else []
         out.append(event)
+    if len(run) > 1:
+        _join_run(out[-1], run)
     return out
+
+
+def _join_run(event: dict[str, Any], texts: list[str]) -> None:
+    kind = event["delta"]["type"]
+    event["delta"] = {"type": kind, _TEXT_FIELDS[kind]: "".join(texts)}
 
 
 class BlockAssembler:

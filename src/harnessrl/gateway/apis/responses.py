@@ -128,27 +128,35 @@ _TEXT_DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text
 
 
 def joined_deltas(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``payloads`` with each run of adjacent text (or reasoning text) deltas of one item's content
-    part as one delta of their joined text (and logprobs): a stream sends the tokens that arrived
-    together as one event, as OpenAI's own streams carry several tokens' text in one delta."""
+    """``payloads`` with each run of adjacent text (or reasoning) deltas of one content part as one
+    delta of their joined text and logprobs (OpenAI's streams carry several tokens' text in one)."""
     out: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []  # the deltas joined into ``out[-1]``
     for payload in payloads:
-        kind = payload["type"]
-        if out and kind in _TEXT_DELTAS:
-            last = out[-1]
+        if run and payload["type"] in _TEXT_DELTAS:
+            last = run[0]
             if (
-                last["type"] == kind
+                last["type"] == payload["type"]
                 and last["item_id"] == payload["item_id"]
                 and last["output_index"] == payload["output_index"]
                 and last["content_index"] == payload["content_index"]
             ):
-                joined = {**last, "delta": last["delta"] + payload["delta"]}
-                if "logprobs" in payload:
-                    joined["logprobs"] = last["logprobs"] + payload["logprobs"]
-                out[-1] = joined
+                run.append(payload)
                 continue
+        if len(run) > 1:
+            out[-1] = _joined(run)
+        run = [payload] if payload["type"] in _TEXT_DELTAS else []
         out.append(payload)
+    if len(run) > 1:
+        out[-1] = _joined(run)
     return out
+
+
+def _joined(run: list[dict[str, Any]]) -> dict[str, Any]:
+    joined = {**run[0], "delta": "".join(p["delta"] for p in run)}
+    if "logprobs" in joined:
+        joined["logprobs"] = [entry for p in run for entry in p["logprobs"]]
+    return joined
 
 
 class ResponsesAnswer:
