@@ -168,3 +168,23 @@ def test_joined_deltas_join_only_adjacent_deltas_of_one_part() -> None:
     added = {"type": "response.output_item.added", "output_index": 1, "item": {}}
     payloads = [delta("m", "a", [1]), delta("m", "b", []), delta("m", "c", [2]), added, delta("n", "d", [3])]
     assert joined_items(payloads) == [delta("m", "abc", [1, 2]), added, delta("n", "d", [3])]
+
+
+def test_responses_text_routed_a_read_at_a_time_keeps_the_separator_rule(tokenizer: PolicyTokenizer) -> None:
+    """The Responses stream parses its answer's text a read at a time (``OutputStream.flush``); a
+    block after the answer started still finds the message open (no separator stripped), and a
+    block before it still has its separator stripped."""
+    from harnessrl.gateway.apis.responses_output import OutputStream
+    from harnessrl.gateway.parsers.reasoning import get_reasoning_parser
+    from harnessrl.gateway.pipeline.generation import Piece
+
+    for text, answer in [
+        ("First.<think></think> Then.", "First. Then."),
+        ("<think>plan</think>\n\nAnswer.", "Answer."),
+    ]:
+        out = OutputStream(None, reasoning=get_reasoning_parser("glm45")())
+        for i in tokenizer.encode(text):
+            out.feed(Piece(tokenizer.decode([i]), i, 0.0))
+        out.finish("completed")
+        [message] = [item for item in out.items if item["type"] == "message"]
+        assert message["content"][0]["text"] == answer

@@ -178,6 +178,7 @@ class ResponsesAnswer:
         self.seq = 0  # the next stream event's ``sequence_number``
         self.out = self._output()
         self.pending: list[dict[str, Any]] = []  # a stream's events not rendered yet (``held``)
+        self.held_pieces = 0  # pieces fed since then
 
     @property
     def whole_from_pieces(self) -> bool:
@@ -279,21 +280,16 @@ class ResponsesAnswer:
         return []
 
     def feed(self, piece: Piece) -> list[str]:
-        payloads = self.out.feed(piece)
-        if payloads:
-            self.pending += payloads
-            if len(self.pending) >= HOLD_AT_MOST:
-                return self.held()
-        return []
+        self.pending += self.out.feed(piece)
+        self.held_pieces += 1
+        return self.held() if self.held_pieces >= HOLD_AT_MOST else []
 
     def held(self) -> list[str]:
         """The events of the pieces fed since the last write, an item's adjacent text deltas joined
         into one: the tokens of one engine read are one ``response.output_text.delta``."""
-        if not self.pending:
-            return []
-        events = [self.event(payload) for payload in joined_deltas(self.pending)]
-        self.pending = []
-        return events
+        payloads = self.pending + self.out.flush()
+        self.pending, self.held_pieces = [], 0
+        return [self.event(payload) for payload in joined_deltas(payloads)] if payloads else []
 
     def finished(self, gen: Generation) -> Streamed:
         status = self.status(gen)

@@ -81,6 +81,7 @@ class OutputStream:
         self._message: dict[str, Any] | None = None  # the open message item
         self._text = ""
         self._held_ws = ""  # trailing whitespace not released yet
+        self._run: list[str] = []  # the answer's text not given to the tool parser yet (``flush``)
         # A reasoning block was entered and no content has followed it yet: leading whitespace of
         # the content is the template's separator (and its tokens count as reasoning).
         self._after_block = False
@@ -110,7 +111,7 @@ class OutputStream:
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         """Close every open item; ``status`` is ``completed`` or ``incomplete``."""
-        events = self._route(self.reasoning.finish())
+        events = self._route(self.reasoning.finish()) + self.flush()
         if self.parser is not None:
             events += self._content(self.parser.finish())
         events += self._close_reasoning(status)
@@ -135,19 +136,29 @@ class OutputStream:
         for event in parsed:
             if isinstance(event, ReasoningText):
                 self._after_block = True
-                events += self._reasoning_delta(event.text)
+                events += self.flush() + self._reasoning_delta(event.text)
                 continue
             text = event.text
             if self._after_block:
+                events += self.flush()  # whether the message is open decides the separator
                 if self._message is None:
                     text = text.lstrip()  # the separator between the block and the answer
                 if not text:
                     continue
                 self._after_block = False
             events += self._close_reasoning("completed")
-            content = self.parser.feed(text) if self.parser is not None else [ContentEvent(text)]
-            events += self._content(content)
+            self._run.append(text)
         return events
+
+    def flush(self) -> list[dict[str, Any]]:
+        """The events of the answer's text routed since the last flush, given to the tool parser at
+        once: a stream's pieces are routed one by one (the reasoning tokens are counted by where each
+        arrived), their text is parsed and rendered a read at a time (``ResponsesAnswer.held``)."""
+        if not self._run:
+            return []
+        text = "".join(self._run) if len(self._run) > 1 else self._run[0]
+        self._run.clear()
+        return self._content(self.parser.feed(text) if self.parser is not None else [ContentEvent(text)])
 
     def _content(self, parsed: list[Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
