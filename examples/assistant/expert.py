@@ -13,27 +13,24 @@ With network, point ``[engine.teacher]`` at any real provider instead (examples/
 
     python examples/assistant/expert.py --port 8765     # http://127.0.0.1:8765/v1, until Ctrl-C
 
-Serves ``GET /v1/models`` (the gateway probes it at start) and ``POST /v1/chat/completions``, whole or
-streamed (``stream: true``: role chunk, content or tool-call deltas, finish chunk, usage chunk when
-``stream_options.include_usage``, ``[DONE]``), as an OpenAI-compatible server does.
+Served by ``examples/expert_server.py`` (shared with the search agent's expert): ``GET /v1/models``
+and ``POST /v1/chat/completions``, whole or streamed, as an OpenAI-compatible server does.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import secrets
-import socket
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # examples/: the shared server
+from expert_server import create_server, serve, text_of  # noqa: E402
 
 MODEL = "assistant-expert"
 
@@ -73,19 +70,12 @@ def files_for(prompt: str) -> dict[str, str] | None:
     return None
 
 
-def _text(content: Any) -> str:
-    """A message's text: a string, or the text parts of a list."""
-    if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content or ""
-
-
 Solver = Callable[[str], "dict[str, str] | None"]
 
 
 def answer(messages: list[dict[str, Any]], solve: Solver = files_for) -> dict[str, Any]:
     """The assistant message for this point of the conversation: the tool calls first, then a summary."""
-    users = [_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    users = [text_of(m.get("content")) for m in messages if m.get("role") == "user"]
     files = solve(users[-1]) if users else None
     if files is None:
         return {"role": "assistant", "content": "I am not sure how to do that task."}
@@ -110,99 +100,13 @@ def answer(messages: list[dict[str, Any]], solve: Solver = files_for) -> dict[st
     return {"role": "assistant", "content": None, "tool_calls": calls}
 
 
-def _usage(message: dict[str, Any]) -> dict[str, int]:
-    # No tokenizer here: a rough count (characters / 4) so clients that read usage get numbers.
-    size = len(json.dumps(message)) // 4
-    return {"prompt_tokens": 0, "completion_tokens": size, "total_tokens": size}
-
-
-def _chunks(message: dict[str, Any], head: dict[str, Any]) -> list[dict[str, Any]]:
-    """The streamed deltas of ``message``: role, then the text or each tool call (its arguments in
-    two pieces, as real servers split them), then the finish reason."""
-    deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
-    if message.get("content"):
-        deltas.append({"content": message["content"]})
-    for index, call in enumerate(message.get("tool_calls") or []):
-        arguments = call["function"]["arguments"]
-        half = len(arguments) // 2
-        first = {"index": index, "id": call["id"], "type": "function"}
-        deltas.append(
-            {"tool_calls": [{**first, "function": {"name": "write_file", "arguments": arguments[:half]}}]}
-        )
-        deltas.append({"tool_calls": [{"index": index, "function": {"arguments": arguments[half:]}}]})
-    finish = "tool_calls" if message.get("tool_calls") else "stop"
-    out = [{**head, "choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-    out.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
-    return out
-
-
-async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
-    try:
-        body = await request.json()
-        messages = body["messages"] if isinstance(body, dict) else None
-    except (ValueError, KeyError):
-        messages = None
-    if not isinstance(messages, list):
-        error = {
-            "message": "expected a chat completion request with messages",
-            "type": "invalid_request_error",
-        }
-        return JSONResponse({"error": error}, status_code=400)
-    message = answer(messages, request.app.state.solve)
-    head = {
-        "id": f"chatcmpl-{secrets.token_hex(8)}",
-        "created": int(time.time()),
-        "model": body.get("model", MODEL),
-    }
-    if not body.get("stream"):
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-        choice = {"index": 0, "message": message, "finish_reason": finish}
-        return JSONResponse(
-            {**head, "object": "chat.completion", "choices": [choice], "usage": _usage(message)}
-        )
-    with_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
-    async def events() -> AsyncIterator[str]:
-        for chunk in _chunks(message, {**head, "object": "chat.completion.chunk"}):
-            yield f"data: {json.dumps(chunk)}\n\n"
-        if with_usage:
-            usage = {**head, "object": "chat.completion.chunk", "choices": [], "usage": _usage(message)}
-            yield f"data: {json.dumps(usage)}\n\n"
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(events(), media_type="text/event-stream")
-
-
-async def models(_: Request) -> JSONResponse:
-    return JSONResponse(
-        {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "harnessrl"}]}
-    )
-
-
 def create_app(solve: Solver = files_for) -> Starlette:
     """The server; ``solve`` maps a task prompt to the files to write (tests pass a wrong one)."""
-    app = Starlette(
-        routes=[
-            Route("/v1/models", models, methods=["GET"]),
-            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        ]
-    )
-    app.state.solve = solve
-    return app
+    return create_server(lambda messages: answer(messages, solve), MODEL)
 
 
 def main() -> None:
-    import uvicorn
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=8765, help="0: a free port (the URL is printed)")
-    args = parser.parse_args()
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", args.port))  # loopback only: the gateway is its one client
-    print(f"expert: serving http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True, file=sys.stdout)
-    server = uvicorn.Server(uvicorn.Config(create_app(), log_level="warning"))
-    server.run(sockets=[sock])
+    serve(create_app(), "expert", __doc__.splitlines()[0])
 
 
 if __name__ == "__main__":
