@@ -1,5 +1,6 @@
-"""Teacher → SFT → RL through an unmodified tool-calling harness: Hermes Agent on the assistant example
-(issue 42, part 3), with held-out success of the base model, after SFT and after RL.
+"""Teacher → SFT → RL through an unmodified harness: Hermes Agent on the assistant example (issue 42,
+part 3), or mini-swe-agent on the search agent (``--example search_agent``, issue 44), with held-out
+success of the base model, after SFT and after RL.
 
 One command runs, all through the same harness (Hermes Agent's ``hermes -z`` with its file tools,
 the ``hermes`` preset), the same sandbox and the same scorer (``examples/assistant/check.py``):
@@ -24,6 +25,14 @@ before and after (the machine is shared).
 
     .venv/bin/python benchmarks/distill_learning.py                        # full size: not yet run
     .venv/bin/python benchmarks/distill_learning.py --smoke                # ~the pipeline end to end, tiny
+
+**The search agent** (``--example search_agent``; examples/search_agent/README.md, "Distill, then
+RL"): the same stages through mini-swe-agent's text actions and the ``search`` command, on the
+one-search questions (``data/train_1hop.jsonl``, held-out ``data/heldout_1hop.jsonl``): the teacher is
+``examples/search_agent/expert.py`` (a scripted expert: it searches the question and writes the
+passage's answer to answer.txt), the scorer ``score_search`` (exact match, reward 1 = solved), the
+stack ``examples/search_agent/{teacher,sft,train}.toml``. Its own sizes (``SIZES``) and result files
+(``distill_learning_search_agent[_smoke].json``).
 """
 
 from __future__ import annotations
@@ -41,16 +50,58 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from measure import load_average  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "examples" / "assistant"
-RESULTS = ROOT / "benchmarks" / "results" / "distill_learning.json"
-SMOKE_RESULTS = ROOT / "benchmarks" / "results" / "distill_learning_smoke.json"
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+
+class Example(NamedTuple):
+    """What differs between the examples this runs: files, the task field held-out success is broken
+    down by, the words the result describes the run with, and the result file's name."""
+
+    folder: Path
+    train_tasks: str  # relative to the folder
+    heldout_tasks: str
+    group_by: str  # written as "family" in an evaluation's rewards.json
+    harness: str
+    teacher: str
+    results: str  # benchmarks/results/<results>[_smoke].json
+
+
+EXAMPLES = {
+    "assistant": Example(
+        ROOT / "examples" / "assistant", "tasks/train.jsonl", "tasks/heldout.jsonl", "family",
+        harness="Hermes Agent (hermes -z, -t file), the hermes preset",
+        teacher="examples/assistant/expert.py: a scripted expert (parses the prompt, answers with "
+        "the right write_file calls), not a model, behind the gateway's teacher mode",
+        results="distill_learning",
+    ),
+    "search_agent": Example(
+        ROOT / "examples" / "search_agent", "data/train_1hop.jsonl", "data/heldout_1hop.jsonl", "hops",
+        harness="mini-swe-agent (text actions, mini_search.yaml) + the `search` command, the "
+        "mini-swe-agent preset",
+        teacher="examples/search_agent/expert.py: a scripted expert (searches the question, writes the "
+        "answer the returned passage states to answer.txt), not a model, behind the gateway's teacher mode",
+        results="distill_learning_search_agent",
+    ),
+}  # fmt: skip
+# The full run's sizes per example (flags override them). The search agent's sequences are ~300
+# SmolLM2 tokens (mini_search.yaml's prompt, two short actions), not Hermes's ~3k: SFT steps are cheap
+# and RL's rollouts (a mini-swe-agent start each) are what the time goes to.
+SIZES = {
+    "assistant": {
+        "teacher_tasks": 48, "heldout": 40, "sft_epochs": 2, "sft_sequences_per_step": 8,
+        "rl_steps": 6, "rl_tasks_per_step": 2, "rl_group_size": 4,
+    },
+    "search_agent": {
+        "teacher_tasks": 160, "heldout": 40, "sft_epochs": 3, "sft_sequences_per_step": 8,
+        "rl_steps": 4, "rl_tasks_per_step": 4, "rl_group_size": 6,
+    },
+}  # fmt: skip
 # The smoke run: the pipeline end to end at the smallest size that exercises every stage.
 SMOKE = {
     "teacher_tasks": 4, "heldout": 4, "sft_epochs": 1, "sft_sequences_per_step": 2,
@@ -66,13 +117,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def records(tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def records(tasks: list[dict[str, Any]], group_by: str = "family") -> list[dict[str, Any]]:
     """The example's tasks as ``data calibrate`` records (``instance_id``, ``problem_statement``)."""
     return [
         {
             "instance_id": t["task_id"],
             "problem_statement": t["prompt"],
-            "family": t["family"],
+            group_by: t[group_by],
             "hidden": t["hidden"],
         }
         for t in tasks
@@ -122,11 +173,12 @@ def with_sets(argv: list[str], sets: list[str]) -> list[str]:
 
 
 # -- stages ----------------------------------------------------------------------------------------
-def record_teacher(tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
+def record_teacher(example: Example, tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     """The expert behind the gateway's teacher mode, one rollout per task; what was recorded."""
-    (work / "teacher-tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records(tasks)))
+    given = records(tasks, example.group_by)
+    (work / "teacher-tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in given))
     expert = subprocess.Popen(
-        [sys.executable, str(EXAMPLE / "expert.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
+        [sys.executable, str(example.folder / "expert.py"), "--port", "0"], stdout=subprocess.PIPE, text=True
     )
     try:
         url = expert.stdout.readline().split()[-1]  # "expert: serving http://127.0.0.1:PORT/v1"
@@ -137,7 +189,8 @@ def record_teacher(tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
             str(work / "teacher-tasks.jsonl"),
             str(work / "teacher.jsonl"),
         ]
-        argv += ["--config", str(EXAMPLE / "teacher.toml"), "--k", "1", "--run-dir", str(work / "teacher")]
+        argv += ["--config", str(example.folder / "teacher.toml"), "--k", "1"]
+        argv += ["--run-dir", str(work / "teacher")]
         sets = [f"engine.teacher.base_url={url}"]
         run(with_sets(argv, sets), work / "teacher.log")
     finally:
@@ -147,8 +200,10 @@ def record_teacher(tasks: list[dict[str, Any]], work: Path) -> dict[str, Any]:
     return {"rollouts": len(rewards), "solved": sum(r >= 1.0 for r in rewards), "mean_reward": mean(rewards)}
 
 
-def sft(work: Path, epochs: int, sequences_per_step: int, sets: list[str]) -> dict[str, Any]:
-    argv = [*HARNESSRL, "sft", str(EXAMPLE / "sft.toml")]
+def sft(
+    example: Example, work: Path, epochs: int, sequences_per_step: int, sets: list[str]
+) -> dict[str, Any]:
+    argv = [*HARNESSRL, "sft", str(example.folder / "sft.toml")]
     sets = [f"source.run_dir={work / 'teacher'}", f"run.dir={work / 'sft'}", f"sft.epochs={epochs}",
             f"sft.sequences_per_step={sequences_per_step}", *sets]  # fmt: skip
     run(with_sets(argv, sets), work / "sft.log")
@@ -171,11 +226,17 @@ def sft(work: Path, epochs: int, sequences_per_step: int, sets: list[str]) -> di
 
 
 def rl(
-    work: Path, model: str, steps: int, tasks_per_step: int, group_size: int, sets: list[str]
+    example: Example,
+    work: Path,
+    model: str,
+    steps: int,
+    tasks_per_step: int,
+    group_size: int,
+    sets: list[str],
 ) -> dict[str, Any]:
     from harnessrl.trainer.checkpoint import latest_checkpoint
 
-    argv = [*HARNESSRL, "train", str(EXAMPLE / "train.toml")]
+    argv = [*HARNESSRL, "train", str(example.folder / "train.toml")]
     sets = [f"run.dir={work / 'rl'}", f"engine.model={model}", f"trainer.steps={steps}",
             f"trainer.tasks_per_step={tasks_per_step}", f"trainer.group_size={group_size}",
             "trainer.eval_every=0", "metrics.progress=false", "metrics.tensorboard=false", *sets]  # fmt: skip
@@ -192,9 +253,12 @@ def rl(
     }
 
 
-def evaluate(model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: list[str]) -> dict[str, Any]:
+def evaluate(
+    example: str, model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: list[str]
+) -> dict[str, Any]:
     """Every held-out task once, greedy, in a process of its own (``--evaluate``); the successes."""
     argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
+    argv += ["--example", example]
     run(with_sets(argv, sets), logfile)
     rewards = json.loads((run_dir / "rewards.json").read_text())
     n = len(rewards)
@@ -214,7 +278,9 @@ def evaluate(model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: l
     }
 
 
-async def evaluate_in_process(model: str, tasks_file: Path, run_dir: Path, sets: list[str]) -> None:
+async def evaluate_in_process(
+    example: Example, model: str, tasks_file: Path, run_dir: Path, sets: list[str]
+) -> None:
     """The held-out evaluation itself: ``train.toml``'s stack and the trainer's held-out sampling."""
     from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
     from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
@@ -222,9 +288,9 @@ async def evaluate_in_process(model: str, tasks_file: Path, run_dir: Path, sets:
     from harnessrl.trainer.config import TrainConfig
     from harnessrl.trainer.schedule import eval_sampling
 
-    config_path = EXAMPLE / "train.toml"
+    config_path = example.folder / "train.toml"
     overrides = [f"engine.model={model}", *sets]
-    raw = resolve_relative_paths(load_raw_config(config_path, overrides), EXAMPLE)
+    raw = resolve_relative_paths(load_raw_config(config_path, overrides), example.folder)
     sampling = eval_sampling(validate_config(TrainConfig, raw).trainer)
     config = load_rollout_config(str(config_path), overrides, ignore=TRAIN_ONLY_SECTIONS)
     tasks = read_jsonl(tasks_file)
@@ -241,7 +307,7 @@ async def evaluate_in_process(model: str, tasks_file: Path, run_dir: Path, sets:
     rewards = [
         {
             "task_id": task["task_id"],
-            "family": task["family"],
+            "family": task[example.group_by],
             "reward": float(done[rid].reward or 0.0),
             "outcome": done[rid].outcome.value if done[rid].outcome else done[rid].status.value,
         }
@@ -265,13 +331,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--teacher-tasks", type=int, default=48, help="training tasks the teacher records")
-    parser.add_argument("--heldout", type=int, default=40, help="held-out tasks evaluated at each stage")
-    parser.add_argument("--sft-epochs", type=int, default=2)
-    parser.add_argument("--sft-sequences-per-step", type=int, default=8)
-    parser.add_argument("--rl-steps", type=int, default=6)
-    parser.add_argument("--rl-tasks-per-step", type=int, default=2)
-    parser.add_argument("--rl-group-size", type=int, default=4)
+    parser.add_argument("--example", choices=sorted(EXAMPLES), default="assistant")
+    parser.add_argument("--teacher-tasks", type=int, help="training tasks the teacher records (SIZES)")
+    parser.add_argument("--heldout", type=int, help="held-out tasks evaluated at each stage")
+    parser.add_argument("--sft-epochs", type=int)
+    parser.add_argument("--sft-sequences-per-step", type=int)
+    parser.add_argument("--rl-steps", type=int)
+    parser.add_argument("--rl-tasks-per-step", type=int)
+    parser.add_argument("--rl-group-size", type=int)
     parser.add_argument("--smoke", action="store_true", help=f"the smallest run of every stage: {SMOKE}")
     parser.add_argument("--sft-set", action="append", default=[], help="more sft.toml overrides")
     parser.add_argument("--rl-set", action="append", default=[], help="more train.toml overrides (RL run)")
@@ -284,35 +351,38 @@ def main() -> None:
     parser.add_argument("--evaluate", metavar="MODEL", help=argparse.SUPPRESS)  # one evaluation (internal)
     parser.add_argument("--tasks", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    example = EXAMPLES[args.example]
     if args.evaluate:
-        asyncio.run(evaluate_in_process(args.evaluate, args.tasks, args.work, args.eval_set))
+        asyncio.run(evaluate_in_process(example, args.evaluate, args.tasks, args.work, args.eval_set))
         return
-    if args.smoke:
-        for key, value in SMOKE.items():
-            setattr(args, key, value)
-    out = args.out or (SMOKE_RESULTS if args.smoke else RESULTS)
+    for key, value in (SMOKE if args.smoke else SIZES[args.example]).items():
+        if not args.smoke and getattr(args, key) is not None:
+            continue  # a flag given
+        setattr(args, key, value)
+    name = example.results + ("_smoke" if args.smoke else "")
+    out = args.out or ROOT / "benchmarks" / "results" / f"{name}.json"
     work = args.work or Path(tempfile.mkdtemp(prefix="distill-learning-"))
     work.mkdir(parents=True, exist_ok=True)
     log(f"work folder {work}")
 
-    train_tasks = read_jsonl(EXAMPLE / "tasks" / "train.jsonl")[: args.teacher_tasks]
+    train_tasks = read_jsonl(example.folder / example.train_tasks)[: args.teacher_tasks]
     heldout_file = work / "heldout.jsonl"
     heldout_file.write_text(
         "".join(
             line + "\n"
-            for line in (EXAMPLE / "tasks" / "heldout.jsonl").read_text().splitlines()[: args.heldout]
+            for line in (example.folder / example.heldout_tasks).read_text().splitlines()[: args.heldout]
         )
     )
     result: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python benchmarks/distill_learning.py " + " ".join(sys.argv[1:]),
-        "harness": "Hermes Agent (hermes -z, -t file), the hermes preset",
+        "harness": example.harness,
         "student": "SmolLM2-135M-Instruct",
-        "teacher": "examples/assistant/expert.py: a scripted expert (parses the prompt, answers with "
-        "the right write_file calls), not a model, behind the gateway's teacher mode",
+        "teacher": example.teacher,
         "config": {
             k: getattr(args, k)
             for k in (
+                "example",
                 "teacher_tasks",
                 "heldout",
                 "sft_epochs",
@@ -355,15 +425,21 @@ def main() -> None:
 
     def evaluation(name: str, model: Any) -> Any:
         return lambda: evaluate(
-            model(), heldout_file, work / f"eval-{name}", work / f"eval-{name}.log", args.eval_set
+            args.example,
+            model(),
+            heldout_file,
+            work / f"eval-{name}",
+            work / f"eval-{name}.log",
+            args.eval_set,
         )
 
     stage("base evaluation", "base", heldout, evaluation("base", lambda: "smollm2"))
-    stage("teacher", "teacher", stages, lambda: record_teacher(train_tasks, work))
-    stage("sft", "sft", stages, lambda: sft(work, args.sft_epochs, args.sft_sequences_per_step, args.sft_set))
+    stage("teacher", "teacher", stages, lambda: record_teacher(example, train_tasks, work))
+    sft_sizes = (args.sft_epochs, args.sft_sequences_per_step)
+    stage("sft", "sft", stages, lambda: sft(example, work, *sft_sizes, args.sft_set))
     stage("sft evaluation", "sft", heldout, evaluation("sft", lambda: stages["sft"]["checkpoint"]))
     rl_sizes = (args.rl_steps, args.rl_tasks_per_step, args.rl_group_size)
-    stage("rl", "rl", stages, lambda: rl(work, stages["sft"]["checkpoint"], *rl_sizes, args.rl_set))
+    stage("rl", "rl", stages, lambda: rl(example, work, stages["sft"]["checkpoint"], *rl_sizes, args.rl_set))
     stage("rl evaluation", "rl", heldout, evaluation("rl", lambda: stages["rl"]["checkpoint"]))
     result["gains"] = {
         "sft_over_base": gain(heldout["sft"], heldout["base"]),
