@@ -101,7 +101,9 @@ async def chat_completions(request: Request) -> JSONResponse | StreamingResponse
 
 async def models(request: Request) -> JSONResponse:
     model = request.app.state.model
-    return JSONResponse({"object": "list", "data": [{"id": model, "object": "model", "owned_by": "harnessrl"}]})
+    return JSONResponse(
+        {"object": "list", "data": [{"id": model, "object": "model", "owned_by": "harnessrl"}]}
+    )
 
 
 def create_server(answer: Answer, model: str) -> Starlette:
