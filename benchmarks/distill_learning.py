@@ -89,16 +89,17 @@ EXAMPLES = {
         results="distill_learning_search_agent",
     ),
 }  # fmt: skip
-# The full run's sizes per example (flags override them). The search agent's sequences are ~300
-# SmolLM2 tokens (mini_search.yaml's prompt, two short actions), not Hermes's ~3k: SFT steps are cheap
-# and RL's rollouts (a mini-swe-agent start each) are what the time goes to.
+# The full run's sizes per example (flags override them). The search agent's sequences are ~335
+# SmolLM2 tokens (mini_search.yaml's prompt, two short actions; ~170 shared by a step's sequences),
+# not Hermes's ~3k: its 24 SFT steps are cheap, and RL's rollouts (a mini-swe-agent start each, 24 a
+# step) are what the time goes to (~5.5 min a step measured by search_learning at load 10-14).
 SIZES = {
     "assistant": {
         "teacher_tasks": 48, "heldout": 40, "sft_epochs": 2, "sft_sequences_per_step": 8,
         "rl_steps": 6, "rl_tasks_per_step": 2, "rl_group_size": 4,
     },
     "search_agent": {
-        "teacher_tasks": 160, "heldout": 40, "sft_epochs": 3, "sft_sequences_per_step": 8,
+        "teacher_tasks": 96, "heldout": 40, "sft_epochs": 2, "sft_sequences_per_step": 8,
         "rl_steps": 4, "rl_tasks_per_step": 4, "rl_group_size": 6,
     },
 }  # fmt: skip
@@ -275,6 +276,8 @@ def evaluate(
         "mean_reward": mean([r["reward"] for r in rewards]),
         "infra_failures": sum(r["outcome"] in ("infra_failure", "failed", "cancelled") for r in rewards),
         "by_family": {f: round(sum(v) / len(v), 3) for f, v in sorted(families.items())},
+        # the retriever's searches (the search agent's `search` command); 0 where a harness has none
+        "tool_requests_per_rollout": mean([r.get("tool_requests", 0) for r in rewards]),
     }
 
 
@@ -304,12 +307,14 @@ async def evaluate_in_process(
             for i, task in enumerate(tasks)
         ]  # fmt: skip
         done = {r.rollout_id: r for r in await stack.controller.run_until_done(ids, limit)}
+        tool_requests = {rid: len(stack.store.list_tool_requests(rid)) for rid in ids}  # searches
     rewards = [
         {
             "task_id": task["task_id"],
             "family": task[example.group_by],
             "reward": float(done[rid].reward or 0.0),
             "outcome": done[rid].outcome.value if done[rid].outcome else done[rid].status.value,
+            "tool_requests": tool_requests[rid],
         }
         for rid, task in zip(ids, tasks, strict=True)
     ]
