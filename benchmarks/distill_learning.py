@@ -332,6 +332,72 @@ def gain(after: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def paired_gain(work: Path, after: str, before: str) -> dict[str, float]:
+    """The gain of stage ``after`` over ``before`` task by task (the same held-out tasks): its standard
+    error is that of the per-task differences, sd(d) / sqrt(n), and the tasks each way it flipped."""
+    solved = {}
+    for name in (after, before):
+        rewards = json.loads((work / f"eval-{name}" / "rewards.json").read_text())
+        solved[name] = {r["task_id"]: float(r["reward"] >= 1.0) for r in rewards}
+    tasks = sorted(solved[before])
+    d = [solved[after][t] - solved[before][t] for t in tasks]
+    n = len(d)
+    mean_d = sum(d) / n
+    var = sum((x - mean_d) ** 2 for x in d) / (n - 1) if n > 1 else 0.0
+    return {
+        "gain": round(mean_d, 3),
+        "paired_se": round(math.sqrt(var / n), 3),
+        "to_pass": sum(x > 0 for x in d),
+        "to_fail": sum(x < 0 for x in d),
+    }
+
+
+def write_svg(result: dict[str, Any], path: Path) -> None:
+    """Held-out success at each stage as bars with two-standard-error whiskers, as a small SVG (no
+    plotting library needed)."""
+    stages = [(k, result["heldout"][k]) for k in ("base", "sft", "rl") if k in result["heldout"]]
+    width, height, pad, bar = 420, 260, 44, 70
+    labels = {"base": "base model", "sft": "after SFT", "rl": "after SFT + RL"}
+
+    def y(value: float) -> float:
+        return height - pad - (height - 2 * pad) * max(0.0, min(1.0, value))
+
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+        'font-size="12">',
+        f'<rect width="{width}" height="{height}" fill="white"/>',
+    ]
+    for tick in (0.0, 0.25, 0.5, 0.75, 1.0):
+        parts.append(
+            f'<line x1="{pad}" y1="{y(tick):.1f}" x2="{width - pad}" y2="{y(tick):.1f}" stroke="#eee"/>'
+        )
+        parts.append(f'<text x="{pad - 6}" y="{y(tick) + 4:.1f}" text-anchor="end">{tick:.2f}</text>')
+    step = (width - 2 * pad) / max(1, len(stages))
+    for i, (key, h) in enumerate(stages):
+        x = pad + step * i + (step - bar) / 2
+        mid = x + bar / 2
+        value, se = h["success"], h["se"]
+        parts.append(
+            f'<rect x="{x:.1f}" y="{y(value):.1f}" width="{bar}" height="{y(0) - y(value):.1f}" fill="#2b5fb4"/>'
+        )
+        lo, hi = y(value - 2 * se), y(value + 2 * se)
+        parts.append(f'<line x1="{mid:.1f}" y1="{lo:.1f}" x2="{mid:.1f}" y2="{hi:.1f}" stroke="#222"/>')
+        parts.append(
+            f'<text x="{mid:.1f}" y="{min(hi, y(value)) - 6:.1f}" text-anchor="middle">{value:.2f}</text>'
+        )
+        parts.append(f'<text x="{mid:.1f}" y="{height - pad + 16}" text-anchor="middle">{labels[key]}</text>')
+    n = stages[0][1]["tasks"] if stages else 0
+    parts += [
+        f'<text x="{width / 2}" y="18" text-anchor="middle">held-out success, {n} tasks, greedy '
+        "(± 2 s.e.)</text>",
+        f'<text x="{width / 2}" y="{height - 8}" text-anchor="middle">{result["student"]} through '
+        f"{result['harness'].split(' (')[0]}</text>",
+        "</svg>",
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts) + "\n")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -451,12 +517,19 @@ def main() -> None:
         "rl_over_sft": gain(heldout["rl"], heldout["sft"]),
         "rl_over_base": gain(heldout["rl"], heldout["base"]),
     }
+    result["paired_gains"] = {
+        "sft_over_base": paired_gain(work, "sft", "base"),
+        "rl_over_sft": paired_gain(work, "rl", "sft"),
+        "rl_over_base": paired_gain(work, "rl", "base"),
+    }
     result["sft_plus_rl"] = {
         "wall_minutes": round((stages["sft"]["wall_s"] + stages["rl"]["wall_s"]) / 60, 2),
         "cpu_minutes": round((stages["sft"]["cpu_s"] + stages["rl"]["cpu_s"]) / 60, 2),
     }
     result["machine"]["load_at_end"] = load_average()
     save()
+    if not args.smoke:
+        write_svg(result, ROOT / "docs" / "images" / f"{out.stem}.svg")
     print(
         json.dumps(
             {"heldout": {k: (v["success"], v["se"]) for k, v in heldout.items()}, "gains": result["gains"]}

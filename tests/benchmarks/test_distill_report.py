@@ -1,0 +1,62 @@
+"""The report helpers of ``benchmarks/distill_learning.py``: the paired gain between two evaluations
+of the same held-out tasks, and the picture; the benchmark itself is run by hand, never as a test."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_learning.py"
+
+
+@pytest.fixture(scope="module")
+def dl() -> ModuleType:
+    # benchmarks/ is not a package: load the script as a module.
+    spec = importlib.util.spec_from_file_location("distill_learning_benchmark", _SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def write_rewards(work: Path, stage: str, rewards: dict[str, float]) -> None:
+    folder = work / f"eval-{stage}"
+    folder.mkdir(parents=True)
+    rows = [{"task_id": t, "family": "f", "reward": r, "outcome": "finished"} for t, r in rewards.items()]
+    (folder / "rewards.json").write_text(json.dumps(rows))
+
+
+def test_the_paired_gain_counts_each_task_against_itself(dl, tmp_path):
+    # 6 tasks: 2 flip to solved, 1 flips back, a partial reward (0.5) is not solved.
+    write_rewards(tmp_path, "sft", {"a": 0, "b": 0, "c": 1, "d": 1, "e": 0, "f": 0.5})
+    write_rewards(tmp_path, "rl", {"a": 1, "b": 1, "c": 0, "d": 1, "e": 0, "f": 0.5})
+    out = dl.paired_gain(tmp_path, "rl", "sft")
+    d = [1, 1, -1, 0, 0, 0]
+    mean = sum(d) / 6
+    se = math.sqrt(sum((x - mean) ** 2 for x in d) / 5 / 6)
+    assert out == {"gain": round(mean, 3), "paired_se": round(se, 3), "to_pass": 2, "to_fail": 1}
+
+
+def test_the_picture_has_a_bar_and_a_label_per_stage(dl, tmp_path):
+    heldout = {
+        k: {"success": v, "se": 0.05, "tasks": 40} for k, v in (("base", 0.0), ("sft", 0.8), ("rl", 0.9))
+    }
+    result = {"heldout": heldout, "student": "SmolLM2", "harness": "Hermes Agent (hermes -z)"}
+    path = tmp_path / "d.svg"
+    dl.write_svg(result, path)
+    root = ET.parse(path).getroot()
+    ns = "{http://www.w3.org/2000/svg}"
+    bars = [r for r in root.iter(f"{ns}rect") if r.get("fill") == "#2b5fb4"]
+    assert len(bars) == 3
+    heights = [float(b.get("height")) for b in bars]
+    assert heights[0] == 0 and heights[1] < heights[2]
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    assert {"0.00", "0.80", "0.90", "base model", "after SFT", "after SFT + RL"} <= set(texts)
