@@ -3,28 +3,19 @@ of the same held-out tasks, and the picture; the benchmark itself is run by hand
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "distill_learning.py"
+from tests.benchmarks.scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def dl() -> ModuleType:
-    # benchmarks/ is not a package: load the script as a module.
-    spec = importlib.util.spec_from_file_location("distill_learning_benchmark", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("distill_learning")
 
 
 def write_rewards(work: Path, stage: str, rewards: dict[str, float]) -> None:

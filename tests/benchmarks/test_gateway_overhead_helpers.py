@@ -4,32 +4,23 @@ and goals); the benchmark itself is run by hand, never as a timed test."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sqlite3
-import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.benchmarks.scripts import load_benchmark
 
 from harnessrl.gateway.apis.anthropic_convert import request_to_internal
 from harnessrl.schemas import Call
 from harnessrl.store import open_store
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "gateway_overhead.py"
-
 
 @pytest.fixture(scope="module")
 def go() -> ModuleType:
-    # benchmarks/ is not a package: load the script as a module.
-    spec = importlib.util.spec_from_file_location("gateway_overhead_benchmark", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("gateway_overhead")
 
 
 @pytest.fixture(scope="module")

@@ -5,27 +5,17 @@ embedded publish hands over fewer bytes with LoRA than a full update."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.benchmarks.scripts import load_benchmark
 
 from harnessrl.engines.tiny import tiny_model_dir
-
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lora.py"
 
 
 @pytest.fixture(scope="module")
 def lora() -> ModuleType:
-    # benchmarks/ is not a package: load the script as a module.
-    spec = importlib.util.spec_from_file_location("lora_benchmark", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("lora")
 
 
 def settings() -> argparse.Namespace:

@@ -7,30 +7,20 @@ Lightning rule splits exactly where a retokenized prompt stops extending the pre
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tests.benchmarks.scripts import load_benchmark
 
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.schemas import Call
 from harnessrl.tokenizer import PolicyTokenizer
 
-_SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "merge_rate.py"
-
 
 @pytest.fixture(scope="module")
 def merge_rate() -> ModuleType:
-    # benchmarks/ is not a package: load the script as a module.
-    spec = importlib.util.spec_from_file_location("merge_rate_benchmark", _SCRIPT)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("merge_rate")
 
 
 def _call(seq: int, messages: list[dict], prompt: list[int], response: list[int]) -> Call:
