@@ -172,3 +172,33 @@ def test_add_call_now_writes_at_once_or_not_at_all(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(sqlite3.ProgrammingError):
         store.add_call_now(_a_call(rollout.rollout_id))
+
+
+class _LockedThenOpen:
+    """A connection whose ``PRAGMA journal_mode = WAL`` fails as SQLite's race does ``failures`` times."""
+
+    def __init__(self, failures: int, message: str = "database is locked") -> None:
+        self.failures, self.message, self.tries = failures, message, 0
+
+    def execute(self, sql: str) -> None:
+        assert sql == "PRAGMA journal_mode = WAL"
+        self.tries += 1
+        if self.tries <= self.failures:
+            raise sqlite3.OperationalError(self.message)
+
+
+def test_switching_to_wal_waits_out_another_opener_and_gives_up_at_the_timeout() -> None:
+    """Openers of a fresh file race to switch it to WAL and SQLite answers the loser "database is
+    locked" without its busy handler (a CI run lost one of three openers so): the switch is retried
+    until the store's timeout, and other errors are not retried."""
+    from harnessrl.store.sqlite import _enter_wal
+
+    conn = _LockedThenOpen(failures=3)
+    _enter_wal(conn, timeout_s=5)  # type: ignore[arg-type]
+    assert conn.tries == 4
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        _enter_wal(_LockedThenOpen(failures=10**9), timeout_s=0.05)  # type: ignore[arg-type]
+    other = _LockedThenOpen(failures=1, message="disk I/O error")
+    with pytest.raises(sqlite3.OperationalError, match="disk"):
+        _enter_wal(other, timeout_s=5)  # type: ignore[arg-type]
+    assert other.tries == 1

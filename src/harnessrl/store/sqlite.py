@@ -20,6 +20,7 @@ import contextlib
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -155,7 +156,7 @@ class SQLiteStore(SQLStore):
         if read_only:
             conn.execute("PRAGMA query_only = ON")  # the file is in WAL mode already (set on open)
             return conn
-        conn.execute("PRAGMA journal_mode = WAL")
+        _enter_wal(conn, timeout)
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
@@ -203,6 +204,26 @@ class SQLiteStore(SQLStore):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _enter_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
+    """Switch ``conn`` to WAL, retrying while another process holds the lock that switch needs.
+
+    Several processes opening a fresh file at once race to change its journal mode, and SQLite
+    answers that race with "database is locked" without calling the busy handler (a fresh-clone CI
+    run saw one of three openers fail so), so the wait ``busy_timeout`` promises is ours to do here.
+    """
+    deadline = time.monotonic() + timeout_s
+    delay = 0.005
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.1)
 
 
 @contextmanager
