@@ -125,6 +125,25 @@ class Exit:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class SandboxPaths:
+    """Where an attempt's workspace, home and task file appear to the harness inside its sandbox."""
+
+    workspace: Path
+    home: Path
+    task_file: Path
+
+
+# In the bubblewrap sandbox every attempt sees the same paths, whatever its run folder and rollout id:
+# harnesses write their cwd and $HOME into the prompt (Hermes, Claude Code, Codex, OpenCode), and a
+# host path there would make each rollout's prompt differ from the others' from that token on — no
+# prefix cache across a group, no shared-prefix training rows, and run folders and rollout ids
+# shown to the policy and kept in its training data. ``{workspace}/../home`` is the home here too.
+ROLLOUT_PATHS = SandboxPaths(
+    workspace=Path("/rollout/workspace"), home=Path("/rollout/home"), task_file=Path("/rollout/task.json")
+)
+
+
 @dataclass
 class Launch:
     """Everything a runner needs to start one attempt of one rollout."""
@@ -151,6 +170,10 @@ class Launch:
     # (Kubernetes: the Job's image). Both None: the host's system, as before.
     root: ImageRoot | None = None
     image: str | None = None
+    # Where the harness sees the workspace, home and task file (``ROLLOUT_PATHS`` in the bubblewrap
+    # sandbox): ``argv``, ``env``, ``files`` and ``cwd`` then name those paths, and the runner puts
+    # the host's ``workspace``, ``home`` and ``task_file`` there. None: the host paths, as they are.
+    inside: SandboxPaths | None = None
 
 
 class RunHandle(Protocol):

@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
 from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-from harnessrl.controller.base import Exit, ExitKind, HarnessSpec, Launch, Runner
+from harnessrl.controller.base import ROLLOUT_PATHS, Exit, ExitKind, HarnessSpec, Launch, Runner, SandboxPaths
 from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
 from harnessrl.controller.harness import harness_view, render_harness
 from harnessrl.environments.resolve import Environments, HarnessNeeds
@@ -229,12 +229,14 @@ class Controller:
         harness = self.harness_for(rollout)
         try:
             check_mounts(harness.mounts, forbidden=[self.run_dir])
+            inside = ROLLOUT_PATHS if harness.sandbox == "bwrap" else None
             rendered = render_harness(
                 harness,
                 rollout=rollout,
                 workspace=workspace,
                 base_url=self.gateway.base_url(rollout.rollout_id),
                 anthropic_base_url=f"http://{self.gateway.host}:{self.gateway.port}/rollouts/{rollout.rollout_id}",
+                inside=inside,
             )
             await asyncio.to_thread(
                 prepare_workspace,
@@ -268,6 +270,7 @@ class Controller:
                 mounts=tuple(Path(m) for m in harness.mounts),
                 root=root,
                 image=image,
+                inside=inside,
             )
             handle = await self.runner.launch(launch)
         except HarnessRLError as exc:
@@ -316,7 +319,7 @@ class Controller:
             return await self._infra_failure(rollout, f"evaluator crashed: {type(exc).__name__}: {exc}")
 
         report = await asyncio.to_thread(  # reading a workspace diff takes a while: off the event loop
-            audit_rollout, calls, audit, workspace=(workspace, workspace.parent / "home"), changes=changes
+            audit_rollout, calls, audit, workspace=_seen_folders(workspace, inside), changes=changes
         )
         reward = reward_after_audit(float(result.reward), report, self.config.audit)
         flags = list(dict.fromkeys([*result.flags, *report.rules]))  # the scorer's and the audit's
@@ -387,6 +390,13 @@ class Controller:
             )
         except InvalidTransition:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+
+
+def _seen_folders(workspace: Path, inside: SandboxPaths | None) -> tuple[Path, ...]:
+    """The folders the policy's commands may name as its own: the workspace and home as the harness
+    saw them, and their host paths (a harness outside the sandbox, or a path read from a log)."""
+    host = (workspace, workspace.parent / "home")
+    return (*host, inside.workspace, inside.home) if inside is not None else host
 
 
 def _environment_key(harness: HarnessSpec) -> str:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.controller.base import HarnessSpec
+from harnessrl.controller.base import HarnessSpec, SandboxPaths
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Rollout
 from harnessrl.tasks.fields import HIDDEN, check_visible, get_field, is_hidden_path
@@ -97,22 +97,28 @@ def render_harness(
     workspace: Path,
     base_url: str,
     anthropic_base_url: str,
+    inside: SandboxPaths | None = None,
 ) -> RenderedHarness:
+    """The harness's argv, environment, files and cwd for one attempt in ``workspace`` (a host folder;
+    its home is ``workspace/../home`` and the task file ``workspace/../task.json``). With ``inside``
+    (``ROLLOUT_PATHS`` in the bubblewrap sandbox) everything the harness reads names the paths it sees
+    there; ``RenderedHarness.task_file`` is the host file, for the runner to bind."""
     # A task created through the API skips the task loaders' check: refuse it here, before launch.
     check_visible(rollout.task, where=f"rollout {rollout.rollout_id}")
     task = harness_view(rollout.task)
     task_file = workspace.parent / "task.json"
     task_file.parent.mkdir(parents=True, exist_ok=True)
     task_file.write_text(json.dumps(task, indent=2))
+    seen = inside or SandboxPaths(workspace=workspace, home=workspace.parent / "home", task_file=task_file)
     values: dict[str, Any] = {
         "rollout_id": rollout.rollout_id,
         "attempt": rollout.attempt,
-        "workspace": str(workspace),
+        "workspace": str(seen.workspace),
         "base_url": base_url,
         "anthropic_base_url": anthropic_base_url,
         "api_key": rollout.api_key,
         "model": spec.model_name,
-        "task_file": str(task_file),
+        "task_file": str(seen.task_file),
         "prompt": task.get("prompt"),
         "task": task,
     }
@@ -124,7 +130,7 @@ def render_harness(
     env.update(QUIET_ENV)
     env.update(
         {
-            "HOME": str(home),
+            "HOME": str(seen.home),
             "OPENAI_BASE_URL": base_url,
             "OPENAI_API_BASE": base_url,
             "OPENAI_API_KEY": rollout.api_key,
@@ -133,7 +139,7 @@ def render_harness(
             "HARNESSRL_ROLLOUT_ID": rollout.rollout_id,
             "HARNESSRL_ATTEMPT": str(rollout.attempt),
             "HARNESSRL_TASK": json.dumps(task),
-            "HARNESSRL_TASK_FILE": str(task_file),
+            "HARNESSRL_TASK_FILE": str(seen.task_file),
             "HARNESSRL_MODEL": spec.model_name,
         }
     )
@@ -143,7 +149,11 @@ def render_harness(
         fill(rel, values, field="harness.files"): fill(content, values, field=f"harness.files[{rel!r}]")
         for rel, content in spec.files.items()
     }
-    cwd = workspace / fill(spec.workdir, values, field="harness.workdir") if spec.workdir else workspace
+    cwd = (
+        seen.workspace / fill(spec.workdir, values, field="harness.workdir")
+        if spec.workdir
+        else seen.workspace
+    )
     # The controller copies the repo; the harness never sees its path: the full task, hidden included.
     full = {**values, "task": rollout.task}
     repo = Path(fill(spec.repo, full, field="harness.repo", hidden_ok=True)) if spec.repo else None

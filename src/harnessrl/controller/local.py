@@ -1,8 +1,9 @@
 """The local runner: each rollout attempt is a sandboxed process tree on this machine.
 
 Per attempt: a bubblewrap sandbox (``harnessrl.sandbox.bwrap``: its own user, PID, mount and network
-namespaces, a read-only system, only the workspace and home writable, the gateway reachable through
-``GatewayBridge`` and nothing else), a cgroup (memory, process count, freezer) when the machine
+namespaces, a read-only system, only the workspace and home writable — at the fixed paths of
+``Launch.inside`` when the controller gives them, ``/rollout/workspace`` and ``/rollout/home`` — the
+gateway reachable through ``GatewayBridge`` and nothing else), a cgroup (memory, process count, freezer) when the machine
 allows, rlimits, stdout/stderr logged to files, and a deadline after which everything in the
 attempt is killed. ``aclose`` kills whatever is still running, so a controller shutdown leaves no
 orphans.
@@ -17,7 +18,8 @@ import signal
 from pathlib import Path
 
 from harnessrl.controller.base import Exit, ExitKind, Launch
-from harnessrl.sandbox.bwrap import python_install_paths
+from harnessrl.errors import ConfigError
+from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.enter import read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, shared_host
@@ -104,6 +106,11 @@ class LocalRunner:
         self._handles: set[LocalRunHandle] = set()
 
     async def launch(self, launch: Launch) -> LocalRunHandle:
+        if launch.inside is not None and launch.sandbox != "bwrap":
+            # Without the sandbox's mount namespace nothing can appear at another path.
+            raise ConfigError(
+                f"rollout {launch.rollout_id}: fixed in-sandbox paths need harness.sandbox = 'bwrap'"
+            )
         launch.log_dir.mkdir(parents=True, exist_ok=True)
         name = f"{launch.rollout_id}-{launch.attempt}-{os.getpid()}"
         limits = launch.limits
@@ -117,6 +124,18 @@ class LocalRunner:
             home.mkdir(parents=True, exist_ok=True)
             spec = launch.log_dir / f"sandbox-{launch.attempt}.json"
             env = launch.env
+            # Bound at the host paths (as they are), or where ``launch.inside`` says the harness sees them.
+            writable: tuple[Path, ...] = (launch.workspace, home)
+            task_files: tuple[Path, ...] = (launch.task_file,) if launch.task_file else ()
+            binds: tuple[Bind, ...] = ()
+            inside_workspace = launch.workspace
+            if launch.inside is not None:
+                writable, task_files, inside_workspace = (), (), launch.inside.workspace
+                binds = (
+                    Bind(launch.workspace, launch.inside.workspace, writable=True),
+                    Bind(home, launch.inside.home, writable=True),
+                    *((Bind(launch.task_file, launch.inside.task_file),) if launch.task_file else ()),
+                )
             if launch.root is not None:
                 env = {k: v for k, v in env.items() if k not in HOST_ONLY_ENV}
             argv = self.host.launch_argv(
@@ -125,13 +144,14 @@ class LocalRunner:
                 command=launch.argv,
                 cwd=launch.cwd,
                 env=env,
-                writable=(launch.workspace, home),
+                writable=writable,
                 read_only=(
                     *python_install_paths(),
                     *launch.mounts,
-                    *((launch.task_file,) if launch.task_file else ()),
-                    *files_in_argv(launch.argv, inside=launch.workspace),
+                    *task_files,
+                    *files_in_argv(launch.argv, inside=inside_workspace),
                 ),
+                binds=binds,
                 network=launch.network,
                 gateway_port=launch.gateway_port,
                 gateway_socket=self.bridge_path,

@@ -14,8 +14,10 @@ Every harness attempt and every command evaluator runs under ``bwrap`` (Debian `
 - its own network namespace with only loopback (``network = "gateway"``), where ``init.py`` relays
   ``127.0.0.1:<gateway port>`` to the gateway's Unix socket, bound as the only way out.
 
-Paths keep their host names inside (the workspace is at the same absolute path), so placeholders
-such as ``{workspace}`` mean the same thing on both sides.
+Paths in ``Layout.read_only`` and ``writable`` keep their host names inside; ``Layout.binds`` put a
+host path elsewhere. The local runner binds a harness attempt's workspace, home and task file at the
+fixed ``/rollout/...`` paths (``controller.base.ROLLOUT_PATHS``), so no rollout's prompt names its
+host folder; scorers keep the host paths, so ``{workspace}`` means the same on both sides there.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, LOCAL_GATEWAY
 
-from harnessrl.controller.base import ResourceLimits
+from harnessrl.controller.base import ROLLOUT_PATHS, ResourceLimits
 from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.names import (
     MANAGED_BY_LABEL,
@@ -170,6 +170,21 @@ def test_container_command_image_workdir_limits(make_launch) -> None:
     assert harness(render(launch, image="other:2"))["image"] == "other:2"
     sub = make_launch(cwd=launch.workspace / "src" / "pkg")
     assert harness(render(sub))["workingDir"] == "/repo/src/pkg"
+
+
+def test_a_launch_rendered_for_the_sandboxs_fixed_paths_lands_in_the_pods_workspace(make_launch) -> None:
+    """The controller renders for /rollout/workspace when the harness runs in bubblewrap; in a pod
+    those paths mean the pod's workspace, exactly as the host paths did."""
+    inside = ROLLOUT_PATHS
+    launch = make_launch(
+        argv=["python", "agent.py", "--out", f"{inside.workspace}/out.txt", str(inside.workspace)],
+        cwd=inside.workspace / "src",
+        inside=inside,
+    )
+    c = harness(render(launch))
+    assert c["command"] == ["python", "agent.py", "--out", "/repo/out.txt", "/repo"]
+    assert c["workingDir"] == "/repo/src"
+    assert "/rollout/workspace" not in json.dumps(c)
 
 
 def test_injected_env(make_launch) -> None:

@@ -151,6 +151,8 @@ def _translator(launch: Launch, gateway_url: str, workspace_dir: str):
         if launch.env.get(name):
             mapping[launch.env[name]] = target
     mapping[str(launch.workspace)] = workspace_dir
+    if launch.inside is not None:  # rendered for the local sandbox's fixed paths: the same in the pod
+        mapping[str(launch.inside.workspace)] = workspace_dir
     if launch.env.get("HARNESSRL_TASK_FILE"):  # the controller's task file lives outside the workspace
         mapping[launch.env["HARNESSRL_TASK_FILE"]] = f"{TASK_MOUNT_DIR}/{SECRET_TASK}"
     sources = sorted((s for s in mapping if s and s != mapping[s]), key=len, reverse=True)
@@ -318,7 +320,9 @@ def build_job_manifest(
     container["command"] = [_literal(translate(arg), key) for arg in launch.argv]
     container.pop("args", None)
     try:
-        rel_cwd = launch.cwd.relative_to(launch.workspace).as_posix()
+        rel_cwd = launch.cwd.relative_to(
+            launch.inside.workspace if launch.inside else launch.workspace
+        ).as_posix()
     except ValueError:  # a cwd outside the workspace has no meaning in the pod
         rel_cwd = "."
     container["workingDir"] = posixpath.normpath(posixpath.join(workspace, rel_cwd))
