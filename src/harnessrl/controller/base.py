@@ -38,7 +38,10 @@ class HarnessSpec(BaseModel):
     ``{rollout_id}``, ``{workspace}``, ``{base_url}`` (OpenAI-style, ends in /v1),
     ``{anthropic_base_url}``, ``{api_key}``, ``{model}``, ``{task_file}``, ``{prompt}`` (the
     task's ``prompt`` field, if any) and ``{task[FIELD]}`` (``FIELD`` may be a dotted path).
-    ``{task[hidden.…]}`` is refused everywhere but ``repo``, which the harness never sees."""
+    ``{task[hidden.…]}`` is refused everywhere but ``repo``, which the harness never sees.
+    ``{workspace}`` and ``{task_file}`` are the paths the harness sees: ``/rollout/workspace`` and
+    ``/rollout/task.json`` in the bubblewrap sandbox (``ROLLOUT_PATHS``; ``$HOME`` is ``/rollout/home``),
+    the host paths with ``sandbox = "none"``."""
 
     model_config = ConfigDict(extra="forbid")
 
