@@ -23,7 +23,7 @@ tasks are the same at each stage, so this overstates the SE of the paired differ
 records its wall time, the CPU seconds of its processes (``RUSAGE_CHILDREN``) and the load average
 before and after (the machine is shared).
 
-    .venv/bin/python benchmarks/distill_learning.py                        # full size: ~1 h 45 min here
+    .venv/bin/python benchmarks/distill_learning.py                        # full size: ~30 min here
     .venv/bin/python benchmarks/distill_learning.py --example search_agent # full size: ~28 min here
     .venv/bin/python benchmarks/distill_learning.py --smoke                # ~the pipeline end to end, tiny
 
