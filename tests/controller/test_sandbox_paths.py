@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tests.controller.test_rollout_end_to_end import rollout_cli
 
 from harnessrl.controller.base import ROLLOUT_PATHS
 from harnessrl.store.sqlite import SQLiteStore
-
-HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
 
@@ -63,15 +60,8 @@ type = "exact_match"
 field = "hidden.answer"
 """
     )
-    task = tmp_path / "task.json"
-    task.write_text(json.dumps({"prompt": "Say ok.", "hidden": {"answer": "ok"}}))
     run_dir = tmp_path / name
-    proc = subprocess.run(
-        [*HARNESSRL, "rollout", "--config", str(config), "--task", f"@{task}", "--run-dir", str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    proc = rollout_cli(config, {"prompt": "Say ok.", "hidden": {"answer": "ok"}}, run_dir)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     attempt = Path(summary["log"])
