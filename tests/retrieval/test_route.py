@@ -133,13 +133,21 @@ def test_a_flood_from_one_rollout_is_rate_limited_never_a_crash(make_search_gate
     url, headers = gw.search_url(rollout), {"authorization": f"Bearer {rollout['api_key']}"}
 
     def flood(n: int, workers: int = 32) -> list[int]:
-        # As fast as this machine's clients go, on keep-alive connections, `workers` at a time.
-        with (
-            httpx.Client(timeout=httpx.Timeout(60, pool=None)) as client,
-            ThreadPoolExecutor(workers) as pool,
-        ):
-            send = lambda _: client.post(url, json={"query": "Velmora"}, headers=headers).status_code  # noqa: E731
-            return list(pool.map(send, range(n)))
+        # As fast as this machine's clients go: `workers` threads, each on its own keep-alive
+        # connection. Not one shared httpx client: past its 20 keep-alive connections, httpcore's
+        # pool closes a connection it counts idle that another thread has just been handed, and
+        # that thread's read fails with EBADF (a CI run failed so: the client's race, not the
+        # gateway's).
+        def worker(count: int) -> list[int]:
+            with httpx.Client(timeout=60) as client:
+                return [
+                    client.post(url, json={"query": "Velmora"}, headers=headers).status_code
+                    for _ in range(count)
+                ]
+
+        with ThreadPoolExecutor(workers) as pool:
+            shares = [n // workers + (i < n % workers) for i in range(workers)]
+            return [status for chunk in pool.map(worker, shares) for status in chunk]
 
     statuses = flood(2000)
     assert set(statuses) <= {200, 429}
