@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 from tests.vllm.vllm_support import (
     LOGPROB_ATOL,
     LONG_STORY,
+    Outcome,
     freeze_mid_generation,
     max_abs_diff,
     requests_finished,
@@ -30,7 +32,6 @@ from tests.vllm.vllm_support import (
     start_call,
     start_vllm_server,
     stored_whole,
-    wait_until,
 )
 
 from harnessrl.engines.launch import EngineServer
@@ -60,6 +61,15 @@ def rollout_preferring(gateway: Any, pool: EnginePool, index: int, prefix: str) 
     return gateway.rollout(rollout_id=rollout_id)
 
 
+def client_holds_part(outcome: Outcome, timeout_s: float = 30.0) -> bool:
+    """While the server is frozen: the client receives the content it generated before the freeze
+    (the role chunk and at least one more), and the call goes on; false if nothing came."""
+    deadline = time.monotonic() + timeout_s
+    while not outcome.streaming(2) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return outcome.chunks >= 2 and outcome.finish is None and outcome.error is None
+
+
 def test_a_replica_that_crashes_mid_stream_fails_over_token_exactly(
     make_gateway: Any,
     tiny_server: EngineServer,
@@ -86,18 +96,13 @@ def test_a_replica_that_crashes_mid_stream_fails_over_token_exactly(
         rollout = rollout_preferring(gateway, pool, 1, f"failover{attempt}")
         finished = requests_finished(second_server.url)
         _, outcome, thread = start_call(gateway, stream=True, max_tokens=MAX_TOKENS, rollout=rollout)
-        # The role chunk and one content chunk: server 2 generates (its own counts decide the freeze).
-        # Not more: a stream sends one chunk per engine read, tens of tokens, so 10 chunks can be most
-        # of the answer (a CI run saw all 4 calls end before the freeze that way).
-        wait_until(
-            lambda o=outcome: o.streaming(2) or o.finish is not None,
-            lambda o=outcome: f"server 2 to stream: {o}",
-        )
-        # Frozen where it is, so the kill below breaks it mid-generation: this process lags vLLM, and a
-        # CI run saw server 2 send the whole answer before the kill (no failover to test).
-        if outcome.finish is None and freeze_mid_generation(second_server.url, 1, finished) == 1:
+        # Frozen as soon as server 2 generates the call, by its own counts: this process lags vLLM by
+        # seconds under load, and CI runs that froze it only once the client had seen the stream
+        # start found the whole answer sent (no failover to test). Then, frozen, the client must
+        # hold part of the answer: the failover continues a stream, not a call that never began.
+        if freeze_mid_generation(second_server.url, 1, finished) == 1 and client_holds_part(outcome):
             break
-        resume_server(second_server.url)  # it ended first (a stop token, or vLLM ran ahead): again
+        resume_server(second_server.url)  # it ended first (a stop token) or had no token yet: again
         thread.join(timeout=120)
     else:
         pytest.fail(f"every one of {ATTEMPTS} calls ended on server 2 before it was frozen")
