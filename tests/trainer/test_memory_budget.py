@@ -52,18 +52,18 @@ def test_the_message_names_the_setting_of_the_largest_part():
 
 
 def test_the_estimate_grows_with_each_setting_it_names():
-    base = estimate_memory(main_job("engine.context_length=2048"), SMOLLM2)
+    # Without gradient checkpointing (the main job has it on), so that switching it on shows.
+    plain = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
+    base = estimate_memory(main_job(*plain), SMOLLM2)
     for override, part in [
         ("engine.context_length=4096", "engine KV cache"),
         ("engine.max_batch_size=64", "engine KV cache"),
         ("trainer.micro_batch_tokens=4096", "activations"),
         ("controller.concurrency=64", "process"),
     ]:
-        bigger = estimate_memory(main_job("engine.context_length=2048", override), SMOLLM2)
+        bigger = estimate_memory(main_job(*plain, override), SMOLLM2)
         assert bigger.parts[part] > base.parts[part], override
-    checkpointed = estimate_memory(
-        main_job("engine.context_length=2048", "trainer.gradient_checkpointing=true"), SMOLLM2
-    )
+    checkpointed = estimate_memory(main_job(*plain, "trainer.gradient_checkpointing=true"), SMOLLM2)
     assert checkpointed.parts["activations"] < base.parts["activations"]
     # fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter (2.15 GB for SmolLM2)
     assert base.parts["trainer weights+grads+Adam"] == 16 * SMOLLM2.params

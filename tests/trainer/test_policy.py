@@ -154,3 +154,24 @@ def test_selective_lm_head_matches_full_logits_on_trained_tokens(policy):
         selective = policy.logprobs(ids, pos, temperature=0.7, loss_mask_B_T=mask).logprobs
     torch.testing.assert_close(selective[mask], full[mask], atol=1e-5, rtol=1e-5)
     assert (selective[~mask] == 0).all()
+
+
+def test_a_cpu_policys_optimizer_is_fused_and_steps_as_torchs_default_adamw(policy):
+    """The fused AdamW kernel (no per-parameter temporaries) takes the same step as the loop torch
+    uses on CPU by default: same parameters after two steps with weight decay."""
+    optimizer = policy.learner.optimizer
+    assert optimizer.defaults["fused"] is True
+    params = [torch.randn(300, 40), torch.randn(40)]
+    grads = [[torch.randn_like(p) for p in params] for _ in range(2)]
+    after = []
+    for fused in (True, None):
+        copies = [p.clone().requires_grad_(True) for p in params]
+        adam = torch.optim.AdamW(copies, lr=1e-2, weight_decay=0.1, fused=fused)
+        for step in grads:
+            for p, g in zip(copies, step, strict=True):
+                p.grad = g.clone()
+            adam.step()
+        after.append([p.detach() for p in copies])
+    for start, fused_p, loop_p in zip(params, *after, strict=True):
+        assert not torch.allclose(fused_p, start)  # control: the steps moved the parameters
+        torch.testing.assert_close(fused_p, loop_p, atol=1e-6, rtol=1e-5)

@@ -133,13 +133,18 @@ class TrainablePolicy:
             # with sharded ones, and the optimizer must hold those.
             prepare_model(model)
         optimizer_config = self.config.optimizer
+        device = next(model.parameters()).device
         optimizer = torch.optim.AdamW(
             [p for p in model.parameters() if p.requires_grad],
             lr=optimizer_config.lr,
             betas=optimizer_config.betas,
             weight_decay=optimizer_config.weight_decay,
+            # On CPU torch's default is a loop over the parameters that allocates temporaries the
+            # size of each (SmolLM2's 113 MB embedding among them): the fused kernel allocates none
+            # (0.09 GB less at the arithmetic example's step peak) and is no slower. A sharded
+            # (FSDP) or GPU policy keeps torch's default.
+            fused=True if device.type == "cpu" and prepare_model is None else None,
         )
-        device = next(model.parameters()).device
         if shared_base:
             reference = model
         self.learner = Learner(
