@@ -86,3 +86,16 @@ def test_no_check_where_the_engine_is_remote_or_memory_unknown():
     assert check_memory(config, available=None) is None
     remote = main_job('engine.model="vllm:http://127.0.0.1:1"', 'trainer.model="smollm2"')
     assert check_memory(remote, available=1) is None
+
+
+def test_checkpointing_every_other_layer_estimates_between_none_and_all():
+    plain = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
+    none, half, every = (
+        estimate_memory(main_job(*plain, *more), SMOLLM2).parts["activations"]
+        for more in (
+            (),
+            ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=2"),
+            ("trainer.gradient_checkpointing=true",),
+        )
+    )
+    assert every < half < none

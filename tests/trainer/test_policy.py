@@ -175,3 +175,29 @@ def test_a_cpu_policys_optimizer_is_fused_and_steps_as_torchs_default_adamw(poli
     for start, fused_p, loop_p in zip(params, *after, strict=True):
         assert not torch.allclose(fused_p, start)  # control: the steps moved the parameters
         torch.testing.assert_close(fused_p, loop_p, atol=1e-6, rtol=1e-5)
+
+
+def test_checkpointing_every_other_layer_recomputes_those_and_gives_the_same_gradients():
+    """``gradient_checkpointing_every = 2``: the first of the tiny model's two layers is recomputed in
+    the backward pass, the second keeps its activations; the gradients are those of no checkpointing."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    from harnessrl.trainer.config import PolicyConfig
+    from harnessrl.trainer.policy import load_model
+
+    def grads(**config) -> tuple[list[bool], list[torch.Tensor]]:
+        model = load_model(tiny_model_dir(), PolicyConfig(**config))
+        model.train()
+        layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+        recomputed = [layer.gradient_checkpointing for layer in layers]
+        ids = torch.arange(5, 45).unsqueeze(0)
+        model(ids, labels=ids).loss.backward()
+        return recomputed, [p.grad for p in model.parameters()]
+
+    plain_layers, plain = grads()
+    half_layers, half = grads(gradient_checkpointing=True, gradient_checkpointing_every=2)
+    all_layers, _ = grads(gradient_checkpointing=True)
+    assert plain_layers == [False, False] and all_layers == [True, True]
+    assert half_layers == [True, False]
+    for a, b in zip(plain, half, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

@@ -62,6 +62,7 @@ class PolicyConfig(Section):
     total_steps: int = Field(default=1, ge=1, description="optimizer steps the LR schedule spans")
     lora: LoraSection | None = None
     gradient_checkpointing: bool = False
+    gradient_checkpointing_every: int = Field(default=1, ge=1)
     autocast: Literal["none", "bf16", "auto"] = "none"
     seed: int = 0
     row_tokens: int = Field(default=512, ge=1, description="packed row length inside a micro-batch")
@@ -76,6 +77,7 @@ class PolicyConfig(Section):
             total_steps=t.steps,
             lora=t.lora,
             gradient_checkpointing=t.gradient_checkpointing,
+            gradient_checkpointing_every=t.gradient_checkpointing_every,
             autocast=t.autocast,
             seed=config.run.seed,
             row_tokens=t.row_tokens,
@@ -138,6 +140,15 @@ class TrainerSection(Section):
     # "auto": bf16 on a GPU or a CPU with native bf16 (AMX / AVX512-BF16), else none (harnessrl.hardware)
     autocast: Literal["none", "bf16", "auto"] = "none"
     gradient_checkpointing: bool = False
+    gradient_checkpointing_every: int = Field(
+        default=1,
+        ge=1,
+        description=(
+            "with gradient_checkpointing: recompute every Nth decoder layer in the backward pass and "
+            "keep the others' activations (1: all; 2: half the activation memory saved for half the "
+            "recomputation)"
+        ),
+    )
     lora: LoraSection | None = None
     rollout_deadline_s: float | None = Field(
         default=None,

@@ -17,7 +17,8 @@ engine in the same process):
   is a bound, reached only by that many rows that long;
 - activations kept for the backward of one micro-batch: ``trainer.micro_batch_tokens`` x layers x
   ``ACTIVATION_FLOATS_PER_TOKEN_LAYER`` hidden-size multiples, plus the attention probabilities of its
-  rows (``row_tokens``^2 x heads per layer); ``trainer.gradient_checkpointing`` keeps one layer's;
+  rows (``row_tokens``^2 x heads per layer); ``trainer.gradient_checkpointing`` keeps one layer's and
+  each checkpointed layer's input (``gradient_checkpointing_every``: every Nth layer checkpointed);
 - ``PROCESS_OVERHEAD_BYTES`` for the interpreter, torch, the tokenizer, the gateway and the store, and
   ``HARNESS_PROCESS_BYTES`` per concurrent rollout (``controller.concurrency``): measured on the main
   job (PSS, ``benchmarks/cpu_budget.py``), the OpenAI-SDK agent's Python 51 MB, the sandbox
@@ -126,11 +127,14 @@ def estimate_memory(config: TrainConfig, shape: ModelShape) -> MemoryEstimate:
     context = min(e.context_length or shape.context, shape.context)
     kv = e.max_batch_size * context * shape.layers * 2 * shape.kv_heads * shape.head_dim * engine_bytes
     tokens = t.micro_batch_tokens
-    kept_layers = 1 if t.gradient_checkpointing else shape.layers
+    # Checkpointed layers keep their input and, during the backward, one layer's activations at a
+    # time; the others keep theirs (``gradient_checkpointing_every``).
+    checkpointed = -(-shape.layers // t.gradient_checkpointing_every) if t.gradient_checkpointing else 0
+    kept_layers = shape.layers - checkpointed + (1 if checkpointed else 0)
     rows = math.ceil(tokens / max(1, min(t.row_tokens, tokens)))
     row = min(t.row_tokens, tokens)
     activations = (
-        tokens * shape.hidden * 4 * (shape.layers if t.gradient_checkpointing else 0)  # checkpoints
+        tokens * shape.hidden * 4 * checkpointed  # checkpoints
         + kept_layers * tokens * shape.hidden * ACTIVATION_FLOATS_PER_TOKEN_LAYER * 4
         + kept_layers * rows * shape.heads * row * row * 4
     )

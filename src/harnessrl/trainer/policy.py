@@ -68,11 +68,30 @@ def load_model(
     model.config.use_cache = False
     if config.gradient_checkpointing:
         model.gradient_checkpointing_enable()
+        checkpoint_every(model, config.gradient_checkpointing_every)
     if config.lora is not None:
         model = with_lora(model, config.lora, adapter_dir)
     elif adapter_dir is not None:
         raise ConfigError(f"trainer.lora: {adapter_dir} holds an adapter, but [trainer.lora] is not set")
     return model
+
+
+def checkpoint_every(model: torch.nn.Module, every: int) -> None:
+    """Of a model whose gradient checkpointing is on, recompute only every ``every``-th decoder layer
+    (the first, then every ``every``-th after it); the others keep their activations for the
+    backward pass. Memory and recomputation both scale with the share checkpointed."""
+    if every == 1:
+        return
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ConfigError(
+            f"trainer.gradient_checkpointing_every = {every}: this model's layers cannot be "
+            "checkpointed one by one (set it to 1)"
+        )
+    for index, layer in enumerate(layers):
+        layer.gradient_checkpointing = index % every == 0
 
 
 def load_reference(reference_dir: str | Path) -> torch.nn.Module:
