@@ -6,6 +6,7 @@ merged Hugging Face folder."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import subprocess
@@ -21,7 +22,7 @@ from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.checkpoint import TrainState, write_checkpoint
 from harnessrl.trainer.config import LoraSection, OptimizerConfig, TrainConfig
-from harnessrl.trainer.lora import check_lora_dir, merged_from_state, save_adapter_state
+from harnessrl.trainer.lora import adapted_weights, check_lora_dir, merged_from_state, save_adapter_state
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.run import Trainer
 from harnessrl.trajectory import Sample, SampledSpan
@@ -174,6 +175,26 @@ def test_a_checkpoint_holds_the_adapter_and_resumes_exactly_from_base_plus_adapt
     assert len(resumed.optimizer.state) == len(ours)
 
 
+def test_writing_a_checkpoint_leaves_the_weights_being_trained_bit_for_bit(tmp_path):
+    """The merged weights a checkpoint (and the engine) gets are computed beside the model: merging
+    the adapter into the live weights and out again moved them by a rounding error each time, and a
+    resumed run then differed from the run it resumed (a test below failed so)."""
+    policy = new_policy()
+    step(policy, 0)
+    before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
+    folder = policy.save_checkpoint(tmp_path / "ckpt")
+    for name, p in policy.model.named_parameters():
+        assert torch.equal(p, before[name]), name
+    # Control: the saved weights of the adapted layers are the merged ones, not the base ones.
+    from safetensors.torch import load_file
+
+    saved = load_file(str(folder / "model.safetensors"))
+    merged = adapted_weights(policy.model)
+    assert merged and all(torch.equal(saved[key], value) for key, value in merged.items())
+    base = {n.removeprefix("base_model.model.").replace(".base_layer", ""): p for n, p in before.items()}
+    assert not all(torch.equal(saved[key], base[key]) for key in merged)
+
+
 def test_a_resumed_lora_run_builds_its_policy_from_the_base_weights_and_the_checkpoint_adapter(tmp_path):
     cfg = config("trainer.lora.r=4", "trainer.lora.alpha=8", "algorithm.kl_coef=0.05")
     run_dir = tmp_path / "run"
@@ -217,7 +238,7 @@ def test_a_gathered_state_dict_gives_what_the_model_itself_gives(tmp_path):
     for name in want:
         torch.testing.assert_close(engine[name], want[name], atol=1e-6, rtol=1e-6, msg=name)
     full = merged_from_state(policy.model, state, adapted_only=False)
-    merged = policy._merged_state_dict(adapted_only=False)
+    merged = copy.deepcopy(policy.model).merge_and_unload().state_dict()  # peft's own merge, on a copy
     assert set(full) == set(merged)
     for name in merged:
         torch.testing.assert_close(full[name], merged[name], atol=1e-6, rtol=1e-6, msg=name)

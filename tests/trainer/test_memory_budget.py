@@ -95,7 +95,7 @@ def test_checkpointing_every_other_layer_estimates_between_none_and_all():
         for more in (
             (),
             ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=2"),
-            ("trainer.gradient_checkpointing=true",),
+            ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=1"),
         )
     )
     assert every < half < none

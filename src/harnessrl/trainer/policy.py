@@ -277,20 +277,6 @@ class TrainablePolicy:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         return adapted_weights(self.model)
 
-    def _merged_state_dict(self, *, adapted_only: bool) -> dict[str, torch.Tensor]:
-        # Merge the adapters into the base weights, copy them out, and unmerge so training goes on
-        # with separate adapters. peft keeps a wrapped layer's original weight at "<name>.base_layer".
-        self.model.merge_adapter()  # type: ignore[attr-defined]
-        try:
-            base = self.model.get_base_model()  # type: ignore[attr-defined]
-            return {
-                k.replace(".base_layer", ""): v.detach().clone()
-                for k, v in base.state_dict().items()
-                if "lora_" not in k and (".base_layer." in k or not adapted_only)
-            }
-        finally:
-            self.model.unmerge_adapter()  # type: ignore[attr-defined]
-
     def save_adapter(self, folder: Path) -> bool:
         """The LoRA adapter alone, in PEFT's format (``adapter_config.json``,
         ``adapter_model.safetensors``: what vLLM's and SGLang's runtime LoRA loading takes) into
@@ -318,9 +304,12 @@ class TrainablePolicy:
         if tmp.exists():
             shutil.rmtree(tmp)
         if self.config.lora is not None:
+            # The merged weights are new tensors beside the model's (W + scale * B @ A): peft's
+            # merge_adapter/unmerge_adapter round trip in the live weights left them a rounding error
+            # from where they were, so every checkpoint moved the base weights being trained.
             if state_dict is None:
                 self.save_adapter(tmp / ADAPTER_DIR)
-                merged = self._merged_state_dict(adapted_only=False)
+                merged = merged_from_state(self.model, self.model.state_dict(), adapted_only=False)
             else:  # a sharded policy's gathered PEFT state dict: the adapter and the base in one
                 save_adapter_state(self.model, state_dict, tmp / ADAPTER_DIR)
                 merged = merged_from_state(self.model, state_dict, adapted_only=False)
