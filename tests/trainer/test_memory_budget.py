@@ -51,19 +51,21 @@ def test_the_message_names_the_setting_of_the_largest_part():
         check_memory(config, available=int(8 * GB))
 
 
+#: The main job without gradient checkpointing (it has it on), so that switching it on shows.
+PLAIN = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
+
+
 def test_the_estimate_grows_with_each_setting_it_names():
-    # Without gradient checkpointing (the main job has it on), so that switching it on shows.
-    plain = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
-    base = estimate_memory(main_job(*plain), SMOLLM2)
+    base = estimate_memory(main_job(*PLAIN), SMOLLM2)
     for override, part in [
         ("engine.context_length=4096", "engine KV cache"),
         ("engine.max_batch_size=64", "engine KV cache"),
         ("trainer.micro_batch_tokens=4096", "activations"),
         ("controller.concurrency=64", "process"),
     ]:
-        bigger = estimate_memory(main_job(*plain, override), SMOLLM2)
+        bigger = estimate_memory(main_job(*PLAIN, override), SMOLLM2)
         assert bigger.parts[part] > base.parts[part], override
-    checkpointed = estimate_memory(main_job(*plain, "trainer.gradient_checkpointing=true"), SMOLLM2)
+    checkpointed = estimate_memory(main_job(*PLAIN, "trainer.gradient_checkpointing=true"), SMOLLM2)
     assert checkpointed.parts["activations"] < base.parts["activations"]
     # fp32 weights, gradients and AdamW's two moments: 16 bytes a parameter (2.15 GB for SmolLM2)
     assert base.parts["trainer weights+grads+Adam"] == 16 * SMOLLM2.params
@@ -89,9 +91,8 @@ def test_no_check_where_the_engine_is_remote_or_memory_unknown():
 
 
 def test_checkpointing_every_other_layer_estimates_between_none_and_all():
-    plain = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
     none, half, every = (
-        estimate_memory(main_job(*plain, *more), SMOLLM2).parts["activations"]
+        estimate_memory(main_job(*PLAIN, *more), SMOLLM2).parts["activations"]
         for more in (
             (),
             ("trainer.gradient_checkpointing=true", "trainer.gradient_checkpointing_every=2"),
