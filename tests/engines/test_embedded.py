@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,8 @@ from harnessrl.config import EngineConfig  # noqa: E402
 from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate  # noqa: E402
 from harnessrl.engines.embedded import EmbeddedEngine  # noqa: E402
 from harnessrl.engines.factory import create_engine  # noqa: E402
-from harnessrl.errors import ContextLengthExceeded  # noqa: E402
+from harnessrl.errors import ContextLengthExceeded, InvalidWeightUpdate, UpstreamError  # noqa: E402
+from harnessrl.trainer import allocator  # noqa: E402
 
 
 def _start(engine: EmbeddedEngine) -> EmbeddedEngine:
@@ -179,6 +181,76 @@ def test_update_weights_changes_outputs_and_version(tiny_dir: Path) -> None:
         asyncio.run(engine.update_weights(WeightUpdate(version=2, state_dict=original)))
         assert [s.token_id for s in asyncio.run(_generate(engine, prompt, params))] == before
         assert engine.policy_version == 2
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def test_released_weights_refuse_generation_until_a_full_update_refills_them(tiny_dir: Path) -> None:
+    engine = _start(EmbeddedEngine(tiny_dir, max_batch_size=4))
+    try:
+        prompt = _prompts(engine, 1)[0]
+        greedy = SamplingParams(max_tokens=16, temperature=0.0)
+        before = [s.token_id for s in asyncio.run(_generate(engine, prompt, greedy))]
+        original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+
+        # Refused while a generation is in flight: its rows still read the weights.
+        async def release_mid_generation() -> bool:
+            stream = engine.generate(prompt, SamplingParams(max_tokens=200, temperature=1.0, seed=0))
+            await anext(stream)
+            try:
+                return await engine.release_weights()
+            finally:
+                await stream.aclose()
+
+        assert asyncio.run(release_mid_generation()) is False
+        assert all(p.untyped_storage().nbytes() > 0 for p in engine.model.parameters())
+
+        assert asyncio.run(engine.release_weights()) is True
+        assert all(p.untyped_storage().nbytes() == 0 for p in engine.model.parameters())
+        assert asyncio.run(engine.health())["weights_released"] is True
+        with pytest.raises(UpstreamError, match="released"):
+            asyncio.run(_generate(engine, prompt, greedy))
+        # An update that leaves a weight out would serve uninitialized memory: refused, still released.
+        partial = {k: v for k, v in original.items() if "layers.0." not in k}
+        with pytest.raises(InvalidWeightUpdate, match="leaves out"):
+            asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=partial)))
+        assert all(p.untyped_storage().nbytes() == 0 for p in engine.model.parameters())
+
+        asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=original)))
+        assert engine.policy_version == 1
+        assert asyncio.run(engine.health())["weights_released"] is False
+        assert [s.token_id for s in asyncio.run(_generate(engine, prompt, greedy))] == before
+        sampled = asyncio.run(
+            _generate(engine, prompt, SamplingParams(max_tokens=8, temperature=1.0, seed=0))
+        )
+        # every weight, fused QKV / gate-up views included, holds the update again
+        want = _reference_logprobs(engine.model, prompt, sampled, 1.0)
+        torch.testing.assert_close(torch.tensor([s.logprob for s in sampled]), want, atol=1e-4, rtol=0)
+        fresh = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_dir)).eval()
+        torch.testing.assert_close(want, _reference_logprobs(fresh, prompt, sampled, 1.0), atol=1e-5, rtol=0)
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def _rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.mark.skipif(allocator._libc() is None, reason="glibc's malloc_trim gives freed heap pages back")
+def test_releasing_the_weights_gives_their_memory_back(smollm2_dir: Path) -> None:
+    engine = _start(EmbeddedEngine(smollm2_dir, max_batch_size=4))
+    try:
+        weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())  # 0.54 GB
+        allocator.release()
+        held = _rss_bytes()
+        assert asyncio.run(engine.release_weights())
+        allocator.release()
+        freed = held - _rss_bytes()
+        assert freed > 0.9 * weights, (freed, weights)
+        state = {k: torch.zeros_like(v) for k, v in engine.model.state_dict().items()}
+        asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=state)))
+        assert _rss_bytes() - (held - freed) > 0.9 * weights  # the control: refilled, it is held again
     finally:
         asyncio.run(engine.aclose())
 

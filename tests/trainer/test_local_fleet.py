@@ -133,3 +133,48 @@ def test_a_restored_checkpoint_may_rewind_the_version_and_nothing_else_may(gatew
             await handle.resume(policy_version=2)
 
     asyncio.run(main())
+
+
+def test_an_in_process_engine_frees_its_weights_for_the_step_and_the_publish_refills_them(tmp_path):
+    torch = pytest.importorskip("torch")
+    from harnessrl.engines.base import SamplingParams
+    from harnessrl.engines.embedded import EmbeddedEngine
+    from harnessrl.engines.tiny import tiny_model_dir
+    from harnessrl.trainer.policy import TrainablePolicy
+
+    tiny_dir = tiny_model_dir()
+    store = open_store(str(tmp_path / "store.db"))
+    engine = EmbeddedEngine(tiny_dir, max_batch_size=2)
+    app = create_app(GatewayConfig(admin_key="k", pause_timeout_s=0.3), store, engine)
+    policy = TrainablePolicy(tiny_dir)
+    with torch.no_grad():  # the step's update, as the trainer would make it
+        for p in policy.model.parameters():
+            p.add_(0.01)
+    prompt = engine.tokenizer.encode("Vowels, please:")
+    params = SamplingParams(max_tokens=6, temperature=1.0, seed=0)
+
+    async def generate() -> list:
+        return [s async for s in engine.generate(prompt, params)]
+
+    async def main() -> None:
+        await engine.start()
+        fleet = GatewayFleet(RolloutBook(store, "run"), LocalGateway(handle), weights_root=tmp_path / "w")
+        async with fleet.paused():
+            assert await fleet.release_engine_weights()
+            assert all(p.untyped_storage().nbytes() == 0 for p in engine.model.parameters())
+            with pytest.raises(UpstreamError, match="released"):
+                await generate()
+            await fleet.publish(1, policy)
+        sampled = await handle.run(generate)
+        assert engine.policy_version == 1
+        # the engine serves the published weights: its logprobs are the policy's own
+        want = policy.response_logprobs(prompt, [s.token_id for s in sampled])
+        torch.testing.assert_close(
+            torch.tensor([s.logprob for s in sampled]), torch.tensor(want), atol=1e-4, rtol=0
+        )
+        await engine.aclose()
+
+    with serve_in_thread(app) as url:
+        handle = GatewayHandle(app.state.gateway, url)
+        asyncio.run(main())
+    store.close()

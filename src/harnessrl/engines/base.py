@@ -112,6 +112,14 @@ class Engine(Protocol):
         to swap mid-generation by waiting for the current decode step.
         """
 
+    async def release_weights(self) -> bool:
+        """Free this engine's copy of the weights until an ``update_weights`` with every weight
+        refills it; True if it did. For an engine in the trainer's process while the trainer steps
+        (generation paused, new weights about to replace these): that memory is the step's. Refused
+        (False) while a generation is in flight, and by engines whose weights live elsewhere. While
+        released, ``generate`` raises ``UpstreamError`` and a partial update ``InvalidWeightUpdate``.
+        """
+
     async def health(self) -> dict[str, Any]:
         """A small JSON-able status dict; raises ``UpstreamError`` if unhealthy."""
 

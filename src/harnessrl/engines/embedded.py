@@ -20,7 +20,10 @@ temperature 1).
 
 Weight updates take the step lock, so they land between two decode steps; tensors are copied in
 place (``load_state_dict`` into the transformers module, whose projection weights are views into the
-decoder's fused tensors). torch is imported only by this module and :mod:`.decoder`.
+decoder's fused tensors). While the trainer in the same process steps, ``release_weights`` frees
+the engine's copy (each weight storage resized to nothing in place, so every view, fused or not,
+stays valid) and the next full update refills it: on CPU that copy is 0.54 GB of SmolLM2 in float32
+at the moment the trainer's memory peaks. torch is imported only by this module and :mod:`.decoder`.
 """
 
 from __future__ import annotations
@@ -117,6 +120,9 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BaseException | None = None
+        # Every weight's memory, each storage once with its size (``release_weights``).
+        self._weight_storages: list[tuple[torch.UntypedStorage, int]] = []
+        self._released = False
         self._stats = {"steps": 0, "tokens": 0, "requests": 0, "prefill_tokens": 0, "prefix_reused_tokens": 0}
 
     # --- Engine properties ---------------------------------------------------------------------------
@@ -165,6 +171,7 @@ class EmbeddedEngine:
         except NotImplementedError as exc:
             raise ConfigError(f"the embedded engine cannot serve {str(self._model_dir)!r}: {exc}") from exc
         self._model, self._decoder = model, decoder
+        self._weight_storages = _own_weight_storages(model)
 
     async def start(self) -> None:
         if self._thread is not None:
@@ -214,6 +221,8 @@ class EmbeddedEngine:
             stops=frozenset(params.stop_token_ids),
         )
         with self._wake:
+            if self._released:
+                raise UpstreamError("the embedded engine's weights are released until the next weight update")
             self._pending.append(request)
             self._wake.notify()
         finished = False
@@ -246,6 +255,8 @@ class EmbeddedEngine:
         if state is None:
             raise InvalidWeightUpdate("a weight update needs a state_dict or a checkpoint_dir")
         with self._step_lock, torch.no_grad():
+            if self._released:
+                self._refill(state)
             # strict=False: tied weights may be present under one name only.
             result = self._model.load_state_dict(state, strict=False)
             if result.unexpected_keys:
@@ -254,6 +265,37 @@ class EmbeddedEngine:
 
     async def update_weights(self, update: WeightUpdate) -> None:
         await asyncio.to_thread(self._load_state_dict, update)
+
+    async def release_weights(self) -> bool:
+        return await asyncio.to_thread(self._release_weights)
+
+    def _release_weights(self) -> bool:
+        with self._step_lock:  # between two engine steps; the engine thread takes the wake lock after it
+            with self._wake:  # no generate() gets in after this: it raises while released
+                idle = not (self._pending or self._rows or self._prefilling is not None)
+                if not idle or not self._weight_storages or self._released:
+                    return False
+                self._released = True
+            assert self._decoder is not None
+            self._decoder.release()  # the KV cache too (the idle engine thread does the same)
+            for storage, _ in self._weight_storages:
+                storage.resize_(0)
+        return True
+
+    def _refill(self, state: dict[str, torch.Tensor]) -> None:
+        """Give the released weights their memory back, for ``state`` to overwrite every byte of it:
+        an update that leaves a weight out would leave it uninitialized (InvalidWeightUpdate)."""
+        covered = {id(p) for name, p in self._model.named_parameters(remove_duplicate=False) if name in state}
+        missing = [name for name, p in self._model.named_parameters() if id(p) not in covered]
+        if missing:
+            raise InvalidWeightUpdate(
+                f"the engine's weights are released and this update leaves out {len(missing)} of them "
+                f"({', '.join(missing[:3])}): an update after release_weights must hold every weight"
+            )
+        for storage, size in self._weight_storages:
+            storage.resize_(size)
+        with self._wake:
+            self._released = False
 
     async def health(self) -> dict[str, Any]:
         if self._failure is not None:
@@ -267,6 +309,7 @@ class EmbeddedEngine:
             "device": str(self._device),
             "dtype": str(self._dtype).removeprefix("torch."),
             "active": len(self._rows) + (self._prefilling is not None),
+            "weights_released": self._released,
             "waiting": len(self._pending),
             **self._stats,
         }
@@ -472,3 +515,17 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:
     for queue, item in items:
         queue.put_nowait(item)
+
+
+def _own_weight_storages(model: torch.nn.Module) -> list[tuple[torch.UntypedStorage, int]]:
+    """Each storage of ``model``'s parameters once, with its size in bytes. A parameter whose memory
+    the engine cannot resize (a mapping of the checkpoint file) is copied into memory of its own
+    first; the first weight update would have written it out of the file anyway."""
+    storages: dict[int, tuple[torch.UntypedStorage, int]] = {}
+    with torch.no_grad():
+        for param in model.parameters():
+            if not param.untyped_storage().resizable():
+                param.data = param.data.clone()
+            storage = param.untyped_storage()
+            storages.setdefault(storage.data_ptr(), (storage, storage.nbytes()))
+    return list(storages.values())

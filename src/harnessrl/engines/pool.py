@@ -133,6 +133,9 @@ class EnginePool:
     def shares_weights(self) -> bool:
         return all(r.engine.shares_weights for r in self.replicas)
 
+    async def release_weights(self) -> bool:
+        return False  # the servers hold the weights, in their own processes
+
     def adopt_policy_version(self, version: int) -> None:
         """Every replica's weights were updated by someone else (the trainer): label them ``version``."""
         for replica in self.replicas:

@@ -428,6 +428,9 @@ class RemoteEngine:
         await self._install_weights(update.checkpoint_dir, update.version)
         self._adapter, self._version = None, update.version
 
+    async def release_weights(self) -> bool:
+        return False  # the server holds the weights, in its own process
+
     def adopt_policy_version(self, version: int) -> None:
         """The weights were installed in the shared server by someone else (the trainer, or another
         gateway's engine): label calls from now on with ``version`` (and, serving LoRA adapters,

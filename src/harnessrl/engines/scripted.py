@@ -223,6 +223,9 @@ class ScriptedEngine:
     async def update_weights(self, update: WeightUpdate) -> None:
         self._version = update.version
 
+    async def release_weights(self) -> bool:
+        return False  # no weights: scripted answers
+
     def adopt_policy_version(self, version: int) -> None:
         """Scripted replies stand in for a shared remote engine in tests: only the label changes."""
         self._version = version

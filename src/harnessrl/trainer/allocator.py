@@ -1,17 +1,21 @@
-"""glibc's allocator, set for a long-running trainer: big blocks go back to the system when freed.
+"""glibc's allocator, set for a long-running trainer: the heap reused within a micro-batch, given back
+after it.
 
 torch's CPU tensors come from ``malloc``. glibc serves a block above its mmap threshold with its own
-``mmap`` (and unmaps it on ``free``), but the threshold is dynamic: each freed mmapped block raises
-it to that block's size, up to 32 MB on 64-bit. After the first few steps of a run, activations and
-KV-cache tensors of a few MB to 32 MB are carved from the heap arenas instead, one arena per thread
-that allocates (the trainer, the engine, the event loop, tokenizers: up to 8 x cores arenas), and a
-freed block in the middle of an arena is not returned: the process's RSS keeps the step's peak, per
-arena, for good.
+``mmap`` (and unmaps it on ``free``); below it, from heap arenas, one per allocating thread (the
+trainer, the engine, the event loop, tokenizers: up to 8 x cores), and a freed block in the middle
+of an arena is not returned: left alone, the process's RSS keeps every step's peak for good.
 
-``tune`` fixes the threshold (``M_MMAP_THRESHOLD``; setting it turns the dynamic adjustment off)
-and caps the arenas (``M_ARENA_MAX``); ``release`` returns what the arenas hold free
-(``malloc_trim``), called after each optimizer step. Both do nothing where glibc is not the C
-library (macOS, musl). The environment's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_ARENA_MAX`` win.
+Two ways to bound that cost different things. Mapping every block from 1 MB up (how this module
+started) gave each activation fresh pages: 3.2 million page faults, 5 s of kernel time, per step of
+the arithmetic example in float32 (14 s instead of 10.6; ``benchmarks/cpu_budget.py``). So blocks up
+to 32 MB (every activation and KV-cache layer of SmolLM2's step) come from the heap and are reused
+within a micro-batch, and ``release`` (``malloc_trim``, which also hands back free pages in the
+middle of an arena) runs after each micro-batch's backward on CPU (``train_step``) and after each
+optimizer step: a micro-batch's pages are faulted in once, and what the heap holds free between
+micro-batches goes back. ``tune`` fixes the threshold (``M_MMAP_THRESHOLD``; setting it turns glibc's
+dynamic adjustment off) and caps the arenas (``M_ARENA_MAX``). Both do nothing where glibc is not the
+C library (macOS, musl). The environment's ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_ARENA_MAX`` win.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ from typing import Any
 
 M_MMAP_THRESHOLD = -3
 M_ARENA_MAX = -8
-#: Blocks from 1 MB up are mmapped: every activation of a micro-batch, every KV-cache layer.
-MMAP_THRESHOLD = 1 << 20
+#: Blocks from 32 MB up are mmapped (the LM head's chunks, the embedding's gradient); smaller ones,
+#: every activation of a micro-batch and every KV-cache layer, come from the heap.
+MMAP_THRESHOLD = 32 << 20
 ARENA_MAX = 2
 
 

@@ -86,6 +86,12 @@ class Fleet(Protocol):
         version ``publish`` installed meanwhile."""
         ...
 
+    async def release_engine_weights(self) -> bool:
+        """Inside ``paused()``, before a step whose ``publish`` sends every weight: free the copy of
+        the weights an engine in this process holds (``Engine.release_weights``), so the trainer's
+        step has that memory; True if one did. The ``publish`` refills it."""
+        ...
+
     async def publish(self, version: int, weights: Weights, *, restore: bool = False) -> None:
         """Install ``weights`` as policy ``version`` in every engine. Outside ``paused()`` it pauses
         and resumes around the swap itself. ``restore``: a resumed run's checkpoint, which may be

@@ -191,6 +191,9 @@ class GatewayFleet:
                 rewind, self._rewind = self._rewind, False
                 await self.gateway.resume(version, rewind=rewind)
 
+    async def release_engine_weights(self) -> bool:
+        return await self.gateway.on_engine_loop(self.gateway.engine.release_weights)
+
     async def publish(self, version: int, weights: Weights, *, restore: bool = False) -> None:
         async with self.paused():
             shared = self.gateway.engine.shares_weights

@@ -10,7 +10,8 @@ a staleness bound (``step.staleness_bound``):
 - ``async`` (collocated, bound ``max_staleness``): up to ``max_in_flight`` rollouts stay queued or
   running while the trainer works; a step starts as soon as enough groups are complete. During the
   step generation is paused (new model calls wait, in-flight ones finish, harnesses see no error);
-  the trainer steps, publishes the weights and generation resumes. A rollout that straddles an
+  the trainer steps, publishes the weights and generation resumes (an engine in this process frees
+  its copy of the weights for the step: ``Fleet.release_engine_weights``). A rollout that straddles an
   update carries per-call policy versions; rollouts more than the bound behind are dropped (or
   down-weighted).
 
@@ -121,15 +122,25 @@ class TrainingLoop:
         paused_at = time.monotonic()
         async with self.fleet.paused() if async_mode else contextlib.nullcontext():
             drain_s = time.monotonic() - paused_at
+            # Nothing generates until the publish below, which sends every weight (not so with LoRA:
+            # only the adapted layers): an in-process engine's copy is freed for the step's peak.
+            released = async_mode and cfg.trainer.lora is None and await self.fleet.release_engine_weights()
+            if released:
+                allocator.release()
             longest = max((len(s) for s in batch.samples), default=0)
             trained_at = time.monotonic()
-            train_metrics = await asyncio.to_thread(
-                self.policy.train_step,
-                batch.samples,
-                cfg.algorithm,
-                temperature=cfg.trainer.temperature,
-                micro_batch_tokens=max(cfg.trainer.micro_batch_tokens, longest),
-            )
+            try:
+                train_metrics = await asyncio.to_thread(
+                    self.policy.train_step,
+                    batch.samples,
+                    cfg.algorithm,
+                    temperature=cfg.trainer.temperature,
+                    micro_batch_tokens=max(cfg.trainer.micro_batch_tokens, longest),
+                )
+            except Exception:
+                if released:  # the engine gets back the weights it had (the step did not change them)
+                    await self.fleet.publish(version, self.policy)
+                raise
             train_step_s = time.monotonic() - trained_at
             await self.fleet.publish(version + 1, self.policy)
             allocator.release()  # the step's activations and the weights' copy, back to the system

@@ -58,6 +58,7 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.losses import LOSS_METRICS, MicroBatch, collate, micro_batch_loss
 from harnessrl.algorithms.packing import StepTotals, pack_micro_batches, step_totals
 from harnessrl.errors import ConfigError
+from harnessrl.trainer import allocator
 from harnessrl.trainer.config import PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, prefix_logprobs, sequence_logprobs
 from harnessrl.trainer.prefix_tree import PrefixBatch, prefix_batch, prefix_micro_batches
@@ -364,6 +365,8 @@ def train_step(
             logprobs, batch, totals, algorithm, old_logprobs_B_T=old_logprobs, ref_logprobs_B_T=ref_logprobs
         )
         out.loss.backward()
+        if learner.device.type == "cpu":
+            allocator.release()  # what this micro-batch freed in the heap, back before the next one
         mask = batch.loss_mask_B_T
         sums.add(
             out.metrics,
