@@ -51,7 +51,7 @@ def test_the_message_names_the_setting_of_the_largest_part():
         check_memory(config, available=int(8 * GB))
 
 
-#: The main job without gradient checkpointing (it has it on), so that switching it on shows.
+#: The main job without gradient checkpointing (as it ships), so that switching it on shows.
 PLAIN = ("engine.context_length=2048", "trainer.gradient_checkpointing=false")
 
 
