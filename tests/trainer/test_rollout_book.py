@@ -5,6 +5,7 @@ is cancelled and marked, so a group never waits forever on it."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections import Counter
 from typing import Any
 
@@ -13,7 +14,7 @@ import pytest
 from harnessrl.schemas import Outcome, Task
 from harnessrl.store import open_store
 from harnessrl.trainer.fleet import RolloutBook
-from harnessrl.trainer.schedule import TRAIN_KIND, TaskSchedule
+from harnessrl.trainer.schedule import EVAL_KIND, TRAIN_KIND, TaskSchedule
 
 RUN = "run"
 TASKS = [Task(task_id=f"t{i}", split="train", data={"prompt": f"task {i}"}) for i in range(3)]
@@ -223,3 +224,35 @@ def test_an_attempt_running_past_the_deadline_is_cancelled_marked_and_counted(tm
     metrics = prepare_step([group], 0, TrainerSection(), AlgorithmConfig()).metrics
     assert metrics["rollouts/cancelled_stuck"] == 1 and metrics["rollouts/no_reward"] == 1
     store.close()
+
+
+def test_waiting_for_an_evaluation_keeps_admitting_training_groups(long_run: str):
+    store = open_store(long_run)
+    book = RolloutBook(store, RUN, poll_s=0.05)
+    schedule = TaskSchedule(TASKS, 2, seed=4)
+    evaluation = dataclasses.replace(schedule.group(4000), kind=EVAL_KIND)
+    created: list[str] = []
+
+    def top_up() -> list[Any]:
+        if book.open_groups >= 2:
+            return []
+        plan = schedule.group(4001 + len(created))
+        created.append(plan.group_id)
+        return [plan]
+
+    async def main() -> Any:
+        await book.submit([evaluation])
+        waiter = asyncio.create_task(book.finished(evaluation, top_up=top_up))
+
+        async def admitted() -> None:
+            while len(created) < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(admitted(), 60)  # admitted while the evaluation is still running
+        assert not waiter.done()
+        await asyncio.to_thread(finish, store, list(evaluation.rollout_ids))
+        return await asyncio.wait_for(waiter, 600)
+
+    group = asyncio.run(main())
+    assert group.group_id == evaluation.group_id
+    assert book.open_groups == 2 and book.in_flight == 4  # the evaluation's rollouts are not counted

@@ -76,8 +76,12 @@ class Fleet(Protocol):
         admission policy: how much to keep in flight)."""
         ...
 
-    async def finished(self, plan: GroupPlan) -> Group:
-        """Wait until every rollout of a submitted plan ended (an evaluation)."""
+    async def finished(
+        self, plan: GroupPlan, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
+    ) -> Group:
+        """Wait until every rollout of a submitted plan ended (an evaluation). ``top_up`` as in
+        ``completed``: training rollouts keep being admitted meanwhile, so they do not all end during
+        the evaluation and start again at once, as the next step trains."""
         ...
 
     def paused(self) -> contextlib.AbstractAsyncContextManager[None]:
@@ -211,8 +215,14 @@ class RolloutBook:
                 return await self._hand_out(done[:n])
             await self._wait_for_change()
 
-    async def finished(self, plan: GroupPlan) -> Group:
-        while not self._complete(plan):
+    async def finished(
+        self, plan: GroupPlan, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
+    ) -> Group:
+        while True:
+            if top_up is not None:
+                await self.submit(top_up())
+            if self._complete(plan):
+                break
             await self._wait_for_change()
         [group] = await self._hand_out([plan])
         return group

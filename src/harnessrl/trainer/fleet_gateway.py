@@ -157,8 +157,10 @@ class GatewayFleet:
     ) -> list[Group]:
         return await self.book.completed(n, top_up=top_up)
 
-    async def finished(self, plan: GroupPlan) -> Group:
-        return await self.book.finished(plan)
+    async def finished(
+        self, plan: GroupPlan, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
+    ) -> Group:
+        return await self.book.finished(plan, top_up=top_up)
 
     async def record_trained(
         self, version: int, groups: Sequence[Group], advantages: Mapping[str, float]

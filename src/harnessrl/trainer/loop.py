@@ -178,6 +178,10 @@ class TrainingLoop:
         self.metrics.phase(f"held-out evaluation at step {step} ({len(self.heldout)} tasks)", announce=True)
         plan = eval_plan(step, self.heldout, eval_sampling(self.config.trainer))
         await self.fleet.submit([plan])
-        group = await self.fleet.finished(plan)
+        # Training rollouts keep being admitted while it runs (not after the last step: nothing would
+        # train them): otherwise all in flight end during the evaluation and the next step's whole
+        # admission starts at once, its agents' start-up competing with that step's training.
+        top_up = self._top_up if step < self.config.trainer.steps else None
+        group = await self.fleet.finished(plan, top_up=top_up)
         self.state.evaluated_steps.append(step)
         return heldout_metrics(group, self.heldout_overlap)
