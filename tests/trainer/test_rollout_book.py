@@ -226,8 +226,11 @@ def test_an_attempt_running_past_the_deadline_is_cancelled_marked_and_counted(tm
     store.close()
 
 
-def test_waiting_for_an_evaluation_keeps_admitting_training_groups(long_run: str):
-    store = open_store(long_run)
+def test_waiting_for_an_evaluation_keeps_admitting_training_groups(tmp_path):
+    # A store of its own: ``finish`` claims the oldest queued rollouts, and the shared long run may
+    # hold other tests' unfinished ones.
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run(RUN)
     book = RolloutBook(store, RUN, poll_s=0.05)
     schedule = TaskSchedule(TASKS, 2, seed=4)
     evaluation = dataclasses.replace(schedule.group(4000), kind=EVAL_KIND)

@@ -207,25 +207,32 @@ class RolloutBook:
     async def completed(
         self, n: int, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
     ) -> list[Group]:
-        while True:
-            if top_up is not None:
-                await self.submit(top_up())
+        def ready() -> list[GroupPlan] | None:
             done = [p for p in self._open.values() if p.kind == TRAIN_KIND and self._complete(p)]
-            if len(done) >= n:
-                return await self._hand_out(done[:n])
-            await self._wait_for_change()
+            return done[:n] if len(done) >= n else None
+
+        return await self._hand_out(await self._wait_until(ready, top_up))
 
     async def finished(
         self, plan: GroupPlan, *, top_up: Callable[[], Sequence[GroupPlan]] | None = None
     ) -> Group:
+        done = await self._wait_until(lambda: [plan] if self._complete(plan) else None, top_up)
+        [group] = await self._hand_out(done)
+        return group
+
+    async def _wait_until(
+        self,
+        ready: Callable[[], list[GroupPlan] | None],
+        top_up: Callable[[], Sequence[GroupPlan]] | None,
+    ) -> list[GroupPlan]:
+        """``ready()``'s plans once it has some, asking ``top_up`` for more plans at every wake."""
         while True:
             if top_up is not None:
                 await self.submit(top_up())
-            if self._complete(plan):
-                break
+            plans = ready()
+            if plans is not None:
+                return plans
             await self._wait_for_change()
-        [group] = await self._hand_out([plan])
-        return group
 
     def _complete(self, plan: GroupPlan) -> bool:
         return all(rollout_id in self._ended for rollout_id in plan.rollout_ids)
