@@ -56,7 +56,7 @@ def bench_generate(model, hf_tok, messages, new_tokens: int) -> tuple[int, float
 
 
 async def _one(engine: EmbeddedEngine, prompt: list[int], params: SamplingParams) -> int:
-    return sum([1 async for _ in engine.generate(prompt, params)])
+    return sum([len(batch.token_ids) async for batch in engine.generate(prompt, params)])
 
 
 def bench_engine(engine: EmbeddedEngine, messages, new_tokens: int, concurrent: bool) -> tuple[int, float]:

@@ -141,8 +141,8 @@ async def _one(
 ) -> tuple[int, float, float]:
     """(tokens, time to first token, latency) of one generation, times from the batch's start ``t0``."""
     tokens, first = 0, None
-    async for _ in engine.generate(prompt, params, context):
-        tokens += 1
+    async for batch in engine.generate(prompt, params, context):
+        tokens += len(batch.token_ids)
         if first is None:
             first = time.perf_counter() - t0
     return tokens, (first if first is not None else float("nan")), time.perf_counter() - t0

@@ -61,7 +61,7 @@ import openai
 import harnessrl
 from harnessrl.client import GatewayClient
 from harnessrl.config import EngineConfig, GatewayConfig
-from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import Engine, GenerationContext, Samples, SamplingParams, WeightUpdate
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -459,7 +459,7 @@ class PerRolloutScriptedEngine:
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         assert context is not None and context.rollout_id in self._scripts, "every rollout needs a script"
         return self._scripts[context.rollout_id].generate(prompt_ids, params, context)
 

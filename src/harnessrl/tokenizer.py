@@ -112,16 +112,22 @@ class StreamDecoder:
         self._ids: list[int] = []
         self._prefix = 0  # start of the decode window
         self._read = 0  # ids before this were already emitted
+        # A token's own text is what it adds when nothing is held back (``texts_join``): then the
+        # tokenizer's per-token texts are read directly, once per sampled token.
+        self._texts = tokenizer._token_texts if not skip_special_tokens and tokenizer.texts_join else None
 
     def push(self, token_id: int) -> str:
         """Add one sampled token; return the text it completes (possibly ``""``)."""
         self._ids.append(int(token_id))
-        if self._read == len(self._ids) - 1 and not self._skip and self._tok.texts_join:
+        texts = self._texts
+        if texts is not None and self._read == len(self._ids) - 1:
             # Nothing held back: a whole-UTF-8 token adds exactly its own text (``texts_join``).
-            text = self._tok.token_texts((token_id,))[0]
+            text = texts.get(token_id)
+            if text is None:
+                text = self._tok.token_texts((token_id,))[0]
             if text and "\ufffd" not in text:
                 self._prefix = self._read
-                self._read = len(self._ids)
+                self._read += 1
                 return text
         prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
         new_text = self._tok.decode(self._ids[self._prefix :], self._skip)

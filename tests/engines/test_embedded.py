@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from harnessrl.config import EngineConfig  # noqa: E402
-from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate  # noqa: E402
+from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate, each_sample  # noqa: E402
 from harnessrl.engines.embedded import EmbeddedEngine  # noqa: E402
 from harnessrl.engines.factory import create_engine  # noqa: E402
 from harnessrl.errors import ContextLengthExceeded, InvalidWeightUpdate, UpstreamError  # noqa: E402
@@ -41,7 +41,7 @@ def _prompts(engine: EmbeddedEngine, n: int) -> list[list[int]]:
 
 
 async def _generate(engine: Engine, prompt: list[int], params: SamplingParams) -> list[TokenSample]:
-    return [s async for s in engine.generate(prompt, params)]
+    return [s async for s in each_sample(engine.generate(prompt, params))]
 
 
 def _reference_logprobs(

@@ -12,7 +12,7 @@ from tests.fakes.vllm_server import FakeServer, serve_vllm
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate, each_sample
 from harnessrl.engines.pool import EnginePool
 from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
@@ -57,7 +57,9 @@ def make_pool(
 
 async def generate(pool: EnginePool, rollout: str | None, max_tokens: int = 100) -> list[TokenSample]:
     ctx = GenerationContext(rollout_id=rollout)
-    return [s async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=max_tokens), ctx)]
+    return [
+        s async for s in each_sample(pool.generate([7, 8, 9], SamplingParams(max_tokens=max_tokens), ctx))
+    ]
 
 
 def test_affinity_same_rollout_same_replica(servers: list[FakeServer], tokenizer: PolicyTokenizer) -> None:
@@ -313,7 +315,7 @@ def test_an_abort_mid_stream_is_raised_not_continued_elsewhere(
         await pool.start()
         try:
             ctx = GenerationContext(rollout_id="r")
-            async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx):
+            async for s in each_sample(pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx)):
                 seen.append(s.token_id)
         finally:
             await pool.aclose()
@@ -338,7 +340,9 @@ def test_an_abort_before_any_token_reached_the_caller_is_retried_from_the_prompt
         await pool.start()
         try:
             ctx = GenerationContext(rollout_id="r", stream=False)
-            return [s async for s in pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx)]
+            return [
+                s async for s in each_sample(pool.generate([7, 8, 9], SamplingParams(max_tokens=100), ctx))
+            ]
         finally:
             await pool.aclose()
 

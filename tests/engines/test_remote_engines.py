@@ -11,7 +11,7 @@ from tests.fakes.sglang_server import serve_sglang
 from tests.fakes.vllm_server import FakeServer, serve_vllm
 
 from harnessrl.config import EngineConfig
-from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import Engine, SamplingParams, TokenSample, WeightUpdate, each_sample
 from harnessrl.engines.factory import create_engine, parse_remote_spec
 from harnessrl.engines.pool import EnginePool
 from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
@@ -53,7 +53,7 @@ def remote(request: Any, reply: list[int], tokenizer: PolicyTokenizer) -> Iterat
 
 
 async def collect(engine: Engine, prompt: list[int], params: SamplingParams) -> list[TokenSample]:
-    return [s async for s in engine.generate(prompt, params)]
+    return [s async for s in each_sample(engine.generate(prompt, params))]
 
 
 def test_stream_ids_logprobs_and_discovery(remote: tuple[FakeServer, Any], reply: list[int]) -> None:
@@ -162,7 +162,7 @@ def test_killed_mid_stream_raises_after_partial_output(tokenizer: PolicyTokenize
     async def run() -> None:
         await engine.start()
         try:
-            async for sample in engine.generate([1], SamplingParams(max_tokens=50)):
+            async for sample in each_sample(engine.generate([1], SamplingParams(max_tokens=50))):
                 got.append(sample.token_id)
         finally:
             await engine.aclose()

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harnessrl.config import EngineConfig
-from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, WeightUpdate
+from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, WeightUpdate, each_sample
 from harnessrl.engines.factory import create_engine
 from harnessrl.engines.scripted import ScriptedEngine, render_turn
 from harnessrl.errors import ConfigError, ContextLengthExceeded, UpstreamError
@@ -27,7 +27,7 @@ TURNS = [
 
 def _collect(engine: ScriptedEngine, params: SamplingParams, context: GenerationContext | None = None):
     async def run():
-        return [t async for t in engine.generate([1, 2, 3], params, context)]
+        return [t async for t in each_sample(engine.generate([1, 2, 3], params, context))]
 
     return asyncio.run(run())
 

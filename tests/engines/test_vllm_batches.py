@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from tests.engines.test_vllm_transport import Knobs, serve_knobs
 
-from harnessrl.engines.base import SamplingParams
+from harnessrl.engines.base import SamplingParams, each_sample
 from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
 from harnessrl.engines.sse import BadEvent, SseLines, loads, parse_events
 from harnessrl.engines.tiny import tiny_model_dir
@@ -187,7 +187,7 @@ def stream_until_error(engine: VLLMEngine, params: SamplingParams) -> tuple[list
         got: list[int] = []
         await engine.start()
         try:
-            async for sample in engine.generate([1, 2, 3], params):
+            async for sample in each_sample(engine.generate([1, 2, 3], params)):
                 got.append(sample.token_id)
         except RemoteEngineError as exc:
             return got, exc

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from tests.fakes.vllm_server import FakeModel, FakeServer, serve_vllm
 
-from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.engines.base import GenerationContext, SamplingParams, each_sample
 from harnessrl.engines.remote import HttpUpstream, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
@@ -111,7 +111,10 @@ def _run(engine: VLLMEngine, calls: list[tuple[SamplingParams, GenerationContext
             out = []
             for params, context in calls:
                 out.append(
-                    [(s.token_id, s.logprob) async for s in engine.generate([1, 2, 3], params, context)]
+                    [
+                        (s.token_id, s.logprob)
+                        async for s in each_sample(engine.generate([1, 2, 3], params, context))
+                    ]
                 )
             return out
         finally:
@@ -259,7 +262,7 @@ def test_a_proxy_in_the_environment_is_used_for_generation(
             await engine.start()
             try:
                 params = SamplingParams(max_tokens=4, stop_token_ids=())
-                return [s.token_id async for s in engine.generate([1, 2], params, WHOLE)]
+                return [s.token_id async for s in each_sample(engine.generate([1, 2], params, WHOLE))]
             finally:
                 await engine.aclose()
 

@@ -13,7 +13,7 @@ import pytest
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -39,13 +39,13 @@ class CountingEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         self.started += 1
         self.running += 1
         try:
-            async for sample in self._engine.generate(prompt_ids, params, context):
-                self.sampled += 1
-                yield sample
+            async for batch in self._engine.generate(prompt_ids, params, context):
+                self.sampled += len(batch.token_ids)
+                yield batch
         finally:
             self.running -= 1
 

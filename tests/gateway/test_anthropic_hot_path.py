@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -65,7 +65,7 @@ class RecordingEngine(ScriptedEngine):
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         self.contexts.append(context)
         return super().generate(prompt_ids, params, context)
 

@@ -25,14 +25,14 @@ from tests.fakes.vllm_server import serve_vllm
 
 from harnessrl.chat_template import TemplateInputs
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, each_sample, through_first_stop
 from harnessrl.engines.scripted import ScriptedEngine, render_turn
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.errors import BadRequest
 from harnessrl.gateway import create_app
 from harnessrl.gateway.parsers.tools import parse_tool_calls
-from harnessrl.gateway.pipeline.generation import Generation
+from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.prompt.conversation import VERIFY_CALLS, SpliceTrust, build_prompt, quick_prompt
 from harnessrl.gateway.prompt.history import CallHistory, prior_from_call
 from harnessrl.gateway.prompt.messages import PriorCall, key_messages, message_key, normalize_messages
@@ -193,20 +193,52 @@ def test_record_with_keys_remembers_what_the_store_would_give(tmp_path: Path) ->
 class ListEngine:
     """Yields a fixed token list (an Engine-protocol fake: the seam is the constructor argument)."""
 
-    def __init__(self, tokenizer: PolicyTokenizer, ids: Sequence[int]):
+    def __init__(
+        self, tokenizer: PolicyTokenizer, ids: Sequence[int], batch: int = 3, past_stop: bool = False
+    ):
         self.tokenizer = tokenizer
         self.ids = list(ids)
+        self.batch = batch
+        self.past_stop = past_stop  # go on past a stop token (a misbehaving engine)
         self.model_name, self.context_length, self.policy_version = "list", 4096, 7
         self.contexts: list[GenerationContext | None] = []
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         self.contexts.append(context)
-        for i, t in enumerate(self.ids[: params.max_tokens]):
-            yield TokenSample(t, -i / 10)
-            if t in params.stop_token_ids:
-                return
+        ids = self.ids[: params.max_tokens]
+        if not self.past_stop:
+            ids = ids[: through_first_stop(ids, params.stop_token_ids)]
+        for k in range(0, len(ids), self.batch):  # a few tokens per batch, as one network read
+            yield Samples(ids[k : k + self.batch], [-i / 10 for i in range(k, min(k + self.batch, len(ids)))])
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5, 100])
+@pytest.mark.parametrize("stops", [[], ["never"]])
+def test_an_engine_batch_that_goes_past_its_stop_token_ends_at_it(batch: int, stops: list[str]) -> None:
+    """The tokens after a stop token are no part of the answer, whether they come in the stop token's
+    batch or a later one, streamed (``batches``) or whole (``run``)."""
+    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    stop_id = tokenizer.stop_token_ids[0]
+    head = tokenizer.encode("Before the stop")
+    ids = [*head, stop_id, *tokenizer.encode(" and after it")]
+    params = SamplingParams(max_tokens=len(ids), stop_token_ids=(stop_id,))
+
+    async def both() -> tuple[Generation, Generation, list[Piece]]:
+        engine = ListEngine(tokenizer, ids, batch=batch, past_stop=True)
+        whole = await Generation(engine, [1], params, stops).run()  # type: ignore[arg-type]
+        streamed = Generation(engine, [1], params, stops)  # type: ignore[arg-type]
+        pieces = [piece async for pieces in streamed.batches() for piece in pieces]
+        return whole, streamed, pieces
+
+    whole, streamed, pieces = asyncio.run(both())
+    for gen in (whole, streamed):
+        assert gen.token_ids == [*head, stop_id] and gen.finish_reason == "stop"
+        assert gen.text == "Before the stop"
+    assert [p.token_id for p in pieces] == [*head, stop_id]
+    assert [p.is_stop_token for p in pieces] == [False] * len(head) + [True]
+    assert "".join(p.text for p in pieces) == "Before the stop"
 
 
 def _byte_tokens(tokenizer: PolicyTokenizer, text: str) -> list[int]:
@@ -252,7 +284,7 @@ def test_run_without_incremental_decoding_gives_what_pieces_give(ending: str) ->
         engine = ListEngine(tokenizer, ids)
         fast = await Generation(engine, [1], params, stops).run()  # type: ignore[arg-type]
         slow = Generation(engine, [1], params, stops)  # type: ignore[arg-type]
-        async for _ in slow.pieces():
+        async for _ in slow.batches():
             pass
         return fast, slow
 
@@ -341,7 +373,7 @@ class RecordingEngine(ScriptedEngine):
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         self.contexts.append(context)
         return super().generate(prompt_ids, params, context)
 
@@ -404,7 +436,9 @@ def test_scripted_engine_ignores_the_stream_hint() -> None:
 
     async def run(stream: bool) -> list[int]:
         ctx = GenerationContext("r", stream=stream)
-        return [s.token_id async for s in engine.generate([1], SamplingParams(max_tokens=50), ctx)]
+        return [
+            s.token_id async for s in each_sample(engine.generate([1], SamplingParams(max_tokens=50), ctx))
+        ]
 
     assert asyncio.run(run(True)) == asyncio.run(run(False))
 

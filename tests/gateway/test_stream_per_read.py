@@ -22,7 +22,7 @@ import pytest
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, collect_samples
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
@@ -47,15 +47,14 @@ class BurstEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
-        samples = [s async for s in self._engine.generate(prompt_ids, params, context)]
+    ) -> AsyncIterator[Samples]:
+        ids, logprobs = await collect_samples(self._engine.generate(prompt_ids, params, context))
         k, n = 0, 0
-        while k < len(samples):
+        while k < len(ids):
             size = self.sizes[min(n, len(self.sizes) - 1)]
             n += 1
             await asyncio.sleep(0)  # the next "read": the writer runs first
-            for sample in samples[k : k + size]:
-                yield sample
+            yield Samples(ids[k : k + size], logprobs[k : k + size])
             k += size
 
 

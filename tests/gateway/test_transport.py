@@ -22,7 +22,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from harnessrl.config import GatewayConfig
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -45,13 +45,13 @@ class FailingEngine(ScriptedEngine):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         n = 0
-        async for sample in super().generate(prompt_ids, params, context):
-            if self.fail_after is not None and n == self.fail_after:
+        async for batch in super().generate(prompt_ids, params, context):
+            if self.fail_after is not None and n >= self.fail_after:
                 raise RuntimeError("the engine's internals broke")
-            n += 1
-            yield sample
+            n += len(batch.token_ids)
+            yield batch
 
 
 @pytest.fixture

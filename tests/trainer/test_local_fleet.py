@@ -137,7 +137,7 @@ def test_a_restored_checkpoint_may_rewind_the_version_and_nothing_else_may(gatew
 
 def test_an_in_process_engine_frees_its_weights_for_the_step_and_the_publish_refills_them(tmp_path):
     torch = pytest.importorskip("torch")
-    from harnessrl.engines.base import SamplingParams
+    from harnessrl.engines.base import SamplingParams, each_sample
     from harnessrl.engines.embedded import EmbeddedEngine
     from harnessrl.engines.tiny import tiny_model_dir
     from harnessrl.trainer.policy import TrainablePolicy
@@ -154,7 +154,7 @@ def test_an_in_process_engine_frees_its_weights_for_the_step_and_the_publish_ref
     params = SamplingParams(max_tokens=6, temperature=1.0, seed=0)
 
     async def generate() -> list:
-        return [s async for s in engine.generate(prompt, params)]
+        return [s async for s in each_sample(engine.generate(prompt, params))]
 
     async def main() -> None:
         await engine.start()

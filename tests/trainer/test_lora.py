@@ -313,7 +313,7 @@ def test_the_embedded_engine_applies_the_adapted_layers_in_place_and_samples_the
     before the update (control) they are the base model's."""
     import asyncio
 
-    from harnessrl.engines.base import SamplingParams
+    from harnessrl.engines.base import SamplingParams, each_sample
     from harnessrl.engines.embedded import EmbeddedEngine
     from harnessrl.trainer.fleet_gateway import load_weights
 
@@ -331,9 +331,9 @@ def test_the_embedded_engine_applies_the_adapted_layers_in_place_and_samples_the
         await engine.start()
         try:
             params = SamplingParams(max_tokens=10, temperature=1.0)
-            before = [s async for s in engine.generate(PROMPT, params)]
+            before = [s async for s in each_sample(engine.generate(PROMPT, params))]
             await load_weights(engine.update_weights, engine.shares_weights, 1, policy, tmp_path)
-            after = [s async for s in engine.generate(PROMPT, params)]
+            after = [s async for s in each_sample(engine.generate(PROMPT, params))]
             return before, after
         finally:
             await engine.aclose()

@@ -27,7 +27,7 @@ from tests.vllm.vllm_support import LOGPROB_ATOL, direct_completion, max_abs_dif
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.config import EngineConfig
-from harnessrl.engines.base import SamplingParams, WeightUpdate
+from harnessrl.engines.base import SamplingParams, WeightUpdate, each_sample
 from harnessrl.engines.factory import create_engine
 from harnessrl.engines.launch import EngineServer
 from harnessrl.engines.remote import lora_adapter_name
@@ -101,15 +101,17 @@ def test_an_adapter_trained_a_few_steps_changes_what_the_server_samples_only_onc
         sampled = SamplingParams(max_tokens=12, temperature=1.0)
         out: dict[str, Any] = {}
         try:
-            out["before"] = [s.token_id async for s in engine.generate(prompt, greedy)]
+            out["before"] = [s.token_id async for s in each_sample(engine.generate(prompt, greedy))]
             # the served-weights check's comparison, before publishing: the server serves the base
-            before = [s async for s in engine.generate(prompt, sampled)]
+            before = [s async for s in each_sample(engine.generate(prompt, sampled))]
             out["gap_before"] = max_abs_diff(
                 [s.logprob for s in before], policy.response_logprobs(prompt, [s.token_id for s in before])
             )
             await load_weights(engine.update_weights, True, 1, policy, tmp_path / "engine-weights")
-            out["after"] = [s.token_id async for s in engine.generate(prompt, greedy)]
-            out["answers"] = [[s async for s in engine.generate(prompt, sampled)] for _ in range(3)]
+            out["after"] = [s.token_id async for s in each_sample(engine.generate(prompt, greedy))]
+            out["answers"] = [
+                [s async for s in each_sample(engine.generate(prompt, sampled))] for _ in range(3)
+            ]
             out["models_v1"] = served_models(lora_server.url)
             await load_weights(engine.update_weights, True, 2, policy, tmp_path / "engine-weights")
             out["models_v2"] = served_models(lora_server.url)

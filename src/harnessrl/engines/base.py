@@ -1,4 +1,4 @@
-"""The engine interface: generate from token IDs, stream (token id, logprob), swap weights in place.
+"""The engine interface: generate from token IDs, stream (token id, logprob) batches, swap weights in place.
 
 An engine never sees text or chat messages: the gateway owns tokenization and sends token IDs
 (token-in/token-out), so what the engine conditions on is exactly what is later trained on.
@@ -40,6 +40,21 @@ class TokenSample(NamedTuple):
 
     token_id: int
     logprob: float
+
+
+class Samples(NamedTuple):
+    """Tokens an engine sampled since its last batch, in order, and their logprobs (as ``TokenSample``).
+
+    ``generate`` yields these rather than one token at a time: a server's stream often delivers many
+    tokens in one network read (vLLM merges a request's outputs while its client is behind, and a
+    gateway that is behind finds many events in one read), and passing them on as one batch keeps the
+    per-token work of every layer between the socket and the client (the pool, the generation) to
+    list operations. An in-process engine yields one token per decode step; a whole answer is one
+    batch. Never empty.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
 
 
 @dataclass(frozen=True)
@@ -98,11 +113,13 @@ class Engine(Protocol):
 
     def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
-        """Stream sampled tokens. Closing the iterator early (``aclose``) cancels the generation.
+    ) -> AsyncIterator[Samples]:
+        """Stream sampled tokens, in batches (``Samples``). Closing the iterator early (``aclose``)
+        cancels the generation.
 
         Stops after ``params.max_tokens`` tokens or after a token in ``params.stop_token_ids``
-        (which is yielded). Raises ``harnessrl.errors.UpstreamError`` if the engine fails.
+        (which is yielded, the last token of the last batch). Raises
+        ``harnessrl.errors.UpstreamError`` if the engine fails (after the batches sampled before).
         """
 
     async def update_weights(self, update: WeightUpdate) -> None:
@@ -133,3 +150,23 @@ def through_first_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> int:
     if not found:
         return len(ids)
     return min(map(ids.index, found)) + 1
+
+
+async def each_sample(batches: AsyncIterator[Samples]) -> AsyncIterator[TokenSample]:
+    """The tokens of ``generate``'s batches one by one (closing this closes ``batches``)."""
+    try:
+        async for batch in batches:
+            for sample in zip(batch.token_ids, batch.logprobs, strict=True):
+                yield TokenSample(*sample)
+    finally:
+        await batches.aclose()  # type: ignore[attr-defined]
+
+
+async def collect_samples(batches: AsyncIterator[Samples]) -> tuple[list[int], list[float]]:
+    """All of ``generate``'s batches joined: the token IDs and their logprobs."""
+    ids: list[int] = []
+    logprobs: list[float] = []
+    async for batch in batches:
+        ids += batch.token_ids
+        logprobs += batch.logprobs
+    return ids, logprobs

@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, WeightUpdate
 from harnessrl.engines.decoder import BatchedDecoder
 from harnessrl.engines.sampling import sample_tokens
 from harnessrl.errors import (
@@ -193,7 +193,7 @@ class EmbeddedEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         if self._thread is None or self._decoder is None:
             raise UpstreamError("the embedded engine is not started")
         if self._failure is not None:
@@ -348,7 +348,7 @@ class EmbeddedEngine:
         """One iteration: admit/prefill within the chunk budget, one decode step, deliver, retire."""
         decoder = self._decoder
         assert decoder is not None
-        out: list[tuple[_Request, Any]] = []  # (request, TokenSample | _DONE) to deliver
+        out: list[tuple[_Request, Any]] = []  # (request, Samples | _DONE) to deliver
         # Choose this iteration's prefill segments: the partly prefilled request first, then waiting
         # ones, up to `prefill_chunk` prompt tokens. Segment j goes to row len(_rows) + j, so the
         # completed ones line up behind the decoding rows and a partial one (always last) follows.
@@ -452,7 +452,7 @@ class EmbeddedEngine:
             request.last_token = token
             request.generated += 1
             self._stats["tokens"] += 1
-            out.append((request, TokenSample(token, logprob)))
+            out.append((request, Samples([token], [logprob])))  # one token per decode step
 
     def _is_finished(self, r: _Request) -> bool:
         return (

@@ -39,7 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import Engine, GenerationContext, Samples, SamplingParams, WeightUpdate
 from harnessrl.engines.remote import RemoteEngineError, is_retryable
 from harnessrl.errors import ConfigError, UpstreamError
 
@@ -205,7 +205,7 @@ class EnginePool:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         rollout_id = context.rollout_id if context else None
         sampled: list[int] = []  # tokens already yielded to the caller
         version: int | None = None  # policy version of the replica that produced `sampled`
@@ -237,9 +237,9 @@ class EnginePool:
             try:
                 if version is None:
                     version = replica.engine.policy_version
-                async for sample in stream:
-                    sampled.append(sample.token_id)
-                    yield sample
+                async for batch in stream:
+                    sampled += batch.token_ids
+                    yield batch
                 return
             except UpstreamError as exc:
                 continuable = self.resume_mid_stream and not (

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, WeightUpdate
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, WeightUpdate
 from harnessrl.errors import ConfigError, ContextLengthExceeded, UpstreamError
 from harnessrl.tokenizer import PolicyTokenizer
 
@@ -202,7 +202,7 @@ class ScriptedEngine:
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         if len(prompt_ids) >= self._context_length:
             raise ContextLengthExceeded(
                 f"prompt has {len(prompt_ids)} tokens; the context length is {self._context_length}",
@@ -216,7 +216,7 @@ class ScriptedEngine:
                 await asyncio.sleep(self._token_delay_s)
             else:
                 await asyncio.sleep(0)  # let other streams interleave, as a real engine would
-            yield TokenSample(token_id, 0.0)
+            yield Samples([token_id], [0.0])  # one token at a time, as a decode step would
             if token_id in stops:
                 return
 

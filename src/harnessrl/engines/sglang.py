@@ -33,7 +33,7 @@ from typing import Any
 
 import orjson
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams
 from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
 from harnessrl.token_ids import json_array
 
@@ -70,7 +70,7 @@ class SGLangEngine(RemoteEngine):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         sampling: dict[str, Any] = {
             "max_new_tokens": budget,
@@ -102,17 +102,28 @@ class SGLangEngine(RemoteEngine):
                         raise error
                     entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
                     new = entries if self.incremental_stream else entries[yielded:]
+                    ids: list[int] = []
+                    logprobs: list[float] = []
+                    stopped = False
                     for entry in new:
                         # [logprob, token_id, token_text_or_null]
                         if not isinstance(entry, list | tuple) or len(entry) < 2:
+                            if ids:  # the tokens before the bad entry, then its error
+                                yield Samples(ids, logprobs)
                             raise RemoteEngineError(
                                 f"{url}: bad output_token_logprobs entry {entry!r}", retryable=False
                             )
                         logprob, token_id = entry[0], int(entry[1])
-                        yielded += 1
-                        yield TokenSample(token_id, float(logprob if logprob is not None else 0.0))
+                        ids.append(token_id)
+                        logprobs.append(float(logprob if logprob is not None else 0.0))
                         if token_id in stops:
-                            return
+                            stopped = True
+                            break
+                    yielded += len(ids)
+                    if ids:
+                        yield Samples(ids, logprobs)
+                    if stopped:
+                        return
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:

@@ -69,14 +69,13 @@ sent to the server.
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
 
 import orjson
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, TokenSample, through_first_stop
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, through_first_stop
 from harnessrl.engines.remote import RemoteEngine, RemoteEngineError
 from harnessrl.engines.vllm_samples import batch_samples, events_through, samples_of
 from harnessrl.errors import ConfigError
@@ -86,8 +85,6 @@ log = logging.getLogger("harnessrl.engines.vllm")
 
 #: vLLM's logprobs mode that reports the distribution a token was actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
-#: ``TokenSample`` of an ``(id, logprob)`` pair, made in C (its ``__new__`` is Python): one per token.
-_token_sample = functools.partial(tuple.__new__, TokenSample)
 #: Sampling fields harnessrl does not implement, pinned to "off" in every request.
 NEUTRAL_SAMPLING = {
     "top_k": 0,
@@ -194,46 +191,49 @@ class VLLMEngine(RemoteEngine):
 
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
-    ) -> AsyncIterator[TokenSample]:
+    ) -> AsyncIterator[Samples]:
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         stops = set(params.stop_token_ids)
         if context is not None and not context.stream:
             # The caller wants the whole answer: one JSON response instead of one event per token
-            # (far less work on both ends). Closing this iterator mid-request still aborts it.
+            # (far less work on both ends), one batch. Closing this iterator mid-request aborts it.
             ids, logprobs = await self.generate_whole(prompt_ids, params, context)
-            for token_id, logprob in zip(ids, logprobs, strict=True):
-                yield TokenSample(token_id, logprob)
+            if ids:
+                yield Samples(ids, logprobs)
             return
         url = self._completions_url
         stopped = False
         async with self.http.stream_sse(
             "/v1/completions", self._request(prompt_ids, params, budget, True)
         ) as batches:
-            async for events in batches:  # the events of one read of the socket
+            async for events in batches:  # the events of one read of the socket: one batch
                 plain = None if stopped else batch_samples(events)
                 if plain is not None:
                     ids, logprobs = plain
                     if stops.isdisjoint(ids):
-                        for sample in map(_token_sample, zip(ids, logprobs, strict=True)):
-                            yield sample
+                        if ids:
+                            yield Samples(ids, logprobs)
                         continue
                     cut = through_first_stop(ids, stops)
-                    for sample in map(_token_sample, zip(ids[:cut], logprobs[:cut], strict=True)):
-                        yield sample
+                    yield Samples(ids[:cut], logprobs[:cut])
                     stopped = True  # the events after the stop token's are read as below
                     events = events[events_through(events, cut, len(ids)) :]
-                # Past a stop token, or an event that is not the plain shape: event by event.
+                # Past a stop token, or an event that is not the plain shape: event by event, so the
+                # tokens before an event that fails are passed on before its error.
                 for event in events:
                     ids, logprobs = samples_of(event, url)
                     if stopped:
                         if ids:
                             return  # tokens past the stop token: stop reading (closes the connection)
                         continue  # read the stream to its end so the connection is reused
-                    for token_id, logprob in zip(ids, logprobs, strict=True):
-                        yield TokenSample(token_id, logprob)
-                        if token_id in stops:
-                            stopped = True
-                            break
+                    if not ids:
+                        continue
+                    if stops.isdisjoint(ids):
+                        yield Samples(ids, logprobs)
+                        continue
+                    cut = through_first_stop(ids, stops)
+                    stopped = True
+                    yield Samples(ids[:cut], logprobs[:cut])
 
     async def generate_whole(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None

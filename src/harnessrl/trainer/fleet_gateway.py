@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from harnessrl.client import check_drained
-from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, WeightUpdate
+from harnessrl.engines.base import Engine, GenerationContext, SamplingParams, WeightUpdate, collect_samples
 from harnessrl.engines.pool import EnginePool
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.base import Policy, Weights
@@ -101,8 +101,8 @@ async def probe_replicas(pool: EnginePool, prompt: list[int]) -> list[tuple[str,
     context = GenerationContext(stream=False)
     out = []
     for replica in pool.replicas:
-        samples = [s async for s in replica.engine.generate(prompt, params, context)]
-        out.append((replica.name, [s.token_id for s in samples], [s.logprob for s in samples]))
+        ids, logprobs = await collect_samples(replica.engine.generate(prompt, params, context))
+        out.append((replica.name, ids, logprobs))
     return out
 
 

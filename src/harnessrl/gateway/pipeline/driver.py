@@ -211,13 +211,14 @@ async def whole(call: PreparedCall, answer: Answer) -> Response:
         pass
     if answer.whole_from_pieces:
         gen = call.start()
-        pieces = gen.pieces()
+        batches = gen.batches()
         try:
-            async for piece in pieces:
-                answer.feed(piece)
+            async for pieces in batches:
+                for piece in pieces:
+                    answer.feed(piece)
         finally:
             with anyio.CancelScope(shield=True):
-                await pieces.aclose()  # type: ignore[attr-defined]
+                await batches.aclose()  # type: ignore[attr-defined]
     else:
         gen = await call.start(stream=bool(call.stop)).run()
     reply, response, finish = answer.whole(gen)

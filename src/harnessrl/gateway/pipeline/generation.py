@@ -11,13 +11,15 @@ and what training must see.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
-from harnessrl.engines.base import GenerationContext, SamplingParams
+from harnessrl.engines.base import GenerationContext, SamplingParams, through_first_stop
 from harnessrl.schemas import now
 
 if TYPE_CHECKING:
@@ -33,6 +35,10 @@ class Piece(NamedTuple):
     token_id: int
     logprob: float
     is_stop_token: bool = False
+
+
+#: ``Piece`` of a (text, token_id, logprob, is_stop_token) tuple, made in C (its ``__new__`` is Python).
+_piece = functools.partial(tuple.__new__, Piece)
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:
@@ -63,8 +69,10 @@ class Generation:
     first_token_at: float | None = None
     finished_at: float | None = None
 
-    async def pieces(self) -> AsyncIterator[Piece]:
-        """Run the engine, yielding one ``Piece`` per sampled token; the fields are final afterwards.
+    async def batches(self) -> AsyncIterator[list[Piece]]:
+        """Run the engine, yielding the ``Piece`` of each sampled token, a list per engine batch
+        (``Samples``: the tokens of one network read, or one decode step); the fields are final
+        afterwards. The per-token work is a loop here, not an ``async`` step per token.
 
         Closing this iterator early closes the engine's, which cancels the generation.
         """
@@ -79,39 +87,48 @@ class Generation:
         ended_by = None  # "token" (a stop token was sampled), "string" (a stop string appeared) or None
         released_parts: list[str] = []  # joined once at the end: += on a long answer is quadratic
         # Once per sampled token: the bound methods are looked up once.
-        add_id, add_logprob, push, release = (
-            self.token_ids.append,
-            self.logprobs.append,
-            decoder.push,
-            released_parts.append,
-        )
+        push, release = decoder.push, released_parts.append
         try:
-            async for sample in stream:
+            async for batch in stream:
                 if ended_by is not None:
                     break  # an engine yielding past its stop token: the turn ended there
-                token_id, logprob = sample.token_id, sample.logprob
                 if self.first_token_at is None:
                     self.first_token_at = now()
-                add_id(token_id)
-                add_logprob(logprob)
-                if token_id in stop_ids:
-                    # Not decoded: the stop token ends the turn and is no part of the answer's text.
-                    # The engine ends by itself after it; letting it finish (rather than closing it)
-                    # lets a remote engine read its stream to the end and keep the connection.
-                    ended_by = "token"
-                    yield Piece("", token_id, logprob, is_stop_token=True)
+                ids, logprobs = batch
+                if not stop:  # no stop strings: every token before a stop token adds its text
+                    last: list[Piece] = []
+                    if not stop_ids.isdisjoint(ids):
+                        # Not decoded: the stop token ends the turn and is no part of the answer's
+                        # text. The engine ends by itself after it; letting it finish (rather than
+                        # closing it) lets a remote engine read its stream to the end and keep the
+                        # connection.
+                        cut = through_first_stop(ids, stop_ids)
+                        ids, logprobs, ended_by = ids[:cut], logprobs[:cut], "token"
+                        last = [Piece("", ids[-1], logprobs[-1], is_stop_token=True)]
+                    self.token_ids += ids
+                    self.logprobs += logprobs
+                    texted = ids[:-1] if last else ids
+                    texts = list(map(push, texted))
+                    released_parts += texts
+                    yield list(map(_piece, zip(texts, texted, logprobs, repeat(False)))) + last
                     continue
-                if not stop:  # nothing to hold back (``pending`` stays empty)
-                    text = push(token_id)
-                    release(text)
-                    yield Piece(text, token_id, logprob)
-                    continue
-                pending += push(token_id)
-                released, pending, hit = self._release(pending)
-                release(released)
-                yield Piece(released, token_id, logprob)
-                if hit:
-                    ended_by = "string"
+                out: list[Piece] = []
+                for token_id, logprob in zip(ids, logprobs, strict=True):
+                    self.token_ids.append(token_id)
+                    self.logprobs.append(logprob)
+                    if token_id in stop_ids:  # as above
+                        ended_by = "token"
+                        out.append(Piece("", token_id, logprob, is_stop_token=True))
+                        break
+                    pending += push(token_id)
+                    released, pending, hit = self._release(pending)
+                    release(released)
+                    out.append(Piece(released, token_id, logprob))
+                    if hit:
+                        ended_by = "string"
+                        break
+                yield out
+                if ended_by == "string":
                     break
         finally:
             # Closing the engine's iterator cancels the generation. Shielded: when a client
@@ -151,7 +168,7 @@ class Generation:
         with stop strings the text is checked as it grows, exactly as when streaming.
         """
         if self.stop:
-            async for _ in self.pieces():
+            async for _ in self.batches():
                 pass
             return self
         stop_ids = set(self.params.stop_token_ids)
@@ -165,7 +182,7 @@ class Generation:
         return self
 
     def replayed_pieces(self) -> Iterator[Piece]:
-        """The pieces ``pieces`` would have yielded for this finished generation, from its token IDs
+        """The pieces ``batches`` would have yielded for this finished generation, from its token IDs
         (for an answer generated whole, ``run`` without stop strings, that is read piece by piece)."""
         assert not self.stop, "a generation with stop strings runs piece by piece"
         stop_ids = set(self.params.stop_token_ids)
@@ -183,19 +200,21 @@ class Generation:
         """Read the engine's samples to the end; whether a stop token ended them.
 
         The context says nobody streams (``GenerationContext.stream``), so an engine that can answer
-        whole does (``VLLMEngine`` asks its server for one JSON answer); this loop only collects.
+        whole does (``VLLMEngine`` asks its server for one JSON answer: one batch); this only collects.
         """
         stream = self.engine.generate(self.prompt_ids, self.params, self.context)
         ended_by_token = False
         try:
-            async for sample in stream:
+            async for ids, logprobs in stream:
                 if ended_by_token:
                     break  # an engine yielding past its stop token: the turn ended there
                 if self.first_token_at is None:
                     self.first_token_at = now()
-                self.token_ids.append(sample.token_id)
-                self.logprobs.append(sample.logprob)
-                ended_by_token = sample.token_id in stop_ids
+                if not stop_ids.isdisjoint(ids):
+                    cut = through_first_stop(ids, stop_ids)
+                    ids, logprobs, ended_by_token = ids[:cut], logprobs[:cut], True
+                self.token_ids += ids
+                self.logprobs += logprobs
         finally:
             with anyio.CancelScope(shield=True):
                 await stream.aclose()  # type: ignore[attr-defined]

@@ -3,9 +3,10 @@
 The answer's opening, keep-alives at the gate, the events of each sampled piece, the record, the
 tail; an error as the API's error event. The events go straight into the stream's ``Outlet``
 (``coalesce``), whose writer sends whatever has gathered each time it runs: tokens that arrive
-together (one read from the engine) leave in one write. Nothing between the engine and the outlet
-is a generator of its own and no event is awaited on its own: the per-token path is the engine's
-iterator, the API's ``feed`` and a list append (an await only when the buffer is full).
+together (one read from the engine) leave in one write. The engine passes a read's tokens as one
+batch (``Samples``) and the generation their pieces as one list, so the per-token path is a loop:
+the decoder, the API's ``feed`` and a list append, no ``async`` step per token (an await only per
+batch, and when the buffer is full).
 
 An answer may hold back what a piece adds (``Answer.held``: chat's content) instead of rendering an
 event per token: the outlet's writer asks for the held events right before it writes, i.e. once the
@@ -47,24 +48,27 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
         gen = call.start()
         if outlet.push_all(answer.started(gen)):
             await outlet.wait_room()
-        pieces = gen.pieces()
+        batches = gen.batches()
         outlet.hold(answer.held)
         try:
             if answer.ping is None:
                 feed, push, wake = answer.feed, outlet.push_all, outlet.wake
-                async for piece in pieces:
-                    events = feed(piece)
-                    if not events:
-                        wake()  # it may hold the piece back: the writer takes it before writing
-                    elif push(events):
+                async for pieces in batches:
+                    full = False
+                    for piece in pieces:
+                        events = feed(piece)
+                        if events:
+                            full = push(events) or full
+                    wake()  # it may hold pieces back: the writer takes them before writing
+                    if full:
                         await outlet.wait_room()  # the client is behind: the generation waits
             else:
-                await _with_pings(call, answer, pieces, outlet, answer.ping)
+                await _with_pings(call, answer, batches, outlet, answer.ping)
         finally:
             # Close the engine's iterator even when the call is being cancelled (a drop); shielded
             # so the close itself is not cancelled (it frees the engine slot).
             with anyio.CancelScope(shield=True):
-                await pieces.aclose()  # type: ignore[attr-defined]
+                await batches.aclose()  # type: ignore[attr-defined]
         last, response, finish, tail = answer.finished(gen)
         outlet.push_all(last)
         await call.record(response, finish)  # durable before the client sees the end of the answer
@@ -78,19 +82,21 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
 
 
 async def _with_pings(
-    call: PreparedCall, answer: Answer, pieces: AsyncIterator[Piece], outlet: Outlet, ping: str
+    call: PreparedCall, answer: Answer, batches: AsyncIterator[list[Piece]], outlet: Outlet, ping: str
 ) -> None:
     """The pieces' events, and ``ping`` whenever tokens arrive but nothing was sent for ``keepalive_s``
     (neither events ``feed`` returned nor ones the writer took from ``held``)."""
     keepalive = call.state.keepalive_s
     last_sent = time.monotonic()
-    async for piece in pieces:
-        events = answer.feed(piece)
-        if events:
-            full = outlet.push_all(events)
-            last_sent = time.monotonic()
-        else:
-            outlet.wake()  # it may hold the piece's events back: the writer takes them (``held``)
+    async for pieces in batches:
+        full = False
+        for piece in pieces:
+            events = answer.feed(piece)
+            if events:
+                full = outlet.push_all(events) or full
+                last_sent = time.monotonic()
+        if not full:
+            outlet.wake()  # it may hold the pieces' events back: the writer takes them (``held``)
             if time.monotonic() - max(last_sent, outlet.wrote_at) < keepalive:
                 continue
             full = outlet.push_all(answer.held() or [ping])  # a ping only when nothing is to be sent
