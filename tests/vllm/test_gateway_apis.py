@@ -226,6 +226,9 @@ def test_stop_string_ends_the_generation_on_the_server(
     """A stop string is the gateway's job (text); when it appears the gateway closes the engine's
     stream, which must end the request on vLLM too, not just hide the rest of the answer."""
     rollout = gateway.rollout()
+    # The server is shared with the tests before this one: a request of theirs that ends during this
+    # one (an answer read to its end after its test returned) would count as finished here.
+    wait_until(lambda: requests_running(tiny_server.url) == 0, "earlier requests to end")
     before = server_metric(tiny_server.url, "vllm:generation_tokens_total")
     finished = requests_finished(tiny_server.url)
     resp = gateway.openai(rollout).chat.completions.create(
