@@ -284,13 +284,17 @@ def test_run_without_incremental_decoding_gives_what_pieces_give(ending: str) ->
         engine = ListEngine(tokenizer, ids)
         fast = await Generation(engine, [1], params, stops).run()  # type: ignore[arg-type]
         slow = Generation(engine, [1], params, stops)  # type: ignore[arg-type]
-        async for _ in slow.batches():
-            pass
+        async for pieces in slow.batches():
+            assert isinstance(pieces, list) and all(isinstance(p, Piece) for p in pieces)
+            streamed.extend(pieces)
         return fast, slow
 
+    streamed: list[Piece] = []
     fast, slow = asyncio.run(both())
     for name in ("text", "token_ids", "logprobs", "finish_reason", "policy_version"):
         assert getattr(fast, name) == getattr(slow, name), name
+    # What a streaming client is sent is the text recorded, the held-back last character included.
+    assert "".join(p.text for p in streamed) == slow.text
     assert fast.first_token_at is not None and fast.finished_at is not None
     expected = {"stop_token": "stop", "max_tokens": "length", "stop_string": "stop"}[ending]
     assert fast.finish_reason == expected

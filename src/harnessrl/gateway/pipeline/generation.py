@@ -142,7 +142,7 @@ class Generation:
             tail = released if hit else released + pending
             released_parts.append(tail)
             if tail:
-                yield Piece(tail, -1, 0.0)
+                yield [Piece(tail, -1, 0.0)]
             if hit:
                 ended_by = "string"
         self.text = "".join(released_parts)
