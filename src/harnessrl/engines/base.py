@@ -9,6 +9,7 @@ replies for tests and demos); remote vLLM/SGLang engines follow the same protoco
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
@@ -150,6 +151,17 @@ def through_first_stop(ids: Sequence[int], stop_ids: Iterable[int]) -> int:
     if not found:
         return len(ids)
     return min(map(ids.index, found)) + 1
+
+
+def cut_at_stop(
+    ids: list[int], logprobs: list[float], stop_ids: AbstractSet[int]
+) -> tuple[list[int], list[float], bool]:
+    """A batch's IDs and logprobs up to and including its first stop token, and whether it had one
+    (the lists themselves, not copies, when it had none: the common batch)."""
+    if stop_ids.isdisjoint(ids):
+        return ids, logprobs, False
+    cut = through_first_stop(ids, stop_ids)
+    return ids[:cut], logprobs[:cut], True
 
 
 async def each_sample(batches: AsyncIterator[Samples]) -> AsyncIterator[TokenSample]:

@@ -75,7 +75,7 @@ from typing import Any, Literal
 
 import orjson
 
-from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, through_first_stop
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, cut_at_stop
 from harnessrl.engines.remote import RemoteEngine, RemoteEngineError
 from harnessrl.engines.vllm_samples import batch_samples, events_through, samples_of
 from harnessrl.errors import ConfigError
@@ -209,15 +209,13 @@ class VLLMEngine(RemoteEngine):
             async for events in batches:  # the events of one read of the socket: one batch
                 plain = None if stopped else batch_samples(events)
                 if plain is not None:
-                    ids, logprobs = plain
-                    if stops.isdisjoint(ids):
-                        if ids:
-                            yield Samples(ids, logprobs)
+                    ids, logprobs, stopped = cut_at_stop(*plain, stops)
+                    if ids:
+                        yield Samples(ids, logprobs)
+                    if not stopped:
                         continue
-                    cut = through_first_stop(ids, stops)
-                    yield Samples(ids[:cut], logprobs[:cut])
-                    stopped = True  # the events after the stop token's are read as below
-                    events = events[events_through(events, cut, len(ids)) :]
+                    # The events after the stop token's are read as below.
+                    events = events[events_through(events, len(ids), len(plain[0])) :]
                 # Past a stop token, or an event that is not the plain shape: event by event, so the
                 # tokens before an event that fails are passed on before its error.
                 for event in events:
@@ -226,14 +224,9 @@ class VLLMEngine(RemoteEngine):
                         if ids:
                             return  # tokens past the stop token: stop reading (closes the connection)
                         continue  # read the stream to its end so the connection is reused
-                    if not ids:
-                        continue
-                    if stops.isdisjoint(ids):
+                    ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
+                    if ids:
                         yield Samples(ids, logprobs)
-                        continue
-                    cut = through_first_stop(ids, stops)
-                    stopped = True
-                    yield Samples(ids[:cut], logprobs[:cut])
 
     async def generate_whole(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
@@ -244,9 +237,8 @@ class VLLMEngine(RemoteEngine):
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
-        ids, logprobs = samples_of(answer, self._completions_url)
-        cut = through_first_stop(ids, params.stop_token_ids)
-        return (ids, logprobs) if cut == len(ids) else (ids[:cut], logprobs[:cut])
+        ids, logprobs, _ = cut_at_stop(*samples_of(answer, self._completions_url), set(params.stop_token_ids))
+        return ids, logprobs
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import anyio
 
-from harnessrl.engines.base import GenerationContext, SamplingParams, through_first_stop
+from harnessrl.engines.base import GenerationContext, SamplingParams, cut_at_stop
 from harnessrl.schemas import now
 
 if TYPE_CHECKING:
@@ -94,16 +94,15 @@ class Generation:
                     break  # an engine yielding past its stop token: the turn ended there
                 if self.first_token_at is None:
                     self.first_token_at = now()
-                ids, logprobs = batch
                 if not stop:  # no stop strings: every token before a stop token adds its text
+                    ids, logprobs, stopped = cut_at_stop(*batch, stop_ids)
                     last: list[Piece] = []
-                    if not stop_ids.isdisjoint(ids):
+                    if stopped:
                         # Not decoded: the stop token ends the turn and is no part of the answer's
                         # text. The engine ends by itself after it; letting it finish (rather than
                         # closing it) lets a remote engine read its stream to the end and keep the
                         # connection.
-                        cut = through_first_stop(ids, stop_ids)
-                        ids, logprobs, ended_by = ids[:cut], logprobs[:cut], "token"
+                        ended_by = "token"
                         last = [Piece("", ids[-1], logprobs[-1], is_stop_token=True)]
                     self.token_ids += ids
                     self.logprobs += logprobs
@@ -113,7 +112,7 @@ class Generation:
                     yield list(map(_piece, zip(texts, texted, logprobs, repeat(False)))) + last
                     continue
                 out: list[Piece] = []
-                for token_id, logprob in zip(ids, logprobs, strict=True):
+                for token_id, logprob in zip(*batch, strict=True):
                     self.token_ids.append(token_id)
                     self.logprobs.append(logprob)
                     if token_id in stop_ids:  # as above
@@ -210,9 +209,7 @@ class Generation:
                     break  # an engine yielding past its stop token: the turn ended there
                 if self.first_token_at is None:
                     self.first_token_at = now()
-                if not stop_ids.isdisjoint(ids):
-                    cut = through_first_stop(ids, stop_ids)
-                    ids, logprobs, ended_by_token = ids[:cut], logprobs[:cut], True
+                ids, logprobs, ended_by_token = cut_at_stop(ids, logprobs, stop_ids)
                 self.token_ids += ids
                 self.logprobs += logprobs
         finally:
