@@ -18,6 +18,7 @@ import openai
 import pytest
 from tests.vllm.vllm_support import (
     LOGPROB_ATOL,
+    Outcome,
     direct_completion,
     freeze_mid_generation,
     install_weights,
@@ -207,14 +208,20 @@ def _frozen_pair(
     gateway: Any, url: str, *, whole_tokens: int, streamed_tokens: int, need: int = 2
 ) -> tuple[tuple[Any, Any, Any], tuple[Any, Any, Any], int]:
     """A non-streamed and a streamed call, at least ``need`` of them frozen mid-generation in vLLM
-    (``/pause?mode=keep``; the caller resumes it), and how many pairs were started again first. The
-    random tiny model samples at temperature 1 and may end a call at a stop token before the freeze:
-    such a pair tests nothing, so it is waited out and started again, three times at most."""
+    (``/pause?mode=keep``; the caller resumes it), and how many pairs were started again first.
+
+    The calls are greedy: the random tiny model's greedy answer to ``LONG_STORY`` cycles through four
+    tokens, none a stop token, so each call generates its whole budget (seconds at 3,600 tokens) and
+    can only be missed by a freeze later than that. At temperature 1 it ended two calls in three
+    within 3,600 tokens, some within 200, and a fresh-clone CI run (a loaded machine that froze late)
+    saw three pairs in a row end before the freeze. A pair that still ends first tests nothing, so it
+    is waited out and started again, three times at most."""
     held: list[int] = []
+    ended: list[Outcome] = []
     for retries in range(3):
         finished = requests_finished(url)
-        whole = start_call(gateway, stream=False, max_tokens=whole_tokens)
-        streamed = start_call(gateway, stream=True, max_tokens=streamed_tokens)
+        whole = start_call(gateway, stream=False, max_tokens=whole_tokens, temperature=0.0)
+        streamed = start_call(gateway, stream=True, max_tokens=streamed_tokens, temperature=0.0)
         held.append(freeze_mid_generation(url, 2, finished))
         if held[-1] >= need:
             return whole, streamed, retries
@@ -222,7 +229,11 @@ def _frozen_pair(
         for (_, outcome, thread), budget in ((whole, whole_tokens), (streamed, streamed_tokens)):
             thread.join(timeout=300)
             assert not thread.is_alive() and outcome.whole(budget), outcome  # ended early, not failed
-    pytest.fail(f"three pairs in a row, fewer than {need} still generating when frozen: {held}")
+            ended.append(outcome)
+    pytest.fail(
+        f"three pairs in a row, fewer than {need} still generating when frozen: {held}; "
+        f"how they ended: {[(o.finish, o.completion_tokens) for o in ended]}"
+    )
 
 
 def test_vllm_paused_with_abort_stores_nothing_truncated(

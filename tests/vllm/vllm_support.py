@@ -290,14 +290,20 @@ class Outcome:
 
 
 def chat_call(
-    client: Any, outcome: Outcome, *, stream: bool, max_tokens: int, messages: list[dict[str, Any]]
+    client: Any,
+    outcome: Outcome,
+    *,
+    stream: bool,
+    max_tokens: int,
+    messages: list[dict[str, Any]],
+    temperature: float = 1.0,
 ) -> None:
     """One chat call with the openai SDK, its result written into ``outcome`` (errors included)."""
     kwargs: dict[str, Any] = {
         "model": "tiny",
         "messages": messages,
         "max_tokens": max_tokens,
-        "temperature": 1.0,
+        "temperature": temperature,
     }
     try:
         if stream:
@@ -329,6 +335,7 @@ def start_call(
     max_tokens: int,
     rollout: dict[str, Any] | None = None,
     messages: list[dict[str, Any]] = LONG_STORY,
+    temperature: float = 1.0,
 ) -> tuple[dict[str, Any], Outcome, threading.Thread]:
     """A chat call running in a thread (a fresh rollout unless one is given)."""
     rollout = rollout or gateway.rollout()
@@ -336,7 +343,7 @@ def start_call(
     thread = threading.Thread(
         target=chat_call,
         args=(gateway.openai(rollout), outcome),
-        kwargs={"stream": stream, "max_tokens": max_tokens, "messages": messages},
+        kwargs={"stream": stream, "max_tokens": max_tokens, "messages": messages, "temperature": temperature},
     )
     thread.start()
     return rollout, outcome, thread
