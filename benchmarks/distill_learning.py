@@ -256,24 +256,29 @@ def rl(
 
 
 def evaluate(
-    example: str, model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: list[str]
+    example: str, model: str, tasks_file: Path, run_dir: Path, logfile: Path, sets: list[str], samples: int
 ) -> dict[str, Any]:
-    """Every held-out task once, greedy, in a process of its own (``--evaluate``); the successes."""
+    """Every held-out task ``samples`` times (greedy unless ``sets`` says otherwise), in a process of
+    its own (``--evaluate``); the successes. ``success`` is the share of rollouts solved; its SE is
+    that of the per-task success rates (a task's samples are not independent of each other)."""
     argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
-    argv += ["--example", example]
+    argv += ["--example", example, "--eval-samples", str(samples)]
     run(with_sets(argv, sets), logfile)
     rewards = json.loads((run_dir / "rewards.json").read_text())
-    n = len(rewards)
     solved = [r["reward"] >= 1.0 for r in rewards]
-    p = sum(solved) / n
+    rates = list(task_success(rewards).values())
+    n = len(rates)
+    p = sum(rates) / n
     families: dict[str, list[bool]] = {}
     for r, ok in zip(rewards, solved, strict=True):
         families.setdefault(r["family"], []).append(ok)
     return {
         "success": round(p, 3),
-        "se": round(math.sqrt(p * (1 - p) / n), 3),
+        # one sample a task: sqrt(p (1 - p) / n), the binomial SE
+        "se": round(math.sqrt(sum((x - p) ** 2 for x in rates) / n / n), 3),
         "solved": sum(solved),
         "tasks": n,
+        "samples_per_task": samples,
         "mean_reward": mean([r["reward"] for r in rewards]),
         "infra_failures": sum(r["outcome"] in ("infra_failure", "failed", "cancelled") for r in rewards),
         "by_family": {f: round(sum(v) / len(v), 3) for f, v in sorted(families.items())},
@@ -283,9 +288,10 @@ def evaluate(
 
 
 async def evaluate_in_process(
-    example: Example, model: str, tasks_file: Path, run_dir: Path, sets: list[str]
+    example: Example, model: str, tasks_file: Path, run_dir: Path, sets: list[str], samples: int
 ) -> None:
-    """The held-out evaluation itself: ``train.toml``'s stack and the trainer's held-out sampling."""
+    """The held-out evaluation itself: ``train.toml``'s stack and the trainer's held-out sampling,
+    each task ``samples`` times."""
     from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
     from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
     from harnessrl.controller.stack import local_stack
@@ -297,12 +303,12 @@ async def evaluate_in_process(
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), example.folder)
     sampling = eval_sampling(validate_config(TrainConfig, raw).trainer)
     config = load_rollout_config(str(config_path), overrides, ignore=TRAIN_ONLY_SECTIONS)
-    tasks = read_jsonl(tasks_file)
+    tasks = [task for task in read_jsonl(tasks_file) for _ in range(samples)]
     limit = config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 300
     async with local_stack(config, run_dir) as stack:
         ids = [
             stack.create_rollout(
-                task, rollout_id=f"eval-{i:04d}", task_id=task["task_id"],
+                task, rollout_id=f"eval-{i // samples:04d}-{i % samples}", task_id=task["task_id"],
                 metadata={"sampling": sampling.as_metadata()},
             ).rollout_id
             for i, task in enumerate(tasks)
@@ -333,13 +339,21 @@ def gain(after: dict[str, Any], before: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def task_success(rewards: list[dict[str, Any]]) -> dict[str, float]:
+    """Each task's share of solved rollouts (reward 1), in the order the tasks first appear."""
+    runs: dict[str, list[float]] = {}
+    for r in rewards:
+        runs.setdefault(r["task_id"], []).append(float(r["reward"] >= 1.0))
+    return {task: sum(v) / len(v) for task, v in runs.items()}
+
+
 def paired_gain(work: Path, after: str, before: str) -> dict[str, float]:
-    """The gain of stage ``after`` over ``before`` task by task (the same held-out tasks): its standard
-    error is that of the per-task differences, sd(d) / sqrt(n), and the tasks each way it flipped."""
+    """The gain of stage ``after`` over ``before`` task by task (the same held-out tasks; a task's
+    success rate where it ran several times): its standard error is that of the per-task
+    differences, sd(d) / sqrt(n), and the tasks each way it moved."""
     solved = {}
     for name in (after, before):
-        rewards = json.loads((work / f"eval-{name}" / "rewards.json").read_text())
-        solved[name] = {r["task_id"]: float(r["reward"] >= 1.0) for r in rewards}
+        solved[name] = task_success(json.loads((work / f"eval-{name}" / "rewards.json").read_text()))
     tasks = sorted(solved[before])
     d = [solved[after][t] - solved[before][t] for t in tasks]
     n = len(d)
@@ -417,6 +431,11 @@ def main() -> None:
     parser.add_argument(
         "--eval-set", action="append", default=[], help="train.toml overrides for evaluations"
     )
+    parser.add_argument(
+        "--eval-samples", type=int, default=1,
+        help="rollouts per held-out task at each evaluation (more than 1 with a sampling temperature: "
+        "--eval-set trainer.eval_temperature=0.7)",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp folder)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--resume", action="store_true", help="skip the stages --out already holds")
@@ -425,7 +444,11 @@ def main() -> None:
     args = parser.parse_args()
     example = EXAMPLES[args.example]
     if args.evaluate:
-        asyncio.run(evaluate_in_process(example, args.evaluate, args.tasks, args.work, args.eval_set))
+        asyncio.run(
+            evaluate_in_process(
+                example, args.evaluate, args.tasks, args.work, args.eval_set, args.eval_samples
+            )
+        )
         return
     for key, value in (SMOKE if args.smoke else SIZES[args.example]).items():
         if not args.smoke and getattr(args, key) is not None:
@@ -465,6 +488,7 @@ def main() -> None:
                 "sft_set",
                 "rl_set",
                 "eval_set",
+                "eval_samples",
             )
         },  # fmt: skip
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_at_start": load_average()},
@@ -503,6 +527,7 @@ def main() -> None:
             work / f"eval-{name}",
             work / f"eval-{name}.log",
             args.eval_set,
+            args.eval_samples,
         )
 
     stage("base evaluation", "base", heldout, evaluation("base", lambda: "smollm2"))

@@ -36,6 +36,26 @@ def test_the_paired_gain_counts_each_task_against_itself(dl, tmp_path):
     assert out == {"gain": round(mean, 3), "paired_se": round(se, 3), "to_pass": 2, "to_fail": 1}
 
 
+def test_several_samples_a_task_are_compared_as_that_tasks_success_rate(dl, tmp_path):
+    # Two tasks, four samples each: a 1/4 -> 3/4, b 1 -> 1/2.
+    for stage, runs in (
+        ("sft", {"a": [1, 0, 0, 0], "b": [1, 1, 1, 1]}),
+        ("rl", {"a": [1, 1, 0, 1], "b": [0, 1, 0, 1]}),
+    ):
+        folder = tmp_path / f"eval-{stage}"
+        folder.mkdir()
+        rows = [{"task_id": t, "reward": r} for t, rs in runs.items() for r in rs]
+        (folder / "rewards.json").write_text(json.dumps(rows))
+    assert dl.task_success(json.loads((tmp_path / "eval-rl" / "rewards.json").read_text())) == {
+        "a": 0.75,
+        "b": 0.5,
+    }
+    out = dl.paired_gain(tmp_path, "rl", "sft")
+    d = [0.5, -0.5]
+    se = math.sqrt(sum(x**2 for x in d) / 1 / 2)
+    assert out == {"gain": 0.0, "paired_se": round(se, 3), "to_pass": 1, "to_fail": 1}
+
+
 def test_the_picture_has_a_bar_and_a_label_per_stage(dl, tmp_path):
     heldout = {
         k: {"success": v, "se": 0.05, "tasks": 40} for k, v in (("base", 0.0), ("sft", 0.8), ("rl", 0.9))
