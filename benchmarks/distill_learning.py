@@ -263,7 +263,9 @@ def evaluate(
     that of the per-task success rates (a task's samples are not independent of each other)."""
     argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
     argv += ["--example", example, "--eval-samples", str(samples)]
-    run(with_sets(argv, sets), logfile)
+    for item in sets:  # the internal run reads them as this script's own --eval-set
+        argv += ["--eval-set", item]
+    run(argv, logfile)
     rewards = json.loads((run_dir / "rewards.json").read_text())
     solved = [r["reward"] >= 1.0 for r in rewards]
     rates = list(task_success(rewards).values())
