@@ -1,8 +1,9 @@
 """Gateway overhead: direct calls to a vLLM-shaped upstream vs the harnessrl gateway vs Agent Lightning's.
 
-What is measured. One run starts a fake vLLM-shaped upstream (this file, starlette + uvicorn; instant
-answers, always the same 256-token assistant turn — some text and one Hermes tool call — with token
-IDs and one logprob per token) and drives it through three targets with the *same* pre-serialized
+What is measured. One run starts the fake vLLM server the tests use (``tests/fakes/vllm_server.py``
+with its chat-level APIs, ``tests/fakes/vllm_chat.py``; starlette + uvicorn, in a process of its own;
+answers at once, always the same 256-token assistant turn — some text and one Hermes tool call — with
+token IDs and one logprob per token) and drives it through three targets with the *same* pre-serialized
 agent-like request bodies, in four legs (``--legs``, all by default):
 
 - ``chat`` (JSON ``levels``; the issues' goals are measured from it): 20-turn chat conversations
@@ -89,9 +90,9 @@ generator, upstream and proxies share the same CPU cores, so at C=32 the through
 measures who uses the least CPU. ``agl-server`` runs as installed (uvicorn without uvloop/httptools,
 access log on — its defaults) and records in memory (nothing durable); harnessrl does more work per
 call (tokenization, tool-call parsing, durable write). A streamed call's latency is to the end of the
-body; time to first token is not measured. The fake sends a stream as one body (vLLM writes each
-event as it is sampled), so in the stream leg the direct client reads one buffer while harnessrl's
-client reads one HTTP chunk per event: compare the gateway's CPU there, not the client's. The Messages
+body; time to first token is not measured. The fake writes a stream one event at a time as vLLM
+does, but at once: a gateway that reads more slowly than it writes finds several events per read,
+as one behind a real engine finds only when it lags. The Messages
 leg's direct answer is the fake's (vLLM's own Messages layer would cost the upstream more CPU).
 Agent Lightning's stored bytes are the JSON its API returns, not its Python objects' memory.
 
@@ -134,6 +135,7 @@ from measure import (  # noqa: E402
     cpu_sample,
     cpu_seconds_between,
     load_average,
+    shared_fakes,
     yardstick_bytes,
 )
 
@@ -203,7 +205,6 @@ def build_reply(tokenizer: Any) -> dict[str, Any]:
                     "text": render_turn(turn),
                     "token_ids": ids,
                     "tokens": tokens,
-                    "logprobs": [-round(0.001 + (t * 7919 % 1000) / 997.0, 6) for t in ids],
                 }
             if len(ids) > OUTPUT_TOKENS:
                 break
@@ -525,109 +526,6 @@ def leg_bodies(reply: dict[str, Any], count: int) -> dict[str, list[list[bytes]]
     }
 
 
-def chat_stream_events(reply: dict[str, Any], *, logprobs: bool, token_ids: bool) -> list[dict[str, Any]]:
-    """The chunks of a streamed chat answer as vLLM sends them (before the usage chunk and ``[DONE]``).
-
-    A role chunk first (with ``prompt_token_ids`` — the string ``"@PROMPT@"`` here, replaced per call
-    — when ``token_ids``), then one chunk per sampled token: the reply's content as ``content``
-    deltas, then the tool call's header (id, name) and its ``arguments`` in pieces, as the Hermes tool
-    parser streams them; a token that adds to neither (``<tool_call>``, the JSON around the arguments,
-    the stop token) has an empty delta. Each token chunk carries its ``token_ids`` and logprob entry;
-    the last one ``finish_reason: "tool_calls"``.
-    """
-    text, content, args = reply["text"], reply["content"], reply["arguments"]
-    args_at = text.index(args, len(content))
-    tool_at = text.index("<tool_call>", len(content))
-    base = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-    first: dict[str, Any] = {
-        **base,
-        "choices": [
-            {
-                "index": 0,
-                "delta": {"role": "assistant", "content": ""},
-                "logprobs": None,
-                "finish_reason": None,
-            }
-        ],
-    }
-    if token_ids:
-        first["prompt_token_ids"] = "@PROMPT@"
-    events = [first]
-    pos, header_sent = 0, False
-    ids, tokens, lps = reply["token_ids"], reply["tokens"], reply["logprobs"]
-    for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
-        start, end = pos, pos + len(tok)
-        pos = end
-        delta: dict[str, Any] = {}
-        if start < len(content):
-            delta["content"] = text[start : min(end, len(content))]
-        piece = text[max(start, args_at) : min(end, args_at + len(args))]
-        call: dict[str, Any] | None = None
-        if end > tool_at and not header_sent:
-            call = {"index": 0, "id": "chatcmpl-tool-bench", "type": "function"}
-            call["function"] = {"name": "bash", "arguments": piece}
-            header_sent = True
-        elif piece:
-            call = {"index": 0, "function": {"arguments": piece}}
-        if call is not None:
-            delta["tool_calls"] = [call]
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": {
-                "content": [{"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}]
-            }
-            if logprobs
-            else None,
-            "finish_reason": "tool_calls" if k == len(ids) - 1 else None,
-        }
-        if token_ids:
-            choice["token_ids"] = [tok_id]
-        events.append({**base, "choices": [choice]})
-    return events
-
-
-def completions_stream_events(
-    reply: dict[str, Any], *, logprobs: bool, as_ids: bool, token_ids: bool
-) -> list[dict[str, Any]]:
-    """The chunks of a streamed ``/v1/completions`` answer as vLLM sends them (before ``[DONE]``): one
-    per sampled token, its text and, as asked, its logprob entry (``logprobs``; the token named
-    ``"token_id:{id}"`` with ``as_ids``, vLLM's ``return_tokens_as_token_ids``) and ``token_ids``
-    (``token_ids``, vLLM's ``return_token_ids``, which also echoes ``prompt_token_ids`` in the first
-    chunk — the string ``"@PROMPT@"`` here, replaced per call). The last says ``finish_reason: "stop"``.
-    """
-    ids, tokens, lps = reply["token_ids"], reply["tokens"], reply["logprobs"]
-    events, offset = [], 0
-    for k, (tok_id, tok, lp) in enumerate(zip(ids, tokens, lps, strict=True)):
-        choice: dict[str, Any] = {"index": 0, "text": tok}
-        choice["logprobs"] = (
-            {
-                "tokens": [f"token_id:{tok_id}" if as_ids else tok],
-                "token_logprobs": [lp],
-                "text_offset": [offset],
-                "top_logprobs": None,
-            }
-            if logprobs
-            else None
-        )
-        choice.update(finish_reason="stop" if k == len(ids) - 1 else None, stop_reason=None)
-        if token_ids:
-            choice["token_ids"] = [tok_id]
-            if k == 0:
-                choice["prompt_token_ids"] = "@PROMPT@"
-        offset += len(tok)
-        events.append(
-            {
-                "id": "cmpl-bench",
-                "object": "text_completion",
-                "created": 0,
-                "model": MODEL,
-                "choices": [choice],
-            }
-        )
-    return events
-
-
 def sse_complete(body: bytes) -> bool:
     """A streamed answer read to its end: the body's last event is ``data: [DONE]`` (an error event
     after the 200 header ends a harnessrl or vLLM stream without it)."""
@@ -637,246 +535,25 @@ def sse_complete(body: bytes) -> bool:
 # --- the fake vLLM-shaped upstream ----------------------------------------------------------------------
 
 
-def serve_upstream(port: int) -> None:
-    """Instant answers. ``/v1/chat/completions`` (vLLM shape with ``return_token_ids``: ``prompt_token_ids``
-    at top level — fabricated, one per 4 body bytes, the fake has no chat template — and ``token_ids``
-    per choice; streamed per token as ``chat_stream_events`` when asked), ``/v1/completions`` with a
-    token-ID prompt (streamed per token as ``completions_stream_events`` when asked; ``token_ids`` and
-    the prompt echoed as ``prompt_token_ids`` with ``return_token_ids``, logprobs tokens as
-    ``"token_id:{id}"`` with ``return_tokens_as_token_ids``, as vLLM does), ``/v1/messages``
-    (Anthropic shape, not streamed) and ``/v1/responses`` (a message and a function call, not
-    streamed)."""
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
+def upstream_app(reply: dict[str, Any]) -> Any:
+    """The shared fake of vLLM's server (``tests/fakes/vllm_server.py``) answering ``reply``: the
+    token-ID ``/v1/completions`` the gateway's engine calls (streamed one event per write, as vLLM
+    does) and, for the direct and Agent Lightning targets, the chat completions, Messages and
+    Responses APIs (``tests/fakes/vllm_chat.py``). It keeps no requests (``record=False``)."""
+    shared_fakes()
+    from tests.fakes.vllm_chat import ChatTurn
+    from tests.fakes.vllm_server import FakeModel, create_vllm_app
 
-    reply = build_reply(_tokenizer())
-    ids, tokens, lps = reply["token_ids"], reply["tokens"], reply["logprobs"]
-    usage_out = len(ids)
-    chat_logprobs = {
-        "content": [
-            {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
-            for t, lp in zip(tokens, lps, strict=True)
-        ]
-    }
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    comp_logprobs = {"tokens": tokens, "token_logprobs": lps, "text_offset": offsets, "top_logprobs": None}
-    message = {
-        "role": "assistant",
-        "content": reply["content"],
-        "reasoning_content": None,
-        "tool_calls": [
-            {"id": "", "type": "function", "function": {"name": "bash", "arguments": reply["arguments"]}}
-        ],
-    }
-    seven = "7," * 200_000
-    counter = iter(range(10**12))
-
-    def chat_json(body: dict[str, Any], n_prompt: int) -> str:
-        n = next(counter)
-        msg = {**message, "tool_calls": [{**message["tool_calls"][0], "id": f"chatcmpl-tool-{n}"}]}
-        out: dict[str, Any] = {
-            "id": f"chatcmpl-{n}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": body.get("model", MODEL),
-            "choices": [
-                {
-                    "index": 0,
-                    "message": msg,
-                    "logprobs": chat_logprobs if body.get("logprobs") else None,
-                    "finish_reason": "tool_calls",
-                    "stop_reason": None,
-                    "token_ids": ids if body.get("return_token_ids") else None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": usage_out,
-                "total_tokens": n_prompt + usage_out,
-            },
-            "prompt_token_ids": "@PROMPT@" if body.get("return_token_ids") else None,
-        }
-        text = json.dumps(out)
-        return text.replace('"@PROMPT@"', "[" + seven[: 2 * n_prompt - 1] + "]") if n_prompt else text
-
-    # Streamed chat (the stream leg's direct calls): pre-serialized per (logprobs, token_ids) variant,
-    # split where the per-call prompt IDs go; sent as one body, like the completions stream below.
-    chat_streams: dict[tuple[bool, bool], tuple[bytes, bytes]] = {}
-
-    def chat_stream(body: dict[str, Any], n_prompt: int) -> bytes:
-        key = (bool(body.get("logprobs")), bool(body.get("return_token_ids")))
-        if key not in chat_streams:
-            events = chat_stream_events(reply, logprobs=key[0], token_ids=key[1])
-            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
-            head, _, rest = text.partition('"@PROMPT@"')
-            chat_streams[key] = head.encode(), rest.encode()
-        head, rest = chat_streams[key]
-        prompt = ("[" + seven[: 2 * n_prompt - 1] + "]").encode() if key[1] else b""
-        tail = b""
-        if (body.get("stream_options") or {}).get("include_usage"):
-            usage = {
-                "prompt_tokens": n_prompt,
-                "completion_tokens": usage_out,
-                "total_tokens": n_prompt + usage_out,
-            }
-            last = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 0, "model": MODEL}
-            tail = f"data: {json.dumps({**last, 'choices': [], 'usage': usage})}\n\n".encode()
-        return head + prompt + rest + tail + b"data: [DONE]\n\n"
-
-    async def chat(request: Request) -> Response:
-        raw = await request.body()
-        body = json.loads(raw)
-        n_prompt = max(1, len(raw) // 4)
-        if body.get("stream"):
-            return Response(chat_stream(body, n_prompt), media_type="text/event-stream")
-        return Response(chat_json(body, n_prompt), media_type="application/json")
-
-    # Anthropic Messages (vLLM serves /v1/messages too): a text block and one tool_use block.
-    tool_input = json.loads(reply["arguments"])
-    message_blocks = [
-        {"type": "text", "text": reply["content"]},
-        {"type": "tool_use", "id": "@ID@", "name": "bash", "input": tool_input},
-    ]
-
-    async def anthropic_messages(request: Request) -> Response:
-        raw = await request.body()
-        body = json.loads(raw)
-        if body.get("stream"):
-            return JSONResponse(
-                {
-                    "type": "error",
-                    "error": {"type": "invalid_request_error", "message": "the fake does not stream"},
-                },
-                status_code=400,
-            )
-        n = next(counter)
-        out = {
-            "id": f"msg_bench{n}",
-            "type": "message",
-            "role": "assistant",
-            "model": body.get("model", MODEL),
-            "content": message_blocks,
-            "stop_reason": "tool_use",
-            "stop_sequence": None,
-            "usage": {"input_tokens": max(1, len(raw) // 4), "output_tokens": usage_out},
-        }
-        return Response(json.dumps(out).replace('"@ID@"', f'"toolu_bench{n}"'), media_type="application/json")
-
-    # The Responses API (vLLM serves /v1/responses too): an output message and one function call.
-    response_output = [
-        {
-            "type": "message",
-            "id": "msg_@ID@",
-            "role": "assistant",
-            "status": "completed",
-            "content": [{"type": "output_text", "text": reply["content"], "annotations": []}],
-        },
-        {
-            "type": "function_call",
-            "id": "fc_@ID@",
-            "call_id": "call_@ID@",
-            "name": "bash",
-            "arguments": reply["arguments"],
-            "status": "completed",
-        },
-    ]
-
-    async def responses(request: Request) -> Response:
-        raw = await request.body()
-        body = json.loads(raw)
-        n = next(counter)
-        n_in = max(1, len(raw) // 4)
-        out = {
-            "id": "resp_@ID@",
-            "object": "response",
-            "created_at": int(time.time()),
-            "model": body.get("model", MODEL),
-            "status": "completed",
-            "output": response_output,
-            "usage": {"input_tokens": n_in, "output_tokens": usage_out, "total_tokens": n_in + usage_out},
-        }
-        return Response(json.dumps(out).replace("@ID@", f"bench{n}"), media_type="application/json")
-
-    # Streaming (what VLLMEngine asks for when its client streams): one SSE event per token, as vLLM
-    # sends by default. Pre-serialized per variant of what was asked, sent as one body.
-    comp_streams: dict[tuple[bool, bool, bool], tuple[bytes, bytes]] = {}
-
-    def completions_stream(body: dict[str, Any], prompt: list[int]) -> bytes:
-        key = (
-            body.get("logprobs") is not None,
-            bool(body.get("return_tokens_as_token_ids")),
-            bool(body.get("return_token_ids")),
-        )
-        if key not in comp_streams:
-            events = completions_stream_events(reply, logprobs=key[0], as_ids=key[1], token_ids=key[2])
-            text = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
-            head, _, tail = text.partition('"@PROMPT@"')
-            comp_streams[key] = head.encode(), tail.encode()
-        head, tail = comp_streams[key]
-        return head + (json.dumps(prompt).encode() + tail if key[2] else b"")
-
-    id_tokens = [f"token_id:{t}" for t in ids]
-
-    async def completions(request: Request) -> Response:
-        body = json.loads(await request.body())
-        prompt = body["prompt"]
-        if body.get("stream"):
-            return Response(completions_stream(body, prompt), media_type="text/event-stream")
-        n = next(counter)
-        want = body.get("return_token_ids")
-        logprobs = None
-        if body.get("logprobs") is not None:
-            logprobs = comp_logprobs
-            if body.get("return_tokens_as_token_ids"):
-                logprobs = {**comp_logprobs, "tokens": id_tokens}
-        out = {
-            "id": f"cmpl-{n}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.get("model", MODEL),
-            "choices": [
-                {
-                    "index": 0,
-                    "text": reply["text"],
-                    "logprobs": logprobs,
-                    "finish_reason": "stop",
-                    "stop_reason": None,
-                    "prompt_token_ids": prompt if want else None,
-                    "token_ids": ids if want else None,
-                }
-            ],
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": usage_out,
-                "total_tokens": len(prompt) + usage_out,
-            },
-        }
-        return Response(json.dumps(out), media_type="application/json")
-
-    async def models(request: Request) -> Response:
-        return JSONResponse(
-            {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 32768}]}
-        )
-
-    async def health(request: Request) -> Response:
-        return Response(b"")
-
-    app = Starlette(
-        routes=[
-            Route("/v1/chat/completions", chat, methods=["POST"]),
-            Route("/v1/completions", completions, methods=["POST"]),
-            Route("/v1/messages", anthropic_messages, methods=["POST"]),
-            Route("/v1/responses", responses, methods=["POST"]),
-            Route("/v1/models", models),
-            Route("/health", health),
-        ]
+    fake = FakeModel(
+        reply["token_ids"], model=MODEL, context_length=32768, texts=reply["tokens"], record=False
     )
+    return create_vllm_app(fake, ChatTurn(reply["content"], "bash", reply["arguments"]))
+
+
+def serve_upstream(port: int) -> None:
+    import uvicorn
+
+    app = upstream_app(build_reply(_tokenizer()))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 

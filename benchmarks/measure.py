@@ -3,16 +3,33 @@
 One small library for the scripts beside it (``gateway_overhead.py``, ``gateway_hostile_load.py``,
 ``store_growth.py``, ``gateways_scaling.py``), imported as ``measure`` (a script's folder is on
 ``sys.path`` when it runs). Every number here is read the same way in every result file, and a fix
-to the accounting reaches every script at once.
+to the accounting reaches every script at once. ``shared_fakes`` makes the tests' fakes
+(``tests/fakes``) importable, so a benchmark serves the same fake vLLM the tests do.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+import types
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def shared_fakes() -> None:
+    """Make ``tests`` this checkout's test folder, as it is under pytest, so ``tests.fakes`` imports:
+    verl installs a top-level ``tests`` package of its own into site-packages, which a plain import
+    would find first (a folder without ``__init__.py`` only counts when no package of that name is
+    found anywhere on the path)."""
+    folder = str(Path(__file__).resolve().parent.parent / "tests")
+    loaded = sys.modules.get("tests")
+    if loaded is None or folder not in list(getattr(loaded, "__path__", [])):
+        package = types.ModuleType("tests")
+        package.__path__ = [folder]
+        sys.modules["tests"] = package
 
 
 def cpu_seconds(pid: int) -> float:

@@ -28,53 +28,92 @@ def reply(go: ModuleType) -> dict[str, Any]:
     return go.build_reply(go._tokenizer())
 
 
-def test_chat_stream_events_carry_the_reply_one_token_per_event(
-    go: ModuleType, reply: dict[str, Any]
+@pytest.fixture(scope="module")
+def upstream(go: ModuleType, reply: dict[str, Any]) -> Any:
+    """The benchmark's upstream (the shared fake vLLM) in process."""
+    from starlette.testclient import TestClient
+
+    with TestClient(go.upstream_app(reply)) as client:
+        yield client
+
+
+def sse_events(body: str) -> list[Any]:
+    data = [line[len("data: ") :] for line in body.split("\n\n") if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_the_upstream_streams_chat_one_token_per_event_as_vllm_does(
+    go: ModuleType, reply: dict[str, Any], upstream: Any
 ) -> None:
-    events = go.chat_stream_events(reply, logprobs=True, token_ids=True)
-    first, tokens = events[0], events[1:]
-    assert first["prompt_token_ids"] == "@PROMPT@"
+    body = {"model": go.MODEL, "messages": [{"role": "user", "content": "x" * 400}], "stream": True}
+    body |= {"logprobs": True, "return_token_ids": True, "stream_options": {"include_usage": True}}
+    raw = json.dumps(body).encode()
+    events = sse_events(upstream.post("/v1/chat/completions", content=raw).text)
+    first, tokens, usage = events[0], events[1:-1], events[-1]
+    assert first["prompt_token_ids"] == [7] * (len(raw) // 4)  # one per 4 bytes: the fake has no template
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert len(tokens) == len(reply["token_ids"]) == go.OUTPUT_TOKENS
     choices = [e["choices"][0] for e in tokens]
     assert [c["token_ids"] for c in choices] == [[t] for t in reply["token_ids"]]
-    assert [c["logprobs"]["content"][0]["logprob"] for c in choices] == reply["logprobs"]
+    assert [c["logprobs"]["content"][0]["token"] for c in choices] == reply["tokens"]
     assert "".join(c["delta"].get("content", "") for c in choices) == reply["content"]
     calls = [tc for c in choices for tc in c["delta"].get("tool_calls", [])]
     assert calls[0]["function"]["name"] == "bash" and calls[0]["id"]
     assert sum("id" in tc for tc in calls) == 1  # one header, then argument pieces
     assert "".join(tc["function"]["arguments"] for tc in calls) == reply["arguments"]
     assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["tool_calls"]
-    for event in events:
-        json.dumps(event)  # the upstream serializes them as they are
+    assert usage["usage"]["completion_tokens"] == go.OUTPUT_TOKENS and usage["choices"] == []
 
 
-def test_chat_stream_events_leave_out_what_was_not_asked_for(go: ModuleType, reply: dict[str, Any]) -> None:
-    events = go.chat_stream_events(reply, logprobs=False, token_ids=False)
+def test_the_upstream_leaves_out_what_was_not_asked_for(go: ModuleType, upstream: Any) -> None:
+    body = {"model": go.MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    events = sse_events(upstream.post("/v1/chat/completions", json=body).text)
     assert "prompt_token_ids" not in events[0]
     assert all(e["choices"][0]["logprobs"] is None for e in events)
     assert not any("token_ids" in e["choices"][0] for e in events)
+    assert all(e["choices"] for e in events)  # no usage chunk
 
 
 @pytest.mark.parametrize("as_ids", [True, False])
-@pytest.mark.parametrize("token_ids", [True, False])
-def test_completions_stream_events_follow_what_was_asked(
-    go: ModuleType, reply: dict[str, Any], as_ids: bool, token_ids: bool
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_upstream_completions_answer_the_reply_as_asked(
+    go: ModuleType, reply: dict[str, Any], upstream: Any, as_ids: bool, stream: bool
 ) -> None:
-    events = go.completions_stream_events(reply, logprobs=True, as_ids=as_ids, token_ids=token_ids)
-    choices = [e["choices"][0] for e in events]
-    assert len(choices) == go.OUTPUT_TOKENS
+    """What the gateway's engine reads: the reply's token IDs, texts and logprobs, ending at the stop
+    token it names."""
+    stop = reply["token_ids"][-1]
+    body = {"model": go.MODEL, "prompt": [1, 2, 3], "max_tokens": 1000, "logprobs": 0, "stream": stream}
+    body |= {"return_token_ids": True, "return_tokens_as_token_ids": as_ids, "stop_token_ids": [stop]}
+    answer = upstream.post("/v1/completions", json=body)
+    choices = [e["choices"][0] for e in sse_events(answer.text)] if stream else answer.json()["choices"]
+    assert len(choices) == (
+        go.OUTPUT_TOKENS + 1 if stream else 1
+    )  # streamed: one event a token, then the finish
+    assert [t for c in choices for t in c["token_ids"]] == reply["token_ids"]
     assert "".join(c["text"] for c in choices) == reply["text"]
-    assert [c["logprobs"]["token_logprobs"][0] for c in choices] == reply["logprobs"]
-    named = [c["logprobs"]["tokens"][0] for c in choices]
+    named = [t for c in choices for t in c["logprobs"]["tokens"]]
     assert named == ([f"token_id:{t}" for t in reply["token_ids"]] if as_ids else reply["tokens"])
-    assert [c.get("token_ids") for c in choices] == (
-        [[t] for t in reply["token_ids"]] if token_ids else [None] * 256
-    )
-    assert ("prompt_token_ids" in choices[0]) is token_ids  # the prompt echo only with return_token_ids
-    assert [c["finish_reason"] for c in choices][-2:] == [None, "stop"]
-    plain = go.completions_stream_events(reply, logprobs=False, as_ids=as_ids, token_ids=token_ids)
-    assert all(e["choices"][0]["logprobs"] is None for e in plain)
+    assert choices[-1]["finish_reason"] == "stop"
+
+
+def test_the_upstream_answers_each_api_whole_with_the_reply_as_one_turn(
+    go: ModuleType, reply: dict[str, Any], upstream: Any
+) -> None:
+    """The direct and Agent Lightning targets' answers: the same assistant turn in each API's shape."""
+    chat = upstream.post("/v1/chat/completions", json={"model": go.MODEL, "messages": []}).json()
+    message = chat["choices"][0]["message"]
+    assert message["content"] == reply["content"] and chat["choices"][0]["token_ids"] is None
+    assert message["tool_calls"][0]["function"] == {"name": "bash", "arguments": reply["arguments"]}
+    anthropic = upstream.post("/v1/messages", json={"model": go.MODEL, "messages": []}).content
+    assert go.answer_is_message(anthropic)
+    blocks = json.loads(anthropic)["content"]
+    assert blocks[0]["text"] == reply["content"] and blocks[1]["input"] == json.loads(reply["arguments"])
+    responses = upstream.post("/v1/responses", json={"model": go.MODEL, "input": "x"}).content
+    assert go.answer_is_response(responses)
+    assert json.loads(responses)["output"][1]["arguments"] == reply["arguments"]
+    refused = upstream.post("/v1/messages", json={"model": go.MODEL, "messages": [], "stream": True})
+    assert refused.status_code == 400 and not go.answer_is_message(refused.content)
 
 
 def test_sse_complete(go: ModuleType) -> None:

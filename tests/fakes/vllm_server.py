@@ -11,7 +11,10 @@ knob; ``None`` answers 404 as a server without ``VLLM_SERVER_DEV_MODE`` does).
 
 The "model" is deterministic: it answers ``reply`` (a list of token IDs), *continuing* it when the
 prompt already ends with a prefix of it — as a real model would continue its own partial answer —
-and the logprob of reply token ``j`` is ``-(j + 1) / 100``. Test-only knobs (plain attributes, not
+and the logprob of reply token ``j`` is ``-(j + 1) / 100``; ``texts`` gives each reply token its text
+(the ``text`` fields and logprob tokens; empty by default), ``record=False`` keeps no request (a
+long benchmark). With ``chat`` (``tests/fakes/vllm_chat.py``) the same reply is also served as
+vLLM's chat-level APIs. Test-only knobs (plain attributes, not
 HTTP): ``token_delay_s``, ``fail_with`` (statuses to answer the next completions with, e.g. 429,
 503), ``kill_after_tokens`` (the server dies after streaming that many tokens of one request),
 ``pause_delay_s`` (``/pause`` takes that long), ``abort_after_tokens`` (the next request ends after that many tokens with ``finish_reason: "abort"``,
@@ -34,12 +37,14 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from tests.fakes.vllm_chat import ChatTurn, chat_routes
 
 
 def continue_reply(prompt: Sequence[int], reply: Sequence[int]) -> int:
     """How much of ``reply`` the prompt already ends with (the fake model continues from there)."""
     for k in range(min(len(reply) - 1, len(prompt)), 0, -1):
-        if list(prompt[-k:]) == list(reply[:k]):
+        # the first token alone rules out most k (a benchmark's long prompts pass through here)
+        if prompt[-k] == reply[0] and list(prompt[-k:]) == list(reply[:k]):
             return k
     return 0
 
@@ -47,8 +52,18 @@ def continue_reply(prompt: Sequence[int], reply: Sequence[int]) -> int:
 class FakeModel:
     """State shared by the vLLM and SGLang fakes: the reply, failure knobs, recorded calls."""
 
-    def __init__(self, reply: Sequence[int], *, model: str = "fake-model", context_length: int = 4096):
+    def __init__(
+        self,
+        reply: Sequence[int],
+        *,
+        model: str = "fake-model",
+        context_length: int = 4096,
+        texts: Sequence[str] | None = None,
+        record: bool = True,
+    ):
         self.reply = list(reply)
+        self.texts = dict(zip(self.reply, texts, strict=True)) if texts is not None else {}
+        self.record = record
         self.model = model
         self.context_length = context_length
         self.token_delay_s = 0.0
@@ -100,7 +115,10 @@ def _sse(payload: Any) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def create_vllm_app(fake: FakeModel) -> Starlette:
+def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
+    """vLLM's server over ``fake``; with ``chat``, its chat completions, Messages and Responses APIs
+    too (the reply as that assistant turn)."""
+
     async def models(request: Request) -> Response:
         card = {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.context_length}
         return JSONResponse({"object": "list", "data": [card]})
@@ -123,18 +141,20 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
         if body.get("model", fake.model) not in (fake.model, *fake.adapters):
             message = f"The model `{body['model']}` does not exist."
             return JSONResponse({"error": {"message": message, "code": 404}}, 404)
-        fake.prompts.append(prompt)
-        fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
+        if fake.record:
+            fake.prompts.append(prompt)
+            fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
         plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
         with_ids = bool(body.get("return_token_ids"))
         # vLLM names each logprobs token "token_id:{id}" when asked; this fake has no text otherwise.
         as_ids = bool(body.get("return_tokens_as_token_ids"))
 
         def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
-            out: dict[str, Any] = {"index": 0, "text": "", "finish_reason": finish}
+            text = "".join(fake.texts.get(t, "") for t, _ in items)
+            out: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish}
             if body.get("logprobs") is not None:
                 out["logprobs"] = {
-                    "tokens": [f"token_id:{t}" if as_ids else "" for t, _ in items],
+                    "tokens": [f"token_id:{t}" if as_ids else fake.texts.get(t, "") for t, _ in items],
                     "token_logprobs": [lp for _, lp in items],
                     "top_logprobs": [],
                 }
@@ -217,6 +237,8 @@ def create_vllm_app(fake: FakeModel) -> Starlette:
             for p in ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
         ],
     ]
+    if chat is not None:
+        routes += chat_routes(fake, chat)
     return Starlette(routes=routes)
 
 
