@@ -1,8 +1,8 @@
 """Gateway scaling: calls/s with 1 vs 2 gateway processes on the PostgreSQL store.
 
 What is measured. One run starts a throwaway PostgreSQL server (``harnessrl.store.pg_server``), the
-fake vLLM-shaped upstream of ``gateway_overhead.py`` (instant answers: a 256-token assistant turn with
-one Hermes tool call, token IDs and logprobs), and two gateways in front of it, both real
+upstream of ``gateway_overhead.py`` (the fake vLLM server the tests use, ``tests/fakes/vllm_server.py``:
+instant answers, a 256-token assistant turn with one Hermes tool call, token IDs and logprobs), and two gateways in front of it, both real
 ``python -m harnessrl.gateway`` processes with the ``vllm:`` engine and the ``tiny`` tokenizer on
 their own PostgreSQL database:
 
@@ -202,7 +202,7 @@ def main() -> None:
         },
         "settings": {
             "store": "PostgreSQL (throwaway server, fsync off), one database per gateway",
-            "engine": "vllm: engine against gateway_overhead.py's instant fake upstream",
+            "engine": "vllm: engine against the fake vLLM server (tests/fakes/vllm_server.py) gateway_overhead.py serves",
             "concurrency": args.concurrency,
             "rounds": args.rounds,
             "conversations_per_batch": args.concurrency * args.conversations_per_worker,
