@@ -32,8 +32,10 @@ BUDGET = 3600
 #: Tokens vLLM may still sample for a request after its client left: the steps already scheduled
 #: when the abort arrives (one token per step for one request).
 STEPS_IN_FLIGHT = 8
-#: Calls sent until one is caught generating: at temperature 1 the random tiny model samples one of
-#: the stop tokens within a long budget now and then (a messages call ended so in a CI run).
+#: Calls sent until one is caught generating. The calls are greedy: the random tiny model's greedy
+#: answer to this prompt cycles through four tokens, none a stop token, so a call runs its whole
+#: budget (at temperature 1 it sampled a stop token within the budget now and then: a messages call
+#: ended so in a CI run, and two calls in three did in a measurement of 24).
 ATTEMPTS = 4
 
 
@@ -50,7 +52,7 @@ def request_bytes(gateway: Any, rollout: dict[str, Any], api: str, stream: bool)
         path = f"/rollouts/{rollout['rollout_id']}/v1/messages"
         headers = [f"x-api-key: {rollout['api_key']}", "anthropic-version: 2023-06-01"]
         body = {"model": "tiny", "max_tokens": BUDGET, "messages": [{"role": "user", "content": prompt}]}
-    raw = json.dumps({**body, "temperature": 1.0, "stream": stream}).encode()
+    raw = json.dumps({**body, "temperature": 0.0, "stream": stream}).encode()
     head = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1", "Content-Type: application/json", *headers]
     head += [f"Content-Length: {len(raw)}", "Connection: close"]
     return ("\r\n".join(head) + "\r\n\r\n").encode() + raw
@@ -131,7 +133,8 @@ def test_a_client_that_leaves_stops_vllm_and_leaves_no_record(
         assert stored_whole(call, stop_ids, BUDGET)
         if after_staying > STEPS_IN_FLIGHT:  # ...generated after the resume: the count would show it
             return
-        # The random tiny model sampled a stop token within a few steps of the resume (a CI run saw
-        # 8): it would have stopped there whether or not a client left, so send another.
+        # The call stopped within a few steps of the resume (at temperature 1 a CI run saw it after 8;
+        # greedy, it runs its whole budget): it would have stopped there whether or not a client
+        # left, so send another.
         assert call.finish_reason == "stop"
     pytest.fail(f"every one of {ATTEMPTS} control calls stopped on its own right after the resume")
