@@ -146,7 +146,7 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
             fake.requests.append({k: v for k, v in body.items() if k != "prompt"})
         plan = fake.plan(prompt, body.get("max_tokens", 16), body.get("stop_token_ids") or [])
         with_ids = bool(body.get("return_token_ids"))
-        # vLLM names each logprobs token "token_id:{id}" when asked; this fake has no text otherwise.
+        # vLLM names each logprobs token "token_id:{id}" when asked, else by its text (``texts``).
         as_ids = bool(body.get("return_tokens_as_token_ids"))
 
         def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
