@@ -168,9 +168,9 @@ def run(argv: list[str], logfile: Path) -> None:
         )
 
 
-def with_sets(argv: list[str], sets: list[str]) -> list[str]:
+def with_sets(argv: list[str], sets: list[str], flag: str = "--set") -> list[str]:
     for item in sets:
-        argv += ["--set", item]
+        argv += [flag, item]
     return argv
 
 
@@ -263,9 +263,7 @@ def evaluate(
     that of the per-task success rates (a task's samples are not independent of each other)."""
     argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
     argv += ["--example", example, "--eval-samples", str(samples)]
-    for item in sets:  # the internal run reads them as this script's own --eval-set
-        argv += ["--eval-set", item]
-    run(argv, logfile)
+    run(with_sets(argv, sets, "--eval-set"), logfile)  # the internal run reads this script's flag
     rewards = json.loads((run_dir / "rewards.json").read_text())
     solved = [r["reward"] >= 1.0 for r in rewards]
     rates = list(task_success(rewards).values())
