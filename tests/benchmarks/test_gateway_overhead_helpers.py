@@ -104,6 +104,10 @@ def test_the_upstream_answers_each_api_whole_with_the_reply_as_one_turn(
     chat = upstream.post("/v1/chat/completions", json={"model": go.MODEL, "messages": []}).json()
     message = chat["choices"][0]["message"]
     assert message["content"] == reply["content"] and chat["choices"][0]["token_ids"] is None
+    asked = {"model": go.MODEL, "messages": [], "logprobs": True, "return_token_ids": True}
+    choice = upstream.post("/v1/chat/completions", json=asked).json()["choices"][0]
+    assert [e["token"] for e in choice["logprobs"]["content"]] == reply["tokens"]
+    assert choice["token_ids"] == reply["token_ids"]
     assert message["tool_calls"][0]["function"] == {"name": "bash", "arguments": reply["arguments"]}
     anthropic = upstream.post("/v1/messages", json={"model": go.MODEL, "messages": []}).content
     assert go.answer_is_message(anthropic)

@@ -98,6 +98,9 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
     numbers = itertools.count()
     texts = [fake.texts.get(t, "") for t in fake.reply]
     out_tokens = len(fake.reply)
+    # What every answer shares is made once (a benchmark's direct calls should cost the fake little).
+    chat_logprobs = {"content": [_logprob(t, j) for j, t in enumerate(texts)]}
+    tool_input = json.loads(turn.arguments)
     # Streamed events are serialized once per variant asked for; only the prompt IDs change per call.
     streams: dict[tuple[bool, bool], tuple[str, str, list[str]]] = {}
 
@@ -152,9 +155,7 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
         choice = {
             "index": 0,
             "message": message,
-            "logprobs": {"content": [_logprob(t, j) for j, t in enumerate(texts)]}
-            if body.get("logprobs")
-            else None,
+            "logprobs": chat_logprobs if body.get("logprobs") else None,
             "finish_reason": "tool_calls",
             "stop_reason": None,
             "token_ids": fake.reply if with_ids else None,
@@ -184,7 +185,7 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
                 "type": "tool_use",
                 "id": f"toolu_fake{n}",
                 "name": turn.tool,
-                "input": json.loads(turn.arguments),
+                "input": tool_input,
             },
         ]
         return JSONResponse(
