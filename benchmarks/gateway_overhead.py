@@ -36,8 +36,9 @@ The targets:
   conversation (``POST /api/rollouts``), calls to the rollout's ``base_url`` (``/chat/completions``,
   ``/messages`` with ``x-api-key`` and ``anthropic-version``, or ``/responses``). The gateway renders the chat
   template, tokenizes (with sampled-token reuse), and calls the upstream's ``/v1/completions`` with a
-  token-ID prompt (one JSON answer for a non-streaming client, one SSE event per token for a
-  streaming one). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
+  token-ID prompt (one JSON answer for a non-streaming client; for a streaming one an SSE stream
+  at the gateway's default pace: vLLM's ``stream_interval`` of 8 tokens an event, read a batch per
+  50 ms, docs/gateway.md "Stream pace"). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
 - ``agentlightning``: Agent Lightning 1.0.2's ``agl-server`` (its own Python 3.12 venv in
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
   ``POST /api/rollouts``, calls to ``/proxy/rollout/{id}/attempt/0/mode/train/openai/v1/chat/completions``.
@@ -91,8 +92,9 @@ measures who uses the least CPU. ``agl-server`` runs as installed (uvicorn witho
 access log on — its defaults) and records in memory (nothing durable); harnessrl does more work per
 call (tokenization, tool-call parsing, durable write). A streamed call's latency is to the end of the
 body; time to first token is not measured. The fake writes a stream one event at a time as vLLM
-does, but at once: a gateway that reads more slowly than it writes finds several events per read,
-as one behind a real engine finds only when it lags. The Messages
+does (8 tokens an event when asked, as the gateway does), but at once: the gateway's 50 ms gather
+then takes nearly the whole answer in one batch, which behind a real engine (a token every few to
+tens of ms) it does not: ``stream_interval.py`` measures a stream at such a pace. The Messages
 leg's direct answer is the fake's (vLLM's own Messages layer would cost the upstream more CPU).
 Agent Lightning's stored bytes are the JSON its API returns, not its Python objects' memory.
 
@@ -112,7 +114,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import os
@@ -120,12 +121,11 @@ import platform
 import random
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -134,8 +134,11 @@ from measure import (  # noqa: E402
     column_bytes,
     cpu_sample,
     cpu_seconds_between,
+    free_port,
     load_average,
+    processes,
     shared_fakes,
+    wait_http,
     yardstick_bytes,
 )
 
@@ -570,7 +573,7 @@ def engine_config(upstream: str) -> Any:
 ENGINE = (
     "run_gateway with engine.model = vllm:UPSTREAM, exactly as `harnessrl gateway` serves: create_engine's "
     "EnginePool over one VLLMEngine (/v1/completions with a token-ID prompt; one JSON answer for a "
-    "non-streaming client, SSE per token for a streaming one), the gateway's own connection protocol"
+    "non-streaming client, SSE at the gateway's default stream pace for a streaming one), the gateway's own connection protocol"
 )
 
 
@@ -836,42 +839,6 @@ def _bounds(cpu: dict[str, float], cores: int) -> dict[str, Any]:
 
 
 # --- processes -------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before answering {url}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=2.0).status_code < 500:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
-
-
-@contextlib.contextmanager
-def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
 
 
 def agl_version(venv: Path) -> str:

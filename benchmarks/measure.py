@@ -1,7 +1,7 @@
 """What the benchmarks measure the same way: a process's CPU time and the bytes a store's rows hold.
 
 One small library for the scripts beside it (``gateway_overhead.py``, ``gateway_hostile_load.py``,
-``store_growth.py``, ``gateways_scaling.py``), imported as ``measure`` (a script's folder is on
+``store_growth.py``, ``gateways_scaling.py``, ``stream_interval.py``), imported as ``measure`` (a script's folder is on
 ``sys.path`` when it runs). Every number here is read the same way in every result file, and a fix
 to the accounting reaches every script at once. ``shared_fakes`` makes the tests' fakes
 (``tests/fakes``) importable, so a benchmark serves the same fake vLLM the tests do.
@@ -9,10 +9,14 @@ to the accounting reaches every script at once. ``shared_fakes`` makes the tests
 
 from __future__ import annotations
 
+import contextlib
 import os
+import socket
+import subprocess
 import sys
+import time
 import types
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,3 +116,45 @@ def column_bytes(rows: Sequence[Sequence[Any]]) -> int:
 def load_average() -> list[float]:
     """The 1-, 5- and 15-minute load averages, rounded (recorded with every result: the machines are shared)."""
     return [round(x, 2) for x in os.getloadavg()]
+
+
+# --- the processes a benchmark starts ------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
+    """Return once ``url`` answers below 500; raise if ``proc`` (its server) exits first or time runs out."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before answering {url}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=2.0).status_code < 500:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout_s}s")
+
+
+@contextlib.contextmanager
+def processes() -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A list to append started processes to; each is terminated (killed after 15 s) on the way out."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()

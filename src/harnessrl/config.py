@@ -198,6 +198,15 @@ class GatewayConfig(Section):
     # bytes slower than slow_reader_bytes_per_s, over slow_reader_window_s, is cut off and its call
     # dropped (not recorded).
     stream_buffer_bytes: int = Field(default=256 * 1024, ge=4096)
+    # Stream pace (docs/gateway.md, "Stream pace"). A stream's tokens reach its client at most
+    # stream_interval_s late: the first at once, then what a remote engine sent in each interval as
+    # one batch (one pass through the pipeline, one event, one write), the end at once. 0: each read
+    # as it comes.
+    stream_interval_s: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)
+    # A vLLM engine is asked to send a stream's tokens this many at a time (vLLM's per-request
+    # stream_interval; the first and the last at once): an event to read per that many tokens, and
+    # a token reaches the client up to that many decode steps late. 1: an event per token.
+    stream_interval_tokens: int = Field(default=8, ge=1, le=256)
     slow_reader_bytes_per_s: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
     slow_reader_window_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
 

@@ -4,7 +4,8 @@ Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM documen
 ``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /health``, ``POST /v1/completions``
 with ``prompt`` as token IDs, ``return_token_ids`` (``token_ids``, and ``prompt_token_ids`` echoed),
 ``return_tokens_as_token_ids`` (``logprobs.tokens`` as ``"token_id:{id}"``), ``logprobs``,
-``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, then
+``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, one per token
+or, with vLLM's per-request ``stream_interval``, the first token then that many per chunk; then
 ``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
 ``/collective_rpc``, which record their calls, and ``GET /server_info`` (the ``logprobs_mode``
 knob; ``None`` answers 404 as a server without ``VLLM_SERVER_DEV_MODE`` does).
@@ -67,6 +68,7 @@ class FakeModel:
         self.model = model
         self.context_length = context_length
         self.token_delay_s = 0.0
+        self.stream_intervals: list[int] = []  # each streamed request's stream_interval (1: none asked)
         self.fail_with: list[int] = []
         self.kill_after_tokens: int | None = None
         self.abort_after_tokens: int | None = None
@@ -179,9 +181,23 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
                 payload["prompt_token_ids"] = prompt
             return JSONResponse(payload)
 
+        # vLLM's per-request stream_interval: the first token at once, then every that many; the
+        # last ones as soon as the answer ends.
+        interval = body.get("stream_interval") or 1
+        if fake.record:
+            fake.stream_intervals.append(interval)
+
         async def chunks() -> AsyncIterator[str]:
+            group: list[tuple[int, float]] = []
+            sent = 0
             async for item in fake.paced(plan):
-                yield _sse({**base, "choices": [choice([item], None)]})
+                group.append(item)
+                if sent == 0 or len(group) >= interval:
+                    yield _sse({**base, "choices": [choice(group, None)]})
+                    sent += len(group)
+                    group = []
+            if group:
+                yield _sse({**base, "choices": [choice(group, None)]})
             yield _sse({**base, "choices": [choice([], finish)]})
             yield "data: [DONE]\n\n"
 

@@ -398,8 +398,78 @@ def test_engine_is_told_to_stream_only_when_someone_needs_it(tmp_path: Path) -> 
                 assert resp.status_code == 200, resp.text
     finally:
         store.close()
-    # Only a non-streaming call without stop strings lets the engine answer in one piece.
-    assert [c.stream for c in engine.contexts if c is not None] == [False, True, True, True]
+    # Only a non-streaming call without stop strings lets the engine answer in one piece; a streamed
+    # one is read at gateway.stream_interval_s.
+    contexts = [c for c in engine.contexts if c is not None]
+    assert [c.stream for c in contexts] == [False, True, True, True]
+    config = GatewayConfig(admin_key=ADMIN_KEY)
+    interval = config.stream_interval_s
+    assert interval > 0 and [c.stream_interval_s for c in contexts] == [0.0, interval, interval, interval]
+    assert [c.stream_interval_tokens for c in contexts] == [config.stream_interval_tokens] * 4
+
+
+def _sse_chunks(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+
+
+def test_a_stream_read_at_an_interval_sends_the_same_answer_in_fewer_events(tmp_path: Path) -> None:
+    """Through the gateway to the fake vLLM sending a token every 10 ms: gathered by the gateway
+    (stream_interval_s) or sent four tokens an event by vLLM (stream_interval_tokens), the client
+    gets the tokens in fewer chunks, with the same text, logprobs and record as a token at a time."""
+    tokenizer = PolicyTokenizer.from_dir(tiny_model_dir(weights=False))
+    reply = tokenizer.encode(render_turn({"content": "One two three four five six seven eight nine ten."}))
+    paces = {"each": (0.0, 1), "gathered": (0.1, 1), "fours": (0.0, 4)}
+    results = {}
+    with serve_vllm(reply, context_length=4096) as upstream:
+        upstream.fake.token_delay_s = 0.01
+        for name, (interval, tokens) in paces.items():
+            store = SQLiteStore(tmp_path / f"{name}.db")
+            config = GatewayConfig(
+                admin_key=ADMIN_KEY, stream_interval_s=interval, stream_interval_tokens=tokens
+            )
+            app = create_app(config, store, VLLMEngine(upstream.url, tokenizer))
+            try:
+                with serve_in_thread(app) as url, httpx.Client(timeout=30) as http:
+                    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+                    r = http.post(f"{url}/api/rollouts", json={}, headers=admin).json()
+                    body = {
+                        "messages": [{"role": "user", "content": "count"}],
+                        "logprobs": True,
+                        "stream": True,
+                    }
+                    resp = http.post(
+                        f"{r['base_url']}/chat/completions",
+                        json=body,
+                        headers={"authorization": f"Bearer {r['api_key']}"},
+                    )
+                    assert resp.status_code == 200 and resp.text.rstrip().endswith("data: [DONE]")
+                    results[name] = (_sse_chunks(resp.text), store.list_calls(r["rollout_id"])[0])
+            finally:
+                store.close()
+        asked = list(upstream.fake.stream_intervals)
+    assert asked == [1, 1, 4]  # vLLM's per-request stream_interval, sent only when above 1
+
+    def content(chunks: list[dict[str, Any]]) -> tuple[str, list[str]]:
+        deltas = [c["choices"][0] for c in chunks if c["choices"]]
+        text = "".join(d["delta"].get("content") or "" for d in deltas)
+        tokens = [e["token"] for d in deltas if d.get("logprobs") for e in d["logprobs"]["content"]]
+        return text, tokens
+
+    def text_chunks(name: str) -> int:
+        return sum(1 for c in results[name][0] if c["choices"] and c["choices"][0]["delta"].get("content"))
+
+    each_chunks, each_call = results["each"]
+    assert content(each_chunks)[0] == "One two three four five six seven eight nine ten."
+    for name in ("gathered", "fours"):
+        chunks, call = results[name]
+        assert content(chunks) == content(each_chunks)
+        assert call.response_token_ids == each_call.response_token_ids == reply
+        assert call.response_logprobs == each_call.response_logprobs
+        assert call.response == each_call.response
+    # ~15 tokens 10 ms apart: a chunk per token or two a token at a time, a few gathered at 100 ms,
+    # one per four tokens (the first alone) from vLLM.
+    assert text_chunks("gathered") <= 4 < text_chunks("each")
+    assert text_chunks("fours") <= (len(reply) + 3) // 4 + 1 < text_chunks("each")
 
 
 def test_body_with_nan_is_refused_before_anything_is_recorded(make_gateway: Any) -> None:

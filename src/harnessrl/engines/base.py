@@ -67,6 +67,14 @@ class GenerationContext:
     # False: the caller needs only the whole answer (a non-streaming client), so a remote engine may
     # fetch it as one response instead of one event per token. The samples yielded are the same.
     stream: bool = True
+    # Streaming: the caller takes the tokens at most this often (seconds; 0: as each arrives), so a
+    # remote engine yields the first at once, then what arrived in each interval as one batch, and the
+    # end as soon as it comes (``gateway.stream_interval_s``). The samples yielded are the same.
+    stream_interval_s: float = 0.0
+    # Streaming: a vLLM server is asked to send the tokens this many at a time (its per-request
+    # ``stream_interval``: the first and the last at once), so it sends, and the caller reads, one
+    # event per that many tokens (``gateway.stream_interval_tokens``). 1: an event per token.
+    stream_interval_tokens: int = 1
     extra: dict[str, Any] = field(default_factory=dict)
 
 

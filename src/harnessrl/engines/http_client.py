@@ -52,11 +52,15 @@ class Stream:
         self.status = conn.status
         self.reason = conn.reason.decode("latin-1")
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self, interval_s: float = 0.0) -> AsyncIterator[bytes]:
+        """The body's pieces as they arrive; with ``interval_s``, at most one piece per ``interval_s``:
+        the first at once, then whatever arrived meanwhile (``Connection.gather``), the end at once."""
         conn = self._conn
         while True:
             if conn.body:
                 yield conn.take_body()
+                if interval_s:
+                    await conn.gather(interval_s)
             elif conn.complete:
                 return
             elif conn.error is not None:

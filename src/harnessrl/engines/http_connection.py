@@ -71,6 +71,7 @@ class Connection(asyncio.Protocol):
         self.read_timeout: float | None = None
         self.write_paused = False
         self.reading_paused = False
+        self.gathering = False  # streaming: the waiting coroutine is not woken by body pieces
         self._timer: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
@@ -143,7 +144,8 @@ class Connection(asyncio.Protocol):
             if self.buffered > _STREAM_HIGH_WATER and not self.reading_paused:
                 self.reading_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
-            if self._waiter is not None:
+                self._wake()  # even while gathering: nothing more is read until it is taken
+            elif self._waiter is not None and not self.gathering:
                 self._wake()
 
     def on_message_complete(self) -> None:
@@ -199,6 +201,25 @@ class Connection(asyncio.Protocol):
     def wait(self) -> asyncio.Future[None]:
         self._waiter = waiter = self._loop.create_future()
         return waiter
+
+    async def gather(self, seconds: float) -> None:
+        """Streaming: let the body's pieces gather for ``seconds`` without waking the caller for each;
+        return sooner once the answer is complete, fails, or fills the read buffer (reading paused).
+
+        Each piece still arrives as the server sends it (one socket read and a parser callback), but
+        the caller, and whatever it does per piece, runs once for all of them."""
+        if self.complete or self.error is not None or self.reading_paused:
+            return
+        waiter = self.wait()
+        timer = self._loop.call_later(seconds, _settle, waiter)
+        self.gathering = True
+        try:
+            await waiter
+        finally:
+            self.gathering = False
+            timer.cancel()
+            if self._waiter is waiter:
+                self._waiter = None
 
     def take_body(self) -> bytes:
         body = self.body

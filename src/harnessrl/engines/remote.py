@@ -217,9 +217,12 @@ class HttpUpstream:
             return answer.body.decode("utf-8", "replace")
 
     @asynccontextmanager
-    async def stream_sse(self, path: str, json_body: Any) -> AsyncIterator[AsyncIterator[list[Any]]]:
+    async def stream_sse(
+        self, path: str, json_body: Any, *, interval_s: float = 0.0
+    ) -> AsyncIterator[AsyncIterator[list[Any]]]:
         """POST and iterate the server-sent events' ``data:`` payloads as JSON (``[DONE]`` ends it),
-        a list at a time: the events of one piece of the body, as it arrived.
+        a list at a time: the events of one piece of the body, as it arrived (with ``interval_s``: of
+        what arrived in each interval, ``Stream.chunks``).
 
         Leaving before the body's end (or being cancelled) closes the connection, which aborts the
         request server-side.
@@ -229,7 +232,7 @@ class HttpUpstream:
             async with self._client().stream("POST", path, dumps(json_body)) as response:
                 if response.status >= 400:
                     raise _status_error("POST", url, response.status, response.reason, await response.read())
-                yield _events(response.chunks(), url)
+                yield _events(response.chunks(interval_s), url)
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
 

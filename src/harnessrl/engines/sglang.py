@@ -94,7 +94,8 @@ class SGLangEngine(RemoteEngine):
         url = f"{self.base_url}/generate"
         stops = set(params.stop_token_ids)
         yielded = 0
-        async with self.http.stream_sse("/generate", body) as batches:
+        interval_s = context.stream_interval_s if context is not None else 0.0
+        async with self.http.stream_sse("/generate", body, interval_s=interval_s) as batches:
             async for events in batches:
                 for event in events:
                     error = stream_error(event, url)

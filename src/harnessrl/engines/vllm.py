@@ -203,10 +203,15 @@ class VLLMEngine(RemoteEngine):
             return
         url = self._completions_url
         stopped = False
+        body = self._request(prompt_ids, params, budget, True)
+        if context is not None and context.stream_interval_tokens > 1:
+            body["stream_interval"] = (
+                context.stream_interval_tokens
+            )  # vLLM 0.32 has it; a server without it ignores it
         async with self.http.stream_sse(
-            "/v1/completions", self._request(prompt_ids, params, budget, True)
+            "/v1/completions", body, interval_s=context.stream_interval_s if context is not None else 0.0
         ) as batches:
-            async for events in batches:  # the events of one read of the socket: one batch
+            async for events in batches:  # the events of one read of the socket (or interval): one batch
                 plain = None if stopped else batch_samples(events)
                 if plain is not None:
                     ids, logprobs, stopped = cut_at_stop(*plain, stops)

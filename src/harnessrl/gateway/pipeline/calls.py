@@ -123,7 +123,13 @@ class PreparedCall:
         ``stream=False``: the client gets the answer whole, so the engine need not stream it.
         """
         index = self.memory.begin_call()
-        context = GenerationContext(rollout_id=self.rollout.rollout_id, call_index=index, stream=stream)
+        context = GenerationContext(
+            rollout_id=self.rollout.rollout_id,
+            call_index=index,
+            stream=stream,
+            stream_interval_s=self.state.config.stream_interval_s if stream else 0.0,
+            stream_interval_tokens=self.state.config.stream_interval_tokens,
+        )
         self.generation = Generation(self.state.engine, self.prompt_ids, self.params, self.stop, context)
         return self.generation
 
