@@ -37,7 +37,7 @@ The targets:
   ``/messages`` with ``x-api-key`` and ``anthropic-version``, or ``/responses``). The gateway renders the chat
   template, tokenizes (with sampled-token reuse), and calls the upstream's ``/v1/completions`` with a
   token-ID prompt (one JSON answer for a non-streaming client; for a streaming one an SSE stream
-  at the gateway's default pace: vLLM's ``stream_interval`` of 8 tokens an event, read a batch per
+  at the gateway's default pace: vLLM's ``stream_interval`` of 16 tokens an event, read a batch per
   50 ms, docs/gateway.md "Stream pace"). Tokenizer: the ``tiny`` model's (Qwen-style byte-level BPE);
 - ``agentlightning``: Agent Lightning 1.0.2's ``agl-server`` (its own Python 3.12 venv in
   ``.bench/agl-venv``), model registered with ``POST /api/models``, one rollout per conversation via
@@ -92,7 +92,7 @@ measures who uses the least CPU. ``agl-server`` runs as installed (uvicorn witho
 access log on — its defaults) and records in memory (nothing durable); harnessrl does more work per
 call (tokenization, tool-call parsing, durable write). A streamed call's latency is to the end of the
 body; time to first token is not measured. The fake writes a stream one event at a time as vLLM
-does (8 tokens an event when asked, as the gateway does), but at once: the gateway's 50 ms gather
+does (16 tokens an event when asked, as the gateway does), but at once: the gateway's 50 ms gather
 then takes nearly the whole answer in one batch, which behind a real engine (a token every few to
 tens of ms) it does not: ``stream_interval.py`` measures a stream at such a pace. The Messages
 leg's direct answer is the fake's (vLLM's own Messages layer would cost the upstream more CPU).

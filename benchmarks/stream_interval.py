@@ -9,7 +9,7 @@ measures that case, side by side in one run:
 - an upstream: the tests' fake vLLM (``tests/fakes/vllm_server.py``) pacing every answer at
   ``--token-ms`` per token (streamed or not), answering a ``--tokens``-token turn;
 - one harnessrl gateway per stream pace (``--paces``: ``stream_interval_s:stream_interval_tokens``
-  pairs; ``0:1`` is a token at a time, ``0.05:8`` the default), each as ``harnessrl gateway`` runs it
+  pairs; ``0:1`` is a token at a time, ``0.05:16`` the default), each as ``harnessrl gateway`` runs it
   (``run_gateway``, ``engine.model = vllm:UPSTREAM``); the fake sends ``stream_interval`` tokens an
   event when asked, as vLLM does;
 - ``--concurrency`` rollouts calling at once, ``--rounds`` rounds per target after a warm-up round:
@@ -171,8 +171,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="answer length in tokens")
     ap.add_argument(
         "--paces",
-        default="0:1,0.05:1,0.05:8",
-        help="stream_interval_s:stream_interval_tokens per gateway, comma-separated (0.05:8 is the default)",
+        default="0:1,0.05:1,0.05:8,0.05:16",
+        help="stream_interval_s:stream_interval_tokens per gateway, comma-separated (0.05:16 is the default)",
     )
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=2)

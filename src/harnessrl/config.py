@@ -206,7 +206,7 @@ class GatewayConfig(Section):
     # A vLLM engine is asked to send a stream's tokens this many at a time (vLLM's per-request
     # stream_interval; the first and the last at once): an event to read per that many tokens, and
     # a token reaches the client up to that many decode steps late. 1: an event per token.
-    stream_interval_tokens: int = Field(default=8, ge=1, le=256)
+    stream_interval_tokens: int = Field(default=16, ge=1, le=256)
     slow_reader_bytes_per_s: float = Field(default=1024.0, ge=0, allow_inf_nan=False)
     slow_reader_window_s: float = Field(default=15.0, gt=0, allow_inf_nan=False)
 
