@@ -205,9 +205,8 @@ class VLLMEngine(RemoteEngine):
         stopped = False
         body = self._request(prompt_ids, params, budget, True)
         if context is not None and context.stream_interval_tokens > 1:
-            body["stream_interval"] = (
-                context.stream_interval_tokens
-            )  # vLLM 0.32 has it; a server without it ignores it
+            # That many tokens an event (vLLM 0.32 has the field; a server without it ignores it).
+            body["stream_interval"] = context.stream_interval_tokens
         async with self.http.stream_sse(
             "/v1/completions", body, interval_s=context.stream_interval_s if context is not None else 0.0
         ) as batches:
