@@ -103,6 +103,14 @@ def parse_pace(pace: str) -> tuple[float, int]:
         raise argparse.ArgumentTypeError(f"a pace is INTERVAL_S:TOKENS, e.g. 0.05:8 (got {pace!r})") from None
 
 
+def pace_list(text: str) -> list[str]:
+    """``--paces``: comma-separated paces, each checked by ``parse_pace`` (argparse names a bad one, exit 2)."""
+    paces = text.split(",")
+    for pace in paces:
+        parse_pace(pace)
+    return paces
+
+
 def default_pace() -> str:
     """The pace a gateway has when its config does not say (``GatewayConfig``'s defaults)."""
     from harnessrl.config import GatewayConfig
@@ -171,6 +179,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128, help="answer length in tokens")
     ap.add_argument(
         "--paces",
+        type=pace_list,
         default="0:1,0.05:1,0.05:8,0.05:16",
         help="stream_interval_s:stream_interval_tokens per gateway, comma-separated (0.05:16 is the default)",
     )
@@ -190,9 +199,7 @@ def main() -> None:
     if args.role == "gateway":
         serve_gateway(args.port, args.upstream, args.store, args.admin_key, args.pace)
         return
-    paces = args.paces.split(",")
-    for pace in paces:
-        parse_pace(pace)  # a bad one fails here, before anything starts
+    paces = args.paces
     args.answer_tokens = len(reply_ids(args.tokens)) - 1  # what a call answers: up to the stop token
     me, key = str(Path(__file__).resolve()), secrets.token_hex(16)
     load_at_start = load_average()

@@ -28,6 +28,9 @@ def test_paces_parse_and_a_bad_one_is_refused(si: ModuleType) -> None:
     for bad in ("0.05", "x:8", "0.05:8:1", "0.05:eight"):
         with pytest.raises(argparse.ArgumentTypeError, match="INTERVAL_S:TOKENS"):
             si.parse_pace(bad)
+    assert si.pace_list("0:1,0.05:16") == ["0:1", "0.05:16"]
+    with pytest.raises(argparse.ArgumentTypeError, match="0.05-16"):
+        si.pace_list("0:1,0.05-16")
     config = GatewayConfig(admin_key="k")
     assert si.default_pace() == f"{config.stream_interval_s:g}:{config.stream_interval_tokens}"
 
