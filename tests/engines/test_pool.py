@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 from tests.fakes.vllm_server import FakeServer, serve_vllm
 
@@ -20,6 +21,7 @@ from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
+from harnessrl.token_ids import TokenIds
 from harnessrl.tokenizer import PolicyTokenizer
 
 
@@ -160,6 +162,42 @@ def test_mid_stream_death_continues_on_another_replica(
     assert [s.token_id for s in samples] == reply
     assert [s.logprob for s in samples] == pytest.approx([-(j + 1) / 100 for j in range(len(reply))])
     # The survivor was asked to continue from prompt + the 3 tokens already streamed.
+    assert servers[1 - home].fake.prompts == [[7, 8, 9, *reply[:3]]]
+
+
+def test_the_prompt_reaches_the_replica_as_given_with_its_kept_json(
+    servers: list[FakeServer], tokenizer: PolicyTokenizer, reply: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway's prompt is a ``TokenIds`` whose JSON array was built from the previous call's; the
+    pool once copied it into a plain list, so vLLM's engine encoded every long prompt again on every
+    call. A continuation after a mid-stream death extends the kept encoding the same way."""
+    seen: list[object] = []
+    generate_on_replica = VLLMEngine.generate
+
+    def spy(self: VLLMEngine, prompt_ids, params, context=None):  # noqa: ANN001, ANN202
+        seen.append(prompt_ids)
+        return generate_on_replica(self, prompt_ids, params, context)
+
+    monkeypatch.setattr(VLLMEngine, "generate", spy)
+    pool, _ = make_pool(servers, tokenizer)
+    home = pool.preference("r")[0]
+    servers[home].fake.kill_after_tokens = 3
+    prompt = TokenIds([7, 8, 9])
+    prompt.json()  # kept, as the gateway's prompt builder leaves it
+
+    async def run() -> list[TokenSample]:
+        await pool.start()
+        try:
+            ctx = GenerationContext(rollout_id="r")
+            return [s async for s in each_sample(pool.generate(prompt, SamplingParams(max_tokens=100), ctx))]
+        finally:
+            await pool.aclose()
+
+    assert [s.token_id for s in asyncio.run(run())] == reply
+    first, continued = seen
+    assert first is prompt
+    assert isinstance(continued, TokenIds) and continued._json is not None  # extended, not rebuilt
+    assert continued.json() == orjson.dumps([7, 8, 9, *reply[:3]])
     assert servers[1 - home].fake.prompts == [[7, 8, 9, *reply[:3]]]
 
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 from harnessrl.engines.base import Engine, GenerationContext, Samples, SamplingParams, WeightUpdate
 from harnessrl.engines.remote import RemoteEngineError, is_retryable
 from harnessrl.errors import ConfigError, UpstreamError
+from harnessrl.token_ids import TokenIds
 
 log = logging.getLogger("harnessrl.engines.pool")
 
@@ -229,11 +230,16 @@ class EnginePool:
             replica.in_flight += 1
             replica.served += 1
             replica.idle.clear()
-            stream = replica.engine.generate(
-                list(prompt_ids) + sampled,
-                replace(params, max_tokens=params.max_tokens - len(sampled)),
-                context,
-            )
+            if sampled:  # continuing a generation a replica dropped: its tokens join the prompt
+                stream = replica.engine.generate(
+                    TokenIds.joined(prompt_ids, sampled),
+                    replace(params, max_tokens=params.max_tokens - len(sampled)),
+                    context,
+                )
+            else:
+                # The prompt as given, not a copy: a gateway's ``TokenIds`` keeps its JSON encoding
+                # (built from the previous call's), which a copy would make again from all its IDs.
+                stream = replica.engine.generate(prompt_ids, params, context)
             try:
                 if version is None:
                     version = replica.engine.policy_version
