@@ -189,6 +189,45 @@ def test_stream_decoder_equals_decode(pair, data: st.DataObject) -> None:
     assert "".join(pieces) + decoder.flush() == ours.decode(ids, skip_special_tokens=skip) == library
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_push_all_gives_what_pushing_one_by_one_gives(pair, data: st.DataObject) -> None:
+    """A stream's tokens arrive in batches (``push_all``): each token's text is the one ``push``
+    gives, partial characters, tokens without text and special tokens mixed in anywhere."""
+    ours, _ = pair
+    text = data.draw(st.text(alphabet=st.characters(codec="utf-8"), max_size=40))
+    random_ids = data.draw(st.lists(st.integers(0, ours.vocab_size - 1), max_size=20))
+    ids = data.draw(st.permutations(ours.encode(text) + random_ids))
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(ids)), max_size=6)))
+    batches = [ids[a:b] for a, b in zip([0, *cuts], [*cuts, len(ids)], strict=True)]
+    one_by_one = ours.stream_decoder()
+    batched = ours.stream_decoder()
+    expected = [one_by_one.push(i) for i in ids]
+    got = [piece for batch in batches for piece in batched.push_all(batch)]
+    assert got == expected
+    assert batched.flush() == one_by_one.flush()
+
+
+def test_push_all_reads_a_whole_text_batch_at_once(tiny_dir: Path) -> None:
+    """The fast path is taken (the per-token ``push`` is not called) for whole-UTF-8 tokens, and not
+    where a partial character is held back (the control)."""
+    tok = PolicyTokenizer.from_dir(tiny_dir)
+    words = tok.encode("plain words, all ASCII")
+    emoji = tok.encode("🙂")
+    calls = []
+
+    class Counting(type(tok.stream_decoder())):
+        def push(self, token_id: int) -> str:
+            calls.append(token_id)
+            return super().push(token_id)
+
+    decoder = Counting(tok)
+    assert "".join(decoder.push_all(words)) == "plain words, all ASCII"
+    assert calls == []
+    assert "".join(decoder.push_all(emoji)) == "🙂"
+    assert calls == emoji
+
+
 FAMILIES = ["qwen3", "deepseek"]
 
 

@@ -138,6 +138,23 @@ class StreamDecoder:
             return piece
         return ""
 
+    def push_all(self, token_ids: Sequence[int]) -> list[str]:
+        """``[push(t) for t in token_ids]``: the text each token completes. A stream's tokens arrive
+        in batches (an engine read); when nothing is held back and each token is whole UTF-8, their
+        texts are looked up in one pass instead of a call per token."""
+        if len(token_ids) < 2:  # one token (a stream's first): ``push`` is as fast
+            return [self.push(token_ids[0])] if token_ids else []
+        if self._texts is not None and self._read == len(self._ids):
+            found = self._tok.token_texts(token_ids)
+            # None empty (a token with no text of its own goes through the window) and no partial
+            # character among them: each adds exactly its own text, as ``push`` finds one by one.
+            if "" not in found and "\ufffd" not in "".join(found):
+                self._ids += map(int, token_ids)
+                self._read = len(self._ids)
+                self._prefix = self._read - 1
+                return found
+        return list(map(self.push, token_ids))
+
     def flush(self) -> str:
         """Emit whatever is held back (an incomplete character decodes to U+FFFD, as in ``decode``)."""
         prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)

@@ -187,3 +187,36 @@ def test_responses_text_routed_a_read_at_a_time_keeps_the_separator_rule(tokeniz
         out.finish("completed")
         [message] = [item for item in out.items if item["type"] == "message"]
         assert message["content"][0]["text"] == answer
+
+
+@pytest.mark.parametrize("hold", [None, 5], ids=["default_hold", "hold_5"])
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_chat_takes_a_read_at_once_as_feeding_each_piece_would(
+    gateway: Any, monkeypatch: pytest.MonkeyPatch, hold: int | None, logprobs: bool
+) -> None:
+    """``ChatAnswer.feed_all`` takes a read's texts and logprob entries in a few passes; the chunks are
+    those of feeding each piece in turn (the control), the hold's bound cutting them in the same
+    places, the stop token (last of the last read) with no entry."""
+    from harnessrl.gateway.apis import chat
+    from harnessrl.gateway.pipeline.answer import feed_each
+
+    url, client, engine = gateway
+    engine.sizes = [1, 4, 7, 1000]
+    if hold is not None:
+        monkeypatch.setattr(chat, "HOLD_AT_MOST", hold)
+    body = {"messages": [{"role": "user", "content": "hi"}], "logprobs": logprobs, "stream": True}
+
+    def choices() -> list[Any]:
+        chunks = payloads(post(client.create_rollout({"prompt": "t"}), "chat/completions", body))
+        return [c["choices"] for c in chunks]  # not the ids and timestamps
+
+    batched = choices()
+    monkeypatch.setattr(chat.ChatAnswer, "feed_all", lambda self, pieces: feed_each(self.feed, pieces))
+    one_by_one = choices()
+    assert batched == one_by_one
+    deltas = [c[0]["delta"].get("content") for c in batched if c and c[0]["delta"].get("content")]
+    assert "".join(deltas) == TEXT
+    if hold is None:
+        assert len(deltas) == 4  # a read a chunk
+    else:
+        assert len(deltas) > 4  # the bound of 5 cuts the read of 7 (and the last)

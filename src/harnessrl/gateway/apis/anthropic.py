@@ -38,7 +38,7 @@ from harnessrl.gateway.apis.anthropic_convert import (
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, read_json, validate_body
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error
-from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, plan_prompt, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -176,6 +176,9 @@ class MessageAnswer:
             "usage": _usage(self.call),
         }
         return [sse_event({"type": "message_start", "message": start})]
+
+    def feed_all(self, pieces: list[Piece]) -> list[str]:
+        return feed_each(self.feed, pieces)
 
     def feed(self, piece: Piece) -> list[str]:
         if piece.text:

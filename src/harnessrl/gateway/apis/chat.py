@@ -13,6 +13,7 @@ when it is the same JSON again, passed every check then and are not walked again
 
 from __future__ import annotations
 
+from itertools import compress
 from typing import Any
 
 from starlette.requests import Request
@@ -32,7 +33,7 @@ from harnessrl.gateway.bodies import (
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.parsers.tools import ContentEvent, ParsedMessage, ToolCallEvent, collect
 from harnessrl.gateway.parsers.tools import Event as ToolEvent
-from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, Event
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, Event, feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -193,6 +194,25 @@ class ChatAnswer:
             self.held_text.append(piece.text)
             if len(self.held_text) >= HOLD_AT_MOST:
                 return self.held()
+        return []
+
+    def feed_all(self, pieces: list[Piece]) -> list[Event]:
+        # An engine read's pieces at once: their texts held and their logprob entries pending, as
+        # ``feed`` of each does, unless the hold would reach its bound among them (then one by one,
+        # so the chunk is cut where ``feed`` cuts it).
+        if len(pieces) < 2:  # a read of one token (a stream's first): nothing to gain
+            return self.feed(pieces[0]) if pieces else []
+        texts, ids, logprobs, stops = zip(*pieces, strict=True)
+        texts = list(filter(None, texts))  # pieces with text (a stop token's has none)
+        if len(self.held_text) + len(texts) >= HOLD_AT_MOST:
+            return feed_each(self.feed, pieces)
+        if self.body.logprobs:
+            if True in stops or (ids and min(ids) < 0):  # a stop token or a text-only tail: no entry
+                kept = [token_id >= 0 and not stop for token_id, stop in zip(ids, stops, strict=True)]
+                ids, logprobs = tuple(compress(ids, kept)), tuple(compress(logprobs, kept))
+            self.pending_ids += ids
+            self.pending_lps += logprobs
+        self.held_text += texts
         return []
 
     def held(self) -> list[Event]:

@@ -17,6 +17,7 @@ from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import CompletionRequest, parse_body, validate_body
 from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.pipeline.answer import feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -143,6 +144,9 @@ class CompletionAnswer:
 
     def held(self) -> list[str]:
         return []  # every piece's events are sent as they are made
+
+    def feed_all(self, pieces: list[Piece]) -> list[str]:
+        return feed_each(self.feed, pieces)
 
     def feed(self, piece: Piece) -> list[str]:
         if self.acc is not None and piece.token_id >= 0 and not piece.is_stop_token:

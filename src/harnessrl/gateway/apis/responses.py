@@ -34,7 +34,7 @@ from harnessrl.gateway.apis.responses_request import (
 )
 from harnessrl.gateway.bodies import parse_body, validate_body
 from harnessrl.gateway.errors import error_shape
-from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST
+from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.driver import CallRequest, Streamed, Whole, serve
 from harnessrl.gateway.pipeline.generation import Generation, Piece
@@ -278,6 +278,9 @@ class ResponsesAnswer:
 
     def started(self, gen: Generation) -> list[str]:
         return []
+
+    def feed_all(self, pieces: list[Piece]) -> list[str]:
+        return feed_each(self.feed, pieces)
 
     def feed(self, piece: Piece) -> list[str]:
         self.pending += self.out.feed(piece)

@@ -7,7 +7,8 @@ encoded ``bytes`` (a pre-encoded template filled in, not a dict encoded again pe
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterable
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 from starlette.responses import Response
 
@@ -16,6 +17,8 @@ from harnessrl.gateway.pipeline.generation import Generation, Piece
 
 #: One server-sent event, text or already UTF-8 (``coalesce.Outlet`` takes both).
 Event = str | bytes
+
+E = TypeVar("E", bound=Event)
 
 #: Most pieces (or events) an answer holds back for ``held``: while the client is behind, the writer
 #: does not ask for them (``coalesce.Outlet.hold``), so ``feed`` returns them itself past this many
@@ -42,6 +45,14 @@ class Whole(NamedTuple):
     finish_reason: str
 
 
+def feed_each(feed: Callable[[Piece], list[E]], pieces: Iterable[Piece]) -> list[E]:
+    """``feed`` of each piece in turn, their events joined: ``Answer.feed_all`` piece by piece."""
+    events: list[E] = []
+    for piece in pieces:
+        events += feed(piece)
+    return events
+
+
 class Answer(Protocol):
     """One call's answer in its API's shape, whole or as server-sent events."""
 
@@ -64,6 +75,10 @@ class Answer(Protocol):
 
     def feed(self, piece: Piece) -> list[Event]:
         """The events one sampled piece completes (what it may hold back is ``held``'s)."""
+
+    def feed_all(self, pieces: list[Piece]) -> list[Event]:
+        """The events of an engine batch's pieces: exactly those of ``feed`` of each in turn
+        (``feed_each``), where an API has a faster way to take a batch."""
 
     def held(self) -> list[Event]:
         """The events of what ``feed`` held back, taken (the stream's writer asks right before it

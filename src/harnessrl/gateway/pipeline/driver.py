@@ -214,8 +214,7 @@ async def whole(call: PreparedCall, answer: Answer) -> Response:
         batches = gen.batches()
         try:
             async for pieces in batches:
-                for piece in pieces:
-                    answer.feed(piece)
+                answer.feed_all(pieces)
         finally:
             with anyio.CancelScope(shield=True):
                 await batches.aclose()  # type: ignore[attr-defined]

@@ -87,7 +87,7 @@ class Generation:
         ended_by = None  # "token" (a stop token was sampled), "string" (a stop string appeared) or None
         released_parts: list[str] = []  # joined once at the end: += on a long answer is quadratic
         # Once per sampled token: the bound methods are looked up once.
-        push, release = decoder.push, released_parts.append
+        push, push_all, release = decoder.push, decoder.push_all, released_parts.append
         try:
             async for batch in stream:
                 if ended_by is not None:
@@ -107,7 +107,7 @@ class Generation:
                     self.token_ids += ids
                     self.logprobs += logprobs
                     texted = ids[:-1] if last else ids
-                    texts = list(map(push, texted))
+                    texts = push_all(texted)  # a batch's texts at once where each is whole UTF-8
                     released_parts += texts
                     yield list(map(_piece, zip(texts, texted, logprobs, repeat(False)))) + last
                     continue

@@ -4,9 +4,10 @@ The answer's opening, keep-alives at the gate, the events of each sampled piece,
 tail; an error as the API's error event. The events go straight into the stream's ``Outlet``
 (``coalesce``), whose writer sends whatever has gathered each time it runs: tokens that arrive
 together (one read from the engine) leave in one write. The engine passes a read's tokens as one
-batch (``Samples``) and the generation their pieces as one list, so the per-token path is a loop:
-the decoder, the API's ``feed`` and a list append, no ``async`` step per token (an await only per
-batch, and when the buffer is full).
+batch (``Samples``) and the generation their pieces as one list, which the API takes at once
+(``Answer.feed_all``: chat holds a batch's texts and logprob entries in a few C-level passes; the
+others feed piece by piece): no ``async`` step per token (an await only per batch, and when the
+buffer is full).
 
 An answer may hold back what a piece adds (``Answer.held``: chat's content) instead of rendering an
 event per token: the outlet's writer asks for the held events right before it writes, i.e. once the
@@ -52,13 +53,10 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
         outlet.hold(answer.held)
         try:
             if answer.ping is None:
-                feed, push, wake = answer.feed, outlet.push_all, outlet.wake
+                feed_all, push, wake = answer.feed_all, outlet.push_all, outlet.wake
                 async for pieces in batches:
-                    full = False
-                    for piece in pieces:
-                        events = feed(piece)
-                        if events:
-                            full = push(events) or full
+                    events = feed_all(pieces)
+                    full = push(events) if events else False
                     wake()  # it may hold pieces back: the writer takes them before writing
                     if full:
                         await outlet.wait_room()  # the client is behind: the generation waits
