@@ -19,12 +19,15 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
 from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, collect_samples
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.gateway import create_app
+from harnessrl.gateway.pipeline.generation import Piece
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
@@ -220,3 +223,51 @@ def test_chat_takes_a_read_at_once_as_feeding_each_piece_would(
         assert len(deltas) == 4  # a read a chunk
     else:
         assert len(deltas) > 4  # the bound of 5 cuts the read of 7 (and the last)
+
+
+_PIECES = st.lists(
+    st.tuples(
+        st.sampled_from(["", "a", " b", "c\n", "{"]),
+        st.sampled_from([5, 6, 7, -1]),  # -1: a text-only piece (a held-back tail)
+        st.sampled_from([-0.5, -1.25, 0.0]),
+        st.booleans(),  # a stop token (no text of its own)
+    ).map(lambda t: Piece("" if t[3] else t[0], 2 if t[3] else t[1], t[2], is_stop_token=t[3])),
+    max_size=40,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    pieces=_PIECES,
+    cuts=st.lists(st.integers(0, 40), max_size=6),
+    hold=st.sampled_from([3, 256]),
+    lp=st.booleans(),
+)
+def test_chat_feed_all_is_feeding_each_piece_in_turn(
+    tokenizer: PolicyTokenizer, pieces: list[Piece], cuts: list[int], hold: int, lp: bool
+) -> None:
+    """Whatever a read holds (stop tokens, text-only pieces, pieces without text, anywhere), and
+    wherever the hold's bound falls: ``feed_all`` returns and holds what ``feed`` of each piece does."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from harnessrl.gateway.apis import chat
+    from harnessrl.gateway.bodies import ChatCompletionRequest
+    from harnessrl.gateway.pipeline.answer import feed_each
+
+    engine = SimpleNamespace(tokenizer=tokenizer, model_name="m", policy_version=0)
+    call = SimpleNamespace(state=SimpleNamespace(engine=engine, tool_parser=lambda tools: None))
+    body = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], logprobs=lp, model="m")
+    reads = [pieces[a:b] for a, b in zip([0, *sorted(cuts)], [*sorted(cuts), len(pieces)], strict=True)]
+    with mock.patch.object(chat, "HOLD_AT_MOST", hold):
+        batched, one_by_one = chat.ChatAnswer(call, body), chat.ChatAnswer(call, body)  # type: ignore[arg-type]
+        batched.started(SimpleNamespace())  # type: ignore[arg-type]
+        one_by_one.base, one_by_one.head = batched.base, batched.head  # one chunk id for both
+        for read in reads:
+            assert batched.feed_all(read) == feed_each(one_by_one.feed, read)
+            assert batched.held_text == one_by_one.held_text
+            assert (batched.pending_ids, batched.pending_lps) == (
+                one_by_one.pending_ids,
+                one_by_one.pending_lps,
+            )
+            assert batched.held() == one_by_one.held()

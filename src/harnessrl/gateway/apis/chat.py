@@ -207,8 +207,10 @@ class ChatAnswer:
         if len(self.held_text) + len(texts) >= HOLD_AT_MOST:
             return feed_each(self.feed, pieces)
         if self.body.logprobs:
-            if True in stops or (ids and min(ids) < 0):  # a stop token or a text-only tail: no entry
-                kept = [token_id >= 0 and not stop for token_id, stop in zip(ids, stops, strict=True)]
+            n = len(ids) - 1 if stops[-1] else len(ids)  # a stop token ends the read: it has no entry
+            ids, logprobs = ids[:n], logprobs[:n]
+            if True in stops[:n] or (ids and min(ids) < 0):  # a text-only piece (the tail) has none
+                kept = [token_id >= 0 and not stop for token_id, stop in zip(ids, stops[:n], strict=True)]
                 ids, logprobs = tuple(compress(ids, kept)), tuple(compress(logprobs, kept))
             self.pending_ids += ids
             self.pending_lps += logprobs
