@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -70,12 +72,29 @@ def test_health_state_metrics(gateway: Any) -> None:
     state = gateway.client.state()
     assert state["paused"] is False and state["in_flight"] == 0
     assert "harnessrl_calls_in_flight 0.0" in gateway.client.metrics()
-    # The gauges follow the gate (they are set only when a value changed: ``refresh_gauges``).
+    # The gauges are the gate's state when the metrics are read (``read_gauges_from``).
     assert "harnessrl_paused 0.0" in gateway.client.metrics()
+    assert "harnessrl_policy_version 0.0" in gateway.client.metrics()
     gateway.client.pause(timeout=5)
     assert "harnessrl_paused 1.0" in gateway.client.metrics()
-    gateway.client.resume()
-    assert "harnessrl_paused 0.0" in gateway.client.metrics()
+    rollout = gateway.rollout()
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            httpx.post,
+            f"{rollout['base_url']}/chat/completions",
+            json=CHAT,
+            headers=bearer(rollout["api_key"]),
+            timeout=30,
+        )
+        deadline = time.monotonic() + 10
+        while "harnessrl_calls_waiting 1.0" not in gateway.client.metrics():
+            assert time.monotonic() < deadline, "the call held by the pause never showed as waiting"
+            time.sleep(0.05)
+        gateway.client.resume()
+        assert held.result().status_code == 200
+    after = gateway.client.metrics()
+    assert "harnessrl_paused 0.0" in after and "harnessrl_calls_waiting 0.0" in after
+    assert "harnessrl_calls_in_flight 0.0" in after
 
 
 def test_rollout_keys_cannot_use_the_control_api(gateway: Any) -> None:

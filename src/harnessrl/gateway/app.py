@@ -116,7 +116,6 @@ def create_app(
         # The gate's state before the first call: a gateway (re)started during a pause comes up paused.
         await cluster.start()
         state.ready = True
-        state.refresh_gauges()
         log.info("gateway ready: model %s, policy version %d", engine.model_name, engine.policy_version)
         try:
             yield

@@ -104,5 +104,13 @@ class GatewayMetrics:
         if call.first_token_at is not None:
             self.child(self.first_token, api).observe(call.first_token_at - call.started_at)
 
+    def read_gauges_from(self, gate: Any, engine: Any) -> None:
+        """Read the gate's and the engine's state when the metrics are rendered, not kept up to date
+        call by call (a gauge set takes a lock; a call changed ``in_flight`` twice)."""
+        self.in_flight.set_function(lambda: gate.in_flight)
+        self.waiting.set_function(lambda: gate.waiting)
+        self.paused.set_function(lambda: 1 if gate.paused else 0)
+        self.policy_version.set_function(lambda: engine.policy_version)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -70,14 +70,13 @@ class GatewayState:
     # The event loop serving this app (set by the lifespan): code on other loops reaches the gate
     # and the engine through it (``gating.GatewayHandle``).
     loop: asyncio.AbstractEventLoop | None = None
-    _gauge_values: tuple[int, ...] = field(default=(), init=False, repr=False)  # as last set
     _drop_writes: set[asyncio.Task[None]] = field(default_factory=set, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.cluster = Cluster(
             self.store, self.gate, self.engine, lease_s=self.config.lease_s, shared=self.shared_store
         )
-        self.cluster.on_change = self.refresh_gauges
+        self.metrics.read_gauges_from(self.gate, self.engine)
         # Another gateway may have recorded this rollout's latest calls: check the store.
         self.history = CallHistory(self.store, check_store=self.cluster.shares_store)
         self.formats = resolve_formats(
@@ -135,18 +134,3 @@ class GatewayState:
 
     def uptime(self) -> float:
         return now() - self.started_at
-
-    def refresh_gauges(self) -> None:
-        # Several times per call: set (each takes a lock) only what changed since the last time.
-        values = (
-            self.gate.in_flight,
-            self.gate.waiting,
-            1 if self.gate.paused else 0,
-            self.engine.policy_version,
-        )
-        if values == self._gauge_values:
-            return
-        self._gauge_values = values
-        m = self.metrics
-        for gauge, value in zip((m.in_flight, m.waiting, m.paused, m.policy_version), values, strict=True):
-            gauge.set(value)

@@ -291,5 +291,4 @@ async def get_state(request: Request) -> Response:
 
 async def metrics(request: Request) -> Response:
     state = _admin_state(request)
-    state.refresh_gauges()
     return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -73,7 +73,6 @@ class Cluster:
         self._task: asyncio.Task[None] | None = None
         self._stop_watch: Callable[[], None] | None = None
         self._pushes = False
-        self.on_change: Callable[[], None] = lambda: None  # after a command is applied (the gauges)
         self._waiters = 0  # pauses waiting here for a drain (``wait_drained``)
         self._released = (0, 0)  # (command, calls its resume released here), as last applied
         self._sync_wanted = asyncio.Event()  # the sync loop has something to do
@@ -207,7 +206,6 @@ class Cluster:
         else:
             released = self.gate.resume()
         self._released = (state.command, released)
-        self.on_change()
         return released
 
     @property

@@ -29,7 +29,6 @@ T = TypeVar("T")
 
 def gateway_state_json(state: GatewayState) -> dict[str, Any]:
     """What this gateway process reports of itself (``/api/state`` adds the gate and its members)."""
-    state.refresh_gauges()
     return {
         "paused": state.gate.paused,
         "in_flight": state.gate.in_flight,
@@ -82,7 +81,6 @@ async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
     overtook the pause while it waited.
     """
     gate, _ = await state.cluster.command(paused=True)
-    state.refresh_gauges()  # paused: 1
     drained, gate, live = await state.cluster.wait_drained(gate.command, timeout)
     return {
         **gateway_state_json(state),
@@ -127,7 +125,6 @@ async def resume_gateways(
                 "trainer restoring an older checkpoint passes rewind=true)"
             )
     gate, released = await state.cluster.command(paused=False, policy_version=policy_version, rewind=rewind)
-    state.refresh_gauges()
     return {
         **gateway_state_json(state),
         "released": released,

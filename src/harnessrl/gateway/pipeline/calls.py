@@ -104,7 +104,6 @@ class PreparedCall:
         """Wait at the pause gate; yields SSE keep-alive comments while waiting if asked to."""
         state = self.state
         self._ticket = state.gate.join()
-        state.refresh_gauges()
         began = now()
         if not self._ticket.admitted:
             while not await self._ticket.wait(state.keepalive_s if keepalive else None):
@@ -115,7 +114,6 @@ class PreparedCall:
             )
         self._waited_s = now() - began
         state.metrics.pause_wait.observe(self._waited_s)
-        state.refresh_gauges()
 
     def start(self, *, stream: bool = True) -> Generation:
         """Create the generation; reads the call index now so concurrent calls get distinct ones.
@@ -211,7 +209,6 @@ class PreparedCall:
                 state.count_drop(
                     self.rollout.rollout_id, self.api, self.drop_reason, gen.token_ids if gen else ()
                 )
-        state.refresh_gauges()
 
     def headers(self) -> dict[str, str]:
         out = {"x-harnessrl-rollout-id": self.rollout.rollout_id}
