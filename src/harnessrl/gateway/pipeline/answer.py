@@ -18,7 +18,8 @@ from harnessrl.gateway.pipeline.generation import Generation, Piece
 #: One server-sent event, text or already UTF-8 (``coalesce.Outlet`` takes both).
 Event = str | bytes
 
-E = TypeVar("E", bound=Event)
+#: An API's own event type (``str`` for most; chat's per-token path makes ``bytes``).
+AnyEvent = TypeVar("AnyEvent", bound=Event)
 
 #: Most pieces (or events) an answer holds back for ``held``: while the client is behind, the writer
 #: does not ask for them (``coalesce.Outlet.hold``), so ``feed`` returns them itself past this many
@@ -45,9 +46,9 @@ class Whole(NamedTuple):
     finish_reason: str
 
 
-def feed_each(feed: Callable[[Piece], list[E]], pieces: Iterable[Piece]) -> list[E]:
+def feed_each(feed: Callable[[Piece], list[AnyEvent]], pieces: Iterable[Piece]) -> list[AnyEvent]:
     """``feed`` of each piece in turn, their events joined: ``Answer.feed_all`` piece by piece."""
-    events: list[E] = []
+    events: list[AnyEvent] = []
     for piece in pieces:
         events += feed(piece)
     return events
