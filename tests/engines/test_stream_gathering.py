@@ -152,3 +152,35 @@ def test_a_call_cancelled_while_its_pieces_gather_closes_its_connection() -> Non
 
     connections, again = run(go)
     assert connections == 2 and again == {"ok": True}
+
+
+def test_pieces_further_apart_than_the_interval_set_no_timer() -> None:
+    """At a real decode pace vLLM's events (16 tokens each) come further apart than the interval:
+    each is passed on as it arrives, and no timer wakes the reader at the end of an interval in
+    which nothing came (each was a wake-up from idle through the whole generation). The control,
+    pieces 10 ms apart, gathers them with a timer per interval."""
+    from harnessrl.engines import http_connection
+
+    async def go(gap_s: float, count: int) -> tuple[list[list[Any]], int]:
+        loop = asyncio.get_running_loop()
+        call_at, timers = loop.call_at, []
+
+        def counting(when: float, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            if callback is http_connection._settle:
+                timers.append(when)
+            return call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = counting  # type: ignore[method-assign]
+        server, url = await serve(paced(count, gap_s))
+        upstream = HttpUpstream(url)
+        batches, _ = await read_batches(upstream, 0.05)
+        await upstream.aclose()
+        server.close()
+        return batches, len(timers)
+
+    apart, apart_timers = run(lambda: go(0.15, 5))
+    assert apart == [[{"n": n}] for n in range(5)]  # each as it came
+    assert apart_timers == 0
+    close, close_timers = run(lambda: go(0.01, 30))
+    assert [e for b in close for e in b] == [{"n": n} for n in range(30)]
+    assert len(close) < 30 and close_timers >= 2  # the control: gathered, a timer per interval

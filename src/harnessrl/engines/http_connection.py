@@ -71,7 +71,9 @@ class Connection(asyncio.Protocol):
         self.read_timeout: float | None = None
         self.write_paused = False
         self.reading_paused = False
-        self.gathering = False  # streaming: the waiting coroutine is not woken by body pieces
+        # Streaming: until when body pieces do not wake the waiting coroutine (``gather``); None: they do.
+        self.gather_until: float | None = None
+        self._gather_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._drain: asyncio.Future[None] | None = None
@@ -145,8 +147,12 @@ class Connection(asyncio.Protocol):
                 self.reading_paused = True
                 self.transport.pause_reading()  # type: ignore[union-attr]
                 self._wake()  # even while gathering: nothing more is read until it is taken
-            elif self._waiter is not None and not self.gathering:
-                self._wake()
+            elif self._waiter is not None:
+                until = self.gather_until
+                if until is None or self._loop.time() >= until:
+                    self._wake()
+                elif self._gather_timer is None:  # the first piece of this gather: wake at its end
+                    self._gather_timer = self._loop.call_at(until, _settle, self._waiter)
 
     def on_message_complete(self) -> None:
         if self.status < 200:  # 100 Continue and the like: the real answer follows
@@ -204,20 +210,26 @@ class Connection(asyncio.Protocol):
 
     async def gather(self, seconds: float) -> None:
         """Streaming: let the body's pieces gather for ``seconds`` without waking the caller for each;
-        return sooner once the answer is complete, fails, or fills the read buffer (reading paused).
+        return then if a piece came, else at the first piece after then, or sooner once the answer is
+        complete, fails, or fills the read buffer (reading paused).
 
         Each piece still arrives as the server sends it (one socket read and a parser callback), but
-        the caller, and whatever it does per piece, runs once for all of them."""
+        the caller, and whatever it does per piece, runs once for all of them. The end of the interval
+        is a timer only once a piece arrived within it: pieces further apart than ``seconds`` (vLLM's
+        events at a real decode pace) each wake the caller once, not once more at the interval's end."""
         if self.complete or self.error is not None or self.reading_paused:
             return
         waiter = self.wait()
-        timer = self._loop.call_later(seconds, _settle, waiter)
-        self.gathering = True
+        until = self.gather_until = self._loop.time() + seconds
+        if self.body:  # pieces came while the caller handled the last ones: they gather from now
+            self._gather_timer = self._loop.call_at(until, _settle, waiter)
         try:
             await waiter
         finally:
-            self.gathering = False
-            timer.cancel()
+            self.gather_until = None
+            if self._gather_timer is not None:
+                self._gather_timer.cancel()
+                self._gather_timer = None
             if self._waiter is waiter:
                 self._waiter = None
 
