@@ -72,7 +72,7 @@ class Connection(asyncio.Protocol):
         self.write_paused = False
         self.reading_paused = False
         # Streaming: until when body pieces do not wake the waiting coroutine (``gather``); None: they do.
-        self.gather_until: float | None = None
+        self._gather_until: float | None = None
         self._gather_timer: asyncio.TimerHandle | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._waiter: asyncio.Future[None] | None = None
@@ -148,11 +148,11 @@ class Connection(asyncio.Protocol):
                 self.transport.pause_reading()  # type: ignore[union-attr]
                 self._wake()  # even while gathering: nothing more is read until it is taken
             elif self._waiter is not None:
-                until = self.gather_until
+                until = self._gather_until
                 if until is None or self._loop.time() >= until:
                     self._wake()
-                elif self._gather_timer is None:  # the first piece of this gather: wake at its end
-                    self._gather_timer = self._loop.call_at(until, _settle, self._waiter)
+                else:  # the first piece of this gather sets its end
+                    self._end_gather_at(until)
 
     def on_message_complete(self) -> None:
         if self.status < 200:  # 100 Continue and the like: the real answer follows
@@ -220,13 +220,13 @@ class Connection(asyncio.Protocol):
         if self.complete or self.error is not None or self.reading_paused:
             return
         waiter = self.wait()
-        until = self.gather_until = self._loop.time() + seconds
+        until = self._gather_until = self._loop.time() + seconds
         if self.body:  # pieces came while the caller handled the last ones: they gather from now
-            self._gather_timer = self._loop.call_at(until, _settle, waiter)
+            self._end_gather_at(until)
         try:
             await waiter
         finally:
-            self.gather_until = None
+            self._gather_until = None
             if self._gather_timer is not None:
                 self._gather_timer.cancel()
                 self._gather_timer = None
@@ -259,6 +259,11 @@ class Connection(asyncio.Protocol):
             self.transport.abort()
 
     # internals
+
+    def _end_gather_at(self, until: float) -> None:
+        """Wake the gathering coroutine at ``until`` (once per gather)."""
+        if self._gather_timer is None:
+            self._gather_timer = self._loop.call_at(until, _settle, self._waiter)
 
     def _finish(self, keep_alive: bool) -> None:
         self.complete = True
