@@ -227,6 +227,43 @@ def sft(
     }
 
 
+def select_rl_tasks(
+    example: Example, candidates: list[dict[str, Any]], work: Path, model: str, k: int, sets: list[str]
+) -> dict[str, Any]:
+    """The tasks RL trains on: each candidate ``k`` times with the SFT model, sampled as RL samples
+    (``data calibrate`` with train.toml: its [trainer] temperature and max_tokens), then ``data
+    select`` keeps the ones it solves sometimes (0 < passes < k). Only those can give a group reward
+    variance: a task the SFT model always solves gives RL nothing to learn from."""
+    given = work / "rl-candidates.jsonl"
+    given.write_text("".join(json.dumps(r) + "\n" for r in records(candidates, example.group_by)))
+    calibrated, selected = work / "rl-calibrated.jsonl", work / "rl-selected.jsonl"
+    argv = [*HARNESSRL, "data", "calibrate", str(given), str(calibrated)]
+    argv += ["--config", str(example.folder / "train.toml"), "--k", str(k)]
+    argv += ["--run-dir", str(work / "rl-calibrate")]
+    run(with_sets(argv, [f"engine.model={model}", *sets]), work / "rl-calibrate.log")
+    run([*HARNESSRL, "data", "select", str(calibrated), str(selected)], work / "rl-select.log")
+    chosen = {r["instance_id"] for r in read_jsonl(selected)}
+    if not chosen:
+        raise RuntimeError(f"no candidate task had mixed outcomes over {k} rollouts: RL has nothing to learn")
+    tasks = [t for t in candidates if t["task_id"] in chosen]
+    (work / "rl-tasks.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    passes = [r["calibration"]["passes"] for r in read_jsonl(calibrated)]
+    families: dict[str, int] = {}
+    for task in tasks:
+        families[task[example.group_by]] = families.get(task[example.group_by], 0) + 1
+    return {
+        "candidates": len(candidates),
+        "k": k,
+        "rollouts": len(candidates) * k,
+        "mixed": len(tasks),
+        "never_solved": passes.count(0),
+        "always_solved": passes.count(k),
+        "pass_rate": mean([p / k for p in passes]),
+        "mixed_by_family": dict(sorted(families.items())),
+        "tasks_file": str(work / "rl-tasks.jsonl"),
+    }
+
+
 def rl(
     example: Example,
     work: Path,
@@ -425,6 +462,12 @@ def main() -> None:
     parser.add_argument("--rl-steps", type=int)
     parser.add_argument("--rl-tasks-per-step", type=int)
     parser.add_argument("--rl-group-size", type=int)
+    parser.add_argument(
+        "--rl-select", type=int, default=0, metavar="N",
+        help="RL trains only on the tasks the SFT model solves sometimes, out of N training tasks the "
+        "teacher did not record (each calibrated --rl-select-k times); 0: on every training task",
+    )  # fmt: skip
+    parser.add_argument("--rl-select-k", type=int, default=4, help="rollouts per candidate (--rl-select)")
     parser.add_argument("--smoke", action="store_true", help=f"the smallest run of every stage: {SMOKE}")
     parser.add_argument("--sft-set", action="append", default=[], help="more sft.toml overrides")
     parser.add_argument("--rl-set", action="append", default=[], help="more train.toml overrides (RL run)")
@@ -485,6 +528,8 @@ def main() -> None:
                 "rl_steps",
                 "rl_tasks_per_step",
                 "rl_group_size",
+                "rl_select",
+                "rl_select_k",
                 "sft_set",
                 "rl_set",
                 "eval_set",
@@ -535,8 +580,14 @@ def main() -> None:
     sft_sizes = (args.sft_epochs, args.sft_sequences_per_step)
     stage("sft", "sft", stages, lambda: sft(example, work, *sft_sizes, args.sft_set))
     stage("sft evaluation", "sft", heldout, evaluation("sft", lambda: stages["sft"]["checkpoint"]))
+    rl_sets = args.rl_set
+    if args.rl_select:
+        candidates = read_jsonl(example.folder / example.train_tasks)[args.teacher_tasks :][: args.rl_select]
+        select = (stages["sft"]["checkpoint"], args.rl_select_k, args.rl_set)
+        stage("rl tasks", "rl_tasks", stages, lambda: select_rl_tasks(example, candidates, work, *select))
+        rl_sets = [f"tasks.path={stages['rl_tasks']['tasks_file']}", *rl_sets]
     rl_sizes = (args.rl_steps, args.rl_tasks_per_step, args.rl_group_size)
-    stage("rl", "rl", stages, lambda: rl(example, work, stages["sft"]["checkpoint"], *rl_sizes, args.rl_set))
+    stage("rl", "rl", stages, lambda: rl(example, work, stages["sft"]["checkpoint"], *rl_sizes, rl_sets))
     stage("rl evaluation", "rl", heldout, evaluation("rl", lambda: stages["rl"]["checkpoint"]))
     result["gains"] = {
         "sft_over_base": gain(heldout["sft"], heldout["base"]),
@@ -548,9 +599,10 @@ def main() -> None:
         "rl_over_sft": paired_gain(work, "rl", "sft"),
         "rl_over_base": paired_gain(work, "rl", "base"),
     }
+    spent = [stages[key] for key in ("sft", "rl_tasks", "rl") if key in stages]  # choosing RL's tasks is RL's
     result["sft_plus_rl"] = {
-        "wall_minutes": round((stages["sft"]["wall_s"] + stages["rl"]["wall_s"]) / 60, 2),
-        "cpu_minutes": round((stages["sft"]["cpu_s"] + stages["rl"]["cpu_s"]) / 60, 2),
+        "wall_minutes": round(sum(s["wall_s"] for s in spent) / 60, 2),
+        "cpu_minutes": round(sum(s["cpu_s"] for s in spent) / 60, 2),
     }
     result["machine"]["load_at_end"] = load_average()
     save()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from types import ModuleType
@@ -71,3 +72,70 @@ def test_the_picture_has_a_bar_and_a_label_per_stage(dl, tmp_path):
     assert heights[0] == 0 and heights[1] < heights[2]
     texts = [t.text for t in root.iter(f"{ns}text")]
     assert {"0.00", "0.80", "0.90", "base model", "after SFT", "after SFT + RL"} <= set(texts)
+
+
+# A stand-in policy for choosing RL's tasks: it asks the model (a real, recorded call through the
+# gateway), then solves the first ``family`` samples of its task (the sample index ends the
+# calibration rollout id) and answers wrong on the rest.
+AGENT = """
+import json, os, sys, urllib.request
+req = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
+    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": sys.argv[1]}]}).encode(),
+    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
+)
+reply = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
+task = json.loads(os.environ["HARNESSRL_TASK"])
+sample = int(os.environ["HARNESSRL_ROLLOUT_ID"].rsplit("-", 1)[1])
+print(reply if sample < int(task["family"]) else "Answer: 0")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
+def test_rl_trains_on_the_tasks_the_sft_model_solves_sometimes(dl, tmp_path):
+    """``--rl-select``: each candidate calibrated k times through the example's train.toml (the real
+    rollout stack, sampled as RL samples), and RL's task file holds exactly the tasks with mixed
+    outcomes, as the example wrote them."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "train.toml").write_text(
+        """
+[engine]
+model = "tiny"                 # the SFT checkpoint's place: select_rl_tasks sets engine.model
+
+[harness]
+preset = "python"
+command = ["./agent.py", "{prompt}"]
+timeout_s = 60
+
+[evaluator]
+type = "exact_match"
+field = "hidden.answer"
+pattern = 'Answer:\\s*(-?[0-9.]+)'
+source = "stdout"
+
+[controller]
+concurrency = 4
+max_infra_retries = 0
+poll_interval_s = 0.2
+
+[trainer]
+temperature = 0.7
+max_tokens = 64
+"""
+    )
+    example = dl.Example(tmp_path, "train.jsonl", "heldout.jsonl", "family", "python", "none", "x")
+    solves = [0, 2, 4, 1, 3]  # of k = 4: tasks 1, 3 and 4 are mixed
+    candidates = [
+        {"task_id": f"train-{i}", "prompt": f"Task {i}: reply.", "family": str(n), "hidden": {"answer": "42"}}
+        for i, n in enumerate(solves)
+    ]
+    work = tmp_path / "work"
+    work.mkdir()
+    report = dl.select_rl_tasks(example, candidates, work, f"scripted:{tmp_path / 'script.json'}", 4, [])
+    assert {k: report[k] for k in ("candidates", "k", "rollouts", "mixed", "never_solved", "always_solved")} == {
+        "candidates": 5, "k": 4, "rollouts": 20, "mixed": 3, "never_solved": 1, "always_solved": 1,
+    }  # fmt: skip
+    assert report["pass_rate"] == pytest.approx(sum(solves) / 20)
+    assert report["mixed_by_family"] == {"1": 1, "2": 1, "3": 1}
+    assert dl.read_jsonl(Path(report["tasks_file"])) == [candidates[1], candidates[3], candidates[4]]

@@ -49,7 +49,7 @@ def record(i: int, solve_k: int) -> dict:
     }
 
 
-def calibrate(tmp_path: Path, records: list[dict], name: str) -> dict:
+def calibrate(tmp_path: Path, records: list[dict], name: str, config: str = "rollout.toml") -> dict:
     src = tmp_path / f"{name}.jsonl"
     write_records(src, records)
     proc = subprocess.run(
@@ -60,7 +60,7 @@ def calibrate(tmp_path: Path, records: list[dict], name: str) -> dict:
             str(src),
             str(tmp_path / "calibrated.jsonl"),
             "--config",
-            str(tmp_path / "rollout.toml"),
+            str(tmp_path / config),
             "--k",
             "4",
             "--run-dir",
@@ -74,11 +74,8 @@ def calibrate(tmp_path: Path, records: list[dict], name: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_calibrate_records_pass_counts_and_resumes(tmp_path: Path):
-    (tmp_path / "agent.py").write_text(AGENT)
-    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
-    (tmp_path / "rollout.toml").write_text(
-        f"""
+def rollout_toml(tmp_path: Path) -> str:
+    return f"""
 [engine]
 model = "scripted:{tmp_path / "script.json"}"
 
@@ -98,7 +95,12 @@ concurrency = 4
 max_infra_retries = 0
 poll_interval_s = 0.2
 """
-    )
+
+
+def test_calibrate_records_pass_counts_and_resumes(tmp_path: Path):
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
     first = [record(0, 0), record(1, 1), record(2, 3), record(3, 4)]
     report = calibrate(tmp_path, first, "first")
     assert (report["calibrated"], report["rollouts"], report["skipped_already_done"]) == (4, 16, 0)
@@ -126,3 +128,37 @@ poll_interval_s = 0.2
     assert proc.returncode == 0, proc.stderr
     selected = read_records(tmp_path / "sel.jsonl")
     assert [r["instance_id"][-6:] for r in selected] == ["task_0", "task_1", "task_4", "task_2"]
+
+
+def test_a_training_config_samples_as_its_training_rollouts_do(tmp_path: Path):
+    """With a training config, every calibration call gets the run's [trainer] sampling, whatever
+    the harness asks: a pass rate measured as training will sample. The token cap is visible in the
+    outcome: the scripted answer "Answer: 42" cut to 2 tokens no longer passes (the control, the same
+    tasks through the rollout config, passes as the agent chooses)."""
+    from harnessrl.store.sqlite import SQLiteStore
+
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    training = rollout_toml(tmp_path) + "\n[trainer]\ntemperature = 0.7\nmax_tokens = 2\n"
+    training += '\n[tasks]\ntype = "jsonl"\npath = "unused.jsonl"\n'  # ignored, as [run], [tasks]...
+    (tmp_path / "train.toml").write_text(training)
+    tasks = [record(0, 2), record(1, 4)]
+
+    control = calibrate(tmp_path, tasks, "control")
+    assert control["sampling"] == "the harness's"
+    assert [r["calibration"]["passes"] for r in read_records(tmp_path / "calibrated.jsonl")] == [2, 4]
+
+    (tmp_path / "calibrated.jsonl").unlink()
+    report = calibrate(tmp_path, tasks, "trained", config="train.toml")
+    assert report["sampling"] == {"temperature": 0.7, "top_p": 1.0, "max_tokens": 2}
+    out = read_records(tmp_path / "calibrated.jsonl")
+    assert [r["calibration"]["passes"] for r in out] == [0, 0]
+    store = SQLiteStore(tmp_path / "run-trained" / "harnessrl.db")
+    try:
+        for rollout_id in out[1]["calibration"]["rollout_ids"]:
+            assert store.get_rollout(rollout_id).metadata["sampling"] == report["sampling"]
+            (call,) = store.list_calls(rollout_id)
+            assert len(call.response_token_ids) == 2
+    finally:
+        store.close()

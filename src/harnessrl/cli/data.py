@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from harnessrl.errors import HarnessRLError
+
+if TYPE_CHECKING:
+    from harnessrl.schemas import SamplingOverrides
 
 app = typer.Typer(
     name="data",
@@ -83,6 +86,9 @@ def calibrate_command(
 ) -> None:
     """Run the policy K times per task through the rollout stack; record passes (reward >= 1).
 
+    With a training config, every call samples as the run's training rollouts do ([trainer]
+    temperature, top_p, max_tokens), whatever the harness asks.
+
     Resumable: tasks already calibrated (same K, no infrastructure failures) in OUT are skipped.
     """
     import asyncio
@@ -96,11 +102,27 @@ def calibrate_command(
     try:
         # A training config works too: calibrate with the harness and evaluator the run trains with.
         rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
+        sampling = _training_sampling(config, set_ or [])
         folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
-        summary = asyncio.run(calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder))
+        summary = asyncio.run(
+            calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
+        )
     except HarnessRLError as exc:
         raise _fail(exc) from exc
     _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
+
+
+def _training_sampling(config: Path, overrides: list[str]) -> SamplingOverrides | None:
+    """A training config's ``[trainer]`` sampling (temperature, top_p, max_tokens), as its training
+    rollouts get it; None for a rollout config (the harness samples as it asks)."""
+    from harnessrl.config import load_raw_config, validate_config
+    from harnessrl.trainer.config import TrainerSection
+    from harnessrl.trainer.schedule import train_sampling
+
+    raw = load_raw_config(config, overrides)
+    if "trainer" not in raw:
+        return None
+    return train_sampling(validate_config(TrainerSection, raw["trainer"], where="trainer"))
 
 
 @app.command("select")

@@ -27,6 +27,7 @@ from harnessrl.errors import ConfigError
 
 if TYPE_CHECKING:  # the stack imports the gateway and engines: only when calibrating
     from harnessrl.controller.stack import RolloutConfig
+    from harnessrl.schemas import SamplingOverrides
 
 log = logging.getLogger(__name__)
 
@@ -66,9 +67,14 @@ async def calibrate_file(
     *,
     k: int = 4,
     run_dir: Path,
+    sampling: SamplingOverrides | None = None,
     progress: Callable[[str], None] = log.info,
 ) -> dict[str, Any]:
-    """Calibrate every record of ``in_path`` not yet done in ``out_path``; returns the report."""
+    """Calibrate every record of ``in_path`` not yet done in ``out_path``; returns the report.
+
+    ``sampling`` is forced on every call of every rollout, as the trainer forces its own on training
+    rollouts (``metadata["sampling"]``): a pass rate measured at the temperature and token cap the
+    run trains with is the one that says whether a group will have reward variance."""
     from harnessrl.controller.presets import apply_preset
     from harnessrl.controller.stack import check_environments, local_stack
 
@@ -85,6 +91,7 @@ async def calibrate_file(
     if previous.keys() - done.keys():  # drop stale lines (other k, infra failures) before appending
         write_records(out_path, done.values())
 
+    forced = {"sampling": sampling.as_metadata()} if sampling is not None else {}
     results: dict[str, Record] = {}
     if todo:
         nonce = secrets.token_hex(3)
@@ -107,7 +114,7 @@ async def calibrate_file(
                             task,
                             rollout_id=_rollout_id(task["task_id"], nonce, i),
                             task_id=task["task_id"],
-                            metadata={"calibration_sample": i},
+                            metadata={"calibration_sample": i, **forced},
                         ).rollout_id
                         for i in range(k)
                     ]
@@ -140,5 +147,6 @@ async def calibrate_file(
         "always_solved": sum(c["passes"] >= k for c in cals),
         "with_infra_failures": sum(bool(c.get("infra_failures")) for c in cals),
         "flagged_rollouts": sum(c.get("flagged", 0) for c in cals),
+        "sampling": forced.get("sampling", "the harness's"),
         "run_dir": str(run_dir),
     }
