@@ -12,6 +12,11 @@ the ``hermes`` preset), the same sandbox and the same scorer (``examples/assista
 2. **SFT**: ``harnessrl sft examples/assistant/sft.toml`` on that store (rollouts with reward 1, the
    student SmolLM2-135M-Instruct, rendered with its template and the file tools), a checkpoint;
 3. **RL**: ``harnessrl train examples/assistant/train.toml --set engine.model=<the SFT checkpoint>``;
+   with ``--rl-select N``, only on the tasks the SFT model solves sometimes: N training tasks the
+   teacher did not record, each ``--rl-select-k`` times through ``data calibrate`` with train.toml
+   (sampled as RL samples), kept by ``data select`` (0 < passes < k) — a task the SFT model always
+   solves gives a group no reward variance, so nothing to learn from; the stage (``rl_tasks``) counts
+   towards SFT + RL's time;
 4. **held-out evaluation** of the base model, the SFT checkpoint and the RL checkpoint: every
    held-out task once through ``train.toml``'s harness and evaluator, sampled as the trainer's own
    held-out evaluation samples (``eval_sampling``: ``trainer.eval_temperature`` = 0, greedy, and

@@ -149,11 +149,14 @@ def test_a_training_config_samples_as_its_training_rollouts_do(tmp_path: Path):
     assert control["sampling"] == "the harness's"
     assert [r["calibration"]["passes"] for r in read_records(tmp_path / "calibrated.jsonl")] == [2, 4]
 
-    (tmp_path / "calibrated.jsonl").unlink()
+    # OUT holds both tasks calibrated with the harness's sampling: not done for this sampling.
     report = calibrate(tmp_path, tasks, "trained", config="train.toml")
     assert report["sampling"] == {"temperature": 0.7, "top_p": 1.0, "max_tokens": 2}
+    assert (report["calibrated"], report["skipped_already_done"]) == (2, 0)
     out = read_records(tmp_path / "calibrated.jsonl")
     assert [r["calibration"]["passes"] for r in out] == [0, 0]
+    assert all(r["calibration"]["sampling"] == report["sampling"] for r in out)
+    assert calibrate(tmp_path, tasks, "again", config="train.toml")["skipped_already_done"] == 2
     store = SQLiteStore(tmp_path / "run-trained" / "harnessrl.db")
     try:
         for rollout_id in out[1]["calibration"]["rollout_ids"]:

@@ -5,7 +5,8 @@ local runner) and the ``Controller`` — so a calibration rollout is launched, s
 audited exactly like a training rollout. Each record becomes a task with ``to_task`` and reaches the
 harness through the config's harness spec (``{prompt}``, ``{task[repo]}``...).
 
-Resumable: a task whose record is already in OUT with a clean calibration of the same k is skipped;
+Resumable: a task whose record is already in OUT with a clean calibration of the same k and the same
+forced sampling is skipped;
 every finished task is appended to OUT at once (fsync), and at the end OUT is rewritten in input
 order. A task with infrastructure failures is written but not counted as done, so a re-run
 measures it again.
@@ -34,9 +35,15 @@ log = logging.getLogger(__name__)
 PASS_THRESHOLD = 1.0  # reward >= 1 is a pass: SWE-style evaluators give 1 only if every test passes
 
 
-def _is_done(record: Record, k: int) -> bool:
+def _is_done(record: Record, k: int, sampling: dict[str, Any] | None) -> bool:
+    """Calibrated cleanly with the same k and the same forced sampling (None: the harness's own)."""
     cal = record.get("calibration")
-    return isinstance(cal, dict) and cal.get("k") == k and not cal.get("infra_failures", 0)
+    return (
+        isinstance(cal, dict)
+        and cal.get("k") == k
+        and cal.get("sampling") == sampling
+        and not cal.get("infra_failures", 0)
+    )
 
 
 def _rollout_id(task_id: str, nonce: str, sample: int) -> str:
@@ -45,11 +52,14 @@ def _rollout_id(task_id: str, nonce: str, sample: int) -> str:
     return f"cal-{digest}-{nonce}-{sample}"
 
 
-def summarize(k: int, rollouts: list[Any]) -> dict[str, Any]:
-    """The ``calibration`` field for one task from its k finished rollouts (store ``Rollout``s)."""
+def summarize(k: int, rollouts: list[Any], sampling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``calibration`` field for one task from its k finished rollouts (store ``Rollout``s),
+    with the sampling forced on them if any."""
     rewards = [float(r.reward or 0.0) for r in rollouts]
     outcomes = [r.outcome.value if r.outcome else r.status.value for r in rollouts]
+    forced = {"sampling": sampling} if sampling is not None else {}
     return {
+        **forced,
         "k": k,
         "passes": sum(reward >= PASS_THRESHOLD for reward in rewards),
         "rewards": rewards,
@@ -84,14 +94,15 @@ async def calibrate_file(
     ids = [instance_id(r) for r in records]
     if any(not i for i in ids) or len(set(ids)) != len(ids):
         raise ConfigError(f"calibrate: {in_path}: every record needs a unique instance_id (run filter first)")
+    forced = sampling.as_metadata() if sampling is not None else None
     previous = {instance_id(r): r for r in read_records(out_path)} if out_path.exists() else {}
-    done = {i: r for i, r in previous.items() if _is_done(r, k)}
+    done = {i: r for i, r in previous.items() if _is_done(r, k, forced)}
     todo = [r for r in records if instance_id(r) not in done]
     progress(f"calibrate: {len(records)} tasks, {len(done)} already done, {len(todo)} to run (k={k})")
-    if previous.keys() - done.keys():  # drop stale lines (other k, infra failures) before appending
+    if previous.keys() - done.keys():  # drop stale lines (other k or sampling, infra failures)
         write_records(out_path, done.values())
 
-    forced = {"sampling": sampling.as_metadata()} if sampling is not None else {}
+    overrides = {"sampling": forced} if forced is not None else {}  # as the trainer sets it
     results: dict[str, Record] = {}
     if todo:
         nonce = secrets.token_hex(3)
@@ -114,7 +125,7 @@ async def calibrate_file(
                             task,
                             rollout_id=_rollout_id(task["task_id"], nonce, i),
                             task_id=task["task_id"],
-                            metadata={"calibration_sample": i, **forced},
+                            metadata={"calibration_sample": i, **overrides},
                         ).rollout_id
                         for i in range(k)
                     ]
@@ -122,7 +133,7 @@ async def calibrate_file(
                 finished = {r.rollout_id: r for r in await stack.controller.run_until_done(all_ids, limit)}
                 for record in batch:
                     rollouts = [finished[rid] for rid in ids_by_task[instance_id(record)]]
-                    out = {**record, "calibration": summarize(k, rollouts)}
+                    out = {**record, "calibration": summarize(k, rollouts, forced)}
                     append_record(out_path, out)
                     results[instance_id(record)] = out
                     cal = out["calibration"]
@@ -147,6 +158,6 @@ async def calibrate_file(
         "always_solved": sum(c["passes"] >= k for c in cals),
         "with_infra_failures": sum(bool(c.get("infra_failures")) for c in cals),
         "flagged_rollouts": sum(c.get("flagged", 0) for c in cals),
-        "sampling": forced.get("sampling", "the harness's"),
+        "sampling": forced if forced is not None else "the harness's",
         "run_dir": str(run_dir),
     }
