@@ -306,6 +306,11 @@ def evaluate(
     argv = [sys.executable, __file__, "--evaluate", model, "--tasks", str(tasks_file), "--work", str(run_dir)]
     argv += ["--example", example, "--eval-samples", str(samples)]
     run(with_sets(argv, sets, "--eval-set"), logfile)  # the internal run reads this script's flag
+    return evaluation_report(run_dir, samples)
+
+
+def evaluation_report(run_dir: Path, samples: int) -> dict[str, Any]:
+    """What an evaluation's ``rewards.json`` says: success, its SE, solved, per family..."""
     rewards = json.loads((run_dir / "rewards.json").read_text())
     solved = [r["reward"] >= 1.0 for r in rewards]
     rates = list(task_success(rewards).values())
@@ -484,6 +489,11 @@ def main() -> None:
         help="rollouts per held-out task at each evaluation (more than 1 with a sampling temperature: "
         "--eval-set trainer.eval_temperature=0.7)",
     )  # fmt: skip
+    parser.add_argument(
+        "--sampled-evals", type=int, default=0, metavar="K",
+        help="also evaluate SFT and RL K times a held-out task at train.toml's training temperature "
+        "(heldout.sft_sampled, rl_sampled): a success rate a task, finer than greedy's pass or fail",
+    )  # fmt: skip
     parser.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temp folder)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--resume", action="store_true", help="skip the stages --out already holds")
@@ -539,6 +549,7 @@ def main() -> None:
                 "rl_set",
                 "eval_set",
                 "eval_samples",
+                "sampled_evals",
             )
         },  # fmt: skip
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_at_start": load_average()},
@@ -569,15 +580,17 @@ def main() -> None:
             stages[f"eval_{key}"] = timed.report
         save()
 
-    def evaluation(name: str, model: Any) -> Any:
+    def evaluation(
+        name: str, model: Any, sets: list[str] = args.eval_set, samples: int = args.eval_samples
+    ) -> Any:
         return lambda: evaluate(
             args.example,
             model(),
             heldout_file,
             work / f"eval-{name}",
             work / f"eval-{name}.log",
-            args.eval_set,
-            args.eval_samples,
+            sets,
+            samples,
         )
 
     stage("base evaluation", "base", heldout, evaluation("base", lambda: "smollm2"))
@@ -594,6 +607,15 @@ def main() -> None:
     rl_sizes = (args.rl_steps, args.rl_tasks_per_step, args.rl_group_size)
     stage("rl", "rl", stages, lambda: rl(example, work, stages["sft"]["checkpoint"], *rl_sizes, rl_sets))
     stage("rl evaluation", "rl", heldout, evaluation("rl", lambda: stages["rl"]["checkpoint"]))
+    if args.sampled_evals:  # as RL samples: its temperature, the evaluations' token cap
+        from harnessrl.config import load_raw_config
+
+        temperature = load_raw_config(example.folder / "train.toml", args.rl_set)["trainer"]["temperature"]
+        sampled = [*args.eval_set, f"trainer.eval_temperature={temperature}"]
+        for key in ("sft", "rl"):
+            name, checkpoint = f"{key}_sampled", stages[key]["checkpoint"]
+            evaluated = evaluation(name, lambda c=checkpoint: c, sampled, args.sampled_evals)
+            stage(f"{key} evaluation, sampled", name, heldout, evaluated)
     result["gains"] = {
         "sft_over_base": gain(heldout["sft"], heldout["base"]),
         "rl_over_sft": gain(heldout["rl"], heldout["sft"]),
@@ -604,6 +626,8 @@ def main() -> None:
         "rl_over_sft": paired_gain(work, "rl", "sft"),
         "rl_over_base": paired_gain(work, "rl", "base"),
     }
+    if "rl_sampled" in heldout:
+        result["paired_gains"]["rl_over_sft_sampled"] = paired_gain(work, "rl_sampled", "sft_sampled")
     spent = [stages[key] for key in ("sft", "rl_tasks", "rl") if key in stages]  # choosing RL's tasks is RL's
     result["sft_plus_rl"] = {
         "wall_minutes": round(sum(s["wall_s"] for s in spent) / 60, 2),

@@ -57,6 +57,25 @@ def test_several_samples_a_task_are_compared_as_that_tasks_success_rate(dl, tmp_
     assert out == {"gain": 0.0, "paired_se": round(se, 3), "to_pass": 1, "to_fail": 1}
 
 
+def test_an_evaluation_with_several_samples_a_task_reports_the_mean_task_success(dl, tmp_path):
+    # --sampled-evals: a 3/4, b 1/4 (c's 0.5 is partial, not solved): success 0.5 over 2 tasks.
+    rows = [("a", "f", 1), ("a", "f", 1), ("a", "f", 0), ("a", "f", 1), ("b", "g", 0), ("b", "g", 0.5)]
+    rows += [("b", "g", 1), ("b", "g", 0)]
+    (tmp_path / "rewards.json").write_text(
+        json.dumps([{"task_id": t, "family": f, "reward": r, "outcome": "finished"} for t, f, r in rows])
+    )
+    report = dl.evaluation_report(tmp_path, 4)
+    assert (report["success"], report["solved"], report["tasks"], report["samples_per_task"]) == (
+        0.5,
+        4,
+        2,
+        4,
+    )
+    assert report["se"] == round(math.sqrt(((0.75 - 0.5) ** 2 + (0.25 - 0.5) ** 2) / 2 / 2), 3)
+    assert report["by_family"] == {"f": 0.75, "g": 0.25}
+    assert report["mean_reward"] == round(4.5 / 8, 3)
+
+
 def test_the_picture_has_a_bar_and_a_label_per_stage(dl, tmp_path):
     heldout = {
         k: {"success": v, "se": 0.05, "tasks": 40} for k, v in (("base", 0.0), ("sft", 0.8), ("rl", 0.9))
