@@ -28,7 +28,8 @@ tasks are the same at each stage, so this overstates the SE of the paired differ
 records its wall time, the CPU seconds of its processes (``RUSAGE_CHILDREN``) and the load average
 before and after (the machine is shared).
 
-    .venv/bin/python benchmarks/distill_learning.py                        # full size: ~30 min here
+    .venv/bin/python benchmarks/distill_learning.py --rl-set trainer.gradient_checkpointing=true \
+        --rl-set algorithm.zero_variance_groups=drop [--sampled-evals 4]   # full size: ~40 (60) min here
     .venv/bin/python benchmarks/distill_learning.py --example search_agent # full size: ~28 min here
     .venv/bin/python benchmarks/distill_learning.py --smoke                # ~the pipeline end to end, tiny
 
@@ -102,17 +103,17 @@ EXAMPLES = {
 SIZES = {
     "assistant": {
         "teacher_tasks": 48, "heldout": 40, "sft_epochs": 2, "sft_sequences_per_step": 8,
-        "rl_steps": 6, "rl_tasks_per_step": 2, "rl_group_size": 4,
+        "rl_steps": 12, "rl_tasks_per_step": 2, "rl_group_size": 4, "rl_select": 40,
     },
     "search_agent": {
         "teacher_tasks": 96, "heldout": 40, "sft_epochs": 2, "sft_sequences_per_step": 8,
-        "rl_steps": 4, "rl_tasks_per_step": 4, "rl_group_size": 6,
+        "rl_steps": 4, "rl_tasks_per_step": 4, "rl_group_size": 6, "rl_select": 0,
     },
 }  # fmt: skip
 # The smoke run: the pipeline end to end at the smallest size that exercises every stage.
 SMOKE = {
     "teacher_tasks": 4, "heldout": 4, "sft_epochs": 1, "sft_sequences_per_step": 2,
-    "rl_steps": 1, "rl_tasks_per_step": 1, "rl_group_size": 2,
+    "rl_steps": 1, "rl_tasks_per_step": 1, "rl_group_size": 2, "rl_select": 0,
 }  # fmt: skip
 
 
@@ -473,9 +474,9 @@ def main() -> None:
     parser.add_argument("--rl-tasks-per-step", type=int)
     parser.add_argument("--rl-group-size", type=int)
     parser.add_argument(
-        "--rl-select", type=int, default=0, metavar="N",
+        "--rl-select", type=int, metavar="N",
         help="RL trains only on the tasks the SFT model solves sometimes, out of N training tasks the "
-        "teacher did not record (each calibrated --rl-select-k times); 0: on every training task",
+        "teacher did not record (each calibrated --rl-select-k times); 0: on every training task (SIZES)",
     )  # fmt: skip
     parser.add_argument("--rl-select-k", type=int, default=4, help="rollouts per candidate (--rl-select)")
     parser.add_argument("--smoke", action="store_true", help=f"the smallest run of every stage: {SMOKE}")
