@@ -89,7 +89,8 @@ def calibrate_command(
     With a training config, every call samples as the run's training rollouts do ([trainer]
     temperature, top_p, max_tokens), whatever the harness asks.
 
-    Resumable: tasks already calibrated (same K, no infrastructure failures) in OUT are skipped.
+    Resumable: tasks already calibrated (same K and sampling, no infrastructure failures) in OUT are
+    skipped.
     """
     import asyncio
     import logging

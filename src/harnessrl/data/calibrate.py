@@ -6,10 +6,9 @@ audited exactly like a training rollout. Each record becomes a task with ``to_ta
 harness through the config's harness spec (``{prompt}``, ``{task[repo]}``...).
 
 Resumable: a task whose record is already in OUT with a clean calibration of the same k and the same
-forced sampling is skipped;
-every finished task is appended to OUT at once (fsync), and at the end OUT is rewritten in input
-order. A task with infrastructure failures is written but not counted as done, so a re-run
-measures it again.
+forced sampling is skipped; every finished task is appended to OUT at once (fsync), and at the end
+OUT is rewritten in input order. A task with infrastructure failures is written but not counted as
+done, so a re-run measures it again.
 """
 
 from __future__ import annotations
