@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -79,6 +80,8 @@ def test_control_the_evaluator_probe_without_its_sandbox_and_limits_is_reported_
         limits, limits_detail = limits_held(probe)
         assert not copy and "FIFO fifo, socket socket" in copy_detail
         assert not limits and probe.seen["memory"] == "allocated" and probe.seen["processes"] == 64
+        # unsandboxed, the scorer wrote into the host's /tmp: it leaves nothing there (CI's disk)
+        assert not [p.name for p in Path("/tmp").iterdir() if "fill" in p.name]
         # and the "sparse" measure notices a copy that wrote the holes out
         shutil.copyfile(folder / "ws" / "sparse.bin", folder / "dense.bin")
         assert os.stat(folder / "dense.bin").st_blocks * 512 >= 64 << 20

@@ -55,14 +55,18 @@ for proc in started:
     proc.kill()
     proc.wait()
 written = 0
+fill = f"/tmp/harnessrl-check-fill-{os.getpid()}"
 try:
-    with open("/tmp/fill", "wb") as f:
+    with open(fill, "wb") as f:
         while written < caps["tmp"]:
             f.write(b"x" * (1 << 20))
             f.flush()
             written += 1 << 20
 except OSError as exc:
     out["tmp_refused"] = exc.strerror
+finally:  # unsandboxed (the tests' control) this is the host's /tmp
+    if os.path.exists(fill):
+        os.remove(fill)
 out["tmp_written"] = written
 print(json.dumps({"reward": 0.0, **out}))
 """
