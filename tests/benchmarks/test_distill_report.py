@@ -12,6 +12,7 @@ from types import ModuleType
 
 import pytest
 from tests.benchmarks.scripts import load_benchmark
+from tests.fakes.skilled_agent import skilled_agent
 
 
 @pytest.fixture(scope="module")
@@ -93,21 +94,7 @@ def test_the_picture_has_a_bar_and_a_label_per_stage(dl, tmp_path):
     assert {"0.00", "0.80", "0.90", "base model", "after SFT", "after SFT + RL"} <= set(texts)
 
 
-# A stand-in policy for choosing RL's tasks: it asks the model (a real, recorded call through the
-# gateway), then solves the first ``family`` samples of its task (the sample index ends the
-# calibration rollout id) and answers wrong on the rest.
-AGENT = """
-import json, os, sys, urllib.request
-req = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": sys.argv[1]}]}).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-)
-reply = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
-task = json.loads(os.environ["HARNESSRL_TASK"])
-sample = int(os.environ["HARNESSRL_ROLLOUT_ID"].rsplit("-", 1)[1])
-print(reply if sample < int(task["family"]) else "Answer: 0")
-"""
+AGENT = skilled_agent("family")  # solves the first task["family"] samples of its task
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")

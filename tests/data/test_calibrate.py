@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.fakes.skilled_agent import skilled_agent
 
 from harnessrl.data.records import read_records, write_records
 
@@ -18,21 +19,7 @@ HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
 
-# A stand-in policy with a known skill per task: it asks the model (every rollout makes a real,
-# recorded call through the gateway), then answers right on the first ``solve_k`` samples of the
-# task (the sample index is the last part of the calibration rollout id), wrong on the rest.
-AGENT = """
-import json, os, sys, urllib.request
-req = urllib.request.Request(
-    os.environ["OPENAI_BASE_URL"] + "/chat/completions",
-    data=json.dumps({"model": "policy", "messages": [{"role": "user", "content": sys.argv[1]}]}).encode(),
-    headers={"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"], "Content-Type": "application/json"},
-)
-reply = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
-task = json.loads(os.environ["HARNESSRL_TASK"])
-sample = int(os.environ["HARNESSRL_ROLLOUT_ID"].rsplit("-", 1)[1])
-print(reply if sample < task["solve_k"] else "Answer: 0")
-"""
+AGENT = skilled_agent("solve_k")  # solves the first task["solve_k"] samples of its task
 
 
 def record(i: int, solve_k: int) -> dict:
