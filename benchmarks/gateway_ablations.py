@@ -187,7 +187,7 @@ ABLATIONS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
 
 
 def serve_ablated(name: str, port: int, upstream: str, store: str, admin_key: str) -> None:
-    """``gateway_overhead.serve_harnessrl`` with ablation ``name`` in place (never undone: SIGTERM ends it)."""
+    """``gateway_overhead.serve_harnessrl`` with ablation ``name`` in place for as long as it serves."""
     with ABLATIONS[name]():
         go.serve_harnessrl(port, upstream, store, admin_key)
 
