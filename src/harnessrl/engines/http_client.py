@@ -241,7 +241,9 @@ class HttpClient:
                 )
         except (OSError, TimeoutError) as exc:
             self._forget(conn)
-            raise ConnectFailed(f"cannot connect to {self._host}:{self._port}: {exc or 'timed out'}") from exc
+            raise ConnectFailed(
+                f"cannot connect to {self._host}:{self._port}: {str(exc) or 'timed out'}"
+            ) from exc
         except BaseException:
             self._forget(conn)
             conn.close()
