@@ -59,7 +59,6 @@ HERE = Path(__file__).resolve()
 RESULTS = HERE.parent / "results" / "gateway_ablations.json"
 #: Texts shorter than this keep their real encoding under ``tail_encode`` (the glue around a splice).
 STAND_IN_FROM_CHARS = 200
-TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 FIXED_ANSWER = json.dumps(
     {
         "id": "chatcmpl-fixed",
@@ -226,7 +225,7 @@ async def compare(
             target.name, target.pids = side, {"gateway": pids[side]}
             targets[side] = target
             await go.run_batch(session, target, bodies, 1, 1)  # warm-up
-        start = {side: user_system_s(pids[side]) for side in sides}
+        start = {side: measure.user_system_seconds(pids[side]) for side in sides}
         for r in range(rounds):
             for side in sides[r % len(sides) :] + sides[: r % len(sides)]:
                 batches[side].append(await go.run_batch(session, targets[side], bodies, conversations, 1))
@@ -236,19 +235,12 @@ async def compare(
         out[side] = go.summarize(side_batches)
         # How much of it was the kernel's (socket writes and reads): user and system time, in ticks.
         calls = out[side]["requests"]
-        (user0, system0), (user1, system1) = start[side], user_system_s(pids[side])
+        (user0, system0), (user1, system1) = start[side], measure.user_system_seconds(pids[side])
         out[side]["user_system_ms_per_call"] = {
             "user": round((user1 - user0) / calls * 1000, 3),
             "system": round((system1 - system0) / calls * 1000, 3),
         }
     return out
-
-
-def user_system_s(pid: int) -> tuple[float, float]:
-    """User and system CPU seconds of process ``pid`` so far (``/proc``, clock ticks)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()  # the command name (field 2) may hold spaces
-    return int(fields[11]) / TICKS_PER_S, int(fields[12]) / TICKS_PER_S
 
 
 def report(summaries: dict[str, Any]) -> dict[str, Any]:

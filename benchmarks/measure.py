@@ -44,16 +44,21 @@ def cpu_seconds(pid: int) -> float:
     """
     total = 0.0
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            # The command name (field 2) may hold spaces: split after its closing parenthesis.
-            fields = f.read().rpartition(")")[2].split()
-        total += (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime (fields 14, 15)
+        total += sum(user_system_seconds(pid))
         for task in os.listdir(f"/proc/{pid}/task"):
             with open(f"/proc/{pid}/task/{task}/children") as f:
                 total += sum(cpu_seconds(int(c)) for c in f.read().split())
     except (FileNotFoundError, ProcessLookupError):
         pass  # the process (or a child) exited: its time is gone with it
     return total
+
+
+def user_system_seconds(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of process ``pid`` itself (``/proc``, clock-tick resolution)."""
+    with open(f"/proc/{pid}/stat") as f:
+        # The command name (field 2) may hold spaces: split after its closing parenthesis.
+        fields = f.read().rpartition(")")[2].split()
+    return int(fields[11]) / _CLK_TCK, int(fields[12]) / _CLK_TCK  # utime, stime (fields 14, 15)
 
 
 def thread_cpu_ns(pid: int) -> dict[tuple[int, int], int]:
