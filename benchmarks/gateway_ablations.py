@@ -31,7 +31,7 @@ Ablations (``ABLATIONS``; each still answers every call with status 200, so the 
 The stand-ins make prompts, answers and records wrong: these are numbers for deciding where to work,
 never a gateway to run.
 
-    .venv/bin/python benchmarks/gateway_ablations.py --rounds 60 --out benchmarks/results/gateway_ablations.json
+    .venv/bin/python benchmarks/gateway_ablations.py --rounds 100 --out benchmarks/results/gateway_ablations.json
 """
 
 from __future__ import annotations
