@@ -215,7 +215,6 @@ async def compare(
     bodies = go.leg_bodies(go.build_reply(go._tokenizer()), 8)["chat"]
     sides = list(urls)
     batches: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
-    start: dict[str, tuple[float, float]] = {}
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=2), timeout=aiohttp.ClientTimeout(total=600)
     ) as session:
@@ -233,7 +232,7 @@ async def compare(
     out = {}
     for side, side_batches in batches.items():
         out[side] = go.summarize(side_batches)
-        # How much of it was the kernel's (socket writes and reads): user and system time, in ticks.
+        # How much of it was the kernel's (socket writes and reads, SQLite's file writes): /proc's clock ticks.
         calls = out[side]["requests"]
         (user0, system0), (user1, system1) = start[side], measure.user_system_seconds(pids[side])
         out[side]["user_system_ms_per_call"] = {
