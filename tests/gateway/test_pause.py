@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from harnessrl.gateway.control.pause import PauseGate
+from harnessrl.store.sqlite import SQLiteStore
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -166,3 +167,40 @@ def test_resume_with_a_bad_policy_version_is_a_400_naming_it(make_gateway: Any) 
             gw.client.resume(policy_version=bad)  # type: ignore[arg-type]
     assert gw.client.state()["paused"] is True
     assert gw.client.resume(policy_version=3)["paused"] is False
+
+
+def test_a_pause_committed_by_another_process_is_read_on_the_event_loop(
+    make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a SQLite file the gateway polls the gate (no notifications); ``reads_at_once`` lets it read
+    on its event loop, with no hop to a worker thread 20 times a second. A command committed by
+    another store on the file (the trainer's) still reaches it. The control turns ``reads_at_once``
+    off: the reads move to anyio's worker threads, which the probe sees."""
+    readers: list[str] = []
+    read_gate = SQLiteStore.read_gate
+
+    def recording(self: SQLiteStore) -> Any:
+        readers.append(threading.current_thread().name)
+        return read_gate(self)
+
+    monkeypatch.setattr(SQLiteStore, "read_gate", recording)
+    gw = make_gateway()
+    other = SQLiteStore(gw.store.path)  # another process's store, as far as SQLite knows
+
+    def until(paused: bool) -> None:
+        deadline = time.monotonic() + 20
+        while gw.client.health()["paused"] is not paused:
+            assert time.monotonic() < deadline, f"the gateway never saw paused={paused}"
+            time.sleep(0.01)
+
+    try:
+        other.command_gate(paused=True)
+        until(True)
+        assert readers and not [name for name in readers if name.startswith("AnyIO worker")]
+        readers.clear()
+        monkeypatch.setattr(SQLiteStore, "reads_at_once", property(lambda self: False))
+        other.command_gate(paused=False)
+        until(False)
+        assert any(name.startswith("AnyIO worker") for name in readers)  # control
+    finally:
+        other.close()

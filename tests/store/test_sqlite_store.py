@@ -13,6 +13,7 @@ import pytest
 
 from harnessrl.schemas import Call
 from harnessrl.store import open_store
+from harnessrl.store.gate import GateState
 from harnessrl.store.migrations import SCHEMA_VERSION
 from harnessrl.store.sqlite import SQLiteStore
 
@@ -67,7 +68,7 @@ def _child_reads_a_key(store: SQLiteStore, api_key: str, out: multiprocessing.Qu
 
 
 def test_key_lookup_reads_at_once_while_another_thread_writes(tmp_path: Path) -> None:
-    """``reads_at_once``: ``get_rollout_by_key`` answers while a write transaction is open on the
+    """``reads_at_once``: ``get_rollout_by_key`` and ``read_gate`` answer while a write transaction is open on the
     store's shared connection (the gateway calls it on its event loop); the control, a read on the
     shared connection, waits for that transaction."""
     store = SQLiteStore(tmp_path / "store.db")
@@ -85,6 +86,7 @@ def test_key_lookup_reads_at_once_while_another_thread_writes(tmp_path: Path) ->
     assert holding.wait(30)
     try:
         assert store.get_rollout_by_key(rollout.api_key).rollout_id == rollout.rollout_id
+        assert store.read_gate() == GateState(paused=False, policy_version=None, command=0)
         shared = threading.Thread(target=store.get_rollout, args=(rollout.rollout_id,))
         shared.start()
         shared.join(timeout=0.5)
@@ -93,6 +95,18 @@ def test_key_lookup_reads_at_once_while_another_thread_writes(tmp_path: Path) ->
         release.set()
         writer.join()
     shared.join(timeout=30)
+    store.close()
+
+
+def test_a_gate_read_at_once_sees_every_command_of_another_store(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "store.db")
+    other = SQLiteStore(tmp_path / "store.db")  # another process's store, as far as SQLite knows
+    assert store.read_gate().command == 0
+    other.command_gate(paused=True)
+    assert store.read_gate() == GateState(paused=True, policy_version=None, command=1)
+    other.command_gate(paused=False, policy_version=4)
+    assert store.read_gate() == GateState(paused=False, policy_version=4, command=2)
+    other.close()
     store.close()
 
 

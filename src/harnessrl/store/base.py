@@ -53,10 +53,11 @@ class Store(Protocol):
 
     @property
     def reads_at_once(self) -> bool:
-        """Whether ``get_rollout_by_key`` answers from this machine in microseconds, never waiting for
-        another thread's transaction (SQLite in WAL mode, on its own connection per thread): an
-        event loop may call it directly instead of handing it to a thread (the gateway does, once
-        per model call). False for a server's database (PostgreSQL: a network round trip)."""
+        """Whether ``get_rollout_by_key`` and ``read_gate`` answer from this machine in microseconds,
+        never waiting for another thread's transaction (SQLite in WAL mode, on its own connection per
+        thread): an event loop may call them directly instead of handing them to a thread (the
+        gateway does: the key once per model call, the gate on its poll). False for a server's
+        database (PostgreSQL: a network round trip)."""
 
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
         """Create a run, or return the existing one with that id (idempotent)."""

@@ -93,8 +93,14 @@ class GateRows:
 
     def read_gate(self) -> GateState:
         with self._read() as conn:
-            row = conn.execute("SELECT paused, policy_version, command FROM gate WHERE id = 1").fetchone()
-        return _gate_state(row)
+            return self._gate_on(conn)
+
+    @staticmethod
+    def _gate_on(conn: Any) -> GateState:
+        """The gate's row as ``conn`` sees it (inside the caller's transaction, if any)."""
+        return _gate_state(
+            conn.execute("SELECT paused, policy_version, command FROM gate WHERE id = 1").fetchone()
+        )
 
     def command_gate(
         self, *, paused: bool, policy_version: int | None = None, rewind: bool = False

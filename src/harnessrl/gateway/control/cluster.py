@@ -69,6 +69,8 @@ class Cluster:
         self.heartbeat = Heartbeat(store, lease_s=lease_s, clock=clock)
         self.applied = 0  # the last command applied to ``gate``
         self._shared = shared
+        # No other process can reach the gate (SQLite in memory): only the backstop's timer is needed.
+        self._private = not store.notifies_gate and store.local_file is None
         self._event: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._stop_watch: Callable[[], None] | None = None
@@ -93,8 +95,7 @@ class Cluster:
     def tick_s(self) -> float:
         """Seconds between looks at the gate: the backstop where the store notifies or no other
         process can reach it (SQLite in memory), else the poll (another process may share a file)."""
-        private = not self.store.notifies_gate and self.store.local_file is None
-        return BACKSTOP_S if self._pushes or private else POLL_S
+        return BACKSTOP_S if self._pushes or self._private else POLL_S
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -143,7 +144,7 @@ class Cluster:
             read, self._read_wanted = self._read_wanted, False
             try:
                 if read:
-                    self.apply(await anyio.to_thread.run_sync(self.store.read_gate))
+                    self.apply(await self._read_gate())
                 await self.ack()
                 failing = False
             except Exception:  # noqa: BLE001 - keep in step once the store answers again
@@ -152,8 +153,9 @@ class Cluster:
                     log.warning("gateway %s could not read the gate", self.gateway_id, exc_info=True)
                 failing = True
             wait = min(self.tick_s, max(0.0, self.heartbeat.next_beat - self.clock()))
-            try:
-                await asyncio.wait_for(self._sync_wanted.wait(), wait)
+            try:  # (a timeout scope, not wait_for: no task to create and cancel on every tick)
+                async with asyncio.timeout(wait):
+                    await self._sync_wanted.wait()
             except TimeoutError:
                 self._read_wanted = True  # the backstop (or, without notifications, the poll)
 
@@ -188,8 +190,13 @@ class Cluster:
         event.set()
 
     async def sync(self) -> None:
-        self.apply(await anyio.to_thread.run_sync(self.store.read_gate))
+        self.apply(await self._read_gate())
         await self.ack()
+
+    async def _read_gate(self) -> GateState:
+        if self.store.reads_at_once:  # a local file: the poll's read costs less than a thread hop
+            return self.store.read_gate()
+        return await anyio.to_thread.run_sync(self.store.read_gate)
 
     def apply(self, state: GateState) -> int:
         """Put ``gate`` (and the engine's version) in ``state`` if it is newer; calls released."""
