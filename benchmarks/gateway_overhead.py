@@ -51,8 +51,11 @@ The targets:
   ``completions`` under ``/openai/v1/``, so Messages and Responses are a 404).
 
 Each leg runs at C = 1 and C = 32 (each client worker runs whole conversations one turn after
-another). The targets are measured in interleaved rounds (the order rotates each round) so that
-background load on a shared machine hits all alike; the load average is recorded per batch. Reported
+another). Level by level, the legs and their targets are measured in interleaved rounds (each round
+every leg sends one batch to each of its targets; both orders rotate each round) so that background
+load and a shared machine's drifting speed hit all alike: a leg's ratio to the chat leg (issue 40's
+stream / whole and API / chat lines) is measured side by side, as the targets' ratios are. The load
+average is recorded per batch. Reported
 per level: req/s (requests / batch wall time, summed over rounds), p50/p99 latency, and the ratios to
 direct.
 
@@ -125,9 +128,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # ``measure``, also when loaded by path (tests)
 from measure import (  # noqa: E402
@@ -141,6 +145,8 @@ from measure import (  # noqa: E402
     wait_http,
     yardstick_bytes,
 )
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results" / "gateway_overhead.json"
@@ -937,43 +943,74 @@ def target_summaries(level: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: s for name, s in level.items() if name not in LEVEL_EXTRAS}
 
 
+@dataclass
+class LegRun:
+    """One leg as ``measure`` runs it: its targets, conversations, levels (``leg_plan``) and answer check.
+    ``reuse``: harnessrl's prompt-reuse counters (``gateway_reuse``) this leg's batches moved."""
+
+    name: str
+    targets: list[Target]
+    conversations: list[list[bytes]]
+    plan: list[tuple[int, int, int]]
+    complete: Callable[[bytes], bool] | None = None
+    reuse: dict[str, float] = field(default_factory=dict)
+
+
+def rotated(items: Sequence[T], r: int) -> list[T]:
+    """``items`` starting at index ``r`` (mod their count): round ``r``'s order."""
+    k = r % len(items)
+    return [*items[k:], *items[:k]]
+
+
 async def measure(
-    args: argparse.Namespace,
-    targets: list[Target],
-    conversations: list[list[bytes]],
-    plan: list[tuple[int, int, int]] | None = None,
-    complete: Callable[[bytes], bool] | None = None,
-    label: str = "chat",
-) -> dict[str, Any]:
-    """One leg: per level of ``plan`` (``leg_plan``'s chat levels by default), a warm-up batch per
-    target, then ``rounds`` interleaved rounds; the level's summaries, ratios and CPU ceilings."""
+    legs: list[LegRun], reuse_of: Callable[[], Awaitable[dict[str, float]]] | None = None
+) -> dict[str, dict[str, Any]]:
+    """The legs, level by level (C = 1 first): a warm-up batch per leg and target, then rounds in which
+    every leg with rounds left sends one batch to each of its targets, legs and targets in an order
+    rotated each round. Legs are interleaved as targets are, so a leg's ratio to another (stream /
+    chat, messages / chat) is measured side by side, not minutes apart on a machine whose speed
+    drifts. ``reuse_of``: read around each harnessrl batch, into its leg's ``reuse``.
+    Returns each leg's levels (summaries, ratios, CPU ceilings) by leg name."""
     import aiohttp
 
-    levels: dict[str, Any] = {}
-    for concurrency, rounds, n_conv in plan or leg_plan(args, "chat"):
+    levels: dict[str, dict[str, Any]] = {leg.name: {} for leg in legs}
+    for concurrency in dict.fromkeys(c for leg in legs for c, _, _ in leg.plan):
+        at_level = [(leg, rounds, n) for leg in legs for c, rounds, n in leg.plan if c == concurrency]
         connector = aiohttp.TCPConnector(limit=concurrency * 2, force_close=False)
         async with aiohttp.ClientSession(
             connector=connector, timeout=aiohttp.ClientTimeout(total=600)
         ) as session:
-            for t in targets:  # warm-up: connections, caches, lazy imports
-                await run_batch(
-                    session, t, conversations, max(1, concurrency // 4), min(concurrency, 8), complete
-                )
-            batches: dict[str, list[dict[str, Any]]] = {t.name: [] for t in targets}
-            for r in range(rounds):
-                order = targets[r % len(targets) :] + targets[: r % len(targets)]
-                for t in order:
-                    batches[t.name].append(
-                        await run_batch(session, t, conversations, n_conv, concurrency, complete)
-                    )
-                    b = batches[t.name][-1]
-                    print(
-                        f"  {label:8s} C={concurrency} round {r + 1}/{rounds} {t.name:15s} "
-                        f"{len(b['latencies']) / b['wall_s']:7.1f} req/s  load {b['load_avg_1m']:.2f}"
-                        f"{'  ERRORS ' + str(len(b['errors'])) if b['errors'] else ''}",
-                        flush=True,
-                    )
-        levels[str(concurrency)] = summarize_level(batches, os.cpu_count() or 1)
+
+            async def batch(leg: LegRun, target: Target, n_conv: int, workers: int) -> dict[str, Any]:
+                counted = reuse_of is not None and target.name == "harnessrl"
+                before = await reuse_of() if counted else {}  # type: ignore[misc]
+                out = await run_batch(session, target, leg.conversations, n_conv, workers, leg.complete)
+                if counted:
+                    for key, value in (await reuse_of()).items():  # type: ignore[misc]
+                        moved = value - before.get(key, 0.0)
+                        if moved:
+                            leg.reuse[key] = leg.reuse.get(key, 0.0) + moved
+                return out
+
+            for leg, _, _ in at_level:  # warm-up: connections, caches, lazy imports
+                for t in leg.targets:
+                    await batch(leg, t, max(1, concurrency // 4), min(concurrency, 8))
+            batches = {leg.name: {t.name: [] for t in leg.targets} for leg, _, _ in at_level}
+            for r in range(max((rounds for _, rounds, _ in at_level), default=0)):
+                for leg, rounds, n_conv in rotated(at_level, r):
+                    if r >= rounds:
+                        continue
+                    for t in rotated(leg.targets, r):
+                        b = await batch(leg, t, n_conv, concurrency)
+                        batches[leg.name][t.name].append(b)
+                        print(
+                            f"  {leg.name:8s} C={concurrency} round {r + 1}/{rounds} {t.name:15s} "
+                            f"{len(b['latencies']) / b['wall_s']:7.1f} req/s  load {b['load_avg_1m']:.2f}"
+                            f"{'  ERRORS ' + str(len(b['errors'])) if b['errors'] else ''}",
+                            flush=True,
+                        )
+        for leg, _, _ in at_level:
+            levels[leg.name][str(concurrency)] = summarize_level(batches[leg.name], os.cpu_count() or 1)
     return levels
 
 
@@ -1329,15 +1366,16 @@ async def run_legs(
     admin_key: str,
     bodies: dict[str, list[list[bytes]]],
 ) -> dict[str, Any]:
-    """Every asked leg in turn: its targets (Agent Lightning only where ``probe_agl`` found it answers
-    whole), levels, and the harnessrl reuse counters it moved. Returns the legs' levels by JSON key, the
-    targets by leg, the AGL probes and the reuse per leg."""
+    """Every asked leg, interleaved (``measure``): its targets (Agent Lightning only where ``probe_agl``
+    found it answers whole), levels, and the harnessrl reuse counters it moved. Returns the legs'
+    levels by JSON key, the targets by leg, the AGL probes and the reuse per leg."""
     out: dict[str, Any] = {"levels": {}, "legs": {}, "targets": {}, "agl_probes": {}, "reuse": {}}
     agl = urls.get("agentlightning")
+    runs: list[LegRun] = []
+    not_measured: dict[str, dict[str, Any]] = {}
     for leg in args.legs:
         api = LEG_APIS[leg]
         targets: list[Target] = [Direct(urls["upstream"], api), Harnessrl(urls["harnessrl"], admin_key, api)]
-        not_measured = None
         if agl:
             if leg == "chat":
                 targets.append(AgentLightning(agl))
@@ -1347,7 +1385,7 @@ async def run_legs(
                 if probe["measured"]:
                     targets.append(AgentLightning(agl, api))
                 else:
-                    not_measured = {
+                    not_measured[leg] = {
                         "agentlightning": {"reason": probe["reason"], "see": f"agentlightning.legs.{leg}"}
                     }
                     print(f"{leg}: Agent Lightning not measured: {probe['reason'][:160]}", flush=True)
@@ -1355,18 +1393,18 @@ async def run_legs(
             t.pids = {"upstream": pids["upstream"]}
             if t.name != "direct":
                 t.pids["gateway"] = pids[t.name]
-        before = await gateway_reuse(urls["harnessrl"], admin_key)
-        levels = await measure(args, targets, bodies[leg], leg_plan(args, leg), LEG_CHECKS[leg], leg)
-        after = await gateway_reuse(urls["harnessrl"], admin_key)
-        out["reuse"][leg] = {k: v - before.get(k, 0.0) for k, v in after.items() if v - before.get(k, 0.0)}
-        out["targets"][leg] = targets
-        if leg == "chat":
-            out["levels"] = levels
-        else:
-            for c, level in levels.items():
-                if not_measured:
-                    level["not_measured"] = not_measured
-                out["legs"][f"{LEG_KEYS[leg]}_c{c}"] = level
+        runs.append(LegRun(leg, targets, bodies[leg], leg_plan(args, leg), LEG_CHECKS[leg]))
+    measured = await measure(runs, lambda: gateway_reuse(urls["harnessrl"], admin_key))
+    for run in runs:
+        out["reuse"][run.name] = run.reuse
+        out["targets"][run.name] = run.targets
+        if run.name == "chat":
+            out["levels"] = measured[run.name]
+            continue
+        for c, level in measured[run.name].items():
+            if run.name in not_measured:
+                level["not_measured"] = not_measured[run.name]
+            out["legs"][f"{LEG_KEYS[run.name]}_c{c}"] = level
     return out
 
 
@@ -1633,7 +1671,7 @@ def run(
                 }
                 for leg in args.legs
             },
-            "order": "interleaved rounds, order rotated each round",
+            "order": "per level, interleaved rounds: every leg, and every target of a leg, in an order rotated each round",
             "client": "aiohttp, pre-serialized bodies, keep-alive; every answer read whole",
         },
         "harnessrl": {

@@ -336,3 +336,64 @@ def test_cpu_sample_of_this_process_moves_with_its_work(go: ModuleType) -> None:
     after = go.cpu_sample(os.getpid())
     used = go.cpu_seconds_between(before, after)
     assert 0 < used < 5 and before[1], before
+
+
+def test_measure_interleaves_the_legs_and_their_targets_round_by_round(
+    go: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each round sends one batch per leg (while it has rounds left) and target, both orders rotated:
+    a leg's ratio to another is measured side by side. Reuse counters are read around each harnessrl
+    batch into its leg. ``run_batch`` records instead of sending."""
+    import asyncio
+
+    sent: list[tuple[int, str, str, int]] = []  # (concurrency, leg, target, conversations)
+
+    async def recording(
+        session: Any, target: Any, conversations: Any, n_conv: int, workers: int, complete: Any
+    ) -> Any:
+        sent.append((workers, conversations[0][0].decode(), target.name, n_conv))
+        return {
+            "latencies": [0.001] * n_conv,
+            "wall_s": 0.01,
+            "errors": [],
+            "load_avg_1m": 0.0,
+            "cpu_s": {"upstream": 0.001, "client": 0.001},
+        }
+
+    monkeypatch.setattr(go, "run_batch", recording)
+    counter = {"reused": 0.0}
+
+    async def reuse() -> dict[str, float]:
+        counter["reused"] += 1.0  # moves by 1 between the two reads around a harnessrl batch
+        return dict(counter)
+
+    def leg(name: str, rounds_c32: int) -> Any:
+        targets = [go.Direct("http://d"), go.Harnessrl("http://h", "k")]
+        return go.LegRun(name, targets, [[name.encode()]], [(1, 2, 3), (32, rounds_c32, 64)])
+
+    legs = [leg("chat", 2), leg("stream", 1)]
+    levels = asyncio.run(go.measure(legs, reuse))
+
+    measured = [(c, name, target) for c, name, target, n in sent if n in (3, 64)]
+    warm_ups = [(c, name, target) for c, name, target, n in sent if n not in (3, 64)]
+    assert measured == [
+        (1, "chat", "direct"),
+        (1, "chat", "harnessrl"),
+        (1, "stream", "direct"),
+        (1, "stream", "harnessrl"),
+        (1, "stream", "harnessrl"),
+        (1, "stream", "direct"),
+        (1, "chat", "harnessrl"),
+        (1, "chat", "direct"),
+        (32, "chat", "direct"),
+        (32, "chat", "harnessrl"),
+        (32, "stream", "direct"),
+        (32, "stream", "harnessrl"),
+        (32, "chat", "harnessrl"),
+        (32, "chat", "direct"),  # stream has one C=32 round: chat alone
+    ]
+    assert len(warm_ups) == 8  # a warm-up batch per level, leg and target, before that level's rounds
+    assert levels["chat"]["32"]["harnessrl"]["requests"] == 2 * 64
+    assert levels["stream"]["32"]["direct"]["requests"] == 64
+    # 2 + 2 measured and 2 warm-up harnessrl batches per leg, each moving the counter by 1
+    assert legs[0].reuse == {"reused": 6.0} and legs[1].reuse == {"reused": 5.0}
