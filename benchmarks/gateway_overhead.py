@@ -75,7 +75,10 @@ line. Where the measured req/s is near its ceiling, the run was CPU-bound and on
 from the chat leg: gateway CPU per call (harnessrl / Agent Lightning) <= 0.3 at C = 1 and C = 32, and
 added p50 at C = 1 (harnessrl / Agent Lightning) <= 0.5, each with its measured value and ``met``;
 and issue 40's, harnessrl's gateway CPU per call in a leg over the chat leg's at the same C:
-``stream_vs_whole`` (<= 1.5) and ``apis_vs_chat`` (messages and responses, <= 1.2).
+``stream_vs_whole`` (<= 1.5) and ``apis_vs_chat`` (messages and responses, <= 1.2). After the legs,
+``idle_cpu_ms_per_s`` holds what each server used per second over ``--idle-s`` seconds (5) in which
+no call was sent, side by side: a started gateway's timers (the gate's poll, health checks), which a
+fleet of idle gateways pays all the time.
 
 Store bytes (``store_bytes``). After the gateway has stopped, its SQLite file is opened read-only and,
 per rollout of each harnessrl leg, the bytes of its ``calls`` rows (every column's length, as
@@ -1430,6 +1433,12 @@ def main() -> None:
     )
     ap.add_argument("--conversations-per-worker", type=int, default=1, help="C=32 batch: 32 x this")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument(
+        "--idle-s",
+        type=float,
+        default=5.0,
+        help="seconds of no calls, after the legs, to measure idle CPU (0: skip)",
+    )
     ap.add_argument("--no-netns", action="store_true", help="do not re-run inside a loopback-only netns")
     ap.add_argument("--role", choices=["upstream", "harnessrl"], help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -1574,6 +1583,9 @@ def run(
                 print(f"Agent Lightning not measured: {agl_info['reason']}", file=sys.stderr)
         print(f"targets: {sorted(urls)}; legs {args.legs}; upstream {upstream}", flush=True)
         measured = asyncio.run(run_legs(args, urls, pids, admin_key, bodies))
+        idle = idle_cpu(pids, args.idle_s) if args.idle_s > 0 else None
+        if idle:
+            print(f"idle CPU ms per second over {args.idle_s:g} s: {idle}", flush=True)
 
         import httpx
 
@@ -1682,11 +1694,21 @@ def run(
             "prompt_reuse_per_leg": measured["reuse"],
         },
         "agentlightning": agl_info,
+        "idle_cpu_ms_per_s": None if idle is None else {**idle, "seconds": args.idle_s},
         "levels": levels,
         "legs": measured["legs"],
         "store_bytes": store_bytes,
         "goals": {**chat_goals(levels), **leg_goals(levels, measured["legs"])},
     }
+
+
+def idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU milliseconds per second each process (role -> pid) used over ``seconds`` in which no call
+    was sent: what a server costs between calls (a gateway's timers: the gate's poll, health checks)."""
+    before = {role: cpu_sample(pid) for role, pid in pids.items()}
+    time.sleep(seconds)
+    after = {role: cpu_sample(pid) for role, pid in pids.items()}
+    return {role: round(cpu_seconds_between(before[role], after[role]) / seconds * 1000, 2) for role in pids}
 
 
 def _quote(s: str) -> str:

@@ -397,3 +397,28 @@ def test_measure_interleaves_the_legs_and_their_targets_round_by_round(
     assert levels["stream"]["32"]["direct"]["requests"] == 64
     # 2 + 2 measured and 2 warm-up harnessrl batches per leg, each moving the counter by 1
     assert legs[0].reuse == {"reused": 6.0} and legs[1].reuse == {"reused": 5.0}
+
+
+def test_idle_cpu_tells_a_busy_process_from_a_sleeping_one(go: ModuleType) -> None:
+    import subprocess
+    import sys
+
+    def start(code: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", f"print('up', flush=True)\n{code}"], stdout=subprocess.PIPE, text=True
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "up\n"  # its start-up is over
+        return proc
+
+    busy = start("while True: pass")
+    sleeping = start("import time; time.sleep(60)")
+    try:
+        idle = go.idle_cpu({"busy": busy.pid, "sleeping": sleeping.pid}, 0.5)
+    finally:
+        busy.kill()
+        sleeping.kill()
+        busy.wait()
+        sleeping.wait()
+    assert set(idle) == {"busy", "sleeping"}
+    assert idle["busy"] > 200  # ms of CPU per second: most of a core, shared with the tests
+    assert idle["sleeping"] < 50
