@@ -1428,7 +1428,7 @@ def main() -> None:
     ap.add_argument(
         "--rounds-c32-extra",
         type=int,
-        default=2,
+        default=4,  # as many as the chat leg: their ratio to it is a goal (2 rounds: one slow one moved it 10 %)
         help="C=32 rounds of the other legs (stream, messages, responses)",
     )
     ap.add_argument("--conversations-per-worker", type=int, default=1, help="C=32 batch: 32 x this")
