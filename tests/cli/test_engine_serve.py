@@ -8,15 +8,17 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
 import pytest
 from tests.vllm.vllm_support import vllm_python
 
-from harnessrl.engines.launch import VLLMLaunch, free_port, vllm_argv, vllm_env
+from harnessrl.engines.launch import EngineServer, VLLMLaunch, free_port, vllm_argv, vllm_env
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
@@ -62,6 +64,8 @@ def test_argv_and_env_carry_what_harnessrl_needs() -> None:
     assert vllm_argv(gpu, "python")[vllm_argv(gpu, "python").index("--dtype") + 1] == "bfloat16"
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(gpu, {})
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+    assert "VLLM_RPC_BASE_PATH" not in env  # vLLM's default (the temp folder) unless given a folder
+    assert vllm_env(launch, {}, ipc_dir="/tmp/x")["VLLM_RPC_BASE_PATH"] == "/tmp/x"
 
 
 def test_lora_rank_serves_runtime_loaded_adapters(tmp_path: Path) -> None:
@@ -173,3 +177,68 @@ def _alive(proc: Path) -> bool:
         return (proc / "stat").read_text().split(") ")[1][0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+# A stand-in for vLLM's Python: it makes a ZeroMQ-like socket where vLLM makes its own, says so, and
+# waits (no vLLM needed to test what EngineServer does around the process).
+FAKE_VLLM = """#!{python}
+import os, socket, sys, time, uuid
+path = os.path.join(os.environ["VLLM_RPC_BASE_PATH"], str(uuid.uuid4()))
+socket.socket(socket.AF_UNIX).bind(path)
+print(path, flush=True)
+time.sleep(600)
+"""
+
+
+def _fake_vllm(tmp_path: Path) -> str:
+    fake = tmp_path / "fake-vllm-python"
+    fake.write_text(FAKE_VLLM.format(python=sys.executable))
+    fake.chmod(0o755)
+    return str(fake)
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_servers_ipc_sockets_live_in_a_folder_of_its_own_that_stop_removes(tmp_path: Path) -> None:
+    """vLLM leaves its ZeroMQ sockets behind whenever it exits; each server keeps them in its own
+    folder (``VLLM_RPC_BASE_PATH``), removed with the server. The control: the socket is there while
+    it runs, where the environment said."""
+    server = EngineServer(
+        VLLMLaunch(model="/m", port=free_port()), tmp_path / "v.log", python=_fake_vllm(tmp_path)
+    )
+    server.start()
+    try:
+        ipc_dir = server.ipc_dir
+        assert ipc_dir is not None and ipc_dir.is_dir() and ipc_dir.parent == Path(tempfile.gettempdir())
+        _wait_for(lambda: any(p.is_socket() for p in ipc_dir.iterdir()), "the server's socket")
+    finally:
+        server.stop()
+    assert not ipc_dir.exists() and server.ipc_dir is None
+
+
+def test_the_watchdog_removes_the_ipc_folder_of_a_server_whose_starter_was_killed(tmp_path: Path) -> None:
+    script = (
+        "import time\n"
+        "from pathlib import Path\n"
+        "from harnessrl.engines.launch import EngineServer, VLLMLaunch, free_port\n"
+        f"s = EngineServer(VLLMLaunch(model='/m', port=free_port()), Path({str(tmp_path / 'v.log')!r}), "
+        f"python={_fake_vllm(tmp_path)!r})\n"
+        "s.start(); print(s.process.pid, s.ipc_dir, flush=True); time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    pid, folder = parent.stdout.readline().split()  # type: ignore[union-attr]
+    ipc_dir = Path(folder)
+    try:
+        _wait_for(lambda: any(p.is_socket() for p in ipc_dir.iterdir()), "the server's socket")  # control
+    finally:
+        parent.kill()  # SIGKILL: no finally, no stop(); only the watchdog is left to clean up
+        parent.wait()
+    _wait_for(lambda: not ipc_dir.exists(), "the watchdog to remove the folder")
+    _wait_for(
+        lambda: not Path(f"/proc/{pid}").exists() or not _alive(Path(f"/proc/{pid}")), "the server to die"
+    )

@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -162,9 +164,15 @@ def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
     return argv + list(launch.extra_args)
 
 
-def vllm_env(launch: VLLMLaunch, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: ``base`` (default ``os.environ``) plus the settings above."""
+def vllm_env(
+    launch: VLLMLaunch, base: dict[str, str] | None = None, *, ipc_dir: str | None = None
+) -> dict[str, str]:
+    """The server's environment: ``base`` (default ``os.environ``) plus the settings above.
+    ``ipc_dir``: where vLLM makes its processes' ZeroMQ sockets (``VLLM_RPC_BASE_PATH``; vLLM's
+    default is the temp folder itself, where a killed server leaves them)."""
     env = dict(os.environ if base is None else base)
+    if ipc_dir is not None:
+        env["VLLM_RPC_BASE_PATH"] = ipc_dir
     cache = Path(launch.cache_dir) if launch.cache_dir else PROJECT_ROOT / ".cache" / "vllm"
     env.update(
         {
@@ -243,12 +251,13 @@ def check_server(
 #: ``finally``), then kills the server's whole process group. vLLM's engine processes do not exit
 #: when its API server is killed, so killing the server alone would leave them running.
 _WATCHDOG = """
-import os, signal, sys
+import os, shutil, signal, sys
 os.read(0, 1)
 try:
     os.killpg(int(sys.argv[1]), signal.SIGKILL)
 except ProcessLookupError:
     pass
+shutil.rmtree(sys.argv[2], ignore_errors=True)
 """
 
 
@@ -258,12 +267,18 @@ class EngineServer:
     polls until it serves, ``stop`` ends it (SIGTERM, then SIGKILL). Usable as a context manager.
 
     When this process exits without ``stop`` (killed, crashed), a watchdog kills the server's whole
-    process group, so a killed test run or benchmark leaves no vLLM behind."""
+    process group, so a killed test run or benchmark leaves no vLLM behind.
+
+    vLLM's processes talk over ZeroMQ sockets it names by UUID in ``VLLM_RPC_BASE_PATH`` (the temp
+    folder by default) and removes none of them when it exits, even cleanly on SIGTERM (vLLM 0.32:
+    seven a start), so they piled up by the hundred in /tmp. Each server gets a folder of its own
+    for them (``ipc_dir``), removed by ``stop`` or, if this process dies first, by the watchdog."""
 
     launch: VLLMLaunch
     log_path: Path
     python: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    ipc_dir: Path | None = field(default=None, init=False)
     _watchdog: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -279,19 +294,24 @@ class EngineServer:
         python = self.python or find_vllm_python()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self.ipc_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-ipc-"))
         try:
             self.process = subprocess.Popen(
                 vllm_argv(self.launch, python),
-                env=vllm_env(self.launch),
+                env=vllm_env(self.launch, ipc_dir=str(self.ipc_dir)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
             )
+        except BaseException:
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            self.ipc_dir = None
+            raise
         finally:
             log.close()
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(self.process.pid)],
+            [sys.executable, "-c", _WATCHDOG, str(self.process.pid), str(self.ipc_dir)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -347,6 +367,9 @@ class EngineServer:
         if watchdog is not None:
             watchdog.stdin.close()  # type: ignore[union-attr]  # its kill finds nothing left now
             watchdog.wait()
+        ipc_dir, self.ipc_dir = self.ipc_dir, None
+        if ipc_dir is not None:  # the group is gone: nothing uses its sockets any more
+            shutil.rmtree(ipc_dir, ignore_errors=True)
 
     def __enter__(self) -> EngineServer:
         self.start()
