@@ -34,6 +34,11 @@ SHAPES = [[40, 23, 31], [50], [12, 35], [9], [27, 18]]
 ADVANTAGES = [1.0, -0.5, 0.7, -1.2, 0.3]
 
 
+#: torchrun on two ranks. Each run's ``--log-dir`` is in the test's folder: by default torchrun makes
+#: a ``torchelastic_*`` folder in /tmp for every launch and never removes it.
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+
+
 def make_samples(step: int) -> list[Sample]:
     """A step's worth of synthetic samples: a prompt, a response, tool output, another response.
 
@@ -168,7 +173,7 @@ def test_two_ranks_train_like_one_process(tmp_path):
     perturbed.save_pretrained(str(reference_dir(tmp_path)))
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [*TORCHRUN, "--log-dir", str(tmp_path / "torchrun-logs")]
     proc = subprocess.run(
         [*cmd, __file__, str(model_dir), str(tmp_path)], env=env, capture_output=True, text=True, timeout=600
     )
@@ -305,7 +310,7 @@ def test_torchrun_train_runs_the_collocated_stack_on_two_ranks(tmp_path):
     root = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [*TORCHRUN, "--log-dir", str(tmp_path / "torchrun-logs")]
     args = ["-m", "harnessrl.trainer.torchrun", str(root / "examples" / "tiny" / "train.toml")]
     for override in (
         f"run.dir={run_dir}",
@@ -340,7 +345,7 @@ def test_torchrun_trains_lora_publishes_it_and_resumes_the_adapter(tmp_path):
     root = Path(__file__).resolve().parents[2]
     run_dir = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "MASTER_ADDR": "127.0.0.1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [*TORCHRUN, "--log-dir", str(tmp_path / "torchrun-logs")]
     lora = ["trainer.lora.r=4", "trainer.lora.alpha=8", "trainer.group_size=4", "metrics.progress=false"]
 
     def run(*args: str) -> dict:

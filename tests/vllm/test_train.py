@@ -105,6 +105,7 @@ def test_torchrun_trains_against_the_server_after_the_served_weights_check(
     proc = subprocess.run(
         [
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--log-dir", str(tmp_path / "torchrun-logs"),  # not a torchelastic_* folder left in /tmp
             "-m", "harnessrl.trainer.torchrun", str(CONFIG),
             "--set", f"run.dir={run_dir}",
             "--set", f"engine.model={tiny_server.engine_model}",
