@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,8 +28,12 @@ def chromium(width: int = 1280, height: int = 800) -> Iterator[Any]:
                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                 "--no-first-run", "--hide-scrollbars", f"--window-size={width},{height}"):  # fmt: skip
         options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+    # Chromium keeps its profile's singleton lock in a folder of the temp folder and leaves it there
+    # when it quits: its temp folder is one of ours, removed after it.
+    with tempfile.TemporaryDirectory(prefix="harnessrl-chromium-") as tmp:
+        service = Service(executable_path=CHROMEDRIVER, env={**os.environ, "TMPDIR": tmp})
+        driver = webdriver.Chrome(service=service, options=options)
+        try:
+            yield driver
+        finally:
+            driver.quit()
