@@ -3,6 +3,8 @@ input gets one clear line naming the problem."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -71,6 +73,34 @@ def test_rollout_refuses_a_missing_harness_script(tmp_path):
     )
     assert proc.returncode == 2 and "harness.command[1]" in proc.stderr and "agentt.py" in proc.stderr
     assert not (tmp_path / "r").exists()
+
+
+def test_a_rollout_that_fails_to_start_leaves_no_temp_folder(tmp_path):
+    """Without ``--run-dir`` the rollout's folder is a new one in the temp folder, kept for its logs;
+    when the rollout fails before anything is written there (a missing engine script, found as the
+    stack starts) the folder goes too. The control: a rollout that runs keeps its folder."""
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    config = tmp_path / "rollout.toml"
+    config.write_text(
+        f'[engine]\nmodel = "scripted:{tmp_path / "replies.json"}"\n\n'
+        '[harness]\npreset = "python"\ncommand = ["true"]\n\n'
+        '[evaluator]\ntype = "command"\nreward_from = "exit_code"\ncommand = ["true"]\n'
+    )
+    env = {**os.environ, "TMPDIR": str(temp)}
+    argv = [*HARNESSRL, "rollout", "--config", str(config), "--task", '{"prompt": "hi"}']
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2 and "replies.json" in proc.stderr
+    assert list(temp.iterdir()) == []
+    given = subprocess.run(
+        [*argv, "--run-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=120
+    )
+    assert given.returncode == 2 and not (tmp_path / "run").exists()  # nor the store in a folder given
+    (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    [kept] = temp.glob("harnessrl-rollout-*")
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["log"].startswith(str(kept))
 
 
 def test_controller_refuses_a_missing_harness_script_before_touching_the_store(tmp_path):

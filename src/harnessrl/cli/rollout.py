@@ -58,7 +58,12 @@ def run_rollout_command(
     config = load_rollout_config(config_path, overrides)
     task = parse_task(task_text, config.task)
     folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
-    return asyncio.run(run_one_rollout(config, task, folder))
+    try:
+        return asyncio.run(run_one_rollout(config, task, folder))
+    except BaseException:
+        if run_dir is None and not any(folder.iterdir()):
+            folder.rmdir()  # a temp folder of ours that nothing was written to: nothing half-created
+        raise
 
 
 def run_controller_command(

@@ -159,6 +159,15 @@ async def local_stack(
     from harnessrl.store import open_store
 
     harness, evaluator = prepare(config, run_dir)
+    # Teacher mode (engine.teacher): its key is read from this process's environment, which no
+    # harness inherits; an unreachable upstream fails here, before a model loads. The engine (a
+    # missing script, model or server names itself) and the retriever come before the run folder
+    # and the store too: a config that cannot start leaves nothing half-created.
+    teacher = await asyncio.to_thread(build_teacher, config.engine)
+    engine = create_engine(config.engine)
+    routes: list[Any] = [gateway_dashboard]  # /ui
+    if config.retrieval is not None:  # the retriever, on the gateway: the sandbox's one way out
+        routes += await asyncio.to_thread(retrieval_routes, config.retrieval)
     make_private_dir(run_dir)
     own_store = store is None
     if store is None:
@@ -168,13 +177,6 @@ async def local_stack(
     if not gateway_cfg.admin_key:
         gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     try:
-        # Teacher mode (engine.teacher): its key is read from this process's environment, which no
-        # harness inherits; an unreachable upstream fails here, before a model loads.
-        teacher = await asyncio.to_thread(build_teacher, config.engine)
-        engine = create_engine(config.engine)
-        routes: list[Any] = [gateway_dashboard]  # /ui
-        if config.retrieval is not None:  # the retriever, on the gateway: the sandbox's one way out
-            routes += await asyncio.to_thread(retrieval_routes, config.retrieval)
         app = create_app(gateway_cfg, store, engine, extra_routes=routes, teacher=teacher)
         with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300, port=gateway_cfg.port) as url:
             port = urlparse(url).port
