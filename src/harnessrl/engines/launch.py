@@ -169,7 +169,7 @@ def vllm_env(
 ) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) plus the settings above.
     ``ipc_dir``: where vLLM makes its processes' ZeroMQ sockets (``VLLM_RPC_BASE_PATH``; vLLM's
-    default is the temp folder itself, where a killed server leaves them)."""
+    default is the temp folder itself, where it leaves them when it exits)."""
     env = dict(os.environ if base is None else base)
     if ipc_dir is not None:
         env["VLLM_RPC_BASE_PATH"] = ipc_dir
@@ -249,7 +249,8 @@ def check_server(
 #: Run beside each server: waits for its stdin (a pipe from the process that started the server) to
 #: close, which happens when that process exits however it exits (even SIGKILL, which runs no
 #: ``finally``), then kills the server's whole process group. vLLM's engine processes do not exit
-#: when its API server is killed, so killing the server alone would leave them running.
+#: when its API server is killed, so killing the server alone would leave them running. Then it
+#: removes the server's socket folder (``EngineServer.ipc_dir``).
 _WATCHDOG = """
 import os, shutil, signal, sys
 os.read(0, 1)
