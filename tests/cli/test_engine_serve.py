@@ -65,7 +65,8 @@ def test_argv_and_env_carry_what_harnessrl_needs() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(gpu, {})
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
     assert "VLLM_RPC_BASE_PATH" not in env  # vLLM's default (the temp folder) unless given a folder
-    assert vllm_env(launch, {}, ipc_dir="/tmp/x")["VLLM_RPC_BASE_PATH"] == "/tmp/x"
+    own = vllm_env(launch, {"TMPDIR": "/tmp"}, ipc_dir="/tmp/x")
+    assert own["VLLM_RPC_BASE_PATH"] == own["TMPDIR"] == "/tmp/x"
 
 
 def test_lora_rank_serves_runtime_loaded_adapters(tmp_path: Path) -> None:

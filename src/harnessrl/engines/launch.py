@@ -168,11 +168,12 @@ def vllm_env(
     launch: VLLMLaunch, base: dict[str, str] | None = None, *, ipc_dir: str | None = None
 ) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) plus the settings above.
-    ``ipc_dir``: where vLLM makes its processes' ZeroMQ sockets (``VLLM_RPC_BASE_PATH``; vLLM's
-    default is the temp folder itself, where it leaves them when it exits)."""
+    ``ipc_dir``: the server's own temp folder (``TMPDIR``), where vLLM makes its processes' ZeroMQ
+    sockets (``VLLM_RPC_BASE_PATH``) and its ``vllm_dist_*`` rendezvous files, all of which it
+    leaves behind when it exits (vLLM's default for both is the machine's temp folder)."""
     env = dict(os.environ if base is None else base)
     if ipc_dir is not None:
-        env["VLLM_RPC_BASE_PATH"] = ipc_dir
+        env["VLLM_RPC_BASE_PATH"] = env["TMPDIR"] = ipc_dir
     cache = Path(launch.cache_dir) if launch.cache_dir else PROJECT_ROOT / ".cache" / "vllm"
     env.update(
         {
@@ -272,8 +273,9 @@ class EngineServer:
 
     vLLM's processes talk over ZeroMQ sockets it names by UUID in ``VLLM_RPC_BASE_PATH`` (the temp
     folder by default) and removes none of them when it exits, even cleanly on SIGTERM (vLLM 0.32:
-    seven a start), so they piled up by the hundred in /tmp. Each server gets a folder of its own
-    for them (``ipc_dir``), removed by ``stop`` or, if this process dies first, by the watchdog."""
+    seven a start), so they piled up by the hundred in /tmp (with some ``vllm_dist_*`` files).
+    Each server gets a temp folder of its own for them (``ipc_dir``, its ``TMPDIR``), removed by
+    ``stop`` or, if this process dies first, by the watchdog."""
 
     launch: VLLMLaunch
     log_path: Path
