@@ -96,7 +96,17 @@ def test_resume_after_sigkill_continues_without_retraining(tmp_path):
         "--set",
         "trainer.steps=8",
     ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    # SIGKILL leaves the run's temp folders (the gateway bridge's socket, the sandbox's) where the
+    # child made them: its own TMPDIR keeps them in this test's folder, not in /tmp.
+    temp = tmp_path / "t"
+    temp.mkdir()
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(temp)},
+    )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         path = run_dir / "metrics.jsonl"
@@ -106,6 +116,7 @@ def test_resume_after_sigkill_continues_without_retraining(tmp_path):
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    assert {p.name.split("-")[0] for p in temp.iterdir()} >= {"hrl"}  # what /tmp would have kept
     steps_before = [r["step"] for r in metrics(run_dir)]
 
     again = train(run_dir, "--set", "trainer.steps=8")  # without --resume: refused
