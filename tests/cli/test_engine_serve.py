@@ -65,7 +65,7 @@ def test_argv_and_env_carry_what_harnessrl_needs() -> None:
     assert "VLLM_CPU_KVCACHE_SPACE" not in vllm_env(gpu, {})
     assert "--enable-lora" not in argv and "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
     assert "VLLM_RPC_BASE_PATH" not in env  # vLLM's default (the temp folder) unless given a folder
-    own = vllm_env(launch, {"TMPDIR": "/tmp"}, ipc_dir="/tmp/x")
+    own = vllm_env(launch, {"TMPDIR": "/tmp"}, temp_dir="/tmp/x")
     assert own["VLLM_RPC_BASE_PATH"] == own["TMPDIR"] == "/tmp/x"
 
 
@@ -214,12 +214,12 @@ def test_the_servers_ipc_sockets_live_in_a_folder_of_its_own_that_stop_removes(t
     )
     server.start()
     try:
-        ipc_dir = server.ipc_dir
-        assert ipc_dir is not None and ipc_dir.is_dir() and ipc_dir.parent == Path(tempfile.gettempdir())
-        _wait_for(lambda: any(p.is_socket() for p in ipc_dir.iterdir()), "the server's socket")
+        temp_dir = server.temp_dir
+        assert temp_dir is not None and temp_dir.is_dir() and temp_dir.parent == Path(tempfile.gettempdir())
+        _wait_for(lambda: any(p.is_socket() for p in temp_dir.iterdir()), "the server's socket")
     finally:
         server.stop()
-    assert not ipc_dir.exists() and server.ipc_dir is None
+    assert not temp_dir.exists() and server.temp_dir is None
 
 
 def test_the_watchdog_removes_the_ipc_folder_of_a_server_whose_starter_was_killed(tmp_path: Path) -> None:
@@ -229,17 +229,17 @@ def test_the_watchdog_removes_the_ipc_folder_of_a_server_whose_starter_was_kille
         "from harnessrl.engines.launch import EngineServer, VLLMLaunch, free_port\n"
         f"s = EngineServer(VLLMLaunch(model='/m', port=free_port()), Path({str(tmp_path / 'v.log')!r}), "
         f"python={_fake_vllm(tmp_path)!r})\n"
-        "s.start(); print(s.process.pid, s.ipc_dir, flush=True); time.sleep(600)\n"
+        "s.start(); print(s.process.pid, s.temp_dir, flush=True); time.sleep(600)\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     pid, folder = parent.stdout.readline().split()  # type: ignore[union-attr]
-    ipc_dir = Path(folder)
+    temp_dir = Path(folder)
     try:
-        _wait_for(lambda: any(p.is_socket() for p in ipc_dir.iterdir()), "the server's socket")  # control
+        _wait_for(lambda: any(p.is_socket() for p in temp_dir.iterdir()), "the server's socket")  # control
     finally:
         parent.kill()  # SIGKILL: no finally, no stop(); only the watchdog is left to clean up
         parent.wait()
-    _wait_for(lambda: not ipc_dir.exists(), "the watchdog to remove the folder")
+    _wait_for(lambda: not temp_dir.exists(), "the watchdog to remove the folder")
     _wait_for(
         lambda: not Path(f"/proc/{pid}").exists() or not _alive(Path(f"/proc/{pid}")), "the server to die"
     )

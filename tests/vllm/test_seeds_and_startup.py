@@ -71,8 +71,8 @@ def test_seeded_call_with_a_chunked_prefill_through_the_gateway(
 def test_the_server_makes_its_ipc_sockets_in_a_folder_of_its_own(tiny_server: EngineServer) -> None:
     """vLLM takes ``VLLM_RPC_BASE_PATH``: its ZeroMQ sockets, which it never removes, are in the
     folder ``EngineServer.stop`` removes, not loose in the temp folder."""
-    assert tiny_server.ipc_dir is not None
-    assert len([p for p in tiny_server.ipc_dir.iterdir() if p.is_socket()]) >= 2  # API server <-> engine
+    assert tiny_server.temp_dir is not None
+    assert len([p for p in tiny_server.temp_dir.iterdir() if p.is_socket()]) >= 2  # API server <-> engine
 
 
 @pytest.fixture(scope="module")

@@ -165,15 +165,15 @@ def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:
 
 
 def vllm_env(
-    launch: VLLMLaunch, base: dict[str, str] | None = None, *, ipc_dir: str | None = None
+    launch: VLLMLaunch, base: dict[str, str] | None = None, *, temp_dir: str | None = None
 ) -> dict[str, str]:
     """The server's environment: ``base`` (default ``os.environ``) plus the settings above.
-    ``ipc_dir``: the server's own temp folder (``TMPDIR``), where vLLM makes its processes' ZeroMQ
+    ``temp_dir``: the server's own temp folder (``TMPDIR``), where vLLM makes its processes' ZeroMQ
     sockets (``VLLM_RPC_BASE_PATH``) and its ``vllm_dist_*`` rendezvous files, all of which it
     leaves behind when it exits (vLLM's default for both is the machine's temp folder)."""
     env = dict(os.environ if base is None else base)
-    if ipc_dir is not None:
-        env["VLLM_RPC_BASE_PATH"] = env["TMPDIR"] = ipc_dir
+    if temp_dir is not None:
+        env["VLLM_RPC_BASE_PATH"] = env["TMPDIR"] = temp_dir
     cache = Path(launch.cache_dir) if launch.cache_dir else PROJECT_ROOT / ".cache" / "vllm"
     env.update(
         {
@@ -251,7 +251,7 @@ def check_server(
 #: close, which happens when that process exits however it exits (even SIGKILL, which runs no
 #: ``finally``), then kills the server's whole process group. vLLM's engine processes do not exit
 #: when its API server is killed, so killing the server alone would leave them running. Then it
-#: removes the server's socket folder (``EngineServer.ipc_dir``).
+#: removes the server's temp folder (``EngineServer.temp_dir``).
 _WATCHDOG = """
 import os, shutil, signal, sys
 os.read(0, 1)
@@ -274,14 +274,14 @@ class EngineServer:
     vLLM's processes talk over ZeroMQ sockets it names by UUID in ``VLLM_RPC_BASE_PATH`` (the temp
     folder by default) and removes none of them when it exits, even cleanly on SIGTERM (vLLM 0.32:
     seven a start), so they piled up by the hundred in /tmp (with some ``vllm_dist_*`` files).
-    Each server gets a temp folder of its own for them (``ipc_dir``, its ``TMPDIR``), removed by
+    Each server gets a temp folder of its own for them (``temp_dir``, its ``TMPDIR``), removed by
     ``stop`` or, if this process dies first, by the watchdog."""
 
     launch: VLLMLaunch
     log_path: Path
     python: str | None = None
     process: subprocess.Popen[bytes] | None = field(default=None, init=False)
-    ipc_dir: Path | None = field(default=None, init=False)
+    temp_dir: Path | None = field(default=None, init=False)
     _watchdog: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
 
     @property
@@ -297,24 +297,24 @@ class EngineServer:
         python = self.python or find_vllm_python()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.ipc_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-ipc-"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-ipc-"))
         try:
             self.process = subprocess.Popen(
                 vllm_argv(self.launch, python),
-                env=vllm_env(self.launch, ipc_dir=str(self.ipc_dir)),
+                env=vllm_env(self.launch, temp_dir=str(self.temp_dir)),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,  # its own process group: stop() reaches the engine core too
             )
         except BaseException:
-            shutil.rmtree(self.ipc_dir, ignore_errors=True)
-            self.ipc_dir = None
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.temp_dir = None
             raise
         finally:
             log.close()
         self._watchdog = subprocess.Popen(
-            [sys.executable, "-c", _WATCHDOG, str(self.process.pid), str(self.ipc_dir)],
+            [sys.executable, "-c", _WATCHDOG, str(self.process.pid), str(self.temp_dir)],
             stdin=subprocess.PIPE,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -370,9 +370,9 @@ class EngineServer:
         if watchdog is not None:
             watchdog.stdin.close()  # type: ignore[union-attr]  # its kill finds nothing left now
             watchdog.wait()
-        ipc_dir, self.ipc_dir = self.ipc_dir, None
-        if ipc_dir is not None:  # the group is gone: nothing uses its sockets any more
-            shutil.rmtree(ipc_dir, ignore_errors=True)
+        temp_dir, self.temp_dir = self.temp_dir, None
+        if temp_dir is not None:  # the group is gone: nothing uses its sockets any more
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
     def __enter__(self) -> EngineServer:
         self.start()
