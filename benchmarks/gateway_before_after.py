@@ -14,6 +14,13 @@ another). Prints and writes each side's gateway CPU per call per leg, each leg's
     git worktree add --detach /tmp/before HEAD
     .venv/bin/python benchmarks/gateway_before_after.py --before /tmp/before --legs chat,stream
 
+``--before-python``: the interpreter of the ``before`` gateway (default: this one), for the same tree
+on another Python (a venv with harnessrl's dependencies, e.g. ``python3.12 -m venv /tmp/v312 &&
+/tmp/v312/bin/pip install .``, then ``--before . --before-python /tmp/v312/bin/python``). Both
+gateways are given this process's tiny tokenizer folder: the tiny tokenizer is trained on the running
+Python's standard library, so another Python would build another vocabulary, read the fake upstream's
+token IDs as other text, and never find a conversation's history (every call ``no_match``).
+
 Legs: ``gateway_overhead``'s (chat, stream, messages, responses), the same bodies, and the Messages and
 Responses bodies streamed (``messages_stream``, ``responses_stream``: Claude Code and Codex CLI stream;
 set them beside ``stream``); C = 1 by default (``--concurrency 32`` for the other level). No Agent
@@ -36,6 +43,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import gateway_overhead as go  # noqa: E402
 
+from harnessrl.engines.tiny import tiny_model_dir  # noqa: E402
+
 HERE = Path(__file__).resolve()
 ROOT = HERE.parent.parent
 
@@ -52,17 +61,31 @@ def parse_legs(text: str) -> list[str]:
 
 
 def start_gateway(
-    procs: list[subprocess.Popen[bytes]], tree: Path, upstream: str, tmp: Path, key: str
+    procs: list[subprocess.Popen[bytes]],
+    tree: Path,
+    upstream: str,
+    tmp: Path,
+    key: str,
+    *,
+    python: str = sys.executable,
+    tokenizer: str = "tiny",
 ) -> str:
+    """Start ``tree``'s gateway on ``python`` with the engine's ``tokenizer`` (a folder, or ``tiny``)."""
     port = go.free_port()
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     store = tmp / f"{tree.name}-{port}.db"
-    role = [sys.executable, str(HERE.parent / "gateway_overhead.py"), "--role", "harnessrl"]
+    role = [python, str(HERE.parent / "gateway_overhead.py"), "--role", "harnessrl"]
     args = ["--port", str(port), "--upstream", upstream, "--store", str(store), "--admin-key", key]
-    procs.append(subprocess.Popen([*role, *args], env=env))
+    procs.append(subprocess.Popen([*role, *args, "--tokenizer", tokenizer], env=env))
     url = f"http://127.0.0.1:{port}"
     go.wait_http(f"{url}/api/health", procs[-1])
     return url
+
+
+def python_build(python: str) -> dict[str, str]:
+    """``python``'s path and ``sys.version`` (builds of one version differ: Debian's is built with PGO)."""
+    version = subprocess.run([python, "-c", "import sys; print(sys.version)"], capture_output=True, text=True)
+    return {"executable": python, "version": " ".join(version.stdout.split())}
 
 
 async def compare(
@@ -107,6 +130,12 @@ async def compare(
     return out
 
 
+async def prompt_reuse(urls: dict[str, str], key: str) -> dict[str, dict[str, float]]:
+    """How each side built its prompts (``first``, ``reused``, ``no_match``...): two sides compared on
+    different paths (one finding no conversation's history) would measure that, not the change."""
+    return {side: await go.gateway_reuse(url, key) for side, url in urls.items()}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--before", type=Path, required=True, help="the other checkout (its src/ is imported)")
@@ -115,6 +144,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--conversations", type=int, default=2, help="conversations per batch (x32 at C=32)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument(
+        "--before-python", default=sys.executable, help="the before gateway's interpreter (default: this one)"
+    )
     args = ap.parse_args()
     os.environ.update(go.OFFLINE_ENV)
     key = f"bench-{secrets.token_hex(8)}"
@@ -134,20 +166,28 @@ def main() -> None:
             )
         )
         go.wait_http(f"{upstream}/health", procs[-1])
+        tokenizer = str(tiny_model_dir(weights=False))  # the one the bodies and the upstream use
+        before = args.before.resolve()
         urls = {
-            "before": start_gateway(procs, args.before.resolve(), upstream, Path(tmp), key),
-            "after": start_gateway(procs, ROOT, upstream, Path(tmp), key),
+            "before": start_gateway(
+                procs, before, upstream, Path(tmp), key, python=args.before_python, tokenizer=tokenizer
+            ),
+            "after": start_gateway(procs, ROOT, upstream, Path(tmp), key, tokenizer=tokenizer),
         }
         pids = {"before": procs[1].pid, "after": procs[2].pid}
         legs = asyncio.run(compare(urls, pids, key, args.legs, args))
+        reuse = asyncio.run(prompt_reuse(urls, key))
     result: dict[str, Any] = {
         "benchmark": "gateway_before_after",
         "before": str(args.before),
+        "python": {"before": python_build(args.before_python), "after": python_build(sys.executable)},
         "concurrency": args.concurrency,
         "rounds": args.rounds,
         "load_avg_1m": [round(x, 2) for x in os.getloadavg()],
         "legs": legs,
+        "prompt_reuse": reuse,
     }
+    print(f"prompts built, by how: {reuse}")
     if "chat" in legs:
         result["over_chat"] = {
             leg: {

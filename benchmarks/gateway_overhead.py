@@ -572,11 +572,13 @@ def serve_upstream(port: int) -> None:
 # --- the harnessrl gateway and its engine ----------------------------------------------------------------
 
 
-def engine_config(upstream: str) -> Any:
-    """The engine settings of ``harnessrl gateway --engine.model vllm:URL --engine.tokenizer tiny``."""
+def engine_config(upstream: str, tokenizer: str = "tiny") -> Any:
+    """The engine settings of ``harnessrl gateway --engine.model vllm:URL --engine.tokenizer tiny``
+    (or a tokenizer folder: ``gateway_before_after`` passes the tiny one it built, since another
+    Python trains another tiny tokenizer from its own standard library)."""
     from harnessrl.config import EngineConfig
 
-    return EngineConfig(model=f"vllm:{upstream}", tokenizer="tiny", served_model=MODEL)
+    return EngineConfig(model=f"vllm:{upstream}", tokenizer=tokenizer, served_model=MODEL)
 
 
 ENGINE = (
@@ -586,15 +588,16 @@ ENGINE = (
 )
 
 
-def serve_harnessrl(port: int, upstream: str, store_path: str, admin_key: str) -> None:
+def serve_harnessrl(
+    port: int, upstream: str, store_path: str, admin_key: str, tokenizer: str = "tiny"
+) -> None:
     """The gateway as ``harnessrl gateway`` runs it (``run_gateway``: ``create_engine``, ``create_app``,
     the gateway's uvicorn settings and connection protocol, its GC tuning); SIGTERM stops it."""
     from harnessrl.config import GatewayConfig
     from harnessrl.gateway.server import run_gateway
 
-    run_gateway(
-        GatewayConfig(admin_key=admin_key, host="127.0.0.1", port=port), engine_config(upstream), store_path
-    )
+    config = GatewayConfig(admin_key=admin_key, host="127.0.0.1", port=port)
+    run_gateway(config, engine_config(upstream, tokenizer), store_path)
 
 
 # --- load generation -------------------------------------------------------------------------------------
@@ -1445,13 +1448,14 @@ def main() -> None:
     ap.add_argument("--upstream", help=argparse.SUPPRESS)
     ap.add_argument("--store", help=argparse.SUPPRESS)
     ap.add_argument("--admin-key", help=argparse.SUPPRESS)
+    ap.add_argument("--tokenizer", default="tiny", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.role == "upstream":
         serve_upstream(args.port)
         return
     if args.role == "harnessrl":
-        serve_harnessrl(args.port, args.upstream, args.store, args.admin_key)
+        serve_harnessrl(args.port, args.upstream, args.store, args.admin_key, args.tokenizer)
         return
 
     in_netns = os.environ.get(NETNS_ENV) == "1"
