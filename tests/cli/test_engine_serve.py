@@ -222,7 +222,7 @@ def test_the_servers_ipc_sockets_live_in_a_folder_of_its_own_that_stop_removes(t
     assert not temp_dir.exists() and server.temp_dir is None
 
 
-def test_the_watchdog_removes_the_ipc_folder_of_a_server_whose_starter_was_killed(tmp_path: Path) -> None:
+def test_the_watchdog_removes_the_temp_folder_of_a_server_whose_starter_was_killed(tmp_path: Path) -> None:
     script = (
         "import time\n"
         "from pathlib import Path\n"
