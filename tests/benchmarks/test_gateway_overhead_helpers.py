@@ -33,7 +33,7 @@ def upstream(go: ModuleType, reply: dict[str, Any]) -> Any:
     """The benchmark's upstream (the shared fake vLLM) in process."""
     from starlette.testclient import TestClient
 
-    with TestClient(go.upstream_app(reply)) as client:
+    with TestClient(go.upstream_app(reply, go._tokenizer())) as client:
         yield client
 
 
@@ -51,7 +51,9 @@ def test_the_upstream_streams_chat_one_token_per_event_as_vllm_does(
     raw = json.dumps(body).encode()
     events = sse_events(upstream.post("/v1/chat/completions", content=raw).text)
     first, tokens, usage = events[0], events[1:-1], events[-1]
-    assert first["prompt_token_ids"] == [7] * (len(raw) // 4)  # one per 4 bytes: the fake has no template
+    # What vLLM serving the tiny model reports: the conversation rendered with its template, tokenized.
+    expected = go._tokenizer().encode_chat(body["messages"])
+    assert first["prompt_token_ids"] == expected and len(expected) > len(raw) // 4
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert len(tokens) == len(reply["token_ids"]) == go.OUTPUT_TOKENS
     choices = [e["choices"][0] for e in tokens]
@@ -64,6 +66,7 @@ def test_the_upstream_streams_chat_one_token_per_event_as_vllm_does(
     assert "".join(tc["function"]["arguments"] for tc in calls) == reply["arguments"]
     assert [c["finish_reason"] for c in choices] == [None] * (len(choices) - 1) + ["tool_calls"]
     assert usage["usage"]["completion_tokens"] == go.OUTPUT_TOKENS and usage["choices"] == []
+    assert usage["usage"]["prompt_tokens"] == len(expected)
 
 
 def test_the_upstream_leaves_out_what_was_not_asked_for(go: ModuleType, upstream: Any) -> None:
@@ -95,16 +98,23 @@ def test_the_upstream_completions_answer_the_reply_as_asked(
     named = [t for c in choices for t in c["logprobs"]["tokens"]]
     assert named == ([f"token_id:{t}" for t in reply["token_ids"]] if as_ids else reply["tokens"])
     assert choices[-1]["finish_reason"] == "stop"
+    # vLLM 0.32's logprobs block: offsets over the whole answer, and each sampled token as its top-0.
+    logprobs = [lp for c in choices for lp in c["logprobs"]["token_logprobs"]]
+    offsets = [o for c in choices for o in c["logprobs"]["text_offset"]]
+    assert offsets == [sum(map(len, named[:i])) for i in range(len(named))]
+    tops = [top for c in choices for top in c["logprobs"]["top_logprobs"]]
+    assert tops == [{name: lp} for name, lp in zip(named, logprobs, strict=True)]
 
 
 def test_the_upstream_answers_each_api_whole_with_the_reply_as_one_turn(
     go: ModuleType, reply: dict[str, Any], upstream: Any
 ) -> None:
     """The direct and Agent Lightning targets' answers: the same assistant turn in each API's shape."""
-    chat = upstream.post("/v1/chat/completions", json={"model": go.MODEL, "messages": []}).json()
+    one = [{"role": "user", "content": "hi"}]
+    chat = upstream.post("/v1/chat/completions", json={"model": go.MODEL, "messages": one}).json()
     message = chat["choices"][0]["message"]
     assert message["content"] == reply["content"] and chat["choices"][0]["token_ids"] is None
-    asked = {"model": go.MODEL, "messages": [], "logprobs": True, "return_token_ids": True}
+    asked = {"model": go.MODEL, "messages": one, "logprobs": True, "return_token_ids": True}
     choice = upstream.post("/v1/chat/completions", json=asked).json()["choices"][0]
     assert [e["token"] for e in choice["logprobs"]["content"]] == reply["tokens"]
     assert choice["token_ids"] == reply["token_ids"]

