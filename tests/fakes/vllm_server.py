@@ -6,9 +6,10 @@ compares them): ``GET /v1/models`` (``data[].id``, ``max_model_len``), ``GET /he
 ``POST /v1/completions`` with ``prompt`` as token IDs, ``return_token_ids`` (``token_ids``, and
 ``prompt_token_ids`` echoed), ``return_tokens_as_token_ids`` (``logprobs.tokens`` as
 ``"token_id:{id}"``), ``logprobs`` (vLLM's block: ``text_offset``, ``token_logprobs``, ``tokens`` and
-``top_logprobs``, which with ``logprobs: 0`` holds each sampled token), ``stop_token_ids``, streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, one per token
-or, with vLLM's per-request ``stream_interval``, the first token then that many per chunk; then
-``data: [DONE]``) or not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
+``top_logprobs``, which with ``logprobs: 0`` holds each sampled token), ``stop_token_ids``,
+streaming (``data: {...}`` chunks with ``logprobs.token_logprobs``, one per token or, with vLLM's
+per-request ``stream_interval``, the first token then that many per chunk; then ``data: [DONE]``) or
+not; and the RL dev endpoints ``/pause``, ``/resume``, ``/is_paused``,
 ``/collective_rpc``, which record their calls, and ``GET /server_info`` (the ``logprobs_mode``
 knob; ``None`` answers 404 as a server without ``VLLM_SERVER_DEV_MODE`` does).
 
