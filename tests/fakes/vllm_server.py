@@ -164,15 +164,18 @@ def create_vllm_app(
 
         offset = 0  # vLLM's text_offset counts the logprobs tokens' characters over the whole answer
 
-        def choice(items: list[tuple[int, float]], finish: str | None) -> dict[str, Any]:
-            nonlocal offset
+        def choice(
+            items: list[tuple[int, float]], finish: str | None, start: int
+        ) -> tuple[dict[str, Any], int]:
+            """One choice of ``items``, its text offsets counted from ``start``; and where they end."""
             text = "".join(fake.texts.get(t, "") for t, _ in items)
             out: dict[str, Any] = {"index": 0, "text": text}
+            end = start
             if body.get("logprobs") is not None:
                 # vLLM 0.32's block: with ``logprobs: 0`` each token's top_logprobs holds the sampled one.
                 names = [f"token_id:{t}" if as_ids else fake.texts.get(t, "") for t, _ in items]
-                offsets = list(itertools.accumulate((len(n) for n in names), initial=offset))
-                offset = offsets.pop()
+                offsets = list(itertools.accumulate((len(n) for n in names), initial=start))
+                end = offsets.pop()
                 out["logprobs"] = {
                     "text_offset": offsets,
                     "token_logprobs": [lp for _, lp in items],
@@ -181,21 +184,23 @@ def create_vllm_app(
                 }
             out |= {"finish_reason": finish, "stop_reason": None, "prompt_token_ids": None}
             out["token_ids"] = [t for t, _ in items] if with_ids else None
-            return out
+            return out, end
+
+        offset = 0  # vLLM's text_offset counts the logprobs tokens' characters over the whole answer
 
         def choice_json(items: list[tuple[int, float]], finish: str | None, *, whole: bool) -> str:
-            """``choice``'s JSON (a whole answer's with the fields only it has), kept by what it is
-            made of unless it echoes the prompt."""
+            """``choice``'s JSON at the answer's offset (a whole answer's with the fields only it has),
+            kept by what it is made of unless it echoes the prompt."""
             nonlocal offset
             key = (tuple(items), finish, offset, whole, as_ids, body.get("logprobs") is not None)
             found = None if with_ids else rendered.get(key)
             if found is None:
-                out = choice(items, finish)
+                out, end = choice(items, finish, offset)
                 if whole:
                     out["prompt_logprobs"] = None
                     if with_ids:
                         out["prompt_token_ids"] = prompt  # in the choice, as vLLM echoes it
-                found = json.dumps(out, separators=(",", ":")), offset
+                found = json.dumps(out, separators=(",", ":")), end
                 if not with_ids:
                     if len(rendered) >= RENDERED_KEPT:
                         rendered.clear()
