@@ -12,6 +12,7 @@ the same answer as a whole call (greedy), with logprobs equal to a forward pass 
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -55,11 +56,7 @@ def streamed_events(url: str, prompt_ids: list[int], **fields: Any) -> list[tupl
 
 def event_ends(events: list[tuple[list[int], list[float]]]) -> list[int]:
     """How many tokens the stream had sent at the end of each event."""
-    ends, total = [], 0
-    for ids, _ in events:
-        total += len(ids)
-        ends.append(total)
-    return ends
+    return list(itertools.accumulate(len(ids) for ids, _ in events))
 
 
 def test_vllm_sends_a_stream_eight_tokens_an_event_when_asked(tiny_server: Any, tokenizer: Any) -> None:

@@ -297,7 +297,7 @@ class EngineServer:
         python = self.python or find_vllm_python()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
-        self.temp_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-ipc-"))
+        self.temp_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-"))
         try:
             self.process = subprocess.Popen(
                 vllm_argv(self.launch, python),
