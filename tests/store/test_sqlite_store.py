@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.schemas import Call
+from harnessrl.errors import BadRequest
+from harnessrl.schemas import Call, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.gate import GateState
 from harnessrl.store.migrations import SCHEMA_VERSION
@@ -186,6 +187,32 @@ def test_add_call_now_writes_at_once_or_not_at_all(tmp_path: Path) -> None:
     store.close()
     with pytest.raises(sqlite3.ProgrammingError):
         store.add_call_now(_a_call(rollout.rollout_id))
+
+
+def test_add_call_now_that_fails_leaves_the_lock_free(tmp_path: Path) -> None:
+    """A call ``add_call_now`` cannot store (a token ID past int32) fails with its own error and takes
+    nothing with it: no transaction stays open on the thread's connection, so another store on the
+    file (another process) writes at once and the next ``add_call_now`` works. Before the fix the
+    call was packed inside the transaction and its error left the write lock held."""
+    store = SQLiteStore(tmp_path / "store.db")
+    rollout = store.create_rollout()
+    bad = Call(
+        rollout_id=rollout.rollout_id,
+        prompt_token_ids=[2**31],
+        response_token_ids=[7],
+        response_logprobs=[-0.5],
+    )
+    with pytest.raises(BadRequest, match="int32"):
+        store.add_call_now(bad)
+    other = SQLiteStore(tmp_path / "store.db", timeout_s=0.5)
+    try:
+        assert other.add_call(_a_call(rollout.rollout_id, 0)).seq == 0  # "database is locked" before
+        assert other.cancel_rollout(store.create_rollout().rollout_id).status is RolloutStatus.CANCELLED
+    finally:
+        other.close()
+    again = store.add_call_now(_a_call(rollout.rollout_id, 1))
+    assert again is not None and again.seq == 1
+    store.close()
 
 
 class _LockedThenOpen:

@@ -113,6 +113,9 @@ class SQLiteStore(SQLStore):
         nothing. An in-memory database has one connection: always ``None``."""
         if not self.reads_at_once:
             return None
+        # Packed before the lock is taken, as ``add_call`` does: a call that cannot be packed (an ID
+        # past int32) fails alone, and the lock is never held while packing (nor left held by it).
+        packed = pack_call(call, encoded)
         # This thread's own connection, so it never waits for the shared connection's lock.
         conn = self._thread_connection("now", busy_timeout_s=0.0)
         try:
@@ -121,7 +124,7 @@ class SQLiteStore(SQLStore):
             if exc.sqlite_errorcode == sqlite3.SQLITE_BUSY:
                 return None
             raise
-        return self._add_packed(call, pack_call(call, encoded), _committed(conn))
+        return self._add_packed(call, packed, _committed(conn))
 
     def read_gate(self) -> GateState:
         """The gate, on this thread's own connection (as ``get_rollout_by_key``): it never waits for
