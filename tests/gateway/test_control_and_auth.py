@@ -145,6 +145,29 @@ def test_model_api_keys(gateway: Any) -> None:
     assert gateway.client.list_calls(b["rollout_id"])[0].rollout_id == b["rollout_id"]
 
 
+def test_a_requeued_attempts_key_opens_nothing(gateway: Any) -> None:
+    """A requeue ends an attempt and issues the rollout a new key. The ended attempt's harness (a pod
+    that outlived its controller, say) calling with its old key is refused (401): it neither starts
+    the queued rollout under the next attempt (left running with no worker, no controller could
+    ever claim it) nor gets its calls recorded as the next attempt's. The control: the same call
+    with the key the next attempt is given is answered and recorded under that attempt."""
+    created = gateway.rollout()
+    url = f"{created['base_url']}/chat/completions"
+    [claimed] = gateway.store.claim_rollouts("controller-1", 1)
+    assert httpx.post(url, json=CHAT, headers=bearer(claimed.api_key)).status_code == 200
+    requeued = gateway.store.requeue_rollout(created["rollout_id"], error="node lost")
+    assert requeued.api_key != claimed.api_key and requeued.attempt == 1
+
+    late = httpx.post(url, json=CHAT, headers=bearer(claimed.api_key))
+    assert late.status_code == 401 and late.json()["error"]["code"] == "invalid_api_key"
+    assert gateway.store.get_rollout(created["rollout_id"]).status.value == "queued"
+    [again] = gateway.store.claim_rollouts("controller-2", 1)  # claimable, by the next controller
+    assert again.rollout_id == created["rollout_id"] and again.api_key == requeued.api_key
+    assert httpx.post(url, json=CHAT, headers=bearer(again.api_key)).status_code == 200
+    calls = gateway.client.list_calls(created["rollout_id"])
+    assert [(c.seq, c.attempt) for c in calls] == [(0, 0), (1, 1)]
+
+
 def test_call_metrics_count_every_answered_call(make_gateway: Any) -> None:
     gw = make_gateway(["Hello!", "Again!"])
     r = gw.rollout()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.errors import BadRequest
+from harnessrl.errors import BadRequest, NotFound
 from harnessrl.schemas import Call, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.gate import GateState
@@ -118,7 +118,10 @@ def test_key_lookup_sees_every_commit_and_ends_with_the_store(tmp_path: Path) ->
     assert store.get_rollout_by_key(rollout.api_key).status.value == "queued"
     other.start_rollout(rollout.rollout_id)
     assert store.get_rollout_by_key(rollout.api_key).status.value == "running"
-    other.requeue_rollout(rollout.rollout_id)
+    requeued = other.requeue_rollout(rollout.rollout_id)  # a new attempt, with a new key
+    with pytest.raises(NotFound):
+        store.get_rollout_by_key(rollout.api_key)  # the kept lookup of the old key is not used
+    rollout = requeued
     assert store.get_rollout_by_key(rollout.api_key).attempt == 1
     # An unchanged row gives the rollout built for it; any change to the row, a new one.
     same = store.get_rollout_by_key(rollout.api_key)

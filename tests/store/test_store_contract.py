@@ -231,6 +231,19 @@ def test_requeue_bumps_attempt_and_keeps_error(store: Store) -> None:
     assert again.attempt == 2 and again.error == "sandbox died"  # no new error: the old text stays
 
 
+def test_requeue_issues_a_new_key(store: Store) -> None:
+    """Each attempt has its own key: after a requeue the ended attempt's key finds nothing."""
+    rollout = store.create_rollout()
+    assert store.get_rollout_by_key(rollout.api_key) == rollout
+    store.claim_rollouts("w1", 1)
+    requeued = store.requeue_rollout(rollout.rollout_id)
+    assert requeued.api_key != rollout.api_key and requeued.api_key.startswith("hrl-")
+    with pytest.raises(NotFound):
+        store.get_rollout_by_key(rollout.api_key)
+    assert store.get_rollout_by_key(requeued.api_key) == requeued
+    assert store.get_rollout(rollout.rollout_id).api_key == requeued.api_key
+
+
 def test_cancel_sets_finished_at(store: Store) -> None:
     cancelled = store.cancel_rollout(store.create_rollout().rollout_id)
     assert cancelled.status is S.CANCELLED and cancelled.finished_at is not None

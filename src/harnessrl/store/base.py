@@ -139,7 +139,8 @@ class Store(Protocol):
         controller): reward 0, outcome ``policy_failure``, ``flag`` added to its flags, ``error`` set."""
 
     def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
-        """running -> queued with ``attempt + 1`` (retry after an infrastructure failure)."""
+        """running -> queued with ``attempt + 1`` (retry after an infrastructure failure) and a new
+        ``api_key``: the ended attempt's key opens nothing any more."""
 
     def cancel_rollout(self, rollout_id: str) -> Rollout: ...
 

@@ -83,6 +83,11 @@ _CHAIN_ROW_COLUMNS = (
 )
 
 
+def new_rollout_key() -> str:
+    """A fresh rollout key: one for each attempt of a rollout (``create_rollout``, ``requeue_rollout``)."""
+    return "hrl-" + secrets.token_urlsafe(24)
+
+
 class SQLStore(GateRows):
     PARAM: str
     ROW_LOCK: str
@@ -183,7 +188,7 @@ class SQLStore(GateRows):
     ) -> Rollout:
         rollout = Rollout(
             rollout_id=rollout_id or uuid.uuid4().hex,
-            api_key="hrl-" + secrets.token_urlsafe(24),
+            api_key=new_rollout_key(),
             run_id=run_id,
             task_id=task_id,
             task=task or {},
@@ -307,6 +312,10 @@ class SQLStore(GateRows):
                 "status": RolloutStatus.QUEUED.value,
                 "attempt": row["attempt"] + 1,
                 "worker_id": None,
+                # A key opens one attempt: the harness of the attempt that ended (a pod that outlived
+                # its controller, a process a restarted trainer never saw) is refused from now on,
+                # instead of starting the queued rollout under the new attempt with no worker to run it.
+                "api_key": new_rollout_key(),
             }
             if error is not None:
                 changes["error"] = error
