@@ -6,6 +6,7 @@ Only the protocol's public methods are used, so a new backend passes or fails th
 from __future__ import annotations
 
 import itertools
+import math
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -203,6 +204,17 @@ def test_finish_rollout(store: Store, outcome: Outcome) -> None:
     assert done.reward == 0.5 and done.error == "boom" and done.finished_at is not None
     assert done.metadata == {"keep": 1, "over": 2, "tests": [1, 0]}
     assert store.get_rollout(rollout.rollout_id) == done
+
+
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+def test_finish_refuses_a_reward_that_is_not_finite(store: Store, reward: float) -> None:
+    """Refused alike by every backend (SQLite stored NaN as NULL, PostgreSQL as NaN: a trainer read
+    "no reward" from one and NaN advantages from the other); the rollout is left as it was."""
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    with pytest.raises(BadRequest, match="finite"):
+        store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, reward)
+    assert store.get_rollout(rollout.rollout_id) == rollout
+    assert store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, -1e308).reward == -1e308
 
 
 def test_void_rollout_zeroes_and_flags_a_tampered_rollout(store: Store) -> None:

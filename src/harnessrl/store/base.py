@@ -132,7 +132,8 @@ class Store(Protocol):
         metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         """End a rollout with an outcome and reward (finished, or failed for an infra failure).
-        ``metadata`` is merged into the rollout's metadata (e.g. evaluator output)."""
+        ``metadata`` is merged into the rollout's metadata (e.g. evaluator output). A reward that is
+        not finite raises ``BadRequest`` and changes nothing."""
 
     def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
         """A finished rollout whose result cannot be trusted (it was finished by someone other than its

@@ -23,6 +23,7 @@ rows whenever it does not account for the rollout's newest call; reads fold rows
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import uuid
@@ -30,7 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harnessrl.errors import NotFound
+from harnessrl.errors import BadRequest, NotFound
 from harnessrl.schemas import (
     Call,
     Outcome,
@@ -272,6 +273,8 @@ class SQLStore(GateRows):
     ) -> Rollout:
         outcome = Outcome(outcome)
         status = status_for_outcome(outcome)
+        if not math.isfinite(reward):  # as the control API refuses it; SQLite would store NaN as NULL
+            raise BadRequest(f"reward must be a finite number, got {reward!r}")
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
             check_transition(row, status)

@@ -323,6 +323,15 @@ def test_python_failures_are_evaluator_errors(ws, function, message):
         evaluate(config, EvaluationInput(task={}, workspace=ws))
 
 
+@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+def test_a_result_with_a_reward_that_is_not_finite_is_an_evaluator_error(reward):
+    """Whoever builds it (an evaluator of a caller's own too): the controller ends the rollout on this
+    error instead of passing the reward to a store that refuses it."""
+    with pytest.raises(EvaluatorError, match="finite"):
+        EvaluationResult(reward)
+    assert EvaluationResult(-1e308).reward == -1e308
+
+
 # -- reasoning_gym ----------------------------------------------------------------------------------
 
 

@@ -55,6 +55,12 @@ class EvaluationResult:
     # scorer's own ``verdict_disagreement``...): recorded with the rollout like the audit's flags.
     flags: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Whatever evaluator made it (one of ours, or a caller's own): the store refuses a reward
+        # that is not finite, and the controller treats this error as the evaluation failing.
+        if not math.isfinite(self.reward):
+            raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {self.reward!r}")
+
 
 def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:
     """``EvaluationResult(reward, details)`` if ``reward`` is a finite number, else ``EvaluatorError``."""
