@@ -105,7 +105,16 @@ def test_context_length_exceeded(env: Any) -> None:
         "max_tokens",
     )
     long = {"model": "m", "messages": [{"role": "user", "content": "word " * 400}]}
-    assert_error(http.post("/chat/completions", json=long), 400, "context_length_exceeded")
+    assert_error(http.post("/chat/completions", json=long), 400, "context_length_exceeded", "messages")
+    # Each API blames its own prompt field (completions said "messages").
+    full = {"model": "m", "prompt": [7] * 256}
+    assert_error(http.post("/completions", json=full), 400, "context_length_exceeded", "prompt")
+    assert_error(
+        http.post("/responses", json={"model": "m", "input": "word " * 400}),
+        400,
+        "context_length_exceeded",
+        "input",
+    )
 
 
 def test_body_over_the_limit_is_413(env: Any) -> None:

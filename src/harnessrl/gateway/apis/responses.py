@@ -105,8 +105,8 @@ class ResponsesApi:
         prompt_len: int,
         rollout: Rollout,
     ) -> ContextLengthExceeded:
-        # Name this API's fields, not chat's.
-        exc.param = {"max_tokens": "max_output_tokens", "messages": "input"}.get(exc.param or "", exc.param)
+        # Name this API's budget field, not chat's (the prompt's, ``input``, is named already).
+        exc.param = {"max_tokens": "max_output_tokens"}.get(exc.param or "", exc.param)
         return exc
 
     def answer(self, call: PreparedCall, request: CallRequest[ResponsesRequest]) -> ResponsesAnswer:

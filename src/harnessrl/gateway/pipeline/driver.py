@@ -134,7 +134,9 @@ async def prepare(api: ProviderApi[B], request: Request) -> tuple[PreparedCall, 
         assert parsed.prompt_ids is not None, "a request is a conversation or a prompt"
         prompt_ids = parsed.prompt_ids
     try:
-        params = sampling_params(state, parsed.body, len(prompt_ids), parsed.requested_max, rollout)
+        params = sampling_params(
+            state, parsed.body, len(prompt_ids), parsed.requested_max, rollout, prompt_param=parsed.param
+        )
     except ContextLengthExceeded as exc:
         raise api.too_long(state, exc, parsed, len(prompt_ids), rollout) from None
     call = PreparedCall(

@@ -41,8 +41,10 @@ def sampling_params(
     prompt_len: int,
     requested_max: int | None,
     rollout: Rollout | None = None,
+    prompt_param: str = "messages",
 ) -> SamplingParams:
-    """Sampling settings for the engine; 400 if the prompt plus ``max_tokens`` cannot fit the context.
+    """Sampling settings for the engine; 400 if the prompt plus ``max_tokens`` cannot fit the context
+    (a prompt that fills it alone is blamed on ``prompt_param``, the body field that holds it).
 
     A rollout may carry ``SamplingOverrides`` set by whoever created it (the trainer): its
     ``temperature`` / ``top_p`` replace the harness's, and its ``max_tokens`` caps the harness's.
@@ -63,7 +65,8 @@ def sampling_params(
     room = context - prompt_len
     if room <= 0:
         raise ContextLengthExceeded(
-            f"the prompt has {prompt_len} tokens; this model's context length is {context}", param="messages"
+            f"the prompt has {prompt_len} tokens; this model's context length is {context}",
+            param=prompt_param,
         )
     if requested_max is not None:
         if requested_max > room:
