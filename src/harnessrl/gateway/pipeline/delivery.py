@@ -222,8 +222,10 @@ class CallStream(Response):
             call.finish()
         if outlet is not None and outlet.gave_up and connection is not None:
             connection.cut()
-        elif call.stored is None and call.drop_reason == "rollout_ended":
+        elif call.stored is None and call.drop_reason == "rollout_ended" and cancel.cancelled_caught:
             # The harness may still be there (the run cancelled its rollout): tell it, if it reads.
+            # Only when the drop cut the events short: a rollout ended where this gateway did not
+            # hear it is refused by the store at record time, and the events end with that error.
             body = self.closing(await call.closed_error()).encode()
             with anyio.move_on_after(config.slow_reader_window_s):
                 await send({"type": "http.response.body", "body": body, "more_body": True})
