@@ -8,6 +8,7 @@ One test per numbered case of the issue, each with the well-formed input beside 
 from __future__ import annotations
 
 import math
+import sqlite3
 from typing import Any
 
 import httpx
@@ -302,7 +303,10 @@ def test_responses_items_with_a_non_string_role_or_type_are_400s(make_gateway: A
 def test_bad_rows_already_stored_are_read_with_placeholders(gateway: Any) -> None:
     store = gateway.store
     poisoned = store.create_rollout(task={"prompt": "a\ud800b", "\udc00": [1.0]}, metadata={"m": "\ud83d"})
-    store.finish_rollout(poisoned.rollout_id, Outcome.SUCCESS, math.inf)
+    store.finish_rollout(poisoned.rollout_id, Outcome.SUCCESS, 1.0)
+    # A reward the store refuses now (finish_rollout: finite only), written as an older one took it.
+    with sqlite3.connect(store.path) as conn:
+        conn.execute("UPDATE rollouts SET reward = ? WHERE rollout_id = ?", (math.inf, poisoned.rollout_id))
     nan = store.create_rollout(task={"x": math.nan})
     fine = gateway.rollout()
     # A call recorded under the old parser: a lone surrogate in the model name, NaN in the metadata.
