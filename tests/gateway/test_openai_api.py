@@ -134,13 +134,44 @@ def test_streaming_tool_calls(make_gateway: Any) -> None:
         for tc in delta.tool_calls or []:
             calls[tc.index] = tc
         finish = chunk.choices[0].finish_reason or finish
-    assert "<tool_call>" not in content and content.strip() == "Let me check."
+    assert "<tool_call>" not in content and content == "Let me check."
     assert finish == "tool_calls"
     assert calls[0].function.name == "bash"
     assert json.loads(calls[0].function.arguments) == {"command": "ls -la"}
     [call] = gw.client.list_calls(rollout["rollout_id"])
     assert call.response["tool_calls"][0]["id"] == calls[0].id  # the client saw what was recorded
     assert call.finish_reason == "tool_calls"
+
+
+@pytest.mark.parametrize(
+    "turn",
+    [
+        {
+            "content": "a",
+            "tool_calls": [{"name": "bash", "arguments": {}}, {"name": "bash", "arguments": {}}],
+        },
+        {"content": "Hi  there \n", "tool_calls": [{"name": "bash", "arguments": {"command": "ls"}}]},
+        {"content": "No call, trailing space \n"},
+    ],
+    ids=["two_calls", "spaces_before_a_call", "no_call"],
+)
+def test_streamed_content_is_the_whole_answers_and_the_recorded_one(make_gateway: Any, turn: Any) -> None:
+    """The whitespace around tool-call blocks (the template's newlines) is sent, held or dropped alike
+    whole and streamed (``parsers.tools.ContentWhitespace``), so the client gets the same content
+    both ways and the store records what it got. The stream used to send the newlines before and
+    between the blocks that the whole answer trimmed."""
+    gw = make_gateway([turn, turn])
+    whole_rollout, stream_rollout = gw.rollout(), gw.rollout()
+    request: Any = {"model": "m", "messages": [{"role": "user", "content": "go"}], "tools": TOOLS}
+    whole = sdk(whole_rollout).chat.completions.create(**request).choices[0].message.content
+    content = ""
+    for chunk in sdk(stream_rollout).chat.completions.create(**request, stream=True):
+        content += chunk.choices[0].delta.content or "" if chunk.choices else ""
+    assert content == (whole or "")
+    assert whole == (turn["content"].rstrip() if "tool_calls" in turn else turn["content"])
+    for rollout in (whole_rollout, stream_rollout):
+        [call] = gw.client.list_calls(rollout["rollout_id"])
+        assert call.response["content"] == whole
 
 
 def test_stream_helper_of_the_sdk(make_gateway: Any) -> None:

@@ -31,7 +31,13 @@ from harnessrl.gateway.bodies import (
     validate_tail,
 )
 from harnessrl.gateway.errors import sse_error
-from harnessrl.gateway.parsers.tools import ContentEvent, ParsedMessage, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools import (
+    ContentEvent,
+    ContentWhitespace,
+    ParsedMessage,
+    ToolCallEvent,
+    collect,
+)
 from harnessrl.gateway.parsers.tools import Event as ToolEvent
 from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, Event, feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall
@@ -143,6 +149,8 @@ class ChatAnswer:
         self.pending_ids: list[int] = []
         self.pending_lps: list[float] = []
         self.held_text: list[str] = []  # pieces' text not rendered yet (``held``)
+        # With a tool parser: which content to send when (the whole answer's rule, ``collect``'s).
+        self.trim = ContentWhitespace()
 
     # -- whole ----------------------------------------------------------------------------------
 
@@ -232,6 +240,9 @@ class ChatAnswer:
         last = self.held()
         if self.parser is not None:
             last += self._emit(self.parser.finish())
+            rest = self.trim.end()
+            if rest:
+                last.append(self._content(rest))
         if self.parser is not None:
             parsed = collect(self.events)
         else:
@@ -251,8 +262,11 @@ class ChatAnswer:
         for event in new_events:
             self.events.append(event)
             if isinstance(event, ContentEvent):
-                out.append(self._content(event.text))
+                text = self.trim.text(event.text)
+                if text:
+                    out.append(self._content(text))
             elif isinstance(event, ToolCallEvent):
+                self.trim.call()
                 delta = {"tool_calls": [{"index": self.n_calls, **event.call.to_openai()}]}
                 out.append(self._chunk(dumps(delta)))
                 self.n_calls += 1

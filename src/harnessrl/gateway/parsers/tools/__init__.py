@@ -10,6 +10,7 @@ from __future__ import annotations
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
+    ContentWhitespace,
     CountingParser,
     Event,
     ParsedMessage,
@@ -33,6 +34,7 @@ from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser
 __all__ = [
     "TOOL_PARSERS",
     "ContentEvent",
+    "ContentWhitespace",
     "DeepSeekV3ToolParser",
     "DeepSeekV31ToolParser",
     "CountingParser",

@@ -193,10 +193,50 @@ class ParsedMessage:
     tool_calls: list[ToolCall]
 
 
+class ContentWhitespace:
+    """What of an answer's content to send as it comes, so that a stream and the whole answer say the
+    same (``collect`` folds a whole answer's events through one): whitespace is held until text
+    follows. Before the first text, held whitespace is dropped if a tool call came first (the
+    newline after a call's block), else sent with it; at the end it is dropped if the answer has
+    calls, else sent. So an answer without calls is its text exactly as sampled."""
+
+    def __init__(self) -> None:
+        self.held = ""  # whitespace not sent yet
+        self.sent = False  # some text was
+        self.calls = 0
+
+    def text(self, text: str) -> str:
+        """The part of ``text`` (with what is held) to send now."""
+        text = self.held + text
+        body = text.rstrip()
+        self.held = text[len(body) :]
+        if body and not self.sent:
+            self.sent = True
+            if self.calls:
+                body = body.lstrip()
+        return body
+
+    def call(self) -> None:
+        self.calls += 1
+
+    def end(self) -> str:
+        """What is still to send when the answer ends."""
+        out, self.held = ("" if self.calls else self.held), ""
+        return out
+
+
 def collect(events: list[Event]) -> ParsedMessage:
-    """Fold events into one message: with tool calls, content is trimmed (None when empty)."""
-    text = "".join(e.text for e in events if isinstance(e, ContentEvent))
-    calls = [e.call for e in events if isinstance(e, ToolCallEvent)]
-    if calls:
-        return ParsedMessage(content=text.strip() or None, tool_calls=calls)
-    return ParsedMessage(content=text, tool_calls=[])
+    """Fold events into one message: its content as ``ContentWhitespace`` sends it (with tool calls,
+    None when nothing is left), so a streamed answer (``apis.chat``) and a whole one say the same."""
+    trim = ContentWhitespace()
+    parts: list[str] = []
+    calls: list[ToolCall] = []
+    for event in events:
+        if isinstance(event, ContentEvent):
+            parts.append(trim.text(event.text))
+        else:
+            trim.call()
+            calls.append(event.call)
+    parts.append(trim.end())
+    content = "".join(parts)
+    return ParsedMessage(content=(content or None) if calls else content, tool_calls=calls)
