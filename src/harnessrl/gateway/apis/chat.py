@@ -243,7 +243,6 @@ class ChatAnswer:
             rest = self.trim.end()
             if rest:
                 last.append(self._content(rest))
-        if self.parser is not None:
             parsed = collect(self.events)
         else:
             parsed = ParsedMessage(content=gen.text, tool_calls=[])
