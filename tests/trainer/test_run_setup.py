@@ -114,3 +114,61 @@ def test_tensorboard_asked_for_by_name_but_missing_is_refused_the_default_is_not
     copy.write_text("\n".join(line for line in text.splitlines() if not line.startswith("tensorboard")))
     config, run_dir, _ = prepare_run(str(copy), None, [f"run.dir={tmp_path / 'default'}"])
     assert config.metrics.tensorboard and run_dir.is_dir()
+
+
+def _project(tmp_path: Path) -> Path:
+    """The tiny example's config copied into ``tmp_path/project`` (script paths made absolute), so
+    its default run folder (runs/<run.name>) lands there."""
+    project = tmp_path / "project"
+    project.mkdir()
+    config = project / "train.toml"
+    config.write_text(CONFIG.read_text().replace('"./', f'"{CONFIG.parent}/'))
+    return config
+
+
+def _listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_missing_model_or_a_busy_port_is_refused_before_the_run_folder_exists(tmp_path):
+    import socket
+
+    config = _project(tmp_path)
+    with pytest.raises(ConfigError, match=r"^engine\.model: unknown model './nomodel'"):
+        prepare_run(str(config), None, ["engine.model=./nomodel"])
+    with socket.create_server(("127.0.0.1", 0)) as busy:
+        port = busy.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^gateway: cannot listen on 127.0.0.1:{port}"):
+            prepare_run(str(config), None, [f"gateway.port={port}"])
+    assert _listing(tmp_path) == ["project", "project/train.toml"]
+    # The next try, fixed, is a new run (not "already exists; pass --resume").
+    _, run_dir, _ = prepare_run(str(config), None, ["gateway.port=0"])
+    assert run_dir == config.parent / "runs" / "tiny-vowels"
+    proc = _train(tmp_path, "engine.model=./nomodel")  # the command: exit 2, the field named
+    assert proc.returncode == 2 and "engine.model" in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "run").exists()
+
+
+def test_the_already_exists_guard_sees_through_dot_dot(tmp_path):
+    _, existing, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'existing'}"])
+    saved = (existing / CONFIG_FILE).read_text()
+    with pytest.raises(ConfigError, match="already exists"):
+        prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'nothere' / '..' / 'existing'}"])
+    assert (existing / CONFIG_FILE).read_text() == saved and not (tmp_path / "nothere").exists()
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "../..", "a/b"])
+def test_run_name_must_be_a_plain_folder_name(tmp_path, name):
+    config = _project(tmp_path)
+    with pytest.raises(ConfigError, match=r"run\.name: .*plain folder name"):
+        prepare_run(str(config), None, [f"run.name={json.dumps(name)}"])
+    assert _listing(tmp_path) == ["project", "project/train.toml"]
+
+
+def test_resume_refuses_a_set_without_equals_and_a_corrupt_config(tmp_path):
+    _, run_dir, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(ConfigError, match=r"'trainer\.steps' must look like section\.key=value"):
+        prepare_run(None, str(run_dir), ["trainer.steps"])
+    (run_dir / CONFIG_FILE).write_text("{not json")
+    with pytest.raises(ConfigError, match=r"config\.json is not valid JSON"):
+        prepare_run(None, str(run_dir), [])

@@ -115,6 +115,28 @@ def convert_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> 
     return build_folder_atomically(target, convert)  # another converter may win the race
 
 
+def check_model(model: str, *, field: str) -> None:
+    """That ``resolve_model_dir(model)`` would find its source, checked without building or
+    converting anything (a run checks this before it creates its folder); a ``ConfigError`` naming
+    ``field`` otherwise."""
+    if model == "tiny":
+        return
+    if model == "smollm2":
+        smollm2_gguf_path()
+        return
+    path = Path(model).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ConfigError(f"{field}: GGUF file {str(path)!r} does not exist")
+    elif not path.is_dir():
+        raise ConfigError(
+            f"{field}: unknown model {model!r}: expected 'tiny', 'smollm2', 'scripted:FILE', a model folder "
+            "or a .gguf file"
+        )
+    elif not (path / "config.json").is_file():
+        raise ConfigError(f"{field}: model folder {str(path)!r} has no config.json")
+
+
 def resolve_model_dir(model: str, cache_dir: str | Path | None = None) -> Path:
     """A Hugging Face folder for ``model`` (``tiny``, ``smollm2``, a ``.gguf`` path or a folder)."""
     if model == "tiny":

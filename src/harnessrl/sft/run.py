@@ -23,6 +23,7 @@ from harnessrl.config import load_raw_config, validate_config
 from harnessrl.errors import ConfigError
 from harnessrl.sft.config import SftConfig
 from harnessrl.store import open_store
+from harnessrl.trainer.run_setup import new_run_dir, read_saved_config
 
 CONFIG_FILE = "config.json"
 DATA_FILE = "sft_data.json"
@@ -35,12 +36,7 @@ def prepare_sft_run(
     Imports no torch: the CLI checks the config before paying for that."""
     if resume:
         run_dir = Path(resume)
-        saved = run_dir / CONFIG_FILE
-        if not saved.is_file():
-            raise ConfigError(
-                f"--resume {resume!r}: no {CONFIG_FILE} there; is it a harnessrl sft run folder?"
-            )
-        raw = json.loads(saved.read_text())
+        raw = read_saved_config(run_dir, "harnessrl sft run folder")
         _merge(raw, load_raw_config(None, overrides, env={}))
         return validate_config(SftConfig, raw), run_dir
     if config_path is None:
@@ -54,12 +50,7 @@ def prepare_sft_run(
             if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
                 source[key] = str((base_dir / value).resolve())
     config = validate_config(SftConfig, raw)
-    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
-            "or set run.name / run.dir to start a new run"
-        )
+    run_dir = new_run_dir(Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name)
     return config, run_dir
 
 

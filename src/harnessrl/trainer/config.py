@@ -28,6 +28,15 @@ class RunSection(Section):
     )
     seed: int = 0
 
+    @field_validator("name")
+    @classmethod
+    def _plain_folder_name(cls, value: str) -> str:
+        # The default run folder is runs/<name>: "", ".", ".." or a path would put it elsewhere
+        # (runs/ itself, or over another run's files) and slip past the "already exists" guard.
+        if value in ("", ".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"{value!r} must be a plain folder name (no '/', not '.' or '..')")
+        return value
+
 
 class OptimizerConfig(Section):
     lr: float = Field(default=1e-5, gt=0)

@@ -34,15 +34,10 @@ def prepare_run(
 
     if resume:
         run_dir = Path(resume)
-        saved = run_dir / CONFIG_FILE
-        if not saved.is_file():
-            raise ConfigError(f"--resume {resume!r}: no {CONFIG_FILE} there; is it a harnessrl run folder?")
-        raw = upgrade_saved_config(json.loads(saved.read_text()))
+        raw = upgrade_saved_config(read_saved_config(run_dir, "harnessrl run folder"))
         base_dir = Path(raw.pop("_base_dir", "."))
-        for item in overrides:  # e.g. raise trainer.steps to train longer
-            key, _, value = item.partition("=")
-            raw_override = load_raw_config(None, [f"{key}={value}"], env={})
-            _merge(raw, raw_override)
+        # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run
+        _merge(raw, load_raw_config(None, overrides, env={}))
         config = validate_config(TrainConfig, raw)
         preflight(config)
         return config, run_dir, base_dir
@@ -53,18 +48,60 @@ def prepare_run(
     config = validate_config(TrainConfig, raw)
     # Next to the config file, not the working directory: the same command from anywhere finds
     # (and refuses to overwrite) the same folder.
-    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
-    preflight(config, run_dir)  # before the folder exists: a bad config leaves nothing behind
-    if run_dir.exists() and any(run_dir.iterdir()):
-        raise ConfigError(
-            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
-            "or set run.name / run.dir to start a new run"
-        )
+    run_dir = new_run_dir(Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name)
+    # Before the folder exists: a bad config leaves nothing behind.
+    check_weights(config)
+    preflight(config, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     saved = config.model_dump(mode="json")
     saved["_base_dir"] = str(base_dir)
     (run_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
     return config, run_dir, base_dir
+
+
+def read_saved_config(run_dir: Path, what: str) -> dict[str, Any]:
+    """The ``config.json`` a run saved in ``run_dir`` (``--resume``); ``what`` names the kind of
+    folder expected in the message when it is missing or unreadable."""
+    saved = run_dir / CONFIG_FILE
+    if not saved.is_file():
+        raise ConfigError(f"--resume {str(run_dir)!r}: no {CONFIG_FILE} there; is it a {what}?")
+    try:
+        raw = json.loads(saved.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--resume {str(run_dir)!r}: {saved} is not valid JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ConfigError(f"--resume {str(run_dir)!r}: {saved} does not hold a JSON object")
+    return raw
+
+
+def new_run_dir(run_dir: Path) -> Path:
+    """``run_dir`` made absolute, with ``..`` resolved (so ``nothere/../existing`` is refused as
+    ``existing`` is), checked to be free for a new run: absent, or an empty folder. Shared with
+    ``harnessrl sft`` (``sft.run``)."""
+    run_dir = run_dir.expanduser().resolve()
+    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # "/" at the latest
+    if not existing.is_dir():
+        raise ConfigError(f"run.dir: {str(existing)!r} is a file, not a folder")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ConfigError(
+            f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
+            "or set run.name / run.dir to start a new run"
+        )
+    return run_dir
+
+
+def check_weights(config: TrainConfig) -> None:
+    """The weights a new run starts from exist (``engine.model``, or ``trainer.model`` with remote
+    servers), found without loading or building them: a typo fails here, not after the run folder
+    and the store were created."""
+    from harnessrl.config import REMOTE_KINDS
+    from harnessrl.engines.models import check_model
+
+    if config.engine.source.kind in REMOTE_KINDS:
+        assert config.trainer.model is not None  # TrainConfig requires it with a remote engine
+        check_model(config.trainer.model, field="trainer.model")
+    elif config.engine.source.kind == "embedded":
+        check_model(config.engine.model, field="engine.model")
 
 
 def preflight(
@@ -76,8 +113,8 @@ def preflight(
     """What would fail every rollout, or the run after it started, checked before anything is
     created: the memory the run needs against what the machine has (``memory_budget.check_memory``;
     ``memory_available()`` in bytes, by default ``MemAvailable``; None skips the check), the harness's executable
-    and script (``check_harness``), the sandbox, the evaluator, and the optional integrations the
-    config asks for. Each problem is a ``ConfigError`` naming the field.
+    and script (``check_harness``), the sandbox, the evaluator, the optional integrations the
+    config asks for, and the gateway's port (free now). Each problem is a ``ConfigError`` naming the field.
 
     Skipped for the harness when the trainer's controllers run elsewhere (``trainer.controllers =
     "external"``): their machines, not this one, must have the harness."""
@@ -96,6 +133,12 @@ def preflight(
         raise ConfigError(
             "metrics.tensorboard: tensorboard is not installed (pip install 'harnessrl[train]'), or set it false"
         )
+    if not config.trainer.gateway_url:
+        # The gateway this process serves binds its port after the model loads and the store
+        # opens; a busy port found then would leave a run folder behind.
+        from harnessrl.gateway.process import bind_socket
+
+        bind_socket(config.gateway.host, config.gateway.port, listen=False).close()
     if config.trainer.controllers == "external":
         return
     from harnessrl.controller.stack import RolloutConfig, prepare
