@@ -240,10 +240,14 @@ def load_raw_config(
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
+        if p.is_dir():
+            raise ConfigError(f"config file {str(p)!r} is a folder, not a TOML file")
         if not p.is_file():
             raise ConfigError(f"config file {str(p)!r} does not exist")
         try:
-            data = tomllib.loads(p.read_text())
+            data = tomllib.loads(p.read_text(encoding="utf-8"))
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (TOML must be): {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
     env = os.environ if env is None else env
@@ -253,7 +257,7 @@ def load_raw_config(
             _deep_set(data, dotted, _parse_scalar(value))
     for item in overrides or []:
         key, sep, value = item.lstrip("-").partition("=")
-        if not sep:
+        if not sep or "" in key.split("."):  # "=5", "trainer..steps": no field to name
             raise ConfigError(f"override {item!r} must look like section.key=value")
         _deep_set(data, key, _parse_scalar(value))
     return data
@@ -324,7 +328,9 @@ def _resolve_environment_paths(raw: dict[str, Any], base_dir: Path) -> None:
         return
     if isinstance(environment.get("store"), str):
         environment["store"] = str((base_dir / environment["store"]).resolve())
-    for recipe in (environment.get("images") or {}).values():
+    images = environment.get("images")
+    # Anything but a table is left to validation, which names the field.
+    for recipe in images.values() if isinstance(images, dict) else ():
         for key in ("containerfile", "context"):
             if isinstance(recipe, dict) and isinstance(recipe.get(key), str):
                 recipe[key] = str((base_dir / recipe[key]).resolve())

@@ -105,9 +105,14 @@ def calibrate_command(
         rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
         sampling = _training_sampling(config, set_ or [])
         folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
-        summary = asyncio.run(
-            calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
-        )
+        try:
+            summary = asyncio.run(
+                calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
+            )
+        except BaseException:
+            if run_dir is None and not any(folder.iterdir()):
+                folder.rmdir()  # a temp folder of ours that nothing was written to: nothing half-created
+            raise
     except HarnessRLError as exc:
         raise _fail(exc) from exc
     _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)

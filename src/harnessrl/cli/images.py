@@ -42,7 +42,10 @@ def environment_config(path: Path, overrides: list[str]):
     from harnessrl.errors import ConfigError
 
     raw = resolve_relative_paths(load_raw_config(str(path), overrides), path.resolve().parent)
-    section = (raw.get("harness") or {}).get("environment")
+    harness = raw.get("harness") or {}
+    if not isinstance(harness, dict):
+        raise ConfigError(f"{path}: harness: must be a [harness] table, not {type(harness).__name__}")
+    section = harness.get("environment")
     if section is None:
         raise ConfigError(f"{path}: no [harness.environment] section: nothing to build")
     return validate_config(EnvironmentConfig, section, where="harness.environment")

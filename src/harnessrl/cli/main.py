@@ -198,6 +198,7 @@ def gateway(
     from harnessrl.config import (
         EngineConfig,
         GatewayConfig,
+        StoreConfig,
         load_raw_config,
         resolve_relative_paths,
         validate_config,
@@ -205,6 +206,12 @@ def gateway(
 
     try:
         raw = load_raw_config(config, set_)
+        unknown = set(raw) - {"gateway", "engine", "store"}
+        if unknown:
+            raise fail(f"unknown config section(s): {', '.join(sorted(unknown))}")
+        for section in ("gateway", "engine", "store"):
+            if not isinstance(raw.get(section, {}), dict):
+                raise fail(f"{section}: must be a [{section}] table, not {type(raw[section]).__name__}")
         if config:  # ``scripted:./x`` is the config file's, as everywhere else
             raw = resolve_relative_paths(raw, Path(config).resolve().parent)
         gateway_raw = {"host": host, "port": port, **raw.get("gateway", {})}
@@ -213,12 +220,10 @@ def gateway(
         if os.environ.get("HARNESSRL_ADMIN_KEY"):
             gateway_raw["admin_key"] = os.environ["HARNESSRL_ADMIN_KEY"]
         engine_raw = {"model": model, **raw.get("engine", {})}
-        unknown = set(raw) - {"gateway", "engine", "store"}
-        if unknown:
-            raise fail(f"unknown config section(s): {', '.join(sorted(unknown))}")
         gateway_cfg = validate_config(GatewayConfig, gateway_raw, where="gateway")
         engine_cfg = validate_config(EngineConfig, engine_raw, where="engine")
-        store_url = raw.get("store", {}).get("url", store)
+        # [store] as every command reads it: a misspelled key is refused, not ignored.
+        store_url = validate_config(StoreConfig, {"url": store, **raw.get("store", {})}, where="store").url
         from harnessrl.gateway.server import build_teacher, run_gateway
 
         teacher = build_teacher(engine_cfg)  # teacher mode: its upstream must answer now (else exit 2)
@@ -420,12 +425,17 @@ def dashboard(
 
     from harnessrl.dashboard import create_dashboard_app
 
+    if not 0 <= port <= 65535:
+        raise fail(f"--port {port}: must be between 0 and 65535")
     admin_key = os.environ.get("HARNESSRL_ADMIN_KEY") or secrets.token_urlsafe(24)
     try:
         app_ = create_dashboard_app(run, admin_key)
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
-    sock = socket.create_server((host, port))
+    try:
+        sock = socket.create_server((host, port))
+    except OSError as exc:  # a busy port, an unknown host
+        raise fail(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     bound = sock.getsockname()[1]
     shown_key = admin_key if "HARNESSRL_ADMIN_KEY" not in os.environ else "$HARNESSRL_ADMIN_KEY"
     typer.echo(f"dashboard: http://{host}:{bound}/ui/?key={shown_key}", err=True)

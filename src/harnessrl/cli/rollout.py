@@ -39,7 +39,13 @@ def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, An
         check_visible(default, where="[task]")
         return default
     if text.startswith("@"):
-        text = Path(text[1:]).read_text()
+        path = Path(text[1:])
+        if not path.is_file():
+            raise ConfigError(f"--task {text!r}: {str(path)!r} is not a file")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"--task {text!r}: not UTF-8 text: {exc}") from exc
     try:
         task = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -83,7 +89,11 @@ def run_controller_command(
         # Pods reach the gateway at kubernetes.gateway_url; the runner rewrites the harness's URLs.
         gateway_url = gateway_url or config.kubernetes.gateway_url
     parsed = urlparse(gateway_url)
-    if not parsed.hostname or not parsed.port:
+    try:
+        port = parsed.port  # raises ValueError for a port that is not a number in 0..65535
+    except ValueError:
+        port = None
+    if not parsed.hostname or not port:
         raise ConfigError(f"--gateway-url {gateway_url!r} must look like http://127.0.0.1:8000")
 
     async def main() -> None:
@@ -93,7 +103,7 @@ def run_controller_command(
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with GatewayBridge(parsed.hostname, parsed.port) as bridge:
+            async with GatewayBridge(parsed.hostname, port) as bridge:
                 if config.kubernetes is not None:
                     from harnessrl.controller.kubernetes import KubernetesRunner
 
@@ -103,7 +113,7 @@ def run_controller_command(
                 controller = Controller(
                     store,
                     runner,
-                    gateway=GatewayEndpoint("127.0.0.1", parsed.port),
+                    gateway=GatewayEndpoint("127.0.0.1", port),
                     harness=harness,
                     evaluator=evaluator,
                     run_dir=Path(run_dir),

@@ -155,6 +155,7 @@ async def local_stack(
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
     from harnessrl.gateway.control.gating import GatewayHandle
+    from harnessrl.gateway.process import bind_socket
     from harnessrl.gateway.server import build_teacher, serve_in_thread
     from harnessrl.store import open_store
 
@@ -168,17 +169,23 @@ async def local_stack(
     routes: list[Any] = [gateway_dashboard]  # /ui
     if config.retrieval is not None:  # the retriever, on the gateway: the sandbox's one way out
         routes += await asyncio.to_thread(retrieval_routes, config.retrieval)
-    make_private_dir(run_dir)
-    own_store = store is None
-    if store is None:
-        url = config.store.url if config.store else str(run_dir / "harnessrl.db")
-        store = open_store(url)
     gateway_cfg = config.gateway
+    # The port too: a busy one is refused before the run folder and its store exist.
+    sock = bind_socket(gateway_cfg.host, gateway_cfg.port)
+    own_store = store is None
+    try:
+        make_private_dir(run_dir)
+        if store is None:
+            url = config.store.url if config.store else str(run_dir / "harnessrl.db")
+            store = open_store(url)
+    except BaseException:
+        sock.close()
+        raise
     if not gateway_cfg.admin_key:
         gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     try:
         app = create_app(gateway_cfg, store, engine, extra_routes=routes, teacher=teacher)
-        with serve_in_thread(app, host=gateway_cfg.host, timeout_s=300, port=gateway_cfg.port) as url:
+        with serve_in_thread(app, timeout_s=300, sock=sock) as url:
             port = urlparse(url).port
             assert port is not None
             async with GatewayBridge("127.0.0.1", port) as bridge:
@@ -198,6 +205,7 @@ async def local_stack(
                 finally:
                     await controller.shutdown()
     finally:
+        sock.close()  # serve_in_thread closes it too; this is for a failure before it started
         if own_store:
             store.close()
 

@@ -1,0 +1,172 @@
+"""Bad input to the ``harnessrl`` commands: one line naming the bad field or option, exit status 2,
+no traceback, and nothing half-created (no run folder, no store file, no temp folder).
+
+Run in-process (typer's ``CliRunner``) to stay fast; every case lists the folder it ran in."""
+
+from __future__ import annotations
+
+import json
+import socket
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from harnessrl.cli.main import app
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "examples" / "tiny" / "train.toml"
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(app, list(args))
+
+
+def refused(result: Result, *named: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and not isinstance(result.exception, AttributeError | TypeError)
+    for name in named:
+        assert name in result.output, result.output
+
+
+def listing(folder: Path) -> list[str]:
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A port something listens on for the length of the test."""
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+@pytest.fixture
+def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The temp folder commands make their own folders in (``tempfile.mkdtemp``), empty at start."""
+    folder = tmp_path / "tmp"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def rollout_config(tmp_path: Path) -> Path:
+    """A rollout that starts nothing heavy: a scripted engine, ``true`` as harness and evaluator."""
+    (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
+    config = tmp_path / "rollout.toml"
+    config.write_text(
+        f'[engine]\nmodel = "scripted:{tmp_path / "replies.json"}"\n\n'
+        '[harness]\npreset = "python"\ncommand = ["true"]\n\n'
+        '[evaluator]\ntype = "command"\nreward_from = "exit_code"\ncommand = ["true"]\n'
+    )
+    return config
+
+
+def test_gateway_validates_its_store_section(tmp_path, busy_port):
+    cases = {
+        '[store]\nurll = "x.db"\n': "store.urll",  # a typo used to be ignored (the default store used)
+        "[store]\nurl = 5\n": "store.url",
+        'store = "x.db"\n': "store: must be a [store] table",
+        "gateway = 5\n": "gateway: must be a [gateway] table",
+    }
+    for text, named in cases.items():
+        config = tmp_path / "g.toml"
+        config.write_text(text)
+        # A busy port: were the config accepted, the command ends (exit 1) instead of serving.
+        refused(invoke("gateway", "--config", str(config), "--port", str(busy_port)), named)
+        assert listing(tmp_path) == ["g.toml"], text
+
+
+def test_rollout_with_a_busy_port_creates_nothing(tmp_path, busy_port, temp_dir):
+    config = rollout_config(tmp_path)
+    task = '{"prompt": "hi"}'
+    run = ["rollout", "--config", str(config), "--task", task, "--set", f"gateway.port={busy_port}"]
+    refused(invoke(*run, "--run-dir", str(tmp_path / "r")), "cannot listen", str(busy_port))
+    assert not (tmp_path / "r").exists()  # nor its harnessrl.db
+    refused(invoke(*run), "cannot listen")
+    assert listing(temp_dir) == []  # no /tmp/harnessrl-rollout-* folder, with or without a store
+    # A folder the user gave that existed before is kept as it was.
+    (tmp_path / "mine").mkdir()
+    refused(invoke(*run, "--run-dir", str(tmp_path / "mine")), "cannot listen")
+    assert listing(tmp_path / "mine") == []
+
+
+def test_config_files_that_cannot_be_read_are_named(tmp_path):
+    folder = tmp_path / "conf.toml"
+    folder.mkdir()
+    refused(invoke("train", str(folder)), "conf.toml", "is a folder")
+    latin1 = tmp_path / "latin1.toml"
+    latin1.write_bytes('[run]\nname = "caf\xe9"\n'.encode("latin-1"))
+    refused(invoke("train", str(latin1)), "latin1.toml", "UTF-8")
+    assert listing(tmp_path) == ["conf.toml", "latin1.toml"]
+
+
+def test_rollout_names_bad_task_files_and_bad_image_tables(tmp_path, temp_dir):
+    config = rollout_config(tmp_path)
+    before = listing(tmp_path)
+    refused(invoke("rollout", "--config", str(config), "--task", "@missing.json"), "--task", "missing.json")
+    images = invoke(
+        "rollout", "--config", str(config), "--task", '{"prompt": "hi"}',
+        "--set", "harness.environment.images=[1]",
+    )  # fmt: skip
+    refused(images, "harness.environment.images")
+    assert listing(tmp_path) == before and listing(temp_dir) == []
+
+
+def test_controller_names_a_gateway_url_with_a_bad_port(tmp_path):
+    config = rollout_config(tmp_path)
+    before = listing(tmp_path)
+    result = invoke(
+        "controller", "--config", str(config), "--store", str(tmp_path / "s.db"),
+        "--gateway-url", "http://127.0.0.1:99999", "--run-dir", str(tmp_path / "c"),
+    )  # fmt: skip
+    refused(result, "--gateway-url")
+    assert listing(tmp_path) == before
+
+
+def test_dashboard_names_a_bad_or_busy_port(tmp_path, busy_port):
+    from harnessrl.store import open_store
+
+    run = tmp_path / "run"
+    run.mkdir()
+    open_store(str(run / "harnessrl.db")).close()
+    for port in ("70000", "-5"):
+        refused(invoke("dashboard", "--run-dir", str(run), "--port", port), "--port")
+    refused(invoke("dashboard", "--run-dir", str(run), "--port", str(busy_port)), "--port", "cannot listen")
+    assert [p.name for p in tmp_path.iterdir()] == ["run"]  # (reading the store adds its -wal file)
+
+
+def test_a_run_dir_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "f").write_text("")
+    sft = tmp_path / "sft.toml"
+    sft.write_text(f'[source]\nrun_dir = "{tmp_path / "teacher"}"\n[sft]\nmodel = "tiny"\n')
+    refused(invoke("train", str(TINY), "--run-dir", str(tmp_path / "f")), "run.dir", "is a file")
+    refused(invoke("sft", str(sft), "--run-dir", str(tmp_path / "f")), "run.dir", "is a file")
+    refused(invoke("train", str(TINY), "--run-dir", str(tmp_path / "f" / "sub")), "run.dir", "is a file")
+    assert listing(tmp_path) == ["f", "sft.toml"]
+
+
+def test_data_calibrate_leaves_no_temp_folder_on_a_config_error(tmp_path, temp_dir):
+    config = rollout_config(tmp_path)
+    records = tmp_path / "in.jsonl"
+    records.write_text(json.dumps({"instance_id": "a", "prompt": "hi"}) + "\n")
+    before = listing(tmp_path)
+    result = invoke(
+        "data", "calibrate", str(records), str(tmp_path / "out.jsonl"), "--config", str(config), "--k", "0"
+    )
+    refused(result, "--k")
+    assert listing(temp_dir) == [] and listing(tmp_path) == before
+
+
+def test_images_build_names_a_harness_that_is_not_a_table(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('harness = "x"\n')
+    refused(invoke("images", "build", str(config)), "harness: must be a [harness] table")
+    assert listing(tmp_path) == ["c.toml"]
+
+
+def test_an_override_without_a_key_is_refused(tmp_path):
+    for item in ("=5", "trainer..steps=5"):
+        refused(invoke("train", str(TINY), "--run-dir", str(tmp_path / "run"), "--set", item), repr(item))
+    assert listing(tmp_path) == []
