@@ -170,3 +170,62 @@ def test_an_override_without_a_key_is_refused(tmp_path):
     for item in ("=5", "trainer..steps=5"):
         refused(invoke("train", str(TINY), "--run-dir", str(tmp_path / "run"), "--set", item), repr(item))
     assert listing(tmp_path) == []
+
+
+def test_gateway_refuses_workers_its_engine_cannot_run_with(tmp_path, busy_port):
+    store = str(tmp_path / "s.db")
+    # A busy port: were the config accepted, the command ends instead of serving.
+    workers = ["--workers", "2", "--store", store, "--port", str(busy_port)]
+    refused(invoke("gateway", *workers), "gateway.workers", "'tiny'")  # the default, embedded model
+    (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
+    teacher = [
+        "--set", f"engine.teacher.base_url=http://127.0.0.1:{busy_port}/v1",
+        "--set", "engine.teacher.model=t", "--set", "engine.teacher.timeout_s=1",
+    ]  # fmt: skip
+    result = invoke("gateway", "--model", f"scripted:{tmp_path / 'replies.json'}", *workers, *teacher)
+    refused(result, "engine.teacher", "gateway.workers")
+    assert listing(tmp_path) == ["replies.json"]  # no store
+
+
+def test_data_filter_refuses_a_negative_max_tests_and_outputs_under_a_file(tmp_path):
+    records = tmp_path / "in.jsonl"
+    records.write_text(json.dumps({"instance_id": "a", "problem_statement": "hi"}) + "\n")
+    out = str(tmp_path / "out.jsonl")
+    # A negative --max-tests used to keep no record and exit 0.
+    refused(invoke("data", "filter", str(records), out, "--max-tests", "-1"), "--max-tests")
+    (tmp_path / "f").write_text("")
+    refused(invoke("data", "filter", str(records), str(tmp_path / "f" / "out.jsonl")), "OUT", "is a file")
+    # The report is checked before OUT is written too.
+    refused(
+        invoke("data", "filter", str(records), out, "--report", str(tmp_path / "f" / "r.json")),
+        "--report",
+        "is a file",
+    )
+    split = ["data", "split", str(records), "--train", out, "--test-size", "0"]
+    refused(invoke(*split, "--test", str(tmp_path / "f" / "t.jsonl")), "--test: ", "is a file")
+    assert listing(tmp_path) == ["f", "in.jsonl"]
+
+
+def test_export_refuses_an_out_folder_under_a_file(tmp_path):
+    checkpoint = tmp_path / "ckpt"  # what run_checkpoint takes for a checkpoint; nothing is loaded
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text("{}")
+    (checkpoint / "model.safetensors").write_text("")
+    (tmp_path / "f").write_text("")
+    refused(invoke("export", "--merged", str(checkpoint), str(tmp_path / "f" / "out")), "OUT", "is a file")
+    assert listing(tmp_path) == ["ckpt", "ckpt/config.json", "ckpt/model.safetensors", "f"]
+
+
+def test_sft_export_refuses_a_path_under_a_file_and_a_run_dir(tmp_path):
+    (tmp_path / "f").write_text("")
+    sft = tmp_path / "sft.toml"
+    sft.write_text(f'[source]\nrun_dir = "{tmp_path / "teacher"}"\n[sft]\nmodel = "tiny"\n')
+    export = ["sft", str(sft), "--export-jsonl"]
+    refused(invoke(*export, str(tmp_path / "f" / "o.jsonl")), "--export-jsonl", "is a file")
+    # An export writes no run folder: --run-dir used to be ignored without a word.
+    refused(
+        invoke(*export, str(tmp_path / "o.jsonl"), "--run-dir", str(tmp_path / "r")),
+        "--export-jsonl",
+        "--run-dir",
+    )
+    assert listing(tmp_path) == ["f", "sft.toml"]

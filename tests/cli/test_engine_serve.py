@@ -47,6 +47,28 @@ def test_a_bad_kv_cache_size_is_refused(tmp_path: Path) -> None:
     assert "kv_cache_gib" in proc.stderr
 
 
+def test_bad_options_are_refused_before_vllm_starts(tmp_path: Path) -> None:
+    # No vLLM here, were an option let through: the command would stop at HARNESSRL_VLLM_PYTHON.
+    env = {**os.environ, "HARNESSRL_VLLM_PYTHON": str(tmp_path / "no-vllm" / "python")}
+    cases = {
+        ("--threads", "-3"): "threads",
+        ("--threads", "0"): "threads",
+        ("--max-model-len", "-5"): "max_model_len",
+        ("--dtype", "nonsense"): "dtype 'nonsense'",
+        ("--ready-timeout-s", "-1"): "--ready-timeout-s",
+    }
+    for option, named in cases.items():
+        proc = run("engine", "serve", "tiny", *option, "--log", str(tmp_path / "v.log"), env=env)
+        assert proc.returncode == 2 and named in proc.stderr, (option, proc.stderr)
+        assert "HARNESSRL_VLLM_PYTHON" not in proc.stderr
+    (tmp_path / "f").write_text("")
+    proc = run("engine", "serve", "tiny", "--log", str(tmp_path / "f" / "v.log"), env=env)
+    assert proc.returncode == 2 and "--log" in proc.stderr and "is a file" in proc.stderr, proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]  # no log, no folder
+    control = run("engine", "serve", "tiny", "--dtype", "bfloat16", "--log", str(tmp_path / "v.log"), env=env)
+    assert control.returncode == 2 and "HARNESSRL_VLLM_PYTHON" in control.stderr  # a good dtype passes
+
+
 def test_argv_and_env_carry_what_harnessrl_needs() -> None:
     launch = VLLMLaunch(model="/models/m", port=9001, threads=2, cache_dir="/proj/.cache/vllm")
     argv = vllm_argv(launch, "/venv/bin/python")

@@ -35,6 +35,16 @@ def _fail(exc: HarnessRLError) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _check_outputs(paths: dict[str, Path | None]) -> None:
+    """Each output path (by the argument or option that named it) can be written: checked before the
+    work, so a bad one costs nothing and leaves nothing behind."""
+    from harnessrl.cli.paths import check_output_path
+
+    for option, path in paths.items():
+        if path is not None:
+            check_output_path(path, option)
+
+
 def _emit(report: dict[str, Any], path: Path | None) -> None:
     from harnessrl.data.records import write_report
 
@@ -59,6 +69,7 @@ def filter_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
+        _check_outputs({"OUT": out_path, "--report": report})
         kept, summary = filter_records(
             read_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
         )
@@ -101,6 +112,7 @@ def calibrate_command(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        _check_outputs({"OUT": out_path, "--report": report})
         # A training config works too: calibrate with the harness and evaluator the run trains with.
         rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
         sampling = _training_sampling(config, set_ or [])
@@ -144,6 +156,7 @@ def select_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
+        _check_outputs({"OUT": out_path, "--report": report})
         kept, summary = select_records(read_records(in_path), unsolvable=unsolvable, seed=seed)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
@@ -172,6 +185,7 @@ def split_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
+        _check_outputs({"--train": train, "--test": test, "--report": report})
         train_records, test_records, summary = split_records(
             read_records(in_path), test_size=test_size, seed=seed, no_repo_leakage=no_repo_leakage
         )

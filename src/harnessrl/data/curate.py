@@ -59,6 +59,8 @@ def filter_records(
     records: list[Record], *, max_tests: int | None = None, dedupe_statements: bool = False
 ) -> tuple[list[Record], dict[str, Any]]:
     """Drop broken and duplicate records; the report counts each rule (all rules always listed)."""
+    if max_tests is not None and max_tests < 0:  # would drop every record, silently
+        raise ConfigError(f"filter: --max-tests must be >= 0, got {max_tests}")
     kept: list[Record] = []
     dropped: Counter[str] = Counter({rule: 0 for rule in FILTER_RULES})
     seen_ids: set[str] = set()

@@ -50,6 +50,9 @@ from harnessrl.engines.vllm import LOGPROBS_MODE, logprobs_mode_of
 from harnessrl.errors import ConfigError, UpstreamError
 
 VLLM_PYTHON_ENV = "HARNESSRL_VLLM_PYTHON"
+#: What vLLM's ``--dtype`` accepts (``ModelDType`` in vLLM 0.32's ``vllm/config/model.py``); whether the
+#: machine runs it (fp16 on a CPU without it) is vLLM's to say.
+VLLM_DTYPES = ("auto", "half", "float16", "bfloat16", "float", "float32")
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -121,6 +124,12 @@ class VLLMLaunch:
             raise ConfigError(f"lora_rank must be >= 1, got {self.lora_rank}")
         if not 0 < self.port < 65536:
             raise ConfigError(f"port must be in 1..65535, got {self.port}")
+        if self.dtype is not None and self.dtype not in VLLM_DTYPES:
+            raise ConfigError(f"dtype {self.dtype!r}: expected one of {', '.join(VLLM_DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ConfigError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be >= 1, got {self.threads}")
 
     @property
     def url(self) -> str:

@@ -80,12 +80,9 @@ def run_gateway(
     if generated:
         gateway = gateway.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
     if gateway.workers > 1:
-        if engine.teacher is not None:
-            raise ConfigError(
-                "engine.teacher: teacher mode runs in one gateway process (gateway.workers = 1)"
-            )
-        from harnessrl.gateway.workers import run_workers
+        from harnessrl.gateway.workers import check_workers_config, run_workers
 
+        check_workers_config(gateway, engine, store_url)  # before a key is printed for a refused config
         if generated:
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
         run_workers(gateway, engine, store_url, extra_routes=extra_routes)

@@ -42,6 +42,8 @@ log = logging.getLogger("harnessrl.gateway")
 
 def check_workers_config(gateway: GatewayConfig, engine: EngineConfig, store_url: str) -> None:
     """``ConfigError`` for settings several worker processes cannot run with."""
+    if engine.teacher is not None:
+        raise ConfigError("engine.teacher: teacher mode runs in one gateway process (gateway.workers = 1)")
     if engine.source.kind == "embedded":
         raise ConfigError(
             f"gateway.workers = {gateway.workers} needs a remote engine (vllm:URL or sglang:URL) or a "
