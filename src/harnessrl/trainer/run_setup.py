@@ -98,8 +98,8 @@ def check_weights(config: TrainConfig) -> None:
     from harnessrl.engines.models import check_model
 
     if config.engine.source.kind in REMOTE_KINDS:
-        assert config.trainer.model is not None  # TrainConfig requires it with a remote engine
-        check_model(config.trainer.model, field="trainer.model")
+        if config.trainer.model is not None:  # TrainConfig requires it with a remote engine
+            check_model(config.trainer.model, field="trainer.model")
     elif config.engine.source.kind == "embedded":
         check_model(config.engine.model, field="engine.model")
 
