@@ -229,3 +229,11 @@ def test_sft_export_refuses_a_path_under_a_file_and_a_run_dir(tmp_path):
         "--run-dir",
     )
     assert listing(tmp_path) == ["f", "sft.toml"]
+
+
+@pytest.mark.parametrize("command", [["list"], ["df"], ["prune", "--all"]])
+def test_images_commands_name_a_store_that_is_not_there(tmp_path, command):
+    """``images list/df/prune --store MISSING`` used to have podman set up a whole new store there."""
+    missing = tmp_path / "no-store"
+    refused(invoke("images", *command, "--store", str(missing)), "--store")
+    assert not missing.exists() and list(tmp_path.iterdir()) == []

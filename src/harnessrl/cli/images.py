@@ -61,6 +61,16 @@ def _store(store: Path | None, config: Any = None):
     return ImageStore(store)
 
 
+def _existing(store: Path | None) -> Path | None:
+    """``--store`` for the commands that only read or prune a store: one that is not there is named,
+    not created (podman would set up a whole new store in it)."""
+    from harnessrl.errors import ConfigError
+
+    if store is not None and not store.is_dir():
+        raise ConfigError(f"--store {str(store)!r}: no image store there (harnessrl images build makes one)")
+    return store
+
+
 @app.command("build")
 def build_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A rollout or training config")],
@@ -117,7 +127,7 @@ def build_command(
 def list_command(store: StoreOption = None) -> None:
     """harnessrl's images in the store: name, references, id, recipe digest, size (one JSON line each)."""
     try:
-        for row in _store(store).list():
+        for row in _store(_existing(store)).list():
             typer.echo(json.dumps({**row, "id": row["id"][:12]}))
     except HarnessRLError as exc:
         raise _fail(exc) from exc
@@ -127,7 +137,7 @@ def list_command(store: StoreOption = None) -> None:
 def df_command(store: StoreOption = None) -> None:
     """Disk use: the whole store (shared layers once) and each image."""
     try:
-        typer.echo(json.dumps(_store(store).disk_usage()))
+        typer.echo(json.dumps(_store(_existing(store)).disk_usage()))
     except HarnessRLError as exc:
         raise _fail(exc) from exc
 
@@ -148,6 +158,7 @@ def prune_command(
     try:
         if keep is not None and all_:
             raise typer.BadParameter("give --keep or --all, not both")
+        _existing(store)
         images: ImageStore
         if keep is not None:
             config = environment_config(keep, [])
