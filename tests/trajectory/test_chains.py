@@ -110,6 +110,16 @@ def test_subagent_sharing_the_system_prompt_is_new_context():
     assert dict(build_rollout_samples(rollout(), c.calls).breaks) == {"new_context": 1}
 
 
+def test_a_prompt_that_keeps_no_sampled_token_is_new_context_after_an_empty_first_answer():
+    """The chain's first answer sampled nothing: a prompt diverging after that call's prompt but
+    before the next answer keeps no sampled token (it was counted ``history_edited``)."""
+    c = Calls()
+    c.add([1, 2, 3], [])
+    c.add([1, 2, 3, 7, 8], [20, 21])
+    c.add([1, 2, 3, 9, 9], [30])
+    assert dict(build_rollout_samples(rollout(), c.calls).breaks) == {"new_context": 1}
+
+
 def test_longest_chain_wins():
     c = Calls()
     h1 = c.add(SYSTEM, [20])

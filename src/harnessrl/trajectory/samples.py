@@ -136,10 +136,15 @@ class _Chain:
     loss_mask: list[int]
     behaviour_logprobs: list[float]
     spans: list[SampledSpan]
-    first_response_start: int
     last_touched: int  # order of the call that last extended it; breaks ties between equal chains
     responses: list[list[int]]  # response ids per span (for the re-render check)
     length_capped: bool = False  # a call extending it was dropped for length
+
+    @property
+    def first_response_start(self) -> int:
+        """Where its first sampled token is (its end while it has none: an empty first answer
+        samples nothing, so a prompt that diverges after it still keeps no sampled token)."""
+        return self.spans[0].start if self.spans else len(self.input_ids)
 
 
 def group_key(rollout: Rollout) -> str:
@@ -198,7 +203,6 @@ def _new_chain(call: Call, order: int) -> _Chain:
         loss_mask=[0] * len(prompt),
         behaviour_logprobs=[0.0] * len(prompt),
         spans=[],
-        first_response_start=len(prompt),
         last_touched=order,
         responses=[],
     )
