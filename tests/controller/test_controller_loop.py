@@ -93,6 +93,35 @@ def test_cancelled_rollout_is_killed(tmp_path):
     assert subprocess.run(["pgrep", "-f", f"sleep {MARK}"], capture_output=True).stdout == b""
 
 
+def test_a_requeued_attempt_is_killed_and_the_next_one_is_judged_alone(tmp_path):
+    """A requeue while an attempt runs (a restarted trainer requeues what it finds running, even under
+    a live external controller): the superseded attempt's harness is killed, and only the next
+    attempt finishes the rollout. The superseded one used to run on, finish the rollout with its own
+    result, and have the next attempt void it as ``tamper_finished`` (or the other way round)."""
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    # Attempt 0 works until its 5 s deadline; attempt 1 is done at once.
+    command = ["sh", "-c", f'[ "$HARNESSRL_ATTEMPT" != 0 ] || exec sleep {MARK}']
+    controller = make_controller(store, tmp_path, command, timeout_s=5)
+
+    async def go():
+        run = asyncio.create_task(controller.run_until_done([rid], timeout_s=60))
+        while not harness_processes(f"sleep {MARK}"):  # attempt 0 is running
+            await asyncio.sleep(0.05)
+        store.requeue_rollout(rid, error="trainer restarted")
+        [r] = await run
+        await controller.shutdown()
+        return r
+
+    started = time.monotonic()
+    rollout = asyncio.run(go())
+    assert rollout.status is RolloutStatus.FINISHED and rollout.attempt == 1
+    assert rollout.reward == 1.0 and rollout.flags == [] and rollout.error == "trainer restarted"
+    assert rollout.metadata["log_dir"].endswith("attempt-1")
+    assert time.monotonic() - started < 5  # attempt 0 was killed, not waited for to its deadline
+    assert harness_processes(f"sleep {MARK}") == []
+
+
 def test_infrastructure_failures_are_retried_then_recorded(tmp_path):
     store = SQLiteStore(tmp_path / "db.sqlite")
     rid = store.create_rollout(task={}).rollout_id

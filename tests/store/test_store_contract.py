@@ -243,6 +243,23 @@ def test_requeue_bumps_attempt_and_keeps_error(store: Store) -> None:
     assert again.attempt == 2 and again.error == "sandbox died"  # no new error: the old text stays
 
 
+def test_a_superseded_attempt_neither_finishes_nor_requeues_the_rollout(store: Store) -> None:
+    """``attempt``: a controller's result is its attempt's. After a requeue the old attempt's finish or
+    requeue is refused (``RolloutEnded``) and changes nothing; the current attempt's goes through."""
+    rollout = store.create_rollout()
+    store.claim_rollouts("w1", 1)
+    store.requeue_rollout(rollout.rollout_id, attempt=0)
+    [current] = store.claim_rollouts("w2", 1)
+    assert current.attempt == 1
+    with pytest.raises(RolloutEnded, match="attempt 0 was superseded"):
+        store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0, attempt=0)
+    with pytest.raises(RolloutEnded):
+        store.requeue_rollout(rollout.rollout_id, error="late", attempt=0)
+    assert store.get_rollout(rollout.rollout_id) == current
+    done = store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 0.5, attempt=1)
+    assert done.status is S.FINISHED and done.reward == 0.5
+
+
 def test_requeue_issues_a_new_key(store: Store) -> None:
     """Each attempt has its own key: after a requeue the ended attempt's key finds nothing."""
     rollout = store.create_rollout()

@@ -209,9 +209,12 @@ class Controller:
         try:
             result = await self._run_attempt(rollout)
         except asyncio.CancelledError:
-            with contextlib.suppress(HarnessRLError):
+            with contextlib.suppress(HarnessRLError):  # (a later attempt's rollout is not requeued)
                 await asyncio.to_thread(
-                    self.store.requeue_rollout, rollout.rollout_id, error="controller shut down"
+                    self.store.requeue_rollout,
+                    rollout.rollout_id,
+                    error="controller shut down",
+                    attempt=rollout.attempt,
                 )
             raise
         if result is not None:
@@ -278,7 +281,7 @@ class Controller:
         except OSError as exc:
             return await self._infra_failure(rollout, f"launch failed: {exc}")
 
-        watcher = asyncio.create_task(self._watch_cancel(rollout.rollout_id, handle))
+        watcher = asyncio.create_task(self._watch_cancel(rollout, handle))
         try:
             started = time.time()
             exit_ = await handle.wait()
@@ -347,17 +350,25 @@ class Controller:
             await asyncio.to_thread(shutil.rmtree, workspace, True)
         try:
             return await asyncio.to_thread(
-                self.store.finish_rollout, rollout.rollout_id, outcome, reward, metadata=_jsonable(metadata)
+                self.store.finish_rollout,
+                rollout.rollout_id,
+                outcome,
+                reward,
+                metadata=_jsonable(metadata),
+                attempt=rollout.attempt,
             )
-        except InvalidTransition:  # cancelled by the run meanwhile, or finished by someone else
-            return await self._finished_elsewhere(rollout.rollout_id)
+        except InvalidTransition:  # cancelled or requeued meanwhile, or finished by someone else
+            return await self._finished_elsewhere(rollout)
 
-    async def _finished_elsewhere(self, rollout_id: str) -> Rollout:
-        """Only this controller finishes a rollout it is running. One that is already finished (not
-        cancelled) when the controller comes to finish it was finished by someone else — the agent,
-        with a stolen admin key: its reward is void (0) and it is flagged ``tamper_finished``."""
+    async def _finished_elsewhere(self, rollout: Rollout) -> Rollout:
+        """Only this controller finishes a rollout attempt it is running. One that is already
+        finished (not cancelled) in this attempt when the controller comes to finish it was finished
+        by someone else — the agent, with a stolen admin key: its reward is void (0) and it is
+        flagged ``tamper_finished``. A later attempt's result (a requeue superseded this one: a
+        restarted trainer requeues what it finds running) is not this attempt's to judge."""
+        rollout_id = rollout.rollout_id
         current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
-        if current.status is not RolloutStatus.FINISHED:
+        if current.status is not RolloutStatus.FINISHED or current.attempt != rollout.attempt:
             return current
         log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
         return await asyncio.to_thread(
@@ -367,14 +378,16 @@ class Controller:
             error=f"finished by someone other than its controller (reward {current.reward} voided)",
         )
 
-    async def _watch_cancel(self, rollout_id: str, handle: Any) -> None:
+    async def _watch_cancel(self, rollout: Rollout, handle: Any) -> None:
+        """Kill the harness when its rollout is cancelled, or its attempt superseded by a requeue
+        (the next attempt may already run: two harnesses must not work one rollout)."""
         while True:
             await asyncio.sleep(self.config.poll_interval_s)
             try:
-                current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
+                current = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
             except NotFound:
                 continue
-            if current.status is RolloutStatus.CANCELLED:
+            if current.status is RolloutStatus.CANCELLED or current.attempt != rollout.attempt:
                 await handle.kill(ExitKind.CANCELLED)
                 return
 
@@ -383,10 +396,17 @@ class Controller:
         log.warning("rollout %s attempt %d: %s", rollout.rollout_id, rollout.attempt, error)
         try:
             if rollout.attempt < self.config.max_infra_retries:
-                await asyncio.to_thread(self.store.requeue_rollout, rollout.rollout_id, error=error)
+                await asyncio.to_thread(
+                    self.store.requeue_rollout, rollout.rollout_id, error=error, attempt=rollout.attempt
+                )
                 return None
             return await asyncio.to_thread(
-                self.store.finish_rollout, rollout.rollout_id, Outcome.INFRA_FAILURE, 0.0, error=error
+                self.store.finish_rollout,
+                rollout.rollout_id,
+                Outcome.INFRA_FAILURE,
+                0.0,
+                error=error,
+                attempt=rollout.attempt,
             )
         except InvalidTransition:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)

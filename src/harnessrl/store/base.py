@@ -130,18 +130,23 @@ class Store(Protocol):
         *,
         error: str | None = None,
         metadata: dict[str, Any] | None = None,
+        attempt: int | None = None,
     ) -> Rollout:
         """End a rollout with an outcome and reward (finished, or failed for an infra failure).
         ``metadata`` is merged into the rollout's metadata (e.g. evaluator output). A reward that is
-        not finite raises ``BadRequest`` and changes nothing."""
+        not finite raises ``BadRequest`` and changes nothing. ``attempt``: the attempt whose result
+        this is; ``RolloutEnded`` if a requeue superseded it (a controller passes it)."""
 
     def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
         """A finished rollout whose result cannot be trusted (it was finished by someone other than its
         controller): reward 0, outcome ``policy_failure``, ``flag`` added to its flags, ``error`` set."""
 
-    def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
+    def requeue_rollout(
+        self, rollout_id: str, *, error: str | None = None, attempt: int | None = None
+    ) -> Rollout:
         """running -> queued with ``attempt + 1`` (retry after an infrastructure failure) and a new
-        ``api_key``: the ended attempt's key opens nothing any more."""
+        ``api_key``: the ended attempt's key opens nothing any more. ``attempt``: as for
+        ``finish_rollout``."""
 
     def cancel_rollout(self, rollout_id: str) -> Rollout: ...
 

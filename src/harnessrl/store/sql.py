@@ -84,6 +84,16 @@ _CHAIN_ROW_COLUMNS = (
 )
 
 
+def _check_attempt(row: Any, attempt: int | None) -> None:
+    """``RolloutEnded`` when ``attempt`` (the caller's, if it names one) is not the rollout's current
+    attempt: a requeue superseded it, and what it reports must not end the attempt after it."""
+    if attempt is not None and row["attempt"] != attempt:
+        raise RolloutEnded(
+            f"rollout {row['rollout_id']!r} attempt {attempt} was superseded (it is at attempt "
+            f"{row['attempt']}, {row['status']})"
+        )
+
+
 def new_rollout_key() -> str:
     """A fresh rollout key: one for each attempt of a rollout (``create_rollout``, ``requeue_rollout``)."""
     return "hrl-" + secrets.token_urlsafe(24)
@@ -270,6 +280,7 @@ class SQLStore(GateRows):
         *,
         error: str | None = None,
         metadata: dict[str, Any] | None = None,
+        attempt: int | None = None,
     ) -> Rollout:
         outcome = Outcome(outcome)
         status = status_for_outcome(outcome)
@@ -277,6 +288,7 @@ class SQLStore(GateRows):
             raise BadRequest(f"reward must be a finite number, got {reward!r}")
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
+            _check_attempt(row, attempt)
             check_transition(row, status)
             changes: dict[str, Any] = {
                 "status": status.value,
@@ -307,9 +319,12 @@ class SQLStore(GateRows):
         self._announce_end(rollout_id)
         return voided
 
-    def requeue_rollout(self, rollout_id: str, *, error: str | None = None) -> Rollout:
+    def requeue_rollout(
+        self, rollout_id: str, *, error: str | None = None, attempt: int | None = None
+    ) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
+            _check_attempt(row, attempt)
             check_transition(row, RolloutStatus.QUEUED)
             changes: dict[str, Any] = {
                 "status": RolloutStatus.QUEUED.value,
