@@ -237,3 +237,17 @@ def test_shutdown_kills_running_attempts_and_requeues_them(tmp_path):
     asyncio.run(go())
     assert subprocess.run(["pgrep", "-f", f"sleep {MARK}1"], capture_output=True).stdout == b""
     assert all(store.get_rollout(i).status is RolloutStatus.QUEUED for i in ids)
+
+
+def test_an_evaluator_gets_the_end_of_a_harness_output_without_bound(tmp_path):
+    """``EvaluationInput.stdout`` is the last MiB of the harness's stdout, read off the event loop:
+    a harness printing 8 MB (a memory cap does not bound a file) was read whole into the controller."""
+    from harnessrl.controller.controller import STDOUT_FOR_EVALUATOR_BYTES, file_tail
+
+    out = tmp_path / "stdout.log"
+    out.write_bytes(b"x" * (8 << 20) + b"\xff the answer is 42\n")
+    tail = file_tail(out, STDOUT_FOR_EVALUATOR_BYTES)
+    assert len(tail.encode()) <= STDOUT_FOR_EVALUATOR_BYTES + 2  # the bad byte decodes to 3
+    assert tail.endswith("\ufffd the answer is 42\n")
+    assert file_tail(out, 3) == "42\n"
+    assert file_tail(tmp_path / "none.log", 10) == ""  # a harness that never printed

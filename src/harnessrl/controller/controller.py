@@ -308,7 +308,7 @@ class Controller:
                     calls=calls,
                     exit_code=exit_.exit_code,
                     exit_kind=exit_.kind.value,
-                    stdout=stdout_path.read_text(errors="replace") if stdout_path.exists() else "",
+                    stdout=await asyncio.to_thread(file_tail, stdout_path, STDOUT_FOR_EVALUATOR_BYTES),
                     # None: the evaluator writes the full task (hidden fields included) to its own file
                     task_file=None,
                     rollout_id=rollout.rollout_id,
@@ -425,6 +425,23 @@ def _environment_key(harness: HarnessSpec) -> str:
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
+
+
+#: The end of the harness's stdout an evaluator gets (``EvaluationInput.stdout``): a harness may print
+#: without bound (its memory cap does not bound a file), and all of it was read into the controller,
+#: which every rollout shares, on its event loop.
+STDOUT_FOR_EVALUATOR_BYTES = 1 << 20
+
+
+def file_tail(path: Path, max_bytes: int) -> str:
+    """The last ``max_bytes`` of ``path`` as text (undecodable bytes replaced); "" if there is none."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
 
 
 def log_tail(attempt_dir: Path, *, max_chars: int = 600) -> str:
