@@ -334,3 +334,18 @@ def _resolve_environment_paths(raw: dict[str, Any], base_dir: Path) -> None:
         for key in ("containerfile", "context"):
             if isinstance(recipe, dict) and isinstance(recipe.get(key), str):
                 recipe[key] = str((base_dir / recipe[key]).resolve())
+
+
+def check_output_path(path: str | Path, option: str, *, kind: Literal["file", "folder"] = "file") -> None:
+    """Whether a path a user names for output can be written, checked before a command creates or
+    starts anything (one under an existing file used to end in a traceback after the work): a
+    ``ConfigError`` naming ``option`` when ``path`` lies under a file, or is a folder where a file
+    goes. ``..`` is not resolved, as the OS does not resolve it either: ``f/../x`` is under the file ``f``."""
+    path = Path(path).absolute()  # as the command writes it (no ~ expansion)
+    existing = next(p for p in (path, *path.parents) if p.exists())  # "/" at the latest
+    if existing != path and not existing.is_dir():
+        raise ConfigError(f"{option}: {str(existing)!r} is a file, not a folder")
+    if existing == path and kind == "file" and path.is_dir():
+        raise ConfigError(f"{option}: {str(path)!r} is a folder, not a file")
+    if existing == path and kind == "folder" and not path.is_dir():
+        raise ConfigError(f"{option}: {str(path)!r} is a file, not a folder")

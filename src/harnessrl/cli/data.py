@@ -38,7 +38,7 @@ def _fail(exc: HarnessRLError) -> typer.Exit:
 def _check_outputs(paths: dict[str, Path | None]) -> None:
     """Each output path (by the argument or option that named it) can be written: checked before the
     work, so a bad one costs nothing and leaves nothing behind."""
-    from harnessrl.cli.paths import check_output_path
+    from harnessrl.config import check_output_path
 
     for option, path in paths.items():
         if path is not None:

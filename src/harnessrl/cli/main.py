@@ -78,7 +78,7 @@ def engine_serve(
     import signal
     from pathlib import Path
 
-    from harnessrl.cli.paths import check_output_path
+    from harnessrl.config import check_output_path
     from harnessrl.engines.launch import EngineServer, VLLMLaunch, find_vllm_python, free_port
     from harnessrl.engines.models import resolve_model_dir
 
@@ -361,7 +361,7 @@ def export(
     state). A run folder means its final checkpoint, else its latest."""
     from pathlib import Path
 
-    from harnessrl.cli.paths import check_output_path
+    from harnessrl.config import check_output_path
     from harnessrl.trainer.lora import export_checkpoint, run_checkpoint
 
     try:
@@ -398,8 +398,8 @@ def sft(
     """
     import json
 
-    from harnessrl.cli.paths import check_output_path
     from harnessrl.cli.sft import SftInterrupted, run_sft
+    from harnessrl.config import check_output_path
 
     overrides = list(set_ or [])
     if run_dir is not None:

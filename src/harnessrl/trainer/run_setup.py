@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.config import check_output_path, load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -79,9 +79,7 @@ def new_run_dir(run_dir: Path) -> Path:
     ``existing`` is), checked to be free for a new run: absent, or an empty folder. Shared with
     ``harnessrl sft`` (``sft.run``)."""
     run_dir = run_dir.expanduser().resolve()
-    existing = next(p for p in (run_dir, *run_dir.parents) if p.exists())  # "/" at the latest
-    if not existing.is_dir():
-        raise ConfigError(f"run.dir: {str(existing)!r} is a file, not a folder")
+    check_output_path(run_dir, "run.dir", kind="folder")
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ConfigError(
             f"run folder {str(run_dir)!r} already exists; pass --resume {run_dir} to continue it, "
