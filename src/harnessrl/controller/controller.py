@@ -449,9 +449,7 @@ def log_tail(attempt_dir: Path, *, max_chars: int = 600) -> str:
     failed before the policy had a say printed, kept with the rollout so a run can tell that every
     rollout of a step failed the same way (``trainer.failures.common_failure``)."""
     for name in ("stderr.log", "stdout.log"):
-        path = attempt_dir / name
-        if path.is_file() and path.stat().st_size:
-            with path.open("rb") as f:
-                f.seek(max(0, path.stat().st_size - max_chars))
-                return f.read().decode(errors="replace").strip()[-max_chars:]
+        tail = file_tail(attempt_dir / name, max_chars)
+        if tail:
+            return tail.strip()[-max_chars:]
     return ""
