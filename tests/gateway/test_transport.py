@@ -375,6 +375,52 @@ def test_requests_in_flight_per_key_are_capped(make_gateway: Any) -> None:
     assert len(gw.client.list_calls(mine["rollout_id"])) == 2
 
 
+def test_the_per_key_cap_counts_the_key_that_authenticates(make_gateway: Any) -> None:
+    """A harness cannot dodge its cap by dressing its key: the cap and authentication read one key.
+
+    They used to read it two ways: duplicate ``Authorization`` headers (a first non-bearer one, then
+    a bearer one with a made-up token) authenticated by ``x-api-key`` but were counted under the
+    made-up token, and ``KEY\\xa0`` authenticated as ``KEY`` (``str.strip``) while counted as
+    another key (``bytes.strip``): every such call was served past the cap."""
+    gw = make_gateway(["ok"], max_requests_per_key=1)
+    mine = gw.rollout()
+    key = mine["api_key"].encode()
+    url = f"{mine['base_url']}/chat/completions"
+    gw.client.pause(timeout=5)  # the first call waits at the gate: in flight for as long as we like
+    with httpx.Client(timeout=10) as client:
+        body = {**CHAT, "stream": True}
+        with client.stream(
+            "POST", url, json=body, headers={"Authorization": f"Bearer {mine['api_key']}"}
+        ) as held:
+            deadline = time.monotonic() + 5
+            while gw.client.state()["waiting"] != 1:
+                assert time.monotonic() < deadline, "the call never reached the gate"
+                time.sleep(0.02)
+            dressed = {
+                "duplicate headers": [
+                    (b"Authorization", b"Basic x"),
+                    (b"Authorization", b"Bearer made-up-token"),
+                    (b"x-api-key", key),
+                ],
+                "latin-1 padding": [(b"Authorization", b"Bearer " + key + b"\xa0")],
+                "padded x-api-key": [(b"x-api-key", key + b"\xa0\x85")],
+            }
+            for name, headers in dressed.items():
+                try:
+                    r = client.post(url, json=CHAT, headers=headers, timeout=3)
+                except httpx.ReadTimeout:
+                    pytest.fail(f"{name}: admitted past the cap (it waits at the gate beside the first)")
+                assert r.status_code in (401, 429), f"{name}: {r.status_code} served past the cap"
+            # Control: the key with HTTP's own padding is the same key, and is refused by the cap.
+            r = client.post(url, json=CHAT, headers=[(b"Authorization", b"Bearer \t " + key)])
+            assert r.status_code == 429
+            gw.client.resume()
+            assert "[DONE]" in held.read().decode()
+        r = client.post(url, json=CHAT, headers=dressed["duplicate headers"])
+        assert r.status_code == 200  # the same headers authenticate, once nothing else is in flight
+    assert len(gw.client.list_calls(mine["rollout_id"])) == 2
+
+
 def test_a_prompt_that_takes_too_long_to_tokenize_is_a_413_and_others_go_on(make_gateway: Any) -> None:
     """The size cap cannot see a template or text that is slow to tokenize: the time budget can."""
     import threading

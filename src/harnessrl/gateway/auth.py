@@ -16,15 +16,37 @@ from harnessrl.gateway.errors import RolloutClosed
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout, RolloutStatus
 
+#: What HTTP strips around a header's token (RFC 9110's optional whitespace). ``str.strip()`` would
+#: also strip latin-1's non-breaking space and friends, so ``KEY\xa0`` would pass as ``KEY`` here and
+#: count as another key in the per-key limit.
+_OWS = b" \t"
+
+
+def header_key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
+    """The API key of a request's raw (ASGI) headers: the token of the first ``Authorization``
+    header if it is ``Bearer TOKEN``, else the first ``x-api-key``. The one reading of a key: the
+    per-key limit (``key_limits``) counts exactly the key this authenticates, whatever duplicate
+    headers or padding a harness sends."""
+    authorization = api_key = None
+    for name, value in headers:
+        if name == b"authorization":
+            if authorization is None:
+                authorization = value
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value
+    if authorization is not None:
+        scheme, _, token = authorization.partition(b" ")
+        token = token.strip(_OWS)
+        if scheme.lower() == b"bearer" and token:
+            return token
+    if api_key is not None:
+        return api_key.strip(_OWS) or None
+    return None
+
 
 def request_key(request: Request) -> str | None:
-    auth = request.headers.get("authorization")
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    key = request.headers.get("x-api-key")
-    return key.strip() if key and key.strip() else None
+    key = header_key(request.scope["headers"])
+    return key.decode("latin-1") if key is not None else None
 
 
 def _is_admin(state: GatewayState, key: str | None) -> bool:

@@ -15,22 +15,10 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from harnessrl.errors import Overloaded
+from harnessrl.gateway.auth import header_key
 from harnessrl.gateway.errors import anthropic_error_response, error_response, is_anthropic_route
 
 _MODEL_PREFIXES = ("/v1/", "/rollouts/")
-
-
-def _key(headers: list[tuple[bytes, bytes]]) -> bytes | None:
-    """The key as ``auth.request_key`` reads it (bearer token, else ``x-api-key``), as raw bytes."""
-    api_key = None
-    for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer" and token.strip():
-                return token.strip()
-        elif name == b"x-api-key" and value.strip():
-            api_key = value.strip()
-    return api_key
 
 
 class PerKeyLimit:
@@ -46,7 +34,7 @@ class PerKeyLimit:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         key = None
         if scope["type"] == "http" and scope["path"].startswith(_MODEL_PREFIXES):
-            key = _key(scope["headers"])
+            key = header_key(scope["headers"])
         if key is None:
             await self.app(scope, receive, send)
             return
