@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from harnessrl.gateway import create_app
 from harnessrl.gateway.apis import internal_conversation
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.gateway.teacher import Teacher
+from harnessrl.gateway.teacher.upstream import upstream_error
 from harnessrl.sft.conversations import conversation
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
@@ -900,3 +902,91 @@ def test_native_records_the_conversation_part_of_a_providers_answer() -> None:
     message, finish, _ = messages_answer({"content": blocks, "stop_reason": "end_turn", "usage": {}})
     assert message == {"role": "assistant", "content": "Searching. Found.", "reasoning_content": "Hm."}
     assert finish == "stop"
+
+
+# -- a harness that leaves before its whole answer -----------------------------------------------------
+
+WHOLE_BODIES: dict[str, dict[str, Any]] = {
+    "chat/completions": {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+    "messages": {"model": "c", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}]},
+    "responses": {"model": "g", "input": "x"},
+}
+
+
+@pytest.mark.parametrize("api", ["chat", "native"])
+def test_a_harness_gone_before_the_teachers_whole_answer_leaves_no_call(
+    tmp_path: Path, tokenizer: PolicyTokenizer, api: str
+) -> None:
+    """A whole answer is recorded only if its harness is still there, as a policy call is: an SDK's
+    read timeout closes its connection and retries, and each try used to be recorded as another call
+    that no harness received. The upstream's request is cancelled and the call counted as dropped."""
+    with teaching_stack(tmp_path, tokenizer, api=api) as t:
+        upstream = GatewayClient(str(t.direct.base_url).split("/rollouts/")[0], ADMIN)
+        base, headers = str(t.harness.base_url).rstrip("/"), {"Authorization": f"Bearer {t.harness.api_key}"}
+        upstream.pause(timeout=5)  # the upstream holds every call it gets until resumed
+        for path, body in WHOLE_BODIES.items():
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{base}/{path}", json=body, headers=headers, timeout=httpx.Timeout(10, read=0.5))
+        deadline = time.monotonic() + 10
+        while upstream.state()["waiting"]:  # the teacher's requests were cancelled, not left waiting
+            assert time.monotonic() < deadline, upstream.state()
+            time.sleep(0.02)
+        upstream.resume()
+        time.sleep(0.3)  # an uncancelled request would be answered and recorded now
+        assert t.store.list_calls(t.rollout_id) == []
+        dropped = [
+            row
+            for row in GatewayClient(base.split("/rollouts/")[0], ADMIN).metrics().splitlines()
+            if row.startswith("harnessrl_calls_dropped_total{") and 'reason="client_gone"' in row
+        ]
+        assert sum(float(row.rsplit(" ", 1)[1]) for row in dropped) == 3, dropped
+        # Control: a harness that waits gets each answer, recorded.
+        for path, body in WHOLE_BODIES.items():
+            assert httpx.post(f"{base}/{path}", json=body, headers=headers, timeout=30).status_code == 200
+        assert len(t.store.list_calls(t.rollout_id)) == 3
+        upstream.close()
+
+
+def test_a_non_integer_answer_length_cannot_slip_past_the_cap(
+    store: SQLiteStore, tokenizer: PolicyTokenizer
+) -> None:
+    """``cap_max_tokens`` capped only ``int`` values: ``65536.0`` (which an upstream's parser takes
+    as 65536) went to the upstream as sent."""
+    upstream = small_upstream()
+    with teacher_on(upstream, store, tokenizer, max_tokens=50) as (sdk, _):
+        base, key = str(sdk.base_url).rstrip("/"), sdk.api_key
+        user = [{"role": "user", "content": "x"}]
+        for asked in (
+            {"max_completion_tokens": 65536.0},
+            {"max_tokens": 10, "max_completion_tokens": 65536.0},
+            {"max_tokens": "65536"},
+            {"max_tokens": 20},
+        ):
+            r = httpx.post(
+                f"{base}/chat/completions",
+                json={"model": "m", "messages": user, **asked},
+                headers={"Authorization": f"Bearer {key}"},
+                timeout=30,
+            )
+            assert r.status_code == 200, r.text
+    sent = [
+        {k: v for k, v in b.items() if k in ("max_tokens", "max_completion_tokens")}
+        for b in upstream.state.asked
+    ]
+    assert sent == [
+        {"max_completion_tokens": 50},
+        {"max_tokens": 10, "max_completion_tokens": 50},
+        {"max_tokens": 50},
+        {"max_tokens": 20},  # control: an integer under the cap is kept
+    ]
+
+
+def test_an_upstream_error_shows_no_part_of_the_key() -> None:
+    """A non-JSON error body was cut to 200 characters before the key was redacted: a key across the
+    cut showed its head."""
+    key = "sk-teacher-SECRET-0123456789abcdef"
+    teacher = Teacher("http://127.0.0.1:9/v1", "u", key)
+    for lead in (180, 190, 199, 0):
+        error = upstream_error(teacher, 400, ("x" * lead + key + " was rejected").encode())
+        assert "sk-teacher" not in str(error) and "SECRET" not in str(error), (lead, str(error))
+    assert "[teacher key]" in str(upstream_error(teacher, 400, (key + " was rejected").encode()))  # control

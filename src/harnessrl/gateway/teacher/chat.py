@@ -21,6 +21,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import decode_body, read_body
 from harnessrl.gateway.errors import sse_error
+from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.stream import ChatStream
@@ -31,6 +32,7 @@ from harnessrl.gateway.teacher.upstream import (
     cap_max_tokens,
     complete,
     record,
+    unless_client_leaves,
 )
 from harnessrl.schemas import Rollout, now
 
@@ -52,7 +54,11 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     body = cap_max_tokens(data, state.config.max_tokens)  # else as received (``model`` replaced)
     started_at = now()
     if not data.get("stream"):
-        answer = await complete(teacher, body)
+        answer = await unless_client_leaves(
+            request, state, rollout, "chat.completions", lambda: complete(teacher, body)
+        )
+        if answer is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
         choice = answer["choices"][0]
         stored = await record(
             state,

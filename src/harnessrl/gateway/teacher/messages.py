@@ -38,12 +38,13 @@ from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, request_to
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error
+from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_event
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.message_blocks import MessageBlocks
 from harnessrl.gateway.teacher.native import native_messages
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
-from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record
+from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record, unless_client_leaves
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -103,7 +104,11 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     stop: list[str] = body.get("stop") or []
     started_at = now()
     if not data.get("stream"):
-        answer = await complete(teacher, body)
+        answer = await unless_client_leaves(
+            request, state, rollout, "messages", lambda: complete(teacher, body)
+        )
+        if answer is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
         blocks = MessageBlocks(stop)
         try:
             blocks.feed(whole_chunk(answer))

@@ -37,9 +37,16 @@ from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesR
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error, error_shape
+from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, sse_event
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.upstream import ANTHROPIC_VERSION, Teacher, record, upstream_error
+from harnessrl.gateway.teacher.upstream import (
+    ANTHROPIC_VERSION,
+    Teacher,
+    record,
+    unless_client_leaves,
+    upstream_error,
+)
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -106,7 +113,9 @@ async def native_messages(request: Request, teacher: Teacher) -> Response:
     if request.headers.get("anthropic-beta"):
         headers["anthropic-beta"] = request.headers["anthropic-beta"]
     upstream = teacher.anthropic_request("/messages", body, headers)
-    return await _forward(state, rollout, teacher, upstream, "messages", data, bool(data.get("stream")))
+    return await _forward(
+        request, state, rollout, teacher, upstream, "messages", data, bool(data.get("stream"))
+    )
 
 
 async def native_responses(request: Request, teacher: Teacher) -> Response:
@@ -128,10 +137,13 @@ async def native_responses(request: Request, teacher: Teacher) -> Response:
     if state.config.max_tokens is not None:
         body = _capped(body, "max_output_tokens", state.config.max_tokens)
     upstream = teacher._client.build_request("POST", "/responses", json=body)
-    return await _forward(state, rollout, teacher, upstream, "responses", recorded, bool(parsed.stream))
+    return await _forward(
+        request, state, rollout, teacher, upstream, "responses", recorded, bool(parsed.stream)
+    )
 
 
 async def _forward(
+    request: Request,
     state: GatewayState,
     rollout: Rollout,
     teacher: Teacher,
@@ -141,17 +153,27 @@ async def _forward(
     stream: bool,
 ) -> Response:
     started_at = now()
-    try:
-        reply = await teacher._client.send(upstream, stream=True)
-    except httpx.HTTPError as exc:
-        raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
-    if not stream or reply.status_code != 200:
+
+    async def fetch() -> tuple[httpx.Response, bytes | None]:
+        """The upstream's reply, with its whole body unless it is a stream that began."""
         try:
-            content = await reply.aread()
+            reply = await teacher._client.send(upstream, stream=True)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
+        if stream and reply.status_code == 200:
+            return reply, None
+        try:
+            return reply, await reply.aread()
         except httpx.HTTPError as exc:
             raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
         finally:
             await reply.aclose()
+
+    fetched = await unless_client_leaves(request, state, rollout, api, fetch)
+    if fetched is None:
+        return Response(status_code=CLIENT_GONE_STATUS)
+    reply, content = fetched
+    if content is not None:
         if reply.status_code != 200:
             raise upstream_error(teacher, reply.status_code, content)
         try:

@@ -42,12 +42,13 @@ from harnessrl.gateway.apis.responses_input import (
 from harnessrl.gateway.apis.responses_request import ResponsesRequest, resolve_previous
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
+from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
-from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record
+from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record, unless_client_leaves
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -128,7 +129,11 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
     encrypt = "reasoning.encrypted_content" in (body.include or [])
     started_at = now()
     if not body.stream:
-        answer = await complete(teacher, chat)
+        answer = await unless_client_leaves(
+            request, state, rollout, "responses", lambda: complete(teacher, chat)
+        )
+        if answer is None:
+            return Response(status_code=CLIENT_GONE_STATUS)
         items = ResponseItems(encrypt)
         try:
             items.feed(whole_chunk(answer))

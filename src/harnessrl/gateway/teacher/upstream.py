@@ -11,19 +11,26 @@ chunk, which fails unless the upstream finished it).
 it, ``Call.response`` one internal (OpenAI chat) assistant message, finish reason, usage, timing, and
 no token ids (the teacher's tokens are not the student's; sft renders the text with the student's
 template). Only an answer the upstream finished is recorded, and counted in the gateway's call
-metrics as a policy call is.
+metrics as a policy call is; and only one the harness is still there for: ``unless_client_leaves``
+cancels a whole answer's upstream request when the client goes, as the policy path's
+``delivery.respond_whole`` does (else every SDK retry after a read timeout was another recorded call
+that no harness received).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
+import anyio
 import anyio.to_thread
 import httpx
+from starlette.requests import Request
 
 from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.gateway.errors import HTTPStatusError, RolloutClosed
+from harnessrl.gateway.pipeline.delivery import watching_client
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
@@ -37,7 +44,13 @@ __all__ = [
     "answer_message",
     "complete",
     "record",
+    "unless_client_leaves",
 ]
+
+T = TypeVar("T")
+
+#: How much of an upstream's error body (not JSON) the harness is shown.
+ERROR_TEXT_CHARS = 200
 
 
 class Teacher:
@@ -104,12 +117,14 @@ class Teacher:
 
 
 def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError | HTTPStatusError:
-    """The upstream's refusal as the harness gets it: its 4xx kept, anything else a 502."""
+    """The upstream's refusal as the harness gets it: its 4xx kept, anything else a 502. The key is
+    redacted from the whole message before it is cut short (cut first, a key across the cut would
+    show its head)."""
     try:
-        message = str(json.loads(body)["error"]["message"])
+        message = teacher.redact(str(json.loads(body)["error"]["message"]))
     except (ValueError, KeyError, TypeError):
-        message = body[:200].decode("utf-8", "replace")
-    text = f"teacher upstream answered {status}: {teacher.redact(message)}"
+        message = teacher.redact(body.decode("utf-8", "replace"))[:ERROR_TEXT_CHARS]
+    text = f"teacher upstream answered {status}: {message}"
     if 400 <= status < 500:
         return HTTPStatusError(text, status=status)
     return UpstreamError(text)
@@ -128,16 +143,37 @@ def answer_message(message: dict[str, Any]) -> dict[str, Any]:
 
 def cap_max_tokens(body: dict[str, Any], cap: int | None) -> dict[str, Any]:
     """``body`` with its answer length capped at ``gateway.max_tokens``, as the policy's calls are:
-    harnesses ask for more than a teacher's context may hold (Claude Code 32000, Hermes 65536)."""
+    harnesses ask for more than a teacher's context may hold (Claude Code 32000, Hermes 65536).
+    Either field the harness set that is not an integer within the cap becomes the cap: a float
+    (``65536.0``) or a string the upstream's parser would take as an integer must not slip past it."""
     if cap is None:
         return body
     out = dict(body)
-    asked = [k for k in ("max_tokens", "max_completion_tokens") if isinstance(out.get(k), int)]
+    asked = [k for k in ("max_tokens", "max_completion_tokens") if out.get(k) is not None]
     for key in asked:
-        out[key] = min(out[key], cap)
+        value = out[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value > cap:
+            out[key] = cap
     if not asked:
         out["max_tokens"] = cap
     return out
+
+
+async def unless_client_leaves(
+    request: Request, state: GatewayState, rollout: Rollout, api: str, fetch: Callable[[], Awaitable[T]]
+) -> T | None:
+    """``await fetch()`` (the upstream's whole answer), or ``None`` if the harness's client left
+    first: the upstream request is cancelled, nothing is recorded and the call is counted as
+    dropped (``client_gone``). A client leaving after the answer came is the policy path's window
+    too (its answer is recorded, then sent)."""
+    answer: T | None = None
+    with anyio.CancelScope() as scope:
+        async with watching_client(request.scope, request.receive, scope.cancel):
+            answer = await fetch()
+    if scope.cancelled_caught:
+        state.count_drop(rollout.rollout_id, api, "client_gone", ())
+        return None
+    return answer
 
 
 async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
