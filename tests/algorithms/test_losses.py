@@ -236,6 +236,28 @@ def test_truncated_importance_weights():
     torch.testing.assert_close(lp.grad, 2.0 * plain.grad)
 
 
+def test_engine_trainer_kl_estimates_the_kl_of_the_engine_from_the_trainer():
+    """Tokens are sampled by the engine, so k3 of KL(engine || trainer) takes r = p_trainer / p_engine
+    (``exp(old - behaviour)``); the metric used 1 / r, which estimates neither direction (measured:
+    0.113 for a KL of 0.050). Checked against the closed form on a sampled categorical."""
+    g = torch.Generator().manual_seed(0)
+    vocab, n = 50, 200_000
+    engine_V = torch.log_softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * 2, -1)
+    trainer_V = torch.log_softmax(engine_V + torch.randn(vocab, generator=g, dtype=torch.float64) * 0.7, -1)
+    exact = float((engine_V.exp() * (engine_V - trainer_V)).sum())
+    tokens = torch.multinomial(engine_V.exp(), n, replacement=True, generator=g)
+    behaviour, old = engine_V[tokens][None], trainer_V[tokens][None]  # (1, N)
+    sample = Sample(
+        rollout_id="r", input_ids=[0] * n, loss_mask=[1] * n, behaviour_logprobs=behaviour[0].tolist(),
+        spans=[SampledSpan(0, n, 0, 0)], advantage=1.0,
+    )  # fmt: skip
+    out = policy_loss(old, behaviour, torch.ones(1), torch.ones_like(behaviour, dtype=torch.bool),
+                      torch.zeros(1, dtype=torch.long), step_totals([sample]),
+                      AlgorithmConfig(proximal="trainer"), old_logprobs_B_T=old)  # fmt: skip
+    assert exact > 0.03  # control: the two distributions differ
+    assert out.metrics["engine_trainer_kl"] == pytest.approx(exact, rel=0.03)
+
+
 @given(
     st.lists(st.floats(-10, 0), min_size=1, max_size=10), st.lists(st.floats(-10, 0), min_size=1, max_size=10)
 )

@@ -87,6 +87,37 @@ def test_a_lora_section_the_model_cannot_take_is_a_config_error_naming_the_field
         TrainablePolicy(tiny_model_dir(), lora=lora)
 
 
+def tied_model_dir(tmp_path: Path) -> Path:
+    """The tiny model with tied embeddings (as SmolLM2's): ``lm_head.weight`` is ``embed_tokens.weight``."""
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "tied"
+    shutil.copytree(tiny_model_dir(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["lm_head.weight"]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def test_lora_on_a_layer_whose_weight_is_tied_is_a_config_error_naming_target_modules(tmp_path):
+    """An engine loads the adapted ``lm_head.weight`` into the one tensor it shares with the input
+    embeddings, so it would serve the delta in both while the trainer applies it to the head only
+    (measured: served and trained log-probs 0.33 apart). Refused before anything runs."""
+    tied = tied_model_dir(tmp_path)
+    lora = LoraSection(r=4, target_modules=["q_proj", "lm_head"])
+    pattern = (
+        r"^trainer\.lora\.target_modules: 'lm_head' \(lm_head\) shares its weight with model\.embed_tokens"
+    )
+    with pytest.raises(ConfigError, match=pattern):
+        check_lora_dir(tied, lora)
+    with pytest.raises(ConfigError, match=pattern):  # also building the policy directly
+        TrainablePolicy(tied, lora=lora)
+    check_lora_dir(tied, LoraSection(r=4, target_modules=["q_proj"]))  # untied layers of it are fine
+    check_lora_dir(tiny_model_dir(), lora)  # and so is an lm_head of its own
+
+
 def test_the_largest_rank_a_layer_allows_is_accepted():
     check_lora_dir(tiny_model_dir(), LoraSection(r=64, target_modules=["k_proj"]))
 
@@ -173,6 +204,78 @@ def test_a_checkpoint_holds_the_adapter_and_resumes_exactly_from_base_plus_adapt
             torch.testing.assert_close(p, ours[name], atol=1e-6, rtol=0)
     # A fresh adapter on the merged weights (what --resume did before) would lose the AdamW state.
     assert len(resumed.optimizer.state) == len(ours)
+
+
+def dropout_model_dir(tmp_path: Path) -> Path:
+    """The tiny model with attention dropout: a full fine-tune that draws dropout masks too."""
+    folder = tmp_path / "dropout"
+    shutil.copytree(tiny_model_dir(), folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "attention_dropout": 0.3}))
+    return folder
+
+
+@pytest.mark.parametrize("lora", [LORA.model_copy(update={"dropout": 0.3}), None], ids=["lora", "full"])
+def test_a_resumed_step_draws_the_dropout_masks_the_run_would_have_drawn(tmp_path, lora):
+    """The checkpoint keeps torch's generator state: a resumed policy, seeded afresh, drew the first
+    steps' dropout masks again (measured: weights 1.5e-2 from the uninterrupted run's)."""
+    model_dir = tiny_model_dir() if lora is not None else dropout_model_dir(tmp_path)
+
+    def build(**kwargs) -> TrainablePolicy:
+        return TrainablePolicy(model_dir, optimizer=OptimizerConfig(lr=1e-2), lora=lora, **kwargs)
+
+    # One after the other: every policy draws from torch's one generator (each seeds it when built).
+    straight = build()
+    for s in range(3):
+        step(straight, s)
+    interrupted = build()
+    for s in range(2):
+        step(interrupted, s)
+    folder = interrupted.save_checkpoint(tmp_path / "ckpt")
+    resumed = build(adapter_dir=folder / "adapter" if lora is not None else None)
+    if lora is None:  # a full fine-tune resumes from the checkpoint's weights
+        resumed = TrainablePolicy(folder, optimizer=OptimizerConfig(lr=1e-2))
+    resumed.load_trainer_state(folder)
+    step(resumed, 2)
+    ours = dict(straight.model.named_parameters())
+    for name, p in resumed.model.named_parameters():
+        if p.requires_grad:
+            torch.testing.assert_close(
+                p, ours[name], atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}"
+            )
+
+
+def test_starting_the_embedded_engine_leaves_the_restored_generator_state_alone():
+    """A resumed run restores the generator state (``_build_policy``) before its fleet starts the
+    embedded engine, which seeds torch for its own load: that seed reset the trainer's generator, so
+    the resumed steps drew the masks of the run's first steps again."""
+    import asyncio
+
+    from harnessrl.engines.embedded import EmbeddedEngine
+
+    torch.manual_seed(1234)
+    restored = torch.get_rng_state()
+    engine = EmbeddedEngine(tiny_model_dir(), max_batch_size=2, seed=0)
+
+    async def run() -> None:
+        await engine.start()
+        await engine.aclose()
+
+    asyncio.run(run())
+    assert torch.equal(torch.get_rng_state(), restored)
+
+
+def test_a_checkpoint_without_the_generator_state_still_resumes(tmp_path):
+    """Checkpoints written before the generator state was saved load as before."""
+    policy = new_policy()
+    step(policy, 0)
+    folder = policy.save_checkpoint(tmp_path / "ckpt")
+    state = torch.load(folder / "trainer_state.pt", weights_only=False)
+    del state["rng"]
+    torch.save(state, folder / "trainer_state.pt")
+    resumed = new_policy(adapter_dir=folder / "adapter")
+    resumed.load_trainer_state(folder)
+    assert resumed.scheduler.last_epoch == policy.scheduler.last_epoch == 1
 
 
 def test_writing_a_checkpoint_leaves_the_weights_being_trained_bit_for_bit(tmp_path):

@@ -71,6 +71,17 @@ def test_the_estimate_grows_with_each_setting_it_names():
     assert base.parts["trainer weights+grads+Adam"] == 16 * SMOLLM2.params
 
 
+def test_a_kl_reference_costs_a_copy_of_the_weights_except_with_lora():
+    """Without LoRA the KL reference is a second fp32 copy (4 bytes a parameter); with LoRA it is the
+    policy's own base weights with the adapters off (``TrainablePolicy``'s shared base): nothing more.
+    The estimate counted the copy with LoRA too and could refuse a run that fits."""
+    trainer = "trainer weights+grads+Adam"
+    for lora in ((), ("trainer.lora.r=16",)):
+        without = estimate_memory(main_job(*PLAIN, *lora), SMOLLM2).parts[trainer]
+        with_kl = estimate_memory(main_job(*PLAIN, *lora, "algorithm.kl_coef=0.05"), SMOLLM2).parts[trainer]
+        assert with_kl - without == (0 if lora else 4 * SMOLLM2.params), lora
+
+
 def test_the_shape_of_a_model_folder_is_read_from_its_config(tmp_path):
     # SmolLM2-135M's config.json: its parameter count is the built-in shape's
     (tmp_path / "config.json").write_text(

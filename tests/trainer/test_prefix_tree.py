@@ -137,3 +137,20 @@ def test_micro_batches_move_to_the_policy_device_whole():
     ]
     assert all(t.device.type == "meta" for t in tensors if isinstance(t, torch.Tensor))
     assert moved.computed_tokens > 0
+
+
+def test_eager_attentions_additive_mask_is_made_on_the_batchs_device():
+    """Eager attention gets the shared-prefix mask as scores to add, built beside the batch: it was
+    built on the CPU whatever the device, which a GPU model's attention cannot add. No GPU here: the
+    model and the batch on the meta device (shapes only) stand for one."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    samples = group_samples()
+    [micro] = prefix_micro_batches(samples, micro_batch_tokens=4096, row_tokens=4096)
+    batch = to_device(prefix_batch(micro, step_totals(samples)), torch.device("meta"))
+    config = AutoConfig.from_pretrained(str(tiny_model_dir()), attn_implementation="eager")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    out = prefix_logprobs(model, batch, temperature=0.7)
+    assert out.logprobs.device.type == "meta"
+    assert out.logprobs.shape == batch.entries.loss_mask_B_T.shape

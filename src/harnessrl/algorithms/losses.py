@@ -312,8 +312,11 @@ def policy_loss(
             "importance_weight_max": float(masked(is_weight).max()) if n else 0.0,
         }
         if old_logprobs_B_T is not None:
-            drift = masked(old_logprobs_B_T - behaviour_logprobs_B_T)
-            metrics["engine_trainer_kl"] = mean(torch.exp(-drift) - 1 + drift)  # k3 of KL(engine || trainer)
+            drift = masked(old_logprobs_B_T - behaviour_logprobs_B_T)  # log r, r = p_trainer / p_engine
+            # k3 of KL(engine || trainer): the tokens were sampled by the engine, so r - 1 - log r
+            # (clamped as the weight is: the metric stays finite where the two disagree wildly).
+            log_r = drift.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+            metrics["engine_trainer_kl"] = mean(torch.exp(log_r) - 1 - log_r)
             if config.tis_cap is not None:
                 metrics["importance_weight_truncated_fraction"] = mean(torch.exp(drift) > config.tis_cap)
         if kl_B_T is not None:

@@ -163,8 +163,14 @@ class EmbeddedEngine:
 
         if self._num_threads:
             torch.set_num_threads(self._num_threads)
-        torch.manual_seed(self._seed)
-        model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=self._dtype)
+        # Seeded for its own load only: an engine in the trainer's process must leave torch's generators
+        # as they were (a resumed run has just restored the state that draws its dropout masks). The
+        # seed reaches every GPU's generator, so each in use is put back (none on a CPU-only process).
+        on_gpu = self._device.type == "cuda" or torch.cuda.is_initialized()
+        forked = list(range(torch.cuda.device_count())) if on_gpu else []
+        with torch.random.fork_rng(devices=forked):
+            torch.manual_seed(self._seed)
+            model = AutoModelForCausalLM.from_pretrained(str(self._model_dir), dtype=self._dtype)
         model.to(self._device).eval().requires_grad_(False)
         try:
             decoder = BatchedDecoder(model, max_rows=self._max_batch, context_length=self._context_length)

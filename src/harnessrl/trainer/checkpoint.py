@@ -1,14 +1,16 @@
 """Crash-safe checkpoints of a training run: weights, optimizer and trainer state in one folder.
 
 After a step, ``checkpoints/latest`` holds the weights, the optimizer state and ``TrainState`` (the
-step and the groups it consumed), swapped in atomically (written to ``latest.new``, then renamed),
-so ``--resume`` never sees half of one. ``save_every`` also keeps numbered copies without optimizer.
+step and the groups it consumed), swapped in atomically (written to ``latest.new``, synced to disk,
+then renamed), so ``--resume`` never sees half of one, even after a power loss. ``save_every`` also
+keeps numbered copies without optimizer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -48,11 +50,15 @@ def write_checkpoint(policy: Any, state: TrainState, run_dir: Path, *, save_ever
     staging = root / "latest.new"
     policy.save_checkpoint(staging)
     (staging / STATE_FILE).write_text(state.to_json())
+    # On disk before the renames: after a power loss ``latest`` must name a whole folder, not one
+    # whose files were still in the page cache.
+    sync_tree(staging)
     if latest.exists():
         if old.exists():
             shutil.rmtree(old)
         latest.rename(old)
     staging.rename(latest)
+    sync_path(root)  # the renames themselves
     if old.exists():
         shutil.rmtree(old)
     if save_every and state.step % save_every == 0:
@@ -60,6 +66,25 @@ def write_checkpoint(policy: Any, state: TrainState, run_dir: Path, *, save_ever
         if numbered.exists():
             shutil.rmtree(numbered)
         shutil.copytree(latest, numbered, ignore=shutil.ignore_patterns("trainer_state.pt"))
+
+
+def sync_path(path: Path) -> None:
+    """``fsync`` a file or a folder (a folder's: its entries, e.g. a rename in it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(folder: Path) -> None:
+    """``fsync`` every file under ``folder``, then every folder in it and itself."""
+    paths = sorted(folder.rglob("*"))
+    for path in paths:
+        if path.is_file():
+            sync_path(path)
+    for path in [*(p for p in paths if p.is_dir()), folder]:
+        sync_path(path)
 
 
 class Checkpointer:

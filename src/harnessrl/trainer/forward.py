@@ -204,8 +204,9 @@ def prefix_logprobs(
     """Log-probs of a shared-prefix micro-batch's trained tokens, in its (1, N) entry layout."""
     mask_B_1_T_T = batch.attention_B_T_T[:, None]
     if model.config._attn_implementation != "sdpa":
-        # eager attention adds the mask to the scores; sdpa takes True = attend
-        mask_B_1_T_T = torch.zeros(mask_B_1_T_T.shape).masked_fill(
+        # eager attention adds the mask to the scores; sdpa takes True = attend. On the mask's device:
+        # a CPU mask for a GPU model's scores fails (or copies it every layer).
+        mask_B_1_T_T = torch.zeros(mask_B_1_T_T.shape, device=mask_B_1_T_T.device).masked_fill(
             ~mask_B_1_T_T, torch.finfo(torch.float32).min
         )
     device = batch.input_ids_B_T.device

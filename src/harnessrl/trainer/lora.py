@@ -39,20 +39,36 @@ def _leaf(name: str) -> str:
 
 def check_lora(model: torch.nn.Module, lora: LoraSection) -> None:
     """``ConfigError`` naming the field when ``lora`` cannot apply to ``model``: a target module the
-    model does not have (or that is not a linear layer), or a rank above a target layer's smaller
-    side (the low-rank product could not be low rank: ``r`` up to min(in, out))."""
+    model does not have (or that is not a linear layer), one whose weight is tied to another
+    parameter, or a rank above a target layer's smaller side (the low-rank product could not be low
+    rank: ``r`` up to min(in, out))."""
     import torch
 
     linear = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
     leaves = sorted({_leaf(n) for n in linear})
+    # Every name of each parameter: a tied one (lm_head with tie_word_embeddings) has several.
+    names_of: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(parameter), []).append(name)
     for target in lora.target_modules:
-        matched = [m for n, m in linear.items() if n == target or n.endswith("." + target)]
-        if not matched:
+        found = {n: m for n, m in linear.items() if n == target or n.endswith("." + target)}
+        if not found:
             others = {_leaf(n) for n, _ in model.named_modules() if n == target or n.endswith("." + target)}
             what = "is not a linear layer" if others else "is not a module of this model"
             raise ConfigError(
                 f"trainer.lora.target_modules: {target!r} {what}; its linear layers are {', '.join(leaves)}"
             )
+        for name, module in found.items():
+            # The adapter changes this layer only, but an engine given the merged weight
+            # (``adapted_weights``) writes it into the one tensor both names share: the engine would
+            # serve the delta in the tied layer too (e.g. the input embeddings), not the policy trained.
+            tied = [n for n in names_of.get(id(module.weight), []) if n != f"{name}.weight"]
+            if tied:
+                raise ConfigError(
+                    f"trainer.lora.target_modules: {target!r} ({name}) shares its weight with {tied[0]} "
+                    "(tied embeddings): an adapter on it cannot be served as trained; leave it out"
+                )
+        matched = list(found.values())
         smallest = min(min(m.in_features, m.out_features) for m in matched)
         if lora.r > smallest:
             raise ConfigError(

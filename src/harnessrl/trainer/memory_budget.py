@@ -9,7 +9,8 @@ The parts, in bytes, for a model of P parameters trained in one process on the C
 engine in the same process):
 
 - trainer state: fp32 weights, gradients and AdamW's two moments, ``16 P`` (LoRA: ``4 P`` plus the
-  adapters, left out); a KL reference model ``4 P`` more;
+  adapters, left out); a KL reference model ``4 P`` more (none with LoRA: the base weights, adapters
+  off);
 - engine weights: ``P`` x the engine dtype's size (its own copy, refreshed after every step);
 - engine KV cache, at most: ``engine.max_batch_size`` rows x ``engine.context_length`` positions
   (default: the model's own context) x layers x 2 x KV heads x head dim x dtype size. The cache grows
@@ -121,7 +122,8 @@ def estimate_memory(config: TrainConfig, shape: ModelShape) -> MemoryEstimate:
     t, e = config.trainer, config.engine
     P = shape.params
     trainer = 4 * P if t.lora is not None else 16 * P
-    if config.algorithm.kl_coef > 0:
+    if config.algorithm.kl_coef > 0 and t.lora is None:
+        # With LoRA the reference is the policy's own base weights, adapters off: no second copy.
         trainer += 4 * P
     engine_bytes = _DTYPE_BYTES.get(resolve_dtype(e.dtype, e.device), 4)
     context = min(e.context_length or shape.context, shape.context)

@@ -295,7 +295,7 @@ class TrainablePolicy:
         optimizer_state: dict[str, Any] | None = None,
     ) -> Path:
         """Hugging Face format (loadable by transformers / vLLM as is), plus tokenizer files and the
-        optimizer/scheduler state for ``--resume``. Written to a temp folder, then renamed.
+        optimizer/scheduler/generator state for ``--resume``. Written to a temp folder, then renamed.
 
         ``state_dict`` / ``optimizer_state`` replace the model's and optimizer's own: a sharded
         (FSDP) policy passes the full tensors it gathered on rank 0 (with LoRA, the PEFT model's
@@ -332,6 +332,7 @@ class TrainablePolicy:
                 {
                     "optimizer": self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
                     "scheduler": self.scheduler.state_dict(),
+                    "rng": rng_state(self.device),
                 },
                 tmp / "trainer_state.pt",
             )
@@ -341,6 +342,27 @@ class TrainablePolicy:
         return folder
 
     def load_trainer_state(self, folder: Path) -> None:
+        """The optimizer, LR schedule and random number generator state ``save_checkpoint`` wrote (a
+        checkpoint written before the generator state was saved keeps the freshly seeded one)."""
         state: dict[str, Any] = torch.load(folder / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if "rng" in state:
+            set_rng_state(state["rng"], self.device)
+
+
+def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
+    """torch's generator state on the CPU (and on ``device``'s GPU): what draws dropout masks (LoRA
+    dropout, a model's own). A checkpoint keeps it so that the steps after ``--resume`` draw the masks
+    the run would have drawn, not the first steps' again (``__init__`` seeds the generator)."""
+    state = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        state["cuda"] = torch.cuda.get_rng_state(device)
+    return state
+
+
+def set_rng_state(state: dict[str, torch.Tensor], device: torch.device) -> None:
+    """Restore what ``rng_state`` returned (the GPU's part only on a GPU, and only if it was saved)."""
+    torch.set_rng_state(state["cpu"])
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
