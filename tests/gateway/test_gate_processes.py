@@ -192,6 +192,40 @@ def test_a_gateway_killed_during_a_pause_holds_it_no_longer_than_its_lease(nodes
     a.client.resume()
 
 
+def test_a_gateway_stalled_past_its_lease_records_no_call_it_was_generating(nodes: Any) -> None:
+    """A stalled gateway (SIGSTOP here; a frozen VM, a blocked loop) is not waited for once its lease
+    ends, so a pause counts the gateways drained without it and the trainer swaps weights. Woken,
+    it must not record the call it was generating across that (the answer may mix two policies):
+    the harness gets a 502 to retry, and the call is counted dropped (``gateway_lapsed``). It used
+    to be recorded under the old version, seconds after the "drained" pause."""
+    a, b = nodes(2, lease=2.0, delay=0.5)  # b's call takes ~2 s; its lease is 2 s
+    rollout = b.client.create_rollout({})
+    answers: list[httpx.Response] = []
+    calling = threading.Thread(target=lambda: answers.append(call(b, rollout)))
+    calling.start()
+    wait_until(lambda: own(b)["in_flight"] == 1, "the call is in flight on b")
+    b.proc.send_signal(signal.SIGSTOP)
+    try:
+        paused = a.client.pause(timeout=60)
+        assert paused["drained"] and [g["gateway_id"] for g in paused["gateways"]] == [own(a)["gateway_id"]]
+        a.client.resume(policy_version=1)  # the trainer updated the weights meanwhile
+    finally:
+        b.proc.send_signal(signal.SIGCONT)
+    calling.join(timeout=60)
+    assert answers and answers[0].status_code == 502, answers and answers[0].text
+    assert "stalled past its lease" in answers[0].json()["error"]["message"]
+    assert b.client.list_calls(rollout["rollout_id"]) == []
+    assert (
+        'harnessrl_calls_dropped_total{api="chat.completions",reason="gateway_lapsed"} 1.0'
+        in b.client.metrics()
+    )
+    # Control: the same call on the same gateway, not stalled, is answered and recorded.
+    wait_until(lambda: b.health()["policy_version"] == 1, "b adopted the resumed version")
+    assert call(b, rollout).status_code == 200
+    (recorded,) = b.client.list_calls(rollout["rollout_id"])
+    assert recorded.policy_version == 1
+
+
 def test_a_restarted_gateway_comes_back_in_the_gates_current_state(nodes: Any) -> None:
     a, b = nodes(2)
     a.client.pause(timeout=60)

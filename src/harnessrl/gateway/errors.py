@@ -51,6 +51,11 @@ class RolloutClosed(Conflict):
     """A model call for a rollout that is finished, failed or cancelled."""
 
 
+class GatewayLapsed(UpstreamError):
+    """A call generated across a lapse of this gateway's lease (``control.heartbeat``'s fence):
+    not recorded; the harness retries it (a 5xx)."""
+
+
 class MethodNotAllowed(HarnessRLError):
     """A known route asked with a method it does not serve."""
 

@@ -73,7 +73,7 @@ class GatewayMetrics:
         )
         self.dropped = Counter(
             "harnessrl_calls_dropped",
-            "Model calls cancelled and not recorded, by reason: client_gone, slow_reader, rollout_ended",
+            "Model calls cancelled and not recorded, by reason: client_gone, slow_reader, rollout_ended, gateway_lapsed",
             ["api", "reason"],
             registry=r,
         )

@@ -91,6 +91,18 @@ class Cluster:
         on a server store (any gateway may join), and for ``--workers`` on a SQLite file."""
         return self._shared or self.store.notifies_gate
 
+    def fence_mark(self) -> int | None:
+        """What a call notes as it starts generating, for ``lapsed_since``; ``None`` where no other
+        gateway waits on this one (its store is not shared): nothing to fence."""
+        return self.heartbeat.lapses if self.shares_store else None
+
+    def lapsed_since(self, mark: int | None) -> bool:
+        """Whether this gateway's lease lapsed since ``fence_mark()`` gave ``mark`` (or has lapsed
+        now): a pause elsewhere may have stopped waiting for it meanwhile (``heartbeat``'s fence)."""
+        if mark is None:
+            return False
+        return self.heartbeat.lapses != mark or self.heartbeat.lapsed(self.clock())
+
     @property
     def tick_s(self) -> float:
         """Seconds between looks at the gate: the backstop where the store notifies or no other

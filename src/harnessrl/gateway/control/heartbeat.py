@@ -5,6 +5,14 @@ process, a random suffix), where it answers, the pause/resume command it applied
 quiet (paused, no call in flight), and until when its lease runs. ``Heartbeat`` writes the row when
 the ack changes or every third of the lease, and deletes it on a clean shutdown; ``gateway.control.cluster``
 decides what is acked.
+
+**The fence.** A pause stops waiting for a gateway whose lease ended: it may be dead. It may also be
+alive but stalled (SIGSTOP, a frozen VM, a loop blocked past the lease), and then wake with a call
+in flight that a trainer, told the gateways were drained, has since swapped weights under. So a
+gateway counts itself *lapsed* once two thirds of its lease passed without a renewal (a third
+before anyone else may count it gone: room for their clocks to run ahead of its own), and each
+renewal that comes after such a lapse counts one (``lapses``); a call that was generating across a
+lapse is not recorded (``pipeline.calls``).
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ class Heartbeat:
         self.url = ""  # where this gateway answers, for /api/state (informational)
         self.started_at = clock()
         self.next_beat = 0.0  # when the lease is next due for a refresh
+        self.lease_until = 0.0  # the lease as last written (0: not registered yet)
+        self.lapses = 0  # renewals that came after the lease had lapsed (``lapsed``)
         self._acked: tuple[int, bool, bool] | None = None  # (command, paused, quiet) as last written
         self._lock: asyncio.Lock | None = None
 
@@ -76,7 +86,14 @@ class Heartbeat:
             )
             changed = key != self._acked
             await anyio.to_thread.run_sync(lambda: self.store.beat(row, notify=changed))
-            self._acked, self.next_beat = key, now + self.lease_s / 3
+            if self.lapsed(now):
+                self.lapses += 1
+            self._acked, self.next_beat, self.lease_until = key, now + self.lease_s / 3, row.lease_until
+
+    def lapsed(self, now: float) -> bool:
+        """Whether the lease as last written had run into its last third at ``now``: others may
+        count this gateway gone soon, or (their clocks ahead) already."""
+        return self.lease_until > 0 and now >= self.lease_until - self.lease_s / 3
 
     async def leave(self) -> None:
         """Delete the row (a clean shutdown: no pause waits for this gateway any more)."""

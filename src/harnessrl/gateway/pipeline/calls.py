@@ -23,7 +23,7 @@ from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.control.pause import Ticket
-from harnessrl.gateway.errors import RolloutClosed
+from harnessrl.gateway.errors import GatewayLapsed, RolloutClosed
 from harnessrl.gateway.pipeline.delivery import DropReason
 from harnessrl.gateway.pipeline.generation import Generation
 from harnessrl.gateway.prompt.history import RolloutMemory
@@ -68,6 +68,7 @@ class PreparedCall:
     _waited_s: float = 0.0
     _scope: anyio.CancelScope | None = None  # what ``cancel`` cancels (``delivery``'s drivers)
     _recording: bool = False  # the store write has begun: the call is no longer dropped
+    _fence: int | None = None  # ``Cluster.fence_mark()`` as the generation began
 
     def attach(self, scope: anyio.CancelScope) -> None:
         """Run under ``scope`` (a driver's), cancelled by ``cancel``; its rollout's end reaches it."""
@@ -121,6 +122,7 @@ class PreparedCall:
         ``stream=False``: the client gets the answer whole, so the engine need not stream it.
         """
         index = self.memory.begin_call()
+        self._fence = self.state.cluster.fence_mark()
         context = GenerationContext(
             rollout_id=self.rollout.rollout_id,
             call_index=index,
@@ -161,6 +163,13 @@ class PreparedCall:
         if self.outlet is not None:
             # A stream: what was sent so far must have reached the client (``coalesce.Outlet``).
             await self.outlet.settle()
+        if self.state.cluster.lapsed_since(self._fence):
+            self.drop_reason = "gateway_lapsed"
+            raise GatewayLapsed(
+                "this gateway stalled past its lease while generating the answer; a pause may have "
+                "counted the gateways drained without it and the weights may have changed, so the "
+                "answer is not recorded: send the request again"
+            )
         # Shielded: once the write starts, finish it and remember it even if the client just left.
         self._recording = True
         with anyio.CancelScope(shield=True):

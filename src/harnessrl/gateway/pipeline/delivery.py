@@ -18,6 +18,10 @@ rollout's ``metadata.dropped_calls``, the trainer's ``trajectory/calls_dropped/*
   stream). Cancelling rather than letting the finish wait: a rollout ends when its harness has
   exited (its calls' clients are gone already) or when the run gives up on it; either way nobody
   will build on the answer, and waiting would only hold the finish and an engine slot.
+- ``gateway_lapsed``: this gateway's lease lapsed while the call generated (a stalled process:
+  ``control.heartbeat``'s fence), so a pause may have counted the gateways drained without it and
+  the weights may have changed under the answer. Found when it comes to be recorded; the client
+  gets a 502 (an error event in a stream) and retries.
 
 ``respond_whole`` drives a non-streaming call and ``CallStream`` a streaming one: each runs the
 call inside a cancel scope that any of the three reasons cancels (``PreparedCall.cancel``), and
@@ -58,7 +62,8 @@ log = logging.getLogger("harnessrl.gateway")
 #: The ASGI scope key under which ``GatewayProtocol`` hands routes the client's connection.
 CONNECTION_KEY = "harnessrl.connection"
 
-DropReason = Literal["client_gone", "slow_reader", "rollout_ended"]  # ``store.base.DROP_REASONS``
+#: ``store.base.DROP_REASONS``
+DropReason = Literal["client_gone", "slow_reader", "rollout_ended", "gateway_lapsed"]
 
 #: The status a dropped non-streaming call "answers": nobody is there to read it (nginx's 499).
 CLIENT_GONE_STATUS = 499
