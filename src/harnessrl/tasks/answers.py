@@ -9,9 +9,9 @@ line ``Answer: X``. Depends only on ``harnessrl.schemas``: tasks never import th
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any, Literal
 
 from harnessrl.schemas import Call
@@ -59,19 +59,49 @@ def normalize_answer(text: str) -> str:
     return " ".join(text.casefold().split()).rstrip(".").rstrip()
 
 
+#: A number as an answer writes it: ASCII digits, commas only as thousands separators, an optional
+#: fraction and exponent. Anything else (``1,2,3``, ``1_000``, other scripts' digits) is compared as text.
+_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,4})?")
+
+
+def as_number(text: str) -> Decimal | None:
+    """``text`` as an exact decimal number, or None if it is not written as a plain number."""
+    if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    return Decimal(text.replace(",", ""))
+
+
 def answers_match(answer: str, gold: str, *, normalize: bool = True) -> bool:
-    """Equal, or with ``normalize`` equal after ``normalize_answer`` or as numbers."""
+    """Equal, or with ``normalize`` equal after ``normalize_answer`` or as numbers: exactly equal
+    values (``7.0`` and ``7``, ``1,000`` and ``1000``, ``1e3`` and ``1000``), never nearly equal ones
+    (floats kept the first ~16 digits of ``12345678901234567890``: an answer off in the last digits
+    matched, so long arithmetic paid for an approximate answer)."""
     if not normalize:
         return answer == gold
     a, g = normalize_answer(answer), normalize_answer(gold)
     if a == g:
         return True
-    try:  # "7.0" == "7", "1,000" == "1000"
-        return math.isclose(float(a.replace(",", "")), float(g.replace(",", "")), rel_tol=1e-9, abs_tol=1e-12)
-    except ValueError:
-        return False
+    x, y = as_number(a), as_number(g)
+    return x is not None and y is not None and x == y
 
 
+def strip_think(text: str) -> str:
+    """``text`` without its ``<think>...</think>`` blocks (reasoning, never part of the answer); an
+    unclosed ``<think>`` stays. One pass over the text: the regex ``<think>.*?</think>`` took time
+    quadratic in the number of unclosed ``<think>`` (128 KiB of them: 10 s of the controller's loop)."""
+    kept: list[str] = []
+    position = 0
+    while (start := text.find(_THINK_OPEN, position)) >= 0:
+        end = text.find(_THINK_CLOSE, start + len(_THINK_OPEN))
+        if end < 0:
+            break
+        kept.append(text[position:start])
+        position = end + len(_THINK_CLOSE)
+    kept.append(text[position:])
+    return "".join(kept)
+
+
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
 THINK = re.compile(r"<think>.*?</think>", re.S)  # reasoning blocks, never part of the answer
 
 
@@ -79,7 +109,7 @@ def final_answer_text(calls: Sequence[Call]) -> str:
     """The last non-empty assistant text in ``calls`` (OpenAI, Anthropic or Responses shapes),
     ``<think>`` blocks removed."""
     for call in sorted(calls, key=lambda c: c.seq, reverse=True):
-        text = THINK.sub("", _message_text(call.response)).strip()
+        text = strip_think(_message_text(call.response)).strip()
         if text:
             return text
     return ""

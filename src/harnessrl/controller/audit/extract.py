@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 
 from harnessrl.controller.audit.shell import wordlist
 from harnessrl.schemas import Call
-from harnessrl.tasks.answers import THINK
+from harnessrl.tasks.answers import strip_think
 
 CommandKind = Literal["shell", "python", "patch", "file_create", "file_edit", "file_delete", "file_read"]
 
@@ -137,7 +137,7 @@ def _tool_args(raw: Any) -> dict[str, Any]:
 
 def _records_from_text(seq: int, text: str) -> Iterator[CommandRecord]:
     # Thinking is not executed; only fenced blocks in the visible text are mini-swe-agent actions.
-    for match in _FENCE.finditer(THINK.sub("", text)):
+    for match in _FENCE.finditer(strip_think(text)):
         lang, body = match.group(1).lower(), match.group(2).strip("\n")
         if lang in _SHELL_LANGS:
             yield CommandRecord(call_seq=seq, kind="shell", text=body)
