@@ -8,6 +8,7 @@ environment variables and ``--section.key=value`` overrides lives in ``load_conf
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar, overload
@@ -160,6 +161,17 @@ class GatewayConfig(Section):
     workers: int = Field(default=1, ge=1, le=64)
     lease_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
     peers: list[str] = Field(default_factory=list)
+
+    @field_validator("admin_key")
+    @classmethod
+    def _header_safe_key(cls, value: str | None) -> str | None:
+        # It travels in an HTTP header, which carries bytes: a key outside printable ASCII would
+        # arrive as other characters than the config's and could never match.
+        if value is not None and not re.fullmatch(r"[\x21-\x7e]+", value):
+            raise ValueError(
+                "gateway.admin_key must be printable ASCII without spaces (it is sent in an HTTP header)"
+            )
+        return value
 
     @field_validator("peers")
     @classmethod

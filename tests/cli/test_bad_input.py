@@ -237,3 +237,14 @@ def test_images_commands_name_a_store_that_is_not_there(tmp_path, command):
     missing = tmp_path / "no-store"
     refused(invoke("images", *command, "--store", str(missing)), "--store")
     assert not missing.exists() and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("key", ["ключ", "two words"])
+def test_gateway_refuses_an_admin_key_no_header_can_carry(tmp_path, busy_port, monkeypatch, key):
+    """An HTTP header carries bytes: a non-ASCII key arrived as other characters than the config's
+    (latin-1 decoded) and no request could ever authenticate with it."""
+    monkeypatch.setenv("HARNESSRL_ADMIN_KEY", key)
+    (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
+    args = ["--model", f"scripted:{tmp_path / 'replies.json'}", "--store", str(tmp_path / "s.db")]
+    refused(invoke("gateway", *args, "--port", str(busy_port)), "gateway.admin_key")
+    assert listing(tmp_path) == ["replies.json"]
