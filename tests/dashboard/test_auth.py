@@ -10,11 +10,12 @@ from typing import Any
 import httpx
 import pytest
 from starlette.testclient import TestClient
-from tests.dashboard.conftest import ADMIN_KEY, RunFolder
+from tests.dashboard.conftest import ADMIN_KEY, RunFolder, build_crafted
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
 from harnessrl.dashboard import create_dashboard_app, gateway_dashboard
+from harnessrl.dashboard.auth import MAX_LOGIN_BYTES
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -22,6 +23,7 @@ from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
+FORM = "application/x-www-form-urlencoded"
 ROUTES = [
     "/ui/",
     "/ui/rollouts",
@@ -99,3 +101,19 @@ def _check_gateway(url: str, rollout: dict[str, Any]) -> None:
         page = http.get(f"/ui/rollouts/{rollout['rollout_id']}", headers=admin)
         assert page.status_code == 200 and rollout["rollout_id"] in page.text
         assert rollout["rollout_id"] in http.get("/ui/rollouts", headers=admin).text
+
+
+def test_a_sign_in_body_over_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    anonymous = TestClient(create_dashboard_app(build_crafted(tmp_path), ADMIN_KEY), follow_redirects=False)
+    big = b"key=" + b"k" * MAX_LOGIN_BYTES + b"&next=/ui/rollouts"
+    declared = anonymous.post("/ui/login", content=big, headers={"content-type": FORM})
+    assert declared.status_code == 413 and "too large" in declared.text
+    streamed = anonymous.post(
+        "/ui/login", content=iter([big[:1000], big[1000:]]), headers={"content-type": FORM}
+    )
+    assert "content-length" not in streamed.request.headers  # chunked: counted while it is read
+    assert streamed.status_code == 413 and "harnessrl_dashboard" not in streamed.headers.get("set-cookie", "")
+    good = anonymous.post(
+        "/ui/login", content=f"key={ADMIN_KEY}&next=/ui/rollouts".encode(), headers={"content-type": FORM}
+    )
+    assert good.status_code == 303 and good.headers["location"] == "/ui/rollouts"  # control: a real form

@@ -252,3 +252,11 @@ def test_a_long_log_is_served_as_its_tail(tmp_path: Path) -> None:
     text = read_log_tail(path, limit=1000)
     assert text == "[first 2000 of 3000 bytes not shown]\n" + "b" * 1000
     assert read_log_tail(path) == "a" * 2000 + "b" * 1000
+
+
+def test_a_step_past_sqlites_integers_matches_no_rollout(crafted: TestClient) -> None:
+    for step in (str(2**63), str(-(2**63) - 1), "9" * 400):
+        page = crafted.get("/ui/rollouts", params={"step": step})
+        assert page.status_code == 200 and "no rollouts match" in page.text
+    assert _row_ids(crafted.get("/ui/rollouts", params={"step": str(2**63 - 1)}).text) == []
+    assert _row_ids(crafted.get("/ui/rollouts", params={"step": "3"}).text)  # control: a stored step

@@ -134,16 +134,29 @@ async def _rollouts(request: Request, dash: Dashboard, data: DashboardData) -> R
     return _html(dash, "Rollouts", body, live=running)
 
 
-def _trace_page(dash: Dashboard, data: DashboardData, rollout_id: str) -> tuple[str, bool]:
+def _trace_page(
+    dash: Dashboard, data: DashboardData, rollout_id: str, sample: int | None
+) -> tuple[str, bool]:
     rollout = data.get_rollout(rollout_id)
     logs = attempt_logs(dash.run_dir, rollout)
     calls, requests = data.list_calls(rollout_id), data.list_tool_requests(rollout_id)
-    body = trace_body(rollout, calls, dash.decode, dash.prefix, logs=logs, tool_requests=requests)
+    body = trace_body(
+        rollout, calls, dash.decode, dash.prefix, logs=logs, tool_requests=requests, sample=sample
+    )
     return body, rollout.status not in TERMINAL_STATUSES
 
 
+def _sample_param(request: Request) -> int | None:
+    """``?sample=K``: show that sample's token view alone; junk is ignored (every sample)."""
+    try:
+        return int(request.query_params.get("sample", ""))
+    except ValueError:
+        return None
+
+
 async def _trace(request: Request, dash: Dashboard, data: DashboardData) -> Response:
-    body, live = await run_in_threadpool(_trace_page, dash, data, request.path_params["rollout_id"])
+    rollout_id = request.path_params["rollout_id"]
+    body, live = await run_in_threadpool(_trace_page, dash, data, rollout_id, _sample_param(request))
     return _html(dash, f"Rollout {request.path_params['rollout_id']}", body, live=live)
 
 

@@ -18,6 +18,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from harnessrl.dashboard.html import esc, page
 
 COOKIE = "harnessrl_dashboard"
+#: The largest sign-in form read (a key and a ``next`` URL are far smaller); a longer body gets 413.
+MAX_LOGIN_BYTES = 16 * 1024
 
 
 def session_token(admin_key: str) -> str:
@@ -82,9 +84,30 @@ def check(request: Request, admin_key: str, prefix: str) -> Response | None:
     return login_page(prefix, target, status_code=401, message="Enter the run's admin key.")
 
 
+async def _small_body(request: Request, limit: int) -> bytes | None:
+    """The request body, or ``None`` once it is longer than ``limit`` bytes: whoever can reach the
+    route can send one, key or not, so it is never read whole into memory. A declared length is
+    refused before reading; a body without one (chunked) is counted as it streams in."""
+    try:
+        declared = int(request.headers.get("content-length", "0"))
+    except ValueError:
+        return None
+    if declared > limit:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            return None
+    return bytes(body)
+
+
 async def login(request: Request, admin_key: str, prefix: str) -> Response:
     """POST of the login form (url-encoded; parsed here so python-multipart is not needed)."""
-    form = parse_qs((await request.body()).decode("utf-8", "replace"))
+    raw = await _small_body(request, MAX_LOGIN_BYTES)
+    if raw is None:
+        return login_page(prefix, prefix + "/", status_code=413, message="That sign-in form is too large.")
+    form = parse_qs(raw.decode("utf-8", "replace"))
     key = (form.get("key") or [""])[0]
     next_url = (form.get("next") or [prefix + "/"])[0]
     if not next_url.startswith(prefix + "/") and next_url != prefix:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from html import escape
 from pathlib import Path
 from typing import NamedTuple
@@ -70,6 +71,7 @@ CHART_GROUPS: list[tuple[str, list[Chart]]] = [
                     ("trajectory/calls_dropped/client_gone", "client gone"),
                     ("trajectory/calls_dropped/slow_reader", "slow reader"),
                     ("trajectory/calls_dropped/rollout_ended", "rollout ended"),
+                    ("trajectory/calls_dropped/gateway_lapsed", "gateway lapsed"),
                     ("trajectory/calls_unseen", "unseen by the evaluator"),
                 ],
             ),
@@ -114,32 +116,46 @@ _DASH = ' stroke-dasharray="6 3"'
 
 
 def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The lines of a ``metrics.jsonl``; a torn last line (a run still writing) is skipped."""
+    """The lines of a ``metrics.jsonl``; a torn last line (a run still writing) is skipped, and so is
+    any line Python's ``json`` refuses (an integer of over 4,300 digits, nesting past its depth)."""
     if not path.is_file():
         return []
     records = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(record, dict):
             records.append(record)
     return records
 
 
+def _finite(value: object) -> float | None:
+    """``value`` as a finite float, or ``None``: a metric may be anything JSON holds, including NaN,
+    infinities and integers too large for a float."""
+    if not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Series:
     """``(x, value)`` points of one metric, finite numbers only. ``x``: ``"step"``, or ``"minutes"``
     (wall clock since the first record, from each record's ``time``)."""
-    t0 = next((r["time"] for r in records if isinstance(r.get("time"), int | float)), None)
+    t0 = next((t for r in records if (t := _finite(r.get("time"))) is not None), None)
     points = []
     for record in records:
-        value = record.get(key)
-        at = record.get("step") if x == "step" else None
-        if x == "minutes" and t0 is not None and isinstance(record.get("time"), int | float):
-            at = (record["time"] - t0) / 60
-        if isinstance(at, int | float) and isinstance(value, int | float) and math.isfinite(value):
-            points.append((float(at), float(value)))
+        value = _finite(record.get(key))
+        at = _finite(record.get("step")) if x == "step" else None
+        time = _finite(record.get("time"))
+        if x == "minutes" and t0 is not None and time is not None:
+            at = _finite((time - t0) / 60)  # two finite times can still be an infinite span apart
+        if at is not None and value is not None:
+            points.append((at, value))
     return points
 
 
@@ -164,23 +180,64 @@ def smoothed(points: Series, weight: float) -> Series:
     return out
 
 
+#: The most ticks an axis gets, whatever its range (``nice_ticks`` makes about ``count``).
+MAX_TICKS = 12
+#: A range narrower than this share of its values' size is drawn as flat: round steps inside it
+#: would be below a float's resolution (0.3 to 0.30000000000000004 is one ulp).
+_FLAT = 1e-9
+
+
+def _is_flat(lo: float, hi: float) -> bool:
+    return hi - lo <= max(abs(lo), abs(hi)) * _FLAT
+
+
 def nice_ticks(lo: float, hi: float, count: int = 5, *, integer: bool = False) -> list[float]:
     """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering ``[lo, hi]``. ``integer``:
-    whole numbers only (steps: no tick at step 2.5), so a spacing of 2.5 becomes 2 and 0.5 becomes 1."""
-    if hi <= lo:
+    whole numbers only (steps: no tick at step 2.5), so a spacing of 2.5 becomes 2 and 0.5 becomes 1.
+
+    At least one and at most ``MAX_TICKS``, made from an integer index, so no range can make it
+    loop: a range that is not finite, empty or flat (``_is_flat``) gets ``[lo]``, one too wide or
+    narrow for a float power of ten gets its two ends."""
+    if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo or _is_flat(lo, hi):
         return [lo]
-    raw = (hi - lo) / max(1, count)
-    power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
+    step = _round_step((hi / 2 - lo / 2) / max(1, count) * 2)  # halves: hi - lo overflows at ±1e308
+    if step is None:
+        return [lo, hi]
+    num, den = step
     if integer:
-        step = max(1.0, float(math.floor(step)))
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    value = first
-    while value <= hi + step * 1e-9:
-        ticks.append(round(value, 12))
-        value += step
-    return ticks
+        num, den = max(1.0, float(math.floor(num / den))), 1.0
+    first = math.ceil(lo * den / num - 1e-9)
+    last = math.floor(hi * den / num + 1e-9)
+    ticks = [(first + i) * num / den for i in range(max(0, min(last - first + 1, MAX_TICKS)))]
+    return ticks or [lo]  # no round step inside (a count of 1, whole steps of a range below 1)
+
+
+def _round_step(raw: float) -> tuple[float, float] | None:
+    """The round step (1, 2, 2.5, 5 or 10 times a power of ten) at or above ``raw``, as ``(num,
+    den)``: a tick is ``index * num / den``, and dividing by an exact power of ten rounds once, so
+    3 * 2 / 10 is 0.6 where 3 * 0.2 is 0.6000000000000001. ``None`` past the floats' range."""
+    if not (math.isfinite(raw) and raw > 0):
+        return None
+    exponent = math.floor(math.log10(raw))
+    if not -308 <= exponent <= 308:  # 10.0 ** 309 overflows
+        return None
+    multiple = next(m for m in (1, 2, 2.5, 5, 10) if m * 10.0**exponent >= raw)
+    num, den = (multiple, 10.0**-exponent) if exponent < 0 else (multiple * 10.0**exponent, 1.0)
+    return (num, den) if math.isfinite(num) else None  # 2e308: a range of nearly every float
+
+
+def _widened(lo: float, hi: float, pad: float) -> tuple[float, float]:
+    """``[lo, hi]``; a flat one (``_is_flat``) widened by ``pad`` each way, or by more where ``pad``
+    is below the values' resolution, kept inside the floats."""
+    if not _is_flat(lo, hi):
+        return lo, hi
+    pad = max(pad, abs(lo) * _FLAT * 10, abs(hi) * _FLAT * 10, 1e-300)
+    return max(-sys.float_info.max, lo - pad), min(sys.float_info.max, hi + pad)
+
+
+def _share(value: float, lo: float, hi: float) -> float:
+    """Where ``value`` lies from ``lo`` (0) to ``hi`` (1); in halves, as ``hi - lo`` may overflow."""
+    return (value / 2 - lo / 2) / (hi / 2 - lo / 2)
 
 
 def _fmt(value: float) -> str:
@@ -220,21 +277,16 @@ def line_chart(
             + f'<text x="{width / 2}" y="{height / 2}" text-anchor="middle" class="muted">no data</text></svg>'
         )
     xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
+    x0, x1 = _widened(min(xs), max(xs), 1.0)
+    y0, y1 = _widened(min(ys), max(ys), abs(min(ys)) * 0.1 or 1.0)
     y_ticks = nice_ticks(y0, y1)
     y0, y1 = min(y0, y_ticks[0]), max(y1, y_ticks[-1])
 
     def sx(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * pw
+        return left + _share(x, x0, x1) * pw
 
     def sy(y: float) -> float:
-        return top + ph - (y - y0) / (y1 - y0) * ph
+        return top + ph - _share(y, y0, y1) * ph
 
     parts = [head]
     for y in y_ticks:  # y grid with round labels

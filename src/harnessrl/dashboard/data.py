@@ -49,11 +49,17 @@ class RolloutFilter:
     def where(self) -> tuple[str, list[Any]]:
         clauses: list[str] = []
         params: list[Any] = []
-        for column in ("run_id", "status", "outcome", "step", "group_id"):
+        for column in ("run_id", "status", "outcome", "group_id"):
             value = getattr(self, column)
             if value is not None:
                 clauses.append(f"{column} = ?")
                 params.append(value)
+        if self.step is not None:
+            # A step past SQLite's 64-bit integers cannot be bound (OverflowError) and no stored
+            # step equals it: the filter matches nothing, as any other step no rollout has does.
+            in_range = _SQLITE_MIN_INT <= self.step <= _SQLITE_MAX_INT
+            clauses.append("step = ?" if in_range else "0")
+            params += [self.step] if in_range else []
         if self.flagged:
             clauses.append("flags != '[]'")
         if self.flag is not None:
@@ -70,6 +76,8 @@ class RolloutFilter:
         return ORDERS.get(self.order, ORDERS["newest"])
 
 
+#: SQLite's INTEGER range (64-bit signed).
+_SQLITE_MIN_INT, _SQLITE_MAX_INT = -(2**63), 2**63 - 1
 #: The table's result filter, by reward (what a badge shows), as SQL.
 RESULTS = {"solved": "reward >= 1", "partial": "reward > 0 AND reward < 1", "unsolved": "reward <= 0"}
 #: The table's sort orders (created: the store's insertion order, which is creation order);

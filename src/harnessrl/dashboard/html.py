@@ -101,7 +101,15 @@ def pretty_json(value: Any) -> str:
 
 
 def fmt_num(value: float | None, digits: int = 3) -> str:
-    return "" if value is None else f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:,.0f}"
+    """A number to ``digits`` significant digits (thousands as whole numbers); empty for ``None``
+    and for anything that is not a number a float can hold (a metric can be any JSON value)."""
+    if not isinstance(value, int | float):
+        return ""
+    try:
+        number = float(value)
+    except OverflowError:
+        return ""
+    return f"{number:.{digits}g}" if abs(number) < 1000 else f"{number:,.0f}"
 
 
 def page(
