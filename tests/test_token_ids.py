@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.token_ids import KeptIds, TokenIds, int32_bytes, json_array
+from harnessrl.token_ids import KeptIds, TokenIds, common_prefix, int32_bytes, json_array
 
 ids = st.lists(st.integers(min_value=-(2**31), max_value=2**31 - 1), max_size=40)
 
@@ -137,3 +137,18 @@ def test_kept_ids_hold_only_what_they_add_to_what_they_were_joined_on() -> None:
     changed[0] = -1  # no longer what it was joined on: kept whole
     kept = KeptIds(changed)
     assert kept.base is None and kept.ids == (-1, *range(1, 1000), 1, 2, 3, 4)
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=40),
+    st.lists(st.integers(0, 3), max_size=40),
+    st.none() | st.integers(0, 50),
+    st.sampled_from([list, tuple, TokenIds]),
+)
+def test_common_prefix_is_the_shared_start(a, b, limit, kind):
+    naive = 0
+    while naive < min(len(a), len(b)) and a[naive] == b[naive]:
+        naive += 1
+    expected = naive if limit is None else min(naive, limit)
+    assert common_prefix(kind(a), b, limit) == expected
+    assert common_prefix(a + [9] * 100, a + [8], None) == len(a)  # they differ right after ``a``

@@ -206,3 +206,26 @@ class TokenIds(list[int]):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (TokenIds, (list(self),))  # a copy or pickle carries the IDs, not the encodings
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """How many IDs ``a`` and ``b`` share at their start (at most ``limit``). By C-level slice
+    compares, bisecting where they differ: a Python loop over the IDs made every comparison of a
+    long prompt (a trajectory's breaks, the engine's prefix reuse) cost ~1 ms per 20 k tokens."""
+    if not (isinstance(a, list) and isinstance(b, list)):
+        a, b = list(a), list(b)  # a list never equals a tuple, whatever they hold
+    n = min(len(a), len(b))
+    if limit is not None:
+        n = min(n, limit)
+    if n <= 0 or a[0] != b[0]:
+        return 0
+    if a[:n] == b[:n]:  # the common case (the same prompt again, a prompt that extends another)
+        return n
+    lo, hi = 1, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -53,6 +53,7 @@ from harnessrl.errors import (
     UpstreamError,
 )
 from harnessrl.hardware import resolve_dtype
+from harnessrl.token_ids import common_prefix
 from harnessrl.tokenizer import PolicyTokenizer
 
 _DONE = object()  # end-of-stream marker put on a request's queue
@@ -432,10 +433,10 @@ class EmbeddedEngine:
         limit = len(prompt) - 1
         best, best_row = 0, -1
         for source_row, source in enumerate(self._rows):
-            shared = _common_prefix(prompt, source.prompt, limit)
+            shared = common_prefix(prompt, source.prompt, limit)
             if shared > best:
                 best, best_row = shared, source_row
-        pending = max((_common_prefix(prompt, r.prompt, limit) for r in batch), default=0)
+        pending = max((common_prefix(prompt, r.prompt, limit) for r in batch), default=0)
         if pending >= best + _MIN_SHARED_PREFIX and batch:
             return False
         if best >= _MIN_SHARED_PREFIX:
@@ -499,23 +500,6 @@ class EmbeddedEngine:
 
 #: Shorter shared prefixes are prefilled again: copying a few positions saves less than it costs.
 _MIN_SHARED_PREFIX = 16
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """Length of the common prefix of ``a`` and ``b``, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    if n <= 0 or a[0] != b[0]:
-        return 0
-    if a[:n] == b[:n]:  # the common case in RL (the same prompt n times): one C-level compare
-        return n
-    lo, hi = 1, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]: bisect on slices, still C-level compares
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _put_all(items: list[tuple[asyncio.Queue[Any], Any]]) -> None:

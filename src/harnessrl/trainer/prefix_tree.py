@@ -27,8 +27,8 @@ import torch
 from harnessrl.algorithms.losses import MicroBatch
 from harnessrl.algorithms.packing import StepTotals
 from harnessrl.errors import EmptyBatch, InvalidBatch
+from harnessrl.token_ids import common_prefix
 from harnessrl.trajectory import Sample
-from harnessrl.trajectory.samples import common_prefix
 
 
 def prefix_micro_batches(

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 from harnessrl.errors import ConfigError, InvalidBatch
 from harnessrl.schemas import Call, Rollout
+from harnessrl.token_ids import common_prefix
 
 #: Why a call did not extend any chain (a new sample starts). See docs/trajectories.md.
 #: - ``new_context``: the prompt diverges from every chain inside that chain's first prompt, before any
@@ -162,15 +163,6 @@ def _validate(call: Call) -> None:
             f"call {call.seq} of rollout {call.rollout_id}: {len(call.response_token_ids)} response tokens "
             f"but {len(call.response_logprobs)} logprobs"
         )
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    """How many tokens ``a`` and ``b`` share at their start."""
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
 
 
 def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
