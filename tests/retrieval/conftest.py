@@ -63,10 +63,16 @@ def tokenizer() -> PolicyTokenizer:
 
 @pytest.fixture
 def make_search_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callable[..., SearchGateway]]:
-    """``make_search_gateway(passages=PASSAGES, **retrieval_config)``; stopped at teardown."""
+    """``make_search_gateway(passages=PASSAGES, wrap_index=None, **retrieval_config)``; stopped at
+    teardown. ``wrap_index(index)`` returns what the routes search instead (a seam for tests that
+    hold a search in flight)."""
     stack = contextlib.ExitStack()
 
-    def make(passages: list[dict[str, Any]] = PASSAGES, **retrieval: Any) -> SearchGateway:
+    def make(
+        passages: list[dict[str, Any]] = PASSAGES,
+        wrap_index: Callable[[RetrievalIndex], Any] | None = None,
+        **retrieval: Any,
+    ) -> SearchGateway:
         folder = tmp_path / f"gw-{len(list(tmp_path.glob('gw-*')))}"
         folder.mkdir()
         corpus = write_corpus(folder / "corpus.jsonl", passages)
@@ -78,7 +84,7 @@ def make_search_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[
             GatewayConfig(admin_key=ADMIN_KEY),
             store,
             engine,
-            extra_routes=RetrievalRoutes(index, config).factories(),
+            extra_routes=RetrievalRoutes(wrap_index(index) if wrap_index else index, config).factories(),
         )
         stack.callback(store.close)  # last-in first-out: closed after the server stopped
         url = stack.enter_context(serve_in_thread(app))

@@ -79,3 +79,30 @@ def test_a_query_without_words_finds_nothing(tmp_path: Path) -> None:
     index = RetrievalIndex.for_corpus(write_corpus(tmp_path / "c.jsonl", PASSAGES), tmp_path / "cache")
     assert index.search("*** ::: ///", 3) == []
     assert [h.id for h in index.search("Tarsk", 1)] == ["tarsk"]  # control
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id": "1", "text": "a lone surrogate \\ud800 here"}',
+        b'{"id": "1", "title": "\\udfff", "text": "a"}',
+        b'{"id": "\\ud800", "text": "a"}',
+        b'{"id": "1", "contents": "\\"T\\ud800\\"\\ntext"}',
+        b'{"id": "1", "text": "not UTF-8 \xff\xfe"}',
+        b'{"id": "1", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+    ],
+    ids=["surrogate-text", "surrogate-title", "surrogate-id", "surrogate-contents", "not-utf8", "deep"],
+)
+def test_an_odd_corpus_line_is_a_config_error_naming_the_line_not_a_crash(
+    tmp_path: Path, line: bytes
+) -> None:
+    corpus = tmp_path / "odd.jsonl"
+    good = json.dumps(PASSAGES[0]).encode() + b"\n"
+    corpus.write_bytes(good + line + b"\n")
+    with pytest.raises(ConfigError, match=r"retrieval\.corpus: .*odd\.jsonl:2: "):
+        RetrievalIndex.for_corpus(corpus, tmp_path / "cache")
+    # Control: the good line alone builds, and an escaped surrogate pair (an emoji) is text.
+    emoji = b'{"id": "2", "title": "Keth", "text": "the river Keth \\ud83c\\udf0a"}'
+    corpus.write_bytes(good + emoji + b"\n")
+    index = RetrievalIndex.for_corpus(corpus, tmp_path / "cache")
+    assert [h.text for h in index.search("Keth", 1)] == ["the river Keth \N{WATER WAVE}"]

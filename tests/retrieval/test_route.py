@@ -4,7 +4,9 @@ queries and bodies, floods) refused in the provider's error shape, never a 500 o
 
 from __future__ import annotations
 
+import json
 import secrets
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -160,3 +162,65 @@ def test_a_flood_from_one_rollout_is_rate_limited_never_a_crash(make_search_gate
         post(gw.search_url(other), other["api_key"], {"query": "Tarsk"}).json()["passages"][0]["id"]
         == "tarsk"
     )
+
+
+class HeldIndex:
+    """The index, but a search waits until the test lets it go: a search in flight for as long as
+    the test needs (a seam of ``RetrievalRoutes``, the index it is given)."""
+
+    def __init__(self, index: object):
+        self.index = index
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def search(self, query: str, k: int, *, max_terms: int = 32) -> list:
+        self.entered.set()
+        if not self.release.wait(60):
+            raise TimeoutError("the test never released the search")
+        return self.index.search(query, k, max_terms=max_terms)  # type: ignore[attr-defined]
+
+
+def test_a_search_in_flight_when_its_rollout_ends_is_refused_and_not_recorded(make_search_gateway) -> None:
+    held: list[HeldIndex] = []
+    gw = make_search_gateway(wrap_index=lambda index: held.append(HeldIndex(index)) or held[-1])
+    rollout = gw.rollout()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(post, gw.search_url(rollout), rollout["api_key"], {"query": "Velmora"})
+        assert held[0].entered.wait(60)  # authorized while running, now searching
+        gw.client.cancel_rollout(rollout["rollout_id"])
+        held[0].release.set()
+        late = pending.result(timeout=60)
+    assert late.status_code == 409 and late.json()["error"]["code"] == "rollout_closed", late.text
+    assert gw.store.list_tool_requests(rollout["rollout_id"]) == []
+    other = gw.rollout()  # control: a rollout still running gets its answer, recorded
+    assert post(gw.search_url(other), other["api_key"], {"query": "Velmora"}).status_code == 200
+    assert len(gw.store.list_tool_requests(other["rollout_id"])) == 1
+
+
+def test_the_attempt_filter_takes_ascii_digits_only(make_search_gateway) -> None:
+    gw = make_search_gateway()
+    rollout = gw.rollout()
+    assert post(gw.search_url(rollout), rollout["api_key"], {"query": "Velmora"}).status_code == 200
+    url = f"{gw.url}/api/rollouts/{rollout['rollout_id']}/tool_requests"
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    # "²" and "٣" pass str.isdigit but not int(): they were a 500.
+    for bad in ["²", "٣", "0²", "１", "-1", "+1", "1e3", " 0", "", "1" * 19]:
+        answer = httpx.get(url, params={"attempt": bad}, headers=admin)
+        assert answer.status_code == 400 and answer.json()["error"]["param"] == "attempt", (bad, answer.text)
+    assert len(httpx.get(url, params={"attempt": "0"}, headers=admin).json()) == 1  # control
+    assert httpx.get(url, params={"attempt": "1"}, headers=admin).json() == []
+
+
+def test_a_query_at_the_character_limit_fits_the_body_cap_however_json_escapes_it(
+    make_search_gateway,
+) -> None:
+    gw = make_search_gateway()  # max_query_chars = 1000
+    rollout = gw.rollout()
+    url, headers = gw.search_url(rollout), {"authorization": f"Bearer {rollout['api_key']}"}
+    query = "Velmora " + "\N{WATER WAVE}" * 992  # 1000 characters; each wave is 12 bytes escaped
+    body = json.dumps({"query": query, "top_k": 3}).encode()  # json.dumps's default: \ud83c\udf0a
+    assert len(body) > 1000 * 4 + 1024  # past the old cap of 4 bytes a character
+    answer = httpx.post(url, content=body, headers=headers)
+    assert answer.status_code == 200 and answer.json()["query"] == query, answer.text
+    too_long = httpx.post(url, content=json.dumps({"query": query + "x"}).encode(), headers=headers)
+    assert too_long.status_code == 413 and "1001 characters" in too_long.json()["error"]["message"]

@@ -5,19 +5,25 @@ config, with the rollout's placeholders; the sandbox binds only their files. Wit
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
+import threading
 import tomllib
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.presets import apply_preset
 from harnessrl.controller.stack import RolloutConfig, prepare
 from harnessrl.errors import ConfigError
 from harnessrl.retrieval import harness_tools
+from harnessrl.retrieval.config import RetrievalConfig
+from harnessrl.retrieval.sandbox_tools import search_client, search_mcp
 
 SERVER = str(harness_tools.MCP_SERVER)
 
@@ -96,3 +102,59 @@ def test_docs_name_every_retrieval_setting() -> None:
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "retrieval.md").read_text()
     assert [name for name in RetrievalConfig.model_fields if f"`{name}`" not in text] == []
+
+
+def test_the_retrieval_top_k_may_not_exceed_max_top_k() -> None:
+    # Else every search that does not name a number asks for more than the route allows: all 400s.
+    with pytest.raises(
+        ValidationError, match=r"retrieval\.top_k \(20\) must not exceed retrieval\.max_top_k \(10\)"
+    ):
+        RetrievalConfig(corpus="c.jsonl", top_k=20)
+    assert RetrievalConfig(corpus="c.jsonl", top_k=20, max_top_k=20).top_k == 20  # control
+
+
+def test_the_mcp_tool_asks_for_the_runs_top_k_unless_the_model_names_one(make_search_gateway) -> None:
+    gw = make_search_gateway(top_k=2)
+    rollout = gw.rollout()
+    server = search_mcp.build_server(rollout["base_url"], rollout["api_key"])
+
+    async def call(arguments: dict) -> str:
+        result = await server.call_tool("search", arguments)
+        return result.content[0].text
+
+    assert asyncio.run(call({"query": "Velmora"})).startswith("[1] Velmora")
+    assert asyncio.run(call({"query": "Velmora", "top_k": 1})).startswith("[1] Velmora")
+    logged = gw.store.list_tool_requests(rollout["rollout_id"])
+    assert [r.request["top_k"] for r in logged] == [2, 1]  # the run's retrieval.top_k, then the model's
+
+
+def test_the_search_client_sends_utf8_not_json_escapes() -> None:
+    bodies: list[bytes] = []
+
+    class Capture(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            bodies.append(self.rfile.read(int(self.headers["content-length"])))
+            answer = json.dumps({"query": "", "passages": []}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Capture)  # this machine's loopback only
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/rollouts/r/v1"
+        waves = "\N{WATER WAVE}" * 508 + " Keth"  # the hunter's query: 413 when escaped (12 bytes each)
+        search_client.search(waves, base_url=base, api_key="k")
+        # argv's undecodable bytes are lone surrogates: still sent (as an escape), for the route to refuse
+        search_client.search("\udcff Keth", base_url=base, api_key="k")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [json.loads(body)["query"] for body in bodies] == [waves, "\udcff Keth"]
+    size = len(bodies[0])
+    assert size <= 4 * len(waves) + 32  # UTF-8: 4 bytes a wave

@@ -570,3 +570,31 @@ def test_tool_requests_are_kept_per_rollout_and_attempt_in_arrival_order(store: 
     assert store.list_tool_requests("tr-1")[0].response == {"passages": passages}
     assert [r.request["query"] for r in store.list_tool_requests("tr-2")] == ["other"]
     assert store.list_tool_requests("no-such-rollout") == []
+
+
+@pytest.mark.parametrize("ending", list(ENDINGS))
+def test_an_ended_rollout_or_superseded_attempt_takes_no_more_tool_requests(
+    store: Store, ending: str
+) -> None:
+    """As ``add_call``: a search still running when its rollout (or attempt) ended is refused under
+    the lock the ending write takes, never recorded after the end."""
+    from harnessrl.schemas import ToolRequest
+
+    def search(rollout_id: str, attempt: int, query: str) -> ToolRequest:
+        return ToolRequest(rollout_id=rollout_id, attempt=attempt, tool="search", request={"query": query})
+
+    ended = store.start_rollout(store.create_rollout().rollout_id)
+    store.add_tool_request(search(ended.rollout_id, 0, "before"))  # control: taken while running
+    ENDINGS[ending](store, ended.rollout_id)
+    with pytest.raises(RolloutEnded, match="takes no more tool requests"):
+        store.add_tool_request(search(ended.rollout_id, 0, "late"))
+    assert [r.request["query"] for r in store.list_tool_requests(ended.rollout_id)] == ["before"]
+
+    requeued = store.start_rollout(store.create_rollout().rollout_id)
+    store.requeue_rollout(requeued.rollout_id)  # attempt 0's harness failed; attempt 1 is queued
+    with pytest.raises(RolloutEnded):
+        store.add_tool_request(search(requeued.rollout_id, 0, "stale"))
+    store.add_tool_request(search(requeued.rollout_id, 1, "current"))  # control: the new attempt's
+    assert [r.request["query"] for r in store.list_tool_requests(requeued.rollout_id)] == ["current"]
+    with pytest.raises(NotFound):
+        store.add_tool_request(search("no-such-rollout", 0, "x"))

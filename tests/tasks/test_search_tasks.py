@@ -3,14 +3,20 @@ answerable from the corpus, Search-R1's scoring, and the question-answering JSON
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
+import shutil
+import socket
 from itertools import pairwise
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from harnessrl.controller.evaluators import build_evaluator
+from harnessrl.controller.evaluators.types import EvaluationInput, EvaluatorError
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.search import (
     corpus_passages,
@@ -100,4 +106,143 @@ def test_searchqa_refuses_a_row_without_question_or_answers(tmp_path: Path, row:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(row) + "\n")
     with pytest.raises(ConfigError, match=r"bad\.jsonl:1"):
+        load_searchqa(path, split="train")
+
+
+def _inp(workspace: Path, answers: object = ("Keth",)) -> SimpleNamespace:
+    answers = list(answers) if isinstance(answers, tuple) else answers
+    return SimpleNamespace(
+        task={"prompt": "q", "hidden": {"answers": answers}}, workspace=workspace, calls=()
+    )
+
+
+@pytest.mark.parametrize("kind", ["directory", "fifo", "socket"])
+def test_an_answer_txt_that_is_no_regular_file_is_no_answer_never_an_error(tmp_path: Path, kind: str) -> None:
+    # An exception here is the scorer's failure: the controller would retry it and leave the rollout
+    # out of the baseline, so the agent's 0 would become "not counted" (a directory did that).
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    answer = workspace / "answer.txt"
+    if kind == "directory":
+        answer.mkdir()
+        (answer / "Keth").write_text("Keth\n")
+    elif kind == "fifo":
+        os.mkfifo(answer)
+    else:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(answer))
+        server.close()
+    assert score_search(_inp(workspace)) == {"reward": 0.0, "em": 0.0, "f1": 0.0, "answer": None}
+    # Control: the same workspace with a regular answer.txt holding the gold earns 1.
+    shutil.rmtree(answer) if answer.is_dir() else answer.unlink()
+    answer.write_text("Keth\n")
+    assert score_search(_inp(workspace))["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [("the", "The The"), (".", "!"), ("", "A"), ("a", "The"), ("the", "!"), ("", ""), ("an", "  ")],
+)
+def test_an_empty_ish_answer_never_matches_a_gold_that_normalises_to_nothing(
+    prediction: str, gold: str
+) -> None:
+    assert exact_match(prediction, [gold]) == 0.0
+    assert f1(prediction, [gold]) == 0.0
+
+
+def test_a_gold_that_normalises_to_nothing_is_matched_on_case_and_spaces_only() -> None:
+    assert exact_match("the  THE", ["The The"]) == 1.0
+    assert exact_match("a", ["A"]) == exact_match("!", ["!"]) == 1.0
+    assert f1("The The", ["The The"]) == 1.0
+    assert f1("the the band", ["The The"]) == 0.0  # all or nothing: no partial credit for articles
+    assert exact_match("The Keth.", ["Keth"]) == 1.0  # control: Search-R1's normalisation otherwise
+
+
+def test_answers_given_as_one_string_are_one_answer_not_its_characters(tmp_path: Path) -> None:
+    (tmp_path / "answer.txt").write_text("p\n")
+    assert score_search(_inp(tmp_path, "Paris"))["reward"] == 0.0
+    (tmp_path / "answer.txt").write_text("paris\n")
+    assert score_search(_inp(tmp_path, "Paris"))["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [7, True, None, [], [""], ["  ", ""], [{"a": 1}], [["Paris"]], [True], {"answers": "x"}],
+    ids=repr,
+)
+def test_hidden_answers_that_are_not_strings_are_the_tasks_error(tmp_path: Path, answers: object) -> None:
+    (tmp_path / "answer.txt").write_text("x\n")
+    with pytest.raises(ConfigError, match=r"hidden\.answers"):
+        score_search(_inp(tmp_path, answers))
+    with pytest.raises(ConfigError, match=r"hidden\.answers"):
+        score_search(SimpleNamespace(task={"prompt": "q"}, workspace=tmp_path, calls=()))
+
+
+def test_a_bad_task_is_the_evaluators_failure_through_the_python_evaluator(tmp_path: Path) -> None:
+    evaluator = build_evaluator({"type": "python", "function": "harnessrl.tasks.search:score_search"})
+    (tmp_path / "answer.txt").write_text("p\n")
+
+    def evaluate(answers: object) -> object:
+        task = {"prompt": "q", "hidden": {"answers": answers}}
+        return asyncio.run(evaluator.evaluate(EvaluationInput(task=task, workspace=tmp_path)))
+
+    with pytest.raises(EvaluatorError, match=r"hidden\.answers must be a string"):
+        evaluate({"P": 1})
+    assert evaluate("Paris").reward == 0.0  # control: the same answer against a well-formed task
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "allowed"),
+    [
+        ({"metric": "EM"}, "em, f1"),
+        ({"metric": "accuracy"}, "em, f1"),
+        ({"source": "File"}, "file, final_answer"),
+    ],
+)
+def test_an_unknown_metric_or_source_is_refused_naming_the_allowed_values(
+    tmp_path: Path, kwargs: dict, allowed: str
+) -> None:
+    (tmp_path / "answer.txt").write_text("Keth\n")
+    with pytest.raises(ConfigError, match=f"evaluator.kwargs.{next(iter(kwargs))} must be one of {allowed}"):
+        score_search(_inp(tmp_path), **kwargs)
+    assert score_search(_inp(tmp_path), metric="f1", source="file")["reward"] == 1.0  # control
+
+
+def test_searchqa_drops_blank_golds_keeps_article_only_ones_and_reports_both(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "qa.jsonl"
+    rows = [
+        {"id": "a", "question": "which band?", "golden_answers": ["The The", "", " "]},
+        {"id": "b", "question": "which river?", "answer": "Keth"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with caplog.at_level(logging.WARNING, logger="harnessrl.tasks.search"):
+        tasks = load_searchqa(path, split="train")
+    assert [t.data["hidden"]["answers"] for t in tasks] == [["The The"], ["Keth"]]
+    assert "2 blank gold answers dropped; 1 gold answers are only articles or punctuation" in caplog.text
+
+
+@pytest.mark.parametrize(
+    "golds", [[""], ["  ", ""], "", [True], [{"a": 1}], 7, [["x"]]], ids=lambda g: json.dumps(g)
+)
+def test_searchqa_refuses_a_row_whose_golds_are_blank_or_not_strings(tmp_path: Path, golds: object) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"question": "q", "golden_answers": golds}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1: needs gold answers"):
+        load_searchqa(path, split="train")
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b'{"question": "q", "answer": "\xff"}\n',
+        b'{"question": "q", "answer": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+    ],
+    ids=["not-utf8", "deep"],
+)
+def test_searchqa_refuses_an_unreadable_file_as_a_config_error(tmp_path: Path, content: bytes) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=r"bad\.jsonl"):
         load_searchqa(path, split="train")

@@ -6,7 +6,7 @@ through the one socket it already has; nothing here opens a port. Documented in 
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from harnessrl.config import Section
 
@@ -36,3 +36,11 @@ class RetrievalConfig(Section):
         default=20.0, gt=0, description="searches per second one rollout may make on average (token bucket)"
     )
     burst: int = Field(default=40, ge=1, description="searches one rollout may make at once before 429s")
+
+    @model_validator(mode="after")
+    def _check(self) -> RetrievalConfig:
+        if self.top_k > self.max_top_k:  # else every search that does not ask for a number is a 400
+            raise ValueError(
+                f"retrieval.top_k ({self.top_k}) must not exceed retrieval.max_top_k ({self.max_top_k})"
+            )
+        return self

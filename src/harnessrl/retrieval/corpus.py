@@ -47,31 +47,57 @@ def _from_contents(contents: str) -> tuple[str, str]:
     return title, text.strip()
 
 
+def _utf8(value: str) -> bool:
+    """Whether ``value`` encodes as UTF-8: JSON's ``\\ud800`` escapes give lone surrogates, which
+    the index refuses."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _fields(row: object, lineno: int, where: str) -> tuple[str, str, str]:
+    """A passage's id, title and text from its JSON row."""
+    if not isinstance(row, dict):
+        raise ConfigError(f"{where}: a passage is a JSON object")
+    pid = str(row.get("id", lineno - 1))
+    if "contents" in row:
+        title, text = _from_contents(str(row["contents"]))
+    elif "text" in row:
+        title, text = str(row.get("title", "")), str(row["text"])
+    else:
+        raise ConfigError(f"{where}: a passage needs 'text' (and 'title') or 'contents'")
+    return pid, title, text
+
+
 def read_passages(path: Path) -> Iterator[Passage]:
-    """Every passage of the corpus, in file order; ``ConfigError`` naming the line for a bad one."""
+    """Every passage of the corpus, in file order; ``ConfigError`` naming the line for a bad one
+    (not JSON, not UTF-8, a lone surrogate, nested past the parser's depth, a missing field, an id
+    seen before). Lines end at ``\\n`` (JSON Lines)."""
     seen: set[str] = set()
     try:
-        f = path.open(encoding="utf-8")
+        f = path.open("rb")  # bytes: an undecodable line is named by its number, not met mid-buffer
     except OSError as exc:
         raise ConfigError(f"retrieval.corpus: cannot read {path}: {exc}") from exc
     with f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
+        for lineno, raw in enumerate(f, start=1):
             where = f"retrieval.corpus: {path}:{lineno}"
             try:
-                row = json.loads(line)
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ConfigError(f"{where}: not UTF-8: {exc}") from None
+            if not line.strip():
+                continue
+            try:
+                pid, title, text = _fields(json.loads(line), lineno, where)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{where}: not JSON: {exc}") from exc
-            if not isinstance(row, dict):
-                raise ConfigError(f"{where}: a passage is a JSON object")
-            pid = str(row.get("id", lineno - 1))
-            if "contents" in row:
-                title, text = _from_contents(str(row["contents"]))
-            elif "text" in row:
-                title, text = str(row.get("title", "")), str(row["text"])
-            else:
-                raise ConfigError(f"{where}: a passage needs 'text' (and 'title') or 'contents'")
+            except RecursionError:  # json.loads (or str of what it read) past Python's depth
+                raise ConfigError(f"{where}: nested too deeply to read") from None
+            # Only a \u escape makes a lone surrogate (decoded UTF-8 never holds one): check then.
+            if "\\u" in line and not all(_utf8(v) for v in (pid, title, text)):
+                raise ConfigError(f"{where}: holds a lone surrogate (a \\ud800-\\udfff escape), not text")
             if pid in seen:
                 raise ConfigError(f"{where}: passage id {pid!r} appears twice")
             seen.add(pid)

@@ -6,7 +6,8 @@ serving the retriever here opens nothing: no port, no second socket. A search is
 like a model call (the rollout's key, only under its own URL; the admin key is refused), refused
 for a rollout that ended, rate-limited per rollout (a token bucket, 429 with ``Retry-After``),
 bounded in size (413 past ``retrieval.max_query_chars``), run off the event loop, and recorded in the
-store (``ToolRequest``) before it is answered, like a call.
+store (``ToolRequest``) before it is answered, like a call: a search still running when its rollout
+(or attempt) ends is refused by the store under the same lock as the end (409), never recorded.
 
 The gateway package never imports this module: whoever composes the app passes
 ``RetrievalRoutes(index, config)`` among its ``extra_routes`` (``controller.stack.local_stack``).
@@ -14,6 +15,7 @@ The gateway package never imports this module: whoever composes the app passes
 
 from __future__ import annotations
 
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -34,9 +36,15 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.retrieval.index import RetrievalIndex
 from harnessrl.schemas import TERMINAL_STATUSES, ToolRequest, now
+from harnessrl.store.base import RolloutEnded
 
-#: A search body is small: a query of ``max_query_chars`` characters (4 bytes each at most) and top_k.
+#: A search body is small: a query of ``max_query_chars`` characters and top_k. A character is at
+#: most 12 bytes as a conforming JSON client may write it (a non-BMP one as two ``\uXXXX`` escapes,
+#: what ``json.dumps`` sends by default), so the cap is 12 bytes a character plus this slack.
+_BYTES_PER_CHAR = 12
 _BODY_SLACK = 1024
+#: ``?attempt=``: ASCII digits only (``str.isdigit`` also takes "²" and "٣", which ``int`` refuses).
+_ATTEMPT = re.compile(r"[0-9]{1,18}")
 #: Buckets kept per gateway process; the least recently used rollout's is dropped past this.
 _MAX_BUCKETS = 100_000
 
@@ -105,7 +113,7 @@ class RetrievalRoutes:
                 f"from rollout {rollout.rollout_id!r}; retry in {wait:.2f} s"
             )
         cfg = self.config
-        raw = await read_body(request, cfg.max_query_chars * 4 + _BODY_SLACK)
+        raw = await read_body(request, cfg.max_query_chars * _BYTES_PER_CHAR + _BODY_SLACK)
         body = parse_json(raw)
         if not isinstance(body, dict):
             raise BadRequest('the body must be a JSON object {"query": "..."}')
@@ -139,7 +147,10 @@ class RetrievalRoutes:
             started_at=started,
             finished_at=now(),
         )
-        await state.in_thread(state.store.add_tool_request, record)  # durable before the answer
+        try:  # durable before the answer; refused if the rollout ended while this one searched
+            await state.in_thread(state.store.add_tool_request, record)
+        except RolloutEnded:
+            raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more searches") from None
         return JSONResponse(answer)
 
     async def tool_requests(self, request: Request) -> Response:
@@ -149,7 +160,7 @@ class RetrievalRoutes:
         attempt_text = request.query_params.get("attempt")
         attempt = None
         if attempt_text is not None:
-            if not attempt_text.isdigit() or len(attempt_text) > 18:
+            if not _ATTEMPT.fullmatch(attempt_text):
                 raise BadRequest("attempt must be a non-negative integer", param="attempt")
             attempt = int(attempt_text)
         await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout

@@ -201,7 +201,8 @@ class Store(Protocol):
 
     # -- tool requests (the retriever's query log) -----------------------------------------------
     def add_tool_request(self, request: ToolRequest) -> None:
-        """Record one request to a gateway-served tool (``schemas.ToolRequest``), durably."""
+        """Record one request to a gateway-served tool (``schemas.ToolRequest``), durably; ``RolloutEnded``
+        if its rollout ended or its attempt was superseded (as ``add_call``)."""
 
     def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:
         """The rollout's tool requests in arrival order (all attempts unless one is given)."""

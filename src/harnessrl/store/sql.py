@@ -534,9 +534,20 @@ class SQLStore(GateRows):
 
     # -- tool requests ----------------------------------------------------------------------------
     def add_tool_request(self, request: ToolRequest) -> None:
+        """As ``add_call``: ``RolloutEnded`` if the rollout ended or ``request.attempt`` is older than
+        its attempt, decided under the lock the ending write takes (a search still running when its
+        rollout ended is refused, never recorded after the end); ``NotFound`` for an unknown rollout."""
         row = request.model_dump()
         row["request"], row["response"] = dump_json(request.request), dump_json(request.response)
         with self._write() as conn:
+            # SQLite: the write transaction holds the database lock; PostgreSQL: the row lock, to commit.
+            sql = f"SELECT status, attempt FROM rollouts WHERE rollout_id = {self.PARAM}{self.ROW_LOCK}"
+            rollout = self._fetch_one(conn, sql, (request.rollout_id,), "rollout", request.rollout_id)
+            if rollout["status"] in _TERMINAL or request.attempt < rollout["attempt"]:
+                raise RolloutEnded(
+                    f"rollout {request.rollout_id!r} attempt {request.attempt} has ended "
+                    f"({rollout['status']}, attempt {rollout['attempt']}); it takes no more tool requests"
+                )
             self._insert(conn, "tool_requests", row)
 
     def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:

@@ -15,7 +15,10 @@
   (``question`` plus ``golden_answers``, ``answer``, ``answers`` or ``reward_model.ground_truth.target``),
   so a user with those files and the wiki-18 corpus runs the paper's setup.
 - ``score_search``: the reward, exact match (or F1) of the normalised answer against any gold answer,
-  with Search-R1's normalisation (lower case, no punctuation, no articles, single spaces).
+  with Search-R1's normalisation (lower case, no punctuation, no articles, single spaces). Where this
+  departs from Search-R1: a gold that the normalisation empties ("The The", "A", "!") is matched on
+  case and spaces only, so an empty-ish answer ("the", ".") never matches it; a blank gold never
+  matches; ``hidden.answers`` as one string is one answer, not its characters.
 
 Run ``python -m harnessrl.tasks.search --out DIR`` to write ``corpus.jsonl``, ``train.jsonl`` and
 ``heldout.jsonl`` (docs/retrieval.md).
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import random
 import re
+import stat
 import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -39,6 +44,8 @@ from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
 from harnessrl.tasks.answers import final_answer_text
 from harnessrl.tasks.fields import HIDDEN
+
+log = logging.getLogger(__name__)
 
 # -- the world ------------------------------------------------------------------------------------
 
@@ -302,18 +309,35 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 # -- Search-R1 / NQ / HotpotQA layouts ------------------------------------------------------------
 
 
-def _golds(row: dict[str, Any]) -> list[str]:
+def gold_answers(value: Any, *, name: str = "hidden.answers") -> list[str]:
+    """A task's gold answers as strings: one string is one answer (never its characters); a list
+    holds strings (or numbers, read as written). Anything else is the task's error (``ConfigError``).
+    A blank gold (``""``, spaces) is dropped: nothing can match it."""
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, str | int | float) and not isinstance(v, bool) for v in value)
+    ):
+        raise ConfigError(f"{name} must be a string or a non-empty list of strings, got {_preview(value)}")
+    golds = [str(v) for v in value]
+    kept = [g for g in golds if g.strip()]
+    if not kept:
+        raise ConfigError(f"{name} holds no answer that is not blank: {_preview(value)}")
+    return kept
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _raw_golds(row: dict[str, Any]) -> Any:
     for key in ("golden_answers", "answers", "answer"):
         if key in row:
-            value = row[key]
-            break
-    else:
-        value = ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, list) and value and all(isinstance(v, str | int | float) for v in value):
-        return [str(v) for v in value]
-    return []
+            return row[key]
+    return ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
 
 
 def load_searchqa(path: Path, *, split: str) -> list[Task]:
@@ -323,10 +347,11 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
     under ``hidden``; only the question reaches the harness (as ``prompt`` and ``question``)."""
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{split} tasks: cannot read {path}: {exc}") from exc
     tasks: list[Task] = []
     seen: set[str] = set()
+    blank = loose = 0  # gold answers dropped as blank; kept but only articles or punctuation
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -335,18 +360,24 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: not JSON: {exc}") from exc
+        except RecursionError:
+            raise ConfigError(f"{where}: nested too deeply to read") from None
         if (
             not isinstance(row, dict)
             or not isinstance(row.get("question"), str)
             or not row["question"].strip()
         ):
             raise ConfigError(f"{where}: needs a 'question' string")
-        golds = _golds(row)
-        if not golds:
+        raw = _raw_golds(row)
+        try:
+            golds = gold_answers(raw, name="the gold answers")
+        except ConfigError as exc:
             raise ConfigError(
                 f"{where}: needs gold answers ('golden_answers', 'answers', 'answer' or "
-                "'reward_model.ground_truth.target')"
-            )
+                f"'reward_model.ground_truth.target'); {exc}"
+            ) from None
+        blank += (len(raw) if isinstance(raw, list) else 1) - len(golds)
+        loose += sum(1 for g in golds if not normalize(g))
         task_id = str(row.get("id", row.get("_id", f"{path.stem}-{lineno}")))
         if task_id in seen:
             raise ConfigError(f"{where}: task id {task_id!r} appears twice")
@@ -356,6 +387,15 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
         if "hops" in row:
             data["hops"] = row["hops"]
         tasks.append(Task(task_id=task_id, split=split, data=data))
+    if blank or loose:
+        log.warning(
+            "%s tasks: %s: %d blank gold answers dropped; %d gold answers are only articles or "
+            "punctuation (like 'The The'), so they are matched on case and spaces only (score_search)",
+            split,
+            path,
+            blank,
+            loose,
+        )
     return tasks
 
 
@@ -374,9 +414,23 @@ def normalize(text: str) -> str:
     return " ".join(_ARTICLES.sub(" ", text).split())
 
 
+def _light(text: str) -> str:
+    """Case and whitespace only: the normalisation of a gold that ``normalize`` empties."""
+    return " ".join(text.lower().split())
+
+
+def _matches(prediction: str, gold: str) -> bool:
+    g = normalize(gold)
+    if g:  # an answer that normalises to nothing ("the", ".", '""') never equals it
+        return normalize(prediction) == g
+    # A gold that is only articles or punctuation ("The The", "A", "!") normalises to nothing, as
+    # every empty-ish answer does: it is matched on case and whitespace only, and a blank gold never.
+    light = _light(gold)
+    return bool(light) and _light(prediction) == light
+
+
 def exact_match(prediction: str, golds: Sequence[str]) -> float:
-    p = normalize(prediction)
-    return 1.0 if any(p == normalize(g) for g in golds) else 0.0
+    return 1.0 if any(_matches(prediction, g) for g in golds) else 0.0
 
 
 def f1(prediction: str, golds: Sequence[str]) -> float:
@@ -384,6 +438,9 @@ def f1(prediction: str, golds: Sequence[str]) -> float:
     p = normalize(prediction).split()
     for gold in golds:
         g = normalize(gold).split()
+        if not g:  # only articles or punctuation: all or nothing, as exact match (no partial "the")
+            best = max(best, 1.0 if _matches(prediction, gold) else 0.0)
+            continue
         common = sum((Counter(p) & Counter(g)).values())
         if common:
             precision, recall = common / len(p), common / len(g)
@@ -393,15 +450,23 @@ def f1(prediction: str, golds: Sequence[str]) -> float:
 
 def read_answer_file(workspace: Path) -> str | None:
     """The first line of ``answer.txt`` in the (hostile) workspace: never through a link, never more
-    than 4 KiB, and only from a regular file."""
+    than 4 KiB, and only from a regular file. Anything else there (a directory, a FIFO, a socket, a
+    link) or any error reading it is no answer (``None``), never an exception: an exception is the
+    scorer's failure, which the controller leaves out of the baseline and retries, so the agent could
+    turn its 0 into "not counted" by what it leaves in its workspace."""
     try:
         fd = os.open(workspace / ANSWER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
-    with os.fdopen(fd, "rb") as f:
-        if not os.path.stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before any read: a directory or FIFO opens fine
             return None
-        text = f.read(_MAX_ANSWER_BYTES).decode("utf-8", "replace")
+        data = os.read(fd, _MAX_ANSWER_BYTES)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    text = data.decode("utf-8", "replace")
     lines = [line.strip().strip("\"'") for line in text.splitlines() if line.strip()]
     return lines[0] if lines else None
 
@@ -412,16 +477,29 @@ def extract_answer(text: str) -> str | None:
     return found[-1].strip() if found else None
 
 
+SOURCES = ("file", "final_answer")
+METRICS = ("em", "f1")
+
+
 def score_search(
-    inp: Any, *, source: Literal["file", "final_answer"] = "file", metric: str = "em"
+    inp: Any, *, source: Literal["file", "final_answer"] = "file", metric: Literal["em", "f1"] = "em"
 ) -> dict[str, Any]:
     """A ``python`` evaluator (``function = "harnessrl.tasks.search:score_search"``): the answer from
     ``answer.txt`` in the workspace (``source = "file"``: what a shell harness writes) or from the last
     ``<answer>…</answer>`` of the final assistant text (``"final_answer"``); reward = exact match
-    (``metric = "em"``) or F1 (``"f1"``) against the task's ``hidden.answers``."""
-    golds = [str(g) for g in inp.task.get(HIDDEN, {}).get("answers", [])]
-    if not golds:
-        raise ValueError("the task has no hidden.answers")
+    (``metric = "em"``) or F1 (``"f1"``) against the task's ``hidden.answers``.
+
+    An unknown ``source`` or ``metric``, or ``hidden.answers`` that is not a string or a list of
+    strings, raises ``ConfigError`` (the python evaluator reports it as the evaluator's failure, not
+    the policy's): the run's or the task's fault, never read as some other setting."""
+    if source not in SOURCES:
+        raise ConfigError(f"evaluator.kwargs.source must be one of {', '.join(SOURCES)}; got {source!r}")
+    if metric not in METRICS:
+        raise ConfigError(f"evaluator.kwargs.metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    hidden = inp.task.get(HIDDEN)
+    if not isinstance(hidden, dict) or "answers" not in hidden:
+        raise ConfigError("the task has no hidden.answers")
+    golds = gold_answers(hidden["answers"])
     if source == "file":
         answer = read_answer_file(Path(inp.workspace))
     else:

@@ -35,7 +35,9 @@ def search(
         body["top_k"] = top_k
     request = urllib.request.Request(
         search_url(base_url),
-        data=json.dumps(body).encode(),
+        # UTF-8 as is, not \u escapes (6 to 12 bytes a character on the wire, past the route's cap);
+        # a lone surrogate (argv's undecodable bytes) stays an escape.
+        data=json.dumps(body, ensure_ascii=False).encode("utf-8", "backslashreplace"),
         headers={"authorization": f"Bearer {api_key}", "content-type": "application/json"},
         method="POST",
     )

@@ -1,7 +1,7 @@
 """The retriever as an MCP server (the official ``mcp`` SDK, stdio transport), run inside a harness's
 sandbox by the harness itself (its MCP client starts this file; the presets configure it).
 
-One tool, ``search(query, top_k)``, which asks the rollout's search route on the gateway exactly as
+One tool, ``search(query, top_k=None)``, which asks the rollout's search route on the gateway exactly as
 the ``search`` command does (``search_client.py`` beside this file, loaded by path: the sandbox binds
 these two files, not the project). The base URL and key come from ``--base-url`` / ``--api-key``
 (the presets pass the rollout's) or ``OPENAI_BASE_URL`` / ``OPENAI_API_KEY``: MCP clients start
@@ -35,9 +35,11 @@ def build_server(base_url: str, api_key: str):  # -> MCPServer
 
     @server.tool(
         name="search",
-        description="Search the corpus. Returns the best-matching passages, each with its title.",
+        description="Search the corpus. Returns the best-matching passages, each with its title. "
+        "top_k: how many passages (leave it out for the default).",
     )
-    def search(query: str, top_k: int = 3) -> str:
+    def search(query: str, top_k: int | None = None) -> str:
+        # top_k is sent only when the model gives one: else the gateway's retrieval.top_k applies.
         try:
             answer = client.search(query, base_url=base_url, api_key=api_key, top_k=top_k)
         except RuntimeError as exc:
