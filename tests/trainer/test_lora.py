@@ -491,3 +491,15 @@ def test_a_lora_run_with_a_kl_penalty_trains_resumes_and_exports(tmp_path):
     exported = harnessrl("export", str(run_dir), str(tmp_path / "out"))
     assert exported.returncode == 0, exported.stderr
     assert (tmp_path / "out" / "adapter_model.safetensors").read_bytes() == adapter_2
+
+
+def test_the_served_weights_check_reads_the_policy_without_dropout():
+    """``response_logprobs`` (the served-weights check compares an engine's log-probs with it) ran in
+    train mode: with LoRA dropout each call gave other log-probs (-8.23 and -10.87 for one token) and
+    drew from the generator a resumed run restores. An engine serves the weights without dropout."""
+    policy = TrainablePolicy(tiny_model_dir(), lora=LORA.model_copy(update={"dropout": 0.5}))
+    before = torch.get_rng_state()
+    first = policy.response_logprobs(PROMPT, ANSWER)
+    assert policy.response_logprobs(PROMPT, ANSWER) == first
+    assert torch.equal(torch.get_rng_state(), before)  # no mask drawn
+    assert policy.model.training  # left as it was, for the next step

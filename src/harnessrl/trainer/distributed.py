@@ -59,7 +59,7 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import merged_from_state, save_adapter_state
-from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trainer.policy import TrainablePolicy, evaluating
 from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
 
@@ -212,14 +212,15 @@ class ShardedPolicy:
         device = self.policy.device
         ids = torch.tensor([prompt_ids + response_ids], device=device)
         positions = torch.arange(ids.shape[1], device=device)[None, :]
-        out = self.ranks.forward(
-            sequence_logprobs,
-            self.policy.model,
-            ids,
-            positions,
-            temperature,
-            autocast=self.policy.learner.autocast,
-        )
+        with evaluating(self.policy.model):
+            out = self.ranks.forward(
+                sequence_logprobs,
+                self.policy.model,
+                ids,
+                positions,
+                temperature,
+                autocast=self.policy.learner.autocast,
+            )
         return out.logprobs[0, len(prompt_ids) :].tolist()
 
     def _full_state(self) -> dict[str, torch.Tensor]:

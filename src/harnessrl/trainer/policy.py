@@ -16,9 +16,10 @@ do.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -252,7 +253,8 @@ class TrainablePolicy:
         serving these weights reports for the same tokens (the served-weights check uses it)."""
         ids = torch.tensor([prompt_ids + response_ids], device=self.device)
         positions = torch.arange(ids.shape[1], device=self.device)[None, :]
-        return self.logprobs(ids, positions, temperature).logprobs[0, len(prompt_ids) :].tolist()
+        with evaluating(self.model):
+            return self.logprobs(ids, positions, temperature).logprobs[0, len(prompt_ids) :].tolist()
 
     # -- one optimizer step --------------------------------------------------------------------------
     def train_step(
@@ -349,6 +351,19 @@ class TrainablePolicy:
         self.scheduler.load_state_dict(state["scheduler"])
         if "rng" in state:
             set_rng_state(state["rng"], self.device)
+
+
+@contextlib.contextmanager
+def evaluating(model: torch.nn.Module) -> Iterator[None]:
+    """``model`` in eval mode for the block, then as it was: what an engine serves has no dropout, and
+    a forward in train mode with LoRA (or model) dropout gave noisy log-probs (two calls: -8.23 and
+    -10.87 for one token) and drew from the generator a resumed run restores."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
 
 
 def rng_state(device: torch.device) -> dict[str, torch.Tensor]:
