@@ -13,8 +13,10 @@ Python client to drive it unchanged:
 
 Errors are ``Status`` objects with the real ``reason``/``code`` (409 AlreadyExists, 404 NotFound,
 422 Invalid). Outcomes are driven by test-only methods (``succeed_job``, ``fail_job``, ``oom_job``,
-``exceed_deadline``, ``set_waiting``, ``set_unschedulable``, ``evict``), not over HTTP. Runs
-uvicorn in a thread on 127.0.0.1 and a free port.
+``exceed_deadline``, ``set_waiting``, ``set_unschedulable``, ``evict``), not over HTTP; so are
+``start_pods`` (what a new Job's pod looks like: running, pending, or no pod at all, as under a full
+quota) and ``add_fault`` (a request answered late, or with an error Status, a given number of times).
+Runs uvicorn in a thread on 127.0.0.1 and a free port.
 """
 
 from __future__ import annotations
@@ -116,6 +118,17 @@ def _merge_patch(target: Any, patch: Any) -> Any:
 
 
 @dataclass
+class _Fault:
+    method: str
+    resource: str
+    code: int | None
+    reason: str
+    message: str
+    delay_s: float
+    times: int
+
+
+@dataclass
 class _Watcher:
     resource: str
     namespace: str
@@ -136,6 +149,11 @@ class FakeKubernetes:
         self._watchers: list[_Watcher] = []
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         self._logs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> container output
+        self._faults: list[_Fault] = []
+        self.serving = 0  # requests being answered now, watches not counted
+        # A new Job's pod: "running" (the harness started at once), "pending" (ContainerCreating, as
+        # during a slow image pull) or "none" (no pod is created, as under an exhausted quota).
+        self.start_pods = "running"
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -249,6 +267,30 @@ class FakeKubernetes:
                 self._remove("pods", namespace, pod["metadata"]["name"])
             self._remove("jobs", namespace, name)
 
+    def add_fault(
+        self,
+        method: str,
+        resource: str,
+        *,
+        code: int | None = None,
+        reason: str = "",
+        message: str = "",
+        delay_s: float = 0.0,
+        times: int = 1,
+    ) -> None:
+        """The next ``times`` ``method`` requests on ``resource`` (``POST``, ``jobs``) wait ``delay_s``
+        and then fail with a ``code`` Status (or, without a code, are served normally)."""
+        with self._lock:
+            self._faults.append(_Fault(method, resource, code, reason, message, delay_s, times))
+
+    def _take_fault(self, method: str, resource: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.method == method and fault.resource == resource and fault.times > 0:
+                    fault.times -= 1
+                    return fault
+        return None
+
     def compact(self) -> None:
         """Forget the event history, as etcd compaction does: older watches get 410 Expired."""
         with self._lock:
@@ -274,6 +316,10 @@ class FakeKubernetes:
 
     def _start_job(self, namespace: str, name: str) -> None:
         job = self._objects["jobs"][(namespace, name)]
+        if self.start_pods == "none":
+            job["status"] = {"startTime": _now_iso(), "active": 0}
+            self._store("jobs", job, "MODIFIED")
+            return
         template = job["spec"]["template"]
         uid = job["metadata"]["uid"]
         labels = {
@@ -323,8 +369,13 @@ class FakeKubernetes:
                 ],
             },
         }
+        if self.start_pods == "pending":
+            pod["status"]["phase"] = "Pending"
+            for cs in pod["status"]["containerStatuses"]:
+                cs.update(ready=False, state={"waiting": {"reason": "ContainerCreating"}})
         self._store("pods", pod, "ADDED")
-        job["status"] = {"startTime": _now_iso(), "active": 1, "ready": 1}
+        ready = 1 if self.start_pods == "running" else 0
+        job["status"] = {"startTime": _now_iso(), "active": 1, "ready": ready}
         self._store("jobs", job, "MODIFIED")
 
     def _pods_of(self, namespace: str, job_name: str) -> list[dict[str, Any]]:
@@ -469,12 +520,25 @@ class FakeKubernetes:
         with self._lock:
             self._update_pods(namespace, name, mutate)
 
-    def evict(self, name: str, namespace: str = "default") -> None:
-        """The node evicted the pod (memory pressure); the Job fails."""
+    def evict(
+        self,
+        name: str,
+        message: str = "The node was low on resource: memory.",
+        namespace: str = "default",
+    ) -> None:
+        """The kubelet evicted the pod (node pressure, or ``message`` naming a limit it overran) and
+        marked it a disruption target; the Job fails."""
 
         def mutate(pod: dict[str, Any]) -> None:
-            pod["status"].update(
-                phase="Failed", reason="Evicted", message="The node was low on resource: memory."
+            pod["status"].update(phase="Failed", reason="Evicted", message=message)
+            pod["status"].setdefault("conditions", []).append(
+                {
+                    "type": "DisruptionTarget",
+                    "status": "True",
+                    "reason": "TerminationByKubelet",
+                    "message": message,
+                    "lastTransitionTime": _now_iso(),
+                }
             )
 
         with self._lock:
@@ -507,6 +571,32 @@ class FakeKubernetes:
                 status_code=404,
             )
         _, namespace, resource, name, log_subresource = match.groups()
+        if query.get("watch") in ("true", "1"):
+            return await self._serve(request, query, namespace, resource, name, log_subresource)
+        with self._lock:
+            self.serving += 1
+        try:
+            fault = self._take_fault(request.method, resource)
+            if fault is not None:
+                await asyncio.sleep(fault.delay_s)
+                if fault.code is not None:
+                    group = RESOURCES[resource][3]
+                    body = status_body(fault.code, fault.reason, fault.message, kind=resource, group=group)
+                    return JSONResponse(body, status_code=fault.code)
+            return await self._serve(request, query, namespace, resource, name, log_subresource)
+        finally:
+            with self._lock:
+                self.serving -= 1
+
+    async def _serve(
+        self,
+        request: Request,
+        query: dict[str, str],
+        namespace: str,
+        resource: str,
+        name: str | None,
+        log_subresource: str | None,
+    ) -> Response:
         _, _, kind, group = RESOURCES[resource]
         plural = f"{resource}.{group}" if group else resource
 

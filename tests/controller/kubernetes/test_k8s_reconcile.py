@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from harnessrl.controller.base import Exit, ExitKind
+from harnessrl.controller.kubernetes.names import attempt_labels
 from harnessrl.controller.kubernetes.observed import (
     ObservedJob,
+    ObservedSecret,
     attach_pods,
     parse_job,
     parse_pod,
+    parse_quantity,
     parse_time,
 )
 from harnessrl.controller.kubernetes.reconcile import DesiredAttempt, classify, plan
@@ -91,8 +95,10 @@ def observe(job: dict[str, Any], *pods: dict[str, Any]) -> ObservedJob:
     return parse_job(job, [parse_pod(p) for p in pods])
 
 
-def kind_of(job: ObservedJob, stuck_pending_s: float = 300.0) -> tuple[ExitKind, int | None] | None:
-    exit_ = classify(job, now=NOW, stuck_pending_s=stuck_pending_s)
+def kind_of(
+    job: ObservedJob, stuck_pending_s: float = 300.0, **seen: Any
+) -> tuple[ExitKind, int | None] | None:
+    exit_ = classify(job, now=NOW, stuck_pending_s=stuck_pending_s, **seen)
     return None if exit_ is None else (exit_.kind, exit_.exit_code)
 
 
@@ -120,10 +126,11 @@ CASES = [
         ),
         (ExitKind.OOM, 137),
     ),
-    (
+    (  # no pod was ever seen running: no harness ran out of its time (the runner's record says
+        # when one was, see test_deadline_is_a_timeout_only_for_a_harness_that_had_its_time)
         "deadline, pods gone",
         observe(job_json("j", status=failed("DeadlineExceeded"))),
-        (ExitKind.TIMEOUT, None),
+        (ExitKind.INFRA, None),
     ),
     (
         "deadline while running",
@@ -329,14 +336,31 @@ def test_idempotent_after_restart() -> None:
     assert sorted(second.adopted) == ["job-0", "job-1", "job-2"]
 
 
-def test_orphans_deleted_only_when_allowed_and_unfinished() -> None:
-    observed = {
-        "orphan": running("orphan"),
-        "done": parse_job(job_json("done", status=SUCCEEDED)),
-        "going": parse_job(job_json("going", deletionTimestamp=T0)),
+def ids(rollout: str, attempt: int, controller: str | None) -> dict[str, Any]:
+    """The labels and annotations the runner puts on an attempt's Job and Secret."""
+    return {
+        "labels": attempt_labels("run-1", rollout, attempt, controller=controller),
+        "annotations": {"harnessrl/rollout-id": rollout, "harnessrl/attempt": str(attempt)},
     }
-    assert plan([], observed, max_concurrent=5, now=NOW, delete_orphans=False).delete == []
-    assert plan([], observed, max_concurrent=5, now=NOW).delete == ["orphan"]  # finished: left to TTL
+
+
+def test_orphans_are_only_this_runners_own_or_superseded_attempts() -> None:
+    """Controllers sharing a run see each other's Jobs: only this runner's own unwanted Jobs and
+    Jobs of attempts a later attempt launched here supersedes are deleted (bug: every unfinished Job
+    this runner had not launched was deleted, so two controllers killed each other's rollouts)."""
+    observed = {
+        "mine": parse_job(job_json("mine", created=T_RECENT, **ids("r-mine", 0, "me"))),
+        "theirs": parse_job(job_json("theirs", created=T_RECENT, **ids("r-theirs", 0, "other"))),
+        "legacy": parse_job(job_json("legacy", created=T_RECENT, **ids("r-legacy", 0, None))),
+        "old": parse_job(job_json("old", created=T_RECENT, **ids("r1", 0, "other"))),
+        "done": parse_job(job_json("done", status=SUCCEEDED, **ids("r-done", 0, "me"))),
+        "going": parse_job(job_json("going", deletionTimestamp=T0, **ids("r-going", 0, "me"))),
+    }
+    want = [DesiredAttempt("r1-a1", "r1", 1)]  # attempt 1 of r1 supersedes attempt 0 ("old")
+    p = plan(want, observed, max_concurrent=10, now=NOW, owner="me")
+    assert sorted(p.delete) == ["mine", "old"]  # finished: left to the TTL; going: already going
+    assert plan(want, observed, max_concurrent=10, now=NOW, owner="me", delete_orphans=False).delete == []
+    assert plan([], observed, max_concurrent=10, now=NOW, owner="someone-else").delete == []
 
 
 def test_stuck_attempt_completed_and_deleted() -> None:
@@ -358,15 +382,180 @@ def test_vanished_job_is_infra() -> None:
 
 def test_orphan_secrets_swept_after_grace() -> None:
     now = NOW
-    secrets = {"job-0": now - 1000, "old": now - 1000, "young": now - 5, "has-job": now - 1000}
+
+    def secret(
+        rollout: str, attempt: int = 0, controller: str | None = "me", age: float = 1000
+    ) -> ObservedSecret:
+        return ObservedSecret(rollout, created_at=now - age, **ids(rollout, attempt, controller))
+
+    secrets = {
+        "job-0": secret("job-0"),  # its attempt is wanted
+        "old": secret("old"),
+        "young": secret("young", age=5),
+        "has-job": secret("has-job"),  # the garbage collector removes it with its Job
+        "theirs": secret("theirs", controller="other"),  # another controller's
+        "r0": secret("r0", attempt=1, controller="other"),  # superseded by attempt 2 below
+    }
+    want = [DesiredAttempt("job-0", "r0", 2)]
     observed = {"has-job": parse_job(job_json("has-job", status=SUCCEEDED))}
     p = plan(
-        desired(1), observed, max_concurrent=1, now=now, observed_secrets=secrets, orphan_secret_grace_s=60
+        want,
+        observed,
+        max_concurrent=1,
+        now=now,
+        observed_secrets=secrets,
+        orphan_secret_grace_s=60,
+        owner="me",
     )
-    assert p.delete_secrets == ["old"]
+    assert sorted(p.delete_secrets) == ["old", "r0"]
     assert (
         plan(
-            desired(1), observed, max_concurrent=1, now=now, observed_secrets=secrets, delete_orphans=False
+            want,
+            observed,
+            max_concurrent=1,
+            now=now,
+            observed_secrets=secrets,
+            delete_orphans=False,
+            owner="me",
         ).delete_secrets
         == []
     )
+
+
+# --- evictions: the agent's own overrun is the policy's; the node's trouble is infrastructure -------
+def evicted_pod(message: str, *, limits: dict[str, str], as_condition: bool = False, started: bool = True):
+    harness = terminated(137) if started else waiting("PodInitializing")
+    pod = pod_json(
+        "j",
+        phase="Running" if as_condition else "Failed",
+        reason="" if as_condition else "Evicted",
+        containers=[harness, terminated(0, name="logger")],
+        conditions=[
+            {
+                "type": "DisruptionTarget",
+                "status": "True",
+                "reason": "TerminationByKubelet",
+                "message": message,
+            }
+        ]
+        if as_condition
+        else [],
+    )
+    pod["status"]["message"] = "" if as_condition else message
+    pod["spec"] = {
+        "containers": [
+            {"name": "logger", "resources": {"limits": {"ephemeral-storage": "100Mi"}}},
+            {"name": "harness", "resources": {"limits": limits}},
+        ]
+    }
+    return pod
+
+
+STORAGE = {"ephemeral-storage": "10Gi", "memory": "2Gi"}
+EVICTIONS = [
+    ('Container harness exceeded its local ephemeral storage limit "10Gi". ', ExitKind.RESOURCE_LIMIT),
+    (
+        "Pod ephemeral local storage usage exceeds the total limit of containers 10Gi. ",
+        ExitKind.RESOURCE_LIMIT,
+    ),
+    ('Usage of EmptyDir volume "harnessrl-workspace" exceeds the limit "10Gi". ', ExitKind.RESOURCE_LIMIT),
+    (
+        "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 5Gi. "
+        "Container harness was using 80Gi, which exceeds its request of 0. ",
+        ExitKind.RESOURCE_LIMIT,
+    ),
+    (  # within its own limit on an overcommitted node: not the agent's doing
+        "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 5Gi. "
+        "Container harness was using 2Gi, which exceeds its request of 0. ",
+        ExitKind.INFRA,
+    ),
+    (
+        "The node was low on resource: ephemeral-storage. Threshold quantity: 10Gi, available: 5Gi. "
+        "Container logger was using 80Gi, which exceeds its request of 0. ",
+        ExitKind.INFRA,
+    ),
+    ('Container logger exceeded its local ephemeral storage limit "100Mi". ', ExitKind.INFRA),
+    (
+        "The node was low on resource: memory. Threshold quantity: 100Mi, available: 50Mi. "
+        "Container harness was using 1500Mi, which exceeds its request of 1Gi. ",
+        ExitKind.INFRA,
+    ),
+    ("The node was low on resource: memory. ", ExitKind.INFRA),
+    ("Pod was rejected: Predicate NodeAffinity failed", ExitKind.INFRA),
+]
+
+
+@pytest.mark.parametrize("as_condition", [False, True], ids=["pod-status", "disruption-condition"])
+@pytest.mark.parametrize(("message", "kind"), EVICTIONS, ids=[f"eviction-{i}" for i in range(len(EVICTIONS))])
+def test_evictions_for_the_pods_own_usage_are_the_policys(
+    message: str, kind: ExitKind, as_condition: bool
+) -> None:
+    """Bug: every eviction was INFRA, so an agent that filled its disk got its 0 retried and left
+    out of the baseline."""
+    job = observe(
+        job_json("j", status=failed("BackoffLimitExceeded")),
+        evicted_pod(message, limits=STORAGE, as_condition=as_condition),
+    )
+    assert kind_of(job) == (kind, None)
+
+
+def test_a_node_pressure_eviction_blames_no_harness_without_a_limit() -> None:
+    message = (
+        "The node was low on resource: ephemeral-storage. "
+        "Container harness was using 80Gi, which exceeds its request of 0. "
+    )
+    job = observe(job_json("j", status=failed("BackoffLimitExceeded")), evicted_pod(message, limits={}))
+    assert kind_of(job) == (ExitKind.INFRA, None)
+
+
+def test_an_overrun_before_the_harness_ran_is_infrastructure() -> None:
+    """The seed copy of the image's workspace overran the volume: no policy had run yet."""
+    message = 'Usage of EmptyDir volume "harnessrl-workspace" exceeds the limit "10Gi". '
+    pod = evicted_pod(message, limits=STORAGE, started=False)
+    job = observe(job_json("j", status=failed("BackoffLimitExceeded")), pod)
+    assert kind_of(job) == (ExitKind.INFRA, None)
+    assert kind_of(job, harness_started_at=NOW - 60) == (
+        ExitKind.RESOURCE_LIMIT,
+        None,
+    )  # the runner saw it run
+
+
+def test_parse_quantity() -> None:
+    assert parse_quantity("10Gi") == 10 * 1024**3 and parse_quantity("80G") == 80e9
+    assert parse_quantity("500m") == 0.5 and parse_quantity("1e3") == 1000 and parse_quantity("2") == 2
+    assert parse_quantity("1E") == 1e18 and parse_quantity(3) == 3.0
+    assert parse_quantity("ten") is None and parse_quantity("") is None and parse_quantity(None) is None
+
+
+# --- the deadline: only a harness that ran for its whole time timed out ------------------------------
+START = parse_time(T0)
+assert START is not None
+
+
+def deadline_job(*pods: dict[str, Any]) -> ObservedJob:
+    """A Job that started at T0 with the runner's deadline (timeout 120 s + 60 s allowance), failed."""
+    raw = job_json("j", status=failed("DeadlineExceeded"))
+    raw["spec"] = {"activeDeadlineSeconds": 180}
+    return observe(raw, *pods)
+
+
+def running_since(at: float) -> dict[str, Any]:
+    started = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {"name": "harness", "state": {"running": {"startedAt": started}}}
+
+
+def test_deadline_is_a_timeout_only_for_a_harness_that_had_its_time() -> None:
+    """Bug: DeadlineExceeded with no pod left was TIMEOUT though no harness had ever run (a Job with
+    no pod for 180 s fails at its deadline before the 300 s "no pod created" rule fires)."""
+    gone = deadline_job()
+    assert kind_of(gone, timeout_s=120) == (ExitKind.INFRA, None)  # never seen running
+    assert kind_of(gone, timeout_s=120, harness_started_at=START + 10) == (ExitKind.TIMEOUT, None)
+    assert kind_of(gone, harness_started_at=START + 10) == (ExitKind.TIMEOUT, None)  # its time unknown
+    # A pull that took 100 s of a 60 s allowance: the deadline cut the harness's 120 s to 80.
+    assert kind_of(gone, timeout_s=120, harness_started_at=START + 100) == (ExitKind.INFRA, None)
+    late = deadline_job(pod_json("j", containers=[running_since(START + 100)]))
+    assert kind_of(late, timeout_s=120) == (ExitKind.INFRA, None)
+    on_time = deadline_job(pod_json("j", containers=[running_since(START + 30)]))
+    assert kind_of(on_time, timeout_s=120) == (ExitKind.TIMEOUT, None)
+    pulling = deadline_job(pod_json("j", phase="Pending", containers=[waiting("ContainerCreating")]))
+    assert kind_of(pulling, timeout_s=120) == (ExitKind.INFRA, None)

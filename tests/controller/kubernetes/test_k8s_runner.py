@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable
@@ -118,12 +119,28 @@ async def test_launch_creates_secret_job_and_policy(fake_k8s, runners, make_laun
         (lambda fake, name: fake.succeed_job(name), ExitKind.EXITED, 0),
         (lambda fake, name: fake.fail_job(name, exit_code=3), ExitKind.EXITED, 3),
         (lambda fake, name: fake.oom_job(name), ExitKind.OOM, 137),
-        (lambda fake, name: fake.exceed_deadline(name), ExitKind.TIMEOUT, None),
+        (lambda fake, name: fake.exceed_deadline(name, keep_pods=True), ExitKind.TIMEOUT, None),
         (lambda fake, name: fake.evict(name), ExitKind.INFRA, None),
+        (
+            lambda fake, name: fake.evict(
+                name, 'Container harness exceeded its local ephemeral storage limit "10Gi". '
+            ),
+            ExitKind.RESOURCE_LIMIT,
+            None,
+        ),
         (lambda fake, name: fake.set_waiting(name, "InvalidImageName"), ExitKind.INFRA, None),
         (lambda fake, name: fake.delete_job(name), ExitKind.INFRA, None),
     ],
-    ids=["succeeded", "exit-code", "oom", "deadline", "evicted", "bad-image", "deleted-externally"],
+    ids=[
+        "succeeded",
+        "exit-code",
+        "oom",
+        "deadline",
+        "evicted",
+        "evicted-own-disk",
+        "bad-image",
+        "deleted-externally",
+    ],
 )
 async def test_outcomes(fake_k8s, runners, make_launch, drive, kind, code) -> None:
     runner = runners()
@@ -196,18 +213,126 @@ async def test_restarted_controller_adopts_jobs_without_duplicates(fake_k8s, run
     assert (await asyncio.wait_for(new[1].wait(), 5)).exit_code == 2
 
 
-async def test_restarted_controller_deletes_orphans_after_grace(fake_k8s, runners, make_launch) -> None:
+async def test_restarted_controller_deletes_superseded_attempts(fake_k8s, runners, make_launch) -> None:
     first = runners()
     left = await first.launch(make_launch("abandoned"))
-    await first.aclose(kill_running=False)
+    unclaimed = await first.launch(make_launch("unclaimed"))
+    await first.aclose(kill_running=False)  # it went away; the store requeued "abandoned" as attempt 1
     second = runners(orphan_grace_s=0.3)
-    kept = await second.launch(make_launch("r-new"))
-    await until(lambda: fake_k8s.job(left.job_name) is None)
-    assert fake_k8s.job(kept.job_name) is not None
+    retry = await second.launch(make_launch("abandoned", attempt=1))
+    await until(lambda: fake_k8s.job(left.job_name) is None)  # superseded: nobody can finish it
+    await reconcile_passes(fake_k8s)
+    # Not this runner's and not superseded: maybe another live controller's; left to its deadline.
+    assert fake_k8s.job(unclaimed.job_name) is not None and fake_k8s.job(retry.job_name) is not None
     other_run = runners(run_id="run-2", orphan_grace_s=0)  # another run's runner never touches run-1's Jobs
     await other_run.start()
+    await other_run.launch(make_launch("abandoned", attempt=2))
     await reconcile_passes(fake_k8s)
-    assert fake_k8s.job(kept.job_name) is not None
+    assert fake_k8s.job(retry.job_name) is not None
+
+
+async def test_two_controllers_sharing_a_run_leave_each_others_jobs_alone(
+    fake_k8s, runners, make_launch
+) -> None:
+    """Bug: every unfinished Job of the run a runner had not launched was its orphan, so two
+    controllers on one store (one [kubernetes] section, one run_id) deleted each other's running
+    Jobs once the grace was over, and every rollout ended as an infrastructure failure."""
+    clock = [time.time()]
+    first, second = (runners(orphan_grace_s=1.0, clock=lambda: clock[0]) for _ in range(2))
+    one, two = await first.launch(make_launch("r1")), await second.launch(make_launch("r2"))
+    clock[0] += 60  # long past the grace
+    await reconcile_passes(fake_k8s, 6)
+    assert fake_k8s.job(one.job_name) is not None and fake_k8s.job(two.job_name) is not None
+    fake_k8s.succeed_job(one.job_name)
+    fake_k8s.succeed_job(two.job_name)
+    for handle in (one, two):
+        exit_ = await asyncio.wait_for(handle.wait(), 5)
+        assert (exit_.kind, exit_.exit_code) == (ExitKind.EXITED, 0), exit_
+
+
+async def test_a_deadline_is_a_timeout_only_for_a_harness_seen_running(
+    fake_k8s, runners, make_launch
+) -> None:
+    """Bug: a Job that never got a pod (quota, admission) reached its deadline (timeout + startup
+    allowance, 180 s here) before the 300 s "no pod created" rule, and was the policy's TIMEOUT."""
+    runner = runners()
+    ran = await runner.launch(make_launch("ran"))
+    await reconcile_passes(fake_k8s)  # the runner saw its harness running
+    fake_k8s.exceed_deadline(ran.job_name)  # the job controller deletes the pods
+    assert (await asyncio.wait_for(ran.wait(), 5)).kind is ExitKind.TIMEOUT
+    for start_pods in ("none", "pending"):  # no pod at all; a pull that never ended
+        fake_k8s.start_pods = start_pods
+        handle = await runner.launch(make_launch(f"never-ran-{start_pods}"))
+        await reconcile_passes(fake_k8s)
+        fake_k8s.exceed_deadline(handle.job_name)
+        exit_ = await asyncio.wait_for(handle.wait(), 5)
+        assert exit_.kind is ExitKind.INFRA and "before the harness was seen running" in exit_.detail
+
+
+async def test_the_pod_has_a_disk_limit(fake_k8s, runners, make_launch) -> None:
+    """Bug: no sizeLimit and no ephemeral-storage limit, so an agent could fill the node's disk and be
+    evicted by node pressure (INFRA) instead of for its own overrun."""
+    runner = runners(ephemeral_storage_limit="5Gi")
+    handle = await runner.launch(make_launch("r1"))
+    spec = fake_k8s.job(handle.job_name)["spec"]["template"]["spec"]
+    resources = spec["containers"][0]["resources"]
+    assert resources["limits"]["ephemeral-storage"] == "5Gi"
+    assert resources["requests"]["ephemeral-storage"] == "0"  # not the limit: scheduling is unchanged
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    for name in ("harnessrl-workspace", "harnessrl-home", "harnessrl-tmp"):
+        assert volumes[name]["emptyDir"] == {"sizeLimit": "5Gi"}
+    with pytest.raises(ConfigError, match="ephemeral_storage_limit"):
+        runners(ephemeral_storage_limit="lots")
+
+
+async def test_a_short_ttl_is_refused() -> None:
+    """Bug: with ttl_after_finished_s = 0 the TTL controller deleted a failed Job and its pods before
+    the runner read the exit status, so an exit code or OOM became INFRA ("job disappeared")."""
+    api = ApiClient(Configuration(host="http://127.0.0.1:9"))
+    try:
+        for ttl in (0, 59):
+            with pytest.raises(ConfigError, match="ttl_after_finished_s"):
+                KubernetesRunner(
+                    api, gateway_url=CLUSTER_GATEWAY, network_policy=None, ttl_after_finished_s=ttl
+                )
+        KubernetesRunner(api, gateway_url=CLUSTER_GATEWAY, network_policy=None, ttl_after_finished_s=60)
+    finally:
+        api.close()
+
+
+async def test_aclose_leaves_no_job_behind_from_a_create_in_flight(fake_k8s, runners, make_launch) -> None:
+    """Bug: aclose() cancelled the pass whose Job create was on its way; the kill found nothing (404)
+    and the create landed after it, leaving a Job running with no one to delete it."""
+    runner = runners()
+    await runner.start()
+    fake_k8s.add_fault("POST", "jobs", delay_s=0.5)  # the API server answers the create late
+    launching = asyncio.create_task(runner.launch(make_launch("r1")))
+    await until(lambda: job_posts(fake_k8s) == 1)
+    await runner.aclose()
+    await until(lambda: fake_k8s.serving == 0)  # every request answered: nothing more can land
+    assert fake_k8s.jobs() == [] and fake_k8s.list("secrets") == []
+    handle = (await asyncio.gather(launching, return_exceptions=True))[0]
+    assert (await handle.wait()).kind is ExitKind.CANCELLED
+
+
+async def test_a_full_quota_is_waited_out(fake_k8s, runners, make_launch) -> None:
+    """Bug: a 403 "exceeded quota" on create failed the attempt at once (an infra retry spent); a
+    full quota frees itself as other Jobs end, like a 429."""
+    quota = (
+        'jobs.batch "x" is forbidden: exceeded quota: rollouts, requested: count/jobs.batch=1, '
+        "used: count/jobs.batch=4, limited: count/jobs.batch=4"
+    )
+    fake_k8s.add_fault("POST", "jobs", code=403, reason="Forbidden", message=quota, times=2)
+    runner = runners()
+    handle = await asyncio.wait_for(runner.launch(make_launch("r1")), 10)
+    assert job_posts(fake_k8s) == 3
+    fake_k8s.succeed_job(handle.job_name)
+    assert (await asyncio.wait_for(handle.wait(), 5)).exit_code == 0
+    # A quota that forbids the pod outright is the config's fault: the launch fails at once.
+    forbidden = 'jobs.batch "y" is forbidden: failed quota: compute: must specify limits.cpu'
+    fake_k8s.add_fault("POST", "jobs", code=403, reason="Forbidden", message=forbidden)
+    with pytest.raises(ConfigError, match="403"):
+        await asyncio.wait_for(runner.launch(make_launch("r2")), 10)
 
 
 async def test_concurrency_cap(fake_k8s, runners, make_launch) -> None:
@@ -272,6 +397,27 @@ def test_bad_config_fails_before_any_rollout() -> None:
             gateway_url=CLUSTER_GATEWAY,
             network_policy={"gateway_port": 1},
         )
+
+
+@pytest.mark.parametrize(
+    ("template", "field"),
+    [
+        ({"spec": {"containers": {"name": "harness"}}}, "job_template.spec.containers"),
+        ({"spec": {"containers": ["harness"]}}, "job_template.spec.containers"),
+        ({"kind": "Pod", "spec": ["x"]}, "job_template.spec"),
+        ({"kind": "Job", "metadata": "x"}, "job_template.metadata"),
+        ({"kind": "Job", "spec": {"template": "x"}}, "job_template.spec.template"),
+        ({"kind": 3}, "job_template.kind"),
+    ],
+)
+def test_a_malformed_template_is_a_config_error_naming_the_field(template: dict, field: str) -> None:
+    """Bug: these raised AttributeError from inside the template code before any validation."""
+    api = ApiClient(Configuration(host="http://127.0.0.1:9"))
+    try:
+        with pytest.raises(ConfigError, match=re.escape(field)):
+            KubernetesRunner(api, gateway_url=CLUSTER_GATEWAY, network_policy=None, job_template=template)
+    finally:
+        api.close()
 
 
 async def test_unreachable_api_and_closed_runner(fake_k8s, runners, make_launch) -> None:

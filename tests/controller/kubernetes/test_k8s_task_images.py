@@ -15,8 +15,14 @@ from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
 from harnessrl.controller.evaluators import build_evaluator
 from harnessrl.controller.kubernetes import KubernetesRunner, KubernetesRunnerConfig, manifests
-from harnessrl.controller.kubernetes.harness_injection import HARNESS_CONTAINER, HARNESS_VOLUME
+from harnessrl.controller.kubernetes.config import PodSecurityConfig
+from harnessrl.controller.kubernetes.harness_injection import (
+    HARNESS_CONTAINER,
+    HARNESS_VOLUME,
+    inject_harness,
+)
 from harnessrl.controller.kubernetes.pod_security import SEED_CONTAINER
+from harnessrl.errors import ConfigError
 from harnessrl.store.sqlite import SQLiteStore
 
 TEMPLATE = {"spec": {"template": {"spec": {"containers": [{"name": "harness", "image": "template:1"}]}}}}
@@ -82,6 +88,25 @@ def test_injection_settings_are_checked():
         KubernetesRunnerConfig(**base, harness_image="runtime:1")
     with pytest.raises(ValueError, match="must be an absolute folder"):
         KubernetesRunnerConfig(**base, harness_image="runtime:1", harness_paths=["relative/venv"])
+
+
+@pytest.mark.parametrize("path", ["/opt/..", "/opt/venv/../..", "//", "/."])
+def test_a_harness_path_that_is_the_root_is_refused_when_the_config_loads(path: str):
+    """Bug: ``/opt/..`` passed the config (not normalised) and raised a bare ValueError in
+    inject_harness at launch, which the controller does not catch: the rollout stayed running."""
+    base = {"gateway_url": CLUSTER_GATEWAY, "network_policy": None, "harness_image": "runtime:1"}
+    with pytest.raises(ValueError, match="harness_paths"):
+        KubernetesRunnerConfig(**base, harness_paths=[path])
+    with pytest.raises(ConfigError, match="harness_paths"):  # a HarnessRLError: the controller's infra path
+        inject_harness({}, {}, harness_image="runtime:1", paths=[path], security=PodSecurityConfig())
+
+
+def test_harness_paths_are_normalised():
+    base = {"gateway_url": CLUSTER_GATEWAY, "network_policy": None, "harness_image": "runtime:1"}
+    config = KubernetesRunnerConfig(**base, harness_paths=["/opt/venv/", "/opt/./py/../python3.11"])
+    assert config.harness_paths == ["/opt/venv", "/opt/python3.11"]
+    with pytest.raises(ValueError, match="twice"):
+        KubernetesRunnerConfig(**base, harness_paths=["/opt/venv", "/opt/venv/"])
 
 
 def test_the_controller_gives_each_job_its_tasks_image(tmp_path: Path):

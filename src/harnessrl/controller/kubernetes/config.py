@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from harnessrl.controller.kubernetes.observed import parse_quantity
+
+# Below this the TTL controller may delete a finished Job (and its pods) before the runner has read
+# the harness container's exit status, which would turn an exit code or OOM into "job disappeared".
+MIN_TTL_AFTER_FINISHED_S = 60
 
 
 class NetworkPolicyConfig(BaseModel):
@@ -100,7 +107,17 @@ class KubernetesRunnerConfig(BaseModel):
     startup_allowance_s: float = Field(
         default=60.0, ge=0, description="added to the rollout timeout: the Job's deadline includes pulls"
     )
-    ttl_after_finished_s: int = Field(default=3600, ge=0)
+    ttl_after_finished_s: int = Field(
+        default=3600,
+        ge=MIN_TTL_AFTER_FINISHED_S,
+        description="finished Jobs (their pods' exit statuses and logs) stay this long; at least 60 s, "
+        "so the runner reads the outcome before the TTL controller deletes it",
+    )
+    ephemeral_storage_limit: str = Field(
+        default="10Gi",
+        description="disk an attempt may use: the harness container's ephemeral-storage limit and the "
+        "sizeLimit of its workspace, HOME and /tmp volumes; overrunning it is the policy's failure",
+    )
     stuck_pending_s: float = Field(
         default=300.0, gt=0, description="a pod stuck unschedulable / pulling this long is an infra failure"
     )
@@ -110,11 +127,42 @@ class KubernetesRunnerConfig(BaseModel):
     request_timeout_s: float = Field(default=30.0, gt=0)
     max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")
 
+    @field_validator("ephemeral_storage_limit")
+    @classmethod
+    def _storage_quantity(cls, value: str) -> str:
+        quantity = parse_quantity(value)
+        if quantity is None or quantity < 1:
+            raise ValueError(f"ephemeral_storage_limit: {value!r} is not a positive quantity such as 10Gi")
+        return value
+
+    @field_validator("harness_paths")
+    @classmethod
+    def _normalized_paths(cls, paths: list[str]) -> list[str]:
+        """Absolute folders other than /, normalised (``/opt/..`` is /): the injection mounts each."""
+        normalized = []
+        for path in paths:
+            norm = "/" + posixpath.normpath(path).lstrip("/") if path.startswith("/") else path
+            if not path.startswith("/") or norm == "/":
+                raise ValueError(f"harness_paths: {path!r} must be an absolute folder other than /")
+            if norm in normalized:
+                raise ValueError(f"harness_paths: {path!r} names {norm!r} twice")
+            normalized.append(norm)
+        return normalized
+
+    @field_validator("job_template")
+    @classmethod
+    def _template_shape(cls, template: dict[str, Any]) -> dict[str, Any]:
+        from harnessrl.controller.kubernetes.job_template import normalize_template
+        from harnessrl.errors import ConfigError
+
+        try:  # the shape only; the runner validates every field against the client's models
+            normalize_template(template)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from exc
+        return template
+
     @model_validator(mode="after")
     def _harness_injection(self) -> KubernetesRunnerConfig:
         if self.harness_image and not self.harness_paths:
             raise ValueError("harness_image needs harness_paths: the folders of it the harness runs from")
-        for path in self.harness_paths:
-            if not path.startswith("/") or path.rstrip("/") == "":
-                raise ValueError(f"harness_paths: {path!r} must be an absolute folder other than /")
         return self

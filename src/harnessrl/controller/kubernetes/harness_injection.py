@@ -25,6 +25,7 @@ from typing import Any
 
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.pod_security import container_security_context
+from harnessrl.errors import ConfigError
 
 HARNESS_VOLUME = "harnessrl-harness"
 HARNESS_CONTAINER = "harnessrl-harness"
@@ -42,10 +43,11 @@ def inject_harness(
     security: PodSecurityConfig,
 ) -> None:
     """Add the copying init container, the volume and the harness container's read-only mounts."""
-    paths = [posixpath.normpath(p) for p in paths]
-    for path in paths:
-        if not path.startswith("/") or path == "/":
-            raise ValueError(f"harness_paths: {path!r} must be an absolute folder other than /")
+    normalized = ["/" + posixpath.normpath(p).lstrip("/") if p.startswith("/") else p for p in paths]
+    for path, norm in zip(paths, normalized, strict=True):
+        if not path.startswith("/") or norm == "/":
+            raise ConfigError(f"harness_paths: {path!r} must be an absolute folder other than /")
+    paths = normalized
     script = COPY_SCRIPT.replace("$V", HARNESS_MOUNT)
     init: dict[str, Any] = {
         "name": HARNESS_CONTAINER,

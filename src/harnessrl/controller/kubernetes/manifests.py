@@ -11,7 +11,8 @@ Template merge rules (the user's template is deep-copied, never mutated):
   1, ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, ``restartPolicy: Never``, no
   ``suspend``; harnessrl labels and annotations (merged over the template's, on Job and pod); the
   harness container's ``command`` (= ``launch.argv``, ``args`` dropped), ``workingDir``, memory/CPU
-  limits from ``launch.limits``, and the env vars listed in ``INJECTED_ENV``.
+  limits from ``launch.limits``, its ephemeral-storage limit (``ephemeral_storage_limit``; the request
+  defaults to 0, not to the limit), and the env vars listed in ``INJECTED_ENV``.
 - Env precedence: harnessrl's injected vars > ``launch.env`` > the template's env. The template's
   ``envFrom`` and ``valueFrom`` entries are kept. Host-specific vars in ``HOST_ENV`` (PATH, HOME...)
   are never taken from ``launch.env``: they describe the controller's machine, not the image.
@@ -35,7 +36,6 @@ gateway URL, the pod's workspace and the mounted task file in argv, env and file
 from __future__ import annotations
 
 import base64
-import copy
 import json
 import math
 import posixpath
@@ -48,6 +48,7 @@ from urllib.parse import quote
 from harnessrl.controller.base import Launch, ResourceLimits
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.harness_injection import inject_harness
+from harnessrl.controller.kubernetes.job_template import normalize_template
 from harnessrl.controller.kubernetes.names import (
     ATTEMPT_ANNOTATION,
     CONTAINER_ANNOTATION,
@@ -95,19 +96,6 @@ HOST_ENV = frozenset(
 )
 # A Secret holds at most 1 MiB; leave room for the key, metadata and base64 bookkeeping.
 SECRET_MAX_BYTES = 1024 * 1024 - 16 * 1024
-_RUNTIME_METADATA = (
-    "name",
-    "generateName",
-    "namespace",
-    "uid",
-    "resourceVersion",
-    "creationTimestamp",
-    "generation",
-    "managedFields",
-    "selfLink",
-    "deletionTimestamp",
-    "ownerReferences",
-)
 
 
 def rollout_key(launch: Launch) -> str:
@@ -170,35 +158,6 @@ def _literal(text: str, key: str) -> str:
     return escaped.replace(key.replace("$", "$$"), f"$({KEY_ENV[0]})") if key else escaped
 
 
-def normalize_template(template: Mapping[str, Any] | None) -> dict[str, Any]:
-    """Any accepted template shape -> a Job dict with ``spec.template.spec.containers``."""
-    t = copy.deepcopy(dict(template or {}))
-    kind = t.get("kind")
-    spec = t.get("spec") or {}
-    if kind == "Job" or (kind is None and "template" in spec):
-        job = t
-    elif kind == "PodTemplate":
-        job = {"spec": {"template": t.get("template") or {}}}
-    elif kind == "Pod" or (kind is None and ("containers" in spec or not t)):
-        job = {"spec": {"template": {"metadata": t.get("metadata") or {}, "spec": spec}}}
-    else:
-        raise ConfigError(
-            f"job_template must be a Job, Pod, PodTemplate or pod template spec; got kind {kind!r}"
-        )
-    job.pop("status", None)
-    job["apiVersion"], job["kind"] = "batch/v1", "Job"
-    job_meta = job.setdefault("metadata", {})
-    pod = job.setdefault("spec", {}).setdefault("template", {})
-    pod_meta = pod.setdefault("metadata", {})
-    for meta in (job_meta, pod_meta):
-        for field in _RUNTIME_METADATA:
-            meta.pop(field, None)
-    pod_spec = pod.setdefault("spec", {})
-    if not pod_spec.get("containers"):
-        pod_spec["containers"] = [{"name": "harness"}]
-    return job
-
-
 def _harness_container(pod_spec: dict[str, Any], container_name: str | None) -> dict[str, Any]:
     containers = pod_spec["containers"]
     wanted = container_name or "harness"
@@ -228,6 +187,16 @@ def _apply_limits(container: dict[str, Any], limits: ResourceLimits) -> None:
     if limits.cpus is not None:
         container_limits["cpu"] = _quantity_cpu(limits.cpus)
     # cpu_seconds and max_processes have no per-pod field: the pod's pids limit is kubelet config.
+
+
+def _apply_storage_limit(container: dict[str, Any], limit: str) -> None:
+    """The harness container's ephemeral-storage limit (the kubelet evicts a pod over it, and counts
+    the pod's emptyDirs against the sum of its containers' limits)."""
+    resources = container.setdefault("resources", {})
+    resources.setdefault("limits", {})["ephemeral-storage"] = limit
+    # A missing request defaults to the limit, and the scheduler would then reserve the whole limit
+    # on a node for every attempt; no request (0) schedules as before. The template's request stays.
+    resources.setdefault("requests", {}).setdefault("ephemeral-storage", "0")
 
 
 def _merge_named(
@@ -280,11 +249,14 @@ def build_job_manifest(
     pod_security: PodSecurityConfig | None = None,
     harness_image: str | None = None,
     harness_paths: list[str] | None = None,
+    ephemeral_storage_limit: str | None = None,
 ) -> dict[str, Any]:
     """One batch/v1 Job running one attempt of one rollout (see the module docstring for the rules).
-    ``pod_security`` None means the defaults: hardened. The container's image is the task's own
-    (``launch.image``, docs/environments.md) if it has one, else ``image``, else the template's;
-    with a task image and ``harness_image`` the harness is copied in (``harness_injection``)."""
+    ``pod_security`` None means the defaults: hardened. ``ephemeral_storage_limit`` caps the harness
+    container's disk and is each writable emptyDir's ``sizeLimit`` (None: the template's as written).
+    The container's image is the task's own (``launch.image``, docs/environments.md) if it has one,
+    else ``image``, else the template's; with a task image and ``harness_image`` the harness is
+    copied in (``harness_injection``)."""
     security = pod_security or PodSecurityConfig()
     job = normalize_template(template)
     key = rollout_key(launch)
@@ -342,7 +314,9 @@ def build_job_manifest(
         container, launch, secret_name=secret_name, key=key, translate=translate, pod_env=pod_env
     )
     _apply_limits(container, launch.limits)
-    harden_pod(pod_spec, container, workspace=workspace, config=security)
+    if ephemeral_storage_limit is not None:  # before harden_pod: the seed container copies it
+        _apply_storage_limit(container, ephemeral_storage_limit)
+    harden_pod(pod_spec, container, workspace=workspace, config=security, size_limit=ephemeral_storage_limit)
     if launch.image and harness_image:  # the task's image, the harness copied in from its own
         inject_harness(
             pod_spec, container, harness_image=harness_image, paths=harness_paths or [], security=security

@@ -19,6 +19,10 @@ MANAGED_BY_VALUE = "harnessrl"
 RUN_LABEL = "harnessrl/run-id"
 ROLLOUT_LABEL = "harnessrl/rollout-id"
 ATTEMPT_LABEL = "harnessrl/attempt"
+# The runner (one per controller process) that created a Job or Secret: a random id drawn when the
+# runner is built. Several controllers may share a run (and so a label selector); each deletes as
+# orphans only what carries its own id (see reconcile.plan).
+CONTROLLER_LABEL = "harnessrl/controller"
 # Label values are capped at 63 characters and a restricted alphabet; annotations are not, so the
 # exact ids are kept there for anything that must match a store record.
 ROLLOUT_ANNOTATION = "harnessrl/rollout-id"
@@ -79,8 +83,13 @@ def run_labels(run_id: str) -> dict[str, str]:
     return {MANAGED_BY_LABEL: MANAGED_BY_VALUE, RUN_LABEL: label_value(run_id)}
 
 
-def attempt_labels(run_id: str, rollout_id: str, attempt: int) -> dict[str, str]:
-    return {**run_labels(run_id), ROLLOUT_LABEL: label_value(rollout_id), ATTEMPT_LABEL: str(attempt)}
+def attempt_labels(
+    run_id: str, rollout_id: str, attempt: int, *, controller: str | None = None
+) -> dict[str, str]:
+    labels = {**run_labels(run_id), ROLLOUT_LABEL: label_value(rollout_id), ATTEMPT_LABEL: str(attempt)}
+    if controller is not None:
+        labels[CONTROLLER_LABEL] = label_value(controller)
+    return labels
 
 
 def label_selector(labels: Mapping[str, str]) -> str:

@@ -7,6 +7,7 @@ mapping needs are kept.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -20,6 +21,30 @@ def parse_time(value: str | None) -> float | None:
     if not value:
         return None
     return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+_QUANTITY = re.compile(
+    r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(?:[eE]([+-]?[0-9]+)|(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E))?$"
+)
+_SUFFIX = {
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    "n": 1e-9,
+    "u": 1e-6,
+    "m": 1e-3,
+}
+
+
+def parse_quantity(value: object) -> float | None:
+    """A Kubernetes quantity (``10Gi``, ``500m``, ``1e3``, ``2``) -> a number; None if it is not one."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
+    if match is None:
+        return None
+    number, exponent, suffix = match.groups()
+    scale = 10 ** int(exponent) if exponent else _SUFFIX.get(suffix or "", 1)
+    return float(number) * scale
 
 
 @dataclass(frozen=True)
@@ -44,6 +69,7 @@ class ContainerStatus:
     exit_code: int | None = None
     started: bool = False  # ever ran: running now, or terminated with a startedAt
     init: bool = False
+    started_at: float | None = None  # when it started running (the kubelet's startedAt)
 
 
 @dataclass(frozen=True)
@@ -57,6 +83,9 @@ class ObservedPod:
     containers: tuple[ContainerStatus, ...] = ()
     harness_container: str | None = None
     created_at: float | None = None
+    # The harness container's ``resources.limits`` from the pod spec, as numbers (bytes, cores):
+    # what the node's eviction messages are weighed against.
+    harness_limits: Mapping[str, float] = field(default_factory=dict)
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -81,6 +110,7 @@ class ObservedJob:
     deleting: bool = False
     uid: str = ""
     pods: tuple[ObservedPod, ...] = ()
+    active_deadline_s: float | None = None  # spec.activeDeadlineSeconds
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_ and c.true), None)
@@ -100,6 +130,19 @@ class ObservedJob:
 
     def newest_pod(self) -> ObservedPod | None:
         return max(self.pods, key=lambda p: (p.created_at or 0.0, p.name), default=None)
+
+    def harness_started_at(self) -> float | None:
+        """When the harness container of one of its pods started running, if any pod says so."""
+        times = [h.started_at for p in self.pods if (h := p.harness()) is not None and h.started_at]
+        return min(times, default=None)
+
+
+@dataclass(frozen=True)
+class ObservedSecret:
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    created_at: float | None = None
 
 
 def _conditions(raw: Iterable[Mapping[str, Any]] | None) -> tuple[Condition, ...]:
@@ -127,9 +170,11 @@ def _container(raw: Mapping[str, Any], *, init: bool) -> ContainerStatus:
             t.get("exitCode"),
             started=bool(t.get("startedAt")),
             init=init,
+            started_at=parse_time(t.get("startedAt")),
         )
     if "running" in state and state["running"] is not None:
-        return ContainerStatus(raw.get("name", ""), "running", started=True, init=init)
+        started_at = parse_time(state["running"].get("startedAt"))
+        return ContainerStatus(raw.get("name", ""), "running", started=True, init=init, started_at=started_at)
     if "waiting" in state and state["waiting"] is not None:
         w = state["waiting"]
         # A waiting container that ran before (lastState) counts as started.
@@ -145,10 +190,20 @@ def _container(raw: Mapping[str, Any], *, init: bool) -> ContainerStatus:
     return ContainerStatus(raw.get("name", ""), "unknown", init=init)
 
 
+def _harness_limits(spec: Mapping[str, Any], harness: str | None) -> dict[str, float]:
+    containers = [c for c in spec.get("containers") or () if isinstance(c, Mapping)]
+    wanted = [c for c in containers if c.get("name") == harness]
+    container = (wanted or containers or [{}])[0]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    parsed = {name: parse_quantity(value) for name, value in limits.items()}
+    return {name: value for name, value in parsed.items() if value is not None}
+
+
 def parse_pod(obj: Mapping[str, Any]) -> ObservedPod:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     labels = meta.get("labels") or {}
+    harness = (meta.get("annotations") or {}).get(CONTAINER_ANNOTATION)
     containers = [_container(c, init=True) for c in status.get("initContainerStatuses") or ()]
     containers += [_container(c, init=False) for c in status.get("containerStatuses") or ()]
     return ObservedPod(
@@ -159,8 +214,9 @@ def parse_pod(obj: Mapping[str, Any]) -> ObservedPod:
         message=status.get("message") or "",
         conditions=_conditions(status.get("conditions")),
         containers=tuple(containers),
-        harness_container=(meta.get("annotations") or {}).get(CONTAINER_ANNOTATION),
+        harness_container=harness,
         created_at=parse_time(meta.get("creationTimestamp")),
+        harness_limits=_harness_limits(obj.get("spec") or {}, harness),
     )
 
 
@@ -180,6 +236,17 @@ def parse_job(obj: Mapping[str, Any], pods: Iterable[ObservedPod] = ()) -> Obser
         deleting=bool(meta.get("deletionTimestamp")),
         uid=meta.get("uid") or "",
         pods=tuple(pods),
+        active_deadline_s=(obj.get("spec") or {}).get("activeDeadlineSeconds"),
+    )
+
+
+def parse_secret(obj: Mapping[str, Any]) -> ObservedSecret:
+    meta = obj.get("metadata") or {}
+    return ObservedSecret(
+        name=meta.get("name", ""),
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        created_at=parse_time(meta.get("creationTimestamp")),
     )
 
 

@@ -15,7 +15,8 @@ Other containers of the template (sidecars, its init containers) keep their cont
 contexts as written; the pod-level fields (non-root, uid/gid, seccomp) apply to them too.
 
 With the root filesystem read-only, the workspace, ``HOME`` and ``/tmp`` are emptyDir volumes (a
-path the template's harness container already mounts something at is left to that mount). The
+path the template's harness container already mounts something at is left to that mount), each with
+a ``sizeLimit``: an agent that fills its disk is evicted for its own usage, not the node's. The
 image's workspace would be hidden by the empty volume, so an init container running the same image
 copies it in first (``seed_workspace``); it needs ``sh`` and ``cp`` in the image, and skips the copy
 when the image has no such directory.
@@ -109,10 +110,16 @@ def _seed_container(container: dict[str, Any], workspace: str, config: PodSecuri
 
 
 def harden_pod(
-    pod_spec: dict[str, Any], container: dict[str, Any], *, workspace: str, config: PodSecurityConfig
+    pod_spec: dict[str, Any],
+    container: dict[str, Any],
+    *,
+    workspace: str,
+    config: PodSecurityConfig,
+    size_limit: str | None = None,
 ) -> None:
     """Set the hardened contexts on ``pod_spec`` and the harness ``container`` and add the writable
-    volumes (and the seed init container). A no-op when ``config.enabled`` is false."""
+    volumes (and the seed init container), each capped at ``size_limit`` (the kubelet evicts a pod
+    whose emptyDir grows past it). A no-op when ``config.enabled`` is false."""
     if not config.enabled:
         return
     pod_spec["securityContext"] = pod_security_context(config, pod_spec.get("securityContext"))
@@ -130,7 +137,8 @@ def harden_pod(
             continue
         taken.add(path.rstrip("/"))
         ours.append(name)
-        volumes = [v for v in volumes if v.get("name") != name] + [{"name": name, "emptyDir": {}}]
+        empty_dir = {"sizeLimit": size_limit} if size_limit is not None else {}
+        volumes = [v for v in volumes if v.get("name") != name] + [{"name": name, "emptyDir": empty_dir}]
         mounts.append({"name": name, "mountPath": path})
     pod_spec["volumes"] = volumes
     container["volumeMounts"] = mounts

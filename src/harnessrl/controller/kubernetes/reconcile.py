@@ -7,18 +7,28 @@ controller that plans over the same cluster state adopts its predecessor's Jobs 
 duplicating them.
 
 ``classify`` maps what Kubernetes reports to an ``Exit``. The rule of thumb: if the harness process
-ran and ended, it is the policy's outcome (exit code, OOM, own deadline); if the pod never ran or the
-node took it away, it is infrastructure and the attempt is retried. The table is in
+ran and ended, it is the policy's outcome (exit code, OOM, own deadline, a storage limit it overran);
+if the pod never ran, never got its full time, or the node took it away for reasons of its own, it
+is infrastructure and the attempt is retried. The agent must not be able to move itself from the
+first group to the second (docs/rollout.md): every INFRA rule rests on evidence only the cluster
+writes (pod status, kubelet messages), never on anything the harness controls. The table is in
 docs/kubernetes.md.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from harnessrl.controller.base import Exit, ExitKind
-from harnessrl.controller.kubernetes.observed import ObservedJob, ObservedPod
+from harnessrl.controller.kubernetes.names import (
+    ATTEMPT_ANNOTATION,
+    CONTROLLER_LABEL,
+    ROLLOUT_ANNOTATION,
+    label_value,
+)
+from harnessrl.controller.kubernetes.observed import ObservedJob, ObservedPod, ObservedSecret, parse_quantity
 
 # Waiting reasons that will not fix themselves: fail the attempt at once.
 PERMANENT_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
@@ -39,6 +49,20 @@ STUCK_WAITING = frozenset(
 START_FAILURES = frozenset({"StartError", "ContainerCannotRun"})
 # Job-level failure reasons that mean the node or a pod failure policy ended the Job.
 INFRA_JOB_REASONS = frozenset({"PodFailurePolicy"})
+# The kubelet's eviction messages (pkg/kubelet/eviction/helpers.go) for a pod that overran a limit it
+# was given: its total ephemeral storage, an emptyDir's sizeLimit, a container's own limit (the
+# harness's is checked by name: a sidecar's overrun is not the agent's). The harness is the pod's
+# only untrusted writer, so these are the policy's outcome, as the local runner's caps are.
+_POD_STORAGE_LIMIT = re.compile(r"Pod ephemeral local storage usage exceeds the total limit of containers")
+_EMPTYDIR_LIMIT = re.compile(r"Usage of EmptyDir volume \S+ exceeds the limit")
+_CONTAINER_LIMIT = re.compile(r"Container (\S+) exceeded its local ephemeral storage limit")
+# Node-pressure evictions name the pressured resource and every container using more than it
+# requested; that alone blames no one (a pod within its limits on an overcommitted node), so only a
+# harness using more than its own limit of that resource is the policy's doing.
+_NODE_PRESSURE = re.compile(r"The node was low on resource: ([A-Za-z0-9./-]+?)\.(?:\s|$)")
+_CONTAINER_USAGE = re.compile(r"Container (\S+) was using (\S+), which exceeds its request of")
+# Kubernetes timestamps have whole seconds: the harness's start and the Job's may each read up to 1 s low.
+_CLOCK_SLACK_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,8 @@ class DesiredAttempt:
     attempt: int
     created: bool = False  # this runner created (or adopted) its Job
     vanished: bool = False  # created, then seen gone (deleted by hand, TTL before we looked)
+    harness_started_at: float | None = None  # the runner saw the harness container running from then
+    timeout_s: float | None = None  # the harness's own time (the Job's deadline adds the startup allowance)
 
 
 @dataclass
@@ -66,12 +92,44 @@ def _infra(detail: str) -> Exit:
     return Exit(ExitKind.INFRA, None, detail)
 
 
-def _pod_infra(pod: ObservedPod) -> Exit | None:
-    """Evidence on a pod that the node or cluster, not the harness, ended it."""
+def _harness_name(pod: ObservedPod) -> str | None:
+    harness = pod.harness()
+    return pod.harness_container or (harness.name if harness is not None else None)
+
+
+def _overran_own_limit(pod: ObservedPod, message: str) -> bool:
+    """An eviction ``message`` that blames this pod's own usage of a limit it was given."""
+    if _POD_STORAGE_LIMIT.search(message) or _EMPTYDIR_LIMIT.search(message):
+        return True
+    harness = _harness_name(pod)
+    if any(name == harness for name in _CONTAINER_LIMIT.findall(message)):
+        return True
+    pressure = _NODE_PRESSURE.search(message)
+    limit = pod.harness_limits.get(pressure.group(1)) if pressure else None
+    if limit is None:
+        return False
+    for name, usage in _CONTAINER_USAGE.findall(message):
+        used = parse_quantity(usage.rstrip(","))
+        if name == harness and used is not None and used > limit:
+            return True
+    return False
+
+
+def _pod_outcome(pod: ObservedPod, *, harness_ran: bool) -> Exit | None:
+    """Evidence on a pod that it was taken away: by the node or cluster (INFRA), or by the kubelet
+    for overrunning its own limits once the harness ran (RESOURCE_LIMIT: the agent filled its disk;
+    before that, the seed copy of the image's workspace did, which is no policy's doing)."""
     disruption = pod.condition("DisruptionTarget")
-    if disruption is not None and disruption.true:
+    disrupted = disruption is not None and disruption.true
+    evicted = pod.phase == "Failed" and pod.reason and pod.reason != "DeadlineExceeded"
+    harness = pod.harness()
+    if (disrupted or evicted) and (harness_ran or (harness is not None and harness.started)):
+        message = " ".join(m for m in (pod.message, disruption.message if disrupted else "") if m)
+        if _overran_own_limit(pod, message):
+            return Exit(ExitKind.RESOURCE_LIMIT, None, f"pod {pod.name} evicted for its own usage: {message}")
+    if disrupted:
         return _infra(f"pod {pod.name} disrupted: {disruption.reason} {disruption.message}".strip())
-    if pod.phase == "Failed" and pod.reason and pod.reason != "DeadlineExceeded":
+    if evicted:
         return _infra(f"pod {pod.name} failed: {pod.reason} {pod.message}".strip())  # Evicted, NodeLost...
     for init in (c for c in pod.containers if c.init):
         if init.state == "terminated" and init.exit_code not in (0, None):
@@ -105,23 +163,63 @@ def _stuck(job: ObservedJob, *, now: float, stuck_pending_s: float) -> Exit | No
     return None
 
 
-def classify(job: ObservedJob, *, now: float, stuck_pending_s: float) -> Exit | None:
-    """How the attempt behind ``job`` ended, or None while it is still running normally."""
+def _deadline(
+    job: ObservedJob, harness_started_at: float | None, timeout_s: float | None, *, now: float
+) -> Exit:
+    """``DeadlineExceeded`` is the policy's TIMEOUT only if the harness ran and had its whole time.
+
+    Kubernetes' deadline counts from the Job's start, scheduling and pulls included: a harness that
+    was never seen running (no pod, a pull that never ended, pods deleted before the runner looked)
+    did not run out of its own time, nor did one whose start came so late that the deadline cut its
+    ``timeout_s`` short."""
+    pod = job.newest_pod()
+    harness = pod.harness() if pod is not None else None
+    seen = [t for t in (harness_started_at, job.harness_started_at()) if t is not None]
+    started_at = min(seen, default=None)
+    if started_at is None and not (harness is not None and harness.started):
+        state = (harness.reason or harness.state) if harness is not None else "no pod running"
+        return _infra(f"deadline exceeded before the harness was seen running ({state})")
+    failed = job.failed_condition
+    if job.start_time is not None and job.active_deadline_s is not None:
+        deadline_at = job.start_time + job.active_deadline_s
+    else:
+        deadline_at = failed.since if failed is not None and failed.since is not None else now
+    if (
+        started_at is not None
+        and timeout_s is not None
+        and started_at + timeout_s > deadline_at + _CLOCK_SLACK_S
+    ):
+        return _infra(
+            f"deadline exceeded {deadline_at - started_at:.0f}s after the harness started, short of its "
+            f"{timeout_s:.0f}s (scheduling/pull took longer than startup_allowance_s)"
+        )
+    message = failed.message if failed is not None else ""
+    return Exit(ExitKind.TIMEOUT, None, message or "activeDeadlineSeconds exceeded")
+
+
+def classify(
+    job: ObservedJob,
+    *,
+    now: float,
+    stuck_pending_s: float,
+    harness_started_at: float | None = None,
+    timeout_s: float | None = None,
+) -> Exit | None:
+    """How the attempt behind ``job`` ended, or None while it is still running normally.
+    ``harness_started_at``: when the runner saw the harness running in an earlier observation (the
+    pods may be gone now); ``timeout_s``: the harness's own time (the Job's deadline is longer)."""
     if job.complete:
         return Exit(ExitKind.EXITED, 0, "job succeeded")
     pod = job.newest_pod()
-    if pod is not None and (infra := _pod_infra(pod)) is not None:
-        return infra
+    harness_ran = harness_started_at is not None
+    if pod is not None and (taken := _pod_outcome(pod, harness_ran=harness_ran)) is not None:
+        return taken
     failed = job.failed_condition
     if failed is None:
         return _stuck(job, now=now, stuck_pending_s=stuck_pending_s)
-    harness = pod.harness() if pod is not None else None
     if failed.reason == "DeadlineExceeded":
-        # Kubernetes' deadline counts from Job start, pulls included: a harness that never started
-        # did not run out of its own time.
-        if harness is not None and not harness.started and harness.state != "running":
-            return _infra(f"deadline exceeded before the harness started ({harness.reason or 'pending'})")
-        return Exit(ExitKind.TIMEOUT, None, failed.message or "activeDeadlineSeconds exceeded")
+        return _deadline(job, harness_started_at, timeout_s, now=now)
+    harness = pod.harness() if pod is not None else None
     if harness is not None and harness.state == "terminated":
         if harness.reason == "OOMKilled":
             return Exit(ExitKind.OOM, harness.exit_code, "container OOMKilled")
@@ -134,6 +232,21 @@ def classify(job: ObservedJob, *, now: float, stuck_pending_s: float) -> Exit | 
     return _infra(f"job failed ({failed.reason or 'no reason'}) and no pod status says why: {failed.message}")
 
 
+def _orphan(
+    labels: Mapping[str, str], annotations: Mapping[str, str], *, owner: str | None, latest: Mapping[str, int]
+) -> bool:
+    """A Job or Secret this runner may delete though it did not ask for it: one it created itself
+    (``owner``: its controller label) that no attempt of it wants any more, or one of an attempt
+    that a later attempt of the same rollout, launched here, supersedes (the store gives every
+    retry a new attempt and refuses the old one's result; whoever ran it is gone or will kill it).
+    Anything else, another live controller's Jobs first of all, is not ours to touch."""
+    if owner is not None and labels.get(CONTROLLER_LABEL) == label_value(owner):
+        return True
+    newest = latest.get(annotations.get(ROLLOUT_ANNOTATION, ""))
+    attempt = annotations.get(ATTEMPT_ANNOTATION, "")
+    return newest is not None and attempt.isdigit() and int(attempt) < newest
+
+
 def plan(
     desired: Sequence[DesiredAttempt],
     observed: Mapping[str, ObservedJob],
@@ -142,14 +255,19 @@ def plan(
     now: float,
     stuck_pending_s: float = 300.0,
     delete_orphans: bool = True,
-    observed_secrets: Mapping[str, float | None] | None = None,
+    observed_secrets: Mapping[str, ObservedSecret] | None = None,
     orphan_secret_grace_s: float = 300.0,
+    owner: str | None = None,
 ) -> Plan:
     """Actions that move the observed Jobs toward ``desired``. ``desired`` is in launch order; free
-    slots go to the earliest. ``observed`` holds only Jobs this runner manages (its label selector).
-    ``delete_orphans`` is False until a restarted controller had time to re-launch what it adopts."""
+    slots go to the earliest. ``observed`` holds the Jobs of this runner's run (its label selector),
+    which other controllers of the run share: only ``_orphan`` ones are deleted (``owner`` is this
+    runner's controller id). ``delete_orphans`` is False for a while after the runner starts."""
     result = Plan()
     desired_names = {d.name for d in desired}
+    latest: dict[str, int] = {}
+    for d in desired:
+        latest[d.rollout_id] = max(d.attempt, latest.get(d.rollout_id, d.attempt))
 
     for d in desired:
         job = observed.get(d.name)
@@ -159,7 +277,13 @@ def plan(
             if d.vanished:
                 result.completed[d.name] = _infra("job disappeared before its outcome was observed")
             continue
-        exit_ = classify(job, now=now, stuck_pending_s=stuck_pending_s)
+        exit_ = classify(
+            job,
+            now=now,
+            stuck_pending_s=stuck_pending_s,
+            harness_started_at=d.harness_started_at,
+            timeout_s=d.timeout_s,
+        )
         if exit_ is not None:
             result.completed[d.name] = exit_
             if not job.finished and not job.deleting:  # stuck pods keep running until deleted
@@ -167,11 +291,16 @@ def plan(
 
     if delete_orphans:  # finished orphans are left to ttlSecondsAfterFinished (their logs stay readable)
         result.delete += [
-            n for n, j in observed.items() if n not in desired_names and not j.finished and not j.deleting
+            n
+            for n, j in observed.items()
+            if n not in desired_names
+            and not j.finished
+            and not j.deleting
+            and _orphan(j.labels, j.annotations, owner=owner, latest=latest)
         ]
 
-    # Slots: every unfinished Job counts (orphans and ones being deleted still hold pods), and so does
-    # a Job we created that a stale list does not show yet.
+    # Slots: every unfinished Job counts (other controllers' of the run, orphans and ones being
+    # deleted still hold pods), and so does a Job we created that a stale list does not show yet.
     deleting_now = set(result.delete)
     busy = sum(1 for n, j in observed.items() if not j.finished and n not in deleting_now)
     busy += sum(1 for d in desired if d.created and not d.vanished and d.name not in observed)
@@ -185,9 +314,11 @@ def plan(
         else:
             result.waiting.append(d.name)
 
-    for name, created_at in (observed_secrets or {}).items() if delete_orphans else ():
+    for name, secret in (observed_secrets or {}).items() if delete_orphans else ():
         if name in desired_names or name in observed:
             continue
-        if created_at is None or now - created_at >= orphan_secret_grace_s:
+        if not _orphan(secret.labels, secret.annotations, owner=owner, latest=latest):
+            continue
+        if secret.created_at is None or now - secret.created_at >= orphan_secret_grace_s:
             result.delete_secrets.append(name)
     return result

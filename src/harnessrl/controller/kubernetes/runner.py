@@ -19,6 +19,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -32,15 +33,17 @@ from pydantic import ValidationError
 from harnessrl.controller.base import Exit, ExitKind, Launch
 from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
+from harnessrl.controller.kubernetes.job_template import normalize_template
 from harnessrl.controller.kubernetes.names import attempt_labels, label_selector, resource_name, run_labels
 from harnessrl.controller.kubernetes.network_policy import build_network_policy
 from harnessrl.controller.kubernetes.observed import (
     ObservedJob,
     ObservedPod,
+    ObservedSecret,
     attach_pods,
     parse_job,
     parse_pod,
-    parse_time,
+    parse_secret,
 )
 from harnessrl.controller.kubernetes.reconcile import DesiredAttempt, classify, plan
 from harnessrl.errors import ConfigError, Conflict, UpstreamError
@@ -68,6 +71,16 @@ def _settle(future: asyncio.Future, value: Any = None, exc: BaseException | None
         future.set_exception(exc) if exc is not None else future.set_result(value)
 
 
+def _transient(exc: ApiException) -> bool:
+    """An API refusal that passes by itself: throttling, a server error, a ResourceQuota that is
+    full now (``403 ... exceeded quota``: other pods end and free it). A quota that forbids the pod
+    outright (``must specify limits``) or any other 4xx is the config's fault."""
+    if exc.status == 429 or exc.status >= 500:
+        return True
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
+    return exc.status == 403 and "exceeded quota" in body
+
+
 @dataclass(eq=False)
 class _Attempt:
     name: str
@@ -79,6 +92,9 @@ class _Attempt:
     is_created: bool = False
     created_seq: int = 0
     vanished: bool = False
+    harness_started_at: float | None = None  # earliest start of the harness container seen in a pod
+    create_failures: int = 0  # transient create refusals in a row (429, 5xx, quota): back off
+    retry_at: float = 0.0  # time.monotonic() before which the create is not tried again
 
 
 class KubernetesRunHandle:
@@ -117,13 +133,16 @@ class KubernetesRunner:
         except ValidationError as exc:
             raise ConfigError(f"kubernetes runner config: {exc}") from exc
         cfg = self.config
+        try:  # fail on a template the API would reject before any rollout starts
+            k8s.V1Job.model_validate(normalize_template(cfg.job_template))
+        except ValidationError as exc:
+            raise ConfigError(f"kubernetes job_template is not a valid Job/Pod: {exc}") from exc
         self.workspace_dir = cfg.workspace_dir or manifests.template_workspace(
             cfg.job_template, cfg.container_name
         )
-        try:  # fail on a template the API would reject before any rollout starts
-            k8s.V1Job.model_validate(manifests.normalize_template(cfg.job_template))
-        except ValidationError as exc:
-            raise ConfigError(f"kubernetes job_template is not a valid Job/Pod: {exc}") from exc
+        # Labels the Jobs and Secrets this runner creates: controllers sharing a run (and so a label
+        # selector) delete only their own orphans, never each other's running Jobs (reconcile.plan).
+        self.controller_id = uuid.uuid4().hex[:12]
         self._owns_client = api_client is None
         self.api_client = api_client or _default_api_client()
         self._batch = k8s.BatchV1Api(self.api_client)
@@ -134,7 +153,7 @@ class KubernetesRunner:
         self._attempts: dict[str, _Attempt] = {}  # launch order = order slots are handed out
         self._jobs: dict[str, ObservedJob] = {}
         self._pods: list[ObservedPod] = []
-        self._secrets: dict[str, float | None] = {}
+        self._secrets: dict[str, ObservedSecret] = {}
         self._seq = 0  # orders our creates against list snapshots (see _full_list)
         self._rv: str | None = None
         self._rv_lock = threading.Lock()
@@ -149,6 +168,7 @@ class KubernetesRunner:
         self._watch: k8s_watch.Watch | None = None
         self._watch_thread: threading.Thread | None = None
         self._finishing: set[asyncio.Task] = set()  # saving logs of ended attempts
+        self._creating: set[asyncio.Task] = set()  # Secret + Job creates in flight (aclose waits)
 
     @property
     def gateway_url(self) -> str:
@@ -251,6 +271,8 @@ class KubernetesRunner:
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
+        if self._creating:  # a create still in flight lands after any kill: let it, then kill
+            await asyncio.wait(set(self._creating), timeout=4 * self.config.request_timeout_s)
         deadline = time.monotonic() + 10
         while (
             self._watch_thread is not None and self._watch_thread.is_alive() and time.monotonic() < deadline
@@ -282,7 +304,7 @@ class KubernetesRunner:
         name = resource_name(launch.rollout_id, launch.attempt, scope=cfg.run_id, prefix=cfg.name_prefix)
         if name in self._attempts:
             raise Conflict(f"rollout {launch.rollout_id!r} attempt {launch.attempt} is already running")
-        labels = attempt_labels(cfg.run_id, launch.rollout_id, launch.attempt)
+        labels = attempt_labels(cfg.run_id, launch.rollout_id, launch.attempt, controller=self.controller_id)
         job = manifests.build_job_manifest(
             cfg.job_template,
             launch,
@@ -299,6 +321,7 @@ class KubernetesRunner:
             pod_security=cfg.pod_security,
             harness_image=cfg.harness_image,
             harness_paths=cfg.harness_paths,
+            ephemeral_storage_limit=cfg.ephemeral_storage_limit,
         )
         secret = manifests.build_secret_manifest(
             launch,
@@ -373,10 +396,7 @@ class KubernetesRunner:
         secrets = await self._api(self._core.list_namespaced_secret, ns, label_selector=sel)
         await self._list_pods()
         self._jobs = {j["metadata"]["name"]: parse_job(j) for j in jobs.get("items") or ()}
-        self._secrets = {
-            s["metadata"]["name"]: parse_time(s["metadata"].get("creationTimestamp"))
-            for s in secrets.get("items") or ()
-        }
+        self._secrets = {s["metadata"]["name"]: parse_secret(s) for s in secrets.get("items") or ()}
         for attempt in self._attempts.values():  # created before this list began, yet absent: gone
             if attempt.is_created and attempt.created_seq < list_seq and attempt.name not in self._jobs:
                 attempt.vanished = True
@@ -385,32 +405,60 @@ class KubernetesRunner:
         self._relist = False
         self._rv_ready.set()
 
+    @staticmethod
+    def _seen_running(attempt: _Attempt, job: ObservedJob | None) -> float | None:
+        """Record when the attempt's harness was first seen running: its pods may be gone by the
+        time the Job fails (a deadline deletes them), and only a harness that ran can time out."""
+        started = job.harness_started_at() if job is not None else None
+        if started is not None and (
+            attempt.harness_started_at is None or started < attempt.harness_started_at
+        ):
+            attempt.harness_started_at = started
+        return attempt.harness_started_at
+
+    def _desired(self, attempt: _Attempt, job: ObservedJob | None) -> DesiredAttempt:
+        return DesiredAttempt(
+            attempt.name,
+            attempt.launch.rollout_id,
+            attempt.launch.attempt,
+            created=attempt.is_created,
+            vanished=attempt.vanished,
+            harness_started_at=self._seen_running(attempt, job),
+            timeout_s=attempt.launch.timeout_s,
+        )
+
     async def _reconcile_once(self) -> None:
-        desired = [
-            DesiredAttempt(a.name, a.launch.rollout_id, a.launch.attempt, a.is_created, a.vanished)
-            for a in self._attempts.values()
-        ]
+        observed = attach_pods(self._jobs, self._pods)
+        desired = [self._desired(a, observed.get(a.name)) for a in self._attempts.values()]
         now = self._clock()
         assert self._started_at is not None
         actions = plan(
             desired,
-            attach_pods(self._jobs, self._pods),
+            observed,
             max_concurrent=self.config.max_concurrent_jobs,
             now=now,
             stuck_pending_s=self.config.stuck_pending_s,
             delete_orphans=now - self._started_at >= self.config.orphan_grace_s,
             observed_secrets=self._secrets,
             orphan_secret_grace_s=self.config.orphan_grace_s,
+            owner=self.controller_id,
         )
         for name in actions.adopted:
             self._mark_created(self._attempts[name])
         for name, exit_ in actions.completed.items():
             self._resolve(self._attempts[name], exit_)
-        creates = [self._create(self._attempts[d.name]) for d in actions.create]
+        ready = time.monotonic()
+        creates = [
+            self._start_create(a) for d in actions.create if (a := self._attempts[d.name]).retry_at <= ready
+        ]
         deletes = [self._delete(self._batch.delete_namespaced_job, n) for n in actions.delete]
         deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.delete_secrets]
         deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.completed]
-        results = await asyncio.gather(*creates, *deletes, return_exceptions=True)
+        # Shielded: cancelling this pass (aclose) must not abandon a create whose request is already
+        # on its way; aclose waits for it instead, so no Job lands after the kill.
+        results = await asyncio.gather(
+            *(asyncio.shield(t) for t in creates), *deletes, return_exceptions=True
+        )
         for result in results:
             if isinstance(result, Exception):
                 log.warning("kubernetes reconcile action failed: %s", result)
@@ -455,6 +503,12 @@ class KubernetesRunner:
 
         await asyncio.to_thread(write)
 
+    def _start_create(self, attempt: _Attempt) -> asyncio.Task[None]:
+        task = asyncio.create_task(self._create(attempt), name=f"harnessrl-k8s-create-{attempt.name}")
+        self._creating.add(task)
+        task.add_done_callback(self._creating.discard)
+        return task
+
     async def _create(self, attempt: _Attempt) -> None:
         ns, name = self.config.namespace, attempt.name
         try:
@@ -471,8 +525,11 @@ class KubernetesRunner:
                     raise
                 job = await self._api(self._batch.read_namespaced_job, name, ns)
         except ApiException as exc:
-            if exc.status in (429,) or exc.status >= 500:
-                raise  # transient: the next pass tries again
+            if _transient(exc):  # the attempt keeps waiting, like one without a free slot
+                attempt.create_failures += 1
+                backoff = min(self.config.poll_interval_s, 0.25 * 2**attempt.create_failures)
+                attempt.retry_at = time.monotonic() + backoff
+                raise  # logged; a pass after the back-off tries again
             self._attempts.pop(name, None)
             with contextlib.suppress(Exception):  # the Secret may exist already; it has no use now
                 await self._delete(self._core.delete_namespaced_secret, name)
@@ -482,6 +539,7 @@ class KubernetesRunner:
             _settle(attempt.created, exc=error)  # launch() raises it
             _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
             return
+        attempt.create_failures = 0
         self._jobs.setdefault(name, parse_job(job))
         owner = {"metadata": {"ownerReferences": [manifests.owner_reference(job)]}}
         try:  # so the garbage collector removes the Secret with the Job (TTL) if we never do
@@ -507,10 +565,13 @@ class KubernetesRunner:
             attempt = self._attempts.get(name)
             if attempt is not None and attempt.is_created:
                 pods = [p for p in self._pods if p.job_name == name]
+                job = attach_pods({name: last}, pods)[name]
                 exit_ = classify(
-                    attach_pods({name: last}, pods)[name],
+                    job,
                     now=self._clock(),
                     stuck_pending_s=self.config.stuck_pending_s,
+                    harness_started_at=self._seen_running(attempt, job),
+                    timeout_s=attempt.launch.timeout_s,
                 )
                 if exit_ is not None:
                     self._resolve(attempt, exit_)
