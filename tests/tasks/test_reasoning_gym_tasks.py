@@ -48,6 +48,7 @@ def test_config_changes_the_questions_and_the_id():
         ({"dataset": "chain_sum", "size": 0, "seed": 0}, "size"),
         ({"dataset": "chain_sum", "size": 1, "seed": 0, "config": {"seed": 3}}, "seed and size"),
         ({"dataset": "chain_sum", "size": 1, "seed": 0, "config": {"no_such_option": 1}}, "bad config"),
+        ({"dataset": "puzzle24", "size": 1, "seed": 0}, "'puzzle24' is refused"),
     ],
 )
 def test_bad_arguments(kwargs, message):

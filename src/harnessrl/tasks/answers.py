@@ -85,6 +85,9 @@ def answers_match(answer: str, gold: str, *, normalize: bool = True) -> bool:
     return x is not None and y is not None and x == y
 
 
+_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"  # reasoning blocks, never part of the answer
+
+
 def strip_think(text: str) -> str:
     """``text`` without its ``<think>...</think>`` blocks (reasoning, never part of the answer); an
     unclosed ``<think>`` stays. One pass over the text: the regex ``<think>.*?</think>`` took time
@@ -99,10 +102,6 @@ def strip_think(text: str) -> str:
         position = end + len(_THINK_CLOSE)
     kept.append(text[position:])
     return "".join(kept)
-
-
-_THINK_OPEN, _THINK_CLOSE = "<think>", "</think>"
-THINK = re.compile(r"<think>.*?</think>", re.S)  # reasoning blocks, never part of the answer
 
 
 def final_answer_text(calls: Sequence[Call]) -> str:

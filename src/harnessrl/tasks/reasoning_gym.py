@@ -15,6 +15,15 @@ task lists overlap whenever their ``[seed, seed + size)`` ranges do: 4000 train 
 and eval items at seed 3000 are the *same* questions. Keep the ranges apart (``eval_seed`` gives
 one) and check with ``overlapping_questions`` / ``check_disjoint`` (which also catch duplicates that
 small problem spaces produce by chance).
+
+Scoring a policy's answer runs the dataset's ``score_answer``, and several of reasoning-gym's scorers
+evaluate the answer as Python (``eval`` in string_insertion, spiral_matrix, binary_matrix, n_queens;
+``sympy.parse_expr`` in countdown, polynomial_multiplication, the integration datasets). So the
+``reasoning_gym`` evaluator never calls ``score_answer`` in the controller: it hands ``scoring_entry``'s
+entry and the answer to a sandboxed scorer process (``harnessrl.tasks.reasoning_gym_scorer``).
+``score_answer`` here runs in the caller's process and is for trusted answers only (offline checks,
+tests). Datasets whose scorer rewards an answer that does not solve the asked question are refused
+(``REFUSED_DATASETS``).
 """
 
 from __future__ import annotations
@@ -33,6 +42,20 @@ PROMPT_SUFFIX = (
     '\n\nWork it out, then end your reply with a final line of the form "Answer: X" '
     "where X is only the final answer."
 )
+
+
+# Datasets whose own scorer gives full marks without the asked question being solved: training on
+# them rewards the shortcut, so they are refused as tasks and by the evaluator.
+REFUSED_DATASETS: dict[str, str] = {
+    "puzzle24": "its score_answer never checks that the answer uses the puzzle's four numbers "
+    "('9+9+5+1' scores 1.0 on every puzzle)",
+}
+
+
+def refusal(dataset: str) -> str | None:
+    """Why ``dataset`` is refused (``REFUSED_DATASETS``), or None."""
+    why = REFUSED_DATASETS.get(dataset)
+    return None if why is None else f"reasoning-gym dataset {dataset!r} is refused: {why}"
 
 
 def dataset_names() -> list[str]:
@@ -75,6 +98,8 @@ def reasoning_gym_tasks(
         raise ConfigError(f"reasoning_gym: size must be >= 1, got {size}")
     if dataset not in dataset_names():
         raise ConfigError(f"reasoning_gym: unknown dataset {dataset!r}")
+    if refusal(dataset):
+        raise ConfigError(f"reasoning_gym: {refusal(dataset)}")
     config_json = _config_json(config)
     try:
         ds = _dataset(dataset, config_json, seed, size)
@@ -100,36 +125,46 @@ def reasoning_gym_tasks(
     return tasks
 
 
-def score_answer(task: Mapping[str, Any], answer: str | None) -> float:
-    """The dataset's own score (0..1, partial credit included) of ``answer`` for ``task``'s data.
+def scoring_entry(task: Mapping[str, Any]) -> tuple[Any, dict[str, Any]]:
+    """The dataset and the entry that ``task`` asked, as the dataset's ``score_answer`` takes them.
 
     Regenerates the entry from ``dataset`` and ``hidden`` (config, seed, size, index) when the task
     has them and the regenerated question matches; otherwise (another reasoning-gym version,
-    hand-written tasks) scores against ``question`` and the hidden ``answer``/``metadata``.
+    hand-written tasks) uses ``question`` and the hidden ``answer``/``metadata``. Raises
+    ``ValueError`` for a task that names no dataset, a refused one, or has neither. Trusted: it reads
+    only the task, never an answer.
     """
     hidden = task.get(HIDDEN) or {}
     name = task.get("dataset") or (hidden.get("metadata") or {}).get("source_dataset")
     if not name:
         raise ValueError("the task has no reasoning-gym 'dataset' field")
+    if refusal(name):
+        raise ValueError(refusal(name))
     config_json = _config_json(hidden.get("config"))
-    entry = None
     if hidden.get("seed") is not None and hidden.get("index") is not None:
         index = int(hidden["index"])
         ds = _dataset(name, config_json, int(hidden["seed"]), int(hidden.get("size") or index + 1))
         generated = ds[index]
         if "question" not in task or generated["question"] == task["question"]:
-            entry = generated
-    if entry is None:
-        if "answer" not in hidden:
-            raise ValueError(
-                "the task has neither hidden (seed, index) to regenerate it nor a 'hidden.answer'"
-            )
-        ds = _dataset(name, config_json, 0, 1)
-        entry = {
-            "question": task.get("question", ""),
-            "answer": hidden["answer"],
-            "metadata": hidden.get("metadata") or {},
-        }
+            return ds, generated
+    if "answer" not in hidden:
+        raise ValueError("the task has neither hidden (seed, index) to regenerate it nor a 'hidden.answer'")
+    entry = {
+        "question": task.get("question", ""),
+        "answer": hidden["answer"],
+        "metadata": hidden.get("metadata") or {},
+    }
+    return _dataset(name, config_json, 0, 1), entry
+
+
+def score_answer(task: Mapping[str, Any], answer: str | None) -> float:
+    """The dataset's own score (0..1, partial credit included) of ``answer`` for ``task``'s data.
+
+    Runs the dataset's scorer **in this process**, and some evaluate the answer as code: only for
+    answers you trust. A policy's answers go through the ``reasoning_gym`` evaluator, which scores
+    them in a sandboxed process (``harnessrl.tasks.reasoning_gym_scorer``).
+    """
+    ds, entry = scoring_entry(task)
     return float(ds.score_answer(answer, entry))
 
 

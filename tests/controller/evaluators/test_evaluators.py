@@ -18,13 +18,14 @@ from harnessrl.controller.evaluators import (
     EvaluationInput,
     EvaluationResult,
     EvaluatorError,
+    ReasoningGymEvaluator,
     build_evaluator,
     parse_evaluator_config,
 )
 from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call
-from harnessrl.tasks.answers import final_answer_text
+from harnessrl.tasks.answers import final_answer_text as calls_final_answer_text
 from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
 
 # -- functions the python evaluator imports (by this module's own name) ----------------------------
@@ -280,6 +281,7 @@ def test_command_missing_task_field_is_an_evaluator_error(ws):
         ({"type": "python", "function": "not a path"}, r"evaluator.python.function"),
         ({"type": "reasoning_gym", "dataset": "no_such_dataset"}, r"evaluator.dataset"),
         ({"type": "reasoning_gym", "answer_pattern": "(unclosed"}, r"evaluator.answer_pattern"),
+        ({"type": "reasoning_gym", "dataset": "puzzle24"}, r"evaluator.dataset: .*puzzle24.* refused"),
         ({"type": "exact_match", "pattern": "[bad"}, r"evaluator.pattern"),
         (
             {"type": "exact_match", "field": "answer"},
@@ -336,6 +338,30 @@ def test_a_result_with_a_reward_that_is_not_finite_is_an_evaluator_error(reward)
 
 
 @pytest.fixture(scope="module")
+def rg_evaluators():
+    """One evaluator (and so one scorer process) per config for the whole module."""
+    built: dict[str, ReasoningGymEvaluator] = {}
+
+    def get(config: dict) -> ReasoningGymEvaluator:
+        key = json.dumps(config, sort_keys=True)
+        if key not in built:
+            built[key] = build_evaluator({"type": "reasoning_gym", **config})
+        return built[key]
+
+    yield get
+    for evaluator in built.values():
+        asyncio.run(evaluator.aclose())
+
+
+@pytest.fixture
+def rg(rg_evaluators):
+    def evaluate_rg(config: dict, inp: EvaluationInput) -> EvaluationResult:
+        return asyncio.run(rg_evaluators(config).evaluate(inp))
+
+    return evaluate_rg
+
+
+@pytest.fixture(scope="module")
 def arithmetic_task() -> dict:
     # basic_arithmetic uses reasoning-gym's default scorer, which gives partial credit.
     return next(
@@ -345,14 +371,14 @@ def arithmetic_task() -> dict:
     )
 
 
-def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task):
+def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task, rg):
     gold = arithmetic_task["hidden"]["answer"]
 
     def reward(text: str, **config) -> float:
         inp = EvaluationInput(
             task=arithmetic_task, workspace=ws, calls=[call("thinking..."), call(text, seq=1)]
         )
-        return evaluate({"type": "reasoning_gym", **config}, inp).reward
+        return rg(config, inp).reward
 
     assert reward(f"Let me see.\nAnswer: {gold}") == 1.0
     assert reward(f"**Answer:** `{gold}`.") == 1.0
@@ -363,37 +389,49 @@ def test_reasoning_gym_correct_wrong_and_formatting(ws, arithmetic_task):
     assert reward(f"so it is {gold} I think", fallback="last_number") == 1.0
 
 
-def test_reasoning_gym_strict_vs_partial_credit(ws, arithmetic_task):
+def test_reasoning_gym_strict_vs_partial_credit(ws, arithmetic_task, rg):
     inp = EvaluationInput(
         task=arithmetic_task, workspace=ws, calls=[call(f"Answer: {arithmetic_task['hidden']['answer']}0")]
     )
-    strict = evaluate({"type": "reasoning_gym"}, inp)
-    partial = evaluate({"type": "reasoning_gym", "strict": False}, inp)
+    strict = rg({}, inp)
+    partial = rg({"strict": False}, inp)
     assert strict.reward == 0.0 and 0.0 < partial.reward < 1.0 == strict.details["score"] + 1 - partial.reward
     assert strict.details["extracted"] == arithmetic_task["hidden"]["answer"] + "0"
 
 
-def test_reasoning_gym_stored_entry_and_stdout_source(ws):
+def test_reasoning_gym_stored_entry_and_stdout_source(ws, rg):
     task = {
         "dataset": "basic_arithmetic",
         "question": "Calculate 2 + 5.",
         "hidden": {"answer": "7", "metadata": {}},
     }
-    inp = EvaluationInput(task=task, workspace=ws, stdout="log line\nAnswer: 7\n")
-    assert evaluate({"type": "reasoning_gym", "source": "stdout"}, inp).reward == 1.0
+    inp = EvaluationInput(task=task, workspace=ws, stdout="log line\n<think>Answer: 8</think>Answer: 7\n")
+    assert rg({"source": "stdout"}, inp).reward == 1.0
     no_dataset = {"question": "q", "hidden": {"answer": "7"}}
     assert (
-        evaluate(
-            {"type": "reasoning_gym", "dataset": "basic_arithmetic"},
+        rg(
+            {"dataset": "basic_arithmetic"},
             EvaluationInput(task=no_dataset, workspace=ws, calls=[call("Answer: 7")]),
         ).reward
         == 1.0
     )
     with pytest.raises(EvaluatorError, match="dataset"):
-        evaluate(
-            {"type": "reasoning_gym"},
-            EvaluationInput(task=no_dataset, workspace=ws, calls=[call("Answer: 7")]),
-        )
+        rg({}, EvaluationInput(task=no_dataset, workspace=ws, calls=[call("Answer: 7")]))
+
+
+def test_reasoning_gym_no_answer_scores_zero_without_a_flag(ws, arithmetic_task, rg):
+    result = rg(
+        {"fallback": "none"}, EvaluationInput(task=arithmetic_task, workspace=ws, calls=[call("hmm")])
+    )
+    assert (result.reward, result.flags, result.details["extracted"]) == (0.0, (), None)
+
+
+def test_reasoning_gym_isolation_is_a_checked_choice():
+    assert parse_evaluator_config({"type": "reasoning_gym"}).isolation == "required"
+    with pytest.raises(ConfigError, match=r"evaluator.reasoning_gym.isolation"):
+        parse_evaluator_config({"type": "reasoning_gym", "isolation": "none"})
+    with pytest.raises(ConfigError, match=r"evaluator.reasoning_gym.memory_mb"):
+        parse_evaluator_config({"type": "reasoning_gym", "memory_mb": 1})
 
 
 # -- exact_match and final answers -----------------------------------------------------------------
@@ -446,9 +484,9 @@ def test_final_answer_text_across_shapes():
         response_token_ids=[2],
         response_logprobs=[0.0],
     )
-    assert final_answer_text([call("first", seq=0), anthropic, tool_only]) == "Answer: 3"
-    assert final_answer_text([call("<think>x</think>\n  done  ")]) == "done"
-    assert final_answer_text([]) == ""
+    assert calls_final_answer_text([call("first", seq=0), anthropic, tool_only]) == "Answer: 3"
+    assert calls_final_answer_text([call("<think>x</think>\n  done  ")]) == "done"
+    assert calls_final_answer_text([]) == ""
 
 
 def test_parse_config_round_trip():

@@ -1,11 +1,22 @@
 """The answer-based evaluators: ``reasoning_gym`` and ``exact_match``.
 
-Both read the rollout's answer (by default its final assistant text, ``EvaluationInput.final_answer``;
-``source = "stdout"`` reads the harness's stdout instead), pull it out with
-``harnessrl.tasks.answers.extract_answer`` and score it: ``reasoning_gym`` with the task's
-reasoning-gym dataset (``harnessrl.tasks.reasoning_gym.score_answer``, imported only when used: the
-package takes seconds to import), ``exact_match`` against a gold answer kept under the task's
-``hidden`` fields, where the harness cannot read it.
+Both read the rollout's answer (by default its final assistant text, as
+``EvaluationInput.final_answer`` defines it; ``source = "stdout"`` reads the harness's stdout
+instead, ``<think>`` blocks removed by ``answers.strip_think``, in one pass) and pull it out with
+``harnessrl.tasks.answers.extract_answer``, in a worker thread.
+
+``reasoning_gym`` scores with the task's reasoning-gym dataset, whose scorers may evaluate the
+answer as code: never in the controller. The text goes to a scorer process of this evaluator's own
+(``ScorerProcess`` running ``harnessrl.tasks.reasoning_gym_scorer``, started on first use), which
+extracts and scores each answer in a confined child and reports what happened. The outcome is the
+policy's (reward 0 with a flag) when the answer made the scorer raise (``scorer_raised``), run out of
+time (``scorer_timeout``) or die (``scorer_failed``); an ``EvaluatorError`` (infrastructure) when the
+task's entry cannot be regenerated, a child cannot be confined, or the scorer process cannot run.
+Where the machine cannot confine the scorer (no Landlock, no libseccomp) it refuses to start, unless
+``isolation = "available"``, which scores with what there is and flags ``weak_isolation``.
+
+``exact_match`` compares with a gold answer kept under the task's ``hidden`` fields, where the
+harness cannot read it.
 """
 
 from __future__ import annotations
@@ -15,6 +26,7 @@ import re
 from typing import Any
 
 from harnessrl.controller.evaluators.config import ExactMatchEvaluatorConfig, ReasoningGymEvaluatorConfig
+from harnessrl.controller.evaluators.scorer_process import ScorerProcess, ScorerUnavailable
 from harnessrl.controller.evaluators.types import (
     EvaluationInput,
     EvaluationResult,
@@ -22,8 +34,18 @@ from harnessrl.controller.evaluators.types import (
     checked_result,
 )
 from harnessrl.errors import ConfigError
-from harnessrl.tasks.answers import THINK, answers_match, extract_answer
+from harnessrl.tasks.answers import AnswerFallback, answers_match, extract_answer, strip_think
 from harnessrl.tasks.fields import HIDDEN, get_field, is_hidden_path
+
+SCORER_MODULE = "harnessrl.tasks.reasoning_gym_scorer"
+# Flags of a reasoning_gym evaluation (reward 0): what the answer did to the dataset's scorer.
+SCORER_RAISED = "scorer_raised"  # the scorer raised on this answer
+SCORER_TIMEOUT = "scorer_timeout"  # past timeout_s (wall clock) or its CPU limit
+SCORER_FAILED = "scorer_failed"  # died (memory, a signal) or gave no valid result
+WEAK_ISOLATION = "weak_isolation"  # isolation = "available" and this machine lacks Landlock or seccomp
+_FLAG_OF = {"raised": SCORER_RAISED, "timeout": SCORER_TIMEOUT, "failed": SCORER_FAILED}
+# Beyond the answer's own timeout_s: regenerating an entry (a dataset's first use) and the fork.
+_REPLY_GRACE_S = 60.0
 
 
 def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
@@ -35,47 +57,89 @@ def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
         raise ConfigError(f"{where}: invalid regular expression {pattern!r}: {exc}") from exc
 
 
-def _answer_source(inp: EvaluationInput, source: str) -> str:
-    return inp.final_answer if source == "final_answer" else THINK.sub("", inp.stdout)
+def source_text(inp: EvaluationInput, source: str) -> str:
+    """The text the answer is read from: the final answer, or stdout without its ``<think>`` blocks."""
+    return inp.final_answer if source == "final_answer" else strip_think(inp.stdout)
+
+
+def _extracted(
+    inp: EvaluationInput, source: str, pattern: re.Pattern[str] | None, fallback: AnswerFallback
+) -> str | None:
+    return extract_answer(source_text(inp, source), pattern, fallback)
 
 
 class ReasoningGymEvaluator:
-    def __init__(self, config: ReasoningGymEvaluatorConfig):
+    def __init__(self, config: ReasoningGymEvaluatorConfig, *, scorer: ScorerProcess | None = None):
         self.config = config
         self._pattern = _compile(config.answer_pattern, "evaluator.answer_pattern")
+        # One scorer process per evaluator, started on first use (tests pass their own).
+        self.scorer = scorer or ScorerProcess(SCORER_MODULE, ["--isolation", config.isolation])
 
     def validate(self) -> None:
         try:
             import reasoning_gym  # noqa: F401  (slow import, only when this evaluator is used)
         except ImportError as exc:
             raise ConfigError("evaluator.type: reasoning_gym needs the reasoning-gym package") from exc
-        from harnessrl.tasks.reasoning_gym import dataset_names
+        from harnessrl.sandbox.forked import isolation_problem
+        from harnessrl.tasks.reasoning_gym import dataset_names, refusal
 
         if self.config.dataset is not None and self.config.dataset not in dataset_names():
             raise ConfigError(f"evaluator.dataset: unknown reasoning-gym dataset {self.config.dataset!r}")
+        if self.config.dataset is not None and refusal(self.config.dataset):
+            raise ConfigError(f"evaluator.dataset: {refusal(self.config.dataset)}")
+        problem = isolation_problem() if self.config.isolation == "required" else None
+        if problem is not None:
+            raise ConfigError(
+                "evaluator.isolation: reasoning-gym scorers may evaluate the answer as code, and the "
+                f'scorer cannot be confined here: {problem}. isolation = "available" scores without '
+                "it (unsafe for training: the answer's code could reach what the scorer process can)"
+            )
 
     async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
-        from harnessrl.tasks.reasoning_gym import score_answer
-
-        answer = extract_answer(_answer_source(inp, self.config.source), self._pattern, self.config.fallback)
         task = (
             inp.task
             if "dataset" in inp.task or self.config.dataset is None
             else {**inp.task, "dataset": self.config.dataset}
         )
-        details: dict[str, Any] = {"extracted": answer, "dataset": task.get("dataset")}
-        if answer is None:
-            return EvaluationResult(0.0, {**details, "score": 0.0})
+        # Only the text is found here; the answer is extracted in the scorer's child, where a
+        # pattern that backtracks on what the policy wrote costs that child's time limit, not ours.
+        text = await asyncio.to_thread(source_text, inp, self.config.source)
+        request = {
+            "task": task,
+            "text": text,
+            "pattern": self.config.answer_pattern,
+            "fallback": self.config.fallback,
+            "timeout_s": self.config.timeout_s,
+            "memory_mb": self.config.memory_mb,
+        }
         try:
-            score = await asyncio.wait_for(
-                asyncio.to_thread(score_answer, task, answer), self.config.timeout_s
-            )
-        except TimeoutError as exc:
-            raise EvaluatorError(f"reasoning-gym scoring timed out after {self.config.timeout_s:g}s") from exc
-        except Exception as exc:  # unknown dataset, malformed task, a scorer bug: not the policy's fault
-            raise EvaluatorError(f"reasoning-gym scoring failed: {type(exc).__name__}: {exc}") from exc
+            reply = await self.scorer.request(request, timeout_s=self.config.timeout_s + _REPLY_GRACE_S)
+        except ScorerUnavailable as exc:
+            raise EvaluatorError(f"reasoning-gym scorer: {exc}") from exc
+        return self._result(reply, task.get("dataset"))
+
+    def _result(self, reply: dict[str, Any], dataset: Any) -> EvaluationResult:
+        outcome = reply.get("outcome")
+        details: dict[str, Any] = {"extracted": reply.get("extracted"), "dataset": dataset}
+        if outcome in ("task_error", "isolation_error"):  # before the answer was read: not the policy's
+            raise EvaluatorError(f"reasoning-gym scoring failed ({outcome}): {reply.get('error')}")
+        flags = () if reply.get("isolation") == "full" else (WEAK_ISOLATION,)
+        if outcome in _FLAG_OF:
+            details.update(score=0.0, scorer_error=reply.get("error"))
+            return EvaluationResult(0.0, details, (_FLAG_OF[outcome], *flags))
+        if outcome not in ("scored", "no_answer"):
+            raise EvaluatorError(f"reasoning-gym scorer sent an unknown outcome: {outcome!r}")
+        score = reply.get("score")
+        details["score"] = score
+        if not isinstance(score, int | float):
+            raise EvaluatorError(f"reasoning-gym scorer sent no score: {reply!r}")
         reward = (1.0 if score >= 1.0 else 0.0) if self.config.strict else score
-        return checked_result(reward, {**details, "score": score})
+        result = checked_result(reward, details)
+        return EvaluationResult(result.reward, result.details, flags)
+
+    async def aclose(self) -> None:
+        """Stop the scorer process (a later evaluation starts a new one)."""
+        await self.scorer.aclose()
 
 
 class ExactMatchEvaluator:
@@ -100,7 +164,9 @@ class ExactMatchEvaluator:
         except KeyError:
             raise EvaluatorError(f"exact_match: the task has no field {self.config.field!r}") from None
         golds = [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]  # any of several
-        answer = extract_answer(_answer_source(inp, self.config.source), self._pattern, self.config.fallback)
+        answer = await asyncio.to_thread(
+            _extracted, inp, self.config.source, self._pattern, self.config.fallback
+        )
         hit = answer is not None and any(
             answers_match(answer, g, normalize=self.config.normalize) for g in golds
         )

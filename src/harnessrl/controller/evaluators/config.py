@@ -101,7 +101,15 @@ class ReasoningGymEvaluatorConfig(_Config):
     strict: bool = True
     source: Literal["final_answer", "stdout"] = "final_answer"
     dataset: str | None = Field(default=None, description="used when the task has no 'dataset' field")
-    timeout_s: float = Field(default=30.0, gt=0)
+    timeout_s: float = Field(default=30.0, gt=0, description="per answer: wall clock and CPU of its scorer")
+    memory_mb: int = Field(
+        default=512, ge=16, description="address space a scorer child may add to its parent's (RLIMIT_AS)"
+    )
+    isolation: Literal["required", "available"] = Field(
+        default="required",
+        description="required: refuse to score where Landlock or libseccomp is missing; available: "
+        "score with what the machine has, flagging weak_isolation (unsafe for training)",
+    )
 
 
 class ExactMatchEvaluatorConfig(_Config):
