@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
@@ -136,7 +137,7 @@ def test_swapping_a_nested_boolean_keeps_its_grouping():
     assert "return x or (a or b)" in inner.source
 
 
-def test_checks_are_split_one_test_per_assert():
+def test_checks_are_split_one_test_per_assert(monkeypatch: pytest.MonkeyPatch):
     from harnessrl.tasks.coding.checks import render_test_module, split_checks
 
     test_source = """
@@ -158,10 +159,11 @@ def check(candidate):
     assert split.tests[1].probe is None  # not of the form `assert candidate(...) == x`
     assert "y = candidate(3)" in split.tests[2].body and "import math" in split.tests[2].body
     module = render_test_module(split, "HumanEval/x", "square")
+    solution = types.ModuleType("solution")
+    solution.square = lambda n: n * n  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "solution", solution)  # what `from solution import square` finds
     namespace: dict = {}
-    exec(
-        compile(module.replace("from solution import *", "square = lambda n: n * n"), "t", "exec"), namespace
-    )
+    exec(compile(module, "t", "exec"), namespace)
     for test in split.tests:
         namespace[test.name]()  # every split test passes on the right function
     with pytest.raises(ValueError, match="no check"):

@@ -20,7 +20,7 @@ Layout of ``OUT``::
         solution.py  pytest.ini  tests/test_solution.py (PASS_TO_PASS tests only)
     hidden/<instance_id>/       what scoring needs, and nothing else: the evaluator names this folder
         files/                  restored over the workspace before pytest: full test module, pytest.ini
-        scoring.json            the probes and the gold values they must return
+        scoring.json            the probes, the prompt's helpers they call, the gold values they must return
     gold/<instance_id>/         never named by an evaluator: the answer itself
         gold.patch  mutation.json
 
@@ -64,7 +64,7 @@ from harnessrl.tasks.coding.screen import Screened, screen
 from harnessrl.tasks.pytest_scoring import DISAGREEMENT, REPORT_MISSING, TestRun
 
 BUILDER = "harnessrl.tasks.coding"
-PYTEST_INI = "[pytest]\n# The tests import the repository's root modules (`from solution import *`).\npythonpath = .\ntestpaths = tests\n"
+PYTEST_INI = "[pytest]\n# The tests import the function under test from solution.py, at the root.\npythonpath = .\ntestpaths = tests\n"
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "harnessrl",
     "GIT_AUTHOR_EMAIL": "harnessrl@localhost",
@@ -194,7 +194,7 @@ def _check_out(out: Path) -> None:
 def _plan_problem(problem: dict[str, Any], options: BuildOptions) -> _ProblemResult:
     entry = problem["entry_point"]
     gold = problem["prompt"] + problem["canonical_solution"]
-    split = split_checks(problem["test"], entry)
+    split = split_checks(problem["test"], entry, problem["prompt"])
     module = render_test_module(split, problem["task_id"], entry)
     candidates = mutants(gold, entry)
     if not candidates:

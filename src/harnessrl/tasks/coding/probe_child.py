@@ -3,12 +3,14 @@
 The coding scorer (``probes.run_probes``) sends this file's source to ``python -I -c`` inside the
 scored code's own domain (``run_scored``), with a request on stdin::
 
-    {"module": "solution", "prelude": "...", "uses_random": true, "timeout_s": 10, "max_repr": 16384,
+    {"module": "solution", "entry_point": "f", "helpers": "...", "prelude": "...", "uses_random": true,
+     "timeout_s": 10, "max_repr": 16384,
      "probes": [{"name": "test_check_00", "source": "def __probe__():\\n    ..."}]}
 
-It reads the whole request *before* importing the workspace's module, points its own stdout and
-stderr at ``/dev/null`` (the code under test may print) and writes one JSON line per probe on a
-copy of the original stdout: ``{"name", "status": "returns" | "raises" | "timeout" |
+It reads the whole request *before* importing the function under test from the workspace's module
+(that name alone, as the test module does: the prompt's helpers come from the request), points its
+own stdout and stderr at ``/dev/null`` (the code under test may print) and writes one JSON line per
+probe on a copy of the original stdout: ``{"name", "status": "returns" | "raises" | "timeout" |
 "unrepresentable" | "too_large" | "not_run", "value": repr or exception name}``.
 
 Nothing here is trusted by the scorer: the code under test runs in this process and may rewrite any
@@ -91,7 +93,14 @@ def main():
     timeout_s = float(request["timeout_s"])
     max_repr = int(request["max_repr"])
     namespace = {"__name__": "test_solution"}
-    header = f"from {request['module']} import *\nimport random\n{request.get('prelude') or ''}\n"
+    header = "\n".join(
+        [
+            "import random",
+            request["prelude"],
+            request["helpers"],
+            f"from {request['module']} import {request['entry_point']}",
+        ]
+    )
     status, error = _timed(lambda: exec(compile(header, "test_solution.py", "exec"), namespace), timeout_s)
     for probe in request["probes"]:
         if status == "ok":

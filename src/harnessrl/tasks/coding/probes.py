@@ -5,8 +5,9 @@ such check a *probe*, a function returning what the call returns. At build time 
 against the gold solution and their values are recorded (``repr``, read back with
 ``ast.literal_eval``) in the task's hidden folder (``scoring.json``). At scoring time
 ``run_probes`` starts one child (``probe_child.py``, through ``run_scored``) that imports the
-workspace's ``solution.py`` and prints what each probe returns; ``verdicts`` compares those values
-with the recorded ones here, in the scorer. The child never sees the expected values (they stay in
+function under test from the workspace's ``solution.py`` (that name alone: the helpers the probes
+call are the prompt's, stored in ``scoring.json``) and prints what each probe returns; ``verdicts``
+compares those values with the recorded ones here, in the scorer. The child never sees the expected values (they stay in
 the hidden folder, outside its domain) nor the hidden tests (restored into the workspace only after
 it is dead), so no rewrite of pytest, of the child, or of its output gives a matching value: only
 computing it.
@@ -18,6 +19,7 @@ Checks of other shapes (loops, ``abs(x - y) < 1e-6``) and probes whose gold valu
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -29,7 +31,7 @@ from harnessrl.tasks.coding.checks import SOLUTION_FILE, TEST_FILE, SplitChecks
 from harnessrl.tasks.scored_child import child_env, run_child
 
 SCORING_FILE = "scoring.json"  # in the hidden folder: the scorer's metadata and expected values
-FORMAT = 1
+FORMAT = 2  # 2: the function under test is imported by name, helpers come from the spec
 _MAX_REPR = 16 << 10  # characters of one value's repr: bigger values are not recorded or accepted
 _LINE_LIMIT = _MAX_REPR + 1024
 _CHILD = Path(__file__).with_name("probe_child.py")
@@ -51,6 +53,8 @@ class ProbeSpec:
     """What the probe child needs (no expected values) plus the expected values (the scorer's)."""
 
     module: str
+    entry_point: str  # the one name the probes take from ``module``
+    helpers: str  # the prompt's helpers the checks call: a trusted copy, never the module's
     prelude: str
     uses_random: bool
     probes: tuple[Probe, ...]
@@ -60,6 +64,8 @@ class ProbeSpec:
             "format": FORMAT,
             "test_file": TEST_FILE,
             "module": self.module,
+            "entry_point": self.entry_point,
+            "helpers": self.helpers,
             "prelude": self.prelude,
             "uses_random": self.uses_random,
             "probes": [{"test": p.name, "source": p.source, "expected": p.expected} for p in self.probes],
@@ -70,7 +76,14 @@ class ProbeSpec:
         if data.get("format") != FORMAT:
             raise ValueError(f"unknown {SCORING_FILE} format {data.get('format')!r}")
         probes = tuple(Probe(p["test"], p["source"], p.get("expected")) for p in data["probes"])
-        return cls(str(data["module"]), str(data["prelude"]), bool(data["uses_random"]), probes)
+        return cls(
+            str(data["module"]),
+            str(data["entry_point"]),
+            str(data["helpers"]),
+            str(data["prelude"]),
+            bool(data["uses_random"]),
+            probes,
+        )
 
     def recorded(self) -> tuple[Probe, ...]:
         return tuple(p for p in self.probes if p.expected is not None)
@@ -79,7 +92,8 @@ class ProbeSpec:
 def spec_for(split: SplitChecks) -> ProbeSpec:
     """The probes of ``split``'s tests, no values recorded yet."""
     probes = tuple(Probe(t.name, t.probe) for t in split.tests if t.probe)
-    return ProbeSpec(SOLUTION_FILE.removesuffix(".py"), split.prelude, split.uses_random, probes)
+    module = SOLUTION_FILE.removesuffix(".py")
+    return ProbeSpec(module, split.entry_point, split.helpers, split.prelude, split.uses_random, probes)
 
 
 @dataclass(frozen=True)
@@ -104,6 +118,8 @@ def run_probes(
     names and sources go to the child, never ``expected``."""
     request = {
         "module": spec.module,
+        "entry_point": spec.entry_point,
+        "helpers": spec.helpers,
         "prelude": spec.prelude,
         "uses_random": spec.uses_random,
         "timeout_s": min(per_probe_s, timeout_s),
@@ -198,7 +214,7 @@ def record(
         else:
             probes.append(Probe(probe.name, probe.source, None))
             skipped.append(probe.name)
-    return ProbeSpec(spec.module, spec.prelude, spec.uses_random, tuple(probes)), skipped
+    return dataclasses.replace(spec, probes=tuple(probes)), skipped
 
 
 def _equal_to_itself(value: Any) -> bool:
@@ -211,7 +227,7 @@ def _equal_to_itself(value: Any) -> bool:
 def drop(spec: ProbeSpec, names: set[str]) -> ProbeSpec:
     """``spec`` with the values of ``names`` no longer recorded (pytest alone judges those)."""
     probes = tuple(Probe(p.name, p.source, None) if p.name in names else p for p in spec.probes)
-    return ProbeSpec(spec.module, spec.prelude, spec.uses_random, probes)
+    return dataclasses.replace(spec, probes=probes)
 
 
 def load(hidden: Path) -> ProbeSpec:
