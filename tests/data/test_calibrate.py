@@ -152,3 +152,79 @@ def test_a_training_config_samples_as_its_training_rollouts_do(tmp_path: Path):
             assert len(call.response_token_ids) == 2
     finally:
         store.close()
+
+
+def calibrated(record_: dict, passes: int) -> dict:
+    """``record_`` as an earlier ``calibrate`` wrote it (k=4, the harness's sampling)."""
+    rewards = [1.0] * passes + [0.0] * (4 - passes)
+    calibration = {"k": 4, "passes": passes, "rewards": rewards, "outcomes": ["success"] * 4}
+    calibration |= {"infra_failures": 0, "flagged": 0, "rollout_ids": [f"cal-{passes}-{i}" for i in range(4)]}
+    return {**record_, "calibration": calibration}
+
+
+def calibrate_in_process(tmp_path: Path, src: Path, out: Path):
+    from typer.testing import CliRunner
+
+    from harnessrl.cli.main import app
+
+    args = ["data", "calibrate", str(src), str(out), "--config", str(tmp_path / "rollout.toml")]
+    return CliRunner().invoke(app, [*args, "--k", "4", "--run-dir", str(tmp_path / "run")])
+
+
+def test_resume_writes_ins_records_and_drops_tasks_no_longer_in_it(tmp_path: Path):
+    """Records pass through unchanged: a done task is IN's record as it is now (a FAIL_TO_PASS fixed
+    since) with OUT's calibration; OUT's lines for tasks IN no longer has are dropped and counted, and
+    every count is over IN. Nothing is left to run, so no rollout starts."""
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    a, b, gone = record(0, 0), record(1, 0), record(2, 0)
+    write_records(tmp_path / "out.jsonl", [calibrated(a, 0), calibrated(b, 2), calibrated(gone, 4)])
+    fixed = {**b, "FAIL_TO_PASS": '["tests/test_x.py::test_y"]'}
+    write_records(tmp_path / "in.jsonl", [fixed, a])
+    result = calibrate_in_process(tmp_path, tmp_path / "in.jsonl", tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert read_records(tmp_path / "out.jsonl") == [
+        {**fixed, "calibration": calibrated(b, 2)["calibration"]},
+        calibrated(a, 0),
+    ]
+    assert (report["skipped_already_done"], report["dropped_not_in_input"], report["calibrated"]) == (2, 1, 0)
+    assert (report["input"], report["never_solved"], report["mixed"], report["always_solved"]) == (2, 1, 1, 0)
+
+
+def test_calibrating_a_file_into_itself_is_refused(tmp_path: Path):
+    """OUT is rewritten while the run goes: IN == OUT would lose IN (here: the same file by another
+    path)."""
+    (tmp_path / "rollout.toml").write_text(
+        rollout_toml(tmp_path).replace('"./agent.py", "{prompt}"', '"true"')
+    )
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    src = write_records(tmp_path / "in.jsonl", [record(0, 0)])
+    before = src.read_bytes()
+    (tmp_path / "sub").mkdir()
+    result = calibrate_in_process(tmp_path, src, tmp_path / "sub" / ".." / "in.jsonl")
+    assert result.exit_code == 2, result.output
+    assert "OUT is IN" in result.output and "Traceback" not in result.output
+    assert src.read_bytes() == before
+
+
+def test_a_batch_that_runs_out_of_time_is_a_clear_error(tmp_path: Path):
+    """``run_until_done``'s TimeoutError becomes one error naming the tasks and how to resume, after
+    the stack shut the running harnesses down; OUT keeps what finished."""
+    import asyncio
+
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.data.calibrate import CalibrationTimeout, calibrate_file
+
+    (tmp_path / "agent.py").write_text("#!/usr/bin/env python3\nimport time\ntime.sleep(120)\n")
+    (tmp_path / "agent.py").chmod(0o755)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    src = write_records(tmp_path / "in.jsonl", [record(0, 0)])
+    done = calibrated(record(1, 0), 1)
+    out = write_records(tmp_path / "out.jsonl", [done])
+    config = load_rollout_config(str(tmp_path / "rollout.toml"), [])
+    with pytest.raises(
+        CalibrationTimeout, match=r"rollouts of owner__proj\.abc\.task_0 were not done after 1 s"
+    ):
+        asyncio.run(calibrate_file(config, src, out, k=1, run_dir=tmp_path / "run", batch_timeout_s=1))
+    assert read_records(out) == []  # task_1 is not in IN: dropped; task_0 did not finish

@@ -4,11 +4,12 @@ exact outputs, and the same bytes for the same seed. The commands are run as a u
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
-from tests.data.generate import calibrated_records, raw_records
+from tests.data.generate import calibrated_records, good_record, raw_records
 
 from harnessrl.data.curate import filter_records, select_records, split_records
 from harnessrl.data.records import read_records, repo_of, to_task, write_records
@@ -179,3 +180,38 @@ def test_bad_input_is_one_clear_line(tmp_path: Path):
         timeout=60,
     )
     assert proc.returncode == 2 and "bad.jsonl:2" in proc.stderr
+
+
+#: What ``str.splitlines`` takes for a line end besides "\n" and "\r" (``json.dumps`` escapes the ASCII
+#: ones; U+0085, U+2028 and U+2029 stay raw with ensure_ascii=False).
+LINE_SEPARATORS = ["\u2028", "\u2029", "\u0085", "\x1c", "\x1d", "\x1e", "\x0b", "\x0c"]
+
+
+def test_records_keep_unicode_line_separators_in_their_strings(tmp_path: Path):
+    """A problem statement holding U+2028, U+2029, U+0085... (written raw: ensure_ascii=False) reads
+    back as one record, and the commands read each other's output."""
+    from typer.testing import CliRunner
+
+    from harnessrl.cli.data import app
+
+    rng = random.Random(0)
+    records = [
+        {**good_record(i, rng=rng), "problem_statement": f"Bug {i}: one{sep}two"}
+        for i, sep in enumerate(LINE_SEPARATORS)
+    ]
+    path = write_records(tmp_path / "raw.jsonl", records)
+    assert any(sep in path.read_text(encoding="utf-8") for sep in LINE_SEPARATORS)  # raw, not escaped
+    assert read_records(path) == records
+    runner = CliRunner()
+    kept = tmp_path / "kept.jsonl"
+    result = runner.invoke(app, ["filter", str(path), str(kept)])
+    assert result.exit_code == 0, result.output
+    assert read_records(kept) == records
+    split = ["split", str(kept), "--train", str(tmp_path / "a.jsonl"), "--test", str(tmp_path / "b.jsonl")]
+    result = runner.invoke(app, [*split, "--test-size", "3", "--seed", "0"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["train"] == 5
+    # "\r\n" line ends (a file edited on Windows) still read as line ends
+    crlf = tmp_path / "crlf.jsonl"
+    crlf.write_bytes(path.read_bytes().replace(b"\n", b"\r\n"))
+    assert read_records(crlf) == records

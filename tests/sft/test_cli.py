@@ -11,6 +11,8 @@ from typer.testing import CliRunner
 
 from harnessrl.cli.main import app
 
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
 runner = CliRunner()
 
 
@@ -148,6 +150,75 @@ def test_export_jsonl_writes_each_conversation_once_in_openai_form(record, solvi
     assert line["messages"][3]["tool_call_id"] == call["id"]
     assert line["messages"][-1]["content"] == "The answer is 42."
     assert not (tmp_path / "runs").exists()  # exporting trains nothing
+
+
+def test_export_keeps_the_reasoning_of_turns_the_harness_resent_without_it(tmp_path):
+    """A teacher's answers as teacher mode records them (the upstream's ``reasoning_content`` kept),
+    asked by an OpenAI chat client that resends its history without ``reasoning_content``, as most
+    do: the first call is inside the second call's line, where its turn is the recorded answer,
+    reasoning included (and the tool-call id the tool result answers to)."""
+    from harnessrl.schemas import Call, Outcome
+    from harnessrl.store.sqlite import SQLiteStore
+
+    tool_call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "bash", "arguments": '{"command": "cat a.txt"}'},
+    }
+    first = {
+        "role": "assistant",
+        "content": "Let me look.",
+        "reasoning_content": "I should read the file first.",
+        "tool_calls": [tool_call],
+    }
+    second = {"role": "assistant", "content": "The answer is 42.", "reasoning_content": "It says 42."}
+    history = [{"role": "system", "content": "Be careful."}, {"role": "user", "content": "What is in a.txt?"}]
+    resent = {k: v for k, v in first.items() if k != "reasoning_content"}
+    requests = [history, [*history, resent, {"role": "tool", "tool_call_id": "call_1", "content": "42\n"}]]
+    run_dir = tmp_path / "teacher"
+    run_dir.mkdir()
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    try:
+        rollout = store.create_rollout(run_id="teacher", task_id="t0", task={"prompt": "a.txt"})
+        store.start_rollout(rollout.rollout_id)
+        for messages, answer in zip(requests, [first, second], strict=True):
+            store.add_call(
+                Call(
+                    rollout_id=rollout.rollout_id,
+                    request={"model": "teacher", "messages": messages, "tools": TOOLS},
+                    response=answer,
+                    prompt_token_ids=[],
+                    response_token_ids=[],
+                    response_logprobs=[],
+                )
+            )
+        store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)
+    finally:
+        store.close()
+    out = tmp_path / "teacher.jsonl"
+    result = runner.invoke(app, ["sft", str(write_config(tmp_path, run_dir)), "--export-jsonl", str(out)])
+    assert result.exit_code == 0, result.output
+    (line,) = [json.loads(text) for text in out.read_text().splitlines()]
+    assert line["messages"][:2] == history
+    assert line["messages"][2:] == [first, requests[1][3], second]
+
+
+def test_export_ignores_an_existing_run_folder(record, solving, tmp_path):
+    """An export writes no run folder, so the config's existing one (a trained student) is no reason
+    to refuse it, and is left as it was."""
+    rec = record([solving], [1.0])
+    config = write_config(tmp_path, rec.run_dir)
+    run_dir = tmp_path / "runs" / "student"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    out = tmp_path / "teacher.jsonl"
+    result = runner.invoke(app, ["sft", str(config), "--export-jsonl", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["conversations"] == 1
+    assert out.read_text().count("\n") == 1
+    assert [p.name for p in run_dir.iterdir()] == ["config.json"]
+    # training with that config is still refused: the folder holds a run
+    assert "already exists" in error_line(runner.invoke(app, ["sft", str(config)]))
 
 
 def test_resume_of_a_folder_that_is_not_an_sft_run(tmp_path):

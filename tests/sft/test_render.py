@@ -27,8 +27,11 @@ def rollout() -> Rollout:
     return Rollout(rollout_id="r", api_key="k", status=RolloutStatus.FINISHED, reward=1.0)
 
 
-def chat_calls(answers: list[dict[str, Any]], user: str = "Fix the bug.") -> list[Call]:
-    """The calls a harness that only appends to its history makes, answered with ``answers``."""
+def chat_calls(
+    answers: list[dict[str, Any]], user: str = "Fix the bug.", *, resend_reasoning: bool = True
+) -> list[Call]:
+    """The calls a harness that only appends to its history makes, answered with ``answers``;
+    ``resend_reasoning=False``: it resends them without ``reasoning_content``, as most chat clients."""
     history: list[dict[str, Any]] = [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": user},
@@ -46,7 +49,8 @@ def chat_calls(answers: list[dict[str, Any]], user: str = "Fix the bug.") -> lis
                 response_logprobs=[],
             )
         )
-        history.append({"role": "assistant", **answer})
+        kept = {k: v for k, v in answer.items() if resend_reasoning or k != "reasoning_content"}
+        history.append({"role": "assistant", **kept})
         for j, _ in enumerate(answer.get("tool_calls", [])):
             history.append({"role": "tool", "tool_call_id": f"c{seq}{j}", "content": f"output {seq}"})
         if not answer.get("tool_calls"):
@@ -142,6 +146,40 @@ def test_an_answer_cut_at_its_token_limit_is_not_closed_and_trained(tokenizer):
     assert [tokenizer.decode(s.input_ids[sp.start : sp.end]) for s in samples for sp in s.spans] == [
         "42.<|im_end|>"
     ]
+
+
+def test_an_empty_answer_is_not_trained_as_stopping_at_once(tokenizer):
+    """An answer with no text, reasoning or tool call (an upstream that answered nothing) would teach
+    the student to end its turn at once: counted and skipped. The rollout's other calls still
+    train, as one sequence."""
+    calls = chat_calls([{"content": "Looking."}, {"content": "  "}, {"content": "42."}])
+    samples, report = rollout_sequences(rollout(), calls, tokenizer, formats(tokenizer))
+    assert dict(report.skipped) == {"empty_answer": 1} and report.rendered == 2
+    assert "call 1: no text, reasoning or tool call" in report.examples["empty_answer"]
+    assert [tokenizer.decode(s.input_ids[sp.start : sp.end]) for s in samples for sp in s.spans] == [
+        "Looking.<|im_end|>",
+        "42.<|im_end|>",
+    ]
+    assert len(samples) == 1, report.breaks
+
+
+def test_a_turn_resent_without_its_reasoning_is_trained_on_as_recorded():
+    """A chat client that drops ``reasoning_content`` when it resends a turn: the gateway serving the
+    student reuses the turn's sampled tokens, reasoning included, so the next call's prompt holds the
+    recorded answer (one chain), as the export's line does."""
+    student = family_student("qwen3")
+    answers = teacher_answers(True)
+    samples, report = rollout_sequences(
+        rollout(), chat_calls(answers, resend_reasoning=False), student, formats(student)
+    )
+    assert (report.rendered, dict(report.skipped)) == (2, {}), report.examples
+    assert len(samples) == 1, report.breaks
+    (sample,) = samples
+    context = student.decode(sample.input_ids[sample.spans[0].end : sample.spans[1].start])
+    trained = [student.decode(sample.input_ids[sp.start : sp.end]) for sp in sample.spans]
+    assert "The file should say it." in trained[0] and "The tool printed 42." in trained[1]
+    assert "<tool_response>" in context  # between the answers only context, no second copy
+    assert student.decode(sample.input_ids).count("The file should say it.") == 1
 
 
 def test_a_raw_completion_has_no_conversation(tokenizer):
@@ -286,3 +324,98 @@ def test_reasoning_and_tool_calls_train_in_the_students_own_format(family):
         for sp in sample.spans:
             spans[sp.start : sp.end] = [1] * (sp.end - sp.start)
         assert sample.loss_mask == spans
+
+
+# -- the student's prompt is the gateway's: the thinking switch of each API ----------------------------
+THINKING_CASES = {
+    "messages, thinking disabled": ("/messages", {"max_tokens": 64, "thinking": {"type": "disabled"}}),
+    "messages, thinking enabled": ("/messages", {"max_tokens": 64, "thinking": {"type": "enabled"}}),
+    "responses, effort minimal": ("/responses", {"reasoning": {"effort": "minimal"}}),
+    "responses, effort high": ("/responses", {"reasoning": {"effort": "high"}}),
+    "chat, enable_thinking false": (
+        "/chat/completions",
+        {"chat_template_kwargs": {"enable_thinking": False}},
+    ),
+}
+
+
+def family_student(family: str) -> PolicyTokenizer:
+    from harnessrl.engines.tiny_families import family_available, tiny_family_dir
+
+    if (why := family_available(family)) is not None:
+        pytest.skip(why)
+    return PolicyTokenizer.from_dir(tiny_family_dir(family, weights=False))
+
+
+def served(
+    tmp_path, student: PolicyTokenizer, path: str, extra: dict[str, Any]
+) -> tuple[Rollout, list[Call]]:
+    """One call through a real gateway serving ``student`` (scripted): the rollout and its calls."""
+    import httpx
+
+    from harnessrl.client import GatewayClient
+    from harnessrl.config import GatewayConfig
+    from harnessrl.engines.scripted import ScriptedEngine
+    from harnessrl.gateway import create_app
+    from harnessrl.gateway.server import serve_in_thread
+    from harnessrl.schemas import Outcome
+    from harnessrl.store.sqlite import SQLiteStore
+
+    question = (
+        {"input": "What is 6 x 7?"}
+        if path == "/responses"
+        else {"messages": [{"role": "user", "content": "What is 6 x 7?"}]}
+    )
+    store = SQLiteStore(tmp_path / "gateway.db")
+    try:
+        app = create_app(
+            GatewayConfig(admin_key="admin"), store, ScriptedEngine([{"content": "42."}], student)
+        )
+        with serve_in_thread(app) as url, GatewayClient(url, "admin") as client:
+            created = client.create_rollout({"prompt": "6 x 7"}, run_id="teacher", task_id="t")
+            key = created["api_key"]
+            reply = httpx.post(
+                created["base_url"] + path,
+                json={"model": "m", **question, **extra},
+                headers={"Authorization": f"Bearer {key}", "x-api-key": key},
+                timeout=30,
+            )
+            reply.raise_for_status()
+        store.finish_rollout(created["rollout_id"], Outcome.SUCCESS, 1.0)
+        return store.get_rollout(created["rollout_id"]), store.list_calls(created["rollout_id"])
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("case", sorted(THINKING_CASES))
+def test_the_students_prompt_is_the_one_the_gateway_sends_it(tmp_path, case):
+    """docs/sft.md: the prompt is what the gateway would send the student's engine for the request,
+    so Anthropic ``thinking`` and Responses ``reasoning.effort`` switch the template's thinking as the
+    gateway switches it (Qwen3.6's prompt closes an empty ``<think>`` block when it is off)."""
+    student = family_student("qwen3.6")
+    path, extra = THINKING_CASES[case]
+    rollout, calls = served(tmp_path, student, path, extra)
+    (call,) = calls
+    samples, report = rollout_sequences(rollout, calls, student, formats(student))
+    assert (report.rendered, dict(report.skipped)) == (1, {}), report.examples
+    (sample,) = samples
+    prompt = sample.input_ids[: sample.spans[0].start]
+    off = "disabled" in case or "minimal" in case or "false" in case
+    assert student.decode(call.prompt_token_ids).endswith("<think>\n\n</think>\n\n" if off else "<think>\n")
+    assert prompt == call.prompt_token_ids
+
+
+def test_a_template_that_cannot_write_the_answer_after_that_prompt_skips_it(tmp_path):
+    """The tiny Qwen3 template closes an empty block in a thinking-off prompt but writes the answer's
+    turn without it: the call is counted and skipped, never trained behind a prompt the gateway
+    did not send (thinking on, the control, trains)."""
+    student = family_student("qwen3")
+    for thinking, trained in (("disabled", 0), ("enabled", 1)):
+        body = {"max_tokens": 64, "thinking": {"type": thinking}}
+        rollout, calls = served(tmp_path / thinking, student, "/messages", body)
+        samples, report = rollout_sequences(rollout, calls, student, formats(student))
+        assert report.rendered == trained, report
+        if trained:
+            assert samples[0].input_ids[: samples[0].spans[0].start] == calls[0].prompt_token_ids
+        else:
+            assert dict(report.skipped) == {"prefix_mismatch": 1} and samples == []

@@ -21,6 +21,24 @@ def test_round_trip(tmp_path):
     assert not list(path.parent.glob(".*.tmp"))
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\u0085"])
+def test_strings_may_hold_what_splitlines_splits_at(tmp_path, separator):
+    """``save_tasks`` writes these raw (ensure_ascii=False); only "\n" ends a line."""
+    tasks = [
+        Task(task_id="a", data={"prompt": f"one{separator}two", "hidden": {"answer": f"x{separator}"}}),
+        Task(task_id="b", data={"prompt": "three"}),
+    ]
+    path = save_tasks(tmp_path / "tasks.jsonl", tasks)
+    assert separator in path.read_text(encoding="utf-8")
+    assert load_tasks(path) == tasks
+    bare = tmp_path / "bare.jsonl"
+    bare.write_text(f'{{"prompt": "a{separator}b"}}\r\n{{"prompt": "c"}}\r\n', encoding="utf-8")
+    assert [(t.task_id, t.data["prompt"]) for t in load_tasks(bare)] == [
+        ("bare-1", f"a{separator}b"),
+        ("bare-2", "c"),
+    ]
+
+
 def test_bare_data_lines(tmp_path):
     path = tmp_path / "math.jsonl"
     path.write_text(

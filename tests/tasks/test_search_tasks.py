@@ -246,3 +246,14 @@ def test_searchqa_refuses_an_unreadable_file_as_a_config_error(tmp_path: Path, c
     path.write_bytes(content)
     with pytest.raises(ConfigError, match=r"bad\.jsonl"):
         load_searchqa(path, split="train")
+
+
+def test_searchqa_questions_may_hold_line_separators(tmp_path):
+    """Rows are split at "\\n" only: ``str.splitlines`` split a question holding U+2028 in two."""
+    path = tmp_path / "qa.jsonl"
+    rows = [
+        {"id": f"q{i}", "question": f"who{ch}wrote x?", "answer": "A"}
+        for i, ch in enumerate("\u2028\u2029\x85")
+    ]
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    assert [t.data["question"] for t in load_searchqa(path, split="train")] == [r["question"] for r in rows]

@@ -30,7 +30,7 @@ class SftInterrupted(HarnessRLError):
 def run_sft(
     config_path: str | None, resume: str | None, overrides: list[str], export_jsonl: str | None = None
 ) -> dict[str, Any]:
-    config, run_dir = prepare_sft_run(config_path, resume, overrides)
+    config, run_dir = prepare_sft_run(config_path, resume, overrides, export=export_jsonl is not None)
     if export_jsonl is not None:
         from harnessrl.sft.data import export_conversations
 

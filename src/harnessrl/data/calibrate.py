@@ -6,9 +6,10 @@ audited exactly like a training rollout. Each record becomes a task with ``to_ta
 harness through the config's harness spec (``{prompt}``, ``{task[repo]}``...).
 
 Resumable: a task whose record is already in OUT with a clean calibration of the same k and the same
-forced sampling is skipped; every finished task is appended to OUT at once (fsync), and at the end
-OUT is rewritten in input order. A task with infrastructure failures is written but not counted as
-done, so a re-run measures it again.
+forced sampling is skipped (matched by ``instance_id``: its record is IN's, only the calibration is
+OUT's); every finished batch is appended to OUT at once (fsync), and at the end OUT is rewritten
+with IN's records in IN's order. Lines of tasks no longer in IN are dropped (and counted). A task
+with infrastructure failures is written but not counted as done, so a re-run measures it again.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harnessrl.data.records import Record, append_record, instance_id, read_records, to_task, write_records
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, HarnessRLError
 
 if TYPE_CHECKING:  # the stack imports the gateway and engines: only when calibrating
     from harnessrl.controller.stack import RolloutConfig
@@ -32,6 +33,23 @@ if TYPE_CHECKING:  # the stack imports the gateway and engines: only when calibr
 log = logging.getLogger(__name__)
 
 PASS_THRESHOLD = 1.0  # reward >= 1 is a pass: SWE-style evaluators give 1 only if every test passes
+
+
+class CalibrationTimeout(HarnessRLError):
+    """A batch of rollouts was not done in time; what finished before it is in OUT."""
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    if a.exists() and b.exists():
+        return a.samefile(b)
+    return a.resolve() == b.resolve()
+
+
+def _batch_timeout(config: RolloutConfig, rollouts: int) -> float:
+    """Long enough for ``rollouts`` at ``controller.concurrency`` at a time, in waves, each rollout
+    taking its whole ``harness.timeout_s`` on every attempt, plus a margin."""
+    waves = math.ceil(rollouts / config.controller.concurrency)
+    return waves * config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120
 
 
 def _is_done(record: Record, k: int, sampling: dict[str, Any] | None) -> bool:
@@ -78,27 +96,40 @@ async def calibrate_file(
     run_dir: Path,
     sampling: SamplingOverrides | None = None,
     progress: Callable[[str], None] = log.info,
+    batch_timeout_s: float | None = None,
 ) -> dict[str, Any]:
     """Calibrate every record of ``in_path`` not yet done in ``out_path``; returns the report.
 
     ``sampling`` is forced on every call of every rollout, as the trainer forces its own on training
     rollouts (``metadata["sampling"]``): a pass rate measured at the temperature and token cap the
-    run trains with is the one that says whether a group will have reward variance."""
+    run trains with is the one that says whether a group will have reward variance.
+    ``batch_timeout_s``: how long a batch may take (default ``_batch_timeout``; a test's seam)."""
     from harnessrl.controller.presets import apply_preset
     from harnessrl.controller.stack import check_environments, local_stack
 
     if k < 1:
         raise ConfigError("calibrate: --k must be >= 1")
+    if _same_file(in_path, out_path):  # OUT is rewritten as the run goes: IN would be lost
+        raise ConfigError(f"calibrate: OUT is IN ({out_path}); write the calibrated records to another file")
     records = read_records(in_path)
     ids = [instance_id(r) for r in records]
     if any(not i for i in ids) or len(set(ids)) != len(ids):
         raise ConfigError(f"calibrate: {in_path}: every record needs a unique instance_id (run filter first)")
     forced = sampling.as_metadata() if sampling is not None else None
     previous = {instance_id(r): r for r in read_records(out_path)} if out_path.exists() else {}
-    done = {i: r for i, r in previous.items() if _is_done(r, k, forced)}
+    # A done task keeps its calibration on IN's record as it is now (a fixed FAIL_TO_PASS stays fixed).
+    done = {
+        i: {**r, "calibration": previous[i]["calibration"]}
+        for i, r in zip(ids, records, strict=True)
+        if i in previous and _is_done(previous[i], k, forced)
+    }
+    not_in_input = len(previous.keys() - set(ids))
     todo = [r for r in records if instance_id(r) not in done]
-    progress(f"calibrate: {len(records)} tasks, {len(done)} already done, {len(todo)} to run (k={k})")
-    if previous.keys() - done.keys():  # drop stale lines (other k or sampling, infra failures)
+    progress(
+        f"calibrate: {len(records)} tasks, {len(done)} already done, {len(todo)} to run (k={k})"
+        + (f"; {not_in_input} tasks of OUT not in IN dropped" if not_in_input else "")
+    )
+    if previous.keys() - done.keys():  # drop stale lines (other k or sampling, infra failures, not in IN)
         write_records(out_path, done.values())
 
     overrides = {"sampling": forced} if forced is not None else {}  # as the trainer sets it
@@ -108,7 +139,6 @@ async def calibrate_file(
         # Enough tasks per batch to keep every controller slot busy; each batch is written out
         # when it ends, so an interrupted run loses at most one batch.
         per_batch = max(1, math.ceil(config.controller.concurrency / k))
-        limit = config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120
         # Each task's image (docs/environments.md): built and checked to run the harness before any
         # rollout, so a missing image is one clear error, not k infrastructure failures per task.
         harness = apply_preset(config.harness)
@@ -129,7 +159,17 @@ async def calibrate_file(
                         for i in range(k)
                     ]
                 all_ids = [rid for rids in ids_by_task.values() for rid in rids]
-                finished = {r.rollout_id: r for r in await stack.controller.run_until_done(all_ids, limit)}
+                limit = batch_timeout_s or _batch_timeout(config, len(all_ids))
+                try:
+                    finished = {
+                        r.rollout_id: r for r in await stack.controller.run_until_done(all_ids, limit)
+                    }
+                except TimeoutError as exc:
+                    raise CalibrationTimeout(
+                        f"calibrate: the rollouts of {', '.join(ids_by_task)} were not done after {limit:.0f} s; "
+                        f"{len(done) + len(results)} tasks are done in {out_path}: run the same command to "
+                        "resume (the harness's rollout logs are in the run folder)"
+                    ) from exc
                 for record in batch:
                     rollouts = [finished[rid] for rid in ids_by_task[instance_id(record)]]
                     out = {**record, "calibration": summarize(k, rollouts, forced)}
@@ -138,17 +178,15 @@ async def calibrate_file(
                     cal = out["calibration"]
                     progress(f"calibrate: {instance_id(record)}: {cal['passes']}/{k} passed")
 
-    # Rewrite OUT in input order (appends arrive batch by batch); lines for tasks no longer in IN
-    # are kept at the end rather than silently lost.
+    # Rewrite OUT in input order (appends arrive batch by batch), IN's tasks only.
     merged = [results.get(i) or done[i] for i in ids]
-    wanted = set(ids)
-    extra = [r for i, r in done.items() if i not in wanted]
-    write_records(out_path, merged + extra)
+    write_records(out_path, merged)
     cals = [r["calibration"] for r in merged]
     return {
         "command": "calibrate",
         "input": len(records),
         "skipped_already_done": len(done),
+        "dropped_not_in_input": not_in_input,
         "calibrated": len(results),
         "k": k,
         "rollouts": len(results) * k,

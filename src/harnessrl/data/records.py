@@ -28,11 +28,14 @@ TEST_LISTS = ("FAIL_TO_PASS", "PASS_TO_PASS")
 
 
 def read_records(path: str | Path) -> list[Record]:
-    """All records of a JSONL file (blank lines skipped); errors name the file and line."""
+    """All records of a JSONL file (blank lines skipped); errors name the file and line.
+
+    Lines end at ``"\n"`` only (``"\r\n"`` read as one): ``str.splitlines`` would also split at
+    U+2028, U+2029, U+0085 and other separators, which ``write_records`` writes raw inside strings."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"data: cannot read {path}: {exc}") from exc
     records: list[Record] = []
     for lineno, line in enumerate(lines, start=1):

@@ -8,10 +8,16 @@ converters (``anthropic_convert``, ``responses_input``), then normalized as the 
 (``messages.normalize_messages``: content parts joined, tool-call arguments parsed to objects).
 Raw ``completions`` calls have no conversation and are counted, not read.
 
-Export (``write_jsonl``): one line per *conversation*, not per call. An agent resends its history,
-so call k's messages plus its answer are usually the start of call k+1's messages; only calls whose
-conversation no later call of the rollout continues are written (compared by the gateway's
-``message_key``: what a message says, not how it was serialized). Each line is
+An agent resends its history, so call k's messages plus its answer are usually the start of call
+k+1's messages (compared by the gateway's ``message_key``: what a message says, not how it was
+serialized, reasoning aside). The harness's copy of an answer is not the answer: OpenAI chat clients
+usually drop ``reasoning_content``, some keep ``<think>`` in the text. ``with_recorded_answers`` puts
+each recorded answer back in its place in the later calls' histories, as the gateway does when it
+serves them (it reuses the sampled tokens of the earlier answer, whatever the harness resent), so
+both the export and the student's prompts keep every turn's reasoning.
+
+Export (``write_jsonl``): one line per *conversation*, not per call: only calls whose conversation
+no later call of the rollout continues are written (``leaf_conversations``). Each line is
 ``{"messages": [...], "tools": [...], "rollout_id", "task_id", "reward"}`` with OpenAI messages
 (``tool_calls`` with JSON-string arguments, ``reasoning_content`` where there was reasoning): the
 format TRL's ``SFTTrainer``, OpenAI fine-tuning and most chat SFT tools read.
@@ -19,6 +25,7 @@ format TRL's ``SFTTrainer``, OpenAI fine-tuning and most chat SFT tools read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -98,6 +105,36 @@ def final_calls(rollout: Rollout, calls: Iterable[Call]) -> list[Call]:
     final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
     seen = calls_seen(rollout)
     return final if seen is None else final[:seen]
+
+
+def _recorded_in_place(copy: dict[str, Any], answer: dict[str, Any]) -> dict[str, Any]:
+    """``answer`` (as recorded) where the harness resent ``copy`` of it, keeping the copy's tool-call
+    ids: the tool results after it answer to those."""
+    out = {**copy, **answer}
+    out.pop("reasoning_content", None)
+    if answer.get("reasoning_content"):
+        out["reasoning_content"] = answer["reasoning_content"]
+    if answer.get("tool_calls"):  # as many as the copy's: their keys matched
+        out["tool_calls"] = [
+            {**mine, "id": theirs["id"]}
+            for mine, theirs in zip(answer["tool_calls"], copy["tool_calls"], strict=True)
+        ]
+    return out
+
+
+def with_recorded_answers(conversations: Sequence[Conversation]) -> list[Conversation]:
+    """``conversations`` (one rollout's, in order) with each earlier answer a later one continues
+    put back in its history as recorded (its reasoning included), in place of the harness's copy."""
+    keys = [c.keys() for c in conversations]
+    out = []
+    for j, conv in enumerate(conversations):
+        messages = list(conv.messages)
+        for i in range(j):
+            at = len(conversations[i].messages)  # where call i's answer sits in call j's history
+            if at < len(messages) and keys[j][: at + 1] == keys[i]:
+                messages[at] = _recorded_in_place(messages[at], conversations[i].answer)
+        out.append(dataclasses.replace(conv, messages=messages) if messages != conv.messages else conv)
+    return out
 
 
 def leaf_conversations(conversations: Sequence[Conversation]) -> list[Conversation]:

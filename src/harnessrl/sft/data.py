@@ -152,6 +152,7 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
         export_line,
         final_calls,
         leaf_conversations,
+        with_recorded_answers,
         write_jsonl,
     )
 
@@ -167,7 +168,8 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
                     convs.append(conversation(call))
                 except NoConversation as exc:
                     unreadable[exc.reason] = unreadable.get(exc.reason, 0) + 1
-            lines.extend(export_line(c, rollout) for c in leaf_conversations(convs))
+            leaves = leaf_conversations(with_recorded_answers(convs))
+            lines.extend(export_line(c, rollout) for c in leaves)
     finally:
         store.close()
     path.parent.mkdir(parents=True, exist_ok=True)

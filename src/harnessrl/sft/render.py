@@ -10,7 +10,9 @@ For each call (``conversations.Conversation``), with the *student's* tokenizer a
    token): those tokens carry loss 1; what the template writes after it (``"\\n"`` in ChatML) is
    glue the student never samples, so it only appears as the next call's context;
 3. an answer cut at its token limit (``finish_reason = "length"``) is skipped (``truncated``): the
-   template would close it with an end-of-turn token, teaching the student to stop mid-answer;
+   template would close it with an end-of-turn token, teaching the student to stop mid-answer; so is
+   an answer with nothing in it (no text, reasoning or tool call: ``empty_answer``), which would
+   teach the student to end its turn at once;
 4. the answer must survive the round trip through the student's own parsers (the gateway's
    reasoning and tool-call parsers for the student's family, ``model_formats``): the text the
    student would sample, parsed as the gateway would parse it, gives back the teacher's content,
@@ -18,6 +20,11 @@ For each call (``conversations.Conversation``), with the *student's* tokenizer a
    the answer (a template that drops reasoning, a tool-call format that cannot carry it) and the call
    is counted and skipped (``reasoning_dropped``, ``tool_calls_lost``, ``content_changed``), never
    trained on in a mangled form.
+
+The template's variables are those the gateway renders the request with (``request_template_kwargs``):
+a chat call's ``chat_template_kwargs``, a Messages call's ``thinking`` and a Responses call's
+``reasoning.effort`` as the template's thinking switch (``enable_thinking``), over
+``sft.chat_template_kwargs``.
 
 Chains: a prompt whose text starts with an earlier call's prompt + answer text reuses that call's
 prompt and answer IDs and encodes only the rest (glue, tool output, the next turn's opening), as the
@@ -39,12 +46,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from harnessrl.errors import BadRequest
+from pydantic import ValidationError
+
+from harnessrl.errors import BadRequest, ConfigError
+from harnessrl.gateway.apis.anthropic import thinking_template_kwargs
+from harnessrl.gateway.apis.anthropic_convert import ThinkingParam
+from harnessrl.gateway.apis.responses import thinking_kwargs
 from harnessrl.gateway.parsers.formats import ModelFormats
 from harnessrl.gateway.parsers.reasoning import get_reasoning_parser, split_reasoning
 from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.schemas import Call, Rollout
-from harnessrl.sft.conversations import Conversation, NoConversation, conversation, final_calls
+from harnessrl.sft.conversations import (
+    Conversation,
+    NoConversation,
+    conversation,
+    final_calls,
+    with_recorded_answers,
+)
 from harnessrl.tokenizer import PolicyTokenizer
 from harnessrl.trajectory import CALLS_SEEN_KEY, Sample, build_rollout_samples
 
@@ -129,6 +147,41 @@ def check_expressed(
         )
 
 
+def _messages_thinking(tokenizer: PolicyTokenizer, thinking: Any, tools: Any) -> dict[str, Any]:
+    """A Messages request's ``thinking`` as the gateway turns it into the template's switch."""
+    if thinking is None:
+        return {}
+    try:
+        param = ThinkingParam.model_validate(thinking)
+    except ValidationError:
+        return {}  # the gateway refused such a request: it was never recorded
+    return thinking_template_kwargs(tokenizer, param, tools)
+
+
+def request_template_kwargs(conv: Conversation, tokenizer: PolicyTokenizer) -> dict[str, Any]:
+    """The template variables the gateway renders ``conv``'s request with for ``tokenizer``: a chat
+    call's ``chat_template_kwargs``; a Messages call's ``thinking`` and a Responses call's
+    ``reasoning.effort`` as the template's thinking switch, where it has one."""
+    request = conv.call.request
+    if conv.call.api == "messages":
+        return _messages_thinking(tokenizer, request.get("thinking"), conv.tools)
+    if conv.call.api == "responses":
+        reasoning = request.get("reasoning")
+        try:
+            return thinking_kwargs(tokenizer, reasoning if isinstance(reasoning, dict) else None)
+        except ConfigError:
+            return {}  # no template: rendering reports it
+    return conv.template_kwargs
+
+
+def _is_empty(answer: dict[str, Any]) -> bool:
+    return not (
+        (answer.get("content") or "").strip()
+        or (answer.get("reasoning_content") or "").strip()
+        or answer.get("tool_calls")
+    )
+
+
 def render_call(
     conv: Conversation,
     tokenizer: PolicyTokenizer,
@@ -136,12 +189,16 @@ def render_call(
     template_kwargs: Mapping[str, Any] | None = None,
 ) -> RenderedCall:
     """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be.
-    ``template_kwargs`` (``sft.chat_template_kwargs``) are the template's variables, under the
-    request's own ``chat_template_kwargs``."""
+    ``template_kwargs`` (``sft.chat_template_kwargs``) are the template's variables, under those
+    the gateway derives from the request (``request_template_kwargs``)."""
     if conv.call.finish_reason == "length":
         # The template would close the cut answer with an end-of-turn: teaching to stop mid-answer.
         raise Inexpressible("truncated", "the answer hit its token limit")
-    kwargs = {**(template_kwargs or {}), **conv.template_kwargs}
+    if _is_empty(conv.answer):
+        raise Inexpressible(
+            "empty_answer", "no text, reasoning or tool call: it would teach stopping at once"
+        )
+    kwargs = {**(template_kwargs or {}), **request_template_kwargs(conv, tokenizer)}
     try:
         prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True, **kwargs)
         full_text = tokenizer.render_chat(
@@ -194,19 +251,29 @@ def rollout_sequences(
     report = RenderReport()
     prompts = PromptBuilder(tokenizer)
     token_calls: list[Call] = []
+
+    def skip(call: Call, exc: NoConversation | Inexpressible) -> None:
+        report.skipped[exc.reason] += 1
+        report.examples.setdefault(exc.reason, f"rollout {rollout.rollout_id} call {call.seq}: {exc}")
+
+    conversations: list[Conversation] = []
     for call in final_calls(rollout, calls):
         report.calls += 1
         try:
-            rendered = render_call(conversation(call), tokenizer, formats, template_kwargs)
-        except (NoConversation, Inexpressible) as exc:
-            report.skipped[exc.reason] += 1
-            report.examples.setdefault(exc.reason, f"rollout {rollout.rollout_id} call {call.seq}: {exc}")
+            conversations.append(conversation(call))
+        except NoConversation as exc:
+            skip(call, exc)
+    for conv in with_recorded_answers(conversations):
+        try:
+            rendered = render_call(conv, tokenizer, formats, template_kwargs)
+        except Inexpressible as exc:
+            skip(conv.call, exc)
             continue
         report.rendered += 1
         token_calls.append(
             Call(
                 rollout_id=rollout.rollout_id,
-                seq=call.seq,
+                seq=conv.call.seq,
                 attempt=rollout.attempt,
                 prompt_token_ids=prompts.prompt_ids(rendered),
                 response_token_ids=rendered.answer_ids,

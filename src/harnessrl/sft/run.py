@@ -30,10 +30,11 @@ DATA_FILE = "sft_data.json"
 
 
 def prepare_sft_run(
-    config_path: str | None, resume: str | None, overrides: list[str]
+    config_path: str | None, resume: str | None, overrides: list[str], *, export: bool = False
 ) -> tuple[SftConfig, Path]:
     """``(config, run_dir)`` for a new run from ``config_path`` or a resumed one from ``resume``.
-    Imports no torch: the CLI checks the config before paying for that."""
+    ``export``: for ``--export-jsonl``, which writes no run folder, so an existing one is no reason
+    to refuse. Imports no torch: the CLI checks the config before paying for that."""
     if resume:
         run_dir = Path(resume)
         raw = read_saved_config(run_dir, "harnessrl sft run folder")
@@ -50,8 +51,8 @@ def prepare_sft_run(
             if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
                 source[key] = str((base_dir / value).resolve())
     config = validate_config(SftConfig, raw)
-    run_dir = new_run_dir(Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name)
-    return config, run_dir
+    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
+    return config, run_dir if export else new_run_dir(run_dir)
 
 
 def save_config(config: SftConfig, run_dir: Path) -> None:

@@ -29,8 +29,10 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
     """All tasks in ``path``; ``split`` overrides each task's split when given."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
+        # "\n" only: str.splitlines also splits at U+2028, U+2029, U+0085..., which save_tasks
+        # writes raw inside strings (ensure_ascii=False). read_text already made "\r\n" one "\n".
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"tasks: cannot read {path}: {exc}") from exc
     tasks: list[Task] = []
     seen: set[str] = set()

@@ -346,7 +346,7 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
     "answer"}``, Search-R1's processed rows with ``reward_model.ground_truth.target``). The answers go
     under ``hidden``; only the question reaches the harness (as ``prompt`` and ``question``)."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 may sit in a string
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{split} tasks: cannot read {path}: {exc}") from exc
     tasks: list[Task] = []

@@ -49,18 +49,22 @@ from harnessrl.gateway.prompt.messages import key_messages
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.messages import teacher_messages
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
+from harnessrl.tokenizer import PolicyTokenizer
 
 __all__ = ["MESSAGES", "count_tokens", "messages", "probe", "request_to_internal"]
 
 PING = 'event: ping\ndata: {"type": "ping"}\n\n'
 
 
-def _template_kwargs(state: GatewayState, thinking: ThinkingParam | None, tools: Any) -> dict[str, Any]:
-    """``thinking`` onto the template's reasoning switch (Qwen3's ``enable_thinking``) if it has one."""
+def thinking_template_kwargs(
+    tokenizer: PolicyTokenizer, thinking: ThinkingParam | None, tools: Any
+) -> dict[str, Any]:
+    """``thinking`` onto the template's reasoning switch (Qwen3's ``enable_thinking``) if it has one
+    (also how ``harnessrl sft`` renders a recorded Messages call for its student)."""
     if thinking is None:
         return {}
     try:
-        source = state.engine.tokenizer.get_chat_template(tools)
+        source = tokenizer.get_chat_template(tools)
     except ConfigError:
         return {}  # no template: build_prompt reports it
     if "enable_thinking" not in source:
@@ -85,7 +89,7 @@ class MessagesApi:
             "messages",
             messages=messages,
             tools=tools,
-            template_kwargs=_template_kwargs(state, body.thinking, tools),
+            template_kwargs=thinking_template_kwargs(state.engine.tokenizer, body.thinking, tools),
         )
 
     def too_long(
@@ -254,7 +258,7 @@ async def count_tokens(request: Request) -> Response:
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
     messages, tools = request_to_internal(data)
     keyed = key_messages(messages, memory.last_keyed)  # a count, not a call: the last request stays
-    kwargs = _template_kwargs(state, body.thinking, tools)
+    kwargs = thinking_template_kwargs(state.engine.tokenizer, body.thinking, tools)
     plan = await plan_prompt(state, keyed, memory, tools, kwargs)
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})
 
