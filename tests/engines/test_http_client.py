@@ -575,7 +575,10 @@ def test_no_proxy_sends_the_upstream_directly_past_a_dead_proxy(monkeypatch: pyt
 
         async def go() -> Any:
             server, url = await serve(scripted(json_answer()))
-            upstream = HttpUpstream(url)
+            # Past the dead proxy a connect is refused at once: a longer connect timeout than the 5 s
+            # default weakens nothing, and a CI run on a loaded machine (2026-12-06, parallel work
+            # beside it) timed the direct connect out at 5 s.
+            upstream = HttpUpstream(url, connect_timeout_s=15.0)
             try:
                 return await upstream.request_json("GET", "/x")
             finally:
