@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
-from tests.tasks.coding_support import build_outside_tmp, records
+from tests.tasks.coding_support import CODING_SCORER, build_outside_tmp, records, workspace
 
 from harnessrl.controller.evaluators import build_evaluator
 from harnessrl.controller.evaluators.types import EvaluationInput, EvaluationResult
@@ -27,20 +26,7 @@ from harnessrl.sandbox.bwrap import sandbox_problem
 
 pytestmark = pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}")
 
-SCORER = {
-    "type": "command",
-    "reward_from": "json",
-    "timeout_s": 180,
-    "command": [
-        "python3",
-        "-I",
-        "-m",
-        "harnessrl.tasks.coding",
-        "evaluate",
-        "--hidden",
-        "{task[hidden.tests]}",
-    ],
-}
+
 # HumanEval/32 (find_zero: a loop through the prompt's poly and math.fabs), /50 (decode_shift: a
 # loop over random words through encode_shift), /4 and /2 (abs(f(x) - y) < 1e-6; /2 is probed too).
 CHEATS = [
@@ -76,20 +62,8 @@ def rows():
 
 
 def evaluate(row: dict, ws: Path) -> EvaluationResult:
-    evaluator = build_evaluator(SCORER)
+    evaluator = build_evaluator(CODING_SCORER)
     return asyncio.run(evaluator.evaluate(EvaluationInput(task=to_task(row), workspace=ws, rollout_id="r")))
-
-
-def workspace(row: dict, dest: Path, *, gold: bool = False, append: str = "") -> Path:
-    shutil.copytree(row["hidden"]["repo_path"], dest, ignore=shutil.ignore_patterns(".git"))
-    if gold:
-        show = ["git", "-C", row["hidden"]["repo_path"], "show", "HEAD~1:solution.py"]
-        (dest / "solution.py").write_text(
-            subprocess.run(show, capture_output=True, text=True, check=True).stdout
-        )
-    with (dest / "solution.py").open("a") as fh:
-        fh.write("\n\n" + append if append else "")
-    return dest
 
 
 def test_the_unprobed_tasks_are_the_ones_the_hunter_used(rows: dict):

@@ -48,3 +48,33 @@ def build_outside_tmp(*argv: str) -> Path:
 
 def records(task_set: Path) -> list[dict]:
     return [json.loads(line) for line in (task_set / "tasks.jsonl").read_text().splitlines()]
+
+
+#: The coding tasks' scorer as examples/coding/train.toml configures it (a ``command`` evaluator).
+CODING_SCORER = {
+    "type": "command",
+    "reward_from": "json",
+    "timeout_s": 180,
+    "command": [
+        "python3",
+        "-I",
+        "-m",
+        "harnessrl.tasks.coding",
+        "evaluate",
+        "--hidden",
+        "{task[hidden.tests]}",
+    ],
+}
+
+
+def workspace(row: dict, dest: Path, *, gold: bool = False, append: str = "") -> Path:
+    """The task's repository as the policy leaves it: the bug (or the gold code), code appended."""
+    shutil.copytree(row["hidden"]["repo_path"], dest, ignore=shutil.ignore_patterns(".git"))
+    if gold:
+        show = ["git", "-C", row["hidden"]["repo_path"], "show", "HEAD~1:solution.py"]
+        (dest / "solution.py").write_text(
+            subprocess.run(show, capture_output=True, text=True, check=True).stdout
+        )
+    with (dest / "solution.py").open("a") as fh:
+        fh.write("\n\n" + append if append else "")
+    return dest

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tests.tasks.coding_support import workspace
 
 from harnessrl.data.records import to_task
 from harnessrl.tasks.coding.build import BuildOptions, build_task_set
@@ -135,19 +136,6 @@ def score(row: dict, ws: Path) -> dict:
     proc = scorer(row, ws)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def workspace(row: dict, dest: Path, *, gold: bool = False, append: str = "") -> Path:
-    """The task's repository as the policy leaves it: the bug (or the gold code), code appended."""
-    shutil.copytree(row["hidden"]["repo_path"], dest, ignore=shutil.ignore_patterns(".git"))
-    if gold:
-        show = ["git", "-C", row["hidden"]["repo_path"], "show", "HEAD~1:solution.py"]
-        (dest / "solution.py").write_text(
-            subprocess.run(show, capture_output=True, text=True, check=True).stdout
-        )
-    with (dest / "solution.py").open("a") as fh:
-        fh.write("\n\n" + append if append else "")
-    return dest
 
 
 def test_the_test_module_imports_the_function_alone_and_keeps_the_prompts_helpers(task_set: dict):
