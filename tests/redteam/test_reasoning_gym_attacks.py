@@ -268,6 +268,12 @@ def test_the_guardians_death_would_be_seen():
     assert guardian.returncode == -signal.SIGKILL
 
 
+#: The longest event-loop stall the stall checks allow. Far below the stalls they catch (an answer's
+#: 7 s of big-integer work on the loop's GIL, 10.8 s of a quadratic regex), far above what a loaded CI
+#: machine's scheduling adds: a state of the code, not a timing of the machine.
+STALL_S = 2.0
+
+
 # -- answers that stall, raise or overflow ---------------------------------------------------------------
 
 
@@ -275,31 +281,28 @@ def test_an_expensive_answer_is_cut_at_the_time_limit_without_stalling_the_loop(
     evaluator = build_evaluator({"type": "reasoning_gym", "timeout_s": 1})
     inp = EvaluationInput(task=insertion, workspace=Path("/tmp"), calls=[call("Answer: 7**(2*7**8)")])
 
-    async def run() -> tuple[tuple[EvaluationResult, float], float]:
+    async def run() -> tuple[EvaluationResult, float]:
         await evaluator.evaluate(  # the scorer process starts (and imports reasoning-gym) first
             EvaluationInput(task=insertion, workspace=Path("/tmp"), calls=[call("Answer: x")])
         )
-        started = time.monotonic()
-        outcome = await with_ticker(evaluator.evaluate(inp))
-        return outcome, time.monotonic() - started
+        return await with_ticker(evaluator.evaluate(inp))
 
     try:
-        (result, worst), seconds = asyncio.run(run())
+        result, worst = asyncio.run(run())
     finally:
         close(evaluator)
-    assert result.reward == 0.0 and "scorer_timeout" in result.flags
-    assert seconds < 5.0
-    assert worst < 0.5, f"the event loop stalled for {worst:.2f}s"
+    assert result.reward == 0.0 and "scorer_timeout" in result.flags  # cut at its limit
+    assert worst < STALL_S, f"the event loop stalled for {worst:.2f}s"
 
 
 def test_the_ticker_sees_a_blocked_loop():
     """Control for the stall checks: work that holds the loop shows up in the ticker."""
 
     async def blocking() -> None:
-        time.sleep(0.8)
+        time.sleep(STALL_S + 0.3)
 
     _, worst = asyncio.run(with_ticker(blocking()))
-    assert worst > 0.5
+    assert worst > STALL_S
 
 
 @pytest.mark.parametrize(
@@ -339,7 +342,7 @@ def test_think_blocks_in_stdout_do_not_stall_the_loop(insertion):
     finally:
         close(evaluator)
     assert result.reward == 0.0
-    assert worst < 0.5, f"the event loop stalled for {worst:.2f}s"
+    assert worst < STALL_S, f"the event loop stalled for {worst:.2f}s"
 
     exact = build_evaluator({"type": "exact_match", "source": "stdout", "pattern": r"Answer:\s*(.+)"})
     inp = EvaluationInput(
@@ -347,7 +350,7 @@ def test_think_blocks_in_stdout_do_not_stall_the_loop(insertion):
     )
     result, worst = asyncio.run(with_ticker(exact.evaluate(inp)))
     assert result.reward == 1.0
-    assert worst < 0.5, f"the event loop stalled for {worst:.2f}s"
+    assert worst < STALL_S, f"the event loop stalled for {worst:.2f}s"
 
 
 def test_concurrent_evaluations_are_each_scored_right(evaluator):
