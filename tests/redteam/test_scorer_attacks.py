@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.tasks.coding_support import build_outside_tmp, records
+from tests.tasks.coding_support import CODING_SCORER, build_outside_tmp, records
 
 from harnessrl.data.records import to_task
 from harnessrl.sandbox.bwrap import sandbox_problem
@@ -36,18 +36,7 @@ WRITER = Path(__file__).with_name("scored_attacks.py")
 
 # The coding tasks' scorer (examples/coding/train.toml): probes outside the scored process, pytest
 # under tripwires, the scored code in its own domain.
-HARDENED = {
-    "command": [
-        "python3",
-        "-I",
-        "-m",
-        "harnessrl.tasks.coding",
-        "evaluate",
-        "--hidden",
-        "{task[hidden.tests]}",
-    ],
-    "reward_from": "json",
-}
+HARDENED = {"command": CODING_SCORER["command"], "reward_from": "json"}
 # What docs/evaluators.md showed before: the hidden tests restored, then pytest's exit status.
 EXEC_PYTEST = {
     "command": [
