@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import sqlite3
 import subprocess
 import sys
@@ -182,6 +183,14 @@ def test_migration_list_is_well_formed() -> None:
         assert len(statements(migration.sqlite)) == len(statements(migration.postgres)), (
             f"migration {migration.version} differs between dialects"
         )
+
+
+def test_the_store_docs_name_the_current_version_and_every_migration() -> None:
+    """docs/store.md said version 5 when the code was at 7, with no row for 6 or 7."""
+    doc = (Path(__file__).parents[2] / "docs" / "store.md").read_text()
+    assert f"`harnessrl.store.migrations.SCHEMA_VERSION` ({SCHEMA_VERSION})" in doc
+    table = doc.split("## Schema versions and migrations", 1)[1].split("\n\n")[2]
+    assert [int(v) for v in re.findall(r"^\| (\d+) \|", table, re.M)] == list(range(1, SCHEMA_VERSION + 1))
 
 
 def test_statements_drop_comments() -> None:

@@ -4,6 +4,7 @@ store, the ``ThrowawayPostgres`` helper itself, and a real gateway process recor
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing
@@ -25,7 +26,7 @@ import pytest
 from harnessrl.client import GatewayClient
 from harnessrl.config import StoreConfig, load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError, UpstreamError
-from harnessrl.schemas import Call
+from harnessrl.schemas import Call, Outcome, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.pg_server import PostgresServer, ThrowawayPostgres, find_bindir, server_for_tests
 
@@ -94,6 +95,58 @@ def test_unreachable_server_is_an_upstream_error_without_the_password() -> None:
 def test_missing_database_is_an_upstream_error(pg_server: PostgresServer) -> None:
     with pytest.raises(UpstreamError, match="does not exist"):
         PostgresStore(pg_server.url("no_such_db"))
+
+
+@contextlib.contextmanager
+def database_with_encoding(pg_server: PostgresServer, encoding: str) -> Iterator[str]:
+    """A fresh database of ``encoding`` (``C`` locale, which every encoding accepts); its URL."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(
+            f"CREATE DATABASE {name} ENCODING '{encoding}' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+        )
+    try:
+        yield pg_server.url(name)
+    finally:
+        pg_server.drop_database(name)
+
+
+def test_a_sql_ascii_database_keeps_utf8_text_byte_for_byte(pg_server: PostgresServer) -> None:
+    """Under SQL_ASCII the client encoding defaults to the database's, and psycopg then hands text
+    back as bytes: every read failed (``b'queued' is not a valid RolloutStatus``). Every connection
+    of the store talks UTF-8, whatever the URL says, and SQL_ASCII keeps those bytes as they are."""
+    with database_with_encoding(pg_server, "SQL_ASCII") as url:
+        call = a_call("é-1").model_copy(
+            update={
+                "request": {"messages": [{"role": "user", "content": "ünï ✓ 😀"}]},
+                "response": {"x": "ß"},
+            }
+        )
+        with PostgresStore(url) as store:
+            assert store.create_rollout(rollout_id="r-ascii").status is RolloutStatus.QUEUED
+            store.create_rollout(rollout_id="é-1", task={"prompt": "héllo ✓"}, group_id="grüppe")
+            store.start_rollout("é-1")
+            written = store.add_call(call)
+            done = store.finish_rollout("é-1", Outcome.INFRA_FAILURE, 0.0, error="évaluateur: ✗ 😀")
+        with PostgresStore(url + "?client_encoding=latin1") as store:  # the URL cannot change it
+            assert store.get_rollout("é-1") == done and done.error == "évaluateur: ✗ 😀"
+            assert done.task == {"prompt": "héllo ✓"} and done.status is RolloutStatus.FAILED
+            assert store.list_rollouts(group_id="grüppe") == [done]
+            assert store.list_calls("é-1") == [written]
+
+
+def test_a_database_whose_encoding_cannot_hold_every_text_is_refused_at_open(
+    pg_server: PostgresServer,
+) -> None:
+    """LATIN1 (or any encoding but UTF8 and SQL_ASCII) would refuse a call quoting text outside it,
+    long after the store opened: it is refused at open, saying how to make one that works."""
+    with (
+        database_with_encoding(pg_server, "LATIN1") as url,
+        pytest.raises(ConfigError, match=r"has encoding LATIN1.*ENCODING 'UTF8'"),
+    ):
+        PostgresStore(url)
 
 
 def test_pool_smaller_than_the_threads(pg_url: str) -> None:

@@ -4,14 +4,16 @@ and fork safety. Schema versions and migrations are tested for every backend in 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import sqlite3
+import stat
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from harnessrl.errors import BadRequest, NotFound
+from harnessrl.errors import BadRequest, HarnessRLError, NotFound
 from harnessrl.schemas import Call, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.gate import GateState
@@ -31,6 +33,55 @@ def test_file_setup(tmp_path: Path) -> None:
     tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"meta", "runs", "tasks", "rollouts", "calls", "policy_versions"} <= tables
     raw.close()
+
+
+def file_modes(path: Path) -> dict[str, int]:
+    """The permission bits of the database file and of its WAL and shared-memory files."""
+    return {suffix: stat.S_IMODE(os.stat(f"{path}{suffix}").st_mode) for suffix in ("", "-wal", "-shm")}
+
+
+def test_the_file_and_its_wal_are_private_from_the_first_write_whatever_the_umask(tmp_path: Path) -> None:
+    """Every task with its hidden data and every rollout key is in the file and in its -wal: readable
+    by the owner only. SQLite gives -wal/-shm the database file's permissions when it creates them, so
+    the file is made 0600 before SQLite first opens it (it was chmod-ed after the switch to WAL,
+    leaving the first process's -wal at the umask's 0644 for as long as it ran)."""
+    private = {"": 0o600, "-wal": 0o600, "-shm": 0o600}
+    umask = os.umask(0o022)
+    try:
+        fresh = tmp_path / "fresh.db"
+        with SQLiteStore(fresh) as store:
+            store.create_rollout(task={"hidden": "the answer"})
+            assert file_modes(fresh) == private
+        # A store an older harnessrl (or sqlite3) made with the umask's permissions, open elsewhere.
+        older = tmp_path / "older.db"
+        SQLiteStore(older).close()
+        os.chmod(older, 0o644)
+        other = sqlite3.connect(older, isolation_level=None)
+        other.execute("INSERT INTO runs (run_id, config, status, created_at) VALUES ('r', '{}', 'x', 0)")
+        assert file_modes(older)["-wal"] == 0o644
+        with SQLiteStore(older) as store:
+            store.create_rollout(task={"hidden": "the answer"})
+            assert file_modes(older) == private
+        other.close()
+    finally:
+        os.umask(umask)
+
+
+def test_a_newer_store_is_refused_before_anything_is_written_to_it(tmp_path: Path) -> None:
+    """A store of a newer schema, in rollback-journal mode (not WAL): the version is read before the
+    switch to WAL, which would rewrite its header and leave -wal/-shm files beside it."""
+    path = tmp_path / "newer.db"
+    raw = sqlite3.connect(path)
+    raw.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    raw.execute("INSERT INTO meta (key, value) VALUES ('schema_version', '99')")
+    raw.commit()
+    assert raw.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    raw.close()
+    before = path.read_bytes()
+    with pytest.raises(HarnessRLError, match="schema version 99, newer"):
+        SQLiteStore(path)
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["newer.db"]
 
 
 def test_open_store_urls(tmp_path: Path) -> None:

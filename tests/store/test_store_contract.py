@@ -273,6 +273,80 @@ def test_requeue_issues_a_new_key(store: Store) -> None:
     assert store.get_rollout(rollout.rollout_id).api_key == requeued.api_key
 
 
+# A controller's error text quotes what failed: a user evaluator's exception (which may hold policy
+# output, NUL included) or a file the policy made (os.listdir gives a lone surrogate for a name that
+# is not UTF-8). PostgreSQL refused the NUL and both drivers the surrogate, so the rollout stayed
+# running; now every backend stores the same visible escape.
+UNSTORABLE_ERRORS = [
+    ("evaluator failed: policy said a\x00b", "evaluator failed: policy said a\\x00b"),
+    ("evaluator failed: no such file out\udcff.txt", "evaluator failed: no such file out\\udcff.txt"),
+]
+
+
+@pytest.mark.parametrize(("error", "stored"), UNSTORABLE_ERRORS, ids=["nul", "surrogate"])
+def test_an_error_text_no_backend_can_store_is_escaped_and_the_rollout_still_ends(
+    store: Store, error: str, stored: str
+) -> None:
+    finished = store.start_rollout(store.create_rollout().rollout_id)
+    done = store.finish_rollout(finished.rollout_id, Outcome.INFRA_FAILURE, 0.0, error=error, attempt=0)
+    assert done.status is S.FAILED and done.error == stored
+    assert store.get_rollout(finished.rollout_id) == done
+
+    requeued = store.create_rollout()
+    store.claim_rollouts("w1", 1)
+    again = store.requeue_rollout(requeued.rollout_id, error=error, attempt=0)
+    assert again.status is S.QUEUED and again.attempt == 1 and again.error == stored
+    assert store.get_rollout(requeued.rollout_id) == again
+
+    voided = store.void_rollout(finished.rollout_id, flag="tamper_finished", error=error)
+    assert voided.error == stored and store.get_rollout(finished.rollout_id).error == stored
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\udcffb"], ids=["nul", "surrogate"])
+def test_an_id_no_backend_can_store_is_a_bad_request_on_every_backend(store: Store, bad: str) -> None:
+    """Names and ids are refused rather than altered (an altered id would name something else): a
+    ``BadRequest`` naming the field, alike on every backend, never a driver's error; nothing is written."""
+    from harnessrl.schemas import ToolRequest
+    from harnessrl.store.gate import GatewayRow
+
+    rollout = store.start_rollout(store.create_rollout(rollout_id="r-ok").rollout_id)
+    refused: dict[str, Callable[[], Any]] = {
+        "rollout_id": lambda: store.create_rollout(rollout_id=bad),
+        "group_id": lambda: store.create_rollout(group_id=bad),
+        "run_id": lambda: store.create_run(bad),
+        "task_id": lambda: store.add_tasks([Task(task_id=bad, data={})]),
+        "worker_id": lambda: store.claim_rollouts(bad, 1),
+        "finish_reason": lambda: store.add_call(make_call(rollout.rollout_id, finish_reason=bad)),
+        "tool": lambda: store.add_tool_request(ToolRequest(rollout_id=rollout.rollout_id, tool=bad)),
+        "checkpoint": lambda: store.add_policy_version(PolicyVersion(version=1, checkpoint=bad)),
+        "gateway_id": lambda: store.beat(
+            GatewayRow(bad, "", 0, False, True, 0, 0, 0, 0.0, 0.0), notify=False
+        ),
+    }
+    for field, write in refused.items():
+        with pytest.raises(BadRequest, match=f"^{field} must not contain NUL") as caught:
+            write()
+        assert caught.value.param == field
+    lookups: dict[str, Callable[[], Any]] = {
+        "rollout_id": lambda: store.get_rollout(bad),
+        "group_id": lambda: store.list_rollouts(group_id=bad),
+        "run_id": lambda: store.get_run(bad),
+    }
+    for field, read in lookups.items():
+        with pytest.raises(BadRequest, match=f"^{field} must not contain NUL"):
+            read()
+    with pytest.raises(NotFound):
+        store.get_rollout_by_key(bad)
+    [kept, failed] = store.add_calls(
+        [make_call(rollout.rollout_id), make_call(rollout.rollout_id, finish_reason=bad)]
+    )
+    assert isinstance(kept, Call) and isinstance(failed, BadRequest)  # a group commit: it fails alone
+    assert [r.rollout_id for r in store.list_rollouts()] == ["r-ok"]
+    assert store.count_calls() == 1 and store.list_runs() == [] and store.list_tasks() == []
+    assert store.list_tool_requests(rollout.rollout_id) == [] and store.list_policy_versions() == []
+    assert store.list_gateways() == []
+
+
 def test_cancel_sets_finished_at(store: Store) -> None:
     cancelled = store.cancel_rollout(store.create_rollout().rollout_id)
     assert cancelled.status is S.CANCELLED and cancelled.finished_at is not None

@@ -14,6 +14,9 @@ Every implementation (SQLite now, PostgreSQL later) passes the same contract tes
 - A rollout that ended (finished, failed, cancelled) takes no more calls, nor does an attempt that a
   requeue superseded: ``add_call`` raises ``RolloutEnded``, decided under the lock the ending write
   takes, so every call is either recorded before the end or refused (docs/store.md).
+- Text no backend can store as given (a NUL, a lone surrogate) gets the same answer on every
+  backend: free text (an ``error``) is stored with it escaped (``codecs.storable_text``), so the
+  write succeeds; a name or id holding it raises ``BadRequest`` (``codecs.check_keys``).
 - Methods are thread-safe; async callers run them in a worker thread when latency matters.
 """
 

@@ -59,6 +59,7 @@ from harnessrl.schemas import Call
 from harnessrl.store.codecs import (
     SAME_FRAME,
     Row,
+    check_keys,
     dump_call_json,
     pack_floats,
     pack_ints,
@@ -168,6 +169,9 @@ def split_request(
 def pack_call(call: Call, encoded: EncodedItems | None = None) -> PackedCall:
     """Everything of a call's row that does not depend on earlier calls; a new ``call_id`` if it has none.
     ``encoded``: the request's history items as the caller encoded them (``EncodedItems``)."""
+    check_keys(
+        rollout_id=call.rollout_id, call_id=call.call_id, api=call.api, finish_reason=call.finish_reason
+    )
     key, frame, items = split_request(call.request, encoded)
     columns = {
         "call_id": call.call_id or uuid.uuid4().hex,

@@ -81,6 +81,42 @@ def json_safe(value: Any, non_finite: Callable[[float], Any]) -> Any:
     return value
 
 
+# What a TEXT column cannot take from a caller: NUL (PostgreSQL refuses it) and lone surrogates
+# (neither driver can encode them as UTF-8; ``os.listdir`` gives them for a file name that is not).
+_UNSTORABLE_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """Free text (an error message, which may quote policy output or name a file the policy made)
+    as every backend stores it: a NUL becomes the four characters ``\\x00`` and a lone surrogate
+    its escape (``\\udcff``, as ``backslashreplace`` writes it). The same text on every backend,
+    and the write that carries it always succeeds."""
+    return _UNSTORABLE_TEXT.sub(_escape_unstorable, text)
+
+
+def _escape_unstorable(match: re.Match[str]) -> str:
+    char = match.group()
+    return "\\x00" if char == "\x00" else f"\\u{ord(char):04x}"
+
+
+def is_storable_key(value: str) -> bool:
+    """Whether every backend can store and look up ``value`` as it is (no NUL, no lone surrogate)."""
+    return _UNSTORABLE_TEXT.search(value) is None
+
+
+def check_keys(**fields: str | None) -> None:
+    """``BadRequest`` naming the first field whose text no backend can store or look up as given
+    (a NUL or a lone surrogate). For names and ids (rollout, run, task, group, worker, a call's
+    ``finish_reason``): altering one would make it name something else, so it is refused, the same
+    on every backend, before any driver sees it."""
+    for field, value in fields.items():
+        if isinstance(value, str) and not is_storable_key(value):
+            shown = value if len(value) <= 80 else value[:80] + "..."
+            raise BadRequest(
+                f"{field} must not contain NUL or lone surrogate characters, got {shown!r}", param=field
+            )
+
+
 def dump_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -317,6 +353,7 @@ def sql_where(mark: str, **filters: Any) -> tuple[str, list[Any]]:
             clauses.append(f"{column} IN ({', '.join([mark] * len(values))})" if values else "FALSE")
             params += values
         else:
+            check_keys(**{column: value})
             clauses.append(f"{column} = {mark}")
             params.append(str(value) if isinstance(value, RolloutStatus) else value)
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

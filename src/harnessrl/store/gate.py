@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.errors import Conflict
+from harnessrl.store.codecs import check_keys
 
 #: The PostgreSQL notification channel of the gate and the heartbeat rows.
 CHANNEL = "harnessrl_gate"
@@ -139,6 +140,7 @@ class GateRows:
 
     def beat(self, row: GatewayRow, *, notify: bool) -> None:
         """Insert or refresh a gateway's heartbeat row; ``notify``: its ack changed (wake the waiters)."""
+        check_keys(gateway_id=row.gateway_id, url=row.url)
         p = self.PARAM
         columns = ", ".join(_GATEWAY_COLUMNS)
         values = ", ".join([p] * len(_GATEWAY_COLUMNS))
@@ -166,6 +168,7 @@ class GateRows:
 
     def leave_gate(self, gateway_id: str) -> None:
         """Remove a gateway's row (it shuts down): nobody waits for it any more."""
+        check_keys(gateway_id=gateway_id)
         with self._write() as conn:
             conn.execute(f"DELETE FROM gateways WHERE gateway_id = {self.PARAM}", (gateway_id,))
             self._notify_gate(conn, f"leave {gateway_id}")

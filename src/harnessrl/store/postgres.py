@@ -56,8 +56,28 @@ except ImportError as exc:  # an optional extra: say how to get it
 # worker threads that did not survive the fork. (psycopg itself never closes a connection that
 # another process opened.)
 _INHERITED_POOLS: list[Any] = []
+#: Every connection talks UTF-8, whatever the URL, the environment (PGCLIENTENCODING) or the database
+#: default say: psycopg decodes text by the client encoding, and under SQL_ASCII (the database's
+#: own, when none is set) it hands back bytes, which no record can be read from.
+CONNECT_KWARGS: dict[str, Any] = {"client_encoding": "utf8"}
+#: Server encodings that hold any text a store writes: UTF8, and SQL_ASCII, which keeps the
+#: client's UTF-8 bytes as they are (no conversion, no check) and gives them back the same.
+USABLE_ENCODINGS = ("UTF8", "SQL_ASCII")
 #: Seconds a gate listener waits for a notification before looking whether it should stop.
 WATCH_CHECK_S = 1.0
+
+
+def _check_encoding(conn: psycopg.Connection[Any], url: str) -> None:
+    """``ConfigError`` for a database whose encoding cannot hold every character (LATIN1, say):
+    a call quoting text outside it would fail to be recorded long after the store opened."""
+    row = conn.execute("SHOW server_encoding").fetchone()
+    encoding = row[0] if row else "unknown"
+    if encoding not in USABLE_ENCODINGS:
+        raise ConfigError(
+            f"PostgreSQL store {redact(url)} has encoding {encoding}, which cannot hold every text "
+            "harnessrl stores: create the database with ENCODING 'UTF8' (CREATE DATABASE ... "
+            "ENCODING 'UTF8' TEMPLATE template0)"
+        )
 
 
 def redact(url: str) -> str:
@@ -105,7 +125,8 @@ class PostgresStore(SQLStore):
         try:
             # One plain connection for the migration, so a wrong URL or a down server fails here
             # with libpq's own reason (the pool would only time out).
-            with psycopg.connect(url, connect_timeout=max(1, int(timeout_s))) as conn:
+            with psycopg.connect(url, connect_timeout=max(1, int(timeout_s)), **CONNECT_KWARGS) as conn:
+                _check_encoding(conn, url)
                 migrate_postgres(conn, where=f"store {redact(url)}")
         except psycopg.OperationalError as exc:
             raise UpstreamError(f"cannot use PostgreSQL store {redact(url)}: {exc}".strip()) from exc
@@ -117,7 +138,7 @@ class PostgresStore(SQLStore):
             min_size=self._min,
             max_size=self._max,
             timeout=self._timeout_s,
-            kwargs={"row_factory": dict_row},
+            kwargs={"row_factory": dict_row, **CONNECT_KWARGS},
             check=ConnectionPool.check_connection,
             name=f"harnessrl-store-{os.getpid()}",
             open=True,
@@ -154,7 +175,9 @@ class PostgresStore(SQLStore):
         def listen() -> None:
             while not stopping.is_set():
                 try:
-                    with psycopg.connect(self.url, autocommit=True, connect_timeout=10) as conn:
+                    with psycopg.connect(
+                        self.url, autocommit=True, connect_timeout=10, **CONNECT_KWARGS
+                    ) as conn:
                         conn.execute(f"LISTEN {CHANNEL}")
                         callback("")
                         while not stopping.is_set():

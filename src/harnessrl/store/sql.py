@@ -57,14 +57,17 @@ from harnessrl.store.chains import (
 from harnessrl.store.codecs import (
     ROLLOUT_COLUMNS,
     calls_from_rows,
+    check_keys,
     check_transition,
     dump_json,
+    is_storable_key,
     load_json,
     policy_version_from_row,
     rollout_from_row,
     rollout_to_row,
     run_from_row,
     sql_where,
+    storable_text,
     task_from_row,
 )
 from harnessrl.store.gate import GateRows
@@ -133,6 +136,7 @@ class SQLStore(GateRows):
 
     # -- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
+        check_keys(run_id=run_id)
         run = Run(run_id=run_id, config=config or {})
         p = self.PARAM
         with self._write() as conn:
@@ -152,6 +156,7 @@ class SQLStore(GateRows):
             return [run_from_row(row) for row in conn.execute("SELECT * FROM runs ORDER BY pk")]
 
     def set_run_status(self, run_id: str, status: str) -> None:
+        check_keys(run_id=run_id, status=status)
         p = self.PARAM
         with self._write() as conn:
             if (
@@ -164,6 +169,8 @@ class SQLStore(GateRows):
     def add_tasks(self, tasks: Sequence[Task]) -> None:
         if not tasks:
             return
+        for t in tasks:
+            check_keys(task_id=t.task_id, run_id=t.run_id, split=t.split)
         p = self.PARAM
         with self._write() as conn:
             self._executemany(
@@ -197,6 +204,7 @@ class SQLStore(GateRows):
         step: int | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> Rollout:
+        check_keys(rollout_id=rollout_id, run_id=run_id, task_id=task_id, group_id=group_id)
         rollout = Rollout(
             rollout_id=rollout_id or uuid.uuid4().hex,
             api_key=new_rollout_key(),
@@ -218,6 +226,8 @@ class SQLStore(GateRows):
             return rollout_from_row(self._rollout_row(conn, rollout_id, lock=False))
 
     def get_rollout_by_key(self, api_key: str) -> Rollout:
+        if not is_storable_key(api_key):  # no key holds such text (and the drivers could not send it)
+            raise NotFound("no rollout has this api key")
         with self._read() as conn:
             row = conn.execute(self._rollout_by_key_sql(), (api_key,)).fetchone()
         if row is None:
@@ -251,6 +261,7 @@ class SQLStore(GateRows):
     def claim_rollouts(self, worker_id: str, limit: int, *, run_id: str | None = None) -> list[Rollout]:
         if limit <= 0:
             return []
+        check_keys(worker_id=worker_id, run_id=run_id)
         p = self.PARAM
         run_filter = "" if run_id is None else f" AND run_id = {p}"
         params: list[Any] = [worker_id, now(), *([] if run_id is None else [run_id]), limit]
@@ -298,7 +309,7 @@ class SQLStore(GateRows):
                 "metadata": dump_json({**load_json(row["metadata"]), **(metadata or {})}),
             }
             if error is not None:
-                changes["error"] = error
+                changes["error"] = storable_text(error)
             ended = self._update(conn, rollout_id, **changes)
         self._announce_end(rollout_id)
         return ended
@@ -313,7 +324,7 @@ class SQLStore(GateRows):
                 status=RolloutStatus.FINISHED.value,
                 outcome=Outcome.POLICY_FAILURE.value,
                 reward=0.0,
-                error=error,
+                error=storable_text(error),
                 flags=dump_json([*flags, flag] if flag not in flags else flags),
             )
         self._announce_end(rollout_id)
@@ -336,7 +347,7 @@ class SQLStore(GateRows):
                 "api_key": new_rollout_key(),
             }
             if error is not None:
-                changes["error"] = error
+                changes["error"] = storable_text(error)
             requeued = self._update(conn, rollout_id, **changes)
         self._announce_end(rollout_id)  # the attempt ended: its calls in flight will not be recorded
         return requeued
@@ -388,6 +399,7 @@ class SQLStore(GateRows):
             return self._update(conn, rollout_id, metadata=dump_json(metadata))
 
     def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None:
+        check_keys(rollout_id=rollout_id)
         p = self.PARAM
         with self._write() as conn:
             sql = f"UPDATE rollouts SET flags = {p} WHERE rollout_id = {p}"
@@ -515,6 +527,7 @@ class SQLStore(GateRows):
 
     # -- policy versions --------------------------------------------------------------------------
     def add_policy_version(self, version: PolicyVersion) -> None:
+        check_keys(checkpoint=version.checkpoint)
         with self._write() as conn:
             row = {**version.model_dump(), "metadata": dump_json(version.metadata)}
             upsert = ", ".join(f"{column} = excluded.{column}" for column in row if column != "version")
@@ -537,6 +550,7 @@ class SQLStore(GateRows):
         """As ``add_call``: ``RolloutEnded`` if the rollout ended or ``request.attempt`` is older than
         its attempt, decided under the lock the ending write takes (a search still running when its
         rollout ended is refused, never recorded after the end); ``NotFound`` for an unknown rollout."""
+        check_keys(rollout_id=request.rollout_id, tool=request.tool)
         row = request.model_dump()
         row["request"], row["response"] = dump_json(request.request), dump_json(request.response)
         with self._write() as conn:
@@ -597,6 +611,7 @@ class SQLStore(GateRows):
 
     @staticmethod
     def _fetch_one(conn: Any, sql: str, params: tuple[Any, ...], kind: str, key: str) -> Any:
+        check_keys(**{f"{kind}_id": key})
         row = conn.execute(sql, params).fetchone()
         if row is None:
             raise NotFound(f"{kind} {key!r} not found")

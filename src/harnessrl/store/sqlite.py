@@ -12,6 +12,10 @@ WAL file (the OS page cache) before ``COMMIT`` returns, so it survives the proce
 which is what the ``Store`` contract asks for; only an OS crash or power loss can drop the last few
 commits. Pass ``synchronous="FULL"`` to fsync every commit when that matters more than latency.
 WAL needs shared memory, so the file must be on a local filesystem (not NFS).
+
+Permissions: the file holds every task's hidden data and every rollout key, so it is created 0600
+before SQLite first opens it; SQLite gives the -wal and -shm files it creates the database file's
+permissions, so they are 0600 from their first byte, whatever the umask.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Literal
 from harnessrl.errors import NotFound
 from harnessrl.schemas import Call, Rollout
 from harnessrl.store.chains import EncodedItems, pack_call
-from harnessrl.store.codecs import rollout_from_row
+from harnessrl.store.codecs import is_storable_key, rollout_from_row
 from harnessrl.store.gate import GateState
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
@@ -64,14 +68,24 @@ class SQLiteStore(SQLStore):
         self._closed = False
         self._reset_readers()
         self._by_key: dict[str, tuple[tuple[Any, ...], Rollout]] = {}  # key -> (its row, its rollout)
-        self._conn = self._connect()
-        with self._write() as conn:
-            migrate_sqlite(conn, where=f"store {self.path!r}")
-        if self.path != ":memory:" and not self.path.startswith("file:"):
-            # Every task with its hidden data and every rollout key: readable by its owner only (the
-            # WAL and shared-memory files SQLite creates next to it copy these permissions).
-            with contextlib.suppress(OSError):
-                os.chmod(self.path, 0o600)
+        if self.local_file is not None:
+            _make_private(self.local_file)
+        # The schema version is read (and a newer store refused) before the switch to WAL, which
+        # would change the file's header and leave -wal/-shm files beside a store it must not touch.
+        self._conn = self._connect(wal=False)
+        try:
+            with self._write() as conn:
+                migrate_sqlite(conn, where=f"store {self.path!r}")
+            _enter_wal(self._conn, timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        if self.local_file is not None:
+            # -wal/-shm that an older harnessrl (or another program) made with the umask's
+            # permissions, still there because a process of its has the file open.
+            for leftover in ("-wal", "-shm"):
+                with contextlib.suppress(OSError):
+                    os.chmod(f"{self.path}{leftover}", 0o600)
 
     @property
     def local_file(self) -> Path | None:
@@ -92,7 +106,7 @@ class SQLiteStore(SQLStore):
         """The rollout owning ``api_key``, read on this thread's own connection. Built once per row:
         while its row is unchanged, a later lookup returns the same (read-only) ``Rollout``; the
         gateway looks every model call's key up, and validating the record costs more than the read."""
-        if not self.reads_at_once:
+        if not self.reads_at_once or not is_storable_key(api_key):
             return super().get_rollout_by_key(api_key)
         row = self._reader().execute(self._rollout_by_key_sql(), (api_key,)).fetchone()
         if row is None:
@@ -157,7 +171,9 @@ class SQLiteStore(SQLStore):
         self._readers_lock = threading.Lock()
         self._reader_conns: list[sqlite3.Connection] = []
 
-    def _connect(self, *, read_only: bool = False, busy_timeout_s: float | None = None) -> sqlite3.Connection:
+    def _connect(
+        self, *, read_only: bool = False, busy_timeout_s: float | None = None, wal: bool = True
+    ) -> sqlite3.Connection:
         # isolation_level=None: the sqlite3 module never opens transactions on its own; we issue
         # BEGIN IMMEDIATE / COMMIT ourselves so every write's locking is explicit.
         timeout = self._timeout_s if busy_timeout_s is None else busy_timeout_s
@@ -167,7 +183,8 @@ class SQLiteStore(SQLStore):
         if read_only:
             conn.execute("PRAGMA query_only = ON")  # the file is in WAL mode already (set on open)
             return conn
-        _enter_wal(conn, timeout)
+        if wal:
+            _enter_wal(conn, timeout)
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA foreign_keys = ON")
         return conn
@@ -215,6 +232,19 @@ class SQLiteStore(SQLStore):
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _make_private(path: Path) -> None:
+    """Make the database file readable by its owner only (every task with its hidden data, every
+    rollout key), creating it so when it is new, before SQLite first opens it: SQLite creates the
+    WAL and shared-memory files with the database file's permissions, whatever the umask."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+    except FileExistsError:
+        with contextlib.suppress(OSError):  # a file of another owner keeps its permissions
+            os.chmod(path, 0o600)
+    else:
+        os.close(fd)
 
 
 def _enter_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
