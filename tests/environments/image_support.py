@@ -6,6 +6,11 @@ Every image is built through harnessrl's own image store (``HARNESSRL_CACHE_DIR/
 (``examples/swe/train.toml``'s ``swe-base``, ~3 min with a cold apt download) is made once per
 machine and every later session, and every xdist worker, finds it (builds take a lock per recipe).
 Images a test makes for itself (a recipe with a random token in it) are removed by that test.
+
+``tiny_store`` is the fast path for tests of the image store itself: a private store in the test's
+folder holding ``localhost/tiny:1`` (a ~2 MB image of this machine's ``sh`` and ``cat`` and their
+libraries, made with ``podman import``: no registry, no Debian mirror), emptied and removed after
+the test with every container and mount it made.
 """
 
 from __future__ import annotations
@@ -13,6 +18,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import shutil
+import subprocess
+import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +31,7 @@ import pytest
 from harnessrl.environments.config import EnvironmentConfig
 from harnessrl.environments.podman import podman_problem
 from harnessrl.environments.resolve import Environments
+from harnessrl.environments.store import ImageStore
 from harnessrl.sandbox.bwrap import sandbox_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,6 +47,55 @@ def images_problem() -> str | None:
 
 
 needs_images = pytest.mark.skipif(images_problem() is not None, reason=f"no images here: {images_problem()}")
+
+
+def podman_here_problem() -> str | None:
+    if os.geteuid() != 0:
+        return "podman image mount and builds need root here"
+    return podman_problem()
+
+
+needs_podman = pytest.mark.skipif(
+    podman_here_problem() is not None, reason=f"no podman here: {podman_here_problem()}"
+)
+TINY = "localhost/tiny:1"
+
+
+def tiny_tar(dest: Path, programs: tuple[str, ...] = ("/usr/bin/sh", "/usr/bin/cat")) -> Path:
+    """A root filesystem of this machine's ``programs`` and the libraries they load, as a tarball."""
+    files: dict[str, str] = {}
+    for program in programs:
+        files[program] = os.path.realpath(program)
+        linked = subprocess.run(["ldd", program], capture_output=True, text=True, check=True).stdout
+        for path in re.findall(r"(/\S+) \(0x", linked):
+            files[path] = os.path.realpath(path)
+    with tarfile.open(dest, "w") as tar:
+        for inside, outside in sorted(files.items()):
+            tar.add(outside, arcname=inside.lstrip("/"))
+    return dest
+
+
+def empty_store(store: ImageStore) -> None:
+    """Everything a test made in its private store removed: mounts, containers (a build's working
+    containers too), images, and the store's folders."""
+    podman = store.podman
+    for container in json.loads(podman.run("ps", "--all", "--external", "--format", "json").stdout or "[]"):
+        podman.run("rm", "--force", container["Id"], check=False)
+    podman.run("image", "unmount", "--all", "--force", check=False)
+    podman.run("rmi", "--all", "--force", check=False)
+    shutil.rmtree(podman.runroot, ignore_errors=True)
+    shutil.rmtree(store.folder, ignore_errors=True)
+
+
+@pytest.fixture
+def tiny_store(tmp_path: Path) -> Iterator[ImageStore]:
+    """A private image store holding ``localhost/tiny:1`` (see the module docstring)."""
+    store = ImageStore(tmp_path / "store", ca_bundle=None, build_timeout_s=300)
+    try:
+        store.podman.import_tar(tiny_tar(tmp_path / "tiny.tar"), TINY, labels={})
+        yield store
+    finally:
+        empty_store(store)
 
 
 @functools.cache

@@ -10,8 +10,8 @@ import pytest
 from harnessrl.config import resolve_relative_paths
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.environments.config import EnvironmentConfig, is_reference
-from harnessrl.environments.podman import ImageError
-from harnessrl.environments.recipes import base_images, check_recipe, recipe_digest
+from harnessrl.environments.podman import ImageError, qualify
+from harnessrl.environments.recipes import base_images, check_recipe, pin_images, recipe_digest
 
 
 def recipe(tmp_path: Path, text: str) -> tuple[Path, Path]:
@@ -52,7 +52,62 @@ def test_what_a_recipe_may_read_passes(tmp_path: Path):
         "RUN --mount=type=cache,target=/root/.cache pip --version \\\n    && true\n",
     )
     check_recipe(containerfile, context, where="env")
-    assert base_images(containerfile) == ["base", "base"]
+    assert base_images(containerfile) == ["base"]  # each image once
+
+
+def test_the_images_a_recipe_reads_include_those_it_copies_from(tmp_path: Path):
+    containerfile, _ = recipe(
+        tmp_path,
+        "FROM localhost/harnessrl/base:latest AS build\nFROM debian:bookworm\n"
+        "COPY --from=build /a /a\nCOPY --from=0 /b /b\nCOPY --from=quay.io/x/tool:1 /t /t\n"
+        "RUN --mount=type=bind,from=localhost/data:2,target=/data ls /data\n"
+        "RUN --mount=type=bind,from=build,target=/b ls /b\n",
+    )
+    assert base_images(containerfile) == [
+        "localhost/harnessrl/base:latest",
+        "debian:bookworm",
+        "quay.io/x/tool:1",
+        "localhost/data:2",
+    ]
+    pinned = pin_images(
+        containerfile,
+        {
+            "localhost/harnessrl/base:latest": "a" * 64,
+            "quay.io/x/tool:1": "b" * 64,
+            "localhost/data:2": "c" * 64,
+        },
+        {},
+    ).splitlines()
+    assert pinned[0] == f"FROM {'a' * 64} AS build" and pinned[1] == "FROM debian:bookworm"
+    assert pinned[2:4] == ["COPY --from=build /a /a", "COPY --from=0 /b /b"]  # stages stay stages
+    assert pinned[4] == f"COPY --from={'b' * 64} /t /t"
+    assert pinned[5] == f"RUN --mount=type=bind,from={'c' * 64},target=/data ls /data"
+
+
+def test_from_an_arg_takes_the_build_arg_then_the_default(tmp_path: Path):
+    containerfile, _ = recipe(tmp_path, "ARG BASE=localhost/a:1\nARG TAG\nFROM ${BASE}\nFROM b:${TAG:-2}\n")
+    assert base_images(containerfile) == ["localhost/a:1", "b:2"]
+    assert base_images(containerfile, {"BASE": "localhost/c:3", "TAG": "9"}) == ["localhost/c:3", "b:9"]
+    assert pin_images(containerfile, {"localhost/a:1": "d" * 64}, {}).splitlines()[2] == f"FROM {'d' * 64}"
+    containerfile.write_text("ARG BASE\nFROM $BASE\n")
+    with pytest.raises(ImageError, match=r"FROM on line 2 uses \$BASE, which has no value"):
+        base_images(containerfile)
+
+
+@pytest.mark.parametrize(
+    ("short", "qualified"),
+    [
+        ("jyangballin/swesmith.x86_64.a_1776_b.c", "docker.io/jyangballin/swesmith.x86_64.a_1776_b.c"),
+        ("foo:1", "docker.io/library/foo:1"),
+        ("quay.io/someone/foo:1", "quay.io/someone/foo:1"),
+        ("registry:5000/a/b", "registry:5000/a/b"),
+        ("localhost/harnessrl/x:latest", "localhost/harnessrl/x:latest"),
+        ("docker.io/library/debian", "docker.io/library/debian"),
+        ("a" * 64, "a" * 64),
+    ],
+)
+def test_short_names_are_qualified_by_dockers_rule(short: str, qualified: str):
+    assert qualify(short) == qualified
 
 
 def test_a_link_out_of_the_context_is_refused(tmp_path: Path):
@@ -107,6 +162,11 @@ def test_which_environment_a_task_names():
         ({"images": {"host": {"image": "x"}}}, "not a usable environment name"),
         ({"field": "hidden.image"}, "evaluator-only data"),
         ({"images": {"a": {"debian": {"include": ["python3; rm -rf /"]}}}}, "not a Debian package name"),
+        ({"images": {"a": {"debian": {"mirror": "--setup-hook=touch /x"}}}}, "should match pattern"),
+        (
+            {"images": {"py/tool": {"image": "x"}, "py-tool": {"image": "y"}}},
+            "'py/tool' and 'py-tool' would share the image name localhost/harnessrl/py-tool",
+        ),
         ({"harness": "somewhere"}, "harness"),
         ({"unknown": 1}, "unknown"),
     ],

@@ -3,7 +3,8 @@
 ``build`` reads the ``[harness.environment]`` section of a rollout or training config (any other
 section is ignored) and builds or finds every environment it names, printing one JSON line per
 image and a summary; the other commands work on the image store (``--store``, default
-``$HARNESSRL_CACHE_DIR/containers``). Every command prints JSON; errors exit with status 2.
+``$HARNESSRL_CACHE_DIR/containers``) and never create one: a folder without ``storage/`` holds no
+images. Every command prints JSON; errors exit with status 2.
 """
 
 from __future__ import annotations
@@ -71,6 +72,15 @@ def _existing(store: Path | None) -> Path | None:
     return store
 
 
+def _usable(store: Path | None) -> Path | None:
+    """``--store`` for build, which makes the store: a file in the way is named, not a traceback."""
+    from harnessrl.errors import ConfigError
+
+    if store is not None and store.exists() and not store.is_dir():
+        raise ConfigError(f"--store {str(store)!r}: not a folder")
+    return store
+
+
 @app.command("build")
 def build_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A rollout or training config")],
@@ -88,7 +98,7 @@ def build_command(
         problem = podman_problem()
         if problem is not None:
             raise ImageError(problem)
-        images = _store(store, config)
+        images = _store(_usable(store), config)
         names = only or list(config.images)
         unknown = [n for n in names if n not in config.images]
         if unknown:
@@ -151,8 +161,9 @@ def prune_command(
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Remove every harnessrl image")] = False,
 ) -> None:
-    """Remove images: by default those superseded by a newer build of the same environment (no longer
-    tagged :latest); --keep CONFIG keeps only that config's current images; --all removes them all."""
+    """Remove images: by default those superseded by another recipe of the same environment (no longer
+    tagged :latest); --keep CONFIG keeps only that config's current images (building nothing); both
+    keep images a run has mounted; --all removes them all."""
     from harnessrl.environments.store import PREFIX, ImageStore
 
     try:
@@ -163,10 +174,12 @@ def prune_command(
         if keep is not None:
             config = environment_config(keep, [])
             images = _store(store, config)
-            kept = set()
-            for name, recipe in config.images.items():
-                if recipe.image is None:  # only harnessrl's own builds are ever removed
-                    kept.add(images.ensure(name, recipe, recipes=config.images).image_id)
+            kept: set[str] = set()
+            if images.exists:  # a config's images are looked up, never built, to be kept
+                for name, recipe in config.images.items():
+                    if recipe.image is None:  # only harnessrl's own builds are ever removed
+                        found = images.current_id(name, recipe, config.images)
+                        kept |= {found} if found else set()
             report = images.prune(kept)
         elif all_:
             images = _store(store)

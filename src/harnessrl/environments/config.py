@@ -35,6 +35,12 @@ _REFERENCE = re.compile(
 _PORTED = re.compile(r"^[a-z0-9][a-z0-9.-]*(?::\d+)?/")
 
 
+def slug(name: str) -> str:
+    """An environment name as the last part of an image name (``swe/inflection`` -> ``swe-inflection``)."""
+    out = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")
+    return out or "env"
+
+
 def is_reference(value: str) -> bool:
     """Whether ``value`` looks like an image reference (``name``, ``registry:5000/a/b:tag``...)."""
     rest = _PORTED.sub("", value, count=1) if "/" in value else value
@@ -51,7 +57,11 @@ class DebianBase(BaseModel):
         "extract", "custom", "essential", "apt", "minbase", "buildd", "important", "standard"
     ] = "minbase"
     include: list[str] = Field(default_factory=list, description="more Debian packages")
-    mirror: str = Field(default="http://deb.debian.org/debian", description="the Debian mirror to use")
+    mirror: str = Field(
+        default="http://deb.debian.org/debian",
+        pattern=r"^(https?|file)://[^\s]+$",
+        description="the Debian mirror to use (http://, https:// or file://)",
+    )
 
     @field_validator("include")
     @classmethod
@@ -142,6 +152,15 @@ class EnvironmentConfig(BaseModel):
         for name in value:
             if name == HOST or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", name):
                 raise ValueError(f"images: {name!r} is not a usable environment name")
+        # Two names with one image name would share localhost/harnessrl/<slug>:latest.
+        by_slug: dict[str, str] = {}
+        for name in value:
+            other = by_slug.setdefault(slug(name), name)
+            if other != name:
+                raise ValueError(
+                    f"images: {other!r} and {name!r} would share the image name "
+                    f"localhost/harnessrl/{slug(name)}; rename one"
+                )
         return value
 
     def name_for(self, task: dict[str, Any]) -> str:

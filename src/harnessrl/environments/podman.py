@@ -11,6 +11,15 @@ runs with a **private configuration** kept beside its own storage:
   ``/run/harnessrl-containers/<hash>`` (a tmpfs: a reboot forgets the mounts with the kernel);
 - ``registries.conf``: no unqualified search registries (a bare ``FROM debian`` never goes looking).
 
+A short name is qualified with Docker's rule before podman sees it (``qualify``: ``foo:1`` is
+``docker.io/library/foo:1``, ``someone/foo`` is ``docker.io/someone/foo``), so that a pull of a
+SWE-smith ``image_name`` works and a local lookup of ``foo:1`` never matches ``quay.io/x/foo:1``
+(podman matches a short name against every registry's images).
+
+A command that runs past its timeout is killed with everything it started (``podman build`` runs
+``RUN`` steps in processes of their own session, which outlive the client), and a build's leftover
+working container is removed (``PodmanTimeout`` says which overlay layers the killed steps ran on).
+
 Errors are ``ImageError`` (a ``ConfigError``: the run refuses to start) carrying the tail of the
 tool's output.
 """
@@ -20,12 +29,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from harnessrl.environments.processes import kill_tree
 from harnessrl.errors import ConfigError
 
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
@@ -34,6 +46,31 @@ RUNTIME = "runc"
 
 class ImageError(ConfigError):
     """An image could not be found, built, pulled or mounted; the message says which and why."""
+
+
+class PodmanTimeout(ImageError):
+    """A podman command ran past its timeout and was killed with its processes. ``layers``: the
+    overlay layers (``<graphroot>/overlay/<layer>``) the killed processes had as their root: a
+    build's working containers, which nothing else removes."""
+
+    def __init__(self, message: str, layers: frozenset[str] = frozenset()):
+        super().__init__(message)
+        self.layers = layers
+
+
+_IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{64}$")
+
+
+def qualify(reference: str) -> str:
+    """``reference`` with its registry spelled out, by Docker's rule: a first component with a dot
+    or a colon, or ``localhost``, is a registry; otherwise the image is on ``docker.io`` (a single
+    name under ``library/``). An image id is left as it is."""
+    if _IMAGE_ID.match(reference):
+        return reference
+    first, slash, _ = reference.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost"):
+        return reference
+    return f"docker.io/{reference}" if slash else f"docker.io/library/{reference}"
 
 
 def _toml_list(items: Sequence[str]) -> str:
@@ -77,13 +114,18 @@ class Podman:
             ),
             "registries.conf": "unqualified-search-registries = []\n",
         }
-        self.conf.mkdir(parents=True, exist_ok=True)
-        for name, content in files.items():
-            path = self.conf / name
-            if not path.is_file() or path.read_text() != content:
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(content)
-                tmp.replace(path)
+        try:
+            self.conf.mkdir(parents=True, exist_ok=True)
+            for name, content in files.items():
+                path = self.conf / name
+                if not path.is_file() or path.read_text() != content:
+                    # A temporary file of its own per writer: threads of one process write at once.
+                    fd, tmp = tempfile.mkstemp(dir=self.conf, prefix=f".{name}.", suffix=".tmp")
+                    with os.fdopen(fd, "w") as out:
+                        out.write(content)
+                    os.replace(tmp, path)
+        except OSError as exc:
+            raise ImageError(f"image store {str(self.store)!r}: cannot set it up: {exc}") from exc
 
     def env(self) -> dict[str, str]:
         """The environment every podman call runs with (the private configuration, nothing else of ours)."""
@@ -105,32 +147,44 @@ class Podman:
         stdout: Any = subprocess.PIPE,
         stdin: Any = subprocess.DEVNULL,
         what: str = "",
+        env: Mapping[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
+        """One podman command. In a session of its own, so that a timeout kills all it started."""
         try:
-            done = subprocess.run(
+            process = subprocess.Popen(
                 [self.binary, *args],
-                env=self.env(),
+                env={**self.env(), **(env or {})},
                 stdin=stdin,
                 stdout=stdout,
                 stderr=subprocess.PIPE if stdout is subprocess.PIPE else subprocess.STDOUT,
                 text=True,
-                timeout=timeout,
+                start_new_session=True,
             )
         except FileNotFoundError as exc:
             raise ImageError(podman_problem() or f"cannot run {self.binary}: {exc}") from exc
+        try:
+            out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
-            raise ImageError(f"{what or 'podman ' + args[0]}: no answer after {timeout:g} s") from exc
+            layers = kill_tree(process)
+            process.communicate()
+            raise PodmanTimeout(
+                f"{what or 'podman ' + args[0]}: no answer after {timeout:g} s", layers
+            ) from exc
+        except BaseException:
+            kill_tree(process)  # interrupted (Ctrl-C): nothing of it keeps running
+            raise
+        done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
         if check and done.returncode != 0:
             tail = ((done.stderr or "") + (done.stdout or ""))[-2000:].strip()
             raise ImageError(f"{what or 'podman ' + ' '.join(args[:2])} failed ({done.returncode}): {tail}")
         return done
 
     def exists(self, ref: str) -> bool:
-        return self.run("image", "exists", ref, check=False).returncode == 0
+        return self.run("image", "exists", qualify(ref), check=False).returncode == 0
 
     def inspect(self, ref: str) -> dict[str, Any]:
         """``podman image inspect`` of one image (its ``Id``, ``Config``, ``Labels``, ``Size``...)."""
-        out = self.run("image", "inspect", "--format", "json", ref, what=f"image {ref!r}").stdout
+        out = self.run("image", "inspect", "--format", "json", qualify(ref), what=f"image {ref!r}").stdout
         data = json.loads(out)
         return data[0] if isinstance(data, list) else data
 
@@ -168,10 +222,38 @@ class Podman:
             args += ["-v", f"{ca_bundle}:{ca_bundle}:ro"]
         args.append(str(context))
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as out:
-            done = self.run(*args, timeout=timeout, check=False, stdout=out, what="podman build")
+        (self.store / "tmp").mkdir(parents=True, exist_ok=True)
+        # The build's scratch (the RUN steps' bundles) in a folder of its own, removed afterwards:
+        # a killed build leaves its bundles behind.
+        with (
+            tempfile.TemporaryDirectory(
+                dir=self.store / "tmp", prefix="build-", ignore_cleanup_errors=True
+            ) as scratch,
+            log.open("w") as out,
+        ):
+            try:
+                done = self.run(
+                    *args,
+                    timeout=timeout,
+                    check=False,
+                    stdout=out,
+                    what="podman build",
+                    env={"TMPDIR": scratch},
+                )
+            except PodmanTimeout as exc:
+                self.remove_containers_on(exc.layers)
+                raise
         if done.returncode != 0:
             raise ImageError(f"podman build exited {done.returncode}:\n{log_tail(log)}")
+
+    def remove_containers_on(self, layers: frozenset[str]) -> None:
+        """Remove the (build) containers whose root is one of these overlay layers."""
+        if not layers:
+            return
+        mounted = json.loads(self.run("mount", "--format", "json", check=False).stdout or "[]")
+        for container in mounted:
+            if Path(container.get("mountpoint", "")).parent.name in layers:
+                self.run("rm", "--force", container["id"], check=False)
 
     def import_tar(self, tar: Path, ref: str, *, labels: Mapping[str, str], timeout: float = 600) -> None:
         changes: list[str] = []
@@ -181,10 +263,15 @@ class Podman:
         self.run("import", *changes, str(tar), ref, timeout=timeout, what=f"podman import {ref}")
 
     def pull(self, ref: str, timeout: float = 1800) -> None:
-        self.run("pull", ref, timeout=timeout, what=f"podman pull {ref}")
+        self.run("pull", qualify(ref), timeout=timeout, what=f"podman pull {ref}")
 
     def tag(self, ref: str, *tags: str) -> None:
         self.run("tag", ref, *tags)
+
+    def mounted_images(self) -> set[str]:
+        """Ids of the images mounted now (by any process: podman keeps the count in its storage)."""
+        out = self.run("image", "mount", "--format", "json", check=False).stdout
+        return {image.get("id", "") for image in json.loads(out or "[]")} - {""}
 
     def mount(self, ref: str) -> Path:
         """The image's root filesystem, mounted read-only on this machine (podman keeps a count)."""
@@ -193,8 +280,10 @@ class Podman:
             raise ImageError(f"podman image mount {ref}: no folder ({path!r})")
         return Path(path)
 
-    def unmount(self, ref: str) -> None:
-        self.run("image", "unmount", "--force", ref, check=False)
+    def unmount(self, ref: str, *, force: bool = True) -> None:
+        """``force``: unmounted whoever mounted it; else this process's mount is given back (podman
+        unmounts when no one else holds it)."""
+        self.run("image", "unmount", *(["--force"] if force else []), ref, check=False)
 
     def remove(self, ref: str) -> bool:
         self.unmount(ref)

@@ -4,8 +4,15 @@ A recipe is a Containerfile (Dockerfile syntax) and its context folder. ``check_
 before anything is built, a recipe that would read outside its context: a ``COPY``/``ADD`` source
 or a ``RUN --mount`` source that is absolute or climbs out with ``..``, and a symlink in the context
 that leads out of it. ``recipe_digest`` hashes everything the build reads (the Containerfile, every
-file of the context with its mode and link targets, the build arguments, and the ids of the local
-images it starts ``FROM``), so an image is rebuilt exactly when one of them changed.
+file of the context with its mode and link targets, the build arguments, and the ids of the images
+it reads: those it starts ``FROM`` and those it copies from, ``COPY --from=<image>`` and ``RUN
+--mount=from=<image>``), so an image is rebuilt exactly when one of them changed.
+
+``FROM ${NAME}`` takes the value of an ``ARG NAME[=default]`` declared before the first ``FROM``
+(a ``build_args`` entry wins over the default), as podman does; a variable with no value is
+refused. ``pin_images`` writes the Containerfile that is built: each image it reads replaced by
+the image id its digest recorded, so that a tag moved meanwhile (another controller re-tagging
+``:latest``) cannot put a base into an image other than the one its digest names.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from pathlib import Path, PurePosixPath
 from harnessrl.environments.podman import ImageError
 
 _INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$", re.S)
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
+_COPY_FROM = re.compile(r"(--from=)([^\s\]\"',]+)")
+_MOUNT_FROM = re.compile(r"(--mount=\S*?\bfrom=)([^\s,]+)")
 
 
 def instructions(containerfile: Path) -> list[tuple[int, str, str]]:
@@ -75,22 +85,103 @@ def _copy_sources(args: str) -> list[str]:
     return sources[:-1]
 
 
-def base_images(containerfile: Path) -> list[str]:
-    """The images a recipe starts from (``FROM`` of each stage, stage names and ``scratch`` left out)."""
-    stages: set[str] = set()
-    bases = []
+def _global_args(containerfile: Path, build_args: Mapping[str, str]) -> dict[str, str | None]:
+    """The ``ARG``s declared before the first ``FROM`` (the only ones ``FROM`` may use), each with its
+    value: the build argument, else the default, else None."""
+    values: dict[str, str | None] = {}
     for _, name, args in instructions(containerfile):
-        if name != "FROM":
+        if name == "FROM":
+            break
+        if name != "ARG":
             continue
-        words = [w for w in args.split() if not w.startswith("--")]
-        if not words:
+        for word in shlex.split(args, posix=True):
+            key, has_default, default = word.partition("=")
+            values[key] = build_args.get(key, default if has_default else None)
+    return values
+
+
+def _expand(text: str, values: Mapping[str, str | None], where: str) -> str:
+    def value(match: re.Match[str]) -> str:
+        key = match.group(1) or match.group(4)
+        current = values.get(key)
+        if match.group(2) == "-":
+            return current if current else match.group(3)
+        if match.group(2) == "+":
+            return match.group(3) if current else ""
+        if current is None:
+            raise ImageError(
+                f"{where} uses ${key}, which has no value: declare ARG {key}=<default> before the first "
+                "FROM, or set it in build_args"
+            )
+        return current
+
+    return _VARIABLE.sub(value, text)
+
+
+def _from_image(args: str, values: Mapping[str, str | None], number: int) -> tuple[str, str | None]:
+    """A ``FROM`` line's image (variables expanded) and the stage name it defines, if any."""
+    words = [w for w in args.split() if not w.startswith("--")]
+    if not words:
+        return "", None
+    image = _expand(words[0], values, f"FROM on line {number}")
+    stage = words[2].lower() if len(words) >= 3 and words[1].lower() == "as" else None
+    return image, stage
+
+
+def base_images(containerfile: Path, build_args: Mapping[str, str] | None = None) -> list[str]:
+    """The images a recipe reads, each once: ``FROM`` of each stage, ``COPY --from=<image>`` and
+    ``RUN --mount=...,from=<image>`` (stage names and indexes, and ``scratch``, left out)."""
+    values = _global_args(containerfile, build_args or {})
+    stages: set[str] = set()
+    images: list[str] = []
+
+    def add(image: str) -> None:
+        own_stage = image.lower() in stages or image.isdigit()  # a stage by name or by index
+        if image and not own_stage and image != "scratch" and image not in images:
+            images.append(image)
+
+    for number, name, args in instructions(containerfile):
+        if name == "FROM":
+            image, stage = _from_image(args, values, number)
+            add(image)
+            if stage:
+                stages.add(stage)
+        elif name in ("COPY", "ADD"):
+            for match in _COPY_FROM.finditer(args):
+                add(match.group(2))
+        elif name == "RUN":
+            for match in _MOUNT_FROM.finditer(args):
+                add(match.group(2))
+    return images
+
+
+def pin_images(containerfile: Path, image_ids: Mapping[str, str], build_args: Mapping[str, str]) -> str:
+    """The Containerfile's text with each image of ``image_ids`` (as ``base_images`` names it) that a
+    ``FROM``, ``COPY --from`` or ``RUN --mount from=`` reads replaced by its id. Lines are kept as
+    they are (line numbers in build errors still match); only an instruction's first line is read."""
+    values = _global_args(containerfile, build_args)
+    out: list[str] = []
+    continued = False
+    for number, line in enumerate(containerfile.read_text(errors="replace").splitlines(), start=1):
+        match = None if continued else _INSTRUCTION.match(line)
+        continued = line.rstrip().endswith("\\")
+        if match is None or line.lstrip().startswith("#"):
+            out.append(line)
             continue
-        image = words[0]
-        if len(words) >= 3 and words[1].lower() == "as":
-            stages.add(words[2].lower())
-        if image.lower() not in stages and image != "scratch":
-            bases.append(image)
-    return bases
+        name = match.group(1).upper()
+        if name == "FROM":
+            image, _ = _from_image(match.group(2), values, number)
+            if image in image_ids:
+                words = match.group(2).split()
+                at = next(i for i, w in enumerate(words) if not w.startswith("--"))
+                words[at] = image_ids[image]
+                line = line[: match.start(2)] + " ".join(words)
+        elif name in ("COPY", "ADD"):
+            line = _COPY_FROM.sub(lambda m: m.group(1) + image_ids.get(m.group(2), m.group(2)), line)
+        elif name == "RUN":
+            line = _MOUNT_FROM.sub(lambda m: m.group(1) + image_ids.get(m.group(2), m.group(2)), line)
+        out.append(line)
+    return "\n".join(out) + "\n"
 
 
 def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:

@@ -6,7 +6,8 @@ rollout``, ``train``, ``data calibrate``): every environment the tasks name is b
 and checked to run the harness (``check.harness_problems``); a problem is a ``ConfigError`` naming
 the task, the image and what is missing. The controller asks again per rollout (``root_for``), which
 is a dictionary lookup once the pre-flight ran, and an image that fails there (removed meanwhile)
-is an infrastructure failure with the same message.
+is an infrastructure failure with the same message. ``close()`` gives the image mounts back when the
+run ends.
 """
 
 from __future__ import annotations
@@ -102,6 +103,14 @@ class Environments:
                 self._roots[name] = self.store.root(built)
             return self._roots[name]
 
+    def close(self) -> None:
+        """Unmount the images this run mounted (its sandboxes must have finished); a later ``root``
+        mounts again."""
+        with self._lock:
+            self._roots.clear()
+        if self._store is not None:
+            self._store.close()
+
     def root_for(self, task: dict[str, Any]) -> ImageRoot | None:
         """The image root a task's sandboxes run on; None for the host."""
         name = self.name_for(task)
@@ -111,8 +120,9 @@ class Environments:
 
     def reference_for(self, task: dict[str, Any]) -> str | None:
         """The image reference a cluster runs a task's harness in (Kubernetes); None for the host.
-        A recipe's reference is its content-addressed tag, under ``registry`` when one is set
-        (push it there: ``harnessrl images push``); a plain image reference is used as written."""
+        A recipe's reference is its content-addressed tag, under ``registry`` when one is set (harnessrl
+        does not push: copy the image there yourself, e.g. ``podman push``); a plain image reference
+        is used as written."""
         name = self.name_for(task)
         if name == HOST:
             return None

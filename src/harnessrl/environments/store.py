@@ -13,7 +13,10 @@
 Concurrent processes (pytest-xdist workers, several controllers) build one image once: a build holds
 a lock file per digest. A failed build raises an ``ImageError`` naming the environment and showing the
 tail of the build's log (kept in ``<store>/logs/``). ``root(built)`` mounts the image read-only and
-returns the ``ImageRoot`` a sandbox runs on.
+returns the ``ImageRoot`` a sandbox runs on; ``close()`` gives the mounts back.
+
+Every ``ensure`` tags the image it returns ``localhost/harnessrl/<name>:latest``: the default prune
+keeps those, and never removes an image mounted by a process (a run using it).
 """
 
 from __future__ import annotations
@@ -32,9 +35,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
+from harnessrl.environments.config import EnvironmentConfig, ImageRecipe, slug
 from harnessrl.environments.podman import ImageError, Podman, log_tail
-from harnessrl.environments.recipes import base_images, check_recipe, debian_digest, recipe_digest
+from harnessrl.environments.recipes import (
+    base_images,
+    check_recipe,
+    debian_digest,
+    pin_images,
+    recipe_digest,
+)
 from harnessrl.sandbox.rootfs import ImageRoot
 
 PREFIX = "localhost/harnessrl/"
@@ -50,14 +59,13 @@ def default_store() -> Path:
     return Path(cache) / "containers"
 
 
-def slug(name: str) -> str:
-    """An environment name as the last part of an image name (``swe/inflection`` -> ``swe-inflection``)."""
-    out = re.sub(r"[^a-z0-9._-]+", "-", name.lower()).strip("-._")
-    return out or "env"
-
-
 def own_reference(name: str, digest: str) -> str:
     return f"{PREFIX}{slug(name)}:{digest[:16]}"
+
+
+def latest_reference(name: str) -> str:
+    """The tag that names an environment's image in use (prune's default keeps it)."""
+    return f"{PREFIX}{slug(name)}:latest"
 
 
 @dataclass(frozen=True)
@@ -122,9 +130,9 @@ class ImageStore:
         where: str | None = None,
         _seen: tuple[str, ...] = (),
     ) -> BuiltImage:
-        """The image of environment ``name`` (built, imported or pulled if it is not here yet).
-        ``recipes`` are the other configured environments (bases a recipe names); ``where`` says in
-        errors which task or repository needed it."""
+        """The image of environment ``name`` (built, imported or pulled if it is not here yet), tagged
+        ``localhost/harnessrl/<name>:latest``. ``recipes`` are the other configured environments
+        (bases a recipe names); ``where`` says in errors which task or repository needed it."""
         where = where or f"environment {name!r}"
         started = time.monotonic()
         if recipe.image is not None:
@@ -135,55 +143,19 @@ class ImageStore:
         containerfile = Path(recipe.containerfile)
         context = Path(recipe.context) if recipe.context else containerfile.parent
         check_recipe(containerfile, context, where=where)
-        base_ids: dict[str, str] = {}
-        for base in base_images(containerfile):
-            own = _OWN_BASE.match(base)
-            other = self._recipe_named(own.group(1), recipes or {}) if own else None
-            if other is not None:
-                if other in _seen or other == name:
-                    raise ImageError(
-                        f"{where}: recipes start FROM each other: {' -> '.join((*_seen, name, other))}"
-                    )
-                built = self.ensure(
-                    other, (recipes or {})[other], recipes=recipes, where=where, _seen=(*_seen, name)
-                )
-                self.podman.tag(built.reference, f"{PREFIX}{slug(other)}:latest")
-                base_ids[base] = built.image_id
-            elif self.podman.exists(base):
-                base_ids[base] = self.podman.inspect(base)["Id"]
-            elif not self.allow_pull:
-                raise ImageError(
-                    f"{where}: {containerfile.name} starts FROM {base!r}, which is not in the image store "
-                    f"and pull = false (no registry is used); build it first, or set pull = true"
-                )
-        digest = recipe_digest(containerfile, context, recipe.build_args, base_ids)
+        image_ids = self._image_ids(name, recipe, recipes or {}, where=where, seen=_seen, build=True)
+        assert image_ids is not None  # invariant: build=True finds or makes every image or raises
+        digest = recipe_digest(containerfile, context, recipe.build_args, image_ids)
         reference = own_reference(name, digest)
-        if self.podman.exists(reference):
-            image_id = self.podman.inspect(reference)["Id"]
-            return BuiltImage(name, reference, image_id, digest, seconds=round(time.monotonic() - started, 3))
-        with self._locked(digest):
-            if not self.podman.exists(reference):  # another process may have built it meanwhile
-                log = self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log"
-                try:
-                    self.podman.build(
-                        containerfile,
-                        context,
-                        tags=[reference, f"{PREFIX}{slug(name)}:latest"],
-                        labels={LABEL_RECIPE: digest, LABEL_NAME: name},
-                        build_args=recipe.build_args,
-                        ca_bundle=self.ca_bundle,
-                        log=log,
-                        timeout=self.build_timeout_s,
-                        pull=self.allow_pull,
-                    )
-                except ImageError as exc:
-                    self._remove_partial(digest)
-                    raise ImageError(
-                        f"{where}: building image {reference} failed (log: {log}):\n{exc}"
-                    ) from exc
-                built = True
-            else:
-                built = False
+        built = False
+        if not self.podman.exists(reference):
+            with self._locked(digest):
+                if not self.podman.exists(reference):  # another process may have built it meanwhile
+                    self._build(name, recipe, digest, reference, image_ids, where)
+                    built = True
+        # :latest follows the recipe in use on every call, not only on a build: after v1 -> v2 -> v1
+        # it names v1 again, which prune's default keeps.
+        self.podman.tag(reference, latest_reference(name))
         return BuiltImage(
             name,
             reference,
@@ -192,6 +164,123 @@ class ImageStore:
             built=built,
             seconds=round(time.monotonic() - started, 3),
         )
+
+    def current_id(
+        self, name: str, recipe: ImageRecipe, recipes: Mapping[str, ImageRecipe] | None = None
+    ) -> str | None:
+        """The id of the image ``ensure`` would return for this recipe now, None when it is not here
+        (nothing is built, imported or pulled)."""
+        where = f"environment {name!r}"
+        if recipe.image is not None:
+            return self.podman.inspect(recipe.image)["Id"] if self.podman.exists(recipe.image) else None
+        if recipe.debian is not None:
+            reference = own_reference(name, debian_digest(recipe.debian.model_dump()))
+        else:
+            assert recipe.containerfile is not None  # invariant: ImageRecipe validates exactly one kind
+            containerfile = Path(recipe.containerfile)
+            context = Path(recipe.context) if recipe.context else containerfile.parent
+            check_recipe(containerfile, context, where=where)
+            image_ids = self._image_ids(name, recipe, recipes or {}, where=where, seen=(), build=False)
+            if image_ids is None:
+                return None
+            reference = own_reference(
+                name, recipe_digest(containerfile, context, recipe.build_args, image_ids)
+            )
+        return self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None
+
+    def _image_ids(
+        self,
+        name: str,
+        recipe: ImageRecipe,
+        recipes: Mapping[str, ImageRecipe],
+        *,
+        where: str,
+        seen: tuple[str, ...],
+        build: bool,
+    ) -> dict[str, str] | None:
+        """The id of each image the recipe reads (``base_images``), as the Containerfile names it.
+        ``build``: a configured base is built and a missing image pulled (pull = true); else None
+        when one is not here."""
+        assert recipe.containerfile is not None  # invariant: the caller checked the kind
+        containerfile = Path(recipe.containerfile)
+        try:
+            images = base_images(containerfile, recipe.build_args)
+        except ImageError as exc:
+            raise ImageError(f"{where}: {containerfile.name}: {exc}") from exc
+        image_ids: dict[str, str] = {}
+        for image in images:
+            own = _OWN_BASE.match(image)
+            other = self._recipe_named(own.group(1), recipes) if own else None
+            if other is not None:
+                if other in seen or other == name:
+                    raise ImageError(
+                        f"{where}: recipes start FROM each other: {' -> '.join((*seen, name, other))}"
+                    )
+                if build:
+                    image_id = self.ensure(
+                        other, recipes[other], recipes=recipes, where=where, _seen=(*seen, name)
+                    ).image_id
+                else:
+                    found = self.current_id(other, recipes[other], recipes)
+                    if found is None:
+                        return None
+                    image_id = found
+            else:
+                # An own image no recipe here makes is looked up by its full name (a short
+                # harnessrl/<x> would mean docker.io/harnessrl/<x>).
+                lookup = f"{PREFIX}{own.group(1)}:latest" if own else image
+                if not self.podman.exists(lookup):
+                    if not build:
+                        return None
+                    if not self.allow_pull:
+                        raise ImageError(
+                            f"{where}: {containerfile.name} reads the image {image!r}, which is not in the "
+                            f"image store and pull = false (no registry is used); build it first, or set "
+                            "pull = true"
+                        )
+                    try:
+                        self.podman.pull(lookup, timeout=self.build_timeout_s)
+                    except ImageError as exc:
+                        raise ImageError(f"{where}: pulling image {image!r} failed: {exc}") from exc
+                image_id = self.podman.inspect(lookup)["Id"]
+            image_ids[image] = image_id
+        return image_ids
+
+    def _build(
+        self,
+        name: str,
+        recipe: ImageRecipe,
+        digest: str,
+        reference: str,
+        image_ids: Mapping[str, str],
+        where: str,
+    ) -> None:
+        """``podman build`` of a Containerfile whose images are pinned to the ids its digest
+        recorded (``pin_images``): a tag moved after the digest was computed changes nothing."""
+        assert recipe.containerfile is not None  # invariant: the caller checked the kind
+        containerfile = Path(recipe.containerfile)
+        context = Path(recipe.context) if recipe.context else containerfile.parent
+        log = self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log"
+        tmp_root = self.folder / "tmp"
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=tmp_root, prefix="recipe-") as tmp:
+            pinned = Path(tmp) / containerfile.name
+            pinned.write_text(pin_images(containerfile, image_ids, recipe.build_args))
+            try:
+                self.podman.build(
+                    pinned,
+                    context,
+                    tags=[reference],
+                    labels={LABEL_RECIPE: digest, LABEL_NAME: name},
+                    build_args=recipe.build_args,
+                    ca_bundle=self.ca_bundle,
+                    log=log,
+                    timeout=self.build_timeout_s,
+                    pull=False,  # every image it reads is here (pinned by id)
+                )
+            except ImageError as exc:
+                self._remove_partial(digest)
+                raise ImageError(f"{where}: building image {reference} failed (log: {log}):\n{exc}") from exc
 
     def _remove_partial(self, digest: str) -> None:
         """What a failed build left (intermediate images carry its labels): removed, so a failure
@@ -235,7 +324,7 @@ class ImageStore:
                 if not self.podman.exists(reference):
                     self._mmdebstrap(name, recipe, digest, reference, where)
                     built = True
-        self.podman.tag(reference, f"{PREFIX}{slug(name)}:latest")
+        self.podman.tag(reference, latest_reference(name))
         return BuiltImage(
             name,
             reference,
@@ -259,7 +348,9 @@ class ImageStore:
             argv = ["mmdebstrap", f"--variant={debian.variant}"]
             if debian.include:
                 argv.append("--include=" + ",".join(debian.include))
-            argv += [debian.suite, str(tar), debian.mirror]
+            # "--": the positional arguments are never read as options (a mirror of
+            # "--setup-hook=..." would run a command as root).
+            argv += ["--", debian.suite, str(tar), debian.mirror]
             with log.open("w") as out:
                 try:
                     done = subprocess.run(
@@ -278,27 +369,44 @@ class ImageStore:
 
     # -- running -----------------------------------------------------------------------------------
     def root(self, built: BuiltImage) -> ImageRoot:
-        """The image mounted read-only on this machine, as a sandbox root (mounted once per process)."""
+        """The image mounted read-only on this machine, as a sandbox root (mounted once per process
+        and store, until ``close``)."""
+        # Held while mounting: two threads asking at once must not mount twice (podman counts each).
         with self._lock:
-            if built.image_id in self._roots and os.path.ismount(self._roots[built.image_id].path):
-                return self._roots[built.image_id]
-        info = self.podman.inspect(built.image_id)
-        config = info.get("Config") or {}
-        path = self.podman.mount(built.image_id)
-        root = ImageRoot(
-            path=path,
-            name=built.reference,
-            image_id=built.image_id,
-            env=tuple(config.get("Env") or ()),
-            volumes=tuple(sorted((config.get("Volumes") or {}).keys())),
-        )
-        with self._lock:
+            known = self._roots.get(built.image_id)
+            if known is not None and os.path.ismount(known.path):
+                return known
+            info = self.podman.inspect(built.image_id)
+            config = info.get("Config") or {}
+            path = self.podman.mount(built.image_id)
+            root = ImageRoot(
+                path=path,
+                name=built.reference,
+                image_id=built.image_id,
+                env=tuple(config.get("Env") or ()),
+                volumes=tuple(sorted((config.get("Volumes") or {}).keys())),
+            )
             self._roots[built.image_id] = root
-        return root
+            return root
+
+    def close(self) -> None:
+        """Give back this store's mounts (podman unmounts an image when no other process holds it).
+        Sandboxes on these roots must have finished."""
+        with self._lock:
+            roots, self._roots = self._roots, {}
+        for image_id in roots:
+            self.podman.unmount(image_id, force=False)
+
+    @property
+    def exists(self) -> bool:
+        """Whether the folder holds an image store (commands that only read never create one)."""
+        return self.podman.graphroot.is_dir()
 
     # -- listing and pruning -----------------------------------------------------------------------
     def list(self) -> list[dict[str, Any]]:
         """harnessrl's images here: name, reference(s), id, recipe digest, size, created."""
+        if not self.exists:
+            return []
         rows = []
         seen: set[str] = set()
         for image in self.podman.images(label=LABEL_NAME):
@@ -330,20 +438,32 @@ class ImageStore:
         }
 
     def prune(self, keep: set[str] | None = None) -> dict[str, Any]:
-        """Remove harnessrl's images whose id is not in ``keep`` (all of them when ``keep`` is None),
-        then dangling layers; returns what was removed and the bytes freed."""
+        """Remove harnessrl's images whose id is not in ``keep`` and that no process has mounted (a
+        run is using it), then dangling layers; ``keep`` None removes every image, mounted or not.
+        Returns what was removed, what was kept because it is in use, and the bytes freed."""
+        if not self.exists:
+            return {"removed": [], "in_use": [], "freed_bytes": 0, "store_bytes": 0}
         before = folder_bytes(self.podman.graphroot)
-        removed = []
+        mounted = self.podman.mounted_images() if keep is not None else set()
+        removed, in_use = [], []
         for row in self.list():
             if keep is not None and row["id"] in keep:
+                continue
+            if row["id"] in mounted:
+                in_use.append({"name": row["name"], "id": row["id"][:12]})
                 continue
             if self.podman.remove(row["id"]):
                 removed.append({"name": row["name"], "id": row["id"][:12]})
         self.podman.prune_dangling()
         with self._lock:
-            self._roots = {k: v for k, v in self._roots.items() if keep is not None and k in keep}
+            self._roots = {k: v for k, v in self._roots.items() if keep is not None and k in keep | mounted}
         after = folder_bytes(self.podman.graphroot)
-        return {"removed": removed, "freed_bytes": max(0, before - after), "store_bytes": after}
+        return {
+            "removed": removed,
+            "in_use": in_use,
+            "freed_bytes": max(0, before - after),
+            "store_bytes": after,
+        }
 
 
 def folder_bytes(folder: Path) -> int:

@@ -1,0 +1,281 @@
+"""The image store with the real container tool on a tiny image (``image_support.tiny_store``): which
+image ``:latest`` names and what prune keeps, bases pinned by id, builds that run too long, short
+names, what a recipe's digest covers, mounts given back, and stores the read-only commands must not
+create. Each test has a private store, emptied afterwards."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from tests.environments.image_support import TINY, needs_podman, tiny_store, tiny_tar
+
+from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
+from harnessrl.environments.podman import ImageError, Podman
+from harnessrl.environments.resolve import Environments
+from harnessrl.environments.store import ImageStore
+
+__all__ = ["tiny_store"]  # the fixture, imported to be used here
+HARNESSRL = [sys.executable, "-m", "harnessrl"]
+
+
+def recipe(folder: Path, text: str, token: str | None = None) -> ImageRecipe:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "token").write_text(token or secrets.token_hex(8))
+    (folder / "Containerfile").write_text(text)
+    return ImageRecipe(containerfile=str(folder / "Containerfile"))
+
+
+def latest_id(store: ImageStore, name: str) -> str:
+    return store.podman.inspect(f"localhost/harnessrl/{name}:latest")["Id"]
+
+
+def prune(store: ImageStore, *extra: str) -> dict:
+    done = subprocess.run(
+        [*HARNESSRL, "images", "prune", "--store", str(store.folder), *extra],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_podman
+def test_latest_follows_the_recipe_in_use_and_prune_keeps_it_and_mounted_images(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n", token="v1")
+    v1 = tiny_store.ensure("env", env)
+    (tmp_path / "ctx" / "token").write_text("v2")
+    v2 = tiny_store.ensure("env", env)
+    (tmp_path / "ctx" / "token").write_text("v1")  # back to the first recipe: found, not built
+    again = tiny_store.ensure("env", env)
+    assert not again.built and again.image_id == v1.image_id != v2.image_id
+    assert latest_id(tiny_store, "env") == v1.image_id
+    # v2 is mounted (a run still uses it): prune's default keeps it, and v1 (:latest).
+    tiny_store.root(v2)
+    report = prune(tiny_store)
+    assert report["removed"] == [] and report["in_use"] == [{"name": "env", "id": v2.image_id[:12]}]
+    tiny_store.close()  # given back: now v2 goes
+    report = prune(tiny_store)
+    assert report["removed"] == [{"name": "env", "id": v2.image_id[:12]}]
+    assert {row["id"] for row in tiny_store.list()} == {v1.image_id}
+
+
+class RetaggingPodman(Podman):
+    """Another controller re-tags the base's ``:latest`` between the digest and the build."""
+
+    def __init__(self, store: Path, impostor: str):
+        super().__init__(store)
+        self.impostor = impostor
+
+    def build(self, containerfile: Path, context: Path, **kwargs) -> None:  # type: ignore[override]
+        if any("child" in tag for tag in kwargs["tags"]):
+            self.tag(self.impostor, "localhost/harnessrl/base:latest")
+        super().build(containerfile, context, **kwargs)
+
+
+@needs_podman
+def test_a_base_retagged_after_the_digest_does_not_go_into_the_image(tiny_store: ImageStore, tmp_path: Path):
+    recipes = {
+        "base": recipe(tmp_path / "base", f"FROM {TINY}\nCOPY token /base-marker\n"),
+        "child": recipe(tmp_path / "child", "FROM localhost/harnessrl/base:latest\nCOPY token /token\n"),
+    }
+    base = tiny_store.ensure("base", recipes["base"], recipes=recipes)
+    tiny_store.podman = RetaggingPodman(tiny_store.folder, impostor=TINY)
+    child = tiny_store.ensure("child", recipes["child"], recipes=recipes)
+    assert child.built
+    root = tiny_store.root(child)
+    # The base the digest recorded is in the image, not the impostor tagged meanwhile.
+    assert (root.path / "base-marker").read_text() == (tmp_path / "base" / "token").read_text()
+    assert base.image_id != tiny_store.podman.inspect(TINY)["Id"]
+
+
+def processes_running(marker: str) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@needs_podman
+def test_a_build_past_its_timeout_leaves_no_process_and_no_container(tiny_store: ImageStore, tmp_path: Path):
+    marker = f"spin-{secrets.token_hex(6)}"
+    # The step announces itself, then spins; the build waits for the announcement before timing out
+    # (a build killed before its RUN step started would prove nothing).
+    spin = recipe(
+        tmp_path / "ctx",
+        f'FROM {TINY}\nRUN ["/usr/bin/sh", "-c", "echo started; while :; do :; done # {marker}"]\n',
+    )
+    tiny_store.build_timeout_s = 10
+    try:
+        with pytest.raises(ImageError, match="no answer after 10 s"):
+            tiny_store.ensure("spin", spin)
+        log = next((tiny_store.folder / "logs").glob("spin-*.log")).read_text()
+        assert "started" in log  # the step ran, so there was a process to kill
+        assert processes_running(marker) == []
+        containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
+        assert json.loads(containers or "[]") == []
+        assert tiny_store.list() == []
+    finally:
+        for pid in processes_running(marker):  # the old behaviour: never leave a spinning process
+            os.kill(pid, 9)
+
+
+@needs_podman
+def test_a_short_name_never_matches_another_registrys_image(tiny_store: ImageStore, tmp_path: Path):
+    tiny_store.podman.import_tar(tiny_tar(tmp_path / "foo.tar"), "quay.io/someone/foo:1", labels={})
+    assert tiny_store.podman.exists("quay.io/someone/foo:1")
+    assert not tiny_store.podman.exists("foo:1")  # docker.io/library/foo:1, which is not here
+    with pytest.raises(ImageError, match="'foo:1' does not exist in the image store"):
+        tiny_store.ensure("foo:1", ImageRecipe(image="foo:1"))
+
+
+@needs_podman
+def test_an_image_a_recipe_copies_from_is_part_of_its_digest(tiny_store: ImageStore, tmp_path: Path):
+    tiny_store.podman.tag(TINY, "localhost/tool:1")
+    env = recipe(tmp_path / "ctx", "FROM scratch\nCOPY --from=localhost/tool:1 /usr/bin/cat /cat\n")
+    first = tiny_store.ensure("copier", env)
+    # The tool image changes (a new build of it, here one with sh only): the recipe's image too.
+    tool = tiny_tar(tmp_path / "tool.tar", programs=("/usr/bin/sh", "/usr/bin/cat", "/usr/bin/ls"))
+    tiny_store.podman.import_tar(tool, "localhost/tool:1", labels={})
+    second = tiny_store.ensure("copier", env)
+    assert second.built and second.digest != first.digest
+
+
+@needs_podman
+def test_from_an_arg_takes_its_default_or_build_arg(tiny_store: ImageStore, tmp_path: Path):
+    folder = tmp_path / "ctx"
+    env = recipe(folder, "ARG BASE=localhost/nowhere:1\nFROM ${BASE}\nCOPY token /token\n")
+    with pytest.raises(ImageError, match="reads the image 'localhost/nowhere:1'"):
+        tiny_store.ensure("arg", env)
+    with_arg = ImageRecipe(containerfile=env.containerfile, build_args={"BASE": TINY})
+    assert tiny_store.ensure("arg", with_arg).built
+
+
+@needs_podman
+def test_a_store_mounts_an_image_once_and_close_gives_it_back(tiny_store: ImageStore, tmp_path: Path):
+    built = tiny_store.ensure("env", recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n"))
+    barrier = threading.Barrier(4)
+    roots = []
+
+    def mount() -> None:
+        barrier.wait()
+        roots.append(tiny_store.root(built))
+
+    threads = [threading.Thread(target=mount) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({root.path for root in roots}) == 1 and os.path.ismount(roots[0].path)
+    tiny_store.close()  # one unmount undoes exactly the one mount made
+    assert built.image_id not in tiny_store.podman.mounted_images()
+    assert not os.path.ismount(roots[0].path)
+
+
+@needs_podman
+def test_prune_keep_looks_images_up_and_builds_nothing(tiny_store: ImageStore, tmp_path: Path):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n")
+    config = tmp_path / "keep.toml"
+    config.write_text(
+        '[harness]\ncommand = ["true"]\n\n[harness.environment.images.env]\n'
+        f"containerfile = {json.dumps(env.containerfile)}\n"
+    )
+    report = prune(tiny_store, "--keep", str(config))
+    assert report["removed"] == [] and tiny_store.list() == []  # env was not built to be kept
+    built = tiny_store.ensure("env", env)
+    assert prune(tiny_store, "--keep", str(config))["removed"] == []
+    assert {row["id"] for row in tiny_store.list()} == {built.image_id}
+
+
+@needs_podman
+def test_images_build_into_a_file_is_one_line_and_status_2(tmp_path: Path):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\n")
+    config = tmp_path / "images.toml"
+    config.write_text(
+        '[harness]\ncommand = ["true"]\n\n[harness.environment.images.env]\n'
+        f"containerfile = {json.dumps(env.containerfile)}\n"
+    )
+    (tmp_path / "a-file").write_text("")
+    done = subprocess.run(
+        [*HARNESSRL, "images", "build", str(config), "--store", str(tmp_path / "a-file")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"harnessrl: error: --store {str(tmp_path / 'a-file')!r}: not a folder"
+    ]
+
+
+def test_read_only_commands_create_no_store(tmp_path: Path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cache = tmp_path / "cache"
+    environ = {**os.environ, "HARNESSRL_CACHE_DIR": str(cache)}
+    for command in (["list", "--store", str(empty)], ["df", "--store", str(empty)], ["list"], ["df"]):
+        done = subprocess.run([*HARNESSRL, "images", *command], capture_output=True, text=True, env=environ)
+        assert done.returncode == 0, done.stderr[-2000:]
+    assert list(empty.iterdir()) == [] and not cache.exists()
+
+
+def test_write_conf_under_concurrent_first_use(tmp_path: Path):
+    errors = []
+    for attempt in range(10):
+        podman = Podman(tmp_path / f"store-{attempt}")
+        barrier = threading.Barrier(8)
+
+        def first_use(podman: Podman = podman, barrier: threading.Barrier = barrier) -> None:
+            barrier.wait()
+            try:
+                podman.env()
+            except OSError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=first_use) for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert (tmp_path / "store-0" / "conf" / "storage.conf").is_file()
+    assert not [p for p in (tmp_path / "store-0" / "conf").iterdir() if p.suffix == ".tmp"]
+
+
+@needs_podman
+def test_mmdebstrap_reads_the_suite_target_and_mirror_as_positional_arguments(
+    tiny_store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A stand-in mmdebstrap (the real one needs a Debian mirror) that records its arguments and fails.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mmdebstrap").write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path / "argv"}\nexit 1\n')
+    (bin_dir / "mmdebstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    with pytest.raises(ImageError, match="mmdebstrap exited 1"):
+        tiny_store.ensure("deb", ImageRecipe(debian={"suite": "bookworm", "mirror": "file:///srv/debian"}))
+    argv = (tmp_path / "argv").read_text().splitlines()
+    assert argv[-4] == "--" and argv[-3] == "bookworm" and argv[-1] == "file:///srv/debian"
+
+
+@needs_podman
+def test_environments_close_gives_the_run_s_mounts_back(tiny_store: ImageStore, tmp_path: Path):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n")
+    config = EnvironmentConfig(images={"env": env})
+    environments = Environments(config, store=tiny_store)
+    root = environments.root_for({"environment": "env"})
+    assert root is not None and environments.root_for({"environment": "env"}) == root
+    assert os.path.ismount(root.path)
+    environments.close()
+    assert not os.path.ismount(root.path) and root.image_id not in tiny_store.podman.mounted_images()
