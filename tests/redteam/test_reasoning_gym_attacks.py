@@ -156,13 +156,13 @@ def test_an_answer_cannot_write_a_file(evaluator, insertion, tmp_path):
 
 def test_an_answer_through_sympy_parse_expr_cannot_write_a_file(evaluator, tmp_path):
     marker = tmp_path / "marker"
-    countdown = task_of("countdown")
+    polynomial = task_of("polynomial_multiplication")
     result = score(
-        evaluator, countdown, f"Answer: __import__('pathlib').Path({str(marker)!r}).write_text('x')"
+        evaluator, polynomial, f"Answer: __import__('pathlib').Path({str(marker)!r}).write_text('x')"
     )
     assert result.reward == 0.0 and not marker.exists()
     # Control: the same scorer still reads a real expression (parse_expr works for honest answers).
-    assert score(evaluator, countdown, f"Answer: {countdown['hidden']['answer']}").reward == 1.0
+    assert score(evaluator, polynomial, f"Answer: {polynomial['hidden']['answer']}").reward == 1.0
 
 
 def test_an_answer_cannot_patch_the_evaluator_for_later_rewards(evaluator, insertion):
@@ -307,7 +307,7 @@ def test_the_ticker_sees_a_blocked_loop():
 
 @pytest.mark.parametrize(
     ("dataset", "answer"),
-    [("prime_factorization", "I don't know"), ("coin_flip", "1e99999"), ("boxnet", "1e99999")],
+    [("prime_factorization", "I don't know"), ("boxnet", "1e99999")],
 )
 def test_an_answer_that_makes_the_scorer_raise_scores_zero_with_a_flag(evaluator, dataset, answer):
     """Not an EvaluatorError: that would be retried and left out of the group's baseline, turning

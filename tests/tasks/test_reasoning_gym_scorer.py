@@ -1,6 +1,6 @@
 """The reasoning-gym scorer process (``harnessrl.tasks.reasoning_gym_scorer``) and what it relies on: it
 scores as the datasets' own scorers do, refuses code from answers (``sandbox.code_guard``), refuses
-puzzle24, and its process is restarted, replaced or ended as ``ScorerProcess`` promises."""
+the datasets that pay for shortcuts, and its process is restarted, replaced or ended as ``ScorerProcess`` promises."""
 
 from __future__ import annotations
 
@@ -60,8 +60,7 @@ DATASETS = [
     "spiral_matrix",
     "binary_matrix",
     "n_queens",
-    "countdown",
-    "polynomial_multiplication",
+    "polynomial_multiplication",  # countdown parses with sympy too, but is refused
     "simple_integration",
     "intermediate_integration",
     "bitwise_arithmetic",
@@ -103,24 +102,40 @@ def test_a_list_literal_still_earns_its_partial_credit(scorer):
     assert reply["outcome"] == "scored" and reply["score"] == pytest.approx(0.1)
 
 
-# -- puzzle24 ------------------------------------------------------------------------------------------
+# -- refused datasets ------------------------------------------------------------------------------
+
+# 128 + 32 + 4 with no digit in it: the regex that counts the numbers used sees only the comment's.
+DIGIT_FREE_164 = "+".join(f"(True+True)**({'+'.join(['True'] * k)})" for k in (7, 5, 2))
+# Each with a shortcut its own scorer pays 1.0 for (on one of the first entries at seed 0), and a word
+# of the reason the refusal gives. tests/tasks/test_reasoning_gym_cheats.py sweeps the others.
+REFUSED = [
+    ("puzzle24", "9+9+5+1", "numbers"),
+    ("countdown", "66 + 98 # 34 54 6", "comment"),  # 164 from 66, 34, 98, 54, 6
+    ("countdown", f"{DIGIT_FREE_164} # 66 34 98 54 6", "digit-free"),
+    ("coin_flip", "0", "prefix"),
+    ("game_of_life_halting", "banana", "bool"),
+]
 
 
-def test_puzzle24_is_refused_as_tasks_and_by_the_evaluator(tmp_path):
-    # Why: its scorer gives full marks to any expression of four allowed numbers that makes 24.
-    dataset = reasoning_gym.create_dataset("puzzle24", seed=0, size=3)
-    assert all(dataset.score_answer("9+9+5+1", dataset[i]) == 1.0 for i in range(3))
-    with pytest.raises(ConfigError, match=r"puzzle24.*numbers"):
-        reasoning_gym_tasks("puzzle24", size=1, seed=0)
-    with pytest.raises(ConfigError, match=r"evaluator\.dataset: .*puzzle24.*numbers"):
-        build_evaluator({"type": "reasoning_gym", "dataset": "puzzle24"})
+@pytest.mark.parametrize(("dataset", "shortcut", "reason"), REFUSED)
+def test_datasets_that_pay_for_a_shortcut_are_refused_as_tasks_and_by_the_evaluator(
+    dataset, shortcut, reason
+):
+    # Why: the dataset's own scorer gives full marks to an answer that solves nothing.
+    generated = reasoning_gym.create_dataset(dataset, seed=0, size=3)
+    assert max(generated.score_answer(shortcut, generated[i]) for i in range(3)) == 1.0
+    with pytest.raises(ConfigError, match=rf"{dataset}.*{reason}"):
+        reasoning_gym_tasks(dataset, size=1, seed=0)
+    with pytest.raises(ConfigError, match=rf"evaluator\.dataset: .*{dataset}.*{reason}"):
+        build_evaluator({"type": "reasoning_gym", "dataset": dataset})
 
 
 @needs_landlock
-def test_a_puzzle24_task_is_not_scored(scorer):
-    task = {"dataset": "puzzle24", "question": "q", "hidden": {"answer": "9+9+5+1", "metadata": {}}}
-    reply = request(scorer, task, "9+9+5+1")
-    assert reply["outcome"] == "task_error" and "puzzle24" in reply["error"]
+@pytest.mark.parametrize("dataset", sorted({dataset for dataset, _, _ in REFUSED}))
+def test_a_refused_datasets_task_is_not_scored(scorer, dataset):
+    task = {"dataset": dataset, "question": "q", "hidden": {"answer": "1", "metadata": {}}}
+    reply = request(scorer, task, "banana")
+    assert reply["outcome"] == "task_error" and f"{dataset!r} is refused" in reply["error"]
 
 
 # -- no code from answers -------------------------------------------------------------------------------
@@ -286,3 +301,87 @@ def test_an_evaluator_reports_a_process_that_cannot_start_as_an_evaluator_error(
         asyncio.run(
             evaluator.evaluate(EvaluationInput(task=task, workspace=Path("/tmp"), stdout="Answer: 1"))
         )
+
+
+@needs_landlock
+def test_answers_scored_while_the_process_regenerates_entries_are_judged_by_their_result():
+    """The process regenerates each request's entry (knight_swap: 0.5-1 s) before it forks the answer's
+    child. It used to regenerate every request of a batch before it looked at its children again,
+    then mark killed every child past its deadline, those that had exited with their score included:
+    right answers came back as timeouts. Now requests start one at a time, and a child that exited
+    before its deadline was handled is judged by its result."""
+    task = reasoning_gym_tasks("knight_swap", size=1, seed=0)[0].data
+    process = ScorerProcess(MODULE)
+    # 12 requests: regenerating the 11 queued behind the first takes several times its 2 s timeout.
+    gold = {"task": task, "text": task["hidden"]["answer"], "raw": True, "timeout_s": 2}
+
+    async def run() -> list[dict[str, Any]]:
+        try:
+            return await asyncio.gather(*(process.request(gold, timeout_s=120) for _ in range(12)))
+        finally:
+            await process.aclose()
+
+    replies = asyncio.run(run())
+    assert [(r["outcome"], r.get("score")) for r in replies] == [("scored", 1.0)] * 12, replies
+
+
+@needs_landlock
+@pytest.mark.parametrize("timeout_s", [1e7, float("inf")])
+def test_a_huge_timeout_is_clamped_and_does_not_end_the_process(timeout_s):
+    """A deadline past ~24 days overflowed select's timeout and ended the process on every request
+    (the evaluator's config now refuses such a timeout_s; the process clamps what it is sent)."""
+    process = ScorerProcess(MODULE)
+    task = reasoning_gym_tasks("basic_arithmetic", size=1, seed=0)[0].data
+
+    async def run() -> dict[str, Any]:
+        try:
+            return await process.request(
+                {"task": task, "text": task["hidden"]["answer"], "raw": True, "timeout_s": timeout_s},
+                timeout_s=60,
+            )
+        finally:
+            await process.aclose()
+
+    reply = asyncio.run(run())
+    assert (reply["outcome"], reply.get("score"), process.starts) == ("scored", 1.0, 1)
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), 86_400.5, 1e7])
+def test_the_evaluator_refuses_a_timeout_past_a_day(timeout_s):
+    with pytest.raises(ConfigError, match=r"evaluator\..*timeout_s"):
+        parse_evaluator_config({"type": "reasoning_gym", "timeout_s": timeout_s})
+    assert parse_evaluator_config({"type": "reasoning_gym", "timeout_s": 86_400}).timeout_s == 86_400
+
+
+@needs_landlock
+def test_a_score_above_one_is_out_of_range_and_pays_nothing(scorer):
+    """spell_backward scores its gold with junk after it 1.0000000000000002 (a float error): not a
+    full score to clamp to 1.0 (that would pay the junk), but a result outside [0, 1]."""
+    task = reasoning_gym_tasks("spell_backward", size=1, seed=0)[0].data
+    junk = f"{task['hidden']['answer']}0"
+    assert score_answer(task, junk) > 1.0  # why
+    reply = request(scorer, task, junk)
+    assert reply["outcome"] == "failed" and reply.get("out_of_range") is True, reply
+    assert "1.0000000000000002" in reply["error"]
+    for strict in (True, False):
+        evaluator = build_evaluator({"type": "reasoning_gym", "source": "stdout", "strict": strict})
+        inp = EvaluationInput(task=task, workspace=Path("/tmp"), stdout=f"Answer: {junk}")
+
+        async def run(evaluator=evaluator, inp=inp) -> Any:
+            try:
+                return await evaluator.evaluate(inp)
+            finally:
+                await evaluator.aclose()
+
+        result = asyncio.run(run())
+        assert result.reward == 0.0 and result.flags == ("scorer_failed",), result
+    assert request(scorer, task, task["hidden"]["answer"])["score"] == 1.0  # control: the gold pays
+
+
+def test_a_result_nested_past_the_parsers_depth_is_no_result():
+    """Defence in depth: a child's output is parsed by the process; nesting past json's recursion
+    limit raised RecursionError there (only ValueError was caught) and would end the process."""
+    from harnessrl.tasks.reasoning_gym_scorer import _parse_result
+
+    assert _parse_result(b'{"score": 1.0}\n' + b"[" * 50_000) == {}  # under the output limit
+    assert _parse_result(b'{"score": 1.0}\n') == {"score": 1.0}  # control

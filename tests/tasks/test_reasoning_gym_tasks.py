@@ -49,6 +49,9 @@ def test_config_changes_the_questions_and_the_id():
         ({"dataset": "chain_sum", "size": 1, "seed": 0, "config": {"seed": 3}}, "seed and size"),
         ({"dataset": "chain_sum", "size": 1, "seed": 0, "config": {"no_such_option": 1}}, "bad config"),
         ({"dataset": "puzzle24", "size": 1, "seed": 0}, "'puzzle24' is refused"),
+        ({"dataset": "countdown", "size": 1, "seed": 0}, "'countdown' is refused"),
+        ({"dataset": "coin_flip", "size": 1, "seed": 0}, "'coin_flip' is refused"),
+        ({"dataset": "game_of_life_halting", "size": 1, "seed": 0}, "'game_of_life_halting' is refused"),
     ],
 )
 def test_bad_arguments(kwargs, message):

@@ -23,7 +23,8 @@ evaluate the answer as Python (``eval`` in string_insertion, spiral_matrix, bina
 entry and the answer to a sandboxed scorer process (``harnessrl.tasks.reasoning_gym_scorer``).
 ``score_answer`` here runs in the caller's process and is for trusted answers only (offline checks,
 tests). Datasets whose scorer rewards an answer that does not solve the asked question are refused
-(``REFUSED_DATASETS``).
+(``REFUSED_DATASETS``); those whose partial credit does are safe only under the evaluator's
+``strict = true`` (``UNSAFE_WITHOUT_STRICT``).
 """
 
 from __future__ import annotations
@@ -46,9 +47,26 @@ PROMPT_SUFFIX = (
 
 # Datasets whose own scorer gives full marks without the asked question being solved: training on
 # them rewards the shortcut, so they are refused as tasks and by the evaluator.
+# tests/tasks/test_reasoning_gym_cheats.py sweeps every other dataset with such shortcuts.
 REFUSED_DATASETS: dict[str, str] = {
     "puzzle24": "its score_answer never checks that the answer uses the puzzle's four numbers "
     "('9+9+5+1' scores 1.0 on every puzzle)",
+    "countdown": "its score_answer counts the numbers used with a regex over the whole answer, but "
+    "evaluates it with sympy, which ignores a '# comment': '66 + 98 # 34 54 6' scores 1.0 on "
+    "'make 164 from 66, 34, 98, 54, 6', and digit-free expressions such as "
+    "'(True+True)**(True+True) + ... # 66 34 98 54 6' score 1.0 on every puzzle",
+    "coin_flip": "its score_answer gives prefix credit divided by the shorter of the two numbers: "
+    "'0' scores 1.0 on every question whose probability is below 1",
+    "game_of_life_halting": "its score_answer compares bool(answer) with bool(gold), and both golds "
+    "('True', 'False') are non-empty strings: any non-empty answer ('banana') scores 1.0",
+}
+
+# Datasets whose partial credit pays for closeness, so a constant answer earns most of a point
+# ('00:00' scores 0.98 on '00:34:28'): safe only with the evaluator's ``strict = true`` (the
+# default), which pays 1.0 for a full score and 0 for anything less.
+UNSAFE_WITHOUT_STRICT: dict[str, str] = {
+    "time_intervals": "its partial credit shrinks with the distance to the gold duration: '0' "
+    "scores 0.95 on '5 days', '00:00' 0.98 on '00:34:28'",
 }
 
 

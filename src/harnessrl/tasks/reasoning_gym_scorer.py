@@ -19,19 +19,23 @@ hold the GIL for seconds. Here the answer meets the scorer only in a child that
    result and exits.
 
 This process kills a child past its deadline (SIGKILL) and reports, per request, what happened. One
-child per score: nothing an answer does outlives it.
+child per score: nothing an answer does outlives it. Requests are started one at a time, in order,
+with the children's exits and deadlines handled between two (``Zygote``); an answer's clock starts
+when its child is forked, after its entry was regenerated.
 
 Protocol (JSON lines): the controller (``harnessrl.controller.evaluators.scorer_process``) starts
 ``python -I -B -m harnessrl.tasks.reasoning_gym_scorer --isolation required|available`` and reads a
 first line ``{"ready": true, "isolation": "full"|"no landlock, ...", "pid": N}`` (or ``{"ready":
 false, "error": ...}``). Then each request ``{"id", "task", "text", "pattern": regex|null,
 "fallback", "raw": bool, "timeout_s", "memory_mb"}`` (``text``: the rollout's final answer or
-stdout, ``<think>`` blocks removed) gets one reply ``{"id", "outcome", "score"?, "extracted"?,
-"error"?, "isolation", "seconds"}``, where ``outcome`` is
+stdout, ``<think>`` blocks removed; ``timeout_s`` at most ``MAX_TIMEOUT_S``, longer is clamped) gets
+one reply ``{"id", "outcome", "score"?, "extracted"?, "error"?, "out_of_range"?, "isolation",
+"seconds"}``, where ``outcome`` is
 
 - ``scored`` (``score`` in [0, 1]) or ``no_answer`` (nothing to extract): the answer's score;
 - ``raised`` (the scorer raised on this answer), ``timeout`` (past ``timeout_s`` or its CPU limit),
-  ``failed`` (died or gave no valid result): the answer's doing, reward 0 with a flag;
+  ``failed`` (died or gave no valid result; ``out_of_range: true`` when the result was a score
+  outside [0, 1], which is never clamped): the answer's doing, reward 0 with a flag;
 - ``task_error`` (the entry could not be regenerated), ``isolation_error`` (no child could be
   started or confined; the answer was not read): infrastructure failures.
 
@@ -52,6 +56,7 @@ import selectors
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +65,11 @@ TASK_ERROR, ISOLATION_ERROR = "task_error", "isolation_error"
 EXTRACTED_LIMIT = 4096  # characters of the extracted answer reported back
 _OUTPUT_LIMIT = 1 << 16  # bytes a child may write; more is not a valid result
 _PR_SET_DUMPABLE = 4
+DEFAULT_TIMEOUT_S = 30.0  # a request without a usable timeout_s
+MAX_TIMEOUT_S = 86_400.0  # longer is clamped (the evaluator's config refuses it)
+# The longest one wait in select: far-off deadlines are looked at again after this (a timeout past
+# ~24 days would overflow epoll's milliseconds and end the process).
+_MAX_WAIT_S = 60.0
 
 
 @dataclass
@@ -71,20 +81,25 @@ class _Child:
     started: float
     deadline: float
     output: bytearray = field(default_factory=bytearray)
-    status: int | None = None  # the wait status, once it exited (then it is answered at once)
     pipe_open: bool = True
-    killed: bool = False  # by us, at the deadline
+    killed: bool = False  # by us, at the deadline (it may have exited just before: see _outcome)
     cpu_seconds: float = 0.0
 
 
 class Zygote:
     """Reads requests from ``requests`` (a descriptor), forks one confined child per request and
-    writes each reply to ``replies``. ``confinement`` is what every child enters."""
+    writes each reply to ``replies``. ``confinement`` is what every child enters.
+
+    Requests are queued as they are read and started one per turn of the loop: regenerating an entry
+    can take a second (``knight_swap``), and between two of them the loop answers children that
+    exited and kills those past their deadline. A child that exited before we got to its deadline is
+    judged by its result, never reported as a timeout."""
 
     def __init__(self, requests: int, replies: int, confinement: Any):
         self.requests, self.replies = requests, replies
         self.confinement = confinement
         self.children: dict[int, _Child] = {}  # by pid
+        self.queue: deque[bytes] = deque()  # request lines read, not started yet
         self.selector = selectors.DefaultSelector()
         self.buffer = bytearray()
 
@@ -92,27 +107,47 @@ class Zygote:
         self.selector.register(self.requests, selectors.EVENT_READ, None)
         try:
             while True:
-                deadlines = [c.deadline for c in self.children.values() if not c.killed]
-                timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
-                for key, _ in self.selector.select(timeout):
+                for key, _ in self.selector.select(self._wait_s()):
                     if key.data is None:
                         if not self._read_requests():
                             return
                     else:
                         kind, child = key.data
                         self._child_event(kind, child)
-                now = time.monotonic()
-                for child in self.children.values():
-                    if not child.killed and now >= child.deadline:
-                        child.killed = True
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(child.pid, signal.SIGKILL)
+                self._enforce_deadlines()
+                if self.queue:
+                    self._request(self.queue.popleft())
         finally:
             for child in list(self.children.values()):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(child.pid, signal.SIGKILL)
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(child.pid, 0)
+
+    def _wait_s(self) -> float | None:
+        """How long select may wait: not at all while requests are queued, else until the next
+        deadline (at most ``_MAX_WAIT_S``), or for ever when nothing runs."""
+        if self.queue:
+            return 0.0
+        deadlines = [c.deadline for c in self.children.values() if not c.killed]
+        if not deadlines:
+            return None
+        return min(_MAX_WAIT_S, max(0.0, min(deadlines) - time.monotonic()))
+
+    def _enforce_deadlines(self) -> None:
+        now = time.monotonic()
+        for child in list(self.children.values()):
+            if child.killed or now < child.deadline:
+                continue
+            # While we regenerated entries it may have exited with its verdict, its exit not yet
+            # read: answer it by that verdict instead of killing a finished child.
+            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
+            if pid:
+                self._finish(child, status, usage)
+                continue
+            child.killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal.SIGKILL)
 
     def _read_requests(self) -> bool:
         chunk = os.read(self.requests, 1 << 20)
@@ -125,14 +160,14 @@ class Zygote:
             del self.buffer[: end + 1]
             start = 0
             if line.strip():
-                self._request(line)
+                self.queue.append(line)
         return True
 
     def _request(self, line: bytes) -> None:
         try:
             request = json.loads(line)
             request_id = request["id"]
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
             print(f"reasoning_gym_scorer: bad request: {exc}", file=sys.stderr, flush=True)
             return
         from harnessrl.tasks.reasoning_gym import scoring_entry
@@ -143,7 +178,7 @@ class Zygote:
             self._reply({"id": request_id, "outcome": TASK_ERROR, "error": _describe(exc)})
             return
         read, write = os.pipe()
-        started = time.monotonic()
+        started = time.monotonic()  # the answer's clock starts here, after its entry was regenerated
         try:
             pid = os.fork()
         except OSError as exc:  # out of memory or processes: the machine's state, not the answer's
@@ -162,12 +197,16 @@ class Zygote:
         self.selector.register(child.pidfd, selectors.EVENT_READ, ("exit", child))
 
     def _child_event(self, kind: str, child: _Child) -> None:
-        if child.pid not in self.children:
+        if self.children.get(child.pid) is not child:
             return  # both of its events came in one batch: already answered
         if kind == "pipe":
             self._drain(child)
             return
-        _, child.status, usage = os.wait4(child.pid, 0)
+        _, status, usage = os.wait4(child.pid, 0)
+        self._finish(child, status, usage)
+
+    def _finish(self, child: _Child, status: int, usage: Any) -> None:
+        """``child`` exited (and was reaped, with ``status`` and ``usage``): answer its request."""
         child.cpu_seconds = usage.ru_utime + usage.ru_stime
         self.selector.unregister(child.pidfd)
         os.close(child.pidfd)
@@ -177,7 +216,7 @@ class Zygote:
         if child.pipe_open:
             self._close_pipe(child)
         del self.children[child.pid]
-        self._reply(self._outcome(child))
+        self._reply(self._outcome(child, status))
 
     def _drain(self, child: _Child) -> None:
         while child.pipe_open:
@@ -196,7 +235,7 @@ class Zygote:
         self.selector.unregister(child.pipe)
         os.close(child.pipe)
 
-    def _outcome(self, child: _Child) -> dict[str, Any]:
+    def _outcome(self, child: _Child, status: int) -> dict[str, Any]:
         reply: dict[str, Any] = {
             "id": child.request_id,
             "isolation": self.confinement.level,
@@ -205,13 +244,15 @@ class Zygote:
         result = _parse_result(child.output)
         if "extracted" in result:
             reply["extracted"] = result["extracted"]
-        status = child.status or 0
         signalled = os.WIFSIGNALED(status) and os.WTERMSIG(status)
         out_of_cpu = signalled == signal.SIGXCPU or (
             signalled == signal.SIGKILL and child.cpu_seconds >= math.ceil(child.deadline - child.started) + 1
         )
-        if child.killed or out_of_cpu:
-            why = "its time limit" if child.killed else "its CPU limit"
+        # Killed by us only if our SIGKILL ended it: one that exited by itself just before the kill
+        # landed finished in time, and is judged by its result below.
+        killed = child.killed and signalled == signal.SIGKILL
+        if killed or out_of_cpu:
+            why = "its time limit" if killed else "its CPU limit"
             return {**reply, "outcome": TIMEOUT, "error": f"the scorer was killed at {why}"}
         if "confinement_error" in result:
             return {**reply, "outcome": ISOLATION_ERROR, "error": str(result["confinement_error"])}
@@ -219,8 +260,17 @@ class Zygote:
             how = f"signal {signalled}" if signalled else f"exit status {os.WEXITSTATUS(status)}"
             return {**reply, "outcome": FAILED, "error": f"the scorer died ({how})"}
         score = result.get("score")
-        if isinstance(score, int | float) and not isinstance(score, bool) and 0.0 <= score <= 1.0:
-            return {**reply, "outcome": NO_ANSWER if result.get("no_answer") else SCORED, "score": score}
+        if isinstance(score, int | float) and not isinstance(score, bool):
+            if 0.0 <= score <= 1.0:
+                return {**reply, "outcome": NO_ANSWER if result.get("no_answer") else SCORED, "score": score}
+            # Not clamped, not even 1.0000000000000002: spell_backward gives that to the gold with junk
+            # after it, and clamping would pay the junk. The answer's doing: reward 0, with its flag.
+            return {
+                **reply,
+                "outcome": FAILED,
+                "out_of_range": True,
+                "error": f"the scorer's score {score!r} is outside [0, 1]",
+            }
         if "raised" in result:
             return {**reply, "outcome": RAISED, "error": str(result["raised"])[:500]}
         return {**reply, "outcome": FAILED, "error": "the scorer gave no valid result"}
@@ -230,8 +280,12 @@ class Zygote:
 
 
 def _timeout(request: dict[str, Any]) -> float:
-    value = request.get("timeout_s", 30.0)
-    return float(value) if isinstance(value, int | float) and value > 0 else 30.0
+    """The request's ``timeout_s``: positive and at most ``MAX_TIMEOUT_S`` (inf included), else the
+    default."""
+    value = request.get("timeout_s", DEFAULT_TIMEOUT_S)
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0:  # NaN too
+        return DEFAULT_TIMEOUT_S
+    return min(float(value), MAX_TIMEOUT_S)
 
 
 def _parse_result(output: bytes) -> dict[str, Any]:
@@ -242,7 +296,7 @@ def _parse_result(output: bytes) -> dict[str, Any]:
     for line in output.splitlines():
         try:
             part = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             return {}
         if not isinstance(part, dict):
             return {}

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError,
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback
 from harnessrl.tasks.fields import HIDDEN
+from harnessrl.tasks.reasoning_gym_scorer import MAX_TIMEOUT_S as MAX_SCORER_TIMEOUT_S
 
 
 class _Config(BaseModel):
@@ -101,7 +102,13 @@ class ReasoningGymEvaluatorConfig(_Config):
     strict: bool = True
     source: Literal["final_answer", "stdout"] = "final_answer"
     dataset: str | None = Field(default=None, description="used when the task has no 'dataset' field")
-    timeout_s: float = Field(default=30.0, gt=0, description="per answer: wall clock and CPU of its scorer")
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=MAX_SCORER_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="per answer: wall clock and CPU of its scorer (at most a day)",
+    )
     memory_mb: int = Field(
         default=512, ge=16, description="address space a scorer child may add to its parent's (RLIMIT_AS)"
     )
