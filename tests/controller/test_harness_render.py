@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.harness import check_harness, render_harness
+from harnessrl.controller.presets import PRESETS, apply_preset
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Rollout
 
@@ -150,3 +154,61 @@ def test_dotted_task_fields(tmp_path):
             base_url="u",
             anthropic_base_url="u",
         )
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_no_preset_puts_the_rollout_key_in_argv(name, tmp_path):
+    """A command line is visible to every local user (``ps``) for the whole rollout: the key goes in
+    the environment. mini-swe-agent's preset used to pass ``model.model_kwargs.api_key=hrl-…``."""
+    spec = apply_preset(HarnessSpec(preset=name, command=["agent.py"] if name == "python" else []))
+    r = render_harness(
+        spec,
+        rollout=rollout(prompt="fix it"),
+        workspace=tmp_path / "ws",
+        base_url="http://127.0.0.1:9/rollouts/r-1/v1",
+        anthropic_base_url="http://127.0.0.1:9/rollouts/r-1",
+    )
+    assert not any("hrl-secret" in arg for arg in r.argv), r.argv
+    assert r.env["OPENAI_API_KEY"] == "hrl-secret"  # where litellm and the SDKs read it
+
+
+@pytest.fixture
+def no_project_harnesses(tmp_path, monkeypatch):
+    """No ``.harnesses/`` (so the presets' config files go to the temp folder), and a temp folder of
+    this test's own: the shared ``/tmp`` another local user could write to, in small."""
+    monkeypatch.setenv("HARNESSRL_HARNESSES_DIR", str(tmp_path / "not-installed"))
+    shared_tmp = tmp_path / "tmp"
+    shared_tmp.mkdir(mode=0o1777)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared_tmp))  # the standard library's cache of TMPDIR
+    return shared_tmp
+
+
+def test_preset_config_in_the_temp_folder_is_private(no_project_harnesses):
+    """Control: the folder is made, 0700 and ours, and holds the config the preset names."""
+    spec = apply_preset(HarnessSpec(preset="qwen-code"))
+    folder = no_project_harnesses / f"harnessrl-presets-{os.getuid()}"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700 and folder.stat().st_uid == os.getuid()
+    assert (folder / "qwen-code-settings.json").is_file()
+    assert str(folder / "qwen-code-settings.json") in json.dumps(spec.model_dump())
+
+
+@pytest.mark.parametrize("planted", ["symlink", "other_owner", "world_writable"])
+def test_a_preset_folder_planted_by_someone_else_is_refused(no_project_harnesses, tmp_path, planted):
+    """Another local user who made the temp folder's preset folder first (or a symlink to one of
+    theirs) would choose the config every harness reads: its base URL, where the key goes."""
+    folder = no_project_harnesses / f"harnessrl-presets-{os.getuid()}"
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    if planted == "symlink":
+        folder.symlink_to(theirs)
+    else:
+        folder.mkdir(mode=0o700)
+        if planted == "other_owner":
+            if os.geteuid() != 0:
+                pytest.skip("making a folder someone else's needs root")
+            os.chown(folder, 65534, 65534)
+        else:
+            folder.chmod(0o777)
+    with pytest.raises(ConfigError, match="not a private folder"):
+        apply_preset(HarnessSpec(preset="qwen-code"))
+    assert not (theirs / "qwen-code-settings.json").exists()

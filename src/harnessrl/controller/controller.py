@@ -44,12 +44,17 @@ log = logging.getLogger(__name__)
 
 
 class ControllerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: ``poll_interval_s = inf`` passed ``gt=0`` and then slept forever after the
+    # rollout finished; every float setting here is refused unless finite.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     concurrency: int = Field(default=4, ge=1, description="rollouts running at once")
     max_infra_retries: int = Field(default=2, ge=0, description="new attempts after infrastructure failures")
     poll_interval_s: float = Field(default=0.5, gt=0)
-    keep_workspaces: bool = Field(default=True, description="keep each attempt's workspace for inspection")
+    keep_workspaces: bool = Field(
+        default=True,
+        description="keep each attempt's workspace and home for inspection (logs are always kept)",
+    )
     audit: AuditConfig = Field(default_factory=AuditConfig)
 
 
@@ -209,6 +214,8 @@ class Controller:
         try:
             result = await self._run_attempt(rollout)
         except asyncio.CancelledError:
+            if not self.config.keep_workspaces:  # best effort: the runner kills the harness after this
+                await asyncio.to_thread(discard_attempt_scratch, self._attempt_dir(rollout))
             with contextlib.suppress(HarnessRLError):  # (a later attempt's rollout is not requeued)
                 await asyncio.to_thread(
                     self.store.requeue_rollout,
@@ -217,6 +224,8 @@ class Controller:
                     attempt=rollout.attempt,
                 )
             raise
+        if not self.config.keep_workspaces:  # every way an attempt ends (the finish path did it already)
+            await asyncio.to_thread(discard_attempt_scratch, self._attempt_dir(rollout))
         if result is not None:
             return result
         return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
@@ -227,8 +236,9 @@ class Controller:
     async def _run_attempt(self, rollout: Rollout) -> Rollout | None:
         attempt_dir = self._attempt_dir(rollout)
         workspace = attempt_dir / "workspace"
-        if workspace.exists():  # a previous controller died mid-attempt: start clean
-            shutil.rmtree(workspace)
+        # A previous controller died mid-attempt: start clean (its home too, or this attempt's harness
+        # would start from what the dead one's wrote).
+        await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
         harness = self.harness_for(rollout)
         try:
             check_mounts(harness.mounts, forbidden=[self.run_dir])
@@ -346,8 +356,8 @@ class Controller:
                 "image": root.name if root is not None else image,
                 "image_id": root.image_id[:12] if root is not None else None,
             }
-        if not self.config.keep_workspaces:
-            await asyncio.to_thread(shutil.rmtree, workspace, True)
+        if not self.config.keep_workspaces:  # before the finish: a finished rollout's scratch is gone
+            await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
         try:
             return await asyncio.to_thread(
                 self.store.finish_rollout,
@@ -410,6 +420,20 @@ class Controller:
             )
         except InvalidTransition:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+
+
+#: What of an attempt's folder is scratch, removed when ``keep_workspaces`` is off: the workspace and
+#: the harness's ``$HOME`` (either can hold whatever the harness wrote: 50 MB in ``$HOME/blob`` stayed
+#: behind when only the workspace was removed). The logs, the task file and the sandbox spec stay:
+#: ``metadata.log_dir`` names them for whoever looks into a rollout.
+ATTEMPT_SCRATCH = ("workspace", "home")
+
+
+def discard_attempt_scratch(attempt_dir: Path) -> None:
+    """Remove an attempt's scratch folders (``ATTEMPT_SCRATCH``). ``rmtree`` works through folder
+    descriptors, so a tree nested past ``PATH_MAX`` goes too."""
+    for name in ATTEMPT_SCRATCH:
+        shutil.rmtree(attempt_dir / name, ignore_errors=True)
 
 
 def _seen_folders(workspace: Path, inside: SandboxPaths | None) -> tuple[Path, ...]:

@@ -6,7 +6,8 @@ namespaces, a read-only system, only the workspace and home writable — at the 
 gateway reachable through ``GatewayBridge`` and nothing else), a cgroup (memory, process count, freezer) when the machine
 allows, rlimits, stdout/stderr logged to files, and a deadline after which everything in the
 attempt is killed. ``aclose`` kills whatever is still running, so a controller shutdown leaves no
-orphans.
+orphans; a controller killed outright takes its sandboxes with it (the launcher dies with its parent:
+``sandbox.enter``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from harnessrl.controller.base import Exit, ExitKind, Launch
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
-from harnessrl.sandbox.enter import read_status
+from harnessrl.sandbox.enter import PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, shared_host
 
 # Variables the controller copies from its own machine (``harness._INHERITED``): they describe the
@@ -175,7 +176,9 @@ class LocalRunner:
         spawn = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
                 *argv,
-                env=LAUNCHER_ENV,  # not the controller's: bwrap's /proc/1/environ is visible inside
+                # Not the controller's environment (bwrap's /proc/1/environ is visible inside); the
+                # controller's pid, so the launcher can tell it died before asking to die with it.
+                env={**LAUNCHER_ENV, PARENT_ENV: str(os.getpid())},
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=stdout,
                 stderr=stderr,

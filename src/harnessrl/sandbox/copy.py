@@ -7,6 +7,12 @@ sparse file's holes out as zeros (a 1 TB sparse file is 1 TB of the host's disk)
 
 - copies regular files, folders and symlinks only, never following a link; FIFOs, sockets and device
   nodes are skipped and listed (``CopyReport.skipped``);
+- skips and lists (``CopyReport.unreadable``, and ``skipped`` too, so the evaluator flags it) every
+  entry it cannot read or recreate, and copies on: the agent made the tree, so an entry nested past the
+  host's ``PATH_MAX`` (``ENAMETOOLONG``: the sandbox's workspace path is shorter than the host's), a
+  folder it made unreadable (``EACCES``) or a file that fails to read is the policy's doing. Raising
+  instead turned the policy's own failed rollout into an infrastructure failure, retried and then
+  left out of the baseline;
 - opens each file ``O_NOFOLLOW | O_NONBLOCK`` and checks what it opened is still a regular file;
 - copies only a file's data extents (``SEEK_DATA``/``SEEK_HOLE``), so holes stay holes;
 - copies a hard-linked file once and links the rest (a file linked 1,000 times is not copied 1,000
@@ -23,6 +29,7 @@ sparse file's holes out as zeros (a 1 TB sparse file is 1 TB of the host's disk)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -36,7 +43,8 @@ _CHUNK = 1 << 20
 class CopyReport:
     files: int = 0  # entries created (files, folders, links)
     bytes: int = 0  # data bytes copied (holes not counted)
-    skipped: list[str] = field(default_factory=list)  # special files left out, relative paths
+    skipped: list[str] = field(default_factory=list)  # entries left out (special or unreadable), relative
+    unreadable: list[str] = field(default_factory=list)  # "path: error" of entries that could not be copied
     dropped_links: list[str] = field(default_factory=list)  # links out of the tree, relative paths
     dropped_bytecode: int = 0  # __pycache__ folders and .pyc/.pyo files left out
     over_limit: str | None = None  # why the copy stopped early, if it did
@@ -64,42 +72,82 @@ def copy_untrusted_tree(
             folder, target = stack.pop()
             try:
                 entries = list(os.scandir(folder))
-            except OSError:
-                continue  # unreadable folder: nothing to copy from it
+            except OSError as exc:  # a folder the agent made unreadable (or too deep to open)
+                if folder != src:
+                    _unreadable(report, _shown(folder, src), exc)
+                continue
             for entry in entries:
                 _count(report, max_files)
                 source, copy = Path(entry.path), target / entry.name
-                info = entry.stat(follow_symlinks=False)
-                mode = info.st_mode
-                if drop_bytecode and (
-                    (stat.S_ISDIR(mode) and entry.name == "__pycache__")
-                    or (not stat.S_ISDIR(mode) and entry.name.endswith(_BYTECODE_SUFFIXES))
-                ):
-                    report.dropped_bytecode += 1
-                    continue
-                if stat.S_ISLNK(mode):
-                    os.symlink(os.readlink(source), copy)
-                elif stat.S_ISDIR(mode):
-                    copy.mkdir(mode=0o700)
-                    stack.append((source, copy))
-                    _finish(copy, info)  # mode and times (the times of a folder change as it fills:
-                    # good enough for scorers, which never compare folder times)
-                elif stat.S_ISREG(mode):
-                    key = (info.st_dev, info.st_ino)
-                    if info.st_nlink > 1 and key in linked:
-                        os.link(linked[key], copy)
-                        continue
-                    _copy_file(source, copy, report, max_bytes, str(source.relative_to(src)))
-                    _finish(copy, info)
-                    if info.st_nlink > 1:
-                        linked[key] = copy
-                else:  # FIFO, socket, character or block device
-                    report.skipped.append(str(source.relative_to(src)))
+                try:
+                    _copy_entry(entry, source, copy, src, stack, linked, report, max_bytes, drop_bytecode)
+                except OSError as exc:  # the agent's tree, the agent's problem: leave it out, say so
+                    _unreadable(report, _shown(source, src), exc)
+                    with contextlib.suppress(OSError):  # a half-written file: never score a truncated one
+                        os.unlink(copy)  # (a folder stays: EISDIR)
     except _TooBig as exc:
         report.over_limit = str(exc)
         return report
     report.dropped_links = [str(p.relative_to(dst)) for p in drop_escaping_links(dst)]
     return report
+
+
+def _copy_entry(
+    entry: os.DirEntry,
+    source: Path,
+    copy: Path,
+    src: Path,
+    stack: list[tuple[Path, Path]],
+    linked: dict[tuple[int, int], Path],
+    report: CopyReport,
+    max_bytes: int,
+    drop_bytecode: bool,
+) -> None:
+    """Copy one entry of a folder (a folder is created and queued on ``stack``, not descended)."""
+    info = entry.stat(follow_symlinks=False)
+    mode = info.st_mode
+    if drop_bytecode and (
+        (stat.S_ISDIR(mode) and entry.name == "__pycache__")
+        or (not stat.S_ISDIR(mode) and entry.name.endswith(_BYTECODE_SUFFIXES))
+    ):
+        report.dropped_bytecode += 1
+        return
+    if stat.S_ISLNK(mode):
+        os.symlink(os.readlink(source), copy)
+    elif stat.S_ISDIR(mode):
+        copy.mkdir(mode=0o700)
+        stack.append((source, copy))
+        _finish(copy, info)  # mode and times (the times of a folder change as it fills:
+        # good enough for scorers, which never compare folder times)
+    elif stat.S_ISREG(mode):
+        key = (info.st_dev, info.st_ino)
+        if info.st_nlink > 1 and key in linked:
+            os.link(linked[key], copy)
+            return
+        _copy_file(source, copy, report, max_bytes, _shown(source, src))
+        _finish(copy, info)
+        if info.st_nlink > 1:
+            linked[key] = copy
+    else:  # FIFO, socket, character or block device
+        report.skipped.append(_shown(source, src))
+
+
+#: How much of a path a report keeps: a path nested past PATH_MAX is thousands of characters, and the
+#: evaluator stores what the report lists with the rollout.
+_SHOWN_CHARS = 240
+
+
+def _shown(path: Path, src: Path) -> str:
+    relative = str(path.relative_to(src))
+    if len(relative) <= _SHOWN_CHARS:
+        return relative
+    half = _SHOWN_CHARS // 2
+    return f"{relative[:half]}…{relative[-half:]}"
+
+
+def _unreadable(report: CopyReport, shown: str, exc: OSError) -> None:
+    report.skipped.append(shown)
+    report.unreadable.append(f"{shown}: {exc.strerror or exc}")
 
 
 def _count(report: CopyReport, max_files: int) -> None:
@@ -114,10 +162,7 @@ def _finish(path: Path, info: os.stat_result) -> None:
 
 
 def _copy_file(source: Path, copy: Path, report: CopyReport, max_bytes: int, relative: str) -> None:
-    try:
-        fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return  # vanished or unreadable: the scorer sees no file
+    fd_in = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)  # OSError: skipped
     try:
         if not stat.S_ISREG(os.fstat(fd_in).st_mode):
             report.skipped.append(relative)

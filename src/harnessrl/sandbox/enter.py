@@ -14,6 +14,15 @@ exit status, is how the controller tells an infrastructure failure (the sandbox 
 up, the command could not be started) from the command's own outcome: an exit status is the
 command's to choose, so a harness that exits 125 is a harness that exited 125.
 
+**It dies with its controller.** It asks the kernel for ``SIGKILL`` when its parent dies
+(``PR_SET_PDEATHSIG``), and ``bwrap`` runs with ``--die-with-parent``, whose death ends the sandbox's
+PID namespace: a controller killed with ``SIGKILL`` (or any signal it does not handle) leaves no
+launcher, ``bwrap`` or harness running under PID 1. The parent may die before the request is made, so
+afterwards the launcher checks its parent is still the one that started it (``PARENT_ENV``, set by the
+runner; else the parent seen at start) and exits 125 if not. With ``sandbox = "none"`` the command
+gets the same signal; what it started in a new session of its own is then left to the cgroup, which
+no one kills after a controller's death (the empty cgroup folder also stays).
+
 Exit status: the command's own; ``128 + N`` if it was killed by signal ``N``; 125 if the sandbox
 could not be set up; 127 if the command could not be started (both also said in the status file).
 """
@@ -24,6 +33,7 @@ import ctypes
 import json
 import os
 import resource
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,6 +45,10 @@ SETUP_FAILED = 125
 CANNOT_START = 127
 _CLONE_NEWPID = 0x20000000
 MEMFD_NOEXEC = "/proc/sys/vm/memfd_noexec"
+#: The pid of the process that starts the launcher (the controller), in the launcher's environment:
+#: what ``_die_with_parent`` compares with (removed before bwrap starts: its environ shows inside).
+PARENT_ENV = "HARNESSRL_LAUNCHER_PARENT"
+_PR_SET_PDEATHSIG = 1
 
 
 def status_path(spec_path: str) -> str:
@@ -159,7 +173,26 @@ def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> i
     return code
 
 
+def _kill_me_with_parent() -> None:
+    """``SIGKILL`` this process when its parent (the thread that forked it) dies."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _die_with_parent() -> bool:
+    """Ask to die with the parent; whether the parent is still the one that started this process (if
+    it died before the request, the request will never fire: the caller must exit)."""
+    expected = os.environ.pop(PARENT_ENV, "")
+    parent = int(expected) if expected.isdigit() else os.getppid()
+    _kill_me_with_parent()
+    return os.getppid() == parent
+
+
 def main(argv: list[str]) -> int:
+    if not _die_with_parent():
+        print("harnessrl sandbox: the controller is gone; not starting", file=sys.stderr, flush=True)
+        return SETUP_FAILED
     with open(argv[1]) as f:
         spec = json.load(f)
     status_file = spec.get("status_file")
@@ -175,7 +208,13 @@ def main(argv: list[str]) -> int:
     if spec.get("bwrap_argv"):
         return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file)
     try:  # sandbox = "none"
-        child = subprocess.Popen(spec["argv"], cwd=spec["cwd"], env=spec["env"], stdin=subprocess.DEVNULL)
+        child = subprocess.Popen(  # single-threaded here: preexec_fn is safe
+            spec["argv"],
+            cwd=spec["cwd"],
+            env=spec["env"],
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_kill_me_with_parent,
+        )
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
         _write_status(status_file, started=False, detail=f"cannot start {spec['argv'][0]!r}: {exc}")

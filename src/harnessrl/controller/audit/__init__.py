@@ -21,6 +21,12 @@ inside it are dropped here.
 The audit reads what ran as well as what was typed: ``audit_files`` applies the same rules to the
 workspace diff (``audit.workspace.WorkspaceDiff``: files added, modified and deleted while the harness
 ran, with the changed lines of each text file), which the controller computes and hands in as data.
+The audit reads the policy's text, so its work is bounded: per piece of text (``MAX_ANALYZED_CHARS``,
+``obfuscation.MAX_SINKS``, ``MAX_HINTS_PER_RULE``) and per rollout in time (``AuditConfig.max_seconds``,
+checked between commands and between files). What a spent budget leaves unread is flagged
+``obfuscated_code``, like every other cap: a cap must not become a hiding place. The controller runs
+the audit in a thread nothing can interrupt, outside the harness's timeout, so only these bounds
+keep a crafted rollout from holding it (and a controller's shutdown) for minutes.
 See docs/audit.md.
 """
 
@@ -29,7 +35,8 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -81,6 +88,10 @@ MAX_ANALYZED_CHARS = 200_000
 # Flags kept from the workspace diff (a policy that vendors a library into its workspace would
 # otherwise store thousands); every rule is still counted, and the report says how many were dropped.
 MAX_FILE_FLAGS = 300
+# Distinct hints of one rule kept per piece of text: each is located in the text and compared with the
+# others, so a text of 20,000 distinct /proc paths would otherwise cost minutes (the rule is flagged
+# either way).
+MAX_HINTS_PER_RULE = 50
 
 
 class AuditFlag(BaseModel):
@@ -111,13 +122,18 @@ class AuditConfig(BaseModel):
     before the harness starts and the audit reads the files that changed, within
     ``workspace_limits`` (``false``: commands only, as before the diff existed)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     enabled: bool = True
     rules: tuple[str, ...] = ALL_RULES
     zero_reward_on: tuple[str, ...] = ZERO_REWARD_RULES
     workspace_diff: bool = True
     workspace_limits: SnapshotLimits = Field(default_factory=SnapshotLimits)
+    max_seconds: float = Field(
+        default=120.0,
+        gt=0,
+        description="time one rollout's audit may take; what is left unread then is flagged obfuscated_code",
+    )
 
     @property
     def reads_workspace(self) -> bool:
@@ -138,17 +154,43 @@ class AuditConfig(BaseModel):
 # ---------------------------------------------------------------------------------------------------
 
 
+class AuditBudget:
+    """The time one audit may take (``AuditConfig.max_seconds``), read from ``clock`` (a seam for tests)."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds = seconds
+        self._clock = clock
+        self._deadline = clock() + seconds
+
+    def spent(self) -> bool:
+        return self._clock() > self._deadline
+
+    def flag(self, what: str) -> AuditFlag:
+        """The flag for what the spent budget left unread (``obfuscated_code``: unread text hides)."""
+        note = f"audit budget of {self.seconds:g} s spent: {what} not read"
+        return AuditFlag(rule=OBFUSCATED_CODE, call_seq=None, command=note, match=note)
+
+
 def audit_commands(
-    records: Sequence[CommandRecord], rules: Sequence[str] = ALL_RULES, *, workspace: Workspace | None = None
+    records: Sequence[CommandRecord],
+    rules: Sequence[str] = ALL_RULES,
+    *,
+    workspace: Workspace | None = None,
+    budget: AuditBudget | None = None,
 ) -> list[AuditFlag]:
     """Flag every record that matches one of ``rules``; each flag names the offending substring.
 
     ``workspace``: where the commands ran; ``outside_workspace`` only fires when it is given.
+    ``budget``: checked before each record; once spent, the rest is flagged unread (``obfuscated_code``).
     """
     wanted = set(rules)
     roots = _workspace_roots(workspace)
     flags: list[AuditFlag] = []
-    for record in records:
+    for index, record in enumerate(records):
+        if budget is not None and budget.spent():
+            if OBFUSCATED_CODE in wanted:
+                flags.append(budget.flag(f"{len(records) - index} of {len(records)} commands"))
+            break
         command = record.command
         for rule, match in _select(_analyze_record(record), command, wanted, roots):
             flags.append(AuditFlag(rule=rule, call_seq=record.call_seq, command=command, match=match))
@@ -159,7 +201,13 @@ def _select(
     hints: Iterable[tuple[str, str]], text: str, wanted: set[str], roots: tuple[str, ...]
 ) -> list[tuple[str, str]]:
     """The ``(rule, match)`` pairs worth a flag, each ``match`` a substring of ``text``, in order."""
-    hints = [(rule, hint) for rule, hint in hints if rule in wanted]
+    unique: dict[tuple[str, str], None] = {}  # in order; each rule's first MAX_HINTS_PER_RULE distinct hints
+    per_rule: dict[str, int] = {}
+    for rule, hint in hints:
+        if rule in wanted and (rule, hint) not in unique and per_rule.get(rule, 0) < MAX_HINTS_PER_RULE:
+            unique[(rule, hint)] = None
+            per_rule[rule] = per_rule.get(rule, 0) + 1
+    hints = list(unique)
     # A path another rule already names (/proc/1/environ, ../harnessrl.db) is not also reported
     # as outside the workspace: the specific rule says more.
     named = {hint for rule, hint in hints if rule != OUTSIDE_WORKSPACE}
@@ -182,6 +230,7 @@ def audit_rollout(
     *,
     workspace: Workspace | None = None,
     changes: WorkspaceDiff | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> AuditReport:
     """Extract and audit a rollout's commands, and the workspace diff when one is given (an empty
     report when the audit is disabled).
@@ -193,9 +242,12 @@ def audit_rollout(
     config = config or AuditConfig()
     if not config.enabled:
         return AuditReport()
+    budget = AuditBudget(config.max_seconds, clock)
     records = extract_commands(calls)
-    flags = audit_commands(records, config.rules, workspace=workspace)
-    file_flags = audit_files(changes, config.rules, workspace=workspace) if changes is not None else []
+    flags = audit_commands(records, config.rules, workspace=workspace, budget=budget)
+    file_flags = (
+        audit_files(changes, config.rules, workspace=workspace, budget=budget) if changes is not None else []
+    )
     rules = sorted({f.rule for f in flags} | {f.rule for f in file_flags})
     bounds = list(changes.bounds) if changes is not None else []
     if len(file_flags) > MAX_FILE_FLAGS:
@@ -285,7 +337,11 @@ _MODES = {"added": "create", "modified": "edit", "deleted": "delete"}
 
 
 def audit_files(
-    changes: WorkspaceDiff, rules: Sequence[str] = ALL_RULES, *, workspace: Workspace | None = None
+    changes: WorkspaceDiff,
+    rules: Sequence[str] = ALL_RULES,
+    *,
+    workspace: Workspace | None = None,
+    budget: AuditBudget | None = None,
 ) -> list[AuditFlag]:
     """Flag what the policy left in its workspace: the changed lines of each text file go through
     the rules its kind calls for (Python, shell, or the raw patterns for any text), added, changed
@@ -299,7 +355,13 @@ def audit_files(
         # The task's workspace fit the walk and the policy's did not: what it hid past the cap is unread.
         note = next((b for b in changes.bounds if "walk stopped" in b), "walk stopped")
         flags.append(AuditFlag(rule=OBFUSCATED_CODE, call_seq=None, command=f"workspace: {note}", match=note))
-    for change in changes.changes:
+    for index, change in enumerate(changes.changes):
+        if budget is not None and budget.spent():
+            if OBFUSCATED_CODE in wanted:
+                flags.append(
+                    budget.flag(f"{len(changes.changes) - index} of {len(changes.changes)} changed files")
+                )
+            break
         flags.extend(_file_flags(change, wanted, roots))
     return flags
 

@@ -63,7 +63,11 @@ _OPENHANDS_WRAPPER = (
 
 
 def mini_swe_agent() -> HarnessSpec:
-    """mini-swe-agent 2.x (``mini``), its default ``mini.yaml`` (a ``bash`` tool), litellm underneath."""
+    """mini-swe-agent 2.x (``mini``), its default ``mini.yaml`` (a ``bash`` tool), litellm underneath.
+
+    The rollout's key is not in argv (``model.model_kwargs.api_key=…`` was: every local user's ``ps``
+    shows a command line): litellm's ``openai/`` provider reads ``OPENAI_API_KEY``, which every harness
+    gets in its environment (``harness.render_harness``)."""
     return HarnessSpec(
         command=[
             _venv_bin("mini"),
@@ -75,8 +79,6 @@ def mini_swe_agent() -> HarnessSpec:
             "mini.yaml",
             "-c",
             "model.model_kwargs.api_base={base_url}",
-            "-c",
-            "model.model_kwargs.api_key={api_key}",
             "-t",
             "{prompt}",
             "-o",
