@@ -144,7 +144,8 @@ def test_content_length_chunked_read_to_close_and_empty_bodies() -> None:
                 b'HTTP/1.0 200 OK\r\ncontent-type: application/json\r\n\r\n{"d": 4}',  # read to close
                 json_answer(b'{"e": 5}', extra=b"connection: close\r\n"),  # the server keeps it open
                 json_answer(b"not json"),
-                json_answer(b'{"f": NaN}'),  # orjson refuses it; the lenient parser does not
+                # Not JSON, so not parsed (json would take it: a NaN logprob must never be read as one).
+                json_answer(b'{"f": NaN}'),
             )
         )
         upstream = HttpUpstream(url)
@@ -152,7 +153,7 @@ def test_content_length_chunked_read_to_close_and_empty_bodies() -> None:
         await upstream.aclose()
         server.close()
         assert got[:7] == [{"a": 1}, {"b": 2}, {"c": 3}, None, {"d": 4}, {"e": 5}, "not json"]
-        assert got[7]["f"] != got[7]["f"]  # NaN
+        assert got[7] == '{"f": NaN}'
         # The first four answers kept the connection open; HTTP/1.0 and `connection: close` end it.
         assert [r.connection for r in server.requests] == [1, 1, 1, 1, 1, 2, 3, 3]
 
@@ -561,6 +562,39 @@ def test_a_malformed_answer_is_a_retryable_error() -> None:
         await upstream.aclose()
         server.close()
         assert caught.value.retryable and "ProtocolError" in str(caught.value)
+
+    run(go)
+
+
+@pytest.mark.parametrize("framing", ["chunked", "content-length"])
+@pytest.mark.parametrize(
+    "after",
+    [json_answer(b'{"stale": true}'), b"HTTP/1.1 2", b"garbage"],
+    ids=["a_second_answer", "part_of_one", "not_http"],
+)
+def test_bytes_after_an_answer_in_the_same_write_are_not_its_body_and_the_connection_is_not_reused(
+    framing: str, after: bytes
+) -> None:
+    """The server writes a whole answer and more bytes at once (they reach the client in one read): the
+    answer is exactly itself, and the next call goes out on a new connection, not one that holds the
+    stale bytes (httptools used to parse them on into the same body, and the connection was reused)."""
+    first = chunked(b'{"a":', b" 1}") if framing == "chunked" else json_answer(b'{"a": 1}')
+    events = sse(b'{"i": 0}', b'{"i": 1}')
+    stream = chunked(events) if framing == "chunked" else json_answer(events)
+
+    async def go() -> None:
+        server, url = await serve(
+            scripted(first + after, json_answer(b'{"b": 2}'), stream + after, json_answer(b'{"c": 3}'))
+        )
+        upstream = HttpUpstream(url)
+        got: list[Any] = [await upstream.request_json("POST", "/x", json_body={}) for _ in range(2)]
+        async with upstream.stream_sse("/v1/completions", {}) as batches:
+            got.append([e["i"] async for batch in batches for e in batch])
+        got.append(await upstream.request_json("POST", "/x", json_body={}))
+        await upstream.aclose()
+        server.close()
+        assert got == [{"a": 1}, {"b": 2}, [0, 1], {"c": 3}]
+        assert [r.connection for r in server.requests] == [1, 2, 2, 3]
 
     run(go)
 

@@ -359,3 +359,20 @@ def test_vllm_requests_pin_every_sampling_field_harnessrl_does_not_implement(
     assert body["presence_penalty"] == 0.0 and body["frequency_penalty"] == 0.0
     # Only the gateway's stop tokens end an answer (vLLM would also stop at config.json's EOS ids).
     assert body["ignore_eos"] is True
+
+
+def test_sglang_stops_only_at_the_requests_stop_tokens(reply: list[int], tokenizer: PolicyTokenizer) -> None:
+    """``ignore_eos``, as vLLM's requests have it: SGLang ending at the model's own EOS would say "stop"
+    with no stop token of the request's, which the engine refuses as an answer that contradicts itself."""
+    with serve_sglang(reply) as server:
+        engine = SGLangEngine(server.url, tokenizer)
+
+        async def run() -> list[TokenSample]:
+            await engine.start()
+            try:
+                return await collect(engine, [1, 2, 3], SamplingParams(max_tokens=4))
+            finally:
+                await engine.aclose()
+
+        assert [s.token_id for s in asyncio.run(run())] == reply[:4]
+    assert server.fake.requests[0]["sampling_params"]["ignore_eos"] is True

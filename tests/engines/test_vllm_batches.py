@@ -68,7 +68,7 @@ sse_lines = st.lists(
             b'data: {"a": 1}',
             b'data:{"b": [1, 2]}',
             b"data: 3\r",
-            b"data: NaN",  # the lenient parser's
+            b"data: NaN",  # not JSON, though json.loads takes it: refused by both readers
             b"data: {bad",
             b"data: [DONE]",
             b"data:",
@@ -94,7 +94,7 @@ def test_reads_parsed_whole_give_the_events_of_a_line_by_line_reader(
 
 def test_a_bad_payload_carries_the_events_before_it() -> None:
     with pytest.raises(BadEvent) as caught:
-        parse_events([b'{"a": 1}', b"NaN", b"{bad", b"2"])
+        parse_events([b'{"a": 1}', b"[2]", b"{bad", b"2"])
     assert caught.value.parsed[0] == {"a": 1} and len(caught.value.parsed) == 2
     assert caught.value.payload == b"{bad" and "bad stream event b'{bad'" in str(caught.value)
 
@@ -116,6 +116,9 @@ def odd(event: dict[str, Any], how: str) -> Any:
         "abort": {**event, "choices": [{**choice, "finish_reason": "abort"}]},
         "token_ids": {**event, "choices": [{**choice, "token_ids": [9] * len(block["tokens"])}]},
         "null_lp": {**event, "choices": [{**choice, "logprobs": {**block, "token_logprobs": [None]}}]},
+        "positive_lp": {**event, "choices": [{**choice, "logprobs": {**block, "token_logprobs": [0.5]}}]},
+        "index_1": {**event, "choices": [{**choice, "index": 1}]},
+        "odd_finish": {**event, "choices": [{**choice, "finish_reason": "tool_calls"}]},
         "name": {**event, "choices": [{**choice, "logprobs": {**block, "tokens": ["t5"]}}]},
         "leading_zero": {**event, "choices": [{**choice, "logprobs": {**block, "tokens": ["token_id:07"]}}]},
         "two_choices": {**event, "choices": [choice, choice]},
@@ -128,14 +131,17 @@ def odd(event: dict[str, Any], how: str) -> Any:
 def reference(events: list[Any]) -> tuple[str, Any]:
     ids: list[int] = []
     lps: list[float] = []
+    finish = None
     try:
         for event in events:
-            more_ids, more_lps = samples_of(event, "u")
+            if finish is not None:
+                return "error", "an event after the finish reason"
+            more_ids, more_lps, finish = samples_of(event, "u")
             ids += more_ids
             lps += more_lps
-    except (RemoteEngineError, ValueError, TypeError, AttributeError) as exc:
+    except RemoteEngineError as exc:  # every malformed event is one (no ValueError, TypeError...)
         return "error", type(exc).__name__
-    return "ok", (ids, lps)
+    return "ok", (ids, lps, finish)
 
 
 events_strategy = st.lists(
@@ -143,7 +149,11 @@ events_strategy = st.lists(
         st.lists(st.integers(0, 200_000), min_size=0, max_size=3),
         st.sampled_from([None, None, None, "stop", "length"]),
         st.one_of(
-            st.none(), st.sampled_from(["error", "abort", "token_ids", "null_lp", "name", "leading_zero"])
+            st.none(),
+            st.sampled_from(
+                ["error", "abort", "token_ids", "null_lp", "positive_lp", "index_1", "odd_finish", "name"]
+                + ["leading_zero"]
+            ),
         ),
         st.sampled_from(["two_choices", "no_choices", "not_a_dict", None, None, None, None]),
     ),
@@ -162,8 +172,9 @@ def test_batch_samples_are_the_events_samples_or_none(spec: list[tuple[Any, ...]
             event = odd(event, shape)
         events.append(event)
     got = batch_samples(events)
-    if got is None:  # then some event is not plain: samples_of reads it
-        assert any(change is not None and ids or shape for ids, _, change, shape in spec)
+    if got is None:  # then some event is not plain, or follows a finished one: samples_of reads it
+        finished_early = any(finish is not None for _, finish, _, _ in spec[:-1])
+        assert finished_early or any(change is not None and ids or shape for ids, _, change, shape in spec)
     else:
         assert reference(events) == ("ok", got)
         assert all(type(lp) is float for lp in got[1])
@@ -171,7 +182,11 @@ def test_batch_samples_are_the_events_samples_or_none(spec: list[tuple[Any, ...]
 
 def test_a_whole_read_of_plain_events_is_read_in_one_pass() -> None:
     events = [plain([i], [-0.25 * i]) for i in range(40)] + [plain([7, 8], [-1, -2], "stop")]
-    assert batch_samples(events) == ([*range(40), 7, 8], [-0.25 * i for i in range(40)] + [-1.0, -2.0])
+    assert batch_samples(events) == (
+        [*range(40), 7, 8],
+        [-0.25 * i for i in range(40)] + [-1.0, -2.0],
+        "stop",
+    )
 
 
 # -- the engine on whole reads --------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """How ``VLLMEngine`` reads sampled token IDs and logprobs out of an answer: the C-level parse of
-``"token_id:{id}"`` names (``vllm_samples._token_ids``) accepts and refuses exactly what the token-by-token
-parse does, with the same IDs and the same error (a few tokens, as a streamed chunk has, are parsed one by one)."""
+``"token_id:{id}"`` names (``vllm_samples._token_ids``) accepts and refuses exactly what the
+token-by-token parse does, with the same IDs and the same error (a few tokens, as a streamed chunk
+has, are parsed one by one); and an answer whose samples cannot be the policy's (a null, NaN or
+positive logprob, several choices, IDs that are not integers >= 0 or disagree with their names) is a
+retryable ``MalformedAnswer``, never a ``ValueError``."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from harnessrl.engines.remote import RemoteEngineError
+from harnessrl.engines.remote import MalformedAnswer, RemoteEngineError
 from harnessrl.engines.vllm_samples import _token_ids, _token_ids_joined, _token_ids_one_by_one, samples_of
 
 
@@ -64,14 +67,59 @@ def test_a_whole_answer_of_names_parses_to_its_ids() -> None:
     assert not caught.value.retryable
 
 
-def test_samples_turn_null_and_integer_logprobs_into_floats() -> None:
+def test_samples_turn_integer_logprobs_into_floats() -> None:
     answer = {
-        "choices": [{"logprobs": {"tokens": ["token_id:3", "token_id:4"], "token_logprobs": [None, -1]}}]
+        "choices": [
+            {"index": 0, "logprobs": {"tokens": ["token_id:3", "token_id:4"], "token_logprobs": [0, -1]}}
+        ]
     }
-    ids, logprobs = samples_of(answer, "u")
-    assert (ids, logprobs) == ([3, 4], [0.0, -1.0])
+    ids, logprobs, finish = samples_of(answer, "u")
+    assert (ids, logprobs, finish) == ([3, 4], [0.0, -1.0], None)
     assert all(type(lp) is float for lp in logprobs)
-    two = {"choices": [{"token_ids": ["5"], "logprobs": {"token_logprobs": [-0.5]}}] * 2}
-    assert samples_of(two, "u") == ([5, 5], [-0.5, -0.5])  # IDs as given, converted; choices joined
-    with pytest.raises(ValueError):
-        samples_of({"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": ["x"]}}]}, "u")
+
+
+# Each is refused as a retryable MalformedAnswer, never a ValueError (a 500 at the gateway) and never
+# samples. A null logprob was read as 0.0 (a certain token) before; vLLM sends null only for a prompt
+# position (echo), which these requests never ask for.
+MALFORMED = {
+    "null_logprob": {"choices": [{"logprobs": {"tokens": ["token_id:3"], "token_logprobs": [None]}}]},
+    "positive_logprob": {"choices": [{"logprobs": {"tokens": ["token_id:3"], "token_logprobs": [0.5]}}]},
+    "text_logprob": {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": ["x"]}}]},
+    "text_nan_logprob": {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": ["nan"]}}]},
+    "bool_logprob": {"choices": [{"token_ids": [1], "logprobs": {"token_logprobs": [False]}}]},
+    "two_choices": {"choices": [{"token_ids": [5], "logprobs": {"token_logprobs": [-0.5]}}] * 2},
+    "second_choice_only": {"choices": [{"index": 1, "token_ids": [5], "logprobs": {"token_logprobs": [-1]}}]},
+    "no_choices": {},
+    "text_ids": {"choices": [{"token_ids": ["5"], "logprobs": {"token_logprobs": [-0.5]}}]},
+    "float_ids": {"choices": [{"token_ids": [7.9], "logprobs": {"token_logprobs": [-0.5]}}]},
+    "bool_ids": {"choices": [{"token_ids": [True], "logprobs": {"token_logprobs": [-0.5]}}]},
+    "negative_ids": {"choices": [{"token_ids": [-3], "logprobs": {"token_logprobs": [-0.5]}}]},
+    "ids_not_names": {
+        "choices": [{"token_ids": [5], "logprobs": {"tokens": ["token_id:6"], "token_logprobs": [-0.5]}}]
+    },
+    "unknown_finish": {"choices": [{"token_ids": [], "finish_reason": "tool_calls"}]},
+    "choice_not_object": {"choices": [7]},
+    "not_an_object": "upstream hiccup",
+}
+
+
+@pytest.mark.parametrize("answer", MALFORMED.values(), ids=MALFORMED.keys())
+def test_a_malformed_answer_is_a_retryable_error_not_samples(answer: Any) -> None:
+    with pytest.raises(MalformedAnswer) as caught:
+        samples_of(answer, "u")
+    assert caught.value.retryable
+
+
+def test_token_ids_beside_matching_names_or_text_tokens_are_taken() -> None:
+    named = {
+        "choices": [
+            {
+                "token_ids": [5, 6],
+                "logprobs": {"tokens": ["token_id:5", "token_id:6"], "token_logprobs": [-1, -2]},
+            }
+        ]
+    }
+    text = {
+        "choices": [{"token_ids": [5, 6], "logprobs": {"tokens": ["a", "b"], "token_logprobs": [-1, -2]}}]
+    }
+    assert samples_of(named, "u") == samples_of(text, "u") == ([5, 6], [-1.0, -2.0], None)

@@ -49,10 +49,15 @@ class Knobs:
     # "names" (logprobs tokens "token_id:{id}", as with return_tokens_as_token_ids) or "text"
     # (logprobs tokens as text: a server that ignored return_tokens_as_token_ids).
     ids_as: str = "token_ids"
-    # The event after the tokens' (None: none, the last token's event ends the answer).
+    # The event after the tokens' (None: none, the last token's event ends the answer). A finish
+    # reason of AUTO is the one vLLM would send, as in the whole answer: "stop" when the last token is
+    # one of the request's stop tokens, else "length".
     last_event: dict[str, Any] | None = field(
-        default_factory=lambda: {"choices": [{"token_ids": [], "finish_reason": "stop"}]}
+        default_factory=lambda: {"choices": [{"index": 0, "token_ids": [], "finish_reason": AUTO}]}
     )
+
+
+AUTO = "auto"
 
 
 def serve_knobs(knobs: Knobs) -> FakeServer:
@@ -71,12 +76,14 @@ def serve_knobs(knobs: Knobs) -> FakeServer:
             names = [f"token_id:{t}" if knobs.ids_as == "names" else f"t{t}" for t, _ in tokens]
             return {"logprobs": {**logprobs, "tokens": names}}
 
+        stops = body.get("stop_token_ids") or []
+        finish = "stop" if knobs.tokens and knobs.tokens[-1][0] in stops else "length"
         if not body.get("stream"):
-            return JSONResponse({"choices": [choice(knobs.tokens)]})
+            return JSONResponse({"choices": [choice(knobs.tokens) | {"index": 0, "finish_reason": finish}]})
         nl = knobs.line_end
         events = [json.dumps({"choices": [choice([token])]}) for token in knobs.tokens]
         if knobs.last_event is not None:
-            events.append(json.dumps(knobs.last_event))
+            events.append(json.dumps(knobs.last_event).replace(f'"{AUTO}"', f'"{finish}"'))
         done = f"data: [DONE]{nl}{nl}" if knobs.done is None else knobs.done
         text = knobs.preamble + "".join(f"data: {e}{nl}{nl}" for e in events) + done
         raw = text.encode()

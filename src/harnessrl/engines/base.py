@@ -129,6 +129,10 @@ class Engine(Protocol):
         Stops after ``params.max_tokens`` tokens or after a token in ``params.stop_token_ids``
         (which is yielded, the last token of the last batch). Raises
         ``harnessrl.errors.UpstreamError`` if the engine fails (after the batches sampled before).
+
+        Ending without a stop token means the budget ran out (``max_tokens``, or the context): the
+        gateway records such an answer as ``length``. An engine whose answer ended any other way (a
+        remote server that aborted it, or whose answer lacks its finish reason) raises instead.
         """
 
     async def update_weights(self, update: WeightUpdate) -> None:

@@ -10,6 +10,10 @@ busy connection pays nothing per request for it.
 
 Also here: what can go wrong below HTTP, as :class:`HttpClientError` subclasses, and how a connection
 tells a body that ends with the connection (no length, not chunked; HTTP/1.0) from one cut short.
+
+One request, one answer: parsing stops where the answer ends. Bytes after it, in the same read or a
+later one, were not asked for (a server that answered twice, or a stale answer): they never reach
+the body, and the connection is not reused, since the next request would read them as its answer.
 """
 
 from __future__ import annotations
@@ -96,7 +100,12 @@ class Connection(asyncio.Protocol):
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserError as exc:
-            self._fail(ProtocolError(f"the server sent a malformed answer: {exc}"))
+            if self.complete:
+                # Bytes after the answer in this same read (``on_message_begin`` stopped the parser
+                # there, or they are not HTTP): the answer stands; the connection is not reused.
+                self.keep_alive = False
+            else:
+                self._fail(ProtocolError(f"the server sent a malformed answer: {exc}"))
             self.transport.abort()  # type: ignore[union-attr]
 
     def eof_received(self) -> bool:
@@ -126,6 +135,12 @@ class Connection(asyncio.Protocol):
         self._wake_drain()
 
     # httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            # A second answer starts in the read that ended this one: stop the parser here, before
+            # its head and body are taken for this answer's (data_received drops the connection).
+            raise _AnswerAlreadyComplete
 
     def on_status(self, reason: bytes) -> None:
         self.reason = reason
@@ -307,6 +322,10 @@ class Connection(asyncio.Protocol):
             return
         self._fail(ReadTimeout(f"nothing received for {self.read_timeout:g} s"))
         self.transport.abort()  # type: ignore[union-attr]
+
+
+class _AnswerAlreadyComplete(Exception):
+    """Raised inside the parser to stop it at bytes that follow a complete answer."""
 
 
 def _settle(future: asyncio.Future[None] | None) -> None:

@@ -30,7 +30,7 @@ from yarl import URL
 from harnessrl.engines.base import WeightUpdate
 from harnessrl.engines.http_client import Answer, HttpClient, HttpClientError
 from harnessrl.engines.proxied_client import ProxiedClient
-from harnessrl.engines.sse import BadEvent, SseLines, loads, parse_events
+from harnessrl.engines.sse import BadEvent, LineTooLong, SseLines, loads, parse_events
 from harnessrl.errors import ConfigError, ContextLengthExceeded, GenerationAborted, UpstreamError
 
 if TYPE_CHECKING:
@@ -70,11 +70,22 @@ class RemoteEngineError(UpstreamError):
         return self.status in (429, 503)
 
 
+class MalformedAnswer(RemoteEngineError):
+    """The server's answer breaks the protocol the engine relies on: no finish reason, a finish reason
+    that contradicts the tokens, a sampled token's logprob that is null, not finite or above 0, a
+    token ID that is not an integer in the vocabulary, more tokens than ``max_tokens``, several
+    choices. Such an answer is never recorded. Retryable: a server (or a proxy) that garbled one
+    answer may answer the same request whole on the next try or another replica."""
+
+    def __init__(self, message: str, *, url: str = ""):
+        super().__init__(f"{url}: malformed answer: {message}", retryable=True, url=url)
+
+
 class AbortedByEngine(RemoteEngineError, GenerationAborted):
-    """The server ended a generation itself (vLLM's ``finish_reason`` ``abort`` or ``error``): the
-    answer is not the policy's and must not be recorded. Retryable from the prompt, but never
-    continued mid-stream (``continuable`` is false): a server paused with ``mode=abort`` usually has
-    its weights changed next, and one answer must not mix two policies."""
+    """The server ended a generation itself (vLLM's ``finish_reason`` ``abort`` or ``error``, SGLang's
+    ``{"type": "abort"}``): the answer is not the policy's and must not be recorded. Retryable from
+    the prompt, but never continued mid-stream (``continuable`` is false): a server paused with
+    ``mode=abort`` usually has its weights changed next, and one answer must not mix two policies."""
 
     continuable = False
 
@@ -265,7 +276,10 @@ async def _events(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[
     lines = SseLines()
     try:
         async for chunk in chunks:
-            payloads = lines.feed(chunk)  # nothing once [DONE] was seen: the rest is drained
+            try:
+                payloads = lines.feed(chunk)  # nothing once [DONE] was seen: the rest is drained
+            except LineTooLong as exc:
+                raise RemoteEngineError(f"{url}: {exc}", retryable=True, url=url) from exc
             if not payloads:
                 continue
             try:
@@ -273,7 +287,7 @@ async def _events(chunks: AsyncIterator[bytes], url: str) -> AsyncIterator[list[
             except BadEvent as bad:
                 if bad.parsed:
                     yield bad.parsed
-                raise RemoteEngineError(f"{url}: {bad}", retryable=True) from bad.__cause__
+                raise RemoteEngineError(f"{url}: {bad}", retryable=True, url=url) from bad.__cause__
             yield events
     except _TRANSPORT_ERRORS as exc:
         raise _transport_error(exc, url) from exc

@@ -7,12 +7,23 @@ Request (docs.sglang.io "Sampling Parameters" / "Native APIs"; ``GenerateReqInpu
      "sampling_params": {"max_new_tokens", "temperature", "top_p", "stop_token_ids",
                          "skip_special_tokens": false, "no_stop_trim": true}}
 
-``no_stop_trim`` keeps a sampled stop token in the output, as our protocol wants. Each stream event
-is ``data: {"text", "output_ids", "meta_info": {"output_token_logprobs": [[logprob, token_id, text],
-...], "finish_reason", ...}}``, ending with ``data: [DONE]``. By default SGLang streams *cumulative*
+``no_stop_trim`` keeps a sampled stop token in the output, as our protocol wants; ``ignore_eos``
+leaves the stopping to the request's ``stop_token_ids`` (the gateway's), as with vLLM. Each stream
+event is ``data: {"text", "output_ids", "meta_info": {"output_token_logprobs": [[logprob, token_id,
+text], ...], "finish_reason", ...}}``, ending with ``data: [DONE]``. By default SGLang streams *cumulative*
 ``output_token_logprobs`` (every event repeats the tokens so far); with the server flag
 ``--incremental-streaming-output`` each event has only new ones. Both are handled: we count what was
 yielded and take the new suffix (``incremental_stream=True`` reads each event as new tokens only).
+
+Finish reasons. ``meta_info.finish_reason`` is null until the last event, then SGLang's
+``to_json()`` of how it ended: ``{"type": "stop", "matched": ...}``, ``{"type": "length", "length":
+N}`` or ``{"type": "abort", "message": ...}`` (``/pause_generation`` with ``mode: abort``, which
+``_install_weights`` uses, ends every running request that way). An abort raises a retryable
+:class:`AbortedByEngine`, like vLLM's: the answer is not the policy's. An answer without a stop token
+must end with ``length``; ending with no finish reason before its budget, or with ``stop`` and no stop
+token, is a retryable :class:`MalformedAnswer`. So are a sampled token's logprob that is null, not finite or
+above 0, an ID that is not an integer below the vocabulary size, and more tokens than
+``max_new_tokens`` (:mod:`harnessrl.engines.sample_checks`).
 
 Model and context length: ``GET /get_model_info`` (``model_path``) and ``GET /get_server_info``
 (``context_length``; ``null`` means the model's own, then the tokenizer's config is used).
@@ -33,8 +44,15 @@ from typing import Any
 
 import orjson
 
-from harnessrl.engines.base import GenerationContext, Samples, SamplingParams
-from harnessrl.engines.remote import RemoteEngine, RemoteEngineError, stream_error
+from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, cut_at_stop
+from harnessrl.engines.remote import (
+    AbortedByEngine,
+    MalformedAnswer,
+    RemoteEngine,
+    RemoteEngineError,
+    stream_error,
+)
+from harnessrl.engines.sample_checks import check_count, check_token_ids, checked_logprobs, token_id_limit
 from harnessrl.token_ids import json_array
 
 
@@ -55,6 +73,7 @@ class SGLangEngine(RemoteEngine):
         super().__init__(base_url, tokenizer, **kwargs)
         self.incremental_stream = incremental_stream
         self.pause_for_update = pause_for_update
+        self._token_id_limit = token_id_limit(tokenizer)  # sampled IDs are below this
 
     async def _discover(self) -> tuple[str | None, int | None]:
         info = await self.http.request_json("GET", "/get_model_info")
@@ -78,6 +97,9 @@ class SGLangEngine(RemoteEngine):
             "top_p": params.top_p,
             "skip_special_tokens": False,
             "no_stop_trim": True,
+            # Only the gateway's stop tokens end an answer (as with vLLM): the model's own EOS would end
+            # it with "stop" and no stop token of the request's, which reads as a cut-short answer.
+            "ignore_eos": True,
         }
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
@@ -94,6 +116,7 @@ class SGLangEngine(RemoteEngine):
         url = f"{self.base_url}/generate"
         stops = set(params.stop_token_ids)
         yielded = 0
+        finish: str | None = None
         interval_s = context.stream_interval_s if context is not None else 0.0
         async with self.http.stream_sse("/generate", body, interval_s=interval_s) as batches:
             async for events in batches:
@@ -101,30 +124,40 @@ class SGLangEngine(RemoteEngine):
                     error = stream_error(event, url)
                     if error is not None:
                         raise error
-                    entries = (event.get("meta_info") or {}).get("output_token_logprobs") or []
+                    meta = event.get("meta_info") if type(event) is dict else None
+                    if type(meta) is not dict:
+                        raise MalformedAnswer(f"event without meta_info: {str(event)[:120]!r}", url=url)
+                    entries = meta.get("output_token_logprobs") or []
+                    if type(entries) is not list:
+                        raise MalformedAnswer(f"output_token_logprobs is {str(entries)[:60]!r}", url=url)
                     new = entries if self.incremental_stream else entries[yielded:]
-                    ids: list[int] = []
-                    logprobs: list[float] = []
-                    stopped = False
-                    for entry in new:
-                        # [logprob, token_id, token_text_or_null]
-                        if not isinstance(entry, list | tuple) or len(entry) < 2:
-                            if ids:  # the tokens before the bad entry, then its error
-                                yield Samples(ids, logprobs)
-                            raise RemoteEngineError(
-                                f"{url}: bad output_token_logprobs entry {entry!r}", retryable=False
-                            )
-                        logprob, token_id = entry[0], int(entry[1])
-                        ids.append(token_id)
-                        logprobs.append(float(logprob if logprob is not None else 0.0))
-                        if token_id in stops:
-                            stopped = True
-                            break
+                    if finish is not None and new:
+                        raise MalformedAnswer(f"tokens after finish_reason {finish!r}", url=url)
+                    finish = _finish_reason(meta.get("finish_reason"), url) or finish
+                    ids, logprobs = self._samples(new, url)
+                    ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
                     yielded += len(ids)
+                    check_count(yielded, budget, url)
                     if ids:
                         yield Samples(ids, logprobs)
                     if stopped:
                         return
+        # The stream ended without a stop token: SGLang must have said it ran out of budget (or not
+        # said, with the whole budget sent).
+        if finish != "length" and not (finish is None and yielded >= budget):
+            said = "no finish_reason" if finish is None else f"finish_reason {finish!r} but no stop token"
+            raise MalformedAnswer(f"the answer ended after {yielded} tokens with {said}", url=url)
+
+    def _samples(self, entries: list[Any], url: str) -> tuple[list[int], list[float]]:
+        """The IDs and logprobs of ``output_token_logprobs`` entries, ``[logprob, token_id, text]``."""
+        try:
+            logprobs = [entry[0] for entry in entries]
+            ids = [entry[1] for entry in entries]
+        except (TypeError, IndexError, KeyError):
+            bad = next((e for e in entries if not (type(e) in (list, tuple) and len(e) >= 2)), entries)
+            raise MalformedAnswer(f"bad output_token_logprobs entry {str(bad)[:80]}", url=url) from None
+        check_token_ids(ids, self._token_id_limit, url)
+        return ids, checked_logprobs(logprobs, url)
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:
@@ -164,3 +197,21 @@ class SGLangEngine(RemoteEngine):
             "model": self.model_name,
             "policy_version": self._version,
         }
+
+
+def _finish_reason(finish: Any, url: str) -> str | None:
+    """The ``type`` of SGLang's ``meta_info.finish_reason`` (``stop`` or ``length``; None until the
+    last event); :class:`AbortedByEngine` for an abort, :class:`MalformedAnswer` for anything else."""
+    if finish is None:
+        return None
+    kind = finish.get("type") if type(finish) is dict else finish
+    if kind in ("stop", "length"):
+        return kind
+    if kind == "abort":
+        message = finish.get("message") if type(finish) is dict else None
+        raise AbortedByEngine(
+            f"{url}: the server aborted the generation ({message or 'paused with mode=abort'}); the "
+            "partial answer is discarded",
+            url=url,
+        )
+    raise MalformedAnswer(f"unknown finish_reason {str(finish)[:80]!r}", url=url)

@@ -11,6 +11,15 @@ What is accepted and refused is exactly what a line-by-line parse does: lines en
 ``\\r\\n``: the payload is stripped), lines other than ``data:`` ones (comments, ``event:``, blank
 separators) are skipped, ``data: [DONE]`` ends the stream and nothing after it is parsed, and a
 payload that is not JSON is an error raised after the events before it (:class:`BadEvent`).
+``NaN`` and ``Infinity`` are not JSON and are refused like any other bad payload: a logprob the server
+could not compute must fail the call, not be recorded.
+
+Bounds. A line is looked for only in the piece that just arrived (the pieces of a line not yet ended
+are kept in a list and joined once, when it ends), so a long line fed in many pieces costs its length,
+not its length times its pieces; and a line may hold at most ``MAX_LINE_BYTES`` (64 MiB, far past the
+largest event a server sends: SGLang's cumulative stream repeats every token so far, ~40 bytes each,
+so ~5 MB at 128 k tokens), past which :class:`LineTooLong` is raised rather than the gateway's memory
+filled by a server that never ends its line.
 """
 
 from __future__ import annotations
@@ -23,13 +32,23 @@ import orjson
 DONE = b"[DONE]"
 
 
+#: The longest line (one event) a stream may send; see the module's docstring.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+
+
+def _refuse_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not JSON", name, 0)
+
+
 def loads(data: bytes | str) -> Any:
     """JSON from a server. orjson is strict JSON and ~10x faster than ``json`` on the token lists
-    these servers send; what it refuses (``NaN``, integers past 64 bits) gets the lenient parser."""
+    these servers send; what it refuses that is still JSON (a lone surrogate escape, ``"\\ud800"``)
+    gets ``json``. ``NaN`` and ``Infinity``, which ``json`` would take, are refused by both
+    (``json.JSONDecodeError``)."""
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return json.loads(data)
+        return json.loads(data, parse_constant=_refuse_constant)
 
 
 class BadEvent(ValueError):
@@ -42,25 +61,47 @@ class BadEvent(ValueError):
         self.parsed = parsed
 
 
+class LineTooLong(ValueError):
+    """A stream's line (one event) grew past the most a line may hold (``SseLines.max_line_bytes``)."""
+
+
 class SseLines:
     """The ``data:`` payloads of a body fed piece by piece; an incomplete last line waits for the next."""
 
-    __slots__ = ("_buffer", "done")
+    __slots__ = ("_pending", "_pending_bytes", "done", "max_line_bytes")
 
-    def __init__(self) -> None:
-        self._buffer = b""
+    def __init__(self, max_line_bytes: int = MAX_LINE_BYTES) -> None:
+        # The pieces of the line not yet ended, joined only when it ends: joining on every piece would
+        # copy a long line once per piece (quadratic).
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self.max_line_bytes = max_line_bytes
         self.done = False  # ``data: [DONE]`` was seen: the payloads after it are not events
 
     def feed(self, piece: bytes) -> list[bytes]:
-        """The payloads of the lines ``piece`` completes, up to ``[DONE]`` (none once it was seen)."""
+        """The payloads of the lines ``piece`` completes, up to ``[DONE]`` (none once it was seen).
+        :class:`LineTooLong` once the line not yet ended holds more than ``max_line_bytes``."""
         if self.done:
             return []
-        text = self._buffer + piece if self._buffer else piece
-        cut = text.rfind(b"\n")
+        cut = piece.rfind(b"\n")  # only the new piece: the pending ones hold no newline
         if cut < 0:
-            self._buffer = text
+            if piece:
+                self._pending.append(piece)
+                self._pending_bytes += len(piece)
+                if self._pending_bytes > self.max_line_bytes:
+                    raise LineTooLong(f"a stream line grew past {self.max_line_bytes} bytes without ending")
             return []
-        self._buffer = text[cut + 1 :]
+        if self._pending:
+            self._pending.append(piece)
+            text = b"".join(self._pending)
+            cut += len(text) - len(piece)
+        else:
+            text = piece
+        rest = text[cut + 1 :]
+        self._pending = [rest] if rest else []
+        self._pending_bytes = len(rest)
+        if self._pending_bytes > self.max_line_bytes:
+            raise LineTooLong(f"a stream line grew past {self.max_line_bytes} bytes without ending")
         payloads = [line[5:].strip() for line in text[:cut].split(b"\n") if line[:5] == b"data:"]
         if DONE in payloads:
             self.done = True
@@ -70,13 +111,13 @@ class SseLines:
     def finish(self) -> bool:
         """At the body's end: whether the stream was complete (a last ``[DONE]`` line may lack its
         newline)."""
-        if not self.done and self._buffer.strip() == b"data: " + DONE:
+        if not self.done and b"".join(self._pending).strip() == b"data: " + DONE:
             self.done = True
         return self.done
 
 
 def parse_events(payloads: list[bytes]) -> list[Any]:
-    """The payloads as JSON values (orjson; the lenient parser for what it refuses), or
+    """The payloads as JSON values (orjson; ``json`` for what only it reads, ``loads``), or
     :class:`BadEvent` at the first one neither reads, carrying those before it."""
     try:
         return [orjson.loads(payload) for payload in payloads]

@@ -30,7 +30,18 @@ Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].m
 Finish reasons. vLLM ends a request with ``stop``, ``length``, ``abort`` (the server was paused with
 ``mode=abort``, or the request was aborted) or ``error``. An ``abort``/``error`` answer is cut short
 by the server, not by the policy: it raises a retryable :class:`AbortedByEngine` (tokens already
-streamed included), so it can never be recorded as a normal call ending in ``length``.
+streamed included), so it can never be recorded as a normal call ending in ``length``. An answer
+without a stop token must say ``length``: one that ends (``[DONE]``, or a whole answer) with no
+finish reason before its budget was cut short somewhere, and one that says ``stop`` without a stop
+token contradicts itself (with ``ignore_eos`` only the request's stop tokens stop it); both raise a
+retryable :class:`MalformedAnswer`, so the gateway records ``length`` only where the server said so
+(or the whole budget came).
+
+What else is checked before a token is passed on (every call, in C-level passes over each batch:
+:mod:`harnessrl.engines.vllm_samples`, :mod:`harnessrl.engines.sample_checks`): one choice of index
+0; each sampled token's logprob a finite number <= 0 (null, ``NaN`` and ``Infinity`` refused); each
+ID an integer below the model's vocabulary size; no more tokens than the request's ``max_tokens``.
+Any of these failing is a retryable :class:`MalformedAnswer` (502 at the gateway, never recorded).
 
 Logprobs. harnessrl records the logprob of each sampled token under the distribution it was sampled
 from, which vLLM reports only with ``--logprobs-mode processed_logprobs``; ``start`` reads the mode
@@ -76,7 +87,8 @@ from typing import Any, Literal
 import orjson
 
 from harnessrl.engines.base import GenerationContext, Samples, SamplingParams, cut_at_stop
-from harnessrl.engines.remote import RemoteEngine, RemoteEngineError
+from harnessrl.engines.remote import MalformedAnswer, RemoteEngine, RemoteEngineError
+from harnessrl.engines.sample_checks import check_count, check_id_bound, token_id_limit
 from harnessrl.engines.vllm_samples import batch_samples, events_through, samples_of
 from harnessrl.errors import ConfigError
 from harnessrl.token_ids import json_array
@@ -126,6 +138,7 @@ class VLLMEngine(RemoteEngine):
         self.request_seeds = request_seeds
         self.logprobs_mode: str | None = None  # read from /server_info at start, when it answers
         self._completions_url = f"{self.base_url}/v1/completions"  # named in errors
+        self._token_id_limit = token_id_limit(tokenizer)  # sampled IDs are below this
 
     async def _discover(self) -> tuple[str | None, int | None]:
         listing = await self.http.request_json("GET", "/v1/models")
@@ -202,7 +215,10 @@ class VLLMEngine(RemoteEngine):
                 yield Samples(ids, logprobs)
             return
         url = self._completions_url
+        limit = self._token_id_limit
         stopped = False
+        finish: str | None = None  # the server's finish reason, once an event said it
+        received = 0  # tokens the server sent, up to the stop token
         body = self._request(prompt_ids, params, budget, True)
         if context is not None and context.stream_interval_tokens > 1:
             # That many tokens an event (vLLM 0.32 has the field; a server without it ignores it).
@@ -211,26 +227,38 @@ class VLLMEngine(RemoteEngine):
             "/v1/completions", body, interval_s=context.stream_interval_s if context is not None else 0.0
         ) as batches:
             async for events in batches:  # the events of one read of the socket (or interval): one batch
-                plain = None if stopped else batch_samples(events)
+                plain = None if stopped or finish is not None else batch_samples(events)
                 if plain is not None:
-                    ids, logprobs, stopped = cut_at_stop(*plain, stops)
+                    finish = plain[2]
+                    ids, logprobs, stopped = cut_at_stop(plain[0], plain[1], stops)
+                    received += len(ids)
+                    check_count(received, budget, url)
+                    check_id_bound(ids, limit, url)
                     if ids:
                         yield Samples(ids, logprobs)
                     if not stopped:
                         continue
                     # The events after the stop token's are read as below.
                     events = events[events_through(events, len(ids), len(plain[0])) :]
-                # Past a stop token, or an event that is not the plain shape: event by event, so the
-                # tokens before an event that fails are passed on before its error.
+                # Past a stop token, after the finish reason, or an event that is not the plain shape:
+                # event by event, so the tokens before an event that fails are passed on before its error.
                 for event in events:
-                    ids, logprobs = samples_of(event, url)
+                    ids, logprobs, reason = samples_of(event, url)
                     if stopped:
                         if ids:
                             return  # tokens past the stop token: stop reading (closes the connection)
                         continue  # read the stream to its end so the connection is reused
+                    if finish is not None and (ids or reason is not None):
+                        raise MalformedAnswer(f"an event after finish_reason={finish!r}", url=url)
+                    finish = reason
                     ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
+                    received += len(ids)
+                    check_count(received, budget, url)
+                    check_id_bound(ids, limit, url)
                     if ids:
                         yield Samples(ids, logprobs)
+        if not stopped:
+            self._check_finish(finish, received, budget)
 
     async def generate_whole(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
@@ -241,8 +269,30 @@ class VLLMEngine(RemoteEngine):
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
-        ids, logprobs, _ = cut_at_stop(*samples_of(answer, self._completions_url), set(params.stop_token_ids))
+        url = self._completions_url
+        ids, logprobs, finish = samples_of(answer, url)
+        check_count(len(ids), budget, url)
+        check_id_bound(ids, self._token_id_limit, url)
+        ids, logprobs, stopped = cut_at_stop(ids, logprobs, set(params.stop_token_ids))
+        if not stopped:
+            self._check_finish(finish, len(ids), budget)
         return ids, logprobs
+
+    def _check_finish(self, finish: str | None, count: int, budget: int) -> None:
+        """An answer without a stop token ended: the server must have said ``length`` (or not said,
+        with the whole budget sent: that answer is whole whatever its last event lacked)."""
+        if finish == "length" or (finish is None and count >= budget):
+            return
+        if finish is None:
+            raise MalformedAnswer(
+                f"the answer ended after {count} of at most {budget} tokens without a finish_reason "
+                "(cut short)",
+                url=self._completions_url,
+            )
+        raise MalformedAnswer(
+            f"finish_reason {finish!r} after {count} tokens but none of them is a stop token",
+            url=self._completions_url,
+        )
 
     async def _install_weights(self, checkpoint_dir: str, version: int) -> None:
         if self.pause_for_update:

@@ -145,7 +145,9 @@ class Generation:
             if hit:
                 ended_by = "string"
         self.text = "".join(released_parts)
-        # No stop token and no stop string: the engine ran out of budget (max_tokens or context).
+        # No stop token and no stop string: the engine ran out of budget (max_tokens or context). An
+        # engine ends any other way only by raising (``Engine.generate``: a remote server's answer
+        # that does not say "length" fails there), so "length" is recorded only where it is true.
         self.finish_reason = "length" if ended_by is None else "stop"
         self.finished_at = now()
 
@@ -176,7 +178,7 @@ class Generation:
         ended_by_token = await self._collect(stop_ids)
         text_ids = self.token_ids[:-1] if ended_by_token else self.token_ids
         self.text = self.engine.tokenizer.decode(text_ids) if text_ids else ""
-        self.finish_reason = "stop" if ended_by_token else "length"
+        self.finish_reason = "stop" if ended_by_token else "length"  # as in ``batches``
         self.finished_at = now()
         return self
 
