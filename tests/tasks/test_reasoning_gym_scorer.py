@@ -374,8 +374,34 @@ def test_a_score_above_one_is_out_of_range_and_pays_nothing(scorer):
                 await evaluator.aclose()
 
         result = asyncio.run(run())
-        assert result.reward == 0.0 and result.flags == ("scorer_failed",), result
+        assert result.reward == 0.0 and result.flags == ("scorer_out_of_range",), result
     assert request(scorer, task, task["hidden"]["answer"])["score"] == 1.0  # control: the gold pays
+
+
+def test_a_dataset_whose_partial_credit_pays_a_guess_is_scored_strictly_even_with_strict_off():
+    """time_intervals' partial credit shrinks with the distance to the gold: "0" earns most of a
+    point. With ``strict = false`` it is still scored all or nothing; the gold still pays 1."""
+    task = next(
+        t.data
+        for t in reasoning_gym_tasks("time_intervals", size=20, seed=0)
+        if 0.5 < score_answer(t.data, "0") < 1.0
+    )
+    evaluator = build_evaluator({"type": "reasoning_gym", "source": "stdout", "strict": False})
+
+    async def run() -> list[float]:
+        try:
+            return [
+                (
+                    await evaluator.evaluate(
+                        EvaluationInput(task=task, workspace=Path("/tmp"), stdout=f"Answer: {a}")
+                    )
+                ).reward
+                for a in ("0", task["hidden"]["answer"])
+            ]
+        finally:
+            await evaluator.aclose()
+
+    assert asyncio.run(run()) == [0.0, 1.0]
 
 
 def test_a_result_nested_past_the_parsers_depth_is_no_result():

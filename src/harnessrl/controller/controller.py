@@ -193,6 +193,13 @@ class Controller:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.runner.aclose()
+        # The images this controller mounted, given back now that its sandboxes are gone (each
+        # process's mount otherwise stayed until a forced prune; a later rollout mounts again).
+        for environments in self._environments.values():
+            try:
+                await asyncio.to_thread(environments.close)
+            except HarnessRLError as exc:
+                log.warning("could not unmount a task image: %s", exc)
         # A task cancelled before it first ran never got to requeue its rollout: release every claim.
         for rollout in await asyncio.to_thread(
             self.store.list_rollouts, run_id=self.run_id, status=RolloutStatus.RUNNING

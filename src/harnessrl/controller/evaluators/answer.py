@@ -36,12 +36,14 @@ from harnessrl.controller.evaluators.types import (
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback, answers_match, extract_answer, strip_think
 from harnessrl.tasks.fields import HIDDEN, get_field, is_hidden_path
+from harnessrl.tasks.reasoning_gym import UNSAFE_WITHOUT_STRICT
 
 SCORER_MODULE = "harnessrl.tasks.reasoning_gym_scorer"
 # Flags of a reasoning_gym evaluation (reward 0): what the answer did to the dataset's scorer.
 SCORER_RAISED = "scorer_raised"  # the scorer raised on this answer
 SCORER_TIMEOUT = "scorer_timeout"  # past timeout_s (wall clock) or its CPU limit
 SCORER_FAILED = "scorer_failed"  # died (memory, a signal) or gave no valid result
+SCORER_OUT_OF_RANGE = "scorer_out_of_range"  # a score outside [0, 1] (spell_backward: gold + junk)
 WEAK_ISOLATION = "weak_isolation"  # isolation = "available" and this machine lacks Landlock or seccomp
 _FLAG_OF = {"raised": SCORER_RAISED, "timeout": SCORER_TIMEOUT, "failed": SCORER_FAILED}
 # Beyond the answer's own timeout_s: regenerating an entry (a dataset's first use) and the fork.
@@ -126,14 +128,21 @@ class ReasoningGymEvaluator:
         flags = () if reply.get("isolation") == "full" else (WEAK_ISOLATION,)
         if outcome in _FLAG_OF:
             details.update(score=0.0, scorer_error=reply.get("error"))
-            return EvaluationResult(0.0, details, (_FLAG_OF[outcome], *flags))
+            flag = (
+                SCORER_OUT_OF_RANGE
+                if outcome == "failed" and reply.get("out_of_range")
+                else _FLAG_OF[outcome]
+            )
+            return EvaluationResult(0.0, details, (flag, *flags))
         if outcome not in ("scored", "no_answer"):
             raise EvaluatorError(f"reasoning-gym scorer sent an unknown outcome: {outcome!r}")
         score = reply.get("score")
         details["score"] = score
         if not isinstance(score, int | float):
             raise EvaluatorError(f"reasoning-gym scorer sent no score: {reply!r}")
-        reward = (1.0 if score >= 1.0 else 0.0) if self.config.strict else score
+        # A dataset whose partial credit pays for a guess is scored strictly whatever ``strict`` says.
+        strict = self.config.strict or dataset in UNSAFE_WITHOUT_STRICT
+        reward = (1.0 if score >= 1.0 else 0.0) if strict else score
         result = checked_result(reward, details)
         return EvaluationResult(result.reward, result.details, flags)
 
