@@ -67,6 +67,7 @@ def test_a_tree_nested_past_path_max_is_the_policys_outcome(tmp_path):
     assert rollout.outcome is Outcome.SUCCESS and rollout.attempt == 0  # judged, never retried
     assert "special_files_skipped" in rollout.flags  # what the copy left out is said
     assert rollout.metadata["evaluation"]["workspace_copy"]["skipped"]
+    assert "too long" in " ".join(rollout.metadata["evaluation"]["workspace_copy"]["unreadable"])  # and why
 
 
 def test_a_tree_within_path_max_is_copied_and_scored(tmp_path):
@@ -75,6 +76,7 @@ def test_a_tree_within_path_max_is_copied_and_scored(tmp_path):
     assert rollout.status is RolloutStatus.FINISHED and rollout.outcome is Outcome.SUCCESS
     assert rollout.flags == [] and rollout.attempt == 0
     assert rollout.metadata["evaluation"]["workspace_copy"]["skipped"] == []
+    assert rollout.metadata["evaluation"]["workspace_copy"]["unreadable"] == []
 
 
 HOME_WRITER = ["sh", "-c", 'head -c 4000000 /dev/zero > "$HOME/blob" && echo done > answer.txt && echo ok']

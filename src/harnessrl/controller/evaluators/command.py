@@ -61,7 +61,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.copy import copy_untrusted_tree
-from harnessrl.sandbox.enter import read_status
+from harnessrl.sandbox.enter import PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
 from harnessrl.tasks.fields import HIDDEN, get_field
 
@@ -275,6 +275,7 @@ class CommandEvaluator:
                 "skipped": copy.skipped[:20],
                 "dropped_links": copy.dropped_links[:20],
                 "dropped_bytecode": copy.dropped_bytecode,
+                "unreadable": copy.unreadable[:20],  # entries the policy made that could not be copied
             }
             flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
             if copy.over_limit:
@@ -388,7 +389,7 @@ class CommandEvaluator:
                 try:
                     proc = await asyncio.create_subprocess_exec(
                         *argv,
-                        env=LAUNCHER_ENV,
+                        env={**LAUNCHER_ENV, PARENT_ENV: str(os.getpid())},  # dies with us
                         stdin=asyncio.subprocess.DEVNULL,
                         stdout=out_fh,
                         stderr=err_fh,
