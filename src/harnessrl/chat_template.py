@@ -254,6 +254,17 @@ def _plain_json(value: Any) -> bool:
     return True
 
 
+def tools_json(tools: Any) -> bytes:
+    """A tool list's JSON as ``TemplateInputs`` keeps it by (``orjson.dumps``, key order kept);
+    ``b""`` for no tools. What reuse compares to tell whether two prompts had the same tools."""
+    if not tools:
+        return b""
+    try:
+        return orjson.dumps(tools)
+    except TypeError:  # integers past 64 bits, a value orjson does not know: the lenient json
+        return json.dumps(tools, ensure_ascii=False, separators=(",", ":"), default=repr).encode()
+
+
 class TemplateInputs:
     """A tokenizer's template-ready messages and tool lists, kept by their JSON for the next render.
 
@@ -267,6 +278,9 @@ class TemplateInputs:
     def __init__(self) -> None:
         self._messages: dict[bytes, dict[str, Any]] = {}
         self._tools: dict[bytes, Any] = {}
+        # id of a kept tool list -> (the list, its JSON): the JSON a caller asks for again
+        # (``tools_json``) is at hand, and a kept list is known for one in O(1).
+        self._kept_tools: dict[int, tuple[Any, bytes]] = {}
         self._lock = threading.Lock()
 
     def messages(self, messages: Iterable[Any]) -> list[dict[str, Any]]:
@@ -280,11 +294,17 @@ class TemplateInputs:
         (a caller preparing tools once for several renders passes what this returned)."""
         if tools is None:
             return None
-        with self._lock:  # another thread may be keeping a new list meanwhile
-            prepared = any(tools is kept for kept in self._tools.values())
-        if prepared:
+        kept = self._kept_tools.get(id(tools))
+        if kept is not None and kept[0] is tools:
             return tools
         return self._kept(self._tools, tools, plain, self.MAX_TOOL_LISTS)
+
+    def tools_json(self, tools: Any) -> bytes:
+        """``tools_json(tools)``, taken from where it was kept for a list ``tools`` returned."""
+        kept = self._kept_tools.get(id(tools)) if tools else None
+        if kept is not None and kept[0] is tools:
+            return kept[1]
+        return tools_json(tools)
 
     def _kept(self, table: dict[bytes, Any], value: Any, build: Callable[[Any], Any], limit: int) -> Any:
         """``build(value)``, kept in ``table`` by ``value``'s JSON text."""
@@ -303,5 +323,12 @@ class TemplateInputs:
     def _keep(self, table: dict[bytes, Any], key: bytes, value: Any, limit: int) -> None:
         with self._lock:
             if len(table) >= limit:
-                del table[next(iter(table))]  # the oldest
+                oldest = table.pop(next(iter(table)))
+                if table is self._tools:
+                    self._kept_tools.pop(id(oldest), None)
+            replaced = table.get(key)  # another thread kept the same list meanwhile
             table[key] = value
+            if table is self._tools:
+                if replaced is not None:
+                    self._kept_tools.pop(id(replaced), None)
+                self._kept_tools[id(value)] = (value, key)

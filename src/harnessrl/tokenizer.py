@@ -454,11 +454,23 @@ class PolicyTokenizer:
             )
         except jinja2.exceptions.TemplateError as exc:
             raise BadRequest(f"chat template failed: {exc}", param="messages") from exc
+        except (TypeError, ValueError) as exc:
+            # What a template does with a value of the wrong type (a tool's description 5 added to a
+            # string, a ``bos_token`` of 5 joined): the request's values, so the client's error.
+            raise BadRequest(
+                f"chat template failed on a value of the request: {type(exc).__name__}: {exc}",
+                param="messages",
+            ) from exc
 
     def template_tools(self, tools: list[dict[str, Any]] | None) -> Any:
         """The template-ready form of ``tools``: what ``render_chat`` makes of them, kept by their
         JSON. Passing it as ``tools`` to several renders prepares the list once, not each time."""
         return self._template_inputs.tools(tools)
+
+    def tools_json(self, tools: Any) -> bytes:
+        """``chat_template.tools_json(tools)``: for a list ``template_tools`` returned, the JSON it
+        was kept by (no encoding); what sampled-token reuse compares tool lists by."""
+        return self._template_inputs.tools_json(tools)
 
     def encode_chat(
         self,

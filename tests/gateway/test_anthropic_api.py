@@ -25,6 +25,7 @@ from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.errors import Overloaded
 from harnessrl.gateway import create_app
+from harnessrl.gateway.apis import template_context
 from harnessrl.gateway.apis.anthropic import request_to_internal
 from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler
 from harnessrl.gateway.errors import anthropic_error_response, error_response
@@ -241,7 +242,10 @@ def test_claude_code_habits_keep_every_call_token_exact(make_gateway: Any) -> No
     memory = asyncio.run(CallHistory(gw.store).get(rollout["rollout_id"], 0))
     priors = [memory.priors[c.seq] for c in calls[:3]]
     messages, tools = request_to_internal(calls[3].request)
-    plan = build_prompt(gw.engine.tokenizer, normalize_messages(messages), priors, tools=tools)
+    _, kwargs = template_context("messages", calls[3].request)  # thinking: the template's switch
+    plan = build_prompt(
+        gw.engine.tokenizer, normalize_messages(messages), priors, tools=tools, template_kwargs=kwargs
+    )
     assert plan.result == "reused" and plan.prompt_ids == calls[3].prompt_token_ids
 
 

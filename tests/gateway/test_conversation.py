@@ -17,7 +17,13 @@ from harnessrl.engines.scripted import render_turn
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.gateway.prompt.conversation import build_prompt
-from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_message, normalize_messages
+from harnessrl.gateway.prompt.messages import (
+    PriorCall,
+    message_key,
+    normalize_message,
+    normalize_messages,
+    template_key,
+)
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [
@@ -86,7 +92,9 @@ def _run_conversation(
     for k, turn in enumerate(turns):
         plan = build_prompt(tokenizer, normalize_messages(messages), priors, tools=tools)
         response_ids, answer = answer_for(tokenizer, turn)
-        priors.append(PriorCall.from_call(messages, answer, plan.prompt_ids, response_ids))
+        priors.append(
+            PriorCall.from_call(messages, answer, plan.prompt_ids, response_ids, template_key(tools, None))
+        )
         out.append((plan.prompt_ids, response_ids, plan.result))
         messages.append(echo(answer))
         if answer.get("tool_calls"):

@@ -23,7 +23,7 @@ from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
 from harnessrl.gateway.prompt.conversation import _splice, build_prompt
-from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_messages
+from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_messages, template_key
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
@@ -62,7 +62,7 @@ def qwen3(tmp_path_factory: pytest.TempPathFactory) -> PolicyTokenizer:
 
 def first_call(tok: PolicyTokenizer) -> PriorCall:
     prompt = tok.encode(tok.render_chat(normalize_messages(START), tools=TOOLS, add_generation_prompt=True))
-    return PriorCall.from_call(START, ANSWER, prompt, tok.encode(SAMPLED))
+    return PriorCall.from_call(START, ANSWER, prompt, tok.encode(SAMPLED), template_key(TOOLS, None))
 
 
 def conversation(sent_back: str, result: str) -> list[dict[str, Any]]:
@@ -118,6 +118,7 @@ def test_a_chain_of_reasoning_turns_stays_one_chain(qwen3: PolicyTokenizer) -> N
         {"role": "assistant", "content": second_sampled[: -len("<|im_end|>")]},
         plan.prompt_ids,
         qwen3.encode(second_sampled),
+        template_key(TOOLS, None),
     )
     more = normalize_messages(
         [
@@ -140,7 +141,7 @@ def test_a_turn_cut_by_max_tokens_is_closed_before_the_next_message(qwen3: Polic
         qwen3.render_chat(normalize_messages(START), tools=TOOLS, add_generation_prompt=True)
     )
     cut = SAMPLED[: -len("<|im_end|>")]  # no end-of-turn token: the budget ran out right there
-    prior = PriorCall.from_call(START, ANSWER, prompt, qwen3.encode(cut))
+    prior = PriorCall.from_call(START, ANSWER, prompt, qwen3.encode(cut), template_key(TOOLS, None))
     plan = build_prompt(qwen3, conversation("litellm", "user"), [prior], tools=TOOLS)
     head = [*prior.prompt_ids, *prior.response_ids]
     assert plan.result == "reused"

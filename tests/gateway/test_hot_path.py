@@ -35,7 +35,13 @@ from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.gateway.pipeline.generation import Generation, Piece
 from harnessrl.gateway.prompt.conversation import VERIFY_CALLS, SpliceTrust, build_prompt, quick_prompt
 from harnessrl.gateway.prompt.history import CallHistory, prior_from_call
-from harnessrl.gateway.prompt.messages import PriorCall, key_messages, message_key, normalize_messages
+from harnessrl.gateway.prompt.messages import (
+    PriorCall,
+    key_messages,
+    message_key,
+    normalize_messages,
+    template_key,
+)
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.schemas import Call
 from harnessrl.store.sqlite import SQLiteStore
@@ -154,7 +160,9 @@ def test_quick_prompt_is_build_prompt_once_trusted_else_none() -> None:
             assert quick == plan
         quick_results.append(quick is not None)
         ids, answer = _answer(tokenizer, k)
-        priors.append(PriorCall.from_keys(keyed.keys, answer, plan.prompt_ids, ids))
+        priors.append(
+            PriorCall.from_keys(keyed.keys, answer, plan.prompt_ids, ids, template_key(TOOLS, None))
+        )
         tool_id = answer["tool_calls"][0]["id"]
         messages = [*messages, answer, {"role": "tool", "tool_call_id": tool_id, "content": f"out {k}"}]
     # No prior for the first call; then VERIFY_CALLS calls are checked the full way (build_prompt's

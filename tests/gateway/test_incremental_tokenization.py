@@ -13,7 +13,7 @@ from typing import Any
 from harnessrl.engines.scripted import render_turn
 from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.gateway.prompt.conversation import VERIFY_CALLS, SpliceTrust, build_prompt
-from harnessrl.gateway.prompt.messages import PriorCall, normalize_messages
+from harnessrl.gateway.prompt.messages import PriorCall, normalize_messages, template_key
 from harnessrl.tokenizer import PolicyTokenizer
 
 TOOLS = [
@@ -88,7 +88,9 @@ def test_twenty_turns_tokenize_only_new_messages(tokenizer: PolicyTokenizer) -> 
         context_chars = len(tokenizer.render_chat(normalized, tools=TOOLS, add_generation_prompt=True))
         rows.append((k, counting.encoded, counting.rendered, new_chars, context_chars))
         response_ids, answer = _answer(tokenizer, k)
-        priors.append(PriorCall.from_call(messages, answer, plan.prompt_ids, response_ids))
+        priors.append(
+            PriorCall.from_call(messages, answer, plan.prompt_ids, response_ids, template_key(TOOLS, None))
+        )
         messages.append(answer)
         if answer.get("tool_calls"):
             tail = [

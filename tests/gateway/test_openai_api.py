@@ -341,6 +341,7 @@ def test_litellm(make_gateway: Any, monkeypatch: pytest.MonkeyPatch) -> None:
             api_base=rollout["base_url"],
             api_key=rollout["api_key"],
             messages=messages,
+            tools=TOOLS,  # the same tools: a call without them renders another system header
             stream=True,
         )
     )

@@ -17,7 +17,17 @@ from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from starlette.requests import ClientDisconnect, Request
 
 from harnessrl.errors import BadRequest, PayloadTooLarge
@@ -248,16 +258,66 @@ class ChatTemplateKwargs(Lenient):
         return dict(self.model_extra or {})
 
 
+def _check_chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
+    """A function tool's shape, checked where the chat template would fail on it (a name or a
+    description that is not a string, parameters that are not an object); the dict itself goes on
+    unchanged (the template renders it as sent). Tools of other types are the template's to read."""
+    if tool.get("type", "function") != "function":
+        return tool
+    function = tool.get("function")
+    if not isinstance(function, dict):
+        raise ValueError("a function tool needs 'function', an object")
+    if not isinstance(function.get("name"), str):
+        raise ValueError("function.name must be a string")
+    if function.get("description") is not None and not isinstance(function["description"], str):
+        raise ValueError("function.description must be a string or null")
+    if function.get("parameters") is not None and not isinstance(function["parameters"], dict):
+        raise ValueError("function.parameters must be an object or null")
+    return tool
+
+
+ChatTool = Annotated[dict[str, Any], AfterValidator(_check_chat_tool)]
+
+
 class ChatCompletionRequest(SamplingFields):
     messages: list[MessageIn] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
+    # vLLM's fields for how the conversation is rendered. The gateway always renders a new assistant
+    # turn after the whole conversation with the policy's own template: it accepts only the values
+    # that say so, and refuses the others rather than ignoring them as it ignores vendor fields.
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template: str | None = None
+
+    @field_validator("add_generation_prompt")
+    @classmethod
+    def _always_a_generation_prompt(cls, value: bool | None) -> bool | None:
+        if value is False:
+            raise ValueError("only true is supported: every call renders a new assistant turn")
+        return value
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _never_continued(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError(
+                "only false is supported: every call renders a new assistant turn after the last message"
+            )
+        return value
+
+    @field_validator("chat_template")
+    @classmethod
+    def _policy_template_only(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("not supported: prompts are rendered with the policy's own chat template")
+        return value
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -269,7 +329,8 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str] | list[list[int]]
+    # Strict: ``true`` is not token 1 (pydantic's lax mode would read it so).
+    prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool | None = None
 

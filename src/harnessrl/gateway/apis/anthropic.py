@@ -33,7 +33,9 @@ from harnessrl.gateway.apis.anthropic_convert import (
     CountTokensRequest,
     MessagesRequest,
     ThinkingParam,
+    refuse_prefill,
     request_to_internal,
+    thinking_kwargs,
 )
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, read_json, validate_body
@@ -60,7 +62,9 @@ def thinking_template_kwargs(
     tokenizer: PolicyTokenizer, thinking: ThinkingParam | None, tools: Any
 ) -> dict[str, Any]:
     """``thinking`` onto the template's reasoning switch (Qwen3's ``enable_thinking``) if it has one
-    (also how ``harnessrl sft`` renders a recorded Messages call for its student)."""
+    (how ``harnessrl sft`` renders a recorded Messages call for its student; the gateway passes
+    ``anthropic_convert.thinking_kwargs`` whether or not the template reads it, which renders the
+    same)."""
     if thinking is None:
         return {}
     try:
@@ -69,7 +73,7 @@ def thinking_template_kwargs(
         return {}  # no template: build_prompt reports it
     if "enable_thinking" not in source:
         return {}  # nothing to switch: accepted and ignored
-    return {"enable_thinking": thinking.type != "disabled"}
+    return thinking_kwargs(thinking.model_dump())
 
 
 class MessagesApi:
@@ -82,14 +86,17 @@ class MessagesApi:
         body = validate_body(MessagesRequest, data)
         check_prompt_size(state, data, "messages")
         messages, tools = request_to_internal(data)  # refuses unusable content (images...)
+        refuse_prefill(messages)
+        # As ``apis.template_context`` reads them back from the stored request (reuse compares).
+        kwargs = thinking_kwargs(data.get("thinking")) or None
         return CallRequest(
             data,
             body,
             body.max_tokens,
             "messages",
             messages=messages,
-            tools=tools,
-            template_kwargs=thinking_template_kwargs(state.engine.tokenizer, body.thinking, tools),
+            tools=memory.template_tools(state.engine.tokenizer, data, tools, kwargs),
+            template_kwargs=kwargs,
         )
 
     def too_long(
@@ -248,7 +255,7 @@ async def count_tokens(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = await read_json(request, state.config.max_body_bytes)
-    body = validate_body(CountTokensRequest, data)
+    validate_body(CountTokensRequest, data)
     check_prompt_size(state, data, "messages")
     if rollout.status in TERMINAL_STATUSES:
         raise RolloutClosed(
@@ -258,8 +265,7 @@ async def count_tokens(request: Request) -> Response:
     memory = await state.history.get(rollout.rollout_id, rollout.attempt)
     messages, tools = request_to_internal(data)
     keyed = key_messages(messages, memory.last_keyed)  # a count, not a call: the last request stays
-    kwargs = thinking_template_kwargs(state.engine.tokenizer, body.thinking, tools)
-    plan = await plan_prompt(state, keyed, memory, tools, kwargs)
+    plan = await plan_prompt(state, keyed, memory, tools, thinking_kwargs(data.get("thinking")) or None)
     return JSONResponse({"input_tokens": len(plan.prompt_ids)})
 
 

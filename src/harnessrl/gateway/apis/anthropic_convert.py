@@ -24,7 +24,16 @@ Mapping (what the chat template and the history matching see):
   refuses non-text parts the same way).
 - ``tools``: custom tools (``name``, ``description``, ``input_schema``) -> OpenAI function tools;
   Anthropic server tools (``web_search_…``, ``bash_…`` and other typed tools without an
-  ``input_schema``) are dropped: the gateway cannot run them.
+  ``input_schema``) are dropped: the gateway cannot run them. A custom tool's ``description`` must
+  be a string (or absent) and its ``input_schema`` an object: the template renders them, and one of
+  another type fails it.
+- ``thinking`` -> the template kwarg ``enable_thinking`` (``thinking_kwargs``), passed whether or
+  not the template reads it (one that does not ignores it), so the kwargs are a function of the
+  request alone, as reuse needs them to be (``apis.template_context``).
+- A conversation that ends with an assistant message (a prefill, which Anthropic's API continues)
+  -> 400: the gateway renders each call as a new assistant turn after the conversation, and
+  continuing a turn the client wrote would record a prompt whose last turn the template never
+  closed; ``messages`` is named.
 """
 
 from __future__ import annotations
@@ -206,6 +215,10 @@ def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
             raise BadRequest(f"tools.{i}.name is required", param=f"tools.{i}.name")
         if tool.get("type") not in (None, "custom") or "input_schema" not in tool:
             continue  # an Anthropic server tool (web search, computer use...): nothing here can run it
+        if tool.get("description") is not None and not isinstance(tool["description"], str):
+            raise BadRequest(f"tools.{i}.description must be a string", param=f"tools.{i}.description")
+        if not isinstance(tool["input_schema"], dict):
+            raise BadRequest(f"tools.{i}.input_schema must be an object", param=f"tools.{i}.input_schema")
         # In OpenAI's order (name, description, parameters): the template renders the tools' JSON as
         # it is, and a Messages call must build the prompt a chat call with the same tools builds.
         function = {"name": tool["name"]}
@@ -214,6 +227,25 @@ def convert_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | 
         function["parameters"] = tool["input_schema"]
         out.append({"type": "function", "function": function})
     return out or None
+
+
+def thinking_kwargs(thinking: Any) -> dict[str, Any]:
+    """The template kwargs of a request's ``thinking``: ``enable_thinking`` (Qwen3's reasoning
+    switch; a template without one ignores it), on for any type but ``"disabled"``."""
+    if not isinstance(thinking, dict) or not isinstance(thinking.get("type"), str):
+        return {}
+    return {"enable_thinking": thinking["type"] != "disabled"}
+
+
+def refuse_prefill(messages: list[dict[str, Any]]) -> None:
+    """400 for a conversation that ends with an assistant message (a prefill): see the module
+    docstring. Not part of ``request_to_internal``, which also reads stored requests."""
+    if messages and messages[-1]["role"] == "assistant":
+        raise BadRequest(
+            "messages: the last message is from the assistant (a prefill to continue); this gateway "
+            "does not continue an assistant message: end the conversation with a user message",
+            param="messages",
+        )
 
 
 def request_to_internal(request: dict[str, Any]) -> Internal:

@@ -92,13 +92,14 @@ class ChatApi:
         )
         memory.last_rest = CheckedRest(rest, rest_chars, body) if rest is not None else None
         kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
+        tools = memory.template_tools(state.engine.tokenizer, data, body.tools or None, kwargs)
         return CallRequest(
             data,
             body,
             body.requested_max_tokens,
             "messages",
             messages=data["messages"],
-            tools=body.tools or None,
+            tools=tools,
             template_kwargs=kwargs,
             repeated=repeated,
             messages_are_the_body=True,

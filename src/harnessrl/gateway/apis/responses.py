@@ -24,7 +24,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
-from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, request_to_internal, unsupported_tools
+from harnessrl.gateway.apis.responses_input import (
+    PREVIOUS_KEY,
+    reasoning_kwargs,
+    request_to_internal,
+    unsupported_tools,
+)
 from harnessrl.gateway.apis.responses_output import OutputStream, new_id
 from harnessrl.gateway.apis.responses_request import (
     RESPONSE_ID_KEY,
@@ -50,12 +55,12 @@ __all__ = ["RESPONSES", "request_to_internal", "responses"]
 
 
 def thinking_kwargs(tokenizer: PolicyTokenizer, reasoning: dict[str, Any] | None) -> dict[str, Any]:
-    """``reasoning.effort`` as the chat template's thinking switch, when the template has one."""
-    effort = (reasoning or {}).get("effort")
-    if effort is None or "enable_thinking" not in tokenizer.get_chat_template():
+    """``reasoning.effort`` as the chat template's thinking switch, when the template has one (how
+    ``harnessrl sft`` renders a recorded call; the gateway passes ``reasoning_kwargs`` whether or not
+    the template reads it, which renders the same)."""
+    if (reasoning or {}).get("effort") is None or "enable_thinking" not in tokenizer.get_chat_template():
         return {}
-    # An on/off switch has no levels: "none"/"minimal" ask for (almost) no reasoning, the rest for some.
-    return {"enable_thinking": effort not in ("none", "minimal")}
+    return reasoning_kwargs(reasoning)
 
 
 class ResponsesApi:
@@ -87,14 +92,16 @@ class ResponsesApi:
         messages, tools = request_to_internal(recorded)
         if not messages:
             raise BadRequest("input is required (a string or a non-empty list of items)", param="input")
+        # As ``apis.template_context`` reads them back from the stored request (reuse compares).
+        kwargs = reasoning_kwargs(data.get("reasoning")) or None
         return CallRequest(
             recorded,
             body,
             body.max_output_tokens,
             "input",
             messages=messages,
-            tools=tools,
-            template_kwargs=thinking_kwargs(state.engine.tokenizer, body.reasoning),
+            tools=memory.template_tools(state.engine.tokenizer, recorded, tools, kwargs),
+            template_kwargs=kwargs,
         )
 
     def too_long(

@@ -18,6 +18,11 @@ Mapping (one input item at a time, in order):
 - Items of hosted tools (``web_search_call``, ``local_shell_call``, MCP, custom tools...) are left
   out: they belong to tools this gateway never offers the policy. ``item_reference`` is refused:
   the gateway keeps no item store to resolve it from.
+- ``tools``: function tools -> chat's function tools; a function tool's ``name`` must be a string,
+  its ``description`` a string or null and its ``parameters`` an object or null (400 otherwise: the
+  template renders them). ``reasoning.effort`` -> the template kwarg ``enable_thinking``
+  (``reasoning_kwargs``), passed whether or not the template reads it, so the kwargs are a function
+  of the request alone, as reuse needs them to be (``apis.template_context``).
 - A request that used ``previous_response_id`` is recorded with the resolved earlier conversation
   under ``PREVIOUS_KEY`` (added by the handler), so this function alone rebuilds it.
 """
@@ -233,12 +238,23 @@ def tool_is_function(tool: Any) -> bool:
     return isinstance(tool, dict) and tool.get("type") == "function" and isinstance(tool.get("name"), str)
 
 
+def _check_function_tool(tool: dict[str, Any], where: str) -> None:
+    if not isinstance(tool.get("name"), str):
+        raise BadRequest(f"{where}.name must be a string", param=f"{where}.name")
+    if tool.get("description") is not None and not isinstance(tool["description"], str):
+        raise BadRequest(f"{where}.description must be a string", param=f"{where}.description")
+    if tool.get("parameters") is not None and not isinstance(tool["parameters"], dict):
+        raise BadRequest(f"{where}.parameters must be an object", param=f"{where}.parameters")
+
+
 def tools_to_internal(tools: Any) -> list[dict[str, Any]] | None:
     """Function tools in chat shape; every other tool type is left out (``unsupported_tools``)."""
     if not isinstance(tools, list):
         return None
     out = []
-    for tool in tools:
+    for i, tool in enumerate(tools):
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            _check_function_tool(tool, f"tools.{i}")
         if not tool_is_function(tool):
             continue
         function: dict[str, Any] = {"name": tool["name"]}
@@ -263,6 +279,16 @@ def unsupported_tools(body: dict[str, Any]) -> list[str]:
             if isinstance(item, dict) and isinstance(item.get("type"), str) and item["type"] in HOSTED_ITEMS:
                 found.append(f"input.{i} ({item['type']})")
     return found
+
+
+def reasoning_kwargs(reasoning: Any) -> dict[str, Any]:
+    """The template kwargs of a request's ``reasoning``: its ``effort`` as ``enable_thinking``
+    (Qwen3's switch; a template without one ignores it). An on/off switch has no levels: "none" and
+    "minimal" ask for (almost) no reasoning, the rest for some."""
+    effort = reasoning.get("effort") if isinstance(reasoning, dict) else None
+    if effort is None:
+        return {}
+    return {"enable_thinking": effort not in ("none", "minimal")}
 
 
 def request_to_internal(

@@ -9,9 +9,11 @@ The algorithm (``build_prompt``):
 1. Normalize the messages (content parts -> one string, ``None`` -> "", tool-call arguments -> a
    JSON object when they parse, ``developer`` -> ``system``) and render the whole conversation with
    the policy's chat template and generation prompt: ``T_full``.
-2. Among this rollout's earlier calls, find the one with the most messages such that the new
-   ``messages[:n]`` equal its messages and ``messages[n]`` is semantically the assistant message
-   it answered (same stripped text; same tool calls by name and parsed arguments; ids ignored).
+2. Among this rollout's earlier calls rendered with the same tools and template kwargs
+   (``messages.template_key``: a tool added mid-rollout changes the system header of the whole
+   prompt), find the one with the most messages such that the new ``messages[:n]`` equal its
+   messages and ``messages[n]`` is semantically the assistant message it answered (same stripped
+   text; same tool calls by name and parsed arguments; ids ignored).
 3. Render ``messages[:n+1]`` without generation prompt: ``T_prefix``. If ``T_full`` starts with
    it, the new text is ``tail = T_full[len(T_prefix):]``, and ``glue`` is whatever the template
    put after the assistant turn's end-of-turn token (``"\\n"`` for ChatML).
@@ -26,8 +28,12 @@ makes every call O(context) even though only ``glue + tail`` is encoded. When th
 after the matched assistant turn contain no assistant turn (the append-only common case: tool
 results, a user message), ``T_prefix``/``T_full`` are rendered from a short *surrogate*
 conversation instead: the leading system message (it carries the tools header), the message before
-the matched assistant turn, that turn, and the new messages. The tail depends only on these local
-neighbours in the templates we know, but chat templates are not compositional in general, so the
+the matched assistant turn, that turn, and the new messages. New messages with a system message
+among them take the full path: some templates (DeepSeek's) gather every system message into the
+header at the top, so such a message changes text before the reused tokens (even an empty one
+adds a separator there). A system message before the matched turn is in both surrogate renders
+alike, so leaving it out changes nothing after the turn. The tail depends only on these local neighbours in the
+templates we know, but chat templates are not compositional in general, so the
 first ``VERIFY_CALLS`` incremental splices are also computed the full way and compared; one
 difference turns incremental rendering off for good. That record is a ``SpliceTrust``, passed in by
 whoever owns the tokenizer (the gateway keeps one, ``history.CallHistory.trust``): these functions
@@ -47,7 +53,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.gateway.prompt.messages import PriorCall, message_key
+from harnessrl.gateway.prompt.messages import (
+    NO_TEMPLATE_CONTEXT,
+    PriorCall,
+    TemplateKey,
+    kwargs_json,
+    message_key,
+)
 from harnessrl.token_ids import TokenIds
 
 if TYPE_CHECKING:
@@ -61,16 +73,32 @@ class PromptPlan:
     reused_tokens: int = 0  # how many leading tokens were taken from an earlier call verbatim
 
 
-def find_prior(keys: Sequence[bytes], priors: Iterable[PriorCall]) -> PriorCall | None:
-    """The earlier call with the most messages whose history and answer this conversation continues."""
+def find_prior(
+    keys: Sequence[bytes], priors: Iterable[PriorCall], template_key: TemplateKey = NO_TEMPLATE_CONTEXT
+) -> PriorCall | None:
+    """The earlier call with the most messages whose history and answer this conversation continues,
+    among those rendered with the same tools and template kwargs (``template_key``)."""
     best: PriorCall | None = None
     for prior in priors:
         n = len(prior.message_keys)
         if n >= len(keys) or (best is not None and n < len(best.message_keys)):
             continue
-        if keys[n] == prior.answer_key and tuple(keys[:n]) == prior.message_keys:
+        if (
+            keys[n] == prior.answer_key
+            and prior.template_key == template_key
+            and tuple(keys[:n]) == prior.message_keys
+        ):
             best = prior  # ties go to the later call
     return best
+
+
+def prompt_template_key(
+    tokenizer: PolicyTokenizer, tools: Any, template_kwargs: dict[str, Any] | None
+) -> TemplateKey:
+    """``messages.template_key`` of a call's tools and template kwargs; for tools the tokenizer
+    prepared (``template_tools``, as the gateway passes them) the JSON they were kept by, no
+    encoding: the usual call pays for the kwargs' few bytes only."""
+    return (tokenizer.tools_json(tools), kwargs_json(template_kwargs))
 
 
 def build_prompt(
@@ -99,7 +127,7 @@ def build_prompt(
         return PromptPlan(tokenizer.encode_conversation(text), "as_rendered")
     priors = list(priors)
     keys = [message_key(m) for m in messages] if keys is None else keys
-    prior = find_prior(keys, priors)
+    prior = find_prior(keys, priors, prompt_template_key(tokenizer, tools, kwargs)) if priors else None
     if prior is not None and incremental and not trust.refuted:
         spliced = _splice_incremental(tokenizer, messages, prior, tools, kwargs)
         if spliced is not None:
@@ -152,7 +180,7 @@ def quick_prompt(
     """
     if history != "sampled" or trust is None or not trust.trusted:
         return None
-    prior = find_prior(keys, priors)
+    prior = find_prior(keys, priors, prompt_template_key(tokenizer, tools, template_kwargs))
     if prior is None:
         return None
     spliced = _splice_incremental(tokenizer, messages, prior, tools, template_kwargs or {})
@@ -196,8 +224,10 @@ def _splice_incremental(
     """The spliced prompt rendered from a surrogate conversation, or ``None`` to use the full path."""
     n = len(prior.message_keys)
     tail = list(messages[n + 1 :])
-    if any(m["role"] == "assistant" for m in tail):
-        return None  # an assistant turn in the tail may render by global rules (e.g. dropped <think>)
+    if any(m["role"] in ("assistant", "system") for m in tail):
+        # An assistant turn in the tail may render by global rules (e.g. dropped <think>); a system
+        # message may be moved into the header at the top (DeepSeek's template gathers them there).
+        return None
     head = [messages[0]] if messages[0]["role"] == "system" and n > 0 else []
     before = [messages[n - 1]] if n - 1 >= len(head) else []
     surrogate = [*head, *before, messages[n]]

@@ -9,6 +9,12 @@ The gateway's ``SpliceTrust`` (how far incremental prompt splices are verified) 
 
 Each memory also keeps the rollout's last request's keyed messages (``messages.key_messages``),
 so the next request normalizes and fingerprints only the messages it adds.
+
+Each remembered call carries the ``template_key`` of its tools and template kwargs: a call made
+with other tools never lends its tokens. The API's handler notes the key it computed for a request
+(``RolloutMemory.note_template_key``, from the JSON the tokenizer keeps its tools by: no encoding),
+and recording takes it from there; a call loaded from the store, or one whose note is gone, gets
+it from its stored request (``apis.template_context``: one encoding of its tools).
 """
 
 from __future__ import annotations
@@ -17,19 +23,28 @@ import asyncio
 import logging
 from collections import OrderedDict, deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import anyio.to_thread
 
 from harnessrl.errors import HarnessRLError
-from harnessrl.gateway.apis import internal_conversation
+from harnessrl.gateway.apis import internal_conversation, template_context
 from harnessrl.gateway.bodies import CheckedRest
-from harnessrl.gateway.prompt.conversation import SpliceTrust
-from harnessrl.gateway.prompt.messages import KeyedMessages, PriorCall, key_messages
+from harnessrl.gateway.prompt.conversation import SpliceTrust, prompt_template_key
+from harnessrl.gateway.prompt.messages import (
+    KeyedMessages,
+    PriorCall,
+    TemplateKey,
+    key_messages,
+    template_key,
+)
 from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
+
+if TYPE_CHECKING:
+    from harnessrl.tokenizer import PolicyTokenizer
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -38,6 +53,8 @@ Key = tuple[str, int]
 #: Priors per rollout attempt that keep their tokens' encodings: the main agent's newest call and
 #: a few subagents' (each is the base of the next prompt on its chain).
 ENCODED_PRIORS = 4
+#: Requests of one rollout whose template key waits for their record (calls in flight at once).
+NOTED_KEYS = 8
 
 
 @dataclass
@@ -54,13 +71,54 @@ class RolloutMemory:
     # The newest priors, which keep their prompts' encodings (``TokenIds``) for the next prompts
     # spliced from them; older ones drop theirs (a prompt 16 k tokens long keeps ~170 KB of them).
     encoded: deque[PriorCall] = field(default_factory=lambda: deque(maxlen=ENCODED_PRIORS))
+    last_template_key: TemplateKey | None = None  # the newest prior's, shared by the next (``sharing_key``)
+    # id of a request body -> (the body, its template key), as its handler computed it for the record.
+    noted_keys: OrderedDict[int, tuple[dict[str, Any], TemplateKey]] = field(default_factory=OrderedDict)
+
+    def template_tools(
+        self,
+        tokenizer: PolicyTokenizer,
+        request: dict[str, Any],
+        tools: list[dict[str, Any]] | None,
+        kwargs: dict[str, Any] | None,
+    ) -> Any:
+        """``tokenizer.template_tools(tools)``, what the prompt is rendered with (the pipeline's own
+        call then finds them prepared), noting the template key of ``request`` for its record."""
+        prepared = tokenizer.template_tools(tools)
+        self.note_template_key(request, prompt_template_key(tokenizer, prepared, kwargs))
+        return prepared
+
+    def note_template_key(self, request: dict[str, Any], key: TemplateKey) -> None:
+        """Keep the template key of ``request`` (the body that will be ``Call.request``) for its
+        record; the oldest note goes past ``NOTED_KEYS`` (a call that failed is never recorded)."""
+        self.noted_keys[id(request)] = (request, key)
+        if len(self.noted_keys) > NOTED_KEYS:
+            self.noted_keys.popitem(last=False)
+
+    def template_key_of(self, call: Call) -> TemplateKey:
+        """The template key of a call being recorded: its handler's note, else from its request."""
+        noted = self.noted_keys.pop(id(call.request), None)
+        if noted is not None and noted[0] is call.request:
+            return noted[1]
+        return call_template_key(call)
 
     def remember(self, seq: int, prior: PriorCall) -> None:
         """Keep ``prior`` for reuse; the oldest of the encoded priors forgets its encodings."""
+        prior = self.sharing_key(prior)
         self.priors[seq] = prior
         if len(self.encoded) == ENCODED_PRIORS:
             self.encoded[0].prompt.forget_encodings()
         self.encoded.append(prior)
+
+    def sharing_key(self, prior: PriorCall) -> PriorCall:
+        """``prior`` holding the objects of the last kept template key if it equals that one: a
+        rollout's calls mostly share their tools, which are then held once (a 30 KB tool list per
+        call adds up) and compared by identity."""
+        last = self.last_template_key
+        if last is not None and last is not prior.template_key and last == prior.template_key:
+            return replace(prior, template_key=last)
+        self.last_template_key = prior.template_key
+        return prior
 
     def repeats(self, raw: Any) -> tuple[HistoryBytes, int] | None:
         """``repeats.history_bytes`` of a new request's history list against the last request's:
@@ -92,6 +150,11 @@ class RolloutMemory:
         self.in_flight -= 1
 
 
+def call_template_key(call: Call) -> TemplateKey:
+    """``messages.template_key`` of a stored call: the tools and template kwargs of its request."""
+    return template_key(*template_context(call.api, call.request))
+
+
 def prior_from_call(call: Call) -> PriorCall | None:
     """The reuse entry of a stored call, or ``None`` for calls reuse cannot use."""
     try:
@@ -99,7 +162,13 @@ def prior_from_call(call: Call) -> PriorCall | None:
         if conversation is None:
             return None
         messages, _tools = conversation
-        return PriorCall.from_call(messages, call.response, call.prompt_token_ids, call.response_token_ids)
+        return PriorCall.from_call(
+            messages,
+            call.response,
+            call.prompt_token_ids,
+            call.response_token_ids,
+            call_template_key(call),
+        )
     except (HarnessRLError, KeyError, TypeError, AttributeError):
         log.warning("call %s/%d cannot be used for reuse", call.rollout_id, call.seq)
         return None
@@ -146,7 +215,7 @@ class CallHistory:
                     prior = prior_from_call(call)
                     # Calls recorded while we were loading are already here; keep them.
                     if prior is not None and call.seq not in memory.priors:
-                        memory.priors[call.seq] = prior
+                        memory.priors[call.seq] = memory.sharing_key(prior)
                 memory.loaded = True
         self._locks.pop(key, None)
         return memory
@@ -162,8 +231,13 @@ class CallHistory:
             memory.store_calls += 1
         memory.recorded.add(call.seq)
         if message_keys is not None:
+            try:
+                context = memory.template_key_of(call)
+            except (HarnessRLError, TypeError):  # as ``prior_from_call``: a request reuse cannot read
+                log.warning("call %s/%d cannot be used for reuse", call.rollout_id, call.seq)
+                return
             prior: PriorCall | None = PriorCall.from_keys(
-                message_keys, call.response, call.prompt_token_ids, call.response_token_ids
+                message_keys, call.response, call.prompt_token_ids, call.response_token_ids, context
             )
         else:
             prior = prior_from_call(call)

@@ -3,7 +3,9 @@
 ``normalize_message`` turns a message into the one form prompt building and matching use (content
 parts -> one string, ``None`` -> "", tool-call arguments -> a JSON object when they parse,
 ``developer`` -> ``system``); ``message_key`` fingerprints it semantically (stripped text, tool calls
-by name and parsed arguments, ids ignored); ``PriorCall`` is an answered call as reuse remembers it.
+by name and parsed arguments, ids ignored); ``template_key`` fingerprints what else the template is
+rendered with (the tools and the template kwargs); ``PriorCall`` is an answered call as reuse
+remembers it.
 
 ``key_messages`` makes keying O(new messages): an agent resends its whole history on every call, so
 the leading messages that are the same JSON as the rollout's previous request's
@@ -20,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from harnessrl.chat_template import tools_json
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import json_problem
 from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
@@ -150,6 +153,34 @@ def message_key(message: dict[str, Any]) -> bytes:
     )
 
 
+#: What a prompt is rendered with besides its messages: the tools' JSON as the template gets them
+#: (key order kept: the template prints them in order) and the template kwargs' (sorted keys).
+TemplateKey = tuple[bytes, bytes]
+#: The ``template_key`` of a call with neither tools nor template kwargs.
+NO_TEMPLATE_CONTEXT: TemplateKey = (b"", b"")
+
+
+def kwargs_json(kwargs: dict[str, Any] | None) -> bytes:
+    """The template kwargs' half of a ``TemplateKey`` (``b""`` for none)."""
+    return _canonical(kwargs) if kwargs else b""
+
+
+def template_key(tools: Any, kwargs: dict[str, Any] | None) -> TemplateKey:
+    """A comparable fingerprint of what the chat template renders a call's messages with.
+
+    Two calls with equal message keys render to the same prompt only if this is equal too: a
+    harness that adds a tool mid-rollout (an MCP server connecting) or changes a template kwarg
+    (``reasoning_effort``) changes the system header of every later prompt.
+
+    The tools' JSON is kept whole, not hashed: the gateway takes it from where the tokenizer keeps
+    the prepared tools by it (``conversation.prompt_template_key``: ~0.3 us a call with a 30 KB
+    list, where encoding it costs ~30 us and hashing it as much again), equal keys are then mostly
+    the same ``bytes`` objects (compared in ~0.04 us; equal copies in ~3 us) and unequal ones
+    mostly differ in length. This function encodes: for a stored request (``history``).
+    """
+    return (tools_json(tools), kwargs_json(kwargs))
+
+
 @dataclass(frozen=True)
 class PriorCall:
     """What reuse needs to remember of one answered chat call."""
@@ -161,6 +192,9 @@ class PriorCall:
     # it derives its own from them; both as exact tuples, which the garbage collector stops tracking.
     prompt: KeptIds
     response_ids: tuple[int, ...]
+    # The tools and template kwargs the call's prompt was rendered with (``template_key``): a
+    # later call rendered with others cannot reuse this call's tokens.
+    template_key: TemplateKey = NO_TEMPLATE_CONTEXT
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -181,9 +215,10 @@ class PriorCall:
         answer: dict[str, Any],
         prompt_ids: Sequence[int],
         response_ids: Sequence[int],
+        template_key: TemplateKey = NO_TEMPLATE_CONTEXT,
     ) -> PriorCall:
         keys = tuple(message_key(m) for m in normalize_messages(request_messages))
-        return cls.from_keys(keys, answer, prompt_ids, response_ids)
+        return cls.from_keys(keys, answer, prompt_ids, response_ids, template_key)
 
     @classmethod
     def from_keys(
@@ -192,6 +227,7 @@ class PriorCall:
         answer: dict[str, Any],
         prompt_ids: Sequence[int],
         response_ids: Sequence[int],
+        template_key: TemplateKey = NO_TEMPLATE_CONTEXT,
     ) -> PriorCall:
         """From the request's message keys as ``key_messages`` computed them (no re-normalizing)."""
         return cls(
@@ -199,6 +235,7 @@ class PriorCall:
             answer_key=message_key(normalize_message({**answer, "role": "assistant"})),
             prompt=KeptIds(prompt_ids),
             response_ids=tuple(response_ids),
+            template_key=template_key,
         )
 
 
