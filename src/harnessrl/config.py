@@ -49,6 +49,39 @@ class RemoteServers(BaseModel):
 EngineSource = Annotated[EmbeddedModel | ScriptedModel | RemoteServers, Field(discriminator="kind")]
 REMOTE_KINDS = ("vllm", "sglang")
 
+#: A seed torch takes (``torch.manual_seed`` accepts a signed or unsigned 64-bit integer; -1 works):
+#: a larger one used to pass validation and end the run in a traceback after its folder was created.
+Seed = Annotated[int, Field(ge=-(2**63), lt=2**64)]
+
+# The devices a model can be placed on here: a typo ("cuda0", "gpu") fails at config time, not as a
+# torch traceback after the run folder exists.
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?|mps")
+
+
+def device_problem(device: str, *, auto: bool = False) -> str | None:
+    """Why ``device`` cannot name a torch device (None when it can): ``cpu``, ``cuda``, ``cuda:N``,
+    ``mps``, and ``auto`` where the field allows it (``trainer.device``, ``sft.device``)."""
+    if (auto and device == "auto") or _DEVICE.fullmatch(device):
+        return None
+    expected = ("auto, " if auto else "") + "cpu, cuda, cuda:N or mps"
+    return f"unknown device {device!r} (expected {expected})"
+
+
+def check_cuda_device(device: str, field: str) -> None:
+    """A ``cuda``/``cuda:N`` device exists on this machine (imports torch, so only called when the
+    config names CUDA): ``ConfigError`` naming ``field`` if not, before anything of a run is created."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError(f"{field}: {device!r}, but torch finds no CUDA GPU on this machine (use cpu)")
+    index = int(device.partition(":")[2] or 0)
+    if index >= torch.cuda.device_count():
+        raise ConfigError(
+            f"{field}: {device!r}, but this machine has {torch.cuda.device_count()} CUDA GPU(s)"
+        )
+
 
 def parse_engine_model(model: str) -> EngineSource:
     """``engine.model`` as written in TOML (``vllm:http://a:1,http://b:2``, ``scripted:FILE``,
@@ -92,12 +125,12 @@ class EngineConfig(Section):
     """
 
     model: str = "tiny"
-    device: str = "cpu"
-    dtype: str = "float32"  # float32 | bfloat16 | auto (bf16 on a GPU or a CPU with native bf16)
+    device: str = "cpu"  # cpu | cuda | cuda:N | mps
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"  # auto: bf16 on a GPU or a CPU with native bf16
     max_batch_size: int = Field(default=32, ge=1)
     context_length: int | None = Field(default=None, ge=16)  # default: the model's own
     cache_dir: str | None = None  # where built/converted models are kept (default ~/.cache/harnessrl)
-    seed: int = 0
+    seed: Seed = 0
     # Embedded engine: copy a prompt prefix another running request already computed instead of
     # prefilling it again (an RL step sends each prompt group_size times).
     prefix_sharing: bool = True
@@ -122,6 +155,14 @@ class EngineConfig(Section):
     def _parse_model(cls, model: str) -> str:
         parse_engine_model(model)  # a malformed server list is an error at config time
         return model
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, device: str) -> str:
+        problem = device_problem(device)
+        if problem:
+            raise ValueError(problem)
+        return device
 
     @property
     def source(self) -> EngineSource:

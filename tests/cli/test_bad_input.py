@@ -248,3 +248,99 @@ def test_gateway_refuses_an_admin_key_no_header_can_carry(tmp_path, busy_port, m
     args = ["--model", f"scripted:{tmp_path / 'replies.json'}", "--store", str(tmp_path / "s.db")]
     refused(invoke("gateway", *args, "--port", str(busy_port)), "gateway.admin_key")
     assert listing(tmp_path) == ["replies.json"]
+
+
+@pytest.fixture
+def second_busy_port() -> Iterator[int]:
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+def test_gateway_flags_given_win_over_the_config_file_and_the_environment(
+    tmp_path, busy_port, second_busy_port, monkeypatch
+):
+    """Values from --config and HARNESSRL_* used to be merged on top of explicit flags. Each case
+    ends before serving (a busy port, or workers an engine cannot run with) with a message naming
+    the value that won."""
+    config = tmp_path / "g.toml"
+    config.write_text(f'[gateway]\nport = {busy_port}\n[engine]\nmodel = "smollm2"\n[store]\nurl = "x.db"\n')
+    flag_port = ["--config", str(config), "--port", str(second_busy_port)]
+    result = invoke("gateway", *flag_port)
+    assert result.exit_code == 1 and f":{second_busy_port}" in result.output, result.output
+    # A flag left out does not override the file: its port is the file's.
+    result = invoke("gateway", "--config", str(config))
+    assert result.exit_code == 1 and f":{busy_port}" in result.output, result.output
+    monkeypatch.setenv("HARNESSRL_GATEWAY__PORT", str(busy_port))
+    result = invoke("gateway", "--port", str(second_busy_port), "--model", "tiny")
+    assert result.exit_code == 1 and f":{second_busy_port}" in result.output, result.output
+    monkeypatch.delenv("HARNESSRL_GATEWAY__PORT")
+    # --model: the workers check names the engine model that won.
+    refused(invoke("gateway", *flag_port, "--workers", "2", "--model", "tiny"), "gateway.workers", "'tiny'")
+    refused(invoke("gateway", *flag_port, "--workers", "2"), "'smollm2'")  # the file's, with no --model
+    # --store: the workers check refuses :memory: (the file's x.db would go on to the busy port).
+    (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
+    scripted = ["--model", f"scripted:{tmp_path / 'replies.json'}", "--workers", "2"]
+    refused(invoke("gateway", *flag_port, *scripted, "--store", ":memory:"), ":memory:")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.toml", "replies.json"]
+
+
+@pytest.mark.parametrize("command", ["rollout", "rollout-sub", "controller", "calibrate"])
+def test_output_folders_that_are_files_are_named_before_anything_starts(tmp_path, temp_dir, command):
+    """``rollout``/``controller``/``data calibrate`` ``--run-dir`` naming a file (or a path under
+    one) used to end in a traceback, the controller's after it had created its store."""
+    config = rollout_config(tmp_path)
+    (tmp_path / "afile").write_text("")
+    records = tmp_path / "in.jsonl"
+    records.write_text(json.dumps({"instance_id": "a", "prompt": "hi"}) + "\n")
+    before = listing(tmp_path)
+    rollout = ["rollout", "--config", str(config), "--task", '{"prompt": "hi"}', "--run-dir"]
+    args = {
+        "rollout": [*rollout, str(tmp_path / "afile")],
+        "rollout-sub": [*rollout, str(tmp_path / "afile" / "sub")],
+        "controller": [
+            "controller", "--config", str(config), "--store", str(tmp_path / "s.db"),
+            "--gateway-url", "http://127.0.0.1:8000", "--run-dir", str(tmp_path / "afile"),
+        ],
+        "calibrate": [
+            "data", "calibrate", str(records), str(tmp_path / "out.jsonl"), "--config", str(config),
+            "--run-dir", str(tmp_path / "afile"),
+        ],
+    }  # fmt: skip
+    refused(invoke(*args[command]), "--run-dir", "is a file")
+    assert listing(tmp_path) == before and listing(temp_dir) == []  # no store, no output
+
+
+def test_a_rollout_with_an_unknown_parser_creates_no_store(tmp_path, temp_dir):
+    config = rollout_config(tmp_path)
+    before = listing(tmp_path)
+    for field in ("gateway.tool_call_parser", "gateway.reasoning_parser"):
+        result = invoke(
+            "rollout", "--config", str(config), "--task", '{"prompt": "hi"}',
+            "--set", f"{field}=banana", "--run-dir", str(tmp_path / "rd2"),
+        )  # fmt: skip
+        refused(result, field, "banana")
+    assert listing(tmp_path) == before and listing(temp_dir) == []  # no rd2/harnessrl.db
+
+
+def test_data_commands_refuse_two_outputs_that_are_one_file(tmp_path):
+    """``split --train X --test X`` kept only the test records; ``--report`` naming an output
+    overwrote it with the report."""
+    records = tmp_path / "in.jsonl"
+    lines = [
+        json.dumps({"instance_id": f"r{i}", "problem_statement": "hi", "repo": f"o/r{i}"}) for i in range(4)
+    ]
+    records.write_text("\n".join(lines) + "\n")
+    same = str(tmp_path / "same.jsonl")
+    split = ["data", "split", str(records), "--test-size", "1"]
+    refused(invoke(*split, "--train", same, "--test", same), "--test", "same file", "--train")
+    other = str(tmp_path / "other.jsonl")
+    refused(invoke(*split, "--train", same, "--test", other, "--report", same), "--report", "--train")
+    # the same file by another spelling (.. and a symbolic link) is the same file
+    (tmp_path / "sub").mkdir()
+    refused(invoke(*split, "--train", same, "--test", str(tmp_path / "sub" / ".." / "same.jsonl")), "--test")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "same.jsonl")
+    refused(invoke(*split, "--train", same, "--test", str(tmp_path / "link.jsonl")), "--test")
+    refused(invoke("data", "filter", str(records), same, "--report", same), "--report", "OUT")
+    assert listing(tmp_path) == ["in.jsonl", "link.jsonl", "sub"]
+    # Control: distinct files are written.
+    assert invoke(*split, "--train", same, "--test", other).exit_code == 0

@@ -36,13 +36,24 @@ def _fail(exc: HarnessRLError) -> typer.Exit:
 
 
 def _check_outputs(paths: dict[str, Path | None]) -> None:
-    """Each output path (by the argument or option that named it) can be written: checked before the
-    work, so a bad one costs nothing and leaves nothing behind."""
+    """Each output path (by the argument or option that named it) can be written, and no two of them
+    are the same file (``split --train X --test X`` kept only the test records; ``--report`` equal to
+    an output overwrote it): checked before the work, so a bad one costs nothing and leaves nothing
+    behind."""
     from harnessrl.config import check_output_path
+    from harnessrl.errors import ConfigError
 
+    seen: dict[Path, str] = {}
     for option, path in paths.items():
-        if path is not None:
-            check_output_path(path, option)
+        if path is None:
+            continue
+        check_output_path(path, option)
+        resolved = path.resolve()  # links and ".." too: the file the command would write
+        if resolved in seen:
+            raise ConfigError(
+                f"{option}: {str(path)!r} is the same file as {seen[resolved]}; give each output its own"
+            )
+        seen[resolved] = option
 
 
 def _emit(report: dict[str, Any], path: Path | None) -> None:
@@ -113,6 +124,10 @@ def calibrate_command(
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         _check_outputs({"OUT": out_path, "--report": report})
+        if run_dir is not None:  # a file there is named now, not a traceback once the stack started
+            from harnessrl.config import check_output_path
+
+            check_output_path(run_dir, "--run-dir", kind="folder")
         # A training config works too: calibrate with the harness and evaluator the run trains with.
         rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
         sampling = _training_sampling(config, set_ or [])

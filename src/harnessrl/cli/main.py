@@ -185,12 +185,19 @@ def version() -> None:
 
 @app.command()
 def gateway(
+    # No defaults here: a flag given wins over the config file, HARNESSRL_* and --set; one left
+    # out changes nothing (the defaults are applied below, only where nothing set the value).
     model: Annotated[
-        str, typer.Option(help="tiny | smollm2 | scripted:FILE | a model folder | a .gguf file")
-    ] = "tiny",
-    port: Annotated[int, typer.Option(help="TCP port on --host (0 picks a free one)")] = 8000,
-    host: Annotated[str, typer.Option(help="Interface to listen on")] = "127.0.0.1",
-    store: Annotated[str, typer.Option(help="Store file (SQLite) or URL")] = "runs/gateway/harnessrl.db",
+        str | None,
+        typer.Option(help="tiny | smollm2 | scripted:FILE | a model folder | a .gguf file  [default: tiny]"),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="TCP port on --host (0 picks a free one)  [default: 8000]")
+    ] = None,
+    host: Annotated[str | None, typer.Option(help="Interface to listen on  [default: 127.0.0.1]")] = None,
+    store: Annotated[
+        str | None, typer.Option(help="Store file (SQLite) or URL  [default: runs/gateway/harnessrl.db]")
+    ] = None,
     config: Annotated[str | None, typer.Option(help="TOML file with [gateway] and [engine] sections")] = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Override a config value: section.key=value")
@@ -202,7 +209,9 @@ def gateway(
 ) -> None:
     """Serve a policy behind the OpenAI-compatible gateway, recording every call token-exactly.
 
-    The admin key comes from HARNESSRL_ADMIN_KEY; if unset, one is generated and printed.
+    --model, --port, --host, --store and --workers, when given, win over the same settings in
+    --config, HARNESSRL_* variables and --set. The admin key comes from HARNESSRL_ADMIN_KEY; if
+    unset, one is generated and printed.
     """
     from harnessrl.config import (
         EngineConfig,
@@ -223,16 +232,28 @@ def gateway(
                 raise fail(f"{section}: must be a [{section}] table, not {type(raw[section]).__name__}")
         if config:  # ``scripted:./x`` is the config file's, as everywhere else
             raw = resolve_relative_paths(raw, Path(config).resolve().parent)
-        gateway_raw = {"host": host, "port": port, **raw.get("gateway", {})}
-        if workers is not None:
-            gateway_raw["workers"] = workers
+        # Precedence: these defaults < the config file < HARNESSRL_* < --set < the flags given.
+        flags = {"host": host, "port": port, "workers": workers}
+        gateway_raw = {
+            "host": "127.0.0.1",
+            "port": 8000,
+            **raw.get("gateway", {}),
+            **{key: value for key, value in flags.items() if value is not None},
+        }
         if os.environ.get("HARNESSRL_ADMIN_KEY"):
             gateway_raw["admin_key"] = os.environ["HARNESSRL_ADMIN_KEY"]
-        engine_raw = {"model": model, **raw.get("engine", {})}
+        engine_raw = {
+            "model": "tiny",
+            **raw.get("engine", {}),
+            **({"model": model} if model is not None else {}),
+        }
         gateway_cfg = validate_config(GatewayConfig, gateway_raw, where="gateway")
         engine_cfg = validate_config(EngineConfig, engine_raw, where="engine")
         # [store] as every command reads it: a misspelled key is refused, not ignored.
-        store_url = validate_config(StoreConfig, {"url": store, **raw.get("store", {})}, where="store").url
+        store_raw = {"url": "runs/gateway/harnessrl.db", **raw.get("store", {})}
+        if store is not None:
+            store_raw["url"] = store
+        store_url = validate_config(StoreConfig, store_raw, where="store").url
         from harnessrl.gateway.server import build_teacher, run_gateway
 
         if gateway_cfg.workers > 1:  # a conflict in the config: refused before anything starts

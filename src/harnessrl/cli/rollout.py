@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.config import check_output_path, load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError
 
 # Sections only `harnessrl train` reads: a controller started for a training run takes the run's own
@@ -63,6 +63,8 @@ def run_rollout_command(
 
     config = load_rollout_config(config_path, overrides)
     task = parse_task(task_text, config.task)
+    if run_dir:  # a file there (or above it) is named now, not a traceback once the stack started
+        check_output_path(run_dir, "--run-dir", kind="folder")
     folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
     try:
         return asyncio.run(run_one_rollout(config, task, folder))
@@ -84,6 +86,7 @@ def run_controller_command(
     from harnessrl.store import open_store
 
     config = load_rollout_config(config_path, overrides, ignore=TRAIN_ONLY_SECTIONS)
+    check_output_path(run_dir, "--run-dir", kind="folder")  # before the store is opened (created)
     harness, evaluator = prepare(config, Path(run_dir))
     if config.kubernetes is not None:
         # Pods reach the gateway at kubernetes.gateway_url; the runner rewrites the harness's URLs.

@@ -16,6 +16,7 @@ from typing import Any
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.sft.run import SftRun, prepare_sft_run
+from harnessrl.trainer.run_setup import RunFolder
 
 
 class SftInterrupted(HarnessRLError):
@@ -51,11 +52,23 @@ def run_sft(
             signal.signal(each, handler)
         raise SftInterrupted(signum, run_dir)
 
+    # Held until the run ends: a second process on this folder is refused (trainer/run_setup.py).
+    folder = RunFolder.hold(run_dir) if resume else RunFolder.create(run_dir)
+    sft_run = SftRun(config, run_dir, resume=bool(resume))
     for signum in handled:
         signal.signal(signum, on_signal)
     try:
-        summary = SftRun(config, run_dir, resume=bool(resume)).run()
+        summary = sft_run.run()
+    except SftInterrupted:
+        raise  # stopped on purpose: the folder is what the printed --resume continues
+    except BaseException:
+        if not sft_run.started:
+            # A start-up that failed before the first step leaves nothing behind (a resumed folder
+            # is never removed): the fixed command starts the run afresh, not "already exists".
+            folder.discard()
+        raise
     finally:
+        folder.release()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     print(

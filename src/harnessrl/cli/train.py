@@ -1,6 +1,7 @@
 """``harnessrl train``: parse and validate the run's config before importing torch, prepare the run
-folder (``trainer.run_setup.prepare_run``: refusing to overwrite one without ``--resume``), then
-hand over to the trainer.
+folder (``trainer.run_setup.open_run``: refusing to overwrite one without ``--resume``, and holding
+it, so a second process on the same folder is refused), then hand over to the trainer. A start-up
+that fails before the first step removes the folder it created for a new run.
 
 SIGINT (Ctrl-C) and SIGTERM (``kill``, a Kubernetes pod being deleted, systemd) stop a run the same
 clean way: the trainer's task is cancelled, so its harness processes are killed, the gateway closes,
@@ -19,7 +20,7 @@ from typing import Any
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.trainer.failures import StepFailed
-from harnessrl.trainer.run_setup import prepare_run
+from harnessrl.trainer.run_setup import open_run
 
 
 def finished_step(run_dir: Path) -> int | None:
@@ -31,34 +32,53 @@ def finished_step(run_dir: Path) -> int | None:
 
 
 def run_train(config_path: str | None, resume: str | None, overrides: list[str]) -> dict[str, Any]:
-    config, run_dir, base_dir = prepare_run(config_path, resume, overrides)
-    done = finished_step(run_dir) if resume else None
-    if done is not None and done >= config.trainer.steps:
-        # Nothing to train: say so (and how to go on) instead of starting and stopping silently.
-        print(
-            f"harnessrl: {run_dir} already finished its {config.trainer.steps} steps (checkpoint at step "
-            f"{done}); to train further: harnessrl train --resume {run_dir} --set trainer.steps={done + 10}",
-            file=sys.stderr,
-        )
-        return {"run_dir": str(run_dir), "steps": done, "already_finished": True}
-    print(
-        f"harnessrl: {'resuming' if resume else 'training'} in {run_dir} (loading the model...)",
-        file=sys.stderr,
-    )
-    quiet_third_party_bars()
-    from harnessrl.trainer import allocator
+    run = open_run(config_path, resume, overrides)
+    config, run_dir = run.config, run.run_dir
+    trainer = None
+    with run.folder:  # held until the run ends: a second process on this folder is refused
+        try:
+            done = finished_step(run_dir) if resume else None
+            if done is not None and done >= config.trainer.steps:
+                # Nothing to train: say so (and how to go on) instead of starting and stopping silently.
+                print(
+                    f"harnessrl: {run_dir} already finished its {config.trainer.steps} steps (checkpoint at "
+                    f"step {done}); to train further: harnessrl train --resume {run_dir} "
+                    f"--set trainer.steps={done + 10}",
+                    file=sys.stderr,
+                )
+                return {"run_dir": str(run_dir), "steps": done, "already_finished": True}
+            print(
+                f"harnessrl: {'resuming' if resume else 'training'} in {run_dir} (loading the model...)",
+                file=sys.stderr,
+            )
+            quiet_third_party_bars()
+            from harnessrl.trainer import allocator
 
-    allocator.tune()  # before the model's tensors: big blocks mmapped, at most 2 arenas
-    from harnessrl.trainer.run import Trainer
+            allocator.tune()  # before the model's tensors: big blocks mmapped, at most 2 arenas
+            from harnessrl.trainer.run import Trainer
 
-    trainer = Trainer(config, run_dir, resume=bool(resume), base_dir=base_dir)
-    try:
-        summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
-    except StepFailed as exc:
-        raise StepFailed(
-            f"{exc}\n  the run stopped: fix the cause, then continue it (the failed groups are left out) with: "
-            f"harnessrl train --resume {run_dir} --set section.key=value"
-        ) from None
+            trainer = Trainer(
+                config,
+                run_dir,
+                resume=bool(resume),
+                base_dir=run.base_dir,
+                tasks=run.tasks,
+                heldout=run.heldout,
+            )
+            summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
+        except RunInterrupted:
+            raise  # stopped on purpose: the folder is what the printed --resume continues
+        except StepFailed as exc:
+            raise StepFailed(
+                f"{exc}\n  the run stopped: fix the cause, then continue it (the failed groups are left out) "
+                f"with: harnessrl train --resume {run_dir} --set section.key=value"
+            ) from None
+        except BaseException:
+            if trainer is None or not trainer.started:
+                # A start-up that failed before the first step leaves nothing behind (a resumed folder
+                # is never removed): the fixed command starts the run afresh, not "already exists".
+                run.folder.discard()
+            raise
     print(next_commands(run_dir, tensorboard=config.metrics.tensorboard), file=sys.stderr)
     return summary
 

@@ -118,6 +118,19 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
     return harness, evaluator
 
 
+def check_parsers(gateway: GatewayConfig) -> None:
+    """``gateway.tool_call_parser`` and ``gateway.reasoning_parser`` name known parsers (or
+    ``auto``): checked before a run folder or a store is created, not when the gateway is built
+    after them. A ``ConfigError`` naming the field and the known names."""
+    from harnessrl.gateway.parsers.reasoning import get_reasoning_parser
+    from harnessrl.gateway.parsers.tools import get_tool_parser
+
+    if gateway.tool_call_parser != "auto":
+        get_tool_parser(gateway.tool_call_parser)
+    if gateway.reasoning_parser != "auto":
+        get_reasoning_parser(gateway.reasoning_parser)
+
+
 def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) -> dict[str, int] | None:
     """The tasks' environments, before anything runs (``docs/environments.md``): every image a task
     names is found or built, mounted and checked to run ``harness`` (a preset already applied); a
@@ -160,6 +173,7 @@ async def local_stack(
     from harnessrl.store import open_store
 
     harness, evaluator = prepare(config, run_dir)
+    check_parsers(config.gateway)
     # Teacher mode (engine.teacher): its key is read from this process's environment, which no
     # harness inherits; an unreachable upstream fails here, before a model loads. The engine (a
     # missing script, model or server names itself) and the retriever come before the run folder

@@ -2,7 +2,9 @@
 
 The folder works like a ``harnessrl train`` run folder (``trainer.run_setup``): a new run saves its
 resolved config as ``config.json`` (refusing a folder that is not empty), ``--resume`` reads it back
-with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer). Checkpoints are
+with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer) and writes the merged
+config back (refusing a changed ``run.name`` or ``sft.model``); the CLI holds the folder's lock
+(``run_setup.RunFolder``) for the run's life. Checkpoints are
 ``train``'s (``trainer.checkpoint``): ``checkpoints/latest`` holds the Hugging Face weights, the
 tokenizer and chat template, the optimizer and LR schedule, and ``TrainState`` (its
 ``consumed_groups`` are the selected rollout IDs, checked on resume); at the last step
@@ -19,14 +21,25 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harnessrl.config import load_raw_config, validate_config
+from harnessrl.config import check_cuda_device, device_problem, load_raw_config, validate_config
 from harnessrl.errors import ConfigError
 from harnessrl.sft.config import SftConfig
 from harnessrl.store import open_store
-from harnessrl.trainer.run_setup import new_run_dir, read_saved_config
+from harnessrl.trainer.run_setup import (
+    check_metrics,
+    check_seed,
+    check_unchanged,
+    new_run_dir,
+    read_saved_config,
+)
 
 CONFIG_FILE = "config.json"
 DATA_FILE = "sft_data.json"
+
+
+#: What an SFT run *is*: a ``--resume`` that changed its name or its student would continue one
+#: run's checkpoint as another's. (A changed selection is refused by ``SftRun.run``, by rollout ID.)
+SFT_RUN_DEFINING_FIELDS = ("run.name", "sft.model")
 
 
 def prepare_sft_run(
@@ -34,12 +47,17 @@ def prepare_sft_run(
 ) -> tuple[SftConfig, Path]:
     """``(config, run_dir)`` for a new run from ``config_path`` or a resumed one from ``resume``.
     ``export``: for ``--export-jsonl``, which writes no run folder, so an existing one is no reason
-    to refuse. Imports no torch: the CLI checks the config before paying for that."""
+    to refuse. Imports no torch (unless the config names a CUDA device): the CLI checks the config
+    before paying for that. A resumed run's merged config is written back by ``SftRun.run``."""
     if resume:
         run_dir = Path(resume)
         raw = read_saved_config(run_dir, "harnessrl sft run folder")
+        saved = validate_config(SftConfig, json.loads(json.dumps(raw)))
         _merge(raw, load_raw_config(None, overrides, env={}))
-        return validate_config(SftConfig, raw), run_dir
+        config = validate_config(SftConfig, raw)
+        check_unchanged(saved, config, SFT_RUN_DEFINING_FIELDS)
+        sft_preflight(config)
+        return config, run_dir
     if config_path is None:
         raise ConfigError("give a config file (harnessrl sft CONFIG) or --resume RUN_DIR")
     base_dir = Path(config_path).resolve().parent
@@ -52,12 +70,29 @@ def prepare_sft_run(
                 source[key] = str((base_dir / value).resolve())
     config = validate_config(SftConfig, raw)
     run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
-    return config, run_dir if export else new_run_dir(run_dir)
+    if export:
+        return config, run_dir
+    sft_preflight(config)
+    return config, new_run_dir(run_dir)
+
+
+def sft_preflight(config: SftConfig) -> None:
+    """What would fail the run after its folder and model exist, checked before: the seed, the
+    device, and the metrics integrations asked for (as ``harnessrl train`` checks them)."""
+    check_seed(config.run.seed, "run.seed")
+    problem = device_problem(config.sft.device, auto=True)
+    if problem:
+        raise ConfigError(f"sft.device: {problem}")
+    check_cuda_device(config.sft.device, "sft.device")
+    check_metrics(config.metrics)
 
 
 def save_config(config: SftConfig, run_dir: Path) -> None:
+    """``config.json``, replaced whole (never half-written)."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+    partial = run_dir / f"{CONFIG_FILE}.partial"
+    partial.write_text(json.dumps(config.model_dump(mode="json"), indent=2))
+    partial.replace(run_dir / CONFIG_FILE)
 
 
 def _merge(into: dict[str, Any], new: dict[str, Any]) -> None:
@@ -79,6 +114,9 @@ class SftRun:
         self.run_dir = run_dir
         self.resume = resume
         self.stop_after = stop_after
+        #: Whether the step loop began: a failure before it is a failed start-up (the CLI removes a
+        #: new run's folder then, so the fixed command is not refused as "already exists").
+        self.started = False
 
     def run(self) -> dict[str, Any]:
         from harnessrl.engines.models import resolve_model_dir
@@ -99,8 +137,9 @@ class SftRun:
                     f"({len(state.consumed_groups)} rollouts then, {len(data.rollout_ids)} now); "
                     "start a new run to train on the new selection"
                 )
-        elif not self.resume:
-            save_config(cfg, self.run_dir)
+        # A new run's config, or a resumed one's merged with its --set overrides: the next plain
+        # --resume (the one printed after Ctrl-C) keeps them.
+        save_config(cfg, self.run_dir)
         (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
         plan = StepPlan(data.samples, per_step=s.sequences_per_step, epochs=s.epochs, seed=cfg.run.seed)
         final = self.run_dir / "checkpoints" / "final"
@@ -137,6 +176,7 @@ class SftRun:
         store.set_run_status(cfg.run.name, "running")
         status = "stopped"
         done_here = 0
+        self.started = True
         try:
             while state.step < plan.total_steps:
                 if self.stop_after is not None and done_here >= self.stop_after:

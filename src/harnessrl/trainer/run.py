@@ -22,6 +22,7 @@ from typing import Any
 from harnessrl.config import REMOTE_KINDS
 from harnessrl.controller.presets import apply_preset
 from harnessrl.controller.stack import RolloutConfig, check_environments
+from harnessrl.schemas import Task
 from harnessrl.store import open_store
 from harnessrl.trainer.base import Policy
 from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, latest_checkpoint
@@ -33,6 +34,7 @@ from harnessrl.trainer.fleet_remote import remote_fleet
 from harnessrl.trainer.loop import TrainingLoop
 from harnessrl.trainer.lora import ADAPTER_DIR
 from harnessrl.trainer.metrics import MetricsWriter
+from harnessrl.trainer.run_setup import load_run_tasks
 from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, heldout_overlap, train_sampling
 
 
@@ -45,7 +47,11 @@ class Trainer:
         resume: bool = False,
         base_dir: Path | None = None,
         policy_factory: Callable[[Path, Path, Path | None], Policy] | None = None,
+        tasks: list[Task] | None = None,
+        heldout: list[Task] | None = None,
     ):
+        """``tasks``/``heldout``: the sources' tasks when the caller loaded them already (``open_run``
+        does, before the run folder exists); else they are loaded here."""
         self.config = config
         self.run_dir = run_dir
         self.resume = resume
@@ -53,11 +59,16 @@ class Trainer:
         # torchrun: rank 0's handle on a policy sharded over all ranks (trainer/distributed.py).
         self.policy_factory = policy_factory
         t = config.trainer
-        self.tasks = config.tasks.load(split="train", base_dir=self.base_dir)
-        self.heldout = config.heldout.load(split="heldout", base_dir=self.base_dir) if config.heldout else []
+        if tasks is None:
+            tasks, heldout = load_run_tasks(config, self.base_dir)
+        self.tasks = tasks
+        self.heldout = heldout or []
         self.heldout_overlap = heldout_overlap(self.tasks, self.heldout)
         self.schedule = TaskSchedule(self.tasks, t.group_size, config.run.seed, train_sampling(t))
         self.state = TrainState()
+        #: Whether the training loop began: a failure before it is a failed start-up (the CLI removes
+        #: the folder of a new run then, so the fixed command is not refused as "already exists").
+        self.started = False
         self.checkpoint = latest_checkpoint(run_dir) if resume else None
         if self.checkpoint is not None:
             self.state = TrainState.from_json((self.checkpoint / STATE_FILE).read_text())
@@ -178,6 +189,7 @@ class Trainer:
                     heldout_overlap=self.heldout_overlap,
                     groups_created=groups_created,
                 )
+                self.started = True
                 try:
                     await loop.run()
                 finally:

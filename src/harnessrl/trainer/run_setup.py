@@ -1,46 +1,185 @@
 """The run folder a training run starts from: its validated config, its folder, its base directory.
 
-``prepare_run`` is shared by the two entry points that start a run, ``harnessrl train``
-(``cli.train``) and ``torchrun -m harnessrl.trainer.torchrun``, so the trainer never imports the
-CLI. It imports no torch: the CLI validates the config before paying for that import.
+``open_run`` is shared by the two entry points that start a run, ``harnessrl train`` (``cli.train``)
+and ``torchrun -m harnessrl.trainer.torchrun`` (through ``prepare_run``), so the trainer never imports
+the CLI. It imports no torch unless the config asks for CUDA or LoRA: the CLI validates the config
+before paying for that import.
 
-A new run saves its resolved config as ``config.json`` in its folder (with ``_base_dir``, the folder
-relative paths in the original file were resolved against); ``--resume`` reads it back, with
-``--set`` overrides merged on top (e.g. ``trainer.steps`` raised to train longer).
+Everything a config can get wrong is checked before the folder exists (``preflight``, the tasks of
+both sources, the weights): a bad config leaves nothing behind, and the fixed command is a new run,
+not "already exists". A new run saves its resolved config as ``config.json`` in its folder (with
+``_base_dir``, the folder relative paths in the original file were resolved against); ``--resume``
+reads it back with ``--set`` overrides merged on top (e.g. ``trainer.steps`` raised to train
+longer) and writes the merged config back, so the next plain ``--resume`` keeps them. The fields
+that define the run (``RUN_DEFINING_FIELDS``) cannot change on ``--resume``.
+
+A run folder is held by one process at a time (``RunFolder``: an exclusive ``flock`` on
+``RUN_DIR/.lock`` for the run's whole life), so two processes never train one folder at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.config import check_output_path, load_raw_config, resolve_relative_paths, validate_config
-from harnessrl.errors import ConfigError
+from harnessrl.config import (
+    check_cuda_device,
+    check_output_path,
+    device_problem,
+    load_raw_config,
+    resolve_relative_paths,
+    validate_config,
+)
+from harnessrl.errors import ConfigError, HarnessRLError
 
 if TYPE_CHECKING:
-    from harnessrl.trainer.config import TrainConfig
+    from harnessrl.schemas import Task
+    from harnessrl.trainer.config import MetricsSection, TrainConfig
+    from harnessrl.trainer.task_sources import TaskSource
 
 CONFIG_FILE = "config.json"
+LOCK_FILE = ".lock"
+
+#: What a run *is*: its tasks and groups, the weights it started from, where its rollouts live. A
+#: ``--resume`` that changed one would mix two runs in one folder and one store.
+RUN_DEFINING_FIELDS = ("run.name", "tasks", "heldout", "trainer.group_size", "engine.model", "store")
+
+
+class RunFolder:
+    """A run folder this process holds: an exclusive ``flock`` on ``RUN_DIR/.lock``, released by
+    ``release`` (or leaving the ``with`` block) and by the process's end, however it ends.
+
+    ``discard`` removes what ``create`` made (the folder, and the parents it had to create) for a
+    run whose start-up failed; a held ``--resume`` folder is never removed."""
+
+    def __init__(self, path: Path, fd: int, *, created: Path | None, new: bool) -> None:
+        self.path = path
+        self._fd: int | None = fd
+        self._created = created  # the topmost folder this process created (None: it existed)
+        self._new = new
+
+    @classmethod
+    def hold(cls, path: Path) -> RunFolder:
+        """An existing run folder (``--resume``), locked; ``ConfigError`` if another process holds it."""
+        return cls(path, _lock(path), created=None, new=False)
+
+    @classmethod
+    def create(cls, path: Path) -> RunFolder:
+        """A new run's folder (absent or empty: ``new_run_dir`` checked it), created and locked. The
+        emptiness is checked again under the lock: another process may have started a run there since."""
+        created = next((p for p in (*reversed(path.parents), path) if not p.exists()), None)
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            folder = cls(path, _lock(path), created=created, new=True)
+        except BaseException:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise
+        if any(p.name != LOCK_FILE for p in path.iterdir()):
+            folder.release()
+            raise ConfigError(f"run folder {str(path)!r} already exists; pass --resume {path} to continue it")
+        return folder
+
+    def discard(self) -> None:
+        """Remove what this process created for a new run (a start-up that failed before the first
+        step): the folder and the parents it created, or the contents of a folder that was empty."""
+        if not self._new:
+            return
+        if self._created is not None:
+            shutil.rmtree(self._created, ignore_errors=True)
+            return
+        for entry in self.path.iterdir():  # it was empty: everything in it is this process's
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the only descriptor releases the flock
+            self._fd = None
+
+    def __enter__(self) -> RunFolder:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def _lock(path: Path) -> int:
+    # os.open's descriptors are not inherited by the harnesses and servers the run starts.
+    try:
+        fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # a read-only folder, say: the run could not write its checkpoints either
+        raise ConfigError(f"run folder {str(path)!r}: cannot create {LOCK_FILE}: {exc.strerror}") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"run folder {str(path)!r} is in use by another harnessrl process (it holds {LOCK_FILE} there); "
+            "wait for that run to end or stop it"
+        ) from None
+    return fd
+
+
+@dataclass
+class PreparedRun:
+    """A run ready to start: its config, its folder (held: ``folder.release()`` when the run ends),
+    the folder its config's relative paths are resolved against, and its tasks, already loaded."""
+
+    config: TrainConfig
+    run_dir: Path
+    base_dir: Path
+    folder: RunFolder
+    tasks: list[Task] = field(default_factory=list)
+    heldout: list[Task] = field(default_factory=list)
 
 
 def prepare_run(
     config_path: str | None, resume: str | None, overrides: list[str]
 ) -> tuple[TrainConfig, Path, Path]:
-    """``(config, run_dir, base_dir)`` for a new run from ``config_path`` or a resumed one from
-    ``resume`` (a run folder). A new run refuses a folder that is not empty."""
+    """``(config, run_dir, base_dir)``: ``open_run`` without holding the folder afterwards (the
+    lock is released on return; ``open_run`` holds it for the run's life)."""
+    run = open_run(config_path, resume, overrides)
+    run.folder.release()
+    return run.config, run.run_dir, run.base_dir
+
+
+def open_run(config_path: str | None, resume: str | None, overrides: list[str]) -> PreparedRun:
+    """A new run from ``config_path`` or a resumed one from ``resume`` (a run folder), checked,
+    its folder created (new) and held. A new run refuses a folder that is not empty."""
     from harnessrl.trainer.config import TrainConfig
 
     if resume:
         run_dir = Path(resume)
-        raw = upgrade_saved_config(read_saved_config(run_dir, "harnessrl run folder"))
-        base_dir = Path(raw.pop("_base_dir", "."))
-        # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run
-        _merge(raw, load_raw_config(None, overrides, env={}))
-        config = validate_config(TrainConfig, raw)
-        preflight(config)
-        return config, run_dir, base_dir
+        read_saved_config(run_dir, "harnessrl run folder")  # a run folder, before a lock file is put in it
+        folder = RunFolder.hold(run_dir)
+        try:
+            raw = upgrade_saved_config(read_saved_config(run_dir, "harnessrl run folder"))
+            base_dir = Path(raw.pop("_base_dir", "."))
+            saved = validate_config(TrainConfig, json.loads(json.dumps(raw)))
+            # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run
+            _merge(raw, load_raw_config(None, overrides, env={}))
+            config = validate_config(TrainConfig, raw)
+            check_unchanged(saved, config, RUN_DEFINING_FIELDS)
+            preflight(config)
+            tasks, heldout = load_run_tasks(config, base_dir)
+            # The merged config: the plain --resume printed after Ctrl-C keeps these overrides.
+            write_config(config, base_dir, run_dir)
+        except BaseException:
+            folder.release()
+            raise
+        return PreparedRun(config, run_dir, base_dir, folder, tasks, heldout)
     if config_path is None:
         raise ConfigError("give a config file (harnessrl train CONFIG) or --resume RUN_DIR")
     base_dir = Path(config_path).resolve().parent
@@ -52,11 +191,84 @@ def prepare_run(
     # Before the folder exists: a bad config leaves nothing behind.
     check_weights(config)
     preflight(config, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    tasks, heldout = load_run_tasks(config, base_dir)
+    folder = RunFolder.create(run_dir)
+    try:
+        write_config(config, base_dir, run_dir)
+    except BaseException:
+        folder.discard()
+        folder.release()
+        raise
+    return PreparedRun(config, run_dir, base_dir, folder, tasks, heldout)
+
+
+def write_config(config: TrainConfig, base_dir: Path, run_dir: Path) -> None:
+    """``config.json``: the resolved config and ``_base_dir``, replaced whole (never half-written)."""
     saved = config.model_dump(mode="json")
     saved["_base_dir"] = str(base_dir)
-    (run_dir / CONFIG_FILE).write_text(json.dumps(saved, indent=2))
-    return config, run_dir, base_dir
+    partial = run_dir / f"{CONFIG_FILE}.partial"
+    partial.write_text(json.dumps(saved, indent=2))
+    partial.replace(run_dir / CONFIG_FILE)
+
+
+def check_unchanged(saved: Any, merged: Any, fields: tuple[str, ...]) -> None:
+    """``ConfigError`` naming the first of ``fields`` (dotted paths) whose value a ``--resume``
+    changed, down to the leaf that differs (``tasks.path``)."""
+    before, after = saved.model_dump(mode="json"), merged.model_dump(mode="json")
+    for dotted in fields:
+        old, new = _at(before, dotted), _at(after, dotted)
+        if old != new:
+            where, old, new = _first_difference(dotted, old, new)
+            raise ConfigError(
+                f"{where}: cannot change on --resume ({json.dumps(old)} in the run, {json.dumps(new)} now): "
+                "it defines the run, and a changed value would mix two runs in one folder and store; "
+                "start a new run for it"
+            )
+
+
+def _at(data: Any, dotted: str) -> Any:
+    for key in dotted.split("."):
+        data = data.get(key) if isinstance(data, dict) else None
+    return data
+
+
+def _first_difference(where: str, old: Any, new: Any) -> tuple[str, Any, Any]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in (*old, *(k for k in new if k not in old)):
+            if old.get(key) != new.get(key):
+                return _first_difference(f"{where}.{key}", old.get(key), new.get(key))
+    return where, old, new
+
+
+def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], list[Task]]:
+    """The run's training and held-out tasks (``prompt_template`` applied), loaded before the run
+    folder exists: a missing file or a template naming a field no task has is a ``ConfigError``
+    naming the section it comes from (``tasks`` or ``heldout``)."""
+    tasks = _load_source(config.tasks, "tasks", "train", base_dir)
+    heldout = _load_source(config.heldout, "heldout", "heldout", base_dir) if config.heldout else []
+    return tasks, heldout
+
+
+def _load_source(source: TaskSource, section: str, split: str, base_dir: Path) -> list[Task]:
+    try:
+        return source.load(split=split, base_dir=base_dir)
+    except ConfigError as exc:
+        raise ConfigError(_in_section(str(exc), section, split)) from exc
+
+
+def _in_section(message: str, section: str, split: str) -> str:
+    """A task loader's message, named by the config section: the loaders say "tasks:" for every
+    source and "train." for the training split's ``prompt_template``."""
+    if message.startswith((f"{section}:", f"{section}.")):
+        return message
+    for prefix, named in (
+        (f"{split}.", f"{section}."),
+        (f"{split} tasks: ", f"{section}: "),
+        ("tasks: ", f"{section}: "),
+    ):
+        if message.startswith(prefix):
+            return named + message.removeprefix(prefix)
+    return f"{section}: {message}"
 
 
 def read_saved_config(run_dir: Path, what: str) -> dict[str, Any]:
@@ -109,29 +321,42 @@ def preflight(
     memory_available: Callable[[], int | None] | None = None,
 ) -> None:
     """What would fail every rollout, or the run after it started, checked before anything is
-    created: the memory the run needs against what the machine has (``memory_budget.check_memory``;
-    ``memory_available()`` in bytes, by default ``MemAvailable``; None skips the check), the harness's executable
-    and script (``check_harness``), the sandbox, the evaluator, the optional integrations the
-    config asks for, and the gateway's port (free now). Each problem is a ``ConfigError`` naming the field.
+    created: the seed and the devices (``check_devices``), the memory the run needs against what the
+    machine has (``memory_budget.check_memory``; ``memory_available()`` in bytes, by default
+    ``MemAvailable``; None skips the check), the optional integrations the config asks for
+    (``check_metrics``), the store (``check_store``), the LoRA section against the model, the
+    harness's executable and script (``check_harness``), the sandbox, the evaluator, and the
+    gateway's parser names and port (free now). Each problem is a ``ConfigError`` naming the field.
 
     Skipped for the harness when the trainer's controllers run elsewhere (``trainer.controllers =
     "external"``): their machines, not this one, must have the harness."""
-    import importlib.util
-
+    from harnessrl.config import REMOTE_KINDS
     from harnessrl.trainer.memory_budget import available_memory, check_memory
 
+    check_seed(config.run.seed, "run.seed")
+    problem = device_problem(config.trainer.device, auto=True)
+    if problem:
+        raise ConfigError(f"trainer.device: {problem}")
+    check_cuda_device(config.trainer.device, "trainer.device")
+    if config.engine.source.kind == "embedded":
+        check_cuda_device(config.engine.device, "engine.device")
     check_memory(config, (memory_available or available_memory)())
+    check_metrics(config.metrics)
+    if config.store is not None:
+        check_store(config.store.url)
+    if config.trainer.lora is not None:
+        # The model's layers against [trainer.lora] (built on the meta device: no weights read).
+        from harnessrl.engines.models import resolve_model_dir
+        from harnessrl.trainer.lora import check_lora_dir
 
-    if config.metrics.wandb_project and importlib.util.find_spec("wandb") is None:
-        raise ConfigError("metrics.wandb_project: wandb is not installed (pip install wandb), or unset it")
-    # TensorBoard is on by default and optional (metrics.jsonl has everything): refused only when a
-    # config asks for it by name.
-    asked_for_tensorboard = "tensorboard" in config.metrics.model_fields_set and config.metrics.tensorboard
-    if asked_for_tensorboard and importlib.util.find_spec("tensorboard") is None:
-        raise ConfigError(
-            "metrics.tensorboard: tensorboard is not installed (pip install 'harnessrl[train]'), or set it false"
-        )
+        remote = config.engine.source.kind in REMOTE_KINDS
+        source = config.trainer.model if remote else config.engine.model
+        if source is not None:
+            check_lora_dir(resolve_model_dir(source, config.engine.cache_dir), config.trainer.lora)
     if not config.trainer.gateway_url:
+        from harnessrl.controller.stack import check_parsers
+
+        check_parsers(config.gateway)
         # The gateway this process serves binds its port after the model loads and the store
         # opens; a busy port found then would leave a run folder behind.
         from harnessrl.gateway.process import bind_socket
@@ -150,6 +375,49 @@ def preflight(
         ),
         run_dir,
     )
+
+
+def check_seed(seed: int, field: str) -> None:
+    """A seed ``torch.manual_seed`` takes (a 64-bit integer, -1 included): a larger one used to end
+    the run in a traceback after its folder and store were created."""
+    if not -(2**63) <= seed < 2**64:
+        raise ConfigError(
+            f"{field}: {seed} is out of range (a seed is a 64-bit integer: -2**63 <= seed < 2**64)"
+        )
+
+
+def check_metrics(metrics: MetricsSection) -> None:
+    """The optional metrics integrations a config asks for are installed (``train`` and ``sft``)."""
+    import importlib.util
+
+    if metrics.wandb_project and importlib.util.find_spec("wandb") is None:
+        raise ConfigError("metrics.wandb_project: wandb is not installed (pip install wandb), or unset it")
+    # TensorBoard is on by default and optional (metrics.jsonl has everything): refused only when a
+    # config asks for it by name.
+    asked_for_tensorboard = "tensorboard" in metrics.model_fields_set and metrics.tensorboard
+    if asked_for_tensorboard and importlib.util.find_spec("tensorboard") is None:
+        raise ConfigError(
+            "metrics.tensorboard: tensorboard is not installed (pip install 'harnessrl[train]'), or set it false"
+        )
+
+
+def check_store(url: str) -> None:
+    """``store.url`` names a store the run can open: a server store (PostgreSQL) is opened and
+    closed now (it must answer), a SQLite file's folder must be writable where it is; any problem
+    is a ``ConfigError`` naming ``store.url``. A SQLite file is not created here."""
+    from harnessrl.store import open_store
+
+    if "://" in url and not url.startswith("sqlite:"):
+        try:
+            open_store(url).close()
+        except HarnessRLError as exc:
+            raise ConfigError(f"store.url: {exc}") from exc
+        return
+    path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
+    if not path:
+        raise ConfigError("store.url is empty: use a file path, sqlite:///PATH, or postgresql://...")
+    if path != ":memory:":
+        check_output_path(path, "store.url")
 
 
 def upgrade_saved_config(raw: dict[str, Any]) -> dict[str, Any]:
