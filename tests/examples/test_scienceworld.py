@@ -138,8 +138,8 @@ def test_task_source_enumerates_variations_from_scienceworld_splits():
 
 @needs_scienceworld
 def test_replay_reward_comes_from_the_simulator_not_the_agent(tmp_path):
-    from harnessrl.controller.evaluators import EvaluationInput, EvaluatorError, build_evaluator
-    from harnessrl.tasks.scienceworld import ActionLogError, gold_actions, replay, replay_reward
+    from harnessrl.controller.evaluators import EvaluationInput, build_evaluator
+    from harnessrl.tasks.scienceworld import gold_actions, replay, replay_reward
 
     # ScienceWorld's gold path picks one of several valid objects at random; any of them solves it.
     assert replay(TASK, VARIATION, gold_actions(TASK, VARIATION, SIMPLE), simplifications=SIMPLE).score == 100
@@ -172,17 +172,17 @@ def test_replay_reward_comes_from_the_simulator_not_the_agent(tmp_path):
     out = asyncio.run(replay_reward(EvaluationInput(task=_task(), workspace=forged, calls=backwards)))
     assert out["reward"] == 0.0
 
-    # No log: the agent never played. That is the evaluator failing (an infrastructure failure,
-    # retried), not a policy that earned 0.
+    # No log: the agent never played, which is the policy's 0 (flagged), never an infrastructure
+    # failure the policy could pick by deleting the log (that one is retried and left out).
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(ActionLogError, match="no action log"):
-        asyncio.run(replay_reward(EvaluationInput(task=_task(), workspace=empty, calls=calls)))
+    out = asyncio.run(replay_reward(EvaluationInput(task=_task(), workspace=empty, calls=calls)))
+    assert out["reward"] == 0.0 and out["flags"] == ["action_log_missing"]
     evaluator = build_evaluator(
         {"type": "python", "function": "harnessrl.tasks.scienceworld:replay_reward", "timeout_s": 120}
     )
-    with pytest.raises(EvaluatorError, match="no action log"):
-        asyncio.run(evaluator.evaluate(EvaluationInput(task=_task(), workspace=empty, calls=calls)))
+    missing = asyncio.run(evaluator.evaluate(EvaluationInput(task=_task(), workspace=empty, calls=calls)))
+    assert missing.reward == 0.0 and "action_log_missing" in missing.flags, missing
     result = asyncio.run(evaluator.evaluate(EvaluationInput(task=_task(), workspace=ws, calls=calls)))
     assert result.reward == 1.0 and result.details["score"] == 100
 

@@ -8,7 +8,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from harnessrl.tasks.answers import answers_match, extract_answer, strip_think
+from harnessrl.tasks.answers import (
+    answers_match,
+    extract_answer,
+    final_answer_text,
+    sampled_text,
+    strip_think,
+)
 
 ANSWER = re.compile(r"Answer:\s*(.+)")
 
@@ -27,6 +33,14 @@ ANSWER = re.compile(r"Answer:\s*(.+)")
         ("between 1,200 and 3.5 apples", "last_number", "3.5"),
         ("no digits", "last_number", None),
         ("", "last_line", None),
+        # Two boxes are not one: a greedy \\boxed\{(.*)\} read this as "1} or \\boxed{2".
+        ("Answer: \\boxed{1} or \\boxed{2}", "none", "\\boxed{1} or \\boxed{2}"),
+        ("Answer: \\boxed{\\frac{1}{2}}", "none", "\\frac{1}{2}"),
+        ("Answer: \\boxed{1}}", "none", "\\boxed{1}}"),
+        # Invisible format characters (RLM, zero-width space, BOM) at the ends are not the answer.
+        ("Answer: 42\u200f", "none", "42"),
+        ("Answer: \u200b\\boxed{42}\u200b.", "none", "42"),
+        ("the result is \u22125", "last_number", "-5"),
     ],
 )
 def test_extract_answer(text, fallback, expected):
@@ -60,6 +74,20 @@ def test_without_pattern_the_whole_text():
         ("1,2", "12", True, False),
         ("1_000", "1000", True, False),
         ("\u0664\u0662", "42", True, False),
+        # A leading zero makes it a code, compared as text: "110" is not the gold "0110".
+        ("110", "0110", True, False),
+        ("0110", "0110", True, True),
+        ("42", "00042", True, False),
+        ("00042", "042", True, False),
+        ("0,110", "110", True, False),
+        ("0.5", "0.50", True, True),
+        ("0", "0.0", True, True),
+        # The typeset minus, a bare fraction, an invisible mark at the end.
+        ("\u22125", "-5", True, True),
+        ("\u22120.5", "-.5", True, True),
+        (".5", "0.5", True, True),
+        ("42\u200f", "42", True, True),
+        ("\ufeffParis\u200b", "paris", True, True),
     ],
 )
 def test_answers_match(answer, gold, normalize, same):
@@ -75,6 +103,50 @@ def test_extract_never_crashes(text, fallback):
 @given(st.lists(st.sampled_from(["<think>", "</think>", "a", "\n", "<", "think>"]), max_size=30).map("".join))
 def test_strip_think_removes_what_the_regex_removed(text):
     assert strip_think(text) == re.sub(r"<think>.*?</think>", "", text, flags=re.S)
+
+
+def test_sampled_text_holds_tool_call_arguments_in_every_shape():
+    chat = {
+        "choices": [
+            {
+                "message": {
+                    "content": "I'll look.",
+                    "tool_calls": [
+                        {
+                            "type": "function",
+                            "function": {"name": "act", "arguments": '{"action": "look around"}'},
+                        }
+                    ],
+                }
+            }
+        ]
+    }
+    anthropic = {"content": [{"type": "tool_use", "name": "act", "input": {"action": "Open door", "n": [0]}}]}
+    responses = {"output": [{"type": "function_call", "name": "act", "arguments": "go to kitchen"}]}
+    assert "look around" in sampled_text(chat) and "I'll look." in sampled_text(chat)
+    assert "Open door" in sampled_text(anthropic) and "0" in sampled_text(anthropic).split("\n")
+    assert "go to kitchen" in sampled_text(responses)  # not JSON: the text as written
+    # Separate arguments are separate segments: no match across them.
+    split = {"content": [{"type": "tool_use", "input": {"a": "open", "b": "door"}}]}
+    assert "open door" not in " ".join(sampled_text(split).split())
+    # The final answer is still the reply's text alone.
+    assert final_answer_text([_call(chat)]) == "I'll look."
+
+
+def _call(response):
+    from harnessrl.schemas import Call
+
+    return Call(rollout_id="r", seq=0, response=response, prompt_token_ids=[1], response_token_ids=[2],
+                response_logprobs=[0.0])  # fmt: skip
+
+
+def test_answer_functions_stay_linear_on_hostile_text():
+    """No backtracking on the policy's text: a megabyte of braces or format characters is one pass."""
+    braces = "\\boxed{" + "{" * 500_000 + "}" * 499_999
+    assert extract_answer(braces, None) == braces
+    marks = "\u200f" * 500_000 + "7" + "\u200b" * 500_000
+    assert extract_answer(marks, None) == "7"
+    assert answers_match("0" * 500_000 + "1", "1") is False
 
 
 def test_strip_think_on_a_megabyte_of_unclosed_blocks():

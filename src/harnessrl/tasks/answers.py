@@ -2,14 +2,17 @@
 
 Shared by the ``reasoning_gym`` and ``exact_match`` evaluators and by task modules that check what
 the policy said (``harnessrl.tasks.scienceworld``): ``final_answer_text`` is the last assistant
-text of a rollout's calls, in any provider's message shape; ``extract_answer`` pulls the answer out
-of it. The default convention is the one ``harnessrl.tasks.reasoning_gym`` prompts for: a last
+text of a rollout's calls, in any provider's message shape; ``sampled_text`` is all the text one
+reply holds, tool-call arguments included; ``extract_answer`` pulls the answer out of it. Every
+function here is linear in the policy's text: no backtracking regex runs on it. The default convention is the one ``harnessrl.tasks.reasoning_gym`` prompts for: a last
 line ``Answer: X``. Depends only on ``harnessrl.schemas``: tasks never import the controller.
 """
 
 from __future__ import annotations
 
+import json
 import re
+import unicodedata
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any, Literal
@@ -19,7 +22,37 @@ from harnessrl.schemas import Call
 AnswerFallback = Literal["none", "last_line", "last_number"]
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
-_BOXED = re.compile(r"^\\boxed\{(.*)\}$")
+_BOXED_OPEN = "\\boxed{"
+_MINUS_SIGN = "\u2212"  # U+2212, what LaTeX and typeset math write for "-"
+
+
+def _strip_edges(text: str) -> str:
+    """``text`` without whitespace or invisible format characters (Unicode category Cf: a
+    right-to-left mark, a zero-width space, a BOM) at either end. One pass from each end."""
+    start, end = 0, len(text)
+    while start < end and (text[start].isspace() or unicodedata.category(text[start]) == "Cf"):
+        start += 1
+    while end > start and (text[end - 1].isspace() or unicodedata.category(text[end - 1]) == "Cf"):
+        end -= 1
+    return text[start:end]
+
+
+def _unbox(text: str) -> str | None:
+    """The inside of ``\\boxed{...}`` when that box is the whole of ``text``, else None. Braces are
+    counted, so ``\\boxed{1} or \\boxed{2}`` is not one box (a greedy ``\\boxed\\{(.*)\\}``
+    read it as the answer ``1} or \\boxed{2``)."""
+    if not text.startswith(_BOXED_OPEN) or not text.endswith("}"):
+        return None
+    depth = 1
+    for index in range(len(_BOXED_OPEN), len(text)):
+        char = text[index]
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return text[len(_BOXED_OPEN) : index] if index == len(text) - 1 else None
+    return None
 
 
 def extract_answer(
@@ -40,33 +73,45 @@ def extract_answer(
         elif fallback == "last_line":
             answer = next((line for line in reversed(text.splitlines()) if line.strip()), None)
         elif fallback == "last_number":
-            numbers = _NUMBER.findall(text.replace(",", ""))
+            numbers = _NUMBER.findall(text.replace(",", "").replace(_MINUS_SIGN, "-"))
             answer = numbers[-1] if numbers else None
     if answer is None:
         return None
     for _ in range(2):  # "**7.**", "`7`.", "$\\boxed{7}$."
-        answer = answer.strip().strip("*`$ \t").strip()
-        boxed = _BOXED.match(answer)
-        if boxed:
-            answer = boxed.group(1).strip()
+        answer = _strip_edges(_strip_edges(answer).strip("*`$ \t"))
+        boxed = _unbox(answer)
+        if boxed is not None:
+            answer = _strip_edges(boxed)
         if answer.endswith(".") and not answer.endswith(".."):
             answer = answer[:-1].rstrip()
     return answer
 
 
 def normalize_answer(text: str) -> str:
-    """Case-folded, whitespace collapsed, trailing period dropped."""
+    """Case-folded, whitespace collapsed, invisible format characters at the ends dropped, U+2212
+    (the typeset minus) read as ``-``, trailing period dropped."""
+    text = _strip_edges(text.replace(_MINUS_SIGN, "-"))
     return " ".join(text.casefold().split()).rstrip(".").rstrip()
 
 
 #: A number as an answer writes it: ASCII digits, commas only as thousands separators, an optional
-#: fraction and exponent. Anything else (``1,2,3``, ``1_000``, other scripts' digits) is compared as text.
-_PLAIN_NUMBER = re.compile(r"[+-]?(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]{1,4})?")
+#: fraction (``.5`` as well as ``0.5``) and exponent. Anything else (``1,2,3``, ``1_000``, other
+#: scripts' digits) is compared as text.
+_PLAIN_NUMBER = re.compile(
+    r"[+-]?(?:(?:[0-9]{1,3}(?:,[0-9]{3})+|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,4})?"
+)
 
 
 def as_number(text: str) -> Decimal | None:
-    """``text`` as an exact decimal number, or None if it is not written as a plain number."""
+    """``text`` as an exact decimal number, or None if it is not written as a plain number.
+
+    A leading zero before another digit (``0110``, ``007``) is not a plain number: such answers are
+    codes, zip codes, binary strings, clock times, compared as text (``110`` is not ``0110``).
+    ``0.5`` and ``0`` are numbers."""
     if not _PLAIN_NUMBER.fullmatch(text):
+        return None
+    digits = text.lstrip("+-")
+    if len(digits) > 1 and digits[0] == "0" and digits[1] in "0123456789,":
         return None
     return Decimal(text.replace(",", ""))
 
@@ -112,6 +157,63 @@ def final_answer_text(calls: Sequence[Call]) -> str:
         if text:
             return text
     return ""
+
+
+def sampled_text(response: Any) -> str:
+    """All the text the model produced in one recorded reply: its assistant text (``<think>``
+    blocks removed) and the arguments of its tool calls (OpenAI ``tool_calls[].function.arguments``,
+    Anthropic ``tool_use.input``, Responses ``function_call.arguments``), for checking that
+    something a harness reports was the policy's choice. Never the request: only the reply. Each
+    argument value is its own segment (joined by a NUL line, which a match cannot span), so
+    ``{"a": "open", "b": "door"}`` does not hold "open door"."""
+    segments = [strip_think(_message_text(response))]
+    for arguments in _tool_arguments(response):
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except (ValueError, RecursionError):
+                segments.append(arguments)  # not JSON: the text as the model wrote it
+                continue
+        segments.extend(_scalars(arguments))
+    return "\n\0\n".join(s for s in segments if s)
+
+
+def _tool_arguments(msg: Any) -> list[Any]:
+    """The raw arguments of each tool call in a reply, in any provider's shape."""
+    if not isinstance(msg, dict):
+        return []
+    if isinstance(msg.get("choices"), list) and msg["choices"]:
+        message = (msg["choices"][-1] or {}).get("message")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        return [
+            c["function"].get("arguments")
+            for c in calls or []
+            if isinstance(c, dict) and isinstance(c.get("function"), dict)
+        ]
+    parts = msg.get("content") if isinstance(msg.get("content"), list) else msg.get("output")
+    out = []
+    for part in parts if isinstance(parts, list) else []:
+        if isinstance(part, dict) and part.get("type") == "tool_use":
+            out.append(part.get("input"))
+        elif isinstance(part, dict) and part.get("type") == "function_call":
+            out.append(part.get("arguments"))
+    return out
+
+
+def _scalars(value: Any) -> list[str]:
+    """Every string and number inside a JSON value, in order (iterative: any depth)."""
+    out, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, int | float) and not isinstance(item, bool):
+            out.append(str(item))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
 
 
 def _message_text(msg: Any) -> str:

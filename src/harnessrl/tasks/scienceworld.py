@@ -14,8 +14,9 @@ only the gateway, so the environment has to run there) and writes the actions it
 task's variation in a *fresh* environment, replays the logged actions, and reads the score from the
 simulator: reward = ``max(score, 0) / 100``. ScienceWorld is deterministic for a given task,
 variation and action sequence, so the replay reaches the state the agent reached. It also checks
-that every logged action occurs, in order, in the text the policy sampled (the recorded calls), so a
-harness cannot report actions the policy never chose; a log that fails that check scores 0.
+that every logged action occurs, in order, in the text the policy sampled (the recorded calls: reply
+text or tool-call arguments), so a harness cannot report actions the policy never chose; a log that
+fails that check scores 0. A missing or malformed log is the policy's 0 too, flagged, never an error.
 
 **Cost.** Each environment is a JVM (1-10 s to start on a busy 2-core machine, ~200-400 MB). The
 evaluator keeps a small pool of them in worker threads of its own (``POOL_SIZE``) and reuses them
@@ -31,9 +32,11 @@ import asyncio
 import atexit
 import contextlib
 import json
+import os
 import random
 import re
 import shutil
+import stat
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,7 +46,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call, Task
-from harnessrl.tasks.answers import final_answer_text
+from harnessrl.tasks.answers import sampled_text
 
 ACTION_LOG = "scienceworld_actions.json"  # written by the agent in its workspace (its working directory)
 SPLITS = ("train", "dev", "test")
@@ -315,8 +318,13 @@ def _norm(text: str) -> str:
 
 
 class ActionLogError(ValueError):
-    """The agent's action log is missing or malformed (the python evaluator reports it as an
-    ``EvaluatorError``: an infrastructure failure, retried, never a reward of 0)."""
+    """The agent's action log is missing, unreadable or malformed. ``flag`` says which
+    (``action_log_missing`` / ``action_log_invalid``); :func:`replay_reward` scores it 0 with that
+    flag, never raises it: the log is the agent's to write, so a bad one is the policy's 0."""
+
+    def __init__(self, flag: str, message: str):
+        super().__init__(message)
+        self.flag = flag
 
 
 def unverified_actions(actions: Sequence[str], calls: Sequence[Call]) -> list[str]:
@@ -324,9 +332,11 @@ def unverified_actions(actions: Sequence[str], calls: Sequence[Call]) -> list[st
 
     Action ``i`` must be a substring (case and whitespace normalized) of some call's reply after the
     call that matched action ``i-1``: the agent may skip a reply (nothing parsable) but cannot invent
-    or reorder actions. Returns the first offending action onward (empty: all verified).
+    or reorder actions. A reply is its text and its tool calls' arguments (``sampled_text``), so a
+    harness that sends actions as function calls verifies as one that parses them from text.
+    Returns the first offending action onward (empty: all verified).
     """
-    texts = [_norm(final_answer_text([c])) for c in sorted(calls, key=lambda c: (c.attempt, c.seq))]
+    texts = [_norm(sampled_text(c.response)) for c in sorted(calls, key=lambda c: (c.attempt, c.seq))]
     position = 0
     for index, action in enumerate(actions):
         wanted = _norm(action)
@@ -338,23 +348,63 @@ def unverified_actions(actions: Sequence[str], calls: Sequence[Call]) -> list[st
     return []
 
 
-def read_action_log(workspace: Path, name: str = ACTION_LOG) -> list[str]:
-    """The agent's action log (``{"actions": [...], ...}``); ``ActionLogError`` if missing or malformed.
+_MAX_LOG_BYTES = 1 << 20  # tens of thousands of actions, far past any max_steps: bigger is invalid
 
-    A missing log means the agent never got to play (its environment did not start): an
-    infrastructure failure, not a policy that scored 0.
-    """
-    path = Path(workspace) / name
+
+def _read_log_bytes(path: Path) -> bytes:
+    """The log's bytes, read the way ``harnessrl.tasks.search.read_answer_file`` reads its answer
+    (the workspace is hostile): never through a link (a link to a host file or to ``/dev/zero``),
+    only from a regular file (a FIFO opened ``O_NONBLOCK`` is rejected before any read could block),
+    at most ``_MAX_LOG_BYTES``. Any failure is an ``ActionLogError``."""
+    name = path.name
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError as exc:
-        raise ActionLogError(f"scienceworld: the agent left no action log ({name}) in its workspace") from exc
-    except (OSError, ValueError) as exc:
-        raise ActionLogError(f"scienceworld: cannot read the action log {name}: {exc}") from exc
+        raise ActionLogError(
+            "action_log_missing", f"scienceworld: the agent left no action log ({name}) in its workspace"
+        ) from exc
+    except OSError as exc:  # ELOOP: a link; EACCES, ...
+        raise ActionLogError("action_log_invalid", f"scienceworld: cannot open {name}: {exc}") from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, FIFO, socket or device opens fine
+            raise ActionLogError("action_log_invalid", f"scienceworld: {name} is not a regular file")
+        parts, remaining = [], _MAX_LOG_BYTES + 1
+        while remaining > 0:
+            chunk = os.read(fd, remaining)
+            if not chunk:
+                break
+            parts.append(chunk)
+            remaining -= len(chunk)
+    except OSError as exc:
+        raise ActionLogError("action_log_invalid", f"scienceworld: cannot read {name}: {exc}") from exc
+    finally:
+        os.close(fd)
+    data = b"".join(parts)
+    if len(data) > _MAX_LOG_BYTES:
+        raise ActionLogError("action_log_invalid", f"scienceworld: {name} is over {_MAX_LOG_BYTES} bytes")
+    return data
+
+
+def _parse_action_log(workspace: Path, name: str) -> tuple[list[str], Any]:
+    """(actions, the score the agent claimed or None) from one read of the log."""
+    raw = _read_log_bytes(Path(workspace) / name)
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # RecursionError: [[[[...]]]]
+        raise ActionLogError("action_log_invalid", f"scienceworld: {name} is not JSON: {exc}") from exc
     actions = data.get("actions") if isinstance(data, dict) else None
     if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
-        raise ActionLogError(f"scienceworld: {name} must be an object with a list of strings 'actions'")
-    return actions
+        raise ActionLogError(
+            "action_log_invalid", f"scienceworld: {name} must be an object with a list of strings 'actions'"
+        )
+    return actions, data.get("score")
+
+
+def read_action_log(workspace: Path, name: str = ACTION_LOG) -> list[str]:
+    """The agent's action log (``{"actions": [...], ...}``); ``ActionLogError`` (with its ``flag``)
+    if missing, not a regular file reached without links, over 1 MiB, or malformed. Blocking I/O:
+    async callers run it in a thread."""
+    return _parse_action_log(workspace, name)[0]
 
 
 async def replay_reward(
@@ -366,13 +416,22 @@ async def replay_reward(
     Task, variation, simplifications and the step budget come from the task, never from the log.
     ``inp`` is the controller's ``EvaluationInput``. Returns ``{"reward": max(score, 0) / 100, ...}``;
     the other keys (raw score, replayed actions, the score the agent claimed: a mismatch would mean
-    the simulator was not deterministic) become the evaluation's ``details``. A task without
-    ``task_name``/``variation`` or a missing action log raises: the evaluator failed, not the policy.
+    the simulator was not deterministic) become the evaluation's ``details``.
+
+    The action log is the agent's: a missing, unreadable or malformed one (a directory, a FIFO, a
+    link, not JSON, actions that are not strings) scores 0 with ``flags`` ``["action_log_missing"]``
+    or ``["action_log_invalid"]``, never an exception: an exception is an infrastructure failure,
+    retried and left out of the baseline, so an agent could turn its 0 into "not counted". Only a
+    task without ``task_name``/``variation`` raises (the task's fault, not the policy's).
     """
     task = inp.task
     if "task_name" not in task or "variation" not in task:
         raise ValueError("scienceworld: the task has no 'task_name'/'variation' (use scienceworld_tasks)")
-    actions = read_action_log(inp.workspace, action_log)
+    try:
+        # In a thread: the controller's event loop must never wait on the agent's files.
+        actions, claimed = await asyncio.to_thread(_parse_action_log, Path(inp.workspace), action_log)
+    except ActionLogError as exc:
+        return {"reward": 0.0, "flags": [exc.flag], "error": str(exc)}
     max_steps = int(task.get("max_steps") or DEFAULT_MAX_STEPS)
     played = actions[:max_steps]
     details: dict[str, Any] = {"actions": played, "logged_actions": len(actions)}
@@ -387,9 +446,5 @@ async def replay_reward(
         played,
         simplifications=str(task.get("simplifications", "")),
     )
-    try:
-        claimed = json.loads((Path(inp.workspace) / action_log).read_text()).get("score")
-    except (OSError, ValueError, AttributeError):
-        claimed = None
     details.update(score=result.score, completed=result.completed, steps=result.steps, agent_score=claimed)
     return {"reward": max(result.score, 0) / 100.0, **details}

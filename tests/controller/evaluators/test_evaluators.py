@@ -495,3 +495,23 @@ def test_parse_config_round_trip():
     )
     assert isinstance(config, CommandEvaluatorConfig) and config.timeout_s == 120
     assert json.loads(config.model_dump_json())["type"] == "command"
+
+
+def _flagging_result(inp):
+    return EvaluationResult(0.0, {"why": "no log"}, ("action_log_missing",))
+
+
+def _flagging_mapping(inp):
+    return {"reward": 0.0, "flags": ["action_log_invalid", "Not A Name", 7], "why": "bad log"}
+
+
+@pytest.mark.parametrize(
+    ("function", "flags"),
+    [("_flagging_result", ("action_log_missing",)), ("_flagging_mapping", ("action_log_invalid",))],
+)
+def test_a_python_scorers_flags_reach_the_rollout(function, flags, tmp_path):
+    """A python scorer's flags (an ``EvaluationResult``'s, or a mapping's ``"flags"`` names) were
+    dropped: ScienceWorld's "no action log" 0 looked like any other 0."""
+    evaluator = build_evaluator({"type": "python", "function": f"{__name__}:{function}"})
+    result = asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=tmp_path)))
+    assert result.reward == 0.0 and result.flags == flags

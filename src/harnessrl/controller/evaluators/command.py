@@ -56,7 +56,12 @@ from typing import Any
 
 import harnessrl
 from harnessrl.controller.evaluators.config import CommandEvaluatorConfig
-from harnessrl.controller.evaluators.types import EvaluationInput, EvaluationResult, EvaluatorError
+from harnessrl.controller.evaluators.types import (
+    EvaluationInput,
+    EvaluationResult,
+    EvaluatorError,
+    scorer_flags,
+)
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
@@ -87,7 +92,6 @@ SCORER_TIMEOUT = "scorer_timeout"  # the scorer ran past timeout_s
 REWARD_OUT_OF_RANGE = "reward_out_of_range"  # a verdict outside reward_range
 WORKSPACE_TOO_LARGE = "workspace_too_large"  # over max_workspace_mb / max_workspace_files: not scored
 SPECIAL_FILES_SKIPPED = "special_files_skipped"  # FIFOs, sockets or devices left out of the copy
-_SCORER_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")  # what a scorer may add through its JSON "flags"
 
 
 def scrubbed_env(home: Path) -> dict[str, str]:
@@ -451,12 +455,7 @@ class CommandEvaluator:
         if not isinstance(payload, dict) or "reward" not in payload:
             return _failed(details, f'its JSON has no "reward": {last[:200]!r}')
         reward = payload.pop("reward")
-        reported = payload.get("flags", [])
-        flags = (
-            tuple(dict.fromkeys(f for f in reported if isinstance(f, str) and _SCORER_FLAG.match(f)))[:16]
-            if isinstance(reported, list)
-            else ()
-        )
+        flags = scorer_flags(payload.get("flags"))
         return self._in_range(reward, {**details, "output": payload}, flags)
 
     def _in_range(self, reward: Any, details: dict[str, Any], flags: tuple[str, ...]) -> EvaluationResult:

@@ -20,6 +20,7 @@ from harnessrl.controller.evaluators.types import (
     EvaluationResult,
     EvaluatorError,
     checked_result,
+    scorer_flags,
 )
 from harnessrl.errors import ConfigError
 
@@ -67,9 +68,13 @@ class PythonEvaluator:
             ) from exc
         except Exception as exc:  # the scorer crashed: infrastructure, not the policy's doing
             raise EvaluatorError(f"{self.config.function} raised {type(exc).__name__}: {exc}") from exc
+        # Flags come through as the scorer gave them: an ``EvaluationResult``'s, or a mapping's
+        # ``"flags"`` list (the same names a command scorer's JSON verdict may report).
         if isinstance(result, EvaluationResult):
-            return checked_result(result.reward, dict(result.details))
+            checked = checked_result(result.reward, dict(result.details))
+            return EvaluationResult(checked.reward, checked.details, scorer_flags(result.flags))
         if isinstance(result, Mapping) and "reward" in result:
             details = dict(result)
-            return checked_result(details.pop("reward"), details)
+            checked = checked_result(details.pop("reward"), details)
+            return EvaluationResult(checked.reward, checked.details, scorer_flags(details.get("flags")))
         return checked_result(result, {})

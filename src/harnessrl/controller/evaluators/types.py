@@ -10,6 +10,7 @@ of the rollout's calls.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,3 +68,14 @@ def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:
     if isinstance(reward, bool | int | float) and math.isfinite(float(reward)):
         return EvaluationResult(float(reward), details)
     raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {reward!r}")
+
+
+_SCORER_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+
+
+def scorer_flags(reported: Any) -> tuple[str, ...]:
+    """The flags a scorer reported (a JSON verdict's or a python scorer's ``"flags"``): names like
+    ``action_log_missing``, at most 16, each once; anything else in the list is dropped."""
+    if not isinstance(reported, list | tuple):
+        return ()
+    return tuple(dict.fromkeys(f for f in reported if isinstance(f, str) and _SCORER_FLAG.match(f)))[:16]
