@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sys
 import tempfile
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from harnessrl.config import check_output_path, load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError
@@ -16,6 +18,7 @@ from harnessrl.errors import ConfigError
 # Sections only `harnessrl train` reads: a controller started for a training run takes the run's own
 # config file and ignores them.
 TRAIN_ONLY_SECTIONS = ("run", "tasks", "heldout", "algorithm", "optimizer", "trainer", "metrics")
+T = TypeVar("T")
 
 
 def load_rollout_config(path: str | None, overrides: list[str] | None, *, ignore: tuple[str, ...] = ()):
@@ -67,11 +70,57 @@ def run_rollout_command(
         check_output_path(run_dir, "--run-dir", kind="folder")
     folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
     try:
-        return asyncio.run(run_one_rollout(config, task, folder))
+        return asyncio.run(_stopped_by_sigterm(run_one_rollout(config, task, folder)))
+    except Terminated:
+        # Stopped like Ctrl-C: the attempt killed, the rollout requeued, the stack closed. 143 is the
+        # shell's status for a process ended by SIGTERM.
+        print("harnessrl rollout: stopped by SIGTERM (the rollout was requeued)", file=sys.stderr)
+        raise SystemExit(128 + signal.SIGTERM) from None
     except BaseException:
         if run_dir is None and not any(folder.iterdir()):
             folder.rmdir()  # a temp folder of ours that nothing was written to: nothing half-created
         raise
+
+
+def check_shared_store(store_url: str) -> None:
+    """``--store`` of ``harnessrl controller`` is the gateway's store, which exists already: a SQLite
+    path that is not a file is a typo (it used to become a new, empty store polled forever, or a
+    traceback for a folder). A server URL is checked when it is opened."""
+    if "://" in store_url and not store_url.startswith("sqlite:"):
+        return
+    path = Path(store_url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+    if not path.is_file():
+        what = "a folder" if path.is_dir() else "no file"
+        raise ConfigError(f"--store {store_url!r}: {what} there; name the gateway's store (its --store)")
+
+
+class Terminated(Exception):
+    """The command was stopped by SIGTERM (and cleaned up as for Ctrl-C)."""
+
+
+async def _stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+    """``await work``, turning SIGTERM into a cancellation of it: the same cleanup as Ctrl-C (the
+    attempt killed, the rollout requeued, gateway and engine closed). Without this, SIGTERM ended
+    the process at once and left the rollout ``running`` in the store."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    assert task is not None
+    terminated = False
+
+    def on_sigterm() -> None:
+        nonlocal terminated
+        terminated = True
+        task.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if terminated:
+            raise Terminated from None
+        raise
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
 
 
 def run_controller_command(
@@ -98,6 +147,7 @@ def run_controller_command(
         port = None
     if not parsed.hostname or not port:
         raise ConfigError(f"--gateway-url {gateway_url!r} must look like http://127.0.0.1:8000")
+    check_shared_store(store_url)
 
     async def main() -> None:
         store = open_store(store_url)

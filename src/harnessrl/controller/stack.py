@@ -39,13 +39,13 @@ from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
 from harnessrl.environments.resolve import Environments, HarnessNeeds
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
 from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
-from harnessrl.schemas import Rollout
+from harnessrl.schemas import Rollout, RolloutStatus
 from harnessrl.store.base import Store
 
 if TYPE_CHECKING:
@@ -143,7 +143,11 @@ def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) ->
         *(Path(m) for m in harness.mounts),
         *files_in_argv(harness.command, inside=Path("/nonexistent")),
     )
-    return Environments(harness.environment).check_tasks(tasks, HarnessNeeds(tuple(command), mounts))
+    environments = Environments(harness.environment)
+    try:
+        return environments.check_tasks(tasks, HarnessNeeds(tuple(command), mounts))
+    finally:
+        environments.close()  # its mounts given back: the controller mounts what it runs on
 
 
 @dataclass
@@ -241,23 +245,48 @@ async def run_one_rollout(
     started = time.monotonic()
     if config.harness.environment is not None:  # the task's image: built and checked before anything starts
         await asyncio.to_thread(check_environments, apply_preset(config.harness), [task])
-    async with local_stack(config, run_dir) as stack:
-        rollout = stack.create_rollout(task, rollout_id=f"rollout-{uuid.uuid4().hex[:12]}")
-        limit = timeout_s or (config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120)
-        [done] = await stack.controller.run_until_done([rollout.rollout_id], timeout_s=limit)
-        calls = stack.store.list_calls(done.rollout_id)
+    rollout_id = f"rollout-{uuid.uuid4().hex[:12]}"
+    # A run of its own: the controller claims only this rollout, never another run's queued ones in
+    # a store the run folder (or a shared [store] url) already holds.
+    async with local_stack(config, run_dir, run_id=rollout_id) as stack:
+        rollout = stack.create_rollout(task, rollout_id=rollout_id, run_id=rollout_id)
+        limit = timeout_s or rollout_time_limit(config)
+        try:
+            [done] = await stack.controller.run_until_done([rollout.rollout_id], timeout_s=limit)
+        except TimeoutError as exc:
+            raise RolloutTimeout(
+                f"rollout {rollout.rollout_id} did not end within {limit:g} s (the harness's, the "
+                "evaluator's and the audit's time limits for every attempt, plus two minutes)"
+            ) from exc
+        calls = [c for c in stack.store.list_calls(done.rollout_id) if c.attempt == done.attempt]
     attempt_dir = run_dir / "rollouts" / done.rollout_id / f"attempt-{done.attempt}"
     return {
         "rollout_id": done.rollout_id,
         "status": done.status.value,
         "outcome": done.outcome.value if done.outcome else None,
         "reward": done.reward,
-        "calls": len(calls),
+        "calls": len(calls),  # the final attempt's, which the reward and the samples come from
         "tokens": sum(len(c.prompt_token_ids) + len(c.response_token_ids) for c in calls),
         "flags": done.flags,
         "attempts": done.attempt + 1,
-        "error": done.error,
+        "error": done.error if done.status is not RolloutStatus.FINISHED else None,
         "log": str(attempt_dir),
         "store": str(run_dir / "harnessrl.db") if config.store is None else config.store.url,
         "seconds": round(time.monotonic() - started, 2),
     }
+
+
+class RolloutTimeout(HarnessRLError):
+    """``harnessrl rollout``'s rollout did not end within its time limit."""
+
+
+def rollout_time_limit(config: RolloutConfig) -> float:
+    """How long ``harnessrl rollout`` waits for its rollout: every attempt's harness, evaluator and
+    audit time limits, plus two minutes for the stack (an evaluator slower than the harness used to
+    end the command with a traceback while its rollout was still being scored)."""
+    # exact_match has no time limit of its own: it compares two strings in the controller.
+    evaluator_s = (
+        0.0 if isinstance(config.evaluator, ExactMatchEvaluatorConfig) else config.evaluator.timeout_s
+    )
+    attempt_s = config.harness.timeout_s + evaluator_s + config.controller.audit.max_seconds
+    return attempt_s * (config.controller.max_infra_retries + 1) + 120
