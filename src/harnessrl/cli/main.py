@@ -298,9 +298,12 @@ def rollout(
     import json
 
     from harnessrl.cli.rollout import run_rollout_command
+    from harnessrl.controller.stack import RolloutTimeout
 
     try:
         summary = run_rollout_command(config, task, run_dir, set_ or [])
+    except RolloutTimeout as exc:  # it started and ran out of time: not a usage error
+        raise fail(str(exc), code=1) from exc
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))
