@@ -32,8 +32,8 @@ the matched assistant turn, that turn, and the new messages. New messages with a
 among them take the full path: some templates (DeepSeek's) gather every system message into the
 header at the top, so such a message changes text before the reused tokens (even an empty one
 adds a separator there). A system message before the matched turn is in both surrogate renders
-alike, so leaving it out changes nothing after the turn. The tail depends only on these local neighbours in the
-templates we know, but chat templates are not compositional in general, so the
+alike, so leaving it out changes nothing after the turn. The tail depends only on these local
+neighbours in the templates we know, but chat templates are not compositional in general, so the
 first ``VERIFY_CALLS`` incremental splices are also computed the full way and compared; one
 difference turns incremental rendering off for good. That record is a ``SpliceTrust``, passed in by
 whoever owns the tokenizer (the gateway keeps one, ``history.CallHistory.trust``): these functions
