@@ -1,9 +1,10 @@
 """The run folder a training run starts from: its validated config, its folder, its base directory.
 
 ``open_run`` is shared by the two entry points that start a run, ``harnessrl train`` (``cli.train``)
-and ``torchrun -m harnessrl.trainer.torchrun`` (through ``prepare_run``), so the trainer never imports
-the CLI. It imports no torch unless the config asks for CUDA or LoRA: the CLI validates the config
-before paying for that import.
+and ``torchrun -m harnessrl.trainer.torchrun``, which both hold the folder for the run's life (so
+the trainer never imports the CLI); ``prepare_run`` is ``open_run`` with the folder released. It
+imports no torch unless the config asks for CUDA or LoRA: the CLI validates the config before paying
+for that import.
 
 Everything a config can get wrong is checked before the folder exists (``preflight``, the tasks of
 both sources, the weights): a bad config leaves nothing behind, and the fixed command is a new run,

@@ -127,17 +127,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         try:
             from harnessrl.trainer.run import Trainer
-            from harnessrl.trainer.run_setup import prepare_run
+            from harnessrl.trainer.run_setup import open_run
 
-            config, run_dir, base_dir = prepare_run(args.config, args.resume, args.overrides)
-            trainer = Trainer(
-                config,
-                run_dir,
-                resume=bool(args.resume),
-                base_dir=base_dir,
-                policy_factory=leader_policy_factory(ctx, config),
-            )
-            summary = asyncio.run(trainer.run())
+            run = open_run(args.config, args.resume, args.overrides)
+            with run.folder:  # held for the run's life, as by harnessrl train: a second run is refused
+                trainer = Trainer(
+                    run.config,
+                    run.run_dir,
+                    resume=bool(args.resume),
+                    base_dir=run.base_dir,
+                    tasks=run.tasks,
+                    heldout=run.heldout,
+                    policy_factory=leader_policy_factory(ctx, run.config),
+                )
+                summary = asyncio.run(trainer.run())
         finally:
             dist.broadcast_object_list([("stop", (), {})], src=0, group=ctx.control)
         print(json.dumps({**summary, "world_size": ctx.world_size}))
