@@ -31,6 +31,18 @@ class ResourceLimits(BaseModel):
     memory_mb: int | None = Field(default=2048, ge=16, description="address-space / cgroup memory cap")
     max_processes: int | None = Field(default=256, ge=1, description="process-count cap (fork bombs)")
     cpus: float | None = Field(default=None, gt=0, description="CPU share (Kubernetes: limits.cpu)")
+    open_files: int | None = Field(
+        default=4096, ge=16, description="RLIMIT_NOFILE of each process (local runner)"
+    )
+    file_mb: int | None = Field(
+        default=1024, ge=1, description="largest file a process may write, RLIMIT_FSIZE (local runner)"
+    )
+    disk_mb: int | None = Field(
+        default=10240,
+        ge=1,
+        description="disk the workspace and home may use together; the attempt is killed past it "
+        "(local runner; Kubernetes: ephemeral_storage_limit)",
+    )
 
 
 class HarnessSpec(BaseModel):
@@ -116,7 +128,7 @@ class ExitKind(StrEnum):
     EXITED = "exited"  # the process ended by itself (any exit code)
     TIMEOUT = "timeout"  # killed at the rollout's deadline
     OOM = "oom"  # killed for exceeding its memory cap
-    RESOURCE_LIMIT = "resource_limit"  # CPU time / process cap hit
+    RESOURCE_LIMIT = "resource_limit"  # CPU time / process / file size / disk cap hit
     CANCELLED = "cancelled"  # killed because the rollout was cancelled
     INFRA = "infra"  # the sandbox, pod or node failed: not the policy's fault
 

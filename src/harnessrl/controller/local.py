@@ -3,19 +3,29 @@
 Per attempt: a bubblewrap sandbox (``harnessrl.sandbox.bwrap``: its own user, PID, mount and network
 namespaces, a read-only system, only the workspace and home writable — at the fixed paths of
 ``Launch.inside`` when the controller gives them, ``/rollout/workspace`` and ``/rollout/home`` — the
-gateway reachable through ``GatewayBridge`` and nothing else), a cgroup (memory, process count, freezer) when the machine
-allows, rlimits, stdout/stderr logged to files, and a deadline after which everything in the
-attempt is killed. ``aclose`` kills whatever is still running, so a controller shutdown leaves no
-orphans; a controller killed outright takes its sandboxes with it (the launcher dies with its parent:
-``sandbox.enter``).
+gateway reachable through ``GatewayBridge`` and nothing else), a cgroup (memory, process count,
+freezer) when the machine allows, rlimits, stdout/stderr logged to files, and a deadline after which
+everything in the attempt is killed. ``aclose`` kills whatever is still running, so a controller
+shutdown leaves no orphans; a controller killed outright takes its sandboxes with it (the launcher
+dies with its parent: ``sandbox.enter``).
+
+**Disk is bounded three ways.** stdout and stderr reach their files through pipes the controller
+reads: each log keeps ``max_log_bytes`` (10 MiB, as the Kubernetes runner keeps) of an attempt, its
+beginning and its last MiB, and drops the middle, still draining the pipe so the harness never
+blocks. No single file may grow past ``limits.file_mb`` (``RLIMIT_FSIZE``, set by the launcher). And
+the workspace and home together may hold ``limits.disk_mb``: a watchdog sums their allocated blocks
+every ``DISK_CHECK_INTERVAL_S`` or more (and once more at exit) and kills the attempt past it, a
+``RESOURCE_LIMIT`` outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 from harnessrl.controller.base import Exit, ExitKind, Launch
@@ -29,19 +39,97 @@ from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, sha
 # host's installs, so a harness whose root is an image starts from the image's instead.
 HOST_ONLY_ENV = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "JAVA_HOME", "NODE_PATH"})
 
-# Processes of the sandbox wrapper itself (Python + relay threads) count against the pids cap.
+# Processes of the sandbox wrapper itself (the launcher, bwrap, init.py and its one relay thread)
+# count against the pids cap.
 _WRAPPER_PIDS = 16
+#: What each attempt's stdout.log and stderr.log keep (the Kubernetes runner's ``max_log_bytes``).
+MAX_LOG_BYTES = 10 * 1024 * 1024
+# The end of a log is kept too: the evaluator reads the last MiB of stdout (``controller.py``).
+_LOG_TAIL_BYTES = 1 << 20
+#: How often the disk watchdog sums the workspace and home (a walk in a thread, off the event loop).
+DISK_CHECK_INTERVAL_S = 2.0
+# How long the logs may still drain after the attempt's processes are all dead (a pipe someone
+# outside the attempt's group still holds, with ``sandbox = "none"``, must not hang the controller).
+_LOG_DRAIN_S = 5.0
+
+
+def disk_used(folders: tuple[Path, ...], stop_above: int | None = None) -> int:
+    """Bytes allocated to the files under ``folders`` (blocks, not sizes: a sparse file costs what
+    it holds, an ``fallocate``d one what it reserved); hard links count once, symlinks are not
+    followed. Stops counting once past ``stop_above``."""
+    total, seen, stack = 0, set(), [str(f) for f in folders]
+    while stack:
+        try:
+            entries = os.scandir(stack.pop())
+        except OSError:
+            continue  # removed meanwhile, or not a folder
+        with entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif st.st_nlink > 1:
+                    if (st.st_dev, st.st_ino) in seen:
+                        continue
+                    seen.add((st.st_dev, st.st_ino))
+                total += st.st_blocks * 512
+                if stop_above is not None and total > stop_above:
+                    return total
+    return total
+
+
+async def _keep_log(pipe: asyncio.StreamReader, path: Path, max_bytes: int) -> None:
+    """Append what ``pipe`` carries to ``path``: at most ``max_bytes`` of it, the beginning and the
+    last ``_LOG_TAIL_BYTES`` (what the evaluator and the failure summary read), with a line saying
+    how much was dropped between them. The pipe is drained to its end whatever is kept."""
+    tail_cap = min(_LOG_TAIL_BYTES, max_bytes // 2)
+    head_left = max_bytes - tail_cap
+    tail: collections.deque[bytes] = collections.deque()
+    tail_size = dropped = 0
+    with open(path, "ab") as log:
+        try:
+            while data := await pipe.read(65536):
+                if head_left:
+                    log.write(data[:head_left])
+                    log.flush()
+                    data, head_left = data[head_left:], max(0, head_left - len(data))
+                if data:
+                    tail.append(data)
+                    tail_size += len(data)
+                    # Drop the oldest whole chunks while the rest still hold the last ``tail_cap`` bytes.
+                    while len(tail) > 1 and tail_size - len(tail[0]) >= tail_cap:
+                        tail_size -= len(tail[0])
+                        dropped += len(tail.popleft())
+        finally:
+            kept = b"".join(tail)
+            dropped += max(0, len(kept) - tail_cap)
+            if dropped:
+                log.write(b"\n[harnessrl: %d bytes of this log dropped here]\n" % dropped)
+            log.write(kept[-tail_cap:] if tail_cap else b"")
 
 
 class LocalRunHandle:
     def __init__(
-        self, proc: asyncio.subprocess.Process, launch: Launch, group: ResourceGroup | None, spec: Path
+        self,
+        proc: asyncio.subprocess.Process,
+        launch: Launch,
+        group: ResourceGroup | None,
+        spec: Path,
+        *,
+        logs: tuple[asyncio.Task[None], ...] = (),
+        disk: tuple[Path, ...] = (),
     ):
         self._proc = proc
         self._launch = launch
         self._group = group
         self._spec = spec
+        self._logs = logs
+        self._disk = disk  # the writable folders ``limits.disk_mb`` bounds together
         self._forced: ExitKind | None = None
+        self._forced_detail = ""
         self._exit: Exit | None = None
         self._lock = asyncio.Lock()
 
@@ -55,9 +143,10 @@ class LocalRunHandle:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self._proc.pid, signal.SIGKILL)
 
-    async def kill(self, kind: ExitKind = ExitKind.CANCELLED) -> None:
+    async def kill(self, kind: ExitKind = ExitKind.CANCELLED, detail: str = "") -> None:
         if self._forced is None and self._proc.returncode is None:
             self._forced = kind
+            self._forced_detail = detail
         # Off the event loop: freezing and killing a cgroup polls the kernel (the trainer shares the loop).
         await asyncio.to_thread(self._kill_tree)
 
@@ -67,23 +156,54 @@ class LocalRunHandle:
                 self._exit = await self._wait()
             return self._exit
 
+    def _disk_cap(self) -> int | None:
+        disk_mb = self._launch.limits.disk_mb
+        return disk_mb * 1024 * 1024 if disk_mb and self._disk else None
+
+    async def _over_disk(self) -> bool:
+        cap = self._disk_cap()
+        return cap is not None and await asyncio.to_thread(disk_used, self._disk, cap) > cap
+
+    async def _watch_disk(self) -> None:
+        """Kill the attempt once its workspace and home hold more than ``limits.disk_mb``."""
+        pause = DISK_CHECK_INTERVAL_S
+        while True:
+            await asyncio.sleep(pause)
+            started = time.monotonic()
+            if await self._over_disk():
+                await self.kill(ExitKind.RESOURCE_LIMIT, "disk limit exceeded (limits.disk_mb)")
+                return
+            # A workspace of many files takes a while to walk: wait ten walks between two, so the
+            # watchdogs of many attempts never keep the controller's CPUs busy.
+            pause = max(DISK_CHECK_INTERVAL_S, 10 * (time.monotonic() - started))
+
     async def _wait(self) -> Exit:
+        watchdog = asyncio.create_task(self._watch_disk()) if self._disk_cap() else None
         try:
             code = await asyncio.wait_for(self._proc.wait(), self._launch.timeout_s)
         except TimeoutError:
             await self.kill(ExitKind.TIMEOUT)
             code = await self._proc.wait()
+        finally:
+            if watchdog is not None:
+                watchdog.cancel()
         # The harness may have left background children behind: they die with the attempt.
         await asyncio.to_thread(self._kill_tree)
+        if self._logs:
+            _, late = await asyncio.wait(self._logs, timeout=_LOG_DRAIN_S)
+            for task in late:
+                task.cancel()
+        # Written in the last moments before exit, between two looks of the watchdog: still too much.
+        over_disk = self._forced is None and await self._over_disk()
         try:
-            return self._classify(code)
+            return self._classify(code, over_disk)
         finally:
             if self._group is not None:
                 await asyncio.to_thread(self._group.destroy)
 
-    def _classify(self, code: int) -> Exit:
+    def _classify(self, code: int, over_disk: bool = False) -> Exit:
         if self._forced is not None:
-            return Exit(self._forced, code, f"killed ({self._forced.value})")
+            return Exit(self._forced, code, self._forced_detail or f"killed ({self._forced.value})")
         # Only the launcher's own report makes this an infrastructure failure, never an exit status:
         # the harness chooses its exit status (125 included), it cannot write the launcher's status.
         status = read_status(str(self._spec))
@@ -95,15 +215,23 @@ class LocalRunHandle:
             return Exit(ExitKind.RESOURCE_LIMIT, code, "CPU time limit exceeded")
         if code != 0 and self._group is not None and self._group.pids_limit_hit():
             return Exit(ExitKind.RESOURCE_LIMIT, code, "process limit reached")
+        if code == 128 + signal.SIGXFSZ and self._launch.limits.file_mb:
+            return Exit(ExitKind.RESOURCE_LIMIT, code, "file size limit exceeded (limits.file_mb)")
+        if over_disk:
+            return Exit(ExitKind.RESOURCE_LIMIT, code, "disk limit exceeded (limits.disk_mb)")
         return Exit(ExitKind.EXITED, code, "")
 
 
 class LocalRunner:
-    """Runs harnesses as sandboxed subprocesses. ``bridge_path`` is the gateway's Unix bridge socket."""
+    """Runs harnesses as sandboxed subprocesses. ``bridge_path`` is the gateway's Unix bridge socket;
+    ``max_log_bytes`` what each attempt's stdout.log and stderr.log keep."""
 
-    def __init__(self, *, bridge_path: str | None, host: SandboxHost | None = None):
+    def __init__(
+        self, *, bridge_path: str | None, host: SandboxHost | None = None, max_log_bytes: int = MAX_LOG_BYTES
+    ):
         self.bridge_path = bridge_path
         self.host = host or shared_host()
+        self.max_log_bytes = max_log_bytes
         self._handles: set[LocalRunHandle] = set()
 
     async def launch(self, launch: Launch) -> LocalRunHandle:
@@ -171,8 +299,6 @@ class LocalRunner:
             if group is not None:
                 group.destroy()
             raise
-        stdout = open(launch.log_dir / "stdout.log", "ab")  # noqa: SIM115 - handed to the child
-        stderr = open(launch.log_dir / "stderr.log", "ab")  # noqa: SIM115
         spawn = asyncio.ensure_future(
             asyncio.create_subprocess_exec(
                 *argv,
@@ -180,8 +306,9 @@ class LocalRunner:
                 # controller's pid, so the launcher can tell it died before asking to die with it.
                 env={**LAUNCHER_ENV, PARENT_ENV: str(os.getpid())},
                 stdin=asyncio.subprocess.DEVNULL,
-                stdout=stdout,
-                stderr=stderr,
+                # Pipes, not the log files: what reaches the files is capped (``_keep_log``).
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # one process group for the whole attempt
             )
         )
@@ -201,10 +328,12 @@ class LocalRunner:
             if group is not None:
                 group.destroy()
             raise
-        finally:
-            stdout.close()
-            stderr.close()
-        handle = LocalRunHandle(proc, launch, group, spec)
+        logs = tuple(
+            asyncio.create_task(_keep_log(pipe, launch.log_dir / name, self.max_log_bytes))
+            for pipe, name in ((proc.stdout, "stdout.log"), (proc.stderr, "stderr.log"))
+            if pipe is not None
+        )
+        handle = LocalRunHandle(proc, launch, group, spec, logs=logs, disk=(launch.workspace, home))
         self._handles.add(handle)
         return handle
 

@@ -2,7 +2,8 @@
 
 It runs as the controller's user (root on our machines), single-threaded, between the controller
 and ``bwrap``: (1) it joins the attempt's cgroups, so everything started below is counted and can
-be killed as one; (2) it sets the rlimits, which every process below inherits; (3) it starts
+be killed as one; (2) it sets the rlimits (CPU time, open files, file size,
+and address space or processes where no cgroup does), which every process below inherits; (3) it starts
 ``bwrap`` with the seccomp filter on an inherited descriptor, and learns from ``init.py`` (on
 ``INIT_STATUS_FD``, which the command never holds) whether the command started; (4) it exits with
 the sandboxed command's status. With ``"bwrap_argv": null`` (``sandbox = "none"``) it runs the
@@ -85,6 +86,14 @@ def _set_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if limits.get("max_processes") and not limits.get("cgroup_pids"):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
+    if limits.get("open_files"):
+        # Per process; what bounds the controller's side is the bridge's cap per sandbox (proxy.py).
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
+    if limits.get("file_mb"):
+        # The largest file any process may write or fallocate (EFBIG past it; SIGXFSZ, which Python
+        # ignores, kills most other programs). The logs are pipes, not files: not counted here.
+        cap = limits["file_mb"] * 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
 
 
 def _read_line(fd: int, limit: int = 4096) -> bytes:

@@ -26,46 +26,146 @@ import sys
 CANNOT_START = 127
 
 
-def _pipe(src, dst) -> None:
-    import socket
+class _Flow:
+    """One direction of a relayed connection: bytes read from ``src`` wait in ``pending`` for ``dst``."""
 
-    try:
-        while data := src.recv(65536):
-            dst.sendall(data)
-    except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+    def __init__(self, src, dst) -> None:
+        self.src, self.dst = src, dst
+        self.pending = b""
+        self.eof = False  # ``src`` said it sends no more
+        self.passed_on = False  # ``dst``'s writing side was shut down after the last byte
 
-
-def _relay(client, unix_path: str) -> None:
-    import socket
-    import threading
-
-    upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        upstream.connect(unix_path)
-    except OSError:
-        client.close()
-        upstream.close()
-        return
-    threading.Thread(target=_pipe, args=(upstream, client), daemon=True).start()
-    _pipe(client, upstream)
-    client.close()
-    upstream.close()
+    @property
+    def done(self) -> bool:
+        return self.eof and not self.pending
 
 
-def _serve(listener, unix_path: str) -> None:
-    import threading
+class _Relay:
+    """Every relayed connection, served by one thread with one ``selectors`` loop.
 
-    while True:
+    No thread per connection: threads count against the sandbox's process limit (the ``pids``
+    cgroup), so a harness holding a few dozen connections would make starting one fail, and a relay
+    that died of it would leave every later request hanging until the harness's deadline. A
+    connection whose Unix side cannot be opened is closed and the loop keeps accepting.
+
+    A half-close passes through: when one side ends its writing (``shutdown(SHUT_WR)``, EOF), only
+    the writing side of the other is shut down, so the reply still comes back; both sockets are
+    closed once both directions are done, or at once if either fails.
+    """
+
+    def __init__(self, listener, unix_path: str) -> None:
+        import selectors
+
+        self.unix_path = unix_path
+        self.listener = listener
+        self.selector = selectors.DefaultSelector()
+        self.flows: dict = {}  # socket -> (the flow it reads for, the flow it writes for)
+        listener.setblocking(False)
+        self.selector.register(listener, selectors.EVENT_READ)
+
+    def serve(self) -> None:
+        while True:
+            for key, events in self.selector.select():
+                if key.fileobj is self.listener:
+                    if not self._accept():
+                        return
+                elif key.fileobj in self.flows:
+                    self._step(key.fileobj, events)
+
+    def _accept(self) -> bool:
+        import socket
+
         try:
-            client, _ = listener.accept()
+            client, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return True
+        except OSError as exc:
+            import errno
+
+            # Out of descriptors (or another passing error): refuse this one, keep serving.
+            return exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED)
+        upstream = None
+        try:
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.unix_path)
         except OSError:
+            for s in (client, upstream):
+                if s is not None:
+                    s.close()
+            return True
+        client.setblocking(False)
+        upstream.setblocking(False)
+        outbound, inbound = _Flow(client, upstream), _Flow(upstream, client)
+        self.flows[client] = (outbound, inbound)
+        self.flows[upstream] = (inbound, outbound)
+        for s in (client, upstream):
+            self._watch(s)
+        return True
+
+    def _interest(self, sock) -> int:
+        import selectors
+
+        reads, writes = self.flows[sock]
+        # Read only what can be passed on: nothing new while the other side has not taken the last.
+        events = selectors.EVENT_READ if not reads.eof and not reads.pending else 0
+        return events | (selectors.EVENT_WRITE if writes.pending else 0)
+
+    def _step(self, sock, events: int) -> None:
+        import selectors
+        import socket
+
+        reads, writes = self.flows[sock]
+        try:
+            if events & selectors.EVENT_READ:
+                data = sock.recv(65536)
+                if data:
+                    reads.pending = data
+                    self._send(reads)
+                else:
+                    reads.eof = True
+            if events & selectors.EVENT_WRITE:
+                self._send(writes)
+            for flow in (reads, writes):
+                if flow.done and not flow.passed_on:
+                    flow.passed_on = True
+                    flow.dst.shutdown(socket.SHUT_WR)  # pass the end of this direction on, no more
+        except OSError:
+            self._close(sock)
             return
-        threading.Thread(target=_relay, args=(client, unix_path), daemon=True).start()
+        if reads.done and writes.done:
+            self._close(sock)
+            return
+        for s in (reads.src, reads.dst):
+            self._watch(s)
+
+    def _watch(self, sock) -> None:
+        """Wait on ``sock`` for what its flows need now (nothing: not watched until that changes)."""
+        events = self._interest(sock)
+        try:
+            self.selector.get_key(sock)
+        except KeyError:
+            if events:
+                self.selector.register(sock, events)
+            return
+        if events:
+            self.selector.modify(sock, events)
+        else:
+            self.selector.unregister(sock)
+
+    def _send(self, flow: _Flow) -> None:
+        try:
+            sent = flow.dst.send(flow.pending)
+        except BlockingIOError:
+            return
+        flow.pending = flow.pending[sent:]
+
+    def _close(self, sock) -> None:
+        reads, _ = self.flows[sock]
+        for s in (reads.src, reads.dst):
+            self.flows.pop(s, None)
+            with contextlib.suppress(KeyError, ValueError):
+                self.selector.unregister(s)
+            s.close()
 
 
 def _listen(port: int):
@@ -116,6 +216,12 @@ def main(argv: list[str]) -> int:
                 listener.close()
             null = os.open(os.devnull, os.O_RDONLY)
             os.dup2(null, 0)
+            # Python ignores these and an ignored signal stays ignored across exec: give the command
+            # the defaults any program expects (what ``subprocess``'s ``restore_signals`` does), so a
+            # shell pipeline ends on SIGPIPE and a write past ``limits.file_mb`` kills as SIGXFSZ.
+            for ignored in ("SIGPIPE", "SIGXFSZ", "SIGXFZ"):
+                if hasattr(signal, ignored):
+                    signal.signal(getattr(signal, ignored), signal.SIG_DFL)
             if _executable(command[0]) is None:
                 raise FileNotFoundError(f"not found or not executable (PATH={os.environ.get('PATH', '')})")
             _say(status_fd, b"ok\n")  # an exec failing after this (ENOEXEC...) exits 127, as a program would
@@ -129,7 +235,8 @@ def main(argv: list[str]) -> int:
     if listener is not None:
         import threading
 
-        threading.Thread(target=_serve, args=(listener, unix_path), daemon=True).start()
+        # One thread for every relayed connection (no thread each: see ``_Relay``).
+        threading.Thread(target=_Relay(listener, unix_path).serve, daemon=True).start()
     while True:
         try:
             _, status = os.waitpid(pid, 0)

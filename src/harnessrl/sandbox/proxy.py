@@ -1,48 +1,110 @@
 """Host side of the sandbox network bridge: a Unix socket that forwards to the gateway's TCP port.
 
-Sandboxed harnesses have no route to the host's network; ``enter.py`` relays their connections to
+Sandboxed harnesses have no route to the host's network; ``init.py`` relays their connections to
 this socket, which the controller serves for all rollouts at once.
+
+**One sandbox cannot take the controller's descriptors.** Each relayed connection costs the
+controller about three file descriptors (the accepted Unix socket, its TCP client, and the
+gateway's end of that TCP connection, in the same process when the gateway runs in the
+controller). Without a bound, one harness opening thousands of connections would run the
+controller out of descriptors (``EMFILE``) and the gateway would stop answering every rollout. So
+the bridge tells sandboxes apart by the PID namespace of the process at the other end of the socket
+(``SO_PEERCRED``; every bubblewrap sandbox has its own) and holds at most
+``max_connections_per_sandbox`` (default 64) connections open for each: one more is closed as soon
+as it is accepted, before any connection to the gateway is made. A harness's HTTP client keeps a
+handful of keep-alive connections; 64 leaves room for parallel tool calls and streaming.
+
+**Half-closes pass through.** A client that sends its request and then shuts down its writing side
+(``shutdown(SHUT_WR)``) still gets its reply: the end of one direction is passed on as an end of
+that direction only (``write_eof``), and both sockets are closed once both directions are done.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
+import socket
+import struct
 import tempfile
+from collections import Counter
 from pathlib import Path
+
+#: Connections one sandbox may hold open through the bridge at once (see the module docstring).
+MAX_CONNECTIONS_PER_SANDBOX = 64
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy ``reader`` into ``writer``; at EOF end only ``writer``'s writing side (a half-close)."""
     try:
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+        # One direction failed: the connection is unusable both ways.
+        writer.close()
+
+
+def _sandbox_of(writer: asyncio.StreamWriter) -> str:
+    """Which sandbox is at the other end: the PID namespace of the connecting process (each
+    bubblewrap sandbox has its own); a process in the controller's own namespace counts by itself."""
+    sock = writer.get_extra_info("socket")
+    try:
+        pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        namespace = os.readlink(f"/proc/{pid}/ns/pid")
+    except (OSError, AttributeError, struct.error):
+        return "unknown"  # the peer is already gone, or this is not Linux: all such peers share a cap
+    return f"pid {pid}" if namespace == _own_pid_namespace() else namespace
+
+
+@functools.cache  # the controller's own namespace never changes
+def _own_pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return "?"
 
 
 class GatewayBridge:
     """``async with GatewayBridge(host, port) as bridge: bridge.path`` is the socket to hand to sandboxes."""
 
-    def __init__(self, host: str, port: int):
+    def __init__(
+        self, host: str, port: int, *, max_connections_per_sandbox: int = MAX_CONNECTIONS_PER_SANDBOX
+    ):
         self.host = host
         self.port = port
+        self.max_connections_per_sandbox = max_connections_per_sandbox
         # Unix socket paths are limited to ~107 bytes, so keep it short and out of the run folder.
         self._dir = Path(tempfile.mkdtemp(prefix="hrl-"))
         self.path = str(self._dir / "gw.sock")
         self._server: asyncio.AbstractServer | None = None
+        self._open: Counter[str] = Counter()  # sandbox -> connections it holds open now
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        except OSError:
-            writer.close()
+        sandbox = _sandbox_of(writer)
+        if self._open[sandbox] >= self.max_connections_per_sandbox:
+            writer.close()  # refused at once: no descriptor stays held for it
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        self._open[sandbox] += 1
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                writer.close()
+                return
+            try:
+                await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            finally:
+                for w in (writer, up_writer):
+                    with contextlib.suppress(Exception):
+                        w.close()
+        finally:
+            self._open[sandbox] -= 1
+            if not self._open[sandbox]:
+                del self._open[sandbox]
 
     async def __aenter__(self) -> GatewayBridge:
         self._server = await asyncio.start_unix_server(self._handle, path=self.path)
