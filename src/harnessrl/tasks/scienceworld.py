@@ -32,11 +32,9 @@ import asyncio
 import atexit
 import contextlib
 import json
-import os
 import random
 import re
 import shutil
-import stat
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,6 +44,7 @@ from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Call, Task
+from harnessrl.tasks.agent_files import NotARegularFile, read_agent_file
 from harnessrl.tasks.answers import sampled_text
 
 ACTION_LOG = "scienceworld_actions.json"  # written by the agent in its workspace (its working directory)
@@ -352,34 +351,19 @@ _MAX_LOG_BYTES = 1 << 20  # tens of thousands of actions, far past any max_steps
 
 
 def _read_log_bytes(path: Path) -> bytes:
-    """The log's bytes, read the way ``harnessrl.tasks.search.read_answer_file`` reads its answer
-    (the workspace is hostile): never through a link (a link to a host file or to ``/dev/zero``),
-    only from a regular file (a FIFO opened ``O_NONBLOCK`` is rejected before any read could block),
-    at most ``_MAX_LOG_BYTES``. Any failure is an ``ActionLogError``."""
+    """The log's bytes, read as any file of the hostile workspace is (``agent_files``: no links, a
+    regular file only, at most ``_MAX_LOG_BYTES``). Any failure is an ``ActionLogError``."""
     name = path.name
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_agent_file(path, _MAX_LOG_BYTES + 1)
     except FileNotFoundError as exc:
         raise ActionLogError(
             "action_log_missing", f"scienceworld: the agent left no action log ({name}) in its workspace"
         ) from exc
-    except OSError as exc:  # ELOOP: a link; EACCES, ...
-        raise ActionLogError("action_log_invalid", f"scienceworld: cannot open {name}: {exc}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, FIFO, socket or device opens fine
-            raise ActionLogError("action_log_invalid", f"scienceworld: {name} is not a regular file")
-        parts, remaining = [], _MAX_LOG_BYTES + 1
-        while remaining > 0:
-            chunk = os.read(fd, remaining)
-            if not chunk:
-                break
-            parts.append(chunk)
-            remaining -= len(chunk)
-    except OSError as exc:
+    except NotARegularFile as exc:
+        raise ActionLogError("action_log_invalid", f"scienceworld: {name} is not a regular file") from exc
+    except OSError as exc:  # ELOOP: a link; EACCES, a failed read, ...
         raise ActionLogError("action_log_invalid", f"scienceworld: cannot read {name}: {exc}") from exc
-    finally:
-        os.close(fd)
-    data = b"".join(parts)
     if len(data) > _MAX_LOG_BYTES:
         raise ActionLogError("action_log_invalid", f"scienceworld: {name} is over {_MAX_LOG_BYTES} bytes")
     return data

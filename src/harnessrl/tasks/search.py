@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import random
 import re
-import stat
 import string
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -42,6 +40,7 @@ from typing import Any, Literal
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
+from harnessrl.tasks.agent_files import read_agent_file
 from harnessrl.tasks.answers import final_answer_text
 from harnessrl.tasks.fields import HIDDEN
 
@@ -455,17 +454,9 @@ def read_answer_file(workspace: Path) -> str | None:
     scorer's failure, which the controller leaves out of the baseline and retries, so the agent could
     turn its 0 into "not counted" by what it leaves in its workspace."""
     try:
-        fd = os.open(workspace / ANSWER_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        data = read_agent_file(workspace / ANSWER_FILE, _MAX_ANSWER_BYTES)
     except OSError:
         return None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # before any read: a directory or FIFO opens fine
-            return None
-        data = os.read(fd, _MAX_ANSWER_BYTES)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     text = data.decode("utf-8", "replace")
     lines = [line.strip().strip("\"'") for line in text.splitlines() if line.strip()]
     return lines[0] if lines else None
