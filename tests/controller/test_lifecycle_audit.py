@@ -9,6 +9,7 @@ import itertools
 import json
 
 import pytest
+from tests.fakes.calls import answered_call
 
 from harnessrl.controller.audit import OBFUSCATED_CODE, AuditConfig, audit_rollout
 from harnessrl.schemas import Call
@@ -26,14 +27,7 @@ def python_call(code: str, seq: int = 0) -> Call:
             {"id": "c1", "type": "function", "function": {"name": "python", "arguments": arguments}}
         ],
     }
-    return Call(
-        rollout_id="r",
-        seq=seq,
-        response=response,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
-    )
+    return answered_call(response, seq)
 
 
 @pytest.mark.timeout(60)  # generous: the fixed audit takes well under a second here

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from tests.fakes.calls import answered_call, chat_call
 
 from harnessrl.controller.evaluators import EvaluationInput, build_evaluator
 from harnessrl.schemas import Call
@@ -36,17 +37,6 @@ GOLD = [
 def _evaluator():
     return build_evaluator(
         {"type": "python", "function": "harnessrl.tasks.scienceworld:replay_reward", "timeout_s": 120}
-    )
-
-
-def _chat_call(seq: int, text: str) -> Call:
-    return Call(
-        rollout_id="r",
-        seq=seq,
-        response={"choices": [{"message": {"role": "assistant", "content": text}}]},
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
     )
 
 
@@ -118,7 +108,7 @@ def test_symlink_to_a_host_file_is_not_read(workspace, tmp_path):
     host = tmp_path / "host_secret.json"
     host.write_text(json.dumps({"actions": ["look around"]}))
     (workspace / ACTION_LOG).symlink_to(host)
-    reward, details = _evaluate(workspace, calls=[_chat_call(0, "look around")])
+    reward, details = _evaluate(workspace, calls=[chat_call(seq=0, text="look around")])
     assert reward == 0.0 and details["flags"] == ["action_log_invalid"]
     assert "actions" not in details  # nothing of the host file made it into the details
 
@@ -168,7 +158,7 @@ def test_fifo_in_place_of_the_log_does_not_block_the_event_loop(workspace):
 def test_valid_log_with_an_action_never_sampled_scores_zero_without_a_flag(workspace):
     """Control: a well-formed log still goes through the check against the recorded replies."""
     _write_log(workspace, {"actions": GOLD})
-    reward, details = _evaluate(workspace, calls=[_chat_call(i, a) for i, a in enumerate(GOLD[:3])])
+    reward, details = _evaluate(workspace, calls=[chat_call(seq=i, text=a) for i, a in enumerate(GOLD[:3])])
     assert reward == 0.0 and details["unverified_actions"] == GOLD[3:] and "flags" not in details
 
 
@@ -188,7 +178,9 @@ needs_scienceworld = pytest.mark.skipif(
 @needs_scienceworld
 def test_valid_log_scores_as_before(workspace):
     _write_log(workspace, {"actions": GOLD, "score": 3})
-    reward, details = _evaluate(workspace, calls=[_chat_call(i, f"Action: {a}.") for i, a in enumerate(GOLD)])
+    reward, details = _evaluate(
+        workspace, calls=[chat_call(seq=i, text=f"Action: {a}.") for i, a in enumerate(GOLD)]
+    )
     assert reward == 1.0 and details["score"] == 100 and details["agent_score"] == 3
     assert "flags" not in details
 
@@ -225,14 +217,7 @@ def _tool_call(seq: int, action: str, shape: str) -> Call:
             "output": [{"type": "function_call", "call_id": f"f{seq}", "name": "act", "arguments": arguments}]
         },
     }[shape]
-    return Call(
-        rollout_id="r",
-        seq=seq,
-        response=response,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
-    )
+    return answered_call(response, seq)
 
 
 @pytest.mark.parametrize("shape", ["openai", "anthropic", "responses"])
