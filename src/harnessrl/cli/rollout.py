@@ -86,9 +86,12 @@ def check_shared_store(store_url: str) -> None:
     """``--store`` of ``harnessrl controller`` is the gateway's store, which exists already: a SQLite
     path that is not a file is a typo (it used to become a new, empty store polled forever, or a
     traceback for a folder). A server URL is checked when it is opened."""
-    if "://" in store_url and not store_url.startswith("sqlite:"):
+    from harnessrl.store import sqlite_path
+
+    name = sqlite_path(store_url)
+    if name is None:
         return
-    path = Path(store_url.removeprefix("sqlite:///").removeprefix("sqlite://"))
+    path = Path(name)
     if not path.is_file():
         what = "a folder" if path.is_dir() else "no file"
         raise ConfigError(f"--store {store_url!r}: {what} there; name the gateway's store (its --store)")

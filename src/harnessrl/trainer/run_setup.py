@@ -406,18 +406,18 @@ def check_store(url: str) -> None:
     """``store.url`` names a store the run can open: a server store (PostgreSQL) is opened and
     closed now (it must answer), a SQLite file's folder must be writable where it is; any problem
     is a ``ConfigError`` naming ``store.url``. A SQLite file is not created here."""
-    from harnessrl.store import open_store
+    from harnessrl.store import open_store, sqlite_path
 
-    if "://" in url and not url.startswith("sqlite:"):
+    try:
+        path = sqlite_path(url)
+    except ConfigError as exc:
+        raise ConfigError(f"store.url: {exc}") from exc
+    if path is None:  # a server: it must answer now
         try:
             open_store(url).close()
         except HarnessRLError as exc:
             raise ConfigError(f"store.url: {exc}") from exc
-        return
-    path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
-    if not path:
-        raise ConfigError("store.url is empty: use a file path, sqlite:///PATH, or postgresql://...")
-    if path != ":memory:":
+    elif path != ":memory:":
         check_output_path(path, "store.url")
 
 
