@@ -17,6 +17,7 @@ last and leave the other cores idle; ``python tests/durations.py LOG`` rewrites 
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
@@ -88,11 +89,40 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
+#: Held shared (``flock``) by each test session's controlling process for its whole life, so the
+#: last session to end knows it is the last: see ``pytest_sessionfinish``.
+_SESSION_LOCK: Any = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _SESSION_LOCK
+    if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    cache = Path(os.environ["HARNESSRL_CACHE_DIR"])
+    cache.mkdir(parents=True, exist_ok=True)
+    _SESSION_LOCK = open(cache / "pytest-sessions.lock", "a")  # noqa: SIM115 - held for the session
+    fcntl.flock(_SESSION_LOCK, fcntl.LOCK_SH)
+
+
+def other_session_running() -> bool:
+    """Whether another test session on this checkout's cache is still running: our shared lock
+    cannot become exclusive while another session holds its own."""
+    try:
+        fcntl.flock(_SESSION_LOCK, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    return False
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Unmount the images the tests mounted (the sandbox's roots stay mounted for reuse while a run
     goes on), once every worker is done: the controlling process only, or a run without workers. A
-    checkout left with mounts inside cannot be deleted."""
+    checkout left with mounts inside cannot be deleted. Not while another test session on the same
+    cache runs (a second pytest beside the first): its image tests would lose their mounts midway;
+    the last session to end unmounts for both."""
     if os.environ.get("PYTEST_XDIST_WORKER") is not None:
+        return
+    if _SESSION_LOCK is not None and other_session_running():
         return
     from harnessrl.environments.podman import Podman, podman_problem
     from harnessrl.environments.store import default_store
