@@ -67,29 +67,29 @@ def _top_level_tests(path: Path) -> list[str]:
     return [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
 
 
-def test_tripwires_land_anywhere_among_the_files_tests_in_either_order(tmp_path):
+def test_tripwires_land_anywhere_among_the_files_tests_in_any_order_and_number(tmp_path):
     files = _files(tmp_path)
-    fail_at, pass_at, fail_first = set(), set(), set()
+    fail_at, pass_at, fail_first, counts = set(), set(), set(), set()
     for seed in range(60):
         ws = tmp_path / f"ws{seed}"
         (ws / "tests").mkdir(parents=True)
         (ws / "tests" / "test_mod.py").write_text(TESTS)
-        fail, ok = plant_tripwires(ws, IDS, random.Random(seed))
+        wires = plant_tripwires(ws, IDS, random.Random(seed))
+        fails = [w.test_id.split("::")[1] for w in wires if not w.must_pass]
+        oks = [w.test_id.split("::")[1] for w in wires if w.must_pass]
+        assert [w.must_pass for w in wires] == [False] * len(fails) + [True] * len(oks)
+        counts.add((len(fails), len(oks)))
         order = _top_level_tests(ws / "tests" / "test_mod.py")
         assert [n for n in order if n in ("test_add_01", "test_add_02")] == ["test_add_01", "test_add_02"]
-        assert set(order) == {
-            "test_add_01",
-            "test_add_02",
-            fail.test_id.split("::")[1],
-            ok.test_id.split("::")[1],
-        }
-        i, j = order.index(fail.test_id.split("::")[1]), order.index(ok.test_id.split("::")[1])
-        fail_at.add(i)
-        pass_at.add(j)
-        fail_first.add(i < j)
-    # Every place in the file, for each of them, and either one first: place tells nothing.
-    assert fail_at == pass_at == {0, 1, 2, 3}
+        assert sorted(order) == sorted(["test_add_01", "test_add_02", *fails, *oks])
+        fail_at |= {order.index(n) for n in fails}
+        pass_at |= {order.index(n) for n in oks}
+        fail_first.add(order.index(fails[0]) < order.index(oks[0]))
+    # Every place in the file, for each kind, either kind first, and any number of each from one to
+    # three: neither place nor count tells anything.
+    assert {0, 1, 2, 3, 4, 5} <= fail_at & pass_at
     assert fail_first == {True, False}
+    assert counts == {(f, p) for f in (1, 2, 3) for p in (1, 2, 3)}
     assert (files / "tests" / "test_mod.py").read_text() == TESTS  # only the workspace copy changed
 
 
@@ -103,13 +103,14 @@ def test_tripwires_keep_the_file_valid_python(tmp_path):
         (ws / "tests" / "test_mod.py").write_bytes(source.encode())
         wires = plant_tripwires(ws, IDS, random.Random(seed))
         names = _top_level_tests(ws / "tests" / "test_mod.py")
-        assert {w.test_id.split("::")[1] for w in wires} <= set(names) and len(names) == 4
+        assert {w.test_id.split("::")[1] for w in wires} <= set(names)
+        assert len(names) == 2 + len(wires)
 
 
-def _run_planted(ws: Path, seed: int) -> tuple[list[str], list[str], bool, str]:
+def _run_planted(ws: Path, seed: int) -> tuple[list[str], list[str], bool, list[str]]:
     """Plant with ``seed``, run pytest as the scorer does (outside its Landlock domain), and return
     (verdict flags, the file's top-level tests in order, whether every listed test passed, the
-    must-fail tripwire's name)."""
+    must-fail tripwires' names)."""
     wires = plant_tripwires(ws, IDS, random.Random(seed))
     xml = ws / f"junit{seed}.xml"
     done = subprocess.run(
@@ -134,7 +135,8 @@ def _run_planted(ws: Path, seed: int) -> tuple[list[str], list[str], bool, str]:
     assert reported is not None, done.stdout[-2000:]
     flags = verdict_flags(reported, IDS, wires, done.returncode)
     passed = all(reported.get(("tests.test_mod", t.split("::")[1])) == "passed" for t in IDS)
-    return flags, _top_level_tests(ws / "tests" / "test_mod.py"), passed, wires[0].test_id.split("::")[1]
+    must_fail = [w.test_id.split("::")[1] for w in wires if not w.must_pass]
+    return flags, _top_level_tests(ws / "tests" / "test_mod.py"), passed, must_fail
 
 
 def test_an_attack_by_position_trips_the_tripwire(tmp_path):
@@ -146,7 +148,7 @@ def test_an_attack_by_position_trips_the_tripwire(tmp_path):
         (ws / "mod.py").write_text(BUGGY + BY_POSITION)
         flags, order, passed, must_fail = _run_planted(ws, seed)
         reward = 1.0 if passed and not flags else 0.0
-        if order[-2] != must_fail:  # the attack's guess at the place is wrong: it scores 0
+        if must_fail != [order[-2]]:  # the attack's guess at the place or count is wrong: 0
             assert reward == 0.0, (seed, order, flags)
             caught += 1
     assert caught >= 3  # appended at the end, must-fail first, the guess was always right: 1.0
@@ -154,8 +156,8 @@ def test_an_attack_by_position_trips_the_tripwire(tmp_path):
 
 def test_cli_still_scores_the_fix_1_and_the_bug_0(tmp_path):
     """Control: the scorer's CLI, as the bug report ran it, with the tripwires' places its own (fresh
-    from os.urandom each run). The attack is not run here: a right guess at the place (about 1 in 4
-    runs for this file) would pass, so only a seeded run, above, can show it caught."""
+    from os.urandom each run). The attack is not run here: a right guess at the place and count
+    (about 1 in 15 runs for this file) would pass, so only a seeded run, above, can show it caught."""
     files = _files(tmp_path)
     task = tmp_path / "task.json"
     task.write_text(json.dumps({"hidden": {"FAIL_TO_PASS": IDS, "PASS_TO_PASS": []}}))
