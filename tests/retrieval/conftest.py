@@ -63,14 +63,16 @@ def tokenizer() -> PolicyTokenizer:
 
 @pytest.fixture
 def make_search_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callable[..., SearchGateway]]:
-    """``make_search_gateway(passages=PASSAGES, wrap_index=None, **retrieval_config)``; stopped at
-    teardown. ``wrap_index(index)`` returns what the routes search instead (a seam for tests that
-    hold a search in flight)."""
+    """``make_search_gateway(passages=PASSAGES, wrap_index=None, clock=None, **retrieval_config)``;
+    stopped at teardown. ``wrap_index(index)`` returns what the routes search instead (a seam for
+    tests that hold a search in flight); ``clock`` is the rate limit's (a seam for tests that move
+    time themselves)."""
     stack = contextlib.ExitStack()
 
     def make(
         passages: list[dict[str, Any]] = PASSAGES,
         wrap_index: Callable[[RetrievalIndex], Any] | None = None,
+        clock: Callable[[], float] | None = None,
         **retrieval: Any,
     ) -> SearchGateway:
         folder = tmp_path / f"gw-{len(list(tmp_path.glob('gw-*')))}"
@@ -84,7 +86,9 @@ def make_search_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[
             GatewayConfig(admin_key=ADMIN_KEY),
             store,
             engine,
-            extra_routes=RetrievalRoutes(wrap_index(index) if wrap_index else index, config).factories(),
+            extra_routes=RetrievalRoutes(
+                wrap_index(index) if wrap_index else index, config, clock=clock
+            ).factories(),
         )
         stack.callback(store.close)  # last-in first-out: closed after the server stopped
         url = stack.enter_context(serve_in_thread(app))

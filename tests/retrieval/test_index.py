@@ -3,13 +3,15 @@ layouts read, and a query is only ever words: no query syntax reaches tantivy.""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
+import unicodedata
 from pathlib import Path
 
 import pytest
 
 from harnessrl.errors import ConfigError
-from harnessrl.retrieval.corpus import read_passages
+from harnessrl.retrieval.corpus import INDEX_LAYOUT, fingerprint, read_passages
 from harnessrl.retrieval.index import RetrievalIndex, query_words
 
 from .conftest import PASSAGES, write_corpus
@@ -75,9 +77,33 @@ def test_query_syntax_never_reaches_the_engine(tmp_path: Path, query: str) -> No
     assert len(query_words(query, 32)) <= 32
 
 
+# Words whose letters carry combining marks (category M*), and Greek capitals whose lower case ends in
+# a final sigma: cut at their marks, or lower-cased by Python where tantivy lower-cases otherwise, none
+# was found. "Ελλάδα" (precomposed letters only) was found before too: a non-Latin control.
+WORLD_WORDS = ["हिन्दी", "กรุงเทพ", "தமிழ்", "İstanbul", "ΟΔΟΣ", "Ελλάδα"]
+
+
+@pytest.mark.parametrize("word", WORLD_WORDS)
+def test_a_passage_is_found_by_its_title_in_any_script(tmp_path: Path, word: str) -> None:
+    passages = [
+        *PASSAGES,
+        {"id": "world", "title": word, "text": f"{word} is named in this passage and in no other."},
+        {"id": "latin", "title": "Latin", "text": "A passage in Latin letters only."},
+    ]
+    index = RetrievalIndex.for_corpus(write_corpus(tmp_path / "c.jsonl", passages), tmp_path / "cache")
+    assert [h.id for h in index.search(word, 3)] == ["world"]
+    assert query_words(word, 32) == [word]  # one word, left as it is for tantivy to analyze
+    assert [h.id for h in index.search(f"where is {word}?", 1)] == ["world"]
+    # The same word decomposed (NFD: "I" + a combining dot, base letters + their marks) is found too.
+    assert [h.id for h in index.search(unicodedata.normalize("NFD", word), 3)] == ["world"]
+    # Control: a Latin word is found as before, and the other word's passage is not returned for it.
+    assert [h.id for h in index.search("VELMORA", 3)] == ["velmora"]
+
+
 def test_a_query_without_words_finds_nothing(tmp_path: Path) -> None:
     index = RetrievalIndex.for_corpus(write_corpus(tmp_path / "c.jsonl", PASSAGES), tmp_path / "cache")
     assert index.search("*** ::: ///", 3) == []
+    assert index.search("\u0301 \u093f", 3) == []  # combining marks with no letter: no error
     assert [h.id for h in index.search("Tarsk", 1)] == ["tarsk"]  # control
 
 
@@ -106,3 +132,13 @@ def test_an_odd_corpus_line_is_a_config_error_naming_the_line_not_a_crash(
     corpus.write_bytes(good + emoji + b"\n")
     index = RetrievalIndex.for_corpus(corpus, tmp_path / "cache")
     assert [h.text for h in index.search("Keth", 1)] == ["the river Keth \N{WATER WAVE}"]
+
+
+def test_the_index_cache_is_keyed_by_the_tantivy_release(tmp_path: Path) -> None:
+    # Another tantivy release may tokenize or store an index differently: it must not reuse this one.
+    corpus = write_corpus(tmp_path / "c.jsonl", PASSAGES)
+    installed = importlib.metadata.version("tantivy")
+    assert fingerprint(corpus) == fingerprint(corpus, layout=f"{INDEX_LAYOUT}+tantivy-{installed}")
+    assert fingerprint(corpus) != fingerprint(corpus, layout=f"{INDEX_LAYOUT}+tantivy-0.0.1")
+    index = RetrievalIndex.for_corpus(corpus, tmp_path / "cache")
+    assert index.folder.name == fingerprint(corpus)

@@ -129,6 +129,25 @@ def test_a_burst_past_the_rate_is_refused_with_retry_after_and_other_rollouts_ar
     assert len(gw.store.list_tool_requests(greedy["rollout_id"])) == 5
 
 
+def test_retry_after_is_the_buckets_own_wait_so_a_client_obeying_it_is_served(make_search_gateway) -> None:
+    # Retry-After was always "1": with rate_per_s = 0.1 a client obeying it was refused ten times over.
+    clock = [1000.0]  # the rate limit's clock, moved by the test (no sleeping)
+    gw = make_search_gateway(rate_per_s=0.1, burst=1, clock=lambda: clock[0])
+    rollout = gw.rollout()
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    assert post(url, key, {"query": "Velmora"}).status_code == 200
+    refused = post(url, key, {"query": "Velmora"})
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "overloaded"
+    assert refused.headers["retry-after"] == "10"  # one search per 10 s, none saved up
+    clock[0] += 9.5
+    nearly = post(url, key, {"query": "Velmora"})
+    assert nearly.status_code == 429 and nearly.headers["retry-after"] == "1"  # 0.5 s, rounded up
+    clock[0] += float(nearly.headers["retry-after"])  # the client obeys the header
+    assert post(url, key, {"query": "Velmora"}).status_code == 200
+    metrics = httpx.get(f"{gw.url}/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
+    assert 'harnessrl_errors_total{code="overloaded"} 2.0' in metrics  # counted like any other error
+
+
 def test_a_flood_from_one_rollout_is_rate_limited_never_a_crash(make_search_gateway) -> None:
     gw = make_search_gateway(rate_per_s=0.001, burst=20)
     rollout = gw.rollout()

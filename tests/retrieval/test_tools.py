@@ -11,6 +11,7 @@ import os
 import subprocess
 import threading
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
@@ -63,6 +64,27 @@ def test_every_harness_gets_the_search_command_first_on_path(preset: str | None)
     assert (first / "search").is_file() and os.access(first / "search", os.X_OK)
     assert str(first.resolve()) in spec.mounts
     assert "PATH" not in apply_preset(HarnessSpec(preset=preset, command=[] if preset else ["true"])).env
+
+
+def test_the_search_wrapper_is_written_safely_by_threads_racing(tmp_path: Path) -> None:
+    # Concurrent rollouts of one process each make the folder: the temp file's name was the pid's,
+    # so one thread renamed another's away (FileNotFoundError in 72 of 240 such races).
+    threads, trials = 8, 30
+
+    def make(base: Path, start: threading.Barrier) -> Path:
+        start.wait(30)  # all at once
+        return harness_tools.search_bin_dir(base)
+
+    for trial in range(trials):
+        base = tmp_path / str(trial)  # a fresh folder: every thread finds no wrapper and writes one
+        start = threading.Barrier(threads)
+        with ThreadPoolExecutor(threads) as pool:
+            folders = list(pool.map(make, [base] * threads, [start] * threads))
+        folder = base / "harnessrl-tools" / "bin"
+        assert folders == [folder] * threads
+        assert os.listdir(folder) == ["search"]  # no temp file left behind
+        assert (folder / "search").read_text().endswith(f'"{harness_tools.CLIENT}" "$@"\n')
+        assert os.access(folder / "search", os.X_OK)
 
 
 def test_the_search_tool_needs_a_retrieval_section(tmp_path: Path) -> None:

@@ -3,12 +3,13 @@
 Two layouts are read: ``{"id", "title", "text"}`` (harnessrl's, what ``tasks.search`` writes) and
 Search-R1's / FlashRAG's ``{"id", "contents"}`` where ``contents`` is ``"Title"\\ntext`` (the wiki-18
 dump the Search-R1 paper retrieves from). The fingerprint names the index built from the corpus, so
-an index is rebuilt exactly when the corpus's content (or the index layout) changes.
+an index is rebuilt exactly when the corpus's content, the index layout or the tantivy release changes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,12 @@ from harnessrl.errors import ConfigError
 INDEX_LAYOUT = "tantivy-v1-en_stem"
 
 
+def index_layout() -> str:
+    """``INDEX_LAYOUT`` and the installed tantivy release: another release may tokenize or store an
+    index differently, so an upgrade builds a new index instead of searching one it did not write."""
+    return f"{INDEX_LAYOUT}+tantivy-{importlib.metadata.version('tantivy')}"
+
+
 @dataclass(frozen=True, slots=True)
 class Passage:
     id: str
@@ -27,9 +34,10 @@ class Passage:
     text: str
 
 
-def fingerprint(path: Path) -> str:
-    """sha256 of the corpus file's bytes and the index layout (hex, 64 characters)."""
-    digest = hashlib.sha256(INDEX_LAYOUT.encode() + b"\0")
+def fingerprint(path: Path, layout: str | None = None) -> str:
+    """sha256 of the corpus file's bytes and the index layout (``index_layout()`` unless given; hex,
+    64 characters)."""
+    digest = hashlib.sha256((layout or index_layout()).encode() + b"\0")
     try:
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):

@@ -30,16 +30,24 @@ def _wrapper() -> str:
 
 def search_bin_dir(base: Path | None = None) -> Path:
     """The folder holding the ``search`` wrapper (made or refreshed here), under ``base`` or the temp
-    folder; rewritten only when its content changed, so concurrent rollouts read a whole file."""
+    folder; rewritten only when its content changed, so concurrent rollouts read a whole file. Safe
+    from several threads and processes at once: each writer writes a temp file of its own and renames
+    it into place (the last rename wins, with the same content)."""
     folder = (base or Path(tempfile.gettempdir())) / "harnessrl-tools" / "bin"
     path = folder / "search"
     content = _wrapper()
     if not path.is_file() or path.read_text() != content:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".search.{os.getpid()}.tmp")
-        tmp.write_text(content)
-        tmp.chmod(0o755)
-        tmp.replace(path)
+        # A unique name, not one per pid: threads of one process renamed each other's file away.
+        fd, tmp_name = tempfile.mkstemp(prefix=".search.", suffix=".tmp", dir=folder)
+        tmp = Path(tmp_name)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(content)
+            tmp.chmod(0o755)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)  # left only when writing failed
     return folder
 
 

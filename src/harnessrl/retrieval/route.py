@@ -4,7 +4,8 @@
 A sandboxed harness reaches the gateway through the one relayed socket it has (docs/sandbox.md), so
 serving the retriever here opens nothing: no port, no second socket. A search is authorized exactly
 like a model call (the rollout's key, only under its own URL; the admin key is refused), refused
-for a rollout that ended, rate-limited per rollout (a token bucket, 429 with ``Retry-After``),
+for a rollout that ended, rate-limited per rollout (a token bucket, 429 with ``Retry-After`` set to
+the whole seconds until the bucket holds a search again),
 bounded in size (413 past ``retrieval.max_query_chars``), run off the event loop, and recorded in the
 store (``ToolRequest``) before it is answered, like a call: a search still running when its rollout
 (or attempt) ends is refused by the store under the same lock as the end (409), never recorded.
@@ -15,6 +16,7 @@ The gateway package never imports this module: whoever composes the app passes
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections import OrderedDict
@@ -30,7 +32,7 @@ from starlette.routing import BaseRoute, Route
 from harnessrl.errors import BadRequest, Overloaded, PayloadTooLarge
 from harnessrl.gateway.auth import authorize_rollout, require_admin
 from harnessrl.gateway.bodies import read_body
-from harnessrl.gateway.errors import RolloutClosed
+from harnessrl.gateway.errors import RolloutClosed, error_response, error_shape
 from harnessrl.gateway.json_input import parse_json
 from harnessrl.gateway.state import GatewayState
 from harnessrl.retrieval.config import RetrievalConfig
@@ -78,9 +80,20 @@ def _top_k(body: dict[str, Any], config: RetrievalConfig) -> int:
     return value
 
 
+def _rate_limited(state: GatewayState, refusal: Overloaded, wait_s: float) -> Response:
+    """The 429 the gateway's handler would answer for ``refusal``, with the bucket's own wait as
+    ``Retry-After``: the handler's fixed "1" sent a client that obeys it (against ``rate_per_s = 0.1``,
+    a 10 s wait) back to be refused again and again."""
+    response = error_response(refusal)
+    response.headers["retry-after"] = str(math.ceil(wait_s))  # whole seconds, as the header takes
+    state.metrics.errors.labels(code=error_shape(refusal).code).inc()  # counted as the handler counts
+    return response
+
+
 class RetrievalRoutes:
     """The route factories for ``create_app(extra_routes=...)``: ``search`` (rollout key) and
-    ``tool_requests`` (admin key). Picklable, so gateway worker processes can take them."""
+    ``tool_requests`` (admin key). Not picklable (the tantivy index it holds is not): a process
+    serving the routes opens its own index and builds its own ``RetrievalRoutes``."""
 
     def __init__(
         self, index: RetrievalIndex, config: RetrievalConfig, *, clock: Callable[[], float] | None = None
@@ -108,10 +121,11 @@ class RetrievalRoutes:
             )
         wait = self.limit.take(rollout.rollout_id)
         if wait > 0:
-            raise Overloaded(  # 429 with Retry-After (gateway.errors)
+            refusal = Overloaded(
                 f"more than {self.config.rate_per_s:g} searches a second (burst {self.config.burst}) "
                 f"from rollout {rollout.rollout_id!r}; retry in {wait:.2f} s"
             )
+            return _rate_limited(state, refusal, wait)
         cfg = self.config
         raw = await read_body(request, cfg.max_query_chars * _BYTES_PER_CHAR + _BODY_SLACK)
         body = parse_json(raw)
