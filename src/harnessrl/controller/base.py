@@ -30,7 +30,9 @@ class ResourceLimits(BaseModel):
     cpu_seconds: int | None = Field(default=None, ge=1, description="RLIMIT_CPU of each process")
     memory_mb: int | None = Field(default=2048, ge=16, description="address-space / cgroup memory cap")
     max_processes: int | None = Field(default=256, ge=1, description="process-count cap (fork bombs)")
-    cpus: float | None = Field(default=None, gt=0, description="CPU share (Kubernetes: limits.cpu)")
+    cpus: float | None = Field(
+        default=None, gt=0, allow_inf_nan=False, description="CPU share (Kubernetes: limits.cpu)"
+    )
     open_files: int | None = Field(
         default=4096, ge=16, description="RLIMIT_NOFILE of each process (local runner)"
     )
@@ -75,7 +77,9 @@ class HarnessSpec(BaseModel):
         default=None, description="folder (template) copied into the workspace before launch"
     )
     git_history: str = Field(default="squash", pattern="^(keep|squash|remove)$")
-    timeout_s: float = Field(default=600.0, gt=0)
+    # Finite: ``inf`` (valid TOML) passed ``gt=0`` and crashed the Kubernetes Job's deadline
+    # (math.ceil) with the rollout left running.
+    timeout_s: float = Field(default=600.0, gt=0, allow_inf_nan=False)
     limits: ResourceLimits = Field(default_factory=ResourceLimits)
     network: str = Field(default="gateway", pattern="^(gateway|host)$")
     sandbox: Literal["bwrap", "none"] = Field(

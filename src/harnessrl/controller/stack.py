@@ -90,6 +90,8 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         raise ConfigError(
             "kubernetes: the kubernetes client is not installed (pip install 'harnessrl[kubernetes]')"
         )
+    if config.kubernetes is not None:
+        check_pod_workspace(harness, config.evaluator)
     if harness.environment is not None and harness.sandbox != "bwrap" and config.kubernetes is None:
         raise ConfigError(
             'harness.environment: task images are sandbox roots and need harness.sandbox = "bwrap"'
@@ -116,6 +118,27 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
     )
     return harness, evaluator
+
+
+def check_pod_workspace(harness: HarnessSpec, evaluator: EvaluatorConfig) -> None:
+    """With ``[kubernetes]`` the harness works in its pod's workspace (a copy of the image's, plus
+    the harness files from its Secret), never in the one the controller prepares on its own machine.
+    So a config that needs the controller's workspace in the pod, or the pod's back on the
+    controller, is refused naming the field, instead of running the agent on the image's repo
+    (its full git history included) and scoring the untouched local folder (docs/kubernetes.md)."""
+    if harness.repo is not None:
+        raise ConfigError(
+            "harness.repo: with [kubernetes] the repo the controller copies (and its git_history "
+            f"= {harness.git_history!r}) never reaches the pod, which starts from the image's workspace; "
+            "bake the repo into the image (its history stripped) and drop harness.repo"
+        )
+    if isinstance(evaluator, CommandEvaluatorConfig):
+        raise ConfigError(
+            'evaluator.type = "command": with [kubernetes] the scorer would run over the controller\'s '
+            "local workspace, not the pod's (gone with the pod): use an evaluator that scores the "
+            'calls or the log ("exact_match", "reasoning_gym", or a "python" one that ignores the '
+            "workspace)"
+        )
 
 
 def check_parsers(gateway: GatewayConfig) -> None:

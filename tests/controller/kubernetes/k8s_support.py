@@ -13,7 +13,8 @@ __all__ = ["CLUSTER_GATEWAY", "KEY", "LOCAL_GATEWAY", "FakeKubernetes", "build_l
 
 KEY = "hrl-rk-0123456789abcdef"
 LOCAL_GATEWAY = "http://127.0.0.1:18080"
-CLUSTER_GATEWAY = "http://harnessrl-gateway.harnessrl.svc:8000"
+# The gateway Service by cluster IP: pods get no DNS unless network_policy.allow_dns says so.
+CLUSTER_GATEWAY = "http://10.96.12.7:8000"
 
 
 def build_launch(root: Path, rollout_id: str = "r1", attempt: int = 0, **overrides: Any) -> Launch:

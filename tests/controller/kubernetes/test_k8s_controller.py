@@ -31,7 +31,7 @@ def test_controller_runs_rollouts_as_jobs(tmp_path):
             api = ApiClient(Configuration(host=fake.url))
             runner = KubernetesRunner(
                 api,
-                gateway_url="http://gateway.harnessrl.svc:8000",
+                gateway_url="http://10.96.0.80:8000",
                 network_policy={"gateway_port": 8000, "gateway_pod_labels": {"app": "gw"}},
                 job_template=TEMPLATE,
                 poll_interval_s=0.2,
@@ -52,7 +52,7 @@ def test_controller_runs_rollouts_as_jobs(tmp_path):
             container = jobs[ok]["spec"]["template"]["spec"]["containers"][0]
             assert container["command"] == ["agent", "fix it"]
             env = {e["name"]: e for e in container["env"]}
-            assert env["OPENAI_BASE_URL"]["value"] == f"http://gateway.harnessrl.svc:8000/rollouts/{ok}/v1"
+            assert env["OPENAI_BASE_URL"]["value"] == f"http://10.96.0.80:8000/rollouts/{ok}/v1"
             assert "secretKeyRef" in env["OPENAI_API_KEY"]["valueFrom"]
             fake.succeed_job(jobs[ok]["metadata"]["name"])
             fake.fail_job(jobs[crash]["metadata"]["name"], exit_code=2)
@@ -95,3 +95,40 @@ def test_a_kubernetes_section_without_the_kubernetes_client_is_refused_naming_it
     monkeypatch.setitem(sys.modules, "kubernetes", None)  # find_spec reports it missing
     with pytest.raises(ConfigError, match=r"^kubernetes: .*pip install 'harnessrl\[kubernetes\]'"):
         prepare(config)
+
+
+def k8s_config(**sections) -> RolloutConfig:
+    return RolloutConfig.model_validate(
+        {
+            "harness": {"command": ["only-in-the-image", "{prompt}"]},
+            "evaluator": {"type": "exact_match"},
+            "kubernetes": {"gateway_url": "http://gw:8000", "network_policy": None},
+            **sections,
+        }
+    )
+
+
+def test_a_repo_the_pod_would_never_get_is_refused_naming_the_field(tmp_path):
+    """Bug: prepare accepted harness.repo (git_history = "squash") with [kubernetes], but only the
+    harness files reach the pod: the agent worked on the image's own repo, its whole history
+    included (git log --all could find the gold patch)."""
+    from harnessrl.controller.stack import prepare
+    from harnessrl.errors import ConfigError
+
+    config = k8s_config(harness={"command": ["agent"], "repo": str(tmp_path), "git_history": "squash"})
+    with pytest.raises(ConfigError, match=r"^harness\.repo: .*\[kubernetes\]"):
+        prepare(config)
+
+
+def test_a_scorer_of_the_workspace_is_refused_naming_the_field():
+    """Bug: a command evaluator with [kubernetes] scored the controller's untouched local workspace
+    (the agent's work stayed in the pod): every rollout got the score of doing nothing."""
+    from harnessrl.controller.stack import prepare
+    from harnessrl.errors import ConfigError
+
+    config = k8s_config(evaluator={"type": "command", "command": ["true"]})
+    with pytest.raises(ConfigError, match=r'^evaluator\.type = "command": .*\[kubernetes\]'):
+        prepare(config)
+    # evaluators of the calls or the log still work there (the pod's log is saved as stdout.log)
+    for evaluator in ({"type": "exact_match"}, {"type": "exact_match", "source": "stdout"}):
+        prepare(k8s_config(evaluator=evaluator))

@@ -330,7 +330,11 @@ def test_owner_reference() -> None:
 
 def test_network_policy_allows_egress_only_to_gateway() -> None:
     policy = build_network_policy(
-        "rl", gateway_port=8000, gateway_pod_labels={"app": "gw"}, gateway_namespace="harnessrl"
+        "rl",
+        gateway_port=8000,
+        gateway_pod_labels={"app": "gw"},
+        gateway_namespace="harnessrl",
+        allow_dns=True,
     )
     spec = policy["spec"]
     assert spec["podSelector"] == {"matchLabels": {MANAGED_BY_LABEL: "harnessrl"}}

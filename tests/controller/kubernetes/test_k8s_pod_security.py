@@ -47,6 +47,7 @@ CONTAINER_CONTEXT = {
     "runAsNonRoot": True,
     "runAsUser": 1000,
     "runAsGroup": 1000,
+    "procMount": "Default",
     "privileged": False,
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
@@ -71,6 +72,7 @@ def test_hardened_by_default(make_launch) -> None:
     assert harness(job)["securityContext"] == CONTAINER_CONTEXT
     assert spec["automountServiceAccountToken"] is False
     assert (spec["hostNetwork"], spec["hostPID"], spec["hostIPC"]) == (False, False, False)
+    assert spec["shareProcessNamespace"] is False
 
 
 def test_writable_volumes_exist_and_are_mounted(make_launch) -> None:
@@ -160,6 +162,57 @@ def test_template_cannot_weaken_the_context(make_launch) -> None:
     }
     assert pod_spec(job)["automountServiceAccountToken"] is False
     assert pod_spec(job)["hostNetwork"] is False and pod_spec(job)["hostPID"] is False
+
+
+def test_template_cannot_weaken_isolation_through_the_other_security_fields(make_launch) -> None:
+    """Bug: hardening kept the template's shareProcessNamespace, supplementalGroups [0], AppArmor
+    Unconfined, SELinux type spc_t and procMount Unmasked: each lifts part of the sandbox."""
+    template = copy.deepcopy(TEMPLATE)
+    spec = template["spec"]
+    spec.update(
+        shareProcessNamespace=True,
+        securityContext={
+            "supplementalGroups": [0, 4242],
+            "appArmorProfile": {"type": "Unconfined"},
+            "seLinuxOptions": {"type": "spc_t", "level": "s0:c1,c2"},
+        },
+    )
+    spec["containers"][0]["securityContext"] = {
+        "procMount": "Unmasked",
+        "appArmorProfile": {"type": "Unconfined"},
+        "seLinuxOptions": {"type": "spc_t", "user": "system_u", "role": "system_r"},
+    }
+    job = render(make_launch(), template)
+    assert pod_spec(job)["shareProcessNamespace"] is False
+    assert pod_spec(job)["securityContext"] == {
+        **POD_CONTEXT,
+        "supplementalGroups": [4242],  # root's group gone, the others kept
+        "appArmorProfile": {"type": "RuntimeDefault"},
+        "seLinuxOptions": {"level": "s0:c1,c2"},  # the MCS level only: no domain of its own choosing
+    }
+    assert harness(job)["securityContext"] == {
+        **CONTAINER_CONTEXT,
+        "appArmorProfile": {"type": "RuntimeDefault"},
+    }  # procMount back to Default (in CONTAINER_CONTEXT), no seLinuxOptions left
+
+
+def test_template_localhost_apparmor_profile_is_kept(make_launch) -> None:
+    template = copy.deepcopy(TEMPLATE)
+    profile = {"type": "Localhost", "localhostProfile": "k8s-harness"}
+    template["spec"]["containers"][0]["securityContext"] = {"appArmorProfile": profile}
+    assert harness(render(make_launch(), template))["securityContext"]["appArmorProfile"] == profile
+
+
+def test_a_host_path_volume_is_refused_in_a_hardened_pod(make_launch) -> None:
+    """Bug: a writable hostPath mount in the harness container reached a hardened pod (the builder
+    checks too, for callers that skip the config)."""
+    template = copy.deepcopy(TEMPLATE)
+    template["spec"]["volumes"] = [{"name": "node", "hostPath": {"path": "/"}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [{"name": "node", "mountPath": "/node"}]
+    with pytest.raises(ConfigError, match="hostPath"):
+        render(make_launch(), template)
+    opted_out = render(make_launch(), template, pod_security=PodSecurityConfig(enabled=False))
+    assert {"name": "node", "hostPath": {"path": "/"}} in pod_spec(opted_out)["volumes"]
 
 
 def test_template_localhost_seccomp_profile_is_kept(make_launch) -> None:

@@ -393,7 +393,8 @@ def test_orphan_secrets_swept_after_grace() -> None:
         "old": secret("old"),
         "young": secret("young", age=5),
         "has-job": secret("has-job"),  # the garbage collector removes it with its Job
-        "theirs": secret("theirs", controller="other"),  # another controller's
+        "theirs": secret("theirs", controller="other"),  # another controller's, no Job: swept too
+        "theirs-young": secret("theirs-young", controller="other", age=5),  # maybe its Job is coming
         "r0": secret("r0", attempt=1, controller="other"),  # superseded by attempt 2 below
     }
     want = [DesiredAttempt("job-0", "r0", 2)]
@@ -407,7 +408,7 @@ def test_orphan_secrets_swept_after_grace() -> None:
         orphan_secret_grace_s=60,
         owner="me",
     )
-    assert sorted(p.delete_secrets) == ["old", "r0"]
+    assert sorted(p.delete_secrets) == ["old", "r0", "theirs"]
     assert (
         plan(
             want,
@@ -419,6 +420,58 @@ def test_orphan_secrets_swept_after_grace() -> None:
             owner="me",
         ).delete_secrets
         == []
+    )
+
+
+def test_a_dead_controllers_secret_with_no_job_is_swept() -> None:
+    """Bug: a Secret (rollout key, task, harness files) whose controller died before creating its
+    Job, or whose owner reference was never set, carries that controller's id: no other runner
+    ever swept it, though the docs said orphan Secrets are swept once orphan_grace_s old."""
+    dead = ObservedSecret("dead", created_at=NOW - 1000, **ids("r-dead", 0, "gone"))
+    p = plan([], {}, max_concurrent=1, now=NOW, observed_secrets={"dead": dead}, owner="me")
+    assert p.delete_secrets == ["dead"]
+
+
+def test_a_peers_secret_rewritten_within_the_grace_is_kept() -> None:
+    """A live controller retrying its Job create (quota full) rewrites its Secret on every try; the
+    Secret keeps its old creationTimestamp, so the sweep counts from the runner's written-at stamp."""
+    meta = ids("r-busy", 0, "peer")
+    meta["annotations"]["harnessrl/written-at"] = f"{NOW - 5:.3f}"
+    busy = ObservedSecret("busy", created_at=NOW - 1000, **meta)
+    assert busy.written_at == NOW - 5
+    p = plan([], {}, max_concurrent=1, now=NOW, observed_secrets={"busy": busy}, orphan_secret_grace_s=60)
+    assert p.delete_secrets == []
+    later = plan(
+        [], {}, max_concurrent=1, now=NOW + 60, observed_secrets={"busy": busy}, orphan_secret_grace_s=60
+    )
+    assert later.delete_secrets == ["busy"]  # that controller stopped trying: swept
+
+
+# --- native sidecars -------------------------------------------------------------------------------
+def test_a_native_sidecar_stopped_after_the_harness_is_not_an_init_failure() -> None:
+    """Bug: every init container that ended non-zero made the attempt INFRA, including native
+    sidecars (restartPolicy: Always, e.g. Istio's proxy), which are SIGTERMed (143) once the harness
+    exits: a harness that exited 1 was retried and left out of the baseline."""
+    pod = pod_json(
+        "j",
+        phase="Failed",
+        containers=[terminated(1)],
+        init=[terminated(0, name="harnessrl-seed-workspace"), terminated(143, name="istio-proxy")],
+    )
+    pod["spec"] = {
+        "initContainers": [
+            {"name": "harnessrl-seed-workspace"},
+            {"name": "istio-proxy", "restartPolicy": "Always"},
+        ],
+        "containers": [{"name": "harness"}],
+    }
+    job = observe(job_json("j", status=failed("BackoffLimitExceeded")), pod)
+    assert kind_of(job) == (ExitKind.EXITED, 1)
+    # an ordinary init container that failed is still the setup's failure
+    pod["spec"]["initContainers"][1].pop("restartPolicy")
+    assert kind_of(observe(job_json("j", status=failed("BackoffLimitExceeded")), pod)) == (
+        ExitKind.INFRA,
+        None,
     )
 
 
@@ -518,6 +571,28 @@ def test_an_overrun_before_the_harness_ran_is_infrastructure() -> None:
         ExitKind.RESOURCE_LIMIT,
         None,
     )  # the runner saw it run
+
+
+@pytest.mark.parametrize("as_condition", [False, True], ids=["pod-status", "disruption-condition"])
+@pytest.mark.parametrize("resource", ["inodes", "pids"])
+def test_inode_and_pid_pressure_after_the_harness_ran_is_the_policys(
+    resource: str, as_condition: bool
+) -> None:
+    """Bug: an eviction for node inode or PID pressure was INFRA, so a failing agent could turn its
+    0 into a retry (left out of the baseline) with millions of files or a fork bomb. The kubelet
+    names no container for these (pkg/kubelet/eviction/helpers.go) and a pod has no limit of them."""
+    message = f"The node was low on resource: {resource}. Threshold quantity: 1000, available: 10. "
+    ran = evicted_pod(message, limits=STORAGE, as_condition=as_condition)
+    assert kind_of(observe(job_json("j", status=failed("BackoffLimitExceeded")), ran)) == (
+        ExitKind.RESOURCE_LIMIT,
+        None,
+    )
+    # before the harness started no policy had run: the node's trouble, retried
+    not_yet = evicted_pod(message, limits=STORAGE, as_condition=as_condition, started=False)
+    assert kind_of(observe(job_json("j", status=failed("BackoffLimitExceeded")), not_yet)) == (
+        ExitKind.INFRA,
+        None,
+    )
 
 
 def test_parse_quantity() -> None:

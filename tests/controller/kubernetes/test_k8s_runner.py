@@ -15,11 +15,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
+from kubernetes.client import ApiClient, Configuration, CoreV1Api
 from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, FakeKubernetes
 
 from harnessrl.controller.base import ExitKind
 from harnessrl.controller.kubernetes import KubernetesRunner
+from harnessrl.controller.kubernetes.names import attempt_labels, resource_name
 from harnessrl.controller.kubernetes.network_policy import build_network_policy
 from harnessrl.errors import ConfigError, Conflict, UpstreamError
 
@@ -333,6 +334,39 @@ async def test_a_full_quota_is_waited_out(fake_k8s, runners, make_launch) -> Non
     fake_k8s.add_fault("POST", "jobs", code=403, reason="Forbidden", message=forbidden)
     with pytest.raises(ConfigError, match="403"):
         await asyncio.wait_for(runner.launch(make_launch("r2")), 10)
+
+
+async def test_a_secret_no_job_wants_is_swept_whoever_wrote_it(fake_k8s, runners, make_launch) -> None:
+    """Bug: a Secret left by a controller that died between its Secret and its Job carries that
+    controller's id, and no other runner ever swept it (docs: swept once orphan_grace_s old). The
+    grace counts from the runner's written-at stamp, renewed on every create try."""
+    clock = [time.time()]
+    quota = 'jobs.batch "x" is forbidden: exceeded quota: rollouts'
+    fake_k8s.add_fault("POST", "jobs", code=403, reason="Forbidden", message=quota, times=1)
+    runner = runners(clock=lambda: clock[0])
+    await runner.start()
+    launching = asyncio.create_task(runner.launch(make_launch("r1")))
+    await until(lambda: job_posts(fake_k8s) == 1)
+    name = resource_name("r1", 0, scope="run-1")
+    clock[0] += 30  # the retry rewrites the Secret (409, replaced) with a new stamp
+    mine = await asyncio.wait_for(launching, 10)
+    assert mine.job_name == name and job_posts(fake_k8s) == 2
+    stamp = fake_k8s.get("secrets", name)["metadata"]["annotations"]["harnessrl/written-at"]
+    assert float(stamp) == pytest.approx(clock[0], abs=0.01)  # the second try's time
+
+    api = ApiClient(Configuration(host=fake_k8s.url))
+    try:  # what a controller that died before creating its Job leaves behind
+        labels = attempt_labels("run-1", "r-dead", 0, controller="gone")
+        CoreV1Api(api).create_namespaced_secret(
+            "default", {"metadata": {"name": "hrl-dead-a0", "labels": labels}, "data": {}}
+        )
+    finally:
+        api.close()
+    await reconcile_passes(fake_k8s)
+    assert fake_k8s.get("secrets", "hrl-dead-a0") is not None  # young: its Job may be on its way
+    clock[0] += 1000
+    await until(lambda: fake_k8s.get("secrets", "hrl-dead-a0") is None)
+    assert fake_k8s.get("secrets", name) is not None  # its attempt is running: not an orphan
 
 
 async def test_concurrency_cap(fake_k8s, runners, make_launch) -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import posixpath
 from typing import Any
+from urllib.parse import urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -15,7 +17,13 @@ MIN_TTL_AFTER_FINISHED_S = 60
 
 
 class NetworkPolicyConfig(BaseModel):
-    """The egress allow-list for harness pods: the gateway (by pod labels or CIDR) and cluster DNS."""
+    """The egress allow-list for harness pods: the gateway (by pod labels or CIDR) and nothing else.
+
+    Cluster DNS is off by default: the cluster's resolver forwards names it does not own to the
+    outside world, so a pod that may query it has a way out (data in the names it looks up). The
+    gateway is then reached by address (``gateway_url`` with an IP, checked in
+    ``KubernetesRunnerConfig``); ``allow_dns = true`` is the explicit way out for images that must
+    resolve names."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -26,7 +34,11 @@ class NetworkPolicyConfig(BaseModel):
         default=None, description="namespace of the gateway pods, if not the runner's namespace"
     )
     gateway_cidr: str | None = Field(default=None, description="instead of pod labels: the gateway's address")
-    allow_dns: bool = True
+    allow_dns: bool = Field(
+        default=False,
+        description="port 53 to the cluster DNS pods; they forward outside names, so a pod may tunnel "
+        "data out through its lookups (off: gateway_url must name the gateway by IP)",
+    )
     dns_namespace: str = "kube-system"
     dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
 
@@ -35,6 +47,17 @@ class NetworkPolicyConfig(BaseModel):
         if (self.gateway_pod_labels is None) == (self.gateway_cidr is None):
             raise ValueError("set exactly one of gateway_pod_labels or gateway_cidr")
         return self
+
+    @field_validator("gateway_pod_labels", "dns_pod_labels")
+    @classmethod
+    def _labels_select_something(
+        cls, labels: dict[str, str] | None, info: ValidationInfo
+    ) -> dict[str, str] | None:
+        # An empty matchLabels selects every pod of the namespace: {} would open the port to all of
+        # them (gateway) or be silently replaced by the default (DNS).
+        if labels is not None and not labels:
+            raise ValueError(f"{info.field_name} must name at least one label: {{}} selects every pod")
+        return labels
 
 
 class PodSecurityConfig(BaseModel):
@@ -102,10 +125,17 @@ class KubernetesRunnerConfig(BaseModel):
         default="hrl", pattern=r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$", description="start of Job names"
     )
     max_concurrent_jobs: int = Field(default=16, ge=1)
-    poll_interval_s: float = Field(default=10.0, gt=0, description="period of the full list behind the watch")
+    # Every float below is finite (``allow_inf_nan=False``): ``inf`` is valid TOML, passes ``gt=0``,
+    # and crashed the manifest builder (math.ceil) or made the loop wait forever.
+    poll_interval_s: float = Field(
+        default=10.0, gt=0, allow_inf_nan=False, description="period of the full list behind the watch"
+    )
     watch_timeout_s: int = Field(default=300, ge=1, description="server-side timeout of one watch request")
     startup_allowance_s: float = Field(
-        default=60.0, ge=0, description="added to the rollout timeout: the Job's deadline includes pulls"
+        default=60.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="added to the rollout timeout: the Job's deadline includes pulls",
     )
     ttl_after_finished_s: int = Field(
         default=3600,
@@ -119,12 +149,18 @@ class KubernetesRunnerConfig(BaseModel):
         "sizeLimit of its workspace, HOME and /tmp volumes; overrunning it is the policy's failure",
     )
     stuck_pending_s: float = Field(
-        default=300.0, gt=0, description="a pod stuck unschedulable / pulling this long is an infra failure"
+        default=300.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a pod stuck unschedulable / pulling this long is an infra failure",
     )
     orphan_grace_s: float = Field(
-        default=120.0, ge=0, description="after start, wait this long before deleting Jobs nobody launched"
+        default=120.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="after start, wait this long before deleting Jobs nobody launched",
     )
-    request_timeout_s: float = Field(default=30.0, gt=0)
+    request_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")
 
     @field_validator("ephemeral_storage_limit")
@@ -165,4 +201,34 @@ class KubernetesRunnerConfig(BaseModel):
     def _harness_injection(self) -> KubernetesRunnerConfig:
         if self.harness_image and not self.harness_paths:
             raise ValueError("harness_image needs harness_paths: the folders of it the harness runs from")
+        return self
+
+    @model_validator(mode="after")
+    def _no_host_paths_when_hardened(self) -> KubernetesRunnerConfig:
+        from harnessrl.controller.kubernetes.pod_security import refuse_host_path_volumes
+        from harnessrl.errors import ConfigError
+
+        if self.pod_security.enabled:
+            try:
+                refuse_host_path_volumes(self.job_template)
+            except ConfigError as exc:
+                raise ValueError(str(exc)) from exc
+        return self
+
+    @model_validator(mode="after")
+    def _gateway_reachable_without_dns(self) -> KubernetesRunnerConfig:
+        """With the NetworkPolicy and no DNS, a pod cannot resolve a gateway name: it must be an IP."""
+        policy = self.network_policy
+        if policy is None or policy.allow_dns:
+            return self
+        host = urlparse(self.gateway_url).hostname or ""
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ValueError(
+                f"gateway_url: {self.gateway_url!r} names its host, but network_policy.allow_dns is false "
+                "(the default), so pods cannot resolve it: use the gateway Service's cluster IP "
+                "(kubectl get svc), or set network_policy.allow_dns = true (pods may then tunnel data "
+                "out through DNS lookups)"
+            ) from None
         return self

@@ -28,6 +28,9 @@ CONTROLLER_LABEL = "harnessrl/controller"
 ROLLOUT_ANNOTATION = "harnessrl/rollout-id"
 ATTEMPT_ANNOTATION = "harnessrl/attempt"
 CONTAINER_ANNOTATION = "harnessrl/harness-container"
+# When a runner last wrote an attempt's Secret (epoch seconds; it rewrites it on every create retry):
+# a Secret with no Job is swept once this is older than the grace, whichever controller wrote it.
+WRITTEN_AT_ANNOTATION = "harnessrl/written-at"
 
 DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

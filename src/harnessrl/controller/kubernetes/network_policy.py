@@ -1,4 +1,5 @@
-"""The NetworkPolicy that confines harness pods: no ingress, egress only to the gateway (and DNS).
+"""The NetworkPolicy that confines harness pods: no ingress, egress only to the gateway (and, only
+if asked for, cluster DNS: it forwards outside names, a way out through the names a pod looks up).
 
 Pure: a dict in the networking.k8s.io/v1 shape, no client import. The runner ensures it at start.
 """
@@ -11,6 +12,8 @@ from typing import Any
 from harnessrl.controller.kubernetes.names import MANAGED_BY_LABEL, MANAGED_BY_VALUE
 from harnessrl.errors import ConfigError
 
+DEFAULT_DNS_POD_LABELS = {"k8s-app": "kube-dns"}
+
 
 def build_network_policy(
     namespace: str,
@@ -19,7 +22,7 @@ def build_network_policy(
     gateway_pod_labels: Mapping[str, str] | None = None,
     gateway_namespace: str | None = None,
     gateway_cidr: str | None = None,
-    allow_dns: bool = True,
+    allow_dns: bool = False,
     dns_namespace: str = "kube-system",
     dns_pod_labels: Mapping[str, str] | None = None,
     name: str = "harnessrl-harness-egress",
@@ -30,17 +33,22 @@ def build_network_policy(
     port 53 on the cluster DNS pods. Selects pods by the managed-by label (plus ``pod_labels``)."""
     if (gateway_pod_labels is None) == (gateway_cidr is None):
         raise ConfigError("network policy: set exactly one of gateway_pod_labels or gateway_cidr")
+    # An empty matchLabels selects every pod of the namespace.
+    if gateway_pod_labels is not None and not gateway_pod_labels:
+        raise ConfigError("network policy: gateway_pod_labels is empty, which selects every pod")
+    if dns_pod_labels is not None and not dns_pod_labels:
+        raise ConfigError("network policy: dns_pod_labels is empty, which selects every pod")
     if gateway_cidr is not None:
         peer: dict[str, Any] = {"ipBlock": {"cidr": gateway_cidr}}
     else:
-        peer = {"podSelector": {"matchLabels": dict(gateway_pod_labels or {})}}
+        peer = {"podSelector": {"matchLabels": dict(gateway_pod_labels or {})}}  # non-empty: checked above
         if gateway_namespace is not None:  # a bare podSelector only matches the policy's namespace
             peer["namespaceSelector"] = {"matchLabels": {"kubernetes.io/metadata.name": gateway_namespace}}
     egress: list[dict[str, Any]] = [{"to": [peer], "ports": [{"protocol": "TCP", "port": gateway_port}]}]
     if allow_dns:
         dns_peer = {
             "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": dns_namespace}},
-            "podSelector": {"matchLabels": dict(dns_pod_labels or {"k8s-app": "kube-dns"})},
+            "podSelector": {"matchLabels": dict(dns_pod_labels or DEFAULT_DNS_POD_LABELS)},
         }
         egress.append(
             {"to": [dns_peer], "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}

@@ -7,13 +7,14 @@ mapping needs are kept.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from harnessrl.controller.kubernetes.names import CONTAINER_ANNOTATION
+from harnessrl.controller.kubernetes.names import CONTAINER_ANNOTATION, WRITTEN_AT_ANNOTATION
 
 
 def parse_time(value: str | None) -> float | None:
@@ -70,6 +71,9 @@ class ContainerStatus:
     started: bool = False  # ever ran: running now, or terminated with a startedAt
     init: bool = False
     started_at: float | None = None  # when it started running (the kubelet's startedAt)
+    # A native sidecar: an init container with ``restartPolicy: Always`` (Istio injects them). It
+    # runs beside the harness and is SIGTERMed (exit 143) when the harness ends: no failure of setup.
+    sidecar: bool = False
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,17 @@ class ObservedSecret:
     annotations: Mapping[str, str] = field(default_factory=dict)
     created_at: float | None = None
 
+    @property
+    def written_at(self) -> float | None:
+        """When it was last written: its creation, or a later rewrite (a create retried after the
+        Secret already existed keeps the old creationTimestamp, so the runner stamps each write)."""
+        try:
+            stamped = float(self.annotations.get(WRITTEN_AT_ANNOTATION, ""))
+        except ValueError:
+            stamped = None
+        times = [t for t in (self.created_at, stamped) if t is not None and math.isfinite(t)]
+        return max(times, default=None)
+
 
 def _conditions(raw: Iterable[Mapping[str, Any]] | None) -> tuple[Condition, ...]:
     return tuple(
@@ -199,12 +214,25 @@ def _harness_limits(spec: Mapping[str, Any], harness: str | None) -> dict[str, f
     return {name: value for name, value in parsed.items() if value is not None}
 
 
+def _sidecar_names(spec: Mapping[str, Any]) -> set[str]:
+    """Init containers of the pod spec with ``restartPolicy: Always`` (native sidecars)."""
+    return {
+        c.get("name", "")
+        for c in spec.get("initContainers") or ()
+        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always"
+    }
+
+
 def parse_pod(obj: Mapping[str, Any]) -> ObservedPod:
     meta = obj.get("metadata") or {}
     status = obj.get("status") or {}
     labels = meta.get("labels") or {}
     harness = (meta.get("annotations") or {}).get(CONTAINER_ANNOTATION)
-    containers = [_container(c, init=True) for c in status.get("initContainerStatuses") or ()]
+    sidecars = _sidecar_names(obj.get("spec") or {})
+    containers = [
+        replace(status_, sidecar=status_.name in sidecars)
+        for status_ in (_container(c, init=True) for c in status.get("initContainerStatuses") or ())
+    ]
     containers += [_container(c, init=False) for c in status.get("containerStatuses") or ()]
     return ObservedPod(
         name=meta.get("name", ""),

@@ -5,11 +5,16 @@ writable volumes a read-only image needs. Pure: ``harden_pod`` edits the Job dic
 Threat model: the harness container runs an agent that may try to game its reward. It must not get
 root, Linux capabilities, privilege escalation (setuid binaries), a writable image (to plant
 binaries or edit the evaluator's tools), the service-account token, or the host's namespaces
-(``hostNetwork`` would also bypass the NetworkPolicy). Hardened fields win over the template's; the
-template's other security fields (SELinux, AppArmor, supplementalGroups...) are kept. A
-``seccompProfile`` of type ``Localhost`` in the template is kept: it is a deliberate profile, and
-replacing it with ``RuntimeDefault`` could loosen it. Weakening anything is explicit, in config
-(``PodSecurityConfig.enabled = false``), never a side effect of the template.
+(``hostNetwork`` would also bypass the NetworkPolicy), a view of another container's processes
+(``shareProcessNamespace``), root's group (``supplementalGroups`` 0), an unconfined AppArmor or
+SELinux domain (``appArmorProfile: Unconfined``, ``seLinuxOptions`` type ``spc_t``), an unmasked
+``/proc`` (``procMount: Unmasked``) or the node's disk (``hostPath`` volumes, refused). Hardened
+fields win over the template's; the template's other security fields are kept. A
+``seccompProfile`` or ``appArmorProfile`` of type ``Localhost`` in the template is kept: it is a
+deliberate profile, and replacing it with ``RuntimeDefault`` could loosen it; of ``seLinuxOptions``
+only ``level`` (the MCS categories) is kept, since its ``type``/``user``/``role`` can pick an
+unconfined domain. Weakening anything is explicit, in config (``PodSecurityConfig.enabled =
+false``), never a side effect of the template.
 
 Other containers of the template (sidecars, its init containers) keep their container-level
 contexts as written; the pod-level fields (non-root, uid/gid, seccomp) apply to them too.
@@ -24,9 +29,13 @@ when the image has no such directory.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
-from harnessrl.controller.kubernetes.config import PodSecurityConfig
+from harnessrl.errors import ConfigError
+
+if TYPE_CHECKING:  # config imports this module in a validator: no import cycle at run time
+    from harnessrl.controller.kubernetes.config import PodSecurityConfig
 
 WORKSPACE_VOLUME = "harnessrl-workspace"
 HOME_VOLUME = "harnessrl-home"
@@ -52,9 +61,26 @@ def _seccomp(existing: dict[str, Any] | None) -> dict[str, Any]:
     return dict(_RUNTIME_DEFAULT)
 
 
+def _confined(context: dict[str, Any]) -> dict[str, Any]:
+    """``context`` without the fields that would lift the runtime's MAC confinement: an AppArmor
+    profile other than a deliberate ``Localhost`` one becomes ``RuntimeDefault`` (``Unconfined``
+    goes), and ``seLinuxOptions`` keeps only its ``level`` (``type: spc_t`` is unconfined)."""
+    confined = dict(context)
+    apparmor = confined.get("appArmorProfile")
+    if apparmor is not None and not (isinstance(apparmor, Mapping) and apparmor.get("type") == "Localhost"):
+        confined["appArmorProfile"] = dict(_RUNTIME_DEFAULT)
+    selinux = confined.pop("seLinuxOptions", None)
+    if isinstance(selinux, Mapping) and selinux.get("level"):
+        confined["seLinuxOptions"] = {"level": selinux["level"]}
+    return confined
+
+
 def pod_security_context(config: PodSecurityConfig, template: dict[str, Any] | None = None) -> dict[str, Any]:
     """The pod-level ``securityContext``: the template's, with the hardened fields set."""
-    template = template or {}
+    template = _confined(template or {})
+    groups = [g for g in template.pop("supplementalGroups", None) or [] if isinstance(g, int) and g > 0]
+    if groups:  # group 0 owns much of an image (root's files with group write): never handed out
+        template["supplementalGroups"] = groups
     return {
         **template,
         "runAsNonRoot": True,
@@ -70,12 +96,13 @@ def container_security_context(
 ) -> dict[str, Any]:
     """The harness (and seed) container's ``securityContext``. The uid fields repeat the pod's
     because a container-level value overrides the pod-level one (a template's ``runAsUser: 0``)."""
-    template = template or {}
+    template = _confined(template or {})
     return {
         **template,
         "runAsNonRoot": True,
         "runAsUser": config.run_as_user,
         "runAsGroup": config.run_as_group,
+        "procMount": "Default",  # Unmasked would show /proc's kernel knobs the runtime hides
         "privileged": False,
         "allowPrivilegeEscalation": False,  # no_new_privs: setuid binaries (sudo, su) gain nothing
         "capabilities": {"drop": ["ALL"]},  # the template's `add` goes too
@@ -109,6 +136,25 @@ def _seed_container(container: dict[str, Any], workspace: str, config: PodSecuri
     return seed
 
 
+def _host_path_volume_names(volumes: Any) -> list[str]:
+    return [
+        str(v.get("name")) for v in volumes or [] if isinstance(v, Mapping) and v.get("hostPath") is not None
+    ]
+
+
+def refuse_host_path_volumes(template: Mapping[str, Any] | None) -> None:
+    """A ``ConfigError`` if the job template has a ``hostPath`` volume: the node's disk, which a
+    hardened pod must not see (writable, it is a way onto the node). Checked when the config loads."""
+    from harnessrl.controller.kubernetes.job_template import normalize_template
+
+    names = _host_path_volume_names(normalize_template(template)["spec"]["template"]["spec"].get("volumes"))
+    if names:
+        raise ConfigError(
+            f"job_template: hostPath volumes {names} expose the node's disk to the harness pod; refused "
+            "while pod_security.enabled (use an emptyDir/PVC, or pod_security.enabled = false)"
+        )
+
+
 def harden_pod(
     pod_spec: dict[str, Any],
     container: dict[str, Any],
@@ -122,10 +168,18 @@ def harden_pod(
     whose emptyDir grows past it). A no-op when ``config.enabled`` is false."""
     if not config.enabled:
         return
+    host_paths = _host_path_volume_names(pod_spec.get("volumes"))
+    if host_paths:
+        raise ConfigError(
+            f"job_template: hostPath volumes {host_paths} are refused while pod_security.enabled"
+        )
     pod_spec["securityContext"] = pod_security_context(config, pod_spec.get("securityContext"))
     pod_spec["automountServiceAccountToken"] = False  # the template cannot hand the agent a token
     for field in ("hostNetwork", "hostPID", "hostIPC"):  # host namespaces escape the NetworkPolicy
         pod_spec[field] = False
+    # A shared PID namespace shows the harness the other containers' processes and their
+    # /proc/<pid>/root (a sidecar's files, environment, credentials).
+    pod_spec["shareProcessNamespace"] = False
     container["securityContext"] = container_security_context(config, container.get("securityContext"))
 
     mounts = list(container.get("volumeMounts") or [])

@@ -61,6 +61,11 @@ _CONTAINER_LIMIT = re.compile(r"Container (\S+) exceeded its local ephemeral sto
 # harness using more than its own limit of that resource is the policy's doing.
 _NODE_PRESSURE = re.compile(r"The node was low on resource: ([A-Za-z0-9./-]+?)\.(?:\s|$)")
 _CONTAINER_USAGE = re.compile(r"Container (\S+) was using (\S+), which exceeds its request of")
+# Node pressure on inodes or PIDs (the kubelet's resourceInodes / resourcePids): a pod has no limit
+# of either to weigh it against and the message names no container, and making millions of files
+# or a fork bomb is something the agent can do at will. Once the harness ran, such an eviction is
+# the policy's outcome; were it INFRA, a failing agent could turn its 0 into a retry.
+_AGENT_MADE_PRESSURE = frozenset({"inodes", "pids"})
 # Kubernetes timestamps have whole seconds: the harness's start and the Job's may each read up to 1 s low.
 _CLOCK_SLACK_S = 2.0
 
@@ -98,13 +103,16 @@ def _harness_name(pod: ObservedPod) -> str | None:
 
 
 def _overran_own_limit(pod: ObservedPod, message: str) -> bool:
-    """An eviction ``message`` that blames this pod's own usage of a limit it was given."""
+    """An eviction ``message`` that blames this pod's own usage: of a limit it was given, or of
+    the node's inodes or PIDs (``_AGENT_MADE_PRESSURE``), which the agent can exhaust at will."""
     if _POD_STORAGE_LIMIT.search(message) or _EMPTYDIR_LIMIT.search(message):
         return True
     harness = _harness_name(pod)
     if any(name == harness for name in _CONTAINER_LIMIT.findall(message)):
         return True
     pressure = _NODE_PRESSURE.search(message)
+    if pressure is not None and pressure.group(1) in _AGENT_MADE_PRESSURE:
+        return True
     limit = pod.harness_limits.get(pressure.group(1)) if pressure else None
     if limit is None:
         return False
@@ -131,7 +139,7 @@ def _pod_outcome(pod: ObservedPod, *, harness_ran: bool) -> Exit | None:
         return _infra(f"pod {pod.name} disrupted: {disruption.reason} {disruption.message}".strip())
     if evicted:
         return _infra(f"pod {pod.name} failed: {pod.reason} {pod.message}".strip())  # Evicted, NodeLost...
-    for init in (c for c in pod.containers if c.init):
+    for init in (c for c in pod.containers if c.init and not c.sidecar):
         if init.state == "terminated" and init.exit_code not in (0, None):
             return _infra(f"init container {init.name} exited {init.exit_code} ({init.reason})")
     return None
@@ -235,7 +243,7 @@ def classify(
 def _orphan(
     labels: Mapping[str, str], annotations: Mapping[str, str], *, owner: str | None, latest: Mapping[str, int]
 ) -> bool:
-    """A Job or Secret this runner may delete though it did not ask for it: one it created itself
+    """A Job this runner may delete though it did not ask for it: one it created itself
     (``owner``: its controller label) that no attempt of it wants any more, or one of an attempt
     that a later attempt of the same rollout, launched here, supersedes (the store gives every
     retry a new attempt and refuses the old one's result; whoever ran it is gone or will kill it).
@@ -314,11 +322,16 @@ def plan(
         else:
             result.waiting.append(d.name)
 
+    # A Secret with no Job and no attempt of this runner is useless whoever wrote it: its attempt
+    # ended and the owner reference that lets the garbage collector take it was never set, or its
+    # controller died between the Secret and the Job. Unlike a Job, another controller's counts too
+    # (a dead one's carries its id forever). What protects a live controller's Secret whose Job is
+    # still being created is the grace: it rewrites the Secret on every try (``written_at``), and the
+    # runner keeps the grace above the time one try can take.
     for name, secret in (observed_secrets or {}).items() if delete_orphans else ():
         if name in desired_names or name in observed:
             continue
-        if not _orphan(secret.labels, secret.annotations, owner=owner, latest=latest):
-            continue
-        if secret.created_at is None or now - secret.created_at >= orphan_secret_grace_s:
+        written = secret.written_at
+        if written is None or now - written >= orphan_secret_grace_s:
             result.delete_secrets.append(name)
     return result

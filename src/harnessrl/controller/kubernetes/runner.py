@@ -34,7 +34,13 @@ from harnessrl.controller.base import Exit, ExitKind, Launch
 from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.kubernetes.job_template import normalize_template
-from harnessrl.controller.kubernetes.names import attempt_labels, label_selector, resource_name, run_labels
+from harnessrl.controller.kubernetes.names import (
+    WRITTEN_AT_ANNOTATION,
+    attempt_labels,
+    label_selector,
+    resource_name,
+    run_labels,
+)
 from harnessrl.controller.kubernetes.network_policy import build_network_policy
 from harnessrl.controller.kubernetes.observed import (
     ObservedJob,
@@ -440,7 +446,7 @@ class KubernetesRunner:
             stuck_pending_s=self.config.stuck_pending_s,
             delete_orphans=now - self._started_at >= self.config.orphan_grace_s,
             observed_secrets=self._secrets,
-            orphan_secret_grace_s=self.config.orphan_grace_s,
+            orphan_secret_grace_s=self._secret_grace_s(),
             owner=self.controller_id,
         )
         for name in actions.adopted:
@@ -462,6 +468,13 @@ class KubernetesRunner:
         for result in results:
             if isinstance(result, Exception):
                 log.warning("kubernetes reconcile action failed: %s", result)
+
+    def _secret_grace_s(self) -> float:
+        """How old (since last written) a Secret with no Job must be before any runner of the run
+        sweeps it: ``orphan_grace_s``, but never less than a peer's create can take between writing
+        its Secret and its Job showing in our lists (a back-off, the two requests, our list)."""
+        cfg = self.config
+        return max(cfg.orphan_grace_s, cfg.poll_interval_s + 4 * cfg.request_timeout_s)
 
     def _mark_created(self, attempt: _Attempt) -> None:
         self._seq += 1
@@ -511,6 +524,8 @@ class KubernetesRunner:
 
     async def _create(self, attempt: _Attempt) -> None:
         ns, name = self.config.namespace, attempt.name
+        # Stamped on every try: the grace that keeps other runners from sweeping it counts from here.
+        attempt.secret["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] = f"{self._clock():.3f}"
         try:
             try:
                 await self._api(self._core.create_namespaced_secret, ns, attempt.secret)
