@@ -12,7 +12,8 @@ from pathlib import Path
 from tests.data.generate import calibrated_records, good_record, raw_records
 
 from harnessrl.data.curate import filter_records, select_records, split_records
-from harnessrl.data.records import read_records, repo_of, to_task, write_records
+from harnessrl.data.records import count_tests, read_records, repo_of, to_task, write_records
+from harnessrl.data.records import tests_of as listed_tests  # not collected as a test
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
@@ -109,6 +110,27 @@ def test_to_task_hides_the_gold_patch_from_the_harness():
     check_visible(task, where="to_task")  # what the swesmith task source checks
     seen = json.dumps(harness_view(task))
     assert not any(marker in seen for marker in ("GOLD", "TESTS", "ANSWER", "REPO", "test_bug_0"))
+
+
+def test_to_task_keeps_the_test_lists_of_a_records_own_hidden_object():
+    """A record already in task form (its tests under ``hidden``, none at the top) keeps them:
+    they were replaced by empty lists, so the evaluator had no test to run."""
+    record = {k: v for k, v in raw_records()[1].items() if k not in ("FAIL_TO_PASS", "PASS_TO_PASS")}
+    record["hidden"] = {"FAIL_TO_PASS": '["tests/a.py::test_x"]', "PASS_TO_PASS": ["tests/a.py::test_y"]}
+    task = to_task(record)
+    assert task["hidden"]["FAIL_TO_PASS"] == ["tests/a.py::test_x"]
+    assert task["hidden"]["PASS_TO_PASS"] == ["tests/a.py::test_y"]
+    assert listed_tests(record, "FAIL_TO_PASS") == ["tests/a.py::test_x"] and count_tests(record) == 2
+    # a top-level list still wins over the hidden one
+    top = to_task({**record, "FAIL_TO_PASS": ["tests/b.py::test_z"]})
+    assert top["hidden"]["FAIL_TO_PASS"] == ["tests/b.py::test_z"]
+
+
+def test_a_json_null_test_list_is_no_tests():
+    for value in (None, "null", "", " "):
+        assert listed_tests({"FAIL_TO_PASS": value}, "FAIL_TO_PASS") == [], value
+    assert listed_tests({"FAIL_TO_PASS": '["a"]'}, "FAIL_TO_PASS") == ["a"]
+    assert listed_tests({"FAIL_TO_PASS": "tests/a.py::t"}, "FAIL_TO_PASS") == ["tests/a.py::t"]
 
 
 def test_select_keeps_mixed_and_adds_seeded_unsolvable(tmp_path: Path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from harnessrl.cli.main import app
@@ -285,3 +286,215 @@ def test_sigterm_stops_a_run_cleanly_and_resume_finishes_it(record, solving, tmp
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["steps"] == summary["total_steps"] == 2 * epochs > done
     assert (run_dir / "checkpoints/final/model.safetensors").is_file()
+
+
+def test_export_refuses_the_source_stores_own_files(record, solving, tmp_path):
+    """``--export-jsonl`` naming the teacher's store (or its SQLite side files, or a link to it)
+    replaced the recorded rollouts with JSONL: refused, naming the option, nothing written."""
+    rec = record([solving], [1.0])
+    config = write_config(tmp_path, rec.run_dir)
+    db = rec.run_dir / "harnessrl.db"
+    (tmp_path / "link.db").symlink_to(db)
+    before = db.read_bytes()
+    listed = sorted(p.name for p in rec.run_dir.iterdir())
+    for target in (
+        db,
+        rec.run_dir / "harnessrl.db-wal",
+        tmp_path / "link.db",
+        rec.run_dir / "x" / ".." / db.name,
+    ):
+        line = error_line(runner.invoke(app, ["sft", str(config), "--export-jsonl", str(target)]))
+        assert "--export-jsonl" in line and "source store" in line, line
+    assert db.read_bytes() == before and sorted(p.name for p in rec.run_dir.iterdir()) == listed
+    assert len(rec.store.list_rollouts()) == 1
+
+
+def test_export_leaves_out_answers_training_skips(tmp_path):
+    """Training never trains on a truncated answer (token limit, content filter) or an empty one;
+    neither does the export: a line ends at the last complete answer before the first skipped one,
+    and a call continuing a skipped answer is left out."""
+    from harnessrl.schemas import Call, Outcome
+    from harnessrl.store.sqlite import SQLiteStore
+
+    def chat(n: int) -> list[dict]:
+        history = [{"role": "user", "content": "What is in a.txt?"}]
+        for i in range(n):
+            history += [{"role": "assistant", "content": f"step {i}"}, {"role": "user", "content": "go on"}]
+        return history
+
+    # per rollout: its answers' (content, finish_reason), each call continuing the previous one
+    rollouts = {
+        "cut": [("step 0", "stop"), ("step 1", "length")],
+        "filtered": [("step 0", "stop"), ("step 1", "tool_calls"), ("step 2", "content_filter")],
+        "empty": [("step 0", "stop"), ("  ", "stop")],
+        "first_cut": [("step 0", "length"), ("step 1", "stop")],
+        "whole": [("step 0", "stop"), ("step 1", "stop")],
+    }
+    run_dir = tmp_path / "teacher"
+    run_dir.mkdir()
+    store = SQLiteStore(run_dir / "harnessrl.db")
+    ids = {}
+    try:
+        for task, answers in rollouts.items():
+            rollout = store.create_rollout(run_id="teacher", task_id=task, task={"prompt": task})
+            store.start_rollout(rollout.rollout_id)
+            for i, (content, finish) in enumerate(answers):
+                store.add_call(
+                    Call(
+                        rollout_id=rollout.rollout_id,
+                        request={"model": "teacher", "messages": chat(i)},
+                        response={"role": "assistant", "content": content},
+                        prompt_token_ids=[],
+                        response_token_ids=[],
+                        response_logprobs=[],
+                        finish_reason=finish,
+                    )
+                )
+            store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0)
+            ids[rollout.rollout_id] = task
+    finally:
+        store.close()
+    out = tmp_path / "teacher.jsonl"
+    result = runner.invoke(app, ["sft", str(write_config(tmp_path, run_dir)), "--export-jsonl", str(out)])
+    assert result.exit_code == 0, result.output
+    lines = {
+        ids[line["rollout_id"]]: line["messages"] for line in map(json.loads, out.read_text().splitlines())
+    }
+    assistant_turns = {
+        task: [m["content"] for m in messages if m["role"] == "assistant"] for task, messages in lines.items()
+    }
+    assert assistant_turns == {
+        "cut": ["step 0"],
+        "filtered": ["step 0", "step 1"],
+        "empty": ["step 0"],
+        "whole": ["step 0", "step 1"],
+    }  # "first_cut": its every line would hold the cut answer
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["answers_skipped"] == {"truncated": 3, "empty_answer": 1}
+
+
+def test_a_source_store_that_is_not_a_database_is_named(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("not a database\n")
+    config = tmp_path / "sft.toml"
+    config.write_text(f'[source]\nstore_url = "{text}"\n[metrics]\ntensorboard = false\n')
+    for extra in ([], ["--export-jsonl", str(tmp_path / "out.jsonl")]):
+        line = error_line(runner.invoke(app, ["sft", str(config), *extra]))
+        assert "source.store_url" in line and "not a harnessrl store" in line, line
+    assert text.read_text() == "not a database\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "sft.toml"]
+
+
+def test_non_finite_numbers_and_unknown_parsers_are_refused_before_anything_is_made(
+    record, solving, tmp_path
+):
+    """``select.min_reward = nan`` kept every rollout (nan compares false); ``optimizer.lr = inf``
+    passed its bound; a bad parser name was reported as ``gateway.*`` after the folder existed."""
+    rec = record([solving], [1.0])
+    config = str(write_config(tmp_path, rec.run_dir))
+    for setting, named in [
+        ("select.min_reward=nan", "select.min_reward"),
+        ("select.min_reward=-inf", "select.min_reward"),
+        ("optimizer.lr=inf", "optimizer.lr"),
+        ("optimizer.betas=[nan, 0.9]", "optimizer.betas"),
+        ("sft.tool_call_parser=nope", "sft.tool_call_parser"),
+        ("sft.reasoning_parser=nope", "sft.reasoning_parser"),
+    ]:
+        line = error_line(runner.invoke(app, ["sft", config, "--set", setting]))
+        assert f" {named}: " in line and "gateway." not in line, (setting, line)
+    assert not (tmp_path / "runs").exists()
+    out = tmp_path / "all.jsonl"
+    assert "select.min_reward" in error_line(
+        runner.invoke(app, ["sft", config, "--set", "select.min_reward=nan", "--export-jsonl", str(out)])
+    )
+    assert not out.exists()
+
+
+def test_resume_refuses_a_change_of_what_the_steps_train(record, solving, tmp_path):
+    """A ``--resume`` that changed the seed or the batch size reordered the epoch mid-way (some
+    sequences trained twice, others never); one that changed what the sequences are, or asked for
+    LoRA on a full fine-tune (which crashed after saving the new config, so a plain --resume failed
+    too), is refused as well: exit 2 naming the field, the run's config as it was."""
+    from harnessrl.sft.run import SftRun, prepare_sft_run
+
+    rec = record([solving, solving, solving], [1.0, 1.0, 1.0])
+    config, run_dir = prepare_sft_run(str(write_config(tmp_path, rec.run_dir)), None, [])
+    assert SftRun(config, run_dir, stop_after=1).run()["steps"] == 1
+    saved = (run_dir / "config.json").read_text()
+    for setting, named in [
+        ("run.seed=7", "run.seed"),
+        ("sft.sequences_per_step=3", "sft.sequences_per_step"),
+        ("sft.max_sequence_tokens=64", "sft.max_sequence_tokens"),
+        ("sft.chat_template_kwargs.enable_thinking=false", "sft.chat_template_kwargs"),
+        ("sft.tool_call_parser=hermes", "sft.tool_call_parser"),
+        ("sft.reasoning_parser=qwen3", "sft.reasoning_parser"),
+        ("sft.lora.r=2", "sft.lora"),
+    ]:
+        line = error_line(runner.invoke(app, ["sft", "--resume", str(run_dir), "--set", setting]))
+        assert f"error: {named}" in line and "cannot change on --resume" in line, (setting, line)
+        assert (run_dir / "config.json").read_text() == saved
+
+    # the same rollouts rendered into other sequences (another tokenizer or renderer) are refused too
+    data = json.loads((run_dir / "sft_data.json").read_text())
+    (run_dir / "sft_data.json").write_text(json.dumps({**data, "samples_sha256": "0" * 64}))
+    line = error_line(runner.invoke(app, ["sft", "--resume", str(run_dir)]))
+    assert "training sequences changed" in line
+    (run_dir / "sft_data.json").write_text(json.dumps(data))
+
+    # what only adds epochs is fine, and the plain --resume finishes the run
+    result = runner.invoke(app, ["sft", "--resume", str(run_dir), "--set", "sft.epochs=1"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout.strip().splitlines()[-1])["steps"] == 2
+    assert json.loads((run_dir / "config.json").read_text())["sft"]["epochs"] == 1
+
+
+def test_a_resume_whose_checkpoint_fails_to_load_keeps_the_runs_config(record, solving, tmp_path):
+    """The merged config is saved only once the policy and its trainer state loaded: a failed
+    ``--resume --set ...`` leaves the config the next plain ``--resume`` reads as it was."""
+    from harnessrl.sft.run import SftRun, prepare_sft_run
+    from harnessrl.trainer.checkpoint import latest_checkpoint
+
+    rec = record([solving, solving, solving], [1.0, 1.0, 1.0])
+    config, run_dir = prepare_sft_run(str(write_config(tmp_path, rec.run_dir)), None, [])
+    SftRun(config, run_dir, stop_after=1).run()
+    saved = (run_dir / "config.json").read_text()
+    checkpoint = latest_checkpoint(run_dir)
+    assert checkpoint is not None
+    (checkpoint / "trainer_state.pt").write_bytes(b"not a state dict")  # the optimizer's state
+    resumed, _ = prepare_sft_run(None, str(run_dir), ["sft.epochs=5"])
+    with pytest.raises(Exception):  # noqa: B017 (whatever torch raises for a damaged file)
+        SftRun(resumed, run_dir, resume=True).run()
+    assert (run_dir / "config.json").read_text() == saved
+
+
+def test_a_signal_during_start_up_leaves_no_folder_that_resume_cannot_continue(record, solving, tmp_path):
+    """Ctrl-C while a new run loads (before its config.json) left a folder holding only .lock: the
+    printed ``--resume`` failed ("no config.json there") and the same command said "already
+    exists". Now the folder is removed and the message says to run the command again; a signal
+    that lands after the first step still names a ``--resume`` that works."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    rec = record([solving], [1.0])
+    config = write_config(tmp_path, rec.run_dir)
+    run_dir = tmp_path / "runs/student"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "harnessrl", "sft", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not (run_dir / ".lock").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGINT, err[-2000:]
+    if "--resume" in err:  # it got past its start-up: what it names must continue it
+        assert (run_dir / "config.json").is_file(), err[-2000:]
+    else:
+        assert f"SIGINT: sft run stopped while starting; nothing was kept in {run_dir}" in err, err[-2000:]
+        assert not run_dir.exists() and not (tmp_path / "runs").exists()

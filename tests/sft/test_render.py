@@ -148,6 +148,32 @@ def test_an_answer_cut_at_its_token_limit_is_not_closed_and_trained(tokenizer):
     ]
 
 
+@pytest.mark.parametrize("finish", ["content_filter", "error", "abort"])
+def test_only_an_answer_that_ended_naturally_is_trained(tokenizer, finish):
+    """Teacher mode records the upstream's finish reason as it came: an answer a content filter cut
+    (partial text) would be closed with an end-of-turn as a finished one; any ending but the
+    natural ones (``stop``, ``tool_calls``) counts as truncated."""
+    calls = chat_calls(
+        [
+            {"content": "Partial"},
+            {
+                "content": "Looking.",
+                "tool_calls": [
+                    {"id": "c10", "type": "function", "function": {"name": "bash", "arguments": "{}"}}
+                ],
+            },
+            {"content": "42."},
+        ]
+    )
+    calls[0] = calls[0].model_copy(update={"finish_reason": finish})
+    calls[1] = calls[1].model_copy(update={"finish_reason": "tool_calls"})
+    samples, report = rollout_sequences(rollout(), calls, tokenizer, formats(tokenizer))
+    assert dict(report.skipped) == {"truncated": 1} and report.rendered == 2
+    assert repr(finish) in report.examples["truncated"]
+    trained = [tokenizer.decode(s.input_ids[sp.start : sp.end]) for s in samples for sp in s.spans]
+    assert trained[0].startswith("Looking.") and trained[-1] == "42.<|im_end|>"
+
+
 def test_an_empty_answer_is_not_trained_as_stopping_at_once(tokenizer):
     """An answer with no text, reasoning or tool call (an upstream that answered nothing) would teach
     the student to end its turn at once: counted and skipped. The rollout's other calls still

@@ -26,7 +26,7 @@ def sequence(rollout_id: str, ids: list[int], answers: list[tuple[int, int]]) ->
     return Sample(rollout_id, ids, mask, [0.0] * len(ids), spans, advantage=1.0)
 
 
-def policy(grad_clip: float, *, share_prefixes: bool = False, row_tokens: int = 64) -> TrainablePolicy:
+def policy(grad_clip: float | None, *, share_prefixes: bool = False, row_tokens: int = 64) -> TrainablePolicy:
     config = PolicyConfig(
         optimizer=OptimizerConfig(grad_clip=grad_clip),
         share_prefixes=share_prefixes,
@@ -136,3 +136,14 @@ def test_rows_too_short_to_share_still_train_the_same():
     assert abs(metrics["sft/loss"] - loss) < 1e-5
     assert metrics["sft/forward_tokens"] == 3 * 38
     assert_same_weights(p.model, after)
+
+
+def test_grad_norm_is_reported_with_clipping_off():
+    """``sft/grad_norm`` is the norm before clipping (docs/sft.md), so it is reported without
+    ``optimizer.grad_clip`` too (it read 0.0), the same norm as with a clip it does not reach."""
+    torch.manual_seed(0)
+    sample = sequence("r", torch.randint(0, 4000, (40,)).tolist(), [(12, 40)])
+    unclipped = sft_step(sgd_learner(policy(grad_clip=None)), [sample], micro_batch_tokens=4096)
+    clipped = sft_step(sgd_learner(policy(grad_clip=1e9)), [sample], micro_batch_tokens=4096)
+    assert unclipped["sft/grad_norm"] > 0
+    assert abs(unclipped["sft/grad_norm"] - clipped["sft/grad_norm"]) <= 1e-6 * clipped["sft/grad_norm"]

@@ -35,12 +35,14 @@ def _fail(exc: HarnessRLError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _check_outputs(paths: dict[str, Path | None]) -> None:
-    """Each output path (by the argument or option that named it) can be written, and no two of them
-    are the same file (``split --train X --test X`` kept only the test records; ``--report`` equal to
-    an output overwrote it): checked before the work, so a bad one costs nothing and leaves nothing
-    behind."""
+def _check_outputs(paths: dict[str, Path | None], inputs: dict[str, Path]) -> None:
+    """Each output path (by the argument or option that named it) can be written, is none of the
+    ``inputs`` (``filter in.jsonl out.jsonl --report in.jsonl`` overwrote the records it read), and
+    no two of them are the same file (``split --train X --test X`` kept only the test records;
+    ``--report`` equal to an output overwrote it): checked before the work, so a bad one costs
+    nothing and leaves nothing behind."""
     from harnessrl.config import check_output_path
+    from harnessrl.data.records import same_file
     from harnessrl.errors import ConfigError
 
     seen: dict[Path, str] = {}
@@ -48,6 +50,12 @@ def _check_outputs(paths: dict[str, Path | None]) -> None:
         if path is None:
             continue
         check_output_path(path, option)
+        for name, source in inputs.items():
+            if same_file(path, source):
+                raise ConfigError(
+                    f"{option} is {name} ({str(path)!r}): writing it would replace the input the "
+                    "command reads; give the output its own path"
+                )
         resolved = path.resolve()  # links and ".." too: the file the command would write
         if resolved in seen:
             raise ConfigError(
@@ -80,7 +88,7 @@ def filter_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
-        _check_outputs({"OUT": out_path, "--report": report})
+        _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path})
         kept, summary = filter_records(
             read_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
         )
@@ -123,7 +131,7 @@ def calibrate_command(
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        _check_outputs({"OUT": out_path, "--report": report})
+        _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path, "--config": config})
         if run_dir is not None:  # a file there is named now, not a traceback once the stack started
             from harnessrl.config import check_output_path
 
@@ -171,7 +179,7 @@ def select_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
-        _check_outputs({"OUT": out_path, "--report": report})
+        _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path})
         kept, summary = select_records(read_records(in_path), unsolvable=unsolvable, seed=seed)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
@@ -200,7 +208,7 @@ def split_command(
     from harnessrl.data.records import read_records, write_records
 
     try:
-        _check_outputs({"--train": train, "--test": test, "--report": report})
+        _check_outputs({"--train": train, "--test": test, "--report": report}, {"IN": in_path})
         train_records, test_records, summary = split_records(
             read_records(in_path), test_size=test_size, seed=seed, no_repo_leakage=no_repo_leakage
         )

@@ -23,7 +23,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harnessrl.data.records import Record, append_record, instance_id, read_records, to_task, write_records
+from harnessrl.data.records import (
+    Record,
+    append_record,
+    instance_id,
+    read_records,
+    same_file,
+    to_task,
+    write_records,
+)
 from harnessrl.errors import ConfigError, HarnessRLError
 
 if TYPE_CHECKING:  # the stack imports the gateway and engines: only when calibrating
@@ -37,12 +45,6 @@ PASS_THRESHOLD = 1.0  # reward >= 1 is a pass: SWE-style evaluators give 1 only 
 
 class CalibrationTimeout(HarnessRLError):
     """A batch of rollouts was not done in time; what finished before it is in OUT."""
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    if a.exists() and b.exists():
-        return a.samefile(b)
-    return a.resolve() == b.resolve()
 
 
 def _batch_timeout(config: RolloutConfig, rollouts: int) -> float:
@@ -109,7 +111,7 @@ async def calibrate_file(
 
     if k < 1:
         raise ConfigError("calibrate: --k must be >= 1")
-    if _same_file(in_path, out_path):  # OUT is rewritten as the run goes: IN would be lost
+    if same_file(in_path, out_path):  # OUT is rewritten as the run goes: IN would be lost
         raise ConfigError(f"calibrate: OUT is IN ({out_path}); write the calibrated records to another file")
     records = read_records(in_path)
     ids = [instance_id(r) for r in records]

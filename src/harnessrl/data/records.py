@@ -63,6 +63,15 @@ def write_records(path: str | Path, records: Iterable[Record]) -> Path:
     return path
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name one file: a hard link or symlink to it, or (one of them not
+    written yet) the same resolved path."""
+    a, b = Path(a), Path(b)
+    if a.exists() and b.exists():
+        return a.samefile(b)
+    return a.resolve() == b.resolve()
+
+
 def append_record(path: str | Path, record: Record) -> None:
     """Append one record and flush it to disk: what a killed ``calibrate`` has finished survives."""
     with Path(path).open("a", encoding="utf-8") as fh:
@@ -89,16 +98,21 @@ def text_field(record: Record, name: str) -> str:
 
 
 def tests_of(record: Record, name: str) -> list[str]:
-    """``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as a list. Hugging Face exports of SWE-bench-style sets
-    store them as JSON-encoded strings (``'["tests/test_a.py::test_x"]'``); both shapes are read."""
+    """``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as a list: the record's own field, else the one in its
+    ``hidden`` object (a record already in task form). Hugging Face exports of SWE-bench-style sets
+    store them as JSON-encoded strings (``'["tests/test_a.py::test_x"]'``); both shapes are read,
+    and JSON ``null`` (``None`` or ``"null"``) is no tests."""
     value = record.get(name)
-    if value is None or value == "":
-        return []
+    hidden = record.get(HIDDEN)
+    if name not in record and isinstance(hidden, dict):
+        value = hidden.get(name)
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            value = json.loads(value) if value.strip() else None
         except ValueError:
             return [value]  # a single test id written as a bare string
+    if value is None:
+        return []
     if isinstance(value, list):
         return [str(item) for item in value]
     return [str(value)]
@@ -140,7 +154,9 @@ def to_task(record: Record) -> dict[str, Any]:
     Every original field is kept (``{task[image_name]}``, ``{task[repo]}`` work as written) and
     ``prompt``/``task_id``/``branch`` are added. Every evaluator-only field
     (``harnessrl.tasks.fields.EVALUATOR_ONLY``: ``patch``, ``test_patch``, the test lists, decoded to
-    lists, ``answer``...) moves under ``hidden``, merged with the record's own ``hidden`` object.
+    lists, ``answer``...) moves under ``hidden``, merged with the record's own ``hidden`` object (a
+    top-level field wins over the same name there; the test lists of a ``hidden`` object are kept
+    when the record has none of its own).
     """
     task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS and k not in EVALUATOR_ONLY}
     hidden = dict(record.get(HIDDEN) or {})

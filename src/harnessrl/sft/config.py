@@ -38,7 +38,11 @@ class SourceSection(Section):
 
 
 class SelectSection(Section):
-    min_reward: float = Field(default=1.0, description="keep rollouts whose reward is at least this")
+    min_reward: float = Field(
+        default=1.0,
+        allow_inf_nan=False,  # nan compares false with every reward: it kept every rollout
+        description="keep rollouts whose reward is at least this",
+    )
     allow_flags: list[str] = Field(
         default_factory=list,
         description="flags a kept rollout may carry (any other flag drops it; audit findings always do)",

@@ -4,40 +4,83 @@ the order its steps take them in. No torch.
 The order is a pure function of the data and ``run.seed`` (``StepPlan``): epoch ``e`` takes the
 sequences in a permutation seeded by ``(seed, e)``, ``sequences_per_step`` at a time (the last batch
 of an epoch may be smaller). So a resumed run recomputes exactly the batches the interrupted one
-would have trained on, provided the selection is the same; the run's checkpoints keep the selected
-rollout IDs to check that.
+would have trained on, provided the sequences are the same; the run's checkpoints keep the selected
+rollout IDs, and its ``sft_data.json`` a hash of the sequences (``samples_digest``), to check that.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import random
+import sqlite3
+from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
 from harnessrl.sft.config import SftConfig
+from harnessrl.sft.conversations import (
+    Conversation,
+    NoConversation,
+    conversation,
+    export_line,
+    final_calls,
+    leaf_conversations,
+    with_recorded_answers,
+    write_jsonl,
+)
 from harnessrl.sft.render import RenderReport, rollout_sequences
 from harnessrl.sft.select import Selected, Selection, select_rollouts
-from harnessrl.store import open_store
+from harnessrl.store import open_store, sqlite_path
 from harnessrl.store.base import Store
 from harnessrl.tokenizer import PolicyTokenizer
 from harnessrl.trajectory import Sample
 
+#: The first bytes of every SQLite database file.
+SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def source_field(config: SftConfig) -> str:
+    """The config field that names the source store, for messages."""
+    return "source.run_dir" if config.source.run_dir is not None else "source.store_url"
+
+
+def source_file(config: SftConfig) -> Path | None:
+    """The SQLite file of the source store (None for a PostgreSQL one)."""
+    try:
+        path = sqlite_path(config.source.url())
+    except ConfigError as exc:
+        raise ConfigError(f"{source_field(config)}: {exc}") from exc
+    return None if path is None or path == ":memory:" else Path(path)
+
 
 def open_source(config: SftConfig) -> Store:
-    """The store the rollouts are in; ``ConfigError`` naming the field if there is none."""
+    """The store the rollouts are in; ``ConfigError`` naming the field if there is none, or if the
+    file there is not a SQLite database (a text file used to end in a ``sqlite3`` traceback; an
+    empty one would have been made a store, in the teacher's folder)."""
     source = config.source
-    url = source.url()
-    if "://" not in url:
-        path = Path(url)
+    field = source_field(config)
+    path = source_file(config)
+    if path is not None:
+        where = source.run_dir if source.run_dir is not None else source.url()
         if not path.is_file():
-            field = "source.run_dir" if source.run_dir is not None else "source.store_url"
-            where = source.run_dir if source.run_dir is not None else url
             raise ConfigError(f"{field}: no recorded rollouts at {where!r} ({path} does not exist)")
-    return open_store(url)
+        try:
+            with path.open("rb") as f:
+                header = f.read(len(SQLITE_HEADER))
+        except OSError as exc:
+            raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from exc
+        if header != SQLITE_HEADER:
+            raise ConfigError(f"{field}: {path} is not a harnessrl store (not a SQLite database)")
+    try:
+        return open_store(source.url())
+    except sqlite3.DatabaseError as exc:  # a damaged file: its header is right, its pages are not
+        raise ConfigError(f"{field}: {source.url()} cannot be read as a harnessrl store: {exc}") from exc
 
 
 def selection_of(config: SftConfig) -> Selection:
@@ -64,6 +107,10 @@ class SftData:
     report: RenderReport
     formats: ModelFormats
 
+    @cached_property
+    def samples_sha256(self) -> str:
+        return samples_digest(self.samples)
+
     @property
     def rollout_ids(self) -> list[str]:
         return [r.rollout_id for r in self.selected.rollouts]
@@ -83,7 +130,19 @@ class SftData:
             "tokens": sum(len(s) for s in self.samples),
             "tool_call_parser": self.formats.tool_parser,
             "reasoning_parser": self.formats.reasoning_parser,
+            "samples_sha256": self.samples_sha256,
         }
+
+
+def samples_digest(samples: list[Sample]) -> str:
+    """A hash of the rendered sequences, in order (tokens and loss masks): what ``StepPlan`` batches.
+    ``--resume`` compares it with the run's (``sft_data.json``): the same rollouts rendered
+    differently (another tokenizer, template or renderer) would batch other sequences."""
+    digest = hashlib.sha256()
+    for sample in samples:
+        digest.update(json.dumps([sample.rollout_id, sample.input_ids, sample.loss_mask]).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
 
 
 def load_data(config: SftConfig, model_dir: Path) -> SftData:
@@ -143,24 +202,59 @@ class StepPlan:
         return [self.samples[i] for i in order[k * self.per_step : (k + 1) * self.per_step]]
 
 
+def check_export_path(config: SftConfig, path: Path) -> None:
+    """``ConfigError`` naming ``--export-jsonl`` if ``path`` is the source store or one of its
+    SQLite side files: the export replaces its file, which destroyed the teacher's recordings."""
+    store = source_file(config)
+    if store is None:
+        return
+    target = path.expanduser().resolve()
+    for name in (store.name, f"{store.name}-wal", f"{store.name}-shm", f"{store.name}-journal"):
+        candidate = store.with_name(name)
+        same = candidate.expanduser().resolve() == target
+        if not same and candidate.exists() and path.exists():
+            same = path.samefile(candidate)  # a hard link too
+        if same:
+            raise ConfigError(
+                f"--export-jsonl: {str(path)!r} is the source store's file ({candidate}); "
+                "the export would replace the recorded rollouts: give another path"
+            )
+
+
+def exported_conversations(convs: list[Conversation]) -> tuple[list[Conversation], Counter[str]]:
+    """The conversations of one rollout's calls (in order, recorded answers in place) that the export
+    writes, and the answers skipped by reason. Training's rules on answers (``render.answer_skip``:
+    a truncated or empty answer is never trained on) hold for every assistant turn of a line, as
+    chat SFT tools train on all of them: a line ends at the last complete answer before the first
+    skipped one, so a call whose answer is skipped is never a line's last turn, and a call that
+    continues a skipped answer is left out."""
+    from harnessrl.sft.render import answer_skip
+
+    skipped: Counter[str] = Counter()
+    keys = [c.keys() for c in convs]
+    bad: list[list[bytes]] = []
+    kept = []
+    for conv, mine in zip(convs, keys, strict=True):
+        reason = answer_skip(conv)
+        if reason is not None:
+            skipped[reason.reason] += 1
+            bad.append(mine)
+        elif not any(len(mine) > len(b) and mine[: len(b)] == b for b in bad):
+            kept.append(conv)
+    return leaf_conversations(kept), skipped
+
+
 def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
     """Write the selected rollouts' conversations to ``path`` as JSONL (``conversations.write_jsonl``:
-    OpenAI messages with ``tool_calls``); independent of any student template."""
-    from harnessrl.sft.conversations import (
-        NoConversation,
-        conversation,
-        export_line,
-        final_calls,
-        leaf_conversations,
-        with_recorded_answers,
-        write_jsonl,
-    )
-
+    OpenAI messages with ``tool_calls``); independent of any student template, but without the
+    answers training skips whatever the template (``exported_conversations``)."""
+    check_export_path(config, path)
     store = open_source(config)
     try:
         selected = select_from(store, config)
         lines = []
         unreadable: dict[str, int] = {}
+        skipped: Counter[str] = Counter()
         for rollout in selected.rollouts:
             convs = []
             for call in final_calls(rollout, store.list_calls(rollout.rollout_id)):
@@ -168,8 +262,9 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
                     convs.append(conversation(call))
                 except NoConversation as exc:
                     unreadable[exc.reason] = unreadable.get(exc.reason, 0) + 1
-            leaves = leaf_conversations(with_recorded_answers(convs))
-            lines.extend(export_line(c, rollout) for c in leaves)
+            exported, skipped_here = exported_conversations(with_recorded_answers(convs))
+            skipped.update(skipped_here)
+            lines.extend(export_line(c, rollout) for c in exported)
     finally:
         store.close()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -180,4 +275,5 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
         "rollouts": len(selected.rollouts),
         "rollouts_dropped": dict(selected.dropped),
         "calls_unreadable": unreadable,
+        "answers_skipped": dict(skipped),
     }

@@ -9,10 +9,14 @@ For each call (``conversations.Conversation``), with the *student's* tokenizer a
    is skipped: ``prefix_mismatch``); encoded, cut after its end-of-turn token (the student's stop
    token): those tokens carry loss 1; what the template writes after it (``"\\n"`` in ChatML) is
    glue the student never samples, so it only appears as the next call's context;
-3. an answer cut at its token limit (``finish_reason = "length"``) is skipped (``truncated``): the
-   template would close it with an end-of-turn token, teaching the student to stop mid-answer; so is
-   an answer with nothing in it (no text, reasoning or tool call: ``empty_answer``), which would
-   teach the student to end its turn at once;
+3. only an answer that ended naturally is trained on (``NATURAL_ENDINGS``: ``stop``,
+   ``tool_calls``, as the gateway records every API's natural end, and ``function_call``, the older
+   OpenAI name a teacher upstream may send): one cut at its token limit (``length``), stopped by a
+   content filter (``content_filter``: partial text) or ended any other way is skipped
+   (``truncated``): the template would close it with an end-of-turn token, teaching the student to
+   stop mid-answer; so is an answer with nothing in it (no text, reasoning or tool call:
+   ``empty_answer``), which would teach the student to end its turn at once. ``--export-jsonl``
+   applies the same two rules (``answer_skip``);
 4. the answer must survive the round trip through the student's own parsers (the gateway's
    reasoning and tool-call parsers for the student's family, ``model_formats``): the text the
    student would sample, parsed as the gateway would parse it, gives back the teacher's content,
@@ -79,6 +83,13 @@ SKIP_REASONS: tuple[str, ...] = (
     "empty_answer",
     "truncated",
 )
+
+
+#: The finish reasons of an answer that ended where its model chose to. The gateway records every
+#: call's finish reason in OpenAI chat's terms (a Messages ``end_turn``/``tool_use`` and a Responses
+#: ``completed`` call are recorded as ``stop``/``tool_calls``); teacher mode records the upstream's
+#: own value, which may also be ``length``, ``content_filter`` or a provider's own word.
+NATURAL_ENDINGS = frozenset({"stop", "tool_calls", "function_call"})
 
 
 @dataclass(frozen=True)
@@ -182,6 +193,21 @@ def _is_empty(answer: dict[str, Any]) -> bool:
     )
 
 
+def answer_skip(conv: Conversation) -> Inexpressible | None:
+    """Why ``conv``'s answer is never training data whatever the template (``truncated``,
+    ``empty_answer``), or None; shared by training (``render_call``) and the export."""
+    finish = conv.call.finish_reason
+    if finish not in NATURAL_ENDINGS:
+        # The template would close the cut answer with an end-of-turn: teaching to stop mid-answer.
+        detail = "the answer hit its token limit" if finish == "length" else f"the answer ended by {finish!r}"
+        return Inexpressible("truncated", detail)
+    if _is_empty(conv.answer):
+        return Inexpressible(
+            "empty_answer", "no text, reasoning or tool call: it would teach stopping at once"
+        )
+    return None
+
+
 def render_call(
     conv: Conversation,
     tokenizer: PolicyTokenizer,
@@ -191,13 +217,9 @@ def render_call(
     """``conv`` in the student's tokens; ``Inexpressible`` with the reason if it cannot be.
     ``template_kwargs`` (``sft.chat_template_kwargs``) are the template's variables, under those
     the gateway derives from the request (``request_template_kwargs``)."""
-    if conv.call.finish_reason == "length":
-        # The template would close the cut answer with an end-of-turn: teaching to stop mid-answer.
-        raise Inexpressible("truncated", "the answer hit its token limit")
-    if _is_empty(conv.answer):
-        raise Inexpressible(
-            "empty_answer", "no text, reasoning or tool call: it would teach stopping at once"
-        )
+    skipped = answer_skip(conv)
+    if skipped is not None:
+        raise skipped
     kwargs = {**(template_kwargs or {}), **request_template_kwargs(conv, tokenizer)}
     try:
         prompt_text = tokenizer.render_chat(conv.messages, conv.tools, add_generation_prompt=True, **kwargs)

@@ -2,8 +2,9 @@
 
 The folder works like a ``harnessrl train`` run folder (``trainer.run_setup``): a new run saves its
 resolved config as ``config.json`` (refusing a folder that is not empty), ``--resume`` reads it back
-with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer) and writes the merged
-config back (refusing a changed ``run.name`` or ``sft.model``); the CLI holds the folder's lock
+with ``--set`` overrides merged on top (``sft.epochs`` raised to train longer) and, once the policy
+and its checkpoint loaded, writes the merged config back (refusing a change of the fields that define
+the run, ``SFT_RUN_DEFINING_FIELDS``, and of the rendered sequences, by hash); the CLI holds the folder's lock
 (``run_setup.RunFolder``) for the run's life. Checkpoints are
 ``train``'s (``trainer.checkpoint``): ``checkpoints/latest`` holds the Hugging Face weights, the
 tokenizer and chat template, the optimizer and LR schedule, and ``TrainState`` (its
@@ -18,6 +19,7 @@ rendered and skipped; ``metrics.jsonl`` one row per step (``sft/*``, docs/sft.md
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +39,24 @@ CONFIG_FILE = "config.json"
 DATA_FILE = "sft_data.json"
 
 
-#: What an SFT run *is*: a ``--resume`` that changed its name or its student would continue one
-#: run's checkpoint as another's. (A changed selection is refused by ``SftRun.run``, by rollout ID.)
-SFT_RUN_DEFINING_FIELDS = ("run.name", "sft.model")
+#: What an SFT run *is*: a ``--resume`` that changed its name, its student or its LoRA section
+#: would continue one run's checkpoint as another's; one that changed what the sequences are
+#: (``max_sequence_tokens``, the template's variables, the parsers) or how the steps take them
+#: (``run.seed``, ``sequences_per_step``) would, mid-epoch, train some sequences twice and others
+#: never. (A changed selection is refused by ``SftRun.run``, by rollout ID, and any other change of
+#: the rendered sequences by their hash.) ``sft.epochs`` may change: it only adds or drops whole
+#: epochs at the end.
+SFT_RUN_DEFINING_FIELDS = (
+    "run.name",
+    "run.seed",
+    "sft.model",
+    "sft.lora",
+    "sft.sequences_per_step",
+    "sft.max_sequence_tokens",
+    "sft.chat_template_kwargs",
+    "sft.tool_call_parser",
+    "sft.reasoning_parser",
+)
 
 
 def prepare_sft_run(
@@ -78,13 +95,58 @@ def prepare_sft_run(
 
 def sft_preflight(config: SftConfig) -> None:
     """What would fail the run after its folder and model exist, checked before: the seed, the
-    device, and the metrics integrations asked for (as ``harnessrl train`` checks them)."""
+    device, the parser names and the metrics integrations asked for (as ``harnessrl train`` checks
+    them)."""
     check_seed(config.run.seed, "run.seed")
+    check_finite(config)
+    check_parser_names(config)
     problem = device_problem(config.sft.device, auto=True)
     if problem:
         raise ConfigError(f"sft.device: {problem}")
     check_cuda_device(config.sft.device, "sft.device")
     check_metrics(config.metrics)
+
+
+def check_finite(config: SftConfig) -> None:
+    """Every number of the config is finite (``optimizer.lr = inf`` or ``betas = [nan, 0.9]`` passed
+    their sections' bounds and made every weight nan at the first step). Not checked: the template's
+    own variables (``sft.chat_template_kwargs``) and ``optimizer.grad_clip``, where ``inf`` is how a
+    TOML file turns clipping off (nan is refused by its bound)."""
+
+    def walk(value: Any, where: str) -> None:
+        if where in _NOT_CHECKED_FINITE:
+            return
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{where}: {value} is not a finite number")
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, list | tuple):
+            for item in value:
+                walk(item, where)
+
+    walk(config.model_dump(), "")
+
+
+_NOT_CHECKED_FINITE = frozenset({"sft.chat_template_kwargs", "optimizer.grad_clip"})
+
+
+def check_parser_names(config: SftConfig) -> None:
+    """``sft.tool_call_parser`` and ``sft.reasoning_parser`` name known parsers (or ``auto``); the
+    gateway's own message names its ``gateway.*`` fields, so the name is put right here."""
+    from harnessrl.gateway.parsers.reasoning import get_reasoning_parser
+    from harnessrl.gateway.parsers.tools import get_tool_parser
+
+    for field, name, lookup in (
+        ("tool_call_parser", config.sft.tool_call_parser, get_tool_parser),
+        ("reasoning_parser", config.sft.reasoning_parser, get_reasoning_parser),
+    ):
+        if name == "auto":
+            continue
+        try:
+            lookup(name)
+        except ConfigError as exc:
+            raise ConfigError(f"sft.{field}: {str(exc).split(': ', 1)[-1]}") from exc
 
 
 def save_config(config: SftConfig, run_dir: Path) -> None:
@@ -137,13 +199,12 @@ class SftRun:
                     f"({len(state.consumed_groups)} rollouts then, {len(data.rollout_ids)} now); "
                     "start a new run to train on the new selection"
                 )
-        # A new run's config, or a resumed one's merged with its --set overrides: the next plain
-        # --resume (the one printed after Ctrl-C) keeps them.
-        save_config(cfg, self.run_dir)
-        (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
+        if self.resume:
+            self._check_same_sequences(data.samples_sha256)
         plan = StepPlan(data.samples, per_step=s.sequences_per_step, epochs=s.epochs, seed=cfg.run.seed)
         final = self.run_dir / "checkpoints" / "final"
         if state.step >= plan.total_steps and _final_step(final) == state.step:
+            self._save(data)
             return self._summary(state.step, plan.total_steps, data, already_finished=True)
         # (a run stopped between its last step's checkpoint and the final one loads it to write that)
 
@@ -160,6 +221,9 @@ class SftRun:
         policy = TrainablePolicy(model_dir, cfg.policy_config(plan.total_steps), adapter_dir=adapter)
         if checkpoint is not None:
             policy.load_trainer_state(checkpoint)
+        # Only now that the policy and its state loaded: a --resume whose overrides fail to load
+        # leaves the run's config as it was, so a plain --resume still continues it.
+        self._save(data)
         metrics = MetricsWriter(
             self.run_dir,
             tensorboard=cfg.metrics.tensorboard,
@@ -199,6 +263,26 @@ class SftRun:
             store.set_run_status(cfg.run.name, status)
             store.close()
         return self._summary(state.step, plan.total_steps, data)
+
+    def _save(self, data: Any) -> None:
+        """A new run's config, or a resumed one's merged with its --set overrides (the next plain
+        --resume, the one printed after Ctrl-C, keeps them), and the data report."""
+        save_config(self.config, self.run_dir)
+        (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
+
+    def _check_same_sequences(self, digest: str) -> None:
+        """``ConfigError`` if the rendered sequences differ from those the run started on (its
+        ``sft_data.json``; a run from before the hash was kept is not checked)."""
+        try:
+            saved = json.loads((self.run_dir / DATA_FILE).read_text()).get("samples_sha256")
+        except (OSError, ValueError, AttributeError):
+            saved = None
+        if saved is not None and saved != digest:
+            raise ConfigError(
+                f"--resume {self.run_dir}: the training sequences changed since the run started (the "
+                "same rollouts rendered differently: another student tokenizer, chat template or "
+                "harnessrl version); the steps would take other sequences than the run's. Start a new run"
+            )
 
     def _summary(self, step: int, total: int, data: Any, *, already_finished: bool = False) -> dict[str, Any]:
         out = {

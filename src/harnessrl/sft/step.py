@@ -73,11 +73,9 @@ def sft_step(learner: Learner, samples: list[Sample], *, micro_batch_tokens: int
         # A token is "predicted" when it had probability above 1/2: then it is surely the argmax.
         correct += int(((logprobs_B_T.detach() > -0.6931471805599453) & mask_B_T).sum())
         forward_tokens += computed
-    grad_norm = 0.0
-    if learner.config.optimizer.grad_clip:
-        grad_norm = float(
-            torch.nn.utils.clip_grad_norm_(learner.model.parameters(), learner.config.optimizer.grad_clip)
-        )
+    # The norm before clipping, reported with clipping off too (max_norm inf scales by 1: no change).
+    grad_clip = learner.config.optimizer.grad_clip or float("inf")
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(learner.model.parameters(), grad_clip))
     lr = learner.scheduler.get_last_lr()[0]
     learner.optimizer.step()
     learner.scheduler.step()
