@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.algorithms import ADVANTAGE_ESTIMATORS, AlgorithmConfig, assign_advantages, rollout_advantages
+from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Outcome, Rollout
 from harnessrl.trajectory import Sample
 
@@ -185,3 +186,20 @@ def test_config_rejects_unknown_fields():
         AlgorithmConfig(clip=0.2)
     with pytest.raises(ValueError):
         AlgorithmConfig(dual_clip=1.1)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_a_non_finite_reward_is_refused_naming_the_rollout(name, bad):
+    """One NaN or infinite reward made its whole group's advantages NaN (with reinforce_pp the whole
+    step's), and the loss with them. The store refuses such rewards; a library user's may hold one."""
+    rollouts = [rollout("a", 1.0), rollout("b", 0.0), rollout("c", bad)]
+    with pytest.raises(InvalidBatch, match=r"rollout c has reward -?(nan|inf): rewards must be finite"):
+        rollout_advantages(rollouts, AlgorithmConfig(advantage=name))
+    # An infrastructure failure's reward is never used, whatever it holds.
+    infra = rollout("c", bad, outcome=Outcome.INFRA_FAILURE)
+    result = rollout_advantages(
+        [rollout("a", 1.0), rollout("b", 0.0), infra], AlgorithmConfig(advantage=name)
+    )
+    assert result.excluded == {"c": "infra_failure"}
+    assert all(math.isfinite(a) for a in result.advantages.values())

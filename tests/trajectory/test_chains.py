@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sys
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Call, Rollout
+from harnessrl.token_ids import common_prefix
 from harnessrl.trajectory import Sample, build_rollout_samples, calls_to_samples
 
 SYSTEM = [1, 2, 3]  # a shared "system prompt"
@@ -311,3 +315,118 @@ def test_append_only_sequences_are_one_sample(steps):
     built = build_rollout_samples(rollout(), c.calls)
     assert len(built.samples) == 1 and not built.breaks
     assert built.samples[0].input_ids == history
+
+
+# -- the plain definition of matching and break reasons, and what finding chains costs -------------
+def reference_build(calls: list[Call], limit: int | None) -> tuple[list[list[int]], Counter[str]]:
+    """The chains (as call seqs) and break reasons by the plain definition: every call is compared
+    with every chain, O(calls^2 x tokens)."""
+    chains: list[dict] = []  # ids, spans [(start, end, response)], seqs, touched, capped
+    breaks: Counter[str] = Counter()
+
+    def shared(prompt: list[int], ids: list[int]) -> int:
+        return next(
+            (k for k, (a, b) in enumerate(zip(prompt, ids, strict=False)) if a != b),
+            min(len(prompt), len(ids)),
+        )
+
+    def reason(prompt: list[int], chain: dict, p: int) -> str:
+        if p == len(prompt):
+            return "retried"
+        if p < (chain["spans"][0][0] if chain["spans"] else len(chain["ids"])):
+            return "new_context"
+        for start, end, response in chain["spans"]:
+            if start < p <= end:
+                return "prefix_mismatch"
+            if p == start:
+                tail, window = response[-8:], prompt[p : p + len(response) + 16]
+                rerendered = any(
+                    window[i : i + len(tail)] == tail for i in range(len(window) - len(tail) + 1)
+                )
+                return "prefix_mismatch" if rerendered else "history_edited"
+        return "history_edited"
+
+    for order, call in enumerate(sorted(calls, key=lambda c: c.seq)):
+        prompt, response = call.prompt_token_ids, call.response_token_ids
+        extended = [c for c in chains if prompt[: len(c["ids"])] == c["ids"]]
+        chain = max(extended, key=lambda c: (len(c["ids"]), c["touched"]), default=None)
+        if limit is not None and len(prompt) + len(response) > limit:
+            if chain is not None and not chain["capped"]:
+                chain["capped"] = True
+                breaks["length"] += 1
+            continue
+        if chain is None:
+            if chains:
+                best = max(chains, key=lambda c: (shared(prompt, c["ids"]), c["touched"]))
+                breaks[reason(prompt, best, shared(prompt, best["ids"]))] += 1
+            chain = {"ids": [], "spans": [], "seqs": [], "capped": False}
+            chains.append(chain)
+        chain["ids"] = list(prompt)
+        if response:
+            chain["spans"].append((len(prompt), len(prompt) + len(response), list(response)))
+            chain["seqs"].append(call.seq)
+        chain["ids"] += response
+        chain["touched"] = order
+    return [c["seqs"] for c in chains if c["seqs"]], breaks
+
+
+@st.composite
+def branching_call_sequences(draw):
+    """Many calls over a tiny alphabet: chains that are prefixes of each other, equal chains,
+    prompts branching off any chain at any depth, retried prompts and answers."""
+    c = Calls()
+    histories: list[list[int]] = []
+    for _ in range(draw(st.integers(1, 20))):
+        if histories and draw(st.booleans()):
+            base = draw(st.sampled_from(histories))
+            prompt = base[: draw(st.integers(0, len(base)))] + draw(st.lists(st.integers(0, 2), max_size=3))
+        else:
+            prompt = draw(st.lists(st.integers(0, 2), max_size=3))
+        if not prompt:
+            prompt = [0]
+        histories.append(c.add(prompt, draw(st.lists(st.integers(0, 2), max_size=3))))
+    return c.calls
+
+
+@settings(max_examples=300)
+@given(st.one_of(call_sequences(), branching_call_sequences()), st.one_of(st.none(), st.integers(2, 20)))
+def test_chains_and_break_reasons_follow_the_plain_definition(calls, limit):
+    built = build_rollout_samples(rollout(), calls, max_sample_tokens=limit)
+    chains, breaks = reference_build(calls, limit)
+    assert [[sp.call_seq for sp in s.spans] for s in built.samples] == chains
+    assert built.breaks == breaks
+
+
+def count_calls(function, run) -> int:
+    """How many times ``run()`` calls the Python function ``function`` (by profiling, not patching)."""
+    code, count, previous = function.__code__, 0, sys.getprofile()
+
+    def profile(frame, event, arg):
+        nonlocal count
+        count += event == "call" and frame.f_code is code
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(previous)
+    return count
+
+
+def test_finding_chains_compares_a_prompt_with_a_few_chains_not_all_of_them():
+    """Every call breaking the chain (a changing system prompt, a shared prefix with a new task each
+    time) compared each prompt with every chain so far: n^2/2 prefix comparisons of the whole
+    context per rollout (400 calls of 8 k tokens: 28 s), and the harness decides n."""
+    n = 60
+    changing_system = Calls()
+    history = [50] * 20
+    for i in range(n):
+        history = changing_system.add([1, 2, 100 + i] + history, [60 + i % 7, 61]) + [70]
+    shared_prefix = Calls()
+    for i in range(n):
+        shared_prefix.add(SYSTEM * 30 + [100 + i, 7], [8, 9])
+    for c in (changing_system, shared_prefix):
+        built = build_rollout_samples(rollout(), c.calls)
+        assert len(built.samples) == n and built.breaks == {"new_context": n - 1}
+        compared = count_calls(common_prefix, lambda c=c: build_rollout_samples(rollout(), c.calls))
+        assert compared <= 4 * n, compared  # comparing with every chain made 1,829

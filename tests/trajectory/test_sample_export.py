@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import re
 from pathlib import Path
 
 import orjson
@@ -170,4 +172,117 @@ def test_a_malformed_row_is_an_invalid_sample_file_naming_its_line(
     path = tmp_path / "step.jsonl"
     path.write_text(f"{GOOD_ROW}\n\n{line}\n")
     with pytest.raises(InvalidSampleFile, match=rf"step\.jsonl line 3: .*{reason}"):
+        read_samples(path)
+
+
+def without(field: str) -> str:
+    return json.dumps({k: v for k, v in sample_to_row(one_token_sample()).items() if k != field})
+
+
+SPAN = {"start": 0, "end": 1, "policy_version": 0, "call_seq": 0}
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        (with_fields(loss_mask=[0.5]), r"loss_mask must be a list of integers, got 0\.5 at index 0"),
+        (with_fields(loss_mask=[True]), "loss_mask must be a list of integers, got True"),
+        (with_fields(input_ids=[1.9]), r"input_ids must be a list of integers, got 1\.9"),
+        (with_fields(input_ids=["1"]), "input_ids must be a list of integers, got '1'"),
+        (with_fields(input_ids=[True]), "input_ids must be a list of integers, got True"),
+        (with_fields(input_ids="5"), "input_ids must be a list of integers, got '5'"),
+        (with_fields(behaviour_logprobs=["-0.5"]), "behaviour_logprobs must be a list of numbers"),
+        (with_fields(behaviour_logprobs=[False]), "behaviour_logprobs must be a list of numbers"),
+        (GOOD_ROW.replace("-0.5", "1" + "0" * 400), "behaviour_logprobs"),
+        (with_fields(sample_index=1.7), r"sample_index must be a non-negative integer, got 1\.7"),
+        (with_fields(sample_index=-1), "sample_index must be a non-negative integer, got -1"),
+        (without("sample_index"), "missing field 'sample_index'"),
+        (with_fields(spans=[{**SPAN, "start": 0.9}]), "span 0 must be an object of integers"),
+        (with_fields(spans=[{**SPAN, "policy_version": "7"}]), "span 0 must be an object of integers"),
+        (with_fields(spans=[{**SPAN, "call_seq": None}]), "span 0 must be an object of integers"),
+        (with_fields(step=True), "step must be an integer"),
+        (with_fields(reward=False), "reward must be a number"),
+    ],
+    ids=[
+        "mask-half", "mask-bool", "id-float", "id-string", "id-bool", "ids-string", "logprob-string",
+        "logprob-bool", "logprob-huge-int", "index-float", "index-negative", "index-missing",
+        "span-start-float", "span-version-string", "span-seq-null", "step-bool", "reward-bool",
+    ],
+)  # fmt: skip
+def test_a_value_of_the_wrong_type_is_refused_not_converted(tmp_path: Path, line: str, reason: str) -> None:
+    """Types are checked before anything is converted: the reader turned a loss_mask of 0.5 into 0
+    (a trained token silently dropped), token IDs 1.9, "1" and true into 1, a sample_index of 1.7
+    into 1 and a missing one into 0, a span start of 0.9 into 0 and a policy_version "7" into 7."""
+    path = tmp_path / "step.jsonl"
+    path.write_text(f"{GOOD_ROW}\n{line}\n")
+    with pytest.raises(InvalidSampleFile, match=rf"step\.jsonl line 2: .*{reason}"):
+        read_samples(path)
+
+
+def test_a_value_in_an_error_is_shown_cut_short(tmp_path: Path) -> None:
+    path = tmp_path / "step.jsonl"
+    path.write_text(with_fields(rollout_id=[[[[[[["deep"]]]]]]] + [0] * 100_000) + "\n")
+    with pytest.raises(InvalidSampleFile, match="rollout_id must be a string") as raised:
+        read_samples(path)
+    assert len(str(raised.value)) < 300
+
+
+def jsonl_gz(tmp_path: Path) -> Path:
+    return write_samples(tmp_path / "step.jsonl.gz", [one_token_sample(f"r{i}") for i in range(200)])
+
+
+def damaged_files(tmp_path: Path) -> dict[str, tuple[Path, str]]:
+    """A damaged file of each kind, and what the reader's error must say about where."""
+    files: dict[str, tuple[Path, str]] = {}
+    whole = jsonl_gz(tmp_path).read_bytes()
+    (tmp_path / "truncated.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    files["truncated-gzip"] = (tmp_path / "truncated.jsonl.gz", r" line \d+: not readable gzip data")
+    (tmp_path / "plain.jsonl.gz").write_text(GOOD_ROW + "\n")
+    files["not-gzip"] = (tmp_path / "plain.jsonl.gz", " line 1: not readable gzip data")
+    (tmp_path / "latin1.jsonl").write_bytes(
+        GOOD_ROW.encode() + b"\n" + GOOD_ROW.encode().replace(b'"r1"', b'"caf\xe9"')  # Latin-1, not UTF-8
+    )
+    files["not-utf8"] = (tmp_path / "latin1.jsonl", " line 2: not UTF-8 text")
+    (tmp_path / "nested.jsonl").write_text(GOOD_ROW + "\n" + "[" * 100_000 + "]" * 100_000 + "\n")
+    files["nested-json"] = (tmp_path / "nested.jsonl", " line 2: JSON nested too deeply")
+    (tmp_path / "garbage.parquet").write_bytes(b"not parquet at all\n" * 10)
+    files["garbage-parquet"] = (tmp_path / "garbage.parquet", ": not readable Parquet data")
+    whole = write_samples(
+        tmp_path / "whole.parquet", [one_token_sample(f"r{i}") for i in range(50)]
+    ).read_bytes()
+    (tmp_path / "truncated.parquet").write_bytes(whole[: len(whole) // 2])
+    files["truncated-parquet"] = (tmp_path / "truncated.parquet", ": not readable Parquet data")
+    return files
+
+
+@pytest.mark.parametrize(
+    "kind", ["truncated-gzip", "not-gzip", "not-utf8", "nested-json", "garbage-parquet", "truncated-parquet"]
+)
+def test_a_damaged_file_is_an_invalid_sample_file_naming_it(tmp_path: Path, kind: str) -> None:
+    """The reader raised EOFError, BadGzipFile, UnicodeDecodeError, RecursionError or ArrowInvalid:
+    a caller catching the documented InvalidSampleFile saw none of them."""
+    path, where = damaged_files(tmp_path)[kind]
+    with pytest.raises(InvalidSampleFile, match=re.escape(str(path)) + where):
+        read_samples(path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
+def test_a_missing_file_stays_file_not_found(tmp_path: Path, suffix: str) -> None:
+    with pytest.raises(FileNotFoundError):
+        read_samples(tmp_path / f"absent{suffix}")
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    cut=st.integers(0, 10_000),
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(1, 255)), max_size=3),
+)
+def test_a_damaged_jsonl_gz_reads_or_is_an_invalid_sample_file(tmp_path: Path, cut: int, flips) -> None:
+    """Any truncation or corrupted bytes of a gzipped JSONL file: the samples, or InvalidSampleFile."""
+    data = bytearray(jsonl_gz(tmp_path).read_bytes())
+    for at, mask in flips:
+        data[at % len(data)] ^= mask
+    path = tmp_path / "damaged.jsonl.gz"
+    path.write_bytes(bytes(data[: cut % (len(data) + 1)]))
+    with contextlib.suppress(InvalidSampleFile):
         read_samples(path)

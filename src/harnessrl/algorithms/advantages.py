@@ -123,7 +123,11 @@ class RolloutAdvantages:
 
 
 def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> RolloutAdvantages:
-    """Compute each rollout's advantage within its group (see the module docstring)."""
+    """Compute each rollout's advantage within its group (see the module docstring).
+
+    Raises ``InvalidBatch`` for a rollout given twice, or a reward that is NaN or infinite (of a
+    rollout that is not an infrastructure failure, whose reward is never used).
+    """
     estimator = ADVANTAGE_ESTIMATORS[config.advantage]
     excluded: dict[str, str] = {}
     by_group: dict[str, list[Rollout]] = defaultdict(list)
@@ -136,6 +140,13 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
             excluded[rollout.rollout_id] = "infra_failure"
         elif rollout.reward is None:
             excluded[rollout.rollout_id] = "no_reward"
+        elif not math.isfinite(rollout.reward):
+            # One NaN or infinity makes its whole group's mean (and, with reinforce_pp, the whole
+            # step's) NaN: every advantage would be NaN. The store refuses such rewards; a library
+            # user's rollouts may still hold one.
+            raise InvalidBatch(
+                f"rollout {rollout.rollout_id} has reward {rollout.reward!r}: rewards must be finite numbers"
+            )
         else:
             by_group[group_key(rollout)].append(rollout)
 

@@ -50,8 +50,10 @@ _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps ratios finite; such tokens are cli
 @dataclass(slots=True)
 class MicroBatch:
     """Tensors of one micro-batch. Padded layout: one sample per row. Packed layout: all samples
-    concatenated in one row, ``position_ids`` restarting per sample (transformers then keeps
-    attention inside each sample: ``trainer/train_step.py``, "Packed rows")."""
+    concatenated in one row, ``position_ids`` restarting per sample. A transformers model keeps
+    attention inside each sample only when called with ``use_cache=False``: with its KV cache on it
+    ignores the restarts (``docs/trajectories.md``, "Micro-batches"; ``trainer/train_step.py``,
+    "Packed rows")."""
 
     input_ids_B_T: torch.Tensor  # (B, T) long
     position_ids_B_T: torch.Tensor  # (B, T) long

@@ -15,7 +15,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
-from collections.abc import Iterable, Iterator
+import reprlib
+import zlib
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,6 +25,11 @@ from harnessrl.errors import ConfigError, InvalidSampleFile
 from harnessrl.trajectory.samples import Sample, SampledSpan
 
 FORMAT = "harnessrl.samples/v1"
+
+# Values quoted in error messages come from the file: shown cut short (a row may hold a million
+# tokens, or lists nested thousands deep).
+_shown = reprlib.Repr()
+_shown.maxlevel, _shown.maxlist, _shown.maxdict, _shown.maxstring, _shown.maxother = 3, 6, 6, 60, 60
 
 
 def sample_to_row(sample: Sample) -> dict[str, Any]:
@@ -49,55 +56,109 @@ def sample_to_row(sample: Sample) -> dict[str, Any]:
 def row_to_sample(row: Any) -> Sample:
     """Parse one export row; raises ``InvalidSampleFile`` on an unknown format or a malformed row:
     not an object, a field missing or of the wrong type, per-token lists of different lengths, a
-    ``loss_mask`` entry other than 0 or 1, a span outside the sample's tokens."""
+    ``loss_mask`` entry other than 0 or 1, a span outside the sample's tokens.
+
+    Types are checked before anything is converted: converting first turned a ``loss_mask`` of 0.5
+    into 0 (a trained token silently dropped), token IDs 1.9, ``"1"`` and ``true`` into 1 and a
+    missing ``sample_index`` into 0. Integers must be JSON integers (not booleans, not ``1.0``);
+    numbers may be integers or floats.
+    """
     if not isinstance(row, dict):
         raise InvalidSampleFile(f"a sample row must be an object, got {type(row).__name__}")
     if row.get("format") != FORMAT:
-        raise InvalidSampleFile(f"not a {FORMAT} row (format={row.get('format')!r})")
+        raise InvalidSampleFile(f"not a {FORMAT} row (format={_shown.repr(row.get('format'))})")
+    input_ids = _list_of(row, "input_ids", _is_int, "integers")
+    loss_mask = _list_of(row, "loss_mask", _is_int, "integers")
     try:
-        sample = Sample(
-            rollout_id=row["rollout_id"],
-            input_ids=[int(x) for x in row["input_ids"]],
-            loss_mask=[int(x) for x in row["loss_mask"]],
-            behaviour_logprobs=[float(x) for x in row["behaviour_logprobs"]],
-            spans=[
-                SampledSpan(int(s["start"]), int(s["end"]), int(s["policy_version"]), int(s["call_seq"]))
-                for s in row["spans"]
-            ],
-            reward=row.get("reward"),
-            group_id=row.get("group_id"),
-            task_id=row.get("task_id"),
-            step=row.get("step"),
-            sample_index=int(row.get("sample_index") or 0),
-            advantage=row.get("advantage"),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise InvalidSampleFile(f"malformed sample row: {exc}") from exc
-    n = len(sample.input_ids)
-    if len(sample.loss_mask) != n or len(sample.behaviour_logprobs) != n:
+        behaviour_logprobs = [float(x) for x in _list_of(row, "behaviour_logprobs", _is_number, "numbers")]
+    except OverflowError as exc:  # a JSON integer of hundreds of digits
+        raise InvalidSampleFile(f"malformed sample row: behaviour_logprobs: {exc}") from exc
+    spans = [_span(entry, index) for index, entry in enumerate(_list_of(row, "spans", None, "objects"))]
+    n = len(input_ids)
+    if len(loss_mask) != n or len(behaviour_logprobs) != n:
         raise InvalidSampleFile("input_ids, loss_mask and behaviour_logprobs must have one entry per token")
-    if any(m not in (0, 1) for m in sample.loss_mask):
-        raise InvalidSampleFile(
-            f"loss_mask entries must be 0 or 1, got {sorted(set(sample.loss_mask) - {0, 1})}"
-        )
-    for span in sample.spans:
+    if any(m not in (0, 1) for m in loss_mask):
+        raise InvalidSampleFile(f"loss_mask entries must be 0 or 1, got {sorted(set(loss_mask) - {0, 1})}")
+    for span in spans:
         if not 0 <= span.start <= span.end <= n:
             raise InvalidSampleFile(
                 f"span [{span.start}, {span.end}) (call {span.call_seq}) is outside the sample's {n} tokens"
             )
-    if not isinstance(sample.rollout_id, str):
-        raise InvalidSampleFile(f"rollout_id must be a string, got {sample.rollout_id!r}")
+    rollout_id = _required(row, "rollout_id")
+    if not isinstance(rollout_id, str):
+        raise InvalidSampleFile(f"rollout_id must be a string, got {_shown.repr(rollout_id)}")
     for name in ("group_id", "task_id"):
-        value = getattr(sample, name)
+        value = row.get(name)
         if value is not None and not isinstance(value, str):
-            raise InvalidSampleFile(f"{name} must be a string or null, got {value!r}")
+            raise InvalidSampleFile(f"{name} must be a string or null, got {_shown.repr(value)}")
     for name in ("reward", "advantage"):
-        value = getattr(sample, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
-            raise InvalidSampleFile(f"{name} must be a number or null, got {value!r}")
-    if sample.step is not None and (isinstance(sample.step, bool) or not isinstance(sample.step, int)):
-        raise InvalidSampleFile(f"step must be an integer or null, got {sample.step!r}")
-    return sample
+        value = row.get(name)
+        if value is not None and not _is_number(value):
+            raise InvalidSampleFile(f"{name} must be a number or null, got {_shown.repr(value)}")
+    step = row.get("step")
+    if step is not None and not _is_int(step):
+        raise InvalidSampleFile(f"step must be an integer or null, got {_shown.repr(step)}")
+    sample_index = _required(row, "sample_index")
+    if not _is_int(sample_index) or sample_index < 0:
+        raise InvalidSampleFile(
+            f"sample_index must be a non-negative integer, got {_shown.repr(sample_index)}"
+        )
+    return Sample(
+        rollout_id=rollout_id,
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        behaviour_logprobs=behaviour_logprobs,
+        spans=spans,
+        reward=row.get("reward"),
+        group_id=row.get("group_id"),
+        task_id=row.get("task_id"),
+        step=step,
+        sample_index=sample_index,
+        advantage=row.get("advantage"),
+    )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # bool is an int subclass
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _required(row: dict[str, Any], name: str) -> Any:
+    if name not in row:
+        raise InvalidSampleFile(f"malformed sample row: missing field {name!r}")
+    return row[name]
+
+
+def _list_of(row: dict[str, Any], name: str, valid: Callable[[Any], bool] | None, kind: str) -> list[Any]:
+    """Field ``name`` of ``row``: a list whose entries all pass ``valid`` (any, if ``None``)."""
+    values = _required(row, name)
+    if not isinstance(values, list):
+        raise InvalidSampleFile(
+            f"malformed sample row: {name} must be a list of {kind}, got {_shown.repr(values)}"
+        )
+    if valid is not None:
+        for index, value in enumerate(values):
+            if not valid(value):
+                raise InvalidSampleFile(
+                    f"malformed sample row: {name} must be a list of {kind}, "
+                    f"got {_shown.repr(value)} at index {index}"
+                )
+    return values
+
+
+_SPAN_FIELDS = ("start", "end", "policy_version", "call_seq")
+
+
+def _span(entry: Any, index: int) -> SampledSpan:
+    if not isinstance(entry, dict) or not all(_is_int(entry.get(name)) for name in _SPAN_FIELDS):
+        raise InvalidSampleFile(
+            f"malformed sample row: span {index} must be an object of integers "
+            f"{', '.join(_SPAN_FIELDS)}, got {_shown.repr(entry)}"
+        )
+    return SampledSpan(*(entry[name] for name in _SPAN_FIELDS))
 
 
 def _open_text(path: Path, mode: str) -> IO[str]:
@@ -181,24 +242,79 @@ def iter_samples(path: str | Path) -> Iterator[Sample]:
     """Read samples back one at a time (see ``read_samples``)."""
     path = Path(path)
     if path.suffix == ".parquet":
-        pa = _pyarrow()
-        index = 0
-        for batch in pa.parquet.ParquetFile(path).iter_batches():
-            for row in batch.to_pylist():
-                yield _parse(row, path, f"row {index}")
-                index += 1
+        yield from _parquet_samples(path)
     elif path.name.endswith((".jsonl", ".jsonl.gz")):
-        with _open_text(path, "r") as f:
-            for number, line in enumerate(f, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise InvalidSampleFile(f"{path} line {number}: not JSON: {exc}") from exc
-                yield _parse(row, path, f"line {number}")
+        yield from _jsonl_samples(path)
     else:
         raise InvalidSampleFile(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+
+
+# What reading a damaged file raises below us: a gzip stream cut short (EOFError), not gzip at all or
+# failing its CRC (BadGzipFile), corrupt deflate data (zlib.error). Each becomes InvalidSampleFile.
+_GZIP_ERRORS = (EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _jsonl_samples(path: Path) -> Iterator[Sample]:
+    # Bytes, decoded line by line: a decoding error then names its exact line, where a text stream
+    # decodes ahead in chunks.
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        number = 0
+        while True:
+            try:
+                raw = f.readline()
+            except _GZIP_ERRORS as exc:
+                raise InvalidSampleFile(f"{path} line {number + 1}: not readable gzip data: {exc!r}") from exc
+            if not raw:
+                return
+            number += 1
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InvalidSampleFile(f"{path} line {number}: not UTF-8 text: {exc}") from exc
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InvalidSampleFile(f"{path} line {number}: not JSON: {exc}") from exc
+            except RecursionError as exc:  # arrays or objects nested thousands deep
+                raise InvalidSampleFile(f"{path} line {number}: JSON nested too deeply to be a row") from exc
+            yield _parse(row, path, f"line {number}")
+
+
+def _parquet_samples(path: Path) -> Iterator[Sample]:
+    pa = _pyarrow()
+    # What pyarrow raises on bytes it cannot decode; UnicodeDecodeError for a column name or a
+    # string value that is not UTF-8.
+    undecodable = (pa.ArrowException, OSError, UnicodeDecodeError)
+    index = 0
+    try:
+        batches = iter(pa.parquet.ParquetFile(path).iter_batches())
+    except undecodable as exc:
+        if _system_error(exc):
+            raise
+        raise InvalidSampleFile(f"{path}: not readable Parquet data: {exc}") from exc
+    while True:
+        try:
+            batch = next(batches, None)
+            rows = [] if batch is None else batch.to_pylist()
+        except undecodable as exc:
+            if _system_error(exc):
+                raise
+            raise InvalidSampleFile(f"{path} row {index} or after: not readable Parquet data: {exc}") from exc
+        if batch is None:
+            return
+        for row in rows:
+            yield _parse(row, path, f"row {index}")
+            index += 1
+
+
+def _system_error(exc: Exception) -> bool:
+    """Whether ``exc`` is the system's (no such file, no permission, a failing disk), which stays as
+    it is, rather than pyarrow's word for data it cannot decode: ``ArrowInvalid``, or an ``OSError``
+    without an ``errno``."""
+    return isinstance(exc, OSError) and exc.errno is not None
 
 
 def _parse(row: Any, path: Path, where: str) -> Sample:
