@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -27,6 +28,14 @@ REPO = Path(__file__).resolve().parents[2]
 class RunFolder:
     path: Path
     run_id: str
+
+    def rollout_id(self, group: int, k: int) -> str:
+        """The stored id of training group ``group``'s rollout ``k``: ``g000000-r0``, or that after
+        a prefix naming the run (the trainer may add one), so tests need not know which."""
+        bare = f"g{group:06d}-r{k}"
+        with sqlite3.connect(self.path / "harnessrl.db") as conn:
+            ids = [row[0] for row in conn.execute("SELECT rollout_id FROM rollouts")]
+        return next(rid for rid in ids if rid == bare or rid.endswith(f"-{bare}"))
 
 
 @pytest.fixture(scope="session")

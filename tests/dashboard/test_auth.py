@@ -15,7 +15,7 @@ from tests.dashboard.conftest import ADMIN_KEY, RunFolder, build_crafted
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
 from harnessrl.dashboard import create_dashboard_app, gateway_dashboard
-from harnessrl.dashboard.auth import MAX_LOGIN_BYTES
+from harnessrl.dashboard.auth import MAX_LOGIN_BYTES, cookie_name
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -24,12 +24,13 @@ from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
 FORM = "application/x-www-form-urlencoded"
+#: ``{r0}``, ``{r1}``: the first two rollouts of the tiny run's first group.
 ROUTES = [
     "/ui/",
     "/ui/rollouts",
-    "/ui/rollouts/g000000-r0",
-    "/ui/rollouts/g000000-r0/logs/0/stderr",
-    "/ui/compare?a=g000000-r0&b=g000000-r1",
+    "/ui/rollouts/{r0}",
+    "/ui/rollouts/{r0}/logs/0/stderr",
+    "/ui/compare?a={r0}&b={r1}",
 ]
 
 
@@ -46,8 +47,9 @@ def anonymous(tiny_run: RunFolder) -> TestClient:
 
 @pytest.mark.parametrize("route", ROUTES)
 def test_every_route_refuses_no_key_and_rollout_keys(
-    anonymous: TestClient, rollout_key: str, route: str
+    anonymous: TestClient, rollout_key: str, route: str, tiny_run: RunFolder
 ) -> None:
+    route = route.format(r0=tiny_run.rollout_id(0, 0), r1=tiny_run.rollout_id(0, 1))
     response = anonymous.get(route)
     assert response.status_code == 401 and 'name="key"' in response.text  # the login form
     assert anonymous.get(route, headers={"Authorization": f"Bearer {rollout_key}"}).status_code == 403
@@ -55,8 +57,12 @@ def test_every_route_refuses_no_key_and_rollout_keys(
     sep = "&" if "?" in route else "?"
     assert anonymous.get(f"{route}{sep}key={rollout_key}").status_code == 403
     assert "g000000" not in anonymous.get(f"{route}{sep}key={rollout_key}").text
-    anonymous.cookies.set("harnessrl_dashboard", rollout_key)
+    anonymous.cookies.set(cookie_name(ADMIN_KEY), rollout_key)
     assert anonymous.get(route).status_code == 403
+    anonymous.cookies.clear()
+    # Another dashboard's cookie (another name) is no cookie here: sign in, not "not valid".
+    anonymous.cookies.set(cookie_name("another-dashboard-key"), rollout_key)
+    assert anonymous.get(route).status_code == 401
     anonymous.cookies.clear()
     assert anonymous.get(route, headers={"Authorization": f"Bearer {ADMIN_KEY}"}).status_code == 200
 
@@ -68,6 +74,22 @@ def test_key_in_url_sets_httponly_cookie_and_drops_key(anonymous: TestClient) ->
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie.replace("Strict", "strict")
     assert ADMIN_KEY not in cookie  # an HMAC of the key, not the key
     assert anonymous.get("/ui/rollouts?step=0").status_code == 200
+
+
+def test_two_dashboards_on_one_host_keep_their_own_sign_in(tmp_path: Path) -> None:
+    """Cookies ignore ports: one browser signed in to two dashboards on 127.0.0.1 holds both
+    cookies, so each must have its own name (regression: one fixed name, and signing in to the
+    second dashboard signed the browser out of the first, 403 "session is not valid")."""
+    first = create_dashboard_app(build_crafted(tmp_path / "a"), ADMIN_KEY)
+    second = create_dashboard_app(build_crafted(tmp_path / "b"), "the-other-dashboard-key")
+    with serve_in_thread(first) as url_a, serve_in_thread(second) as url_b, httpx.Client() as browser:
+        assert browser.get(f"{url_a}/ui/?key={ADMIN_KEY}", follow_redirects=True).status_code == 200
+        signed_in = browser.get(f"{url_b}/ui/?key=the-other-dashboard-key", follow_redirects=True)
+        assert signed_in.status_code == 200
+        assert browser.get(f"{url_a}/ui/rollouts").status_code == 200  # still signed in to the first
+        assert browser.get(f"{url_b}/ui/rollouts").status_code == 200
+        assert len(browser.cookies.jar) == 2  # one jar, both cookies: one per dashboard
+    assert cookie_name(ADMIN_KEY).startswith("harnessrl_dashboard_") and len(cookie_name(ADMIN_KEY)) == 28
 
 
 def test_login_form(anonymous: TestClient, rollout_key: str) -> None:

@@ -59,7 +59,7 @@ def _column(driver: Any, name: str) -> list[str]:
     return [td.text for td in driver.find_elements(By.CSS_SELECTOR, f"tr.rollout-row td:nth-child({i})")]
 
 
-def test_click_through_runs_rollouts_trace_compare(driver: Any, url: str) -> None:
+def test_click_through_runs_rollouts_trace_compare(driver: Any, url: str, tiny_run: RunFolder) -> None:
     from selenium.webdriver.common.by import By
 
     driver.get(f"{url}/ui/")
@@ -85,8 +85,9 @@ def test_click_through_runs_rollouts_trace_compare(driver: Any, url: str) -> Non
     assert len(rows) == 8 and all("g000001" in row.text for row in rows)
 
     rows[-1].find_element(By.CSS_SELECTOR, "a.trace-link").click()  # newest first: r0 is last
-    _wait(driver, lambda d: "/ui/rollouts/g000001" in d.current_url)
-    assert driver.find_element(By.TAG_NAME, "h1").text.startswith("Rollout g000001-r0")
+    first = tiny_run.rollout_id(1, 0)
+    _wait(driver, lambda d: f"/ui/rollouts/{first}" in d.current_url)
+    assert driver.find_element(By.TAG_NAME, "h1").text.startswith(f"Rollout {first}")
     sampled = driver.find_elements(By.CSS_SELECTOR, ".tokens .tok.smp")
     assert sampled and "logprob" in sampled[0].get_attribute("title")
     assert "reply with vowels only" in driver.find_element(By.CSS_SELECTOR, ".conversation").text
@@ -130,7 +131,7 @@ def test_trace_shows_trained_at_step_advantage_and_opens_logs(
 ) -> None:
     from selenium.webdriver.common.by import By
 
-    driver.get(f"{url}/ui/rollouts/g000000-r0?key={ADMIN_KEY}")
+    driver.get(f"{url}/ui/rollouts/{tiny_run.rollout_id(0, 0)}?key={ADMIN_KEY}")
     summary = {
         row.find_element(By.CSS_SELECTOR, "td:first-child").text: row.find_element(
             By.CSS_SELECTOR, "td:last-child"
@@ -143,7 +144,7 @@ def test_trace_shows_trained_at_step_advantage_and_opens_logs(
     assert [link.text for link in links] == ["stdout", "stderr"] and "attempt 0:" in summary["harness logs"]
     links[0].click()
     _wait(driver, lambda d: d.current_url.endswith("/logs/0/stdout"))
-    log = tiny_run.path / "rollouts" / "g000000-r0" / "attempt-0" / "stdout.log"
+    log = tiny_run.path / "rollouts" / tiny_run.rollout_id(0, 0) / "attempt-0" / "stdout.log"
     assert driver.find_element(By.TAG_NAME, "body").text.strip() == log.read_text().strip()
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from html import escape as html_escape
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,22 @@ def test_the_calls_table_lists_the_first_thousand_calls_and_counts_the_rest() ->
     ]
     table = calls_table(calls, build_rollout_samples(rollout, calls[:1]), BreakReasons())
     assert table.count("<tr><td class=num>") == 1_000 and "… 5 more calls not shown." in table
+
+
+@pytest.mark.parametrize("rollout_id", ["a/b", "what?x=1", "tab#1", "100%", "two words"])
+def test_a_rollout_id_of_any_characters_links_to_its_own_trace(tmp_path: Path, rollout_id: str) -> None:
+    """Ids are put in links percent-encoded, as one path segment (regression: interpolated as they
+    were, so ``a/b`` linked to a 404 and ``what?x=1`` to rollout ``what``)."""
+    store = SQLiteStore(tmp_path / "harnessrl.db")
+    store.create_rollout(rollout_id=rollout_id, task={"prompt": "p"})
+    store.start_rollout(rollout_id)
+    store.add_call(_call(rollout_id, [1, 2], [3], 0))
+    store.finish_rollout(rollout_id, Outcome.SUCCESS, 1.0)
+    store.close()
+    app = create_dashboard_app(tmp_path, ADMIN_KEY)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=ADMIN, timeout=30) as http:
+        [link] = re.findall(r'class="trace-link" href="([^"]+)"', http.get("/ui/rollouts").text)
+        trace = http.get(link.replace("&amp;", "&"))
+        assert trace.status_code == 200, link
+        heading = re.search(r"<h1>Rollout (.*?) <span", trace.text)
+        assert heading is not None and heading.group(1) == html_escape(rollout_id)

@@ -39,13 +39,13 @@ def test_runs_page_shows_run_status_config_and_charts(client: TestClient, tiny_r
     assert 'http-equiv="refresh"' not in html  # a finished run does not refresh
 
 
-def test_rollouts_table_filters_and_pages(client: TestClient) -> None:
+def test_rollouts_table_filters_and_pages(client: TestClient, tiny_run: RunFolder) -> None:
     html = client.get("/ui/rollouts").text
     ids = _row_ids(html)
     # 2 trained steps of 2 groups x 8, plus whole groups the async feeder had in flight.
     assert len(ids) >= 32 and len(ids) % 8 == 0 and "page 1 of 1" in html
     group = client.get("/ui/rollouts", params={"group": "g000000"}).text
-    assert sorted(_row_ids(group)) == [f"g000000-r{i}" for i in range(8)]
+    assert sorted(_row_ids(group)) == sorted(tiny_run.rollout_id(0, i) for i in range(8))
     assert "compare best vs worst" in group
     step0 = _row_ids(client.get("/ui/rollouts", params={"step": "0"}).text)
     assert step0 and all(rid in ids for rid in step0) and len(step0) < len(ids)
@@ -103,8 +103,8 @@ def test_step_zero_survives_the_sort_and_pager_links(client: TestClient) -> None
     assert {row["step"] for row in _rows(html)} == {"0"}
 
 
-def test_trace_shows_conversation_tokens_and_versions(client: TestClient) -> None:
-    html = client.get("/ui/rollouts/g000000-r0").text
+def test_trace_shows_conversation_tokens_and_versions(client: TestClient, tiny_run: RunFolder) -> None:
+    html = client.get(f"/ui/rollouts/{tiny_run.rollout_id(0, 0)}").text
     assert "reply with vowels only" in html  # the task prompt as the harness sent it
     assert 'class="msg assistant answer"' in html
     assert 'class="tok smp' in html and 'class="tok ctx"' in html
@@ -113,13 +113,14 @@ def test_trace_shows_conversation_tokens_and_versions(client: TestClient) -> Non
     assert 'class="pv">call 0 · v0' in html and "evaluator output" in html
 
 
-def test_compare_shows_both_rollouts(client: TestClient) -> None:
-    html = client.get("/ui/compare", params={"a": "g000000-r0", "b": "g000000-r1"}).text
-    assert html.count('class="side"') == 2 and "g000000-r1" in html
+def test_compare_shows_both_rollouts(client: TestClient, tiny_run: RunFolder) -> None:
+    r0, r1, other_group = (tiny_run.rollout_id(g, k) for g, k in ((0, 0), (0, 1), (1, 0)))
+    html = client.get("/ui/compare", params={"a": r0, "b": r1}).text
+    assert html.count('class="side"') == 2 and r1 in html
     assert "not in the same group" not in html
-    other = client.get("/ui/compare", params={"a": "g000000-r0", "b": "g000001-r0"}).text
+    other = client.get("/ui/compare", params={"a": r0, "b": other_group}).text
     assert "not in the same group" in other
-    assert client.get("/ui/compare", params={"a": "g000000-r0"}).status_code == 400
+    assert client.get("/ui/compare", params={"a": r0}).status_code == 400
 
 
 def test_unknown_rollout_is_404(client: TestClient) -> None:

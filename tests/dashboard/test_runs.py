@@ -18,6 +18,7 @@ from tests.dashboard.conftest import ADMIN_KEY, REPO, make_run_folder
 from harnessrl.dashboard import create_dashboard_app
 from harnessrl.dashboard.charts import COLORS
 from harnessrl.errors import ConfigError, NotFound
+from harnessrl.gateway.server import serve_in_thread
 
 
 def _metrics(scale: float) -> list[dict[str, float]]:
@@ -120,3 +121,52 @@ def test_a_store_of_an_older_schema_is_refused_with_how_to_migrate(tmp_path: Pat
         conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     with pytest.raises(ConfigError, match="schema version 3.*SQLiteStore"):
         create_dashboard_app(folder, ADMIN_KEY)
+
+
+def test_a_run_folder_moved_away_shows_as_missing_and_the_others_still_answer(parent: Path) -> None:
+    """Regression: moving one run folder away made every page of the dashboard a 500, the overview
+    included (``NotFound`` from the moved run's store, uncaught)."""
+    app = create_dashboard_app(parent, ADMIN_KEY)
+    (parent / "beta").rename(parent.parent / "beta-archived")
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, headers=admin, timeout=30) as http:
+        overview = http.get("/ui/")
+        assert overview.status_code == 200
+        assert re.findall(r'data-run="([^"]+)"', overview.text) == ["alpha", "beta"]
+        missing = re.search(r'<tr class="run-row run-missing" data-run="beta">.*?</tr>', overview.text)
+        assert missing is not None and "missing" in missing.group(0) and "does not exist" in missing.group(0)
+        for route in ("/ui/runs/beta/", "/ui/runs/beta/rollouts", "/ui/runs/beta/rollouts/beta-r0"):
+            response = http.get(route)
+            assert response.status_code == 404 and "is gone (was its run folder moved?)" in response.text, (
+                route
+            )
+        for route in ("/ui/runs/alpha/", "/ui/runs/alpha/rollouts", "/ui/runs/alpha/rollouts/alpha-r0"):
+            assert http.get(route).status_code == 200, route
+
+
+def test_a_store_that_cannot_be_read_is_a_503_page(parent: Path) -> None:
+    client = _signed_in(create_dashboard_app(parent, ADMIN_KEY))
+    store = parent / "beta" / "harnessrl.db"
+    for leftover in (parent / "beta").glob("harnessrl.db-*"):  # a WAL the writer left
+        leftover.unlink()
+    store.write_bytes(b"this is no SQLite database " * 200)
+    response = client.get("/ui/runs/beta/rollouts")
+    assert response.status_code == 503 and "cannot be read" in response.text
+    overview = client.get("/ui/")
+    assert overview.status_code == 200 and 'class="run-row run-missing" data-run="beta"' in overview.text
+    assert client.get("/ui/runs/alpha/rollouts").status_code == 200
+
+
+def test_a_store_file_that_is_not_sqlite_is_a_config_error(tmp_path: Path) -> None:
+    """Regression: ``sqlite3.DatabaseError`` escaped ``create_dashboard_app``, and the CLI printed a
+    traceback and exited 1 instead of a message and 2."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "harnessrl.db").write_bytes(b"this is no SQLite database " * 200)
+    with pytest.raises(ConfigError, match="is not a readable harnessrl store: file is not a database"):
+        create_dashboard_app(folder, ADMIN_KEY)
+    env = {**os.environ, "HARNESSRL_ADMIN_KEY": ADMIN_KEY}
+    cmd = [sys.executable, "-m", "harnessrl", "dashboard", "--run-dir", str(folder), "--port", "0"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "is not a readable harnessrl store" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -315,3 +315,22 @@ def test_actor_overrides_map_harnessrl_settings_to_verl_keys():
     assert seq["actor_rollout_ref.actor.policy_loss.loss_mode"] == "vanilla"
     assert seq["actor_rollout_ref.actor.loss_agg_mode"] == "seq-mean-token-mean"
     assert seq["actor_rollout_ref.actor.clip_ratio_c"] == 4.0
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_float_tensors_are_built_in_the_requested_dtype(dtype: torch.dtype) -> None:
+    """Advantages are not made in float32 first: 0.1 stays 0.1 in float64 (regression: torch.where
+    with a Python float gave float32 values, 0.10000000149011612)."""
+    s1, s2 = hand_built()
+    s1.advantage, s2.advantage = 0.1, -1 / 3
+    data = samples_to_dataproto([s1, s2], dtype=dtype)
+    advantages_B_L = data.batch["advantages"]
+    mask_B_L = data.batch["response_mask"].bool()
+    assert advantages_B_L.dtype == dtype
+    expected_B_L = torch.zeros(advantages_B_L.shape, dtype=dtype)
+    expected_B_L[0][mask_B_L[0]] = torch.tensor(0.1, dtype=dtype)
+    expected_B_L[1][mask_B_L[1]] = torch.tensor(-1 / 3, dtype=dtype)
+    assert torch.equal(advantages_B_L, expected_B_L)
+    if dtype == torch.float64:
+        assert advantages_B_L[0][mask_B_L[0]].tolist() == [0.1, 0.1, 0.1]
+        assert advantages_B_L[1][mask_B_L[1]].tolist() == [-1 / 3]

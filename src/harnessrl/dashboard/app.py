@@ -5,7 +5,9 @@ Routes (all behind the admin key, see ``dashboard.auth``): ``/ui/`` runs, ``/ui/
 harness's stdout/stderr (``dashboard.logs``), ``/ui/compare?a=ID&b=ID``, ``/ui/login`` (GET form,
 POST key). With several run folders, ``/ui/`` overlays their metrics (``dashboard.runs``) and each
 run's routes move under ``/ui/runs/NAME``. Pages refresh themselves (``<meta http-equiv="refresh">``)
-while their run or rollout is going.
+while their run or rollout is going. A rollout id may hold any character: links percent-encode it
+(``html.trace_path``) and the trace and log routes take it as a ``path``, so a ``/`` in it works.
+A store file gone since start (a run folder moved away) is a 404 page, one SQLite cannot read a 503.
 """
 
 from __future__ import annotations
@@ -30,9 +32,8 @@ from harnessrl.dashboard.logs import attempt_logs, log_path, read_log_tail
 from harnessrl.dashboard.pages import parse_table_query, rollouts_body, runs_body
 from harnessrl.dashboard.runs import STORE_FILE, RunSource, find_run_folders, name_runs, overview_body
 from harnessrl.dashboard.trace import compare_body, trace_body
-from harnessrl.errors import NotFound
+from harnessrl.errors import NotFound, UpstreamError
 from harnessrl.schemas import TERMINAL_STATUSES
-from harnessrl.trajectory import build_rollout_samples
 
 if TYPE_CHECKING:
     from harnessrl.store.base import Store
@@ -90,7 +91,8 @@ def _error(dash: Dashboard, status_code: int, message: str) -> HTMLResponse:
 
 
 def _guarded(handler: Callable[[Request, Dashboard, DashboardData], Any], dash: Dashboard) -> Callable:
-    """Auth first, then the page; a missing record is a 404 page."""
+    """Auth first, then the page; a missing record (or store file) is a 404 page, a store that
+    cannot be read a 503 page."""
 
     async def endpoint(request: Request) -> Response:
         denied = auth.check(request, dash.admin_key, dash.prefix)
@@ -104,6 +106,8 @@ def _guarded(handler: Callable[[Request, Dashboard, DashboardData], Any], dash: 
             return await handler(request, dash, dash.data)
         except NotFound as exc:
             return _error(dash, 404, str(exc))
+        except UpstreamError as exc:  # DashboardData's translation of a store SQLite cannot read
+            return _error(dash, 503, str(exc))
 
     return endpoint
 
@@ -115,16 +119,8 @@ async def _runs(request: Request, dash: Dashboard, data: DashboardData) -> Respo
     return _html(dash, "Runs", body, live=running)
 
 
-def _samples_of(data: DashboardData, rollout_ids: list[str]) -> dict[str, int]:
-    counts = {}
-    for rollout_id in rollout_ids:
-        rollout = data.get_rollout(rollout_id)
-        counts[rollout_id] = len(build_rollout_samples(rollout, data.list_calls(rollout_id)).samples)
-    return counts
-
-
 def _rollouts_page(data: DashboardData, params: dict[str, str], prefix: str) -> tuple[str, bool]:
-    body = rollouts_body(data, parse_table_query(params), prefix, partial(_samples_of, data))
+    body = rollouts_body(data, parse_table_query(params), prefix)
     running = any(run.status == "running" for run in data.list_runs())
     return body, running
 
@@ -141,7 +137,14 @@ def _trace_page(
     logs = attempt_logs(dash.run_dir, rollout)
     calls, requests = data.list_calls(rollout_id), data.list_tool_requests(rollout_id)
     body = trace_body(
-        rollout, calls, dash.decode, dash.prefix, logs=logs, tool_requests=requests, sample=sample
+        rollout,
+        calls,
+        dash.decode,
+        dash.prefix,
+        logs=logs,
+        tool_requests=requests.shown,
+        tool_requests_total=requests.total,
+        sample=sample,
     )
     return body, rollout.status not in TERMINAL_STATUSES
 
@@ -200,8 +203,12 @@ def dashboard_routes(dash: Dashboard) -> list[Route]:
     return [
         Route("/", _guarded(_runs, dash), methods=["GET"]),
         Route("/rollouts", _guarded(_rollouts, dash), methods=["GET"]),
-        Route("/rollouts/{rollout_id}", _guarded(_trace, dash), methods=["GET"]),
-        Route("/rollouts/{rollout_id}/logs/{attempt:int}/{stream}", _guarded(_log, dash), methods=["GET"]),
+        # ``path``: a rollout id may hold a ``/`` (its links percent-encode it, the server decodes
+        # it); the logs route is tried first, so an id never swallows ``/logs/N/STREAM``.
+        Route(
+            "/rollouts/{rollout_id:path}/logs/{attempt:int}/{stream}", _guarded(_log, dash), methods=["GET"]
+        ),
+        Route("/rollouts/{rollout_id:path}", _guarded(_trace, dash), methods=["GET"]),
         Route("/compare", _guarded(_compare, dash), methods=["GET"]),
         *_login_routes(dash.admin_key, dash.prefix),
     ]

@@ -4,6 +4,12 @@ The key arrives as ``Authorization: Bearer KEY``/``x-api-key``, once as ``?key=K
 a redirect that drops it from the URL), or through the login form. The last two set an HttpOnly,
 SameSite=Strict cookie holding an HMAC of the admin key (not the key itself), so the cookie is
 useless anywhere else. No key: 401 with the login form; a wrong key (a rollout's included): 403.
+
+The cookie's name carries a fingerprint of that HMAC (``harnessrl_dashboard_<8 hex>``,
+``cookie_name``): browsers keep cookies per host, not per port, so two dashboards on one host (two
+``harnessrl dashboard`` commands, a gateway's ``/ui`` beside one) would otherwise overwrite each
+other's cookie and sign each other out. Each reads only its own; another dashboard's cookie counts
+as no cookie (401, sign in).
 """
 
 from __future__ import annotations
@@ -17,13 +23,20 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from harnessrl.dashboard.html import esc, page
 
-COOKIE = "harnessrl_dashboard"
+COOKIE_PREFIX = "harnessrl_dashboard_"
 #: The largest sign-in form read (a key and a ``next`` URL are far smaller); a longer body gets 413.
 MAX_LOGIN_BYTES = 16 * 1024
 
 
 def session_token(admin_key: str) -> str:
     return hmac.new(admin_key.encode(), b"harnessrl-dashboard-session", hashlib.sha256).hexdigest()
+
+
+def cookie_name(admin_key: str) -> str:
+    """This dashboard's cookie: the prefix and 8 hex digits of a hash of its session token (which
+    the name then reveals nothing about: 32 bits of a SHA-256 of an HMAC)."""
+    fingerprint = hashlib.sha256(session_token(admin_key).encode()).hexdigest()[:8]
+    return COOKIE_PREFIX + fingerprint
 
 
 def _header_key(request: Request) -> str | None:
@@ -51,7 +64,12 @@ def login_page(prefix: str, next_url: str, *, status_code: int, message: str) ->
 
 def _with_cookie(response: Response, admin_key: str, secure: bool) -> Response:
     response.set_cookie(
-        COOKIE, session_token(admin_key), httponly=True, samesite="strict", secure=secure, path="/"
+        cookie_name(admin_key),
+        session_token(admin_key),
+        httponly=True,
+        samesite="strict",
+        secure=secure,
+        path="/",
     )
     return response
 
@@ -75,7 +93,7 @@ def check(request: Request, admin_key: str, prefix: str) -> Response | None:
         return login_page(
             prefix, request.url.path, status_code=403, message="That key does not open the dashboard."
         )
-    cookie = request.cookies.get(COOKIE)
+    cookie = request.cookies.get(cookie_name(admin_key))
     if cookie is not None and _same(cookie, session_token(admin_key)):
         return None
     if cookie is not None:

@@ -8,6 +8,14 @@ why this module reads the SQLite schema directly instead of going through ``Stor
 stored as deltas on earlier calls (``store.chains``): they are decoded with ``codecs.calls_from_rows``,
 a whole rollout at a time, and a store of an older schema (which only a read-write open migrates)
 is refused with a message rather than misread.
+
+The rollouts table's sample counts read no tokens: each call row names the earlier call its prompt
+extends (``prompt_base_seq``), and ``dashboard.sample_counts`` follows those bases. A trace page
+decodes its one rollout's calls and builds the samples exactly.
+
+SQLite's errors stop here (one boundary): a store file gone since the dashboard started (a run
+folder moved away) is ``NotFound``, any other failure to read it ``UpstreamError``; a file that is
+no SQLite store at all is refused at start with ``ConfigError``.
 """
 
 from __future__ import annotations
@@ -20,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import ConfigError, NotFound
+from harnessrl.dashboard.sample_counts import CallLink, count_samples
+from harnessrl.errors import ConfigError, NotFound, UpstreamError
 from harnessrl.schemas import Call, Rollout, Run, ToolRequest
 from harnessrl.store.codecs import calls_from_rows, rollout_from_row, run_from_row
 from harnessrl.store.migrations import SCHEMA_VERSION
@@ -102,12 +111,26 @@ class RolloutRow:
     prompt_tokens: int = 0  # tokens of the last call's prompt (the context the harness built)
     sampled_tokens: int = 0  # tokens the policy sampled over all calls
     policy_versions: list[int] = field(default_factory=list)
-    samples: int = 0  # filled by the caller, which builds samples from the calls
+    samples: int = 0  # chains of the final attempt's calls (``sample_counts``): what a trace builds
 
     @property
     def duration_s(self) -> float | None:
         r = self.rollout
         return None if r.started_at is None or r.finished_at is None else r.finished_at - r.started_at
+
+
+#: The most tool requests a trace reads (in arrival order); the rest are counted, never loaded.
+MAX_TOOL_REQUESTS = 1_000
+#: A tool request's request or response JSON longer than this is not parsed (the page says so).
+MAX_TOOL_JSON_CHARS = 256 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequests:
+    """The first ``MAX_TOOL_REQUESTS`` tool requests of a rollout, and how many it has in all."""
+
+    shown: list[ToolRequest]
+    total: int
 
 
 class DashboardData:
@@ -117,7 +140,12 @@ class DashboardData:
         self.path = Path(path)
         if not self.path.is_file():
             raise NotFound(f"store file {str(self.path)!r} does not exist")
-        found = self.schema_version()
+        try:
+            found = self.schema_version()
+        except UpstreamError as exc:  # not a database at all, or one SQLite cannot read
+            raise ConfigError(
+                f"{str(self.path)!r} is not a readable harnessrl store: {exc.__cause__}"
+            ) from exc
         if found < SCHEMA_VERSION:
             raise ConfigError(
                 f"store {str(self.path)!r} has schema version {found}, this dashboard reads {SCHEMA_VERSION}; "
@@ -135,13 +163,26 @@ class DashboardData:
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA busy_timeout = 5000")
+        conn = None
         try:
+            conn = sqlite3.connect(
+                f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False
+            )
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA busy_timeout = 5000")
             yield conn
+        except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
+            raise  # a query of ours is wrong: a bug, not the store's state
+        except sqlite3.Error as exc:
+            raise self._unreadable(exc) from exc
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
+
+    def _unreadable(self, exc: sqlite3.Error) -> NotFound | UpstreamError:
+        if not self.path.is_file():
+            return NotFound(f"store file {str(self.path)!r} is gone (was its run folder moved?)")
+        return UpstreamError(f"store file {str(self.path)!r} cannot be read: {exc}")
 
     # -- runs ---------------------------------------------------------------------------------------
     def list_runs(self) -> list[Run]:
@@ -175,7 +216,26 @@ class DashboardData:
             rows = [RolloutRow(rollout_from_row(row)) for row in conn.execute(sql, [*params, limit, offset])]
             if rows:
                 self._add_call_stats(conn, rows)
+                self._add_sample_counts(conn, rows)
         return rows
+
+    @staticmethod
+    def _add_sample_counts(conn: sqlite3.Connection, rows: list[RolloutRow]) -> None:
+        """Each row's sample count from its calls' chain columns: no prompt, response or request is
+        read or decoded, only each call's seq, attempt, base and sampled-token count."""
+        by_id = {row.rollout.rollout_id: row for row in rows}
+        marks = ", ".join("?" * len(by_id))
+        sql = (
+            "SELECT rollout_id, seq, attempt, prompt_base_seq, LENGTH(response_token_ids) / 4 AS sampled "
+            f"FROM calls WHERE rollout_id IN ({marks}) ORDER BY rollout_id, seq"
+        )
+        links: dict[str, list[CallLink]] = {rollout_id: [] for rollout_id in by_id}
+        for rec in conn.execute(sql, list(by_id)):
+            links[rec["rollout_id"]].append(
+                CallLink(rec["seq"], rec["attempt"], rec["prompt_base_seq"], rec["sampled"] or 0)
+            )
+        for rollout_id, row in by_id.items():
+            row.samples = count_samples(row.rollout, links[rollout_id])
 
     @staticmethod
     def _add_call_stats(conn: sqlite3.Connection, rows: list[RolloutRow]) -> None:
@@ -219,24 +279,50 @@ class DashboardData:
             rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
             return calls_from_rows(rows.fetchall())
 
-    def list_tool_requests(self, rollout_id: str) -> list[ToolRequest]:
-        """The rollout's searches and what they returned, in arrival order."""
+    def list_tool_requests(self, rollout_id: str, *, limit: int = MAX_TOOL_REQUESTS) -> ToolRequests:
+        """The rollout's first ``limit`` searches and what they returned, in arrival order, and how
+        many it made. A harness decides how many it makes and a corpus how much each returns, so both
+        are bounded here: SQL ``LIMIT``, and JSON over ``MAX_TOOL_JSON_CHARS`` is not parsed."""
+        cap = MAX_TOOL_JSON_CHARS
+        sql = (
+            "SELECT rollout_id, attempt, tool, started_at, finished_at, "
+            "CASE WHEN LENGTH(request) > ? THEN NULL ELSE request END AS request, LENGTH(request) AS request_len, "
+            "CASE WHEN LENGTH(response) > ? THEN NULL ELSE response END AS response, "
+            "LENGTH(response) AS response_len "
+            "FROM tool_requests WHERE rollout_id = ? ORDER BY pk LIMIT ?"
+        )
         with self._connect() as conn:
-            rows = conn.execute("SELECT * FROM tool_requests WHERE rollout_id = ? ORDER BY pk", (rollout_id,))
-            return [
-                ToolRequest(
-                    rollout_id=row["rollout_id"],
-                    attempt=row["attempt"],
-                    tool=row["tool"],
-                    request=json.loads(row["request"]),
-                    response=json.loads(row["response"]),
-                    started_at=row["started_at"],
-                    finished_at=row["finished_at"],
-                )
-                for row in rows.fetchall()
-            ]
+            total = conn.execute(
+                "SELECT COUNT(*) FROM tool_requests WHERE rollout_id = ?", (rollout_id,)
+            ).fetchone()[0]
+            rows = conn.execute(sql, (cap, cap, rollout_id, limit)).fetchall()
+        shown = [
+            ToolRequest(
+                rollout_id=row["rollout_id"],
+                attempt=row["attempt"],
+                tool=row["tool"],
+                request=_json_object(row["request"], row["request_len"]),
+                response=_json_object(row["response"], row["response_len"]),
+                started_at=row["started_at"],
+                finished_at=row["finished_at"],
+            )
+            for row in rows
+        ]
+        return ToolRequests(shown=shown, total=total)
 
     def group_rollout_ids(self, group_id: str) -> list[str]:
         sql = "SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY pk LIMIT 64"
         with self._connect() as conn:
             return [row[0] for row in conn.execute(sql, (group_id,))]
+
+
+def _json_object(text: str | None, length: int) -> dict[str, Any]:
+    """A stored request or response: too long to parse (``text`` None) or not an object: a stand-in
+    that says so (the timeline shows ``query`` and ``passages``; neither is there then)."""
+    if text is None:
+        return {"not_shown": f"{length:,} characters of JSON, over the dashboard's {MAX_TOOL_JSON_CHARS:,}"}
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nesting past Python's depth
+        return {"not_shown": "not JSON this dashboard can read"}
+    return value if isinstance(value, dict) else {"value": value}

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from html import escape
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 CSS = """
 :root { --fg:#111827; --muted:#6b7280; --line:#e5e7eb; --bg:#f9fafb; --accent:#2563eb; }
@@ -77,6 +77,12 @@ def url(path: str, **params: Any) -> str:
     """``path?query`` with the non-empty params, escaped for an attribute (0 is a value: step 0)."""
     query = urlencode({k: v for k, v in params.items() if v is not None and v is not False and v != ""})
     return esc(f"{path}?{query}" if query else path)
+
+
+def trace_path(prefix: str, rollout_id: str) -> str:
+    """A rollout's trace page: its id percent-encoded as one path segment (an id is the harness's or
+    the trainer's to choose: a ``/``, ``?``, ``#`` or ``%`` in it must not change where the link goes)."""
+    return f"{prefix}/rollouts/{quote(rollout_id, safe='')}"
 
 
 def badge(text: Any, kind: str | None = None) -> str:

@@ -8,13 +8,12 @@ rollout belongs to is its group (``group_id``).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.dashboard.charts import read_metrics, run_charts
 from harnessrl.dashboard.data import ORDERS, RESULTS, DashboardData, RolloutFilter, RolloutRow
-from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
+from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, trace_path, url
 from harnessrl.schemas import Outcome, RolloutStatus
 
 PAGE_SIZE = 50
@@ -146,7 +145,13 @@ _COLUMNS: list[tuple[str, str | None, str | None, str]] = [
     ("created", "newest", "oldest", "UTC"),
     ("calls", None, None, ""),
     ("tokens", None, None, "tokens the policy sampled; hover a cell for the last prompt's size"),
-    ("samples", None, None, ""),
+    (
+        "samples",
+        None,
+        None,
+        "chains of calls, counted from the bases the store recorded for each call (no token is read); "
+        "the trace builds the samples themselves",
+    ),
     ("flags", None, None, "audit flags"),
     ("policy versions", None, None, "versions of the policy that sampled the calls"),
 ]
@@ -167,7 +172,7 @@ def _row_html(row: RolloutRow, prefix: str) -> str:
     duration = "" if row.duration_s is None else f"{row.duration_s:.1f}s"
     task = r.task_id or str(r.task.get("prompt", ""))[:40]
     return (
-        f'<tr class="rollout-row"><td><a class="trace-link" href="{esc(prefix)}/rollouts/{esc(r.rollout_id)}">'
+        f'<tr class="rollout-row"><td><a class="trace-link" href="{esc(trace_path(prefix, r.rollout_id))}">'
         f"{esc(r.rollout_id)}</a></td><td>{esc(_split_of(r.metadata.get('kind')))}</td>"
         f"<td class=num>{esc(r.step)}</td>"
         f'<td><a href="{url(prefix + "/rollouts", group=r.group_id)}">{esc(r.group_id)}</a></td><td>{esc(task)}</td>'
@@ -253,19 +258,14 @@ def _pager(params: dict[str, object], prefix: str, page_no: int, pages: int, tot
     return f'<div class="pager">{prev_link}<span>page {page_no} of {pages} · {total} rollouts</span>{next_link}</div>'
 
 
-def rollouts_body(
-    data: DashboardData, query: TableQuery, prefix: str, count_samples: Callable[[list[str]], dict[str, int]]
-) -> str:
-    """The rollouts table page. ``count_samples`` maps the page's rollout ids to their sample counts
-    (it builds samples from the calls: only for the page's rollouts)."""
+def rollouts_body(data: DashboardData, query: TableQuery, prefix: str) -> str:
+    """The rollouts table page: one page of rows, each with its call statistics and sample count
+    (``DashboardData.page_rollouts``: read from the store's columns, no call decoded)."""
     f = query.filters
     total = data.count_rollouts(f)
     pages = max(1, -(-total // PAGE_SIZE))
     page_no = min(query.page, pages)
     rows = data.page_rollouts(f, limit=PAGE_SIZE, offset=(page_no - 1) * PAGE_SIZE)
-    samples_of = count_samples([row.rollout.rollout_id for row in rows])
-    for row in rows:
-        row.samples = samples_of.get(row.rollout.rollout_id, 0)
     params = _table_params(f)
     pager = _pager(params, prefix, page_no, pages, total)
     body_rows = "".join(_row_html(row, prefix) for row in rows) or (

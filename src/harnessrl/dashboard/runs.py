@@ -17,7 +17,7 @@ from harnessrl.dashboard.charts import COLORS, overlay_charts, read_metrics
 from harnessrl.dashboard.data import DashboardData
 from harnessrl.dashboard.html import badge, esc, fmt_num
 from harnessrl.dashboard.pages import chart_form, chart_options
-from harnessrl.errors import NotFound
+from harnessrl.errors import HarnessRLError, NotFound
 
 STORE_FILE = "harnessrl.db"
 
@@ -65,9 +65,12 @@ def name_runs(folders: Sequence[Path]) -> list[RunSource]:
 
 def _run_row(i: int, source: RunSource, records: list[dict[str, float]], prefix: str) -> tuple[str, bool]:
     """A line of the runs table (the chart legend: the run's colour), and whether the run is running."""
-    data = DashboardData(source.path / STORE_FILE)
-    runs = data.list_runs()
-    rollouts = sum(sum(data.run_counts(run.run_id).values()) for run in runs)
+    try:
+        data = DashboardData(source.path / STORE_FILE)
+        runs = data.list_runs()
+        rollouts = sum(sum(data.run_counts(run.run_id).values()) for run in runs)
+    except HarnessRLError as exc:  # one run folder moved away or broken: the others still show
+        return _missing_row(i, source, exc), False
     last = records[-1] if records else {}
     held_out = next((r["heldout/reward"] for r in reversed(records) if "heldout/reward" in r), None)
     home = f"{prefix}/runs/{source.name}"
@@ -81,6 +84,16 @@ def _run_row(i: int, source: RunSource, records: list[dict[str, float]], prefix:
         f'<td class="muted">{esc(source.path)}</td></tr>'
     )
     return row, any(run.status == "running" for run in runs)
+
+
+def _missing_row(i: int, source: RunSource, exc: HarnessRLError) -> str:
+    """A run whose store cannot be read now: named, with why, in the table's other cells."""
+    return (
+        f'<tr class="run-row run-missing" data-run="{esc(source.name)}">'
+        f'<td><span class="swatch" style="background:{COLORS[i % len(COLORS)]}"></span>{esc(source.name)}</td>'
+        f'<td><span class="badge b-failed">missing</span></td><td colspan="4" class="muted">{esc(exc)}</td>'
+        f'<td class="muted">{esc(source.path)}</td></tr>'
+    )
 
 
 def overview_body(sources: Sequence[RunSource], prefix: str, params: dict[str, str]) -> tuple[str, bool]:

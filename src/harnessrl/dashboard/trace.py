@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from harnessrl.dashboard.conversation import conversation_html
-from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, url
+from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, trace_path, url
 from harnessrl.dashboard.logs import LogFile
 from harnessrl.dashboard.token_view import MAX_TOKENS_PER_PAGE, Decoder, TokenViews, samples_html
 from harnessrl.dashboard.tool_requests import timeline_html
@@ -99,7 +99,7 @@ def logs_html(rollout: Rollout, logs: Sequence[LogFile], prefix: str) -> str:
     lines = []
     for attempt, files in sorted(by_attempt.items()):
         links = " · ".join(
-            f'<a class="log-link" href="{esc(prefix)}/rollouts/{esc(rollout.rollout_id)}/logs/{attempt}/'
+            f'<a class="log-link" href="{esc(trace_path(prefix, rollout.rollout_id))}/logs/{attempt}/'
             f'{esc(f.stream)}">{esc(f.stream)}</a> <span class="muted">({f.size:,} B)</span>'
             for f in files
         )
@@ -141,9 +141,11 @@ def trace_body(
     *,
     logs: Sequence[LogFile] = (),
     tool_requests: Sequence[ToolRequest] = (),
+    tool_requests_total: int | None = None,
     sample: int | None = None,
 ) -> str:
-    """The trace page of ``rollout``; ``sample``: show that sample's token view alone."""
+    """The trace page of ``rollout``; ``sample``: show that sample's token view alone.
+    ``tool_requests``: the first of the rollout's tool requests, ``tool_requests_total`` of them."""
     views = TokenViews(trace_url=_trace_url(prefix, rollout), only=sample)
     calls_tbl, token_views = samples_html(rollout, calls, decode, views)
     return (
@@ -154,13 +156,18 @@ def trace_body(
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
         f'<h2>Conversation</h2><div class="conversation">{conversation_html(calls)}</div>'
         f"<h2>Calls</h2>{calls_tbl}"
-        + (f"<h2>Calls and tool requests</h2>{timeline_html(calls, tool_requests)}" if tool_requests else "")
+        + (
+            "<h2>Calls and tool requests</h2>"
+            + timeline_html(calls, tool_requests, total_requests=tool_requests_total)
+            if tool_requests
+            else ""
+        )
         + f'<h2 id="tokens">Tokens</h2>{token_views}'
     )
 
 
 def _trace_url(prefix: str, rollout: Rollout) -> str:
-    return f"{prefix}/rollouts/{rollout.rollout_id}"
+    return trace_path(prefix, rollout.rollout_id)
 
 
 def compare_body(pairs: list[tuple[Rollout, list[Call]]], decode: Decoder, prefix: str) -> str:

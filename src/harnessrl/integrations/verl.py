@@ -122,6 +122,7 @@ def samples_to_dataproto(
     rollout_lp = torch.zeros((B, L), dtype=dtype)
     advantages = torch.zeros((B, L), dtype=dtype)
     rollout_tokens = torch.zeros((B,), dtype=torch.long)
+    zero = torch.zeros((), dtype=dtype)
     for b, (s, p, n) in enumerate(zip(samples, prompt_lens, response_lens, strict=True)):
         if s.advantage is None:
             raise InvalidBatch(f"sample of rollout {s.rollout_id} has no advantage")
@@ -135,7 +136,9 @@ def samples_to_dataproto(
         response_attn[b, :n] = 1
         response_mask[b, :n] = torch.tensor(s.loss_mask[p:], dtype=torch.long)
         rollout_lp[b, :n] = torch.tensor(s.behaviour_logprobs[p:], dtype=dtype)
-        advantages[b] = torch.where(response_mask[b].bool(), s.advantage, 0.0)
+        # Both branches are tensors of ``dtype``: with Python float scalars torch.where makes float32
+        # whatever ``dtype`` is, which rounds a float64 advantage (0.1 -> 0.10000000149011612).
+        advantages[b] = torch.where(response_mask[b].bool(), torch.tensor(s.advantage, dtype=dtype), zero)
         rollout_tokens[b] = totals.rollout_token_counts_R[r]
 
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)  # (B, P + L)
