@@ -115,6 +115,28 @@ def test_cli_takes_run_dir_repeatedly(parent: Path) -> None:
         proc.wait(timeout=30)
 
 
+def test_cli_with_an_empty_admin_key_variable_prints_the_key_it_made(parent: Path) -> None:
+    """Regression: with ``HARNESSRL_ADMIN_KEY=`` (set, empty) the CLI made a key but printed
+    ``?key=$HARNESSRL_ADMIN_KEY``, which expands to nothing: nobody could sign in."""
+    env = {**os.environ, "HARNESSRL_ADMIN_KEY": ""}
+    cmd = [sys.executable, "-m", "harnessrl", "dashboard", "--run-dir", str(parent / "alpha"), "--port", "0"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()  # type: ignore[union-attr]
+        found = re.search(r"(http://\S+)/ui/\?key=(\S+)", line)
+        assert found is not None, line
+        url, key = found.groups()
+        assert key != "$HARNESSRL_ADMIN_KEY"
+        signed_in = httpx.get(f"{url}/ui/", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+        assert signed_in.status_code == 200
+        assert (
+            httpx.get(f"{url}/ui/", headers={"Authorization": "Bearer wrong"}, timeout=30).status_code == 403
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_a_store_of_an_older_schema_is_refused_with_how_to_migrate(tmp_path: Path) -> None:
     folder = make_run_folder(tmp_path / "old", "old", _metrics(0.1))
     with sqlite3.connect(folder / "harnessrl.db") as conn:

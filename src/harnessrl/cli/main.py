@@ -461,7 +461,8 @@ def dashboard(
     """Serve the read-only web dashboard for run folders at http://HOST:PORT/ui/.
 
     Several runs (--run-dir repeated, or a folder of run folders) get their metrics overlaid.
-    The admin key comes from HARNESSRL_ADMIN_KEY; if unset, one is generated and the sign-in URL printed.
+    The admin key comes from HARNESSRL_ADMIN_KEY; if unset or empty, one is generated and the sign-in URL
+    printed.
     """
     import secrets
     import socket
@@ -482,7 +483,8 @@ def dashboard(
     except OSError as exc:  # a busy port, an unknown host
         raise fail(f"--host/--port: cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
     bound = sock.getsockname()[1]
-    shown_key = admin_key if "HARNESSRL_ADMIN_KEY" not in os.environ else "$HARNESSRL_ADMIN_KEY"
+    # An empty variable is no key: the generated one is printed (the placeholder would expand to "").
+    shown_key = "$HARNESSRL_ADMIN_KEY" if os.environ.get("HARNESSRL_ADMIN_KEY") else admin_key
     typer.echo(f"dashboard: http://{host}:{bound}/ui/?key={shown_key}", err=True)
     server = uvicorn.Server(uvicorn.Config(app_, log_level="warning", access_log=False))
     try:
