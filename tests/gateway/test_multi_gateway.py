@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -289,3 +290,38 @@ def test_two_worker_processes_serve_one_address_and_pause_together(pg_url: str, 
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+def test_a_worker_stopped_on_its_own_fails_the_parent(tmp_path: Path) -> None:
+    """SIGTERM to one worker alone (an OOM killer's polite cousin, an operator's mistake): uvicorn
+    stops it gracefully and it exits 0, which the parent took for a stop it had asked for, and the
+    address served on with one process. Any exit the parent did not cause now stops the others and
+    fails the gateway (exit 2, naming the worker)."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(TURNS))
+    proc, url = _start_workers(
+        ["--workers", "2", "--model", f"scripted:{script}", "--store", str(tmp_path / "gw.db")], tmp_path
+    )
+    children: list[str] = []
+    try:
+        client = GatewayClient(url, ADMIN_KEY)
+        deadline = time.monotonic() + 120
+        while True:  # both workers serving (registered in the store)
+            with contextlib.suppress(UpstreamError):
+                if len(client.state().get("gateways", [])) == 2:
+                    break
+            assert time.monotonic() < deadline and proc.poll() is None, "workers did not come up"
+            time.sleep(0.2)
+        client.close()
+        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(children) == 2, children
+        os.kill(int(children[0]), signal.SIGTERM)
+        assert proc.wait(timeout=60) == 2
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for pid in children:  # a worker the parent left behind (the bug: it never stopped them)
+            with contextlib.suppress(OSError):  # gone already (and its pid not reused by another)
+                if b"harnessrl.gateway" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    os.kill(int(pid), signal.SIGKILL)

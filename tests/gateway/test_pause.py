@@ -204,3 +204,95 @@ def test_a_pause_committed_by_another_process_is_read_on_the_event_loop(
         assert any(name.startswith("AnyIO worker") for name in readers)  # control
     finally:
         other.close()
+
+
+def _held_call(rollout: dict[str, Any], *, stream: bool, out: dict[str, Any]) -> threading.Thread:
+    """A second chat call of ``rollout`` in a thread, as a harness makes it; what it got in ``out``:
+    ``status`` and ``text`` (a stream's ``lines``)."""
+
+    def call() -> None:
+        with httpx.stream(
+            "POST",
+            f"{rollout['base_url']}/chat/completions",
+            json={**CHAT, "stream": stream},
+            headers={"x-api-key": rollout["api_key"]},
+            timeout=30,
+        ) as r:
+            out["status"] = r.status_code
+            out["text"] = r.read().decode()
+
+    thread = threading.Thread(target=call)
+    thread.start()
+    return thread
+
+
+def _until_waiting(gw: Any, n: int) -> None:
+    deadline = time.monotonic() + 10
+    while gw.client.state()["waiting"] != n:
+        assert time.monotonic() < deadline, "the call never reached the gate"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_held_while_another_process_requeues_its_rollout_is_refused_and_starts_nothing(
+    make_gateway: Any, stream: bool
+) -> None:
+    """Another process (the controller, a restarted trainer: its own store object, so this gateway
+    hears of no end) requeues a rollout while one of its calls waits at the paused gate. The call
+    belongs to the attempt that ended: after the resume it is refused with 409 ``rollout_closed``,
+    never recorded, counted as dropped; and the requeued rollout stays queued for a worker to claim.
+    It was answered and recorded under the new attempt, which it had started with no worker on it."""
+    gw = make_gateway(["first", "second"])
+    rollout = gw.rollout()
+    rid = rollout["rollout_id"]
+    first = httpx.post(
+        f"{rollout['base_url']}/chat/completions", json=CHAT, headers={"x-api-key": rollout["api_key"]}
+    )
+    assert first.status_code == 200
+    gw.client.pause(timeout=5)
+    out: dict[str, Any] = {}
+    thread = _held_call(rollout, stream=stream, out=out)
+    _until_waiting(gw, 1)
+    other = SQLiteStore(gw.store.path)  # another process's store, as far as SQLite knows
+    try:
+        requeued = other.requeue_rollout(rid, error="infra")
+    finally:
+        other.close()
+    gw.client.resume()
+    thread.join(timeout=20)
+    if stream:
+        assert out["status"] == 200  # sent before the gate: the refusal is the stream's last event
+        error = json.loads(out["text"].rsplit("data: ", 1)[1])["error"]
+        assert "[DONE]" not in out["text"]
+    else:
+        assert out["status"] == 409, out["text"]
+        error = json.loads(out["text"])["error"]
+    assert error["code"] == "rollout_closed" and "queued again (attempt 1)" in error["message"]
+    after = gw.store.get_rollout(rid)
+    assert (after.status.value, after.attempt, after.worker_id) == ("queued", 1, None)
+    assert after.api_key == requeued.api_key
+    assert [(c.seq, c.attempt) for c in gw.store.list_calls(rid)] == [(0, 0)]
+    deadline = time.monotonic() + 10
+    while gw.store.get_rollout(rid).metadata.get("dropped_calls") != {"rollout_ended": 1}:
+        assert time.monotonic() < deadline, gw.store.get_rollout(rid).metadata
+        time.sleep(0.02)
+
+
+def test_a_call_held_while_its_rollout_goes_on_is_answered(make_gateway: Any) -> None:
+    """Control for the test above: nothing happened to the rollout during the pause, so the held
+    call is answered and recorded under the same attempt after the resume."""
+    gw = make_gateway(["first", "second"])
+    rollout = gw.rollout()
+    rid = rollout["rollout_id"]
+    httpx.post(
+        f"{rollout['base_url']}/chat/completions", json=CHAT, headers={"x-api-key": rollout["api_key"]}
+    )
+    gw.client.pause(timeout=5)
+    out: dict[str, Any] = {}
+    thread = _held_call(rollout, stream=False, out=out)
+    _until_waiting(gw, 1)
+    gw.client.resume()
+    thread.join(timeout=20)
+    assert out["status"] == 200 and json.loads(out["text"])["choices"][0]["message"]["content"] == "second"
+    assert [(c.seq, c.attempt) for c in gw.store.list_calls(rid)] == [(0, 0), (1, 0)]
+    assert gw.store.get_rollout(rid).status.value == "running"

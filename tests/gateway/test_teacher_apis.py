@@ -416,10 +416,13 @@ def teacher_on(
     *,
     keepalive_s: float = 10.0,
     max_tokens: int | None = None,
+    api: str = "chat",
+    metadata: dict[str, Any] | None = None,
 ) -> Iterator[tuple[openai.OpenAI, str]]:
-    """A teacher-mode gateway on ``upstream``; yields an OpenAI SDK on its rollout and the rollout id."""
+    """A teacher-mode gateway on ``upstream`` (``api``: the teacher's); yields an OpenAI SDK on its
+    rollout (created with ``metadata``) and the rollout id."""
     with serve_in_thread(upstream) as up_url:
-        teacher = Teacher(f"{up_url}/v1", "u", None)
+        teacher = Teacher(f"{up_url}/v1", "u", None, api=api)
         policy = ScriptedEngine(["(the policy, unused in teacher mode)"], tokenizer)
         app = create_app(
             GatewayConfig(admin_key=ADMIN, max_tokens=max_tokens),
@@ -429,7 +432,7 @@ def teacher_on(
             keepalive_s=keepalive_s,
         )
         with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as client:
-            created = client.create_rollout({"prompt": "x"}, run_id="teacher")
+            created = client.create_rollout({"prompt": "x"}, run_id="teacher", metadata=metadata)
             with openai.OpenAI(
                 base_url=created["base_url"], api_key=created["api_key"], max_retries=0
             ) as sdk:
@@ -761,7 +764,8 @@ def test_native_previous_response_id_and_errors(native: Teaching) -> None:
 
 def native_upstream(*, cut: bool) -> Starlette:
     """Anthropic's /messages and OpenAI's /responses, streamed, each cut before its final event
-    (``cut``: a clean end there) or finished."""
+    (``cut``: a clean end there) or finished; the bodies it got in ``app.state.asked``."""
+    asked: list[dict[str, Any]] = []
 
     def sse(payload: dict[str, Any]) -> str:
         return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
@@ -770,6 +774,7 @@ def native_upstream(*, cut: bool) -> Starlette:
         return JSONResponse({"object": "list", "data": [{"id": "u", "object": "model"}]})
 
     async def messages(request: Request) -> Response:
+        asked.append(await request.json())
         message = {"id": "msg_1", "type": "message", "role": "assistant", "model": "u", "content": []}
         usage = {"input_tokens": 3, "output_tokens": 2}
 
@@ -790,6 +795,7 @@ def native_upstream(*, cut: bool) -> Starlette:
         return StreamingResponse(events(), media_type="text/event-stream")
 
     async def responses(request: Request) -> Response:
+        asked.append(await request.json())
         item = {
             "id": "msg_1",
             "type": "message",
@@ -823,13 +829,15 @@ def native_upstream(*, cut: bool) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    return Starlette(
+    app = Starlette(
         routes=[
             Route("/v1/models", models),
             Route("/v1/messages", messages, methods=["POST"]),
             Route("/v1/responses", responses, methods=["POST"]),
         ]
     )
+    app.state.asked = asked
+    return app
 
 
 @pytest.mark.parametrize("cut", [True, False])

@@ -386,3 +386,22 @@ def test_token_ids_and_counts_the_request_could_not_have_sampled_fail_the_call(
     assert_failed_stream(stack.chat(stream=True, max_tokens=8))
     call = stack.recorded_after_a_good_call(with_token_ids(WORDS[:8], names=WORDS[:8]))
     assert (call.finish_reason, call.response_token_ids) == ("length", WORDS[:8])
+
+
+# -- the open health answer names no inference server ------------------------------------------------
+
+
+def test_open_health_names_no_inference_server(make_stack: Callable[[str, Answer], Stack]) -> None:
+    """``/api/health`` is open (a harness in its sandbox reaches it too); the engine's status named
+    the vLLM servers (the pool's replicas by URL), which a harness could then call directly. Without
+    the admin key it says only whether the gateway is healthy; the admin sees the engine's status."""
+    stack = make_stack("vllm", vllm_answer(WORDS[:2], "stop"))
+    base = stack.admin.base_url
+    for headers in ({}, {"authorization": f"Bearer {stack.rollout['api_key']}"}):
+        health = httpx.get(f"{base}/api/health", headers=headers, timeout=30)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        assert "engine" not in health.json()
+        assert stack.upstream.url not in health.text and "127.0.0.1" not in health.text
+    # Control: the admin's answer has the engine's status, replicas by URL.
+    replicas = stack.admin.health()["engine"]["replicas"]
+    assert [r["name"] for r in replicas] == [stack.upstream.url]

@@ -72,7 +72,9 @@ def test_calls_recorded_after_the_evaluator_read_them_are_left_out():
 
 
 def test_calls_the_gateway_dropped_are_counted_per_reason():
-    dropped = {"dropped_calls": {"client_gone": 2, "rollout_ended": 1, "gateway_lapsed": 2}}
+    dropped = {
+        "dropped_calls": {"client_gone": 2, "rollout_ended": 1, "gateway_lapsed": 2, "gateway_stopping": 1}
+    }
     a = Rollout(rollout_id="a", api_key="k", reward=1.0, outcome=Outcome.SUCCESS, metadata=dropped)
     b = Rollout(
         rollout_id="b", api_key="k", outcome=Outcome.INFRA_FAILURE,
@@ -86,6 +88,7 @@ def test_calls_the_gateway_dropped_are_counted_per_reason():
         "trajectory/calls_dropped/slow_reader": 4.0,
         "trajectory/calls_dropped/rollout_ended": 1.0,
         "trajectory/calls_dropped/gateway_lapsed": 2.0,
+        "trajectory/calls_dropped/gateway_stopping": 1.0,
     }
     # Control: rollouts with nothing dropped report zeros, not missing metrics.
     quiet = build_batch([(a.model_copy(update={"metadata": {}}), [])]).stats.as_metrics()

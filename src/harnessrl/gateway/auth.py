@@ -54,6 +54,11 @@ def _is_admin(state: GatewayState, key: str | None) -> bool:
     return bool(key and admin and hmac.compare_digest(key.encode(), admin.encode()))
 
 
+def is_admin_request(request: Request, state: GatewayState) -> bool:
+    """Whether the request carries the admin key (for an open route that tells the admin more)."""
+    return _is_admin(state, request_key(request))
+
+
 def require_admin(request: Request, state: GatewayState) -> None:
     key = request_key(request)
     if key is None:

@@ -197,7 +197,17 @@ class StreamOptions(Lenient):
     include_usage: bool | None = None
 
 
-class SamplingFields(Lenient):
+class OneChoice(Lenient):
+    """``n``: a call is one answer (one sample of the policy; one recorded call)."""
+
+    n: int | None = Field(default=None, ge=1)
+
+    def check_n(self) -> None:
+        if self.n not in (None, 1):
+            raise BadRequest("only n=1 is supported: each call is one sample of the policy", param="n")
+
+
+class SamplingFields(OneChoice):
     """Fields chat and legacy completions share."""
 
     model: str | None = None
@@ -206,7 +216,6 @@ class SamplingFields(Lenient):
     max_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     seed: StoreInt | None = None
-    n: int | None = Field(default=None, ge=1)
     stream: bool | None = False
     stream_options: StreamOptions | None = None
 
@@ -215,10 +224,6 @@ class SamplingFields(Lenient):
             return []
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop)
         return [s for s in stops if s]
-
-    def check_n(self) -> None:
-        if self.n not in (None, 1):
-            raise BadRequest("only n=1 is supported: each call is one sample of the policy", param="n")
 
     @property
     def include_usage(self) -> bool:
@@ -279,22 +284,22 @@ def _check_chat_tool(tool: dict[str, Any]) -> dict[str, Any]:
 ChatTool = Annotated[dict[str, Any], AfterValidator(_check_chat_tool)]
 
 
-class ChatCompletionRequest(SamplingFields):
-    messages: list[MessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[ChatTool] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
-    # vLLM's fields for how the conversation is rendered. The gateway always renders a new assistant
-    # turn after the whole conversation with the policy's own template: it accepts only the values
-    # that say so, and refuses the others rather than ignoring them as it ignores vendor fields.
+class ChatTurn(OneChoice):
+    """What a chat body says of the answer it wants: one new assistant turn after the whole
+    conversation, rendered with the model's own template.
+
+    vLLM's fields for how the conversation is rendered. The gateway always renders a new assistant
+    turn after the whole conversation with the policy's own template: it accepts only the values
+    that say so, and refuses the others rather than ignoring them as it ignores vendor fields. Teacher
+    mode checks these alone (``teacher.chat``; the rest of its body is the upstream's to judge): an
+    upstream that honoured them would answer a continuation, an echo or several choices, and the
+    recorded call would not be the turn the harness was given.
+    """
+
     add_generation_prompt: bool | None = None
     continue_final_message: bool | None = None
     chat_template: str | None = None
+    echo: bool | None = None  # vLLM's: the answer begins with the last message's text
 
     @field_validator("add_generation_prompt")
     @classmethod
@@ -312,12 +317,31 @@ class ChatCompletionRequest(SamplingFields):
             )
         return value
 
+    @field_validator("echo")
+    @classmethod
+    def _never_echoed(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("only false is supported: the answer is the new assistant turn alone")
+        return value
+
     @field_validator("chat_template")
     @classmethod
     def _policy_template_only(cls, value: str | None) -> str | None:
         if value is not None:
             raise ValueError("not supported: prompts are rendered with the policy's own chat template")
         return value
+
+
+class ChatCompletionRequest(SamplingFields, ChatTurn):
+    messages: list[MessageIn] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: list[ChatTool] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
 
     @property
     def requested_max_tokens(self) -> int | None:

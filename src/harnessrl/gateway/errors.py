@@ -56,6 +56,11 @@ class GatewayLapsed(UpstreamError):
     not recorded; the harness retries it (a 5xx)."""
 
 
+class GatewayStopping(HarnessRLError):
+    """A call held at the pause gate when the gateway began to shut down: answered at once, not
+    generated, not recorded; the harness retries it (a 503) against whichever gateway serves next."""
+
+
 class MethodNotAllowed(HarnessRLError):
     """A known route asked with a method it does not serve."""
 
@@ -100,6 +105,7 @@ ERROR_SHAPES: dict[type[HarnessRLError], ErrorShape] = {
     # The engine ended the generation itself (a pause with mode=abort before a weight update): 503
     # so the harness's SDK retries, and by then the gateway serves again.
     GenerationAborted: ErrorShape(503, "api_error", "engine_aborted"),
+    GatewayStopping: ErrorShape(503, "api_error", "gateway_stopping"),
 }
 
 

@@ -2,8 +2,8 @@
 
 ``run_gateway`` opens the store and builds the engine from typed config, generates and prints an
 admin key if none was configured, and serves with uvicorn until SIGINT/SIGTERM (uvicorn's own
-handlers: stop accepting, let in-flight requests end, run the lifespan shutdown), then closes the
-store. ``python -m harnessrl.gateway`` is the same without the typer CLI.
+handlers: stop accepting, answer the calls held at a paused gate with a 503 at once
+(``GatewayServer``), let in-flight requests end, run the lifespan shutdown), then closes the store. ``python -m harnessrl.gateway`` is the same without the typer CLI.
 """
 
 from __future__ import annotations
@@ -20,13 +20,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-import uvicorn
 from starlette.applications import Starlette
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
-from harnessrl.gateway.transport.serving import uvicorn_config
+from harnessrl.gateway.transport.serving import GatewayServer, uvicorn_config
 
 if TYPE_CHECKING:
     from harnessrl.gateway.app import RouteFactory
@@ -100,7 +99,7 @@ def run_gateway(
             print(f"harnessrl gateway admin key: {gateway.admin_key}", flush=True)
         print(f"harnessrl gateway listening on {url} (store {store_url}, model {engine.model})", flush=True)
         config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
-        server = uvicorn.Server(config)
+        server = GatewayServer(config)
         tune_gc()
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
         # that was installed before it. Make that a no-op so a requested stop exits with status 0.
@@ -147,7 +146,7 @@ def serve_in_thread(
     # with the defaults.
     gateway = app.gateway.config if isinstance(app, GatewayApp) else GatewayConfig()
     config = uvicorn_config(app, gateway, log_level="warning", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
+    server = GatewayServer(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name=f"gateway:{port}", daemon=True
     )

@@ -67,6 +67,8 @@ class GatewayState:
     teacher: Teacher | None = field(default=None, repr=False)
     started_at: float = field(default_factory=now)
     ready: bool = False
+    # The server began to shut down (``stop``): a call that would wait at the gate is answered 503.
+    stopping: bool = False
     # The event loop serving this app (set by the lifespan): code on other loops reaches the gate
     # and the engine through it (``gating.GatewayHandle``).
     loop: asyncio.AbstractEventLoop | None = None
@@ -87,6 +89,14 @@ class GatewayState:
         self._tool_parser = get_tool_parser(self.formats.tool_parser)
         self._reasoning_parser = get_reasoning_parser(self.formats.reasoning_parser)
         self.writer = CallWriter(self.store)
+
+    def stop(self) -> int:
+        """The server began to shut down: answer the calls held at the pause gate now (503
+        ``gateway_stopping``, dropped) rather than after the graceful timeout, and every later call
+        that would wait there too. Calls already generating go on and are recorded. Returns how
+        many were held. On the event loop (``transport.serving.GatewayServer``)."""
+        self.stopping = True
+        return self.calls.stop_held()
 
     def tool_parser(self, tools: Tools) -> ToolParser:
         """A parser for one answer, its malformed calls counted in ``harnessrl_tool_calls_malformed``."""

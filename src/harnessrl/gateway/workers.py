@@ -14,8 +14,10 @@ Each worker opens its own store connection and its own engine. That is why only 
 (``vllm:``/``sglang:``: the workers share the inference servers) and the scripted engine are
 allowed: an embedded model would be loaded N times and a weight update would reach one copy.
 
-The parent forwards SIGINT/SIGTERM to the workers and waits for them; if a worker dies on its
-own, the parent stops the others and fails (the address would serve on with fewer processes unnoticed).
+The parent forwards SIGINT/SIGTERM to the workers and waits for them; if a worker ends without the
+parent having stopped it — a crash, or a clean exit (status 0) after a SIGTERM someone sent to that
+worker alone — the parent stops the others and fails (the address would serve on with fewer
+processes unnoticed).
 """
 
 from __future__ import annotations
@@ -109,8 +111,10 @@ def run_workers(
         while any(p.is_alive() for p in workers):
             for proc in workers:
                 proc.join(timeout=0.2)
-                if not proc.is_alive() and not stopping["signal"] and proc.exitcode != 0:
-                    failed.append(f"{proc.name} exited with {proc.exitcode}")
+                # Any exit the parent did not cause, a clean one too: a worker stopped alone by a
+                # signal exits with 0 (uvicorn's graceful shutdown), and the others would serve on.
+                if not proc.is_alive() and not stopping["signal"]:
+                    failed.append(f"{proc.name} (pid {proc.pid}) exited on its own with {proc.exitcode}")
                     forward(signal.SIGTERM, None)
                     stopping["signal"] = -1
             time.sleep(0.05)
@@ -132,13 +136,11 @@ def _serve_worker(
     extra_routes: Sequence[RouteFactory],
 ) -> None:
     """One worker process: its own store connection, engine and app, on the public + its control socket."""
-    import uvicorn
-
     public = bind_socket(gateway.host, port, reuse_port=True)
 
     from harnessrl.engines.factory import create_engine
     from harnessrl.gateway.app import create_app
-    from harnessrl.gateway.transport.serving import uvicorn_config
+    from harnessrl.gateway.transport.serving import GatewayServer, uvicorn_config
     from harnessrl.store import open_store
 
     store = open_store(store_url)
@@ -146,7 +148,7 @@ def _serve_worker(
         app = create_app(gateway, store, create_engine(engine), shared_store=True, extra_routes=extra_routes)
         # The connection settings and limits apply per worker process.
         config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
-        server = uvicorn.Server(config)
+        server = GatewayServer(config)
         tune_gc()  # as run_gateway does
         log.info("gateway worker %d (pid %d) serving", index, os.getpid())
         # As in run_gateway: uvicorn re-raises the stop signal to the previous handler; make it a no-op.

@@ -40,7 +40,7 @@ DROPPED_CALLS_KEY = "dropped_calls"
 #: Why a gateway drops a call (``harnessrl.gateway.pipeline.delivery``): its client left, its client read
 #: too slowly, its rollout (or attempt) ended before it was recorded, or the gateway stalled past its
 #: lease while the call generated (``gateway.control.heartbeat``'s fence).
-DROP_REASONS = ("client_gone", "slow_reader", "rollout_ended", "gateway_lapsed")
+DROP_REASONS = ("client_gone", "slow_reader", "rollout_ended", "gateway_lapsed", "gateway_stopping")
 
 
 class RolloutEnded(InvalidTransition):

@@ -21,7 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest, NotFound, UpstreamError
-from harnessrl.gateway.auth import require_admin
+from harnessrl.gateway.auth import is_admin_request, require_admin
 from harnessrl.gateway.bodies import Lenient, read_json, validate_body
 from harnessrl.gateway.control.gating import cluster_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.json_input import INT64_MAX
@@ -147,10 +147,16 @@ async def health(request: Request) -> Response:
     }
     if not state.ready:
         return JSONResponse(body, status_code=503)
+    # The route is open (a harness in its sandbox reaches it too), but the engine's own status names
+    # the inference servers (a vLLM URL, a pool's replicas, an error quoting one): the admin only.
+    admin = is_admin_request(request, state)
     try:
-        body["engine"] = await state.engine.health()
+        engine = await state.engine.health()
     except UpstreamError as exc:
-        return JSONResponse({**body, "status": "unhealthy", "error": str(exc)}, status_code=503)
+        error = str(exc) if admin else "the engine is unhealthy (the admin key shows why)"
+        return JSONResponse({**body, "status": "unhealthy", "error": error}, status_code=503)
+    if admin:
+        body["engine"] = engine
     return JSONResponse(body)
 
 

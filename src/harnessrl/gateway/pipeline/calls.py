@@ -21,9 +21,8 @@ import anyio
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
 from harnessrl.errors import HarnessRLError
-from harnessrl.gateway.auth import open_rollout
 from harnessrl.gateway.control.pause import Ticket
-from harnessrl.gateway.errors import GatewayLapsed, RolloutClosed
+from harnessrl.gateway.errors import GatewayLapsed, GatewayStopping, RolloutClosed
 from harnessrl.gateway.pipeline.delivery import DropReason
 from harnessrl.gateway.pipeline.generation import Generation
 from harnessrl.gateway.prompt.history import RolloutMemory
@@ -35,6 +34,14 @@ from harnessrl.store.chains import EncodedItems
 
 if TYPE_CHECKING:
     from harnessrl.gateway.pipeline.coalesce import Outlet
+
+
+def stopping_error() -> GatewayStopping:
+    """The 503 of a call held at the gate when its gateway began to shut down (``GatewayState.stop``)."""
+    return GatewayStopping(
+        "this gateway is shutting down while paused: the call was not generated or recorded; "
+        "send the request again"
+    )
 
 
 @dataclass(eq=False)  # compared and hashed by identity (kept in ``delivery.CallsInFlight``)
@@ -85,21 +92,39 @@ class PreparedCall:
             self._scope.cancel()
 
     @property
+    def held(self) -> bool:
+        """Whether the call is waiting at the pause gate."""
+        return self._ticket is not None and not self._ticket.admitted
+
+    @property
     def committed(self) -> bool:
         """Whether the call's record has begun (then it is answered, never dropped)."""
         return self.stored is not None or self._recording
 
-    async def closed_error(self) -> RolloutClosed:
-        """The 409 of a call whose rollout ended, naming how (as ``auth.open_rollout`` words it)."""
+    async def closed_error(self, rollout: Rollout | None = None) -> RolloutClosed:
+        """The 409 of a call whose rollout ended, naming how (as ``auth.open_rollout`` words it).
+        ``rollout``: as just read from the store (else it is read here)."""
         rollout_id = self.rollout.rollout_id
         try:
-            rollout = await self.state.in_thread(self.state.store.get_rollout, rollout_id)
+            if rollout is None:
+                rollout = await self.state.in_thread(self.state.store.get_rollout, rollout_id)
             status = rollout.status.value
             if rollout.status is RolloutStatus.QUEUED:
                 status = f"queued again (attempt {rollout.attempt})"
+            elif rollout.attempt != self.rollout.attempt:
+                status = f"{status} as attempt {rollout.attempt} (this call's {self.rollout.attempt} ended)"
         except HarnessRLError:
             status = "ended"
         return RolloutClosed(f"rollout {rollout_id!r} is {status}; it takes no more calls")
+
+    async def drop_error(self) -> HarnessRLError | None:
+        """What a client still there is told about its call's drop: the 409 of an ended rollout, the
+        503 of a gateway stopping; ``None`` where nobody is there to tell (its client left)."""
+        if self.drop_reason == "rollout_ended":
+            return await self.closed_error()
+        if self.drop_reason == "gateway_stopping":
+            return stopping_error()
+        return None
 
     async def admit(self, *, keepalive: bool = False) -> AsyncIterator[str]:
         """Wait at the pause gate; yields SSE keep-alive comments while waiting if asked to."""
@@ -107,14 +132,30 @@ class PreparedCall:
         self._ticket = state.gate.join()
         began = now()
         if not self._ticket.admitted:
+            if state.stopping:  # held calls are answered at once when the shutdown starts: so is this
+                self.drop_reason = "gateway_stopping"
+                raise stopping_error()
             while not await self._ticket.wait(state.keepalive_s if keepalive else None):
                 yield ": waiting for the gateway to resume\n\n"
-            # The rollout may have been finished or cancelled while we waited.
-            self.rollout = await open_rollout(
-                state, await state.in_thread(state.store.get_rollout, self.rollout.rollout_id)
-            )
+            await self._still_open()
         self._waited_s = now() - began
         state.metrics.pause_wait.observe(self._waited_s)
+
+    async def _still_open(self) -> None:
+        """After waiting at the gate: the rollout may have ended while we waited, or ended and been
+        queued again as a new attempt (another process requeued it: this gateway heard of no end).
+        Either way this call belongs to an attempt that is over: 409, dropped, never recorded; and the
+        queued rollout is not started here, which would run the new attempt with no worker on it."""
+        state = self.state
+        rollout = await state.in_thread(state.store.get_rollout, self.rollout.rollout_id)
+        if (
+            rollout.status is not RolloutStatus.RUNNING
+            or rollout.attempt != self.rollout.attempt
+            or rollout.api_key != self.rollout.api_key
+        ):
+            self.drop_reason = "rollout_ended"
+            raise await self.closed_error(rollout)
+        self.rollout = rollout
 
     def start(self, *, stream: bool = True) -> Generation:
         """Create the generation; reads the call index now so concurrent calls get distinct ones.

@@ -22,9 +22,13 @@ rollout's ``metadata.dropped_calls``, the trainer's ``trajectory/calls_dropped/*
   ``control.heartbeat``'s fence), so a pause may have counted the gateways drained without it and
   the weights may have changed under the answer. Found when it comes to be recorded; the client
   gets a 502 (an error event in a stream) and retries.
+- ``gateway_stopping``: the gateway began to shut down (SIGTERM) while the call waited at the pause
+  gate (``GatewayState.stop``): it would otherwise wait out uvicorn's graceful timeout and then be
+  cut. The client gets a 503 ``gateway_stopping`` at once (an error event in a stream) and retries.
+  Calls already generating are not touched: they finish and are recorded as the shutdown waits.
 
 ``respond_whole`` drives a non-streaming call and ``CallStream`` a streaming one: each runs the
-call inside a cancel scope that any of the three reasons cancels (``PreparedCall.cancel``), and
+call inside a cancel scope that any of the reasons cancels (``PreparedCall.cancel``), and
 learns that the client left from the connection itself (``ClientConnection.watch``: uvicorn tells
 the protocol the moment the socket closes) rather than from a task polling ``receive``.
 
@@ -62,8 +66,8 @@ log = logging.getLogger("harnessrl.gateway")
 #: The ASGI scope key under which ``GatewayProtocol`` hands routes the client's connection.
 CONNECTION_KEY = "harnessrl.connection"
 
-#: ``store.base.DROP_REASONS``
-DropReason = Literal["client_gone", "slow_reader", "rollout_ended", "gateway_lapsed"]
+#: ``store.base.DROP_REASONS`` (and ``gateway_stopping``, which the store counts as any other)
+DropReason = Literal["client_gone", "slow_reader", "rollout_ended", "gateway_lapsed", "gateway_stopping"]
 
 #: The status a dropped non-streaming call "answers": nobody is there to read it (nginx's 499).
 CLIENT_GONE_STATUS = 499
@@ -135,6 +139,13 @@ class CallsInFlight:
             if not calls:
                 del self._by_rollout[call.rollout.rollout_id]
 
+    def stop_held(self) -> int:
+        """Drop every call waiting at the pause gate (``gateway_stopping``); returns how many."""
+        held = [call for calls in self._by_rollout.values() for call in calls if call.held]
+        for call in held:
+            call.cancel("gateway_stopping")
+        return len(held)
+
     def end_rollout(self, rollout_id: str) -> int:
         """Cancel every call of ``rollout_id`` in flight here (``rollout_ended``); returns how many."""
         calls = list(self._by_rollout.get(rollout_id, ()))
@@ -151,7 +162,7 @@ async def respond_whole(
 ) -> Response:
     """Drive a non-streaming call: ``work`` waits at the gate, generates, builds the answer and
     records the call; a drop cancels it wherever it is (``client_gone``: a 499 nobody reads;
-    ``rollout_ended``: 409 ``rollout_closed``)."""
+    ``rollout_ended``: 409 ``rollout_closed``; ``gateway_stopping``: 503)."""
     answer: Response | None = None
     try:
         with anyio.CancelScope() as cancel:
@@ -161,8 +172,9 @@ async def respond_whole(
     finally:
         call.finish()
     if answer is None:
-        if call.drop_reason == "rollout_ended":
-            raise await call.closed_error()
+        error = await call.drop_error()
+        if error is not None:
+            raise error
         return Response(status_code=CLIENT_GONE_STATUS)
     answer.headers.update(call.headers())  # with the call's seq, known once it is recorded
     return answer
@@ -171,8 +183,8 @@ async def respond_whole(
 class CallStream(Response):
     """Drive a streaming call: ``events(outlet)`` (``streaming.sse_events``) pushes its events, already in
     the provider's shape, into an ``Outlet``; a drop cancels the call and ends the stream
-    (``rollout_ended``: ``closing(exc)``, the provider's error event, is sent first; ``slow_reader``:
-    the connection is cut)."""
+    (``rollout_ended``, ``gateway_stopping``: ``closing(exc)``, the provider's error event, is sent
+    first; ``slow_reader``: the connection is cut)."""
 
     media_type = "text/event-stream"
 
@@ -227,11 +239,12 @@ class CallStream(Response):
             call.finish()
         if outlet is not None and outlet.gave_up and connection is not None:
             connection.cut()
-        elif call.stored is None and call.drop_reason == "rollout_ended" and cancel.cancelled_caught:
-            # The harness may still be there (the run cancelled its rollout): tell it, if it reads.
-            # Only when the drop cut the events short: a rollout ended where this gateway did not
-            # hear it is refused by the store at record time, and the events end with that error.
-            body = self.closing(await call.closed_error()).encode()
+        elif call.stored is None and cancel.cancelled_caught and (error := await call.drop_error()):
+            # The harness may still be there (the run cancelled its rollout, the gateway is stopping):
+            # tell it, if it reads. Only when the drop cut the events short: a rollout ended where
+            # this gateway did not hear it is refused by the store at record time, and the events
+            # end with that error.
+            body = self.closing(error).encode()
             with anyio.move_on_after(config.slow_reader_window_s):
                 await send({"type": "http.response.body", "body": body, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

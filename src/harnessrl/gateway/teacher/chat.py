@@ -1,6 +1,9 @@
 """``POST /v1/chat/completions`` in teacher mode: the upstream's answer passed through as it is.
 
-The body goes to the upstream as received (``model`` replaced) and the harness gets the upstream's
+The body is checked as the policy path checks it (``n``, ``echo``, ``continue_final_message``,
+``add_generation_prompt``, ``chat_template``: 400s, so the recorded answer is the one new assistant
+turn the harness was given) and goes to the upstream as received (``model`` replaced, the rollout's
+``metadata.sampling`` and ``gateway.max_tokens`` applied: ``teacher_sampling``); the harness gets the upstream's
 answer in its own shape: the whole JSON, or its SSE chunks as they arrive (text, reasoning,
 tool-call deltas and their ids untouched). A streamed call asks the upstream for usage; the
 usage-only chunk reaches the harness only if it asked for it too. The closing ``[DONE]`` is sent
@@ -19,7 +22,7 @@ from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import decode_body, read_body
+from harnessrl.gateway.bodies import ChatTurn, parse_body, read_body, validate_body
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
@@ -29,9 +32,9 @@ from harnessrl.gateway.teacher.upstream import (
     Teacher,
     answer_message,
     call_headers,
-    cap_max_tokens,
     complete,
     record,
+    teacher_sampling,
     unless_client_leaves,
 )
 from harnessrl.schemas import Rollout, now
@@ -49,9 +52,14 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     handlers answer in OpenAI's shape."""
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    data = decode_body(await read_body(request, state.config.max_body_bytes))
+    data = parse_body(await read_body(request, state.config.max_body_bytes))
+    # The policy path's checks of what the answer is (400s before the rollout starts): one choice
+    # (only one is recorded), a new assistant turn after the whole conversation (no continuation, no
+    # echo, the model's own template), so the recorded answer is the turn the harness was given.
+    validate_body(ChatTurn, data).check_n()
     rollout = await open_rollout(state, rollout)
-    body = cap_max_tokens(data, state.config.max_tokens)  # else as received (``model`` replaced)
+    # Else as received (``model`` replaced).
+    body = teacher_sampling(data, rollout, state.config.max_tokens)
     started_at = now()
     if not data.get("stream"):
         answer = await unless_client_leaves(

@@ -34,7 +34,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, request_to_internal
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, refuse_prefill, request_to_internal
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error
@@ -44,7 +44,13 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.message_blocks import MessageBlocks
 from harnessrl.gateway.teacher.native import native_messages
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
-from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record, unless_client_leaves
+from harnessrl.gateway.teacher.upstream import (
+    Teacher,
+    complete,
+    record,
+    teacher_sampling,
+    unless_client_leaves,
+)
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -73,6 +79,7 @@ def chat_request(data: dict[str, Any]) -> dict[str, Any]:
     """The chat.completions body of a Messages request (``BadRequest`` if it is not a valid one)."""
     body = validate_body(MessagesRequest, data)
     messages, tools = request_to_internal(data)
+    refuse_prefill(messages)  # as the policy path: the teacher answers a new turn, never continues one
     out: dict[str, Any] = {"messages": messages, "max_tokens": body.max_tokens}
     if tools:
         out["tools"] = tools
@@ -97,7 +104,7 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     state: GatewayState = request.app.state.gateway
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = parse_body(await read_body(request, state.config.max_body_bytes))
-    body = cap_max_tokens(chat_request(data), state.config.max_tokens)  # 400s before the rollout starts
+    body = teacher_sampling(chat_request(data), rollout, state.config.max_tokens)  # 400s before it starts
     rollout = await open_rollout(state, rollout)
     model = data.get("model") or teacher.model
     msg_id = f"msg_{secrets.token_hex(12)}"

@@ -5,7 +5,9 @@ Where ``teacher.messages``/``teacher.responses`` translate to chat, this keeps w
 provider's own API carries: Anthropic's thinking blocks with their real signatures (which Anthropic
 checks when the harness sends them back), beta features the harness asks for (``anthropic-beta``),
 OpenAI's encrypted reasoning and server-side state. The body goes as received (``model`` replaced,
-the answer length capped by ``gateway.max_tokens``); the upstream's answer reaches the harness as it
+the rollout's ``metadata.sampling`` and ``gateway.max_tokens`` applied: ``teacher_sampling``; a
+Messages conversation that ends with an assistant message, a prefill, is refused as the policy path
+refuses it); the upstream's answer reaches the harness as it
 sent it: the whole JSON, or its SSE events line by line. The key goes as ``x-api-key`` to
 ``/messages`` and as a bearer token to ``/responses``; the harness's ``anthropic-version`` and
 ``anthropic-beta`` headers are passed on.
@@ -31,7 +33,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, message_of_blocks
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, message_of_blocks, refuse_prefill
 from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, input_to_messages
 from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
@@ -44,6 +46,7 @@ from harnessrl.gateway.teacher.upstream import (
     ANTHROPIC_VERSION,
     Teacher,
     record,
+    teacher_sampling,
     unless_client_leaves,
     upstream_error,
 )
@@ -52,12 +55,6 @@ from harnessrl.schemas import Rollout, now
 log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["native_messages", "native_responses"]
-
-
-def _capped(body: dict[str, Any], key: str, cap: int | None) -> dict[str, Any]:
-    if cap is not None and (not isinstance(body.get(key), int) or body[key] > cap):
-        return {**body, key: cap}
-    return body
 
 
 _ITEMS = ("message", "function_call", "reasoning")
@@ -107,8 +104,13 @@ async def native_messages(request: Request, teacher: Teacher) -> Response:
     rollout = await authorize_rollout(request, state, request.path_params.get("rollout_id"))
     data = parse_body(await read_body(request, state.config.max_body_bytes))
     validate_body(MessagesRequest, data)  # a request invalid in the harness's API never goes out
+    # A trailing assistant message is a prefill Anthropic would continue: the recorded "answer" would
+    # be the rest of that turn, recorded as a new one. Refused as the policy path refuses it.
+    refuse_prefill(data["messages"])
     rollout = await open_rollout(state, rollout)
-    body = _capped({**data, "model": teacher.model}, "max_tokens", state.config.max_tokens)
+    body = teacher_sampling(
+        {**data, "model": teacher.model}, rollout, state.config.max_tokens, ("max_tokens",)
+    )
     headers = {"anthropic-version": request.headers.get("anthropic-version") or ANTHROPIC_VERSION}
     if request.headers.get("anthropic-beta"):
         headers["anthropic-beta"] = request.headers["anthropic-beta"]
@@ -133,9 +135,9 @@ async def native_responses(request: Request, teacher: Teacher) -> Response:
         previous = await resolve_previous(state, rollout, parsed.previous_response_id)
         recorded = {**data, PREVIOUS_KEY: previous}
     rollout = await open_rollout(state, rollout)
-    body = {**data, "model": teacher.model}
-    if state.config.max_tokens is not None:
-        body = _capped(body, "max_output_tokens", state.config.max_tokens)
+    body = teacher_sampling(
+        {**data, "model": teacher.model}, rollout, state.config.max_tokens, ("max_output_tokens",)
+    )
     upstream = teacher._client.build_request("POST", "/responses", json=body)
     return await _forward(
         request, state, rollout, teacher, upstream, "responses", recorded, bool(parsed.stream)

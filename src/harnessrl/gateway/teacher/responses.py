@@ -48,7 +48,13 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
-from harnessrl.gateway.teacher.upstream import Teacher, cap_max_tokens, complete, record, unless_client_leaves
+from harnessrl.gateway.teacher.upstream import (
+    Teacher,
+    complete,
+    record,
+    teacher_sampling,
+    unless_client_leaves,
+)
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -123,7 +129,7 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
     if body.previous_response_id:
         previous = await resolve_previous(state, rollout, body.previous_response_id)
         recorded = {**data, PREVIOUS_KEY: previous}  # so the converter alone rebuilds it later
-    chat = cap_max_tokens(chat_request(recorded, body), state.config.max_tokens)  # 400s first
+    chat = teacher_sampling(chat_request(recorded, body), rollout, state.config.max_tokens)  # 400s first
     rollout = await open_rollout(state, rollout)
     shell = ResponseShell(body, body.model or teacher.model, chat.get("tools"))
     encrypt = "reasoning.encrypted_content" in (body.include or [])
