@@ -108,6 +108,20 @@ def test_sync_mode_is_bound_zero():
     assert {s.rollout_id for s in batch.samples} == {"g0-r0"}
 
 
+@pytest.mark.parametrize("stale_samples", ["drop", "downweight"])
+def test_rollouts_sampled_by_weights_a_resumed_run_discarded_are_not_trained(stale_samples):
+    # Killed after step 3 was published but before its checkpoint was whole: the run resumed from
+    # step 2, and r1 had been sampled by the discarded step-3 weights. It used to train as on-policy
+    # (lag 3 - 2 = -1, within any bound), even in sync mode.
+    trainer = TrainerSection(mode="sync", stale_samples=stale_samples)
+    batch = prepare_step([group("g0", [1.0, 0.0, 0.0], versions=[2, 3, 2])], 2, trainer, AlgorithmConfig())
+    assert {s.rollout_id for s in batch.samples} == {"g0-r0", "g0-r2"}
+    assert advantage_of(batch, "g0-r0") > 0 > advantage_of(batch, "g0-r2")  # the group's rest trains
+    assert batch.metrics["rollouts/dropped_stale"] == 1
+    assert batch.metrics["staleness/max"] == 0 and batch.metrics["staleness/mean"] == 0.0
+    assert len(batch.rollouts) == 3
+
+
 def test_infra_failures_are_left_out_of_the_reward_metrics():
     g = group(
         "g0", [1.0, 0.0, 0.0], outcomes=[Outcome.SUCCESS, Outcome.POLICY_FAILURE, Outcome.INFRA_FAILURE]

@@ -13,7 +13,7 @@ import pytest
 
 from harnessrl.schemas import Outcome, Task
 from harnessrl.store import open_store
-from harnessrl.trainer.fleet import RolloutBook
+from harnessrl.trainer.fleet import RolloutBook, RolloutIdTaken
 from harnessrl.trainer.schedule import EVAL_KIND, TRAIN_KIND, TaskSchedule
 
 RUN = "run"
@@ -115,7 +115,7 @@ def test_completion_reads_only_the_open_rollouts_of_a_long_run(long_run: str):
 
     # Control: the probe does notice a scan of the run (recovery reads it once, at start-up).
     store.reset()
-    assert asyncio.run(book.recover(lambda created: [])) == 1002
+    assert asyncio.run(book.recover(lambda created: [], policy_version=0)) == 1002
     assert store.calls["list_rollouts"] == 2 and store.rows > 10_000
 
 
@@ -259,3 +259,83 @@ def test_waiting_for_an_evaluation_keeps_admitting_training_groups(tmp_path):
     group = asyncio.run(main())
     assert group.group_id == evaluation.group_id
     assert book.open_groups == 2 and book.in_flight == 4  # the evaluation's rollouts are not counted
+
+
+def finish_run(store: Any, run_id: str, reward: float) -> None:
+    """Every queued rollout of ``run_id`` claimed and finished with ``reward``."""
+    for rollout in store.claim_rollouts("w", 100, run_id=run_id):
+        store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, reward)
+
+
+def schedule_of(book: RolloutBook, seed: int) -> TaskSchedule:
+    """The run's schedule, its ids chosen as ``Trainer.run`` chooses them."""
+    return TaskSchedule(TASKS, 2, seed=seed, id_prefix=book.rollout_id_prefix())
+
+
+def test_two_runs_on_one_store_each_get_and_train_their_own_rollouts(tmp_path):
+    # docs/store.md: a store may hold many runs. The second run used to create nothing (its ids were
+    # the first run's, and create_rollout is idempotent per id) and train on the first run's rows.
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run("a")
+    store.create_run("b")
+    book_a, book_b = RolloutBook(store, "a", poll_s=0.05), RolloutBook(store, "b", poll_s=0.05)
+    plan_a = schedule_of(book_a, seed=0).group(0)
+    asyncio.run(book_a.submit([plan_a]))
+    finish_run(store, "a", reward=1.0)
+    plan_b = schedule_of(book_b, seed=123).group(0)
+    asyncio.run(book_b.submit([plan_b]))
+    assert store.count_rollouts(run_id="b") == 2
+    assert not set(plan_a.rollout_ids) & set(plan_b.rollout_ids)
+    finish_run(store, "b", reward=0.0)
+
+    [group] = asyncio.run(asyncio.wait_for(book_b.completed(1), 600))
+    assert {r.run_id for r in group.rollouts} == {"b"} and {r.reward for r in group.rollouts} == {0.0}
+    asyncio.run(book_b.record_trained(1, [group], {}))
+    assert all("trained_at_step" not in r.metadata for r in store.list_rollouts(run_id="a"))
+    store.close()
+
+
+def test_a_rollout_id_taken_by_another_run_is_refused_not_shared(tmp_path):
+    # Whatever made two runs plan one id (here both plan the bare ids of runs created before ids
+    # had the run's name), the second run must not silently adopt the first run's rollouts.
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run("a")
+    store.create_run("b")
+    plan = TaskSchedule(TASKS, 2, seed=0).group(0)
+    asyncio.run(RolloutBook(store, "a").submit([plan]))
+    with pytest.raises(RolloutIdTaken, match=r"taken in the store by run 'a'"):
+        asyncio.run(RolloutBook(store, "b").submit([plan]))
+    assert store.count_rollouts(run_id="b") == 0
+    # Another task under an id of this run (a schedule that changed since) is refused as well.
+    another_task = next(t for t in TASKS if t.task_id != plan.task.task_id)
+    other = dataclasses.replace(plan, members=tuple((rid, another_task) for rid in plan.rollout_ids))
+    with pytest.raises(RolloutIdTaken, match=f"task {another_task.task_id!r}"):
+        asyncio.run(RolloutBook(store, "a").submit([other]))
+    asyncio.run(RolloutBook(store, "a").submit([plan]))  # control: its own rows are found again
+    store.close()
+
+
+def test_a_run_created_with_bare_rollout_ids_resumes_on_its_own_rows(tmp_path):
+    # A run created before rollout ids had the run's name: its rows are g000000-r0, ... and eval-...;
+    # its --resume must find them (not create a second set under new ids).
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run("old")
+    store.create_run("new")
+    bare = TaskSchedule(TASKS, 2, seed=0)
+    asyncio.run(RolloutBook(store, "old").submit([bare.group(0), bare.group(1)]))
+    finish_run(store, "old", reward=1.0)
+
+    book = RolloutBook(store, "old", poll_s=0.05)
+    assert book.rollout_id_prefix() == ""
+    resumed = schedule_of(book, seed=0)
+    reopen = lambda created: [resumed.group(i) for i in range(created)]  # noqa: E731
+    assert asyncio.run(book.recover(reopen, policy_version=0)) == 2
+    groups = asyncio.run(asyncio.wait_for(book.completed(2), 600))
+    assert [g.group_id for g in groups] == ["g000000", "g000001"]
+    assert {r.rollout_id for g in groups for r in g.rollouts} == {
+        r.rollout_id for r in store.list_rollouts(run_id="old")
+    }
+    assert store.count_rollouts(run_id="old") == 4
+    # A new run on the same store is not mistaken for an old one.
+    assert RolloutBook(store, "new").rollout_id_prefix() == "new-"
+    store.close()

@@ -172,3 +172,12 @@ def test_resume_refuses_a_set_without_equals_and_a_corrupt_config(tmp_path):
     (run_dir / CONFIG_FILE).write_text("{not json")
     with pytest.raises(ConfigError, match=r"config\.json is not valid JSON"):
         prepare_run(None, str(run_dir), [])
+
+
+def test_resume_refuses_a_changed_seed(tmp_path):
+    # The schedule orders each epoch's tasks by run.seed: a resumed run under another seed would
+    # train some tasks of the epoch twice and others never.
+    _, run_dir, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'run'}", "run.seed=1"])
+    with pytest.raises(ConfigError, match=r"run\.seed: cannot change on --resume"):
+        prepare_run(None, str(run_dir), ["run.seed=2"])
+    assert prepare_run(None, str(run_dir), ["run.seed=1"])[0].run.seed == 1  # the same seed is fine

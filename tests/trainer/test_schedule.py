@@ -7,7 +7,7 @@ import pytest
 
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
-from harnessrl.trainer.schedule import TaskSchedule
+from harnessrl.trainer.schedule import TaskSchedule, run_id_prefix
 from harnessrl.trainer.task_sources import InlineTasks, JsonlTasks
 
 
@@ -22,6 +22,18 @@ def test_groups_are_deterministic_and_cover_each_epoch():
     assert [p.task.task_id for p in plans] != [
         TaskSchedule(tasks, 3, seed=8).group(i).task.task_id for i in range(10)
     ]
+
+
+def test_a_runs_rollout_ids_start_with_its_name_and_its_group_ids_do_not():
+    # Rollout ids are unique in a store that holds many runs; group ids are the run's own.
+    tasks = [Task(task_id=f"t{i}") for i in range(5)]
+    schedule = TaskSchedule(tasks, 2, seed=7, id_prefix=run_id_prefix("math-7b"))
+    plan = schedule.group(3)
+    assert plan.rollout_ids == ("math-7b-g000003-r0", "math-7b-g000003-r1") and plan.group_id == "g000003"
+    evaluation = schedule.evaluation(40, tasks[:2], schedule.sampling)
+    assert evaluation.rollout_ids == ("math-7b-eval-s00040-t0000", "math-7b-eval-s00040-t0001")
+    assert evaluation.group_id == "eval-s00040" and evaluation.step == 40
+    assert TaskSchedule(tasks, 2, seed=7).group(3).rollout_ids == ("g000003-r0", "g000003-r1")  # bare
 
 
 def test_task_sources_refuse_answers_the_harness_would_see(tmp_path):

@@ -31,12 +31,29 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from harnessrl.errors import InvalidTransition, NotFound
+from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.schemas import TERMINAL_STATUSES, Call, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store.base import Store
 from harnessrl.trainer.base import Weights
 from harnessrl.trainer.failures import CANCELLED_STUCK_KEY, STOPPED_RUN_KEY, failure_signature
-from harnessrl.trainer.schedule import TRAIN_KIND, GroupPlan
+from harnessrl.trainer.schedule import (
+    TRAIN_KIND,
+    GroupPlan,
+    eval_rollout_id,
+    run_id_prefix,
+    train_rollout_id,
+)
+
+#: ``metadata`` key of an ended rollout a resumed run found sampled by a policy version after its
+#: checkpoint's: weights the killed process published, then lost with the checkpoint it was still
+#: writing. The version numbers are reused by the resumed run for other weights, so the label would
+#: pass for on-policy; ``step.prepare_step`` drops the rollout instead (``RolloutBook.recover``).
+DISCARDED_WEIGHTS_KEY = "sampled_by_discarded_weights"
+
+
+class RolloutIdTaken(HarnessRLError):
+    """A rollout id the run plans is in the store already, as another run's or another task's
+    rollout: ``create_rollout`` is idempotent per id, so the run would train on that row."""
 
 
 @dataclass(frozen=True)
@@ -120,10 +137,12 @@ class Fleet(Protocol):
         """``groups`` stopped the run (``failures.common_failure``): a resumed run leaves them out."""
         ...
 
-    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]]) -> int:
+    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]], *, policy_version: int) -> int:
         """A restarted run: requeue what a dead process left running and reopen the groups it
         created but did not train (``plans(created)``: those the schedule recreates), except those
-        that failed before the policy was sampled. Returns how many groups the run created."""
+        that failed before the policy was sampled. ``policy_version``: the checkpoint's step; an
+        ended rollout sampled by a later version is marked ``DISCARDED_WEIGHTS_KEY`` (not trained).
+        Returns how many groups the run created."""
         ...
 
 
@@ -189,7 +208,10 @@ class RolloutBook:
     def _create(self, plans: list[GroupPlan]) -> None:
         for plan in plans:
             for rollout_id, task in plan.members:
-                self.store.create_rollout(
+                # The store hands back the row already under this id unchanged (how a resumed run
+                # finds its rollouts): it must be this run's, of this group and task, or the run
+                # would wait on and train on rollouts that are not its own.
+                row = self.store.create_rollout(
                     rollout_id=rollout_id,
                     task=task.data,
                     run_id=self.run_id,
@@ -202,6 +224,13 @@ class RolloutBook:
                         **({"group": plan.index} if plan.index is not None else {}),
                     },
                 )
+                if (row.run_id, row.group_id, row.task_id) != (self.run_id, plan.group_id, task.task_id):
+                    raise RolloutIdTaken(
+                        f"rollout id {rollout_id!r} is taken in the store by run {row.run_id!r} "
+                        f"(group {row.group_id!r}, task {row.task_id!r}); run {self.run_id!r} planned it "
+                        f"for group {plan.group_id!r}, task {task.task_id!r}: give the run its own store "
+                        "or another run.name"
+                    )
             self._open[plan.group_id] = plan
 
     async def completed(
@@ -238,8 +267,11 @@ class RolloutBook:
         return all(rollout_id in self._ended for rollout_id in plan.rollout_ids)
 
     async def _wait_for_change(self) -> None:
+        # asyncio.timeout, not wait_for: on Python 3.11 a wait_for whose wake-up (a notify) races a
+        # cancellation swallows the cancellation, and a stopped run (Ctrl-C) kept waiting.
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), self.poll_s)
+            async with asyncio.timeout(self.poll_s):
+                await self._wake.wait()
         self._wake.clear()
         await asyncio.to_thread(self._refresh)
 
@@ -307,12 +339,51 @@ class RolloutBook:
         await asyncio.to_thread(write)
 
     # -- a restarted run ---------------------------------------------------------------------------------
-    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]]) -> int:
+    def rollout_id_prefix(self) -> str:
+        """What this run's rollout ids start with (``schedule.run_id_prefix``), or "" for a run
+        created before ids had a prefix: its first group's (or first evaluation's) first rollout is
+        in the store under the bare id, as this run's. Two reads, whatever the run's size."""
+        bare = (train_rollout_id(0, 0), eval_rollout_id(0, 0))
+        for rollout_id in bare:
+            try:
+                if self.store.get_rollout(rollout_id).run_id == self.run_id:
+                    return ""
+            except NotFound:
+                continue
+        return run_id_prefix(self.run_id)
+
+    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]], *, policy_version: int) -> int:
         created = await asyncio.to_thread(self._requeue_and_count)
         reopened = list(plans(created))
         dead = await asyncio.to_thread(self.failed_before_sampling, reopened)
+        await asyncio.to_thread(self._mark_discarded_weights, reopened, policy_version)
         await self.submit([p for p in reopened if p.group_id not in dead])
         return created
+
+    def _mark_discarded_weights(self, plans: Sequence[GroupPlan], policy_version: int) -> None:
+        """Mark the ended rollouts among ``plans`` whose final attempt called a policy version after
+        ``policy_version`` (``DISCARDED_WEIGHTS_KEY``). The process that published those weights
+        died before their checkpoint was whole: generation resumed under them at once (the
+        checkpoint is written in the background), and the resumed run trains that version again
+        with other weights. Requeued rollouts need nothing: their next attempt samples afresh."""
+        for plan in plans:
+            for rollout_id in plan.rollout_ids:
+                try:
+                    rollout = self.store.get_rollout(rollout_id)
+                except NotFound:  # a group the dead process was still creating
+                    continue
+                if rollout.status not in TERMINAL_STATUSES or DISCARDED_WEIGHTS_KEY in rollout.metadata:
+                    continue
+                later = sorted(
+                    {
+                        c.policy_version
+                        for c in self.store.list_calls(rollout_id, attempt=rollout.attempt)
+                        if c.policy_version > policy_version
+                    }
+                )
+                if later:
+                    mark = {"versions": later, "resumed_at_step": policy_version}
+                    self.store.update_rollout_metadata(rollout_id, {DISCARDED_WEIGHTS_KEY: mark})
 
     def _requeue_and_count(self) -> int:
         """Requeue the run's rollouts a dead process left running; return how many training groups

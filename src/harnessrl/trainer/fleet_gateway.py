@@ -170,18 +170,21 @@ class GatewayFleet:
     async def mark_failed_step(self, groups: Sequence[Group], reason: str) -> None:
         await self.book.mark_failed_step(groups, reason)
 
-    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]]) -> int:
-        return await self.book.recover(plans)
+    async def recover(self, plans: Callable[[int], Sequence[GroupPlan]], *, policy_version: int) -> int:
+        return await self.book.recover(plans, policy_version=policy_version)
 
     # -- generation and weights: the gateways -----------------------------------------------------------
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[None]:
         if self._pause_depth == 0:
-            answer = await self.gateway.pause()
             try:
-                check_drained(answer, self.gateway.base_url)
-            except Exception:
-                await self.gateway.resume(None, rewind=False)
+                check_drained(await self.gateway.pause(), self.gateway.base_url)
+            except BaseException:
+                # The pause closes the gate before it waits for the drain, so it may be closed though
+                # the pause failed (no drain, an HTTP error, the run cancelled meanwhile). The gate
+                # is in the store and outlives the run: left closed, it holds every gateway there.
+                with contextlib.suppress(Exception):
+                    await self.gateway.resume(None, rewind=False)
                 raise
         self._pause_depth += 1
         try:

@@ -19,7 +19,10 @@ Everything that produces rollouts sits behind a ``Fleet`` (``fleet.py``), the po
 ``Policy`` (``base.py``); the loop touches neither the store nor a gateway itself. ``run.py`` sets
 the run up around this loop (store, fleet, policy, resume). Crash safety: after a step the weights,
 optimizer state and consumed groups are written together (``checkpoint.py``); a resumed run
-reopens the groups it created but did not train, so none is trained twice and none is lost.
+reopens the groups it created but did not train, so none is trained twice and none is lost. The
+checkpoint is written in the background, so a kill can leave metrics rows of steps after it (dropped
+on resume: those steps are trained again) and an evaluation cut short (run again on resume, also
+the last step's: ``evaluation_pending``).
 """
 
 from __future__ import annotations
@@ -28,18 +31,51 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from harnessrl.schemas import Task
 from harnessrl.trainer import allocator
 from harnessrl.trainer.base import Policy
-from harnessrl.trainer.checkpoint import Checkpointer, TrainState
-from harnessrl.trainer.config import TrainConfig
+from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, latest_checkpoint
+from harnessrl.trainer.config import TrainConfig, TrainerSection
 from harnessrl.trainer.failures import StepFailed, common_failure
 from harnessrl.trainer.fleet import Fleet, Group
-from harnessrl.trainer.metrics import MetricsWriter
-from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, eval_plan, eval_sampling
+from harnessrl.trainer.metrics import METRICS_FILE, MetricsWriter, row_steps
+from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, eval_sampling
 from harnessrl.trainer.step import heldout_metrics, prepare_step, staleness_bound
+
+
+def evaluation_due(trainer: TrainerSection, step: int, *, heldout: bool) -> bool:
+    """Whether a held-out evaluation runs at ``step``: every ``eval_every`` steps and after the last."""
+    every = trainer.eval_every
+    return heldout and bool(every) and (step % every == 0 or step == trainer.steps)
+
+
+def evaluation_pending(trainer: TrainerSection, state: TrainState, *, heldout: bool, has_row: bool) -> bool:
+    """An evaluation due at ``state.step``, where the run starts or resumes, that did not finish: a
+    new run's at step 0, or one a crash or a stop cut short (the last step's included). The
+    checkpoint's ``evaluated_steps`` never holds its own step (it is saved before that evaluation
+    runs), but the step's metrics row is written after it: ``has_row`` (the metrics file has a row
+    for ``state.step``) means it finished. An evaluation run again reads back its rollouts that ended."""
+    done = state.step in state.evaluated_steps or has_row
+    return evaluation_due(trainer, state.step, heldout=heldout) and not done
+
+
+def finished_at(run_dir: Path, config: TrainConfig, *, heldout: bool) -> int | None:
+    """The step of a run folder with nothing left to do: its last whole checkpoint is at
+    ``trainer.steps`` or past it, and no evaluation is pending there (the final one may have been
+    cut short: ``evaluation_pending``). None when there is work left or no checkpoint. For
+    ``harnessrl train --resume``, which says "already finished" only then; ``heldout``: whether the
+    run has held-out tasks. Reads files only (no torch)."""
+    folder = latest_checkpoint(run_dir)
+    if folder is None:
+        return None
+    state = TrainState.from_json((folder / STATE_FILE).read_text())
+    if state.step < config.trainer.steps:
+        return None
+    has_row = state.step in row_steps(run_dir / METRICS_FILE)
+    return None if evaluation_pending(config.trainer, state, heldout=heldout, has_row=has_row) else state.step
 
 
 @dataclass
@@ -67,10 +103,14 @@ class TrainingLoop:
 
     async def run(self) -> None:
         cfg = self.config.trainer
-        if self._evaluation_due(0) and 0 not in self.state.evaluated_steps and self.state.step == 0:
-            before = await self._evaluate(0)
-            self.metrics.write(0, before)
-            self.metrics.progress(0, before)
+        # Rows after the checkpoint's step were written by a process killed before their checkpoint
+        # was whole: those steps are trained again, and write their rows again.
+        self.metrics.drop_after(self.state.step)
+        start = self.state.step
+        if self._evaluation_pending(start):
+            before = await self._evaluate(start)
+            self.metrics.write(start, before)
+            self.metrics.progress(start, before)
         last = time.monotonic()
         while self.state.step < cfg.steps:
             self.metrics.phase(f"rollouts for step {self.state.step + 1}")
@@ -171,12 +211,16 @@ class TrainingLoop:
 
     # -- evaluation ----------------------------------------------------------------------------------
     def _evaluation_due(self, step: int) -> bool:
-        every, steps = self.config.trainer.eval_every, self.config.trainer.steps
-        return bool(self.heldout and every) and (step % every == 0 or step == steps)
+        return evaluation_due(self.config.trainer, step, heldout=bool(self.heldout))
+
+    def _evaluation_pending(self, step: int) -> bool:
+        return evaluation_pending(
+            self.config.trainer, self.state, heldout=bool(self.heldout), has_row=self.metrics.has_row(step)
+        )
 
     async def _evaluate(self, step: int) -> dict[str, Any]:
         self.metrics.phase(f"held-out evaluation at step {step} ({len(self.heldout)} tasks)", announce=True)
-        plan = eval_plan(step, self.heldout, eval_sampling(self.config.trainer))
+        plan = self.schedule.evaluation(step, self.heldout, eval_sampling(self.config.trainer))
         await self.fleet.submit([plan])
         # Training rollouts keep being admitted while it runs (not after the last step: nothing would
         # train them): otherwise all in flight end during the evaluation and the next step's whole

@@ -1,10 +1,17 @@
 """Per-step metrics: JSONL (always), TensorBoard (if installed and on), W&B (if configured), and the
-run's progress display on stderr (``trainer.progress``)."""
+run's progress display on stderr (``trainer.progress``).
+
+A step's row is written once the step and its held-out evaluation (when one is due) are done, while
+its checkpoint may still be written in the background. So a resumed run first drops the rows after
+its checkpoint's step (``drop_after``: those steps are trained again), and a row at the checkpoint's
+step says its evaluation was done (``has_row``). TensorBoard and W&B keep what they were sent.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -19,6 +26,9 @@ def _clean(value: Any) -> Any:
     return value
 
 
+METRICS_FILE = "metrics.jsonl"
+
+
 class MetricsWriter:
     def __init__(
         self,
@@ -31,7 +41,7 @@ class MetricsWriter:
         total_steps: int = 0,
         start_step: int = 0,
     ):
-        self.path = run_dir / "metrics.jsonl"
+        self.path = run_dir / METRICS_FILE
         self._tb = None
         self._wandb = None
         self._progress: RunProgress | None = None
@@ -65,6 +75,25 @@ class MetricsWriter:
         if self._wandb is not None:
             self._wandb.log(numeric, step=step)
 
+    def drop_after(self, step: int) -> None:
+        """Forget the rows of steps after ``step`` (a resumed run's checkpoint), and a row a kill cut
+        short: a kill while a step's checkpoint was still being written resumes from the step
+        before, which trains that step again and writes its row again. The file is replaced whole."""
+        if not self.path.exists():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        steps = [_row_step(line) for line in lines]
+        kept = [line for line, at in zip(lines, steps, strict=True) if at is not None and at <= step]
+        if len(kept) == len(lines) and all(line.endswith("\n") for line in lines):
+            return
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(line if line.endswith("\n") else line + "\n" for line in kept))
+        os.replace(partial, self.path)
+
+    def has_row(self, step: int) -> bool:
+        """Whether ``step`` has its row: the step, and its evaluation when one was due, are done."""
+        return step in row_steps(self.path)
+
     def progress(self, step: int, metrics: dict[str, Any]) -> None:
         """A finished step's line (and the bar, in a terminal): ``trainer.progress``."""
         if self._progress is not None:
@@ -87,8 +116,25 @@ class MetricsWriter:
             self._wandb.finish()
 
 
+def row_steps(path: Path) -> set[int]:
+    """The steps with a whole row in the metrics file at ``path`` (none if it does not exist)."""
+    if not path.exists():
+        return set()
+    return {step for line in path.read_text().splitlines() if (step := _row_step(line)) is not None}
+
+
+def _row_step(line: str) -> int | None:
+    """A JSONL row's step; None for a blank line or one a kill cut short."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = row.get("step") if isinstance(row, dict) else None
+    return step if isinstance(step, int) else None
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
+    path = run_dir / METRICS_FILE
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -35,7 +35,7 @@ from harnessrl.trainer.loop import TrainingLoop
 from harnessrl.trainer.lora import ADAPTER_DIR
 from harnessrl.trainer.metrics import MetricsWriter
 from harnessrl.trainer.run_setup import load_run_tasks
-from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, heldout_overlap, train_sampling
+from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, heldout_overlap, run_id_prefix, train_sampling
 
 
 class Trainer:
@@ -64,7 +64,15 @@ class Trainer:
         self.tasks = tasks
         self.heldout = heldout or []
         self.heldout_overlap = heldout_overlap(self.tasks, self.heldout)
-        self.schedule = TaskSchedule(self.tasks, t.group_size, config.run.seed, train_sampling(t))
+        # Rollout ids start with the run's name (a store may hold many runs); ``run`` keeps the bare
+        # ids of a resumed run created before they did (``RolloutBook.rollout_id_prefix``).
+        self.schedule = TaskSchedule(
+            self.tasks,
+            t.group_size,
+            config.run.seed,
+            train_sampling(t),
+            id_prefix=run_id_prefix(config.run.name),
+        )
         self.state = TrainState()
         #: Whether the training loop began: a failure before it is a failed start-up (the CLI removes
         #: the folder of a new run then, so the fixed command is not refused as "already exists").
@@ -165,6 +173,7 @@ class Trainer:
                 await asyncio.to_thread(store.create_run, cfg.run.name, cfg.model_dump(mode="json"))
                 created = True
                 await asyncio.to_thread(store.set_run_status, cfg.run.name, "running")
+                self.schedule.id_prefix = await asyncio.to_thread(book.rollout_id_prefix)
                 groups_created = await self._reopen(fleet)
                 if self.state.step > 0:  # the engine serves the starting weights: give it the checkpoint's
                     await fleet.publish(self.state.step, policy, restore=True)
@@ -242,12 +251,13 @@ class Trainer:
     async def _reopen(self, fleet: Fleet) -> int:
         """A resumed run: requeue what the dead process left running and reopen the groups it
         created but did not train (the schedule recreates the same plans), except those that failed
-        before the policy was sampled (what stopped the run, if a ``StepFailed`` did). Returns how
-        many groups the run has created."""
+        before the policy was sampled (what stopped the run, if a ``StepFailed`` did), and mark the
+        rollouts sampled by weights published after the checkpoint (lost with the kill: not
+        trained). Returns how many groups the run has created."""
         consumed = set(self.state.consumed_groups)
 
         def reopened(created: int) -> list[GroupPlan]:
             plans = [self.schedule.group(i, step=self.state.step) for i in range(created)]
             return [p for p in plans if p.group_id not in consumed]
 
-        return await fleet.recover(reopened)
+        return await fleet.recover(reopened, policy_version=self.state.step)

@@ -48,9 +48,18 @@ if TYPE_CHECKING:
 CONFIG_FILE = "config.json"
 LOCK_FILE = ".lock"
 
-#: What a run *is*: its tasks and groups, the weights it started from, where its rollouts live. A
+#: What a run *is*: its tasks and groups (``run.seed`` orders each epoch's tasks: a changed seed
+#: would repeat some and skip others), the weights it started from, where its rollouts live. A
 #: ``--resume`` that changed one would mix two runs in one folder and one store.
-RUN_DEFINING_FIELDS = ("run.name", "tasks", "heldout", "trainer.group_size", "engine.model", "store")
+RUN_DEFINING_FIELDS = (
+    "run.name",
+    "run.seed",
+    "tasks",
+    "heldout",
+    "trainer.group_size",
+    "engine.model",
+    "store",
+)
 
 
 class RunFolder:

@@ -3,8 +3,11 @@ creates exactly the rollouts the crashed one would have (``create_rollout`` is i
 
 Groups are numbered 0, 1, 2, ... in creation order; group ``g`` is task ``order[g % N]`` where
 ``order`` is a fresh seeded permutation of the task list every epoch. A group is ``group_size``
-rollouts of that task with ids ``g{g:06d}-r{k}``. A held-out evaluation at step ``s`` is one group of
-one rollout per held-out task, ``eval-s{s:05d}-t{i:04d}``.
+rollouts of that task with ids ``<run>-g{g:06d}-r{k}``. A held-out evaluation at step ``s`` is one
+group of one rollout per held-out task, ``<run>-eval-s{s:05d}-t{i:04d}``. Rollout ids are unique in
+the store (one store may hold many runs), so they start with the run's name (``run_id_prefix``); a
+run created before they did keeps its bare ids (``g000000-r0``), which its ``--resume`` must find.
+Group ids (``g{g:06d}``, ``eval-s{s:05d}``) are the run's own: the store's ``run_id`` tells runs apart.
 
 "Step" always means an optimizer step (a policy version): a training rollout's stored ``step`` is
 the policy step at which its group was created, a held-out rollout's the step it evaluates. The
@@ -70,18 +73,29 @@ def eval_sampling(cfg: TrainerSection) -> SamplingOverrides:
     return SamplingOverrides(temperature=cfg.eval_temperature, max_tokens=cfg.max_tokens)
 
 
+def run_id_prefix(run_id: str) -> str:
+    """What a run's rollout ids start with: two runs on one store never share an id."""
+    return f"{run_id}-"
+
+
 class TaskSchedule:
+    """``id_prefix``: what every rollout id starts with (``run_id_prefix``; "" for the bare ids of a
+    run created before ids had one)."""
+
     def __init__(
         self,
         tasks: list[Task],
         group_size: int,
         seed: int,
         sampling: SamplingOverrides | None = None,
+        *,
+        id_prefix: str = "",
     ):
         self.tasks = tasks
         self.group_size = group_size
         self.seed = seed
         self.sampling = sampling or SamplingOverrides()
+        self.id_prefix = id_prefix
         self._orders: dict[int, list[int]] = {}
 
     def _order(self, epoch: int) -> list[int]:
@@ -96,15 +110,30 @@ class TaskSchedule:
         group passes any step: the rollouts exist already and keep the step they were created at)."""
         epoch, position = divmod(index, len(self.tasks))
         task = self.tasks[self._order(epoch)[position]]
-        group_id = f"g{index:06d}"
-        members = tuple((f"{group_id}-r{k}", task) for k in range(self.group_size))
-        return GroupPlan(group_id, TRAIN_KIND, step, members, self.sampling, index=index)
+        members = tuple(
+            (train_rollout_id(index, k, id_prefix=self.id_prefix), task) for k in range(self.group_size)
+        )
+        return GroupPlan(train_group_id(index), TRAIN_KIND, step, members, self.sampling, index=index)
+
+    def evaluation(self, step: int, heldout: list[Task], sampling: SamplingOverrides) -> GroupPlan:
+        """The held-out evaluation at ``step``: each held-out task once."""
+        return eval_plan(step, heldout, sampling, id_prefix=self.id_prefix)
 
 
-def eval_rollout_id(step: int, task_index: int) -> str:
-    return f"eval-s{step:05d}-t{task_index:04d}"
+def train_group_id(index: int) -> str:
+    return f"g{index:06d}"
 
 
-def eval_plan(step: int, heldout: list[Task], sampling: SamplingOverrides) -> GroupPlan:
-    members = tuple((eval_rollout_id(step, i), task) for i, task in enumerate(heldout))
+def train_rollout_id(index: int, k: int, *, id_prefix: str = "") -> str:
+    return f"{id_prefix}{train_group_id(index)}-r{k}"
+
+
+def eval_rollout_id(step: int, task_index: int, *, id_prefix: str = "") -> str:
+    return f"{id_prefix}eval-s{step:05d}-t{task_index:04d}"
+
+
+def eval_plan(
+    step: int, heldout: list[Task], sampling: SamplingOverrides, *, id_prefix: str = ""
+) -> GroupPlan:
+    members = tuple((eval_rollout_id(step, i, id_prefix=id_prefix), task) for i, task in enumerate(heldout))
     return GroupPlan(f"eval-s{step:05d}", EVAL_KIND, step, members, sampling)

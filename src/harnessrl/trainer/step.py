@@ -5,6 +5,13 @@
 rollout-level advantages (``harnessrl.algorithms``), and the step's data metrics are computed. Each
 rollout's staleness is the trained policy version minus the oldest version that sampled a call of
 its final attempt.
+
+A rollout sampled by weights the run no longer has is dropped whatever ``stale_samples`` says
+(counted in ``rollouts/dropped_stale``) rather than trained as on-policy; the rest of its group
+trains. A kill after step N+1 was published (generation resumes at once) but before its checkpoint
+was whole resumes from step N, and what was generated meanwhile keeps the label N+1, which the
+resumed run gives to other weights: ``RolloutBook.recover`` marks those rollouts
+(``DISCARDED_WEIGHTS_KEY``), and a call labelled after the version being trained is refused too.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.schemas import Outcome, Rollout
 from harnessrl.trainer.config import TrainerSection
 from harnessrl.trainer.failures import CANCELLED_STUCK_KEY
-from harnessrl.trainer.fleet import Group
+from harnessrl.trainer.fleet import DISCARDED_WEIGHTS_KEY, Group
 from harnessrl.trajectory import Sample, build_batch
 
 
@@ -41,9 +48,22 @@ def staleness_bound(cfg: TrainerSection) -> int:
     return cfg.max_staleness if cfg.mode == "async" else 0
 
 
+def _sampling_versions(rollout: Rollout, group: Group) -> list[int]:
+    """The policy versions that sampled the calls of the rollout's final attempt."""
+    return [c.policy_version for c in group.calls[rollout.rollout_id] if c.attempt == rollout.attempt]
+
+
 def rollout_staleness(rollout: Rollout, group: Group, version: int) -> int:
-    versions = [c.policy_version for c in group.calls[rollout.rollout_id] if c.attempt == rollout.attempt]
+    versions = _sampling_versions(rollout, group)
     return version - min(versions) if versions else 0
+
+
+def sampled_by_discarded_weights(rollout: Rollout, group: Group, version: int) -> bool:
+    """Weights a resumed run discarded sampled the rollout (the module's docstring): marked so at
+    recovery, or a call of its final attempt came from a version after ``version``."""
+    if DISCARDED_WEIGHTS_KEY in rollout.metadata:
+        return True
+    return any(v > version for v in _sampling_versions(rollout, group))
 
 
 def prepare_step(
@@ -53,10 +73,18 @@ def prepare_step(
     bound = staleness_bound(trainer)
     rollouts = [r for g in groups for r in g.rollouts]
     calls = {r.rollout_id: g.calls[r.rollout_id] for g in groups for r in g.rollouts}
-    lags = {r.rollout_id: rollout_staleness(r, g, version) for g in groups for r in g.rollouts}
+    discarded = {
+        r.rollout_id for g in groups for r in g.rollouts if sampled_by_discarded_weights(r, g, version)
+    }
+    lags = {
+        r.rollout_id: rollout_staleness(r, g, version)
+        for g in groups
+        for r in g.rollouts
+        if r.rollout_id not in discarded
+    }
     too_stale = {rid for rid, lag in lags.items() if lag > bound}
     drop = trainer.stale_samples == "drop"
-    kept = [r for r in rollouts if not (drop and r.rollout_id in too_stale)]
+    kept = [r for r in rollouts if r.rollout_id not in discarded and not (drop and r.rollout_id in too_stale)]
 
     batch = build_batch([(r, calls[r.rollout_id]) for r in kept], max_sample_tokens=trainer.max_sample_tokens)
     advantages = rollout_advantages(kept, algorithm)
@@ -75,7 +103,7 @@ def prepare_step(
         "rollouts/infra_failures": sum(1 for r in rollouts if r.outcome is Outcome.INFRA_FAILURE),
         # still running past trainer.rollout_deadline_s: cancelled, no reward, out of the baselines
         "rollouts/cancelled_stuck": sum(1 for r in rollouts if CANCELLED_STUCK_KEY in r.metadata),
-        "rollouts/dropped_stale": len(too_stale) if drop else 0,
+        "rollouts/dropped_stale": (len(too_stale) if drop else 0) + len(discarded),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness/max": max(staleness, default=0),
         **advantages.metrics,
