@@ -20,6 +20,10 @@ The algorithm (``build_prompt``):
 4. prompt = earlier prompt + earlier response (+ the end-of-turn token if the sampled response did
    not end with a stop token, e.g. it hit ``max_tokens`` or a stop string) + encode(glue + tail).
 
+Where ``T_full`` does not start with ``T_prefix`` (the template rewrites earlier turns), the tail is
+taken after the turn's end instead (``_splice_after_turn``), unless a system message after the turn
+changes the text before it (DeepSeek's template gathers them into the header).
+
 Anything that does not line up falls back to ``encode(T_full)``; the result says which path was
 taken (``reused``, ``first``, ``no_match``, ``mismatch``) for the metrics.
 
@@ -300,7 +304,8 @@ def _splice_after_turn(
     its content, and the turn ends at the last end-of-turn text before the marker. The splice is
     refused (``None``) unless the render has exactly as many turn ends before that point as the
     earlier call's tokens (so no text the template put between turns is lost) and the text from
-    there to the marker reads the same in the real render.
+    there to the marker reads the same in the real render, and unless the system messages after
+    the turn leave the text before its end as it was (``_later_system_moves_back``).
     """
     if n + 1 >= len(messages) or messages[n + 1]["role"] == "assistant":
         return None
@@ -327,6 +332,40 @@ def _splice_after_turn(
     between = marked_text[end:mark_at]  # glue and the next message's header
     if real_eot != eot_id or not full_text.startswith(between, real_end):
         return None
+    if _later_system_moves_back(tokenizer, messages, n, full_text, real_end, tools, kwargs):
+        return None
     # The turn was cut (max_tokens, a stop string): close it as the template does.
     close = [] if closed else [eot_id]
     return TokenIds.joined(prior.prompt, prior.response_ids, close, tokenizer.encode(full_text[real_end:]))
+
+
+def _later_system_moves_back(
+    tokenizer: PolicyTokenizer,
+    messages: Sequence[dict[str, Any]],
+    n: int,
+    full_text: str,
+    turn_end: int,
+    tools: list[dict[str, Any]] | None,
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether a system message after the reused turn ``messages[n]`` changes the text before that
+    turn's end (``full_text[:turn_end]``, the full render's): then the earlier tokens lack it.
+
+    DeepSeek's template gathers every system message into the header at the top, so an instruction
+    added mid-rollout lands before the reused tokens, and a splice keeping them would silently drop
+    it. The earlier tokens hold the render of ``messages[: n + 1]``'s header (a call whose header
+    changed was encoded from its full render), so the check renders the conversation without the
+    later system messages and compares the text before the turn's end. Tools and template kwargs,
+    the rest of what a header is made of, are part of the match already (``find_prior``). Without a
+    later system message there is nothing to check and nothing is rendered: the common case pays
+    nothing.
+    """
+    later = messages[n + 1 :]
+    if not any(m["role"] == "system" for m in later):
+        return False
+    without = [*messages[: n + 1], *(m for m in later if m["role"] != "system")]
+    try:
+        text = tokenizer.render_chat(without, tools=tools, add_generation_prompt=True, **kwargs)
+    except Exception:  # a template may refuse the conversation without them: don't splice
+        return True
+    return not text.startswith(full_text[:turn_end])

@@ -2,10 +2,10 @@
 
 ``normalize_message`` turns a message into the one form prompt building and matching use (content
 parts -> one string, ``None`` -> "", tool-call arguments -> a JSON object when they parse,
-``developer`` -> ``system``); ``message_key`` fingerprints it semantically (stripped text, tool calls
-by name and parsed arguments, ids ignored); ``template_key`` fingerprints what else the template is
-rendered with (the tools and the template kwargs); ``PriorCall`` is an answered call as reuse
-remembers it.
+``developer`` -> ``system``; the reasoning kept under whichever name it came by); ``message_key``
+fingerprints it semantically (stripped text, tool calls by name and parsed arguments, ids ignored);
+``template_key`` fingerprints what else the template is rendered with (the tools and the template
+kwargs); ``PriorCall`` is an answered call as reuse remembers it.
 
 ``key_messages`` makes keying O(new messages): an agent resends its whole history on every call, so
 the leading messages that are the same JSON as the rollout's previous request's
@@ -22,13 +22,17 @@ from typing import Any
 
 import orjson
 
-from harnessrl.chat_template import tools_json
+from harnessrl.chat_template import REASONING_FIELDS, tools_json
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import json_problem
 from harnessrl.gateway.prompt.repeats import HistoryBytes, history_bytes
 from harnessrl.token_ids import KeptIds
 
-_KEEP_FIELDS = ("name", "tool_call_id", "reasoning_content")
+#: Fields kept as sent. The reasoning is kept under each name it may come by (``reasoning_content``,
+#: and ``thinking`` or vLLM's and OpenRouter's newer ``reasoning``), not renamed here: the template
+#: is then given it as transformers gives it (``chat_template.template_message`` fills the names
+#: templates read, in transformers' order when several are set). Matching ignores all of them.
+_KEEP_FIELDS = ("name", "tool_call_id", *REASONING_FIELDS)
 
 
 def normalize_content(content: Any, where: str = "content") -> str:
@@ -137,8 +141,8 @@ def message_key(message: dict[str, Any]) -> bytes:
     """A comparable fingerprint of a normalized message: what it says, not how it was serialized.
 
     Ignored: tool-call ids, surrounding whitespace, JSON key order and spacing in arguments, and an
-    assistant turn's reasoning (``visible_text``): the sampled tokens hold it, whatever the
-    harness sends back.
+    assistant turn's reasoning (``visible_text``; ``REASONING_FIELDS``, under whichever name): the
+    sampled tokens hold it, whatever the harness sends back.
     """
     # Arguments go in as values: the sorted-key compact encoding of the whole key normalizes them.
     calls = [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])]
