@@ -163,6 +163,7 @@ def test_resume_writes_its_overrides_back_so_the_next_plain_resume_keeps_them(pr
         ('tasks.items=[{task_id="x", prompt="y"}]', "tasks.items"),
         ('heldout={type="inline", items=[{prompt="y"}]}', "heldout"),
         ('store.url="elsewhere.db"', "store"),
+        ("run.seed=5", "run.seed"),  # each epoch's task order comes from it
     ],
 )
 def test_resume_refuses_changes_to_what_defines_the_run(project, item, field):
@@ -185,3 +186,30 @@ def test_a_run_folder_in_use_by_another_process_is_refused(project):
     # Released: the same command goes ahead (and the lock was let go when it ended).
     assert invoke("train", "--resume", str(run_dir)).exit_code == 0
     assert invoke("train", "--resume", str(run_dir)).exit_code == 0
+
+
+class _WouldTrain(Exception):
+    """Raised in place of loading the model: the command went on to train."""
+
+
+def test_a_run_whose_final_evaluation_was_cut_short_is_not_already_finished(project, monkeypatch):
+    """Regression: ``--resume`` of a run stopped during its final held-out evaluation said "already
+    finished" (its checkpoint is at the last step), and that evaluation was lost for good. Finished
+    means the step's metrics row, written after the evaluation, is there too."""
+    import harnessrl.trainer.run
+
+    def would_train(*args, **kwargs):
+        raise _WouldTrain
+
+    monkeypatch.setattr(harnessrl.trainer.run, "Trainer", would_train)
+    heldout = ['heldout={type="inline", items=[{task_id="h0", prompt="Say b."}]}', "trainer.eval_every=1"]
+    _, run_dir, _ = prepare_run(str(project / "train.toml"), None, ["trainer.steps=1", *heldout])
+    latest = run_dir / "checkpoints" / "latest"
+    latest.mkdir(parents=True)
+    (latest / STATE_FILE).write_text(TrainState(step=1, evaluated_steps=[0]).to_json())
+    result = invoke("train", "--resume", str(run_dir))
+    assert isinstance(result.exception, _WouldTrain), result.output  # the evaluation runs
+    # Control: once the step's row is written (after its evaluation), the run is finished.
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 1, "heldout/reward": 0.5}) + "\n")
+    result = invoke("train", "--resume", str(run_dir))
+    assert result.exit_code == 0 and "already finished" in result.output, result.output

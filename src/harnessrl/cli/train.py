@@ -20,15 +20,8 @@ from typing import Any
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.trainer.failures import StepFailed
+from harnessrl.trainer.loop import finished_at
 from harnessrl.trainer.run_setup import open_run
-
-
-def finished_step(run_dir: Path) -> int | None:
-    """The step of the run's last whole checkpoint (``trainer.checkpoint`` imports no torch)."""
-    from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint
-
-    folder = latest_checkpoint(run_dir)
-    return None if folder is None else TrainState.from_json((folder / STATE_FILE).read_text()).step
 
 
 def run_train(config_path: str | None, resume: str | None, overrides: list[str]) -> dict[str, Any]:
@@ -37,8 +30,10 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
     trainer = None
     with run.folder:  # held until the run ends: a second process on this folder is refused
         try:
-            done = finished_step(run_dir) if resume else None
-            if done is not None and done >= config.trainer.steps:
+            # Finished: its last checkpoint at trainer.steps and no evaluation pending there (a final
+            # held-out evaluation cut short by a stop still runs).
+            done = finished_at(run_dir, config, heldout=bool(run.heldout)) if resume else None
+            if done is not None:
                 # Nothing to train: say so (and how to go on) instead of starting and stopping silently.
                 print(
                     f"harnessrl: {run_dir} already finished its {config.trainer.steps} steps (checkpoint at "
