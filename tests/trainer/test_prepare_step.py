@@ -85,6 +85,21 @@ def test_rollouts_past_the_staleness_bound_are_dropped():
     assert len(batch.rollouts) == 3  # still reported (and marked trained) as part of the step
 
 
+def test_dropping_stale_rollouts_keeps_their_rewards_in_the_groups_baseline():
+    """Regression: the two stale failures of rewards [1, 1, 0, 0] were dropped before the group's
+    statistics, which left [1, 1]: a zero-variance group, and the step lost its signal."""
+    trainer = TrainerSection(mode="async", max_staleness=1, stale_samples="drop")
+    # trained at version 5: lags 1, 0 (kept), 3, 2 (dropped)
+    batch = prepare_step(
+        [group("g0", [1.0, 1.0, 0.0, 0.0], versions=[4, 5, 2, 3])], 5, trainer, AlgorithmConfig()
+    )
+    assert {s.rollout_id for s in batch.samples} == {"g0-r0", "g0-r1"}
+    fresh = prepare_step([group("g0", [1.0, 1.0, 0.0, 0.0])], 0, TrainerSection(), AlgorithmConfig())
+    assert advantage_of(batch, "g0-r0") == advantage_of(fresh, "g0-r0") > 0  # as if none were stale
+    assert batch.metrics["advantage/zero_variance_groups"] == 0.0
+    assert batch.metrics["rollouts/dropped_stale"] == 2 and batch.metrics["rollouts/trained"] == 2
+
+
 def test_downweight_shrinks_a_stale_rollouts_advantage_by_bound_over_lag():
     stale = group("g0", [1.0, 0.0], versions=[1, 3])  # trained at 3: lags 2 and 0
     fresh = prepare_step([stale], 3, TrainerSection(mode="async", max_staleness=5), AlgorithmConfig())

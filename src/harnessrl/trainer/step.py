@@ -1,7 +1,8 @@
 """From completed groups to the samples of one optimizer step: pure, no processes, no I/O.
 
 ``prepare_step`` decides what a step trains on: rollouts too stale for the run's bound are dropped
-(or their advantages shrunk), the rest become token-exact samples (``harnessrl.trajectory``) with
+(or their advantages shrunk) while their rewards still count in their group's baseline, the rest
+become token-exact samples (``harnessrl.trajectory``) with
 rollout-level advantages (``harnessrl.algorithms``), and the step's data metrics are computed. Each
 rollout's staleness is the trained policy version minus the oldest version that sampled a call of
 its final attempt.
@@ -84,11 +85,20 @@ def prepare_step(
     }
     too_stale = {rid for rid, lag in lags.items() if lag > bound}
     drop = trainer.stale_samples == "drop"
-    kept = [r for r in rollouts if r.rollout_id not in discarded and not (drop and r.rollout_id in too_stale)]
+    scored = [r for r in rollouts if r.rollout_id not in discarded]
+    kept = [r for r in scored if not (drop and r.rollout_id in too_stale)]
 
     batch = build_batch([(r, calls[r.rollout_id]) for r in kept], max_sample_tokens=trainer.max_sample_tokens)
-    advantages = rollout_advantages(kept, algorithm)
-    if not drop:  # down-weight: shrink a stale rollout's advantage by bound / lag
+    # The group's baseline counts its stale members' rewards too; only their samples are dropped.
+    # Leaving them out of it changed the rest's advantages: two stale failures dropped from rewards
+    # [1, 1, 0, 0] left a zero-variance group, and the step lost the group's signal.
+    advantages = rollout_advantages(scored, algorithm)
+    if drop:
+        for rid in too_stale & advantages.advantages.keys():
+            del advantages.advantages[rid]
+            advantages.excluded[rid] = "stale"
+        advantages.metrics["rollouts/trained"] = float(len(advantages.advantages))
+    else:  # down-weight: shrink a stale rollout's advantage by bound / lag
         for rid in too_stale & advantages.advantages.keys():
             advantages.advantages[rid] *= bound / lags[rid]
     samples = assign_advantages(batch.samples, advantages)
