@@ -24,6 +24,7 @@ from harnessrl.controller.evaluators import (
 )
 from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.errors import ConfigError
+from harnessrl.sandbox.host import SandboxHost
 from harnessrl.schemas import Call
 from harnessrl.tasks.answers import final_answer_text as calls_final_answer_text
 from harnessrl.tasks.reasoning_gym import reasoning_gym_tasks
@@ -49,6 +50,10 @@ def score_crash(inp: EvaluationInput) -> float:
 
 def score_nan(inp: EvaluationInput) -> float:
     return math.nan
+
+
+def score_huge(inp: EvaluationInput) -> int:
+    return 10**400  # an int no float can hold (float() of it raises OverflowError)
 
 
 def score_slow(inp: EvaluationInput) -> float:
@@ -188,6 +193,145 @@ def test_a_scorer_without_a_valid_verdict_scores_zero_with_a_flag(ws, script, re
     assert why in result.details["why"]
 
 
+@pytest.mark.parametrize(
+    ("verdict", "why"),
+    [
+        ("[" * 100_000, "not JSON"),  # json.loads raised RecursionError: "evaluator crashed", retried
+        ('{"reward": 1, "x": ' + "[" * 40 + "]" * 40 + "}", "nests deeper than 32"),
+    ],
+)
+def test_a_verdict_nested_past_any_sensible_depth_scores_zero_with_a_flag(ws, verdict, why):
+    """The last line may be the scored code's (a scorer that lets it print): a verdict too deep to
+    parse, or to store with the rollout, is no verdict, not an evaluator crash."""
+    (ws / "verdict.txt").write_text(verdict + "\n")
+    result = evaluate(sh("cat verdict.txt", reward_from="json"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.flags == ("scorer_failed",)
+    assert why in result.details["why"]
+
+
+@pytest.mark.parametrize("sign", ["", "-"])
+def test_a_json_reward_past_the_float_range_is_out_of_range(ws, sign):
+    # JSON integers have no size limit; float() of this one raised OverflowError ("evaluator crashed").
+    (ws / "verdict.txt").write_text(f'{{"reward": {sign}1{"0" * 400}}}\n')
+    result = evaluate(sh("cat verdict.txt", reward_from="json"), EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 0.0 and result.flags == ("reward_out_of_range",)
+    assert "outside reward_range" in result.details["why"]
+
+
+# -- a scorer program in the workspace: the policy's to break ----------------------------------------
+
+
+def _run_tests_script(ws: Path) -> Path:
+    script = ws / "run_tests.sh"
+    script.write_text("#!/bin/sh\nexit 0\n")
+    script.chmod(0o755)
+    return script
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+@pytest.mark.parametrize("program", ["{workspace}/run_tests.sh", "./run_tests.sh"])
+@pytest.mark.parametrize("damage", ["deleted", "not_executable", "a_folder"])
+def test_a_scorer_program_the_policy_broke_in_its_workspace_scores_zero_with_a_flag(
+    ws, mode, program, damage
+):
+    """The agent owns its workspace: deleting or ``chmod -x``-ing a scorer kept there turned its 0 into
+    an infrastructure failure ("the scorer did not start"), retried and left out of the baseline."""
+    evaluator = build_evaluator(
+        {"type": "command", "command": [program]}, validate=False, sandbox=EvaluatorSandbox(mode)
+    )
+    script = _run_tests_script(ws)
+    intact = asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws)))
+    assert (intact.reward, intact.flags) == (1.0, ())  # the control: this is the program that scores
+    if damage == "deleted":
+        script.unlink()
+    elif damage == "not_executable":
+        script.chmod(0o644)
+    else:
+        script.unlink()
+        script.mkdir()
+    result = asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws)))
+    assert (result.reward, result.flags) == (0.0, ("scorer_missing",))
+    assert "could not be started" in result.details["why"]
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+def test_a_scorer_program_outside_the_workspace_that_cannot_start_is_an_infrastructure_failure(
+    ws, tmp_path, mode
+):
+    not_executable = tmp_path / "score.sh"
+    not_executable.write_text("#!/bin/sh\nexit 0\n")
+    not_executable.chmod(0o644)
+    programs = [
+        str(tmp_path / "scorers" / "run_tests.sh"),  # a scorer binary that is not there
+        str(not_executable),
+        "no-such-scorer-xyz",  # a bare name is a tool on PATH, never the workspace's
+        "{workspace}/../scorers/run_tests.sh",  # names the workspace, resolves outside it
+    ]
+    for program in programs:
+        evaluator = build_evaluator(
+            {"type": "command", "command": [program]}, validate=False, sandbox=EvaluatorSandbox(mode)
+        )
+        with pytest.raises(EvaluatorError, match="the scorer did not start"):
+            asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws)))
+
+
+class _NoCgroupHost(SandboxHost):
+    """A host whose launches cannot join their cgroup: the launcher's setup fails, as on a machine
+    where the controller lost its cgroup delegation."""
+
+    def launch_argv(self, spec_path: Path, **options) -> list[str]:
+        return super().launch_argv(spec_path, **{**options, "cgroup_dirs": (Path("/nonexistent-cgroup"),)})
+
+
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+def test_a_launcher_that_failed_is_infrastructure_even_when_the_workspace_program_is_gone(ws, mode):
+    # The program's absence does not make every "did not start" the policy's: only the launcher
+    # reporting that the sandbox came up and the program's exec failed does.
+    evaluator = build_evaluator(
+        {"type": "command", "command": ["{workspace}/run_tests.sh"]},
+        validate=False,
+        sandbox=EvaluatorSandbox(mode, host=_NoCgroupHost()),
+    )
+    with pytest.raises(EvaluatorError, match="setup failed"):
+        asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=ws)))
+
+
+# Run in a mount namespace of its own, where the scorer's scratch folder is a noexec tmpfs.
+_ON_NOEXEC_TMP = """
+import asyncio, sys
+from pathlib import Path
+from harnessrl.controller.evaluators import EvaluationInput, EvaluatorError, build_evaluator
+from harnessrl.controller.evaluators.command import EvaluatorSandbox
+evaluator = build_evaluator({"type": "command", "command": ["{workspace}/run_tests.sh"]},
+                            validate=False, sandbox=EvaluatorSandbox(sys.argv[2]))
+try:
+    result = asyncio.run(evaluator.evaluate(EvaluationInput(task={}, workspace=Path(sys.argv[1]))))
+    print("scored", result.reward, result.flags)
+except EvaluatorError as exc:
+    print("evaluator error:", exc)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs in a mount namespace of its own")
+@pytest.mark.parametrize("mode", ["bwrap", "none"])
+def test_a_workspace_program_on_a_noexec_mount_is_an_infrastructure_failure(tmp_path, mode):
+    """A hardened host (``/tmp`` mounted noexec) starts no workspace program, whatever the policy did:
+    that must stay an infrastructure failure, not a 0 for every rollout."""
+    mount = tmp_path / "noexec"
+    mount.mkdir()
+    script = tmp_path / "run.py"
+    script.write_text(_ON_NOEXEC_TMP)
+    shell = (
+        f"mount -t tmpfs -o noexec none {mount} && mkdir {mount}/ws"
+        f" && printf '#!/bin/sh\\nexit 0\\n' > {mount}/ws/run_tests.sh && chmod 755 {mount}/ws/run_tests.sh"
+        f" && TMPDIR={mount} {sys.executable} {script} {mount}/ws {mode}"
+    )
+    done = subprocess.run(["unshare", "-m", "sh", "-c", shell], capture_output=True, text=True, timeout=120)
+    if "unshare" in done.stderr and done.returncode != 0:
+        pytest.skip(f"no mount namespace here: {done.stderr.strip()}")
+    assert done.stdout.startswith("evaluator error: the scorer did not start"), done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("code", [125, 126, 127])
 def test_exit_statuses_that_once_meant_could_not_run_are_the_scorers_outcome(ws, code):
     result = evaluate(sh(f"exit {code}"), EvaluationInput(task={}, workspace=ws))
@@ -317,7 +461,12 @@ def test_python_sync_async_and_dict(ws):
 
 @pytest.mark.parametrize(
     ("function", "message"),
-    [("score_crash", "scorer bug"), ("score_nan", "finite"), ("score_slow", "timed out")],
+    [
+        ("score_crash", "scorer bug"),
+        ("score_nan", "finite"),
+        ("score_huge", "finite"),
+        ("score_slow", "timed out"),
+    ],
 )
 def test_python_failures_are_evaluator_errors(ws, function, message):
     config = {"type": "python", "function": f"{__name__}:{function}", "timeout_s": 0.3}
@@ -325,7 +474,9 @@ def test_python_failures_are_evaluator_errors(ws, function, message):
         evaluate(config, EvaluationInput(task={}, workspace=ws))
 
 
-@pytest.mark.parametrize("reward", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "reward", [math.nan, math.inf, -math.inf, pytest.param(10**400, id="int_past_float")]
+)
 def test_a_result_with_a_reward_that_is_not_finite_is_an_evaluator_error(reward):
     """Whoever builds it (an evaluator of a caller's own too): the controller ends the rollout on this
     error instead of passing the reward to a store that refuses it."""

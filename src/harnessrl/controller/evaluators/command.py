@@ -29,11 +29,17 @@ before the output is read. A reward outside ``reward_range`` is refused (reward 
 ``reward_out_of_range``).
 
 **Only the controller decides what is an infrastructure failure** (an ``EvaluatorError``, retried):
-the scorer's sandbox did not start, or the command named a task field the task lacks. Everything
-after the scorer started is the policy's outcome: a scorer that exits non-zero (``json`` and
-``stdout_float``), prints no verdict, is killed, or runs past ``timeout_s`` gives reward 0 with a flag
-(``scorer_failed``, ``scorer_timeout``) — the agent's code can do all of that to it, and a 0 it could
-turn into "not counted" would be a way out of every failing group. A workspace over the copy's caps
+the scorer's sandbox did not start, its program (one outside the workspace) could not be started, or
+the command named a task field the task lacks. Everything after the scorer started is the policy's
+outcome: a scorer that exits non-zero (``json`` and ``stdout_float``), prints no verdict (or one
+nested past ``_MAX_VERDICT_DEPTH``, or a number past the float range), is killed, or runs past
+``timeout_s`` gives reward 0 with a flag (``scorer_failed``, ``reward_out_of_range``,
+``scorer_timeout``) — the agent's code can do all of that to it, and a 0 it could turn into "not
+counted" would be a way out of every failing group. So can the agent delete or ``chmod -x`` a scorer
+program that lives in the workspace (``{workspace}/run_tests.sh``, ``./run_tests.sh``): when the
+launcher reports that such a program could not be started (the sandbox came up; the exec did not),
+the reward is 0 with ``scorer_missing``. Which program is the workspace's is decided from the path
+before the launch, never from the launcher's message. A workspace over the copy's caps
 gives reward 0 with ``workspace_too_large``; special files left out are flagged
 ``special_files_skipped`` (informational).
 """
@@ -66,7 +72,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.copy import copy_untrusted_tree
-from harnessrl.sandbox.enter import PARENT_ENV, read_status
+from harnessrl.sandbox.enter import CANNOT_START, PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
 from harnessrl.tasks.fields import HIDDEN, get_field
 
@@ -75,6 +81,9 @@ _PLACEHOLDER = re.compile(r"\{(workspace|task_file|rollout_id|prompt|task\[([^\]
 # HOME, VIRTUAL_ENV: places the agent might have planted a sitecustomize.py) is dropped.
 _INHERITED_ENV = ("LANG", "LC_ALL", "TZ")
 _OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr kept (the tail): a chatty test suite can't exhaust memory
+# A JSON verdict nested deeper than this is no verdict: it is stored with the rollout (details), and
+# whoever serialises it later (the store, the dashboard) would hit Python's recursion limit.
+_MAX_VERDICT_DEPTH = 32
 _WRAPPER_PIDS = 8  # the launcher, bwrap and the sandbox's init count against the process cap
 
 HARNESSRL_PACKAGE = Path(harnessrl.__file__).parent
@@ -89,6 +98,7 @@ SCORER_DIR_INSIDE = INSIDE / "scorer"
 # Flags a command evaluator records with the rollout.
 SCORER_FAILED = "scorer_failed"  # the scorer ran but gave no valid verdict (exit status, output, killed)
 SCORER_TIMEOUT = "scorer_timeout"  # the scorer ran past timeout_s
+SCORER_MISSING = "scorer_missing"  # its program, in the workspace, was gone or not executable
 REWARD_OUT_OF_RANGE = "reward_out_of_range"  # a verdict outside reward_range
 WORKSPACE_TOO_LARGE = "workspace_too_large"  # over max_workspace_mb / max_workspace_files: not scored
 SPECIAL_FILES_SKIPPED = "special_files_skipped"  # FIFOs, sockets or devices left out of the copy
@@ -232,6 +242,28 @@ class _Run:
     stderr: str
     seconds: float
     oom: bool = False
+    # The launcher's report when the scorer's program, a file in the workspace, could not be started.
+    missing: str | None = None
+
+
+def _in_workspace(program: str, workspace: Path) -> bool:
+    """Whether ``program`` (a command's first word, run from ``workspace``) names a file in the
+    workspace: a path under it, or a relative path with a slash (``./run_tests.sh``). A bare name is
+    looked up on ``PATH``, the scorer's tools: never the workspace's."""
+    if "/" not in program:
+        return False
+    root = os.path.normpath(workspace)
+    path = os.path.normpath(os.path.join(root, program))  # an absolute ``program`` stays itself
+    return path != root and Path(path).is_relative_to(root)
+
+
+def _runs_programs(folder: Path) -> bool:
+    """Whether files in ``folder`` may be executed (False on a ``noexec`` mount, such as a hardened
+    ``/tmp``: then no workspace program could start, whatever the policy did)."""
+    try:
+        return not os.statvfs(folder).f_flag & os.ST_NOEXEC
+    except OSError:
+        return False
 
 
 # Harness placeholders an evaluator has no value for; used only to give a clear config error.
@@ -358,7 +390,8 @@ class CommandEvaluator:
         binds: tuple[Bind, ...],
     ) -> _Run:
         """Run the scorer in its sandbox and cgroup; kill everything left once it exits or times out;
-        ``EvaluatorError`` only if the launcher says it never started."""
+        ``EvaluatorError`` only if the launcher says it never started, unless what could not start
+        was a program in the workspace (``_Run.missing``: the policy's outcome)."""
         limits = self.config.limits
         group = ResourceGroup.create(
             f"eval-{inp.rollout_id or 'x'}-{os.getpid()}-{scratch.name}",
@@ -417,11 +450,18 @@ class CommandEvaluator:
             if group is not None:
                 await asyncio.to_thread(group.destroy)
         status = read_status(str(spec))
+        seconds = round(time.monotonic() - started, 3)
         if not status.get("started"):
-            raise EvaluatorError(
-                f"the scorer did not start: {status.get('detail') or _tail(err_path)[-500:]}"
-            )
-        return _Run(code, _tail(out_path), _tail(err_path), round(time.monotonic() - started, 3), oom)
+            detail = str(status.get("detail") or _tail(err_path)[-500:])
+            # The launcher exits CANNOT_START only once the sandbox is up and the command's exec is
+            # all that failed (SETUP_FAILED otherwise). A program in the workspace is the policy's to
+            # delete or chmod -x (the copy keeps its modes), so that is its outcome, not ours; a
+            # program outside it (a tool, a scorer input) that cannot start is a broken setup.
+            host_workspace = cwd if self.sandbox.mode == "none" else scratch / "workspace"
+            if code == CANNOT_START and _in_workspace(command[0], cwd) and _runs_programs(host_workspace):
+                return _Run(None, "", _tail(err_path), seconds, missing=detail)
+            raise EvaluatorError(f"the scorer did not start: {detail}")
+        return _Run(code, _tail(out_path), _tail(err_path), seconds, oom)
 
     def _verdict(self, run: _Run) -> EvaluationResult:
         """The reward the scorer's run gives, or 0 with a flag when it gave no valid verdict."""
@@ -431,6 +471,9 @@ class CommandEvaluator:
             "stdout_tail": run.stdout[-2000:],
             "stderr_tail": run.stderr[-2000:],
         }
+        if run.missing is not None:
+            why = f"its program, in the workspace, could not be started: {run.missing[:500]}"
+            return EvaluationResult(0.0, {**details, "why": why}, (SCORER_MISSING,))
         if run.code is None:
             return EvaluationResult(
                 0.0, {**details, "why": f"timed out after {self.config.timeout_s:g} s"}, (SCORER_TIMEOUT,)
@@ -450,26 +493,43 @@ class CommandEvaluator:
             return self._in_range(reward, details, ())
         try:
             payload = json.loads(last)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             return _failed(details, f"its output's last line is not JSON: {last[:200]!r}")
         if not isinstance(payload, dict) or "reward" not in payload:
             return _failed(details, f'its JSON has no "reward": {last[:200]!r}')
+        if _depth(payload) > _MAX_VERDICT_DEPTH:
+            return _failed(details, f"its JSON nests deeper than {_MAX_VERDICT_DEPTH} levels: {last[:200]!r}")
         reward = payload.pop("reward")
         flags = scorer_flags(payload.get("flags"))
         return self._in_range(reward, {**details, "output": payload}, flags)
 
     def _in_range(self, reward: Any, details: dict[str, Any], flags: tuple[str, ...]) -> EvaluationResult:
-        if not isinstance(reward, bool | int | float) or not math.isfinite(float(reward)):
-            return _failed(details, f"its reward is not a finite number: {reward!r}", flags)
+        if not isinstance(reward, bool | int | float) or (
+            isinstance(reward, float) and not math.isfinite(reward)
+        ):
+            return _failed(details, f"its reward is not a finite number: {repr(reward)[:200]}", flags)
         low, high = self.config.reward_range
-        if not low <= float(reward) <= high:
-            why = f"reward {reward!r} outside reward_range [{low:g}, {high:g}]"
+        # Compared as it is: Python compares an int of any size with a float exactly, where float()
+        # of a JSON integer past ~1e308 raises OverflowError. Such a reward is outside any range.
+        if not low <= reward <= high:
+            why = f"reward {repr(reward)[:200]} outside reward_range [{low:g}, {high:g}]"
             return EvaluationResult(0.0, {**details, "why": why}, (*flags, REWARD_OUT_OF_RANGE))
         return EvaluationResult(float(reward), details, flags)
 
 
 def _failed(details: dict[str, Any], why: str, flags: tuple[str, ...] = ()) -> EvaluationResult:
     return EvaluationResult(0.0, {**details, "why": why}, (*flags, SCORER_FAILED))
+
+
+def _depth(value: Any) -> int:
+    """How deeply parsed JSON nests objects and lists (``{}`` is 1); iterative, so any depth."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _kill(pid: int, group: ResourceGroup | None) -> None:

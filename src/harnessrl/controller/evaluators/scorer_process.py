@@ -158,15 +158,20 @@ class _Process:
             self.lost("a reply over the line limit")
 
     def _line(self, line: bytes) -> None:
+        # This runs in an event-loop callback: anything it raised would abandon the lines after this
+        # one in the buffer (a reply among them then times out, an infrastructure failure), so an
+        # unreadable line of any kind is only noted.
         try:
             message = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
             self.stderr.append(f"unreadable reply: {line[:200]!r}")
             return
         if self.ready is not None and not self.ready.done():
             self.ready.set_result(message if isinstance(message, dict) else {})
             return
-        future = self.pending.get(message.get("id")) if isinstance(message, dict) else None
+        request_id = message.get("id") if isinstance(message, dict) else None
+        # Only an int can be a request's id (a list would make the lookup raise TypeError).
+        future = self.pending.get(request_id) if type(request_id) is int else None
         if future is not None and not future.done():
             future.set_result(message)
 

@@ -59,15 +59,26 @@ class EvaluationResult:
     def __post_init__(self) -> None:
         # Whatever evaluator made it (one of ours, or a caller's own): the store refuses a reward
         # that is not finite, and the controller treats this error as the evaluation failing.
-        if not math.isfinite(self.reward):
-            raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {self.reward!r}")
+        if not _finite(self.reward):
+            raise EvaluatorError(
+                f"evaluator produced a reward that is not a finite number: {repr(self.reward)[:200]}"
+            )
 
 
 def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:
     """``EvaluationResult(reward, details)`` if ``reward`` is a finite number, else ``EvaluatorError``."""
-    if isinstance(reward, bool | int | float) and math.isfinite(float(reward)):
+    if isinstance(reward, bool | int | float) and _finite(reward):
         return EvaluationResult(float(reward), details)
-    raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {reward!r}")
+    raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {repr(reward)[:200]}")
+
+
+def _finite(number: float) -> bool:
+    """A finite float, or an int a float can hold: ``math.isfinite(10**400)`` raises OverflowError,
+    which would reach the controller as a crash instead of this module's ``EvaluatorError``."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
 
 
 _SCORER_FLAG = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
