@@ -304,3 +304,28 @@ def test_lr_is_the_rate_of_this_step_update():
     first, second = step(policy, AlgorithmConfig()), step(policy, AlgorithmConfig(), 1)
     assert first["policy/lr"] == pytest.approx(0.5e-2)  # warmup: step 1 of 2 (not step 2's rate)
     assert second["policy/lr"] == pytest.approx(1e-2)
+
+
+def test_the_gradient_norm_is_reported_with_clipping_off():
+    """Regression: ``grad_clip = None`` (clipping off) reported ``policy/grad_norm`` 0.0, though it is
+    the norm before clipping; an infinite limit must leave the update as it is."""
+    clipped = TrainablePolicy(
+        tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2, grad_clip=1e9), total_steps=4, row_tokens=24
+    )
+    unclipped = TrainablePolicy(
+        tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2, grad_clip=None), total_steps=4, row_tokens=24
+    )
+    a, b = step(clipped, AlgorithmConfig()), step(unclipped, AlgorithmConfig())
+    assert b["policy/grad_norm"] > 0
+    assert b["policy/grad_norm"] == pytest.approx(a["policy/grad_norm"], rel=1e-6)
+    after_a, after_b = weights(clipped), weights(unclipped)
+    assert all(torch.allclose(after_a[k], after_b[k]) for k in after_a)  # a limit never reached: no change
+
+
+@pytest.mark.parametrize(
+    "bad", [{"lr": math.inf}, {"weight_decay": math.inf}, {"betas": (math.nan, 0.9)}, {"betas": (0.9, 1.0)}]
+)
+def test_non_finite_or_out_of_range_optimizer_settings_are_refused(bad):
+    with pytest.raises(ValueError):
+        OptimizerConfig(**bad)
+    OptimizerConfig(grad_clip=math.inf)  # control: an infinite clip is "no clipping"

@@ -39,13 +39,21 @@ class RunSection(Section):
 
 
 class OptimizerConfig(Section):
-    lr: float = Field(default=1e-5, gt=0)
+    lr: float = Field(default=1e-5, gt=0, allow_inf_nan=False)
     betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = Field(default=0.0, ge=0)
-    grad_clip: float | None = Field(default=1.0, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    grad_clip: float | None = Field(default=1.0, gt=0)  # inf: no clipping (the norm is still reported)
     schedule: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, betas: tuple[float, float]) -> tuple[float, float]:
+        # AdamW's moment decays: a NaN or inf one made every update NaN from the first step.
+        if not all(0.0 <= beta < 1.0 for beta in betas):
+            raise ValueError(f"each must be in [0, 1) (got {list(betas)})")
+        return betas
 
 
 class LoraSection(Section):

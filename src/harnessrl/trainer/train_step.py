@@ -378,11 +378,11 @@ def train_step(
             if isinstance(micro, PrefixBatch)
             else int(batch.input_ids_B_T.numel()),
         )
-    grad_norm = 0.0
-    if learner.config.optimizer.grad_clip:
-        # On sharded (DTensor) parameters this is the norm of the full gradient (a collective).
-        norm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), learner.config.optimizer.grad_clip)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    # The norm before clipping, reported with clipping off too (an infinite limit leaves the
+    # gradients as they are). On sharded (DTensor) parameters it is the full gradient's (a collective).
+    clip = learner.config.optimizer.grad_clip or math.inf
+    norm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), clip)
+    grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
     lr = learner.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
     learner.optimizer.step()
     learner.scheduler.step()
