@@ -372,12 +372,18 @@ def test_anthropic_blocks_and_responses_output():
     assert rules_of(responses) == {PACKAGE_INSTALL, GIT_HISTORY}
 
 
-def test_text_mode_ignores_thinking_and_prose():
+def test_text_mode_reads_fences_in_thinking_but_not_prose():
+    # mini-swe-agent strips no <think> block: examples/shell_agent's regex (the first fenced block)
+    # runs this ``curl x``. Prose is never a command.
     text = (
         "<think>I could run ```bash\ncurl x\n``` but no.</think>I will not use curl or pip install.\n\n"
         "```mswea_bash_command\ngit status\n```"
     )
-    assert rules_of({"role": "assistant", "content": text}) == set()
+    assert rules_of({"role": "assistant", "content": text}) == {NETWORK_FETCH}
+    prose = (
+        "<think>I will not use curl.</think>I will not use curl or pip install.\n\n```bash\ngit status\n```"
+    )
+    assert rules_of({"role": "assistant", "content": prose}) == set()
     assert rules_of({"role": "assistant", "content": "```python\nimport requests\n```"}) == {PYTHON_NETWORK}
 
 

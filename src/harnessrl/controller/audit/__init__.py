@@ -59,7 +59,13 @@ from harnessrl.controller.audit.system import (
     check_path,
     raw_hints,
 )
-from harnessrl.controller.audit.workspace import FileChange, SnapshotLimits, WorkspaceDiff, is_code_path
+from harnessrl.controller.audit.workspace import (
+    FileChange,
+    SnapshotLimits,
+    WorkspaceDiff,
+    is_code_path,
+    script_language,
+)
 from harnessrl.schemas import Call
 
 # The rule names are defined beside their analysis (``audit.rules``, ``audit.changes``, ``audit.system``).
@@ -83,8 +89,11 @@ ZERO_REWARD_RULES: tuple[str, ...] = tuple(r for r in ALL_RULES if r != OUTSIDE_
 # The workspace the policy's commands ran in, as one path or several (the host's and a pod's).
 Workspace = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 
-# Longer texts are cut before analysis so one huge file write cannot stall the controller.
+# Longer texts are cut before analysis so one huge file write cannot stall the controller; what the
+# cut leaves unread is flagged ``obfuscated_code`` (a command padded past the cap hides its tail).
 MAX_ANALYZED_CHARS = 200_000
+# Characters of the unread tail a truncation flag shows as its ``match``.
+_UNREAD_SHOWN = 80
 # Flags kept from the workspace diff (a policy that vendors a library into its workspace would
 # otherwise store thousands); every rule is still counted, and the report says how many were dropped.
 MAX_FILE_FLAGS = 300
@@ -296,6 +305,9 @@ def _locate(hint: str, command: str) -> str:
 
 
 def _analyze_record(record: CommandRecord) -> Iterator[tuple[str, str]]:
+    if len(record.command) > MAX_ANALYZED_CHARS or len(record.text) > MAX_ANALYZED_CHARS:
+        # A cap must not become a hiding place: the match is where reading stopped.
+        yield OBFUSCATED_CODE, record.command[MAX_ANALYZED_CHARS:][:_UNREAD_SHOWN]
     text = record.text[:MAX_ANALYZED_CHARS]
     # Raw patterns that count wherever they appear (a path read, a script written, a command).
     for match in _RAW_PATTERNS.finditer(record.command[:MAX_ANALYZED_CHARS]):
@@ -311,9 +323,14 @@ def _analyze_record(record: CommandRecord) -> Iterator[tuple[str, str]]:
         yield from analyze_patch(text)
     elif record.path is not None and record.kind != "file_read":
         mode = record.kind.removeprefix("file_")
-        yield from check_write(record.path, mode, text if mode != "delete" else None)
-        if record.path.endswith(".py") and text:
+        # existed=False: whether the file was there before the harness ran is the diff's to say (a
+        # reproduction script the policy wrote may be edited and removed).
+        yield from check_write(record.path, mode, text if mode != "delete" else None, existed=False)
+        language = script_language(record.path, text.split("\n", 1)[0]) if text else None
+        if language == "python":
             yield from analyze_python(text, 1)
+        elif language == "shell":
+            yield from analyze_shell(text, 1)
 
 
 _RAW_PATTERNS = re.compile(
@@ -330,8 +347,6 @@ _GENERATED = re.compile(
     r"(?:^|/)(?:__pycache__|\.pytest_cache|\.mypy_cache|\.ruff_cache|\.hypothesis|node_modules"
     r"|site-packages|dist-packages|\.tox|\.nox)(?:/|$)|\.py[co]$"
 )
-_PYTHON_SHEBANG = re.compile(r"\A#![^\n]*\bpython[\d.]*\b")
-_SHELL_SHEBANG = re.compile(r"\A#![^\n]*\b(?:ba|z|da|k|a|mk)?sh\b")
 _EXCERPT_CONTEXT = 300  # characters either side of a match within its line
 _MODES = {"added": "create", "modified": "edit", "deleted": "delete"}
 
@@ -401,9 +416,12 @@ def _file_flags(change: FileChange, wanted: set[str], roots: tuple[str, ...]) ->
     hints.extend(raw_hints(text))
     first = change.hunks[0] if change.hunks else None
     shebang = first.text if first is not None and first.start == 1 else ""
-    if path.endswith((".py", ".pyw", ".pth")) or _PYTHON_SHEBANG.match(shebang):
+    # The file's own first line (kept by the snapshot): lines appended to a shipped script are read
+    # as what runs it, though no hunk starts at line 1.
+    language = script_language(path, change.first_line if change.first_line is not None else shebang)
+    if language == "python":
         hints.extend(analyze_python(text, 1))
-    elif path.endswith((".sh", ".bash", ".zsh", ".ksh")) or _SHELL_SHEBANG.match(shebang):
+    elif language == "shell":
         hints.extend(analyze_shell(text, 1))
     lines = [n for h in change.hunks or () for n in range(h.start, h.start + h.text.count("\n") + 1)]
     for rule, match in _select(hints, text, wanted, roots):

@@ -12,8 +12,9 @@ Python (regular expressions, like the other Python rules; the code is often a fr
 - a *sink* (``exec``, ``eval``, ``compile``, ``__import__``, ``importlib.import_module``,
   ``pickle.loads``, ``os.system``, ``subprocess.*``, ``runpy.run_*``) whose argument decodes data
   (base64/32/16/85, hex, ``zlib``/``gzip``/``bz2``/``lzma`` decompression, ``codecs.decode``,
-  ``chr(…)`` joins, ``[::-1]``, ``bytes([...])``) or names a variable or function that does
-  (assignments and ``def`` bodies in the same code are followed);
+  ``chr(…)`` joins, ``[::-1]``, ``bytes([...])``) or reads a variable or function that does
+  (assignments and ``def`` bodies in the same code are followed; the words inside the argument's
+  string literals and its keyword-argument names are not reads: ``text=True``, ``"-k", "name"``);
 - ``__import__``/``import_module`` of a name built from pieces (``'o' + 's'``, ``''.join(...)``);
 - always: ``marshal.load(s)``, building code or function objects (``types.CodeType(…)``,
   ``FunctionType(…)``, ``code.replace(co_code=…)``), builtins looked up by name
@@ -33,8 +34,11 @@ a cap must not become a hiding place (the same rule as the workspace diff's caps
 
 from __future__ import annotations
 
+import io
+import keyword
 import posixpath
 import re
+import tokenize
 from collections.abc import Iterator
 
 from harnessrl.controller.audit.shell import Segment, positional_args, strip_wrappers, substitutions, wordlist
@@ -91,7 +95,10 @@ def python_obfuscation(code: str) -> Iterator[tuple[str, str]]:
             yield OBFUSCATED_CODE, match.group(0)  # the first sink not read: "exec(" names the reason
             return
         argument = _argument(code, match.end())
-        decoded = _DECODER.search(argument) or not tainted.isdisjoint(_NAME.findall(argument))
+        # The regex's names are a superset of those read; tokenize only when one of them is tainted.
+        decoded = _DECODER.search(argument) or (
+            not tainted.isdisjoint(_NAME.findall(argument)) and not tainted.isdisjoint(_names_read(argument))
+        )
         built = _IMPORT_SINK.search(match.group(0)) and _BUILT_NAME.search(argument)
         if decoded or built:
             call = code[match.start() : match.end() + len(argument) + 1]
@@ -110,6 +117,46 @@ def _argument(code: str, start: int) -> str:
 
 
 _PAREN = re.compile(r"[()]")
+
+
+def _names_read(argument: str) -> set[str]:
+    """The variable names a sink's argument reads: not the words inside its string literals
+    (``"-k", "reverse_words"``), nor keyword-argument names (``text=True``), nor attributes.
+
+    Read with ``tokenize`` when the argument tokenizes; with regular expressions when it does not (a
+    fragment cut at ``_MAX_ARGUMENT``, an unterminated string)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(argument).readline))
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return set(_NAME.findall(_KEYWORD_ARG.sub(" ", _STRING_LITERAL.sub(" ", argument))))
+    significant = [t for t in tokens if t.type not in _LAYOUT_TOKENS]
+    names: set[str] = set()
+    for index, token in enumerate(significant):
+        if token.type == tokenize.STRING and token.string.lstrip("rbuRBU").startswith(("f", "F")):
+            # An f-string's fields are code that reads names (Python < 3.12 tokenizes it as one string).
+            names |= set(_NAME.findall(" ".join(_FSTRING_FIELD.findall(token.string))))
+        if token.type != tokenize.NAME or keyword.iskeyword(token.string):
+            continue
+        before = significant[index - 1].string if index > 0 else ","
+        after = significant[index + 1].string if index + 1 < len(significant) else ""
+        if before == ".":
+            continue  # an attribute: ``x.text`` reads x, not text
+        if after == "=" and before in (",", "("):
+            continue  # a keyword argument's name
+        names.add(token.string)
+    return names
+
+
+_LAYOUT_TOKENS = frozenset(
+    {tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+)
+_FSTRING_FIELD = re.compile(r"\{([^{}]*)\}")
+# The fallback's view of strings (prefixed, triple-quoted, with escapes; f-strings are kept: their
+# fields read names) and of ``name=`` arguments.
+_STRING_LITERAL = re.compile(
+    r"(?<![A-Za-z])[rbuRBU]{0,2}(?:'''(?:\\.|[^\\])*?'''|\"\"\"(?:\\.|[^\\])*?\"\"\"|'(?:\\.|[^'\\\n])*'|\"(?:\\.|[^\"\\\n])*\")"
+)
+_KEYWORD_ARG = re.compile(r"(?:^|(?<=[(,]))\s*[A-Za-z_]\w*\s*=(?!=)")
 
 
 def _tainted_names(code: str) -> set[str]:

@@ -3,7 +3,10 @@
 Each analyser yields ``(rule, hint)`` pairs; ``hint`` is the text that triggered the rule, which
 ``audit.audit_commands`` locates in the command for highlighting. Shell comes split into simple
 commands by ``audit.shell``; ``bash -c``, ``eval``, ``python -c``, heredocs, ``$(...)``, ``find
--exec`` and ``echo ... | sh`` are analysed recursively, up to ``MAX_DEPTH``. A program is only
+-exec``, ``echo ... | sh``, git aliases, the command strings of ``script -c``/``su -c``/``flock``/``env -S``
+and of ``awk``/``perl`` one-liners, and code written to a file (analysed as what runs it: its suffix,
+its shebang, or ``bash F``/``python F``/``./F`` later in the script) are analysed recursively, up to
+``MAX_DEPTH``. A program is only
 flagged in command position: ``echo "use curl"`` or ``grep curl notes.txt`` are not (strings are not
 actions), but ``echo "curl x" | sh`` is. Python is matched with regular expressions, not ``ast``: it
 is often a fragment (a heredoc, a notebook cell) and the match is exactly the highlighted substring.
@@ -31,9 +34,10 @@ from harnessrl.controller.audit.changes import (
     install_hint,
     pip_hint,
     python_writes,
+    runner_install_hint,
     shell_writes,
 )
-from harnessrl.controller.audit.obfuscation import python_obfuscation, shell_obfuscation
+from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE, python_obfuscation, shell_obfuscation
 from harnessrl.controller.audit.shell import (
     Segment,
     output_of,
@@ -45,6 +49,7 @@ from harnessrl.controller.audit.shell import (
     wordlist,
 )
 from harnessrl.controller.audit.system import check_path, python_hints, shell_hints
+from harnessrl.controller.audit.workspace import script_language
 
 GIT_HISTORY = "git_history"  # git log/show/blame/reflog/..., other commits, .git/ objects, fetch/pull
 NETWORK_FETCH = "network_fetch"  # curl, wget, nc, ssh/scp, /dev/tcp/
@@ -61,20 +66,36 @@ _PYTHON_EXE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$|^ipython3?$")
 
 def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
+        yield _too_deep(script)
         return
     previous: Segment | None = None
     segments = shell_segments(script)
     yield from shell_obfuscation(script, segments)
+    run_files = _files_run(segments)
     for segment in segments:
-        yield from _analyze_simple(segment, previous, depth)
+        yield from _analyze_simple(segment, previous, depth, run_files)
         previous = segment
 
 
-def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> Iterator[tuple[str, str]]:
+def _analyze_simple(
+    segment: Segment, previous: Segment | None, depth: int, run_files: dict[str, str] | None = None
+) -> Iterator[tuple[str, str]]:
+    if depth > MAX_DEPTH:  # ``taskset 1 taskset 1 …`` and ``find -exec find -exec …`` nest here too
+        yield _too_deep(" ".join(segment.words))
+        return
     for word in segment.words + [target for _, target in segment.redirects]:
         for inner in substitutions(word):
             yield from analyze_shell(inner, depth + 1)
     words = strip_wrappers(segment.words)
+    # The wrappers themselves: ``uv run --with X`` installs, ``env -S 'curl x'`` runs a string. Only
+    # the stripped prefix counts (``echo env -S curl`` runs nothing).
+    wrappers = segment.words[: len(segment.words) - len(words)]
+    hint = runner_install_hint(wrappers)
+    if hint:
+        yield PACKAGE_INSTALL, hint
+    split_string = _env_split_string(segment.words, len(wrappers))
+    if split_string:
+        yield from analyze_shell(split_string, depth + 1)
     stdin = segment.stdin
     if stdin is None and segment.piped and previous is not None:
         stdin = output_of(previous)
@@ -83,15 +104,26 @@ def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> I
     yield from shell_hints(prog, args, [target for _, target in segment.redirects] + segment.inputs)
     written = output_of(Segment(words=words, stdin=stdin)) if prog in ("echo", "printf", "cat") else None
     for op, target in segment.redirects:
-        yield from check_write(target, "edit" if op.endswith(">>") else "create", written)
-        if written and target.endswith(".py"):
-            yield from analyze_python(written, depth + 1)
+        # existed=False: a command cannot know whether a root-level test file was shipped (the diff does).
+        yield from check_write(target, "edit" if op.endswith(">>") else "create", written, existed=False)
+        if written:
+            yield from _analyze_written(target, written, run_files or {}, depth)
+    if prog == "tee" and stdin:
+        for target in positional_args(args, set())[0]:
+            yield from _analyze_written(target, stdin, run_files or {}, depth)
     if not words:
+        return
+    inner = _wrapped_command(prog, args)
+    if isinstance(inner, str):
+        yield from analyze_shell(inner, depth + 1)
+        return
+    if inner is not None:
+        yield from _analyze_simple(Segment(words=inner, stdin=stdin), None, depth + 1, run_files)
         return
     if prog in _NETWORK_PROGRAMS:
         yield NETWORK_FETCH, words[0]
     elif prog == "git":
-        yield from _analyze_git(words, stdin)
+        yield from _analyze_git(words, stdin, depth)
     elif _PYTHON_EXE.match(prog):
         yield from _analyze_python_command(args, stdin, depth)
     elif prog in _SHELLS:
@@ -102,6 +134,12 @@ def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> I
         yield from analyze_shell(" ".join(args), depth + 1)
     elif prog == "patch" and stdin:
         yield from analyze_patch(stdin)
+    elif prog in ("cd", "pushd") and any(".git" in _components(a) for a in args):
+        into = next(a for a in args if ".git" in _components(a))
+        yield GIT_HISTORY, f"{words[0]} {into}"  # then ``cat packed-refs`` reads history unseen
+    elif prog in _EMBEDDING_PROGRAMS:
+        yield from _embedded_commands(" ".join(args), depth)
+        yield from shell_writes(prog, args, stdin)  # ``perl -pi -e …`` edits files
     else:
         hint = install_hint(prog, words)
         if hint:
@@ -113,35 +151,184 @@ def _analyze_simple(segment: Segment, previous: Segment | None, depth: int) -> I
             yield from _analyze_simple(Segment(words=inner), None, depth + 1)
 
 
+def _too_deep(text: str) -> tuple[str, str]:
+    """Code nested past ``MAX_DEPTH`` is not read; a cap must not become a hiding place, so it is
+    flagged (no fix needs seven levels of ``bash -c``/``taskset``/``$(…)`` around a command)."""
+    return OBFUSCATED_CODE, text.strip()[:_TOO_DEEP_SHOWN] or text
+
+
+_TOO_DEEP_SHOWN = 80
+
+
+def _components(path: str) -> list[str]:
+    return [part for part in path.split("/") if part]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Code written to a file: analysed as what will run it
+# ---------------------------------------------------------------------------------------------------
+
+
+def _files_run(segments: list[Segment]) -> dict[str, str]:
+    """Files the script runs: ``bash FILE``/``source FILE`` (shell), ``python FILE`` (Python), and
+    ``./FILE``/``/path/FILE`` ("exec": by its shebang, else the shell), keyed by normalised path."""
+    run: dict[str, str] = {}  # path -> "python", "shell" or "exec"
+    for segment in segments:
+        words = strip_wrappers(segment.words)
+        if not words:
+            continue
+        prog, args = posixpath.basename(words[0]), words[1:]
+        if prog in _SHELLS and shell_script(args, None) is None:
+            files = positional_args(args, {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})[0]
+            if files:
+                run[posixpath.normpath(files[0])] = "shell"
+        elif prog in ("source", ".") and args:
+            run[posixpath.normpath(args[0])] = "shell"
+        elif _PYTHON_EXE.match(prog):
+            script = _python_script_file(args)
+            if script:
+                run[posixpath.normpath(script)] = "python"
+        elif words[0].startswith(("./", "/", "../")):
+            run[posixpath.normpath(words[0])] = "exec"
+    return run
+
+
+def _python_script_file(args: list[str]) -> str | None:
+    """The script ``python [options] FILE`` runs, or None (``-c``, ``-m``, stdin)."""
+    kind, value, _ = _python_invocation(args)
+    return value if kind == "script" else None
+
+
+def _analyze_written(
+    target: str, text: str, run_files: dict[str, str], depth: int
+) -> Iterator[tuple[str, str]]:
+    """Text written to ``target``, analysed as the code it is: by the file's suffix, its shebang, or
+    the interpreter the same script later runs it with (``cat > /tmp/x <<EOF … EOF; bash /tmp/x``)."""
+    language = script_language(target, text.split("\n", 1)[0])
+    ran = run_files.get(posixpath.normpath(target))
+    if language is None and ran is not None:
+        language = "shell" if ran == "exec" else ran  # ``./x`` without a shebang runs under the shell
+    if language == "python":
+        yield from analyze_python(text, depth + 1)
+    elif language == "shell":
+        yield from analyze_shell(text, depth + 1)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Programs that run another command (``audit.shell`` strips the common wrappers; these have arguments
+# of their own before the command, or take it as one string)
+# ---------------------------------------------------------------------------------------------------
+
+# ``script -qc CMD``, ``su -c CMD``: the command is one string after ``-c``.
+_STRING_RUNNERS = wordlist("script su runuser sg")
+# ``flock FILE CMD...``/``flock FILE -c CMD``, ``taskset MASK CMD...``, ``chrt PRIO CMD...``: options,
+# then one positional argument of their own, then the command's words.
+_POSITIONAL_RUNNERS: dict[str, set[str]] = {
+    "flock": {"-w", "--timeout", "-E", "--conflict-exit-code"},
+    "taskset": set(),
+    "chrt": set(),
+}
+
+
+def _wrapped_command(prog: str, args: list[str]) -> str | list[str] | None:
+    """What ``prog`` runs: a shell string, the words of a command, or None (it is not a runner)."""
+    if prog in _STRING_RUNNERS or prog == "flock":
+        for i, arg in enumerate(args):
+            if arg.startswith("--command="):
+                return arg.split("=", 1)[1]
+            if (arg == "--command" or re.fullmatch(r"-[A-Za-z]*c", arg)) and i + 1 < len(args):
+                return args[i + 1]
+    if prog in _POSITIONAL_RUNNERS:
+        i = 0
+        while i < len(args) and args[i].startswith("-"):
+            i += 2 if args[i] in _POSITIONAL_RUNNERS[prog] else 1
+        return args[i + 1 :] or None
+    return None
+
+
+def _env_split_string(words: list[str], prefix: int) -> str | None:
+    """The command ``env -S 'STRING' [args]`` runs (``-S`` splits one string into a command line),
+    for an ``env`` among the first ``prefix`` words (the wrappers)."""
+    for i, word in enumerate(words[:prefix]):
+        if posixpath.basename(word) != "env":
+            continue
+        j = i + 1
+        while j < len(words) and words[j].startswith("-"):
+            option = words[j]
+            if option in ("-S", "--split-string") and j + 1 < len(words):
+                return " ".join(words[j + 1 :])
+            if option.startswith("--split-string="):
+                return " ".join([option.split("=", 1)[1], *words[j + 1 :]])
+            if re.fullmatch(r"-[iv0]*S.+", option):  # ``-S'curl x'``, ``-iScurl``
+                return " ".join([option[option.index("S") + 1 :], *words[j + 1 :]])
+            j += 2 if option in ("-u", "-C", "--unset", "--chdir") else 1
+        return None
+    return None
+
+
+# awk, perl, ruby, node, php, lua code given on the command line: the shell commands it runs
+# (``system("curl …")``, backticks, ``qx{…}``, ``"cmd" | getline``, ``print | "cmd"``) are analysed
+# as shell, and the network libraries it loads are network fetches.
+_EMBEDDING_PROGRAMS = wordlist("awk gawk mawk nawk busybox-awk perl ruby node nodejs php lua")
+_EMBEDDED_SHELL = re.compile(
+    r"\b(?:system|exec|popen|spawn|spawnSync|execSync|shell_exec|passthru|proc_open|open3|capture2e?)"
+    r"\s*\(?\s*(?:\[\s*)?(['\"])((?:\\.|(?!\1).)*)\1"
+    r"|\bqx\s*[{(\[/]([^})\]/]*)[})\]/]|`([^`]*)`"
+    r"|(['\"])((?:\\.|(?!\5).)*)\5\s*\|\s*getline|\|\s*(['\"])((?:\\.|(?!\7).)*)\7"
+)
+_EMBEDDED_NETWORK = re.compile(
+    r"\b(?:IO::Socket|LWP::\w+|HTTP::Tiny|Net::HTTP|Net::FTP|TCPSocket|open-uri|Socket\.tcp)\b"
+    r"|\brequire\(\s*['\"](?:node:)?(?:https?|http2|net|dgram|tls)['\"]\s*\)|/inet/tcp/"
+)
+
+
+def _embedded_commands(code: str, depth: int) -> Iterator[tuple[str, str]]:
+    for match in _EMBEDDED_NETWORK.finditer(code):
+        yield NETWORK_FETCH, match.group(0)
+    for match in _EMBEDDED_SHELL.finditer(code):
+        command = next((g for g in match.group(2, 3, 4, 6, 8) if g is not None), "")
+        yield from analyze_shell(command, depth + 1)
+
+
 def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> Iterator[tuple[str, str]]:
+    """``python [options] …``: the code of ``-c``, the module of ``-m`` (``pip``), or stdin."""
+    kind, value, rest = _python_invocation(args)
+    if kind == "code":
+        yield from analyze_python(value, depth + 1)
+    elif kind == "module":
+        if value == "pip" and pip_hint(rest):
+            yield PACKAGE_INSTALL, f"-m pip {pip_hint(rest)}"
+    elif kind == "stdin" and stdin:
+        yield from analyze_python(stdin, depth + 1)
+    # "script": a file (its content was analysed if this script wrote it)
+
+
+def _python_invocation(args: list[str]) -> tuple[str, str, list[str]]:
+    """What ``python args`` runs: ("code", CODE, rest), ("module", NAME, its args), ("script", FILE,
+    its args) or ("stdin", "", []). Short options may be clustered (``-Im pip``, ``-Bc CODE``): ``c``,
+    ``m``, ``W`` and ``X`` take the rest of the cluster, or else the next argument, as their value."""
     i = 0
     while i < len(args):
         arg = args[i]
-        if re.fullmatch(r"-[A-Za-z]*c", arg):
-            yield from analyze_python(args[i + 1] if i + 1 < len(args) else "", depth + 1)
-            return
-        if arg.startswith("-c"):
-            yield from analyze_python(arg[2:], depth + 1)
-            return
-        if arg.startswith("-m"):
-            module, rest = (
-                (args[i + 1] if i + 1 < len(args) else "", args[i + 2 :])
-                if arg == "-m"
-                else (arg[2:], args[i + 1 :])
-            )
-            if module == "pip" and pip_hint(rest):
-                yield PACKAGE_INSTALL, f"-m pip {pip_hint(rest)}"
-            return
-        if arg in ("-W", "-X"):
-            i += 2
-            continue
-        if not arg.startswith("-"):
-            return  # a script file we cannot see (its writes were audited when it was written)
         if arg == "-":
             break
+        if not arg.startswith("-"):
+            return "script", arg, args[i + 1 :]
+        if arg.startswith("--"):
+            i += 1
+            continue
+        for at, letter in enumerate(arg[1:], start=1):
+            if letter not in "cmWX":
+                continue
+            attached = arg[at + 1 :]
+            value = attached or (args[i + 1] if i + 1 < len(args) else "")
+            rest = args[i + 1 :] if attached else args[i + 2 :]
+            if letter in "cm":
+                return ("code" if letter == "c" else "module"), value, rest
+            i += 0 if attached else 1  # -W/-X: skip their value
+            break
         i += 1
-    if stdin:
-        yield from analyze_python(stdin, depth + 1)
+    return "stdin", "", []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -167,9 +354,20 @@ _REVISION = re.compile(
 )
 
 
-def _analyze_git(words: list[str], stdin: str | None) -> Iterator[tuple[str, str]]:
+# Settings whose value git runs as a command (``git -c core.fsmonitor='curl x' status``); an alias is
+# one too (``alias.x=!curl …`` runs the shell, ``alias.x=log`` a git subcommand).
+_GIT_COMMAND_SETTINGS = wordlist(
+    "core.pager core.editor core.sshcommand core.fsmonitor core.askpass diff.external sequence.editor"
+    " pager.log pager.show pager.diff"
+)
+
+
+def _analyze_git(words: list[str], stdin: str | None, depth: int = 0) -> Iterator[tuple[str, str]]:
     i = 1
     while i < len(words) and words[i].startswith("-") and words[i] not in _GIT_SAFE:
+        if words[i] == "-c" and i + 1 < len(words):
+            key, _, value = words[i + 1].partition("=")
+            yield from _git_setting(key, value, depth)
         i += 2 if words[i] in _GIT_GLOBAL_WITH_VALUE else 1
     if i >= len(words):
         return
@@ -180,10 +378,14 @@ def _analyze_git(words: list[str], stdin: str | None) -> Iterator[tuple[str, str
     if sub in ("rm", "mv"):
         paths = positional_args(rest, set())[0]
         for path in paths if sub == "rm" else paths[:-1]:
-            yield from check_write(path, "delete", None)
+            yield from check_write(path, "delete", None, existed=False)
         return
     if sub == "apply" and stdin:
         yield from analyze_patch(stdin)
+    if sub == "config":  # git config [--global] alias.x VALUE, git config set alias.x VALUE
+        positional = [a for a in positional_args(rest, {"-f", "--file", "--type", "--blob"})[0] if a != "set"]
+        if len(positional) >= 2:
+            yield from _git_setting(positional[0], positional[1], depth)
     if sub in _GIT_SAFE:
         return
     for arg in rest:
@@ -199,8 +401,8 @@ def _analyze_git(words: list[str], stdin: str | None) -> Iterator[tuple[str, str
 # ---------------------------------------------------------------------------------------------------
 
 _NET_MODULES = (
-    r"(?:socket|requests|httpx|aiohttp|urllib3|urllib\.request|http\.client|ftplib|telnetlib|pycurl"
-    r"|paramiko|websockets?|smtplib|xmlrpc\.client)"
+    r"(?:_?socket|requests|httpx|aiohttp|urllib3|urllib\.request|http\.client|ftplib|telnetlib|pycurl"
+    r"|paramiko|websockets?|smtplib|xmlrpc\.client|pip\._vendor\.(?:requests|urllib3))"
 )
 _PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
     (
@@ -225,10 +427,25 @@ _PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         ),
     ),
     (
+        PYTHON_NETWORK,
+        re.compile(
+            r"\bfrom[ \t]+pip\._vendor[ \t]+import[ \t][^\n;]*\b(?:requests|urllib3)\b"
+            # multiprocessing's sockets (its ``wait`` for process sentinels is not network)
+            r"|\bmultiprocessing\.connection\.(?:Client|Listener)\b"
+            r"|\bfrom[ \t]+multiprocessing\.connection[ \t]+import[ \t][^\n;]*\b(?:Client|Listener)\b"
+            # asyncio's streams and event-loop transports; not any method that happens to share the name
+            r"|\basyncio\.open_(?:unix_)?connection\b|\bfrom[ \t]+asyncio[ \t]+import[ \t][^\n;]*\bopen_connection\b"
+            r"|\b(?:loop|get_event_loop\(\)|get_running_loop\(\)|new_event_loop\(\))"
+            r"\.create_(?:connection|datagram_endpoint)\s*\("
+        ),
+    ),
+    (
         GIT_HISTORY,
         re.compile(
             r"\bimport[ \t]+(?:git|pygit2|dulwich)\b|\bfrom[ \t]+(?:git|pygit2|dulwich)"
             r"(?:\.\w+)*[ \t]+import\b"
+            # os.path.join('.git', 'objects'), Path('.git') / 'refs': the history, spelled in pieces
+            r"|['\"]\.git['\"]\s*\)?\s*[,/]\s*['\"](?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD)\b"
         ),
     ),
     (
@@ -243,8 +460,25 @@ _PY_SHELL_CALL = re.compile(
 _PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
 
 
+def _git_setting(key: str, value: str, depth: int) -> Iterator[tuple[str, str]]:
+    """A setting given to git that names a command: an alias or a ``_GIT_COMMAND_SETTINGS`` key."""
+    name = key.lower()  # git's section and key names are case-insensitive
+    if not (name.startswith("alias.") or name in _GIT_COMMAND_SETTINGS) or not value or depth >= MAX_DEPTH:
+        return
+    if name.startswith("alias.") and not value.startswith("!"):
+        try:
+            alias = shlex.split(value)
+        except ValueError:
+            alias = value.split()
+        # "git log" is not in the command as typed; the alias's name is.
+        yield from ((rule, key) for rule, _ in _analyze_git(["git", *alias], None, depth + 1))
+    else:
+        yield from analyze_shell(value.removeprefix("!"), depth + 1)
+
+
 def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
+        yield _too_deep(code)
         return
     for rule, pattern in _PYTHON_PATTERNS:
         for match in pattern.finditer(code):
@@ -292,7 +526,7 @@ def analyze_patch(text: str) -> Iterator[tuple[str, str]]:
     for path, mode, added in sections:
         content = "\n".join(added)
         yield from check_path(path)
-        yield from check_write(path, mode, content if mode != "delete" else None)
+        yield from check_write(path, mode, content if mode != "delete" else None, existed=False)
         if path.endswith(".py") and content:
             yield from analyze_python(content, 1)
 

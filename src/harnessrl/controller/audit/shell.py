@@ -16,6 +16,7 @@ import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 
 def wordlist(text: str) -> tuple[str, ...]:
@@ -66,72 +67,186 @@ class Segment:
 
 
 def shell_segments(script: str) -> list[Segment]:
-    """The simple commands of ``script``, in order; a rough split if ``shlex`` cannot parse it."""
-    body, heredocs = _split_heredocs(script)
+    """The simple commands of ``script``, in order; a rough split if ``shlex`` cannot parse it.
+
+    The readers of heredocs inside ``"$( … )"`` come last, each with its body as stdin.
+    """
+    body, heredocs, quoted_readers = _split_heredocs(script)
     try:
-        return _segments(_prepare_shell(body), heredocs)
+        return _segments(_prepare_shell(body), heredocs) + quoted_readers
     except ValueError:  # unbalanced quotes: shlex gives up, a rough split still finds programs
         return [
             Segment(words=[w.strip("'\"") for w in piece.split() if w.strip("'\"")])
             for piece in re.split(r"&&|\|\||[;|&\n()`]", body)
-        ]
+        ] + quoted_readers
 
 
-def _split_heredocs(script: str) -> tuple[str, list[str]]:
-    """Cut heredoc bodies out of the script (shlex would mangle them); return them in order."""
-    lines, kept, bodies = script.split("\n"), [], []
-    where: dict[str, list[int]] = {}  # stripped line -> its line numbers, to find terminators fast
-    for number, line in enumerate(lines):
-        where.setdefault(line.strip(), []).append(number)
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        kept.append(line)
+def _split_heredocs(script: str) -> tuple[str, list[str], list[Segment]]:
+    """Cut heredoc bodies out of the script (shlex would mangle them): (the rest, the bodies in order,
+    the readers of heredocs inside double quotes).
+
+    Only a ``<<`` the shell reads starts a heredoc: one inside quotes or a comment does not, or
+    ``echo "<<EOF"`` and ``# see <<true`` would hide every command down to a line ``EOF``/``true``.
+    Inside ``"$( … )"`` the shell reads it (``git commit -m "$(cat <<'EOF' … EOF)"``): that body is
+    cut out too, and returned with the command that reads it (``"$(bash <<EOF …)"`` runs it), not
+    among the bodies, which ``shlex`` hands to the ``<<`` it sees outside quotes. A body starts after
+    the line that holds its ``<<`` and ends before the first line that is its delimiter; with no such
+    line it was no heredoc (``1 << x`` in arithmetic), and the lines are kept.
+    """
+    starts: dict[str, list[int]] = {}  # stripped line -> where such lines start, to find terminators fast
+    offset = 0
+    for line in script.split("\n"):
+        starts.setdefault(line.strip(), []).append(offset)
+        offset += len(line) + 1
+    kept: list[str] = []
+    bodies: list[str] = []
+    quoted_readers: list[Segment] = []
+    readers: dict[int, list[str]] = {}  # where a quoted heredoc's command starts -> its words
+    quoting = _Quoting()
+    copied = 0  # script[:copied] is in ``kept`` or in ``bodies``
+    resume: int | None = 0
+    while resume is not None:
+        chars = _scan(script, resume, quoting)
+        command_start = resume  # after the last line break, ``$(`` or operator: where a reader starts
+        resume = None
+        # the heredocs opened on the current line: (delimiter, where its reader starts, the ``<<``, role)
+        pending: list[tuple[str, int, int, CharRole]] = []
+        for i, role in chars:
+            if script[i] == "\n":
+                command_start = i + 1
+            if role not in _READ_BY_SHELL:
+                continue
+            if script.startswith("$(", i):
+                command_start = i + 2
+            elif script[i] in ";|&(":
+                command_start = i + 1
+            elif script[i] == "<" and (heredoc := _HEREDOC.match(script, i)):
+                delimiter = heredoc.group(2) or heredoc.group(3) or heredoc.group(4)
+                pending.append((delimiter, command_start, i, role))
+            elif script[i] == "\n" and pending:
+                body_start = i + 1
+                for delimiter, reader_start, at_operator, opened_in in pending:
+                    candidates = starts.get(delimiter, [])
+                    at = bisect.bisect_left(candidates, body_start)
+                    if at == len(candidates):
+                        continue  # no terminator: not a heredoc after all; its lines stay commands
+                    end = candidates[at]
+                    kept.append(script[copied:body_start])
+                    body = script[body_start : end - 1] if end > body_start else ""
+                    if opened_in == "code":
+                        bodies.append(body)
+                    else:  # one parse per command: ``cat <<A <<B …`` shares its reader
+                        if reader_start not in readers:
+                            readers[reader_start] = _reader_words(script[reader_start:at_operator])
+                        quoted_readers.append(Segment(words=list(readers[reader_start]), stdin=body))
+                    after = script.find("\n", end)
+                    body_start = copied = len(script) if after < 0 else after + 1
+                resume = body_start  # scan on after the bodies, which the shell does not read as code
+                break
+    kept.append(script[copied:])
+    return "".join(kept), bodies, quoted_readers
+
+
+def _reader_words(command: str) -> list[str]:
+    """The words of the simple command ``command`` ends with (a heredoc's reader)."""
+    try:
+        return _segments(_prepare_shell(command), [])[-1].words
+    except ValueError:
+        return command.split()
+
+
+# What one character of shell text is to the shell (``_scan``).
+CharRole = Literal[
+    "code",  # read by the shell
+    "quoted",  # inside quotes (the quote characters included)
+    "substituted",  # inside ``$( … )`` within double quotes: read by the shell, but part of a word
+    "escaped",  # a backslash and the character it escapes
+    "joined",  # a backslash-newline (line continuation)
+    "comment",
+    "backtick_open",
+    "backtick_close",
+]
+_READ_BY_SHELL = ("code", "substituted")
+
+
+@dataclass
+class _Quoting:
+    """Where a scan of shell text stands between two characters, so a scan can stop and resume."""
+
+    quote: str | None = None  # "'" or '"' while inside quotes
+    in_backtick: bool = False
+    substitution_depth: int = 0  # open ``(`` of a ``$(`` inside the current double-quoted string
+
+
+def _scan(text: str, start: int = 0, quoting: _Quoting | None = None) -> Iterator[tuple[int, CharRole]]:
+    """Each character of ``text`` from ``start`` on, with its role; ``quoting`` carries the state.
+
+    Quotes are tracked flat (a ``"`` inside ``"$( … )"`` ends the string), as ``shlex`` reads them
+    later; the one nesting followed is ``$( … )`` inside double quotes, for heredocs.
+    """
+    state = quoting or _Quoting()
+    i, n = start, len(text)
+    while i < n:
+        c = text[i]
+        if state.quote == "'":
+            state.quote = None if c == "'" else state.quote
+            yield i, "quoted"
+        elif state.quote == '"':
+            role: CharRole = "substituted" if state.substitution_depth else "quoted"
+            if c == "\\" and i + 1 < n:
+                yield i, role
+                yield i + 1, role
+                i += 2
+                continue
+            if c == '"':
+                state.quote, state.substitution_depth, role = None, 0, "quoted"
+            elif c == "$" and text.startswith("$(", i):
+                state.substitution_depth += 1
+                yield i, "substituted"
+                yield i + 1, "substituted"
+                i += 2
+                continue
+            elif c == "(" and state.substitution_depth:
+                state.substitution_depth += 1
+            elif c == ")" and state.substitution_depth:
+                state.substitution_depth -= 1
+            yield i, role
+        elif c == "\\" and i + 1 < n:
+            role = "joined" if text[i + 1] == "\n" else "escaped"
+            yield i, role
+            yield i + 1, role
+            i += 2
+            continue
+        elif c in "'\"":
+            state.quote = c
+            yield i, "quoted"
+        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
+            while i < n and text[i] != "\n":
+                yield i, "comment"
+                i += 1
+            continue
+        elif c == "`":
+            state.in_backtick = not state.in_backtick
+            yield i, "backtick_open" if state.in_backtick else "backtick_close"
+        else:
+            yield i, "code"
         i += 1
-        for match in _HEREDOC.finditer(line):
-            candidates = where.get(match.group(2) or match.group(3) or match.group(4), [])
-            end = next((n for n in candidates[bisect.bisect_left(candidates, i) :]), None)
-            if end is not None:
-                bodies.append("\n".join(lines[i:end]))
-                i = end + 1
-            # no terminator: not a heredoc after all (``1 << x`` inside a string); keep the lines
-    return "\n".join(kept), bodies
 
 
 def _prepare_shell(text: str) -> str:
     """Unquoted newlines -> ``;``, comments dropped, backticks -> ``$( )``, continuations joined."""
     out: list[str] = []
-    quote: str | None = None
-    in_backtick = False
-    i, n = 0, len(text)
-    while i < n:
+    for i, role in _scan(text):
+        if role in ("comment", "joined"):
+            continue
         c = text[i]
-        if quote == "'":
-            quote = None if c == "'" else quote
-        elif quote == '"':
-            if c == "\\" and i + 1 < n:
-                out.append(text[i : i + 2])
-                i += 2
-                continue
-            quote = None if c == '"' else quote
-        elif c == "\\" and i + 1 < n:
-            if text[i + 1] != "\n":
-                out.append(text[i : i + 2])
-            i += 2
-            continue
-        elif c in "'\"":
-            quote = c
-        elif c == "\n":
+        if role == "code" and c == "\n":
             c = " ; "
-        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
-            while i < n and text[i] != "\n":
-                i += 1
-            continue
-        elif c == "`":
-            c = " ) " if in_backtick else " $( "
-            in_backtick = not in_backtick
+        elif role == "backtick_open":
+            c = " $( "
+        elif role == "backtick_close":
+            c = " ) "
         out.append(c)
-        i += 1
     return "".join(out)
 
 

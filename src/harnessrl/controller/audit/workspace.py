@@ -18,7 +18,9 @@ The workspace is hostile, so the walk is bounded and touches nothing it should n
 
 A modified text file's changed lines come from a line diff against the line hashes the snapshot kept
 (Python's ``hash`` of each line: the snapshot and the diff live in one controller process), so code
-the task shipped in that file is not audited, only what the policy wrote. See docs/audit.md.
+the task shipped in that file is not audited, only what the policy wrote. Each changed text file also
+carries its first line (``FileChange.first_line``): lines appended to a shipped ``#!/usr/bin/env
+python`` script are Python although no hunk starts at line 1 (``script_language``). See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import hashlib
 import itertools
 import os
 import posixpath
+import re
 import stat
 from array import array
 from dataclasses import dataclass, field
@@ -100,6 +103,9 @@ class FileChange(BaseModel):
     hunks: tuple[Hunk, ...] | None = None  # changed lines of a text file; None: not read (see ``note``)
     shadows: str | None = None  # the Python source a binary module would replace at import
     note: str | None = None  # why the content was not read, when it was not
+    # The file's first line now (text files): its shebang says what runs it even when the policy only
+    # appended lines, so no hunk starts at line 1 (``script_language``).
+    first_line: str | None = None
 
 
 class WorkspaceDiff(BaseModel):
@@ -245,6 +251,30 @@ def is_code_path(path: str) -> bool:
     return path.endswith(_CODE_SUFFIXES)
 
 
+ScriptLanguage = Literal["python", "shell"]
+_PYTHON_SUFFIXES = (".py", ".pyw", ".pth")
+_PYTHON_SHEBANG = re.compile(r"\A#![^\n]*\b(?:python|pypy)[\d.]*\b")
+_SHELL_SHEBANG = re.compile(r"\A#![^\n]*\b(?:ba|z|da|k|a|mk)?sh\b")
+_MAX_FIRST_LINE = 1000  # characters of a first line kept: a shebang is short
+
+
+def script_language(path: str, first_line: str | None) -> ScriptLanguage | None:
+    """What runs a file, by its suffix or its shebang (``#!/usr/bin/env python``, ``#!/bin/sh``); None
+    for other files. A file written without either and run by name (``./x``) runs under the shell,
+    and one run as ``python run.txt`` is Python: only the commands tell, so the audit's rules decide
+    those."""
+    if path.endswith(_PYTHON_SUFFIXES):
+        return "python"
+    if path.endswith(_CODE_SUFFIXES):
+        return "shell"
+    line = first_line or ""
+    if _PYTHON_SHEBANG.match(line):
+        return "python"
+    if _SHELL_SHEBANG.match(line):
+        return "shell"
+    return None
+
+
 def diff_workspace(
     before: WorkspaceSnapshot, workspace: Path | None = None, limits: SnapshotLimits | None = None
 ) -> WorkspaceDiff:
@@ -312,7 +342,8 @@ def _change(
     if old is not None and old_lines is None:
         base["note"] = "whole file read: no line index of the original"
     hunks = _hunks(data, old_lines)
-    return FileChange(**base, kind="file", hunks=hunks), sum(len(h.text) for h in hunks)
+    first = data.split(b"\n", 1)[0][:_MAX_FIRST_LINE].decode("utf-8", errors="replace")
+    return FileChange(**base, kind="file", hunks=hunks, first_line=first), sum(len(h.text) for h in hunks)
 
 
 def _hunks(data: bytes, old_lines: array | None) -> tuple[Hunk, ...]:
