@@ -28,10 +28,6 @@ INVARIANTS = {
     ): "the migration table",
     ("harnessrl/controller/kubernetes/names.py", "is_dns1123_label(name)"): "names are built, not read",
     ("harnessrl/ascii_splits.py", "self._matches.groups == 0"): "patterns come from the module's own table",
-    (
-        "harnessrl/controller/evaluators/command.py",
-        "proc.returncode is not None",
-    ): "after the process was waited",
     ("harnessrl/environments/store.py", "recipe.containerfile is not None"): "ImageRecipe validates one kind",
     ("harnessrl/environments/store.py", "recipe.debian is not None"): "the caller matched the kind",
     (

@@ -12,7 +12,8 @@ mini-swe-agent's text mode uses) into ``CommandRecord``s; ``audit_commands`` app
 This module is the public API: the records, flags, config and these functions (the rule names and
 ``CommandRecord``/``extract_commands`` are re-exported here). The pass itself lives here; the
 extraction in ``audit.extract``; the rules (shell, git, Python and patch analysis) in
-``audit.rules``, installs and writes to tests in ``audit.changes``, those about the machine around
+``audit.rules``, what a command line or piece of code runs (runners, interpreters, one-liners, files
+written then run) in ``audit.invocations``, the files a patch touches in ``audit.patches``, installs and writes to tests in ``audit.changes``, those about the machine around
 the task (``/proc``, namespaces, the store, paths outside the workspace) in ``audit.system``, shell
 syntax in ``audit.shell``, code that hides what it runs (``obfuscated_code``) in
 ``audit.obfuscation``. Only this module knows the workspace: ``outside_workspace`` hints for paths

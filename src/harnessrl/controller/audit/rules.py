@@ -13,11 +13,12 @@ is often a fragment (a heredoc, a notebook cell) and the match is exactly the hi
 The audit is a tripwire, not a sandbox: what encoded or computed commands (``$(echo Y3VybA== |
 base64 -d)``) do is out of its reach by design; that they decode and run something is flagged
 (``obfuscated_code``, in ``audit.obfuscation``), and what they write lands in the workspace diff.
-Here are the traversal and the ``git_history``,
-``network_fetch`` and ``python_network`` rules; the checks of one install or one write
-(``package_install``, ``test_config_write``) are in ``audit.changes``, the rules about the machine
-around the task (``/proc``, namespaces, the store, paths outside the workspace) in
-``audit.system``. See docs/audit.md.
+Here are the traversal and the ``git_history``, ``network_fetch`` and ``python_network`` rules. What
+a command line or a piece of code runs (runners' arguments, ``python``'s options, the files a script
+runs, the shell of one-liners and of ``os.system``) is parsed by ``audit.invocations``, what a patch
+changes by ``audit.patches``; the checks of one install or one write (``package_install``,
+``test_config_write``) are in ``audit.changes``, the rules about the machine around the task
+(``/proc``, namespaces, the store, paths outside the workspace) in ``audit.system``. See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -37,7 +38,20 @@ from harnessrl.controller.audit.changes import (
     runner_install_hint,
     shell_writes,
 )
+from harnessrl.controller.audit.invocations import (
+    EMBEDDING_PROGRAMS,
+    PYTHON_EXE,
+    SHELLS,
+    embedded_shell,
+    env_split_string,
+    files_run,
+    notebook_shell,
+    python_invocation,
+    python_shell_calls,
+    wrapped_command,
+)
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE, python_obfuscation, shell_obfuscation
+from harnessrl.controller.audit.patches import patched_files
 from harnessrl.controller.audit.shell import (
     Segment,
     output_of,
@@ -60,8 +74,6 @@ MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
 _NETWORK_PROGRAMS = wordlist(
     "curl wget nc ncat netcat socat ssh scp sftp telnet ftp aria2c lynx w3m links httpie http https xh"
 )
-_SHELLS = wordlist("sh bash zsh dash ksh ash mksh fish")
-_PYTHON_EXE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$|^ipython3?$")
 
 
 def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
@@ -71,7 +83,7 @@ def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
     previous: Segment | None = None
     segments = shell_segments(script)
     yield from shell_obfuscation(script, segments)
-    run_files = _files_run(segments)
+    run_files = files_run(segments)
     for segment in segments:
         yield from _analyze_simple(segment, previous, depth, run_files)
         previous = segment
@@ -93,7 +105,7 @@ def _analyze_simple(
     hint = runner_install_hint(wrappers)
     if hint:
         yield PACKAGE_INSTALL, hint
-    split_string = _env_split_string(segment.words, len(wrappers))
+    split_string = env_split_string(segment.words, len(wrappers))
     if split_string:
         yield from analyze_shell(split_string, depth + 1)
     stdin = segment.stdin
@@ -113,7 +125,7 @@ def _analyze_simple(
             yield from _analyze_written(target, stdin, run_files or {}, depth)
     if not words:
         return
-    inner = _wrapped_command(prog, args)
+    inner = wrapped_command(prog, args)
     if isinstance(inner, str):
         yield from analyze_shell(inner, depth + 1)
         return
@@ -124,9 +136,9 @@ def _analyze_simple(
         yield NETWORK_FETCH, words[0]
     elif prog == "git":
         yield from _analyze_git(words, stdin, depth)
-    elif _PYTHON_EXE.match(prog):
+    elif PYTHON_EXE.match(prog):
         yield from _analyze_python_command(args, stdin, depth)
-    elif prog in _SHELLS:
+    elif prog in SHELLS:
         script = shell_script(args, stdin)
         if script:
             yield from analyze_shell(script, depth + 1)
@@ -137,7 +149,7 @@ def _analyze_simple(
     elif prog in ("cd", "pushd") and any(".git" in _components(a) for a in args):
         into = next(a for a in args if ".git" in _components(a))
         yield GIT_HISTORY, f"{words[0]} {into}"  # then ``cat packed-refs`` reads history unseen
-    elif prog in _EMBEDDING_PROGRAMS:
+    elif prog in EMBEDDING_PROGRAMS:
         yield from _embedded_commands(" ".join(args), depth)
         yield from shell_writes(prog, args, stdin)  # ``perl -pi -e …`` edits files
     else:
@@ -165,38 +177,8 @@ def _components(path: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Code written to a file: analysed as what will run it
+# What a command runs (found by ``audit.invocations``), analysed in turn
 # ---------------------------------------------------------------------------------------------------
-
-
-def _files_run(segments: list[Segment]) -> dict[str, str]:
-    """Files the script runs: ``bash FILE``/``source FILE`` (shell), ``python FILE`` (Python), and
-    ``./FILE``/``/path/FILE`` ("exec": by its shebang, else the shell), keyed by normalised path."""
-    run: dict[str, str] = {}  # path -> "python", "shell" or "exec"
-    for segment in segments:
-        words = strip_wrappers(segment.words)
-        if not words:
-            continue
-        prog, args = posixpath.basename(words[0]), words[1:]
-        if prog in _SHELLS and shell_script(args, None) is None:
-            files = positional_args(args, {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})[0]
-            if files:
-                run[posixpath.normpath(files[0])] = "shell"
-        elif prog in ("source", ".") and args:
-            run[posixpath.normpath(args[0])] = "shell"
-        elif _PYTHON_EXE.match(prog):
-            script = _python_script_file(args)
-            if script:
-                run[posixpath.normpath(script)] = "python"
-        elif words[0].startswith(("./", "/", "../")):
-            run[posixpath.normpath(words[0])] = "exec"
-    return run
-
-
-def _python_script_file(args: list[str]) -> str | None:
-    """The script ``python [options] FILE`` runs, or None (``-c``, ``-m``, stdin)."""
-    kind, value, _ = _python_invocation(args)
-    return value if kind == "script" else None
 
 
 def _analyze_written(
@@ -214,68 +196,8 @@ def _analyze_written(
         yield from analyze_shell(text, depth + 1)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Programs that run another command (``audit.shell`` strips the common wrappers; these have arguments
-# of their own before the command, or take it as one string)
-# ---------------------------------------------------------------------------------------------------
-
-# ``script -qc CMD``, ``su -c CMD``: the command is one string after ``-c``.
-_STRING_RUNNERS = wordlist("script su runuser sg")
-# ``flock FILE CMD...``/``flock FILE -c CMD``, ``taskset MASK CMD...``, ``chrt PRIO CMD...``: options,
-# then one positional argument of their own, then the command's words.
-_POSITIONAL_RUNNERS: dict[str, set[str]] = {
-    "flock": {"-w", "--timeout", "-E", "--conflict-exit-code"},
-    "taskset": set(),
-    "chrt": set(),
-}
-
-
-def _wrapped_command(prog: str, args: list[str]) -> str | list[str] | None:
-    """What ``prog`` runs: a shell string, the words of a command, or None (it is not a runner)."""
-    if prog in _STRING_RUNNERS or prog == "flock":
-        for i, arg in enumerate(args):
-            if arg.startswith("--command="):
-                return arg.split("=", 1)[1]
-            if (arg == "--command" or re.fullmatch(r"-[A-Za-z]*c", arg)) and i + 1 < len(args):
-                return args[i + 1]
-    if prog in _POSITIONAL_RUNNERS:
-        i = 0
-        while i < len(args) and args[i].startswith("-"):
-            i += 2 if args[i] in _POSITIONAL_RUNNERS[prog] else 1
-        return args[i + 1 :] or None
-    return None
-
-
-def _env_split_string(words: list[str], prefix: int) -> str | None:
-    """The command ``env -S 'STRING' [args]`` runs (``-S`` splits one string into a command line),
-    for an ``env`` among the first ``prefix`` words (the wrappers)."""
-    for i, word in enumerate(words[:prefix]):
-        if posixpath.basename(word) != "env":
-            continue
-        j = i + 1
-        while j < len(words) and words[j].startswith("-"):
-            option = words[j]
-            if option in ("-S", "--split-string") and j + 1 < len(words):
-                return " ".join(words[j + 1 :])
-            if option.startswith("--split-string="):
-                return " ".join([option.split("=", 1)[1], *words[j + 1 :]])
-            if re.fullmatch(r"-[iv0]*S.+", option):  # ``-S'curl x'``, ``-iScurl``
-                return " ".join([option[option.index("S") + 1 :], *words[j + 1 :]])
-            j += 2 if option in ("-u", "-C", "--unset", "--chdir") else 1
-        return None
-    return None
-
-
-# awk, perl, ruby, node, php, lua code given on the command line: the shell commands it runs
-# (``system("curl …")``, backticks, ``qx{…}``, ``"cmd" | getline``, ``print | "cmd"``) are analysed
-# as shell, and the network libraries it loads are network fetches.
-_EMBEDDING_PROGRAMS = wordlist("awk gawk mawk nawk busybox-awk perl ruby node nodejs php lua")
-_EMBEDDED_SHELL = re.compile(
-    r"\b(?:system|exec|popen|spawn|spawnSync|execSync|shell_exec|passthru|proc_open|open3|capture2e?)"
-    r"\s*\(?\s*(?:\[\s*)?(['\"])((?:\\.|(?!\1).)*)\1"
-    r"|\bqx\s*[{(\[/]([^})\]/]*)[})\]/]|`([^`]*)`"
-    r"|(['\"])((?:\\.|(?!\5).)*)\5\s*\|\s*getline|\|\s*(['\"])((?:\\.|(?!\7).)*)\7"
-)
+# The network libraries an ``EMBEDDING_PROGRAMS`` one-liner loads are network fetches (the shell
+# commands it runs are analysed as shell).
 _EMBEDDED_NETWORK = re.compile(
     r"\b(?:IO::Socket|LWP::\w+|HTTP::Tiny|Net::HTTP|Net::FTP|TCPSocket|open-uri|Socket\.tcp)\b"
     r"|\brequire\(\s*['\"](?:node:)?(?:https?|http2|net|dgram|tls)['\"]\s*\)|/inet/tcp/"
@@ -285,14 +207,13 @@ _EMBEDDED_NETWORK = re.compile(
 def _embedded_commands(code: str, depth: int) -> Iterator[tuple[str, str]]:
     for match in _EMBEDDED_NETWORK.finditer(code):
         yield NETWORK_FETCH, match.group(0)
-    for match in _EMBEDDED_SHELL.finditer(code):
-        command = next((g for g in match.group(2, 3, 4, 6, 8) if g is not None), "")
+    for command in embedded_shell(code):
         yield from analyze_shell(command, depth + 1)
 
 
 def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> Iterator[tuple[str, str]]:
     """``python [options] …``: the code of ``-c``, the module of ``-m`` (``pip``), or stdin."""
-    kind, value, rest = _python_invocation(args)
+    kind, value, rest = python_invocation(args)
     if kind == "code":
         yield from analyze_python(value, depth + 1)
     elif kind == "module":
@@ -301,34 +222,6 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
     elif kind == "stdin" and stdin:
         yield from analyze_python(stdin, depth + 1)
     # "script": a file (its content was analysed if this script wrote it)
-
-
-def _python_invocation(args: list[str]) -> tuple[str, str, list[str]]:
-    """What ``python args`` runs: ("code", CODE, rest), ("module", NAME, its args), ("script", FILE,
-    its args) or ("stdin", "", []). Short options may be clustered (``-Im pip``, ``-Bc CODE``): ``c``,
-    ``m``, ``W`` and ``X`` take the rest of the cluster, or else the next argument, as their value."""
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg == "-":
-            break
-        if not arg.startswith("-"):
-            return "script", arg, args[i + 1 :]
-        if arg.startswith("--"):
-            i += 1
-            continue
-        for at, letter in enumerate(arg[1:], start=1):
-            if letter not in "cmWX":
-                continue
-            attached = arg[at + 1 :]
-            value = attached or (args[i + 1] if i + 1 < len(args) else "")
-            rest = args[i + 1 :] if attached else args[i + 2 :]
-            if letter in "cm":
-                return ("code" if letter == "c" else "module"), value, rest
-            i += 0 if attached else 1  # -W/-X: skip their value
-            break
-        i += 1
-    return "stdin", "", []
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -453,11 +346,6 @@ _PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"\bpip\.main\(|\bpip\._internal\b|^[ \t]*%(?:pip|conda)[ \t]+install\b", re.M),
     ),
 ]
-_PY_SHELL_CALL = re.compile(
-    r"\b(?:os\.system|os\.popen|subprocess\.(?:run|call|check_call|check_output|Popen|getoutput))\s*\(\s*"
-    r"(\[[^\]]*\]|[rbuf]?'[^'\n]*'|[rbuf]?\"[^\"\n]*\")"
-)
-_PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
 
 
 def _git_setting(key: str, value: str, depth: int) -> Iterator[tuple[str, str]]:
@@ -486,51 +374,18 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     yield from python_hints(code)
     yield from python_obfuscation(code)
     yield from forced_exit_hints(code)
-    for match in _PY_SHELL_CALL.finditer(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
-        arg = match.group(1)
-        strings = [a or b for a, b in _PY_STRING.findall(arg)]
-        yield from analyze_shell(shlex.join(strings) if arg.startswith("[") else "".join(strings), depth + 1)
+    for command in python_shell_calls(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
+        yield from analyze_shell(command, depth + 1)
     yield from python_writes(code)  # open(..., "w"), Path(...).unlink(), os.remove(...)
-    stripped = code.lstrip()
-    if stripped.startswith(("%%bash", "%%sh", "%%script")):  # notebook cell magics run shell
-        yield from analyze_shell(stripped.partition("\n")[2], depth + 1)
-    for line in code.splitlines():
-        if line.lstrip().startswith("!"):  # IPython shell escape
-            yield from analyze_shell(line.lstrip()[1:], depth + 1)
-
-
-_PATCH_FILE = re.compile(r"^\*\*\* (Add|Update|Delete) File: (.+)$|^\*\*\* Move to: (.+)$")
-_PATCH_MODES = {"Add": "create", "Update": "edit", "Delete": "delete"}
+    for command in notebook_shell(code):  # cell magics (%%bash) and ! escapes run shell
+        yield from analyze_shell(command, depth + 1)
 
 
 def analyze_patch(text: str) -> Iterator[tuple[str, str]]:
     """Codex ``apply_patch`` envelopes and unified diffs: the files touched and the lines added."""
-    sections: list[tuple[str, str, list[str]]] = []
-    minus: str | None = None
-    for line in text.splitlines():
-        match = _PATCH_FILE.match(line)
-        if match:
-            path = (match.group(3) or match.group(2)).strip()
-            sections.append((path, "create" if match.group(3) else _PATCH_MODES[match.group(1)], []))
-        elif line.startswith("--- "):
-            minus = _diff_path(line[4:])
-        elif line.startswith("+++ ") and minus is not None:
-            plus = _diff_path(line[4:])
-            if plus == "/dev/null":
-                sections.append((minus, "delete", []))
-            else:
-                sections.append((plus, "create" if minus == "/dev/null" else "edit", []))
-            minus = None
-        elif line.startswith("+") and sections:
-            sections[-1][2].append(line[1:])
-    for path, mode, added in sections:
+    for path, mode, added in patched_files(text):
         content = "\n".join(added)
         yield from check_path(path)
         yield from check_write(path, mode, content if mode != "delete" else None, existed=False)
         if path.endswith(".py") and content:
             yield from analyze_python(content, 1)
-
-
-def _diff_path(text: str) -> str:
-    path = text.split("\t")[0].strip()
-    return path[2:] if path.startswith(("a/", "b/")) else path

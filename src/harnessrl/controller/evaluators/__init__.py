@@ -15,14 +15,18 @@ Evaluators see the whole task, ``hidden`` included: that is where a task keeps i
 patch or hidden tests, which the harness never sees (``harnessrl.tasks.fields``).
 
 ``validate()`` runs at config time (missing executable, unimportable function, bad regex ->
-``ConfigError`` naming the field). A failure of the evaluator itself at run time (timeout, crash,
-unparsable output) raises ``EvaluatorError``, which the controller records as an infrastructure
-failure: a broken scorer must never look like a policy that earned 0.
+``ConfigError`` naming the field). A failure of the evaluator itself at run time (a crash, a scorer
+that did not start) raises ``EvaluatorError``, which the controller records as an infrastructure
+failure: a broken scorer must never look like a policy that earned 0. What the scored code or the
+policy controls is the policy's 0 with a flag instead (docs/evaluators.md): a command scorer's
+unparsable or out-of-range verdict, its timeout, a scorer program in the workspace the policy
+deleted.
 
 This module is the registry: ``build_evaluator`` maps a config to its evaluator, and every public
 name is importable from here. The config classes and ``parse_evaluator_config`` are in
 ``evaluators.config``; the inputs and results in ``evaluators.types``; the kinds in
-``evaluators.command`` (with its sandboxed process runner), ``evaluators.python`` and
+``evaluators.command`` (with its sandboxed process runner; what its sandbox holds in
+``evaluators.staging``, its verdict read in ``evaluators.verdict``), ``evaluators.python`` and
 ``evaluators.answer`` (``reasoning_gym`` and ``exact_match``). ``final_answer_text`` lives in
 ``harnessrl.tasks.answers``, so task modules can use it without importing the controller.
 """

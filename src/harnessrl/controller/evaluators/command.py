@@ -32,7 +32,7 @@ before the output is read. A reward outside ``reward_range`` is refused (reward 
 the scorer's sandbox did not start, its program (one outside the workspace) could not be started, or
 the command named a task field the task lacks. Everything after the scorer started is the policy's
 outcome: a scorer that exits non-zero (``json`` and ``stdout_float``), prints no verdict (or one
-nested past ``_MAX_VERDICT_DEPTH``, or a number past the float range), is killed, or runs past
+nested past ``verdict.MAX_VERDICT_DEPTH``, or a number past the float range), is killed, or runs past
 ``timeout_s`` gives reward 0 with a flag (``scorer_failed``, ``reward_out_of_range``,
 ``scorer_timeout``) — the agent's code can do all of that to it, and a 0 it could turn into "not
 counted" would be a way out of every failing group. So can the agent delete or ``chmod -x`` a scorer
@@ -42,6 +42,11 @@ the reward is 0 with ``scorer_missing``. Which program is the workspace's is dec
 before the launch, never from the launcher's message. A workspace over the copy's caps
 gives reward 0 with ``workspace_too_large``; special files left out are flagged
 ``special_files_skipped`` (informational).
+
+Here are the sandbox, the workspace copy and the scorer's run. What the sandbox holds besides the
+copy (the staged inputs, the rendered placeholders, the task file, the environment) is built by
+``evaluators.staging``; the run's verdict, and each flag but the copy's, is read by
+``evaluators.verdict``.
 """
 
 from __future__ import annotations
@@ -49,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import re
 import shutil
@@ -58,66 +62,34 @@ import tempfile
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import harnessrl
 from harnessrl.controller.evaluators.config import CommandEvaluatorConfig
-from harnessrl.controller.evaluators.types import (
-    EvaluationInput,
-    EvaluationResult,
-    EvaluatorError,
-    scorer_flags,
+from harnessrl.controller.evaluators.staging import (
+    SCORER_DIR_INSIDE,
+    TASK_INSIDE,
+    InputStage,
+    fill_placeholders,
+    scorer_view,
+    scrubbed_env,
 )
+from harnessrl.controller.evaluators.types import EvaluationInput, EvaluationResult, EvaluatorError
+from harnessrl.controller.evaluators.verdict import ScorerRun, scorer_verdict
 from harnessrl.errors import ConfigError
-from harnessrl.sandbox.bwrap import DEFAULT_PATH, SYSTEM_DIRS, Bind, python_install_paths
+from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.copy import copy_untrusted_tree
 from harnessrl.sandbox.enter import CANNOT_START, PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
-from harnessrl.tasks.fields import HIDDEN, get_field
 
-_PLACEHOLDER = re.compile(r"\{(workspace|task_file|rollout_id|prompt|task\[([^\]\}]+)\])\}")
-# Passed through from the controller's environment; everything else (the admin key, PYTHONPATH,
-# HOME, VIRTUAL_ENV: places the agent might have planted a sitecustomize.py) is dropped.
-_INHERITED_ENV = ("LANG", "LC_ALL", "TZ")
 _OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr kept (the tail): a chatty test suite can't exhaust memory
-# A JSON verdict nested deeper than this is no verdict: it is stored with the rollout (details), and
-# whoever serialises it later (the store, the dashboard) would hit Python's recursion limit.
-_MAX_VERDICT_DEPTH = 32
 _WRAPPER_PIDS = 8  # the launcher, bwrap and the sandbox's init count against the process cap
 
 HARNESSRL_PACKAGE = Path(harnessrl.__file__).parent
 
-# Where the scorer's own things are inside its sandbox (never shown to the code it runs through
-# ``run_scored``, whose domain does not include /run).
-INSIDE = Path("/run/harnessrl")
-INPUTS_INSIDE = INSIDE / "inputs"
-TASK_INSIDE = INSIDE / "task.json"
-SCORER_DIR_INSIDE = INSIDE / "scorer"
-
 # Flags a command evaluator records with the rollout.
-SCORER_FAILED = "scorer_failed"  # the scorer ran but gave no valid verdict (exit status, output, killed)
-SCORER_TIMEOUT = "scorer_timeout"  # the scorer ran past timeout_s
-SCORER_MISSING = "scorer_missing"  # its program, in the workspace, was gone or not executable
-REWARD_OUT_OF_RANGE = "reward_out_of_range"  # a verdict outside reward_range
 WORKSPACE_TOO_LARGE = "workspace_too_large"  # over max_workspace_mb / max_workspace_files: not scored
 SPECIAL_FILES_SKIPPED = "special_files_skipped"  # FIFOs, sockets or devices left out of the copy
-
-
-def scrubbed_env(home: Path) -> dict[str, str]:
-    """The environment an evaluator command starts from: a standard PATH (harnessrl's venv first,
-    added by the sandbox), a fresh ``HOME``, the locale; nothing else of the controller's."""
-    env = {k: os.environ[k] for k in _INHERITED_ENV if k in os.environ}
-    env.update(PATH=DEFAULT_PATH, HOME=str(home), TMPDIR="/tmp", PYTHONNOUSERSITE="1")
-    return env
-
-
-def scorer_view(task: dict[str, Any], withheld: list[str]) -> dict[str, Any]:
-    """The task as a scorer sees it: ``hidden`` without the ``withheld`` fields (the solution)."""
-    hidden = task.get(HIDDEN)
-    if not isinstance(hidden, dict):
-        return dict(task)
-    return {**task, HIDDEN: {k: v for k, v in hidden.items() if k not in withheld}}
 
 
 @dataclass(frozen=True)
@@ -132,118 +104,6 @@ class EvaluatorSandbox:
     def shared(self) -> tuple[Path, ...]:
         """What every scorer may read where it is: Python, harnessrl (evaluator code) and the mounts."""
         return (*python_install_paths(), HARNESSRL_PACKAGE, *self.mounts)
-
-
-_MAX_INPUT_BYTES = 1 << 30  # a scorer input bigger than this belongs in evaluator.mounts
-
-
-class _Stage:
-    """The scorer's inputs: each host path named by the command, copied once into ``scratch``.
-    Not copied: the workspace (the scorer gets its own copy of it) and what holds it (the run
-    folder), and what every scorer may read in place (``EvaluatorSandbox.shared``)."""
-
-    def __init__(self, scratch: Path, shared: tuple[Path, ...], workspace: Path):
-        self.folder = scratch / "inputs"
-        self.shared = shared
-        self.workspace = workspace
-        self.inside: dict[str, str] = {}  # host path -> its copy's path inside the sandbox
-
-    def path(self, value: str) -> str:
-        """``value`` itself, or the inside path of its copy when it names a host file or folder."""
-        if value in self.inside:
-            return self.inside[value]
-        if not _names_a_host_path(value):
-            return value
-        source = Path(os.path.normpath(value))
-        if (
-            self._is_shared(source)
-            or source.is_relative_to(self.workspace)
-            or self.workspace.is_relative_to(source)
-        ):
-            return value
-        if _size(source) > _MAX_INPUT_BYTES:
-            raise EvaluatorError(
-                f"evaluator input {value!r} is over {_MAX_INPUT_BYTES >> 20} MB to copy for each rollout: "
-                "bind it read-only with evaluator.mounts instead"
-            )
-        index = len(self.inside)
-        host_copy = self.folder / str(index) / (source.name or "root")
-        host_copy.parent.mkdir(parents=True)
-        if source.is_dir():
-            shutil.copytree(source, host_copy, symlinks=True)
-        else:
-            shutil.copyfile(source, host_copy)
-            shutil.copymode(source, host_copy)
-        self.inside[value] = str(INPUTS_INSIDE / str(index) / host_copy.name)
-        return self.inside[value]
-
-    def _is_shared(self, path: Path) -> bool:
-        roots = [Path(d) for d in SYSTEM_DIRS] + list(self.shared)
-        return any(path == r or path.is_relative_to(r) for r in roots)
-
-    def binds(self) -> tuple[Bind, ...]:
-        return (Bind(self.folder, INPUTS_INSIDE),) if self.inside else ()
-
-    def rewrite(self, value: Any) -> Any:
-        """``value`` (a task) with every string that names a copied path pointing at the copy."""
-        if isinstance(value, str):
-            return self.inside.get(value, value)
-        if isinstance(value, dict):
-            return {k: self.rewrite(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.rewrite(v) for v in value]
-        return value
-
-
-def _names_a_host_path(value: str) -> bool:
-    return value.startswith("/") and "\n" not in value and len(value) < 4096 and os.path.exists(value)
-
-
-def _size(path: Path) -> int:
-    if not path.is_dir():
-        return path.stat().st_size
-    total = 0
-    for folder, _, files in os.walk(path):
-        for name in files:
-            with contextlib.suppress(OSError):
-                total += os.lstat(os.path.join(folder, name)).st_size
-        if total > _MAX_INPUT_BYTES:
-            break
-    return total
-
-
-def fill_placeholders(template: str, values: dict[str, Any], stage: _Stage | None = None) -> str:
-    """Replace known placeholders only, so shell ``${X}`` and JSON braces pass through.
-    ``{task[F]}`` takes a dotted path into the full task (``{task[hidden.tests]}``); with ``stage``,
-    a value naming a host path becomes its copy's path inside the sandbox."""
-
-    def substitute(match: re.Match[str]) -> str:
-        name, key = match.group(1), match.group(2)
-        if key is not None:
-            try:
-                value = get_field(values["task"], key)
-            except KeyError:
-                value = None
-        else:
-            value = values.get(name)
-        if value is None:
-            raise EvaluatorError(f"evaluator template {match.group(0)}: the task has no such field")
-        text = value if isinstance(value, str) else json.dumps(value)
-        return stage.path(text) if stage is not None and key is not None else text
-
-    filled = _PLACEHOLDER.sub(substitute, template)
-    return stage.path(filled) if stage is not None else filled
-
-
-@dataclass
-class _Run:
-    code: int | None  # None: killed at the time limit
-    stdout: str
-    stderr: str
-    seconds: float
-    oom: bool = False
-    # The launcher's report when the scorer's program, a file in the workspace, could not be started.
-    missing: str | None = None
 
 
 def _in_workspace(program: str, workspace: Path) -> bool:
@@ -320,7 +180,7 @@ class CommandEvaluator:
                     {"workspace_copy": {**copied, "over_limit": copy.over_limit}},
                     (WORKSPACE_TOO_LARGE, *flags),
                 )
-            stage = _Stage(scratch, self.sandbox.shared(), inp.workspace)
+            stage = InputStage(scratch, self.sandbox.shared(), inp.workspace)
             values = {
                 "workspace": str(inp.workspace),  # the copy is bound at the workspace's own path
                 "task_file": str(TASK_INSIDE),
@@ -346,7 +206,7 @@ class CommandEvaluator:
             if inp.environment is not None:  # the image's tools after harnessrl's venv
                 env["PATH"] = inp.environment.search_path()
             run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=binds)
-        result = self._verdict(run)
+        result = scorer_verdict(run, self.config)
         return replace(
             result,
             details={**result.details, "workspace_copy": copied},
@@ -377,7 +237,8 @@ class CommandEvaluator:
         env = scrubbed_env(scratch / "scorer")
         env.update(self._task_env(inp, str(task_file)), HARNESSRL_SCORER_DIR=str(scratch / "scorer"))
         env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
-        return self._verdict(await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=()))
+        run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=())
+        return scorer_verdict(run, self.config)
 
     async def _run(
         self,
@@ -388,10 +249,10 @@ class CommandEvaluator:
         env: dict[str, str],
         cwd: Path,
         binds: tuple[Bind, ...],
-    ) -> _Run:
+    ) -> ScorerRun:
         """Run the scorer in its sandbox and cgroup; kill everything left once it exits or times out;
         ``EvaluatorError`` only if the launcher says it never started, unless what could not start
-        was a program in the workspace (``_Run.missing``: the policy's outcome)."""
+        was a program in the workspace (``ScorerRun.missing``: the policy's outcome)."""
         limits = self.config.limits
         group = ResourceGroup.create(
             f"eval-{inp.rollout_id or 'x'}-{os.getpid()}-{scratch.name}",
@@ -459,77 +320,9 @@ class CommandEvaluator:
             # program outside it (a tool, a scorer input) that cannot start is a broken setup.
             host_workspace = cwd if self.sandbox.mode == "none" else scratch / "workspace"
             if code == CANNOT_START and _in_workspace(command[0], cwd) and _runs_programs(host_workspace):
-                return _Run(None, "", _tail(err_path), seconds, missing=detail)
+                return ScorerRun(None, "", _tail(err_path), seconds, missing=detail)
             raise EvaluatorError(f"the scorer did not start: {detail}")
-        return _Run(code, _tail(out_path), _tail(err_path), seconds, oom)
-
-    def _verdict(self, run: _Run) -> EvaluationResult:
-        """The reward the scorer's run gives, or 0 with a flag when it gave no valid verdict."""
-        details: dict[str, Any] = {
-            "exit_code": run.code,
-            "seconds": run.seconds,
-            "stdout_tail": run.stdout[-2000:],
-            "stderr_tail": run.stderr[-2000:],
-        }
-        if run.missing is not None:
-            why = f"its program, in the workspace, could not be started: {run.missing[:500]}"
-            return EvaluationResult(0.0, {**details, "why": why}, (SCORER_MISSING,))
-        if run.code is None:
-            return EvaluationResult(
-                0.0, {**details, "why": f"timed out after {self.config.timeout_s:g} s"}, (SCORER_TIMEOUT,)
-            )
-        if run.oom:
-            details["oom_killed"] = True
-        if self.config.reward_from == "exit_code":
-            return self._in_range(1.0 if run.code == 0 else 0.0, details, ())
-        if run.code != 0:
-            return _failed(details, f"the scorer exited with {run.code}")
-        last = next((line.strip() for line in reversed(run.stdout.splitlines()) if line.strip()), "")
-        if self.config.reward_from == "stdout_float":
-            try:
-                reward = float(last)
-            except ValueError:
-                return _failed(details, f"its output's last line is not a number: {last[:200]!r}")
-            return self._in_range(reward, details, ())
-        try:
-            payload = json.loads(last)
-        except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
-            return _failed(details, f"its output's last line is not JSON: {last[:200]!r}")
-        if not isinstance(payload, dict) or "reward" not in payload:
-            return _failed(details, f'its JSON has no "reward": {last[:200]!r}')
-        if _depth(payload) > _MAX_VERDICT_DEPTH:
-            return _failed(details, f"its JSON nests deeper than {_MAX_VERDICT_DEPTH} levels: {last[:200]!r}")
-        reward = payload.pop("reward")
-        flags = scorer_flags(payload.get("flags"))
-        return self._in_range(reward, {**details, "output": payload}, flags)
-
-    def _in_range(self, reward: Any, details: dict[str, Any], flags: tuple[str, ...]) -> EvaluationResult:
-        if not isinstance(reward, bool | int | float) or (
-            isinstance(reward, float) and not math.isfinite(reward)
-        ):
-            return _failed(details, f"its reward is not a finite number: {repr(reward)[:200]}", flags)
-        low, high = self.config.reward_range
-        # Compared as it is: Python compares an int of any size with a float exactly, where float()
-        # of a JSON integer past ~1e308 raises OverflowError. Such a reward is outside any range.
-        if not low <= reward <= high:
-            why = f"reward {repr(reward)[:200]} outside reward_range [{low:g}, {high:g}]"
-            return EvaluationResult(0.0, {**details, "why": why}, (*flags, REWARD_OUT_OF_RANGE))
-        return EvaluationResult(float(reward), details, flags)
-
-
-def _failed(details: dict[str, Any], why: str, flags: tuple[str, ...] = ()) -> EvaluationResult:
-    return EvaluationResult(0.0, {**details, "why": why}, (*flags, SCORER_FAILED))
-
-
-def _depth(value: Any) -> int:
-    """How deeply parsed JSON nests objects and lists (``{}`` is 1); iterative, so any depth."""
-    deepest, stack = 0, [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, depth)
-            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
+        return ScorerRun(code, _tail(out_path), _tail(err_path), seconds, oom)
 
 
 def _kill(pid: int, group: ResourceGroup | None) -> None:
