@@ -33,7 +33,7 @@ from harnessrl.gateway.parsers.reasoning import (
     ReasoningText,
     get_reasoning_parser,
 )
-from harnessrl.gateway.parsers.tools import ContentEvent, Event, ToolCall, ToolParser
+from harnessrl.gateway.parsers.tools import ContentEvent, Event, HeldWhitespace, ToolCall, ToolParser
 
 
 def thinking_signature(thinking: str) -> str:
@@ -91,10 +91,14 @@ class BlockAssembler:
         self.blocks: list[dict[str, Any]] = []  # whole once ``finish`` has closed the last one
         self.calls: list[ToolCall] = []
         self._open: str | None = None  # "thinking" | "text": the block still receiving deltas
-        self._held_ws = ""  # trailing whitespace of the open block, not sent yet
+        self._held_ws = HeldWhitespace()  # trailing whitespace of the open block, not sent yet
         # The open block's text so far, joined into the block when it closes: a streamed answer
         # adds one piece per token, and ``+=`` on the block's string copied it whole every time.
         self._parts: list[str] = []
+        # Content was given to the tool parser since reasoning last came: what it holds (a tag that
+        # may be starting) is released before a later reasoning block, so the blocks keep the order
+        # of the sampled text.
+        self._parser_has_content = False
 
     def feed(self, text: str) -> list[dict[str, Any]]:
         """Stream events for newly sampled text."""
@@ -126,10 +130,18 @@ class BlockAssembler:
 
     def _route(self, event: ReasoningEvent) -> list[dict[str, Any]]:
         if isinstance(event, ReasoningText):
-            return self._append("thinking", event.text)
+            # Content before a block that opens after the answer started (glm45) may still be held
+            # by the tool parser (the start of a tag that never came): it goes first, in its block.
+            events: list[dict[str, Any]] = []
+            if self._parser_has_content and self._parser is not None:
+                self._parser_has_content = False
+                for parsed in self._parser.finish():
+                    events += self._on_parsed(parsed)
+            return events + self._append("thinking", event.text)
         if self._parser is None:
             return self._append("text", event.text)
-        events: list[dict[str, Any]] = []
+        self._parser_has_content = True
+        events = []
         for parsed in self._parser.feed(event.text):
             events += self._on_parsed(parsed)
         return events
@@ -166,9 +178,7 @@ class BlockAssembler:
             self.blocks.append(block)
             self._open = kind
             events.append(_start(len(self.blocks) - 1, dict(block)))
-        text = self._held_ws + text
-        body = text.rstrip()
-        self._held_ws = text[len(body) :]
+        body = self._held_ws.before(text)
         if body:
             field = "thinking" if kind == "thinking" else "text"
             self._parts.append(body)
@@ -188,5 +198,6 @@ class BlockAssembler:
             block["signature"] = signature
             events.append(_delta(index, {"type": "signature_delta", "signature": signature}))
         events.append({"type": "content_block_stop", "index": index})
-        self._open, self._held_ws = None, ""
+        self._open = None
+        self._held_ws.take()  # a block's trailing whitespace is never sent
         return events

@@ -31,7 +31,7 @@ from harnessrl.gateway.parsers.reasoning import (
     ReasoningText,
     get_reasoning_parser,
 )
-from harnessrl.gateway.parsers.tools import ContentEvent, ToolCall, ToolCallEvent, ToolParser
+from harnessrl.gateway.parsers.tools import ContentEvent, HeldWhitespace, ToolCall, ToolCallEvent, ToolParser
 from harnessrl.gateway.pipeline.generation import Piece
 
 
@@ -80,7 +80,7 @@ class OutputStream:
         self._reasoning_texts: list[str] = []  # the closed reasoning items' texts
         self._message: dict[str, Any] | None = None  # the open message item
         self._text = ""
-        self._held_ws = ""  # trailing whitespace not released yet
+        self._held_ws = HeldWhitespace()  # trailing whitespace not released yet
         self._run: list[str] = []  # the answer's text not given to the tool parser yet (``flush``)
         # A reasoning block was entered and no content has followed it yet: leading whitespace of
         # the content is the template's separator (and its tokens count as reasoning).
@@ -115,9 +115,9 @@ class OutputStream:
         if self.parser is not None:
             events += self._content(self.parser.finish())
         events += self._close_reasoning(status)
-        if self._held_ws and not self.tool_calls:
-            events += self._delta(self._held_ws)
-        self._held_ws = ""
+        held = self._held_ws.take()
+        if held and not self.tool_calls:
+            events += self._delta(held)
         if self._message is None and not self.tool_calls:
             events += self._open_message()  # every answer without tool calls has a message, maybe empty
         if self._message is not None:
@@ -164,9 +164,7 @@ class OutputStream:
         events: list[dict[str, Any]] = []
         for event in parsed:
             if isinstance(event, ContentEvent):
-                text = self._held_ws + event.text
-                body = text.rstrip()
-                self._held_ws = text[len(body) :]
+                body = self._held_ws.before(event.text)
                 if body:
                     events += self._delta(body)
             elif isinstance(event, ToolCallEvent):

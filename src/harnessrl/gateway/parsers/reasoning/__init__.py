@@ -19,8 +19,11 @@ Families (vLLM's ``--reasoning-parser`` names; semantics checked against vLLM's 
   starts with (after whitespace). Inside it a repeated ``<think>`` is dropped; ``</think>`` ends it,
   and so does the start of a tool call (``<tool_call>``; Kimi's ``<|tool_calls_section_begin|>``),
   which then belongs to the content. After the block a stray ``</think>`` is dropped; a later
-  ``<think>`` is ordinary content.
-- ``glm45`` (``glm47``): the same, but a ``<think>`` anywhere in the content opens another block.
+  ``<think>`` is ordinary content. A tool call's block in the content (``<tool_call>`` to
+  ``</tool_call>``; Kimi's section) is passed on verbatim: markers in a call's arguments are the
+  arguments' text, as in chat completions, where the tool parser reads the sampled text whole.
+- ``glm45`` (``glm47``): the same, but a ``<think>`` anywhere in the content (outside a tool call's
+  block) opens another block.
 - ``deepseek_r1``: everything up to ``</think>`` is reasoning, with or without an opening tag (the
   model always thinks); its first ``<think>`` is dropped; the rest of the text is content verbatim.
 - ``deepseek_v3`` (V3.1+, hybrid): R1's grammar when the prompt opened the block (or the answer starts

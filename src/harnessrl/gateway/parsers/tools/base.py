@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.json_input import parse_json
+from harnessrl.gateway.json_input import json_problem, parse_json
 
 #: The request's tools in OpenAI's chat shape (``{"type": "function", "function": {"name",
 #: "parameters"}}``). Parsers of formats that write arguments as text (Qwen3-Coder's XML, GLM's
@@ -115,13 +115,31 @@ def model_json(text: str) -> tuple[bool, Any]:
         return False, None
 
 
+#: Levels above a call's arguments when the harness sends the call back in its next request: an
+#: Anthropic body nests a ``tool_use`` block's ``input`` under body, ``messages``, the message,
+#: ``content`` and the block (chat and Responses send arguments as a string, a JSON text of its own).
+ECHO_LEVELS = 5
+
+
+def arguments_fit(arguments: dict[str, Any]) -> bool:
+    """Whether a call's arguments come back through the gateway's request check when the harness
+    echoes the call next turn: integers within 64 bits, and nesting within ``MAX_JSON_DEPTH`` less
+    the ``ECHO_LEVELS`` above them. A call that would not is returned as text (the next request
+    would be refused with a 400 the policy cannot learn from)."""
+    echoed: Any = arguments
+    for _ in range(ECHO_LEVELS):
+        echoed = [echoed]  # json_problem counts levels from its value: these stand for the body's
+    return json_problem(echoed) is None
+
+
 def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
-    """The call, with arguments a JSON object (given parsed or as a JSON string), else None."""
+    """The call, with arguments a JSON object (given parsed or as a JSON string) that fits an echo
+    (``arguments_fit``), else None."""
     if isinstance(arguments, str):
         ok, arguments = model_json(arguments)
         if not ok:
             return None
-    if not isinstance(arguments, dict):
+    if not isinstance(arguments, dict) or not arguments_fit(arguments):
         return None
     return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
 
@@ -152,6 +170,13 @@ class JsonValueScanner:
         self._pos = 0
         self._depth = 0
         self._in_string = False
+
+    def set_aside(self) -> int:
+        """How much of the text is scanned and may be moved out of it (a long value streamed in
+        small pieces is then kept as its pieces, not copied whole with each); the next text passed
+        to ``end`` starts there."""
+        scanned, self._pos = self._pos, 0
+        return scanned
 
     def end(self, text: str) -> int | None:
         """Index just past the closing bracket, or None while the value is still open."""
@@ -193,6 +218,40 @@ class ParsedMessage:
     tool_calls: list[ToolCall]
 
 
+class HeldWhitespace:
+    """Trailing whitespace held back until text follows it, kept as its pieces.
+
+    A long run of whitespace streamed a token at a time is joined once when text follows, not copied
+    and stripped again with every piece (which made a megabyte of spaces take tens of seconds)."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []  # what is held
+
+    def before(self, text: str) -> str:
+        """``text`` after what is held, less its own trailing whitespace, which is held instead
+        ("" while there is only whitespace)."""
+        if not self.pieces and not text[-1:].isspace():
+            return text  # most pieces: nothing held, nothing to hold
+        stripped = text.rstrip()
+        if not stripped:
+            if text:
+                self.pieces.append(text)
+            return ""
+        body = stripped
+        if self.pieces:
+            body = "".join(self.pieces) + stripped
+            self.pieces.clear()
+        if len(stripped) < len(text):
+            self.pieces.append(text[len(stripped) :])
+        return body
+
+    def take(self) -> str:
+        """What is held, no longer held."""
+        out = "".join(self.pieces)
+        self.pieces.clear()
+        return out
+
+
 class ContentWhitespace:
     """What of an answer's content to send as it comes, so that a stream and the whole answer say the
     same (``collect`` folds a whole answer's events through one): whitespace is held until text
@@ -201,15 +260,15 @@ class ContentWhitespace:
     calls, else sent. So an answer without calls is its text exactly as sampled."""
 
     def __init__(self) -> None:
-        self.held = ""  # whitespace not sent yet
+        self.held = HeldWhitespace()  # whitespace not sent yet
         self.sent = False  # some text was
         self.calls = 0
 
     def text(self, text: str) -> str:
         """The part of ``text`` (with what is held) to send now."""
-        text = self.held + text
-        body = text.rstrip()
-        self.held = text[len(body) :]
+        if self.sent and not self.held.pieces and not text[-1:].isspace():
+            return text  # once per sampled token: text after text, nothing held, nothing to hold
+        body = self.held.before(text)
         if body and not self.sent:
             self.sent = True
             if self.calls:
@@ -221,8 +280,8 @@ class ContentWhitespace:
 
     def end(self) -> str:
         """What is still to send when the answer ends."""
-        out, self.held = ("" if self.calls else self.held), ""
-        return out
+        out = self.held.take()
+        return "" if self.calls else out
 
 
 def collect(events: list[Event]) -> ParsedMessage:

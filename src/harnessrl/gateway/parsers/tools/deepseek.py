@@ -48,6 +48,9 @@ class SectionToolParser:
         self._buffer = ""
         self._in_section = False
         self._searched = 0  # where the search for section_end resumes
+        # In a section: its text searched so far, before the buffer, as its pieces (a long section
+        # streamed in small pieces is joined once, not copied whole with every piece).
+        self._section: list[str] = []
         self._pattern = re.compile(
             rf"\s*{re.escape(self.call_begin)}(.*?){re.escape(self.call_end)}\s*", re.DOTALL
         )
@@ -74,15 +77,19 @@ class SectionToolParser:
             end = self._buffer.find(self.section_end, self._searched)
             if end < 0:
                 # Look at each character once, however finely the section is streamed.
-                self._searched = max(self._searched, len(self._buffer) - len(self.section_end) + 1)
+                searched = max(self._searched, len(self._buffer) - len(self.section_end) + 1)
+                self._section.append(self._buffer[:searched])
+                self._buffer, self._searched = self._buffer[searched:], 0
                 return events
             end += len(self.section_end)
-            section, self._buffer = self._buffer[:end], self._buffer[end:]
+            section, self._buffer = "".join(self._section) + self._buffer[:end], self._buffer[end:]
             self._in_section = False
+            self._section.clear()
             events += self._section_events(section, closed=True)
 
     def finish(self) -> list[Event]:
-        rest, self._buffer = self._buffer, ""
+        rest, self._buffer = "".join(self._section) + self._buffer, ""
+        self._section.clear()
         if self._in_section:
             self._in_section = False
             return self._section_events(rest, closed=False)

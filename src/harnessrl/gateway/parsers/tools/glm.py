@@ -32,41 +32,46 @@ class GlmToolParser(TaggedBlockParser):
         buffer = self._buffer
         while True:
             if self._state in ("name", "key"):
-                angle = buffer.find("<", self._pos)
+                angle = buffer.find("<", max(self._pos, self._seen))
                 if angle < 0:
+                    self._seen = len(buffer)  # a long name or key is scanned once
                     return None
-                word = buffer[self._pos : angle].strip()
+                word = self._unit_until(angle).strip()
                 # A name is one word (else this is prose that mentions the tag); a key is not empty.
                 if not word or (self._state == "name" and len(word.split()) > 1):
                     return "broken"
                 if self._state == "name":
                     self._calls.append((word, {}))
-                    self._pos, self._state = angle, "args"
+                    self._pos = angle
+                    self._enter("args")
                     continue
+                self._seen = angle  # "</arg_key>" may still be arriving: look on from its "<"
                 tag = match_tag(buffer, angle, ("</arg_key>",))
                 if tag == "":
                     return None
                 if tag is None:
                     self._pos = angle
                     return "broken"
-                self._key, self._pos, self._state = word, angle + len(tag), "value_open"
+                self._key, self._pos = word, angle + len(tag)
+                self._enter("value_open")
                 continue
             if self._state == "value":
                 end, self._seen = find_value_end(buffer, self._pos, self._seen, "</arg_value>")
                 if end < 0:
                     return None
-                self._calls[-1][1][self._key] = buffer[self._pos : end]  # a repeated key: the last wins
-                self._pos, self._state = end + len("</arg_value>"), "args"
+                self._calls[-1][1][self._key] = self._unit_until(end)  # a repeated key: the last wins
+                self._pos = end + len("</arg_value>")
+                self._enter("args")
                 continue
             expected = ("<arg_value>",) if self._state == "value_open" else ("<arg_key>", self.close_tag)
-            pos = skip_space(buffer, self._pos)
+            # Whitespace between tags is passed once (see ``QwenXmlToolParser``).
+            self._pos = pos = skip_space(buffer, self._pos)
             tag = match_tag(buffer, pos, expected)
             if tag == "":
                 return None
             if tag is None:
-                self._pos = pos
                 return "broken"
             self._pos = pos + len(tag)
             if tag == self.close_tag:
                 return "done"
-            self._state, self._seen = ("key", 0) if tag == "<arg_key>" else ("value", 0)
+            self._enter("key" if tag == "<arg_key>" else "value")

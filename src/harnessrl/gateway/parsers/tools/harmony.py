@@ -125,7 +125,9 @@ class HarmonyToolParser:
         self._buffer = ""
         self._state = "outside"  # outside | header | body
         self._header: HarmonyHeader | None = None
-        self._body = ""
+        # The open message's body so far, as its pieces (a long one streamed in small pieces is
+        # joined once, not copied whole with every piece).
+        self._body: list[str] = []
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -153,15 +155,15 @@ class HarmonyToolParser:
                     self._buffer, self._state = self._buffer[len(tag) :], "outside"
                     continue
                 self._header = parse_header(self._buffer[:end])
-                self._buffer, self._body, self._state = self._buffer[end + len(MESSAGE) :], "", "body"
+                self._buffer, self._body, self._state = self._buffer[end + len(MESSAGE) :], [], "body"
             else:
                 end, tag = find_first(self._buffer, BODY_ENDS)
                 if tag is None:
                     ready = len(self._buffer) - hold_for(self._buffer, BODY_ENDS)
-                    self._body += self._buffer[:ready]
+                    self._body.append(self._buffer[:ready])
                     self._buffer = self._buffer[ready:]
                     return events
-                self._body += self._buffer[:end]
+                self._body.append(self._buffer[:end])
                 closing = "" if tag == START else tag
                 self._buffer = self._buffer[end + len(closing) :]
                 events.append(self._close(closing))
@@ -171,22 +173,23 @@ class HarmonyToolParser:
         events: list[Event] = []
         if self._state == "body":
             # The engine does not decode the stop token (<|call|>): the end of the text ends the call.
-            self._body += self._buffer
+            self._body.append(self._buffer)
             events.append(self._close(""))
         elif self._buffer:
             if self._state == "header" and parse_header(self._buffer).recipient is not None:
                 self.malformed += 1  # a call cut short in its header (max_tokens, a stop string)
             events.append(ContentEvent(self._buffer))
-        self._buffer, self._state, self._header, self._body = "", "outside", None, ""
+        self._buffer, self._state, self._header, self._body = "", "outside", None, []
         return events
 
     def _close(self, closing: str) -> Event:
         header = self._header
         assert header is not None
-        verbatim = header.text + MESSAGE + self._body + closing
+        body = "".join(self._body)
+        verbatim = header.text + MESSAGE + body + closing
         if header.recipient is None or header.recipient == "assistant":
             return ContentEvent(verbatim)  # not a tool message (raw Harmony fed without the splitter)
-        call = self._parse_call(header, self._body)
+        call = self._parse_call(header, body)
         if call is None:
             self.malformed += 1
             return ContentEvent(verbatim)

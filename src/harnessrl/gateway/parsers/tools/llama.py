@@ -45,8 +45,11 @@ class Llama3JsonToolParser:
         # "start": nothing but whitespace so far; "content": prose; "tag": after a python tag,
         # waiting for "{"; "block": inside a JSON object; "between": after a call.
         self._state = "start"
-        self._prefix = ""  # the text before the current block (tag, separator), verbatim
+        # The text before the current block (whitespace, tag, separator), verbatim, as its pieces: a
+        # long run of whitespace streamed a token at a time is joined once, not copied per piece.
+        self._prefix: list[str] = []
         self._scanner = JsonValueScanner()
+        self._json: list[str] = []  # in a block: its text scanned so far, before the buffer
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -57,10 +60,12 @@ class Llama3JsonToolParser:
 
     def finish(self) -> list[Event]:
         events: list[Event] = []
-        rest = self._prefix + self._buffer
+        rest = "".join(self._prefix) + "".join(self._json) + self._buffer
         if self._state in ("block", "tag"):  # a call cut short
             self.malformed += 1
-        self._buffer, self._prefix, self._state = "", "", "content"
+        self._buffer, self._state = "", "content"
+        self._prefix.clear()
+        self._json.clear()
         if rest:
             events.append(ContentEvent(rest))
         return events
@@ -70,28 +75,31 @@ class Llama3JsonToolParser:
         buf = self._buffer
         if self._state in ("start", "between", "tag"):
             space = _leading_space(buf)
-            rest = buf[space:]
-            if not rest:
+            if space:  # whitespace goes with what follows it: set aside once, not looked at again
+                self._prefix.append(buf[:space])
+                self._buffer = buf = buf[space:]
+            if not buf:
                 return False
-            if rest[0] == "{":
-                self._open_block(space)
+            if buf[0] == "{":
+                self._open_block()
                 return True
-            if self._state == "between" and rest[0] == ";" and ";" not in self._prefix:
-                self._prefix += buf[: space + 1]
-                self._buffer = buf[space + 1 :]
+            if self._state == "between" and buf[0] == ";" and ";" not in "".join(self._prefix):
+                self._prefix.append(";")
+                self._buffer = buf[1:]
                 return True
-            if self._state != "tag" and rest.startswith(self.python_tag):
-                self._prefix += buf[: space + len(self.python_tag)]
-                self._buffer = buf[space + len(self.python_tag) :]
+            if self._state != "tag" and buf.startswith(self.python_tag):
+                self._prefix.append(self.python_tag)
+                self._buffer = buf[len(self.python_tag) :]
                 self._state = "tag"
                 return True
-            if self._state != "tag" and self.python_tag.startswith(rest):
+            if self._state != "tag" and self.python_tag.startswith(buf):
                 return False
             if self._state == "tag":  # a tag not followed by JSON (built-in tools write code there)
                 self.malformed += 1
             if self._prefix:  # the tag or separator before it is text now, not read again
-                events.append(ContentEvent(self._prefix))
-            self._state, self._prefix = "content", ""
+                events.append(ContentEvent("".join(self._prefix)))
+            self._state = "content"
+            self._prefix.clear()
             return True
         if self._state == "content":
             start = buf.find(self.python_tag)
@@ -103,28 +111,32 @@ class Llama3JsonToolParser:
                 return False
             if start:
                 events.append(ContentEvent(buf[:start]))
-            self._prefix = self.python_tag
+            self._prefix = [self.python_tag]
             self._buffer = buf[start + len(self.python_tag) :]
             self._state = "tag"
             return True
         end = self._scanner.end(buf)  # state "block"
         if end is None:
+            scanned = self._scanner.set_aside()
+            if scanned:
+                self._json.append(buf[:scanned])
+                self._buffer = buf[scanned:]
             return False
-        block, self._buffer = buf[:end], buf[end:]
+        block, self._buffer = "".join(self._json) + buf[:end], buf[end:]
+        self._json.clear()
         call = self._parse_block(block)
         if call is None:
             self.malformed += 1
-            events.append(ContentEvent(self._prefix + block))
+            events.append(ContentEvent("".join(self._prefix) + block))
             self._state = "content"
         else:
             events.append(ToolCallEvent(call))
             self._state = "between"
-        self._prefix = ""
+        self._prefix.clear()
         return True
 
-    def _open_block(self, space: int) -> None:
-        self._prefix += self._buffer[:space]
-        self._buffer = self._buffer[space:]
+    def _open_block(self) -> None:
+        """The buffer starts with "{": a block starts there (what came before is in ``_prefix``)."""
         self._state = "block"
         self._scanner = JsonValueScanner()
 

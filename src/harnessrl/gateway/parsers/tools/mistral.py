@@ -32,7 +32,8 @@ from harnessrl.gateway.parsers.tools.base import (
     partial_suffix,
 )
 
-_NAME = re.compile(r"\s*([^\s\[\]{}]+)\s*")
+_SPACE = re.compile(r"\s*")
+_NAME_CHARS = re.compile(r"[^\s\[\]{}]*")
 
 
 class MistralToolParser:
@@ -47,9 +48,17 @@ class MistralToolParser:
         # "content"; "head": after the marker, before the form is known; "name": reading a v11
         # name; "args": after the name, waiting for "{"; "block": inside the JSON.
         self._state = "content"
-        self._prefix = ""  # the block so far, before the buffer, verbatim
+        # The block so far, before the buffer, verbatim, as its pieces (a long run of whitespace in
+        # it, streamed a token at a time, is joined once).
+        self._prefix: list[str] = []
+        # Reading a v11 name: which part is being read ("lead" whitespace, the "name", "trail"
+        # whitespace) and the name's pieces so far.
+        self._name_part = "lead"
+        self._name_parts: list[str] = []
         self._name: str | None = None  # None: a pre-v11 block
         self._scanner = JsonValueScanner()
+        # In a block: its JSON scanned so far (also in ``_prefix``), before the buffer.
+        self._json: list[str] = []
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -59,10 +68,12 @@ class MistralToolParser:
         return events
 
     def finish(self) -> list[Event]:
-        rest = self._prefix + self._buffer
+        rest = "".join(self._prefix) + self._buffer
         if self._state != "content":
             self.malformed += 1  # cut short inside a block
-        self._buffer, self._prefix, self._state = "", "", "content"
+        self._buffer, self._state = "", "content"
+        self._prefix.clear()
+        self._json.clear()
         return [ContentEvent(rest)] if rest else []
 
     def _step(self, events: list[Event]) -> bool:
@@ -84,6 +95,7 @@ class MistralToolParser:
         if self._state == "head":
             rest = buf.lstrip()
             if not rest:
+                self._consume(len(buf), "head")  # whitespace is the block's: not looked at again
                 return False
             if rest[0] == "[" and len(rest) < 2:
                 return False
@@ -93,24 +105,29 @@ class MistralToolParser:
                 self._name = None
                 self._open_block(len(buf) - len(rest))
             else:
-                self._state = "name"
+                self._state, self._name_part = "name", "lead"
+                self._name_parts.clear()
             return True
         if self._state == "name":
             # A name is one run of characters without spaces or brackets, then "[ARGS]" or "{";
             # anything else there ends the block as text at the first character that breaks it.
-            match = _NAME.match(buf)
-            end = match.end() if match else len(buf) - len(buf.lstrip())
-            if end == len(buf) or (match and self.args_token.startswith(buf[end:])):
+            # What is read is moved to the prefix at once: each character is looked at once.
+            if not self._read_name():
                 return False
-            if match is None or not (buf.startswith(self.args_token, end) or buf[end] == "{"):
-                self._fail(events, end)
+            buf = self._buffer
+            name = "".join(self._name_parts)
+            if name and len(buf) < len(self.args_token) and self.args_token.startswith(buf):
+                return False
+            if not name or not (buf.startswith(self.args_token) or buf[0] == "{"):
+                self._fail(events, 0)
                 return True
-            self._name = match.group(1)
-            self._consume(end + (len(self.args_token) if buf[end] == "[" else 0), "args")
+            self._name = name
+            self._consume(len(self.args_token) if buf[0] == "[" else 0, "args")
             return True
         if self._state == "args":
             rest = buf.lstrip()
             if not rest:
+                self._consume(len(buf), "args")
                 return False
             if rest[0] != "{":
                 self._fail(events, 0)
@@ -119,17 +136,43 @@ class MistralToolParser:
             return True
         end = self._scanner.end(buf)  # state "block"
         if end is None:
+            scanned = self._scanner.set_aside()
+            if scanned:
+                self._json.append(buf[:scanned])
+                self._consume(scanned, "block")
             return False
-        call_events = self._parse_block(buf[:end])
+        call_events = self._parse_block("".join(self._json) + buf[:end])
+        self._json.clear()
         if call_events is None:
             self._fail(events, end)
         else:
             events.extend(call_events)
-            self._prefix, self._buffer, self._state = "", buf[end:], "content"
+            self._buffer, self._state = buf[end:], "content"
+            self._prefix.clear()
         return True
 
+    def _read_name(self) -> bool:
+        """Read on through the whitespace, the name and the whitespace after it (moving them to the
+        prefix): whether the text after them has arrived."""
+        if self._name_part == "lead":
+            self._consume(_SPACE.match(self._buffer).end(), "name")
+            if not self._buffer:
+                return False
+            self._name_part = "name"
+        if self._name_part == "name":
+            size = _NAME_CHARS.match(self._buffer).end()
+            if size:
+                self._name_parts.append(self._buffer[:size])
+            self._consume(size, "name")
+            if not self._buffer:
+                return False
+            self._name_part = "trail"
+        self._consume(_SPACE.match(self._buffer).end(), "name")
+        return bool(self._buffer)
+
     def _consume(self, size: int, state: str) -> None:
-        self._prefix += self._buffer[:size]
+        if size:
+            self._prefix.append(self._buffer[:size])
         self._buffer = self._buffer[size:]
         self._state = state
 
@@ -140,8 +183,9 @@ class MistralToolParser:
     def _fail(self, events: list[Event], size: int) -> None:
         """The block up to ``size`` more characters is not a call: it goes out as text."""
         self.malformed += 1
-        events.append(ContentEvent(self._prefix + self._buffer[:size]))
-        self._prefix, self._buffer, self._state = "", self._buffer[size:], "content"
+        events.append(ContentEvent("".join(self._prefix) + self._buffer[:size]))
+        self._buffer, self._state = self._buffer[size:], "content"
+        self._prefix.clear()
 
     def _parse_block(self, block: str) -> list[Event] | None:
         ok, data = model_json(block)

@@ -32,12 +32,14 @@ import math
 import re
 from typing import Any
 
+from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN
 from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
     ToolCall,
     ToolCallEvent,
     Tools,
+    arguments_fit,
     model_json,
     partial_suffix,
 )
@@ -55,6 +57,10 @@ _TYPE_ALIASES = {
     **dict.fromkeys(("arr", "list", "sequence"), "array"),
 }
 _ANGLE = re.compile(r"[<>]")
+_SPACE = re.compile(r"\s*")  # \s is str.isspace()'s set
+#: A block's read text is moved out of its buffer once this much has gathered: an ordinary block
+#: stays one string (as cheap as before), a long one costs at most this much copying per piece.
+_SET_ASIDE_AT = 256
 # bool before int: True is an int too.
 _ENUM_TYPES = (
     (bool, "boolean"),
@@ -99,8 +105,16 @@ def schema_types(schema: dict[str, Any]) -> set[str]:
 
 
 def _json_value(text: str) -> tuple[bool, Any]:
-    """``(True, value)`` when ``text`` is JSON that serializes back (no NaN/Infinity), else ``(False, None)``."""
-    return model_json(text)
+    """``(True, value)`` when ``text`` is JSON that serializes back (no NaN/Infinity, no integer past
+    64 bits), else ``(False, None)``."""
+    ok, value = model_json(text)
+    # A bare value: the bounds walk looks inside containers only, and orjson reads an integer
+    # literal past 64 bits as a float (1e+23 for 10**23). The literal, not the float, is what the
+    # model wrote.
+    big = ok and type(value) is float and value.is_integer() and abs(value) >= 2.0**63
+    if big and isinstance(json.loads(text), int):
+        return False, None
+    return ok, value
 
 
 def coerce_value(value: str, schema: dict[str, Any]) -> Any:
@@ -115,7 +129,9 @@ def coerce_value(value: str, schema: dict[str, Any]) -> Any:
             return value
         if candidate == "integer":
             try:
-                return int(value)  # like vLLM: Python's int(), so " 7 " and "1_000" count
+                # Like vLLM: Python's int(), so " 7 " and "1_000" count. Past 64 bits the call is
+                # refused as a whole (``arguments_fit``): the next request could not carry it.
+                return int(value)
             except ValueError:
                 pass
         if candidate == "number":
@@ -124,7 +140,8 @@ def coerce_value(value: str, schema: dict[str, Any]) -> Any:
             except ValueError:
                 continue
             if math.isfinite(number):
-                return int(number) if number == int(number) else number
+                # An integral number is written as an integer where one can be (1e30 stays a float).
+                return int(number) if number.is_integer() and INT64_MIN <= number <= INT64_MAX else number
         if candidate == "boolean":
             word = value.lower().strip()
             if word in ("true", "1", "false", "0"):
@@ -149,9 +166,10 @@ def typed_arguments(tools: Tools, name: str, raw: dict[str, str]) -> dict[str, A
 
 
 def skip_space(buffer: str, pos: int) -> int:
-    while pos < len(buffer) and buffer[pos].isspace():
-        pos += 1
-    return pos
+    """Where the run of whitespace at ``pos`` ends (``pos`` when there is none)."""
+    if pos < len(buffer) and not buffer[pos].isspace():
+        return pos  # most calls: a tag follows at once
+    return _SPACE.match(buffer, pos).end()
 
 
 def match_tag(buffer: str, pos: int, tags: tuple[str, ...]) -> str | None:
@@ -184,13 +202,21 @@ class TaggedBlockParser:
     def __init__(self, tools: Tools = None) -> None:
         self.tools = tools
         self.malformed = 0  # blocks given back as text
-        self._buffer = ""  # outside a block: content not yet released; inside: the block after its open tag
+        self._buffer = ""  # outside a block: content not yet released; inside: the block not read yet
+        # Inside a block: its text before ``_buffer`` (read, kept to give the block back as text),
+        # and of that, the part of the name, key or value being read. A long block streamed in small
+        # pieces (a file's text in a value) is kept as its pieces and joined once, not copied again
+        # with every piece.
+        self._read: list[str] = []
+        self._unit: list[str] = []
         self._in_block = False
         self._pos = 0  # how far the block is read
         self._state = ""  # where in the block: the subclass's states
         self._calls: list[tuple[str, dict[str, str]]] = []  # the block's calls read so far, raw
         self._key = ""  # the argument being read
-        self._seen = 0  # in a value: where to look for its end next (what came before has no end tag)
+        # In a name, key or value: where to look for its end next (what came before has none), so a
+        # long one streamed in small pieces is scanned once, not once per piece.
+        self._seen = 0
 
     def feed(self, text: str) -> list[Event]:
         self._buffer += text
@@ -207,30 +233,66 @@ class TaggedBlockParser:
                 if start:
                     events.append(ContentEvent(self._buffer[:start]))
                 self._buffer = self._buffer[start + len(self.open_tag) :]
-                self._in_block, self._pos, self._state, self._calls = True, 0, self.first_state, []
+                self._in_block, self._pos, self._calls = True, 0, []
+                self._enter(self.first_state)
             outcome = self._read_block()
             if outcome is None:
+                if self._pos >= _SET_ASIDE_AT or self._seen >= _SET_ASIDE_AT:
+                    self._set_aside()
                 return events
             if outcome == "done":
-                for name, raw in self._calls:
-                    arguments = typed_arguments(self.tools, name, raw)
-                    events.append(ToolCallEvent(ToolCall(name, json.dumps(arguments, ensure_ascii=False))))
-            else:  # broken at _pos: the block so far is text, and what follows is read as content again
+                typed = [(name, typed_arguments(self.tools, name, raw)) for name, raw in self._calls]
+                if all(arguments_fit(arguments) for _, arguments in typed):
+                    for name, arguments in typed:
+                        events.append(
+                            ToolCallEvent(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
+                        )
+                else:
+                    outcome = "unfit"  # a value the next request could not carry: text, as a broken block
+            if outcome != "done":  # broken at _pos: the block so far is text, read on from there as content
                 self.malformed += 1
-                events.append(ContentEvent(self.open_tag + self._buffer[: self._pos]))
+                events.append(ContentEvent(self.open_tag + "".join(self._read) + self._buffer[: self._pos]))
             self._buffer = self._buffer[self._pos :]
             self._in_block = False
+            self._read.clear()
 
     def finish(self) -> list[Event]:
         if self._in_block:
             self.malformed += 1  # cut short inside a block
-        rest = (self.open_tag if self._in_block else "") + self._buffer
+        rest = (self.open_tag + "".join(self._read) if self._in_block else "") + self._buffer
         self._buffer, self._in_block = "", False
+        self._read.clear()
+        self._unit.clear()
         return [ContentEvent(rest)] if rest else []
 
     def _read_block(self) -> str | None:
         """Read on: "done" (``_pos`` after the close tag), "broken" (``_pos`` where), or None (wait)."""
         raise NotImplementedError
+
+    def _set_aside(self) -> None:
+        """While waiting: move what is read out of the buffer (in a name, key or value, what is
+        scanned: ``_seen``), so the buffer stays short and a long block is not copied whole with
+        every piece."""
+        in_unit = self._state in ("name", "key", "value")
+        cut = max(self._pos, self._seen) if in_unit else self._pos
+        if cut < _SET_ASIDE_AT:
+            return
+        self._read.append(self._buffer[:cut])
+        if in_unit:
+            self._unit.append(self._buffer[self._pos : cut])
+        self._buffer = self._buffer[cut:]
+        self._pos, self._seen = 0, max(0, self._seen - cut)
+
+    def _unit_until(self, end: int) -> str:
+        """The text of the name, key or value being read, which ends at ``end`` in the buffer."""
+        if not self._unit:
+            return self._buffer[self._pos : end]
+        return "".join(self._unit) + self._buffer[self._pos : end]
+
+    def _enter(self, state: str) -> None:
+        """Start reading a part of the block (a name, key or value is read from ``_pos``)."""
+        self._state, self._seen = state, 0
+        self._unit.clear()
 
 
 class QwenXmlToolParser(TaggedBlockParser):
@@ -242,44 +304,48 @@ class QwenXmlToolParser(TaggedBlockParser):
         buffer = self._buffer
         while True:
             if self._state in ("name", "key"):
-                angle = _ANGLE.search(buffer, self._pos)
+                angle = _ANGLE.search(buffer, max(self._pos, self._seen))
                 if angle is None:
+                    self._seen = len(buffer)
                     return None
-                word = buffer[self._pos : angle.start()].strip()
+                word = self._unit_until(angle.start()).strip()
                 # A name is one word; a key may hold spaces (a schema may use them), but neither is empty.
                 if angle.group() == "<" or not word or (self._state == "name" and len(word.split()) > 1):
                     return "broken"
                 self._pos = angle.end()
                 if self._state == "name":
                     self._calls.append((word, {}))
-                    self._state = "body"
+                    self._enter("body")
                 else:
-                    self._key, self._state, self._seen = word, "value", 0
+                    self._key = word
+                    self._enter("value")
                 continue
             if self._state == "value":
                 end, self._seen = find_value_end(buffer, self._pos, self._seen, "</parameter>")
                 if end < 0:
                     return None
-                value = buffer[self._pos : end]
+                value = self._unit_until(end)
                 # The template writes "<parameter=K>\nVALUE\n</parameter>": that framing is not the value.
                 value = value[1:] if value.startswith("\n") else value
                 value = value[:-1] if value.endswith("\n") else value
                 self._calls[-1][1][self._key] = value  # a repeated key: the last one wins, as in vLLM
-                self._pos, self._state = end + len("</parameter>"), "body"
+                self._pos = end + len("</parameter>")
+                self._enter("body")
                 continue
             expected = {
                 "call": ("<function=",),
                 "body": ("<parameter=", "</function>"),
                 "after": ("<function=", self.close_tag),
             }[self._state]
-            pos = skip_space(buffer, self._pos)
+            # Whitespace between tags is passed once: ``_pos`` moves past it even while waiting, as the
+            # outcome is the same either way ("broken" would stop there too).
+            self._pos = pos = skip_space(buffer, self._pos)
             tag = match_tag(buffer, pos, expected)
             if tag == "":
                 return None
             if tag is None:
-                self._pos = pos
                 return "broken"
             self._pos = pos + len(tag)
             if tag == self.close_tag:
                 return "done"
-            self._state = {"<function=": "name", "<parameter=": "key", "</function>": "after"}[tag]
+            self._enter({"<function=": "name", "<parameter=": "key", "</function>": "after"}[tag])
