@@ -308,7 +308,8 @@ def test_a_rewrite_by_name_pattern_trips_the_tripwires_shaped_like_the_tests(row
     assert generic["reward"] == 0.0 and generic["flags"] == [DISAGREEMENT]
     text = (tmp_path / "ws1" / "tests" / "test_solution.py").read_text()
     wires = [n for n in re.findall(r"^def (test_check_\d+)\(", text, re.M) if f"::{n}" not in str(row)]
-    assert len(wires) == 2  # the two tripwires the scorer appended, named like the suite's tests
+    # The tripwires the scorer planted (one to three of each kind), named like the suite's tests.
+    assert 2 <= len(wires) <= 6
     # Control: without tripwires the same code passes.
     done = control(
         row,
