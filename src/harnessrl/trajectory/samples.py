@@ -221,15 +221,18 @@ class _Chains:
 
     def extend(self, chain: _Chain, context: Sequence[int], call: Call, order: int) -> None:
         """Append ``context`` (mask 0) and ``call``'s response to ``chain``."""
-        i = bisect.bisect_left(self._ordered, chain.input_ids, key=_tokens)
-        while self._ordered[i] is not chain:  # past the earlier chains of equal tokens
-            i += 1
-        del self._ordered[i]
+        alone = len(self._ordered) == 1  # most rollouts: one chain, always in order
+        if not alone:
+            i = bisect.bisect_left(self._ordered, chain.input_ids, key=_tokens)
+            while self._ordered[i] is not chain:  # past the earlier chains of equal tokens
+                i += 1
+            del self._ordered[i]
         chain.input_ids.extend(context)
         chain.loss_mask.extend([0] * len(context))
         chain.behaviour_logprobs.extend([0.0] * len(context))
         _append_response(chain, call, order)
-        bisect.insort_right(self._ordered, chain, key=_tokens)
+        if not alone:
+            bisect.insort_right(self._ordered, chain, key=_tokens)
 
     def longest_extended_by(self, prompt: list[int]) -> _Chain | None:
         """The longest chain whose tokens are a prefix of ``prompt`` (ties: the latest touched)."""
@@ -244,10 +247,10 @@ class _Chains:
             if i == 0:
                 return None
             candidate = ordered[i - 1]
-            shared = common_prefix(target, candidate.input_ids)
-            if shared == len(candidate.input_ids):
-                return candidate
-            target = target[:shared]
+            tokens = candidate.input_ids
+            if len(tokens) <= len(target) and target[: len(tokens)] == tokens:
+                return candidate  # the common case, one comparison in C (common_prefix bisects)
+            target = target[: common_prefix(target, tokens)]
 
     def closest(self, prompt: list[int]) -> tuple[_Chain, int]:
         """The chain sharing the longest prefix with ``prompt`` (ties: the latest touched) and how
