@@ -8,10 +8,10 @@ still be flagged.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
+from tests.fakes.calls import bash_call, tool_call
 
 from harnessrl.controller.audit import (
     FORCED_EXIT,
@@ -22,26 +22,6 @@ from harnessrl.controller.audit import (
     reward_after_audit,
 )
 from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-from harnessrl.schemas import Call
-
-
-def bash_call(command: str, seq: int) -> Call:
-    arguments = json.dumps({"command": command})
-    response = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": f"c{seq}", "type": "function", "function": {"name": "bash", "arguments": arguments}}
-        ],
-    }
-    return Call(
-        rollout_id="r",
-        seq=seq,
-        response=response,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
-    )
 
 
 def rules_of(*commands: str) -> set[str]:
@@ -234,12 +214,6 @@ def test_commands_that_install_nothing_are_not_flagged(command: str):
 
 
 # -- file tools and the diff, through the audit's own entry points -------------------------------------
-
-
-def tool_call(name: str, arguments: dict, seq: int) -> Call:
-    call = bash_call("", seq)
-    call.response["tool_calls"][0]["function"] = {"name": name, "arguments": json.dumps(arguments)}
-    return call
 
 
 def test_a_file_tool_may_write_and_edit_a_reproduction_script_it_made():

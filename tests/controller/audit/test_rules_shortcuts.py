@@ -7,11 +7,11 @@ zeroes the reward of honest work), the shortcuts must be flagged.
 
 from __future__ import annotations
 
-import json
 import shlex
 from pathlib import Path
 
 import pytest
+from tests.fakes.calls import bash_call
 
 from harnessrl.controller.audit import (
     GIT_HISTORY,
@@ -22,26 +22,6 @@ from harnessrl.controller.audit import (
     audit_rollout,
 )
 from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-from harnessrl.schemas import Call
-
-
-def bash_call(command: str) -> Call:
-    arguments = json.dumps({"command": command})
-    response = {
-        "role": "assistant",
-        "content": None,
-        "tool_calls": [
-            {"id": "c1", "type": "function", "function": {"name": "bash", "arguments": arguments}}
-        ],
-    }
-    return Call(
-        rollout_id="r",
-        seq=0,
-        response=response,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
-    )
 
 
 def rules_of(command: str) -> set[str]:
