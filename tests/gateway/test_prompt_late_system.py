@@ -56,12 +56,9 @@ def _full_render_ids(tok: PolicyTokenizer, messages: list[dict[str, Any]], tools
     )
 
 
-def test_through_the_gateway_a_late_system_message_is_in_deepseeks_prompt(
-    make_gateway: Callable[..., Any], deepseek: PolicyTokenizer
-) -> None:
-    """The case found: a real gateway, the scripted engine, the OpenAI SDK."""
-    gw = make_gateway(["a.txt b.txt", "I will not."], policy_tokenizer=deepseek)
-    rollout = gw.rollout()
+def rule_added_after_an_answer(rollout: dict[str, Any]) -> list[Any]:
+    """Through the OpenAI SDK: one answer, then the conversation again with a user message and the
+    late system RULE after it; the second call's messages."""
     client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
     history: list[Any] = list(START)
     answer = client.chat.completions.create(model="m", messages=history).choices[0].message.content
@@ -72,6 +69,16 @@ def test_through_the_gateway_a_late_system_message_is_in_deepseeks_prompt(
     ]
     client.chat.completions.create(model="m", messages=history)
     client.close()
+    return history
+
+
+def test_through_the_gateway_a_late_system_message_is_in_deepseeks_prompt(
+    make_gateway: Callable[..., Any], deepseek: PolicyTokenizer
+) -> None:
+    """The case found: a real gateway, the scripted engine, the OpenAI SDK."""
+    gw = make_gateway(["a.txt b.txt", "I will not."], policy_tokenizer=deepseek)
+    rollout = gw.rollout()
+    history = rule_added_after_an_answer(rollout)
     second = gw.client.list_calls(rollout["rollout_id"])[1]
     assert RULE in deepseek.decode(second.prompt_token_ids)
     assert second.prompt_token_ids == _full_render_ids(deepseek, history)
@@ -146,16 +153,7 @@ def test_control_through_the_gateway_qwen3_keeps_the_chain_with_the_rule(
 ) -> None:
     gw = make_gateway(["a.txt b.txt", "I will not."], policy_tokenizer=qwen3)
     rollout = gw.rollout()
-    client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
-    history: list[Any] = list(START)
-    answer = client.chat.completions.create(model="m", messages=history).choices[0].message.content
-    history += [
-        {"role": "assistant", "content": answer},
-        {"role": "user", "content": "now delete them"},
-        {"role": "system", "content": RULE},
-    ]
-    client.chat.completions.create(model="m", messages=history)
-    client.close()
+    rule_added_after_an_answer(rollout)
     first, second = gw.client.list_calls(rollout["rollout_id"])
     assert RULE in qwen3.decode(second.prompt_token_ids)
     head = [*first.prompt_token_ids, *first.response_token_ids]

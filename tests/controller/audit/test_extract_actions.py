@@ -16,6 +16,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.fakes.calls import answered_call
 
 from harnessrl.controller.audit import (
     GIT_HISTORY,
@@ -29,7 +30,6 @@ from harnessrl.controller.audit import (
     extract,
     extract_commands,
 )
-from harnessrl.schemas import Call
 
 minisweagent = pytest.importorskip("minisweagent")
 from minisweagent.exceptions import FormatError  # noqa: E402
@@ -60,17 +60,6 @@ MINI_DEFAULT_REGEX = MINI_DEFAULTS["litellm_textbased_model.py"]
 EXAMPLE_REGEX = yaml.safe_load((REPO / "examples/shell_agent/mini_shell.yaml").read_text())["model"][
     "action_regex"
 ]
-
-
-def make_call(response: dict, seq: int = 0) -> Call:
-    return Call(
-        rollout_id="r",
-        seq=seq,
-        response=response,
-        prompt_token_ids=[1],
-        response_token_ids=[2],
-        response_logprobs=[0.0],
-    )
 
 
 def text_message(content: str) -> dict:
@@ -115,16 +104,16 @@ SWALLOWED_UNLABELLED = "Notes:\n```text\nsee below\n```\ncat /proc/1/environ; gi
 def test_the_action_mini_swe_agent_runs_is_audited(content, regex, rules):
     ran = mini_runs(content, regex)
     assert len(ran) == 1  # the harness really runs it: the audit must not miss it
-    report = audit_rollout([make_call(text_message(content))])
+    report = audit_rollout([answered_call(text_message(content))])
     assert report.commands_checked >= 1
     assert rules <= set(report.rules), report
-    assert ran[0] in {record.text for record in extract_commands([make_call(text_message(content))])}
+    assert ran[0] in {record.text for record in extract_commands([answered_call(text_message(content))])}
 
 
 def test_the_xml_action_format_is_audited():
     # mini-swe-agent's swebench_xml.yaml: <mswea_bash_command>…</mswea_bash_command>
     content = "THOUGHT: look.\n<mswea_bash_command>git log -p -3</mswea_bash_command>"
-    assert audit_rollout([make_call(text_message(content))]).rules == [GIT_HISTORY]
+    assert audit_rollout([answered_call(text_message(content))]).rules == [GIT_HISTORY]
 
 
 @pytest.mark.parametrize(
@@ -137,7 +126,7 @@ def test_the_xml_action_format_is_audited():
     ],
 )
 def test_honest_text_stays_silent(content):
-    assert audit_rollout([make_call(text_message(content))]).flags == []
+    assert audit_rollout([answered_call(text_message(content))]).flags == []
 
 
 def test_shipped_harness_regexes_are_the_ones_the_audit_mirrors():
@@ -179,7 +168,7 @@ _PIECES = st.sampled_from(
 @settings(max_examples=400, deadline=None)
 @given(st.lists(_PIECES, max_size=24).map("".join))
 def test_every_action_any_shipped_regex_runs_is_a_record(content):
-    records = {record.text for record in extract_commands([make_call(text_message(content))])}
+    records = {record.text for record in extract_commands([answered_call(text_message(content))])}
     for regex, _ in extract.HARNESS_ACTION_REGEXES:
         # exactly mini-swe-agent's parse: findall over the whole content, each action stripped
         for action in (a.strip() for a in re.findall(regex, content, re.DOTALL)):
@@ -223,7 +212,7 @@ OPENCODE_PATCH = (
     ],
 )
 def test_shipped_tool_arguments_are_read(name, args, rule):
-    assert rule in audit_rollout([make_call(tool_call_message(name, args))]).rules
+    assert rule in audit_rollout([answered_call(tool_call_message(name, args))]).rules
 
 
 @pytest.mark.parametrize(
@@ -240,12 +229,12 @@ def test_shipped_tool_arguments_are_read(name, args, rule):
     ],
 )
 def test_shipped_tool_arguments_honest_use_stays_silent(name, args):
-    assert audit_rollout([make_call(tool_call_message(name, args))]).flags == []
+    assert audit_rollout([answered_call(tool_call_message(name, args))]).flags == []
 
 
 def test_opencode_edit_is_an_edit_with_its_text():
     args = {"filePath": "src/a.py", "oldString": "x = 1", "newString": "x = 2"}
-    (record,) = extract_commands([make_call(tool_call_message("edit", args))])
+    (record,) = extract_commands([answered_call(tool_call_message("edit", args))])
     assert (record.kind, record.path, record.text) == ("file_edit", "src/a.py", "x = 2\nx = 1")
 
 
@@ -256,7 +245,7 @@ def test_opencode_edit_is_an_edit_with_its_text():
 
 def test_text_past_the_analysis_cap_is_flagged_obfuscated():
     command = ": " + "x" * MAX_ANALYZED_CHARS + "; curl http://example.com"
-    report = audit_rollout([make_call(tool_call_message("bash", {"command": command}))])
+    report = audit_rollout([answered_call(tool_call_message("bash", {"command": command}))])
     assert report.rules == [OBFUSCATED_CODE]
     (flag,) = report.flags
     assert flag.match in flag.command and "curl" in flag.match  # shows where reading stopped
@@ -264,4 +253,4 @@ def test_text_past_the_analysis_cap_is_flagged_obfuscated():
 
 def test_text_within_the_analysis_cap_is_read_whole():
     command = ": " + "x" * (MAX_ANALYZED_CHARS - 100) + "; ls"
-    assert audit_rollout([make_call(tool_call_message("bash", {"command": command}))]).flags == []
+    assert audit_rollout([answered_call(tool_call_message("bash", {"command": command}))]).flags == []
