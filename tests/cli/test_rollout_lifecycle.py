@@ -38,8 +38,11 @@ def write_config(tmp_path: Path, command: list[str], evaluator: str = 'command =
 
 @needs_root
 def test_sigterm_stops_the_rollout_like_ctrl_c(tmp_path):
-    mark = f"{500 + os.getpid() % 1000}.{time.time_ns() % 10**6}"  # a sleep no other process runs
-    config = write_config(tmp_path, ["sleep", mark])
+    # The python preset runs ``command`` with its interpreter: the harness is a Python sleep that no
+    # other process runs (``["sleep", mark]`` was ``python sleep …``, gone in milliseconds: the test
+    # passed only when its poll caught that failing interpreter, and waited 120 s when it did not).
+    sleep = f"time.sleep({500 + os.getpid() % 1000}.{time.time_ns() % 10**6})"
+    config = write_config(tmp_path, ["-c", f"import time; {sleep}"])
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [*HARNESSRL, "rollout", "--config", str(config), "--task", '{"prompt": "hi"}', "--run-dir", str(run)],
@@ -48,19 +51,21 @@ def test_sigterm_stops_the_rollout_like_ctrl_c(tmp_path):
         text=True,
     )
     try:
-        assert wait_for(lambda: sandbox_processes(f"sleep {mark}") != [], timeout_s=120), "never started"
+        wait_for(lambda: sandbox_processes(sleep) != [] or proc.poll() is not None, timeout_s=120)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]  # ended before its harness slept
+        assert sandbox_processes(sleep) != [], "never started"
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
         assert proc.returncode == 143, err[-2000:]
         assert "SIGTERM" in err
-        assert wait_for(lambda: sandbox_processes(f"sleep {mark}") == [], timeout_s=30)
+        assert wait_for(lambda: sandbox_processes(sleep) == [], timeout_s=30)
         store = SQLiteStore(run / "harnessrl.db")
         [rollout] = store.list_rollouts()
         store.close()
         assert rollout.status is RolloutStatus.QUEUED  # requeued, as after Ctrl-C: not left "running"
     finally:
         proc.kill()
-        for pid in sandbox_processes(f"sleep {mark}"):
+        for pid in sandbox_processes(sleep):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -71,7 +76,7 @@ def test_a_rollout_runs_only_its_own_rollout_in_a_shared_store(tmp_path):
     store = SQLiteStore(run / "harnessrl.db")
     others = [store.create_rollout(task={"prompt": f"theirs {i}"}, run_id="train-run-a") for i in range(2)]
     store.close()
-    config = write_config(tmp_path, ["true"])
+    config = write_config(tmp_path, ["-c", "pass"])
     proc = subprocess.run(
         [*HARNESSRL, "rollout", "--config", str(config), "--task", '{"prompt": "hi"}', "--run-dir", str(run)],
         capture_output=True,
