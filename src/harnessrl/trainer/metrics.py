@@ -4,7 +4,8 @@ run's progress display on stderr (``trainer.progress``).
 A step's row is written once the step and its held-out evaluation (when one is due) are done, while
 its checkpoint may still be written in the background. So a resumed run first drops the rows after
 its checkpoint's step (``drop_after``: those steps are trained again), and a row at the checkpoint's
-step says its evaluation was done (``has_row``). TensorBoard and W&B keep what they were sent.
+step says its evaluation was done (``has_row``). TensorBoard hides those steps' points the same way
+(its ``purge_step``); W&B starts a new run on resume, so the dropped steps stay in the earlier one.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class MetricsWriter:
             try:
                 from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+                # A resumed run trains the steps after ``start_step`` again: purge_step hides the
+                # points a killed process wrote for them, as drop_after drops their JSONL rows.
+                self._tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
             except ImportError:  # tensorboard not installed: JSONL still has everything
                 self._tb = None
         if wandb_project:
