@@ -113,13 +113,23 @@ class Policy:
 
 class Controller:
     """Claims the run's rollouts while the gate is open and finishes each with one call labelled by
-    the engine's version (reward 1 for ``-r0``, else 0: groups with a signal). ``hold_eval_at``:
-    the held-out rollouts of that step's evaluation are claimed but left running (in progress)."""
+    the engine's version (reward 1 for ``-r0``, else 0: groups with a signal; a held-out rollout
+    gets ``eval_reward``). ``hold_eval_at``: the held-out rollouts of that step's evaluation are
+    claimed but left running (in progress)."""
 
-    def __init__(self, store: Any, book: RolloutBook, gateway: Gateway, *, hold_eval_at: int | None) -> None:
+    def __init__(
+        self, store: Any, book: RolloutBook, gateway: Gateway, *, hold_eval_at: int | None, eval_reward: float
+    ) -> None:
         self.store, self.book, self.gateway, self.hold_eval_at = store, book, gateway, hold_eval_at
+        self.eval_reward = eval_reward
         self.versions_finished: dict[int, asyncio.Event] = {}
         self.eval_claimed = asyncio.Event()
+        self.evals_finished: dict[int, list[str]] = {}
+        self.evaluation_done: dict[int, asyncio.Event] = {}
+
+    def evaluated(self, step: int) -> asyncio.Event:
+        """Set once every held-out rollout of the evaluation at ``step`` finished."""
+        return self.evaluation_done.setdefault(step, asyncio.Event())
 
     def finished_version(self, version: int) -> asyncio.Event:
         return self.versions_finished.setdefault(version, asyncio.Event())
@@ -142,7 +152,14 @@ class Controller:
                     policy_version=version,
                 )
                 self.store.add_call(call)
-                reward = 1.0 if rollout.rollout_id.endswith("-r0") else 0.0
+                if rollout.metadata.get("kind") == EVAL_KIND:
+                    reward = self.eval_reward
+                    done = self.evals_finished.setdefault(rollout.step, [])
+                    done.append(rollout.rollout_id)
+                    if len(done) == len(HELDOUT):
+                        self.evaluated(rollout.step).set()
+                else:
+                    reward = 1.0 if rollout.rollout_id.endswith("-r0") else 0.0
                 self.store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, reward)
                 self.finished_version(version).set()
             self.book.notify()
@@ -153,7 +170,13 @@ class Life:
     """One process's life on the run folder and the store: what ``Trainer.run`` builds."""
 
     def __init__(
-        self, run_dir: Path, cfg: TrainConfig, policy: Policy, *, hold_eval_at: int | None = None
+        self,
+        run_dir: Path,
+        cfg: TrainConfig,
+        policy: Policy,
+        *,
+        hold_eval_at: int | None = None,
+        eval_reward: float = 0.0,
     ) -> None:
         self.cfg, self.policy = cfg, policy
         self.store = open_store(str(run_dir / "harnessrl.db"))
@@ -161,7 +184,9 @@ class Life:
         self.book = RolloutBook(self.store, RUN, poll_s=0.05)
         self.gateway = Gateway()
         self.fleet = GatewayFleet(self.book, self.gateway, weights_root=run_dir / "engine-weights")
-        self.controller = Controller(self.store, self.book, self.gateway, hold_eval_at=hold_eval_at)
+        self.controller = Controller(
+            self.store, self.book, self.gateway, hold_eval_at=hold_eval_at, eval_reward=eval_reward
+        )
         folder = latest_checkpoint(run_dir)
         self.state = TrainState.from_json((folder / STATE_FILE).read_text()) if folder else TrainState()
         self.checkpointer = Checkpointer(policy, run_dir, save_every=0, background=True)
@@ -179,6 +204,7 @@ class Life:
             return [p for p in plans if p.group_id not in consumed]
 
         created = await self.fleet.recover(reopened, policy_version=self.state.step)
+        self.schedule.redo_evaluations(await self.fleet.retire_evaluations(self.state.step))
         if self.state.step > 0:
             await self.fleet.publish(self.state.step, self.policy, restore=True)
         return TrainingLoop(
@@ -280,3 +306,27 @@ def test_an_evaluation_cut_short_runs_on_resume_the_final_one_included(tmp_path,
     assert sorted(rows) == [0, 1, 2, 3] and steps_of_rows(tmp_path) == [0, 1, 2, 3]
     assert all("heldout/reward" in rows[s] for s in (0, 2, 3))
     assert finished_at(tmp_path, final, heldout=True) == 3
+
+
+def test_a_kill_while_the_checkpoint_is_written_redoes_the_evaluation_the_lost_weights_ran(tmp_path):
+    cfg = config("trainer.steps=3", "trainer.eval_every=2")
+    # Step 2's checkpoint never completes; the kill comes once step 2's evaluation, which ran on the
+    # weights published before that checkpoint (lost with the kill), has finished: reward 0 each.
+    first = Life(tmp_path, cfg, Policy(die_on_save=2), eval_reward=0.0)
+    asyncio.run(first.run_until(lambda: first.controller.evaluated(2).wait()))
+    assert TrainState.from_json((latest_checkpoint(tmp_path) / STATE_FILE).read_text()).step == 1
+    lost = first.controller.evals_finished[2]
+
+    second = Life(tmp_path, cfg, Policy(), eval_reward=1.0)
+    asyncio.run(second.run_to_the_end())
+    rows = {row["step"]: row for row in read_metrics(tmp_path)}
+    assert steps_of_rows(tmp_path) == [0, 1, 2, 3]
+    assert rows[0]["heldout/reward"] == 0.0  # control: before the checkpoint, the first life's stands
+    # Step 2 trained again and evaluated on its new weights, not read back from the lost weights'.
+    assert rows[2]["heldout/reward"] == 1.0 and rows[3]["heldout/reward"] == 1.0
+    store = open_store(str(tmp_path / "harnessrl.db"))
+    marks = {rid: store.get_rollout(rid).metadata.get(DISCARDED_WEIGHTS_KEY) for rid in lost}
+    redone = [r for r in store.list_rollouts(run_id=RUN) if r.group_id == "eval-s00002-redo1"]
+    store.close()
+    assert all(mark == {"versions": [2], "resumed_at_step": 1} for mark in marks.values()), marks
+    assert len(redone) == len(HELDOUT) and all(r.reward == 1.0 for r in redone)

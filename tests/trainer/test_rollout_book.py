@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from harnessrl.schemas import Outcome, Task
+from harnessrl.schemas import Outcome, RolloutStatus, Task
 from harnessrl.store import open_store
 from harnessrl.trainer.fleet import RolloutBook, RolloutIdTaken
 from harnessrl.trainer.schedule import EVAL_KIND, TRAIN_KIND, TaskSchedule
@@ -338,4 +338,30 @@ def test_a_run_created_with_bare_rollout_ids_resumes_on_its_own_rows(tmp_path):
     assert store.count_rollouts(run_id="old") == 4
     # A new run on the same store is not mistaken for an old one.
     assert RolloutBook(store, "new").rollout_id_prefix() == "new-"
+    store.close()
+
+
+def test_evaluations_after_the_checkpoint_are_retired_and_redone_under_new_ids(tmp_path):
+    # A kill between publishing step 2's weights and its checkpoint being whole: the resumed run
+    # (from step 1) must not read back step 2's evaluation, nor run its queued rollouts for nothing.
+    store = open_store(str(tmp_path / "store.db"))
+    store.create_run(RUN)
+    schedule = TaskSchedule(TASKS, 2, seed=0, id_prefix="run-")
+    book = RolloutBook(store, RUN)
+    kept, lost = (schedule.evaluation(s, TASKS[:2], schedule.sampling) for s in (1, 2))
+    asyncio.run(book.submit([kept, lost]))
+    finish(store, [*kept.rollout_ids, lost.rollout_ids[0]])  # the other of step 2's stays queued
+
+    assert book.retire_evaluations(1) == {2: 1}
+    finished, queued = (store.get_rollout(rid) for rid in lost.rollout_ids)
+    assert finished.status is RolloutStatus.FINISHED and queued.status is RolloutStatus.CANCELLED
+    assert all("sampled_by_discarded_weights" in r.metadata for r in (finished, queued))
+    assert all(  # control: the checkpoint's own evaluation stands
+        "sampled_by_discarded_weights" not in store.get_rollout(rid).metadata for rid in kept.rollout_ids
+    )
+    schedule.redo_evaluations({2: 1})
+    redo = schedule.evaluation(2, TASKS[:2], schedule.sampling)
+    assert redo.group_id == "eval-s00002-redo1" and redo.rollout_ids[0] == "run-eval-s00002-redo1-t0000"
+    asyncio.run(book.submit([redo]))
+    assert book.retire_evaluations(1) == {2: 2}  # killed again in the same window: the next redo
     store.close()

@@ -37,8 +37,10 @@ from harnessrl.store.base import Store
 from harnessrl.trainer.base import Weights
 from harnessrl.trainer.failures import CANCELLED_STUCK_KEY, STOPPED_RUN_KEY, failure_signature
 from harnessrl.trainer.schedule import (
+    EVAL_KIND,
     TRAIN_KIND,
     GroupPlan,
+    eval_redo,
     eval_rollout_id,
     run_id_prefix,
     train_rollout_id,
@@ -143,6 +145,13 @@ class Fleet(Protocol):
         that failed before the policy was sampled. ``policy_version``: the checkpoint's step; an
         ended rollout sampled by a later version is marked ``DISCARDED_WEIGHTS_KEY`` (not trained).
         Returns how many groups the run created."""
+        ...
+
+    async def retire_evaluations(self, after_step: int) -> dict[int, int]:
+        """A restarted run, after ``recover``: the held-out evaluations of steps after ``after_step``
+        (the checkpoint's) sampled weights the kill lost. Their open rollouts are cancelled, the ended
+        ones marked ``DISCARDED_WEIGHTS_KEY``; returns step -> the redo number under which the
+        resumed run evaluates that step again (``TaskSchedule.redo_evaluations``)."""
         ...
 
 
@@ -374,16 +383,34 @@ class RolloutBook:
                     continue
                 if rollout.status not in TERMINAL_STATUSES or DISCARDED_WEIGHTS_KEY in rollout.metadata:
                     continue
-                later = sorted(
-                    {
-                        c.policy_version
-                        for c in self.store.list_calls(rollout_id, attempt=rollout.attempt)
-                        if c.policy_version > policy_version
-                    }
-                )
-                if later:
+                if later := self._versions_after(rollout, policy_version):
                     mark = {"versions": later, "resumed_at_step": policy_version}
                     self.store.update_rollout_metadata(rollout_id, {DISCARDED_WEIGHTS_KEY: mark})
+
+    def _versions_after(self, rollout: Rollout, policy_version: int) -> list[int]:
+        """The policy versions after ``policy_version`` that ``rollout``'s final attempt called."""
+        calls = self.store.list_calls(rollout.rollout_id, attempt=rollout.attempt)
+        return sorted({c.policy_version for c in calls if c.policy_version > policy_version})
+
+    def retire_evaluations(self, after_step: int) -> dict[int, int]:
+        """``Fleet.retire_evaluations``. An evaluation at step ``s`` runs on step ``s``'s weights,
+        published before their checkpoint is whole; a kill in that window resumes from an earlier
+        step, trains ``s`` again with other weights and evaluates it again: under the old ids it
+        would read back what the lost weights scored. Every evaluation rollout of a later step is
+        retired, whatever its status (a queued one would be run for nothing)."""
+        redos: dict[int, int] = {}
+        for rollout in self.store.list_rollouts(run_id=self.run_id):
+            if rollout.metadata.get("kind") != EVAL_KIND or rollout.step <= after_step:
+                continue
+            redos[rollout.step] = max(redos.get(rollout.step, 0), eval_redo(rollout.group_id) + 1)
+            if rollout.status not in TERMINAL_STATUSES:
+                with contextlib.suppress(InvalidTransition):  # an external controller ended it meanwhile
+                    self.store.cancel_rollout(rollout.rollout_id)
+                rollout = self.store.get_rollout(rollout.rollout_id)
+            if DISCARDED_WEIGHTS_KEY not in rollout.metadata:
+                mark = {"versions": self._versions_after(rollout, after_step), "resumed_at_step": after_step}
+                self.store.update_rollout_metadata(rollout.rollout_id, {DISCARDED_WEIGHTS_KEY: mark})
+        return redos
 
     def _requeue_and_count(self) -> int:
         """Requeue the run's rollouts a dead process left running; return how many training groups

@@ -173,6 +173,9 @@ class GatewayFleet:
     async def recover(self, plans: Callable[[int], Sequence[GroupPlan]], *, policy_version: int) -> int:
         return await self.book.recover(plans, policy_version=policy_version)
 
+    async def retire_evaluations(self, after_step: int) -> dict[int, int]:
+        return await asyncio.to_thread(self.book.retire_evaluations, after_step)
+
     # -- generation and weights: the gateways -----------------------------------------------------------
     @contextlib.asynccontextmanager
     async def paused(self) -> AsyncIterator[None]:

@@ -253,11 +253,14 @@ class Trainer:
         created but did not train (the schedule recreates the same plans), except those that failed
         before the policy was sampled (what stopped the run, if a ``StepFailed`` did), and mark the
         rollouts sampled by weights published after the checkpoint (lost with the kill: not
-        trained). Returns how many groups the run has created."""
+        trained), and the evaluations they ran (redone under new ids). Returns how many groups the
+        run has created."""
         consumed = set(self.state.consumed_groups)
 
         def reopened(created: int) -> list[GroupPlan]:
             plans = [self.schedule.group(i, step=self.state.step) for i in range(created)]
             return [p for p in plans if p.group_id not in consumed]
 
-        return await fleet.recover(reopened, policy_version=self.state.step)
+        created = await fleet.recover(reopened, policy_version=self.state.step)
+        self.schedule.redo_evaluations(await fleet.retire_evaluations(self.state.step))
+        return created

@@ -4,7 +4,8 @@ creates exactly the rollouts the crashed one would have (``create_rollout`` is i
 Groups are numbered 0, 1, 2, ... in creation order; group ``g`` is task ``order[g % N]`` where
 ``order`` is a fresh seeded permutation of the task list every epoch. A group is ``group_size``
 rollouts of that task with ids ``<run>-g{g:06d}-r{k}``. A held-out evaluation at step ``s`` is one
-group of one rollout per held-out task, ``<run>-eval-s{s:05d}-t{i:04d}``. Rollout ids are unique in
+group of one rollout per held-out task, ``<run>-eval-s{s:05d}-t{i:04d}`` (``eval-s{s:05d}-redo{k}-…``
+when a resumed run redoes an evaluation the kill's lost weights sampled). Rollout ids are unique in
 the store (one store may hold many runs), so they start with the run's name (``run_id_prefix``); a
 run created before they did keeps its bare ids (``g000000-r0``), which its ``--resume`` must find.
 Group ids (``g{g:06d}``, ``eval-s{s:05d}``) are the run's own: the store's ``run_id`` tells runs apart.
@@ -97,6 +98,8 @@ class TaskSchedule:
         self.sampling = sampling or SamplingOverrides()
         self.id_prefix = id_prefix
         self._orders: dict[int, list[int]] = {}
+        #: step -> redo number of the evaluations a resumed run redoes (``redo_evaluations``)
+        self._eval_redos: dict[int, int] = {}
 
     def _order(self, epoch: int) -> list[int]:
         if epoch not in self._orders:
@@ -117,7 +120,13 @@ class TaskSchedule:
 
     def evaluation(self, step: int, heldout: list[Task], sampling: SamplingOverrides) -> GroupPlan:
         """The held-out evaluation at ``step``: each held-out task once."""
-        return eval_plan(step, heldout, sampling, id_prefix=self.id_prefix)
+        redo = self._eval_redos.get(step, 0)
+        return eval_plan(step, heldout, sampling, id_prefix=self.id_prefix, redo=redo)
+
+    def redo_evaluations(self, redos: dict[int, int]) -> None:
+        """A resumed run's evaluations at these steps get new ids (``redo``): the rollouts under the
+        earlier ids were sampled by weights the kill lost (``RolloutBook.retire_evaluations``)."""
+        self._eval_redos.update(redos)
 
 
 def train_group_id(index: int) -> str:
@@ -128,12 +137,24 @@ def train_rollout_id(index: int, k: int, *, id_prefix: str = "") -> str:
     return f"{id_prefix}{train_group_id(index)}-r{k}"
 
 
-def eval_rollout_id(step: int, task_index: int, *, id_prefix: str = "") -> str:
-    return f"{id_prefix}eval-s{step:05d}-t{task_index:04d}"
+def eval_group_id(step: int, redo: int = 0) -> str:
+    return f"eval-s{step:05d}" + (f"-redo{redo}" if redo else "")
+
+
+def eval_redo(group_id: str) -> int:
+    """The redo number in an evaluation's group id (0 for the first)."""
+    _, _, redo = group_id.partition("-redo")
+    return int(redo) if redo.isdigit() else 0
+
+
+def eval_rollout_id(step: int, task_index: int, *, id_prefix: str = "", redo: int = 0) -> str:
+    return f"{id_prefix}{eval_group_id(step, redo)}-t{task_index:04d}"
 
 
 def eval_plan(
-    step: int, heldout: list[Task], sampling: SamplingOverrides, *, id_prefix: str = ""
+    step: int, heldout: list[Task], sampling: SamplingOverrides, *, id_prefix: str = "", redo: int = 0
 ) -> GroupPlan:
-    members = tuple((eval_rollout_id(step, i, id_prefix=id_prefix), task) for i, task in enumerate(heldout))
-    return GroupPlan(f"eval-s{step:05d}", EVAL_KIND, step, members, sampling)
+    members = tuple(
+        (eval_rollout_id(step, i, id_prefix=id_prefix, redo=redo), task) for i, task in enumerate(heldout)
+    )
+    return GroupPlan(eval_group_id(step, redo), EVAL_KIND, step, members, sampling)
