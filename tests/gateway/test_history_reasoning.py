@@ -22,8 +22,9 @@ from harnessrl.config import GatewayConfig
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
-from harnessrl.gateway.prompt.conversation import _splice, build_prompt
+from harnessrl.gateway.prompt.conversation import build_prompt
 from harnessrl.gateway.prompt.messages import PriorCall, message_key, normalize_messages, template_key
+from harnessrl.gateway.prompt.splice import splice
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
@@ -104,7 +105,7 @@ def test_as_rendered_is_what_the_template_renders_and_the_chain_breaks_there(
     # Control: splicing the way templates that keep history allow fails here (why the turn's end
     # is found structurally instead).
     prefix = qwen3.render_chat(messages[:3], tools=TOOLS, add_generation_prompt=False)
-    assert _splice(qwen3, prior, prefix, rendered) is None
+    assert splice(qwen3, prior, prefix, rendered) is None
 
 
 def test_a_chain_of_reasoning_turns_stays_one_chain(qwen3: PolicyTokenizer) -> None:
