@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from harnessrl.gateway.parsers.tools.base import ContentEvent, ToolCallEvent, collect
 from harnessrl.gateway.parsers.tools.glm import GlmToolParser
-from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser, coerce_value
+from harnessrl.gateway.parsers.tools.qwen_xml import QwenXmlToolParser
+from harnessrl.gateway.parsers.tools.schema_values import coerce_value
 
 TOOLS = [
     {

@@ -7,7 +7,7 @@
 
 GLM-4.5/4.6 put newlines between the parts, GLM-4.7 none; both are read here. The name and keys are
 trimmed, a value is not (the template writes it bare, so its newlines are the value's), and each
-value is typed by the request's schema as for Qwen3-Coder (``qwen_xml.coerce_value``, vLLM's rules).
+value is typed by the request's schema as for Qwen3-Coder (``schema_values.coerce_value``, vLLM's rules).
 Inside a value only ``</arg_value>`` is markup, so a value may hold ``</tool_call>`` (where vLLM
 ends the call and drops the value).
 
