@@ -252,7 +252,7 @@ def test_chat_feed_all_is_feeding_each_piece_in_turn(
     from unittest import mock
 
     from harnessrl.gateway.apis import chat
-    from harnessrl.gateway.bodies import ChatCompletionRequest
+    from harnessrl.gateway.body_models import ChatCompletionRequest
     from harnessrl.gateway.pipeline.answer import feed_each
 
     engine = SimpleNamespace(tokenizer=tokenizer, model_name="m", policy_version=0)

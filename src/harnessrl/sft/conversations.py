@@ -34,7 +34,7 @@ from typing import Any
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.apis import anthropic_convert, responses_input
-from harnessrl.gateway.bodies import RESERVED_TEMPLATE_KWARGS
+from harnessrl.gateway.body_models import RESERVED_TEMPLATE_KWARGS
 from harnessrl.gateway.prompt.messages import message_key, normalize_message, normalize_messages
 from harnessrl.schemas import Call, Rollout
 

@@ -44,7 +44,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.bodies import Lenient, SamplingFields
+from harnessrl.gateway.body_models import Lenient, SamplingFields
 
 Internal = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 

@@ -22,14 +22,8 @@ from starlette.responses import Response
 from harnessrl.errors import ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.apis.logprobs import logprob_content, logprob_json
 from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
-from harnessrl.gateway.bodies import (
-    ChatCompletionRequest,
-    CheckedRest,
-    check_repeating_body,
-    decode_body,
-    rest_json,
-    validate_tail,
-)
+from harnessrl.gateway.bodies import CheckedRest, check_repeating_body, decode_body, rest_json, validate_tail
+from harnessrl.gateway.body_models import ChatCompletionRequest
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.parsers.tools import (
     ContentEvent,

@@ -15,7 +15,8 @@ from starlette.responses import JSONResponse, Response
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.auth import authorize_rollout
-from harnessrl.gateway.bodies import CompletionRequest, parse_body, validate_body
+from harnessrl.gateway.bodies import parse_body, validate_body
+from harnessrl.gateway.body_models import CompletionRequest
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.answer import feed_each
 from harnessrl.gateway.pipeline.calls import PreparedCall

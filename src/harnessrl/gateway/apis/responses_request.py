@@ -16,7 +16,7 @@ from pydantic import Field
 
 from harnessrl.errors import BadRequest, HarnessRLError
 from harnessrl.gateway.apis.responses_input import request_to_internal
-from harnessrl.gateway.bodies import SamplingFields
+from harnessrl.gateway.body_models import SamplingFields
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout

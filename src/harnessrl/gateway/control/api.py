@@ -22,7 +22,8 @@ from starlette.responses import JSONResponse, Response
 
 from harnessrl.errors import BadRequest, NotFound, UpstreamError
 from harnessrl.gateway.auth import is_admin_request, require_admin
-from harnessrl.gateway.bodies import Lenient, read_json, validate_body
+from harnessrl.gateway.bodies import read_json, validate_body
+from harnessrl.gateway.body_models import Lenient
 from harnessrl.gateway.control.gating import cluster_state_json, pause_gateways, resume_gateways
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState

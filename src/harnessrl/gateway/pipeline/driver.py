@@ -31,7 +31,8 @@ from starlette.responses import Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import SamplingFields, read_body
+from harnessrl.gateway.bodies import read_body
+from harnessrl.gateway.body_models import SamplingFields
 from harnessrl.gateway.pipeline.answer import Answer, Streamed, Whole
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.delivery import CallStream, respond_whole

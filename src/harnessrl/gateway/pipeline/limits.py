@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from harnessrl.engines.base import SamplingParams
 from harnessrl.errors import BadRequest, ContextLengthExceeded, PayloadTooLarge
-from harnessrl.gateway.bodies import SamplingFields
+from harnessrl.gateway.body_models import SamplingFields
 from harnessrl.gateway.prompt.repeats import HistoryBytes
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout, SamplingOverrides

@@ -22,7 +22,8 @@ from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
-from harnessrl.gateway.bodies import ChatTurn, parse_body, read_body, validate_body
+from harnessrl.gateway.bodies import parse_body, read_body, validate_body
+from harnessrl.gateway.body_models import ChatTurn
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
