@@ -383,6 +383,10 @@ def test_a_source_store_that_is_not_a_database_is_named(tmp_path):
         assert "source.store_url" in line and "not a harnessrl store" in line, line
     assert text.read_text() == "not a database\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "sft.toml"]
+    # A damaged store (SQLite's header, pages of garbage) is named as well.
+    text.write_bytes(b"SQLite format 3\x00" + b"\xff" * 4096)
+    line = error_line(runner.invoke(app, ["sft", str(config)]))
+    assert "source.store_url" in line and "cannot be read as a harnessrl store" in line, line
 
 
 def test_non_finite_numbers_and_unknown_parsers_are_refused_before_anything_is_made(

@@ -10,10 +10,13 @@ import json
 import multiprocessing
 import os
 import re
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,7 @@ import pytest
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import StoreConfig, load_raw_config, resolve_relative_paths, validate_config
-from harnessrl.errors import ConfigError, UpstreamError
+from harnessrl.errors import ConfigError, HarnessRLError, UpstreamError
 from harnessrl.schemas import Call, Outcome, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.pg_server import PostgresServer, ThrowawayPostgres, find_bindir, server_for_tests
@@ -90,6 +93,57 @@ def test_unreachable_server_is_an_upstream_error_without_the_password() -> None:
         PostgresStore(url, timeout_s=5)
     assert "s3cret" not in str(excinfo.value) and "hrl:***@127.0.0.1" in str(excinfo.value)
     assert redact("postgresql://u@h/db") == "postgresql://u@h/db"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://hrl@127.0.0.1:{port}/db?password=s3cret&connect_timeout=5",  # libpq's query form
+        "postgresql://hrl:s3cret@[::1/db",  # libpq quotes a URL it cannot parse in its message
+        "postgresql://hrl:s3cret@127.0.0.1:notaport/db",  # redacting it raised ValueError
+        "postgresql://hrl:s3%40cret@127.0.0.1:{port}/db?connect_timeout=5",  # percent-encoded
+    ],
+)
+def test_a_password_never_reaches_an_error_message(url: str) -> None:
+    """The password was removed from ``user:password@`` only: one given as ``?password=`` was shown,
+    a URL libpq could not parse was quoted whole in its ``ProgrammingError``, and a port that is not
+    a number made the redaction itself raise ``ValueError``. Every one is now a ``HarnessRLError``
+    naming the store with the password as ``***``."""
+    url = url.format(port=_closed_port())
+    with pytest.raises(HarnessRLError, match="PostgreSQL store postgresql://hrl") as excinfo:
+        PostgresStore(url, timeout_s=5)
+    message = str(excinfo.value)
+    assert "s3cret" not in message and "s3@cret" not in message and "***" in message
+    assert excinfo.value.__cause__ is None  # the driver's own message (with the URL) is not chained
+    assert redact(url) in message
+    assert "s3cret" not in redact(url) and "s3%40cret" not in redact(url)
+
+
+def test_a_user_who_cannot_create_the_tables_gets_a_config_error(pg_server: PostgresServer) -> None:
+    """PostgreSQL 15 lets only a database's owner create tables in ``public``: a store opened by
+    another user failed with psycopg's ``InsufficientPrivilege`` (a traceback from every CLI), not a
+    ``ConfigError`` naming the store."""
+    import psycopg
+
+    name, role = f"t_{uuid.uuid4().hex[:16]}", f"r_{uuid.uuid4().hex[:16]}"
+    url = pg_server.create_database(name)
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    with psycopg.connect(url, autocommit=True) as owner:  # PostgreSQL 15's default, on any version
+        owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    try:
+        weak = re.sub(r"//[^@/]*@", f"//{role}@", url, count=1)
+        assert weak != url
+        with pytest.raises(ConfigError, match=f"cannot use PostgreSQL store .*{role}.*permission denied"):
+            PostgresStore(weak, timeout_s=5)
+        with psycopg.connect(url, autocommit=True) as owner:  # the control: with the right, it opens
+            owner.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
+        with PostgresStore(weak, timeout_s=5) as store:
+            assert store.create_rollout(rollout_id="r").rollout_id == "r"
+    finally:
+        pg_server.drop_database(name)
+        with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 def test_missing_database_is_an_upstream_error(pg_server: PostgresServer) -> None:
@@ -207,6 +261,60 @@ def test_throwaway_server_restart_under_an_open_store() -> None:
         assert [c.seq for c in store.list_calls(rollout.rollout_id)] == [0, 1]
         store.close()
     assert not folder.exists()  # the cluster is deleted with the block
+
+
+_OWNER = """
+import sys
+from harnessrl.store.pg_server import ThrowawayPostgres
+server = ThrowawayPostgres().__enter__()
+print(server.folder, flush=True)
+sys.stdin.read()  # until the test kills this process
+"""
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that no init reaped has ended)."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except ProcessLookupError:
+        return False
+    except OSError:  # no /proc: signal 0 said it exists
+        return True
+    return state != "Z"
+
+
+@pytest.mark.skipif(find_bindir() is None, reason="needs PostgreSQL's binaries for a server of its own")
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL])
+def test_a_throwaway_server_ends_with_its_owner_however_the_owner_ends(how: signal.Signals) -> None:
+    """``pg_ctl`` daemonizes the server: an owner ended by a signal (``timeout`` around the test
+    suite, a SIGTERM to ``python -m harnessrl.store.pg_server``) left the server running on its port
+    and its cluster in /tmp, for good. Its reaper now stops both once the owner is gone."""
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    folder, postmaster = None, None
+    try:
+        assert owner.stdout is not None
+        folder = Path(owner.stdout.readline().strip())
+        postmaster = int((folder / "data" / "postmaster.pid").read_text().split()[0])
+        assert _alive(postmaster)
+        owner.send_signal(how)
+        owner.wait(timeout=60)
+        deadline = time.monotonic() + 120  # only ends a hung test
+        while (_alive(postmaster) or folder.exists()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(postmaster) and not folder.exists()
+    finally:
+        owner.kill()
+        owner.wait()
+        if postmaster is not None and _alive(postmaster):  # a failure's leftovers
+            os.kill(postmaster, signal.SIGQUIT)
+            deadline = time.monotonic() + 60
+            while _alive(postmaster) and time.monotonic() < deadline:
+                time.sleep(0.05)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_server_for_tests_uses_the_env_url(

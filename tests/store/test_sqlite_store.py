@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.errors import BadRequest, HarnessRLError, NotFound
+from harnessrl.errors import BadRequest, ConfigError, HarnessRLError, NotFound
 from harnessrl.schemas import Call, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.gate import GateState
@@ -33,6 +33,35 @@ def test_file_setup(tmp_path: Path) -> None:
     tables = {row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"meta", "runs", "tasks", "rollouts", "calls", "policy_versions"} <= tables
     raw.close()
+
+
+def test_a_store_path_that_is_not_a_database_file_is_a_config_error_and_left_alone(tmp_path: Path) -> None:
+    """``--store runs/x`` (the run folder, not its file) was made 0600, so its owner could no longer
+    look into it (and as root ``--store /dev/null`` made /dev/null 0600); a file that is not a
+    database, or a parent that is a file, raised sqlite3's own error, which the CLI shows as a
+    traceback. Each is now a ``ConfigError`` naming the store, and nothing is changed."""
+    folder = tmp_path / "run"
+    (folder / "keep").mkdir(parents=True)
+    folder.chmod(0o755)
+    with pytest.raises(ConfigError, match="is not a file"):
+        open_store(str(folder))
+    with pytest.raises(ConfigError, match="names a folder"):
+        open_store(f"{tmp_path}/new-run/")  # nothing is made there
+    assert not (tmp_path / "new-run").exists()
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755 and [p.name for p in folder.iterdir()] == ["keep"]
+
+    text = tmp_path / "notes.db"
+    text.write_text("not a database, " * 20)
+    with pytest.raises(ConfigError, match="notes.db.*not a database"):
+        open_store(str(text))
+    assert text.read_text() == "not a database, " * 20
+
+    with pytest.raises(ConfigError, match="cannot create store"):
+        open_store(str(text / "harnessrl.db"))  # its parent is a file
+
+    with open_store(str(folder / "harnessrl.db")) as store:  # the control: a file path opens
+        assert store.create_rollout(rollout_id="r").rollout_id == "r"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
 
 
 def file_modes(path: Path) -> dict[str, int]:

@@ -79,7 +79,7 @@ def open_source(config: SftConfig) -> Store:
             raise ConfigError(f"{field}: {path} is not a harnessrl store (not a SQLite database)")
     try:
         return open_store(source.url())
-    except sqlite3.DatabaseError as exc:  # a damaged file: its header is right, its pages are not
+    except (sqlite3.DatabaseError, ConfigError) as exc:  # a damaged file: a right header, bad pages
         raise ConfigError(f"{field}: {source.url()} cannot be read as a harnessrl store: {exc}") from exc
 
 

@@ -38,8 +38,9 @@ if TYPE_CHECKING:
 DROPPED_CALLS_KEY = "dropped_calls"
 
 #: Why a gateway drops a call (``harnessrl.gateway.pipeline.delivery``): its client left, its client read
-#: too slowly, its rollout (or attempt) ended before it was recorded, or the gateway stalled past its
-#: lease while the call generated (``gateway.control.heartbeat``'s fence).
+#: too slowly, its rollout (or attempt) ended before it was recorded, the gateway stalled past its
+#: lease while the call generated (``gateway.control.heartbeat``'s fence), or the gateway began to
+#: shut down while the call waited at the pause gate.
 DROP_REASONS = ("client_gone", "slow_reader", "rollout_ended", "gateway_lapsed", "gateway_stopping")
 
 

@@ -14,6 +14,10 @@ Why it looks the way it does:
   is deleted at the end anyway, and the ``Store`` contract is about surviving a *client* process
   being killed, which these settings do not touch.
 - Only 127.0.0.1 and a private Unix-socket folder are listened on; nothing else can connect.
+- ``pg_ctl`` starts the server as a daemon, which outlives whoever started it. So a *reaper* (this
+  module with ``--reap``, in a session of its own) waits on a pipe only the owner holds: when the
+  owner ends without ``stop()`` (SIGTERM, SIGKILL, a crash), the pipe closes and the reaper stops
+  the server and deletes its folder. ``stop()`` does both itself and ends the reaper.
 
 ``server_for_tests()`` is what test suites use: the server named by ``HARNESSRL_TEST_PG_URL`` when set,
 else a throwaway one (installing Debian's ``postgresql`` package first when allowed).
@@ -31,6 +35,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -157,6 +162,7 @@ class ThrowawayPostgres(PostgresServer):
         self.folder: Path | None = None
         self.port: int | None = None
         self.startup_s: float | None = None  # how long initdb + start took
+        self._reaper: subprocess.Popen[bytes] | None = None  # cleans up if this process dies first
         super().__init__("")
 
     def __enter__(self) -> ThrowawayPostgres:
@@ -190,6 +196,21 @@ class ThrowawayPostgres(PostgresServer):
         started = time.monotonic()
         self.folder = Path(tempfile.mkdtemp(prefix="harnessrl-pg-"))
         try:
+            self._reaper = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "harnessrl.store.pg_server",
+                    "--reap",
+                    str(self.bindir),
+                    str(self.folder),
+                ],
+                stdin=subprocess.PIPE,
+                # Not the owner's stdout/stderr: whoever reads those to their end must not wait on it.
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,  # a Ctrl-C to the owner's process group must not end it first
+            )
             self._init_and_start(self.folder)
         except BaseException:
             self.stop()  # never leave a half-made cluster (or its server) behind
@@ -242,9 +263,17 @@ class ThrowawayPostgres(PostgresServer):
         )  # fmt: skip
 
     def stop(self) -> None:
-        if self.folder is None:
-            return
-        folder, self.folder = self.folder, None
+        if self.folder is not None:
+            folder, self.folder = self.folder, None
+            self._stop_and_delete(folder)
+        reaper, self._reaper = self._reaper, None
+        if reaper is not None:  # nothing left for it to do
+            reaper.kill()
+            reaper.wait()
+            if reaper.stdin is not None:
+                reaper.stdin.close()
+
+    def _stop_and_delete(self, folder: Path) -> None:
         pid_file = folder / "data" / "postmaster.pid"
         if pid_file.is_file():
             # pg_ctl -m immediate: no shutdown checkpoint, the data is thrown away anyway. Signal the
@@ -275,7 +304,18 @@ def server_for_tests(*, install: bool = True) -> Iterator[PostgresServer]:
         yield server
 
 
+def _reap(bindir: str, folder: str) -> None:
+    """The reaper: once its owner's pipe closes (the owner ended, however), stop the server that
+    runs on ``folder`` and delete the folder (nothing is left to do if ``stop()`` ran)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.stdin.buffer.read()
+    ThrowawayPostgres(Path(bindir))._stop_and_delete(Path(folder))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--reap"]:
+        _reap(*sys.argv[2:4])
+        return
     with ThrowawayPostgres() as server:
         server.create_database("harnessrl")
         print(f"PostgreSQL ready in {server.startup_s:.1f} s: {server.url('harnessrl')}", flush=True)

@@ -21,18 +21,21 @@ connection before lending it, so a restarted server costs no failed calls. Durab
 server's: a method returns after ``COMMIT``, which with PostgreSQL's default
 ``synchronous_commit=on`` has flushed the WAL.
 
-Connection problems surface as ``UpstreamError`` naming the server (password removed).
+Connection problems surface as ``UpstreamError`` naming the server; a URL libpq cannot parse, or a
+user who may not create the tables, as ``ConfigError``. The password is removed from both, wherever
+the URL holds it (``user:password@``, ``?password=``) and wherever the driver's message quotes it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote
 
 from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.schemas import Call
@@ -80,14 +83,41 @@ def _check_encoding(conn: psycopg.Connection[Any], url: str) -> None:
         )
 
 
+_PASSWORD_PARAM = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
+
+
+def _url_parts(url: str) -> tuple[str, str | None, str, str]:
+    """``scheme://[userinfo@]rest?query`` as (scheme, userinfo or None, the rest before the query,
+    the query and fragment), split as text: never raises, whatever the port or host look like."""
+    scheme, _, after = url.partition("://")
+    cut = min([i for i in (after.find("?"), after.find("#")) if i >= 0], default=len(after))
+    userinfo, at, rest = after[:cut].rpartition("@")
+    return scheme, userinfo if at else None, rest, after[cut:]
+
+
 def redact(url: str) -> str:
-    """``url`` without its password, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` without its password (``user:PASSWORD@`` or ``?password=``), for messages and logs.
+    Never raises: a URL libpq cannot parse (a bad port, an unclosed ``[``) is redacted all the same."""
+    if "://" not in url:
         return url
-    host = parts.hostname or ""
-    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
+    scheme, userinfo, rest, query = _url_parts(url)
+    if userinfo is not None:
+        user, colon, _ = userinfo.partition(":")
+        rest = f"{user}{':***' if colon else ''}@{rest}"
+    return f"{scheme}://{rest}" + _PASSWORD_PARAM.sub(r"\1***", query)
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (a driver's message, which may quote a URL it could not parse) without ``url``'s
+    password, as written or percent-decoded."""
+    _, userinfo, _, query = _url_parts(url)
+    passwords = [m.group(2) for m in _PASSWORD_PARAM.finditer(query)]
+    if userinfo is not None and ":" in userinfo:
+        passwords.append(userinfo.partition(":")[2])
+    text = text.replace(url, redact(url))
+    for password in sorted({p for pw in passwords if pw for p in (pw, unquote(pw))}, key=len, reverse=True):
+        text = text.replace(password, "***")
+    return text
 
 
 class PostgresStore(SQLStore):
@@ -129,7 +159,13 @@ class PostgresStore(SQLStore):
                 _check_encoding(conn, url)
                 migrate_postgres(conn, where=f"store {redact(url)}")
         except psycopg.OperationalError as exc:
-            raise UpstreamError(f"cannot use PostgreSQL store {redact(url)}: {exc}".strip()) from exc
+            raise UpstreamError(
+                f"cannot use PostgreSQL store {redact(url)}: {scrub(str(exc), url)}".strip()
+            ) from None
+        except psycopg.Error as exc:  # a URL libpq cannot parse, no right to create the tables, ...
+            raise ConfigError(
+                f"cannot use PostgreSQL store {redact(url)}: {scrub(str(exc), url)}".strip()
+            ) from None
         self._pool = self._new_pool()
 
     def _new_pool(self) -> ConnectionPool:
@@ -156,7 +192,7 @@ class PostgresStore(SQLStore):
             with self._pool.connection() as conn:
                 yield conn
         except (psycopg.OperationalError, PoolTimeout) as exc:
-            raise UpstreamError(f"PostgreSQL store {redact(self.url)}: {exc}") from exc
+            raise UpstreamError(f"PostgreSQL store {redact(self.url)}: {scrub(str(exc), self.url)}") from exc
 
     _read = _tx
     _write = _tx

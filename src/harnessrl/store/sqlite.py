@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from harnessrl.errors import NotFound
+from harnessrl.errors import ConfigError, NotFound
 from harnessrl.schemas import Call, Rollout
 from harnessrl.store.chains import EncodedItems, pack_call
 from harnessrl.store.codecs import is_storable_key, rollout_from_row
@@ -61,24 +62,29 @@ class SQLiteStore(SQLStore):
         self.path = str(path)
         self._timeout_s = timeout_s
         self._synchronous = synchronous
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._pid = os.getpid()
         self._closed = False
         self._reset_readers()
         self._by_key: dict[str, tuple[tuple[Any, ...], Rollout]] = {}  # key -> (its row, its rollout)
         if self.local_file is not None:
-            _make_private(self.local_file)
+            if self.path.endswith(("/", os.sep)):  # Path() would drop the slash and make a file there
+                raise ConfigError(f"store {self.path!r} names a folder: name the database file in it")
+            _prepare_file(self.local_file)
         # The schema version is read (and a newer store refused) before the switch to WAL, which
         # would change the file's header and leave -wal/-shm files beside a store it must not touch.
-        self._conn = self._connect(wal=False)
+        try:
+            self._conn = self._connect(wal=False)
+        except sqlite3.DatabaseError as exc:
+            raise ConfigError(f"cannot open store {self.path!r}: {exc}") from exc
         try:
             with self._write() as conn:
                 migrate_sqlite(conn, where=f"store {self.path!r}")
             _enter_wal(self._conn, timeout_s)
-        except BaseException:
+        except BaseException as exc:
             self.close()
+            if isinstance(exc, sqlite3.DatabaseError):  # not a database, or not one of ours
+                raise ConfigError(f"cannot open store {self.path!r}: {exc}") from exc
             raise
         if self.local_file is not None:
             # -wal/-shm that an older harnessrl (or another program) made with the umask's
@@ -234,15 +240,32 @@ class SQLiteStore(SQLStore):
         self.close()
 
 
-def _make_private(path: Path) -> None:
+def _prepare_file(path: Path) -> None:
     """Make the database file readable by its owner only (every task with its hidden data, every
-    rollout key), creating it so when it is new, before SQLite first opens it: SQLite creates the
-    WAL and shared-memory files with the database file's permissions, whatever the umask."""
+    rollout key), creating it and its folders so when it is new, before SQLite first opens it:
+    SQLite creates the WAL and shared-memory files with the database file's permissions, whatever
+    the umask. A path that is not a regular file (a folder, a device) is a ``ConfigError`` and is
+    left as it is: a ``--store runs/x`` naming the run folder must not make that folder 0600."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a folder that cannot be made, a parent that is a file
+        raise ConfigError(f"cannot create store {str(path)!r}: {exc}") from exc
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except FileExistsError:
+        try:
+            is_file = stat.S_ISREG(os.stat(path).st_mode)
+        except OSError:  # a dangling link (SQLite creates its target), a folder we may not look into
+            return
+        if not is_file:
+            raise ConfigError(
+                f"store {str(path)!r} is not a file (a folder?): name the database file, "
+                "e.g. runs/x/harnessrl.db"
+            ) from None
         with contextlib.suppress(OSError):  # a file of another owner keeps its permissions
             os.chmod(path, 0o600)
+    except OSError as exc:  # a folder this user may not write
+        raise ConfigError(f"cannot create store {str(path)!r}: {exc}") from exc
     else:
         os.close(fd)
 
