@@ -423,12 +423,14 @@ def test_idle_cpu_tells_a_busy_process_from_a_sleeping_one(go: ModuleType) -> No
     busy = start("while True: pass")
     sleeping = start("import time; time.sleep(60)")
     try:
-        idle = go.idle_cpu({"busy": busy.pid, "sleeping": sleeping.pid}, 0.5)
+        idle = go.idle_cpu({"busy": busy.pid, "sleeping": sleeping.pid}, 2.0)
     finally:
         busy.kill()
         sleeping.kill()
         busy.wait()
         sleeping.wait()
     assert set(idle) == {"busy", "sleeping"}
-    assert idle["busy"] > 200  # ms of CPU per second: most of a core, shared with the tests
-    assert idle["sleeping"] < 50
+    # ms of CPU per second, told apart by ratio: on 2 cores shared with a loaded test run the busy
+    # one may get ~100 ms/s (a fixed "most of a core" failed there), the sleeping one gets ~0.
+    assert idle["sleeping"] < 5
+    assert idle["busy"] > 10 * max(idle["sleeping"], 2)

@@ -289,7 +289,7 @@ def test_max_output_tokens_makes_an_incomplete_response(make_gateway: Any) -> No
     assert events[-1].type == "response.incomplete"
 
 
-@pytest.mark.timeout(30)
+@pytest.mark.timeout(120)
 def test_streaming_call_held_at_a_paused_gateway_gets_keepalives(make_gateway: Any) -> None:
     gw = make_gateway(["after the pause"], keepalive_s=0.1)
     rollout = gw.rollout()
@@ -308,7 +308,7 @@ def test_streaming_call_held_at_a_paused_gateway_gets_keepalives(make_gateway: A
 
     thread = threading.Thread(target=stream)
     thread.start()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a wait, not a timing
     while gw.client.state()["waiting"] != 1 or sum(line.startswith(":") for line in lines) < 2:
         assert time.monotonic() < deadline, lines
         time.sleep(0.02)
@@ -391,7 +391,7 @@ def test_client_that_leaves_mid_stream_cancels_the_call(make_gateway: Any) -> No
         for line in r.iter_lines():
             if "response.output_text.delta" in line:
                 break  # leave after the first token
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # a wait, not a timing
     while gw.client.state()["in_flight"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
