@@ -93,7 +93,7 @@ def test_a_slow_reader_is_cut_off_and_its_call_dropped(make_gateway: Any, reader
         counting=True,
         context_length=32768,
         stream_buffer_bytes=16384,
-        slow_reader_window_s=0.5,
+        slow_reader_window_s=2,  # the control reads fast: a 2 s stall of this process must not cut it
         slow_reader_bytes_per_s=100_000,
     )
     total = len(gw.engine.turn_token_ids(0))

@@ -202,7 +202,7 @@ def _still_open(sock: socket.socket) -> bool:
 
 
 def test_half_sent_request_is_closed_after_the_header_timeout(make_gateway: Any) -> None:
-    gw = make_gateway(header_timeout_s=0.5)
+    gw = make_gateway(header_timeout_s=2)  # long enough that the test's own steps fit in it when loaded
     # Control, opened first: a whole request in time is answered, and its connection then sits idle
     # for longer than the header timeout (the others below are closed for it meanwhile).
     ok = _connect(gw.url)
@@ -225,7 +225,7 @@ def test_half_sent_request_is_closed_after_the_header_timeout(make_gateway: Any)
 
 
 def test_body_that_never_arrives_is_closed_after_the_body_timeout(make_gateway: Any) -> None:
-    gw = make_gateway(body_timeout_s=0.5)
+    gw = make_gateway(body_timeout_s=3)  # the open-check below must come before it, when loaded too
     rollout = gw.rollout()
     sock = _connect(gw.url)
     head = (
@@ -248,7 +248,7 @@ def test_body_that_never_arrives_is_closed_after_the_body_timeout(make_gateway: 
 
 
 def test_idle_keep_alive_connection_closes_after_the_keepalive_timeout(make_gateway: Any) -> None:
-    gw = make_gateway(keepalive_timeout_s=0.5)
+    gw = make_gateway(keepalive_timeout_s=3)  # the open-check below must come before it, when loaded too
     sock = _connect(gw.url)
     sock.sendall(_request())
     assert sock.recv(65536).startswith(b"HTTP/1.1 200 ")
@@ -407,7 +407,7 @@ def test_the_per_key_cap_counts_the_key_that_authenticates(make_gateway: Any) ->
             }
             for name, headers in dressed.items():
                 try:
-                    r = client.post(url, json=CHAT, headers=headers, timeout=3)
+                    r = client.post(url, json=CHAT, headers=headers, timeout=30)
                 except httpx.ReadTimeout:
                     pytest.fail(f"{name}: admitted past the cap (it waits at the gate beside the first)")
                 assert r.status_code in (401, 429), f"{name}: {r.status_code} served past the cap"
