@@ -265,3 +265,19 @@ def test_the_watchdog_removes_the_temp_folder_of_a_server_whose_starter_was_kill
     _wait_for(
         lambda: not Path(f"/proc/{pid}").exists() or not _alive(Path(f"/proc/{pid}")), "the server to die"
     )
+
+
+def test_a_port_another_server_listens_on_exits_2_naming_it(tmp_path: Path) -> None:
+    from tests.fakes.vllm_server import serve_vllm
+
+    python = tmp_path / "python"  # stands in for vLLM's interpreter: never started here
+    python.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(600)\n")
+    python.chmod(0o755)
+    env = {**os.environ, "HARNESSRL_VLLM_PYTHON": str(python)}
+    with serve_vllm([1]) as other:
+        proc = run(
+            "engine", "serve", "tiny", "--port", str(other.port), "--log", str(tmp_path / "v.log"), env=env
+        )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert f"127.0.0.1:{other.port}" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "v.log").exists()

@@ -349,3 +349,57 @@ def test_shared_prompt_prefixes_are_copied_not_recomputed(tiny_dir: Path, prefil
     finally:
         asyncio.run(sharing.aclose())
         asyncio.run(plain.aclose())
+
+
+@pytest.mark.parametrize("flaw", ["unknown name", "wrong shape"])
+def test_a_refused_weight_update_changes_no_weight(tiny_dir: Path, flaw: str) -> None:
+    # An update with a weight the model does not have (or of another shape) is refused before any
+    # weight is copied: otherwise the engine would go on serving some of the new weights labelled
+    # with the old version.
+    engine = _start(EmbeddedEngine(tiny_dir, max_batch_size=4))
+    try:
+        original = {k: v.clone() for k, v in engine.model.state_dict().items()}
+        update = {k: torch.full_like(v, 0.5) for k, v in original.items()}
+        if flaw == "unknown name":
+            update["lm_head.bias"] = torch.zeros(3)
+        else:
+            name = next(iter(update))
+            update[name] = torch.zeros(3)
+        with pytest.raises(InvalidWeightUpdate, match="unexpected" if flaw == "unknown name" else "shape"):
+            asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=update)))
+        assert engine.policy_version == 0
+        for name, value in engine.model.state_dict().items():
+            assert torch.equal(value, original[name]), name
+        # Control: the same update without the flaw is applied whole.
+        whole = {k: torch.full_like(v, 0.5) for k, v in original.items()}
+        asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=whole)))
+        assert engine.policy_version == 1
+        assert all(torch.equal(v, whole[k]) for k, v in engine.model.state_dict().items())
+    finally:
+        asyncio.run(engine.aclose())
+
+
+def test_a_weight_update_without_weights_is_refused_not_a_relabelling(tiny_dir: Path, tmp_path: Path) -> None:
+    # A checkpoint_dir that does not exist (or holds no *.safetensors), or an empty state dict, would
+    # change no weight but label the old ones with the new version: refused.
+    engine = _start(EmbeddedEngine(tiny_dir, max_batch_size=4))
+    try:
+        for update in (
+            WeightUpdate(version=1, checkpoint_dir=str(tmp_path / "missing")),
+            WeightUpdate(version=1, checkpoint_dir=str(tmp_path)),
+            WeightUpdate(version=1, state_dict={}),
+        ):
+            with pytest.raises(InvalidWeightUpdate, match="holds no weights"):
+                asyncio.run(engine.update_weights(update))
+            assert engine.policy_version == 0
+        # Control: a folder with the weights is applied.
+        from safetensors.torch import save_file
+
+        save_file(
+            {k: v.contiguous() for k, v in engine.model.state_dict().items() if "layers.0." in k},
+            str(tmp_path / "w.safetensors"),
+        )
+        asyncio.run(engine.update_weights(WeightUpdate(version=1, checkpoint_dir=str(tmp_path))))
+        assert engine.policy_version == 1
+    finally:
+        asyncio.run(engine.aclose())

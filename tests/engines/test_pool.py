@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -18,6 +20,7 @@ from harnessrl.engines.pool import EnginePool
 from harnessrl.engines.remote import AbortedByEngine, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
+from harnessrl.errors import UpstreamError
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store.sqlite import SQLiteStore
@@ -422,3 +425,217 @@ def test_an_aborted_answer_reaches_neither_the_harness_as_an_answer_nor_the_stor
     assert len(calls[0].response_token_ids) == len(
         tokenizer.encode("The answer is 42, as computed.<|im_end|>")
     )
+
+
+def test_a_continuation_must_match_the_version_of_the_replica_that_streamed_not_one_that_failed(
+    tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    """Replicas serve different versions (a rolling update): the first try fails before any token on
+    a version-1 replica, a version-2 replica streams 3 tokens and dies. The only survivor serves
+    version 1, so continuing there would make one answer of two policies: the call fails instead."""
+    servers = [serve_vllm(reply) for _ in range(3)]
+    try:
+        servers[0].fake.fail_with = [503]
+        servers[1].fake.kill_after_tokens = 3
+        pool, _ = make_pool(servers, tokenizer)
+
+        async def run() -> list[TokenSample]:
+            await pool.start()
+            try:
+                for replica, version in zip(pool.replicas, (1, 2, 1), strict=True):
+                    replica.engine.adopt_policy_version(version)
+                assert pool.preference(None) == [0, 1, 2]  # the order the tries take
+                return await generate(pool, None)
+            finally:
+                await pool.aclose()
+
+        with pytest.raises(UpstreamError, match="policy version 2"):
+            asyncio.run(run())
+        assert servers[2].fake.prompts == []  # never asked to continue version 2's tokens
+        # Control: the survivor serves version 2, so the continuation is exact and the answer whole.
+        servers = [*servers[:2], servers[2]]
+        servers[0].fake.fail_with = [503]
+        servers[1] = serve_vllm(reply)
+        servers[1].fake.kill_after_tokens = 3
+        pool, _ = make_pool(servers, tokenizer)
+
+        async def run_control() -> list[TokenSample]:
+            await pool.start()
+            try:
+                for replica, version in zip(pool.replicas, (1, 2, 2), strict=True):
+                    replica.engine.adopt_policy_version(version)
+                return await generate(pool, None)
+            finally:
+                await pool.aclose()
+
+        assert [s.token_id for s in asyncio.run(run_control())] == reply
+        assert servers[2].fake.prompts == [[7, 8, 9, *reply[:3]]]
+    finally:
+        for server in servers:
+            server.kill()
+
+
+def test_a_replica_that_fails_after_the_stop_token_ends_the_answer_there(
+    tokenizer: PolicyTokenizer, reply: list[int]
+) -> None:
+    """The server goes away after streaming the stop token, before its stream's end: the answer is
+    whole, so it is the call's; nothing is generated past it on another replica."""
+    from tests.engines.test_vllm_transport import Knobs, serve_knobs
+
+    stop = reply[-1]
+    knobs = Knobs(tokens=[(t, -0.5) for t in reply], last_event=None, done="")
+    cut = serve_knobs(knobs)
+    other = serve_vllm(reply)
+    try:
+        pool, _ = make_pool([cut, other], tokenizer)
+
+        async def run() -> list[TokenSample]:
+            await pool.start()
+            try:
+                ctx = GenerationContext(rollout_id=None)
+                params = SamplingParams(max_tokens=100, stop_token_ids=(stop,))
+                return [s async for s in each_sample(pool.generate([7, 8, 9], params, ctx))]
+            finally:
+                await pool.aclose()
+
+        assert [s.token_id for s in asyncio.run(run())] == reply
+        assert other.fake.prompts == []
+    finally:
+        cut.kill()
+        other.kill()
+
+
+def serve_gated_vllm() -> tuple[FakeServer, dict[str, Any]]:
+    """A vLLM server whose weight reloads can be held: ``state["held"]`` names a checkpoint folder
+    whose ``/collective_rpc`` waits until ``state["gate"]`` is set; ``state["fail_pause"]`` answers
+    that many ``/pause`` calls 503 (the server is down for an update). ``state["reloads"]`` lists the
+    folders reloaded, in the order they finished: the last is what the server serves."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+    from tests.fakes.vllm_server import FakeModel
+
+    state: dict[str, Any] = {
+        "held": None,
+        "gate": threading.Event(),
+        "fail_pause": 0,
+        "arrived": [],
+        "reloads": [],
+    }
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def ok(request: Request) -> Response:
+        return JSONResponse({})
+
+    async def pause(request: Request) -> Response:
+        if state["fail_pause"]:
+            state["fail_pause"] -= 1
+            return JSONResponse({"error": "down"}, 503)
+        return JSONResponse({})
+
+    async def rpc(request: Request) -> Response:
+        folder = (await request.json())["kwargs"]["weights_path"]
+        state["arrived"].append(folder)
+        if folder == state["held"]:
+            await asyncio.to_thread(state["gate"].wait, 600)
+        state["reloads"].append(folder)
+        return JSONResponse({})
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models),
+            Route("/health", ok),
+            Route("/pause", pause, methods=["POST"]),
+            Route("/resume", ok, methods=["POST"]),
+            Route("/collective_rpc", rpc, methods=["POST"]),
+        ]
+    )
+    return FakeServer(app, FakeModel([0])).start(), state
+
+
+async def _until(condition: Any, what: str) -> None:
+    """Wait for ``condition()`` (a generous bound only ends a hung test)."""
+    for _ in range(60_000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_a_missed_update_applied_late_never_overtakes_a_newer_one(tokenizer: PolicyTokenizer) -> None:
+    """A replica missed update 2 (down); the health loop finds it up and starts giving it 2, and
+    update 3 comes while that reload is still running. Update 3 must be the last the replica
+    installs: run beside it, the older reload finishing last put the replica back into rotation
+    serving (and labelled with) version 2 while the others served 3."""
+    gated, state = serve_gated_vllm()
+    other = serve_vllm([5])
+    try:
+        state["fail_pause"] = 1  # down for update 2
+        pool = EnginePool(
+            [VLLMEngine(s.url, tokenizer, pause_timeout_s=60) for s in (gated, other)],
+            health_interval_s=0.01,
+        )
+
+        async def run() -> None:
+            await pool.start()
+            try:
+                await pool.update_weights(WeightUpdate(version=2, checkpoint_dir="/ckpt/2"))
+                assert pool.replicas[0].pending is not None  # missed it
+                state["held"] = "/ckpt/2"  # the health loop's late reload of 2 will hang
+                await _until(lambda: "/ckpt/2" in state["arrived"], "the late reload of update 2")
+                update3 = asyncio.create_task(
+                    pool.update_weights(WeightUpdate(version=3, checkpoint_dir="/ckpt/3"))
+                )
+                # Update 3 either reached the server beside the late reload (the bug) or waits for it.
+                await _until(
+                    lambda: "/ckpt/3" in state["arrived"] or bool(pool._update_lock._waiters),
+                    "update 3 to reach the server or wait its turn",
+                )
+                state["gate"].set()
+                await asyncio.wait_for(update3, 600)
+                await _until(lambda: pool.replicas[0].pending is None, "the replica back in rotation")
+            finally:
+                await pool.aclose()
+
+        asyncio.run(run())
+        assert state["reloads"][-1] == "/ckpt/3"  # what the replica serves
+        assert [r.engine.policy_version for r in pool.replicas] == [3, 3]
+        assert pool.policy_version == 3 and not pool.replicas[0].draining
+    finally:
+        state["gate"].set()
+        gated.kill()
+        other.kill()
+
+
+def test_a_replica_that_fails_once_the_answer_filled_the_context_ends_the_answer_there(
+    tokenizer: PolicyTokenizer,
+) -> None:
+    """The server goes away after the last token the context holds, before its stream's end: the
+    answer is whole ("length"). Continuing it elsewhere would send a prompt that fills the context:
+    a ContextLengthExceeded (the harness's request blamed, a 400) mid-stream instead of the answer."""
+    from tests.engines.test_vllm_transport import Knobs, serve_knobs
+
+    knobs = Knobs(tokens=[(5 + i, -0.5) for i in range(7)], last_event=None, done="")
+    cut = serve_knobs(knobs)
+    other = serve_vllm([9, 9, 9])
+    try:
+        pool = EnginePool(
+            [VLLMEngine(s.url, tokenizer, context_length=10) for s in (cut, other)], health_interval_s=0
+        )
+
+        async def run() -> list[TokenSample]:
+            await pool.start()
+            try:
+                params = SamplingParams(max_tokens=100)  # the context (10 - 3), not this, is the limit
+                return [s async for s in each_sample(pool.generate([1, 2, 3], params, GenerationContext()))]
+            finally:
+                await pool.aclose()
+
+        assert [s.token_id for s in asyncio.run(run())] == [t for t, _ in knobs.tokens]
+        assert other.fake.prompts == []
+    finally:
+        cut.kill()
+        other.kill()

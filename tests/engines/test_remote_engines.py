@@ -376,3 +376,93 @@ def test_sglang_stops_only_at_the_requests_stop_tokens(reply: list[int], tokeniz
 
         assert [s.token_id for s in asyncio.run(run())] == reply[:4]
     assert server.fake.requests[0]["sampling_params"]["ignore_eos"] is True
+
+
+def serve_sglang_cut(
+    entries: list[list[Any]], finish: dict[str, Any] | None, context: Any = 4096
+) -> FakeServer:
+    """An SGLang server that streams ``entries`` (``[logprob, id, text]``, cumulatively as SGLang
+    does, ``finish`` on the last event) and then goes away: no ``data: [DONE]``."""
+    import json
+
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, Response, StreamingResponse
+    from starlette.routing import Route
+    from tests.fakes.vllm_server import FakeModel
+
+    async def model_info(request: Request) -> Response:
+        return JSONResponse({"model_path": "m"})
+
+    async def server_info(request: Request) -> Response:
+        return JSONResponse({"context_length": context})
+
+    async def generate(request: Request) -> Response:
+        def events() -> Iterator[str]:
+            for n in range(1, len(entries) + 1):
+                meta = {
+                    "output_token_logprobs": entries[:n],
+                    "finish_reason": finish if n == len(entries) else None,
+                }
+                yield f"data: {json.dumps({'meta_info': meta})}\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    app = Starlette(
+        routes=[
+            Route("/get_model_info", model_info),
+            Route("/get_server_info", server_info),
+            Route("/generate", generate, methods=["POST"]),
+        ]
+    )
+    return FakeServer(app, FakeModel([0])).start()
+
+
+@pytest.mark.parametrize("ended_by", ["length", "budget", "nothing"])
+def test_sglang_stream_cut_after_its_answer_was_whole_is_that_answer(
+    tokenizer: PolicyTokenizer, ended_by: str
+) -> None:
+    # The server goes away after the answer's last event (it said "length", or every token of
+    # max_tokens came) but before "data: [DONE]": the answer is whole and is the call's. Cut before
+    # that ("nothing": no finish reason, budget left), it is still a retryable error.
+    entries = [[-0.5, 5 + i, None] for i in range(4)]
+    finish = {"type": "length", "length": 4} if ended_by == "length" else None
+    budget = 4 if ended_by == "budget" else 100
+    with serve_sglang_cut(entries, finish) as server:
+        engine = SGLangEngine(server.url, tokenizer)
+
+        async def run() -> list[TokenSample]:
+            await engine.start()
+            try:
+                return await collect(engine, [1, 2, 3], SamplingParams(max_tokens=budget))
+            finally:
+                await engine.aclose()
+
+        if ended_by == "nothing":
+            with pytest.raises(RemoteEngineError) as err:
+                asyncio.run(run())
+            assert err.value.retryable and "[DONE]" in str(err.value)
+        else:
+            assert [s.token_id for s in asyncio.run(run())] == [5, 6, 7, 8]
+
+
+@pytest.mark.parametrize("context", ["4096", 0, True, 4096])
+def test_a_context_length_that_is_not_a_positive_integer_is_a_config_error_at_start(
+    tokenizer: PolicyTokenizer, context: Any
+) -> None:
+    # Taken as it is, "4096" made every later call a TypeError (comparing a prompt's length with text).
+    with serve_sglang_cut([[-0.5, 5, None]], {"type": "length"}, context=context) as server:
+        engine = SGLangEngine(server.url, tokenizer)
+
+        async def start() -> int:
+            try:
+                await engine.start()
+                return engine.context_length
+            finally:
+                await engine.aclose()
+
+        if context == 4096 and type(context) is int:  # control
+            assert asyncio.run(start()) == 4096
+        else:
+            with pytest.raises(ConfigError, match="context length"):
+                asyncio.run(start())

@@ -105,3 +105,31 @@ def test_context_length_and_weights(engine: ScriptedEngine) -> None:
     asyncio.run(engine.update_weights(WeightUpdate(version=7)))
     assert engine.policy_version == 7
     assert asyncio.run(engine.health())["policy_version"] == 7
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "says"),
+    [
+        ("bad.yaml", b"turns: [a, b\n", "not valid YAML"),
+        ("bad.json", b"\xff\xfe{}", "not UTF-8"),
+        ("num.json", b'{"turns": [{"content": 5}]}', "'content' must be a string"),
+        ("why.json", b'{"turns": [{"content": "x", "reasoning": ["a"]}]}', "'reasoning' must be a string"),
+        ("calls.json", b'{"turns": [{"tool_calls": "ls"}]}', "'tool_calls' must be a list"),
+        ("date.yaml", b"- tool_calls: [{name: f, arguments: {when: 2024-01-01}}]\n", "are not JSON"),
+    ],
+)
+def test_a_script_file_that_cannot_be_read_or_rendered_is_a_config_error_at_load(
+    tmp_path: Path, tiny_dir: Path, name: str, content: bytes, says: str
+) -> None:
+    # A clear ConfigError when the engine is made (the CLI's exit 2), not a parser's traceback, nor a
+    # TypeError when a call reaches the bad turn.
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ConfigError, match=says):
+        ScriptedEngine(tmp_path / name, PolicyTokenizer.from_dir(tiny_dir))
+    # Control: the same file, well formed, loads and renders.
+    (tmp_path / "good.json").write_text(json.dumps({"turns": TURNS}))
+    assert _collect(
+        ScriptedEngine(tmp_path / "good.json", PolicyTokenizer.from_dir(tiny_dir)), SamplingParams(5)
+    )

@@ -85,3 +85,18 @@ def test_nan_and_infinity_are_not_json(constant: bytes) -> None:
     with pytest.raises(json.JSONDecodeError):
         loads(b'{"token_logprobs": [' + constant + b"]}")
     assert loads(b'{"a": "\\ud800"}') == {"a": "\ud800"}  # what orjson alone refuses is still read
+
+
+@pytest.mark.parametrize("done", [b"data: [DONE]", b"data:[DONE]", b"data:  [DONE] \r"])
+def test_a_last_done_line_without_its_newline_ends_the_stream_as_with_it(done: bytes) -> None:
+    # ``feed`` reads a "data:" line's payload stripped, so "data:[DONE]\n" ends a stream; the same
+    # line as the body's last bytes, with no newline after it, must too (not "ended without [DONE]").
+    with_newline = SseLines()
+    assert with_newline.feed(b'data: {"n": 1}\n\n' + done + b"\n") == [b'{"n": 1}'] and with_newline.done
+    lines = SseLines()
+    assert lines.feed(b'data: {"n": 1}\n\n' + done) == [b'{"n": 1}']
+    assert lines.finish()
+    # Control: a last line that is not [DONE] is an unfinished stream.
+    cut = SseLines()
+    cut.feed(b'data: {"n": 1}\n\ndata: {"n": 2}')
+    assert not cut.finish()

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from tests.fakes.vllm_server import FakeModel, FakeServer, serve_vllm
 
 from harnessrl.engines.base import GenerationContext, SamplingParams, each_sample
-from harnessrl.engines.remote import HttpUpstream, RemoteEngineError
+from harnessrl.engines.remote import HttpUpstream, MalformedAnswer, RemoteEngineError
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
 from harnessrl.tokenizer import PolicyTokenizer
@@ -198,10 +198,50 @@ def test_stream_end_without_done_is_retryable_and_a_last_line_without_newline_co
     knobs.done = "data: [DONE]"  # no newline after it: still a complete stream
     (got,) = _run(engine, [(SamplingParams(max_tokens=100), None)])
     assert got == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
-    knobs.done = ""  # the server went away between events
+    knobs.done = ""  # the server went away between events, before the answer's finish reason
+    knobs.last_event = None
     with pytest.raises(RemoteEngineError) as err:
         _run(engine, [(SamplingParams(max_tokens=100), None)])
     assert err.value.retryable and "[DONE]" in str(err.value)
+
+
+@pytest.mark.parametrize("ended_by", ["stop token", "length", "budget"])
+def test_a_stream_cut_after_its_answer_was_whole_is_that_answer(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer, ended_by: str
+) -> None:
+    # The server goes away after the event that ends the answer (its stop token, the finish reason
+    # "length", or the last token of max_tokens) but before "data: [DONE]": the answer is whole and is
+    # the call's, not an error (which
+    # a pool would continue past the answer's end, and a lone engine would fail a finished call with).
+    knobs, engine = knobs_server
+    stop = tokenizer.stop_token_ids[0]
+    stops = (stop,) if ended_by == "stop token" else ()
+    if ended_by != "stop token":
+        knobs.tokens = knobs.tokens[:-1]  # no stop token: the last event says "length"
+    if ended_by == "budget":
+        knobs.last_event = None  # no finish reason, but every token of max_tokens came
+    knobs.done = ""
+    budget = len(knobs.tokens) if ended_by == "budget" else 100
+    params = SamplingParams(max_tokens=budget, stop_token_ids=stops)
+    (got,) = _run(engine, [(params, None)])
+    assert got == [(t, pytest.approx(lp)) for t, lp in knobs.tokens]
+    # Control: the same cut before the answer ended (no finish reason sent) is still an error.
+    knobs.last_event = None
+    with pytest.raises(RemoteEngineError) as err:
+        _run(engine, [(SamplingParams(max_tokens=100), None)])
+    assert err.value.retryable and "[DONE]" in str(err.value)
+
+
+def test_a_stop_token_past_the_budget_is_still_a_malformed_answer(
+    knobs_server: tuple[Knobs, VLLMEngine], tokenizer: PolicyTokenizer
+) -> None:
+    # Only a stop token that was passed on makes the answer whole: one that came past max_tokens is
+    # refused (never an answer ended quietly without its last batch).
+    knobs, engine = knobs_server
+    stop = tokenizer.stop_token_ids[0]
+    knobs.tokens, knobs.done = [(5, -0.1), (6, -0.2), (stop, -0.3)], ""
+    with pytest.raises(MalformedAnswer, match="max_tokens=2"):
+        _run(engine, [(SamplingParams(max_tokens=2, stop_token_ids=(stop,)), None)])
 
 
 def test_vllm_fake_whole_answer_matches_stream(tokenizer: PolicyTokenizer) -> None:
@@ -253,10 +293,13 @@ def test_proxy_and_netrc_come_from_the_environment_once(
     assert _env_settings(URL("http://upstream.example:8000"), netrc=False)[1] is None  # an API key wins
 
 
+@pytest.mark.parametrize("context", [WHOLE, GenerationContext("r")], ids=["whole", "streamed"])
 def test_a_proxy_in_the_environment_is_used_for_generation(
-    tokenizer: PolicyTokenizer, monkeypatch: pytest.MonkeyPatch
+    tokenizer: PolicyTokenizer, monkeypatch: pytest.MonkeyPatch, context: GenerationContext
 ) -> None:
     # HTTP_PROXY pointing at a real (fake) vLLM server: requests to an unreachable host arrive there.
+    # Streamed too: the proxied stream takes the stream interval the engine passes on (it was a
+    # TypeError on every streamed call through a proxy).
     knobs = Knobs(tokens=[(5, -0.5), (6, -0.25)])
     with serve_knobs(knobs) as server:
         monkeypatch.setenv("HTTP_PROXY", server.url)
@@ -269,12 +312,12 @@ def test_a_proxy_in_the_environment_is_used_for_generation(
             await engine.start()
             try:
                 params = SamplingParams(max_tokens=4, stop_token_ids=())
-                return [s.token_id async for s in each_sample(engine.generate([1, 2], params, WHOLE))]
+                return [s.token_id async for s in each_sample(engine.generate([1, 2], params, context))]
             finally:
                 await engine.aclose()
 
         assert asyncio.run(main()) == [5, 6]
-    assert knobs.seen and knobs.seen[0][0] is False
+    assert [stream for stream, _ in knobs.seen] == [context.stream]
 
 
 def test_whole_answer_generation_matches_the_token_by_token_one(

@@ -110,7 +110,10 @@ def engine_serve(
         raise fail(str(exc)) from exc
     server = EngineServer(launch, Path(log), python=python)
     typer.echo(f"starting vLLM on {folder} at {launch.url} (log: {log})", err=True)
-    server.start()
+    try:
+        server.start()  # a --port something else serves is refused here, before vLLM starts
+    except HarnessRLError as exc:
+        raise fail(str(exc)) from exc
     signal.signal(signal.SIGTERM, _interrupt)  # a supervisor's stop ends vLLM too
     try:
         info = server.wait_ready(ready_timeout_s, progress=lambda m: typer.echo(m, err=True))

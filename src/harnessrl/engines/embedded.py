@@ -261,13 +261,32 @@ class EmbeddedEngine:
                 state.update(load_file(str(path)))
         if state is None:
             raise InvalidWeightUpdate("a weight update needs a state_dict or a checkpoint_dir")
+        if not state:  # it would only relabel the weights served with the new version
+            where = (
+                f"checkpoint_dir {update.checkpoint_dir!r} (no *.safetensors)"
+                if update.state_dict is None
+                else "state_dict"
+            )
+            raise InvalidWeightUpdate(f"weight update {update.version} holds no weights: an empty {where}")
+        # Checked before any weight is copied: ``load_state_dict`` copies every weight it can before it
+        # reports the others, so an update refused after it would leave the engine serving some of
+        # the new weights under the old version.
+        own = self._model.state_dict()
+        unexpected = [name for name in state if name not in own]
+        if unexpected:
+            raise InvalidWeightUpdate(f"unexpected weights in update: {unexpected[:5]}")
+        misshapen = [
+            f"{name} {tuple(getattr(value, 'shape', ()))} (the model's: {tuple(own[name].shape)})"
+            for name, value in state.items()
+            if tuple(getattr(value, "shape", ())) != tuple(own[name].shape)
+        ]
+        if misshapen:
+            raise InvalidWeightUpdate(f"weights of the wrong shape in update: {misshapen[:3]}")
         with self._step_lock, torch.no_grad():
             if self._released:
                 self._refill(state)
             # strict=False: tied weights may be present under one name only.
-            result = self._model.load_state_dict(state, strict=False)
-            if result.unexpected_keys:
-                raise InvalidWeightUpdate(f"unexpected weights in update: {result.unexpected_keys[:5]}")
+            self._model.load_state_dict(state, strict=False)
             self._version = update.version
 
     async def update_weights(self, update: WeightUpdate) -> None:

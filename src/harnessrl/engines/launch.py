@@ -46,7 +46,7 @@ from typing import Any, Literal
 
 import orjson
 
-from harnessrl.engines.vllm import LOGPROBS_MODE, logprobs_mode_of
+from harnessrl.engines.vllm import LOGPROBS_MODE, logprobs_mode_of, served_models
 from harnessrl.errors import ConfigError, UpstreamError
 
 VLLM_PYTHON_ENV = "HARNESSRL_VLLM_PYTHON"
@@ -77,6 +77,21 @@ def find_vllm_python() -> str:
         "vLLM is not installed: run `HARNESSRL_INSTALL_VLLM=1 ./install.sh` (CPU build, .venv-vllm) "
         f"or set {VLLM_PYTHON_ENV} to a Python that has vLLM"
     )
+
+
+def check_port_free(host: str, port: int) -> None:
+    """``ConfigError`` if something listens on ``host:port`` (bound as a server binds it, with
+    ``SO_REUSEADDR``: connections of an earlier server still closing do not count)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve at {host}:{port}: {exc.strerror or exc} (another server is there? pick "
+                "another --port)"
+            ) from exc
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -233,9 +248,7 @@ def check_server(
         models = _get_json(f"{url}/v1/models", timeout)
     except (urllib.error.URLError, OSError) as exc:
         raise UpstreamError(f"vLLM at {url} is not answering: {exc}") from exc
-    data = (models or {}).get("data") or []
-    if not data:
-        raise ConfigError(f"vLLM at {url}: /v1/models lists no model")
+    data = served_models(models, f"vLLM at {url}")
     try:
         # The first /server_info serializes the whole engine config: seconds on a busy CPU machine
         # (measured > 10 s at load average 16), so it gets more time than a liveness probe.
@@ -303,7 +316,11 @@ class EngineServer:
         return f"vllm:{self.url}"
 
     def start(self) -> None:
+        """Launch the server. ``ConfigError`` before anything is started if its port is taken: another
+        server listening there would answer ``wait_ready`` for this one while this one fails to bind
+        (and a test or benchmark would then run against that other server)."""
         python = self.python or find_vllm_python()
+        check_port_free(self.launch.host, self.launch.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
         self.temp_dir = Path(tempfile.mkdtemp(prefix="harnessrl-vllm-"))

@@ -16,8 +16,10 @@ something was yielded. Instead the pool *continues* the generation on another re
 ``prompt + tokens so far`` with the remaining budget. That is exact, not a heuristic: sampling is
 autoregressive, so the distribution of the rest given the prefix is the same on any replica serving
 the same weights, and the tokens already yielded keep their recorded logprobs. It is done only when
-the new replica serves the same ``policy_version`` as the first (otherwise one answer would mix two
-policies); if not, or ``resume_mid_stream=False``, the error is raised to the gateway. An answer the
+the new replica serves the same ``policy_version`` as the one that streamed the first tokens
+(otherwise one answer would mix two policies); if not, or ``resume_mid_stream=False``, the error is
+raised to the gateway. A replica that fails once the answer was whole (its stop token or its whole
+budget of tokens or context yielded) ends the call there. An answer the
 server itself cut short (:class:`~harnessrl.engines.remote.AbortedByEngine`: vLLM's ``abort``) is
 retried from the prompt if nothing was yielded yet, and otherwise raised: it is never continued.
 
@@ -208,7 +210,9 @@ class EnginePool:
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
     ) -> AsyncIterator[Samples]:
         rollout_id = context.rollout_id if context else None
+        stops = frozenset(params.stop_token_ids)
         sampled: list[int] = []  # tokens already yielded to the caller
+        ended = False  # a stop token was among them: the answer is whole
         version: int | None = None  # policy version of the replica that produced `sampled`
         attempt = 0
         failed: dict[int, int] = {}  # this call's failures per replica
@@ -241,16 +245,29 @@ class EnginePool:
                 # (built from the previous call's), which a copy would make again from all its IDs.
                 stream = replica.engine.generate(prompt_ids, params, context)
             try:
-                if version is None:
+                if not sampled:
+                    # The replica that produces the first tokens sets the version a continuation must
+                    # match, not one that failed before any: replicas differ during a rolling update.
                     version = replica.engine.policy_version
                 async for batch in stream:
                     sampled += batch.token_ids
+                    if stops and not stops.isdisjoint(batch.token_ids):
+                        ended = True
                     yield batch
                 return
             except UpstreamError as exc:
                 continuable = self.resume_mid_stream and not (
                     isinstance(exc, RemoteEngineError) and not exc.continuable
                 )
+                if sampled and (
+                    ended
+                    or len(sampled) >= params.max_tokens
+                    or len(prompt_ids) + len(sampled) >= self.context_length
+                ):
+                    # The answer was whole (its stop token, or the whole budget of tokens or context,
+                    # reached the caller) when the replica failed: nothing is left to continue, and
+                    # nothing past it may be generated.
+                    return
                 if not is_retryable(exc) or (sampled and not continuable):
                     raise
                 if isinstance(exc, RemoteEngineError) and not exc.is_overload:
@@ -269,8 +286,6 @@ class EnginePool:
                 )
                 if not sampled or isinstance(exc, RemoteEngineError) and exc.is_overload:
                     await self._sleep(self._backoff(attempt - 1))
-                if len(sampled) >= params.max_tokens:
-                    return  # the budget was used up exactly when the replica died
             finally:
                 with contextlib.suppress(Exception):
                     await stream.aclose()  # type: ignore[attr-defined]
@@ -303,7 +318,26 @@ class EnginePool:
             await self.check_health()
             for index, replica in enumerate(self.replicas):
                 if replica.pending is not None and replica.healthy:
-                    await self._update_one(index, replica.pending)
+                    await self._apply_pending(index)
+
+    async def _apply_pending(self, index: int) -> None:
+        """Give a replica back the update it missed. Under the update lock: an update that comes
+        meanwhile waits, rather than running beside this older one on the same server (whichever
+        finished last would win, so the replica could go back into rotation with the older weights).
+        A failure leaves it out (``pending``) and the loop going."""
+        async with self._update_lock:
+            update = self.replicas[index].pending
+            if update is None or not self.replicas[index].healthy:
+                return  # an update in between reached it, or it went down again
+            try:
+                await self._update_one(index, update)
+            except Exception as exc:  # e.g. a ConfigError: the loop must go on checking the others
+                log.warning(
+                    "replica %s: applying missed update %d failed: %s",
+                    self.replicas[index].name,
+                    update.version,
+                    exc,
+                )
 
     async def health(self) -> dict[str, Any]:
         replicas = [

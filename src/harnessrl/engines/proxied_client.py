@@ -93,7 +93,11 @@ class ProxiedStream:
         self.status = response.status
         self.reason = response.reason or ""
 
-    def chunks(self) -> AsyncIterator[bytes]:
+    def chunks(self, interval_s: float = 0.0) -> AsyncIterator[bytes]:
+        """The body's pieces as they arrive (whatever has arrived at each read). ``interval_s`` is
+        taken, as :meth:`Stream.chunks <harnessrl.engines.http_client.Stream.chunks>` takes it, and
+        not used: it only batches what is read, and a proxied upstream is not the one whose CPU per
+        call is measured."""
         return self._response.content.iter_any()
 
     async def read(self) -> bytes:

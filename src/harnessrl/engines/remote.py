@@ -123,7 +123,7 @@ class _Body(Protocol):
     status: int
     reason: str
 
-    def chunks(self) -> AsyncIterator[bytes]: ...
+    def chunks(self, interval_s: float = 0.0) -> AsyncIterator[bytes]: ...
 
     async def read(self) -> bytes: ...
 
@@ -383,6 +383,12 @@ class RemoteEngine:
         if self._http is None:
             self._http = HttpUpstream(self.base_url, **self._http_args)  # type: ignore[arg-type]
         served_model, served_context = await self._discover()
+        if served_context is not None and not (type(served_context) is int and served_context > 0):
+            # Taken as it is, a length that is text would fail every call (a TypeError), not start.
+            raise ConfigError(
+                f"the {self.kind} server at {self.base_url} reports a context length of "
+                f"{str(served_context)[:40]!r}, not a positive integer (is it {self.kind}?)"
+            )
         if self._model is None:
             self._model = served_model
         if served_context:

@@ -48,13 +48,19 @@ def _load_script(
     path = Path(source)
     if not path.is_file():
         raise ConfigError(f"script file {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"script {str(path)!r} is not UTF-8 text: {exc}") from exc
     if path.suffix in (".yaml", ".yml"):
         try:
             import yaml
         except ImportError as exc:
             raise ConfigError(f"script {str(path)!r} is YAML but PyYAML is not installed") from exc
-        data = yaml.safe_load(text)
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"script {str(path)!r} is not valid YAML: {exc}") from exc
     else:
         try:
             data = json.loads(text)
@@ -75,11 +81,25 @@ def _normalize_turn(turn: Any, index: int) -> dict[str, Any]:
     unknown = set(turn) - {"content", "tool_calls", "reasoning"}
     if unknown:
         raise ConfigError(f"script turn {index} has unknown keys {sorted(unknown)}")
+    # Checked here, at load: a turn that cannot be rendered would otherwise fail its call.
+    for key in ("content", "reasoning"):
+        if turn.get(key) is not None and not isinstance(turn[key], str):
+            raise ConfigError(f"script turn {index}: {key!r} must be a string, got {turn[key]!r}")
+    raw_calls = turn.get("tool_calls") or []
+    if not isinstance(raw_calls, list):
+        raise ConfigError(f"script turn {index}: 'tool_calls' must be a list, got {raw_calls!r}")
     calls = []
-    for call in turn.get("tool_calls") or []:
+    for call in raw_calls:
         if not isinstance(call, Mapping) or "name" not in call:
             raise ConfigError(f"script turn {index}: each tool call needs a 'name', got {call!r}")
-        calls.append({"name": str(call["name"]), "arguments": call.get("arguments", {})})
+        arguments = call.get("arguments", {})
+        try:
+            json.dumps(arguments)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(
+                f"script turn {index}: the arguments of tool call {call['name']!r} are not JSON: {exc}"
+            ) from exc
+        calls.append({"name": str(call["name"]), "arguments": arguments})
     return {"content": turn.get("content") or "", "tool_calls": calls, "reasoning": turn.get("reasoning")}
 
 

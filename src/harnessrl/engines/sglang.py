@@ -118,30 +118,38 @@ class SGLangEngine(RemoteEngine):
         yielded = 0
         finish: str | None = None
         interval_s = context.stream_interval_s if context is not None else 0.0
-        async with self.http.stream_sse("/generate", body, interval_s=interval_s) as batches:
-            async for events in batches:
-                for event in events:
-                    error = stream_error(event, url)
-                    if error is not None:
-                        raise error
-                    meta = event.get("meta_info") if type(event) is dict else None
-                    if type(meta) is not dict:
-                        raise MalformedAnswer(f"event without meta_info: {str(event)[:120]!r}", url=url)
-                    entries = meta.get("output_token_logprobs") or []
-                    if type(entries) is not list:
-                        raise MalformedAnswer(f"output_token_logprobs is {str(entries)[:60]!r}", url=url)
-                    new = entries if self.incremental_stream else entries[yielded:]
-                    if finish is not None and new:
-                        raise MalformedAnswer(f"tokens after finish_reason {finish!r}", url=url)
-                    finish = _finish_reason(meta.get("finish_reason"), url) or finish
-                    ids, logprobs = self._samples(new, url)
-                    ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
-                    yielded += len(ids)
-                    check_count(yielded, budget, url)
-                    if ids:
-                        yield Samples(ids, logprobs)
-                    if stopped:
-                        return
+        try:
+            async with self.http.stream_sse("/generate", body, interval_s=interval_s) as batches:
+                async for events in batches:
+                    for event in events:
+                        error = stream_error(event, url)
+                        if error is not None:
+                            raise error
+                        meta = event.get("meta_info") if type(event) is dict else None
+                        if type(meta) is not dict:
+                            raise MalformedAnswer(f"event without meta_info: {str(event)[:120]!r}", url=url)
+                        entries = meta.get("output_token_logprobs") or []
+                        if type(entries) is not list:
+                            raise MalformedAnswer(f"output_token_logprobs is {str(entries)[:60]!r}", url=url)
+                        new = entries if self.incremental_stream else entries[yielded:]
+                        if finish is not None and new:
+                            raise MalformedAnswer(f"tokens after finish_reason {finish!r}", url=url)
+                        finish = _finish_reason(meta.get("finish_reason"), url) or finish
+                        ids, logprobs = self._samples(new, url)
+                        ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
+                        yielded += len(ids)
+                        check_count(yielded, budget, url)
+                        if ids:
+                            yield Samples(ids, logprobs)
+                        if stopped:
+                            return
+        except RemoteEngineError as exc:
+            # The answer was whole before this (the server said ``length`` with its last tokens, or
+            # the whole budget came): the server failing while the rest of the stream is read (gone
+            # before ``[DONE]``, a garbled or error event) must not fail the call, which a pool would
+            # continue past the answer's end.
+            if not ((finish == "length" or yielded >= budget) and type(exc) is RemoteEngineError):
+                raise
         # The stream ended without a stop token: SGLang must have said it ran out of budget (or not
         # said, with the whole budget sent).
         if finish != "length" and not (finish is None and yielded >= budget):

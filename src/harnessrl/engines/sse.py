@@ -111,7 +111,8 @@ class SseLines:
     def finish(self) -> bool:
         """At the body's end: whether the stream was complete (a last ``[DONE]`` line may lack its
         newline)."""
-        if not self.done and b"".join(self._pending).strip() == b"data: " + DONE:
+        last = b"".join(self._pending).strip()
+        if not self.done and last[:5] == b"data:" and last[5:].strip() == DONE:  # as ``feed`` reads it
             self.done = True
         return self.done
 

@@ -23,7 +23,8 @@ Request (``POST /v1/completions``, vLLM's OpenAI server; docs.vllm.ai "OpenAI-Co
 Stream chunks are ``data: {"choices": [{"text", "token_ids", "logprobs": {"token_logprobs"},
 "finish_reason"}]}`` ending with ``data: [DONE]``. Closing the stream (or, not streaming, the
 request) aborts the request server-side. After a stop token the stream is read to its end, so the
-keep-alive connection is reused.
+keep-alive connection is reused; the server failing meanwhile (or after it said ``length`` with the
+last tokens) does not fail the call, whose answer was whole.
 
 Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``).
 
@@ -115,6 +116,29 @@ def logprobs_mode_of(server_info: Any) -> str | None:
     return mode if isinstance(mode, str) else None
 
 
+def served_models(listing: Any, where: str) -> list[dict[str, Any]]:
+    """The models a ``GET /v1/models`` answer lists (``data``, each with a string ``id`` and, if
+    any, an integer ``max_model_len``), or ``ConfigError`` naming ``where``: an answer of another
+    shape is not a vLLM server's (a wrong URL), and would fail later as a traceback."""
+    models = listing.get("data") if isinstance(listing, dict) else None
+    if not isinstance(models, list) or not models:
+        raise ConfigError(
+            f"{where}: GET /v1/models answered {str(listing)[:120]!r}: no model list (is it vLLM?)"
+        )
+    for model in models:
+        length = model.get("max_model_len") if isinstance(model, dict) else None
+        if (
+            not isinstance(model, dict)
+            or not isinstance(model.get("id"), str)
+            or not (length is None or (type(length) is int and length > 0))
+        ):
+            raise ConfigError(
+                f"{where}: GET /v1/models lists {str(model)[:120]!r}, not a model with a string id and "
+                "an integer max_model_len (is it vLLM?)"
+            )
+    return models
+
+
 class VLLMEngine(RemoteEngine):
     """One vLLM server. Implements :class:`harnessrl.engines.base.Engine`."""
 
@@ -145,6 +169,7 @@ class VLLMEngine(RemoteEngine):
         models = listing.get("data") if isinstance(listing, dict) else None
         if not models:
             raise RemoteEngineError(f"{self.base_url}/v1/models lists no model", retryable=True)
+        models = served_models(listing, f"vLLM at {self.base_url}")
         chosen = next((m for m in models if m.get("id") == self._model), models[0])
         await self._check_logprobs_mode()
         return chosen.get("id"), chosen.get("max_model_len")
@@ -217,46 +242,60 @@ class VLLMEngine(RemoteEngine):
         url = self._completions_url
         limit = self._token_id_limit
         stopped = False
+        passed_on = False  # the stop token reached the caller: the answer is whole
         finish: str | None = None  # the server's finish reason, once an event said it
         received = 0  # tokens the server sent, up to the stop token
         body = self._request(prompt_ids, params, budget, True)
         if context is not None and context.stream_interval_tokens > 1:
             # That many tokens an event (vLLM 0.32 has the field; a server without it ignores it).
             body["stream_interval"] = context.stream_interval_tokens
-        async with self.http.stream_sse(
-            "/v1/completions", body, interval_s=context.stream_interval_s if context is not None else 0.0
-        ) as batches:
-            async for events in batches:  # the events of one read of the socket (or interval): one batch
-                plain = None if stopped or finish is not None else batch_samples(events)
-                if plain is not None:
-                    finish = plain[2]
-                    ids, logprobs, stopped = cut_at_stop(plain[0], plain[1], stops)
-                    received += len(ids)
-                    check_count(received, budget, url)
-                    check_id_bound(ids, limit, url)
-                    if ids:
-                        yield Samples(ids, logprobs)
-                    if not stopped:
-                        continue
-                    # The events after the stop token's are read as below.
-                    events = events[events_through(events, len(ids), len(plain[0])) :]
-                # Past a stop token, after the finish reason, or an event that is not the plain shape:
-                # event by event, so the tokens before an event that fails are passed on before its error.
-                for event in events:
-                    ids, logprobs, reason = samples_of(event, url)
-                    if stopped:
+        try:
+            async with self.http.stream_sse(
+                "/v1/completions", body, interval_s=context.stream_interval_s if context is not None else 0.0
+            ) as batches:
+                async for events in batches:  # the events of one read of the socket (or interval): one batch
+                    plain = None if stopped or finish is not None else batch_samples(events)
+                    if plain is not None:
+                        finish = plain[2]
+                        ids, logprobs, stopped = cut_at_stop(plain[0], plain[1], stops)
+                        received += len(ids)
+                        check_count(received, budget, url)
+                        check_id_bound(ids, limit, url)
                         if ids:
-                            return  # tokens past the stop token: stop reading (closes the connection)
-                        continue  # read the stream to its end so the connection is reused
-                    if finish is not None and (ids or reason is not None):
-                        raise MalformedAnswer(f"an event after finish_reason={finish!r}", url=url)
-                    finish = reason
-                    ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
-                    received += len(ids)
-                    check_count(received, budget, url)
-                    check_id_bound(ids, limit, url)
-                    if ids:
-                        yield Samples(ids, logprobs)
+                            yield Samples(ids, logprobs)
+                        passed_on = stopped
+                        if not stopped:
+                            continue
+                        # The events after the stop token's are read as below.
+                        events = events[events_through(events, len(ids), len(plain[0])) :]
+                    # Past a stop token, after the finish reason, or an event that is not the plain shape:
+                    # event by event, so the tokens before an event that fails are passed on before its error.
+                    for event in events:
+                        ids, logprobs, reason = samples_of(event, url)
+                        if stopped:
+                            if ids:
+                                return  # tokens past the stop token: stop reading (closes the connection)
+                            continue  # read the stream to its end so the connection is reused
+                        if finish is not None and (ids or reason is not None):
+                            raise MalformedAnswer(f"an event after finish_reason={finish!r}", url=url)
+                        finish = reason
+                        ids, logprobs, stopped = cut_at_stop(ids, logprobs, stops)
+                        received += len(ids)
+                        check_count(received, budget, url)
+                        check_id_bound(ids, limit, url)
+                        if ids:
+                            yield Samples(ids, logprobs)
+                        passed_on = stopped
+        except RemoteEngineError as exc:
+            # The answer was whole before this: its stop token passed on, or the server said
+            # ``length`` with its last tokens, or the whole budget came. What fails while the rest of
+            # the stream is read (the server gone before ``[DONE]``, a garbled or error event) must
+            # not fail the call, which a pool would continue past the answer's end. Only the answer
+            # contradicting itself after ``length`` (tokens after it, an abort) still does.
+            whole = finish == "length" or received >= budget
+            if not (passed_on or (whole and type(exc) is RemoteEngineError)):
+                raise
+            log.debug("vLLM at %s: %s after the answer was whole", self.base_url, exc)
         if not stopped:
             self._check_finish(finish, received, budget)
 
