@@ -7,6 +7,7 @@ does not reap them): the test checks it is empty and removes it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.sandbox.cgroups import CGROUP_ROOT
+from harnessrl.sandbox.cgroups import CGROUP_ROOT, ResourceGroup
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
 
@@ -70,10 +71,29 @@ def sandbox_processes(*markers: str) -> list[int]:
 
 
 def attempt_cgroups(controller_pid: int) -> list[Path]:
-    """The cgroup folders of the attempts a controller process started (named ``<rollout>-<attempt>-<pid>``,
-    under ``harnessrl/`` of each hierarchy: v2, or v1's per-controller ones)."""
-    pattern = f"harnessrl/*-{controller_pid}"
+    """The cgroup folders of the attempts a controller process started (named
+    ``<rollout>-<attempt>-<pid>@<owner tag>``, under ``harnessrl/`` of each hierarchy: v2, or v1's
+    per-controller ones)."""
+    pattern = f"harnessrl/*-{controller_pid}@*"
     return [*CGROUP_ROOT.glob(pattern), *CGROUP_ROOT.glob(f"*/{pattern}")]
+
+
+def cgroups_here() -> bool:
+    """Whether this machine gives the sandbox cgroups (a group can be made, then is removed)."""
+    group = ResourceGroup.create(f"probe-{os.getpid()}", memory_mb=None, max_processes=None)
+    if group is None:
+        return False
+    group.destroy()
+    return True
+
+
+def cgroup_empty(group: Path) -> bool:
+    """No process in ``group``; a group already removed (another process's ``create`` sweeps the
+    empty groups of a killed owner) is empty too."""
+    try:
+        return (group / "cgroup.procs").read_text() == ""
+    except FileNotFoundError:
+        return True
 
 
 def wait_for(condition, timeout_s: float = 60) -> bool:
@@ -94,17 +114,20 @@ def test_a_sigkilled_controller_leaves_no_sandbox_running(tmp_path):
         # Control: the sandbox is really up before the kill (harness running: the scan can see it).
         assert wait_for(lambda: len(sandbox_processes(f"sleep {MARK}")) > 0), "the harness never started"
         assert sandbox_processes(str(tmp_path / "run")), "the launcher is not seen by the scan"
+        groups = attempt_cgroups(controller.pid)  # none where this machine gives no cgroups
+        assert groups or not cgroups_here()  # control: the scan sees the attempt's groups
         controller.send_signal(signal.SIGKILL)
         controller.wait()
         assert wait_for(lambda: sandbox_processes(*markers) == [], timeout_s=30), (
             f"left running after the controller was killed: {sandbox_processes(*markers)}"
         )
-        for group in attempt_cgroups(controller.pid):  # none where this machine gives no cgroups
-            assert wait_for(lambda g=group: (g / "cgroup.procs").read_text() == "", timeout_s=30), group
+        for group in groups:
+            assert wait_for(lambda g=group: cgroup_empty(g), timeout_s=30), group
     finally:
         controller.kill()
         for pid in sandbox_processes(f"sleep {MARK}", str(tmp_path / "run")):  # an old launcher's leftovers
             os.kill(pid, signal.SIGKILL)
         for group in attempt_cgroups(controller.pid):
-            wait_for(lambda g=group: (g / "cgroup.procs").read_text() == "", timeout_s=30)
-            group.rmdir()
+            wait_for(lambda g=group: cgroup_empty(g), timeout_s=30)
+            with contextlib.suppress(FileNotFoundError):
+                group.rmdir()

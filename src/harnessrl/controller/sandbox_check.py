@@ -79,6 +79,9 @@ class LoopbackListener:
         self.sock.close()
 
 
+HOST_SYSCTLS = "host sysctls read-only (/proc/sys: core_pattern, modprobe, ...)"
+
+
 def check_sandbox() -> list[Property]:
     """Every property of docs/sandbox.md, tried on this machine."""
     problem = sandbox_problem()
@@ -198,7 +201,7 @@ async def _probe() -> list[Property]:
     secret = folder / "secret.txt"
     secret.write_text(secrets.token_hex(8))
     targets = probe_targets(
-        ("basics", "syscalls", "fileless", "scorer"),
+        ("basics", "syscalls", "fileless", "scorer", "sysctls"),
         host_pid=os.getpid(),
         secret=str(secret),
         other_port=other.port,
@@ -236,6 +239,7 @@ async def _probe() -> list[Property]:
             ),
             seccomp_parity(run.seen.get("syscalls", {}), targets["calls"]),
             no_fileless_exec(run.seen.get("fileless", {})),
+            host_sysctls_read_only(run.seen.get("sysctls", {})),
             scorer_isolation(run.seen.get("scorer", {}), run.stdout, targets["forged"]),
             Property(
                 "evaluator workspace copy skips FIFOs/sockets and keeps sparse files sparse",
@@ -295,6 +299,19 @@ def seccomp_parity(answers: dict[str, int], calls: dict[str, list[int]]) -> Prop
         bool(answers) and not allowed,
         f"{len(calls)} calls Docker's default denies (or we also do) tried: "
         + (f"NOT refused: {', '.join(allowed)}" if allowed else "all refused"),
+    )
+
+
+def host_sysctls_read_only(seen: dict[str, str]) -> Property:
+    """None of the host's sysctls could be opened for writing from inside."""
+    if not seen or "error" in seen:
+        return Property(HOST_SYSCTLS, False, f"the probe did not run: {seen.get('error', 'no answer')}")
+    writable = sorted(path for path, answer in seen.items() if answer == "writable")
+    answers = ", ".join(sorted({answer for answer in seen.values()}))
+    return Property(
+        HOST_SYSCTLS,
+        not writable,
+        f"writable: {', '.join(writable)}" if writable else f"{len(seen)} tried: {answers}",
     )
 
 

@@ -257,8 +257,32 @@ def scorer(t: dict) -> dict:
     return out
 
 
+#: Host-wide sysctls (not one namespace's): a pipe in ``core_pattern`` runs as root on the host at the
+#: next crash, ``modprobe`` at the next unknown binary format; the rest change the whole machine.
+HOST_SYSCTLS = (
+    "/proc/sys/kernel/core_pattern",
+    "/proc/sys/kernel/modprobe",
+    "/proc/sys/vm/drop_caches",
+    "/proc/sys/kernel/randomize_va_space",
+    "/proc/sys/fs/file-max",
+)
+
+
+def sysctls(t: dict) -> dict:
+    """Which host sysctls this process can open for writing (opened, closed, never written): the
+    sandbox user is the controller's uid, mapped, so each file's mode alone decides."""
+    out = {}
+    for path in HOST_SYSCTLS:
+        try:
+            os.close(os.open(path, os.O_WRONLY))
+            out[path] = "writable"
+        except OSError as exc:
+            out[path] = errno.errorcode.get(exc.errno, str(exc.errno))
+    return out
+
+
 SECTIONS = {"basics": basics, "syscalls": lambda t: syscalls(t["calls"]), "fileless": fileless}
-SECTIONS.update(proc_mem=proc_mem, scorer=scorer)
+SECTIONS.update(proc_mem=proc_mem, scorer=scorer, sysctls=sysctls)
 
 
 def main(argv: list[str]) -> int:

@@ -55,7 +55,10 @@ ETC_ENTRIES = (
     "protocols",
     "services",
     "alternatives",
-    "ssl",
+    # Not /etc/ssl whole: its private/ (0710 root) would be readable inside, where the host's root is
+    # the sandbox user (see ``bwrap_argv``); the certificates and OpenSSL's configuration are enough.
+    "ssl/certs",
+    "ssl/openssl.cnf",
     "ca-certificates",
     "ca-certificates.conf",
     "localtime",
@@ -195,7 +198,11 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
     else:
         argv += _image_root(layout)
         mounted += [Path(d) for d in SYSTEM_DIRS]  # the image's own: never shadowed by the host's
-    argv += ["--proc", "/proc", "--dev", "/dev"]
+    # /proc/sys read-only: the sandbox user is the controller's uid mapped (root on our machines, kuid
+    # 0), and a sysctl file's only check is its mode against that uid, so /proc/sys/kernel/core_pattern
+    # and the rest of the host's sysctls would be writable from inside (a core_pattern pipe runs as
+    # root on the host). bubblewrap's own cover of /proc/sys is skipped where its folder looks read-only.
+    argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
     if layout.tmp_size_mb:
         argv += ["--size", str(layout.tmp_size_mb * 1024 * 1024)]
     argv += ["--tmpfs", "/tmp", "--tmpfs", "/run"]

@@ -7,6 +7,14 @@ process in the group catches children that escaped the process group with ``sets
 
 When no cgroup hierarchy is writable, ``ResourceGroup.create`` returns ``None`` and the sandbox
 falls back to rlimits (see ``enter.py``); the docs say what that loses.
+
+**A group outlives no owner.** A process killed with ``SIGKILL`` never runs ``destroy``, and its
+groups stay (empty once the sandbox's processes died with it). So each group's folder is named
+``NAME@NS.PID.START`` after the process that made it (its PID namespace, pid and start time), and
+``create`` first removes the empty groups of owners of its own PID namespace that are gone, and
+other empty groups once they are an hour old (an owner in another namespace, or an older harnessrl
+that tagged nothing: a group is joined as soon as it is made). A group that still holds a process
+is never touched.
 """
 
 from __future__ import annotations
@@ -19,6 +27,62 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+#: Age past which an empty group whose owner cannot be seen is abandoned (groups are joined at once).
+UNTAGGED_GRACE_S = 3600
+
+
+def _start_time(pid: int | str) -> str | None:
+    """The start time of process ``pid`` (field 22 of ``/proc/PID/stat``), None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()  # comm may hold spaces and parentheses
+    return fields[19].decode() if len(fields) > 19 else None
+
+
+def _pid_namespace() -> str:
+    try:
+        return os.readlink("/proc/self/ns/pid").partition("[")[2].rstrip("]") or "0"
+    except OSError:
+        return "0"
+
+
+def _owner_tag() -> str:
+    """``NS.PID.START``: this process's PID namespace, pid and start time."""
+    return f"{_pid_namespace()}.{os.getpid()}.{_start_time(os.getpid())}"
+
+
+def _abandoned(group: Path) -> bool:
+    """Whether ``group`` (a folder under a ``harnessrl`` parent) belongs to no living process: its
+    owner, in this PID namespace, is gone; or (an owner this process cannot see: another namespace,
+    an older harnessrl that tagged nothing) it has been there an hour (groups are joined at once)."""
+    tag = group.name.rpartition("@")[2] if "@" in group.name else ""
+    ns, pid, start = ([*tag.split("."), "", "", ""])[:3]
+    if ns == _pid_namespace() and pid.isdigit() and start:
+        return _start_time(pid) != start
+    with contextlib.suppress(OSError):
+        return time.time() - group.stat().st_mtime > UNTAGGED_GRACE_S
+    return False
+
+
+def sweep_abandoned(parent: Path) -> list[Path]:
+    """Remove the empty groups under ``parent`` whose owner is gone; returns them."""
+    removed = []
+    try:
+        groups = [p for p in parent.iterdir() if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return removed
+    for group in groups:
+        try:
+            if not _abandoned(group) or (group / "cgroup.procs").read_text().strip():
+                continue  # its owner lives, or processes are still in it: not ours to end
+            group.rmdir()
+        except OSError:
+            continue
+        removed.append(group)
+    return removed
 
 
 def _own_v1_path(controller: str) -> str:
@@ -44,12 +108,15 @@ class ResourceGroup:
 
     @classmethod
     def create(cls, name: str, *, memory_mb: int | None, max_processes: int | None) -> ResourceGroup | None:
-        """Create the group with the given caps; ``None`` if this machine has no writable cgroups."""
+        """Create the group with the given caps; ``None`` if this machine has no writable cgroups. Its
+        folders are named ``name`` tagged with this process (``NAME@NS.PID.START``)."""
+        name = f"{name}@{_owner_tag()}"
         unified = CGROUP_ROOT / "unified" if (CGROUP_ROOT / "unified").is_dir() else CGROUP_ROOT
         # cgroup v2 is usable only if the controllers we need are enabled; on hybrid hosts they live in v1.
         controllers_file = unified / "cgroup.controllers"
         if controllers_file.is_file() and {"memory", "pids"} <= set(controllers_file.read_text().split()):
             group = unified / "harnessrl" / name
+            sweep_abandoned(group.parent)
             try:
                 group.mkdir(parents=True, exist_ok=True)
                 (unified / "harnessrl" / "cgroup.subtree_control").write_text("+memory +pids")
@@ -71,6 +138,7 @@ class ResourceGroup:
             if not _writable_dir(base):
                 continue
             group = base / "harnessrl" / name
+            sweep_abandoned(group.parent)
             try:
                 group.mkdir(parents=True, exist_ok=True)
                 if limit_file is not None and value is not None:

@@ -22,7 +22,8 @@ launcher, ``bwrap`` or harness running under PID 1. The parent may die before th
 afterwards the launcher checks its parent is still the one that started it (``PARENT_ENV``, set by the
 runner; else the parent seen at start) and exits 125 if not. With ``sandbox = "none"`` the command
 gets the same signal; what it started in a new session of its own is then left to the cgroup, which
-no one kills after a controller's death (the empty cgroup folder also stays).
+no one kills after a controller's death (its folder stays while a process is in it; an empty one is
+removed by the next ``ResourceGroup.create``, see ``cgroups.py``).
 
 Exit status: the command's own; ``128 + N`` if it was killed by signal ``N``; 125 if the sandbox
 could not be set up; 127 if the command could not be started (both also said in the status file).

@@ -5,17 +5,28 @@ seccomp program and the made-up ``/etc`` files; ``launch_argv`` writes one launc
 its logs and returns the argv that starts it through ``harnessrl.sandbox.enter``. The local runner
 (harness attempts) and the command evaluator (scoring) both launch through here, so both get the
 same sandbox.
+
+**A folder outlives no process.** Each host holds an exclusive ``flock`` on ``owner.lock`` in its
+folder while it lives (the kernel drops it when the process dies, ``SIGKILL`` included); the first
+folder a host makes sweeps its parent folder for ``harnessrl-sandbox-*`` folders of the same user
+whose lock nobody holds and removes them. A folder without a lock file is one being created (its
+lock follows within microseconds) or one an older harnessrl left: it is removed once it is an hour old.
+The gateway bridge's socket folders (``hrl-*``, ``proxy.py``) are owned the same way.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,21 +41,113 @@ from harnessrl.sandbox.seccomp import filter_file
 # visible there).
 LAUNCHER_ENV = {"PATH": DEFAULT_PATH, "LANG": "C.UTF-8"}
 
+HOST_DIR_PREFIX = "harnessrl-sandbox-"
+OWNER_LOCK = "owner.lock"  # in each host's folder: flock'ed by its process while it lives
+#: Age past which a host folder without a lock file is abandoned (its lock is made right after it).
+UNLOCKED_GRACE_S = 3600
+
+
+def _claim_abandoned(folder: Path, unlocked_grace_s: float | None) -> int | None:
+    """The locked ``owner.lock`` of ``folder`` (an owned folder of this user) when no living process
+    holds it (the caller removes the folder, then closes it); ``-1`` for a folder without a lock file
+    older than ``unlocked_grace_s`` (never, if None); ``None`` while its process lives (or for what is
+    not ours to judge)."""
+    try:
+        fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        with contextlib.suppress(OSError):
+            if unlocked_grace_s is not None and time.time() - os.lstat(folder).st_mtime > unlocked_grace_s:
+                return -1
+        return None
+    except OSError:
+        return None  # a link or something else planted there
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # EWOULDBLOCK: its process lives
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def sweep_abandoned(
+    parent: Path, prefix: str = HOST_DIR_PREFIX, unlocked_grace_s: float | None = UNLOCKED_GRACE_S
+) -> list[Path]:
+    """Remove the owned folders (``make_owned_dir``) under ``parent`` whose process is gone (killed
+    before it could remove its own); returns them. Only this user's real folders named ``prefix*``
+    are considered; one without a lock file only past ``unlocked_grace_s`` (never, if None)."""
+    removed = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    me = os.geteuid()
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not stat.S_ISDIR(info.st_mode) or info.st_uid != me:
+            continue
+        fd = _claim_abandoned(Path(entry.path), unlocked_grace_s)
+        if fd is None:
+            continue
+        try:  # the lock is held until the folder is gone: an owner still taking it sees it removed
+            shutil.rmtree(entry.path, ignore_errors=True)
+        finally:
+            if fd >= 0:
+                os.close(fd)
+        removed.append(Path(entry.path))
+    return removed
+
+
+def make_owned_dir(parent: Path, prefix: str = HOST_DIR_PREFIX) -> tuple[Path, int]:
+    """A new folder ``prefix*`` under ``parent`` (0700) and the descriptor of its ``owner.lock``, locked
+    by this process until it is closed or the process ends: ``sweep_abandoned`` leaves it alone."""
+    while True:
+        folder = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+        fd = os.open(
+            folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink > 0:
+            return folder, fd
+        # A sweeper took the lock between its creation and ours (and removed the folder): again.
+        os.close(fd)
+
 
 class SandboxHost:
-    def __init__(self) -> None:
+    """``parent``: where its folder is made (default: the system's temporary folder)."""
+
+    def __init__(self, parent: Path | None = None) -> None:
+        self._parent = parent
         self._dir: Path | None = None
+        self._owner_fd = -1
         self._seccomp: Path | None = None
         self._lock = threading.Lock()
 
     def _prepare(self) -> tuple[Path, Path]:
         with self._lock:
             if self._dir is None or not self._dir.is_dir():
-                self._dir = Path(tempfile.mkdtemp(prefix="harnessrl-sandbox-"))  # mode 0700
+                parent = self._parent or Path(tempfile.gettempdir())
+                if self._dir is None:  # once per host: what killed processes left
+                    sweep_abandoned(parent)
+                self._release()
+                # Locked until close() or this process's end (the kernel drops it then).
+                self._dir, self._owner_fd = make_owned_dir(parent)
                 write_etc(self._dir / "etc")
                 self._seccomp = filter_file(self._dir)
             assert self._seccomp is not None
             return self._dir / "etc", self._seccomp
+
+    def _release(self) -> None:
+        if self._owner_fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._owner_fd)
+            self._owner_fd = -1
 
     def launch_argv(
         self,
@@ -124,6 +227,7 @@ class SandboxHost:
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
+            self._release()
 
 
 _SHARED: SandboxHost | None = None

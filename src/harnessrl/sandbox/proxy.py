@@ -25,14 +25,19 @@ import asyncio
 import contextlib
 import functools
 import os
+import shutil
 import socket
 import struct
 import tempfile
 from collections import Counter
 from pathlib import Path
 
+from harnessrl.sandbox.host import make_owned_dir, sweep_abandoned
+
 #: Connections one sandbox may hold open through the bridge at once (see the module docstring).
 MAX_CONNECTIONS_PER_SANDBOX = 64
+#: The bridge's socket folders in the temporary folder (short: Unix socket paths end at ~107 bytes).
+SOCKET_DIR_PREFIX = "hrl-"
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -77,8 +82,12 @@ class GatewayBridge:
         self.host = host
         self.port = port
         self.max_connections_per_sandbox = max_connections_per_sandbox
-        # Unix socket paths are limited to ~107 bytes, so keep it short and out of the run folder.
-        self._dir = Path(tempfile.mkdtemp(prefix="hrl-"))
+        # Unix socket paths are limited to ~107 bytes, so keep it short and out of the run folder. The
+        # folder is owned (``host.make_owned_dir``): one a killed controller left is removed here, and
+        # only such a one (a folder without an owner lock is never this bridge's to judge).
+        parent = Path(tempfile.gettempdir())
+        sweep_abandoned(parent, SOCKET_DIR_PREFIX, unlocked_grace_s=None)
+        self._dir, self._owner_fd = make_owned_dir(parent, SOCKET_DIR_PREFIX)
         self.path = str(self._dir / "gw.sock")
         self._server: asyncio.AbstractServer | None = None
         self._open: Counter[str] = Counter()  # sandbox -> connections it holds open now
@@ -116,6 +125,7 @@ class GatewayBridge:
             self._server.close()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
-        with contextlib.suppress(OSError):
-            os.unlink(self.path)
-            self._dir.rmdir()
+        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._owner_fd >= 0:
+            os.close(self._owner_fd)
+            self._owner_fd = -1
