@@ -485,6 +485,16 @@ def _():
 # ---------------------------------------------------------------------------------------------------
 
 
+@attack("open_host_sysctl_for_writing")
+def _():
+    # The sandbox user is the host's root mapped (kuid 0), and a sysctl file checks only its mode
+    # against that uid: core_pattern written with "|/path" runs a program as root on the host at the
+    # next crash. Opened and closed only: nothing is ever written to the machine's sysctls.
+    fd = os.open("/proc/sys/kernel/core_pattern", os.O_WRONLY)
+    os.close(fd)
+    return True, "opened /proc/sys/kernel/core_pattern for writing"
+
+
 def try_write(folder):
     path = os.path.join(folder, f".harnessrl-redteam-{os.getpid()}")
     with open(path, "w") as f:

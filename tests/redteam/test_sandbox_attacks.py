@@ -64,6 +64,7 @@ STOPPED_BY_THE_SANDBOX = {
     "write_project_source",
     "write_venv_site_packages",
     "write_usr_bin",
+    "open_host_sysctl_for_writing",
     "overwrite_hidden_evaluator",
     "plant_sitecustomize_on_controller_pythonpath",
     # what Docker's default seccomp profile closes, and fileless execution (issue 35)
