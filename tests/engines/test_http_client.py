@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from harnessrl.engines import remote
 from harnessrl.engines.http_client import HttpClient
 from harnessrl.engines.remote import HttpUpstream, RemoteEngineError
 
@@ -105,7 +106,7 @@ def sse(*events: bytes) -> bytes:
 
 
 def run(test: Callable[[], Awaitable[Any]]) -> Any:
-    return asyncio.run(asyncio.wait_for(test(), 20))
+    return asyncio.run(asyncio.wait_for(test(), 120))  # a guard against a hang, not a timing
 
 
 async def serve(handler: Handler) -> tuple[RawServer, str]:
@@ -310,7 +311,10 @@ def test_a_pooled_connection_closed_or_reset_before_answering_is_replaced_once(h
     run(go)
 
 
-def test_leaving_a_stream_early_closes_the_connection_so_the_server_stops() -> None:
+def test_leaving_a_stream_early_closes_the_connection_so_the_server_stops(monkeypatch) -> None:
+    # The idle sweep far off: the hang-up the test waits for is the early exit's, not the sweep's.
+    monkeypatch.setattr(remote, "IDLE_CONNECTION_S", 120.0)
+
     async def handler(request: Request) -> bool:
         await request.body()
         if len(server.requests) == 2:  # the second call, on the first call's kept-alive connection
@@ -332,7 +336,7 @@ def test_leaving_a_stream_early_closes_the_connection_so_the_server_stops() -> N
             async for batch in batches:
                 assert batch == [{"i": 0}]
                 break  # the server is still "generating"
-        await asyncio.wait_for(server.hung_up.wait(), 2)  # well before the idle sweep (4 s)
+        await asyncio.wait_for(server.hung_up.wait(), 60)  # a wait for a state, not a timing
         async with upstream.stream_sse("/v1/completions", {}) as batches:
             assert [e async for batch in batches for e in batch] == [{"i": 9}]
         await upstream.aclose()
@@ -343,8 +347,10 @@ def test_leaving_a_stream_early_closes_the_connection_so_the_server_stops() -> N
 
 
 @pytest.mark.parametrize("call", ["whole", "stream"])
-def test_a_cancelled_call_closes_its_connection(call: str) -> None:
+def test_a_cancelled_call_closes_its_connection(call: str, monkeypatch) -> None:
     """A client that disconnects from the gateway cancels the call: the server must see it go."""
+    # The idle sweep far off: the hang-up the test waits for is the cancel's, not the sweep's.
+    monkeypatch.setattr(remote, "IDLE_CONNECTION_S", 120.0)
 
     async def handler(request: Request) -> bool:
         await request.body()
@@ -372,7 +378,7 @@ def test_a_cancelled_call_closes_its_connection(call: str) -> None:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        await asyncio.wait_for(server.hung_up.wait(), 2)  # well before the idle sweep (4 s)
+        await asyncio.wait_for(server.hung_up.wait(), 60)  # a wait for a state, not a timing
         assert await upstream.request_json("POST", "/x", json_body={}) == {"ok": True}
         await upstream.aclose()
         server.close()

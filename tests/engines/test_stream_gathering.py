@@ -120,6 +120,7 @@ def test_a_full_read_buffer_is_passed_on_before_the_interval_ends() -> None:
 
 def test_a_call_cancelled_while_its_pieces_gather_closes_its_connection() -> None:
     cut = asyncio.Event()
+    streaming = asyncio.Event()  # the first event is sent: the call is gathering pieces
 
     async def handler(request: Request) -> bool:
         await request.body()
@@ -128,6 +129,7 @@ def test_a_call_cancelled_while_its_pieces_gather_closes_its_connection() -> Non
             await request.writer.drain()
             return True
         request.writer.write(HEAD + event(0))
+        streaming.set()
         try:
             for n in range(1, 3000):  # 30 s of events unless the client hangs up
                 await asyncio.sleep(0.01)
@@ -141,10 +143,11 @@ def test_a_call_cancelled_while_its_pieces_gather_closes_its_connection() -> Non
         server, url = await serve(handler)
         upstream = HttpUpstream(url)
         task = asyncio.ensure_future(read_batches(upstream, 30.0))
-        await asyncio.sleep(0.3)  # the first batch is in; the rest gathers for 30 s
+        await asyncio.wait_for(streaming.wait(), 60)  # a wait for a state, not a timing
+        await asyncio.sleep(0.1)  # the first batch is in; the rest gathers for 30 s
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
-        await asyncio.wait_for(cut.wait(), 5)  # the request is aborted server-side
+        await asyncio.wait_for(cut.wait(), 25)  # the request is aborted server-side (before its 30 s end)
         again = await upstream.request_json("GET", "/v1/models")  # and the client goes on
         await upstream.aclose()
         server.close()
