@@ -440,7 +440,7 @@ def _probe(tmp_path: Path, port: int, victim: int, *, confined: bool) -> dict[st
 
 def test_a_confined_child_reaches_nothing_but_its_result_pipe(tmp_path, listener):
     (tmp_path / "secret").write_text("gold")
-    victim = subprocess.Popen(["sleep", "60"])
+    victim = subprocess.Popen(["sleep", "600"])  # outlives the probe (up to 120 s) on a loaded machine
     try:
         report = _probe(tmp_path, listener.port, victim.pid, confined=True)
         assert report["level"] == "full"
@@ -458,7 +458,7 @@ def test_a_confined_child_reaches_nothing_but_its_result_pipe(tmp_path, listener
 def test_an_unconfined_child_reaches_all_of_it(tmp_path, listener):
     """Control: the same attacks from a plain forked child succeed, so each probe can see success."""
     (tmp_path / "secret").write_text("gold")
-    victim = subprocess.Popen(["sleep", "60"])
+    victim = subprocess.Popen(["sleep", "600"])  # outlives the probe (up to 120 s) on a loaded machine
     try:
         results = _probe(tmp_path, listener.port, victim.pid, confined=False)["results"]
         assert all(outcome.startswith("done") for outcome in results.values()), results

@@ -244,7 +244,8 @@ def test_a_harness_that_hangs_is_cancelled_at_the_deadline_and_counted(tmp_path)
         run_dir,
         "--set", f'harness.command=["{agent}", "{{prompt}}"]',
         "--set", "harness.timeout_s=3600",
-        "--set", "trainer.rollout_deadline_s=20",
+        # the healthy rollouts (a few seconds) must end inside it on a loaded machine too
+        "--set", "trainer.rollout_deadline_s=40",
         "--set", "trainer.mode=sync",
         "--set", "trainer.steps=1",
         "--set", "trainer.tasks_per_step=2",
@@ -260,9 +261,9 @@ def test_a_harness_that_hangs_is_cancelled_at_the_deadline_and_counted(tmp_path)
         assert len(stuck) == 2
         for rollout in stuck:
             assert rollout.status.value == "cancelled" and rollout.reward is None
-            assert rollout.metadata["cancelled_stuck"]["deadline_s"] == 20
-            # Cancelled once it ran past the deadline; recorded to 0.1 s, so 20.03 s reads 20.0.
-            assert rollout.metadata["cancelled_stuck"]["running_s"] >= 20
+            assert rollout.metadata["cancelled_stuck"]["deadline_s"] == 40
+            # Cancelled once it ran past the deadline; recorded to 0.1 s, so 40.03 s reads 40.0.
+            assert rollout.metadata["cancelled_stuck"]["running_s"] >= 40
     finally:
         store.close()
     assert processes_running(str(agent)) == []  # nothing of the run is left running

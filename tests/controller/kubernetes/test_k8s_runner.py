@@ -63,7 +63,7 @@ async def runners(fake_k8s: FakeKubernetes) -> AsyncIterator[Callable[..., Kuber
         api.close()
 
 
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, "condition not met in time"
@@ -147,7 +147,7 @@ async def test_outcomes(fake_k8s, runners, make_launch, drive, kind, code) -> No
     runner = runners()
     handle = await runner.launch(make_launch("r1"))
     drive(fake_k8s, handle.job_name)
-    exit_ = await asyncio.wait_for(handle.wait(), 5)
+    exit_ = await asyncio.wait_for(handle.wait(), 60)
     assert (exit_.kind, exit_.exit_code) == (kind, code), exit_
     await until(lambda: fake_k8s.get("secrets", handle.job_name) is None)  # the key is gone once it ended
 
@@ -158,7 +158,7 @@ async def test_pod_log_saved_before_wait_returns(fake_k8s, runners, make_launch)
     handle = await runner.launch(launch)
     fake_k8s.write_log(handle.job_name, "thinking...\nFINAL ANSWER: 4\n")
     fake_k8s.succeed_job(handle.job_name)
-    assert (await asyncio.wait_for(handle.wait(), 5)).exit_code == 0
+    assert (await asyncio.wait_for(handle.wait(), 60)).exit_code == 0
     assert (launch.log_dir / "stdout.log").read_text() == "thinking...\nFINAL ANSWER: 4\n"
     logs = [q for m, p, q in fake_k8s.requests if p.endswith("/log")]
     assert logs == [{"container": "harness", "limitBytes": str(10 * 1024 * 1024)}]
@@ -171,7 +171,7 @@ async def test_stuck_image_pull_is_infra_and_deleted(fake_k8s, runners, make_lau
     await reconcile_passes(fake_k8s)
     assert not handle._attempt.done.done()  # a fresh pull may still succeed
     fake_k8s.set_job_age(handle.job_name, 120)
-    exit_ = await asyncio.wait_for(handle.wait(), 5)
+    exit_ = await asyncio.wait_for(handle.wait(), 60)
     assert exit_.kind is ExitKind.INFRA and "ImagePullBackOff" in exit_.detail
     await until(lambda: fake_k8s.job(handle.job_name) is None)  # Kubernetes would wait for the deadline
 
@@ -209,9 +209,9 @@ async def test_restarted_controller_adopts_jobs_without_duplicates(fake_k8s, run
     new = [await second.launch(make_launch(f"r{i}")) for i in range(2)]
     assert [h.job_name for h in new] == [h.job_name for h in old]
     assert job_posts(fake_k8s) == 2 and len(fake_k8s.jobs()) == 2  # nothing created again
-    assert (await asyncio.wait_for(new[0].wait(), 5)).exit_code == 0
+    assert (await asyncio.wait_for(new[0].wait(), 60)).exit_code == 0
     fake_k8s.fail_job(new[1].job_name, exit_code=2)
-    assert (await asyncio.wait_for(new[1].wait(), 5)).exit_code == 2
+    assert (await asyncio.wait_for(new[1].wait(), 60)).exit_code == 2
 
 
 async def test_restarted_controller_deletes_superseded_attempts(fake_k8s, runners, make_launch) -> None:
@@ -247,7 +247,7 @@ async def test_two_controllers_sharing_a_run_leave_each_others_jobs_alone(
     fake_k8s.succeed_job(one.job_name)
     fake_k8s.succeed_job(two.job_name)
     for handle in (one, two):
-        exit_ = await asyncio.wait_for(handle.wait(), 5)
+        exit_ = await asyncio.wait_for(handle.wait(), 60)
         assert (exit_.kind, exit_.exit_code) == (ExitKind.EXITED, 0), exit_
 
 
@@ -260,13 +260,13 @@ async def test_a_deadline_is_a_timeout_only_for_a_harness_seen_running(
     ran = await runner.launch(make_launch("ran"))
     await reconcile_passes(fake_k8s)  # the runner saw its harness running
     fake_k8s.exceed_deadline(ran.job_name)  # the job controller deletes the pods
-    assert (await asyncio.wait_for(ran.wait(), 5)).kind is ExitKind.TIMEOUT
+    assert (await asyncio.wait_for(ran.wait(), 60)).kind is ExitKind.TIMEOUT
     for start_pods in ("none", "pending"):  # no pod at all; a pull that never ended
         fake_k8s.start_pods = start_pods
         handle = await runner.launch(make_launch(f"never-ran-{start_pods}"))
         await reconcile_passes(fake_k8s)
         fake_k8s.exceed_deadline(handle.job_name)
-        exit_ = await asyncio.wait_for(handle.wait(), 5)
+        exit_ = await asyncio.wait_for(handle.wait(), 60)
         assert exit_.kind is ExitKind.INFRA and "before the harness was seen running" in exit_.detail
 
 
@@ -328,7 +328,7 @@ async def test_a_full_quota_is_waited_out(fake_k8s, runners, make_launch) -> Non
     handle = await asyncio.wait_for(runner.launch(make_launch("r1")), 10)
     assert job_posts(fake_k8s) == 3
     fake_k8s.succeed_job(handle.job_name)
-    assert (await asyncio.wait_for(handle.wait(), 5)).exit_code == 0
+    assert (await asyncio.wait_for(handle.wait(), 60)).exit_code == 0
     # A quota that forbids the pod outright is the config's fault: the launch fails at once.
     forbidden = 'jobs.batch "y" is forbidden: failed quota: compute: must specify limits.cpu'
     fake_k8s.add_fault("POST", "jobs", code=403, reason="Forbidden", message=forbidden)
@@ -396,9 +396,9 @@ async def test_watch_recovers_from_expired_resource_version(fake_k8s, runners, m
         return sum(1 for _, _, q in fake_k8s.requests if q.get("watch") == "true")
 
     # The watch reconnects from a compacted version (410), relists and watches again: a later watch.
-    await until(lambda: watches() >= 2, timeout=10)
+    await until(lambda: watches() >= 2, timeout=60)
     fake_k8s.fail_job(handle.job_name, exit_code=5)
-    exit_ = await asyncio.wait_for(handle.wait(), 5)
+    exit_ = await asyncio.wait_for(handle.wait(), 60)
     assert exit_.exit_code == 5
     assert watches() >= 2
 
