@@ -52,12 +52,13 @@ def temp_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def rollout_config(tmp_path: Path) -> Path:
-    """A rollout that starts nothing heavy: a scripted engine, ``true`` as harness and evaluator."""
+    """A rollout that starts nothing heavy: a scripted engine, ``python -c pass`` as harness (the
+    preset runs ``command`` with its interpreter) and ``true`` as evaluator."""
     (tmp_path / "replies.json").write_text(json.dumps({"turns": ["done"]}))
     config = tmp_path / "rollout.toml"
     config.write_text(
         f'[engine]\nmodel = "scripted:{tmp_path / "replies.json"}"\n\n'
-        '[harness]\npreset = "python"\ncommand = ["true"]\n\n'
+        '[harness]\npreset = "python"\ncommand = ["-c", "pass"]\n\n'
         '[evaluator]\ntype = "command"\nreward_from = "exit_code"\ncommand = ["true"]\n'
     )
     return config

@@ -84,7 +84,7 @@ def test_a_rollout_that_fails_to_start_leaves_no_temp_folder(tmp_path):
     config = tmp_path / "rollout.toml"
     config.write_text(
         f'[engine]\nmodel = "scripted:{tmp_path / "replies.json"}"\n\n'
-        '[harness]\npreset = "python"\ncommand = ["true"]\n\n'
+        '[harness]\npreset = "python"\ncommand = ["-c", "pass"]\n\n'
         '[evaluator]\ntype = "command"\nreward_from = "exit_code"\ncommand = ["true"]\n'
     )
     env = {**os.environ, "TMPDIR": str(temp)}
