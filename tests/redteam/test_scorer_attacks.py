@@ -54,7 +54,7 @@ PYTEST_CHILD_JSON = {
         "import json, shutil, subprocess, sys, time; "
         "shutil.copytree(sys.argv[1] + '/files', '.', dirs_exist_ok=True); "
         "code = subprocess.run([sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', 'tests']).returncode; "
-        "print(json.dumps({'reward': float(code == 0)}), flush=True); time.sleep(1)",
+        "print(json.dumps({'reward': float(code == 0)}), flush=True); time.sleep(3)",
         "{task[hidden.tests]}",
     ],
     "reward_from": "json",
