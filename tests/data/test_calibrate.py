@@ -209,7 +209,8 @@ def test_calibrating_a_file_into_itself_is_refused(tmp_path: Path):
 
 def test_a_batch_that_runs_out_of_time_is_a_clear_error(tmp_path: Path):
     """``run_until_done``'s TimeoutError becomes one error naming the tasks and how to resume, after
-    the stack shut the running harnesses down; OUT keeps what finished."""
+    the stack shut the running harnesses down; OUT keeps what finished, and every line it had (a task
+    no longer in IN is dropped only by a run that completes)."""
     import asyncio
 
     from harnessrl.cli.rollout import load_rollout_config
@@ -227,4 +228,72 @@ def test_a_batch_that_runs_out_of_time_is_a_clear_error(tmp_path: Path):
         CalibrationTimeout, match=r"rollouts of owner__proj\.abc\.task_0 were not done after 1 s"
     ):
         asyncio.run(calibrate_file(config, src, out, k=1, run_dir=tmp_path / "run", batch_timeout_s=1))
-    assert read_records(out) == []  # task_1 is not in IN: dropped; task_0 did not finish
+    assert read_records(out) == [done]  # task_1 is not in IN, but the run did not end; task_0 did not finish
+
+
+def test_an_interrupted_run_with_another_k_loses_none_of_outs_calibrations(tmp_path: Path):
+    """A resume that forgot ``--k 4`` (or a subset IN, a Ctrl-C) rewrote OUT at its start with only the
+    tasks done at the new k: an hour of k=4 rollouts gone before the first new one finished. Now OUT
+    keeps every line until a run completes, and a later run at k=4 finds its k=4 line even after a
+    line of another k for the same task."""
+    import asyncio
+
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.data.calibrate import CalibrationTimeout, calibrate_file
+
+    (tmp_path / "agent.py").write_text("#!/usr/bin/env python3\nimport time\ntime.sleep(120)\n")
+    (tmp_path / "agent.py").chmod(0o755)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    a, b = record(0, 0), record(1, 0)
+    src = write_records(tmp_path / "in.jsonl", [a, b])
+    other_k = {**a, "calibration": {**calibrated(a, 1)["calibration"], "k": 2, "rewards": [1.0, 0.0]}}
+    lines = [calibrated(a, 3), calibrated(b, 2), other_k]
+    out = write_records(tmp_path / "out.jsonl", lines)
+    config = load_rollout_config(str(tmp_path / "rollout.toml"), [])
+    with pytest.raises(CalibrationTimeout):
+        asyncio.run(calibrate_file(config, src, out, k=1, run_dir=tmp_path / "run", batch_timeout_s=1))
+    assert read_records(out) == lines  # nothing of OUT lost (the k=1 batch did not finish)
+
+    result = calibrate_in_process(tmp_path, src, out)  # --k 4: both done, task_0's k=4 line found
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["skipped_already_done"], report["calibrated"], report["mixed"]) == (2, 0, 2)
+    assert read_records(out) == lines[:2]
+
+
+def test_a_last_line_cut_short_by_a_crash_is_measured_again(tmp_path: Path):
+    """``append_record`` killed mid-write (OOM, a full disk) leaves a last line without its newline:
+    the resume refused OUT as bad JSON, so the run could not resume without editing OUT by hand. Now
+    the fragment is left out (its task runs again) and every whole line is kept; a bad line that is
+    not the last stays an error."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    a, b = record(0, 0), record(1, 3)
+    src = write_records(tmp_path / "in.jsonl", [a, b])
+    out = write_records(tmp_path / "out.jsonl", [calibrated(a, 0)])
+    with out.open("a") as fh:
+        fh.write(json.dumps(calibrated(b, 4))[:70])  # the append of task_1, cut short
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["skipped_already_done"], report["calibrated"]) == (1, 1)
+    assert [r["calibration"]["passes"] for r in read_records(out)] == [0, 3]
+
+    out.write_text("{oops\n" + json.dumps(calibrated(a, 0)) + "\n")  # not a torn append: refused
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 2 and "out.jsonl:1: not valid JSON" in result.output
+
+
+def test_a_record_whose_hidden_is_no_object_is_refused_naming_it(tmp_path: Path):
+    """``to_task`` ran ``dict(record["hidden"])``: a string was a ValueError traceback once the
+    environments were being checked (a list of pairs silently became an object)."""
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    src = write_records(tmp_path / "in.jsonl", [record(0, 0), {**record(1, 0), "hidden": "tests/x"}])
+    out = tmp_path / "out.jsonl"
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 2, result.output
+    assert "'owner__proj.abc.task_1': 'hidden' must be a JSON object" in result.output
+    assert "Traceback" not in result.output and not out.exists()

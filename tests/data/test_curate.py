@@ -126,6 +126,23 @@ def test_to_task_keeps_the_test_lists_of_a_records_own_hidden_object():
     assert top["hidden"]["FAIL_TO_PASS"] == ["tests/b.py::test_z"]
 
 
+def test_to_task_refuses_a_hidden_that_is_no_object():
+    """``dict(record["hidden"])`` raised ValueError/TypeError on a string or a number, and turned a
+    list of pairs into an object; JSON null is still no hidden data."""
+    import pytest
+
+    from harnessrl.errors import ConfigError
+
+    record = raw_records()[1]
+    for bad in ("tests/x", 5, [["FAIL_TO_PASS", "tests/a.py::t"]]):
+        with pytest.raises(ConfigError, match=r"'hidden' must be a JSON object"):
+            to_task({**record, "hidden": bad})
+    assert (
+        to_task({**record, "hidden": None})["hidden"]["FAIL_TO_PASS"]
+        == to_task(record)["hidden"]["FAIL_TO_PASS"]
+    )
+
+
 def test_a_json_null_test_list_is_no_tests():
     for value in (None, "null", "", " "):
         assert listed_tests({"FAIL_TO_PASS": value}, "FAIL_TO_PASS") == [], value
@@ -202,6 +219,19 @@ def test_bad_input_is_one_clear_line(tmp_path: Path):
         timeout=60,
     )
     assert proc.returncode == 2 and "bad.jsonl:2" in proc.stderr
+
+
+def test_a_line_nested_too_deeply_is_one_clear_line_too(tmp_path: Path):
+    """json's decoder recurses per level: ``[[[[...`` was a RecursionError traceback (exit 1)."""
+    bad = tmp_path / "deep.jsonl"
+    bad.write_text('{"instance_id": "a"}\n' + "[" * 100_000 + "\n")
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.run(
+        [*HARNESSRL, "data", "filter", str(bad), str(out)], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "deep.jsonl:2: nested too deeply" in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
 
 
 #: What ``str.splitlines`` takes for a line end besides "\n" and "\r" (``json.dumps`` escapes the ASCII

@@ -182,3 +182,55 @@ def test_a_hidden_folder_built_before_the_fix_is_refused(task_set: dict, tmp_pat
     (old / "scoring.json").write_text(json.dumps({**scoring, "format": 1}))
     proc = scorer(row, workspace(row, tmp_path / "ws", gold=True), hidden=str(old))
     assert proc.returncode == 2 and "unknown scoring.json format 1" in proc.stderr, proc.stderr[-2000:]
+
+
+#: One check: whichever mutant is chosen, its only FAIL_TO_PASS test is the one a statement would show.
+LONE_CHECK = {
+    "Toy/9": {
+        "task_id": "Toy/9",
+        "entry_point": "double",
+        "prompt": 'def double(x: int):\n    """Twice x."""\n',
+        "canonical_solution": "    return x * 2\n",
+        "test": "def check(candidate):\n    assert candidate(21) == 42\n",
+    },
+    # Two checks that any bug in `x + 1` fails both of: one is shown, one stays hidden.
+    "Toy/8": {
+        "task_id": "Toy/8",
+        "entry_point": "next_of",
+        "prompt": 'def next_of(x: int):\n    """The integer after x."""\n',
+        "canonical_solution": "    return x + 1\n",
+        "test": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(5) == 6\n",
+    },
+}
+
+
+def test_a_lone_failing_check_is_not_shown_where_special_casing_it_would_score_1(tmp_path: Path):
+    """The statement showed the failing check in full (`double(21)` ... should return `42`): with it
+    the task's only FAIL_TO_PASS test, ``if x == 21: return 42`` scored 1 with the bug in place (3 of
+    the first 40 HumanEval tasks). Control: a task with several failing tests still shows one, and
+    special-casing it scores 0 (Toy/8, whose bug fails both checks)."""
+    out = Path(tempfile.mkdtemp(prefix="harnessrl-coding-lone-", dir="/var/tmp")) / "tasks"
+    try:
+        report = build_task_set(BuildOptions(out=out, jobs=1), problems=LONE_CHECK)
+        assert report["tasks"] == 2, report
+        rows = {row["source"]: row for row in map(json.loads, (out / "tasks.jsonl").read_text().splitlines())}
+        lone, shown = rows["Toy/9"], rows["Toy/8"]
+        assert len(lone["FAIL_TO_PASS"]) == 1
+        assert "21" not in lone["problem_statement"] and "42" not in lone["problem_statement"]
+        assert "the failing test is hidden" in lone["problem_statement"]
+        assert len(shown["FAIL_TO_PASS"]) == 2 and "should return `" in shown["problem_statement"]
+        # Special-casing the example shown: the hidden failing test still fails.
+        example = shown["problem_statement"].split("`next_of(")[1].split(")`")[0]
+        expected = shown["problem_statement"].split("should return `")[1].split("`")[0]
+        special = (
+            f"\n\n_next_of = next_of\n\n\ndef next_of(x):\n"
+            f"    return {expected} if x == {example} else _next_of(x)\n"
+        )
+        result = score(shown, workspace(shown, tmp_path / "special", append=special))
+        assert result["reward"] == 0.0 and result["fail_to_pass"] == "1/2", result
+        # The same special case on the lone task's old statement scored 1: the control that the
+        # scorer alone cannot tell it from a fix.
+        special = "\n\n_double = double\n\n\ndef double(x):\n    return 42 if x == 21 else _double(x)\n"
+        assert score(lone, workspace(lone, tmp_path / "lone", append=special))["reward"] == 1.0
+    finally:
+        shutil.rmtree(out.parent, ignore_errors=True)

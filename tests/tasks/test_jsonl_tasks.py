@@ -64,6 +64,13 @@ def test_bare_data_lines(tmp_path):
         ),
         ('{"task_id": "a", "data": {"gold_patch": "diff"}}\n', r"tasks\.jsonl:1: task field 'gold_patch'"),
         ('{"prompt": "p", "hidden": "42"}\n', r"tasks\.jsonl:1: task field 'hidden' must be a JSON object"),
+        # A traceback (RecursionError) before, not an error naming the line.
+        ('{"prompt": "a"}\n' + "[" * 100_000 + "\n", r"tasks\.jsonl:2: nested too deeply to read"),
+        # Ids "None", "" and "{'a': 1}" before.
+        ('{"task_id": null, "prompt": "p"}\n', r"tasks\.jsonl:1: 'task_id' must be a string or an integer"),
+        ('{"id": {"a": 1}, "prompt": "p"}\n', r"tasks\.jsonl:1: 'id' must be a string or an integer"),
+        ('{"id": " ", "prompt": "p"}\n', r"tasks\.jsonl:1: 'task_id' is empty"),
+        ('{"task_id": "", "data": {}}\n', r"tasks\.jsonl:1: 'task_id' is empty"),
     ],
 )
 def test_errors_name_the_line(tmp_path, content, message):

@@ -156,6 +156,23 @@ def test_a_task_without_test_lists_is_the_scorers_failure(repo, tmp_path: Path):
     assert done.code == 2 and "no hidden.FAIL_TO_PASS" in done.stderr
 
 
+@needs_sandbox
+def test_a_files_folder_without_a_fail_to_pass_file_is_the_tasks_failure(repo, tmp_path: Path):
+    """The listed tests of a file the folder does not restore ran from the workspace's copy: the
+    policy's edit ``def test_add(): pass`` scored 1 with the bug still in. Control: the same edit
+    is overwritten when the folder holds the file."""
+    ws, files = repo
+    shutil.copytree(files, ws, dirs_exist_ok=True)
+    rigged = TESTS.replace("assert add(", "assert True or add(")
+    (ws / "tests" / "test_calc.py").write_text(rigged)
+    assert score(ws, files, tmp_path / "control")["reward"] == 0.0  # restored: the bug fails
+    (ws / "tests" / "test_calc.py").write_text(rigged)
+    (files / "tests" / "test_calc.py").unlink()
+    done = run_in_sandbox(SCORER, workspace=ws, scratch=tmp_path / "e", inputs={"files": files}, task=TASK)
+    assert done.code == 2, (done.code, done.stdout[-1000:])
+    assert "lacks tests/test_calc.py, which holds FAIL_TO_PASS tests" in done.stderr
+
+
 PATCH_REPORTS = """
 import sys as _sys
 

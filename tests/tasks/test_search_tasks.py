@@ -101,7 +101,18 @@ def test_searchqa_reads_the_search_r1_nq_and_hotpotqa_layouts(tmp_path: Path) ->
     assert source.load(split="train")[2].data["prompt"] == "Q: which z?"
 
 
-@pytest.mark.parametrize("row", [{"question": "q"}, {"answer": "a"}, {"question": "", "answer": "a"}])
+@pytest.mark.parametrize(
+    "row",
+    [
+        {"question": "q"},
+        {"answer": "a"},
+        {"question": "", "answer": "a"},
+        # ids "None", "" and "['x']" before
+        {"id": None, "question": "q", "answer": "a"},
+        {"_id": "", "question": "q", "answer": "a"},
+        {"id": ["x"], "question": "q", "answer": "a"},
+    ],
+)
 def test_searchqa_refuses_a_row_without_question_or_answers(tmp_path: Path, row: dict) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(row) + "\n")
@@ -257,3 +268,70 @@ def test_searchqa_questions_may_hold_line_separators(tmp_path):
     ]
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     assert [t.data["question"] for t in load_searchqa(path, split="train")] == [r["question"] for r in rows]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "<answer>Arlen Voss</answer>",
+        "<answer> a </answer> then <answer>b</answer>",
+        "<answer>a</answer><answer>unclosed",
+        "<answer><answer>x</answer>",
+        "<answer>multi\nline</answer>",
+        "</answer><answer></answer>",
+        "<answer>a</answer></answer>",
+    ],
+)
+def test_the_answer_tag_reads_as_the_regex_read_it(text: str) -> None:
+    import re
+
+    from harnessrl.tasks.search import extract_answer
+
+    found = re.findall(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    assert extract_answer(text) == (found[-1].strip() if found else None)
+
+
+def test_a_megabyte_of_unclosed_answer_tags_is_one_pass() -> None:
+    """The regex took time quadratic in unclosed ``<answer>`` tags (10 s of the controller's GIL at
+    128 KiB; this input: about ten minutes, past the evaluator's timeout, which the controller
+    counts as an infrastructure failure): the policy could turn its 0 into "not counted"."""
+    from harnessrl.tasks.search import extract_answer
+
+    text = "<answer>Arlen Voss</answer>" + "<answer>" * ((1 << 20) // 8)
+    assert extract_answer(text) == "Arlen Voss"
+    calls = [
+        _reply_call("<answer>" * ((1 << 20) // 8)),
+    ]
+    inp = SimpleNamespace(task={"hidden": {"answers": ["Arlen Voss"]}}, workspace="/nonexistent", calls=calls)
+    assert score_search(inp, source="final_answer")["reward"] == 0.0
+
+
+def _reply_call(text: str):
+    from harnessrl.schemas import Call
+
+    return Call(rollout_id="r", seq=0, response={"choices": [{"message": {"content": text}}]},
+                prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[0.0])  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--hops", "1,x"], "--hops: comma-separated hop counts among 1, 2, 3, got '1,x'"),
+        (["--hops", "4"], "hops must be among 1, 2, 3, got [4]"),
+        (["--train", "-1"], "--train and --heldout must be >= 0"),
+        (["--hops", "0,1"], "hops must be among 1, 2, 3, got [0, 1]"),
+    ],
+)
+def test_the_dataset_command_refuses_bad_options_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    """A ValueError traceback (exit 1) before, after the corpus was already written."""
+    from harnessrl.tasks.search import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(out), "--train", "5", "--heldout", "5", *args])
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not out.exists()

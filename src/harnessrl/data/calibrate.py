@@ -8,8 +8,10 @@ harness through the config's harness spec (``{prompt}``, ``{task[repo]}``...).
 Resumable: a task whose record is already in OUT with a clean calibration of the same k and the same
 forced sampling is skipped (matched by ``instance_id``: its record is IN's, only the calibration is
 OUT's); every finished batch is appended to OUT at once (fsync), and at the end OUT is rewritten
-with IN's records in IN's order. Lines of tasks no longer in IN are dropped (and counted). A task
-with infrastructure failures is written but not counted as done, so a re-run measures it again.
+with IN's records in IN's order. Lines of tasks no longer in IN, and stale ones (another k or
+sampling), are dropped (and counted) by that final rewrite, never before: an interrupted run keeps
+them. A last line cut short (killed mid-append) is left out and its task run again. A task with
+infrastructure failures is written but not counted as done, so a re-run measures it again.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from harnessrl.data.records import (
     Record,
     append_record,
     instance_id,
+    read_appended_records,
     read_records,
     same_file,
     to_task,
@@ -117,8 +120,18 @@ async def calibrate_file(
     ids = [instance_id(r) for r in records]
     if any(not i for i in ids) or len(set(ids)) != len(ids):
         raise ConfigError(f"calibrate: {in_path}: every record needs a unique instance_id (run filter first)")
+    # Every record's task now: a bad one (a "hidden" that is no object) is refused before any work.
+    tasks = {i: to_task(r) for i, r in zip(ids, records, strict=True)}
     forced = sampling.as_metadata() if sampling is not None else None
-    previous = {instance_id(r): r for r in read_records(out_path)} if out_path.exists() else {}
+    lines, torn = read_appended_records(out_path) if out_path.exists() else ([], False)
+    if torn:  # appends would continue the fragment's line: OUT without it, every whole line kept
+        log.warning("calibrate: %s: its last line was cut short (a run killed mid-write); left out", out_path)
+        write_records(out_path, lines)
+    previous: dict[str, Record] = {}  # per task: its last line in OUT that is done, else its last line
+    for r in lines:
+        i = instance_id(r)
+        if _is_done(r, k, forced) or i not in previous or not _is_done(previous[i], k, forced):
+            previous[i] = r
     # A done task keeps its calibration on IN's record as it is now (a fixed FAIL_TO_PASS stays fixed).
     done = {
         i: {**r, "calibration": previous[i]["calibration"]}
@@ -127,12 +140,18 @@ async def calibrate_file(
     }
     not_in_input = len(previous.keys() - set(ids))
     todo = [r for r in records if instance_id(r) not in done]
+    stale = len(previous.keys() - done.keys()) - not_in_input
     progress(
         f"calibrate: {len(records)} tasks, {len(done)} already done, {len(todo)} to run (k={k})"
-        + (f"; {not_in_input} tasks of OUT not in IN dropped" if not_in_input else "")
+        + (
+            f"; {stale} tasks of OUT measured otherwise (k, sampling, infra failures) run again"
+            if stale
+            else ""
+        )
+        + (f"; {not_in_input} tasks of OUT not in IN will be dropped at the end" if not_in_input else "")
     )
-    if previous.keys() - done.keys():  # drop stale lines (other k or sampling, infra failures, not in IN)
-        write_records(out_path, done.values())
+    # OUT's other lines (another k or sampling, infra failures, tasks not in IN) stay until the end's
+    # rewrite: a run interrupted before then (a mistyped --k, a subset IN, Ctrl-C) loses none of them.
 
     overrides = {"sampling": forced} if forced is not None else {}  # as the trainer sets it
     results: dict[str, Record] = {}
@@ -144,13 +163,13 @@ async def calibrate_file(
         # Each task's image (docs/environments.md): built and checked to run the harness before any
         # rollout, so a missing image is one clear error, not k infrastructure failures per task.
         harness = apply_preset(config.harness)
-        await asyncio.to_thread(check_environments, harness, [to_task(r) for r in todo])
+        await asyncio.to_thread(check_environments, harness, [tasks[instance_id(r)] for r in todo])
         async with local_stack(config, run_dir) as stack:
             for start in range(0, len(todo), per_batch):
                 batch = todo[start : start + per_batch]
                 ids_by_task: dict[str, list[str]] = {}
                 for record in batch:
-                    task = to_task(record)
+                    task = tasks[instance_id(record)]
                     ids_by_task[task["task_id"]] = [
                         stack.create_rollout(
                             task,

@@ -32,11 +32,19 @@ def read_records(path: str | Path) -> list[Record]:
 
     Lines end at ``"\n"`` only (``"\r\n"`` read as one): ``str.splitlines`` would also split at
     U+2028, U+2029, U+0085 and other separators, which ``write_records`` writes raw inside strings."""
+    return read_appended_records(path, torn_tail=False)[0]
+
+
+def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[list[Record], bool]:
+    """``read_records`` for a file written by ``append_record``: with ``torn_tail``, a last line
+    without its newline that is not a JSON object (an append cut short: the process killed, the
+    disk full) is left out, and the second value says so; any other bad line is an error."""
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"data: cannot read {path}: {exc}") from exc
+    lines = text.split("\n")
     records: list[Record] = []
     for lineno, line in enumerate(lines, start=1):
         if not line.strip():
@@ -44,11 +52,15 @@ def read_records(path: str | Path) -> list[Record]:
         try:
             obj = json.loads(line)
         except ValueError as exc:
+            if torn_tail and lineno == len(lines):  # the last line, not ended by "\n": cut short
+                return records, True
             raise ConfigError(f"data: {path}:{lineno}: not valid JSON: {exc}") from exc
+        except RecursionError:  # [[[[...: json's decoder recurses once per level
+            raise ConfigError(f"data: {path}:{lineno}: nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise ConfigError(f"data: {path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
         records.append(obj)
-    return records
+    return records, False
 
 
 def write_records(path: str | Path, records: Iterable[Record]) -> Path:
@@ -156,10 +168,15 @@ def to_task(record: Record) -> dict[str, Any]:
     (``harnessrl.tasks.fields.EVALUATOR_ONLY``: ``patch``, ``test_patch``, the test lists, decoded to
     lists, ``answer``...) moves under ``hidden``, merged with the record's own ``hidden`` object (a
     top-level field wins over the same name there; the test lists of a ``hidden`` object are kept
-    when the record has none of its own).
+    when the record has none of its own). A ``hidden`` that is not an object is a ``ConfigError``.
     """
+    own = record.get(HIDDEN)
+    if own is not None and not isinstance(own, dict):  # dict("abc") raised, dict([["a", 1]]) "worked"
+        raise ConfigError(
+            f"data: record {instance_id(record)!r}: 'hidden' must be a JSON object, got {type(own).__name__}"
+        )
     task = {k: v for k, v in record.items() if k not in PIPELINE_FIELDS and k not in EVALUATOR_ONLY}
-    hidden = dict(record.get(HIDDEN) or {})
+    hidden = dict(own or {})
     hidden.update({k: v for k, v in record.items() if k in EVALUATOR_ONLY})
     hidden.update({name: tests_of(record, name) for name in TEST_LISTS})
     task[HIDDEN] = hidden

@@ -2,7 +2,8 @@
 
 A line is either a full ``Task`` record (``{"task_id": ..., "split": ..., "data": {...}}``) or just
 the task's data (``{"prompt": ..., "hidden": {"answer": ...}}``), which gets ``task_id`` from its own
-``task_id``/``id`` field or ``<file stem>-<line number>``. Errors name the file and line.
+``task_id``/``id`` field (a string or an integer, never empty) or ``<file stem>-<line number>``.
+Errors name the file and line.
 
 The harness sees every top-level field of a task's data; a line with an evaluator-only name at top
 level (``answer``, ``solution``, ``gold_patch``... ``harnessrl.tasks.fields.EVALUATOR_ONLY``) is
@@ -44,16 +45,19 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
             obj = json.loads(line)
         except ValueError as exc:
             raise ConfigError(f"tasks: {where}: not valid JSON: {exc}") from exc
+        except RecursionError:  # [[[[...: json's decoder recurses once per level
+            raise ConfigError(f"tasks: {where}: nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise ConfigError(f"tasks: {where}: expected a JSON object, got {type(obj).__name__}")
         try:
             if "task_id" in obj and isinstance(obj.get("data"), dict) and set(obj) <= _RECORD_KEYS:
                 task = Task.model_validate(obj)
             else:  # bare task data
-                task_id = obj.get("task_id", obj.get("id", f"{path.stem}-{lineno}"))
-                task = Task(task_id=str(task_id), data=obj)
+                task = Task(task_id=_bare_task_id(obj, where, f"{path.stem}-{lineno}"), data=obj)
         except ValidationError as exc:
             raise ConfigError(f"tasks: {where}: {exc.errors()[0]['msg']}") from exc
+        if not task.task_id.strip():
+            raise ConfigError(f"tasks: {where}: 'task_id' is empty; give the task an id or leave it out")
         check_visible(task.data, where=f"tasks: {where}")
         if split is not None:
             task = task.model_copy(update={"split": split})
@@ -62,6 +66,20 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
         seen.add(task.task_id)
         tasks.append(task)
     return tasks
+
+
+def _bare_task_id(obj: dict, where: str, default: str) -> str:
+    """A bare line's ``task_id`` (or ``id``): a string or an integer; ``None``, a list or an object
+    became the id ``"None"`` or its Python repr."""
+    name = "task_id" if "task_id" in obj else "id" if "id" in obj else None
+    if name is None:
+        return default
+    value = obj[name]
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise ConfigError(
+            f"tasks: {where}: {name!r} must be a string or an integer, got {json.dumps(value)[:60]}"
+        )
+    return str(value)
 
 
 def save_tasks(path: str | Path, tasks: Iterable[Task]) -> Path:

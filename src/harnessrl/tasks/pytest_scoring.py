@@ -33,7 +33,8 @@ Where assertions can be checked outside the process (``harnessrl.tasks.coding``'
 are. ``docs/evaluators.md`` says how to use this scorer.
 
 Exit status 2 (the controller's "scorer failed": reward 0, flagged) only when the task itself is
-broken (no test lists, no files folder); never because of the code under test.
+broken (no test lists, no files folder, a files folder without the file of a ``FAIL_TO_PASS``
+test); never because of the code under test.
 """
 
 from __future__ import annotations
@@ -309,7 +310,15 @@ def score_tests(
     """Restore ``files`` (if given) over ``workspace``, run the task's listed tests; the JSON result."""
     fail_to_pass, pass_to_pass = test_lists(task)
     if files is not None:
-        restore_files(files, workspace)
+        restored = set(restore_files(files, workspace))
+        # A FAIL_TO_PASS test in a file the folder lacks ran from the workspace's copy, the policy's
+        # to edit: `def test_x(): pass` there scored 1 without a fix.
+        unrestored = sorted({t.split("::", 1)[0] for t in fail_to_pass} - restored)
+        if unrestored:
+            raise ScoringError(
+                f"the test files folder {str(files)!r} lacks {', '.join(unrestored[:5])}, which holds "
+                "FAIL_TO_PASS tests: the workspace's copy, the policy's to edit, would decide them"
+            )
     run = run_pytest(
         workspace, fail_to_pass + pass_to_pass, timeout_s=timeout_s, config=config, python=python
     )

@@ -283,11 +283,11 @@ def write_dataset(
     """``corpus.jsonl``, ``train{suffix}.jsonl`` and ``heldout{suffix}.jsonl`` in ``out``; returns
     their counts. The corpus depends on ``seed`` only, so question sets with other hops share it."""
     world = make_world(seed)
-    out.mkdir(parents=True, exist_ok=True)
     passages = corpus_passages(world)
-    _write_jsonl(out / "corpus.jsonl", passages)
     splits = {"train": make_questions(world, "train", train, hops=hops)}
     splits["heldout"] = make_questions(world, "heldout", heldout, hops=hops)
+    out.mkdir(parents=True, exist_ok=True)  # only once the questions exist: a ValueError writes nothing
+    _write_jsonl(out / "corpus.jsonl", passages)
     for name, rows in splits.items():
         _write_jsonl(out / f"{name}{suffix}.jsonl", rows)
     return {
@@ -377,7 +377,14 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
             ) from None
         blank += (len(raw) if isinstance(raw, list) else 1) - len(golds)
         loose += sum(1 for g in golds if not normalize(g))
-        task_id = str(row.get("id", row.get("_id", f"{path.stem}-{lineno}")))
+        id_field = "id" if "id" in row else "_id" if "_id" in row else None
+        raw_id = row[id_field] if id_field else f"{path.stem}-{lineno}"
+        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or not str(raw_id).strip():
+            # null was the id "None" (two such rows: "appears twice"), a list its repr
+            raise ConfigError(
+                f"{where}: {id_field!r} must be a non-empty string or an integer, got {_preview(raw_id)}"
+            )
+        task_id = str(raw_id)
         if task_id in seen:
             raise ConfigError(f"{where}: task id {task_id!r} appears twice")
         seen.add(task_id)
@@ -402,7 +409,7 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 ANSWER_FILE = "answer.txt"
 _MAX_ANSWER_BYTES = 4096
 
@@ -463,9 +470,18 @@ def read_answer_file(workspace: Path) -> str | None:
 
 
 def extract_answer(text: str) -> str | None:
-    """The last ``<answer>…</answer>`` of a reply (Search-R1's format), else None."""
-    found = _ANSWER_TAG.findall(text)
-    return found[-1].strip() if found else None
+    """The last ``<answer>…</answer>`` of a reply (Search-R1's format), else None: what the last
+    match of ``<answer>(.*?)</answer>`` holds, found in one pass (the regex took time quadratic in
+    the unclosed ``<answer>`` tags of the policy's reply: 128 KiB of them held the GIL for 10 s, and
+    a bigger reply ran past the evaluator's timeout, an infrastructure failure the policy chose)."""
+    found, position = None, 0
+    while (start := text.find(_ANSWER_OPEN, position)) >= 0:
+        end = text.find(_ANSWER_CLOSE, start + len(_ANSWER_OPEN))
+        if end < 0:
+            break
+        found = text[start + len(_ANSWER_OPEN) : end]
+        position = end + len(_ANSWER_CLOSE)
+    return found.strip() if found is not None else None
 
 
 SOURCES = ("file", "final_answer")
@@ -501,7 +517,10 @@ def score_search(
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Write the fictional encyclopedia and its questions.")
+    parser = argparse.ArgumentParser(
+        prog="python -m harnessrl.tasks.search",
+        description="Write the fictional encyclopedia and its questions.",
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--train", type=int, default=2000)
@@ -509,10 +528,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hops", default="1,2,3", help="comma-separated hop counts to draw from")
     parser.add_argument("--suffix", default="", help="train{suffix}.jsonl, heldout{suffix}.jsonl")
     args = parser.parse_args(argv)
-    hops = tuple(int(h) for h in args.hops.split(","))
-    counts = write_dataset(
-        args.out, seed=args.seed, train=args.train, heldout=args.heldout, hops=hops, suffix=args.suffix
-    )
+    try:
+        hops = tuple(int(h) for h in args.hops.split(","))
+    except ValueError:
+        parser.error(f"--hops: comma-separated hop counts among 1, 2, 3, got {args.hops!r}")
+    if args.train < 0 or args.heldout < 0:
+        parser.error("--train and --heldout must be >= 0")
+    try:
+        counts = write_dataset(
+            args.out, seed=args.seed, train=args.train, heldout=args.heldout, hops=hops, suffix=args.suffix
+        )
+    except ValueError as exc:  # hops outside 1-3, more questions than the world holds: exit 2, one line
+        parser.error(str(exc))
     print(json.dumps(counts))
 
 

@@ -276,7 +276,9 @@ def agreeing_probes(
 def problem_statement(
     problem: dict[str, Any], split: SplitChecks, fail_to_pass: list[str], screened: Screened | None
 ) -> str:
-    """An issue-style statement: what the function should do, and one failing example."""
+    """An issue-style statement: what the function should do, and one failing example when another
+    failing test stays hidden. The example is shown in full (call and expected value): with it the
+    only ``FAIL_TO_PASS`` test, ``if args == EXAMPLE: return EXPECTED`` scored 1 without a fix."""
     entry = problem["entry_point"]
     tree = ast.parse(problem["prompt"] + problem["canonical_solution"])
     function = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == entry)
@@ -284,7 +286,9 @@ def problem_statement(
     failing = [t for t in split.tests if t.test_id in fail_to_pass]
     probes = screened.probes if screened is not None else {}
     example = next((t for t in failing if t.call and t.name in probes), None)
-    if example is not None:
+    if len(failing) < 2:
+        symptom = "it gives wrong results for some inputs (the failing test is hidden)."
+    elif example is not None:
         verb, _, what = probes[example.name].partition(" ")  # "returns <repr>" | "raises <Exception>"
         symptom = f"`{example.call}` {verb} `{what}`, but it should return `{example.expected}`."
     else:
