@@ -51,7 +51,8 @@ class HarnessSpec(BaseModel):
     """How to run a harness for one rollout. Strings may use ``{placeholders}`` filled per rollout:
     ``{rollout_id}``, ``{workspace}``, ``{base_url}`` (OpenAI-style, ends in /v1),
     ``{anthropic_base_url}``, ``{api_key}``, ``{model}``, ``{task_file}``, ``{prompt}`` (the
-    task's ``prompt`` field, if any) and ``{task[FIELD]}`` (``FIELD`` may be a dotted path).
+    task's ``prompt`` field, if any; JSON when it is not a string) and ``{task[FIELD]}`` (``FIELD``
+    may be a dotted path; JSON when not a string).
     ``{task[hidden.…]}`` is refused everywhere but ``repo``, which the harness never sees.
     ``{workspace}`` and ``{task_file}`` are the paths the harness sees: ``/rollout/workspace`` and
     ``/rollout/task.json`` in the bubblewrap sandbox (``ROLLOUT_PATHS``; ``$HOME`` is ``/rollout/home``),

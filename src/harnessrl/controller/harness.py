@@ -16,11 +16,12 @@ import json
 import os
 import re
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harnessrl.controller.base import HarnessSpec, SandboxPaths
+from harnessrl.controller.base import ROLLOUT_PATHS, HarnessSpec, SandboxPaths
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Rollout
 from harnessrl.tasks.fields import HIDDEN, check_visible, get_field, is_hidden_path
@@ -76,9 +77,65 @@ def fill(template: str, values: dict[str, Any], *, field: str, hidden_ok: bool =
             return value if isinstance(value, str) else json.dumps(value)
         if name == "prompt" and values.get("prompt") is None:
             raise ConfigError(f"{field}: {{prompt}} needs a 'prompt' field in the task")
-        return str(values[name])
+        value = values[name]
+        # A prompt that is not a string (a list of messages...) as JSON, like ``{task[prompt]}``: str()
+        # gave the harness Python's repr (single quotes, True/None).
+        return json.dumps(value) if name == "prompt" and not isinstance(value, str) else str(value)
 
     return _PLACEHOLDER.sub(substitute, template)
+
+
+# Linux refuses to exec a program one of whose arguments or environment entries ("NAME=value") is
+# longer than MAX_ARG_STRLEN (32 pages, its NUL included), or whose arguments and environment
+# together pass ARG_MAX (E2BIG). The sandbox's own wrapper adds its arguments on top: ``_EXEC_MARGIN``.
+MAX_EXEC_STRING = 32 * os.sysconf("SC_PAGESIZE") - 1
+_EXEC_MARGIN = 64 * 1024
+
+
+def _exec_budget() -> int:
+    return max(os.sysconf("SC_ARG_MAX"), 32 * os.sysconf("SC_PAGESIZE")) - _EXEC_MARGIN
+
+
+def os_bytes(where: str, text: str) -> int:
+    """How many bytes ``text`` is as the OS gets it (an argument, a variable, a path); a ``ConfigError``
+    naming ``where`` when it can be none of these: a NUL byte, or a lone surrogate (``\\ud800``: valid
+    JSON, no text). Both came from task fields and raised ``ValueError`` deep in the launch."""
+    if "\0" in text:
+        raise ConfigError(
+            f"{where}: contains a NUL byte (from the task?), which no argument, variable or path can hold"
+        )
+    try:  # as ``os.fsencode`` does: surrogateescape stands for bytes that are not UTF-8
+        return len(text.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{where}: holds a lone surrogate (\\ud800…, from the task?), which is no text a program "
+            "can be given"
+        ) from None
+
+
+def check_exec(argv: list[tuple[str, str]], env: list[tuple[str, str, str]]) -> None:
+    """Refuse what no ``exec`` could start, naming the field: ``argv`` as ``(field, item)``, ``env`` as
+    ``(field, name, value)``. A NUL byte (from a task field) ended the string early, crashed the
+    sandbox's launcher, or — in the environment, which reaches bubblewrap as NUL-separated options —
+    added options of its own (``--bind / …``: the host's files writable in the sandbox). A string past
+    ``MAX_EXEC_STRING`` or a total past ``ARG_MAX`` failed every attempt as "bwrap failed to set up
+    the sandbox"."""
+    total = 0
+    for where, text in [*argv, *((where, f"{name}={value}") for where, name, value in env)]:
+        size = os_bytes(where, text)
+        if size > MAX_EXEC_STRING:
+            raise ConfigError(
+                f"{where}: {size} bytes, longer than one argument or environment variable may be "
+                f"({MAX_EXEC_STRING} bytes on Linux): pass long task data through the task file "
+                "({task_file}) instead"
+            )
+        total += size + 1 + 8  # the string, its NUL, its pointer
+    if total > _exec_budget():
+        raise ConfigError(
+            f"harness: the command line and environment are {total} bytes together, more than a program "
+            f"may be started with here ({_exec_budget()} bytes): pass long task data through the task "
+            "file ({task_file}) instead"
+        )
 
 
 def harness_view(task: dict[str, Any]) -> dict[str, Any]:
@@ -122,8 +179,11 @@ def render_harness(
         "prompt": task.get("prompt"),
         "task": task,
     }
-    argv = [fill(arg, values, field=f"harness.command[{i}]") for i, arg in enumerate(spec.command)]
-    argv += [fill(arg, values, field=f"harness.args[{i}]") for i, arg in enumerate(spec.args)]
+    fields = [f"harness.command[{i}]" for i in range(len(spec.command))]
+    fields += [f"harness.args[{i}]" for i in range(len(spec.args))]
+    argv = [
+        fill(arg, values, field=where) for where, arg in zip(fields, [*spec.command, *spec.args], strict=True)
+    ]
     home = workspace.parent / "home"
     home.mkdir(parents=True, exist_ok=True)
     env = {name: os.environ[name] for name in _INHERITED if name in os.environ}
@@ -143,21 +203,46 @@ def render_harness(
             "HARNESSRL_MODEL": spec.model_name,
         }
     )
+    if len("HARNESSRL_TASK=") + len(env["HARNESSRL_TASK"]) > MAX_EXEC_STRING:  # json.dumps: ASCII only
+        del env["HARNESSRL_TASK"]  # too long for any environment: the task file holds the same JSON
     for key, value in spec.env.items():
         env[key] = fill(value, values, field=f"harness.env.{key}")
     files = {
         fill(rel, values, field="harness.files"): fill(content, values, field=f"harness.files[{rel!r}]")
         for rel, content in spec.files.items()
     }
-    cwd = (
-        seen.workspace / fill(spec.workdir, values, field="harness.workdir")
-        if spec.workdir
-        else seen.workspace
-    )
+    workdir = fill(spec.workdir, values, field="harness.workdir") if spec.workdir else ""
+    cwd = seen.workspace / workdir if workdir else seen.workspace
     # The controller copies the repo; the harness never sees its path: the full task, hidden included.
     full = {**values, "task": rollout.task}
-    repo = Path(fill(spec.repo, full, field="harness.repo", hidden_ok=True)) if spec.repo else None
-    return RenderedHarness(argv=argv, env=env, files=files, cwd=cwd, repo=repo, task_file=task_file)
+    repo = fill(spec.repo, full, field="harness.repo", hidden_ok=True) if spec.repo else None
+    names = [("harness.files", rel) for rel in files] + [("harness.workdir", workdir)]
+    for where, text in [*names, ("harness.repo", repo or "")]:
+        os_bytes(where, text)  # paths the controller itself opens: ValueError there left it hanging
+    check_exec(
+        list(zip(fields, argv, strict=True)),
+        [(f"harness.env.{k}" if k in spec.env else f"the harness's ${k}", k, v) for k, v in env.items()],
+    )
+    return RenderedHarness(
+        argv=argv, env=env, files=files, cwd=cwd, repo=Path(repo) if repo else None, task_file=task_file
+    )
+
+
+def check_task(spec: HarnessSpec, task: dict[str, Any]) -> None:
+    """Render ``spec`` (its preset applied) for ``task`` once, in a scratch folder removed again: a task
+    the harness cannot start on — a field its templates name missing, a NUL byte, a prompt too long
+    for a command line — is a ``ConfigError`` naming the field before anything starts, not an
+    infrastructure failure of every attempt (``harnessrl rollout``)."""
+    rollout = Rollout(rollout_id="rollout-check", api_key="hrl-check", task=task)
+    with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
+        render_harness(
+            spec,
+            rollout=rollout,
+            workspace=Path(scratch) / "attempt" / "workspace",
+            base_url="http://127.0.0.1:1/rollouts/rollout-check/v1",
+            anthropic_base_url="http://127.0.0.1:1/rollouts/rollout-check",
+            inside=ROLLOUT_PATHS if spec.sandbox == "bwrap" else None,
+        )
 
 
 # Interpreters whose first argument is the program they run (python3.11, node, bash...).

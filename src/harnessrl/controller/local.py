@@ -111,6 +111,17 @@ async def _keep_log(pipe: asyncio.StreamReader, path: Path, max_bytes: int) -> N
             log.write(kept[-tail_cap:] if tail_cap else b"")
 
 
+def _host_path(launch: Launch, home: Path, path: Path) -> Path | None:
+    """The host path of ``path`` as the harness sees it, when it lies in the workspace or the home
+    (``launch.inside`` moves those); None for any other path in the sandbox."""
+    if launch.inside is None:
+        return path
+    for inside, host in ((launch.inside.workspace, launch.workspace), (launch.inside.home, home)):
+        if path.is_relative_to(inside):
+            return host / path.relative_to(inside)
+    return None
+
+
 class LocalRunHandle:
     def __init__(
         self,
@@ -241,6 +252,14 @@ class LocalRunner:
                 f"rollout {launch.rollout_id}: fixed in-sandbox paths need harness.sandbox = 'bwrap'"
             )
         launch.log_dir.mkdir(parents=True, exist_ok=True)
+        home = launch.home or launch.workspace.parent / "home"
+        cwd = _host_path(launch, home, launch.cwd)
+        if cwd is not None and not cwd.is_dir():
+            # bwrap's chdir failed: every attempt an infrastructure failure, "bwrap failed to set up".
+            raise ConfigError(
+                f"harness.workdir: {str(launch.cwd)!r} is not a folder of the workspace (the repo or "
+                "harness.files must make it)"
+            )
         name = f"{launch.rollout_id}-{launch.attempt}-{os.getpid()}"
         limits = launch.limits
         group = ResourceGroup.create(
@@ -249,7 +268,6 @@ class LocalRunner:
             max_processes=(limits.max_processes + _WRAPPER_PIDS) if limits.max_processes else None,
         )
         try:
-            home = launch.home or launch.workspace.parent / "home"
             home.mkdir(parents=True, exist_ok=True)
             spec = launch.log_dir / f"sandbox-{launch.attempt}.json"
             env = launch.env

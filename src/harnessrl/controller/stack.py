@@ -33,7 +33,7 @@ from harnessrl.controller.evaluators import (
     parse_evaluator_config,
 )
 from harnessrl.controller.evaluators.command import EvaluatorSandbox
-from harnessrl.controller.harness import check_harness
+from harnessrl.controller.harness import check_harness, check_task
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
@@ -266,8 +266,13 @@ async def run_one_rollout(
 ) -> dict[str, Any]:
     """Run one rollout end to end and return its summary (what ``harnessrl rollout`` prints)."""
     started = time.monotonic()
+    harness = apply_preset(config.harness)
+    try:  # a task the harness cannot start on fails every attempt: exit 2 before anything is made
+        check_task(harness, task)
+    except ConfigError as exc:
+        raise ConfigError(f"the task does not fit [harness]: {exc}") from None
     if config.harness.environment is not None:  # the task's image: built and checked before anything starts
-        await asyncio.to_thread(check_environments, apply_preset(config.harness), [task])
+        await asyncio.to_thread(check_environments, harness, [task])
     rollout_id = f"rollout-{uuid.uuid4().hex[:12]}"
     # A run of its own: the controller claims only this rollout, never another run's queued ones in
     # a store the run folder (or a shared [store] url) already holds.

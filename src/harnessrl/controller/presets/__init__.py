@@ -24,7 +24,14 @@ from collections.abc import Callable
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.presets.assistants import hermes, openclaw
-from harnessrl.controller.presets.npm import claude_code, codex, opencode, project_path, qwen_code
+from harnessrl.controller.presets.npm import (
+    END_OF_OPTIONS,
+    claude_code,
+    codex,
+    opencode,
+    project_path,
+    qwen_code,
+)
 from harnessrl.controller.presets.python import (
     mini_swe_agent,
     openai_agents,
@@ -53,7 +60,9 @@ PRESETS: dict[str, Callable[[], HarnessSpec]] = {
 
 def apply_preset(spec: HarnessSpec) -> HarnessSpec:
     """``spec`` filled in from its preset: the user's fields win, ``env``/``files`` merge (the user's
-    keys last), ``mounts`` add up; the ``python`` preset prepends its interpreter to ``command``."""
+    keys last), ``mounts`` add up; the ``python`` preset prepends its interpreter to ``command``.
+    A preset's own command that ends its options with ``--`` (before ``{prompt}``) gets
+    ``harness.args`` just before the ``--``: after it they would be read as part of the prompt."""
     if spec.preset is None:
         return add_tools(spec)
     if spec.preset not in PRESETS:
@@ -61,10 +70,15 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
     base = PRESETS[spec.preset]()
     user = spec.model_dump(exclude_unset=True)
     command = base.command + spec.command if spec.preset == "python" else spec.command or base.command
+    args = spec.args
+    if not spec.command and END_OF_OPTIONS in command:
+        at = command.index(END_OF_OPTIONS)
+        command, args = [*command[:at], *args, *command[at:]], []
     merged = {
         **base.model_dump(),
         **user,
         "command": command,
+        "args": args,
         "env": {**base.env, **spec.env},
         "files": {**base.files, **spec.files},
         "mounts": [*base.mounts, *(m for m in spec.mounts if m not in base.mounts)],
@@ -75,19 +89,36 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
 def _mcp_claude_code(command: list[str], argv: list[str]) -> list[str]:
     # --mcp-config takes several values: --strict-mcp-config (no other MCP servers) ends the list.
     config = {"mcpServers": {harness_tools.MCP_NAME: {"type": "stdio", "command": argv[0], "args": argv[1:]}}}
-    at = command.index("{prompt}") + 1
+    at = _options_end(command, after_prompt=True)
     return [*command[:at], "--mcp-config", json.dumps(config), "--strict-mcp-config", *command[at:]]
 
 
 def _mcp_codex(command: list[str], argv: list[str]) -> list[str]:
     key = f"mcp_servers.{harness_tools.MCP_NAME}"
     overrides = ["-c", f"{key}.command={json.dumps(argv[0])}", "-c", f"{key}.args={json.dumps(argv[1:])}"]
-    at = command.index("{prompt}")
+    at = _options_end(command, after_prompt=False)
     return [*command[:at], *overrides, *command[at:]]
 
 
+def _options_end(command: list[str], *, after_prompt: bool) -> int:
+    """Where options may be added to ``command``: at its ``--`` (the presets' layout, ``… -- {prompt}``),
+    else right after (or before) ``{prompt}`` in a user's own layout without one."""
+    prompt = command.index("{prompt}")
+    if prompt > 0 and command[prompt - 1] == END_OF_OPTIONS:
+        return prompt - 1
+    return prompt + 1 if after_prompt else prompt
+
+
 def _mcp_opencode(env: dict[str, str], argv: list[str]) -> dict[str, str]:
-    config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    try:  # the user's own (harness.env wins over the preset's): a traceback when it was no JSON object
+        config = json.loads(env["OPENCODE_CONFIG_CONTENT"])
+    except json.JSONDecodeError as exc:
+        config = exc
+    if not isinstance(config, dict):
+        raise ConfigError(
+            "harness.env.OPENCODE_CONFIG_CONTENT: not a JSON object, so the search tool's MCP server "
+            f'cannot be added to it (harness.tools = ["search"]): {config}'
+        )
     config["mcp"] = {harness_tools.MCP_NAME: {"type": "local", "command": argv, "enabled": True}}
     return {**env, "OPENCODE_CONFIG_CONTENT": json.dumps(config)}
 

@@ -23,7 +23,7 @@ import shutil
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.controller.presets.npm import _static_config_file, project_path
+from harnessrl.controller.presets.npm import END_OF_OPTIONS, _static_config_file, project_path
 from harnessrl.controller.presets.python import _venv_mounts
 
 HERMES_VENV = "hermes-venv"
@@ -147,6 +147,7 @@ def openclaw() -> HarnessSpec:
         "--json",
         "--timeout",
         "600",
+        END_OF_OPTIONS,
         "{prompt}",
     ]
     if node is None or entry is None:

@@ -20,6 +20,12 @@ from pathlib import Path
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.errors import ConfigError
 
+# Ends a harness's options: the prompt after it is an argument even when it starts with "-". Without
+# it a task prompt such as "- fix the parser" or "--version" was parsed as a flag: the harness
+# refused it (exit 2, reward 0 as the policy's fault) or printed its version and exited 0 untouched.
+# ``apply_preset`` puts ``harness.args`` before it.
+END_OF_OPTIONS = "--"
+
 # Where install.sh puts the npm harnesses: beside the venv (``<project>/.venv`` ->
 # ``<project>/.harnesses``) or in the current folder.
 NPM_PREFIX = ".harnesses"
@@ -74,12 +80,13 @@ def claude_code() -> HarnessSpec:
         command=[
             _npm_bin("claude"),
             "-p",
-            "{prompt}",
             "--dangerously-skip-permissions",
             "--output-format",
             "json",
             "--model",
             "{model}",
+            END_OF_OPTIONS,
+            "{prompt}",
         ],
         env={
             "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
@@ -146,6 +153,7 @@ def codex() -> HarnessSpec:
             "goals",
             "--disable",
             "multi_agent",
+            END_OF_OPTIONS,
             "{prompt}",
         ],
         env={"RUST_LOG": "error"},
@@ -184,6 +192,7 @@ def opencode() -> HarnessSpec:
             "harnessrl",
             "-m",
             "harnessrl/{model}",
+            END_OF_OPTIONS,
             "{prompt}",
         ],
         env={
@@ -259,6 +268,8 @@ def qwen_code() -> HarnessSpec:
             "json",
             "-m",
             "{model}",
+            # Not after "--": Qwen Code (yargs) then leaves the prompt out of its query and waits on
+            # stdin. A prompt that starts with "-" is read as a flag here (docs/harnesses.md).
             "{prompt}",
         ],
         env={
