@@ -178,6 +178,7 @@ class SandboxHost:
         ``PATH`` is the image's unless ``env`` sets one. ``venv_on_path`` puts harnessrl's venv first
         on ``PATH`` (scorers run ``python -m harnessrl...``; a harness in an image does not want the
         venv's ``python`` in front of the image's)."""
+        _refuse_nul(command, env, cwd, binds)
         if root is not None:
             if sandbox != "bwrap":
                 raise ConfigError(
@@ -228,6 +229,19 @@ class SandboxHost:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
             self._release()
+
+
+def _refuse_nul(command: list[str], env: dict[str, str], cwd: Path, binds: tuple[Bind, ...]) -> None:
+    """A ``ConfigError`` for a NUL byte in anything that becomes a bubblewrap option or an ``exec``
+    string (filled from task fields: a task file is data). bubblewrap reads its options NUL-separated
+    (``--args``), so ``X=a\0--bind\0/\0/hostroot`` in the environment added a writable bind of the
+    host's ``/``; every caller (harness attempts, scorers) is guarded here, whatever it checked."""
+    named = [*(("the command", a) for a in command), ("the working folder", str(cwd))]
+    named += [(f"the environment variable {k!r}", f"{k}={v}") for k, v in env.items()]
+    named += [(f"the bind {str(b.target)!r}", f"{b.source}{b.target}") for b in binds]
+    for what, text in named:
+        if "\0" in text:
+            raise ConfigError(f"sandbox: {what} holds a NUL byte, which no option or exec string can hold")
 
 
 _SHARED: SandboxHost | None = None
