@@ -227,8 +227,12 @@ def main(argv: list[str]) -> int:
             _say(status_fd, b"ok\n")  # an exec failing after this (ENOEXEC...) exits 127, as a program would
             os.execvp(command[0], command)
         except OSError as exc:
-            _say(status_fd, f"error: cannot start {command[0]!r}: {exc}\n".encode())
+            # After "ok" the launcher may have closed the status pipe (an exec failing late: a script
+            # whose interpreter is missing): SIGPIPE, restored above, killed this process as 141
+            # before it said why. The message goes to stderr first, the pipe's write may just fail.
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
             print(f"harnessrl sandbox: cannot start {command[0]!r}: {exc}", file=sys.stderr, flush=True)
+            _say(status_fd, f"error: cannot start {command[0]!r}: {exc}\n".encode())
         os._exit(CANNOT_START)
     if status_fd >= 0:
         os.close(status_fd)
