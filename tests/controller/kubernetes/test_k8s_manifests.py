@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, LOCAL_GATEWAY
 
 from harnessrl.controller.base import ROLLOUT_PATHS, ResourceLimits
+from harnessrl.controller.harness import MAX_EXEC_STRING
 from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.names import (
     MANAGED_BY_LABEL,
@@ -260,6 +261,15 @@ def test_files_and_task_mounted_from_secret(make_launch) -> None:
         render(make_launch(files={"../escape.py": "x"}))
     with pytest.raises(BadRequest):
         render(make_launch(files={"/etc/passwd": "x"}))
+
+
+def test_a_task_too_long_for_one_variable_is_left_to_the_task_file(make_launch) -> None:
+    # The container's exec refuses an environment entry past MAX_EXEC_STRING (E2BIG): every attempt
+    # of such a task failed. The task file (a Secret) holds the same JSON.
+    big = make_launch(task={"prompt": "x" * (MAX_EXEC_STRING + 1)})
+    env = env_of(harness(render(big)))
+    assert "HARNESSRL_TASK" not in env and env["HARNESSRL_TASK_FILE"] == "/harnessrl/task.json"
+    assert "HARNESSRL_TASK" in env_of(harness(render(make_launch())))  # control: a usual task has it
 
 
 def test_template_shapes(make_launch) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 from urllib.parse import quote
 
 from harnessrl.controller.base import Launch, ResourceLimits
+from harnessrl.controller.harness import MAX_EXEC_STRING
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.harness_injection import inject_harness
 from harnessrl.controller.kubernetes.job_template import normalize_template
@@ -308,6 +309,10 @@ def build_job_manifest(
         "HARNESSRL_TASK": json.dumps(launch.task, sort_keys=True),
         "HARNESSRL_TASK_FILE": f"{TASK_MOUNT_DIR}/{SECRET_TASK}",
     }
+    if len("HARNESSRL_TASK=") + len(pod_env["HARNESSRL_TASK"]) > MAX_EXEC_STRING:
+        # Too long for one environment entry (the container's exec would fail with E2BIG, every
+        # attempt): the task file holds the same JSON, as on the local runner.
+        del pod_env["HARNESSRL_TASK"]
     if security.enabled:  # the image's HOME is read-only; the attempt gets a fresh, writable one
         pod_env["HOME"] = HOME_DIR
     container["env"] = _container_env(
