@@ -181,3 +181,20 @@ def test_resume_refuses_a_changed_seed(tmp_path):
     with pytest.raises(ConfigError, match=r"run\.seed: cannot change on --resume"):
         prepare_run(None, str(run_dir), ["run.seed=2"])
     assert prepare_run(None, str(run_dir), ["run.seed=1"])[0].run.seed == 1  # the same seed is fine
+
+
+def test_one_file_carries_the_kubernetes_section_for_the_runs_external_controllers(tmp_path):
+    """docs/scale.md: `harnessrl controller --config SAME_FILE` with a [kubernetes] section launches
+    the run's harnesses as Jobs; `harnessrl train` refused that same file ("extra inputs")."""
+    kubernetes = [
+        "kubernetes.gateway_url='http://10.96.0.10:8000'",
+        "kubernetes.network_policy={gateway_port = 8000, gateway_pod_labels = {app = 'gw'}}",
+    ]
+    config, _, _ = prepare_run(
+        str(CONFIG), None, [f"run.dir={tmp_path / 'ok'}", "trainer.controllers='external'", *kubernetes]
+    )
+    assert config.kubernetes is not None and config.kubernetes.gateway_url == "http://10.96.0.10:8000"
+    # A run that launches its own harnesses would silently not use it: refused, naming the section.
+    with pytest.raises(ConfigError, match=r'kubernetes: .*trainer.controllers = "external"'):
+        prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'local'}", *kubernetes])
+    assert not (tmp_path / "local").exists()

@@ -17,6 +17,7 @@ from harnessrl.config import REMOTE_KINDS, EngineConfig, GatewayConfig, Section,
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import ControllerConfig
 from harnessrl.controller.evaluators import EvaluatorConfig, parse_evaluator_config
+from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.trainer.task_sources import TaskSource
 
@@ -209,6 +210,9 @@ class TrainConfig(Section):
     store: StoreConfig | None = None
     # a corpus the gateway serves to the harness's search tool (docs/retrieval.md)
     retrieval: RetrievalConfig | None = None
+    # read by this run's `harnessrl controller --config SAME_FILE` processes, which launch the harnesses
+    # as Kubernetes Jobs (docs/kubernetes.md); the run itself launches nothing: controllers = "external"
+    kubernetes: KubernetesRunnerConfig | None = None
 
     def rollout_deadline_s(self) -> float:
         """``trainer.rollout_deadline_s``, or what a healthy attempt can take at most: the harness's
@@ -253,6 +257,11 @@ class TrainConfig(Section):
                     "the gateways share, remote engine servers the trainer loads itself, and the "
                     "gateways' admin key"
                 )
+        if self.kubernetes is not None and self.trainer.controllers != "external":
+            raise ValueError(
+                'kubernetes: read by `harnessrl controller` processes; the run needs trainer.controllers = '
+                '"external" for them to launch its harnesses (docs/scale.md)'
+            )
         if self.trainer.lora is not None and self.trainer.gateway_url:
             raise ValueError(
                 "trainer.lora: not supported with trainer.gateway_url yet (gateways started elsewhere "

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY
 
-from harnessrl.config import validate_config
+from harnessrl.config import load_raw_config, validate_config
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig, NetworkPolicyConfig
 from harnessrl.controller.kubernetes.network_policy import build_network_policy
 from harnessrl.controller.stack import RolloutConfig
@@ -107,6 +107,19 @@ def test_without_dns_the_gateway_must_be_named_by_ip() -> None:
         {"gateway_url": "http://harnessrl-gateway.rl.svc:8000", "network_policy": None},
     ):
         assert rollout_config(section).kubernetes is not None
+
+
+def test_a_config_file_opts_out_of_the_network_policy_with_false(tmp_path) -> None:
+    # TOML has no null: the documented opt-out must be writable in the file the controller reads.
+    config = tmp_path / "c.toml"
+    config.write_text(
+        '[harness]\ncommand = ["agent"]\n[evaluator]\ntype = "exact_match"\n'
+        f'[kubernetes]\ngateway_url = "{CLUSTER_GATEWAY}"\nnetwork_policy = false\n'
+    )
+    loaded = validate_config(RolloutConfig, load_raw_config(str(config), []))
+    assert loaded.kubernetes is not None and loaded.kubernetes.network_policy is None
+    with pytest.raises(ConfigError, match=r"kubernetes\.network_policy"):
+        rollout_config({"network_policy": True})  # not a policy: its fields are needed
 
 
 # --- hostPath volumes in a hardened pod ------------------------------------------------------------

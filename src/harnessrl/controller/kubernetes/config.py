@@ -94,7 +94,7 @@ class KubernetesRunnerConfig(BaseModel):
         description="the gateway's root URL as pods reach it, e.g. http://gw.ns.svc:8000"
     )
     network_policy: NetworkPolicyConfig | None = Field(
-        description="egress allow-list ensured at start; null = you manage network isolation yourself"
+        description="egress allow-list ensured at start; false = you manage network isolation yourself"
     )
     namespace: str = "default"
     pod_security: PodSecurityConfig = Field(
@@ -162,6 +162,13 @@ class KubernetesRunnerConfig(BaseModel):
     )
     request_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
     max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")
+
+    @field_validator("network_policy", mode="before")
+    @classmethod
+    def _opt_out(cls, value: Any) -> Any:
+        # TOML has no null: ``network_policy = false`` is how a config file says "no policy of ours"
+        # (``true`` is not a policy: the section's fields are needed).
+        return None if value is False else value
 
     @field_validator("ephemeral_storage_limit")
     @classmethod
