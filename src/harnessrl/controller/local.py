@@ -32,6 +32,7 @@ from harnessrl.controller.base import Exit, ExitKind, Launch
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
+from harnessrl.sandbox.disk import disk_used
 from harnessrl.sandbox.enter import PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, files_in_argv, shared_host
 
@@ -51,34 +52,6 @@ DISK_CHECK_INTERVAL_S = 2.0
 # How long the logs may still drain after the attempt's processes are all dead (a pipe someone
 # outside the attempt's group still holds, with ``sandbox = "none"``, must not hang the controller).
 _LOG_DRAIN_S = 5.0
-
-
-def disk_used(folders: tuple[Path, ...], stop_above: int | None = None) -> int:
-    """Bytes allocated to the files under ``folders`` (blocks, not sizes: a sparse file costs what
-    it holds, an ``fallocate``d one what it reserved); hard links count once, symlinks are not
-    followed. Stops counting once past ``stop_above``."""
-    total, seen, stack = 0, set(), [str(f) for f in folders]
-    while stack:
-        try:
-            entries = os.scandir(stack.pop())
-        except OSError:
-            continue  # removed meanwhile, or not a folder
-        with entries:
-            for entry in entries:
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except OSError:
-                    continue
-                if entry.is_dir(follow_symlinks=False):
-                    stack.append(entry.path)
-                elif st.st_nlink > 1:
-                    if (st.st_dev, st.st_ino) in seen:
-                        continue
-                    seen.add((st.st_dev, st.st_ino))
-                total += st.st_blocks * 512
-                if stop_above is not None and total > stop_above:
-                    return total
-    return total
 
 
 async def _keep_log(pipe: asyncio.StreamReader, path: Path, max_bytes: int) -> None:

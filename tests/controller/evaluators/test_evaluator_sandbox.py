@@ -175,3 +175,117 @@ def test_a_scorer_whose_sandbox_cannot_start_is_an_infrastructure_failure(tmp_pa
     monkeypatch.setenv("HARNESSRL_BWRAP", "/bin/false")  # a "bwrap" that fails before the scorer runs
     with pytest.raises(EvaluatorError, match="did not start"):
         evaluate({"type": "command", "command": ["true"]}, EvaluationInput(task={}, workspace=ws))
+
+
+# The scorer runs the agent's code (solution.py) as a real scorer does, through run_scored, and passes
+# on what that code printed. That code is the attacker: it tries to fill the host's disk through
+# the workspace copy, which lies on the host.
+DISK_SCORER = r"""
+import json, os, sys
+from pathlib import Path
+from harnessrl.sandbox.scored import run_scored
+run = run_scored([sys.executable, "solution.py"], cwd=Path.cwd(), env={"PATH": os.environ["PATH"]}, timeout_s=300)
+print(json.dumps({"reward": 1.0 if run.exit_code == 0 else 0.0, "said": run.output.decode()[-300:]}))
+"""
+ONE_BIG_FILE = r"""
+written = 0
+try:
+    with open("big", "wb") as f:
+        for _ in range(64):
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            written += 1 << 20
+except OSError:
+    pass
+print("written", written)
+"""
+MANY_EMPTY_FILES = r"""
+import os
+os.mkdir("many")
+for i in range(100_000):
+    open(f"many/{i}", "wb").close()
+print("made them all")
+"""
+SPREAD_THEN_WAIT = r"""
+import os, time
+for i in range(64):  # 1 MiB each: no file is big, all of them are
+    with open(f"part{i}", "wb") as f:
+        f.write(os.urandom(1 << 20))
+print("written", flush=True)
+time.sleep(600)  # only the disk watchdog ends it before the scorer's timeout
+"""
+
+
+def disk_attack(tmp_path: Path, solution: str, limits: dict, timeout_s: float = 240) -> EvaluationResult:
+    ws = tmp_path / "ws"
+    ws.mkdir(exist_ok=True)
+    (ws / "solution.py").write_text(solution)
+    config = {
+        "type": "command",
+        "command": [sys.executable, "-c", DISK_SCORER],
+        "reward_from": "json",
+        "timeout_s": timeout_s,
+        "limits": limits,
+    }
+    return evaluate(config, EvaluationInput(task={}, workspace=ws))
+
+
+def test_no_file_of_the_scored_code_grows_past_file_mb(tmp_path):
+    capped = disk_attack(tmp_path, ONE_BIG_FILE, {"file_mb": 16, "memory_mb": 128, "tmp_mb": 8})
+    assert f"written {16 << 20}" in capped.details["output"]["said"], capped.details
+    # Control: under the default cap the same code writes all it meant to.
+    control = disk_attack(tmp_path, ONE_BIG_FILE, {"memory_mb": 128, "tmp_mb": 8})
+    assert f"written {64 << 20}" in control.details["output"]["said"], control.details
+
+
+def test_a_scorer_killed_past_file_mb_is_the_policys_zero_with_a_flag(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    # The scorer's stdout is a file on the host too: 32 MiB of it kill a scorer capped at 8.
+    config = {"type": "command", "command": ["sh", "-c", f"exec head -c {32 << 20} /dev/zero"]}
+    capped = evaluate({**config, "limits": {"file_mb": 8}}, EvaluationInput(task={}, workspace=ws))
+    assert capped.reward == 0.0 and capped.flags == ("file_size_limit_exceeded",), capped.details
+    # Control: under the default cap it prints its 32 MiB and passes.
+    assert evaluate(config, EvaluationInput(task={}, workspace=ws)).reward == 1.0
+
+
+@pytest.mark.parametrize(
+    "solution", [MANY_EMPTY_FILES, SPREAD_THEN_WAIT], ids=["100k-empty-files", "64-files-then-wait"]
+)
+def test_the_scored_code_cannot_fill_the_disk_with_files_under_the_cap(tmp_path, solution):
+    capped = disk_attack(tmp_path, solution, {"disk_mb": 32, "memory_mb": 256, "tmp_mb": 8})
+    # Killed by the disk watchdog (or judged after it exited): the policy's 0 with a flag, never
+    # an infrastructure failure (EvaluatorError) nor the scorer's timeout.
+    assert capped.reward == 0.0 and capped.flags == ("disk_limit_exceeded",), capped.details
+    assert capped.details["exit_code"] is not None
+    # Control: with the default disk cap the same code gets its files written (the one that then
+    # waits runs into a short timeout after saying so).
+    control = disk_attack(tmp_path, solution, {"memory_mb": 256, "tmp_mb": 8}, timeout_s=15)
+    said = control.details.get("output", {}).get("said", "") + control.details["stdout_tail"]
+    assert "disk_limit_exceeded" not in control.flags, control.details
+    assert control.reward == 1.0 if solution is MANY_EMPTY_FILES else control.flags == ("scorer_timeout",)
+    assert "made them all" in said if solution is MANY_EMPTY_FILES else control.details["exit_code"] is None
+
+
+def test_a_device_named_in_the_command_is_the_sandboxes_own_never_a_copy(tmp_path):
+    # It was copied in: /dev/null as an empty regular file, and /dev/zero (or /dev/urandom) until the
+    # host's disk was full (not named here: the test must not do that to the old code's host).
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    config = {"type": "command", "command": ["sh", "-c", 'test -c "$0"', "/dev/null"]}
+    result = evaluate(config, EvaluationInput(task={}, workspace=ws))
+    assert result.reward == 1.0, result.details
+    # Control: a regular file named the same way is copied in, and is no device.
+    (tmp_path / "plain").write_text("x")
+    plain = {**config, "command": ["sh", "-c", 'test -c "$0"', str(tmp_path / "plain")]}
+    assert evaluate(plain, EvaluationInput(task={}, workspace=ws)).reward == 0.0
+
+
+def test_a_fifo_named_as_an_input_is_an_infrastructure_error_naming_it(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    os.mkfifo(tmp_path / "pipe")
+    config = {"type": "command", "command": ["cat", "{task[hidden.input]}"]}
+    inp = EvaluationInput(task={"hidden": {"input": str(tmp_path / "pipe")}}, workspace=ws)
+    with pytest.raises(EvaluatorError, match="not a regular file or folder"):
+        evaluate(config, inp)

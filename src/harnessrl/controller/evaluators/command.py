@@ -19,6 +19,16 @@ scorer runs in a fresh bubblewrap sandbox of its own where it sees only what sco
 - a private folder for the scorer (``$HARNESSRL_SCORER_DIR``, also its ``HOME``), a sized ``/tmp``,
   no network, a scrubbed environment, and a cgroup with the evaluator's ``limits``.
 
+**Disk is bounded twice**, as for harnesses (``controller.local``): no process may write a file
+past ``limits.file_mb`` (``RLIMIT_FSIZE``, set by the launcher; the scorer's stdout and stderr are
+files too), and the evaluation's folders on the host (the workspace copy, the scorer's folder, its
+output) may grow by ``limits.disk_mb`` at most: a watchdog sums their blocks (each file or folder at
+least ``sandbox.disk.ENTRY_BYTES``, so a million empty files count too) every ``DISK_CHECK_INTERVAL_S`` or more
+and once more after the scorer exited, and kills the scorer past it. Either is the policy's outcome
+(reward 0 with ``disk_limit_exceeded``, or ``file_size_limit_exceeded`` for a scorer killed by
+``SIGXFSZ``), never an infrastructure failure. A watchdog over the host folders, not a sized tmpfs
+for the copy: a tmpfs would hold the whole copy (up to ``max_workspace_mb``) in the scorer's memory.
+
 A scorer that runs the agent's code should do so through ``harnessrl.sandbox.scored.run_scored``
 (the coding tasks' and ``harnessrl.tasks.pytest_scoring``'s scorers do): that code then cannot read
 the inputs or the task file, reach the scorer's memory, descriptors or stdout, or signal it.
@@ -79,11 +89,14 @@ from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.copy import copy_untrusted_tree
+from harnessrl.sandbox.disk import disk_used
 from harnessrl.sandbox.enter import CANNOT_START, PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
 
 _OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr kept (the tail): a chatty test suite can't exhaust memory
 _WRAPPER_PIDS = 8  # the launcher, bwrap and the sandbox's init count against the process cap
+#: How often the disk watchdog sums the evaluation's folders (a walk in a thread, off the event loop).
+DISK_CHECK_INTERVAL_S = 2.0
 
 HARNESSRL_PACKAGE = Path(harnessrl.__file__).parent
 
@@ -205,7 +218,9 @@ class CommandEvaluator:
             )
             if inp.environment is not None:  # the image's tools after harnessrl's venv
                 env["PATH"] = inp.environment.search_path()
-            run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=binds)
+            run = await self._run(
+                command, inp, scratch, env=env, cwd=inp.workspace, binds=binds, disk=(scratch,)
+            )
         result = scorer_verdict(run, self.config)
         return replace(
             result,
@@ -237,7 +252,9 @@ class CommandEvaluator:
         env = scrubbed_env(scratch / "scorer")
         env.update(self._task_env(inp, str(task_file)), HARNESSRL_SCORER_DIR=str(scratch / "scorer"))
         env.update({k: fill_placeholders(v, values) for k, v in self.config.env.items()})
-        run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=())
+        run = await self._run(
+            command, inp, scratch, env=env, cwd=inp.workspace, binds=(), disk=(scratch, inp.workspace)
+        )
         return scorer_verdict(run, self.config)
 
     async def _run(
@@ -249,11 +266,16 @@ class CommandEvaluator:
         env: dict[str, str],
         cwd: Path,
         binds: tuple[Bind, ...],
+        disk: tuple[Path, ...],
     ) -> ScorerRun:
-        """Run the scorer in its sandbox and cgroup; kill everything left once it exits or times out;
+        """Run the scorer in its sandbox and cgroup; kill everything left once it exits, times out or
+        makes ``disk`` (the folders it may write on the host) grow past ``limits.disk_mb``;
         ``EvaluatorError`` only if the launcher says it never started, unless what could not start
         was a program in the workspace (``ScorerRun.missing``: the policy's outcome)."""
         limits = self.config.limits
+        disk_cap = None
+        if limits.disk_mb:  # what the evaluation starts with (the copy, its inputs) plus disk_mb
+            disk_cap = await asyncio.to_thread(disk_used, disk) + limits.disk_mb * 1024 * 1024
         group = ResourceGroup.create(
             f"eval-{inp.rollout_id or 'x'}-{os.getpid()}-{scratch.name}",
             memory_mb=limits.memory_mb,
@@ -276,6 +298,7 @@ class CommandEvaluator:
                     "cpu_seconds": limits.cpu_seconds,
                     "memory_mb": limits.memory_mb,
                     "max_processes": limits.max_processes,
+                    "file_mb": limits.file_mb,
                     "cgroup_memory": group is not None and "memory" in group.controllers,
                     "cgroup_pids": group is not None and "pids" in group.controllers,
                 },
@@ -295,18 +318,30 @@ class CommandEvaluator:
                     )
                 except OSError as exc:
                     raise EvaluatorError(f"cannot start the evaluator's sandbox: {exc}") from exc
+                over_disk = asyncio.Event()
+                watchdog = (
+                    asyncio.create_task(_watch_disk(disk, disk_cap, proc.pid, group, over_disk))
+                    if disk_cap is not None
+                    else None
+                )
                 code: int | None
                 try:
                     code = await asyncio.wait_for(proc.wait(), self.config.timeout_s)
                 except TimeoutError:
                     code = None
                 finally:
+                    if watchdog is not None:
+                        watchdog.cancel()
                     # Everything the scorer left (and, on a timeout, the scorer) dies before its
                     # output is read: nothing can append to it afterwards.
                     await asyncio.to_thread(_kill, proc.pid, group)
                     if proc.returncode is None:
                         await proc.wait()
             oom = group is not None and group.oom_killed()
+            # Written in the last moments, between two looks of the watchdog: too much all the same.
+            too_much = over_disk.is_set() or (
+                disk_cap is not None and await asyncio.to_thread(disk_used, disk, disk_cap) > disk_cap
+            )
         finally:
             if group is not None:
                 await asyncio.to_thread(group.destroy)
@@ -322,7 +357,27 @@ class CommandEvaluator:
             if code == CANNOT_START and _in_workspace(command[0], cwd) and _runs_programs(host_workspace):
                 return ScorerRun(None, "", _tail(err_path), seconds, missing=detail)
             raise EvaluatorError(f"the scorer did not start: {detail}")
-        return ScorerRun(code, _tail(out_path), _tail(err_path), seconds, oom)
+        run = ScorerRun(code, _tail(out_path), _tail(err_path), seconds, oom)
+        if too_much:
+            run.disk_limit = f"its folders grew by more than limits.disk_mb = {limits.disk_mb} MiB"
+        return run
+
+
+async def _watch_disk(
+    folders: tuple[Path, ...], cap: int, pid: int, group: ResourceGroup | None, over: asyncio.Event
+) -> None:
+    """Kill the scorer's sandbox (and set ``over``) once ``folders`` hold more than ``cap`` bytes."""
+    pause = DISK_CHECK_INTERVAL_S
+    while True:
+        await asyncio.sleep(pause)
+        began = time.monotonic()
+        if await asyncio.to_thread(disk_used, folders, cap) > cap:
+            over.set()
+            await asyncio.to_thread(_kill, pid, group)
+            return
+        # A big workspace copy takes a while to walk: wait ten walks between two, so the watchdogs
+        # of many evaluations never keep the controller's CPUs busy.
+        pause = max(DISK_CHECK_INTERVAL_S, 10 * (time.monotonic() - began))
 
 
 def _kill(pid: int, group: ResourceGroup | None) -> None:

@@ -27,12 +27,23 @@ class _Config(BaseModel):
 
 class EvaluatorLimits(_Config):
     """Caps of a command evaluator's sandbox: the scorer runs the agent's code, so it gets the same
-    kind of limits as the harness (a cgroup per evaluation, ``RLIMIT_CPU``, a sized ``/tmp``)."""
+    kind of limits as the harness (a cgroup per evaluation, ``RLIMIT_CPU``, a sized ``/tmp``, a cap
+    on each file and on the disk its writable folders take)."""
 
     memory_mb: int | None = Field(default=2048, ge=16, description="cgroup memory cap (``/tmp`` counts)")
     max_processes: int | None = Field(default=256, ge=1, description="process-count cap (fork bombs)")
     cpu_seconds: int | None = Field(default=None, ge=1, description="RLIMIT_CPU of each process")
     tmp_mb: int = Field(default=512, ge=1, description="size of the private /tmp (a tmpfs)")
+    file_mb: int | None = Field(
+        default=1024, ge=1, description="largest file a process may write, RLIMIT_FSIZE (its output too)"
+    )
+    disk_mb: int | None = Field(
+        default=4096,
+        ge=1,
+        description="disk the evaluation may add to what it starts with (the workspace copy, its "
+        "folder, its output; each file or folder counts at least 4 KiB); past it the scorer is "
+        "killed: reward 0, flag disk_limit_exceeded",
+    )
 
 
 # Fields of ``task["hidden"]`` that hold the solution itself, never what scoring needs: withheld from

@@ -4,7 +4,10 @@ A host path the command names (an absolute argument, or what a ``{task[F]}`` pla
 is copied once per rollout into ``/run/harnessrl/inputs/`` (``InputStage``), and the command names
 the copy: the scorer never sees the task's folder, the original repository or a gold patch beside
 the hidden tests. Not copied: the workspace (the scorer gets its own copy of it) and what holds it,
-and what every scorer may read in place (the system, Python, harnessrl, ``evaluator.mounts``).
+what every scorer may read in place (the system, Python, harnessrl, ``evaluator.mounts``), and
+``/dev`` and ``/proc``, which the sandbox has its own of. Only regular files and folders are copied:
+another kind of file (a FIFO, a device) is an ``EvaluatorError`` naming it, never a copy of
+``/dev/zero`` that runs until the disk is full or a read from a FIFO that never ends.
 ``fill_placeholders`` renders the command and its environment; ``scorer_view`` is the task file
 without the solution; ``scrubbed_env`` the environment the scorer starts from. ``evaluators.command``
 runs the scorer with them. See docs/evaluators.md.
@@ -17,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +58,9 @@ def scorer_view(task: dict[str, Any], withheld: list[str]) -> dict[str, Any]:
 
 
 _MAX_INPUT_BYTES = 1 << 30  # a scorer input bigger than this belongs in evaluator.mounts
+# The sandbox's own (``bwrap --dev``, ``--proc``): a path there names the scorer's device or process
+# file, which no copy could stand in for (``/dev/zero`` copied is the host's disk filled).
+_SANDBOX_OWN = (Path("/dev"), Path("/proc"))
 
 
 class InputStage:
@@ -76,10 +83,17 @@ class InputStage:
         source = Path(os.path.normpath(value))
         if (
             self._is_shared(source)
+            or any(source.is_relative_to(own) for own in _SANDBOX_OWN)
             or source.is_relative_to(self.workspace)
             or self.workspace.is_relative_to(source)
         ):
             return value
+        mode = source.stat().st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise EvaluatorError(
+                f"evaluator input {value!r} is not a regular file or folder (a FIFO, socket or device): "
+                "it cannot be copied in"
+            )
         if _size(source) > _MAX_INPUT_BYTES:
             raise EvaluatorError(
                 f"evaluator input {value!r} is over {_MAX_INPUT_BYTES >> 20} MB to copy for each rollout: "

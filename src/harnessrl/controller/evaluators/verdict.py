@@ -5,8 +5,9 @@ stdout line as a float, or the last stdout line as JSON ``{"reward": x, "flags":
 Everything here is the policy's outcome, never an infrastructure failure: the agent's code can make
 the scorer exit non-zero, print garbage, nest its JSON past ``MAX_VERDICT_DEPTH``, run out of time,
 or (for a scorer program in the workspace) be deleted, so each gives reward 0 with a flag
-(``scorer_failed``, ``scorer_timeout``, ``scorer_missing``). A reward outside ``reward_range`` is
-refused (reward 0, ``reward_out_of_range``). ``evaluators.command`` runs the scorer and hands the run
+(``scorer_failed``, ``scorer_timeout``, ``scorer_missing``), and so does one that wrote past the
+evaluation's disk caps (``disk_limit_exceeded``; ``file_size_limit_exceeded`` when the scorer was
+killed by ``SIGXFSZ``). A reward outside ``reward_range`` is refused (reward 0, ``reward_out_of_range``). ``evaluators.command`` runs the scorer and hands the run
 here. See docs/evaluators.md.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,8 @@ SCORER_FAILED = "scorer_failed"  # the scorer ran but gave no valid verdict (exi
 SCORER_TIMEOUT = "scorer_timeout"  # the scorer ran past timeout_s
 SCORER_MISSING = "scorer_missing"  # its program, in the workspace, was gone or not executable
 REWARD_OUT_OF_RANGE = "reward_out_of_range"  # a verdict outside reward_range
+DISK_LIMIT_EXCEEDED = "disk_limit_exceeded"  # its folders grew past limits.disk_mb: killed, not scored
+FILE_SIZE_LIMIT_EXCEEDED = "file_size_limit_exceeded"  # the scorer died of SIGXFSZ (limits.file_mb)
 
 # A JSON verdict nested deeper than this is no verdict: it is stored with the rollout (details), and
 # whoever serialises it later (the store, the dashboard) would hit Python's recursion limit.
@@ -40,6 +44,8 @@ class ScorerRun:
     oom: bool = False
     # The launcher's report when the scorer's program, a file in the workspace, could not be started.
     missing: str | None = None
+    # Why the evaluation's folders were over ``limits.disk_mb`` (the scorer was killed, or exited, so).
+    disk_limit: str | None = None
 
 
 def scorer_verdict(run: ScorerRun, config: CommandEvaluatorConfig) -> EvaluationResult:
@@ -53,6 +59,11 @@ def scorer_verdict(run: ScorerRun, config: CommandEvaluatorConfig) -> Evaluation
     if run.missing is not None:
         why = f"its program, in the workspace, could not be started: {run.missing[:500]}"
         return EvaluationResult(0.0, {**details, "why": why}, (SCORER_MISSING,))
+    if run.disk_limit is not None:
+        return EvaluationResult(0.0, {**details, "why": run.disk_limit}, (DISK_LIMIT_EXCEEDED,))
+    if run.code == 128 + signal.SIGXFSZ and config.limits.file_mb:
+        why = f"the scorer was killed writing a file past limits.file_mb = {config.limits.file_mb} MiB"
+        return EvaluationResult(0.0, {**details, "why": why}, (FILE_SIZE_LIMIT_EXCEEDED,))
     if run.code is None:
         return EvaluationResult(
             0.0, {**details, "why": f"timed out after {config.timeout_s:g} s"}, (SCORER_TIMEOUT,)
