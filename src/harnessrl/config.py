@@ -7,6 +7,7 @@ environment variables and ``--section.key=value`` overrides lives in ``load_conf
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import re
 import tomllib
@@ -281,9 +282,20 @@ def _deep_set(data: dict[str, Any], dotted: str, value: Any) -> None:
 def _parse_scalar(text: str) -> Any:
     """Interpret an override value the way TOML would, falling back to a plain string."""
     try:
-        return tomllib.loads(f"v = {text}")["v"]
+        parsed = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return text
+    # "1\nsteps = 5" parses as two keys: the value is the text, not a 1 with the rest dropped.
+    return parsed["v"] if parsed.keys() == {"v"} else text
+
+
+def literal_override(dotted: str, value: str) -> str:
+    """A ``section.key=value`` override that sets ``dotted`` to the string ``value`` exactly as given:
+    a CLI option's value such as ``--run-dir 2026-12-06`` or ``--run-dir 42`` is a folder name, not
+    a TOML date or integer (it used to be parsed as one and refused), and ``--run-dir '"x"'`` keeps
+    its quotes."""
+    escaped = "".join(c if c >= " " and c not in '"\\\x7f' else f"\\u{ord(c):04x}" for c in value)
+    return f'{dotted}="{escaped}"'
 
 
 def load_raw_config(
@@ -307,6 +319,8 @@ def load_raw_config(
     for name, value in env.items():
         if name.startswith("HARNESSRL_") and "__" in name:
             dotted = name[len("HARNESSRL_") :].lower().replace("__", ".")
+            if "" in dotted.split("."):  # HARNESSRL___X, HARNESSRL_GATEWAY__: no field to name
+                raise ConfigError(f"environment variable {name} must look like HARNESSRL_SECTION__KEY")
             _deep_set(data, dotted, _parse_scalar(value))
     for item in overrides or []:
         key, sep, value = item.lstrip("-").partition("=")
@@ -333,8 +347,22 @@ def validate_config(model: type[M] | TypeAdapter[T], data: dict[str, Any], *, wh
             field = ".".join(str(part) for part in err["loc"])
             if where:
                 field = f"{where}.{field}" if field else where
-            problems.append(f"{field}: {err['msg']}")
+            problems.append(f"{field}: {err['msg']}{_quote_hint(err, field)}")
         raise ConfigError("invalid config: " + "; ".join(problems)) from exc
+
+
+def _quote_hint(err: Any, field: str) -> str:
+    """For a string field given a number, boolean or date: ``--set`` values and ``HARNESSRL_*``
+    variables are read as TOML, so ``--set run.name=123`` is the integer 123. Say how to write it
+    as text (the error alone gave no way forward)."""
+    value = err.get("input")
+    if err.get("type") != "string_type" or not isinstance(value, int | float | dt.date | dt.time):
+        return ""
+    text = str(value).lower() if isinstance(value, bool) else str(value)
+    if isinstance(value, dt.date | dt.time):
+        text = value.isoformat()  # as written: 2024-01-01T10:00:00, not str()'s "2024-01-01 10:00:00"
+    kind = "boolean" if isinstance(value, bool) else "number" if isinstance(value, int | float) else "date"
+    return f" (got {text}, which TOML reads as a {kind}: quote text, e.g. --set {field}='\"{text}\"')"
 
 
 def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:

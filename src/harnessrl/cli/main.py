@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -18,6 +18,9 @@ from harnessrl import __version__
 from harnessrl.cli.data import app as data_app
 from harnessrl.cli.images import app as images_app
 from harnessrl.errors import HarnessRLError
+
+if TYPE_CHECKING:
+    from harnessrl.config import EngineConfig, GatewayConfig
 
 app = typer.Typer(
     name="harnessrl",
@@ -257,6 +260,15 @@ def gateway(
         if store is not None:
             store_raw["url"] = store
         store_url = validate_config(StoreConfig, store_raw, where="store").url
+        # Before the store is created: a bad model, script, parser or store path used to be found
+        # after run_gateway had created the store file (exit 1, or a traceback for a missing GPU).
+        _check_gateway_inputs(
+            gateway_cfg,
+            engine_cfg,
+            store_url,
+            model_field="--model" if model is not None else "engine.model",
+            store_field="--store" if store is not None else "store.url",
+        )
         from harnessrl.gateway.server import build_teacher, run_gateway
 
         if gateway_cfg.workers > 1:  # a conflict in the config: refused before anything starts
@@ -276,6 +288,52 @@ def gateway(
         )  # /ui
     except HarnessRLError as exc:
         raise fail(str(exc), code=1) from exc
+
+
+def _check_gateway_inputs(
+    gateway_cfg: GatewayConfig,
+    engine_cfg: EngineConfig,
+    store_url: str,
+    *,
+    model_field: str,
+    store_field: str,
+) -> None:
+    """What ``run_gateway`` would otherwise find only after it created the store: the parser names,
+    the engine's weights, script or tokenizer, a CUDA device this machine lacks, and a SQLite store
+    path that cannot be written. Each problem is a ``ConfigError`` naming the field or option."""
+    from harnessrl.config import REMOTE_KINDS, check_cuda_device, check_output_path
+    from harnessrl.controller.stack import check_parsers
+    from harnessrl.errors import ConfigError
+    from harnessrl.store import sqlite_path
+
+    check_parsers(gateway_cfg)
+    source = engine_cfg.source
+    if source.kind == "embedded":
+        from harnessrl.engines.models import check_model
+
+        check_model(engine_cfg.model, field=model_field)
+        check_cuda_device(engine_cfg.device, "engine.device")
+    elif source.kind == "scripted":
+        from harnessrl.engines.scripted import ScriptedEngine
+
+        try:  # reads the script (and its tokenizer) as the gateway will
+            ScriptedEngine(
+                source.path, cache_dir=engine_cfg.cache_dir, context_length=engine_cfg.context_length
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"{model_field}: {exc}") from exc
+    elif source.kind in REMOTE_KINDS and engine_cfg.tokenizer not in (None, "tiny"):
+        folder = Path(engine_cfg.tokenizer).expanduser()
+        if not (folder / "tokenizer.json").is_file():
+            raise ConfigError(
+                f"engine.tokenizer: {str(folder)!r} has no tokenizer.json (a model folder with a fast tokenizer)"
+            )
+    try:
+        path = sqlite_path(store_url)
+    except ConfigError as exc:
+        raise ConfigError(f"{store_field}: {exc}") from exc
+    if path is not None and path != ":memory:":
+        check_output_path(path, store_field)
 
 
 @app.command()
@@ -353,12 +411,20 @@ def train(
     import json
 
     from harnessrl.cli.train import RunInterrupted, run_train
+    from harnessrl.config import literal_override
 
+    if config is not None and resume is not None:  # CONFIG was ignored: its changes silently lost
+        raise fail(
+            "give CONFIG for a new run or --resume RUN_DIR to continue one, not both "
+            "(a resumed run keeps its config.json; change a value with --set section.key=value)"
+        )
     overrides = list(set_ or [])
     if run_dir is not None:
         if resume is not None:
             raise fail("give --run-dir for a new run or --resume RUN_DIR to continue one, not both")
-        overrides.append(f"run.dir={run_dir}")
+        if not run_dir:  # `--run-dir "$UNSET"`: the default folder would be used without a word
+            raise fail("--run-dir is empty: give the run folder")
+        overrides.append(literal_override("run.dir", run_dir))  # a folder name, never a TOML value
     try:
         summary = run_train(config, resume, overrides)
     except RunInterrupted as exc:
@@ -426,18 +492,26 @@ def sft(
     import json
 
     from harnessrl.cli.sft import SftInterrupted, run_sft
-    from harnessrl.config import check_output_path
+    from harnessrl.config import check_output_path, literal_override
 
+    if config is not None and resume is not None:  # CONFIG was ignored: its changes silently lost
+        raise fail(
+            "give CONFIG for a new run or --resume RUN_DIR to continue one, not both "
+            "(a resumed run keeps its config.json; change a value with --set section.key=value)"
+        )
     overrides = list(set_ or [])
     if run_dir is not None:
         if resume is not None:
             raise fail("give --run-dir for a new run or --resume RUN_DIR to continue one, not both")
         if export_jsonl is not None:  # an export writes no run folder: the option would do nothing
             raise fail("--export-jsonl writes no run folder: give --export-jsonl or --run-dir, not both")
-        overrides.append(f"run.dir={run_dir}")
+        if not run_dir:  # `--run-dir "$UNSET"`: the default folder would be used without a word
+            raise fail("--run-dir is empty: give the run folder")
+        overrides.append(literal_override("run.dir", run_dir))  # a folder name, never a TOML value
     try:
         if export_jsonl is not None:
             check_output_path(export_jsonl, "--export-jsonl")
+            _check_export_is_no_input(Path(export_jsonl), config, resume)
         summary = run_sft(config, resume, overrides, export_jsonl)
     except SftInterrupted as exc:
         typer.echo(str(exc), err=True)
@@ -445,6 +519,25 @@ def sft(
     except HarnessRLError as exc:
         raise fail(str(exc)) from exc
     typer.echo(json.dumps(summary))
+
+
+def _check_export_is_no_input(export: Path, config: str | None, resume: str | None) -> None:
+    """``--export-jsonl`` is neither CONFIG nor a file of the resumed run folder (its config.json,
+    metrics, checkpoints): the export replaced the file it names, so ``sft sft.toml --export-jsonl
+    sft.toml`` used to leave an empty config behind. A new file in the run folder is fine."""
+    from harnessrl.data.records import same_file
+    from harnessrl.errors import ConfigError
+
+    if config is not None and same_file(export, config):
+        raise ConfigError(
+            f"--export-jsonl is CONFIG ({str(export)!r}): the export would replace the config it reads; "
+            "give another path"
+        )
+    if resume is not None and export.exists() and export.resolve().is_relative_to(Path(resume).resolve()):
+        raise ConfigError(
+            f"--export-jsonl {str(export)!r} is a file of the run folder {resume!r}: the export would "
+            "replace it; give another path"
+        )
 
 
 @app.command()
