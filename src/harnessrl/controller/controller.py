@@ -16,6 +16,7 @@ import functools
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
@@ -72,6 +73,9 @@ class GatewayEndpoint:
 HarnessResolver = Callable[[Rollout], HarnessSpec]
 
 TAMPER_FINISHED = "tamper_finished"  # the flag of a rollout finished behind its controller's back
+#: The rollout metadata key counting its attempts that ended in an infrastructure failure (what
+#: ``max_infra_retries`` bounds; attempts a shutdown or a requeue ended are not among them).
+INFRA_FAILURES_KEY = "infra_failures"
 
 
 def _outcome_for(exit_: Exit) -> Outcome | None:
@@ -110,8 +114,16 @@ class Controller:
             check_mounts(harness.mounts, forbidden=[self.run_dir])
         self.config = config or ControllerConfig()
         self.run_id = run_id
-        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
+        # Unique to this controller object: ``shutdown`` requeues every running rollout the store says
+        # is this worker's. ``host-pid`` alone was shared by two controllers in one process, or in two
+        # containers on one host (``--network host`` keeps the host's name, and each is pid 1): one
+        # stopping requeued, and so killed, the other's attempts.
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
         self._tasks: set[asyncio.Task[Rollout]] = set()
+        # Attempts that ended while the store could not be written (``_release``): recorded at the next
+        # ``fill``, so a store that comes back never keeps a rollout "running" with nothing running it.
+        self._unreleased: dict[str, tuple[Rollout, str]] = {}
+        self._claim: asyncio.Future[list[Rollout]] | None = None  # the last claim (``fill``)
         self._stopping = asyncio.Event()
         # Called with a rollout's id whenever one of its attempts ends here (finished, failed, or
         # requeued for another attempt): how a trainer in this process learns of completions
@@ -150,7 +162,12 @@ class Controller:
         stop = stop or self._stopping
         try:
             while not stop.is_set():
-                await self.fill()
+                try:
+                    await self.fill()
+                except Exception:  # noqa: BLE001 - the store down a moment: the running attempts go on
+                    # One failed claim (a database restart, a lock timeout) ended the loop, and with it
+                    # every running attempt, killed and requeued by the shutdown below.
+                    log.exception("controller: claiming rollouts failed; trying again at the next poll")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), self.config.poll_interval_s)
         finally:
@@ -158,10 +175,20 @@ class Controller:
 
     async def fill(self) -> list[Rollout]:
         """Claim as many queued rollouts as free slots allow and start them."""
+        for rollout, error in list(self._unreleased.values()):  # the store is back: record them first
+            await self._infra_failure(rollout, error, judge_ended=False)
+            self._unreleased.pop(rollout.rollout_id, None)
+            if self.on_attempt_done is not None:
+                self.on_attempt_done(rollout.rollout_id)
         free = self.config.concurrency - len(self._tasks)
         if free <= 0:
             return []
-        claimed = await asyncio.to_thread(self.store.claim_rollouts, self.worker_id, free, run_id=self.run_id)
+        # Shielded, and waited for by ``shutdown``: a loop cancelled while the claim ran in its thread
+        # left what it claimed "running" for good (the shutdown looked before the claim committed).
+        self._claim = asyncio.ensure_future(
+            asyncio.to_thread(self.store.claim_rollouts, self.worker_id, free, run_id=self.run_id)
+        )
+        claimed = await asyncio.shield(self._claim)
         for rollout in claimed:
             task = asyncio.create_task(self.run_rollout(rollout), name=f"rollout-{rollout.rollout_id}")
             self._tasks.add(task)
@@ -200,7 +227,10 @@ class Controller:
                 await asyncio.to_thread(environments.close)
             except HarnessRLError as exc:
                 log.warning("could not unmount a task image: %s", exc)
-        # A task cancelled before it first ran never got to requeue its rollout: release every claim.
+        # A task cancelled before it first ran never got to requeue its rollout, nor did a claim still
+        # in its thread when ``fill`` was cancelled get a task: release every claim, once all are in.
+        if self._claim is not None and not self._claim.done():
+            await asyncio.gather(self._claim, return_exceptions=True)
         for rollout in await asyncio.to_thread(
             self.store.list_rollouts, run_id=self.run_id, status=RolloutStatus.RUNNING
         ):
@@ -231,6 +261,14 @@ class Controller:
                     attempt=rollout.attempt,
                 )
             raise
+        except Exception as exc:  # noqa: BLE001 - a bug of ours or the store failing after launch
+            # The task ended with its exception never looked at, and the rollout stayed "running" with
+            # nothing running it (until this controller shut down): ended here as an infrastructure
+            # failure of this attempt, like an evaluator crash.
+            log.exception("rollout %s attempt %d: the controller failed", rollout.rollout_id, rollout.attempt)
+            result = await self._release(rollout, f"controller error: {type(exc).__name__}: {exc}")
+            if rollout.rollout_id in self._unreleased:  # the store is down: what it held last
+                return rollout
         if not self.config.keep_workspaces:  # every way an attempt ends (the finish path did it already)
             await asyncio.to_thread(discard_attempt_scratch, self._attempt_dir(rollout))
         if result is not None:
@@ -379,13 +417,17 @@ class Controller:
 
     async def _finished_elsewhere(self, rollout: Rollout) -> Rollout:
         """Only this controller finishes a rollout attempt it is running. One that is already
-        finished (not cancelled) in this attempt when the controller comes to finish it was finished
-        by someone else — the agent, with a stolen admin key: its reward is void (0) and it is
-        flagged ``tamper_finished``. A later attempt's result (a requeue superseded this one: a
-        restarted trainer requeues what it finds running) is not this attempt's to judge."""
+        finished or failed (not cancelled) in this attempt when the controller comes to end it was
+        ended by someone else — the agent, with a stolen admin key: its reward is void (0) and it is
+        flagged ``tamper_finished``. That includes an ``infra_failure`` it declared (status failed:
+        left out of its group's baseline, which a failing policy prefers to a 0), and an end it wrote
+        before making its attempt an infrastructure failure (the ended rollout refused the retry).
+        A later attempt's result (a requeue superseded this one: a restarted trainer requeues what it
+        finds running) is not this attempt's to judge."""
         rollout_id = rollout.rollout_id
         current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
-        if current.status is not RolloutStatus.FINISHED or current.attempt != rollout.attempt:
+        ended = current.status in (RolloutStatus.FINISHED, RolloutStatus.FAILED)
+        if not ended or current.attempt != rollout.attempt:
             return current
         log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
         return await asyncio.to_thread(
@@ -394,6 +436,17 @@ class Controller:
             flag=TAMPER_FINISHED,
             error=f"finished by someone other than its controller (reward {current.reward} voided)",
         )
+
+    async def _release(self, rollout: Rollout, error: str) -> Rollout | None:
+        """``_infra_failure``, or, when the store cannot take it now, remembered for the next ``fill``."""
+        try:
+            return await self._infra_failure(rollout, error, judge_ended=False)
+        except Exception:  # noqa: BLE001
+            log.exception(
+                "rollout %s: could not record its failure; trying again at the next poll", rollout.rollout_id
+            )
+            self._unreleased[rollout.rollout_id] = (rollout, error)
+            return None
 
     async def _watch_cancel(self, rollout: Rollout, handle: Any) -> None:
         """Kill the harness when its rollout is cancelled, or its attempt superseded by a requeue
@@ -404,29 +457,56 @@ class Controller:
                 current = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
             except NotFound:
                 continue
+            except Exception as exc:  # noqa: BLE001 - the store down a moment: look again next poll
+                # This task used to die of it, and a cancel after that never killed the harness.
+                log.warning("rollout %s: cannot read its state (%s); looking again", rollout.rollout_id, exc)
+                continue
             if current.status is RolloutStatus.CANCELLED or current.attempt != rollout.attempt:
                 await handle.kill(ExitKind.CANCELLED)
                 return
 
-    async def _infra_failure(self, rollout: Rollout, error: str) -> Rollout | None:
-        """Retry as a new attempt while retries are left (returns None), else fail the rollout."""
+    async def _infra_failure(
+        self, rollout: Rollout, error: str, *, judge_ended: bool = True
+    ) -> Rollout | None:
+        """Retry as a new attempt while retries are left (returns None), else fail the rollout.
+        A rollout someone else ended in this attempt meanwhile is judged by ``_finished_elsewhere``
+        unless ``judge_ended`` is off (after a store error: the end may be this controller's own
+        write, committed before the error reached it).
+
+        Retries are counted in the rollout's metadata (``INFRA_FAILURES_KEY``), not read off its
+        attempt number: that one also counts the attempts a shutdown or a restarted trainer requeued,
+        so a rollout interrupted twice failed for good at its first infrastructure failure."""
         log.warning("rollout %s attempt %d: %s", rollout.rollout_id, rollout.attempt, error)
+        rollout_id = rollout.rollout_id
         try:
-            if rollout.attempt < self.config.max_infra_retries:
+            current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
+            if current.status is not RolloutStatus.RUNNING or current.attempt != rollout.attempt:
+                return await self._ended_meanwhile(rollout, current, judge_ended)
+            earlier = current.metadata.get(INFRA_FAILURES_KEY)
+            failures = (earlier if isinstance(earlier, int) and earlier >= 0 else 0) + 1
+            await asyncio.to_thread(
+                self.store.update_rollout_metadata, rollout_id, {INFRA_FAILURES_KEY: failures}
+            )
+            if failures <= self.config.max_infra_retries:
                 await asyncio.to_thread(
-                    self.store.requeue_rollout, rollout.rollout_id, error=error, attempt=rollout.attempt
+                    self.store.requeue_rollout, rollout_id, error=error, attempt=rollout.attempt
                 )
                 return None
             return await asyncio.to_thread(
                 self.store.finish_rollout,
-                rollout.rollout_id,
+                rollout_id,
                 Outcome.INFRA_FAILURE,
                 0.0,
                 error=error,
                 attempt=rollout.attempt,
             )
         except InvalidTransition:
-            return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+            return await self._ended_meanwhile(rollout, None, judge_ended)
+
+    async def _ended_meanwhile(self, rollout: Rollout, current: Rollout | None, judge: bool) -> Rollout:
+        if judge:
+            return await self._finished_elsewhere(rollout)
+        return current or await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
 
 
 #: What of an attempt's folder is scratch, removed when ``keep_workspaces`` is off: the workspace and
