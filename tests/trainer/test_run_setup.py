@@ -198,3 +198,14 @@ def test_one_file_carries_the_kubernetes_section_for_the_runs_external_controlle
     with pytest.raises(ConfigError, match=r'kubernetes: .*trainer.controllers = "external"'):
         prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'local'}", *kubernetes])
     assert not (tmp_path / "local").exists()
+
+
+def test_a_resume_resolves_relative_paths_of_its_overrides_as_a_new_run_does(tmp_path, monkeypatch):
+    """``--resume RUN --set 'harness.command=["./agent.py", …]'`` kept "./agent.py" as written: every
+    later attempt would have looked for it in its own workspace."""
+    _, run_dir, base_dir = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'run'}"])
+    monkeypatch.chdir(tmp_path)  # another folder than the config's
+    resumed, _, _ = prepare_run(None, str(run_dir), ['harness.command=["./agent.py", "{prompt}"]'])
+    assert resumed.harness.command[0] == str((base_dir / "agent.py").resolve())
+    saved = json.loads((run_dir / CONFIG_FILE).read_text())
+    assert saved["harness"]["command"][0] == str(CONFIG.parent.resolve() / "agent.py")

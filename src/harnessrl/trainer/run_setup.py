@@ -178,8 +178,9 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
             raw = upgrade_saved_config(read_saved_config(run_dir, "harnessrl run folder"))
             base_dir = Path(raw.pop("_base_dir", "."))
             saved = validate_config(TrainConfig, json.loads(json.dumps(raw)))
-            # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run
-            _merge(raw, load_raw_config(None, overrides, env={}))
+            # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run,
+            # and ./paths are the config file's, as for a new run (not the resuming shell's folder)
+            _merge(raw, resolve_relative_paths(load_raw_config(None, overrides, env={}), base_dir))
             config = validate_config(TrainConfig, raw)
             check_unchanged(saved, config, RUN_DEFINING_FIELDS)
             preflight(config)
