@@ -297,3 +297,30 @@ def test_a_record_whose_hidden_is_no_object_is_refused_naming_it(tmp_path: Path)
     assert result.exit_code == 2, result.output
     assert "'owner__proj.abc.task_1': 'hidden' must be a JSON object" in result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_ctrl_c_stops_with_a_line_not_a_traceback_and_keeps_out(tmp_path: Path):
+    import signal
+
+    from tests.controller.test_lifecycle_kill import sandbox_processes, wait_for
+
+    (tmp_path / "agent.py").write_text("#!/usr/bin/env python3\nimport time\ntime.sleep(600)\n")
+    (tmp_path / "agent.py").chmod(0o755)
+    sleep = str(tmp_path / "agent.py")  # in the agent's command line: no other test's
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    src = write_records(tmp_path / "in.jsonl", [record(0, 0)])
+    out = write_records(tmp_path / "out.jsonl", [calibrated(record(1, 0), 2)])  # an earlier run's line
+    argv = [*HARNESSRL, "data", "calibrate", str(src), str(out), "--config", str(tmp_path / "rollout.toml")]
+    proc = subprocess.Popen(argv + ["--k", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: sandbox_processes(sleep) != [] or proc.poll() is not None, timeout_s=120)
+        assert proc.poll() is None and sandbox_processes(sleep), "the agent never started"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert "Traceback" not in err and "run the same command to go on" in err, err[-2000:]
+    assert read_records(out) == [calibrated(record(1, 0), 2)]
+    assert wait_for(lambda: sandbox_processes(sleep) == [], timeout_s=30)

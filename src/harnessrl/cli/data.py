@@ -150,6 +150,11 @@ def calibrate_command(
             raise
     except HarnessRLError as exc:
         raise _fail(exc) from exc
+    except KeyboardInterrupt:  # OUT keeps every finished task: the same command goes on from there
+        typer.echo(
+            f"interrupted; OUT keeps what is done, run the same command to go on: {out_path}", err=True
+        )
+        raise typer.Exit(130) from None
     _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
 
 
