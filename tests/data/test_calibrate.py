@@ -312,7 +312,8 @@ def test_ctrl_c_stops_with_a_line_not_a_traceback_and_keeps_out(tmp_path: Path):
     src = write_records(tmp_path / "in.jsonl", [record(0, 0)])
     out = write_records(tmp_path / "out.jsonl", [calibrated(record(1, 0), 2)])  # an earlier run's line
     argv = [*HARNESSRL, "data", "calibrate", str(src), str(out), "--config", str(tmp_path / "rollout.toml")]
-    proc = subprocess.Popen(argv + ["--k", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    argv += ["--k", "1", "--run-dir", str(tmp_path / "run")]  # not a folder of the host's /tmp
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: sandbox_processes(sleep) != [] or proc.poll() is not None, timeout_s=120)
         assert proc.poll() is None and sandbox_processes(sleep), "the agent never started"
