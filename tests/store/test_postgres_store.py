@@ -135,10 +135,10 @@ def test_a_user_who_cannot_create_the_tables_gets_a_config_error(pg_server: Post
         weak = re.sub(r"//[^@/]*@", f"//{role}@", url, count=1)
         assert weak != url
         with pytest.raises(ConfigError, match=f"cannot use PostgreSQL store .*{role}.*permission denied"):
-            PostgresStore(weak, timeout_s=5)
+            PostgresStore(weak, timeout_s=30)
         with psycopg.connect(url, autocommit=True) as owner:  # the control: with the right, it opens
             owner.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
-        with PostgresStore(weak, timeout_s=5) as store:
+        with PostgresStore(weak, timeout_s=30) as store:
             assert store.create_rollout(rollout_id="r").rollout_id == "r"
     finally:
         pg_server.drop_database(name)

@@ -259,8 +259,9 @@ def test_the_scored_code_cannot_fill_the_disk_with_files_under_the_cap(tmp_path,
     assert capped.reward == 0.0 and capped.flags == ("disk_limit_exceeded",), capped.details
     assert capped.details["exit_code"] is not None
     # Control: with the default disk cap the same code gets its files written (the one that then
-    # waits runs into a short timeout after saying so).
-    control = disk_attack(tmp_path, solution, {"memory_mb": 256, "tmp_mb": 8}, timeout_s=15)
+    # waits runs into a short timeout after saying so; 100k files may take long on a loaded machine).
+    timeout_s = 240 if solution is MANY_EMPTY_FILES else 15
+    control = disk_attack(tmp_path, solution, {"memory_mb": 256, "tmp_mb": 8}, timeout_s=timeout_s)
     said = control.details.get("output", {}).get("said", "") + control.details["stdout_tail"]
     assert "disk_limit_exceeded" not in control.flags, control.details
     assert control.reward == 1.0 if solution is MANY_EMPTY_FILES else control.flags == ("scorer_timeout",)
