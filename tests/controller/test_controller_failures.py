@@ -65,14 +65,8 @@ async def wait_for(predicate, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-def test_a_store_error_after_the_harness_ran_ends_the_attempt_not_the_rollout_record(tmp_path):
-    """The store failed once while the controller read the attempt's calls: the task died with the
-    exception and the rollout stayed ``running`` with nothing running it, until the controller shut
-    down. Now that attempt is an infrastructure failure and the next one scores the rollout."""
-    store = FlakyStore(tmp_path / "db.sqlite")
-    rid = store.create_rollout(task={}).rollout_id
-    store.failing["list_calls"] = 1
-    controller = make_controller(store, tmp_path, ["true"], max_infra_retries=2)
+def run_until_finished(controller, store, rid: str) -> None:  # noqa: ANN001
+    """Run ``controller``'s loop until rollout ``rid`` is finished, then stop it."""
 
     async def go():
         stop = asyncio.Event()
@@ -86,6 +80,18 @@ def test_a_store_error_after_the_harness_ran_ends_the_attempt_not_the_rollout_re
             await loop
 
     asyncio.run(go())
+
+
+def test_a_store_error_after_the_harness_ran_ends_the_attempt_not_the_rollout_record(tmp_path):
+    """The store failed once while the controller read the attempt's calls: the task died with the
+    exception and the rollout stayed ``running`` with nothing running it, until the controller shut
+    down. Now that attempt is an infrastructure failure and the next one scores the rollout."""
+    store = FlakyStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}).rollout_id
+    store.failing["list_calls"] = 1
+    controller = make_controller(store, tmp_path, ["true"], max_infra_retries=2)
+
+    run_until_finished(controller, store, rid)
     rollout = store.get_rollout(rid)
     assert store.failed == {"list_calls": 1}
     assert rollout.attempt == 1 and rollout.reward == 1.0 and rollout.outcome.value == "success"
@@ -101,18 +107,7 @@ def test_an_attempt_the_store_could_not_end_is_ended_once_it_can(tmp_path):
     store.failing.update(list_calls=1, update_rollout_metadata=1)
     controller = make_controller(store, tmp_path, ["true"], max_infra_retries=2)
 
-    async def go():
-        stop = asyncio.Event()
-        loop = asyncio.create_task(controller.run_forever(stop))
-        try:
-            await wait_for(
-                lambda: store.get_rollout(rid).status is RolloutStatus.FINISHED, "the rollout to finish"
-            )
-        finally:
-            stop.set()
-            await loop
-
-    asyncio.run(go())
+    run_until_finished(controller, store, rid)
     rollout = store.get_rollout(rid)
     assert store.failed == {"list_calls": 1, "update_rollout_metadata": 1}
     assert rollout.attempt == 1 and rollout.reward == 1.0 and "OperationalError" in (rollout.error or "")

@@ -10,9 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from tests.sandbox.sandboxed import run_sandboxed
 
-from harnessrl.sandbox.bwrap import python_install_paths, sandbox_problem
-from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost
+from harnessrl.sandbox.bwrap import sandbox_problem
 from harnessrl.sandbox.init import CANNOT_START
 
 pytestmark = pytest.mark.skipif(
@@ -26,21 +26,7 @@ def run_script(tmp_path: Path, shebang: str) -> subprocess.CompletedProcess[str]
     script = workspace / "agent"
     script.write_text(f"{shebang}\necho ran\n")
     script.chmod(0o755)
-    host = SandboxHost(parent=tmp_path)
-    try:
-        argv = host.launch_argv(
-            tmp_path / "spec.json",
-            sandbox="bwrap",
-            command=[str(script)],
-            cwd=workspace,
-            env={},
-            writable=(workspace,),
-            read_only=python_install_paths(),
-            network="none",
-        )
-        return subprocess.run(argv, env=LAUNCHER_ENV, capture_output=True, text=True, timeout=120)
-    finally:
-        host.close()
+    return run_sandboxed(tmp_path, [str(script)], {}, workspace)
 
 
 def test_a_script_whose_interpreter_is_missing_says_so(tmp_path):

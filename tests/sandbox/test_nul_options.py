@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from tests.sandbox.sandboxed import run_sandboxed
 
 import harnessrl.sandbox.host as host_module
 from harnessrl.errors import ConfigError
-from harnessrl.sandbox.bwrap import python_install_paths, sandbox_problem
-from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost
+from harnessrl.sandbox.bwrap import sandbox_problem
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}"
@@ -26,23 +26,9 @@ PROBE = "import os; print('host visible' if os.path.isdir('/rollout/hostroot/etc
 
 
 def launch(tmp_path: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    host = SandboxHost(parent=tmp_path)
     workspace = tmp_path / "ws"
     workspace.mkdir(exist_ok=True)
-    try:
-        argv = host.launch_argv(
-            tmp_path / "spec.json",
-            sandbox="bwrap",
-            command=[sys.executable, "-c", PROBE],
-            cwd=workspace,
-            env=env,
-            writable=(workspace,),
-            read_only=python_install_paths(),
-            network="none",
-        )
-        return subprocess.run(argv, env=LAUNCHER_ENV, capture_output=True, text=True, timeout=120)
-    finally:
-        host.close()
+    return run_sandboxed(tmp_path, [sys.executable, "-c", PROBE], env, workspace)
 
 
 def test_a_nul_byte_in_the_environment_is_refused_before_anything_starts(tmp_path):
