@@ -172,3 +172,31 @@ def test_an_empty_run_dir_is_refused_not_replaced_by_the_default(tmp_path, monke
     before = listing(tmp_path)
     refused(invoke(command, str(config), "--run-dir", ""), "--run-dir", "empty")
     assert listing(tmp_path) == before
+
+
+def test_python_m_gateway_refuses_bad_inputs_before_creating_its_store(tmp_path):
+    """``python -m harnessrl.gateway`` (the entry point tests and scripts start) used to open its
+    store before it looked at the model or the tokenizer: a bad ``--model`` left ``x.db`` behind."""
+    import subprocess
+    import sys
+
+    (tmp_path / "a-file").write_text("")
+    store = str(tmp_path / "s" / "x.db")
+    cases = [
+        (["--model", str(tmp_path / "no-model"), "--store", store], "--model"),
+        (
+            ["--model", "vllm:http://127.0.0.1:9", "--tokenizer", str(tmp_path / "no-tok"), "--store", store],
+            "--tokenizer",
+        ),
+        (["--store", str(tmp_path / "a-file" / "x.db")], "--store"),
+    ]
+    for args, named in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "harnessrl.gateway", "--port", "0", *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 2, (args, done.stderr[-2000:])
+        assert named in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert listing(tmp_path) == ["a-file"], args

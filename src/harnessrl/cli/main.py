@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
 
@@ -18,9 +18,6 @@ from harnessrl import __version__
 from harnessrl.cli.data import app as data_app
 from harnessrl.cli.images import app as images_app
 from harnessrl.errors import HarnessRLError
-
-if TYPE_CHECKING:
-    from harnessrl.config import EngineConfig, GatewayConfig
 
 app = typer.Typer(
     name="harnessrl",
@@ -262,7 +259,9 @@ def gateway(
         store_url = validate_config(StoreConfig, store_raw, where="store").url
         # Before the store is created: a bad model, script, parser or store path used to be found
         # after run_gateway had created the store file (exit 1, or a traceback for a missing GPU).
-        _check_gateway_inputs(
+        from harnessrl.gateway.inputs import check_gateway_inputs
+
+        check_gateway_inputs(
             gateway_cfg,
             engine_cfg,
             store_url,
@@ -288,52 +287,6 @@ def gateway(
         )  # /ui
     except HarnessRLError as exc:
         raise fail(str(exc), code=1) from exc
-
-
-def _check_gateway_inputs(
-    gateway_cfg: GatewayConfig,
-    engine_cfg: EngineConfig,
-    store_url: str,
-    *,
-    model_field: str,
-    store_field: str,
-) -> None:
-    """What ``run_gateway`` would otherwise find only after it created the store: the parser names,
-    the engine's weights, script or tokenizer, a CUDA device this machine lacks, and a SQLite store
-    path that cannot be written. Each problem is a ``ConfigError`` naming the field or option."""
-    from harnessrl.config import REMOTE_KINDS, check_cuda_device, check_output_path
-    from harnessrl.controller.stack import check_parsers
-    from harnessrl.errors import ConfigError
-    from harnessrl.store import sqlite_path
-
-    check_parsers(gateway_cfg)
-    source = engine_cfg.source
-    if source.kind == "embedded":
-        from harnessrl.engines.models import check_model
-
-        check_model(engine_cfg.model, field=model_field)
-        check_cuda_device(engine_cfg.device, "engine.device")
-    elif source.kind == "scripted":
-        from harnessrl.engines.scripted import ScriptedEngine
-
-        try:  # reads the script (and its tokenizer) as the gateway will
-            ScriptedEngine(
-                source.path, cache_dir=engine_cfg.cache_dir, context_length=engine_cfg.context_length
-            )
-        except ConfigError as exc:
-            raise ConfigError(f"{model_field}: {exc}") from exc
-    elif source.kind in REMOTE_KINDS and engine_cfg.tokenizer not in (None, "tiny"):
-        folder = Path(engine_cfg.tokenizer).expanduser()
-        if not (folder / "tokenizer.json").is_file():
-            raise ConfigError(
-                f"engine.tokenizer: {str(folder)!r} has no tokenizer.json (a model folder with a fast tokenizer)"
-            )
-    try:
-        path = sqlite_path(store_url)
-    except ConfigError as exc:
-        raise ConfigError(f"{store_field}: {exc}") from exc
-    if path is not None and path != ":memory:":
-        check_output_path(path, store_field)
 
 
 @app.command()

@@ -40,6 +40,7 @@ from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
 from harnessrl.environments.resolve import Environments, HarnessNeeds
 from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.gateway.inputs import check_parsers
 from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
 from harnessrl.sandbox.host import files_in_argv
@@ -139,19 +140,6 @@ def check_pod_workspace(harness: HarnessSpec, evaluator: EvaluatorConfig) -> Non
             'calls or the log ("exact_match", "reasoning_gym", or a "python" one that ignores the '
             "workspace)"
         )
-
-
-def check_parsers(gateway: GatewayConfig) -> None:
-    """``gateway.tool_call_parser`` and ``gateway.reasoning_parser`` name known parsers (or
-    ``auto``): checked before a run folder or a store is created, not when the gateway is built
-    after them. A ``ConfigError`` naming the field and the known names."""
-    from harnessrl.gateway.parsers.reasoning import get_reasoning_parser
-    from harnessrl.gateway.parsers.tools import get_tool_parser
-
-    if gateway.tool_call_parser != "auto":
-        get_tool_parser(gateway.tool_call_parser)
-    if gateway.reasoning_parser != "auto":
-        get_reasoning_parser(gateway.reasoning_parser)
 
 
 def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) -> dict[str, int] | None:

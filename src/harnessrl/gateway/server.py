@@ -24,6 +24,7 @@ from starlette.applications import Starlette
 
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
+from harnessrl.gateway.inputs import check_gateway_inputs
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
 from harnessrl.gateway.transport.serving import GatewayServer, uvicorn_config
 
@@ -187,9 +188,19 @@ def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] 
             admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None,
             workers=args.workers,
         )
+        engine = EngineConfig(model=args.model, tokenizer=args.tokenizer)
+        # Before the store is created, as ``harnessrl gateway`` checks them.
+        check_gateway_inputs(
+            gateway,
+            engine,
+            args.store,
+            model_field="--model",
+            store_field="--store",
+            tokenizer_field="--tokenizer",
+        )
         run_gateway(
             gateway,
-            EngineConfig(model=args.model, tokenizer=args.tokenizer),
+            engine,
             args.store,
             extra_routes=extra_routes,
         )

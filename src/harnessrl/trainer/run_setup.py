@@ -365,7 +365,7 @@ def preflight(
         if source is not None:
             check_lora_dir(resolve_model_dir(source, config.engine.cache_dir), config.trainer.lora)
     if not config.trainer.gateway_url:
-        from harnessrl.controller.stack import check_parsers
+        from harnessrl.gateway.inputs import check_parsers
 
         check_parsers(config.gateway)
         # The gateway this process serves binds its port after the model loads and the store
