@@ -174,6 +174,7 @@ def run_controller_command(
                     evaluator=evaluator,
                     run_dir=Path(run_dir),
                     config=config.controller,
+                    bridge=bridge if config.kubernetes is None else None,  # pods do not use it
                 )
                 print(
                     f"harnessrl controller {controller.worker_id}: taking queued rollouts from {store_url}",

@@ -36,6 +36,7 @@ from harnessrl.environments.resolve import Environments, HarnessNeeds
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.sandbox.bwrap import check_mounts
 from harnessrl.sandbox.host import files_in_argv
+from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
 from harnessrl.store.base import Store
@@ -103,10 +104,14 @@ class Controller:
         run_id: str | None = None,
         worker_id: str | None = None,
         environments: Environments | None = None,
+        bridge: GatewayBridge | None = None,
     ):
         self.store = store
         self.runner = runner
         self.gateway = gateway
+        # The sandboxes' way to the gateway: it tells an attempt whose gateway was down (the harness's
+        # calls refused) from one the policy failed (``GatewayBridge.gateway_was_down``).
+        self.bridge = bridge
         self._harness = harness
         self.evaluator = evaluator
         self.run_dir = make_private_dir(Path(run_dir))  # holds the store's neighbours: 0700
@@ -330,6 +335,7 @@ class Controller:
                 image=image,
                 inside=inside,
             )
+            refused_before = self.bridge.refused if self.bridge is not None else 0
             handle = await self.runner.launch(launch)
         except HarnessRLError as exc:
             return await self._infra_failure(rollout, f"launch failed: {exc}")
@@ -348,6 +354,12 @@ class Controller:
         outcome = _outcome_for(exit_)
         if outcome is None:
             return await self._infra_failure(rollout, f"harness infrastructure failure: {exit_.detail}")
+        # A harness whose calls found the gateway down failed through no doing of the policy: scoring
+        # it would train a 0 on what the model never saw (retried, as every infrastructure failure).
+        if self.bridge is not None and await self.bridge.gateway_was_down(refused_before):
+            return await self._infra_failure(
+                rollout, "the gateway refused connections while the harness ran (it was down or restarting)"
+            )
 
         calls = await asyncio.to_thread(self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt)
         # Diffed before the evaluator runs: one that scores in place (sandbox "none") writes there.

@@ -227,6 +227,7 @@ async def local_stack(
                     run_dir=run_dir,
                     config=config.controller,
                     run_id=run_id,
+                    bridge=bridge,
                 )
                 try:
                     handle = GatewayHandle(app.state.gateway, url)

@@ -91,6 +91,9 @@ class GatewayBridge:
         self.path = str(self._dir / "gw.sock")
         self._server: asyncio.AbstractServer | None = None
         self._open: Counter[str] = Counter()  # sandbox -> connections it holds open now
+        #: Connections the gateway refused over the bridge's life: nothing listened at its port (it
+        #: was down or restarting). The controller compares it across an attempt (``gateway_was_down``).
+        self.refused = 0
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         sandbox = _sandbox_of(writer)
@@ -101,6 +104,10 @@ class GatewayBridge:
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+            except ConnectionRefusedError:
+                self.refused += 1
+                writer.close()
+                return
             except OSError:
                 writer.close()
                 return
@@ -114,6 +121,22 @@ class GatewayBridge:
             self._open[sandbox] -= 1
             if not self._open[sandbox]:
                 del self._open[sandbox]
+
+    async def gateway_was_down(self, refused_before: int, *, timeout_s: float = 5.0) -> bool:
+        """Whether the gateway was down during an attempt that started when ``refused`` read
+        ``refused_before``: it refused one of the attempt's connections, or refuses one now (a harness
+        that gave up at its first failed call made no second one). Only a refusal counts: nothing in a
+        sandbox can make the gateway's port refuse, while a reset or a slow answer a harness can cause."""
+        if self.refused > refused_before:
+            return True
+        try:
+            _, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), timeout_s)
+        except ConnectionRefusedError:
+            return True
+        except (OSError, TimeoutError):
+            return False
+        writer.close()
+        return False
 
     async def __aenter__(self) -> GatewayBridge:
         self._server = await asyncio.start_unix_server(self._handle, path=self.path)
