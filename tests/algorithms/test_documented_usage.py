@@ -51,15 +51,16 @@ def test_the_documented_packed_forward_gives_each_sample_its_own_logprobs(model)
     totals = step_totals(samples)
     assert len(samples) == 3
 
+    temperature = 0.7  # the engine's sampling temperature, which the behaviour logprobs are at
     scope = {"collate": collate, "token_logprobs": token_logprobs, "model": model, "micro": samples,
-             "totals": totals}  # fmt: skip
+             "totals": totals, "temperature": temperature}  # fmt: skip
     with torch.no_grad():
         exec(documented_micro_batch_forward(), scope)
         packed_T = scope["logprobs_B_T"][0]
         start = 0
         for sample in samples:
             ids = torch.tensor([sample.input_ids])
-            alone_T = token_logprobs(model(ids, use_cache=False).logits, ids)[0]
+            alone_T = token_logprobs(model(ids, use_cache=False).logits / temperature, ids)[0]
             # Position 0 of a sample has no prediction; every later one must not see earlier samples.
             got_T = packed_T[start + 1 : start + len(sample)]
             torch.testing.assert_close(got_T, alone_T[1:], atol=1e-5, rtol=1e-5)

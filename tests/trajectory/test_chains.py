@@ -243,6 +243,21 @@ def test_logprob_count_must_match_response():
         calls_to_samples(rollout(), [call])
 
 
+def test_a_call_with_an_empty_prompt_is_refused_naming_it():
+    """Its first sampled token would sit at position 0 of its sample, which nothing predicts: it was
+    counted in the rollout's loss normalizer but never trained (shared-prefix rows skip it), or
+    scored from the previous sample's last token in a packed row."""
+    c = Calls()
+    c.add([7], [8])
+    c.add([], [5, 6])
+    with pytest.raises(InvalidBatch, match="call 1 of rollout r has an empty prompt"):
+        build_rollout_samples(rollout(), c.calls)
+    assert build_rollout_samples(rollout(), c.calls[:1]).samples[0].loss_mask == [0, 1]
+    # A teacher's call (docs/sft.md) records no tokens at all: nothing sampled, nothing refused.
+    teacher = Call(rollout_id="r", seq=1, prompt_token_ids=[], response_token_ids=[], response_logprobs=[])
+    assert build_rollout_samples(rollout(), [c.calls[0], teacher]).calls_used == 2
+
+
 def test_empty_responses_give_no_sample():
     c = Calls()
     c.add(SYSTEM, [])

@@ -286,3 +286,41 @@ def test_a_damaged_jsonl_gz_reads_or_is_an_invalid_sample_file(tmp_path: Path, c
     path.write_bytes(bytes(data[: cut % (len(data) + 1)]))
     with contextlib.suppress(InvalidSampleFile):
         read_samples(path)
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz"])
+def test_a_refused_write_leaves_the_file_already_there_as_it_was(tmp_path: Path, suffix: str) -> None:
+    """Refusing a batch (a NaN JSONL cannot hold) deleted the file the path held before."""
+    path = tmp_path / f"step{suffix}"
+    before = [one_token_sample("r-old")]
+    write_samples(path, before)
+    bad = one_token_sample("r-bad")
+    bad.reward = math.nan
+    with pytest.raises(InvalidSampleFile, match="r-bad"):
+        write_samples(path, [one_token_sample("r-new"), bad])
+    assert read_samples(path) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]  # nothing half-written beside it
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".jsonl.gz", ".parquet"])
+def test_a_write_that_fails_part_way_leaves_no_file_that_reads_back_short(
+    tmp_path: Path, suffix: str
+) -> None:
+    """The samples come from the caller's iterable, which may fail after some were written: a JSONL
+    file of the ones before stayed and read back as a shorter batch, without an error."""
+
+    def produce():
+        yield one_token_sample("r-1")
+        yield one_token_sample("r-2")
+        raise RuntimeError("the producer failed")
+
+    path = tmp_path / f"step{suffix}"
+    with pytest.raises(RuntimeError, match="the producer failed"):
+        write_samples(path, produce())
+    assert list(tmp_path.iterdir()) == []
+
+    write_samples(path, [one_token_sample("r-old")])
+    with pytest.raises(RuntimeError, match="the producer failed"):
+        write_samples(path, produce())
+    assert [s.rollout_id for s in read_samples(path)] == ["r-old"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]

@@ -28,17 +28,21 @@ class AlgorithmConfig(Section):
       training starts from (0: off, and no reference model is loaded).
     - ``loss_agg``: ``rollout_token_mean`` (each rollout weighs the same), ``token_mean`` or
       ``seq_mean_token_mean``.
+
+    Every number must be finite: ``kl_coef = inf`` made the loss of every token NaN (``inf * 0``
+    where the policy equals the reference, as at the first step) and ``eps = inf`` every advantage
+    0. No value means "off" (``dual_clip``, ``tis_cap``).
     """
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp"] = "grpo"
-    eps: float = Field(default=1e-6, gt=0)
+    eps: float = Field(default=1e-6, gt=0, allow_inf_nan=False)
     zero_variance_groups: Literal["keep", "drop"] = "keep"
-    clip_low: float = Field(default=0.2, ge=0, lt=1)
-    clip_high: float = Field(default=0.28, ge=0)
-    dual_clip: float | None = Field(default=None, gt=1)
+    clip_low: float = Field(default=0.2, ge=0, lt=1, allow_inf_nan=False)
+    clip_high: float = Field(default=0.28, ge=0, allow_inf_nan=False)
+    dual_clip: float | None = Field(default=None, gt=1, allow_inf_nan=False)
     proximal: Literal["behaviour", "trainer"] = "behaviour"
-    tis_cap: float | None = Field(default=None, gt=0)
-    kl_coef: float = Field(default=0.0, ge=0)
+    tis_cap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    kl_coef: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     loss_agg: Literal["rollout_token_mean", "token_mean", "seq_mean_token_mean"] = "rollout_token_mean"
 
     @model_validator(mode="after")

@@ -15,7 +15,9 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 import reprlib
+import uuid
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -199,23 +201,37 @@ def _arrow_schema(pa: Any) -> Any:
 
 
 def write_samples(path: str | Path, samples: Iterable[Sample]) -> Path:
-    """Write ``samples`` to ``path`` (``.jsonl``, ``.jsonl.gz`` or ``.parquet``); returns the path."""
+    """Write ``samples`` to ``path`` (``.jsonl``, ``.jsonl.gz`` or ``.parquet``); returns the path.
+
+    The file is written beside ``path`` under a temporary name and renamed onto it once whole: a
+    refused sample or a crash part-way leaves ``path`` as it was (absent, or the file it held), never
+    a file that reads back as fewer samples than were given."""
     path = Path(path)
     rows = (sample_to_row(s) for s in samples)
     if path.suffix == ".parquet":
         pa = _pyarrow()
-        table = pa.Table.from_pylist(list(rows), schema=_arrow_schema(pa))
-        pa.parquet.write_table(table, path)
+
+        def write(to: Path) -> None:
+            table = pa.Table.from_pylist(list(rows), schema=_arrow_schema(pa))
+            pa.parquet.write_table(table, to)
+
     elif path.name.endswith((".jsonl", ".jsonl.gz")):
-        try:
-            with _open_text(path, "w") as f:
+
+        def write(to: Path) -> None:
+            with _open_text(to, "w") as f:
                 for index, row in enumerate(rows):
                     f.write(_strict_json(row, index) + "\n")
-        except InvalidSampleFile:
-            path.unlink(missing_ok=True)  # not a file that reads back as fewer samples than were given
-            raise
+
     else:
         raise InvalidSampleFile(f"unknown sample file type {path.name!r}: use .jsonl, .jsonl.gz or .parquet")
+    # Same folder (a rename within one file system), and a name ending in ``path``'s (which picks gzip).
+    partial = path.with_name(f".partial-{uuid.uuid4().hex}.{path.name}")
+    try:
+        write(partial)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
     return path
 
 

@@ -24,6 +24,8 @@ which is commit order) were recorded after that read: no evaluator judged them a
 looked at them (their harness had usually died with them in flight), so they are left out and
 counted in ``RolloutSamples.calls_unseen``. The store already refuses any call after the rollout
 ended (``store.base.RolloutEnded``), so this closes the window between the read and the finish.
+A rollout flagged ``tamper_finished`` was finished by someone else (its reward voided to 0): its
+``calls_seen`` is theirs, not believed, and every call of its final attempt is used.
 
 Departures from Agent Lightning v1.0 (which merges on exact prefix as well): we match against *all*
 chains, not only the previous call's, and we classify every break. Identical prompts retried
@@ -63,6 +65,10 @@ BREAK_REASONS: tuple[str, ...] = ("new_context", "history_edited", "prefix_misma
 #: The rollout metadata key in which a finisher says how many calls of the final attempt its
 #: evaluator and audit read (see the module docstring). Absent: every recorded call was seen.
 CALLS_SEEN_KEY = "calls_seen"
+
+#: The flag of a rollout finished behind its controller's back (``controller.TAMPER_FINISHED``, not
+#: imported: the controller imports this module): its ``calls_seen`` is not believed.
+TAMPER_FINISHED_FLAG = "tamper_finished"
 
 # How many trailing tokens of a response must reappear, when a prompt diverges exactly at the start
 # of that response, for the response to count as re-rendered (prefix_mismatch) not replaced.
@@ -159,6 +165,16 @@ def group_key(rollout: Rollout) -> str:
 
 
 def _validate(call: Call) -> None:
+    if not call.prompt_token_ids and call.response_token_ids:
+        # Its sample would start with a trained token that nothing predicts: the losses take
+        # position 0 for a prompt token, a packed row would score it from the sample before it,
+        # and shared-prefix rows leave it out while the normalizer counts it. The gateway and
+        # engines refuse an empty prompt; a library caller's call may still have one. (A teacher's
+        # call records no tokens at all, neither prompt nor response: it samples nothing.)
+        raise InvalidBatch(
+            f"call {call.seq} of rollout {call.rollout_id} has an empty prompt: its first sampled token "
+            "has no context to be predicted from"
+        )
     if len(call.response_logprobs) != len(call.response_token_ids):
         raise InvalidBatch(
             f"call {call.seq} of rollout {call.rollout_id}: {len(call.response_token_ids)} response tokens "
@@ -359,7 +375,13 @@ def build_rollout_samples(
 
 def calls_seen(rollout: Rollout) -> int | None:
     """How many calls of the final attempt the rollout's evaluator read (``metadata.calls_seen``),
-    or ``None`` if its finisher did not say (anything but a non-negative integer counts as unsaid)."""
+    or ``None`` if its finisher did not say (anything but a non-negative integer counts as unsaid).
+
+    ``None`` too for a rollout flagged ``tamper_finished``: someone other than its controller
+    finished it (the agent, with a stolen admin key), so the finish's metadata is the agent's word,
+    and ``calls_seen = 0`` there would keep every call of the voided rollout out of training."""
+    if TAMPER_FINISHED_FLAG in rollout.flags:
+        return None
     seen = rollout.metadata.get(CALLS_SEEN_KEY)
     if isinstance(seen, int) and not isinstance(seen, bool) and seen >= 0:
         return seen
