@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from tests.controller.test_controller_loop import MARK, harness_processes, make_controller
 
-from harnessrl.controller.controller import INFRA_FAILURES_KEY
+from harnessrl.controller.controller import INFRA_FAILURES_KEY, VOIDED_FINISH_KEY
 from harnessrl.schemas import Outcome, RolloutStatus
 from harnessrl.store.sqlite import SQLiteStore
 
@@ -228,6 +228,9 @@ def test_attempts_a_shutdown_ended_do_not_use_up_infra_retries(tmp_path):
     assert "evaluator failed" in (rollout.error or "")
 
 
+TAMPERED_METADATA = {"calls_seen": 0, "sampled_by_discarded_weights": {"step": 1}}
+
+
 @pytest.mark.parametrize(
     ("outcome", "reward", "evaluator"),
     [
@@ -253,7 +256,9 @@ def test_a_rollout_ended_behind_the_controllers_back_is_void_whatever_it_claims(
         run = asyncio.create_task(controller.run_until_done([rid], timeout_s=PATIENCE_S))
         try:
             await wait_for(lambda: store.get_rollout(rid).status is RolloutStatus.RUNNING, "the claim")
-            store.finish_rollout(rid, Outcome(outcome), reward)
+            # With metadata that would keep the void 0 out of training (``calls_seen`` 0: no call
+            # trained; a lost-weights mark: out of its group), kept by the void before.
+            store.finish_rollout(rid, Outcome(outcome), reward, metadata=TAMPERED_METADATA)
             go_file.touch()
             [done] = await run
             return done
@@ -266,6 +271,8 @@ def test_a_rollout_ended_behind_the_controllers_back_is_void_whatever_it_claims(
     assert rollout.status is RolloutStatus.FINISHED and rollout.attempt == 0
     assert rollout.outcome.value == "policy_failure" and rollout.reward == 0.0
     assert rollout.flags == ["tamper_finished"]
+    assert not set(TAMPERED_METADATA) & set(rollout.metadata), rollout.metadata
+    assert rollout.metadata[VOIDED_FINISH_KEY] == {"outcome": outcome, "reward": reward}
 
 
 class HeldClaimStore(SQLiteStore):

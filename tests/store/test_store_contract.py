@@ -231,6 +231,17 @@ def test_void_rollout_zeroes_and_flags_a_tampered_rollout(store: Store) -> None:
     assert store.get_rollout(rollout.rollout_id) == again
 
 
+def test_void_rollout_replaces_the_metadata_the_untrusted_finish_merged_in(store: Store) -> None:
+    rollout = store.create_rollout(metadata={"infra_failures": 1})
+    store.start_rollout(rollout.rollout_id)
+    store.finish_rollout(rollout.rollout_id, Outcome.SUCCESS, 1.0, metadata={"calls_seen": 0})
+    kept = store.void_rollout(rollout.rollout_id, flag="t", error="e")  # no metadata: left as it is
+    assert kept.metadata == {"infra_failures": 1, "calls_seen": 0}
+    voided = store.void_rollout(rollout.rollout_id, flag="t", error="e", metadata={"infra_failures": 1})
+    assert voided.metadata == {"infra_failures": 1}
+    assert store.get_rollout(rollout.rollout_id) == voided
+
+
 def test_requeue_bumps_attempt_and_keeps_error(store: Store) -> None:
     rollout = store.create_rollout()
     [claimed] = store.claim_rollouts("w1", 1)

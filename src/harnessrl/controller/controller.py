@@ -39,7 +39,7 @@ from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus
-from harnessrl.store.base import Store
+from harnessrl.store.base import DROPPED_CALLS_KEY, Store
 from harnessrl.trajectory.samples import CALLS_SEEN_KEY
 
 log = logging.getLogger(__name__)
@@ -74,6 +74,8 @@ class GatewayEndpoint:
 HarnessResolver = Callable[[Rollout], HarnessSpec]
 
 TAMPER_FINISHED = "tamper_finished"  # the flag of a rollout finished behind its controller's back
+#: The metadata key of a voided rollout holding the outcome and reward of the finish that was voided.
+VOIDED_FINISH_KEY = "voided_finish"
 #: The rollout metadata key counting its attempts that ended in an infrastructure failure (what
 #: ``max_infra_retries`` bounds; attempts a shutdown or a requeue ended are not among them).
 INFRA_FAILURES_KEY = "infra_failures"
@@ -442,11 +444,22 @@ class Controller:
         if not ended or current.attempt != rollout.attempt:
             return current
         log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
+        # Its metadata as this attempt began (``rollout``, as claimed), with the gateway's count of
+        # dropped calls: whatever the other finish merged in (``calls_seen = 0``, a mark that keeps it
+        # out of training) would otherwise turn the void 0 into "not counted".
+        kept = {**rollout.metadata, **{k: v for k, v in current.metadata.items() if k == DROPPED_CALLS_KEY}}
+        kept[VOIDED_FINISH_KEY] = {
+            "outcome": current.outcome.value if current.outcome else None,
+            "reward": current.reward,
+        }
         return await asyncio.to_thread(
-            self.store.void_rollout,
-            rollout_id,
-            flag=TAMPER_FINISHED,
-            error=f"finished by someone other than its controller (reward {current.reward} voided)",
+            functools.partial(
+                self.store.void_rollout,
+                rollout_id,
+                flag=TAMPER_FINISHED,
+                error=f"finished by someone other than its controller (reward {current.reward} voided)",
+                metadata=_jsonable(kept),
+            )
         )
 
     async def _release(self, rollout: Rollout, error: str) -> Rollout | None:

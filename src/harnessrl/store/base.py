@@ -142,9 +142,13 @@ class Store(Protocol):
         not finite raises ``BadRequest`` and changes nothing. ``attempt``: the attempt whose result
         this is; ``RolloutEnded`` if a requeue superseded it (a controller passes it)."""
 
-    def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
+    def void_rollout(
+        self, rollout_id: str, *, flag: str, error: str, metadata: dict[str, Any] | None = None
+    ) -> Rollout:
         """A finished rollout whose result cannot be trusted (it was finished by someone other than its
-        controller): reward 0, outcome ``policy_failure``, ``flag`` added to its flags, ``error`` set."""
+        controller): reward 0, outcome ``policy_failure``, ``flag`` added to its flags, ``error`` set.
+        ``metadata``, when given, replaces the rollout's: what the untrusted finish merged in (a
+        ``calls_seen`` of 0, a mark that leaves it out of training) must not outlive its reward."""
 
     def requeue_rollout(
         self, rollout_id: str, *, error: str | None = None, attempt: int | None = None

@@ -314,10 +314,15 @@ class SQLStore(GateRows):
         self._announce_end(rollout_id)
         return ended
 
-    def void_rollout(self, rollout_id: str, *, flag: str, error: str) -> Rollout:
+    def void_rollout(
+        self, rollout_id: str, *, flag: str, error: str, metadata: dict[str, Any] | None = None
+    ) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
             flags = load_json(row["flags"]) or []
+            changes: dict[str, Any] = {}
+            if metadata is not None:
+                changes["metadata"] = dump_json(metadata)
             voided = self._update(
                 conn,
                 rollout_id,
@@ -326,6 +331,7 @@ class SQLStore(GateRows):
                 reward=0.0,
                 error=storable_text(error),
                 flags=dump_json([*flags, flag] if flag not in flags else flags),
+                **changes,
             )
         self._announce_end(rollout_id)
         return voided
