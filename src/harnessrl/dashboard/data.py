@@ -226,16 +226,24 @@ class DashboardData:
         by_id = {row.rollout.rollout_id: row for row in rows}
         marks = ", ".join("?" * len(by_id))
         sql = (
-            "SELECT rollout_id, seq, attempt, prompt_base_seq, LENGTH(response_token_ids) / 4 AS sampled "
-            f"FROM calls WHERE rollout_id IN ({marks}) ORDER BY rollout_id, seq"
+            "SELECT rollout_id, seq, attempt, prompt_base_seq, LENGTH(response_token_ids) / 4 AS sampled, "
+            f"prompt_len FROM calls WHERE rollout_id IN ({marks}) ORDER BY rollout_id, seq"
         )
         links: dict[str, list[CallLink]] = {rollout_id: [] for rollout_id in by_id}
         for rec in conn.execute(sql, list(by_id)):
             links[rec["rollout_id"]].append(
-                CallLink(rec["seq"], rec["attempt"], rec["prompt_base_seq"], rec["sampled"] or 0)
+                CallLink(
+                    rec["seq"],
+                    rec["attempt"],
+                    rec["prompt_base_seq"],
+                    rec["sampled"] or 0,
+                    rec["prompt_len"] or 0,
+                )
             )
+        caps = _sample_token_caps(conn)
         for rollout_id, row in by_id.items():
-            row.samples = count_samples(row.rollout, links[rollout_id])
+            cap = caps.get(row.rollout.run_id) if row.rollout.run_id is not None else None
+            row.samples = count_samples(row.rollout, links[rollout_id], max_sample_tokens=cap)
 
     @staticmethod
     def _add_call_stats(conn: sqlite3.Connection, rows: list[RolloutRow]) -> None:
@@ -255,6 +263,12 @@ class DashboardData:
             row.calls, row.sampled_tokens = rec["n"], rec["sampled"] or 0
             row.prompt_tokens = rec["last_prompt"] or 0
             row.policy_versions = sorted(int(v) for v in str(rec["versions"] or "").split(",") if v)
+
+    def sample_token_caps(self) -> dict[str, int]:
+        """Each run's ``trainer.max_sample_tokens`` (runs without one are left out): the trainer drops
+        a call longer than it, so a trace and the table build their samples with it too."""
+        with self._connect() as conn:
+            return _sample_token_caps(conn)
 
     def list_flags(self) -> list[str]:
         """The audit rules that flagged at least one rollout (the table's flag filter offers these)."""
@@ -314,6 +328,15 @@ class DashboardData:
         sql = "SELECT rollout_id FROM rollouts WHERE group_id = ? ORDER BY pk LIMIT 64"
         with self._connect() as conn:
             return [row[0] for row in conn.execute(sql, (group_id,))]
+
+
+def _sample_token_caps(conn: sqlite3.Connection) -> dict[str, int]:
+    """``run_id -> trainer.max_sample_tokens`` of the runs whose stored config sets it."""
+    sql = (
+        "SELECT run_id, CASE WHEN json_valid(config) "
+        "THEN json_extract(config, '$.trainer.max_sample_tokens') END FROM runs"
+    )
+    return {run_id: cap for run_id, cap in conn.execute(sql) if isinstance(cap, int) and cap >= 1}
 
 
 def _json_object(text: str | None, length: int) -> dict[str, Any]:

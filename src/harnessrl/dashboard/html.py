@@ -102,8 +102,29 @@ def result_badge(reward: float | None, outcome: Any) -> str:
     return f'<span class="badge b-{kind}" title="harness: {esc(ended)}">{kind}</span>'
 
 
-def pretty_json(value: Any) -> str:
-    return f"<pre>{esc(json.dumps(value, indent=2, ensure_ascii=False, default=str))}</pre>"
+def pretty_json(value: Any, *, limit: int | None = None) -> str:
+    """``value`` as indented JSON in a ``<pre>``. ``limit``: at most that many characters of JSON,
+    never more work than that either: over it, the JSON is written without indentation (which
+    multiplies with nesting: a 1 MB array nested 40 deep is 40 MB indented), and cut if still over."""
+    if limit is None:
+        return f"<pre>{esc(json.dumps(value, indent=2, ensure_ascii=False, default=str))}</pre>"
+    text, cut = _json_upto(value, 2, limit)
+    if cut:
+        text, cut = _json_upto(value, None, limit)
+    note = f"\n… (cut: the dashboard shows {limit:,} characters of it)" if cut else ""
+    return f"<pre>{esc(text)}{esc(note)}</pre>"
+
+
+def _json_upto(value: Any, indent: int | None, limit: int) -> tuple[str, bool]:
+    """``value``'s JSON, encoded only until it passes ``limit`` characters: (its first ``limit``
+    characters, whether it was longer)."""
+    chunks, size = [], 0
+    for chunk in json.JSONEncoder(indent=indent, ensure_ascii=False, default=str).iterencode(value):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return "".join(chunks)[:limit], True
+    return "".join(chunks), False
 
 
 def fmt_num(value: float | None, digits: int = 3) -> str:

@@ -12,7 +12,8 @@ The count. A sample's tokens are those of its newest call (prompt + response), s
 is the newest call of a chain extends that chain; a call with no base, or whose base some later call
 already extended (a retried request, a history rewound or edited), starts a chain. Then, as
 ``build_rollout_samples`` does: only the final attempt's calls, only the first ``calls_seen`` of
-them (``metadata.calls_seen``), and a chain whose calls sampled no token is no sample.
+them (``metadata.calls_seen``), no call longer than the run's ``trainer.max_sample_tokens``
+(prompt + response: the trainer drops it), and a chain whose calls sampled no token is no sample.
 
 Where it can differ from the samples a trace (or the trainer) builds: the writer remembers at most
 ``store.chains.MAX_CHAINS`` chains per attempt, so a call extending a chain forgotten behind eight
@@ -39,10 +40,14 @@ class CallLink:
     attempt: int
     base_seq: int | None  # ``prompt_base_seq``: the call whose prompt + response this prompt extends
     sampled: int  # response tokens
+    prompt_len: int = 0  # prompt tokens (``prompt_len``): with ``sampled``, the call's sample length
 
 
-def count_samples(rollout: Rollout, calls: Iterable[CallLink]) -> int:
-    """The samples ``rollout``'s calls make (see the module docstring for where this can differ)."""
+def count_samples(
+    rollout: Rollout, calls: Iterable[CallLink], *, max_sample_tokens: int | None = None
+) -> int:
+    """The samples ``rollout``'s calls make (see the module docstring for where this can differ).
+    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens``; a longer call is dropped."""
     final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
     seen = calls_seen(rollout)
     if seen is not None:
@@ -50,6 +55,8 @@ def count_samples(rollout: Rollout, calls: Iterable[CallLink]) -> int:
     chain_of_newest: dict[int, int] = {}  # the newest call of each chain -> that chain
     sampled_by_chain: list[bool] = []  # whether the chain has a sampled token (else it is no sample)
     for call in final:
+        if max_sample_tokens is not None and call.prompt_len + call.sampled > max_sample_tokens:
+            continue  # dropped; a call extending it is longer still, so dropped too
         chain = chain_of_newest.pop(call.base_seq, None) if call.base_seq is not None else None
         if chain is None:
             chain = len(sampled_by_chain)

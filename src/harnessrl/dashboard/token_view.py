@@ -7,6 +7,11 @@ most ``MAX_TOKENS_SHOWN`` tokens of one sample, ``MAX_TOKENS_PER_PAGE`` tokens o
 of a page (the page says which samples it left out, and ``?sample=K`` shows one alone), at most
 ``MAX_CALL_ROWS`` rows of calls, and a bounded amount of work to find which call broke which chain
 (``call_break_reasons``).
+
+The samples are built as the trainer builds them: with the run's ``trainer.max_sample_tokens``, a
+call longer than it (prompt + response) is dropped, never shown as trained on. Calls the trainer
+refuses (``InvalidBatch``: logprobs that are not one per token, an empty prompt) get no token view:
+the page says why and still shows the calls.
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from harnessrl.dashboard.html import esc, url
+from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Call, Rollout
-from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples
+from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples, calls_seen
 from harnessrl.trajectory.batch import dropped_calls
 
 Decoder = Callable[[int], str]  # token id -> its text
@@ -44,7 +50,9 @@ class BreakReasons:
     total: int = 0
 
 
-def call_break_reasons(rollout: Rollout, calls: Sequence[Call], built: RolloutSamples) -> BreakReasons:
+def call_break_reasons(
+    rollout: Rollout, calls: Sequence[Call], built: RolloutSamples, *, max_sample_tokens: int | None = None
+) -> BreakReasons:
     """``call seq -> reason`` for every call that started a new chain after the first.
 
     ``build_rollout_samples`` only counts breaks, so rebuild the samples from growing prefixes of the
@@ -64,7 +72,7 @@ def call_break_reasons(rollout: Rollout, calls: Sequence[Call], built: RolloutSa
         spent += rebuild_work
         if spent > MAX_BREAK_WORK:
             return BreakReasons(reasons, k, len(final))
-        prefix = build_rollout_samples(rollout, final[: k + 1])
+        prefix = build_rollout_samples(rollout, final[: k + 1], max_sample_tokens=max_sample_tokens)
         added = prefix.breaks - before
         if added:
             reasons[call.seq] = next(iter(added))
@@ -161,11 +169,22 @@ def views_html(built: RolloutSamples, decode: Decoder, breaks: BreakReasons, vie
     return "".join(parts) or '<p class="muted">no samples</p>'
 
 
-def calls_table(calls: Sequence[Call], built: RolloutSamples, breaks: BreakReasons) -> str:
+def calls_table(
+    calls: Sequence[Call],
+    built: RolloutSamples,
+    breaks: BreakReasons,
+    *,
+    oversized: dict[int, int] | None = None,
+) -> str:
+    """The first ``MAX_CALL_ROWS`` calls; ``oversized``: the seq of each call the samples dropped as
+    longer than ``trainer.max_sample_tokens``, and that cap."""
     sample_of = {span.call_seq: s.sample_index for s in built.samples for span in s.spans}
     rows = []
     for call in calls[:MAX_CALL_ROWS]:
         where = f"sample {sample_of[call.seq]}" if call.seq in sample_of else "not in a sample"
+        if oversized and call.seq in oversized:
+            size = len(call.prompt_token_ids) + len(call.response_token_ids)
+            where = f"dropped: {size:,} tokens, over trainer.max_sample_tokens ({oversized[call.seq]:,})"
         reason = breaks.by_call.get(call.seq)
         brk = f' <span class="brk">break: {esc(reason)}</span>' if reason else ""
         took = "" if call.finished_at is None else f"{call.finished_at - call.started_at:.2f}s"
@@ -187,7 +206,9 @@ def calls_table(calls: Sequence[Call], built: RolloutSamples, breaks: BreakReaso
     return f"<table class=calls>{head}{''.join(rows)}</table>{more}"
 
 
-def _summary(built: RolloutSamples, breaks: BreakReasons, rollout: Rollout) -> str:
+def _summary(
+    built: RolloutSamples, breaks: BreakReasons, rollout: Rollout, max_sample_tokens: int | None
+) -> str:
     dropped = dropped_calls(rollout)
     return (
         f"<p>{len(built.samples)} samples · breaks: {esc(dict(built.breaks)) if built.breaks else 'none'}"
@@ -203,6 +224,12 @@ def _summary(built: RolloutSamples, breaks: BreakReasons, rollout: Rollout) -> s
             if built.calls_unseen
             else ""
         )
+        + (
+            f" · calls longer than trainer.max_sample_tokens ({max_sample_tokens:,}), dropped:"
+            f" {built.oversized_calls} ({built.oversized_tokens:,} tokens)"
+            if built.oversized_calls
+            else ""
+        )
         + (f" · calls dropped by the gateway (never recorded): {esc(dict(dropped))}" if dropped else "")
         + "</p>"
     )
@@ -216,10 +243,42 @@ _LEGEND = (
 
 
 def samples_html(
-    rollout: Rollout, calls: Sequence[Call], decode: Decoder, views: TokenViews
+    rollout: Rollout,
+    calls: Sequence[Call],
+    decode: Decoder,
+    views: TokenViews,
+    *,
+    max_sample_tokens: int | None = None,
 ) -> tuple[str, str]:
-    """(calls table, token views) for a rollout."""
-    built = build_rollout_samples(rollout, calls)
-    breaks = call_break_reasons(rollout, calls, built)
-    tokens = _summary(built, breaks, rollout) + _LEGEND + views_html(built, decode, breaks, views)
-    return calls_table(calls, built, breaks), tokens
+    """(calls table, token views) for a rollout, its samples built as the trainer builds them
+    (``max_sample_tokens``: the run's ``trainer.max_sample_tokens``)."""
+    try:
+        built = build_rollout_samples(rollout, calls, max_sample_tokens=max_sample_tokens)
+    except InvalidBatch as exc:  # the trainer refuses these calls too: show them, and why
+        empty = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
+        note = (
+            f'<p><span class="badge b-flag">no samples</span> the trainer refuses these calls: {esc(exc)}</p>'
+        )
+        return calls_table(calls, empty, BreakReasons()), note
+    breaks = call_break_reasons(rollout, calls, built, max_sample_tokens=max_sample_tokens)
+    oversized = _oversized(rollout, calls, max_sample_tokens) if built.oversized_calls else {}
+    tokens = (
+        _summary(built, breaks, rollout, max_sample_tokens)
+        + _LEGEND
+        + views_html(built, decode, breaks, views)
+    )
+    return calls_table(calls, built, breaks, oversized=oversized), tokens
+
+
+def _oversized(rollout: Rollout, calls: Sequence[Call], cap: int | None) -> dict[int, int]:
+    """``seq -> cap`` of the calls ``build_rollout_samples`` dropped as longer than ``cap``: those of
+    the final attempt the evaluator saw (``calls_seen``) whose prompt + response pass it."""
+    if cap is None:
+        return {}
+    final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
+    seen = calls_seen(rollout)
+    return {
+        c.seq: cap
+        for c in (final if seen is None else final[:seen])
+        if len(c.prompt_token_ids) + len(c.response_token_ids) > cap
+    }

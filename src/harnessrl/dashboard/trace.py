@@ -16,7 +16,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from harnessrl.dashboard.conversation import conversation_html
+from harnessrl.dashboard.conversation import MAX_JSON_CHARS, conversation_html
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, trace_path, url
 from harnessrl.dashboard.logs import LogFile
 from harnessrl.dashboard.token_view import MAX_TOKENS_PER_PAGE, Decoder, TokenViews, samples_html
@@ -57,9 +57,10 @@ def evaluation_html(rollout: Rollout) -> str:
         ("error", f"<pre>{esc(rollout.error)}</pre>" if rollout.error else ""),
     ]
     table = "".join(f"<tr><td>{k}</td><td>{v}</td></tr>" for k, v in rows if v)
-    return (
-        f'<table class="kv">{table}</table><h3>evaluator output</h3>{pretty_json(meta.get("evaluation", {}))}'
-    )
+    # Cut as the conversation's JSON is: a scorer's JSON verdict (up to 1 MiB, 32 deep) may carry what
+    # the policy wrote, and indented it grew 30-fold.
+    evaluation = pretty_json(meta.get("evaluation", {}), limit=MAX_JSON_CHARS)
+    return f'<table class="kv">{table}</table><h3>evaluator output</h3>{evaluation}'
 
 
 def _when_rows(rollout: Rollout) -> list[tuple[str, str]]:
@@ -143,11 +144,13 @@ def trace_body(
     tool_requests: Sequence[ToolRequest] = (),
     tool_requests_total: int | None = None,
     sample: int | None = None,
+    max_sample_tokens: int | None = None,
 ) -> str:
     """The trace page of ``rollout``; ``sample``: show that sample's token view alone.
-    ``tool_requests``: the first of the rollout's tool requests, ``tool_requests_total`` of them."""
+    ``tool_requests``: the first of the rollout's tool requests, ``tool_requests_total`` of them.
+    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens`` (its samples are built with it)."""
     views = TokenViews(trace_url=_trace_url(prefix, rollout), only=sample)
-    calls_tbl, token_views = samples_html(rollout, calls, decode, views)
+    calls_tbl, token_views = samples_html(rollout, calls, decode, views, max_sample_tokens=max_sample_tokens)
     return (
         f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>"
         f"{_summary(rollout, prefix, logs)}"
@@ -170,7 +173,13 @@ def _trace_url(prefix: str, rollout: Rollout) -> str:
     return trace_path(prefix, rollout.rollout_id)
 
 
-def compare_body(pairs: list[tuple[Rollout, list[Call]]], decode: Decoder, prefix: str) -> str:
+def compare_body(
+    pairs: list[tuple[Rollout, list[Call]]],
+    decode: Decoder,
+    prefix: str,
+    caps: dict[str, int] | None = None,
+) -> str:
+    """Two rollouts side by side; ``caps``: each run's ``trainer.max_sample_tokens`` by run id."""
     a, b = pairs[0][0], pairs[1][0]
     warn = (
         ""
@@ -181,7 +190,8 @@ def compare_body(pairs: list[tuple[Rollout, list[Call]]], decode: Decoder, prefi
     for rollout, calls in pairs:
         # Each side gets half the page's token budget, so a compare page is no larger than a trace.
         views = TokenViews(trace_url=_trace_url(prefix, rollout), budget=MAX_TOKENS_PER_PAGE // 2)
-        _, tokens = samples_html(rollout, calls, decode, views)
+        cap = (caps or {}).get(rollout.run_id) if rollout.run_id is not None else None
+        _, tokens = samples_html(rollout, calls, decode, views, max_sample_tokens=cap)
         cols.append(
             f'<div class="side"><h2><a href="{esc(_trace_url(prefix, rollout))}">'
             f"{esc(rollout.rollout_id)}</a> {result_badge(rollout.reward, rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
