@@ -12,6 +12,8 @@ from harnessrl.controller.base import HarnessSpec
 from harnessrl.environments.config import EnvironmentConfig, is_reference
 from harnessrl.environments.podman import ImageError, qualify
 from harnessrl.environments.recipes import base_images, check_recipe, pin_images, recipe_digest
+from harnessrl.environments.resolve import Environments
+from harnessrl.errors import ConfigError
 
 
 def recipe(tmp_path: Path, text: str) -> tuple[Path, Path]:
@@ -136,6 +138,17 @@ def test_the_digest_covers_what_the_build_reads_and_nothing_else(tmp_path: Path)
     assert recipe_digest(containerfile, context, {}, {"base": "sha256:1"}) != second  # modes
 
 
+def test_the_digest_covers_the_context_s_folders_empty_ones_too(tmp_path: Path):
+    containerfile, context = recipe(tmp_path, "FROM base\nCOPY . /src\n")
+    first = recipe_digest(containerfile, context, {}, {})
+    assert recipe_digest(containerfile, context, {}, {}) == first  # the control: stable
+    (context / "data").mkdir()  # COPY . makes /src/data
+    second = recipe_digest(containerfile, context, {}, {})
+    assert second != first
+    (context / "data").chmod(0o700)  # ... with this mode
+    assert recipe_digest(containerfile, context, {}, {}) != second
+
+
 def test_which_environment_a_task_names():
     config = EnvironmentConfig(field="image_name", images={"swe/a": {"containerfile": "/x/Containerfile"}})
     assert config.name_for({"image_name": "swe/a"}) == "swe/a"
@@ -153,6 +166,32 @@ def test_which_environment_a_task_names():
 
 
 @pytest.mark.parametrize(
+    "value",
+    [
+        "ubuntu:22.04\n",
+        "--privileged",
+        "a/../../b",
+        "ubuntu\x00",
+        "ubuntu:\u00fc",
+        "a" * 300,
+        "a/b:" + "t" * 129,
+    ],
+)
+def test_a_task_naming_no_usable_environment_is_refused_naming_its_field(value: str):
+    environments = Environments(EnvironmentConfig(field="image_name"))
+    task = {"task_id": "t-1", "image_name": value}
+    with pytest.raises(
+        ConfigError, match=r"task 't-1': harness\.environment: task field 'image_name' is "
+    ) as err:
+        environments.reference_for(task)  # a cluster would get it as its Job's image
+    assert "\n" not in str(err.value) and len(str(err.value)) < 400
+    assert not is_reference(value)
+    # The control: the same places take a reference as written.
+    assert environments.reference_for({**task, "image_name": "ubuntu:22.04"}) == "ubuntu:22.04"
+    assert is_reference("registry.local:5000/" + "a" * 234 + ":" + "t" * 128)
+
+
+@pytest.mark.parametrize(
     ("section", "message"),
     [
         ({"images": {"a": {}}}, "exactly one of image, containerfile or debian"),
@@ -160,6 +199,13 @@ def test_which_environment_a_task_names():
         ({"images": {"a": {"image": "Not/Valid Ref"}}}, "not an image reference"),
         ({"images": {"a": {"image": "x", "context": "/c"}}}, "context and build_args go with containerfile"),
         ({"images": {"host": {"image": "x"}}}, "not a usable environment name"),
+        ({"images": {"a\n": {"image": "x"}}}, "not a usable environment name"),
+        (
+            {"images": {"x/../y": {"image": "x"}}},
+            "image name localhost/harnessrl/x-..-y, which podman refuses",
+        ),
+        ({"default": "Not A Reference"}, "default: 'Not A Reference' is neither"),
+        ({"images": {"a": {"debian": {"include": ["python3\n"]}}}}, "not a Debian package name"),
         ({"field": "hidden.image"}, "evaluator-only data"),
         ({"images": {"a": {"debian": {"include": ["python3; rm -rf /"]}}}}, "not a Debian package name"),
         ({"images": {"a": {"debian": {"mirror": "--setup-hook=touch /x"}}}}, "should match pattern"),

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
+import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
-from tests.environments.image_support import TINY, needs_podman, tiny_store, tiny_tar
+from tests.environments.image_support import TINY, empty_store, needs_podman, tiny_store, tiny_tar
 
 from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
 from harnessrl.environments.podman import ImageError, Podman
@@ -279,3 +281,158 @@ def test_environments_close_gives_the_run_s_mounts_back(tiny_store: ImageStore, 
     assert os.path.ismount(root.path)
     environments.close()
     assert not os.path.ismount(root.path) and root.image_id not in tiny_store.podman.mounted_images()
+
+
+def mounting_process(store: ImageStore, built) -> tuple[subprocess.Popen[str], str]:
+    """Another process that mounts ``built`` from ``store``'s folder (as a controller does), says
+    where, and then holds the mount until it is killed."""
+    script = (
+        "import sys\n"
+        "from harnessrl.environments.store import BuiltImage, ImageStore\n"
+        f"store = ImageStore({str(store.folder)!r}, ca_bundle=None)\n"
+        f"root = store.root(BuiltImage('env', {built.reference!r}, {built.image_id!r}, ''))\n"
+        "print(root.path, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    path = process.stdout.readline().strip()
+    assert path and os.path.ismount(path)
+    return process, path
+
+
+@needs_podman
+def test_the_mount_of_a_killed_process_is_given_back_by_the_next_one(tiny_store: ImageStore, tmp_path: Path):
+    built = tiny_store.ensure("env", recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n"))
+    started: list[subprocess.Popen[str]] = []
+
+    def killed_after_mounting() -> str:
+        process, path = mounting_process(tiny_store, built)
+        started.append(process)
+        process.kill()  # SIGKILL: no close(); podman still counts its mount
+        process.wait()
+        return path
+
+    try:
+        alive, path = mounting_process(tiny_store, built)
+        started.append(alive)
+        killed_after_mounting()
+        tiny_store.root(built)
+        tiny_store.close()
+        # The live process's mount is untouched (the control); the killed one's was given back.
+        assert os.path.ismount(path) and built.image_id in tiny_store.podman.mounted_images()
+        alive.kill()
+        alive.wait()
+        tiny_store.root(built)
+        tiny_store.close()
+        assert not os.path.ismount(path) and built.image_id not in tiny_store.podman.mounted_images()
+        # ... and prune does not report the image in use by a run that is gone.
+        killed_after_mounting()
+        report = tiny_store.prune(set())
+        assert report["in_use"] == [] and [r["id"] for r in report["removed"]] == [built.image_id[:12]]
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
+@needs_podman
+def test_an_empty_folder_added_to_the_context_rebuilds_the_image(tiny_store: ImageStore, tmp_path: Path):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY . /app\n")
+    first = tiny_store.ensure("env", env)
+    (tmp_path / "ctx" / "data").mkdir()
+    second = tiny_store.ensure("env", env)
+    assert second.built and second.image_id != first.image_id
+    assert (tiny_store.root(second).path / "app" / "data").is_dir()
+    tiny_store.close()
+
+
+@needs_podman
+def test_a_build_interrupted_by_ctrl_c_leaves_no_process_and_no_container(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    marker = f"spin-{secrets.token_hex(6)}"
+    spin = recipe(
+        tmp_path / "ctx",
+        f'FROM {TINY}\nRUN ["/usr/bin/sh", "-c", "echo started; while :; do :; done # {marker}"]\n',
+    )
+    script = (
+        "from harnessrl.environments.config import ImageRecipe\n"
+        "from harnessrl.environments.store import ImageStore\n"
+        f"store = ImageStore({str(tiny_store.folder)!r}, ca_bundle=None)\n"
+        f"store.ensure('spin', ImageRecipe(containerfile={spin.containerfile!r}))\n"
+    )
+    building = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    try:
+        # Interrupted once the RUN step runs (before it, there would be no step to leave behind).
+        logs = tiny_store.folder / "logs"
+        while not any("started" in log.read_text() for log in logs.glob("spin-*.log")):
+            assert building.poll() is None, building.stderr.read()
+            threading.Event().wait(0.1)
+        building.send_signal(signal.SIGINT)  # Ctrl-C reaches the controller's process group only
+        assert "KeyboardInterrupt" in building.communicate(timeout=120)[1]
+        assert processes_running(marker) == []
+        containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
+        assert json.loads(containers or "[]") == []
+    finally:
+        building.kill()
+        building.wait()
+        for pid in processes_running(marker):  # the old behaviour: never leave a spinning process
+            os.kill(pid, 9)
+
+
+@needs_podman
+def test_mmdebstrap_past_its_timeout_is_killed_with_every_process_it_started(
+    tiny_store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # A stand-in mmdebstrap (the real one needs a Debian mirror) that starts a worker, as the real
+    # one starts apt and dpkg, and waits for it.
+    marker = f"apt-{secrets.token_hex(6)}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mmdebstrap").write_text(
+        f'#!/bin/sh\n/usr/bin/sh -c "while :; do sleep 1; done # {marker}" &\necho started\nwait\n'
+    )
+    (bin_dir / "mmdebstrap").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    tiny_store.build_timeout_s = 5
+    try:
+        with pytest.raises(ImageError, match="mmdebstrap ran over 5 s"):
+            tiny_store.ensure("deb", ImageRecipe(debian={"suite": "bookworm"}))
+        assert "started" in next((tiny_store.folder / "logs").glob("deb-*.log")).read_text()
+        assert processes_running(marker) == []
+        assert list((tiny_store.folder / "tmp").iterdir()) == []
+    finally:
+        for pid in processes_running(marker):  # the old behaviour: never leave the worker running
+            os.kill(pid, 9)
+
+
+@needs_podman
+def test_a_store_podman_cannot_read_is_an_error_not_a_missing_image(tmp_path: Path):
+    missing = ImageRecipe(image="localhost/x:1")
+    good = ImageStore(tmp_path / "good", ca_bundle=None)
+    broken = ImageStore(tmp_path / "broken", ca_bundle=None)
+    broken.folder.mkdir()
+    (broken.folder / "storage").write_text("")  # podman cannot make its storage there
+    try:
+        with pytest.raises(ImageError, match="'localhost/x:1' does not exist in the image store"):
+            good.ensure("x", missing)  # the control: a store that works, without the image
+        with pytest.raises(ImageError, match="podman image exists localhost/x:1 failed") as err:
+            broken.ensure("x", missing)
+        assert "not a directory" in str(err.value) and "does not exist in the image store" not in str(
+            err.value
+        )
+    finally:
+        empty_store(good)
+        shutil.rmtree(broken.podman.runroot, ignore_errors=True)  # it holds no image to remove
+
+
+@needs_podman
+def test_a_store_folder_with_a_quote_in_its_path_works(tmp_path: Path):
+    store = ImageStore(tmp_path / 'my "images"', ca_bundle=None)
+    try:
+        store.podman.import_tar(tiny_tar(tmp_path / "tiny.tar"), TINY, labels={})
+        assert store.podman.exists(TINY) and store.podman.graphroot.is_dir()
+    finally:
+        empty_store(store)

@@ -28,11 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from harnessrl.tasks.fields import HIDDEN, get_field
 
 HOST = "host"  # the environment of a task that names none: the host's own system folders
-# An image reference as podman takes it: [registry/]name[:tag][@digest], lower-case name.
+# An image reference as podman takes it: [registry/]name[:tag][@digest], lower-case name. Matched
+# whole (``fullmatch``: a "$" let a trailing newline through) and in ASCII (a tag is [A-Za-z0-9_.-]).
 _REFERENCE = re.compile(
-    r"^[a-z0-9]+(?:(?:[._]|__|-+|/)[a-z0-9]+)*(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?$"
+    r"[a-z0-9]+(?:(?:[._]|__|-+|/)[a-z0-9]+)*(?::[\w][\w.-]{0,127})?(?:@sha256:[0-9a-f]{64})?", re.ASCII
 )
 _PORTED = re.compile(r"^[a-z0-9][a-z0-9.-]*(?::\d+)?/")
+_NAME_MAX = 255  # Docker's limit on a reference's name (registry and path, without tag or digest)
 
 
 def slug(name: str) -> str:
@@ -44,7 +46,15 @@ def slug(name: str) -> str:
 def is_reference(value: str) -> bool:
     """Whether ``value`` looks like an image reference (``name``, ``registry:5000/a/b:tag``...)."""
     rest = _PORTED.sub("", value, count=1) if "/" in value else value
-    return bool(_REFERENCE.match(rest))
+    if not _REFERENCE.fullmatch(rest):
+        return False
+    head, slash, last = value.partition("@")[0].rpartition("/")
+    return len(head + slash + last.partition(":")[0]) <= _NAME_MAX
+
+
+def shown(value: str, limit: int = 100) -> str:
+    """``value`` as an error message shows it: quoted, and cut when it is long."""
+    return repr(value) if len(value) <= limit else repr(value[:limit]) + f"... ({len(value)} characters)"
 
 
 class DebianBase(BaseModel):
@@ -67,7 +77,7 @@ class DebianBase(BaseModel):
     @classmethod
     def _package_names(cls, value: list[str]) -> list[str]:
         for name in value:
-            if not re.match(r"^[a-z0-9][a-z0-9.+-]+(?::[a-z0-9]+)?(?:=[\w.:~+-]+)?$", name):
+            if not re.fullmatch(r"[a-z0-9][a-z0-9.+-]+(?::[a-z0-9]+)?(?:=[\w.:~+-]+)?", name, re.ASCII):
                 raise ValueError(f"{name!r} is not a Debian package name")
         return value
 
@@ -150,8 +160,13 @@ class EnvironmentConfig(BaseModel):
     @classmethod
     def _names(cls, value: dict[str, ImageRecipe]) -> dict[str, ImageRecipe]:
         for name in value:
-            if name == HOST or not re.match(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$", name):
+            if name == HOST or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/-]{0,127}", name):
                 raise ValueError(f"images: {name!r} is not a usable environment name")
+            if not is_reference(f"localhost/harnessrl/{slug(name)}:latest"):
+                raise ValueError(
+                    f"images: {name!r} would make the image name localhost/harnessrl/{slug(name)}, "
+                    "which podman refuses (no '..', '___' or '.-'); rename it"
+                )
         # Two names with one image name would share localhost/harnessrl/<slug>:latest.
         by_slug: dict[str, str] = {}
         for name in value:
@@ -162,6 +177,16 @@ class EnvironmentConfig(BaseModel):
                     f"localhost/harnessrl/{slug(name)}; rename one"
                 )
         return value
+
+    @model_validator(mode="after")
+    def _default_usable(self) -> EnvironmentConfig:
+        default = self.default
+        if default and default != HOST and default not in self.images and not is_reference(default):
+            raise ValueError(
+                f"default: {shown(default)} is neither an environment configured in images nor an image "
+                "reference"
+            )
+        return self
 
     def name_for(self, task: dict[str, Any]) -> str:
         """The environment a task names: a key of ``images``, an image reference, or ``"host"``."""
@@ -175,6 +200,11 @@ class EnvironmentConfig(BaseModel):
             raise ValueError(
                 f"task field {self.field!r} must be a string naming an environment, got {value!r}"
             )
+        if value != HOST and value not in self.images and not is_reference(value):
+            raise ValueError(
+                f"task field {self.field!r} is {shown(value)}: neither an environment configured in "
+                "harness.environment.images nor an image reference"
+            )
         return value
 
     def recipe_for(self, name: str) -> ImageRecipe | None:
@@ -186,6 +216,7 @@ class EnvironmentConfig(BaseModel):
             return self.images[name]
         if not is_reference(name):
             raise ValueError(
-                f"environment {name!r} is neither configured in harness.environment.images nor an image reference"
+                f"environment {shown(name)} is neither configured in harness.environment.images nor an "
+                "image reference"
             )
         return ImageRecipe(image=name)

@@ -16,9 +16,10 @@ A short name is qualified with Docker's rule before podman sees it (``qualify``:
 SWE-smith ``image_name`` works and a local lookup of ``foo:1`` never matches ``quay.io/x/foo:1``
 (podman matches a short name against every registry's images).
 
-A command that runs past its timeout is killed with everything it started (``podman build`` runs
-``RUN`` steps in processes of their own session, which outlive the client), and a build's leftover
-working container is removed (``PodmanTimeout`` says which overlay layers the killed steps ran on).
+A command that runs past its timeout, or is interrupted (Ctrl-C), is killed with everything it
+started (``podman build`` runs ``RUN`` steps in processes of their own session, which outlive the
+client), and a build's leftover working container is removed (``kill_tree`` says which overlay
+layers the killed steps ran on).
 
 Errors are ``ImageError`` (a ``ConfigError``: the run refuses to start) carrying the tail of the
 tool's output.
@@ -33,7 +34,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,8 +74,14 @@ def qualify(reference: str) -> str:
     return f"docker.io/{reference}" if slash else f"docker.io/library/{reference}"
 
 
+def _toml_str(value: str) -> str:
+    """A TOML basic string (JSON's escapes are TOML's): a store path with a quote or a backslash
+    stays one value."""
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _toml_list(items: Sequence[str]) -> str:
-    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+    return "[" + ", ".join(_toml_str(i) for i in items) + "]"
 
 
 def podman_problem() -> str | None:
@@ -107,10 +114,11 @@ class Podman:
                 f'runtime = "{RUNTIME}"\n'
                 'cgroup_manager = "cgroupfs"\n'
                 'events_logger = "file"\n'
-                f'tmp_dir = "{self.runroot / "libpod"}"\n'
+                f"tmp_dir = {_toml_str(str(self.runroot / 'libpod'))}\n"
             ),
             "storage.conf": (
-                f'[storage]\ndriver = "overlay"\ngraphroot = "{self.graphroot}"\nrunroot = "{self.runroot}"\n'
+                '[storage]\ndriver = "overlay"\n'
+                f"graphroot = {_toml_str(str(self.graphroot))}\nrunroot = {_toml_str(str(self.runroot))}\n"
             ),
             "registries.conf": "unqualified-search-registries = []\n",
         }
@@ -148,8 +156,11 @@ class Podman:
         stdin: Any = subprocess.DEVNULL,
         what: str = "",
         env: Mapping[str, str] | None = None,
+        on_kill: Callable[[frozenset[str]], None] | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        """One podman command. In a session of its own, so that a timeout kills all it started."""
+        """One podman command. In a session of its own, so that a timeout kills all it started.
+        ``on_kill`` is called with the overlay layers the killed processes ran on, when a timeout or
+        an interruption (Ctrl-C) killed the command."""
         try:
             process = subprocess.Popen(
                 [self.binary, *args],
@@ -167,11 +178,15 @@ class Podman:
         except subprocess.TimeoutExpired as exc:
             layers = kill_tree(process)
             process.communicate()
+            if on_kill is not None:
+                on_kill(layers)
             raise PodmanTimeout(
                 f"{what or 'podman ' + args[0]}: no answer after {timeout:g} s", layers
             ) from exc
         except BaseException:
-            kill_tree(process)  # interrupted (Ctrl-C): nothing of it keeps running
+            layers = kill_tree(process)  # interrupted (Ctrl-C): nothing of it keeps running
+            if on_kill is not None:
+                on_kill(layers)
             raise
         done = subprocess.CompletedProcess(process.args, process.returncode, out, err)
         if check and done.returncode != 0:
@@ -180,7 +195,13 @@ class Podman:
         return done
 
     def exists(self, ref: str) -> bool:
-        return self.run("image", "exists", qualify(ref), check=False).returncode == 0
+        """Whether the image is here. podman's other answers (a store it cannot read) are errors, not
+        "not here": that would send a recipe to be built and an image to be pulled."""
+        done = self.run("image", "exists", qualify(ref), check=False)
+        if done.returncode not in (0, 1):
+            tail = ((done.stderr or "") + (done.stdout or ""))[-2000:].strip()
+            raise ImageError(f"podman image exists {ref} failed ({done.returncode}): {tail}")
+        return done.returncode == 0
 
     def inspect(self, ref: str) -> dict[str, Any]:
         """``podman image inspect`` of one image (its ``Id``, ``Config``, ``Labels``, ``Size``...)."""
@@ -231,18 +252,16 @@ class Podman:
             ) as scratch,
             log.open("w") as out,
         ):
-            try:
-                done = self.run(
-                    *args,
-                    timeout=timeout,
-                    check=False,
-                    stdout=out,
-                    what="podman build",
-                    env={"TMPDIR": scratch},
-                )
-            except PodmanTimeout as exc:
-                self.remove_containers_on(exc.layers)
-                raise
+            # Killed (past its timeout, or Ctrl-C): the working containers its RUN steps ran in go too.
+            done = self.run(
+                *args,
+                timeout=timeout,
+                check=False,
+                stdout=out,
+                what="podman build",
+                env={"TMPDIR": scratch},
+                on_kill=self.remove_containers_on,
+            )
         if done.returncode != 0:
             raise ImageError(f"podman build exited {done.returncode}:\n{log_tail(log)}")
 

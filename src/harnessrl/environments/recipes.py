@@ -4,9 +4,10 @@ A recipe is a Containerfile (Dockerfile syntax) and its context folder. ``check_
 before anything is built, a recipe that would read outside its context: a ``COPY``/``ADD`` source
 or a ``RUN --mount`` source that is absolute or climbs out with ``..``, and a symlink in the context
 that leads out of it. ``recipe_digest`` hashes everything the build reads (the Containerfile, every
-file of the context with its mode and link targets, the build arguments, and the ids of the images
-it reads: those it starts ``FROM`` and those it copies from, ``COPY --from=<image>`` and ``RUN
---mount=from=<image>``), so an image is rebuilt exactly when one of them changed.
+file and folder of the context with its mode and link targets, empty folders too, the build
+arguments, and the ids of the images it reads: those it starts ``FROM`` and those it copies from,
+``COPY --from=<image>`` and ``RUN --mount=from=<image>``), so an image is rebuilt exactly when one
+of them changed.
 
 ``FROM ${NAME}`` takes the value of an ``ARG NAME[=default]`` declared before the first ``FROM``
 (a ``build_args`` entry wins over the default), as podman does; a variable with no value is
@@ -221,13 +222,17 @@ def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:
 def recipe_digest(
     containerfile: Path, context: Path, build_args: Mapping[str, str], base_ids: Mapping[str, str]
 ) -> str:
-    """sha256 over what the build reads (see the module docstring), hex."""
+    """sha256 over what the build reads (see the module docstring), hex. Folders count too, empty
+    ones included (``COPY . /app`` makes them, with their modes)."""
     h = hashlib.sha256()
-    h.update(b"harnessrl-recipe-1\0")
+    h.update(b"harnessrl-recipe-2\0")
     h.update(containerfile.read_bytes())
     h.update(json.dumps({"args": dict(build_args), "bases": dict(base_ids)}, sort_keys=True).encode())
     for folder, dirs, files in sorted(os.walk(context)):
         dirs.sort()
+        info = Path(folder).lstat()
+        rel = Path(folder).relative_to(context).as_posix()
+        h.update(f"\0{rel}/\0{stat.S_IMODE(info.st_mode):o}\0".encode())
         for name in sorted(files + [d for d in dirs if (Path(folder) / d).is_symlink()]):
             path = Path(folder) / name
             rel = path.relative_to(context).as_posix()
