@@ -445,3 +445,35 @@ def test_finding_chains_compares_a_prompt_with_a_few_chains_not_all_of_them():
         assert len(built.samples) == n and built.breaks == {"new_context": n - 1}
         compared = count_calls(common_prefix, lambda c=c: build_rollout_samples(rollout(), c.calls))
         assert compared <= 4 * n, compared  # comparing with every chain made 1,829
+
+
+def test_calls_sharing_nothing_are_classified_without_scanning_every_chain(monkeypatch):
+    """A rollout whose prompts share no first token (each call a new chain): classifying each break
+    scanned every chain for the latest touched, O(calls^2) per rollout (20k calls: 11 s on the
+    trainer and the dashboard's trace page). Counted here by the chains' ``last_touched`` reads,
+    not timed: a few per call now, one per chain per call before."""
+    import harnessrl.trajectory.samples as samples_module
+
+    reads = 0
+
+    class Counted(samples_module._Chain):
+        def __getattribute__(self, name):  # noqa: ANN001, ANN204
+            nonlocal reads
+            if name == "last_touched":
+                reads += 1
+            return object.__getattribute__(self, name)
+
+    real_new_chain = samples_module._new_chain
+
+    def new_chain(call, order):  # noqa: ANN001, ANN202
+        chain = real_new_chain(call, order)
+        return Counted(**{f: getattr(chain, f) for f in chain.__dataclass_fields__})
+
+    monkeypatch.setattr(samples_module, "_new_chain", new_chain)
+    calls = Calls()
+    n = 400
+    for i in range(n):
+        calls.add([1000 + i, 2], [5])
+    result = build_rollout_samples(rollout(), calls.calls)
+    assert len(result.samples) == n and sum(result.breaks.values()) == n - 1
+    assert reads <= 4 * n, reads  # before: ~n^2 / 2 (80,000 here)

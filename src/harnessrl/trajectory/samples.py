@@ -227,6 +227,7 @@ class _Chains:
     def __init__(self) -> None:
         self.started: list[_Chain] = []
         self._ordered: list[_Chain] = []
+        self._latest: _Chain | None = None  # the chain touched last (the highest ``last_touched``)
 
     def __bool__(self) -> bool:
         return bool(self.started)
@@ -234,6 +235,7 @@ class _Chains:
     def add(self, chain: _Chain) -> None:
         self.started.append(chain)
         bisect.insort_right(self._ordered, chain, key=_tokens)
+        self._latest = chain
 
     def extend(self, chain: _Chain, context: Sequence[int], call: Call, order: int) -> None:
         """Append ``context`` (mask 0) and ``call``'s response to ``chain``."""
@@ -247,6 +249,7 @@ class _Chains:
         chain.loss_mask.extend([0] * len(context))
         chain.behaviour_logprobs.extend([0.0] * len(context))
         _append_response(chain, call, order)
+        self._latest = chain
         if not alone:
             bisect.insort_right(self._ordered, chain, key=_tokens)
 
@@ -277,6 +280,10 @@ class _Chains:
         # more tokens than the neighbour between them does.
         i = bisect.bisect_left(ordered, prompt, key=_tokens)
         p = max(common_prefix(prompt, ordered[j].input_ids) for j in (i - 1, i) if 0 <= j < len(ordered))
+        if p == 0 and self._latest is not None:
+            # Every chain shares nothing: the run below would be all of them, scanned per call, which
+            # made a rollout of calls whose prompts share no first token O(calls^2) (20k calls: 11 s).
+            return self._latest, 0
         # Every chain that starts with prompt[:p] shares exactly p tokens: a contiguous run, whose
         # latest touched is found by comparing integers (``last_touched``), not tokens.
         shared = prompt[:p]
