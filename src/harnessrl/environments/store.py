@@ -15,12 +15,9 @@ a lock file per digest. A failed build raises an ``ImageError`` naming the envir
 tail of the build's log (kept in ``<store>/logs/``). ``root(built)`` mounts the image read-only and
 returns the ``ImageRoot`` a sandbox runs on; ``close()`` gives the mounts back.
 
-podman counts an image's mounts in its run state, so a process that dies without ``close()`` (SIGKILL,
-OOM) would keep its mount counted for good: no later ``close()`` brings the count to zero, and prune
-reports the image ``in_use`` until a reboot. Each mount is therefore recorded beside podman's run
-state (``<runroot>/harnessrl-mounts/<image id>.<pid>.<start time>.<token>``, a tmpfs that a reboot
-empties together with podman's counts), and ``root()`` and ``prune()`` first give back the mounts of
-processes that are gone (``_give_back_stale``).
+A process that dies without ``close()`` (SIGKILL, OOM) would keep its mounts counted by podman for
+good: ``root()`` and ``prune()`` first give back the mounts of processes that are gone
+(``mounts.MountRecords``). Debian bases are made by ``debian.make_debian_base``.
 
 Every ``ensure`` tags the image it returns ``localhost/harnessrl/<name>:latest``: the default prune
 keeps those, and never removes an image mounted by a process (a run using it).
@@ -32,9 +29,6 @@ import contextlib
 import fcntl
 import os
 import re
-import secrets
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -44,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.environments.config import EnvironmentConfig, ImageRecipe, slug
-from harnessrl.environments.podman import ImageError, Podman, log_tail
-from harnessrl.environments.processes import kill_tree
+from harnessrl.environments.debian import make_debian_base
+from harnessrl.environments.mounts import MountRecords
+from harnessrl.environments.podman import ImageError, Podman
 from harnessrl.environments.recipes import (
     base_images,
     check_recipe,
@@ -104,8 +99,7 @@ class ImageStore:
         self.allow_pull = pull
         self._roots: dict[str, ImageRoot] = {}
         self._lock = threading.Lock()
-        # This store's mount records (``_record``): one per image it holds mounted.
-        self._token = secrets.token_hex(4)
+        self._mounts = MountRecords(self.podman)  # one record per image this store holds mounted
 
     @classmethod
     def from_config(cls, config: EnvironmentConfig) -> ImageStore:
@@ -346,85 +340,19 @@ class ImageStore:
         )
 
     def _mmdebstrap(self, name: str, recipe: ImageRecipe, digest: str, reference: str, where: str) -> None:
-        debian = recipe.debian
-        assert debian is not None  # invariant: the caller checked the kind
-        if shutil.which("mmdebstrap") is None:
-            raise ImageError(f"{where}: mmdebstrap is not installed (Debian: apt-get install mmdebstrap)")
-        log = self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log"
-        log.parent.mkdir(parents=True, exist_ok=True)
-        tmp_root = self.folder / "tmp"
-        tmp_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
-            tar = Path(tmp) / "rootfs.tar"
-            argv = ["mmdebstrap", f"--variant={debian.variant}"]
-            if debian.include:
-                argv.append("--include=" + ",".join(debian.include))
-            # "--": the positional arguments are never read as options (a mirror of
-            # "--setup-hook=..." would run a command as root).
-            argv += ["--", debian.suite, str(tar), debian.mirror]
-            env = dict(os.environ)
-            if os.geteuid() == 0 and shutil.which("unshare"):
-                # As root mmdebstrap mounts /proc, /sys and /dev into its chroot: in a mount namespace
-                # of its own, those mounts go with its processes when they are killed, and its
-                # temporary folders (in ours) are plain files, removed with this folder.
-                argv = ["unshare", "--mount", "--propagation", "private", "--", *argv]
-                env["TMPDIR"] = tmp
-            with log.open("w") as out:
-                # A session of its own: past the timeout (or on Ctrl-C) it is killed with every
-                # process it started (apt, dpkg in the chroot).
-                process = subprocess.Popen(
-                    argv,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL,
-                    env=env,
-                    start_new_session=True,
-                )
-                try:
-                    returncode = process.wait(timeout=self.build_timeout_s)
-                except subprocess.TimeoutExpired as exc:
-                    kill_tree(process)
-                    raise ImageError(
-                        f"{where}: mmdebstrap ran over {self.build_timeout_s:g} s (log: {log})"
-                    ) from exc
-                except BaseException:
-                    kill_tree(process)
-                    raise
-            if returncode != 0:
-                raise ImageError(
-                    f"{where}: making the Debian base {reference} failed (mmdebstrap exited "
-                    f"{returncode}; log: {log}):\n{log_tail(log)}"
-                )
-            self.podman.import_tar(tar, reference, labels={LABEL_RECIPE: digest, LABEL_NAME: name})
+        assert recipe.debian is not None  # invariant: the caller checked the kind
+        make_debian_base(
+            self.podman,
+            recipe.debian,
+            reference,
+            labels={LABEL_RECIPE: digest, LABEL_NAME: name},
+            log=self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log",
+            tmp_root=self.folder / "tmp",
+            timeout_s=self.build_timeout_s,
+            where=where,
+        )
 
     # -- running -----------------------------------------------------------------------------------
-    @property
-    def _records(self) -> Path:
-        """Where this store's processes record the mounts they hold (beside podman's run state)."""
-        return self.podman.runroot / "harnessrl-mounts"
-
-    def _record(self, image_id: str) -> Path:
-        return self._records / f"{image_id}.{os.getpid()}.{_started(os.getpid())}.{self._token}"
-
-    def _give_back_stale(self) -> None:
-        """Unmount once for every mount recorded by a process that is gone (killed before ``close``).
-        A record is claimed by removing it, so two processes never give the same mount back twice."""
-        try:
-            records = list(self._records.iterdir())
-        except OSError:
-            return
-        for record in records:
-            image_id, _, rest = record.name.partition(".")
-            pid, _, rest = rest.partition(".")
-            started, _, _ = rest.partition(".")
-            if pid.isdigit() and _started(int(pid)) == started:
-                continue  # its process is alive: its mount is in use
-            try:
-                record.unlink()
-            except FileNotFoundError:
-                continue  # another process gave it back meanwhile
-            self.podman.unmount(image_id, force=False)
-
     def root(self, built: BuiltImage) -> ImageRoot:
         """The image mounted read-only on this machine, as a sandbox root (mounted once per process
         and store, until ``close``)."""
@@ -433,15 +361,11 @@ class ImageStore:
             known = self._roots.get(built.image_id)
             if known is not None and os.path.ismount(known.path):
                 return known
-            self._give_back_stale()
+            self._mounts.give_back_stale()
             info = self.podman.inspect(built.image_id)
             config = info.get("Config") or {}
             path = self.podman.mount(built.image_id)
-            # Recorded after the mount: a process killed in between leaves one mount counted, never
-            # a record that would give back someone else's.
-            record = self._record(built.image_id)
-            record.parent.mkdir(parents=True, exist_ok=True)
-            record.touch()
+            self._mounts.add(built.image_id)  # after the mount (``MountRecords.add``)
             root = ImageRoot(
                 path=path,
                 name=built.reference,
@@ -458,9 +382,7 @@ class ImageStore:
         with self._lock:
             roots, self._roots = self._roots, {}
         for image_id in roots:
-            # The record goes first: a process killed in between leaves one mount counted, never a
-            # record that would make another process unmount again.
-            self._record(image_id).unlink(missing_ok=True)
+            self._mounts.remove(image_id)  # before the unmount (``MountRecords.remove``)
             self.podman.unmount(image_id, force=False)
 
     @property
@@ -510,7 +432,7 @@ class ImageStore:
         if not self.exists:
             return {"removed": [], "in_use": [], "freed_bytes": 0, "store_bytes": 0}
         before = folder_bytes(self.podman.graphroot)
-        self._give_back_stale()  # an image mounted only by a run that was killed is not in use
+        self._mounts.give_back_stale()  # an image mounted only by a run that was killed is not in use
         mounted = self.podman.mounted_images() if keep is not None else set()
         removed, in_use = [], []
         for row in self.list():
@@ -531,18 +453,6 @@ class ImageStore:
             "freed_bytes": max(0, before - after),
             "store_bytes": after,
         }
-
-
-def _started(pid: int) -> str:
-    """A process's start time (clock ticks since boot, ``/proc/<pid>/stat``), "" when it is gone (or a
-    zombie: dead, not yet reaped): with the pid, it names one process (a pid is reused, its start time
-    is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return "" if fields[0] in ("Z", "X") else fields[19]
-    except (OSError, ValueError, IndexError):
-        return ""
 
 
 def folder_bytes(folder: Path) -> int:
