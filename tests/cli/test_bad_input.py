@@ -240,6 +240,14 @@ def test_images_commands_name_a_store_that_is_not_there(tmp_path, command):
     assert not missing.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_images_prune_with_keep_and_all_is_one_error_line(tmp_path):
+    """Refused with typer's usage box before (a ``BadParameter`` raised in the command's body)."""
+    (tmp_path / "keep.toml").write_text("")
+    result = invoke("images", "prune", "--keep", str(tmp_path / "keep.toml"), "--all")
+    refused(result, "harnessrl: error: --keep and --all")
+    assert "Usage" not in result.output
+
+
 @pytest.mark.parametrize("key", ["ключ", "two words"])
 def test_gateway_refuses_an_admin_key_no_header_can_carry(tmp_path, busy_port, monkeypatch, key):
     """An HTTP header carries bytes: a non-ASCII key arrived as other characters than the config's

@@ -230,7 +230,7 @@ def test_prune_keep_and_all_in_a_store_of_its_own(tmp_path: Path):
     # FROM scratch recipes need no base: a private store, emptied and removed at the end.
     store_dir = tmp_path / "store"
     images = {}
-    for name in ("keep-me", "drop-me"):
+    for name in ("keep-me", "drop-me", "by-ref"):
         context = tmp_path / name
         context.mkdir()
         (context / "token").write_text(secrets.token_hex(8))
@@ -239,9 +239,6 @@ def test_prune_keep_and_all_in_a_store_of_its_own(tmp_path: Path):
     config = tmp_path / "both.toml"
     config.write_text('[harness]\ncommand = ["true"]\n\n' + environment_toml({"images": images}))
     keep = tmp_path / "keep.toml"
-    keep.write_text(
-        '[harness]\ncommand = ["true"]\n\n' + environment_toml({"images": {"keep-me": images["keep-me"]}})
-    )
     store = ImageStore(store_dir)
     try:
         built = subprocess.run(
@@ -250,7 +247,14 @@ def test_prune_keep_and_all_in_a_store_of_its_own(tmp_path: Path):
             text=True,
         )
         assert built.returncode == 0, built.stderr[-2000:]
-        assert {row["name"] for row in store.list()} == {"keep-me", "drop-me"}
+        # Progress on stderr, naming each environment and where its build log goes.
+        for name in ("keep-me", "drop-me", "by-ref"):
+            assert f"{name}: building or finding (build logs: {store_dir / 'logs'})" in built.stderr
+        assert {row["name"] for row in store.list()} == {"keep-me", "drop-me", "by-ref"}
+        rows = {row["name"]: row for row in map(json.loads, built.stdout.splitlines()) if "name" in row}
+        # "by-ref" kept through an ``image`` reference to harnessrl's own build: was removed.
+        keep_images = {"keep-me": images["keep-me"], "by-ref": {"image": rows["by-ref"]["reference"]}}
+        keep.write_text('[harness]\ncommand = ["true"]\n\n' + environment_toml({"images": keep_images}))
         before = store.disk_usage()["store_bytes"]
         kept = subprocess.run(
             [*HARNESSRL, "images", "prune", "--store", str(store_dir), "--keep", str(keep)],
@@ -259,14 +263,14 @@ def test_prune_keep_and_all_in_a_store_of_its_own(tmp_path: Path):
             check=True,
         )
         assert [r["name"] for r in json.loads(kept.stdout)["removed"]] == ["drop-me"]
-        assert {row["name"] for row in store.list()} == {"keep-me"}
+        assert {row["name"] for row in store.list()} == {"keep-me", "by-ref"}
         emptied = subprocess.run(
             [*HARNESSRL, "images", "prune", "--store", str(store_dir), "--all"],
             capture_output=True,
             text=True,
             check=True,
         )
-        assert [r["name"] for r in json.loads(emptied.stdout)["removed"]] == ["keep-me"]
+        assert sorted(r["name"] for r in json.loads(emptied.stdout)["removed"]) == ["by-ref", "keep-me"]
         assert store.list() == [] and store.disk_usage()["store_bytes"] <= before
     finally:
         store.prune(None)

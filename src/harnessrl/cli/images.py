@@ -9,7 +9,11 @@ images. Every command prints JSON; errors exit with status 2.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -81,6 +85,34 @@ def _usable(store: Path | None) -> Path | None:
     return store
 
 
+#: How often ``images build`` says on stderr that a build is still going.
+PROGRESS_EVERY_S = 30.0
+
+
+@contextlib.contextmanager
+def _progress(name: str, logs: Path, every_s: float = PROGRESS_EVERY_S) -> Iterator[None]:
+    """Say on stderr which environment is being built or found and where its log is, then every
+    ``every_s`` while it lasts: a build takes minutes, and stdout has its JSON line only at the end."""
+    typer.echo(f"harnessrl images: {name}: building or finding (build logs: {logs})", err=True)
+    started = time.monotonic()
+    done = threading.Event()
+
+    def report() -> None:
+        while not done.wait(every_s):
+            typer.echo(
+                f"harnessrl images: {name}: still building after {time.monotonic() - started:.0f} s",
+                err=True,
+            )
+
+    reporter = threading.Thread(target=report, daemon=True)
+    reporter.start()
+    try:
+        yield
+    finally:
+        done.set()
+        reporter.join()
+
+
 @app.command("build")
 def build_command(
     config_path: Annotated[Path, typer.Argument(metavar="CONFIG", help="A rollout or training config")],
@@ -107,7 +139,8 @@ def build_command(
             )
         built = []
         for name in names:
-            image = images.ensure(name, config.images[name], recipes=config.images)
+            with _progress(name, images.folder / "logs"):
+                image = images.ensure(name, config.images[name], recipes=config.images)
             row = {
                 "name": name,
                 "reference": image.reference,
@@ -165,10 +198,11 @@ def prune_command(
     tagged :latest); --keep CONFIG keeps only that config's current images (building nothing); both
     keep images a run has mounted; --all removes them all."""
     from harnessrl.environments.store import PREFIX, ImageStore
+    from harnessrl.errors import ConfigError
 
     try:
         if keep is not None and all_:
-            raise typer.BadParameter("give --keep or --all, not both")
+            raise ConfigError("--keep and --all: give one of them, not both")
         _existing(store)
         images: ImageStore
         if keep is not None:
@@ -177,9 +211,10 @@ def prune_command(
             kept: set[str] = set()
             if images.exists:  # a config's images are looked up, never built, to be kept
                 for name, recipe in config.images.items():
-                    if recipe.image is None:  # only harnessrl's own builds are ever removed
-                        found = images.current_id(name, recipe, config.images)
-                        kept |= {found} if found else set()
+                    # An ``image`` reference too: it may name one of harnessrl's own builds
+                    # (``localhost/harnessrl/x:DIGEST``), which prune would otherwise remove.
+                    found = images.current_id(name, recipe, config.images)
+                    kept |= {found} if found else set()
             report = images.prune(kept)
         elif all_:
             images = _store(store)
