@@ -10,9 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from harnessrl.config import Section
+from harnessrl.gateway.body_models import RESERVED_TEMPLATE_KWARGS
 from harnessrl.trainer.config import LoraSection, MetricsSection, OptimizerConfig, PolicyConfig, RunSection
 
 
@@ -80,6 +81,20 @@ class SftSection(Section):
     gradient_checkpointing: bool = False
     lora: LoraSection | None = None
     save_every: int = Field(default=0, ge=0, description="steps between numbered checkpoints (0: end only)")
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _no_reserved_names(cls, value: dict[str, Any]) -> dict[str, Any]:
+        """The names the renderer passes itself (``messages``, ``tools``...) or the template's own
+        functions: as the gateway refuses them in a request (a ``TypeError`` traceback otherwise,
+        once the model had loaded)."""
+        taken = sorted(RESERVED_TEMPLATE_KWARGS.intersection(value))
+        if taken:
+            raise ValueError(
+                f"{', '.join(taken)} cannot be set here: the renderer passes its own "
+                f"(reserved: {', '.join(sorted(RESERVED_TEMPLATE_KWARGS))})"
+            )
+        return value
 
 
 class SftConfig(Section):

@@ -67,8 +67,8 @@ def request_messages(call: Call) -> tuple[list[dict[str, Any]], list[dict[str, A
     request = call.request
     if call.api == "chat.completions":
         messages = request.get("messages")
-        if not isinstance(messages, list):
-            raise BadRequest("messages must be a list", param="messages")
+        if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+            raise BadRequest("messages must be a list of objects", param="messages")
         return messages, request.get("tools") or None
     if call.api == "messages":
         return anthropic_convert.request_to_internal(request)
@@ -83,6 +83,10 @@ def answer_message(call: Call) -> dict[str, Any]:
     if response.get("role") != "assistant":
         raise NoConversation("no_answer", f"call {call.seq}: no assistant message recorded")
     message = {k: v for k, v in response.items() if not k.startswith("_") and k != "id"}
+    if not isinstance(message.get("reasoning_content") or "", str):
+        # Teacher mode records a chat upstream's answer as it came; reasoning that is not text
+        # (a provider's own object) is no answer sft can read, where it used to end in a traceback.
+        raise NoConversation("no_answer", f"call {call.seq}: the recorded reasoning_content is not text")
     return normalize_message(message)
 
 
@@ -91,6 +95,9 @@ def conversation(call: Call) -> Conversation:
     try:
         messages, tools = request_messages(call)
         kwargs = call.request.get("chat_template_kwargs") if call.api == "chat.completions" else None
+        if kwargs is not None and not isinstance(kwargs, dict):
+            # The policy path refuses it (400); teacher mode passes the body on, so it may be recorded.
+            raise BadRequest("chat_template_kwargs must be an object", param="chat_template_kwargs")
         kwargs = {k: v for k, v in (kwargs or {}).items() if k not in RESERVED_TEMPLATE_KWARGS}
         return Conversation(call, normalize_messages(messages), tools, answer_message(call), kwargs)
     except BadRequest as exc:  # the gateway answered it, so this is a request we no longer read
@@ -180,9 +187,13 @@ def write_jsonl(path: Path, lines: Iterable[dict[str, Any]]) -> int:
     """Write ``lines`` (``export_line``) to ``path`` atomically; returns how many."""
     tmp = path.with_name(path.name + ".tmp")
     n = 0
-    with tmp.open("w", encoding="utf-8") as f:
-        for line in lines:
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-            n += 1
-    tmp.replace(path)
+    try:
+        with tmp.open("w", encoding="utf-8") as f:
+            for line in lines:
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+                n += 1
+        tmp.replace(path)
+    except BaseException:  # a failed write leaves no half file beside the path
+        tmp.unlink(missing_ok=True)
+        raise
     return n

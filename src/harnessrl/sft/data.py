@@ -267,8 +267,11 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
             lines.extend(export_line(c, rollout) for c in exported)
     finally:
         store.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    written = write_jsonl(path, lines)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written = write_jsonl(path, lines)
+    except OSError as exc:  # a folder that cannot be written (read-only, full): named, no traceback
+        raise ConfigError(f"--export-jsonl: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
     return {
         "path": str(path),
         "conversations": written,

@@ -30,14 +30,17 @@ a chat call's ``chat_template_kwargs``, a Messages call's ``thinking`` and a Res
 ``reasoning.effort`` as the template's thinking switch (``enable_thinking``), over
 ``sft.chat_template_kwargs``.
 
-Chains: a prompt whose text starts with an earlier call's prompt + answer text reuses that call's
-prompt and answer IDs and encodes only the rest (glue, tool output, the next turn's opening), as the
-gateway builds the student's prompts when it serves it (``gateway.conversation``: the sampled IDs of
-earlier turns are reused, never re-encoded; re-encoding would merge e.g. an answer's trailing ``"\n"``
-with the template's). The rendered calls then become token-exact ``Call``s (prompt IDs, answer IDs)
-and go through the RL sample builder itself (``trajectory.build_rollout_samples``), so calls whose
-prompt extends an earlier call's prompt + answer train as one sequence, with the same break
-reasons. Context tokens (the first prompt, tool output, glue) carry loss 0.
+Chains: each prompt is built by the gateway's own ``build_prompt`` (its reference path), with the
+earlier rendered calls as what it reuses: a call whose history continues an earlier call (its messages
+and answer, matched as the gateway matches them) reuses that call's prompt and answer IDs and encodes
+only the rest (glue, tool output, the next turn's opening), as the gateway builds the student's
+prompts when it serves it (the sampled IDs of earlier turns are reused, never re-encoded; re-encoding
+would merge e.g. an answer's trailing ``"\n"`` with the template's), and keeps the earlier turn as it
+was even where the template renders it otherwise once more turns follow (Qwen3 drops the reasoning of
+turns before the last user message; the gateway's prompt keeps it). The rendered calls then become
+token-exact ``Call``s (prompt IDs, answer IDs) and go through the RL sample builder itself
+(``trajectory.build_rollout_samples``), so calls whose prompt extends an earlier call's prompt +
+answer train as one sequence, with the same break reasons. Context tokens (the first prompt, tool output, glue) carry loss 0.
 
 Pure Python (no torch).
 """
@@ -59,6 +62,9 @@ from harnessrl.gateway.apis.responses import thinking_kwargs
 from harnessrl.gateway.parsers.formats import ModelFormats
 from harnessrl.gateway.parsers.reasoning import get_reasoning_parser, split_reasoning
 from harnessrl.gateway.parsers.tools import parse_tool_calls
+from harnessrl.gateway.prompt.conversation import build_prompt, prompt_template_key
+from harnessrl.gateway.prompt.messages import PriorCall
+from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS as TEACHER_NATURAL_ENDINGS
 from harnessrl.schemas import Call, Rollout
 from harnessrl.sft.conversations import (
     Conversation,
@@ -85,11 +91,12 @@ SKIP_REASONS: tuple[str, ...] = (
 )
 
 
-#: The finish reasons of an answer that ended where its model chose to. The gateway records every
-#: call's finish reason in OpenAI chat's terms (a Messages ``end_turn``/``tool_use`` and a Responses
-#: ``completed`` call are recorded as ``stop``/``tool_calls``); teacher mode records the upstream's
-#: own value, which may also be ``length``, ``content_filter`` or a provider's own word.
-NATURAL_ENDINGS = frozenset({"stop", "tool_calls", "function_call"})
+#: The finish reasons of an answer that ended where its model chose to (teacher mode's own list). The
+#: gateway records every call's finish reason in OpenAI chat's terms (a Messages ``end_turn``/
+#: ``tool_use`` and a Responses ``completed`` call are recorded as ``stop``/``tool_calls``); teacher
+#: mode records any other ending as the upstream said it: ``length``, ``content_filter``, Anthropic's
+#: ``refusal`` or ``pause_turn``, an unfinished Response's status, a provider's own word.
+NATURAL_ENDINGS = TEACHER_NATURAL_ENDINGS
 
 
 @dataclass(frozen=True)
@@ -242,22 +249,39 @@ def render_call(
 
 
 class PromptBuilder:
-    """Prompt IDs that reuse earlier calls' prompt + answer IDs where the text continues them."""
+    """Prompt IDs as the gateway builds them when it serves the student
+    (``gateway.prompt.conversation.build_prompt``, its reference path): where a call's history
+    continues an earlier rendered call (its messages and answer, matched as the gateway matches
+    them), that call's prompt + answer IDs are reused and only the rest is encoded. The gateway keeps
+    the sampled turn even where the template would render it otherwise with more turns after it
+    (Qwen3 drops the reasoning of turns before the last user message): so does this, or the student
+    would be trained behind prompts the gateway never sends it."""
 
     def __init__(self, tokenizer: PolicyTokenizer) -> None:
         self.tokenizer = tokenizer
-        self._contexts: list[tuple[str, list[int]]] = []  # (prompt + answer text, their IDs)
+        self._priors: list[PriorCall] = []
 
-    def prompt_ids(self, rendered: RenderedCall) -> list[int]:
-        text = rendered.prompt_text
-        earlier = [c for c in self._contexts if text.startswith(c[0])]
-        if earlier:
-            done, ids = max(earlier, key=lambda c: len(c[0]))
-            prompt = ids + self.tokenizer.encode(text[len(done) :])
-        else:
-            prompt = self.tokenizer.encode(text)
-        self._contexts.append((text + rendered.answer_text, prompt + rendered.answer_ids))
-        return prompt
+    def prompt_ids(self, rendered: RenderedCall, kwargs: Mapping[str, Any]) -> list[int]:
+        conv = rendered.conversation
+        tools = self.tokenizer.template_tools(conv.tools)
+        plan = build_prompt(
+            self.tokenizer,
+            conv.messages,
+            self._priors,
+            tools=tools,
+            template_kwargs=dict(kwargs),
+            incremental=False,
+        )
+        self._priors.append(
+            PriorCall.from_keys(
+                conv.keys()[:-1],
+                conv.answer,
+                plan.prompt_ids,
+                rendered.answer_ids,
+                prompt_template_key(self.tokenizer, tools, dict(kwargs)),
+            )
+        )
+        return plan.prompt_ids
 
 
 def rollout_sequences(
@@ -286,10 +310,15 @@ def rollout_sequences(
         except NoConversation as exc:
             skip(call, exc)
     for conv in with_recorded_answers(conversations):
+        kwargs = {**(template_kwargs or {}), **request_template_kwargs(conv, tokenizer)}
         try:
             rendered = render_call(conv, tokenizer, formats, template_kwargs)
+            prompt_ids = prompts.prompt_ids(rendered, kwargs)
         except Inexpressible as exc:
             skip(conv.call, exc)
+            continue
+        except BadRequest as exc:  # the template refused a render of the history the gateway makes
+            skip(conv.call, Inexpressible("template_error", str(exc)))
             continue
         report.rendered += 1
         token_calls.append(
@@ -297,7 +326,7 @@ def rollout_sequences(
                 rollout_id=rollout.rollout_id,
                 seq=conv.call.seq,
                 attempt=rollout.attempt,
-                prompt_token_ids=prompts.prompt_ids(rendered),
+                prompt_token_ids=prompt_ids,
                 response_token_ids=rendered.answer_ids,
                 response_logprobs=[0.0] * len(rendered.answer_ids),
             )

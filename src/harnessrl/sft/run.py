@@ -181,13 +181,12 @@ class SftRun:
         self.started = False
 
     def run(self) -> dict[str, Any]:
-        from harnessrl.engines.models import resolve_model_dir
         from harnessrl.sft.data import StepPlan, load_data
         from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint, write_checkpoint
         from harnessrl.trainer.metrics import MetricsWriter
 
         cfg, s = self.config, self.config.sft
-        student = Path(resolve_model_dir(s.model, s.cache_dir))
+        student = student_dir(s.model, s.cache_dir)
         data = load_data(cfg, student)  # before anything is written: a bad selection leaves nothing
         checkpoint = latest_checkpoint(self.run_dir) if self.resume else None
         state = TrainState(consumed_groups=data.rollout_ids)
@@ -297,6 +296,23 @@ class SftRun:
         if already_finished:
             out["already_finished"] = True
         return out
+
+
+def student_dir(model: str, cache_dir: str | None) -> Path:
+    """The student's model folder (built or converted if need be); a ``ConfigError`` naming
+    ``sft.model``, or ``sft.cache_dir`` where the cache cannot be written (a traceback otherwise)."""
+    from harnessrl.engines.models import resolve_model_dir
+
+    try:
+        return Path(resolve_model_dir(model, cache_dir))
+    except ConfigError as exc:
+        raise ConfigError(f"sft.model: {exc}") from exc
+    except OSError as exc:
+        field = "sft.cache_dir" if cache_dir is not None else "sft.model"
+        where = f" {exc.filename}" if exc.filename else ""
+        raise ConfigError(
+            f"{field}: cannot build the student {model!r}:{where}: {exc.strerror or exc}"
+        ) from exc
 
 
 def _final_step(final: Path) -> int | None:

@@ -16,6 +16,7 @@ from harnessrl.errors import UpstreamError
 from harnessrl.gateway.apis.anthropic_blocks import thinking_signature
 from harnessrl.gateway.apis.anthropic_convert import message_of_blocks
 from harnessrl.gateway.teacher.stream import StreamedMessage
+from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS
 
 __all__ = ["MessageBlocks"]
 
@@ -116,16 +117,21 @@ class MessageBlocks:
         return events
 
     def stop_reason(self) -> tuple[str, str | None, str]:
-        """(Anthropic ``stop_reason``, ``stop_sequence``, the recorded finish reason in chat's terms)."""
-        finish = self.sum.finish_reason or "stop"
+        """(Anthropic ``stop_reason``, ``stop_sequence``, the recorded finish reason in chat's terms).
+        An upstream's ending that is not a natural one (``content_filter``, ``length`` after complete
+        tool calls, a provider's own word) is recorded as the upstream said it, whatever the harness
+        is told: recorded as ``stop``, a cut answer was training data for ``harnessrl sft``."""
+        finish = str(self.sum.finish_reason or "stop")
+        natural = finish in NATURAL_ENDINGS
         if self.calls:
-            return "tool_use", None, "tool_calls"
+            return "tool_use", None, "tool_calls" if natural else finish
         if finish == "length":
             return "max_tokens", None, "length"
+        recorded = "stop" if natural else finish
         hit = self.sum.stop_reason
         if isinstance(hit, str) and hit in self.stop:
-            return "stop_sequence", hit, "stop"
-        return "end_turn", None, "stop"
+            return "stop_sequence", hit, recorded
+        return "end_turn", None, recorded
 
     def message(self) -> dict[str, Any]:
         """The internal assistant message the harness's blocks read back to (``anthropic_convert``)."""

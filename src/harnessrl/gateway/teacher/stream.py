@@ -17,8 +17,16 @@ from typing import Any
 import httpx
 
 from harnessrl.errors import UpstreamError
-from harnessrl.gateway.teacher.upstream import Teacher, upstream_error
+from harnessrl.gateway.teacher.upstream import Teacher, upstream_error, usage_counts
 from harnessrl.schemas import now
+
+
+def _text(value: Any) -> str:
+    """A delta's text; ``TypeError`` (the upstream sent no chat chunk) for anything else: a number
+    there failed the answer after its 200, with no error event and nothing recorded."""
+    if not isinstance(value, str):
+        raise TypeError(f"a chat delta's text is {type(value).__name__}")
+    return value
 
 
 class StreamedMessage:
@@ -34,16 +42,16 @@ class StreamedMessage:
 
     def feed(self, chunk: dict[str, Any]) -> None:
         if chunk.get("usage"):
-            self.usage = chunk["usage"]
+            self.usage = usage_counts(chunk["usage"])
         for choice in chunk.get("choices") or []:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                self.content.append(delta["content"])
+                self.content.append(_text(delta["content"]))
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")
             if reasoning:
-                self.reasoning.append(reasoning)
+                self.reasoning.append(_text(reasoning))
             for tc in delta.get("tool_calls") or []:
                 slot = self.tool_calls.setdefault(
                     tc.get("index", 0),

@@ -40,6 +40,7 @@ from harnessrl.store.base import RolloutEnded
 ANTHROPIC_VERSION = "2023-06-01"
 
 __all__ = [
+    "NATURAL_ENDINGS",
     "cap_max_tokens",
     "teacher_sampling",
     "Teacher",
@@ -53,6 +54,12 @@ T = TypeVar("T")
 
 #: How much of an upstream's error body (not JSON) the harness is shown.
 ERROR_TEXT_CHARS = 200
+
+#: The finish reasons (chat's terms) of an answer that ended where its model chose to. Every other
+#: value a teacher's answer is recorded with (``length``, ``content_filter``, Anthropic's
+#: ``refusal`` or ``pause_turn``, an unfinished Response's status...) says it was cut, and ``harnessrl
+#: sft`` never trains on it (``sft.render.answer_skip``).
+NATURAL_ENDINGS = frozenset({"stop", "tool_calls", "function_call"})
 
 
 class Teacher:
@@ -222,6 +229,25 @@ async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
+
+
+def usage_counts(usage: Any) -> dict[str, Any] | None:
+    """An upstream's chat ``usage`` with every count a non-negative integer (one that is not counts 0,
+    a details object that is not one is left out); ``None`` if it is not an object. Usage is
+    bookkeeping: a malformed one used to fail the answer in the middle of its delivery (a 500, or a
+    stream cut without an error event) and leave nothing recorded."""
+    if not isinstance(usage, dict):
+        return None
+    out: dict[str, Any] = {k: _count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
+    for key in ("prompt_tokens_details", "completion_tokens_details"):
+        details = usage.get(key)
+        if isinstance(details, dict):
+            out[key] = {k: _count(v) for k, v in details.items()}
+    return out
+
+
 async def record(
     state: GatewayState,
     rollout: Rollout,
@@ -234,7 +260,7 @@ async def record(
     first_token_at: float | None,
 ) -> Call:
     """Make the teacher's answered call durable (before the harness has all of it)."""
-    usage = usage or {}
+    usage = usage_counts(usage) or {}
     call = Call.model_construct(
         rollout_id=rollout.rollout_id,
         attempt=rollout.attempt,
