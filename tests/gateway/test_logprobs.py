@@ -3,7 +3,9 @@
 The entries are built from per-token pieces kept across answers; checked against the plain way
 (a dict per token, ``orjson.dumps``) for random tokens of the tiny vocabulary (multi-byte and
 partial UTF-8 ones included), random logprobs (``-0.0``, tiny and non-finite ones included) and
-repeated tokens, on the first and on later answers (the kept pieces)."""
+repeated tokens, on the first and on later answers (the kept pieces). A token's ``bytes`` are its
+own UTF-8 bytes: for one that holds part of a character (its text U+FFFD), those of its byte-level
+vocabulary entry, read here with GPT-2's table as its ``encoder.py`` builds it."""
 
 from __future__ import annotations
 
@@ -18,11 +20,37 @@ from harnessrl.gateway.apis.logprobs import logprob_content
 from harnessrl.tokenizer import PolicyTokenizer
 
 
+def _byte_decoder() -> dict[str, int]:
+    """GPT-2's ``bytes_to_unicode``, inverted: the byte each character of a byte-level vocabulary is."""
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    cs = bs[:]
+    n = 0
+    for b in range(2**8):
+        if b not in bs:
+            bs.append(b)
+            cs.append(2**8 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs, strict=True)}
+
+
+BYTE_DECODER = _byte_decoder()
+
+
+def _bytes(tokenizer: PolicyTokenizer, token_id: int, text: str) -> list[int]:
+    if "\ufffd" not in text:
+        return list(text.encode())
+    return [BYTE_DECODER[ch] for ch in tokenizer.convert_ids_to_tokens([token_id])[0]]
+
+
 def plain(tokenizer: PolicyTokenizer, ids: list[int], lps: list[float]) -> bytes:
     return orjson.dumps(
         [
-            {"token": text, "logprob": lp, "bytes": list(text.encode()), "top_logprobs": []}
-            for text, lp in zip(tokenizer.token_texts(ids), lps, strict=True)
+            {"token": text, "logprob": lp, "bytes": _bytes(tokenizer, token_id, text), "top_logprobs": []}
+            for token_id, text, lp in zip(ids, tokenizer.token_texts(ids), lps, strict=True)
         ]
     )
 

@@ -3,14 +3,26 @@ sampling fields the Responses and Anthropic bodies build on).
 
 They allow extra fields: harnesses send vendor fields (``drop_params``, ``metadata``, ``store``,
 ``user`` ...) that must be ignored, not rejected. The fields the store keeps in columns are typed to
-what it can hold (``StoreInt``). Reading and validating a body: ``bodies``.
+what it can hold (``StoreInt``). The fields the gateway acts on take JSON's own types only
+(``JsonInt``, ``JsonFloat``, ``StrictBool``): pydantic's lax mode read ``"max_tokens": true`` as
+a one-token budget and ``"stream": "yes"`` as a stream. Reading and validating a body: ``bodies``.
 """
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN
@@ -18,6 +30,34 @@ from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN
 #: An integer the store can hold (``step``, ``attempt``, ``seed``...); pydantic turns an integral
 #: float (``1e19``) into an int, so the range is checked on the field as well as in the JSON.
 StoreInt = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+
+#: Most stop strings one request may set. Each sampled token is checked against every one of them on
+#: the event loop: 40,000 (what the prompt-size cap lets through on a 32 k context) held it ~30 ms a
+#: token, every other rollout's calls waiting. OpenAI takes 4.
+MAX_STOP_STRINGS = 32
+
+
+def _json_number(value: Any) -> Any:
+    """A number as JSON has it: not a boolean or a string, which pydantic's lax mode converts."""
+    if isinstance(value, bool | str):
+        raise ValueError(f"must be a number, not {'a boolean' if isinstance(value, bool) else 'a string'}")
+    return value
+
+
+#: Numbers the gateway acts on (``max_tokens``, ``temperature``...); an integral float such as
+#: ``16.0`` is still read as the integer 16.
+JsonInt = Annotated[int, BeforeValidator(_json_number)]
+JsonFloat = Annotated[float, BeforeValidator(_json_number)]
+
+
+def _few_stops(stops: list[str]) -> list[str]:
+    if len(stops) > MAX_STOP_STRINGS:
+        raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are supported, got {len(stops)}")
+    return stops
+
+
+#: A list of stop strings (chat's and completions' ``stop``, Messages' ``stop_sequences``).
+StopList = Annotated[list[str], AfterValidator(_few_stops)]
 
 
 class Lenient(BaseModel):
@@ -45,13 +85,13 @@ class MessageIn(Lenient):
 
 
 class StreamOptions(Lenient):
-    include_usage: bool | None = None
+    include_usage: StrictBool | None = None
 
 
 class OneChoice(Lenient):
     """``n``: a call is one answer (one sample of the policy; one recorded call)."""
 
-    n: int | None = Field(default=None, ge=1)
+    n: JsonInt | None = Field(default=None, ge=1)
 
     def check_n(self) -> None:
         if self.n not in (None, 1):
@@ -62,12 +102,12 @@ class SamplingFields(OneChoice):
     """Fields chat and legacy completions share."""
 
     model: str | None = None
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    seed: StoreInt | None = None
-    stream: bool | None = False
+    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: JsonInt | None = Field(default=None, ge=1)
+    stop: str | StopList | None = None
+    seed: Annotated[StoreInt, BeforeValidator(_json_number)] | None = None
+    stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
 
     def stop_strings(self) -> list[str]:
@@ -147,10 +187,10 @@ class ChatTurn(OneChoice):
     recorded call would not be the turn the harness was given.
     """
 
-    add_generation_prompt: bool | None = None
-    continue_final_message: bool | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None
     chat_template: str | None = None
-    echo: bool | None = None  # vLLM's: the answer begins with the last message's text
+    echo: StrictBool | None = None  # vLLM's: the answer begins with the last message's text
 
     @field_validator("add_generation_prompt")
     @classmethod
@@ -185,12 +225,12 @@ class ChatTurn(OneChoice):
 
 class ChatCompletionRequest(SamplingFields, ChatTurn):
     messages: list[MessageIn] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    logprobs: bool | None = None
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: JsonInt | None = Field(default=None, ge=1)
+    logprobs: StrictBool | None = None
+    top_logprobs: JsonInt | None = Field(default=None, ge=0, le=20)
     tools: list[ChatTool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
 
@@ -206,8 +246,27 @@ class ChatCompletionRequest(SamplingFields, ChatTurn):
 class CompletionRequest(SamplingFields):
     # Strict: ``true`` is not token 1 (pydantic's lax mode would read it so).
     prompt: str | list[StrictInt] | list[str] | list[list[StrictInt]]
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool | None = None
+    logprobs: JsonInt | None = Field(default=None, ge=0, le=5)
+    # Refused rather than ignored, as chat's ``echo``: the answer would read as something else (an
+    # evaluation harness scoring the prompt's echoed logprobs got one new token and scored nothing).
+    echo: StrictBool | None = None
+    suffix: str | None = None
+
+    @field_validator("echo")
+    @classmethod
+    def _never_echoed(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("only false is supported: the answer is the new text alone (no prompt logprobs)")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_insertion(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError(
+                "not supported: the policy continues the prompt; it does not fill in before a suffix"
+            )
+        return value
 
     def single_prompt(self) -> str | list[int]:
         """The one prompt of this request (batches of one are unwrapped; larger batches are refused)."""

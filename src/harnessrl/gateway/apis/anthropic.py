@@ -109,9 +109,9 @@ class MessagesApi:
     ) -> ContextLengthExceeded:
         """Anthropic's own wording: Claude Code parses it (compacts the history, or lowers max_tokens)."""
         context = state.engine.context_length
-        cap = rollout_sampling(rollout).max_tokens
-        requested = request.body.max_tokens
-        max_tokens = requested if cap is None else min(requested, cap)
+        # The budget the context check used: capped as ``sampling_params`` caps it.
+        caps = [c for c in (rollout_sampling(rollout).max_tokens, state.config.max_tokens) if c is not None]
+        max_tokens = min([request.body.max_tokens, *caps])
         if prompt_len >= context:
             message = f"prompt is too long: {prompt_len} tokens > {context - 1} maximum"
         else:

@@ -41,10 +41,10 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.body_models import Lenient, SamplingFields
+from harnessrl.gateway.body_models import JsonFloat, JsonInt, Lenient, SamplingFields, StopList
 
 Internal = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 
@@ -58,7 +58,7 @@ class ThinkingParam(Lenient):
     # "enabled", "adaptive", "between_tools"... anything but "disabled" switches reasoning on; new
     # types appear with new models, and refusing them would break a harness for no gain.
     type: str
-    budget_tokens: int | None = None
+    budget_tokens: JsonInt | None = None
 
 
 class CountTokensRequest(Lenient):
@@ -76,12 +76,12 @@ class MessagesRequest(CountTokensRequest, SamplingFields):
     """``/v1/messages``. Unknown fields (``metadata``, ``context_management``, ``output_config``,
     ``service_tier``, ``container`` ...) are accepted and ignored."""
 
-    max_tokens: int = Field(ge=1)  # type: ignore[assignment]  # required by Anthropic's API
-    temperature: float | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: int | None = Field(default=None, ge=0)  # accepted; the engines sample with top_p only
-    stop_sequences: list[str] | None = None
-    stream: bool | None = False
+    max_tokens: JsonInt = Field(ge=1)  # type: ignore[assignment]  # required by Anthropic's API
+    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: JsonInt | None = Field(default=None, ge=0)  # accepted; the engines sample with top_p only
+    stop_sequences: StopList | None = None  # at most ``MAX_STOP_STRINGS``
+    stream: StrictBool | None = False
 
     def stop_strings(self) -> list[str]:
         return [s for s in self.stop_sequences or [] if s]

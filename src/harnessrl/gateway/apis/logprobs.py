@@ -1,6 +1,8 @@
 """OpenAI chat ``logprobs.content``: one entry per sampled token, written as JSON text directly.
 
 An answer carries one entry (``token``, ``logprob``, ``bytes``, ``top_logprobs``) per sampled token:
+``bytes`` are the token's own UTF-8 bytes (``token_bytes``), so the entries of a character split
+over several tokens join to it, as OpenAI's do (their text alone is U+FFFD each).
 hundreds of small dicts that cost more to build and encode than the rest of the answer. Everything
 in an entry but its logprob depends on the token alone, so each token's JSON around the logprob is
 encoded once per tokenizer and kept; an answer's entries are those pieces joined around its
@@ -11,8 +13,10 @@ logprobs (encoded together by one ``orjson.dumps``), embedded in the answer as a
 from __future__ import annotations
 
 import json
+import re
 import weakref
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import orjson
@@ -21,6 +25,37 @@ import orjson
 _PIECES: weakref.WeakKeyDictionary[Any, tuple[dict[int, bytes], dict[int, bytes]]] = (
     weakref.WeakKeyDictionary()
 )
+
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+
+
+@cache
+def _byte_level_table() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the character a ``ByteLevel`` vocabulary writes for each byte."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    extra = (b for b in range(256) if b not in printable)
+    return {chr(b): b for b in printable} | {chr(256 + i): b for i, b in enumerate(extra)}
+
+
+def token_bytes(tokenizer: Any, token_id: int, text: str) -> bytes:
+    """The bytes token ``token_id`` stands for. ``text`` (its decode) is whole UTF-8 for most tokens;
+    one that holds part of a character decodes to U+FFFD, and its bytes are read from its vocabulary
+    entry: a byte-fallback token (``<0xE9>``) or a byte-level one (GPT-2's alphabet)."""
+    if "\ufffd" not in text:
+        return text.encode("utf-8", "surrogatepass")
+    raw = tokenizer.convert_ids_to_tokens([token_id])[0]
+    found = _BYTE_TOKEN.fullmatch(raw or "")
+    if found is not None:
+        return bytes([int(found.group(1), 16)])
+    table = _byte_level_table()
+    if raw and all(ch in table for ch in raw):
+        return bytes(table[ch] for ch in raw)
+    return text.encode("utf-8", "surrogatepass")  # a token that is U+FFFD itself
 
 
 def _encode(value: Any) -> bytes:
@@ -40,7 +75,7 @@ def _pieces(tokenizer: Any, token_ids: Sequence[int]) -> tuple[dict[int, bytes],
         heads[token_id] = b"," + _encode({"token": text})[:-1] + b',"logprob":'
         # The engine reports the sampled token's logprob only, so ``top_logprobs`` stays empty.
         tails[token_id] = (
-            b',"bytes":' + _encode(list(text.encode("utf-8", "surrogatepass"))) + b',"top_logprobs":[]}'
+            b',"bytes":' + _encode(list(token_bytes(tokenizer, token_id, text))) + b',"top_logprobs":[]}'
         )
     return pieces
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, StrictBool
 
 from harnessrl.errors import BadRequest, HarnessRLError
 from harnessrl.gateway.apis.responses_input import request_to_internal
-from harnessrl.gateway.body_models import SamplingFields
+from harnessrl.gateway.body_models import JsonInt, SamplingFields
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Rollout
@@ -33,14 +33,14 @@ class ResponsesRequest(SamplingFields):
     instructions: str | list[Any] | None = None
     tools: list[Any] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    parallel_tool_calls: StrictBool | None = None
+    max_output_tokens: JsonInt | None = Field(default=None, ge=1)
     previous_response_id: str | None = None
     reasoning: dict[str, Any] | None = None
     text: dict[str, Any] | None = None
     include: list[str] | None = None
     metadata: dict[str, Any] | None = None
-    store: bool | None = None
+    store: StrictBool | None = None
 
 
 async def resolve_previous(state: GatewayState, rollout: Rollout, response_id: str) -> list[dict[str, Any]]:
