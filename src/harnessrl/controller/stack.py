@@ -35,6 +35,7 @@ from harnessrl.controller.evaluators import (
 from harnessrl.controller.evaluators.command import EvaluatorSandbox
 from harnessrl.controller.harness import check_harness, check_task
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
+from harnessrl.controller.kubernetes.resources import check_requests_within_limits
 from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
@@ -93,6 +94,13 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         )
     if config.kubernetes is not None:
         check_pod_workspace(harness, config.evaluator)
+        # The template's requests against harness.limits (two sections): at load, not per launch.
+        check_requests_within_limits(
+            config.kubernetes.job_template,
+            harness.limits,
+            container_name=config.kubernetes.container_name,
+            ephemeral_storage_limit=config.kubernetes.ephemeral_storage_limit,
+        )
     if harness.environment is not None and harness.sandbox != "bwrap" and config.kubernetes is None:
         raise ConfigError(
             'harness.environment: task images are sandbox roots and need harness.sandbox = "bwrap"'

@@ -132,3 +132,19 @@ def test_a_scorer_of_the_workspace_is_refused_naming_the_field():
     # evaluators of the calls or the log still work there (the pod's log is saved as stdout.log)
     for evaluator in ({"type": "exact_match"}, {"type": "exact_match", "source": "stdout"}):
         prepare(k8s_config(evaluator=evaluator))
+
+
+def test_a_template_request_above_harness_limits_is_refused_when_the_config_loads():
+    """Found only when a Job was built (each launch an infrastructure failure) before: the template's
+    cpu request and ``harness.limits.cpus`` sit in two sections, checked together by ``prepare``."""
+    from harnessrl.controller.stack import prepare
+    from harnessrl.errors import ConfigError
+
+    template = {
+        "spec": {"containers": [{"name": "harness", "image": "a:1", "resources": {"requests": {"cpu": "1"}}}]}
+    }
+    kubernetes = {"gateway_url": "http://gw:8000", "network_policy": None, "job_template": template}
+    harness = {"command": ["agent", "{prompt}"], "limits": {"cpus": 0.5}}
+    with pytest.raises(ConfigError, match=r"^harness\.limits\.cpus: "):
+        prepare(k8s_config(harness=harness, kubernetes=kubernetes))
+    prepare(k8s_config(harness={**harness, "limits": {"cpus": 1}}, kubernetes=kubernetes))  # the control

@@ -29,7 +29,8 @@ TEMPLATE = {
                 "imagePullPolicy": "IfNotPresent",
                 "workingDir": "/repo",
                 "resources": {
-                    "requests": {"cpu": "1", "memory": "2Gi"},
+                    # at most the limits launch.limits gives (500m, 1024Mi): the API refuses more
+                    "requests": {"cpu": "250m", "memory": "512Mi"},
                     "limits": {"nvidia.com/gpu": "1", "ephemeral-storage": "10Gi"},
                 },
             }
@@ -112,7 +113,7 @@ def test_seed_container_copies_the_image_workspace(make_launch) -> None:
         "volumeMounts": [{"name": "harnessrl-workspace", "mountPath": SEED_MOUNT}],
         # the harness's cpu/memory/storage (launch.limits applied) so quotas admit it; no GPU for a copy
         "resources": {
-            "requests": {"cpu": "1", "memory": "2Gi"},
+            "requests": {"cpu": "250m", "memory": "512Mi"},
             "limits": {"ephemeral-storage": "10Gi", "memory": "1024Mi", "cpu": "500m"},
         },
     }

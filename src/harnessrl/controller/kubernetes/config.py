@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import posixpath
+import re
 from typing import Any
 from urllib.parse import urlparse
 
@@ -14,6 +15,22 @@ from harnessrl.controller.kubernetes.observed import parse_quantity
 # Below this the TTL controller may delete a finished Job (and its pods) before the runner has read
 # the harness container's exit status, which would turn an exit code or OOM into "job disappeared".
 MIN_TTL_AFTER_FINISHED_S = 60
+# What the API server accepts as a namespace (a DNS-1123 label) and as a NetworkPolicy's name (a
+# DNS-1123 subdomain). Checked when the config loads: an invalid one was only refused by the API at
+# the first launch, failing every rollout in turn instead of the config naming the field.
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS1123_SUBDOMAIN = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+)
+
+
+def _dns1123_label(value: str | None, info: ValidationInfo) -> str | None:
+    if value is not None and not _DNS1123_LABEL.fullmatch(value):
+        raise ValueError(
+            f"{info.field_name}: {value!r} is not a Kubernetes namespace name (lowercase letters, digits "
+            "and '-', at most 63 characters, starting and ending with a letter or digit)"
+        )
+    return value
 
 
 class NetworkPolicyConfig(BaseModel):
@@ -41,6 +58,32 @@ class NetworkPolicyConfig(BaseModel):
     )
     dns_namespace: str = "kube-system"
     dns_pod_labels: dict[str, str] = Field(default_factory=lambda: {"k8s-app": "kube-dns"})
+
+    _namespaces = field_validator("gateway_namespace", "dns_namespace")(_dns1123_label)
+
+    @field_validator("name")
+    @classmethod
+    def _policy_name(cls, value: str) -> str:
+        if not _DNS1123_SUBDOMAIN.fullmatch(value):
+            raise ValueError(
+                f"name: {value!r} is not a Kubernetes object name (lowercase letters, digits, '-' and '.')"
+            )
+        return value
+
+    @field_validator("gateway_cidr")
+    @classmethod
+    def _cidr(cls, value: str | None) -> str | None:
+        # The API wants a CIDR (``10.0.12.7/32``, not ``10.0.12.7``) and refused anything else only
+        # when the runner first ensured the policy.
+        if value is None:
+            return None
+        try:
+            if "/" not in value:
+                raise ValueError
+            ipaddress.ip_network(value, strict=False)
+        except ValueError:
+            raise ValueError(f"gateway_cidr: {value!r} is not a CIDR such as 10.0.12.7/32") from None
+        return value
 
     @model_validator(mode="after")
     def _one_gateway_peer(self) -> NetworkPolicyConfig:
@@ -170,6 +213,38 @@ class KubernetesRunnerConfig(BaseModel):
         # (``true`` is not a policy: the section's fields are needed).
         return None if value is False else value
 
+    _namespace = field_validator("namespace")(_dns1123_label)
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _gateway_url(cls, value: str) -> str:
+        """Every harness's base URLs are built from it: one that is no http(s) URL with a host (a
+        bare ``10.96.0.80:8000``) failed every harness's calls, scored as the policy's failures."""
+        parsed = urlparse(value)
+        try:
+            port_ok = parsed.port is None or parsed.port > 0  # .port raises for one not in 0..65535
+        except ValueError:
+            port_ok = False
+        valid = parsed.scheme in ("http", "https") and bool(parsed.hostname) and port_ok
+        if not valid or parsed.query or parsed.fragment:
+            raise ValueError(
+                f"gateway_url: {value!r} must be an http(s) URL of the gateway as pods reach it, "
+                "such as http://10.96.0.80:8000"
+            )
+        return value
+
+    @field_validator("workspace_dir")
+    @classmethod
+    def _absolute_workspace(cls, value: str | None) -> str | None:
+        """The pod-side workspace is a volume's mount path and the container's workingDir: an
+        absolute folder other than /. A relative one failed every attempt's container (as INFRA)."""
+        if value is None:
+            return None
+        norm = "/" + posixpath.normpath(value).lstrip("/") if value.startswith("/") else value
+        if not value.startswith("/") or norm == "/":
+            raise ValueError(f"workspace_dir: {value!r} must be an absolute folder other than /")
+        return norm
+
     @field_validator("ephemeral_storage_limit")
     @classmethod
     def _storage_quantity(cls, value: str) -> str:
@@ -203,6 +278,39 @@ class KubernetesRunnerConfig(BaseModel):
         except ConfigError as exc:
             raise ValueError(str(exc)) from exc
         return template
+
+    @model_validator(mode="after")
+    def _harness_container_exists(self) -> KubernetesRunnerConfig:
+        from harnessrl.controller.kubernetes.job_template import normalize_template
+
+        if self.container_name is not None:
+            containers = normalize_template(self.job_template)["spec"]["template"]["spec"]["containers"]
+            names = [c.get("name") for c in containers]
+            if self.container_name not in names:
+                raise ValueError(
+                    f"container_name: job_template has no container named {self.container_name!r}"
+                )
+        return self
+
+    @model_validator(mode="after")
+    def _storage_request_within_limit(self) -> KubernetesRunnerConfig:
+        """The template's ephemeral-storage request may not exceed ``ephemeral_storage_limit`` (the
+        API refuses the pod). Memory and cpu limits come from ``harness.limits``, another section:
+        ``resources.check_requests_within_limits`` checks those with both at hand (``stack.prepare``)."""
+        from harnessrl.controller.base import ResourceLimits
+        from harnessrl.controller.kubernetes.resources import check_requests_within_limits
+        from harnessrl.errors import ConfigError
+
+        try:
+            check_requests_within_limits(
+                self.job_template,
+                ResourceLimits(memory_mb=None, cpus=None),
+                container_name=self.container_name,
+                ephemeral_storage_limit=self.ephemeral_storage_limit,
+            )
+        except ConfigError as exc:
+            raise ValueError(str(exc).removeprefix("kubernetes.")) from exc
+        return self
 
     @model_validator(mode="after")
     def _harness_injection(self) -> KubernetesRunnerConfig:

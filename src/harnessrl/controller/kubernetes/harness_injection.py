@@ -10,7 +10,8 @@ their interpreter by absolute path). ``inject_harness`` (pure: it edits the Job 
 - an emptyDir volume ``harnessrl-harness``;
 - an init container ``harnessrl-harness`` running ``harness_image`` that copies each path into the
   volume (``cp -RP``: links kept as links), under the same hardened security context as the harness
-  (non-root, no capabilities, read-only root); it needs ``sh`` and ``cp``;
+  (non-root, no capabilities, read-only root) and the harness container's cpu/memory/disk requests and
+  limits (a ResourceQuota that demands limits checks init containers too); it needs ``sh`` and ``cp``;
 - in the harness container, each path mounted read-only from the volume at its own path (``subPath``),
   so the task's image runs the harness exactly where it was installed.
 
@@ -24,7 +25,7 @@ import posixpath
 from typing import Any
 
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
-from harnessrl.controller.kubernetes.pod_security import container_security_context
+from harnessrl.controller.kubernetes.pod_security import container_security_context, init_resources
 from harnessrl.errors import ConfigError
 
 HARNESS_VOLUME = "harnessrl-harness"
@@ -58,6 +59,9 @@ def inject_harness(
     }
     if security.enabled:
         init["securityContext"] = container_security_context(security)
+    # As the seed copy's: without limits, a quota demanding them refused every Job with a task image.
+    if resources := init_resources(container):
+        init["resources"] = resources
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != HARNESS_VOLUME]
     pod_spec["volumes"] = [*volumes, {"name": HARNESS_VOLUME, "emptyDir": {}}]
     others = [c for c in pod_spec.get("initContainers") or [] if c.get("name") != HARNESS_CONTAINER]

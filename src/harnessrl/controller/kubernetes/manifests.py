@@ -45,7 +45,7 @@ from pathlib import PurePosixPath
 from typing import Any
 from urllib.parse import quote
 
-from harnessrl.controller.base import Launch, ResourceLimits
+from harnessrl.controller.base import Launch
 from harnessrl.controller.harness import MAX_EXEC_STRING
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.harness_injection import inject_harness
@@ -58,6 +58,12 @@ from harnessrl.controller.kubernetes.names import (
     ROLLOUT_ANNOTATION,
 )
 from harnessrl.controller.kubernetes.pod_security import HOME_DIR, harden_pod
+from harnessrl.controller.kubernetes.resources import (
+    apply_limits,
+    apply_storage_limit,
+    check_requests_within_limits,
+    harness_container,
+)
 from harnessrl.errors import BadRequest, ConfigError
 
 SECRET_API_KEY = "api-key"
@@ -159,45 +165,10 @@ def _literal(text: str, key: str) -> str:
     return escaped.replace(key.replace("$", "$$"), f"$({KEY_ENV[0]})") if key else escaped
 
 
-def _harness_container(pod_spec: dict[str, Any], container_name: str | None) -> dict[str, Any]:
-    containers = pod_spec["containers"]
-    wanted = container_name or "harness"
-    for container in containers:
-        if container.get("name") == wanted:
-            return container
-    if container_name:
-        raise ConfigError(f"job_template has no container named {container_name!r}")
-    return containers[0]
-
-
 def template_workspace(template: Mapping[str, Any] | None, container_name: str | None = None) -> str:
     """The pod-side workspace: the harness container's ``workingDir`` in the template, else /workspace."""
-    container = _harness_container(normalize_template(template)["spec"]["template"]["spec"], container_name)
+    container = harness_container(normalize_template(template)["spec"]["template"]["spec"], container_name)
     return container.get("workingDir") or DEFAULT_WORKSPACE
-
-
-def _quantity_cpu(cpus: float) -> str:
-    return str(int(cpus)) if float(cpus).is_integer() else f"{math.ceil(cpus * 1000)}m"
-
-
-def _apply_limits(container: dict[str, Any], limits: ResourceLimits) -> None:
-    resources = container.setdefault("resources", {})
-    container_limits = resources.setdefault("limits", {})
-    if limits.memory_mb is not None:
-        container_limits["memory"] = f"{limits.memory_mb}Mi"
-    if limits.cpus is not None:
-        container_limits["cpu"] = _quantity_cpu(limits.cpus)
-    # cpu_seconds and max_processes have no per-pod field: the pod's pids limit is kubelet config.
-
-
-def _apply_storage_limit(container: dict[str, Any], limit: str) -> None:
-    """The harness container's ephemeral-storage limit (the kubelet evicts a pod over it, and counts
-    the pod's emptyDirs against the sum of its containers' limits)."""
-    resources = container.setdefault("resources", {})
-    resources.setdefault("limits", {})["ephemeral-storage"] = limit
-    # A missing request defaults to the limit, and the scheduler would then reserve the whole limit
-    # on a node for every attempt; no request (0) schedules as before. The template's request stays.
-    resources.setdefault("requests", {}).setdefault("ephemeral-storage", "0")
 
 
 def _merge_named(
@@ -263,7 +234,7 @@ def build_job_manifest(
     key = rollout_key(launch)
     pod = job["spec"]["template"]
     pod_spec = pod["spec"]
-    container = _harness_container(pod_spec, container_name)
+    container = harness_container(pod_spec, container_name)
     workspace = workspace_dir or container.get("workingDir") or DEFAULT_WORKSPACE
     translate = _translator(launch, gateway_url, workspace)
 
@@ -318,9 +289,15 @@ def build_job_manifest(
     container["env"] = _container_env(
         container, launch, secret_name=secret_name, key=key, translate=translate, pod_env=pod_env
     )
-    _apply_limits(container, launch.limits)
+    check_requests_within_limits(
+        template,
+        launch.limits,
+        container_name=container_name,
+        ephemeral_storage_limit=ephemeral_storage_limit,
+    )
+    apply_limits(container, launch.limits)
     if ephemeral_storage_limit is not None:  # before harden_pod: the seed container copies it
-        _apply_storage_limit(container, ephemeral_storage_limit)
+        apply_storage_limit(container, ephemeral_storage_limit)
     harden_pod(pod_spec, container, workspace=workspace, config=security, size_limit=ephemeral_storage_limit)
     if launch.image and harness_image:  # the task's image, the harness copied in from its own
         inject_harness(

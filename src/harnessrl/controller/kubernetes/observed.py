@@ -90,6 +90,7 @@ class ObservedPod:
     # The harness container's ``resources.limits`` from the pod spec, as numbers (bytes, cores):
     # what the node's eviction messages are weighed against.
     harness_limits: Mapping[str, float] = field(default_factory=dict)
+    deleting: bool = False  # metadata.deletionTimestamp: its containers are being killed
 
     def condition(self, type_: str) -> Condition | None:
         return next((c for c in self.conditions if c.type == type_), None)
@@ -245,6 +246,7 @@ def parse_pod(obj: Mapping[str, Any]) -> ObservedPod:
         harness_container=harness,
         created_at=parse_time(meta.get("creationTimestamp")),
         harness_limits=_harness_limits(obj.get("spec") or {}, harness),
+        deleting=bool(meta.get("deletionTimestamp")),
     )
 
 

@@ -125,15 +125,25 @@ def _seed_container(container: dict[str, Any], workspace: str, config: PodSecuri
     }
     if container.get("imagePullPolicy"):
         seed["imagePullPolicy"] = container["imagePullPolicy"]
+    resources = init_resources(container)
+    if resources:
+        seed["resources"] = resources
+    return seed
+
+
+def init_resources(container: Mapping[str, Any]) -> dict[str, Any]:
+    """The harness container's cpu/memory/ephemeral-storage requests and limits, for an init
+    container of its pod (the seed copy, the harness copier): a ResourceQuota that demands limits
+    checks init containers too, and an init container's request does not add to the pod's."""
     resources = {
         kind: {
-            k: v for k, v in (container.get("resources") or {}).get(kind, {}).items() if k in _SEED_RESOURCES
+            k: v
+            for k, v in ((container.get("resources") or {}).get(kind) or {}).items()
+            if k in _SEED_RESOURCES
         }
         for kind in ("requests", "limits")
     }
-    if any(resources.values()):
-        seed["resources"] = {kind: values for kind, values in resources.items() if values}
-    return seed
+    return {kind: values for kind, values in resources.items() if values}
 
 
 def _host_path_volume_names(volumes: Any) -> list[str]:

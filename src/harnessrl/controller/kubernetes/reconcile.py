@@ -28,7 +28,13 @@ from harnessrl.controller.kubernetes.names import (
     ROLLOUT_ANNOTATION,
     label_value,
 )
-from harnessrl.controller.kubernetes.observed import ObservedJob, ObservedPod, ObservedSecret, parse_quantity
+from harnessrl.controller.kubernetes.observed import (
+    ContainerStatus,
+    ObservedJob,
+    ObservedPod,
+    ObservedSecret,
+    parse_quantity,
+)
 
 # Waiting reasons that will not fix themselves: fail the attempt at once.
 PERMANENT_WAITING = frozenset({"InvalidImageName", "ErrImageNeverPull"})
@@ -205,6 +211,42 @@ def _deadline(
     return Exit(ExitKind.TIMEOUT, None, message or "activeDeadlineSeconds exceeded")
 
 
+def _harness_exit(harness: ContainerStatus) -> Exit | None:
+    """The outcome a terminated harness container reports by itself (None: exit 0 or no code)."""
+    if harness.reason == "OOMKilled":
+        return Exit(ExitKind.OOM, harness.exit_code, "container OOMKilled")
+    if harness.reason in START_FAILURES:
+        return _infra(f"harness container could not start: {harness.reason} {harness.message}".strip())
+    if harness.exit_code not in (0, None):
+        return Exit(ExitKind.EXITED, harness.exit_code, f"container exited {harness.exit_code}")
+    return None
+
+
+def _ended_beside_sidecars(job: ObservedJob, pod: ObservedPod | None, *, now: float) -> Exit | None:
+    """The harness container ended while another regular container of the pod (a sidecar of the
+    template: a log shipper, a proxy) runs on. That container keeps the pod, and so the Job, running
+    until ``activeDeadlineSeconds``, which would read as the policy's TIMEOUT for a harness that had
+    long exited: its own exit is the outcome. Not while the pod is being deleted or the Job is
+    failing or past its deadline: then the kubelet's kill, not the harness, ended it."""
+    if pod is None or pod.phase != "Running" or pod.deleting:
+        return None
+    if job.deleting or job.condition("FailureTarget") is not None:
+        return None
+    deadline = job.active_deadline_s
+    if job.start_time is not None and deadline is not None and now >= job.start_time + deadline:
+        return None
+    harness = pod.harness()
+    if harness is None or harness.state != "terminated" or harness.exit_code is None:
+        return None
+    others = [c for c in pod.containers if not c.init and c.name != harness.name]
+    if not any(c.state != "terminated" for c in others):
+        return None  # the pod itself is about to end: the Job's own outcome follows
+    exit_ = _harness_exit(harness)
+    if exit_ is not None:
+        return exit_
+    return Exit(ExitKind.EXITED, 0, "harness exited 0 (the pod's other containers ran on)")
+
+
 def classify(
     job: ObservedJob,
     *,
@@ -224,17 +266,20 @@ def classify(
         return taken
     failed = job.failed_condition
     if failed is None:
-        return _stuck(job, now=now, stuck_pending_s=stuck_pending_s)
+        ended = _ended_beside_sidecars(job, pod, now=now)
+        return ended if ended is not None else _stuck(job, now=now, stuck_pending_s=stuck_pending_s)
     if failed.reason == "DeadlineExceeded":
         return _deadline(job, harness_started_at, timeout_s, now=now)
     harness = pod.harness() if pod is not None else None
     if harness is not None and harness.state == "terminated":
-        if harness.reason == "OOMKilled":
-            return Exit(ExitKind.OOM, harness.exit_code, "container OOMKilled")
-        if harness.reason in START_FAILURES:
-            return _infra(f"harness container could not start: {harness.reason} {harness.message}".strip())
-        if harness.exit_code not in (0, None):
-            return Exit(ExitKind.EXITED, harness.exit_code, f"container exited {harness.exit_code}")
+        if (exit_ := _harness_exit(harness)) is not None:
+            return exit_
+        if harness.exit_code == 0 and harness.started:
+            # The harness ended well by itself; another container of the pod (a sidecar) failed it.
+            # Its exit is the outcome, as when the sidecar ends after it is seen exiting
+            # (_ended_beside_sidecars); INFRA here would let an agent that can crash a sidecar over
+            # the pod's shared localhost turn its own result into a retry.
+            return Exit(ExitKind.EXITED, 0, f"harness exited 0; the Job failed: {failed.reason}")
     if failed.reason in INFRA_JOB_REASONS:
         return _infra(f"job failed: {failed.reason} {failed.message}".strip())
     return _infra(f"job failed ({failed.reason or 'no reason'}) and no pod status says why: {failed.message}")

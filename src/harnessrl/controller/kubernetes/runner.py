@@ -174,6 +174,9 @@ class KubernetesRunner:
         self._watch: k8s_watch.Watch | None = None
         self._watch_thread: threading.Thread | None = None
         self._finishing: set[asyncio.Task] = set()  # saving logs of ended attempts
+        # Jobs of ended attempts whose log is being saved: deleted (if they must be) only after that,
+        # since deleting a Job takes its pods, and their logs, along.
+        self._saving: set[str] = set()
         self._creating: set[asyncio.Task] = set()  # Secret + Job creates in flight (aclose waits)
 
     @property
@@ -451,13 +454,20 @@ class KubernetesRunner:
         )
         for name in actions.adopted:
             self._mark_created(self._attempts[name])
+        # An ended attempt whose Job still runs (a stuck pod, a sidecar that outlives the harness) is
+        # deleted by its _finish, once the harness's log is saved.
+        stop_after_log = set(actions.completed) & set(actions.delete)
         for name, exit_ in actions.completed.items():
-            self._resolve(self._attempts[name], exit_)
+            self._resolve(self._attempts[name], exit_, delete_job=name in stop_after_log)
         ready = time.monotonic()
         creates = [
             self._start_create(a) for d in actions.create if (a := self._attempts[d.name]).retry_at <= ready
         ]
-        deletes = [self._delete(self._batch.delete_namespaced_job, n) for n in actions.delete]
+        deletes = [
+            self._delete(self._batch.delete_namespaced_job, n)
+            for n in actions.delete
+            if n not in stop_after_log and n not in self._saving
+        ]
         deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.delete_secrets]
         deletes += [self._delete(self._core.delete_namespaced_secret, n) for n in actions.completed]
         # Shielded: cancelling this pass (aclose) must not abandon a create whose request is already
@@ -481,23 +491,35 @@ class KubernetesRunner:
         attempt.is_created, attempt.created_seq = True, self._seq
         _settle(attempt.created)
 
-    def _resolve(self, attempt: _Attempt, exit_: Exit) -> None:
-        """The attempt ended: save its pod's log, then let ``wait`` return."""
+    def _resolve(self, attempt: _Attempt, exit_: Exit, *, delete_job: bool = False) -> None:
+        """The attempt ended: save its pod's log, then (``delete_job``: its Job still runs) delete
+        the Job, then let ``wait`` return."""
         self._attempts.pop(attempt.name, None)
         _settle(attempt.created)
         pods = [p for p in self._pods if p.job_name == attempt.name]
         pod = max(pods, key=lambda p: (p.created_at or 0.0, p.name), default=None)
-        task = asyncio.create_task(self._finish(attempt, exit_, pod))
+        self._saving.add(attempt.name)
+        task = asyncio.create_task(self._finish(attempt, exit_, pod, delete_job=delete_job))
         self._finishing.add(task)
         task.add_done_callback(self._finishing.discard)
 
-    async def _finish(self, attempt: _Attempt, exit_: Exit, pod: ObservedPod | None) -> None:
-        if pod is not None and not attempt.done.done():
-            try:
-                await self._save_log(attempt, pod)
-            except Exception as exc:  # deliberate: a missing log never changes the outcome
-                log.warning("could not save the log of %s: %s", pod.name, exc)
-        _settle(attempt.done, exit_)
+    async def _finish(
+        self, attempt: _Attempt, exit_: Exit, pod: ObservedPod | None, *, delete_job: bool = False
+    ) -> None:
+        try:
+            if pod is not None and not attempt.done.done():
+                try:
+                    await self._save_log(attempt, pod)
+                except Exception as exc:  # deliberate: a missing log never changes the outcome
+                    log.warning("could not save the log of %s: %s", pod.name, exc)
+            if delete_job:
+                try:
+                    await self._delete(self._batch.delete_namespaced_job, attempt.name)
+                except Exception as exc:  # deliberate: the orphan sweep or its deadline ends it later
+                    log.warning("could not delete the Job %s: %s", attempt.name, exc)
+        finally:
+            self._saving.discard(attempt.name)
+            _settle(attempt.done, exit_)
 
     async def _save_log(self, attempt: _Attempt, pod: ObservedPod) -> None:
         """The harness container's log as ``stdout.log`` (Kubernetes merges stdout and stderr)."""
@@ -508,6 +530,8 @@ class KubernetesRunner:
             container=pod.harness_container,
             limit_bytes=self.config.max_log_bytes,
         )
+        # limitBytes is a hint: the API "may return slightly more" (and a proxy may ignore it).
+        data = data[: self.config.max_log_bytes]
         path = attempt.launch.log_dir / "stdout.log"
 
         def write() -> None:
@@ -526,6 +550,7 @@ class KubernetesRunner:
         ns, name = self.config.namespace, attempt.name
         # Stamped on every try: the grace that keeps other runners from sweeping it counts from here.
         attempt.secret["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] = f"{self._clock():.3f}"
+        adopting = False
         try:
             try:
                 await self._api(self._core.create_namespaced_secret, ns, attempt.secret)
@@ -538,9 +563,13 @@ class KubernetesRunner:
             except ApiException as exc:
                 if exc.status != 409:  # 409: a predecessor created it; adopt it
                     raise
+                adopting = True
                 job = await self._api(self._batch.read_namespaced_job, name, ns)
         except ApiException as exc:
-            if _transient(exc):  # the attempt keeps waiting, like one without a free slot
+            # A 404 on reading the Job a 409 said exists: it was being deleted (a predecessor's, killed
+            # or swept) and is gone now, so the name is free again: create it on a later pass.
+            if _transient(exc) or (adopting and exc.status == 404):
+                # the attempt keeps waiting, like one without a free slot
                 attempt.create_failures += 1
                 backoff = min(self.config.poll_interval_s, 0.25 * 2**attempt.create_failures)
                 attempt.retry_at = time.monotonic() + backoff
