@@ -140,6 +140,16 @@ def test_text_no_program_or_path_can_hold_is_refused_naming_the_field(spec, fiel
         render(spec, tmp_path, prompt=bad, name=bad)
 
 
+def test_file_content_no_file_can_hold_is_refused_naming_the_file(tmp_path):
+    """A lone surrogate in a file's content raised ``UnicodeEncodeError`` when the workspace (or the
+    pod's Secret) was written: a "controller error", the task field never named."""
+    spec = HarnessSpec(command=["true"], files={"notes.txt": "{task[name]}"})
+    with pytest.raises(ConfigError, match=r"harness\.files\['notes\.txt'\]: holds a lone surrogate"):
+        render(spec, tmp_path, name="a\ud800b")
+    rendered = render(spec, tmp_path, name="a\0b é")  # the control: a NUL and UTF-8 are file content
+    assert rendered.files == {"notes.txt": "a\0b é"}
+
+
 def test_a_prompt_longer_than_one_argument_may_be_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=r"harness\.command\[1\]: \d+ bytes.*task_file"):
         render(HarnessSpec(command=["echo", "{prompt}"]), tmp_path, prompt="x" * (MAX_EXEC_STRING + 1))

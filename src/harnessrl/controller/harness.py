@@ -219,6 +219,15 @@ def render_harness(
     names = [("harness.files", rel) for rel in files] + [("harness.workdir", workdir)]
     for where, text in [*names, ("harness.repo", repo or "")]:
         os_bytes(where, text)  # paths the controller itself opens: ValueError there left it hanging
+    for rel, content in files.items():  # written as UTF-8 (a NUL is fine in a file)
+        if not content.isascii():
+            try:
+                content.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ConfigError(
+                    f"harness.files[{rel!r}]: holds a lone surrogate (\\ud800…, from the task?), which "
+                    "no file can be written with"
+                ) from None
     check_exec(
         list(zip(fields, argv, strict=True)),
         [(f"harness.env.{k}" if k in spec.env else f"the harness's ${k}", k, v) for k, v in env.items()],
