@@ -24,7 +24,9 @@ class RetrievalConfig(Section):
     top_k: int = Field(default=3, ge=1, le=50, description="passages a search returns unless it asks")
     max_top_k: int = Field(default=10, ge=1, le=100, description="the most passages one search may ask for")
     max_passage_chars: int = Field(
-        default=1200, ge=64, description="a returned passage's text is cut to this many characters"
+        default=1200,
+        ge=64,
+        description="a returned passage's title and text are each cut to this many characters",
     )
     max_query_chars: int = Field(
         default=1000, ge=1, le=100_000, description="a longer query is refused (413) before any work"

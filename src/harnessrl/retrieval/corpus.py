@@ -18,7 +18,7 @@ from pathlib import Path
 from harnessrl.errors import ConfigError
 
 #: Bumped when the index layout or its analyzers change, so old cached indexes are not reused.
-INDEX_LAYOUT = "tantivy-v1-en_stem"
+INDEX_LAYOUT = "tantivy-v2-en_stem"  # v2: a null title is no title (v1 indexed the word "None")
 
 
 def index_layout() -> str:
@@ -34,10 +34,14 @@ class Passage:
     text: str
 
 
+def _new_digest(layout: str | None = None) -> hashlib._Hash:
+    return hashlib.sha256((layout or index_layout()).encode() + b"\0")
+
+
 def fingerprint(path: Path, layout: str | None = None) -> str:
     """sha256 of the corpus file's bytes and the index layout (``index_layout()`` unless given; hex,
     64 characters)."""
-    digest = hashlib.sha256((layout or index_layout()).encode() + b"\0")
+    digest = _new_digest(layout)
     try:
         with path.open("rb") as f:
             for block in iter(lambda: f.read(1 << 20), b""):
@@ -45,6 +49,11 @@ def fingerprint(path: Path, layout: str | None = None) -> str:
     except OSError as exc:
         raise ConfigError(f"retrieval.corpus: cannot read {path}: {exc}") from exc
     return digest.hexdigest()
+
+
+def passages_digest() -> hashlib._Hash:
+    """A digest for ``read_passages(path, digest)``: its ``hexdigest()`` is then ``fingerprint``'s."""
+    return _new_digest()
 
 
 def _from_contents(contents: str) -> tuple[str, str]:
@@ -65,24 +74,41 @@ def _utf8(value: str) -> bool:
     return True
 
 
+def _scalar(row: dict, key: str, where: str, *, null: str | None = None) -> str:
+    """``row[key]`` as text: a string as is, a number as its text; ``null`` (when given) for a JSON
+    null. Anything else (null otherwise, true/false, a list, an object) is the line's error: ``str()``
+    indexed and returned them as the words "None", "True" or a Python repr."""
+    value = row[key]
+    if value is None and null is not None:
+        return null
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    raise ConfigError(f"{where}: {key!r} must be a string, got {json.dumps(value)[:40]}")
+
+
 def _fields(row: object, lineno: int, where: str) -> tuple[str, str, str]:
     """A passage's id, title and text from its JSON row."""
     if not isinstance(row, dict):
         raise ConfigError(f"{where}: a passage is a JSON object")
-    pid = str(row.get("id", lineno - 1))
+    pid = _scalar(row, "id", where) if "id" in row else str(lineno - 1)
     if "contents" in row:
-        title, text = _from_contents(str(row["contents"]))
+        title, text = _from_contents(_scalar(row, "contents", where))
     elif "text" in row:
-        title, text = str(row.get("title", "")), str(row["text"])
+        title = _scalar(row, "title", where, null="") if "title" in row else ""
+        text = _scalar(row, "text", where)
     else:
         raise ConfigError(f"{where}: a passage needs 'text' (and 'title') or 'contents'")
     return pid, title, text
 
 
-def read_passages(path: Path) -> Iterator[Passage]:
+def read_passages(path: Path, digest: hashlib._Hash | None = None) -> Iterator[Passage]:
     """Every passage of the corpus, in file order; ``ConfigError`` naming the line for a bad one
     (not JSON, not UTF-8, a lone surrogate, nested past the parser's depth, a missing field, an id
-    seen before). Lines end at ``\\n`` (JSON Lines)."""
+    seen before). Lines end at ``\\n`` (JSON Lines). ``digest`` (``passages_digest()``) is fed every
+    byte read, so once the passages are all read it is the ``fingerprint`` of exactly what they came
+    from, even if the file was replaced after another look at it."""
     seen: set[str] = set()
     try:
         f = path.open("rb")  # bytes: an undecodable line is named by its number, not met mid-buffer
@@ -90,6 +116,8 @@ def read_passages(path: Path) -> Iterator[Passage]:
         raise ConfigError(f"retrieval.corpus: cannot read {path}: {exc}") from exc
     with f:
         for lineno, raw in enumerate(f, start=1):
+            if digest is not None:
+                digest.update(raw)
             where = f"retrieval.corpus: {path}:{lineno}"
             try:
                 line = raw.decode("utf-8")

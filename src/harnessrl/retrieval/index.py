@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.errors import ConfigError
-from harnessrl.retrieval.corpus import fingerprint, index_layout, read_passages
+from harnessrl.retrieval.corpus import fingerprint, index_layout, passages_digest, read_passages
 
 #: Only ASCII is lower-cased here, which is all the query language's operators (AND, OR, NOT, IN, TO)
 #: need to lose their meaning. The rest is tantivy's: Python's ``str.lower`` disagrees with it
@@ -76,14 +76,16 @@ def _schema():  # type: ignore[no-untyped-def]
     return builder.build()
 
 
-def build_index(corpus: Path, folder: Path) -> int:
-    """Index every passage of ``corpus`` into the empty ``folder``; returns the passage count."""
+def build_index(corpus: Path, folder: Path) -> tuple[int, str]:
+    """Index every passage of ``corpus`` into the empty ``folder``; returns the passage count and the
+    ``fingerprint`` of the bytes indexed (read in the same pass as the passages)."""
     import tantivy
 
     index = tantivy.Index(_schema(), path=str(folder))
     writer = index.writer(heap_size=128_000_000, num_threads=1)
     count = 0
-    for passage in read_passages(corpus):
+    digest = passages_digest()
+    for passage in read_passages(corpus, digest):
         writer.add_document(tantivy.Document(id=passage.id, title=passage.title, text=passage.text))
         count += 1
     if count == 0:
@@ -91,7 +93,7 @@ def build_index(corpus: Path, folder: Path) -> int:
     writer.commit()
     writer.wait_merging_threads()
     (folder / _READY).write_text(f"{index_layout()}\n{count}\n")
-    return count
+    return count, digest.hexdigest()
 
 
 class RetrievalIndex:
@@ -117,20 +119,27 @@ class RetrievalIndex:
         digest = fingerprint(corpus)
         cache = cache_dir or default_cache_dir()
         folder = cache / digest
-        if not (folder / _READY).is_file():
-            cache.mkdir(parents=True, exist_ok=True)
-            building = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=cache))
-            try:
-                build_index(corpus, building)
+        try:
+            if not (folder / _READY).is_file():
+                cache.mkdir(parents=True, exist_ok=True)
+                building = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=cache))
                 try:
-                    building.rename(folder)
-                except OSError:  # another process named it first (or a dead build left a folder)
-                    if not (folder / _READY).is_file():
-                        shutil.rmtree(folder, ignore_errors=True)
+                    _count, digest = build_index(corpus, building)
+                    # Named by the bytes it holds: a corpus replaced after ``fingerprint`` read it
+                    # (data regenerated as a run starts) left the new content under the old name.
+                    folder = cache / digest
+                    try:
                         building.rename(folder)
-            finally:
-                shutil.rmtree(building, ignore_errors=True)
-        return cls(folder, fingerprint=digest)
+                    except OSError:  # another process named it first (or a dead build left a folder)
+                        if not (folder / _READY).is_file():
+                            shutil.rmtree(folder, ignore_errors=True)
+                            building.rename(folder)
+                finally:
+                    shutil.rmtree(building, ignore_errors=True)
+            return cls(folder, fingerprint=digest)
+        except OSError as exc:  # not a folder, not writable, disk full: the setting's error, not a traceback
+            where = "retrieval.cache_dir" if cache_dir else "retrieval.cache_dir (unset: the default)"
+            raise ConfigError(f"{where}: cannot keep the index of {corpus} in {cache}: {exc}") from exc
 
     def search(self, query: str, k: int, *, max_terms: int = 32) -> list[Hit]:
         """The ``k`` best passages for ``query`` by BM25 over title and text (best first)."""

@@ -145,7 +145,9 @@ class RetrievalRoutes:
         passages = [
             {
                 "id": h.id,
-                "title": h.title,
+                # The title is cut too: a FlashRAG ``contents`` without a newline is all title, and a
+                # corpus's title may be any length; uncut, one search returned a 40,000-character one.
+                "title": h.title[: cfg.max_passage_chars],
                 "text": h.text[: cfg.max_passage_chars],
                 "score": round(h.score, 4),
             }
