@@ -101,6 +101,16 @@ def test_searchqa_reads_the_search_r1_nq_and_hotpotqa_layouts(tmp_path: Path) ->
     assert source.load(split="train")[2].data["prompt"] == "Q: which z?"
 
 
+def test_searchqa_reads_numeric_golds_as_written(tmp_path: Path) -> None:
+    """``1e3`` and ``2.50`` were read as the floats 1000.0 and 2.5: the golds "1000.0" and "2.5", which
+    the answers "1000" and "2.50" (the dataset's own) could never match."""
+    path = tmp_path / "qa.jsonl"
+    path.write_text('{"id": "n-1", "question": "how many?", "answer": [1e3, 2.50, 7]}\n')
+    [task] = load_searchqa(path, split="train")
+    assert task.data["hidden"]["answers"] == ["1e3", "2.50", "7"]
+    assert exact_match("2.50", task.data["hidden"]["answers"]) == 1.0  # was 0: the gold read "2.5"
+
+
 @pytest.mark.parametrize(
     "row",
     [

@@ -310,7 +310,8 @@ def _write_jsonl(path: Path, rows: Iterable[dict[str, Any]]) -> None:
 
 def gold_answers(value: Any, *, name: str = "hidden.answers") -> list[str]:
     """A task's gold answers as strings: one string is one answer (never its characters); a list
-    holds strings (or numbers, read as written). Anything else is the task's error (``ConfigError``).
+    holds strings (or numbers: ``load_searchqa`` keeps a file's as written; a float already parsed
+    reads as Python writes it, ``2.5`` — write such golds as strings). Anything else is the task's error (``ConfigError``).
     A blank gold (``""``, spaces) is dropped: nothing can match it."""
     if isinstance(value, str):
         value = [value]
@@ -356,7 +357,9 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
             continue
         where = f"{split} tasks: {path}:{lineno}"
         try:
-            row = json.loads(line)
+            # Numbers as written: json's floats made the gold "2.50" "2.5" and "1e3" "1000.0", which
+            # no answer "2.50" or "1000" could match.
+            row = json.loads(line, parse_float=str)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: not JSON: {exc}") from exc
         except RecursionError:
