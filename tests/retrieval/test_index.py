@@ -142,3 +142,38 @@ def test_the_index_cache_is_keyed_by_the_tantivy_release(tmp_path: Path) -> None
     assert fingerprint(corpus) != fingerprint(corpus, layout=f"{INDEX_LAYOUT}+tantivy-0.0.1")
     index = RetrievalIndex.for_corpus(corpus, tmp_path / "cache")
     assert index.folder.name == fingerprint(corpus)
+
+
+def test_a_build_a_killed_process_left_is_removed_by_the_next_build(tmp_path: Path) -> None:
+    """A build killed outright (SIGKILL, the OOM killer) left its temporary folder in the cache for
+    good: gigabytes for a large corpus, one more at every crash. A live build's folder is kept."""
+    import os
+    import subprocess
+    import sys
+
+    from harnessrl.retrieval.index import BUILDING_PREFIX
+    from harnessrl.sandbox.host import make_owned_dir
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = subprocess.run(  # a builder that dies without removing its folder (os._exit: no cleanup)
+        [
+            sys.executable,
+            "-c",
+            "import os, sys; from pathlib import Path; from harnessrl.sandbox.host import make_owned_dir\n"
+            f"folder, _ = make_owned_dir(Path({str(cache)!r}), {BUILDING_PREFIX!r})\n"
+            "(folder / 'index').mkdir(); (folder / 'index' / 'segment').write_bytes(b'x' * 4096)\n"
+            "print(folder, flush=True); os._exit(0)",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    left = Path(dead.stdout.strip())
+    live, owner = make_owned_dir(cache, BUILDING_PREFIX)  # the control: a build still running
+    try:
+        RetrievalIndex.for_corpus(write_corpus(tmp_path / "corpus.jsonl", PASSAGES), cache)
+        assert not left.exists()
+        assert live.is_dir()
+    finally:
+        os.close(owner)

@@ -21,19 +21,21 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import tempfile
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from harnessrl.errors import ConfigError
 from harnessrl.retrieval.corpus import fingerprint, index_layout, passages_digest, read_passages
+from harnessrl.sandbox.host import make_owned_dir, sweep_abandoned
 
 #: Only ASCII is lower-cased here, which is all the query language's operators (AND, OR, NOT, IN, TO)
 #: need to lose their meaning. The rest is tantivy's: Python's ``str.lower`` disagrees with it
 #: ("ΟΔΟΣ" ends in "ς" in Python, "σ" in tantivy's index), so a word lower-cased here could never match.
 _ASCII_LOWER = str.maketrans("ABCDEFGHIJKLMNOPQRSTUVWXYZ", "abcdefghijklmnopqrstuvwxyz")
 _READY = "harnessrl-index-ready"  # written last: a folder without it is a build that died
+#: The folders builds run in, in the cache (each holds its builder's owner lock and ``index/``).
+BUILDING_PREFIX = ".building-"
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +124,12 @@ class RetrievalIndex:
         try:
             if not (folder / _READY).is_file():
                 cache.mkdir(parents=True, exist_ok=True)
-                building = Path(tempfile.mkdtemp(prefix=f".{digest[:16]}-", dir=cache))
+                # Builds a killed process left (SIGKILL, the OOM killer: gigabytes for a large corpus)
+                # are removed; a live build holds its folder's lock (``make_owned_dir``).
+                sweep_abandoned(cache, BUILDING_PREFIX, unlocked_grace_s=None)
+                owned, owner = make_owned_dir(cache, BUILDING_PREFIX)
+                building = owned / "index"
+                building.mkdir()
                 try:
                     _count, digest = build_index(corpus, building)
                     # Named by the bytes it holds: a corpus replaced after ``fingerprint`` read it
@@ -135,7 +142,8 @@ class RetrievalIndex:
                             shutil.rmtree(folder, ignore_errors=True)
                             building.rename(folder)
                 finally:
-                    shutil.rmtree(building, ignore_errors=True)
+                    shutil.rmtree(owned, ignore_errors=True)
+                    os.close(owner)
             return cls(folder, fingerprint=digest)
         except OSError as exc:  # not a folder, not writable, disk full: the setting's error, not a traceback
             where = "retrieval.cache_dir" if cache_dir else "retrieval.cache_dir (unset: the default)"
