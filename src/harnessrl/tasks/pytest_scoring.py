@@ -17,10 +17,11 @@ does about it:
   variables), ``--noconftest``, plugin auto-loading off, ``-o addopts=`` (the workspace's config
   cannot add options), no cache; outcomes come from pytest's JUnit XML, read only once every
   process of the run is dead;
-- **tripwires**: before the run, two tests with fresh random names (shaped like the file's own test
-  names) are planted at random top-level positions of every test file holding a listed test (in
-  either order), one that must fail and one that must pass. Code that does not know them cannot
-  forge a report that gets them right. The verdict is refused (reward 0, flag ``verdict_disagreement``) when a must-fail tripwire passed, a tripwire
+- **tripwires** (``harnessrl.tasks.tripwires``): before the run, one to three tests that must fail
+  and one to three that must pass, with fresh random names shaped like the suite's own, are planted
+  at random positions beside the listed tests: in each class holding one (as its methods), at the
+  top level for top-level ones, parametrized with a copied id where every listed test of the place
+  is. Code that does not know them cannot forge a report that gets them right. The verdict is refused (reward 0, flag ``verdict_disagreement``) when a must-fail tripwire passed, a tripwire
   is missing from a file whose tests were reported, or pytest exited 0 (the must-fail tripwire
   makes an honest run exit 1); ``report_missing`` when there is no readable report,
   ``tests_missing`` when a listed test was never reported (an import error, a deleted file),

@@ -41,7 +41,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from harnessrl.controller.audit.changes import FORCED_EXIT, PACKAGE_INSTALL, TEST_CONFIG_WRITE, check_write
+from harnessrl.controller.audit.changes import (
+    ALWAYS_EQUAL,
+    FORCED_EXIT,
+    PACKAGE_INSTALL,
+    TEST_CONFIG_WRITE,
+    check_write,
+)
 from harnessrl.controller.audit.extract import CommandRecord, extract_commands
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit.rules import (
@@ -81,6 +87,7 @@ ALL_RULES: tuple[str, ...] = (
     STORE_ACCESS,
     OBFUSCATED_CODE,
     FORCED_EXIT,
+    ALWAYS_EQUAL,
     OUTSIDE_WORKSPACE,
 )
 # Every rule zeroes the reward by default except ``outside_workspace``: ordinary agents read

@@ -113,20 +113,45 @@ def python_script_file(args: list[str]) -> str | None:
     return value if kind == "script" else None
 
 
-_PY_SHELL_CALL = re.compile(
-    r"\b(?:os\.system|os\.popen|subprocess\.(?:run|call|check_call|check_output|Popen|getoutput))\s*\(\s*"
-    r"(\[[^\]]*\]|[rbuf]?'[^'\n]*'|[rbuf]?\"[^\"\n]*\")"
-)
+# Functions that run a command line or an argv, per module (``os.exec*``'s first argument is the
+# program: ``os.execvp("curl", [...])`` reads as ``curl``).
+_SHELL_FUNCTIONS = {
+    "os": wordlist(
+        "system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle spawnlp"
+        " spawnlpe spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp"
+    ),
+    "subprocess": wordlist("run call check_call check_output Popen getoutput getstatusoutput"),
+    "pty": ("spawn",),
+    "asyncio": ("create_subprocess_exec", "create_subprocess_shell"),
+}
+_PY_SHELL_ARGUMENT = r"\s*\(\s*(\[[^\]]*\]|\([^)]*\)|[rbuf]?'[^'\n]*'|[rbuf]?\"[^\"\n]*\")"
+_PY_MODULE_ALIAS = re.compile(r"\bimport[ \t]+(os|subprocess|pty|asyncio)[ \t]+as[ \t]+(\w+)")
+_PY_FROM_IMPORT = re.compile(r"\bfrom[ \t]+(os|subprocess|pty|asyncio)[ \t]+import[ \t]+\(?([^\n;)]+)")
 _PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
+
+
+def _shell_callees(code: str) -> re.Pattern[str]:
+    """The calls in ``code`` that run a command: ``subprocess.run``, and the same function under
+    another name (``import subprocess as s`` -> ``s.run``, ``from os import system as sh`` -> ``sh``)."""
+    callees = [rf"{m}\.(?:{'|'.join(f)})" for m, f in _SHELL_FUNCTIONS.items()]
+    for module, alias in _PY_MODULE_ALIAS.findall(code):
+        callees.append(rf"{alias}\.(?:{'|'.join(_SHELL_FUNCTIONS[module])})")
+    for module, names in _PY_FROM_IMPORT.findall(code):
+        for item in names.split(","):
+            name, _, alias = item.strip().partition(" as ")
+            if name.strip() in _SHELL_FUNCTIONS[module]:
+                callees.append(re.escape((alias or name).strip()))
+    return re.compile(rf"(?<![\w.])(?:{'|'.join(callees)}){_PY_SHELL_ARGUMENT}")
 
 
 def python_shell_calls(code: str) -> Iterator[str]:
     """The shell commands Python code runs with literal arguments: ``os.system("curl ...")``,
-    ``subprocess.run(["pip", ...])`` (a list is joined back into one command line)."""
-    for match in _PY_SHELL_CALL.finditer(code):
+    ``subprocess.run(["pip", ...])`` (a list is joined back into one command line), the same
+    functions imported under other names, ``os.execvp("curl", …)``, ``pty.spawn([...])``."""
+    for match in _shell_callees(code).finditer(code):
         arg = match.group(1)
         strings = [a or b for a, b in _PY_STRING.findall(arg)]
-        yield shlex.join(strings) if arg.startswith("[") else "".join(strings)
+        yield shlex.join(strings) if arg.startswith(("[", "(")) else "".join(strings)
 
 
 def notebook_shell(code: str) -> Iterator[str]:

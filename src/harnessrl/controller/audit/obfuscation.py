@@ -34,6 +34,7 @@ a cap must not become a hiding place (the same rule as the workspace diff's caps
 
 from __future__ import annotations
 
+import ast
 import io
 import keyword
 import posixpath
@@ -41,7 +42,15 @@ import re
 import tokenize
 from collections.abc import Iterator
 
-from harnessrl.controller.audit.shell import Segment, positional_args, strip_wrappers, substitutions, wordlist
+from harnessrl.controller.audit.invocations import files_run
+from harnessrl.controller.audit.shell import (
+    Segment,
+    output_of,
+    positional_args,
+    strip_wrappers,
+    substitutions,
+    wordlist,
+)
 
 OBFUSCATED_CODE = "obfuscated_code"  # exec/eval/import of decoded data, marshal, `base64 -d | sh`
 
@@ -54,7 +63,7 @@ _DECODER = re.compile(
     r"|decodestring|unhexlify|a2b_base64|a2b_hex|a2b_uu|a2b_qp|fromhex|decompress|decompressobj"
     r"|getdecoder|iterdecode)\b"
     r"|\bcodecs\.decode\b|\.decode\(\s*['\"](?:rot[_-]?13|hex|base64|zlib|bz2|uu|quopri)"
-    r"|(?<![\w.])chr\s*\(|\[\s*::\s*-1\s*\]|\bbyte(?:s|array)\s*\(\s*\["
+    r"|(?<![\w.])chr\s*\(|\bmap\(\s*chr\b|\[\s*::\s*-1\s*\]|\bbyte(?:s|array)\s*\(\s*\["
 )
 _SINK = re.compile(
     r"(?<![\w.])(?:exec|eval|compile|execfile|__import__|import_module)\s*\("
@@ -86,9 +95,33 @@ _MAX_HINT = 200  # longer sink calls are highlighted by their head (``exec(``)
 MAX_SINKS = 1000
 
 
+# Names worth hiding from a reader: what runs commands, opens connections, ends a process or runs code.
+_HIDDEN_NAMES = frozenset(
+    wordlist(
+        "system popen execl execle execlp execlpe execv execve execvp execvpe spawnl spawnle spawnlp spawnlpe"
+        " spawnv spawnve spawnvp spawnvpe posix_spawn posix_spawnp run call check_call check_output Popen"
+        " getoutput getstatusoutput _exit kill killpg abort urlopen urlretrieve socket create_connection"
+        " import_module __import__ exec eval compile"
+    )
+)
+# Hidden names that are also ordinary keys of an object's ``__dict__`` (``vars(args)["run"]``).
+_ORDINARY_KEYS = frozenset(wordlist("run call kill abort socket exec eval compile"))
+_GETATTR = re.compile(r"\bgetattr\s*\(")
+_BY_KEY = re.compile(r"(?:\.__dict__|\bvars\s*\([^()]*\))\s*\[\s*(['\"])(\w+)\1\s*\]")
+_EVAL_SINK = re.compile(r"(?<![\w.])(?:exec|eval|compile)\s*\(")
+
+
 def python_obfuscation(code: str) -> Iterator[tuple[str, str]]:
     for match in _ALWAYS.finditer(code):
         yield OBFUSCATED_CODE, match.group(0)
+    for match in _GETATTR.finditer(code):  # getattr(os, "sys" + "tem"): a name a rule would know, hidden
+        argument = _argument(code, match.end())
+        pieces = string_literals(argument.partition(",")[2])
+        if len(pieces) > 1 and "".join(pieces) in _HIDDEN_NAMES:
+            yield OBFUSCATED_CODE, code[match.start() : match.end() + len(argument) + 1][:_MAX_HINT]
+    for match in _BY_KEY.finditer(code):  # os.__dict__["system"], vars(os)["popen"]
+        if match.group(2) in _HIDDEN_NAMES and match.group(2) not in _ORDINARY_KEYS:
+            yield OBFUSCATED_CODE, match.group(0)
     tainted = _tainted_names(code)
     for count, match in enumerate(_SINK.finditer(code)):
         if count == MAX_SINKS:
@@ -104,6 +137,51 @@ def python_obfuscation(code: str) -> Iterator[tuple[str, str]]:
             call = code[match.start() : match.end() + len(argument) + 1]
             short = len(call) <= _MAX_HINT and "\n" not in call
             yield OBFUSCATED_CODE, call if short else match.group(0)
+
+
+def string_literals(text: str) -> list[str]:
+    """The values of the plain string literals in ``text`` (escapes decoded; f-strings and text that
+    does not tokenize give none)."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError, ValueError):
+        return []
+    values = []
+    for token in tokens:
+        if token.type != tokenize.STRING or token.string.lstrip("rbuRBU").startswith(("f", "F")):
+            continue
+        try:
+            value = ast.literal_eval(token.string)
+        except (ValueError, SyntaxError, MemoryError, RecursionError):
+            continue
+        values.append(value.decode(errors="replace") if isinstance(value, bytes) else value)
+    return values
+
+
+#: ``exec``/``eval``/``compile`` calls whose literal code is read per piece of code, and the characters
+#: of assembled code read: each costs tokenizing its argument, and assembled code is read again as
+#: code. More is flagged (no fix assembles that much code from literals), never silently skipped.
+MAX_EVALUATED = 100
+MAX_EVALUATED_CHARS = 16384
+
+
+def evaluated_literals(code: str) -> Iterator[str | None]:
+    """The code ``exec``/``eval``/``compile`` get as string literals put together or spelled with
+    escapes (``exec("import sock" + "et")``, ``exec("\\x69mport socket")``): read as the code it is.
+    ``None`` last when there was more than ``MAX_EVALUATED``/``MAX_EVALUATED_CHARS`` to read."""
+    read = 0
+    for count, match in enumerate(_EVAL_SINK.finditer(code)):
+        argument = _argument(code, match.end())
+        if "'" not in argument and '"' not in argument:
+            continue
+        pieces = string_literals(argument)
+        if len(pieces) > 1 or (pieces and "\\" in argument):
+            literal = "".join(pieces)
+            read += len(literal)
+            if count >= MAX_EVALUATED or read > MAX_EVALUATED_CHARS:
+                yield None
+                return
+            yield literal
 
 
 def _argument(code: str, start: int) -> str:
@@ -228,23 +306,83 @@ _PROCESS_SUBSTITUTION = re.compile(
 )
 
 
+# ``eval $(… | base64 -d)``, ``bash -c $(…)`` unquoted: the tokenizer splits the substitution into
+# words and commands of its own, so it is read from the text, like a process substitution.
+_RUN_UNQUOTED = re.compile(
+    rf"(?:\beval|\b(?:ba|z|da|k)?sh\s+(?:-\w+\s+)*-\w*c|\bpython[\d.]*\s+(?:-\w+\s+)*-\w*c)\s+"
+    rf"\$\(([^)]*(?:{_DECODER_WORDS})[^)]*)\)"
+)
+# Decoded text substituted where the shell runs it: as the program (``$(printf '\\x63url') x``), or as
+# the here-string an interpreter reads its program from (``bash <<< "$(… | base64 -d)"``).
+_PRINTF_DECODER = r"\bprintf\s+['\"]?[^'\"\s)]*\\(?:x[0-9a-fA-F]{2}|[0-7]{3})"
+_DECODED_PROGRAM = re.compile(
+    rf"(?:^|[;&|\n(]|\b(?:then|do|else|exec|eval))[ \t]*\"?\$\(([^)]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER}"
+    rf"|\|\s*rev\b)[^)]*)\)"
+)
+_DECODED_HERE_STRING = re.compile(
+    rf"(?:\b(?:ba|z|da|k)?sh|\bpython[\d.]*|\bperl|\bsource|(?<![\w./-])\.)\b[^<\n;|&]*<<<\s*\"?"
+    rf"\$\(([^)]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER})[^)]*)\)"
+)
+# ``x=$(… | base64 -d)``, ``x=`…``` : a variable that holds decoded text.
+_DECODED_VARIABLE = re.compile(rf"(?<![\w$])([A-Za-z_]\w*)=[\"']?(?:\$\(|`)[^)`]*(?:{_DECODER_WORDS})")
+
+
 def shell_obfuscation(script: str, segments: list[Segment]) -> Iterator[tuple[str, str]]:
-    """Decoded text run as a program: piped into an interpreter, or substituted into ``eval``/``-c``."""
+    """Decoded text run as a program: piped into an interpreter, substituted into ``eval``/``-c``, held
+    in a variable that is then run (``x=$(… | base64 -d); $x …``, ``eval $x``), or written to a file
+    the same script runs (``… | base64 -d > /tmp/a; bash /tmp/a``)."""
     for match in _PROCESS_SUBSTITUTION.finditer(script):
         yield OBFUSCATED_CODE, match.group(0)
+    for pattern in (_RUN_UNQUOTED, _DECODED_PROGRAM, _DECODED_HERE_STRING):
+        for match in pattern.finditer(script):
+            yield OBFUSCATED_CODE, match.group(0).strip(" \t\n;&|(")
+    names = sorted({m.group(1) for m in _DECODED_VARIABLE.finditer(script)})
+    decoded_ref = re.compile(rf"\$\{{?(?:{'|'.join(names)})\b") if names else None
+    run = files_run(segments)
     decoder: str | None = None  # the decoding command earlier in the current pipeline
+    translated: str | None = None  # a ``tr`` earlier in it (``echo phey | tr a-z n-za-m | sh``)
+    previous: Segment | None = None
     for segment in segments:
         words = strip_wrappers(segment.words)
         prog = posixpath.basename(words[0]) if words else ""
         if not segment.piped:
-            decoder = None
-        if decoder is not None and _reads_program_from_stdin(prog, words[1:]):
-            yield OBFUSCATED_CODE, decoder
+            decoder = translated = None
+        if (decoder or translated) is not None and _reads_program_from_stdin(prog, words[1:]):
+            yield OBFUSCATED_CODE, decoder or translated
         if _decodes(prog, words[1:]):
             decoder = " ".join(words)
+        elif prog == "tr":  # only into an interpreter: ``tr -d '\r' < a.sh > b.sh; bash b.sh`` is honest
+            translated = " ".join(words)
+        if decoder is not None:  # decoded text written to a file this script runs
+            targets = [t for op, t in segment.redirects if ">" in op]
+            if prog == "tee":
+                targets += positional_args(words[1:], set())[0]
+            for target in targets:
+                if posixpath.normpath(target) in run:
+                    yield OBFUSCATED_CODE, decoder
         for inner in (s for word in words[1:] for s in substitutions(word)):
             if _DECODER_TEXT.search(inner) and _runs_argument(prog, words[1:]):
                 yield OBFUSCATED_CODE, inner
+        if decoded_ref is not None:
+            yield from _runs_decoded_variable(segment, words, prog, previous, decoded_ref)
+        previous = segment
+
+
+def _runs_decoded_variable(
+    segment: Segment, words: list[str], prog: str, previous: Segment | None, ref: re.Pattern[str]
+) -> Iterator[tuple[str, str]]:
+    """A variable holding decoded text, run: as the program, by ``eval``/``-c``, or fed to an
+    interpreter on stdin (``<<< "$x"``, ``echo "$x" | sh``)."""
+    stdin = segment.stdin
+    if stdin is None and segment.piped and previous is not None:
+        stdin = output_of(previous)
+    ran = [words[0]] if words and ref.search(words[0]) else []
+    if _runs_argument(prog, words[1:]):
+        ran += [a for a in words[1:] if ref.search(a)]
+    if stdin and ref.search(stdin) and _reads_program_from_stdin(prog, words[1:]):
+        ran.append(stdin)
+    for word in ran[:1]:
+        yield OBFUSCATED_CODE, word
 
 
 def _decodes(prog: str, args: list[str]) -> bool:

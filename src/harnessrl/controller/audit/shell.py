@@ -71,7 +71,7 @@ def shell_segments(script: str) -> list[Segment]:
 
     The readers of heredocs inside ``"$( … )"`` come last, each with its body as stdin.
     """
-    body, heredocs, quoted_readers = _split_heredocs(script)
+    body, heredocs, quoted_readers = _split_heredocs(ansi_c_decoded(script))
     try:
         return _segments(_prepare_shell(body), heredocs) + quoted_readers
     except ValueError:  # unbalanced quotes: shlex gives up, a rough split still finds programs
@@ -79,6 +79,61 @@ def shell_segments(script: str) -> list[Segment]:
             Segment(words=[w.strip("'\"") for w in piece.split() if w.strip("'\"")])
             for piece in re.split(r"&&|\|\||[;|&\n()`]", body)
         ] + quoted_readers
+
+
+_ANSI_C_ESCAPES = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": "\n", "r": "\r",
+                   "t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}  # fmt: skip
+_ANSI_C_ESCAPE = re.compile(
+    r"\\(?:x([0-9a-fA-F]{1,2})|u([0-9a-fA-F]{1,4})|U([0-9a-fA-F]{1,8})|([0-7]{1,3})|c(.)|(.))", re.S
+)
+
+
+def ansi_c_decoded(script: str) -> str:
+    """``script`` with each ANSI-C quoted word the shell reads (``$'\\x63url'``) written as the plain
+    single-quoted text bash makes of it (``'curl'``): ``shlex`` knows no ``$'…'``, and
+    ``$'\\x63url' http://x`` ran curl unseen. Inside other quotes or a comment it is text, as for bash.
+    """
+    if "$'" not in script:
+        return script
+    out: list[str] = []
+    copied = 0
+    resume: int | None = 0
+    while resume is not None:
+        start, resume = resume, None
+        for i, role in _scan(script, start):
+            if role != "code" or not script.startswith("$'", i):
+                continue
+            j, text = i + 2, []
+            while j < len(script) and script[j] != "'":
+                escape = _ANSI_C_ESCAPE.match(script, j) if script[j] == "\\" else None
+                if escape is None:
+                    text.append(script[j])
+                    j += 1
+                    continue
+                text.append(_ansi_c_char(escape))
+                j = escape.end()
+            if j >= len(script):
+                break  # unterminated: left as it is (shlex falls back to a rough split)
+            decoded = "".join(text).replace("'", "'\"'\"'")
+            out += [script[copied:i], f"'{decoded}'"]
+            copied = resume = j + 1
+            break
+    out.append(script[copied:])
+    return "".join(out)
+
+
+def _ansi_c_char(escape: re.Match[str]) -> str:
+    hex_byte, short, long, octal, control, other = escape.groups()
+    try:
+        if hex_byte or short or long:
+            return chr(int(hex_byte or short or long, 16))
+        if octal:
+            return chr(int(octal, 8) & 0xFF)
+    except (ValueError, OverflowError):
+        return ""
+    if control:
+        return chr(ord(control) & 0x1F)
+    return _ANSI_C_ESCAPES.get(other, "\\" + other)
 
 
 def _split_heredocs(script: str) -> tuple[str, list[str], list[Segment]]:
@@ -281,6 +336,50 @@ def _segments(text: str, heredocs: list[str]) -> list[Segment]:
             continue
         i += 2 if nxt is not None else 1
     return segments
+
+
+# ``NAME=value`` with a literal value (an empty one is what ``x=`cmd``` leaves after tokenizing).
+_LITERAL_ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)=([^$`]+)")
+_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?::?[-=]([^}$`]*))?\}|([A-Za-z_]\w*))")
+_DECLARE = wordlist("export declare local readonly typeset")
+
+
+def expand_names(segments: list[Segment]) -> list[Segment]:
+    """``segments`` with the variables and aliases the script itself defines from literals put in:
+    ``c=curl; $c x`` and ``${c:-curl} x`` run curl, ``alias g=git`` then ``g log`` runs git log.
+    An assignment counts from where it stands to the end of the script, whatever branch or
+    function holds it (over-reading only flags more); a variable with any other value is left as
+    it is (``$HOME``), and so is a function's body, which runs with arguments of its own."""
+    values: dict[str, str] = {}
+    aliases: dict[str, list[str]] = {}
+
+    def put(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(3)
+        if name in values:
+            return values[name]
+        return match.group(2) if match.group(2) is not None else match.group(0)
+
+    expanded = []
+    for segment in segments:
+        words = [_VARIABLE.sub(put, w) if "$" in w else w for w in segment.words]
+        first = 0
+        while first < len(words) and (words[first] in _KEYWORDS or _ASSIGNMENT.match(words[first])):
+            first += 1
+        if first < len(words) and "$" in segment.words[first] and len(words[first].split()) > 1:
+            words[first : first + 1] = words[first].split()  # ``cmd="git log"; $cmd``: split as bash does
+        if first < len(words) and words[first] in aliases:
+            words[first : first + 1] = aliases[words[first]]
+        declared = words[first + 1 :] if first < len(words) and words[first] in _DECLARE else []
+        for word in [*words[:first], *declared]:
+            if assigned := _LITERAL_ASSIGNMENT.fullmatch(word):
+                values[assigned.group(1)] = assigned.group(2)
+        if first < len(words) and words[first] == "alias":
+            for definition in words[first + 1 :]:
+                name, equals, value = definition.partition("=")
+                if equals and value.split():
+                    aliases[name] = value.split()
+        expanded.append(Segment(words, segment.redirects, segment.inputs, segment.stdin, segment.piped))
+    return expanded
 
 
 def substitutions(word: str) -> Iterator[str]:
