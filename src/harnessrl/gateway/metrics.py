@@ -73,7 +73,8 @@ class GatewayMetrics:
         )
         self.dropped = Counter(
             "harnessrl_calls_dropped",
-            "Model calls cancelled and not recorded, by reason: client_gone, slow_reader, rollout_ended, gateway_lapsed",
+            "Model calls cancelled and not recorded, by reason: client_gone, slow_reader, rollout_ended, "
+            "gateway_lapsed, gateway_stopping",
             ["api", "reason"],
             registry=r,
         )

@@ -4,9 +4,10 @@ The store holds the gate (paused or open, the live policy version, a command cou
 pause or resume increments in its transaction) and one heartbeat row per gateway process
 (``store.gate``, written by ``gateway.control.heartbeat``). ``Cluster`` is one gateway's side of it:
 
-- On start it listens for the store's notifications (PostgreSQL ``LISTEN``), then reads the gate
-  and applies it to its own ``PauseGate`` before the app takes a call: a gateway started or
-  restarted during a pause comes up paused, and adopts the live policy version.
+- On start it listens for the store's notifications (PostgreSQL ``LISTEN``), registers its row (so
+  a pause committed from then on waits for its ack), then reads the gate and applies it to its own
+  ``PauseGate`` before the app takes a call: a gateway started or restarted during a pause comes up
+  paused, and adopts the live policy version.
 - It applies every newer command it learns of (a notification wakes it; a slow timer is only the
   backstop for a lost one; SQLite, which cannot notify, looks on a short timer) and acknowledges it
   in its heartbeat row: the command it applied and whether it is quiet (paused, no call in flight).
@@ -130,6 +131,11 @@ class Cluster:
             # is the pool's error on the read below.)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listening.wait(), 30.0)
+        # Registered (command 0: acked nothing, not quiet) *before* reading the gate: a pause
+        # committed after this write finds the row and waits for the ack; one committed before it
+        # is in the read. Registered after the read, a pause committed in between was answered
+        # drained without this gateway, which then opened as read and took calls during the pause.
+        await self.ack(force=True)
         await self.sync()
         self._task = asyncio.create_task(self._run(), name="harnessrl-gate-sync")
 
