@@ -75,7 +75,10 @@ class PreparedCall:
     _waited_s: float = 0.0
     _scope: anyio.CancelScope | None = None  # what ``cancel`` cancels (``delivery``'s drivers)
     _recording: bool = False  # the store write has begun: the call is no longer dropped
-    _fence: int | None = None  # ``Cluster.fence_mark()`` as the generation began
+    # ``Cluster.fence_mark()`` as the call was admitted: a lease that lapsed after that (while its
+    # rollout was read or its prompt built, before generating) is a drain that may not have waited
+    # for this call, as much as one during the generation.
+    _fence: int | None = None
 
     def attach(self, scope: anyio.CancelScope) -> None:
         """Run under ``scope`` (a driver's), cancelled by ``cancel``; its rollout's end reaches it."""
@@ -137,7 +140,10 @@ class PreparedCall:
                 raise stopping_error()
             while not await self._ticket.wait(state.keepalive_s if keepalive else None):
                 yield ": waiting for the gateway to resume\n\n"
+            self._fence = state.cluster.fence_mark()
             await self._still_open()
+        else:
+            self._fence = state.cluster.fence_mark()
         self._waited_s = now() - began
         state.metrics.pause_wait.observe(self._waited_s)
 
@@ -163,7 +169,8 @@ class PreparedCall:
         ``stream=False``: the client gets the answer whole, so the engine need not stream it.
         """
         index = self.memory.begin_call()
-        self._fence = self.state.cluster.fence_mark()
+        if self._fence is None:  # not admitted through ``admit`` (or no shared store: None again)
+            self._fence = self.state.cluster.fence_mark()
         context = GenerationContext(
             rollout_id=self.rollout.rollout_id,
             call_index=index,

@@ -180,13 +180,17 @@ def quick_prompt(
 
     The cheap case only: a few renders of a short surrogate conversation and one encode of the new
     tail. Everything that renders or encodes the whole conversation (no match, a splice still being
-    verified, a failed splice) returns ``None`` for ``build_prompt`` to do, off the event loop.
+    verified, a failed splice) returns ``None`` for ``build_prompt`` to do, off the event loop; so
+    does a new tail of ``QUICK_TAIL_CHARS`` or more (a tool printed a large file: encoding 2 M
+    characters takes seconds, and the event loop serves every other rollout meanwhile).
     """
     if history != "sampled" or trust is None or not trust.trusted:
         return None
     prior = find_prior(keys, priors, prompt_template_key(tokenizer, tools, template_kwargs))
     if prior is None:
         return None
+    if sum(len(m["content"]) for m in messages[len(prior.message_keys) + 1 :]) >= QUICK_TAIL_CHARS:
+        return None  # a long new message (a big tool output) is rendered and encoded in a thread too
     spliced = splice_incremental(tokenizer, messages, prior, tools, template_kwargs or {})
     if spliced is None:
         return None
@@ -195,6 +199,9 @@ def quick_prompt(
 
 #: Incremental splices checked against the full path before the incremental path is trusted.
 VERIFY_CALLS = 2
+#: Characters of new messages past which ``quick_prompt`` leaves the splice to a worker thread (where
+#: ``PolicyTokenizer.encode`` releases the GIL from ``GIL_FREE_ENCODE_CHARS`` on, the same number).
+QUICK_TAIL_CHARS = 32_768
 
 
 class SpliceTrust:

@@ -104,8 +104,9 @@ def splice_after_turn(
 
     Where the turn ends is found structurally: the message after it is rendered with a marker for
     its content, and the turn ends at the last end-of-turn text before the marker. The splice is
-    refused (``None``) unless the render has exactly as many turn ends before that point as the
-    earlier call's tokens (so no text the template put between turns is lost) and the text from
+    refused (``None``) unless the render has as many turn ends before that point as the earlier
+    call's tokens (so no text the template put between turns is lost; end-of-turn texts the tokens
+    spell with ordinary tokens may count) and the text from
     there to the marker reads the same in the real render, and unless the system messages after
     the turn leave the text before its end as it was (``_later_system_moves_back``).
     """
@@ -123,9 +124,18 @@ def splice_after_turn(
     stop_ids = set(tokenizer.stop_token_ids)
     closed = prior.ends_with_stop(stop_ids)
     sampled = (*prior.prompt_ids, *prior.response_ids)
-    sampled_ends = sum(1 for token_id in sampled if token_id in stop_ids) + (0 if closed else 1)
-    if not ends_before or len(ends_before) != sampled_ends:
+    unclosed = 0 if closed else 1
+    sampled_ends = sum(1 for token_id in sampled if token_id in stop_ids) + unclosed
+    if not ends_before:
         return None
+    if len(ends_before) != sampled_ends:
+        # An answer may write an end-of-turn text with ordinary tokens ("<|endoftext|>" in code): the
+        # render has that text where the answer is echoed back, and lacks it where the template
+        # drops that part (earlier reasoning). Between the turn ends and all such texts of the
+        # earlier tokens, then.
+        spelled = len(_turn_ends(tokenizer, tokenizer.decode(sampled))) + unclosed
+        if not sampled_ends < len(ends_before) <= spelled:
+            return None
     end, eot_id = ends_before[-1]
     real_ends = _turn_ends(tokenizer, full_text)
     if len(real_ends) < len(ends_before):
