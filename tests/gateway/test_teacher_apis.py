@@ -876,7 +876,7 @@ def test_native_stream_cut_before_its_final_event_is_not_recorded(
 def test_native_records_the_conversation_part_of_a_providers_answer() -> None:
     """A provider's answer carries more than the conversation (hosted tools' items, server tool
     blocks, item types newer than this gateway): the record keeps the conversation, nothing fails."""
-    from harnessrl.gateway.teacher.native import messages_answer, responses_answer
+    from harnessrl.gateway.teacher.native_answers import messages_answer, responses_answer
 
     response = {
         "id": "resp_1",

@@ -33,15 +33,16 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, message_of_blocks, refuse_prefill
-from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY, input_to_messages
-from harnessrl.gateway.apis.responses_request import RESPONSE_ID_KEY, ResponsesRequest, resolve_previous
+from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, refuse_prefill
+from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY
+from harnessrl.gateway.apis.responses_request import ResponsesRequest, resolve_previous
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error, error_shape
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, sse_event
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.native_answers import messages_answer, responses_answer
 from harnessrl.gateway.teacher.upstream import (
     ANTHROPIC_VERSION,
     Teacher,
@@ -55,63 +56,6 @@ from harnessrl.schemas import Rollout, now
 log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["native_messages", "native_responses"]
-
-
-_ITEMS = ("message", "function_call", "reasoning")
-
-
-#: Anthropic's stop reasons in chat's terms. Any other (``refusal``: a classifier cut the answer;
-#: ``pause_turn``: a server tool's turn to be continued; ``model_context_window_exceeded``; a newer
-#: one; none at all) is recorded as Anthropic said it, an ending ``harnessrl sft`` never trains on:
-#: recorded as ``stop``, such a cut answer was training data.
-MESSAGES_FINISH = {
-    "end_turn": "stop",
-    "stop_sequence": "stop",
-    "tool_use": "tool_calls",
-    "max_tokens": "length",
-}
-
-
-def messages_answer(answer: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, int]]:
-    """(internal message, finish reason in chat's terms, usage) of an Anthropic Message."""
-    message = message_of_blocks(list(answer.get("content") or []))
-    stop = answer.get("stop_reason")
-    finish = MESSAGES_FINISH.get(stop, str(stop)) if isinstance(stop, str) else "no_stop_reason"
-    usage = answer.get("usage") or {}
-    return (
-        message,
-        finish,
-        {
-            "prompt_tokens": usage.get("input_tokens") or 0,
-            "completion_tokens": usage.get("output_tokens") or 0,
-        },
-    )
-
-
-def responses_answer(answer: dict[str, Any]) -> tuple[dict[str, Any], str, dict[str, int]]:
-    """(internal message with the response id, finish reason, usage) of a Response object."""
-    # The items of the conversation; hosted tools' items (web search...) and item types newer than
-    # this gateway are in the answer the harness gets, not in the recorded message.
-    output = [i for i in answer.get("output") or [] if isinstance(i, dict) and i.get("type") in _ITEMS]
-    turns = [m for m in input_to_messages(output, "output") if m["role"] == "assistant"]
-    message = turns[-1] if turns else {"role": "assistant", "content": None}
-    # Only a completed Response ended naturally; an incomplete one was cut (its token limit, a content
-    # filter), and any other status (failed, cancelled, a background one still queued) is recorded as
-    # such: ``harnessrl sft`` trains on none of them.
-    status = answer.get("status")
-    if status == "completed":
-        finish = "tool_calls" if message.get("tool_calls") else "stop"
-    elif status == "incomplete":
-        reason = (answer.get("incomplete_details") or {}).get("reason")
-        finish = "content_filter" if reason == "content_filter" else "length"
-    else:
-        finish = str(status) if isinstance(status, str) and status else "no_status"
-    usage = answer.get("usage") or {}
-    counts = {
-        "prompt_tokens": usage.get("input_tokens") or 0,
-        "completion_tokens": usage.get("output_tokens") or 0,
-    }
-    return {**message, RESPONSE_ID_KEY: answer.get("id")}, finish, counts
 
 
 async def native_messages(request: Request, teacher: Teacher) -> Response:
