@@ -305,7 +305,63 @@ def test_an_evaluation_cut_short_runs_on_resume_the_final_one_included(tmp_path,
     rows = {row["step"]: row for row in read_metrics(tmp_path)}
     assert sorted(rows) == [0, 1, 2, 3] and steps_of_rows(tmp_path) == [0, 1, 2, 3]
     assert all("heldout/reward" in rows[s] for s in (0, 2, 3))
+    # The step whose evaluation was cut short keeps its training metrics (from its checkpoint),
+    # which its row used to lose: only the evaluation's were written.
+    assert rows[cut_at]["policy_version"] == cut_at and rows[cut_at]["rollouts/total"] == 2
+    assert rows[cut_at]["reward/mean"] == 0.5  # the fake's group: rewards 1 and 0
     assert finished_at(tmp_path, final, heldout=True) == 3
+
+
+class Killed(Exception):
+    """The process is killed (the fake's stand-in for SIGKILL inside ``MetricsWriter.write``)."""
+
+
+class RowKilled(MetricsWriter):
+    """A metrics writer whose process is killed just before it writes the row of ``step``."""
+
+    def __init__(self, run_dir: Path, step: int) -> None:
+        super().__init__(run_dir, tensorboard=False, wandb_project=None, run_name=RUN, progress=False)
+        self.step = step
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if step == self.step:
+            raise Killed(f"killed before the row of step {step}")
+        super().write(step, metrics)
+
+
+@pytest.mark.parametrize("killed_at", [2, 3])
+def test_a_kill_after_the_checkpoint_but_before_its_row_loses_no_row(tmp_path, killed_at):
+    # No evaluation: the kill comes once step ``killed_at``'s checkpoint is whole, before its row
+    # (the last step's included, which a plain --resume then must not call "already finished").
+    cfg = config("trainer.steps=3")
+    first = Life(tmp_path, cfg, Policy())
+    first.metrics = RowKilled(tmp_path, killed_at)
+
+    async def killed_before_the_row() -> None:
+        loop = await first.loop()
+        controller = asyncio.create_task(first.controller.run())
+        try:
+            with pytest.raises(Killed):
+                await asyncio.wait_for(loop.run(), 600)  # a guard against a hang, not a timing
+            await first.checkpointer.written()  # whole: the kill came after it
+        finally:
+            controller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await controller
+            first.store.close()
+
+    asyncio.run(killed_before_the_row())
+    assert TrainState.from_json((latest_checkpoint(tmp_path) / STATE_FILE).read_text()).step == killed_at
+    assert steps_of_rows(tmp_path) == list(range(1, killed_at))
+    assert finished_at(tmp_path, cfg, heldout=False) is None  # the row is work left
+
+    second = Life(tmp_path, cfg, Policy())
+    asyncio.run(second.run_to_the_end())
+    rows = {row["step"]: row for row in read_metrics(tmp_path)}
+    assert steps_of_rows(tmp_path) == [1, 2, 3]
+    assert rows[killed_at]["policy_version"] == killed_at and rows[killed_at]["reward/mean"] == 0.5
+    assert len(second.policy.trained) == 3 - killed_at  # the step is not trained again
+    assert finished_at(tmp_path, cfg, heldout=False) == 3
 
 
 def test_a_kill_while_the_checkpoint_is_written_redoes_the_evaluation_the_lost_weights_ran(tmp_path):

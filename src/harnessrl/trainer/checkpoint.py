@@ -25,6 +25,10 @@ class TrainState:
     step: int = 0  # optimizer steps done == policy version
     consumed_groups: list[str] = field(default_factory=list)
     evaluated_steps: list[int] = field(default_factory=list)
+    #: The training metrics of ``step`` (its metrics row without a held-out evaluation's): a kill
+    #: after the checkpoint was whole but before the row was written (during the step's evaluation,
+    #: which the row waits for) lost them; a resumed run writes them in that row (``TrainingLoop.run``).
+    row: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__)

@@ -127,7 +127,7 @@ class TrainerSection(Section):
     )
     stale_samples: Literal["drop", "downweight"] = "drop"
     temperature: float = Field(
-        default=1.0, gt=0, description="sampling temperature forced on training rollouts"
+        default=1.0, gt=0, allow_inf_nan=False, description="sampling temperature forced on training rollouts"
     )
     top_p: float | Literal["harness"] = Field(
         default=1.0,
@@ -137,7 +137,10 @@ class TrainerSection(Section):
             "full-softmax recomputation does not reproduce: the importance ratio absorbs the difference)"
         ),
     )
-    max_tokens: int | None = Field(default=None, ge=1, description="cap on each call's new tokens")
+    # le: what SamplingOverrides (and the engines) take; a larger cap was a traceback at start-up
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=2**31 - 1, description="cap on each call's new tokens"
+    )
     served_weights_tolerance: float = Field(
         default=0.1,
         ge=0,
@@ -178,7 +181,7 @@ class TrainerSection(Section):
         ),
     )
     eval_every: int = Field(default=0, ge=0, description="steps between held-out evaluations (0: never)")
-    eval_temperature: float = Field(default=0.0, ge=0)
+    eval_temperature: float = Field(default=0.0, ge=0, allow_inf_nan=False)
     save_every: int = Field(default=0, ge=0, description="steps between numbered checkpoints (0: end only)")
 
 
@@ -233,6 +236,14 @@ class TrainConfig(Section):
         top_p = self.trainer.top_p
         if top_p != "harness" and not 0 < top_p <= 1:
             raise ValueError(f'trainer.top_p: must be in (0, 1] or "harness", got {top_p}')
+        t = self.trainer
+        if t.mode == "async" and t.max_in_flight is not None and t.max_in_flight < t.group_size:
+            # A group's rollouts are created together: no group could ever start, and the run waited
+            # for its first step forever.
+            raise ValueError(
+                f"trainer.max_in_flight: {t.max_in_flight} is less than trainer.group_size "
+                f"({t.group_size}): a group's rollouts are admitted together, so none could start"
+            )
         if self.engine.teacher is not None:
             raise ValueError(
                 "engine.teacher: teacher mode records calls for harnessrl sft (run harnessrl gateway "
@@ -259,7 +270,7 @@ class TrainConfig(Section):
                 )
         if self.kubernetes is not None and self.trainer.controllers != "external":
             raise ValueError(
-                'kubernetes: read by `harnessrl controller` processes; the run needs trainer.controllers = '
+                "kubernetes: read by `harnessrl controller` processes; the run needs trainer.controllers = "
                 '"external" for them to launch its harnesses (docs/scale.md)'
             )
         if self.trainer.lora is not None and self.trainer.gateway_url:

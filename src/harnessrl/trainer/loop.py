@@ -22,7 +22,9 @@ optimizer state and consumed groups are written together (``checkpoint.py``); a 
 reopens the groups it created but did not train, so none is trained twice and none is lost. The
 checkpoint is written in the background, so a kill can leave metrics rows of steps after it (dropped
 on resume: those steps are trained again) and an evaluation cut short (run again on resume, also
-the last step's: ``evaluation_pending``).
+the last step's: ``evaluation_pending``). The checkpoint keeps its step's training metrics
+(``TrainState.row``): a kill after it was whole but before the row was written (during the step's
+evaluation) loses none of them; the resumed run writes them.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from harnessrl.trainer.checkpoint import STATE_FILE, Checkpointer, TrainState, l
 from harnessrl.trainer.config import TrainConfig, TrainerSection
 from harnessrl.trainer.failures import StepFailed, common_failure
 from harnessrl.trainer.fleet import Fleet, Group
-from harnessrl.trainer.metrics import METRICS_FILE, MetricsWriter, row_steps
+from harnessrl.trainer.metrics import METRICS_FILE, MetricsWriter, clean_row, row_steps
 from harnessrl.trainer.schedule import GroupPlan, TaskSchedule, eval_sampling
 from harnessrl.trainer.step import heldout_metrics, prepare_step, staleness_bound
 
@@ -75,6 +77,8 @@ def finished_at(run_dir: Path, config: TrainConfig, *, heldout: bool) -> int | N
     if state.step < config.trainer.steps:
         return None
     has_row = state.step in row_steps(run_dir / METRICS_FILE)
+    if not has_row and state.row is not None:  # its row is left to write (``TrainingLoop.run``)
+        return None
     return None if evaluation_pending(config.trainer, state, heldout=heldout, has_row=has_row) else state.step
 
 
@@ -107,10 +111,16 @@ class TrainingLoop:
         # was whole: those steps are trained again, and write their rows again.
         self.metrics.drop_after(self.state.step)
         start = self.state.step
+        # The checkpoint's step without its row: a kill came after the checkpoint was whole (during
+        # the step's evaluation, say): its training metrics, kept in the checkpoint, are written now.
+        unwritten = self.state.row if start > 0 and not self.metrics.has_row(start) else None
         if self._evaluation_pending(start):
-            before = await self._evaluate(start)
+            before = {**(unwritten or {}), **await self._evaluate(start)}
             self.metrics.write(start, before)
             self.metrics.progress(start, before)
+        elif unwritten is not None:
+            self.metrics.write(start, unwritten)
+            self.metrics.progress(start, unwritten)
         last = time.monotonic()
         while self.state.step < cfg.steps:
             self.metrics.phase(f"rollouts for step {self.state.step + 1}")
@@ -193,7 +203,6 @@ class TrainingLoop:
         # infrastructure failure, no recorded call).
         advantages = {s.rollout_id: s.advantage for s in batch.samples if s.advantage is not None}
         await self.fleet.record_trained(version + 1, groups, advantages)
-        await self.checkpointer.save(self.state)
         wall = max(1e-9, time.monotonic() - since)
         metrics: dict[str, Any] = {
             **batch.metrics,
@@ -207,6 +216,9 @@ class TrainingLoop:
             "policy_version": version + 1,
             **train_metrics,
         }
+        # The row goes into the checkpoint too: a kill before the row is written loses nothing.
+        self.state.row = clean_row(metrics)
+        await self.checkpointer.save(self.state)
         return metrics
 
     # -- evaluation ----------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def clean_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` as its JSONL row holds them: a non-finite number as None (JSON has no NaN)."""
+    return {k: _clean(v) for k, v in metrics.items()}
+
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -67,7 +72,7 @@ class MetricsWriter:
             )
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
+        row = {"step": step, "time": time.time(), **clean_row(metrics)}
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
         numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)}

@@ -58,6 +58,7 @@ RUN_DEFINING_FIELDS = (
     "heldout",
     "trainer.group_size",
     "engine.model",
+    "trainer.model",
     "store",
 )
 
@@ -183,6 +184,7 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
             _merge(raw, resolve_relative_paths(load_raw_config(None, overrides, env={}), base_dir))
             config = validate_config(TrainConfig, raw)
             check_unchanged(saved, config, RUN_DEFINING_FIELDS)
+            check_lora_unchanged(saved, config)
             preflight(config)
             tasks, heldout = load_run_tasks(config, base_dir)
             # The merged config: the plain --resume printed after Ctrl-C keeps these overrides.
@@ -234,6 +236,33 @@ def check_unchanged(saved: Any, merged: Any, fields: tuple[str, ...]) -> None:
                 f"{where}: cannot change on --resume ({json.dumps(old)} in the run, {json.dumps(new)} now): "
                 "it defines the run, and a changed value would mix two runs in one folder and store; "
                 "start a new run for it"
+            )
+
+
+def check_lora_unchanged(saved: TrainConfig, merged: TrainConfig) -> None:
+    """``ConfigError`` naming the field when a ``--resume`` adds or removes ``[trainer.lora]`` or
+    changes what its checkpoint's adapter was trained with (``r``, ``alpha``, ``target_modules``;
+    ``dropout`` may change). Checked before ``config.json`` is written back: refused later (loading
+    the checkpoint), the change stayed saved and every plain ``--resume`` failed on it, and adding
+    LoRA to a run without it was a traceback (no adapter to resume)."""
+    before, after = saved.trainer.lora, merged.trainer.lora
+    if (before is None) != (after is None):
+        trained = "the whole model" if before is None else "LoRA adapters"
+        raise ConfigError(
+            f"trainer.lora: cannot be {'added' if before is None else 'removed'} on --resume (the run "
+            f"trains {trained}; its checkpoints hold {'no adapter' if before is None else 'an adapter'}); "
+            "start a new run for it"
+        )
+    if before is None or after is None:
+        return
+    for name in ("r", "alpha", "target_modules"):
+        old, new = getattr(before, name), getattr(after, name)
+        if name == "target_modules":
+            old, new = sorted(old), sorted(new)
+        if old != new:
+            raise ConfigError(
+                f"trainer.lora.{name}: cannot change on --resume ({json.dumps(old)} in the run, "
+                f"{json.dumps(new)} now): the run's adapter was trained with it; start a new run for it"
             )
 
 
