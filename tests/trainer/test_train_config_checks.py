@@ -36,6 +36,8 @@ def _train(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
         ("trainer.temperature=inf", "trainer.temperature"),
         ("trainer.eval_temperature=inf", "trainer.eval_temperature"),
         ("trainer.max_tokens=10000000000000", "trainer.max_tokens"),
+        # Every rollout of a step planned at once: the process ran out of memory (SIGKILL).
+        ("trainer.tasks_per_step=100000000000", "trainer.tasks_per_step"),
     ],
 )
 def test_a_bad_trainer_field_exits_2_naming_it_and_creates_nothing(tmp_path, setting, field):

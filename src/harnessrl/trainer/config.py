@@ -191,6 +191,10 @@ class MetricsSection(Section):
     progress: bool = True
 
 
+#: Most rollouts one step may take (``tasks_per_step`` x ``group_size``): far past any real run (the
+#: report's: 32 x 8), short of planning more rows than memory holds.
+MAX_ROLLOUTS_PER_STEP = 1_000_000
+
 #: Added to the harness's and the evaluator's timeouts for the default ``trainer.rollout_deadline_s``:
 #: workspace set-up, sandbox start, the audit and writing the result, none of which has a timeout.
 ROLLOUT_DEADLINE_MARGIN_S = 120.0
@@ -243,6 +247,13 @@ class TrainConfig(Section):
             raise ValueError(
                 f"trainer.max_in_flight: {t.max_in_flight} is less than trainer.group_size "
                 f"({t.group_size}): a group's rollouts are admitted together, so none could start"
+            )
+        if t.tasks_per_step * t.group_size > MAX_ROLLOUTS_PER_STEP:
+            # Each is planned at once (a row and a task copy): 10^11 of them ran the process out of
+            # memory (SIGKILL) with its run folder made.
+            raise ValueError(
+                f"trainer.tasks_per_step: {t.tasks_per_step} tasks x trainer.group_size {t.group_size} is "
+                f"{t.tasks_per_step * t.group_size} rollouts a step, more than {MAX_ROLLOUTS_PER_STEP:,}"
             )
         if self.engine.teacher is not None:
             raise ValueError(
