@@ -338,6 +338,41 @@ def test_the_mount_of_a_killed_process_is_given_back_by_the_next_one(tiny_store:
 
 
 @needs_podman
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux's unshare")
+def test_a_process_in_another_pid_namespace_leaves_a_live_processs_mount_alone(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    """Records were judged by pid alone: a process of another PID namespace sharing the store and
+    /run (a controller in a container) saw a live process's pid as gone and unmounted its image
+    from under its running sandboxes ("bwrap failed to set up the sandbox")."""
+    built = tiny_store.ensure("env", recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n"))
+    alive, path = mounting_process(tiny_store, built)
+    try:
+        script = (
+            "from harnessrl.environments.store import BuiltImage, ImageStore\n"
+            f"store = ImageStore({str(tiny_store.folder)!r}, ca_bundle=None)\n"
+            f"store.root(BuiltImage('env', {built.reference!r}, {built.image_id!r}, ''))\n"
+            "store.close()\n"
+        )
+        other = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", "--propagation", "unchanged"]
+            + [sys.executable, "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert other.returncode == 0, other.stderr[-2000:]
+        assert os.path.ismount(path) and built.image_id in tiny_store.podman.mounted_images()
+    finally:
+        alive.kill()
+        alive.wait()
+    # The control: the same store in this namespace gives the killed holder's mount back.
+    tiny_store.root(built)
+    tiny_store.close()
+    assert not os.path.ismount(path)
+
+
+@needs_podman
 def test_an_empty_folder_added_to_the_context_rebuilds_the_image(tiny_store: ImageStore, tmp_path: Path):
     env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY . /app\n")
     first = tiny_store.ensure("env", env)

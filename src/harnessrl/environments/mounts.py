@@ -3,9 +3,11 @@
 podman counts an image's mounts in its run state, so a process that dies without unmounting
 (SIGKILL, OOM) would keep its mount counted for good: no later unmount brings the count to zero,
 and prune reports the image ``in_use`` until a reboot. Each mount is therefore recorded beside
-podman's run state (``<runroot>/harnessrl-mounts/<image id>.<pid>.<start time>.<token>``, a tmpfs
-that a reboot empties together with podman's counts), and ``give_back_stale`` unmounts once for every
-record whose process is gone.
+podman's run state (``<runroot>/harnessrl-mounts/<image id>.<pid>.<start time>.<pid namespace>.<token>``,
+a tmpfs that a reboot empties together with podman's counts), and ``give_back_stale`` unmounts once
+for every record whose process is gone. Only records of the reader's own PID namespace are judged: a
+pid of another (a controller in a container that shares the store and ``/run``) names another
+process here, or none, and reading it so unmounted images from under running sandboxes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ class MountRecords:
 
     def path(self, image_id: str) -> Path:
         """This process's record of its mount of ``image_id``."""
-        return self.folder / f"{image_id}.{os.getpid()}.{started(os.getpid())}.{self._token}"
+        pid = os.getpid()
+        return self.folder / f"{image_id}.{pid}.{started(pid)}.{pid_namespace()}.{self._token}"
 
     def add(self, image_id: str) -> None:
         """Record a mount, after it was made: a process killed in between leaves one mount counted,
@@ -49,17 +52,29 @@ class MountRecords:
             records = list(self.folder.iterdir())
         except OSError:
             return
+        own = pid_namespace()
         for record in records:
-            image_id, _, rest = record.name.partition(".")
-            pid, _, rest = rest.partition(".")
-            start, _, _ = rest.partition(".")
-            if pid.isdigit() and started(int(pid)) == start:
+            parts = record.name.split(".")
+            if len(parts) != 5 or parts[3] != own or not parts[1].isdigit():
+                # Another PID namespace's (a controller in a container sharing the store and /run):
+                # its pids mean other processes here, so whether it lives cannot be told. Kept.
+                continue
+            image_id, pid, start = parts[0], int(parts[1]), parts[2]
+            if started(pid) == start:
                 continue  # its process is alive: its mount is in use
             try:
                 record.unlink()
             except FileNotFoundError:
                 continue  # another process gave it back meanwhile
             self.podman.unmount(image_id, force=False)
+
+
+def pid_namespace() -> str:
+    """This process's PID namespace (its inode): a pid names a process only within one."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "0"
 
 
 def started(pid: int) -> str:
