@@ -29,8 +29,11 @@ For each project of ``projects.toml`` (a pinned PyPI source distribution that sh
 
 Output (``--out``): ``tasks.jsonl`` (SWE-smith-shaped records), ``report.json`` (also the last stdout
 line), ``gold_fix.json`` (a scripted policy that applies each task's gold fix: the calibration's
-100% control), ``repos/``, ``hidden/``, ``gold/``, ``sdists/``. The same pins, seed and options give
-the same records (commits use fixed authors and dates).
+100% control; its first reply carries every task's fix, so give it ``trainer.max_tokens`` to match),
+``repos/``, ``hidden/``, ``gold/``, ``sdists/`` (the downloads, reused), ``trees/`` (the unpacked
+projects). The set is built in ``.building/`` and replaces the previous one only once it is whole: a
+build that fails leaves the previous set as it was. Bad options exit 2 before anything is created.
+The same pins, seed and options give the same records (commits use fixed authors and dates).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ import textwrap
 import time
 import tomllib
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,6 +148,13 @@ def test_files(tree: Path, spec: dict[str, Any]) -> list[str]:
 # --------------------------------------------------------------------------------------------------
 
 
+class NoReport(Exception):
+    """pytest finished without writing its report: the sandbox did not start, or pytest crashed."""
+
+    def __init__(self, code: int, output: str):
+        super().__init__(f"pytest exited {code} without a report:\n{output[-2000:]}")
+
+
 @dataclass
 class Outcome:
     status: str  # passed | failed | skipped | missing
@@ -151,9 +162,11 @@ class Outcome:
 
 
 class ImageRunner:
-    """Runs commands in harnessrl's sandbox over one image (no network, its own /tmp)."""
+    """Runs commands in harnessrl's sandbox over one image (no network, its own /tmp). ``root`` gives
+    the image's root for each run: ``Environments.root`` mounts the image again when another process
+    on the same store unmounted it meanwhile."""
 
-    def __init__(self, root: Any, scratch: Path):
+    def __init__(self, root: Callable[[], Any], scratch: Path):
         self.root = root
         self.scratch = scratch
 
@@ -173,7 +186,7 @@ class ImageRunner:
             writable=(folder, out),
             read_only=python_install_paths(),
             network="none",
-            root=self.root,
+            root=self.root(),
             venv_on_path=False,
         )
         try:
@@ -196,14 +209,17 @@ class ImageRunner:
         return ids
 
     def outcomes(self, folder: Path, ids: list[str]) -> dict[str, Outcome] | None:
-        """Each test's outcome, run inside the image; None if the run hung."""
+        """Each test's outcome, run inside the image; None if the run hung (``NoReport`` if it
+        ended without a report: that is not a hang, and not the code's verdict either)."""
         from harnessrl.tasks.pytest_scoring import junit_key
 
         report = self.scratch / "out" / "junit.xml"
         report.unlink(missing_ok=True)
-        code, _ = self.pytest(folder, "--junitxml", str(report))
-        if code is None or not report.is_file():
+        code, output = self.pytest(folder, "--junitxml", str(report))
+        if code is None:
             return None
+        if not report.is_file():
+            raise NoReport(code, output)
         cases: dict[tuple[str, str], Outcome] = {}
         for case in ET.parse(report).getroot().iter("testcase"):
             failure = case.find("failure")
@@ -336,6 +352,7 @@ def build_project(
     spec: dict[str, Any],
     *,
     out: Path,
+    stage: Path,
     config: dict[str, Any],
     environments: Any,
     per_project: int,
@@ -343,18 +360,35 @@ def build_project(
     report: dict[str, Any],
 ) -> list[dict[str, Any]]:
     env_name = f"swe/{name}"
-    root = environments.root(env_name, where=f"project {name!r} (environment {env_name!r})")
     tree = clean_tree(fetch_sdist(name, spec, out / "sdists"), spec, out / "trees" / name)
+
+    def root() -> Any:  # per run: mounted again if it was unmounted meanwhile
+        return environments.root(env_name, where=f"project {name!r} (environment {env_name!r})")
+
     evaluator = scorer(config)
-    stats = {"image": root.name, "tried": 0, "kept": 0, "unconfirmed": 0, "no_failure": 0, "all_fail": 0}
-    stats.update(hung=0, operators={})
+    stats = {"image": root().name, "tried": 0, "kept": 0, "unconfirmed": 0, "no_failure": 0, "all_fail": 0}
+    stats.update(hung=0, retried=0, operators={})
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix=f"swe-{name}-") as tmp:
         runner = ImageRunner(root, Path(tmp) / "scratch")
         work = Path(tmp) / "work"
         shutil.copytree(tree, work)
         ids = runner.collect(work)
-        baseline = runner.outcomes(work, ids)
+
+        def run_suite(what: str) -> dict[str, Outcome] | None:
+            """The suite's outcomes on ``work``; a run that left no report is tried once more (pytest
+            reports even a module that fails to import: a missing report is the sandbox's, e.g. an
+            image another process unmounted), then ends the build rather than build another set."""
+            try:
+                try:
+                    return runner.outcomes(work, ids)
+                except NoReport:
+                    stats["retried"] += 1
+                    return runner.outcomes(work, ids)
+            except NoReport as exc:
+                raise SystemExit(f"make_tasks: {name}: {what}: {exc}") from None
+
+        baseline = run_suite("the suite on the unmodified code")
         if baseline is None:
             raise SystemExit(f"make_tasks: {name}'s suite hung on the unmodified code")
         passing = [i for i in ids if baseline[i].status == "passed"]
@@ -371,8 +405,10 @@ def build_project(
                 continue
             stats["tried"] += 1
             (work / module).write_text(mutant.source)
-            result = runner.outcomes(work, ids)
-            (work / module).write_text(gold_source)
+            try:
+                result = run_suite(f"the suite on the mutant {mutant.description} of {function}")
+            finally:
+                (work / module).write_text(gold_source)
             if result is None:
                 stats["hung"] += 1
                 continue
@@ -385,7 +421,7 @@ def build_project(
                 stats["all_fail"] += 1
                 continue
             iid = f"{name}__{spec['version']}.{function}.{mutant.operator}_{mutant.line}"
-            repo = out / "repos" / iid
+            repo = stage / "repos" / iid
             head, patch = make_repo(
                 repo,
                 tree,
@@ -393,7 +429,7 @@ def build_project(
                 mutant.source,
                 (f"Import {name} {spec['version']}", f"Refactor {function}"),
             )
-            hidden = out / "hidden" / iid / "files"
+            hidden = stage / "hidden" / iid / "files"
             for rel in test_files(tree, spec):
                 (hidden / rel).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(tree / rel, hidden / rel)
@@ -414,13 +450,13 @@ def build_project(
                     "module": module,
                     "function": function,
                 },
-                "hidden": {"repo_path": str(repo), "tests": str(out / "hidden" / iid)},
+                "hidden": {"repo_path": str(repo), "tests": str(stage / "hidden" / iid)},
             }
             # The real scorer, in a fresh sandbox over the image: the bug scores 0, the gold fix 1.
-            buggy = score(evaluator, record, root, workspace_of(repo, Path(tmp) / "ws-bug"))
+            buggy = score(evaluator, record, root(), workspace_of(repo, Path(tmp) / "ws-bug"))
             fixed_ws = workspace_of(repo, Path(tmp) / "ws-gold")
             (fixed_ws / module).write_text(gold_source)
-            fixed = score(evaluator, record, root, fixed_ws)
+            fixed = score(evaluator, record, root(), fixed_ws)
             out_bug = buggy.details.get("output", {})
             if (
                 buggy.reward != 0.0
@@ -429,9 +465,11 @@ def build_project(
             ):
                 stats["unconfirmed"] += 1
                 shutil.rmtree(repo)
-                shutil.rmtree(out / "hidden" / iid)
+                shutil.rmtree(stage / "hidden" / iid)
                 continue
-            gold = out / "gold" / iid
+            # Where the task will live once the whole set is published (main moves it there).
+            record["hidden"] = {"repo_path": str(out / "repos" / iid), "tests": str(out / "hidden" / iid)}
+            gold = stage / "gold" / iid
             gold.mkdir(parents=True, exist_ok=True)
             (gold / "gold.patch").write_text(patch)
             (gold / "mutation.json").write_text(
@@ -500,44 +538,79 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
+    from pydantic import ValidationError
+
     from harnessrl.data.records import write_records
     from harnessrl.environments.config import EnvironmentConfig
     from harnessrl.environments.resolve import Environments
+    from harnessrl.errors import ConfigError, HarnessRLError
 
+    # Every input is checked before anything is created or removed (exit 2 naming the option).
     started = time.monotonic()
     projects = load_projects()
     wanted = [p for p in args.projects.split(",") if p] or list(projects)
     unknown = [p for p in wanted if p not in projects]
     if unknown:
-        raise SystemExit(f"make_tasks: unknown project {unknown[0]!r}; known: {sorted(projects)}")
-    config = load_config(args.config)
-    environments = Environments(EnvironmentConfig.model_validate(config["harness"]["environment"]))
+        parser.error(f"--projects: unknown project {unknown[0]!r}; known: {sorted(projects)}")
+    if args.per_project < 1:
+        parser.error(f"--per-project: must be at least 1, got {args.per_project}")
+    try:
+        config = load_config(args.config)
+        environment = (config.get("harness") or {}).get("environment")
+        if not isinstance(environment, dict):
+            raise ConfigError("it has no [harness.environment] table (the projects' images)")
+        if not isinstance(config.get("evaluator"), dict):
+            raise ConfigError("it has no [evaluator] table (the scorer that confirms each task)")
+        env_config = EnvironmentConfig.model_validate(environment)
+        for name in wanted:
+            if f"swe/{name}" not in env_config.images:
+                raise ConfigError(f'[harness.environment.images."swe/{name}"] is missing (project {name!r})')
+        scorer(config)
+    except (ConfigError, ValidationError) as exc:
+        parser.error(f"--config {str(args.config)!r}: {exc}")
+
     out = args.out.resolve()
-    for folder in ("repos", "hidden", "gold"):
-        shutil.rmtree(out / folder, ignore_errors=True)
-    out.mkdir(parents=True, exist_ok=True)
+    # The new set is built beside the old one and replaces it only once it is whole: a build that
+    # fails midway (no network, an image that does not build) leaves the previous set as it was.
+    stage = out / ".building"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    environments = Environments(env_config)
     report: dict[str, Any] = {"seed": args.seed, "per_project": args.per_project, "projects": {}}
-    records = []
-    for name in wanted:
-        records += build_project(
-            name,
-            projects[name],
-            out=out,
-            config=config,
-            environments=environments,
-            per_project=args.per_project,
-            seed=args.seed,
-            report=report,
+    records: list[dict[str, Any]] = []
+    try:
+        for name in wanted:
+            records += build_project(
+                name,
+                projects[name],
+                out=out,
+                stage=stage,
+                config=config,
+                environments=environments,
+                per_project=args.per_project,
+                seed=args.seed,
+                report=report,
+            )
+        policy = gold_fix_policy(stage, records)
+        report.update(
+            tasks=len(records),
+            fail_to_pass=sum(len(r["FAIL_TO_PASS"]) for r in records),
+            pass_to_pass=sum(len(r["PASS_TO_PASS"]) for r in records),
+            seconds=round(time.monotonic() - started, 1),
         )
-    write_records(out / "tasks.jsonl", records)
-    (out / "gold_fix.json").write_text(json.dumps(gold_fix_policy(out, records), indent=1))
-    report.update(
-        tasks=len(records),
-        fail_to_pass=sum(len(r["FAIL_TO_PASS"]) for r in records),
-        pass_to_pass=sum(len(r["PASS_TO_PASS"]) for r in records),
-        seconds=round(time.monotonic() - started, 1),
-    )
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+        for folder in ("repos", "hidden", "gold"):
+            shutil.rmtree(out / folder, ignore_errors=True)
+            (stage / folder).mkdir(exist_ok=True)
+            (stage / folder).rename(out / folder)
+        write_records(out / "tasks.jsonl", records)
+        (out / "gold_fix.json").write_text(json.dumps(policy, indent=1))
+        (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    except HarnessRLError as exc:
+        print(f"make_tasks: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+        environments.close()
     print(json.dumps(report))
     return 0
 

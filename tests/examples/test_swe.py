@@ -9,7 +9,9 @@ earns 0; and ``harnessrl train`` takes one step with the tiny model inside the i
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -19,6 +21,7 @@ import pytest
 from tests.environments.image_support import needs_images
 
 from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
+from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.environments.recipes import base_images, check_recipe
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.trainer.config import TrainConfig
@@ -45,6 +48,110 @@ def test_example_configs_name_one_image_per_project_and_its_recipes_are_sound():
         assert command[command.index("--python") + 1] == "/usr/bin/python3"  # the image's interpreter
     for project, spec in PROJECTS.items():
         assert len(spec["sha256"]) == 64 and spec["modules"] and "[pytest]" in spec["pytest_ini"], project
+
+
+def load_make_tasks():
+    """``make_tasks.py`` as a module, registered under its name (its dataclasses look it up there)."""
+    name = "swe_make_tasks"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLE / "make_tasks.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+def run_make_tasks(out: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(EXAMPLE / "make_tasks.py"), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--projects", "toolz,nosuchproject"], "--projects: unknown project 'nosuchproject'"),
+        (["--per-project", "0"], "--per-project: must be at least 1"),
+        (["--config", "/nonexistent/train.toml"], "--config '/nonexistent/train.toml'"),
+        (["--config", "CONFIG_WITHOUT_IMAGES"], "has no [harness.environment] table"),
+    ],
+)
+def test_make_tasks_refuses_bad_options_with_exit_2_before_creating_anything(tmp_path, args, named):
+    config = tmp_path / "no-images.toml"
+    config.write_text('[harness]\npreset = "mini-swe-agent"\n\n[evaluator]\ntype = "command"\n')
+    args = [str(config) if a == "CONFIG_WITHOUT_IMAGES" else a for a in args]
+    proc = run_make_tasks(tmp_path / "out", *args)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert named in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_failed_rebuild_leaves_the_previous_task_set_whole(tmp_path):
+    """A rerun that fails midway (here the sdist does not match its pin, as a bad download would not)
+    must not leave the previous ``tasks.jsonl`` pointing at repositories it deleted."""
+    out = tmp_path / "tasks"
+    previous = {}
+    for folder in ("repos", "hidden", "gold"):
+        (out / folder / "toolz__old").mkdir(parents=True)
+        (out / folder / "toolz__old" / "marker").write_text(folder)
+    for name in ("tasks.jsonl", "gold_fix.json", "report.json"):
+        (out / name).write_text(f"the previous {name}\n")
+        previous[name] = (out / name).read_text()
+    sdists = out / "sdists"
+    sdists.mkdir()
+    (sdists / f"toolz-{PROJECTS['toolz']['version']}.tar.gz").write_bytes(b"not the pinned sdist")
+    proc = run_make_tasks(out, "--projects", "toolz", "--per-project", "1")
+    assert proc.returncode != 0 and "pinned" in proc.stderr, proc.stderr[-2000:]
+    for folder in ("repos", "hidden", "gold"):
+        assert (out / folder / "toolz__old" / "marker").read_text() == folder
+    assert {name: (out / name).read_text() for name in previous} == previous
+    assert not (out / ".building").exists()
+
+
+def gold_fix_calibration_max_tokens() -> int:
+    """``trainer.max_tokens`` of the README's gold-fix control: its ``--set``, else train.toml's."""
+    readme = (EXAMPLE / "README.md").read_text().replace("\\\n", " ")
+    [line] = [x for x in readme.splitlines() if "data calibrate" in x and "gold_fix.json" in x]
+    argv = shlex.split(line.split("#", 1)[0])
+    sets = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--set")
+    train = tomllib.loads((EXAMPLE / "train.toml").read_text())
+    return int(sets.get("trainer.max_tokens", train["trainer"]["max_tokens"]))
+
+
+def test_the_readme_gold_fix_control_lets_the_whole_fix_through(tmp_path):
+    """The gold-fix policy's first reply holds every task's fix; cut at max_tokens it fixes nothing
+    and the control reports every task unsolvable. The README's command must leave room for the
+    default set (12 tasks) with fixes as long as the projects' lines."""
+    make_tasks = load_make_tasks()
+    records = []
+    for i in range(12):
+        iid = f"cachetools__5.5.0.function_number_{i}.negate_condition_{100 + i}"
+        (tmp_path / "gold" / iid).mkdir(parents=True)
+        fix = [[100 + i, f"    if left_default == no_default and right_default == no_default_{i}:\n"]]
+        mutation = {"module": "src/cachetools/__init__.py", "function": f"function_number_{i}", "fix": fix}
+        (tmp_path / "gold" / iid / "mutation.json").write_text(json.dumps(mutation))
+        records.append({"instance_id": iid})
+    engine = ScriptedEngine(make_tasks.gold_fix_policy(tmp_path, records))
+    needed = len(engine.turn_token_ids(0))
+    assert needed <= gold_fix_calibration_max_tokens(), needed
+
+
+def test_a_test_run_that_leaves_no_report_is_not_called_a_hang(tmp_path):
+    """pytest that ends at once without its JUnit report (a sandbox that did not start, a config
+    pytest refuses) is an error that shows pytest's output, not a hang."""
+    make_tasks = load_make_tasks()
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "pytest.ini").write_text("[pytest]\nrequired_plugins = harnessrl-no-such-plugin\n")
+    (folder / "test_x.py").write_text("def test_x():\n    pass\n")
+    runner = make_tasks.ImageRunner(lambda: None, tmp_path / "scratch")  # the host's root, in the sandbox
+    with pytest.raises(make_tasks.NoReport) as caught:
+        runner.outcomes(folder, ["test_x.py::test_x"])
+    assert "without a report" in str(caught.value)
+    assert "harnessrl-no-such-plugin" in str(caught.value) or "No module named pytest" in str(caught.value)
 
 
 @pytest.fixture(scope="module")
