@@ -105,3 +105,18 @@ def test_resume_may_change_lora_dropout_and_the_order_of_the_target_modules(tmp_
     )
     assert resumed.trainer.lora is not None and resumed.trainer.lora.dropout == 0.1
     assert _saved(run_dir)["trainer"]["lora"]["dropout"] == 0.1
+
+
+def test_a_task_the_harness_cannot_start_on_is_refused_naming_it_before_the_run_folder(tmp_path):
+    """A harness command naming a field the tasks lack was found only at launch: each attempt an
+    infrastructure failure retried three times, the task never trained (and a whole step of them
+    stopped the run after its folder, store and model were made)."""
+    run_dir = tmp_path / "run"
+    proc = _train(run_dir, "harness.command=['./agent.py', '{task[question]}']")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "tasks: task 'd0': the harness cannot start on it: harness.command[" in proc.stderr, proc.stderr
+    assert "the task has no field 'question'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not run_dir.exists()
+    # The control: the example's own command renders for every task.
+    config, _, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'ok'}"])
+    assert (tmp_path / "ok" / CONFIG_FILE).is_file()

@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -242,16 +243,31 @@ def check_task(spec: HarnessSpec, task: dict[str, Any]) -> None:
     the harness cannot start on — a field its templates name missing, a NUL byte, a prompt too long
     for a command line — is a ``ConfigError`` naming the field before anything starts, not an
     infrastructure failure of every attempt (``harnessrl rollout``)."""
-    rollout = Rollout(rollout_id="rollout-check", api_key="hrl-check", task=task)
     with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
-        render_harness(
-            spec,
-            rollout=rollout,
-            workspace=Path(scratch) / "attempt" / "workspace",
-            base_url="http://127.0.0.1:1/rollouts/rollout-check/v1",
-            anthropic_base_url="http://127.0.0.1:1/rollouts/rollout-check",
-            inside=ROLLOUT_PATHS if spec.sandbox == "bwrap" else None,
-        )
+        _render_for_check(spec, task, Path(scratch))
+
+
+def check_tasks(spec: HarnessSpec, tasks: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """``check_task`` for each ``(task_id, task)``, in one scratch folder (a training set holds many
+    thousand): the first task the harness cannot start on is a ``ConfigError`` naming it."""
+    with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
+        for task_id, task in tasks:
+            try:
+                _render_for_check(spec, task, Path(scratch))
+            except ConfigError as exc:
+                raise ConfigError(f"task {task_id!r}: the harness cannot start on it: {exc}") from exc
+
+
+def _render_for_check(spec: HarnessSpec, task: dict[str, Any], scratch: Path) -> None:
+    rollout = Rollout(rollout_id="rollout-check", api_key="hrl-check", task=task)
+    render_harness(
+        spec,
+        rollout=rollout,
+        workspace=scratch / "attempt" / "workspace",
+        base_url="http://127.0.0.1:1/rollouts/rollout-check/v1",
+        anthropic_base_url="http://127.0.0.1:1/rollouts/rollout-check",
+        inside=ROLLOUT_PATHS if spec.sandbox == "bwrap" else None,
+    )
 
 
 # Interpreters whose first argument is the program they run (python3.11, node, bash...).

@@ -283,9 +283,20 @@ def _first_difference(where: str, old: Any, new: Any) -> tuple[str, Any, Any]:
 def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], list[Task]]:
     """The run's training and held-out tasks (``prompt_template`` applied), loaded before the run
     folder exists: a missing file or a template naming a field no task has is a ``ConfigError``
-    naming the section it comes from (``tasks`` or ``heldout``)."""
+    naming the section it comes from (``tasks`` or ``heldout``); so is a task the harness cannot
+    start on (a field its command names missing, a NUL byte: ``check_tasks``), which was found only
+    at launch, its attempts retried as infrastructure failures and the task never trained."""
+    from harnessrl.controller.harness import check_tasks
+    from harnessrl.controller.presets import apply_preset
+
     tasks = _load_source(config.tasks, "tasks", "train", base_dir)
     heldout = _load_source(config.heldout, "heldout", "heldout", base_dir) if config.heldout else []
+    harness = apply_preset(config.harness)
+    for section, loaded in (("tasks", tasks), ("heldout", heldout)):
+        try:
+            check_tasks(harness, ((task.task_id, task.data) for task in loaded))
+        except ConfigError as exc:
+            raise ConfigError(f"{section}: {exc}") from exc
     return tasks, heldout
 
 
