@@ -31,7 +31,7 @@ from verl.workers.utils.padding import left_right_2_no_padding  # noqa: E402
 
 from harnessrl.algorithms import AlgorithmConfig, assign_advantages, rollout_advantages, step_totals  # noqa: E402
 from harnessrl.algorithms.losses import collate, micro_batch_loss  # noqa: E402
-from harnessrl.errors import EmptyBatch, InvalidBatch  # noqa: E402
+from harnessrl.errors import ConfigError, EmptyBatch, InvalidBatch  # noqa: E402
 from harnessrl.integrations.verl import (  # noqa: E402
     LOSS_NAME,
     compute_policy_loss_harnessrl_rollout,
@@ -334,3 +334,116 @@ def test_float_tensors_are_built_in_the_requested_dtype(dtype: torch.dtype) -> N
     if dtype == torch.float64:
         assert advantages_B_L[0][mask_B_L[0]].tolist() == [0.1, 0.1, 0.1]
         assert advantages_B_L[1][mask_B_L[1]].tolist() == [-1 / 3]
+
+
+# -- samples verl's tensors would hold wrong: refused, naming the sample ------------------------------
+def _mutated(**changes) -> list[Sample]:
+    s1, s2 = hand_built()
+    for name, value in changes.items():
+        setattr(s1, name, value)
+    return [s1, s2]
+
+
+def test_a_loss_token_is_never_left_in_the_prompt_part():
+    """The prompt part is never trained: with spans out of order it swallowed two of three loss
+    tokens, while ``rollout_loss_tokens`` still counted them (regression)."""
+    s1, s2 = hand_built()
+    s1.spans = [s1.spans[1], s1.spans[0]]  # [7, 8) first: the prompt was input_ids[:7]
+    data = samples_to_dataproto([s1, s2])
+    assert data.batch["prompts"][0].tolist() == [1, 2, 3]
+    assert data.batch["response_mask"].sum(-1).tolist() == [3, 1]
+    assert data.batch["response_mask"].sum(-1).tolist() == data.batch["rollout_loss_tokens"].tolist()
+    s1.loss_mask = [0, 1, 0, 1, 1, 0, 0, 1]  # a loss token before every span
+    with pytest.raises(InvalidBatch, match=r"sample 0 of rollout r1: loss_mask\[1\] is 1 before"):
+        samples_to_dataproto([s1, s2])
+
+
+BAD_SAMPLES = {
+    "lengths differ": (dict(loss_mask=[0, 0, 0, 1, 1, 0, 0]), "lengths 8, 7 and 8"),
+    "span past the end": (dict(spans=[SampledSpan(3, 5, 0, 0), SampledSpan(7, 9, 2, 1)]), r"span \[7, 9\)"),
+    "span starts past the end": (dict(spans=[SampledSpan(3, 5, 0, 0), SampledSpan(12, 12, 2, 1)]), "outside"),
+    "every response empty": (
+        dict(
+            input_ids=[1, 2, 3],
+            loss_mask=[0] * 3,
+            behaviour_logprobs=[0.0] * 3,
+            spans=[SampledSpan(3, 3, 0, 0)],
+        ),
+        "no token after its first prompt",
+    ),
+    "loss mask 2": (dict(loss_mask=[0, 0, 0, 2, 1, 0, 0, 1]), r"loss_mask\[3\] is 2"),
+    "negative token id": (dict(input_ids=[1, 2, 3, -10, 11, 5, 6, 12]), r"input_ids\[3\] is -10"),
+    "token id past int64": (
+        dict(input_ids=[1, 2, 3, 2**63, 11, 5, 6, 12]),
+        r"input_ids\[3\] is 9223372036854775808",
+    ),
+    "float token id": (dict(input_ids=[1, 2, 3, 10.7, 11, 5, 6, 12]), r"input_ids\[3\] is 10.7"),
+    "NaN log-prob": (
+        dict(behaviour_logprobs=[0, 0, 0, math.nan, -0.25, 0, 0, -1.0]),
+        r"behaviour_logprobs\[3\]",
+    ),
+    "infinite log-prob": (
+        dict(behaviour_logprobs=[0, 0, 0, -0.5, -0.25, 0, 0, -math.inf]),
+        r"logprobs\[7\] is -inf",
+    ),
+    "NaN advantage": (dict(advantage=math.nan), "advantage is nan"),
+    "infinite reward": (dict(reward=math.inf), "reward is inf"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_SAMPLES))
+def test_a_sample_verl_would_hold_wrong_is_refused_naming_it(case: str):
+    """Each went through as broadcast rows, a reward in padding, NaN in the loss, or a bare torch error."""
+    changes, message = BAD_SAMPLES[case]
+    samples_to_dataproto(_mutated())  # control: the sample as built converts
+    with pytest.raises(InvalidBatch, match=f"sample 0 of rollout r1.*{message}"):
+        samples_to_dataproto(_mutated(**changes))
+
+
+def test_numpy_integers_are_token_ids_and_a_bad_pad_token_id_is_a_config_error():
+    import numpy as np
+
+    s1, s2 = hand_built()
+    s1.input_ids = list(np.array(s1.input_ids, dtype=np.int64))  # not Python ints: the slow check
+    s1.loss_mask = list(np.array(s1.loss_mask, dtype=np.int64))
+    assert torch.equal(
+        samples_to_dataproto([s1, s2]).batch["input_ids"],
+        samples_to_dataproto(hand_built()).batch["input_ids"],
+    )
+    for pad in (-1, 2**63, 1.5):
+        with pytest.raises(ConfigError, match="pad_token_id"):
+            samples_to_dataproto(hand_built(), pad_token_id=pad)
+
+
+def test_filler_rows_let_verl_split_a_step_over_data_parallel_ranks_and_add_no_loss():
+    """verl's dispatch splits a batch evenly over its data-parallel ranks and asserts otherwise: a
+    step of 4 samples could not go to 3 ranks (regression: no way but to drop samples)."""
+    from verl.protocol import BatchData
+
+    samples = unbalanced_step()
+    lp = harnessrl_layout(samples, seed=5, noise=0.4)
+    cfg = actor_config(AlgorithmConfig())
+    lengths = [len(s) for s in samples]
+    whole = samples_to_dataproto(samples, dtype=F64)
+    step_loss = verl_loss(whole, lp, lengths, cfg).item()
+    with pytest.raises(AssertionError, match="divisible"):  # what a plain batch meets on 3 ranks
+        BatchData(whole.to_tensordict()).chunk(chunks=3)
+
+    data = samples_to_dataproto(samples, dtype=F64, row_multiple=3)
+    assert len(data) == 6 and data.meta_info["filler_rows"] == 2 and data.meta_info["num_samples"] == 4
+    assert data.batch["response_mask"][4:].sum() == 0 and data.batch["attention_mask"][4:].sum(
+        -1
+    ).tolist() == [2, 2]
+    assert dataproto_to_samples(data) == samples
+    lp6 = torch.cat([lp, lp.new_full((2, lp.shape[1]), -0.5)])
+    lengths6 = lengths + [2, 2]
+    # each rank's share (scaled by dp_size = 3, as FSDP then averages) adds up to the step loss
+    assert [len(r) for r in BatchData(data.to_tensordict()).chunk(chunks=3)] == [2, 2, 2]
+    shares = [
+        verl_loss(data[i : i + 2], lp6[i : i + 2], lengths6[i : i + 2], cfg, dp_size=3).item()
+        for i in (0, 2, 4)
+    ]
+    assert sum(shares) / 3 == pytest.approx(step_loss, abs=1e-9)
+    assert shares[2] == 0.0  # the third rank holds only the filler rows
+    with pytest.raises(ConfigError, match="row_multiple"):
+        samples_to_dataproto(samples, row_multiple=0)

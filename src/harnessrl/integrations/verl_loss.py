@@ -166,6 +166,10 @@ def verl_actor_overrides(config: AlgorithmConfig, prefix: str = "actor_rollout_r
     """verl actor settings (Hydra override keys) that reproduce a harnessrl ``AlgorithmConfig``'s loss.
 
     The advantage estimator is not among them: advantages come computed per rollout in the batch.
+    Nor are ``proximal`` and ``tis_cap``, which are not actor settings: with ``proximal = "trainer"``
+    build the batch with ``samples_to_dataproto(..., old_log_probs=False)``, have verl recompute
+    ``old_log_probs`` and set ``algorithm.rollout_correction`` (``docs/verl.md``, "TIS"); with the
+    default ``old_log_probs=True`` the ratio is taken against the behaviour log-probs.
     """
     loss_mode, agg_mode = _LOSS_AGG_MODES[config.loss_agg]
     return {
