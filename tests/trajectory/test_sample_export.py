@@ -187,10 +187,13 @@ SPAN = {"start": 0, "end": 1, "policy_version": 0, "call_seq": 0}
     [
         (with_fields(loss_mask=[0.5]), r"loss_mask must be a list of integers, got 0\.5 at index 0"),
         (with_fields(loss_mask=[True]), "loss_mask must be a list of integers, got True"),
-        (with_fields(input_ids=[1.9]), r"input_ids must be a list of integers, got 1\.9"),
-        (with_fields(input_ids=["1"]), "input_ids must be a list of integers, got '1'"),
-        (with_fields(input_ids=[True]), "input_ids must be a list of integers, got True"),
-        (with_fields(input_ids="5"), "input_ids must be a list of integers, got '5'"),
+        (with_fields(input_ids=[1.9]), r"input_ids must be a list of token ids .*, got 1\.9"),
+        (with_fields(input_ids=["1"]), "input_ids must be a list of token ids .*, got '1'"),
+        (with_fields(input_ids=[True]), "input_ids must be a list of token ids .*, got True"),
+        (with_fields(input_ids="5"), "input_ids must be a list of token ids .*, got '5'"),
+        # Read back fine before, then failed (or indexed out of range) on the trainer's device.
+        (with_fields(input_ids=[-7]), "input_ids must be a list of token ids .*, got -7"),
+        (with_fields(input_ids=[2**70]), "input_ids must be a list of token ids .*, got 1180591620717411303424"),
         (with_fields(behaviour_logprobs=["-0.5"]), "behaviour_logprobs must be a list of numbers"),
         (with_fields(behaviour_logprobs=[False]), "behaviour_logprobs must be a list of numbers"),
         (GOOD_ROW.replace("-0.5", "1" + "0" * 400), "behaviour_logprobs"),
@@ -204,7 +207,8 @@ SPAN = {"start": 0, "end": 1, "policy_version": 0, "call_seq": 0}
         (with_fields(reward=False), "reward must be a number"),
     ],
     ids=[
-        "mask-half", "mask-bool", "id-float", "id-string", "id-bool", "ids-string", "logprob-string",
+        "mask-half", "mask-bool", "id-float", "id-string", "id-bool", "ids-string", "id-negative",
+        "id-huge", "logprob-string",
         "logprob-bool", "logprob-huge-int", "index-float", "index-negative", "index-missing",
         "span-start-float", "span-version-string", "span-seq-null", "step-bool", "reward-bool",
     ],

@@ -69,7 +69,9 @@ def row_to_sample(row: Any) -> Sample:
         raise InvalidSampleFile(f"a sample row must be an object, got {type(row).__name__}")
     if row.get("format") != FORMAT:
         raise InvalidSampleFile(f"not a {FORMAT} row (format={_shown.repr(row.get('format'))})")
-    input_ids = _list_of(row, "input_ids", _is_int, "integers")
+    # A token id indexes the embedding: a negative one (or one no int64 tensor holds) read back fine
+    # and failed, or indexed out of range, only on the trainer's device.
+    input_ids = _list_of(row, "input_ids", _is_token_id, "token ids (integers from 0 to 2**63 - 1)")
     loss_mask = _list_of(row, "loss_mask", _is_int, "integers")
     try:
         behaviour_logprobs = [float(x) for x in _list_of(row, "behaviour_logprobs", _is_number, "numbers")]
@@ -122,6 +124,10 @@ def row_to_sample(row: Any) -> Sample:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)  # bool is an int subclass
+
+
+def _is_token_id(value: Any) -> bool:
+    return _is_int(value) and 0 <= value < 2**63
 
 
 def _is_number(value: Any) -> bool:
