@@ -16,9 +16,18 @@ def _regular_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
 
-def _lines(path: Path) -> list[str]:
+_MAX_BYTES = 1 << 16  # far more than any task's file needs
+
+
+def _lines(path: Path) -> list[str] | None:
+    """The file's non-blank lines, stripped; None for a file over ``_MAX_BYTES``, which meets no
+    content constraint: only part of it could be read, and the rest may break the constraint (the
+    right word, then 64 KiB of blanks, then anything else, is not "nothing else")."""
     with path.open("rb") as f:  # a huge file is the agent's problem, not the scorer's memory
-        text = f.read(1 << 16).decode("utf-8", "replace")
+        data = f.read(_MAX_BYTES + 1)
+    if len(data) > _MAX_BYTES:
+        return None
+    text = data.decode("utf-8", "replace")
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
@@ -36,6 +45,8 @@ def met(check: dict, workspace: Path) -> bool:
     if kind == "empty_file":
         return target.stat().st_size == 0
     lines = _lines(target)
+    if lines is None:
+        return False
     if kind == "line_count":
         return len(lines) == value
     if kind == "lines_from":
