@@ -99,3 +99,35 @@ def test_keep_workspaces_true_keeps_the_home(tmp_path):
     attempt = Path(rollout.metadata["log_dir"])
     assert (attempt / "home" / "blob").stat().st_size == 4_000_000
     assert (attempt / "workspace" / "answer.txt").read_text() == "done\n"
+
+
+def test_a_relative_run_dir_scores_the_workspace_the_harness_wrote(tmp_path, monkeypatch):
+    """``harnessrl data calibrate --run-dir runs/teacher`` (a relative folder): the scorer's
+    ``{workspace}`` was that relative path, read from the scorer's own folder, and every file the
+    harness wrote was missing: every rollout scored 0. The control is the same rollout's file gone."""
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore(tmp_path / "db.sqlite")
+
+    def scored(harness: str) -> Rollout:
+        rid = store.create_rollout(task={}).rollout_id
+        controller = Controller(
+            store,
+            LocalRunner(bridge_path=None),
+            gateway=GatewayEndpoint("127.0.0.1", 9),
+            harness=HarnessSpec(command=["sh", "-c", harness], timeout_s=60, sandbox="bwrap"),
+            evaluator=build_evaluator(
+                {"type": "command", "command": ["sh", "-c", "test -f {workspace}/a.txt"]}
+            ),
+            run_dir=Path("run"),  # relative, as a command line gives it
+            config=ControllerConfig(poll_interval_s=0.1),
+        )
+
+        async def go() -> Rollout:
+            [rollout] = await controller.run_until_done([rid], timeout_s=120)
+            await controller.shutdown()
+            return rollout
+
+        return asyncio.run(go())
+
+    assert scored("echo done > a.txt").reward == 1.0
+    assert scored("true").reward == 0.0  # the control: no file, no reward

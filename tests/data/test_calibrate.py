@@ -325,3 +325,22 @@ def test_ctrl_c_stops_with_a_line_not_a_traceback_and_keeps_out(tmp_path: Path):
     assert "Traceback" not in err and "run the same command to go on" in err, err[-2000:]
     assert read_records(out) == [calibrated(record(1, 0), 2)]
     assert wait_for(lambda: sandbox_processes(sleep) == [], timeout_s=30)
+
+
+def test_out_in_a_folder_that_does_not_exist_yet_is_written(tmp_path: Path):
+    """OUT's folder was never made: the first finished task's append failed (a traceback) after its
+    rollouts had all run, and nothing was recorded (the assistant example's README command did it)."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    write_records(tmp_path / "in.jsonl", [record(0, 1)])
+    out = tmp_path / "runs" / "teacher" / "calibrated.jsonl"
+    proc = subprocess.run(
+        [*HARNESSRL, "data", "calibrate", str(tmp_path / "in.jsonl"), str(out)]
+        + ["--config", str(tmp_path / "rollout.toml"), "--k", "1", "--run-dir", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [r["calibration"]["passes"] for r in read_records(out)] == [1]

@@ -440,7 +440,8 @@ def sft(
 ) -> None:
     """Fine-tune a student on recorded rollouts (a teacher's, chosen by reward, flags and audit).
 
-    The result, RUN_DIR/checkpoints/latest, is a model folder `harnessrl train` starts from (docs/sft.md).
+    The result, RUN_DIR/checkpoints/final, is a model folder `harnessrl train` starts from (docs/sft.md);
+    RUN_DIR/checkpoints/latest is the last whole step, which --resume continues from.
     """
     import json
 

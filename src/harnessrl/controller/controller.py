@@ -116,7 +116,9 @@ class Controller:
         self.bridge = bridge
         self._harness = harness
         self.evaluator = evaluator
-        self.run_dir = make_private_dir(Path(run_dir))  # holds the store's neighbours: 0700
+        # Absolute: the workspace paths it hands the harness and the scorer ({workspace}) are read from
+        # other folders (the scorer runs in its own); a relative one made every such path miss (reward 0).
+        self.run_dir = make_private_dir(Path(run_dir).absolute())  # holds the store's neighbours: 0700
         if isinstance(harness, HarnessSpec):  # a resolver's specs are checked per rollout, at launch
             check_mounts(harness.mounts, forbidden=[self.run_dir])
         self.config = config or ControllerConfig()

@@ -123,6 +123,9 @@ async def calibrate_file(
     # Every record's task now: a bad one (a "hidden" that is no object) is refused before any work.
     tasks = {i: to_task(r) for i, r in zip(ids, records, strict=True)}
     forced = sampling.as_metadata() if sampling is not None else None
+    # OUT's folder now: each finished task is appended to OUT, and a folder that did not exist failed
+    # the first append, after every rollout of the task had run.
+    out_path.parent.mkdir(parents=True, exist_ok=True)
     lines, torn = read_appended_records(out_path) if out_path.exists() else ([], False)
     if torn:  # appends would continue the fragment's line: OUT without it, every whole line kept
         log.warning("calibrate: %s: its last line was cut short (a run killed mid-write); left out", out_path)
