@@ -9,7 +9,9 @@ Agent's tool calls) and ``examples/search_agent/expert.py`` (mini-swe-agent's te
 Serves ``GET /v1/models`` (the gateway probes it at start) and ``POST /v1/chat/completions``, whole or
 streamed (``stream: true``: role chunk, content or tool-call deltas, finish chunk, usage chunk when
 ``stream_options.include_usage``, ``[DONE]``). Sampling fields (temperature, max_tokens...) are read
-and ignored: an expert answers the same way every time.
+and ignored: an expert answers the same way every time. A request without a non-empty list of
+message objects gets a 400 in OpenAI's error shape; an expert that raises on a conversation, a 500
+in that shape (``server_error``).
 """
 
 from __future__ import annotations
@@ -62,19 +64,28 @@ def _chunks(message: dict[str, Any], head: dict[str, Any]) -> list[dict[str, Any
     return out
 
 
+def _error(message: str, status: int) -> JSONResponse:
+    """An error in OpenAI's shape: 400 ``invalid_request_error``, or 500 ``server_error``."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+
 async def chat_completions(request: Request) -> JSONResponse | StreamingResponse:
     try:
         body = await request.json()
         messages = body["messages"] if isinstance(body, dict) else None
     except (ValueError, KeyError):
         messages = None
-    if not isinstance(messages, list):
-        error = {
-            "message": "expected a chat completion request with messages",
-            "type": "invalid_request_error",
-        }
-        return JSONResponse({"error": error}, status_code=400)
-    message = request.app.state.answer(messages)
+    # An expert reads each message as an object: anything else is the request's fault (400), not a
+    # crash inside the expert answered with a plain-text 500.
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return _error("expected a chat completion request with a non-empty list of message objects", 400)
+    if not isinstance(body.get("stream_options") or {}, dict):
+        return _error("stream_options must be an object", 400)
+    try:
+        message = request.app.state.answer(messages)
+    except Exception as exc:  # the expert cannot answer this conversation: say so in the provider's shape
+        return _error(f"the expert failed on this conversation: {type(exc).__name__}: {exc}", 500)
     head = {
         "id": f"chatcmpl-{secrets.token_hex(8)}",
         "created": int(time.time()),
