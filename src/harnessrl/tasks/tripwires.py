@@ -140,11 +140,13 @@ def _class_place(tree: ast.Module | None, classes: tuple[str, ...], source: byte
         if node is None or node.body[0].lineno == node.lineno or _parametrized_class(node):
             return None
         body = node.body
-    assert node is not None and node.end_lineno is not None
+    assert node is not None  # ``classes`` names at least one class (a test id's classes)
+    end = node.end_lineno
+    assert end is not None  # ``ast.parse`` sets every node's end line
     starts = _line_starts(source)
     line = source[starts[node.body[0].lineno - 1] : starts[node.body[0].lineno]]
     indent = line[: len(line) - len(line.lstrip(b" \t"))]
-    return _Place(classes, [*_member_starts(node.body, starts), starts[node.end_lineno]], indent)
+    return _Place(classes, [*_member_starts(node.body, starts), starts[end]], indent)
 
 
 def _parametrized_class(node: ast.ClassDef) -> bool:
