@@ -12,15 +12,13 @@ wrapper folder is written once per machine with fixed content, like the presets'
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
-import stat
 import sys
 import tempfile
 from pathlib import Path
 
-from harnessrl.errors import ConfigError
+from harnessrl.sandbox.host import private_temp_folder
 
 TOOLS = Path(__file__).with_name("sandbox_tools")
 CLIENT = TOOLS / "search_client.py"
@@ -33,24 +31,6 @@ def _wrapper() -> str:
     return f'#!/bin/sh\nexec "{sys.executable}" -I "{CLIENT}" "$@"\n'
 
 
-def _private_temp_dir() -> Path:
-    """``<temp>/harnessrl-tools-<uid>``: made here (mode 0700) or, if it exists, this user's own real
-    folder that no one else may write. The temp folder is shared by every user of the machine: a
-    fixed ``/tmp/harnessrl-tools/bin`` that another user made first (or could write) was used as is,
-    so their ``search`` script ran in this user's rollouts (as this user with ``sandbox = "none"``)."""
-    folder = Path(tempfile.gettempdir()) / f"harnessrl-tools-{os.geteuid()}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
-        raise ConfigError(
-            f"harness.tools: {folder} is not a private folder of this user (owner uid {info.st_uid}, "
-            f"mode {stat.filemode(info.st_mode)}), so the search command cannot be kept there: another "
-            "user may have made it. Remove it, or set HARNESSRL_HARNESSES_DIR to a folder of your own"
-        )
-    return folder
-
-
 def search_bin_dir(base: Path | None = None) -> Path:
     """The folder holding the ``search`` wrapper (made or refreshed here): ``base/harnessrl-tools/bin``,
     else ``<temp>/harnessrl-tools-<uid>/<content hash>/bin`` (private to this user, and one per
@@ -61,7 +41,15 @@ def search_bin_dir(base: Path | None = None) -> Path:
     content = _wrapper()
     if base is None:
         digest = hashlib.sha256(content.encode()).hexdigest()[:16]
-        folder = _private_temp_dir() / digest / "bin"
+        folder = (
+            private_temp_folder(
+                "harnessrl-tools",
+                field="harness.tools",
+                remedy="remove it, or set HARNESSRL_HARNESSES_DIR to a folder of your own",
+            )
+            / digest
+            / "bin"
+        )
     else:
         folder = base / "harnessrl-tools" / "bin"
     path = folder / "search"

@@ -104,6 +104,24 @@ def sweep_abandoned(
     return removed
 
 
+def private_temp_folder(stem: str, *, field: str, remedy: str) -> Path:
+    """``<temp>/<stem>-<uid>``, made 0700 if missing. The temp folder is shared by every local user:
+    one who made such a folder first (or a link by its name) would choose what our harnesses read
+    from it (a preset's config file, the ``search`` command). So an existing one is used only if it
+    is a real folder, this user's, and writable by no one else; else a ``ConfigError`` naming
+    ``field`` and saying ``remedy``."""
+    folder = Path(tempfile.gettempdir()) / f"{stem}-{os.geteuid()}"
+    with contextlib.suppress(FileExistsError):
+        folder.mkdir(mode=0o700)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+        raise ConfigError(
+            f"{field}: {folder} is not a private folder of this user (owner uid {info.st_uid}, mode "
+            f"{stat.filemode(info.st_mode)}: a link, someone else's, or writable by others): {remedy}"
+        )
+    return folder
+
+
 def make_owned_dir(parent: Path, prefix: str = HOST_DIR_PREFIX) -> tuple[Path, int]:
     """A new folder ``prefix*`` under ``parent`` (0700) and the descriptor of its ``owner.lock``, locked
     by this process until it is closed or the process ends: ``sweep_abandoned`` leaves it alone."""

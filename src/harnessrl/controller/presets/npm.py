@@ -9,16 +9,13 @@ one kept in the prefix, not in ``$HOME`` or the workspace.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import stat
 import sys
-import tempfile
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
-from harnessrl.errors import ConfigError
+from harnessrl.sandbox.host import private_temp_folder
 
 # Ends a harness's options: the prompt after it is an argument even when it starts with "-". Without
 # it a task prompt such as "- fix the parser" or "--version" was parsed as a flag: the harness
@@ -221,10 +218,18 @@ QWEN_SETTINGS = {
 
 def _static_config_file(name: str, content: str) -> str:
     """A config file with fixed content, kept in the npm prefix (else a private folder of this user's
-    in the temp folder, ``_private_temp_folder``); rewritten only when its content changed, so
+    in the temp folder, ``sandbox.host.private_temp_folder``); rewritten only when its content changed, so
     concurrent rollouts read a complete file."""
     prefix = _npm_prefix()
-    folder = prefix / "harnessrl-presets" if prefix is not None else _private_temp_folder("harnessrl-presets")
+    folder = (
+        prefix / "harnessrl-presets"
+        if prefix is not None
+        else private_temp_folder(
+            "harnessrl-presets",
+            field="harness.preset",
+            remedy="remove it, or install the harnesses (install.sh) so their config files live in .harnesses/",
+        )
+    )
     path = folder / name
     if not path.is_file() or path.read_text() != content:
         folder.mkdir(parents=True, exist_ok=True)
@@ -232,24 +237,6 @@ def _static_config_file(name: str, content: str) -> str:
         tmp.write_text(content)
         tmp.replace(path)
     return str(path)
-
-
-def _private_temp_folder(stem: str) -> Path:
-    """``<temp>/<stem>-<uid>``, made 0700 if missing. The temp folder is shared by every local user:
-    one who made ``/tmp/harnessrl-presets`` first (or a symlink by that name) chose the config file
-    every harness of ours reads (its base URL, where the rollout's key goes). So an existing one is
-    used only if it is a real folder, ours, and writable by no one else; else ``ConfigError``."""
-    folder = Path(tempfile.gettempdir()) / f"{stem}-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
-        folder.mkdir(mode=0o700)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise ConfigError(
-            f"harness.preset: {str(folder)!r} is not a private folder of this user's (a symlink, someone "
-            "else's, or writable by others): remove it, or install the harnesses (install.sh) so their "
-            "config files live in .harnesses/"
-        )
-    return folder
 
 
 def qwen_code() -> HarnessSpec:
