@@ -102,6 +102,10 @@ def test_unreachable_server_is_an_upstream_error_without_the_password() -> None:
         "postgresql://hrl:s3cret@[::1/db",  # libpq quotes a URL it cannot parse in its message
         "postgresql://hrl:s3cret@127.0.0.1:notaport/db",  # redacting it raised ValueError
         "postgresql://hrl:s3%40cret@127.0.0.1:{port}/db?connect_timeout=5",  # percent-encoded
+        # The SSL key's passphrase, and a parameter name percent-encoded (libpq decodes names too),
+        # were shown as written.
+        "postgresql://hrl@127.0.0.1:{port}/db?sslmode=disable&sslpassword=s3cret&connect_timeout=5",
+        "postgresql://hrl@127.0.0.1:{port}/db?connect_timeout=5&pass%77ord=s3cret",
     ],
 )
 def test_a_password_never_reaches_an_error_message(url: str) -> None:
@@ -140,6 +144,39 @@ def test_a_user_who_cannot_create_the_tables_gets_a_config_error(pg_server: Post
             owner.execute(f"GRANT CREATE ON SCHEMA public TO {role}")
         with PostgresStore(weak, timeout_s=30) as store:
             assert store.create_rollout(rollout_id="r").rollout_id == "r"
+    finally:
+        pg_server.drop_database(name)
+        with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+            admin.execute(f"DROP ROLE IF EXISTS {role}")
+
+
+def test_a_user_who_may_only_read_and_write_rows_opens_a_migrated_store(pg_server: PostgresServer) -> None:
+    """Every open ran ``CREATE TABLE IF NOT EXISTS meta``, which PostgreSQL refuses to a user without
+    the right to create tables even when the table exists: a store its owner had migrated could not
+    be opened by a role granted only SELECT/INSERT/UPDATE/DELETE on its tables (a ``ConfigError``,
+    "permission denied for schema public"). Such a role now opens it and records; one that would
+    have to migrate it still gets the ``ConfigError``."""
+    import psycopg
+
+    name, role = f"t_{uuid.uuid4().hex[:16]}", f"r_{uuid.uuid4().hex[:16]}"
+    url = pg_server.create_database(name)
+    weak = re.sub(r"//[^@/]*@", f"//{role}@", url, count=1)
+    assert weak != url
+    with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+    try:
+        with psycopg.connect(url, autocommit=True) as owner:
+            owner.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        with pytest.raises(ConfigError, match="permission denied"):  # the control: nothing to use yet
+            PostgresStore(weak, timeout_s=30)
+        with PostgresStore(url, timeout_s=30) as store:  # the owner creates the tables
+            rollout = store.create_rollout(rollout_id="r")
+        with psycopg.connect(url, autocommit=True) as owner:
+            owner.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}")
+        with PostgresStore(weak, timeout_s=30) as store:
+            assert store.get_rollout_by_key(rollout.api_key).rollout_id == "r"
+            assert store.add_call(a_call("r")).seq == 0
+            assert [c.seq for c in store.list_calls("r")] == [0]
     finally:
         pg_server.drop_database(name)
         with psycopg.connect(pg_server.url("postgres"), autocommit=True) as admin:

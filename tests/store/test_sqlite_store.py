@@ -3,12 +3,14 @@ and fork safety. Schema versions and migrations are tested for every backend in 
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import sqlite3
 import stat
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,44 @@ def test_a_store_path_that_is_not_a_database_file_is_a_config_error_and_left_alo
     with open_store(str(folder / "harnessrl.db")) as store:  # the control: a file path opens
         assert store.create_rollout(rollout_id="r").rollout_id == "r"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+
+
+def test_a_file_that_is_not_a_database_keeps_its_permissions(tmp_path: Path) -> None:
+    """``--store notes.txt`` (someone's file, named by mistake) was made 0600 before SQLite said it
+    is not a database: the ``ConfigError`` came, but the file's owner had lost the permissions they
+    gave it. Such a file is now refused before anything is changed; a database file is still made
+    private."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("shared notes\n")
+    notes.chmod(0o644)
+    with pytest.raises(ConfigError, match="notes.txt.*not a database"):
+        open_store(str(notes))
+    assert stat.S_IMODE(notes.stat().st_mode) == 0o644 and notes.read_text() == "shared notes\n"
+
+    database = tmp_path / "harnessrl.db"  # the control: a store made, then opened with loose permissions
+    SQLiteStore(database).close()
+    database.chmod(0o644)
+    with SQLiteStore(database) as store:
+        assert store.create_rollout(rollout_id="r").rollout_id == "r"
+    assert stat.S_IMODE(database.stat().st_mode) == 0o600
+
+
+def test_a_sqlite_uri_is_refused_before_anything_is_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``file:PATH`` was handed to SQLite, which takes it for a URI: the database was made at PATH with
+    the umask's permissions (0644: every rollout key and task readable by anyone), and a
+    ``file::memory:`` store read keys on another, empty database ("no such table: rollouts"). A
+    store named so is now a ``ConfigError``, and nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    for url in (f"file:{tmp_path}/uri.db", "sqlite:///file:uri.db", "file::memory:"):
+        with pytest.raises(ConfigError, match="SQLite URI"):
+            open_store(url)
+    assert list(tmp_path.iterdir()) == []
+    with open_store(f"./file:{tmp_path.name}.db") as store:  # the control: a file of that name, by path
+        assert store.local_file is not None
+        assert store.get_rollout_by_key(store.create_rollout().api_key).status.value == "queued"
+    assert stat.S_IMODE((tmp_path / f"file:{tmp_path.name}.db").stat().st_mode) == 0o600
 
 
 def file_modes(path: Path) -> dict[str, int]:
@@ -209,17 +249,75 @@ def test_key_lookup_sees_every_commit_and_ends_with_the_store(tmp_path: Path) ->
     other.update_rollout_metadata(rollout.rollout_id, {"sampling": {"temperature": 0.5}})
     assert store.get_rollout_by_key(rollout.api_key).sampling.temperature == 0.5
     # Each thread reads on its own connection, and all of them close with the store.
-    seen: list[str] = []
-    reader = threading.Thread(
-        target=lambda: seen.append(store.get_rollout_by_key(rollout.api_key).rollout_id)
-    )
+    seen: list[object] = []
+    read, closed = threading.Event(), threading.Event()
+
+    def reader_thread() -> None:
+        seen.append(store.get_rollout_by_key(rollout.api_key).rollout_id)
+        read.set()
+        closed.wait(timeout=60)
+        try:
+            store.get_rollout_by_key(rollout.api_key)  # on its own connection, closed by now
+        except sqlite3.ProgrammingError as exc:
+            seen.append(exc)
+
+    reader = threading.Thread(target=reader_thread)
     reader.start()
-    reader.join()
-    assert seen == [rollout.rollout_id] and len(store._reader_conns) == 2
+    assert read.wait(timeout=60)
     store.close()
     other.close()
+    closed.set()
+    reader.join(timeout=60)
+    assert seen[0] == rollout.rollout_id and isinstance(seen[1], sqlite3.ProgrammingError), seen
     with pytest.raises(sqlite3.ProgrammingError):
         store.get_rollout_by_key(rollout.api_key)
+
+
+def _open_fds_on(path: Path) -> int:
+    """How many of this process's file descriptors are open on the database file or its -wal/-shm."""
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith(str(path))
+    return count
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_a_thread_that_ended_leaves_no_connection_open(tmp_path: Path) -> None:
+    """Each thread that read by key or the gate, or wrote at once, opened connections of its own that
+    stayed open until the store closed: two file descriptors per thread that ever did, so worker
+    threads that come and go (anyio's expire after 10 s idle) ran a long-lived process out of them.
+    A thread's connections now close when it ends."""
+    path = tmp_path / "store.db"
+    with SQLiteStore(path) as store:
+        rollout = store.create_rollout()
+        store.get_rollout_by_key(rollout.api_key)  # this thread's own connections, kept while it lives
+        store.read_gate()
+
+        def use_the_store() -> None:
+            assert store.get_rollout_by_key(rollout.api_key).rollout_id == rollout.rollout_id
+            assert store.read_gate().command == 0
+            assert store.add_call_now(_a_call(rollout.rollout_id)) is not None
+
+        def threads_come_and_go(n: int) -> None:
+            for _ in range(n):
+                thread = threading.Thread(target=use_the_store)
+                thread.start()
+                thread.join(timeout=60)
+
+        def settled(at_most: int) -> int:
+            deadline = time.monotonic() + 30  # a thread's end is seen a moment after join returns
+            while _open_fds_on(path) > at_most and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return _open_fds_on(path)
+
+        # SQLite defers closing a descriptor while another connection of the process holds locks on
+        # the file, and reuses it later: the count after a few threads, not before any, is the bound.
+        threads_come_and_go(2)
+        bound = _open_fds_on(path)
+        threads_come_and_go(20)  # each kept two descriptors open for good: 40 more
+        assert settled(at_most=bound) <= bound
+        assert store.count_calls(rollout.rollout_id) == 22  # the control: every thread did write
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="fork start method")

@@ -421,6 +421,17 @@ def test_list_and_count_rollouts(store: Store) -> None:
     assert store.count_rollouts(step=0, status=S.FINISHED) == 1
 
 
+@pytest.mark.parametrize("window", [{"limit": -1}, {"offset": -1}, {"limit": 2, "offset": -3}])
+def test_a_negative_limit_or_offset_is_a_bad_request_on_every_backend(store: Store, window: Any) -> None:
+    """SQLite took ``LIMIT -1`` for no limit and a negative offset for none, while PostgreSQL raised
+    psycopg's own error: the same call listed every rollout on one backend and was a traceback on
+    the other. Both now refuse it with ``BadRequest`` naming the parameter."""
+    made = [store.create_rollout().rollout_id for _ in range(3)]
+    assert [r.rollout_id for r in store.list_rollouts(limit=2, offset=1)] == made[1:]  # the control
+    with pytest.raises(BadRequest, match=f"{next(k for k, v in window.items() if v < 0)} must be"):
+        store.list_rollouts(**window)
+
+
 def test_flags_and_metadata(store: Store) -> None:
     rollout = store.create_rollout(metadata={"a": 1, "nested": {"x": 1}})
     store.set_rollout_flags(rollout.rollout_id, ["git_log", "network"])

@@ -446,9 +446,19 @@ def migrate_postgres(conn: Any, *, target: int = SCHEMA_VERSION, where: str = "s
     return _migrate(conn, "postgres", "%s", target=target, where=where)
 
 
+#: A row when the ``meta`` table exists (where an unqualified ``meta`` resolves), none when it does not.
+_META_EXISTS = {
+    "sqlite": "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'",
+    "postgres": "SELECT 1 WHERE to_regclass('meta') IS NOT NULL",
+}
+
+
 def _migrate(conn: Any, dialect: str, param: str, *, target: int, where: str) -> int:
     """Apply the pending migrations' ``dialect`` DDL in the caller's transaction and record the version."""
-    conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    if conn.execute(_META_EXISTS[dialect]).fetchone() is None:
+        # Only where it is missing: CREATE TABLE, even IF NOT EXISTS, needs the right to create tables
+        # (PostgreSQL checks it first), which a user who only reads and writes the rows lacks.
+        conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
     found = _read_version(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone())
     todo = pending(found, target=target, where=where)
     for migration in todo:

@@ -22,8 +22,9 @@ server's: a method returns after ``COMMIT``, which with PostgreSQL's default
 ``synchronous_commit=on`` has flushed the WAL.
 
 Connection problems surface as ``UpstreamError`` naming the server; a URL libpq cannot parse, or a
-user who may not create the tables, as ``ConfigError``. The password is removed from both, wherever
-the URL holds it (``user:password@``, ``?password=``) and wherever the driver's message quotes it.
+user who may not create the tables, as ``ConfigError``. The secrets are removed from both, wherever
+the URL holds them (``user:password@``, ``?password=``, ``?sslpassword=``) and wherever the driver's
+message quotes them.
 """
 
 from __future__ import annotations
@@ -83,7 +84,19 @@ def _check_encoding(conn: psycopg.Connection[Any], url: str) -> None:
         )
 
 
-_PASSWORD_PARAM = re.compile(r"([?&]password=)([^&#]*)", re.IGNORECASE)
+#: A query parameter of a URL: (its ``?``/``&`` and name, ``=``, its value).
+_QUERY_PARAM = re.compile(r"([?&][^&#=]*=)([^&#]*)")
+#: The libpq parameters that hold a secret: the password, and the passphrase of the client's SSL key.
+_SECRET_PARAMS = ("password", "sslpassword")
+
+
+def _is_secret(param: re.Match[str]) -> bool:
+    # libpq percent-decodes a parameter's name too: ``?pass%77ord=`` is the password.
+    return unquote(param.group(1)[1:-1]).lower() in _SECRET_PARAMS
+
+
+def _hide_secret(param: re.Match[str]) -> str:
+    return param.group(1) + "***" if _is_secret(param) else param.group(0)
 
 
 def _url_parts(url: str) -> tuple[str, str | None, str, str]:
@@ -96,7 +109,8 @@ def _url_parts(url: str) -> tuple[str, str | None, str, str]:
 
 
 def redact(url: str) -> str:
-    """``url`` without its password (``user:PASSWORD@`` or ``?password=``), for messages and logs.
+    """``url`` without its secrets (``user:PASSWORD@``, ``?password=``, ``?sslpassword=``), for
+    messages and logs.
     Never raises: a URL libpq cannot parse (a bad port, an unclosed ``[``) is redacted all the same."""
     if "://" not in url:
         return url
@@ -104,14 +118,14 @@ def redact(url: str) -> str:
     if userinfo is not None:
         user, colon, _ = userinfo.partition(":")
         rest = f"{user}{':***' if colon else ''}@{rest}"
-    return f"{scheme}://{rest}" + _PASSWORD_PARAM.sub(r"\1***", query)
+    return f"{scheme}://{rest}" + _QUERY_PARAM.sub(_hide_secret, query)
 
 
 def scrub(text: str, url: str) -> str:
     """``text`` (a driver's message, which may quote a URL it could not parse) without ``url``'s
-    password, as written or percent-decoded."""
+    secrets, as written or percent-decoded."""
     _, userinfo, _, query = _url_parts(url)
-    passwords = [m.group(2) for m in _PASSWORD_PARAM.finditer(query)]
+    passwords = [m.group(2) for m in _QUERY_PARAM.finditer(query) if _is_secret(m)]
     if userinfo is not None and ":" in userinfo:
         passwords.append(userinfo.partition(":")[2])
     text = text.replace(url, redact(url))

@@ -244,6 +244,9 @@ class SQLStore(GateRows):
         limit: int | None = None,
         offset: int = 0,
     ) -> list[Rollout]:
+        for name, value in (("limit", limit), ("offset", offset)):  # SQLite would take -1 for "none"
+            if value is not None and value < 0:
+                raise BadRequest(f"{name} must be a number >= 0, got {value}", param=name)
         p = self.PARAM
         where, params = sql_where(p, run_id=run_id, status=status, step=step, group_id=group_id)
         params += [self.NO_LIMIT if limit is None else limit, offset]

@@ -26,6 +26,7 @@ import sqlite3
 import stat
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +68,13 @@ class SQLiteStore(SQLStore):
         self._closed = False
         self._reset_readers()
         self._by_key: dict[str, tuple[tuple[Any, ...], Rollout]] = {}  # key -> (its row, its rollout)
+        if self.path.startswith("file:"):
+            # SQLite takes it for a URI: its file would be made with the umask's permissions (not
+            # 0600), and each thread's own connection would open another database (``file::memory:``).
+            raise ConfigError(
+                f"store {self.path!r} is a SQLite URI, which is not supported: name the database file "
+                f"as a path (./{self.path} for a file of that name) or use :memory:"
+            )
         if self.local_file is not None:
             if self.path.endswith(("/", os.sep)):  # Path() would drop the slash and make a file there
                 raise ConfigError(f"store {self.path!r} names a folder: name the database file in it")
@@ -95,7 +103,7 @@ class SQLiteStore(SQLStore):
 
     @property
     def local_file(self) -> Path | None:
-        if self.path == ":memory:" or self.path.startswith("file:"):
+        if self.path == ":memory:":
             return None
         return Path(self.path)
 
@@ -161,21 +169,23 @@ class SQLiteStore(SQLStore):
         """This thread's connection for ``role``, opened with ``settings`` (``_connect``'s) on first use."""
         if self._pid != os.getpid():
             self._reset_readers()
-        conn = getattr(self._readers, role, None)
-        if conn is None:
+        held = getattr(self._readers, role, None)
+        if held is None:
             if self._closed:
                 raise sqlite3.ProgrammingError("the store is closed")
-            conn = self._connect(**settings)
-            setattr(self._readers, role, conn)
+            held = _ThreadConnection(self._connect(**settings))
+            setattr(self._readers, role, held)
             with self._readers_lock:
-                self._reader_conns.append(conn)
-        return conn
+                self._reader_conns.add(held)
+        return held.conn
 
     def _reset_readers(self) -> None:
         # A forked child must not use its parent's connections (their POSIX locks do not carry over).
         self._readers = threading.local()
         self._readers_lock = threading.Lock()
-        self._reader_conns: list[sqlite3.Connection] = []
+        # Weakly: a thread's connections are closed when it ends (``_ThreadConnection``), not kept
+        # open until the store closes (two file descriptors per thread that ever read by key).
+        self._reader_conns: weakref.WeakSet[_ThreadConnection] = weakref.WeakSet()
 
     def _connect(
         self, *, read_only: bool = False, busy_timeout_s: float | None = None, wal: bool = True
@@ -229,15 +239,26 @@ class SQLiteStore(SQLStore):
                 self._closed = True
                 self._conn.close()
                 with self._readers_lock:
-                    readers, self._reader_conns = self._reader_conns, []
-                for conn in readers:
-                    conn.close()
+                    readers, self._reader_conns = list(self._reader_conns), weakref.WeakSet()
+                for held in readers:
+                    held.conn.close()
 
     def __enter__(self) -> SQLiteStore:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _ThreadConnection:
+    """One thread's own connection (``SQLiteStore._thread_connection``), held only by that thread's
+    ``threading.local``: when the thread ends, the holder goes and the connection is closed."""
+
+    __slots__ = ("__weakref__", "conn")
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        weakref.finalize(self, conn.close)
 
 
 def _prepare_file(path: Path) -> None:
@@ -262,12 +283,31 @@ def _prepare_file(path: Path) -> None:
                 f"store {str(path)!r} is not a file (a folder?): name the database file, "
                 "e.g. runs/x/harnessrl.db"
             ) from None
+        if not _may_be_a_database(path):  # someone's other file, named by mistake: left as it is
+            raise ConfigError(
+                f"cannot open store {str(path)!r}: file is not a database (it does not start with "
+                "SQLite's header): name the store's file, e.g. runs/x/harnessrl.db"
+            ) from None
         with contextlib.suppress(OSError):  # a file of another owner keeps its permissions
             os.chmod(path, 0o600)
     except OSError as exc:  # a folder this user may not write
         raise ConfigError(f"cannot create store {str(path)!r}: {exc}") from exc
     else:
         os.close(fd)
+
+
+_SQLITE_HEADER = b"SQLite format 3\x00"
+
+
+def _may_be_a_database(path: Path) -> bool:
+    """Whether ``path`` is empty or starts with SQLite's header (or cannot be read here: SQLite will
+    say). Checked before the file is made 0600, so a file that is not a database is not changed."""
+    try:
+        with open(path, "rb") as file:
+            head = file.read(len(_SQLITE_HEADER))
+    except OSError:
+        return True
+    return head in (b"", _SQLITE_HEADER)
 
 
 def _enter_wal(conn: sqlite3.Connection, timeout_s: float) -> None:
