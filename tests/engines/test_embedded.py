@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -125,6 +126,20 @@ def test_sampling_is_reproducible_per_seed_whatever_the_batch(tiny: EmbeddedEngi
         return await asyncio.gather(_generate(tiny, prompt, params), _generate(tiny, other, noise))
 
     assert [s.token_id for s in asyncio.run(together())[0]] == [s.token_id for s in alone]
+
+
+def test_a_vanishing_temperature_samples_at_vllms_floor(tiny: EmbeddedEngine) -> None:
+    """A client may send any temperature in [0, 2]: 1e-39 overflowed the tempered logits, sampling the
+    vocabulary's last token with a NaN logprob. A positive temperature below 0.01 samples at 0.01, as
+    vLLM does (its _MAX_TEMP), with that distribution's logprobs."""
+    prompt = _prompts(tiny, 1)[0]
+    floor = asyncio.run(_generate(tiny, prompt, SamplingParams(max_tokens=8, temperature=0.01, seed=5)))
+    for temperature in (1e-39, 1e-6):
+        got = asyncio.run(
+            _generate(tiny, prompt, SamplingParams(max_tokens=8, temperature=temperature, seed=5))
+        )
+        assert got == floor
+        assert all(math.isfinite(s.logprob) for s in got)
 
 
 def test_max_tokens_and_stop_tokens(tiny: EmbeddedEngine) -> None:
@@ -351,21 +366,27 @@ def test_shared_prompt_prefixes_are_copied_not_recomputed(tiny_dir: Path, prefil
         asyncio.run(plain.aclose())
 
 
-@pytest.mark.parametrize("flaw", ["unknown name", "wrong shape"])
+@pytest.mark.parametrize("flaw", ["unknown name", "wrong shape", "numpy array", "meta tensor"])
 def test_a_refused_weight_update_changes_no_weight(tiny_dir: Path, flaw: str) -> None:
-    # An update with a weight the model does not have (or of another shape) is refused before any
-    # weight is copied: otherwise the engine would go on serving some of the new weights labelled
-    # with the old version.
+    # An update with a weight the model does not have (or of another shape, or one that is not a
+    # tensor with data, which load_state_dict reports only after copying all the others) is refused
+    # before any weight is copied: otherwise the engine would go on serving some of the new weights
+    # labelled with the old version.
     engine = _start(EmbeddedEngine(tiny_dir, max_batch_size=4))
     try:
         original = {k: v.clone() for k, v in engine.model.state_dict().items()}
         update = {k: torch.full_like(v, 0.5) for k, v in original.items()}
+        name = sorted(update)[-1]  # copied last or not: either way nothing may be copied
         if flaw == "unknown name":
             update["lm_head.bias"] = torch.zeros(3)
-        else:
-            name = next(iter(update))
+        elif flaw == "wrong shape":
             update[name] = torch.zeros(3)
-        with pytest.raises(InvalidWeightUpdate, match="unexpected" if flaw == "unknown name" else "shape"):
+        elif flaw == "numpy array":  # the right shape, but not a tensor
+            update[name] = update[name].numpy()
+        else:
+            update[name] = torch.empty(update[name].shape, device="meta")
+        says = {"unknown name": "unexpected", "wrong shape": "shape"}.get(flaw, "not torch tensors")
+        with pytest.raises(InvalidWeightUpdate, match=says):
             asyncio.run(engine.update_weights(WeightUpdate(version=1, state_dict=update)))
         assert engine.policy_version == 0
         for name, value in engine.model.state_dict().items():

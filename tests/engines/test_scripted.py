@@ -116,6 +116,12 @@ def test_context_length_and_weights(engine: ScriptedEngine) -> None:
         ("why.json", b'{"turns": [{"content": "x", "reasoning": ["a"]}]}', "'reasoning' must be a string"),
         ("calls.json", b'{"turns": [{"tool_calls": "ls"}]}', "'tool_calls' must be a list"),
         ("date.yaml", b"- tool_calls: [{name: f, arguments: {when: 2024-01-01}}]\n", "are not JSON"),
+        # A string is written verbatim into the call: text that is not JSON would render no tool call.
+        (
+            "text.json",
+            b'{"turns": [{"tool_calls": [{"name": "bash", "arguments": "ls -la"}]}]}',
+            "are not JSON",
+        ),
     ],
 )
 def test_a_script_file_that_cannot_be_read_or_rendered_is_a_config_error_at_load(

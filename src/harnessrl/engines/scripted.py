@@ -94,7 +94,9 @@ def _normalize_turn(turn: Any, index: int) -> dict[str, Any]:
             raise ConfigError(f"script turn {index}: each tool call needs a 'name', got {call!r}")
         arguments = call.get("arguments", {})
         try:
-            json.dumps(arguments)
+            # A string is written as it is (OpenAI's JSON text of the arguments): it must be JSON too,
+            # or the rendered call is not one (`"arguments": ls -la`) and no tool call is parsed.
+            json.loads(arguments) if isinstance(arguments, str) else json.dumps(arguments)
         except (TypeError, ValueError) as exc:
             raise ConfigError(
                 f"script turn {index}: the arguments of tool call {call['name']!r} are not JSON: {exc}"

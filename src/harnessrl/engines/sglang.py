@@ -53,6 +53,7 @@ from harnessrl.engines.remote import (
     stream_error,
 )
 from harnessrl.engines.sample_checks import check_count, check_token_ids, checked_logprobs, token_id_limit
+from harnessrl.engines.vllm import DISCOVERY_TIMEOUT_S
 from harnessrl.token_ids import json_array
 
 
@@ -74,12 +75,17 @@ class SGLangEngine(RemoteEngine):
         self.incremental_stream = incremental_stream
         self.pause_for_update = pause_for_update
         self._token_id_limit = token_id_limit(tokenizer)  # sampled IDs are below this
+        self._discovered = False  # ``start`` read the served model and context
+
+    async def start(self) -> None:
+        await super().start()
+        self._discovered = True
 
     async def _discover(self) -> tuple[str | None, int | None]:
-        info = await self.http.request_json("GET", "/get_model_info")
+        info = await self.http.request_json("GET", "/get_model_info", timeout_s=DISCOVERY_TIMEOUT_S)
         model = info.get("model_path") if isinstance(info, dict) else None
         try:
-            server = await self.http.request_json("GET", "/get_server_info")
+            server = await self.http.request_json("GET", "/get_server_info", timeout_s=DISCOVERY_TIMEOUT_S)
         except RemoteEngineError as exc:
             if exc.retryable:
                 raise
@@ -90,6 +96,13 @@ class SGLangEngine(RemoteEngine):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
     ) -> AsyncIterator[Samples]:
+        if not self._discovered:  # down when its pool started (as vLLM's: ``VLLMEngine._not_discovered``)
+            raise RemoteEngineError(
+                f"SGLang at {self.base_url} has not been discovered yet (it was down when the engine "
+                "started); it takes calls once a health check finds it up",
+                retryable=True,
+                url=self.base_url,
+            )
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         sampling: dict[str, Any] = {
             "max_new_tokens": budget,
@@ -199,6 +212,8 @@ class SGLangEngine(RemoteEngine):
 
     async def health(self) -> dict[str, Any]:
         await self.http.request_json("GET", "/health", timeout_s=5.0)
+        if not self._discovered:  # down when the pool started: discovered before it serves
+            await self.start()
         return {
             "engine": "sglang",
             "url": self.base_url,

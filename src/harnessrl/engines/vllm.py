@@ -26,7 +26,9 @@ request) aborts the request server-side. After a stop token the stream is read t
 keep-alive connection is reused; the server failing meanwhile (or after it said ``length`` with the
 last tokens) does not fail the call, whose answer was whole.
 
-Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``).
+Model and context length come from ``GET /v1/models`` (``data[].id``, ``data[].max_model_len``),
+at ``start`` or, for a server that was down then, at the first ``health`` check that finds it up;
+until then its calls fail (retryably) rather than ask for the model ``"unknown"``.
 
 Finish reasons. vLLM ends a request with ``stop``, ``length``, ``abort`` (the server was paused with
 ``mode=abort``, or the request was aborted) or ``error``. An ``abort``/``error`` answer is cut short
@@ -98,6 +100,11 @@ log = logging.getLogger("harnessrl.engines.vllm")
 
 #: vLLM's logprobs mode that reports the distribution a token was actually sampled from.
 LOGPROBS_MODE = "processed_logprobs"
+#: How long discovery's ``GET /v1/models`` may take (and SGLang's ``/get_model_info``,
+#: ``/get_server_info``): not ``request_timeout_s``, the longest silence of a generation (10 min by
+#: default), for which a server that accepts connections but never answers held up the engine's
+#: start (the gateway's) and the pool's health loop, which discovers a replica that was down.
+DISCOVERY_TIMEOUT_S = 30.0
 #: Sampling fields harnessrl does not implement, pinned to "off" in every request.
 NEUTRAL_SAMPLING = {
     "top_k": 0,
@@ -163,14 +170,38 @@ class VLLMEngine(RemoteEngine):
         self.logprobs_mode: str | None = None  # read from /server_info at start, when it answers
         self._completions_url = f"{self.base_url}/v1/completions"  # named in errors
         self._token_id_limit = token_id_limit(tokenizer)  # sampled IDs are below this
+        self._discovered = False  # ``start`` read the served model and context and checked the mode
+
+    async def start(self) -> None:
+        await super().start()
+        self._discovered = True
+
+    def _not_discovered(self) -> RemoteEngineError:
+        """A server down when its pool started (the pool marks it unhealthy and goes on) was never
+        discovered: calls would ask for the model ``"unknown"`` (a 404) on a server whose logprobs mode
+        and context length nobody checked. ``health`` discovers it when it answers; until then a call
+        here fails, retryably, so the pool tries another replica."""
+        return RemoteEngineError(
+            f"vLLM at {self.base_url} has not been discovered yet (it was down when the engine "
+            "started); it takes calls once a health check finds it up",
+            retryable=True,
+            url=self.base_url,
+        )
 
     async def _discover(self) -> tuple[str | None, int | None]:
-        listing = await self.http.request_json("GET", "/v1/models")
+        listing = await self.http.request_json("GET", "/v1/models", timeout_s=DISCOVERY_TIMEOUT_S)
         models = listing.get("data") if isinstance(listing, dict) else None
         if not models:
             raise RemoteEngineError(f"{self.base_url}/v1/models lists no model", retryable=True)
         models = served_models(listing, f"vLLM at {self.base_url}")
-        chosen = next((m for m in models if m.get("id") == self._model), models[0])
+        chosen = next((m for m in models if m.get("id") == self._model), None)
+        if chosen is None and self._model is not None:
+            # Every call would ask for it and be refused (a 404 per call, after a clean start).
+            raise ConfigError(
+                f"engine.served_model {self._model!r}: vLLM at {self.base_url} serves "
+                f"{', '.join(repr(m['id']) for m in models)[:300]}, not it"
+            )
+        chosen = chosen or models[0]
         await self._check_logprobs_mode()
         return chosen.get("id"), chosen.get("max_model_len")
 
@@ -230,6 +261,8 @@ class VLLMEngine(RemoteEngine):
     async def generate(
         self, prompt_ids: Sequence[int], params: SamplingParams, context: GenerationContext | None = None
     ) -> AsyncIterator[Samples]:
+        if not self._discovered:
+            raise self._not_discovered()
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         stops = set(params.stop_token_ids)
         if context is not None and not context.stream:
@@ -305,6 +338,8 @@ class VLLMEngine(RemoteEngine):
         """The whole answer in one non-streamed request: sampled token IDs up to and including the
         first stop token, and their logprobs: what ``generate`` yields for a non-streaming context,
         which it reads through this method."""
+        if not self._discovered:
+            raise self._not_discovered()
         budget = self._check_prompt(prompt_ids, params.max_tokens)
         body = self._request(prompt_ids, params, budget, stream=False)
         answer = await self.http.request_json("POST", "/v1/completions", json_body=body)
@@ -369,17 +404,29 @@ class VLLMEngine(RemoteEngine):
         except RemoteEngineError as exc:
             with contextlib.suppress(RemoteEngineError):
                 await self.http.request_json("POST", "/resume", timeout_s=30.0)
+            # Said as what it was: a server without dev mode (404) or one that is gone was reported as
+            # one that "did not pause within 300 s", sending the reader to look for running requests.
+            if exc.status in (404, 405):
+                why = (
+                    "has no /pause: start it with VLLM_SERVER_DEV_MODE=1 (`harnessrl engine serve` sets "
+                    "it; weight updates need its /pause, /collective_rpc and /resume)"
+                )
+            elif isinstance(exc.__cause__, TimeoutError):
+                why = (
+                    f"did not pause for the weight update within {self.pause_timeout_s:g} s (requests "
+                    "still running on it that harnessrl did not drain?)"
+                )
+            else:
+                why = "could not be paused for the weight update"
             raise RemoteEngineError(
-                f"vLLM at {self.base_url} did not pause for the weight update within "
-                f"{self.pause_timeout_s:g} s (requests still running on it that harnessrl did not drain?): "
-                f"{exc}",
-                retryable=False,
-                url=self.base_url,
+                f"vLLM at {self.base_url} {why}: {exc}", retryable=False, url=self.base_url
             ) from exc
 
     async def health(self) -> dict[str, Any]:
         # vLLM's GET /health answers 200 with an empty body when the engine loop is alive.
         await self.http.request_json("GET", "/health", timeout_s=5.0)
+        if not self._discovered:  # down when the pool started: discovered (and checked) before it serves
+            await self.start()
         return {
             "engine": "vllm",
             "url": self.base_url,
