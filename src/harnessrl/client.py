@@ -83,7 +83,13 @@ class GatewayClient:
             raise UpstreamError(f"gateway at {self.base_url} unreachable: {exc}") from exc
         if response.status_code >= 400:
             raise self._error(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # another server at this address (a dashboard, a proxy's HTML page)
+            raise UpstreamError(
+                f"gateway at {self.base_url}: {method} {path} answered {response.status_code} without "
+                f"JSON (is it a harnessrl gateway?): {response.text[:200]!r}"
+            ) from None
 
     @staticmethod
     def _error(response: httpx.Response) -> HarnessRLError:

@@ -353,3 +353,45 @@ def test_data_commands_refuse_two_outputs_that_are_one_file(tmp_path):
     assert listing(tmp_path) == ["in.jsonl", "link.jsonl", "sub"]
     # Control: distinct files are written.
     assert invoke(*split, "--train", same, "--test", other).exit_code == 0
+
+
+def test_input_nested_too_deeply_to_read_is_named(tmp_path, temp_dir, monkeypatch):
+    """tomllib and json recurse once per level: a config file, a ``--set`` value, a ``HARNESSRL_*``
+    variable or a ``--task`` of ``[[[[...`` was a RecursionError traceback (exit 1) in every command."""
+    deep = "[" * 50_000 + "]" * 50_000
+    (tmp_path / "deep.toml").write_text(f"a = {deep}\n")
+    (tmp_path / "deep.json").write_text(deep)
+    config = rollout_config(tmp_path)
+    before = listing(tmp_path)
+    for args in (
+        ["rollout", "--config", str(tmp_path / "deep.toml")],
+        ["train", str(tmp_path / "deep.toml")],
+    ):
+        refused(invoke(*args), "deep.toml", "nested too deeply")
+    refused(invoke("gateway", "--config", str(tmp_path / "deep.toml")), "deep.toml", "nested too deeply")
+    refused(
+        invoke("rollout", "--config", str(config), "--set", f"task.x={deep}"), "task.x", "nested too deeply"
+    )
+    refused(
+        invoke("rollout", "--config", str(config), "--task", f"@{tmp_path / 'deep.json'}"), "--task", "nested"
+    )
+    monkeypatch.setenv("HARNESSRL_TASK__X", deep)
+    refused(invoke("rollout", "--config", str(config)), "HARNESSRL_TASK__X", "nested too deeply")
+    assert listing(tmp_path) == before and listing(temp_dir) == []
+
+
+def test_data_calibrate_refuses_a_run_dir_that_is_out_or_the_report(tmp_path, temp_dir):
+    """``--run-dir`` naming OUT (or --report, or a folder under either): the run folder was made
+    there, every rollout of the first batch ran, and appending to OUT was an IsADirectoryError."""
+    config = rollout_config(tmp_path)
+    records = tmp_path / "in.jsonl"
+    records.write_text(json.dumps({"instance_id": "a", "problem_statement": "hi"}) + "\n")
+    before = listing(tmp_path)
+    calibrate = ["data", "calibrate", str(records), str(tmp_path / "out.jsonl"), "--config", str(config)]
+    calibrate += ["--k", "1", "--report", str(tmp_path / "r.json"), "--run-dir"]
+    for run_dir, named in (("out.jsonl", "is OUT"), ("out.jsonl/sub", "is OUT"), ("r.json", "is --report")):
+        refused(invoke(*calibrate, str(tmp_path / run_dir)), "--run-dir", named)
+        assert listing(tmp_path) == before, run_dir
+    # Control: a run folder of its own is used, and OUT is written.
+    assert invoke(*calibrate, str(tmp_path / "run")).exit_code == 0
+    assert (tmp_path / "out.jsonl").is_file() and (tmp_path / "run" / "harnessrl.db").is_file()

@@ -344,3 +344,73 @@ def test_out_in_a_folder_that_does_not_exist_yet_is_written(tmp_path: Path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [r["calibration"]["passes"] for r in read_records(out)] == [1]
+
+
+def test_a_task_the_harness_cannot_start_on_is_refused_before_anything_starts(tmp_path: Path):
+    """A harness whose command names ``{task[repo]}``, calibrated on records one of which has no
+    ``repo``: each of its k rollouts used to fail at launch as an infrastructure failure (exit 0, a
+    store, OUT written); now one line names the task and the field, exit 2, nothing made."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    config = rollout_toml(tmp_path).replace('"{prompt}"]', '"{prompt}", "{task[repo]}"]')
+    assert "{task[repo]}" in config
+    (tmp_path / "rollout.toml").write_text(config)
+    no_repo = {k: v for k, v in record(1, 4).items() if k != "repo"}
+    src = write_records(tmp_path / "in.jsonl", [record(0, 4), no_repo])
+    out = tmp_path / "out" / "out.jsonl"
+    before = sorted(p.name for p in tmp_path.iterdir())
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 2, result.output
+    assert "task 'owner__proj.abc.task_1': the harness cannot start on it" in result.output
+    assert "{task[repo]}" in result.output and "Traceback" not in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no run folder, no OUT (nor its folder)
+
+
+def test_calibrate_never_runs_another_runs_queued_rollouts(tmp_path: Path):
+    """The store of ``--run-dir`` (or a training config's shared ``[store]``) may hold another run's
+    queued rollouts: calibrate's controller used to claim them too and finish them under its own
+    engine (the base policy, its own sampling). It runs only its own now, under a run id of its own."""
+    from harnessrl.store import open_store
+
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    (tmp_path / "run").mkdir()
+    store = open_store(str(tmp_path / "run" / "harnessrl.db"))
+    try:
+        task = {"prompt": "Task 9: reply with the answer.", "solve_k": 4, "hidden": {"answer": "42"}}
+        store.create_rollout(task=task, rollout_id="other-g000001-r0", run_id="other")
+    finally:
+        store.close()
+    src = write_records(tmp_path / "in.jsonl", [record(0, 4)])
+    result = calibrate_in_process(tmp_path, src, tmp_path / "out.jsonl")
+    assert result.exit_code == 0, result.output
+    assert read_records(tmp_path / "out.jsonl")[0]["calibration"]["passes"] == 4
+    store = open_store(str(tmp_path / "run" / "harnessrl.db"))
+    try:
+        other = store.get_rollout("other-g000001-r0")
+        assert (other.status.value, other.worker_id, other.attempt) == ("queued", None, 0)
+        own = [r for r in store.list_rollouts() if r.rollout_id.startswith("cal-")]
+        assert len(own) == 4 and len({r.run_id for r in own}) == 1
+        assert own[0].run_id is not None and own[0].run_id.startswith("calibrate-")
+    finally:
+        store.close()
+
+
+def test_a_batch_waits_for_the_evaluator_and_the_audit_of_every_attempt(tmp_path: Path):
+    """The batch limit counted ``harness.timeout_s`` only: with a quick harness and an evaluator that
+    may take minutes (a SWE task's test suite), a batch being scored was cut off as timed out."""
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.data.calibrate import _batch_timeout
+
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    toml = rollout_toml(tmp_path).replace("timeout_s = 60", "timeout_s = 1")
+    toml = toml.split("[evaluator]")[0] + (
+        '[evaluator]\ntype = "command"\nreward_from = "exit_code"\ncommand = ["true"]\ntimeout_s = 300\n\n'
+        "[controller]\nconcurrency = 4\nmax_infra_retries = 1\n"
+    )
+    (tmp_path / "rollout.toml").write_text(toml)
+    config = load_rollout_config(str(tmp_path / "rollout.toml"), [])
+    attempt_s = 1 + 300 + config.controller.audit.max_seconds
+    assert _batch_timeout(config, 4) >= 2 * attempt_s  # one wave of 4, two attempts each
+    assert _batch_timeout(config, 8) >= 2 * _batch_timeout(config, 4) - 1  # two waves

@@ -92,10 +92,10 @@ def filter_command(
         kept, summary = filter_records(
             read_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
         )
+        write_records(out_path, kept)  # a write error (a full disk) is one line too
+        _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
-    write_records(out_path, kept)
-    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
 
 
 @app.command("calibrate")
@@ -126,7 +126,7 @@ def calibrate_command(
     import logging
     import tempfile
 
-    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, check_local_launch, load_rollout_config
     from harnessrl.data.calibrate import calibrate_file
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -134,10 +134,20 @@ def calibrate_command(
         _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path, "--config": config})
         if run_dir is not None:  # a file there is named now, not a traceback once the stack started
             from harnessrl.config import check_output_path
+            from harnessrl.errors import ConfigError
 
             check_output_path(run_dir, "--run-dir", kind="folder")
+            for option, path in (("OUT", out_path), ("--report", report)):
+                # The run folder made there first, OUT's append (or the report) failed after the work.
+                if path is not None and run_dir.resolve().is_relative_to(path.resolve()):
+                    raise ConfigError(
+                        f"--run-dir {str(run_dir)!r} is {option} ({str(path)!r}) or a folder under it: "
+                        "give the run folder and the files their own paths"
+                    )
         # A training config works too: calibrate with the harness and evaluator the run trains with.
         rollout_config = load_rollout_config(str(config), set_ or [], ignore=TRAIN_ONLY_SECTIONS)
+        store = rollout_config.store
+        check_local_launch(rollout_config, store.url if store is not None else None, "gateway.port")
         sampling = _training_sampling(config, set_ or [])
         folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
         try:
@@ -148,6 +158,7 @@ def calibrate_command(
             if run_dir is None and not any(folder.iterdir()):
                 folder.rmdir()  # a temp folder of ours that nothing was written to: nothing half-created
             raise
+        _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
     except KeyboardInterrupt:  # OUT keeps every finished task: the same command goes on from there
@@ -155,7 +166,6 @@ def calibrate_command(
             f"interrupted; OUT keeps what is done, run the same command to go on: {out_path}", err=True
         )
         raise typer.Exit(130) from None
-    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
 
 
 def _training_sampling(config: Path, overrides: list[str]) -> SamplingOverrides | None:
@@ -186,10 +196,10 @@ def select_command(
     try:
         _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path})
         kept, summary = select_records(read_records(in_path), unsolvable=unsolvable, seed=seed)
+        write_records(out_path, kept)
+        _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
-    write_records(out_path, kept)
-    _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
 
 
 @app.command("split")
@@ -210,15 +220,15 @@ def split_command(
 ) -> None:
     """Split into train and test sets by count, optionally without repository leakage."""
     from harnessrl.data.curate import split_records
-    from harnessrl.data.records import read_records, write_records
+    from harnessrl.data.records import json_line, read_records, write_files
 
     try:
         _check_outputs({"--train": train, "--test": test, "--report": report}, {"IN": in_path})
         train_records, test_records, summary = split_records(
             read_records(in_path), test_size=test_size, seed=seed, no_repo_leakage=no_repo_leakage
         )
+        # Both or neither: a new train set beside an old test set would put records on both sides.
+        write_files({train: map(json_line, train_records), test: map(json_line, test_records)})
+        _emit({**summary, "in": str(in_path), "train_out": str(train), "test_out": str(test)}, report)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
-    write_records(train, train_records)
-    write_records(test, test_records)
-    _emit({**summary, "in": str(in_path), "train_out": str(train), "test_out": str(test)}, report)

@@ -52,9 +52,13 @@ class CalibrationTimeout(HarnessRLError):
 
 def _batch_timeout(config: RolloutConfig, rollouts: int) -> float:
     """Long enough for ``rollouts`` at ``controller.concurrency`` at a time, in waves, each rollout
-    taking its whole ``harness.timeout_s`` on every attempt, plus a margin."""
+    taking what ``harnessrl rollout`` waits for one (``rollout_time_limit``: every attempt's harness,
+    evaluator and audit time limits, plus two minutes). It used to count the harness's only: an
+    evaluator slower than the harness (a SWE task's test suite) ended a healthy batch as timed out."""
+    from harnessrl.controller.stack import rollout_time_limit
+
     waves = math.ceil(rollouts / config.controller.concurrency)
-    return waves * config.harness.timeout_s * (config.controller.max_infra_retries + 1) + 120
+    return waves * rollout_time_limit(config)
 
 
 def _is_done(record: Record, k: int, sampling: dict[str, Any] | None) -> bool:
@@ -109,6 +113,7 @@ async def calibrate_file(
     rollouts (``metadata["sampling"]``): a pass rate measured at the temperature and token cap the
     run trains with is the one that says whether a group will have reward variance.
     ``batch_timeout_s``: how long a batch may take (default ``_batch_timeout``; a test's seam)."""
+    from harnessrl.controller.harness import check_tasks
     from harnessrl.controller.presets import apply_preset
     from harnessrl.controller.stack import check_environments, local_stack
 
@@ -122,6 +127,13 @@ async def calibrate_file(
         raise ConfigError(f"calibrate: {in_path}: every record needs a unique instance_id (run filter first)")
     # Every record's task now: a bad one (a "hidden" that is no object) is refused before any work.
     tasks = {i: to_task(r) for i, r in zip(ids, records, strict=True)}
+    # And one the harness cannot start on (a field its templates name missing, a NUL byte): one error
+    # naming it before anything is made, not k infrastructure failures of every attempt.
+    harness = apply_preset(config.harness)
+    try:
+        await asyncio.to_thread(check_tasks, harness, tasks.items())
+    except ConfigError as exc:
+        raise ConfigError(f"calibrate: {in_path}: {exc}") from None
     forced = sampling.as_metadata() if sampling is not None else None
     # OUT's folder now: each finished task is appended to OUT, and a folder that did not exist failed
     # the first append, after every rollout of the task had run.
@@ -165,9 +177,11 @@ async def calibrate_file(
         per_batch = max(1, math.ceil(config.controller.concurrency / k))
         # Each task's image (docs/environments.md): built and checked to run the harness before any
         # rollout, so a missing image is one clear error, not k infrastructure failures per task.
-        harness = apply_preset(config.harness)
         await asyncio.to_thread(check_environments, harness, [tasks[instance_id(r)] for r in todo])
-        async with local_stack(config, run_dir) as stack:
+        # A run of its own: the controller claims only this invocation's rollouts, never another run's
+        # queued ones that the store holds (a --run-dir reused, a training config's shared store).
+        run_id = f"calibrate-{nonce}"
+        async with local_stack(config, run_dir, run_id=run_id) as stack:
             for start in range(0, len(todo), per_batch):
                 batch = todo[start : start + per_batch]
                 ids_by_task: dict[str, list[str]] = {}
@@ -177,6 +191,7 @@ async def calibrate_file(
                         stack.create_rollout(
                             task,
                             rollout_id=_rollout_id(task["task_id"], nonce, i),
+                            run_id=run_id,
                             task_id=task["task_id"],
                             metadata={"calibration_sample": i, **overrides},
                         ).rollout_id

@@ -12,11 +12,11 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.tasks.fields import EVALUATOR_ONLY, HIDDEN
 
 Record = dict[str, Any]
@@ -63,16 +63,42 @@ def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[
     return records, False
 
 
+def json_line(record: Record) -> str:
+    """One record as a JSONL line (non-ASCII written as is)."""
+    return json.dumps(record, ensure_ascii=False) + "\n"
+
+
 def write_records(path: str | Path, records: Iterable[Record]) -> Path:
     """Write records as JSONL atomically (a reader, or a resumed run, never sees half a file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with tmp.open("w", encoding="utf-8") as fh:
-        for record in records:
-            fh.write(json.dumps(record, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-    return path
+    [written] = write_files({Path(path): map(json_line, records)})
+    return written
+
+
+def write_files(files: Mapping[Path, Iterable[str]]) -> list[Path]:
+    """Write each file's text to a temp file beside it, synced to disk, then move them all into place:
+    a reader never sees half a file, and an error writing any of them (a full disk, a file size
+    limit) leaves every file as it was and no temp file behind (``split`` wrote its train set, then
+    failed on the test set: a new train set beside the old test set, records on both sides). The
+    error is a ``HarnessRLError`` naming the file, not a traceback."""
+    staged: list[tuple[Path, Path]] = []
+    path = Path()
+    try:
+        for path, chunks in files.items():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            staged.append((tmp, path))
+            with tmp.open("w", encoding="utf-8") as fh:
+                fh.writelines(chunks)
+                fh.flush()
+                os.fsync(fh.fileno())
+        for tmp, path in staged:
+            os.replace(tmp, path)
+    except OSError as exc:
+        raise HarnessRLError(f"data: cannot write {path}: {exc.strerror or exc}") from exc
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)  # moved into place, else left over by the error
+    return [path for _, path in staged]
 
 
 def same_file(a: str | Path, b: str | Path) -> bool:
@@ -87,15 +113,14 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 def append_record(path: str | Path, record: Record) -> None:
     """Append one record and flush it to disk: what a killed ``calibrate`` has finished survives."""
     with Path(path).open("a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record, ensure_ascii=False) + "\n")
+        fh.write(json_line(record))
         fh.flush()
         os.fsync(fh.fileno())
 
 
 def write_report(path: str | Path | None, report: dict[str, Any]) -> None:
     if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        Path(path).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_files({Path(path): [json.dumps(report, indent=2) + "\n"]})
 
 
 def instance_id(record: Record) -> str:

@@ -1,0 +1,55 @@
+"""``GatewayClient`` against a server at its address that is not a harnessrl gateway (a dashboard, a
+proxy's HTML page): a 200 without JSON used to escape as ``json.JSONDecodeError`` (a traceback for the
+trainer with ``trainer.gateway_url``; ``wait_ready`` gave up at once instead of waiting). It is an
+``UpstreamError`` naming the address and the request now, which ``wait_ready`` waits through."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from harnessrl.client import GatewayClient
+from harnessrl.errors import UpstreamError
+
+
+class Answers(http.server.BaseHTTPRequestHandler):
+    """``/api/state`` answers JSON; every other path an HTML page, as a web server's index would."""
+
+    def do_GET(self) -> None:
+        is_json = self.path == "/api/state"
+        body = json.dumps({"paused": False}).encode() if is_json else b"<html>a web page</html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json" if is_json else "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server_url() -> Iterator[str]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def test_a_200_without_json_is_an_upstream_error_naming_the_gateway(server_url):
+    with GatewayClient(server_url, "key") as client:
+        assert client.state() == {"paused": False}  # the control: JSON is read as before
+        with pytest.raises(UpstreamError, match=r"GET /api/health answered 200 without JSON") as caught:
+            client.health()
+        assert server_url in str(caught.value) and "a web page" in str(caught.value)
+        with pytest.raises(UpstreamError, match="not ready after"):
+            client.wait_ready(timeout=0.5, interval=0.1)  # waited, then said why
