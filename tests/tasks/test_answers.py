@@ -155,3 +155,29 @@ def test_strip_think_on_a_megabyte_of_unclosed_blocks():
     text = "<think>" * ((1 << 20) // 7) + "Answer: 4"
     assert strip_think(text) == text
     assert strip_think("a<think>x</think>b<think>y") == "ab<think>y"
+
+
+@pytest.mark.parametrize(
+    ("text", "number"),
+    [
+        ("the options were 1,2,3", "3"),  # was "123": every comma dropped, a list read as one number
+        ("I counted 4,5", "5"),
+        ("pick 1/2,3", "3"),
+        ("so 12,345.5 in all", "12345.5"),  # thousands separators still read as such
+        ("-1,234,567 it is", "-1234567"),
+        ("2,000/3,000 of them", "2000/3000"),
+        ("a list: 7,", "7"),
+    ],
+)
+def test_last_number_reads_a_comma_list_as_a_list(text, number):
+    assert extract_answer(text, ANSWER, "last_number") == number
+    assert answers_match(extract_answer(text, ANSWER, "last_number"), number)
+    if text.startswith(("the options", "I counted")):  # the concatenation is never the answer
+        assert not answers_match(
+            extract_answer(text, ANSWER, "last_number"), text.split()[-1].replace(",", "")
+        )
+
+
+def test_last_number_stays_linear_on_a_megabyte_of_commas():
+    assert extract_answer("1," * 500_000, ANSWER, "last_number") == "1"
+    assert extract_answer("999," * 250_000 + "/" + "1," * 250_000, ANSWER, "last_number") == "1"

@@ -83,3 +83,34 @@ def test_errors_name_the_line(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_tasks(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        # "tasks.jsonl:1: Input should be a valid string" before: which field?
+        (
+            '{"task_id": "a", "split": 5, "data": {}}\n',
+            r"tasks\.jsonl:1: 'split': Input should be a valid string, got 5",
+        ),
+        ('{"task_id": "a", "split": null, "data": {}}\n', r"tasks\.jsonl:1: 'split': .*got null"),
+        ('{"task_id": ["x"], "data": {}}\n', r"tasks\.jsonl:1: 'task_id': .*got \[\"x\"\]"),
+        # Loaded before; every store refuses such an id, once the run is under way.
+        ('{"task_id": "a\\u0000b", "data": {}}\n', r"tasks\.jsonl:1: 'task_id' must not contain NUL"),
+        (
+            '{"prompt": "p", "id": "x\\ud800"}\n',
+            r"tasks\.jsonl:1: 'task_id' must not contain NUL or lone surrogate",
+        ),
+        (
+            '{"task_id": "a", "split": "tr\\u0000ain", "data": {}}\n',
+            r"tasks\.jsonl:1: 'split' must not contain NUL",
+        ),
+    ],
+)
+def test_a_bad_record_field_is_named(tmp_path, content, message):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message):
+        load_tasks(path)
+    path.write_text('{"task_id": "a", "split": "heldout", "data": {"prompt": "p\\u0000"}}\n')  # control
+    assert [(t.task_id, t.split, t.data) for t in load_tasks(path)] == [("a", "heldout", {"prompt": "p\0"})]

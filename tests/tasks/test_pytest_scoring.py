@@ -157,6 +157,36 @@ def test_a_task_without_test_lists_is_the_scorers_failure(repo, tmp_path: Path):
 
 
 @needs_sandbox
+@pytest.mark.parametrize("shape", ["json_string", "bare_id"])
+def test_test_lists_stored_as_a_string_are_read_as_test_ids_not_characters(repo, tmp_path: Path, shape):
+    """Hugging Face exports store FAIL_TO_PASS / PASS_TO_PASS as a JSON-encoded string: it was read
+    as its characters ("[", "t", ...), every one a missing test, so the fix scored 0 on every rollout
+    with the policy's ``tests_missing`` flag. Control: the bug still scores 0."""
+    ws, files = repo
+    (ws / "calc.py").write_text(FIXED)
+    f2p = json.dumps(FAIL_TO_PASS) if shape == "json_string" else FAIL_TO_PASS[0]
+    task = {"hidden": {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": json.dumps(PASS_TO_PASS)}}
+    fixed = run_in_sandbox(SCORER, workspace=ws, scratch=tmp_path / "fix", inputs={"files": files}, task=task)
+    assert fixed.code == 0, fixed.stderr[-2000:]
+    assert fixed.last["reward"] == 1.0 and fixed.last["flags"] == [], fixed.last
+    assert fixed.last["pass_to_pass"] == "1/1"
+    (ws / "calc.py").write_text(BUGGY)
+    buggy = run_in_sandbox(SCORER, workspace=ws, scratch=tmp_path / "bug", inputs={"files": files}, task=task)
+    assert buggy.code == 0 and buggy.last["reward"] == 0.0 and buggy.last["flags"] == []
+
+
+@needs_sandbox
+@pytest.mark.parametrize("bad", [5, {"a": 1}, [["tests/test_calc.py::test_add"]], [""]], ids=repr)
+def test_test_lists_of_another_shape_are_the_tasks_failure(repo, tmp_path: Path, bad):
+    """A number was a TypeError traceback (exit 1); now exit 2 naming the field, as for no lists."""
+    ws, files = repo
+    task = {"hidden": {"FAIL_TO_PASS": FAIL_TO_PASS, "PASS_TO_PASS": bad}}
+    done = run_in_sandbox(SCORER, workspace=ws, scratch=tmp_path / "e", inputs={"files": files}, task=task)
+    assert done.code == 2 and "hidden.PASS_TO_PASS must be a list of test ids" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@needs_sandbox
 def test_a_files_folder_without_a_fail_to_pass_file_is_the_tasks_failure(repo, tmp_path: Path):
     """The listed tests of a file the folder does not restore ran from the workspace's copy: the
     policy's edit ``def test_add(): pass`` scored 1 with the bug still in. Control: the same edit

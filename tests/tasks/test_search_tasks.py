@@ -345,3 +345,57 @@ def test_the_dataset_command_refuses_bad_options_in_one_line(
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("wrong", "gold"),
+    [
+        ("35", "3.5"),
+        ("12", "1.2"),
+        ("35 million", "3.5 million"),
+        ("40", "-40"),
+        ("5", ".5"),
+        ("40", "−40"),
+        ("1000", "1e-3"),
+    ],
+)
+def test_a_number_keeps_its_decimal_point_and_sign(tmp_path: Path, wrong: str, gold: str) -> None:
+    """Search-R1's normalisation dropped every punctuation mark: "35" scored 1.0 on the gold "3.5"
+    and "40" on "-40" (a wrong answer paid as right)."""
+    (tmp_path / "answer.txt").write_text(f"{wrong}\n")
+    result = score_search(_inp(tmp_path, [gold]))
+    assert (result["reward"], result["em"]) == (0.0, 0.0)
+    assert f1(wrong, [gold]) < 1.0
+    (tmp_path / "answer.txt").write_text(f"{gold}.\n")  # control: the gold itself, a period after it
+    assert score_search(_inp(tmp_path, [gold]))["reward"] == 1.0
+
+
+@pytest.mark.parametrize(
+    ("answer", "gold"),
+    [("2.5", "2.50"), ("1000", "1e3"), ("1850.0", "1850"), ("$3.50", "3.5"), ("0.5", ".5"), ("-0.5", "−.5")],
+)
+def test_the_same_number_written_otherwise_matches(tmp_path: Path, answer: str, gold: str) -> None:
+    """A numeric gold read as written ("2.50", "1e3") was matched only by that spelling: "2.5" and
+    "1000" scored 0. Equal values match, as exact_match's do (never nearly equal ones)."""
+    (tmp_path / "answer.txt").write_text(f"{answer}\n")
+    assert score_search(_inp(tmp_path, [gold])) == {"reward": 1.0, "em": 1.0, "f1": 1.0, "answer": answer}
+    assert score_search(_inp(tmp_path, [gold]), metric="f1")["reward"] == 1.0
+    (tmp_path / "answer.txt").write_text(f"{answer}1\n")  # control: another number
+    assert score_search(_inp(tmp_path, [gold]))["reward"] == 0.0
+
+
+def test_search_r1_normalisation_is_kept_away_from_numbers() -> None:
+    assert exact_match("The X-Ray, U.S.", ["xray us"]) == 1.0
+    assert exact_match("1,850", ["1850"]) == exact_match("1850-1900", ["18501900"]) == 1.0
+    assert exact_match("3.5.", ["3.5"]) == 1.0  # a trailing period is no decimal point
+
+
+@pytest.mark.parametrize("row_id", ["nq\u0000-1", "nq-\ud800"], ids=["nul", "surrogate"])
+def test_searchqa_refuses_an_id_no_store_can_keep(tmp_path: Path, row_id: str) -> None:
+    """Loaded before; every store refuses such a task id (store.codecs), once the run is under way."""
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"id": row_id, "question": "q", "answer": "a"}) + "\n")
+    with pytest.raises(ConfigError, match=r"bad\.jsonl:1: 'id' must not contain NUL or lone surrogate"):
+        load_searchqa(path, split="train")
+    path.write_text(json.dumps({"id": "nq-1", "question": "q\u0000", "answer": "a"}) + "\n")  # control
+    assert [t.task_id for t in load_searchqa(path, split="train")] == ["nq-1"]

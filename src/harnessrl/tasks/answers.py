@@ -21,7 +21,10 @@ from harnessrl.schemas import Call
 
 AnswerFallback = Literal["none", "last_line", "last_number"]
 
-_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+# A run of digits and commas, then a fraction or a denominator: one pass, nothing to backtrack into.
+# Its commas are thousands separators only in the 1,234,567 shape (``_last_number``).
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d[\d,]*)?")
+_THOUSANDS = re.compile(r"-?\d{1,3}(?:,\d{3})+")
 _BOXED_OPEN = "\\boxed{"
 _MINUS_SIGN = "\u2212"  # U+2212, what LaTeX and typeset math write for "-"
 
@@ -73,8 +76,8 @@ def extract_answer(
         elif fallback == "last_line":
             answer = next((line for line in reversed(text.splitlines()) if line.strip()), None)
         elif fallback == "last_number":
-            numbers = _NUMBER.findall(text.replace(",", "").replace(_MINUS_SIGN, "-"))
-            answer = numbers[-1] if numbers else None
+            numbers = _NUMBER.findall(text.replace(_MINUS_SIGN, "-"))
+            answer = _last_number(numbers[-1]) if numbers else None
     if answer is None:
         return None
     for _ in range(2):  # "**7.**", "`7`.", "$\\boxed{7}$."
@@ -85,6 +88,23 @@ def extract_answer(
         if answer.endswith(".") and not answer.endswith(".."):
             answer = answer[:-1].rstrip()
     return answer
+
+
+def _last_number(found: str) -> str:
+    """The last number in one ``_NUMBER`` match: ``12,345.5`` is 12345.5 and ``2,000/3,000`` a
+    fraction, but ``1,2,3`` is a list whose last number is 3 (every comma was dropped before, which
+    read it as 123)."""
+    numerator, slash, denominator = found.partition("/")
+    whole, point, fraction = numerator.partition(".")
+    whole = whole.rstrip(",")
+    if "," in whole and not _THOUSANDS.fullmatch(whole):
+        whole = whole.rsplit(",", 1)[1]  # a list: its last item
+    if not slash:
+        return whole.replace(",", "") + point + fraction
+    denominator = denominator.rstrip(",")
+    if "," in denominator and not _THOUSANDS.fullmatch(denominator):
+        return denominator.rsplit(",", 1)[1]  # "1/2,3": a list whose last item is 3
+    return f"{whole.replace(',', '')}{point}{fraction}/{denominator.replace(',', '')}"
 
 
 def normalize_answer(text: str) -> str:

@@ -39,6 +39,11 @@ EVALUATOR_ONLY = frozenset(
         "repo_path",
         "FAIL_TO_PASS",
         "PASS_TO_PASS",
+        # The layouts the searchqa source reads (Search-R1 / FlashRAG, verl's processed rows): such a
+        # file loaded as plain JSONL handed the harness its answers in HARNESSRL_TASK.
+        "golden_answers",
+        "reward_model",
+        "ground_truth",
     }
 )
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,6 +25,8 @@ from harnessrl.schemas import Task
 from harnessrl.tasks.fields import check_visible
 
 _RECORD_KEYS = frozenset(Task.model_fields)
+# What no store can keep in an id (harnessrl.store.codecs refuses it): NUL and lone surrogates.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
 def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
@@ -54,10 +57,20 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
                 task = Task.model_validate(obj)
             else:  # bare task data
                 task = Task(task_id=_bare_task_id(obj, where, f"{path.stem}-{lineno}"), data=obj)
-        except ValidationError as exc:
-            raise ConfigError(f"tasks: {where}: {exc.errors()[0]['msg']}") from exc
+        except ValidationError as exc:  # a full record's field: name it ("Input should be..." alone did not)
+            error = exc.errors()[0]
+            name = ".".join(str(part) for part in error["loc"]) or "the record"
+            raise ConfigError(
+                f"tasks: {where}: {name!r}: {error['msg']}, got {json.dumps(error.get('input'))[:60]}"
+            ) from exc
         if not task.task_id.strip():
             raise ConfigError(f"tasks: {where}: 'task_id' is empty; give the task an id or leave it out")
+        for name, value in (("task_id", task.task_id), ("split", task.split)):
+            if _UNSTORABLE.search(value):  # every store refuses it, only once the run is under way
+                raise ConfigError(
+                    f"tasks: {where}: {name!r} must not contain NUL or lone surrogate characters, "
+                    f"got {value[:60]!r}"
+                )
         check_visible(task.data, where=f"tasks: {where}")
         if split is not None:
             task = task.model_copy(update={"split": split})

@@ -251,13 +251,36 @@ INFORMATIONAL = frozenset({WEAK_ISOLATION})
 
 
 def test_lists(task: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """``hidden.FAIL_TO_PASS`` and ``hidden.PASS_TO_PASS`` (as ``harnessrl.data.to_task`` puts them)."""
+    """``hidden.FAIL_TO_PASS`` and ``hidden.PASS_TO_PASS``: lists of test ids (as
+    ``harnessrl.data.to_task`` puts them), or, as Hugging Face exports of SWE-bench-style sets store
+    them, a JSON-encoded list or one bare test id (``harnessrl.data.records.tests_of`` reads the
+    same shapes). A string was iterated as its characters: every listed "test" was missing, so the
+    fix scored 0 on every rollout, flagged as the policy's ``tests_missing``. Anything else is the
+    task's error (``ScoringError``, exit 2)."""
     hidden = task.get(HIDDEN) or {}
-    fail_to_pass = [str(t) for t in hidden.get("FAIL_TO_PASS") or []]
-    pass_to_pass = [str(t) for t in hidden.get("PASS_TO_PASS") or []]
+    if not isinstance(hidden, dict):
+        raise ScoringError(f"the task's {HIDDEN!r} is not a JSON object")
+    fail_to_pass = _test_list(hidden, "FAIL_TO_PASS")
+    pass_to_pass = _test_list(hidden, "PASS_TO_PASS")
     if not fail_to_pass:
         raise ScoringError("the task lists no hidden.FAIL_TO_PASS tests")
     return fail_to_pass, pass_to_pass
+
+
+def _test_list(hidden: dict[str, Any], name: str) -> list[str]:
+    value = hidden.get(name)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value) if value.strip() else None
+        except ValueError:
+            value = [value]  # one test id, written as a bare string
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(t, str) and t.strip() for t in value):
+        raise ScoringError(
+            f"hidden.{name} must be a list of test ids (or a JSON-encoded one), got {json.dumps(value)[:80]}"
+        )
+    return value
 
 
 def summary(

@@ -18,7 +18,9 @@
   with Search-R1's normalisation (lower case, no punctuation, no articles, single spaces). Where this
   departs from Search-R1: a gold that the normalisation empties ("The The", "A", "!") is matched on
   case and spaces only, so an empty-ish answer ("the", ".") never matches it; a blank gold never
-  matches; ``hidden.answers`` as one string is one answer, not its characters.
+  matches; ``hidden.answers`` as one string is one answer, not its characters; a number keeps its
+  decimal point and leading minus (``35`` is not ``3.5``, ``40`` not ``-40``), and two plain
+  numbers match when their values are equal (``2.5`` and ``2.50``, ``1000`` and ``1e3``).
 
 Run ``python -m harnessrl.tasks.search --out DIR`` to write ``corpus.jsonl``, ``train.jsonl`` and
 ``heldout.jsonl`` (docs/retrieval.md).
@@ -41,7 +43,7 @@ from typing import Any, Literal
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Task
 from harnessrl.tasks.agent_files import read_agent_file
-from harnessrl.tasks.answers import final_answer_text
+from harnessrl.tasks.answers import as_number, final_answer_text
 from harnessrl.tasks.fields import HIDDEN
 
 log = logging.getLogger(__name__)
@@ -388,6 +390,10 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
                 f"{where}: {id_field!r} must be a non-empty string or an integer, got {_preview(raw_id)}"
             )
         task_id = str(raw_id)
+        if _UNSTORABLE.search(task_id):  # every store refuses such an id, once the run is under way
+            raise ConfigError(
+                f"{where}: {id_field!r} must not contain NUL or lone surrogate characters, got {task_id[:60]!r}"
+            )
         if task_id in seen:
             raise ConfigError(f"{where}: task id {task_id!r} appears twice")
         seen.add(task_id)
@@ -411,16 +417,40 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
 # -- scoring --------------------------------------------------------------------------------------
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # in an id: no store keeps it (store.codecs)
 _PUNCTUATION = set(string.punctuation)
+_DIGITS = frozenset("0123456789")
+_MINUS_SIGN = "\u2212"  # U+2212, the typeset minus: read as "-"
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 ANSWER_FILE = "answer.txt"
 _MAX_ANSWER_BYTES = 4096
 
 
 def normalize(text: str) -> str:
-    """Search-R1's (and SQuAD's) answer normalisation."""
-    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
-    return " ".join(_ARTICLES.sub(" ", text).split())
+    """Search-R1's (and SQuAD's) answer normalisation, except that a number keeps its sign and its
+    decimal point (``_in_number``): dropping them made ``35`` the answer to the gold ``3.5``
+    (``35 million`` to ``3.5 million``) and ``40`` the answer to ``-40``."""
+    text = text.lower().replace(_MINUS_SIGN, "-")
+    kept = (ch for i, ch in enumerate(text) if ch not in _PUNCTUATION or _in_number(text, i))
+    return " ".join(_ARTICLES.sub(" ", "".join(kept)).split())
+
+
+def _in_number(text: str, i: int) -> bool:
+    """Whether ``text[i]`` is a number's decimal point (``3.5``, ``.5``) or leading minus (``-40``,
+    ``-.5``, ``1e-3``): a ``.`` before a digit, after a digit or at a word's start; a ``-`` at a
+    word's start before a digit or a decimal point, or in an exponent. A ``-`` between words or
+    digits (``1850-1900``) is dropped."""
+    ch = text[i]
+    before = text[i - 1] if i > 0 else " "
+    after = text[i + 1] if i + 1 < len(text) else " "
+    if ch == ".":
+        return after in _DIGITS and (before in _DIGITS or before.isspace() or before == "-")
+    if ch == "-":
+        if before == "e" and i > 1 and text[i - 2] in _DIGITS and after in _DIGITS:
+            return True  # an exponent's: 1e-3 is not 1e3
+        starts = before.isspace()
+        return starts and (after in _DIGITS or (after == "." and text[i + 2 : i + 3] in _DIGITS))
+    return False
 
 
 def _light(text: str) -> str:
@@ -431,7 +461,12 @@ def _light(text: str) -> str:
 def _matches(prediction: str, gold: str) -> bool:
     g = normalize(gold)
     if g:  # an answer that normalises to nothing ("the", ".", '""') never equals it
-        return normalize(prediction) == g
+        p = normalize(prediction)
+        if p == g:
+            return True
+        # Both a plain number: equal values match (2.5 and 2.50, 1850.0 and 1850, 1e3 and 1000).
+        x, y = as_number(p), as_number(g)
+        return x is not None and y is not None and x == y
     # A gold that is only articles or punctuation ("The The", "A", "!") normalises to nothing, as
     # every empty-ish answer does: it is matched on case and whitespace only, and a blank gold never.
     light = _light(gold)
@@ -446,6 +481,9 @@ def f1(prediction: str, golds: Sequence[str]) -> float:
     best = 0.0
     p = normalize(prediction).split()
     for gold in golds:
+        if _matches(prediction, gold):  # equal, or the same number written otherwise (2.5, 2.50)
+            best = 1.0
+            continue
         g = normalize(gold).split()
         if not g:  # only articles or punctuation: all or nothing, as exact match (no partial "the")
             best = max(best, 1.0 if _matches(prediction, gold) else 0.0)
