@@ -14,6 +14,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,9 +181,59 @@ def test_migration_list_is_well_formed() -> None:
         pending(0, target=SCHEMA_VERSION + 1)
     for migration in migrations.MIGRATIONS:
         assert statements(migration.sqlite) or migration.repair, f"migration {migration.version} does nothing"
+        if migration.version in REBUILT_IN_SQLITE:
+            continue  # test_both_dialects_end_with_the_same_columns compares what they made
         assert len(statements(migration.sqlite)) == len(statements(migration.postgres)), (
             f"migration {migration.version} differs between dialects"
         )
+
+
+#: Migrations whose SQLite dialect rebuilds a table (a change SQLite cannot make in place), in more
+#: statements than PostgreSQL's ALTER.
+REBUILT_IN_SQLITE = {8: "calls.prompt_len loses its default"}
+
+
+def table_columns(url: str) -> dict[str, list[tuple[str, bool, bool]]]:
+    """Each table's columns in order: (name, NOT NULL, has a default)."""
+    with raw_connection(url) as (conn, mark):
+        if mark == "?":
+            tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+            return {
+                t: [
+                    (r[1], bool(r[3]) or bool(r[5]), r[4] is not None)
+                    for r in conn.execute(f"PRAGMA table_info({t})")
+                ]
+                for t in tables
+            }
+        rows = conn.execute(
+            "SELECT table_name, column_name, is_nullable = 'NO', "
+            "column_default IS NOT NULL OR is_identity = 'YES' FROM information_schema.columns "
+            "WHERE table_schema = 'public' ORDER BY table_name, ordinal_position"
+        ).fetchall()
+    found: dict[str, list[tuple[str, bool, bool]]] = {}
+    for table, column, not_null, default in rows:
+        found.setdefault(table, []).append((column, not_null, default))
+    return found
+
+
+def test_both_dialects_end_with_the_same_columns(pg_server: Any, tmp_path: Path) -> None:
+    """The SQLite and PostgreSQL migrations make the same tables: the same columns in the same order,
+    each as nullable and with a default in both. ``calls.prompt_len`` has none (migration 8): an
+    insert that leaves it out (a version 1-3 writer's) is refused on both."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    url = pg_server.create_database(name)
+    try:
+        for where in (f"sqlite:///{tmp_path / 'store.db'}", url):
+            with raw_connection(where) as (conn, mark):
+                migrate_raw(conn, mark, target=SCHEMA_VERSION)
+        sqlite_columns, pg_columns = table_columns(f"sqlite:///{tmp_path / 'store.db'}"), table_columns(url)
+    finally:
+        pg_server.drop_database(name)
+    # ``pk``, an INTEGER PRIMARY KEY, is SQLite's rowid: filled in when left out, as the identity is.
+    for columns in sqlite_columns.values():
+        columns[:] = [(name, not_null, default or name == "pk") for name, not_null, default in columns]
+    assert sqlite_columns == pg_columns
+    assert ("prompt_len", True, False) in sqlite_columns["calls"]
 
 
 def test_the_store_docs_name_the_current_version_and_every_migration() -> None:
@@ -338,3 +389,102 @@ def column_bytes(url: str, columns: tuple[str, ...]) -> int:
     total = " + ".join(f"COALESCE(LENGTH({c}), 0)" for c in columns)
     with raw_connection(url) as (conn, _):
         return int(conn.execute(f"SELECT SUM({total}) FROM calls").fetchone()[0])
+
+
+def _chained_rollout(url: str, rollout_id: str, calls: list[Call], *, target: int) -> None:
+    """``calls`` of a new rollout as a store at version ``target`` holds them: stored whole at version
+    3, as those versions wrote them, then migrated (migration 4 chains them)."""
+    with raw_connection(url) as (conn, mark):
+        migrate_raw(conn, mark, target=3)
+        insert(
+            conn,
+            mark,
+            "rollouts",
+            rollout_to_row(Rollout(rollout_id=rollout_id, api_key=f"hrl-{rollout_id}")),
+        )
+        for call in calls:
+            insert(conn, mark, "calls", whole_call_row(call))
+    with raw_connection(url) as (conn, mark):
+        migrate_raw(conn, mark, target=target)
+
+
+def _numbered(calls: list[Call], start: int = 0) -> list[Call]:
+    return [
+        c.model_copy(update={"seq": s, "call_id": f"{c.rollout_id}-{s}"}) for s, c in enumerate(calls, start)
+    ]
+
+
+def test_an_old_writers_call_is_refused_and_never_poisons_the_rollout(shared_store_factory: Any) -> None:
+    """A gateway of an older harnessrl (schema 1-3) still running while a newer process migrated the
+    store wrote its calls with the old column list: ``prompt_len`` took its default 0, and from then
+    on ``list_calls`` and every later ``add_call`` of that rollout raised "the store is damaged".
+    Such a write now fails in the old process (``prompt_len`` has no default), and the rollout reads
+    and records on."""
+    url = shared_store_factory.url
+    trace = _numbered(agent_trace("r", 4, system=30, observation=5, answer=3))
+    store = shared_store_factory()
+    store.create_rollout(rollout_id="r")
+    for call in trace[:2]:
+        store.add_call(call.model_copy(update={"seq": -1}))
+    # What the old gateway's add_call inserted: refused (sqlite3's IntegrityError, psycopg's
+    # NotNullViolation), so that gateway's call fails and its harness is told.
+    with pytest.raises(Exception, match="prompt_len") as refused, raw_connection(url) as (conn, mark):
+        insert(conn, mark, "calls", whole_call_row(trace[2]))
+    assert "NOT NULL" in str(refused.value).upper() or "not-null" in str(refused.value)
+    assert store.list_calls("r") == trace[:2]
+    added = store.add_call(trace[2].model_copy(update={"seq": -1, "call_id": None}))
+    assert added.seq == 2 and store.list_calls("r")[2] == added
+
+
+def test_an_old_writers_rows_in_a_migrated_store_are_repaired(shared_store_factory: Any) -> None:
+    """A store at the previous version (7) holding calls an old gateway wrote after migration 4 (the
+    version 1-3 column list, ``prompt_len`` left 0): opening it migrates it and repairs those rows,
+    so the rollout reads back whole and takes further calls; an old-shaped write is refused from
+    then on."""
+    url = shared_store_factory.url
+    trace = _numbered(agent_trace("r", 5, system=30, observation=5, answer=3))
+    other = _numbered(agent_trace("o", 2, system=20, observation=5, answer=3))
+    _chained_rollout(url, "r", trace[:2], target=SCHEMA_VERSION - 1)
+    _chained_rollout(url, "o", other, target=SCHEMA_VERSION - 1)
+    with raw_connection(url) as (conn, mark):  # the old gateway's calls, accepted by schema 7
+        for call in trace[2:4]:
+            insert(conn, mark, "calls", whole_call_row(call))
+    assert stored_version(url) == SCHEMA_VERSION - 1
+
+    store = shared_store_factory()  # migrates to the current version on open
+    assert stored_version(url) == SCHEMA_VERSION
+    assert store.list_calls("r") == trace[:4] and store.list_calls("o") == other
+    added = store.add_call(trace[4].model_copy(update={"seq": -1, "call_id": None}))
+    assert added.seq == 4 and store.list_calls("r") == [*trace[:4], added]
+    with raw_connection(url) as (conn, mark):
+        lengths = conn.execute(
+            f"SELECT prompt_len FROM calls WHERE rollout_id = {mark} ORDER BY seq", ("r",)
+        ).fetchall()
+    assert [row[0] for row in lengths] == [len(c.prompt_token_ids) for c in [*trace[:4], added]]
+    with pytest.raises(Exception, match="prompt_len"), raw_connection(url) as (conn, mark):
+        insert(conn, mark, "calls", whole_call_row(trace[4].model_copy(update={"call_id": "late"})))
+    store.close()
+    assert shared_store_factory().list_calls("r") == [*trace[:4], added]  # reopening changes nothing
+
+
+def test_a_row_in_the_old_shape_reads_whole_and_damage_names_its_call(shared_store_factory: Any) -> None:
+    """Should a whole call as versions 1-3 wrote it be present anyway (its chain columns NULL,
+    ``prompt_len`` 0), it reads whole, as migration 4 reads such rows, and the rollout takes further
+    calls: before, that one row made every read and write of the rollout raise. A row damaged
+    otherwise still raises, naming the call."""
+    url = shared_store_factory.url
+    trace = _numbered(agent_trace("r", 4, system=30, observation=5, answer=3))
+    store = shared_store_factory()
+    store.create_rollout(rollout_id="r")
+    for call in trace[:2]:
+        store.add_call(call.model_copy(update={"seq": -1}))
+    with raw_connection(url) as (conn, mark):
+        insert(conn, mark, "calls", {**whole_call_row(trace[2]), "prompt_len": 0})
+    assert store.list_calls("r") == trace[:3]
+    added = store.add_call(trace[3].model_copy(update={"seq": -1, "call_id": None}))
+    assert added.seq == 3 and store.list_calls("r") == [*trace[:3], added]
+
+    with raw_connection(url) as (conn, mark):  # the control: a chained row whose length is wrong
+        conn.execute(f"UPDATE calls SET prompt_len = 0 WHERE call_id = {mark}", (added.call_id,))
+    with pytest.raises(HarnessRLError, match="call r/3: its prompt has .* the store is damaged"):
+        store.list_calls("r")

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.store.calls import make_call
 
-from harnessrl.errors import BadRequest, InvalidTransition, NotFound
+from harnessrl.errors import BadRequest, Conflict, InvalidTransition, NotFound
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
     Call,
@@ -25,6 +25,7 @@ from harnessrl.schemas import (
     Rollout,
     RolloutStatus,
     Task,
+    ToolRequest,
     Usage,
     status_for_outcome,
 )
@@ -694,3 +695,88 @@ def test_an_ended_rollout_or_superseded_attempt_takes_no_more_tool_requests(
     assert [r.request["query"] for r in store.list_tool_requests(requeued.rollout_id)] == ["current"]
     with pytest.raises(NotFound):
         store.add_tool_request(search("no-such-rollout", 0, "x"))
+
+
+#: Each store method given an integer no 64-bit column holds, and the field the error must name.
+OUT_OF_RANGE: dict[str, tuple[str, Callable[[Store, str], Any]]] = {
+    "create_rollout step": ("step", lambda s, r: s.create_rollout(step=2**63)),
+    "add_call attempt": ("attempt", lambda s, r: s.add_call(make_call(r, attempt=2**63))),
+    "add_call policy_version": (
+        "policy_version",
+        lambda s, r: s.add_call(make_call(r, policy_version=2**63)),
+    ),
+    "add_calls policy_version": (
+        "policy_version",
+        lambda s, r: _raise_first(s.add_calls([make_call(r, policy_version=-(2**63) - 1)])),
+    ),
+    "add_policy_version version": (
+        "version",
+        lambda s, r: s.add_policy_version(PolicyVersion(version=2**63)),
+    ),
+    "add_policy_version step": (
+        "step",
+        lambda s, r: s.add_policy_version(PolicyVersion(version=1, step=2**64)),
+    ),
+    "list_rollouts step": ("step", lambda s, r: s.list_rollouts(step=2**63)),
+    "list_rollouts limit": ("limit", lambda s, r: s.list_rollouts(limit=2**63)),
+    "list_rollouts offset": ("offset", lambda s, r: s.list_rollouts(offset=2**63)),
+    "count_rollouts step": ("step", lambda s, r: s.count_rollouts(step=-(2**63) - 1)),
+    "claim_rollouts limit": ("limit", lambda s, r: s.claim_rollouts("w", 2**63)),
+    "list_calls attempt": ("attempt", lambda s, r: s.list_calls(r, attempt=2**63)),
+    "add_tool_request attempt": (
+        "attempt",
+        lambda s, r: s.add_tool_request(
+            ToolRequest(
+                rollout_id=r,
+                attempt=2**63,
+                tool="search",
+                request={},
+                response={},
+                started_at=0,
+                finished_at=0,
+            )
+        ),
+    ),
+    "list_tool_requests attempt": ("attempt", lambda s, r: s.list_tool_requests(r, attempt=2**63)),
+    "command_gate policy_version": (
+        "policy_version",
+        lambda s, r: s.command_gate(paused=True, policy_version=2**63),
+    ),
+}
+
+
+def _raise_first(results: list[Any]) -> None:
+    if isinstance(results[0], Exception):
+        raise results[0]
+
+
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE))
+def test_an_integer_past_64_bits_is_a_bad_request_naming_it_on_every_backend(store: Store, case: str) -> None:
+    """SQLite raised ``OverflowError`` and PostgreSQL ``NumericValueOutOfRange`` ("bigint out of
+    range"), or answered a filter with nothing: the same call was a different driver traceback on
+    each backend. Each is now a ``BadRequest`` naming the field, and nothing is written."""
+    field, use = OUT_OF_RANGE[case]
+    rollout = store.create_rollout(step=2**63 - 1)  # the control: the largest value that fits is stored
+    assert store.get_rollout(rollout.rollout_id).step == 2**63 - 1
+    assert store.add_call(make_call(rollout.rollout_id, policy_version=-(2**63))).policy_version == -(2**63)
+    with pytest.raises(BadRequest, match=rf"^{field} must be") as refused:
+        use(store, rollout.rollout_id)
+    assert refused.value.param == field
+    assert store.count_rollouts() == 1 and store.count_calls() == 1
+    assert store.list_policy_versions() == [] and store.read_gate().command == 0
+
+
+def test_a_duplicate_call_id_is_a_conflict_on_every_backend(store: Store) -> None:
+    """A call_id already recorded raised ``sqlite3.IntegrityError`` on SQLite and psycopg's
+    ``UniqueViolation`` on PostgreSQL; both now raise ``Conflict`` naming it, in ``add_call`` and in
+    its place in ``add_calls``, and the first call is kept as it was."""
+    rollout = store.create_rollout()
+    first = store.add_call(make_call(rollout.rollout_id, call_id="dup"))
+    with pytest.raises(Conflict, match="call_id 'dup' is already recorded"):
+        store.add_call(make_call(rollout.rollout_id, call_id="dup", prompt_token_ids=[9]))
+    results = store.add_calls(
+        [make_call(rollout.rollout_id, call_id="dup"), make_call(rollout.rollout_id, call_id="new")]
+    )
+    assert isinstance(results[0], Conflict) and "dup" in str(results[0])
+    assert isinstance(results[1], Call) and results[1].seq == 1  # the control: the other call is added
+    assert store.list_calls(rollout.rollout_id) == [first, results[1]]

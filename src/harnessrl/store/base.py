@@ -17,6 +17,8 @@ Every implementation (SQLite now, PostgreSQL later) passes the same contract tes
 - Text no backend can store as given (a NUL, a lone surrogate) gets the same answer on every
   backend: free text (an ``error``) is stored with it escaped (``codecs.storable_text``), so the
   write succeeds; a name or id holding it raises ``BadRequest`` (``codecs.check_keys``).
+- An integer past 64 bits raises ``BadRequest`` naming its field (``codecs.check_ints``), and a
+  ``call_id`` already recorded ``Conflict``, the same on every backend.
 - Methods are thread-safe; async callers run them in a worker thread when latency matters.
 """
 

@@ -59,6 +59,7 @@ from harnessrl.schemas import Call
 from harnessrl.store.codecs import (
     SAME_FRAME,
     Row,
+    check_ints,
     check_keys,
     dump_call_json,
     pack_floats,
@@ -172,6 +173,7 @@ def pack_call(call: Call, encoded: EncodedItems | None = None) -> PackedCall:
     check_keys(
         rollout_id=call.rollout_id, call_id=call.call_id, api=call.api, finish_reason=call.finish_reason
     )
+    check_ints(attempt=call.attempt, policy_version=call.policy_version)
     key, frame, items = split_request(call.request, encoded)
     columns = {
         "call_id": call.call_id or uuid.uuid4().hex,

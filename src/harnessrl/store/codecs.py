@@ -117,6 +117,21 @@ def check_keys(**fields: str | None) -> None:
             )
 
 
+#: The integers a column holds on every backend (SQLite's INTEGER, PostgreSQL's BIGINT): 64-bit.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def check_ints(**fields: int | None) -> None:
+    """``BadRequest`` naming the first field whose integer no backend can store or compare (past 64
+    bits): SQLite's driver raises ``OverflowError`` for it and PostgreSQL ``bigint out of range``, or
+    answers a filter with nothing; the same on every backend instead, before any driver sees it."""
+    for field, value in fields.items():
+        if isinstance(value, int) and not INT64_MIN <= value <= INT64_MAX:
+            raise BadRequest(
+                f"{field} must be an integer in -2**63..2**63-1 (64-bit), got {value}", param=field
+            )
+
+
 def dump_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
@@ -257,7 +272,7 @@ def unfold_rows(rows: Iterable[Row]) -> Iterator[tuple[Row, UnfoldedCall]]:
         prompt = bytes(row["prompt_token_ids"])
         if row["prompt_base_seq"] is not None:
             prompt = _earlier(done, rollout_id, seq, row["prompt_base_seq"]).tokens + prompt
-        if len(prompt) != 4 * row["prompt_len"]:
+        if len(prompt) != 4 * row["prompt_len"] and not _written_whole(row):
             raise HarnessRLError(
                 f"call {rollout_id}/{seq}: its prompt has {len(prompt) // 4} tokens, the row says "
                 f"{row['prompt_len']}: the store is damaged"
@@ -278,6 +293,23 @@ def unfold_rows(rows: Iterable[Row]) -> Iterator[tuple[Row, UnfoldedCall]]:
         )
         done[(rollout_id, seq)] = unfolded
         yield row, unfolded
+
+
+def _written_whole(row: Row) -> bool:
+    """Whether ``row`` is a whole call as versions 1-3 stored it, written into a chained store by an
+    older harnessrl (its insert names no chain column; ``prompt_len`` had a default until schema 8,
+    whose migration repairs such rows): the whole prompt, the whole request. Read as migration 4
+    reads such rows, instead of failing the rollout's every read and write."""
+    return row["prompt_len"] == 0 and all(
+        row[column] is None
+        for column in (
+            "prompt_base_seq",
+            "request_key",
+            "request_items",
+            "request_base_seq",
+            "request_base_items",
+        )
+    )
 
 
 def _earlier(done: dict[tuple[str, int], UnfoldedCall], rollout_id: str, seq: int, base: int) -> UnfoldedCall:
@@ -354,6 +386,7 @@ def sql_where(mark: str, **filters: Any) -> tuple[str, list[Any]]:
             params += values
         else:
             check_keys(**{column: value})
+            check_ints(**{column: value})
             clauses.append(f"{column} = {mark}")
             params.append(str(value) if isinstance(value, RolloutStatus) else value)
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), params

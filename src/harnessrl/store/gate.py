@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.errors import Conflict
-from harnessrl.store.codecs import check_keys
+from harnessrl.store.codecs import check_ints, check_keys
 
 #: The PostgreSQL notification channel of the gate and the heartbeat rows.
 CHANNEL = "harnessrl_gate"
@@ -111,6 +111,7 @@ class GateRows:
         ``Conflict`` (and nothing changed) for a version below the live one unless ``rewind``:
         calls recorded under an older label would be trained on as if older weights sampled them.
         """
+        check_ints(policy_version=policy_version)
         p = self.PARAM
         with self._write() as conn:
             row = conn.execute(

@@ -13,7 +13,9 @@ To change the schema: append a ``Migration`` (both dialects) and bump ``SCHEMA_V
 edit an old one: a store at that version already ran it. A migration may instead (or also) repair
 data: its ``repair`` runs after its statements, in the same transaction. Scripts are split on ``;``, so a statement
 must not contain one (no triggers or function bodies); the statements run one by one because
-SQLite's ``executescript`` would commit the caller's transaction first.
+SQLite's ``executescript`` would commit the caller's transaction first. A change SQLite cannot make
+in place (a column's default or constraint) rebuilds the table in its dialect, in that transaction
+(migration 8); the two dialects must still end with the same columns.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +377,63 @@ CREATE TABLE gateways (
 """
 
 
+# Version 8: ``calls.prompt_len`` loses the default migration 4 gave it, so a gateway of an older
+# harnessrl (schema 1-3) still running when a newer process migrated the store can no longer record
+# a call in the old shape: its insert, which leaves ``prompt_len`` out, now fails at once in that
+# process (its call refused, the harness told) instead of storing a row that says 0 tokens, which
+# every later read and write of the rollout refused as damage. A column's default cannot be
+# dropped in place in SQLite: the table is rebuilt (same columns in the same order, same
+# constraints, every row copied, in the migration's one transaction); PostgreSQL drops it. Rows
+# such a gateway wrote before (every chain column NULL, ``prompt_len`` 0 for a prompt that has
+# tokens: whole calls, as versions 1-3 stored them) get their prompt's length. Triggers could refuse
+# the old shape too, but ``statements`` splits scripts on ``;``, which a trigger's body holds.
+_REPAIR_OLD_SHAPE = """
+UPDATE calls SET prompt_len = LENGTH(prompt_token_ids) / 4
+WHERE prompt_len = 0 AND LENGTH(prompt_token_ids) > 0 AND prompt_base_seq IS NULL
+    AND request_key IS NULL AND request_items IS NULL AND request_base_seq IS NULL
+    AND request_base_items IS NULL
+"""
+_CALLS_V8_COLUMNS = (
+    "call_id, rollout_id, seq, attempt, api, request, response, prompt_token_ids, response_token_ids, "
+    "response_logprobs, policy_version, finish_reason, usage, started_at, first_token_at, finished_at, "
+    "prompt_base_seq, prompt_len, request_key, request_items, request_base_seq, request_base_items"
+)
+_V8_SQLITE = f"""
+CREATE TABLE calls_v8 (
+    call_id             TEXT PRIMARY KEY,
+    rollout_id          TEXT NOT NULL REFERENCES rollouts (rollout_id) ON DELETE CASCADE,
+    seq                 INTEGER NOT NULL,
+    attempt             INTEGER NOT NULL,
+    api                 TEXT NOT NULL,
+    request             TEXT NOT NULL,
+    response            TEXT NOT NULL,
+    prompt_token_ids    BLOB NOT NULL,
+    response_token_ids  BLOB NOT NULL,
+    response_logprobs   BLOB NOT NULL,
+    policy_version      INTEGER NOT NULL,
+    finish_reason       TEXT NOT NULL,
+    usage               TEXT,
+    started_at          REAL NOT NULL,
+    first_token_at      REAL,
+    finished_at         REAL,
+    prompt_base_seq     INTEGER,
+    prompt_len          INTEGER NOT NULL,
+    request_key         TEXT,
+    request_items       TEXT,
+    request_base_seq    INTEGER,
+    request_base_items  INTEGER,
+    UNIQUE (rollout_id, seq)
+);
+INSERT INTO calls_v8 ({_CALLS_V8_COLUMNS}) SELECT {_CALLS_V8_COLUMNS} FROM calls;
+DROP TABLE calls;
+ALTER TABLE calls_v8 RENAME TO calls;
+{_REPAIR_OLD_SHAPE}
+"""
+_V8_POSTGRES = f"""
+ALTER TABLE calls ALTER COLUMN prompt_len DROP DEFAULT;
+{_REPAIR_OLD_SHAPE}
+"""
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
@@ -403,6 +462,12 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(6, "tool_requests: what harnesses asked of gateway-served tools", _V6_SQLITE, _V6_POSTGRES),
     Migration(
         7, "gate and gateways: pause state and membership shared through the store", _V7_SQLITE, _V7_POSTGRES
+    ),
+    Migration(
+        8,
+        "calls.prompt_len without a default: an older harnessrl's call in the old shape is refused",
+        _V8_SQLITE,
+        _V8_POSTGRES,
     ),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))

@@ -252,6 +252,9 @@ class PostgresStore(SQLStore):
         with conn.cursor() as cur:
             cur.executemany(sql, rows)
 
+    def _is_duplicate_call_id(self, exc: Exception) -> bool:
+        return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == "calls_pkey"
+
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:

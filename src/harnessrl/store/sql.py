@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harnessrl.errors import BadRequest, NotFound
+from harnessrl.errors import BadRequest, Conflict, NotFound
 from harnessrl.schemas import (
     Call,
     Outcome,
@@ -57,6 +57,7 @@ from harnessrl.store.chains import (
 from harnessrl.store.codecs import (
     ROLLOUT_COLUMNS,
     calls_from_rows,
+    check_ints,
     check_keys,
     check_transition,
     dump_json,
@@ -134,6 +135,10 @@ class SQLStore(GateRows):
     def _executemany(self, conn: Any, sql: str, rows: list[tuple[Any, ...]]) -> None:
         raise NotImplementedError
 
+    def _is_duplicate_call_id(self, exc: Exception) -> bool:
+        """Whether ``exc`` (the driver's) says a ``calls`` row with this ``call_id`` exists."""
+        raise NotImplementedError
+
     # -- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
         check_keys(run_id=run_id)
@@ -205,6 +210,7 @@ class SQLStore(GateRows):
         metadata: dict[str, Any] | None = None,
     ) -> Rollout:
         check_keys(rollout_id=rollout_id, run_id=run_id, task_id=task_id, group_id=group_id)
+        check_ints(step=step)
         rollout = Rollout(
             rollout_id=rollout_id or uuid.uuid4().hex,
             api_key=new_rollout_key(),
@@ -247,6 +253,7 @@ class SQLStore(GateRows):
         for name, value in (("limit", limit), ("offset", offset)):  # SQLite would take -1 for "none"
             if value is not None and value < 0:
                 raise BadRequest(f"{name} must be a number >= 0, got {value}", param=name)
+            check_ints(**{name: value})
         p = self.PARAM
         where, params = sql_where(p, run_id=run_id, status=status, step=step, group_id=group_id)
         params += [self.NO_LIMIT if limit is None else limit, offset]
@@ -265,6 +272,7 @@ class SQLStore(GateRows):
         if limit <= 0:
             return []
         check_keys(worker_id=worker_id, run_id=run_id)
+        check_ints(limit=limit)
         p = self.PARAM
         run_filter = "" if run_id is None else f" AND run_id = {p}"
         params: list[Any] = [worker_id, now(), *([] if run_id is None else [run_id]), limit]
@@ -510,7 +518,14 @@ class SQLStore(GateRows):
         elif chains is None or not chains.continues(attempt, seq):
             chains = self._load_chains(conn, rollout_id, attempt, seq)
         row, after = place(packed, seq, chains)
-        self._insert(conn, "calls", row)
+        try:
+            self._insert(conn, "calls", row)
+        except Exception as exc:
+            if self._is_duplicate_call_id(exc):  # the driver's own error, alike on every backend
+                raise Conflict(
+                    f"call_id {row['call_id']!r} is already recorded: a call is added once"
+                ) from exc
+            raise
         written[rollout_id] = after
         return row
 
@@ -537,6 +552,7 @@ class SQLStore(GateRows):
     # -- policy versions --------------------------------------------------------------------------
     def add_policy_version(self, version: PolicyVersion) -> None:
         check_keys(checkpoint=version.checkpoint)
+        check_ints(version=version.version, step=version.step)
         with self._write() as conn:
             row = {**version.model_dump(), "metadata": dump_json(version.metadata)}
             upsert = ", ".join(f"{column} = excluded.{column}" for column in row if column != "version")
@@ -560,6 +576,7 @@ class SQLStore(GateRows):
         its attempt, decided under the lock the ending write takes (a search still running when its
         rollout ended is refused, never recorded after the end); ``NotFound`` for an unknown rollout."""
         check_keys(rollout_id=request.rollout_id, tool=request.tool)
+        check_ints(attempt=request.attempt)
         row = request.model_dump()
         row["request"], row["response"] = dump_json(request.request), dump_json(request.response)
         with self._write() as conn:

@@ -232,6 +232,13 @@ class SQLiteStore(SQLStore):
     def _executemany(self, conn: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
         conn.executemany(sql, rows)
 
+    def _is_duplicate_call_id(self, exc: Exception) -> bool:
+        # ``call_id`` is the table's primary key; (rollout_id, seq) is UNIQUE, a different code.
+        return (
+            isinstance(exc, sqlite3.IntegrityError)
+            and exc.sqlite_errorcode == sqlite3.SQLITE_CONSTRAINT_PRIMARYKEY
+        )
+
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:
         with self._lock:
