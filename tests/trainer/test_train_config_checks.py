@@ -34,6 +34,8 @@ def _train(run_dir: Path, *sets: str) -> subprocess.CompletedProcess:
         ("trainer.max_in_flight=1", "trainer.max_in_flight"),
         # Finite in the config's check, refused by the rollouts' sampling overrides: a traceback.
         ("trainer.temperature=inf", "trainer.temperature"),
+        # Below the engines' 0.01 floor: sampled at 0.01, trained as if at 0.001.
+        ("trainer.temperature=0.001", "trainer.temperature"),
         ("trainer.eval_temperature=inf", "trainer.eval_temperature"),
         ("trainer.max_tokens=10000000000000", "trainer.max_tokens"),
         # Every rollout of a step planned at once: the process ran out of memory (SIGKILL).

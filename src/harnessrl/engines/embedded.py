@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -92,6 +92,7 @@ class EmbeddedEngine:
         prefill_chunk: int = 512,
         num_threads: int | None = None,
         prefix_sharing: bool = True,
+        request_seeds: Literal["drop", "pass"] = "pass",
     ):
         dtype = resolve_dtype(dtype, device)
         if dtype not in _DTYPES:
@@ -109,6 +110,9 @@ class EmbeddedEngine:
         self._context_length = min(context_length or model_ctx, model_ctx)
         self._seed_rng = random.Random(seed)
         self._seed = seed
+        # "drop": a request's seed is ignored (``[engine] request_seeds``, "drop" in a config): a
+        # harness that sends one fixed seed would otherwise get one answer for a whole group.
+        self._request_seeds = request_seeds
         self._version = 0
         self._model: Any = None
         self._decoder: BatchedDecoder | None = None
@@ -218,7 +222,8 @@ class EmbeddedEngine:
             raise InvalidGenerationRequest(f"prompt token IDs must be in [0, {vocab})")
         if params.max_tokens < 1:
             raise InvalidGenerationRequest("max_tokens must be at least 1")
-        seed = params.seed if params.seed is not None else self._seed_rng.getrandbits(64)
+        passed = params.seed if self._request_seeds == "pass" else None
+        seed = passed if passed is not None else self._seed_rng.getrandbits(64)
         request = _Request(
             prompt=prompt,
             params=params,

@@ -57,7 +57,7 @@ def _remote_engine(cfg: EngineConfig) -> Engine:
             **common,  # type: ignore[arg-type]
         )
         if kind == "vllm"
-        else SGLangEngine(url, tokenizer, **common)  # type: ignore[arg-type]
+        else SGLangEngine(url, tokenizer, request_seeds=cfg.request_seeds, **common)  # type: ignore[arg-type]
         for url in urls
     ]
     # One URL still goes through a pool: retries and health checks are wanted for one server too.
@@ -92,4 +92,5 @@ def create_engine(cfg: EngineConfig) -> Engine:
         context_length=cfg.context_length,
         seed=cfg.seed,
         prefix_sharing=cfg.prefix_sharing,
+        request_seeds=cfg.request_seeds,
     )

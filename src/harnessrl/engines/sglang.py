@@ -40,7 +40,7 @@ against ``tests/fakes/sglang_server.py``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import orjson
 
@@ -69,11 +69,13 @@ class SGLangEngine(RemoteEngine):
         *,
         incremental_stream: bool = False,
         pause_for_update: bool = True,
+        request_seeds: Literal["drop", "pass"] = "drop",
         **kwargs: Any,
     ):
         super().__init__(base_url, tokenizer, **kwargs)
         self.incremental_stream = incremental_stream
         self.pause_for_update = pause_for_update
+        self.request_seeds = request_seeds  # as vLLM's: a fixed harness seed would repeat a group's answer
         self._token_id_limit = token_id_limit(tokenizer)  # sampled IDs are below this
         self._discovered = False  # ``start`` read the served model and context
 
@@ -116,7 +118,7 @@ class SGLangEngine(RemoteEngine):
         }
         if params.stop_token_ids:
             sampling["stop_token_ids"] = list(params.stop_token_ids)
-        if params.seed is not None:
+        if params.seed is not None and self.request_seeds == "pass":
             sampling["sampling_seed"] = params.seed
         body = {
             "input_ids": orjson.Fragment(json_array(prompt_ids)),  # kept by a gateway's TokenIds

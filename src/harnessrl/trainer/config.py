@@ -126,8 +126,13 @@ class TrainerSection(Section):
         default=1, ge=0, description="async: newest minus oldest policy version allowed"
     )
     stale_samples: Literal["drop", "downweight"] = "drop"
+    # At least 0.01: vLLM (and the embedded engine, which follows it) samples any temperature in
+    # (0, 0.01) at 0.01, so the trainer's logprobs at a smaller one would not be the sampler's.
     temperature: float = Field(
-        default=1.0, gt=0, allow_inf_nan=False, description="sampling temperature forced on training rollouts"
+        default=1.0,
+        ge=0.01,
+        allow_inf_nan=False,
+        description="sampling temperature forced on training rollouts (at least 0.01)",
     )
     top_p: float | Literal["harness"] = Field(
         default=1.0,
