@@ -1,6 +1,6 @@
 """What the local runner's sandbox needs of a rollout config, refused before anything starts by
 ``harnessrl rollout``, ``harnessrl controller`` and ``harnessrl data calibrate``
-(``harnessrl.cli.rollout.check_local_launch``):
+(``harnessrl.controller.stack.check_local_launch``):
 
 - a gateway port below 1024: the sandbox's relay (an unprivileged user) cannot listen there, so every
   launch failed, an infrastructure failure of every attempt (``rollout`` exited 0; a ``controller``

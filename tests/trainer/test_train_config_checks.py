@@ -122,3 +122,35 @@ def test_a_task_the_harness_cannot_start_on_is_refused_naming_it_before_the_run_
     # The control: the example's own command renders for every task.
     config, _, _ = prepare_run(str(CONFIG), None, [f"run.dir={tmp_path / 'ok'}"])
     assert (tmp_path / "ok" / CONFIG_FILE).is_file()
+
+
+def test_a_gateway_port_the_sandbox_cannot_relay_is_refused_before_the_run_folder(tmp_path):
+    """Port 80: the relay inside each sandbox runs unprivileged and cannot listen there, so every
+    attempt of every rollout was an infrastructure failure and the run ended after loading the
+    model, its folder made."""
+    run_dir = tmp_path / "run"
+    proc = _train(run_dir, "gateway.port=80")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "gateway.port" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("exposed", [True, False])
+def test_a_mount_may_not_expose_a_sqlite_url_store(tmp_path, exposed):
+    """A ``sqlite://`` URL was not checked against ``harness.mounts`` (only a plain path was), so the
+    agent could read the store: every task's ``hidden`` answers. The other folder is the control."""
+    store_dir, other = tmp_path / "store", tmp_path / "other"
+    store_dir.mkdir()
+    other.mkdir()
+    sets = [
+        f"run.dir={tmp_path / 'run'}",
+        f"store.url='sqlite:///{store_dir / 'runs.db'}'",
+        f"harness.mounts=['{store_dir if exposed else other}']",
+    ]
+    if exposed:
+        with pytest.raises(ConfigError, match=r"harness\.mounts"):
+            prepare_run(str(CONFIG), None, sets)
+        assert not (tmp_path / "run").exists()
+    else:
+        config, _, _ = prepare_run(str(CONFIG), None, sets)
+        assert config.harness.mounts == [str(other)]

@@ -126,7 +126,8 @@ def calibrate_command(
     import logging
     import tempfile
 
-    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, check_local_launch, load_rollout_config
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
+    from harnessrl.controller.stack import check_local_launch
     from harnessrl.data.calibrate import calibrate_file
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -64,7 +64,7 @@ def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, An
 def run_rollout_command(
     config_path: str, task_text: str | None, run_dir: str | None, overrides: list[str]
 ) -> dict:
-    from harnessrl.controller.stack import run_one_rollout
+    from harnessrl.controller.stack import check_local_launch, run_one_rollout
 
     config = load_rollout_config(config_path, overrides)
     task = parse_task(task_text, config.task)
@@ -83,39 +83,6 @@ def run_rollout_command(
         if run_dir is None and not any(folder.iterdir()):
             folder.rmdir()  # a temp folder of ours that nothing was written to: nothing half-created
         raise
-
-
-def check_local_launch(config: Any, store_url: str | None, port_field: str, port: int | None = None) -> None:
-    """What the local runner's sandbox needs of a rollout config, checked before anything starts (each
-    used to be found per launch: every attempt an infrastructure failure, or nothing at all):
-
-    - the gateway's port (``port``, else ``gateway.port``; named as ``port_field``) is 0 or >= 1024:
-      the sandbox's relay runs as an unprivileged user, which cannot listen below 1024;
-    - no ``harness.mounts`` entry exposes the SQLite store ``store_url`` (its file or the
-      ``-wal``/``-shm``/``-journal`` beside it): it holds every rollout's task, ``hidden`` answers
-      included. ``prepare`` checks the run folder and a plain-path ``store.url``, not a
-      ``sqlite://`` URL nor the controller's ``--store``.
-
-    ``harnessrl rollout`` and ``data calibrate`` always launch locally; the controller calls this
-    only without ``[kubernetes]`` (pods use neither the relay nor host mounts)."""
-    from harnessrl.controller.presets import apply_preset
-    from harnessrl.sandbox.bwrap import check_mounts
-    from harnessrl.store import sqlite_path
-
-    harness = apply_preset(config.harness)
-    port = config.gateway.port if port is None else port
-    if harness.sandbox == "bwrap" and harness.network == "gateway" and 0 < port < 1024:
-        raise ConfigError(
-            f"{port_field}: port {port}: the sandbox relays the gateway to the harness as an unprivileged "
-            "user, which cannot listen below 1024; use a port >= 1024"
-            + (" (0 picks a free one)" if port_field == "gateway.port" else "")
-        )
-    name = sqlite_path(store_url) if store_url is not None else None
-    if name is not None and name != ":memory:":
-        db = Path(name)
-        check_mounts(
-            harness.mounts, forbidden=[db, *(db.with_name(db.name + s) for s in ("-wal", "-shm", "-journal"))]
-        )
 
 
 def check_shared_store(store_url: str) -> None:
@@ -169,7 +136,7 @@ def run_controller_command(
 
     from harnessrl.controller.controller import Controller, GatewayEndpoint
     from harnessrl.controller.local import LocalRunner
-    from harnessrl.controller.stack import prepare
+    from harnessrl.controller.stack import check_local_launch, prepare
     from harnessrl.sandbox.proxy import GatewayBridge
     from harnessrl.store import open_store
 

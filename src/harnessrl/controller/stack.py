@@ -110,10 +110,10 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
             check_harness(harness)  # else the image brings it: checked per image (check_environments)
         require_sandbox(harness.sandbox)
         forbidden = [run_dir] if run_dir is not None else []
-        if config.store is None and run_dir is not None:
-            forbidden.append(run_dir / "harnessrl.db")
-        elif config.store is not None and "://" not in config.store.url:
-            forbidden.append(Path(config.store.url))
+        if config.store is not None:
+            forbidden += store_files(config.store.url)
+        elif run_dir is not None:
+            forbidden += store_files(str(run_dir / "harnessrl.db"))
         check_mounts(harness.mounts, forbidden=forbidden)
     evaluator_config = config.evaluator
     if isinstance(evaluator_config, CommandEvaluatorConfig):
@@ -127,6 +127,44 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
     )
     return harness, evaluator
+
+
+def store_files(store_url: str) -> list[Path]:
+    """The files of the SQLite store ``store_url`` names (the database and the ``-wal``, ``-shm`` and
+    ``-journal`` files beside it), which no mount may expose: the store holds every rollout's task,
+    ``hidden`` answers included. None for a server URL or ``:memory:``."""
+    from harnessrl.store import sqlite_path
+
+    name = sqlite_path(store_url)
+    if name is None or name == ":memory:":
+        return []
+    db = Path(name)
+    return [db, *(db.with_name(db.name + suffix) for suffix in ("-wal", "-shm", "-journal"))]
+
+
+def check_local_launch(config: Any, store_url: str | None, port_field: str, port: int | None = None) -> None:
+    """What the local runner's sandbox needs of a config with ``harness`` and ``gateway`` sections,
+    checked before anything starts (each used to be found per launch: every attempt an
+    infrastructure failure, or nothing at all):
+
+    - the gateway's port (``port``, else ``gateway.port``; named as ``port_field``) is 0 or >= 1024:
+      the sandbox's relay runs as an unprivileged user, which cannot listen below 1024;
+    - no ``harness.mounts`` entry exposes the SQLite store ``store_url`` (``store_files``), which
+      may be another than the config's (the controller's ``--store``).
+
+    ``harnessrl rollout`` and ``data calibrate`` always launch locally; the controller and the
+    trainer call this only when they launch here (not with ``[kubernetes]`` or external
+    controllers: pods use neither the relay nor host mounts)."""
+    harness = apply_preset(config.harness)
+    port = config.gateway.port if port is None else port
+    if harness.sandbox == "bwrap" and harness.network == "gateway" and 0 < port < 1024:
+        raise ConfigError(
+            f"{port_field}: port {port}: the sandbox relays the gateway to the harness as an unprivileged "
+            "user, which cannot listen below 1024; use a port >= 1024"
+            + (" (0 picks a free one)" if port_field == "gateway.port" else "")
+        )
+    if store_url is not None:
+        check_mounts(harness.mounts, forbidden=store_files(store_url))
 
 
 def check_pod_workspace(harness: HarnessSpec, evaluator: EvaluatorConfig) -> None:

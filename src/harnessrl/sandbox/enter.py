@@ -146,7 +146,9 @@ def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> i
     # command line: the sandbox's pid 1 is a copy of bwrap, and its /proc/1/cmdline is visible inside.
     split = _command_start(argv)
     options = tempfile.TemporaryFile()  # noqa: SIM115 - closed below, once bwrap has read it
-    options.write(b"".join(a.encode() + b"\0" for a in ["--seccomp", str(filter_fd), *argv[1:split]]))
+    # os.fsencode: a host path need not be UTF-8 (a run folder named with byte 0xff is a str with a
+    # lone surrogate here, which str.encode refused: every launch in that folder failed).
+    options.write(b"".join(os.fsencode(a) + b"\0" for a in ["--seccomp", str(filter_fd), *argv[1:split]]))
     options.flush()
     options.seek(0)
     args_fd = options.fileno()

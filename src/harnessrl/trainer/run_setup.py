@@ -415,7 +415,7 @@ def preflight(
         bind_socket(config.gateway.host, config.gateway.port, listen=False).close()
     if config.trainer.controllers == "external":
         return
-    from harnessrl.controller.stack import RolloutConfig, prepare
+    from harnessrl.controller.stack import RolloutConfig, check_local_launch, prepare
 
     prepare(
         RolloutConfig(
@@ -423,9 +423,13 @@ def preflight(
             evaluator=config.evaluator,
             controller=config.controller,
             retrieval=config.retrieval,
+            store=config.store,  # its file may not be mounted either (it was checked only for rollout)
         ),
         run_dir,
     )
+    # The port of the gateway this process starts, which the harnesses' relay serves (with
+    # trainer.gateway_url the controllers are external: returned above).
+    check_local_launch(config, None, "gateway.port")
 
 
 def check_seed(seed: int, field: str) -> None:
