@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from tests.controller.test_controller_loop import MARK, harness_processes, make_controller
 
-from harnessrl.controller.controller import INFRA_FAILURES_KEY, VOIDED_FINISH_KEY
+from harnessrl.controller.retries import INFRA_FAILURES_KEY
+from harnessrl.controller.tamper import VOIDED_FINISH_KEY
 from harnessrl.schemas import Outcome, RolloutStatus
 from harnessrl.store.sqlite import SQLiteStore
 

@@ -247,7 +247,7 @@ def test_shutdown_kills_running_attempts_and_requeues_them(tmp_path):
 def test_an_evaluator_gets_the_end_of_a_harness_output_without_bound(tmp_path):
     """``EvaluationInput.stdout`` is the last MiB of the harness's stdout, read off the event loop:
     a harness printing 8 MB (a memory cap does not bound a file) was read whole into the controller."""
-    from harnessrl.controller.controller import STDOUT_FOR_EVALUATOR_BYTES, file_tail
+    from harnessrl.controller.attempt_files import STDOUT_FOR_EVALUATOR_BYTES, file_tail
 
     out = tmp_path / "stdout.log"
     out.write_bytes(b"x" * (8 << 20) + b"\xff the answer is 42\n")

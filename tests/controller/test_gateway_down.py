@@ -11,6 +11,7 @@ import os
 import socket
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -58,29 +59,29 @@ sys.exit(1)
 """
 
 
-class Listener:
-    """An HTTP "gateway" on ``port`` (0: any) of 127.0.0.1 answering every connection with a 200."""
+class Listener(ThreadingHTTPServer):
+    """An HTTP "gateway" on ``port`` (0: any) of 127.0.0.1 answering every GET with a 200, served by
+    a thread of its own until ``close``."""
 
     def __init__(self, port: int = 0) -> None:
-        self.sock = socket.socket()
-        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", port))
-        self.sock.listen()
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            with conn:
-                conn.recv(65536)
-                conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+        super().__init__(("127.0.0.1", port), _Answer200)  # reuses the address (allow_reuse_address)
+        self.port = self.server_address[1]
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
     def close(self) -> None:
-        self.sock.close()
+        self.shutdown()
+        self.server_close()
+
+
+class _Answer200(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 - the name http.server calls
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's signature
+        pass  # no access log on the test's stderr
 
 
 def free_port() -> int:

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from tests.retrieval.rollout_configs import scripted_rollout_config
 
 from harnessrl.store.sqlite import SQLiteStore
 
@@ -136,15 +137,12 @@ def test_cheating_policy_is_blocked_flagged_and_unrewarded(tmp_path: Path, liste
         bash(CHEAT_CONFTEST),
         bash("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"),
     ]
-    (tmp_path / "script.json").write_text(json.dumps({"turns": turns}))
     # The evaluator restores the hidden tests *and* the repository's conftest.py, then runs them.
     restore = f"cp -r {hidden}/. . && exec {PY} -m pytest -q -p no:cacheprovider tests/test_hidden.py"
-    config = tmp_path / "mini.toml"
-    config.write_text(
+    config = scripted_rollout_config(
+        tmp_path,
+        "mini.toml",
         f"""
-[engine]
-model = "scripted:{tmp_path / "script.json"}"
-
 [harness]
 preset = "mini-swe-agent"
 repo = "{repo}"
@@ -157,7 +155,8 @@ timeout_s = 120
 
 [controller]
 max_infra_retries = 0
-"""
+""",
+        turns,
     )
     task = {"prompt": "calc.add(2, 3) returns -1 instead of 5. Fix calc.py.", "instance_id": "calc-1"}
     proc = subprocess.run(

@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from tests.retrieval.rollout_configs import scripted_rollout_config
 
 import harnessrl
 from harnessrl.controller.sandbox_check import LoopbackListener
@@ -156,13 +157,10 @@ def run_attacker(
         **(task_fields or {}),
     }
     task_file.write_text(json.dumps(task))
-    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "unused"}]}))
-    config = tmp_path / "attack.toml"
-    config.write_text(
+    config = scripted_rollout_config(
+        tmp_path,
+        "attack.toml",
         f"""
-[engine]
-model = "scripted:{tmp_path / "script.json"}"
-
 [harness]
 preset = "python"
 command = ["{ATTACKER}"]
@@ -177,7 +175,7 @@ command = ["python", "-I", "-c", {json.dumps(SCORER)}]
 [controller]
 max_infra_retries = 0
 """
-        + extra_config
+        + extra_config,
     )
     env = {**os.environ, "HARNESSRL_REDTEAM_MARKER": env_marker, "PYTHONPATH": str(pythonpath)}
     try:

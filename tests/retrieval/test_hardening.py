@@ -24,6 +24,7 @@ from harnessrl.retrieval.corpus import fingerprint
 from harnessrl.retrieval.index import RetrievalIndex
 
 from .conftest import PASSAGES, write_corpus
+from .rollout_configs import scripted_rollout_config
 
 
 def test_a_long_title_is_cut_like_the_text(make_search_gateway) -> None:
@@ -59,13 +60,10 @@ def test_a_cache_dir_that_cannot_hold_an_index_is_a_config_error_naming_it(tmp_p
 def test_the_rollout_command_names_an_unusable_cache_dir_and_exits_2(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path / "corpus.jsonl", PASSAGES)
     (tmp_path / "not-a-folder").write_text("")
-    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "unused"}]}))
-    config = tmp_path / "rollout.toml"
-    config.write_text(
+    config = scripted_rollout_config(
+        tmp_path,
+        "rollout.toml",
         f"""
-[engine]
-model = "scripted:{tmp_path / "script.json"}"
-
 [retrieval]
 corpus = "{corpus}"
 cache_dir = "{tmp_path / "not-a-folder"}"
@@ -78,7 +76,7 @@ sandbox = "none"
 
 [evaluator]
 type = "exact_match"
-"""
+""",
     )
     run_dir = tmp_path / "run"
     task = json.dumps({"prompt": "p", "hidden": {"answer": "x"}})

@@ -27,6 +27,7 @@ from harnessrl.sandbox.bwrap import sandbox_problem
 from harnessrl.store.sqlite import SQLiteStore
 
 from .conftest import PASSAGES, write_corpus
+from .rollout_configs import scripted_rollout_config
 
 pytestmark = [
     pytest.mark.slow,
@@ -65,13 +66,10 @@ def run_probe(tmp_path: Path, sandbox: str) -> tuple[dict, int]:
             "secret_reversed": secret_text[::-1],
         },
     }
-    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "unused"}]}))
-    config = tmp_path / "probe.toml"
-    config.write_text(
+    config = scripted_rollout_config(
+        tmp_path,
+        "probe.toml",
         f"""
-[engine]
-model = "scripted:{tmp_path / "script.json"}"
-
 [retrieval]
 corpus = "{corpus}"
 cache_dir = "{cache}"
@@ -90,7 +88,7 @@ type = "exact_match"
 
 [controller]
 max_infra_retries = 0
-"""
+""",
     )
     proc = subprocess.run(
         [sys.executable, "-m", "harnessrl", "rollout", "--config", str(config), "--task", json.dumps(task)]

@@ -12,6 +12,7 @@ import hashlib
 import importlib.util
 import os
 import socket
+import socketserver
 import threading
 from pathlib import Path
 
@@ -27,34 +28,31 @@ def load_init():
     return module
 
 
-class EchoDigest:
+class EchoDigest(socketserver.ThreadingUnixStreamServer):
     """A Unix-socket server: reads until EOF, then answers with the SHA-256 of what it read, after
     sending ``extra`` bytes first (so a reply flows while the request is still arriving)."""
 
+    daemon_threads = True
+    request_queue_size = 64
+
     def __init__(self, path: str, extra: int) -> None:
-        self.sock = socket.socket(socket.AF_UNIX)
-        self.sock.bind(path)
-        self.sock.listen(64)
         self.extra = extra
-        threading.Thread(target=self._serve, daemon=True).start()
+        super().__init__(path, _AnswerDigest)
+        threading.Thread(target=self.serve_forever, daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
-    def _answer(self, conn: socket.socket) -> None:
-        sender = threading.Thread(target=conn.sendall, args=(b"y" * self.extra,))
+class _AnswerDigest(socketserver.BaseRequestHandler):
+    server: EchoDigest
+
+    def handle(self) -> None:
+        conn: socket.socket = self.request
+        sender = threading.Thread(target=conn.sendall, args=(b"y" * self.server.extra,))
         sender.start()
         digest = hashlib.sha256()
         while data := conn.recv(65536):
             digest.update(data)
         sender.join()
         conn.sendall(digest.hexdigest().encode())
-        conn.close()
 
 
 def relay(tmp_path: Path, extra: int) -> tuple[int, threading.Thread]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harnessrl.controller.controller import TAMPER_FINISHED
+from harnessrl.controller.tamper import TAMPER_FINISHED
 from harnessrl.schemas import Call, Outcome
 from harnessrl.store import open_store
 from harnessrl.trajectory import CALLS_SEEN_KEY, build_batch, build_rollout_samples, calls_seen

@@ -6,6 +6,11 @@ evaluator, audit the recorded commands for reward hacking, and finish the rollou
 and reward. Infrastructure failures (sandbox setup, evaluator crash, cluster errors) are retried as
 new attempts up to ``max_infra_retries``; policy failures never are. A rollout cancelled in the store
 has its process killed within one poll interval.
+
+The loop and one attempt's course are here; the pieces each is built from live beside it:
+``retries`` (what an infrastructure failure is, retry or fail), ``tamper`` (a finish by someone other
+than the controller, voided), ``attempt`` (the launch and the finish metadata), ``attempt_files``
+(scratch and log tails) and ``task_environments`` (the task images, mounted once).
 """
 
 from __future__ import annotations
@@ -13,34 +18,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
 import secrets
-import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from harnessrl.controller.audit import AuditConfig, audit_rollout, reward_after_audit
-from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-from harnessrl.controller.base import ROLLOUT_PATHS, Exit, ExitKind, HarnessSpec, Launch, Runner, SandboxPaths
-from harnessrl.controller.evaluators import EvaluationInput, Evaluator, EvaluatorError
-from harnessrl.controller.harness import harness_view, render_harness
-from harnessrl.environments.resolve import Environments, HarnessNeeds
+from harnessrl.controller.attempt import GatewayEndpoint, prepare_attempt
+from harnessrl.controller.attempt_files import discard_attempt_scratch
+from harnessrl.controller.audit import AuditConfig
+from harnessrl.controller.audit.workspace import diff_workspace
+from harnessrl.controller.base import ExitKind, HarnessSpec, Runner
+from harnessrl.controller.evaluators import Evaluator
+from harnessrl.controller.retries import outcome_for, retry_or_fail
+from harnessrl.controller.scoring import attempt_metadata, audit_attempt, evaluate_attempt
+from harnessrl.controller.tamper import jsonable, void_finished_elsewhere
+from harnessrl.controller.task_environments import TaskEnvironments
+from harnessrl.environments.resolve import Environments
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.sandbox.bwrap import check_mounts
-from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
-from harnessrl.sandbox.workspace import make_private_dir, prepare_workspace
-from harnessrl.schemas import Outcome, Rollout, RolloutStatus
-from harnessrl.store.base import DROPPED_CALLS_KEY, Store
-from harnessrl.trajectory.samples import CALLS_SEEN_KEY
+from harnessrl.sandbox.workspace import make_private_dir
+from harnessrl.schemas import Rollout, RolloutStatus
+from harnessrl.store.base import Store
 
 log = logging.getLogger(__name__)
 
@@ -60,36 +65,7 @@ class ControllerConfig(BaseModel):
     audit: AuditConfig = Field(default_factory=AuditConfig)
 
 
-@dataclass(frozen=True)
-class GatewayEndpoint:
-    """Where harnesses reach the gateway (inside a sandbox, the same port on its own loopback)."""
-
-    host: str
-    port: int
-
-    def base_url(self, rollout_id: str) -> str:
-        return f"http://{self.host}:{self.port}/rollouts/{rollout_id}/v1"
-
-
 HarnessResolver = Callable[[Rollout], HarnessSpec]
-
-TAMPER_FINISHED = "tamper_finished"  # the flag of a rollout finished behind its controller's back
-#: The metadata key of a voided rollout holding the outcome and reward of the finish that was voided.
-VOIDED_FINISH_KEY = "voided_finish"
-#: The rollout metadata key counting its attempts that ended in an infrastructure failure (what
-#: ``max_infra_retries`` bounds; attempts a shutdown or a requeue ended are not among them).
-INFRA_FAILURES_KEY = "infra_failures"
-
-
-def _outcome_for(exit_: Exit) -> Outcome | None:
-    """The outcome an exit implies before evaluation; ``None`` for an infrastructure failure."""
-    if exit_.kind is ExitKind.INFRA:
-        return None
-    if exit_.kind is ExitKind.TIMEOUT:
-        return Outcome.TIMEOUT
-    if exit_.kind is ExitKind.EXITED and exit_.exit_code == 0:
-        return Outcome.SUCCESS
-    return Outcome.POLICY_FAILURE
 
 
 class Controller:
@@ -139,28 +115,13 @@ class Controller:
         # without polling the store (``trainer.fleet.RolloutBook.notify``).
         self.on_attempt_done: Callable[[str], None] | None = None
         # Each task's environment (docs/environments.md): images built, mounted and checked once.
-        self._environments: dict[str, Environments] = {}
+        self._environments = TaskEnvironments()
         if environments is not None and isinstance(harness, HarnessSpec):
-            self._environments[_environment_key(harness)] = environments
+            self._environments.add(harness, environments)
 
     def environments_for(self, harness: HarnessSpec) -> Environments:
         """The ``Environments`` of a harness spec's ``environment`` settings (one per distinct setting)."""
-        key = _environment_key(harness)
-        if key not in self._environments:
-            self._environments[key] = Environments(harness.environment)
-        return self._environments[key]
-
-    async def _environment(self, harness: HarnessSpec, rollout: Rollout, argv: list[str], workspace: Path):
-        """``(root, image)`` of a rollout's task: its image mounted here (local runner) or the reference a
-        cluster pulls (a runner with ``image_references``); ``(None, None)`` for the host."""
-        if harness.environment is None:
-            return None, None
-        environments = self.environments_for(harness)
-        if getattr(self.runner, "image_references", False):
-            return None, await asyncio.to_thread(environments.reference_for, rollout.task)
-        mounts = (*(Path(m) for m in harness.mounts), *files_in_argv(argv, inside=workspace))
-        needs = HarnessNeeds(tuple(argv[:1]), tuple(mounts))
-        return await asyncio.to_thread(environments.require, rollout.task, needs), None
+        return self._environments.of(harness)
 
     def harness_for(self, rollout: Rollout) -> HarnessSpec:
         return self._harness if isinstance(self._harness, HarnessSpec) else self._harness(rollout)
@@ -229,13 +190,7 @@ class Controller:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.runner.aclose()
-        # The images this controller mounted, given back now that its sandboxes are gone (each
-        # process's mount otherwise stayed until a forced prune; a later rollout mounts again).
-        for environments in self._environments.values():
-            try:
-                await asyncio.to_thread(environments.close)
-            except HarnessRLError as exc:
-                log.warning("could not unmount a task image: %s", exc)
+        await self._environments.close()  # the images this controller mounted
         # A task cancelled before it first ran never got to requeue its rollout, nor did a claim still
         # in its thread when ``fill`` was cancelled get a task: release every claim, once all are in.
         if self._claim is not None and not self._claim.done():
@@ -294,53 +249,20 @@ class Controller:
         # would start from what the dead one's wrote).
         await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
         harness = self.harness_for(rollout)
+        audit = self.config.audit
         try:
-            check_mounts(harness.mounts, forbidden=[self.run_dir])
-            inside = ROLLOUT_PATHS if harness.sandbox == "bwrap" else None
-            rendered = render_harness(
+            prepared = await prepare_attempt(
+                rollout,
                 harness,
-                rollout=rollout,
-                workspace=workspace,
-                base_url=self.gateway.base_url(rollout.rollout_id),
-                anthropic_base_url=f"http://{self.gateway.host}:{self.gateway.port}/rollouts/{rollout.rollout_id}",
-                inside=inside,
-            )
-            await asyncio.to_thread(
-                prepare_workspace,
-                workspace,
-                repo=rendered.repo,
-                files=rendered.files,
-                git_history=harness.git_history,
-            )
-            root, image = await self._environment(harness, rollout, rendered.argv, workspace)
-            # What the harness starts from, so the audit reads what it wrote, not only what it typed.
-            audit, before = self.config.audit, None
-            if audit.reads_workspace:
-                before = await asyncio.to_thread(snapshot_workspace, workspace, audit.workspace_limits)
-            launch = Launch(
-                rollout_id=rollout.rollout_id,
-                attempt=rollout.attempt,
-                argv=rendered.argv,
-                env=rendered.env,
-                task=harness_view(rollout.task),  # what the runner may show the harness
-                files=rendered.files,
-                workspace=workspace,
-                cwd=rendered.cwd,
-                log_dir=attempt_dir,
-                timeout_s=harness.timeout_s,
-                limits=harness.limits,
-                network=harness.network,
-                gateway_port=self.gateway.port,
-                sandbox=harness.sandbox,
-                home=workspace.parent / "home",
-                task_file=rendered.task_file,
-                mounts=tuple(Path(m) for m in harness.mounts),
-                root=root,
-                image=image,
-                inside=inside,
+                attempt_dir=attempt_dir,
+                gateway=self.gateway,
+                run_dir=self.run_dir,
+                environments=self._environments,
+                image_references=getattr(self.runner, "image_references", False),
+                audit=audit,
             )
             refused_before = self.bridge.refused if self.bridge is not None else 0
-            handle = await self.runner.launch(launch)
+            handle = await self.runner.launch(prepared.launch)
         except HarnessRLError as exc:
             return await self._infra_failure(rollout, f"launch failed: {exc}")
         except OSError as exc:
@@ -355,7 +277,7 @@ class Controller:
         self.runner.forget(handle)
         if exit_.kind is ExitKind.CANCELLED:
             return await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
-        outcome = _outcome_for(exit_)
+        outcome = outcome_for(exit_)
         if outcome is None:
             return await self._infra_failure(rollout, f"harness infrastructure failure: {exit_.detail}")
         # A harness whose calls found the gateway down failed through no doing of the policy: scoring
@@ -368,55 +290,36 @@ class Controller:
         calls = await asyncio.to_thread(self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt)
         # Diffed before the evaluator runs: one that scores in place (sandbox "none") writes there.
         changes = None
-        if before is not None:
-            changes = await asyncio.to_thread(diff_workspace, before, workspace, audit.workspace_limits)
-        stdout_path = attempt_dir / "stdout.log"
-        try:
-            result = await self.evaluator.evaluate(
-                EvaluationInput(
-                    task=rollout.task,
-                    workspace=workspace,
-                    calls=calls,
-                    exit_code=exit_.exit_code,
-                    exit_kind=exit_.kind.value,
-                    stdout=await asyncio.to_thread(file_tail, stdout_path, STDOUT_FOR_EVALUATOR_BYTES),
-                    # None: the evaluator writes the full task (hidden fields included) to its own file
-                    task_file=None,
-                    rollout_id=rollout.rollout_id,
-                    environment=root,
-                )
+        if prepared.before is not None:
+            changes = await asyncio.to_thread(
+                diff_workspace, prepared.before, workspace, audit.workspace_limits
             )
-        except EvaluatorError as exc:
-            return await self._infra_failure(rollout, f"evaluator failed: {exc}")
-        except Exception as exc:  # a bug of ours must still end the rollout, never leave it running
-            log.exception("rollout %s: the evaluator raised", rollout.rollout_id)
-            return await self._infra_failure(rollout, f"evaluator crashed: {type(exc).__name__}: {exc}")
-
-        report = await asyncio.to_thread(  # reading a workspace diff takes a while: off the event loop
-            audit_rollout, calls, audit, workspace=_seen_folders(workspace, inside), changes=changes
+        result = await evaluate_attempt(
+            self.evaluator,
+            rollout,
+            exit_,
+            calls,
+            workspace=workspace,
+            attempt_dir=attempt_dir,
+            root=prepared.root,
         )
-        reward = reward_after_audit(float(result.reward), report, self.config.audit)
-        flags = list(dict.fromkeys([*result.flags, *report.rules]))  # the scorer's and the audit's
+        if isinstance(result, str):  # the evaluator failed: an infrastructure failure
+            return await self._infra_failure(rollout, result)
+        report, reward, flags = await audit_attempt(
+            calls, result, audit, workspace=workspace, inside=prepared.inside, changes=changes
+        )
         if flags:
             await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, flags)
-        metadata: dict[str, Any] = {
-            "exit": {"kind": exit_.kind.value, "code": exit_.exit_code, "detail": exit_.detail},
-            "evaluation": result.details,
-            "audit": [flag.model_dump() for flag in report.flags],
-            "audit_files": {"changed": report.files_checked, "bounds": report.workspace_bounds},
-            "reward_before_audit": float(result.reward),
-            "log_dir": str(attempt_dir),
-            "stderr_tail": log_tail(attempt_dir),
-            "harness_seconds": round(time.time() - started, 3),
-            # How many calls the evaluator and audit read: a call the gateway recorded after this
-            # (its rollout not yet finished) is never trained on (trajectory.samples.CALLS_SEEN_KEY).
-            CALLS_SEEN_KEY: len(calls),
-        }
-        if root is not None or image is not None:  # which image the harness and the scorer ran on
-            metadata["environment"] = {
-                "image": root.name if root is not None else image,
-                "image_id": root.image_id[:12] if root is not None else None,
-            }
+        metadata = attempt_metadata(
+            exit_,
+            result,
+            report,
+            calls,
+            attempt_dir=attempt_dir,
+            started=started,
+            root=prepared.root,
+            image=prepared.image,
+        )
         if not self.config.keep_workspaces:  # before the finish: a finished rollout's scratch is gone
             await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
         try:
@@ -425,44 +328,11 @@ class Controller:
                 rollout.rollout_id,
                 outcome,
                 reward,
-                metadata=_jsonable(metadata),
+                metadata=jsonable(metadata),
                 attempt=rollout.attempt,
             )
         except InvalidTransition:  # cancelled or requeued meanwhile, or finished by someone else
-            return await self._finished_elsewhere(rollout)
-
-    async def _finished_elsewhere(self, rollout: Rollout) -> Rollout:
-        """Only this controller finishes a rollout attempt it is running. One that is already
-        finished or failed (not cancelled) in this attempt when the controller comes to end it was
-        ended by someone else — the agent, with a stolen admin key: its reward is void (0) and it is
-        flagged ``tamper_finished``. That includes an ``infra_failure`` it declared (status failed:
-        left out of its group's baseline, which a failing policy prefers to a 0), and an end it wrote
-        before making its attempt an infrastructure failure (the ended rollout refused the retry).
-        A later attempt's result (a requeue superseded this one: a restarted trainer requeues what it
-        finds running) is not this attempt's to judge."""
-        rollout_id = rollout.rollout_id
-        current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
-        ended = current.status in (RolloutStatus.FINISHED, RolloutStatus.FAILED)
-        if not ended or current.attempt != rollout.attempt:
-            return current
-        log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
-        # Its metadata as this attempt began (``rollout``, as claimed), with the gateway's count of
-        # dropped calls: whatever the other finish merged in (``calls_seen = 0``, a mark that keeps it
-        # out of training) would otherwise turn the void 0 into "not counted".
-        kept = {**rollout.metadata, **{k: v for k, v in current.metadata.items() if k == DROPPED_CALLS_KEY}}
-        kept[VOIDED_FINISH_KEY] = {
-            "outcome": current.outcome.value if current.outcome else None,
-            "reward": current.reward,
-        }
-        return await asyncio.to_thread(
-            functools.partial(
-                self.store.void_rollout,
-                rollout_id,
-                flag=TAMPER_FINISHED,
-                error=f"finished by someone other than its controller (reward {current.reward} voided)",
-                metadata=_jsonable(kept),
-            )
-        )
+            return await void_finished_elsewhere(self.store, rollout)
 
     async def _release(self, rollout: Rollout, error: str) -> Rollout | None:
         """``_infra_failure``, or, when the store cannot take it now, remembered for the next ``fill``."""
@@ -495,99 +365,7 @@ class Controller:
     async def _infra_failure(
         self, rollout: Rollout, error: str, *, judge_ended: bool = True
     ) -> Rollout | None:
-        """Retry as a new attempt while retries are left (returns None), else fail the rollout.
-        A rollout someone else ended in this attempt meanwhile is judged by ``_finished_elsewhere``
-        unless ``judge_ended`` is off (after a store error: the end may be this controller's own
-        write, committed before the error reached it).
-
-        Retries are counted in the rollout's metadata (``INFRA_FAILURES_KEY``), not read off its
-        attempt number: that one also counts the attempts a shutdown or a restarted trainer requeued,
-        so a rollout interrupted twice failed for good at its first infrastructure failure."""
-        log.warning("rollout %s attempt %d: %s", rollout.rollout_id, rollout.attempt, error)
-        rollout_id = rollout.rollout_id
-        try:
-            current = await asyncio.to_thread(self.store.get_rollout, rollout_id)
-            if current.status is not RolloutStatus.RUNNING or current.attempt != rollout.attempt:
-                return await self._ended_meanwhile(rollout, current, judge_ended)
-            earlier = current.metadata.get(INFRA_FAILURES_KEY)
-            failures = (earlier if isinstance(earlier, int) and earlier >= 0 else 0) + 1
-            await asyncio.to_thread(
-                self.store.update_rollout_metadata, rollout_id, {INFRA_FAILURES_KEY: failures}
-            )
-            if failures <= self.config.max_infra_retries:
-                await asyncio.to_thread(
-                    self.store.requeue_rollout, rollout_id, error=error, attempt=rollout.attempt
-                )
-                return None
-            return await asyncio.to_thread(
-                self.store.finish_rollout,
-                rollout_id,
-                Outcome.INFRA_FAILURE,
-                0.0,
-                error=error,
-                attempt=rollout.attempt,
-            )
-        except InvalidTransition:
-            return await self._ended_meanwhile(rollout, None, judge_ended)
-
-    async def _ended_meanwhile(self, rollout: Rollout, current: Rollout | None, judge: bool) -> Rollout:
-        if judge:
-            return await self._finished_elsewhere(rollout)
-        return current or await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
-
-
-#: What of an attempt's folder is scratch, removed when ``keep_workspaces`` is off: the workspace and
-#: the harness's ``$HOME`` (either can hold whatever the harness wrote: 50 MB in ``$HOME/blob`` stayed
-#: behind when only the workspace was removed). The logs, the task file and the sandbox spec stay:
-#: ``metadata.log_dir`` names them for whoever looks into a rollout.
-ATTEMPT_SCRATCH = ("workspace", "home")
-
-
-def discard_attempt_scratch(attempt_dir: Path) -> None:
-    """Remove an attempt's scratch folders (``ATTEMPT_SCRATCH``). ``rmtree`` works through folder
-    descriptors, so a tree nested past ``PATH_MAX`` goes too."""
-    for name in ATTEMPT_SCRATCH:
-        shutil.rmtree(attempt_dir / name, ignore_errors=True)
-
-
-def _seen_folders(workspace: Path, inside: SandboxPaths | None) -> tuple[Path, ...]:
-    """The folders the policy's commands may name as its own: the workspace and home as the harness
-    saw them, and their host paths (a harness outside the sandbox, or a path read from a log)."""
-    host = (workspace, workspace.parent / "home")
-    return (*host, inside.workspace, inside.home) if inside is not None else host
-
-
-def _environment_key(harness: HarnessSpec) -> str:
-    return harness.environment.model_dump_json() if harness.environment is not None else ""
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-#: The end of the harness's stdout an evaluator gets (``EvaluationInput.stdout``): a harness may print
-#: without bound (its memory cap does not bound a file), and all of it was read into the controller,
-#: which every rollout shares, on its event loop.
-STDOUT_FOR_EVALUATOR_BYTES = 1 << 20
-
-
-def file_tail(path: Path, max_bytes: int) -> str:
-    """The last ``max_bytes`` of ``path`` as text (undecodable bytes replaced); "" if there is none."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
-            return f.read().decode(errors="replace")
-    except FileNotFoundError:
-        return ""
-
-
-def log_tail(attempt_dir: Path, *, max_chars: int = 600) -> str:
-    """The last lines of the harness's stderr (Kubernetes: the merged pod log): what a harness that
-    failed before the policy had a say printed, kept with the rollout so a run can tell that every
-    rollout of a step failed the same way (``trainer.failures.common_failure``)."""
-    for name in ("stderr.log", "stdout.log"):
-        tail = file_tail(attempt_dir / name, max_chars)
-        if tail:
-            return tail.strip()[-max_chars:]
-    return ""
+        """``retries.retry_or_fail`` under this controller's ``max_infra_retries``."""
+        return await retry_or_fail(
+            self.store, rollout, error, max_retries=self.config.max_infra_retries, judge_ended=judge_ended
+        )

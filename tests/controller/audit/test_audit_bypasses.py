@@ -12,7 +12,7 @@ the ``.git`` folder copied out of the workspace, and installers the rule did not
 from __future__ import annotations
 
 import pytest
-from tests.fakes.calls import bash_call
+from tests.controller.audit.audit_support import rules_of
 
 from harnessrl.controller.audit import (
     GIT_HISTORY,
@@ -20,16 +20,8 @@ from harnessrl.controller.audit import (
     OBFUSCATED_CODE,
     PACKAGE_INSTALL,
     PYTHON_NETWORK,
-    audit_rollout,
 )
 from harnessrl.controller.audit.shell import ansi_c_decoded
-
-
-def rules_of(command: str) -> set[str]:
-    report = audit_rollout([bash_call(command)])
-    assert all(f.match in f.command for f in report.flags)  # every flag highlights what was typed
-    return set(report.rules)
-
 
 MISSED = [
     # ANSI-C quoting: the shell decodes it, shlex did not

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.controller.audit.audit_support import rules_of
 from tests.fakes.calls import bash_call, tool_call
 
 from harnessrl.controller.audit import (
@@ -22,11 +23,6 @@ from harnessrl.controller.audit import (
     reward_after_audit,
 )
 from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-
-
-def rules_of(*commands: str) -> set[str]:
-    return set(audit_rollout([bash_call(c, seq) for seq, c in enumerate(commands)]).rules)
-
 
 # -- a reproduction script the policy wrote may be changed and removed --------------------------------
 

@@ -11,7 +11,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from tests.fakes.calls import bash_call
+from tests.controller.audit.audit_support import rules_of
 
 from harnessrl.controller.audit import (
     GIT_HISTORY,
@@ -19,15 +19,8 @@ from harnessrl.controller.audit import (
     OBFUSCATED_CODE,
     PACKAGE_INSTALL,
     PYTHON_NETWORK,
-    audit_rollout,
 )
 from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-
-
-def rules_of(command: str) -> set[str]:
-    report = audit_rollout([bash_call(command)])
-    assert all(f.match in f.command for f in report.flags)  # every flag highlights what was typed
-    return set(report.rules)
 
 
 def python_heredoc(code: str) -> str:

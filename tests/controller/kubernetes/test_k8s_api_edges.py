@@ -4,20 +4,19 @@ the time it is read, and a log longer than the ``limitBytes`` asked for."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+import functools
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
 from starlette.responses import Response
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, FakeKubernetes
+from tests.controller.kubernetes.k8s_support import FakeKubernetes
 
 from harnessrl.controller.kubernetes import KubernetesRunner
 
 pytestmark = pytest.mark.anyio
 
 TEMPLATE = {"spec": {"containers": [{"name": "harness", "image": "ghcr.io/acme/agent:1"}]}}
-POLICY = {"gateway_port": 8000, "gateway_pod_labels": {"app": "harnessrl-gateway"}}
 
 
 class LogsPastTheLimit(FakeKubernetes):
@@ -33,33 +32,14 @@ class LogsPastTheLimit(FakeKubernetes):
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
 def fake_k8s() -> Iterator[FakeKubernetes]:
     with LogsPastTheLimit() as fake:
         yield fake
 
 
 @pytest.fixture
-async def runners(fake_k8s: FakeKubernetes) -> AsyncIterator[Callable[..., KubernetesRunner]]:
-    made: list[tuple[KubernetesRunner, ApiClient]] = []
-
-    def make(**options: Any) -> KubernetesRunner:
-        api = ApiClient(Configuration(host=fake_k8s.url))
-        settings: dict[str, Any] = dict(
-            gateway_url=CLUSTER_GATEWAY, network_policy=POLICY, job_template=TEMPLATE, poll_interval_s=0.2
-        )
-        runner = KubernetesRunner(api, **{**settings, **options})
-        made.append((runner, api))
-        return runner
-
-    yield make
-    for runner, api in made:
-        await runner.aclose()
-        api.close()
+def runners(make_runner: Callable[..., KubernetesRunner]) -> Callable[..., KubernetesRunner]:
+    return functools.partial(make_runner, job_template=TEMPLATE)
 
 
 async def test_a_job_gone_between_the_409_and_the_read_is_created_again(

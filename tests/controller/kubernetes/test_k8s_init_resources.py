@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, build_launch
+from tests.controller.kubernetes.k8s_support import build_launch, job_manifest
 
 from harnessrl.controller.base import ResourceLimits
-from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.harness_injection import HARNESS_CONTAINER
 from harnessrl.controller.kubernetes.pod_security import SEED_CONTAINER
 
@@ -28,17 +27,11 @@ TEMPLATE = {
 
 
 def test_the_harness_copier_gets_the_harness_containers_resources(tmp_path: Path) -> None:
-    job = manifests.build_job_manifest(
+    job = job_manifest(
         TEMPLATE,
         build_launch(
             tmp_path, image="registry.local/swe/toolz:abc", limits=ResourceLimits(memory_mb=1024, cpus=1)
         ),
-        namespace="rl",
-        job_name="hrl-x",
-        secret_name="hrl-x",
-        gateway_url=CLUSTER_GATEWAY,
-        labels={},
-        active_deadline_s=60,
         harness_image="registry.local/harnessrl/runtime:1",
         harness_paths=["/opt/harnessrl/.venv"],
         ephemeral_storage_limit="10Gi",

@@ -91,6 +91,17 @@ def waiting(reason: str, name: str = "harness") -> dict[str, Any]:
     return {"name": name, "state": {"waiting": {"reason": reason, "message": "details"}}}
 
 
+def unschedulable(since: str) -> dict[str, Any]:
+    """A pending pod of Job ``j`` the scheduler has found no node for since ``since``."""
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "lastTransitionTime": since,
+    }
+    return pod_json("j", phase="Pending", conditions=[condition])
+
+
 def observe(job: dict[str, Any], *pods: dict[str, Any]) -> ObservedJob:
     return parse_job(job, [parse_pod(p) for p in pods])
 
@@ -200,40 +211,12 @@ CASES = [
     ),
     (
         "unschedulable, stuck",
-        observe(
-            job_json("j"),
-            pod_json(
-                "j",
-                phase="Pending",
-                conditions=[
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "lastTransitionTime": T0,
-                    }
-                ],
-            ),
-        ),
+        observe(job_json("j"), unschedulable(T0)),
         (ExitKind.INFRA, None),
     ),
     (
         "unschedulable, recent",
-        observe(
-            job_json("j"),
-            pod_json(
-                "j",
-                phase="Pending",
-                conditions=[
-                    {
-                        "type": "PodScheduled",
-                        "status": "False",
-                        "reason": "Unschedulable",
-                        "lastTransitionTime": T_RECENT,
-                    }
-                ],
-            ),
-        ),
+        observe(job_json("j"), unschedulable(T_RECENT)),
         None,
     ),
     (

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, build_launch
+from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, build_launch, job_manifest
 
 from harnessrl.controller.base import ResourceLimits
 from harnessrl.controller.kubernetes import manifests
@@ -22,17 +22,7 @@ def template(**requests: str) -> dict[str, Any]:
 
 
 def build(tmp_path: Path, tpl: dict[str, Any], limits: ResourceLimits, storage: str | None = "10Gi") -> dict:
-    return manifests.build_job_manifest(
-        tpl,
-        build_launch(tmp_path, limits=limits),
-        namespace="rl",
-        job_name="hrl-x",
-        secret_name="hrl-x",
-        gateway_url=CLUSTER_GATEWAY,
-        labels={},
-        active_deadline_s=60,
-        ephemeral_storage_limit=storage,
-    )
+    return job_manifest(tpl, build_launch(tmp_path, limits=limits), ephemeral_storage_limit=storage)
 
 
 @pytest.mark.parametrize(

@@ -7,16 +7,16 @@ exercise the real client's serialization, error handling and watch streaming.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import re
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import Callable
 
 import pytest
 from kubernetes.client import ApiClient, Configuration, CoreV1Api
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, FakeKubernetes
+from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, POLICY, FakeKubernetes, until
 
 from harnessrl.controller.base import ExitKind
 from harnessrl.controller.kubernetes import KubernetesRunner
@@ -29,45 +29,12 @@ pytestmark = pytest.mark.anyio
 TEMPLATE = {
     "spec": {"containers": [{"name": "harness", "image": "ghcr.io/acme/agent:1", "workingDir": "/repo"}]}
 }
-POLICY = {"gateway_port": 8000, "gateway_pod_labels": {"app": "harnessrl-gateway"}}
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def runners(fake_k8s: FakeKubernetes) -> AsyncIterator[Callable[..., KubernetesRunner]]:
-    """Builds runners (each with its own ApiClient, like separate controller processes); closes them."""
-    made: list[tuple[KubernetesRunner, ApiClient]] = []
-
-    def make(**options: Any) -> KubernetesRunner:
-        api = ApiClient(Configuration(host=fake_k8s.url))
-        settings: dict[str, Any] = dict(
-            namespace="default",
-            gateway_url=CLUSTER_GATEWAY,
-            network_policy=POLICY,
-            job_template=TEMPLATE,
-            run_id="run-1",
-            poll_interval_s=0.2,
-        )
-        settings.update(options)
-        runner = KubernetesRunner(api, **settings)
-        made.append((runner, api))
-        return runner
-
-    yield make
-    for runner, api in made:
-        await runner.aclose()
-        api.close()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+def runners(make_runner: Callable[..., KubernetesRunner]) -> Callable[..., KubernetesRunner]:
+    """Builds runners of run-1 (each with its own ApiClient, like separate controller processes)."""
+    return functools.partial(make_runner, namespace="default", job_template=TEMPLATE, run_id="run-1")
 
 
 def job_lists(fake: FakeKubernetes) -> int:

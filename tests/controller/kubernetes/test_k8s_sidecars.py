@@ -5,13 +5,11 @@ that the Job's deadline would report much later."""
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
-from kubernetes.client import ApiClient, Configuration
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, FakeKubernetes
+from tests.controller.kubernetes.k8s_support import until
 
 from harnessrl.controller.base import ExitKind
 from harnessrl.controller.kubernetes import KubernetesRunner
@@ -28,36 +26,11 @@ TEMPLATE = {
         ]
     }
 }
-POLICY = {"gateway_port": 8000, "gateway_pod_labels": {"app": "harnessrl-gateway"}}
 
 
 @pytest.fixture
-def anyio_backend() -> str:
-    return "asyncio"
-
-
-@pytest.fixture
-async def runner(fake_k8s: FakeKubernetes) -> AsyncIterator[KubernetesRunner]:
-    api = ApiClient(Configuration(host=fake_k8s.url))
-    made = KubernetesRunner(
-        api,
-        namespace="default",
-        gateway_url=CLUSTER_GATEWAY,
-        network_policy=POLICY,
-        job_template=TEMPLATE,
-        run_id="run-1",
-        poll_interval_s=0.2,
-    )
-    yield made
-    await made.aclose()
-    api.close()
-
-
-async def until(condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
+def runner(make_runner: Callable[..., KubernetesRunner]) -> KubernetesRunner:
+    return make_runner(namespace="default", job_template=TEMPLATE, run_id="run-1")
 
 
 def harness_terminates(exit_code: int, reason: str) -> Callable[[dict[str, Any]], None]:

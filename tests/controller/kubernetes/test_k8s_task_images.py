@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 from kubernetes.client import ApiClient, Configuration
-from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, FakeKubernetes, build_launch
+from tests.controller.kubernetes.k8s_support import (
+    CLUSTER_GATEWAY,
+    FakeKubernetes,
+    build_launch,
+    job_manifest,
+)
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.controller.controller import Controller, ControllerConfig, GatewayEndpoint
 from harnessrl.controller.evaluators import build_evaluator
-from harnessrl.controller.kubernetes import KubernetesRunner, KubernetesRunnerConfig, manifests
+from harnessrl.controller.kubernetes import KubernetesRunner, KubernetesRunnerConfig
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.harness_injection import (
     HARNESS_CONTAINER,
@@ -30,15 +35,9 @@ PATHS = ["/opt/harnessrl/.venv", "/root/.pyenv/versions/3.11.7"]
 
 
 def job_for(tmp_path: Path, **launch: object) -> dict:
-    return manifests.build_job_manifest(
+    return job_manifest(
         TEMPLATE,
         build_launch(tmp_path, **launch),
-        namespace="rl",
-        job_name="hrl-x",
-        secret_name="hrl-x",
-        gateway_url=CLUSTER_GATEWAY,
-        labels={},
-        active_deadline_s=60,
         image="configured:1",
         harness_image="registry.local/harnessrl/runtime:1",
         harness_paths=PATHS,

@@ -18,7 +18,8 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from harnessrl.controller.audit.shell import positional_args, wordlist
+from harnessrl.controller.audit.shell import wordlist
+from harnessrl.controller.audit.shell_commands import positional_args
 
 PACKAGE_INSTALL = "package_install"  # pip/conda/uv/npm/apt/... install
 TEST_CONFIG_WRITE = "test_config_write"  # writes to conftest.py/pytest.ini/..., edits or deletes tests

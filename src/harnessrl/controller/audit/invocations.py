@@ -17,7 +17,8 @@ import re
 import shlex
 from collections.abc import Iterator
 
-from harnessrl.controller.audit.shell import Segment, positional_args, shell_script, strip_wrappers, wordlist
+from harnessrl.controller.audit.shell import Segment, wordlist
+from harnessrl.controller.audit.shell_commands import positional_args, shell_script, strip_wrappers
 
 SHELLS = wordlist("sh bash zsh dash ksh ash mksh fish")
 PYTHON_EXE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$|^ipython3?$")

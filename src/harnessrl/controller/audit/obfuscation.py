@@ -5,7 +5,7 @@ The other rules read the text the policy produced. A policy that learns they do 
 code object built by hand, ``echo … | base64 -d | sh``. None of that is needed to fix a bug, and all
 of it defeats every other rule, so it is flagged itself. Each analyser yields ``(rule, hint)`` pairs
 like the other rule modules; ``audit.rules`` calls ``python_obfuscation`` for every piece of Python
-and ``shell_obfuscation`` for every shell script. A binary module that would be imported instead of
+and ``shell_obfuscation`` (``audit.obfuscation_shell``) for every shell script. A binary module that would be imported instead of
 source the audit reads is found by ``audit.workspace`` and flagged by ``audit``.
 
 Python (regular expressions, like the other Python rules; the code is often a fragment):
@@ -37,20 +37,11 @@ from __future__ import annotations
 import ast
 import io
 import keyword
-import posixpath
 import re
 import tokenize
 from collections.abc import Iterator
 
-from harnessrl.controller.audit.invocations import files_run
-from harnessrl.controller.audit.shell import (
-    Segment,
-    output_of,
-    positional_args,
-    strip_wrappers,
-    substitutions,
-    wordlist,
-)
+from harnessrl.controller.audit.shell import wordlist
 
 OBFUSCATED_CODE = "obfuscated_code"  # exec/eval/import of decoded data, marshal, `base64 -d | sh`
 
@@ -276,152 +267,3 @@ def _tainted_names(code: str) -> set[str]:
         if not grew:
             break
     return tainted
-
-
-# ---------------------------------------------------------------------------------------------------
-# Shell
-# ---------------------------------------------------------------------------------------------------
-
-# Programs that decode whatever flag they are given (the others need theirs: ``base64 -d``).
-_ALWAYS_DECODES = wordlist("gunzip zcat bunzip2 bzcat unxz xzcat unlzma lzcat unzstd zstdcat uudecode rev")
-# Programs that decode with a flag: the long flags, and the letter that may sit in a short cluster.
-_DECODE_FLAGS: dict[str, tuple[set[str], str]] = {
-    **{p: ({"--decode"}, "dD") for p in ("base64", "base32", "basenc")},
-    **{p: ({"--decompress", "--uncompress"}, "d") for p in ("gzip", "bzip2", "xz", "lzma", "zstd")},
-    "xxd": ({"-revert"}, "r"),
-}
-_INTERPRETERS = wordlist("sh bash zsh dash ksh ash mksh fish perl ruby node nodejs php lua tclsh")
-_PYTHON_EXE = re.compile(r"^(?:python|pypy)(?:\d+(?:\.\d+)*)?$")
-_CODE_FLAG = {"perl": "-e", "ruby": "-e", "node": "-e", "nodejs": "-e", "php": "-r", "lua": "-e"}
-_PRINTF_ESCAPES = re.compile(r"\\(?:x[0-9a-fA-F]{2}|[0-7]{3})")
-_DECODER_WORDS = (
-    r"\b(?:base64|base32|basenc)\s+(?:-\w+\s+)*(?:-d|--decode|-D)\b|\bxxd\s+(?:-\w+\s+)*-r"
-    r"|\b(?:gunzip|zcat|bzcat|xzcat|unxz|uudecode)\b|\b(?:gzip|bzip2|xz|zstd)\s+(?:-\w+\s+)*-\w*d"
-    r"|\bopenssl\s+(?:enc|base64)\b[^|)]*\s-d\b"
-)
-_DECODER_TEXT = re.compile(_DECODER_WORDS)
-# ``source <(echo … | base64 -d)``, ``bash <(…)``: tokenizing loses the process substitution.
-_PROCESS_SUBSTITUTION = re.compile(
-    rf"(?:\bsource|(?<![\w./-])\.|\b(?:ba|z|da|k)?sh|\bpython[\d.]*)\s+<\(([^)]*(?:{_DECODER_WORDS})[^)]*)\)"
-)
-
-
-# ``eval $(… | base64 -d)``, ``bash -c $(…)`` unquoted: the tokenizer splits the substitution into
-# words and commands of its own, so it is read from the text, like a process substitution.
-_RUN_UNQUOTED = re.compile(
-    rf"(?:\beval|\b(?:ba|z|da|k)?sh\s+(?:-\w+\s+)*-\w*c|\bpython[\d.]*\s+(?:-\w+\s+)*-\w*c)\s+"
-    rf"\$\(([^)]*(?:{_DECODER_WORDS})[^)]*)\)"
-)
-# Decoded text substituted where the shell runs it: as the program (``$(printf '\\x63url') x``), or as
-# the here-string an interpreter reads its program from (``bash <<< "$(… | base64 -d)"``).
-_PRINTF_DECODER = r"\bprintf\s+['\"]?[^'\"\s)]*\\(?:x[0-9a-fA-F]{2}|[0-7]{3})"
-_DECODED_PROGRAM = re.compile(
-    rf"(?:^|[;&|\n(]|\b(?:then|do|else|exec|eval))[ \t]*\"?\$\(([^)]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER}"
-    rf"|\|\s*rev\b)[^)]*)\)"
-)
-_DECODED_HERE_STRING = re.compile(
-    rf"(?:\b(?:ba|z|da|k)?sh|\bpython[\d.]*|\bperl|\bsource|(?<![\w./-])\.)\b[^<\n;|&]*<<<\s*\"?"
-    rf"\$\(([^)]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER})[^)]*)\)"
-)
-# ``x=$(… | base64 -d)``, ``x=`…``` : a variable that holds decoded text.
-_DECODED_VARIABLE = re.compile(rf"(?<![\w$])([A-Za-z_]\w*)=[\"']?(?:\$\(|`)[^)`]*(?:{_DECODER_WORDS})")
-
-
-def shell_obfuscation(script: str, segments: list[Segment]) -> Iterator[tuple[str, str]]:
-    """Decoded text run as a program: piped into an interpreter, substituted into ``eval``/``-c``, held
-    in a variable that is then run (``x=$(… | base64 -d); $x …``, ``eval $x``), or written to a file
-    the same script runs (``… | base64 -d > /tmp/a; bash /tmp/a``)."""
-    for match in _PROCESS_SUBSTITUTION.finditer(script):
-        yield OBFUSCATED_CODE, match.group(0)
-    for pattern in (_RUN_UNQUOTED, _DECODED_PROGRAM, _DECODED_HERE_STRING):
-        for match in pattern.finditer(script):
-            yield OBFUSCATED_CODE, match.group(0).strip(" \t\n;&|(")
-    names = sorted({m.group(1) for m in _DECODED_VARIABLE.finditer(script)})
-    decoded_ref = re.compile(rf"\$\{{?(?:{'|'.join(names)})\b") if names else None
-    run = files_run(segments)
-    decoder: str | None = None  # the decoding command earlier in the current pipeline
-    translated: str | None = None  # a ``tr`` earlier in it (``echo phey | tr a-z n-za-m | sh``)
-    previous: Segment | None = None
-    for segment in segments:
-        words = strip_wrappers(segment.words)
-        prog = posixpath.basename(words[0]) if words else ""
-        if not segment.piped:
-            decoder = translated = None
-        if (decoder or translated) is not None and _reads_program_from_stdin(prog, words[1:]):
-            yield OBFUSCATED_CODE, decoder or translated
-        if _decodes(prog, words[1:]):
-            decoder = " ".join(words)
-        elif prog == "tr":  # only into an interpreter: ``tr -d '\r' < a.sh > b.sh; bash b.sh`` is honest
-            translated = " ".join(words)
-        if decoder is not None:  # decoded text written to a file this script runs
-            targets = [t for op, t in segment.redirects if ">" in op]
-            if prog == "tee":
-                targets += positional_args(words[1:], set())[0]
-            for target in targets:
-                if posixpath.normpath(target) in run:
-                    yield OBFUSCATED_CODE, decoder
-        for inner in (s for word in words[1:] for s in substitutions(word)):
-            if _DECODER_TEXT.search(inner) and _runs_argument(prog, words[1:]):
-                yield OBFUSCATED_CODE, inner
-        if decoded_ref is not None:
-            yield from _runs_decoded_variable(segment, words, prog, previous, decoded_ref)
-        previous = segment
-
-
-def _runs_decoded_variable(
-    segment: Segment, words: list[str], prog: str, previous: Segment | None, ref: re.Pattern[str]
-) -> Iterator[tuple[str, str]]:
-    """A variable holding decoded text, run: as the program, by ``eval``/``-c``, or fed to an
-    interpreter on stdin (``<<< "$x"``, ``echo "$x" | sh``)."""
-    stdin = segment.stdin
-    if stdin is None and segment.piped and previous is not None:
-        stdin = output_of(previous)
-    ran = [words[0]] if words and ref.search(words[0]) else []
-    if _runs_argument(prog, words[1:]):
-        ran += [a for a in words[1:] if ref.search(a)]
-    if stdin and ref.search(stdin) and _reads_program_from_stdin(prog, words[1:]):
-        ran.append(stdin)
-    for word in ran[:1]:
-        yield OBFUSCATED_CODE, word
-
-
-def _decodes(prog: str, args: list[str]) -> bool:
-    if prog in _ALWAYS_DECODES:
-        return True
-    if prog == "printf":
-        return bool(args) and bool(_PRINTF_ESCAPES.search(args[0]))
-    if prog == "openssl":
-        return bool(args) and args[0] in ("enc", "base64") and "-d" in args
-    if prog not in _DECODE_FLAGS:
-        return False
-    long_flags, letters = _DECODE_FLAGS[prog]
-    return any(
-        a in long_flags or (re.fullmatch(r"-[A-Za-z]+", a) is not None and bool(set(a[1:]) & set(letters)))
-        for a in args
-    )
-
-
-def _reads_program_from_stdin(prog: str, args: list[str]) -> bool:
-    """Whether ``prog args`` takes its program from stdin (``sh``, ``python -``, ``perl``, ...)."""
-    if _PYTHON_EXE.match(prog):
-        code_flags = [a for a in args if re.fullmatch(r"-[A-Za-z]*[cm]", a)]
-        positional = positional_args(args, {"-W", "-X"})[0]
-        return not code_flags and (not positional or positional[0] == "-")
-    if prog in _INTERPRETERS:
-        if any(re.fullmatch(r"-[A-Za-z]*[ceEr]", a) for a in args):
-            return False  # -c/-e/-r: the program is an argument; stdin is data
-        positional = positional_args(args, {"-o", "+o", "-O", "+O", "--rcfile", "--init-file"})[0]
-        return not positional or positional[0] in ("-", "/dev/stdin") or "-s" in args
-    return prog in ("source", ".") and bool(args) and args[0] in ("/dev/stdin", "-")
-
-
-def _runs_argument(prog: str, args: list[str]) -> bool:
-    """Whether ``prog`` runs one of its arguments as a program (``eval``, ``bash -c``, ``python -c``)."""
-    if prog == "eval":
-        return True
-    if _PYTHON_EXE.match(prog):
-        return any(re.fullmatch(r"-[A-Za-z]*c", a) for a in args)
-    if prog in _INTERPRETERS:
-        flag = _CODE_FLAG.get(prog, "-c")
-        return any(a == flag or re.fullmatch(rf"-[A-Za-z]*{flag[1]}", a) for a in args)
-    return False

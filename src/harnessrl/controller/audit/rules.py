@@ -13,7 +13,8 @@ is often a fragment (a heredoc, a notebook cell) and the match is exactly the hi
 The audit is a tripwire, not a sandbox: what encoded or computed commands (``$(echo Y3VybA== |
 base64 -d)``) do is out of its reach by design; that they decode and run something is flagged
 (``obfuscated_code``, in ``audit.obfuscation``), and what they write lands in the workspace diff.
-Here are the traversal and the ``git_history``, ``network_fetch`` and ``python_network`` rules. What
+Here are the traversal and the ``git_history``, ``network_fetch`` and ``python_network`` rules;
+what they look for (program names, git's subcommands, Python patterns) is data in ``audit.patterns``. What
 a command line or a piece of code runs (runners' arguments, ``python``'s options, the files a script
 runs, the shell of one-liners and of ``os.system``) is parsed by ``audit.invocations``, what a patch
 changes by ``audit.patches``; the checks of one install or one write (``package_install``,
@@ -24,7 +25,6 @@ changes by ``audit.patches``; the checks of one install or one write (``package_
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
 from collections.abc import Iterator
 
@@ -51,36 +51,36 @@ from harnessrl.controller.audit.invocations import (
     python_shell_calls,
     wrapped_command,
 )
-from harnessrl.controller.audit.obfuscation import (
-    OBFUSCATED_CODE,
-    evaluated_literals,
-    python_obfuscation,
-    shell_obfuscation,
-)
+from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE, evaluated_literals, python_obfuscation
+from harnessrl.controller.audit.obfuscation_shell import shell_obfuscation
 from harnessrl.controller.audit.patches import patched_files
-from harnessrl.controller.audit.shell import (
-    Segment,
+from harnessrl.controller.audit.patterns import (
+    COPIER_VALUE_OPTS,
+    COPIERS,
+    EMBEDDED_NETWORK,
+    GIT_ALWAYS,
+    GIT_COMMAND_SETTINGS,
+    GIT_GLOBAL_WITH_VALUE,
+    GIT_HISTORY,
+    GIT_SAFE,
+    NETWORK_FETCH,
+    NETWORK_PROGRAMS,
+    PYTHON_PATTERNS,
+    REVISION,
+)
+from harnessrl.controller.audit.shell import Segment, shell_segments
+from harnessrl.controller.audit.shell_commands import (
     expand_names,
     output_of,
     positional_args,
     shell_script,
-    shell_segments,
     strip_wrappers,
     substitutions,
-    wordlist,
 )
 from harnessrl.controller.audit.system import check_path, python_hints, shell_hints
 from harnessrl.controller.audit.workspace import script_language
 
-GIT_HISTORY = "git_history"  # git log/show/blame/reflog/..., other commits, .git/ objects, fetch/pull
-NETWORK_FETCH = "network_fetch"  # curl, wget, nc, ssh/scp, /dev/tcp/
-PYTHON_NETWORK = "python_network"  # urllib.request, requests, httpx, aiohttp, socket, http.client, ftplib
-
 MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
-
-_NETWORK_PROGRAMS = wordlist(
-    "curl wget nc ncat netcat socat ssh scp sftp telnet ftp aria2c lynx w3m links httpie http https xh"
-)
 
 
 def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
@@ -139,7 +139,7 @@ def _analyze_simple(
     if inner is not None:
         yield from _analyze_simple(Segment(words=inner, stdin=stdin), None, depth + 1, run_files)
         return
-    if prog in _NETWORK_PROGRAMS:
+    if prog in NETWORK_PROGRAMS:
         yield NETWORK_FETCH, words[0]
     elif prog == "git":
         yield from _analyze_git(words, stdin, depth)
@@ -155,7 +155,7 @@ def _analyze_simple(
         yield from analyze_shell(stdin, depth + 1)  # ``source /dev/stdin <<< "curl x"``
     elif prog == "patch" and stdin:
         yield from analyze_patch(stdin)
-    elif prog in _COPIERS and (copied := _git_folder_copied(args)):
+    elif prog in COPIERS and (copied := _git_folder_copied(args)):
         yield GIT_HISTORY, f"{words[0]} {copied}"  # then ``cat /tmp/g/packed-refs`` reads history unseen
     elif prog in ("cd", "pushd") and any(".git" in _components(a) for a in args):
         into = next(a for a in args if ".git" in _components(a))
@@ -174,15 +174,9 @@ def _analyze_simple(
             yield from _analyze_simple(Segment(words=inner), None, depth + 1)
 
 
-# Programs that copy, archive or link a folder: given ``.git`` itself, they take the history out of
-# the workspace, where ``cat packed-refs`` or zlib-reading ``objects/`` names no ``.git`` path.
-_COPIERS = wordlist("cp mv rsync tar gtar bsdtar zip 7z 7za cpio ln scp install pax")
-_COPIER_VALUE_OPTS = set(wordlist("--exclude --exclude-from --include --include-from -X -x --filter -t -T"))
-
-
 def _git_folder_copied(args: list[str]) -> str | None:
     """The argument naming a ``.git`` folder itself (``.git``, ``repo/.git``, ``./.git/``), if any."""
-    for arg in positional_args(args, _COPIER_VALUE_OPTS)[0]:
+    for arg in positional_args(args, COPIER_VALUE_OPTS)[0]:
         parts = _components(arg)
         if parts and parts[-1] == ".git":
             return arg
@@ -222,16 +216,8 @@ def _analyze_written(
         yield from analyze_shell(text, depth + 1)
 
 
-# The network libraries an ``EMBEDDING_PROGRAMS`` one-liner loads are network fetches (the shell
-# commands it runs are analysed as shell).
-_EMBEDDED_NETWORK = re.compile(
-    r"\b(?:IO::Socket|LWP::\w+|HTTP::Tiny|Net::HTTP|Net::FTP|TCPSocket|open-uri|Socket\.tcp)\b"
-    r"|\brequire\(\s*['\"](?:node:)?(?:https?|http2|net|dgram|tls)['\"]\s*\)|/inet/tcp/"
-)
-
-
 def _embedded_commands(code: str, depth: int) -> Iterator[tuple[str, str]]:
-    for match in _EMBEDDED_NETWORK.finditer(code):
+    for match in EMBEDDED_NETWORK.finditer(code):
         yield NETWORK_FETCH, match.group(0)
     for command in embedded_shell(code):
         yield from analyze_shell(command, depth + 1)
@@ -256,46 +242,18 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
 # git
 # ---------------------------------------------------------------------------------------------------
 
-_GIT_GLOBAL_WITH_VALUE = wordlist("-C -c --git-dir --work-tree --namespace --exec-path --config-env")
-# Always history (or upstream) access, whatever the arguments.
-_GIT_ALWAYS = wordlist(
-    "log show reflog blame annotate rev-list cat-file fetch pull clone whatchanged shortlog ls-remote"
-    " show-branch fsck unpack-objects verify-pack bisect format-patch fast-export bundle diff-tree"
-    " revert cherry-pick"
-)
-# Never history access; everything else (diff, checkout, restore, reset, grep, ls-tree, archive, ...)
-# is flagged only when an argument names another commit.
-_GIT_SAFE = wordlist(
-    "status add commit init config stash ls-files branch help version clean check-ignore remote"
-    " --version --help"
-)
-_REVISION = re.compile(
-    # HEAD~1, main^, @{1}, HEAD~2:path, @~ (HEAD~), HEAD^! / HEAD^@ / HEAD^- (a commit against its parents)
-    r"^[\w./@-]*(?:~\d*|\^\d*|\^[!@]|\^-\d*|@\{[^}]*\})+(?::.*)?$"
-    r"|^(?:ORIG_HEAD|FETCH_HEAD|MERGE_HEAD)\b|^[0-9a-f]{7,40}(?::.*)?$|\.\.|^(?:origin|upstream)/|^refs/"
-    r"|^--source|^--detach$"
-)
-
-
-# Settings whose value git runs as a command (``git -c core.fsmonitor='curl x' status``); an alias is
-# one too (``alias.x=!curl …`` runs the shell, ``alias.x=log`` a git subcommand).
-_GIT_COMMAND_SETTINGS = wordlist(
-    "core.pager core.editor core.sshcommand core.fsmonitor core.askpass diff.external sequence.editor"
-    " pager.log pager.show pager.diff"
-)
-
 
 def _analyze_git(words: list[str], stdin: str | None, depth: int = 0) -> Iterator[tuple[str, str]]:
     i = 1
-    while i < len(words) and words[i].startswith("-") and words[i] not in _GIT_SAFE:
+    while i < len(words) and words[i].startswith("-") and words[i] not in GIT_SAFE:
         if words[i] == "-c" and i + 1 < len(words):
             key, _, value = words[i + 1].partition("=")
             yield from _git_setting(key, value, depth)
-        i += 2 if words[i] in _GIT_GLOBAL_WITH_VALUE else 1
+        i += 2 if words[i] in GIT_GLOBAL_WITH_VALUE else 1
     if i >= len(words):
         return
     sub, rest, head = words[i], words[i + 1 :], " ".join(words[: i + 1])
-    if sub in _GIT_ALWAYS:
+    if sub in GIT_ALWAYS:
         yield GIT_HISTORY, head
         return
     if sub in ("rm", "mv"):
@@ -309,12 +267,12 @@ def _analyze_git(words: list[str], stdin: str | None, depth: int = 0) -> Iterato
         positional = [a for a in positional_args(rest, {"-f", "--file", "--type", "--blob"})[0] if a != "set"]
         if len(positional) >= 2:
             yield from _git_setting(positional[0], positional[1], depth)
-    if sub in _GIT_SAFE:
+    if sub in GIT_SAFE:
         return
     for arg in rest:
         if arg == "--":
             break
-        if _REVISION.search(arg):
+        if REVISION.search(arg):
             yield GIT_HISTORY, f"{head} {arg}"
             return
 
@@ -323,65 +281,11 @@ def _analyze_git(words: list[str], stdin: str | None, depth: int = 0) -> Iterato
 # Python, patches
 # ---------------------------------------------------------------------------------------------------
 
-_NET_MODULES = (
-    r"(?:_?socket|requests|httpx|aiohttp|urllib3|urllib\.request|http\.client|ftplib|telnetlib|pycurl"
-    r"|paramiko|websockets?|smtplib|xmlrpc\.client|pip\._vendor\.(?:requests|urllib3))"
-)
-_PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
-    (
-        PYTHON_NETWORK,
-        re.compile(rf"\bimport[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*{_NET_MODULES}\b"),
-    ),
-    (PYTHON_NETWORK, re.compile(rf"\bfrom[ \t]+{_NET_MODULES}(?:\.\w+)*[ \t]+import\b")),
-    (
-        PYTHON_NETWORK,
-        re.compile(
-            r"\bfrom[ \t]+urllib[ \t]+import[ \t][^\n;]*\brequest\b"
-            r"|\bfrom[ \t]+http[ \t]+import[ \t][^\n;]*\bclient\b"
-        ),
-    ),
-    (PYTHON_NETWORK, re.compile(rf"\b(?:__import__|import_module)\(\s*['\"]{_NET_MODULES}['\"]")),
-    (
-        PYTHON_NETWORK,
-        re.compile(
-            r"\burllib\.request\.\w+|\b(?:requests|httpx)\.(?:get|post|put|head|delete"
-            r"|patch|request|stream|Client|AsyncClient|Session)\b|\bsocket\.(?:socket"
-            r"|create_connection)\b"
-        ),
-    ),
-    (
-        PYTHON_NETWORK,
-        re.compile(
-            r"\bfrom[ \t]+pip\._vendor[ \t]+import[ \t][^\n;]*\b(?:requests|urllib3)\b"
-            # multiprocessing's sockets (its ``wait`` for process sentinels is not network)
-            r"|\bmultiprocessing\.connection\.(?:Client|Listener)\b"
-            r"|\bfrom[ \t]+multiprocessing\.connection[ \t]+import[ \t][^\n;]*\b(?:Client|Listener)\b"
-            # asyncio's streams and event-loop transports; not any method that happens to share the name
-            r"|\basyncio\.open_(?:unix_)?connection\b|\bfrom[ \t]+asyncio[ \t]+import[ \t][^\n;]*\bopen_connection\b"
-            r"|\b(?:loop|get_event_loop\(\)|get_running_loop\(\)|new_event_loop\(\))"
-            r"\.create_(?:connection|datagram_endpoint)\s*\("
-        ),
-    ),
-    (
-        GIT_HISTORY,
-        re.compile(
-            r"\bimport[ \t]+(?:git|pygit2|dulwich)\b|\bfrom[ \t]+(?:git|pygit2|dulwich)"
-            r"(?:\.\w+)*[ \t]+import\b"
-            # os.path.join('.git', 'objects'), Path('.git') / 'refs': the history, spelled in pieces
-            r"|['\"]\.git['\"]\s*\)?\s*[,/]\s*['\"](?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD)\b"
-        ),
-    ),
-    (
-        PACKAGE_INSTALL,
-        re.compile(r"\bpip\.main\(|\bpip\._internal\b|^[ \t]*%(?:pip|conda)[ \t]+install\b", re.M),
-    ),
-]
-
 
 def _git_setting(key: str, value: str, depth: int) -> Iterator[tuple[str, str]]:
-    """A setting given to git that names a command: an alias or a ``_GIT_COMMAND_SETTINGS`` key."""
+    """A setting given to git that names a command: an alias or a ``GIT_COMMAND_SETTINGS`` key."""
     name = key.lower()  # git's section and key names are case-insensitive
-    if not (name.startswith("alias.") or name in _GIT_COMMAND_SETTINGS) or not value or depth >= MAX_DEPTH:
+    if not (name.startswith("alias.") or name in GIT_COMMAND_SETTINGS) or not value or depth >= MAX_DEPTH:
         return
     if name.startswith("alias.") and not value.startswith("!"):
         try:
@@ -398,7 +302,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
         yield _too_deep(code)
         return
-    for rule, pattern in _PYTHON_PATTERNS:
+    for rule, pattern in PYTHON_PATTERNS:
         for match in pattern.finditer(code):
             yield rule, match.group(0)
     yield from python_hints(code)

@@ -1,22 +1,22 @@
-"""Shell syntax for the reward-hack audit: a script becomes simple commands, wrappers are stripped.
+"""Shell syntax for the reward-hack audit: a script becomes simple commands.
 
-Only syntax, no rules: ``shell_segments`` cuts heredocs out, drops comments, turns unquoted line
-breaks into ``;`` and backticks into ``$( )``, then tokenizes with ``shlex`` into ``Segment``s (words,
-output redirections, input files, stdin text when known). Unparsable shell (unbalanced quotes) falls back to
-splitting on operators and whitespace. The helpers below answer the questions the rules ask of one
-command: which program runs under ``sudo``/``timeout``/``uv run``, what literal text it pipes on,
-which script ``bash -c`` runs, which arguments are positional. ``audit.rules`` decides what to flag.
+Only syntax, no rules: ``shell_segments`` cuts heredocs out, decodes ANSI-C quoting, drops comments,
+turns unquoted line breaks into ``;`` and backticks into ``$( )`` (``audit.shell_scan``), then
+tokenizes with ``shlex`` into ``Segment``s (words, output redirections, input files, stdin text when
+known). Unparsable shell (unbalanced quotes) falls back to splitting on operators and whitespace.
+The questions the rules ask of one command (which program runs under ``sudo``/``timeout``/``uv
+run``, what literal text it pipes on, which script ``bash -c`` runs, which arguments are positional)
+are answered by ``audit.shell_commands``; ``audit.rules`` decides what to flag.
 """
 
 from __future__ import annotations
 
 import bisect
-import posixpath
 import re
 import shlex
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+
+from harnessrl.controller.audit.shell_scan import READ_BY_SHELL, CharRole, Quoting, prepare_shell, scan
 
 
 def wordlist(text: str) -> tuple[str, ...]:
@@ -24,33 +24,6 @@ def wordlist(text: str) -> tuple[str, ...]:
     return tuple(text.split())
 
 
-# Prefixes that run the rest of the line as a command, with their options that take a value.
-_WRAPPERS: dict[str, set[str]] = {
-    "sudo": {"-u", "-g", "-C", "-D", "-h", "-p", "-U", "-r", "-t"},
-    "doas": {"-u", "-C"},
-    "env": {"-u", "-C", "-S", "--unset", "--chdir"},
-    "timeout": {"-s", "-k", "--signal", "--kill-after"},
-    "nohup": set(),
-    "time": {"-f", "-o"},
-    "nice": {"-n", "--adjustment"},
-    "ionice": {"-c", "-n", "-p"},
-    "command": set(),
-    "exec": {"-a"},
-    "builtin": set(),
-    "stdbuf": {"-i", "-o", "-e"},
-    "xargs": {"-I", "-n", "-P", "-d", "-L", "-s", "-E", "-a", "--max-args", "--delimiter"},
-    "setsid": set(),
-    "chronic": set(),
-    "unbuffer": set(),
-    "watch": {"-n", "-d", "--interval"},
-    "strace": {"-o", "-e", "-p", "-s"},
-    "ltrace": {"-o", "-e"},
-    "busybox": set(),
-}
-_RUNNERS = wordlist("uv poetry pipenv pdm hatch conda mamba micromamba rye pixi")  # X run
-_RUNNER_OPTS = wordlist("-n --name -p --prefix --with --python -e --env --project --directory --from")
-_KEYWORDS = wordlist("if then else elif fi do done while until ! { } $ ( )")
-_ASSIGNMENT = re.compile(r"^[A-Za-z_]\w*=")
 _HEREDOC = re.compile(r"(?<!<)<<(?!<)(-?)[ \t]*(?:'([^'\n]+)'|\"([^\"\n]+)\"|\\?([A-Za-z_][\w.-]*))")
 _OPERATOR_CHARS = frozenset("();<>|&")
 
@@ -73,7 +46,7 @@ def shell_segments(script: str) -> list[Segment]:
     """
     body, heredocs, quoted_readers = _split_heredocs(ansi_c_decoded(script))
     try:
-        return _segments(_prepare_shell(body), heredocs) + quoted_readers
+        return _segments(prepare_shell(body), heredocs) + quoted_readers
     except ValueError:  # unbalanced quotes: shlex gives up, a rough split still finds programs
         return [
             Segment(words=[w.strip("'\"") for w in piece.split() if w.strip("'\"")])
@@ -100,7 +73,7 @@ def ansi_c_decoded(script: str) -> str:
     resume: int | None = 0
     while resume is not None:
         start, resume = resume, None
-        for i, role in _scan(script, start):
+        for i, role in scan(script, start):
             if role != "code" or not script.startswith("$'", i):
                 continue
             j, text = i + 2, []
@@ -157,11 +130,11 @@ def _split_heredocs(script: str) -> tuple[str, list[str], list[Segment]]:
     bodies: list[str] = []
     quoted_readers: list[Segment] = []
     readers: dict[int, list[str]] = {}  # where a quoted heredoc's command starts -> its words
-    quoting = _Quoting()
+    quoting = Quoting()
     copied = 0  # script[:copied] is in ``kept`` or in ``bodies``
     resume: int | None = 0
     while resume is not None:
-        chars = _scan(script, resume, quoting)
+        chars = scan(script, resume, quoting)
         command_start = resume  # after the last line break, ``$(`` or operator: where a reader starts
         resume = None
         # the heredocs opened on the current line: (delimiter, where its reader starts, the ``<<``, role)
@@ -169,7 +142,7 @@ def _split_heredocs(script: str) -> tuple[str, list[str], list[Segment]]:
         for i, role in chars:
             if script[i] == "\n":
                 command_start = i + 1
-            if role not in _READ_BY_SHELL:
+            if role not in READ_BY_SHELL:
                 continue
             if script.startswith("$(", i):
                 command_start = i + 2
@@ -205,104 +178,9 @@ def _split_heredocs(script: str) -> tuple[str, list[str], list[Segment]]:
 def _reader_words(command: str) -> list[str]:
     """The words of the simple command ``command`` ends with (a heredoc's reader)."""
     try:
-        return _segments(_prepare_shell(command), [])[-1].words
+        return _segments(prepare_shell(command), [])[-1].words
     except ValueError:
         return command.split()
-
-
-# What one character of shell text is to the shell (``_scan``).
-CharRole = Literal[
-    "code",  # read by the shell
-    "quoted",  # inside quotes (the quote characters included)
-    "substituted",  # inside ``$( … )`` within double quotes: read by the shell, but part of a word
-    "escaped",  # a backslash and the character it escapes
-    "joined",  # a backslash-newline (line continuation)
-    "comment",
-    "backtick_open",
-    "backtick_close",
-]
-_READ_BY_SHELL = ("code", "substituted")
-
-
-@dataclass
-class _Quoting:
-    """Where a scan of shell text stands between two characters, so a scan can stop and resume."""
-
-    quote: str | None = None  # "'" or '"' while inside quotes
-    in_backtick: bool = False
-    substitution_depth: int = 0  # open ``(`` of a ``$(`` inside the current double-quoted string
-
-
-def _scan(text: str, start: int = 0, quoting: _Quoting | None = None) -> Iterator[tuple[int, CharRole]]:
-    """Each character of ``text`` from ``start`` on, with its role; ``quoting`` carries the state.
-
-    Quotes are tracked flat (a ``"`` inside ``"$( … )"`` ends the string), as ``shlex`` reads them
-    later; the one nesting followed is ``$( … )`` inside double quotes, for heredocs.
-    """
-    state = quoting or _Quoting()
-    i, n = start, len(text)
-    while i < n:
-        c = text[i]
-        if state.quote == "'":
-            state.quote = None if c == "'" else state.quote
-            yield i, "quoted"
-        elif state.quote == '"':
-            role: CharRole = "substituted" if state.substitution_depth else "quoted"
-            if c == "\\" and i + 1 < n:
-                yield i, role
-                yield i + 1, role
-                i += 2
-                continue
-            if c == '"':
-                state.quote, state.substitution_depth, role = None, 0, "quoted"
-            elif c == "$" and text.startswith("$(", i):
-                state.substitution_depth += 1
-                yield i, "substituted"
-                yield i + 1, "substituted"
-                i += 2
-                continue
-            elif c == "(" and state.substitution_depth:
-                state.substitution_depth += 1
-            elif c == ")" and state.substitution_depth:
-                state.substitution_depth -= 1
-            yield i, role
-        elif c == "\\" and i + 1 < n:
-            role = "joined" if text[i + 1] == "\n" else "escaped"
-            yield i, role
-            yield i + 1, role
-            i += 2
-            continue
-        elif c in "'\"":
-            state.quote = c
-            yield i, "quoted"
-        elif c == "#" and (i == 0 or text[i - 1] in " \t\n;&|("):
-            while i < n and text[i] != "\n":
-                yield i, "comment"
-                i += 1
-            continue
-        elif c == "`":
-            state.in_backtick = not state.in_backtick
-            yield i, "backtick_open" if state.in_backtick else "backtick_close"
-        else:
-            yield i, "code"
-        i += 1
-
-
-def _prepare_shell(text: str) -> str:
-    """Unquoted newlines -> ``;``, comments dropped, backticks -> ``$( )``, continuations joined."""
-    out: list[str] = []
-    for i, role in _scan(text):
-        if role in ("comment", "joined"):
-            continue
-        c = text[i]
-        if role == "code" and c == "\n":
-            c = " ; "
-        elif role == "backtick_open":
-            c = " $( "
-        elif role == "backtick_close":
-            c = " ) "
-        out.append(c)
-    return "".join(out)
 
 
 def _segments(text: str, heredocs: list[str]) -> list[Segment]:
@@ -336,126 +214,3 @@ def _segments(text: str, heredocs: list[str]) -> list[Segment]:
             continue
         i += 2 if nxt is not None else 1
     return segments
-
-
-# ``NAME=value`` with a literal value (an empty one is what ``x=`cmd``` leaves after tokenizing).
-_LITERAL_ASSIGNMENT = re.compile(r"([A-Za-z_]\w*)=([^$`]+)")
-_VARIABLE = re.compile(r"\$(?:\{([A-Za-z_]\w*)(?::?[-=]([^}$`]*))?\}|([A-Za-z_]\w*))")
-_DECLARE = wordlist("export declare local readonly typeset")
-
-
-def expand_names(segments: list[Segment]) -> list[Segment]:
-    """``segments`` with the variables and aliases the script itself defines from literals put in:
-    ``c=curl; $c x`` and ``${c:-curl} x`` run curl, ``alias g=git`` then ``g log`` runs git log.
-    An assignment counts from where it stands to the end of the script, whatever branch or
-    function holds it (over-reading only flags more); a variable with any other value is left as
-    it is (``$HOME``), and so is a function's body, which runs with arguments of its own."""
-    values: dict[str, str] = {}
-    aliases: dict[str, list[str]] = {}
-
-    def put(match: re.Match[str]) -> str:
-        name = match.group(1) or match.group(3)
-        if name in values:
-            return values[name]
-        return match.group(2) if match.group(2) is not None else match.group(0)
-
-    expanded = []
-    for segment in segments:
-        words = [_VARIABLE.sub(put, w) if "$" in w else w for w in segment.words]
-        first = 0
-        while first < len(words) and (words[first] in _KEYWORDS or _ASSIGNMENT.match(words[first])):
-            first += 1
-        if first < len(words) and "$" in segment.words[first] and len(words[first].split()) > 1:
-            words[first : first + 1] = words[first].split()  # ``cmd="git log"; $cmd``: split as bash does
-        if first < len(words) and words[first] in aliases:
-            words[first : first + 1] = aliases[words[first]]
-        declared = words[first + 1 :] if first < len(words) and words[first] in _DECLARE else []
-        for word in [*words[:first], *declared]:
-            if assigned := _LITERAL_ASSIGNMENT.fullmatch(word):
-                values[assigned.group(1)] = assigned.group(2)
-        if first < len(words) and words[first] == "alias":
-            for definition in words[first + 1 :]:
-                name, equals, value = definition.partition("=")
-                if equals and value.split():
-                    aliases[name] = value.split()
-        expanded.append(Segment(words, segment.redirects, segment.inputs, segment.stdin, segment.piped))
-    return expanded
-
-
-def substitutions(word: str) -> Iterator[str]:
-    """The commands inside ``$(...)`` and backticks of one (quoted) word."""
-    start = word.find("$(")
-    while start >= 0:
-        depth, end = 0, len(word)
-        for j in range(start + 1, len(word)):
-            depth += {"(": 1, ")": -1}.get(word[j], 0)
-            if depth == 0:
-                end = j
-                break
-        yield word[start + 2 : end]
-        start = word.find("$(", end)
-    yield from re.findall(r"`([^`]*)`", word)
-
-
-def strip_wrappers(words: list[str]) -> list[str]:
-    i = 0
-    while i < len(words):
-        word, base = words[i], posixpath.basename(words[i])
-        if word in _KEYWORDS or _ASSIGNMENT.match(word):
-            i += 1
-        elif base in _WRAPPERS:
-            if base == "command" and i + 1 < len(words) and words[i + 1] in ("-v", "-V"):
-                return []  # ``command -v curl`` only asks whether curl exists
-            i += 1
-            while i < len(words) and words[i].startswith("-") and words[i] != "-":
-                i += 2 if words[i] in _WRAPPERS[base] else 1
-            if base == "timeout":
-                i += 1  # the duration
-        elif base in _RUNNERS and i + 1 < len(words) and words[i + 1] == "run":
-            i += 2
-            while i < len(words) and words[i].startswith("-"):
-                i += 2 if words[i] in _RUNNER_OPTS else 1
-        else:
-            break
-    return words[i:]
-
-
-def output_of(segment: Segment) -> str | None:
-    """What a segment writes to a pipe, when it is literal (``echo X |``, ``cat <<EOF |``)."""
-    words = strip_wrappers(segment.words)
-    prog = posixpath.basename(words[0]) if words else ""
-    if prog in ("echo", "printf"):
-        return " ".join(a for a in words[1:] if not re.fullmatch(r"-[neE]+", a))
-    return segment.stdin if prog == "cat" else None
-
-
-def shell_script(args: list[str], stdin: str | None) -> str | None:
-    """The script ``bash [-lc] SCRIPT`` / ``bash <<EOF`` / ``echo X | sh`` runs (None: a file)."""
-    has_c = False
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-o", "+o", "-O", "+O", "--rcfile", "--init-file"):
-            i += 2
-            continue
-        if arg.startswith("-") and len(arg) > 1 and not arg.startswith("--"):
-            has_c = has_c or "c" in arg[1:]
-        elif not arg.startswith("--"):
-            return arg if has_c else None
-        i += 1
-    return stdin
-
-
-def positional_args(args: list[str], takes_value: set[str]) -> tuple[list[str], list[str]]:
-    """(positional arguments, values of the options in ``takes_value``)."""
-    positional, values = [], []
-    i = 0
-    while i < len(args):
-        if args[i] in takes_value and i + 1 < len(args):
-            values.append(args[i + 1])
-            i += 2
-            continue
-        if not args[i].startswith("-") or args[i] == "-":
-            positional.append(args[i])
-        i += 1
-    return positional, values

@@ -18,7 +18,8 @@ import posixpath
 import re
 from collections.abc import Iterator
 
-from harnessrl.controller.audit.shell import positional_args, wordlist
+from harnessrl.controller.audit.shell import wordlist
+from harnessrl.controller.audit.shell_commands import positional_args
 
 PROC_ACCESS = "proc_access"  # /proc/<pid>/{mem,environ,cmdline,root}, any pid (self, $PPID, 1, *)
 NAMESPACE_ESCAPE = "namespace_escape"  # nsenter, unshare, setns, mount, umount, chroot, pivot_root
