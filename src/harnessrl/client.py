@@ -169,7 +169,7 @@ class GatewayClient:
         params = {
             k: v
             for k, v in {"status": status, "run_id": run_id, "limit": limit, "offset": offset}.items()
-            if v
+            if v is not None  # limit=0 or offset=0 is a value (the gateway answers it), not "unset"
         }
         return self._request("GET", "/api/rollouts", params=params)
 

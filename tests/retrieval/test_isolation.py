@@ -65,6 +65,7 @@ def run_probe(tmp_path: Path, sandbox: str) -> tuple[dict, int]:
             "secret_path": str(data / "secret.txt"),
             "secret_reversed": secret_text[::-1],
         },
+        "hidden": {"answer": "unused"},  # exact_match needs a gold; the probe's reward is not read
     }
     config = scripted_rollout_config(
         tmp_path,

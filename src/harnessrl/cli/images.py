@@ -40,8 +40,9 @@ def _fail(exc: HarnessRLError) -> typer.Exit:
     return typer.Exit(2)
 
 
-def environment_config(path: Path, overrides: list[str]):
-    """The ``[harness.environment]`` of a config file, relative paths resolved against its folder."""
+def environment_config(path: Path, overrides: list[str], *, keep: bool = False):
+    """The ``[harness.environment]`` of a config file, relative paths resolved against its folder.
+    ``keep``: the file is ``prune --keep``'s, and one without the section is named as that option's."""
     from harnessrl.config import load_raw_config, resolve_relative_paths, validate_config
     from harnessrl.environments.config import EnvironmentConfig
     from harnessrl.errors import ConfigError
@@ -51,6 +52,11 @@ def environment_config(path: Path, overrides: list[str]):
     if not isinstance(harness, dict):
         raise ConfigError(f"{path}: harness: must be a [harness] table, not {type(harness).__name__}")
     section = harness.get("environment")
+    if section is None and keep:  # "nothing to build" misled: prune builds nothing
+        raise ConfigError(
+            f"--keep {str(path)!r}: no [harness.environment] section, so no images to keep: name the "
+            "config whose images to keep (or --all to remove every image)"
+        )
     if section is None:
         raise ConfigError(f"{path}: no [harness.environment] section: nothing to build")
     return validate_config(EnvironmentConfig, section, where="harness.environment")
@@ -206,7 +212,7 @@ def prune_command(
         _existing(store)
         images: ImageStore
         if keep is not None:
-            config = environment_config(keep, [])
+            config = environment_config(keep, [], keep=True)
             images = _store(store, config)
             kept: set[str] = set()
             if images.exists:  # a config's images are looked up, never built, to be kept

@@ -64,10 +64,19 @@ def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, An
 def run_rollout_command(
     config_path: str, task_text: str | None, run_dir: str | None, overrides: list[str]
 ) -> dict:
-    from harnessrl.controller.stack import check_local_launch, run_one_rollout
+    from harnessrl.controller.stack import check_local_launch, prepare, run_one_rollout
 
+    if run_dir == "":  # `--run-dir "$UNSET"`: a temp folder was used without a word
+        raise ConfigError("--run-dir is empty: give the folder (or leave --run-dir out for a temp folder)")
     config = load_rollout_config(config_path, overrides)
     task = parse_task(task_text, config.task)
+    try:  # a field the evaluator needs missing (hidden.answer): exit 2, not 3 infrastructure failures
+        config.evaluator.check_task(task)
+    except ConfigError as exc:
+        # A problem of the config itself (a missing harness executable, a visible evaluator.field)
+        # is named first, as it is for a task that fits: prepare() raises it.
+        prepare(config, Path(run_dir) if run_dir else None)
+        raise ConfigError(f"the evaluator cannot score the task: {exc}") from None
     check_local_launch(config, config.store.url if config.store is not None else None, "gateway.port")
     if run_dir:  # a file there (or above it) is named now, not a traceback once the stack started
         check_output_path(run_dir, "--run-dir", kind="folder")
@@ -140,6 +149,8 @@ def run_controller_command(
     from harnessrl.sandbox.proxy import GatewayBridge
     from harnessrl.store import open_store
 
+    if not run_dir:  # Path("") is the working directory: every workspace made there, unasked
+        raise ConfigError("--run-dir is empty: give the folder for workspaces and logs")
     config = load_rollout_config(config_path, overrides, ignore=TRAIN_ONLY_SECTIONS)
     check_output_path(run_dir, "--run-dir", kind="folder")  # before the store is opened (created)
     harness, evaluator = prepare(config, Path(run_dir))

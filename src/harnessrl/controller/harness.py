@@ -20,12 +20,15 @@ import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harnessrl.controller.base import ROLLOUT_PATHS, HarnessSpec, SandboxPaths
 from harnessrl.errors import ConfigError
 from harnessrl.schemas import Rollout
 from harnessrl.tasks.fields import HIDDEN, check_visible, get_field, is_hidden_path
+
+if TYPE_CHECKING:
+    from harnessrl.controller.evaluators import EvaluatorConfig
 
 _PLACEHOLDER = re.compile(
     r"\{(rollout_id|attempt|workspace|base_url|anthropic_base_url|api_key|model|task_file|prompt|task\[([^\]\}]+)\])\}"
@@ -238,24 +241,43 @@ def render_harness(
     )
 
 
-def check_task(spec: HarnessSpec, task: dict[str, Any]) -> None:
+def check_task(spec: HarnessSpec, task: dict[str, Any], evaluator: EvaluatorConfig | None = None) -> None:
     """Render ``spec`` (its preset applied) for ``task`` once, in a scratch folder removed again: a task
     the harness cannot start on — a field its templates name missing, a NUL byte, a prompt too long
     for a command line — is a ``ConfigError`` naming the field before anything starts, not an
-    infrastructure failure of every attempt (``harnessrl rollout``)."""
+    infrastructure failure of every attempt (``harnessrl rollout``). With ``evaluator``, a field the
+    evaluator needs to score the task (``hidden.answer``...) missing is one too."""
     with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
         _render_for_check(spec, task, Path(scratch))
+    if evaluator is not None:
+        try:
+            evaluator.check_task(task)
+        except ConfigError as exc:
+            raise ConfigError(f"the evaluator cannot score the task: {exc}") from exc
 
 
-def check_tasks(spec: HarnessSpec, tasks: Iterable[tuple[str, dict[str, Any]]]) -> None:
+def check_tasks(
+    spec: HarnessSpec,
+    tasks: Iterable[tuple[str, dict[str, Any]]],
+    evaluator: EvaluatorConfig | None = None,
+) -> None:
     """``check_task`` for each ``(task_id, task)``, in one scratch folder (a training set holds many
-    thousand): the first task the harness cannot start on is a ``ConfigError`` naming it."""
+    thousand): the first task the harness cannot start on, or (with ``evaluator``) that lacks a field
+    the evaluator needs (``EvaluatorConfig.check_task``), is a ``ConfigError`` naming it. Without this
+    a task with no ``hidden.answer`` was found only when each attempt was scored: an infrastructure
+    failure, retried, the run going on (exit 0) with the task never trained."""
     with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
         for task_id, task in tasks:
             try:
                 _render_for_check(spec, task, Path(scratch))
             except ConfigError as exc:
                 raise ConfigError(f"task {task_id!r}: the harness cannot start on it: {exc}") from exc
+            if evaluator is None:
+                continue
+            try:
+                evaluator.check_task(task)
+            except ConfigError as exc:
+                raise ConfigError(f"task {task_id!r}: the evaluator cannot score it: {exc}") from exc
 
 
 def _render_for_check(spec: HarnessSpec, task: dict[str, Any], scratch: Path) -> None:

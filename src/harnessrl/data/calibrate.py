@@ -131,7 +131,7 @@ async def calibrate_file(
     # naming it before anything is made, not k infrastructure failures of every attempt.
     harness = apply_preset(config.harness)
     try:
-        await asyncio.to_thread(check_tasks, harness, tasks.items())
+        await asyncio.to_thread(check_tasks, harness, tasks.items(), config.evaluator)
     except ConfigError as exc:
         raise ConfigError(f"calibrate: {in_path}: {exc}") from None
     forced = sampling.as_metadata() if sampling is not None else None

@@ -181,7 +181,9 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
             saved = validate_config(TrainConfig, json.loads(json.dumps(raw)))
             # e.g. raise trainer.steps to train longer; a malformed item is refused as for a new run,
             # and ./paths are the config file's, as for a new run (not the resuming shell's folder)
-            _merge(raw, resolve_relative_paths(load_raw_config(None, overrides, env={}), base_dir))
+            changes = resolve_relative_paths(load_raw_config(None, overrides, env={}), base_dir)
+            check_no_run_dir(changes, run_dir)
+            _merge(raw, changes)
             config = validate_config(TrainConfig, raw)
             check_unchanged(saved, config, RUN_DEFINING_FIELDS)
             check_lora_unchanged(saved, config)
@@ -198,6 +200,11 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
     base_dir = Path(config_path).resolve().parent
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
     config = validate_config(TrainConfig, raw)
+    if config.run.dir == "":  # as `--run-dir ""` is refused: the default folder, without a word
+        raise ConfigError(
+            "run.dir is empty: give the run folder, or leave run.dir out for runs/<run.name> beside "
+            "the config file"
+        )
     # Next to the config file, not the working directory: the same command from anywhere finds
     # (and refuses to overwrite) the same folder.
     run_dir = new_run_dir(Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name)
@@ -222,6 +229,18 @@ def write_config(config: TrainConfig, base_dir: Path, run_dir: Path) -> None:
     partial = run_dir / f"{CONFIG_FILE}.partial"
     partial.write_text(json.dumps(saved, indent=2))
     partial.replace(run_dir / CONFIG_FILE)
+
+
+def check_no_run_dir(changes: dict[str, Any], run_dir: Path) -> None:
+    """A ``--resume``'s ``--set`` may not name ``run.dir``: the run folder is ``RUN_DIR``. Merged, it
+    was saved into RUN_DIR's ``config.json`` without a word (as ``--run-dir`` with ``--resume`` is
+    refused), and the run's config then named another folder than the one it lives in."""
+    run = changes.get("run")
+    if isinstance(run, dict) and "dir" in run:
+        raise ConfigError(
+            f"run.dir: cannot be set on --resume: the run folder is the one resumed ({str(run_dir)!r}); "
+            "to train in another folder, start a new run"
+        )
 
 
 def check_unchanged(saved: Any, merged: Any, fields: tuple[str, ...]) -> None:
@@ -284,8 +303,9 @@ def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], lis
     """The run's training and held-out tasks (``prompt_template`` applied), loaded before the run
     folder exists: a missing file or a template naming a field no task has is a ``ConfigError``
     naming the section it comes from (``tasks`` or ``heldout``); so is a task the harness cannot
-    start on (a field its command names missing, a NUL byte: ``check_tasks``), which was found only
-    at launch, its attempts retried as infrastructure failures and the task never trained."""
+    start on (a field its command names missing, a NUL byte: ``check_tasks``) or the evaluator cannot
+    score (no ``hidden.answer``), which was found only at launch or when scored, its attempts retried
+    as infrastructure failures and the task never trained."""
     from harnessrl.controller.harness import check_tasks
     from harnessrl.controller.presets import apply_preset
 
@@ -294,7 +314,7 @@ def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], lis
     harness = apply_preset(config.harness)
     for section, loaded in (("tasks", tasks), ("heldout", heldout)):
         try:
-            check_tasks(harness, ((task.task_id, task.data) for task in loaded))
+            check_tasks(harness, ((task.task_id, task.data) for task in loaded), config.evaluator)
         except ConfigError as exc:
             raise ConfigError(f"{section}: {exc}") from exc
     return tasks, heldout

@@ -9,20 +9,33 @@ a config mapping into one of them, reporting every problem as a ``ConfigError`` 
 
 from __future__ import annotations
 
+import functools
+import importlib
 import math
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback
-from harnessrl.tasks.fields import HIDDEN
+from harnessrl.tasks.fields import HIDDEN, get_field, is_hidden_path
 from harnessrl.tasks.reasoning_gym_scorer import MAX_TIMEOUT_S as MAX_SCORER_TIMEOUT_S
 
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """Raise ``ConfigError`` naming the field when ``task`` lacks one this evaluator needs to score
+        it: checked for every task before a run starts (``controller.harness.check_tasks``), so a
+        missing gold answer is one clear error, not an infrastructure failure of every attempt.
+        A few dictionary look-ups per task: cheap on a training set of 10^5."""
+
+
+# ``{task[F]}`` and ``{prompt}`` in a command evaluator's command and env (``staging._PLACEHOLDER``).
+_TASK_PLACEHOLDER = re.compile(r"\{(prompt|task\[([^\]\}]+)\])\}")
 
 
 class EvaluatorLimits(_Config):
@@ -91,6 +104,21 @@ class CommandEvaluatorConfig(_Config):
             )
         return data
 
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """Every ``{task[F]}`` (and ``{prompt}``) the command and env name is in the task, not null:
+        ``staging.fill_placeholders`` refuses a missing one at every evaluation."""
+        templates = [(f"evaluator.command[{i}]", arg) for i, arg in enumerate(self.command)]
+        templates += [(f"evaluator.env.{name}", value) for name, value in self.env.items()]
+        for where, template in templates:
+            for match in _TASK_PLACEHOLDER.finditer(template):
+                path = match.group(2) or "prompt"
+                try:
+                    value = get_field(task, path)
+                except KeyError:
+                    value = None
+                if value is None:
+                    raise ConfigError(f"{where}: the task has no field {path!r} (used as {match.group(0)})")
+
     @model_validator(mode="after")
     def _range(self) -> CommandEvaluatorConfig:
         low, high = self.reward_range
@@ -104,6 +132,31 @@ class PythonEvaluatorConfig(_Config):
     function: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="package.module:function")
     timeout_s: float = Field(default=60.0, gt=0)
     kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments")
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """What a function needs of a task cannot be known from its name: only a function that declares
+        it is checked, by a ``check_task`` attribute of its own (``fn.check_task = callable(task,
+        **kwargs)`` raising ``ConfigError``, or ``None`` when the task is fine), looked up once. A
+        function that does not import is left to ``validate()``, which names ``evaluator.function``."""
+        check = _declared_check(self.function)
+        if check is not None:
+            check(task, **self.kwargs)
+
+
+@functools.lru_cache(maxsize=64)
+def _declared_check(function: str) -> Callable[..., None] | None:
+    """The ``check_task`` attribute of ``function`` (``package.module:name``), looked up once per
+    process: ``check_tasks`` asks for every task, and a module that does not import would otherwise
+    be searched for on ``sys.path`` 10^5 times."""
+    module_name, _, attr = function.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)  # from sys.modules once validate() ran
+    except Exception:  # noqa: BLE001  (validate() names it as evaluator.function)
+        return None
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+    check = getattr(target, "check_task", None)
+    return check if callable(check) else None
 
 
 class ReasoningGymEvaluatorConfig(_Config):
@@ -129,6 +182,26 @@ class ReasoningGymEvaluatorConfig(_Config):
         "score with what the machine has, flagging weak_isolation (unsafe for training)",
     )
 
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """A dataset to score with (the task's ``dataset``, its ``hidden.metadata.source_dataset``, or
+        ``evaluator.dataset``) and an entry to score against (``hidden.seed`` and ``hidden.index`` to
+        regenerate it, or ``hidden.answer``), as ``tasks.reasoning_gym.scoring_entry`` reads them."""
+        hidden = task.get(HIDDEN)
+        hidden = hidden if isinstance(hidden, Mapping) else {}
+        metadata = hidden.get("metadata")
+        source = metadata.get("source_dataset") if isinstance(metadata, Mapping) else None
+        if not (task.get("dataset") or source or self.dataset):
+            raise ConfigError(
+                "evaluator: the task has no field 'dataset' (nor hidden.metadata.source_dataset), and "
+                "evaluator.dataset is not set: no reasoning-gym dataset to score it with"
+            )
+        regenerable = hidden.get("seed") is not None and hidden.get("index") is not None
+        if not regenerable and "answer" not in hidden:
+            raise ConfigError(
+                f"evaluator: the task has no field '{HIDDEN}.answer' (nor {HIDDEN}.seed and "
+                f"{HIDDEN}.index to regenerate its entry): nothing to score the answer against"
+            )
+
 
 class ExactMatchEvaluatorConfig(_Config):
     type: Literal["exact_match"] = "exact_match"
@@ -137,6 +210,21 @@ class ExactMatchEvaluatorConfig(_Config):
     fallback: AnswerFallback = "none"
     normalize: bool = True
     source: Literal["final_answer", "stdout"] = "final_answer"
+
+    def check_task(self, task: Mapping[str, Any]) -> None:
+        """The gold answer (``field``) is in the task, not null (``None`` would match "None"). A
+        ``field`` outside ``hidden`` is the config's error, which the evaluator itself names."""
+        if not is_hidden_path(self.field):
+            return
+        try:
+            gold = get_field(task, self.field)
+        except KeyError:
+            gold = None
+        if gold is None:
+            raise ConfigError(
+                f"evaluator.field: the task has no field {self.field!r} (the gold answer exact_match "
+                "compares with)"
+            )
 
 
 EvaluatorConfig = Annotated[
