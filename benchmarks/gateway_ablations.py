@@ -12,7 +12,7 @@ ablated one's.
 
 Ablations (``ABLATIONS``; each still answers every call with status 200, so the conversations go on):
 
-- ``record``: the durable write. ``CallWriter.add`` gives the call its ``seq`` in memory; nothing is
+- ``record``: the durable write. ``CallWriter.add_now`` gives the call its ``seq`` in memory; nothing is
   written (the prompt reuse of the next call still finds it).
 - ``tail_encode``: tokenizing prompt text. ``PolicyTokenizer.encode`` of a text of 200 characters or
   more returns one stand-in ID per 4 characters (the short texts around the splice stay real).
@@ -95,12 +95,12 @@ def _without_record() -> contextlib.AbstractContextManager[None]:
 
     seqs: dict[str, int] = {}
 
-    async def add(self: CallWriter, call: Any, encoded: Any = None) -> Any:
+    def add_now(self: CallWriter, call: Any, encoded: Any = None) -> Any:
         seq = seqs.get(call.rollout_id, 0)
         seqs[call.rollout_id] = seq + 1
         return call.model_copy(update={"seq": seq})
 
-    return _replaced(CallWriter, "add", add)
+    return _replaced(CallWriter, "add_now", add_now)
 
 
 def _without_tail_encode() -> contextlib.AbstractContextManager[None]:

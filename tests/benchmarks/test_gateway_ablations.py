@@ -181,12 +181,12 @@ def test_every_ablation_is_undone_on_leaving(ab: ModuleType) -> None:
     from harnessrl.gateway.apis.chat import ChatAnswer
     from harnessrl.gateway.writer import CallWriter
 
-    methods = (CallWriter.add, PolicyTokenizer.encode, PolicyTokenizer.render_chat, ChatAnswer.__init__)
+    methods = (CallWriter.add_now, PolicyTokenizer.encode, PolicyTokenizer.render_chat, ChatAnswer.__init__)
     before = (*methods, EnginePool.generate)
     route = app.MODEL_POSTS["/chat/completions"]
     for name in ab.ABLATIONS:
         with ab.ABLATIONS[name]():
             pass
-    methods = (CallWriter.add, PolicyTokenizer.encode, PolicyTokenizer.render_chat, ChatAnswer.__init__)
+    methods = (CallWriter.add_now, PolicyTokenizer.encode, PolicyTokenizer.render_chat, ChatAnswer.__init__)
     after = (*methods, EnginePool.generate)
     assert after == before and app.MODEL_POSTS["/chat/completions"] is route

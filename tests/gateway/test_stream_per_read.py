@@ -147,7 +147,7 @@ def test_messages_and_responses_send_one_text_delta_per_read(gateway: Any, sizes
 
 def test_joined_deltas_join_only_adjacent_deltas_of_one_part() -> None:
     from harnessrl.gateway.apis.anthropic_blocks import joined_deltas as joined_blocks
-    from harnessrl.gateway.apis.responses import joined_deltas as joined_items
+    from harnessrl.gateway.apis.responses_deltas import joined_deltas as joined_items
 
     def text(index: int, kind: str, value: str) -> dict[str, Any]:
         field = "text" if kind == "text_delta" else "thinking"

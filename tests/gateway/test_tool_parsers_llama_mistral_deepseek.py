@@ -13,8 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harnessrl.gateway.parsers.tools.base import ContentEvent, JsonValueScanner, ToolCallEvent, collect
+from harnessrl.gateway.parsers.tools.base import ContentEvent, ToolCallEvent, collect
 from harnessrl.gateway.parsers.tools.deepseek import DeepSeekV3ToolParser, DeepSeekV31ToolParser
+from harnessrl.gateway.parsers.tools.json_scan import JsonValueScanner
 from harnessrl.gateway.parsers.tools.kimi import KimiK2ToolParser
 from harnessrl.gateway.parsers.tools.llama import Llama3JsonToolParser
 from harnessrl.gateway.parsers.tools.mistral import MistralToolParser

@@ -39,6 +39,7 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
+from types import AsyncGeneratorType
 from typing import Any, Literal
 
 from harnessrl.engines.base import Engine, GenerationContext, Samples, SamplingParams, WeightUpdate
@@ -171,6 +172,8 @@ class EnginePool:
 
     def preference(self, rollout_id: str | None) -> list[int]:
         """Replica indices in the order a call of ``rollout_id`` tries them."""
+        if len(self.replicas) == 1:
+            return [0]
         if rollout_id is None:
             return sorted(range(len(self.replicas)), key=lambda i: self.replicas[i].in_flight)
         start = bisect.bisect(self._ring_keys, _hash(rollout_id)) % len(self._ring)
@@ -287,8 +290,10 @@ class EnginePool:
                 if not sampled or isinstance(exc, RemoteEngineError) and exc.is_overload:
                     await self._sleep(self._backoff(attempt - 1))
             finally:
-                with contextlib.suppress(Exception):
-                    await stream.aclose()  # type: ignore[attr-defined]
+                # (An iterator that ran to its end has nothing left to close.)
+                if not (isinstance(stream, AsyncGeneratorType) and stream.ag_frame is None):
+                    with contextlib.suppress(Exception):
+                        await stream.aclose()  # type: ignore[attr-defined]
                 replica.in_flight -= 1
                 if replica.in_flight == 0:
                     replica.idle.set()

@@ -63,11 +63,24 @@ class CallWriter:
 
     async def add(self, call: Call, encoded: EncodedItems | None = None) -> Call:
         """``store.add_call(call, encoded)``, committed (maybe with other calls) before this returns."""
-        if not self._writing and self._queue.empty():
-            stored = self._store.add_call_now(call, encoded)  # no wait: None when the lock is taken
-            if stored is not None:
-                self.written_at_once += 1
-                return stored
+        stored = self.add_now(call, encoded)
+        if stored is not None:
+            return stored
+        return await self.add_queued(call, encoded)
+
+    def add_now(self, call: Call, encoded: EncodedItems | None = None) -> Call | None:
+        """``store.add_call(call, encoded)`` on the caller's thread when nothing is queued or being
+        written and the store can write at once; else ``None`` (then ``add_queued``). It never waits,
+        so a caller that must not be cancelled during the write needs no shield for it."""
+        if self._writing or not self._queue.empty():
+            return None
+        stored = self._store.add_call_now(call, encoded)  # no wait: None when the lock is taken
+        if stored is not None:
+            self.written_at_once += 1
+        return stored
+
+    async def add_queued(self, call: Call, encoded: EncodedItems | None = None) -> Call:
+        """``store.add_call(call, encoded)`` by the writer's thread, committed (maybe with other calls)."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Call] = loop.create_future()
         self._ensure_thread()

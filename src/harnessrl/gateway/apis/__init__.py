@@ -23,8 +23,9 @@ from typing import Any
 
 from harnessrl.gateway.apis.anthropic_convert import convert_tools, thinking_kwargs
 from harnessrl.gateway.apis.anthropic_convert import request_to_internal as messages_request_to_internal
-from harnessrl.gateway.apis.responses_input import reasoning_kwargs, tools_to_internal
+from harnessrl.gateway.apis.responses_input import reasoning_kwargs
 from harnessrl.gateway.apis.responses_input import request_to_internal as responses_request_to_internal
+from harnessrl.gateway.apis.responses_tools import tools_to_internal
 
 Converter = Callable[[dict[str, Any]], tuple[list[dict[str, Any]], list[dict[str, Any]] | None]]
 #: ``(tools, template kwargs)`` as the template got them; ``None`` for none.

@@ -30,13 +30,12 @@ from starlette.responses import JSONResponse, Response
 from harnessrl.errors import ConfigError, ContextLengthExceeded, HarnessRLError
 from harnessrl.gateway.apis.anthropic_blocks import BlockAssembler, joined_deltas
 from harnessrl.gateway.apis.anthropic_convert import (
-    CountTokensRequest,
-    MessagesRequest,
     ThinkingParam,
     refuse_prefill,
     request_to_internal,
     thinking_kwargs,
 )
+from harnessrl.gateway.apis.anthropic_request import CountTokensRequest, MessagesRequest
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, read_json, validate_body
 from harnessrl.gateway.errors import RolloutClosed, anthropic_sse_error

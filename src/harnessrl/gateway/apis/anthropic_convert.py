@@ -39,19 +39,12 @@ Mapping (what the chat template and the history matching see):
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
-
-from pydantic import Field, StrictBool
+from typing import Any
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.body_models import JsonFloat, JsonInt, Lenient, SamplingFields, StopList
+from harnessrl.gateway.body_models import JsonInt, Lenient
 
 Internal = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
-
-
-class MessageParam(Lenient):
-    role: Literal["user", "assistant", "system"]
-    content: str | list[dict[str, Any]]
 
 
 class ThinkingParam(Lenient):
@@ -59,36 +52,6 @@ class ThinkingParam(Lenient):
     # types appear with new models, and refusing them would break a harness for no gain.
     type: str
     budget_tokens: JsonInt | None = None
-
-
-class CountTokensRequest(Lenient):
-    """``/v1/messages/count_tokens``: the prompt-shaping fields of a Messages request."""
-
-    model: str | None = None
-    messages: list[MessageParam] = Field(min_length=1)
-    system: str | list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: dict[str, Any] | None = None
-    thinking: ThinkingParam | None = None
-
-
-class MessagesRequest(CountTokensRequest, SamplingFields):
-    """``/v1/messages``. Unknown fields (``metadata``, ``context_management``, ``output_config``,
-    ``service_tier``, ``container`` ...) are accepted and ignored."""
-
-    max_tokens: JsonInt = Field(ge=1)  # type: ignore[assignment]  # required by Anthropic's API
-    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=1.0)
-    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
-    top_k: JsonInt | None = Field(default=None, ge=0)  # accepted; the engines sample with top_p only
-    stop_sequences: StopList | None = None  # at most ``MAX_STOP_STRINGS``
-    stream: StrictBool | None = False
-
-    def stop_strings(self) -> list[str]:
-        return [s for s in self.stop_sequences or [] if s]
-
-    @property
-    def wants_tool_calls(self) -> bool:
-        return bool(self.tools) and (self.tool_choice or {}).get("type") != "none"
 
 
 def _block_text(block: dict[str, Any], where: str) -> str:

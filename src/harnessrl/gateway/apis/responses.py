@@ -24,11 +24,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.gateway.apis.responses_deltas import joined_deltas
 from harnessrl.gateway.apis.responses_input import (
     PREVIOUS_KEY,
     reasoning_kwargs,
     request_to_internal,
-    unsupported_tools,
 )
 from harnessrl.gateway.apis.responses_output import OutputStream, new_id
 from harnessrl.gateway.apis.responses_request import (
@@ -37,6 +37,7 @@ from harnessrl.gateway.apis.responses_request import (
     resolve_previous,
     response_object,
 )
+from harnessrl.gateway.apis.responses_tools import unsupported_tools
 from harnessrl.gateway.bodies import parse_body, validate_body
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.pipeline.answer import HOLD_AT_MOST, feed_each
@@ -128,42 +129,6 @@ async def responses(request: Request) -> Response:
     if teacher is not None:  # teacher mode: the upstream answers
         return await teacher_responses(request, teacher)
     return await serve(RESPONSES, request)
-
-
-#: The delta events ``joined_deltas`` joins when adjacent and of the same item and content part.
-_TEXT_DELTAS = frozenset({"response.output_text.delta", "response.reasoning_text.delta"})
-
-
-def joined_deltas(payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``payloads`` with each run of adjacent text (or reasoning) deltas of one content part as one
-    delta of their joined text and logprobs (OpenAI's streams carry several tokens' text in one)."""
-    out: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []  # the deltas joined into ``out[-1]``
-    for payload in payloads:
-        if run and payload["type"] in _TEXT_DELTAS:
-            last = run[0]
-            if (
-                last["type"] == payload["type"]
-                and last["item_id"] == payload["item_id"]
-                and last["output_index"] == payload["output_index"]
-                and last["content_index"] == payload["content_index"]
-            ):
-                run.append(payload)
-                continue
-        if len(run) > 1:
-            out[-1] = _joined(run)
-        run = [payload] if payload["type"] in _TEXT_DELTAS else []
-        out.append(payload)
-    if len(run) > 1:
-        out[-1] = _joined(run)
-    return out
-
-
-def _joined(run: list[dict[str, Any]]) -> dict[str, Any]:
-    joined = {**run[0], "delta": "".join(p["delta"] for p in run)}
-    if "logprobs" in joined:
-        joined["logprobs"] = [entry for p in run for entry in p["logprobs"]]
-    return joined
 
 
 class ResponsesAnswer:

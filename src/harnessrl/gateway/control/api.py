@@ -5,15 +5,13 @@ reward) and the trainer (read calls with token IDs, pause for a weight update, r
 
 Inputs are checked like the model API's (``gateway.json_input``, ``gateway.bodies``), against the
 strict bodies below: integers in query parameters within the store's 64-bit range, a finite pause
-timeout, no NUL in text the store compares. Records are served by ``stored_json``, which shows a
+timeout, no NUL in text the store compares. Records are served by ``records.stored_json``, which shows a
 value JSON cannot carry (stored before the boundary was strict) as a placeholder instead of failing
 the read.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -25,10 +23,10 @@ from harnessrl.gateway.auth import is_admin_request, require_admin
 from harnessrl.gateway.bodies import read_json, validate_body
 from harnessrl.gateway.body_models import Lenient
 from harnessrl.gateway.control.gating import cluster_state_json, pause_gateways, resume_gateways
+from harnessrl.gateway.control.records import stored_json
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Outcome, Rollout, RolloutStatus, SamplingOverrides
-from harnessrl.store.codecs import json_safe
 
 # -- bodies (ours, so strict) ----------------------------------------------------------------------
 
@@ -75,29 +73,6 @@ def _admin_state(request: Request) -> GatewayState:
 
 #: Seconds a pause may wait for the drain; a longer one is surely a mistake (``timeout=1e308``).
 MAX_PAUSE_TIMEOUT_S = 86_400.0
-
-
-def _non_finite_text(value: float) -> str:
-    return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-
-
-def placeholders(value: Any) -> Any:
-    """``value`` with what JSON cannot carry made visible: a lone surrogate becomes U+FFFD, a
-    non-finite float the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (which pydantic reads
-    back as the float)."""
-    return json_safe(value, _non_finite_text)
-
-
-def stored_json(content: Any, status_code: int = 200) -> Response:
-    """Stored records as JSON, as ``JSONResponse`` writes it. A row written before the boundary was
-    strict may hold a lone surrogate (a task, a group) or a reward of inf; JSON cannot carry those,
-    and failing would fail this read and every later one, so they leave as ``placeholders``."""
-    try:
-        text = json.dumps(content, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
-        body = text.encode("utf-8")
-    except ValueError:  # a non-finite float; UnicodeEncodeError (a lone surrogate) is a ValueError
-        body = json.dumps(placeholders(content), ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    return Response(body, status_code=status_code, media_type="application/json")
 
 
 def rollout_json(state: GatewayState, request: Request, rollout: Rollout) -> dict[str, Any]:

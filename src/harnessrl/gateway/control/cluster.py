@@ -8,27 +8,23 @@ pause or resume increments in its transaction) and one heartbeat row per gateway
   a pause committed from then on waits for its ack), then reads the gate and applies it to its own
   ``PauseGate`` before the app takes a call: a gateway started or restarted during a pause comes up
   paused, and adopts the live policy version.
-- It applies every newer command it learns of (a notification wakes it; a slow timer is only the
-  backstop for a lost one; SQLite, which cannot notify, looks on a short timer) and acknowledges it
-  in its heartbeat row: the command it applied and whether it is quiet (paused, no call in flight).
-- It refreshes its lease every third of ``lease_s``; a gateway that stops doing so (SIGKILL, a lost
-  host) is no longer waited for once the lease ends. A clean shutdown deletes the row at once.
+- It applies every newer command it learns of (a notification wakes it, a slow timer is the backstop;
+  SQLite, which cannot notify, is looked at on a short timer) and acks it in its heartbeat row: the
+  command applied, whether it is quiet (paused, no call in flight), and a lease refreshed every third
+  of ``lease_s`` (a gateway that stops, SIGKILL, is not waited for past it; a clean stop deletes it).
 
-A pause (``command(paused=True)`` then ``wait_drained``) is drained when every live gateway acked
-the gate's current command and is quiet. Racing commands need no clock of ours: the database
-orders them, every gateway ends in the state of the last committed one, and a pause that a resume
-overtook while it waited fails with ``Conflict`` (the trainer must not think the gateways are quiet).
-A newer pause does not fail an older one: both wait for the same drain.
+A pause (``command(paused=True)`` then ``wait_drained``) waits for the rule of ``drain``. Racing
+commands need no clock of ours: the database orders them, and every gateway ends in the state of
+the last committed one; a newer pause does not fail an older one (both wait for the same drain).
 
-Any gateway can take a command (``gateway.control.gating``), so a load balancer in front of a Deployment of
-gateways needs no peer list: a gateway joins by starting and leaves by stopping (docs/scale.md).
+Any gateway takes commands (``control.gating``): a load balancer in front of a Deployment of gateways
+needs no peer list; a gateway joins by starting and leaves by stopping (docs/scale.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -36,7 +32,7 @@ from collections.abc import Callable
 import anyio.to_thread
 
 from harnessrl.engines.base import Engine
-from harnessrl.errors import Conflict
+from harnessrl.gateway.control.drain import acked_quiet, check_not_overtaken, next_look, with_counts
 from harnessrl.gateway.control.heartbeat import Ack, Heartbeat
 from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.store.base import Store
@@ -242,14 +238,7 @@ class Cluster:
         await self.heartbeat.beat(self._ack, force=force)
 
     def _ack(self) -> Ack:
-        return Ack(
-            command=self.applied,
-            paused=self.gate.paused,
-            quiet=self.quiet,
-            in_flight=self.gate.in_flight,
-            waiting=self.gate.waiting,
-            policy_version=self.engine.policy_version,
-        )
+        return Ack.of(self.applied, self.gate, self.engine.policy_version)
 
     # -- commands -------------------------------------------------------------------------------------
     async def command(
@@ -281,20 +270,14 @@ class Cluster:
             await self.ack()
             state, rows = await anyio.to_thread.run_sync(self.store.read_gate_and_gateways)
             self.apply(state)
-            if not state.paused:
-                raise Conflict(
-                    f"pause (command {command}) was overtaken by a resume (command {state.command}); "
-                    "the gateways are serving: pause again before updating weights"
-                )
+            check_not_overtaken(command, state)
             now = self.clock()
             live = [self.fresh(r) for r in rows if r.live(now)]
             pending = [r for r in live if not acked_quiet(r, state.command)]
             remaining = deadline - loop.time()
             if not pending or remaining <= 0:
                 return not pending, state, live
-            # A gateway that never acks is waited for until its lease ends, not past it.
-            lease_end = min(r.lease_until for r in pending) - now
-            wait = max(0.001, min(remaining, lease_end + 0.001, self.tick_s))
+            wait = next_look(pending, now, remaining, self.tick_s)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), wait)
 
@@ -308,11 +291,4 @@ class Cluster:
         """``row`` with this gateway's own counts as they are now (its row is as of its last beat)."""
         if row.gateway_id != self.gateway_id:
             return row
-        return dataclasses.replace(
-            row, in_flight=self.gate.in_flight, waiting=self.gate.waiting, quiet=row.quiet and self.quiet
-        )
-
-
-def acked_quiet(row: GatewayRow, command: int) -> bool:
-    """Whether ``row``'s gateway applied ``command`` (or a newer one) and had no call in flight."""
-    return row.command >= command and row.quiet
+        return with_counts(row, self.gate.in_flight, self.gate.waiting, self.quiet)

@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import BadRequest, Conflict
-from harnessrl.gateway.control.cluster import Cluster, acked_quiet
+from harnessrl.gateway.control.cluster import Cluster
+from harnessrl.gateway.control.drain import acked_quiet
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
 from harnessrl.store.gate import GatewayRow

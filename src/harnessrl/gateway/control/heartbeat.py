@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import anyio.to_thread
 
+from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.store.base import Store
 from harnessrl.store.gate import GatewayRow
 
@@ -41,6 +42,12 @@ class Ack:
     in_flight: int
     waiting: int
     policy_version: int
+
+    @classmethod
+    def of(cls, command: int, gate: PauseGate, policy_version: int) -> Ack:
+        """The ack of ``command`` with ``gate`` as it is now (quiet: paused, no call in flight)."""
+        quiet = gate.paused and gate.in_flight == 0
+        return cls(command, gate.paused, quiet, gate.in_flight, gate.waiting, policy_version)
 
 
 class Heartbeat:

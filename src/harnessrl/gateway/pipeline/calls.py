@@ -198,7 +198,7 @@ class PreparedCall:
             response_logprobs=gen.logprobs,
             policy_version=gen.policy_version,
             finish_reason=finish_reason,
-            usage=Usage(
+            usage=Usage.model_construct(
                 prompt_tokens=len(self.prompt_ids),
                 completion_tokens=len(gen.token_ids),
                 prompt_source=self.prompt_source,
@@ -218,24 +218,40 @@ class PreparedCall:
                 "counted the gateways drained without it and the weights may have changed, so the "
                 "answer is not recorded: send the request again"
             )
-        # Shielded: once the write starts, finish it and remember it even if the client just left.
+        # Once the write starts, finish it and remember it even if the client just left: written at
+        # once (``add_now``: no await, so nothing can cancel it), or in a shielded scope.
         self._recording = True
-        with anyio.CancelScope(shield=True):
-            return await self._store(call)
-
-    async def _store(self, call: Call) -> Call:
-        state = self.state
         encoded = None
         messages = call.request.get("messages")
         if self.history is not None and isinstance(messages, list):
             encoded = EncodedItems(messages, self.history.texts())
+        writer = self.state.writer
         try:
-            stored = await state.writer.add(call, encoded)  # committed, maybe with other calls (group commit)
+            stored = writer.add_now(call, encoded)
         except RolloutEnded:
-            # Ended by someone this gateway did not hear (another process): refused, as it must be.
-            self._recording = False
-            self.drop_reason = "rollout_ended"
-            raise await self.closed_error() from None
+            stored = None
+            ended = True
+        else:
+            ended = False
+        if stored is None:
+            with anyio.CancelScope(shield=True):
+                if ended:
+                    raise await self._refused() from None
+                try:
+                    stored = await writer.add_queued(call, encoded)  # maybe with other calls (group commit)
+                except RolloutEnded:
+                    raise await self._refused() from None
+        return self._stored(call, stored)
+
+    async def _refused(self) -> RolloutClosed:
+        """A rollout ended by someone this gateway did not hear (another process): the store refused
+        the call, as it must; it is dropped."""
+        self._recording = False
+        self.drop_reason = "rollout_ended"
+        return await self.closed_error()
+
+    def _stored(self, call: Call, stored: Call) -> Call:
+        state = self.state
         # Synchronously after the write: the next call of this rollout must see it for reuse, and
         # must not count it as still generating (a harness sends it the moment the answer ends,
         # before this call's ``finish``, which runs after the last byte, has run).

@@ -92,11 +92,11 @@ class ClientConnection(Protocol):
         """Drop the connection without flushing."""
 
 
-@contextlib.asynccontextmanager
-async def watching_client(
+def watch_client(
     scope: Scope, receive: Receive, on_gone: Callable[[], None]
-) -> AsyncIterator[ClientConnection | None]:
-    """Call ``on_gone()`` if the client leaves while the block runs; yields its connection.
+) -> tuple[ClientConnection | None, Callable[[], None]]:
+    """Call ``on_gone()`` if the client leaves, until the returned function is called; and the
+    client's connection.
 
     Under ``GatewayProtocol`` the connection itself tells (no task). Served otherwise (an app driven
     in-process by a test), a task waits for ASGI's ``http.disconnect``; then the connection is
@@ -104,23 +104,26 @@ async def watching_client(
     """
     connection: ClientConnection | None = scope.get(CONNECTION_KEY)
     if connection is not None:
-        stop = connection.watch(on_gone)
-        try:
-            yield connection
-        finally:
-            stop()
-        return
+        return connection, connection.watch(on_gone)
 
     async def listen() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         on_gone()
 
-    task = asyncio.ensure_future(listen())
+    return None, asyncio.ensure_future(listen()).cancel
+
+
+@contextlib.asynccontextmanager
+async def watching_client(
+    scope: Scope, receive: Receive, on_gone: Callable[[], None]
+) -> AsyncIterator[ClientConnection | None]:
+    """``watch_client`` while the block runs; yields the client's connection."""
+    connection, stop = watch_client(scope, receive, on_gone)
     try:
-        yield None
+        yield connection
     finally:
-        task.cancel()
+        stop()
 
 
 class CallsInFlight:
@@ -167,8 +170,11 @@ async def respond_whole(
     try:
         with anyio.CancelScope() as cancel:
             call.attach(cancel)
-            async with watching_client(request.scope, request.receive, lambda: call.cancel("client_gone")):
+            _, stop = watch_client(request.scope, request.receive, lambda: call.cancel("client_gone"))
+            try:
                 answer = await work()
+            finally:
+                stop()
     finally:
         call.finish()
     if answer is None:
@@ -176,8 +182,19 @@ async def respond_whole(
         if error is not None:
             raise error
         return Response(status_code=CLIENT_GONE_STATUS)
-    answer.headers.update(call.headers())  # with the call's seq, known once it is recorded
+    add_headers(answer, call.headers())  # with the call's seq, known once it is recorded
     return answer
+
+
+def add_headers(response: Response, headers: Mapping[str, str]) -> None:
+    """``response.headers.update(headers)``: appended to its raw headers where it has none of those
+    names yet (an answer has its content type and length only), without a ``MutableHeaders``."""
+    raw = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers.items()]
+    present = {name for name, _ in response.raw_headers}
+    if present.isdisjoint(name for name, _ in raw):
+        response.raw_headers.extend(raw)
+    else:
+        response.headers.update(headers)
 
 
 class CallStream(Response):
@@ -210,7 +227,8 @@ class CallStream(Response):
         try:
             with anyio.CancelScope() as cancel:
                 call.attach(cancel)
-                async with watching_client(scope, receive, lambda: call.cancel("client_gone")) as connection:
+                connection, stop = watch_client(scope, receive, lambda: call.cancel("client_gone"))
+                try:
                     await send(
                         {
                             "type": "http.response.start",
@@ -233,6 +251,8 @@ class CallStream(Response):
                         await outlet.close()
                     except ClientTooSlow:
                         pass  # ``on_slow`` dropped the call (or it was recorded: only the end is lost)
+                finally:
+                    stop()
         finally:
             if outlet is not None:
                 outlet.abandon()

@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-import anyio
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -36,6 +35,7 @@ from harnessrl.gateway.body_models import SamplingFields
 from harnessrl.gateway.pipeline.answer import Answer, Streamed, Whole
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.delivery import CallStream, respond_whole
+from harnessrl.gateway.pipeline.generation import close_stream
 from harnessrl.gateway.pipeline.limits import sampling_params, tokenize_in_thread
 from harnessrl.gateway.pipeline.streaming import sse_events
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS
@@ -219,8 +219,7 @@ async def whole(call: PreparedCall, answer: Answer) -> Response:
             async for pieces in batches:
                 answer.feed_all(pieces)
         finally:
-            with anyio.CancelScope(shield=True):
-                await batches.aclose()  # type: ignore[attr-defined]
+            await close_stream(batches)
     else:
         gen = await call.start(stream=bool(call.stop)).run()
     reply, response, finish = answer.whole(gen)

@@ -15,7 +15,8 @@ import functools
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING, NamedTuple
+from types import AsyncGeneratorType
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
@@ -50,6 +51,17 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
                 longest = size
                 break
     return longest
+
+
+async def close_stream(stream: AsyncIterator[Any]) -> None:
+    """Close an iterator over the engine's samples, which cancels the generation. Shielded: when a
+    client disconnect cancels us, the close must still run to the end and free the engine slot. An
+    iterator that ran to its end has nothing left to close (``aclose`` would return at once): no
+    scope for it."""
+    if isinstance(stream, AsyncGeneratorType) and stream.ag_frame is None:
+        return
+    with anyio.CancelScope(shield=True):
+        await stream.aclose()  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -130,10 +142,7 @@ class Generation:
                 if ended_by == "string":
                     break
         finally:
-            # Closing the engine's iterator cancels the generation. Shielded: when a client
-            # disconnect cancels us, the close must still run to the end and free the engine slot.
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()  # type: ignore[attr-defined]
+            await close_stream(stream)
         if ended_by != "string":
             # Release what was held back as a possible stop-string start (and any partial character).
             pending += decoder.flush()
@@ -215,6 +224,5 @@ class Generation:
                 self.token_ids += ids
                 self.logprobs += logprobs
         finally:
-            with anyio.CancelScope(shield=True):
-                await stream.aclose()  # type: ignore[attr-defined]
+            await close_stream(stream)
         return ended_by_token

@@ -22,14 +22,12 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
-import anyio
-
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.errors import error_shape, internal_error
 from harnessrl.gateway.pipeline.answer import Answer
 from harnessrl.gateway.pipeline.calls import PreparedCall
 from harnessrl.gateway.pipeline.coalesce import Outlet
-from harnessrl.gateway.pipeline.generation import Piece
+from harnessrl.gateway.pipeline.generation import Piece, close_stream
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -65,8 +63,7 @@ async def sse_events(call: PreparedCall, answer: Answer, outlet: Outlet) -> None
         finally:
             # Close the engine's iterator even when the call is being cancelled (a drop); shielded
             # so the close itself is not cancelled (it frees the engine slot).
-            with anyio.CancelScope(shield=True):
-                await batches.aclose()  # type: ignore[attr-defined]
+            await close_stream(batches)
         last, response, finish, tail = answer.finished(gen)
         outlet.push_all(last)
         await call.record(response, finish)  # durable before the client sees the end of the answer

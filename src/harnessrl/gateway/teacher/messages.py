@@ -34,7 +34,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, refuse_prefill, request_to_internal
+from harnessrl.gateway.apis.anthropic_convert import refuse_prefill, request_to_internal
+from harnessrl.gateway.apis.anthropic_request import MessagesRequest
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.errors import anthropic_sse_error

@@ -33,7 +33,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
-from harnessrl.gateway.apis.anthropic_convert import MessagesRequest, refuse_prefill
+from harnessrl.gateway.apis.anthropic_convert import refuse_prefill
+from harnessrl.gateway.apis.anthropic_request import MessagesRequest
 from harnessrl.gateway.apis.responses_input import PREVIOUS_KEY
 from harnessrl.gateway.apis.responses_request import ResponsesRequest, resolve_previous
 from harnessrl.gateway.auth import authorize_rollout, open_rollout

@@ -37,9 +37,9 @@ from harnessrl.errors import BadRequest, HarnessRLError, UpstreamError
 from harnessrl.gateway.apis.responses_input import (
     PREVIOUS_KEY,
     request_to_internal,
-    unsupported_tools,
 )
 from harnessrl.gateway.apis.responses_request import ResponsesRequest, resolve_previous
+from harnessrl.gateway.apis.responses_tools import unsupported_tools
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS

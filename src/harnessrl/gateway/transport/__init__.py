@@ -9,6 +9,8 @@ that instant, and gets a ``ReadError`` for a call that was never recorded.
 
 - ``protocol``: ``GatewayProtocol``, uvicorn's httptools protocol with read timeouts, a keep-alive
   longer than clients keep theirs, a cap on open connections, and the client as routes see it.
+- ``client``: ``ClientSide``, a connection's client as routes see it (``delivery.ClientConnection``).
+- ``answer_head``: ``HeldHead``, which sends a whole answer's head and body in one write.
 - ``serving``: ``uvicorn_config``, which serves an app with that protocol and these settings.
 - ``limits``: the connection settings (``ConnectionLimits``) and the open-file limit they need.
 - ``refusals``: the answers written straight to the socket when no route answers (408, 431, 503).

@@ -16,7 +16,7 @@
   ``max_headers`` headers is answered 431 and the connection closed, without reading on (a 64 MiB
   header line used to be read whole, seconds of CPU); an ``Upgrade`` the gateway does not speak
   (``curl --http2``'s ``h2c``) is ignored, where the parser used to drop the request's body.
-- **the client, as the app sees it** (``delivery.ClientConnection``): routes learn when the client
+- **the client, as the app sees it** (``client.ClientSide``, ``delivery.ClientConnection``): routes learn when the client
   leaves (FIN, half-close, RST) through ``watch`` instead of polling ``receive``, wait for a slow
   reader within a rate (``wait_writable``), and see how much of an answer is not yet acknowledged.
 
@@ -28,20 +28,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from harnessrl.gateway.pipeline.delivery import CONNECTION_KEY
-from harnessrl.gateway.transport.heads import (
-    UnsupportedUpgrade,
-    ack_delay_bytes,
-    head_without_upgrade,
-    new_parser,
-    unacknowledged_bytes,
-)
+from harnessrl.gateway.transport.answer_head import HeldHead
+from harnessrl.gateway.transport.client import ClientSide
+from harnessrl.gateway.transport.heads import UnsupportedUpgrade, head_without_upgrade, new_parser
 from harnessrl.gateway.transport.limits import ConnectionLimits
 from harnessrl.gateway.transport.refusals import openai_error, raw_response, too_many_connections
 
@@ -78,9 +73,8 @@ class GatewayProtocol(HttpToolsProtocol):
         self._head_chunks = 0
         self._head_refusal: str | None = None
         self._upgrade_ignored = False
-        # The app's view of the client (``delivery.ClientConnection``).
-        self._watchers: set[Callable[[], None]] = set()
-        self._lost = False
+        # The client, as the app sees it (``delivery.ClientConnection``).
+        self.client_side = ClientSide(self)
 
     # -- the read deadline ----------------------------------------------------------------------
 
@@ -150,17 +144,11 @@ class GatewayProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
-        self._lost = True
-        watchers, self._watchers = self._watchers, set()
-        for callback in watchers:
-            try:
-                callback()
-            except Exception:  # noqa: BLE001 - one watcher's failure must not skip the others
-                log.exception("a client-gone watcher failed")
+        self.client_side.lost()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self.scope[CONNECTION_KEY] = self  # type: ignore[literal-required]
+        self.scope[CONNECTION_KEY] = self.client_side  # type: ignore[literal-required]
         self.last_active = time.monotonic()
         if self.phase != "new":  # a new connection's first request counts from the connection's start
             self._arm(self.limits.header_timeout_s)
@@ -195,7 +183,10 @@ class GatewayProtocol(HttpToolsProtocol):
             return
         self.phase = "body"
         self._arm(self.limits.body_timeout_s)
+        before = self.cycle
         super().on_headers_complete()
+        if self.cycle is not before:  # the request's cycle: its answer's head leaves with its body
+            self.cycle.transport = HeldHead(self.transport, self.loop)  # type: ignore[union-attr]
 
     def on_body(self, body: bytes) -> None:
         if self._head_refusal is None and not self._upgrade_ignored:
@@ -259,47 +250,3 @@ class GatewayProtocol(HttpToolsProtocol):
         if self.phase == "app":
             self.phase = "idle"
         super().on_response_complete()
-
-    # -- the client, as the app sees it (``delivery.ClientConnection``) ---------------------------
-
-    def watch(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback()`` once when the client's connection is lost (FIN, half-close, RST, cut);
-        at once (soon) if it already is. Returns the function that stops watching."""
-        if self._lost or self.transport is None or self.transport.is_closing():
-            handle = self.loop.call_soon(callback)
-            return handle.cancel
-        self._watchers.add(callback)
-        return lambda: self._watchers.discard(callback)
-
-    async def wait_writable(self, window_s: float, min_bytes_per_s: float) -> bool:
-        """Wait until the socket takes more bytes (uvicorn's write flow control); ``False`` when the
-        client takes the waiting bytes slower than ``min_bytes_per_s``, measured over ``window_s``."""
-        while self.flow.write_paused and not self._lost:
-            before = self.transport.get_write_buffer_size()
-            try:
-                await asyncio.wait_for(self.flow.drain(), window_s)
-            except TimeoutError:
-                if before - self.transport.get_write_buffer_size() < min_bytes_per_s * window_s:
-                    return False
-        return True
-
-    def unsent_bytes(self) -> int:
-        """Bytes of the answer not yet acknowledged by the client's TCP: the transport's buffer plus
-        the kernel's send queue (Linux)."""
-        if self.transport is None or self._lost:
-            return 0
-        sock = self.transport.get_extra_info("socket")
-        queued = unacknowledged_bytes(sock.fileno()) if sock is not None else 0
-        return self.transport.get_write_buffer_size() + queued
-
-    def ack_delay_bytes(self) -> int:
-        """Of ``unsent_bytes``, what a delayed ACK may hold (``heads.ack_delay_bytes``; 0 if buffered)."""
-        if self.transport is None or self._lost or self.transport.get_write_buffer_size():
-            return 0
-        sock = self.transport.get_extra_info("socket")
-        return ack_delay_bytes(sock) if sock is not None else 0
-
-    def cut(self) -> None:
-        """Drop the connection now, without flushing what is buffered (a reader too slow to wait for)."""
-        if self.transport is not None:
-            self.transport.abort()

@@ -20,7 +20,6 @@ from __future__ import annotations
 from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
-    JsonValueScanner,
     ToolCall,
     ToolCallEvent,
     Tools,
@@ -28,6 +27,7 @@ from harnessrl.gateway.parsers.tools.base import (
     model_json,
     partial_suffix,
 )
+from harnessrl.gateway.parsers.tools.json_scan import JsonValueScanner
 
 
 def _leading_space(text: str) -> int:

@@ -22,7 +22,6 @@ import re
 from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
     Event,
-    JsonValueScanner,
     ToolCall,
     ToolCallEvent,
     Tools,
@@ -31,6 +30,7 @@ from harnessrl.gateway.parsers.tools.base import (
     model_json,
     partial_suffix,
 )
+from harnessrl.gateway.parsers.tools.json_scan import JsonValueScanner
 
 _SPACE = re.compile(r"\s*")
 _NAME_CHARS = re.compile(r"[^\s\[\]{}]*")

@@ -1,0 +1,50 @@
+"""What an Anthropic Messages request is: the fields the gateway reads and checks (``MessagesRequest``,
+and ``CountTokensRequest`` for ``/v1/messages/count_tokens``). Unknown fields are accepted and ignored.
+
+Shared by the policy's handler (``apis.anthropic``) and teacher mode (``gateway.teacher``); how a
+request becomes the internal conversation is ``anthropic_convert``'s.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, StrictBool
+
+from harnessrl.gateway.apis.anthropic_convert import ThinkingParam
+from harnessrl.gateway.body_models import JsonFloat, JsonInt, Lenient, SamplingFields, StopList
+
+
+class MessageParam(Lenient):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[dict[str, Any]]
+
+
+class CountTokensRequest(Lenient):
+    """``/v1/messages/count_tokens``: the prompt-shaping fields of a Messages request."""
+
+    model: str | None = None
+    messages: list[MessageParam] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: ThinkingParam | None = None
+
+
+class MessagesRequest(CountTokensRequest, SamplingFields):
+    """``/v1/messages``. Unknown fields (``metadata``, ``context_management``, ``output_config``,
+    ``service_tier``, ``container`` ...) are accepted and ignored."""
+
+    max_tokens: JsonInt = Field(ge=1)  # type: ignore[assignment]  # required by Anthropic's API
+    temperature: JsonFloat | None = Field(default=None, ge=0.0, le=1.0)
+    top_p: JsonFloat | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: JsonInt | None = Field(default=None, ge=0)  # accepted; the engines sample with top_p only
+    stop_sequences: StopList | None = None  # at most ``MAX_STOP_STRINGS``
+    stream: StrictBool | None = False
+
+    def stop_strings(self) -> list[str]:
+        return [s for s in self.stop_sequences or [] if s]
+
+    @property
+    def wants_tool_calls(self) -> bool:
+        return bool(self.tools) and (self.tool_choice or {}).get("type") != "none"
