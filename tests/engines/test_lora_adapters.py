@@ -15,8 +15,8 @@ import pytest
 from tests.fakes.sglang_server import serve_sglang
 from tests.fakes.vllm_server import FakeServer, serve_vllm
 
-from harnessrl.engines.base import SamplingParams, WeightUpdate
-from harnessrl.engines.remote import lora_adapter_name
+from harnessrl.engines.base import SamplingParams, WeightUpdate, collect_samples
+from harnessrl.engines.remote import RemoteEngineError, lora_adapter_name
 from harnessrl.engines.sglang import SGLangEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.engines.vllm import VLLMEngine
@@ -105,8 +105,32 @@ def test_republishing_a_version_reloads_its_adapter(tmp_path, tokenizer):
 
         asyncio.run(run())
         paths = [p for p, _ in server.fake.calls]
-        assert paths == [LOAD["vllm"], UNLOAD["vllm"], LOAD["vllm"]]
+        assert paths == [LOAD["vllm"], LOAD["vllm"]]  # in place (load_inplace): no unload first
         assert list(server.fake.adapters) == [lora_adapter_name(5)]
+
+
+def test_a_failed_reload_of_the_same_version_leaves_its_adapter_serving(tmp_path, tokenizer):
+    """vLLM loads over a name in place: the unload that came first left calls asking for an adapter
+    the server no longer had (every call a 404) when the reload then failed."""
+    with serve_vllm(tokenizer.encode("hi"), context_length=512) as server:
+        engine = VLLMEngine(server.url, tokenizer)
+
+        async def run() -> list[int]:
+            await engine.start()
+            try:
+                folder = adapter_folder(tmp_path, 5)
+                await engine.update_weights(WeightUpdate(version=5, checkpoint_dir=folder))
+                server.fake.refuse_adapter_loads = True
+                with pytest.raises(RemoteEngineError):
+                    await engine.update_weights(WeightUpdate(version=5, checkpoint_dir=folder))
+                ids, _ = await collect_samples(engine.generate([1, 2, 3], SamplingParams(max_tokens=4)))
+                return ids
+            finally:
+                await engine.aclose()
+
+        assert asyncio.run(run())  # answered, by the adapter still loaded
+        assert list(server.fake.adapters) == [lora_adapter_name(5)]
+        assert requested("vllm", server)[-1] == lora_adapter_name(5)
 
 
 def test_a_server_that_cannot_load_adapters_is_a_config_error_naming_trainer_lora(tmp_path, tokenizer):

@@ -86,6 +86,7 @@ class FakeModel:
         # as vLLM does without them. Loaded adapters by name (requests may name one as their model).
         self.lora = True
         self.adapters: dict[str, str] = {}
+        self.refuse_adapter_loads = False  # True: a load answers 500 (a folder the server cannot read)
         self.killed = threading.Event()
 
     def plan(
@@ -271,6 +272,8 @@ def create_vllm_app(
         fake.calls.append((request.url.path, body))
         name = body["lora_name"]
         if request.url.path == "/v1/load_lora_adapter":
+            if fake.refuse_adapter_loads:
+                return JSONResponse({"error": {"message": "cannot read the adapter", "code": 500}}, 500)
             if name in fake.adapters and not body.get("load_inplace"):
                 message = f"The lora adapter '{name}' has already been loaded."
                 return JSONResponse({"error": {"message": message, "code": 400}}, 400)

@@ -427,7 +427,10 @@ class RemoteEngine:
         if is_adapter_dir(update.checkpoint_dir):
             name = lora_adapter_name(update.version)
             previous = self._adapter
-            if previous == name:  # the same version again (a resumed run's restore): reload it
+            if previous == name and not self.reloads_adapters_in_place:
+                # The same version again (a resumed run's restore): reload it. A server that loads
+                # over a name in place keeps serving the old copy if the load fails; here calls
+                # to it fail until a load succeeds.
                 await self._unload_adapter(name)
             try:
                 await self._load_adapter(name, update.checkpoint_dir)
@@ -461,6 +464,10 @@ class RemoteEngine:
         self._version = version
         if self._adapter is not None:
             self._adapter = lora_adapter_name(version)
+
+    #: Whether ``_load_adapter`` replaces an adapter already loaded under the same name (vLLM's
+    #: ``load_inplace``): then a reload needs no unload first.
+    reloads_adapters_in_place = False
 
     async def _load_adapter(self, name: str, folder: str) -> None:
         raise ConfigError(f"{self.kind} engine at {self.base_url}: cannot load LoRA adapters")

@@ -381,6 +381,8 @@ class VLLMEngine(RemoteEngine):
             if self.pause_for_update:
                 await self.http.request_json("POST", "/resume")
 
+    reloads_adapters_in_place = True  # load_inplace below
+
     async def _load_adapter(self, name: str, folder: str) -> None:
         # load_inplace: a name already loaded (a server an earlier run left it on) is replaced.
         body = {"lora_name": name, "lora_path": folder, "load_inplace": True}
