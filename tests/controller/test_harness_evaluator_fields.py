@@ -50,6 +50,18 @@ CASES: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any], str]] = {
         {"prompt": "q", "dataset": "chain_sum", "hidden": {"seed": 1}},
         "'hidden.answer'",
     ),
+    "score_search (declared by the function)": (
+        {"type": "python", "function": "harnessrl.tasks.search:score_search"},
+        {"prompt": "who?", "hidden": {"answers": ["Arlen Voss"]}},
+        {"prompt": "who?", "hidden": {"answer": "Arlen Voss"}},
+        "hidden.answers",
+    ),
+    "replay_reward (declared by the function)": (
+        {"type": "python", "function": "harnessrl.tasks.scienceworld:replay_reward"},
+        {"prompt": "boil water", "task_name": "boil", "variation": 3},
+        {"prompt": "boil water", "task_name": "boil"},
+        "'variation'",
+    ),
     "reasoning_gym's dataset": (
         {"type": "reasoning_gym"},
         {"prompt": "q", "hidden": {"answer": "3", "metadata": {"source_dataset": "chain_sum"}}},
@@ -110,3 +122,12 @@ def test_a_python_function_is_checked_only_when_it_declares_what_it_needs(tmp_pa
 def test_without_an_evaluator_only_the_harness_is_checked():
     """Callers that pass no evaluator (the API's tasks) get the harness's check alone, as before."""
     check_tasks(HARNESS, [("t0", {"prompt": "2+2?"})])
+
+
+def test_score_search_names_a_mistyped_metric_before_anything_starts():
+    """Its kwargs were read only when the first rollout was scored (an infrastructure failure)."""
+    task = {"prompt": "who?", "hidden": {"answers": ["Arlen Voss"]}}
+    section = {"type": "python", "function": "harnessrl.tasks.search:score_search"}
+    check_tasks(HARNESS, [("t0", task)], parse_evaluator_config({**section, "kwargs": {"metric": "f1"}}))
+    with pytest.raises(ConfigError, match=r"evaluator\.kwargs\.metric must be one of"):
+        check_tasks(HARNESS, [("t0", task)], parse_evaluator_config({**section, "kwargs": {"metric": "EM"}}))

@@ -502,3 +502,23 @@ def test_a_signal_during_start_up_leaves_no_folder_that_resume_cannot_continue(r
     else:
         assert f"SIGINT: sft run stopped while starting; nothing was kept in {run_dir}" in err, err[-2000:]
         assert not run_dir.exists() and not (tmp_path / "runs").exists()
+
+
+def test_run_dir_may_be_neither_empty_nor_set_on_resume(record, solving, tmp_path):
+    """As ``harnessrl train``'s: ``run.dir = ""`` used the default folder without a word, and a
+    ``--resume``'s ``--set run.dir=…`` was saved into the resumed folder's config.json."""
+    from harnessrl.errors import ConfigError
+    from harnessrl.sft.run import prepare_sft_run, save_config
+
+    rec = record([solving], [1.0])
+    path = write_config(tmp_path, rec.run_dir)
+    with pytest.raises(ConfigError, match="run.dir is empty"):
+        prepare_sft_run(str(path), None, ["run.dir=''"])
+    assert not (tmp_path / "runs").exists()
+    config, run_dir = prepare_sft_run(str(path), None, [])  # the control: the default folder
+    save_config(config, run_dir)
+    saved = (run_dir / "config.json").read_text()
+    with pytest.raises(ConfigError, match=r"run\.dir: cannot be set on --resume"):
+        prepare_sft_run(None, str(run_dir), [f"run.dir={tmp_path / 'elsewhere'}"])
+    assert (run_dir / "config.json").read_text() == saved
+    prepare_sft_run(None, str(run_dir), ["sft.epochs=3"])  # the control: another override is taken

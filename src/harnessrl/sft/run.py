@@ -29,6 +29,7 @@ from harnessrl.sft.config import SftConfig
 from harnessrl.store import open_store
 from harnessrl.trainer.run_setup import (
     check_metrics,
+    check_no_run_dir,
     check_seed,
     check_unchanged,
     new_run_dir,
@@ -70,7 +71,9 @@ def prepare_sft_run(
         run_dir = Path(resume)
         raw = read_saved_config(run_dir, "harnessrl sft run folder")
         saved = validate_config(SftConfig, json.loads(json.dumps(raw)))
-        _merge(raw, load_raw_config(None, overrides, env={}))
+        changes = load_raw_config(None, overrides, env={})
+        check_no_run_dir(changes, run_dir)  # as train's: it was saved into RUN_DIR's config.json
+        _merge(raw, changes)
         config = validate_config(SftConfig, raw)
         check_unchanged(saved, config, SFT_RUN_DEFINING_FIELDS)
         sft_preflight(config)
@@ -86,6 +89,11 @@ def prepare_sft_run(
             if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
                 source[key] = str((base_dir / value).resolve())
     config = validate_config(SftConfig, raw)
+    if config.run.dir == "":  # as train's: the default folder, without a word
+        raise ConfigError(
+            "run.dir is empty: give the run folder, or leave run.dir out for runs/<run.name> beside "
+            "the config file"
+        )
     run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
     if export:
         return config, run_dir

@@ -36,7 +36,7 @@ import random
 import re
 import shutil
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -432,3 +432,18 @@ async def replay_reward(
     )
     details.update(score=result.score, completed=result.completed, steps=result.steps, agent_score=claimed)
     return {"reward": max(result.score, 0) / 100.0, **details}
+
+
+def _check_replay_task(task: Mapping[str, Any], **kwargs: Any) -> None:
+    """What ``replay_reward`` needs, checked for every task before a run starts
+    (``PythonEvaluatorConfig.check_task``): a ``task_name`` and an integer ``variation``. Without it
+    such a task was an infrastructure failure at every attempt."""
+    if "task_name" not in task or "variation" not in task:
+        raise ConfigError("the task has no 'task_name'/'variation' (use scienceworld_tasks)")
+    try:
+        int(task["variation"])  # as replay_reward reads it
+    except (TypeError, ValueError):
+        raise ConfigError(f"the task's 'variation' must be an integer, got {task['variation']!r}") from None
+
+
+replay_reward.check_task = _check_replay_task  # type: ignore[attr-defined]

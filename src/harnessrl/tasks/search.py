@@ -35,7 +35,7 @@ import random
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -555,6 +555,24 @@ def score_search(
     em = exact_match(answer, golds) if answer is not None else 0.0
     f = f1(answer, golds) if answer is not None else 0.0
     return {"reward": em if metric == "em" else f, "em": em, "f1": round(f, 4), "answer": answer}
+
+
+def _check_search_task(task: Mapping[str, Any], *, source: Any = "file", metric: Any = "em") -> None:
+    """What ``score_search`` needs, checked for every task before a run starts
+    (``PythonEvaluatorConfig.check_task``): known ``source`` and ``metric`` kwargs, and gold answers
+    under ``hidden.answers``. Without it a task lacking them was an infrastructure failure at every
+    attempt, and a mistyped ``metric`` was found on the first rollout scored."""
+    if source not in SOURCES:
+        raise ConfigError(f"evaluator.kwargs.source must be one of {', '.join(SOURCES)}; got {source!r}")
+    if metric not in METRICS:
+        raise ConfigError(f"evaluator.kwargs.metric must be one of {', '.join(METRICS)}; got {metric!r}")
+    hidden = task.get(HIDDEN)
+    if not isinstance(hidden, dict) or "answers" not in hidden:
+        raise ConfigError("the task has no hidden.answers (the gold answers score_search compares with)")
+    gold_answers(hidden["answers"])
+
+
+score_search.check_task = _check_search_task  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> None:
