@@ -34,6 +34,7 @@ from harnessrl.trainer.run_setup import (
     check_unchanged,
     new_run_dir,
     read_saved_config,
+    run_folder,
 )
 
 CONFIG_FILE = "config.json"
@@ -89,12 +90,7 @@ def prepare_sft_run(
             if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
                 source[key] = str((base_dir / value).resolve())
     config = validate_config(SftConfig, raw)
-    if config.run.dir == "":  # as train's: the default folder, without a word
-        raise ConfigError(
-            "run.dir is empty: give the run folder, or leave run.dir out for runs/<run.name> beside "
-            "the config file"
-        )
-    run_dir = Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name
+    run_dir = run_folder(config.run.dir, config.run.name, base_dir)
     if export:
         return config, run_dir
     sft_preflight(config)

@@ -200,14 +200,7 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
     base_dir = Path(config_path).resolve().parent
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
     config = validate_config(TrainConfig, raw)
-    if config.run.dir == "":  # as `--run-dir ""` is refused: the default folder, without a word
-        raise ConfigError(
-            "run.dir is empty: give the run folder, or leave run.dir out for runs/<run.name> beside "
-            "the config file"
-        )
-    # Next to the config file, not the working directory: the same command from anywhere finds
-    # (and refuses to overwrite) the same folder.
-    run_dir = new_run_dir(Path(config.run.dir) if config.run.dir else base_dir / "runs" / config.run.name)
+    run_dir = new_run_dir(run_folder(config.run.dir, config.run.name, base_dir))
     # Before the folder exists: a bad config leaves nothing behind.
     check_weights(config)
     preflight(config, run_dir)
@@ -229,6 +222,19 @@ def write_config(config: TrainConfig, base_dir: Path, run_dir: Path) -> None:
     partial = run_dir / f"{CONFIG_FILE}.partial"
     partial.write_text(json.dumps(saved, indent=2))
     partial.replace(run_dir / CONFIG_FILE)
+
+
+def run_folder(run_dir: str | None, name: str, base_dir: Path) -> Path:
+    """A new run's folder: ``run.dir``, else ``runs/<run.name>`` next to the config file (``base_dir``),
+    not the working directory, so the same command from anywhere finds (and refuses to overwrite)
+    the same folder. An empty ``run.dir`` is refused, as ``--run-dir ""`` is: it used the default
+    folder without a word (``harnessrl train`` and ``harnessrl sft`` alike)."""
+    if run_dir == "":
+        raise ConfigError(
+            "run.dir is empty: give the run folder, or leave run.dir out for runs/<run.name> beside "
+            "the config file"
+        )
+    return Path(run_dir) if run_dir else base_dir / "runs" / name
 
 
 def check_no_run_dir(changes: dict[str, Any], run_dir: Path) -> None:
