@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from starlette.testclient import TestClient
-from tests.dashboard.conftest import ADMIN_KEY, _call
+from tests.dashboard.conftest import ADMIN_KEY, _call, build_crafted
 
 from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
@@ -232,3 +232,30 @@ def test_a_rollout_id_of_any_characters_links_to_its_own_trace(tmp_path: Path, r
         assert trace.status_code == 200, link
         heading = re.search(r"<h1>Rollout (.*?) <span", trace.text)
         assert heading is not None and heading.group(1) == html_escape(rollout_id)
+
+
+def test_a_checkpoint_tokenizer_that_cannot_be_loaded_shows_token_ids_not_a_500(tmp_path: Path) -> None:
+    # A run folder's checkpoints/final/tokenizer.json that does not load (cut short by a copy, a
+    # full disk) made every trace and compare page a 500; docs/dashboard.md: without a tokenizer
+    # the token view shows ids. A loadable one further down the list is used instead.
+    run_dir = build_crafted(tmp_path)
+    final = run_dir / "checkpoints" / "final"
+    final.mkdir(parents=True)
+    (final / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with TestClient(create_dashboard_app(run_dir, ADMIN_KEY)) as c:
+        c.get(f"/ui/?key={ADMIN_KEY}")
+        trace = c.get("/ui/rollouts/r-hack")
+        assert trace.status_code == 200, trace.text[-2000:]
+        assert "⟨4⟩" in trace.text  # the sampled token 4, shown as its id
+        assert c.get("/ui/compare?a=r-hack&b=r-honest").status_code == 200
+    # Control: with a loadable tokenizer in checkpoints/latest, tokens are decoded, not ids.
+    latest = run_dir / "checkpoints" / "latest"
+    latest.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        source = tiny_model_dir(weights=False) / name
+        if source.is_file():
+            (latest / name).write_bytes(source.read_bytes())
+    with TestClient(create_dashboard_app(run_dir, ADMIN_KEY)) as c:
+        c.get(f"/ui/?key={ADMIN_KEY}")
+        trace = c.get("/ui/rollouts/r-hack")
+        assert trace.status_code == 200 and "⟨4⟩" not in trace.text

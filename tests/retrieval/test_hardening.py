@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -55,6 +56,67 @@ def test_a_cache_dir_that_cannot_hold_an_index_is_a_config_error_naming_it(tmp_p
     assert [h.id for h in RetrievalIndex.for_corpus(corpus, tmp_path / "cache").search("Tarsk", 1)] == [
         "tarsk"
     ]
+
+
+#: A child that builds ``argv[1]``'s index into the cache ``argv[2]`` with writes past ``argv[3]``
+#: bytes a file refused (EFBIG: what a full disk does to tantivy's writer, without filling one), and
+#: prints what ``for_corpus`` raised (or the passages it found).
+_BUILD_WITH_FILE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+from harnessrl.retrieval.index import RetrievalIndex
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+limit = int(sys.argv[3])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+try:
+    index = RetrievalIndex.for_corpus(Path(sys.argv[1]), Path(sys.argv[2]))
+except Exception as exc:
+    print("RAISED", type(exc).__name__, exc)
+else:
+    print("BUILT", index.passages)
+"""
+
+
+@pytest.mark.parametrize("limit", [32 * 1024, 1 << 40], ids=["disk-full", "control"])
+def test_a_cache_that_runs_out_of_space_is_a_config_error_naming_it(tmp_path: Path, limit: int) -> None:
+    # tantivy reports a write that fails (no space left) as a ValueError: it was a traceback, not the
+    # cache_dir's config error that docs/retrieval.md promises for "no space".
+    words = [f"w{i:04d}x" for i in range(4000)]
+    passages = [
+        {"id": str(i), "title": f"T{i}", "text": " ".join(words[(i * 7 + j) % 4000] for j in range(60))}
+        for i in range(1500)
+    ]
+    corpus = write_corpus(tmp_path / "corpus.jsonl", passages)
+    cache = tmp_path / "cache"
+    proc = subprocess.run(
+        [sys.executable, "-B", "-c", _BUILD_WITH_FILE_LIMIT, str(corpus), str(cache), str(limit)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    if limit == 1 << 40:  # the control: the same child, room enough, builds it
+        assert proc.stdout.strip() == "BUILT 1500", proc.stdout
+        return
+    assert proc.stdout.startswith("RAISED ConfigError retrieval.cache_dir: "), (
+        proc.stdout + proc.stderr[-2000:]
+    )
+    assert str(cache) in proc.stdout
+    assert list(cache.iterdir()) == []  # the failed build left nothing behind
+
+
+def test_a_damaged_cached_index_is_a_config_error_naming_its_folder(tmp_path: Path) -> None:
+    # A cached index whose files went missing (a cleanup, a disk error) raised tantivy's ValueError.
+    corpus = write_corpus(tmp_path / "corpus.jsonl", PASSAGES)
+    cache = tmp_path / "cache"
+    folder = RetrievalIndex.for_corpus(corpus, cache).folder
+    for segment_file in folder.glob("*.store"):
+        segment_file.unlink()
+    with pytest.raises(ConfigError, match=rf"^retrieval\.cache_dir: the index in {folder} cannot be read"):
+        RetrievalIndex.for_corpus(corpus, cache)
+    # What the message says to do works: without the folder it is built again.
+    shutil.rmtree(folder)
+    assert [h.id for h in RetrievalIndex.for_corpus(corpus, cache).search("Tarsk", 1)] == ["tarsk"]
 
 
 def test_the_rollout_command_names_an_unusable_cache_dir_and_exits_2(tmp_path: Path) -> None:

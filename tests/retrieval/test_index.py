@@ -116,8 +116,19 @@ def test_a_query_without_words_finds_nothing(tmp_path: Path) -> None:
         b'{"id": "1", "contents": "\\"T\\ud800\\"\\ntext"}',
         b'{"id": "1", "text": "not UTF-8 \xff\xfe"}',
         b'{"id": "1", "text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # Python's JSON reader refuses an integer of over 4,300 digits with a bare ValueError
+        # (not a JSONDecodeError): it was a traceback, and `harnessrl rollout` exited 1.
+        b'{"id": "1", "text": "a", "views": ' + b"7" * 5000 + b"}",
     ],
-    ids=["surrogate-text", "surrogate-title", "surrogate-id", "surrogate-contents", "not-utf8", "deep"],
+    ids=[
+        "surrogate-text",
+        "surrogate-title",
+        "surrogate-id",
+        "surrogate-contents",
+        "not-utf8",
+        "deep",
+        "huge-int",
+    ],
 )
 def test_an_odd_corpus_line_is_a_config_error_naming_the_line_not_a_crash(
     tmp_path: Path, line: bytes

@@ -279,8 +279,11 @@ def _run_tokenizer_loader(run_dir: Path) -> Callable[[], PolicyTokenizer | None]
         tokenizer = None
         for folder in candidates:
             if (folder / "tokenizer.json").is_file():
-                tokenizer = PolicyTokenizer.from_dir(folder)
-                break
+                try:
+                    tokenizer = PolicyTokenizer.from_dir(folder)
+                    break
+                except Exception:  # noqa: BLE001 - a damaged or half-copied checkpoint: try the next
+                    continue  # (it failed every trace page with a 500; the view shows ids without one)
         if tokenizer is None and engine.get("model") and _embedded(str(engine["model"])):
             try:
                 from harnessrl.engines.models import resolve_model_dir

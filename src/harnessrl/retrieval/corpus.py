@@ -105,10 +105,11 @@ def _fields(row: object, lineno: int, where: str) -> tuple[str, str, str]:
 
 def read_passages(path: Path, digest: hashlib._Hash | None = None) -> Iterator[Passage]:
     """Every passage of the corpus, in file order; ``ConfigError`` naming the line for a bad one
-    (not JSON, not UTF-8, a lone surrogate, nested past the parser's depth, a missing field, an id
-    seen before). Lines end at ``\\n`` (JSON Lines). ``digest`` (``passages_digest()``) is fed every
-    byte read, so once the passages are all read it is the ``fingerprint`` of exactly what they came
-    from, even if the file was replaced after another look at it."""
+    (not JSON, not UTF-8, a lone surrogate, nested past the parser's depth, an integer of over 4,300
+    digits, a missing field, an id seen before). Lines end at ``\\n`` (JSON Lines). ``digest``
+    (``passages_digest()``) is fed every byte read, so once the passages are all read it is the
+    ``fingerprint`` of exactly what they came from, even if the file was replaced after another look
+    at it."""
     seen: set[str] = set()
     try:
         f = path.open("rb")  # bytes: an undecodable line is named by its number, not met mid-buffer
@@ -129,6 +130,8 @@ def read_passages(path: Path, digest: hashlib._Hash | None = None) -> Iterator[P
                 pid, title, text = _fields(json.loads(line), lineno, where)
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{where}: not JSON: {exc}") from exc
+            except ValueError as exc:  # JSON Python's parser refuses: an integer of over 4,300 digits
+                raise ConfigError(f"{where}: cannot be read: {exc}") from None
             except RecursionError:  # json.loads (or str of what it read) past Python's depth
                 raise ConfigError(f"{where}: nested too deeply to read") from None
             # Only a \u escape makes a lone surrogate (decoded UTF-8 never holds one): check then.

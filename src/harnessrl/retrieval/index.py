@@ -78,22 +78,31 @@ def _schema():  # type: ignore[no-untyped-def]
     return builder.build()
 
 
+class IndexWriteError(OSError):
+    """tantivy could not write an index into the cache (no space left, a file it could not create):
+    tantivy raises these as ``ValueError``; as an ``OSError`` they are the cache folder's error."""
+
+
 def build_index(corpus: Path, folder: Path) -> tuple[int, str]:
     """Index every passage of ``corpus`` into the empty ``folder``; returns the passage count and the
-    ``fingerprint`` of the bytes indexed (read in the same pass as the passages)."""
+    ``fingerprint`` of the bytes indexed (read in the same pass as the passages). ``ConfigError`` for
+    a bad corpus (``read_passages``), ``IndexWriteError`` when tantivy cannot write the index."""
     import tantivy
 
-    index = tantivy.Index(_schema(), path=str(folder))
-    writer = index.writer(heap_size=128_000_000, num_threads=1)
     count = 0
     digest = passages_digest()
-    for passage in read_passages(corpus, digest):
-        writer.add_document(tantivy.Document(id=passage.id, title=passage.title, text=passage.text))
-        count += 1
-    if count == 0:
-        raise ConfigError(f"retrieval.corpus: {corpus} holds no passage")
-    writer.commit()
-    writer.wait_merging_threads()
+    try:
+        index = tantivy.Index(_schema(), path=str(folder))
+        writer = index.writer(heap_size=128_000_000, num_threads=1)
+        for passage in read_passages(corpus, digest):  # raises ConfigError only, never ValueError
+            writer.add_document(tantivy.Document(id=passage.id, title=passage.title, text=passage.text))
+            count += 1
+        if count == 0:
+            raise ConfigError(f"retrieval.corpus: {corpus} holds no passage")
+        writer.commit()
+        writer.wait_merging_threads()
+    except ValueError as exc:  # tantivy's writer died (disk full: "An index writer was killed")
+        raise IndexWriteError(f"tantivy could not write the index: {exc}") from None
     (folder / _READY).write_text(f"{index_layout()}\n{count}\n")
     return count, digest.hexdigest()
 
@@ -109,9 +118,15 @@ class RetrievalIndex:
             raise ConfigError(f"retrieval: {folder} is not a finished index")
         self.folder = folder
         self.fingerprint = fingerprint
-        self.passages = int(ready.read_text().split()[1])
-        self._index = tantivy.Index.open(str(folder))
-        self._searcher = self._index.searcher()
+        try:
+            self.passages = int(ready.read_text().split()[1])
+            self._index = tantivy.Index.open(str(folder))
+            self._searcher = self._index.searcher()
+        except (ValueError, IndexError) as exc:  # a cached index damaged since it was built (files gone)
+            raise ConfigError(
+                f"retrieval.cache_dir: the index in {folder} cannot be read ({exc}); "
+                "remove that folder and it is built again"
+            ) from None
 
     @classmethod
     def for_corpus(cls, corpus: Path, cache_dir: Path | None = None) -> RetrievalIndex:
