@@ -287,6 +287,8 @@ def _parse_scalar(text: str, where: str) -> Any:
         parsed = tomllib.loads(f"v = {text}")
     except tomllib.TOMLDecodeError:
         return text
+    except ValueError as exc:  # tomllib's bare ValueError: an integer past Python's 4,300-digit limit
+        raise ConfigError(f"{where}: the value cannot be read: {exc}") from None
     except RecursionError:  # [[[[...: tomllib recurses once per level
         raise ConfigError(f"{where}: the value is nested too deeply to read") from None
     # "1\nsteps = 5" parses as two keys: the value is the text, not a 1 with the rest dropped.
@@ -319,6 +321,8 @@ def load_raw_config(
             raise ConfigError(f"config file {str(p)!r} is not UTF-8 text (TOML must be): {exc}") from exc
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {str(p)!r} is not valid TOML: {exc}") from exc
+        except ValueError as exc:  # tomllib's bare ValueError: an integer past the 4,300-digit limit
+            raise ConfigError(f"config file {str(p)!r} cannot be read: {exc}") from None
         except RecursionError:  # [[[[... or {a={a={...: tomllib recurses once per level
             raise ConfigError(f"config file {str(p)!r} is nested too deeply to read") from None
     env = os.environ if env is None else env

@@ -395,3 +395,22 @@ def test_data_calibrate_refuses_a_run_dir_that_is_out_or_the_report(tmp_path, te
     # Control: a run folder of its own is used, and OUT is written.
     assert invoke(*calibrate, str(tmp_path / "run")).exit_code == 0
     assert (tmp_path / "out.jsonl").is_file() and (tmp_path / "run" / "harnessrl.db").is_file()
+
+
+def test_an_integer_past_pythons_digit_limit_is_named(tmp_path, temp_dir, monkeypatch):
+    """json and tomllib refuse an integer of over 4,300 digits with a bare ValueError, not their decode
+    errors: a ``--task``, ``--set`` value, config file or ``HARNESSRL_*`` variable holding one was a
+    traceback (exit 1)."""
+    huge = "1" * 5_000
+    (tmp_path / "huge.json").write_text(f'{{"prompt": "p", "n": {huge}}}')
+    config = rollout_config(tmp_path)
+    before = listing(tmp_path)
+    refused(invoke("rollout", "--config", str(config), "--task", f"@{tmp_path / 'huge.json'}"), "--task")
+    refused(invoke("rollout", "--config", str(config), "--task", f'{{"n": {huge}}}'), "--task")
+    refused(invoke("rollout", "--config", str(config), "--set", f"task.x={huge}"), "task.x")
+    (tmp_path / "huge.toml").write_text(f"a = {huge}\n")
+    refused(invoke("rollout", "--config", str(tmp_path / "huge.toml")), "huge.toml")
+    before = listing(tmp_path)
+    monkeypatch.setenv("HARNESSRL_TASK__X", huge)
+    refused(invoke("rollout", "--config", str(config)), "HARNESSRL_TASK__X")
+    assert listing(tmp_path) == before and listing(temp_dir) == []

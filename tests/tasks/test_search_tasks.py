@@ -259,8 +259,10 @@ def test_searchqa_refuses_a_row_whose_golds_are_blank_or_not_strings(tmp_path: P
     [
         b'{"question": "q", "answer": "\xff"}\n',
         b'{"question": "q", "answer": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n",
+        # Past Python's 4,300-digit limit for int(): json raises a bare ValueError (was a traceback)
+        b'{"question": "q", "answer": "a", "n": ' + b"1" * 5_000 + b"}\n",
     ],
-    ids=["not-utf8", "deep"],
+    ids=["not-utf8", "deep", "huge-int"],
 )
 def test_searchqa_refuses_an_unreadable_file_as_a_config_error(tmp_path: Path, content: bytes) -> None:
     path = tmp_path / "bad.jsonl"

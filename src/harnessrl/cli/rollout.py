@@ -51,7 +51,7 @@ def parse_task(text: str | None, default: dict[str, Any] | None) -> dict[str, An
             raise ConfigError(f"--task {text!r}: not UTF-8 text: {exc}") from exc
     try:
         task = json.loads(text)
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # a JSONDecodeError, or an integer past Python's 4,300-digit limit
         raise ConfigError(f"--task is not valid JSON: {exc}") from exc
     except RecursionError:  # [[[[...: json's decoder recurses once per level
         raise ConfigError("--task is nested too deeply to read") from None

@@ -364,6 +364,8 @@ def load_searchqa(path: Path, *, split: str) -> list[Task]:
             row = json.loads(line, parse_float=str)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{where}: not JSON: {exc}") from exc
+        except ValueError as exc:  # JSON Python's parser refuses: an integer of over 4,300 digits
+            raise ConfigError(f"{where}: cannot be read: {exc}") from None
         except RecursionError:
             raise ConfigError(f"{where}: nested too deeply to read") from None
         if (
