@@ -203,3 +203,22 @@ def test_a_non_finite_reward_is_refused_naming_the_rollout(name, bad):
     )
     assert result.excluded == {"c": "infra_failure"}
     assert all(math.isfinite(a) for a in result.advantages.values())
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_huge_rewards_give_finite_advantages_or_are_refused_naming_a_rollout(name):
+    """Rewards past 1e154 made grpo and reinforce_pp raise a bare ``OverflowError`` (squaring a
+    deviation); past 1e308 a group's sum overflowed, its mean was infinite and every advantage NaN,
+    which made every weight NaN at the step's update."""
+    large = [rollout("a", 1e300), rollout("b", 1e300), rollout("c", 0.0)]
+    result = rollout_advantages(large, AlgorithmConfig(advantage=name))
+    small = rollout_advantages(
+        [rollout("a", 1.0), rollout("b", 1.0), rollout("c", 0.0)], AlgorithmConfig(advantage=name)
+    )
+    for rid, a in result.advantages.items():
+        assert math.isfinite(a)
+        scale = 1e300 if name in ("dr_grpo", "rloo") else 1.0  # grpo, reinforce_pp: scale-free
+        assert a == pytest.approx(small.advantages[rid] * scale, rel=1e-5)  # eps: 1e-6 of a std of 1
+    too_large = [rollout("a", 1e308), rollout("b", 1e308), rollout("c", 0.0)]
+    with pytest.raises(InvalidBatch, match=r"rollout \w \(group t@0, reward .*\) gets advantage .*too large"):
+        rollout_advantages(too_large, AlgorithmConfig(advantage=name))

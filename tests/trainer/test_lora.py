@@ -56,8 +56,9 @@ def samples(step: int) -> list[Sample]:
 
 
 def new_policy(model_dir: Path | None = None, **kwargs) -> TrainablePolicy:
+    kwargs.setdefault("lora", LORA)
     return TrainablePolicy(
-        model_dir or tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2), total_steps=4, lora=LORA, **kwargs
+        model_dir or tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2), total_steps=4, **kwargs
     )
 
 
@@ -323,6 +324,32 @@ def test_resuming_an_adapter_with_other_lora_settings_is_a_config_error_naming_t
     other = LORA.model_copy(update={"target_modules": ["q_proj"]})
     with pytest.raises(ConfigError, match=r"^trainer\.lora\.target_modules: "):
         TrainablePolicy(tiny_model_dir(), lora=other, adapter_dir=tmp_path / "adapter")
+
+
+@pytest.mark.parametrize(("saved", "now"), [(0.0, 0.3), (0.3, 0.0)])
+def test_a_resumed_adapter_trains_with_this_runs_dropout(tmp_path, saved, now):
+    """``dropout`` may change on ``--resume`` (docs/train.md), but PEFT built the resumed adapter with
+    the saved adapter's dropout: the new value was silently ignored."""
+
+    def dropouts(policy: TrainablePolicy) -> set[float]:
+        return {
+            m.p if isinstance(m, torch.nn.Dropout) else 0.0
+            for name, m in policy.model.named_modules()
+            if ".lora_dropout." in name
+        }
+
+    first = new_policy(lora=LORA.model_copy(update={"dropout": saved}))
+    assert dropouts(first) == {saved}  # control: a fresh adapter has the configured dropout
+    step(first, 0)
+    folder = first.save_checkpoint(tmp_path / "ckpt")
+    resumed = new_policy(lora=LORA.model_copy(update={"dropout": now}), adapter_dir=folder / "adapter")
+    assert dropouts(resumed) == {now}
+    assert resumed.response_logprobs(PROMPT, ANSWER) == pytest.approx(  # the trained adapter, loaded
+        first.response_logprobs(PROMPT, ANSWER), abs=1e-6
+    )
+    assert any(p.requires_grad for p in resumed.model.parameters())  # and trainable
+    resumed.save_adapter(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "adapter_config.json").read_text())["lora_dropout"] == now
 
 
 def test_a_gathered_state_dict_gives_what_the_model_itself_gives(tmp_path):

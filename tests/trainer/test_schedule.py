@@ -3,6 +3,10 @@ that would show the harness an answer are refused."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from harnessrl.errors import ConfigError
@@ -50,3 +54,32 @@ def test_task_sources_refuse_answers_the_harness_would_see(tmp_path):
     path.write_text('{"prompt": "2+2?", "answer": "4"}\n')
     with pytest.raises(ConfigError, match=r"t\.jsonl:1: task field 'answer'"):
         JsonlTasks(type="jsonl", path=str(path)).load(split="heldout")
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["Solve {", "Solve }", "Solve {0}", "Solve {prompt.x}", "Solve {prompt!z}", "Solve {prompt[x]}"],
+)
+def test_a_prompt_template_that_cannot_be_filled_is_a_config_error_naming_the_field(template):
+    """Regression: a stray brace, a positional field, an attribute or a conversion the value lacks
+    raised ValueError/AttributeError/TypeError out of the loader: a traceback, exit 1."""
+    source = InlineTasks(type="inline", items=[{"task_id": "a", "prompt": "2+2?"}], prompt_template=template)
+    with pytest.raises(
+        ConfigError, match=r"^train\.prompt_template: .* cannot be filled with the fields of task 'a'"
+    ):
+        source.load(split="train")
+    # Control: a template of the task's fields, with escaped braces, fills.
+    fine = InlineTasks(type="inline", items=source.items, prompt_template="{{Q}} {prompt}")
+    assert fine.load(split="train")[0].data["prompt"] == "{Q} 2+2?"
+
+
+def test_harnessrl_train_refuses_an_unfillable_prompt_template_with_exit_2_and_no_folder(tmp_path):
+    config = Path(__file__).resolve().parents[2] / "examples" / "tiny" / "train.toml"
+    run_dir = tmp_path / "run"
+    argv = [sys.executable, "-m", "harnessrl", "train", str(config), "--run-dir", str(run_dir)]
+    done = subprocess.run(
+        [*argv, "--set", "tasks.prompt_template='Solve {'"], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "tasks.prompt_template: 'Solve {' cannot be filled" in done.stderr
+    assert "Traceback" not in done.stderr and not run_dir.exists()

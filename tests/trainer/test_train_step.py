@@ -8,6 +8,7 @@ The N-rank reducer runs in ``tests/trainer/test_distributed.py`` (the torchrun e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -24,7 +25,7 @@ from harnessrl.trainer.config import OptimizerConfig, TrainConfig
 from harnessrl.trainer.forward import prefix_logprobs
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.prefix_tree import PrefixBatch
-from harnessrl.trainer.train_step import OneProcess, micro_batches, train_step
+from harnessrl.trainer.train_step import NonFiniteStep, OneProcess, micro_batches, train_step
 from harnessrl.trajectory import Sample, SampledSpan
 
 MICRO_BATCH_TOKENS = 40  # several micro-batches per step
@@ -329,3 +330,85 @@ def test_non_finite_or_out_of_range_optimizer_settings_are_refused(bad):
     with pytest.raises(ValueError):
         OptimizerConfig(**bad)
     OptimizerConfig(grad_clip=math.inf)  # control: an infinite clip is "no clipping"
+
+
+def test_a_step_without_loss_tokens_still_advances_the_lr_schedule():
+    """Regression: a skipped step (no loss token) left the LR scheduler where it was, so every later
+    step trained at the rate of the step before it (a warmup one step longer, a decay that never
+    reached its end), though the step counts as a policy version and in ``trainer.steps``."""
+
+    def build() -> TrainablePolicy:
+        return TrainablePolicy(
+            tiny_model_dir(), optimizer=OptimizerConfig(lr=1e-2, warmup_steps=3), total_steps=6, row_tokens=24
+        )
+
+    straight, skipping = build(), build()
+    rates = [step(straight, AlgorithmConfig(), s)["policy/lr"] for s in range(3)]
+    assert rates == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2])  # the warmup, step by step
+    empty = [dataclasses.replace(s, loss_mask=[0] * len(s)) for s in make_samples(0)]
+    before = weights(skipping)
+    skipped = train_step(skipping.learner, empty, AlgorithmConfig(), temperature=0.9, micro_batch_tokens=40)
+    assert skipped == {"policy/loss": 0.0, "policy/skipped": 1.0}
+    assert all(torch.equal(before[k], v) for k, v in weights(skipping).items())  # no update...
+    assert not skipping.optimizer.state  # ...and AdamW has not counted one
+    # ...but steps 2 and 3 train at the schedule's rates for steps 2 and 3.
+    assert [step(skipping, AlgorithmConfig(), s)["policy/lr"] for s in (1, 2)] == pytest.approx(rates[1:])
+
+
+@pytest.mark.parametrize(
+    ("spoil", "proximal"),
+    [
+        ("behaviour_logprob", "trainer"),  # NaN importance weight: a NaN gradient
+        ("behaviour_logprob", "behaviour"),  # a NaN loss, its token untrained
+        ("advantage", "behaviour"),
+    ],
+)
+def test_a_step_whose_loss_or_gradient_is_not_finite_is_refused_and_changes_nothing(spoil, proximal):
+    """Regression: a NaN in the step's data was applied: the NaN gradient made every weight NaN (the
+    engine then served them) or the NaN loss went by with a token silently untrained."""
+    algorithm = AlgorithmConfig(proximal=proximal)
+    samples = make_samples(0)
+    if spoil == "advantage":
+        samples[2] = dataclasses.replace(samples[2], advantage=math.nan)
+    else:
+        samples[0].behaviour_logprobs[10] = math.nan
+    policy = new_policy()
+    before = weights(policy)
+    with pytest.raises(NonFiniteStep, match=r"the step's loss is nan and its gradient norm .*: not applied"):
+        train_step(policy.learner, samples, algorithm, temperature=0.9, micro_batch_tokens=MICRO_BATCH_TOKENS)
+    assert all(torch.equal(before[k], v) for k, v in weights(policy).items())
+    assert not policy.optimizer.state and policy.scheduler.last_epoch == 0
+    assert all(p.grad is None for p in policy.model.parameters())
+    # Control: the same policy takes the clean step, and it moves the weights.
+    metrics = step(policy, algorithm)
+    assert math.isfinite(metrics["policy/loss"]) and policy.scheduler.last_epoch == 1
+    assert any(not torch.equal(before[k], v) for k, v in weights(policy).items())
+
+
+def test_a_resumed_policy_trains_with_this_runs_optimizer_settings(tmp_path):
+    """Regression: loading a checkpoint's optimizer and scheduler state brought back their saved
+    ``lr``, ``betas`` and ``weight_decay``: ``--resume --set optimizer.lr=...`` went on at the old
+    rate. With the settings unchanged, the resumed step is the uninterrupted one, exactly."""
+    optimizer = OptimizerConfig(lr=1e-2, warmup_steps=2, schedule="linear")
+    straight = TrainablePolicy(tiny_model_dir(), optimizer=optimizer, total_steps=4, row_tokens=24)
+    first = TrainablePolicy(tiny_model_dir(), optimizer=optimizer, total_steps=4, row_tokens=24)
+    want = [step(straight, AlgorithmConfig(), s) for s in range(2)][1]
+    step(first, AlgorithmConfig())
+    folder = first.save_checkpoint(tmp_path / "ckpt")
+
+    same = TrainablePolicy(folder, optimizer=optimizer, total_steps=4, row_tokens=24)
+    same.load_trainer_state(folder)
+    assert step(same, AlgorithmConfig(), 1)["policy/lr"] == want["policy/lr"] == pytest.approx(1e-2)
+    for name, value in weights(straight).items():
+        torch.testing.assert_close(weights(same)[name], value, rtol=0, atol=1e-6)
+
+    changed = optimizer.model_copy(update={"lr": 1e-4, "betas": (0.5, 0.9), "weight_decay": 0.1})
+    resumed = TrainablePolicy(folder, optimizer=changed, total_steps=4, row_tokens=24)
+    resumed.load_trainer_state(folder)
+    assert step(resumed, AlgorithmConfig(), 1)["policy/lr"] == pytest.approx(1e-4)  # step 2 of 2 of warmup
+    group = resumed.optimizer.param_groups[0]
+    assert (group["betas"], group["weight_decay"]) == ((0.5, 0.9), 0.1)
+    assert resumed.scheduler.get_last_lr()[0] == pytest.approx(
+        1e-4
+    )  # step 3: the decay starts at the new rate
+    assert len(resumed.optimizer.state) == len(list(resumed.model.parameters()))  # the moments were kept

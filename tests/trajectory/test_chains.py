@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 
@@ -241,6 +242,20 @@ def test_logprob_count_must_match_response():
     )
     with pytest.raises(InvalidBatch):
         calls_to_samples(rollout(), [call])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_a_non_finite_logprob_is_refused_naming_the_call_and_token(bad):
+    """A NaN behaviour logprob reached the loss: with the trainer proximal it made the importance
+    weight, the gradient and then every weight of the policy NaN; with the behaviour proximal the
+    step's loss NaN and the token silently untrained."""
+    c = Calls()
+    chain = c.add([7], [8, 9])
+    c.add(chain + [4], [5, 6, 11])
+    assert len(build_rollout_samples(rollout(), c.calls).samples) == 1  # finite logprobs: built
+    c.calls[1].response_logprobs[2] = bad
+    with pytest.raises(InvalidBatch, match=r"call 1 of rollout r: response token 2 has logprob -?(nan|inf)"):
+        build_rollout_samples(rollout(), c.calls)
 
 
 def test_a_call_with_an_empty_prompt_is_refused_naming_it():

@@ -50,11 +50,18 @@ def _mean(xs: Sequence[float]) -> float:
 
 
 def _std(xs: Sequence[float]) -> float:
-    """Sample standard deviation (n - 1); 0 for fewer than two values."""
+    """Sample standard deviation (n - 1); 0 for fewer than two values.
+
+    The deviations are scaled by the largest before squaring: ``(x - m) ** 2`` raised
+    ``OverflowError`` for rewards past 1e154 (a traceback instead of a step), and unscaled squares
+    made such a group's std infinite and its advantages silently 0."""
     if len(xs) < 2:
         return 0.0
     m = _mean(xs)
-    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    scale = max(abs(x - m) for x in xs)
+    if scale == 0 or not math.isfinite(scale):
+        return scale  # 0, or not a number to divide by (``rollout_advantages`` refuses the result)
+    return scale * math.sqrt(sum(((x - m) / scale) * ((x - m) / scale) for x in xs) / (len(xs) - 1))
 
 
 def _centered(rewards_R: Sequence[float], group_index_R: Sequence[int]) -> list[float]:
@@ -125,8 +132,9 @@ class RolloutAdvantages:
 def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> RolloutAdvantages:
     """Compute each rollout's advantage within its group (see the module docstring).
 
-    Raises ``InvalidBatch`` for a rollout given twice, or a reward that is NaN or infinite (of a
-    rollout that is not an infrastructure failure, whose reward is never used).
+    Raises ``InvalidBatch`` for a rollout given twice, a reward that is NaN or infinite (of a
+    rollout that is not an infrastructure failure, whose reward is never used), or rewards so large
+    that an advantage is not a finite number.
     """
     estimator = ADVANTAGE_ESTIMATORS[config.advantage]
     excluded: dict[str, str] = {}
@@ -164,6 +172,14 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
 
     rewards_R = [float(r.reward) for r in kept]  # type: ignore[arg-type]
     advantages_R = estimator(rewards_R, group_index_R, config.eps)
+    for rollout, advantage in zip(kept, advantages_R, strict=True):
+        if not math.isfinite(advantage):
+            # Finite rewards near the float limit (1e308) overflow the group's sum: its mean is
+            # infinite and every advantage of the group NaN, which made every weight NaN.
+            raise InvalidBatch(
+                f"rollout {rollout.rollout_id} (group {group_key(rollout)}, reward {rollout.reward!r}) "
+                f"gets advantage {advantage!r}: its group's rewards are too large to average"
+            )
     groups = len(by_group)
     reasons = list(excluded.values())
     # Infrastructure failures are counted once, by the step (rollouts/infra_failures).

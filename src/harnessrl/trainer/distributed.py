@@ -59,7 +59,7 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import merged_from_state, save_adapter_state
-from harnessrl.trainer.policy import TrainablePolicy, evaluating
+from harnessrl.trainer.policy import TrainablePolicy, apply_optimizer_config, evaluating
 from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
 
@@ -282,6 +282,8 @@ class ShardedPolicy:
         box = [saved.get("scheduler")]
         dist.broadcast_object_list(box, src=0, group=self.ctx.control)
         self.policy.scheduler.load_state_dict(box[0])
+        # this run's [optimizer] settings, not the saved ones (``policy.apply_optimizer_config``)
+        apply_optimizer_config(self.policy.optimizer, self.policy.scheduler, self.policy.config.optimizer)
 
 
 # -- one data-parallel optimizer step ----------------------------------------------------------------

@@ -99,7 +99,11 @@ def with_lora(
     check_lora(model, lora)
     if adapter_dir is not None:
         check_adapter_matches(Path(adapter_dir), lora)
-        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True)
+        # The saved adapter's settings, with this run's dropout: it may change on --resume
+        # (docs/train.md), and PEFT alone takes the saved one (a new dropout was silently ignored).
+        saved = LoraConfig.from_pretrained(str(adapter_dir))
+        saved.lora_dropout = lora.dropout
+        return PeftModel.from_pretrained(model, str(adapter_dir), is_trainable=True, config=saved)
     return get_peft_model(
         model,
         LoraConfig(

@@ -349,8 +349,29 @@ class TrainablePolicy:
         state: dict[str, Any] = torch.load(folder / "trainer_state.pt", weights_only=False)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_optimizer_config(self.optimizer, self.scheduler, self.config.optimizer)
         if "rng" in state:
             set_rng_state(state["rng"], self.device)
+
+
+def apply_optimizer_config(
+    optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, config: OptimizerConfig
+) -> None:
+    """After a checkpoint's optimizer and LR-schedule state were loaded: this run's ``[optimizer]``
+    settings, not the saved ones. ``load_state_dict`` brings back the saved param groups' ``lr``,
+    ``betas`` and ``weight_decay`` and the schedule's base rates, so ``--resume --set optimizer.lr=...``
+    went on at the old rate, silently. The step count, AdamW's moments and the schedule's position
+    are kept; the rate is the (possibly new) schedule's at that position: with unchanged settings,
+    exactly the saved one."""
+    for group in optimizer.param_groups:
+        group["initial_lr"] = config.lr
+        group["betas"] = tuple(config.betas)
+        group["weight_decay"] = config.weight_decay
+    scheduler.base_lrs = [config.lr] * len(optimizer.param_groups)
+    if isinstance(scheduler, torch.optim.lr_scheduler.LambdaLR):
+        for group, factor in zip(optimizer.param_groups, scheduler.lr_lambdas, strict=True):
+            group["lr"] = config.lr * factor(scheduler.last_epoch)
+        scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]  # what get_last_lr() reads
 
 
 @contextlib.contextmanager

@@ -40,8 +40,15 @@ class SourceBase(Section):
                 }  # the prompt reaches the harness
                 try:
                     task.data["prompt"] = self.prompt_template.format(**visible)
-                except (KeyError, IndexError) as exc:
+                except KeyError as exc:
                     raise ConfigError(f"{split}.prompt_template: the task has no field {exc}") from exc
+                except (IndexError, AttributeError, TypeError, ValueError) as exc:
+                    # A stray brace, a positional "{0}", "{prompt.x}", "{prompt!z}": a traceback (exit
+                    # 1) before, not the one line naming the field.
+                    raise ConfigError(
+                        f"{split}.prompt_template: {self.prompt_template!r} cannot be filled with the "
+                        f"fields of task {task.task_id!r} ({exc}); write {{field}} for a field, {{{{ or }}}} for a brace"
+                    ) from exc
         for task in tasks:  # every source, inline items and SWE-smith records included
             check_visible(task.data, where=f"{split} tasks: task {task.task_id!r}")
         return tasks

@@ -15,7 +15,9 @@ the policy's config) and takes a ``Ranks`` object for what differs between one p
 4. Per round, forwards (``trainer/forward.py``) go through ``Ranks.forward`` (the FSDP root on
    torchrun): with ``kl_coef > 0`` first the frozen reference model's log-probs (no grad), then the
    policy's; then the loss (``micro_batch_loss``) and its backward.
-5. Gradient clip, optimizer and LR scheduler step; then the gradients are dropped
+5. Gradient clip, optimizer and LR scheduler step (``NonFiniteStep``, nothing changed, when the
+   step's loss or gradient norm is NaN or infinite; a step with no loss token steps only the LR
+   scheduler: the schedule follows the step count); then the gradients are dropped
    (``zero_grad(set_to_none=True)``), so the ``4 P`` bytes they hold are not kept between steps,
    through the rollouts and held-out evaluations, while nothing reads them. The metrics' sums are one float64 vector per rank
    (``StepSums``, laid out by ``algorithms.losses.LOSS_METRICS``); ``Ranks.gather`` stacks every
@@ -48,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -57,7 +60,7 @@ import torch
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.losses import LOSS_METRICS, MicroBatch, collate, micro_batch_loss
 from harnessrl.algorithms.packing import StepTotals, pack_micro_batches, step_totals
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.trainer import allocator
 from harnessrl.trainer.config import PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, prefix_logprobs, sequence_logprobs
@@ -314,6 +317,10 @@ def reduce_sums(parts_W_L: torch.Tensor, loss_tokens: int) -> dict[str, float]:
 
 
 # -- the step -----------------------------------------------------------------------------------------
+class NonFiniteStep(HarnessRLError):
+    """A step whose loss or gradient is NaN or infinite: refused before the optimizer step."""
+
+
 def train_step(
     learner: Learner,
     samples: list[Sample],
@@ -327,6 +334,14 @@ def train_step(
     ranks = ranks or OneProcess()
     totals = step_totals(samples)  # global normalizers: every rank sees the whole step
     if totals.num_loss_tokens == 0:
+        # No update, but the step counts (it is a policy version, and trainer.steps counts it): the
+        # LR schedule advances as on any step, so step N always trains at the schedule's rate for N.
+        # Left behind, every skip shifted the whole schedule one step later (a warmup one step
+        # longer, a decay that never reached its end) and a resumed run kept the shift.
+        with warnings.catch_warnings():
+            # torch warns of a scheduler step before the optimizer's first: intended here
+            warnings.filterwarnings("ignore", message=r"Detected call of `lr_scheduler\.step\(\)`")
+            learner.scheduler.step()
         return {"policy/loss": 0.0, "policy/skipped": 1.0}
     with_reference = algorithm.kl_coef > 0
     if with_reference and learner.reference is None:
@@ -383,6 +398,19 @@ def train_step(
     clip = learner.config.optimizer.grad_clip or math.inf
     norm = torch.nn.utils.clip_grad_norm_(learner.model.parameters(), clip)
     grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    # Gathered before the update (a collective every rank enters): the step's loss over all ranks.
+    metrics = reduce_sums(ranks.gather(sums.vector()), totals.num_loss_tokens)
+    if not (math.isfinite(grad_norm) and math.isfinite(metrics["policy/loss"])):
+        # A NaN gradient made every weight NaN (and the engine then served them); a NaN loss with a
+        # finite gradient trained its token on nothing. Both values are the whole step's, the same
+        # on every rank, so every rank refuses together. Nothing changed: not the weights, the
+        # optimizer state or the LR schedule.
+        learner.optimizer.zero_grad(set_to_none=True)
+        raise NonFiniteStep(
+            f"the step's loss is {metrics['policy/loss']} and its gradient norm {grad_norm}: not applied "
+            "(weights, optimizer and LR schedule unchanged). A NaN or infinity in the policy's "
+            "log-probs, the samples' behaviour log-probs or their advantages"
+        )
     lr = learner.scheduler.get_last_lr()[0]  # this update's rate; scheduler.step() then sets the next one
     learner.optimizer.step()
     learner.scheduler.step()
@@ -390,7 +418,6 @@ def train_step(
     # rather than at the next step's start (for SmolLM2-135M in fp32, 0.54 GB held otherwise).
     learner.optimizer.zero_grad(set_to_none=True)
 
-    metrics = reduce_sums(ranks.gather(sums.vector()), totals.num_loss_tokens)
     metrics.update(
         {
             "policy/grad_norm": grad_norm,

@@ -39,6 +39,7 @@ Pure Python: the gateway and dashboard import this module, so it never imports t
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -180,6 +181,17 @@ def _validate(call: Call) -> None:
             f"call {call.seq} of rollout {call.rollout_id}: {len(call.response_token_ids)} response tokens "
             f"but {len(call.response_logprobs)} logprobs"
         )
+    # A sampled token's logprob is a finite number <= 0. A NaN one made the importance weight of the
+    # trainer proximal NaN and with it every weight of the policy; with the behaviour proximal, the
+    # step's loss NaN and the token silently untrained. (The sum is one pass in C; the token is
+    # looked for only when it is not finite.)
+    if not math.isfinite(sum(call.response_logprobs)):
+        bad = next((i for i, x in enumerate(call.response_logprobs) if not math.isfinite(x)), None)
+        if bad is not None:
+            raise InvalidBatch(
+                f"call {call.seq} of rollout {call.rollout_id}: response token {bad} has logprob "
+                f"{call.response_logprobs[bad]!r}: logprobs must be finite numbers"
+            )
 
 
 def _contains(haystack: Sequence[int], needle: Sequence[int]) -> bool:
