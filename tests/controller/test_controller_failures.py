@@ -213,13 +213,10 @@ def test_attempts_a_shutdown_ended_do_not_use_up_infra_retries(tmp_path):
     for _ in range(2):  # two controllers stopped while they ran it
         [claimed] = store.claim_rollouts("gone", 1)
         store.requeue_rollout(rid, error="controller shut down", attempt=claimed.attempt)
-    # The scorer names a task field this task lacks: every attempt is an infrastructure failure.
+    # The scorer crashes on every input (json.loads of an EvaluationInput): every attempt is an
+    # infrastructure failure. (A task lacking a field the scorer names now fails at once, unretried.)
     controller = make_controller(
-        store,
-        tmp_path,
-        ["true"],
-        evaluator={"type": "command", "command": ["sh", "-c", "echo {task[hidden.tests]}"]},
-        max_infra_retries=1,
+        store, tmp_path, ["true"], evaluator={"type": "python", "function": "json:loads"}, max_infra_retries=1
     )
     [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=PATIENCE_S))
     asyncio.run(controller.shutdown())
@@ -237,9 +234,9 @@ TAMPERED_METADATA = {"calls_seen": 0, "sampled_by_discarded_weights": {"step": 1
     [
         # Declared an infrastructure failure (status failed): out of its group's baseline, unflagged.
         ("infra_failure", 0.0, None),
-        # Finished itself with full marks, then made the scoring fail (here: a task field missing):
+        # Finished itself with full marks, then made the scoring fail (here: a scorer that crashes):
         # the ended rollout refused the controller's retry, and the 1.0 stood.
-        ("success", 1.0, {"type": "command", "command": ["sh", "-c", "echo {task[hidden.tests]}"]}),
+        ("success", 1.0, {"type": "python", "function": "json:loads"}),
     ],
 )
 def test_a_rollout_ended_behind_the_controllers_back_is_void_whatever_it_claims(

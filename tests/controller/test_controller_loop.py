@@ -130,20 +130,17 @@ def test_a_requeued_attempt_is_killed_and_the_next_one_is_judged_alone(tmp_path)
 def test_infrastructure_failures_are_retried_then_recorded(tmp_path):
     store = SQLiteStore(tmp_path / "db.sqlite")
     rid = store.create_rollout(task={}).rollout_id
-    # The scorer names a task field this task lacks: the controller cannot even start it.
+    # The scorer crashes on every input (json.loads of an EvaluationInput): a broken scorer, not the
+    # policy's doing. (A task lacking a field the scorer names is failed once: test_controller_tasks.)
     controller = make_controller(
-        store,
-        tmp_path,
-        ["true"],
-        evaluator={"type": "command", "command": ["sh", "-c", "echo {task[hidden.tests]}"]},
-        max_infra_retries=2,
+        store, tmp_path, ["true"], evaluator={"type": "python", "function": "json:loads"}, max_infra_retries=2
     )
     [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=60))
     asyncio.run(controller.shutdown())
     assert rollout.status is RolloutStatus.FAILED
     assert rollout.outcome.value == "infra_failure"
     assert rollout.attempt == 2
-    assert "evaluator failed" in (rollout.error or "")
+    assert "evaluator failed: json:loads raised TypeError" in (rollout.error or "")
     assert sorted(p.name for p in (tmp_path / "run" / "rollouts" / rid).iterdir()) == [
         "attempt-0",
         "attempt-1",

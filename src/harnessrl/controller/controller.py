@@ -35,12 +35,13 @@ from harnessrl.controller.audit import AuditConfig
 from harnessrl.controller.audit.workspace import diff_workspace
 from harnessrl.controller.base import ExitKind, HarnessSpec, Runner
 from harnessrl.controller.evaluators import Evaluator
+from harnessrl.controller.harness import check_task
 from harnessrl.controller.retries import outcome_for, retry_or_fail
 from harnessrl.controller.scoring import attempt_metadata, audit_attempt, evaluate_attempt
 from harnessrl.controller.tamper import jsonable, void_finished_elsewhere
 from harnessrl.controller.task_environments import TaskEnvironments
 from harnessrl.environments.resolve import Environments
-from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
+from harnessrl.errors import ConfigError, HarnessRLError, InvalidTransition, NotFound
 from harnessrl.sandbox.bwrap import check_mounts
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
@@ -66,6 +67,12 @@ class ControllerConfig(BaseModel):
 
 
 HarnessResolver = Callable[[Rollout], HarnessSpec]
+
+
+class CallsUnreadable(HarnessRLError):
+    """The store could not give back an attempt's recorded calls (down a moment, or a row of the
+    attempt damaged: ``store.codecs`` refuses to guess): an infrastructure failure of that attempt,
+    whose next attempt records calls of its own."""
 
 
 class Controller:
@@ -230,7 +237,12 @@ class Controller:
             # nothing running it (until this controller shut down): ended here as an infrastructure
             # failure of this attempt, like an evaluator crash.
             log.exception("rollout %s attempt %d: the controller failed", rollout.rollout_id, rollout.attempt)
-            result = await self._release(rollout, f"controller error: {type(exc).__name__}: {exc}")
+            error = (
+                str(exc)
+                if isinstance(exc, CallsUnreadable)
+                else f"controller error: {type(exc).__name__}: {exc}"
+            )
+            result = await self._release(rollout, error)
             if rollout.rollout_id in self._unreleased:  # the store is down: what it held last
                 return rollout
         if not self.config.keep_workspaces:  # every way an attempt ends (the finish path did it already)
@@ -249,6 +261,9 @@ class Controller:
         # would start from what the dead one's wrote).
         await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
         harness = self.harness_for(rollout)
+        unfit = await asyncio.to_thread(self._task_unfit, harness, rollout)
+        if unfit is not None:  # the same task fails every attempt: one failure, not a retry each time
+            return await retry_or_fail(self.store, rollout, unfit, max_retries=0)
         audit = self.config.audit
         try:
             prepared = await prepare_attempt(
@@ -287,7 +302,14 @@ class Controller:
                 rollout, "the gateway refused connections while the harness ran (it was down or restarting)"
             )
 
-        calls = await asyncio.to_thread(self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt)
+        try:
+            calls = await asyncio.to_thread(
+                self.store.list_calls, rollout.rollout_id, attempt=rollout.attempt
+            )
+        except Exception as exc:  # noqa: BLE001 - the store down a moment, or a row of it damaged
+            raise CallsUnreadable(
+                f"cannot read the attempt's recorded calls: {type(exc).__name__}: {exc}"
+            ) from exc
         # Diffed before the evaluator runs: one that scores in place (sandbox "none") writes there.
         changes = None
         if prepared.before is not None:
@@ -308,7 +330,10 @@ class Controller:
         report, reward, flags = await audit_attempt(
             calls, result, audit, workspace=workspace, inside=prepared.inside, changes=changes
         )
-        if flags:
+        # Not on a later attempt's record: a requeue while this one was scored (no watcher then) let
+        # the next attempt run and end, and its flags were replaced by these before this finish was
+        # refused. (This attempt ended by someone else keeps them: the void adds its own flag.)
+        if flags and await asyncio.to_thread(self._still_this_attempt, rollout):
             await asyncio.to_thread(self.store.set_rollout_flags, rollout.rollout_id, flags)
         metadata = attempt_metadata(
             exit_,
@@ -333,6 +358,22 @@ class Controller:
             )
         except InvalidTransition:  # cancelled or requeued meanwhile, or finished by someone else
             return await void_finished_elsewhere(self.store, rollout)
+
+    def _still_this_attempt(self, rollout: Rollout) -> bool:
+        """Whether the store's rollout is still at ``rollout``'s attempt (not requeued since)."""
+        return self.store.get_rollout(rollout.rollout_id).attempt == rollout.attempt
+
+    def _task_unfit(self, harness: HarnessSpec, rollout: Rollout) -> str | None:
+        """Why the harness cannot start on the rollout's task, or the evaluator cannot score it
+        (``harness.check_task``: a field a template or the evaluator needs missing); None when it fits.
+        Tasks from a config or a JSONL file are checked before a run starts; one created through the
+        control API (``POST /api/rollouts``) was first checked by its attempts: each an infrastructure
+        failure, retried ``max_infra_retries`` times, with the scorer's message at best."""
+        try:
+            check_task(harness, rollout.task, self.evaluator.config)
+        except ConfigError as exc:
+            return f"the task does not fit: {exc}"
+        return None
 
     async def _release(self, rollout: Rollout, error: str) -> Rollout | None:
         """``_infra_failure``, or, when the store cannot take it now, remembered for the next ``fill``."""

@@ -321,15 +321,24 @@ async def run_one_rollout(
                 f"rollout {rollout.rollout_id} did not end within {limit:g} s (the harness's, the "
                 "evaluator's and the audit's time limits for every attempt, plus two minutes)"
             ) from exc
-        calls = [c for c in stack.store.list_calls(done.rollout_id) if c.attempt == done.attempt]
+        # The final attempt's calls (the reward's) only: a damaged row of an earlier attempt (retried:
+        # the controller could not read it) made reading them all raise, a traceback once it was scored.
+        try:
+            calls = await asyncio.to_thread(stack.store.list_calls, done.rollout_id, attempt=done.attempt)
+            counted: tuple[int | None, int | None] = (
+                len(calls),
+                sum(len(c.prompt_token_ids) + len(c.response_token_ids) for c in calls),
+            )
+        except Exception:  # noqa: BLE001 - this attempt's own rows damaged: its error says so
+            counted = (None, None)
     attempt_dir = run_dir / "rollouts" / done.rollout_id / f"attempt-{done.attempt}"
     return {
         "rollout_id": done.rollout_id,
         "status": done.status.value,
         "outcome": done.outcome.value if done.outcome else None,
         "reward": done.reward,
-        "calls": len(calls),  # the final attempt's, which the reward and the samples come from
-        "tokens": sum(len(c.prompt_token_ids) + len(c.response_token_ids) for c in calls),
+        "calls": counted[0],  # None: the store cannot give them back
+        "tokens": counted[1],
         "flags": done.flags,
         "attempts": done.attempt + 1,
         "error": done.error if done.status is not RolloutStatus.FINISHED else None,

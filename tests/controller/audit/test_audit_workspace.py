@@ -265,6 +265,49 @@ def test_a_workspace_grown_past_the_entry_cap_is_flagged_one_that_shipped_so_is_
     assert rules(diff) == set()
 
 
+def nest_past_path_max(ws: Path, name: str, code: str) -> None:
+    """``name`` nested in folders whose path passes PATH_MAX (4096), written through folder
+    descriptors as a policy's code can (``os.chdir`` step by step), with ``code`` in ``deep.py``."""
+    fd = os.open(ws, os.O_RDONLY)
+    try:
+        for _ in range(30):  # 30 x 201 characters
+            os.mkdir(name * 200, dir_fd=fd)
+            inner = os.open(name * 200, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        out = os.open("deep.py", os.O_CREAT | os.O_WRONLY, 0o644, dir_fd=fd)
+        os.write(out, code.encode())
+        os.close(out)
+    finally:
+        os.close(fd)
+
+
+def test_code_nested_past_path_max_is_flagged_not_skipped(tmp_path):
+    """The walk read folders by path: one nested past PATH_MAX failed (ENAMETOOLONG), was noted in
+    the bounds and skipped, so the code the policy put there was never read, and nothing was flagged."""
+    hidden = "import socket\nsocket.create_connection(('example.com', 80))\n"
+    _, diff = run_policy(
+        tmp_path / "a", {"solution.py": BUGGY}, lambda ws: nest_past_path_max(ws, "d", hidden)
+    )
+    assert diff.unreadable and diff.unreadable[0].startswith("d" * 200)
+    assert OBFUSCATED_CODE in rules(diff)
+
+    # the control: the same code in a shallow folder is read (and flagged for what it does)
+    _, diff = run_policy(
+        tmp_path / "b", {"solution.py": BUGGY}, lambda ws: (ws / "deep.py").write_text(hidden)
+    )
+    assert diff.unreadable == () and OBFUSCATED_CODE not in rules(diff) and PYTHON_NETWORK in rules(diff)
+
+    # a folder the task shipped that deep is only noted (the policy did not make it)
+    ws = make_workspace(tmp_path / "c", {"solution.py": BUGGY})
+    nest_past_path_max(ws, "s", "x = 1\n")
+    before = snapshot_workspace(ws)
+    (ws / "solution.py").write_text(BUGGY + "y = 2\n")
+    diff = diff_workspace(before, ws)
+    assert diff.unreadable == () and any("unreadable folder" in b for b in diff.bounds)
+    assert rules(diff) == set()
+
+
 # -- the rules on changed files ----------------------------------------------------------------------
 
 PROC_CODE = "import os\ntry:\n    ENV = open('/proc/%d/environ' % os.getppid(), 'rb').read()\nexcept OSError:\n    pass\n"

@@ -128,7 +128,21 @@ async def test_pod_log_saved_before_wait_returns(fake_k8s, runners, make_launch)
     assert (await asyncio.wait_for(handle.wait(), 60)).exit_code == 0
     assert (launch.log_dir / "stdout.log").read_text() == "thinking...\nFINAL ANSWER: 4\n"
     logs = [q for m, p, q in fake_k8s.requests if p.endswith("/log")]
-    assert logs == [{"container": "harness", "limitBytes": str(10 * 1024 * 1024)}]
+    assert logs == [{"container": "harness"}]
+
+
+async def test_a_long_pod_log_keeps_its_end(fake_k8s, runners, make_launch) -> None:
+    """The log past ``max_log_bytes`` keeps its last bytes, where the answer (and a failing harness's
+    reason) is: ``limitBytes`` kept the head, and an evaluator reading stdout scored the answer lost."""
+    runner = runners(max_log_bytes=64)
+    launch = make_launch("r1")
+    handle = await runner.launch(launch)
+    log = "".join(f"step {i}: thinking...\n" for i in range(20_000)) + "FINAL ANSWER: 4\n"
+    fake_k8s.write_log(handle.job_name, log)
+    fake_k8s.succeed_job(handle.job_name)
+    assert (await asyncio.wait_for(handle.wait(), 60)).exit_code == 0
+    assert (launch.log_dir / "stdout.log").read_text() == log[-64:]
+    assert log[-64:].endswith("FINAL ANSWER: 4\n")  # the control: what is kept is the end
 
 
 async def test_stuck_image_pull_is_infra_and_deleted(fake_k8s, runners, make_launch) -> None:

@@ -45,6 +45,14 @@ def audit_files(
         # The task's workspace fit the walk and the policy's did not: what it hid past the cap is unread.
         note = next((b for b in changes.bounds if "walk stopped" in b), "walk stopped")
         flags.append(AuditFlag(rule=OBFUSCATED_CODE, call_seq=None, command=f"workspace: {note}", match=note))
+    if changes.unreadable and OBFUSCATED_CODE in wanted:
+        # A folder nested past PATH_MAX (or made unreadable) the walk could not enter: what the policy
+        # put there was never read, and the scored code can still reach it (``os.chdir`` step by step).
+        listed = ", ".join(changes.unreadable[:5]) + (" ..." if len(changes.unreadable) > 5 else "")
+        command = f"workspace: {len(changes.unreadable)} entries the audit could not read: {listed}"
+        flags.append(
+            AuditFlag(rule=OBFUSCATED_CODE, call_seq=None, command=command, match=changes.unreadable[0])
+        )
     for index, change in enumerate(changes.changes):
         if budget is not None and budget.spent():
             if OBFUSCATED_CODE in wanted:

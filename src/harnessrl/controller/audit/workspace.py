@@ -78,6 +78,7 @@ class WorkspaceSnapshot:
     entries: dict[str, _Entry] = field(default_factory=dict)
     bounds: list[str] = field(default_factory=list)  # caps hit while walking
     complete: bool = True  # False when the walk stopped early (too many entries)
+    unreadable: list[str] = field(default_factory=list)  # folders and files the walk could not read
 
 
 class Hunk(BaseModel):
@@ -117,6 +118,9 @@ class WorkspaceDiff(BaseModel):
     bounds: tuple[str, ...] = ()
     complete: bool = True  # both walks saw every entry
     grew_past_bounds: bool = False  # the before walk was complete and the after walk was not
+    # Folders and files the after walk could not read that the before walk could (nested past
+    # PATH_MAX, made unreadable: the policy's doing), at most ``_MAX_NOTES``: what they hold is unread.
+    unreadable: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -142,6 +146,7 @@ def _walk(root: Path, limits: SnapshotLimits, *, index_lines: bool) -> Workspace
                 listing = sorted(itertools.islice(it, limits.max_entries - seen + 1), key=lambda e: e.name)
         except OSError as exc:
             snap.bounds.append(f"unreadable folder {_show(rel_dir or '.')}: {exc.strerror or exc}")
+            snap.unreadable.append(rel_dir)
             continue
         subdirs = []
         for entry in listing:
@@ -163,6 +168,7 @@ def _walk(root: Path, limits: SnapshotLimits, *, index_lines: bool) -> Workspace
                     snap.entries[rel] = _Entry("special", _special_kind(mode))
             except OSError as exc:
                 snap.bounds.append(f"unreadable {_show(rel)}: {exc.strerror or exc}")
+                snap.unreadable.append(rel)
         stack.extend(reversed(subdirs))  # depth first, in name order
     return snap
 
@@ -243,6 +249,7 @@ def _read_text(root: Path, rel: str, limit: int) -> bytes | None:
 # ---------------------------------------------------------------------------------------------------
 
 _MAX_NOTES = 50  # bound notes kept in a diff (one per unreadable or unhashed file otherwise)
+_SHOWN_PATH = 300  # characters of an unreadable path kept (one nested past PATH_MAX is longer)
 _CODE_SUFFIXES = (".py", ".pyw", ".pth", ".sh", ".bash", ".zsh", ".ksh")
 
 
@@ -299,11 +306,14 @@ def diff_workspace(
     changes.sort(key=lambda c: c.path)
     if len(bounds) > _MAX_NOTES:
         bounds = [*bounds[:_MAX_NOTES], f"... and {len(bounds) - _MAX_NOTES} more"]
+    shipped = set(before.unreadable)
+    unreadable = [_show(rel or ".")[:_SHOWN_PATH] for rel in after.unreadable if rel not in shipped]
     return WorkspaceDiff(
         changes=tuple(changes),
         bounds=tuple(bounds),
         complete=before.complete and after.complete,
         grew_past_bounds=before.complete and not after.complete,
+        unreadable=tuple(unreadable[:_MAX_NOTES]),
     )
 
 

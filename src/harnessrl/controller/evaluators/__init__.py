@@ -71,6 +71,9 @@ __all__ = [
 
 
 class Evaluator(Protocol):
+    #: What it was built from; ``config.check_task`` says whether a task can be scored at all.
+    config: EvaluatorConfig
+
     def validate(self) -> None:
         """Raise ``ConfigError`` if this evaluator cannot work at all (before any rollout starts)."""
 

@@ -204,7 +204,9 @@ class KubernetesRunnerConfig(BaseModel):
         description="after start, wait this long before deleting Jobs nobody launched",
     )
     request_timeout_s: float = Field(default=30.0, gt=0, allow_inf_nan=False)
-    max_log_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="pod log kept as stdout.log")
+    max_log_bytes: int = Field(
+        default=10 * 1024 * 1024, ge=1, description="the end of the pod log kept as stdout.log"
+    )
 
     @field_validator("network_policy", mode="before")
     @classmethod

@@ -522,16 +522,34 @@ class KubernetesRunner:
             _settle(attempt.done, exit_)
 
     async def _save_log(self, attempt: _Attempt, pod: ObservedPod) -> None:
-        """The harness container's log as ``stdout.log`` (Kubernetes merges stdout and stderr)."""
-        data = await self._call(
-            self._core.read_namespaced_pod_log,
-            pod.name,
-            self.config.namespace,
-            container=pod.harness_container,
-            limit_bytes=self.config.max_log_bytes,
-        )
-        # limitBytes is a hint: the API "may return slightly more" (and a proxy may ignore it).
-        data = data[: self.config.max_log_bytes]
+        """The end of the harness container's log (its last ``max_log_bytes``) as ``stdout.log``
+        (Kubernetes merges stdout and stderr). The API's ``limitBytes`` keeps a log's head: a long
+        log lost its end, where a harness prints its answer and a failing one says why. The log is
+        read as a stream, holding at most twice ``max_log_bytes`` at a time."""
+        limit = self.config.max_log_bytes
+
+        def read_tail() -> bytes:
+            try:
+                resp = self._core.read_namespaced_pod_log(
+                    pod.name,
+                    self.config.namespace,
+                    container=pod.harness_container,
+                    _preload_content=False,
+                    _request_timeout=self.config.request_timeout_s,
+                )
+                tail = bytearray()
+                try:
+                    for chunk in resp.stream(1 << 16):
+                        tail += chunk
+                        if len(tail) > 2 * limit:
+                            del tail[:-limit]
+                finally:
+                    resp.release_conn()
+            except urllib3.exceptions.HTTPError as exc:  # refused, reset, timed out: not an API answer
+                raise UpstreamError(f"Kubernetes API at {self.api_client.configuration.host}: {exc}") from exc
+            return bytes(tail[-limit:])
+
+        data = await asyncio.to_thread(read_tail)
         path = attempt.launch.log_dir / "stdout.log"
 
         def write() -> None:
