@@ -286,6 +286,38 @@ def test_a_last_line_cut_short_by_a_crash_is_measured_again(tmp_path: Path):
     assert result.exit_code == 2 and "out.jsonl:1: not valid JSON" in result.output
 
 
+def test_a_last_line_cut_inside_a_character_is_measured_again_too(tmp_path: Path):
+    """Records are appended with their non-ASCII text raw, so a crash mid-append can cut a line inside
+    a character. Decoding OUT whole then refused it ("cannot read ...: 'utf-8' codec can't decode"),
+    and with it every resume. Each line is decoded on its own now: the cut one is a torn last line
+    (its task runs again), every whole line is kept; the control cuts the same line at an ASCII byte."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    a = record(0, 0)
+    b = {**record(1, 3), "problem_statement": "Tâche 1 : réponds par la réponse."}
+    src = write_records(tmp_path / "in.jsonl", [a, b])
+    line = (json.dumps(calibrated(b, 4), ensure_ascii=False) + "\n").encode()
+    inside = line.index("â".encode()) + 1  # between the two bytes of "â"
+    for cut in (inside - 1, inside):  # the control first: cut at the ASCII byte before it
+        out = write_records(tmp_path / "out.jsonl", [calibrated(a, 0)])
+        with out.open("ab") as fh:
+            fh.write(line[:cut])
+        result = calibrate_in_process(tmp_path, src, out)
+        assert result.exit_code == 0, (cut, result.output)
+        report = json.loads(result.stdout.strip().splitlines()[-1])
+        assert (report["skipped_already_done"], report["calibrated"]) == (1, 1)
+        assert read_records(out) == [
+            calibrated(a, 0),
+            {**b, "calibration": read_records(out)[1]["calibration"]},
+        ]
+        assert read_records(out)[1]["calibration"]["passes"] == 3
+
+    out.write_bytes(b"\xff\xfe\n" + json.dumps(calibrated(a, 0)).encode() + b"\n")  # not a torn append
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 2 and "out.jsonl:1: not UTF-8" in result.output, result.output
+
+
 def test_a_record_whose_hidden_is_no_object_is_refused_naming_it(tmp_path: Path):
     """``to_task`` ran ``dict(record["hidden"])``: a string was a ValueError traceback once the
     environments were being checked (a list of pairs silently became an object)."""

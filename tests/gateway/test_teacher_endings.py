@@ -44,8 +44,9 @@ def sse(payload: dict[str, Any]) -> str:
     return f"event: {payload['type']}\ndata: {json.dumps(payload)}\n\n"
 
 
-def chat_upstream(finish: str) -> Starlette:
-    """A chat completions upstream whose answer ends with ``finish``, whole or streamed."""
+def chat_upstream(finish: str | None) -> Starlette:
+    """A chat completions upstream whose answer ends with ``finish``, whole or streamed (``None``:
+    JSON ``null``, no finish reason)."""
 
     async def models(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [{"id": "u", "object": "model"}]})
@@ -187,6 +188,21 @@ def test_a_chat_upstreams_ending_is_recorded_in_every_api(
     assert [c.finish_reason for c in calls] == [finish] * 6
     # sft: a cut answer is never trained; the control (``stop``) is
     assert [skipped(c) for c in calls] == [None if finish == "stop" else "truncated"] * 6
+
+
+def test_a_whole_answer_with_no_finish_reason_is_not_trained_as_a_finished_one(
+    tmp_path: Path, tokenizer: PolicyTokenizer
+) -> None:
+    """A whole chat answer whose ``finish_reason`` is null was recorded as ``stop`` in every API, so
+    sft trained it as a finished answer though the upstream never said it ended (a stream without
+    one is refused and left unrecorded). It is recorded as ``no_finish_reason`` now; the harness is
+    answered as before. The control is ``stop`` in the test above."""
+    paths = ["chat/completions", "messages", "responses"]
+    calls = recorded_calls(chat_upstream(None), "chat", paths, tmp_path, tokenizer)
+    # Only the whole answers are recorded: each stream ended with an upstream error event.
+    assert [c.api for c in calls] == ["chat.completions", "messages", "responses"]
+    assert [c.finish_reason for c in calls] == ["no_finish_reason"] * 3
+    assert [skipped(c) for c in calls] == ["truncated"] * 3
 
 
 @pytest.mark.parametrize(

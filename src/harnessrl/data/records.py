@@ -38,21 +38,31 @@ def read_records(path: str | Path) -> list[Record]:
 def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[list[Record], bool]:
     """``read_records`` for a file written by ``append_record``: with ``torn_tail``, a last line
     without its newline that is not a JSON object (an append cut short: the process killed, the
-    disk full) is left out, and the second value says so; any other bad line is an error."""
+    disk full) is left out, and the second value says so; any other bad line is an error.
+
+    Each line is decoded on its own: an append cut inside a character (a record's non-ASCII text is
+    written raw) is a torn last line like any other, where decoding the whole file refused it and
+    with it every resume; a line that is not UTF-8 anywhere else is an error naming it."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
         raise ConfigError(f"data: cannot read {path}: {exc}") from exc
-    lines = text.split("\n")
+    raw_lines = data.split(b"\n")
     records: list[Record] = []
-    for lineno, line in enumerate(lines, start=1):
+    for lineno, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            if torn_tail and lineno == len(raw_lines):  # cut inside a character
+                return records, True
+            raise ConfigError(f"data: {path}:{lineno}: not UTF-8 text: {exc}") from exc
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except ValueError as exc:
-            if torn_tail and lineno == len(lines):  # the last line, not ended by "\n": cut short
+            if torn_tail and lineno == len(raw_lines):  # the last line, not ended by "\n": cut short
                 return records, True
             raise ConfigError(f"data: {path}:{lineno}: not valid JSON: {exc}") from exc
         except RecursionError:  # [[[[...: json's decoder recurses once per level
@@ -63,9 +73,16 @@ def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[
     return records, False
 
 
+#: A lone UTF-16 surrogate: JSON's ``"\\ud800"`` escape reads back as one, which UTF-8 cannot encode.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def json_line(record: Record) -> str:
-    """One record as a JSONL line (non-ASCII written as is)."""
-    return json.dumps(record, ensure_ascii=False) + "\n"
+    """One record as a JSONL line (non-ASCII written as is). A lone surrogate (a string of the input
+    held the escape ``"\\ud800"``, which JSON allows and ``json.loads`` reads) is written as that
+    escape again: written raw, UTF-8 refused it and every command ended in a traceback."""
+    line = json.dumps(record, ensure_ascii=False)
+    return _LONE_SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", line) + "\n"
 
 
 def write_records(path: str | Path, records: Iterable[Record]) -> Path:

@@ -30,6 +30,7 @@ from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.stream import ChatStream
 from harnessrl.gateway.teacher.upstream import (
+    NO_FINISH_REASON,
     Teacher,
     answer_message,
     call_headers,
@@ -75,7 +76,7 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
             "chat.completions",
             data,
             answer_message(choice["message"]),
-            choice.get("finish_reason") or "stop",
+            choice.get("finish_reason") or NO_FINISH_REASON,
             answer.get("usage"),
             started_at,
             None,

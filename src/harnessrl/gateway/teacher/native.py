@@ -5,7 +5,8 @@ Where ``teacher.messages``/``teacher.responses`` translate to chat, this keeps w
 provider's own API carries: Anthropic's thinking blocks with their real signatures (which Anthropic
 checks when the harness sends them back), beta features the harness asks for (``anthropic-beta``),
 OpenAI's encrypted reasoning and server-side state. The body goes as received (``model`` replaced,
-the rollout's ``metadata.sampling`` and ``gateway.max_tokens`` applied: ``teacher_sampling``; a
+the rollout's ``metadata.sampling`` and ``gateway.max_tokens`` applied: ``teacher_sampling``, with a
+Messages thinking budget the lowered ``max_tokens`` no longer holds lowered under it; a
 Messages conversation that ends with an assistant message, a prefill, is refused as the policy path
 refuses it); the upstream's answer reaches the harness as it
 sent it: the whole JSON, or its SSE events line by line. The key goes as ``x-api-key`` to
@@ -72,6 +73,7 @@ async def native_messages(request: Request, teacher: Teacher) -> Response:
     body = teacher_sampling(
         {**data, "model": teacher.model}, rollout, state.config.max_tokens, ("max_tokens",)
     )
+    body = thinking_within_cap(body, data.get("max_tokens"))
     headers = {"anthropic-version": request.headers.get("anthropic-version") or ANTHROPIC_VERSION}
     if request.headers.get("anthropic-beta"):
         headers["anthropic-beta"] = request.headers["anthropic-beta"]
@@ -79,6 +81,31 @@ async def native_messages(request: Request, teacher: Teacher) -> Response:
     return await _forward(
         request, state, rollout, teacher, upstream, "messages", data, bool(data.get("stream"))
     )
+
+
+#: The least ``thinking.budget_tokens`` Anthropic takes.
+MIN_THINKING_BUDGET = 1024
+
+
+def thinking_within_cap(body: dict[str, Any], asked: Any) -> dict[str, Any]:
+    """A Messages ``body`` whose ``max_tokens`` the cap lowered from ``asked`` (the harness's), with an
+    enabled thinking budget at or over the new ``max_tokens`` lowered to ``max_tokens - 1``: Anthropic
+    refuses ``budget_tokens >= max_tokens`` with a 400, so a ``gateway.max_tokens`` (or the rollout's
+    ``metadata.sampling.max_tokens``) under a harness's thinking budget (Claude Code asks for 32000
+    tokens; its budget when it thinks is close to that) failed every call of the rollout. Not below Anthropic's least budget (1024): a cap that leaves no
+    room for thinking is the upstream's to refuse. A harness's own budget is left as it asked."""
+    thinking, cap = body.get("thinking"), body.get("max_tokens")
+    if not isinstance(thinking, dict) or thinking.get("type") != "enabled" or cap == asked:
+        return body
+    budget = thinking.get("budget_tokens")
+    if (
+        isinstance(budget, int)
+        and not isinstance(budget, bool)
+        and isinstance(cap, int)
+        and budget >= cap > MIN_THINKING_BUDGET
+    ):
+        return {**body, "thinking": {**thinking, "budget_tokens": cap - 1}}
+    return body
 
 
 async def native_responses(request: Request, teacher: Teacher) -> Response:

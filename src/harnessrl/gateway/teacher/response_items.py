@@ -31,7 +31,8 @@ class ResponseItems:
         self.sum = StreamedMessage()  # tool calls, finish reason, usage
         self.items: list[dict[str, Any]] = []
         self._reasoning: dict[str, Any] | None = None
-        self._reasoning_parts: list[str] = []
+        self._reasoning_parts: list[str] = []  # the open reasoning item's
+        self._reasoning_all: list[str] = []  # every reasoning item's: the recorded reasoning
         self._message: dict[str, Any] | None = None
         self._text_parts: list[str] = []
         self.calls: list[dict[str, Any]] = []
@@ -107,6 +108,7 @@ class ResponseItems:
             self._add(self._reasoning, events)
             self._reasoning_parts = []
         self._reasoning_parts.append(text)
+        self._reasoning_all.append(text)
         where = {"item_id": self._reasoning["id"], "output_index": self.items.index(self._reasoning)}
         return events + [
             {"type": "response.reasoning_text.delta", **where, "content_index": 0, "delta": text}
@@ -172,7 +174,9 @@ class ResponseItems:
         if self.calls:
             message["tool_calls"] = self.calls
         if self._reasoning is not None:
-            message["reasoning_content"] = "".join(self._reasoning_parts)
+            # All of it: reasoning after text is a second item, whose text was all that was recorded
+            # (the harness got both items; the Messages path records both thinking blocks too).
+            message["reasoning_content"] = "".join(self._reasoning_all)
         finish = self.sum.finish_reason or "stop"
         if self.calls and finish == "stop":
             finish = "tool_calls"

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from harnessrl.errors import UpstreamError
-from harnessrl.gateway.teacher.upstream import Teacher, upstream_error, usage_counts
+from harnessrl.gateway.teacher.upstream import NO_FINISH_REASON, Teacher, upstream_error, usage_counts
 from harnessrl.schemas import now
 
 
@@ -185,7 +185,7 @@ def whole_chunk(answer: dict[str, Any]) -> dict[str, Any]:
     stream_choice = {
         "index": 0,
         "delta": delta,
-        "finish_reason": choice.get("finish_reason") or "stop",
+        "finish_reason": choice.get("finish_reason") or NO_FINISH_REASON,
         "stop_reason": choice.get("stop_reason"),
     }
     return {"choices": [stream_choice], "usage": answer.get("usage")}

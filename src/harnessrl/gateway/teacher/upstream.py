@@ -41,6 +41,7 @@ ANTHROPIC_VERSION = "2023-06-01"
 
 __all__ = [
     "NATURAL_ENDINGS",
+    "NO_FINISH_REASON",
     "cap_max_tokens",
     "teacher_sampling",
     "Teacher",
@@ -60,6 +61,12 @@ ERROR_TEXT_CHARS = 200
 #: ``refusal`` or ``pause_turn``, an unfinished Response's status...) says it was cut, and ``harnessrl
 #: sft`` never trains on it (``sft.render.answer_skip``).
 NATURAL_ENDINGS = frozenset({"stop", "tool_calls", "function_call"})
+
+#: What a whole answer whose upstream named no finish reason is recorded with (a stream without one
+#: fails): the upstream did not say the answer ended where its model chose to, so ``harnessrl sft``
+#: does not train it as a finished one (recorded as ``stop``, it did). The harness is told what it
+#: was before (chat: the upstream's answer as it came; Messages ``end_turn``; Responses ``completed``).
+NO_FINISH_REASON = "no_finish_reason"
 
 
 class Teacher:
@@ -271,7 +278,7 @@ async def record(
         response_token_ids=[],
         response_logprobs=[],
         policy_version=0,
-        finish_reason=finish_reason,
+        finish_reason=finish_reason if isinstance(finish_reason, str) else str(finish_reason),
         usage=Usage(
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
