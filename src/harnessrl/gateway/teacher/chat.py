@@ -28,6 +28,7 @@ from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
+from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream
 from harnessrl.gateway.teacher.upstream import (
     NO_FINISH_REASON,
@@ -36,7 +37,6 @@ from harnessrl.gateway.teacher.upstream import (
     call_headers,
     complete,
     record,
-    teacher_sampling,
     unless_client_leaves,
 )
 from harnessrl.schemas import Rollout, now

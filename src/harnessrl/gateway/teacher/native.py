@@ -45,11 +45,11 @@ from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, sse_event
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native_answers import messages_answer, responses_answer
+from harnessrl.gateway.teacher.sampling import teacher_sampling, thinking_within_cap
 from harnessrl.gateway.teacher.upstream import (
     ANTHROPIC_VERSION,
     Teacher,
     record,
-    teacher_sampling,
     unless_client_leaves,
     upstream_error,
 )
@@ -81,31 +81,6 @@ async def native_messages(request: Request, teacher: Teacher) -> Response:
     return await _forward(
         request, state, rollout, teacher, upstream, "messages", data, bool(data.get("stream"))
     )
-
-
-#: The least ``thinking.budget_tokens`` Anthropic takes.
-MIN_THINKING_BUDGET = 1024
-
-
-def thinking_within_cap(body: dict[str, Any], asked: Any) -> dict[str, Any]:
-    """A Messages ``body`` whose ``max_tokens`` the cap lowered from ``asked`` (the harness's), with an
-    enabled thinking budget at or over the new ``max_tokens`` lowered to ``max_tokens - 1``: Anthropic
-    refuses ``budget_tokens >= max_tokens`` with a 400, so a ``gateway.max_tokens`` (or the rollout's
-    ``metadata.sampling.max_tokens``) under a harness's thinking budget (Claude Code asks for 32000
-    tokens; its budget when it thinks is close to that) failed every call of the rollout. Not below Anthropic's least budget (1024): a cap that leaves no
-    room for thinking is the upstream's to refuse. A harness's own budget is left as it asked."""
-    thinking, cap = body.get("thinking"), body.get("max_tokens")
-    if not isinstance(thinking, dict) or thinking.get("type") != "enabled" or cap == asked:
-        return body
-    budget = thinking.get("budget_tokens")
-    if (
-        isinstance(budget, int)
-        and not isinstance(budget, bool)
-        and isinstance(cap, int)
-        and budget >= cap > MIN_THINKING_BUDGET
-    ):
-        return {**body, "thinking": {**thinking, "budget_tokens": cap - 1}}
-    return body
 
 
 async def native_responses(request: Request, teacher: Teacher) -> Response:

@@ -47,12 +47,12 @@ from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
+from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
 from harnessrl.gateway.teacher.upstream import (
     Teacher,
     complete,
     record,
-    teacher_sampling,
     unless_client_leaves,
 )
 from harnessrl.schemas import Rollout, now

@@ -31,7 +31,6 @@ from starlette.requests import Request
 from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.gateway.errors import HTTPStatusError, RolloutClosed
 from harnessrl.gateway.pipeline.delivery import watching_client
-from harnessrl.gateway.pipeline.limits import rollout_sampling
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
@@ -42,8 +41,6 @@ ANTHROPIC_VERSION = "2023-06-01"
 __all__ = [
     "NATURAL_ENDINGS",
     "NO_FINISH_REASON",
-    "cap_max_tokens",
-    "teacher_sampling",
     "Teacher",
     "answer_message",
     "complete",
@@ -154,52 +151,6 @@ def answer_message(message: dict[str, Any]) -> dict[str, Any]:
         out["reasoning_content"] = reasoning
     if message.get("tool_calls"):
         out["tool_calls"] = message["tool_calls"]
-    return out
-
-
-#: The fields of an upstream chat completion's answer length (the first is set when none is).
-CHAT_LENGTH_FIELDS = ("max_tokens", "max_completion_tokens")
-
-
-def cap_max_tokens(
-    body: dict[str, Any], cap: int | None, fields: tuple[str, ...] = CHAT_LENGTH_FIELDS
-) -> dict[str, Any]:
-    """``body`` with its answer length (``fields``) capped at ``cap``, as the policy's calls are:
-    harnesses ask for more than a teacher's context may hold (Claude Code 32000, Hermes 65536).
-    Either field the harness set that is not an integer within the cap becomes the cap: a float
-    (``65536.0``) or a string the upstream's parser would take as an integer must not slip past it."""
-    if cap is None:
-        return body
-    out = dict(body)
-    asked = [k for k in fields if out.get(k) is not None]
-    for key in asked:
-        value = out[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value > cap:
-            out[key] = cap
-    if not asked:
-        out[fields[0]] = cap
-    return out
-
-
-def teacher_sampling(
-    body: dict[str, Any],
-    rollout: Rollout,
-    gateway_cap: int | None,
-    fields: tuple[str, ...] = CHAT_LENGTH_FIELDS,
-) -> dict[str, Any]:
-    """``body`` as the upstream gets it, with what the policy path applies to every call
-    (``pipeline.limits.sampling_params``): the rollout's ``metadata.sampling`` ``temperature`` and
-    ``top_p`` replace the harness's, and its ``max_tokens`` caps the answer as ``gateway.max_tokens``
-    does (the lower of the two). So an evaluation created greedy is answered greedy by the teacher
-    too. The recorded request stays the harness's, as on the policy path. ``fields``: the body's
-    answer-length fields (``max_tokens`` for Messages, ``max_output_tokens`` for Responses)."""
-    overrides = rollout_sampling(rollout)  # 400 naming metadata.sampling if it is malformed
-    caps = [cap for cap in (overrides.max_tokens, gateway_cap) if cap is not None]
-    out = dict(cap_max_tokens(body, min(caps) if caps else None, fields))
-    if overrides.temperature is not None:
-        out["temperature"] = overrides.temperature
-    if overrides.top_p is not None:
-        out["top_p"] = overrides.top_p
     return out
 
 
