@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
 import random
 import sqlite3
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
+from harnessrl.schemas import Call, Rollout
 from harnessrl.sft.config import SftConfig
 from harnessrl.sft.conversations import (
     Conversation,
@@ -43,6 +46,8 @@ from harnessrl.trajectory import Sample
 
 #: The first bytes of every SQLite database file.
 SQLITE_HEADER = b"SQLite format 3\x00"
+
+log = logging.getLogger(__name__)
 
 
 def source_field(config: SftConfig) -> str:
@@ -145,6 +150,24 @@ def samples_digest(samples: list[Sample]) -> str:
     return digest.hexdigest()
 
 
+def final_attempt_calls(store: Store, selected: Selected) -> Iterator[tuple[Rollout, list[Call]]]:
+    """Each selected rollout with its final attempt's recorded calls (all that sft uses: ``final_calls``),
+    one rollout at a time. A rollout whose calls cannot be read (a damaged row: the store refuses to
+    guess) is left out of ``selected`` as ``calls_unreadable`` once every rollout was read, never a
+    traceback: reading every attempt, a damaged row of a retried attempt stopped the whole run."""
+    kept: list[Rollout] = []
+    for rollout in selected.rollouts:
+        try:
+            calls = store.list_calls(rollout.rollout_id, attempt=rollout.attempt)
+        except (HarnessRLError, ValueError) as exc:  # ValueError: a row's JSON no longer decodes
+            log.warning("sft: rollout %s left out: its calls cannot be read: %s", rollout.rollout_id, exc)
+            selected.dropped["calls_unreadable"] += 1
+            continue
+        kept.append(rollout)
+        yield rollout, calls
+    selected.rollouts[:] = kept
+
+
 def load_data(config: SftConfig, model_dir: Path) -> SftData:
     """Select, read and render the rollouts for the student in ``model_dir``."""
     tokenizer = PolicyTokenizer.from_dir(model_dir)
@@ -155,10 +178,10 @@ def load_data(config: SftConfig, model_dir: Path) -> SftData:
         selected = select_from(store, config)
         samples: list[Sample] = []
         report = RenderReport()
-        for rollout in selected.rollouts:
+        for rollout, calls in final_attempt_calls(store, selected):
             got, part = rollout_sequences(
                 rollout,
-                store.list_calls(rollout.rollout_id),
+                calls,
                 tokenizer,
                 formats,
                 max_sample_tokens=s.max_sequence_tokens,
@@ -255,9 +278,9 @@ def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
         lines = []
         unreadable: dict[str, int] = {}
         skipped: Counter[str] = Counter()
-        for rollout in selected.rollouts:
+        for rollout, calls in final_attempt_calls(store, selected):
             convs = []
-            for call in final_calls(rollout, store.list_calls(rollout.rollout_id)):
+            for call in final_calls(rollout, calls):
                 try:
                     convs.append(conversation(call))
                 except NoConversation as exc:
