@@ -192,6 +192,16 @@ def test_the_sandbox_holds_at_most_open_files_descriptors(tmp_path):
     assert exit_.exit_code == 0 and out == "(4096, 4096)\n"
 
 
+@pytest.mark.parametrize("open_files", [16, 64, 1024], ids=["16", "64", "control-1024"])
+def test_an_open_files_cap_below_the_launchers_status_descriptor_runs(tmp_path, open_files):
+    # The launcher hands init.py its status on descriptor 200: a cap of 16 or 64 (the config allows 16)
+    # made every attempt an infrastructure failure, the launcher dying of EBADF before bwrap started.
+    code = "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))"
+    exit_, out = attempt(tmp_path, code, limits=ResourceLimits(open_files=open_files))
+    assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 0, exit_
+    assert out == f"({open_files}, {open_files})\n"
+
+
 # -- 2. disk: logs, one file, the workspace and home together ------------------------------------
 
 
@@ -280,6 +290,38 @@ time.sleep({0 if mb == 4 else 60})
         assert exit_.kind is ExitKind.EXITED and exit_.exit_code == 0
     else:
         assert exit_.kind is ExitKind.RESOURCE_LIMIT and "disk" in exit_.detail, exit_
+
+
+# Ways past a path walk of the workspace: files held open after their unlinking (no name left to walk
+# to), and files in folders nested past PATH_MAX (no path reaches them). Each writes 40 MB in files of
+# 4 MB, under file_mb, past disk_mb = 20; then waits to be killed.
+HIDDEN_WRITES = {
+    "unlinked-held-open": """
+held = []
+for i in range(10):
+    f = open(f"part{i}", "wb")
+    os.unlink(f"part{i}")
+    os.posix_fallocate(f.fileno(), 0, 4 * 1024 * 1024)
+    held.append(f)
+""",
+    "nested-past-path-max": """
+for _ in range(25):  # 25 folders of 200 characters: past the host's PATH_MAX (4096)
+    os.mkdir("d" * 200)
+    os.chdir("d" * 200)
+for i in range(10):
+    fd = os.open(f"part{i}", os.O_CREAT | os.O_WRONLY)
+    os.posix_fallocate(fd, 0, 4 * 1024 * 1024)
+    os.close(fd)
+""",
+}
+
+
+@pytest.mark.parametrize("how", sorted(HIDDEN_WRITES))
+def test_files_out_of_a_path_walks_reach_count_against_disk_mb(tmp_path, how):
+    code = f"import os, time\n{HIDDEN_WRITES[how]}\nprint('written', flush=True)\ntime.sleep(60)\n"
+    exit_, out = attempt(tmp_path, code, limits=ResourceLimits(disk_mb=20, file_mb=8), timeout_s=90)
+    assert "written" in out
+    assert exit_.kind is ExitKind.RESOURCE_LIMIT and "disk" in exit_.detail, exit_
 
 
 # -- 3. the relay inside: no thread per connection --------------------------------------------------

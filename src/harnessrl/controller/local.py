@@ -14,7 +14,8 @@ reads: each log keeps ``max_log_bytes`` (10 MiB, as the Kubernetes runner keeps)
 beginning and its last MiB, and drops the middle, still draining the pipe so the harness never
 blocks. No single file may grow past ``limits.file_mb`` (``RLIMIT_FSIZE``, set by the launcher). And
 the workspace and home together may hold ``limits.disk_mb``: a watchdog sums their allocated blocks
-every ``DISK_CHECK_INTERVAL_S`` or more (and once more at exit) and kills the attempt past it, a
+every ``DISK_CHECK_INTERVAL_S`` or more (and once more at exit), with the files the attempt's
+processes hold open after unlinking them (``sandbox.disk``), and kills the attempt past it, a
 ``RESOURCE_LIMIT`` outcome.
 """
 
@@ -144,9 +145,15 @@ class LocalRunHandle:
         disk_mb = self._launch.limits.disk_mb
         return disk_mb * 1024 * 1024 if disk_mb and self._disk else None
 
+    def _disk_used(self, cap: int) -> int:
+        # The attempt's processes too: a file they hold open after unlinking it has no name to walk
+        # to, and takes the disk all the same (only its group knows them: none without cgroups).
+        holders = self._group.pids() if self._group is not None else ()
+        return disk_used(self._disk, cap, holders=holders)
+
     async def _over_disk(self) -> bool:
         cap = self._disk_cap()
-        return cap is not None and await asyncio.to_thread(disk_used, self._disk, cap) > cap
+        return cap is not None and await asyncio.to_thread(self._disk_used, cap) > cap
 
     async def _watch_disk(self) -> None:
         """Kill the attempt once its workspace and home hold more than ``limits.disk_mb``."""

@@ -87,14 +87,21 @@ def _set_limits(limits: dict[str, Any]) -> None:
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     if limits.get("max_processes") and not limits.get("cgroup_pids"):
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["max_processes"], limits["max_processes"]))
-    if limits.get("open_files"):
-        # Per process; what bounds the controller's side is the bridge's cap per sandbox (proxy.py).
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
     if limits.get("file_mb"):
         # The largest file any process may write or fallocate (EFBIG past it; SIGXFSZ, which Python
         # ignores, kills most other programs). The logs are pipes, not files: not counted here.
         cap = limits["file_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+
+def _set_open_files(limits: dict[str, Any]) -> None:
+    """``RLIMIT_NOFILE`` (per process; what bounds the controller's side is the bridge's cap per
+    sandbox, proxy.py). Set last, right before the command or bwrap starts, once this process's own
+    descriptors are in place: a cap below ``INIT_STATUS_FD`` (200; ``open_files`` may be as low as 16)
+    made its ``dup2`` there fail, and every attempt an infrastructure failure. A descriptor already
+    open stays usable under a lower cap."""
+    if limits.get("open_files"):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits["open_files"], limits["open_files"]))
 
 
 def _read_line(fd: int, limit: int = 4096) -> bytes:
@@ -136,7 +143,9 @@ def _command_start(argv: list[str]) -> int:
     return len(argv)
 
 
-def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> int:
+def _run_bwrap(
+    argv: list[str], seccomp_file: str, status_file: str | None, limits: dict[str, Any] | None = None
+) -> int:
     """Start bwrap with the filter and init.py's status descriptor; report whether the command started."""
     filter_fd = os.open(seccomp_file, os.O_RDONLY)
     init_read, init_write = os.pipe()
@@ -157,6 +166,7 @@ def _run_bwrap(argv: list[str], seccomp_file: str, status_file: str | None) -> i
     # is single-threaded, so preexec_fn is safe). Killing bwrap kills everything in that namespace.
     noexec = _memfds_not_executable if _new_pid_namespace() else None
     try:
+        _set_open_files(limits or {})
         proc = subprocess.Popen(
             full, pass_fds=(filter_fd, INIT_STATUS_FD, args_fd), stdin=subprocess.DEVNULL, preexec_fn=noexec
         )
@@ -218,8 +228,9 @@ def main(argv: list[str]) -> int:
         _write_status(status_file, started=False, detail=f"setup failed: {exc}")
         return SETUP_FAILED
     if spec.get("bwrap_argv"):
-        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file)
+        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file, spec.get("limits"))
     try:  # sandbox = "none"
+        _set_open_files(spec.get("limits", {}))
         child = subprocess.Popen(  # single-threaded here: preexec_fn is safe
             spec["argv"],
             cwd=spec["cwd"],
