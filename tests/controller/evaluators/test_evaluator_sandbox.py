@@ -214,6 +214,18 @@ for i in range(64):  # 1 MiB each: no file is big, all of them are
 print("written", flush=True)
 time.sleep(600)  # only the disk watchdog ends it before the scorer's timeout
 """
+UNLINKED_HELD_OPEN = r"""
+import os, time
+held = []
+for i in range(8):  # 8 MiB each, unlinked while held open: no name for a walk of the folder to find
+    f = open(f"gone{i}", "wb")
+    f.write(os.urandom(8 << 20))
+    f.flush()
+    os.unlink(f"gone{i}")
+    held.append(f)
+print("written", flush=True)
+time.sleep(600)  # only the disk watchdog ends it before the scorer's timeout
+"""
 
 
 def disk_attack(tmp_path: Path, solution: str, limits: dict, timeout_s: float = 240) -> EvaluationResult:
@@ -250,7 +262,9 @@ def test_a_scorer_killed_past_file_mb_is_the_policys_zero_with_a_flag(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "solution", [MANY_EMPTY_FILES, SPREAD_THEN_WAIT], ids=["100k-empty-files", "64-files-then-wait"]
+    "solution",
+    [MANY_EMPTY_FILES, SPREAD_THEN_WAIT, UNLINKED_HELD_OPEN],
+    ids=["100k-empty-files", "64-files-then-wait", "unlinked-held-open"],
 )
 def test_the_scored_code_cannot_fill_the_disk_with_files_under_the_cap(tmp_path, solution):
     capped = disk_attack(tmp_path, solution, {"disk_mb": 32, "memory_mb": 256, "tmp_mb": 8})

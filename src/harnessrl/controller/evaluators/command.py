@@ -371,13 +371,19 @@ async def _watch_disk(
     while True:
         await asyncio.sleep(pause)
         began = time.monotonic()
-        if await asyncio.to_thread(disk_used, folders, cap) > cap:
+        if await asyncio.to_thread(_disk_used, folders, cap, group) > cap:
             over.set()
             await asyncio.to_thread(_kill, pid, group)
             return
         # A big workspace copy takes a while to walk: wait ten walks between two, so the watchdogs
         # of many evaluations never keep the controller's CPUs busy.
         pause = max(DISK_CHECK_INTERVAL_S, 10 * (time.monotonic() - began))
+
+
+def _disk_used(folders: tuple[Path, ...], cap: int, group: ResourceGroup | None) -> int:
+    """``disk_used`` with the scorer's processes: a file they hold open after unlinking it has no
+    name to walk to and takes the disk all the same (only its group knows them: none without cgroups)."""
+    return disk_used(folders, cap, holders=group.pids() if group is not None else ())
 
 
 def _kill(pid: int, group: ResourceGroup | None) -> None:
