@@ -135,11 +135,11 @@ def _trace_page(
 ) -> tuple[str, bool]:
     rollout = data.get_rollout(rollout_id)
     logs = attempt_logs(dash.run_dir, rollout)
-    calls, requests = data.list_calls(rollout_id), data.list_tool_requests(rollout_id)
+    calls, requests = data.rollout_calls(rollout_id), data.list_tool_requests(rollout_id)
     cap = data.sample_token_caps().get(rollout.run_id) if rollout.run_id is not None else None
     body = trace_body(
         rollout,
-        calls,
+        calls.calls,
         dash.decode,
         dash.prefix,
         logs=logs,
@@ -147,6 +147,7 @@ def _trace_page(
         tool_requests_total=requests.total,
         sample=sample,
         max_sample_tokens=cap,
+        unreadable=calls.unreadable,
     )
     return body, rollout.status not in TERMINAL_STATUSES
 
@@ -184,9 +185,11 @@ async def _log(request: Request, dash: Dashboard, data: DashboardData) -> Respon
 
 
 def _compare_page(dash: Dashboard, data: DashboardData, a: str, b: str) -> tuple[str, bool]:
-    pairs = [(data.get_rollout(rid), data.list_calls(rid)) for rid in (a, b)]
+    read = [(data.get_rollout(rid), data.rollout_calls(rid)) for rid in (a, b)]
+    pairs = [(rollout, calls.calls) for rollout, calls in read]
     live = any(rollout.status not in TERMINAL_STATUSES for rollout, _ in pairs)
-    return compare_body(pairs, dash.decode, dash.prefix, data.sample_token_caps()), live
+    damage = [calls.unreadable for _, calls in read]
+    return compare_body(pairs, dash.decode, dash.prefix, data.sample_token_caps(), damage), live
 
 
 async def _compare(request: Request, dash: Dashboard, data: DashboardData) -> Response:

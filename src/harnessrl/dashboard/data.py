@@ -15,7 +15,14 @@ decodes its one rollout's calls and builds the samples exactly.
 
 SQLite's errors stop here (one boundary): a store file gone since the dashboard started (a run
 folder moved away) is ``NotFound``, any other failure to read it ``UpstreamError``; a file that is
-no SQLite store at all is refused at start with ``ConfigError``.
+no SQLite store at all is refused at start with ``ConfigError``. A call row that cannot be decoded
+(a disk or a bad writer damaged it: ``codecs`` refuses to guess) costs only its attempt's calls:
+``rollout_calls`` decodes attempt by attempt and names each attempt it could not read, which the
+trace and compare pages show beside what they can. A rollout row whose JSON columns (task, flags,
+metadata) cannot be decoded is shown with those columns empty and the damage named in its
+``metadata[DAMAGED_ROW_KEY]`` (it failed the whole rollouts table); a row that cannot be made a
+rollout even so is ``UpstreamError``, naming it. A run whose config cannot be decoded is shown with
+the damage as its config.
 """
 
 from __future__ import annotations
@@ -29,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.dashboard.sample_counts import CallLink, count_samples
-from harnessrl.errors import ConfigError, NotFound, UpstreamError
+from harnessrl.errors import ConfigError, HarnessRLError, NotFound, UpstreamError
 from harnessrl.schemas import Call, Rollout, Run, ToolRequest
-from harnessrl.store.codecs import calls_from_rows, rollout_from_row, run_from_row
+from harnessrl.store.codecs import calls_from_rows, load_json, rollout_from_row, run_from_row
 from harnessrl.store.migrations import SCHEMA_VERSION
 
 _ROLLOUT_COLUMNS = (
@@ -71,11 +78,12 @@ class RolloutFilter:
             params += [self.step] if in_range else []
         if self.flagged:
             clauses.append("flags != '[]'")
+        # json_valid first: SQLite's JSON functions raise on a damaged row, which failed the page.
         if self.flag is not None:
-            clauses.append("EXISTS (SELECT 1 FROM json_each(flags) WHERE json_each.value = ?)")
+            clauses.append(f"EXISTS (SELECT 1 FROM json_each({_VALID_FLAGS}) WHERE json_each.value = ?)")
             params.append(self.flag)
         if self.kind is not None:
-            clauses.append("json_extract(metadata, '$.kind') = ?")
+            clauses.append("CASE WHEN json_valid(metadata) THEN json_extract(metadata, '$.kind') END = ?")
             params.append(self.kind)
         if self.result in RESULTS:
             clauses.append(RESULTS[self.result])
@@ -85,6 +93,8 @@ class RolloutFilter:
         return ORDERS.get(self.order, ORDERS["newest"])
 
 
+#: A rollout's flags for SQLite's JSON functions, which raise on a damaged (not JSON) value: none then.
+_VALID_FLAGS = "CASE WHEN json_valid(rollouts.flags) THEN rollouts.flags ELSE '[]' END"
 #: SQLite's INTEGER range (64-bit signed).
 _SQLITE_MIN_INT, _SQLITE_MAX_INT = -(2**63), 2**63 - 1
 #: The table's result filter, by reward (what a badge shows), as SQL.
@@ -123,6 +133,70 @@ class RolloutRow:
 MAX_TOOL_REQUESTS = 1_000
 #: A tool request's request or response JSON longer than this is not parsed (the page says so).
 MAX_TOOL_JSON_CHARS = 256 * 1024
+
+
+#: What decoding a damaged call row raises (``codecs``' own ``HarnessRLError``, JSON or a blob that
+#: does not parse, a field of the wrong shape, JSON nested past Python's depth).
+_DAMAGED_ROW = (HarnessRLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+#: ``metadata`` key of a rollout as the dashboard read it when its row's JSON columns were damaged:
+#: column -> what decoding it raised (the column is shown empty). Never written to the store.
+DAMAGED_ROW_KEY = "damaged_record"
+#: The JSON columns of a rollout row and what each holds.
+_ROLLOUT_JSON = (("task", dict), ("flags", list), ("metadata", dict))
+
+
+def read_rollout(row: sqlite3.Row) -> Rollout:
+    """``rollout_from_row``, or for a row whose JSON columns were damaged, the rollout with those
+    columns empty and the damage named in ``metadata[DAMAGED_ROW_KEY]``."""
+    try:
+        return rollout_from_row(row)
+    except _DAMAGED_ROW:
+        pass
+    fields = {key: row[key] for key in row.keys() if key != "pk"}  # noqa: SIM118
+    damage: dict[str, str] = {}
+    for column, kind in _ROLLOUT_JSON:
+        try:
+            value = load_json(fields[column])
+        except _DAMAGED_ROW as exc:
+            value, damage[column] = None, f"{type(exc).__name__}: {exc}"[:300]
+        if not isinstance(value, kind):
+            damage.setdefault(column, f"not a JSON {kind.__name__}")
+            value = kind()
+        fields[column] = value
+    fields["metadata"] = {**fields["metadata"], DAMAGED_ROW_KEY: damage}
+    try:
+        return Rollout.model_validate(fields)
+    except _DAMAGED_ROW as exc:
+        raise UpstreamError(
+            f"rollout {fields.get('rollout_id')!r}: its row in the store is damaged and cannot be read: "
+            f"{type(exc).__name__}: {exc}"[:1000]
+        ) from exc
+
+
+def read_run(row: sqlite3.Row) -> Run:
+    """``run_from_row``, or for a row whose config was damaged, the run with its config replaced by
+    ``{DAMAGED_ROW_KEY: {"config": what decoding it raised}}`` (it failed the runs page and the table)."""
+    try:
+        return run_from_row(row)
+    except _DAMAGED_ROW as exc:
+        damage = {"config": f"{type(exc).__name__}: {exc}"[:300]}
+    return Run(
+        run_id=row["run_id"],
+        config={DAMAGED_ROW_KEY: damage},
+        status=row["status"],
+        created_at=row["created_at"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutCalls:
+    """A rollout's calls, from every attempt whose rows decode, in ``seq`` order, and the attempts
+    whose rows do not: attempt -> what decoding them raised."""
+
+    calls: list[Call]
+    unreadable: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,14 +261,14 @@ class DashboardData:
     # -- runs ---------------------------------------------------------------------------------------
     def list_runs(self) -> list[Run]:
         with self._connect() as conn:
-            return [run_from_row(row) for row in conn.execute("SELECT * FROM runs ORDER BY pk")]
+            return [read_run(row) for row in conn.execute("SELECT * FROM runs ORDER BY pk")]
 
     def get_run(self, run_id: str) -> Run:
         with self._connect() as conn:
             row = conn.execute("SELECT * FROM runs WHERE run_id = ?", (run_id,)).fetchone()
         if row is None:
             raise NotFound(f"run {run_id!r} not found")
-        return run_from_row(row)
+        return read_run(row)
 
     def run_counts(self, run_id: str) -> dict[str, int]:
         """Rollouts of a run by status."""
@@ -213,7 +287,7 @@ class DashboardData:
         where, params = filters.where()
         sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY {filters.order_by()} LIMIT ? OFFSET ?"
         with self._connect() as conn:
-            rows = [RolloutRow(rollout_from_row(row)) for row in conn.execute(sql, [*params, limit, offset])]
+            rows = [RolloutRow(read_rollout(row)) for row in conn.execute(sql, [*params, limit, offset])]
             if rows:
                 self._add_call_stats(conn, rows)
                 self._add_sample_counts(conn, rows)
@@ -273,7 +347,7 @@ class DashboardData:
     def list_flags(self) -> list[str]:
         """The audit rules that flagged at least one rollout (the table's flag filter offers these)."""
         sql = (
-            "SELECT DISTINCT json_each.value FROM rollouts, json_each(rollouts.flags) "
+            f"SELECT DISTINCT json_each.value FROM rollouts, json_each({_VALID_FLAGS}) "
             "WHERE rollouts.flags != '[]' ORDER BY 1"
         )
         with self._connect() as conn:
@@ -286,12 +360,35 @@ class DashboardData:
             ).fetchone()
         if row is None:
             raise NotFound(f"rollout {rollout_id!r} not found")
-        return rollout_from_row(row)
+        return read_rollout(row)
 
     def list_calls(self, rollout_id: str) -> list[Call]:
+        """Every call of the rollout; raises if a row cannot be decoded (pages use ``rollout_calls``)."""
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
             return calls_from_rows(rows.fetchall())
+
+    def rollout_calls(self, rollout_id: str) -> RolloutCalls:
+        """The rollout's calls decoded attempt by attempt (a call's bases are earlier calls of its
+        attempt): a damaged row leaves out its own attempt's calls, named in ``unreadable``."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,)
+            ).fetchall()
+        by_attempt: dict[int, list[int]] = {}  # attempt -> the positions of its rows
+        for position, row in enumerate(rows):
+            by_attempt.setdefault(row["attempt"], []).append(position)
+        decoded: list[Call | None] = [None] * len(rows)  # in the store's order, as ``list_calls``
+        unreadable: dict[int, str] = {}
+        for attempt, positions in by_attempt.items():
+            try:
+                calls = calls_from_rows([rows[i] for i in positions])
+            except _DAMAGED_ROW as exc:
+                unreadable[attempt] = f"{type(exc).__name__}: {exc}"[:500]
+                continue
+            for position, call in zip(positions, calls, strict=True):
+                decoded[position] = call
+        return RolloutCalls([call for call in decoded if call is not None], unreadable)
 
     def list_tool_requests(self, rollout_id: str, *, limit: int = MAX_TOOL_REQUESTS) -> ToolRequests:
         """The rollout's first ``limit`` searches and what they returned, in arrival order, and how

@@ -7,16 +7,19 @@ broke), and the token view of the samples (``dashboard.token_view``, bounded per
 tokens (loss mask 1) and context tokens shaded differently, the behaviour logprob on hover, and
 chain breaks marked where a new sample starts. Its summary says
 when the rollout was made and trained (policy steps, see ``_when_rows``), the advantage it was
-trained with, and links to the harness's stdout/stderr of each attempt.
+trained with, and links to the harness's stdout/stderr of each attempt. An attempt whose recorded
+calls cannot be read (a damaged row: ``DashboardData.rollout_calls``), or whose own row's JSON could
+not be (``DAMAGED_ROW_KEY``), is named in a card at the top; the page shows everything else.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from harnessrl.dashboard.conversation import MAX_JSON_CHARS, conversation_html
+from harnessrl.dashboard.data import DAMAGED_ROW_KEY
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, trace_path, url
 from harnessrl.dashboard.logs import LogFile
 from harnessrl.dashboard.token_view import MAX_TOKENS_PER_PAGE, Decoder, TokenViews, samples_html
@@ -61,6 +64,27 @@ def evaluation_html(rollout: Rollout) -> str:
     # the policy wrote, and indented it grew 30-fold.
     evaluation = pretty_json(meta.get("evaluation", {}), limit=MAX_JSON_CHARS)
     return f'<table class="kv">{table}</table><h3>evaluator output</h3>{evaluation}'
+
+
+def unreadable_html(rollout: Rollout, unreadable: Mapping[int, str]) -> str:
+    """A card naming each attempt whose recorded calls cannot be read, and each column of the
+    rollout's own row that could not (``DAMAGED_ROW_KEY``), with what decoding them raised."""
+    columns = rollout.metadata.get(DAMAGED_ROW_KEY)
+    columns = columns if isinstance(columns, dict) else {}
+    if not unreadable and not columns:
+        return ""
+    lines = [
+        f"<li>the rollout's {esc(column)} (shown empty): <code>{esc(error)}</code></li>"
+        for column, error in columns.items()
+    ]
+    lines += [
+        f"<li>the calls of attempt {esc(attempt)} (not shown): <code>{esc(error)}</code></li>"
+        for attempt, error in sorted(unreadable.items(), key=lambda item: (type(item[0]).__name__, item[0]))
+    ]
+    return (
+        '<div class="card flag"><b>Damaged record.</b> The store holds rows of this rollout that '
+        f"cannot be read:<ul>{''.join(lines)}</ul></div>"
+    )
 
 
 def _when_rows(rollout: Rollout) -> list[tuple[str, str]]:
@@ -145,15 +169,17 @@ def trace_body(
     tool_requests_total: int | None = None,
     sample: int | None = None,
     max_sample_tokens: int | None = None,
+    unreadable: Mapping[int, str] | None = None,
 ) -> str:
     """The trace page of ``rollout``; ``sample``: show that sample's token view alone.
     ``tool_requests``: the first of the rollout's tool requests, ``tool_requests_total`` of them.
-    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens`` (its samples are built with it)."""
+    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens`` (its samples are built with it).
+    ``unreadable``: attempt -> why its calls (left out of ``calls``) cannot be read."""
     views = TokenViews(trace_url=_trace_url(prefix, rollout), only=sample)
     calls_tbl, token_views = samples_html(rollout, calls, decode, views, max_sample_tokens=max_sample_tokens)
     return (
         f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>"
-        f"{_summary(rollout, prefix, logs)}"
+        f"{unreadable_html(rollout, unreadable or {})}{_summary(rollout, prefix, logs)}"
         f"<details><summary>task</summary>{pretty_json(rollout.task)}</details>"
         f'<h2>Evaluation</h2><div class="card">{evaluation_html(rollout)}</div>'
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
@@ -178,8 +204,10 @@ def compare_body(
     decode: Decoder,
     prefix: str,
     caps: dict[str, int] | None = None,
+    unreadable: Sequence[Mapping[int, str]] = (),
 ) -> str:
-    """Two rollouts side by side; ``caps``: each run's ``trainer.max_sample_tokens`` by run id."""
+    """Two rollouts side by side; ``caps``: each run's ``trainer.max_sample_tokens`` by run id;
+    ``unreadable``: for each side, attempt -> why its calls cannot be read (as ``trace_body``)."""
     a, b = pairs[0][0], pairs[1][0]
     warn = (
         ""
@@ -187,7 +215,8 @@ def compare_body(
         else '<p class="badge b-flag">these rollouts are not in the same group</p>'
     )
     cols = []
-    for rollout, calls in pairs:
+    for side, (rollout, calls) in enumerate(pairs):
+        damage = unreadable[side] if side < len(unreadable) else {}
         # Each side gets half the page's token budget, so a compare page is no larger than a trace.
         views = TokenViews(trace_url=_trace_url(prefix, rollout), budget=MAX_TOKENS_PER_PAGE // 2)
         cap = (caps or {}).get(rollout.run_id) if rollout.run_id is not None else None
@@ -195,7 +224,7 @@ def compare_body(
         cols.append(
             f'<div class="side"><h2><a href="{esc(_trace_url(prefix, rollout))}">'
             f"{esc(rollout.rollout_id)}</a> {result_badge(rollout.reward, rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
-            f"{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
+            f"{unreadable_html(rollout, damage)}{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
             f"<h3>Audit</h3>{audit_html(rollout)}<h3>Conversation</h3>{conversation_html(calls)}"
             f"<h3>Tokens</h3>{tokens}</div>"
         )

@@ -50,9 +50,13 @@ def failure_signature(rollout: Rollout, calls: Sequence[Any]) -> str | None:
 
 def common_failure(groups: Sequence[Any]) -> str | None:
     """The one way every rollout of a step's ``groups`` failed before the policy was sampled, or
-    None. Needs two rollouts at least: "the same way" means something only then."""
+    None. Needs two rollouts at least: "the same way" means something only then. A rollout whose
+    final attempt's calls cannot be read (``Group.unreadable``) has call rows there: the policy was
+    sampled, so it has no signature (its calls read as none would have given it one)."""
     signatures = [
-        failure_signature(rollout, group.calls.get(rollout.rollout_id, ()))
+        None
+        if rollout.rollout_id in getattr(group, "unreadable", {})
+        else failure_signature(rollout, group.calls.get(rollout.rollout_id, ()))
         for group in groups
         for rollout in group.rollouts
     ]

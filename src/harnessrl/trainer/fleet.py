@@ -20,18 +20,26 @@ control API). No read ever scans the run, however long it has been going. The sa
 the per-rollout deadline (``trainer.rollout_deadline_s``): an attempt still running past it is
 cancelled through the store (its controller kills the harness) and marked
 ``metadata.cancelled_stuck``, so a step never waits forever on one rollout.
+
+A call row the store cannot decode (``store.codecs`` refuses to guess: a disk or a bad writer
+damaged it) ends neither the run nor its resume: the trainer reads only the final attempt's calls
+where that is all it uses, and a rollout whose final attempt cannot be read is handed out in
+``Group.unreadable``: the step leaves it out (out of its group's baseline too, like an
+infrastructure failure) and counts it (``rollouts/calls_unreadable``). A store that cannot be
+reached (``UpstreamError``) still stops the run: nothing is dropped for an outage.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
-from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
+from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound, UpstreamError
 from harnessrl.schemas import TERMINAL_STATUSES, Call, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store.base import Store
 from harnessrl.trainer.base import Weights
@@ -51,6 +59,37 @@ from harnessrl.trainer.schedule import (
 #: writing. The version numbers are reused by the resumed run for other weights, so the label would
 #: pass for on-policy; ``step.prepare_step`` drops the rollout instead (``RolloutBook.recover``).
 DISCARDED_WEIGHTS_KEY = "sampled_by_discarded_weights"
+#: ``metadata`` key of a rollout a step left out because its final attempt's recorded calls cannot be
+#: read (``CallsUnreadable``): the reason, written with ``trained_at_step``.
+CALLS_UNREADABLE_KEY = "calls_unreadable"
+
+log = logging.getLogger(__name__)
+
+
+class CallsUnreadable(HarnessRLError):
+    """The store holds call rows of an attempt that cannot be decoded (``store.codecs`` raises rather
+    than guess what a damaged row held)."""
+
+
+#: What decoding a damaged call row raises: ``store.codecs``' own ``HarnessRLError`` (a chain base
+#: missing, a prompt of the wrong length), JSON that does not parse (``ValueError``), a blob of the
+#: wrong size or type (``ValueError``/``TypeError``), usage of the wrong shape, JSON nested past
+#: Python's depth. ``UpstreamError`` (a store that cannot be reached) is re-raised, never taken for
+#: damage.
+_DAMAGED_ROW = (HarnessRLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+def read_attempt_calls(store: Store, rollout_id: str, attempt: int) -> list[Call]:
+    """One attempt's recorded calls; ``CallsUnreadable`` naming the damage if a row cannot be decoded."""
+    try:
+        return store.list_calls(rollout_id, attempt=attempt)
+    except UpstreamError:
+        raise
+    except _DAMAGED_ROW as exc:
+        raise CallsUnreadable(
+            f"rollout {rollout_id} attempt {attempt}: its recorded calls cannot be read "
+            f"(a damaged row): {type(exc).__name__}: {exc}"
+        ) from exc
 
 
 class RolloutIdTaken(HarnessRLError):
@@ -64,7 +103,11 @@ class Group:
 
     plan: GroupPlan
     rollouts: tuple[Rollout, ...]
-    calls: Mapping[str, list[Call]]  # rollout_id -> every call of every attempt, in order
+    # rollout_id -> every call of every attempt whose rows can be read, in order (the final
+    # attempt's are what a step trains on; the earlier ones count only in throughput)
+    calls: Mapping[str, list[Call]]
+    # rollout_id -> why its final attempt's calls cannot be read: the step leaves it out
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def group_id(self) -> str:
@@ -317,14 +360,34 @@ class RolloutBook:
     async def _hand_out(self, plans: list[GroupPlan]) -> list[Group]:
         def read(plan: GroupPlan) -> Group:
             rollouts = tuple(self.store.get_rollout(r) for r in plan.rollout_ids)
-            calls = {r.rollout_id: self.store.list_calls(r.rollout_id) for r in rollouts}
-            return Group(plan, rollouts, calls)
+            calls: dict[str, list[Call]] = {}
+            unreadable: dict[str, str] = {}
+            for rollout in rollouts:
+                calls[rollout.rollout_id], damage = self._read_calls(rollout)
+                if damage is not None:
+                    unreadable[rollout.rollout_id] = damage
+            return Group(plan, rollouts, calls, unreadable)
 
         groups = [await asyncio.to_thread(read, plan) for plan in plans]
         for plan in plans:
             del self._open[plan.group_id]
             self._ended.difference_update(plan.rollout_ids)
         return groups
+
+    def _read_calls(self, rollout: Rollout) -> tuple[list[Call], str | None]:
+        """The rollout's calls, attempt by attempt, and why its final attempt's cannot be read (None
+        when they can). Attempt by attempt: a damaged row of an earlier attempt (retried, never
+        trained) costs only its own calls, which count in throughput and nothing else."""
+        calls: list[Call] = []
+        for attempt in range(rollout.attempt + 1):
+            try:
+                calls += read_attempt_calls(self.store, rollout.rollout_id, attempt)
+            except CallsUnreadable as exc:
+                if attempt == rollout.attempt:
+                    log.warning("%s: the rollout is left out of training", exc)
+                    return calls, str(exc)
+                log.warning("%s (an earlier attempt: the final one is read on its own)", exc)
+        return calls, None
 
     # -- what a step records -------------------------------------------------------------------------------
     async def record_trained(
@@ -335,6 +398,8 @@ class RolloutBook:
             for group in groups:
                 for rollout in group.rollouts:
                     trained = {"trained_at_step": version, "advantage": advantages.get(rollout.rollout_id)}
+                    if rollout.rollout_id in group.unreadable:
+                        trained[CALLS_UNREADABLE_KEY] = group.unreadable[rollout.rollout_id]
                     self.store.update_rollout_metadata(rollout.rollout_id, trained)
 
         await asyncio.to_thread(write)
@@ -388,8 +453,13 @@ class RolloutBook:
                     self.store.update_rollout_metadata(rollout_id, {DISCARDED_WEIGHTS_KEY: mark})
 
     def _versions_after(self, rollout: Rollout, policy_version: int) -> list[int]:
-        """The policy versions after ``policy_version`` that ``rollout``'s final attempt called."""
-        calls = self.store.list_calls(rollout.rollout_id, attempt=rollout.attempt)
+        """The policy versions after ``policy_version`` that ``rollout``'s final attempt called; none
+        when its calls cannot be read (no step trains such a rollout: ``Group.unreadable``)."""
+        try:
+            calls = read_attempt_calls(self.store, rollout.rollout_id, rollout.attempt)
+        except CallsUnreadable as exc:
+            log.warning("%s", exc)
+            return []
         return sorted({c.policy_version for c in calls if c.policy_version > policy_version})
 
     def retire_evaluations(self, after_step: int) -> dict[int, int]:
@@ -435,12 +505,19 @@ class RolloutBook:
                 rollouts = [self.store.get_rollout(r) for r in plan.rollout_ids]
             except NotFound:  # a group the dead process was still creating: submit creates the rest
                 continue
-            if all(
-                r.status in TERMINAL_STATUSES and failure_signature(r, self.store.list_calls(r.rollout_id))
-                for r in rollouts
-            ):
+            if all(r.status in TERMINAL_STATUSES and self._failed_unsampled(r) for r in rollouts):
                 dead.add(plan.group_id)
         return dead
+
+    def _failed_unsampled(self, rollout: Rollout) -> bool:
+        """Whether ``rollout`` failed before its final attempt sampled the policy (the only calls
+        ``failure_signature`` looks at). An attempt with a call row that cannot be read did call."""
+        try:
+            calls = read_attempt_calls(self.store, rollout.rollout_id, rollout.attempt)
+        except CallsUnreadable as exc:
+            log.warning("%s", exc)
+            return False
+        return failure_signature(rollout, calls) is not None
 
     def requeue_running(self, error: str) -> None:
         """The run is over: what a late call or a cancelled launch left marked running goes back to

@@ -13,6 +13,13 @@ trains. A kill after step N+1 was published (generation resumes at once) but bef
 was whole resumes from step N, and what was generated meanwhile keeps the label N+1, which the
 resumed run gives to other weights: ``RolloutBook.recover`` marks those rollouts
 (``DISCARDED_WEIGHTS_KEY``), and a call labelled after the version being trained is refused too.
+
+A rollout whose final attempt's recorded calls cannot be read (``Group.unreadable``: a damaged
+row) is left out like an infrastructure failure: no samples, out of its group's baseline, counted in
+``rollouts/calls_unreadable``. A rollout the trainer cancelled past ``trainer.rollout_deadline_s``
+(``cancelled_stuck``) whose final attempt sampled the policy counts as reward 0, in its group's
+baseline and trained (``stuck_reward``); one that never called the model has no reward and stays out
+(docs/train.md, "A rollout that never ends", says why).
 """
 
 from __future__ import annotations
@@ -67,21 +74,38 @@ def sampled_by_discarded_weights(rollout: Rollout, group: Group, version: int) -
     return any(v > version for v in _sampling_versions(rollout, group))
 
 
+def stuck_reward(rollout: Rollout, group: Group) -> Rollout:
+    """``rollout`` as a step counts it: cancelled past ``trainer.rollout_deadline_s`` after its final
+    attempt sampled the policy, with reward 0 (the trainer cannot tell a stall the policy caused from
+    one it did not, and an uncounted 0 is one a policy could learn to reach: docs/train.md); any
+    other rollout as it is."""
+    if CANCELLED_STUCK_KEY not in rollout.metadata or rollout.reward is not None:
+        return rollout
+    if rollout.outcome is Outcome.INFRA_FAILURE or not _sampling_versions(rollout, group):
+        return rollout
+    return rollout.model_copy(update={"reward": 0.0})
+
+
 def prepare_step(
     groups: list[Group], version: int, trainer: TrainerSection, algorithm: AlgorithmConfig
 ) -> StepBatch:
     """The samples and data metrics of the step that trains policy ``version`` on ``groups``."""
     bound = staleness_bound(trainer)
-    rollouts = [r for g in groups for r in g.rollouts]
+    every = [r for g in groups for r in g.rollouts]
+    unreadable = {rid for g in groups for rid in g.unreadable}
+    rollouts = [stuck_reward(r, g) for g in groups for r in g.rollouts if r.rollout_id not in unreadable]
     calls = {r.rollout_id: g.calls[r.rollout_id] for g in groups for r in g.rollouts}
     discarded = {
-        r.rollout_id for g in groups for r in g.rollouts if sampled_by_discarded_weights(r, g, version)
+        r.rollout_id
+        for g in groups
+        for r in g.rollouts
+        if r.rollout_id not in unreadable and sampled_by_discarded_weights(r, g, version)
     }
     lags = {
         r.rollout_id: rollout_staleness(r, g, version)
         for g in groups
         for r in g.rollouts
-        if r.rollout_id not in discarded
+        if r.rollout_id not in discarded and r.rollout_id not in unreadable
     }
     too_stale = {rid for rid, lag in lags.items() if lag > bound}
     drop = trainer.stale_samples == "drop"
@@ -109,10 +133,14 @@ def prepare_step(
         "reward/mean": statistics.fmean(rewards) if rewards else None,
         "reward/std": statistics.pstdev(rewards) if len(rewards) > 1 else 0.0,
         "reward/success_rate": sum(1 for x in rewards if x >= 1.0) / len(rewards) if rewards else None,
-        "rollouts/total": len(rollouts),
-        "rollouts/infra_failures": sum(1 for r in rollouts if r.outcome is Outcome.INFRA_FAILURE),
-        # still running past trainer.rollout_deadline_s: cancelled, no reward, out of the baselines
-        "rollouts/cancelled_stuck": sum(1 for r in rollouts if CANCELLED_STUCK_KEY in r.metadata),
+        "rollouts/total": len(every),
+        "rollouts/infra_failures": sum(1 for r in every if r.outcome is Outcome.INFRA_FAILURE),
+        # still running past trainer.rollout_deadline_s: cancelled; reward 0 if it sampled the policy,
+        # else no reward and out of the baselines
+        "rollouts/cancelled_stuck": sum(1 for r in every if CANCELLED_STUCK_KEY in r.metadata),
+        # its final attempt's recorded calls cannot be read (a damaged row): left out, as an
+        # infrastructure failure is
+        "rollouts/calls_unreadable": len(unreadable),
         "rollouts/dropped_stale": (len(too_stale) if drop else 0) + len(discarded),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness/max": max(staleness, default=0),
@@ -121,7 +149,7 @@ def prepare_step(
     }
     metrics.update(call_metrics([c for r in kept for c in calls[r.rollout_id] if c.attempt == r.attempt]))
     generated = sum(len(c.response_token_ids) for cs in calls.values() for c in cs)
-    return StepBatch(samples, rollouts, metrics, generated)
+    return StepBatch(samples, every, metrics, generated)
 
 
 def call_metrics(calls: list[Any]) -> dict[str, float]:
