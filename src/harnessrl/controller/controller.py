@@ -47,6 +47,7 @@ from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
 from harnessrl.schemas import Rollout, RolloutStatus
 from harnessrl.store.base import Store
+from harnessrl.store.damage import CallsUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +68,6 @@ class ControllerConfig(BaseModel):
 
 
 HarnessResolver = Callable[[Rollout], HarnessSpec]
-
-
-class CallsUnreadable(HarnessRLError):
-    """The store could not give back an attempt's recorded calls (down a moment, or a row of the
-    attempt damaged: ``store.codecs`` refuses to guess): an infrastructure failure of that attempt,
-    whose next attempt records calls of its own."""
 
 
 class Controller:

@@ -36,9 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.dashboard.sample_counts import CallLink, count_samples
-from harnessrl.errors import ConfigError, HarnessRLError, NotFound, UpstreamError
+from harnessrl.errors import ConfigError, NotFound, UpstreamError
 from harnessrl.schemas import Call, Rollout, Run, ToolRequest
 from harnessrl.store.codecs import calls_from_rows, load_json, rollout_from_row, run_from_row
+from harnessrl.store.damage import DAMAGED_ROW
 from harnessrl.store.migrations import SCHEMA_VERSION
 
 _ROLLOUT_COLUMNS = (
@@ -135,11 +136,6 @@ MAX_TOOL_REQUESTS = 1_000
 MAX_TOOL_JSON_CHARS = 256 * 1024
 
 
-#: What decoding a damaged call row raises (``codecs``' own ``HarnessRLError``, JSON or a blob that
-#: does not parse, a field of the wrong shape, JSON nested past Python's depth).
-_DAMAGED_ROW = (HarnessRLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
-
-
 #: ``metadata`` key of a rollout as the dashboard read it when its row's JSON columns were damaged:
 #: column -> what decoding it raised (the column is shown empty). Never written to the store.
 DAMAGED_ROW_KEY = "damaged_record"
@@ -152,14 +148,14 @@ def read_rollout(row: sqlite3.Row) -> Rollout:
     columns empty and the damage named in ``metadata[DAMAGED_ROW_KEY]``."""
     try:
         return rollout_from_row(row)
-    except _DAMAGED_ROW:
+    except DAMAGED_ROW:
         pass
     fields = {key: row[key] for key in row.keys() if key != "pk"}  # noqa: SIM118
     damage: dict[str, str] = {}
     for column, kind in _ROLLOUT_JSON:
         try:
             value = load_json(fields[column])
-        except _DAMAGED_ROW as exc:
+        except DAMAGED_ROW as exc:
             value, damage[column] = None, f"{type(exc).__name__}: {exc}"[:300]
         if not isinstance(value, kind):
             damage.setdefault(column, f"not a JSON {kind.__name__}")
@@ -168,7 +164,7 @@ def read_rollout(row: sqlite3.Row) -> Rollout:
     fields["metadata"] = {**fields["metadata"], DAMAGED_ROW_KEY: damage}
     try:
         return Rollout.model_validate(fields)
-    except _DAMAGED_ROW as exc:
+    except DAMAGED_ROW as exc:
         raise UpstreamError(
             f"rollout {fields.get('rollout_id')!r}: its row in the store is damaged and cannot be read: "
             f"{type(exc).__name__}: {exc}"[:1000]
@@ -180,7 +176,7 @@ def read_run(row: sqlite3.Row) -> Run:
     ``{DAMAGED_ROW_KEY: {"config": what decoding it raised}}`` (it failed the runs page and the table)."""
     try:
         return run_from_row(row)
-    except _DAMAGED_ROW as exc:
+    except DAMAGED_ROW as exc:
         damage = {"config": f"{type(exc).__name__}: {exc}"[:300]}
     return Run(
         run_id=row["run_id"],
@@ -383,7 +379,7 @@ class DashboardData:
         for attempt, positions in by_attempt.items():
             try:
                 calls = calls_from_rows([rows[i] for i in positions])
-            except _DAMAGED_ROW as exc:
+            except DAMAGED_ROW as exc:
                 unreadable[attempt] = f"{type(exc).__name__}: {exc}"[:500]
                 continue
             for position, call in zip(positions, calls, strict=True):

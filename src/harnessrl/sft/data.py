@@ -23,7 +23,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.errors import ConfigError
 from harnessrl.gateway.parsers.formats import ModelFormats, resolve_formats
 from harnessrl.schemas import Call, Rollout
 from harnessrl.sft.config import SftConfig
@@ -41,6 +41,7 @@ from harnessrl.sft.render import RenderReport, rollout_sequences
 from harnessrl.sft.select import Selected, Selection, select_rollouts
 from harnessrl.store import open_store, sqlite_path
 from harnessrl.store.base import Store
+from harnessrl.store.damage import CallsUnreadable, read_attempt_calls
 from harnessrl.tokenizer import PolicyTokenizer
 from harnessrl.trajectory import Sample
 
@@ -158,9 +159,9 @@ def final_attempt_calls(store: Store, selected: Selected) -> Iterator[tuple[Roll
     kept: list[Rollout] = []
     for rollout in selected.rollouts:
         try:
-            calls = store.list_calls(rollout.rollout_id, attempt=rollout.attempt)
-        except (HarnessRLError, ValueError) as exc:  # ValueError: a row's JSON no longer decodes
-            log.warning("sft: rollout %s left out: its calls cannot be read: %s", rollout.rollout_id, exc)
+            calls = read_attempt_calls(store, rollout.rollout_id, rollout.attempt)
+        except CallsUnreadable as exc:  # a store that cannot be reached stops the run instead
+            log.warning("sft: rollout %s left out: %s", rollout.rollout_id, exc)
             selected.dropped["calls_unreadable"] += 1
             continue
         kept.append(rollout)

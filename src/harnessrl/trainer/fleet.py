@@ -39,9 +39,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound, UpstreamError
+from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.schemas import TERMINAL_STATUSES, Call, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store.base import Store
+from harnessrl.store.damage import CallsUnreadable, read_attempt_calls
 from harnessrl.trainer.base import Weights
 from harnessrl.trainer.failures import CANCELLED_STUCK_KEY, STOPPED_RUN_KEY, failure_signature
 from harnessrl.trainer.schedule import (
@@ -64,32 +65,6 @@ DISCARDED_WEIGHTS_KEY = "sampled_by_discarded_weights"
 CALLS_UNREADABLE_KEY = "calls_unreadable"
 
 log = logging.getLogger(__name__)
-
-
-class CallsUnreadable(HarnessRLError):
-    """The store holds call rows of an attempt that cannot be decoded (``store.codecs`` raises rather
-    than guess what a damaged row held)."""
-
-
-#: What decoding a damaged call row raises: ``store.codecs``' own ``HarnessRLError`` (a chain base
-#: missing, a prompt of the wrong length), JSON that does not parse (``ValueError``), a blob of the
-#: wrong size or type (``ValueError``/``TypeError``), usage of the wrong shape, JSON nested past
-#: Python's depth. ``UpstreamError`` (a store that cannot be reached) is re-raised, never taken for
-#: damage.
-_DAMAGED_ROW = (HarnessRLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
-
-
-def read_attempt_calls(store: Store, rollout_id: str, attempt: int) -> list[Call]:
-    """One attempt's recorded calls; ``CallsUnreadable`` naming the damage if a row cannot be decoded."""
-    try:
-        return store.list_calls(rollout_id, attempt=attempt)
-    except UpstreamError:
-        raise
-    except _DAMAGED_ROW as exc:
-        raise CallsUnreadable(
-            f"rollout {rollout_id} attempt {attempt}: its recorded calls cannot be read "
-            f"(a damaged row): {type(exc).__name__}: {exc}"
-        ) from exc
 
 
 class RolloutIdTaken(HarnessRLError):

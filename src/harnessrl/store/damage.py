@@ -1,0 +1,40 @@
+"""Reading recorded calls back when a row of them may be damaged.
+
+``store.codecs`` raises rather than guess what a damaged call row held. A reader that trains on, or
+shows, one attempt at a time asks for that attempt only (``read_attempt_calls``): a damaged row of an
+earlier, retried attempt then costs nothing, and one of the attempt asked for is ``CallsUnreadable``,
+naming it, which the reader turns into one rollout left out (the trainer, sft, the controller) or a
+card on a page (the dashboard), never a stopped run. A store that cannot be reached
+(``UpstreamError``) is not damage: it is raised as it is.
+"""
+
+from __future__ import annotations
+
+from harnessrl.errors import HarnessRLError, UpstreamError
+from harnessrl.schemas import Call
+from harnessrl.store.base import Store
+
+__all__ = ["DAMAGED_ROW", "CallsUnreadable", "read_attempt_calls"]
+
+
+class CallsUnreadable(HarnessRLError):
+    """The store holds call rows of an attempt that cannot be decoded."""
+
+
+#: What decoding a damaged row raises: ``store.codecs``' own ``HarnessRLError`` (a chain base missing,
+#: a prompt of the wrong length), JSON that does not parse (``ValueError``), a blob of the wrong size
+#: or type (``ValueError``/``TypeError``), usage of the wrong shape, JSON nested past Python's depth.
+DAMAGED_ROW = (HarnessRLError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+def read_attempt_calls(store: Store, rollout_id: str, attempt: int) -> list[Call]:
+    """One attempt's recorded calls; ``CallsUnreadable`` naming the damage if a row cannot be decoded."""
+    try:
+        return store.list_calls(rollout_id, attempt=attempt)
+    except UpstreamError:
+        raise
+    except DAMAGED_ROW as exc:
+        raise CallsUnreadable(
+            f"rollout {rollout_id} attempt {attempt}: its recorded calls cannot be read "
+            f"(a damaged row): {type(exc).__name__}: {exc}"
+        ) from exc
