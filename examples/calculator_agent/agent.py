@@ -96,7 +96,9 @@ def main() -> None:
                 expression = ""
             result = calculate(expression) if call.function.name == "calculator" else "error: unknown tool"
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-    print(messages[-1].get("content") or "")
+    # Out of turns: the model's last words, never the calculator's (the last message is a tool
+    # result: printing it handed the computed value to a scorer of stdout as the model's answer).
+    print(next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), ""))
 
 
 if __name__ == "__main__":

@@ -10,8 +10,10 @@ from hypothesis import strategies as st
 
 from harnessrl.tasks.answers import (
     answers_match,
+    blank_answer,
     extract_answer,
     final_answer_text,
+    normalize_answer,
     sampled_text,
     strip_think,
 )
@@ -181,3 +183,17 @@ def test_last_number_reads_a_comma_list_as_a_list(text, number):
 def test_last_number_stays_linear_on_a_megabyte_of_commas():
     assert extract_answer("1," * 500_000, ANSWER, "last_number") == "1"
     assert extract_answer("999," * 250_000 + "/" + "1," * 250_000, ANSWER, "last_number") == "1"
+
+
+@pytest.mark.parametrize("gold", ["", " ", ".", "\u200b", " . "])
+@pytest.mark.parametrize("reply", ["", ".", "**", "$$", "`.`"])
+def test_a_blank_gold_matches_no_reply(gold, reply):
+    """A blank gold matched every reply that says nothing: an empty reply earned 1 on such a task."""
+    answer = extract_answer(reply, None)
+    assert normalize_answer(answer) == normalize_answer(gold) == ""  # what used to make them equal
+    assert answers_match(answer, gold) is False
+    assert answers_match(answer, gold, normalize=False) is False
+    assert blank_answer(gold) and blank_answer(answer)
+    # The control: a gold that says something still matches, normalized or not.
+    assert answers_match("Paris", "paris.") is True
+    assert answers_match("Paris", "Paris", normalize=False) is True

@@ -136,11 +136,23 @@ def as_number(text: str) -> Decimal | None:
     return Decimal(text.replace(",", ""))
 
 
+def blank_answer(text: str) -> bool:
+    """Whether ``text`` is no answer at all once normalized (empty, whitespace, invisible format
+    characters, periods)."""
+    return normalize_answer(text) == ""
+
+
 def answers_match(answer: str, gold: str, *, normalize: bool = True) -> bool:
     """Equal, or with ``normalize`` equal after ``normalize_answer`` or as numbers: exactly equal
     values (``7.0`` and ``7``, ``1,000`` and ``1000``, ``1e3`` and ``1000``), never nearly equal ones
     (floats kept the first ~16 digits of ``12345678901234567890``: an answer off in the last digits
-    matched, so long arithmetic paid for an approximate answer)."""
+    matched, so long arithmetic paid for an approximate answer).
+
+    A blank gold (``blank_answer``: ``""``, ``" "``, ``"."``) matches nothing: it matched every reply
+    that says nothing (``""``, ``"."``, ``"**"``), so a task with a blank gold, or a blank among its
+    alternatives, paid 1 for an empty reply."""
+    if blank_answer(gold):
+        return False
     if not normalize:
         return answer == gold
     a, g = normalize_answer(answer), normalize_answer(gold)

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from harnessrl.errors import ConfigError
-from harnessrl.tasks.answers import AnswerFallback
+from harnessrl.tasks.answers import AnswerFallback, blank_answer
 from harnessrl.tasks.fields import HIDDEN, get_field, is_hidden_path
 from harnessrl.tasks.reasoning_gym_scorer import MAX_TIMEOUT_S as MAX_SCORER_TIMEOUT_S
 
@@ -118,6 +118,21 @@ class CommandEvaluatorConfig(_Config):
                     value = None
                 if value is None:
                     raise ConfigError(f"{where}: the task has no field {path!r} (used as {match.group(0)})")
+        scorer = _task_reading_scorer(self.command)
+        if scorer is not None:
+            # It reads the task file itself: the test lists it needs, as it will see them (the task
+            # without withheld_fields). Without this a task lacking hidden.FAIL_TO_PASS made the
+            # scorer exit 2 at every attempt: reward 0 flagged scorer_failed, the policy's, the run
+            # going on (exit 0) training on it.
+            from harnessrl.tasks.pytest_scoring import ScoringError, test_lists
+
+            hidden = task.get(HIDDEN)
+            if isinstance(hidden, Mapping):
+                task = {**task, HIDDEN: {k: v for k, v in hidden.items() if k not in self.withheld_fields}}
+            try:
+                test_lists(dict(task))
+            except ScoringError as exc:
+                raise ConfigError(f"evaluator.command ({scorer}): {exc}") from None
 
     @model_validator(mode="after")
     def _range(self) -> CommandEvaluatorConfig:
@@ -125,6 +140,55 @@ class CommandEvaluatorConfig(_Config):
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
             raise ValueError(f"reward_range must be two finite numbers, low <= high, not {self.reward_range}")
         return self
+
+
+# harnessrl's scorers that read the task file themselves and need its test lists (``pytest_scoring
+# .test_lists``): the module ``python -m`` runs, and the subcommand that does it (None: any).
+_TEST_LIST_SCORERS = {"harnessrl.tasks.pytest_scoring": None, "harnessrl.tasks.coding": "evaluate"}
+_PYTHON = re.compile(r"^python[\d.]*$")
+_PYTHON_FLAGS = frozenset("bBdEhiIOPqsSuvV")  # python's short options that take no value
+# Options of those scorers that take a value; any other word after the module is a task file.
+_SCORER_VALUE_OPTIONS = frozenset({"--hidden", "--files", "--config", "--timeout", "--python"})
+
+
+def _task_reading_scorer(command: list[str]) -> str | None:
+    """``python -m harnessrl.tasks.pytest_scoring ...`` (or ``harnessrl.tasks.coding evaluate``)
+    reading the evaluator's own task file ($HARNESSRL_TASK_FILE, or ``{task_file}``): the module's
+    name, else None. A command that names another task file, or runs anything else, is not known."""
+    if not command or not _PYTHON.match(command[0].rsplit("/", 1)[-1]):
+        return None
+    args, module = iter(command[1:]), None
+    for arg in args:
+        if not arg.startswith("-") or arg.startswith("--"):
+            return None  # a script, or a long option before -m: not what we know
+        flags = arg[1:]
+        where = flags.find("m")
+        if where < 0:
+            if not set(flags) <= _PYTHON_FLAGS:
+                return None  # -c CODE, -X/-W VALUE: not one of our scorers
+            continue
+        if not set(flags[:where]) <= _PYTHON_FLAGS:
+            return None
+        module = flags[where + 1 :] or next(args, None)
+        break
+    if module not in _TEST_LIST_SCORERS:
+        return None
+    rest = list(args)
+    subcommand = _TEST_LIST_SCORERS[module]
+    if subcommand is not None:
+        if not rest or rest[0] != subcommand:
+            return None
+        rest = rest[1:]
+    index = 0
+    while index < len(rest):
+        arg = rest[index]
+        if arg in _SCORER_VALUE_OPTIONS:
+            index += 2
+            continue
+        if not arg.startswith("-") and arg != "{task_file}":
+            return None  # a task file of its own: not the task checked here
+        index += 1
+    return module
 
 
 class PythonEvaluatorConfig(_Config):
@@ -224,6 +288,13 @@ class ExactMatchEvaluatorConfig(_Config):
             raise ConfigError(
                 f"evaluator.field: the task has no field {self.field!r} (the gold answer exact_match "
                 "compares with)"
+            )
+        golds = gold if isinstance(gold, list) else [gold]
+        if any(g is None for g in golds):  # compared as the text "None"
+            raise ConfigError(f"evaluator.field: the task's {self.field!r} holds a null gold answer")
+        if all(blank_answer(str(g)) for g in golds):  # matches nothing (it paid for an empty reply)
+            raise ConfigError(
+                f"evaluator.field: the task's {self.field!r} has no answer that is not blank: nothing can match it"
             )
 
 
