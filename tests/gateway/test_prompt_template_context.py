@@ -14,6 +14,7 @@ what the gateway remembers of a call matches what the next call compares it with
 from __future__ import annotations
 
 import asyncio
+import copy
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +25,10 @@ import openai
 import pytest
 
 from harnessrl.engines.tiny import tiny_model_dir
-from harnessrl.gateway.prompt.history import CallHistory
+from harnessrl.gateway.bodies import CheckedRest
+from harnessrl.gateway.body_models import ChatCompletionRequest
+from harnessrl.gateway.prompt.conversation import prompt_template_key
+from harnessrl.gateway.prompt.history import CallHistory, RolloutMemory
 from harnessrl.tokenizer import PolicyTokenizer
 
 #: Prints the kwargs the APIs pass (chat's own kwarg, Messages' and Responses' thinking switch).
@@ -146,3 +150,28 @@ def test_the_memory_rebuilt_from_the_store_keeps_each_calls_template_key(
     keys = [live_memory.priors[c.seq].template_key for c in calls]
     assert keys == [stored_memory.priors[c.seq].template_key for c in calls]
     assert keys[0] != keys[1] == keys[2]
+
+
+def test_a_body_repeating_the_last_ones_rest_is_rendered_with_its_prepared_tools(
+    kwargs_tokenizer: PolicyTokenizer,
+) -> None:
+    """A request whose body but its history is the same JSON as the rollout's last one (the chat
+    route's ``CheckedRest``) takes the tools prepared for that one, the very object, instead of
+    preparing its own copy again; it renders and is keyed exactly as its own would be."""
+    memory = RolloutMemory()
+    tools = _tools("chat", ["bash"])
+    first = {"messages": [], "tools": tools}
+    prepared = memory.template_tools(kwargs_tokenizer, first, tools, None)
+    body = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "go"}]}
+    )
+    known = CheckedRest(b"{}", 0, body, prepared)
+    second = {"messages": [], "tools": copy.deepcopy(tools)}
+    again = memory.template_tools(kwargs_tokenizer, second, second["tools"], None, known=known)
+    assert again is prepared
+    own = kwargs_tokenizer.template_tools(copy.deepcopy(tools))
+    assert memory.noted_keys[id(second)][1] == prompt_template_key(kwargs_tokenizer, own, None)
+    conversation = [{"role": "user", "content": "go"}]
+    assert kwargs_tokenizer.render_chat(conversation, tools=again) == kwargs_tokenizer.render_chat(
+        conversation, tools=copy.deepcopy(tools)
+    )

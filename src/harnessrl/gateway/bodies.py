@@ -91,11 +91,13 @@ def decode_body(raw: bytes) -> dict[str, Any]:
 @dataclass(frozen=True)
 class CheckedRest:
     """What the checks made of a body but its history list, for the rollout's next body: that part's
-    JSON (``rest_json``), its characters of text, and the model validated from the body."""
+    JSON (``rest_json``), its characters of text, the model validated from the body, and its tools
+    as the tokenizer prepared them for the template (``None``: no tools)."""
 
     json: bytes
     chars: int
     body: BaseModel
+    tools: Any = None
 
 
 def rest_json(data: dict[str, Any], key: str) -> bytes | None:

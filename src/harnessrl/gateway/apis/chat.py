@@ -84,9 +84,9 @@ class ChatApi:
         rest_chars = check_prompt_size(
             state, data, "messages", history, known.chars if known is not None else None
         )
-        memory.last_rest = CheckedRest(rest, rest_chars, body) if rest is not None else None
         kwargs = body.chat_template_kwargs.as_kwargs() if body.chat_template_kwargs is not None else None
-        tools = memory.template_tools(state.engine.tokenizer, data, body.tools or None, kwargs)
+        tools = memory.template_tools(state.engine.tokenizer, data, body.tools or None, kwargs, known=known)
+        memory.last_rest = CheckedRest(rest, rest_chars, body, tools) if rest is not None else None
         return CallRequest(
             data,
             body,

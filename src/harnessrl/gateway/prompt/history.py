@@ -81,10 +81,17 @@ class RolloutMemory:
         request: dict[str, Any],
         tools: list[dict[str, Any]] | None,
         kwargs: dict[str, Any] | None,
+        *,
+        known: CheckedRest | None = None,
     ) -> Any:
         """``tokenizer.template_tools(tools)``, what the prompt is rendered with (the pipeline's own
-        call then finds them prepared), noting the template key of ``request`` for its record."""
-        prepared = tokenizer.template_tools(tools)
+        call then finds them prepared), noting the template key of ``request`` for its record.
+
+        ``known``: the rollout's last request's checks, where everything of this body but its history
+        list (tools included) is the same JSON as that one's: its prepared tools are these tools',
+        taken as they are (a rollout's requests repeat their tools, and preparing them walks the list
+        and encodes it again on every call)."""
+        prepared = known.tools if known is not None else tokenizer.template_tools(tools)
         self.note_template_key(request, prompt_template_key(tokenizer, prepared, kwargs))
         return prepared
 
