@@ -16,7 +16,7 @@ from pathlib import Path
 
 from harnessrl.environments.config import DebianBase
 from harnessrl.environments.podman import ImageError, Podman, log_tail
-from harnessrl.environments.processes import kill_tree
+from harnessrl.environments.processes import communicate, kill_tree, owner, tool_env
 
 
 def make_debian_base(
@@ -37,7 +37,7 @@ def make_debian_base(
         raise ImageError(f"{where}: mmdebstrap is not installed (Debian: apt-get install mmdebstrap)")
     log.parent.mkdir(parents=True, exist_ok=True)
     tmp_root.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=tmp_root) as tmp:
+    with tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"debian-{owner()}-") as tmp:
         tar = Path(tmp) / "rootfs.tar"
         argv = ["mmdebstrap", f"--variant={debian.variant}"]
         if debian.include:
@@ -45,7 +45,8 @@ def make_debian_base(
         # "--": the positional arguments are never read as options (a mirror of
         # "--setup-hook=..." would run a command as root).
         argv += ["--", debian.suite, str(tar), debian.mirror]
-        env = dict(os.environ)
+        # Marked (``processes.reap_orphans``): killed by the next build if this process is killed outright.
+        env = {**os.environ, **tool_env(podman.store)}
         if os.geteuid() == 0 and shutil.which("unshare"):
             # Its /proc, /sys and /dev mounts in a mount namespace of its own go with its processes
             # when they are killed, and its temporary folders (in ours) are removed with this folder.
@@ -61,11 +62,12 @@ def make_debian_base(
                 start_new_session=True,  # killed with every process it started
             )
             try:
-                returncode = process.wait(timeout=timeout_s)
+                communicate(process, timeout_s)  # ends early when the interpreter exits
+                returncode = process.returncode
             except subprocess.TimeoutExpired as exc:
                 kill_tree(process)
                 raise ImageError(f"{where}: mmdebstrap ran over {timeout_s:g} s (log: {log})") from exc
-            except BaseException:
+            except BaseException:  # Ctrl-C, or the interpreter exits (``processes.Exiting``)
                 kill_tree(process)
                 raise
         if returncode != 0:

@@ -17,6 +17,7 @@ import secrets
 from pathlib import Path
 
 from harnessrl.environments.podman import Podman
+from harnessrl.environments.processes import pid_namespace, started
 
 
 class MountRecords:
@@ -67,23 +68,3 @@ class MountRecords:
             except FileNotFoundError:
                 continue  # another process gave it back meanwhile
             self.podman.unmount(image_id, force=False)
-
-
-def pid_namespace() -> str:
-    """This process's PID namespace (its inode): a pid names a process only within one."""
-    try:
-        return str(os.stat("/proc/self/ns/pid").st_ino)
-    except OSError:
-        return "0"
-
-
-def started(pid: int) -> str:
-    """A process's start time (clock ticks since boot, ``/proc/<pid>/stat``), "" when it is gone (or a
-    zombie: dead, not yet reaped): with the pid, it names one process (a pid is reused, its start time
-    is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return "" if fields[0] in ("Z", "X") else fields[19]
-    except (OSError, ValueError, IndexError):
-        return ""

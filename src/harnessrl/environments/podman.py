@@ -20,6 +20,11 @@ A command that runs past its timeout, or is interrupted (Ctrl-C), is killed with
 started (``podman build`` runs ``RUN`` steps in processes of their own session, which outlive the
 client), and a build's leftover working container is removed (``kill_tree`` says which overlay
 layers the killed steps ran on).
+A command a worker thread waits on is killed the same way once the interpreter exits (its main
+thread ended: Ctrl-C under ``asyncio.to_thread``). Every command is marked with the process that
+started it and the store (``processes.tool_env``): what a process killed outright (SIGKILL, OOM)
+left running, and its scratch under ``<store>/tmp``, is reaped by the store's next build or prune
+(``reap_orphans``).
 
 Errors are ``ImageError`` (a ``ConfigError``: the run refuses to start) carrying the tail of the
 tool's output.
@@ -38,7 +43,15 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from harnessrl.environments.processes import kill_tree
+from harnessrl.environments.processes import (
+    communicate,
+    kill_tree,
+    owner,
+    reap_orphans,
+    remove_scratch,
+    stale_scratch,
+    tool_env,
+)
 from harnessrl.errors import ConfigError
 
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
@@ -157,14 +170,18 @@ class Podman:
         what: str = "",
         env: Mapping[str, str] | None = None,
         on_kill: Callable[[frozenset[str]], None] | None = None,
+        stop_on_exit: bool = True,
     ) -> subprocess.CompletedProcess[str]:
         """One podman command. In a session of its own, so that a timeout kills all it started.
         ``on_kill`` is called with the overlay layers the killed processes ran on, when a timeout or
-        an interruption (Ctrl-C) killed the command."""
+        an interruption (Ctrl-C) killed the command. ``stop_on_exit``: killed when the interpreter
+        exits while a worker thread waits on it (``processes.communicate``)."""
         try:
             process = subprocess.Popen(
                 [self.binary, *args],
-                env={**self.env(), **(env or {})},
+                # Marked with this process and store: if this process is killed outright, the next
+                # build or prune of the store kills what it left (``reap_orphans``).
+                env={**self.env(), **tool_env(self.store), **(env or {})},
                 stdin=stdin,
                 stdout=stdout,
                 stderr=subprocess.PIPE if stdout is subprocess.PIPE else subprocess.STDOUT,
@@ -174,7 +191,7 @@ class Podman:
         except FileNotFoundError as exc:
             raise ImageError(podman_problem() or f"cannot run {self.binary}: {exc}") from exc
         try:
-            out, err = process.communicate(timeout=timeout)
+            out, err = communicate(process, timeout, stop_on_exit=stop_on_exit)
         except subprocess.TimeoutExpired as exc:
             layers = kill_tree(process)
             process.communicate()
@@ -184,7 +201,9 @@ class Podman:
                 f"{what or 'podman ' + args[0]}: no answer after {timeout:g} s", layers
             ) from exc
         except BaseException:
-            layers = kill_tree(process)  # interrupted (Ctrl-C): nothing of it keeps running
+            # Interrupted (Ctrl-C), or the interpreter exits while a worker thread waits on it
+            # (``processes.Exiting``): nothing of it keeps running.
+            layers = kill_tree(process)
             if on_kill is not None:
                 on_kill(layers)
             raise
@@ -248,7 +267,7 @@ class Podman:
         # a killed build leaves its bundles behind.
         with (
             tempfile.TemporaryDirectory(
-                dir=self.store / "tmp", prefix="build-", ignore_cleanup_errors=True
+                dir=self.store / "tmp", prefix=f"build-{owner()}-", ignore_cleanup_errors=True
             ) as scratch,
             log.open("w") as out,
         ):
@@ -265,14 +284,26 @@ class Podman:
         if done.returncode != 0:
             raise ImageError(f"podman build exited {done.returncode}:\n{log_tail(log)}")
 
+    def reap_orphans(self) -> None:
+        """What processes killed outright (SIGKILL, OOM) left of their work on this store: their
+        commands still running (a ``podman build`` with its ``RUN`` steps, ``mmdebstrap`` with its
+        ``apt``) killed with all they started, the working containers those steps ran in removed, and
+        their scratch folders under ``<store>/tmp`` removed. Processes that live are left alone."""
+        layers = reap_orphans(self.store)
+        if layers:
+            self.remove_containers_on(layers)
+        for scratch in stale_scratch(self.store / "tmp"):
+            remove_scratch(scratch)
+
     def remove_containers_on(self, layers: frozenset[str]) -> None:
         """Remove the (build) containers whose root is one of these overlay layers."""
         if not layers:
             return
-        mounted = json.loads(self.run("mount", "--format", "json", check=False).stdout or "[]")
-        for container in mounted:
+        # Run to the end even while the interpreter exits: this is the clean-up of a killed build.
+        listed = self.run("mount", "--format", "json", check=False, stop_on_exit=False).stdout
+        for container in json.loads(listed or "[]"):
             if Path(container.get("mountpoint", "")).parent.name in layers:
-                self.run("rm", "--force", container["id"], check=False)
+                self.run("rm", "--force", container["id"], check=False, stop_on_exit=False)
 
     def import_tar(self, tar: Path, ref: str, *, labels: Mapping[str, str], timeout: float = 600) -> None:
         changes: list[str] = []

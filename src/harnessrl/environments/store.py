@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 import re
 import tempfile
@@ -41,6 +42,7 @@ from harnessrl.environments.config import EnvironmentConfig, ImageRecipe, slug
 from harnessrl.environments.debian import make_debian_base
 from harnessrl.environments.mounts import MountRecords
 from harnessrl.environments.podman import ImageError, Podman
+from harnessrl.environments.processes import owner
 from harnessrl.environments.recipes import (
     base_images,
     check_recipe,
@@ -100,6 +102,7 @@ class ImageStore:
         self._roots: dict[str, ImageRoot] = {}
         self._lock = threading.Lock()
         self._mounts = MountRecords(self.podman)  # one record per image this store holds mounted
+        self._reaped = False  # reap_orphans ran at this store's first ensure
 
     @classmethod
     def from_config(cls, config: EnvironmentConfig) -> ImageStore:
@@ -140,6 +143,11 @@ class ImageStore:
         (bases a recipe names); ``where`` says in errors which task or repository needed it."""
         where = where or f"environment {name!r}"
         started = time.monotonic()
+        if not self._reaped:
+            # What a process killed outright left of a build (still running, scratch) goes at the
+            # first use of the store, and before every build (``_build``, ``_mmdebstrap``).
+            self.podman.reap_orphans()
+            self._reaped = True
         if recipe.image is not None:
             return self._existing(name, recipe.image, where, started)
         if recipe.debian is not None:
@@ -266,9 +274,12 @@ class ImageStore:
         containerfile = Path(recipe.containerfile)
         context = Path(recipe.context) if recipe.context else containerfile.parent
         log = self.folder / "logs" / f"{slug(name)}-{digest[:16]}.log"
+        # A killed process's build of this image (its lock went with it) would write the same log and
+        # tag the same image: killed first.
+        self.podman.reap_orphans()
         tmp_root = self.folder / "tmp"
         tmp_root.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=tmp_root, prefix="recipe-") as tmp:
+        with tempfile.TemporaryDirectory(dir=tmp_root, prefix=f"recipe-{owner()}-") as tmp:
             pinned = Path(tmp) / containerfile.name
             pinned.write_text(pin_images(containerfile, image_ids, recipe.build_args))
             try:
@@ -306,7 +317,9 @@ class ImageStore:
                     "pull = false; build or load it first (harnessrl images build), or set "
                     "harness.environment.pull = true on a machine that reaches its registry"
                 )
-            with self._locked(reference.replace("/", "_")):
+            # A lock per reference (its hash: the lock's name keeps 32 characters, which every
+            # docker.io/jyangballin/swesmith.x86_64.<repo> shares, and would make pulls wait in turn).
+            with self._locked(hashlib.sha256(reference.encode()).hexdigest()):
                 if not self.podman.exists(reference):
                     try:
                         self.podman.pull(reference, timeout=self.build_timeout_s)
@@ -341,6 +354,7 @@ class ImageStore:
 
     def _mmdebstrap(self, name: str, recipe: ImageRecipe, digest: str, reference: str, where: str) -> None:
         assert recipe.debian is not None  # invariant: the caller checked the kind
+        self.podman.reap_orphans()  # as in ``_build``
         make_debian_base(
             self.podman,
             recipe.debian,
@@ -429,6 +443,7 @@ class ImageStore:
         """Remove harnessrl's images whose id is not in ``keep`` and that no process has mounted (a
         run is using it), then dangling layers; ``keep`` None removes every image, mounted or not.
         Returns what was removed, what was kept because it is in use, and the bytes freed."""
+        self.podman.reap_orphans()  # a killed process's build holds nothing in use
         if not self.exists:
             return {"removed": [], "in_use": [], "freed_bytes": 0, "store_bytes": 0}
         before = folder_bytes(self.podman.graphroot)
