@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -35,6 +36,13 @@ _BY_STATUS: dict[int, type[HarnessRLError]] = {
     413: PayloadTooLarge,
     429: Overloaded,
 }
+
+
+def rollout_path(rollout_id: str, tail: str = "") -> str:
+    """The control API path of one rollout: its id percent-encoded as one path segment. Rollout ids
+    start with the run's name, which may hold ``#``, ``?``, ``%`` or a space; unencoded, ``#`` would
+    cut the path (``GET /api/rollouts/exp`` for ``exp#2-g0-0``) and ``%41`` would arrive as ``A``."""
+    return f"/api/rollouts/{quote(rollout_id, safe='')}{tail}"
 
 
 def check_drained(answer: dict[str, Any], base_url: str) -> None:
@@ -76,13 +84,19 @@ class GatewayClient:
 
     # -- plumbing -----------------------------------------------------------------------------------
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The gateway's answer to one request: ``UpstreamError`` if it cannot be reached, the
+        ``harnessrl.errors`` class of its status for an error answer."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
             raise UpstreamError(f"gateway at {self.base_url} unreachable: {exc}") from exc
         if response.status_code >= 400:
             raise self._error(response)
+        return response
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self._send(method, path, **kwargs)
         try:
             return response.json()
         except ValueError:  # another server at this address (a dashboard, a proxy's HTML page)
@@ -156,7 +170,7 @@ class GatewayClient:
         return self._request("POST", "/api/rollouts", json=body)
 
     def get_rollout(self, rollout_id: str) -> dict[str, Any]:
-        return self._request("GET", f"/api/rollouts/{rollout_id}")
+        return self._request("GET", rollout_path(rollout_id))
 
     def list_rollouts(
         self,
@@ -177,7 +191,7 @@ class GatewayClient:
         params = {"attempt": attempt} if attempt is not None else {}
         return [
             Call.model_validate(c)
-            for c in self._request("GET", f"/api/rollouts/{rollout_id}/calls", params=params)
+            for c in self._request("GET", rollout_path(rollout_id, "/calls"), params=params)
         ]
 
     def finish_rollout(
@@ -194,10 +208,10 @@ class GatewayClient:
             body["error"] = error
         if metadata is not None:
             body["metadata"] = metadata
-        return self._request("POST", f"/api/rollouts/{rollout_id}/finish", json=body)
+        return self._request("POST", rollout_path(rollout_id, "/finish"), json=body)
 
     def cancel_rollout(self, rollout_id: str) -> dict[str, Any]:
-        return self._request("POST", f"/api/rollouts/{rollout_id}/cancel")
+        return self._request("POST", rollout_path(rollout_id, "/cancel"))
 
     # -- pause / resume -----------------------------------------------------------------------------
 
@@ -226,7 +240,4 @@ class GatewayClient:
         return self._request("GET", "/api/state")
 
     def metrics(self) -> str:
-        response = self._http.get("/metrics")
-        if response.status_code >= 400:
-            raise self._error(response)
-        return response.text
+        return self._send("GET", "/metrics").text

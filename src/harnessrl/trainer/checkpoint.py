@@ -121,10 +121,18 @@ class Checkpointer:
             await task
 
     async def written(self) -> float:
-        """Wait for the checkpoint being written; returns the seconds waited."""
-        task, self._task = self._task, None
+        """Wait for the checkpoint being written; returns the seconds waited.
+
+        The write is shielded from a cancelled wait (Ctrl-C / SIGTERM while a step waits for it) and
+        stays pending until it ended, so the run's way out waits for it again instead of finding
+        nothing to wait for while the thread still writes."""
+        task = self._task
         if task is None:
             return 0.0
         started = time.monotonic()
-        await task
+        try:
+            await asyncio.shield(task)
+        finally:
+            if task.done() and self._task is task:
+                self._task = None  # its error, if any, is raised once (here)
         return time.monotonic() - started

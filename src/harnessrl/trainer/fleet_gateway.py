@@ -85,14 +85,19 @@ async def load_weights(
 
 
 async def announce_start(gateway: GatewayControl) -> None:
-    """Tell every gateway on the store that the run starts at version 0 (and open their gate).
+    """Open every gateway's gate on the store, telling those in front of shared servers that the
+    run starts at version 0.
 
-    The store's gate outlives runs: a gateway in front of shared servers adopts the gate's live
-    version on start, which on a store reused from an earlier run is that run's last one. A run
-    starts from its own weights (a resumed run publishes its checkpoint's version right after), so
-    it announces 0 first, as a rewind. Engines holding their own weights label their own calls."""
-    if gateway.engine.shares_weights:
-        await gateway.resume(0, rewind=True)
+    The store's gate outlives runs. It may be closed: a run killed inside a pause (SIGKILL, the
+    kernel's OOM killer during a step) never resumed it, and every gateway on the store, this run's
+    included, comes up paused; no publish of a run resumed before its first checkpoint would open
+    it, so its calls would wait until their rollouts' deadline. A gateway in front of shared
+    servers adopts the gate's live version on start, which on a store reused from an earlier run is
+    that run's last one. A run starts from its own weights (a resumed run publishes its
+    checkpoint's version right after), so it announces 0 first, as a rewind. Engines holding their
+    own weights label their own calls: for them the resume announces no version."""
+    shared = gateway.engine.shares_weights
+    await gateway.resume(0 if shared else None, rewind=shared)
 
 
 async def probe_replicas(pool: EnginePool, prompt: list[int]) -> list[tuple[str, list[int], list[float]]]:

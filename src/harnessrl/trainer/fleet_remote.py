@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 from harnessrl.client import GatewayClient
 from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, WeightUpdate
+from harnessrl.errors import ConfigError
+from harnessrl.store.base import Store
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
 from harnessrl.trainer.fleet_gateway import GatewayFleet, announce_start
 
@@ -51,6 +53,22 @@ class RemoteGateway:
         return await make()  # the trainer's own client lives on the trainer's loop
 
 
+def check_same_store(state: dict[str, Any], store: Store, gateway_url: str, store_url: str) -> None:
+    """``ConfigError`` unless the gateway that answered ``state`` (``GET /api/state``) is one of the
+    gateways registered in ``store``: one started on another store pauses and versions another gate,
+    and answers the run's rollouts' keys 401 (it does not know them), so the run could not train."""
+    from harnessrl.store.postgres import redact
+
+    theirs = {state.get("gateway_id")} | {g.get("gateway_id") for g in state.get("gateways") or []}
+    _, rows = store.read_gate_and_gateways()
+    if not theirs & {row.gateway_id for row in rows}:
+        raise ConfigError(
+            f"trainer.gateway_url: the gateway at {gateway_url} does not use the run's store "
+            f"(store.url = {redact(store_url)}): start the gateways with --store set to the same "
+            "store, or point trainer.gateway_url at gateways that use it"
+        )
+
+
 @contextlib.asynccontextmanager
 async def remote_fleet(
     gateway_url: str,
@@ -69,9 +87,11 @@ async def remote_fleet(
 
     engine = create_engine(engine_config)
     await engine.start()
-    client = GatewayClient(gateway_url, admin_key, timeout=60.0)
+    client: GatewayClient | None = None
     try:
-        await asyncio.to_thread(client.state)  # reachable, and the admin key is right
+        client = GatewayClient(gateway_url, admin_key, timeout=60.0)
+        state = await asyncio.to_thread(client.state)  # reachable, and the admin key is right
+        await asyncio.to_thread(check_same_store, state, book.store, gateway_url, store_url)
 
         def start_controllers() -> None:
             message(external_controllers_hint(store_url, gateway_url))
@@ -80,5 +100,6 @@ async def remote_fleet(
         await announce_start(gateway)
         yield GatewayFleet(book, gateway, weights_root=run_dir / "engine-weights"), start_controllers
     finally:
-        client.close()
+        if client is not None:
+            client.close()
         await engine.aclose()

@@ -13,6 +13,7 @@ the read.
 from __future__ import annotations
 
 from typing import Annotated, Any
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
@@ -77,7 +78,9 @@ MAX_PAUSE_TIMEOUT_S = 86_400.0
 
 def rollout_json(state: GatewayState, request: Request, rollout: Rollout) -> dict[str, Any]:
     base = state.public_url(str(request.base_url))
-    return {**rollout.model_dump(mode="json"), "base_url": f"{base}/rollouts/{rollout.rollout_id}/v1"}
+    # The id as one path segment: a run's name (the ids' prefix) may hold ``#``, ``?``, ``%`` or a space.
+    segment = quote(rollout.rollout_id, safe="")
+    return {**rollout.model_dump(mode="json"), "base_url": f"{base}/rollouts/{segment}/v1"}
 
 
 def _query_int(request: Request, name: str, default: int | None, minimum: int = 0) -> int | None:
