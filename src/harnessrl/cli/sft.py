@@ -95,6 +95,14 @@ def run_sft(
             folder.release()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if summary.get("already_finished"):
+        # Nothing to train: say so (and how to go on), as `harnessrl train --resume` does.
+        print(
+            f"harnessrl: {run_dir} already finished its {summary['steps']} steps ({config.sft.epochs} "
+            f"epochs); to train further: harnessrl sft --resume {run_dir} --set sft.epochs={config.sft.epochs + 1}",
+            file=sys.stderr,
+        )
+        return summary
     print(
         f"harnessrl: done; metrics {run_dir / 'metrics.jsonl'}, data report {run_dir / 'sft_data.json'}\n"
         f'  RL from it: set engine.model = "{run_dir / "checkpoints" / "final"}" in a train config',

@@ -7,7 +7,9 @@ SIGINT (Ctrl-C) and SIGTERM (``kill``, a Kubernetes pod being deleted, systemd) 
 clean way: the trainer's task is cancelled, so its harness processes are killed, the gateway closes,
 a checkpoint being written is finished, rollouts left in flight are requeued for ``--resume``, and
 the command exits 128 + the signal's number. A second signal of either kind acts at once. A SIGINT
-the process was started ignoring (a job of a non-interactive shell: ``cmd &``) stays ignored.
+the process was started ignoring (a job of a non-interactive shell: ``cmd &``) stays ignored. A
+signal that stops a new run before its first step (importing torch, loading the model) removes its
+folder as a failed start-up does: there is nothing to resume, the same command starts it again.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.trainer.failures import StepFailed
-from harnessrl.trainer.loop import finished_at
+from harnessrl.trainer.loop import finished_at, restore_final
 from harnessrl.trainer.run_setup import open_run
 
 
@@ -28,12 +30,22 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
     run = open_run(config_path, resume, overrides)
     config, run_dir = run.config, run.run_dir
     trainer = None
+    # SIGTERM during the start-up before the event loop's handlers (importing torch, building the
+    # trainer) stops it as SIGINT does there, instead of killing the process with its folder left.
+    previous_sigterm = signal.signal(signal.SIGTERM, _start_up_terminated(run_dir))
     with run.folder:  # held until the run ends: a second process on this folder is refused
         try:
             # Finished: its last checkpoint at trainer.steps and no evaluation pending there (a final
             # held-out evaluation cut short by a stop still runs).
             done = finished_at(run_dir, config, heldout=bool(run.heldout)) if resume else None
             if done is not None:
+                # A kill after the last step's checkpoint but before checkpoints/final was written
+                # (the run's end): the final weights are that checkpoint's, copied now.
+                if restore_final(run_dir, done):
+                    print(
+                        f"harnessrl: {run_dir / 'checkpoints' / 'final'} written (step {done})",
+                        file=sys.stderr,
+                    )
                 # Nothing to train: say so (and how to go on) instead of starting and stopping silently.
                 print(
                     f"harnessrl: {run_dir} already finished its {config.trainer.steps} steps (checkpoint at "
@@ -61,8 +73,13 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
                 heldout=run.heldout,
             )
             summary = asyncio.run(_until_signalled(trainer.run(), run_dir))
-        except RunInterrupted:
-            raise  # stopped on purpose: the folder is what the printed --resume continues
+        except RunInterrupted as exc:
+            if resume or (trainer is not None and trainer.started):
+                raise  # stopped on purpose: the folder is what the printed --resume continues
+            # A new run stopped before its first step: nothing to continue, removed as a failed
+            # start-up is, so the same command starts it again (not "already exists").
+            run.folder.discard()
+            raise RunInterrupted(exc.signum, run_dir, discarded=True) from None
         except StepFailed as exc:
             raise StepFailed(
                 f"{exc}\n  the run stopped: fix the cause, then continue it (the failed groups are left out) "
@@ -74,6 +91,8 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
                 # is never removed): the fixed command starts the run afresh, not "already exists".
                 run.folder.discard()
             raise
+        finally:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     print(next_commands(run_dir, tensorboard=config.metrics.tensorboard), file=sys.stderr)
     return summary
 
@@ -106,12 +125,31 @@ def next_commands(run_dir: Path, *, tensorboard: bool) -> str:
 
 
 class RunInterrupted(HarnessRLError):
-    """A signal stopped the run after a clean shutdown; ``exit_code`` is the shell's 128 + signal."""
+    """A signal stopped the run after a clean shutdown; ``exit_code`` is the shell's 128 + signal.
+    ``discarded``: it stopped a new run before its first step, whose folder was removed (there is
+    nothing to resume: the same command starts it again)."""
 
-    def __init__(self, signum: int, run_dir: Path):
+    def __init__(self, signum: int, run_dir: Path, *, discarded: bool = False):
+        self.signum = signum
         name = signal.Signals(signum).name
-        super().__init__(f"{name}: run stopped; continue it with: harnessrl train --resume {run_dir}")
+        if discarded:
+            message = (
+                f"{name}: run stopped while starting; nothing was kept in {run_dir} (run the command again)"
+            )
+        else:
+            message = f"{name}: run stopped; continue it with: harnessrl train --resume {run_dir}"
+        super().__init__(message)
         self.exit_code = 128 + signum
+
+
+def _start_up_terminated(run_dir: Path) -> Any:
+    """The SIGTERM handler of the start-up: raises ``RunInterrupted``; a second SIGTERM acts at once."""
+
+    def handler(signum: int, _frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        raise RunInterrupted(signum, run_dir)
+
+    return handler
 
 
 async def _until_signalled(work: Any, run_dir: Path) -> Any:

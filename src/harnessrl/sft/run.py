@@ -187,7 +187,7 @@ class SftRun:
     def run(self) -> dict[str, Any]:
         from harnessrl.sft.data import StepPlan, load_data
         from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint, write_checkpoint
-        from harnessrl.trainer.metrics import MetricsWriter
+        from harnessrl.trainer.metrics import MetricsWriter, clean_row
 
         cfg, s = self.config, self.config.sft
         student = student_dir(s.model, s.cache_dir)
@@ -236,6 +236,13 @@ class SftRun:
             total_steps=plan.total_steps,
             start_step=state.step,
         )
+        # A resumed run's metrics file ends at its checkpoint's step: a row a kill cut short goes, and
+        # the row of a step whose checkpoint was whole before the kill, but whose row was not yet
+        # written, is written from the checkpoint (``TrainState.row``), as ``train`` does.
+        metrics.drop_after(state.step)
+        if state.step > 0 and state.row is not None and not metrics.has_row(state.step):
+            metrics.write(state.step, state.row)
+            metrics.progress(state.step, state.row)
         # The run's own store, so `harnessrl dashboard --run-dir` shows (and overlays with RL runs) its
         # metrics as it does a train run's; SFT creates no rollouts.
         store = open_store(str(self.run_dir / "harnessrl.db"))
@@ -254,6 +261,7 @@ class SftRun:
                 state.step += 1
                 done_here += 1
                 row["sft/epoch"] = (state.step - 1) // plan.steps_per_epoch
+                state.row = clean_row(row)  # in the checkpoint too: a kill before the row loses nothing
                 write_checkpoint(policy, state, self.run_dir, save_every=s.save_every)
                 metrics.write(state.step, row)
                 metrics.progress(state.step, row)

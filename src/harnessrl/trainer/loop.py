@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +70,8 @@ def finished_at(run_dir: Path, config: TrainConfig, *, heldout: bool) -> int | N
     """The step of a run folder with nothing left to do: its last whole checkpoint is at
     ``trainer.steps`` or past it, and no evaluation is pending there (the final one may have been
     cut short: ``evaluation_pending``). None when there is work left or no checkpoint. For
-    ``harnessrl train --resume``, which says "already finished" only then; ``heldout``: whether the
+    ``harnessrl train --resume``, which says "already finished" only then (and rewrites
+    ``checkpoints/final`` if a kill left it behind: ``restore_final``); ``heldout``: whether the
     run has held-out tasks. Reads files only (no torch)."""
     folder = latest_checkpoint(run_dir)
     if folder is None:
@@ -80,6 +83,42 @@ def finished_at(run_dir: Path, config: TrainConfig, *, heldout: bool) -> int | N
     if not has_row and state.row is not None:  # its row is left to write (``TrainingLoop.run``)
         return None
     return None if evaluation_pending(config.trainer, state, heldout=heldout, has_row=has_row) else state.step
+
+
+#: Written last into ``checkpoints/final`` (``trainer.run``): the step its weights are from.
+FINAL_MARKER = "harnessrl_final.json"
+
+
+def final_step(run_dir: Path) -> int | None:
+    """The step ``checkpoints/final`` was written at; None if it is missing or was cut short (its
+    marker is written after the weights)."""
+    try:
+        step = json.loads((run_dir / "checkpoints" / "final" / FINAL_MARKER).read_text()).get("step")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return step if isinstance(step, int) else None
+
+
+def restore_final(run_dir: Path, step: int) -> bool:
+    """Make ``checkpoints/final`` the weights of ``step``, the last checkpoint of a finished run
+    (``finished_at``), if a kill after that checkpoint left it missing, cut short or an earlier run's
+    (it is written after the last step). Copied from the checkpoint without its optimizer state, as
+    ``trainer.run`` writes it from the same weights; written beside, then renamed. Whether it was
+    rewritten. Files only (no torch)."""
+    if final_step(run_dir) == step:
+        return False
+    source = latest_checkpoint(run_dir)
+    assert source is not None  # finished_at found it
+    final = run_dir / "checkpoints" / "final"
+    partial = final.with_name("final.restoring")
+    if partial.exists():
+        shutil.rmtree(partial)
+    shutil.copytree(source, partial, ignore=shutil.ignore_patterns("trainer_state.pt", STATE_FILE))
+    (partial / FINAL_MARKER).write_text(json.dumps({"step": step}) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    partial.rename(final)
+    return True
 
 
 @dataclass
