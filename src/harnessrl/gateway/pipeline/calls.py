@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from harnessrl.engines.base import GenerationContext, SamplingParams
-from harnessrl.errors import HarnessRLError
+from harnessrl.errors import GenerationAborted, HarnessRLError
 from harnessrl.gateway.control.pause import Ticket
 from harnessrl.gateway.errors import GatewayLapsed, GatewayStopping, RolloutClosed
 from harnessrl.gateway.pipeline.delivery import DropReason
@@ -217,6 +217,15 @@ class PreparedCall:
                 "this gateway stalled past its lease while generating the answer; a pause may have "
                 "counted the gateways drained without it and the weights may have changed, so the "
                 "answer is not recorded: send the request again"
+            )
+        if self.state.engine.policy_version != gen.policy_version:
+            # A pause drains calls before the weights change, but a resume from elsewhere (another
+            # run on the store, an admin) can open the gate while a trainer still loads weights: the
+            # answer's tokens are then not all of the version it started with. Ended as an engine
+            # cutting it short ends (503, the harness sends it again), not recorded under that version.
+            raise GenerationAborted(
+                f"the policy's weights changed from version {gen.policy_version} to "
+                f"{self.state.engine.policy_version} while the answer was generated: send it again"
             )
         # Once the write starts, finish it and remember it even if the client just left: written at
         # once (``add_now``: no await, so nothing can cancel it), or in a shielded scope.
