@@ -7,8 +7,9 @@ The folder is ``RUN_DIR/rollouts/ROLLOUT_ID/attempt-N/`` (``Controller._attempt_
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
+
+from harnessrl.sandbox.disk import remove_tree
 
 #: What of an attempt's folder is scratch, removed when ``keep_workspaces`` is off: the workspace and
 #: the harness's ``$HOME`` (either can hold whatever the harness wrote: 50 MB in ``$HOME/blob`` stayed
@@ -18,10 +19,13 @@ ATTEMPT_SCRATCH = ("workspace", "home")
 
 
 def discard_attempt_scratch(attempt_dir: Path) -> None:
-    """Remove an attempt's scratch folders (``ATTEMPT_SCRATCH``). ``rmtree`` works through folder
-    descriptors, so a tree nested past ``PATH_MAX`` goes too."""
+    """Remove an attempt's scratch folders (``ATTEMPT_SCRATCH``) with ``sandbox.disk.remove_tree``:
+    through folder descriptors, so a tree nested past ``PATH_MAX`` goes too, and without recursion
+    (Python 3.11's ``shutil.rmtree`` recurses: a workspace 3,000 folders deep raised ``RecursionError``
+    here, and the rollout became a controller error). Never raises ``OSError``; what cannot be
+    removed stays."""
     for name in ATTEMPT_SCRATCH:
-        shutil.rmtree(attempt_dir / name, ignore_errors=True)
+        remove_tree(attempt_dir / name)
 
 
 #: The end of the harness's stdout an evaluator gets (``EvaluationInput.stdout``): a harness may print

@@ -240,7 +240,9 @@ class Controller:
             result = await self._release(rollout, error)
             if rollout.rollout_id in self._unreleased:  # the store is down: what it held last
                 return rollout
-        if not self.config.keep_workspaces:  # every way an attempt ends (the finish path did it already)
+        if not self.config.keep_workspaces:  # every way an attempt ends, after its verdict is recorded
+            if self.on_attempt_done is not None:  # the trainer need not wait for the removal either
+                self.on_attempt_done(rollout.rollout_id)
             await asyncio.to_thread(discard_attempt_scratch, self._attempt_dir(rollout))
         if result is not None:
             return result
@@ -340,8 +342,9 @@ class Controller:
             root=prepared.root,
             image=prepared.image,
         )
-        if not self.config.keep_workspaces:  # before the finish: a finished rollout's scratch is gone
-            await asyncio.to_thread(discard_attempt_scratch, attempt_dir)
+        # The verdict first, the scratch after (``run_rollout``): removing a tree the policy made takes
+        # as long as the policy made it (a million hard links: 15 s between the harness's end and the
+        # finish), time the rollout would sit unfinished, past ``trainer.rollout_deadline_s``.
         try:
             return await asyncio.to_thread(
                 self.store.finish_rollout,

@@ -21,7 +21,9 @@ sparse file's holes out as zeros (a 1 TB sparse file is 1 TB of the host's disk)
   which), so the caller can end the rollout instead of filling the disk;
 - drops the setuid/setgid/sticky bits, keeps the rest of each mode and the modification times;
 - finally removes symlinks that lead outside the copy (``drop_escaping_links``): a scorer that
-  follows ``answer.txt -> /hidden/gold.txt`` would otherwise read the gold answer as the agent's;
+  follows ``answer.txt -> /hidden/gold.txt`` would otherwise read the gold answer as the agent's
+  (without recursion, however deep the tree or long a chain of links; a link that needs more than
+  40 links to resolve, which the kernel would refuse anyway, is dropped too);
 - leaves out Python bytecode (``__pycache__`` folders, ``.pyc``/``.pyo`` files) when asked
   (``drop_bytecode``): a crafted ``__pycache__/solution.cpython-311.pyc`` whose header matches
   ``solution.py`` would run code nobody audited in place of the source the audit read.
@@ -35,6 +37,8 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from harnessrl.sandbox.disk import walk_tree
 
 _CHUNK = 1 << 20
 
@@ -199,18 +203,106 @@ def _copy_file(source: Path, copy: Path, report: CopyReport, max_bytes: int, rel
         os.close(fd_in)
 
 
+#: How many links one link's resolution may go through (Linux's own limit: ``ELOOP`` past it), and how
+#: many path components it may take in all: past either, the link counts as leading out (dropped).
+_MAX_LINK_HOPS = 40
+_MAX_LINK_STEPS = 4096
+
+
 def drop_escaping_links(root: Path) -> list[Path]:
     """Remove every symlink under ``root`` that points outside it (returned). The scorer binds hidden
     data read-only into its sandbox; a link the agent planted (``answer.txt -> /hidden/gold.txt``)
-    would otherwise let the scorer read the gold answer as if the agent had written it."""
-    dropped = []
-    real_root = os.path.realpath(root)
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            if path.is_symlink():
-                target = os.path.realpath(path)
-                if target != real_root and not target.startswith(real_root + os.sep):
-                    path.unlink()
-                    dropped.append(path)
+    would otherwise let the scorer read the gold answer as if the agent had written it.
+
+    The tree is walked through folder descriptors (``disk.walk_tree``) and each link resolved by
+    ``_inside``, both without recursion: ``os.walk`` and ``os.path.realpath`` recurse in Python 3.11,
+    and a workspace nested 3,000 folders deep, or a chain of 3,000 links, raised ``RecursionError``
+    here, which the controller counted as an infrastructure failure instead of the policy's 0."""
+    real_root = os.path.realpath(root)  # the copy's own folder: the controller's path, no link of the agent
+    escaping: set[tuple[int, int]] = set()  # the links out, by inode: all judged before any goes
+
+    def judge(fd: int, path: list[str]) -> list[str]:
+        folder = os.path.join(real_root, *path)  # walked without following a link: a real path
+        listed = _listed(fd)
+        for name, info in listed:
+            if stat.S_ISLNK(info.st_mode):
+                try:
+                    target = os.readlink(name, dir_fd=fd)
+                except OSError:
+                    continue  # gone
+                if not _inside(real_root, folder, target):
+                    escaping.add((info.st_dev, info.st_ino))
+        return _folders(listed)
+
+    dropped: list[Path] = []
+
+    def drop(fd: int, path: list[str]) -> list[str]:
+        listed = _listed(fd)
+        for name, info in listed:
+            if stat.S_ISLNK(info.st_mode) and (info.st_dev, info.st_ino) in escaping:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(name, dir_fd=fd)
+                dropped.append(root.joinpath(*path, name))
+        return _folders(listed)
+
+    walk_tree(root, judge, strict=False)
+    if escaping:  # dropped only once all are judged: a link to a dropped link would look in
+        walk_tree(root, drop, strict=False)
     return dropped
+
+
+def _listed(fd: int) -> list[tuple[str, os.stat_result]]:
+    """The entries of the folder ``fd``, each with its ``lstat``."""
+    listed = []
+    with contextlib.suppress(OSError), os.scandir(fd) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                listed.append((entry.name, entry.stat(follow_symlinks=False)))
+    return listed
+
+
+def _folders(listed: list[tuple[str, os.stat_result]]) -> list[str]:
+    return [name for name, info in listed if stat.S_ISDIR(info.st_mode)]
+
+
+def _inside(real_root: str, folder: str, target: str) -> bool:
+    """Whether the link ``target``, read in the real (link-free) folder ``folder``, resolves within
+    ``real_root``, as ``os.path.realpath`` resolves it (a component that does not exist is taken as it
+    is), but iteratively and bounded: a link that needs more than ``_MAX_LINK_HOPS`` links or
+    ``_MAX_LINK_STEPS`` components, or a component that cannot be looked at (past ``PATH_MAX``), counts
+    as leading out."""
+    path = "/" if target.startswith("/") else folder
+    rest = target.split("/")[::-1]  # the components left, the next one last
+    hops, steps = 1, 0  # the link itself is the first the kernel follows
+    while rest:
+        name = rest.pop()
+        steps += 1
+        if steps > _MAX_LINK_STEPS:
+            return False
+        if name in ("", "."):
+            continue
+        if name == "..":
+            path = os.path.dirname(path)  # ``path`` has no link in it: ".." is its parent
+            continue
+        candidate = os.path.join(path, name)
+        try:
+            info = os.lstat(candidate)
+        except (FileNotFoundError, NotADirectoryError):
+            path = candidate  # as realpath: missing, so taken as it is
+            continue
+        except OSError:
+            return False
+        if not stat.S_ISLNK(info.st_mode):
+            path = candidate
+            continue
+        hops += 1
+        if hops > _MAX_LINK_HOPS:
+            return False
+        try:
+            link = os.readlink(candidate)
+        except OSError:
+            return False
+        if link.startswith("/"):
+            path = "/"
+        rest.extend(link.split("/")[::-1])
+    return path == real_root or path.startswith(real_root + os.sep)

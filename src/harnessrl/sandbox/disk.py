@@ -4,14 +4,21 @@
 
 Allocated blocks, not sizes (a sparse file costs what it holds, an ``fallocate``d one what it
 reserved), and every entry at least ``ENTRY_BYTES``: an empty file holds no block but an inode, and
-the code in the sandbox could make millions. Hard links count once; links are not followed.
+the code in the sandbox could make millions. A hard-linked file's blocks count once, and each further
+link to it ``ENTRY_BYTES`` (a name costs the host a directory entry, and each is one more for every
+later walk and removal to visit: counted once, a 10 GiB ``disk_mb`` let a harness make ~500 million
+links to one empty file, and removing them kept its rollout from finishing). Links are not followed.
 
 The tree is the sandbox's, changed while it is walked, so the walk goes through folder descriptors
 (``openat`` with ``O_NOFOLLOW``), never through paths: a folder swapped for a link to a host folder
 between its listing and its walk is not entered (a path walk counted the host's ``/usr/lib`` as the
 attempt's, and its ``chmod`` of an unlistable folder went through the link), and a tree nested past
 ``PATH_MAX`` is counted to its bottom (a path walk skipped it: files there were free). It holds
-four descriptors at most, however deep the tree.
+four descriptors at most, however deep the tree, and never recurses. The walk is shared
+(``walk_tree``): ``remove_tree`` removes an attempt's or an evaluation's scratch with it and
+``sandbox.copy.drop_escaping_links`` looks for links out of a workspace copy with it (Python 3.11's
+``shutil.rmtree`` and ``os.walk`` recurse: a workspace nested 3,000 folders deep raised
+``RecursionError`` in the controller, which turned the policy's 0 into an infrastructure failure).
 
 Files the sandbox's processes hold open (or mapped) after unlinking them take the disk without a
 name: ``holders`` (the attempt's processes) has each one's descriptors and mappings looked at, and
@@ -25,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 #: What each file or link counts at least: its inode.
@@ -48,12 +55,17 @@ class _Tally:
         self.seen: set[tuple[int, int]] = set()  # hard-linked (or held) files already counted
         self.stop_above = stop_above
 
-    def add(self, info: os.stat_result) -> None:
+    def add(self, info: os.stat_result, *, entry: bool = True) -> None:
+        """Count a file (``entry``: through a name in a folder; False: held by a process, nameless)."""
+        cost = max(info.st_blocks * 512, ENTRY_BYTES)
         if info.st_nlink != 1 and not stat.S_ISDIR(info.st_mode):  # linked twice, or held unlinked
             if (info.st_dev, info.st_ino) in self.seen:
-                return
-            self.seen.add((info.st_dev, info.st_ino))
-        self.total += max(info.st_blocks * 512, ENTRY_BYTES)
+                if not entry:
+                    return  # a held file seen again: no name, nothing more on the disk
+                cost = ENTRY_BYTES  # one more name of a file counted already
+            else:
+                self.seen.add((info.st_dev, info.st_ino))
+        self.total += cost
         if self.stop_above is not None and self.total > self.stop_above:
             raise _Stop
 
@@ -62,9 +74,10 @@ def disk_used(
     folders: tuple[Path, ...], stop_above: int | None = None, *, holders: Iterable[int] = ()
 ) -> int:
     """What the files and folders under ``folders`` take: their allocated blocks (a sparse file costs
-    what it holds, an ``fallocate``d one what it reserved), at least ``ENTRY_BYTES`` each; hard links
-    count once, symlinks are not followed; plus the unlinked files on the folders' filesystems that the
-    processes ``holders`` hold open or mapped. Stops counting once past ``stop_above``. A folder the
+    what it holds, an ``fallocate``d one what it reserved), at least ``ENTRY_BYTES`` each; a
+    hard-linked file's blocks count once and each further link ``ENTRY_BYTES``; symlinks are not
+    followed; plus the unlinked files on the folders' filesystems that the processes ``holders``
+    hold open or mapped. Stops counting once past ``stop_above``. A folder the
     scored code made unlistable (mode 000, under a controller that is not root) is opened up (the
     controller owns it); one that still cannot be listed counts as over any cap."""
     tally = _Tally(stop_above)
@@ -73,7 +86,7 @@ def disk_used(
         for folder in folders:
             with contextlib.suppress(OSError):
                 devices.add(os.stat(folder).st_dev)
-            _walk(folder, tally)
+            walk_tree(folder, lambda fd, _path: _list(fd, tally))
         _held(holders, devices, tally)
     except _Stop:
         pass
@@ -82,10 +95,12 @@ def disk_used(
     return tally.total
 
 
-def _open_folder(name: str | Path, parent: int | None, *, follow: bool = False) -> int | None:
+def _open_folder(
+    name: str | Path, parent: int | None, *, follow: bool = False, strict: bool = True
+) -> int | None:
     """A descriptor of the folder ``name`` (in ``parent``, or a path), never through a link unless
     ``follow`` (the root, the controller's own path); None when it is gone or no folder now. An
-    unlistable one is opened up first (``_Uncountable`` when that fails)."""
+    unlistable one is opened up first (when that fails: ``_Uncountable`` if ``strict``, else None)."""
     nofollow = 0 if follow else os.O_NOFOLLOW
     try:
         return os.open(name, _DIR_FLAGS & ~os.O_NOFOLLOW | nofollow, dir_fd=parent)
@@ -104,6 +119,8 @@ def _open_folder(name: str | Path, parent: int | None, *, follow: bool = False) 
     except FileNotFoundError:
         return None
     except OSError:
+        if not strict:
+            return None
         raise _Uncountable from None
     finally:
         os.close(handle)
@@ -128,39 +145,100 @@ def _list(fd: int, tally: _Tally) -> list[str]:
     return folders
 
 
-def _walk(root: Path, tally: _Tally) -> None:
-    """Count the tree under ``root`` depth first, one folder descriptor open below the root's. Each
-    level of the path walked keeps the names of the subfolders it has left to walk."""
-    root_fd = _open_folder(root, None, follow=True)
+#: ``walk_tree``'s look at one folder: given its descriptor and its path from the root (names), it
+#: returns the names of the subfolders to walk into.
+Visit = Callable[[int, list[str]], list[str]]
+#: ``walk_tree``'s farewell to a folder whose tree is walked: the descriptor of its parent, its name.
+Leave = Callable[[int, str], None]
+
+
+def walk_tree(root: Path, visit: Visit, *, leave: Leave | None = None, strict: bool = True) -> None:
+    """Walk the tree under ``root`` depth first, through folder descriptors (never a path, never
+    through a link), one descriptor open below the root's, without recursion: ``visit`` each folder
+    (the root first), and ``leave`` each one below the root once its whole tree is walked. Each level
+    of the path walked keeps the names of the subfolders it has left to walk. A folder that cannot be
+    listed is opened up; one that still cannot be raises ``_Uncountable`` if ``strict``, else is left
+    out (with its tree)."""
+    root_fd = _open_folder(root, None, follow=True, strict=strict)
     if root_fd is None:
         return
     fd = os.dup(root_fd)
     pending: list[list[str]] = []  # per folder on the path from the root: its subfolders left
+    path: list[str] = []  # the names of the folders walked into, from the root's child down
     try:
-        pending.append(_list(fd, tally))
+        pending.append(visit(fd, path))
         while pending:
             if pending[-1]:
-                child = _open_folder(pending[-1].pop(), fd)
+                name = pending[-1].pop()
+                child = _open_folder(name, fd, strict=strict)
                 if child is not None:
                     os.close(fd)
                     fd = child
-                    pending.append(_list(fd, tally))
+                    path.append(name)
+                    pending.append(visit(fd, path))
                 continue
             pending.pop()  # this folder is done: back to its parent
             if not pending:
                 break
             # ".." of a folder inside the tree is in the tree (the sandbox cannot move a folder out of
             # its bind mount); a folder moved meanwhile makes the walk miss or recount a part, no more.
-            parent = os.dup(root_fd) if len(pending) == 1 else _open_folder("..", fd)
+            parent = os.dup(root_fd) if len(pending) == 1 else _open_folder("..", fd, strict=strict)
             os.close(fd)
             if parent is None:  # removed meanwhile: what is left of this path is gone too
                 fd = os.dup(root_fd)
                 del pending[1:]
+                path.clear()
                 continue
             fd = parent
+            name = path.pop()
+            if leave is not None:
+                leave(fd, name)
     finally:
         os.close(fd)
         os.close(root_fd)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and all under it, as ``shutil.rmtree(path, ignore_errors=True)`` does, but
+    through ``walk_tree``: no recursion however deep the tree (3.11's ``rmtree`` recurses), a tree
+    nested past ``PATH_MAX`` goes too, and a folder the tree's owner made unlistable or read-only is
+    opened up first. A link is removed, never followed. What cannot be removed stays; never raises
+    ``OSError``."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        return
+
+    def empty(fd: int, _path: list[str]) -> list[str]:
+        with contextlib.suppress(OSError):  # a folder made read-only: its names cannot go otherwise
+            if os.fstat(fd).st_mode & 0o700 != 0o700:
+                os.fchmod(fd, os.fstat(fd).st_mode & 0o7777 | 0o700)
+        folders: list[str] = []
+        try:
+            with os.scandir(fd) as entries:
+                listed = [(entry.name, entry.is_dir(follow_symlinks=False)) for entry in entries]
+        except OSError:
+            return folders
+        for name, is_dir in listed:
+            if is_dir:
+                folders.append(name)
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=fd)
+        return folders
+
+    def rmdir(parent: int, name: str) -> None:
+        with contextlib.suppress(OSError):
+            os.rmdir(name, dir_fd=parent)
+
+    with contextlib.suppress(OSError):
+        walk_tree(path, empty, leave=rmdir, strict=False)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 def _held(holders: Iterable[int], devices: set[int], tally: _Tally) -> None:
@@ -179,7 +257,7 @@ def _held(holders: Iterable[int], devices: set[int], tally: _Tally) -> None:
             except OSError:
                 continue  # closed meanwhile, or map_files without CAP_SYS_ADMIN
             if stat.S_ISREG(info.st_mode) and info.st_nlink == 0 and info.st_dev in devices:
-                tally.add(info)
+                tally.add(info, entry=False)
 
 
 def _deleted_mappings(pid: int) -> list[str]:

@@ -162,8 +162,12 @@ def _tool_args(raw: Any) -> dict[str, Any]:
     if isinstance(raw, str):
         try:
             parsed = json.loads(raw)
-        except ValueError:
-            return {"input": raw}  # free-form tools (Codex apply_patch) or malformed JSON
+        except (ValueError, RecursionError):
+            # Free-form tools (Codex apply_patch) or malformed JSON; or JSON nested past the parser's
+            # depth (``[[[...]]]`` 3,000 deep, a few hundred tokens of the policy's): its
+            # ``RecursionError`` crashed the audit, and the controller recorded the policy's rollout
+            # as an infrastructure failure ("controller error"), out of its group's baseline.
+            return {"input": raw}
         return parsed if isinstance(parsed, dict) else {"input": raw}
     return {}
 

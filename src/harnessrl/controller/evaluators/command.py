@@ -89,7 +89,7 @@ from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
 from harnessrl.sandbox.copy import copy_untrusted_tree
-from harnessrl.sandbox.disk import disk_used
+from harnessrl.sandbox.disk import disk_used, remove_tree
 from harnessrl.sandbox.enter import CANNOT_START, PARENT_ENV, read_status
 from harnessrl.sandbox.host import LAUNCHER_ENV, SandboxHost, shared_host
 
@@ -166,61 +166,65 @@ class CommandEvaluator:
             raise ConfigError(f"evaluator.command[0]: executable {exe!r} not found on PATH")
 
     async def evaluate(self, inp: EvaluationInput) -> EvaluationResult:
-        with tempfile.TemporaryDirectory(prefix="harnessrl-eval-") as tmp:  # 0700: the sandbox never sees it
-            scratch = Path(tmp)
-            if self.sandbox.mode == "none":
-                return await self._evaluate_unsandboxed(inp, scratch)
-            copy = await asyncio.to_thread(
-                copy_untrusted_tree,
-                inp.workspace,
-                scratch / "workspace",
-                max_bytes=self.config.max_workspace_mb * 1024 * 1024,
-                max_files=self.config.max_workspace_files,
-                drop_bytecode=True,  # Python recompiles from the source the audit read
+        # 0700: the sandbox never sees it. Removed by ``remove_tree``, not ``TemporaryDirectory``: its
+        # ``rmtree`` recurses (Python 3.11), and a workspace copy nested 3,000 folders deep raised
+        # ``RecursionError`` here: "evaluator crashed", an infrastructure failure for the policy's 0.
+        scratch = Path(tempfile.mkdtemp(prefix="harnessrl-eval-"))
+        try:
+            return await self._evaluate_in(inp, scratch)
+        finally:
+            await asyncio.to_thread(remove_tree, scratch)
+
+    async def _evaluate_in(self, inp: EvaluationInput, scratch: Path) -> EvaluationResult:
+        if self.sandbox.mode == "none":
+            return await self._evaluate_unsandboxed(inp, scratch)
+        copy = await asyncio.to_thread(
+            copy_untrusted_tree,
+            inp.workspace,
+            scratch / "workspace",
+            max_bytes=self.config.max_workspace_mb * 1024 * 1024,
+            max_files=self.config.max_workspace_files,
+            drop_bytecode=True,  # Python recompiles from the source the audit read
+        )
+        copied = {
+            "bytes": copy.bytes,
+            "files": copy.files,
+            "skipped": copy.skipped[:20],
+            "dropped_links": copy.dropped_links[:20],
+            "dropped_bytecode": copy.dropped_bytecode,
+            "unreadable": copy.unreadable[:20],  # entries the policy made that could not be copied
+        }
+        flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
+        if copy.over_limit:
+            return EvaluationResult(
+                0.0,
+                {"workspace_copy": {**copied, "over_limit": copy.over_limit}},
+                (WORKSPACE_TOO_LARGE, *flags),
             )
-            copied = {
-                "bytes": copy.bytes,
-                "files": copy.files,
-                "skipped": copy.skipped[:20],
-                "dropped_links": copy.dropped_links[:20],
-                "dropped_bytecode": copy.dropped_bytecode,
-                "unreadable": copy.unreadable[:20],  # entries the policy made that could not be copied
-            }
-            flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
-            if copy.over_limit:
-                return EvaluationResult(
-                    0.0,
-                    {"workspace_copy": {**copied, "over_limit": copy.over_limit}},
-                    (WORKSPACE_TOO_LARGE, *flags),
-                )
-            stage = InputStage(scratch, self.sandbox.shared(), inp.workspace)
-            values = {
-                "workspace": str(inp.workspace),  # the copy is bound at the workspace's own path
-                "task_file": str(TASK_INSIDE),
-                "rollout_id": inp.rollout_id,
-                "prompt": inp.task.get("prompt"),
-                "task": inp.task,
-            }
-            command = [fill_placeholders(a, values, stage) for a in self.config.command]
-            env = scrubbed_env(SCORER_DIR_INSIDE)
-            env.update(self._task_env(inp, str(TASK_INSIDE)), HARNESSRL_SCORER_DIR=str(SCORER_DIR_INSIDE))
-            env.update({k: fill_placeholders(v, values, stage) for k, v in self.config.env.items()})
-            task_file = scratch / "task.json"
-            task_file.write_text(
-                json.dumps(stage.rewrite(scorer_view(inp.task, self.config.withheld_fields)))
-            )
-            (scratch / "scorer").mkdir(mode=0o700)
-            binds = (
-                Bind(scratch / "workspace", inp.workspace, writable=True),
-                Bind(scratch / "scorer", SCORER_DIR_INSIDE, writable=True),
-                Bind(task_file, TASK_INSIDE),
-                *stage.binds(),
-            )
-            if inp.environment is not None:  # the image's tools after harnessrl's venv
-                env["PATH"] = inp.environment.search_path()
-            run = await self._run(
-                command, inp, scratch, env=env, cwd=inp.workspace, binds=binds, disk=(scratch,)
-            )
+        stage = InputStage(scratch, self.sandbox.shared(), inp.workspace)
+        values = {
+            "workspace": str(inp.workspace),  # the copy is bound at the workspace's own path
+            "task_file": str(TASK_INSIDE),
+            "rollout_id": inp.rollout_id,
+            "prompt": inp.task.get("prompt"),
+            "task": inp.task,
+        }
+        command = [fill_placeholders(a, values, stage) for a in self.config.command]
+        env = scrubbed_env(SCORER_DIR_INSIDE)
+        env.update(self._task_env(inp, str(TASK_INSIDE)), HARNESSRL_SCORER_DIR=str(SCORER_DIR_INSIDE))
+        env.update({k: fill_placeholders(v, values, stage) for k, v in self.config.env.items()})
+        task_file = scratch / "task.json"
+        task_file.write_text(json.dumps(stage.rewrite(scorer_view(inp.task, self.config.withheld_fields))))
+        (scratch / "scorer").mkdir(mode=0o700)
+        binds = (
+            Bind(scratch / "workspace", inp.workspace, writable=True),
+            Bind(scratch / "scorer", SCORER_DIR_INSIDE, writable=True),
+            Bind(task_file, TASK_INSIDE),
+            *stage.binds(),
+        )
+        if inp.environment is not None:  # the image's tools after harnessrl's venv
+            env["PATH"] = inp.environment.search_path()
+        run = await self._run(command, inp, scratch, env=env, cwd=inp.workspace, binds=binds, disk=(scratch,))
         result = scorer_verdict(run, self.config)
         return replace(
             result,
