@@ -178,3 +178,24 @@ def test_a_superseded_attempts_verdict_never_overwrites_the_next_attempts_flags(
     asyncio.run(controller.shutdown())
     assert rollout.attempt == 1 and rollout.metadata["by"] == "attempt 1"  # attempt 1's end stands
     assert rollout.flags == ["network_fetch"]
+
+
+def test_the_harness_gets_its_rollout_id_quoted_in_its_base_urls(tmp_path):
+    """A rollout id starts with ``run.name``, which may hold ``#``, ``?``, ``%`` or a space: the
+    base URLs the harness got carried it as it is, so every model call went to another path (cut at
+    ``#`` or ``?``, ``%41`` read as ``A``: a 405 or 403)."""
+    from urllib.parse import unquote, urlsplit
+
+    store = SQLiteStore(tmp_path / "db.sqlite")
+    rid = store.create_rollout(task={}, rollout_id="exp#2 a%41?-g0-0").rollout_id
+    say = 'echo "$OPENAI_BASE_URL"; echo "$ANTHROPIC_BASE_URL"'
+    controller = make_controller(store, tmp_path, ["sh", "-c", say], keep_workspaces=True)
+    [rollout] = asyncio.run(controller.run_until_done([rid], timeout_s=120))
+    asyncio.run(controller.shutdown())
+    assert rollout.status is RolloutStatus.FINISHED, rollout.error
+    [log] = (tmp_path / "run").rglob("stdout.log")
+    openai_url, anthropic_url = log.read_text().split()
+    for url, suffix in ((openai_url, "/v1"), (anthropic_url, "")):
+        parts = urlsplit(url)
+        assert (parts.query, parts.fragment) == ("", ""), url  # nothing of the id cut off
+        assert unquote(parts.path) == f"/rollouts/{rid}{suffix}", url

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from harnessrl.controller.audit import AuditConfig
 from harnessrl.controller.audit.workspace import WorkspaceSnapshot, snapshot_workspace
@@ -27,8 +28,13 @@ class GatewayEndpoint:
     host: str
     port: int
 
+    def rollout_url(self, rollout_id: str) -> str:
+        """The rollout's root (Anthropic SDKs add ``/v1`` themselves): its id as one path segment,
+        quoted (a run name may hold ``#``, ``?``, ``%`` or a space, which cut the URL short)."""
+        return f"http://{self.host}:{self.port}/rollouts/{quote(rollout_id, safe='')}"
+
     def base_url(self, rollout_id: str) -> str:
-        return f"http://{self.host}:{self.port}/rollouts/{rollout_id}/v1"
+        return f"{self.rollout_url(rollout_id)}/v1"
 
 
 @dataclass(frozen=True)
@@ -64,7 +70,7 @@ async def prepare_attempt(
         rollout=rollout,
         workspace=workspace,
         base_url=gateway.base_url(rollout.rollout_id),
-        anthropic_base_url=f"http://{gateway.host}:{gateway.port}/rollouts/{rollout.rollout_id}",
+        anthropic_base_url=gateway.rollout_url(rollout.rollout_id),
         inside=inside,
     )
     await asyncio.to_thread(
