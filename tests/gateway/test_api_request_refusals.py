@@ -147,3 +147,66 @@ def test_completions_prompt_token_ids_are_strict_integers(
     )
     assert response.status_code == 400
     assert response.json()["error"]["param"].startswith("prompt")
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        "bogus",
+        "Required",
+        "required",  # without tools
+        {"type": "function", "function": {"name": "bash"}},  # without tools
+    ],
+)
+def test_a_tool_choice_openai_refuses_is_a_400_naming_it(
+    make_gateway: Callable[..., Any], choice: Any
+) -> None:
+    """A misspelled or impossible ``tool_choice`` was taken as ``auto``: OpenAI refuses it."""
+    gw = make_gateway(["never sampled"])
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(gw.rollout()).chat.completions.create(model="m", messages=USER, tool_choice=choice)  # type: ignore[arg-type]
+    assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "function", "function": {"name": "ls"}},  # not among the tools
+        {"type": "function", "name": "bash"},  # the Responses API's shape, not chat's
+        {"type": "tool", "function": {"name": "bash"}},
+    ],
+)
+def test_a_named_tool_choice_must_name_one_of_the_tools(
+    make_gateway: Callable[..., Any], choice: Any
+) -> None:
+    gw = make_gateway(["never sampled"])
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(gw.rollout()).chat.completions.create(
+            model="m",
+            messages=USER,
+            tools=[_function()],  # type: ignore[list-item]
+            tool_choice=choice,
+        )
+    assert caught.value.body["param"] == "tool_choice"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("choice", "tools"),
+    [
+        ("auto", False),  # harmless without tools: some SDKs send it
+        ("none", False),
+        ("none", True),
+        ("auto", True),
+        ("required", True),
+        ({"type": "function", "function": {"name": "bash"}}, True),
+    ],
+)
+def test_every_tool_choice_openai_takes_is_answered(
+    make_gateway: Callable[..., Any], choice: Any, tools: bool
+) -> None:
+    gw = make_gateway(["an answer"])
+    extra = {"tools": [_function()]} if tools else {}
+    answer = _openai(gw.rollout()).chat.completions.create(
+        model="m", messages=USER, tool_choice=choice, **extra
+    )  # type: ignore[arg-type]
+    assert answer.choices[0].message.content == "an answer"

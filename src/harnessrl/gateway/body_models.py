@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -233,6 +234,29 @@ class ChatCompletionRequest(SamplingFields, ChatTurn):
     parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_tool_choice_openai_takes(cls, value: Any, info: ValidationInfo) -> Any:
+        """OpenAI's values only (a misspelled one was taken as "auto"): ``none``, ``auto``,
+        ``required``, or ``{"type": "function", "function": {"name": N}}`` naming one of the tools;
+        ``required`` and a named one need tools (``auto`` without tools is harmless: some SDKs send
+        it). Accepted, not enforced: the policy samples freely."""
+        if value is None or value in ("none", "auto"):
+            return value
+        if isinstance(value, str) and value != "required":
+            raise ValueError(f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError("is only allowed when tools are given")
+        if isinstance(value, dict):
+            function = value.get("function")
+            name = function.get("name") if isinstance(function, dict) else None
+            if value.get("type") != "function" or not isinstance(name, str):
+                raise ValueError('a named choice is {"type": "function", "function": {"name": ...}}')
+            if name not in {(t.get("function") or {}).get("name") for t in tools}:
+                raise ValueError(f"names the function {name!r}, which is not among the tools")
+        return value
 
     @property
     def requested_max_tokens(self) -> int | None:
