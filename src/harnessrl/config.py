@@ -177,7 +177,9 @@ class GatewayConfig(Section):
     port: int = Field(default=8000, ge=0, le=65535)
     admin_key: str | None = None  # from HARNESSRL_ADMIN_KEY; generated and printed if unset
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    pause_timeout_s: float = Field(default=300.0, gt=0)
+    # At most a day, as ``POST /api/pause?timeout=`` (a longer one passed here and failed the first
+    # pause of a training run that drives a gateway by URL with a 400, after its first step).
+    pause_timeout_s: float = Field(default=300.0, gt=0, le=86_400)
     default_max_tokens: int | None = Field(default=None, ge=1)  # None: up to the context length
     # A cap on every call's max_tokens, whatever the harness asks for (Hermes asks for 65536, OpenCode
     # for 32000: more than a small model's context). None: the harness's own, checked against the

@@ -414,3 +414,14 @@ def test_an_integer_past_pythons_digit_limit_is_named(tmp_path, temp_dir, monkey
     monkeypatch.setenv("HARNESSRL_TASK__X", huge)
     refused(invoke("rollout", "--config", str(config)), "HARNESSRL_TASK__X")
     assert listing(tmp_path) == before and listing(temp_dir) == []
+
+
+def test_a_pause_timeout_past_what_the_control_api_takes_is_refused(tmp_path, busy_port):
+    """``POST /api/pause?timeout=`` takes at most a day: a longer ``gateway.pause_timeout_s`` passed
+    the config and failed a training run's first pause (driving a gateway by URL) with a 400."""
+    config = tmp_path / "g.toml"
+    config.write_text("[gateway]\npause_timeout_s = 100000\n")
+    refused(invoke("gateway", "--config", str(config), "--port", str(busy_port)), "gateway.pause_timeout_s")
+    config.write_text("[gateway]\npause_timeout_s = 86400\n")  # control: a day is taken (then the busy port)
+    result = invoke("gateway", "--config", str(config), "--port", str(busy_port))
+    assert "pause_timeout_s" not in result.output, result.output
