@@ -227,12 +227,52 @@ def task_from_row(row: Row) -> Task:
     return Task(task_id=row["task_id"], run_id=row["run_id"], split=row["split"], data=load_json(row["data"]))
 
 
+class RolloutUnreadable(HarnessRLError, ValueError):
+    """A rollout row the store cannot decode (a disk or a bad writer damaged it): the store refuses
+    to guess what it held. ``rollout_id`` names the row, ``column`` what could not be read (a JSON
+    column, or ``"row"`` when the decoded columns do not make a rollout). A ``ValueError`` too, as
+    the ``JSONDecodeError`` such a read raised before, for readers that caught that."""
+
+    def __init__(self, rollout_id: str, column: str, cause: BaseException) -> None:
+        self.rollout_id = rollout_id
+        self.column = column
+        shown = f"{type(cause).__name__}: {cause}"[:300]
+        super().__init__(f"rollout {rollout_id}: its {column} column cannot be read (a damaged row): {shown}")
+
+
+#: What decoding a damaged rollout row raises before ``rollout_from_row`` names it: JSON that does
+#: not parse (``ValueError``, pydantic's ``ValidationError`` too), JSON nested past Python's depth.
+_DAMAGED_ROLLOUT = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+def rollout_json(row: Row, column: str) -> Any:
+    """One JSON column of a rollout row (``metadata``: a dict; ``flags``: a list), for a write that
+    merges into it: ``RolloutUnreadable`` if it is damaged, so no write builds on a guess."""
+    kind = {"metadata": dict, "flags": list, "task": dict}[column]
+    try:
+        value = load_json(row[column])
+    except _DAMAGED_ROLLOUT as exc:
+        raise RolloutUnreadable(str(row["rollout_id"]), column, exc) from exc
+    if value is None and column == "flags":
+        return []
+    if not isinstance(value, kind):
+        raise RolloutUnreadable(str(row["rollout_id"]), column, TypeError(f"not a JSON {kind.__name__}"))
+    return value
+
+
 def rollout_from_row(row: Row) -> Rollout:
+    """The rollout a row holds; ``RolloutUnreadable`` naming the row and column if it is damaged."""
     # .keys(): iterating a sqlite3.Row gives its values, not its column names.
     fields = {key: row[key] for key in row.keys() if key != "pk"}  # noqa: SIM118
     for key in ("task", "flags", "metadata"):
-        fields[key] = load_json(fields[key])
-    return Rollout.model_validate(fields)
+        try:
+            fields[key] = load_json(fields[key])
+        except _DAMAGED_ROLLOUT as exc:
+            raise RolloutUnreadable(str(fields["rollout_id"]), key, exc) from exc
+    try:
+        return Rollout.model_validate(fields)
+    except _DAMAGED_ROLLOUT as exc:
+        raise RolloutUnreadable(str(fields["rollout_id"]), "row", exc) from exc
 
 
 def usage_from_json(text: str | None) -> Usage | None:

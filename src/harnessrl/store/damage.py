@@ -6,6 +6,10 @@ earlier, retried attempt then costs nothing, and one of the attempt asked for is
 naming it, which the reader turns into one rollout left out (the trainer, sft, the controller) or a
 card on a page (the dashboard), never a stopped run. A store that cannot be reached
 (``UpstreamError``) is not damage: it is raised as it is.
+
+A damaged rollout row is ``RolloutUnreadable`` (``store.codecs``), naming the rollout and the column:
+``get_rollout`` raises it, ``list_rollouts`` leaves the row out (logged) and ``claim_rollouts`` ends
+it as an infrastructure failure instead of handing it out.
 """
 
 from __future__ import annotations
@@ -13,8 +17,9 @@ from __future__ import annotations
 from harnessrl.errors import HarnessRLError, UpstreamError
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
+from harnessrl.store.codecs import RolloutUnreadable
 
-__all__ = ["DAMAGED_ROW", "CallsUnreadable", "read_attempt_calls"]
+__all__ = ["DAMAGED_ROW", "CallsUnreadable", "RolloutUnreadable", "read_attempt_calls"]
 
 
 class CallsUnreadable(HarnessRLError):

@@ -56,6 +56,7 @@ from harnessrl.store.chains import (
 )
 from harnessrl.store.codecs import (
     ROLLOUT_COLUMNS,
+    RolloutUnreadable,
     calls_from_rows,
     check_ints,
     check_keys,
@@ -65,6 +66,7 @@ from harnessrl.store.codecs import (
     load_json,
     policy_version_from_row,
     rollout_from_row,
+    rollout_json,
     rollout_to_row,
     run_from_row,
     sql_where,
@@ -259,7 +261,16 @@ class SQLStore(GateRows):
         params += [self.NO_LIMIT if limit is None else limit, offset]
         sql = f"SELECT {ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY pk LIMIT {p} OFFSET {p}"
         with self._read() as conn:
-            return [rollout_from_row(row) for row in conn.execute(sql, params)]
+            rows = conn.execute(sql, params).fetchall()
+        # One damaged row (``RolloutUnreadable``) must not hide every other: it is left out and
+        # logged; ``get_rollout`` of its id raises, naming the damage.
+        rollouts = []
+        for row in rows:
+            try:
+                rollouts.append(rollout_from_row(row))
+            except RolloutUnreadable as exc:
+                log.warning("%s: left out of the listing", exc)
+        return rollouts
 
     def count_rollouts(
         self, *, run_id: str | None = None, status: StatusFilter = None, step: int | None = None
@@ -276,6 +287,8 @@ class SQLStore(GateRows):
         p = self.PARAM
         run_filter = "" if run_id is None else f" AND run_id = {p}"
         params: list[Any] = [worker_id, now(), *([] if run_id is None else [run_id]), limit]
+        claimed: list[Rollout] = []
+        damaged: list[str] = []
         with self._write() as conn:
             rows = conn.execute(
                 f"UPDATE rollouts SET status = 'running', worker_id = {p}, started_at = {p} WHERE pk IN "
@@ -283,8 +296,30 @@ class SQLStore(GateRows):
                 f"{self.CLAIM_LOCK}) RETURNING {ROLLOUT_COLUMNS}",
                 params,
             ).fetchall()
-        # RETURNING gives no order guarantee; the contract is oldest first.
-        return [rollout_from_row(row) for row in sorted(rows, key=lambda row: row["pk"])]
+            # RETURNING gives no order guarantee; the contract is oldest first.
+            for row in sorted(rows, key=lambda row: row["pk"]):
+                try:
+                    claimed.append(rollout_from_row(row))
+                except RolloutUnreadable as exc:
+                    # No harness can run a rollout whose row cannot be read: it ends as an
+                    # infrastructure failure naming the damage, in this transaction, so the rest of
+                    # the claim is handed out and the next claim does not take it again.
+                    log.warning("%s: it fails instead of being claimed", exc)
+                    conn.execute(
+                        f"UPDATE rollouts SET status = {p}, outcome = {p}, worker_id = NULL, "
+                        f"finished_at = {p}, error = {p} WHERE pk = {p}",
+                        [
+                            RolloutStatus.FAILED.value,
+                            Outcome.INFRA_FAILURE.value,
+                            now(),
+                            storable_text(str(exc)),
+                            row["pk"],
+                        ],
+                    )
+                    damaged.append(row["rollout_id"])
+        for rollout_id in damaged:
+            self._announce_end(rollout_id)
+        return claimed
 
     def start_rollout(self, rollout_id: str) -> Rollout:
         with self._write() as conn:
@@ -317,7 +352,7 @@ class SQLStore(GateRows):
                 "outcome": outcome.value,
                 "reward": float(reward),
                 "finished_at": now(),
-                "metadata": dump_json({**load_json(row["metadata"]), **(metadata or {})}),
+                "metadata": dump_json({**rollout_json(row, "metadata"), **(metadata or {})}),
             }
             if error is not None:
                 changes["error"] = storable_text(error)
@@ -330,7 +365,7 @@ class SQLStore(GateRows):
     ) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
-            flags = load_json(row["flags"]) or []
+            flags = rollout_json(row, "flags")
             changes: dict[str, Any] = {}
             if metadata is not None:
                 changes["metadata"] = dump_json(metadata)
@@ -408,7 +443,7 @@ class SQLStore(GateRows):
 
     def count_dropped_call(self, rollout_id: str, reason: str) -> Rollout:
         with self._write() as conn:
-            metadata = load_json(self._rollout_row(conn, rollout_id)["metadata"])
+            metadata = rollout_json(self._rollout_row(conn, rollout_id), "metadata")
             counts = metadata.get(DROPPED_CALLS_KEY)
             counts = dict(counts) if isinstance(counts, dict) else {}
             counts[reason] = int(counts.get(reason, 0)) + 1
@@ -425,7 +460,7 @@ class SQLStore(GateRows):
 
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:
         with self._write() as conn:
-            merged = {**load_json(self._rollout_row(conn, rollout_id)["metadata"]), **metadata}
+            merged = {**rollout_json(self._rollout_row(conn, rollout_id), "metadata"), **metadata}
             return self._update(conn, rollout_id, metadata=dump_json(merged))
 
     # -- calls ------------------------------------------------------------------------------------

@@ -27,6 +27,11 @@ where that is all it uses, and a rollout whose final attempt cannot be read is h
 ``Group.unreadable``: the step leaves it out (out of its group's baseline too, like an
 infrastructure failure) and counts it (``rollouts/calls_unreadable``). A store that cannot be
 reached (``UpstreamError``) still stops the run: nothing is dropped for an outage.
+
+A rollout row the store cannot decode (``RolloutUnreadable``) is treated the same way: the book sees
+it as ended, hands it out in ``Group.rows_unreadable`` (not in ``Group.rollouts``: there is no record
+to give), and the step counts it (``rollouts/row_unreadable``); a resume skips it (logged) wherever
+it reads the run.
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Protocol
 from harnessrl.errors import HarnessRLError, InvalidTransition, NotFound
 from harnessrl.schemas import TERMINAL_STATUSES, Call, PolicyVersion, Rollout, RolloutStatus
 from harnessrl.store.base import Store
-from harnessrl.store.damage import CallsUnreadable, read_attempt_calls
+from harnessrl.store.damage import CallsUnreadable, RolloutUnreadable, read_attempt_calls
 from harnessrl.trainer.base import Weights
 from harnessrl.trainer.failures import CANCELLED_STUCK_KEY, STOPPED_RUN_KEY, failure_signature
 from harnessrl.trainer.schedule import (
@@ -83,6 +88,9 @@ class Group:
     calls: Mapping[str, list[Call]]
     # rollout_id -> why its final attempt's calls cannot be read: the step leaves it out
     unreadable: Mapping[str, str] = field(default_factory=dict)
+    # rollout_id -> why its own row cannot be read (``RolloutUnreadable``): not in ``rollouts``,
+    # left out of the step like an infrastructure failure
+    rows_unreadable: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def group_id(self) -> str:
@@ -238,19 +246,23 @@ class RolloutBook:
                 # The store hands back the row already under this id unchanged (how a resumed run
                 # finds its rollouts): it must be this run's, of this group and task, or the run
                 # would wait on and train on rollouts that are not its own.
-                row = self.store.create_rollout(
-                    rollout_id=rollout_id,
-                    task=task.data,
-                    run_id=self.run_id,
-                    task_id=task.task_id,
-                    group_id=plan.group_id,
-                    step=plan.step,
-                    metadata={
-                        "kind": plan.kind,
-                        "sampling": plan.sampling.as_metadata(),
-                        **({"group": plan.index} if plan.index is not None else {}),
-                    },
-                )
+                try:
+                    row = self.store.create_rollout(
+                        rollout_id=rollout_id,
+                        task=task.data,
+                        run_id=self.run_id,
+                        task_id=task.task_id,
+                        group_id=plan.group_id,
+                        step=plan.step,
+                        metadata={
+                            "kind": plan.kind,
+                            "sampling": plan.sampling.as_metadata(),
+                            **({"group": plan.index} if plan.index is not None else {}),
+                        },
+                    )
+                except RolloutUnreadable as exc:  # a resumed run's row, damaged: left out when handed out
+                    log.warning("%s: the rollout is left out of its group", exc)
+                    continue
                 if (row.run_id, row.group_id, row.task_id) != (self.run_id, plan.group_id, task.task_id):
                     raise RolloutIdTaken(
                         f"rollout id {rollout_id!r} is taken in the store by run {row.run_id!r} "
@@ -309,8 +321,12 @@ class RolloutBook:
             for rollout_id in plan.rollout_ids:
                 if rollout_id in self._ended:
                     continue
-                rollout = self.store.get_rollout(rollout_id)
-                if rollout.status in TERMINAL_STATUSES or self._cancel_if_stuck(rollout):
+                try:
+                    rollout = self.store.get_rollout(rollout_id)
+                    if rollout.status in TERMINAL_STATUSES or self._cancel_if_stuck(rollout):
+                        self._ended.add(rollout_id)
+                except RolloutUnreadable as exc:  # never readable again: ended, left out when handed out
+                    log.warning("%s: the rollout is left out of its group", exc)
                     self._ended.add(rollout_id)
 
     def _cancel_if_stuck(self, rollout: Rollout) -> bool:
@@ -334,14 +350,20 @@ class RolloutBook:
 
     async def _hand_out(self, plans: list[GroupPlan]) -> list[Group]:
         def read(plan: GroupPlan) -> Group:
-            rollouts = tuple(self.store.get_rollout(r) for r in plan.rollout_ids)
+            rollouts: list[Rollout] = []
+            rows_unreadable: dict[str, str] = {}
+            for rollout_id in plan.rollout_ids:
+                try:
+                    rollouts.append(self.store.get_rollout(rollout_id))
+                except RolloutUnreadable as exc:
+                    rows_unreadable[rollout_id] = str(exc)
             calls: dict[str, list[Call]] = {}
             unreadable: dict[str, str] = {}
             for rollout in rollouts:
                 calls[rollout.rollout_id], damage = self._read_calls(rollout)
                 if damage is not None:
                     unreadable[rollout.rollout_id] = damage
-            return Group(plan, rollouts, calls, unreadable)
+            return Group(plan, tuple(rollouts), calls, unreadable, rows_unreadable)
 
         groups = [await asyncio.to_thread(read, plan) for plan in plans]
         for plan in plans:
@@ -397,7 +419,7 @@ class RolloutBook:
             try:
                 if self.store.get_rollout(rollout_id).run_id == self.run_id:
                     return ""
-            except NotFound:
+            except (NotFound, RolloutUnreadable):
                 continue
         return run_id_prefix(self.run_id)
 
@@ -420,6 +442,9 @@ class RolloutBook:
                 try:
                     rollout = self.store.get_rollout(rollout_id)
                 except NotFound:  # a group the dead process was still creating
+                    continue
+                except RolloutUnreadable as exc:  # no step trains it (``Group.rows_unreadable``)
+                    log.warning("%s", exc)
                     continue
                 if rollout.status not in TERMINAL_STATUSES or DISCARDED_WEIGHTS_KEY in rollout.metadata:
                     continue
@@ -477,12 +502,27 @@ class RolloutBook:
         dead = set()
         for plan in plans:
             try:
-                rollouts = [self.store.get_rollout(r) for r in plan.rollout_ids]
+                rollouts = self._readable(plan)
             except NotFound:  # a group the dead process was still creating: submit creates the rest
                 continue
-            if all(r.status in TERMINAL_STATUSES and self._failed_unsampled(r) for r in rollouts):
+            # A damaged rollout row is judged as the step judges it: left out (``Group.rows_unreadable``
+            # is not among the rollouts ``failures.common_failure`` reads), so a group whose readable
+            # rollouts all failed before sampling stopped the run and is left out again.
+            if rollouts and all(
+                r.status in TERMINAL_STATUSES and self._failed_unsampled(r) for r in rollouts
+            ):
                 dead.add(plan.group_id)
         return dead
+
+    def _readable(self, plan: GroupPlan) -> list[Rollout]:
+        """``plan``'s rollouts whose rows can be read (a damaged one is logged and left out)."""
+        rollouts = []
+        for rollout_id in plan.rollout_ids:
+            try:
+                rollouts.append(self.store.get_rollout(rollout_id))
+            except RolloutUnreadable as exc:
+                log.warning("%s: the rollout is left out of its group", exc)
+        return rollouts
 
     def _failed_unsampled(self, rollout: Rollout) -> bool:
         """Whether ``rollout`` failed before its final attempt sampled the policy (the only calls

@@ -16,7 +16,8 @@ resumed run gives to other weights: ``RolloutBook.recover`` marks those rollouts
 
 A rollout whose final attempt's recorded calls cannot be read (``Group.unreadable``: a damaged
 row) is left out like an infrastructure failure: no samples, out of its group's baseline, counted in
-``rollouts/calls_unreadable``. A rollout the trainer cancelled past ``trainer.rollout_deadline_s``
+``rollouts/calls_unreadable``; one whose own rollout row cannot be read (``Group.rows_unreadable``)
+is not among a group's rollouts at all, and is counted in ``rollouts/row_unreadable``. A rollout the trainer cancelled past ``trainer.rollout_deadline_s``
 (``cancelled_stuck``) whose final attempt sampled the policy counts as reward 0, in its group's
 baseline and trained (``stuck_reward``); one that never called the model has no reward and stays out
 (docs/train.md, "A rollout that never ends", says why).
@@ -141,6 +142,8 @@ def prepare_step(
         # its final attempt's recorded calls cannot be read (a damaged row): left out, as an
         # infrastructure failure is
         "rollouts/calls_unreadable": len(unreadable),
+        # its own rollout row cannot be read (a damaged row): not among its group's rollouts at all
+        "rollouts/row_unreadable": sum(len(g.rows_unreadable) for g in groups),
         "rollouts/dropped_stale": (len(too_stale) if drop else 0) + len(discarded),
         "staleness/mean": statistics.fmean(staleness) if staleness else 0.0,
         "staleness/max": max(staleness, default=0),
