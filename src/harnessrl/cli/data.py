@@ -126,7 +126,7 @@ def calibrate_command(
     import logging
     import tempfile
 
-    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, load_rollout_config
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, Terminated, load_rollout_config, stopped_by_sigterm
     from harnessrl.controller.stack import check_local_launch
     from harnessrl.data.calibrate import calibrate_file
 
@@ -152,8 +152,12 @@ def calibrate_command(
         sampling = _training_sampling(config, set_ or [])
         folder = run_dir or Path(tempfile.mkdtemp(prefix="harnessrl-calibrate-"))
         try:
+            # SIGTERM stops it as Ctrl-C does (it used to end the process at once, its image build
+            # and harnesses left running, the build's scratch left in the image store).
             summary = asyncio.run(
-                calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
+                stopped_by_sigterm(
+                    calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
+                )
             )
         except BaseException:
             if run_dir is None and not any(folder.iterdir()):
@@ -162,11 +166,11 @@ def calibrate_command(
         _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
-    except KeyboardInterrupt:  # OUT keeps every finished task: the same command goes on from there
+    except (KeyboardInterrupt, Terminated) as exc:  # OUT keeps every finished task: the same command goes on
         typer.echo(
             f"interrupted; OUT keeps what is done, run the same command to go on: {out_path}", err=True
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(143 if isinstance(exc, Terminated) else 130) from None
 
 
 def _training_sampling(config: Path, overrides: list[str]) -> SamplingOverrides | None:

@@ -129,8 +129,13 @@ def build_command(
     set_: Annotated[list[str] | None, typer.Option("--set", help="section.key=value overrides")] = None,
 ) -> None:
     """Build (or find) every environment of the config's [harness.environment] images."""
+    import signal
+
     from harnessrl.environments.podman import ImageError, podman_problem
 
+    # SIGTERM stops a build as Ctrl-C does: the command killed with every process it started, its
+    # scratch removed (it used to end the process at once, the build and its RUN steps left running).
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         config = environment_config(config_path, set_ or [])
         problem = podman_problem()
@@ -158,6 +163,11 @@ def build_command(
             built.append(row)
     except HarnessRLError as exc:
         raise _fail(exc) from exc
+    except Terminated:
+        typer.echo("harnessrl images: stopped by SIGTERM (the build was killed)", err=True)
+        raise typer.Exit(128 + signal.SIGTERM) from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     usage = images.disk_usage()
     typer.echo(
         json.dumps(
@@ -170,6 +180,18 @@ def build_command(
             }
         )
     )
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised where the main thread is (a BaseException, as KeyboardInterrupt is: no
+    ``except Exception`` on the way swallows it)."""
+
+
+def _terminated(*_: object) -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM during the clean-up acts at once
+    raise Terminated
 
 
 @app.command("list")

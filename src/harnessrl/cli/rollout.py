@@ -82,7 +82,7 @@ def run_rollout_command(
         check_output_path(run_dir, "--run-dir", kind="folder")
     folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
     try:
-        return asyncio.run(_stopped_by_sigterm(run_one_rollout(config, task, folder)))
+        return asyncio.run(stopped_by_sigterm(run_one_rollout(config, task, folder)))
     except Terminated:
         # Stopped like Ctrl-C: the attempt killed, the rollout requeued, the stack closed. 143 is the
         # shell's status for a process ended by SIGTERM.
@@ -113,7 +113,7 @@ class Terminated(Exception):
     """The command was stopped by SIGTERM (and cleaned up as for Ctrl-C)."""
 
 
-async def _stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
+async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
     """``await work``, turning SIGTERM into a cancellation of it: the same cleanup as Ctrl-C (the
     attempt killed, the rollout requeued, gateway and engine closed). Without this, SIGTERM ended
     the process at once and left the rollout ``running`` in the store."""
@@ -146,6 +146,7 @@ def run_controller_command(
     from harnessrl.controller.controller import Controller, GatewayEndpoint
     from harnessrl.controller.local import LocalRunner
     from harnessrl.controller.stack import check_local_launch, prepare
+    from harnessrl.environments.stopping import kill_builds_until_threads_end
     from harnessrl.sandbox.proxy import GatewayBridge
     from harnessrl.store import open_store
 
@@ -172,8 +173,18 @@ def run_controller_command(
         store = open_store(store_url)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
+        handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
+        builds_killed: list[asyncio.Task[None]] = []
+
+        def on_signal() -> None:
+            stop.set()
+            for sig in handled:  # a second signal gets the default action: a hung stop can be ended
+                loop.remove_signal_handler(sig)
+            # A rollout's image built on demand: its thread would keep the stop waiting for the build.
+            builds_killed.append(loop.create_task(_kill_builds_while_stopping()))
+
+        for sig in handled:
+            loop.add_signal_handler(sig, on_signal)
         try:
             async with GatewayBridge(parsed.hostname, port) as bridge:
                 if config.kubernetes is not None:
@@ -198,6 +209,20 @@ def run_controller_command(
                 )
                 await controller.run_forever(stop)
         finally:
-            store.close()
+            try:
+                if stop.is_set():
+                    await kill_builds_until_threads_end()
+            finally:
+                for task in builds_killed:
+                    task.cancel()
+                store.close()
 
     asyncio.run(main())
+
+
+async def _kill_builds_while_stopping() -> None:
+    from harnessrl.environments.stopping import KILL_AGAIN_S, kill_own_builds
+
+    while True:
+        kill_own_builds()
+        await asyncio.sleep(KILL_AGAIN_S)

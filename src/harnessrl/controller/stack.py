@@ -40,6 +40,7 @@ from harnessrl.controller.local import LocalRunner
 from harnessrl.controller.presets import apply_preset
 from harnessrl.engines.base import Engine
 from harnessrl.environments.resolve import Environments, HarnessNeeds
+from harnessrl.environments.stopping import in_thread_stoppably
 from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.gateway.inputs import check_parsers
 from harnessrl.retrieval.config import RetrievalConfig
@@ -307,7 +308,7 @@ async def run_one_rollout(
     except ConfigError as exc:
         raise ConfigError(f"the task does not fit [harness]: {exc}") from None
     if config.harness.environment is not None:  # the task's image: built and checked before anything starts
-        await asyncio.to_thread(check_environments, harness, [task])
+        await in_thread_stoppably(check_environments, harness, [task])
     rollout_id = f"rollout-{uuid.uuid4().hex[:12]}"
     # A run of its own: the controller claims only this rollout, never another run's queued ones in
     # a store the run folder (or a shared [store] url) already holds.

@@ -116,6 +116,7 @@ async def calibrate_file(
     from harnessrl.controller.harness import check_tasks
     from harnessrl.controller.presets import apply_preset
     from harnessrl.controller.stack import check_environments, local_stack
+    from harnessrl.environments.stopping import in_thread_stoppably
 
     if k < 1:
         raise ConfigError("calibrate: --k must be >= 1")
@@ -177,7 +178,8 @@ async def calibrate_file(
         per_batch = max(1, math.ceil(config.controller.concurrency / k))
         # Each task's image (docs/environments.md): built and checked to run the harness before any
         # rollout, so a missing image is one clear error, not k infrastructure failures per task.
-        await asyncio.to_thread(check_environments, harness, [tasks[instance_id(r)] for r in todo])
+        # A stop (Ctrl-C, SIGTERM) kills the build: asyncio's shutdown would wait for it.
+        await in_thread_stoppably(check_environments, harness, [tasks[instance_id(r)] for r in todo])
         # A run of its own: the controller claims only this invocation's rollouts, never another run's
         # queued ones that the store holds (a --run-dir reused, a training config's shared store).
         run_id = f"calibrate-{nonce}"

@@ -163,7 +163,7 @@ def started(pid: int) -> str:
         return ""
 
 
-def _session(pid: int) -> int:
+def session(pid: int) -> int:
     """A process's session id; 0 when it is gone or a zombie."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -193,7 +193,9 @@ def tool_env(store: Path) -> dict[str, str]:
     return {OWNER_ENV: owner(), STORE_ENV: str(store)}
 
 
-def _marks(pid: int) -> dict[str, str]:
+def marks(pid: int) -> dict[str, str]:
+    """The harnessrl marks (``OWNER_ENV``, ``STORE_ENV``) in a process's environment; none when it is
+    gone or not ours to read."""
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
@@ -214,12 +216,12 @@ def reap_orphans(store: Path) -> frozenset[str]:
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
-        marks = _marks(int(entry))
-        if marks.get(STORE_ENV) != str(store) or not owner_gone(marks.get(OWNER_ENV, "")):
+        found = marks(int(entry))
+        if found.get(STORE_ENV) != str(store) or not owner_gone(found.get(OWNER_ENV, "")):
             continue
         # Each command harnessrl starts leads a session of its own; a process that only inherited the
         # marks (a child of one) goes with its command's tree.
-        if _session(int(entry)) != int(entry):
+        if session(int(entry)) != int(entry):
             continue
         layers |= _kill_pid_tree(int(entry))
     return layers

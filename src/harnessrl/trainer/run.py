@@ -22,6 +22,7 @@ from typing import Any
 from harnessrl.config import REMOTE_KINDS
 from harnessrl.controller.presets import apply_preset
 from harnessrl.controller.stack import RolloutConfig, check_environments
+from harnessrl.environments.stopping import in_thread_stoppably
 from harnessrl.schemas import Task
 from harnessrl.store import open_store
 from harnessrl.trainer.base import Policy
@@ -140,7 +141,8 @@ class Trainer:
             # Each task's image (docs/environments.md), built and checked to run the harness before
             # anything of the run starts: a missing image is one clear error, not a run of failures.
             tasks = [t.data for t in (*self.tasks, *self.heldout)]
-            await asyncio.to_thread(check_environments, apply_preset(cfg.harness), tasks)
+            # A stop (Ctrl-C, SIGTERM) kills the build: asyncio's shutdown would wait for it.
+            await in_thread_stoppably(check_environments, apply_preset(cfg.harness), list(tasks))
         policy = self._build_policy()
         checkpointer = Checkpointer(
             policy, self.run_dir, save_every=cfg.trainer.save_every, background=self.policy_factory is None
