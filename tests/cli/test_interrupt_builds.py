@@ -24,16 +24,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.fakes.processes import WAIT_S, processes_running, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny"
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
-WAIT_S = 120.0  # ends a hung test only
 IMAGE_ID = "a" * 64
 
 FAKE_PODMAN = """#!/bin/sh
@@ -52,15 +51,6 @@ case "$1" in
   *) echo '[]' ;;
 esac
 """.replace("FAKE_ID", IMAGE_ID)
-
-
-def wait_for(what: str, ready: Callable[[], bool]) -> None:
-    pause = threading.Event()
-    for _ in range(int(WAIT_S * 10)):
-        if ready():
-            return
-        pause.wait(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 class Builds:
@@ -105,15 +95,7 @@ class Builds:
     def running(self) -> list[int]:
         """The fake's processes still running: its client (the script's path in argv) and its step
         (the mark in argv)."""
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes() if entry.isdigit() else b""
-            except OSError:
-                continue
-            if self.mark.encode() in argv or str(self.podman).encode() in argv:
-                found.append(int(entry))
-        return found
+        return processes_running(self.mark, str(self.podman))
 
     def building(self, process: subprocess.Popen[str]) -> bool:
         if process.poll() is not None:

@@ -15,17 +15,16 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.fakes.processes import WAIT_S, processes_running, wait_for
 
 from harnessrl.environments.store import ImageStore
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 IMAGE_ID = "a" * 64
-WAIT_S = 120.0  # ends a hung test only
 
 FAKE_PODMAN = """#!/bin/sh
 case "$1" in
@@ -66,26 +65,6 @@ case "$1 $2" in
   *) echo '[]' ;;
 esac
 """.replace("FAKE_ID", IMAGE_ID)
-
-
-def processes_running(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
-
-
-def wait_for(what: str, ready: Callable[[], bool]) -> None:
-    done = threading.Event()
-    for _ in range(int(WAIT_S * 10)):
-        if ready():
-            return
-        done.wait(0.1)
-    raise AssertionError(f"gave up waiting for {what}")
 
 
 class Fakes:

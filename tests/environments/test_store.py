@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from tests.environments.image_support import TINY, empty_store, needs_podman, tiny_store, tiny_tar
+from tests.fakes.processes import processes_running
 
 from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
 from harnessrl.environments.podman import ImageError, Podman
@@ -97,17 +98,6 @@ def test_a_base_retagged_after_the_digest_does_not_go_into_the_image(tiny_store:
     # The base the digest recorded is in the image, not the impostor tagged meanwhile.
     assert (root.path / "base-marker").read_text() == (tmp_path / "base" / "token").read_text()
     assert base.image_id != tiny_store.podman.inspect(TINY)["Id"]
-
-
-def processes_running(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and marker.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
-                found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 @needs_podman

@@ -11,7 +11,8 @@ import os
 from typing import Any
 
 import pytest
-from tests.trainer.test_train_end_to_end import CONFIG, metrics, processes_running, train
+from tests.fakes.processes import processes_running
+from tests.trainer.test_train_end_to_end import CONFIG, metrics, train
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.schemas import Call, Outcome, RolloutStatus, Task

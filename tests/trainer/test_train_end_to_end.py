@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.fakes.processes import processes_running
 
 from harnessrl.schemas import RolloutStatus
 from harnessrl.store.sqlite import SQLiteStore
@@ -267,21 +268,6 @@ def test_a_harness_that_hangs_is_cancelled_at_the_deadline_and_counted(tmp_path)
     finally:
         store.close()
     assert processes_running(str(agent)) == []  # nothing of the run is left running
-
-
-def processes_running(needle: str) -> list[int]:
-    """PIDs of live processes whose command line contains ``needle``."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if needle in cmdline and state != "Z":
-                pids.append(int(entry.name))
-    return pids
 
 
 @contextlib.contextmanager
