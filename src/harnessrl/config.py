@@ -114,6 +114,10 @@ class TeacherConfig(Section):
     # OpenAI-compatible server); "native": forwarded to its own /messages and /responses (Anthropic's
     # API for Claude Code, OpenAI's for Codex: their thinking signatures and encrypted reasoning kept).
     api: Literal["chat", "native"] = "chat"
+    # The answer-length field of the requests sent to the upstream's /chat/completions (default:
+    # as the harness sent it; translated calls use ``max_tokens``): OpenAI's reasoning models
+    # (o-series, gpt-5) refuse ``max_tokens`` and take ``max_completion_tokens``.
+    length_field: Literal["max_tokens", "max_completion_tokens"] | None = None
 
 
 class EngineConfig(Section):

@@ -52,7 +52,9 @@ def build_teacher(engine: EngineConfig) -> Teacher | None:
         key = os.environ.get(cfg.api_key_env)
         if not key:
             raise ConfigError(f"engine.teacher.api_key_env: ${cfg.api_key_env} is not set")
-    teacher = Teacher(cfg.base_url, cfg.model, key, timeout_s=cfg.timeout_s, api=cfg.api)
+    teacher = Teacher(
+        cfg.base_url, cfg.model, key, timeout_s=cfg.timeout_s, api=cfg.api, length_field=cfg.length_field
+    )
     teacher.probe()  # before serving: an unreachable upstream is a ConfigError (exit 2) naming engine
     return teacher
 

@@ -89,7 +89,7 @@ class ChatStream:
     def __init__(self, teacher: Teacher, body: dict[str, Any]) -> None:
         self.teacher = teacher
         options = {**(body.get("stream_options") or {}), "include_usage": True}
-        body = {**body, "model": teacher.model, "stream": True, "stream_options": options}
+        body = {**teacher.chat_body(body), "stream": True, "stream_options": options}
         self._upstream = teacher._client.stream("POST", "/chat/completions", json=body)
         self._reply: httpx.Response | None = None
         self.message = StreamedMessage()

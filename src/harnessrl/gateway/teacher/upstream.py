@@ -20,6 +20,7 @@ that no harness received).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -34,6 +35,8 @@ from harnessrl.gateway.pipeline.delivery import watching_client
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, Usage, now
 from harnessrl.store.base import RolloutEnded
+
+log = logging.getLogger("harnessrl.gateway")
 
 #: The Anthropic API version sent when the harness names none.
 ANTHROPIC_VERSION = "2023-06-01"
@@ -78,9 +81,12 @@ class Teacher:
         timeout_s: float = 600.0,
         transport: httpx.AsyncBaseTransport | None = None,
         api: str = "chat",
+        length_field: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.model = model
+        # The answer-length field the upstream's chat completions take (``engine.teacher.length_field``).
+        self.length_field = length_field
         # "chat": every API translated to the upstream's chat completions; "native": Messages and
         # Responses forwarded to the upstream's own /messages and /responses (``teacher.native``).
         self.api = api
@@ -124,13 +130,42 @@ class Teacher:
             request.headers["x-api-key"] = self._key
         return request
 
+    def chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        """``body`` as the upstream's ``/chat/completions`` gets it: ``model`` replaced, and its
+        answer length in the field the upstream takes (``length_field``; ``None``: as sent): a
+        harness's (or the cap's) ``max_tokens`` sent to an OpenAI reasoning model was a 400 on every
+        call. Where a body holds both fields, the lower is kept."""
+        out = {**body, "model": self.model}
+        if self.length_field is None:
+            return out
+        other = "max_completion_tokens" if self.length_field == "max_tokens" else "max_tokens"
+        if out.get(other) is None:
+            out.pop(other, None)
+            return out
+        value = out.pop(other)
+        kept = out.get(self.length_field)
+        if kept is None or (_is_count(value) and _is_count(kept) and value < kept):
+            out[self.length_field] = value
+        return out
+
     def redact(self, text: str) -> str:
         """``text`` (an upstream's error message, which may echo the key) without the key."""
         return text.replace(self._key, "[teacher key]") if self._key else text
 
 
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+#: Upstream statuses about the gateway's own credentials to the teacher (its key, its account, a proxy
+#: in front of it), never about the harness's request: passed on, a 401 or 403 told the harness its
+#: own key was refused (Claude Code and Codex then stop, or ask the user to log in again).
+CREDENTIAL_STATUSES = frozenset({401, 403, 407})
+
+
 def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError | HTTPStatusError:
-    """The upstream's refusal as the harness gets it: its 4xx kept, anything else a 502. The key is
+    """The upstream's refusal as the harness gets it: its 4xx kept, except a refusal of the gateway's
+    own credentials (``CREDENTIAL_STATUSES``), which is a 502 like anything else. The key is
     redacted from the whole message before it is cut short (cut first, a key across the cut would
     show its head)."""
     try:
@@ -138,8 +173,10 @@ def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError 
     except (ValueError, KeyError, TypeError):
         message = teacher.redact(body.decode("utf-8", "replace"))[:ERROR_TEXT_CHARS]
     text = f"teacher upstream answered {status}: {message}"
-    if 400 <= status < 500:
+    if 400 <= status < 500 and status not in CREDENTIAL_STATUSES:
         return HTTPStatusError(text, status=status)
+    if status in CREDENTIAL_STATUSES:
+        log.error("the teacher upstream refused the gateway's credentials (engine.teacher): %s", text)
     return UpstreamError(text)
 
 
@@ -174,7 +211,7 @@ async def unless_client_leaves(
 async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
     """A whole chat completion of ``body`` (``model`` set here); errors as the harness gets them."""
     try:
-        reply = await teacher._client.post("/chat/completions", json={**body, "model": teacher.model})
+        reply = await teacher._client.post("/chat/completions", json=teacher.chat_body(body))
     except httpx.HTTPError as exc:
         raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
     if reply.status_code != 200:
