@@ -45,6 +45,12 @@ class ResourceLimits(BaseModel):
         description="disk the workspace and home may use together; the attempt is killed past it "
         "(local runner; Kubernetes: ephemeral_storage_limit)",
     )
+    max_entries: int | None = Field(
+        default=1_000_000,
+        ge=1,
+        description="entries (files, links, folders, each name of a hard-linked file) the workspace "
+        "and home may hold together; the attempt is killed past it, disk_mb or not (local runner)",
+    )
 
 
 class HarnessSpec(BaseModel):

@@ -206,6 +206,10 @@ class LocalRunHandle:
             return Exit(ExitKind.RESOURCE_LIMIT, code, "CPU time limit exceeded")
         if code != 0 and self._group is not None and self._group.pids_limit_hit():
             return Exit(ExitKind.RESOURCE_LIMIT, code, "process limit reached")
+        if status.get("limit") == "max_entries":  # the launcher's own count (``sandbox.enter``)
+            return Exit(
+                ExitKind.RESOURCE_LIMIT, code, "too many files, links and folders (limits.max_entries)"
+            )
         if code == 128 + signal.SIGXFSZ and self._launch.limits.file_mb:
             return Exit(ExitKind.RESOURCE_LIMIT, code, "file size limit exceeded (limits.file_mb)")
         if over_disk:

@@ -127,6 +127,11 @@ class Layout:
     is ``"gateway"`` (loopback only, ``gateway_port`` relayed to ``gateway_socket``), ``"none"``
     (loopback only, nothing relayed) or ``"host"`` (the host's network: debugging only).
     ``tmp_size_mb`` caps the private ``/tmp`` (a tmpfs; its pages also count against the memory cgroup).
+    ``tmpfs_mb`` caps each private tmpfs the sandbox may write: its root (where mount points are made,
+    and ``/x`` or ``/etc/x`` would land), ``/run``, ``/dev/shm`` and ``/tmp`` (the smaller of the two
+    caps). Without a memory cgroup nothing else bounds them: their pages are the host's memory, not the
+    processes' (``RLIMIT_AS`` does not see them), and each unsized tmpfs takes up to half the host's
+    memory. ``/dev`` itself is read-only (its device nodes are mounts of their own and stay usable).
     ``root`` is a container image's filesystem to use as ``/`` instead of the host's system folders
     (``rootfs.py``); host paths under the system folders are then never bound (the image has its own).
     """
@@ -142,6 +147,7 @@ class Layout:
     gateway_socket: str | None = None
     binds: tuple[Bind, ...] = ()
     tmp_size_mb: int | None = None
+    tmpfs_mb: int | None = None
     root: ImageRoot | None = None
     init_python: str = field(default_factory=lambda: os.path.realpath(sys.executable))
 
@@ -208,6 +214,9 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
         HOSTNAME,
         "--clearenv",
     ]
+    if layout.tmpfs_mb and layout.root is None:
+        # bubblewrap's own root is an unsized tmpfs: a sized one over it, before anything is mounted.
+        argv += [*_size(layout.tmpfs_mb), "--tmpfs", "/"]
     for key, value in sorted(layout.env.items()):
         argv += ["--setenv", key, value]
     mounted: list[Path] = []
@@ -233,9 +242,11 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
     # and the rest of the host's sysctls would be writable from inside (a core_pattern pipe runs as
     # root on the host). bubblewrap's own cover of /proc/sys is skipped where its folder looks read-only.
     argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev"]
-    if layout.tmp_size_mb:
-        argv += ["--size", str(layout.tmp_size_mb * 1024 * 1024)]
-    argv += ["--tmpfs", "/tmp", "--tmpfs", "/run"]
+    tmp_mb = min((mb for mb in (layout.tmp_size_mb, layout.tmpfs_mb) if mb), default=None)
+    argv += [*_size(tmp_mb), "--tmpfs", "/tmp", *_size(layout.tmpfs_mb), "--tmpfs", "/run"]
+    # bubblewrap's /dev is a tmpfs it cannot size (and /dev/shm a folder of it): a sized tmpfs of its
+    # own for /dev/shm, and /dev read-only (its device nodes and /dev/pts are mounts of their own).
+    argv += [*_size(layout.tmpfs_mb), "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
     # Parents before children, so a deeper bind lands on top of (inside) a shallower one.
     # The host's trees the sandbox sees: its system folders (without an image root) and the binds.
     from_host = list(mounted) if layout.root is None else []
@@ -263,6 +274,11 @@ def bwrap_argv(layout: Layout, *, bwrap: str = "bwrap") -> list[str]:
     argv += [layout.init_python, "-I", "-S", INIT_PATH, str(port), GATEWAY_SOCKET, str(INIT_STATUS_FD)]
     argv += ["--", *layout.command]
     return argv
+
+
+def _size(mb: int | None) -> list[str]:
+    """bubblewrap's ``--size`` for the next ``--tmpfs`` (none: an unsized one)."""
+    return ["--size", str(mb * 1024 * 1024)] if mb else []
 
 
 def _image_root(layout: Layout) -> list[str]:
@@ -331,6 +347,11 @@ def sandbox_problem() -> str | None:
             "/",
             "--proc",
             "/proc",
+            # Every launch sizes its tmpfs mounts: bubblewrap before 0.7 has no --size.
+            "--size",
+            str(1024 * 1024),
+            "--tmpfs",
+            "/tmp",
             "--",
             "true",
         ]
@@ -339,15 +360,19 @@ def sandbox_problem() -> str | None:
         except (OSError, subprocess.TimeoutExpired) as exc:
             _PROBED[bwrap] = f"{bwrap} could not run: {exc}"
         else:
-            _PROBED[bwrap] = (
-                None
-                if done.returncode == 0
-                else (
-                    f"{bwrap} cannot create its namespaces here (user namespaces disabled, or not root?): "
-                    f"{done.stderr.strip()[-300:]}"
-                )
-            )
+            _PROBED[bwrap] = None if done.returncode == 0 else _probe_failure(bwrap, done.stderr.strip())
     return _PROBED[bwrap]
+
+
+def _probe_failure(bwrap: str, stderr: str) -> str:
+    if "--size" in stderr:  # "Unknown option --size" (before 0.7), or refused by a setuid bwrap
+        return (
+            f"{bwrap} cannot size a tmpfs (--size: bubblewrap 0.7 or newer, not setuid, is needed): "
+            f"{stderr[-300:]}"
+        )
+    return (
+        f"{bwrap} cannot create its namespaces here (user namespaces disabled, or not root?): {stderr[-300:]}"
+    )
 
 
 def require_sandbox(mode: str) -> None:

@@ -15,7 +15,8 @@ between its listing and its walk is not entered (a path walk counted the host's 
 attempt's, and its ``chmod`` of an unlistable folder went through the link), and a tree nested past
 ``PATH_MAX`` is counted to its bottom (a path walk skipped it: files there were free). It holds
 four descriptors at most, however deep the tree, and never recurses. The walk is shared
-(``walk_tree``): ``remove_tree`` removes an attempt's or an evaluation's scratch with it and
+(``walk_tree``): ``remove_tree`` removes an attempt's or an evaluation's scratch with it,
+``count_entries`` counts the names the launcher bounds by ``limits.max_entries`` (``enter.py``) and
 ``sandbox.copy.drop_escaping_links`` looks for links out of a workspace copy with it (Python 3.11's
 ``shutil.rmtree`` and ``os.walk`` recurse: a workspace nested 3,000 folders deep raised
 ``RecursionError`` in the controller, which turned the policy's 0 into an infrastructure failure).
@@ -93,6 +94,40 @@ def disk_used(
     except _Uncountable:
         return _UNCOUNTABLE
     return tally.total
+
+
+def count_entries(folders: tuple[Path, ...], stop_above: int | None = None) -> int:
+    """The entries (files, links, folders, every name of a hard-linked file) under ``folders``, not
+    the folders themselves; what every walk or removal of them must visit. Read from the folders'
+    listings (no ``stat``), through ``walk_tree``; stops counting once past ``stop_above``. A folder
+    that cannot be listed, even opened up, counts as over any cap."""
+    total = 0
+
+    def visit(fd: int, _path: list[str]) -> list[str]:
+        nonlocal total
+        subfolders: list[str] = []
+        try:
+            entries = os.scandir(fd)
+        except OSError:
+            return subfolders
+        with entries:
+            for entry in entries:
+                total += 1
+                with contextlib.suppress(OSError):
+                    if entry.is_dir(follow_symlinks=False):
+                        subfolders.append(entry.name)
+                if stop_above is not None and total > stop_above:
+                    raise _Stop
+        return subfolders
+
+    try:
+        for folder in folders:
+            walk_tree(folder, visit)
+    except _Stop:
+        pass
+    except _Uncountable:
+        return _UNCOUNTABLE
+    return total
 
 
 def _open_folder(

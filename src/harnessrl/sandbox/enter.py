@@ -2,12 +2,13 @@
 
 It runs as the controller's user (root on our machines), single-threaded, between the controller
 and ``bwrap``: (1) it joins the attempt's cgroups, so everything started below is counted and can
-be killed as one; (2) it sets the rlimits (CPU time, open files, file size,
+be killed as one; (2) it sets the rlimits (CPU time, open files, file size, no core files,
 and address space or processes where no cgroup does), which every process below inherits; (3) it starts
 ``bwrap`` with the seccomp filter on an inherited descriptor, and learns from ``init.py`` (on
-``INIT_STATUS_FD``, which the command never holds) whether the command started; (4) it exits with
-the sandboxed command's status. With ``"bwrap_argv": null`` (``sandbox = "none"``) it runs the
-command directly: cgroups and rlimits only, no isolation.
+``INIT_STATUS_FD``, which the command never holds) whether the command started; (4) it watches the
+entries of the folders the sandbox may write (``limits.max_entries``), and kills the sandbox past
+them; (5) it exits with the sandboxed command's status. With ``"bwrap_argv": null``
+(``sandbox = "none"``) it runs the command directly: cgroups and rlimits only, no isolation.
 
 **Whether the command started is written to the spec's ``status_file``** (``{"started": bool,
 "detail": ..., "exit_code": ...}``), a file in a folder the sandbox never sees. That file, not the
@@ -25,8 +26,23 @@ gets the same signal; what it started in a new session of its own is then left t
 no one kills after a controller's death (its folder stays while a process is in it; an empty one is
 removed by the next ``ResourceGroup.create``, see ``cgroups.py``).
 
+**No core files** (``RLIMIT_CORE`` 0, hard): a crashing process wrote its core into the workspace
+(a core file the size of its memory, past ``disk_mb``'s next look), and a host whose
+``kernel/core_pattern`` pipes to a helper would hand the helper, outside the sandbox, every core.
+
+**The entries of the writable folders are bounded** (``limits.max_entries``, the spec's ``writable``
+folders): the launcher counts them every ``ENTRY_CHECK_INTERVAL_S`` (or ten times as long as a
+count took) while it waits, and once more when the command ends; past the cap it kills ``bwrap``
+(its PID namespace dies with it), says so on stderr and in the status file (``"limit"``), and exits
+``ENTRIES_EXCEEDED``.
+Millions of empty files or hard links take no disk worth counting, but every later walk of the tree
+(the evaluator's copy, the removal) must visit each. The count is the launcher's CPU time, so the
+CPU limit is set in the children only (``RLIMIT_CPU`` of the launcher would end the attempt for it).
+
 Exit status: the command's own; ``128 + N`` if it was killed by signal ``N``; 125 if the sandbox
-could not be set up; 127 if the command could not be started (both also said in the status file).
+could not be set up; 127 if the command could not be started (both also said in the status file);
+``ENTRIES_EXCEEDED`` (``128 + SIGXFSZ``, the kernel's own status for a file past its size limit,
+which the runners count as a resource limit) if it killed the sandbox for ``limits.max_entries``.
 """
 
 from __future__ import annotations
@@ -39,9 +55,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from harnessrl.sandbox.bwrap import INIT_PATH, INIT_STATUS_FD
+from harnessrl.sandbox.disk import count_entries
 
 SETUP_FAILED = 125
 CANNOT_START = 127
@@ -51,6 +72,10 @@ MEMFD_NOEXEC = "/proc/sys/vm/memfd_noexec"
 #: what ``_die_with_parent`` compares with (removed before bwrap starts: its environ shows inside).
 PARENT_ENV = "HARNESSRL_LAUNCHER_PARENT"
 _PR_SET_PDEATHSIG = 1
+#: The launcher's exit status when it killed the sandbox for ``limits.max_entries``.
+ENTRIES_EXCEEDED = 128 + signal.SIGXFSZ
+#: The shortest pause between two counts of the writable folders' entries.
+ENTRY_CHECK_INTERVAL_S = 2.0
 
 
 def status_path(spec_path: str) -> str:
@@ -80,8 +105,10 @@ def _write_status(path: str | None, **status: Any) -> None:
 
 
 def _set_limits(limits: dict[str, Any]) -> None:
-    if limits.get("cpu_seconds"):
-        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
+    """The rlimits of the launcher and so of all below it (the CPU limit: ``_set_cpu``, children only)."""
+    # No core files: in the workspace (core_pattern "core") each is as large as the process's memory;
+    # a pipe in core_pattern hands it to a helper on the host. Hard, so nothing below can raise it.
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if limits.get("memory_mb") and not limits.get("cgroup_memory"):
         cap = limits["memory_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
@@ -92,6 +119,76 @@ def _set_limits(limits: dict[str, Any]) -> None:
         # ignores, kills most other programs). The logs are pipes, not files: not counted here.
         cap = limits["file_mb"] * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_FSIZE, (cap, cap))
+
+
+def _set_cpu(limits: dict[str, Any]) -> None:
+    """``RLIMIT_CPU``, in the child before its exec: the launcher's own time (counting entries) is not
+    the command's."""
+    if limits.get("cpu_seconds"):
+        resource.setrlimit(resource.RLIMIT_CPU, (limits["cpu_seconds"], limits["cpu_seconds"] + 5))
+
+
+def _in_child(limits: dict[str, Any], *then: Callable[[], None] | None) -> Callable[[], None]:
+    """A ``preexec_fn``: the CPU limit, then ``then`` (those not None)."""
+
+    def run() -> None:
+        _set_cpu(limits)
+        for step in then:
+            if step is not None:
+                step()
+
+    return run
+
+
+@dataclass
+class _EntryCap:
+    """``limits.max_entries`` over the spec's ``writable`` folders."""
+
+    folders: tuple[Path, ...]
+    cap: int
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> _EntryCap | None:
+        cap = spec.get("limits", {}).get("max_entries")
+        folders = tuple(Path(f) for f in spec.get("writable", []))
+        return cls(folders, cap) if cap and folders else None
+
+    def over(self) -> bool:
+        try:
+            return count_entries(self.folders, self.cap) > self.cap
+        except MemoryError:  # the names of a folder of millions, under RLIMIT_AS: too many to count
+            return True
+
+
+def _wait(proc: subprocess.Popen[bytes], entries: _EntryCap | None) -> tuple[int, bool]:
+    """Wait for ``proc`` (killing it once ``entries`` are over their cap); its exit status, and whether
+    the entries went past their cap (counted once more at the end: what was made after the last count,
+    right before the command ended, counts too). This process's only thread does it: after
+    ``unshare(CLONE_NEWPID)`` it cannot start another."""
+    if entries is None:
+        return proc.wait(), False
+    pause = ENTRY_CHECK_INTERVAL_S
+    while True:
+        try:
+            return proc.wait(timeout=pause), entries.over()
+        except subprocess.TimeoutExpired:
+            pass
+        started = time.monotonic()
+        if entries.over():
+            proc.kill()
+            return proc.wait(), True
+        # A tree of many entries takes a while to count: wait ten counts between two.
+        pause = max(ENTRY_CHECK_INTERVAL_S, 10 * (time.monotonic() - started))
+
+
+def _entries_exceeded(status_file: str | None, entries: _EntryCap, code: int) -> int:
+    detail = (
+        f"the sandbox's writable folders held more than limits.max_entries = {entries.cap} entries "
+        "(files, links, folders): killed"
+    )
+    print(f"harnessrl sandbox: {detail}", file=sys.stderr, flush=True)
+    _write_status(status_file, started=True, detail=detail, exit_code=code, limit="max_entries")
+    return ENTRIES_EXCEEDED
 
 
 def _set_open_files(limits: dict[str, Any]) -> None:
@@ -144,7 +241,11 @@ def _command_start(argv: list[str]) -> int:
 
 
 def _run_bwrap(
-    argv: list[str], seccomp_file: str, status_file: str | None, limits: dict[str, Any] | None = None
+    argv: list[str],
+    seccomp_file: str,
+    status_file: str | None,
+    limits: dict[str, Any] | None = None,
+    spec: dict[str, Any] | None = None,
 ) -> int:
     """Start bwrap with the filter and init.py's status descriptor; report whether the command started."""
     filter_fd = os.open(seccomp_file, os.O_RDONLY)
@@ -168,7 +269,10 @@ def _run_bwrap(
     try:
         _set_open_files(limits or {})
         proc = subprocess.Popen(
-            full, pass_fds=(filter_fd, INIT_STATUS_FD, args_fd), stdin=subprocess.DEVNULL, preexec_fn=noexec
+            full,
+            pass_fds=(filter_fd, INIT_STATUS_FD, args_fd),
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_in_child(limits or {}, noexec),
         )
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
@@ -184,8 +288,12 @@ def _run_bwrap(
         said = _read_line(init_status.fileno()).decode(errors="replace")
     if said == "ok":
         _write_status(status_file, started=True, detail="")
-    code = proc.wait()
+    # Killing bwrap, the first process of our PID namespace, ends every process of the sandbox.
+    entries = _EntryCap.of(spec or {}) if said == "ok" else None
+    code, too_many = _wait(proc, entries)
     code = 128 - code if code < 0 else code
+    if entries is not None and too_many:
+        return _entries_exceeded(status_file, entries, code)
     if said != "ok":
         detail = said.removeprefix("error: ") or f"bwrap failed to set up the sandbox (exit {code})"
         print(f"harnessrl sandbox: {detail}", file=sys.stderr, flush=True)
@@ -228,7 +336,7 @@ def main(argv: list[str]) -> int:
         _write_status(status_file, started=False, detail=f"setup failed: {exc}")
         return SETUP_FAILED
     if spec.get("bwrap_argv"):
-        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file, spec.get("limits"))
+        return _run_bwrap(spec["bwrap_argv"], spec["seccomp_file"], status_file, spec.get("limits"), spec)
     try:  # sandbox = "none"
         _set_open_files(spec.get("limits", {}))
         child = subprocess.Popen(  # single-threaded here: preexec_fn is safe
@@ -236,15 +344,18 @@ def main(argv: list[str]) -> int:
             cwd=spec["cwd"],
             env=spec["env"],
             stdin=subprocess.DEVNULL,
-            preexec_fn=_kill_me_with_parent,
+            preexec_fn=_in_child(spec.get("limits", {}), _kill_me_with_parent),
         )
     except OSError as exc:
         print(f"harnessrl sandbox: cannot start {spec['argv'][0]!r}: {exc}", file=sys.stderr, flush=True)
         _write_status(status_file, started=False, detail=f"cannot start {spec['argv'][0]!r}: {exc}")
         return CANNOT_START
     _write_status(status_file, started=True, detail="")
-    code = child.wait()
+    entries = _EntryCap.of(spec)  # killed past it: what it started in a session of its own is the cgroup's
+    code, too_many = _wait(child, entries)
     code = 128 - code if code < 0 else code
+    if entries is not None and too_many:
+        return _entries_exceeded(status_file, entries, code)
     _write_status(status_file, started=True, detail="", exit_code=code)
     return code
 

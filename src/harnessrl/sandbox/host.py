@@ -206,10 +206,13 @@ class SandboxHost:
             env.setdefault("PATH", root.search_path())
         path = env.get("PATH") or DEFAULT_PATH
         env = {**env, "PATH": f"{Path(sys.prefix) / 'bin'}:{path}" if venv_on_path else path}
+        limits = limits or {}
         spec: dict[str, Any] = {
             "cgroup_dirs": [str(d) for d in cgroup_dirs],
-            "limits": limits or {},
+            "limits": limits,
             "status_file": status_path(str(spec_path)),
+            # The host folders the sandbox may write (``limits.max_entries`` bounds their entries).
+            "writable": [str(p) for p in (*writable, *(b.source for b in binds if b.writable))],
         }
         Path(spec["status_file"]).unlink(missing_ok=True)  # a dead controller's attempt may have left one
         if sandbox == "bwrap":
@@ -232,6 +235,9 @@ class SandboxHost:
                 gateway_socket=gateway_socket,
                 binds=binds,
                 tmp_size_mb=tmp_size_mb,
+                # Each private tmpfs holds at most ``memory_mb``: without a memory cgroup nothing else
+                # bounds what is written there (its pages are not the processes' address space).
+                tmpfs_mb=limits.get("memory_mb") or None,
                 root=root,
             )
             spec.update(bwrap_argv=bwrap_argv(layout, bwrap=bwrap), seccomp_file=str(seccomp))
