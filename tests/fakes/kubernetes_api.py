@@ -13,9 +13,9 @@ Python client to drive it unchanged:
 
 Errors are ``Status`` objects with the real ``reason``/``code`` (409 AlreadyExists, 404 NotFound,
 422 Invalid). Outcomes are driven by test-only methods (``succeed_job``, ``fail_job``, ``oom_job``,
-``exceed_deadline``, ``set_waiting``, ``set_unschedulable``, ``evict``), not over HTTP; so are
-``start_pods`` (what a new Job's pod looks like: running, pending, or no pod at all, as under a full
-quota) and ``add_fault`` (a request answered late, or with an error Status, a given number of times).
+``exceed_deadline``, ``set_waiting``, ``set_unschedulable``, ``evict``, ``set_running_for``), not
+over HTTP; so are ``start_pods`` (what a new Job's pod looks like: running, pending, or no pod at
+all, as under a full quota) and ``add_fault`` (a request answered late, or with an error Status, a given number of times).
 Runs uvicorn in a thread on 127.0.0.1 and a free port.
 """
 
@@ -102,6 +102,35 @@ def _selector_matches(selector: str | None, labels: dict[str, str]) -> bool:
         elif term not in labels:
             return False
     return True
+
+
+# The labels the API server gives a Job's pod template, and the selector it builds from them.
+_JOB_UID_LABELS = ("controller-uid", "batch.kubernetes.io/controller-uid")
+_JOB_NAME_LABELS = ("job-name", "batch.kubernetes.io/job-name")
+
+
+def _generated_selector_error(job: dict[str, Any], name: str) -> str | None:
+    """What the API server refuses in a Job whose selector it generates (no ``manualSelector:
+    true``): a ``spec.selector`` given anyway, or pod template labels ``controller-uid`` /
+    ``job-name`` with other values than the new Job's (its uid cannot be known before it exists).
+    A Job copied from a live one (``kubectl get job -o yaml``) carries both. Kubernetes docs,
+    "Jobs: Specifying your own Pod selector"; ``validateGeneratedSelector`` in
+    pkg/apis/batch/validation ("`selector` not auto-generated", "must be '<value>'")."""
+    spec = job.get("spec") or {}
+    if spec.get("manualSelector") is True:
+        return None
+    if spec.get("selector") is not None:
+        return "spec.selector: Invalid value: `selector` not auto-generated"
+    labels = ((spec.get("template") or {}).get("metadata") or {}).get("labels") or {}
+    for key in _JOB_UID_LABELS:
+        if key in labels:
+            return (
+                f"spec.template.metadata.labels[{key}]: Invalid value: {labels[key]!r}: must be the Job's uid"
+            )
+    for key in _JOB_NAME_LABELS:
+        if key in labels and labels[key] != name:
+            return f"spec.template.metadata.labels[{key}]: Invalid value: {labels[key]!r}: must be {name!r}"
+    return None
 
 
 def _merge_patch(target: Any, patch: Any) -> Any:
@@ -560,6 +589,21 @@ class FakeKubernetes:
             job["status"]["startTime"] = at
             self._store("jobs", job, "MODIFIED")
 
+    def set_running_for(self, name: str, seconds: float, namespace: str = "default") -> None:
+        """Backdate a Job's start and its running containers' ``startedAt`` by ``seconds``: its
+        harness has been running that long (to test time rules without sleeping)."""
+        at = _now_iso(time.time() - seconds)
+
+        def mutate(pod: dict[str, Any]) -> None:
+            pod["status"]["startTime"] = at
+            for cs in pod["status"].get("containerStatuses", []):
+                if cs["state"].get("running") is not None:
+                    cs["state"]["running"]["startedAt"] = at
+
+        with self._lock:
+            self._update_pods(namespace, name, mutate)
+            self.set_job_age(name, seconds, namespace)
+
     # ---- HTTP ---------------------------------------------------------------------------------
     async def _handle(self, request: Request) -> Response:
         query = dict(request.query_params)
@@ -645,6 +689,8 @@ class FakeKubernetes:
                 for key, value in ((body.get("metadata") or {}).get("labels") or {}).items():
                     if len(value) > 63 or not _LABEL_VALUE.fullmatch(value):
                         return error(422, "Invalid", f'{kind} "{obj_name}" is invalid: label {key}={value!r}')
+                if resource == "jobs" and (invalid := _generated_selector_error(body, obj_name)):
+                    return error(422, "Invalid", f'{kind}.batch "{obj_name}" is invalid: {invalid}')
                 if (namespace, obj_name) in self._objects[resource]:
                     return error(409, "AlreadyExists", f'{plural} "{obj_name}" already exists')
                 return JSONResponse(self._create_object(resource, namespace, body), status_code=201)

@@ -36,6 +36,7 @@ gateway URL, the pod's workspace and the mounted task file in argv, env and file
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import math
 import posixpath
@@ -53,6 +54,7 @@ from harnessrl.controller.kubernetes.job_template import normalize_template
 from harnessrl.controller.kubernetes.names import (
     ATTEMPT_ANNOTATION,
     CONTAINER_ANNOTATION,
+    KEY_DIGEST_ANNOTATION,
     MANAGED_BY_LABEL,
     MANAGED_BY_VALUE,
     ROLLOUT_ANNOTATION,
@@ -111,6 +113,12 @@ def rollout_key(launch: Launch) -> str:
         if launch.env.get(name):
             return launch.env[name]
     raise BadRequest(f"launch for rollout {launch.rollout_id!r} carries no OPENAI_API_KEY in its env")
+
+
+def key_digest(key: str) -> str:
+    """The SHA-256 of a rollout key, hex: what tells an attempt's Job from another store's Job of the
+    same name (``KEY_DIGEST_ANNOTATION``). The key is 24 random bytes: its digest gives nothing away."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 def gateway_urls(gateway_url: str, rollout_id: str) -> tuple[str, str]:
@@ -244,6 +252,7 @@ def build_job_manifest(
         meta["labels"] = {**(meta.get("labels") or {}), **labels, MANAGED_BY_LABEL: MANAGED_BY_VALUE}
         meta["annotations"] = {**(meta.get("annotations") or {}), **annotations}
     pod["metadata"]["annotations"][CONTAINER_ANNOTATION] = container.get("name") or "harness"
+    job["metadata"]["annotations"][KEY_DIGEST_ANNOTATION] = key_digest(key)
 
     spec = job["spec"]
     spec.pop("suspend", None)

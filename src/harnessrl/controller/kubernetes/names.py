@@ -31,6 +31,10 @@ CONTAINER_ANNOTATION = "harnessrl/harness-container"
 # When a runner last wrote an attempt's Secret (epoch seconds; it rewrites it on every create retry):
 # a Secret with no Job is swept once this is older than the grace, whichever controller wrote it.
 WRITTEN_AT_ANNOTATION = "harnessrl/written-at"
+# On the Job: the SHA-256 of the attempt's rollout key (a fresh random key per attempt, so this names
+# the attempt across stores). A Job found under an attempt's name with another digest was made for
+# another store's rollout of the same id under the same run id; it is never adopted (runner._create).
+KEY_DIGEST_ANNOTATION = "harnessrl/key-sha256"
 
 DNS1123_LABEL_MAX = 63
 _DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

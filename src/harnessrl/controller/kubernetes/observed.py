@@ -71,6 +71,7 @@ class ContainerStatus:
     started: bool = False  # ever ran: running now, or terminated with a startedAt
     init: bool = False
     started_at: float | None = None  # when it started running (the kubelet's startedAt)
+    finished_at: float | None = None  # when it ended (the kubelet's finishedAt; same node clock)
     # A native sidecar: an init container with ``restartPolicy: Always`` (Istio injects them). It
     # runs beside the harness and is SIGTERMed (exit 143) when the harness ends: no failure of setup.
     sidecar: bool = False
@@ -187,6 +188,7 @@ def _container(raw: Mapping[str, Any], *, init: bool) -> ContainerStatus:
             started=bool(t.get("startedAt")),
             init=init,
             started_at=parse_time(t.get("startedAt")),
+            finished_at=parse_time(t.get("finishedAt")),
         )
     if "running" in state and state["running"] is not None:
         started_at = parse_time(state["running"].get("startedAt"))

@@ -247,6 +247,31 @@ def _ended_beside_sidecars(job: ObservedJob, pod: ObservedPod | None, *, now: fl
     return Exit(ExitKind.EXITED, 0, "harness exited 0 (the pod's other containers ran on)")
 
 
+def _past_its_time(job: ObservedJob, exit_: Exit | None, timeout_s: float | None) -> Exit | None:
+    """``exit_``, unless the harness that reported it ran longer than its ``timeout_s``: then TIMEOUT.
+
+    The Job's deadline is ``timeout_s + startup_allowance_s`` from the Job's start, so a harness that
+    started at once could run on into the allowance and end well there (an exit 0 past its time),
+    where the local runner kills it at ``timeout_s``. Measured on the container's own
+    ``startedAt``/``finishedAt`` (one node's clock)."""
+    if exit_ is None or exit_.kind not in (ExitKind.EXITED, ExitKind.OOM) or timeout_s is None:
+        return exit_
+    pod = job.newest_pod()
+    harness = pod.harness() if pod is not None else None
+    if harness is None or harness.state != "terminated":
+        return exit_
+    if harness.started_at is None or harness.finished_at is None:
+        return exit_
+    ran = harness.finished_at - harness.started_at
+    if ran > timeout_s + _CLOCK_SLACK_S:
+        return Exit(
+            ExitKind.TIMEOUT,
+            None,
+            f"the harness ran {ran:.0f}s, past its timeout_s of {timeout_s:.0f}s ({exit_.detail} after it)",
+        )
+    return exit_
+
+
 def classify(
     job: ObservedJob,
     *,
@@ -257,7 +282,26 @@ def classify(
 ) -> Exit | None:
     """How the attempt behind ``job`` ended, or None while it is still running normally.
     ``harness_started_at``: when the runner saw the harness running in an earlier observation (the
-    pods may be gone now); ``timeout_s``: the harness's own time (the Job's deadline is longer)."""
+    pods may be gone now); ``timeout_s``: the harness's own time (the Job's deadline is longer): a
+    harness that ran past it is a TIMEOUT however it ended (``_past_its_time``)."""
+    exit_ = _classify(
+        job,
+        now=now,
+        stuck_pending_s=stuck_pending_s,
+        harness_started_at=harness_started_at,
+        timeout_s=timeout_s,
+    )
+    return _past_its_time(job, exit_, timeout_s)
+
+
+def _classify(
+    job: ObservedJob,
+    *,
+    now: float,
+    stuck_pending_s: float,
+    harness_started_at: float | None,
+    timeout_s: float | None,
+) -> Exit | None:
     if job.complete:
         return Exit(ExitKind.EXITED, 0, "job succeeded")
     pod = job.newest_pod()

@@ -35,6 +35,7 @@ from harnessrl.controller.kubernetes import manifests
 from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.kubernetes.job_template import normalize_template
 from harnessrl.controller.kubernetes.names import (
+    KEY_DIGEST_ANNOTATION,
     WRITTEN_AT_ANNOTATION,
     attempt_labels,
     label_selector,
@@ -56,6 +57,10 @@ from harnessrl.errors import ConfigError, Conflict, UpstreamError
 
 log = logging.getLogger(__name__)
 
+# Tries of one delete the API refuses for a while (429, a 5xx): a Job whose delete failed once at
+# shutdown (aclose) was left running to its deadline, with no reconcile pass left to sweep it.
+DELETE_TRIES = 4
+
 
 def _default_api_client() -> k8s.ApiClient:
     """In-cluster service account if there is one, else the user's kubeconfig."""
@@ -75,6 +80,15 @@ def _default_api_client() -> k8s.ApiClient:
 def _settle(future: asyncio.Future, value: Any = None, exc: BaseException | None = None) -> None:
     if not future.done():
         future.set_exception(exc) if exc is not None else future.set_result(value)
+
+
+def _status_message(exc: ApiException) -> str:
+    """The ``message`` of the API's Status body, if it sent one."""
+    try:
+        body = json.loads(exc.body) if exc.body else {}
+    except ValueError:
+        return ""
+    return str(body.get("message") or "") if isinstance(body, dict) else ""
 
 
 def _transient(exc: ApiException) -> bool:
@@ -101,6 +115,9 @@ class _Attempt:
     harness_started_at: float | None = None  # earliest start of the harness container seen in a pod
     create_failures: int = 0  # transient create refusals in a row (429, 5xx, quota): back off
     retry_at: float = 0.0  # time.monotonic() before which the create is not tried again
+    # time.monotonic() of the first of the 429/5xx refusals of its create in a row: past
+    # ``stuck_pending_s`` of them the launch fails (it waited for an answer forever)
+    erroring_since: float | None = None
 
 
 class KubernetesRunHandle:
@@ -201,11 +218,18 @@ class KubernetesRunner:
         return json.loads(await self._call(fn, *args, **kwargs) or b"{}")
 
     async def _delete(self, fn: Callable[..., Any], name: str) -> None:
-        try:
-            await self._api(fn, name, self.config.namespace, propagation_policy="Background")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
+        """Delete ``name`` (gone already is fine); a refusal that passes by itself (429, a 5xx) is
+        tried again, ``DELETE_TRIES`` times in all, with a short back-off."""
+        for tries in range(1, DELETE_TRIES + 1):
+            try:
+                await self._api(fn, name, self.config.namespace, propagation_policy="Background")
+                return
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                if not _transient(exc) or tries == DELETE_TRIES:
+                    raise
+            await asyncio.sleep(min(self.config.poll_interval_s, 0.25 * 2**tries))
 
     # ---- lifecycle ----------------------------------------------------------------------------
     async def start(self) -> None:
@@ -222,13 +246,31 @@ class KubernetesRunner:
                 log.warning(
                     "kubernetes runner: no network_policy configured; harness egress is not restricted"
                 )
-            await self._full_list()
+            try:
+                await self._full_list()
+            except ApiException as exc:
+                raise self._list_error(exc) from exc
             self._started_at = self._clock()
             self._watch_thread = threading.Thread(
                 target=self._watch_jobs, name="harnessrl-k8s-watch", daemon=True
             )
             self._watch_thread.start()
             self._task = asyncio.create_task(self._reconcile_loop(), name="harnessrl-k8s-reconcile")
+
+    def _list_error(self, exc: ApiException) -> ConfigError | UpstreamError:
+        """A first list the API refused, as a clear error (it reached ``launch`` as a bare
+        ``ApiException``): throttled or a server error (``UpstreamError``, the next launch tries
+        again), else the config's (no RBAC to list jobs, secrets or pods; ``ConfigError``)."""
+        where = f"in namespace {self.config.namespace!r}"
+        what = f"{exc.status} {exc.reason} {_status_message(exc)}".strip()
+        if _transient(exc):
+            return UpstreamError(
+                f"Kubernetes API could not list the run's Jobs, Secrets and pods {where}: {what}"
+            )
+        return ConfigError(
+            f"cannot list the run's Jobs, Secrets and pods {where}: {what} (the service account needs "
+            "jobs list/watch, secrets list and pods list there: docs/kubernetes.md, RBAC)"
+        )
 
     async def _ensure_network_policy(self) -> None:
         np = self.config.network_policy
@@ -364,8 +406,10 @@ class KubernetesRunner:
         _settle(attempt.done, Exit(kind, None, f"killed by harnessrl ({kind.value})"))
         _settle(attempt.created)
         self._attempts.pop(attempt.name, None)
-        await self._delete(self._batch.delete_namespaced_job, attempt.name)
-        await self._delete(self._core.delete_namespaced_secret, attempt.name)
+        try:
+            await self._delete(self._batch.delete_namespaced_job, attempt.name)
+        finally:  # the Secret holds the key: deleted even if the Job's delete failed
+            await self._delete(self._core.delete_namespaced_secret, attempt.name)
 
     # ---- reconcile ----------------------------------------------------------------------------
     def _kick(self) -> None:
@@ -437,6 +481,14 @@ class KubernetesRunner:
         )
 
     async def _reconcile_once(self) -> None:
+        for attempt in list(self._attempts.values()):  # before plan() would adopt another's Job
+            job_seen = self._jobs.get(attempt.name)
+            if (
+                not attempt.is_created
+                and job_seen is not None
+                and self._foreign(attempt, job_seen.annotations)
+            ):
+                self._refuse_foreign(attempt)
         observed = attach_pods(self._jobs, self._pods)
         desired = [self._desired(a, observed.get(a.name)) for a in self._attempts.values()]
         now = self._clock()
@@ -478,6 +530,27 @@ class KubernetesRunner:
         for result in results:
             if isinstance(result, Exception):
                 log.warning("kubernetes reconcile action failed: %s", result)
+
+    @staticmethod
+    def _foreign(attempt: _Attempt, annotations: Any) -> bool:
+        """A Job of the attempt's name made for another rollout key: another store's rollout of the
+        same id under the same run id (a run started afresh, a second deployment). Jobs without the
+        digest (older harnessrl) are taken as the attempt's, as before."""
+        theirs = (annotations or {}).get(KEY_DIGEST_ANNOTATION)
+        return theirs is not None and theirs != attempt.job["metadata"]["annotations"][KEY_DIGEST_ANNOTATION]
+
+    def _refuse_foreign(self, attempt: _Attempt) -> None:
+        """Fail the launch with a ``ConfigError``: adopting the Job would record another rollout's
+        outcome and log as this attempt's (and writing the Secret would hand that Job this key)."""
+        self._attempts.pop(attempt.name, None)
+        error = ConfigError(
+            f"Job {attempt.name} in namespace {self.config.namespace!r} was made for another rollout "
+            f"with the id {attempt.launch.rollout_id!r} (attempt {attempt.launch.attempt}) and another "
+            f"key: another store's run uses kubernetes.run_id {self.config.run_id!r} in this namespace "
+            "too; give each run its own kubernetes.run_id"
+        )
+        _settle(attempt.created, exc=error)
+        _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
 
     def _secret_grace_s(self) -> float:
         """How old (since last written) a Secret with no Job must be before any runner of the run
@@ -558,6 +631,15 @@ class KubernetesRunner:
 
         await asyncio.to_thread(write)
 
+    async def _foreign_job_exists(self, attempt: _Attempt) -> bool:
+        try:
+            job = await self._api(self._batch.read_namespaced_job, attempt.name, self.config.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return self._foreign(attempt, (job.get("metadata") or {}).get("annotations"))
+
     def _start_create(self, attempt: _Attempt) -> asyncio.Task[None]:
         task = asyncio.create_task(self._create(attempt), name=f"harnessrl-k8s-create-{attempt.name}")
         self._creating.add(task)
@@ -569,13 +651,20 @@ class KubernetesRunner:
         # Stamped on every try: the grace that keeps other runners from sweeping it counts from here.
         attempt.secret["metadata"]["annotations"][WRITTEN_AT_ANNOTATION] = f"{self._clock():.3f}"
         adopting = False
+        wrote_secret = False  # the Secret under this name is this attempt's (created or rewritten)
         try:
             try:
                 await self._api(self._core.create_namespaced_secret, ns, attempt.secret)
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+                # Ours to rewrite unless another store's Job of this name uses it: its pod may not
+                # have started yet, and would start with this attempt's key and task.
+                if await self._foreign_job_exists(attempt):
+                    self._refuse_foreign(attempt)
+                    return
                 await self._api(self._core.replace_namespaced_secret, name, ns, attempt.secret)
+            wrote_secret = True
             try:
                 job = await self._api(self._batch.create_namespaced_job, ns, attempt.job)
             except ApiException as exc:
@@ -583,7 +672,31 @@ class KubernetesRunner:
                     raise
                 adopting = True
                 job = await self._api(self._batch.read_namespaced_job, name, ns)
+                if self._foreign(attempt, (job.get("metadata") or {}).get("annotations")):
+                    self._refuse_foreign(attempt)
+                    with contextlib.suppress(Exception):  # ours, under its name: its own was gone
+                        await self._delete(self._core.delete_namespaced_secret, name)
+                    return
         except ApiException as exc:
+            if exc.status == 429 or exc.status >= 500:
+                now = time.monotonic()
+                attempt.erroring_since = attempt.erroring_since or now
+                if now - attempt.erroring_since >= self.config.stuck_pending_s:
+                    # An API that only errs (a failing admission webhook answers 500 to every
+                    # create) left the launch waiting forever: an infrastructure failure, like a
+                    # pod stuck pulling its image this long.
+                    await self._fail_create(
+                        attempt,
+                        UpstreamError(
+                            f"Kubernetes API refused to create {name} for "
+                            f"{now - attempt.erroring_since:.0f}s (stuck_pending_s): {exc.status} "
+                            f"{exc.reason} {_status_message(exc)}".strip()
+                        ),
+                        wrote_secret=wrote_secret,
+                    )
+                    return
+            else:
+                attempt.erroring_since = None
             # A 404 on reading the Job a 409 said exists: it was being deleted (a predecessor's, killed
             # or swept) and is gone now, so the name is free again: create it on a later pass.
             if _transient(exc) or (adopting and exc.status == 404):
@@ -592,16 +705,13 @@ class KubernetesRunner:
                 backoff = min(self.config.poll_interval_s, 0.25 * 2**attempt.create_failures)
                 attempt.retry_at = time.monotonic() + backoff
                 raise  # logged; a pass after the back-off tries again
-            self._attempts.pop(name, None)
-            with contextlib.suppress(Exception):  # the Secret may exist already; it has no use now
-                await self._delete(self._core.delete_namespaced_secret, name)
             error = ConfigError(
                 f"Kubernetes rejected {name}: {exc.status} {exc.reason} {exc.body or ''}".strip()
             )
-            _settle(attempt.created, exc=error)  # launch() raises it
-            _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
+            await self._fail_create(attempt, error, wrote_secret=wrote_secret)
             return
         attempt.create_failures = 0
+        attempt.erroring_since = None
         self._jobs.setdefault(name, parse_job(job))
         owner = {"metadata": {"ownerReferences": [manifests.owner_reference(job)]}}
         try:  # so the garbage collector removes the Secret with the Job (TTL) if we never do
@@ -618,6 +728,16 @@ class KubernetesRunner:
         if attempt.done.done():  # killed while the create was in flight: do not leave it running
             await self._delete(self._batch.delete_namespaced_job, name)
             await self._delete(self._core.delete_namespaced_secret, name)
+
+    async def _fail_create(self, attempt: _Attempt, error: Exception, *, wrote_secret: bool) -> None:
+        """The create is given up: ``launch()`` raises ``error``. A Job a 5xx may have created after
+        all carries this runner's id and no attempt wants it: the orphan sweep deletes it."""
+        self._attempts.pop(attempt.name, None)
+        if wrote_secret:  # it has no use now (one we did not write may be another store's Job's)
+            with contextlib.suppress(Exception):
+                await self._delete(self._core.delete_namespaced_secret, attempt.name)
+        _settle(attempt.created, exc=error)  # launch() raises it
+        _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
 
     # ---- watch (own thread) -------------------------------------------------------------------
     def _on_event(self, type_: str, obj: dict[str, Any]) -> None:
