@@ -115,9 +115,16 @@ class _Builder:
         self.messages.append(message)
 
     def reasoning(self, text: str) -> None:
-        if self.turn is not None:
-            self.flush()  # reasoning always opens an answer
-        self.turn = {"role": "assistant", "content": "", "reasoning_content": text}
+        # A reasoning item joins the answer that is open: one answer's items may hold reasoning after
+        # its text or calls (GLM-4.5's parser gives reasoning, message, function_call, reasoning).
+        # Opening a new turn there put an empty assistant turn, never sampled, into the next prompt.
+        # Answers are separated by the items between them (a tool output, a user message), which
+        # flush the turn.
+        if self.turn is None:
+            self.turn = {"role": "assistant", "content": "", "reasoning_content": text}
+            return
+        before = self.turn.get("reasoning_content")
+        self.turn["reasoning_content"] = f"{before}\n{text}" if before else text
 
     def assistant_text(self, text: str) -> None:
         # Text after this answer's function calls still belongs to it: harnesses replay output items

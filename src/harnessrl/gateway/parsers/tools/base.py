@@ -12,10 +12,11 @@ import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Protocol
 
 from harnessrl.errors import BadRequest
-from harnessrl.gateway.json_input import json_problem, parse_json
+from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN, json_problem, parse_json
 
 #: The request's tools in OpenAI's chat shape (``{"type": "function", "function": {"name",
 #: "parameters"}}``). Parsers of formats that write arguments as text (Qwen3-Coder's XML, GLM's
@@ -131,6 +132,36 @@ def arguments_fit(arguments: dict[str, Any]) -> bool:
     return json_problem(echoed) is None
 
 
+def echo_stable(value: Any) -> Any:
+    """``value`` with every integral float written as the integer its decimal spells, where that is
+    within 64 bits (``30.0``, ``1e2``, ``-0.0`` and ``9.223372036854775e18`` as ``30``, ``100``,
+    ``0`` and ``9223372036854775000``), so a harness's JSON round trip gives it back as it was.
+
+    A harness in JavaScript (``JSON.parse`` then ``JSON.stringify``) or Go (``encoding/json`` with
+    ``float64``) sends an integral number back without a fraction, spelled by its shortest decimal,
+    and history matching compares parsed values, where ``30.0`` is not ``30``: the next call would
+    not continue the answer and the chain would break. JSON has one number type, and the shortest
+    decimal (``repr``) is the number the model wrote, so this is the same value; the typed formats
+    (``schema_values``) already write an integral ``number`` as an integer. Past 64 bits a float
+    stays a float (an integer there would be refused). Only for arguments that passed
+    ``arguments_fit`` (bounded depth)."""
+    if isinstance(value, float):
+        if not value.is_integer():
+            return value
+        whole = int(Decimal(repr(value)))
+        return whole if INT64_MIN <= whole <= INT64_MAX else value
+    if isinstance(value, dict):
+        return {key: echo_stable(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [echo_stable(item) for item in value]
+    return value
+
+
+def arguments_json(arguments: dict[str, Any]) -> str:
+    """A call's arguments (that fit an echo) as the JSON text the harness receives (``echo_stable``)."""
+    return json.dumps(echo_stable(arguments), ensure_ascii=False)
+
+
 def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
     """The call, with arguments a JSON object (given parsed or as a JSON string) that fits an echo
     (``arguments_fit``), else None."""
@@ -140,7 +171,7 @@ def call_with_arguments(name: str, arguments: Any) -> ToolCall | None:
             return None
     if not isinstance(arguments, dict) or not arguments_fit(arguments):
         return None
-    return ToolCall(name=name, arguments=json.dumps(arguments, ensure_ascii=False))
+    return ToolCall(name=name, arguments=arguments_json(arguments))
 
 
 def call_from_json(data: Any, argument_keys: tuple[str, ...]) -> ToolCall | None:

@@ -28,7 +28,6 @@ caller, until a third format wants it in a module of its own. The schema typing 
 
 from __future__ import annotations
 
-import json
 import re
 
 from harnessrl.gateway.parsers.tools.base import (
@@ -38,6 +37,7 @@ from harnessrl.gateway.parsers.tools.base import (
     ToolCallEvent,
     Tools,
     arguments_fit,
+    arguments_json,
     partial_suffix,
 )
 from harnessrl.gateway.parsers.tools.schema_values import typed_arguments
@@ -128,9 +128,7 @@ class TaggedBlockParser:
                 typed = [(name, typed_arguments(self.tools, name, raw)) for name, raw in self._calls]
                 if all(arguments_fit(arguments) for _, arguments in typed):
                     for name, arguments in typed:
-                        events.append(
-                            ToolCallEvent(ToolCall(name, json.dumps(arguments, ensure_ascii=False)))
-                        )
+                        events.append(ToolCallEvent(ToolCall(name, arguments_json(arguments))))
                 else:
                     outcome = "unfit"  # a value the next request could not carry: text, as a broken block
             if outcome != "done":  # broken at _pos: the block so far is text, read on from there as content

@@ -13,8 +13,7 @@ import json
 import math
 from typing import Any
 
-from harnessrl.gateway.json_input import INT64_MAX, INT64_MIN
-from harnessrl.gateway.parsers.tools.base import Tools, model_json
+from harnessrl.gateway.parsers.tools.base import Tools, echo_stable, model_json
 
 # vLLM's spellings of JSON-schema types (``coerce_to_schema_type``), so a loosely written schema
 # types a value the same way there and here.
@@ -107,8 +106,9 @@ def coerce_value(value: str, schema: dict[str, Any]) -> Any:
             except ValueError:
                 continue
             if math.isfinite(number):
-                # An integral number is written as an integer where one can be (1e30 stays a float).
-                return int(number) if number.is_integer() and INT64_MIN <= number <= INT64_MAX else number
+                # An integral number is written as an integer where one can be (1e30 stays a float),
+                # the one its decimal spells (``echo_stable``: what a harness's round trip keeps).
+                return echo_stable(number)
         if candidate == "boolean":
             word = value.lower().strip()
             if word in ("true", "1", "false", "0"):
