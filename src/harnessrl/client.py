@@ -218,15 +218,15 @@ class GatewayClient:
     # Any gateway takes these for every gateway sharing its store (docs/scale.md).
 
     def pause(self, timeout: float | None = None) -> dict[str, Any]:
-        """Hold new model calls on every gateway; returns once in-flight calls drained (``drained``)
-        or after ``timeout``. ``Conflict`` if a resume overtook it (then do not update weights)."""
+        """Hold new model calls on every gateway of this gateway's gate (``gateway.gate``); returns
+        once in-flight calls drained (``drained``) or after ``timeout``. ``Conflict`` if a resume overtook it (then do not update weights)."""
         params: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
         http_timeout = None if timeout is None else timeout + 60.0
         return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
 
     def resume(self, *, policy_version: int | None = None, rewind: bool = False) -> dict[str, Any]:
-        """Release held calls on every gateway. ``policy_version``: the trainer updated a shared remote
-        engine itself; every gateway labels calls from now on with this version. ``rewind``: it is
+        """Release held calls on every gateway of this gateway's gate. ``policy_version``: the
+        trainer updated a shared remote engine itself; every gateway labels calls from now on with this version. ``rewind``: it is
         an older version than the gateways serve (a restored checkpoint), accept it anyway."""
         params: dict[str, Any] = {}
         if policy_version is not None:

@@ -209,6 +209,10 @@ class GatewayConfig(Section):
     # non-empty list is refused with a message saying so.
     workers: int = Field(default=1, ge=1, le=64)
     lease_s: float = Field(default=10.0, gt=0, le=3600, allow_inf_nan=False)
+    # The store's gate these gateways pause, resume and version together (``store.gate``): give each
+    # run sharing a store its own (its run name, say) so one run's pause neither holds nor reopens
+    # another's gateways. Every gateway of a run (and its trainer's) names the same one.
+    gate: str = Field(default="default", pattern=r"^[A-Za-z0-9._:-]{1,200}$")
     peers: list[str] = Field(default_factory=list)
 
     @field_validator("admin_key")

@@ -444,12 +444,12 @@ def test_an_old_writers_rows_in_a_migrated_store_are_repaired(shared_store_facto
     url = shared_store_factory.url
     trace = _numbered(agent_trace("r", 5, system=30, observation=5, answer=3))
     other = _numbered(agent_trace("o", 2, system=20, observation=5, answer=3))
-    _chained_rollout(url, "r", trace[:2], target=SCHEMA_VERSION - 1)
-    _chained_rollout(url, "o", other, target=SCHEMA_VERSION - 1)
+    _chained_rollout(url, "r", trace[:2], target=7)
+    _chained_rollout(url, "o", other, target=7)
     with raw_connection(url) as (conn, mark):  # the old gateway's calls, accepted by schema 7
         for call in trace[2:4]:
             insert(conn, mark, "calls", whole_call_row(call))
-    assert stored_version(url) == SCHEMA_VERSION - 1
+    assert stored_version(url) == 7  # the schema before the chained rows were repaired
 
     store = shared_store_factory()  # migrates to the current version on open
     assert stored_version(url) == SCHEMA_VERSION

@@ -76,7 +76,12 @@ class GatewayState:
 
     def __post_init__(self) -> None:
         self.cluster = Cluster(
-            self.store, self.gate, self.engine, lease_s=self.config.lease_s, shared=self.shared_store
+            self.store,
+            self.gate,
+            self.engine,
+            lease_s=self.config.lease_s,
+            shared=self.shared_store,
+            gate_name=self.config.gate,
         )
         self.metrics.read_gauges_from(self.gate, self.engine)
         # Another gateway may have recorded this rollout's latest calls: check the store.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from harnessrl.errors import InvalidTransition
 from harnessrl.schemas import Call, Outcome, PolicyVersion, Rollout, RolloutStatus, Run, Task, ToolRequest
+from harnessrl.store.gate import DEFAULT_GATE
 
 if TYPE_CHECKING:
     from harnessrl.store.chains import EncodedItems
@@ -221,21 +222,27 @@ class Store(Protocol):
     # -- the gate shared by the gateways (``store.gate``) -------------------------------------------
     notifies_gate: bool  # whether ``watch_gate`` pushes changes (PostgreSQL) or callers poll (SQLite)
 
-    def read_gate(self) -> GateState: ...
+    def read_gate(self, gate: str = DEFAULT_GATE) -> GateState: ...
 
     def command_gate(
-        self, *, paused: bool, policy_version: int | None = None, rewind: bool = False
+        self,
+        *,
+        paused: bool,
+        policy_version: int | None = None,
+        rewind: bool = False,
+        gate: str = DEFAULT_GATE,
     ) -> GateState:
-        """Pause or open the gate as one new command (``Conflict`` for a version going backwards)."""
+        """Pause or open the gate ``gate`` as one new command (``Conflict`` for a version going
+        backwards); other gates are untouched."""
         ...
 
     def beat(self, row: GatewayRow, *, notify: bool) -> None: ...
 
-    def leave_gate(self, gateway_id: str) -> None: ...
+    def leave_gate(self, gateway_id: str, gate: str = DEFAULT_GATE) -> None: ...
 
-    def list_gateways(self) -> list[GatewayRow]: ...
+    def list_gateways(self, gate: str = DEFAULT_GATE) -> list[GatewayRow]: ...
 
-    def read_gate_and_gateways(self) -> tuple[GateState, list[GatewayRow]]: ...
+    def read_gate_and_gateways(self, gate: str = DEFAULT_GATE) -> tuple[GateState, list[GatewayRow]]: ...
 
     def watch_gate(self, callback: Callable[[str], None]) -> Callable[[], None] | None:
         """Notify ``callback(payload)`` of gate, ack and member changes; ``None`` where the backend

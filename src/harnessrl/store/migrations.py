@@ -29,7 +29,7 @@ from harnessrl.errors import HarnessRLError
 from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,6 +434,33 @@ ALTER TABLE calls ALTER COLUMN prompt_len DROP DEFAULT;
 {_REPAIR_OLD_SHAPE}
 """
 
+# Version 9: one gate per name (``gateway.gate``: a run's own), not one per store, so two runs sharing
+# a store no longer pause, reopen and version each other's gateways. ``gate`` is rebuilt keyed by
+# ``name`` (its one row becomes the gate ``default``, which every gateway of an older config serves);
+# ``gateways`` names each row's gate (``default`` for the rows there). A gateway of an older
+# harnessrl still running reads ``gate WHERE id = 1``, which is gone: its reads and commands fail
+# loudly instead of following a gate nobody commands any more.
+_V9_SQLITE = """
+CREATE TABLE gate_v9 (
+    name            TEXT NOT NULL PRIMARY KEY,
+    paused          INTEGER NOT NULL,
+    policy_version  INTEGER,
+    command         INTEGER NOT NULL,
+    updated_at      REAL NOT NULL
+);
+INSERT INTO gate_v9 (name, paused, policy_version, command, updated_at)
+    SELECT 'default', paused, policy_version, command, updated_at FROM gate;
+DROP TABLE gate;
+ALTER TABLE gate_v9 RENAME TO gate;
+ALTER TABLE gateways ADD COLUMN gate TEXT NOT NULL DEFAULT 'default';
+CREATE INDEX gateways_gate ON gateways (gate)
+"""
+_V9_POSTGRES = (
+    _V9_SQLITE.replace("policy_version  INTEGER", "policy_version  BIGINT")
+    .replace("command         INTEGER", "command         BIGINT")
+    .replace("REAL", "DOUBLE PRECISION")
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "initial schema", _V1_SQLITE, _V1_POSTGRES),
     Migration(
@@ -469,6 +496,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         _V8_SQLITE,
         _V8_POSTGRES,
     ),
+    Migration(9, "one gate per name (a run's own), gateways' rows naming theirs", _V9_SQLITE, _V9_POSTGRES),
 )
 assert [m.version for m in MIGRATIONS] == list(range(1, SCHEMA_VERSION + 1))
 

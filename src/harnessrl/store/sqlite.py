@@ -36,7 +36,7 @@ from harnessrl.errors import ConfigError, NotFound
 from harnessrl.schemas import Call, Rollout
 from harnessrl.store.chains import EncodedItems, pack_call
 from harnessrl.store.codecs import is_storable_key, rollout_from_row
-from harnessrl.store.gate import GateState
+from harnessrl.store.gate import DEFAULT_GATE, GateState, check_gate
 from harnessrl.store.migrations import migrate_sqlite
 from harnessrl.store.sql import SQLStore, StatusFilter
 
@@ -154,12 +154,13 @@ class SQLiteStore(SQLStore):
             raise
         return self._add_packed(call, packed, _committed(conn))
 
-    def read_gate(self) -> GateState:
+    def read_gate(self, gate: str = DEFAULT_GATE) -> GateState:
         """The gate, on this thread's own connection (as ``get_rollout_by_key``): it never waits for
         a write, so a gateway's event loop reads it directly, 20 times a second (``Cluster``)."""
         if not self.reads_at_once:
-            return super().read_gate()
-        return self._gate_on(self._reader())
+            return super().read_gate(gate)
+        check_gate(gate)
+        return self._gate_on(self._reader(), gate)
 
     def _reader(self) -> sqlite3.Connection:
         """This thread's read-only connection (autocommit: each read sees every commit before it)."""

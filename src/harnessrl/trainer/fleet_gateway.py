@@ -85,12 +85,13 @@ async def load_weights(
 
 
 async def announce_start(gateway: GatewayControl) -> None:
-    """Open every gateway's gate on the store, telling those in front of shared servers that the
-    run starts at version 0.
+    """Open the gate of the run's gateways (``gateway.gate``) in the store, telling those in front
+    of shared servers that the run starts at version 0. Gateways of other gates on the store (other
+    runs') are untouched.
 
-    The store's gate outlives runs. It may be closed: a run killed inside a pause (SIGKILL, the
-    kernel's OOM killer during a step) never resumed it, and every gateway on the store, this run's
-    included, comes up paused; no publish of a run resumed before its first checkpoint would open
+    The gate outlives runs. It may be closed: a run killed inside a pause (SIGKILL, the kernel's OOM
+    killer during a step) never resumed it, and every gateway of that gate, this run's included,
+    comes up paused; no publish of a run resumed before its first checkpoint would open
     it, so its calls would wait until their rollouts' deadline. A gateway in front of shared
     servers adopts the gate's live version on start, which on a store reused from an earlier run is
     that run's last one. A run starts from its own weights (a resumed run publishes its

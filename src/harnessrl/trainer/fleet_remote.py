@@ -21,6 +21,7 @@ from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, WeightUpdate
 from harnessrl.errors import ConfigError
 from harnessrl.store.base import Store
+from harnessrl.store.gate import DEFAULT_GATE
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
 from harnessrl.trainer.fleet_gateway import GatewayFleet, announce_start
 
@@ -60,7 +61,10 @@ def check_same_store(state: dict[str, Any], store: Store, gateway_url: str, stor
     from harnessrl.store.postgres import redact
 
     theirs = {state.get("gateway_id")} | {g.get("gateway_id") for g in state.get("gateways") or []}
-    _, rows = store.read_gate_and_gateways()
+    # Among the rows of the gate that gateway serves (``gateway.gate``; a gateway of a harnessrl
+    # before per-run gates names none: the default one).
+    gate = state.get("gate")
+    _, rows = store.read_gate_and_gateways(gate if isinstance(gate, str) else DEFAULT_GATE)
     if not theirs & {row.gateway_id for row in rows}:
         raise ConfigError(
             f"trainer.gateway_url: the gateway at {gateway_url} does not use the run's store "

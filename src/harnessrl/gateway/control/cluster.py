@@ -1,8 +1,10 @@
-"""Every gateway sharing a store as one: the gate's state and the membership live in the store.
+"""Every gateway of one gate as one: the gate's state and the membership live in the store.
 
-The store holds the gate (paused or open, the live policy version, a command counter that every
-pause or resume increments in its transaction) and one heartbeat row per gateway process
-(``store.gate``, written by ``gateway.control.heartbeat``). ``Cluster`` is one gateway's side of it:
+The store holds one gate per name (``gateway.gate``; paused or open, the live policy version, a
+command counter that every pause or resume of it increments in its transaction) and one heartbeat
+row per gateway process naming its gate (``store.gate``, written by ``gateway.control.heartbeat``).
+Gateways of other gates on the same store (another run's) are neither paused, resumed nor waited
+for, and their notifications are ignored. ``Cluster`` is one gateway's side of its gate:
 
 - On start it listens for the store's notifications (PostgreSQL ``LISTEN``), registers its row (so
   a pause committed from then on waits for its ack), then reads the gate and applies it to its own
@@ -25,9 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
+from typing import TypeVar
 
 import anyio.to_thread
 
@@ -36,9 +40,10 @@ from harnessrl.gateway.control.drain import acked_quiet, check_not_overtaken, ne
 from harnessrl.gateway.control.heartbeat import Ack, Heartbeat
 from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.store.base import Store
-from harnessrl.store.gate import GateState, GatewayRow, parse_command_payload
+from harnessrl.store.gate import DEFAULT_GATE, GateState, GatewayRow, parse_command_payload, payload_gate
 
 log = logging.getLogger("harnessrl.gateway")
+T = TypeVar("T")
 
 #: Seconds between looks at the gate when the store notifies (the backstop for a lost notification).
 BACKSTOP_S = 5.0
@@ -58,12 +63,14 @@ class Cluster:
         lease_s: float = 10.0,
         shared: bool = False,
         clock: Callable[[], float] = time.time,
+        gate_name: str = DEFAULT_GATE,
     ) -> None:
         self.store = store
         self.gate = gate
         self.engine = engine
         self.clock = clock
-        self.heartbeat = Heartbeat(store, lease_s=lease_s, clock=clock)
+        self.gate_name = gate_name  # the store's gate this gateway serves under (``gateway.gate``)
+        self.heartbeat = Heartbeat(store, lease_s=lease_s, clock=clock, gate=gate_name)
         self.applied = 0  # the last command applied to ``gate``
         self._shared = shared
         # No other process can reach the gate (SQLite in memory): only the backstop's timer is needed.
@@ -113,6 +120,9 @@ class Cluster:
         listening = asyncio.Event()
 
         def notified(payload: str) -> None:  # on the listener's thread
+            about = payload_gate(payload)
+            if about is not None and about != self.gate_name:
+                return  # another gate's (another run's) command, ack or leave
             if not self._waiters and payload.startswith(("ack ", "leave ")):
                 return  # only a pause waiting for a drain cares (16 gateways: 16 acks x 16 loops)
             with contextlib.suppress(RuntimeError):  # the loop closed under a late notification
@@ -208,9 +218,21 @@ class Cluster:
         await self.ack()
 
     async def _read_gate(self) -> GateState:
+        read = self._of_gate(self.store.read_gate)
         if self.store.reads_at_once:  # a local file: the poll's read costs less than a thread hop
-            return self.store.read_gate()
-        return await anyio.to_thread.run_sync(self.store.read_gate)
+            return read()
+        return await anyio.to_thread.run_sync(read)
+
+    def _gate_kwargs(self) -> dict[str, str]:
+        return {} if self.gate_name == DEFAULT_GATE else {"gate": self.gate_name}
+
+    def _of_gate(self, method: Callable[..., T]) -> Callable[[], T]:
+        """The store's ``method`` (``read_gate``, ``read_gate_and_gateways``) for this gateway's gate.
+        The default gate's calls name none, as before gates had names (a store's wrapper of that
+        time still serves a gateway of the default gate)."""
+        if self.gate_name == DEFAULT_GATE:
+            return method
+        return functools.partial(method, self.gate_name)
 
     def apply(self, state: GateState) -> int:
         """Put ``gate`` (and the engine's version) in ``state`` if it is newer; calls released."""
@@ -246,7 +268,9 @@ class Cluster:
     ) -> tuple[GateState, int]:
         """Commit a pause or resume, apply it here at once and ack it; (the gate, calls released)."""
         state = await anyio.to_thread.run_sync(
-            lambda: self.store.command_gate(paused=paused, policy_version=policy_version, rewind=rewind)
+            lambda: self.store.command_gate(
+                paused=paused, policy_version=policy_version, rewind=rewind, **self._gate_kwargs()
+            )
         )
         self.apply(state)  # unless its own notification, arriving first, applied it already
         await self.ack()
@@ -254,7 +278,7 @@ class Cluster:
         return state, released if command == state.command else 0
 
     async def wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
-        """Wait until every live gateway acked the gate's current pause quiet, or ``timeout`` passed:
+        """Wait until every live gateway of this gate acked its current pause quiet, or ``timeout`` passed:
         (drained, the gate, the live gateways). ``Conflict`` once a resume overtook the pause."""
         self._waiters += 1
         try:
@@ -268,7 +292,7 @@ class Cluster:
         while True:
             event = self._changed()
             await self.ack()
-            state, rows = await anyio.to_thread.run_sync(self.store.read_gate_and_gateways)
+            state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))
             self.apply(state)
             check_not_overtaken(command, state)
             now = self.clock()
@@ -282,8 +306,8 @@ class Cluster:
                 await asyncio.wait_for(event.wait(), wait)
 
     async def members(self) -> tuple[GateState, list[GatewayRow]]:
-        """The gate and the live gateways, as the store has them now."""
-        state, rows = await anyio.to_thread.run_sync(self.store.read_gate_and_gateways)
+        """This gate and its live gateways, as the store has them now."""
+        state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))
         now = self.clock()
         return state, [self.fresh(r) for r in rows if r.live(now)]
 

@@ -1,4 +1,4 @@
-"""Pausing and resuming every gateway sharing the store: one implementation, two doors.
+"""Pausing and resuming every gateway of this gateway's gate (``gateway.gate``): one implementation, two doors.
 
 The control API (``POST /api/pause``, ``/api/resume``) and a trainer in the same process
 (``GatewayHandle``) run the same two functions, so a trainer that hosts its gateway and one that
@@ -39,6 +39,7 @@ def gateway_state_json(state: GatewayState) -> dict[str, Any]:
         "context_length": state.engine.context_length,
         "uptime_s": round(state.uptime(), 3),
         "gateway_id": state.cluster.gateway_id,
+        "gate": state.cluster.gate_name,  # the store's gate this gateway serves under (``gateway.gate``)
         "command": state.cluster.applied,  # the last pause/resume this gateway applied
     }
 
@@ -75,7 +76,7 @@ async def cluster_state_json(state: GatewayState) -> dict[str, Any]:
 
 
 async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
-    """Pause every gateway sharing the store; answer once all drained or ``timeout`` passed.
+    """Pause every gateway of this gateway's gate; answer once all drained or ``timeout`` passed.
 
     ``drained: false`` in the answer means some live gateway still had calls in flight or had not
     acked (``client.check_drained`` turns that into an error naming them). ``Conflict`` if a resume
@@ -98,7 +99,7 @@ async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
 async def resume_gateways(
     state: GatewayState, *, policy_version: int | None = None, rewind: bool = False
 ) -> dict[str, Any]:
-    """Open every gateway's gate (the last committed command wins any race).
+    """Open the gate of every gateway of this gateway's gate (the last committed command wins any race).
 
     ``policy_version``: the version the trainer just loaded into a remote engine these gateways
     share (publishing it); each gateway records calls under it from now on. A gateway whose engine

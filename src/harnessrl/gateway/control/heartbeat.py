@@ -1,7 +1,7 @@
 """One gateway's heartbeat row in the store: who it is, what it acked, and its lease.
 
 Each gateway process keeps one row among the store's gateways (``store.gate``): its id (host,
-process, a random suffix), where it answers, the pause/resume command it applied, whether it is
+process, a random suffix), the gate it serves under (``gateway.gate``), where it answers, the pause/resume command it applied, whether it is
 quiet (paused, no call in flight), and until when its lease runs. ``Heartbeat`` writes the row when
 the ack changes or every third of the lease, and deletes it on a clean shutdown; ``gateway.control.cluster``
 decides what is acked.
@@ -29,7 +29,7 @@ import anyio.to_thread
 
 from harnessrl.gateway.control.pause import PauseGate
 from harnessrl.store.base import Store
-from harnessrl.store.gate import GatewayRow
+from harnessrl.store.gate import DEFAULT_GATE, GatewayRow, check_gate
 
 
 @dataclass(frozen=True)
@@ -54,9 +54,16 @@ class Heartbeat:
     """This gateway's row among the store's gateways."""
 
     def __init__(
-        self, store: Store, *, lease_s: float = 10.0, clock: Callable[[], float] = time.time
+        self,
+        store: Store,
+        *,
+        lease_s: float = 10.0,
+        clock: Callable[[], float] = time.time,
+        gate: str = DEFAULT_GATE,
     ) -> None:
+        check_gate(gate)
         self.store = store
+        self.gate = gate  # the gate this gateway's row is under
         self.lease_s = lease_s
         self.clock = clock
         self.gateway_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -90,6 +97,7 @@ class Heartbeat:
                 policy_version=now_acked.policy_version,
                 lease_until=now + self.lease_s,
                 started_at=self.started_at,
+                gate=self.gate,
             )
             changed = key != self._acked
             await anyio.to_thread.run_sync(lambda: self.store.beat(row, notify=changed))
@@ -104,4 +112,7 @@ class Heartbeat:
 
     async def leave(self) -> None:
         """Delete the row (a clean shutdown: no pause waits for this gateway any more)."""
-        await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id)
+        if self.gate == DEFAULT_GATE:  # named as before gates had names (``Cluster._of_gate``)
+            await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id)
+        else:
+            await anyio.to_thread.run_sync(self.store.leave_gate, self.gateway_id, self.gate)
