@@ -45,9 +45,9 @@ from harnessrl.errors import ConfigError, HarnessRLError, InvalidTransition, Not
 from harnessrl.sandbox.bwrap import check_mounts
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
-from harnessrl.schemas import Rollout, RolloutStatus
+from harnessrl.schemas import Outcome, Rollout, RolloutStatus, now
 from harnessrl.store.base import Store
-from harnessrl.store.damage import CallsUnreadable
+from harnessrl.store.damage import CallsUnreadable, RolloutUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class Controller:
     async def fill(self) -> list[Rollout]:
         """Claim as many queued rollouts as free slots allow and start them."""
         for rollout, error in list(self._unreleased.values()):  # the store is back: record them first
-            await self._infra_failure(rollout, error, judge_ended=False)
+            await self._record_failure(rollout, error)
             self._unreleased.pop(rollout.rollout_id, None)
             if self.on_attempt_done is not None:
                 self.on_attempt_done(rollout.rollout_id)
@@ -220,13 +220,18 @@ class Controller:
             if not self.config.keep_workspaces:  # best effort: the runner kills the harness after this
                 await asyncio.to_thread(discard_attempt_scratch, self._attempt_dir(rollout))
             with contextlib.suppress(HarnessRLError):  # (a later attempt's rollout is not requeued)
-                await asyncio.to_thread(
-                    self.store.requeue_rollout,
-                    rollout.rollout_id,
-                    error="controller shut down",
-                    attempt=rollout.attempt,
-                )
+                try:
+                    await asyncio.to_thread(
+                        self.store.requeue_rollout,
+                        rollout.rollout_id,
+                        error="controller shut down",
+                        attempt=rollout.attempt,
+                    )
+                except RolloutUnreadable as exc:  # no attempt can run it: it must not stay running
+                    await self._fail_unreadable(rollout, exc)
             raise
+        except RolloutUnreadable as exc:  # its row damaged while the attempt ran: no verdict fits in it
+            result = await self._fail_unreadable(rollout, exc)
         except Exception as exc:  # noqa: BLE001 - a bug of ours or the store failing after launch
             # The task ended with its exception never looked at, and the rollout stayed "running" with
             # nothing running it (until this controller shut down): ended here as an infrastructure
@@ -374,15 +379,56 @@ class Controller:
         return None
 
     async def _release(self, rollout: Rollout, error: str) -> Rollout | None:
-        """``_infra_failure``, or, when the store cannot take it now, remembered for the next ``fill``."""
+        """``_record_failure``, or, when the store cannot take it now, remembered for the next ``fill``."""
         try:
-            return await self._infra_failure(rollout, error, judge_ended=False)
+            return await self._record_failure(rollout, error)
         except Exception:  # noqa: BLE001
             log.exception(
                 "rollout %s: could not record its failure; trying again at the next poll", rollout.rollout_id
             )
             self._unreleased[rollout.rollout_id] = (rollout, error)
             return None
+
+    async def _record_failure(self, rollout: Rollout, error: str) -> Rollout | None:
+        """``_infra_failure`` of an attempt that ended with no verdict (a controller error, a store
+        error), or ``_fail_unreadable`` if the rollout's row cannot be read now. (Such an attempt was
+        remembered for the next ``fill`` instead, and failed every ``fill`` after, before its claim:
+        the controller claimed nothing more, for good.)"""
+        try:
+            return await self._infra_failure(rollout, error, judge_ended=False)
+        except RolloutUnreadable as exc:
+            return await self._fail_unreadable(rollout, exc)
+
+    async def _fail_unreadable(self, rollout: Rollout, damage: RolloutUnreadable) -> Rollout | None:
+        """End this attempt of a rollout whose row cannot be read (a disk or a bad writer damaged it
+        while the harness ran): failed, ``infra_failure``, the damage as its error, by the one write
+        that needs none of the damaged columns (``fail_unreadable_rollout``). No verdict, retry or
+        flag can be recorded in such a row (each merges into its JSON or returns it), and it stayed
+        ``running`` for ever. The trainer leaves it out (``rollouts/row_unreadable``). What is
+        returned is the rollout as claimed, with that end (the store's row cannot be read back)."""
+        log.warning("rollout %s attempt %d: %s", rollout.rollout_id, rollout.attempt, damage)
+        ended = await asyncio.to_thread(
+            self.store.fail_unreadable_rollout,
+            rollout.rollout_id,
+            attempt=rollout.attempt,
+        )
+        if ended:
+            return rollout.model_copy(
+                update={
+                    "status": RolloutStatus.FAILED,
+                    "outcome": Outcome.INFRA_FAILURE,
+                    "worker_id": None,
+                    "error": str(damage),
+                    "finished_at": now(),
+                }
+            )
+        try:  # ended or requeued meanwhile, or its row reads whole again
+            current = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
+        except RolloutUnreadable:  # ended or moved on meanwhile: nothing of this attempt to record
+            return rollout
+        if current.status is RolloutStatus.RUNNING and current.attempt == rollout.attempt:
+            return await self._infra_failure(rollout, f"controller error: {damage}", judge_ended=False)
+        return current
 
     async def _watch_cancel(self, rollout: Rollout, handle: Any) -> None:
         """Kill the harness when its rollout is cancelled, or its attempt superseded by a requeue
@@ -393,6 +439,11 @@ class Controller:
                 current = await asyncio.to_thread(self.store.get_rollout, rollout.rollout_id)
             except NotFound:
                 continue
+            except RolloutUnreadable as exc:  # damaged for good: no verdict of this attempt can be kept
+                # The harness ran on until its timeout (its calls refused, 409) for an attempt that can
+                # only end failed (``_fail_unreadable``, reached from this exit).
+                await handle.kill(ExitKind.INFRA, f"the rollout's row cannot be read: {exc}")
+                return
             except Exception as exc:  # noqa: BLE001 - the store down a moment: look again next poll
                 # This task used to die of it, and a cancel after that never killed the harness.
                 log.warning("rollout %s: cannot read its state (%s); looking again", rollout.rollout_id, exc)

@@ -21,13 +21,15 @@ no SQLite store at all is refused at start with ``ConfigError``. A call row that
 trace and compare pages show beside what they can. A rollout row whose JSON columns (task, flags,
 metadata) cannot be decoded is shown with those columns empty and the damage named in its
 ``metadata[DAMAGED_ROW_KEY]`` (it failed the whole rollouts table); a row that cannot be made a
-rollout even so is ``UpstreamError``, naming it. A run whose config cannot be decoded is shown with
-the damage as its config.
+rollout even so (a damaged ``status`` or ``attempt``) is ``UpstreamError``, naming it, and is left
+out of the rollouts table (logged; it failed the whole table too). A run whose config cannot be
+decoded is shown with the damage as its config.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +43,8 @@ from harnessrl.schemas import Call, Rollout, Run, ToolRequest
 from harnessrl.store.codecs import calls_from_rows, load_json, rollout_from_row, run_from_row
 from harnessrl.store.damage import DAMAGED_ROW
 from harnessrl.store.migrations import SCHEMA_VERSION
+
+log = logging.getLogger(__name__)
 
 _ROLLOUT_COLUMNS = (
     "pk, rollout_id, api_key, run_id, task_id, task, group_id, step, status, outcome, reward, attempt, "
@@ -283,7 +287,12 @@ class DashboardData:
         where, params = filters.where()
         sql = f"SELECT {_ROLLOUT_COLUMNS} FROM rollouts{where} ORDER BY {filters.order_by()} LIMIT ? OFFSET ?"
         with self._connect() as conn:
-            rows = [RolloutRow(read_rollout(row)) for row in conn.execute(sql, [*params, limit, offset])]
+            rows = []
+            for row in conn.execute(sql, [*params, limit, offset]):
+                try:
+                    rows.append(RolloutRow(read_rollout(row)))
+                except UpstreamError as exc:  # one damaged row must not hide the page (it was a 503)
+                    log.warning("%s: left out of the rollouts table", exc)
             if rows:
                 self._add_call_stats(conn, rows)
                 self._add_sample_counts(conn, rows)

@@ -15,6 +15,7 @@ from harnessrl.errors import Forbidden, NotFound, Unauthorized
 from harnessrl.gateway.errors import RolloutClosed
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout, RolloutStatus
+from harnessrl.store.damage import RolloutUnreadable
 
 #: What HTTP strips around a header's token (RFC 9110's optional whitespace). ``str.strip()`` would
 #: also strip latin-1's non-breaking space and friends, so ``KEY\xa0`` would pass as ``KEY`` here and
@@ -81,6 +82,17 @@ async def authorize_rollout(request: Request, state: GatewayState, rollout_id: s
             rollout = await state.in_thread(state.store.get_rollout_by_key, key)
     except NotFound:
         raise Unauthorized("invalid API key") from None
+    except RolloutUnreadable as exc:
+        # The key is a rollout's, but its row cannot be read (a disk or a bad writer damaged it): its
+        # status and sampling settings are unknown, so no call of it is served. A 409 the harness's SDK
+        # does not retry (a 500 it retried, for nothing); its controller ends the rollout failed
+        # (``fail_unreadable_rollout``). The damage itself is the admin's to read, not the harness's.
+        if rollout_id is not None and exc.rollout_id != rollout_id:
+            raise Forbidden("this API key belongs to another rollout") from None
+        raise RolloutClosed(
+            f"rollout {exc.rollout_id!r} cannot be read (its record in the store is damaged); "
+            "it takes no more calls"
+        ) from None
     if rollout_id is not None and rollout.rollout_id != rollout_id:
         raise Forbidden("this API key belongs to another rollout")
     return rollout

@@ -162,6 +162,12 @@ class Store(Protocol):
 
     def cancel_rollout(self, rollout_id: str) -> Rollout: ...
 
+    def fail_unreadable_rollout(self, rollout_id: str, *, attempt: int | None = None) -> bool:
+        """End a queued or running rollout whose row cannot be read (``RolloutUnreadable``) failed
+        (``infra_failure``) without decoding it; False where it reads whole, ended, or moved past
+        ``attempt``."""
+        ...
+
     def set_rollout_flags(self, rollout_id: str, flags: Sequence[str]) -> None: ...
 
     def update_rollout_metadata(self, rollout_id: str, metadata: dict[str, Any]) -> Rollout:

@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from harnessrl.errors import BadRequest, HarnessRLError, InvalidTransition
+from harnessrl.errors import BadRequest, Conflict, HarnessRLError, InvalidTransition
 from harnessrl.schemas import (
     ROLLOUT_TRANSITIONS,
     Call,
@@ -227,11 +227,13 @@ def task_from_row(row: Row) -> Task:
     return Task(task_id=row["task_id"], run_id=row["run_id"], split=row["split"], data=load_json(row["data"]))
 
 
-class RolloutUnreadable(HarnessRLError, ValueError):
+class RolloutUnreadable(Conflict, ValueError):
     """A rollout row the store cannot decode (a disk or a bad writer damaged it): the store refuses
     to guess what it held. ``rollout_id`` names the row, ``column`` what could not be read (a JSON
     column, or ``"row"`` when the decoded columns do not make a rollout). A ``ValueError`` too, as
-    the ``JSONDecodeError`` such a read raised before, for readers that caught that."""
+    the ``JSONDecodeError`` such a read raised before, for readers that caught that. A ``Conflict``
+    (the record's state forbids the request): the gateway answers it 409 ``conflict`` naming the
+    damage, not 500 ``internal_error``."""
 
     def __init__(self, rollout_id: str, column: str, cause: BaseException) -> None:
         self.rollout_id = rollout_id
@@ -372,7 +374,60 @@ def call_from_row(row: Row) -> Call:
     return call
 
 
+class CallUnreadable(Conflict, ValueError):
+    """A call row whose columns cannot be decoded (a disk or a bad writer damaged it), naming the
+    call (``rollout_id``, ``seq``), its ``attempt`` and the ``column``. A ``ValueError`` too, as the
+    ``JSONDecodeError`` such a read raised before, for readers that caught that; a ``Conflict`` as
+    ``RolloutUnreadable``: a gateway that reads the rollout's calls to serve a model call (a history
+    it had not loaded) answers 409 naming the damage, not a 500 the harness's SDK retries."""
+
+    def __init__(self, row: Row, column: str, cause: BaseException) -> None:
+        self.rollout_id, self.seq, self.attempt, self.column = (
+            str(row["rollout_id"]),
+            row["seq"],
+            row["attempt"],
+            column,
+        )
+        shown = f"{type(cause).__name__}: {cause}"[:300]
+        super().__init__(
+            f"call {self.rollout_id}/{self.seq} (attempt {self.attempt}): its {column} column cannot be "
+            f"read (a damaged row): {shown}"
+        )
+
+
 def _call(row: Row, unfolded: UnfoldedCall) -> Call:
+    try:
+        return _decode_call(row, unfolded)
+    except _DAMAGED_ROLLOUT as exc:  # decoded again column by column, only to name the damaged one
+        raise CallUnreadable(row, _damaged_column(row, unfolded), exc) from exc
+
+
+def _damaged_column(row: Row, unfolded: UnfoldedCall) -> str:
+    """Which of a call row's columns ``_decode_call`` failed on ("row" if none alone does)."""
+    tokens = memoryview(unfolded.tokens)
+
+    def request() -> None:
+        frame = json.loads(unfolded.frame)
+        if unfolded.key is not None:
+            frame[unfolded.key] = json.loads("[" + ",".join(unfolded.items) + "]")
+
+    checks: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("request", request),
+        ("response", lambda: load_json(row["response"])),
+        ("prompt_token_ids", lambda: unpack_ints(tokens[: unfolded.prompt_bytes])),
+        ("response_token_ids", lambda: unpack_ints(tokens[unfolded.prompt_bytes :])),
+        ("response_logprobs", lambda: unpack_floats(row["response_logprobs"])),
+        ("usage", lambda: usage_from_json(row["usage"])),
+    )
+    for column, check in checks:
+        try:
+            check()
+        except _DAMAGED_ROLLOUT:
+            return column
+    return "row"
+
+
+def _decode_call(row: Row, unfolded: UnfoldedCall) -> Call:
     request = json.loads(unfolded.frame)
     if unfolded.key is not None:
         request[unfolded.key] = json.loads("[" + ",".join(unfolded.items) + "]")

@@ -9,12 +9,15 @@ card on a page (the dashboard), never a stopped run. A store that cannot be reac
 
 A damaged rollout row is ``RolloutUnreadable`` (``store.codecs``), naming the rollout and the column:
 ``get_rollout`` raises it, ``list_rollouts`` leaves the row out (logged) and ``claim_rollouts`` ends
-it as an infrastructure failure instead of handing it out.
+it as an infrastructure failure instead of handing it out; one damaged while it runs is ended the
+same way by ``fail_unreadable_rollout`` (the controller's end of such an attempt). A damaged call row
+is ``store.codecs.CallUnreadable``, naming the call, its attempt and the column. Both errors here are
+``Conflict``s: the gateway answers them 409 ``conflict`` with their message, never a 500.
 """
 
 from __future__ import annotations
 
-from harnessrl.errors import HarnessRLError, UpstreamError
+from harnessrl.errors import Conflict, HarnessRLError, UpstreamError
 from harnessrl.schemas import Call
 from harnessrl.store.base import Store
 from harnessrl.store.codecs import RolloutUnreadable
@@ -22,8 +25,9 @@ from harnessrl.store.codecs import RolloutUnreadable
 __all__ = ["DAMAGED_ROW", "CallsUnreadable", "RolloutUnreadable", "read_attempt_calls"]
 
 
-class CallsUnreadable(HarnessRLError):
-    """The store holds call rows of an attempt that cannot be decoded."""
+class CallsUnreadable(Conflict):
+    """The store holds call rows of an attempt that cannot be decoded. A ``Conflict``, as
+    ``RolloutUnreadable``: the gateway answers it 409 ``conflict`` naming the damage."""
 
 
 #: What decoding a damaged row raises: ``store.codecs``' own ``HarnessRLError`` (a chain base missing,

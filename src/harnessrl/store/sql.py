@@ -100,6 +100,27 @@ def _check_attempt(row: Any, attempt: int | None) -> None:
         )
 
 
+def _tool_request(row: Any) -> ToolRequest:
+    """A ``tool_requests`` row; a ``Conflict`` naming the rollout, attempt and column if it is damaged
+    (it raised ``JSONDecodeError``: a 500 on the control API)."""
+    fields = {key: row[key] for key in ("rollout_id", "attempt", "tool", "started_at", "finished_at")}
+    for column in ("request", "response"):
+        try:
+            fields[column] = load_json(row[column])
+        except (ValueError, RecursionError) as exc:
+            raise Conflict(
+                f"rollout {row['rollout_id']} attempt {row['attempt']}: a tool request's {column} column "
+                f"cannot be read (a damaged row): {type(exc).__name__}: {exc}"[:500]
+            ) from exc
+    try:
+        return ToolRequest(**fields)
+    except ValueError as exc:  # pydantic's ValidationError: a column of the wrong type
+        raise Conflict(
+            f"rollout {row['rollout_id']} attempt {row['attempt']}: a tool request row cannot be read "
+            f"(a damaged row): {type(exc).__name__}: {exc}"[:500]
+        ) from exc
+
+
 def new_rollout_key() -> str:
     """A fresh rollout key: one for each attempt of a rollout (``create_rollout``, ``requeue_rollout``)."""
     return "hrl-" + secrets.token_urlsafe(24)
@@ -305,21 +326,44 @@ class SQLStore(GateRows):
                     # infrastructure failure naming the damage, in this transaction, so the rest of
                     # the claim is handed out and the next claim does not take it again.
                     log.warning("%s: it fails instead of being claimed", exc)
-                    conn.execute(
-                        f"UPDATE rollouts SET status = {p}, outcome = {p}, worker_id = NULL, "
-                        f"finished_at = {p}, error = {p} WHERE pk = {p}",
-                        [
-                            RolloutStatus.FAILED.value,
-                            Outcome.INFRA_FAILURE.value,
-                            now(),
-                            storable_text(str(exc)),
-                            row["pk"],
-                        ],
-                    )
+                    self._fail_damaged(conn, row["pk"], exc)
                     damaged.append(row["rollout_id"])
         for rollout_id in damaged:
             self._announce_end(rollout_id)
         return claimed
+
+    def fail_unreadable_rollout(self, rollout_id: str, *, attempt: int | None = None) -> bool:
+        """End a queued or running rollout whose row cannot be read (``RolloutUnreadable``) as an
+        infrastructure failure: status ``failed``, outcome ``infra_failure``, no worker, the damage as
+        its ``error`` (as ``claim_rollouts`` ends one). The one end such a row can take: every other
+        write merges into a JSON column or returns the row, and raises. This one writes plain columns
+        only and decodes nothing it writes, so the damaged columns stay as they are.
+
+        Whether it ended the rollout: False, and nothing written, for a row that reads whole (end it
+        the usual way), one that already ended, or one no longer at ``attempt`` (a requeue superseded
+        it). ``NotFound`` for an unknown id."""
+        with self._write() as conn:
+            row = self._rollout_row(conn, rollout_id)
+            if row["status"] in _TERMINAL or (attempt is not None and row["attempt"] != attempt):
+                return False
+            try:
+                rollout_from_row(row)
+            except RolloutUnreadable as exc:
+                log.warning("%s: it ends failed (infra_failure)", exc)
+                self._fail_damaged(conn, row["pk"], exc)
+            else:
+                return False
+        self._announce_end(rollout_id)
+        return True
+
+    def _fail_damaged(self, conn: Any, pk: int, damage: RolloutUnreadable) -> None:
+        """In ``conn``'s write: the rollout row ``pk`` ends failed (``infra_failure``) naming ``damage``."""
+        p = self.PARAM
+        conn.execute(
+            f"UPDATE rollouts SET status = {p}, outcome = {p}, worker_id = NULL, "
+            f"finished_at = {p}, error = {p} WHERE pk = {p}",
+            [RolloutStatus.FAILED.value, Outcome.INFRA_FAILURE.value, now(), storable_text(str(damage)), pk],
+        )
 
     def start_rollout(self, rollout_id: str) -> Rollout:
         with self._write() as conn:
@@ -629,18 +673,7 @@ class SQLStore(GateRows):
         where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
         with self._read() as conn:
             rows = conn.execute(f"SELECT * FROM tool_requests{where} ORDER BY pk", params).fetchall()
-        return [
-            ToolRequest(
-                rollout_id=row["rollout_id"],
-                attempt=row["attempt"],
-                tool=row["tool"],
-                request=load_json(row["request"]),
-                response=load_json(row["response"]),
-                started_at=row["started_at"],
-                finished_at=row["finished_at"],
-            )
-            for row in rows
-        ]
+        return [_tool_request(row) for row in rows]
 
     # -- helpers ----------------------------------------------------------------------------------
     def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> None:

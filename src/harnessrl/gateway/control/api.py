@@ -12,6 +12,7 @@ the read.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Annotated, Any
 from urllib.parse import quote
 
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.errors import BadRequest, NotFound, UpstreamError
+from harnessrl.errors import BadRequest, Conflict, NotFound, UpstreamError
 from harnessrl.gateway.auth import is_admin_request, require_admin
 from harnessrl.gateway.bodies import read_json, validate_body
 from harnessrl.gateway.body_models import Lenient
@@ -27,7 +28,8 @@ from harnessrl.gateway.control.gating import cluster_state_json, pause_gateways,
 from harnessrl.gateway.control.records import stored_json
 from harnessrl.gateway.json_input import INT64_MAX
 from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Outcome, Rollout, RolloutStatus, SamplingOverrides
+from harnessrl.schemas import Call, Outcome, Rollout, RolloutStatus, SamplingOverrides
+from harnessrl.store.damage import DAMAGED_ROW, CallsUnreadable, RolloutUnreadable, read_attempt_calls
 
 # -- bodies (ours, so strict) ----------------------------------------------------------------------
 
@@ -193,23 +195,57 @@ async def get_rollout(request: Request) -> Response:
 
 
 async def list_calls(request: Request) -> Response:
+    """The rollout's calls (``?attempt=N``: that attempt's). A damaged record is a 409 naming it
+    (``CallsUnreadable``): the rollout, the attempt and the column; the other attempts are still
+    read one by one. A rollout whose own row is damaged still has its calls served."""
     state = _admin_state(request)
     rollout_id = _rollout_id(request)
     attempt = _query_int(request, "attempt", None)
-    await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout
-    calls = await state.in_thread(lambda: state.store.list_calls(rollout_id, attempt=attempt))
+    rollout: Rollout | None = None
+    with contextlib.suppress(RolloutUnreadable):  # its row is damaged; its calls are rows of their own
+        rollout = await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout
+    if attempt is not None:
+        calls = await state.in_thread(read_attempt_calls, state.store, rollout_id, attempt)
+    else:
+        calls = await state.in_thread(_all_calls, state, rollout_id, rollout)
     return stored_json([c.model_dump(mode="json") for c in calls])
+
+
+def _all_calls(state: GatewayState, rollout_id: str, rollout: Rollout | None) -> list[Call]:
+    """Every call of the rollout; ``CallsUnreadable`` naming each attempt that holds a damaged row."""
+    try:
+        return state.store.list_calls(rollout_id)
+    except UpstreamError:
+        raise
+    except DAMAGED_ROW as exc:
+        damaged = []
+        for attempt in range(rollout.attempt + 1 if rollout is not None else 0):
+            try:
+                read_attempt_calls(state.store, rollout_id, attempt)
+            except CallsUnreadable:
+                damaged.append(str(attempt))
+        which = f" of attempt {', '.join(damaged)}" if damaged else ""
+        raise CallsUnreadable(
+            f"rollout {rollout_id}: the recorded calls{which} cannot be read (a damaged row): "
+            f"{type(exc).__name__}: {exc}; the other attempts read with ?attempt=N"
+        ) from exc
 
 
 async def finish_rollout(request: Request) -> Response:
     state = _admin_state(request)
     rollout_id = _rollout_id(request)
     body = validate_body(FinishRolloutRequest, await read_json(request, state.config.max_body_bytes))
-    rollout = await state.in_thread(
-        lambda: state.store.finish_rollout(
-            rollout_id, body.outcome, body.reward, error=body.error, metadata=body.metadata
+    try:
+        rollout = await state.in_thread(
+            lambda: state.store.finish_rollout(
+                rollout_id, body.outcome, body.reward, error=body.error, metadata=body.metadata
+            )
         )
-    )
+    except RolloutUnreadable as exc:
+        # No verdict fits in a row that cannot be read (the finish merges into its metadata and
+        # returns it). It ends failed (infra_failure) instead, as the controller ends one, or an
+        # external controller finishing through this API could never end it: it stayed running.
+        raise await _end_unreadable(state, rollout_id, exc, "this finish") from exc
     state.history.forget(rollout_id)
     return stored_json(rollout_json(state, request, rollout))
 
@@ -217,9 +253,23 @@ async def finish_rollout(request: Request) -> Response:
 async def cancel_rollout(request: Request) -> Response:
     state = _admin_state(request)
     rollout_id = _rollout_id(request)
-    rollout = await state.in_thread(state.store.cancel_rollout, rollout_id)
+    try:
+        rollout = await state.in_thread(state.store.cancel_rollout, rollout_id)
+    except RolloutUnreadable as exc:  # as a finish: the one end such a row can take
+        raise await _end_unreadable(state, rollout_id, exc, "a cancel") from exc
     state.history.forget(rollout_id)
     return stored_json(rollout_json(state, request, rollout))
+
+
+async def _end_unreadable(
+    state: GatewayState, rollout_id: str, exc: RolloutUnreadable, what: str
+) -> Conflict:
+    """End a rollout whose row cannot be read ``failed`` (``infra_failure``; the store's
+    ``fail_unreadable_rollout``): the 409 to answer, saying whether it did."""
+    ended = await state.in_thread(lambda: state.store.fail_unreadable_rollout(rollout_id))
+    state.history.forget(rollout_id)
+    instead = "it ended failed (infra_failure) instead" if ended else "nothing was written"
+    return Conflict(f"{exc}; {what} cannot be recorded in it: {instead}")
 
 
 def _pause_timeout(request: Request, state: GatewayState) -> float:

@@ -31,6 +31,7 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import Call, Rollout, RolloutStatus, Usage, now
 from harnessrl.store.base import RolloutEnded
 from harnessrl.store.chains import EncodedItems
+from harnessrl.store.damage import RolloutUnreadable
 
 if TYPE_CHECKING:
     from harnessrl.gateway.pipeline.coalesce import Outlet
@@ -153,7 +154,16 @@ class PreparedCall:
         Either way this call belongs to an attempt that is over: 409, dropped, never recorded; and the
         queued rollout is not started here, which would run the new attempt with no worker on it."""
         state = self.state
-        rollout = await state.in_thread(state.store.get_rollout, self.rollout.rollout_id)
+        try:
+            rollout = await state.in_thread(state.store.get_rollout, self.rollout.rollout_id)
+        except RolloutUnreadable:
+            # Its row was damaged while the call waited: as ``auth.authorize_rollout`` answers a key
+            # of such a row (the damage itself is the admin's to read, not the harness's).
+            self.drop_reason = "rollout_ended"
+            raise RolloutClosed(
+                f"rollout {self.rollout.rollout_id!r} cannot be read (its record in the store is "
+                "damaged); it takes no more calls"
+            ) from None
         if (
             rollout.status is not RolloutStatus.RUNNING
             or rollout.attempt != self.rollout.attempt
