@@ -11,6 +11,7 @@ from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.environments.resolve import Environments, HarnessNeeds
+from harnessrl.environments.stopping import in_thread_stoppably
 from harnessrl.errors import HarnessRLError
 from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.rootfs import ImageRoot
@@ -40,15 +41,18 @@ class TaskEnvironments:
         self, harness: HarnessSpec, rollout: Rollout, argv: list[str], workspace: Path, *, references: bool
     ) -> tuple[ImageRoot | None, str | None]:
         """``(root, image)`` of a rollout's task: its image mounted here (local runner) or the reference a
-        cluster pulls (``references``: a runner with ``image_references``); ``(None, None)`` for the host."""
+        cluster pulls (``references``: a runner with ``image_references``); ``(None, None)`` for the host.
+        An image built here on demand is built in a worker thread that stops with this call's task
+        (``in_thread_stoppably``): cancelled (a controller shutting down), its build is killed and the
+        thread awaited; other rollouts' builds go on."""
         if harness.environment is None:
             return None, None
         environments = self.of(harness)
         if references:
-            return None, await asyncio.to_thread(environments.reference_for, rollout.task)
+            return None, await in_thread_stoppably(environments.reference_for, rollout.task)
         mounts = (*(Path(m) for m in harness.mounts), *files_in_argv(argv, inside=workspace))
         needs = HarnessNeeds(tuple(argv[:1]), tuple(mounts))
-        return await asyncio.to_thread(environments.require, rollout.task, needs), None
+        return await in_thread_stoppably(environments.require, rollout.task, needs), None
 
     async def close(self) -> None:
         """Give back the images mounted here, now that the sandboxes are gone (each process's mount

@@ -23,18 +23,27 @@ own) with no parent that leads to them.
 ``communicate`` waits on a command as ``Popen.communicate`` does, but in a worker thread
 (``asyncio.to_thread``) it gives up once the interpreter exits, so that Ctrl-C does not wait for a
 build to finish (the caller then kills it).
+
+One caller's builds are stopped without touching anyone else's with a ``BuildStop``: work run under
+``stoppable(stop)`` (``stopping.in_thread_stoppably`` does it for a worker thread) has each of its long
+commands (``is_long_command``: a build, pull, import, ``mmdebstrap``) watched by ``communicate``,
+which raises ``Stopped`` once ``stop.stop()`` was called; the code that started the command then kills
+it with everything it started (``kill_tree``), as after Ctrl-C. The store's wait for another
+process's build lock ends the same way (``store.ImageStore._locked``). Commands of other work, in
+this process or another, go on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import re
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 OWNER_ENV = "HARNESSRL_TOOL_OWNER"
@@ -115,6 +124,60 @@ class Exiting(Exception):
     """The interpreter is exiting (its main thread has ended) while a worker thread waits on a command."""
 
 
+class Stopped(Exception):
+    """The work waiting on a build (or on another process's build lock) was stopped (``BuildStop``)."""
+
+
+class BuildStop:
+    """A handle on the builds of one piece of work (one rollout's image, one pre-flight): ``stop()``
+    makes the long commands it runs under ``stoppable`` end with ``Stopped`` (each killed with all it
+    started by the code that started it), now and later, and its wait for a build lock too. Thread-safe;
+    nothing of other work is touched."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def stop(self) -> None:
+        self._event.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for ``stop()``; whether it was called."""
+        return self._event.wait(timeout)
+
+
+_STOP: contextvars.ContextVar[BuildStop | None] = contextvars.ContextVar("harnessrl_build_stop", default=None)
+
+
+@contextlib.contextmanager
+def stoppable(stop: BuildStop) -> Iterator[None]:
+    """Run the block's builds under ``stop`` (a context variable: this thread, or this task)."""
+    token = _STOP.set(stop)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def current_stop() -> BuildStop | None:
+    """The ``BuildStop`` the running code is under (``stoppable``), or None."""
+    return _STOP.get()
+
+
+#: The container-tool commands that can run for long (a build, a pull, an import; mmdebstrap): the
+#: short ones (inspect, mount, rm) are left to finish, a failed build's clean-up among them.
+LONG_VERBS = frozenset({"build", "pull", "import"})
+
+
+def is_long_command(argv: Sequence[str]) -> bool:
+    """``podman build|pull|import`` (the verb first, or second after an interpreter running a
+    wrapper script) or ``mmdebstrap`` (also under ``unshare``)."""
+    return any(arg in LONG_VERBS for arg in argv[1:3]) or any(Path(a).name == "mmdebstrap" for a in argv)
+
+
 def _exiting(main: threading.Thread) -> bool:
     # threading._shutdown sets _SHUTTING_DOWN, then joins the threads of concurrent.futures (those
     # of asyncio.to_thread) before it marks the main thread stopped: both are looked at.
@@ -127,12 +190,17 @@ def communicate(
     """``process.communicate(timeout)``, except that a wait in a worker thread (``asyncio.to_thread``)
     ends with ``Exiting`` once the main thread has ended (``stop_on_exit``; not for the clean-up that
     follows a kill): the interpreter would otherwise wait for the thread, and so for the command, up
-    to ``timeout`` (a build: 30 min) after Ctrl-C."""
+    to ``timeout`` (a build: 30 min) after Ctrl-C. A long command (``is_long_command``) of work under
+    a ``BuildStop`` (``stoppable``) ends with ``Stopped`` once that is stopped, also before it waited."""
     deadline = time.monotonic() + timeout
     main = threading.main_thread()
+    args = [process.args] if isinstance(process.args, (str, bytes, os.PathLike)) else process.args
+    stop = current_stop() if stop_on_exit and is_long_command([str(a) for a in args]) else None
     while True:
+        if stop is not None and stop.stopped:
+            raise Stopped(f"{args[0]}: stopped, the work that waited on it was stopped")
         left = deadline - time.monotonic()
-        step = left if threading.current_thread() is main else min(left, 0.5)
+        step = left if threading.current_thread() is main and stop is None else min(left, 0.5)
         try:
             return process.communicate(timeout=max(step, 0))
         except subprocess.TimeoutExpired:

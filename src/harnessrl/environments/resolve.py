@@ -12,10 +12,11 @@ run ends.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from typing import Any
 from harnessrl.environments.check import harness_problems
 from harnessrl.environments.config import HOST, EnvironmentConfig
 from harnessrl.environments.podman import ImageError, podman_problem
+from harnessrl.environments.processes import Stopped, current_stop
 from harnessrl.environments.store import BuiltImage, ImageStore, own_reference, slug
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.rootfs import ImageRoot
@@ -75,9 +77,25 @@ class Environments:
     def uses_images(self, tasks: Iterable[dict[str, Any]]) -> bool:
         return any(self.name_for(t) != HOST for t in tasks)
 
-    def _name_lock(self, name: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def _name_lock(self, name: str) -> Iterator[None]:
+        """Hold ``name``'s lock (one build or mount of it at a time in this process). Work under a
+        ``BuildStop`` that is stopped while it waits here (another rollout of this process building the
+        same image) ends with ``Stopped`` instead of waiting out that build."""
         with self._lock:
-            return self._locks.setdefault(name, threading.Lock())
+            lock = self._locks.setdefault(name, threading.Lock())
+        stop = current_stop()
+        if stop is None:
+            with lock:
+                yield
+            return
+        while not lock.acquire(timeout=0.2):
+            if stop.stopped:
+                raise Stopped(f"stopped while waiting for this process's other build of {name!r}")
+        try:
+            yield
+        finally:
+            lock.release()
 
     def built(self, name: str, *, where: str) -> BuiltImage:
         """The image of environment ``name`` (built or found once per process)."""

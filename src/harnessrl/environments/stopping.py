@@ -1,13 +1,18 @@
-"""Stopping this process's image builds when the work that waits on them stops.
+"""Stopping image builds when the work that waits on them stops.
 
 A build runs in a worker thread (``asyncio.to_thread``) that waits on ``podman build`` or
-``mmdebstrap``. Cancelling the awaiting task (Ctrl-C, SIGTERM) leaves that thread building, and
-``asyncio.run``'s shutdown waits for it — for the build, up to ``build_timeout_s`` (30 min), with the
-run folder, the build's scratch and its processes still there. ``in_thread_stoppably`` runs a
-function in a worker thread and, once cancelled, kills this process's long container-tool commands
-(``kill_own_builds``) until the thread ends; ``kill_builds_until_threads_end`` does the same for a
-command stopping as a whole (its default executor's threads). The commands are found by the mark
-``processes.tool_env`` gives each (``HARNESSRL_TOOL_OWNER`` naming this process).
+``mmdebstrap``. Cancelling the awaiting task (Ctrl-C, SIGTERM, a controller shutting down) leaves
+that thread building, and ``asyncio.run``'s shutdown waits for it — for the build, up to
+``build_timeout_s`` (30 min), with the run folder, the build's scratch and its processes still there.
+
+``in_thread_stoppably`` runs a function in a worker thread under a ``processes.BuildStop`` of its
+own: once its task is cancelled, that thread's build, pull, import or ``mmdebstrap`` is killed with
+all it started (and its wait for another process's build lock ends), and the thread is awaited.
+Only that work's commands go: another task's build in this process (another rollout's image built
+on demand) goes on. ``kill_builds_until_threads_end`` stops a command as a whole: it kills every
+long container-tool command this process runs (``kill_own_builds``, found by the mark
+``processes.tool_env`` gives each: ``HARNESSRL_TOOL_OWNER`` naming this process) until its default
+executor's threads have ended.
 """
 
 from __future__ import annotations
@@ -20,30 +25,43 @@ from pathlib import Path
 from typing import TypeVar
 
 from harnessrl.environments.podman import Podman
-from harnessrl.environments.processes import OWNER_ENV, STORE_ENV, kill_tree, marks, owner, session
+from harnessrl.environments.processes import (
+    OWNER_ENV,
+    STORE_ENV,
+    BuildStop,
+    is_long_command,
+    kill_tree,
+    marks,
+    owner,
+    session,
+    stoppable,
+)
 
 T = TypeVar("T")
 
 #: A stopped thread may start another command after a kill (between two): kill again this often.
 KILL_AGAIN_S = 2.0
-# The container-tool commands that can run for long (a build, a pull, an import; mmdebstrap): the
-# short ones (inspect, mount, rm) are left to finish, a failed build's clean-up among them.
-_LONG_VERBS = frozenset({"build", "pull", "import"})
 
 
 async def in_thread_stoppably(fn: Callable[..., T], *args: object) -> T:
-    """``fn(*args)`` in a worker thread that stops with its task: once cancelled, this process's
-    builds are killed with all they started (``kill_own_builds``), again while the thread lives, and
-    the thread is awaited (its build failed, its scratch removed) before the ``CancelledError`` goes on."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    """``fn(*args)`` in a worker thread that stops with its task: once cancelled, the builds this
+    call started are killed with all they started (a ``BuildStop`` of its own: ``processes.stoppable``),
+    and so are those it starts later, and the thread is awaited (its build failed, its scratch
+    removed) before the ``CancelledError`` goes on. Other work's builds in this process go on."""
+    stop = BuildStop()
+
+    def run() -> T:
+        with stoppable(stop):
+            return fn(*args)
+
+    work = asyncio.ensure_future(asyncio.to_thread(run))
     try:
         return await asyncio.shield(work)
     except asyncio.CancelledError:
-        while not work.done():
-            await asyncio.to_thread(kill_own_builds)
-            await asyncio.wait([work], timeout=KILL_AGAIN_S)
+        stop.stop()
+        await asyncio.wait([work])
         if not work.cancelled():
-            work.exception()  # retrieved: the killed build's error is no news after a stop
+            work.exception()  # retrieved: the stopped build's error is no news after a stop
         raise
 
 
@@ -91,10 +109,9 @@ class _OwnCommand:
 
 
 def _is_long_command(pid: int) -> bool:
-    """``podman build|pull|import`` (the verb first, or second after an interpreter running a
-    wrapper script) or ``mmdebstrap`` (also under ``unshare``)."""
+    """Whether a process is a long container-tool command (``processes.is_long_command``)."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:
         return False
-    return any(arg in _LONG_VERBS for arg in argv[1:3]) or any(Path(a).name == "mmdebstrap" for a in argv)
+    return is_long_command(argv)

@@ -11,9 +11,12 @@
 - a ``debian`` base is made with ``mmdebstrap`` and imported (``podman import``), cached by its spec.
 
 Concurrent processes (pytest-xdist workers, several controllers) build one image once: a build holds
-a lock file per digest. A failed build raises an ``ImageError`` naming the environment and showing the
-tail of the build's log (kept in ``<store>/logs/``). ``root(built)`` mounts the image read-only and
-returns the ``ImageRoot`` a sandbox runs on; ``close()`` gives the mounts back.
+a lock file per digest, and a process that finds it held waits, then finds the image built. That wait
+stops with the work that waits (a ``processes.BuildStop``: a rollout's task cancelled, Ctrl-C), with
+``processes.Stopped``, leaving the lock's holder and its build alone. A failed build raises an
+``ImageError`` naming the environment and showing the tail of the build's log (kept in
+``<store>/logs/``). ``root(built)`` mounts the image read-only and returns the ``ImageRoot`` a sandbox
+runs on; ``close()`` gives the mounts back.
 
 A process that dies without ``close()`` (SIGKILL, OOM) would keep its mounts counted by podman for
 good: ``root()`` and ``prune()`` first give back the mounts of processes that are gone
@@ -42,7 +45,7 @@ from harnessrl.environments.config import EnvironmentConfig, ImageRecipe, slug
 from harnessrl.environments.debian import make_debian_base
 from harnessrl.environments.mounts import MountRecords
 from harnessrl.environments.podman import ImageError, Podman
-from harnessrl.environments.processes import owner
+from harnessrl.environments.processes import Stopped, current_stop, owner
 from harnessrl.environments.recipes import (
     base_images,
     check_recipe,
@@ -55,6 +58,8 @@ from harnessrl.sandbox.rootfs import ImageRoot
 PREFIX = "localhost/harnessrl/"
 LABEL_RECIPE = "io.harnessrl.recipe"
 LABEL_NAME = "io.harnessrl.name"
+#: How often a stoppable wait for another process's build lock tries again.
+LOCK_POLL_S = 0.2
 _OWN_BASE = re.compile(r"^(?:localhost/)?harnessrl/([a-z0-9][a-z0-9._-]*)(?::latest)?$")
 
 
@@ -120,10 +125,23 @@ class ImageStore:
     # -- building ----------------------------------------------------------------------------------
     @contextlib.contextmanager
     def _locked(self, digest: str) -> Iterator[None]:
+        """Hold the build lock of ``digest`` (one builder per digest, across processes). Work under a
+        ``BuildStop`` (``processes.stoppable``) waits for it polling, and a stop ends the wait with
+        ``Stopped``: a blocking ``flock`` waited for the other process's whole build."""
         locks = self.folder / "locks"
         locks.mkdir(parents=True, exist_ok=True)
         with (locks / f"{digest[:32]}.lock").open("w") as fh:
-            fcntl.flock(fh, fcntl.LOCK_EX)
+            stop = current_stop()
+            if stop is None:
+                fcntl.flock(fh, fcntl.LOCK_EX)
+            else:
+                while True:
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if stop.wait(LOCK_POLL_S):
+                            raise Stopped("stopped while waiting for another build of the image") from None
             try:
                 yield
             finally:
@@ -297,6 +315,9 @@ class ImageStore:
             except ImageError as exc:
                 self._remove_partial(digest)
                 raise ImageError(f"{where}: building image {reference} failed (log: {log}):\n{exc}") from exc
+            except Stopped:  # the build was killed: what it committed goes, as after a failure
+                self._remove_partial(digest)
+                raise
 
     def _remove_partial(self, digest: str) -> None:
         """What a failed build left (intermediate images carry its labels): removed, so a failure
