@@ -155,7 +155,11 @@ def tests_of(record: Record, name: str) -> list[str]:
     """``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as a list: the record's own field, else the one in its
     ``hidden`` object (a record already in task form). Hugging Face exports of SWE-bench-style sets
     store them as JSON-encoded strings (``'["tests/test_a.py::test_x"]'``); both shapes are read,
-    and JSON ``null`` (``None`` or ``"null"``) is no tests."""
+    and JSON ``null`` (``None`` or ``"null"``) is no tests.
+
+    A JSON-encoded string nested too deeply to decode (``"[[[[..."``: json's decoder recurses once
+    per level) is a ``ConfigError`` naming the record and the field; it was a ``RecursionError``
+    traceback out of ``filter``, ``calibrate`` and a training run's task loading."""
     value = record.get(name)
     hidden = record.get(HIDDEN)
     if name not in record and isinstance(hidden, dict):
@@ -165,6 +169,10 @@ def tests_of(record: Record, name: str) -> list[str]:
             value = json.loads(value) if value.strip() else None
         except ValueError:
             return [value]  # a single test id written as a bare string
+        except RecursionError:
+            raise ConfigError(
+                f"data: record {instance_id(record)!r}: {name} is a JSON string nested too deeply to read"
+            ) from None
     if value is None:
         return []
     if isinstance(value, list):

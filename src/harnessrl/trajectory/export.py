@@ -300,6 +300,8 @@ def _jsonl_samples(path: Path) -> Iterator[Sample]:
                 row = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise InvalidSampleFile(f"{path} line {number}: not JSON: {exc}") from exc
+            except ValueError as exc:  # an integer of over 4,300 digits (sys.get_int_max_str_digits)
+                raise InvalidSampleFile(f"{path} line {number}: a number too long to read: {exc}") from exc
             except RecursionError as exc:  # arrays or objects nested thousands deep
                 raise InvalidSampleFile(f"{path} line {number}: JSON nested too deeply to be a row") from exc
             yield _parse(row, path, f"line {number}")
@@ -308,8 +310,9 @@ def _jsonl_samples(path: Path) -> Iterator[Sample]:
 def _parquet_samples(path: Path) -> Iterator[Sample]:
     pa = _pyarrow()
     # What pyarrow raises on bytes it cannot decode; UnicodeDecodeError for a column name or a
-    # string value that is not UTF-8.
-    undecodable = (pa.ArrowException, OSError, UnicodeDecodeError)
+    # string value that is not UTF-8; OverflowError and ValueError for a value no Python object
+    # holds (a date or timestamp column past year 9999, which escaped as itself).
+    undecodable = (pa.ArrowException, OSError, UnicodeDecodeError, OverflowError, ValueError)
     index = 0
     try:
         batches = iter(pa.parquet.ParquetFile(path).iter_batches())

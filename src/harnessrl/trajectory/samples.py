@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from harnessrl.errors import ConfigError, InvalidBatch
@@ -76,6 +77,10 @@ TAMPER_FINISHED_FLAG = "tamper_finished"
 _RERENDER_TAIL = 8
 # How much longer than the original a re-rendered response may be (template glue added).
 _RERENDER_SLACK = 16
+# Rounds of the sorted walk in ``_Chains.longest_extended_by`` before the chains are looked up by
+# length and hash instead (``_PrefixIndex``); an agent and its subagents need one or two.
+_WALK_ROUNDS = 8
+_HASH_MODULUS = (1 << 61) - 1  # a prime: a polynomial hash of token IDs modulo it
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +236,11 @@ class _Chains:
     order, the chains sharing the most with a prompt sit around its insertion point, so bisection
     finds them with O(log chains) comparisons of at most the prompt's length.
 
+    Finding the chain a call extends walks down the sorted chains, a round per depth at which chains
+    branch off its prompt: one or two for an agent and its subagents, but a harness can branch them
+    at every depth, so past ``_WALK_ROUNDS`` rounds the chains are looked up by length and hash
+    instead (``_PrefixIndex``, made then and kept up to date from then on).
+
     A chain's tokens change only through ``extend``, which takes it out of the order and puts it
     back, so the order always holds. Each chain (re)enters after every chain of equal tokens: those
     were touched earlier, so a run of equal chains is ordered by ``last_touched``.
@@ -240,6 +250,7 @@ class _Chains:
         self.started: list[_Chain] = []
         self._ordered: list[_Chain] = []
         self._latest: _Chain | None = None  # the chain touched last (the highest ``last_touched``)
+        self._index: _PrefixIndex | None = None  # made on the first walk of many rounds
 
     def __bool__(self) -> bool:
         return bool(self.started)
@@ -248,9 +259,13 @@ class _Chains:
         self.started.append(chain)
         bisect.insort_right(self._ordered, chain, key=_tokens)
         self._latest = chain
+        if self._index is not None:
+            self._index.add(chain)
 
     def extend(self, chain: _Chain, context: Sequence[int], call: Call, order: int) -> None:
         """Append ``context`` (mask 0) and ``call``'s response to ``chain``."""
+        if self._index is not None:
+            self._index.remove(chain)
         alone = len(self._ordered) == 1  # most rollouts: one chain, always in order
         if not alone:
             i = bisect.bisect_left(self._ordered, chain.input_ids, key=_tokens)
@@ -264,11 +279,22 @@ class _Chains:
         self._latest = chain
         if not alone:
             bisect.insort_right(self._ordered, chain, key=_tokens)
+        if self._index is not None:
+            self._index.add(chain)
 
     def longest_extended_by(self, prompt: list[int]) -> _Chain | None:
         """The longest chain whose tokens are a prefix of ``prompt`` (ties: the latest touched)."""
         ordered, target = self._ordered, prompt
+        rounds = 0
         while True:
+            if rounds > _WALK_ROUNDS:
+                # Chains branch off this prompt at many depths: each round costs bisections as long
+                # as its depth, and a harness can make the rounds as many as its calls (2,000 calls of
+                # at most 1,000 tokens, each branching one token deeper: 35 s). Look up by hash.
+                if self._index is None:
+                    self._index = _PrefixIndex(self.started)
+                return self._index.longest_prefix_of(prompt)
+            rounds += 1
             # The last chain sorting at or before ``target`` is the latest touched of its equals.
             # Every chain that is a prefix of ``target`` sorts before it, and then also before that
             # chain and is a prefix of it: so that chain is the answer if it is a prefix of
@@ -302,6 +328,69 @@ class _Chains:
         lo = bisect.bisect_left(ordered, shared, key=_tokens)
         hi = bisect.bisect_right(ordered, shared, lo=lo, key=lambda c: c.input_ids[:p])
         return max(ordered[lo:hi], key=lambda c: c.last_touched), p
+
+
+class _PrefixIndex:
+    """The chains by length and by a hash of their tokens: the longest chain that is a prefix of a
+    prompt in one pass over the prompt (its prefix hashes) and one look-up per distinct chain length
+    up to the prompt's, each hit checked token for token (a collision costs a comparison, never a
+    wrong answer). Linear in the prompt whatever the chains, where the sorted walk of
+    ``_Chains.longest_extended_by`` takes a round per depth at which chains branch off it. Made only
+    when a walk takes many rounds (it hashes every token a chain takes from then on). The hash's
+    base is drawn per rollout, so a harness cannot aim collisions at it."""
+
+    def __init__(self, chains: Iterable[_Chain]) -> None:
+        self._base = random.Random().randrange(1 << 32, _HASH_MODULUS)
+        self._by_key: dict[tuple[int, int], list[_Chain]] = {}  # (length, hash) -> chains
+        self._keys: dict[int, tuple[int, int]] = {}  # id(chain) -> its key
+        self._lengths: list[int] = []  # the distinct chain lengths, sorted
+        self._count: Counter[int] = Counter()  # chains per length
+        for chain in chains:
+            self.add(chain)
+
+    def _hash(self, tokens: Sequence[int]) -> list[int]:
+        """The hashes of ``tokens[:k]`` for k = 0 .. len(tokens)."""
+        base, modulus, h = self._base, _HASH_MODULUS, 0
+        out = [0]
+        for token in tokens:
+            h = (h * base + token + 1) % modulus
+            out.append(h)
+        return out
+
+    def add(self, chain: _Chain) -> None:
+        n = len(chain.input_ids)
+        key = (n, self._hash(chain.input_ids)[-1])
+        self._keys[id(chain)] = key
+        self._by_key.setdefault(key, []).append(chain)
+        if not self._count[n]:
+            bisect.insort(self._lengths, n)
+        self._count[n] += 1
+
+    def remove(self, chain: _Chain) -> None:
+        key = self._keys.pop(id(chain))
+        bucket = self._by_key[key]
+        del bucket[next(i for i, c in enumerate(bucket) if c is chain)]
+        if not bucket:
+            del self._by_key[key]
+        n = key[0]
+        self._count[n] -= 1
+        if not self._count[n]:
+            del self._lengths[bisect.bisect_left(self._lengths, n)]
+
+    def longest_prefix_of(self, prompt: list[int]) -> _Chain | None:
+        """The longest chain whose tokens are a prefix of ``prompt`` (ties: the latest touched)."""
+        top = bisect.bisect_right(self._lengths, len(prompt))
+        if top == 0:
+            return None
+        hashes = self._hash(prompt[: self._lengths[top - 1]])
+        for n in reversed(self._lengths[:top]):
+            bucket = self._by_key.get((n, hashes[n]))
+            if bucket:
+                head = prompt[:n]
+                found = [c for c in bucket if c.input_ids == head]
+                if found:
+                    return max(found, key=lambda c: c.last_touched)
+        return None
 
 
 def _new_chain(call: Call, order: int) -> _Chain:
