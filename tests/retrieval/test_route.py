@@ -243,3 +243,23 @@ def test_a_query_at_the_character_limit_fits_the_body_cap_however_json_escapes_i
     assert answer.status_code == 200 and answer.json()["query"] == query, answer.text
     too_long = httpx.post(url, content=json.dumps({"query": query + "x"}).encode(), headers=headers)
     assert too_long.status_code == 413 and "1001 characters" in too_long.json()["error"]["message"]
+
+
+def test_a_rollout_whose_row_is_damaged_still_has_its_requests_served(make_search_gateway) -> None:
+    """The log is rows of its own: a damaged rollout row (a disk, a bad writer) answered 409 for the
+    whole log, as ``/api/rollouts/{id}/calls`` did before it served a damaged row's calls."""
+    import sqlite3
+
+    gw = make_search_gateway()
+    broken, control = gw.rollout(), gw.rollout()
+    for rollout in (broken, control):
+        assert post(gw.search_url(rollout), rollout["api_key"], {"query": "Velmora"}).status_code == 200
+    with sqlite3.connect(gw.store.local_file) as conn:
+        conn.execute("UPDATE rollouts SET task = '{damaged' WHERE rollout_id = ?", (broken["rollout_id"],))
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    for rollout in (broken, control):
+        listed = httpx.get(f"{gw.url}/api/rollouts/{rollout['rollout_id']}/tool_requests", headers=admin)
+        assert listed.status_code == 200, listed.text
+        assert [r["request"]["query"] for r in listed.json()] == ["Velmora"]
+    unknown = httpx.get(f"{gw.url}/api/rollouts/nobody/tool_requests", headers=admin)
+    assert unknown.status_code == 404  # the control: an unknown rollout is still refused

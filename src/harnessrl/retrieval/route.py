@@ -16,6 +16,7 @@ The gateway package never imports this module: whoever composes the app passes
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -39,6 +40,7 @@ from harnessrl.retrieval.config import RetrievalConfig
 from harnessrl.retrieval.index import RetrievalIndex
 from harnessrl.schemas import TERMINAL_STATUSES, ToolRequest, now
 from harnessrl.store.base import RolloutEnded
+from harnessrl.store.damage import RolloutUnreadable
 
 #: A search body is small: a query of ``max_query_chars`` characters and top_k. A character is at
 #: most 12 bytes as a conforming JSON client may write it (a non-BMP one as two ``\uXXXX`` escapes,
@@ -179,6 +181,9 @@ class RetrievalRoutes:
             if not _ATTEMPT.fullmatch(attempt_text):
                 raise BadRequest("attempt must be a non-negative integer", param="attempt")
             attempt = int(attempt_text)
-        await state.in_thread(state.store.get_rollout, rollout_id)  # 404 for an unknown rollout
+        # 404 for an unknown rollout; one whose own row is damaged still has its requests served
+        # (rows of their own), as ``/api/rollouts/{id}/calls`` serves its calls.
+        with contextlib.suppress(RolloutUnreadable):
+            await state.in_thread(state.store.get_rollout, rollout_id)
         rows = await state.in_thread(lambda: state.store.list_tool_requests(rollout_id, attempt=attempt))
         return JSONResponse([r.model_dump(mode="json") for r in rows])
