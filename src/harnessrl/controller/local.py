@@ -24,12 +24,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import logging
 import os
 import signal
 import time
 from pathlib import Path
 
-from harnessrl.controller.base import Exit, ExitKind, Launch
+from harnessrl.controller.base import Exit, ExitKind, Launch, ResourceLimits
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.bwrap import Bind, python_install_paths
 from harnessrl.sandbox.cgroups import ResourceGroup
@@ -44,6 +45,27 @@ HOST_ONLY_ENV = frozenset({"PATH", "PYTHONPATH", "VIRTUAL_ENV", "JAVA_HOME", "NO
 # Processes of the sandbox wrapper itself (the launcher, bwrap, init.py and its one relay thread)
 # count against the pids cap.
 _WRAPPER_PIDS = 16
+
+log = logging.getLogger("harnessrl.controller")
+_warned_unbounded: set[str] = set()  # the warnings of ``_warn_unbounded`` already given (once a process)
+
+
+def _warn_unbounded(limits: ResourceLimits, group: ResourceGroup | None) -> None:
+    """Say once, loudly, that ``max_processes`` bounds nothing here: without a ``pids`` cgroup it is
+    ``RLIMIT_NPROC``, which the kernel never applies to root's processes (the sandbox user is the
+    controller's root, mapped), so a fork bomb is not contained (docs/sandbox.md)."""
+    if limits.max_processes is None or os.geteuid() != 0:
+        return
+    if group is not None and "pids" in group.controllers:
+        return
+    if "max_processes" not in _warned_unbounded:
+        _warned_unbounded.add("max_processes")
+        log.warning(
+            "harness.limits.max_processes bounds nothing on this machine: no writable pids cgroup, and "
+            "RLIMIT_NPROC does not apply to root (a fork bomb in a sandbox is not contained; docs/sandbox.md)"
+        )
+
+
 #: What each attempt's stdout.log and stderr.log keep (the Kubernetes runner's ``max_log_bytes``).
 MAX_LOG_BYTES = 10 * 1024 * 1024
 # The end of a log is kept too: the evaluator reads the last MiB of stdout (``controller.py``).
@@ -251,6 +273,7 @@ class LocalRunner:
             memory_mb=limits.memory_mb,
             max_processes=(limits.max_processes + _WRAPPER_PIDS) if limits.max_processes else None,
         )
+        _warn_unbounded(limits, group)
         try:
             home.mkdir(parents=True, exist_ok=True)
             spec = launch.log_dir / f"sandbox-{launch.attempt}.json"
