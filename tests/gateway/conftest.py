@@ -4,6 +4,7 @@ tiny model's tokenizer, a fresh SQLite store per test, and helpers to create rol
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,7 @@ from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
+from harnessrl.store.pg_server import PostgresServer, PostgresUnavailable, server_for_tests
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.tokenizer import PolicyTokenizer
 
@@ -113,3 +115,15 @@ def make_gateway(tokenizer: PolicyTokenizer, tmp_path: Path) -> Iterator[Callabl
 @pytest.fixture
 def gateway(make_gateway: Callable[..., Gateway]) -> Gateway:
     return make_gateway()
+
+
+@pytest.fixture(scope="module")
+def pg_server() -> Iterator[PostgresServer]:
+    """A real PostgreSQL on loopback for one test module (required in CI, else skipped without one)."""
+    try:
+        with server_for_tests() as server:
+            yield server
+    except PostgresUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL is required in CI: {exc}")
+        pytest.skip(f"PostgreSQL unavailable: {exc}")

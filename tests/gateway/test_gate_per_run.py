@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 import uuid
@@ -32,23 +31,12 @@ from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store import open_store
 from harnessrl.store.base import Store
-from harnessrl.store.pg_server import PostgresServer, PostgresUnavailable, server_for_tests
+from harnessrl.store.pg_server import PostgresServer
 from harnessrl.tokenizer import PolicyTokenizer
 
 ADMIN_KEY = "test-admin-key"
 WAIT_S = 60.0  # ends a hung test only; every wait below is for a state
 SLOW = ["a slow answer " * 8]  # with token_delay_s=0.1: seconds of generation, long enough to see
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        with server_for_tests() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
 
 
 @pytest.fixture(params=["sqlite-file", "postgres"])

@@ -14,7 +14,6 @@ by a generous deadline so a broken build fails instead of hanging.
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import signal
 import subprocess
@@ -36,23 +35,12 @@ from hypothesis import strategies as st
 from harnessrl.client import GatewayClient
 from harnessrl.errors import Conflict
 from harnessrl.store import open_store
-from harnessrl.store.pg_server import PostgresServer, PostgresUnavailable, server_for_tests
+from harnessrl.store.pg_server import PostgresServer
 
 ADMIN_KEY = "test-admin-key"
 NODE = Path(__file__).with_name("gate_node.py")
 ROOT = Path(__file__).resolve().parents[2]
 CHAT = {"model": "p", "messages": [{"role": "user", "content": "hi"}]}
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        with server_for_tests() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
 
 
 @pytest.fixture

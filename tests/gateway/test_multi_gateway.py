@@ -37,7 +37,7 @@ from harnessrl.errors import UpstreamError
 from harnessrl.gateway import create_app
 from harnessrl.gateway.server import serve_in_thread
 from harnessrl.store import open_store
-from harnessrl.store.pg_server import PostgresServer, PostgresUnavailable, server_for_tests
+from harnessrl.store.pg_server import PostgresServer
 from harnessrl.tokenizer import PolicyTokenizer
 
 ADMIN_KEY = "test-admin-key"
@@ -63,17 +63,6 @@ TURNS: list[Any] = [
     }
     for k in range(5)
 ] + ["Answer: 5"]
-
-
-@pytest.fixture(scope="module")
-def pg_server() -> Iterator[PostgresServer]:
-    try:
-        with server_for_tests() as server:
-            yield server
-    except PostgresUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"PostgreSQL is required in CI: {exc}")
-        pytest.skip(f"PostgreSQL unavailable: {exc}")
 
 
 @pytest.fixture
