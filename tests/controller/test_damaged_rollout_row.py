@@ -24,6 +24,7 @@ from harnessrl.controller.controller import Controller, ControllerConfig, Gatewa
 from harnessrl.controller.evaluators import build_evaluator
 from harnessrl.controller.local import LocalRunner
 from harnessrl.schemas import RolloutStatus, Task
+from harnessrl.store.damage import RolloutUnreadable
 from harnessrl.store.sqlite import SQLiteStore
 from harnessrl.trainer.config import TrainerSection
 from harnessrl.trainer.fleet import RolloutBook
@@ -186,4 +187,57 @@ def test_a_damaged_row_whose_controller_shuts_down_does_not_stay_running(tmp_pat
     assert damaged["status"] == "failed" and damaged["outcome"] == "infra_failure", damaged
     assert "rollout broken" in str(damaged["error"]) and "metadata" in str(damaged["error"])
     assert store.get_rollout("control").reward == 1.0
+    store.close()
+
+
+def test_run_until_done_gives_back_a_row_damaged_meanwhile_as_ended(tmp_path):
+    """``harnessrl rollout`` and ``data calibrate`` wait with ``run_until_done``: it read every row
+    whole and raised ``RolloutUnreadable`` at its first poll after the damage, which stopped the
+    whole command (a calibration batch's other rollouts requeued unscored). Now the damaged one is
+    given back as its plain columns tell, ended failed, and the control beside it with its reward."""
+    db = tmp_path / "store.db"
+    store = SQLiteStore(db)
+    store.create_run(RUN)
+    for rollout_id in ("broken", "control"):
+        store.create_rollout(rollout_id=rollout_id, run_id=RUN, task={"prompt": "p"})
+    controller = make_controller(store, tmp_path, harness(db, "metadata", "broken"))
+
+    async def go():
+        try:
+            return await controller.run_until_done(["broken", "control"], timeout_s=PATIENCE_S)
+        finally:
+            await controller.shutdown()
+
+    broken, control = asyncio.run(go())
+    assert (broken.rollout_id, broken.status.value, broken.outcome.value) == (
+        "broken",
+        "failed",
+        "infra_failure",
+    )
+    assert "rollout broken" in str(broken.error) and "metadata" in str(broken.error)
+    assert broken.api_key == "" and broken.metadata == {}  # nothing of the damaged columns guessed
+    assert (control.status.value, control.reward) == ("finished", 1.0)
+    assert row(db, "broken")["metadata"] == "{damaged"
+    store.close()
+
+
+def test_run_until_done_still_names_a_row_whose_plain_columns_are_damaged(tmp_path):
+    """Control: a row whose status itself cannot be read tells nothing about when it ends; the wait
+    raises the named error (the CLI prints it) rather than wait for ever or guess an end."""
+    db = tmp_path / "store.db"
+    store = SQLiteStore(db)
+    store.create_run(RUN)
+    store.create_rollout(rollout_id="broken", run_id=RUN, task={"prompt": "p"})
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE rollouts SET task = '{damaged', attempt = 'x' WHERE rollout_id = 'broken'")
+    controller = make_controller(store, tmp_path, harness(db, "task", "none"))
+
+    async def go():
+        try:
+            return await controller.run_until_done(["broken"], timeout_s=PATIENCE_S)
+        finally:
+            await controller.shutdown()
+
+    with pytest.raises(RolloutUnreadable, match="rollout broken"):
+        asyncio.run(go())
     store.close()

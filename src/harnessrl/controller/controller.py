@@ -173,17 +173,29 @@ class Controller:
             self.on_attempt_done(rollout_id)
 
     async def run_until_done(self, rollout_ids: list[str], timeout_s: float | None = None) -> list[Rollout]:
-        """Run the loop until the given rollouts are terminal (used by ``harnessrl rollout`` and tests)."""
+        """Run the loop until the given rollouts are terminal (used by ``harnessrl rollout``, ``harnessrl
+        data calibrate`` and tests). A rollout whose row was damaged meanwhile is given back as its
+        plain columns tell (``RolloutUnreadable.stand_in``: the attempt ends it ``failed``,
+        ``infra_failure``, naming the damage), so one damaged row does not stop the others' wait."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         terminal = {RolloutStatus.FINISHED, RolloutStatus.FAILED, RolloutStatus.CANCELLED}
         while True:
-            rollouts = [await asyncio.to_thread(self.store.get_rollout, r) for r in rollout_ids]
+            rollouts = [await asyncio.to_thread(self._read_for_wait, r) for r in rollout_ids]
             if all(r.status in terminal for r in rollouts) and not self._tasks:
                 return rollouts
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"rollouts not done after {timeout_s} s")
             await self.fill()
             await asyncio.sleep(self.config.poll_interval_s / 5)
+
+    def _read_for_wait(self, rollout_id: str) -> Rollout:
+        try:
+            return self.store.get_rollout(rollout_id)
+        except RolloutUnreadable as exc:
+            stand_in = exc.stand_in()
+            if stand_in is None:  # its status cannot be read either: nothing tells when it ends
+                raise
+            return stand_in
 
     async def shutdown(self) -> None:
         """Kill running attempts (recorded as infrastructure failures, so they are retried later)."""

@@ -235,11 +235,28 @@ class RolloutUnreadable(Conflict, ValueError):
     (the record's state forbids the request): the gateway answers it 409 ``conflict`` naming the
     damage, not 500 ``internal_error``."""
 
-    def __init__(self, rollout_id: str, column: str, cause: BaseException) -> None:
+    def __init__(
+        self, rollout_id: str, column: str, cause: BaseException, plain: dict[str, Any] | None = None
+    ) -> None:
         self.rollout_id = rollout_id
         self.column = column
+        self.plain = plain or {}  # the row's columns that are not JSON, as read (see stand_in)
         shown = f"{type(cause).__name__}: {cause}"[:300]
         super().__init__(f"rollout {rollout_id}: its {column} column cannot be read (a damaged row): {shown}")
+
+    def stand_in(self) -> Rollout | None:
+        """The rollout as far as its plain columns tell (status, outcome, reward, attempt, error and
+        the rest that is not JSON), with no key and its JSON columns empty: for a reader that only
+        needs to know how it ended (``Controller.run_until_done``), never for one that writes or
+        runs it. None if those columns do not make a rollout either (the damage is in them)."""
+        if not self.plain:
+            return None
+        try:
+            return Rollout.model_validate(
+                {**self.plain, "api_key": "", "task": {}, "flags": [], "metadata": {}}
+            )
+        except _DAMAGED_ROLLOUT:
+            return None
 
 
 #: What decoding a damaged rollout row raises before ``rollout_from_row`` names it: JSON that does
@@ -262,19 +279,24 @@ def rollout_json(row: Row, column: str) -> Any:
     return value
 
 
+#: A rollout row's JSON columns: what a damaged row fails to decode (the rest are plain values).
+_JSON_ROLLOUT_COLUMNS = ("task", "flags", "metadata")
+
+
 def rollout_from_row(row: Row) -> Rollout:
     """The rollout a row holds; ``RolloutUnreadable`` naming the row and column if it is damaged."""
     # .keys(): iterating a sqlite3.Row gives its values, not its column names.
     fields = {key: row[key] for key in row.keys() if key != "pk"}  # noqa: SIM118
-    for key in ("task", "flags", "metadata"):
+    plain = {key: value for key, value in fields.items() if key not in _JSON_ROLLOUT_COLUMNS}
+    for key in _JSON_ROLLOUT_COLUMNS:
         try:
             fields[key] = load_json(fields[key])
         except _DAMAGED_ROLLOUT as exc:
-            raise RolloutUnreadable(str(fields["rollout_id"]), key, exc) from exc
+            raise RolloutUnreadable(str(fields["rollout_id"]), key, exc, plain) from exc
     try:
         return Rollout.model_validate(fields)
     except _DAMAGED_ROLLOUT as exc:
-        raise RolloutUnreadable(str(fields["rollout_id"]), "row", exc) from exc
+        raise RolloutUnreadable(str(fields["rollout_id"]), "row", exc, plain) from exc
 
 
 def usage_from_json(text: str | None) -> Usage | None:
