@@ -404,7 +404,7 @@ def export(
 ) -> None:
     """Write a checkpoint's LoRA adapter (PEFT format: adapter_config.json, adapter_model.safetensors)
     or, with --merged, its merged weights as a Hugging Face folder with the tokenizer files (no run
-    state). A run folder means its final checkpoint, else its latest."""
+    state). A run folder means its newest checkpoint (final, or latest when it holds a later step)."""
     from pathlib import Path
 
     from harnessrl.config import check_output_path

@@ -12,13 +12,16 @@ rebuilds the policy from the run's base weights plus that adapter, never from th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import shutil
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harnessrl.errors import ConfigError
+from harnessrl.trainer.checkpoint import STATE_FILE, latest_checkpoint
 
 if TYPE_CHECKING:
     import torch
@@ -29,19 +32,26 @@ if TYPE_CHECKING:
 ADAPTER_DIR = "adapter"
 #: The one adapter a policy trains (PEFT's default name).
 ADAPTER_NAME = "default"
+#: How an adapter is written: its low-rank layers alone. PEFT's default ("auto") also writes the
+#: whole base weight of an adapted ``lm_head`` (vocabulary x hidden: 2.2 MB beside 9 kB on the tiny
+#: model, gigabytes on a large one) into every checkpoint and every adapter a server loads; a resume
+#: takes that weight from the base model anyway.
+ADAPTER_LAYERS_ONLY = {"save_embedding_layers": False}
 #: What the merged export leaves out of a checkpoint folder: the adapter and the run state.
-RUN_STATE_FILES = ("trainer_state.pt", "harnessrl_state.json", "harnessrl_final.json")
+#: What a run's final checkpoint records its step in (``{"step": N}``, beside ``STATE_FILE``'s).
+FINAL_FILE = "harnessrl_final.json"
+RUN_STATE_FILES = ("trainer_state.pt", STATE_FILE, FINAL_FILE)
 
 
 def _leaf(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def check_lora(model: torch.nn.Module, lora: LoraSection) -> None:
-    """``ConfigError`` naming the field when ``lora`` cannot apply to ``model``: a target module the
-    model does not have (or that is not a linear layer), one whose weight is tied to another
-    parameter, or a rank above a target layer's smaller side (the low-rank product could not be low
-    rank: ``r`` up to min(in, out))."""
+def check_lora(model: torch.nn.Module, lora: LoraSection, section: str = "trainer.lora") -> None:
+    """``ConfigError`` naming the field (under ``section``: ``sft.lora`` for ``harnessrl sft``) when
+    ``lora`` cannot apply to ``model``: a target module the model does not have (or that is not a
+    linear layer), one whose weight is tied to another parameter, or a rank above a target layer's
+    smaller side (the low-rank product could not be low rank: ``r`` up to min(in, out))."""
     import torch
 
     linear = {name: m for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
@@ -56,7 +66,7 @@ def check_lora(model: torch.nn.Module, lora: LoraSection) -> None:
             others = {_leaf(n) for n, _ in model.named_modules() if n == target or n.endswith("." + target)}
             what = "is not a linear layer" if others else "is not a module of this model"
             raise ConfigError(
-                f"trainer.lora.target_modules: {target!r} {what}; its linear layers are {', '.join(leaves)}"
+                f"{section}.target_modules: {target!r} {what}; its linear layers are {', '.join(leaves)}"
             )
         for name, module in found.items():
             # The adapter changes this layer only, but an engine given the merged weight
@@ -65,19 +75,19 @@ def check_lora(model: torch.nn.Module, lora: LoraSection) -> None:
             tied = [n for n in names_of.get(id(module.weight), []) if n != f"{name}.weight"]
             if tied:
                 raise ConfigError(
-                    f"trainer.lora.target_modules: {target!r} ({name}) shares its weight with {tied[0]} "
+                    f"{section}.target_modules: {target!r} ({name}) shares its weight with {tied[0]} "
                     "(tied embeddings): an adapter on it cannot be served as trained; leave it out"
                 )
         matched = list(found.values())
         smallest = min(min(m.in_features, m.out_features) for m in matched)
         if lora.r > smallest:
             raise ConfigError(
-                f"trainer.lora.r: {lora.r} is larger than the {target!r} layers allow ({smallest}, the "
+                f"{section}.r: {lora.r} is larger than the {target!r} layers allow ({smallest}, the "
                 "smaller of their input and output sizes)"
             )
 
 
-def check_lora_dir(model_dir: str | Path, lora: LoraSection) -> None:
+def check_lora_dir(model_dir: str | Path, lora: LoraSection, section: str = "trainer.lora") -> None:
     """``check_lora`` on the model in ``model_dir`` built on the meta device: no weights are read,
     so a run checks its ``[trainer.lora]`` before anything starts."""
     import torch
@@ -86,7 +96,7 @@ def check_lora_dir(model_dir: str | Path, lora: LoraSection) -> None:
     config = AutoConfig.from_pretrained(str(model_dir))
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
-    check_lora(model, lora)
+    check_lora(model, lora, section)
 
 
 def with_lora(
@@ -98,7 +108,7 @@ def with_lora(
 
     check_lora(model, lora)
     if adapter_dir is not None:
-        check_adapter_matches(Path(adapter_dir), lora)
+        check_adapter_matches(Path(adapter_dir), lora, model)
         # The saved adapter's settings, with this run's dropout: it may change on --resume
         # (docs/train.md), and PEFT alone takes the saved one (a new dropout was silently ignored).
         saved = LoraConfig.from_pretrained(str(adapter_dir))
@@ -116,22 +126,44 @@ def with_lora(
     )
 
 
-def check_adapter_matches(adapter_dir: Path, lora: LoraSection) -> None:
+def check_adapter_matches(adapter_dir: Path, lora: LoraSection, model: torch.nn.Module | None = None) -> None:
     """``ConfigError`` naming the field when a saved adapter (a ``--resume``) was trained with other
-    ``[trainer.lora]`` settings than the config's: the run would silently go on with the saved ones."""
+    ``[trainer.lora]`` settings than the config's: the run would silently go on with the saved ones.
+
+    ``target_modules`` are compared by the linear layers of ``model`` they select (as a set, without
+    ``model``), not as written: PEFT saves them as a set (a repeated name is gone) and rewrites 20 or
+    more of them to the shortest suffixes that select the same layers (``q_proj`` for every
+    ``model.layers.N.self_attn.q_proj``), so the run's own adapter was refused on every ``--resume``."""
     saved = json.loads((adapter_dir / "adapter_config.json").read_text())
-    wanted = {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(lora.target_modules)}
+    saved_targets = saved.get("target_modules") or []
+    if isinstance(saved_targets, str):  # PEFT also takes one name (or a regex) as a string
+        saved_targets = [saved_targets]
+    wanted = {"r": lora.r, "alpha": lora.alpha, "target_modules": sorted(set(lora.target_modules))}
     found = {
         "r": saved.get("r"),
         "alpha": saved.get("lora_alpha"),
-        "target_modules": sorted(saved.get("target_modules") or []),
+        "target_modules": sorted(set(saved_targets)),
     }
+    if model is not None and _targeted(model, lora.target_modules) == _targeted(model, saved_targets):
+        found["target_modules"] = wanted["target_modules"]  # the same layers, however written
     for field, value in wanted.items():
         if found[field] != value:
             raise ConfigError(
                 f"trainer.lora.{field}: {value!r}, but the adapter being resumed ({adapter_dir}) was "
                 f"trained with {found[field]!r}"
             )
+
+
+def _targeted(model: torch.nn.Module, targets: list[str]) -> set[str]:
+    """The names of ``model``'s linear layers that ``targets`` select (PEFT's rule for a list: the
+    whole name, or its end after a dot)."""
+    import torch
+
+    return {
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and any(name == t or name.endswith("." + t) for t in targets)
+    }
 
 
 def adapted_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -182,7 +214,10 @@ def save_adapter_state(model: torch.nn.Module, state: dict[str, torch.Tensor], f
     from peft import get_peft_model_state_dict
     from safetensors.torch import save_file
 
-    adapter = get_peft_model_state_dict(model, state_dict=state, adapter_name=ADAPTER_NAME)
+    # Without the base weights of an adapted lm_head (``save_embedding_layers``: ``ADAPTER_LAYERS_ONLY``).
+    adapter = get_peft_model_state_dict(
+        model, state_dict=state, adapter_name=ADAPTER_NAME, **ADAPTER_LAYERS_ONLY
+    )
     folder.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in adapter.items()}, str(folder / "adapter_model.safetensors"))
     # A shallow copy: PEFT keeps target_modules as a set and writes it in the set's iteration order; a
@@ -199,27 +234,68 @@ def adapter_bytes(model: torch.nn.Module) -> int:
 
 def export_checkpoint(checkpoint: Path, out: Path, *, merged: bool) -> Path:
     """Write a checkpoint's adapter (PEFT format) or its merged weights (a Hugging Face folder with
-    the tokenizer files, without the run state) to ``out``, which must not exist."""
+    the tokenizer files, without the run state) to ``out``, which must not exist.
+
+    Copied into a hidden folder beside ``out``, renamed to ``out`` once whole: a copy that failed
+    (disk full, a stop) left a half-written ``out`` (a truncated ``model.safetensors``) behind, which
+    then refused the retry as "already exists", after a traceback."""
     if out.exists():
         raise ConfigError(f"{out}: already exists")
     adapter = checkpoint / ADAPTER_DIR
     if not (checkpoint / "config.json").exists():
         raise ConfigError(f"{checkpoint}: not a harnessrl checkpoint (no config.json)")
-    if not merged:
-        if not (adapter / "adapter_config.json").exists():
-            raise ConfigError(
-                f"{checkpoint}: has no adapter (trained without [trainer.lora]); export it with --merged"
-            )
-        shutil.copytree(adapter, out)
-        return out
-    shutil.copytree(checkpoint, out, ignore=shutil.ignore_patterns(ADAPTER_DIR, *RUN_STATE_FILES))
+    if not merged and not (adapter / "adapter_config.json").exists():
+        raise ConfigError(
+            f"{checkpoint}: has no adapter (trained without [trainer.lora]); export it with --merged"
+        )
+    made = [p for p in out.absolute().parents if not p.exists()]  # the folders made for it, deepest first
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        if merged:
+            ignore = shutil.ignore_patterns(ADAPTER_DIR, *RUN_STATE_FILES)
+            shutil.copytree(checkpoint, partial, ignore=ignore, dirs_exist_ok=True)
+        else:
+            shutil.copytree(adapter, partial, dirs_exist_ok=True)
+        partial.rename(out)
+    except BaseException as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if not isinstance(exc, OSError):  # shutil.Error is one too
+            raise
+        first = exc.args[0][0][2] if isinstance(exc, shutil.Error) and exc.args[0] else exc
+        raise ConfigError(f"{out}: could not be written ({first}); nothing was left there") from exc
     return out
 
 
 def run_checkpoint(path: Path) -> Path:
-    """``path`` itself, or for a run folder its final checkpoint, else its latest one."""
+    """``path`` itself, or for a run folder its newest checkpoint: ``checkpoints/final``, or
+    ``checkpoints/latest`` when that one holds a later step (a ``--resume`` that trained past the
+    run's end and stopped before writing a new final: its final is the earlier end's)."""
+
     # A run folder has a config.json too (the run's own): a checkpoint is one with weights.
-    for candidate in (path, path / "checkpoints" / "final", path / "checkpoints" / "latest"):
-        if (candidate / "config.json").exists() and any(candidate.glob("*.safetensors")):
-            return candidate
+    def whole(candidate: Path) -> bool:
+        return (candidate / "config.json").exists() and any(candidate.glob("*.safetensors"))
+
+    if whole(path):
+        return path
+    final, latest = path / "checkpoints" / "final", latest_checkpoint(path)  # or latest.old, mid-swap
+    if latest is not None and not whole(latest):
+        latest = None
+    if whole(final) and not (latest is not None and _step(latest, STATE_FILE) > _step(final, FINAL_FILE)):
+        return final
+    if latest is not None:
+        return latest
     raise ConfigError(f"{path}: neither a checkpoint folder nor a run folder with checkpoints")
+
+
+def _step(checkpoint: Path, name: str) -> int:
+    """The step a checkpoint's ``name`` (``harnessrl_state.json``, ``harnessrl_final.json``) records;
+    -1 when it cannot be read."""
+    try:
+        step = json.loads((checkpoint / name).read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return -1
+    return step if isinstance(step, int) else -1

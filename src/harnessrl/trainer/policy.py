@@ -32,6 +32,7 @@ from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import (
     ADAPTER_DIR,
+    ADAPTER_LAYERS_ONLY,
     adapted_weights,
     merged_from_state,
     save_adapter_state,
@@ -285,7 +286,7 @@ class TrainablePolicy:
         ``folder``; False, writing nothing, without ``[trainer.lora]``."""
         if self.config.lora is None:
             return False
-        self.model.save_pretrained(str(folder))
+        self.model.save_pretrained(str(folder), **ADAPTER_LAYERS_ONLY)
         return True
 
     def save_checkpoint(
