@@ -522,3 +522,18 @@ def test_run_dir_may_be_neither_empty_nor_set_on_resume(record, solving, tmp_pat
         prepare_sft_run(None, str(run_dir), [f"run.dir={tmp_path / 'elsewhere'}"])
     assert (run_dir / "config.json").read_text() == saved
     prepare_sft_run(None, str(run_dir), ["sft.epochs=3"])  # the control: another override is taken
+
+
+def test_a_lora_section_sft_cannot_apply_is_named_as_sft_lora(record, solving, tmp_path):
+    """``[sft.lora]`` is checked against the student like ``[trainer.lora]``: its errors named
+    ``trainer.lora.*``, a section an sft config does not have."""
+    rec = record([solving], [1.0])
+    config = str(write_config(tmp_path, rec.run_dir))
+    for setting, named in [
+        ('sft.lora.target_modules=["nope"]', "sft.lora.target_modules"),
+        ("sft.lora.r=999", "sft.lora.r"),
+    ]:
+        result = runner.invoke(app, ["sft", config, "--set", setting])
+        line = error_line(result)
+        assert result.exit_code == 2 and f" {named}: " in line and "trainer." not in line, (setting, line)
+    assert not (tmp_path / "runs").exists()

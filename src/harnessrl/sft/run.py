@@ -218,7 +218,7 @@ class SftRun:
         if s.lora is not None:
             from harnessrl.trainer.lora import ADAPTER_DIR, check_lora_dir
 
-            check_lora_dir(student, s.lora)
+            check_lora_dir(student, s.lora, "sft.lora")
             if checkpoint is not None:  # LoRA resumes the checkpoint's adapter on the student's base weights
                 model_dir, adapter = student, checkpoint / ADAPTER_DIR
         policy = TrainablePolicy(model_dir, cfg.policy_config(plan.total_steps), adapter_dir=adapter)
