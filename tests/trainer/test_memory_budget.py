@@ -111,3 +111,33 @@ def test_checkpointing_every_other_layer_estimates_between_none_and_all():
         )
     )
     assert every < half < none
+
+
+ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@pytest.mark.parametrize(("r", "targets"), [(16, ["q_proj", "v_proj"]), (128, ALL_PROJECTIONS + ["lm_head"])])
+def test_the_adapters_counted_are_the_ones_peft_makes(r, targets):
+    """The estimate left LoRA's adapters out: at ``r = 128`` on every projection of SmolLM2 their
+    weights, gradients and AdamW moments are 0.63 GB, more than the frozen base (0.54 GB), so a run
+    that could not fit passed the preflight. Counted here as PEFT counts them, on SmolLM2's real
+    architecture (built on the meta device: no weights)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+        vocab_size=49152, intermediate_size=1536, tie_word_embeddings=False,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = get_peft_model(
+            AutoModelForCausalLM.from_config(config), LoraConfig(r=r, target_modules=targets)
+        )
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert SMOLLM2.adapter_params(r, targets) == trainable
+
+    trainer = "trainer weights+grads+Adam"
+    lora = [f"trainer.lora.r={r}", f"trainer.lora.target_modules={targets}".replace("'", '"')]
+    part = estimate_memory(main_job(*PLAIN, *lora), SMOLLM2).parts[trainer]
+    assert part == 4 * SMOLLM2.params + 16 * trainable

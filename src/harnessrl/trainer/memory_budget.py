@@ -8,9 +8,10 @@ the estimate reads the model's ``config.json`` (or the built-in shape of ``smoll
 The parts, in bytes, for a model of P parameters trained in one process on the CPU (the embedded
 engine in the same process):
 
-- trainer state: fp32 weights, gradients and AdamW's two moments, ``16 P`` (LoRA: ``4 P`` plus the
-  adapters, left out); a KL reference model ``4 P`` more (none with LoRA: the base weights, adapters
-  off);
+- trainer state: fp32 weights, gradients and AdamW's two moments, ``16 P`` (LoRA: ``4 P`` for the
+  frozen base plus ``16 A`` for the adapters' A parameters, ``r x (in + out)`` per targeted layer:
+  at ``r = 128`` on every projection of SmolLM2 that is 0.63 GB, more than the base); a KL reference
+  model ``4 P`` more (none with LoRA: the base weights, adapters off);
 - engine weights: ``P`` x the engine dtype's size (its own copy, refreshed after every step);
 - engine KV cache, at most: ``engine.max_batch_size`` rows x ``engine.context_length`` positions
   (default: the model's own context) x layers x 2 x KV heads x head dim x dtype size. The cache grows
@@ -62,6 +63,7 @@ class ModelShape:
     head_dim: int
     vocab: int
     context: int
+    intermediate: int = 0  # the MLP's inner size (0: unknown)
 
     @classmethod
     def from_hf_config(cls, c: dict) -> ModelShape:
@@ -81,12 +83,55 @@ class ModelShape:
             head_dim=head_dim,
             vocab=vocab,
             context=int(c.get("max_position_embeddings") or 4096),
+            intermediate=inter,
         )
+
+    def linear_sides(self, name: str) -> tuple[int, int] | None:
+        """(in, out) features of the Llama-style linear layer ``name`` (its last part), and how
+        many the model has, as ``(in + out, count)``; None for a name this shape does not know."""
+        q, kv, h, i = (
+            self.heads * self.head_dim,
+            self.kv_heads * self.head_dim,
+            self.hidden,
+            self.intermediate,
+        )
+        sides = {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+        if name == "lm_head":
+            return h + self.vocab, 1
+        if name not in sides or (i == 0 and name in ("gate_proj", "up_proj", "down_proj")):
+            return None
+        return sum(sides[name]), self.layers
+
+    def adapter_params(self, r: int, targets: list[str]) -> int:
+        """Parameters of rank-``r`` adapters on ``targets``: ``r x (in + out)`` per layer. A name
+        this shape does not know counts as a square hidden x hidden layer in every decoder layer."""
+        total = 0
+        for name in set(targets):
+            known = self.linear_sides(name.rsplit(".", 1)[-1])
+            sides, count = known if known is not None else (2 * self.hidden, self.layers)
+            total += r * sides * count
+        return total
 
 
 #: SmolLM2-135M-Instruct (its config.json), known before the GGUF is converted.
 SMOLLM2 = ModelShape(
-    params=134_515_008, layers=30, hidden=576, heads=9, kv_heads=3, head_dim=64, vocab=49152, context=8192
+    params=134_515_008,
+    layers=30,
+    hidden=576,
+    heads=9,
+    kv_heads=3,
+    head_dim=64,
+    vocab=49152,
+    context=8192,
+    intermediate=1536,
 )
 
 
@@ -121,7 +166,10 @@ def estimate_memory(config: TrainConfig, shape: ModelShape) -> MemoryEstimate:
     """What the run of ``config`` holds at its peak, in bytes (see the module docstring)."""
     t, e = config.trainer, config.engine
     P = shape.params
-    trainer = 4 * P if t.lora is not None else 16 * P
+    # LoRA: the frozen base in fp32, and the adapters' weights, gradients and two AdamW moments.
+    trainer = (
+        4 * P + 16 * shape.adapter_params(t.lora.r, t.lora.target_modules) if t.lora is not None else 16 * P
+    )
     if config.algorithm.kl_coef > 0 and t.lora is None:
         # With LoRA the reference is the policy's own base weights, adapters off: no second copy.
         trainer += 4 * P
