@@ -26,14 +26,14 @@ from starlette.responses import HTMLResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 
 from harnessrl.dashboard import auth
-from harnessrl.dashboard.data import DashboardData
-from harnessrl.dashboard.html import esc, page
+from harnessrl.dashboard.data import DamagedRollout, DashboardData
+from harnessrl.dashboard.html import PAGE_HEADERS, esc, page
 from harnessrl.dashboard.logs import attempt_logs, log_path, read_log_tail
 from harnessrl.dashboard.pages import parse_table_query, rollouts_body, runs_body
 from harnessrl.dashboard.runs import STORE_FILE, RunSource, find_run_folders, name_runs, overview_body
-from harnessrl.dashboard.trace import compare_body, trace_body
+from harnessrl.dashboard.trace import CompareSide, compare_body, trace_body
 from harnessrl.errors import NotFound, UpstreamError
-from harnessrl.schemas import TERMINAL_STATUSES
+from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
 if TYPE_CHECKING:
     from harnessrl.store.base import Store
@@ -58,10 +58,15 @@ class Dashboard:
     _token_text: dict[int, str] = field(default_factory=dict)
 
     def decode(self, token_id: int) -> str:
+        """A token's text, or its id as ``⟨id⟩`` with no tokenizer or one that cannot decode it (a
+        damaged call row's negative id raised ``OverflowError``: a 500 for the whole trace)."""
         text = self._token_text.get(token_id)
         if text is None:
             tokenizer = self.load_tokenizer()
-            text = f"⟨{token_id}⟩" if tokenizer is None else tokenizer.decode([token_id])
+            try:
+                text = f"⟨{token_id}⟩" if tokenizer is None else tokenizer.decode([token_id])
+            except Exception:  # noqa: BLE001 - the tokenizer library's own errors: show the id
+                text = f"⟨{token_id}⟩"
             if len(self._token_text) < 200_000:
                 self._token_text[token_id] = text
         return text
@@ -82,7 +87,9 @@ def _html(
 ) -> HTMLResponse:
     refresh_s = REFRESH_S if live else None
     return HTMLResponse(
-        page(title, body, prefix=dash.prefix, refresh_s=refresh_s, home=dash.home), status_code
+        page(title, body, prefix=dash.prefix, refresh_s=refresh_s, home=dash.home),
+        status_code,
+        headers=PAGE_HEADERS,
     )
 
 
@@ -184,12 +191,21 @@ async def _log(request: Request, dash: Dashboard, data: DashboardData) -> Respon
     return PlainTextResponse(text, headers=headers)
 
 
+def _compare_side(data: DashboardData, rollout_id: str) -> CompareSide:
+    """One side of a compare: its rollout and calls, or, for a rollout row that cannot be read
+    (``DamagedRollout``), what is wrong with it and its calls (the other side is still shown)."""
+    calls = data.rollout_calls(rollout_id)
+    try:
+        rollout: Rollout | str = data.get_rollout(rollout_id)
+    except DamagedRollout as exc:
+        rollout = str(exc)
+    return CompareSide(rollout_id, rollout, calls.calls, calls.unreadable)
+
+
 def _compare_page(dash: Dashboard, data: DashboardData, a: str, b: str) -> tuple[str, bool]:
-    read = [(data.get_rollout(rid), data.rollout_calls(rid)) for rid in (a, b)]
-    pairs = [(rollout, calls.calls) for rollout, calls in read]
-    live = any(rollout.status not in TERMINAL_STATUSES for rollout, _ in pairs)
-    damage = [calls.unreadable for _, calls in read]
-    return compare_body(pairs, dash.decode, dash.prefix, data.sample_token_caps(), damage), live
+    sides = [_compare_side(data, rid) for rid in (a, b)]
+    live = any(isinstance(s.rollout, Rollout) and s.rollout.status not in TERMINAL_STATUSES for s in sides)
+    return compare_body(sides, dash.decode, dash.prefix, data.sample_token_caps()), live
 
 
 async def _compare(request: Request, dash: Dashboard, data: DashboardData) -> Response:
@@ -326,7 +342,8 @@ def _overview_mount(sources: list[RunSource], admin_key: str) -> Mount:
         body, running = await run_in_threadpool(overview_body, sources, PREFIX, dict(request.query_params))
         refresh_s = REFRESH_S if running else None
         return HTMLResponse(
-            page("Runs", body, prefix=PREFIX, refresh_s=refresh_s, home=PREFIX, run_nav=False)
+            page("Runs", body, prefix=PREFIX, refresh_s=refresh_s, home=PREFIX, run_nav=False),
+            headers=PAGE_HEADERS,
         )
 
     runs = [

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, urlencode
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from harnessrl.dashboard.html import esc, page
+from harnessrl.dashboard.html import PAGE_HEADERS, esc, page
 
 COOKIE_PREFIX = "harnessrl_dashboard_"
 #: The largest sign-in form read (a key and a ``next`` URL are far smaller); a longer body gets 413.
@@ -59,7 +59,7 @@ def login_page(prefix: str, next_url: str, *, status_code: int, message: str) ->
         '<label>Admin key <input type="password" name="key" autofocus required></label> '
         '<button type="submit">Open dashboard</button></form></div>'
     )
-    return HTMLResponse(page("Sign in", body, prefix=prefix), status_code=status_code)
+    return HTMLResponse(page("Sign in", body, prefix=prefix), status_code=status_code, headers=PAGE_HEADERS)
 
 
 def _with_cookie(response: Response, admin_key: str, secure: bool) -> Response:

@@ -21,9 +21,10 @@ no SQLite store at all is refused at start with ``ConfigError``. A call row that
 trace and compare pages show beside what they can. A rollout row whose JSON columns (task, flags,
 metadata) cannot be decoded is shown with those columns empty and the damage named in its
 ``metadata[DAMAGED_ROW_KEY]`` (it failed the whole rollouts table); a row that cannot be made a
-rollout even so (a damaged ``status`` or ``attempt``) is ``UpstreamError``, naming it, and is left
-out of the rollouts table (logged; it failed the whole table too). A run whose config cannot be
-decoded is shown with the damage as its config.
+rollout even so (a damaged ``status`` or ``attempt``) is ``DamagedRollout`` (an ``UpstreamError``),
+naming it, and is left out of the rollouts table (logged; it failed the whole table too) and named
+beside the other rollout of a compare (it failed the compare with a 503). A run whose config cannot
+be decoded is shown with the damage as its config.
 """
 
 from __future__ import annotations
@@ -100,6 +101,9 @@ class RolloutFilter:
 
 #: A rollout's flags for SQLite's JSON functions, which raise on a damaged (not JSON) value: none then.
 _VALID_FLAGS = "CASE WHEN json_valid(rollouts.flags) THEN rollouts.flags ELSE '[]' END"
+#: A call column read for the table's statistics, as an integer or NULL: SQLite stores whatever a
+#: writer gave a column (``{}``: the column).
+_INT = "CASE WHEN typeof({0}) = 'integer' THEN {0} END"
 #: SQLite's INTEGER range (64-bit signed).
 _SQLITE_MIN_INT, _SQLITE_MAX_INT = -(2**63), 2**63 - 1
 #: The table's result filter, by reward (what a badge shows), as SQL.
@@ -147,6 +151,12 @@ DAMAGED_ROW_KEY = "damaged_record"
 _ROLLOUT_JSON = (("task", dict), ("flags", list), ("metadata", dict))
 
 
+class DamagedRollout(UpstreamError):
+    """A rollout row that cannot be made a rollout even with its JSON columns set aside (a damaged
+    ``status`` or ``attempt``). An ``UpstreamError`` (a trace page of it is a 503 naming the damage);
+    a compare shows the other rollout beside it."""
+
+
 def read_rollout(row: sqlite3.Row) -> Rollout:
     """``rollout_from_row``, or for a row whose JSON columns were damaged, the rollout with those
     columns empty and the damage named in ``metadata[DAMAGED_ROW_KEY]``."""
@@ -169,7 +179,7 @@ def read_rollout(row: sqlite3.Row) -> Rollout:
     try:
         return Rollout.model_validate(fields)
     except DAMAGED_ROW as exc:
-        raise UpstreamError(
+        raise DamagedRollout(
             f"rollout {fields.get('rollout_id')!r}: its row in the store is damaged and cannot be read: "
             f"{type(exc).__name__}: {exc}"[:1000]
         ) from exc
@@ -233,7 +243,14 @@ class DashboardData:
                 row = conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
             except sqlite3.OperationalError:  # no meta table: an empty or pre-versioning file
                 return 0
-        return 0 if row is None else int(row[0])
+        try:
+            return 0 if row is None else int(row[0])
+        except (TypeError, ValueError) as exc:  # a damaged meta row: a traceback at start, a 500 after
+            raise ConfigError(
+                f"{str(self.path)!r} is not a readable harnessrl store: its schema_version is {row[0]!r}"[
+                    :1000
+                ]
+            ) from exc
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -304,9 +321,12 @@ class DashboardData:
         read or decoded, only each call's seq, attempt, base and sampled-token count."""
         by_id = {row.rollout.rollout_id: row for row in rows}
         marks = ", ".join("?" * len(by_id))
+        # Integers only (``_INT``): a damaged row's text in these columns failed the whole table (a
+        # seq that is no number, which the count could not order, leaves its row out of the count).
         sql = (
-            "SELECT rollout_id, seq, attempt, prompt_base_seq, LENGTH(response_token_ids) / 4 AS sampled, "
-            f"prompt_len FROM calls WHERE rollout_id IN ({marks}) ORDER BY rollout_id, seq"
+            f"SELECT rollout_id, seq, attempt, {_INT.format('prompt_base_seq')} AS prompt_base_seq, "
+            f"LENGTH(response_token_ids) / 4 AS sampled, {_INT.format('prompt_len')} AS prompt_len "
+            f"FROM calls WHERE rollout_id IN ({marks}) AND typeof(seq) = 'integer' ORDER BY rollout_id, seq"
         )
         links: dict[str, list[CallLink]] = {rollout_id: [] for rollout_id in by_id}
         for rec in conn.execute(sql, list(by_id)):
@@ -330,10 +350,12 @@ class DashboardData:
         marks = ", ".join("?" * len(by_id))
         # Token counts without decoding: response blobs are whole (int32 each), and a prompt (a
         # delta on an earlier call) has its whole length in prompt_len.
+        # Integers only (``_INT``): a damaged call row's text or real in these columns was a 500 for
+        # the whole table; its call is still counted.
         sql = (
             "SELECT rollout_id, COUNT(*) AS n, SUM(LENGTH(response_token_ids)) / 4 AS sampled, "
-            "GROUP_CONCAT(DISTINCT policy_version) AS versions, "
-            "(SELECT c2.prompt_len FROM calls c2 WHERE c2.rollout_id = calls.rollout_id "
+            f"GROUP_CONCAT(DISTINCT {_INT.format('policy_version')}) AS versions, "
+            f"(SELECT {_INT.format('c2.prompt_len')} FROM calls c2 WHERE c2.rollout_id = calls.rollout_id "
             " ORDER BY c2.seq DESC LIMIT 1) AS last_prompt "
             f"FROM calls WHERE rollout_id IN ({marks}) GROUP BY rollout_id"
         )

@@ -68,6 +68,21 @@ th a.sort { color:inherit; }
 """
 
 
+#: The headers of every HTML page. The pages hold no script at all, so none may run: a page shows
+#: what a policy wrote, and were one value ever left unescaped, its ``<script>`` or ``onerror=``
+#: would still be refused (``script-src`` falls back to ``'none'``). Styles are the inline CSS and
+#: ``style`` attributes; nothing is fetched, a form submits only to this dashboard, and no other
+#: site may frame a page (clickjacking).
+PAGE_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'; "
+        "base-uri 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
 def esc(value: Any) -> str:
     """HTML-escaped text of any value (``None`` → empty)."""
     return "" if value is None else escape(str(value), quote=True)

@@ -11,6 +11,7 @@ not sniff as HTML, and only their last ``MAX_LOG_BYTES`` (where a failure's reas
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from harnessrl.errors import NotFound
 from harnessrl.schemas import Rollout
 
 STREAMS = ("stdout", "stderr")
+#: An attempt's folder as the controller names it (``attempt-N``, N written without leading zeros).
+_ATTEMPT_DIR = re.compile(r"attempt-(0|[1-9][0-9]*)")
 MAX_LOG_BYTES = 1 << 20  # 1 MiB: the tail of a longer log, said so on its first line
 
 
@@ -41,11 +44,21 @@ def log_path(run_dir: Path, rollout: Rollout, attempt: int, stream: str) -> Path
 
 
 def attempt_logs(run_dir: Path | None, rollout: Rollout) -> list[LogFile]:
-    """The logs there are of each of a rollout's attempts (none where the run folder is unknown)."""
+    """The logs there are of each of a rollout's attempts (none where the run folder is unknown).
+
+    The attempts are those with a folder the controller made (``attempt-N``, N up to the rollout's
+    attempt), never ``range(rollout.attempt + 1)``: a stored attempt is only a number (a damaged row
+    holding 10**9 hung the trace page, and each refresh took another server thread)."""
     if run_dir is None:
         return []
+    try:
+        names = os.listdir(run_dir / "rollouts" / rollout.rollout_id)
+    except (OSError, ValueError):  # no logs, or an id no path can hold (a NUL): none to link
+        return []
+    numbers = (int(name.removeprefix("attempt-")) for name in names if _ATTEMPT_DIR.fullmatch(name))
+    attempts = sorted(n for n in numbers if n <= rollout.attempt)
     found = []
-    for attempt in range(rollout.attempt + 1):
+    for attempt in attempts:
         for stream in STREAMS:
             try:
                 size = log_path(run_dir, rollout, attempt, stream).stat().st_size

@@ -68,10 +68,17 @@ def runs_body(
             f"{' · step ' + esc(last.get('step')) if last else ''}"
             f"{' · policy version ' + esc(last.get('policy_version')) if 'policy_version' in last else ''}</p>"
         )
-        if len(runs) == 1 or run.config.get("run", {}).get("dir") == str(metrics_path.parent):
+        if len(runs) == 1 or _run_dir(run.config) == str(metrics_path.parent):
             parts.append(chart_form(prefix, x, smooth) + run_charts(records, x=x, smooth=smooth))
         parts.append(f"<details><summary>config</summary>{pretty_json(run.config)}</details></div>")
     return "".join(parts), any(run.status == "running" for run in runs)
+
+
+def _run_dir(config: dict[str, object]) -> object:
+    """A stored config's ``run.dir``; ``None`` where ``run`` is no object (a config is any JSON
+    object its creator sent: ``{"run": "x"}`` failed the runs page with a 500)."""
+    run = config.get("run")
+    return run.get("dir") if isinstance(run, dict) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,9 +279,12 @@ def rollouts_body(data: DashboardData, query: TableQuery, prefix: str) -> str:
         f'<tr><td colspan="{len(_COLUMNS)}" class="muted">no rollouts match</td></tr>'
     )
     compare = ""
-    if f.group_id and len(rows) >= 2:
-        best = max(rows, key=lambda row: row.rollout.reward or 0.0)
-        worst = min(rows, key=lambda row: row.rollout.reward or 0.0)
+    # Of the rewarded rollouts shown: an unrewarded one (running, failed) is neither best nor worst,
+    # and the worst is another rollout than the best (a group of equal rewards compared one with itself).
+    rewarded = [row for row in rows if row.rollout.reward is not None]
+    if f.group_id and len(rewarded) >= 2:
+        best = max(rewarded, key=lambda row: row.rollout.reward or 0.0)
+        worst = min((row for row in rewarded if row is not best), key=lambda row: row.rollout.reward or 0.0)
         compare = (
             f'<p><a href="{url(prefix + "/compare", a=best.rollout.rollout_id, b=worst.rollout.rollout_id)}">'
             "compare best vs worst of this group</a></p>"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from harnessrl.dashboard.conversation import MAX_JSON_CHARS, conversation_html
@@ -26,6 +27,13 @@ from harnessrl.dashboard.token_view import MAX_TOKENS_PER_PAGE, Decoder, TokenVi
 from harnessrl.dashboard.tool_requests import timeline_html
 from harnessrl.schemas import Call, Rollout, ToolRequest
 
+#: The audit entries a page shows of one rollout (the rest are counted), and the characters of each
+#: entry's command it shows, around the match. The policy decides how many commands it runs and how
+#: long they are, and the audit stores each flagged command whole (2,000 flagged commands of 20 KB
+#: made a 40 MB trace page).
+MAX_AUDIT_ENTRIES = 200
+MAX_AUDIT_COMMAND_CHARS = 2_000
+
 
 def highlight(command: str, match: str) -> str:
     """``command`` escaped, with every occurrence of ``match`` in a ``<mark>``."""
@@ -34,17 +42,38 @@ def highlight(command: str, match: str) -> str:
     return f'<mark class="hit">{esc(match)}</mark>'.join(esc(part) for part in command.split(match))
 
 
+def command_html(command: str, match: str, limit: int = MAX_AUDIT_COMMAND_CHARS) -> str:
+    """``highlight`` of at most ``limit`` characters of ``command``: a longer one is shown from around
+    the first occurrence of ``match``, with how many characters were left out before and after."""
+    if len(command) <= limit:
+        return highlight(command, match)
+    at = command.find(match) if match else -1
+    start = 0 if at < 0 else max(0, min(at - (limit - len(match)) // 2, len(command) - limit))
+    end = start + limit
+    before = f"… ({start:,} characters not shown) " if start else ""
+    after = f" … ({len(command) - end:,} more characters not shown)" if end < len(command) else ""
+    return esc(before) + highlight(command[start:end], match) + esc(after)
+
+
 def audit_html(rollout: Rollout) -> str:
     entries = rollout.metadata.get("audit") or []
     if not rollout.flags and not entries:
         return '<p class="muted">No audit flags.</p>'
     parts = ["<p>" + " ".join(badge(flag, "flag") for flag in rollout.flags) + "</p>"]
-    for entry in entries:
+    if not isinstance(entries, list):  # not what the controller writes: shown as it is (it was a 500)
+        return "".join(parts) + pretty_json(entries, limit=MAX_JSON_CHARS)
+    for entry in entries[:MAX_AUDIT_ENTRIES]:
         if not isinstance(entry, dict):
             continue
+        command = command_html(str(entry.get("command", "")), str(entry.get("match", "")))
         parts.append(
             f'<div class="card flag">{badge(entry.get("rule"), "flag")} call {esc(entry.get("call_seq"))}'
-            f"<pre>{highlight(str(entry.get('command', '')), str(entry.get('match', '')))}</pre></div>"
+            f"<pre>{command}</pre></div>"
+        )
+    if len(entries) > MAX_AUDIT_ENTRIES:
+        parts.append(
+            f'<p class="muted audit-more">… {len(entries) - MAX_AUDIT_ENTRIES:,} more audit entries not '
+            f"shown (a page shows the first {MAX_AUDIT_ENTRIES:,}).</p>"
         )
     return "".join(parts)
 
@@ -199,24 +228,46 @@ def _trace_url(prefix: str, rollout: Rollout) -> str:
     return trace_path(prefix, rollout.rollout_id)
 
 
-def compare_body(
-    pairs: list[tuple[Rollout, list[Call]]],
-    decode: Decoder,
-    prefix: str,
-    caps: dict[str, int] | None = None,
-    unreadable: Sequence[Mapping[int, str]] = (),
-) -> str:
-    """Two rollouts side by side; ``caps``: each run's ``trainer.max_sample_tokens`` by run id;
-    ``unreadable``: for each side, attempt -> why its calls cannot be read (as ``trace_body``)."""
-    a, b = pairs[0][0], pairs[1][0]
-    warn = (
-        ""
-        if a.group_id is not None and a.group_id == b.group_id
-        else '<p class="badge b-flag">these rollouts are not in the same group</p>'
+@dataclass(frozen=True, slots=True)
+class CompareSide:
+    """One rollout of a compare: the rollout, or what is wrong with its row when the store's row
+    cannot be made one (``DamagedRollout``: the side names it and shows the calls' conversation);
+    its calls, and ``unreadable``: attempt -> why those calls (left out) cannot be read."""
+
+    rollout_id: str
+    rollout: Rollout | str
+    calls: list[Call]
+    unreadable: Mapping[int, str] = field(default_factory=dict)
+
+
+def _damaged_side(side: CompareSide, prefix: str) -> str:
+    return (
+        f'<div class="side"><h2><a href="{esc(trace_path(prefix, side.rollout_id))}">{esc(side.rollout_id)}</a>'
+        '</h2><div class="card flag damaged-row"><b>Damaged record.</b> The store\'s row of this rollout '
+        f"cannot be read, so its evaluation and tokens are not shown:<pre>{esc(side.rollout)}</pre></div>"
+        f"<h3>Conversation</h3>{conversation_html(side.calls)}</div>"
     )
+
+
+def compare_body(
+    sides: Sequence[CompareSide], decode: Decoder, prefix: str, caps: dict[str, int] | None = None
+) -> str:
+    """Two rollouts side by side; ``caps``: each run's ``trainer.max_sample_tokens`` by run id. A
+    side whose rollout row cannot be read is named, beside the other shown whole."""
+    a, b = (side.rollout for side in sides[:2])
+    same_group = (
+        isinstance(a, Rollout)
+        and isinstance(b, Rollout)
+        and a.group_id is not None
+        and a.group_id == b.group_id
+    )
+    warn = "" if same_group else '<p class="badge b-flag">these rollouts are not in the same group</p>'
     cols = []
-    for side, (rollout, calls) in enumerate(pairs):
-        damage = unreadable[side] if side < len(unreadable) else {}
+    for side in sides:
+        rollout, calls = side.rollout, side.calls
+        if not isinstance(rollout, Rollout):
+            cols.append(_damaged_side(side, prefix))
+            continue
         # Each side gets half the page's token budget, so a compare page is no larger than a trace.
         views = TokenViews(trace_url=_trace_url(prefix, rollout), budget=MAX_TOKENS_PER_PAGE // 2)
         cap = (caps or {}).get(rollout.run_id) if rollout.run_id is not None else None
@@ -224,7 +275,7 @@ def compare_body(
         cols.append(
             f'<div class="side"><h2><a href="{esc(_trace_url(prefix, rollout))}">'
             f"{esc(rollout.rollout_id)}</a> {result_badge(rollout.reward, rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
-            f"{unreadable_html(rollout, damage)}{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
+            f"{unreadable_html(rollout, side.unreadable)}{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
             f"<h3>Audit</h3>{audit_html(rollout)}<h3>Conversation</h3>{conversation_html(calls)}"
             f"<h3>Tokens</h3>{tokens}</div>"
         )
