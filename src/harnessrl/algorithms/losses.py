@@ -75,10 +75,28 @@ def collate(
 ) -> MicroBatch:
     """Tensors for one micro-batch of samples (each must have its ``advantage`` assigned).
 
-    ``dtype`` is that of the float tensors (behaviour logprobs, advantages).
+    ``dtype`` is that of the float tensors (behaviour logprobs, advantages): a floating-point torch
+    dtype, else ``ConfigError``. A sample whose first token has loss mask 1, or whose per-token lists
+    differ in length, is an ``InvalidBatch`` naming it: nothing in the sample predicts its first
+    token, which a packed row would score from the end of the sample before it (and a padded row
+    with the constant 0 of ``token_logprobs``).
     """
     if not samples:
         raise EmptyBatch("cannot collate an empty micro-batch")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        # torch.int64 truncated every advantage and log-prob toward 0 (0.5 -> 0): nothing learned
+        raise ConfigError(f"dtype is {dtype!r}, not a torch floating-point dtype")
+    for s in samples:
+        where = f"sample {s.sample_index} of rollout {s.rollout_id}"
+        if not len(s.input_ids) == len(s.loss_mask) == len(s.behaviour_logprobs):
+            raise InvalidBatch(
+                f"{where}: input_ids, loss_mask and behaviour_logprobs have lengths {len(s.input_ids)}, "
+                f"{len(s.loss_mask)} and {len(s.behaviour_logprobs)} (they must be equal)"
+            )
+        if s.loss_mask and s.loss_mask[0]:
+            raise InvalidBatch(
+                f"{where}: its first token has loss mask 1, but no token before it predicts it"
+            )
     rows = [list(samples)] if packed else [[s] for s in samples]
     T = max(sum(len(s) for s in row) for row in rows)
     B = len(rows)

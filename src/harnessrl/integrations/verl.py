@@ -173,7 +173,8 @@ def samples_to_dataproto(
     one prompt and one response token, no loss token in the prompt, token ids in ``[0, 2**63 - 1]``,
     finite log-probs, reward and advantage. ``totals`` are the step's
     normalizers, by default computed from ``samples``; pass the whole step's when ``samples`` is only
-    part of it. Every sample needs its ``advantage``. ``dtype`` is that of the float tensors.
+    part of it. Every sample needs its ``advantage``. ``dtype`` is that of the float tensors
+    (a floating-point torch dtype, else ``ConfigError``).
 
     ``row_multiple``: append filler rows until the row count is a multiple of it (pass verl's
     data-parallel size: its dispatch splits a batch evenly over the ranks and asserts otherwise).
@@ -187,15 +188,31 @@ def samples_to_dataproto(
         raise ConfigError(f"pad_token_id is {pad_token_id!r}, not a token id in [0, 2**63 - 1]")
     if not (_integer(row_multiple) and row_multiple >= 1):
         raise ConfigError(f"row_multiple is {row_multiple!r}, not an integer >= 1")
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        # torch.int64 truncated every advantage and log-prob toward 0 (0.5 -> 0): nothing learned
+        raise ConfigError(f"dtype is {dtype!r}, not a torch floating-point dtype")
+    for name, width in (("prompt_length", prompt_length), ("response_length", response_length)):
+        # A float width went as far as torch.full (a TypeError traceback), 0 or a bool was taken
+        # for a width and then blamed on a sample.
+        if width is not None and not (_integer(width) and width >= 1):
+            raise ConfigError(f"{name} is {width!r}, not an integer >= 1")
     prompt_lens = [_prompt_length(s) for s in samples]  # checks each sample first
     totals = totals if totals is not None else step_totals(samples)
     response_lens = [len(s) - p for s, p in zip(samples, prompt_lens, strict=True)]
     P = max(prompt_lens) if prompt_length is None else prompt_length
     L = max(response_lens) if response_length is None else response_length
-    if max(prompt_lens) > P:
-        raise InvalidBatch(f"a first prompt has {max(prompt_lens)} tokens, more than prompt_length {P}")
-    if max(response_lens) > L:
-        raise InvalidBatch(f"a response part has {max(response_lens)} tokens, more than response_length {L}")
+    for s, p, n in zip(samples, prompt_lens, response_lens, strict=True):
+        where = f"sample {s.sample_index} of rollout {s.rollout_id}"
+        if p > P:
+            raise InvalidBatch(f"{where}: its first prompt has {p} tokens, more than prompt_length {P}")
+        if n > L:
+            raise InvalidBatch(f"{where}: its response part has {n} tokens, more than response_length {L}")
+        if s.advantage is None:
+            raise InvalidBatch(f"{where} has no advantage")
+        try:
+            totals.rollout_index(s)
+        except KeyError as exc:
+            raise InvalidBatch(f"{where}: rollout {s.rollout_id} is not in the given step totals") from exc
 
     n_samples = len(samples)
     B = -(-n_samples // row_multiple) * row_multiple  # rows, with the filler ones
@@ -209,12 +226,7 @@ def samples_to_dataproto(
     rollout_tokens = torch.zeros((B,), dtype=torch.long)
     zero = torch.zeros((), dtype=dtype)
     for b, (s, p, n) in enumerate(zip(samples, prompt_lens, response_lens, strict=True)):
-        if s.advantage is None:
-            raise InvalidBatch(f"sample of rollout {s.rollout_id} has no advantage")
-        try:
-            r = totals.rollout_index(s)
-        except KeyError as exc:
-            raise InvalidBatch(f"rollout {s.rollout_id} is not in the given step totals") from exc
+        r = totals.rollout_index(s)  # every sample checked above: advantage set, rollout in totals
         prompts[b, P - p :] = torch.tensor(s.input_ids[:p], dtype=torch.long)  # left padding
         prompt_attn[b, P - p :] = 1
         responses[b, :n] = torch.tensor(s.input_ids[p:], dtype=torch.long)  # right padding

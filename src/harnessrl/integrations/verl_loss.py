@@ -181,5 +181,7 @@ def verl_actor_overrides(config: AlgorithmConfig, prefix: str = "actor_rollout_r
         f"{prefix}use_kl_loss": config.kl_coef > 0,
         f"{prefix}kl_loss_coef": config.kl_coef,
         f"{prefix}kl_loss_type": "low_var_kl",  # k3, as harnessrl (verl clamps it to [-10, 10])
+        # harnessrl has no entropy bonus; a base config with one changed the loss these reproduce
+        f"{prefix}entropy_coeff": 0.0,
         f"{prefix}ppo_epochs": 1,  # one optimizer step per harnessrl step
     }
