@@ -99,7 +99,8 @@ def test_configs_are_valid_and_mini_reads_its_config_file_inside_the_sandbox():
         spec = apply_preset(harness_config)
         assert spec.args[:2] == ["-c", yaml_path] and yaml_path in spec.mounts  # config-relative, bound
         command = spec.command + spec.args
-        assert command.index(yaml_path) > command.index("mini.yaml")  # merged over mini's default
+        mini_default = next(i for i, arg in enumerate(command) if Path(arg).name == "mini.yaml")
+        assert command.index(yaml_path) > mini_default  # merged over mini's default
         evaluator = evaluator if isinstance(evaluator, dict) else evaluator.model_dump()
         assert evaluator["command"] == ["python3", str(EXAMPLE / "check.py")]
     assert train.trainer.max_tokens == rollout.gateway.default_max_tokens

@@ -124,6 +124,9 @@ def check_exec(argv: list[tuple[str, str]], env: list[tuple[str, str, str]]) -> 
     added options of its own (``--bind / …``: the host's files writable in the sandbox). A string past
     ``MAX_EXEC_STRING`` or a total past ``ARG_MAX`` failed every attempt as "bwrap failed to set up
     the sandbox"."""
+    for where, name, _ in env:
+        if not name or "=" in name:  # bubblewrap's setenv failed: every attempt an infrastructure failure
+            raise ConfigError(f"{where}: {name!r} is no environment variable name (empty, or holding '=')")
     total = 0
     for where, text in [*argv, *((where, f"{name}={value}") for where, name, value in env)]:
         size = os_bytes(where, text)

@@ -67,6 +67,12 @@ def apply_preset(spec: HarnessSpec) -> HarnessSpec:
         return add_tools(spec)
     if spec.preset not in PRESETS:
         raise ConfigError(f"harness.preset: unknown preset {spec.preset!r}; known: {sorted(PRESETS)}")
+    if spec.preset == "python" and not spec.command and not spec.args:
+        # [python] alone read an empty stdin and exited 0: every rollout "succeeded" with no call made.
+        raise ConfigError(
+            'harness.command: the python preset runs your agent script: set command = ["./agent.py", '
+            '"{prompt}"] (the preset puts harnessrl\'s Python in front)'
+        )
     base = PRESETS[spec.preset]()
     user = spec.model_dump(exclude_unset=True)
     command = base.command + spec.command if spec.preset == "python" else spec.command or base.command

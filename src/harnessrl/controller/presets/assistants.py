@@ -63,7 +63,7 @@ _HERMES_WRAPPER = (
 def hermes() -> HarnessSpec:
     """Hermes Agent (PyPI ``hermes-agent``, ``.harnesses/hermes-venv``): chat completions, streamed.
 
-    Hermes's own one-shot mode, ``hermes --yolo -z <prompt> --provider custom -m <model>``: it prints
+    Hermes's own one-shot mode, ``hermes --yolo --oneshot=<prompt> --provider custom -m <model>``: it prints
     only the final answer, approves every command (we are in a sandbox), and runs ``delegate_task``
     *synchronously*, so a subagent's answer is the tool result its parent reads. ``hermes chat -q``
     (this preset until 2026-12) runs every top-level delegation in the background instead and
@@ -82,7 +82,10 @@ def hermes() -> HarnessSpec:
     config = _static_config_file("hermes-config.yaml", HERMES_CONFIG)
     # -z approves every command itself (HERMES_YOLO_MODE); --yolo sets the same before anything
     # starts, so it does not hang on the order in which Hermes first imports its approval module.
-    args = ["--yolo", "-z", "{prompt}", "--provider", "custom", "-m", "{model}"]
+    # The prompt is glued to its option (argparse splits at the first "="): as a separate item after
+    # "-z", a prompt such as "-m is ignored, fix it" or "--version" was read as an option, Hermes
+    # exited 2 ("-z/--oneshot: expected one argument") and the attempt was the policy's failure.
+    args = ["--yolo", "--oneshot={prompt}", "--provider", "custom", "-m", "{model}"]
     if exe is None:
         return HarnessSpec(command=["hermes", *args])
     mounts = sorted({*_venv_mounts(Path(exe).parent.parent), config})
@@ -142,8 +145,9 @@ def openclaw() -> HarnessSpec:
         config,
         "--model",
         "harnessrl/{model}",
-        "--cwd",
-        "{workspace}",
+        # No --cwd: OpenClaw's workspace and tool folder default to its current folder, the attempt's
+        # (``harness.workdir`` honoured). ``--cwd {workspace}`` ran every tool in the workspace's top
+        # whatever ``workdir`` said.
         "--json",
         "--timeout",
         "600",

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from harnessrl.controller.base import HarnessSpec
+from harnessrl.errors import ConfigError
 from harnessrl.sandbox.host import private_temp_folder
 
 # Ends a harness's options: the prompt after it is an argument even when it starts with "-". Without
@@ -219,17 +220,29 @@ QWEN_SETTINGS = {
 def _static_config_file(name: str, content: str) -> str:
     """A config file with fixed content, kept in the npm prefix (else a private folder of this user's
     in the temp folder, ``sandbox.host.private_temp_folder``); rewritten only when its content changed, so
-    concurrent rollouts read a complete file."""
+    concurrent rollouts read a complete file. A prefix this user cannot write (harnesses installed
+    read-only elsewhere, ``$HARNESSRL_HARNESSES_DIR``) is passed over for the private folder: it raised
+    ``OSError`` (a traceback, exit 1) from every command that applied the preset."""
     prefix = _npm_prefix()
-    folder = (
-        prefix / "harnessrl-presets"
-        if prefix is not None
-        else private_temp_folder(
-            "harnessrl-presets",
-            field="harness.preset",
-            remedy="remove it, or install the harnesses (install.sh) so their config files live in .harnesses/",
-        )
+    if prefix is not None:
+        try:
+            return _write_fixed(prefix / "harnessrl-presets", name, content)
+        except OSError:
+            pass
+    folder = private_temp_folder(
+        "harnessrl-presets",
+        field="harness.preset",
+        remedy="remove it, or install the harnesses (install.sh) so their config files live in .harnesses/",
     )
+    try:
+        return _write_fixed(folder, name, content)
+    except OSError as exc:
+        raise ConfigError(
+            f"harness.preset: cannot write the preset's config file {folder / name}: {exc}"
+        ) from exc
+
+
+def _write_fixed(folder: Path, name: str, content: str) -> str:
     path = folder / name
     if not path.is_file() or path.read_text() != content:
         folder.mkdir(parents=True, exist_ok=True)

@@ -62,21 +62,37 @@ _OPENHANDS_WRAPPER = (
 )
 
 
+def _mini_builtin_config(exe: str) -> str:
+    """mini's own ``mini.yaml`` as an absolute path when ``exe`` is the ``mini`` of harnessrl's venv.
+
+    mini looks a bare ``-c mini.yaml`` up in its current folder first — the workspace — and only then
+    among its built-in configs: a task whose repository (or ``harness.files``) holds a ``mini.yaml`` at
+    its top replaced the preset's whole agent config (system prompt, tools, limits) with it. Another
+    ``mini`` (from ``PATH``) keeps the bare name: its built-in folder is not known here."""
+    found = importlib.util.find_spec("minisweagent") if exe != "mini" else None  # "mini": from PATH
+    if found is not None and found.origin is not None:
+        builtin = Path(found.origin).parent / "config" / "mini.yaml"
+        if builtin.is_file():
+            return str(builtin)
+    return "mini.yaml"
+
+
 def mini_swe_agent() -> HarnessSpec:
     """mini-swe-agent 2.x (``mini``), its default ``mini.yaml`` (a ``bash`` tool), litellm underneath.
 
     The rollout's key is not in argv (``model.model_kwargs.api_key=…`` was: every local user's ``ps``
     shows a command line): litellm's ``openai/`` provider reads ``OPENAI_API_KEY``, which every harness
     gets in its environment (``harness.render_harness``)."""
+    exe = _venv_bin("mini")
     return HarnessSpec(
         command=[
-            _venv_bin("mini"),
+            exe,
             "-y",
             "--exit-immediately",
             "-m",
             "openai/{model}",
             "-c",
-            "mini.yaml",
+            _mini_builtin_config(exe),
             "-c",
             "model.model_kwargs.api_base={base_url}",
             "-t",
@@ -109,7 +125,9 @@ def openhands() -> HarnessSpec:
     its own tmux socket folder (see ``_OPENHANDS_WRAPPER``); when OpenHands is not installed the
     command is the bare name, so ``check_harness`` reports it before anything starts."""
     exe = _openhands_bin()
-    args = ["--headless", "--override-with-envs", "--json", "-t", "{prompt}"]
+    # ``--task=`` glues the prompt to its option (argparse splits at the first "="): after a separate
+    # "-t", a prompt such as "-v is broken" or "--version" was read as an option of the CLI.
+    args = ["--headless", "--override-with-envs", "--json", "--task={prompt}"]
     command = ["/bin/sh", "-c", _OPENHANDS_WRAPPER, "openhands", exe, *args] if exe else ["openhands", *args]
     return HarnessSpec(
         command=command,
