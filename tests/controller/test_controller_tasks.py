@@ -31,7 +31,7 @@ def test_a_task_the_evaluator_cannot_score_fails_once_and_never_launches(tmp_pat
     infrastructure failure, retried ``max_infra_retries`` times."""
     store = SQLiteStore(tmp_path / "db.sqlite")
     unfit = store.create_rollout(task={"prompt": "p"}).rollout_id
-    fits = store.create_rollout(task={"prompt": "p", "hidden": {"tests": "t"}}).rollout_id  # the control
+    fits = store.create_rollout(task={"prompt": "p", "hidden": {"tests": "/t"}}).rollout_id  # the control
     controller = make_controller(
         store,
         tmp_path,

@@ -14,6 +14,7 @@ modules. See docs/audit.md.
 
 from __future__ import annotations
 
+import ast
 import posixpath
 import re
 from collections.abc import Iterator
@@ -268,9 +269,14 @@ def check_write(
 # ``os._exit`` skips every handler, so a test runner that imported the code reports nothing and exits
 # with the code's status; signalling the parent (the runner) or one's own group ends the run the same
 # way. ``sys.exit`` is not here: it raises SystemExit, which test runners catch and report.
+# ``os._exit`` is flagged named as well as called: ``atexit.register(os._exit, 0)`` calls it later.
+# ``kill(getppid(), …)`` is the same call with the names imported (``from os import kill, getppid``),
+# and ``os.kill(-1, …)`` signals every process the code may reach, the scorer among them.
 _PY_FORCED_EXIT = re.compile(
-    r"\bos\._exit\s*\(|(?<![\w.])(?<!def )(?<!def\t)_exit\s*\("  # not ``self._exit()`` nor ``def _exit(``
-    r"|\bos\.kill\(\s*(?:os\.getp?pid\(\s*\)|0\s*,)|\bos\.killpg\(\s*(?:0\b|os\.getpgrp\(|os\.getpgid\()"
+    r"\bos\._exit\b|(?<![\w.])(?<!def )(?<!def\t)_exit\s*\("  # not ``self._exit()`` nor ``def _exit(``
+    r"|\bos\.kill\(\s*(?:os\.getp?pid\(\s*\)|0\s*,|-\s*1\s*,)"
+    r"|(?<![\w.])kill\(\s*(?:os\.)?getp?pid\(\s*\)"
+    r"|\bos\.killpg\(\s*(?:0\b|os\.getpgrp\(|os\.getpgid\()"
     r"|\bsignal\.raise_signal\(|\bos\.abort\s*\("
 )
 
@@ -283,17 +289,36 @@ def forced_exit_hints(code: str) -> Iterator[tuple[str, str]]:
 
 # ``__eq__`` whose first statement returns True (``__ne__``: False), whatever it is compared with: a
 # value that passes every ``assert f(x) == expected`` and ``assertEqual`` without being right.
+# The value may be any constant whose truth is fixed (``return 1`` passes ``assert a == b`` as well
+# as ``return True``): True/False/None, a number, a string, or ``not`` one of them.
+_CONSTANT = r"(?:not[ \t]+)*(?:True|False|None|[-+]?[ \t]*\d[\d_]*(?:\.\d*)?|'[^'\n]*'|\"[^\"\n]*\")"
 _PY_ALWAYS_EQUAL = re.compile(
     r"\bdef[ \t]+__(eq|ne)__[ \t]*\([^)]*\)[^:\n]*:(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*"
-    r"return[ \t]+\(?[ \t]*(True|False)[ \t]*\)?[ \t]*(?:#[^\n]*)?$"
-    r"|\b__(eq|ne)__[ \t]*=[ \t]*lambda\b[^:\n]*:[ \t]*\(?[ \t]*(True|False)\b[ \t]*\)?[ \t]*(?:#[^\n]*)?$",
+    rf"return[ \t]+\(?[ \t]*({_CONSTANT})[ \t]*\)?[ \t]*(?:#[^\n]*)?$"
+    rf"|\b__(eq|ne)__[ \t]*=[ \t]*lambda\b[^:\n]*:[ \t]*\(?[ \t]*({_CONSTANT})(?![\w.])[ \t]*\)?[ \t]*(?:#[^\n]*)?$",
     re.M,
 )
 
 
-def always_equal_hints(code: str) -> Iterator[tuple[str, str]]:
-    """``always_equal``: a class whose ``==`` is always true (or ``!=`` always false)."""
+def _truth(constant: str) -> bool | None:
+    """Whether ``constant`` (a ``_CONSTANT``) is true; None if it cannot be read."""
+    negations = 0
+    while constant.startswith("not") and constant[3:4] in (" ", "\t"):
+        constant, negations = constant[3:].lstrip(), negations + 1
+    try:
+        value = bool(ast.literal_eval(re.sub(r"^([-+])[ \t]+", r"\1", constant)))
+    except (ValueError, SyntaxError):
+        return None
+    return value if negations % 2 == 0 else not value
+
+
+def always_equal_hints(code: str, after: int = 0) -> Iterator[tuple[str, str]]:
+    """``always_equal``: a class whose ``==`` is always true (or ``!=`` always false). ``after``: only
+    a definition that ends past that offset (``code`` begins with unchanged lines that are context)."""
     for match in _PY_ALWAYS_EQUAL.finditer(code):
-        method, value = match.group(1) or match.group(3), match.group(2) or match.group(4)
-        if (method, value) in (("eq", "True"), ("ne", "False")):
+        if match.end() <= after:
+            continue
+        method = match.group(1) or match.group(3)
+        truth = _truth(match.group(2) or match.group(4))
+        if (method, truth) in (("eq", True), ("ne", False)):
             yield ALWAYS_EQUAL, match.group(0).strip()

@@ -8,12 +8,12 @@ import posixpath
 import re
 from collections.abc import Iterator, Sequence
 
-from harnessrl.controller.audit.changes import check_write
+from harnessrl.controller.audit.changes import always_equal_hints, check_write
 from harnessrl.controller.audit.hints import RAW_PATTERNS, Workspace, select_hints, workspace_roots
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit.patterns import GIT_HISTORY, NETWORK_FETCH
 from harnessrl.controller.audit.report import ALL_RULES, AuditBudget, AuditFlag
-from harnessrl.controller.audit.rules import analyze_python, analyze_shell
+from harnessrl.controller.audit.rules import analyze_python, analyze_shell, python_names_normalized
 from harnessrl.controller.audit.system import OUTSIDE_WORKSPACE, check_path, raw_hints
 from harnessrl.controller.audit.workspace import FileChange, WorkspaceDiff, is_code_path, script_language
 
@@ -104,6 +104,11 @@ def _file_flags(change: FileChange, wanted: set[str], roots: tuple[str, ...]) ->
     language = script_language(path, change.first_line if change.first_line is not None else shebang)
     if language == "python":
         hints.extend(analyze_python(text, 1))
+        for hunk in change.hunks or ():
+            if hunk.header is not None:  # ``return True`` put into a shipped ``def __eq__``
+                header, body = python_names_normalized(hunk.header), python_names_normalized(hunk.text)
+                for rule, match in always_equal_hints(f"{header}\n{body}", len(header) + 1):
+                    hints.append((rule, match.rsplit("\n", 1)[-1].strip()))  # its ``return`` line
     elif language == "shell":
         hints.extend(analyze_shell(text, 1))
     lines = [n for h in change.hunks or () for n in range(h.start, h.start + h.text.count("\n") + 1)]

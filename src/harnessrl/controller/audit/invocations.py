@@ -125,10 +125,18 @@ _SHELL_FUNCTIONS = {
     "pty": ("spawn",),
     "asyncio": ("create_subprocess_exec", "create_subprocess_shell"),
 }
-_PY_SHELL_ARGUMENT = r"\s*\(\s*(\[[^\]]*\]|\([^)]*\)|[rbuf]?'[^'\n]*'|[rbuf]?\"[^\"\n]*\")"
+# One piece of a command string: a literal, or ``sys.executable`` (the interpreter: ``python``).
+_PY_PIECE = r"(?:[rbuf]{0,2}'[^'\n]*'|[rbuf]{0,2}\"[^\"\n]*\"|\bsys\.executable\b)"
+# A list or tuple of them, or pieces joined with ``+`` (``"git " + "log"``, ``sys.executable + " -m pip"``),
+# passed first or as ``args=``; ``os.spawn*``'s mode before it (``os.spawnlp(os.P_WAIT, "curl", …)``).
+_PY_SHELL_ARGUMENT = (
+    rf"\s*\(\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?"
+    rf"(\[[^\]]*\]|\([^)]*\)|{_PY_PIECE}(?:\s*\+\s*{_PY_PIECE})*)"
+)
 _PY_MODULE_ALIAS = re.compile(r"\bimport[ \t]+(os|subprocess|pty|asyncio)[ \t]+as[ \t]+(\w+)")
 _PY_FROM_IMPORT = re.compile(r"\bfrom[ \t]+(os|subprocess|pty|asyncio)[ \t]+import[ \t]+\(?([^\n;)]+)")
-_PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"")
+_PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"|\b(sys\.executable)\b")
+_PY_EXECUTABLE_FIELD = re.compile(r"\{\s*sys\.executable\s*(?:![rsa])?\s*\}")  # in an f-string
 
 
 def _shell_callees(code: str) -> re.Pattern[str]:
@@ -148,10 +156,16 @@ def _shell_callees(code: str) -> re.Pattern[str]:
 def python_shell_calls(code: str) -> Iterator[str]:
     """The shell commands Python code runs with literal arguments: ``os.system("curl ...")``,
     ``subprocess.run(["pip", ...])`` (a list is joined back into one command line), the same
-    functions imported under other names, ``os.execvp("curl", …)``, ``pty.spawn([...])``."""
+    functions imported under other names, ``os.execvp("curl", …)``, ``pty.spawn([...])``. Literals
+    joined with ``+`` are one string (``os.system("git " + "log")``), and ``sys.executable``, also
+    in an f-string, is ``python`` (``subprocess.run([sys.executable, "-m", "pip", "install", x])``,
+    how Python code usually installs a package)."""
     for match in _shell_callees(code).finditer(code):
         arg = match.group(1)
-        strings = [a or b for a, b in _PY_STRING.findall(arg)]
+        strings = [
+            "python" if exe else _PY_EXECUTABLE_FIELD.sub("python", a or b)
+            for a, b, exe in _PY_STRING.findall(arg)
+        ]
         yield shlex.join(strings) if arg.startswith(("[", "(")) else "".join(strings)
 
 

@@ -228,6 +228,21 @@ _STRING_LITERAL = re.compile(
 _KEYWORD_ARG = re.compile(r"(?:^|(?<=[(,]))\s*[A-Za-z_]\w*\s*=(?!=)")
 
 
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([^\n;)]+)", re.M)
+
+
+def _decoders_imported(code: str) -> set[str]:
+    """Names a decoder is imported under: ``from zlib import decompress as z`` (``z(…)`` names no
+    decoder), and ``from codecs import decode`` (only ``codecs.decode`` is one by its name)."""
+    names = set()
+    for module, items in _FROM_IMPORT.findall(code):
+        for item in items.split(","):
+            name, _, alias = (part.strip() for part in item.strip().partition(" as "))
+            if _DECODER.fullmatch(name) or (module == "codecs" and name == "decode"):
+                names.add(alias or name)
+    return names
+
+
 def _tainted_names(code: str) -> set[str]:
     """Names bound to decoded data: ``x = b64decode(...)``, ``y = x.decode()``, ``def d(s): ...``."""
     # (targets, whether the value decodes, the names the value reads): each value is read once.
@@ -239,7 +254,7 @@ def _tainted_names(code: str) -> set[str]:
         )
         for m in _ASSIGN.finditer(code)
     ]
-    tainted: set[str] = set()
+    tainted = _decoders_imported(code)
     lines = code.split("\n")  # not splitlines(): the offsets below count "\n" only
     starts = {m.start(): m for m in _DEF.finditer(code)}
     offset = 0

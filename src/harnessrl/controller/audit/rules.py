@@ -25,7 +25,9 @@ changes by ``audit.patches``; the checks of one install or one write (``package_
 from __future__ import annotations
 
 import posixpath
+import re
 import shlex
+import unicodedata
 from collections.abc import Iterator
 
 from harnessrl.controller.audit.changes import (
@@ -39,6 +41,7 @@ from harnessrl.controller.audit.changes import (
     runner_install_hint,
     shell_writes,
 )
+from harnessrl.controller.audit.hints import RAW_PATTERNS
 from harnessrl.controller.audit.invocations import (
     EMBEDDING_PROGRAMS,
     PYTHON_EXE,
@@ -83,11 +86,21 @@ from harnessrl.controller.audit.workspace import script_language
 MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
 
 
+# ``$(which curl) x``, ```command -v git` log``: the program's path looked up, then run. Read as the
+# program's name (``c=$(which curl); $c x`` then expands to it too); where the lookup is only printed
+# (``echo $(which curl)``), the name is an argument, which no rule reads as a program.
+_LOOKED_UP = re.compile(
+    r"\$\(\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*\)"
+    r"|`\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*`"
+)
+
+
 def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
         yield _too_deep(script)
         return
     previous: Segment | None = None
+    script = _LOOKED_UP.sub(lambda m: m.group(1) or m.group(2), script)
     segments = expand_names(shell_segments(script))
     yield from shell_obfuscation(script, segments)
     run_files = files_run(segments)
@@ -105,6 +118,10 @@ def _analyze_simple(
     for word in segment.words + [target for _, target in segment.redirects]:
         for inner in substitutions(word):
             yield from analyze_shell(inner, depth + 1)
+        # A path put together from the script's own variables (``d=.git; cat $d/packed-refs``) is not
+        # in the command as typed, where the raw patterns are matched (``audit.commands``).
+        for match in RAW_PATTERNS.finditer(word):
+            yield (NETWORK_FETCH if match.group("tcp") else GIT_HISTORY), match.group(0)
     words = strip_wrappers(segment.words)
     # The wrappers themselves: ``uv run --with X`` installs, ``env -S 'curl x'`` runs a string. Only
     # the stripped prefix counts (``echo env -S curl`` runs nothing).
@@ -298,10 +315,25 @@ def _git_setting(key: str, value: str, depth: int) -> Iterator[tuple[str, str]]:
         yield from analyze_shell(value.removeprefix("!"), depth + 1)
 
 
+_WORD = re.compile(r"\w+")
+
+
+def python_names_normalized(code: str) -> str:
+    """``code`` with its words as Python reads them: identifiers are NFKC-normalized (PEP 3131), so
+    ``import ｓｏｃｋｅｔ``, ``os.ｓｙｓｔｅｍ(…)``, ``𝐞𝐱𝐞𝐜(…)`` and ``def __ｅｑ__`` run as the plain
+    names, which no rule read. Words in strings are normalized too (over-reading only flags more)."""
+    if code.isascii():
+        return code
+    return _WORD.sub(
+        lambda m: m.group() if m.group().isascii() else unicodedata.normalize("NFKC", m.group()), code
+    )
+
+
 def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
         yield _too_deep(code)
         return
+    code = python_names_normalized(code)
     for rule, pattern in PYTHON_PATTERNS:
         for match in pattern.finditer(code):
             yield rule, match.group(0)

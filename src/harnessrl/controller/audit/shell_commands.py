@@ -108,6 +108,11 @@ def strip_wrappers(words: list[str]) -> list[str]:
         word, base = words[i], posixpath.basename(words[i])
         if word in _KEYWORDS or _ASSIGNMENT.match(word):
             i += 1
+        elif word == "function" and i + 1 < len(words):
+            i += 2  # ``function f { curl x; }``: the body runs (the name is no program)
+        elif word == "coproc":
+            # ``coproc curl x`` runs curl; ``coproc NAME { curl x; }`` names the coprocess first
+            i += 2 if i + 2 < len(words) and words[i + 2] in ("{", "(") else 1
         elif base in _WRAPPERS:
             if base == "command" and i + 1 < len(words) and words[i + 1] in ("-v", "-V"):
                 return []  # ``command -v curl`` only asks whether curl exists

@@ -16,7 +16,15 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from harnessrl.errors import ConfigError
 from harnessrl.tasks.answers import AnswerFallback, blank_answer
@@ -69,7 +77,8 @@ class CommandEvaluatorConfig(_Config):
     command: list[str] = Field(
         min_length=1, description="argv; {workspace} {task_file} {rollout_id} {task[F]}"
     )
-    timeout_s: float = Field(default=120.0, gt=0)
+    # Finite: ``inf`` waited forever on a scorer that never exits (the rollout, and its slot, held).
+    timeout_s: float = Field(default=120.0, gt=0, allow_inf_nan=False)
     reward_from: Literal["exit_code", "stdout_float", "json"] = "exit_code"
     reward_range: tuple[float, float] = Field(
         default=(0.0, 1.0),
@@ -118,6 +127,15 @@ class CommandEvaluatorConfig(_Config):
                     value = None
                 if value is None:
                     raise ConfigError(f"{where}: the task has no field {path!r} (used as {match.group(0)})")
+                if where.startswith("evaluator.command") and is_hidden_path(path) and not _a_path(value):
+                    raise ConfigError(
+                        f"{where}: {match.group(0)} puts hidden data on the scorer's command line (a "
+                        "value, not an absolute path: only those are copied in and named by their copy), "
+                        "which the code it scores can read (/proc/<pid>/cmdline is readable to every "
+                        "process in the sandbox); pass it through evaluator.env (GOLD = "
+                        f'"{match.group(0)}": the scorer\'s environment is closed to that code) or '
+                        "read it from the task file ($HARNESSRL_TASK_FILE)"
+                    )
         scorer = _task_reading_scorer(self.command)
         if scorer is not None:
             # It reads the task file itself: the test lists it needs, as it will see them (the task
@@ -134,12 +152,40 @@ class CommandEvaluatorConfig(_Config):
             except ScoringError as exc:
                 raise ConfigError(f"evaluator.command ({scorer}): {exc}") from None
 
+    @field_validator("command")
+    @classmethod
+    def _command(cls, command: list[str]) -> list[str]:
+        for i, arg in enumerate(command):
+            if "\0" in arg:
+                raise ValueError(f"command[{i}] holds a NUL byte, which no argument can hold")
+        return command
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        # Accepted here, these failed every evaluation as "the scorer did not start" (an
+        # infrastructure failure, retried, the task never trained) or a ConfigError mid-run.
+        for name, value in env.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(
+                    f"{name!r} is no environment variable name (empty, or holding '=' or a NUL byte)"
+                )
+            if "\0" in value:
+                raise ValueError(f"{name} holds a NUL byte, which no environment variable can hold")
+        return env
+
     @model_validator(mode="after")
     def _range(self) -> CommandEvaluatorConfig:
         low, high = self.reward_range
         if not (math.isfinite(low) and math.isfinite(high) and low <= high):
             raise ValueError(f"reward_range must be two finite numbers, low <= high, not {self.reward_range}")
         return self
+
+
+def _a_path(value: Any) -> bool:
+    """Whether a hidden value a command argument names is a path (``hidden.tests``): its folder is
+    copied in and the argument names the copy, so the command line holds no hidden data."""
+    return isinstance(value, str) and value.startswith("/") and "\n" not in value
 
 
 # harnessrl's scorers that read the task file themselves and need its test lists (``pytest_scoring
@@ -194,7 +240,7 @@ def _task_reading_scorer(command: list[str]) -> str | None:
 class PythonEvaluatorConfig(_Config):
     type: Literal["python"] = "python"
     function: str = Field(pattern=r"^[\w.]+:[\w.]+$", description="package.module:function")
-    timeout_s: float = Field(default=60.0, gt=0)
+    timeout_s: float = Field(default=60.0, gt=0, allow_inf_nan=False)
     kwargs: dict[str, Any] = Field(default_factory=dict, description="extra keyword arguments")
 
     def check_task(self, task: Mapping[str, Any]) -> None:

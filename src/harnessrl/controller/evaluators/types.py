@@ -9,7 +9,9 @@ of the rollout's calls.
 
 from __future__ import annotations
 
+import contextlib
 import math
+import numbers
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,10 +68,26 @@ class EvaluationResult:
 
 
 def checked_result(reward: Any, details: dict[str, Any]) -> EvaluationResult:
-    """``EvaluationResult(reward, details)`` if ``reward`` is a finite number, else ``EvaluatorError``."""
+    """``EvaluationResult(reward, details)`` if ``reward`` is a finite number, else ``EvaluatorError``.
+    A NumPy scalar is the number it holds: a scoring function's ``np.sum(hits)`` (``int64``),
+    ``(a == b).all()`` (``bool_``) or ``float32`` mean failed every evaluation as "not a finite number"."""
+    reward = _plain_number(reward)
     if isinstance(reward, bool | int | float) and _finite(reward):
         return EvaluationResult(float(reward), details)
     raise EvaluatorError(f"evaluator produced a reward that is not a finite number: {repr(reward)[:200]}")
+
+
+def _plain_number(value: Any) -> Any:
+    """``value`` as a Python number when it is a NumPy scalar or another real number type
+    (``Fraction``); anything else unchanged."""
+    if isinstance(value, bool | int | float):
+        return value
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "shape", None) == ():
+        value = value.item()  # np.bool_ -> bool, np.int64 -> int, np.float32 -> float
+    if not isinstance(value, bool | int | float) and isinstance(value, numbers.Real):
+        with contextlib.suppress(OverflowError, ValueError):  # past the float range: refused as is
+            value = float(value)
+    return value
 
 
 def _finite(number: float) -> bool:

@@ -74,7 +74,9 @@ def scorer_verdict(run: ScorerRun, config: CommandEvaluatorConfig) -> Evaluation
         return _in_range(1.0 if run.code == 0 else 0.0, details, (), config)
     if run.code != 0:
         return _failed(details, f"the scorer exited with {run.code}")
-    last = next((line.strip() for line in reversed(run.stdout.splitlines()) if line.strip()), "")
+    # Lines end at "\n" only, as the scorer printed them: ``str.splitlines`` also splits at U+2028,
+    # U+0085 and other separators that a JSON verdict printed with ``ensure_ascii=False`` holds raw.
+    last = next((line.strip() for line in reversed(run.stdout.split("\n")) if line.strip()), "")
     if config.reward_from == "stdout_float":
         try:
             reward = float(last)
