@@ -24,6 +24,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from harnessrl.cli.main import app
+from harnessrl.errors import ConfigError
 from harnessrl.store import open_store
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
@@ -126,3 +127,26 @@ def test_rollout_refuses_a_mount_that_exposes_a_sqlite_url_store(tmp_path):
     )  # fmt: skip
     refused(result, "harness.mounts[0]", "would expose")
     assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("exposed", [True, False])
+def test_an_evaluator_mount_may_not_expose_the_controllers_store(tmp_path, shared_store, exposed):
+    """The controller's ``--store`` (not the config's) against ``evaluator.mounts``: the scorer's
+    sandbox runs the policy's code, so a mount of the store's folder there gave that code every
+    task's hidden answers. The other folder is the control."""
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.controller.stack import check_local_launch
+
+    other = tmp_path / "other"
+    other.mkdir()
+    mount = shared_store.parent if exposed else other
+    config = rollout_config(tmp_path)
+    config.write_text(
+        config.read_text().replace('command = ["true"]\n', f'command = ["true"]\nmounts = ["{mount}"]\n')
+    )
+    loaded = load_rollout_config(str(config), [])
+    if exposed:
+        with pytest.raises(ConfigError, match=r"evaluator\.mounts"):
+            check_local_launch(loaded, str(shared_store), "--gateway-url", 8000)
+    else:
+        check_local_launch(loaded, str(shared_store), "--gateway-url", 8000)

@@ -154,3 +154,27 @@ def test_a_mount_may_not_expose_a_sqlite_url_store(tmp_path, exposed):
     else:
         config, _, _ = prepare_run(str(CONFIG), None, sets)
         assert config.harness.mounts == [str(other)]
+
+
+@pytest.mark.parametrize("exposed", [True, False])
+def test_an_evaluator_mount_may_not_expose_the_store_either(tmp_path, exposed):
+    """``evaluator.mounts`` were checked against the run folder only: a store outside it (a
+    ``sqlite://`` URL) could be mounted into the scorer's sandbox, where the code the policy wrote runs
+    while it is scored, and read there (every task's ``hidden`` answers). The other folder is the
+    control."""
+    store_dir, other = tmp_path / "store", tmp_path / "other"
+    store_dir.mkdir()
+    other.mkdir()
+    mount = store_dir if exposed else other
+    sets = [
+        f"run.dir={tmp_path / 'run'}",
+        f"store.url='sqlite:///{store_dir / 'runs.db'}'",
+        f"evaluator={{type = 'command', command = ['true'], mounts = ['{mount}']}}",
+    ]
+    if exposed:
+        with pytest.raises(ConfigError, match=r"evaluator\.mounts"):
+            prepare_run(str(CONFIG), None, sets)
+        assert not (tmp_path / "run").exists()
+    else:
+        config, _, _ = prepare_run(str(CONFIG), None, sets)
+        assert config.evaluator.mounts == [str(other)]

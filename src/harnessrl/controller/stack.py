@@ -106,23 +106,22 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
         raise ConfigError(
             'harness.environment: task images are sandbox roots and need harness.sandbox = "bwrap"'
         )
+    # The run folder and the store's files: no mount of the harness's or the evaluator's sandbox may
+    # expose them (the store holds every task's hidden answers; the scorer's sandbox runs the code
+    # the policy wrote, so its mounts were as much a way to them as the harness's).
+    forbidden = [run_dir] if run_dir is not None else []
+    if config.store is not None:
+        forbidden += store_files(config.store.url)
+    elif run_dir is not None:
+        forbidden += store_files(str(run_dir / "harnessrl.db"))
     if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
         if harness.environment is None or harness.environment.harness == "host":
             check_harness(harness)  # else the image brings it: checked per image (check_environments)
         require_sandbox(harness.sandbox)
-        forbidden = [run_dir] if run_dir is not None else []
-        if config.store is not None:
-            forbidden += store_files(config.store.url)
-        elif run_dir is not None:
-            forbidden += store_files(str(run_dir / "harnessrl.db"))
         check_mounts(harness.mounts, forbidden=forbidden)
     evaluator_config = config.evaluator
     if isinstance(evaluator_config, CommandEvaluatorConfig):
-        check_mounts(
-            evaluator_config.mounts,
-            forbidden=[run_dir] if run_dir is not None else [],
-            field="evaluator.mounts",
-        )
+        check_mounts(evaluator_config.mounts, forbidden=forbidden, field="evaluator.mounts")
     # Command evaluators run code the policy wrote: a sandbox of their own, like the harness's.
     evaluator = build_evaluator(
         evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
@@ -144,14 +143,16 @@ def store_files(store_url: str) -> list[Path]:
 
 
 def check_local_launch(config: Any, store_url: str | None, port_field: str, port: int | None = None) -> None:
-    """What the local runner's sandbox needs of a config with ``harness`` and ``gateway`` sections,
+    """What the local runner's sandbox needs of a config with ``harness``, ``gateway`` and
+    ``evaluator`` sections (a rollout's or a training run's),
     checked before anything starts (each used to be found per launch: every attempt an
     infrastructure failure, or nothing at all):
 
     - the gateway's port (``port``, else ``gateway.port``; named as ``port_field``) is 0 or >= 1024:
       the sandbox's relay runs as an unprivileged user, which cannot listen below 1024;
-    - no ``harness.mounts`` entry exposes the SQLite store ``store_url`` (``store_files``), which
-      may be another than the config's (the controller's ``--store``).
+    - no ``harness.mounts`` or command ``evaluator.mounts`` entry exposes the SQLite store
+      ``store_url`` (``store_files``), which may be another than the config's (the controller's
+      ``--store``).
 
     ``harnessrl rollout`` and ``data calibrate`` always launch locally; the controller and the
     trainer call this only when they launch here (not with ``[kubernetes]`` or external
@@ -166,6 +167,8 @@ def check_local_launch(config: Any, store_url: str | None, port_field: str, port
         )
     if store_url is not None:
         check_mounts(harness.mounts, forbidden=store_files(store_url))
+        if isinstance(config.evaluator, CommandEvaluatorConfig):  # the scorer runs the policy's code too
+            check_mounts(config.evaluator.mounts, forbidden=store_files(store_url), field="evaluator.mounts")
 
 
 def check_pod_workspace(harness: HarnessSpec, evaluator: EvaluatorConfig) -> None:
