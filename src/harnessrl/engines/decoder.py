@@ -13,7 +13,10 @@ tensors* as the transformers module, so loading, tying and ``load_state_dict`` k
   ``up_proj``) weights are made views into one fused tensor, so one matmul replaces three and
   in-place weight updates through the transformers module land in the fused tensor;
 - grouped-query attention without repeating K/V: the query heads that share a KV head are laid out
-  as extra query rows of that KV head (``(B, kv_heads, groups*T, head_dim)``).
+  as extra query rows of that KV head (``(B, kv_heads, groups*T, head_dim)``);
+- sliding-window attention where transformers applies it (``mistral``'s ``sliding_window``; the
+  ``qwen2``/``qwen3`` layers whose ``layer_types`` say ``sliding_attention``): a position there
+  sees only the last ``sliding_window`` positions, as in the trainer's forward pass.
 
 Numerics match transformers' forward to float tolerance (tests compare logprobs); differences come
 from ``F.rms_norm`` and fused matmuls summing in another order.
@@ -49,6 +52,21 @@ class _Layer:
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
     act: Any
+    window: int | None  # sliding attention window (None: every earlier position)
+
+
+def _sliding_window(cfg: Any, layer_index: int, context_length: int) -> int | None:
+    """The attention window transformers gives layer ``layer_index``: ``mistral`` applies
+    ``sliding_window`` to every layer, ``qwen2``/``qwen3`` to the layers ``layer_types`` marks
+    ``sliding_attention``, ``llama`` to none. None when it cannot cut anything in the context."""
+    window = getattr(cfg, "sliding_window", None)
+    if not window or cfg.model_type == "llama":
+        return None
+    if cfg.model_type != "mistral":
+        layer_types = getattr(cfg, "layer_types", None) or []
+        if layer_index >= len(layer_types) or layer_types[layer_index] != "sliding_attention":
+            return None
+    return int(window) if int(window) < context_length else None
 
 
 def _fuse(linears: list[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -89,7 +107,7 @@ class BatchedDecoder:
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.layers: list[_Layer] = []
-        for layer in inner.layers:
+        for index, layer in enumerate(inner.layers):
             attn, mlp = layer.self_attn, layer.mlp
             qkv_w, qkv_b = _fuse([attn.q_proj, attn.k_proj, attn.v_proj])
             gate_up_w, gate_up_b = _fuse([mlp.gate_proj, mlp.up_proj])
@@ -110,6 +128,7 @@ class BatchedDecoder:
                     q_norm=None if q_norm is None else q_norm.weight,
                     k_norm=None if k_norm is None else k_norm.weight,
                     act=mlp.act_fn,
+                    window=_sliding_window(cfg, index, context_length),
                 )
             )
         self.context_length = context_length
@@ -223,27 +242,38 @@ class BatchedDecoder:
         self.ensure_capacity(max(row for row, _, _ in segments) + 1, max(ends))
         packed = [t for _, ids, _ in segments for t in ids]
         positions = torch.cat(
-            [torch.arange(start, end) for (_, _, start), end in zip(segments, ends, strict=True)]
+            [
+                torch.arange(start, end, device=self.device)
+                for (_, _, start), end in zip(segments, ends, strict=True)
+            ]
         )
         ids = torch.tensor([packed], dtype=torch.long, device=self.device)
         x = F.embedding(ids, self.embed)  # (1, N, hidden)
         cos = self.cos[positions][None]  # (1, N, D)
         sin = self.sin[positions][None]
-        offsets, masks = [], []
+        offsets: list[int] = []
+        masks: dict[int | None, list[torch.Tensor]] = {w: [] for w in {layer.window for layer in self.layers}}
         offset = 0
         for (_, seg_ids, start), end in zip(segments, ends, strict=True):
             offsets.append(offset)
             offset += len(seg_ids)
-            # Query (g, t) may see keys 0..start+t; the mask is the same for every group g.
+            # Query (g, t) may see keys 0..start+t (the last `window` of them in a sliding-window
+            # layer); the mask is the same for every group g.
             q_pos = torch.arange(start, end, device=self.device)
-            mask_T_L = torch.arange(end, device=self.device)[None, :] <= q_pos[:, None]
-            masks.append(mask_T_L.repeat(self.groups, 1))  # (G*T, L)
+            k_pos = torch.arange(end, device=self.device)
+            for window, layer_masks in masks.items():
+                mask_T_L = k_pos[None, :] <= q_pos[:, None]
+                if window is not None:
+                    mask_T_L &= k_pos[None, :] > q_pos[:, None] - window
+                layer_masks.append(mask_T_L.repeat(self.groups, 1))  # (G*T, L)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, self.eps)
             q, k, v = self._project_qkv(layer, h, cos, sin)  # (1, N, heads, D)
             kc, vc = self.k_cache[i], self.v_cache[i]
             outs = []
-            for (row, seg_ids, start), end, off, mask in zip(segments, ends, offsets, masks, strict=True):
+            for (row, seg_ids, start), end, off, mask in zip(
+                segments, ends, offsets, masks[layer.window], strict=True
+            ):
                 T = len(seg_ids)
                 kc[row, :, start:end] = k[0, off : off + T].transpose(0, 1)
                 vc[row, :, start:end] = v[0, off : off + T].transpose(0, 1)
@@ -257,19 +287,27 @@ class BatchedDecoder:
             attn = torch.cat(outs, dim=0).reshape(1, offset, self.q_size)
             x = self._mlp_and_residual(layer, x, attn)
         last = torch.tensor(
-            [off + len(seg_ids) - 1 for off, (_, seg_ids, _) in zip(offsets, segments, strict=True)]
+            [off + len(seg_ids) - 1 for off, (_, seg_ids, _) in zip(offsets, segments, strict=True)],
+            device=self.device,
         )
         return self._logits(x[0, last])
 
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for rows ``0..B-1``: ``token_ids`` (B,) at ``positions`` (B,) -> float32 logits (B, V)."""
+        token_ids, positions = token_ids.to(self.device), positions.to(self.device)  # e.g. from the CPU
         B = token_ids.shape[0]
         max_len = int(positions.max()) + 1
         self.ensure_capacity(B, max_len)
         x = F.embedding(token_ids[:, None], self.embed)  # (B, 1, hidden)
         cos = self.cos[positions][:, None]  # (B, 1, D)
         sin = self.sin[positions][:, None]
-        mask = (torch.arange(max_len, device=self.device)[None, :] <= positions[:, None])[:, None, None, :]
+        k_pos = torch.arange(max_len, device=self.device)
+        masks: dict[int | None, torch.Tensor] = {}
+        for window in {layer.window for layer in self.layers}:
+            mask_B_L = k_pos[None, :] <= positions[:, None]
+            if window is not None:
+                mask_B_L &= k_pos[None, :] > positions[:, None] - window
+            masks[window] = mask_B_L[:, None, None, :]
         rows = torch.arange(B, device=self.device)
         for i, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.in_norm, self.eps)
@@ -278,6 +316,7 @@ class BatchedDecoder:
             kc[rows, :, positions] = k[:, 0]  # (B, KV, D) into each row's own position
             vc[rows, :, positions] = v[:, 0]
             q = q.view(B, self.n_kv, self.groups, self.head_dim)  # (B, KV, G, D): one query per head
+            mask = masks[layer.window]
             out = F.scaled_dot_product_attention(q, kc[:B, :, :max_len], vc[:B, :, :max_len], mask)
             x = self._mlp_and_residual(layer, x, out.reshape(B, 1, self.q_size))
         return self._logits(x[:, 0])

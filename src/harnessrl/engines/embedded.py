@@ -69,6 +69,7 @@ class _Request:
     queue: asyncio.Queue[Any]
     stops: frozenset[int]
     cancelled: bool = False  # set by the consumer's thread; read by the engine thread
+    waiting: bool = True  # in ``_pending`` (both guarded by ``_wake``)
     prefilled: int = 0  # prompt tokens already in the cache
     position: int = 0  # tokens in the cache (prompt + generated, minus the pending one)
     generated: int = 0
@@ -117,6 +118,7 @@ class EmbeddedEngine:
         self._model: Any = None
         self._decoder: BatchedDecoder | None = None
         self._pending: collections.deque[_Request] = collections.deque()
+        self._abandoned = 0  # about how many of ``_pending`` their callers cancelled (``_drop_abandoned``)
         self._rows: list[_Request] = []  # decoding requests; index = cache row
         self._prefilling: _Request | None = None  # at most one partly prefilled request...
         self._prefill_row = 0  # ...whose cache is in this row (>= len(_rows))
@@ -125,6 +127,9 @@ class EmbeddedEngine:
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._failure: BaseException | None = None
+        # Set (under ``_wake``) when the engine thread has ended, so ``generate`` never queues a
+        # request that no thread will serve: it raises this instead.
+        self._ended: UpstreamError | None = None
         # Every weight's memory, each storage once with its size (``release_weights``).
         self._weight_storages: list[tuple[torch.UntypedStorage, int]] = []
         self._released = False
@@ -189,6 +194,7 @@ class EmbeddedEngine:
             return
         await asyncio.to_thread(self._load)
         self._stopping = False
+        self._ended = None
         self._thread = threading.Thread(target=self._run, name="harnessrl-engine", daemon=True)
         self._thread.start()
 
@@ -233,6 +239,8 @@ class EmbeddedEngine:
             stops=frozenset(params.stop_token_ids),
         )
         with self._wake:
+            if self._ended is not None:  # the thread ended after the checks above: nobody would serve it
+                raise UpstreamError(str(self._ended))
             if self._released:
                 raise UpstreamError("the embedded engine's weights are released until the next weight update")
             self._pending.append(request)
@@ -250,9 +258,23 @@ class EmbeddedEngine:
                 yield item
         finally:
             if not finished:  # the consumer closed the iterator or was cancelled: free the row
-                request.cancelled = True
                 with self._wake:
+                    request.cancelled = True
+                    if request.waiting:
+                        self._drop_abandoned()
                     self._wake.notify()
+
+    def _drop_abandoned(self) -> None:
+        """(Under ``_wake``.) A waiting request was cancelled. Once such requests are half of the
+        queue, they are dropped from it: while every row is busy, a harness that sends requests and
+        hangs up would otherwise grow the queue (their prompts) without bound. Each drop takes the
+        queue's length in time, after as many cancellations: O(1) per cancellation."""
+        self._abandoned += 1
+        if 2 * self._abandoned > len(self._pending):
+            kept = [r for r in self._pending if not r.cancelled]
+            self._pending.clear()
+            self._pending.extend(kept)
+            self._abandoned = 0
 
     # --- weights and health --------------------------------------------------------------------------
 
@@ -378,13 +400,20 @@ class EmbeddedEngine:
             return
         self._fail_all(UpstreamError("the embedded engine shut down"))
 
-    def _fail_all(self, error: BaseException) -> None:
+    def _fail_all(self, error: UpstreamError) -> None:
+        """The engine thread ends: every request it holds gets ``error``, and so does every later
+        ``generate`` (``_ended``, set under the lock that queues requests)."""
         with self._wake:
+            self._ended = error
             waiting = list(self._pending) + self._rows + ([self._prefilling] if self._prefilling else [])
             self._pending.clear()
+            self._abandoned = 0
         self._rows, self._prefilling = [], None
         for request in waiting:
-            request.loop.call_soon_threadsafe(request.queue.put_nowait, error)
+            # A request whose event loop is closed has nobody listening; raising here would leave
+            # every request after it waiting forever.
+            with contextlib.suppress(RuntimeError):
+                request.loop.call_soon_threadsafe(request.queue.put_nowait, error)
 
     def _step(self) -> None:
         """One iteration: admit/prefill within the chunk budget, one decode step, deliver, retire."""
@@ -411,6 +440,9 @@ class EmbeddedEngine:
                     if not self._pending:
                         break
                     request = self._pending.popleft()
+                    request.waiting = False
+                    if request.cancelled:
+                        self._abandoned = max(0, self._abandoned - 1)
                 if request.cancelled:
                     self._stats["requests"] += 1
                     out.append((request, _DONE))
@@ -421,6 +453,7 @@ class EmbeddedEngine:
                 ):
                     with self._wake:  # wait for the prompt it shares most with to be cached
                         self._pending.appendleft(request)
+                        request.waiting = True
                     break
                 self._stats["requests"] += 1
             chunk = request.prompt[request.prefilled : request.prefilled + budget]
@@ -447,8 +480,8 @@ class EmbeddedEngine:
         self._retire(out)  # e.g. max_tokens=1, or a stop token sampled right after the prompt
         if self._rows:
             decode_rows = list(self._rows)
-            ids_B = torch.tensor([r.last_token for r in decode_rows], dtype=torch.long)
-            pos_B = torch.tensor([r.position for r in decode_rows], dtype=torch.long)
+            ids_B = torch.tensor([r.last_token for r in decode_rows], dtype=torch.long, device=decoder.device)
+            pos_B = torch.tensor([r.position for r in decode_rows], dtype=torch.long, device=decoder.device)
             logits_B_V = decoder.decode(ids_B, pos_B)
             for r in decode_rows:
                 r.position += 1
