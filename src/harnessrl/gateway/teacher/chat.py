@@ -17,13 +17,14 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+from pydantic import StrictBool
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from harnessrl.errors import HarnessRLError
 from harnessrl.gateway.auth import authorize_rollout, open_rollout
 from harnessrl.gateway.bodies import parse_body, read_body, validate_body
-from harnessrl.gateway.body_models import ChatTurn
+from harnessrl.gateway.body_models import ChatTurn, StreamOptions
 from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
@@ -45,6 +46,16 @@ log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["teacher_chat"]
 
+
+class TeacherChatTurn(ChatTurn):
+    """``ChatTurn`` and the two fields the gateway itself acts on, checked as the policy path checks
+    them: ``stream`` (a string such as ``"false"`` was a stream) and ``stream_options`` (not an
+    object, it was a 500 ``TypeError`` before the upstream was asked)."""
+
+    stream: StrictBool | None = None
+    stream_options: StreamOptions | None = None
+
+
 #: An SSE comment: keeps the connection (and a harness's idle timer) alive while the upstream is silent.
 KEEPALIVE = ": waiting for the teacher\n\n"
 
@@ -58,12 +69,13 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     # The policy path's checks of what the answer is (400s before the rollout starts): one choice
     # (only one is recorded), a new assistant turn after the whole conversation (no continuation, no
     # echo, the model's own template), so the recorded answer is the turn the harness was given.
-    validate_body(ChatTurn, data).check_n()
+    turn = validate_body(TeacherChatTurn, data)
+    turn.check_n()
     rollout = await open_rollout(state, rollout)
     # Else as received (``model`` replaced).
     body = teacher_sampling(data, rollout, state.config.max_tokens)
     started_at = now()
-    if not data.get("stream"):
+    if not turn.stream:
         answer = await unless_client_leaves(
             request, state, rollout, "chat.completions", lambda: complete(teacher, body)
         )
@@ -88,9 +100,10 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     except BaseException:
         await upstream.aclose()
         raise
-    wants_usage = bool((data.get("stream_options") or {}).get("include_usage"))
-    return StreamingResponse(
+    wants_usage = bool(turn.stream_options and turn.stream_options.include_usage)
+    return StreamingResponse(  # an event stream, as the policy path's: SSE clients check the type
         _relay(state, rollout, data, upstream, wants_usage, started_at),
+        media_type="text/event-stream",
         headers={**SSE_HEADERS, "x-harnessrl-rollout-id": rollout.rollout_id},
     )
 

@@ -16,7 +16,7 @@ from harnessrl.errors import UpstreamError
 from harnessrl.gateway.apis.anthropic_blocks import thinking_signature
 from harnessrl.gateway.apis.anthropic_convert import message_of_blocks
 from harnessrl.gateway.teacher.stream import StreamedMessage
-from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS
+from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS, without_surrogates
 
 __all__ = ["MessageBlocks"]
 
@@ -68,6 +68,8 @@ class MessageBlocks:
                 tool_input = None
             if not isinstance(tool_input, dict) or not name:
                 raise UpstreamError(f"teacher upstream sent tool call {name!r} without a JSON object input")
+            if (clean := without_surrogates(tool_input)) != tool_input:  # as the record reads it
+                tool_input, arguments = clean, json.dumps(clean, ensure_ascii=False)
             call_id = call["id"] or f"toolu_{secrets.token_hex(12)}"
             index = len(self.blocks)
             self.blocks.append({"type": "tool_use", "id": call_id, "name": name, "input": tool_input})

@@ -48,6 +48,7 @@ from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
 from harnessrl.gateway.teacher.upstream import (
     Teacher,
+    call_headers,
     complete,
     record,
     unless_client_leaves,
@@ -124,7 +125,7 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
             raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
         blocks.finish()
         stop_reason, stop_sequence, finish = blocks.stop_reason()
-        await record(
+        stored = await record(
             state, rollout, "messages", data, blocks.message(), finish, blocks.sum.usage, started_at, None
         )
         payload = {
@@ -137,7 +138,7 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
             "stop_sequence": stop_sequence,
             "usage": blocks.usage(),
         }
-        return json_response(payload, headers={"request-id": msg_id})
+        return json_response(payload, headers={**call_headers(stored), "request-id": msg_id})
     upstream = ChatStream(teacher, body)
     try:
         await upstream.open()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -49,6 +50,9 @@ from harnessrl.gateway.teacher.sampling import teacher_sampling, thinking_within
 from harnessrl.gateway.teacher.upstream import (
     ANTHROPIC_VERSION,
     Teacher,
+    bounded_lines,
+    call_headers,
+    read_bounded,
     record,
     unless_client_leaves,
     upstream_error,
@@ -128,7 +132,7 @@ async def _forward(
         if stream and reply.status_code == 200:
             return reply, None
         try:
-            return reply, await reply.aread()
+            return reply, await read_bounded(teacher, reply)
         except httpx.HTTPError as exc:
             raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
         finally:
@@ -146,8 +150,8 @@ async def _forward(
             message, finish, usage = (messages_answer if api == "messages" else responses_answer)(answer)
         except (ValueError, KeyError, TypeError, AttributeError, HarnessRLError):
             raise UpstreamError(f"teacher upstream answered 200 without a {api} answer") from None
-        await record(state, rollout, api, recorded, message, finish, usage, started_at, None)
-        return Response(content, media_type="application/json")
+        stored = await record(state, rollout, api, recorded, message, finish, usage, started_at, None)
+        return Response(content, media_type="application/json", headers=call_headers(stored))
     relay = _relay_messages if api == "messages" else _relay_responses
     return StreamingResponse(
         relay(state, rollout, teacher, reply, recorded, started_at),
@@ -159,8 +163,9 @@ async def _forward(
 async def _events(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[tuple[list[str], dict[str, Any]]]:
     """The upstream's SSE events: (their lines as sent, the parsed ``data``)."""
     lines: list[str] = []
+    last_event = time.monotonic()  # the last that was not a keep-alive
     try:
-        async for line in reply.aiter_lines():
+        async for line in bounded_lines(teacher, reply):
             if line:
                 lines.append(line)
                 continue
@@ -170,7 +175,14 @@ async def _events(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[tupl
                     parsed = json.loads(data)
                 except ValueError:
                     raise UpstreamError("teacher upstream sent an event that is not JSON") from None
-                yield lines, parsed if isinstance(parsed, dict) else {}
+                event = parsed if isinstance(parsed, dict) else {}
+                if event.get("type") == "ping":
+                    teacher.quiet_for(last_event)
+                else:
+                    last_event = time.monotonic()
+                yield lines, event
+            else:
+                teacher.quiet_for(last_event)  # comments only
             lines = []
     except httpx.HTTPError as exc:
         raise UpstreamError(f"teacher upstream stream broke: {type(exc).__name__}") from None

@@ -51,6 +51,7 @@ from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
 from harnessrl.gateway.teacher.upstream import (
     Teacher,
+    call_headers,
     complete,
     record,
     unless_client_leaves,
@@ -148,10 +149,10 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
         status = items.status()
         items.finish(status)
         message, finish = items.recorded(shell.id)
-        await record(
+        stored = await record(
             state, rollout, "responses", recorded, message, finish, items.sum.usage, started_at, None
         )
-        return json_response(shell.response(status, items))
+        return json_response(shell.response(status, items), headers=call_headers(stored))
     upstream = ChatStream(teacher, chat)
     try:
         await upstream.open()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,8 +18,20 @@ from typing import Any
 import httpx
 
 from harnessrl.errors import UpstreamError
-from harnessrl.gateway.teacher.upstream import NO_FINISH_REASON, Teacher, upstream_error, usage_counts
+from harnessrl.gateway.teacher.upstream import (
+    NO_FINISH_REASON,
+    Teacher,
+    bounded_lines,
+    read_bounded,
+    upstream_error,
+    usage_counts,
+    without_surrogates,
+)
 from harnessrl.schemas import now
+
+#: A chunk's JSON that may escape a lone surrogate (``upstream.without_surrogates``): cheap to look
+#: for in every chunk, and only then is the parsed chunk walked.
+ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _text(value: Any) -> str:
@@ -54,7 +67,7 @@ class StreamedMessage:
                 self.reasoning.append(_text(reasoning))
             for tc in delta.get("tool_calls") or []:
                 slot = self.tool_calls.setdefault(
-                    tc.get("index", 0),
+                    self._slot(tc),
                     {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
                 )
                 if tc.get("id"):
@@ -65,6 +78,23 @@ class StreamedMessage:
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
                 self.stop_reason = choice.get("stop_reason")
+
+    def _slot(self, tc: dict[str, Any]) -> int:
+        """Which tool call a tool-call delta adds to: its ``index``; without one (Gemini's OpenAI API
+        sends none, each call whole in one delta or its arguments over several), a delta with an id
+        other than the last call's begins the next call, and one without an id continues the last.
+        Every delta was call 0: two parallel calls were recorded as one, named ``ab``, with both
+        arguments run together (a Messages stream failed on it, a Responses one sent it on)."""
+        index = tc.get("index")
+        if index is not None:
+            if not isinstance(index, int) or isinstance(index, bool):
+                raise TypeError(f"a tool call's index is {type(index).__name__}")
+            return index
+        if not self.tool_calls:
+            return 0
+        last = max(self.tool_calls)
+        new_id = tc.get("id") and tc["id"] != self.tool_calls[last]["id"]
+        return last + 1 if new_id else last
 
     def message(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
@@ -101,7 +131,10 @@ class ChatStream:
         except httpx.HTTPError as exc:
             raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
         if self._reply.status_code != 200:
-            content = await self._reply.aread()
+            try:
+                content = await read_bounded(self.teacher, self._reply)
+            except httpx.HTTPError as exc:
+                raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
             raise upstream_error(self.teacher, self._reply.status_code, content)
 
     async def aclose(self) -> None:
@@ -112,16 +145,21 @@ class ChatStream:
     async def __aiter__(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         assert self._reply is not None, "open() first"
         done = False
+        last_data = time.monotonic()
         try:
-            async for line in self._reply.aiter_lines():
+            async for line in bounded_lines(self.teacher, self._reply):
                 if not line.startswith("data:"):
+                    self.teacher.quiet_for(last_data)  # a comment, or the blank line ending an event
                     continue
+                last_data = time.monotonic()
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     done = True
                     break
                 try:
                     chunk = json.loads(payload)
+                    if ESCAPED_SURROGATE.search(payload) and (clean := without_surrogates(chunk)) != chunk:
+                        chunk, payload = clean, json.dumps(clean)  # as the harness gets it, and recorded
                     if "error" in chunk:
                         said = self.teacher.redact(str(chunk["error"].get("message", "error")))
                         raise UpstreamError(f"teacher upstream: {said}")

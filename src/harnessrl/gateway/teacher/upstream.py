@@ -19,9 +19,12 @@ that no harness received).
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
-from collections.abc import Awaitable, Callable
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
@@ -56,6 +59,26 @@ T = TypeVar("T")
 #: How much of an upstream's error body (not JSON) the harness is shown.
 ERROR_TEXT_CHARS = 200
 
+#: How much of an upstream's error message (its JSON ``error.message``, a stream's error) is shown.
+ERROR_MESSAGE_CHARS = 4000
+
+#: The most characters one character of the key can be written as (``%F0%9F%98%80``).
+ECHO_CHARS = 12
+
+#: The most of one upstream answer the gateway reads (``Teacher.max_answer_bytes``): a whole answer's
+#: body, or one line of a stream; a stream is read up to ``STREAM_ANSWERS`` times that in all (its
+#: events repeat their JSON around every delta). Past it the call is an upstream error, unrecorded:
+#: an upstream that sent without end (a line never ended, a body never closed) grew the gateway's
+#: memory until the process died, with every rollout it served.
+MAX_ANSWER_BYTES = 64 * 1024 * 1024
+STREAM_ANSWERS = 4
+
+#: How many idle connections to the upstream are kept open for the next calls.
+UPSTREAM_IDLE_CONNECTIONS = 100
+
+#: Where an SSE line ends: CRLF, LF or CR.
+LINE_END = re.compile("\r\n|\r|\n")
+
 #: The finish reasons (chat's terms) of an answer that ended where its model chose to. Every other
 #: value a teacher's answer is recorded with (``length``, ``content_filter``, Anthropic's
 #: ``refusal`` or ``pause_turn``, an unfinished Response's status...) says it was cut, and ``harnessrl
@@ -82,8 +105,12 @@ class Teacher:
         transport: httpx.AsyncBaseTransport | None = None,
         api: str = "chat",
         length_field: str | None = None,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
+        self.max_answer_bytes = max_answer_bytes
+        # How long the upstream may send nothing, keep-alives aside (``quiet_for``).
+        self.timeout_s = timeout_s
         self.model = model
         # The answer-length field the upstream's chat completions take (``engine.teacher.length_field``).
         self.length_field = length_field
@@ -91,9 +118,18 @@ class Teacher:
         # Responses forwarded to the upstream's own /messages and /responses (``teacher.native``).
         self.api = api
         self._key = api_key
+        self._key_pattern = key_pattern(api_key) if api_key else None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # No cap on connections to the upstream (httpx's default is 100): a call past it waited in
+        # the gateway with nothing sent to its harness, not even a keep-alive, until a connection
+        # freed or ``timeout_s`` ended it with a 502. The gateway's own limits (``gateway.
+        # max_connections``, the calls a rollout may have at once) bound how many there are.
         self._client = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers, timeout=timeout_s, transport=transport
+            base_url=self.base_url,
+            headers=headers,
+            timeout=timeout_s,
+            transport=transport,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=UPSTREAM_IDLE_CONNECTIONS),
         )
 
     def __repr__(self) -> str:  # the key stays out of every repr and log line
@@ -148,9 +184,52 @@ class Teacher:
             out[self.length_field] = value
         return out
 
-    def redact(self, text: str) -> str:
-        """``text`` (an upstream's error message, which may echo the key) without the key."""
-        return text.replace(self._key, "[teacher key]") if self._key else text
+    def quiet_for(self, since: float) -> None:
+        """``UpstreamError`` if the upstream's stream has carried nothing but keep-alives (SSE
+        comments, Anthropic's ``ping``) since ``since`` (``time.monotonic()``) for over
+        ``timeout_s``: each keep-alive began httpx's read timeout again, so a stream of them never
+        ended, and its harness, which the gateway kept alive too, waited for ever."""
+        if time.monotonic() - since > self.timeout_s:
+            raise UpstreamError(f"teacher upstream sent only keep-alives for over {self.timeout_s:g} s")
+
+    def redact(self, text: str, limit: int = ERROR_MESSAGE_CHARS) -> str:
+        """``text`` (an upstream's error message, which may echo the key) without the key, however
+        the upstream wrote it (``key_pattern``), cut after ``limit`` characters: the key is redacted
+        before the cut (cut first, a key across it would show its head), and only as far into the
+        text as an echo beginning before the cut reaches (searching all of a 64 MiB error held the
+        event loop for seconds)."""
+        if self._key_pattern is None or self._key is None:
+            return text[:limit]
+        window = text[: limit + ECHO_CHARS * len(self._key)]
+        out: list[str] = []
+        at = 0
+        for echo in self._key_pattern.finditer(window):
+            if echo.start() >= limit:
+                break
+            out += [window[at : echo.start()], "[teacher key]"]
+            at = echo.end()
+        if at < limit:
+            out.append(window[at:limit])
+        return "".join(out)
+
+
+def key_pattern(key: str) -> re.Pattern[str]:
+    """The key as an upstream's message may echo it: each character as itself, percent-encoded (a
+    URL or query the upstream quotes back: ``sk-a/b+c`` as ``sk-a%2Fb%2Bc``, in either case) or
+    JSON-escaped (``\\/``, ``\\u002f``: a body that is not the error shape is shown as its text).
+    Only the key's literal text was redacted: a key with ``/``, ``+`` or ``=`` (base64) echoed in a
+    URL reached the harness and the log whole."""
+    parts = []
+    for char in key:
+        forms = {char, "".join(f"%{byte:02x}" for byte in char.encode()), json.dumps(char)[1:-1]}
+        if ord(char) <= 0xFFFF:
+            forms.add(f"\\u{ord(char):04x}")
+        if char == "/":
+            forms.add("\\/")
+        if char == " ":
+            forms.add("+")
+        parts.append("(?:" + "|".join(re.escape(form) for form in sorted(forms)) + ")")
+    return re.compile("".join(parts), re.IGNORECASE)
 
 
 def _is_count(value: Any) -> bool:
@@ -171,7 +250,7 @@ def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError 
     try:
         message = teacher.redact(str(json.loads(body)["error"]["message"]))
     except (ValueError, KeyError, TypeError):
-        message = teacher.redact(body.decode("utf-8", "replace"))[:ERROR_TEXT_CHARS]
+        message = teacher.redact(body.decode("utf-8", "replace"), ERROR_TEXT_CHARS)
     text = f"teacher upstream answered {status}: {message}"
     if 400 <= status < 500 and status not in CREDENTIAL_STATUSES:
         return HTTPStatusError(text, status=status)
@@ -208,16 +287,82 @@ async def unless_client_leaves(
     return answer
 
 
+#: A UTF-16 surrogate on its own in a parsed string (JSON's ``"\\ud83d"`` without its pair).
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def without_surrogates(value: Any) -> Any:
+    """``value`` (parsed JSON) with each lone UTF-16 surrogate in its strings as U+FFFD.
+
+    JSON may escape half a pair (an upstream that cut a string inside an emoji); Python parses it
+    into a string no UTF-8 can encode. The gateway could not write such an answer to the harness:
+    a whole one was a 500 after it had been recorded (the harness retried: another recorded call it
+    never got), a translated stream was cut without its error event."""
+    if isinstance(value, str):
+        return LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [without_surrogates(item) for item in value]
+    if isinstance(value, dict):
+        return {without_surrogates(k): without_surrogates(v) for k, v in value.items()}
+    return value
+
+
+async def read_bounded(teacher: Teacher, reply: httpx.Response) -> bytes:
+    """``reply``'s whole body, or ``UpstreamError`` once it is over ``teacher.max_answer_bytes``."""
+    pieces: list[bytes] = []
+    size = 0
+    async for piece in reply.aiter_bytes():
+        size += len(piece)
+        if size > teacher.max_answer_bytes:
+            raise UpstreamError(f"teacher upstream's answer is over {teacher.max_answer_bytes} bytes")
+        pieces.append(piece)
+    return b"".join(pieces)
+
+
+async def bounded_lines(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[str]:
+    """The lines of ``reply``'s event stream (UTF-8, as SSE is; ended by CRLF, LF or CR), as
+    ``httpx.Response.aiter_lines`` gives them, with ``UpstreamError`` for a line over
+    ``teacher.max_answer_bytes`` or a stream over ``STREAM_ANSWERS`` times that."""
+    limit = teacher.max_answer_bytes
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    line: list[str] = []  # the line being read, in pieces (joined once: a long line is not quadratic)
+    size = total = 0
+    held = ""  # a CR that ended a piece: a LF beginning the next one belongs to it
+    async for data in reply.aiter_bytes():
+        total += len(data)
+        if total > limit * STREAM_ANSWERS:
+            raise UpstreamError(f"teacher upstream's stream is over {limit * STREAM_ANSWERS} bytes")
+        text = held + decoder.decode(data)
+        held = "\r" if text.endswith("\r") else ""
+        pieces = LINE_END.split(text[:-1] if held else text)
+        for piece in pieces[:-1]:
+            line.append(piece)
+            yield "".join(line)
+            line, size = [], 0
+        line.append(pieces[-1])
+        size += len(pieces[-1])
+        if size > limit:
+            raise UpstreamError(f"teacher upstream sent a line over {limit} bytes")
+    pieces = LINE_END.split(held + decoder.decode(b"", final=True))
+    for piece in pieces[:-1]:
+        line.append(piece)
+        yield "".join(line)
+        line = []
+    if rest := "".join([*line, pieces[-1]]):
+        yield rest
+
+
 async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
     """A whole chat completion of ``body`` (``model`` set here); errors as the harness gets them."""
     try:
-        reply = await teacher._client.post("/chat/completions", json=teacher.chat_body(body))
+        async with teacher._client.stream("POST", "/chat/completions", json=teacher.chat_body(body)) as reply:
+            content = await read_bounded(teacher, reply)
     except httpx.HTTPError as exc:
         raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
     if reply.status_code != 200:
-        raise upstream_error(teacher, reply.status_code, reply.content)
+        raise upstream_error(teacher, reply.status_code, content)
     try:
-        answer = reply.json()
+        answer = without_surrogates(json.loads(content))
         answer["choices"][0]["message"].get("content")
     except (ValueError, KeyError, IndexError, TypeError, AttributeError):
         raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
