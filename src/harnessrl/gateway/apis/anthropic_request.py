@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, ValidationInfo, field_validator
 
 from harnessrl.gateway.apis.anthropic_convert import ThinkingParam
 from harnessrl.gateway.body_models import JsonFloat, JsonInt, Lenient, SamplingFields, StopList
@@ -29,6 +29,30 @@ class CountTokensRequest(Lenient):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: ThinkingParam | None = None
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_tool_choice_anthropic_takes(cls, value: Any, info: ValidationInfo) -> Any:
+        """Anthropic's values only (a misspelled one was taken as ``auto``, so a ``none`` misspelled
+        still parsed tool calls): ``{"type": "auto" | "any" | "tool" | "none"}``; ``any`` and ``tool``
+        need tools, ``tool`` a ``name`` among them. Accepted, not enforced: the policy samples freely."""
+        if value is None:
+            return value
+        kind = value.get("type")
+        if kind not in ("auto", "any", "tool", "none"):
+            raise ValueError(f"type must be 'auto', 'any', 'tool' or 'none', got {kind!r}")
+        if kind in ("auto", "none"):
+            return value
+        tools = info.data.get("tools")
+        if not tools:
+            raise ValueError(f"{kind!r} is only allowed when tools are given")
+        if kind == "tool":
+            name = value.get("name")
+            if not isinstance(name, str):
+                raise ValueError("a 'tool' choice needs 'name', a string")
+            if name not in {t.get("name") for t in tools if isinstance(t, dict)}:
+                raise ValueError(f"names the tool {name!r}, which is not among the tools")
+        return value
 
 
 class MessagesRequest(CountTokensRequest, SamplingFields):

@@ -107,6 +107,9 @@ class ChatApi:
         prompt_len: int,
         rollout: Rollout,
     ) -> ContextLengthExceeded:
+        # Name the budget field the client sent: ``max_completion_tokens`` wins over ``max_tokens``.
+        if request.body.max_completion_tokens is not None and exc.param == "max_tokens":
+            exc.param = "max_completion_tokens"
         return exc
 
     def answer(self, call: PreparedCall, request: CallRequest[ChatCompletionRequest]) -> ChatAnswer:

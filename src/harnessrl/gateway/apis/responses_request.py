@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, StrictBool
+from pydantic import Field, StrictBool, ValidationInfo, field_validator
 
 from harnessrl.errors import BadRequest, HarnessRLError
 from harnessrl.gateway.apis.responses_input import request_to_internal
+from harnessrl.gateway.apis.responses_tools import tool_is_function
 from harnessrl.gateway.body_models import JsonInt, SamplingFields
 from harnessrl.gateway.errors import error_shape
 from harnessrl.gateway.state import GatewayState
@@ -41,6 +42,44 @@ class ResponsesRequest(SamplingFields):
     include: list[str] | None = None
     metadata: dict[str, Any] | None = None
     store: StrictBool | None = None
+    # OpenAI's server-side state this gateway does not keep: honoured there, they put a stored
+    # conversation's items or a stored prompt's instructions before the input. Ignored, the policy
+    # answered without them and training saw a conversation the harness never had: refused.
+    conversation: str | dict[str, Any] | None = None
+    prompt: dict[str, Any] | None = None
+
+    @field_validator("conversation", "prompt")
+    @classmethod
+    def _no_server_side_state(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None:
+            raise ValueError(
+                f"not supported: this gateway keeps no stored {info.field_name}s; send its items in "
+                "'input' (and its instructions in 'instructions') instead"
+            )
+        return value
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _a_tool_choice_openai_takes(cls, value: Any, info: ValidationInfo) -> Any:
+        """As chat's: ``none``, ``auto``, ``required`` or ``{"type": "function", "name": N}`` naming
+        one of the function tools (a misspelled value was taken as ``auto``); ``required`` needs
+        tools. Choices of hosted tools (``{"type": "web_search"}``...) go with
+        those tools (``gateway.unsupported_tools``). Accepted, not enforced: the policy samples freely."""
+        if value is None or value in ("none", "auto"):
+            return value
+        if isinstance(value, str) and value != "required":
+            raise ValueError(f"must be 'none', 'auto', 'required' or a named function, got {value!r}")
+        if isinstance(value, dict) and value.get("type") != "function":
+            return value
+        if not info.data.get("tools"):
+            raise ValueError("is only allowed when tools are given")
+        if isinstance(value, dict):
+            name = value.get("name")
+            if not isinstance(name, str):
+                raise ValueError('a named choice is {"type": "function", "name": ...}')
+            if name not in {t["name"] for t in info.data["tools"] if tool_is_function(t)}:
+                raise ValueError(f"names the function {name!r}, which is not among the function tools")
+        return value
 
 
 async def resolve_previous(state: GatewayState, rollout: Rollout, response_id: str) -> list[dict[str, Any]]:
