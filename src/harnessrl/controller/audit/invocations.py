@@ -12,6 +12,8 @@ ruby, node, php or lua one-liners run, and those that Python code runs (``os.sys
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import posixpath
 import re
 import shlex
@@ -39,6 +41,16 @@ _POSITIONAL_RUNNERS: dict[str, set[str]] = {
 }
 
 
+# ``runuser -u USER [--] CMD...``: options (these take a value), then the command's words.
+_RUNUSER_VALUE_OPTS = wordlist("-u --user -g --group -G --supp-group -s --shell -w --whitelist-environment")
+# ``parallel [options] CMD ::: ARGS``: these options take a value.
+_PARALLEL_VALUE_OPTS = wordlist(
+    "-j --jobs -P --max-procs -a --arg-file -d --delimiter -I --replace -S --sshlogin --colsep -C"
+    " --joblog --results --tmpdir -N -n --max-args -L --max-lines -E --timeout --delay --retries"
+    " --sshloginfile --slf --workdir --wd --env --basefile --bf --tagstring --halt"
+)
+
+
 def wrapped_command(prog: str, args: list[str]) -> str | list[str] | None:
     """What ``prog`` runs: a shell string, the words of a command, or None (it is not a runner)."""
     if prog in _STRING_RUNNERS or prog == "flock":
@@ -47,12 +59,34 @@ def wrapped_command(prog: str, args: list[str]) -> str | list[str] | None:
                 return arg.split("=", 1)[1]
             if (arg == "--command" or re.fullmatch(r"-[A-Za-z]*c", arg)) and i + 1 < len(args):
                 return args[i + 1]
+    if prog == "runuser":  # no -c: ``runuser -u USER -- CMD ARGS`` runs the words
+        i = 0
+        while i < len(args) and args[i].startswith("-") and args[i] != "--":
+            i += 2 if args[i] in _RUNUSER_VALUE_OPTS else 1
+        words = args[i + 1 :] if i < len(args) and args[i] == "--" else args[i:]
+        return words if "-u" in args[:i] or "--user" in args[:i] else None
+    if prog == "parallel":
+        return _parallel_command(args)
     if prog in _POSITIONAL_RUNNERS:
         i = 0
         while i < len(args) and args[i].startswith("-"):
             i += 2 if args[i] in _POSITIONAL_RUNNERS[prog] else 1
         return args[i + 1 :] or None
     return None
+
+
+def _parallel_command(args: list[str]) -> str | list[str] | None:
+    """What GNU ``parallel`` runs: the command before ``:::`` (with each argument put where ``{}``
+    stands or after it; read once, as the words typed), or, given no command, each argument after
+    ``:::`` as a command line of its own (``parallel ::: 'curl x'``)."""
+    i = 0
+    while i < len(args) and args[i].startswith("-") and args[i] not in (":::", "::::", ":::+"):
+        i += 2 if args[i] in _PARALLEL_VALUE_OPTS else 1
+    end = next((j for j in range(i, len(args)) if args[j] in (":::", "::::", ":::+", "::::+")), len(args))
+    if end > i:
+        return args[i:end]
+    inputs = [a for a in args[end:] if a not in (":::", "::::", ":::+", "::::+")]
+    return "\n".join(inputs) if end < len(args) and inputs else None
 
 
 def env_split_string(words: list[str], prefix: int) -> str | None:
@@ -129,44 +163,173 @@ _SHELL_FUNCTIONS = {
 _PY_PIECE = r"(?:[rbuf]{0,2}'[^'\n]*'|[rbuf]{0,2}\"[^\"\n]*\"|\bsys\.executable\b)"
 # A list or tuple of them, or pieces joined with ``+`` (``"git " + "log"``, ``sys.executable + " -m pip"``),
 # passed first or as ``args=``; ``os.spawn*``'s mode before it (``os.spawnlp(os.P_WAIT, "curl", …)``).
+# A name among them stands for the literal the code gives it (``cmd + " -p"``, ``shlex.split(cmd)``).
+_PY_NAME_PIECE = r"[A-Za-z_]\w*(?=\s*(?:[,)+]|\.split\())"
+_PY_CHAIN_PIECE = rf"(?:{_PY_PIECE}|{_PY_NAME_PIECE})"
 _PY_SHELL_ARGUMENT = (
-    rf"\s*\(\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?"
-    rf"(\[[^\]]*\]|\([^)]*\)|{_PY_PIECE}(?:\s*\+\s*{_PY_PIECE})*)"
+    rf"\s*\(\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?(?:shlex\.split\(\s*)?"
+    rf"(\[[^\]]*\]|\([^)]*\)|{_PY_CHAIN_PIECE}(?:\s*\+\s*{_PY_CHAIN_PIECE})*)"
 )
+# A function of the code's own that runs its first parameter (``def sh(cmd): return subprocess.run(cmd,
+# shell=True)``) or its ``*args`` (``def git(*a): subprocess.run(["git", *a])`` is not one: only ``a``
+# itself, ``subprocess.run(a)``); its calls are read as the call it makes.
+_PY_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)[ \t]*\(([^)]{0,1000})\)", re.M)
+_BODY_LINE = re.compile(r"\n([ \t]*)(\S?)[^\n]*")
+_MAX_COMBINATIONS = 50  # commands one call makes from names with several values
 _PY_MODULE_ALIAS = re.compile(r"\bimport[ \t]+(os|subprocess|pty|asyncio)[ \t]+as[ \t]+(\w+)")
 _PY_FROM_IMPORT = re.compile(r"\bfrom[ \t]+(os|subprocess|pty|asyncio)[ \t]+import[ \t]+\(?([^\n;)]+)")
 _PY_STRING = re.compile(r"'([^'\n]*)'|\"([^\"\n]*)\"|\b(sys\.executable)\b")
 _PY_EXECUTABLE_FIELD = re.compile(r"\{\s*sys\.executable\s*(?:![rsa])?\s*\}")  # in an f-string
+# The module spelled as an expression: ``os``, ``__import__('os')``, ``importlib.import_module('os')``,
+# ``sys.modules['os']`` (``{0}`` is the module's name).
+_PY_MODULE_EXPRESSION = (
+    r"(?:(?<![\w.]){0}|(?:importlib\.)?(?:__import__|import_module)\(\s*['\"]{0}['\"]\s*\)"
+    r"|\bsys\.modules\[\s*['\"]{0}['\"]\s*\])"
+)
+# libc through ctypes runs a command line too: ``ctypes.CDLL(None).system(b"curl …")``, ``libc.system(…)``
+# (only where the code mentions ctypes or libc, like ``audit.system``'s namespace calls).
+_PY_LIBC = re.compile(r"\bctypes\b|\bc?dll\b|\blibc\b", re.I)
+_PY_LIBC_CALLEE = (
+    r"(?<![\w.])(?:\w+\.)*(?:(?:CDLL|LoadLibrary|PyDLL)\([^()\n]*\)|\w*libc\w*)"
+    r"\.(?:system|popen|execl|execlp|execv|execvp)"
+)
+_MAX_VALUE = 4000  # characters of a list or tuple value read (an unclosed one is not scanned to the end)
+# ``name = [...]``/``name = "..."`` with a literal value: ``cmd = ["git", "log"]; subprocess.run(cmd)``.
+_PY_LITERAL_VALUE = re.compile(
+    rf"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*(\[[^\]]{{0,{_MAX_VALUE}}}\]|\([^)]{{0,{_MAX_VALUE}}}\)"
+    rf"|{_PY_PIECE}(?:\s*\+\s*{_PY_PIECE})*)[ \t]*(?:#.*)?$",
+    re.M,
+)
+_PY_NAME_ARGUMENT = re.compile(r"[A-Za-z_]\w*")
 
 
 def _shell_callees(code: str) -> re.Pattern[str]:
     """The calls in ``code`` that run a command: ``subprocess.run``, and the same function under
-    another name (``import subprocess as s`` -> ``s.run``, ``from os import system as sh`` -> ``sh``)."""
-    callees = [rf"{m}\.(?:{'|'.join(f)})" for m, f in _SHELL_FUNCTIONS.items()]
+    another name (``import subprocess as s`` -> ``s.run``, ``from os import system as sh`` -> ``sh``),
+    reached through the module as an expression (``__import__('os').system``, ``getattr(os,
+    'system')``), bound to a name first (``f = os.system``, ``f = getattr(os, 'system')``), or libc's
+    ``system`` through ctypes."""
+    callees = []
+    for module, functions in _SHELL_FUNCTIONS.items():
+        expression = _PY_MODULE_EXPRESSION.format(module)
+        names = "|".join(functions)
+        callees.append(rf"{expression}\.(?:{names})")
+        callees.append(rf"\bgetattr\(\s*{expression}\s*,\s*['\"](?:{names})['\"]\s*\)")
     for module, alias in _PY_MODULE_ALIAS.findall(code):
-        callees.append(rf"{alias}\.(?:{'|'.join(_SHELL_FUNCTIONS[module])})")
+        callees.append(rf"(?<![\w.]){alias}\.(?:{'|'.join(_SHELL_FUNCTIONS[module])})")
     for module, names in _PY_FROM_IMPORT.findall(code):
         for item in names.split(","):
             name, _, alias = item.strip().partition(" as ")
             if name.strip() in _SHELL_FUNCTIONS[module]:
-                callees.append(re.escape((alias or name).strip()))
-    return re.compile(rf"(?<![\w.])(?:{'|'.join(callees)}){_PY_SHELL_ARGUMENT}")
+                callees.append(rf"(?<![\w.]){re.escape((alias or name).strip())}")
+    if _PY_LIBC.search(code):
+        callees.append(_PY_LIBC_CALLEE)
+    known = "|".join(callees)
+    bound = re.findall(rf"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*(?:{known})[ \t]*(?:#.*)?$", code, re.M)
+    callees += [rf"(?<![\w.]){re.escape(name)}" for name in bound]  # f = os.system; f("curl x")
+    pattern = _callee_pattern(callees, set())
+    starred: set[str] = set()
+    for _ in range(2):  # a wrapper, and a wrapper of that
+        firsts, stars = _wrappers(code, pattern)
+        callees += [rf"(?:\bself\.|(?<![\w.])){re.escape(name)}" for name in sorted(firsts)]
+        starred |= stars
+        pattern = _callee_pattern(callees, starred)
+    return pattern
+
+
+def _callee_pattern(callees: list[str], starred: set[str]) -> re.Pattern[str]:
+    """Calls of ``callees`` (group 2: the command), and of ``starred`` functions, whose arguments are
+    the argv (group 1: the call's parenthesis, read as a tuple: ``sh("git", "log")``)."""
+    pattern = rf"(?:{'|'.join(callees)}){_PY_SHELL_ARGUMENT}"
+    if starred:
+        names = "|".join(map(re.escape, sorted(starred)))
+        return re.compile(rf"(?:\bself\.|(?<![\w.]))(?:{names})\s*(\([^)]*\))|{pattern}")
+    return re.compile(rf"()(?!)|{pattern}")  # the same groups, group 1 never matching
+
+
+def _wrappers(code: str, pattern: re.Pattern[str]) -> tuple[set[str], set[str]]:
+    """Functions defined in ``code`` that pass their first parameter, or their ``*args`` tuple, to a
+    call ``pattern`` finds: (names of the first kind, names of the second)."""
+    calls = [(m.start(), m.group(m.lastindex or 2)) for m in pattern.finditer(code)]
+    calls = [(at, arg) for at, arg in calls if arg and _PY_NAME_ARGUMENT.fullmatch(arg)]
+    if not calls:
+        return set(), set()
+    positions = [at for at, _ in calls]
+    firsts: set[str] = set()
+    starred: set[str] = set()
+    for match in _PY_DEF.finditer(code):
+        indent = len(match.group(1).expandtabs())
+        end = len(code)
+        for line in _BODY_LINE.finditer(code, match.end()):  # the body: the lines indented deeper
+            if line.group(2) and len(line.group(1).expandtabs()) <= indent:
+                end = line.start()
+                break
+        params = [p.strip().split(":")[0].split("=")[0].strip() for p in match.group(3).split(",")]
+        params = [p for p in params if p and p not in ("self", "cls", "/")]
+        first = params[0] if params and not params[0].startswith("*") else None
+        star = next((p[1:] for p in params if p.startswith("*") and not p.startswith("**")), None)
+        for _, arg in calls[bisect.bisect_left(positions, match.end()) : bisect.bisect_left(positions, end)]:
+            if arg == first:
+                firsts.add(match.group(2))
+            elif arg == star:
+                starred.add(match.group(2))
+    return firsts, starred
 
 
 def python_shell_calls(code: str) -> Iterator[str]:
     """The shell commands Python code runs with literal arguments: ``os.system("curl ...")``,
     ``subprocess.run(["pip", ...])`` (a list is joined back into one command line), the same
-    functions imported under other names, ``os.execvp("curl", …)``, ``pty.spawn([...])``. Literals
-    joined with ``+`` are one string (``os.system("git " + "log")``), and ``sys.executable``, also
-    in an f-string, is ``python`` (``subprocess.run([sys.executable, "-m", "pip", "install", x])``,
-    how Python code usually installs a package)."""
+    functions imported under other names or reached another way (``_shell_callees``),
+    ``os.execvp("curl", …)``, ``pty.spawn([...])``. Literals joined with ``+`` are one string
+    (``os.system("git " + "log")``), ``sys.executable``, also in an f-string, is ``python``
+    (``subprocess.run([sys.executable, "-m", "pip", "install", x])``, how Python code usually installs
+    a package), and a name given a literal in the same code is its value (``cmd = ["git", "log"];
+    subprocess.run(cmd)``; every value the name is given, whichever branch holds it)."""
+    values: dict[str, list[str]] = {}
+    for name, value in _PY_LITERAL_VALUE.findall(code):
+        values.setdefault(name, []).append(value)
+    for name in values:
+        values[name] = list(dict.fromkeys(values[name]))
+    seen: set[str] = set()  # each command once: ``subprocess.run(cmd)`` 1,000 times is one command
+    names_read: set[str] = set()
     for match in _shell_callees(code).finditer(code):
-        arg = match.group(1)
-        strings = [
-            "python" if exe else _PY_EXECUTABLE_FIELD.sub("python", a or b)
-            for a, b, exe in _PY_STRING.findall(arg)
-        ]
-        yield shlex.join(strings) if arg.startswith(("[", "(")) else "".join(strings)
+        argument = match.group(match.lastindex or 2) or ""
+        if _PY_NAME_ARGUMENT.fullmatch(argument):
+            if argument in names_read:
+                continue
+            names_read.add(argument)  # a name's values are read once, however often it is run
+            arguments = values.get(argument, [])
+        elif argument.startswith(("[", "(")):
+            arguments = [argument]
+        else:  # pieces joined with ``+``, names among them put in
+            arguments = list(_joined(argument, values))
+        for arg in arguments:
+            strings = [
+                "python" if exe else _PY_EXECUTABLE_FIELD.sub("python", a or b)
+                for a, b, exe in _PY_STRING.findall(arg)
+            ]
+            command = shlex.join(strings) if arg.startswith(("[", "(")) else "".join(strings)
+            if command not in seen:
+                seen.add(command)
+                yield command
+
+
+_PY_CHAIN_TOKEN = re.compile(rf"{_PY_PIECE}|[A-Za-z_]\w*")
+
+
+def _joined(chain: str, values: dict[str, list[str]]) -> Iterator[str]:
+    """The strings ``"a" + name + "b"`` can be, each name one of its literal string values (at most
+    ``_MAX_COMBINATIONS``; a name with none is left out)."""
+    options: list[list[str]] = []
+    for token in _PY_CHAIN_TOKEN.findall(chain):
+        if token.endswith(("'", '"')) or token == "sys.executable":
+            options.append([token])
+        else:
+            options.append([v for v in values.get(token, []) if not v.startswith(("[", "("))] or [""])
+    for count, combination in enumerate(itertools.product(*options)):
+        if count == _MAX_COMBINATIONS:
+            return
+        yield " + ".join(combination)
 
 
 def notebook_shell(code: str) -> Iterator[str]:

@@ -66,7 +66,9 @@ _DECODED_HERE_STRING = re.compile(
     rf"\$\(([^)]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER})[^)]*)\)"
 )
 # ``x=$(… | base64 -d)``, ``x=`…``` : a variable that holds decoded text.
-_DECODED_VARIABLE = re.compile(rf"(?<![\w$])([A-Za-z_]\w*)=[\"']?(?:\$\(|`)[^)`]*(?:{_DECODER_WORDS})")
+_DECODED_VARIABLE = re.compile(
+    rf"(?<![\w$])([A-Za-z_]\w*)=[\"']?(?:\$\(|`)[^)`]*(?:{_DECODER_WORDS}|{_PRINTF_DECODER})"
+)
 
 
 def shell_obfuscation(script: str, segments: list[Segment]) -> Iterator[tuple[str, str]]:
@@ -127,11 +129,38 @@ def _runs_decoded_variable(
         yield OBFUSCATED_CODE, word
 
 
+# A one-liner that decodes what it prints (``perl -e 'print pack("H*", "6375726c")'``, ``python3 -c
+# "print(bytes.fromhex(…).decode())"``, ``node -e "…Buffer.from(s, 'base64')…"``), read as a decoder.
+_CODE_DECODES = re.compile(
+    r"\b(?:pack|unpack|decode_base64|decode64|unpack1|b64decode|b32decode|b16decode|b85decode|a85decode"
+    r"|unhexlify|fromhex|decompress|fromCharCode|atob|chr|reverse|rot13|hex2bin|base64_decode|gzinflate"
+    r"|str_rot13|strrev)\b|\bBuffer\.from\b|\[\s*::\s*-1\s*\]|\\x[0-9a-fA-F]{2}"
+)
+# ``python -m base64 -d``, ``python -m gzip -d``: the standard library's decoders run as programs.
+_PYTHON_DECODER_MODULES = wordlist("base64 binascii gzip zlib bz2 lzma uu quopri codecs zipfile tarfile")
+
+
 def _decodes(prog: str, args: list[str]) -> bool:
     if prog in _ALWAYS_DECODES:
         return True
     if prog == "printf":
         return bool(args) and bool(_PRINTF_ESCAPES.search(args[0]))
+    if prog == "echo":  # ``echo -e '\x63\x75\x72\x6c x'``
+        flags = [a for a in args if re.fullmatch(r"-[neE]+", a)]
+        return any("e" in f for f in flags) and any(_PRINTF_ESCAPES.search(a) for a in args)
+    if _PYTHON_EXE.match(prog):
+        for i, arg in enumerate(args):
+            if arg == "-m" and i + 1 < len(args):
+                return args[i + 1] in _PYTHON_DECODER_MODULES
+            if re.fullmatch(r"-[A-Za-z]*c", arg) and i + 1 < len(args):
+                return bool(_CODE_DECODES.search(args[i + 1]))
+        return False
+    if prog in _CODE_FLAG:
+        flag = _CODE_FLAG[prog]
+        for i, arg in enumerate(args):
+            if (arg == flag or re.fullmatch(rf"-[A-Za-z]*{flag[1]}", arg)) and i + 1 < len(args):
+                return bool(_CODE_DECODES.search(args[i + 1]))
+        return False
     if prog == "openssl":
         return bool(args) and args[0] in ("enc", "base64") and "-d" in args
     if prog not in _DECODE_FLAGS:

@@ -109,6 +109,10 @@ PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             r"(?:\.\w+)*[ \t]+import\b"
             # os.path.join('.git', 'objects'), Path('.git') / 'refs': the history, spelled in pieces
             r"|['\"]\.git['\"]\s*\)?\s*[,/]\s*['\"](?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD)\b"
+            # the .git folder listed, walked or copied whole: glob.glob('.git/**'), os.walk('.git'),
+            # Path('.git').rglob('*'), shutil.copytree('.git', …) (``os.path.isdir('.git')`` only asks)
+            r"|\b(?:walk|fwalk|listdir|scandir|glob|iglob|copytree)\(\s*[rbuf]{0,2}(['\"])(?:[^'\"\n]*/)?\.git(?:/[^'\"\n]*)?\1"
+            r"|\bPath\(\s*[rbuf]{0,2}(['\"])(?:[^'\"\n]*/)?\.git/?\2\s*\)\s*\.(?:rglob|glob|iterdir|walk)\("
         ),
     ),
     (

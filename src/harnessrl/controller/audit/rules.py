@@ -54,7 +54,12 @@ from harnessrl.controller.audit.invocations import (
     python_shell_calls,
     wrapped_command,
 )
-from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE, evaluated_literals, python_obfuscation
+from harnessrl.controller.audit.obfuscation import (
+    OBFUSCATED_CODE,
+    evaluated_literals,
+    python_obfuscation,
+    string_literals,
+)
 from harnessrl.controller.audit.obfuscation_shell import shell_obfuscation
 from harnessrl.controller.audit.patches import patched_files
 from harnessrl.controller.audit.patterns import (
@@ -156,6 +161,9 @@ def _analyze_simple(
     if inner is not None:
         yield from _analyze_simple(Segment(words=inner, stdin=stdin), None, depth + 1, run_files)
         return
+    if prog == "parallel" and stdin:  # ``echo 'curl x' | parallel``: each line it reads is a command
+        yield from analyze_shell(stdin, depth + 1)
+        return
     if prog in NETWORK_PROGRAMS:
         yield NETWORK_FETCH, words[0]
     elif prog == "git":
@@ -240,6 +248,12 @@ def _embedded_commands(code: str, depth: int) -> Iterator[tuple[str, str]]:
         yield from analyze_shell(command, depth + 1)
 
 
+# Installers and network clients that also run as ``python -m NAME``: read as the program NAME.
+_MODULE_PROGRAMS = frozenset(
+    {"uv", "pipx", "poetry", "pdm", "pipenv", "hatch", "conda", "mamba", "httpie", "wget"}
+)
+
+
 def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> Iterator[tuple[str, str]]:
     """``python [options] …``: the code of ``-c``, the module of ``-m`` (``pip``), or stdin."""
     kind, value, rest = python_invocation(args)
@@ -250,6 +264,8 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
             yield PACKAGE_INSTALL, f"-m pip {pip_hint(rest)}"
         elif value in ("ensurepip", "easy_install"):  # installs pip itself (then any package), or a package
             yield PACKAGE_INSTALL, f"-m {value}"
+        elif value in _MODULE_PROGRAMS:  # ``python -m uv pip install x`` runs as ``uv pip install x``
+            yield from analyze_shell(shlex.join([value, *rest]), depth + 1)
     elif kind == "stdin" and stdin:
         yield from analyze_python(stdin, depth + 1)
     # "script": a file (its content was analysed if this script wrote it)
@@ -329,11 +345,34 @@ def python_names_normalized(code: str) -> str:
     )
 
 
+# ``e = exec`` then ``e("…")``, ``imp = importlib.import_module`` then ``imp("socket")``: a builtin that
+# runs code or imports, bound to another name. Its calls are read as calls of the builtin itself.
+_BUILTIN_ALIAS = re.compile(
+    r"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*(?:builtins\.|__builtins__\.)?"
+    r"(exec|eval|compile|__import__|(?:importlib\.)?import_module)[ \t]*(?:#.*)?$",
+    re.M,
+)
+# String literals joined with ``+`` (``'.git/' + 'packed-refs'``): the text they make is read for the
+# raw patterns, as the typed text is.
+_PY_STRING_PIECE = r"[rbu]{0,2}(?:'[^'\n]*'|\"[^\"\n]*\")"
+_PY_JOINED_LITERALS = re.compile(rf"{_PY_STRING_PIECE}(?:\s*\+\s*{_PY_STRING_PIECE})+")
+
+
+def _builtin_aliases_called(code: str) -> str:
+    """``code`` with the calls of names bound to ``exec``/``eval``/``compile``/``__import__``/
+    ``import_module`` spelled as calls of the builtin (``e = exec; e("import socket")``)."""
+    aliases = {name: target for name, target in _BUILTIN_ALIAS.findall(code) if name != target}
+    if not aliases:
+        return code
+    calls = re.compile(rf"(?<![\w.])({'|'.join(map(re.escape, aliases))})(?=\s*\()")
+    return calls.sub(lambda m: aliases[m.group(1)], code)
+
+
 def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
         yield _too_deep(code)
         return
-    code = python_names_normalized(code)
+    code = _builtin_aliases_called(python_names_normalized(code))
     for rule, pattern in PYTHON_PATTERNS:
         for match in pattern.finditer(code):
             yield rule, match.group(0)
@@ -344,6 +383,9 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
             yield OBFUSCATED_CODE, "exec("
             break
         yield from analyze_python(literal, depth + 1)
+    for match in _PY_JOINED_LITERALS.finditer(code):  # open('.git/' + 'packed-refs'): the path it makes
+        if raw := RAW_PATTERNS.search("".join(string_literals(match.group(0)))):
+            yield (NETWORK_FETCH if raw.group("tcp") else GIT_HISTORY), match.group(0)
     yield from forced_exit_hints(code)
     yield from always_equal_hints(code)
     for command in python_shell_calls(code):  # os.system("curl ..."), subprocess.run(["pip", ...])

@@ -36,6 +36,10 @@ _WRAPPERS: dict[str, set[str]] = {
     "strace": {"-o", "-e", "-p", "-s"},
     "ltrace": {"-o", "-e"},
     "busybox": set(),
+    "fakeroot": {"-l", "--lib", "--faked", "-s", "-i"},
+    # ``systemd-run [--user] [-p PROP] CMD``: its long options are usually ``--opt=value``
+    "systemd-run": {"-p", "--property", "-u", "--unit", "-E", "--setenv", "-M", "--machine", "-H", "--host"},
+    "setpriv": set(),  # ``setpriv --reuid=1000 CMD``
 }
 _RUNNERS = wordlist("uv poetry pipenv pdm hatch conda mamba micromamba rye pixi")  # X run
 _RUNNER_OPTS = wordlist("-n --name -p --prefix --with --python -e --env --project --directory --from")
