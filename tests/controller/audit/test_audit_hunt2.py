@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tests.controller.audit.audit_support import diff_audit, rules_in
 
 from harnessrl.controller.audit import (
     GIT_HISTORY,
@@ -18,23 +19,8 @@ from harnessrl.controller.audit import (
     OBFUSCATED_CODE,
     PACKAGE_INSTALL,
     PYTHON_NETWORK,
-    AuditConfig,
-    CommandRecord,
-    audit_commands,
-    audit_rollout,
     reward_after_audit,
 )
-from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-
-WORKSPACE = "/rollout/workspace"
-
-
-def rules(kind: str, text: str) -> set[str]:
-    """The rules the audit flags in one command of ``kind``; every match highlights typed text."""
-    flags = audit_commands([CommandRecord(call_seq=0, kind=kind, text=text)], workspace=WORKSPACE)
-    assert all(f.match and f.match in f.command for f in flags)
-    return {f.rule for f in flags}
-
 
 # -- Python: what runs a command, however it is reached --------------------------------------------
 
@@ -78,7 +64,7 @@ def rules(kind: str, text: str) -> set[str]:
     ],
 )  # fmt: skip
 def test_commands_run_through_variables_and_indirect_callees_are_read(code, rule):
-    assert rule in rules("python", code)
+    assert rule in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -103,7 +89,7 @@ def test_commands_run_through_variables_and_indirect_callees_are_read(code, rule
     ],
 )
 def test_running_tests_and_other_calls_through_the_same_routes_raise_nothing(code):
-    assert rules("python", code) == set()
+    assert rules_in("python", code) == set()
 
 
 @pytest.mark.parametrize(
@@ -116,12 +102,12 @@ def test_running_tests_and_other_calls_through_the_same_routes_raise_nothing(cod
     ],
 )
 def test_exec_and_import_under_another_name_are_read_as_themselves(code, rule):
-    assert rule in rules("python", code)
+    assert rule in rules_in("python", code)
 
 
 def test_honest_code_binding_eval_or_importing_by_name_raises_nothing():
-    assert rules("python", "import importlib\nimp = importlib.import_module\nm = imp('json')") == set()
-    assert rules("python", "e = eval\nprint(e('1 + 2'))") == set()
+    assert rules_in("python", "import importlib\nimp = importlib.import_module\nm = imp('json')") == set()
+    assert rules_in("python", "e = eval\nprint(e('1 + 2'))") == set()
 
 
 # -- Python: the .git folder listed, walked, or its path joined from pieces --------------------------
@@ -140,11 +126,11 @@ def test_honest_code_binding_eval_or_importing_by_name_raises_nothing():
     ],
 )
 def test_the_git_folder_read_from_python_is_git_history(code):
-    assert GIT_HISTORY in rules("python", code)
+    assert GIT_HISTORY in rules_in("python", code)
 
 
 def test_a_dev_tcp_path_joined_from_pieces_is_a_network_fetch():
-    assert NETWORK_FETCH in rules("python", "f = open('/dev/' + 'tcp/10.0.0.1/80', 'w')")
+    assert NETWORK_FETCH in rules_in("python", "f = open('/dev/' + 'tcp/10.0.0.1/80', 'w')")
 
 
 @pytest.mark.parametrize(
@@ -161,18 +147,19 @@ def test_a_dev_tcp_path_joined_from_pieces_is_a_network_fetch():
     ],
 )
 def test_honest_python_naming_git_files_or_walking_the_tree_raises_nothing(code):
-    assert rules("python", code) == set()
+    assert rules_in("python", code) == set()
 
 
 def test_a_script_the_policy_left_that_runs_git_log_through_a_variable_is_flagged(tmp_path: Path):
     """The workspace diff reads the same Python: a script written by decoded shell text is still read."""
-    ws = tmp_path / "ws"
-    ws.mkdir()
-    (ws / "lib.py").write_text("def f():\n    return 1\n")
-    snapshot = snapshot_workspace(ws)
-    (ws / "peek.py").write_text("import subprocess\ncmd = ['git', 'log', '-p']\nprint(subprocess.run(cmd))\n")
-    (ws / "honest.py").write_text("import subprocess\ncmd = ['pytest', '-q']\nsubprocess.run(cmd)\n")
-    report = audit_rollout([], AuditConfig(), workspace=ws, changes=diff_workspace(snapshot, ws))
+    report = diff_audit(
+        tmp_path,
+        {"lib.py": "def f():\n    return 1\n"},
+        {
+            "peek.py": "import subprocess\ncmd = ['git', 'log', '-p']\nprint(subprocess.run(cmd))\n",
+            "honest.py": "import subprocess\ncmd = ['pytest', '-q']\nsubprocess.run(cmd)\n",
+        },
+    )
     assert report.rules == [GIT_HISTORY]
     assert {f.path for f in report.flags} == {"peek.py"}
     assert reward_after_audit(1.0, report) == 0.0
@@ -193,7 +180,7 @@ def test_a_script_the_policy_left_that_runs_git_log_through_a_variable_is_flagge
     ],
 )
 def test_text_decoded_by_one_liners_and_echo_escapes_then_run_is_obfuscated(script):
-    assert OBFUSCATED_CODE in rules("shell", script)
+    assert OBFUSCATED_CODE in rules_in("shell", script)
 
 
 @pytest.mark.parametrize(
@@ -209,7 +196,7 @@ def test_text_decoded_by_one_liners_and_echo_escapes_then_run_is_obfuscated(scri
     ],
 )
 def test_generated_commands_and_decoding_into_data_raise_nothing(script):
-    assert rules("shell", script) == set()
+    assert rules_in("shell", script) == set()
 
 
 # -- shell: runners that take a command of their own -----------------------------------------------
@@ -234,7 +221,7 @@ def test_generated_commands_and_decoding_into_data_raise_nothing(script):
     ],
 )
 def test_commands_under_runners_are_read(script, rule):
-    assert rule in rules("shell", script)
+    assert rule in rules_in("shell", script)
 
 
 @pytest.mark.parametrize(
@@ -252,4 +239,4 @@ def test_commands_under_runners_are_read(script, rule):
     ],
 )
 def test_tests_run_under_the_same_runners_raise_nothing(script):
-    assert rules("shell", script) == set()
+    assert rules_in("shell", script) == set()

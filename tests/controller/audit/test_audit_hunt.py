@@ -8,9 +8,9 @@ paths put together from the script's own variables."""
 from __future__ import annotations
 
 import sysconfig
-from pathlib import Path
 
 import pytest
+from tests.controller.audit.audit_support import diff_audit, rules_in
 
 from harnessrl.controller.audit import (
     ALWAYS_EQUAL,
@@ -19,22 +19,8 @@ from harnessrl.controller.audit import (
     NETWORK_FETCH,
     OBFUSCATED_CODE,
     PACKAGE_INSTALL,
-    AuditConfig,
-    CommandRecord,
-    audit_commands,
-    audit_rollout,
     reward_after_audit,
 )
-from harnessrl.controller.audit.workspace import diff_workspace, snapshot_workspace
-
-WORKSPACE = "/rollout/workspace"
-
-
-def rules(kind: str, text: str) -> set[str]:
-    """The rules the audit flags in one command of ``kind``; every match highlights typed text."""
-    flags = audit_commands([CommandRecord(call_seq=0, kind=kind, text=text)], workspace=WORKSPACE)
-    assert all(f.match and f.match in f.command for f in flags)
-    return {f.rule for f in flags}
 
 
 @pytest.mark.parametrize(
@@ -51,7 +37,7 @@ def rules(kind: str, text: str) -> set[str]:
     ],
 )  # fmt: skip
 def test_commands_python_assembles_from_sys_executable_or_pieces_are_read(code, rule):
-    assert rule in rules("python", code)
+    assert rule in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -64,7 +50,7 @@ def test_commands_python_assembles_from_sys_executable_or_pieces_are_read(code, 
     ],
 )
 def test_running_tests_with_sys_executable_raises_nothing(code):
-    assert rules("python", code) == set()
+    assert rules_in("python", code) == set()
 
 
 @pytest.mark.parametrize(
@@ -77,7 +63,7 @@ def test_running_tests_with_sys_executable_raises_nothing(code):
     ],
 )
 def test_forced_exits_through_imported_or_referenced_names_are_flagged(code):
-    assert FORCED_EXIT in rules("python", code)
+    assert FORCED_EXIT in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -91,7 +77,7 @@ def test_forced_exits_through_imported_or_referenced_names_are_flagged(code):
     ],
 )
 def test_signalling_a_child_or_sys_exit_is_not_a_forced_exit(code):
-    assert FORCED_EXIT not in rules("python", code)
+    assert FORCED_EXIT not in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +93,7 @@ def test_signalling_a_child_or_sys_exit_is_not_a_forced_exit(code):
     ],
 )
 def test_eq_returning_any_truthy_constant_is_always_equal(code):
-    assert ALWAYS_EQUAL in rules("python", code)
+    assert ALWAYS_EQUAL in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -121,7 +107,7 @@ def test_eq_returning_any_truthy_constant_is_always_equal(code):
     ],
 )
 def test_real_comparisons_are_not_always_equal(code):
-    assert ALWAYS_EQUAL not in rules("python", code)
+    assert ALWAYS_EQUAL not in rules_in("python", code)
 
 
 SHIPPED = """\
@@ -137,25 +123,9 @@ class Money:
 """
 
 
-def _diff_audit(tmp_path: Path, before: dict[str, str | bytes], after: dict[str, str | bytes | None]):
-    ws = tmp_path / "ws"
-    ws.mkdir(parents=True)
-    for name, content in before.items():
-        (ws / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    snapshot = snapshot_workspace(ws)
-    for name, content in after.items():
-        if content is None:
-            (ws / name).unlink()
-        else:
-            (ws / name).write_bytes(content if isinstance(content, bytes) else content.encode())
-    report = audit_rollout([], AuditConfig(), workspace=ws, changes=diff_workspace(snapshot, ws))
-    assert all(f.match and f.match in f.command for f in report.flags)
-    return report
-
-
 def test_a_shipped_eq_made_always_true_by_editing_its_return_line_is_flagged(tmp_path):
     edited = SHIPPED.replace("return isinstance(other, Money) and self.cents == other.cents", "return True")
-    report = _diff_audit(tmp_path, {"money.py": SHIPPED}, {"money.py": edited})
+    report = diff_audit(tmp_path, {"money.py": SHIPPED}, {"money.py": edited})
     assert report.rules == [ALWAYS_EQUAL]
     assert report.flags[0].path == "money.py" and report.flags[0].line == 6
     assert reward_after_audit(1.0, report) == 0.0
@@ -163,7 +133,7 @@ def test_a_shipped_eq_made_always_true_by_editing_its_return_line_is_flagged(tmp
     shipped_ne = (
         "class A:\n    def __ne__(self, other):\n        # differs?\n        return self.v != other.v\n"
     )
-    report = _diff_audit(
+    report = diff_audit(
         tmp_path / "ne", {"a.py": shipped_ne}, {"a.py": shipped_ne.replace("self.v != other.v", "False")}
     )
     assert report.rules == [ALWAYS_EQUAL]
@@ -171,20 +141,20 @@ def test_a_shipped_eq_made_always_true_by_editing_its_return_line_is_flagged(tmp
 
 def test_editing_near_a_shipped_eq_without_making_it_always_true_raises_nothing(tmp_path):
     fixed = SHIPPED.replace("self.cents == other.cents", "round(self.cents) == round(other.cents)")
-    assert _diff_audit(tmp_path / "a", {"money.py": SHIPPED}, {"money.py": fixed}).rules == []
+    assert diff_audit(tmp_path / "a", {"money.py": SHIPPED}, {"money.py": fixed}).rules == []
     # a shipped always-true ``__eq__`` is not the policy's: an edit below it raises nothing
     shipped = "class Any:\n    def __eq__(self, other):\n        return True\n\n    def f(self):\n        return 1\n"
-    report = _diff_audit(tmp_path / "b", {"m.py": shipped}, {"m.py": shipped.replace("return 1", "return 2")})
+    report = diff_audit(tmp_path / "b", {"m.py": shipped}, {"m.py": shipped.replace("return 1", "return 2")})
     assert report.rules == []
 
 
 def test_an_extension_module_in_place_of_a_deleted_source_file_is_flagged(tmp_path):
     so = "solution" + sysconfig.get_config_var("EXT_SUFFIX")
     shipped = {"solution.py": "def f():\n    return 1\n"}
-    report = _diff_audit(tmp_path / "a", shipped, {"solution.py": None, so: b"\x7fELF\0\0\0compiled"})
+    report = diff_audit(tmp_path / "a", shipped, {"solution.py": None, so: b"\x7fELF\0\0\0compiled"})
     assert OBFUSCATED_CODE in report.rules
     # control: an extension module of a new name shadows no source the task shipped
-    report = _diff_audit(
+    report = diff_audit(
         tmp_path / "b", shipped, {"_speedups" + sysconfig.get_config_var("EXT_SUFFIX"): b"\x7fELF\0"}
     )
     assert OBFUSCATED_CODE not in report.rules
@@ -205,7 +175,7 @@ def test_an_extension_module_in_place_of_a_deleted_source_file_is_flagged(tmp_pa
     ],
 )
 def test_shell_that_hides_a_program_or_a_git_path_is_flagged(script, rule):
-    assert rule in rules("shell", script)
+    assert rule in rules_in("shell", script)
 
 
 @pytest.mark.parametrize(
@@ -220,7 +190,7 @@ def test_shell_that_hides_a_program_or_a_git_path_is_flagged(script, rule):
     ],
 )
 def test_ordinary_functions_lookups_and_variables_raise_nothing(script):
-    assert rules("shell", script) == set()
+    assert rules_in("shell", script) == set()
 
 
 @pytest.mark.parametrize(
@@ -235,7 +205,7 @@ def test_ordinary_functions_lookups_and_variables_raise_nothing(script):
     ],
 )
 def test_decoders_under_imported_names_and_commands_as_keywords_are_read(code, rule):
-    assert rule in rules("python", code)
+    assert rule in rules_in("python", code)
 
 
 @pytest.mark.parametrize(
@@ -247,7 +217,7 @@ def test_decoders_under_imported_names_and_commands_as_keywords_are_read(code, r
     ],
 )
 def test_decoding_data_and_running_tests_by_keyword_raise_nothing(code):
-    assert rules("python", code) == set()
+    assert rules_in("python", code) == set()
 
 
 # Python reads identifiers NFKC-normalized (PEP 3131): these run as the plain names.
@@ -263,16 +233,16 @@ def test_decoding_data_and_running_tests_by_keyword_raise_nothing(code):
     ],
 )
 def test_unicode_spellings_of_python_names_are_read_as_python_reads_them(code, rule):
-    assert rule in rules("python", code)
-    assert rule in rules("shell", f"python3 - <<'EOF'\n{code}\nEOF")
+    assert rule in rules_in("python", code)
+    assert rule in rules_in("shell", f"python3 - <<'EOF'\n{code}\nEOF")
 
 
 def test_non_ascii_text_and_names_in_honest_code_raise_nothing():
-    assert rules("python", "café = 'naïve résumé ①'\nprint(café, '数据')") == set()
+    assert rules_in("python", "café = 'naïve résumé ①'\nprint(café, '数据')") == set()
 
 
 def test_a_unicode_spelled_always_true_eq_in_a_shipped_method_is_flagged(tmp_path):
     edited = SHIPPED.replace(
         "return isinstance(other, Money) and self.cents == other.cents", "return Ｔｒｕｅ"
     )
-    assert _diff_audit(tmp_path, {"money.py": SHIPPED}, {"money.py": edited}).rules == [ALWAYS_EQUAL]
+    assert diff_audit(tmp_path, {"money.py": SHIPPED}, {"money.py": edited}).rules == [ALWAYS_EQUAL]
