@@ -283,20 +283,25 @@ def rollout_json(row: Row, column: str) -> Any:
 _JSON_ROLLOUT_COLUMNS = ("task", "flags", "metadata")
 
 
+def _plain(fields: dict[str, Any]) -> dict[str, Any]:
+    """A row's columns that are not JSON (``RolloutUnreadable.stand_in``): made only for a damaged
+    row, never on the key lookup every model call makes."""
+    return {key: value for key, value in fields.items() if key not in _JSON_ROLLOUT_COLUMNS}
+
+
 def rollout_from_row(row: Row) -> Rollout:
     """The rollout a row holds; ``RolloutUnreadable`` naming the row and column if it is damaged."""
     # .keys(): iterating a sqlite3.Row gives its values, not its column names.
     fields = {key: row[key] for key in row.keys() if key != "pk"}  # noqa: SIM118
-    plain = {key: value for key, value in fields.items() if key not in _JSON_ROLLOUT_COLUMNS}
     for key in _JSON_ROLLOUT_COLUMNS:
         try:
             fields[key] = load_json(fields[key])
         except _DAMAGED_ROLLOUT as exc:
-            raise RolloutUnreadable(str(fields["rollout_id"]), key, exc, plain) from exc
+            raise RolloutUnreadable(str(fields["rollout_id"]), key, exc, _plain(fields)) from exc
     try:
         return Rollout.model_validate(fields)
     except _DAMAGED_ROLLOUT as exc:
-        raise RolloutUnreadable(str(fields["rollout_id"]), "row", exc, plain) from exc
+        raise RolloutUnreadable(str(fields["rollout_id"]), "row", exc, _plain(fields)) from exc
 
 
 def usage_from_json(text: str | None) -> Usage | None:
