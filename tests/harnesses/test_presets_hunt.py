@@ -57,6 +57,36 @@ def hermes_or_skip() -> list[str]:
     return command
 
 
+def refused_at_start(tmp_path: Path, harness: str, named: str) -> None:
+    """``harnessrl rollout`` of a config whose ``[harness]`` section is ``harness`` (a scripted
+    engine, ``true`` as evaluator) exits 2 naming ``named``, with no traceback and no run folder."""
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": ["Done."]}))
+    config = tmp_path / "rollout.toml"
+    config.write_text(
+        f'[engine]\nmodel = "scripted:{script}"\n\n[harness]\n{harness}\n'
+        '[evaluator]\ntype = "command"\ncommand = ["true"]\n\n[task]\nprompt = "hi"\n'
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "harnessrl",
+            "rollout",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
+    assert named in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("prompt", OPTION_LIKE_PROMPTS)
 def test_hermes_takes_an_option_like_prompt_as_its_prompt(prompt, tmp_path):
     command = hermes_or_skip()
@@ -182,23 +212,7 @@ def test_python_preset_without_a_script_is_a_config_error_naming_the_field(tmp_p
 
     # Through the CLI: exit 2 naming the field, no run folder made. Before: Python read an empty
     # stdin, exit 0, outcome "success" with no call made.
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps({"turns": ["Done."]}))
-    config = tmp_path / "rollout.toml"
-    config.write_text(
-        f'[engine]\nmodel = "scripted:{script}"\n\n[harness]\npreset = "python"\ntimeout_s = 30\n\n'
-        '[evaluator]\ntype = "command"\ncommand = ["true"]\n\n[task]\nprompt = "hi"\n'
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "rollout", "--config", str(config)]
-        + ["--run-dir", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "harness.command" in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "run").exists()
+    refused_at_start(tmp_path, 'preset = "python"\ntimeout_s = 30\n', "harness.command")
 
 
 def test_a_harnesses_folder_that_cannot_be_written_keeps_the_config_file_in_the_private_folder(
@@ -235,24 +249,8 @@ def test_an_env_key_that_is_no_variable_name_is_a_config_error_naming_it(name, t
 
     # Through the CLI: exit 2 naming the field, no run folder. Before: bubblewrap's setenv failed, so
     # every attempt was an infrastructure failure ("bwrap failed to set up the sandbox"), retried.
-    script = tmp_path / "script.json"
-    script.write_text(json.dumps({"turns": ["Done."]}))
-    config = tmp_path / "rollout.toml"
-    config.write_text(
-        f'[engine]\nmodel = "scripted:{script}"\n\n[harness]\npreset = "python"\ncommand = ["-c", "pass"]\n'
-        f'timeout_s = 30\n\n[harness.env]\n{json.dumps(name)} = "x"\n\n'
-        '[evaluator]\ntype = "command"\ncommand = ["true"]\n\n[task]\nprompt = "hi"\n'
-    )
-    proc = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "rollout", "--config", str(config)]
-        + ["--run-dir", str(tmp_path / "run")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 2, (proc.stdout[-2000:], proc.stderr[-2000:])
-    assert "harness.env." in proc.stderr and "Traceback" not in proc.stderr
-    assert not (tmp_path / "run").exists()
+    harness = f'preset = "python"\ncommand = ["-c", "pass"]\ntimeout_s = 30\n\n[harness.env]\n{json.dumps(name)} = "x"\n'
+    refused_at_start(tmp_path, harness, "harness.env.")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the sandbox needs root here")
