@@ -339,7 +339,11 @@ def _raw_golds(row: dict[str, Any]) -> Any:
     for key in ("golden_answers", "answers", "answer"):
         if key in row:
             return row[key]
-    return ((row.get("reward_model") or {}).get("ground_truth") or {}).get("target")
+    # Each level only when it is an object: a ``reward_model`` or ``ground_truth`` written as a string
+    # or a list (``.get`` on it) was an AttributeError's traceback, not the row's named error.
+    reward_model = row.get("reward_model")
+    ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    return ground_truth.get("target") if isinstance(ground_truth, dict) else None
 
 
 def load_searchqa(path: Path, *, split: str) -> list[Task]:
@@ -559,11 +563,18 @@ def score_search(
     return {"reward": em if metric == "em" else f, "em": em, "f1": round(f, 4), "answer": answer}
 
 
-def _check_search_task(task: Mapping[str, Any], *, source: Any = "file", metric: Any = "em") -> None:
+def _check_search_task(
+    task: Mapping[str, Any], *, source: Any = "file", metric: Any = "em", **unknown: Any
+) -> None:
     """What ``score_search`` needs, checked for every task before a run starts
-    (``PythonEvaluatorConfig.check_task``): known ``source`` and ``metric`` kwargs, and gold answers
-    under ``hidden.answers``. Without it a task lacking them was an infrastructure failure at every
-    attempt, and a mistyped ``metric`` was found on the first rollout scored."""
+    (``PythonEvaluatorConfig.check_task``): known ``source`` and ``metric`` kwargs and no others, and
+    gold answers under ``hidden.answers``. Without it a task lacking them was an infrastructure failure
+    at every attempt, and a mistyped ``metric`` was found on the first rollout scored; a misspelt
+    kwarg's name (``metirc``) was a ``TypeError``'s traceback from the command that checked it."""
+    if unknown:
+        raise ConfigError(
+            f"evaluator.kwargs: score_search takes only source and metric; got {', '.join(sorted(unknown))}"
+        )
     if source not in SOURCES:
         raise ConfigError(f"evaluator.kwargs.source must be one of {', '.join(SOURCES)}; got {source!r}")
     if metric not in METRICS:
@@ -601,6 +612,8 @@ def main(argv: list[str] | None = None) -> None:
         )
     except ValueError as exc:  # hops outside 1-3, more questions than the world holds: exit 2, one line
         parser.error(str(exc))
+    except OSError as exc:  # --out is a file, under one, or not writable: exit 2 naming it, no traceback
+        parser.error(f"--out / --suffix: cannot write the dataset into {args.out}: {exc}")
     print(json.dumps(counts))
 
 
