@@ -1,6 +1,6 @@
 """A record's test list written as a JSON string nested too deeply to decode: one clear error naming
 the record and the field (``filter`` exits 2, ``to_task`` raises ``ConfigError``), never a
-``RecursionError`` traceback."""
+``RecursionError`` traceback. And a file saved with a byte order mark and CRLF line ends is read."""
 
 from __future__ import annotations
 
@@ -67,3 +67,18 @@ def test_to_task_names_a_test_list_nested_too_deeply(where: str) -> None:
     with pytest.raises(ConfigError, match=r"'deep-two'.*(FAIL_TO_PASS|PASS_TO_PASS).*nested too deeply"):
         to_task(rec)
     assert to_task(record("fine", '["t::b"]'))["hidden"]["FAIL_TO_PASS"] == ["t::b"]
+
+
+def test_filter_reads_a_file_saved_with_a_byte_order_mark_and_crlf(tmp_path: Path) -> None:
+    """A JSONL file saved by a Windows tool (a UTF-8 BOM, CRLF line ends): line 1 was refused as
+    "not valid JSON: Unexpected UTF-8 BOM", exit 2, nothing curated. Read as the same records now,
+    written back without the mark."""
+    raw, out = tmp_path / "raw.jsonl", tmp_path / "out.jsonl"
+    records = [record("first", ["t::a"]), record("second", ["t::b"])]
+    raw.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\r\n" for r in records).encode())
+    proc = subprocess.run(
+        [*HARNESSRL, "data", "filter", str(raw), str(out)], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.splitlines()[-1])["output"] == 2
+    assert out.read_bytes() == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()

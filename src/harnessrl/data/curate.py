@@ -42,7 +42,7 @@ def _first_failed_rule(record: Record, max_tests: int | None) -> str | None:
     """The first non-duplicate rule ``record`` fails, or ``None``."""
     if not instance_id(record):
         return "missing_instance_id"
-    if not text_field(record, "problem_statement"):
+    if not normalized_statement(record):  # invisible characters only (a zero-width space) are empty too
         return "empty_problem_statement"
     if not text_field(record, "image_name"):
         return "missing_image"
@@ -145,6 +145,43 @@ def select_records(
     return kept, report
 
 
+def _split_units(records: list[Record], *, by_repo: bool) -> list[list[int]]:
+    """The indices of records that must land on one side of a split, unit by unit (each in input
+    order): records joined by one ``instance_id``, one normalized problem statement (whitespace,
+    case and Unicode form aside) or, with ``by_repo``, one repository, directly or through others.
+    A split that drew them one by one put a task on both sides, a leak a test score cannot show."""
+    parent = list(range(len(records)))
+
+    def root(index: int) -> int:
+        while parent[index] != index:
+            parent[index] = parent[parent[index]]  # path halving: long chains stay short
+            index = parent[index]
+        return index
+
+    first_of: dict[tuple[str, str], int] = {}
+    for index, record in enumerate(records):
+        keys = [("instance", instance_id(record)), ("statement", normalized_statement(record))]
+        if by_repo:
+            keys.append(("repo", repo_of(record)))
+        for key in keys:
+            if not key[1]:  # a missing field joins nothing
+                continue
+            other = first_of.setdefault(key, index)
+            parent[root(index)] = root(other)
+    units: dict[int, list[int]] = {}
+    for index in range(len(records)):
+        units.setdefault(root(index), []).append(index)
+    return list(units.values())
+
+
+def _unit_name(records: list[Record], unit: list[int], by_repo: bool) -> str:
+    """A name that orders units the same way on every run: its first repository by name (so that a
+    repository split sorts exactly as it did before units joined duplicates), else its first index."""
+    if by_repo:
+        return min(repo_of(records[i]) or f"<no repo #{i}>" for i in unit)
+    return f"{unit[0]:012d}"
+
+
 def split_records(
     records: list[Record], *, test_size: int, seed: int, no_repo_leakage: bool = False
 ) -> tuple[list[Record], list[Record], dict[str, Any]]:
@@ -154,6 +191,11 @@ def split_records(
     to the test set (repositories in seeded random order, each taken if it still fits), so no
     repository appears on both sides; the test set can then come out smaller than asked (reported).
     A record without ``repo`` is its own repository.
+
+    Either way records of one task (the same ``instance_id``, or the same problem statement after
+    ``normalized_statement``) are never split up: they go to one side together, as a repository
+    does, and the test set can come out smaller than asked (``duplicates`` in the report counts the
+    records that had an earlier record of their task).
     """
     if test_size < 0 or test_size > len(records):
         raise ConfigError(f"split: --test-size must be between 0 and {len(records)}, got {test_size}")
@@ -162,14 +204,18 @@ def split_records(
     for index, record in enumerate(records):
         key = repo_of(record) or f"<no repo #{index}>"
         groups.setdefault(key, []).append(index)
-    if no_repo_leakage:
+    task_units = _split_units(records, by_repo=False)
+    duplicates = len(records) - len(task_units)
+    if no_repo_leakage or duplicates:
+        units = _split_units(records, by_repo=True) if no_repo_leakage else task_units
+        by_name = {_unit_name(records, unit, no_repo_leakage): unit for unit in units}
         test: set[int] = set()
-        for repo in rng.sample(sorted(groups), len(groups)):
-            if len(test) + len(groups[repo]) <= test_size:
-                test.update(groups[repo])
+        for name in rng.sample(sorted(by_name), len(by_name)):
+            if len(test) + len(by_name[name]) <= test_size:
+                test.update(by_name[name])
             if len(test) == test_size:
                 break
-    else:
+    else:  # every record its own task: drawn one by one, as always (the same seed, the same split)
         test = set(rng.sample(range(len(records)), test_size))
     train_out = [r for i, r in enumerate(records) if i not in test]
     test_out = [r for i, r in enumerate(records) if i in test]
@@ -181,6 +227,7 @@ def split_records(
         "train": len(train_out),
         "test": len(test_out),
         "test_size_requested": test_size,
+        "duplicates": duplicates,
         "repos_train": len(train_repos),
         "repos_test": len(test_repos),
         "repos_shared": len(train_repos & test_repos),

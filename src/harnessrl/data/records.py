@@ -9,9 +9,11 @@ place that says how a record becomes the task data a harness sees (``docs/data.m
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,9 @@ def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[
         data = path.read_bytes()
     except OSError as exc:
         raise ConfigError(f"data: cannot read {path}: {exc}") from exc
-    raw_lines = data.split(b"\n")
+    # A file saved by a Windows tool (PowerShell's Out-File, Notepad) starts with a UTF-8 byte order
+    # mark: line 1 was refused ("Unexpected UTF-8 BOM"), and with it the whole file.
+    raw_lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
     records: list[Record] = []
     for lineno, raw in enumerate(raw_lines, start=1):
         try:
@@ -195,18 +199,34 @@ _SPACE = re.compile(r"\s+")
 
 
 def normalized_statement(record: Record) -> str:
-    """Case-folded, whitespace-collapsed problem statement: near-identical rewrites of one issue."""
-    return _SPACE.sub(" ", text_field(record, "problem_statement")).casefold()
+    """Case-folded, whitespace-collapsed problem statement: near-identical rewrites of one issue.
+
+    Unicode forms count as one too (NFKC: a composed and a decomposed "é", a full-width letter, a
+    no-break space), and invisible format characters (a zero-width space, a BOM, a soft hyphen)
+    are dropped: copies of one statement that differed only there were two tasks to ``filter
+    --dedupe-statements`` and to ``split``, which could put them on both sides."""
+    text = unicodedata.normalize("NFKC", text_field(record, "problem_statement"))
+    visible = "".join(ch for ch in text if unicodedata.category(ch) != "Cf")
+    # casefold can undo NFKC (it turns U+01F0 into "j" plus a combining caron): normalize again
+    return _SPACE.sub(" ", unicodedata.normalize("NFKC", visible.casefold())).strip()
 
 
 def repo_of(record: Record) -> str:
-    """The repository a record belongs to; SWE-smith's ``repo`` is ``swesmith/owner__name.commit``,
-    so the mirror's commit suffix is dropped: two snapshots of one project are one repository."""
+    """The project a record belongs to, as ``owner__name`` (case-folded), whatever form ``repo`` has:
+    SWE-smith's mirror ``swesmith/owner__name.commit`` (the commit suffix dropped: two snapshots of
+    one project are one project), SWE-bench's and SWE-Gym's ``owner/name``, a GitHub URL. A set
+    mixing them kept ``django__django`` and ``django/django`` apart, and ``split --no-repo-leakage``
+    put one project on both sides."""
     repo = text_field(record, "repo")
     if not repo:
         return ""
-    name = repo.rsplit("/", 1)[-1]
-    return name.split(".", 1)[0] if "__" in name else repo
+    parts = [part for part in repo.split("/") if part]
+    if not parts:  # "/": no name to read, itself its own project
+        return repo
+    name = parts[-1] if "__" in parts[-1] else "__".join(parts[-2:])
+    # Everything from the first dot goes (the mirror's commit, ".git"); owners hold no dots. Two
+    # projects differing only there ("pdf.js", "pdf.py") are one here: too coarse never leaks.
+    return name.split(".", 1)[0].casefold()
 
 
 def to_task(record: Record) -> dict[str, Any]:
