@@ -8,6 +8,9 @@ callers handle the same exceptions as when talking to the store directly.
 
 from __future__ import annotations
 
+import math
+import numbers
+import re
 import time
 from typing import Any
 from urllib.parse import quote
@@ -16,6 +19,7 @@ import httpx
 
 from harnessrl.errors import (
     BadRequest,
+    ConfigError,
     Conflict,
     Forbidden,
     HarnessRLError,
@@ -65,6 +69,18 @@ def check_drained(answer: dict[str, Any], base_url: str) -> None:
     )
 
 
+def _check_header_safe(admin_key: str) -> None:
+    """Refuse an admin key an HTTP header cannot carry, without showing it: a key read from a file
+    with its newline made httpx refuse the header and the error (``Illegal header value b'Bearer
+    KEY\\n'``) printed the whole key, called the gateway "unreachable", and a non-ASCII key was a
+    ``UnicodeEncodeError`` traceback. The gateway's own ``gateway.admin_key`` has the same rule."""
+    if not re.fullmatch(r"[\x21-\x7e]+", admin_key):
+        raise ConfigError(
+            "GatewayClient: the admin key must be printable ASCII without spaces or newlines (it is "
+            "sent in an HTTP header); strip the newline of a key read from a file"
+        )
+
+
 class GatewayClient:
     def __init__(
         self,
@@ -74,6 +90,7 @@ class GatewayClient:
         timeout: float = 60.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        _check_header_safe(admin_key)
         self.base_url = base_url.rstrip("/")
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -88,7 +105,11 @@ class GatewayClient:
         """The gateway's answer to one request: ``UpstreamError`` if it cannot be reached, the
         ``harnessrl.errors`` class of its status for an error answer."""
         try:
-            response = self._http.request(method, path, **kwargs)
+            request = self._http.build_request(method, path, **kwargs)
+        except (TypeError, ValueError) as exc:  # NaN, a numpy scalar: json.dumps refused the body
+            raise BadRequest(f"{method} {path}: the request cannot be sent as JSON: {exc}") from exc
+        try:
+            response = self._http.send(request)
         except httpx.HTTPError as exc:
             raise UpstreamError(f"gateway at {self.base_url} unreachable: {exc}") from exc
         if response.status_code >= 400:
@@ -203,7 +224,10 @@ class GatewayClient:
         error: str | None = None,
         metadata: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        body: dict[str, Any] = {"outcome": str(Outcome(outcome)), "reward": reward}
+        if not isinstance(reward, numbers.Real) or not math.isfinite(reward):
+            # NaN (the mean of no scores) escaped as json's ValueError, naming no field
+            raise BadRequest(f"finish_rollout {rollout_id!r}: reward must be a finite number, got {reward!r}")
+        body: dict[str, Any] = {"outcome": str(Outcome(outcome)), "reward": float(reward)}
         if error is not None:
             body["error"] = error
         if metadata is not None:
