@@ -73,3 +73,20 @@ def test_metrics_of_a_gateway_that_cannot_be_reached_is_an_upstream_error() -> N
             client.metrics()
         with pytest.raises(UpstreamError, match="unreachable"):  # as every other method
             client.state()
+
+
+@pytest.mark.parametrize("rollout_id", [".", ".."])
+def test_a_rollout_id_that_is_a_dot_segment_is_refused(gateway: Any, rollout_id: str) -> None:
+    """``..`` as an id made a rollout no URL reaches (``/api/rollouts/..`` is ``/api``) and whose
+    attempt folder was the run folder itself: a 400 naming the field, and nothing created."""
+    answer = httpx.post(
+        f"{gateway.url}/api/rollouts",
+        json={"task": {}, "rollout_id": rollout_id},
+        headers={"Authorization": f"Bearer {ADMIN_KEY}"},
+        timeout=30,
+    )
+    assert answer.status_code == 400, answer.text
+    assert "rollout_id" in answer.text
+    assert gateway.store.list_rollouts() == []
+    dotted = gateway.rollout(rollout_id=f"{rollout_id}a")  # dots inside an id stay allowed (control)
+    assert dotted["rollout_id"] == f"{rollout_id}a"

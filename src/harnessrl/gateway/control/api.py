@@ -16,7 +16,7 @@ import contextlib
 from typing import Annotated, Any
 from urllib.parse import quote
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -48,9 +48,26 @@ class RolloutMetadataIn(Lenient):
     sampling: SamplingOverrides | None = None
 
 
+def _not_a_dot_segment(rollout_id: str) -> str:
+    """The id is one path segment of every URL that names the rollout (``/api/rollouts/ID``, its
+    ``base_url``) and a folder of its run (``rollouts/ID``): ``.`` and ``..`` are no segment there
+    (clients collapse them: ``..`` reached ``/api``), so such a rollout could be neither read nor
+    finished, and its logs went to the run folder itself."""
+    if rollout_id in (".", ".."):
+        raise ValueError("a rollout id may not be '.' or '..'")
+    return rollout_id
+
+
+RolloutId = Annotated[
+    str,
+    Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$"),
+    AfterValidator(_not_a_dot_segment),
+]
+
+
 class CreateRolloutRequest(Strict):
     task: dict[str, Any] = Field(default_factory=dict)
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9._:-]+$")
+    rollout_id: RolloutId | None = None
     group: StoreText | None = None
     run_id: StoreText | None = None
     task_id: StoreText | None = None
