@@ -171,6 +171,14 @@ def calibrate_in_process(tmp_path: Path, src: Path, out: Path):
     return CliRunner().invoke(app, [*args, "--k", "4", "--run-dir", str(tmp_path / "run")])
 
 
+def select_in_process(src: Path, out: Path):
+    from typer.testing import CliRunner
+
+    from harnessrl.cli.main import app
+
+    return CliRunner().invoke(app, ["data", "select", str(src), str(out)])
+
+
 def test_resume_writes_ins_records_and_drops_tasks_no_longer_in_it(tmp_path: Path):
     """Records pass through unchanged: a done task is IN's record as it is now (a FAIL_TO_PASS fixed
     since) with OUT's calibration; OUT's lines for tasks IN no longer has are dropped and counted, and
@@ -254,12 +262,21 @@ def test_an_interrupted_run_with_another_k_loses_none_of_outs_calibrations(tmp_p
     with pytest.raises(CalibrationTimeout):
         asyncio.run(calibrate_file(config, src, out, k=1, run_dir=tmp_path / "run", batch_timeout_s=1))
     assert read_records(out) == lines  # nothing of OUT lost (the k=1 batch did not finish)
+    # ...and OUT says it is unfinished: select on it chose from the tasks done so far, silently.
+    refused = select_in_process(out, tmp_path / "sel.jsonl")
+    assert refused.exit_code == 2, refused.output
+    assert "unfinished calibration" in refused.output and "out.jsonl.calibrating" in refused.output
+    assert not (tmp_path / "sel.jsonl").exists()
 
     result = calibrate_in_process(tmp_path, src, out)  # --k 4: both done, task_0's k=4 line found
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert (report["skipped_already_done"], report["calibrated"], report["mixed"]) == (2, 0, 2)
     assert read_records(out) == lines[:2]
+    assert not (tmp_path / "out.jsonl.calibrating").exists()  # finished: select takes it (the control)
+    selected = select_in_process(out, tmp_path / "sel.jsonl")
+    assert selected.exit_code == 0, selected.output
+    assert len(read_records(tmp_path / "sel.jsonl")) == 2
 
 
 def test_a_last_line_cut_short_by_a_crash_is_measured_again(tmp_path: Path):

@@ -195,11 +195,13 @@ def select_command(
     report: ReportOption = None,
 ) -> None:
     """Keep tasks with mixed outcomes (0 < passes < k) and add N never-solved ones."""
+    from harnessrl.data.calibrate import check_calibration_finished
     from harnessrl.data.curate import select_records
     from harnessrl.data.records import read_records, write_records
 
     try:
         _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path})
+        check_calibration_finished(in_path)
         kept, summary = select_records(read_records(in_path), unsolvable=unsolvable, seed=seed)
         write_records(out_path, kept)
         _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)

@@ -11,7 +11,9 @@ OUT's); every finished batch is appended to OUT at once (fsync), and at the end 
 with IN's records in IN's order. Lines of tasks no longer in IN, and stale ones (another k or
 sampling), are dropped (and counted) by that final rewrite, never before: an interrupted run keeps
 them. A last line cut short (killed mid-append) is left out and its task run again. A task with
-infrastructure failures is written but not counted as done, so a re-run measures it again.
+infrastructure failures is written but not counted as done, so a re-run measures it again. Until
+that final rewrite ``OUT.calibrating`` says OUT is unfinished (``unfinished_marker``), and ``select``
+refuses it.
 """
 
 from __future__ import annotations
@@ -44,6 +46,25 @@ if TYPE_CHECKING:  # the stack imports the gateway and engines: only when calibr
 log = logging.getLogger(__name__)
 
 PASS_THRESHOLD = 1.0  # reward >= 1 is a pass: SWE-style evaluators give 1 only if every test passes
+
+
+def unfinished_marker(out_path: Path) -> Path:
+    """``OUT.calibrating``: there while a calibration writes OUT and after one that did not finish
+    (interrupted, timed out, crashed), removed once OUT is rewritten whole. OUT itself cannot say:
+    it holds the tasks done so far, each a valid line, so ``select`` on an interrupted OUT chose
+    from a subset of the tasks and reported nothing amiss; it refuses an OUT beside this file."""
+    return out_path.with_name(out_path.name + ".calibrating")
+
+
+def check_calibration_finished(path: Path) -> None:
+    """``ConfigError`` if ``path`` is the OUT of a calibration still running or interrupted."""
+    marker = unfinished_marker(path)
+    if marker.exists():
+        raise ConfigError(
+            f"{path} is an unfinished calibration ({marker} exists: calibrate was interrupted, or is "
+            "running): run the same calibrate command to finish it, or delete that file to use only "
+            "the tasks done so far"
+        )
 
 
 class CalibrationTimeout(HarnessRLError):
@@ -169,6 +190,8 @@ async def calibrate_file(
     # OUT's other lines (another k or sampling, infra failures, tasks not in IN) stay until the end's
     # rewrite: a run interrupted before then (a mistyped --k, a subset IN, Ctrl-C) loses none of them.
 
+    marker = unfinished_marker(out_path)
+    marker.write_text(f"calibrate {in_path} -> {out_path}, k={k}: not finished\n")
     overrides = {"sampling": forced} if forced is not None else {}  # as the trainer sets it
     results: dict[str, Record] = {}
     if todo:
@@ -222,6 +245,7 @@ async def calibrate_file(
     # Rewrite OUT in input order (appends arrive batch by batch), IN's tasks only.
     merged = [results.get(i) or done[i] for i in ids]
     write_records(out_path, merged)
+    marker.unlink(missing_ok=True)  # OUT is whole: every task of IN, in IN's order
     cals = [r["calibration"] for r in merged]
     return {
         "command": "calibrate",
