@@ -37,8 +37,9 @@ runs a whole ``harnessrl train`` run this way (rank 0 leads, the other ranks fol
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -242,9 +243,9 @@ class ShardedPolicy:
         if self.policy.config.lora is None:
             return False
         state = self._full_state()
-        if self.ctx.is_leader:
-            save_adapter_state(self.policy.model, state, folder)
-        dist.barrier(group=self.ctx.control)
+        with self._leader_writes():
+            if self.ctx.is_leader:
+                save_adapter_state(self.policy.model, state, folder)
         return True
 
     def save_checkpoint(self, folder: Path, *, with_optimizer: bool = True) -> Path:
@@ -260,12 +261,23 @@ class ShardedPolicy:
             if with_optimizer
             else None
         )
-        if self.ctx.is_leader:
-            self.policy.save_checkpoint(
-                folder, with_optimizer=with_optimizer, state_dict=state, optimizer_state=optimizer_state
-            )
-        dist.barrier(group=self.ctx.control)
+        with self._leader_writes():
+            if self.ctx.is_leader:
+                self.policy.save_checkpoint(
+                    folder, with_optimizer=with_optimizer, state_dict=state, optimizer_state=optimizer_state
+                )
         return folder
+
+    @contextlib.contextmanager
+    def _leader_writes(self) -> Iterator[None]:
+        """Rank 0 writes while the other ranks wait at a barrier; rank 0 joins it even when the
+        write fails (a full disk), then raises. Skipping it left the others in the barrier, which
+        then paired with rank 0's next command or its "stop": a hang (the command group's timeout
+        is days)."""
+        try:
+            yield
+        finally:
+            dist.barrier(group=self.ctx.control)
 
     def load_trainer_state(self, folder: Path) -> None:
         """Rank 0 reads the optimizer/scheduler state and broadcasts it (other ranks need no access

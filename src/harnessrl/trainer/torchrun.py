@@ -24,10 +24,11 @@ import torch
 import torch.distributed as dist
 
 from harnessrl.algorithms.config import AlgorithmConfig
-from harnessrl.errors import HarnessRLError
+from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.distributed import DistributedContext, ShardedPolicy, init_distributed
 from harnessrl.trainer.policy import TrainablePolicy
+from harnessrl.trainer.train_step import NonFiniteStep
 from harnessrl.trajectory import Sample
 
 
@@ -74,6 +75,13 @@ class LeaderPolicy:
         self._command("load_trainer_state", folder)
 
 
+#: Errors a command raises on every rank alike, from values all ranks share: ``NonFiniteStep`` (the
+#: step's loss and gradient norm are the whole step's) and ``ConfigError`` (from the same config and
+#: samples). Another error on a follower is its own (out of memory, say): it exits, and torchrun ends
+#: the run, rather than leave rank 0 waiting in a collective the follower never enters.
+RANK_SYMMETRIC_ERRORS = (NonFiniteStep, ConfigError)
+
+
 def _receive(ctx: DistributedContext) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     box: list[Any] = [None]
     dist.broadcast_object_list(box, src=0, group=ctx.control)
@@ -87,14 +95,30 @@ def follow(ctx: DistributedContext) -> None:
         name, args, kwargs = _receive(ctx)
         if name == "stop":
             return
-        if name == "build":
-            config, model_dir = args
-            build = functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs)
-            sharded = ShardedPolicy(ctx, build)
+        try:
+            sharded = _run_command(ctx, sharded, name, args, kwargs)
+        except RANK_SYMMETRIC_ERRORS:
+            # Rank 0 raised the same error from the same call, and its run decides what follows (it
+            # stops with that error and sends "stop"). A follower dying of it made torchrun kill rank 0
+            # before it could report the error or record the run's status.
             continue
-        if sharded is None:  # rank 0 always builds first (leader_policy_factory): a broken protocol
-            raise RuntimeError(f"rank 0 sent {name!r} before 'build'")
-        getattr(sharded, name)(*args, **kwargs)
+
+
+def _run_command(
+    ctx: DistributedContext,
+    sharded: ShardedPolicy | None,
+    name: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> ShardedPolicy:
+    """Run one of rank 0's commands here; returns this rank's sharded policy from then on."""
+    if name == "build":
+        config, model_dir = args
+        return ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs))
+    if sharded is None:  # rank 0 always builds first (leader_policy_factory): a broken protocol
+        raise RuntimeError(f"rank 0 sent {name!r} before 'build'")
+    getattr(sharded, name)(*args, **kwargs)
+    return sharded
 
 
 def leader_policy_factory(
