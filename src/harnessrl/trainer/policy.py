@@ -107,6 +107,22 @@ def load_reference(reference_dir: str | Path) -> torch.nn.Module:
     return reference
 
 
+#: Files a checkpoint takes from the folder the policy was loaded from, beside the weights (those
+#: ``save_pretrained`` writes itself are left as it writes them).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "generation_config.json",
+)
+
+
+def read_tokenizer_files(model_dir: Path) -> dict[str, bytes]:
+    """The ``TOKENIZER_FILES`` of ``model_dir`` that exist, by name (a few MB at most)."""
+    return {name: (model_dir / name).read_bytes() for name in TOKENIZER_FILES if (model_dir / name).is_file()}
+
+
 class TrainablePolicy:
     def __init__(
         self,
@@ -128,6 +144,10 @@ class TrainablePolicy:
             raise ConfigError(f"TrainablePolicy: give config or settings, not both ({', '.join(settings)})")
         self.config = config if config is not None else PolicyConfig(**settings)
         self.model_dir = Path(model_dir)
+        # Read now, not at each checkpoint: a run resumed from ``checkpoints/latest.old`` (a kill
+        # mid-swap) loads from a folder its first checkpoint deletes, and every later checkpoint
+        # then went without its tokenizer (unloadable by vLLM and by the next resume's engine).
+        self._tokenizer_files = read_tokenizer_files(self.model_dir)
         torch.manual_seed(self.config.seed)
         model = load_model(model_dir, self.config, adapter_dir)
         #: The KL penalty's frozen reference (None without one). A torchrun rank shards it itself.
@@ -320,16 +340,9 @@ class TrainablePolicy:
             base.save_pretrained(str(tmp), state_dict=merged, safe_serialization=True)
         else:
             self.model.save_pretrained(str(tmp), state_dict=state_dict, safe_serialization=True)
-        for name in (
-            "tokenizer.json",
-            "tokenizer_config.json",
-            "special_tokens_map.json",
-            "chat_template.jinja",
-            "generation_config.json",
-        ):
-            src = self.model_dir / name
-            if src.exists() and not (tmp / name).exists():
-                shutil.copy2(src, tmp / name)
+        for name, data in self._tokenizer_files.items():
+            if not (tmp / name).exists():
+                (tmp / name).write_bytes(data)
         if with_optimizer:
             torch.save(
                 {
