@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 from harnessrl.client import GatewayClient
 from harnessrl.config import EngineConfig
 from harnessrl.engines.base import Engine, WeightUpdate
-from harnessrl.errors import ConfigError
+from harnessrl.errors import ConfigError, UpstreamError
 from harnessrl.store.base import Store
 from harnessrl.store.gate import DEFAULT_GATE
 from harnessrl.trainer.fleet import RolloutBook, external_controllers_hint
@@ -42,7 +42,15 @@ class RemoteGateway:
         return self._engine
 
     async def pause(self) -> dict[str, Any]:
-        return await asyncio.to_thread(self.client.pause, self.pause_timeout_s)
+        answer = await asyncio.to_thread(self.client.pause, self.pause_timeout_s)
+        # Not a gateway's answer: nothing proves the calls drained ("false" as a string is truthy,
+        # and the weights would change under calls still in flight).
+        if not isinstance(answer, dict) or not isinstance(answer.get("drained", False), bool):
+            raise UpstreamError(
+                f"gateway at {self.base_url}: POST /api/pause answered {str(answer)[:200]!r}, "
+                "not a harnessrl gateway's answer (is trainer.gateway_url a harnessrl gateway?)"
+            )
+        return answer
 
     async def resume(self, version: int | None, *, rewind: bool) -> None:
         await asyncio.to_thread(lambda: self.client.resume(policy_version=version, rewind=rewind))
@@ -60,7 +68,12 @@ def check_same_store(state: dict[str, Any], store: Store, gateway_url: str, stor
     and answers the run's rollouts' keys 401 (it does not know them), so the run could not train."""
     from harnessrl.store.postgres import redact
 
-    theirs = {state.get("gateway_id")} | {g.get("gateway_id") for g in state.get("gateways") or []}
+    if not isinstance(state, dict):  # another JSON API at that address
+        raise ConfigError(
+            f"trainer.gateway_url: the gateway at {gateway_url} does not answer GET /api/state as a "
+            f"harnessrl gateway (got {type(state).__name__}): point it at a harnessrl gateway"
+        )
+    theirs = gateway_ids(state)
     # Among the rows of the gate that gateway serves (``gateway.gate``; a gateway of a harnessrl
     # before per-run gates names none: the default one).
     gate = state.get("gate")
@@ -71,6 +84,15 @@ def check_same_store(state: dict[str, Any], store: Store, gateway_url: str, stor
             f"(store.url = {redact(store_url)}): start the gateways with --store set to the same "
             "store, or point trainer.gateway_url at gateways that use it"
         )
+
+
+def gateway_ids(state: dict[str, Any]) -> set[str]:
+    """The gateway ids a ``GET /api/state`` answer names (its own and its gate's live ones); what
+    is not a string id (an answer that is not a gateway's) names none."""
+    gateways = state.get("gateways")
+    entries = [state, *(gateways if isinstance(gateways, list) else [])]
+    ids = (entry.get("gateway_id") for entry in entries if isinstance(entry, dict))
+    return {gateway_id for gateway_id in ids if isinstance(gateway_id, str)}
 
 
 @contextlib.asynccontextmanager
