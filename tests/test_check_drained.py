@@ -35,3 +35,11 @@ def test_only_the_peers_that_did_not_drain_are_named() -> None:
 def test_an_answer_without_drained_is_not_trusted() -> None:
     with pytest.raises(UpstreamError):
         check_drained({"paused": True}, "http://127.0.0.1:8000")
+
+
+@pytest.mark.parametrize("drained", ["false", "no", 1, [False]])
+def test_a_drained_that_is_no_bool_is_not_drained(drained: object) -> None:
+    """A proxy or another server answering ``"drained": "false"`` (a truthy string) was taken as
+    drained, and the weights changed under calls still in flight."""
+    with pytest.raises(UpstreamError, match="did not drain"):
+        check_drained({"paused": True, "drained": drained, "in_flight": 1}, "http://127.0.0.1:8000")

@@ -53,13 +53,13 @@ def check_drained(answer: dict[str, Any], base_url: str) -> None:
     """Refuse a pause answer in which some gateway still had calls in flight (``drained: false``:
     the pause timed out before every live gateway acked it quiet). Updating weights then would cut
     those calls short or record them under the wrong policy. ``UpstreamError`` naming each such gateway."""
-    if answer.get("drained", False):
+    if answer.get("drained", False) is True:  # the bool itself: "false" as a string is truthy
         return
     gateways = answer.get("gateways") or [{**answer, "url": base_url}]
     stuck = [
         f"{g.get('url') or g.get('gateway_id') or base_url} ({g.get('in_flight', '?')} in flight)"
         for g in gateways
-        if not g.get("drained", False)
+        if isinstance(g, dict) and g.get("drained", False) is not True
     ]
     raise UpstreamError(
         "the gateway pause did not drain, so the weights were not updated: "
