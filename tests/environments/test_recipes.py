@@ -3,9 +3,13 @@ digest covers, which environment a task names, and the config errors a bad setti
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tests.environments.image_support import needs_podman
 
 from harnessrl.config import resolve_relative_paths
 from harnessrl.controller.base import HarnessSpec
@@ -213,6 +217,8 @@ def test_a_task_naming_no_usable_environment_is_refused_naming_its_field(value: 
             {"images": {"py/tool": {"image": "x"}, "py-tool": {"image": "y"}}},
             "'py/tool' and 'py-tool' would share the image name localhost/harnessrl/py-tool",
         ),
+        ({"registry": "https://registry.example.com:5000/rl"}, "registry\n.*not a registry prefix"),
+        ({"registry": "registry.example.com/RL"}, "registry\n.*not a registry prefix"),
         ({"harness": "somewhere"}, "harness"),
         ({"unknown": 1}, "unknown"),
     ],
@@ -237,3 +243,70 @@ def test_recipe_paths_are_the_config_files(tmp_path: Path):
         "containerfile": str(tmp_path / "images/a/Containerfile"),
         "context": str(tmp_path / "images/a"),
     }
+
+
+@pytest.mark.parametrize(
+    ("text", "where"),
+    [
+        ('FROM base\nCOPY "requirements.txt /x\n', "env: Containerfile:2: COPY: No closing quotation"),
+        ("FROM base\nADD 'requirements.txt /x\n", "env: Containerfile:2: ADD: No closing quotation"),
+    ],
+)
+def test_an_unclosed_quote_in_copy_is_an_image_error_naming_the_line(tmp_path: Path, text: str, where: str):
+    containerfile, context = recipe(tmp_path, text)
+    with pytest.raises(ImageError) as err:  # was shlex's ValueError: a traceback out of images build
+        check_recipe(containerfile, context, where="env")
+    assert str(err.value).startswith(where)
+    containerfile.write_text('FROM base\nCOPY "requirements.txt" /x\n')  # the control: closed
+    check_recipe(containerfile, context, where="env")
+
+
+def test_an_unclosed_quote_in_a_global_arg_is_an_image_error_naming_the_line(tmp_path: Path):
+    containerfile, _ = recipe(tmp_path, "ARG A=1\nARG BASE='localhost/a:1\nFROM ${BASE}\n")
+    with pytest.raises(ImageError, match=r"^ARG on line 2: No closing quotation"):
+        base_images(containerfile)
+    containerfile.write_text("ARG A=1\nARG BASE='localhost/a:1'\nFROM ${BASE}\n")  # the control
+    assert base_images(containerfile) == ["localhost/a:1"]
+
+
+@needs_podman
+def test_images_build_on_a_recipe_with_an_unclosed_quote_is_one_line_and_status_2(tmp_path: Path):
+    containerfile, _ = recipe(tmp_path, 'FROM base\nCOPY "requirements.txt /x\n')
+    config = tmp_path / "images.toml"
+    config.write_text(f'[harness.environment.images.a]\ncontainerfile = "{containerfile}"\n')
+    done = subprocess.run(
+        [sys.executable, "-m", "harnessrl", "images", "build", str(config), "--store", str(tmp_path / "s")],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "environment 'a': Containerfile:2: COPY: No closing quotation" in done.stderr
+
+
+def test_the_digest_covers_a_context_file_whose_name_is_not_utf8(tmp_path: Path):
+    containerfile, context = recipe(tmp_path, "FROM base\nCOPY . /src\n")
+    first = recipe_digest(containerfile, context, {}, {})
+    latin1 = os.path.join(os.fsencode(context), b"caf\xe9.txt")  # a repository's Latin-1 file name
+    Path(os.fsdecode(latin1)).write_text("x")
+    check_recipe(containerfile, context, where="env")
+    second = recipe_digest(containerfile, context, {}, {})  # was UnicodeEncodeError: a traceback
+    assert second != first and recipe_digest(containerfile, context, {}, {}) == second
+    os.rename(latin1, os.path.join(os.fsencode(context), b"caf\xe8.txt"))  # another name, same content
+    assert recipe_digest(containerfile, context, {}, {}) != second
+    os.symlink(b"caf\xe8.txt", os.path.join(os.fsencode(context), b"link"))  # a link to it
+    assert recipe_digest(containerfile, context, {}, {}) not in (first, second)
+
+
+def test_good_registry_prefixes_are_taken_as_written():
+    # The control of the bad registry settings above: a port and a path, a trailing slash, capitals
+    # in the host name (Docker's grammar allows them there), and "" for no registry.
+    for registry in ("registry.example.com:5000/rl/", "Registry.example.com/rl", "localhost:5000", ""):
+        assert EnvironmentConfig(registry=registry).registry == registry
+
+
+def test_a_containerfile_starting_with_a_byte_order_mark_has_its_base_read_and_pinned(tmp_path: Path):
+    containerfile, _ = recipe(tmp_path, "\ufeffFROM localhost/harnessrl/base:latest\nRUN true\n")
+    assert base_images(containerfile) == ["localhost/harnessrl/base:latest"]  # was []: not in the digest
+    pinned = pin_images(containerfile, {"localhost/harnessrl/base:latest": "a" * 64}, {})
+    assert pinned.splitlines()[0] == f"FROM {'a' * 64}"

@@ -143,7 +143,8 @@ class EnvironmentConfig(BaseModel):
         description="host CA bundle mounted at the same path in build steps only (never in the image); "
         "null: none",
     )
-    build_timeout_s: float = Field(default=1800.0, gt=0)
+    # At most a week: ``inf`` (TOML's "no limit") reached a pull's wait as an OverflowError traceback.
+    build_timeout_s: float = Field(default=1800.0, gt=0, le=7 * 24 * 3600)
     registry: str | None = Field(
         default=None,
         description="Kubernetes: where built recipes are pushed/pulled from (prefix of their reference)",
@@ -154,6 +155,23 @@ class EnvironmentConfig(BaseModel):
     def _visible(cls, value: str) -> str:
         if value == HIDDEN or value.startswith(HIDDEN + "."):
             raise ValueError(f"{value!r} is evaluator-only data: the environment must be a visible field")
+        return value
+
+    @field_validator("registry")
+    @classmethod
+    def _registry_prefix(cls, value: str | None) -> str | None:
+        # Checked here: a prefix such as "https://registry:5000" made every Job's image an invalid
+        # reference, each rollout then failing on the cluster (InvalidImageName) instead of the run
+        # refusing to start.
+        if not value:
+            return value  # "" as None: no registry
+        host, slash, path = value.rstrip("/").partition("/")
+        # A host name may have capitals (Docker's grammar); the path may not.
+        if not is_reference(f"{host.lower()}{slash}{path}/harnessrl/env:0123456789abcdef"):
+            raise ValueError(
+                f"{shown(value)} is not a registry prefix of image references (host[:port][/path], "
+                "lower case, no scheme): e.g. registry.example.com:5000/rl"
+            )
         return value
 
     @field_validator("images")

@@ -33,6 +33,16 @@ _INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$", re.S)
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _COPY_FROM = re.compile(r"(--from=)([^\s\]\"',]+)")
 _MOUNT_FROM = re.compile(r"(--mount=\S*?\bfrom=)([^\s,]+)")
+# A file name is bytes: one that is not UTF-8 (``caf\xe9.txt``) is hashed as its own bytes (strict
+# UTF-8 raised UnicodeEncodeError, a traceback out of images build); UTF-8 names hash as before.
+_NAME_BYTES = "surrogateescape"
+
+
+def _lines(containerfile: Path) -> list[str]:
+    """The Containerfile's lines, without the byte order mark an editor may put first: podman reads
+    past it, and with it the first ``FROM`` was no instruction here (its base missing from the
+    digest and never pinned: a rebuilt base left the image stale)."""
+    return containerfile.read_text(errors="replace").removeprefix("\ufeff").splitlines()
 
 
 def instructions(containerfile: Path) -> list[tuple[int, str, str]]:
@@ -40,7 +50,7 @@ def instructions(containerfile: Path) -> list[tuple[int, str, str]]:
     comments and parser directives left out."""
     out: list[tuple[int, str, str]] = []
     pending, start = "", 0
-    for number, line in enumerate(containerfile.read_text(errors="replace").splitlines(), start=1):
+    for number, line in enumerate(_lines(containerfile), start=1):
         stripped = line.strip()
         if not pending and (not stripped or stripped.startswith("#")):
             continue
@@ -71,14 +81,23 @@ def _escapes(source: str) -> bool:
     return False
 
 
-def _copy_sources(args: str) -> list[str]:
+def _words(args: str, what: str) -> list[str]:
+    """An instruction's arguments split as a shell would, quotes removed; an unclosed quote is an
+    ``ImageError`` naming ``what`` (the instruction and its line), not a traceback."""
+    try:
+        return shlex.split(args, posix=True)
+    except ValueError as exc:  # shlex's "No closing quotation", "No escaped character"
+        raise ImageError(f"{what}: {exc.args[0] if exc.args else exc}: {args!r}") from None
+
+
+def _copy_sources(args: str, what: str) -> list[str]:
     if args.startswith("["):
         try:
             items = json.loads(args)
         except ValueError:
             items = []
     else:
-        items = shlex.split(args, posix=True)
+        items = _words(args, what)
     items = [i for i in items if isinstance(i, str)]
     if any(i.startswith("--from") for i in items):
         return []  # from another stage or image: not the context
@@ -90,12 +109,12 @@ def _global_args(containerfile: Path, build_args: Mapping[str, str]) -> dict[str
     """The ``ARG``s declared before the first ``FROM`` (the only ones ``FROM`` may use), each with its
     value: the build argument, else the default, else None."""
     values: dict[str, str | None] = {}
-    for _, name, args in instructions(containerfile):
+    for number, name, args in instructions(containerfile):
         if name == "FROM":
             break
         if name != "ARG":
             continue
-        for word in shlex.split(args, posix=True):
+        for word in _words(args, f"ARG on line {number}"):
             key, has_default, default = word.partition("=")
             values[key] = build_args.get(key, default if has_default else None)
     return values
@@ -163,7 +182,7 @@ def pin_images(containerfile: Path, image_ids: Mapping[str, str], build_args: Ma
     values = _global_args(containerfile, build_args)
     out: list[str] = []
     continued = False
-    for number, line in enumerate(containerfile.read_text(errors="replace").splitlines(), start=1):
+    for number, line in enumerate(_lines(containerfile), start=1):
         match = None if continued else _INSTRUCTION.match(line)
         continued = line.rstrip().endswith("\\")
         if match is None or line.lstrip().startswith("#"):
@@ -194,7 +213,8 @@ def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:
     for number, name, args in instructions(containerfile):
         bad: list[str] = []
         if name in ("COPY", "ADD"):
-            bad = [s for s in _copy_sources(args) if _escapes(s)]
+            what = f"{where}: {containerfile.name}:{number}: {name}"
+            bad = [s for s in _copy_sources(args, what) if _escapes(s)]
         elif name == "RUN":
             for mount in re.findall(r"--mount=(\S+)", args):
                 fields = dict(f.partition("=")[::2] for f in mount.split(","))
@@ -232,14 +252,14 @@ def recipe_digest(
         dirs.sort()
         info = Path(folder).lstat()
         rel = Path(folder).relative_to(context).as_posix()
-        h.update(f"\0{rel}/\0{stat.S_IMODE(info.st_mode):o}\0".encode())
+        h.update(f"\0{rel}/\0{stat.S_IMODE(info.st_mode):o}\0".encode(errors=_NAME_BYTES))
         for name in sorted(files + [d for d in dirs if (Path(folder) / d).is_symlink()]):
             path = Path(folder) / name
             rel = path.relative_to(context).as_posix()
             info = path.lstat()
-            h.update(f"\0{rel}\0{stat.S_IMODE(info.st_mode):o}\0".encode())
+            h.update(f"\0{rel}\0{stat.S_IMODE(info.st_mode):o}\0".encode(errors=_NAME_BYTES))
             if stat.S_ISLNK(info.st_mode):
-                h.update(b"link:" + os.readlink(path).encode())
+                h.update(b"link:" + os.fsencode(os.readlink(path)))
             elif stat.S_ISREG(info.st_mode):
                 with path.open("rb") as f:
                     for chunk in iter(lambda: f.read(1 << 20), b""):
