@@ -248,7 +248,8 @@ def test_a_live_processs_build_is_left_alone(fakes: Fakes, monkeypatch: pytest.M
     monkeypatch.setenv("HARNESSRL_PODMAN", str(fakes.podman))
     ImageStore(fakes.store, ca_bundle=None).prune()  # another process's start: its owner lives
     assert parent.poll() is None
-    assert processes_running(fakes.mark) == running
+    # Each one still runs (a fake step's loop forks ``sleep``: a passing fork may be listed too).
+    assert set(running) <= set(processes_running(fakes.mark))
     assert sorted(fakes.scratch()) == ["build", "recipe"]
 
 

@@ -5,6 +5,7 @@ create. Each test has a private store, emptied afterwards."""
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import secrets
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import pytest
 from tests.environments.image_support import TINY, empty_store, needs_podman, tiny_store, tiny_tar
-from tests.fakes.processes import processes_running
+from tests.fakes.processes import WAIT_S, processes_running, wait_for
 
 from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
 from harnessrl.environments.podman import ImageError, Podman
+from harnessrl.environments.processes import BuildStop, Stopped, stoppable
 from harnessrl.environments.resolve import Environments
 from harnessrl.environments.store import ImageStore
 
@@ -114,7 +116,7 @@ def test_a_build_past_its_timeout_leaves_no_process_and_no_container(tiny_store:
         with pytest.raises(ImageError, match="no answer after 10 s"):
             tiny_store.ensure("spin", spin)
         log = next((tiny_store.folder / "logs").glob("spin-*.log")).read_text()
-        assert "started" in log  # the step ran, so there was a process to kill
+        assert "started" in log.splitlines()  # the step ran (its output), so there was a process to kill
         assert processes_running(marker) == []
         containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
         assert json.loads(containers or "[]") == []
@@ -392,7 +394,9 @@ def test_a_build_interrupted_by_ctrl_c_leaves_no_process_and_no_container(
     try:
         # Interrupted once the RUN step runs (before it, there would be no step to leave behind).
         logs = tiny_store.folder / "logs"
-        while not any("started" in log.read_text() for log in logs.glob("spin-*.log")):
+        # The step's own output line: the log's "STEP 2/3: RUN [... echo started ...]" names it
+        # before it runs, and an interrupt then (no step process yet) left the working container.
+        while not any("started" in log.read_text().splitlines() for log in logs.glob("spin-*.log")):
             assert building.poll() is None, building.stderr.read()
             threading.Event().wait(0.1)
         building.send_signal(signal.SIGINT)  # Ctrl-C reaches the controller's process group only
@@ -461,3 +465,145 @@ def test_a_store_folder_with_a_quote_in_its_path_works(tmp_path: Path):
         assert store.podman.exists(TINY) and store.podman.graphroot.is_dir()
     finally:
         empty_store(store)
+
+
+@needs_podman
+def test_a_stopped_build_leaves_another_environments_image_of_the_same_recipe(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    # Two repositories sharing one Containerfile: two environments, one recipe digest.
+    shared = recipe(tmp_path / "ctx", f'FROM {TINY}\nCOPY token /token\nRUN ["/usr/bin/cat", "/token"]\n')
+    b = tiny_store.ensure("repo-b", shared)
+    root = tiny_store.root(b)  # a running sandbox's root
+    stop = BuildStop()
+    stop.stop()  # repo-a's rollout was cancelled while its image was built on demand
+    with stoppable(stop), pytest.raises(Stopped):
+        tiny_store.ensure("repo-a", shared)
+    assert tiny_store.podman.exists(b.reference) and tiny_store.podman.exists(
+        "localhost/harnessrl/repo-b:latest"
+    )
+    assert os.path.ismount(root.path) and (root.path / "token").is_file()
+    left = tiny_store.podman.images(label=f"io.harnessrl.recipe={b.digest}", all_=True)
+    assert {image["Labels"]["io.harnessrl.name"] for image in left} == {"repo-b"}  # repo-a's partials gone
+    tiny_store.close()
+
+
+@needs_podman
+def test_prune_keep_keeps_the_base_its_recipes_are_built_from(tiny_store: ImageStore, tmp_path: Path):
+    # A shared base built by another config; this config's recipe starts FROM it.
+    tiny_store.ensure("base", recipe(tmp_path / "base", f"FROM {TINY}\nCOPY token /token\n"))
+    proj = recipe(tmp_path / "proj", "FROM localhost/harnessrl/base:latest\nCOPY token /token2\n")
+    built = tiny_store.ensure("proj", proj)
+    other = tiny_store.ensure("other", recipe(tmp_path / "other", f"FROM {TINY}\nCOPY token /t\n"))
+    config = tmp_path / "keep.toml"
+    config.write_text(
+        f"[harness.environment.images.proj]\ncontainerfile = {json.dumps(proj.containerfile)}\n"
+    )
+    report = prune(tiny_store, "--keep", str(config))
+    assert report["removed"] == [{"name": "other", "id": other.image_id[:12]}]  # the control: the rest goes
+    again = ImageStore(tiny_store.folder, ca_bundle=None).ensure("proj", proj)  # the kept env still works
+    assert again.image_id == built.image_id and not again.built
+
+
+@needs_podman
+@pytest.mark.parametrize("timeout", ["inf", "1e400"])
+def test_an_unbounded_build_timeout_is_a_config_error_not_a_traceback(tmp_path: Path, timeout: str):
+    # pull = true and an image that is not here: a pull from 127.0.0.1, which refuses at once.
+    config = tmp_path / "images.toml"
+    config.write_text(
+        f"[harness.environment]\npull = true\nbuild_timeout_s = {timeout}\n"
+        '[harness.environment.images.env]\nimage = "localhost/harnessrl-nothing-here:1"\n'
+    )
+    store = ImageStore(tmp_path / "store")
+    try:
+        done = subprocess.run(
+            [*HARNESSRL, "images", "build", str(config), "--store", str(store.folder)],
+            capture_output=True,
+            text=True,
+        )
+    finally:
+        empty_store(store)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "harness.environment.build_timeout_s: Input should be less than or equal to" in done.stderr
+
+
+@needs_podman
+def test_prune_removes_the_logs_of_removed_images_but_not_a_running_builds(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    logs = tiny_store.folder / "logs"
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n", token="v1")
+    v1 = tiny_store.ensure("env", env)
+    (tmp_path / "ctx" / "token").write_text("v2")
+    v2 = tiny_store.ensure("env", env)  # v1 superseded: the default prune removes it
+    # Another environment's build, going on while prune runs (its RUN step waits for the test).
+    go = tmp_path / "go"
+    go.write_text("")
+    tiny_store.ca_bundle = str(go)
+    slow = recipe(
+        tmp_path / "slow", f'FROM {TINY}\nRUN ["/usr/bin/sh", "-c", "while ! [ -s {go} ]; do :; done"]\n'
+    )
+    building = threading.Thread(target=lambda: tiny_store.ensure("slow", slow))
+    building.start()
+    try:
+        wait_for("the RUN step", lambda: any(": RUN " in p.read_text() for p in logs.glob("slow-*.log")))
+        report = prune(tiny_store)
+    finally:
+        with go.open("r+") as out:
+            out.write("go")
+        building.join()
+    assert report["removed"] == [{"name": "env", "id": v1.image_id[:12]}]
+    names = sorted(p.name for p in logs.iterdir())
+    assert f"env-{v1.digest[:16]}.log" not in names  # was kept for good: one more log per build
+    assert f"env-{v2.digest[:16]}.log" in names  # the control: the current image's log stays
+    assert [n for n in names if n.startswith("slow-")] != []  # the running build's log stays
+
+
+@needs_podman
+def test_a_build_whose_podman_is_killed_outright_leaves_no_working_container(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    # ADD from a server on 127.0.0.1 that answers only when the test says: the build's podman is
+    # killed alone (as the OOM killer does) while its working container exists, made by FROM.
+    asked, answer = threading.Event(), threading.Event()
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.set()
+            answer.wait(WAIT_S)
+            self.send_response(200)
+            self.send_header("Content-Length", "1")
+            self.end_headers()
+            self.wfile.write(b"x")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/file"
+    env = recipe(tmp_path / "ctx", f'FROM {TINY}\nADD {url} /file\nRUN ["/usr/bin/cat", "/file"]\n')
+    outcome: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            tiny_store.ensure("add", env)
+        except ImageError as exc:
+            outcome.append(exc)
+
+    building = threading.Thread(target=build)
+    building.start()
+    try:
+        wait_for("the ADD step's download", asked.is_set)
+        containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
+        assert json.loads(containers or "[]") != []  # the control: the working container is there
+        (client,) = [p for p in processes_running(str(tmp_path / "ctx")) if p != os.getpid()]
+        os.kill(client, signal.SIGKILL)  # podman alone, not what it started
+    finally:
+        answer.set()
+        building.join()
+        server.shutdown()
+        server.server_close()
+    assert outcome and "podman build exited -9" in str(outcome[0])
+    containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
+    assert json.loads(containers or "[]") == []  # was: the working container, mounted, for good

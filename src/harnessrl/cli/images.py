@@ -240,9 +240,9 @@ def prune_command(
             if images.exists:  # a config's images are looked up, never built, to be kept
                 for name, recipe in config.images.items():
                     # An ``image`` reference too: it may name one of harnessrl's own builds
-                    # (``localhost/harnessrl/x:DIGEST``), which prune would otherwise remove.
-                    found = images.current_id(name, recipe, config.images)
-                    kept |= {found} if found else set()
+                    # (``localhost/harnessrl/x:DIGEST``), which prune would otherwise remove. And
+                    # the images a recipe reads (its base built by another config): kept with it.
+                    kept |= images.needed_ids(name, recipe, config.images)
             report = images.prune(kept)
         elif all_:
             images = _store(store)

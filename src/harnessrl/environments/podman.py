@@ -36,6 +36,7 @@ import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -56,6 +57,10 @@ from harnessrl.errors import ConfigError
 
 ULIMITS = ("nofile=20000:20000", "nproc=32768:32768")
 RUNTIME = "runc"
+#: A build argument no recipe declares, ``<owner>.<random>``: buildah keeps it with each working
+#: container of the build (``buildah.json``), which so names the build that made it. Unconsumed, it
+#: changes neither the layer cache nor the image (podman's log warns that it was not consumed).
+BUILD_MARK = "HARNESSRL_BUILD"
 
 
 class ImageError(ConfigError):
@@ -260,6 +265,8 @@ class Podman:
             args += ["--build-arg", f"{key}={value}"]
         if ca_bundle and os.path.isfile(ca_bundle):
             args += ["-v", f"{ca_bundle}:{ca_bundle}:ro"]
+        mark = f"{owner()}.{secrets.token_hex(6)}"
+        args += ["--build-arg", f"{BUILD_MARK}={mark}"]
         args.append(str(context))
         log.parent.mkdir(parents=True, exist_ok=True)
         (self.store / "tmp").mkdir(parents=True, exist_ok=True)
@@ -271,7 +278,9 @@ class Podman:
             ) as scratch,
             log.open("w") as out,
         ):
-            # Killed (past its timeout, or Ctrl-C): the working containers its RUN steps ran in go too.
+            # Killed (past its timeout, Ctrl-C, a stop): its working containers go too, those its RUN
+            # steps ran in and those with no step running (killed in FROM, COPY or ADD: no process
+            # then said which layer, and the container stayed, mounted).
             done = self.run(
                 *args,
                 timeout=timeout,
@@ -279,9 +288,11 @@ class Podman:
                 stdout=out,
                 what="podman build",
                 env={"TMPDIR": scratch},
-                on_kill=self.remove_containers_on,
+                on_kill=lambda layers: self.remove_build_containers(layers, mark),
             )
         if done.returncode != 0:
+            # Killed from outside (the OOM killer, ``kill_own_builds``): nothing above removed them.
+            self.remove_build_containers(frozenset(), mark)
             raise ImageError(f"podman build exited {done.returncode}:\n{log_tail(log)}")
 
     def reap_orphans(self) -> None:
@@ -294,6 +305,30 @@ class Podman:
             self.remove_containers_on(layers)
         for scratch in stale_scratch(self.store / "tmp"):
             remove_scratch(scratch)
+
+    def _build_marks(self) -> dict[str, str]:
+        """Container id -> ``BUILD_MARK`` of each build working container here (from its
+        ``buildah.json``; none for a container of another kind or a podman that keeps no arguments)."""
+        listed = self.run("ps", "--all", "--external", "--format", "json", check=False, stop_on_exit=False)
+        marks: dict[str, str] = {}
+        for container in json.loads(listed.stdout or "[]"):
+            state = (
+                self.graphroot / "overlay-containers" / container.get("Id", "") / "userdata" / "buildah.json"
+            )
+            try:
+                mark = (json.loads(state.read_text()).get("Args") or {}).get(BUILD_MARK)
+            except (OSError, ValueError, AttributeError):
+                continue
+            if isinstance(mark, str):
+                marks[container["Id"]] = mark
+        return marks
+
+    def remove_build_containers(self, layers: frozenset[str], mark: str) -> None:
+        """Remove the working containers of the build marked ``mark`` and those on ``layers``."""
+        for container, found in self._build_marks().items():
+            if found == mark:
+                self.run("rm", "--force", container, check=False, stop_on_exit=False)
+        self.remove_containers_on(layers)
 
     def remove_containers_on(self, layers: frozenset[str]) -> None:
         """Remove the (build) containers whose root is one of these overlay layers."""

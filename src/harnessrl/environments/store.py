@@ -201,23 +201,39 @@ class ImageStore:
     ) -> str | None:
         """The id of the image ``ensure`` would return for this recipe now, None when it is not here
         (nothing is built, imported or pulled)."""
+        return self._current(name, recipe, recipes or {})[0]
+
+    def needed_ids(
+        self, name: str, recipe: ImageRecipe, recipes: Mapping[str, ImageRecipe] | None = None
+    ) -> set[str]:
+        """What ``ensure`` needs to find (or rebuild) this environment without pulling: its current
+        image and every image its recipe reads (a base that no recipe here makes, an image it copies
+        from). What ``prune --keep`` keeps: keeping the image alone removed its base, and the next
+        ``ensure`` refused the recipe (its base "not in the image store"). Nothing is built."""
+        image_id, read = self._current(name, recipe, recipes or {})
+        return read | ({image_id} if image_id else set())
+
+    def _current(
+        self, name: str, recipe: ImageRecipe, recipes: Mapping[str, ImageRecipe]
+    ) -> tuple[str | None, set[str]]:
+        """``(id of the image ensure would return now or None, ids of the images its recipe reads)``."""
         where = f"environment {name!r}"
         if recipe.image is not None:
-            return self.podman.inspect(recipe.image)["Id"] if self.podman.exists(recipe.image) else None
+            found = self.podman.inspect(recipe.image)["Id"] if self.podman.exists(recipe.image) else None
+            return found, set()
         if recipe.debian is not None:
             reference = own_reference(name, debian_digest(recipe.debian.model_dump()))
-        else:
-            assert recipe.containerfile is not None  # invariant: ImageRecipe validates exactly one kind
-            containerfile = Path(recipe.containerfile)
-            context = Path(recipe.context) if recipe.context else containerfile.parent
-            check_recipe(containerfile, context, where=where)
-            image_ids = self._image_ids(name, recipe, recipes or {}, where=where, seen=(), build=False)
-            if image_ids is None:
-                return None
-            reference = own_reference(
-                name, recipe_digest(containerfile, context, recipe.build_args, image_ids)
-            )
-        return self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None
+            return (self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None), set()
+        assert recipe.containerfile is not None  # invariant: ImageRecipe validates exactly one kind
+        containerfile = Path(recipe.containerfile)
+        context = Path(recipe.context) if recipe.context else containerfile.parent
+        check_recipe(containerfile, context, where=where)
+        image_ids = self._image_ids(name, recipe, recipes, where=where, seen=(), build=False)
+        if image_ids is None:
+            return None, set()
+        reference = own_reference(name, recipe_digest(containerfile, context, recipe.build_args, image_ids))
+        found = self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None
+        return found, set(image_ids.values())
 
     def _image_ids(
         self,
@@ -313,17 +329,20 @@ class ImageStore:
                     pull=False,  # every image it reads is here (pinned by id)
                 )
             except ImageError as exc:
-                self._remove_partial(digest)
+                self._remove_partial(name, digest)
                 raise ImageError(f"{where}: building image {reference} failed (log: {log}):\n{exc}") from exc
             except Stopped:  # the build was killed: what it committed goes, as after a failure
-                self._remove_partial(digest)
+                self._remove_partial(name, digest)
                 raise
 
-    def _remove_partial(self, digest: str) -> None:
-        """What a failed build left (intermediate images carry its labels): removed, so a failure
-        creates nothing."""
+    def _remove_partial(self, name: str, digest: str) -> None:
+        """What a failed build of environment ``name`` left (intermediate images carry its labels):
+        removed, so a failure creates nothing. Only images labelled with both: another environment
+        with the same recipe (two repositories sharing one Containerfile) has the same digest, and
+        its image, perhaps mounted under running sandboxes, is not this build's to remove."""
         for image in self.podman.images(label=f"{LABEL_RECIPE}={digest}", all_=True):
-            self.podman.remove(image.get("Id", ""))
+            if (image.get("Labels") or {}).get(LABEL_NAME) == name:
+                self.podman.remove(image.get("Id", ""))
 
     @staticmethod
     def _recipe_named(image_slug: str, recipes: Mapping[str, ImageRecipe]) -> str | None:
@@ -462,7 +481,8 @@ class ImageStore:
 
     def prune(self, keep: set[str] | None = None) -> dict[str, Any]:
         """Remove harnessrl's images whose id is not in ``keep`` and that no process has mounted (a
-        run is using it), then dangling layers; ``keep`` None removes every image, mounted or not.
+        run is using it), then dangling layers and the build logs of images no longer here (not a
+        running build's); ``keep`` None removes every image, mounted or not.
         Returns what was removed, what was kept because it is in use, and the bytes freed."""
         self.podman.reap_orphans()  # a killed process's build holds nothing in use
         if not self.exists:
@@ -480,15 +500,56 @@ class ImageStore:
             if self.podman.remove(row["id"]):
                 removed.append({"name": row["name"], "id": row["id"][:12]})
         self.podman.prune_dangling()
+        logs_freed = self._prune_logs()
         with self._lock:
             self._roots = {k: v for k, v in self._roots.items() if keep is not None and k in keep | mounted}
         after = folder_bytes(self.podman.graphroot)
         return {
             "removed": removed,
             "in_use": in_use,
-            "freed_bytes": max(0, before - after),
+            "freed_bytes": max(0, before - after) + logs_freed,
             "store_bytes": after,
         }
+
+    def _prune_logs(self) -> int:
+        """Remove the build logs (``logs/<name>-<digest[:16]>.log``) of images no longer here, but
+        not one a build is writing (its digest's lock held): one log per build stayed for good, the
+        store's one growth that prune never gave back. Returns the bytes freed."""
+        logs = self.folder / "logs"
+        if not logs.is_dir():
+            return 0
+        here = {f"{slug(row['name'])}-{row['recipe'][:16]}.log" for row in self.list()}
+        freed = 0
+        for log in logs.glob("*.log"):
+            if log.name in here:
+                continue
+            digest16 = log.name.removesuffix(".log").rpartition("-")[2]
+            with self._unless_building(digest16) as idle:
+                if idle:  # removed holding the lock: a build starting now writes a log of its own
+                    with contextlib.suppress(OSError):
+                        size = log.stat().st_size
+                        log.unlink()
+                        freed += size
+        return freed
+
+    @contextlib.contextmanager
+    def _unless_building(self, digest16: str) -> Iterator[bool]:
+        """Hold the build locks of the digests starting ``digest16`` if none is held (yields True),
+        else yield False at once: a build of one goes on."""
+        held: list[Any] = []
+        try:
+            for lock in sorted((self.folder / "locks").glob(f"{digest16}*.lock")):
+                fh = lock.open("a")
+                held.append(fh)
+                try:
+                    fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    yield False
+                    return
+            yield True
+        finally:
+            for fh in held:
+                fh.close()  # closing gives the lock back
 
 
 def folder_bytes(folder: Path) -> int:
