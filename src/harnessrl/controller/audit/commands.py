@@ -4,10 +4,12 @@ raw patterns that count anywhere, read up to ``MAX_ANALYZED_CHARS`` (the unread 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 
 from harnessrl.controller.audit.changes import check_write
 from harnessrl.controller.audit.extract import CommandRecord
+from harnessrl.controller.audit.git_folder import git_folder_searched, git_history_path
 from harnessrl.controller.audit.hints import RAW_PATTERNS, Workspace, select_hints, workspace_roots
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit.patterns import GIT_HISTORY, NETWORK_FETCH
@@ -19,6 +21,8 @@ from harnessrl.controller.audit.workspace import script_language
 # Longer texts are cut before analysis so one huge file write cannot stall the controller; what the
 # cut leaves unread is flagged ``obfuscated_code`` (a command padded past the cap hides its tail).
 MAX_ANALYZED_CHARS = 200_000
+# File tools that search or list a folder (Grep, Glob, search_files, find_file), not one file.
+_SEARCH_TOOL = re.compile(r"grep|search|glob|find", re.I)
 # Characters of the unread tail a truncation flag shows as its ``match``.
 _UNREAD_SHOWN = 80
 
@@ -60,6 +64,10 @@ def _analyze_record(record: CommandRecord) -> Iterator[tuple[str, str]]:
     yield from raw_hints(record.command[:MAX_ANALYZED_CHARS])
     if record.path is not None:  # a file tool's path, read or written
         yield from check_path(record.path)
+        # Read("/repo/.git/COMMIT_EDITMSG"); Grep(path="/repo/.git") reads the whole folder it is given
+        searched = record.kind == "file_read" and _SEARCH_TOOL.search(record.tool or "") is not None
+        if git_history_path(record.path) or (searched and git_folder_searched(record.path)):
+            yield GIT_HISTORY, record.path
     if record.kind == "shell":
         yield from analyze_shell(text, 0)
     elif record.kind == "python":

@@ -13,6 +13,7 @@ ruby, node, php or lua one-liners run, and those that Python code runs (``os.sys
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import posixpath
 import re
@@ -166,13 +167,17 @@ _PY_PIECE = r"(?:[rbuf]{0,2}'[^'\n]*'|[rbuf]{0,2}\"[^\"\n]*\"|\bsys\.executable\
 # A name among them stands for the literal the code gives it (``cmd + " -p"``, ``shlex.split(cmd)``).
 _PY_NAME_PIECE = r"[A-Za-z_]\w*(?=\s*(?:[,)+]|\.split\())"
 _PY_CHAIN_PIECE = rf"(?:{_PY_PIECE}|{_PY_NAME_PIECE})"
-_PY_SHELL_ARGUMENT = (
-    rf"\s*\(\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?(?:shlex\.split\(\s*)?"
-    rf"(\[[^\]]*\]|\([^)]*\)|{_PY_CHAIN_PIECE}(?:\s*\+\s*{_PY_CHAIN_PIECE})*)"
+_PY_COMMAND = rf"(?:shlex\.split\(\s*)?(\[[^\]]*\]|\([^)]*\)|{_PY_CHAIN_PIECE}(?:\s*\+\s*{_PY_CHAIN_PIECE})*)"
+_PY_SHELL_ARGUMENT = rf"\s*\(\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?{_PY_COMMAND}"
+# One argument before the command in a call of a wrapper (``run(".", cmd)``): a literal, a simple
+# expression, or a call without nested parentheses (``run(os.getcwd(), cmd)``).
+_PY_ARGUMENT_BEFORE = (
+    r"\s*(?:[rbuf]{0,2}'[^'\n]*'|[rbuf]{0,2}\"[^\"\n]*\"|[^,()'\"\[\]\n]+|[\w.]+\([^()\n]*\))\s*,"
 )
-# A function of the code's own that runs its first parameter (``def sh(cmd): return subprocess.run(cmd,
-# shell=True)``) or its ``*args`` (``def git(*a): subprocess.run(["git", *a])`` is not one: only ``a``
-# itself, ``subprocess.run(a)``); its calls are read as the call it makes.
+# A function of the code's own that runs one of its parameters (``def sh(cmd): return
+# subprocess.run(cmd, shell=True)``, ``def run(cwd, cmd): ...``) or its ``*args`` (``def git(*a):
+# subprocess.run(["git", *a])`` is not one: only ``a`` itself, ``subprocess.run(a)``); its calls are
+# read as the call it makes, the command found where the parameter stands or by its keyword.
 _PY_DEF = re.compile(r"^([ \t]*)(?:async[ \t]+)?def[ \t]+([A-Za-z_]\w*)[ \t]*\(([^)]{0,1000})\)", re.M)
 _BODY_LINE = re.compile(r"\n([ \t]*)(\S?)[^\n]*")
 _MAX_COMBINATIONS = 50  # commands one call makes from names with several values
@@ -204,11 +209,11 @@ _PY_NAME_ARGUMENT = re.compile(r"[A-Za-z_]\w*")
 
 
 def _shell_callees(code: str) -> re.Pattern[str]:
-    """The calls in ``code`` that run a command: ``subprocess.run``, and the same function under
-    another name (``import subprocess as s`` -> ``s.run``, ``from os import system as sh`` -> ``sh``),
-    reached through the module as an expression (``__import__('os').system``, ``getattr(os,
-    'system')``), bound to a name first (``f = os.system``, ``f = getattr(os, 'system')``), or libc's
-    ``system`` through ctypes."""
+    """The calls in ``code`` of the functions that run a command: ``subprocess.run``, and the same
+    function under another name (``import subprocess as s`` -> ``s.run``, ``from os import system as
+    sh`` -> ``sh``), reached through the module as an expression (``__import__('os').system``,
+    ``getattr(os, 'system')``), or libc's ``system`` through ctypes (group 1: the command). Names
+    bound to one (``f = os.system``) are ``_named_runners``'."""
     callees = []
     for module, functions in _SHELL_FUNCTIONS.items():
         expression = _PY_MODULE_EXPRESSION.format(module)
@@ -224,39 +229,83 @@ def _shell_callees(code: str) -> re.Pattern[str]:
                 callees.append(rf"(?<![\w.]){re.escape((alias or name).strip())}")
     if _PY_LIBC.search(code):
         callees.append(_PY_LIBC_CALLEE)
-    known = "|".join(callees)
-    bound = re.findall(rf"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*(?:{known})[ \t]*(?:#.*)?$", code, re.M)
-    callees += [rf"(?<![\w.]){re.escape(name)}" for name in bound]  # f = os.system; f("curl x")
-    pattern = _callee_pattern(callees, set())
-    starred: set[str] = set()
+    return re.compile(rf"(?:{'|'.join(callees)}){_PY_SHELL_ARGUMENT}")
+
+
+# A runner of the code's own: how its calls give the command. ``index``: the position of the argument
+# that is the command (``"*"``: the call's arguments are the argv, ``sh("git", "log")``); ``keyword``:
+# its parameter's name, by which a call may give it instead.
+_Runner = tuple[int | str, str | None]
+_PY_NAME_CALL = re.compile(r"(?<!\w)([A-Za-z_]\w*)\s*\(")
+_PY_ARGV = re.compile(r"\([^)]*\)")
+_PY_FIRST_COMMAND = re.compile(rf"\s*(?:args\s*=\s*)?(?:(?:os\.)?P_[A-Z]+\s*,\s*)?{_PY_COMMAND}")
+_MAX_PARAMETER_INDEX = 20  # a command passed further along the parameters than this is not read
+
+
+def _named_runners(code: str, callees: re.Pattern[str]) -> dict[str, _Runner]:
+    """The names in ``code`` that run a command: bound to a runner (``f = os.system``, ``f =
+    getattr(os, 'system')``), and the functions it defines that pass one of their parameters, or
+    their ``*args`` tuple, to a runner; a wrapper of a wrapper too. Looked up by name as calls are
+    met (``_command_calls``): a regular expression of thousands of names cost minutes per text."""
+    runners: dict[str, _Runner] = {}
+    known = callees.pattern.removesuffix(_PY_SHELL_ARGUMENT)
+    for name in re.findall(rf"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*{known}[ \t]*(?:#.*)?$", code, re.M):
+        runners[name] = (0, None)  # f = os.system; f("curl x")
     for _ in range(2):  # a wrapper, and a wrapper of that
-        firsts, stars = _wrappers(code, pattern)
-        callees += [rf"(?:\bself\.|(?<![\w.])){re.escape(name)}" for name in sorted(firsts)]
-        starred |= stars
-        pattern = _callee_pattern(callees, starred)
-    return pattern
+        runners = {**_wrappers(code, list(_command_calls(code, callees, runners))), **runners}
+    return runners
 
 
-def _callee_pattern(callees: list[str], starred: set[str]) -> re.Pattern[str]:
-    """Calls of ``callees`` (group 2: the command), and of ``starred`` functions, whose arguments are
-    the argv (group 1: the call's parenthesis, read as a tuple: ``sh("git", "log")``)."""
-    pattern = rf"(?:{'|'.join(callees)}){_PY_SHELL_ARGUMENT}"
-    if starred:
-        names = "|".join(map(re.escape, sorted(starred)))
-        return re.compile(rf"(?:\bself\.|(?<![\w.]))(?:{names})\s*(\([^)]*\))|{pattern}")
-    return re.compile(rf"()(?!)|{pattern}")  # the same groups, group 1 never matching
+def _command_calls(
+    code: str, callees: re.Pattern[str], runners: dict[str, _Runner]
+) -> Iterator[tuple[int, str]]:
+    """``(position, argument)`` of every call in ``code`` that runs a command, in order: the text
+    of the command argument (a literal, pieces joined with ``+``, a name, a list), or of the whole
+    parenthesis for a ``*args`` runner (read as the argv)."""
+    calls = [(m.start(), m.group(1)) for m in callees.finditer(code)]
+    if runners:
+        for match in _PY_NAME_CALL.finditer(code):
+            runner = runners.get(match.group(1))
+            if runner is not None and (argument := _runner_argument(code, match.end() - 1, runner)):
+                calls.append((match.start(), argument))
+        calls.sort()
+    return iter(calls)
 
 
-def _wrappers(code: str, pattern: re.Pattern[str]) -> tuple[set[str], set[str]]:
-    """Functions defined in ``code`` that pass their first parameter, or their ``*args`` tuple, to a
-    call ``pattern`` finds: (names of the first kind, names of the second)."""
-    calls = [(m.start(), m.group(m.lastindex or 2)) for m in pattern.finditer(code)]
+def _runner_argument(code: str, paren: int, runner: _Runner) -> str | None:
+    """The command a call of ``runner`` gives, its parenthesis at ``paren``: where the parameter
+    stands (``run(".", cmd)``), or after its keyword (``run(cwd=".", cmd=...)``)."""
+    index, keyword = runner
+    if index == "*":
+        found = _PY_ARGV.match(code, paren)
+        return found.group(0) if found else None
+    found = _argument_at(int(index)).match(code, paren + 1)
+    if found is None and keyword is not None:
+        found = _keyword_argument(keyword).match(code, paren + 1)
+    return found.group(1) if found else None
+
+
+@functools.lru_cache(maxsize=64)
+def _argument_at(index: int) -> re.Pattern[str]:
+    if index == 0:
+        return _PY_FIRST_COMMAND
+    return re.compile(rf"(?:{_PY_ARGUMENT_BEFORE}){{{index}}}\s*{_PY_COMMAND}")
+
+
+@functools.lru_cache(maxsize=1024)
+def _keyword_argument(keyword: str) -> re.Pattern[str]:
+    # Up to the parenthesis that closes the call (one level of nested calls skipped).
+    return re.compile(rf"(?:[^()]|\([^()]*\))*?(?<![\w.]){re.escape(keyword)}\s*=\s*{_PY_COMMAND}")
+
+
+def _wrappers(code: str, calls: list[tuple[int, str]]) -> dict[str, _Runner]:
+    """Functions defined in ``code`` that pass one of their parameters, or their ``*args`` tuple, to
+    one of ``calls`` (sorted by position)."""
     calls = [(at, arg) for at, arg in calls if arg and _PY_NAME_ARGUMENT.fullmatch(arg)]
     if not calls:
-        return set(), set()
+        return {}
     positions = [at for at, _ in calls]
-    firsts: set[str] = set()
-    starred: set[str] = set()
+    found: dict[str, _Runner] = {}
     for match in _PY_DEF.finditer(code):
         indent = len(match.group(1).expandtabs())
         end = len(code)
@@ -266,14 +315,15 @@ def _wrappers(code: str, pattern: re.Pattern[str]) -> tuple[set[str], set[str]]:
                 break
         params = [p.strip().split(":")[0].split("=")[0].strip() for p in match.group(3).split(",")]
         params = [p for p in params if p and p not in ("self", "cls", "/")]
-        first = params[0] if params and not params[0].startswith("*") else None
+        # Parameters that can be given by position: before any ``*``/``*args``.
+        positional = list(itertools.takewhile(lambda p: not p.startswith("*"), params))
         star = next((p[1:] for p in params if p.startswith("*") and not p.startswith("**")), None)
         for _, arg in calls[bisect.bisect_left(positions, match.end()) : bisect.bisect_left(positions, end)]:
-            if arg == first:
-                firsts.add(match.group(2))
+            if arg in positional and positional.index(arg) <= _MAX_PARAMETER_INDEX:
+                found.setdefault(match.group(2), (positional.index(arg), arg))
             elif arg == star:
-                starred.add(match.group(2))
-    return firsts, starred
+                found.setdefault(match.group(2), ("*", None))
+    return found
 
 
 def python_shell_calls(code: str) -> Iterator[str]:
@@ -292,8 +342,8 @@ def python_shell_calls(code: str) -> Iterator[str]:
         values[name] = list(dict.fromkeys(values[name]))
     seen: set[str] = set()  # each command once: ``subprocess.run(cmd)`` 1,000 times is one command
     names_read: set[str] = set()
-    for match in _shell_callees(code).finditer(code):
-        argument = match.group(match.lastindex or 2) or ""
+    callees = _shell_callees(code)
+    for _, argument in _command_calls(code, callees, _named_runners(code, callees)):
         if _PY_NAME_ARGUMENT.fullmatch(argument):
             if argument in names_read:
                 continue

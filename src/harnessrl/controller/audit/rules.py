@@ -41,6 +41,7 @@ from harnessrl.controller.audit.changes import (
     runner_install_hint,
     shell_writes,
 )
+from harnessrl.controller.audit.git_folder import asked_history_paths, git_folder_hints, git_history_path
 from harnessrl.controller.audit.hints import RAW_PATTERNS
 from harnessrl.controller.audit.invocations import (
     EMBEDDING_PROGRAMS,
@@ -108,6 +109,7 @@ def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
     script = _LOOKED_UP.sub(lambda m: m.group(1) or m.group(2), script)
     segments = expand_names(shell_segments(script))
     yield from shell_obfuscation(script, segments)
+    yield from ((GIT_HISTORY, path) for path in asked_history_paths(script))
     run_files = files_run(segments)
     for segment in segments:
         yield from _analyze_simple(segment, previous, depth, run_files)
@@ -154,6 +156,8 @@ def _analyze_simple(
             yield from _analyze_written(target, stdin, run_files or {}, depth)
     if not words:
         return
+    for match in git_folder_hints(words[0], prog, args, segment.inputs):
+        yield GIT_HISTORY, match  # ``grep -r X .git``, ``cat .git//packed-refs``
     inner = wrapped_command(prog, args)
     if isinstance(inner, str):
         yield from analyze_shell(inner, depth + 1)
@@ -356,6 +360,8 @@ _BUILTIN_ALIAS = re.compile(
 # raw patterns, as the typed text is.
 _PY_STRING_PIECE = r"[rbu]{0,2}(?:'[^'\n]*'|\"[^\"\n]*\")"
 _PY_JOINED_LITERALS = re.compile(rf"{_PY_STRING_PIECE}(?:\s*\+\s*{_PY_STRING_PIECE})+")
+# A string literal: the path it may name in the .git folder is for ``audit.git_folder`` to say.
+_PY_STRING_LITERAL = re.compile(r"""(['"])([^'"\n]*)\1""")
 
 
 def _builtin_aliases_called(code: str) -> str:
@@ -384,8 +390,14 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
             break
         yield from analyze_python(literal, depth + 1)
     for match in _PY_JOINED_LITERALS.finditer(code):  # open('.git/' + 'packed-refs'): the path it makes
-        if raw := RAW_PATTERNS.search("".join(string_literals(match.group(0)))):
+        joined = "".join(string_literals(match.group(0)))
+        if raw := RAW_PATTERNS.search(joined):
             yield (NETWORK_FETCH if raw.group("tcp") else GIT_HISTORY), match.group(0)
+        elif git_history_path(joined):  # glob.glob('.gi' + 't/obj*/*/*')
+            yield GIT_HISTORY, match.group(0)
+    for match in _PY_STRING_LITERAL.finditer(code):  # open('.git//packed-refs'), glob('.gi?/logs/*')
+        if ".g" in match.group(2) and git_history_path(match.group(2)):
+            yield GIT_HISTORY, match.group(0)
     yield from forced_exit_hints(code)
     yield from always_equal_hints(code)
     for command in python_shell_calls(code):  # os.system("curl ..."), subprocess.run(["pip", ...])
