@@ -213,6 +213,30 @@ async def test_restarted_controller_deletes_superseded_attempts(fake_k8s, runner
     assert fake_k8s.job(retry.job_name) is not None
 
 
+async def test_two_runs_without_a_run_id_never_touch_each_others_jobs(
+    fake_k8s, make_runner, make_launch
+) -> None:
+    """Bug: ``kubernetes.run_id`` defaulted to "default", so two runs in one namespace that left it
+    out shared Job names and labels: the trainer's rollout ids are deterministic, so the second run's
+    runner deleted the first run's running Job as an attempt its own retry superseded, and refused
+    to launch a rollout whose first attempt the other run had made (another key)."""
+    first, second = (
+        make_runner(namespace="default", job_template=TEMPLATE, orphan_grace_s=0) for _ in range(2)
+    )
+    mine = await first.launch(make_launch("r1"))
+    await second.launch(make_launch("r1", attempt=1))  # the other run is one retry further
+    theirs = await second.launch(make_launch("r1"))  # its own first attempt of the same rollout id
+    assert theirs.job_name != mine.job_name
+    await reconcile_passes(fake_k8s)
+    assert fake_k8s.job(mine.job_name) is not None
+    fake_k8s.succeed_job(mine.job_name)
+    fake_k8s.succeed_job(theirs.job_name)
+    for handle in (mine, theirs):
+        exit_ = await asyncio.wait_for(handle.wait(), 60)
+        assert (exit_.kind, exit_.exit_code) == (ExitKind.EXITED, 0), exit_
+    assert first.run_id != second.run_id and first.config.run_id == first.run_id
+
+
 async def test_two_controllers_sharing_a_run_leave_each_others_jobs_alone(
     fake_k8s, runners, make_launch
 ) -> None:

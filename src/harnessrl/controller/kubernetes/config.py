@@ -163,7 +163,15 @@ class KubernetesRunnerConfig(BaseModel):
     workspace_dir: str | None = Field(
         default=None, description="pod-side workspace; default: the container's workingDir, else /workspace"
     )
-    run_id: str = Field(default="default", description="scopes names and labels: runs never touch each other")
+    # No shared default: two runs in one namespace that both kept "default" shared Job names and
+    # labels, so one run's runner deleted the other's running Jobs as superseded attempts of its own
+    # (the trainer's rollout ids are deterministic) or refused to launch them.
+    run_id: str | None = Field(
+        default=None,
+        min_length=1,
+        description="scopes names and labels: runs never touch each other; the controllers of one run "
+        "share it (one cap, a restarted one adopts its Jobs); None: a fresh id per runner",
+    )
     name_prefix: str = Field(
         default="hrl", pattern=r"^[a-z0-9]([-a-z0-9]{0,18}[a-z0-9])?$", description="start of Job names"
     )

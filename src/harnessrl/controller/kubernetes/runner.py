@@ -155,6 +155,12 @@ class KubernetesRunner:
             self.config = config or KubernetesRunnerConfig(**options)
         except ValidationError as exc:
             raise ConfigError(f"kubernetes runner config: {exc}") from exc
+        # Unset, unique to this runner: its Jobs are its own (no other run's runner takes them for
+        # its orphans); what a shared run_id gives (one cap, adoption after a restart) it goes without.
+        self.run_id = self.config.run_id or f"run-{uuid.uuid4().hex[:12]}"
+        if self.config.run_id is None:
+            self.config = self.config.model_copy(update={"run_id": self.run_id})
+            log.info("kubernetes.run_id not set: this runner's Jobs are those of run %s", self.run_id)
         cfg = self.config
         try:  # fail on a template the API would reject before any rollout starts
             k8s.V1Job.model_validate(normalize_template(cfg.job_template))
@@ -172,7 +178,7 @@ class KubernetesRunner:
         self._core = k8s.CoreV1Api(self.api_client)
         self._net = k8s.NetworkingV1Api(self.api_client)
         self._clock = clock
-        self._selector = label_selector(run_labels(cfg.run_id))
+        self._selector = label_selector(run_labels(self.run_id))
         self._attempts: dict[str, _Attempt] = {}  # launch order = order slots are handed out
         self._jobs: dict[str, ObservedJob] = {}
         self._pods: list[ObservedPod] = []
@@ -352,10 +358,10 @@ class KubernetesRunner:
             raise Conflict("the kubernetes runner is closed")
         await self.start()
         cfg = self.config
-        name = resource_name(launch.rollout_id, launch.attempt, scope=cfg.run_id, prefix=cfg.name_prefix)
+        name = resource_name(launch.rollout_id, launch.attempt, scope=self.run_id, prefix=cfg.name_prefix)
         if name in self._attempts:
             raise Conflict(f"rollout {launch.rollout_id!r} attempt {launch.attempt} is already running")
-        labels = attempt_labels(cfg.run_id, launch.rollout_id, launch.attempt, controller=self.controller_id)
+        labels = attempt_labels(self.run_id, launch.rollout_id, launch.attempt, controller=self.controller_id)
         job = manifests.build_job_manifest(
             cfg.job_template,
             launch,
@@ -546,7 +552,7 @@ class KubernetesRunner:
         error = ConfigError(
             f"Job {attempt.name} in namespace {self.config.namespace!r} was made for another rollout "
             f"with the id {attempt.launch.rollout_id!r} (attempt {attempt.launch.attempt}) and another "
-            f"key: another store's run uses kubernetes.run_id {self.config.run_id!r} in this namespace "
+            f"key: another store's run uses kubernetes.run_id {self.run_id!r} in this namespace "
             "too; give each run its own kubernetes.run_id"
         )
         _settle(attempt.created, exc=error)
