@@ -206,19 +206,52 @@ def test_a_non_finite_reward_is_refused_naming_the_rollout(name, bad):
 
 
 @pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
-def test_huge_rewards_give_finite_advantages_or_are_refused_naming_a_rollout(name):
+def test_huge_rewards_give_finite_advantages(name):
     """Rewards past 1e154 made grpo and reinforce_pp raise a bare ``OverflowError`` (squaring a
     deviation); past 1e308 a group's sum overflowed, its mean was infinite and every advantage NaN,
-    which made every weight NaN at the step's update."""
-    large = [rollout("a", 1e300), rollout("b", 1e300), rollout("c", 0.0)]
-    result = rollout_advantages(large, AlgorithmConfig(advantage=name))
+    which made every weight NaN at the step's update (later: a refused step)."""
     small = rollout_advantages(
         [rollout("a", 1.0), rollout("b", 1.0), rollout("c", 0.0)], AlgorithmConfig(advantage=name)
     )
+    for big in (1e300, 1e308, 1.7e308):
+        huge = [rollout("a", big), rollout("b", big), rollout("c", 0.0)]
+        result = rollout_advantages(huge, AlgorithmConfig(advantage=name))
+        for rid, a in result.advantages.items():
+            assert math.isfinite(a)
+            scale = big if name in ("dr_grpo", "rloo") else 1.0  # grpo, reinforce_pp: scale-free
+            assert a == pytest.approx(small.advantages[rid] * scale, rel=1e-5)  # eps: 1e-6 of a std of 1
+        assert math.isfinite(result.metrics["reward/trained_mean"])
+        assert result.metrics["reward/trained_mean"] == pytest.approx(big / 3 * 2)
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+@pytest.mark.parametrize("big", [1e308, -1e308, 1.7e308, 5e-324], ids=["1e308", "-1e308", "1.7e308", "tiny"])
+def test_equal_rewards_of_any_size_give_advantages_of_zero(name, big):
+    """Equal rewards of 1e308 were refused (their sum overflowed): the group's advantages are 0."""
+    equal = [rollout("a", big), rollout("b", big), rollout("c", big)]
+    result = rollout_advantages(equal, AlgorithmConfig(advantage=name, zero_variance_groups="keep"))
+    assert result.advantages == {"a": 0.0, "b": 0.0, "c": 0.0}
+    # ... beside another group: reinforce_pp normalizes over the whole step
+    mixed = [*equal, rollout("d", 1.0, task="u"), rollout("e", 0.0, task="u")]
+    result = rollout_advantages(mixed, AlgorithmConfig(advantage=name, zero_variance_groups="keep"))
+    assert all(math.isfinite(a) for a in result.advantages.values())
+    assert result.advantages["a"] == result.advantages["b"] == result.advantages["c"]
+
+
+@pytest.mark.parametrize("name", sorted(ADVANTAGE_ESTIMATORS))
+def test_an_advantage_past_the_float_limit_is_refused_naming_a_rollout(name):
+    """Rewards of both signs near the float limit: ``r - mean`` is itself past it, which dr_grpo and
+    rloo cannot give as a float (refused, named); grpo and reinforce_pp are scale-free (finite)."""
+    apart = [rollout("a", 1.7e308), rollout("b", -1.7e308), rollout("c", -1.7e308)]
+    if name in ("dr_grpo", "rloo"):
+        with pytest.raises(
+            InvalidBatch, match=r"rollout \w \(group t@0, reward .*\) gets advantage .*too far apart"
+        ):
+            rollout_advantages(apart, AlgorithmConfig(advantage=name))
+        return
+    result = rollout_advantages(apart, AlgorithmConfig(advantage=name))
+    reference_ = rollout_advantages(
+        [rollout("a", 1.0), rollout("b", -1.0), rollout("c", -1.0)], AlgorithmConfig(advantage=name)
+    )
     for rid, a in result.advantages.items():
-        assert math.isfinite(a)
-        scale = 1e300 if name in ("dr_grpo", "rloo") else 1.0  # grpo, reinforce_pp: scale-free
-        assert a == pytest.approx(small.advantages[rid] * scale, rel=1e-5)  # eps: 1e-6 of a std of 1
-    too_large = [rollout("a", 1e308), rollout("b", 1e308), rollout("c", 0.0)]
-    with pytest.raises(InvalidBatch, match=r"rollout \w \(group t@0, reward .*\) gets advantage .*too large"):
-        rollout_advantages(too_large, AlgorithmConfig(advantage=name))
+        assert a == pytest.approx(reference_.advantages[rid], rel=1e-5)

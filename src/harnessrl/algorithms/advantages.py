@@ -45,67 +45,104 @@ def _groups(group_index_R: Sequence[int]) -> dict[int, list[int]]:
     return members
 
 
+def _exponent(xs: Sequence[float]) -> int:
+    """The power of two that brings every value of ``xs`` to at most 1 in magnitude.
+
+    The estimators compute on ``x * 2**-e`` and scale the result back: scaling by a power of two is
+    exact, so ordinary rewards give the same bits as before, while sums and differences of rewards
+    near the float limit (1e308) no longer overflow (a group's sum was infinite, its mean too, and
+    every advantage NaN)."""
+    largest = max((abs(x) for x in xs), default=0.0)
+    return math.frexp(largest)[1] if largest else 0
+
+
+def _scaled(xs: Sequence[float], e: int) -> list[float]:
+    return [math.ldexp(x, -e) for x in xs]
+
+
+def _unscaled(x: float, e: int) -> float:
+    """``x * 2**e``; infinite where that is past the float limit (``math.ldexp`` raises there)."""
+    try:
+        return math.ldexp(x, e)
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
 def _mean(xs: Sequence[float]) -> float:
-    return sum(xs) / len(xs)
+    """The mean, exactly the value for equal values (``sum(xs) / n`` is off by an ulp, which
+    ``r - mean`` turned into a nonzero advantage of 2e292 for equal rewards of 1.7e308): the
+    first value plus the exactly summed mean of the others' differences from it."""
+    e = _exponent(xs)
+    ys = _scaled(xs, e)
+    return _unscaled(ys[0] + math.fsum(y - ys[0] for y in ys) / len(ys), e)
 
 
 def _std(xs: Sequence[float]) -> float:
     """Sample standard deviation (n - 1); 0 for fewer than two values.
 
     The deviations are scaled by the largest before squaring: ``(x - m) ** 2`` raised
-    ``OverflowError`` for rewards past 1e154 (a traceback instead of a step), and unscaled squares
-    made such a group's std infinite and its advantages silently 0."""
+    ``OverflowError`` for rewards past 1e154 (a traceback instead of a step), and squares of tiny
+    deviations vanish. The callers give values of magnitude at most 1 (``_scaled``), so the
+    deviations themselves are finite."""
     if len(xs) < 2:
         return 0.0
     m = _mean(xs)
     scale = max(abs(x - m) for x in xs)
-    if scale == 0 or not math.isfinite(scale):
-        return scale  # 0, or not a number to divide by (``rollout_advantages`` refuses the result)
+    if scale == 0:
+        return 0.0
     return scale * math.sqrt(sum(((x - m) / scale) * ((x - m) / scale) for x in xs) / (len(xs) - 1))
 
 
-def _centered(rewards_R: Sequence[float], group_index_R: Sequence[int]) -> list[float]:
-    out = [0.0] * len(rewards_R)
+def _centered_scaled(y_R: Sequence[float], group_index_R: Sequence[int]) -> list[float]:
+    """``y - mean of its group`` for values already scaled (``_scaled``): each at most 2 in magnitude."""
+    out = [0.0] * len(y_R)
     for idx in _groups(group_index_R).values():
-        mean = _mean([rewards_R[i] for i in idx])
+        mean = _mean([y_R[i] for i in idx])
         for i in idx:
-            out[i] = rewards_R[i] - mean
+            out[i] = y_R[i] - mean
     return out
 
 
 def grpo_advantages(rewards_R: Sequence[float], group_index_R: Sequence[int], eps: float) -> list[float]:
+    # (r - mean) / (std + eps) is the same computed on r * 2**-e with eps * 2**-e: scale-free.
     out = [0.0] * len(rewards_R)
     for idx in _groups(group_index_R).values():
-        group = [rewards_R[i] for i in idx]
+        e = _exponent([rewards_R[i] for i in idx])
+        group = _scaled([rewards_R[i] for i in idx], e)
         mean, std = _mean(group), _std(group)
-        for i in idx:
-            out[i] = (rewards_R[i] - mean) / (std + eps)
+        for i, y in zip(idx, group, strict=True):
+            out[i] = (y - mean) / (std + _unscaled(eps, -e))
     return out
 
 
 def dr_grpo_advantages(rewards_R: Sequence[float], group_index_R: Sequence[int], eps: float) -> list[float]:
-    return _centered(rewards_R, group_index_R)
+    e = _exponent(rewards_R)
+    return [_unscaled(a, e) for a in _centered_scaled(_scaled(rewards_R, e), group_index_R)]
 
 
 def rloo_advantages(rewards_R: Sequence[float], group_index_R: Sequence[int], eps: float) -> list[float]:
+    e = _exponent(rewards_R)
+    y_R = _scaled(rewards_R, e)
     out = [0.0] * len(rewards_R)
     for idx in _groups(group_index_R).values():
         if len(idx) < 2:
             continue
-        total = sum(rewards_R[i] for i in idx)
-        for i in idx:
-            out[i] = rewards_R[i] - (total - rewards_R[i]) / (len(idx) - 1)
+        mean, n = _mean([y_R[i] for i in idx]), len(idx)
+        for i in idx:  # r - mean of the others = n/(n-1) * (r - mean): 0 for equal rewards
+            out[i] = _unscaled(n / (n - 1) * (y_R[i] - mean), e)
     return out
 
 
 def reinforce_pp_advantages(
     rewards_R: Sequence[float], group_index_R: Sequence[int], eps: float
 ) -> list[float]:
-    centered = _centered(rewards_R, group_index_R)
+    # The step-wide normalization is scale-free too: computed on r * 2**-e with eps * 2**-e.
+    e = _exponent(rewards_R)
+    centered = _centered_scaled(_scaled(rewards_R, e), group_index_R)
     if not centered:
         return []
     mean, std = _mean(centered), _std(centered)
-    return [(a - mean) / (std + eps) for a in centered]
+    return [(a - mean) / (std + _unscaled(eps, -e)) for a in centered]
 
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
@@ -174,11 +211,11 @@ def rollout_advantages(rollouts: Sequence[Rollout], config: AlgorithmConfig) -> 
     advantages_R = estimator(rewards_R, group_index_R, config.eps)
     for rollout, advantage in zip(kept, advantages_R, strict=True):
         if not math.isfinite(advantage):
-            # Finite rewards near the float limit (1e308) overflow the group's sum: its mean is
-            # infinite and every advantage of the group NaN, which made every weight NaN.
+            # Only an advantage that is itself past the float limit: dr_grpo's or rloo's ``r - mean``
+            # of rewards near +-1.8e308 of both signs (grpo's and reinforce_pp's are scale-free).
             raise InvalidBatch(
                 f"rollout {rollout.rollout_id} (group {group_key(rollout)}, reward {rollout.reward!r}) "
-                f"gets advantage {advantage!r}: its group's rewards are too large to average"
+                f"gets advantage {advantage!r}: its group's rewards are too far apart for a float"
             )
     groups = len(by_group)
     reasons = list(excluded.values())
