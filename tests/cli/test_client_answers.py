@@ -8,10 +8,10 @@ from __future__ import annotations
 import http.server
 import json
 import math
-import threading
 from collections.abc import Iterator
 
 import pytest
+from tests.fakes.http_server import served
 
 from harnessrl.client import GatewayClient
 from harnessrl.errors import BadRequest, ConfigError, UpstreamError
@@ -35,15 +35,8 @@ class Answers(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server_url() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with served(Answers) as url:
+        yield url
 
 
 def test_a_200_without_json_is_an_upstream_error_naming_the_gateway(server_url):

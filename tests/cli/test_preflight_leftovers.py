@@ -10,12 +10,12 @@ from __future__ import annotations
 import http.server
 import json
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from tests.fakes.http_server import served
 from typer.testing import CliRunner, Result
 
 from harnessrl.cli.main import app
@@ -224,15 +224,8 @@ class Recorder(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def recorder_url() -> Iterator[str]:
     Recorder.queries = []
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with served(Recorder) as url:
+        yield url
 
 
 def test_list_rollouts_sends_a_zero_limit_and_offset(recorder_url):
