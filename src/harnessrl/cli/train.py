@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from harnessrl.errors import HarnessRLError
+from harnessrl.trainer.checkpoint import repair_numbered
 from harnessrl.trainer.failures import StepFailed
 from harnessrl.trainer.loop import finished_at, restore_final
 from harnessrl.trainer.run_setup import open_run
@@ -41,6 +42,7 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
             if done is not None:
                 # A kill after the last step's checkpoint but before checkpoints/final was written
                 # (the run's end): the final weights are that checkpoint's, copied now.
+                repair_numbered(run_dir, config.trainer.save_every)  # a kill mid-copy at the last step
                 if restore_final(run_dir, done):
                     print(
                         f"harnessrl: {run_dir / 'checkpoints' / 'final'} written (step {done})",

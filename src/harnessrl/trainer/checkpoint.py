@@ -3,7 +3,12 @@
 After a step, ``checkpoints/latest`` holds the weights, the optimizer state and ``TrainState`` (the
 step and the groups it consumed), swapped in atomically (written to ``latest.new``, synced to disk,
 then renamed), so ``--resume`` never sees half of one, even after a power loss. ``save_every`` also
-keeps numbered copies without optimizer.
+keeps numbered copies without optimizer (``checkpoints/step-NNNNN``), written the same way: copied to
+a hidden ``.step-NNNNN.partial`` beside it, synced, then renamed. A kill during that copy left a
+half-written ``step-NNNNN`` that a resume (which goes on from ``latest``, the copy's source, at the
+next step) never rewrote and ``harnessrl export`` took for a whole one; the next checkpoint write
+(and a resume of a finished run) now removes such leftovers and copies again a numbered checkpoint
+of ``latest`` that is missing or not whole (``repair_numbered``).
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 STATE_FILE = "harnessrl_state.json"
+#: What a numbered copy leaves out of ``latest``: the optimizer state (it is a weights snapshot).
+NUMBERED_SKIPS = ("trainer_state.pt",)
+PARTIAL_SUFFIX = ".partial"
 
 
 @dataclass
@@ -50,6 +58,7 @@ def write_checkpoint(policy: Any, state: TrainState, run_dir: Path, *, save_ever
     """Weights + optimizer + trainer state in one folder, swapped in atomically."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
+    repair_numbered(run_dir, save_every)  # before ``latest``, its source, is replaced
     latest, old = root / "latest", root / "latest.old"
     staging = root / "latest.new"
     policy.save_checkpoint(staging)
@@ -66,10 +75,61 @@ def write_checkpoint(policy: Any, state: TrainState, run_dir: Path, *, save_ever
     if old.exists():
         shutil.rmtree(old)
     if save_every and state.step % save_every == 0:
-        numbered = root / f"step-{state.step:05d}"
-        if numbered.exists():
-            shutil.rmtree(numbered)
-        shutil.copytree(latest, numbered, ignore=shutil.ignore_patterns("trainer_state.pt"))
+        write_numbered(root, latest, state.step)
+
+
+def numbered_name(step: int) -> str:
+    return f"step-{step:05d}"
+
+
+def write_numbered(root: Path, latest: Path, step: int) -> Path:
+    """``latest`` copied to ``root/step-NNNNN`` without its optimizer state: into a hidden partial
+    folder beside it, synced, then renamed, so a ``step-NNNNN`` folder is always a whole one."""
+    numbered = root / numbered_name(step)
+    partial = root / f".{numbered.name}{PARTIAL_SUFFIX}"
+    if partial.exists():
+        shutil.rmtree(partial)
+    shutil.copytree(latest, partial, ignore=shutil.ignore_patterns(*NUMBERED_SKIPS))
+    sync_tree(partial)
+    if numbered.exists():
+        shutil.rmtree(numbered)
+    partial.rename(numbered)
+    sync_path(root)
+    return numbered
+
+
+def repair_numbered(run_dir: Path, save_every: int) -> None:
+    """Undo what a kill during a numbered copy left: remove partial copies, and copy ``latest`` again
+    where its step is due a numbered copy that is missing or not whole (files or sizes differ from
+    ``latest``'s: a half-copied folder the previous, non-atomic copy left). ``latest`` is that copy's
+    source until the next checkpoint replaces it, so this runs before one is written and on a resume
+    of a finished run. Files only (no torch)."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return
+    for leftover in root.glob(f".step-*{PARTIAL_SUFFIX}"):
+        shutil.rmtree(leftover)
+    latest = root / "latest"
+    if not save_every or not (latest / STATE_FILE).is_file():
+        return
+    try:
+        step = TrainState.from_json((latest / STATE_FILE).read_text()).step
+    except (OSError, ValueError, TypeError):
+        return  # not a checkpoint this code wrote: leave it to the reader that loads it
+    due = isinstance(step, int) and step > 0 and step % save_every == 0
+    if due and _file_sizes(root / numbered_name(step)) != _file_sizes(latest, skip=NUMBERED_SKIPS):
+        write_numbered(root, latest, step)
+
+
+def _file_sizes(folder: Path, *, skip: tuple[str, ...] = ()) -> dict[str, int] | None:
+    """Every file under ``folder`` (relative path -> size); None when it is not a folder."""
+    if not folder.is_dir():
+        return None
+    return {
+        str(path.relative_to(folder)): path.stat().st_size
+        for path in folder.rglob("*")
+        if path.is_file() and path.name not in skip
+    }
 
 
 def sync_path(path: Path) -> None:
