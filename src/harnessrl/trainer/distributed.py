@@ -60,7 +60,13 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import merged_from_state, save_adapter_state
-from harnessrl.trainer.policy import TrainablePolicy, apply_optimizer_config, evaluating
+from harnessrl.trainer.policy import (
+    TrainablePolicy,
+    apply_optimizer_config,
+    evaluating,
+    rng_state,
+    set_rng_state,
+)
 from harnessrl.trainer.train_step import train_step
 from harnessrl.trajectory import Sample
 
@@ -261,12 +267,26 @@ class ShardedPolicy:
             if with_optimizer
             else None
         )
+        rank_rng = self._gather_rng() if with_optimizer else None
         with self._leader_writes():
             if self.ctx.is_leader:
                 self.policy.save_checkpoint(
-                    folder, with_optimizer=with_optimizer, state_dict=state, optimizer_state=optimizer_state
+                    folder,
+                    with_optimizer=with_optimizer,
+                    state_dict=state,
+                    optimizer_state=optimizer_state,
+                    rank_rng=rank_rng,
                 )
         return folder
+
+    def _gather_rng(self) -> list[dict[str, torch.Tensor]] | None:
+        """Every rank's generator state (``policy.rng_state``), by rank, on rank 0 (None elsewhere):
+        each rank draws its own dropout masks from its own generator, and they part ways after the
+        first step (each rank's share of the step has other shapes)."""
+        states: list[Any] | None = [None] * self.ctx.world_size if self.ctx.is_leader else None
+        mine = rng_state(self.policy.device)
+        dist.gather_object(mine, states, dst=0, group=self.ctx.control)
+        return states
 
     @contextlib.contextmanager
     def _leader_writes(self) -> Iterator[None]:
@@ -280,8 +300,8 @@ class ShardedPolicy:
             dist.barrier(group=self.ctx.control)
 
     def load_trainer_state(self, folder: Path) -> None:
-        """Rank 0 reads the optimizer/scheduler state and broadcasts it (other ranks need no access
-        to the run folder)."""
+        """Rank 0 reads the optimizer, scheduler and generator state and broadcasts it (other ranks
+        need no access to the run folder), as ``TrainablePolicy.load_trainer_state`` loads them."""
         saved: dict[str, Any] = (
             torch.load(folder / "trainer_state.pt", weights_only=False) if self.ctx.is_leader else {}
         )
@@ -291,11 +311,20 @@ class ShardedPolicy:
             optim_state_dict=saved.get("optimizer", {}),
             options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
         )
-        box = [saved.get("scheduler")]
+        box = [(saved.get("scheduler"), saved.get("rng"), saved.get("rank_rng"))]
         dist.broadcast_object_list(box, src=0, group=self.ctx.control)
-        self.policy.scheduler.load_state_dict(box[0])
+        scheduler, rng, rank_rng = box[0]
+        self.policy.scheduler.load_state_dict(scheduler)
         # this run's [optimizer] settings, not the saved ones (``policy.apply_optimizer_config``)
         apply_optimizer_config(self.policy.optimizer, self.policy.scheduler, self.policy.config.optimizer)
+        # The generator: resumed steps draw the dropout masks the run would have drawn. Each rank its
+        # own state when the world is the one that saved it; else (another world size, a one-process
+        # checkpoint) every rank rank 0's, as a fresh start seeds every rank alike. A checkpoint
+        # without one keeps the freshly seeded generator (as one process does).
+        if rank_rng is not None and len(rank_rng) == self.ctx.world_size:
+            rng = rank_rng[self.ctx.rank]
+        if rng is not None:
+            set_rng_state(rng, self.policy.device)
 
 
 # -- one data-parallel optimizer step ----------------------------------------------------------------

@@ -316,13 +316,15 @@ class TrainablePolicy:
         with_optimizer: bool = True,
         state_dict: dict[str, torch.Tensor] | None = None,
         optimizer_state: dict[str, Any] | None = None,
+        rank_rng: list[dict[str, torch.Tensor]] | None = None,
     ) -> Path:
         """Hugging Face format (loadable by transformers / vLLM as is), plus tokenizer files and the
         optimizer/scheduler/generator state for ``--resume``. Written to a temp folder, then renamed.
 
         ``state_dict`` / ``optimizer_state`` replace the model's and optimizer's own: a sharded
         (FSDP) policy passes the full tensors it gathered on rank 0 (with LoRA, the PEFT model's
-        whole state dict, adapter included: the folder gets the adapter and the merged weights)."""
+        whole state dict, adapter included: the folder gets the adapter and the merged weights), and
+        ``rank_rng`` every rank's generator state, by rank (``rng`` is rank 0's, as one process's)."""
         tmp = folder.with_name(folder.name + ".tmp")
         if tmp.exists():
             shutil.rmtree(tmp)
@@ -344,14 +346,14 @@ class TrainablePolicy:
             if not (tmp / name).exists():
                 (tmp / name).write_bytes(data)
         if with_optimizer:
-            torch.save(
-                {
-                    "optimizer": self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
-                    "scheduler": self.scheduler.state_dict(),
-                    "rng": rng_state(self.device),
-                },
-                tmp / "trainer_state.pt",
-            )
+            trainer_state = {
+                "optimizer": self.optimizer.state_dict() if optimizer_state is None else optimizer_state,
+                "scheduler": self.scheduler.state_dict(),
+                "rng": rng_state(self.device),
+            }
+            if rank_rng is not None:
+                trainer_state["rank_rng"] = rank_rng
+            torch.save(trainer_state, tmp / "trainer_state.pt")
         if folder.exists():
             shutil.rmtree(folder)
         tmp.rename(folder)
