@@ -94,6 +94,48 @@ def test_the_shape_of_a_model_folder_is_read_from_its_config(tmp_path):
     assert isinstance(model_shape("smollm2"), ModelShape)
 
 
+SMOLLM2_CONFIG = {
+    "hidden_size": 576,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "vocab_size": 49152,
+    "intermediate_size": 1536,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("num_attention_heads", 0),  # was ZeroDivisionError
+        ("num_attention_heads", -9),
+        ("hidden_size", -576),  # was a negative estimate: any machine "fit"
+        ("num_hidden_layers", 0),
+        ("vocab_size", 1.5),
+        ("intermediate_size", "1536"),
+        ("num_key_value_heads", True),
+        ("hidden_size", float("inf")),  # json's Infinity: was OverflowError
+        ("hidden_size", None),
+        ("num_attention_heads", "missing"),
+    ],
+)
+def test_a_config_json_with_no_possible_shape_is_no_estimate_not_a_traceback(tmp_path, field, value):
+    """Regression: ``num_attention_heads: 0`` raised ZeroDivisionError out of the preflight (a
+    traceback at ``harnessrl train``), Infinity an OverflowError, and a negative size estimated a
+    negative amount of memory. No model has such a shape: no estimate (the model's loading names it)."""
+    import json
+
+    config = {k: v for k, v in SMOLLM2_CONFIG.items() if not (k == field and value == "missing")}
+    if value != "missing":
+        config[field] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert model_shape(str(tmp_path)) is None
+    run = main_job(f'engine.model="{tmp_path}"', 'engine.device="cpu"', 'trainer.device="cpu"')
+    assert check_memory(run, available=1) is None
+
+
 def test_no_check_where_the_engine_is_remote_or_memory_unknown():
     config = main_job()
     assert check_memory(config, available=None) is None

@@ -67,11 +67,16 @@ class ModelShape:
 
     @classmethod
     def from_hf_config(cls, c: dict) -> ModelShape:
-        hidden, layers = int(c["hidden_size"]), int(c["num_hidden_layers"])
-        heads = int(c["num_attention_heads"])
-        kv_heads = int(c.get("num_key_value_heads") or heads)
-        head_dim = int(c.get("head_dim") or hidden // heads)
-        vocab, inter = int(c["vocab_size"]), int(c["intermediate_size"])
+        """The shape a Llama-style ``config.json`` describes; ``ValueError`` (or ``KeyError`` for a
+        missing field) where a size is not a positive integer: no model has such a shape, and
+        ``num_attention_heads: 0`` divided by zero here, a traceback at ``harnessrl train``."""
+        if not isinstance(c, dict):
+            raise ValueError(f"config.json holds {type(c).__name__}, not an object")
+        hidden, layers = _size(c, "hidden_size"), _size(c, "num_hidden_layers")
+        heads = _size(c, "num_attention_heads")
+        kv_heads = _size(c, "num_key_value_heads", heads)
+        head_dim = _size(c, "head_dim", hidden // heads)
+        vocab, inter = _size(c, "vocab_size"), _size(c, "intermediate_size")
         per_layer = hidden * head_dim * (heads * 2 + kv_heads * 2) + 3 * hidden * inter + 2 * hidden
         embeddings = vocab * hidden * (1 if c.get("tie_word_embeddings", True) else 2)
         return cls(
@@ -82,7 +87,7 @@ class ModelShape:
             kv_heads=kv_heads,
             head_dim=head_dim,
             vocab=vocab,
-            context=int(c.get("max_position_embeddings") or 4096),
+            context=_size(c, "max_position_embeddings", 4096),
             intermediate=inter,
         )
 
@@ -121,6 +126,21 @@ class ModelShape:
         return total
 
 
+def _size(c: dict, key: str, default: int | None = None) -> int:
+    """``c[key]`` as a positive integer (``default`` where it is missing or null, as transformers
+    reads these fields); ``KeyError`` without one, ``ValueError`` for 0, a negative, a fraction, a
+    string, a bool or an infinity."""
+    value = c.get(key)
+    if value is None:
+        if default is None:
+            raise KeyError(key)
+        value = default
+    integral = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not integral or value <= 0:
+        raise ValueError(f"config.json: {key} = {value!r} is not a positive integer")
+    return int(value)
+
+
 #: SmolLM2-135M-Instruct (its config.json), known before the GGUF is converted.
 SMOLLM2 = ModelShape(
     params=134_515_008,
@@ -145,7 +165,8 @@ def model_shape(model: str) -> ModelShape | None:
         return None
     try:
         return ModelShape.from_hf_config(json.loads(path.read_text()))
-    except (KeyError, TypeError, ValueError):
+    except (OSError, KeyError, TypeError, ValueError):
+        # Unreadable, or no shape a model can have: the model's own loading names what is wrong.
         return None
 
 
