@@ -192,11 +192,18 @@ def check_pod_workspace(harness: HarnessSpec, evaluator: EvaluatorConfig) -> Non
         )
 
 
-def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) -> dict[str, int] | None:
+def check_environments(
+    harness: HarnessSpec,
+    tasks: Iterable[dict[str, Any]],
+    *,
+    whole: Iterable[dict[str, Any]] | None = None,
+) -> dict[str, int] | None:
     """The tasks' environments, before anything runs (``docs/environments.md``): every image a task
     names is found or built, mounted and checked to run ``harness`` (a preset already applied); a
-    problem is a ``ConfigError`` naming the task, the image and what is missing. Returns how many
-    tasks use each environment; None when the harness has no ``environment`` settings."""
+    problem is a ``ConfigError`` naming the task, the image and what is missing, and so is a set in
+    which no task has the environment field while the default is the host (a wrong ``field``: every
+    task would run on the host; looked for in ``whole`` where given, the set ``tasks`` are part of).
+    Returns how many tasks use each environment; None when the harness has no ``environment`` settings."""
     if harness.environment is None:
         return None
     command = harness.command[:1] if harness.command and "{" not in harness.command[0] else []
@@ -206,7 +213,7 @@ def check_environments(harness: HarnessSpec, tasks: Iterable[dict[str, Any]]) ->
     )
     environments = Environments(harness.environment)
     try:
-        return environments.check_tasks(tasks, HarnessNeeds(tuple(command), mounts))
+        return environments.check_tasks(tasks, HarnessNeeds(tuple(command), mounts), whole=whole)
     finally:
         environments.close()  # its mounts given back: the controller mounts what it runs on
 

@@ -202,7 +202,11 @@ async def calibrate_file(
         # Each task's image (docs/environments.md): built and checked to run the harness before any
         # rollout, so a missing image is one clear error, not k infrastructure failures per task.
         # A stop (Ctrl-C, SIGTERM) kills the build: asyncio's shutdown would wait for it.
-        await in_thread_stoppably(check_environments, harness, [tasks[instance_id(r)] for r in todo])
+        # (A task set lacking the environment field altogether is refused; the tasks left to run may
+        # all be host tasks of a mixed set whose image tasks are done: the field is looked for in all.)
+        await in_thread_stoppably(
+            lambda: check_environments(harness, [tasks[instance_id(r)] for r in todo], whole=tasks.values())
+        )
         # A run of its own: the controller claims only this invocation's rollouts, never another run's
         # queued ones that the store holds (a --run-dir reused, a training config's shared store).
         run_id = f"calibrate-{nonce}"

@@ -28,6 +28,7 @@ from harnessrl.environments.processes import Stopped, current_stop
 from harnessrl.environments.store import BuiltImage, ImageStore, own_reference, slug
 from harnessrl.errors import ConfigError
 from harnessrl.sandbox.rootfs import ImageRoot
+from harnessrl.tasks.fields import HIDDEN, get_field
 
 log = logging.getLogger(__name__)
 
@@ -194,15 +195,56 @@ class Environments:
             return 'mounted from this machine (harness.environment.harness = "host")'
         return 'it should bring (harness.environment.harness = "image")'
 
-    def check_tasks(self, tasks: Iterable[dict[str, Any]], needs: HarnessNeeds) -> dict[str, int]:
+    def _names_one(self, task: dict[str, Any]) -> bool:
+        """Whether ``task`` has the environment field (not absent, not empty)."""
+        if self.config is None:
+            return True
+        try:
+            value = get_field(task, self.config.field)
+        except KeyError:
+            return False
+        return value is not None and value != ""
+
+    def _refuse_unnamed(self, count: int, task: dict[str, Any]) -> None:
+        """Refuse a set in which no task has the environment field and the default is the host: every
+        task would run on the host, not in the images the section configures (a misspelt ``field``:
+        SWE-smith records name theirs in ``image_name``), and score wrong with no message."""
+        assert self.config is not None  # invariant: _names_one is True without a config
+        if (self.config.default or HOST) != HOST:
+            return
+        fields = sorted(k for k in task if isinstance(k, str) and k != HIDDEN)
+        shown_fields = ", ".join(fields[:20]) + (" ..." if len(fields) > 20 else "")
+        raise ConfigError(
+            f"harness.environment.field is {self.config.field!r}, but none of the {count} task(s) has "
+            f"that field (absent or empty in every one; {task_label(task)} has: {shown_fields or 'none'}), "
+            "so every task would run on the host, not in an image: set harness.environment.field to "
+            "the task field that names the image (e.g. image_name for SWE-smith records), set "
+            'harness.environment.default, name "host" in the tasks meant for the host, or remove '
+            "[harness.environment] to run every task on the host"
+        )
+
+    def check_tasks(
+        self,
+        tasks: Iterable[dict[str, Any]],
+        needs: HarnessNeeds,
+        *,
+        whole: Iterable[dict[str, Any]] | None = None,
+    ) -> dict[str, int]:
         """The pre-flight: every environment the tasks name exists (or is built) and can run the
-        harness. Returns how many tasks use each environment."""
+        harness. Returns how many tasks use each environment. A set in which no task has the
+        environment field while the default is the host is refused (``_refuse_unnamed``); a set mixing
+        tasks with and without it is not. ``whole``: the set ``tasks`` are part of (a resumed
+        calibration checks only the tasks left): the field is looked for there."""
         counts: dict[str, int] = {}
         first: dict[str, dict[str, Any]] = {}
+        named = 0  # tasks whose field names an environment (host included)
         for task in tasks:
             name = self.name_for(task)
             counts[name] = counts.get(name, 0) + 1
             first.setdefault(name, task)
+            named += self._names_one(task)
+        if counts and not named and not (whole is not None and any(map(self._names_one, whole))):
+            self._refuse_unnamed(sum(counts.values()), next(iter(first.values())))
         for name, task in first.items():
             if name != HOST:
                 self.require(task, needs)
