@@ -48,6 +48,7 @@ from harnessrl.environments.processes import (
     communicate,
     kill_tree,
     owner,
+    owner_gone,
     reap_orphans,
     remove_scratch,
     stale_scratch,
@@ -303,6 +304,7 @@ class Podman:
         layers = reap_orphans(self.store)
         if layers:
             self.remove_containers_on(layers)
+        self._remove_orphan_builds()
         for scratch in stale_scratch(self.store / "tmp"):
             remove_scratch(scratch)
 
@@ -322,6 +324,15 @@ class Podman:
             if isinstance(mark, str):
                 marks[container["Id"]] = mark
         return marks
+
+    def _remove_orphan_builds(self) -> None:
+        """Remove the working containers of builds whose process is gone (``BUILD_MARK``'s owner):
+        killed together with its ``podman build`` (SIGKILL of a whole cgroup, the OOM killer), no
+        process is left for ``reap_orphans`` to name their layers by, and each stayed, mounted. A
+        build of another PID namespace is never judged gone (``owner_gone``)."""
+        for container, mark in self._build_marks().items():
+            if owner_gone(mark.rpartition(".")[0]):
+                self.run("rm", "--force", container, check=False, stop_on_exit=False)
 
     def remove_build_containers(self, layers: frozenset[str], mark: str) -> None:
         """Remove the working containers of the build marked ``mark`` and those on ``layers``."""
