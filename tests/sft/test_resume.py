@@ -62,3 +62,21 @@ def test_resuming_mid_sft_equals_an_uninterrupted_run(record, solving, tmp_path)
     SftRun(resumed_config, split, resume=True).run()
     final = load_file(split / "checkpoints/final/model.safetensors")
     assert all(final[k].equal(a[k]) for k in a)
+
+
+def test_a_finished_run_resumed_copies_again_a_numbered_checkpoint_a_kill_cut_short(
+    record, solving, tmp_path
+):
+    """A kill during the last step's ``step-NNNNN`` copy left it half-written, and a resume of the
+    finished run writes no checkpoint that would copy it again: the resume repairs it itself."""
+    rec = record([solving, solving, solving], [1.0, 1.0, 1.0])
+    run_dir = tmp_path / "run"
+    cfg = config(rec.run_dir, run_dir).model_copy(deep=True)
+    cfg.sft.save_every = 3
+    assert SftRun(cfg, run_dir).run()["steps"] == 6
+    numbered = run_dir / "checkpoints/step-00006/model.safetensors"
+    whole = numbered.read_bytes()
+    numbered.write_bytes(whole[: len(whole) // 2])  # what the kill left
+    again = SftRun(cfg, run_dir, resume=True).run()
+    assert again.get("already_finished")
+    assert numbered.read_bytes() == whole

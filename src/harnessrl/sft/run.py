@@ -186,7 +186,13 @@ class SftRun:
 
     def run(self) -> dict[str, Any]:
         from harnessrl.sft.data import StepPlan, load_data
-        from harnessrl.trainer.checkpoint import STATE_FILE, TrainState, latest_checkpoint, write_checkpoint
+        from harnessrl.trainer.checkpoint import (
+            STATE_FILE,
+            TrainState,
+            latest_checkpoint,
+            repair_numbered,
+            write_checkpoint,
+        )
         from harnessrl.trainer.metrics import MetricsWriter, clean_row
 
         cfg, s = self.config, self.config.sft
@@ -207,6 +213,9 @@ class SftRun:
         plan = StepPlan(data.samples, per_step=s.sequences_per_step, epochs=s.epochs, seed=cfg.run.seed)
         final = self.run_dir / "checkpoints" / "final"
         if state.step >= plan.total_steps and _final_step(final) == state.step:
+            # A kill during the last step's numbered copy: no checkpoint is written from here on that
+            # would copy it again (``write_checkpoint`` does), so it is repaired now.
+            repair_numbered(self.run_dir, s.save_every)
             self._save(data)
             return self._summary(state.step, plan.total_steps, data, already_finished=True)
         # (a run stopped between its last step's checkpoint and the final one loads it to write that)
