@@ -16,17 +16,20 @@ the test with every container and mount it made.
 from __future__ import annotations
 
 import functools
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import tarfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.fakes.processes import WAIT_S
 
 from harnessrl.environments.config import EnvironmentConfig
 from harnessrl.environments.podman import podman_problem
@@ -135,3 +138,42 @@ def environment_toml(section: dict[str, Any] | None = None, **changes: Any) -> s
         lines.append(f"[harness.environment.images.{json.dumps(name)}]")
         lines += [f"{k} = {_toml_value(v)}" for k, v in recipe.items()]
     return "\n".join(lines) + "\n"
+
+
+class HeldDownload:
+    """A server on 127.0.0.1 whose one file is sent only once ``answer`` is set: a build's ``ADD`` of
+    it holds the build at a known step, its working container made (by FROM) and no step running."""
+
+    def __init__(self) -> None:
+        self.asked, self.answer = threading.Event(), threading.Event()
+        held = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                held.asked.set()
+                held.answer.wait(WAIT_S)
+                self.send_response(200)
+                self.send_header("Content-Length", "1")
+                self.end_headers()
+                self.wfile.write(b"x")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/file"
+
+    def close(self) -> None:
+        self.answer.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def held() -> Iterator[HeldDownload]:
+    server = HeldDownload()
+    try:
+        yield server
+    finally:
+        server.close()

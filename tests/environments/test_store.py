@@ -5,7 +5,6 @@ create. Each test has a private store, emptied afterwards."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
 import secrets
@@ -17,8 +16,16 @@ import threading
 from pathlib import Path
 
 import pytest
-from tests.environments.image_support import TINY, empty_store, needs_podman, tiny_store, tiny_tar
-from tests.fakes.processes import WAIT_S, processes_running, wait_for
+from tests.environments.image_support import (
+    TINY,
+    HeldDownload,
+    empty_store,
+    held,
+    needs_podman,
+    tiny_store,
+    tiny_tar,
+)
+from tests.fakes.processes import processes_running, wait_for
 
 from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
 from harnessrl.environments.podman import ImageError, Podman
@@ -26,7 +33,7 @@ from harnessrl.environments.processes import BuildStop, Stopped, stoppable
 from harnessrl.environments.resolve import Environments
 from harnessrl.environments.store import ImageStore
 
-__all__ = ["tiny_store"]  # the fixture, imported to be used here
+__all__ = ["held", "tiny_store"]  # the fixtures, imported to be used here
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
 
 
@@ -561,28 +568,11 @@ def test_prune_removes_the_logs_of_removed_images_but_not_a_running_builds(
 
 @needs_podman
 def test_a_build_whose_podman_is_killed_outright_leaves_no_working_container(
-    tiny_store: ImageStore, tmp_path: Path
+    tiny_store: ImageStore, tmp_path: Path, held: HeldDownload
 ):
     # ADD from a server on 127.0.0.1 that answers only when the test says: the build's podman is
     # killed alone (as the OOM killer does) while its working container exists, made by FROM.
-    asked, answer = threading.Event(), threading.Event()
-
-    class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.set()
-            answer.wait(WAIT_S)
-            self.send_response(200)
-            self.send_header("Content-Length", "1")
-            self.end_headers()
-            self.wfile.write(b"x")
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/file"
-    env = recipe(tmp_path / "ctx", f'FROM {TINY}\nADD {url} /file\nRUN ["/usr/bin/cat", "/file"]\n')
+    env = recipe(tmp_path / "ctx", f'FROM {TINY}\nADD {held.url} /file\nRUN ["/usr/bin/cat", "/file"]\n')
     outcome: list[BaseException] = []
 
     def build() -> None:
@@ -594,16 +584,14 @@ def test_a_build_whose_podman_is_killed_outright_leaves_no_working_container(
     building = threading.Thread(target=build)
     building.start()
     try:
-        wait_for("the ADD step's download", asked.is_set)
+        wait_for("the ADD step's download", held.asked.is_set)
         containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
         assert json.loads(containers or "[]") != []  # the control: the working container is there
         (client,) = [p for p in processes_running(str(tmp_path / "ctx")) if p != os.getpid()]
         os.kill(client, signal.SIGKILL)  # podman alone, not what it started
     finally:
-        answer.set()
+        held.answer.set()
         building.join()
-        server.shutdown()
-        server.server_close()
     assert outcome and "podman build exited -9" in str(outcome[0])
     containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
     assert json.loads(containers or "[]") == []  # was: the working container, mounted, for good
