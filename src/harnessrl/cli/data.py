@@ -122,11 +122,10 @@ def calibrate_command(
     Resumable: tasks already calibrated (same K and sampling, no infrastructure failures) in OUT are
     skipped.
     """
-    import asyncio
     import logging
     import tempfile
 
-    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, Terminated, load_rollout_config, stopped_by_sigterm
+    from harnessrl.cli.rollout import TRAIN_ONLY_SECTIONS, Terminated, load_rollout_config, run_stoppable
     from harnessrl.controller.stack import check_local_launch
     from harnessrl.data.calibrate import calibrate_file
 
@@ -154,10 +153,8 @@ def calibrate_command(
         try:
             # SIGTERM stops it as Ctrl-C does (it used to end the process at once, its image build
             # and harnesses left running, the build's scratch left in the image store).
-            summary = asyncio.run(
-                stopped_by_sigterm(
-                    calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
-                )
+            summary = run_stoppable(
+                calibrate_file(rollout_config, in_path, out_path, k=k, run_dir=folder, sampling=sampling)
             )
         except BaseException:
             if run_dir is None and not any(folder.iterdir()):

@@ -82,7 +82,7 @@ def run_rollout_command(
         check_output_path(run_dir, "--run-dir", kind="folder")
     folder = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="harnessrl-rollout-"))
     try:
-        return asyncio.run(stopped_by_sigterm(run_one_rollout(config, task, folder)))
+        return run_stoppable(run_one_rollout(config, task, folder))
     except Terminated:
         # Stopped like Ctrl-C: the attempt killed, the rollout requeued, the stack closed. 143 is the
         # shell's status for a process ended by SIGTERM.
@@ -113,29 +113,52 @@ class Terminated(Exception):
     """The command was stopped by SIGTERM (and cleaned up as for Ctrl-C)."""
 
 
-async def stopped_by_sigterm(work: Coroutine[Any, Any, T]) -> T:
-    """``await work``, turning SIGTERM into a cancellation of it: the same cleanup as Ctrl-C (the
-    attempt killed, the rollout requeued, gateway and engine closed). Without this, SIGTERM ended
-    the process at once and left the rollout ``running`` in the store."""
+class _Interrupted(Exception):
+    """Ctrl-C seen by the loop; raised as ``KeyboardInterrupt`` once ``asyncio.run`` has returned."""
+
+
+def run_stoppable(work: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(work)`` where SIGTERM and Ctrl-C cancel ``work`` through the event loop: the
+    same cleanup for both (the attempt killed, the rollout requeued, gateway and engine closed), then
+    ``Terminated`` or ``KeyboardInterrupt``. Without this, SIGTERM ended the process at once and left
+    the rollout ``running`` in the store; and ``asyncio.run``'s own SIGINT handler cancels the task
+    from inside whatever Python code runs when the signal lands: landing in the loop's
+    ``_set_result_unless_cancelled`` (between its "cancelled?" check and ``set_result``) printed an
+    ``InvalidStateError`` traceback. A second signal gets the default action: a cleanup that hangs
+    can still be ended."""
+    try:
+        return asyncio.run(_stopped_by_signals(work))
+    except _Interrupted:
+        raise KeyboardInterrupt from None
+
+
+async def _stopped_by_signals(work: Coroutine[Any, Any, T]) -> T:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
     assert task is not None
-    terminated = False
+    received: list[int] = []
+    # Respect an inherited "ignore SIGINT" as Python itself does; SIGTERM is always handled.
+    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
 
-    def on_sigterm() -> None:
-        nonlocal terminated
-        terminated = True
+    def on_signal(signum: int) -> None:
+        received.append(signum)
+        for each in handled:
+            loop.remove_signal_handler(each)
         task.cancel()
 
-    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+    for signum in handled:
+        loop.add_signal_handler(signum, on_signal, signum)
     try:
         return await work
     except asyncio.CancelledError:
-        if terminated:
-            raise Terminated from None
-        raise
+        if not received:
+            raise
+        task.uncancel()
+        raise (Terminated if received[0] == signal.SIGTERM else _Interrupted)() from None
     finally:
-        loop.remove_signal_handler(signal.SIGTERM)
+        if not received:
+            for signum in handled:
+                loop.remove_signal_handler(signum)
 
 
 def run_controller_command(
