@@ -20,7 +20,8 @@ from harnessrl.client import GatewayClient
 from harnessrl.config import GatewayConfig
 from harnessrl.dashboard import create_dashboard_app, gateway_dashboard
 from harnessrl.dashboard.conversation import conversation_html, message_html
-from harnessrl.dashboard.token_view import BreakReasons, call_break_reasons, calls_table
+from harnessrl.dashboard.token_view import calls_table
+from harnessrl.dashboard.trace_calls import CallRow
 from harnessrl.engines.scripted import ScriptedEngine
 from harnessrl.engines.tiny import tiny_model_dir
 from harnessrl.gateway import create_app
@@ -178,8 +179,8 @@ def test_a_rollout_of_many_large_samples_gets_a_bounded_page(tmp_path: Path) -> 
         assert re.search(
             rf"token views of samples \d+\.\.{CALLS - 1} not shown: a page shows at most 40,000 tokens", page
         )
-        # ... and says it found which call broke which chain for only the first calls.
-        assert re.search(rf"found for the first \d+ of {CALLS} calls", page)
+        # ... and names the reason of every call that broke a chain (each was found as its call was read).
+        assert page.count('<span class="brk">break: new_context</span>') == CALLS - 1
         alone = client.get("/ui/rollouts/r-big", params={"sample": CALLS - 1}, headers=ADMIN).text
         assert (
             f'id="sample-{CALLS - 1}"' in alone
@@ -190,28 +191,14 @@ def test_a_rollout_of_many_large_samples_gets_a_bounded_page(tmp_path: Path) -> 
         assert compare.count('class="tok ') <= PAGE_TOKENS  # half the budget on each side
 
 
-def test_finding_break_reasons_stops_at_its_work_bound() -> None:
-    rollout = Rollout(rollout_id="r", api_key="k")
-    calls = [
-        Call(rollout_id="r", seq=i, prompt_token_ids=[1000 + i] + [7] * PROMPT_TOKENS, response_token_ids=[8],
-             response_logprobs=[-0.1])
-        for i in range(CALLS)
-    ]  # fmt: skip
-    reasons = call_break_reasons(rollout, calls, build_rollout_samples(rollout, calls))
-    assert 0 < reasons.checked < reasons.total == CALLS
-    assert set(reasons.by_call.values()) == {"new_context"} and len(reasons.by_call) == reasons.checked - 1
-    few = calls[:3]  # control: a small rollout gets every reason
-    small = call_break_reasons(rollout, few, build_rollout_samples(rollout, few))
-    assert small.checked == small.total == 3 and small.by_call == {1: "new_context", 2: "new_context"}
-
-
 def test_the_calls_table_lists_the_first_thousand_calls_and_counts_the_rest() -> None:
     rollout = Rollout(rollout_id="r", api_key="k")
     calls = [
         Call(rollout_id="r", seq=i, prompt_token_ids=[1], response_token_ids=[2], response_logprobs=[-0.1])
         for i in range(1_005)
     ]
-    table = calls_table(calls, build_rollout_samples(rollout, calls[:1]), BreakReasons())
+    rows = [CallRow.of(call) for call in calls]
+    table = calls_table(rows, build_rollout_samples(rollout, calls[:1]), {})
     assert table.count("<tr><td class=num>") == 1_000 and "… 5 more calls not shown." in table
 
 

@@ -14,6 +14,7 @@ from tests.dashboard.conftest import ADMIN_KEY
 from harnessrl.dashboard import create_dashboard_app
 from harnessrl.dashboard.data import MAX_TOOL_JSON_CHARS, MAX_TOOL_REQUESTS, DashboardData
 from harnessrl.dashboard.tool_requests import MAX_PASSAGES_SHOWN, MAX_TIMELINE_ROWS, timeline_html
+from harnessrl.dashboard.trace_calls import CallRow
 from harnessrl.schemas import Call, ToolRequest
 from harnessrl.store.sqlite import SQLiteStore
 
@@ -47,12 +48,11 @@ def test_searches_appear_between_the_calls_they_came_between(tmp_path: Path) -> 
     data = DashboardData(tmp_path / "harnessrl.db")
     requests = data.list_tool_requests("r1").shown
     assert [r.request["query"] for r in requests] == ["<script>x</script>"]
-    html = timeline_html(data.list_calls("r1"), requests)
+    calls = [CallRow.of(call) for call in data.list_calls("r1")]
+    html = timeline_html(calls, requests)
     assert html.index("call 0") < html.index("&lt;script&gt;x&lt;/script&gt;") < html.index("call 1")
     assert "<script>" not in html and "Velmora &lt;b&gt;" in html and "founded in 1432" in html
-    assert "No tool requests" in timeline_html(
-        data.list_calls("r1"), []
-    )  # control: a rollout without searches
+    assert "No tool requests" in timeline_html(calls, [])  # control: a rollout without searches
 
 
 def _searcher(tmp_path: Path, *, calls: int, searches: int, passages: int) -> TestClient:

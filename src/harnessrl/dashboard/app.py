@@ -32,6 +32,7 @@ from harnessrl.dashboard.logs import attempt_logs, log_path, read_log_tail
 from harnessrl.dashboard.pages import parse_table_query, rollouts_body, runs_body
 from harnessrl.dashboard.runs import STORE_FILE, RunSource, find_run_folders, name_runs, overview_body
 from harnessrl.dashboard.trace import CompareSide, compare_body, trace_body
+from harnessrl.dashboard.trace_calls import read_trace_calls
 from harnessrl.errors import NotFound, UpstreamError
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout
 
@@ -142,11 +143,12 @@ def _trace_page(
 ) -> tuple[str, bool]:
     rollout = data.get_rollout(rollout_id)
     logs = attempt_logs(dash.run_dir, rollout)
-    calls, requests = data.rollout_calls(rollout_id), data.list_tool_requests(rollout_id)
     cap = data.sample_token_caps().get(rollout.run_id) if rollout.run_id is not None else None
+    calls = read_trace_calls(data, rollout_id, rollout, max_sample_tokens=cap)
+    requests = data.list_tool_requests(rollout_id)
     body = trace_body(
         rollout,
-        calls.calls,
+        calls,
         dash.decode,
         dash.prefix,
         logs=logs,
@@ -154,7 +156,6 @@ def _trace_page(
         tool_requests_total=requests.total,
         sample=sample,
         max_sample_tokens=cap,
-        unreadable=calls.unreadable,
     )
     return body, rollout.status not in TERMINAL_STATUSES
 
@@ -191,21 +192,24 @@ async def _log(request: Request, dash: Dashboard, data: DashboardData) -> Respon
     return PlainTextResponse(text, headers=headers)
 
 
-def _compare_side(data: DashboardData, rollout_id: str) -> CompareSide:
+def _compare_side(data: DashboardData, rollout_id: str, caps: dict[str, int]) -> CompareSide:
     """One side of a compare: its rollout and calls, or, for a rollout row that cannot be read
     (``DamagedRollout``), what is wrong with it and its calls (the other side is still shown)."""
-    calls = data.rollout_calls(rollout_id)
     try:
         rollout: Rollout | str = data.get_rollout(rollout_id)
     except DamagedRollout as exc:
         rollout = str(exc)
-    return CompareSide(rollout_id, rollout, calls.calls, calls.unreadable)
+    readable = rollout if isinstance(rollout, Rollout) else None
+    cap = caps.get(readable.run_id) if readable is not None and readable.run_id is not None else None
+    calls = read_trace_calls(data, rollout_id, readable, max_sample_tokens=cap)
+    return CompareSide(rollout_id, rollout, calls)
 
 
 def _compare_page(dash: Dashboard, data: DashboardData, a: str, b: str) -> tuple[str, bool]:
-    sides = [_compare_side(data, rid) for rid in (a, b)]
+    caps = data.sample_token_caps()
+    sides = [_compare_side(data, rid, caps) for rid in (a, b)]
     live = any(isinstance(s.rollout, Rollout) and s.rollout.status not in TERMINAL_STATUSES for s in sides)
-    return compare_body(sides, dash.decode, dash.prefix, data.sample_token_caps()), live
+    return compare_body(sides, dash.decode, dash.prefix, caps), live
 
 
 async def _compare(request: Request, dash: Dashboard, data: DashboardData) -> Response:

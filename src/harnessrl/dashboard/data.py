@@ -17,8 +17,9 @@ SQLite's errors stop here (one boundary): a store file gone since the dashboard 
 folder moved away) is ``NotFound``, any other failure to read it ``UpstreamError``; a file that is
 no SQLite store at all is refused at start with ``ConfigError``. A call row that cannot be decoded
 (a disk or a bad writer damaged it: ``codecs`` refuses to guess) costs only its attempt's calls:
-``rollout_calls`` decodes attempt by attempt and names each attempt it could not read, which the
-trace and compare pages show beside what they can. A rollout row whose JSON columns (task, flags,
+``each_call`` decodes one attempt at a time, one call at a time (``dashboard.trace_calls`` keeps
+what a page shows), and the trace and compare pages name each attempt they could not read beside
+what they can. A rollout row whose JSON columns (task, flags,
 metadata) cannot be decoded is shown with those columns empty and the damage named in its
 ``metadata[DAMAGED_ROW_KEY]`` (it failed the whole rollouts table); a row that cannot be made a
 rollout even so (a damaged ``status`` or ``attempt``) is ``DamagedRollout`` (an ``UpstreamError``),
@@ -32,7 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +42,13 @@ from typing import Any
 from harnessrl.dashboard.sample_counts import CallLink, count_samples
 from harnessrl.errors import ConfigError, NotFound, UpstreamError
 from harnessrl.schemas import Call, Rollout, Run, ToolRequest
-from harnessrl.store.codecs import calls_from_rows, load_json, rollout_from_row, run_from_row
+from harnessrl.store.codecs import (
+    calls_from_rows,
+    iter_calls_from_rows,
+    load_json,
+    rollout_from_row,
+    run_from_row,
+)
 from harnessrl.store.damage import DAMAGED_ROW
 from harnessrl.store.migrations import SCHEMA_VERSION
 
@@ -198,15 +205,6 @@ def read_run(row: sqlite3.Row) -> Run:
         status=row["status"],
         created_at=row["created_at"],
     )
-
-
-@dataclass(frozen=True, slots=True)
-class RolloutCalls:
-    """A rollout's calls, from every attempt whose rows decode, in ``seq`` order, and the attempts
-    whose rows do not: attempt -> what decoding them raised."""
-
-    calls: list[Call]
-    unreadable: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -390,32 +388,36 @@ class DashboardData:
         return read_rollout(row)
 
     def list_calls(self, rollout_id: str) -> list[Call]:
-        """Every call of the rollout; raises if a row cannot be decoded (pages use ``rollout_calls``)."""
+        """Every call of the rollout; raises if a row cannot be decoded (pages use ``each_call``)."""
         with self._connect() as conn:
             rows = conn.execute("SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,))
             return calls_from_rows(rows.fetchall())
 
-    def rollout_calls(self, rollout_id: str) -> RolloutCalls:
-        """The rollout's calls decoded attempt by attempt (a call's bases are earlier calls of its
-        attempt): a damaged row leaves out its own attempt's calls, named in ``unreadable``."""
+    def call_attempts(self, rollout_id: str) -> list[Any]:
+        """The attempts the rollout's calls belong to, in the order their first calls were made."""
+        sql = "SELECT attempt FROM calls WHERE rollout_id = ? GROUP BY attempt ORDER BY MIN(seq)"
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT * FROM calls WHERE rollout_id = ? ORDER BY seq", (rollout_id,)
-            ).fetchall()
-        by_attempt: dict[int, list[int]] = {}  # attempt -> the positions of its rows
-        for position, row in enumerate(rows):
-            by_attempt.setdefault(row["attempt"], []).append(position)
-        decoded: list[Call | None] = [None] * len(rows)  # in the store's order, as ``list_calls``
-        unreadable: dict[int, str] = {}
-        for attempt, positions in by_attempt.items():
-            try:
-                calls = calls_from_rows([rows[i] for i in positions])
-            except DAMAGED_ROW as exc:
-                unreadable[attempt] = f"{type(exc).__name__}: {exc}"[:500]
-                continue
-            for position, call in zip(positions, calls, strict=True):
-                decoded[position] = call
-        return RolloutCalls([call for call in decoded if call is not None], unreadable)
+            return [row[0] for row in conn.execute(sql, (rollout_id,))]
+
+    def each_call(self, rollout_id: str, attempt: Any, visit: Callable[[Call], None]) -> None:
+        """Decode one attempt's calls in ``seq`` order, handing each to ``visit`` and keeping only the
+        calls later rows are deltas on (``codecs.unfold_rows``' ``last_use``): decoded all at once, a
+        rollout of 1,000 calls of 40 k tokens held every prompt whole (2 GB for one trace page).
+        A damaged row raises what decoding it raises (one of ``DAMAGED_ROW``), after ``visit`` saw
+        the calls before it."""
+        where = "WHERE rollout_id = ? AND attempt IS ?"
+        with self._connect() as conn:
+            last_use: dict[Any, Any] = {}
+            for seq, *bases in conn.execute(
+                f"SELECT seq, prompt_base_seq, request_base_seq FROM calls {where} ORDER BY seq",
+                (rollout_id, attempt),
+            ):
+                for base in bases:
+                    if base is not None:
+                        last_use[base] = seq  # rows come in seq order: the last one wins
+            rows = conn.execute(f"SELECT * FROM calls {where} ORDER BY seq", (rollout_id, attempt))
+            for call in iter_calls_from_rows(rows, last_use=last_use):
+                visit(call)
 
     def list_tool_requests(self, rollout_id: str, *, limit: int = MAX_TOOL_REQUESTS) -> ToolRequests:
         """The rollout's first ``limit`` searches and what they returned, in arrival order, and how
@@ -434,18 +436,7 @@ class DashboardData:
                 "SELECT COUNT(*) FROM tool_requests WHERE rollout_id = ?", (rollout_id,)
             ).fetchone()[0]
             rows = conn.execute(sql, (cap, cap, rollout_id, limit)).fetchall()
-        shown = [
-            ToolRequest(
-                rollout_id=row["rollout_id"],
-                attempt=row["attempt"],
-                tool=row["tool"],
-                request=_json_object(row["request"], row["request_len"]),
-                response=_json_object(row["response"], row["response_len"]),
-                started_at=row["started_at"],
-                finished_at=row["finished_at"],
-            )
-            for row in rows
-        ]
+        shown = [request for row in rows if (request := _tool_request(row)) is not None]
         return ToolRequests(shown=shown, total=total)
 
     def group_rollout_ids(self, group_id: str) -> list[str]:
@@ -461,6 +452,25 @@ def _sample_token_caps(conn: sqlite3.Connection) -> dict[str, int]:
         "THEN json_extract(config, '$.trainer.max_sample_tokens') END FROM runs"
     )
     return {run_id: cap for run_id, cap in conn.execute(sql) if isinstance(cap, int) and cap >= 1}
+
+
+def _tool_request(row: sqlite3.Row) -> ToolRequest | None:
+    """A stored tool request, or None for a row that is none (a damaged row's text where a time or
+    the attempt is: it failed the whole trace page with a 500). Left out, it is counted among the
+    requests not shown."""
+    try:
+        return ToolRequest(
+            rollout_id=row["rollout_id"],
+            attempt=row["attempt"],
+            tool=row["tool"],
+            request=_json_object(row["request"], row["request_len"]),
+            response=_json_object(row["response"], row["response_len"]),
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+    except DAMAGED_ROW as exc:
+        log.warning("a tool request of rollout %r cannot be read, left out: %s", row["rollout_id"], exc)
+        return None
 
 
 def _json_object(text: str | None, length: int) -> dict[str, Any]:

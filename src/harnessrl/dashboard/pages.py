@@ -169,7 +169,12 @@ def _split_of(rollout_kind: object) -> str:
 
 
 def _created(at: float) -> str:
-    return time.strftime("%m-%d %H:%M:%S", time.gmtime(at))
+    """When a rollout was created, as UTC; a time no calendar holds (a damaged row's 1e300, which
+    failed the whole rollouts table with a 500) as the number it is."""
+    try:
+        return time.strftime("%m-%d %H:%M:%S", time.gmtime(at))
+    except (OverflowError, ValueError, OSError):
+        return esc(at)
 
 
 def _row_html(row: RolloutRow, prefix: str) -> str:

@@ -5,8 +5,8 @@ logprob on hover, and marks each call's response and each chain break. A rollout
 calls it makes and how long their prompts are, so every part of this is bounded whatever it did: at
 most ``MAX_TOKENS_SHOWN`` tokens of one sample, ``MAX_TOKENS_PER_PAGE`` tokens over all the samples
 of a page (the page says which samples it left out, and ``?sample=K`` shows one alone), at most
-``MAX_CALL_ROWS`` rows of calls, and a bounded amount of work to find which call broke which chain
-(``call_break_reasons``).
+``MAX_CALL_ROWS`` rows of calls; the calls are read one at a time (``dashboard.trace_calls``), which
+also says which call broke which chain.
 
 The samples are built as the trainer builds them: with the run's ``trainer.max_sample_tokens``, a
 call longer than it (prompt + response) is dropped, never shown as trained on. Calls the trainer
@@ -16,14 +16,13 @@ the page says why and still shows the calls.
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 
 from harnessrl.dashboard.html import esc, url
-from harnessrl.errors import InvalidBatch
-from harnessrl.schemas import Call, Rollout
-from harnessrl.trajectory import RolloutSamples, Sample, build_rollout_samples, calls_seen
+from harnessrl.dashboard.trace_calls import MAX_CALL_ROWS, MAX_TOKENS_BUILT, CallRow, TraceCalls
+from harnessrl.schemas import Rollout
+from harnessrl.trajectory import RolloutSamples, Sample
 from harnessrl.trajectory.batch import dropped_calls
 
 Decoder = Callable[[int], str]  # token id -> its text
@@ -32,52 +31,6 @@ MAX_TOKENS_PER_PAGE = 40_000  # over all the samples of a page (a compare page: 
 #: What a sample's heading and markers cost against ``MAX_TOKENS_PER_PAGE``, in tokens: so a rollout
 #: of many one-token samples cannot fill a page with headings either.
 _VIEW_OVERHEAD = 10
-MAX_CALL_ROWS = 1_000  # rows of the calls table; the rest are counted
-#: Tokens times chains that finding break reasons may walk (``call_break_reasons``): each rebuild of a
-#: prefix of the calls compares every prompt with every chain so far. About 0.2 s of CPU; up to ~2 s
-#: where each break's classification walks a long shared prefix (a prompt re-sent many times), which
-#: the page's one full build of the samples pays as well.
-MAX_BREAK_WORK = 50_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class BreakReasons:
-    """Which call started a new chain for which reason, found for the first ``checked`` calls of
-    the final attempt (all ``total`` unless the work was bounded)."""
-
-    by_call: dict[int, str] = field(default_factory=dict)  # call seq -> reason
-    checked: int = 0
-    total: int = 0
-
-
-def call_break_reasons(
-    rollout: Rollout, calls: Sequence[Call], built: RolloutSamples, *, max_sample_tokens: int | None = None
-) -> BreakReasons:
-    """``call seq -> reason`` for every call that started a new chain after the first.
-
-    ``build_rollout_samples`` only counts breaks, so rebuild the samples from growing prefixes of the
-    calls and see which call added to which reason's count. That is quadratic, so it stops once it
-    has found all of ``built.breaks`` (the whole rollout's), or before its estimated work (each
-    call's tokens times the chains its prompt is compared with, summed over the rebuilds) would pass
-    ``MAX_BREAK_WORK``.
-    """
-    final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
-    reasons: dict[int, str] = {}
-    before: Counter[str] = Counter()
-    chains, rebuild_work, spent = 0, 0, 0
-    for k, call in enumerate(final):
-        if before.total() == built.breaks.total():
-            return BreakReasons(reasons, len(final), len(final))  # no break left to find
-        rebuild_work += (len(call.prompt_token_ids) + len(call.response_token_ids)) * (1 + chains)
-        spent += rebuild_work
-        if spent > MAX_BREAK_WORK:
-            return BreakReasons(reasons, k, len(final))
-        prefix = build_rollout_samples(rollout, final[: k + 1], max_sample_tokens=max_sample_tokens)
-        added = prefix.breaks - before
-        if added:
-            reasons[call.seq] = next(iter(added))
-        before, chains = prefix.breaks, len(prefix.samples) + prefix.empty_samples
-    return BreakReasons(reasons, len(final), len(final))
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +74,9 @@ def tokens_html(
     return f'<div class="tokens">{"".join(parts)}</div>'
 
 
-def _sample_view(sample: Sample, decode: Decoder, breaks: BreakReasons, limit: int, trace_url: str) -> str:
+def _sample_view(
+    sample: Sample, decode: Decoder, breaks: Mapping[int, str], limit: int, trace_url: str
+) -> str:
     first_seq = sample.spans[0].call_seq if sample.spans else None
     versions = sorted({span.policy_version for span in sample.spans})
     alone = (
@@ -132,7 +87,7 @@ def _sample_view(sample: Sample, decode: Decoder, breaks: BreakReasons, limit: i
     return (
         f'<h3 id="sample-{sample.sample_index}">sample {sample.sample_index}: {len(sample)} tokens, '
         f"{sample.num_loss_tokens} sampled, policy versions {esc(versions)}{alone}</h3>"
-        + tokens_html(sample, decode, breaks.by_call.get(first_seq) if first_seq is not None else None, limit)
+        + tokens_html(sample, decode, breaks.get(first_seq) if first_seq is not None else None, limit)
     )
 
 
@@ -147,7 +102,7 @@ def _left_out(first: int, count: int, views: TokenViews) -> str:
     )
 
 
-def views_html(built: RolloutSamples, decode: Decoder, breaks: BreakReasons, views: TokenViews) -> str:
+def views_html(built: RolloutSamples, decode: Decoder, breaks: Mapping[int, str], views: TokenViews) -> str:
     """The token views of ``built``'s samples, within ``views``' budget (or the one it names)."""
     samples = built.samples
     if views.only is not None:
@@ -170,52 +125,57 @@ def views_html(built: RolloutSamples, decode: Decoder, breaks: BreakReasons, vie
 
 
 def calls_table(
-    calls: Sequence[Call],
+    rows: Sequence[CallRow],
     built: RolloutSamples,
-    breaks: BreakReasons,
+    breaks: Mapping[int, str],
     *,
-    oversized: dict[int, int] | None = None,
+    total: int | None = None,
+    oversized: Mapping[int, int] | None = None,
+    unbuilt: Collection[int] = (),
 ) -> str:
-    """The first ``MAX_CALL_ROWS`` calls; ``oversized``: the seq of each call the samples dropped as
-    longer than ``trainer.max_sample_tokens``, and that cap."""
+    """The first ``MAX_CALL_ROWS`` of ``rows`` (of ``total`` calls: the rest are counted);
+    ``oversized``: the seq of each call the samples dropped as longer than
+    ``trainer.max_sample_tokens``, and that cap; ``unbuilt``: the seqs of calls past where the
+    page stopped building samples (``TraceCalls.built_from``)."""
     sample_of = {span.call_seq: s.sample_index for s in built.samples for span in s.spans}
-    rows = []
-    for call in calls[:MAX_CALL_ROWS]:
+    lines = []
+    for call in rows[:MAX_CALL_ROWS]:
         where = f"sample {sample_of[call.seq]}" if call.seq in sample_of else "not in a sample"
+        if call.seq in unbuilt:
+            where = "not read for samples (past the page's most tokens)"
         if oversized and call.seq in oversized:
-            size = len(call.prompt_token_ids) + len(call.response_token_ids)
+            size = call.prompt_tokens + call.sampled_tokens
             where = f"dropped: {size:,} tokens, over trainer.max_sample_tokens ({oversized[call.seq]:,})"
-        reason = breaks.by_call.get(call.seq)
+        reason = breaks.get(call.seq)
         brk = f' <span class="brk">break: {esc(reason)}</span>' if reason else ""
-        took = "" if call.finished_at is None else f"{call.finished_at - call.started_at:.2f}s"
-        rows.append(
-            f"<tr><td class=num>{call.seq}</td><td class=num>{call.attempt}</td><td>{esc(call.api)}</td>"
-            f'<td><span class="pv">v{call.policy_version}</span></td><td class=num>{len(call.prompt_token_ids)}</td>'
-            f"<td class=num>{len(call.response_token_ids)}</td><td>{esc(call.finish_reason)}</td>"
+        took = (
+            ""
+            if call.finished_at is None or call.started_at is None
+            else f"{call.finished_at - call.started_at:.2f}s"
+        )
+        lines.append(
+            f"<tr><td class=num>{esc(call.seq)}</td><td class=num>{esc(call.attempt)}</td><td>{esc(call.api)}</td>"
+            f'<td><span class="pv">v{esc(call.policy_version)}</span></td><td class=num>{call.prompt_tokens}</td>'
+            f"<td class=num>{call.sampled_tokens}</td><td>{esc(call.finish_reason)}</td>"
             f"<td class=num>{took}</td><td>{where}{brk}</td></tr>"
         )
     head = (
         "<tr><th>call</th><th>attempt</th><th>api</th><th>policy version</th><th>prompt tokens</th>"
         "<th>sampled tokens</th><th>finish</th><th>time</th><th>sample</th></tr>"
     )
-    more = (
-        f'<p class="muted">… {len(calls) - MAX_CALL_ROWS} more calls not shown.</p>'
-        if len(calls) > MAX_CALL_ROWS
-        else ""
-    )
-    return f"<table class=calls>{head}{''.join(rows)}</table>{more}"
+    left = (len(rows) if total is None else total) - len(lines)
+    more = f'<p class="muted">… {left} more calls not shown.</p>' if left > 0 else ""
+    return f"<table class=calls>{head}{''.join(lines)}</table>{more}"
 
 
-def _summary(
-    built: RolloutSamples, breaks: BreakReasons, rollout: Rollout, max_sample_tokens: int | None
-) -> str:
-    dropped = dropped_calls(rollout)
+def _summary(calls: TraceCalls, rollout: Rollout, max_sample_tokens: int | None) -> str:
+    built, dropped = calls.built, dropped_calls(rollout)
     return (
         f"<p>{len(built.samples)} samples · breaks: {esc(dict(built.breaks)) if built.breaks else 'none'}"
         + (
-            f" (which call broke which chain: found for the first {breaks.checked} of {breaks.total} calls,"
-            " finding the rest would take too long)"
-            if breaks.checked < breaks.total
+            f' <span class="badge b-flag">cut short</span> built from the first {calls.built_from:,} of'
+            f" {calls.to_build:,} calls: their samples hold {MAX_TOKENS_BUILT:,} tokens, the most a page builds"
+            if calls.built_from is not None
             else ""
         )
         + f" · calls of earlier attempts ignored: {built.calls_other_attempts}"
@@ -244,7 +204,7 @@ _LEGEND = (
 
 def samples_html(
     rollout: Rollout,
-    calls: Sequence[Call],
+    calls: TraceCalls,
     decode: Decoder,
     views: TokenViews,
     *,
@@ -252,33 +212,18 @@ def samples_html(
 ) -> tuple[str, str]:
     """(calls table, token views) for a rollout, its samples built as the trainer builds them
     (``max_sample_tokens``: the run's ``trainer.max_sample_tokens``)."""
-    try:
-        built = build_rollout_samples(rollout, calls, max_sample_tokens=max_sample_tokens)
-    except InvalidBatch as exc:  # the trainer refuses these calls too: show them, and why
+    if calls.refused is not None:  # the trainer refuses these calls too: show them, and why
         empty = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
         note = (
-            f'<p><span class="badge b-flag">no samples</span> the trainer refuses these calls: {esc(exc)}</p>'
+            '<p><span class="badge b-flag">no samples</span> the trainer refuses these calls: '
+            f"{esc(calls.refused)}</p>"
         )
-        return calls_table(calls, empty, BreakReasons()), note
-    breaks = call_break_reasons(rollout, calls, built, max_sample_tokens=max_sample_tokens)
-    oversized = _oversized(rollout, calls, max_sample_tokens) if built.oversized_calls else {}
+        return calls_table(calls.rows, empty, {}, total=calls.total), note
+    built = calls.built
     tokens = (
-        _summary(built, breaks, rollout, max_sample_tokens)
-        + _LEGEND
-        + views_html(built, decode, breaks, views)
+        _summary(calls, rollout, max_sample_tokens) + _LEGEND + views_html(built, decode, calls.breaks, views)
     )
-    return calls_table(calls, built, breaks, oversized=oversized), tokens
-
-
-def _oversized(rollout: Rollout, calls: Sequence[Call], cap: int | None) -> dict[int, int]:
-    """``seq -> cap`` of the calls ``build_rollout_samples`` dropped as longer than ``cap``: those of
-    the final attempt the evaluator saw (``calls_seen``) whose prompt + response pass it."""
-    if cap is None:
-        return {}
-    final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
-    seen = calls_seen(rollout)
-    return {
-        c.seq: cap
-        for c in (final if seen is None else final[:seen])
-        if len(c.prompt_token_ids) + len(c.response_token_ids) > cap
-    }
+    table = calls_table(
+        calls.rows, built, calls.breaks, total=calls.total, oversized=calls.oversized, unbuilt=calls.unbuilt
+    )
+    return table, tokens

@@ -11,12 +11,13 @@ and passage text cut at a fixed length. What is left out is counted on the page.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from harnessrl.dashboard.html import esc
-from harnessrl.dashboard.token_view import MAX_CALL_ROWS
-from harnessrl.schemas import Call, ToolRequest
+from harnessrl.dashboard.trace_calls import MAX_CALL_ROWS, CallRow
+from harnessrl.schemas import ToolRequest
 
 MAX_TIMELINE_ROWS = MAX_CALL_ROWS  # calls and tool requests; the rest are counted
 MAX_PASSAGES_SHOWN = 1_000  # over the whole timeline; a request past it shows its count only
@@ -69,25 +70,33 @@ def _passages_html(request: ToolRequest, budget: _PassageBudget) -> str:
 
 
 def timeline_html(
-    calls: Sequence[Call], requests: Sequence[ToolRequest], *, total_requests: int | None = None
+    calls: Sequence[CallRow],
+    requests: Sequence[ToolRequest],
+    *,
+    total_requests: int | None = None,
+    total_calls: int | None = None,
 ) -> str:
     """Calls and tool requests ordered by when they started (a call by its generation start), the
-    first ``MAX_TIMELINE_ROWS`` of them. ``total_requests``: how many the rollout made, when
-    ``requests`` are only the first of them (the rest are counted as left out)."""
+    first ``MAX_TIMELINE_ROWS`` of them. ``total_requests``, ``total_calls``: how many the rollout
+    made, when ``requests`` or ``calls`` are only the first of them (the rest are counted as left out)."""
     if not requests:
         return '<p class="muted">No tool requests.</p>'
     # (started at, calls before requests at the same time, the call or request)
-    events: list[tuple[float, int, Call | ToolRequest]] = [(call.started_at, 0, call) for call in calls]
+    events: list[tuple[float, int, CallRow | ToolRequest]] = [
+        (math.inf if call.started_at is None else call.started_at, 0, call) for call in calls
+    ]
     events += [(request.started_at, 1, request) for request in requests]
     events.sort(key=lambda e: (e[0], e[1]))
     shown, left_out = events[:MAX_TIMELINE_ROWS], events[MAX_TIMELINE_ROWS:]
     budget = _PassageBudget(MAX_PASSAGES_SHOWN)
     rows = "".join(
-        _call_row(event) if isinstance(event, Call) else _request_row(event, budget) for _, _, event in shown
+        _call_row(event) if isinstance(event, CallRow) else _request_row(event, budget)
+        for _, _, event in shown
     )
     head = "<tr><th>attempt</th><th>what</th><th>detail</th><th>passages returned</th></tr>"
-    calls_left = sum(1 for _, kind, _ in left_out if kind == 0)
-    requests_left = len(left_out) - calls_left + max(0, (total_requests or 0) - len(requests))
+    calls_cut = sum(1 for _, kind, _ in left_out if kind == 0)
+    requests_left = len(left_out) - calls_cut + max(0, (total_requests or 0) - len(requests))
+    calls_left = calls_cut + max(0, (total_calls or 0) - len(calls))
     more = (
         f'<p class="muted timeline-more">… {calls_left} more calls and {requests_left} more tool requests '
         f"not shown (the timeline shows the first {MAX_TIMELINE_ROWS:,} rows).</p>"
@@ -97,10 +106,10 @@ def timeline_html(
     return f"<table class=calls>{head}{rows}</table>{more}"
 
 
-def _call_row(call: Call) -> str:
+def _call_row(call: CallRow) -> str:
     return (
-        f"<tr class=call-row><td class=num>{call.attempt}</td><td>call {call.seq}</td>"
-        f"<td>{esc(call.api)}, {len(call.response_token_ids)} sampled tokens</td><td></td></tr>"
+        f"<tr class=call-row><td class=num>{esc(call.attempt)}</td><td>call {esc(call.seq)}</td>"
+        f"<td>{esc(call.api)}, {call.sampled_tokens} sampled tokens</td><td></td></tr>"
     )
 
 

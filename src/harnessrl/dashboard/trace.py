@@ -8,7 +8,7 @@ tokens (loss mask 1) and context tokens shaded differently, the behaviour logpro
 chain breaks marked where a new sample starts. Its summary says
 when the rollout was made and trained (policy steps, see ``_when_rows``), the advantage it was
 trained with, and links to the harness's stdout/stderr of each attempt. An attempt whose recorded
-calls cannot be read (a damaged row: ``DashboardData.rollout_calls``), or whose own row's JSON could
+calls cannot be read (a damaged row: ``dashboard.trace_calls``), or whose own row's JSON could
 not be (``DAMAGED_ROW_KEY``), is named in a card at the top; the page shows everything else.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from harnessrl.dashboard.conversation import MAX_JSON_CHARS, conversation_html
@@ -25,7 +25,8 @@ from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_ba
 from harnessrl.dashboard.logs import LogFile
 from harnessrl.dashboard.token_view import MAX_TOKENS_PER_PAGE, Decoder, TokenViews, samples_html
 from harnessrl.dashboard.tool_requests import timeline_html
-from harnessrl.schemas import Call, Rollout, ToolRequest
+from harnessrl.dashboard.trace_calls import TraceCalls
+from harnessrl.schemas import Rollout, ToolRequest
 
 #: The audit entries a page shows of one rollout (the rest are counted), and the characters of each
 #: entry's command it shows, around the match. The policy decides how many commands it runs and how
@@ -189,7 +190,7 @@ def _summary(rollout: Rollout, prefix: str, logs: Sequence[LogFile] = ()) -> str
 
 def trace_body(
     rollout: Rollout,
-    calls: Sequence[Call],
+    calls: TraceCalls,
     decode: Decoder,
     prefix: str,
     *,
@@ -198,25 +199,25 @@ def trace_body(
     tool_requests_total: int | None = None,
     sample: int | None = None,
     max_sample_tokens: int | None = None,
-    unreadable: Mapping[int, str] | None = None,
 ) -> str:
     """The trace page of ``rollout``; ``sample``: show that sample's token view alone.
     ``tool_requests``: the first of the rollout's tool requests, ``tool_requests_total`` of them.
-    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens`` (its samples are built with it).
-    ``unreadable``: attempt -> why its calls (left out of ``calls``) cannot be read."""
+    ``max_sample_tokens``: the run's ``trainer.max_sample_tokens`` (its samples are built with it)."""
     views = TokenViews(trace_url=_trace_url(prefix, rollout), only=sample)
     calls_tbl, token_views = samples_html(rollout, calls, decode, views, max_sample_tokens=max_sample_tokens)
     return (
         f"<h1>Rollout {esc(rollout.rollout_id)} {result_badge(rollout.reward, rollout.outcome)}</h1>"
-        f"{unreadable_html(rollout, unreadable or {})}{_summary(rollout, prefix, logs)}"
+        f"{unreadable_html(rollout, calls.unreadable)}{_summary(rollout, prefix, logs)}"
         f"<details><summary>task</summary>{pretty_json(rollout.task)}</details>"
         f'<h2>Evaluation</h2><div class="card">{evaluation_html(rollout)}</div>'
         f'<h2>Audit</h2><div class="card">{audit_html(rollout)}</div>'
-        f'<h2>Conversation</h2><div class="conversation">{conversation_html(calls)}</div>'
+        f'<h2>Conversation</h2><div class="conversation">{_conversation(calls)}</div>'
         f"<h2>Calls</h2>{calls_tbl}"
         + (
             "<h2>Calls and tool requests</h2>"
-            + timeline_html(calls, tool_requests, total_requests=tool_requests_total)
+            + timeline_html(
+                calls.rows, tool_requests, total_requests=tool_requests_total, total_calls=calls.total
+            )
             if tool_requests
             else ""
         )
@@ -228,16 +229,19 @@ def _trace_url(prefix: str, rollout: Rollout) -> str:
     return trace_path(prefix, rollout.rollout_id)
 
 
+def _conversation(calls: TraceCalls) -> str:
+    return conversation_html([calls.last] if calls.last is not None else [])
+
+
 @dataclass(frozen=True, slots=True)
 class CompareSide:
     """One rollout of a compare: the rollout, or what is wrong with its row when the store's row
     cannot be made one (``DamagedRollout``: the side names it and shows the calls' conversation);
-    its calls, and ``unreadable``: attempt -> why those calls (left out) cannot be read."""
+    and what the page keeps of its calls."""
 
     rollout_id: str
     rollout: Rollout | str
-    calls: list[Call]
-    unreadable: Mapping[int, str] = field(default_factory=dict)
+    calls: TraceCalls
 
 
 def _damaged_side(side: CompareSide, prefix: str) -> str:
@@ -245,7 +249,7 @@ def _damaged_side(side: CompareSide, prefix: str) -> str:
         f'<div class="side"><h2><a href="{esc(trace_path(prefix, side.rollout_id))}">{esc(side.rollout_id)}</a>'
         '</h2><div class="card flag damaged-row"><b>Damaged record.</b> The store\'s row of this rollout '
         f"cannot be read, so its evaluation and tokens are not shown:<pre>{esc(side.rollout)}</pre></div>"
-        f"<h3>Conversation</h3>{conversation_html(side.calls)}</div>"
+        f"<h3>Conversation</h3>{_conversation(side.calls)}</div>"
     )
 
 
@@ -275,8 +279,8 @@ def compare_body(
         cols.append(
             f'<div class="side"><h2><a href="{esc(_trace_url(prefix, rollout))}">'
             f"{esc(rollout.rollout_id)}</a> {result_badge(rollout.reward, rollout.outcome)} reward {esc(fmt_num(rollout.reward, 4))}</h2>"
-            f"{unreadable_html(rollout, side.unreadable)}{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
-            f"<h3>Audit</h3>{audit_html(rollout)}<h3>Conversation</h3>{conversation_html(calls)}"
+            f"{unreadable_html(rollout, calls.unreadable)}{_summary(rollout, prefix)}<h3>Evaluation</h3>{evaluation_html(rollout)}"
+            f"<h3>Audit</h3>{audit_html(rollout)}<h3>Conversation</h3>{_conversation(calls)}"
             f"<h3>Tokens</h3>{tokens}</div>"
         )
     return f'<h1>Compare</h1>{warn}<div class="compare">{"".join(cols)}</div>'

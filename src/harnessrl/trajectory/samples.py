@@ -427,22 +427,45 @@ def build_rollout_samples(
     Only calls of the rollout's final attempt (``rollout.attempt``) are used; they are taken in
     ``seq`` order. Samples come out in the order their chains started.
     """
-    if max_sample_tokens is not None and max_sample_tokens < 1:
-        raise ConfigError("max_sample_tokens must be at least 1")
-    result = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
+    builder = SampleBuilder(rollout, max_sample_tokens=max_sample_tokens)
     final = sorted((c for c in calls if c.attempt == rollout.attempt), key=lambda c: c.seq)
-    result.calls_other_attempts = len(calls) - len(final)
+    other_attempts, unseen = len(calls) - len(final), 0
     seen = calls_seen(rollout)
     if seen is not None and len(final) > seen:
-        result.calls_unseen = len(final) - seen
+        unseen = len(final) - seen
         final = final[:seen]
-    chains = _Chains()
-    for order, call in enumerate(final):
+    for call in final:
+        builder.add(call)
+    result = builder.finish()
+    result.calls_other_attempts, result.calls_unseen = other_attempts, unseen
+    return result
+
+
+class SampleBuilder:
+    """``build_rollout_samples`` one call at a time, for a reader that must not hold every call of a
+    long rollout at once (the dashboard's trace decodes them one by one). Give ``add`` the calls
+    ``build_rollout_samples`` uses, in its order: the final attempt's, by ``seq``, the first
+    ``calls_seen`` of them; then ``finish`` once."""
+
+    def __init__(self, rollout: Rollout, *, max_sample_tokens: int | None = None) -> None:
+        if max_sample_tokens is not None and max_sample_tokens < 1:
+            raise ConfigError("max_sample_tokens must be at least 1")
+        self.rollout, self.max_sample_tokens = rollout, max_sample_tokens
+        self.result = RolloutSamples(rollout_id=rollout.rollout_id, samples=[])
+        self._chains = _Chains()
+        self._order = 0
+        self.tokens = 0  # tokens the chains hold (a reader that must stay bounded stops on it)
+
+    def add(self, call: Call) -> str | None:
+        """Take the next call; the reason it broke a chain (one of ``BREAK_REASONS``), if it did.
+        ``InvalidBatch`` for a call the trainer refuses."""
+        order, chains, result = self._order, self._chains, self.result
+        self._order += 1
         _validate(call)
         prompt = call.prompt_token_ids
         chain = chains.longest_extended_by(prompt)
         size = len(prompt) + len(call.response_token_ids)
-        if max_sample_tokens is not None and size > max_sample_tokens:
+        if self.max_sample_tokens is not None and size > self.max_sample_tokens:
             # Keeping this call means keeping its whole prompt as context: no shorter on-policy
             # sample exists. Drop it; the chain it extended ends at its previous call.
             result.oversized_calls += 1
@@ -450,35 +473,44 @@ def build_rollout_samples(
             if chain is not None and not chain.length_capped:
                 chain.length_capped = True
                 result.breaks["length"] += 1
-            continue
+                return "length"
+            return None
+        reason = None
         if chain is not None:
+            self.tokens += size - len(chain.input_ids)
             # tool output, template glue: mask 0
             chains.extend(chain, prompt[len(chain.input_ids) :], call, order)
         else:
             if chains:
-                result.breaks[_classify_break(prompt, *chains.closest(prompt))] += 1
+                reason = _classify_break(prompt, *chains.closest(prompt))
+                result.breaks[reason] += 1
+            self.tokens += size
             chains.add(_new_chain(call, order))
         result.calls_used += 1
+        return reason
 
-    for chain in chains.started:
-        if not chain.spans:
-            result.empty_samples += 1
-            continue
-        result.samples.append(
-            Sample(
-                rollout_id=rollout.rollout_id,
-                input_ids=chain.input_ids,
-                loss_mask=chain.loss_mask,
-                behaviour_logprobs=chain.behaviour_logprobs,
-                spans=chain.spans,
-                reward=rollout.reward,
-                group_id=group_key(rollout),
-                task_id=rollout.task_id,
-                step=rollout.step,
-                sample_index=len(result.samples),
+    def finish(self) -> RolloutSamples:
+        """The samples of the calls added, in the order their chains started."""
+        rollout, result = self.rollout, self.result
+        for chain in self._chains.started:
+            if not chain.spans:
+                result.empty_samples += 1
+                continue
+            result.samples.append(
+                Sample(
+                    rollout_id=rollout.rollout_id,
+                    input_ids=chain.input_ids,
+                    loss_mask=chain.loss_mask,
+                    behaviour_logprobs=chain.behaviour_logprobs,
+                    spans=chain.spans,
+                    reward=rollout.reward,
+                    group_id=group_key(rollout),
+                    task_id=rollout.task_id,
+                    step=rollout.step,
+                    sample_index=len(result.samples),
+                )
             )
-        )
-    return result
+        return result
 
 
 def calls_seen(rollout: Rollout) -> int | None:
