@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
 
-from harnessrl.config import EngineConfig, GatewayConfig
+from harnessrl.config import EngineConfig, GatewayConfig, validate_config
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.inputs import check_gateway_inputs
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
@@ -184,13 +184,21 @@ def main(argv: list[str] | None = None, *, extra_routes: Sequence[RouteFactory] 
     parser.add_argument("--tokenizer", default=None, help="the policy's tokenizer (remote engines)")
     args = parser.parse_args(argv)
     try:
-        gateway = GatewayConfig(
-            host=args.host,
-            port=args.port,
-            admin_key=os.environ.get("HARNESSRL_ADMIN_KEY") or None,
-            workers=args.workers,
+        # validate_config: a bad value (``--workers 0``, ``--port 99999``, a key with a space) is an
+        # error naming its setting, as ``harnessrl gateway`` gives, not pydantic's traceback.
+        gateway = validate_config(
+            GatewayConfig,
+            {
+                "host": args.host,
+                "port": args.port,
+                "admin_key": os.environ.get("HARNESSRL_ADMIN_KEY") or None,
+                "workers": args.workers,
+            },
+            where="gateway",
         )
-        engine = EngineConfig(model=args.model, tokenizer=args.tokenizer)
+        engine = validate_config(
+            EngineConfig, {"model": args.model, "tokenizer": args.tokenizer}, where="engine"
+        )
         # Before the store is created, as ``harnessrl gateway`` checks them.
         check_gateway_inputs(
             gateway,

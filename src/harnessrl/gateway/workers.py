@@ -17,17 +17,27 @@ allowed: an embedded model would be loaded N times and a weight update would rea
 The parent forwards SIGINT/SIGTERM to the workers and waits for them; if a worker ends without the
 parent having stopped it — a crash, or a clean exit (status 0) after a SIGTERM someone sent to that
 worker alone — the parent stops the others and fails (the address would serve on with fewer
-processes unnoticed).
+processes unnoticed). A worker gets SIGTERM when its parent dies however it dies (``PR_SET_PDEATHSIG``):
+a parent SIGKILLed (the OOM killer, ``kill -9``) left its workers serving the port forever.
+
+SO_REUSEPORT lets any process of the same user join the port's group, so a second ``--workers``
+gateway started on a port in use would share its connections with the first (another store, another
+gate: half the calls answered by the wrong gateway, a pause reaching half the processes). The
+parent holds a lock named after the port (``hold_port``) that the workers inherit; a second gateway
+on that port is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -59,6 +69,29 @@ def check_workers_config(gateway: GatewayConfig, engine: EngineConfig, store_url
         )
 
 
+def hold_port(host: str, port: int) -> socket.socket | None:
+    """A lock on ``port`` among this host's ``--workers`` gateways (``None`` where there is no such
+    lock: not Linux). ``ConfigError`` naming ``gateway.port`` if another one holds it.
+
+    An abstract Unix socket's name: the kernel frees it when the last process holding it ends, even
+    by SIGKILL, and its namespace is the network namespace's, as the port's is. Keyed by the port
+    alone: a group on 127.0.0.1 would take the loopback connections of one on 0.0.0.0 too."""
+    if not sys.platform.startswith("linux"):
+        return None
+    lock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        lock.bind(f"\0harnessrl-gateway-workers-port-{port}")
+    except OSError as exc:
+        lock.close()
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise ConfigError(
+            f"gateway.port: cannot listen on {host}:{port}: another harnessrl gateway with workers "
+            "serves that port (the two would share its connections); stop it or choose another port"
+        ) from None
+    return lock
+
+
 def run_workers(
     gateway: GatewayConfig,
     engine: EngineConfig,
@@ -74,6 +107,11 @@ def run_workers(
     assert gateway.admin_key, "run_gateway sets the admin key before starting workers"
     reserved = bind_socket(gateway.host, gateway.port, reuse_port=True, listen=False)  # takes no calls
     port = reserved.getsockname()[1]
+    try:
+        lock = hold_port(gateway.host, port)  # the workers inherit it: held until the last one ends
+    except ConfigError:
+        reserved.close()
+        raise
     controls = [bind_socket("127.0.0.1", 0) for _ in range(gateway.workers)]
     control_urls = [url_for("127.0.0.1", s.getsockname()[1]) for s in controls]
     url = url_for(gateway.host, port)
@@ -84,7 +122,7 @@ def run_workers(
     for i in range(gateway.workers):
         proc = ctx.Process(
             target=_serve_worker,
-            args=(i, gateway, engine, store_url, port, controls[i], tuple(extra_routes)),
+            args=(i, gateway, engine, store_url, port, controls[i], tuple(extra_routes), os.getpid()),
             name=f"harnessrl-gateway-{i}",
         )
         proc.start()
@@ -122,6 +160,8 @@ def run_workers(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         reserved.close()
+        if lock is not None:
+            lock.close()
     if failed:
         raise ConfigError("gateway worker failed: " + "; ".join(failed) + " (see the log above)")
 
@@ -134,8 +174,10 @@ def _serve_worker(
     port: int,
     control: socket.socket,
     extra_routes: Sequence[RouteFactory],
+    parent_pid: int,
 ) -> None:
     """One worker process: its own store connection, engine and app, on the public + its control socket."""
+    end_with_parent(parent_pid)
     public = bind_socket(gateway.host, port, reuse_port=True)
 
     from harnessrl.engines.factory import create_engine
@@ -151,11 +193,32 @@ def _serve_worker(
         server = GatewayServer(config)
         tune_gc()  # as run_gateway does
         log.info("gateway worker %d (pid %d) serving", index, os.getpid())
-        # As in run_gateway: uvicorn re-raises the stop signal to the previous handler; make it a no-op.
+        # As in run_gateway, uvicorn re-raises the stop signal to the previous handler: this one. A
+        # signal before uvicorn installs its own (the parent's, or its death's) stops the server as
+        # soon as it started; a no-op here lost it, and the worker served on.
         for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, lambda signum, frame: None)
+            signal.signal(sig, lambda signum, frame: setattr(server, "should_exit", True))
         server.run(sockets=[public, control])
     finally:
         store.close()
     if not server.started:
         raise SystemExit(1)
+
+
+#: ``prctl``'s option for the signal a process gets when its parent dies (linux/prctl.h).
+PR_SET_PDEATHSIG = 1
+
+
+def end_with_parent(parent_pid: int) -> None:
+    """SIGTERM this worker when its parent dies (Linux), and end now if it died already."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        log.warning(
+            "gateway worker %d: prctl(PR_SET_PDEATHSIG) failed: %s",
+            os.getpid(),
+            os.strerror(ctypes.get_errno()),
+        )
+    if os.getppid() != parent_pid:  # it died before the prctl: no signal will come
+        raise SystemExit(0)

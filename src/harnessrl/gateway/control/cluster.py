@@ -49,6 +49,8 @@ T = TypeVar("T")
 BACKSTOP_S = 5.0
 #: Seconds between looks at the gate when it cannot (SQLite: a read of a local file).
 POLL_S = 0.05
+#: Seconds between tries while the store fails (short: a lease lapses at two thirds of ``lease_s``).
+RETRY_S = 0.05
 
 
 class Cluster:
@@ -174,9 +176,18 @@ class Cluster:
             except Exception:  # noqa: BLE001 - keep in step once the store answers again
                 self._read_wanted = True
                 if not failing:  # once per outage, not once per tick
-                    log.warning("gateway %s could not read the gate", self.gateway_id, exc_info=True)
+                    log.warning(
+                        "gateway %s could not read the gate or write its heartbeat",
+                        self.gateway_id,
+                        exc_info=True,
+                    )
                 failing = True
             wait = min(self.tick_s, max(0.0, self.heartbeat.next_beat - self.clock()))
+            if failing:
+                # The beat is due and its write failed (a full disk, a read-only file): its time
+                # never moves on, so without a pause the loop retried at once, thousands of times a
+                # second, a core and the event loop spent on it for as long as the outage lasted.
+                wait = max(wait, RETRY_S)
             try:  # (a timeout scope, not wait_for: no task to create and cancel on every tick)
                 async with asyncio.timeout(wait):
                     await self._sync_wanted.wait()
