@@ -261,6 +261,59 @@ def test_pool_smaller_than_the_threads(pg_url: str) -> None:
         assert [c.seq for c in store.list_calls(rollout.rollout_id)] == list(range(80))
 
 
+def _in_threads(n: int, target: Any) -> list[Any]:
+    """``target(i)`` in n threads released together by a barrier; every result, or the first failure."""
+    barrier = threading.Barrier(n)
+
+    def released(i: int) -> Any:
+        barrier.wait(timeout=60)
+        return target(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(released, range(n)))
+
+
+@pytest.mark.parametrize("isolation", ["repeatable read", "serializable"])
+def test_a_database_defaulting_to_a_stricter_isolation_keeps_every_concurrent_write(
+    pg_url: str, isolation: str
+) -> None:
+    """A database (or role) whose ``default_transaction_isolation`` is stricter than READ COMMITTED:
+    the store's locking still holds. Each statement must see what the lock's last holder committed;
+    at the server's default, four stores opening the fresh database at once failed ("relation runs
+    already exists"), two gateways took the same seq (a call lost to a unique violation) and claims
+    failed with "could not serialize access"."""
+    import psycopg
+
+    with psycopg.connect(pg_url, autocommit=True) as admin:
+        name = admin.info.dbname
+        admin.execute(f"ALTER DATABASE \"{name}\" SET default_transaction_isolation TO '{isolation}'")
+
+    stores = _in_threads(4, lambda _: PostgresStore(pg_url, max_connections=2))  # four fresh opens
+    try:
+        rollout = stores[0].create_rollout()
+
+        def add_calls(i: int) -> list[int]:
+            return [stores[i].add_call(a_call(rollout.rollout_id, 100 * i + n)).seq for n in range(15)]
+
+        seqs = _in_threads(4, add_calls)
+        assert sorted(s for mine in seqs for s in mine) == list(range(60))
+        assert [c.seq for c in stores[0].list_calls(rollout.rollout_id)] == list(range(60))
+
+        made = {stores[0].create_rollout().rollout_id for _ in range(60)}
+
+        def claim_all(i: int) -> list[str]:
+            mine: list[str] = []
+            while claimed := stores[i].claim_rollouts(f"w{i}", 2):
+                mine += [r.rollout_id for r in claimed]
+            return mine
+
+        claimed = [rid for mine in _in_threads(4, claim_all) for rid in mine]
+        assert len(claimed) == len(set(claimed)) and set(claimed) == made | {rollout.rollout_id}
+    finally:
+        for store in stores:
+            store.close()
+
+
 def _child_adds_a_call(store: PostgresStore, rollout_id: str) -> None:
     store.add_call(a_call(rollout_id, 1))
 

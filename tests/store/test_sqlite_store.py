@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.errors import BadRequest, ConfigError, HarnessRLError, NotFound
-from harnessrl.schemas import Call, RolloutStatus
+from harnessrl.errors import BadRequest, ConfigError, HarnessRLError, NotFound, UpstreamError
+from harnessrl.schemas import Call, Outcome, RolloutStatus
 from harnessrl.store import open_store
 from harnessrl.store.gate import GateState
 from harnessrl.store.migrations import SCHEMA_VERSION
@@ -393,6 +393,38 @@ def test_add_call_now_that_fails_leaves_the_lock_free(tmp_path: Path) -> None:
         other.close()
     again = store.add_call_now(_a_call(rollout.rollout_id, 1))
     assert again is not None and again.seq == 1
+    store.close()
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_an_upstream_error_naming_the_store(
+    tmp_path: Path,
+) -> None:
+    """Another connection (a process stopped mid-write, a program holding the file) keeps the write
+    lock past the busy timeout: each write fails with an ``UpstreamError`` naming the store, as a
+    PostgreSQL store names a server it cannot use, not the driver's bare "database is locked"
+    traceback; reads go on meanwhile (WAL), and writes once the lock is free."""
+    path = tmp_path / "store.db"
+    store = SQLiteStore(path, timeout_s=0.2)
+    queued, running = store.create_rollout(), store.start_rollout(store.create_rollout().rollout_id)
+    holder = sqlite3.connect(path, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # the write lock, held as a stopped process would
+    try:
+        for write in (
+            lambda: store.claim_rollouts("w", 1),
+            lambda: store.add_call(_a_call(running.rollout_id)),
+            lambda: store.finish_rollout(running.rollout_id, Outcome.SUCCESS, 1.0),
+        ):
+            with pytest.raises(UpstreamError, match=f"SQLite store '{path}' is locked"):
+                write()
+        assert store.get_rollout(queued.rollout_id).status is RolloutStatus.QUEUED  # reads go on
+        with pytest.raises(UpstreamError, match="is locked"):  # so does a store opened meanwhile
+            SQLiteStore(path, timeout_s=0.2)
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert [r.rollout_id for r in store.claim_rollouts("w", 1)] == [queued.rollout_id]
+    assert store.finish_rollout(running.rollout_id, Outcome.SUCCESS, 1.0).status is RolloutStatus.FINISHED
+    assert store.list_calls(running.rollout_id) == []  # the refused call left nothing behind
     store.close()
 
 

@@ -125,7 +125,9 @@ class Store(Protocol):
     ) -> int: ...
 
     def claim_rollouts(self, worker_id: str, limit: int, *, run_id: str | None = None) -> list[Rollout]:
-        """Atomically move up to ``limit`` queued rollouts (oldest first) to running for this worker."""
+        """Atomically move up to ``limit`` queued rollouts (oldest first) to running for this worker.
+        Rollouts an earlier claim of this worker (through this store object) took although its
+        COMMIT got no answer (an ``UpstreamError``) are handed out first."""
 
     def start_rollout(self, rollout_id: str) -> Rollout:
         """queued -> running (e.g. on its first model call); a running rollout is returned unchanged."""

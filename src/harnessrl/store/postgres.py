@@ -14,6 +14,18 @@ how concurrency is made safe, since PostgreSQL has many writers at once instead 
   previous lock holder committed).
 - Status changes and metadata merges read the rollout ``FOR UPDATE`` before deciding, so two
   writers never both act on the same stale status.
+- Every transaction runs at READ COMMITTED, whatever the server's ``default_transaction_isolation``
+  says (``ALTER DATABASE ... SET`` or a role's setting): the points above need each statement to see
+  what the lock's previous holder committed. Under REPEATABLE READ or SERIALIZABLE two gateways
+  took the same ``seq`` (one call lost to a unique violation), claims and transitions failed with
+  serialization errors, and two processes opening a fresh database at once both created its tables.
+- A connection lost at COMMIT leaves the client unsure whether the server committed. A call write
+  looks (``_recorded_seqs``, once the lost transaction's row lock is free) and returns a call the
+  server recorded, so the gateway answers it instead of an error for a recorded call; a claim
+  raises, and the worker's next claim hands out what it took (``SQLStore.claim_rollouts``).
+- A transaction that idles past ``timeout_s`` is ended by the server (``_configure_connection``):
+  none of ours idles, so one that does is a stalled writer's, and the rollout lock it holds must
+  not make every other writer of that rollout wait until TCP gives up on it (hours).
 
 Every method is one transaction on a connection from a ``psycopg_pool.ConnectionPool``; the pool
 is thread-safe (the gateway and controller call the store from worker threads) and checks a
@@ -29,10 +41,11 @@ message quotes them.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -55,6 +68,8 @@ except ImportError as exc:  # an optional extra: say how to get it
         "a postgresql:// store needs psycopg 3 and psycopg-pool: pip install 'harnessrl[postgres]'"
     ) from exc
 
+log = logging.getLogger("harnessrl.store")
+
 # A forked child opens its own pool and keeps the parent's here, never closing or finalizing it:
 # closing would act on connections the parent still uses, and the pool's finalizer would wait on
 # worker threads that did not survive the fork. (psycopg itself never closes a connection that
@@ -67,8 +82,18 @@ CONNECT_KWARGS: dict[str, Any] = {"client_encoding": "utf8"}
 #: Server encodings that hold any text a store writes: UTF8, and SQL_ASCII, which keeps the
 #: client's UTF-8 bytes as they are (no conversion, no check) and gives them back the same.
 USABLE_ENCODINGS = ("UTF8", "SQL_ASCII")
+#: What ends a transaction for want of the server: an error of the connection, the pool's wait, or
+#: the server ending a session that idled in its transaction (``_configure_connection``; an
+#: InternalError by its SQLSTATE class, a lost connection all the same).
+_CONNECTION_LOST = (psycopg.OperationalError, PoolTimeout, psycopg.errors.IdleInTransactionSessionTimeout)
 #: Seconds a gate listener waits for a notification before looking whether it should stop.
 WATCH_CHECK_S = 1.0
+
+
+def _read_committed(conn: psycopg.Connection[Any]) -> None:
+    """Run ``conn``'s transactions at READ COMMITTED, whatever the server's default (the module
+    docstring says why the store's locking needs it)."""
+    conn.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
 
 
 def _check_encoding(conn: psycopg.Connection[Any], url: str) -> None:
@@ -170,6 +195,8 @@ class PostgresStore(SQLStore):
             # One plain connection for the migration, so a wrong URL or a down server fails here
             # with libpq's own reason (the pool would only time out).
             with psycopg.connect(url, connect_timeout=max(1, int(timeout_s)), **CONNECT_KWARGS) as conn:
+                # Before the first statement: its snapshot must not predate the migration lock's wait.
+                _read_committed(conn)
                 _check_encoding(conn, url)
                 migrate_postgres(conn, where=f"store {redact(url)}")
         except psycopg.OperationalError as exc:
@@ -190,9 +217,23 @@ class PostgresStore(SQLStore):
             timeout=self._timeout_s,
             kwargs={"row_factory": dict_row, **CONNECT_KWARGS},
             check=ConnectionPool.check_connection,
+            configure=self._configure_connection,
             name=f"harnessrl-store-{os.getpid()}",
             open=True,
         )
+
+    def _configure_connection(self, conn: psycopg.Connection[Any]) -> None:
+        """Each pooled connection, once when opened: READ COMMITTED (``_read_committed``), and its
+        transactions ended by the server if they idle past ``timeout_s``. A transaction of ours never
+        idles (its statements run back to back); one that does belongs to a writer that stalled (a
+        frozen process, a host cut off, a COMMIT lost on the way) and holds its rows' locks, for hours
+        where no connection reset tells the server: every other writer of that rollout (its
+        controller's finish, the trainer's cancel, the other gateways) would wait as long."""
+        _read_committed(conn)
+        idle_ms = f"{max(1, int(self._timeout_s * 1000))}ms"
+        conn.autocommit = True  # a session setting: no transaction around it
+        conn.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", (idle_ms,))
+        conn.autocommit = False
 
     @contextmanager
     def _tx(self) -> Iterator[psycopg.Connection[Row]]:
@@ -205,7 +246,7 @@ class PostgresStore(SQLStore):
         try:
             with self._pool.connection() as conn:
                 yield conn
-        except (psycopg.OperationalError, PoolTimeout) as exc:
+        except _CONNECTION_LOST as exc:
             raise UpstreamError(f"PostgreSQL store {redact(self.url)}: {scrub(str(exc), self.url)}") from exc
 
     _read = _tx
@@ -254,6 +295,28 @@ class PostgresStore(SQLStore):
 
     def _is_duplicate_call_id(self, exc: Exception) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation) and exc.diag.constraint_name == "calls_pkey"
+
+    def _recorded_seqs(self, rollout_id: str, call_ids: Sequence[str]) -> dict[str, int]:
+        """``SQLStore._recorded_seqs``: a connection lost around COMMIT leaves its outcome unknown to
+        us, but not to the server. The lost transaction holds ``rollout_id``'s row lock until the
+        server has committed it or rolled it back (it sees the connection closed), so the calls are
+        looked for once that lock is had; waiting for it is bounded by ``timeout_s`` (a connection
+        the server still thinks open). ``{}`` when the server cannot be asked."""
+        try:
+            with self._tx() as conn:
+                conn.execute(
+                    "SELECT set_config('lock_timeout', %s, true)", (f"{int(self._timeout_s * 1000)}ms",)
+                )
+                conn.execute("SELECT 1 FROM rollouts WHERE rollout_id = %s FOR UPDATE", (rollout_id,))
+                rows = conn.execute(
+                    "SELECT call_id, seq FROM calls WHERE call_id = ANY(%s)", (list(call_ids),)
+                ).fetchall()
+        except (UpstreamError, psycopg.Error) as exc:
+            log.warning(
+                "cannot tell whether %d call(s) were recorded: %s", len(call_ids), scrub(str(exc), self.url)
+            )
+            return {}
+        return {row["call_id"]: row["seq"] for row in rows}
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
-from harnessrl.errors import BadRequest, Conflict, NotFound
+from harnessrl.errors import BadRequest, Conflict, NotFound, UpstreamError
 from harnessrl.schemas import (
     Call,
     Outcome,
@@ -144,6 +144,10 @@ class SQLStore(GateRows):
         self._insert_sql: dict[tuple[str, tuple[str, ...], str], str] = {}  # (table, columns, conflict)
         self._end_watchers: list[Callable[[str], None]] = []
         self._watchers_lock = threading.Lock()
+        # worker id -> the times of its claims whose COMMIT got no answer (``claim_rollouts``)
+        self._lost_claims: dict[str, list[float]] = {}
+        self._lost_claims_lock = threading.Lock()
+        self._last_claim_at = 0.0
 
     # -- what a backend supplies ------------------------------------------------------------------
     def _read(self) -> AbstractContextManager[Any]:
@@ -161,6 +165,14 @@ class SQLStore(GateRows):
     def _is_duplicate_call_id(self, exc: Exception) -> bool:
         """Whether ``exc`` (the driver's) says a ``calls`` row with this ``call_id`` exists."""
         raise NotImplementedError
+
+    def _recorded_seqs(self, rollout_id: str, call_ids: Sequence[str]) -> dict[str, int]:
+        """After a write of calls raised ``UpstreamError``: the ``seq`` of each of ``call_ids`` that is
+        stored all the same (the server committed, but its answer to COMMIT was lost), once the write's
+        transaction has ended; ``{}`` when none is, or when that cannot be known. ``rollout_id``: a
+        rollout that write locked. This base: ``{}``, for a backend that never raises
+        ``UpstreamError`` (SQLite: a COMMIT that raised did not commit)."""
+        return {}
 
     # -- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
@@ -300,37 +312,101 @@ class SQLStore(GateRows):
         with self._read() as conn:
             return self._scalar(conn, f"SELECT COUNT(*) AS n FROM rollouts{where}", params)
 
+    #: Claims whose COMMIT got no answer remembered per worker (``claim_rollouts``), newest kept.
+    LOST_CLAIMS_KEPT = 16
+
     def claim_rollouts(self, worker_id: str, limit: int, *, run_id: str | None = None) -> list[Rollout]:
+        """``Store.claim_rollouts``. A claim whose connection broke at its COMMIT (PostgreSQL) may have
+        been committed all the same: its rollouts would stay running for this worker with nothing
+        running them. Such a claim raises ``UpstreamError`` as any other, and this worker's next claim
+        hands its rollouts out first (found by the claim's time, which every row it took holds)."""
         if limit <= 0:
             return []
         check_keys(worker_id=worker_id, run_id=run_id)
         check_ints(limit=limit)
-        p = self.PARAM
-        run_filter = "" if run_id is None else f" AND run_id = {p}"
-        params: list[Any] = [worker_id, now(), *([] if run_id is None else [run_id]), limit]
+        claimed_at = self._claim_time()
+        lost = self._take_lost_claims(worker_id)
         claimed: list[Rollout] = []
         damaged: list[str] = []
-        with self._write() as conn:
-            rows = conn.execute(
-                f"UPDATE rollouts SET status = 'running', worker_id = {p}, started_at = {p} WHERE pk IN "
-                f"(SELECT pk FROM rollouts WHERE status = 'queued'{run_filter} ORDER BY pk LIMIT {p}"
-                f"{self.CLAIM_LOCK}) RETURNING {ROLLOUT_COLUMNS}",
-                params,
-            ).fetchall()
-            # RETURNING gives no order guarantee; the contract is oldest first.
-            for row in sorted(rows, key=lambda row: row["pk"]):
-                try:
-                    claimed.append(rollout_from_row(row))
-                except RolloutUnreadable as exc:
-                    # No harness can run a rollout whose row cannot be read: it ends as an
-                    # infrastructure failure naming the damage, in this transaction, so the rest of
-                    # the claim is handed out and the next claim does not take it again.
-                    log.warning("%s: it fails instead of being claimed", exc)
-                    self._fail_damaged(conn, row["pk"], exc)
-                    damaged.append(row["rollout_id"])
+        committing = False
+        try:
+            with self._write() as conn:
+                rows = self._reclaim(conn, worker_id, lost, claimed_at, limit)
+                reclaimed = len(rows)
+                if reclaimed < limit:
+                    rows += self._claim_queued(conn, worker_id, limit - reclaimed, claimed_at, run_id)
+                # RETURNING gives no order guarantee; the contract is oldest first.
+                for row in sorted(rows, key=lambda row: row["pk"]):
+                    try:
+                        claimed.append(rollout_from_row(row))
+                    except RolloutUnreadable as exc:
+                        # No harness can run a rollout whose row cannot be read: it ends as an
+                        # infrastructure failure naming the damage, in this transaction, so the rest
+                        # of the claim is handed out and the next claim does not take it again.
+                        log.warning("%s: it fails instead of being claimed", exc)
+                        self._fail_damaged(conn, row["pk"], exc)
+                        damaged.append(row["rollout_id"])
+                committing = True
+        except BaseException as exc:
+            # Only a COMMIT can have been carried out unanswered: a transaction that broke before it
+            # is rolled back by the server. The lost claims not handed out are looked for again.
+            unanswered = committing and isinstance(exc, UpstreamError)
+            self._remember_lost_claims(worker_id, [*lost, claimed_at] if unanswered else lost)
+            raise
+        if lost and reclaimed == limit:  # the lost claims may hold more: looked for again next time
+            self._remember_lost_claims(worker_id, lost)
         for rollout_id in damaged:
             self._announce_end(rollout_id)
         return claimed
+
+    def _claim_queued(
+        self, conn: Any, worker_id: str, limit: int, claimed_at: float, run_id: str | None
+    ) -> list[Any]:
+        """Up to ``limit`` queued rollouts (oldest first, of ``run_id`` if given) made running for
+        ``worker_id`` at ``claimed_at``; their rows."""
+        p = self.PARAM
+        run_filter = "" if run_id is None else f" AND run_id = {p}"
+        params: list[Any] = [worker_id, claimed_at, *([] if run_id is None else [run_id]), limit]
+        return conn.execute(
+            f"UPDATE rollouts SET status = 'running', worker_id = {p}, started_at = {p} WHERE pk IN "
+            f"(SELECT pk FROM rollouts WHERE status = 'queued'{run_filter} ORDER BY pk LIMIT {p}"
+            f"{self.CLAIM_LOCK}) RETURNING {ROLLOUT_COLUMNS}",
+            params,
+        ).fetchall()
+
+    def _reclaim(
+        self, conn: Any, worker_id: str, lost: Sequence[float], claimed_at: float, limit: int
+    ) -> list[Any]:
+        """The rows (up to ``limit``, oldest first) that this worker's claims at the times ``lost``
+        made running although their COMMIT got no answer, still running for it: claimed again now."""
+        if not lost:
+            return []
+        p = self.PARAM
+        times = ", ".join([p] * len(lost))
+        return conn.execute(
+            f"UPDATE rollouts SET started_at = {p} WHERE pk IN (SELECT pk FROM rollouts WHERE "
+            f"worker_id = {p} AND status = 'running' AND started_at IN ({times}) ORDER BY pk LIMIT {p}"
+            f"{self.ROW_LOCK}) RETURNING {ROLLOUT_COLUMNS}",
+            [claimed_at, worker_id, *lost, limit],
+        ).fetchall()
+
+    def _claim_time(self) -> float:
+        """Now, later than every earlier claim through this store: a claim's time names its rows
+        (``_reclaim``), so two claims (two threads) must never share one."""
+        with self._lost_claims_lock:
+            self._last_claim_at = max(now(), self._last_claim_at + 1e-6)
+            return self._last_claim_at
+
+    def _take_lost_claims(self, worker_id: str) -> list[float]:
+        with self._lost_claims_lock:
+            return self._lost_claims.pop(worker_id, [])
+
+    def _remember_lost_claims(self, worker_id: str, times: Sequence[float]) -> None:
+        if not times:
+            return
+        with self._lost_claims_lock:
+            kept = [*self._lost_claims.get(worker_id, []), *times]
+            self._lost_claims[worker_id] = kept[-self.LOST_CLAIMS_KEPT :]
 
     def fail_unreadable_rollout(self, rollout_id: str, *, attempt: int | None = None) -> bool:
         """End a queued or running rollout whose row cannot be read (``RolloutUnreadable``) as an
@@ -515,8 +591,17 @@ class SQLStore(GateRows):
     def _add_packed(self, call: Call, packed: PackedCall, transaction: AbstractContextManager[Any]) -> Call:
         """Write one packed call in ``transaction`` (its connection, committed when the block ends)."""
         written: dict[str, AttemptChains] = {}
-        with transaction as conn:
-            row = self._add_call_row(conn, packed, written)
+        try:
+            with transaction as conn:
+                row = self._add_call_row(conn, packed, written)
+        except UpstreamError:
+            # The connection broke around the COMMIT: a call the server recorded is returned, so the
+            # gateway answers it (an error would leave a recorded call no harness received).
+            call_id = packed.columns["call_id"]
+            seqs = self._recorded_seqs(packed.columns["rollout_id"], [call_id])
+            if call_id not in seqs:
+                raise
+            row = {"seq": seqs[call_id], "call_id": call_id}
         self._chains.put(written)  # committed: these rows may now be bases
         return call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
 
@@ -527,7 +612,8 @@ class SQLStore(GateRows):
 
         A call that cannot be added (unknown rollout, token ids past int32) gets its exception in
         its place and is rolled back alone (a savepoint); the others are committed. If the commit
-        itself fails, it raises: then none was added. Calls of one rollout get consecutive ``seq``
+        itself fails, it raises: then none was added (a connection that broke after the server
+        committed is no failure: the calls are returned as stored). Calls of one rollout get consecutive ``seq``
         numbers in list order (a later one may be stored on an earlier one). Rows are locked in
         rollout-id order, so two writers' batches (several gateways on one PostgreSQL) cannot
         deadlock on each other's rollout locks.
@@ -544,8 +630,26 @@ class SQLStore(GateRows):
                 results.append(exc)
         by_rollout = sorted(range(len(calls)), key=lambda i: calls[i].rollout_id)  # stable
         written: dict[str, AttemptChains] = {}
+        try:
+            self._write_batch(calls, packed, by_rollout, results, written)
+        except UpstreamError:
+            if not self._recover_batch(calls, packed, results):  # as ``_add_packed``
+                raise
+        self._chains.put(written)
+        return results
+
+    def _write_batch(
+        self,
+        calls: Sequence[Call],
+        packed: Sequence[PackedCall | None],
+        order: Sequence[int],
+        results: list[Call | Exception],
+        written: dict[str, AttemptChains],
+    ) -> None:
+        """``add_calls``' transaction: each packed call in ``order`` under its own savepoint, its
+        result (stored call or exception) put in ``results``."""
         with self._write() as conn:
-            for i in by_rollout:
+            for i in order:
                 call, one = calls[i], packed[i]
                 if one is None:
                     continue
@@ -558,8 +662,30 @@ class SQLStore(GateRows):
                 else:
                     results[i] = call.model_copy(update={"seq": row["seq"], "call_id": row["call_id"]})
                 conn.execute("RELEASE SAVEPOINT harnessrl_call")
-        self._chains.put(written)
-        return results
+
+    def _recover_batch(
+        self, calls: Sequence[Call], packed: Sequence[PackedCall | None], results: list[Call | Exception]
+    ) -> bool:
+        """After ``add_calls``' transaction raised ``UpstreamError``: whether it committed all the same
+        (its calls then in ``results`` with their stored ``seq``; one transaction: all or none)."""
+        ids = {
+            i: one.columns["call_id"]
+            for i, one in enumerate(packed)
+            if one is not None and not isinstance(results[i], Exception)
+        }
+        if not ids:
+            return False
+        locked = packed[next(iter(ids))]
+        assert locked is not None
+        seqs = self._recorded_seqs(locked.columns["rollout_id"], list(ids.values()))
+        if not seqs:
+            return False
+        for i, call_id in ids.items():
+            if call_id in seqs:
+                results[i] = calls[i].model_copy(update={"seq": seqs[call_id], "call_id": call_id})
+            else:  # not reached before the commit failed: so it was not committed either
+                results[i] = UpstreamError(f"call {call_id!r} was not recorded: the store's connection broke")
+        return True
 
     def _add_call_row(
         self, conn: Any, packed: PackedCall, written: dict[str, AttemptChains]

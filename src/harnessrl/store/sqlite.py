@@ -5,7 +5,7 @@ process, one connection is shared by all threads behind an ``RLock`` (SQLite has
 time anyway). Across processes, every read-modify-write (seq assignment, claims, transitions,
 metadata merges) runs in ``BEGIN IMMEDIATE``, which takes the database's write lock before reading,
 so two processes never decide from the same stale read; waiting for that lock is bounded by
-``busy_timeout``.
+``busy_timeout`` (``timeout_s``), past which a write is an ``UpstreamError`` naming the store.
 
 Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL``. A commit has been written into the
 WAL file (the OS page cache) before ``COMMIT`` returns, so it survives the process being SIGKILLed,
@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
-from harnessrl.errors import ConfigError, NotFound
+from harnessrl.errors import ConfigError, NotFound, UpstreamError
 from harnessrl.schemas import Call, Rollout
 from harnessrl.store.chains import EncodedItems, pack_call
 from harnessrl.store.codecs import is_storable_key, rollout_from_row
@@ -214,8 +214,24 @@ class SQLiteStore(SQLStore):
             self._pid, self._lock = os.getpid(), threading.RLock()
             if self.path != ":memory:":
                 self._conn = self._connect()
-        with self._lock:
+        with self._lock, self._busy_as_upstream():
             yield self._conn
+
+    @contextmanager
+    def _busy_as_upstream(self) -> Iterator[None]:
+        """SQLite's "database is locked" (its busy timeout ran out: another connection kept the write
+        lock, e.g. a process stopped mid-write) as an ``UpstreamError`` naming the store, as
+        PostgreSQL's store names a server it cannot use, instead of the driver's traceback."""
+        try:
+            yield
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode & 0xFF not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
+                raise
+            raise UpstreamError(
+                f"SQLite store {self.path!r} is locked: another connection kept its write lock past "
+                f"the {self._timeout_s:g} s busy timeout (a process stopped while writing, or another "
+                f"program holding the file); try again ({exc})"
+            ) from exc
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
