@@ -385,17 +385,40 @@ def _quote_hint(err: Any, field: str) -> str:
     return f" (got {text}, which TOML reads as a {kind}: quote text, e.g. --set {field}='\"{text}\"')"
 
 
+#: Fields that name a path on this machine, never inside a harness's sandbox (where ``~`` is the
+#: sandbox's home): a leading ``~`` or ``~user`` in them is that home folder, as a shell reads it.
+#: Expanded here, in ``resolve_relative_paths`` alone, for every command that reads a config file.
+HOME_PATH_FIELDS = (
+    ("run", "dir"),
+    ("engine", "model"),  # a model folder or .gguf; also scripted:~/replies.json
+    ("engine", "tokenizer"),
+    ("engine", "cache_dir"),
+    ("trainer", "model"),
+    ("store", "url"),  # a SQLite file (a postgresql:// URL never starts with ~)
+    ("tasks", "path"),
+    ("heldout", "path"),
+    ("harness", "repo"),
+    ("harness", "mounts"),
+    ("evaluator", "mounts"),
+    ("retrieval", "corpus"),
+    ("retrieval", "cache_dir"),
+)
+
+
 def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any]:
     """Make ``./x`` and ``../x`` items of ``harness.command``, ``harness.args``, ``harness.mounts``,
     ``harness.repo``, ``evaluator.command`` and ``evaluator.mounts``, the file of a ``scripted:./x``
     ``engine.model``, and a relative ``retrieval.corpus``,
     absolute, relative to the config file's folder (harnesses and evaluators run in their own
     workspace, so a relative path would break).
-    A path the harness should resolve in its workspace is written without ``./`` (``notes/a.txt``)."""
+    A path the harness should resolve in its workspace is written without ``./`` (``notes/a.txt``).
+    A leading ``~`` of the ``HOME_PATH_FIELDS`` is expanded first. A path with a NUL byte, which no
+    file system takes, is a ``ConfigError`` naming the field (it was a ``ValueError`` traceback)."""
+    _expand_home(raw)
 
-    def fix(value: Any) -> Any:
+    def fix(value: Any, field: str) -> Any:
         if isinstance(value, str) and value.startswith(("./", "../")):
-            return str((base_dir / value).resolve())
+            return str((base_dir / _no_nul(value, field)).resolve())
         return value
 
     for section, keys in (("harness", ("command", "args", "mounts")), ("evaluator", ("command", "mounts"))):
@@ -404,37 +427,71 @@ def resolve_relative_paths(raw: dict[str, Any], base_dir: Path) -> dict[str, Any
             continue
         for key in keys:
             if isinstance(table.get(key), list):
-                table[key] = [fix(item) for item in table[key]]
+                table[key] = [fix(item, f"{section}.{key}[{i}]") for i, item in enumerate(table[key])]
     harness = raw.get("harness")
     if isinstance(harness, dict) and "repo" in harness:
-        harness["repo"] = fix(harness["repo"])
+        harness["repo"] = fix(harness["repo"], "harness.repo")
     # ``scripted:./replies.json`` is beside the config, like a harness's ``./agent.py``.
     engine = raw.get("engine")
     model = engine.get("model") if isinstance(engine, dict) else None
     if isinstance(model, str) and model.startswith("scripted:"):
-        engine["model"] = "scripted:" + fix(model.removeprefix("scripted:"))
+        engine["model"] = "scripted:" + fix(model.removeprefix("scripted:"), "engine.model")
     retrieval = raw.get("retrieval")  # a corpus is never the workspace's: any relative path is the config's
     if isinstance(retrieval, dict) and isinstance(retrieval.get("corpus"), str):
-        retrieval["corpus"] = str((base_dir / retrieval["corpus"]).resolve())
+        corpus = _no_nul(retrieval["corpus"], "retrieval.corpus")
+        retrieval["corpus"] = str((base_dir / corpus).resolve())
     _resolve_environment_paths(raw, base_dir)
     return raw
 
 
+def _no_nul(path: str, field: str) -> str:
+    """``path``, or a ``ConfigError`` naming ``field`` when it holds a NUL byte."""
+    if "\0" in path:
+        raise ConfigError(f"{field}: a path cannot contain a NUL byte, got {path!r}")
+    return path
+
+
+def _expand_home(raw: dict[str, Any]) -> None:
+    """``~/x`` (and ``~user/x``) of the ``HOME_PATH_FIELDS``, strings or lists of them, in place;
+    a NUL byte in any of them is a ``ConfigError`` (each one's first use was a traceback)."""
+
+    def expand(value: Any, field: str) -> Any:
+        if not isinstance(value, str):
+            return value  # left to validation, which names the field
+        prefix = "scripted:" if field == "engine.model" and value.startswith("scripted:") else ""
+        path = _no_nul(value.removeprefix(prefix), field)
+        return prefix + os.path.expanduser(path) if path.startswith("~") else value
+
+    for section, key in HOME_PATH_FIELDS:
+        table = raw.get(section)
+        if not isinstance(table, dict) or key not in table:
+            continue
+        value, field = table[key], f"{section}.{key}"
+        if isinstance(value, list):
+            table[key] = [expand(item, f"{field}[{i}]") for i, item in enumerate(value)]
+        else:
+            table[key] = expand(value, field)
+
+
 def _resolve_environment_paths(raw: dict[str, Any], base_dir: Path) -> None:
     """A relative ``containerfile``/``context`` of ``harness.environment.images.*`` and a relative
-    ``harness.environment.store`` are the config file's (docs/environments.md)."""
+    ``harness.environment.store`` are the config file's (docs/environments.md); ``~`` is the home."""
     harness = raw.get("harness")
     environment = harness.get("environment") if isinstance(harness, dict) else None
     if not isinstance(environment, dict):
         return
+
+    def resolve(path: str, field: str) -> str:
+        return str((base_dir / Path(_no_nul(path, field)).expanduser()).resolve())
+
     if isinstance(environment.get("store"), str):
-        environment["store"] = str((base_dir / environment["store"]).resolve())
+        environment["store"] = resolve(environment["store"], "harness.environment.store")
     images = environment.get("images")
     # Anything but a table is left to validation, which names the field.
-    for recipe in images.values() if isinstance(images, dict) else ():
+    for name, recipe in images.items() if isinstance(images, dict) else ():
         for key in ("containerfile", "context"):
             if isinstance(recipe, dict) and isinstance(recipe.get(key), str):
-                recipe[key] = str((base_dir / recipe[key]).resolve())
+                recipe[key] = resolve(recipe[key], f"harness.environment.images.{name}.{key}")
 
 
 def check_output_path(path: str | Path, option: str, *, kind: Literal["file", "folder"] = "file") -> None:

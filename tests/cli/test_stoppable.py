@@ -114,3 +114,35 @@ except KeyboardInterrupt:
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
     assert result.stdout.strip() == "KeyboardInterrupt", result.stderr
+
+
+def test_with_again_ignore_a_second_signal_lets_the_cleanup_finish():
+    # torchrun's rank 0: a Ctrl-C arrives twice (terminal and torchrun); the shutdown must not be cut.
+    script = """
+import asyncio, os, signal, threading
+
+from harnessrl.stop_signals import Signalled, until_signalled
+
+
+async def work():
+    try:
+        await asyncio.sleep(30)
+    finally:
+        os.kill(os.getpid(), signal.SIGTERM)  # the second signal, during the cleanup
+        await asyncio.sleep(0.2)
+        print("cleaned up")
+
+
+async def main():
+    try:
+        await until_signalled(work(), again="ignore")
+    except Signalled as exc:
+        print(signal.Signals(exc.signum).name)
+
+
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+asyncio.run(main())
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+    assert result.stdout.split() == ["cleaned", "up", "SIGINT"], result.stderr
+    assert result.returncode == 0, result.stderr

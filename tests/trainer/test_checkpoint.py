@@ -144,3 +144,26 @@ def test_a_finished_run_resumed_copies_again_the_numbered_checkpoint_a_kill_cut_
     assert result.exit_code == 0 and "already finished" in result.output, result.output
     assert whole_copy_of(numbered, latest, but=("trainer_state.pt",))
     assert not (numbered / "trainer_state.pt").exists()
+
+
+def test_a_damaged_trainer_state_is_a_named_error_on_resume(tmp_path):
+    """Regression: a ``trainer_state.pt`` cut short (a copy of the run folder interrupted, a bad disk)
+    or holding something else ended ``harnessrl train --resume`` in a zip or pickle traceback from
+    inside torch; it is a ``CheckpointUnreadable`` naming the file and what to do."""
+    import torch
+
+    from harnessrl.trainer.checkpoint import CheckpointUnreadable
+
+    policy = new_policy(tiny_model_dir())
+    folder = policy.save_checkpoint(tmp_path / "checkpoint")
+    state_file = folder / "trainer_state.pt"
+    whole = state_file.read_bytes()
+    for damage in (whole[: len(whole) // 2], b""):
+        state_file.write_bytes(damage)
+        with pytest.raises(CheckpointUnreadable, match="trainer_state.pt cannot be loaded .*delete it"):
+            new_policy(tiny_model_dir()).load_trainer_state(folder)
+    torch.save(["not", "a", "trainer state"], state_file)
+    with pytest.raises(CheckpointUnreadable, match="trainer_state.pt is not a trainer state"):
+        new_policy(tiny_model_dir()).load_trainer_state(folder)
+    state_file.write_bytes(whole)
+    new_policy(tiny_model_dir()).load_trainer_state(folder)  # the whole file still loads

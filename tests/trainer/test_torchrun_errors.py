@@ -66,7 +66,8 @@ def test_a_step_refused_on_every_rank_leaves_the_followers_following(tmp_path):
     """Regression: a follower let ``NonFiniteStep`` (and a ``ConfigError`` raised alike on every
     rank, building the policy or in a step) escape ``follow``, so it died with a traceback and torchrun killed rank 0 too. And a
     checkpoint rank 0 failed to write left the followers in the barrier after it, out of step with
-    rank 0's next command."""
+    rank 0's next command. And a ``trainer_state.pt`` rank 0 could not load (damaged, or a one-process
+    run's) failed on rank 0 alone, leaving the followers in ``set_optimizer_state_dict``'s collectives."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
     # A model FSDP cannot be sharded by layer (no decoder.layers): a ConfigError on every rank's build.
@@ -82,6 +83,8 @@ def test_a_step_refused_on_every_rank_leaves_the_followers_following(tmp_path):
         "NonFiniteStep",
         "ConfigError",
         "NotADirectoryError",
+        "damaged: CheckpointUnreadable",
+        "one-process: CheckpointUnreadable",
     ]
     # the ranks were still in step: the clean step after the refusals ran on both and trained
     assert math.isfinite(leader["loss"]) and leader["grad_norm"] > 0 and leader["world_size"] == 2
@@ -97,8 +100,10 @@ def _worker(out: Path) -> None:
     from harnessrl.config import load_raw_config, validate_config
     from harnessrl.engines.tiny import tiny_model_dir
     from harnessrl.errors import ConfigError
+    from harnessrl.trainer.checkpoint import CheckpointUnreadable
     from harnessrl.trainer.config import TrainConfig
     from harnessrl.trainer.distributed import init_distributed
+    from harnessrl.trainer.policy import TrainablePolicy
     from harnessrl.trainer.torchrun import follow, leader_policy_factory
     from harnessrl.trainer.train_step import NonFiniteStep
 
@@ -139,6 +144,17 @@ def _worker(out: Path) -> None:
             policy.save_checkpoint(out / "a-file" / "checkpoint")
         except OSError as exc:
             refused.append(type(exc).__name__)
+        # A resume from a trainer_state.pt rank 0 cannot load: damaged (a copy cut short), or a
+        # one-process run's (optimizer state by parameter index, not by name).
+        damaged = policy.save_checkpoint(out / "damaged")
+        whole = (damaged / "trainer_state.pt").read_bytes()
+        (damaged / "trainer_state.pt").write_bytes(whole[: len(whole) // 2])
+        one_process = TrainablePolicy.from_config(config, model_dir).save_checkpoint(out / "one-process")
+        for folder in (damaged, one_process):
+            try:
+                policy.load_trainer_state(folder)
+            except CheckpointUnreadable as exc:
+                refused.append(f"{folder.name}: {type(exc).__name__}")
         metrics = step(make_samples(), AlgorithmConfig())
     finally:
         dist.broadcast_object_list([("stop", (), {})], src=0, group=ctx.control)

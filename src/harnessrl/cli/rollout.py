@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from harnessrl.config import check_output_path, load_raw_config, resolve_relative_paths, validate_config
 from harnessrl.errors import ConfigError
+from harnessrl.stop_signals import Signalled, until_signalled
 
 # Sections only `harnessrl train` reads: a controller started for a training run takes the run's own
 # config file and ignores them.
@@ -113,52 +114,17 @@ class Terminated(Exception):
     """The command was stopped by SIGTERM (and cleaned up as for Ctrl-C)."""
 
 
-class _Interrupted(Exception):
-    """Ctrl-C seen by the loop; raised as ``KeyboardInterrupt`` once ``asyncio.run`` has returned."""
-
-
 def run_stoppable(work: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(work)`` where SIGTERM and Ctrl-C cancel ``work`` through the event loop: the
-    same cleanup for both (the attempt killed, the rollout requeued, gateway and engine closed), then
-    ``Terminated`` or ``KeyboardInterrupt``. Without this, SIGTERM ended the process at once and left
-    the rollout ``running`` in the store; and ``asyncio.run``'s own SIGINT handler cancels the task
-    from inside whatever Python code runs when the signal lands: landing in the loop's
-    ``_set_result_unless_cancelled`` (between its "cancelled?" check and ``set_result``) printed an
-    ``InvalidStateError`` traceback. A second signal gets the default action: a cleanup that hangs
-    can still be ended."""
+    """``asyncio.run(work)`` where SIGTERM and Ctrl-C cancel ``work`` through the event loop
+    (``stop_signals``): the same cleanup for both (the attempt killed, the rollout requeued, gateway
+    and engine closed), then ``Terminated`` or ``KeyboardInterrupt``. A second signal gets the
+    default action: a cleanup that hangs can still be ended."""
     try:
-        return asyncio.run(_stopped_by_signals(work))
-    except _Interrupted:
+        return asyncio.run(until_signalled(work))
+    except Signalled as exc:
+        if exc.signum == signal.SIGTERM:
+            raise Terminated from None
         raise KeyboardInterrupt from None
-
-
-async def _stopped_by_signals(work: Coroutine[Any, Any, T]) -> T:
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    received: list[int] = []
-    # Respect an inherited "ignore SIGINT" as Python itself does; SIGTERM is always handled.
-    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        for each in handled:
-            loop.remove_signal_handler(each)
-        task.cancel()
-
-    for signum in handled:
-        loop.add_signal_handler(signum, on_signal, signum)
-    try:
-        return await work
-    except asyncio.CancelledError:
-        if not received:
-            raise
-        task.uncancel()
-        raise (Terminated if received[0] == signal.SIGTERM else _Interrupted)() from None
-    finally:
-        if not received:
-            for signum in handled:
-                loop.remove_signal_handler(signum)
 
 
 def run_controller_command(

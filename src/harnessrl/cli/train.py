@@ -20,9 +20,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from harnessrl.errors import HarnessRLError
+from harnessrl.stop_signals import Signalled, until_signalled
 from harnessrl.trainer.checkpoint import repair_numbered
 from harnessrl.trainer.failures import StepFailed
+from harnessrl.trainer.interrupted import RunInterrupted, start_up_terminated
 from harnessrl.trainer.loop import finished_at, restore_final
 from harnessrl.trainer.run_setup import open_run
 
@@ -33,7 +34,7 @@ def run_train(config_path: str | None, resume: str | None, overrides: list[str])
     trainer = None
     # SIGTERM during the start-up before the event loop's handlers (importing torch, building the
     # trainer) stops it as SIGINT does there, instead of killing the process with its folder left.
-    previous_sigterm = signal.signal(signal.SIGTERM, _start_up_terminated(run_dir))
+    previous_sigterm = signal.signal(signal.SIGTERM, start_up_terminated(run_dir))
     with run.folder:  # held until the run ends: a second process on this folder is refused
         try:
             # Finished: its last checkpoint at trainer.steps and no evaluation pending there (a final
@@ -126,61 +127,11 @@ def next_commands(run_dir: Path, *, tensorboard: bool) -> str:
     return "\n".join(lines)
 
 
-class RunInterrupted(HarnessRLError):
-    """A signal stopped the run after a clean shutdown; ``exit_code`` is the shell's 128 + signal.
-    ``discarded``: it stopped a new run before its first step, whose folder was removed (there is
-    nothing to resume: the same command starts it again)."""
-
-    def __init__(self, signum: int, run_dir: Path, *, discarded: bool = False):
-        self.signum = signum
-        name = signal.Signals(signum).name
-        if discarded:
-            message = (
-                f"{name}: run stopped while starting; nothing was kept in {run_dir} (run the command again)"
-            )
-        else:
-            message = f"{name}: run stopped; continue it with: harnessrl train --resume {run_dir}"
-        super().__init__(message)
-        self.exit_code = 128 + signum
-
-
-def _start_up_terminated(run_dir: Path) -> Any:
-    """The SIGTERM handler of the start-up: raises ``RunInterrupted``; a second SIGTERM acts at once."""
-
-    def handler(signum: int, _frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        raise RunInterrupted(signum, run_dir)
-
-    return handler
-
-
 async def _until_signalled(work: Any, run_dir: Path) -> Any:
     """Await ``work``; on SIGINT or SIGTERM cancel it (its ``finally`` blocks do the clean shutdown)
-    and raise ``RunInterrupted``. The handlers are removed on the first signal, so a second one gets
-    the default action: a shutdown that hangs can still be ended from the keyboard."""
-    loop = asyncio.get_running_loop()
-    task = asyncio.current_task()
-    assert task is not None
-    received: list[int] = []
-    # Respect an inherited "ignore SIGINT" as Python itself does; SIGTERM is always handled.
-    handled = [s for s in (signal.SIGINT, signal.SIGTERM) if signal.getsignal(s) is not signal.SIG_IGN]
-
-    def on_signal(signum: int) -> None:
-        received.append(signum)
-        for each in handled:
-            loop.remove_signal_handler(each)
-        task.cancel()
-
-    for signum in handled:
-        loop.add_signal_handler(signum, on_signal, signum)
+    and raise ``RunInterrupted``. A second signal gets the default action: a shutdown that hangs can
+    still be ended from the keyboard."""
     try:
-        return await work
-    except asyncio.CancelledError:
-        if not received:
-            raise
-        task.uncancel()
-        raise RunInterrupted(received[0], run_dir) from None
-    finally:
-        if not received:
-            for signum in handled:
-                loop.remove_signal_handler(signum)
+        return await until_signalled(work)
+    except Signalled as exc:
+        raise RunInterrupted(exc.signum, run_dir) from None

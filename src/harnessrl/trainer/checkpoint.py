@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harnessrl.errors import HarnessRLError
+
 STATE_FILE = "harnessrl_state.json"
+#: The optimizer, LR schedule and generator state of ``latest`` (``Policy.save_checkpoint``).
+TRAINER_STATE_FILE = "trainer_state.pt"
 #: What a numbered copy leaves out of ``latest``: the optimizer state (it is a weights snapshot).
 NUMBERED_SKIPS = ("trainer_state.pt",)
 PARTIAL_SUFFIX = ".partial"
@@ -44,6 +48,29 @@ class TrainState:
     @classmethod
     def from_json(cls, text: str) -> TrainState:
         return cls(**json.loads(text))
+
+
+class CheckpointUnreadable(HarnessRLError):
+    """A checkpoint file that cannot be loaded (damaged, or not what this run writes)."""
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    """``folder``'s trainer state, loaded: a dict with the ``optimizer`` and ``scheduler`` state.
+    ``CheckpointUnreadable`` names the file when it is damaged (a copy cut short, a bad disk) or
+    holds something else, instead of a pickle or zip traceback from deep inside torch."""
+    import torch  # only a resume needs it: everything else here is files only
+
+    path = folder / TRAINER_STATE_FILE
+    remedy = "delete it to resume with the optimizer and LR schedule started afresh"
+    try:
+        state = torch.load(path, weights_only=False)
+    except Exception as exc:  # torch.load's ways to fail on a bad file: pickle, zip, EOF, RuntimeError
+        raise CheckpointUnreadable(
+            f"{path} cannot be loaded ({type(exc).__name__}: {exc}); {remedy}"
+        ) from exc
+    if not (isinstance(state, dict) and isinstance(state.get("optimizer"), dict) and "scheduler" in state):
+        raise CheckpointUnreadable(f"{path} is not a trainer state (no optimizer and scheduler); {remedy}")
+    return state
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -58,6 +58,7 @@ from torch.distributed.fsdp import fully_shard
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
+from harnessrl.trainer.checkpoint import TRAINER_STATE_FILE, CheckpointUnreadable, read_trainer_state
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import merged_from_state, save_adapter_state
 from harnessrl.trainer.policy import (
@@ -302,9 +303,7 @@ class ShardedPolicy:
     def load_trainer_state(self, folder: Path) -> None:
         """Rank 0 reads the optimizer, scheduler and generator state and broadcasts it (other ranks
         need no access to the run folder), as ``TrainablePolicy.load_trainer_state`` loads them."""
-        saved: dict[str, Any] = (
-            torch.load(folder / "trainer_state.pt", weights_only=False) if self.ctx.is_leader else {}
-        )
+        saved = self._leader_reads_trainer_state(folder)
         set_optimizer_state_dict(
             self.policy.model,
             self.policy.optimizer,
@@ -325,6 +324,42 @@ class ShardedPolicy:
             rng = rank_rng[self.ctx.rank]
         if rng is not None:
             set_rng_state(rng, self.policy.device)
+
+    def _leader_reads_trainer_state(self, folder: Path) -> dict[str, Any]:
+        """The checkpoint's trainer state on rank 0 (an empty dict elsewhere), checked there before
+        any rank loads it: a damaged file, or a one-process run's optimizer state, is the same
+        ``CheckpointUnreadable`` on every rank. Rank 0 alone failing left the other ranks in
+        ``set_optimizer_state_dict``'s collectives until torchrun stopped them."""
+        saved: dict[str, Any] = {}
+        error: str | None = None
+        if self.ctx.is_leader:
+            try:
+                saved = read_trainer_state(folder)
+                check_by_name(saved["optimizer"], folder / TRAINER_STATE_FILE)
+            except CheckpointUnreadable as exc:
+                error = str(exc)
+        box = [error]
+        dist.broadcast_object_list(box, src=0, group=self.ctx.control)
+        if box[0] is not None:
+            raise CheckpointUnreadable(box[0])
+        return saved
+
+
+def check_by_name(optimizer_state: dict[str, Any], path: Path) -> None:
+    """``optimizer_state`` is the by-name (FSDP) state ``ShardedPolicy.save_checkpoint`` writes, not a
+    one-process run's (parameters by index), which the sharded optimizer cannot load."""
+    # Never another error than CheckpointUnreadable: rank 0 raising alone is what this check prevents.
+    groups = optimizer_state.get("param_groups")
+    valid = isinstance(groups, list) and all(
+        isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups
+    )
+    names = [p for g in groups for p in g["params"]] if valid else []
+    if not valid or not all(isinstance(name, str) for name in names):
+        raise CheckpointUnreadable(
+            f"{path} holds no torchrun run's optimizer state (parameters by name): a one-process run's "
+            "checkpoint continues with harnessrl train --resume; or delete the file to resume with the "
+            "optimizer and LR schedule started afresh"
+        )
 
 
 # -- one data-parallel optimizer step ----------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError
 from harnessrl.hardware import resolve_autocast
+from harnessrl.trainer.checkpoint import read_trainer_state
 from harnessrl.trainer.config import OptimizerConfig, PolicyConfig
 from harnessrl.trainer.forward import TokenLogprobs, sequence_logprobs
 from harnessrl.trainer.lora import (
@@ -362,7 +363,7 @@ class TrainablePolicy:
     def load_trainer_state(self, folder: Path) -> None:
         """The optimizer, LR schedule and random number generator state ``save_checkpoint`` wrote (a
         checkpoint written before the generator state was saved keeps the freshly seeded one)."""
-        state: dict[str, Any] = torch.load(folder / "trainer_state.pt", weights_only=False)
+        state = read_trainer_state(folder)  # a damaged file: CheckpointUnreadable, not a traceback
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         apply_optimizer_config(self.optimizer, self.scheduler, self.config.optimizer)

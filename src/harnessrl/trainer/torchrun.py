@@ -6,7 +6,8 @@ Rank 0 runs the whole stack exactly as one process does (store, engine, gateway,
 samples, the weight gather for the engine, checkpoints, loading optimizer state) over a command
 channel before running it, so all ranks enter the same collectives in the same order. The other
 ranks only train: ``follow`` builds the same sharded policy when rank 0 does and runs rank 0's
-commands until it says stop.
+commands until it says stop. A signal stops rank 0's run as it stops ``harnessrl train`` (``lead``):
+torchrun sends one to every rank when it is stopped and when any rank fails.
 """
 
 from __future__ import annotations
@@ -15,21 +16,27 @@ import argparse
 import asyncio
 import functools
 import json
+import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 
 from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.stop_signals import Signalled, until_signalled
+from harnessrl.trainer.checkpoint import CheckpointUnreadable
 from harnessrl.trainer.config import TrainConfig
 from harnessrl.trainer.distributed import DistributedContext, ShardedPolicy, init_distributed
+from harnessrl.trainer.interrupted import RunInterrupted, start_up_terminated
 from harnessrl.trainer.policy import TrainablePolicy
 from harnessrl.trainer.train_step import NonFiniteStep
 from harnessrl.trajectory import Sample
+
+T = TypeVar("T")
 
 
 class LeaderPolicy:
@@ -76,10 +83,12 @@ class LeaderPolicy:
 
 
 #: Errors a command raises on every rank alike, from values all ranks share: ``NonFiniteStep`` (the
-#: step's loss and gradient norm are the whole step's) and ``ConfigError`` (from the same config and
-#: samples). Another error on a follower is its own (out of memory, say): it exits, and torchrun ends
-#: the run, rather than leave rank 0 waiting in a collective the follower never enters.
-RANK_SYMMETRIC_ERRORS = (NonFiniteStep, ConfigError)
+#: step's loss and gradient norm are the whole step's), ``ConfigError`` (from the same config and
+#: samples) and ``CheckpointUnreadable`` (rank 0's verdict on a checkpoint file, broadcast). Another
+#: error on a follower is its own (out of memory, say): it exits, and torchrun ends the run (rank 0
+#: stops cleanly on torchrun's SIGTERM), rather than leave rank 0 waiting in a collective the
+#: follower never enters.
+RANK_SYMMETRIC_ERRORS = (NonFiniteStep, ConfigError, CheckpointUnreadable)
 
 
 def _receive(ctx: DistributedContext) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
@@ -144,36 +153,91 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--resume")
     parser.add_argument("--set", dest="overrides", action="append", default=[])
     args = parser.parse_args(argv)
-    ctx = init_distributed()
+    if args.config is not None and args.resume is not None:  # CONFIG would be ignored: its changes lost
+        parser.error(  # on every rank alike (exit 2), before any of them joins the others
+            "give CONFIG for a new run or --resume RUN_DIR to continue one, not both "
+            "(a resumed run keeps its config.json; change a value with --set section.key=value)"
+        )
+    try:
+        ctx = init_distributed()
+    except ConfigError as exc:  # started without torchrun: no world to leave
+        print(f"harnessrl: error: {exc}", file=sys.stderr)
+        return 2
     try:
         if not ctx.is_leader:
             follow(ctx)
             return 0
-        try:
-            from harnessrl.trainer.run import Trainer
-            from harnessrl.trainer.run_setup import open_run
-
-            run = open_run(args.config, args.resume, args.overrides)
-            with run.folder:  # held for the run's life, as by harnessrl train: a second run is refused
-                trainer = Trainer(
-                    run.config,
-                    run.run_dir,
-                    resume=bool(args.resume),
-                    base_dir=run.base_dir,
-                    tasks=run.tasks,
-                    heldout=run.heldout,
-                    policy_factory=leader_policy_factory(ctx, run.config),
-                )
-                summary = asyncio.run(trainer.run())
-        finally:
-            dist.broadcast_object_list([("stop", (), {})], src=0, group=ctx.control)
+        summary = lead(ctx, args.config, args.resume, args.overrides)
         print(json.dumps({**summary, "world_size": ctx.world_size}))
         return 0
+    except RunInterrupted as exc:
+        print(f"harnessrl: {exc}", file=sys.stderr)
+        return exc.exit_code
     except HarnessRLError as exc:
         print(f"harnessrl: error: {exc}", file=sys.stderr)
         return 2
     finally:
         dist.destroy_process_group()
+
+
+def lead(
+    ctx: DistributedContext, config: str | None, resume: str | None, overrides: list[str]
+) -> dict[str, Any]:
+    """Rank 0: the run as ``harnessrl train`` runs it (``cli/train.py``), leading the other ranks.
+
+    SIGINT and SIGTERM stop it the same clean way (``until_signalled``): torchrun sends SIGTERM to
+    every rank when it is stopped and when one rank fails (a follower out of memory), and rank 0 then
+    kills its harnesses, requeues the rollouts in flight and marks the run stopped instead of dying
+    with the run left "running". A start-up that fails or is stopped before the first step removes a
+    new run's folder, so the same command starts it again. The followers are told to stop, except
+    after a signal: torchrun stops them then, and one may be dead (a send to it would fail)."""
+    from harnessrl.trainer.run import Trainer
+    from harnessrl.trainer.run_setup import open_run
+
+    signalled = False
+    try:
+        run = open_run(config, resume, overrides)
+        trainer = None
+        # SIGTERM before the event loop's handlers (building the trainer) stops the start-up too.
+        previous_sigterm = signal.signal(signal.SIGTERM, start_up_terminated(run.run_dir, entry="torchrun"))
+        with run.folder:  # held for the run's life, as by harnessrl train: a second run is refused
+            try:
+                trainer = Trainer(
+                    run.config,
+                    run.run_dir,
+                    resume=bool(resume),
+                    base_dir=run.base_dir,
+                    tasks=run.tasks,
+                    heldout=run.heldout,
+                    policy_factory=leader_policy_factory(ctx, run.config),
+                )
+                return asyncio.run(_until_signalled(trainer.run(), run.run_dir))
+            except BaseException as exc:
+                signalled = isinstance(exc, RunInterrupted)
+                if trainer is None or not trainer.started:
+                    run.folder.discard()  # a new run's only (a resumed folder is never removed)
+                    if isinstance(exc, RunInterrupted) and not resume:
+                        raise RunInterrupted(
+                            exc.signum, run.run_dir, discarded=True, entry="torchrun"
+                        ) from None
+                raise
+            finally:
+                signal.signal(signal.SIGTERM, previous_sigterm)
+    finally:
+        if not signalled:
+            dist.broadcast_object_list([("stop", (), {})], src=0, group=ctx.control)
+
+
+async def _until_signalled(work: Coroutine[Any, Any, T], run_dir: Path) -> T:
+    """Await ``work``; on SIGINT or SIGTERM cancel it (its ``finally`` blocks do the clean shutdown)
+    and raise ``RunInterrupted``, as ``harnessrl train`` does. Unlike there, a second signal does not
+    cut the shutdown short: a Ctrl-C reaches rank 0 twice (from the terminal, and forwarded by
+    torchrun), and torchrun ends a shutdown that hangs itself, with SIGKILL after its
+    ``--shutdown-timeout`` (30 s by default)."""
+    try:
+        return await until_signalled(work, again="ignore")
+    except Signalled as exc:
+        raise RunInterrupted(exc.signum, run_dir, entry="torchrun") from None
 
 
 if __name__ == "__main__":
