@@ -188,3 +188,112 @@ def test_a_build_a_killed_process_left_is_removed_by_the_next_build(tmp_path: Pa
         assert live.is_dir()
     finally:
         os.close(owner)
+
+
+def test_a_home_relative_corpus_and_cache_dir_are_the_homes(tmp_path: Path, monkeypatch) -> None:
+    """``cache_dir = "~/..."`` built the index into a folder literally named ``~`` under the working
+    directory, and ``corpus = "~/..."`` was read beside the config file (``<config dir>/~/...``)."""
+    from harnessrl.cli.rollout import load_rollout_config
+    from harnessrl.controller.stack import retrieval_routes
+    from harnessrl.retrieval.config import RetrievalConfig
+
+    home, work, configs = tmp_path / "home", tmp_path / "work", tmp_path / "configs"
+    for folder in (home, work, configs):
+        folder.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    write_corpus(home / "corpus.jsonl", PASSAGES)
+    config = configs / "rollout.toml"
+    config.write_text(
+        '[harness]\ncommand = ["/bin/true"]\n[retrieval]\ncorpus = "~/corpus.jsonl"\ncache_dir = "~/indexes"\n'
+    )
+    retrieval = load_rollout_config(str(config), []).retrieval
+    assert retrieval is not None
+    assert (retrieval.corpus, retrieval.cache_dir) == (str(home / "corpus.jsonl"), str(home / "indexes"))
+    assert retrieval_routes(retrieval)  # the index is built
+    assert len(list((home / "indexes").iterdir())) == 1
+    # Built in Python (no config file to load): the same.
+    direct = RetrievalConfig(corpus="~/corpus.jsonl", cache_dir="~/direct")
+    assert (direct.corpus, direct.cache_dir) == (str(home / "corpus.jsonl"), str(home / "direct"))
+    assert retrieval_routes(direct)
+    assert len(list((home / "direct").iterdir())) == 1
+    assert list(work.iterdir()) == [] and list(configs.iterdir()) == [config]
+
+
+@pytest.mark.timeout(60)  # the bug this guards against was a hang: fail, do not wait 10 minutes
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_a_corpus_that_is_not_a_regular_file_is_refused_at_the_start(tmp_path: Path, kind: str) -> None:
+    """A FIFO as the corpus held the start forever (opened, waiting for a writer that never comes);
+    ``/dev/zero`` was read without end. Each is the setting's error, naming it."""
+    import os
+
+    from harnessrl.controller.stack import retrieval_routes
+    from harnessrl.retrieval.config import RetrievalConfig
+
+    corpus = tmp_path / "corpus.jsonl"
+    if kind == "fifo":
+        os.mkfifo(corpus)
+    elif kind == "folder":
+        corpus.mkdir()
+    else:
+        corpus = Path("/dev/zero")
+    config = RetrievalConfig(corpus=str(corpus), cache_dir=str(tmp_path / "cache"))
+    with pytest.raises(ConfigError, match=r"retrieval\.corpus: .*(not a regular file|Is a directory)"):
+        retrieval_routes(config)
+    regular = write_corpus(tmp_path / "regular.jsonl", PASSAGES)  # control
+    assert retrieval_routes(RetrievalConfig(corpus=str(regular), cache_dir=str(tmp_path / "cache")))
+
+
+def test_a_corpus_written_as_one_json_document_is_refused_without_reading_it_whole(tmp_path: Path) -> None:
+    """A corpus given as a JSON array (one line) was read into memory whole, then parsed, before its
+    error: a 14 GB dump exhausted the machine. Lines are read up to ``MAX_LINE_BYTES``."""
+    import tracemalloc
+
+    from harnessrl.retrieval.corpus import MAX_LINE_BYTES
+
+    passages = [{"id": str(i), "title": f"T{i}", "text": "word " * 200} for i in range(40_000)]
+    corpus = tmp_path / "corpus.json"
+    corpus.write_text(json.dumps(passages))
+    assert corpus.stat().st_size > 2 * MAX_LINE_BYTES
+    tracemalloc.start()
+    try:
+        with pytest.raises(ConfigError, match=r"corpus\.json:1: longer than 16 MiB; a corpus is JSON Lines"):
+            list(read_passages(corpus))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # What reading one capped line takes (its bytes, copied once), not the document and its objects.
+    assert peak < 3 * MAX_LINE_BYTES
+    write_corpus(corpus, passages[:3])  # control: the same passages, one a line
+    assert [p.id for p in read_passages(corpus)] == ["0", "1", "2"]
+
+
+def test_numeric_ids_are_checked_for_repeats_in_a_bitmap_not_kept_as_strings(tmp_path: Path) -> None:
+    """wiki-18's 21 million ids ("0" to "21015323") were kept as strings to refuse a repeat: about
+    1.9 GB while the index was built. A dense numeric id is now a bit; every repeat is still found,
+    however the two ids were kept."""
+    import tracemalloc
+
+    from harnessrl.retrieval.corpus import SeenIds
+
+    corpus = tmp_path / "wiki.jsonl"
+    with corpus.open("w") as f:
+        for i in range(100_000):
+            f.write(json.dumps({"id": str(i), "contents": f'"T"\\nw{i}'}) + "\n")
+    tracemalloc.start()
+    try:
+        count = sum(1 for _ in read_passages(corpus))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert count == 100_000
+    assert peak < 3 << 20, peak  # as strings, these ids alone took about 9 MB
+
+    far = str(SeenIds.SLACK + 10)  # first met as a string (far past the lines read), later as a bit
+    seen = SeenIds()
+    assert seen.add(far, 1) and not seen.add(far, SeenIds.SLACK)
+    assert seen.add("7", 1) and not seen.add("7", 5) and seen.add("07", 6) and not seen.add("07", 7)
+    assert seen.add("9" * 5000, 8) and not seen.add("9" * 5000, 9)  # past int()'s digit limit: a string
+    with pytest.raises(ConfigError, match=r"wiki\.jsonl:3: passage id '1' appears twice"):
+        write_corpus(corpus, [{"id": "0", "text": "a"}, {"id": "1", "text": "b"}, {"id": "1", "text": "c"}])
+        list(read_passages(corpus))

@@ -263,3 +263,39 @@ def test_a_rollout_whose_row_is_damaged_still_has_its_requests_served(make_searc
         assert [r["request"]["query"] for r in listed.json()] == ["Velmora"]
     unknown = httpx.get(f"{gw.url}/api/rollouts/nobody/tool_requests", headers=admin)
     assert unknown.status_code == 404  # the control: an unknown rollout is still refused
+
+
+def test_a_rollout_past_its_search_budget_gets_a_tool_error_and_nothing_is_stored(
+    make_search_gateway,
+) -> None:
+    """A looping policy searched at the rate limit for its whole timeout, each search stored with its
+    passages (about 25 KB): the store grew without bound. Past ``max_searches_per_rollout`` a search
+    is a 409 the client is told not to retry, and nothing more is recorded."""
+    gw = make_search_gateway(max_searches_per_rollout=3)
+    rollout, other = gw.rollout(), gw.rollout()
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    assert [post(url, key, {"query": "Velmora"}).status_code for _ in range(3)] == [200, 200, 200]
+    spent = post(url, key, {"query": "Velmora"})
+    assert spent.status_code == 409 and spent.headers["x-should-retry"] == "false"
+    assert "retrieval.max_searches_per_rollout" in spent.json()["error"]["message"]
+    assert post(url, key, {"query": "Velmora"}).status_code == 409  # and stays spent
+    assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 3
+    # A malformed search is refused before it is counted; another rollout has its own budget.
+    assert post(gw.search_url(other), other["api_key"], {"query": ""}).status_code == 400
+    answers = [post(gw.search_url(other), other["api_key"], {"query": "Tarsk"}) for _ in range(4)]
+    assert [a.status_code for a in answers] == [200, 200, 200, 409]
+
+
+def test_the_search_budget_counts_searches_the_store_already_holds(make_search_gateway) -> None:
+    """A restarted gateway (or a peer) starts a rollout's count from its recorded searches, not 0."""
+    from harnessrl.schemas import ToolRequest
+
+    gw = make_search_gateway(max_searches_per_rollout=3)
+    rollout = gw.rollout()
+    for _ in range(2):  # what the gateway serving it before this one recorded
+        gw.store.add_tool_request(
+            ToolRequest(rollout_id=rollout["rollout_id"], tool="search", request={"query": "x"})
+        )
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    assert [post(url, key, {"query": "Velmora"}).status_code for _ in range(2)] == [200, 409]
+    assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 3

@@ -180,3 +180,52 @@ def test_the_search_client_sends_utf8_not_json_escapes() -> None:
     assert [json.loads(body)["query"] for body in bodies] == [waves, "\udcff Keth"]
     size = len(bodies[0])
     assert size <= 4 * len(waves) + 32  # UTF-8: 4 bytes a wave
+
+
+@pytest.mark.parametrize(
+    ("status", "declared", "body", "named"),
+    [
+        (200, 1000, b'{"query": "Velmora", "passages": [', "IncompleteRead"),  # cut short mid-answer
+        (429, 1000, b'{"error": {"mess', "refused (429)"),  # a refusal cut short
+        (200, None, b"<html>proxy error</html>", "not JSON"),
+        (200, None, b'{"passages": [{"title": 7}]}', "holds no passages"),
+        (200, None, b"[1, 2]", "holds no passages"),
+    ],
+)
+def test_the_search_command_names_a_broken_answer_instead_of_a_traceback(
+    status: int, declared: int | None, body: bytes, named: str
+) -> None:
+    """An answer cut short (the connection closed before its ``content-length``; a refusal's body
+    too) was an ``IncompleteRead`` traceback, one that is not JSON or not passages a ``ValueError``'s
+    or ``TypeError``'s: the agent read a Python traceback as the tool's output. Now exit 1 naming it."""
+
+    class Broken(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(status)
+            self.send_header("content-length", str(declared or len(body)))
+            self.send_header("connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+            self.close_connection = True
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Broken)  # this machine's loopback only
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    spec = apply_preset(HarnessSpec(preset="python", command=["x"], tools=["search"]))
+    env = {
+        "PATH": spec.env["PATH"],
+        "OPENAI_BASE_URL": f"http://127.0.0.1:{server.server_address[1]}/rollouts/r/v1",
+        "OPENAI_API_KEY": "k",
+    }
+    try:
+        done = subprocess.run(["search", "Velmora"], env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.startswith("search: search ")
+    assert named in done.stderr

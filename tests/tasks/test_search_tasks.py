@@ -271,6 +271,20 @@ def test_searchqa_refuses_an_unreadable_file_as_a_config_error(tmp_path: Path, c
         load_searchqa(path, split="train")
 
 
+@pytest.mark.timeout(60)  # the bug was a hang: fail, do not wait 10 minutes
+def test_searchqa_refuses_a_task_file_that_is_not_a_regular_file(tmp_path: Path) -> None:
+    """A FIFO given as the task file held the start forever, waiting for a writer."""
+    fifo = tmp_path / "train.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"train tasks: cannot read .*train\.jsonl.*not a regular file"):
+        load_searchqa(fifo, split="train")
+    regular = tmp_path / "crlf.jsonl"  # control, with Windows line ends as read_text read them
+    regular.write_bytes(
+        b'{"id": "a", "question": "q1", "answer": "x"}\r\n{"id": "b", "question": "q2", "answer": "y"}\r\n'
+    )
+    assert [t.task_id for t in load_searchqa(regular, split="train")] == ["a", "b"]
+
+
 def test_searchqa_questions_may_hold_line_separators(tmp_path):
     """Rows are split at "\\n" only: ``str.splitlines`` split a question holding U+2028 in two."""
     path = tmp_path / "qa.jsonl"
@@ -347,6 +361,30 @@ def test_the_dataset_command_refuses_bad_options_in_one_line(
     assert exit_.value.code == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.timeout(60)  # the bug was a hang (hours of draws): fail, do not wait 10 minutes
+def test_more_questions_than_the_world_holds_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--train 100000`` (Search-R1's scale) drew questions for hours before its ValueError: the
+    world holds 12,544 distinct training questions. Now exit 2 at once, naming both numbers."""
+    from harnessrl.tasks.search import main
+
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_:
+        main(["--out", str(out), "--train", "100000"])
+    assert exit_.value.code == 2
+    assert (
+        "only 12544 distinct train questions exist for these settings, not 100000" in capsys.readouterr().err
+    )
+    assert not out.exists()
+    every = len({t["prompt"] for t in make_questions(WORLD, "heldout", 330)})  # control: all of them
+    assert every == 330
+    with pytest.raises(ValueError, match="only 330 distinct heldout questions"):
+        make_questions(WORLD, "heldout", 331)
+    with pytest.raises(ValueError, match="only 170 distinct heldout questions"):  # 1-hop templates only
+        make_questions(WORLD, "heldout", 171, hops=(1,))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,9 @@ through the one socket it already has; nothing here opens a port. Documented in 
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+import os
+
+from pydantic import Field, field_validator, model_validator
 
 from harnessrl.config import Section
 
@@ -38,6 +40,20 @@ class RetrievalConfig(Section):
         default=20.0, gt=0, description="searches per second one rollout may make on average (token bucket)"
     )
     burst: int = Field(default=40, ge=1, description="searches one rollout may make at once before 429s")
+    max_searches_per_rollout: int = Field(
+        default=500,
+        ge=1,
+        le=1_000_000,
+        description="searches one rollout attempt may make in all; past it a 409 tool error, nothing "
+        "recorded (each search is stored with its passages: up to ~25 KB at the default limits)",
+    )
+
+    @field_validator("corpus", "cache_dir")
+    @classmethod
+    def _expand_home(cls, value: str | None) -> str | None:
+        # "~/..." is the user's home, as a shell reads it: unexpanded, the index was built into a
+        # folder literally named "~" under the working directory.
+        return None if value is None else os.path.expanduser(value)
 
     @model_validator(mode="after")
     def _check(self) -> RetrievalConfig:

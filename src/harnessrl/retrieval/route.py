@@ -6,7 +6,9 @@ serving the retriever here opens nothing: no port, no second socket. A search is
 like a model call (the rollout's key, only under its own URL; the admin key is refused), refused
 for a rollout that ended, rate-limited per rollout (a token bucket, 429 with ``Retry-After`` set to
 the whole seconds until the bucket holds a search again),
-bounded in size (413 past ``retrieval.max_query_chars``), run off the event loop, and recorded in the
+bounded in size (413 past ``retrieval.max_query_chars``) and in number (409 ``conflict`` past
+``retrieval.max_searches_per_rollout`` searches of one attempt: each is stored with its passages, so
+a looping policy filled the store for its whole timeout), run off the event loop, and recorded in the
 store (``ToolRequest``) before it is answered, like a call: a search still running when its rollout
 (or attempt) ends is refused by the store under the same lock as the end (409), never recorded.
 
@@ -30,7 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from harnessrl.errors import BadRequest, Overloaded, PayloadTooLarge
+from harnessrl.errors import BadRequest, Conflict, Overloaded, PayloadTooLarge
 from harnessrl.gateway.auth import authorize_rollout, require_admin
 from harnessrl.gateway.bodies import read_body
 from harnessrl.gateway.errors import RolloutClosed, error_response, error_shape
@@ -75,6 +77,37 @@ class RateLimit:
         return wait
 
 
+class SearchesSpent(Conflict):
+    """The rollout attempt made its ``retrieval.max_searches_per_rollout`` searches (409: a retry
+    cannot help, and the SDKs are told not to)."""
+
+
+@dataclass
+class SearchBudget:
+    """Searches counted per rollout attempt against ``limit``. A count starts from what the store
+    holds for that attempt (``seed``: a restarted gateway, a peer's searches) and then counts this
+    process's own, so N gateways serving one rollout hold it within N x ``limit``. The least recently
+    used counts are dropped past ``_MAX_BUCKETS`` (and read from the store again when next needed)."""
+
+    limit: int
+    _counts: OrderedDict[tuple[str, int], int] = field(default_factory=OrderedDict)
+
+    def knows(self, key: tuple[str, int]) -> bool:
+        return key in self._counts
+
+    def seed(self, key: tuple[str, int], stored: int) -> None:
+        """Start ``key``'s count at ``stored`` unless a concurrent search of it started it first."""
+        self._counts.setdefault(key, stored)
+
+    def take(self, key: tuple[str, int]) -> bool:
+        """Whether ``key`` may search once more (then counted); call only after ``seed``."""
+        used = self._counts.pop(key)
+        self._counts[key] = used + 1 if used < self.limit else used
+        if len(self._counts) > _MAX_BUCKETS:
+            self._counts.popitem(last=False)
+        return used < self.limit
+
+
 def _top_k(body: dict[str, Any], config: RetrievalConfig) -> int:
     value = body.get("top_k", config.top_k)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= config.max_top_k:
@@ -103,6 +136,7 @@ class RetrievalRoutes:
         self.index = index
         self.config = config
         self.limit = RateLimit(config.rate_per_s, config.burst, clock or time.monotonic)
+        self.budget = SearchBudget(config.max_searches_per_rollout)
 
     def factories(self) -> list[Callable[..., BaseRoute]]:
         return [self.search_route, self.log_route]
@@ -141,6 +175,7 @@ class RetrievalRoutes:
                 f"query of {len(query)} characters exceeds retrieval.max_query_chars ({cfg.max_query_chars})"
             )
         k = _top_k(body, cfg)
+        await self._spend_one(state, rollout.rollout_id, rollout.attempt)
         hits = await anyio.to_thread.run_sync(
             lambda: self.index.search(query, k, max_terms=cfg.max_query_terms)
         )
@@ -170,6 +205,21 @@ class RetrievalRoutes:
         except RolloutEnded:
             raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more searches") from None
         return JSONResponse(answer)
+
+    async def _spend_one(self, state: GatewayState, rollout_id: str, attempt: int) -> None:
+        """Count one search of this attempt, or ``SearchesSpent`` past the budget."""
+        key = (rollout_id, attempt)
+        if not self.budget.knows(key):
+            stored = await state.in_thread(
+                lambda: len(state.store.list_tool_requests(rollout_id, attempt=attempt))
+            )
+            self.budget.seed(key, stored)
+        if not self.budget.take(key):
+            limit = self.config.max_searches_per_rollout
+            raise SearchesSpent(
+                f"rollout {rollout_id!r} made its {limit} searches (retrieval.max_searches_per_rollout); "
+                "it takes no more: answer with what you found"
+            )
 
     async def tool_requests(self, request: Request) -> Response:
         state: GatewayState = request.app.state.gateway

@@ -2,7 +2,8 @@
 
 Shared by the ``reasoning_gym`` and ``exact_match`` evaluators and by task modules that check what
 the policy said (``harnessrl.tasks.scienceworld``): ``final_answer_text`` is the last assistant
-text of a rollout's calls, in any provider's message shape; ``sampled_text`` is all the text one
+text of a rollout's main conversation (``side_calls``: a harness's title or summary call after the
+answer is not the answer), in any provider's message shape; ``sampled_text`` is all the text one
 reply holds, tool-call arguments included; ``extract_answer`` pulls the answer out of it. Every
 function here is linear in the policy's text: no backtracking regex runs on it. The default convention is the one ``harnessrl.tasks.reasoning_gym`` prompts for: a last
 line ``Answer: X``. Depends only on ``harnessrl.schemas``: tasks never import the controller.
@@ -13,7 +14,9 @@ from __future__ import annotations
 import json
 import re
 import unicodedata
+from array import array
 from collections.abc import Sequence
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -182,13 +185,81 @@ def strip_think(text: str) -> str:
 
 
 def final_answer_text(calls: Sequence[Call]) -> str:
-    """The last non-empty assistant text in ``calls`` (OpenAI, Anthropic or Responses shapes),
-    ``<think>`` blocks removed."""
+    """The last non-empty assistant text of the rollout's main conversation (OpenAI, Anthropic or
+    Responses shapes), ``<think>`` blocks removed: ``calls`` in ``seq`` order, side calls left out
+    (``side_calls``). Reading any call's text scored a harness's small call made after the agent's
+    answer (a title, a summary) instead of the answer, and let the policy plant an answer there."""
+    side = side_calls(calls)
     for call in sorted(calls, key=lambda c: c.seq, reverse=True):
+        if call.seq in side:
+            continue
         text = strip_think(_message_text(call.response)).strip()
         if text:
             return text
     return ""
+
+
+def side_calls(calls: Sequence[Call]) -> set[int]:
+    """The ``seq`` of each *side call* in ``calls``: a call alone in its conversation whose prompt is
+    shorter than the main conversation's first prompt.
+
+    A conversation is a chain of calls as the trainer builds its samples (``trajectory.samples``):
+    each call's prompt extends an earlier call's prompt + response, token for token (the longest
+    such chain; ties: the newest). The main one is the chain with the most calls (ties: the longest
+    first prompt, then the newest). Its first prompt holds the harness's system prompt, its tools and
+    the task, so a call on a chain of its own with a shorter prompt is not the agent at work: a
+    title or summary call (a small, different system prompt), the harness's quota probe, or a call
+    the policy's code made on the side. A call alone but as long (the agent after its history was
+    compacted, a retried request) is kept, and so is every call of a chain of two or more
+    (subagents: their text comes before the main agent's last reply)."""
+    chains = _conversations(sorted(calls, key=lambda c: c.seq))
+    if not chains:
+        return set()
+    main = max(chains, key=lambda chain: (len(chain.seqs), chain.first_prompt, chain.seqs[-1]))
+    return {
+        chain.seqs[0] for chain in chains if len(chain.seqs) == 1 and chain.first_prompt < main.first_prompt
+    }
+
+
+#: Chains a call is matched against: the most recently extended. An agent, its subagents and a
+#: few side calls need a handful; bounded, a rollout of many thousands of calls (a policy looping on
+#: side calls) costs time linear in its calls, not quadratic, and memory for this many chains.
+_LIVE_CHAINS = 64
+
+
+@dataclass(slots=True)
+class _Conversation:
+    tokens: bytes  # the newest call's prompt + response token IDs, packed
+    first_prompt: int  # tokens in the first call's prompt
+    seqs: list[int]
+
+
+def _packed(token_ids: Sequence[int]) -> bytes:
+    # Packed, a prefix test is one memcmp (token IDs are vocabulary indices: 64 bits hold them).
+    return array("q", token_ids).tobytes()
+
+
+def _conversations(calls: Sequence[Call]) -> list[_Conversation]:
+    """``calls`` (in ``seq`` order) grouped into chains: each joins the longest of the
+    ``_LIVE_CHAINS`` most recently extended chains that its prompt extends (ties: the chain extended
+    last), else starts one."""
+    chains: list[_Conversation] = []
+    live: list[_Conversation] = []  # the most recently extended last
+    for call in calls:
+        prompt = _packed(call.prompt_token_ids)
+        extended = [c for c in live if prompt.startswith(c.tokens)]
+        if extended:  # max keeps the first of equals: reversed, that is the newest-extended
+            chain = max(reversed(extended), key=lambda c: len(c.tokens))
+            live.remove(chain)
+            chain.seqs.append(call.seq)
+        else:
+            chain = _Conversation(b"", len(call.prompt_token_ids), [call.seq])
+            chains.append(chain)
+        chain.tokens = prompt + _packed(call.response_token_ids)
+        live.append(chain)
+        if len(live) > _LIVE_CHAINS:
+            live.pop(0).tokens = b""  # matched no more: its tokens need not be kept
+    return chains
 
 
 def sampled_text(response: Any) -> str:

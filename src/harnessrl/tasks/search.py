@@ -29,10 +29,13 @@ Run ``python -m harnessrl.tasks.search --out DIR`` to write ``corpus.jsonl``, ``
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import random
 import re
+import stat
 import string
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -241,6 +244,12 @@ def make_questions(
     templates = {h: [t for t in _TEMPLATES if len(t[1]) == h] for h in hops}
     if any(not templates[h] for h in hops):
         raise ValueError(f"hops must be among 1, 2, 3, got {list(hops)}")
+    # Every subject of a template's kind asks a question of its own (names are unique across kinds).
+    # Checked first: past it the draws below never end in time (--train 100000: hours, not an error).
+    drawn = {h for h, weight in zip(hops, weights, strict=False) if weight > 0}
+    distinct = sum(len(world.of(t[0], part)) for h in drawn for t in templates[h])
+    if count > distinct:
+        raise ValueError(f"only {distinct} distinct {part} questions exist for these settings, not {count}")
     seen: set[str] = set()
     tasks: list[dict[str, Any]] = []
     attempts = 0
@@ -346,15 +355,29 @@ def _raw_golds(row: dict[str, Any]) -> Any:
     return ground_truth.get("target") if isinstance(ground_truth, dict) else None
 
 
+def _read_regular_file(path: Path) -> bytes:
+    """``path``'s bytes if it is a regular file (a link to one is followed), else ``OSError``:
+    opened without blocking first, since a FIFO given as the task file held the start forever."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        return f.read()
+
+
 def load_searchqa(path: Path, *, split: str) -> list[Task]:
     """Tasks from a question-answering JSONL file (Search-R1 / FlashRAG ``{"id", "question",
     "golden_answers"}``, NQ-open ``{"question", "answer": [...]}``, HotpotQA ``{"_id", "question",
     "answer"}``, Search-R1's processed rows with ``reward_model.ground_truth.target``). The answers go
     under ``hidden``; only the question reaches the harness (as ``prompt`` and ``question``)."""
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 may sit in a string
+        text = _read_regular_file(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{split} tasks: cannot read {path}: {exc}") from exc
+    # Newlines as read_text read them ("\r\n" and "\r" are "\n"); not splitlines: U+2028 may sit in
+    # a string.
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
     tasks: list[Task] = []
     seen: set[str] = set()
     blank = loose = 0  # gold answers dropped as blank; kept but only articles or punctuation

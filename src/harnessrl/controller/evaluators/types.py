@@ -46,7 +46,8 @@ class EvaluationInput:
 
     @property
     def final_answer(self) -> str:
-        """The content of the last assistant message with text, ``<think>`` blocks removed."""
+        """The content of the main conversation's last assistant message with text, ``<think>`` blocks
+        removed (``tasks.answers.final_answer_text``: a harness's side call after the answer is skipped)."""
         return final_answer_text(self.calls)
 
 

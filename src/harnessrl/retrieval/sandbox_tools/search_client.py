@@ -10,6 +10,7 @@ none found, 1 when the gateway refused (the reason on stderr), 2 for a usage err
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -43,15 +44,31 @@ def search(
     )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as answer:
-            return json.loads(answer.read())
+            return _passages_answer(answer.read())
     except urllib.error.HTTPError as exc:
         try:
             message = json.loads(exc.read())["error"]["message"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):  # cut short too
             message = exc.reason
         raise RuntimeError(f"search refused ({exc.code}): {message}") from None
-    except OSError as exc:
+    except (OSError, http.client.HTTPException) as exc:  # IncompleteRead: the answer was cut short
         raise RuntimeError(f"search failed: {exc}") from None
+
+
+def _passages_answer(raw: bytes) -> dict:
+    """The answer's JSON when it is ``{"passages": [{"title", "text", ...}, ...]}``, else
+    ``RuntimeError``: a reply that is not that shape was a traceback from ``format_passages``."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        raise RuntimeError(f"search failed: the gateway's answer is not JSON: {raw[:80]!r}") from None
+    passages = answer.get("passages") if isinstance(answer, dict) else None
+    if not isinstance(passages, list) or not all(
+        isinstance(p, dict) and isinstance(p.get("title"), str) and isinstance(p.get("text"), str)
+        for p in passages
+    ):
+        raise RuntimeError(f"search failed: the gateway's answer holds no passages: {raw[:80]!r}")
+    return answer
 
 
 def format_passages(passages: list) -> str:
