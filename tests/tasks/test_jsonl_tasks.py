@@ -3,6 +3,8 @@ tasks that would show the harness their answer."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from harnessrl.errors import ConfigError
@@ -83,6 +85,22 @@ def test_errors_name_the_line(tmp_path, content, message):
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_tasks(tmp_path / "nope.jsonl")
+
+
+@pytest.mark.timeout(60)  # the bug was a hang: fail, do not wait 10 minutes
+def test_a_task_file_that_is_not_a_regular_file_is_refused_not_waited_on(tmp_path):
+    # A FIFO given as the tasks held the start forever, waiting for a writer.
+    fifo = tmp_path / "tasks.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError, match=r"tasks: cannot read .*tasks\.jsonl.*not a regular file"):
+        load_tasks(fifo)
+    with pytest.raises(ConfigError, match="not a regular file"):
+        load_tasks("/dev/zero")  # a device was read without end
+    regular = tmp_path / "crlf.jsonl"  # control: Windows and old Mac line ends, as read_text read them
+    regular.write_bytes(
+        b'{"task_id": "a", "data": {}}\r\n{"task_id": "b", "data": {}}\r{"task_id": "c", "data": {}}'
+    )
+    assert [t.task_id for t in load_tasks(regular)] == ["a", "b", "c"]
 
 
 @pytest.mark.parametrize(

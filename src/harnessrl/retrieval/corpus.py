@@ -8,17 +8,17 @@ an index is rebuilt exactly when the corpus's content, the index layout or the t
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.metadata
 import json
-import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from harnessrl.errors import ConfigError
+from harnessrl.input_files import open_regular
 
 #: The longest corpus line read. Lines were read whole: a corpus given as one JSON document (a
 #: 14 GB wiki dump as an array) was read into memory at once, and parsed, before any error.
@@ -50,17 +50,11 @@ def open_corpus(path: Path) -> BinaryIO:
     ``ConfigError`` otherwise. Opened without blocking first: a FIFO given as the corpus held the
     start forever waiting for a writer, and a device (``/dev/zero``) was read without end."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        return open_regular(path)
     except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise ConfigError(f"retrieval.corpus: {path} is not a regular file") from None
         raise ConfigError(f"retrieval.corpus: cannot read {path}: {exc}") from exc
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ConfigError(f"retrieval.corpus: {path} is not a regular file")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def fingerprint(path: Path, layout: str | None = None) -> str:

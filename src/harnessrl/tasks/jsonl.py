@@ -21,6 +21,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from harnessrl.errors import ConfigError
+from harnessrl.input_files import read_regular
 from harnessrl.schemas import Task
 from harnessrl.tasks.fields import check_visible
 
@@ -34,8 +35,10 @@ def load_tasks(path: str | Path, *, split: str | None = None) -> list[Task]:
     path = Path(path)
     try:
         # "\n" only: str.splitlines also splits at U+2028, U+2029, U+0085..., which save_tasks
-        # writes raw inside strings (ensure_ascii=False). read_text already made "\r\n" one "\n".
-        lines = path.read_text(encoding="utf-8").split("\n")
+        # writes raw inside strings (ensure_ascii=False); "\r\n" made one "\n" as read_text did.
+        # Only a regular file: a FIFO given as the tasks held the start forever.
+        text = read_regular(path).decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
+        lines = text.split("\n")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"tasks: cannot read {path}: {exc}") from exc
     tasks: list[Task] = []

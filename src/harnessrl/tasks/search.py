@@ -29,13 +29,10 @@ Run ``python -m harnessrl.tasks.search --out DIR`` to write ``corpus.jsonl``, ``
 from __future__ import annotations
 
 import argparse
-import errno
 import json
 import logging
-import os
 import random
 import re
-import stat
 import string
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +41,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from harnessrl.errors import ConfigError
+from harnessrl.input_files import read_regular
 from harnessrl.schemas import Task
 from harnessrl.tasks.agent_files import read_agent_file
 from harnessrl.tasks.answers import as_number, final_answer_text
@@ -355,24 +353,13 @@ def _raw_golds(row: dict[str, Any]) -> Any:
     return ground_truth.get("target") if isinstance(ground_truth, dict) else None
 
 
-def _read_regular_file(path: Path) -> bytes:
-    """``path``'s bytes if it is a regular file (a link to one is followed), else ``OSError``:
-    opened without blocking first, since a FIFO given as the task file held the start forever."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        os.set_blocking(fd, True)
-        return f.read()
-
-
 def load_searchqa(path: Path, *, split: str) -> list[Task]:
     """Tasks from a question-answering JSONL file (Search-R1 / FlashRAG ``{"id", "question",
     "golden_answers"}``, NQ-open ``{"question", "answer": [...]}``, HotpotQA ``{"_id", "question",
     "answer"}``, Search-R1's processed rows with ``reward_model.ground_truth.target``). The answers go
     under ``hidden``; only the question reaches the harness (as ``prompt`` and ``question``)."""
     try:
-        text = _read_regular_file(path).decode("utf-8")
+        text = read_regular(path).decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{split} tasks: cannot read {path}: {exc}") from exc
     # Newlines as read_text read them ("\r\n" and "\r" are "\n"); not splitlines: U+2028 may sit in
