@@ -372,6 +372,11 @@ BAD_SAMPLES = {
         "no token after its first prompt",
     ),
     "loss mask 2": (dict(loss_mask=[0, 0, 0, 2, 1, 0, 0, 1]), r"loss_mask\[3\] is 2"),
+    # token 5 lies between the spans [3, 5) and [7, 8): tool output, trained as if sampled
+    "loss token on tool output": (
+        dict(loss_mask=[0, 0, 0, 1, 1, 1, 0, 1]),
+        r"loss_mask\[5\] is 1 but no span holds token 5",
+    ),
     "negative token id": (dict(input_ids=[1, 2, 3, -10, 11, 5, 6, 12]), r"input_ids\[3\] is -10"),
     "token id past int64": (
         dict(input_ids=[1, 2, 3, 2**63, 11, 5, 6, 12]),

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harnessrl.errors import InvalidSampleFile
-from harnessrl.trajectory import FORMAT, Sample, SampledSpan, read_samples, write_samples
+from harnessrl.trajectory import FORMAT, Sample, SampledSpan, iter_samples, read_samples, write_samples
 from harnessrl.trajectory.export import row_to_sample, sample_to_row
 
 
@@ -328,3 +328,70 @@ def test_a_write_that_fails_part_way_leaves_no_file_that_reads_back_short(
         write_samples(path, produce())
     assert [s.rollout_id for s in read_samples(path)] == ["r-old"]
     assert sorted(p.name for p in tmp_path.iterdir()) == [path.name]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet"])
+def test_a_row_training_a_token_no_span_sampled_is_refused(tmp_path: Path, suffix: str) -> None:
+    """``loss_mask`` 1 on a tool-output token (between two responses) read back as a sample that
+    trained that token as if the policy had sampled it, against a behaviour log-prob of 0.0. A 0
+    inside a span (a sampled token left untrained on purpose) still reads."""
+    from harnessrl.schemas import Call, Rollout
+    from harnessrl.trajectory import build_rollout_samples
+
+    first = Call(
+        rollout_id="r",
+        seq=0,
+        prompt_token_ids=[1, 2],
+        response_token_ids=[3, 4],
+        response_logprobs=[-0.5, -0.25],
+    )
+    tool = [50, 51]  # tool output: context, never sampled
+    second = Call(
+        rollout_id="r",
+        seq=1,
+        prompt_token_ids=[1, 2, 3, 4, *tool],
+        response_token_ids=[5],
+        response_logprobs=[-1.0],
+    )
+    rollout = Rollout(rollout_id="r", api_key="k", reward=1.0)
+    (sample,) = build_rollout_samples(rollout, [first, second]).samples
+    assert sample.loss_mask == [0, 0, 1, 1, 0, 0, 1]
+    good = write_samples(tmp_path / f"good{suffix}", [sample])
+    assert read_samples(good) == [sample]
+
+    sample.loss_mask = [0, 0, 1, 1, 0, 1, 1]  # token 5 is tool output
+    with pytest.raises(InvalidSampleFile, match=r"loss_mask\[5\] is 1 but no span holds token 5"):
+        read_samples(write_samples(tmp_path / f"tool{suffix}", [sample]))
+    sample.loss_mask = [0, 0, 1, 0, 0, 0, 1]  # a sampled token left untrained: allowed
+    assert read_samples(write_samples(tmp_path / f"untrained{suffix}", [sample])) == [sample]
+
+
+def test_iterating_a_parquet_file_holds_a_few_samples_not_the_file(tmp_path: Path) -> None:
+    """``iter_samples`` gives a Parquet file's samples one at a time, as it does a JSONL file's: it
+    converted 65,536 rows (a whole step, usually) to Python objects to give the first one.
+    Measured by the Python memory allocated to read the first sample, not by time."""
+    import tracemalloc
+
+    n_tokens = 1000
+    many = [
+        Sample(
+            rollout_id=f"r{i}",
+            input_ids=list(range(1000 + i, 1000 + i + n_tokens)),
+            loss_mask=[0] * 10 + [1] * (n_tokens - 10),
+            behaviour_logprobs=[0.0] * 10 + [-0.5] * (n_tokens - 10),
+            spans=[SampledSpan(10, n_tokens, 0, 0)],
+        )
+        for i in range(400)
+    ]
+    path = write_samples(tmp_path / "step.parquet", many)
+    tracemalloc.start()
+    try:
+        samples_read = iter_samples(path)
+        first = next(samples_read)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert first == many[0]
+    assert list(samples_read) == many[1:]  # and the rest, in order
+    # the whole file as Python objects is ~30 MB; a few rows of it, about 1
+    assert peak < 6_000_000, peak

@@ -56,6 +56,7 @@ from harnessrl.integrations.verl_loss import (
     verl_actor_overrides,
 )
 from harnessrl.trajectory import Sample, SampledSpan
+from harnessrl.trajectory.samples import loss_token_outside_spans
 
 __all__ = [
     "FORMAT",
@@ -131,6 +132,10 @@ def _prompt_length(sample: Sample) -> int:
             f"{where}: loss_mask[{t}] is 1 before its first sampled span (at {p}); verl's prompt part "
             "is never trained, so that token would be lost"
         )
+    if (outside := loss_token_outside_spans(sample.loss_mask, sample.spans)) is not None:
+        # verl's response_mask is the loss mask: that token (tool output, template glue) was trained
+        # as if the policy had sampled it, against a behaviour log-prob of 0.0.
+        raise InvalidBatch(f"{where}: loss_mask[{outside}] is 1 but no span holds token {outside}")
     ids = sample.input_ids
     if not (set(map(type, ids)) <= {int} and min(ids) >= 0 and max(ids) <= _MAX_TOKEN_ID) and (
         bad := _first_bad(ids, lambda v: _integer(v) and 0 <= v <= _MAX_TOKEN_ID)

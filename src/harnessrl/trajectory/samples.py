@@ -38,9 +38,7 @@ Pure Python: the gateway and dashboard import this module, so it never imports t
 
 from __future__ import annotations
 
-import bisect
 import math
-import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -77,10 +75,6 @@ TAMPER_FINISHED_FLAG = "tamper_finished"
 _RERENDER_TAIL = 8
 # How much longer than the original a re-rendered response may be (template glue added).
 _RERENDER_SLACK = 16
-# Rounds of the sorted walk in ``_Chains.longest_extended_by`` before the chains are looked up by
-# length and hash instead (``_PrefixIndex``); an agent and its subagents need one or two.
-_WALK_ROUNDS = 8
-_HASH_MODULUS = (1 << 61) - 1  # a prime: a polynomial hash of token IDs modulo it
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +121,29 @@ class Sample:
         for span in self.spans:
             versions[span.start : span.end] = [span.policy_version] * (span.end - span.start)
         return versions
+
+
+def loss_token_outside_spans(loss_mask: Sequence[int], spans: Iterable[SampledSpan]) -> int | None:
+    """The first token ``loss_mask`` trains that none of a sample's ``spans`` says the policy
+    sampled, or ``None``.
+
+    A built sample's mask is 1 exactly on its spans. One read from a file or built by hand can say
+    more: a tool-output or template token trained as if the policy had sampled it (its behaviour
+    log-prob 0.0, probability 1). A reader checks this before training. (A mask 0 inside a span, a
+    sampled token deliberately left untrained, is allowed.) One C-level sum per span; the token is
+    looked for only when the sums disagree."""
+    mask, merged = loss_mask, []
+    for start, end in sorted((span.start, span.end) for span in spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    if sum(mask) == sum(sum(mask[start:end]) for start, end in merged):
+        return None
+    inside = [False] * len(mask)
+    for start, end in merged:
+        inside[start:end] = [True] * (end - start)
+    return next((t for t, m in enumerate(mask) if m and not inside[t]), None)
 
 
 @dataclass(slots=True)
@@ -221,176 +238,150 @@ def _classify_break(prompt: Sequence[int], closest: _Chain, p: int) -> str:
     return "history_edited"
 
 
-def _tokens(chain: _Chain) -> list[int]:
-    return chain.input_ids
+class _Node:
+    """A node of ``_Chains``' trie: the tokens ``tokens[start:end]`` on the edge into it (``end`` is its
+    depth), its children by their edge's first token, the chains whose tokens end exactly here, and
+    the latest touched chain of its subtree."""
+
+    __slots__ = ("tokens", "start", "end", "children", "ends", "latest")
+
+    def __init__(self, tokens: list[int], start: int, end: int) -> None:
+        # ``tokens`` is the ``input_ids`` of a chain that passes through this node: chains only ever
+        # grow at their end, so its first ``end`` tokens are this node's path for good. (No parent
+        # pointer: it made every trie a reference cycle, freed with the chains' tokens only by a
+        # full garbage collection.)
+        self.tokens, self.start, self.end = tokens, start, end
+        self.children: dict[int, _Node] = {}
+        # By id; in the order they arrived, which is the order they were touched (a chain arrives
+        # when it is touched, and each touch is the latest so far): the last is the latest.
+        self.ends: dict[int, _Chain] = {}
+        self.latest: _Chain | None = None
 
 
 class _Chains:
-    """A rollout's chains so far: in the order they started (the samples' order), and sorted by
-    their tokens.
+    """A rollout's chains so far: in the order they started (the samples' order), and in a trie of
+    their tokens (a radix tree: one node per point where chains branch or end).
 
-    Why sorted: a call that extends no chain is classified against the chain sharing the longest
-    prefix with its prompt. Comparing the prompt with every chain cost O(chains x tokens) per break,
-    O(calls^2 x tokens) per rollout when every call breaks (400 calls of 8 k tokens sharing a prefix:
-    28 s on the trainer's event loop), and the harness decides how many calls there are. In token
-    order, the chains sharing the most with a prompt sit around its insertion point, so bisection
-    finds them with O(log chains) comparisons of at most the prompt's length.
+    Why a trie: a call is matched (the longest chain that is a prefix of its prompt) and a break is
+    classified (the chain sharing the longest prefix with its prompt, ties to the latest touched)
+    by one walk down the trie along the prompt, linear in the prompt whatever the other chains are.
+    Comparing prompts with chains instead (sorted chains, bisected) cost a comparison of the shared
+    prefix per bisection step and a scan of every chain sharing it: 2,000 calls sharing one 2k-token
+    system prompt and task, each starting a chain of its own (parallel subagents, retries), took
+    3.5 s of CPU on the trainer's event loop (8k tokens: 14 s; now 0.4 s and 1.4 s), and the harness
+    decides how many calls there are.
 
-    Finding the chain a call extends walks down the sorted chains, a round per depth at which chains
-    branch off its prompt: one or two for an agent and its subagents, but a harness can branch them
-    at every depth, so past ``_WALK_ROUNDS`` rounds the chains are looked up by length and hash
-    instead (``_PrefixIndex``, made then and kept up to date from then on).
-
-    A chain's tokens change only through ``extend``, which takes it out of the order and puts it
-    back, so the order always holds. Each chain (re)enters after every chain of equal tokens: those
-    were touched earlier, so a run of equal chains is ordered by ``last_touched``.
+    Each node keeps the latest touched chain of its subtree. A touched chain is the latest of all,
+    and it is set on every node of its path: those nodes are the ones the call's prompt was just
+    walked down, so keeping them costs no more than the walk. A chain only grows at its end, so it
+    only ever moves deeper along its own path and never leaves a subtree it was in.
     """
 
     def __init__(self) -> None:
         self.started: list[_Chain] = []
-        self._ordered: list[_Chain] = []
-        self._latest: _Chain | None = None  # the chain touched last (the highest ``last_touched``)
-        self._index: _PrefixIndex | None = None  # made on the first walk of many rounds
+        self._root = _Node([], 0, 0)
+        self._node_of: dict[int, _Node] = {}  # id(chain) -> the node its tokens end at
 
     def __bool__(self) -> bool:
         return bool(self.started)
 
     def add(self, chain: _Chain) -> None:
         self.started.append(chain)
-        bisect.insort_right(self._ordered, chain, key=_tokens)
-        self._latest = chain
-        if self._index is not None:
-            self._index.add(chain)
+        self._insert(chain, self._root)
 
     def extend(self, chain: _Chain, context: Sequence[int], call: Call, order: int) -> None:
         """Append ``context`` (mask 0) and ``call``'s response to ``chain``."""
-        if self._index is not None:
-            self._index.remove(chain)
-        alone = len(self._ordered) == 1  # most rollouts: one chain, always in order
-        if not alone:
-            i = bisect.bisect_left(self._ordered, chain.input_ids, key=_tokens)
-            while self._ordered[i] is not chain:  # past the earlier chains of equal tokens
-                i += 1
-            del self._ordered[i]
         chain.input_ids.extend(context)
         chain.loss_mask.extend([0] * len(context))
         chain.behaviour_logprobs.extend([0.0] * len(context))
         _append_response(chain, call, order)
-        self._latest = chain
-        if not alone:
-            bisect.insort_right(self._ordered, chain, key=_tokens)
-        if self._index is not None:
-            self._index.add(chain)
+        node = self._node_of[id(chain)]
+        if len(node.ends) == 1 and not node.children and node is not self._root:
+            # Alone at a leaf (most rollouts' main chain): its edge just grows.
+            node.tokens, node.end = chain.input_ids, len(chain.input_ids)
+            self._mark_latest(node, chain)
+            return
+        del node.ends[id(chain)]
+        self._insert(chain, node)
+        self._merge_if_pass_through(node)
 
     def longest_extended_by(self, prompt: list[int]) -> _Chain | None:
         """The longest chain whose tokens are a prefix of ``prompt`` (ties: the latest touched)."""
-        ordered, target = self._ordered, prompt
-        rounds = 0
-        while True:
-            if rounds > _WALK_ROUNDS:
-                # Chains branch off this prompt at many depths: each round costs bisections as long
-                # as its depth, and a harness can make the rounds as many as its calls (2,000 calls of
-                # at most 1,000 tokens, each branching one token deeper: 35 s). Look up by hash.
-                if self._index is None:
-                    self._index = _PrefixIndex(self.started)
-                return self._index.longest_prefix_of(prompt)
-            rounds += 1
-            # The last chain sorting at or before ``target`` is the latest touched of its equals.
-            # Every chain that is a prefix of ``target`` sorts before it, and then also before that
-            # chain and is a prefix of it: so that chain is the answer if it is a prefix of
-            # ``target``, and otherwise the answer is a prefix of what they share (each round
-            # shortens ``target``; one or two rounds unless the chains branch at many depths).
-            i = bisect.bisect_right(ordered, target, key=_tokens)
-            if i == 0:
-                return None
-            candidate = ordered[i - 1]
-            tokens = candidate.input_ids
-            if len(tokens) <= len(target) and target[: len(tokens)] == tokens:
-                return candidate  # the common case, one comparison in C (common_prefix bisects)
-            target = target[: common_prefix(target, tokens)]
+        ending = self._walk(prompt, self._root)[3]
+        return next(reversed(ending.ends.values())) if ending is not None else None
 
     def closest(self, prompt: list[int]) -> tuple[_Chain, int]:
         """The chain sharing the longest prefix with ``prompt`` (ties: the latest touched) and how
         many tokens they share. There must be at least one chain."""
-        ordered = self._ordered
-        # The longest prefix shared with a sorted list's members is shared with one of the two
-        # around the prompt's insertion point: a member further away agrees with the prompt on no
-        # more tokens than the neighbour between them does.
-        i = bisect.bisect_left(ordered, prompt, key=_tokens)
-        p = max(common_prefix(prompt, ordered[j].input_ids) for j in (i - 1, i) if 0 <= j < len(ordered))
-        if p == 0 and self._latest is not None:
-            # Every chain shares nothing: the run below would be all of them, scanned per call, which
-            # made a rollout of calls whose prompts share no first token O(calls^2) (20k calls: 11 s).
-            return self._latest, 0
-        # Every chain that starts with prompt[:p] shares exactly p tokens: a contiguous run, whose
-        # latest touched is found by comparing integers (``last_touched``), not tokens.
-        shared = prompt[:p]
-        lo = bisect.bisect_left(ordered, shared, key=_tokens)
-        hi = bisect.bisect_right(ordered, shared, lo=lo, key=lambda c: c.input_ids[:p])
-        return max(ordered[lo:hi], key=lambda c: c.last_touched), p
+        node, partial, shared, _ = self._walk(prompt, self._root)
+        # Every chain below the point where the prompt leaves the trie shares exactly ``shared``
+        # tokens with it, and no other chain shares as many.
+        latest = (partial or node).latest
+        assert latest is not None, "closest() needs at least one chain"
+        return latest, shared
 
+    def _walk(self, tokens: list[int], node: _Node) -> tuple[_Node, _Node | None, int, _Node | None]:
+        """Follow ``tokens`` down from ``node`` (a node on their path): the deepest node whose whole
+        path they start with, the child they go on into part way (or ``None``), how many tokens
+        they share with the trie, and the deepest node on the way at which a chain ends."""
+        depth, n = node.end, len(tokens)
+        ending = node if node.ends else None
+        while depth < n:
+            child = node.children.get(tokens[depth])
+            if child is None:
+                break
+            end = child.end
+            if end <= n and child.tokens[depth:end] == tokens[depth:end]:  # one compare in C
+                node, depth = child, end
+                if child.ends:
+                    ending = child
+                continue
+            # They part inside the child's edge (its first token is shared: it is the child's key).
+            top = min(end, n)
+            return node, child, depth + common_prefix(child.tokens[depth:top], tokens[depth:top]), ending
+        return node, None, depth, ending
 
-class _PrefixIndex:
-    """The chains by length and by a hash of their tokens: the longest chain that is a prefix of a
-    prompt in one pass over the prompt (its prefix hashes) and one look-up per distinct chain length
-    up to the prompt's, each hit checked token for token (a collision costs a comparison, never a
-    wrong answer). Linear in the prompt whatever the chains, where the sorted walk of
-    ``_Chains.longest_extended_by`` takes a round per depth at which chains branch off it. Made only
-    when a walk takes many rounds (it hashes every token a chain takes from then on). The hash's
-    base is drawn per rollout, so a harness cannot aim collisions at it."""
+    def _insert(self, chain: _Chain, node: _Node) -> None:
+        """Put ``chain`` in the trie, walking down from ``node`` (a node on its path)."""
+        tokens = chain.input_ids
+        node, partial, depth, _ = self._walk(tokens, node)
+        if partial is not None:  # split the child's edge where the chain leaves it
+            middle = _Node(partial.tokens, partial.start, depth)
+            middle.latest = partial.latest
+            node.children[partial.tokens[partial.start]] = middle
+            middle.children[partial.tokens[depth]] = partial
+            partial.start = depth
+            node = middle
+        if depth < len(tokens):
+            leaf = _Node(tokens, depth, len(tokens))
+            node.children[tokens[depth]] = leaf
+            node = leaf
+        node.ends[id(chain)] = chain
+        self._node_of[id(chain)] = node
+        self._mark_latest(node, chain)
 
-    def __init__(self, chains: Iterable[_Chain]) -> None:
-        self._base = random.Random().randrange(1 << 32, _HASH_MODULUS)
-        self._by_key: dict[tuple[int, int], list[_Chain]] = {}  # (length, hash) -> chains
-        self._keys: dict[int, tuple[int, int]] = {}  # id(chain) -> its key
-        self._lengths: list[int] = []  # the distinct chain lengths, sorted
-        self._count: Counter[int] = Counter()  # chains per length
-        for chain in chains:
-            self.add(chain)
+    def _merge_if_pass_through(self, node: _Node) -> None:
+        """Fold ``node`` into its only child when no chain ends there any more: a pair of equal
+        chains extended in step would otherwise leave a node per call on their path."""
+        if node.ends or len(node.children) != 1 or node is self._root:
+            return
+        parent = self._path_to(node)[-2]
+        (child,) = node.children.values()
+        child.start = node.start
+        parent.children[child.tokens[child.start]] = child
 
-    def _hash(self, tokens: Sequence[int]) -> list[int]:
-        """The hashes of ``tokens[:k]`` for k = 0 .. len(tokens)."""
-        base, modulus, h = self._base, _HASH_MODULUS, 0
-        out = [0]
-        for token in tokens:
-            h = (h * base + token + 1) % modulus
-            out.append(h)
-        return out
+    def _mark_latest(self, node: _Node, chain: _Chain) -> None:
+        for on_path in self._path_to(node):
+            on_path.latest = chain
 
-    def add(self, chain: _Chain) -> None:
-        n = len(chain.input_ids)
-        key = (n, self._hash(chain.input_ids)[-1])
-        self._keys[id(chain)] = key
-        self._by_key.setdefault(key, []).append(chain)
-        if not self._count[n]:
-            bisect.insort(self._lengths, n)
-        self._count[n] += 1
-
-    def remove(self, chain: _Chain) -> None:
-        key = self._keys.pop(id(chain))
-        bucket = self._by_key[key]
-        del bucket[next(i for i, c in enumerate(bucket) if c is chain)]
-        if not bucket:
-            del self._by_key[key]
-        n = key[0]
-        self._count[n] -= 1
-        if not self._count[n]:
-            del self._lengths[bisect.bisect_left(self._lengths, n)]
-
-    def longest_prefix_of(self, prompt: list[int]) -> _Chain | None:
-        """The longest chain whose tokens are a prefix of ``prompt`` (ties: the latest touched)."""
-        top = bisect.bisect_right(self._lengths, len(prompt))
-        if top == 0:
-            return None
-        hashes = self._hash(prompt[: self._lengths[top - 1]])
-        for n in reversed(self._lengths[:top]):
-            bucket = self._by_key.get((n, hashes[n]))
-            if bucket:
-                head = prompt[:n]
-                found = [c for c in bucket if c.input_ids == head]
-                if found:
-                    return max(found, key=lambda c: c.last_touched)
-        return None
+    def _path_to(self, node: _Node) -> list[_Node]:
+        """The nodes from the root down to ``node``, followed by its own tokens: one look-up a node."""
+        here, tokens = self._root, node.tokens
+        path = [here]
+        while here is not node:
+            here = here.children[tokens[here.end]]
+            path.append(here)
+        return path
 
 
 def _new_chain(call: Call, order: int) -> _Chain:
