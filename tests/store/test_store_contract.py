@@ -272,6 +272,23 @@ def test_a_superseded_attempt_neither_finishes_nor_requeues_the_rollout(store: S
     assert done.status is S.FINISHED and done.reward == 0.5
 
 
+def test_a_superseded_attempt_neither_starts_nor_cancels_the_rollout(store: Store) -> None:
+    """``attempt`` on ``start_rollout`` and ``cancel_rollout``: a caller that read attempt 0 (a stale
+    key, a deadline check) neither starts nor cancels attempt 1; the current attempt's goes through."""
+    rollout = store.create_rollout()
+    store.claim_rollouts("w1", 1)
+    requeued = store.requeue_rollout(rollout.rollout_id, attempt=0)
+    with pytest.raises(RolloutEnded, match="attempt 0 was superseded"):
+        store.start_rollout(rollout.rollout_id, attempt=0)
+    assert store.get_rollout(rollout.rollout_id) == requeued  # still queued, for a worker to claim
+    [current] = store.claim_rollouts("w2", 1)
+    with pytest.raises(RolloutEnded):
+        store.cancel_rollout(rollout.rollout_id, attempt=0)
+    assert store.get_rollout(rollout.rollout_id) == current
+    assert store.start_rollout(rollout.rollout_id, attempt=1) == current
+    assert store.cancel_rollout(rollout.rollout_id, attempt=1).status is S.CANCELLED
+
+
 def test_requeue_issues_a_new_key(store: Store) -> None:
     """Each attempt has its own key: after a requeue the ended attempt's key finds nothing."""
     rollout = store.create_rollout()

@@ -365,3 +365,88 @@ def test_evaluations_after_the_checkpoint_are_retired_and_redone_under_new_ids(t
     asyncio.run(book.submit([redo]))
     assert book.retire_evaluations(1) == {2: 2}  # killed again in the same window: the next redo
     store.close()
+
+
+class MovesOnAfterRead:
+    """The store the book uses, with another process's write landing right after one read: ``after``
+    runs (once) when ``method`` has returned, as an external controller's write would between the
+    book's read and its own write. Deterministic: no sleep, no second thread."""
+
+    def __init__(self, store: Any, method: str, after: Any) -> None:
+        self._store, self._method, self._after = store, method, after
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._store, name)
+        if name != self._method:
+            return attr
+
+        def read_then_move_on(*args: Any, **kwargs: Any) -> Any:
+            out = attr(*args, **kwargs)
+            if self._after is not None:
+                after, self._after = self._after, None
+                after()
+            return out
+
+        return read_then_move_on
+
+
+def _running_plan(store: Any, seed: int) -> Any:
+    """A group of two rollouts, both claimed (running at attempt 0) by a controller."""
+    plan = TaskSchedule(TASKS, 2, seed=seed).group(0)
+    asyncio.run(RolloutBook(store, RUN).submit([plan]))
+    assert len(store.claim_rollouts("w", 2, run_id=RUN)) == 2
+    return plan
+
+
+@pytest.mark.parametrize("how", ["shutdown", "resume"])
+def test_a_rollout_finished_elsewhere_after_the_listing_is_kept_and_the_rest_requeued(tmp_path, how):
+    """``requeue_running`` (the run's shutdown) and ``recover`` (a resume) list the running rollouts,
+    then requeue them one by one: an external controller finishing one in between neither loses its
+    result nor stops the others going back to the queue (it raised ``InvalidTransition``)."""
+    path = str(tmp_path / "store.db")
+    store, controller = open_store(path), open_store(path)  # the controller: another process's handle
+    store.create_run(RUN)
+    plan = _running_plan(store, seed=6)
+    done, left = plan.rollout_ids
+
+    def controller_finishes() -> None:
+        controller.finish_rollout(done, Outcome.SUCCESS, 1.0, attempt=0)
+
+    book = RolloutBook(MovesOnAfterRead(store, "list_rollouts", controller_finishes), RUN)
+    if how == "shutdown":
+        book.requeue_running("run stopped")
+    else:
+        assert asyncio.run(book.recover(lambda created: [], policy_version=0)) == 1
+    finished = store.get_rollout(done)
+    assert (finished.status, finished.reward, finished.attempt) == (RolloutStatus.FINISHED, 1.0, 0)
+    requeued = store.get_rollout(left)
+    assert (requeued.status, requeued.attempt) == (RolloutStatus.QUEUED, 1)
+    store.close()
+    controller.close()
+
+
+def test_a_stuck_attempt_requeued_and_claimed_again_after_the_read_is_not_cancelled(tmp_path):
+    """The deadline check reads a rollout running past the deadline, then cancels it: an attempt a
+    requeue and a fresh claim started in between is not the stuck one, and keeps running."""
+    path = str(tmp_path / "store.db")
+    store, controller = open_store(path), open_store(path)
+    store.create_run(RUN)
+    plan = _running_plan(store, seed=7)
+    stuck, other = plan.rollout_ids
+    started = max(store.get_rollout(rollout_id).started_at for rollout_id in plan.rollout_ids)
+
+    def controller_retries() -> None:  # its harness died: the controller retries the rollout at once
+        controller.requeue_rollout(stuck, error="sandbox died", attempt=0)
+        assert [r.rollout_id for r in controller.claim_rollouts("w2", 1, run_id=RUN)] == [stuck]
+
+    wrapped = MovesOnAfterRead(store, "get_rollout", controller_retries)
+    book = RolloutBook(wrapped, RUN, poll_s=3600.0, deadline_s=60.0, clock=lambda: started + 61.0)
+    asyncio.run(book.submit([plan]))
+    book._refresh()
+    fresh = store.get_rollout(stuck)
+    assert (fresh.status, fresh.attempt) == (RolloutStatus.RUNNING, 1)
+    assert "cancelled_stuck" not in fresh.metadata
+    assert store.get_rollout(other).status is RolloutStatus.CANCELLED  # its attempt was the stuck one
+    assert book.in_flight == 1  # the retried rollout is still awaited
+    store.close()
+    controller.close()

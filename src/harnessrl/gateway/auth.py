@@ -7,11 +7,12 @@ only, and only for its own rollout — a rollout must never be able to read or s
 
 from __future__ import annotations
 
+import functools
 import hmac
 
 from starlette.requests import Request
 
-from harnessrl.errors import Forbidden, NotFound, Unauthorized
+from harnessrl.errors import Forbidden, InvalidTransition, NotFound, Unauthorized
 from harnessrl.gateway.errors import RolloutClosed
 from harnessrl.gateway.state import GatewayState
 from harnessrl.schemas import TERMINAL_STATUSES, Rollout, RolloutStatus
@@ -105,5 +106,13 @@ async def open_rollout(state: GatewayState, rollout: Rollout) -> Rollout:
             f"rollout {rollout.rollout_id!r} is {rollout.status.value}; it takes no more calls"
         )
     if rollout.status is RolloutStatus.QUEUED:
-        rollout = await state.in_thread(state.store.start_rollout, rollout.rollout_id)
+        # Only the attempt the key opened: a claim and a requeue since the key was read gave the
+        # rollout a new attempt (and key), which this call must not start with no worker to run it.
+        start = functools.partial(state.store.start_rollout, rollout.rollout_id, attempt=rollout.attempt)
+        try:
+            rollout = await state.in_thread(start)
+        except InvalidTransition:  # RolloutEnded, or ended (cancelled, say) since the key was read
+            raise RolloutClosed(
+                f"rollout {rollout.rollout_id!r} attempt {rollout.attempt} has ended; it takes no more calls"
+            ) from None
     return rollout

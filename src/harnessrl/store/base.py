@@ -129,8 +129,10 @@ class Store(Protocol):
         Rollouts an earlier claim of this worker (through this store object) took although its
         COMMIT got no answer (an ``UpstreamError``) are handed out first."""
 
-    def start_rollout(self, rollout_id: str) -> Rollout:
-        """queued -> running (e.g. on its first model call); a running rollout is returned unchanged."""
+    def start_rollout(self, rollout_id: str, *, attempt: int | None = None) -> Rollout:
+        """queued -> running (e.g. on its first model call); a running rollout is returned unchanged.
+        ``attempt``: the attempt the caller's key opened; ``RolloutEnded`` if a requeue superseded it
+        (the gateway passes it: a stale key must not start the next attempt with no worker)."""
 
     def finish_rollout(
         self,
@@ -162,7 +164,11 @@ class Store(Protocol):
         ``api_key``: the ended attempt's key opens nothing any more. ``attempt``: as for
         ``finish_rollout``."""
 
-    def cancel_rollout(self, rollout_id: str) -> Rollout: ...
+    def cancel_rollout(self, rollout_id: str, *, attempt: int | None = None) -> Rollout:
+        """queued or running -> cancelled (its controller kills the harness). ``attempt``: the
+        attempt the caller read; ``RolloutEnded`` if a requeue superseded it (its fresh attempt is
+        not the caller's to cancel)."""
+        ...
 
     def fail_unreadable_rollout(self, rollout_id: str, *, attempt: int | None = None) -> bool:
         """End a queued or running rollout whose row cannot be read (``RolloutUnreadable``) failed

@@ -441,9 +441,10 @@ class SQLStore(GateRows):
             [RolloutStatus.FAILED.value, Outcome.INFRA_FAILURE.value, now(), storable_text(str(damage)), pk],
         )
 
-    def start_rollout(self, rollout_id: str) -> Rollout:
+    def start_rollout(self, rollout_id: str, *, attempt: int | None = None) -> Rollout:
         with self._write() as conn:
             row = self._rollout_row(conn, rollout_id)
+            _check_attempt(row, attempt)
             if row["status"] == RolloutStatus.RUNNING:
                 return rollout_from_row(row)  # started by an earlier call or a claim; starting is idempotent
             check_transition(row, RolloutStatus.RUNNING)
@@ -524,9 +525,11 @@ class SQLStore(GateRows):
         self._announce_end(rollout_id)  # the attempt ended: its calls in flight will not be recorded
         return requeued
 
-    def cancel_rollout(self, rollout_id: str) -> Rollout:
+    def cancel_rollout(self, rollout_id: str, *, attempt: int | None = None) -> Rollout:
         with self._write() as conn:
-            check_transition(self._rollout_row(conn, rollout_id), RolloutStatus.CANCELLED)
+            row = self._rollout_row(conn, rollout_id)
+            _check_attempt(row, attempt)
+            check_transition(row, RolloutStatus.CANCELLED)
             cancelled = self._update(
                 conn, rollout_id, status=RolloutStatus.CANCELLED.value, finished_at=now()
             )

@@ -341,7 +341,9 @@ class RolloutBook:
         if running_s <= self.deadline_s:
             return False
         try:
-            self.store.cancel_rollout(rollout.rollout_id)  # its controller kills the harness
+            # Its controller kills the harness. Only the attempt read above: a requeue and a fresh
+            # claim since then started another attempt, whose clock starts anew (``RolloutEnded``).
+            self.store.cancel_rollout(rollout.rollout_id, attempt=rollout.attempt)
         except InvalidTransition:  # it ended (or went back to the queue) meanwhile: read it again
             return self.store.get_rollout(rollout.rollout_id).status in TERMINAL_STATUSES
         stuck = {"attempt": rollout.attempt, "running_s": round(running_s, 1), "deadline_s": self.deadline_s}
@@ -485,8 +487,7 @@ class RolloutBook:
     def _requeue_and_count(self) -> int:
         """Requeue the run's rollouts a dead process left running; return how many training groups
         were already created (the schedule's next index). Reads the run once, at start-up."""
-        for rollout in self.store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):
-            self.store.requeue_rollout(rollout.rollout_id, error="trainer restarted")
+        self._requeue_listed_running("trainer restarted")
         groups = {
             r.group_id
             for r in self.store.list_rollouts(run_id=self.run_id)
@@ -537,5 +538,18 @@ class RolloutBook:
     def requeue_running(self, error: str) -> None:
         """The run is over: what a late call or a cancelled launch left marked running goes back to
         the queue, so the store says what a later ``--resume`` will find."""
+        self._requeue_listed_running(error)
+
+    def _requeue_listed_running(self, error: str) -> None:
+        """Requeue the attempts the listing saw running. One an external controller ended (or
+        requeued) after the listing is left as it is: its result stands, and the rest still go
+        back to the queue instead of the error ending the run's shutdown or its resume."""
         for rollout in self.store.list_rollouts(run_id=self.run_id, status=RolloutStatus.RUNNING):
-            self.store.requeue_rollout(rollout.rollout_id, error=error)
+            try:
+                self.store.requeue_rollout(rollout.rollout_id, error=error, attempt=rollout.attempt)
+            except InvalidTransition as exc:  # RolloutEnded too: a later attempt is not ours
+                log.info(
+                    "rollout %s moved on since it was listed running; left as it is: %s",
+                    rollout.rollout_id,
+                    exc,
+                )

@@ -71,7 +71,13 @@ async def load_weights(
     (``<weights_root>/v<N>``; older versions are removed once the new one is loaded). With LoRA
     that folder holds the adapter alone (PEFT format), which the servers load as a new adapter."""
     if not shares_weights:
-        await engine_update(WeightUpdate(version=version, state_dict=weights.engine_state_dict()))
+        # In a thread: under torchrun this is a full gather of the sharded weights (seconds), which
+        # on the event loop would stall the run's controllers and rollout book meanwhile. Safe off
+        # the loop: the policy is called from one thread at a time (its step and checkpoint writes
+        # go through threads too, each awaited), so every rank still enters the same collectives in
+        # the same order (``torchrun.LeaderPolicy``).
+        state_dict = await asyncio.to_thread(weights.engine_state_dict)
+        await engine_update(WeightUpdate(version=version, state_dict=state_dict))
         return
     folder = weights_root / f"v{version}"
     if folder.exists():  # a version published again (a resumed run's restore)
