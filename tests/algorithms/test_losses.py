@@ -32,8 +32,12 @@ def make_samples(seed: int, n_rollouts: int = 4, max_samples: int = 3) -> list[S
         for i in range(rng.randint(1, max_samples)):
             n_ctx, n_resp = rng.randint(1, 5), rng.randint(1, 6)
             mask = [0] * n_ctx + [1] * n_resp
+            spans = [SampledSpan(n_ctx, n_ctx + n_resp, 0, 0)]
             if rng.random() < 0.5:  # a second response after some tool output
-                mask += [0] * rng.randint(1, 3) + [1] * rng.randint(1, 3)
+                mask += [0] * rng.randint(1, 3)
+                second = rng.randint(1, 3)
+                spans.append(SampledSpan(len(mask), len(mask) + second, 0, 1))
+                mask += [1] * second
             n = len(mask)
             out.append(
                 Sample(
@@ -41,7 +45,7 @@ def make_samples(seed: int, n_rollouts: int = 4, max_samples: int = 3) -> list[S
                     input_ids=[rng.randint(0, 15) for _ in range(n)],
                     loss_mask=mask,
                     behaviour_logprobs=[rng.uniform(-3, -0.05) if m else 0.0 for m in mask],
-                    spans=[SampledSpan(n_ctx, n_ctx + n_resp, 0, 0)],
+                    spans=spans,
                     sample_index=i,
                     advantage=adv,
                 )

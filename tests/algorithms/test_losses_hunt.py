@@ -43,7 +43,9 @@ def two_samples() -> list[Sample]:
 @pytest.mark.parametrize("packed", [True, False])
 def test_a_sample_file_whose_first_token_is_trained_is_refused_naming_the_sample(tmp_path, packed):
     first, second = two_samples()
-    trained_first = dataclasses.replace(second, loss_mask=[1, 1, 1], behaviour_logprobs=[-0.1, -0.2, -0.3])
+    trained_first = dataclasses.replace(
+        second, loss_mask=[1, 1, 1], behaviour_logprobs=[-0.1, -0.2, -0.3], spans=[SampledSpan(0, 3, 0, 0)]
+    )
     path = write_samples(tmp_path / "step.jsonl", [first, trained_first])
     samples = read_samples(path)  # the file schema accepts it
     assert samples[1].loss_mask == [1, 1, 1]

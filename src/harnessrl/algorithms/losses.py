@@ -43,6 +43,7 @@ from harnessrl.algorithms.config import AlgorithmConfig
 from harnessrl.algorithms.packing import StepTotals
 from harnessrl.errors import ConfigError, EmptyBatch, InvalidBatch
 from harnessrl.trajectory import Sample
+from harnessrl.trajectory.samples import loss_token_outside_spans
 
 _MAX_LOG_RATIO = 20.0  # exp(20) ~ 5e8: keeps ratios finite; such tokens are clipped anyway
 
@@ -79,7 +80,8 @@ def collate(
     dtype, else ``ConfigError``. A sample whose first token has loss mask 1, or whose per-token lists
     differ in length, is an ``InvalidBatch`` naming it: nothing in the sample predicts its first
     token, which a packed row would score from the end of the sample before it (and a padded row
-    with the constant 0 of ``token_logprobs``).
+    with the constant 0 of ``token_logprobs``). So is one with loss mask 1 on a token none of its
+    spans sampled (``trajectory.samples.loss_token_outside_spans``), naming that token.
     """
     if not samples:
         raise EmptyBatch("cannot collate an empty micro-batch")
@@ -96,6 +98,13 @@ def collate(
         if s.loss_mask and s.loss_mask[0]:
             raise InvalidBatch(
                 f"{where}: its first token has loss mask 1, but no token before it predicts it"
+            )
+        if (outside := loss_token_outside_spans(s.loss_mask, s.spans)) is not None:
+            # A hand-built sample's tool output or template glue, trained as if the policy had
+            # sampled it, against a behaviour log-prob of 0.0 (probability 1).
+            raise InvalidBatch(
+                f"{where}: loss_mask[{outside}] is 1 but no span holds token {outside}: only sampled "
+                "tokens are trained"
             )
     rows = [list(samples)] if packed else [[s] for s in samples]
     T = max(sum(len(s) for s in row) for row in rows)

@@ -15,6 +15,7 @@ import json
 import re
 import unicodedata
 from array import array
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -72,10 +73,9 @@ def extract_answer(
     if pattern is None:
         answer = text
     else:
-        matches = list(pattern.finditer(text))
-        if matches:
-            last = matches[-1]
-            answer = last.group(1) if pattern.groups else last.group(0)
+        last = deque(pattern.finditer(text), maxlen=1)  # only the last kept: a list held every match
+        if last:
+            answer = last[0].group(1) if pattern.groups else last[0].group(0)
         elif fallback == "last_line":
             answer = next((line for line in reversed(text.splitlines()) if line.strip()), None)
         elif fallback == "last_number":

@@ -16,7 +16,13 @@ Where the machine cannot confine the scorer (no Landlock, no libseccomp) it refu
 ``isolation = "available"``, which scores with what there is and flags ``weak_isolation``.
 
 ``exact_match`` compares with a gold answer kept under the task's ``hidden`` fields, where the
-harness cannot read it.
+harness cannot read it. Its ``pattern`` (the user's regular expression over the policy's text) runs
+in a process of its own (``ScorerProcess`` running ``evaluators.pattern_scorer``), within
+``timeout_s``: the engine holds the GIL while it matches, so a pattern that backtracks on what the
+policy wrote would stall the controller's event loop even from a worker thread. Past the limit the
+outcome is the policy's: reward 0 flagged ``pattern_timeout`` (``pattern_raised`` when matching
+raised), the reason in ``details.pattern_error``. Without a pattern the whole text is compared, in a
+worker thread (linear in the text).
 """
 
 from __future__ import annotations
@@ -48,6 +54,12 @@ WEAK_ISOLATION = "weak_isolation"  # isolation = "available" and this machine la
 _FLAG_OF = {"raised": SCORER_RAISED, "timeout": SCORER_TIMEOUT, "failed": SCORER_FAILED}
 # Beyond the answer's own timeout_s: regenerating an entry (a dataset's first use) and the fork.
 _REPLY_GRACE_S = 60.0
+PATTERN_MODULE = "harnessrl.controller.evaluators.pattern_scorer"
+# Flags of an exact_match evaluation (reward 0): what the policy's text did to the pattern.
+PATTERN_TIMEOUT = "pattern_timeout"  # matching ran past timeout_s (a pattern that backtracks on it)
+PATTERN_RAISED = "pattern_raised"  # matching raised (out of memory)
+_PATTERN_FLAG_OF = {"timeout": PATTERN_TIMEOUT, "raised": PATTERN_RAISED}
+_PATTERN_IN_FLIGHT = 4  # requests sent to the pattern process at once (it matches one at a time)
 
 
 def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
@@ -152,9 +164,11 @@ class ReasoningGymEvaluator:
 
 
 class ExactMatchEvaluator:
-    def __init__(self, config: ExactMatchEvaluatorConfig):
+    def __init__(self, config: ExactMatchEvaluatorConfig, *, matcher: ScorerProcess | None = None):
         self.config = config
         self._pattern = _compile(config.pattern, "evaluator.pattern")
+        # Started on the first evaluation with a pattern (tests pass their own).
+        self.matcher = matcher or ScorerProcess(PATTERN_MODULE, max_in_flight=_PATTERN_IN_FLIGHT)
         # The gold answer must be where the harness cannot read it.
         if config.field == HIDDEN:
             raise ConfigError(f"evaluator.field: name a field under {HIDDEN}, e.g. '{HIDDEN}.answer'")
@@ -173,10 +187,44 @@ class ExactMatchEvaluator:
         except KeyError:
             raise EvaluatorError(f"exact_match: the task has no field {self.config.field!r}") from None
         golds = [str(g) for g in gold] if isinstance(gold, list) else [str(gold)]  # any of several
-        answer = await asyncio.to_thread(
-            _extracted, inp, self.config.source, self._pattern, self.config.fallback
+        if self._pattern is None:  # the whole text: linear in it, so a worker thread is enough
+            answer = await asyncio.to_thread(_extracted, inp, self.config.source, None, self.config.fallback)
+            hit = answer is not None and any(
+                answers_match(answer, g, normalize=self.config.normalize) for g in golds
+            )
+            return EvaluationResult(1.0 if hit else 0.0, {"extracted": answer, "gold": gold})
+        return await self._matched_by_pattern(inp, gold, golds)
+
+    async def _matched_by_pattern(
+        self, inp: EvaluationInput, gold: Any, golds: list[str]
+    ) -> EvaluationResult:
+        """The pattern runs in the pattern process, never here: it holds the GIL while it matches, and
+        what it matches is the policy's."""
+        text = await asyncio.to_thread(source_text, inp, self.config.source)
+        request = {
+            "text": text,
+            "pattern": self.config.pattern,
+            "fallback": self.config.fallback,
+            "golds": golds,
+            "normalize": self.config.normalize,
+            "timeout_s": self.config.timeout_s,
+        }
+        # Requests queue in that process: the last in flight waits for every one before it.
+        reply_timeout_s = self.config.timeout_s * _PATTERN_IN_FLIGHT + _REPLY_GRACE_S
+        try:
+            reply = await self.matcher.request(request, timeout_s=reply_timeout_s)
+        except ScorerUnavailable as exc:
+            raise EvaluatorError(f"exact_match pattern process: {exc}") from exc
+        outcome = reply.get("outcome")
+        if outcome in _PATTERN_FLAG_OF:  # the policy's text did it: its 0, with a named reason
+            details = {"extracted": None, "gold": gold, "pattern_error": reply.get("error")}
+            return EvaluationResult(0.0, details, (_PATTERN_FLAG_OF[outcome],))
+        if outcome != "matched" or not isinstance(reply.get("hit"), bool):
+            raise EvaluatorError(f"exact_match pattern process sent an unknown reply: {str(reply)[:300]}")
+        return EvaluationResult(
+            1.0 if reply["hit"] else 0.0, {"extracted": reply.get("extracted"), "gold": gold}
         )
-        hit = answer is not None and any(
-            answers_match(answer, g, normalize=self.config.normalize) for g in golds
-        )
-        return EvaluationResult(1.0 if hit else 0.0, {"extracted": answer, "gold": gold})
+
+    async def aclose(self) -> None:
+        """Stop the pattern process (a later evaluation starts a new one)."""
+        await self.matcher.aclose()

@@ -197,7 +197,7 @@ class CommandEvaluator:
         flags = (SPECIAL_FILES_SKIPPED,) if copy.skipped else ()
         if copy.over_limit:
             return EvaluationResult(
-                0.0,
+                self.config.failure_reward,
                 {"workspace_copy": {**copied, "over_limit": copy.over_limit}},
                 (WORKSPACE_TOO_LARGE, *flags),
             )

@@ -174,6 +174,14 @@ class CommandEvaluatorConfig(_Config):
                 raise ValueError(f"{name} holds a NUL byte, which no environment variable can hold")
         return env
 
+    @property
+    def failure_reward(self) -> float:
+        """What a scorer that gave no valid verdict earns (its flag says why): 0, or the lowest reward
+        of ``reward_range`` when that is below 0. A 0 above the range's low end paid the agent for
+        breaking the scorer (a crash, a timeout, a verdict out of range) more than for failing its
+        tests honestly."""
+        return min(0.0, self.reward_range[0])
+
     @model_validator(mode="after")
     def _range(self) -> CommandEvaluatorConfig:
         low, high = self.reward_range
@@ -320,6 +328,13 @@ class ExactMatchEvaluatorConfig(_Config):
     fallback: AnswerFallback = "none"
     normalize: bool = True
     source: Literal["final_answer", "stdout"] = "final_answer"
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_SCORER_TIMEOUT_S,
+        allow_inf_nan=False,
+        description="per answer: wall clock of pattern over the policy's text, in a process of its own",
+    )
 
     def check_task(self, task: Mapping[str, Any]) -> None:
         """The gold answer (``field``) is in the task, not null (``None`` would match "None"). A
