@@ -81,6 +81,10 @@ def _check_header_safe(admin_key: str) -> None:
         )
 
 
+#: ``pause()``'s drain timeout when not told: ``GatewayConfig.pause_timeout_s``'s default.
+DEFAULT_PAUSE_TIMEOUT_S = 300.0
+
+
 class GatewayClient:
     def __init__(
         self,
@@ -88,10 +92,15 @@ class GatewayClient:
         admin_key: str,
         *,
         timeout: float = 60.0,
+        pause_timeout_s: float = DEFAULT_PAUSE_TIMEOUT_S,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        """``timeout``: seconds an answer may take (for ``pause``, beyond the drain it waits for).
+        ``pause_timeout_s``: how long ``pause()`` lets the gateways drain when not told."""
         _check_header_safe(admin_key)
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.pause_timeout_s = pause_timeout_s
         self._http = httpx.Client(
             base_url=self.base_url,
             headers={"Authorization": f"Bearer {admin_key}"},
@@ -243,10 +252,18 @@ class GatewayClient:
 
     def pause(self, timeout: float | None = None) -> dict[str, Any]:
         """Hold new model calls on every gateway of this gateway's gate (``gateway.gate``); returns
-        once in-flight calls drained (``drained``) or after ``timeout``. ``Conflict`` if a resume overtook it (then do not update weights)."""
-        params: dict[str, Any] = {"timeout": timeout} if timeout is not None else {}
-        http_timeout = None if timeout is None else timeout + 60.0
-        return self._request("POST", "/api/pause", params=params, timeout=http_timeout)
+        once in-flight calls drained (``drained``) or after ``timeout`` (``None``: the client's
+        ``pause_timeout_s``). ``Conflict`` if a resume overtook it (then do not update weights).
+
+        The drain timeout is always sent, so the HTTP wait is bounded by it plus the client's
+        ``timeout``: a gateway that accepted the request and stalled is an ``UpstreamError``, not a
+        trainer waiting forever (with no timeout sent, the gateway used its own, which the client
+        cannot know, and the request had none at all).
+        """
+        drain_s = self.pause_timeout_s if timeout is None else timeout
+        return self._request(
+            "POST", "/api/pause", params={"timeout": drain_s}, timeout=drain_s + self.timeout
+        )
 
     def resume(self, *, policy_version: int | None = None, rewind: bool = False) -> dict[str, Any]:
         """Release held calls on every gateway of this gateway's gate. ``policy_version``: the

@@ -29,6 +29,7 @@ from harnessrl.dashboard import auth
 from harnessrl.dashboard.data import DamagedRollout, DashboardData
 from harnessrl.dashboard.html import PAGE_HEADERS, esc, page
 from harnessrl.dashboard.logs import attempt_logs, log_path, read_log_tail
+from harnessrl.dashboard.metrics_log import MetricsLog
 from harnessrl.dashboard.pages import parse_table_query, rollouts_body, runs_body
 from harnessrl.dashboard.runs import STORE_FILE, RunSource, find_run_folders, name_runs, overview_body
 from harnessrl.dashboard.trace import CompareSide, compare_body, trace_body
@@ -57,6 +58,11 @@ class Dashboard:
     prefix: str = PREFIX
     home: str | None = None  # the several-runs overview these pages belong to, if any
     _token_text: dict[int, str] = field(default_factory=dict)
+    #: ``metrics_path`` as the runs page reads it: kept between loads, only new lines are read.
+    metrics: MetricsLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = MetricsLog(self.metrics_path)
 
     def decode(self, token_id: int) -> str:
         """A token's text, or its id as ``⟨id⟩`` with no tokenizer or one that cannot decode it (a
@@ -122,7 +128,7 @@ def _guarded(handler: Callable[[Request, Dashboard, DashboardData], Any], dash: 
 
 async def _runs(request: Request, dash: Dashboard, data: DashboardData) -> Response:
     body, running = await run_in_threadpool(
-        runs_body, data, dash.metrics_path, dash.prefix, dict(request.query_params)
+        runs_body, data, dash.metrics, dash.prefix, dict(request.query_params)
     )
     return _html(dash, "Runs", body, live=running)
 
@@ -339,11 +345,15 @@ def _folder_dashboard(
 def _overview_mount(sources: list[RunSource], admin_key: str) -> Mount:
     """``/ui/``: the runs overlaid; ``/ui/runs/NAME/...``: each run's own pages."""
 
+    logs: dict[str, MetricsLog] = {}  # each run's metrics, read on as the runs go on
+
     async def overview(request: Request) -> Response:
         denied = auth.check(request, admin_key, PREFIX)
         if denied is not None:
             return denied
-        body, running = await run_in_threadpool(overview_body, sources, PREFIX, dict(request.query_params))
+        body, running = await run_in_threadpool(
+            overview_body, sources, PREFIX, dict(request.query_params), logs
+        )
         refresh_s = REFRESH_S if running else None
         return HTMLResponse(
             page("Runs", body, prefix=PREFIX, refresh_s=refresh_s, home=PREFIX, run_nav=False),

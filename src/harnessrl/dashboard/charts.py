@@ -1,4 +1,5 @@
-"""Run metrics for the dashboard: reading ``metrics.jsonl`` and drawing inline SVG line charts.
+"""Run metrics for the dashboard: inline SVG line charts of a run's ``metrics.jsonl`` (read by
+``metrics_log.MetricsLog``, or given as a list of records).
 
 Plain SVG strings (no JavaScript, no CDN): each point carries a ``<title>`` so hovering shows the
 step and value. A line of more than ``MAX_POINTS_DRAWN`` points is thinned to the lowest and the
@@ -9,14 +10,15 @@ the same charts, one colour per run (as W&B does), the metrics of a chart told a
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 from html import escape
-from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-Series = list[tuple[float, float]]
+from harnessrl.dashboard.metrics_log import MAX_POINTS_DRAWN, MetricsLog, Series, finite
+
+#: What the charts draw from: a run's ``MetricsLog``, or its records as a list (read whole).
+Metrics = MetricsLog | list[dict[str, Any]]
 
 
 class Line(NamedTuple):
@@ -26,6 +28,7 @@ class Line(NamedTuple):
     points: Series
     color: str | None = None  # None: the palette colour of the line's position
     dashed: bool = False
+    smoothed: dict[float, Series] | None = None  # averages computed as the points came (``MetricsLog``)
 
 
 Chart = tuple[str, list[tuple[str, str]]]  # (title, [(metric key, legend label), ...])
@@ -115,36 +118,9 @@ COLORS = (
     "#0891b2", "#ca8a04", "#db2777", "#4b5563", "#65a30d",
 )  # fmt: skip
 _DASH = ' stroke-dasharray="6 3"'
-#: The most points drawn of one line (``thinned``): two per bucket, several per pixel.
-MAX_POINTS_DRAWN = 400
 
 
-def read_metrics(path: Path) -> list[dict[str, float]]:
-    """The lines of a ``metrics.jsonl``; a torn last line (a run still writing) is skipped, and so is
-    any line Python's ``json`` refuses (an integer of over 4,300 digits, nesting past its depth)."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        try:
-            record = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
-
-
-def _finite(value: object) -> float | None:
-    """``value`` as a finite float, or ``None``: a metric may be anything JSON holds, including NaN,
-    infinities and integers too large for a float."""
-    if not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
+_finite = finite
 
 
 def series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Series:
@@ -163,12 +139,17 @@ def series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Ser
     return points
 
 
-def named_series(records: list[dict[str, float]], key: str, *, x: str = "step") -> Series:
-    """``series`` of a metric by its current name, else by its former name (``FORMER_NAMES``)."""
-    points = series(records, key, x=x)
-    if not points and key in FORMER_NAMES:
-        points = series(records, FORMER_NAMES[key], x=x)
-    return points
+def _log(metrics: Metrics) -> MetricsLog:
+    return metrics if isinstance(metrics, MetricsLog) else MetricsLog.of(metrics)
+
+
+def _line(log: MetricsLog, label: str, key: str, x: str, smooth: float, **style: Any) -> Line:
+    """A metric's line from a log, by its current name, else by its former name (``FORMER_NAMES``),
+    with its moving average for ``smooth`` as the log computed it."""
+    if not log.points(key, x) and key in FORMER_NAMES:
+        key = FORMER_NAMES[key]
+    averaged = log.smoothed(key, x, smooth) if smooth > 0 else None
+    return Line(label, log.points(key, x), smoothed=None if averaged is None else {smooth: averaged}, **style)
 
 
 def smoothed(points: Series, weight: float) -> Series:
@@ -334,7 +315,13 @@ def line_chart(
                     f'<polyline points="{raw}" fill="none" stroke="{color}" stroke-width="1" opacity="0.3"{dash}/>'
                 )
                 # Smoothed over every point, then thinned: the average is the same as unthinned.
-                ema = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in thinned(smoothed(line.points, smooth)))
+                average = (line.smoothed or {}).get(smooth)
+                average = (
+                    thinned(sorted(average))
+                    if average is not None
+                    else thinned(smoothed(line.points, smooth))
+                )
+                ema = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in average)
                 parts.append(
                     f'<polyline class="smoothed" points="{ema}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
                 )
@@ -370,32 +357,32 @@ def _legend_entry(line: Line, i: int, *, x: float, y: float, sample: bool) -> st
     )
 
 
-def run_charts(records: list[dict[str, float]], *, x: str = "step", smooth: float = 0.0) -> str:
-    """The runs page's charts for one run's metric records: one section per group of
+def run_charts(metrics: Metrics, *, x: str = "step", smooth: float = 0.0) -> str:
+    """The runs page's charts for one run's metrics: one section per group of
     ``CHART_GROUPS`` (charts with no data left out, except "Reward"), then "Other metrics": a chart
     for every other numeric metric the run logged."""
+    log = _log(metrics)
     x_label = _x_label(x)
     sections = []
     for group, charts in CHART_GROUPS:
         drawn = []
         for title, keys in charts:
-            lines = [(label, named_series(records, key, x=x)) for key, label in keys]
-            if title in _ALWAYS or any(pts for _, pts in lines):
+            lines = [_line(log, label, key, x, smooth) for key, label in keys]
+            if title in _ALWAYS or any(line.points for line in lines):
                 drawn.append(line_chart(title, lines, x_label=x_label, smooth=smooth))
         sections.append(_section(group, drawn))
-    others = _other_metrics([records])
+    others = _other_metrics([log])
     drawn = [
-        line_chart(key, [(key, series(records, key, x=x))], x_label=x_label, smooth=smooth) for key in others
+        line_chart(key, [_line(log, key, key, x, smooth)], x_label=x_label, smooth=smooth) for key in others
     ]
     return "".join(sections) + _others_section(drawn)
 
 
-def overlay_charts(
-    runs: list[tuple[str, list[dict[str, float]]]], *, x: str = "step", smooth: float = 0.0
-) -> str:
+def overlay_charts(runs: list[tuple[str, Metrics]], *, x: str = "step", smooth: float = 0.0) -> str:
     """The charts of several runs overlaid: the same groups as ``run_charts``, run i drawn in
     ``COLORS[i]`` on every chart (the page shows which colour is which run), and the second metric
     of a chart (held-out beside train, max beside mean) dashed, as the chart's legend says."""
+    logs = [(name, _log(metrics)) for name, metrics in runs]
     x_label = _x_label(x)
     big = {"width": 400, "height": 230, "x_label": x_label, "smooth": smooth}  # three a row at 1280 px
     sections = []
@@ -403,8 +390,8 @@ def overlay_charts(
         drawn = []
         for title, keys in charts:
             lines = [
-                Line(f"{name} · {label}", named_series(records, key, x=x), COLORS[i % len(COLORS)], j > 0)
-                for i, (name, records) in enumerate(runs)
+                _line(log, f"{name} · {label}", key, x, smooth, color=COLORS[i % len(COLORS)], dashed=j > 0)
+                for i, (name, log) in enumerate(logs)
                 for j, (key, label) in enumerate(keys)
             ]
             if title in _ALWAYS or any(line.points for line in lines):
@@ -418,13 +405,13 @@ def overlay_charts(
         line_chart(
             key,
             [
-                Line(name, series(records, key, x=x), COLORS[i % len(COLORS)])
-                for i, (name, records) in enumerate(runs)
+                _line(log, name, key, x, smooth, color=COLORS[i % len(COLORS)])
+                for i, (name, log) in enumerate(logs)
             ],
             legend=[],
             **big,
         )
-        for key in _other_metrics([records for _, records in runs])
+        for key in _other_metrics([log for _, log in logs])
     ]
     return "".join(sections) + _others_section(drawn)
 
@@ -448,20 +435,9 @@ def _others_section(drawn: list[str]) -> str:
     )
 
 
-def _other_metrics(runs_records: list[list[dict[str, float]]]) -> list[str]:
-    """Numeric metrics that no chart of ``CHART_GROUPS`` names, over all the runs' records."""
+def _other_metrics(logs: list[MetricsLog]) -> list[str]:
+    """Numeric metrics that no chart of ``CHART_GROUPS`` names, over all the runs' logs."""
     named = {key for _, charts in CHART_GROUPS for _, keys in charts for key, _ in keys} | set(
         FORMER_NAMES.values()
     )
-    return sorted(
-        {
-            key
-            for records in runs_records
-            for record in records
-            for key, value in record.items()
-            if key not in named
-            and key not in _NOT_CHARTED
-            and isinstance(value, int | float)
-            and not isinstance(value, bool)
-        }
-    )
+    return sorted({key for log in logs for key in log.numeric_keys} - named - _NOT_CHARTED)

@@ -11,15 +11,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from harnessrl.dashboard.charts import read_metrics, run_charts
+from harnessrl.dashboard.charts import run_charts
 from harnessrl.dashboard.data import ORDERS, RESULTS, DashboardData, RolloutFilter, RolloutRow
 from harnessrl.dashboard.html import badge, esc, fmt_num, pretty_json, result_badge, trace_path, url
+from harnessrl.dashboard.metrics_log import SMOOTHING, MetricsLog
 from harnessrl.schemas import Outcome, RolloutStatus
 
 PAGE_SIZE = 50
-
-
-SMOOTHING = (0.0, 0.6, 0.8, 0.9, 0.95)
 
 
 def chart_options(params: dict[str, str]) -> tuple[str, float]:
@@ -48,12 +46,19 @@ def chart_form(prefix: str, x: str, smooth: float) -> str:
 
 
 def runs_body(
-    data: DashboardData, metrics_path: Path, prefix: str, params: dict[str, str] | None = None
+    data: DashboardData, metrics: MetricsLog | Path, prefix: str, params: dict[str, str] | None = None
 ) -> tuple[str, bool]:
-    """The runs page body, and whether any run is still running (the page then refreshes itself)."""
+    """The runs page body, and whether any run is still running (the page then refreshes itself).
+    ``metrics``: the run's ``MetricsLog`` (kept between loads: only new lines are read), or the path
+    of its ``metrics.jsonl`` (read whole)."""
+    log = metrics if isinstance(metrics, MetricsLog) else MetricsLog(metrics)
+    with log.lock:
+        return _runs_body(data, log.refresh(), prefix, params or {})
+
+
+def _runs_body(data: DashboardData, log: MetricsLog, prefix: str, params: dict[str, str]) -> tuple[str, bool]:
     runs = data.list_runs()
-    records = read_metrics(metrics_path)
-    x, smooth = chart_options(params or {})
+    x, smooth = chart_options(params)
     parts = ["<h1>Runs</h1>"]
     if not runs:
         parts.append('<p class="muted">No runs in this store yet.</p>')
@@ -61,15 +66,15 @@ def runs_body(
         counts = data.run_counts(run.run_id)
         total = sum(counts.values())
         count_text = ", ".join(f"{n} {esc(status)}" for status, n in sorted(counts.items())) or "none"
-        last = records[-1] if records else {}
+        last = log.last
         parts.append(
             f'<div class="card run" id="run-{esc(run.run_id)}"><h2>{esc(run.run_id)} {badge(run.status)}</h2>'
             f'<p><a href="{url(prefix + "/rollouts", run=run.run_id)}">{total} rollouts</a> ({count_text})'
             f"{' · step ' + esc(last.get('step')) if last else ''}"
             f"{' · policy version ' + esc(last.get('policy_version')) if 'policy_version' in last else ''}</p>"
         )
-        if len(runs) == 1 or _run_dir(run.config) == str(metrics_path.parent):
-            parts.append(chart_form(prefix, x, smooth) + run_charts(records, x=x, smooth=smooth))
+        if len(runs) == 1 or _run_dir(run.config) == str(log.path.parent):
+            parts.append(chart_form(prefix, x, smooth) + run_charts(log, x=x, smooth=smooth))
         parts.append(f"<details><summary>config</summary>{pretty_json(run.config)}</details></div>")
     return "".join(parts), any(run.status == "running" for run in runs)
 

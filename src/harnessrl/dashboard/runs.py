@@ -8,14 +8,16 @@ rollouts, traces) under ``/ui/runs/NAME/``; a name is the folder's, made URL-saf
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from harnessrl.dashboard.charts import COLORS, overlay_charts, read_metrics
+from harnessrl.dashboard.charts import COLORS, overlay_charts
 from harnessrl.dashboard.data import DashboardData
 from harnessrl.dashboard.html import badge, esc, fmt_num
+from harnessrl.dashboard.metrics_log import MetricsLog
 from harnessrl.dashboard.pages import chart_form, chart_options
 from harnessrl.errors import HarnessRLError, NotFound
 
@@ -63,7 +65,7 @@ def name_runs(folders: Sequence[Path]) -> list[RunSource]:
     return sources
 
 
-def _run_row(i: int, source: RunSource, records: list[dict[str, float]], prefix: str) -> tuple[str, bool]:
+def _run_row(i: int, source: RunSource, log: MetricsLog, prefix: str) -> tuple[str, bool]:
     """A line of the runs table (the chart legend: the run's colour), and whether the run is running."""
     try:
         data = DashboardData(source.path / STORE_FILE)
@@ -71,8 +73,8 @@ def _run_row(i: int, source: RunSource, records: list[dict[str, float]], prefix:
         rollouts = sum(sum(data.run_counts(run.run_id).values()) for run in runs)
     except HarnessRLError as exc:  # one run folder moved away or broken: the others still show
         return _missing_row(i, source, exc), False
-    last = records[-1] if records else {}
-    held_out = next((r["heldout/reward"] for r in reversed(records) if "heldout/reward" in r), None)
+    last = log.last
+    held_out = log.latest.get("heldout/reward")
     home = f"{prefix}/runs/{source.name}"
     row = (
         f'<tr class="run-row" data-run="{esc(source.name)}">'
@@ -96,13 +98,32 @@ def _missing_row(i: int, source: RunSource, exc: HarnessRLError) -> str:
     )
 
 
-def overview_body(sources: Sequence[RunSource], prefix: str, params: dict[str, str]) -> tuple[str, bool]:
-    """The several-runs page body, and whether any run is still running (the page then refreshes)."""
+def overview_body(
+    sources: Sequence[RunSource],
+    prefix: str,
+    params: dict[str, str],
+    logs: dict[str, MetricsLog] | None = None,
+) -> tuple[str, bool]:
+    """The several-runs page body, and whether any run is still running (the page then refreshes).
+    ``logs``: each run's ``MetricsLog`` by name, kept between loads (only new lines are read); one
+    missing is made (and kept there)."""
+    logs = {} if logs is None else logs
+    for source in sources:
+        logs.setdefault(source.name, MetricsLog(source.path / "metrics.jsonl"))
+    with contextlib.ExitStack() as held:  # in the sources' order, as every caller takes them
+        for source in sources:
+            held.enter_context(logs[source.name].lock)
+        return _overview_body(sources, prefix, params, [logs[source.name].refresh() for source in sources])
+
+
+def _overview_body(
+    sources: Sequence[RunSource], prefix: str, params: dict[str, str], logs: list[MetricsLog]
+) -> tuple[str, bool]:
     x, smooth = chart_options(params)
-    metrics = [(source.name, read_metrics(source.path / "metrics.jsonl")) for source in sources]
+    metrics = [(source.name, log) for source, log in zip(sources, logs, strict=True)]
     rows, running = [], False
-    for i, (source, (_, records)) in enumerate(zip(sources, metrics, strict=True)):
-        row, live = _run_row(i, source, records, prefix)
+    for i, (source, log) in enumerate(zip(sources, logs, strict=True)):
+        row, live = _run_row(i, source, log, prefix)
         rows.append(row)
         running = running or live
     head = (

@@ -17,8 +17,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
@@ -35,8 +35,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("harnessrl.gateway")
 
 
-def _ignore_signal(signum: int, frame: object) -> None:
-    log.info("gateway stopped by signal %d", signum)
+def _stop_on_signal(server: GatewayServer) -> Callable[[int, Any], None]:
+    """The handler ``run_gateway`` installs under uvicorn's: it sets ``should_exit``.
+
+    uvicorn re-raises the stop signal to it after its graceful shutdown (a no-op then: the server
+    already stopped, and the process exits 0). A signal before uvicorn installs its own handlers
+    stops the server as soon as it started; a handler that only logged lost it, and the gateway
+    served on (as ``gateway.workers`` does for each worker).
+    """
+
+    def stop(signum: int, frame: Any) -> None:
+        log.info("gateway stopped by signal %d", signum)
+        server.should_exit = True
+
+    return stop
 
 
 def build_teacher(engine: EngineConfig) -> Teacher | None:
@@ -105,8 +117,9 @@ def run_gateway(
         server = GatewayServer(config)
         tune_gc()
         # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
-        # that was installed before it. Make that a no-op so a requested stop exits with status 0.
-        previous = {sig: signal.signal(sig, _ignore_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        # that was installed before it: this one, so a requested stop exits with status 0.
+        stop = _stop_on_signal(server)
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             server.run(sockets=[sock])
         finally:

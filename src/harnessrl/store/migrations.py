@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harnessrl.errors import HarnessRLError
+from harnessrl.errors import HarnessRLError, UpstreamError
 from harnessrl.store.chains import CHAIN_COLUMNS_V4, AttemptChains, PackedCall, place, split_request
 from harnessrl.store.codecs import dump_json, json_safe
 
@@ -531,12 +531,79 @@ def migrate_sqlite(conn: Any, *, target: int = SCHEMA_VERSION, where: str = "sto
 _PG_MIGRATION_LOCK = 0x6872_6C5F_6D69_67  # "hrl_mig"
 
 
-def migrate_postgres(conn: Any, *, target: int = SCHEMA_VERSION, where: str = "store") -> int:
+class MigrationLocked(UpstreamError):
+    """A store open waited ``lock_timeout_s`` for the migration lock, or for a table a migration
+    alters, and gave up; the message names the sessions holding locks there."""
+
+
+def migrate_postgres(
+    conn: Any, *, target: int = SCHEMA_VERSION, where: str = "store", lock_timeout_s: float | None = None
+) -> int:
     """Bring a PostgreSQL database to ``target``; returns the version it had. Runs in the
     caller's transaction (PostgreSQL's DDL is transactional) after taking an advisory lock that
-    serializes processes opening the same database at once; the lock ends with the transaction."""
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_MIGRATION_LOCK,))
-    return _migrate(conn, "postgres", "%s", target=target, where=where)
+    serializes processes opening the same database at once; the lock ends with the transaction.
+
+    ``lock_timeout_s``: how long each lock may be waited for (the advisory lock, a table's), then
+    ``MigrationLocked``. Without it a migration stuck behind another session's long transaction
+    held the advisory lock forever, and every process opening the store waited behind it.
+    """
+    import psycopg
+
+    if lock_timeout_s is not None:
+        lock_ms = f"{max(1, int(lock_timeout_s * 1000))}ms"
+        conn.execute("SELECT set_config('lock_timeout', %s, true)", (lock_ms,))  # this transaction only
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (_PG_MIGRATION_LOCK,))
+        return _migrate(conn, "postgres", "%s", target=target, where=where)
+    except psycopg.errors.LockNotAvailable:
+        conn.rollback()
+        raise MigrationLocked(
+            f"{where}: gave up after {lock_timeout_s:g} s waiting for a lock to migrate its schema; "
+            f"{_lock_holders(conn)}; end that transaction (or wait for it) and open the store again"
+        ) from None
+
+
+#: Other sessions of this database holding the migration lock or a lock on one of its tables, the
+#: longest-running transaction first, with the sessions each one waits on (``pg_blocking_pids``).
+_LOCK_HOLDERS = """
+SELECT a.pid, a.usename, a.application_name, a.client_addr::text, a.state,
+       a.xact_start::text, left(a.query, 120), pg_blocking_pids(a.pid)
+FROM pg_stat_activity a
+WHERE a.pid <> pg_backend_pid() AND a.datname = current_database() AND a.pid IN (
+    SELECT l.pid FROM pg_locks l WHERE l.granted AND (
+        (l.locktype = 'advisory' AND l.classid::bigint = %s AND l.objid::bigint = %s AND l.objsubid = 1)
+        OR (l.locktype = 'relation' AND l.relation IN (
+            SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname NOT IN ('pg_catalog', 'information_schema')))))
+ORDER BY a.xact_start NULLS LAST
+LIMIT 5
+"""
+
+
+def _lock_holders(conn: Any) -> str:
+    """Who holds the locks a migration waits for, as PostgreSQL tells (``pg_stat_activity`` shows
+    other users' queries only to a superuser or a member of ``pg_read_all_stats``)."""
+    key = (_PG_MIGRATION_LOCK >> 32, _PG_MIGRATION_LOCK & 0xFFFF_FFFF)
+    try:
+        rows = conn.execute(_LOCK_HOLDERS, key).fetchall()
+        conn.rollback()
+    except Exception as exc:  # best effort: the timeout is the error to report
+        return f"the sessions holding them could not be listed ({exc})"
+    if not rows:
+        return "no session holds them any more (try again)"
+    return "held by: " + "; ".join(_describe_session(_cells(row)) for row in rows)
+
+
+def _cells(row: Any) -> tuple[Any, ...]:
+    return tuple(row.values()) if isinstance(row, dict) else tuple(row)
+
+
+def _describe_session(cells: tuple[Any, ...]) -> str:
+    pid, user, app, client, state, since, query, waits_on = cells
+    text = f"pid {pid} (user {user}, application {app or '-'}, client {client or 'local'}, {state}"
+    text += f", transaction since {since}" if since else ""
+    text += f", waiting on pids {list(waits_on)}" if waits_on else ""
+    return text + f", last query {query!r})"
 
 
 #: A row when the ``meta`` table exists (where an unqualified ``meta`` resolves), none when it does not.

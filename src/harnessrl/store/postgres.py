@@ -26,6 +26,9 @@ how concurrency is made safe, since PostgreSQL has many writers at once instead 
 - A transaction that idles past ``timeout_s`` is ended by the server (``_configure_connection``):
   none of ours idles, so one that does is a stalled writer's, and the rollout lock it holds must
   not make every other writer of that rollout wait until TCP gives up on it (hours).
+- Opening migrates under an advisory lock, each lock waited for at most ``timeout_s``
+  (``lock_timeout``): a migration stuck behind another session's long transaction is a
+  ``MigrationLocked`` naming that session, not every process opening the store waiting forever.
 
 Every method is one transaction on a connection from a ``psycopg_pool.ConnectionPool``; the pool
 is thread-safe (the gateway and controller call the store from worker threads) and checks a
@@ -198,7 +201,9 @@ class PostgresStore(SQLStore):
                 # Before the first statement: its snapshot must not predate the migration lock's wait.
                 _read_committed(conn)
                 _check_encoding(conn, url)
-                migrate_postgres(conn, where=f"store {redact(url)}")
+                # Bounded: a migration stuck behind another session's transaction is a named error
+                # (``MigrationLocked``) after ``timeout_s``, not every opener waiting forever.
+                migrate_postgres(conn, where=f"store {redact(url)}", lock_timeout_s=timeout_s)
         except psycopg.OperationalError as exc:
             raise UpstreamError(
                 f"cannot use PostgreSQL store {redact(url)}: {scrub(str(exc), url)}".strip()
