@@ -215,11 +215,13 @@ def test_rollout_refuses_a_task_its_harness_cannot_start_on(tmp_path):
 
 @needs_root
 def test_a_workdir_the_workspace_lacks_is_named(tmp_path):
-    # bwrap could not chdir there: the attempt failed as "bwrap failed to set up the sandbox".
+    # bwrap could not chdir there: the attempt failed as "bwrap failed to set up the sandbox"; then
+    # every attempt as "not a folder of the workspace". Now refused before the rollout starts.
     run = tmp_path / "run"
-    done = summary(rollout_cli(tmp_path, PRINT_ENV + 'workdir = "sub"', {"prompt": "hi"}, run_dir=run))
-    assert done["outcome"] == "infra_failure"
-    assert "harness.workdir" in done["error"] and "/rollout/workspace/sub" in done["error"], done
+    proc = rollout_cli(tmp_path, PRINT_ENV + 'workdir = "sub"', {"prompt": "hi"}, run_dir=run)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "harness.workdir: 'sub' is not a folder of the workspace" in proc.stderr
+    assert not run.exists()
     # Control: a workdir that harness.files makes is where the harness starts.
     made = tmp_path / "made"
     made.mkdir()

@@ -263,16 +263,19 @@ def check_tasks(
     spec: HarnessSpec,
     tasks: Iterable[tuple[str, dict[str, Any]]],
     evaluator: EvaluatorConfig | None = None,
+    *,
+    repo_here: bool = True,
 ) -> None:
     """``check_task`` for each ``(task_id, task)``, in one scratch folder (a training set holds many
     thousand): the first task the harness cannot start on, or (with ``evaluator``) that lacks a field
     the evaluator needs (``EvaluatorConfig.check_task``), is a ``ConfigError`` naming it. Without this
     a task with no ``hidden.answer`` was found only when each attempt was scored: an infrastructure
-    failure, retried, the run going on (exit 0) with the task never trained."""
+    failure, retried, the run going on (exit 0) with the task never trained. ``repo_here``: the
+    harnesses launch on this machine, so each task's ``harness.repo`` folder must be here."""
     with tempfile.TemporaryDirectory(prefix="harnessrl-check-") as scratch:
         for task_id, task in tasks:
             try:
-                _render_for_check(spec, task, Path(scratch))
+                _render_for_check(spec, task, Path(scratch), repo_here=repo_here)
             except ConfigError as exc:
                 raise ConfigError(f"task {task_id!r}: the harness cannot start on it: {exc}") from exc
             if evaluator is None:
@@ -283,16 +286,64 @@ def check_tasks(
                 raise ConfigError(f"task {task_id!r}: the evaluator cannot score it: {exc}") from exc
 
 
-def _render_for_check(spec: HarnessSpec, task: dict[str, Any], scratch: Path) -> None:
+def _render_for_check(
+    spec: HarnessSpec, task: dict[str, Any], scratch: Path, *, repo_here: bool = True
+) -> None:
     rollout = Rollout(rollout_id="rollout-check", api_key="hrl-check", task=task)
-    render_harness(
+    workspace = scratch / "attempt" / "workspace"
+    rendered = render_harness(
         spec,
         rollout=rollout,
-        workspace=scratch / "attempt" / "workspace",
+        workspace=workspace,
         base_url="http://127.0.0.1:1/rollouts/rollout-check/v1",
         anthropic_base_url="http://127.0.0.1:1/rollouts/rollout-check",
         inside=ROLLOUT_PATHS if spec.sandbox == "bwrap" else None,
     )
+    if repo_here and rendered.repo is not None:
+        check_repo(rendered.repo)
+    check_files_inside(rendered.files)
+    seen = ROLLOUT_PATHS.workspace if spec.sandbox == "bwrap" else workspace
+    # Not with a task image: what its workspace holds is known only once it is built (at launch).
+    if spec.environment is None and (repo_here or rendered.repo is None):
+        check_workdir_made(os.path.relpath(rendered.cwd, seen), rendered.repo, rendered.files)
+
+
+def check_repo(repo: Path) -> None:
+    """``harness.repo``, rendered for a task, names a folder the controller can copy. Found only at
+    launch, a missing one (or a file) failed every attempt as an infrastructure failure and the run
+    stopped after its folder and store were made."""
+    if not repo.is_dir():
+        what = "does not exist" if not repo.exists() else "is not a folder"
+        raise ConfigError(f"harness.repo: {str(repo)!r} {what} (the repo copied into each workspace)")
+    if not os.access(repo, os.R_OK | os.X_OK):
+        raise ConfigError(f"harness.repo: {str(repo)!r} cannot be read by this process")
+
+
+def check_workdir_made(workdir: str, repo: Path | None, files: Iterable[str]) -> None:
+    """``harness.workdir`` (``workdir``: relative to the workspace), rendered for a task, is a folder
+    the repo or ``harness.files`` make in the workspace; nothing else does before the harness starts,
+    so a missing one failed every attempt at launch. A workdir outside the workspace is left as it was."""
+    rel = os.path.normpath(workdir)
+    if rel == "." or rel == ".." or rel.startswith(".." + os.sep):
+        return
+    if repo is not None and (repo / rel).is_dir():
+        return
+    if any(os.path.normpath(name).startswith(rel + os.sep) for name in files):
+        return
+    raise ConfigError(
+        f"harness.workdir: {rel!r} is not a folder of the workspace (the repo or harness.files must make it)"
+    )
+
+
+def check_files_inside(files: Iterable[str]) -> None:
+    """Each ``harness.files`` path, rendered for a task, names a file inside the workspace (not an
+    absolute path, not ``..`` out of it, not the workspace itself). Found only at launch, each was an
+    infrastructure failure of every attempt, after the run had started."""
+    workspace = Path("/workspace")
+    for rel in files:
+        target = Path(os.path.normpath(workspace / rel))
+        if target == workspace or not target.is_relative_to(workspace):
+            raise ConfigError(f"harness.files: {rel!r} is not a file path inside the workspace")
 
 
 # Interpreters whose first argument is the program they run (python3.11, node, bash...).

@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
+import os
 import secrets
+import shutil
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterable, Mapping
@@ -44,7 +47,13 @@ from harnessrl.environments.stopping import in_thread_stoppably
 from harnessrl.errors import ConfigError, HarnessRLError
 from harnessrl.gateway.inputs import check_parsers
 from harnessrl.retrieval.config import RetrievalConfig
-from harnessrl.sandbox.bwrap import check_mounts, require_sandbox
+from harnessrl.sandbox.bwrap import (
+    DEFAULT_PATH,
+    SYSTEM_DIRS,
+    check_mounts,
+    python_install_paths,
+    require_sandbox,
+)
 from harnessrl.sandbox.host import files_in_argv
 from harnessrl.sandbox.proxy import GatewayBridge
 from harnessrl.sandbox.workspace import make_private_dir
@@ -117,16 +126,117 @@ def prepare(config: RolloutConfig, run_dir: Path | None = None) -> tuple[Harness
     if config.kubernetes is None:  # with Kubernetes the harness binary lives in the image, not here
         if harness.environment is None or harness.environment.harness == "host":
             check_harness(harness)  # else the image brings it: checked per image (check_environments)
+        if harness.environment is None and harness.sandbox == "bwrap":
+            check_command_in_sandbox(harness)
         require_sandbox(harness.sandbox)
         check_mounts(harness.mounts, forbidden=forbidden)
+        check_mounts_exist(config.harness.mounts, "harness.mounts")  # the user's (a preset's may be optional)
     evaluator_config = config.evaluator
     if isinstance(evaluator_config, CommandEvaluatorConfig):
         check_mounts(evaluator_config.mounts, forbidden=forbidden, field="evaluator.mounts")
+        check_mounts_exist(evaluator_config.mounts, "evaluator.mounts")
+        check_scorer_command(evaluator_config, in_image=harness.environment is not None)
     # Command evaluators run code the policy wrote: a sandbox of their own, like the harness's.
     evaluator = build_evaluator(
         evaluator_config, validate=True, sandbox=EvaluatorSandbox(mode=harness.sandbox)
     )
     return harness, evaluator
+
+
+def check_command_in_sandbox(harness: HarnessSpec) -> None:
+    """A bare ``harness.command[0]`` (no ``/``) is looked up on the harness's ``PATH`` inside the
+    bubblewrap sandbox, which shows only the system folders, harnessrl's Python install and
+    ``harness.mounts`` of this machine: a program found here only in another folder (``~/.local/bin``,
+    ``/opt/x/bin``, a tool folder in ``/tmp``) passed ``check_harness`` and then failed every attempt
+    as an infrastructure failure ("cannot start: not found"). Refused naming the field."""
+    exe = harness.command[0]
+    if "/" in exe or "{" in exe or shutil.which(exe) is None:
+        return  # a path is bound as it is (files_in_argv); not found at all: check_harness says so
+    search = harness.env.get("PATH", os.environ.get("PATH", ""))
+    if "{" in search:
+        return  # a per-rollout template: checked per launch
+    shown = [*(Path(d) for d in SYSTEM_DIRS), *python_install_paths(), *(Path(m) for m in harness.mounts)]
+    for folder in [str(Path(sys.prefix) / "bin"), *search.split(os.pathsep)]:
+        candidate = Path(folder or ".") / exe
+        if not (candidate.is_file() and os.access(candidate, os.X_OK)):
+            continue
+        if _shown(candidate, shown) and _shown(Path(os.path.realpath(candidate)), shown):
+            return
+    found = shutil.which(exe)
+    raise ConfigError(
+        f"harness.command[0]: {exe!r} is found at {found!r} here, in a folder the sandbox does not show the harness "
+        "(it sees the system folders, harnessrl's Python install and harness.mounts): add its folder "
+        "to harness.mounts, or install it under /usr"
+    )
+
+
+def check_mounts_exist(mounts: list[str], field: str) -> None:
+    """Each of ``mounts`` is there: the sandbox skips a path that is not, so a typo gave the harness
+    (or the scorer) no file and no word, and every rollout failed, or was scored 0, for it."""
+    for i, mount in enumerate(mounts):
+        if not os.path.exists(mount):
+            raise ConfigError(f"{field}[{i}]: {mount!r} does not exist (nothing would be mounted there)")
+
+
+# The interpreters whose first argument is the script they run (as ``check_harness`` knows them).
+_INTERPRETER_NAMES = ("python", "node", "bash", "sh", "zsh", "ruby", "perl", "deno", "bun")
+
+
+def check_scorer_command(config: CommandEvaluatorConfig, *, in_image: bool) -> None:
+    """What a command evaluator runs, before any rollout: the script an interpreter runs
+    (``["python3", "/abs/check.py"]``) exists, and a bare program name is on the scorer's ``PATH``
+    (harnessrl's venv, then the system folders: not this process's ``PATH``). A missing script
+    scored every rollout 0 (the interpreter's exit 2 read as the policy's failure), and a program
+    found here only in another folder failed every attempt ("the scorer did not start")."""
+    if in_image:
+        return  # it runs over the task's image: its script and programs are the image's, not here
+    command = config.command
+    exe = command[0]
+    if len(command) > 1 and Path(exe).name.rstrip("0123456789.") in _INTERPRETER_NAMES:
+        script = command[1]
+        if os.path.isabs(script) and "{" not in script and not Path(script).is_file():
+            raise ConfigError(f"evaluator.command[1]: script {script!r} does not exist")
+    if "/" in exe or "{" in exe or "PATH" in config.env:
+        return  # a path, a template, a PATH of its own: not the default PATH
+    scorer_path = os.pathsep.join([str(Path(sys.prefix) / "bin"), DEFAULT_PATH])
+    found = shutil.which(exe)
+    if found is not None and shutil.which(exe, path=scorer_path) is None:
+        raise ConfigError(
+            f"evaluator.command[0]: {exe!r} is found at {found!r} here, but not on the scorer's PATH "
+            f"({scorer_path}): install it there, or give its absolute path"
+        )
+
+
+def _shown(path: Path, shown: list[Path]) -> bool:
+    return path.is_absolute() and any(path == folder or path.is_relative_to(folder) for folder in shown)
+
+
+def check_store(url: str) -> None:
+    """``store.url`` names a store the run can open: a server store (PostgreSQL) is opened and
+    closed now (it must answer), a SQLite file's folder must be writable where it is and a file
+    already there must be a SQLite database (another file named by mistake was found only after the
+    run folder existed); any problem is a ``ConfigError`` naming ``store.url``. A SQLite file is not
+    created here."""
+    from harnessrl.config import check_output_path
+    from harnessrl.store import open_store, sqlite_path
+    from harnessrl.store.sqlite import _may_be_a_database
+
+    try:
+        path = sqlite_path(url)
+    except ConfigError as exc:
+        raise ConfigError(f"store.url: {exc}") from exc
+    if path is None:  # a server: it must answer now
+        try:
+            open_store(url).close()
+        except HarnessRLError as exc:
+            raise ConfigError(f"store.url: {exc}") from exc
+    elif path != ":memory:":
+        check_output_path(path, "store.url")
+        if Path(path).is_file() and not _may_be_a_database(Path(path)):
+            raise ConfigError(
+                f"store.url: {path!r} is not a SQLite database (it does not start with SQLite's "
+                "header): name the store's file, e.g. runs/x/harnessrl.db"
+            )
 
 
 def store_files(store_url: str) -> list[Path]:
@@ -255,10 +365,13 @@ async def local_stack(
     routes: list[Any] = [gateway_dashboard]  # /ui
     if config.retrieval is not None:  # the retriever, on the gateway: the sandbox's one way out
         routes += await asyncio.to_thread(retrieval_routes, config.retrieval)
+    if store is None and config.store is not None:  # named as store.url, before the run folder exists
+        await asyncio.to_thread(check_store, config.store.url)
     gateway_cfg = config.gateway
     # The port too: a busy one is refused before the run folder and its store exist.
     sock = bind_socket(gateway_cfg.host, gateway_cfg.port)
     own_store = store is None
+    made = _first_missing(run_dir)
     try:
         make_private_dir(run_dir)
         if store is None:
@@ -266,6 +379,8 @@ async def local_stack(
             store = open_store(url)
     except BaseException:
         sock.close()
+        if made is not None:  # a store that would not open: no run folder left behind for it
+            shutil.rmtree(made, ignore_errors=True)
         raise
     if not gateway_cfg.admin_key:
         gateway_cfg = gateway_cfg.model_copy(update={"admin_key": f"hrl-admin-{secrets.token_urlsafe(24)}"})
@@ -295,6 +410,11 @@ async def local_stack(
         sock.close()  # serve_in_thread closes it too; this is for a failure before it started
         if own_store:
             store.close()
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The topmost folder of ``path`` (itself included) that does not exist yet: what creating it makes."""
+    return next((p for p in (*reversed(path.absolute().parents), path.absolute()) if not p.exists()), None)
 
 
 def retrieval_routes(config: RetrievalConfig) -> list[Any]:

@@ -38,7 +38,7 @@ from harnessrl.config import (
     resolve_relative_paths,
     validate_config,
 )
-from harnessrl.errors import ConfigError, HarnessRLError
+from harnessrl.errors import ConfigError
 
 if TYPE_CHECKING:
     from harnessrl.schemas import Task
@@ -199,7 +199,7 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
         raise ConfigError("give a config file (harnessrl train CONFIG) or --resume RUN_DIR")
     base_dir = Path(config_path).resolve().parent
     raw = resolve_relative_paths(load_raw_config(config_path, overrides), base_dir)
-    config = validate_config(TrainConfig, raw)
+    config = with_absolute_store(validate_config(TrainConfig, raw))
     run_dir = new_run_dir(run_folder(config.run.dir, config.run.name, base_dir))
     # Before the folder exists: a bad config leaves nothing behind.
     check_weights(config)
@@ -213,6 +213,24 @@ def open_run(config_path: str | None, resume: str | None, overrides: list[str]) 
         folder.release()
         raise
     return PreparedRun(config, run_dir, base_dir, folder, tasks, heldout)
+
+
+def with_absolute_store(config: TrainConfig) -> TrainConfig:
+    """``config`` with a relative SQLite ``store.url`` made absolute against the working folder (where
+    docs/store.md says it is). Saved relative in ``config.json``, a ``--resume`` from another folder
+    opened (and created) another, empty store there: the run's rollouts and calls were not found."""
+    from harnessrl.store import sqlite_path
+
+    if config.store is None:
+        return config
+    try:
+        path = sqlite_path(config.store.url)
+    except ConfigError:  # an unknown scheme: check_store names it as store.url
+        return config
+    if path is None or path == ":memory:" or os.path.isabs(path):
+        return config
+    store = config.store.model_copy(update={"url": str(Path(path).absolute())})
+    return config.model_copy(update={"store": store})
 
 
 def write_config(config: TrainConfig, base_dir: Path, run_dir: Path) -> None:
@@ -309,7 +327,8 @@ def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], lis
     """The run's training and held-out tasks (``prompt_template`` applied), loaded before the run
     folder exists: a missing file or a template naming a field no task has is a ``ConfigError``
     naming the section it comes from (``tasks`` or ``heldout``); so is a task the harness cannot
-    start on (a field its command names missing, a NUL byte: ``check_tasks``) or the evaluator cannot
+    start on (a field its command names missing, a NUL byte, a ``harness.repo`` folder that is not
+    there: ``check_tasks``) or the evaluator cannot
     score (no ``hidden.answer``), which was found only at launch or when scored, its attempts retried
     as infrastructure failures and the task never trained."""
     from harnessrl.controller.harness import check_tasks
@@ -320,7 +339,13 @@ def load_run_tasks(config: TrainConfig, base_dir: Path) -> tuple[list[Task], lis
     harness = apply_preset(config.harness)
     for section, loaded in (("tasks", tasks), ("heldout", heldout)):
         try:
-            check_tasks(harness, ((task.task_id, task.data) for task in loaded), config.evaluator)
+            check_tasks(
+                harness,
+                ((task.task_id, task.data) for task in loaded),
+                config.evaluator,
+                # external controllers copy harness.repo on their machines, not this one
+                repo_here=config.trainer.controllers == "local",
+            )
         except ConfigError as exc:
             raise ConfigError(f"{section}: {exc}") from exc
     return tasks, heldout
@@ -420,6 +445,8 @@ def preflight(
     check_memory(config, (memory_available or available_memory)())
     check_metrics(config.metrics)
     if config.store is not None:
+        from harnessrl.controller.stack import check_store
+
         check_store(config.store.url)
     if config.trainer.lora is not None:
         # The model's layers against [trainer.lora] (built on the meta device: no weights read).
@@ -439,6 +466,8 @@ def preflight(
         from harnessrl.gateway.process import bind_socket
 
         bind_socket(config.gateway.host, config.gateway.port, listen=False).close()
+        if config.retrieval is not None:  # the retriever this gateway serves, built after the model loads
+            check_corpus_file(config.retrieval.corpus)
     if config.trainer.controllers == "external":
         return
     from harnessrl.controller.stack import RolloutConfig, check_local_launch, prepare
@@ -456,6 +485,16 @@ def preflight(
     # The port of the gateway this process starts, which the harnesses' relay serves (with
     # trainer.gateway_url the controllers are external: returned above).
     check_local_launch(config, None, "gateway.port")
+
+
+def check_corpus_file(corpus: str) -> None:
+    """``retrieval.corpus`` is a file here (its index is built, or read from the cache, only after
+    the model loaded and the run folder was made: a typo was found then)."""
+    path = Path(corpus)
+    if not path.exists():
+        raise ConfigError(f"retrieval.corpus: {corpus!r} does not exist")
+    if not path.is_file():
+        raise ConfigError(f"retrieval.corpus: {corpus!r} is not a file (a JSONL corpus, one passage a line)")
 
 
 def check_seed(seed: int, field: str) -> None:
@@ -480,25 +519,6 @@ def check_metrics(metrics: MetricsSection) -> None:
         raise ConfigError(
             "metrics.tensorboard: tensorboard is not installed (pip install 'harnessrl[train]'), or set it false"
         )
-
-
-def check_store(url: str) -> None:
-    """``store.url`` names a store the run can open: a server store (PostgreSQL) is opened and
-    closed now (it must answer), a SQLite file's folder must be writable where it is; any problem
-    is a ``ConfigError`` naming ``store.url``. A SQLite file is not created here."""
-    from harnessrl.store import open_store, sqlite_path
-
-    try:
-        path = sqlite_path(url)
-    except ConfigError as exc:
-        raise ConfigError(f"store.url: {exc}") from exc
-    if path is None:  # a server: it must answer now
-        try:
-            open_store(url).close()
-        except HarnessRLError as exc:
-            raise ConfigError(f"store.url: {exc}") from exc
-    elif path != ":memory:":
-        check_output_path(path, "store.url")
 
 
 def upgrade_saved_config(raw: dict[str, Any]) -> dict[str, Any]:
