@@ -12,16 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
-
-from harnessrl.cli.main import app
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny" / "train.toml"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
+from tests.cli.cli_support import TINY, invoke, listing
+from typer.testing import Result
 
 
 def refused(result: Result, *named: str) -> None:
@@ -29,10 +21,6 @@ def refused(result: Result, *named: str) -> None:
     assert "Traceback" not in result.output and not isinstance(result.exception, AttributeError | TypeError)
     for name in named:
         assert name in result.output, result.output
-
-
-def listing(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
 @pytest.fixture

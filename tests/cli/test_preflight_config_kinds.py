@@ -13,33 +13,14 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from tests.cli.cli_support import TINY, invoke, listing, refused
 
-from harnessrl.cli.main import app
 from harnessrl.cli.rollout import load_rollout_config
 from harnessrl.controller.harness import check_task
 from harnessrl.controller.presets import apply_preset
 from harnessrl.controller.stack import prepare
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.run_setup import prepare_run
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny" / "train.toml"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
-
-
-def refused(result: Result, *named: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
-    for name in named:
-        assert name in result.output, result.output
-
-
-def listing(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
 @pytest.fixture

@@ -15,32 +15,14 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from tests.cli.cli_support import TINY, invoke, listing, refused
 from tests.fakes.http_server import served
-from typer.testing import CliRunner, Result
 
-from harnessrl.cli.main import app
 from harnessrl.client import GatewayClient
 from harnessrl.errors import ConfigError
 from harnessrl.trainer.run_setup import CONFIG_FILE, prepare_run
 
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny" / "train.toml"
 EXACT_MATCH = 'evaluator={type="exact_match"}'
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
-
-
-def refused(result: Result, *named: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
-    for name in named:
-        assert name in result.output, result.output
-
-
-def listing(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
 @pytest.fixture

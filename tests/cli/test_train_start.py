@@ -14,31 +14,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner, Result
+from tests.cli.cli_support import TINY, invoke, listing, refused
+from typer.testing import Result
 
-from harnessrl.cli.main import app
 from harnessrl.trainer.checkpoint import STATE_FILE, TrainState
 from harnessrl.trainer.run_setup import CONFIG_FILE, prepare_run
 
 LOCK_FILE = ".lock"  # RUN_DIR/.lock: what a process training the folder holds (docs/train.md)
-
-ROOT = Path(__file__).resolve().parents[2]
-TINY = ROOT / "examples" / "tiny" / "train.toml"
-
-
-def invoke(*args: str) -> Result:
-    return CliRunner().invoke(app, list(args))
-
-
-def refused(result: Result, *named: str) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
-    for name in named:
-        assert name in result.output, result.output
-
-
-def listing(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
 @pytest.fixture
