@@ -18,8 +18,7 @@ from pathlib import Path
 
 import pytest
 from tests.fakes.processes import processes_running, wait_for
-
-from harnessrl.store.sqlite import SQLiteStore
+from tests.trainer.test_train_end_to_end import assert_run_stopped_and_requeued
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "examples" / "tiny" / "train.toml"
@@ -84,14 +83,7 @@ def test_a_follower_killed_stops_rank_0_cleanly(tmp_path):
     assert proc.returncode != 0
     assert "SIGTERM: run stopped" in err and f"--resume {run_dir}" in err, err[-4000:]
     assert processes_running(str(agent)) == []
-    store = SQLiteStore(run_dir / "harnessrl.db")
-    try:
-        rollouts = store.list_rollouts(run_id="tiny-vowels")
-        assert rollouts and not [r for r in rollouts if r.status.value == "running"]
-        assert [r for r in rollouts if r.status.value == "queued"]  # taken again by --resume
-        assert store.get_run("tiny-vowels").status == "stopped"
-    finally:
-        store.close()
+    assert_run_stopped_and_requeued(run_dir)
 
 
 @pytest.mark.slow

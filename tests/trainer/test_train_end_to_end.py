@@ -367,6 +367,11 @@ def assert_stopped_cleanly(proc: subprocess.Popen, err: str, signum: int, run_di
     assert f"{signal.Signals(signum).name}: run stopped" in err
     assert f"harnessrl train --resume {run_dir}" in err
     assert processes_running(str(agent)) == []
+    assert_run_stopped_and_requeued(run_dir)
+
+
+def assert_run_stopped_and_requeued(run_dir: Path) -> None:
+    """The run is "stopped" in its store, no rollout left running, the ones in flight queued again."""
     store = SQLiteStore(run_dir / "harnessrl.db")
     try:
         rollouts = store.list_rollouts(run_id="tiny-vowels")

@@ -467,15 +467,27 @@ def test_calls_sharing_nothing_are_classified_without_scanning_every_chain(monke
     scanned every chain for the latest touched, O(calls^2) per rollout (20k calls: 11 s on the
     trainer and the dashboard's trace page). Counted here by the chains' ``last_touched`` reads,
     not timed: a few per call now, one per chain per call before."""
+    reads = count_last_touched_reads(monkeypatch)
+    calls = Calls()
+    n = 400
+    for i in range(n):
+        calls.add([1000 + i, 2], [5])
+    result = build_rollout_samples(rollout(), calls.calls)
+    assert len(result.samples) == n and sum(result.breaks.values()) == n - 1
+    assert reads[0] <= 4 * n, reads[0]  # before: ~n^2 / 2 (80,000 here)
+
+
+def count_last_touched_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Every chain built from now on counts its ``last_touched`` reads into the returned one-item list:
+    how the tests see the work of classifying breaks without timing it."""
     import harnessrl.trajectory.samples as samples_module
 
-    reads = 0
+    reads = [0]
 
     class Counted(samples_module._Chain):
         def __getattribute__(self, name):  # noqa: ANN001, ANN204
-            nonlocal reads
             if name == "last_touched":
-                reads += 1
+                reads[0] += 1
             return object.__getattribute__(self, name)
 
     real_new_chain = samples_module._new_chain
@@ -485,10 +497,4 @@ def test_calls_sharing_nothing_are_classified_without_scanning_every_chain(monke
         return Counted(**{f: getattr(chain, f) for f in chain.__dataclass_fields__})
 
     monkeypatch.setattr(samples_module, "_new_chain", new_chain)
-    calls = Calls()
-    n = 400
-    for i in range(n):
-        calls.add([1000 + i, 2], [5])
-    result = build_rollout_samples(rollout(), calls.calls)
-    assert len(result.samples) == n and sum(result.breaks.values()) == n - 1
-    assert reads <= 4 * n, reads  # before: ~n^2 / 2 (80,000 here)
+    return reads

@@ -19,7 +19,7 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 import pytest
-from tests.trajectory.test_chains import Calls, rollout
+from tests.trajectory.test_chains import Calls, count_last_touched_reads, rollout
 
 from harnessrl.errors import InvalidBatch
 from harnessrl.schemas import Call, Rollout
@@ -327,22 +327,7 @@ def test_a_run_of_chains_sharing_one_prefix_is_classified_without_scanning_the_r
     """Every call shares one system prompt and task, then starts a chain of its own: classifying
     each break took the latest touched of every chain sharing that prefix (all of them), n^2/2
     reads of ``last_touched`` per rollout. Counted, not timed: none now."""
-    reads = 0
-
-    class Counted(_Chain):
-        def __getattribute__(self, name):  # noqa: ANN001, ANN204
-            nonlocal reads
-            if name == "last_touched":
-                reads += 1
-            return object.__getattribute__(self, name)
-
-    real_new_chain = samples_module._new_chain
-
-    def new_chain(call, order):  # noqa: ANN001, ANN202
-        chain = real_new_chain(call, order)
-        return Counted(**{f: getattr(chain, f) for f in chain.__dataclass_fields__})
-
-    monkeypatch.setattr(samples_module, "_new_chain", new_chain)
+    reads = count_last_touched_reads(monkeypatch)
     c = Calls()
     shared = [10 + i % 50 for i in range(60)]
     n = 400
@@ -350,7 +335,7 @@ def test_a_run_of_chains_sharing_one_prefix_is_classified_without_scanning_the_r
         c.add(shared + [1000 + i, 7], [8, 9])
     built = build_rollout_samples(rollout(), c.calls)
     assert len(built.samples) == n and built.breaks == {"new_context": n - 1}
-    assert reads <= 4 * n, reads  # before: ~n^2 / 2 (80,000 here)
+    assert reads[0] <= 4 * n, reads[0]  # before: ~n^2 / 2 (80,000 here)
 
 
 def test_a_built_rollout_is_freed_as_soon_as_it_is_dropped() -> None:
