@@ -9,7 +9,10 @@ Python client to drive it unchanged:
   ``compact()``; ``timeoutSeconds``);
 - core/v1 Secrets: create, get, list, replace, merge-patch, delete; core/v1 Pods: get, list, watch,
   ``/log`` (pods are made by the fake's "job controller", never by clients);
-- networking/v1 NetworkPolicies: create, get, list, replace, delete.
+- networking/v1 NetworkPolicies: create, get, list, replace, delete (empty ``ingress``/``egress``
+  lists left out of what is stored, as the real server's ``omitempty`` does).
+
+A replace (PUT) that carries a ``resourceVersion`` other than the stored one is a 409 Conflict.
 
 Errors are ``Status`` objects with the real ``reason``/``code`` (409 AlreadyExists, 404 NotFound,
 422 Invalid). Outcomes are driven by test-only methods (``succeed_job``, ``fail_job``, ``oom_job``,
@@ -241,6 +244,11 @@ class FakeKubernetes:
                 w.loop.call_soon_threadsafe(w.queue.put_nowait, {"type": type_, "object": snapshot})
 
     def _store(self, resource: str, obj: dict[str, Any], type_: str) -> dict[str, Any]:
+        if resource == "networkpolicies":  # Go's omitempty: the server never gives back an empty list
+            spec = obj.get("spec") or {}
+            for field in ("ingress", "egress"):
+                if spec.get(field) == []:
+                    del spec[field]
         rv = self._next_rv()
         obj["metadata"]["resourceVersion"] = str(rv)
         meta = obj["metadata"]
@@ -277,6 +285,25 @@ class FakeKubernetes:
     def jobs(self, namespace: str = "default") -> list[dict[str, Any]]:
         return self.list("jobs", namespace)
 
+    def egress_rules(self, pod: dict[str, Any]) -> list[dict[str, Any]] | None:
+        """The egress rules a CNI that enforces NetworkPolicies applies to ``pod``: None when no
+        policy of its namespace with ``Egress`` in its ``policyTypes`` selects it (egress is open),
+        else the rules of all those that do, in name order (policies are additive; ``[]``: shut)."""
+        namespace = pod["metadata"].get("namespace", "default")
+        labels = pod["metadata"].get("labels") or {}
+        rules: list[dict[str, Any]] | None = None
+        for policy in self.list("networkpolicies", namespace):
+            spec = policy.get("spec") or {}
+            selector = spec.get("podSelector") or {}
+            if selector.get("matchExpressions"):
+                raise NotImplementedError("the fake selects pods by matchLabels only")
+            wanted = selector.get("matchLabels") or {}
+            if "Egress" in (spec.get("policyTypes") or []) and all(
+                labels.get(k) == v for k, v in wanted.items()
+            ):
+                rules = (rules or []) + list(spec.get("egress") or [])
+        return rules
+
     def secret_value(self, name: str, key: str, namespace: str = "default") -> str | None:
         secret = self.get("secrets", name, namespace)
         if secret is None or key not in (secret.get("data") or {}):
@@ -311,6 +338,11 @@ class FakeKubernetes:
         and then fail with a ``code`` Status (or, without a code, are served normally)."""
         with self._lock:
             self._faults.append(_Fault(method, resource, code, reason, message, delay_s, times))
+
+    def clear_faults(self) -> None:
+        """Forget the faults not yet used up: the API answers normally again."""
+        with self._lock:
+            self._faults.clear()
 
     def _take_fault(self, method: str, resource: str) -> _Fault | None:
         with self._lock:
@@ -733,6 +765,14 @@ class FakeKubernetes:
                     return error(415, "UnsupportedMediaType", "only merge patches are supported by this fake")
                 updated = _merge_patch(current, body)
             else:  # PUT
+                sent_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
+                if sent_rv and sent_rv != current["metadata"]["resourceVersion"]:
+                    return error(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on {plural} "{name}": the object has been modified; '
+                        "please apply your changes to the latest version and try again",
+                    )
                 updated = copy.deepcopy(body)
                 updated["status"] = current.get("status", updated.get("status"))
             for field in ("uid", "creationTimestamp", "namespace", "name"):

@@ -82,3 +82,16 @@ def test_good_values_load() -> None:
     cidr = rollout_config(policy={"gateway_pod_labels": None, "gateway_cidr": "10.0.12.7/32"})
     assert cidr.kubernetes is not None and cidr.kubernetes.network_policy is not None
     assert cidr.kubernetes.network_policy.gateway_cidr == "10.0.12.7/32"
+
+
+@pytest.mark.parametrize("huge", ["1e400", "9" * 400])
+def test_a_quantity_too_large_for_a_float_is_a_named_error_not_a_traceback(huge: str) -> None:
+    """Bug: ``ephemeral_storage_limit = "1e400"`` (a valid quantity pattern) was computed as
+    ``1 * 10 ** 400`` and raised OverflowError out of the config check: a traceback instead of the
+    field's name; a template request as large did the same when the config loaded."""
+    with pytest.raises(ConfigError, match=r"kubernetes\.ephemeral_storage_limit"):
+        rollout_config({"ephemeral_storage_limit": huge})
+    template = {
+        "spec": {"containers": [{"name": "agent", "resources": {"requests": {"ephemeral-storage": huge}}}]}
+    }
+    assert rollout_config({"job_template": template}).kubernetes is not None  # the API judges it

@@ -244,3 +244,36 @@ def test_a_manual_selector_is_refused_naming_the_field() -> None:
             KubernetesRunner(api, gateway_url=CLUSTER_GATEWAY, network_policy=None, job_template=template)
     finally:
         api.close()
+
+
+async def test_a_launch_fails_once_the_api_has_refused_every_pass_for_stuck_pending_s(
+    fake_k8s, runners, make_launch
+) -> None:
+    """Bug: only a reconcile pass creates Jobs, and a pass starts with lists; an API that refused
+    them all (every request a 5xx, expired credentials: 401) left each new launch waiting forever,
+    with the controller's slot. The bound on creates the API refuses (stuck_pending_s) never came
+    into play: no create was ever tried. An attempt whose Job exists runs on."""
+    runner = runners(stuck_pending_s=0.5)
+    running = await runner.launch(make_launch("r1"))
+    fake_k8s.add_fault("GET", "pods", code=500, reason="InternalError", message="etcd down", times=10**6)
+    with pytest.raises(UpstreamError, match="stuck_pending_s"):
+        await asyncio.wait_for(runner.launch(make_launch("r2")), 30)
+    assert fake_k8s.job(running.job_name) is not None
+    fake_k8s.clear_faults()
+    fake_k8s.succeed_job(running.job_name)
+    exit_ = await asyncio.wait_for(running.wait(), 60)
+    assert (exit_.kind, exit_.exit_code) == (ExitKind.EXITED, 0)  # its own outcome, not failed with r2
+
+
+async def test_a_launch_whose_creates_all_time_out_fails_after_stuck_pending_s(
+    fake_k8s, runners, make_launch
+) -> None:
+    """Bug: a create the API never answered in request_timeout_s (a slow admission webhook, an
+    overloaded server) raised no ApiException, so it was neither counted toward stuck_pending_s nor
+    backed off: tried again at every pass, the launch waited forever."""
+    runner = runners(stuck_pending_s=0.5, request_timeout_s=0.3)
+    await runner.start()
+    fake_k8s.add_fault("POST", "jobs", code=504, reason="Timeout", delay_s=1.0, times=10**6)
+    with pytest.raises(UpstreamError, match="stuck_pending_s"):
+        await asyncio.wait_for(runner.launch(make_launch("r1")), 30)
+    assert fake_k8s.jobs() == []

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import copy
 import json
 import re
 from typing import Any
@@ -123,6 +124,37 @@ def test_job_fixed_fields_win_over_template(make_launch) -> None:
     assert "suspend" not in spec
     assert spec["template"]["spec"]["restartPolicy"] == "Never"
     assert spec["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_the_template_cannot_make_the_job_run_a_second_pod(make_launch) -> None:
+    """Bug: a template's podFailurePolicy rule with ``action: Ignore`` (the Kubernetes docs' pattern
+    for retrying preempted pods) or per-index retries made the Job controller start a new pod after
+    a failed one despite ``backoffLimit: 0``: the harness ran again within the same attempt, both
+    runs' calls recorded as one attempt and scored by the last run (with an ``Ignore``d exit code,
+    an agent could re-roll its episode at will)."""
+    template = copy.deepcopy(TEMPLATE)
+    disrupted = {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}
+    exit_42 = {
+        "action": "Ignore",
+        "onExitCodes": {"containerName": "harness", "operator": "In", "values": [42]},
+    }
+    counted = {"action": "Count", "onExitCodes": {"operator": "In", "values": [1]}}
+    template["spec"]["podFailurePolicy"] = {"rules": [disrupted, exit_42, counted]}
+    template["spec"].update(completionMode="Indexed", backoffLimitPerIndex=3, maxFailedIndexes=1)
+    harness_container = template["spec"]["template"]["spec"]["containers"][1]
+    assert harness_container["name"] == "harness"
+    rules = [{"action": "Restart", "exitCodes": {"operator": "In", "values": [42]}}]
+    harness_container.update(restartPolicy="Never", restartPolicyRules=rules)  # restarted in place on 42
+    spec = render(make_launch(), template)["spec"]
+    assert not {"restartPolicy", "restartPolicyRules"} & set(spec["template"]["spec"]["containers"][1])
+    assert spec["podFailurePolicy"]["rules"] == [
+        {**disrupted, "action": "FailJob"},
+        {**exit_42, "action": "FailJob"},
+        counted,
+    ]
+    assert "backoffLimitPerIndex" not in spec and "maxFailedIndexes" not in spec
+    assert spec["backoffLimit"] == 0
+    assert template["spec"]["podFailurePolicy"]["rules"][0]["action"] == "Ignore"  # not mutated
 
 
 def test_template_fields_are_preserved(make_launch) -> None:

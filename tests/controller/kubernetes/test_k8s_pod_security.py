@@ -216,6 +216,51 @@ def test_a_host_path_volume_is_refused_in_a_hardened_pod(make_launch) -> None:
     assert {"name": "node", "hostPath": {"path": "/"}} in pod_spec(opted_out)["volumes"]
 
 
+# What the API server adds to every pod that automounts a token: a template copied from a live pod
+# (``kubectl get pod -o yaml``) carries it.
+TOKEN_VOLUME = {
+    "name": "kube-api-access-x7k2p",
+    "projected": {
+        "defaultMode": 420,
+        "sources": [
+            {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+            {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        ],
+    },
+}
+TOKEN_MOUNT = {
+    "name": "kube-api-access-x7k2p",
+    "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+    "readOnly": True,
+}
+
+
+def test_a_template_volume_cannot_hand_the_harness_a_token(make_launch) -> None:
+    """Bug: ``automountServiceAccountToken: false`` only stops the API server adding a token; the
+    template's own projected token volume (in every pod copied with ``kubectl get pod -o yaml``)
+    stayed mounted in the harness container, and the kubelet wrote the pod's service-account token
+    there: the agent could talk to the API server as the pod."""
+    template = copy.deepcopy(TEMPLATE)
+    template["spec"]["volumes"] = [TOKEN_VOLUME, {"name": "cache", "emptyDir": {}}]
+    template["spec"]["containers"][0]["volumeMounts"] = [
+        TOKEN_MOUNT,
+        {"name": "cache", "mountPath": "/cache"},
+    ]
+    template["spec"]["containers"].append(
+        {"name": "shipper", "image": "fluent-bit", "volumeMounts": [dict(TOKEN_MOUNT)]}
+    )
+    job = render(make_launch(), template)
+    mounted = {m["name"] for m in harness(job)["volumeMounts"]}
+    assert TOKEN_VOLUME["name"] not in mounted and "cache" in mounted
+    # A sidecar that mounts it keeps it (the template's choice for a container the agent is not in).
+    assert TOKEN_VOLUME in pod_spec(job)["volumes"]
+    template["spec"]["containers"].pop()
+    alone = pod_spec(render(make_launch(), template))
+    assert all(v["name"] != TOKEN_VOLUME["name"] for v in alone["volumes"])
+    opted_out = render(make_launch(), template, pod_security=PodSecurityConfig(enabled=False))
+    assert TOKEN_MOUNT in harness(opted_out)["volumeMounts"]
+
+
 def test_template_localhost_seccomp_profile_is_kept(make_launch) -> None:
     template = copy.deepcopy(TEMPLATE)
     profile = {"type": "Localhost", "localhostProfile": "profiles/harness.json"}

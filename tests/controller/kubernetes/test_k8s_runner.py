@@ -15,13 +15,13 @@ import time
 from collections.abc import Callable
 
 import pytest
-from kubernetes.client import ApiClient, Configuration, CoreV1Api
+from kubernetes.client import ApiClient, Configuration, CoreV1Api, NetworkingV1Api
 from tests.controller.kubernetes.k8s_support import CLUSTER_GATEWAY, KEY, POLICY, FakeKubernetes, until
 
 from harnessrl.controller.base import ExitKind
 from harnessrl.controller.kubernetes import KubernetesRunner
 from harnessrl.controller.kubernetes.names import attempt_labels, resource_name
-from harnessrl.controller.kubernetes.network_policy import build_network_policy
+from harnessrl.controller.kubernetes.network_policy import build_network_policy, run_policy_name
 from harnessrl.errors import ConfigError, Conflict, UpstreamError
 
 pytestmark = pytest.mark.anyio
@@ -75,8 +75,10 @@ async def test_launch_creates_secret_job_and_policy(fake_k8s, runners, make_laun
     assert fake_k8s.secret_value(handle.job_name, "api-key") == KEY
     secret = fake_k8s.get("secrets", handle.job_name)
     assert secret["metadata"]["ownerReferences"][0]["uid"] == job["metadata"]["uid"]  # GC'd with the Job
-    policy = fake_k8s.get("networkpolicies", "harnessrl-harness-egress")
+    policy = fake_k8s.get("networkpolicies", run_policy_name("harnessrl-harness-egress", "run-1"))
     assert policy["spec"]["egress"][0]["ports"] == [{"protocol": "TCP", "port": 8000}]
+    baseline = fake_k8s.get("networkpolicies", "harnessrl-harness-egress")["spec"]
+    assert baseline["policyTypes"] == ["Ingress", "Egress"] and "egress" not in baseline  # shut: []
     with pytest.raises(Conflict):
         await runner.launch(make_launch("r1"))
 
@@ -341,6 +343,20 @@ async def test_a_full_quota_is_waited_out(fake_k8s, runners, make_launch) -> Non
         await asyncio.wait_for(runner.launch(make_launch("r2")), 10)
 
 
+async def test_a_quota_one_attempt_alone_exceeds_fails_the_launch(fake_k8s, runners, make_launch) -> None:
+    """Bug: every "exceeded quota" was waited out, also one whose hard limit is below what a single
+    attempt asks for (``requested: count/secrets=1 ... limited: count/secrets=0``): nothing ending
+    ever frees that, and the launch waited forever (the controller's slot with it)."""
+    never = (
+        'secrets "x" is forbidden: exceeded quota: tight, requested: count/secrets=1,secrets=1, '
+        "used: count/secrets=0,secrets=0, limited: count/secrets=0,secrets=10"
+    )
+    fake_k8s.add_fault("POST", "secrets", code=403, reason="Forbidden", message=never, times=1000)
+    runner = runners()
+    with pytest.raises(ConfigError, match="limited: count/secrets=0"):
+        await asyncio.wait_for(runner.launch(make_launch("r1")), 30)
+
+
 async def test_a_secret_no_job_wants_is_swept_whoever_wrote_it(fake_k8s, runners, make_launch) -> None:
     """Bug: a Secret left by a controller that died between its Secret and its Job carries that
     controller's id, and no other runner ever swept it (docs: swept once orphan_grace_s old). The
@@ -409,15 +425,21 @@ async def test_watch_recovers_from_expired_resource_version(fake_k8s, runners, m
 
 
 async def test_network_policy_converges(fake_k8s, runners) -> None:
-    """A policy left by another config is replaced by this runner's allow-list."""
-    stale = build_network_policy("default", gateway_port=9999, gateway_cidr="10.1.2.3/32")
+    """A run's allow-list left by another config of the run is replaced by this runner's; a
+    namespace-wide allow-list under the baseline's name (older harnessrl) becomes the deny-all."""
+    name = run_policy_name("harnessrl-harness-egress", "run-1")
     seeder = runners(network_policy={"gateway_port": 9999, "gateway_cidr": "10.1.2.3/32"})
     await seeder.start()
-    assert fake_k8s.get("networkpolicies", stale["metadata"]["name"])["spec"] == stale["spec"]
+    assert fake_k8s.get("networkpolicies", name)["spec"]["egress"][0]["ports"][0]["port"] == 9999
+    api = ApiClient(Configuration(host=fake_k8s.url))
+    old_style = build_network_policy("default", gateway_port=9999, gateway_cidr="10.1.2.3/32")
+    NetworkingV1Api(api).replace_namespaced_network_policy("harnessrl-harness-egress", "default", old_style)
+    api.close()
     runner = runners()
     await runner.start()
-    spec = fake_k8s.get("networkpolicies", "harnessrl-harness-egress")["spec"]
+    spec = fake_k8s.get("networkpolicies", name)["spec"]
     assert spec["egress"][0]["to"] == [{"podSelector": {"matchLabels": {"app": "harnessrl-gateway"}}}]
+    assert "egress" not in fake_k8s.get("networkpolicies", "harnessrl-harness-egress")["spec"]  # []
 
 
 def test_bad_config_fails_before_any_rollout() -> None:

@@ -44,7 +44,10 @@ class NetworkPolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = "harnessrl-harness-egress"
+    name: str = Field(
+        default="harnessrl-harness-egress",
+        description="the namespace's deny-all baseline; this run's allow-list is <name>-<hash of run_id>",
+    )
     gateway_port: int = Field(ge=1, le=65535, description="the gateway's port as pods reach it")
     gateway_pod_labels: dict[str, str] | None = Field(default=None, description="labels of the gateway pods")
     gateway_namespace: str | None = Field(

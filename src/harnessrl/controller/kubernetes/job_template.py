@@ -1,4 +1,5 @@
-"""A Job template as the config gives it, in any accepted shape, made a Job dict (``normalize_template``).
+"""A Job template as the config gives it, in any accepted shape, made a Job dict (``normalize_template``),
+and the Job spec fields that would run a second pod for one attempt taken out (``no_second_pod``).
 
 Pure and free of the runner's settings, so the config (``kubernetes.config``, which checks a template's
 shape when it loads) and the manifests (``kubernetes.manifests``) both use it without importing each
@@ -98,3 +99,24 @@ def normalize_template(template: Mapping[str, Any] | None) -> dict[str, Any]:
         )
     pod_spec["containers"] = [dict(c) for c in containers]
     return job
+
+
+def no_second_pod(spec: dict[str, Any]) -> None:
+    """Take out of a Job ``spec`` what makes the Job controller run another pod after a failed one:
+    a ``podFailurePolicy`` rule with ``action: Ignore`` (the failure is not counted against
+    ``backoffLimit: 0``, so a pod is made again) becomes ``FailJob``, and the per-index retries of
+    an Indexed Job (``backoffLimitPerIndex``, ``maxFailedIndexes``) go. A second pod runs the harness
+    again within the same attempt, under the same key: both runs' calls are recorded as one attempt
+    and scored with the last one's outcome (an agent allowed an ``Ignore``d exit code could re-roll
+    its episode at will). The controller retries infrastructure failures as new attempts instead."""
+    for field in ("backoffLimitPerIndex", "maxFailedIndexes"):
+        spec.pop(field, None)
+    policy = spec.get("podFailurePolicy")
+    if isinstance(policy, Mapping) and isinstance(policy.get("rules"), list):
+        rules = [
+            {**rule, "action": "FailJob"}
+            if isinstance(rule, Mapping) and rule.get("action") == "Ignore"
+            else rule
+            for rule in policy["rules"]
+        ]
+        spec["podFailurePolicy"] = {**policy, "rules": rules}

@@ -6,7 +6,8 @@ Template merge rules (the user's template is deep-copied, never mutated):
 - The template may be a Job (``kind: Job``), a Pod, a PodTemplateSpec (``{metadata, spec}``) or a
   PodTemplate; anything else is a ``ConfigError``. Runtime fields (name, uid, status, ...) are dropped.
 - Every field harnessrl does not set is kept as written (sidecars, tolerations, nodeSelector, init
-  containers, security contexts, GPU limits, ``podFailurePolicy``...).
+  containers, security contexts, GPU limits, ``podFailurePolicy`` (its ``Ignore`` rules become
+  ``FailJob``: ``no_second_pod``)...).
 - Fields harnessrl sets win: Job name/namespace, ``backoffLimit: 0``, ``completions``/``parallelism``
   1, ``activeDeadlineSeconds``, ``ttlSecondsAfterFinished``, ``restartPolicy: Never``, no
   ``suspend``; harnessrl labels and annotations (merged over the template's, on Job and pod); the
@@ -50,7 +51,7 @@ from harnessrl.controller.base import Launch
 from harnessrl.controller.harness import MAX_EXEC_STRING
 from harnessrl.controller.kubernetes.config import PodSecurityConfig
 from harnessrl.controller.kubernetes.harness_injection import inject_harness
-from harnessrl.controller.kubernetes.job_template import normalize_template
+from harnessrl.controller.kubernetes.job_template import no_second_pod, normalize_template
 from harnessrl.controller.kubernetes.names import (
     ATTEMPT_ANNOTATION,
     CONTAINER_ANNOTATION,
@@ -256,6 +257,7 @@ def build_job_manifest(
 
     spec = job["spec"]
     spec.pop("suspend", None)
+    no_second_pod(spec)
     spec.update(
         backoffLimit=0,
         completions=1,
@@ -264,6 +266,8 @@ def build_job_manifest(
         ttlSecondsAfterFinished=int(ttl_after_finished_s),
     )
     pod_spec["restartPolicy"] = "Never"
+    for field in ("restartPolicy", "restartPolicyRules"):  # a container's own (1.34+): restarted in place
+        container.pop(field, None)
     pod_spec.setdefault("automountServiceAccountToken", False)
 
     container["name"] = container.get("name") or "harness"

@@ -37,15 +37,19 @@ _SUFFIX = {
 
 
 def parse_quantity(value: object) -> float | None:
-    """A Kubernetes quantity (``10Gi``, ``500m``, ``1e3``, ``2``) -> a number; None if it is not one."""
+    """A Kubernetes quantity (``10Gi``, ``500m``, ``1e3``, ``2``) -> a number; None if it is not one,
+    or too large for a float (``1e400``: computed as ``10 ** 400`` it raised OverflowError, a
+    traceback where the config should have named its field)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
+        number = float(value)
+        return number if math.isfinite(number) else None
     match = _QUANTITY.fullmatch(value.strip()) if isinstance(value, str) else None
     if match is None:
         return None
     number, exponent, suffix = match.groups()
-    scale = 10 ** int(exponent) if exponent else _SUFFIX.get(suffix or "", 1)
-    return float(number) * scale
+    # float() of the decimal text saturates to inf instead of raising; inf is no quantity to compare
+    parsed = float(f"{number}e{exponent}") if exponent else float(number) * _SUFFIX.get(suffix or "", 1)
+    return parsed if math.isfinite(parsed) else None
 
 
 @dataclass(frozen=True)

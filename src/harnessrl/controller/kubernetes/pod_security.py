@@ -8,7 +8,8 @@ binaries or edit the evaluator's tools), the service-account token, or the host'
 (``hostNetwork`` would also bypass the NetworkPolicy), a view of another container's processes
 (``shareProcessNamespace``), root's group (``supplementalGroups`` 0), an unconfined AppArmor or
 SELinux domain (``appArmorProfile: Unconfined``, ``seLinuxOptions`` type ``spc_t``), an unmasked
-``/proc`` (``procMount: Unmasked``) or the node's disk (``hostPath`` volumes, refused). Hardened
+``/proc`` (``procMount: Unmasked``) or the node's disk (``hostPath`` volumes, refused); a template
+volume that projects a service-account token is taken out of the harness container. Hardened
 fields win over the template's; the template's other security fields are kept. A
 ``seccompProfile`` or ``appArmorProfile`` of type ``Localhost`` in the template is kept: it is a
 deliberate profile, and replacing it with ``RuntimeDefault`` could loosen it; of ``seLinuxOptions``
@@ -165,6 +166,33 @@ def refuse_host_path_volumes(template: Mapping[str, Any] | None) -> None:
         )
 
 
+def _projects_token(volume: Any) -> bool:
+    """A ``projected`` volume with a ``serviceAccountToken`` source: the pod's API credentials."""
+    projected = volume.get("projected") if isinstance(volume, Mapping) else None
+    sources = projected.get("sources") if isinstance(projected, Mapping) else None
+    return any(isinstance(s, Mapping) and s.get("serviceAccountToken") is not None for s in sources or [])
+
+
+def unmount_token_volumes(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """Take every volume that projects a service-account token out of the harness ``container``,
+    and drop those no other container still mounts. ``automountServiceAccountToken: false`` only
+    stops the API server from adding one: a template copied from a live pod (``kubectl get pod -o
+    yaml``) carries the ``kube-api-access-*`` volume it added and the mount at
+    /var/run/secrets/kubernetes.io/serviceaccount, and with them the kubelet wrote a token into the
+    harness's filesystem all the same."""
+    tokens = {v.get("name") for v in pod_spec.get("volumes") or [] if _projects_token(v)}
+    if not tokens:
+        return
+    container["volumeMounts"] = [
+        m for m in container.get("volumeMounts") or [] if m.get("name") not in tokens
+    ]
+    others = [*(pod_spec.get("containers") or []), *(pod_spec.get("initContainers") or [])]
+    mounted = {m.get("name") for c in others for m in c.get("volumeMounts") or [] if isinstance(m, Mapping)}
+    pod_spec["volumes"] = [
+        v for v in pod_spec.get("volumes") or [] if v.get("name") not in tokens or v.get("name") in mounted
+    ]
+
+
 def harden_pod(
     pod_spec: dict[str, Any],
     container: dict[str, Any],
@@ -185,6 +213,7 @@ def harden_pod(
         )
     pod_spec["securityContext"] = pod_security_context(config, pod_spec.get("securityContext"))
     pod_spec["automountServiceAccountToken"] = False  # the template cannot hand the agent a token
+    unmount_token_volumes(pod_spec, container)  # nor through a volume of its own
     for field in ("hostNetwork", "hostPID", "hostIPC"):  # host namespaces escape the NetworkPolicy
         pod_spec[field] = False
     # A shared PID namespace shows the harness the other containers' processes and their

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -36,13 +38,18 @@ from harnessrl.controller.kubernetes.config import KubernetesRunnerConfig
 from harnessrl.controller.kubernetes.job_template import normalize_template
 from harnessrl.controller.kubernetes.names import (
     KEY_DIGEST_ANNOTATION,
+    MANAGED_BY_LABEL,
     WRITTEN_AT_ANNOTATION,
     attempt_labels,
     label_selector,
     resource_name,
     run_labels,
 )
-from harnessrl.controller.kubernetes.network_policy import build_network_policy
+from harnessrl.controller.kubernetes.network_policy import (
+    build_baseline_policy,
+    build_network_policy,
+    run_policy_name,
+)
 from harnessrl.controller.kubernetes.observed import (
     ObservedJob,
     ObservedPod,
@@ -50,6 +57,7 @@ from harnessrl.controller.kubernetes.observed import (
     attach_pods,
     parse_job,
     parse_pod,
+    parse_quantity,
     parse_secret,
 )
 from harnessrl.controller.kubernetes.reconcile import DesiredAttempt, classify, plan
@@ -60,6 +68,14 @@ log = logging.getLogger(__name__)
 # Tries of one delete the API refuses for a while (429, a 5xx): a Job whose delete failed once at
 # shutdown (aclose) was left running to its deadline, with no reconcile pass left to sweep it.
 DELETE_TRIES = 4
+# Reads and replaces of a NetworkPolicy that another runner replaced in between (409 Conflict).
+POLICY_REPLACE_TRIES = 3
+
+
+def _as_stored(spec: dict[str, Any]) -> dict[str, Any]:
+    """A NetworkPolicy spec as the API server gives it back: its empty lists (``ingress: []``) left
+    out (Go's ``omitempty``). Compared raw, every start found the policy "changed" and replaced it."""
+    return {key: value for key, value in spec.items() if value != []}
 
 
 def _default_api_client() -> k8s.ApiClient:
@@ -91,14 +107,37 @@ def _status_message(exc: ApiException) -> str:
     return str(body.get("message") or "") if isinstance(body, dict) else ""
 
 
+# The quota admission's refusal: "exceeded quota: <name>, requested: k=v,..., used: ..., limited: ..."
+_QUOTA_LISTS = re.compile(r"requested: ([^\s\"]*), used: ([^\s\"]*), limited: ([^\s\"]*)")
+
+
+def _quantities(listed: str) -> dict[str, float | None]:
+    pairs = (item.split("=", 1) for item in listed.split(",") if "=" in item)
+    return {key: parse_quantity(value) for key, value in pairs}
+
+
+def _never_fits(body: str) -> bool:
+    """A quota refusal where one attempt alone asks for more than the quota's hard limit (``requested:
+    count/jobs.batch=1 ... limited: count/jobs.batch=0``): no other Job ending will ever free that."""
+    match = _QUOTA_LISTS.search(body)
+    if match is None:
+        return False
+    requested, limited = _quantities(match.group(1)), _quantities(match.group(3))
+    return any(
+        wanted is not None and (hard := limited.get(key)) is not None and wanted > hard
+        for key, wanted in requested.items()
+    )
+
+
 def _transient(exc: ApiException) -> bool:
     """An API refusal that passes by itself: throttling, a server error, a ResourceQuota that is
     full now (``403 ... exceeded quota``: other pods end and free it). A quota that forbids the pod
-    outright (``must specify limits``) or any other 4xx is the config's fault."""
+    outright (``must specify limits``), one whose hard limit is below what one attempt asks for, or
+    any other 4xx is the config's fault."""
     if exc.status == 429 or exc.status >= 500:
         return True
     body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else str(exc.body or "")
-    return exc.status == 403 and "exceeded quota" in body
+    return exc.status == 403 and "exceeded quota" in body and not _never_fits(body)
 
 
 @dataclass(eq=False)
@@ -158,6 +197,8 @@ class KubernetesRunner:
         # Unset, unique to this runner: its Jobs are its own (no other run's runner takes them for
         # its orphans); what a shared run_id gives (one cap, adoption after a restart) it goes without.
         self.run_id = self.config.run_id or f"run-{uuid.uuid4().hex[:12]}"
+        self._drawn_run_id = self.config.run_id is None
+        self._run_policy_made = False  # this run's allow-list was ensured (aclose may delete it)
         if self.config.run_id is None:
             self.config = self.config.model_copy(update={"run_id": self.run_id})
             log.info("kubernetes.run_id not set: this runner's Jobs are those of run %s", self.run_id)
@@ -279,35 +320,68 @@ class KubernetesRunner:
         )
 
     async def _ensure_network_policy(self) -> None:
+        """The namespace's deny-all baseline, then this run's allow-list (``network_policy``): in
+        that order, so no pod of this run is ever selected by an allow-list alone."""
         np = self.config.network_policy
         assert np is not None
-        desired = build_network_policy(
-            self.config.namespace,
-            gateway_port=np.gateway_port,
-            gateway_pod_labels=np.gateway_pod_labels,
-            gateway_namespace=np.gateway_namespace,
-            gateway_cidr=np.gateway_cidr,
-            allow_dns=np.allow_dns,
-            dns_namespace=np.dns_namespace,
-            dns_pod_labels=np.dns_pod_labels,
-            name=np.name,
+        await self._ensure_policy(build_baseline_policy(self.config.namespace, name=np.name))
+        labels = run_labels(self.run_id)
+        labels.pop(MANAGED_BY_LABEL)  # build_network_policy adds it
+        await self._ensure_policy(
+            build_network_policy(
+                self.config.namespace,
+                gateway_port=np.gateway_port,
+                gateway_pod_labels=np.gateway_pod_labels,
+                gateway_namespace=np.gateway_namespace,
+                gateway_cidr=np.gateway_cidr,
+                allow_dns=np.allow_dns,
+                dns_namespace=np.dns_namespace,
+                dns_pod_labels=np.dns_pod_labels,
+                name=run_policy_name(np.name, self.run_id),
+                pod_labels=labels,
+            )
         )
+        self._run_policy_made = True
+
+    async def _ensure_policy(self, desired: dict[str, Any]) -> None:
+        """Create ``desired``, or replace the policy of its name if its spec differs. Every runner of
+        the namespace ensures the same baseline at its start, so a replace may meet another's (409
+        Conflict): the policy is read and compared again, a few times."""
+        ns, name = self.config.namespace, desired["metadata"]["name"]
         try:
             try:
-                await self._api(self._net.create_namespaced_network_policy, self.config.namespace, desired)
+                await self._api(self._net.create_namespaced_network_policy, ns, desired)
+                return
             except ApiException as exc:
                 if exc.status != 409:
                     raise
-                current = await self._api(
-                    self._net.read_namespaced_network_policy, np.name, self.config.namespace
-                )
-                if current.get("spec") != desired["spec"]:  # converge to this config's allow-list
-                    desired["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
-                    await self._api(
-                        self._net.replace_namespaced_network_policy, np.name, self.config.namespace, desired
-                    )
+            for tries in range(1, POLICY_REPLACE_TRIES + 1):
+                current = await self._api(self._net.read_namespaced_network_policy, name, ns)
+                if _as_stored(current.get("spec") or {}) == _as_stored(desired["spec"]):
+                    return
+                replacement = copy.deepcopy(desired)  # converge to this config's allow-list
+                replacement["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+                try:
+                    await self._api(self._net.replace_namespaced_network_policy, name, ns, replacement)
+                    return
+                except ApiException as exc:
+                    if exc.status != 409 or tries == POLICY_REPLACE_TRIES:
+                        raise
         except ApiException as exc:
-            raise ConfigError(f"cannot ensure NetworkPolicy {np.name!r}: {exc.status} {exc.reason}") from exc
+            raise ConfigError(f"cannot ensure NetworkPolicy {name!r}: {exc.status} {exc.reason}") from exc
+
+    async def _delete_run_policy(self) -> None:
+        """Delete this run's allow-list when this runner drew its run id: no other controller can
+        share that run, and every runner start would otherwise leave one more policy behind."""
+        np = self.config.network_policy
+        if np is None or not self._drawn_run_id or not self._run_policy_made:
+            return
+        try:
+            await self._delete(
+                self._net.delete_namespaced_network_policy, run_policy_name(np.name, self.run_id)
+            )
+        except Exception as exc:  # deliberate: it selects no pod any more; only clutter is left
+            log.warning("could not delete the run's NetworkPolicy: %s", exc)
 
     async def __aenter__(self) -> KubernetesRunner:
         await self.start()
@@ -346,6 +420,7 @@ class KubernetesRunner:
             await asyncio.gather(
                 *(self._kill(a, ExitKind.CANCELLED) for a in pending), return_exceptions=True
             )
+            await self._delete_run_policy()
         for attempt in pending:
             _settle(attempt.created)
             _settle(attempt.done, Exit(ExitKind.INFRA, None, "runner closed before the attempt ended"))
@@ -425,6 +500,7 @@ class KubernetesRunner:
     async def _reconcile_loop(self) -> None:
         assert self._wake is not None
         next_list = time.monotonic() + self.config.poll_interval_s
+        failing_since: float | None = None  # time.monotonic() of the first of the failed passes in a row
         while not self._closing.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), max(0.0, next_list - time.monotonic()))
@@ -436,10 +512,31 @@ class KubernetesRunner:
                 else:
                     await self._list_pods()
                 await self._reconcile_once()
+                failing_since = None
             except Exception as exc:  # deliberate: one failed pass must not stop the loop
                 log.warning("kubernetes reconcile pass failed: %s", exc)
                 self._relist = True
+                failing_since = failing_since or time.monotonic()
+                self._fail_waiting_launches(exc, time.monotonic() - failing_since)
                 await asyncio.sleep(min(1.0, self.config.poll_interval_s))
+
+    def _fail_waiting_launches(self, exc: Exception, failing_for: float) -> None:
+        """After ``stuck_pending_s`` of failed passes, fail every launch still waiting for its Job
+        (an ``UpstreamError``: INFRA, retried by the controller). Only a pass creates Jobs, so an API
+        that refuses the lists (every request a 5xx, credentials expired: 401) left them waiting
+        forever, and the controller's slots with them. Attempts whose Jobs exist run on: their
+        outcome is read when the API answers again."""
+        if failing_for < self.config.stuck_pending_s:
+            return
+        error = UpstreamError(
+            f"Kubernetes API failed every reconcile pass for {failing_for:.0f}s (stuck_pending_s); "
+            f"the Job was never created: {exc}"
+        )
+        for attempt in [a for a in self._attempts.values() if not a.is_created]:
+            # A create still in flight that lands after this deletes its Job (_create: done is set).
+            self._attempts.pop(attempt.name, None)
+            _settle(attempt.created, exc=error)
+            _settle(attempt.done, Exit(ExitKind.INFRA, None, str(error)))
 
     async def _list_pods(self) -> None:
         pods = await self._api(
@@ -685,37 +782,26 @@ class KubernetesRunner:
                     return
         except ApiException as exc:
             if exc.status == 429 or exc.status >= 500:
-                now = time.monotonic()
-                attempt.erroring_since = attempt.erroring_since or now
-                if now - attempt.erroring_since >= self.config.stuck_pending_s:
-                    # An API that only errs (a failing admission webhook answers 500 to every
-                    # create) left the launch waiting forever: an infrastructure failure, like a
-                    # pod stuck pulling its image this long.
-                    await self._fail_create(
-                        attempt,
-                        UpstreamError(
-                            f"Kubernetes API refused to create {name} for "
-                            f"{now - attempt.erroring_since:.0f}s (stuck_pending_s): {exc.status} "
-                            f"{exc.reason} {_status_message(exc)}".strip()
-                        ),
-                        wrote_secret=wrote_secret,
-                    )
+                detail = f"{exc.status} {exc.reason} {_status_message(exc)}".strip()
+                if await self._erring_too_long(attempt, detail, wrote_secret=wrote_secret):
                     return
             else:
                 attempt.erroring_since = None
             # A 404 on reading the Job a 409 said exists: it was being deleted (a predecessor's, killed
             # or swept) and is gone now, so the name is free again: create it on a later pass.
             if _transient(exc) or (adopting and exc.status == 404):
-                # the attempt keeps waiting, like one without a free slot
-                attempt.create_failures += 1
-                backoff = min(self.config.poll_interval_s, 0.25 * 2**attempt.create_failures)
-                attempt.retry_at = time.monotonic() + backoff
+                self._back_off(attempt)  # the attempt keeps waiting, like one without a free slot
                 raise  # logged; a pass after the back-off tries again
             error = ConfigError(
                 f"Kubernetes rejected {name}: {exc.status} {exc.reason} {exc.body or ''}".strip()
             )
             await self._fail_create(attempt, error, wrote_secret=wrote_secret)
             return
+        except UpstreamError as exc:  # no answer at all (timed out, refused, reset): as a 5xx
+            if await self._erring_too_long(attempt, str(exc), wrote_secret=wrote_secret):
+                return
+            self._back_off(attempt)
+            raise
         attempt.create_failures = 0
         attempt.erroring_since = None
         self._jobs.setdefault(name, parse_job(job))
@@ -734,6 +820,29 @@ class KubernetesRunner:
         if attempt.done.done():  # killed while the create was in flight: do not leave it running
             await self._delete(self._batch.delete_namespaced_job, name)
             await self._delete(self._core.delete_namespaced_secret, name)
+
+    async def _erring_too_long(self, attempt: _Attempt, detail: str, *, wrote_secret: bool) -> bool:
+        """Count one create the API erred on (429, a 5xx, no answer in ``request_timeout_s``); once
+        they have gone on in a row for ``stuck_pending_s``, fail the launch and say so (True). An API
+        that only errs (a failing admission webhook answers 500 to every create, a slow one lets
+        every create time out) left the launch waiting forever: an infrastructure failure, like a
+        pod stuck pulling its image this long."""
+        now = time.monotonic()
+        attempt.erroring_since = attempt.erroring_since or now
+        if now - attempt.erroring_since < self.config.stuck_pending_s:
+            return False
+        error = UpstreamError(
+            f"Kubernetes API refused to create {attempt.name} for {now - attempt.erroring_since:.0f}s "
+            f"(stuck_pending_s): {detail}"
+        )
+        await self._fail_create(attempt, error, wrote_secret=wrote_secret)
+        return True
+
+    def _back_off(self, attempt: _Attempt) -> None:
+        """The next create of ``attempt`` waits a little longer (up to ``poll_interval_s``)."""
+        attempt.create_failures += 1
+        backoff = min(self.config.poll_interval_s, 0.25 * 2**attempt.create_failures)
+        attempt.retry_at = time.monotonic() + backoff
 
     async def _fail_create(self, attempt: _Attempt, error: Exception, *, wrote_secret: bool) -> None:
         """The create is given up: ``launch()`` raises ``error``. A Job a 5xx may have created after
