@@ -4,7 +4,9 @@ The environment mirrors ``transformers.utils.chat_template_utils``: ``ImmutableS
 with ``trim_blocks``/``lstrip_blocks``, ``tojson`` as plain ``json.dumps``, ``raise_exception``,
 ``strftime_now``, a limited ``dict`` and ``namespace``, the ``generation`` tag and loop controls;
 messages are made plain (pydantic models and dataclasses become dicts), with ``None`` values dropped
-and the reasoning aliased under every name templates read it by.
+and the reasoning aliased under every name templates read it by. A tool call's arguments object (the
+gateway parses them, as vLLM does) also joins strings as its JSON text (``_Arguments``), so a template
+that joins them as the text transformers would hold renders as it would there.
 
 The gateway renders two short conversations per model call (``gateway.conversation``), and in a
 render that short most of the time went to the sandbox's machinery, not the template. What this
@@ -74,7 +76,7 @@ def _tojson(
 ) -> str:
     # Jinja's own tojson HTML-escapes '<', '>', '&' and "'"; transformers replaces it with plain json.dumps.
     key = None
-    if type(x) is dict or type(x) is list:
+    if type(x) is dict or type(x) is list or type(x) is _Arguments:  # copies made here, never changed
         try:
             key = (
                 id(x),
@@ -215,14 +217,36 @@ def plain(value: Any) -> Any:
     return f"<{type(value).__name__}>"
 
 
+class _Arguments(dict):  # type: ignore[type-arg]
+    """A tool call's arguments object as a template gets it: a mapping (``tojson`` writes it, as vLLM
+    passes it), that also joins a string as its JSON text. DeepSeek's templates write ``'<｜tool▁sep｜>'
+    + tool['function']['arguments']``, where the OpenAI message transformers renders holds that text;
+    a plain dict failed the render, so every tool round trip was a 400."""
+
+    def __add__(self, other: Any) -> Any:
+        return json.dumps(self, ensure_ascii=False) + other if isinstance(other, str) else NotImplemented
+
+    def __radd__(self, other: Any) -> Any:
+        return other + json.dumps(self, ensure_ascii=False) if isinstance(other, str) else NotImplemented
+
+
+def _with_arguments(call: Any) -> Any:
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or type(function.get("arguments")) is not dict:
+        return call
+    return {**call, "function": {**function, "arguments": _Arguments(function["arguments"])}}
+
+
 def template_message(message: Any) -> dict[str, Any]:
     """What transformers makes of a message before rendering: a plain dict, ``None`` values dropped,
-    the reasoning aliased."""
+    the reasoning aliased; tool-call arguments objects also join strings (``_Arguments``)."""
     message = plain(message)
     if not isinstance(message, dict):
         raise BadRequest(f"chat messages must be objects, got {message!r}", param="messages")
     # Drop None values: templates handle a missing key but print "None" for content=None.
     message = {k: v for k, v in message.items() if v is not None}
+    if type(message.get("tool_calls")) is list:
+        message["tool_calls"] = [_with_arguments(call) for call in message["tool_calls"]]
     reasoning = next((message[k] for k in REASONING_FIELDS if message.get(k) is not None), None)
     if reasoning is not None:
         message = {"thinking": reasoning, **message, "reasoning_content": reasoning}

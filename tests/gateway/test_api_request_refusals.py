@@ -8,7 +8,9 @@ change of meaning (each case was found on a live gateway through the official SD
   continued): it was rendered as a closed turn followed by a new one;
 - vLLM's ``continue_final_message`` / ``add_generation_prompt`` / ``chat_template`` on chat: ignored
   as unknown vendor fields;
-- ``/completions`` with ``"prompt": [true]``: read as token 1.
+- ``/completions`` with ``"prompt": [true]``: read as token 1;
+- chat's ``functions`` (OpenAI's deprecated form of ``tools``): ignored as an unknown field, so the
+  policy never saw the functions the harness offered.
 """
 
 from __future__ import annotations
@@ -210,3 +212,23 @@ def test_every_tool_choice_openai_takes_is_answered(
         model="m", messages=USER, tool_choice=choice, **extra
     )  # type: ignore[arg-type]
     assert answer.choices[0].message.content == "an answer"
+
+
+def test_chat_functions_the_deprecated_form_of_tools_are_a_400(make_gateway: Callable[..., Any]) -> None:
+    gw = make_gateway(["I have no tools."])
+    rollout = gw.rollout()
+    function = {"name": "bash", "parameters": {"type": "object", "properties": {}}}
+    with pytest.raises(openai.BadRequestError) as caught:
+        _openai(rollout).chat.completions.create(
+            model="m", messages=USER, functions=[function], function_call="auto"
+        )
+    assert caught.value.body["param"] == "functions"  # type: ignore[index]
+    assert "tools" in caught.value.body["message"]  # type: ignore[index]
+    assert gw.client.list_calls(rollout["rollout_id"]) == []
+    # The same function as a tool is rendered for the policy; an empty list offers nothing either way.
+    tools = [{"type": "function", "function": function}]
+    _openai(rollout).chat.completions.create(
+        model="m", messages=USER, tools=tools, extra_body={"functions": []}
+    )
+    [call] = gw.client.list_calls(rollout["rollout_id"])
+    assert '"name": "bash"' in gw.engine.tokenizer.decode(call.prompt_token_ids)

@@ -234,6 +234,19 @@ class ChatCompletionRequest(SamplingFields, ChatTurn):
     parallel_tool_calls: StrictBool | None = None
     response_format: dict[str, Any] | None = None
     chat_template_kwargs: ChatTemplateKwargs | None = None  # vLLM's extension, e.g. enable_thinking
+    # OpenAI's deprecated form of ``tools``. Ignored as an unknown field, the template never showed
+    # the policy the functions the harness offered (it answered as if it had none): refused.
+    functions: list[Any] | None = None
+
+    @field_validator("functions")
+    @classmethod
+    def _tools_not_functions(cls, value: list[Any] | None) -> list[Any] | None:
+        if value:
+            raise ValueError(
+                "not supported (OpenAI's deprecated form of tools): send each function as a tool, "
+                '{"type": "function", "function": {...}}, in "tools"'
+            )
+        return value
 
     @field_validator("tool_choice")
     @classmethod

@@ -150,7 +150,9 @@ class BlockAssembler:
         if isinstance(event, ContentEvent):
             return self._append("text", event.text)
         events = self._close()
-        call = replace(event.call, id=f"toolu_{secrets.token_hex(12)}")
+        call = event.call
+        if not call.family_id:  # the family's own id goes back into its template as it is
+            call = replace(call, id=f"toolu_{secrets.token_hex(12)}")
         self.calls.append(call)
         index = len(self.blocks)
         self.blocks.append(

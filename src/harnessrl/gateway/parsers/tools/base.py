@@ -29,6 +29,11 @@ class ToolCall:
     name: str
     arguments: str  # a JSON object, serialized (OpenAI sends arguments as a string)
     id: str = field(default_factory=lambda: f"call_{secrets.token_hex(12)}")
+    #: The id is the model family's own: the model wrote it (Kimi's ``functions.NAME:N``) or its chat
+    #: template checks its form (Mistral's nine letters and digits). Every API then answers with it
+    #: as it is, since the template renders it back into the next prompt; an id the gateway made up
+    #: (``call_...``) is each API's to shape (Messages gives ``toolu_...``).
+    family_id: bool = False
 
     def to_openai(self) -> dict[str, Any]:
         return {

@@ -6,10 +6,10 @@
     {"city": "Tokyo"}<|tool_call_end|><|tool_calls_section_end|>
 
 The header before ``<|tool_call_argument_begin|>`` is Kimi's own call id, ``[functions.]NAME:N``;
-it is kept as the call's id (as vLLM does), because Kimi's chat template writes the ids of past
-calls back into the prompt in that shape. The section is the unit, as for DeepSeek
-(``SectionToolParser``): every call in it parses, or the whole section stays text and counts in
-``malformed`` — vLLM keeps a truncated call's partial arguments as a call instead.
+it is kept as the call's id (as vLLM does) in every API, Messages included, because Kimi's chat
+template writes the ids of past calls back into the prompt in that shape. The section is the unit,
+as for DeepSeek (``SectionToolParser``): every call in it parses, or the whole section stays text
+and counts in ``malformed`` — vLLM keeps a truncated call's partial arguments as a call instead.
 """
 
 from __future__ import annotations
@@ -37,4 +37,6 @@ class KimiK2ToolParser(SectionToolParser):
         if not sep or match is None:
             return None
         call = call_from_arguments_text(match.group(2), arguments)
-        return None if call is None else ToolCall(name=call.name, arguments=call.arguments, id=match.group(1))
+        if call is None:
+            return None
+        return ToolCall(call.name, call.arguments, id=match.group(1), family_id=True)

@@ -7,6 +7,11 @@ Two forms, told apart by what follows the marker, so one parser reads both token
 * v11 and later: ``[TOOL_CALLS]NAME[ARGS]{json}``, one marker per call (``NAME{json}`` without
   ``[ARGS]`` is read too, as vLLM does).
 
+Each call gets an id of nine letters and digits, as vLLM's Mistral parser makes them: Mistral's chat
+templates render the ids of past calls and their results back, and raise on any other form ("Tool
+call IDs should be alphanumeric strings with length 9!"), so an OpenAI-shaped id failed the next call
+of every tool-using rollout.
+
 Text before, between and after the calls is content (vLLM keeps only the text before the first
 marker, reads only the first pre-v11 array, and drops the rest). A block that does not parse —
 bad JSON, no name, a name with spaces in it, an array holding anything but calls, arguments that
@@ -18,6 +23,9 @@ entries that are not objects.
 from __future__ import annotations
 
 import re
+import secrets
+import string
+from dataclasses import replace
 
 from harnessrl.gateway.parsers.tools.base import (
     ContentEvent,
@@ -34,6 +42,9 @@ from harnessrl.gateway.parsers.tools.json_scan import JsonValueScanner
 
 _SPACE = re.compile(r"\s*")
 _NAME_CHARS = re.compile(r"[^\s\[\]{}]*")
+#: The length of the call ids Mistral's chat templates take back, and what they are made of.
+MISTRAL_ID_LENGTH = 9
+_ID_CHARACTERS = string.ascii_letters + string.digits
 
 
 class MistralToolParser:
@@ -202,4 +213,9 @@ class MistralToolParser:
             ]
         if not calls or any(c is None for c in calls):
             return None
-        return [ToolCallEvent(c) for c in calls if c is not None]
+        return [ToolCallEvent(replace(c, id=mistral_call_id(), family_id=True)) for c in calls if c]
+
+
+def mistral_call_id() -> str:
+    """A call id in the form Mistral's chat templates take back: nine letters and digits."""
+    return "".join(secrets.choice(_ID_CHARACTERS) for _ in range(MISTRAL_ID_LENGTH))
