@@ -1,14 +1,19 @@
 """Prometheus metrics of one gateway app, in its own ``CollectorRegistry``.
 
 A registry per app (not the process-global default) so several gateways in one process (tests,
-benchmarks) never collide or share counts.
+benchmarks) never collide or share counts. ``merge_worker_metrics`` joins the scrapes of a
+``--workers`` gateway's processes into one answer, each series labelled with its ``worker``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -115,3 +120,35 @@ class GatewayMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _Families:
+    """A collector yielding already-built metric families (``merge_worker_metrics``)."""
+
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def merge_worker_metrics(scrapes: Sequence[str | None]) -> bytes:
+    """One exposition of every worker's: ``scrapes[i]`` is worker ``i``'s ``/metrics`` text (``None``:
+    it did not answer). Each series gains the label ``worker="i"`` (so every counter is one worker's
+    and never goes backwards between scrapes: sum them over ``worker``), and
+    ``harnessrl_worker_up{worker}`` says which answered."""
+    families: dict[str, Metric] = {}
+    up = Metric("harnessrl_worker_up", "1 if this gateway worker process answered the scrape", "gauge")
+    for index, text in enumerate(scrapes):
+        worker = str(index)
+        up.samples.append(Sample("harnessrl_worker_up", {"worker": worker}, 0.0 if text is None else 1.0))
+        for family in text_string_to_metric_families(text or ""):
+            merged = families.setdefault(
+                family.name, Metric(family.name, family.documentation, family.type, family.unit)
+            )
+            merged.samples += [
+                sample._replace(labels={**sample.labels, "worker": worker}) for sample in family.samples
+            ]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families([*families.values(), up]))
+    return generate_latest(registry)

@@ -9,6 +9,13 @@ The workers agree on pause and policy version through the store as any gateways 
 (``gateway.control.cluster``): ``/api/pause`` on the public address, whichever worker takes it, pauses all.
 Each worker also gets a private loopback control socket, printed at start, to reach one given
 process (its own ``/metrics``, its own row in ``/api/state``); nothing is forwarded through it.
+The cap on a key's requests in flight (``gateway.max_requests_per_key``) is counted in memory the
+workers share (``key_limits.SharedKeyCounts``): counted per process, a key whose connections the
+kernel spread over N workers had N times the cap in flight.
+``GET /metrics`` on the public address answers for all of them (``WholeMetrics``): the worker that
+takes it scrapes every worker's control socket with the caller's credentials and merges the answers,
+each series labelled ``worker="i"``. Answered by whichever worker the kernel picked, as before, the
+counters jumped back and forth between scrapes and a rate over them was noise.
 
 Each worker opens its own store connection and its own engine. That is why only remote engines
 (``vllm:``/``sglang:``: the workers share the inference servers) and the scripted engine are
@@ -29,6 +36,7 @@ on that port is refused.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ctypes
 import errno
@@ -42,12 +50,21 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
 from harnessrl.config import EngineConfig, GatewayConfig
 from harnessrl.errors import ConfigError
+from harnessrl.gateway.auth import is_admin_request
+from harnessrl.gateway.key_limits import KeyCounts, LocalKeyCounts, PerKeyLimit, SharedKeyCounts
 from harnessrl.gateway.process import bind_socket, tune_gc, url_for
 
 if TYPE_CHECKING:
-    from harnessrl.gateway.app import RouteFactory
+    from starlette.types import ASGIApp, Receive, Scope, Send
+
+    from harnessrl.gateway.app import GatewayApp, RouteFactory
+    from harnessrl.gateway.state import GatewayState
 
 log = logging.getLogger("harnessrl.gateway")
 
@@ -113,6 +130,7 @@ def run_workers(
         reserved.close()
         raise
     controls = [bind_socket("127.0.0.1", 0) for _ in range(gateway.workers)]
+    key_counts = shared_key_counts()  # before the fork: every worker maps the same memory
     control_urls = [url_for("127.0.0.1", s.getsockname()[1]) for s in controls]
     url = url_for(gateway.host, port)
     # fork: the control sockets are inherited as they are, and nothing is open yet that a child could
@@ -122,7 +140,18 @@ def run_workers(
     for i in range(gateway.workers):
         proc = ctx.Process(
             target=_serve_worker,
-            args=(i, gateway, engine, store_url, port, controls[i], tuple(extra_routes), os.getpid()),
+            args=(
+                i,
+                gateway,
+                engine,
+                store_url,
+                port,
+                controls[i],
+                tuple(control_urls),
+                key_counts,
+                tuple(extra_routes),
+                os.getpid(),
+            ),
             name=f"harnessrl-gateway-{i}",
         )
         proc.start()
@@ -173,6 +202,8 @@ def _serve_worker(
     store_url: str,
     port: int,
     control: socket.socket,
+    control_urls: Sequence[str],
+    key_counts: KeyCounts,
     extra_routes: Sequence[RouteFactory],
     parent_pid: int,
 ) -> None:
@@ -187,7 +218,12 @@ def _serve_worker(
 
     store = open_store(store_url)
     try:
-        app = create_app(gateway, store, create_engine(engine), shared_store=True, extra_routes=extra_routes)
+        app = worker_app(
+            create_app(gateway, store, create_engine(engine), shared_store=True, extra_routes=extra_routes),
+            public_port=port,
+            control_urls=control_urls,
+            key_counts=key_counts,
+        )
         # The connection settings and limits apply per worker process.
         config = uvicorn_config(app, gateway, log_level="info", timeout_graceful_shutdown=30)
         server = GatewayServer(config)
@@ -222,3 +258,86 @@ def end_with_parent(parent_pid: int) -> None:
         )
     if os.getppid() != parent_pid:  # it died before the prctl: no signal will come
         raise SystemExit(0)
+
+
+#: Seconds a scrape waits for one worker's ``/metrics``; a worker that does not answer is ``up 0``.
+SCRAPE_TIMEOUT_S = 5.0
+#: The request headers a scrape forwards to each worker: the caller's credentials, checked there.
+_CREDENTIALS = (b"authorization", b"x-api-key")
+
+
+def shared_key_counts() -> KeyCounts:
+    """The workers' shared per-key counts; each worker's own (with a warning) where the system
+    cannot share a lock between processes (no ``/dev/shm``)."""
+    try:
+        return SharedKeyCounts()
+    except OSError as exc:
+        log.warning(
+            "gateway.max_requests_per_key is counted per worker process (%s): a key may have up to "
+            "gateway.workers times as many requests in flight",
+            exc,
+        )
+        return LocalKeyCounts()
+
+
+def worker_app(
+    app: GatewayApp, *, public_port: int, control_urls: Sequence[str], key_counts: KeyCounts
+) -> WholeMetrics:
+    """A worker's gateway ``app`` with what makes the workers one gateway: the per-key cap counted
+    across them (the app's own per-process cap inside it then never refuses first) and the whole
+    ``/metrics`` on the public port."""
+    state = app.gateway
+    limited = PerKeyLimit(
+        app,
+        state.config.max_requests_per_key,
+        on_refused=lambda: state.metrics.errors.labels(code="overloaded").inc(),
+        counts=key_counts,
+    )
+    return WholeMetrics(limited, gateway=state, public_port=public_port, control_urls=control_urls)
+
+
+class WholeMetrics:
+    """ASGI wrapper: ``GET /metrics`` on the public port is every worker's (``merge_worker_metrics``);
+    everything else, the control sockets' ``/metrics`` included, goes to ``app`` unchanged.
+    ``gateway``: the app's ``GatewayState`` (``GatewayServer`` tells it when the shutdown starts)."""
+
+    def __init__(
+        self, app: ASGIApp, *, gateway: GatewayState, public_port: int, control_urls: Sequence[str]
+    ) -> None:
+        self.app = app
+        self.gateway = gateway
+        self.public_port = public_port
+        self.control_urls = tuple(control_urls)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        # Not the admin: the app answers (its 401), and no one makes the workers scrape each other.
+        if not self._is_public_scrape(scope) or not is_admin_request(Request(scope), self.gateway):
+            await self.app(scope, receive, send)
+            return
+        from harnessrl.gateway.metrics import merge_worker_metrics
+
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _CREDENTIALS}
+        answers = await asyncio.gather(*(_scrape(url, headers) for url in self.control_urls))
+        body = merge_worker_metrics(answers)
+        response = Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+        await response(scope, receive, send)
+
+    def _is_public_scrape(self, scope: Scope) -> bool:
+        server = scope.get("server")
+        return (
+            scope["type"] == "http"
+            and scope["path"] == "/metrics"
+            and scope["method"] == "GET"
+            and server is not None
+            and server[1] == self.public_port
+        )
+
+
+async def _scrape(url: str, headers: dict[str, str]) -> str | None:
+    """``url``'s ``/metrics`` (a worker's control socket); ``None`` if it did not answer it in time."""
+    try:
+        async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S, trust_env=False) as client:
+            answer = await client.get(f"{url}/metrics", headers=headers)
+    except httpx.HTTPError:
+        return None
+    return answer.text if answer.status_code == 200 else None

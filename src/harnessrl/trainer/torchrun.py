@@ -7,7 +7,9 @@ samples, the weight gather for the engine, checkpoints, loading optimizer state)
 channel before running it, so all ranks enter the same collectives in the same order. The other
 ranks only train: ``follow`` builds the same sharded policy when rank 0 does and runs rank 0's
 commands until it says stop. A signal stops rank 0's run as it stops ``harnessrl train`` (``lead``):
-torchrun sends one to every rank when it is stopped and when any rank fails.
+torchrun sends one to every rank when it is stopped and when any rank fails. A follower stopped by
+Ctrl-C, or left alone by the others (rank 0 stopped or died, another follower died in a collective),
+says so in one line (``follow_until_stopped``) instead of a KeyboardInterrupt or gloo traceback.
 """
 
 from __future__ import annotations
@@ -91,10 +93,60 @@ class LeaderPolicy:
 RANK_SYMMETRIC_ERRORS = (NonFiniteStep, ConfigError, CheckpointUnreadable)
 
 
+class RanksLost(HarnessRLError):
+    """The other ranks went away under this follower (their connections closed or reset)."""
+
+
+#: What gloo says when the other end of a rank's connection went away (it raises a bare
+#: ``RuntimeError``; nccl raises ``DistBackendError``).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _is_peer_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing because another rank went away (not this rank's own
+    error, such as running out of memory, whose traceback is worth reading)."""
+    if isinstance(exc, dist.DistNetworkError):
+        return True
+    return isinstance(exc, RuntimeError) and any(text in str(exc) for text in _PEER_GONE)
+
+
+def _first_line(exc: BaseException) -> str:
+    """The gist of a collective's error: gloo's first sentence, without its source location."""
+    text = str(exc).strip()
+    if not text:
+        return type(exc).__name__
+    line = text.splitlines()[0]
+    if line.startswith("[") and "] " in line:  # "[.../gloo/transport/tcp/pair.cc:553] Connection closed..."
+        line = line.split("] ", 1)[1]
+    return line.split(". ", 1)[0]
+
+
 def _receive(ctx: DistributedContext) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
     box: list[Any] = [None]
-    dist.broadcast_object_list(box, src=0, group=ctx.control)
+    try:
+        dist.broadcast_object_list(box, src=0, group=ctx.control)
+    except RuntimeError as exc:  # rank 0 stopped or died, or a follower the broadcast passes through
+        raise RanksLost(
+            f"a rank went away while this rank waited for rank 0's next command ({_first_line(exc)}); "
+            "the first rank to fail says why (torchrun names it)"
+        ) from None
     return box[0]
+
+
+def follow_until_stopped(ctx: DistributedContext) -> int:
+    """``follow``, ended in one line (and an exit status) when it ends by Ctrl-C or by the other ranks
+    going away: torchrun stops every rank then, and a traceback per follower buried rank 0's message.
+    Any other error of this rank is its own and keeps its traceback."""
+    try:
+        follow(ctx)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C and torchrun's both come
+        print(f"harnessrl: rank {ctx.rank}: stopped by SIGINT (rank 0 stops the run)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except RanksLost as exc:
+        print(f"harnessrl: rank {ctx.rank}: {exc}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def follow(ctx: DistributedContext) -> None:
@@ -126,7 +178,15 @@ def _run_command(
         return ShardedPolicy(ctx, functools.partial(TrainablePolicy.from_config, config, model_dir, **kwargs))
     if sharded is None:  # rank 0 always builds first (leader_policy_factory): a broken protocol
         raise RuntimeError(f"rank 0 sent {name!r} before 'build'")
-    getattr(sharded, name)(*args, **kwargs)
+    try:
+        getattr(sharded, name)(*args, **kwargs)
+    except RuntimeError as exc:
+        if _is_peer_gone(exc):  # another rank died in the collective: torchrun stops this one next
+            raise RanksLost(
+                f"a rank went away during {name!r} ({_first_line(exc)}); the first rank to fail says "
+                "why (torchrun names it)"
+            ) from None
+        raise
     return sharded
 
 
@@ -158,6 +218,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             "give CONFIG for a new run or --resume RUN_DIR to continue one, not both "
             "(a resumed run keeps its config.json; change a value with --set section.key=value)"
         )
+    from harnessrl.trainer import allocator
+
+    # Every rank, as ``harnessrl train`` does before the model's tensors: blocks up to 32 MB from the
+    # heap, reused within a micro-batch (each rank's CPU step faults its pages in once), 2 arenas.
+    # Only ``cli.train`` called it, so no rank of a torchrun run, rank 0 included, had it.
+    allocator.tune()
     try:
         ctx = init_distributed()
     except ConfigError as exc:  # started without torchrun: no world to leave
@@ -165,8 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if not ctx.is_leader:
-            follow(ctx)
-            return 0
+            return follow_until_stopped(ctx)
         summary = lead(ctx, args.config, args.resume, args.overrides)
         print(json.dumps({**summary, "world_size": ctx.world_size}))
         return 0

@@ -316,6 +316,33 @@ class Cluster:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(event.wait(), wait)
 
+    async def wait_applied(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
+        """Wait until every live gateway of this gate acked ``command`` (or a newer one), or ``timeout``
+        passed: (all applied, the gate, the live gateways). What a resume waits for: it answered at its
+        commit, while the other gateways applied it on their next look (SQLite: up to ``POLL_S``
+        later), so a trainer that resumed and read a worker's ``/api/health`` or ``/api/state`` found
+        it still paused. A newer command (a pause racing the resume) counts: it is no error here."""
+        self._waiters += 1  # acks wake this wait as they wake a drain's
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while True:
+                event = self._changed()
+                await self.ack()
+                state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))
+                self.apply(state)
+                now = self.clock()
+                live = [self.fresh(r) for r in rows if r.live(now)]
+                pending = [r for r in live if r.command < command]
+                remaining = deadline - loop.time()
+                if not pending or remaining <= 0:
+                    return not pending, state, live
+                wait = next_look(pending, now, remaining, self.tick_s)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait)
+        finally:
+            self._waiters -= 1
+
     async def members(self) -> tuple[GateState, list[GatewayRow]]:
         """This gate and its live gateways, as the store has them now."""
         state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))

@@ -14,6 +14,7 @@ the gateway's loop, so everything the handle does is scheduled there.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -26,6 +27,11 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.store.gate import GatewayRow
 
 T = TypeVar("T")
+log = logging.getLogger("harnessrl.gateway")
+
+#: Seconds a resume waits for the gateways to apply it (at most ``gateway.pause_timeout_s``): well
+#: inside a client's timeout, however long the leases are; a live gateway applies it in milliseconds.
+RESUME_APPLY_WAIT_S = 10.0
 
 
 def gateway_state_json(state: GatewayState) -> dict[str, Any]:
@@ -99,7 +105,10 @@ async def pause_gateways(state: GatewayState, timeout: float) -> dict[str, Any]:
 async def resume_gateways(
     state: GatewayState, *, policy_version: int | None = None, rewind: bool = False
 ) -> dict[str, Any]:
-    """Open the gate of every gateway of this gateway's gate (the last committed command wins any race).
+    """Open the gate of every gateway of this gateway's gate (the last committed command wins any race);
+    answer once every live gateway applied it (``applied``; ``gateways`` lists them), a stalled one
+    waited for until its lease ends or ``RESUME_APPLY_WAIT_S`` passed (then ``applied: false``; the
+    resume is committed either way, and that gateway applies it as soon as it runs again).
 
     ``policy_version``: the version the trainer just loaded into a remote engine these gateways
     share (publishing it); each gateway records calls under it from now on. A gateway whose engine
@@ -127,11 +136,25 @@ async def resume_gateways(
                 "trainer restoring an older checkpoint passes rewind=true)"
             )
     gate, released = await state.cluster.command(paused=False, policy_version=policy_version, rewind=rewind)
+    # Answered once every live gateway applied it (a stalled one only until its lease ends): the
+    # trainer's next read of any of them (health, state, the version calls are labelled with) agrees.
+    try:
+        wait_s = min(RESUME_APPLY_WAIT_S, state.config.pause_timeout_s)
+        applied, _, live = await state.cluster.wait_applied(gate.command, wait_s)
+    except Exception:  # noqa: BLE001 - committed: the gateways apply it on their own; say so, not fail
+        log.warning(
+            "resume (command %d) committed; could not watch the gateways apply it",
+            gate.command,
+            exc_info=True,
+        )
+        applied, live = False, []
     return {
         **gateway_state_json(state),
         "released": released,
         "command": gate.command,
         "live_policy_version": gate.policy_version,
+        "applied": applied,
+        "gateways": [row_json(state.cluster, r, gate.command) for r in live],
     }
 
 
