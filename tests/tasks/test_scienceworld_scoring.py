@@ -244,3 +244,18 @@ def test_gold_path_played_through_tool_calls_scores_1(workspace, shape):
     _write_log(workspace, {"actions": GOLD, "score": 100})
     reward, details = _evaluate(workspace, calls=[_tool_call(i, a, shape) for i, a in enumerate(GOLD)])
     assert reward == 1.0 and details["score"] == 100 and "unverified_actions" not in details
+
+
+@pytest.mark.parametrize("shape", ["openai", "responses"])
+def test_an_action_with_a_lone_surrogate_is_the_policys_zero(workspace, shape):
+    """JSON's ``\\ud800`` in the log is a lone surrogate, which py4j cannot send to the simulator:
+    the replay raised (``Py4JError``) and the rollout was an infrastructure failure, retried and left
+    out of the baseline. The policy's tool-call arguments can hold the same escape, so the action
+    was verified against its replies. Now such a log is invalid: 0 with a flag, before any replay."""
+    actions = ["look around", "open door to \ud800"]
+    _write_log(workspace, {"actions": actions})  # json.dumps writes the escape
+    calls = [_tool_call(i, a, shape) for i, a in enumerate(actions)]
+    assert unverified_actions(actions, calls) == []  # the policy "sampled" it
+    reward, details = _evaluate(workspace, calls=calls)
+    assert reward == 0.0 and details["flags"] == ["action_log_invalid"]
+    assert "lone surrogate" in details["error"]

@@ -439,3 +439,24 @@ def test_searchqa_refuses_an_id_no_store_can_keep(tmp_path: Path, row_id: str) -
         load_searchqa(path, split="train")
     path.write_text(json.dumps({"id": "nq-1", "question": "q\u0000", "answer": "a"}) + "\n")  # control
     assert [t.task_id for t in load_searchqa(path, split="train")] == ["nq-1"]
+
+
+def test_a_megabytes_long_answer_is_not_scored_in_the_controller() -> None:
+    """Normalising the policy's ``<answer>`` ran in the controller at ~1 s per MB (F1 ~3 s, with C
+    calls holding the GIL a second at a time): 2 MB of `` .`` padding around the gold was worth 1
+    after seconds of work, and a longer reply ran past ``evaluator.timeout_s``, an infrastructure
+    failure the policy chose. Now an answer past 4,096 characters is 0 flagged ``answer_too_long``."""
+    padded = "<answer>Arlen Voss" + " ." * 1_000_000 + "</answer>"
+    task = {"hidden": {"answers": ["Arlen Voss"]}}
+    inp = SimpleNamespace(task=task, workspace="/nonexistent", calls=[_reply_call(padded)])
+    for metric in ("em", "f1"):
+        result = score_search(inp, source="final_answer", metric=metric)
+        assert (result["reward"], result["flags"], len(result["answer"])) == (0.0, ["answer_too_long"], 4096)
+    # Control: the gold itself, and an answer as long as the limit, are scored as before.
+    inp = SimpleNamespace(
+        task=task, workspace="/nonexistent", calls=[_reply_call("<answer>Arlen Voss.</answer>")]
+    )
+    assert score_search(inp, source="final_answer")["reward"] == 1.0
+    at_limit = "<answer>Arlen Voss" + " ." * 2039 + "</answer>"  # 4,088 characters
+    inp = SimpleNamespace(task=task, workspace="/nonexistent", calls=[_reply_call(at_limit)])
+    assert "flags" not in score_search(inp, source="final_answer")

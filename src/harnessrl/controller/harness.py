@@ -220,6 +220,11 @@ def render_harness(
     }
     workdir = fill(spec.workdir, values, field="harness.workdir") if spec.workdir else ""
     cwd = seen.workspace / workdir if workdir else seen.workspace
+    if not Path(os.path.normpath(cwd)).is_relative_to(os.path.normpath(seen.workspace)):
+        # The scorer reads only the workspace: a harness started in its private /tmp or its home did
+        # its work where no evaluator looked (reward 0, silently), and the Kubernetes runner started
+        # it in the workspace instead; a path above the workspace failed every attempt at launch.
+        raise ConfigError(f"harness.workdir: {workdir!r} is outside the workspace (give a folder in it)")
     # The controller copies the repo; the harness never sees its path: the full task, hidden included.
     full = {**values, "task": rollout.task}
     repo = fill(spec.repo, full, field="harness.repo", hidden_ok=True) if spec.repo else None

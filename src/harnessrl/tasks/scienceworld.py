@@ -381,7 +381,22 @@ def _parse_action_log(workspace: Path, name: str) -> tuple[list[str], Any]:
         raise ActionLogError(
             "action_log_invalid", f"scienceworld: {name} must be an object with a list of strings 'actions'"
         )
+    if not all(_utf8(a) for a in actions):
+        # JSON's "\ud800" is a lone surrogate, which the simulator's bridge (py4j) cannot send: the
+        # replay raised, an infrastructure failure the policy chose (its tool call's JSON arguments
+        # can hold the same escape, so the check against its replies passed).
+        raise ActionLogError(
+            "action_log_invalid", f"scienceworld: {name} holds an action with a lone surrogate"
+        )
     return actions, data.get("score")
+
+
+def _utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def read_action_log(workspace: Path, name: str = ACTION_LOG) -> list[str]:

@@ -440,6 +440,12 @@ _MINUS_SIGN = "\u2212"  # U+2212, the typeset minus: read as "-"
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 ANSWER_FILE = "answer.txt"
 _MAX_ANSWER_BYTES = 4096
+# An answer in the reply longer than this (or than 4 times the longest gold) is no answer: scoring
+# it ran in the controller at ~1 s per MB of the policy's text (F1: ~3 s; its C calls held the GIL
+# for 1 s at 4.5 MB, stalling the event loop), and past evaluator.timeout_s the policy had turned its
+# 0 into an infrastructure failure ("not counted"). answer.txt is read only this far already.
+_MAX_ANSWER_CHARS = 4096
+TOO_LONG = "answer_too_long"  # the flag of such an answer
 
 
 def normalize(text: str) -> str:
@@ -551,7 +557,9 @@ def score_search(
     """A ``python`` evaluator (``function = "harnessrl.tasks.search:score_search"``): the answer from
     ``answer.txt`` in the workspace (``source = "file"``: what a shell harness writes) or from the last
     ``<answer>…</answer>`` of the final assistant text (``"final_answer"``); reward = exact match
-    (``metric = "em"``) or F1 (``"f1"``) against the task's ``hidden.answers``.
+    (``metric = "em"``) or F1 (``"f1"``) against the task's ``hidden.answers``. An answer longer
+    than 4,096 characters (and than 4 times the longest gold) is not scored: 0, flagged
+    ``answer_too_long``.
 
     An unknown ``source`` or ``metric``, or ``hidden.answers`` that is not a string or a list of
     strings, raises ``ConfigError`` (the python evaluator reports it as the evaluator's failure, not
@@ -568,6 +576,14 @@ def score_search(
         answer = read_answer_file(Path(inp.workspace))
     else:
         answer = extract_answer(final_answer_text(inp.calls))
+    if answer is not None and len(answer) > max(_MAX_ANSWER_CHARS, 4 * max(map(len, golds), default=0)):
+        return {
+            "reward": 0.0,
+            "em": 0.0,
+            "f1": 0.0,
+            "answer": answer[:_MAX_ANSWER_CHARS],
+            "flags": [TOO_LONG],
+        }
     em = exact_match(answer, golds) if answer is not None else 0.0
     f = f1(answer, golds) if answer is not None else 0.0
     return {"reward": em if metric == "em" else f, "em": em, "f1": round(f, 4), "answer": answer}

@@ -96,10 +96,25 @@ class InlineTasks(SourceBase):
     items: list[dict[str, Any]] = Field(min_length=1)
 
     def read(self, split: str, base_dir: Path | None) -> list[Task]:
-        return [
-            Task(task_id=str(item.get("task_id", f"inline-{i}")), split=split, data=dict(item))
-            for i, item in enumerate(self.items)
-        ]
+        tasks: list[Task] = []
+        first: dict[str, int] = {}  # task_id -> the item that has it
+        for i, item in enumerate(self.items):
+            task_id = item.get("task_id", f"inline-{i}")
+            if isinstance(task_id, bool) or not isinstance(task_id, str | int) or not str(task_id).strip():
+                raise ConfigError(
+                    f"{split}.items[{i}].task_id: a non-empty string or an integer, got {task_id!r}"
+                )
+            if "\x00" in str(task_id):  # no store keeps it: the run failed once under way
+                raise ConfigError(f"{split}.items[{i}].task_id: must not contain a NUL character")
+            # As a JSONL file's: two tasks under one id were one task to everything keyed by it.
+            if str(task_id) in first:
+                raise ConfigError(
+                    f"{split}.items[{i}].task_id: duplicate task_id {str(task_id)!r} "
+                    f"(items[{first[str(task_id)]}] has it too)"
+                )
+            first[str(task_id)] = i
+            tasks.append(Task(task_id=str(task_id), split=split, data=dict(item)))
+        return tasks
 
 
 class SweSmithTasks(SourceBase):

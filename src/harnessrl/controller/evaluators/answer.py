@@ -17,18 +17,27 @@ Where the machine cannot confine the scorer (no Landlock, no libseccomp) it refu
 
 ``exact_match`` compares with a gold answer kept under the task's ``hidden`` fields, where the
 harness cannot read it. Its ``pattern`` (the user's regular expression over the policy's text) runs
-in a process of its own (``ScorerProcess`` running ``evaluators.pattern_scorer``), within
-``timeout_s``: the engine holds the GIL while it matches, so a pattern that backtracks on what the
-policy wrote would stall the controller's event loop even from a worker thread. Past the limit the
-outcome is the policy's: reward 0 flagged ``pattern_timeout`` (``pattern_raised`` when matching
-raised), the reason in ``details.pattern_error``. Without a pattern the whole text is compared, in a
-worker thread (linear in the text).
+in a pattern process (``ScorerProcess`` running ``evaluators.pattern_scorer``), within ``timeout_s``
+and ``memory_mb``: the engine holds the GIL while it matches, so a pattern that backtracks on what the
+policy wrote would stall the controller's event loop even from a worker thread, and its backtracking
+stack grows with the text. Past a limit the outcome is the policy's: reward 0 flagged
+``pattern_timeout`` (``pattern_raised`` when matching raised, out of memory included), the reason in
+``details.pattern_error``. Without a pattern the whole text is compared, in a worker thread (linear
+in the text).
+
+Each pattern process matches one answer at a time, and there are ``_PATTERN_PROCESSES`` of them
+(each started when first needed): an answer goes to the one with the fewest answers waiting. With
+one process for all, an answer that ran to ``timeout_s`` held every answer sent after it (up to 3
+honest ones, each ``timeout_s`` late); now it holds only its own process, and an answer waits behind
+it only when every process is busy. Its reply time limit counts from when it was sent, so that wait
+is never an infrastructure failure.
 """
 
 from __future__ import annotations
 
 import asyncio
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from harnessrl.controller.evaluators.config import ExactMatchEvaluatorConfig, ReasoningGymEvaluatorConfig
@@ -59,7 +68,12 @@ PATTERN_MODULE = "harnessrl.controller.evaluators.pattern_scorer"
 PATTERN_TIMEOUT = "pattern_timeout"  # matching ran past timeout_s (a pattern that backtracks on it)
 PATTERN_RAISED = "pattern_raised"  # matching raised (out of memory)
 _PATTERN_FLAG_OF = {"timeout": PATTERN_TIMEOUT, "raised": PATTERN_RAISED}
-_PATTERN_IN_FLIGHT = 4  # requests sent to the pattern process at once (it matches one at a time)
+_PATTERN_PROCESSES = 4  # pattern processes, each matching one answer at a time
+# Characters of text per byte of the pattern process's memory_mb: a request line holds up to 12 bytes
+# per character (JSON's \ud83d\ude00 for one past the BMP) and the parsed text 4 more, so a longer
+# text could not even be read there (the process died on it, twice: an infrastructure failure the
+# policy chose).
+_TEXT_PER_MEMORY = 1 / 32
 
 
 def _compile(pattern: str | None, where: str) -> re.Pattern[str] | None:
@@ -164,11 +178,15 @@ class ReasoningGymEvaluator:
 
 
 class ExactMatchEvaluator:
-    def __init__(self, config: ExactMatchEvaluatorConfig, *, matcher: ScorerProcess | None = None):
+    def __init__(self, config: ExactMatchEvaluatorConfig, *, matchers: Sequence[ScorerProcess] = ()):
         self.config = config
         self._pattern = _compile(config.pattern, "evaluator.pattern")
-        # Started on the first evaluation with a pattern (tests pass their own).
-        self.matcher = matcher or ScorerProcess(PATTERN_MODULE, max_in_flight=_PATTERN_IN_FLIGHT)
+        # Each started when an answer is first sent to it (tests pass their own).
+        args = ["--memory-mb", str(config.memory_mb)]
+        self.matchers = list(matchers) or [
+            ScorerProcess(PATTERN_MODULE, args, max_in_flight=1) for _ in range(_PATTERN_PROCESSES)
+        ]
+        self._waiting = [0] * len(self.matchers)  # answers sent to or waiting for each
         # The gold answer must be where the harness cannot read it.
         if config.field == HIDDEN:
             raise ConfigError(f"evaluator.field: name a field under {HIDDEN}, e.g. '{HIDDEN}.answer'")
@@ -201,6 +219,11 @@ class ExactMatchEvaluator:
         """The pattern runs in the pattern process, never here: it holds the GIL while it matches, and
         what it matches is the policy's."""
         text = await asyncio.to_thread(source_text, inp, self.config.source)
+        most = int((self.config.memory_mb << 20) * _TEXT_PER_MEMORY)
+        if len(text) > most:
+            error = f"the text ({len(text)} characters) is longer than memory_mb lets it be read ({most})"
+            details = {"extracted": None, "gold": gold, "pattern_error": error}
+            return EvaluationResult(0.0, details, (PATTERN_RAISED,))
         request = {
             "text": text,
             "pattern": self.config.pattern,
@@ -209,12 +232,16 @@ class ExactMatchEvaluator:
             "normalize": self.config.normalize,
             "timeout_s": self.config.timeout_s,
         }
-        # Requests queue in that process: the last in flight waits for every one before it.
-        reply_timeout_s = self.config.timeout_s * _PATTERN_IN_FLIGHT + _REPLY_GRACE_S
+        index = min(range(len(self.matchers)), key=self._waiting.__getitem__)
+        self._waiting[index] += 1
         try:
-            reply = await self.matcher.request(request, timeout_s=reply_timeout_s)
+            reply = await self.matchers[index].request(
+                request, timeout_s=self.config.timeout_s + _REPLY_GRACE_S
+            )
         except ScorerUnavailable as exc:
             raise EvaluatorError(f"exact_match pattern process: {exc}") from exc
+        finally:
+            self._waiting[index] -= 1
         outcome = reply.get("outcome")
         if outcome in _PATTERN_FLAG_OF:  # the policy's text did it: its 0, with a named reason
             details = {"extracted": None, "gold": gold, "pattern_error": reply.get("error")}
@@ -226,5 +253,5 @@ class ExactMatchEvaluator:
         )
 
     async def aclose(self) -> None:
-        """Stop the pattern process (a later evaluation starts a new one)."""
-        await self.matcher.aclose()
+        """Stop the pattern processes (a later evaluation starts new ones)."""
+        await asyncio.gather(*(matcher.aclose() for matcher in self.matchers))

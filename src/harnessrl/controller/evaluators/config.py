@@ -335,6 +335,12 @@ class ExactMatchEvaluatorConfig(_Config):
         allow_inf_nan=False,
         description="per answer: wall clock of pattern over the policy's text, in a process of its own",
     )
+    memory_mb: int = Field(
+        default=512,
+        ge=64,
+        description="address space the pattern's process may add to its own (RLIMIT_AS): past it the "
+        "answer earns 0, flagged pattern_raised",
+    )
 
     def check_task(self, task: Mapping[str, Any]) -> None:
         """The gold answer (``field``) is in the task, not null (``None`` would match "None"). A
