@@ -285,6 +285,39 @@ def test_bytes_grow_linearly_with_the_rollout(shared_store_factory: Any) -> None
     assert all(row["request"] == "null" for row in rows[1:])  # the frame (tools...) stored once
 
 
+def test_responses_calls_on_previous_response_id_grow_linearly(shared_store_factory: Any) -> None:
+    """A Responses harness that sends only its new items with ``previous_response_id``: the gateway
+    records the resolved earlier conversation under ``_harnessrl_previous_messages``, which grows with
+    every call while ``input`` stays one item. Chained on ``input`` (the first history key found),
+    every row held the whole earlier conversation in its frame: 60 calls of one rollout stored 11.9 MB
+    where the same calls sending their whole ``input`` stored 1.9 MB."""
+    store = shared_store_factory()
+    rollout_id = store.create_rollout().rollout_id
+    trace = [
+        call.model_copy(
+            update={
+                "api": "responses",
+                "request": {
+                    "model": "m",
+                    "input": call.request["messages"][-1:],
+                    "previous_response_id": f"resp_{i}",
+                    "_harnessrl_previous_messages": call.request["messages"][:-1],
+                },
+            }
+        )
+        for i, call in enumerate(agent_trace(rollout_id, 50, system=1500, observation=300, answer=60))
+    ]
+    written = [store.add_call(call) for call in trace]
+    assert store.list_calls(rollout_id) == written
+    assert [c.request for c in written] == [c.request for c in trace]
+    rows = stored_rows(shared_store_factory.url, rollout_id)
+    ratio = stored_bytes(rows) / final_call_bytes(trace[-1])
+    # <= 2, not 1.5: a call's new item is in its own frame (with its own previous_response_id), and
+    # again in the next call's resolved history: twice, once each, still linear.
+    assert ratio <= 2.0, f"stored {ratio:.2f}x the final call"
+    assert {row["request_key"] for row in rows} == {"_harnessrl_previous_messages"}
+
+
 def test_interleaved_subagent_chains_are_each_stored_as_deltas(shared_store_factory: Any) -> None:
     """Two agents alternating in one rollout: each call is stored on its own agent's previous call."""
     store = shared_store_factory()

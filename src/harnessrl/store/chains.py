@@ -15,7 +15,7 @@ attempt):
 ``request``            the request's *frame*: its JSON with the history list (``request_key``) set to
                        null: model, tools, system prompt...; the JSON text ``null`` when it equals
                        call ``request_base_seq``'s frame; the whole request when ``request_key`` is NULL
-``request_key``        ``messages`` or ``input``: the key whose list is in ``request_items``; NULL when
+``request_key``        a ``HISTORY_KEYS`` key: the one whose list is in ``request_items``; NULL when
                        the request has no such list (``completions``, a string ``input``)
 ``request_items``      the JSON texts of the list's items after the base's, one per line (compact
                        JSON never holds a raw newline); all of them when ``request_base_seq`` is NULL
@@ -71,8 +71,12 @@ from harnessrl.store.codecs import (
 MAX_CHAINS = 8
 #: Calls remembered along one chain (a base further back is not offered).
 MAX_LINKS = 256
-#: Request keys whose list is a conversation history (chat/Messages ``messages``, Responses ``input``).
-HISTORY_KEYS = ("messages", "input")
+#: Request keys whose list is a conversation history, the first one a request has taken: chat/Messages
+#: ``messages``, Responses ``input``, and before it the earlier conversation the gateway resolved a
+#: Responses ``previous_response_id`` to (``gateway.apis.responses_input.PREVIOUS_KEY``): that list
+#: grows with every call while ``input`` holds only the new items, so chained on ``input`` every row
+#: held the whole earlier conversation in its frame (O(calls x context) again).
+HISTORY_KEYS = ("_harnessrl_previous_messages", "messages", "input")
 #: The ``calls`` columns this module decides (the others are the call's own fields).
 CHAIN_COLUMNS = (
     "prompt_token_ids",
