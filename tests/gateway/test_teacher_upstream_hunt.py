@@ -8,9 +8,14 @@ chat body that the gateway itself acts on.
   it and a Responses stream sent the harness that one call.
 - A lone UTF-16 surrogate (JSON ``"\\ud83d"`` without its pair) made a whole answer a 500 after it had
   been recorded (a call the harness never got) and cut a translated stream without its error event.
+  The native mode passed it on and recorded it (``harnessrl sft`` then stopped with a TypeError).
 - ``stream_options`` that is not an object was a 500 ``TypeError``; ``stream: "yes"`` was a stream.
 - An upstream answer had no bound: a body or a stream line without end grew the gateway's memory
-  until it died. Past ``Teacher.max_answer_bytes`` the call is now an upstream error, unrecorded.
+  until it died. Then it had a fixed one, 64 MiB held per call at once whatever the gateway's own
+  limits said. Past ``gateway.max_body_bytes`` (which bounds the harness's next call, carrying the
+  answer, too) the call is now an upstream error, unrecorded.
+- Chunks carrying none of the answer (no choices, an empty delta) were not keep-alives: a stream of
+  them never ended. A key no header can carry was a traceback, or "not reachable", at start-up.
 
 The upstream is a small real server on 127.0.0.1 (chat completions, and Anthropic's ``/messages``
 for the native mode); the harnesses are httpx and the official ``openai`` and ``anthropic`` SDKs.
@@ -134,21 +139,19 @@ def served(
     tokenizer: PolicyTokenizer,
     *,
     api: str = "chat",
-    max_answer_bytes: int = 0,
+    max_body_bytes: int = 0,
     timeout_s: float = 0,
 ) -> Iterator[Served]:
-    """A teacher-mode gateway on ``up`` (the key ``KEY``) and one rollout on it."""
+    """A teacher-mode gateway on ``up`` (the key ``KEY``) and one rollout on it; ``max_body_bytes``:
+    the gateway's (default: its default)."""
     store = SQLiteStore(tmp_path / "teacher.db")
+    config = GatewayConfig(admin_key=ADMIN, **({"max_body_bytes": max_body_bytes} if max_body_bytes else {}))
     try:
         with serve_in_thread(up) as up_url:
             teacher = Teacher(f"{up_url}/v1", "u", KEY, api=api)
-            if max_answer_bytes:
-                teacher.max_answer_bytes = max_answer_bytes
             if timeout_s:  # after the client was made: its read timeout stays 600 s
                 teacher.timeout_s = timeout_s
-            app = create_app(
-                GatewayConfig(admin_key=ADMIN), store, ScriptedEngine(["unused"], tokenizer), teacher=teacher
-            )
+            app = create_app(config, store, ScriptedEngine(["unused"], tokenizer), teacher=teacher)
             with serve_in_thread(app) as url, GatewayClient(url, ADMIN) as gw:
                 created = gw.create_rollout({"prompt": "x"}, run_id="teacher")
                 yield Served(
@@ -327,6 +330,91 @@ def test_a_lone_surrogate_is_answered_and_recorded_once(tmp_path: Path, tokenize
             assert call.response["content"] in ("It holds 42 \ufffd.", "It holds 42 \ud83d."), call.api
 
 
+def test_a_native_lone_surrogate_is_answered_and_recorded_as_u_fffd(
+    tmp_path: Path, tokenizer: PolicyTokenizer
+) -> None:
+    """The native mode passed the upstream's JSON on as sent and recorded its parse: a lone surrogate
+    was in the record (``harnessrl sft`` stopped on it with a TypeError) and in the harness's next
+    request (refused, 400). Both now hold U+FFFD, as the translated paths do."""
+    text = "It holds 42 \\ud83d."
+    head = '{"id": "msg_1", "type": "message", "role": "assistant", "model": "u", '
+    usage = '"usage": {"input_tokens": 1, "output_tokens": 1}'
+
+    def answer(body: dict[str, Any]) -> Response:
+        if not body.get("stream"):
+            raw = (
+                head
+                + f'"stop_reason": "end_turn", {usage}, "content": [{{"type": "text", "text": "{text}"}}]}}'
+            )
+            return Response(raw, media_type="application/json")
+        block = {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+        delta = (
+            '{"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "'
+            + text
+            + '"}}'
+        )
+        end = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}}
+        lines = [
+            f'event: message_start\ndata: {{"type": "message_start", "message": {head}"content": [], {usage}}}}}\n\n',
+            f"event: content_block_start\ndata: {json.dumps(block)}\n\n",
+            f"event: content_block_delta\ndata: {delta}\n\n",
+            'event: content_block_stop\ndata: {"type": "content_block_stop", "index": 0}\n\n',
+            f"event: message_delta\ndata: {json.dumps(end)}\n\n",
+            'event: message_stop\ndata: {"type": "message_stop"}\n\n',
+        ]
+        return events(lines)
+
+    with served(upstream(answer), tmp_path, tokenizer, api="native") as gw:
+        whole_reply = gw.post("messages", BODIES["messages"])
+        assert whole_reply.status_code == 200, whole_reply.text
+        assert whole_reply.json()["content"][0]["text"] == "It holds 42 \ufffd."
+        streamed = gw.post("messages", {**BODIES["messages"], "stream": True})
+        assert streamed.status_code == 200 and "message_stop" in streamed.text, streamed.text
+        sent = [json.loads(line[5:]) for line in streamed.text.splitlines() if line.startswith("data:")]
+        assert [e["delta"]["text"] for e in sent if e["type"] == "content_block_delta"] == [
+            "It holds 42 \ufffd."
+        ]
+        assert [c.response["content"] for c in gw.calls()] == ["It holds 42 \ufffd."] * 2
+
+
+#: JSON nested past Python's recursion limit.
+DEEP = "[" * 5000 + "]" * 5000
+
+
+def test_json_nested_past_pythons_limit_is_an_upstream_error(
+    tmp_path: Path, tokenizer: PolicyTokenizer
+) -> None:
+    """An answer or a stream chunk nested deeper than Python parses (``RecursionError``, which no
+    handler named) was a 500 "internal error", and cut a stream without its error event (the
+    harness: "peer closed connection"). Now an upstream error like any other answer that is not one;
+    nothing recorded."""
+
+    def answer(body: dict[str, Any]) -> Response:
+        if not body.get("stream"):
+            raw = json.dumps(
+                {"id": "c1", "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}}]}
+            )
+            return Response(raw[:-1] + ', "x": ' + DEEP + "}", media_type="application/json")
+        deep = '{"id": "c1", "choices": [{"index": 0, "delta": {"content": "hi"}}], "x": ' + DEEP + "}"
+        end = data({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        return events([f"data: {deep}\n\n", end, "data: [DONE]\n\n"])
+
+    with served(upstream(answer), tmp_path, tokenizer) as gw:
+        for path, body in BODIES.items():
+            whole_reply = gw.post(path, body)
+            assert whole_reply.status_code == 502, (path, whole_reply.text[:300])
+            streamed = gw.post(path, {**body, "stream": True})
+            assert streamed.status_code == 200, (path, streamed.text[:300])
+            assert "not a chat chunk" in error_message(streamed), (path, streamed.text[-300:])
+        assert gw.calls() == []
+    (tmp_path / "native").mkdir()
+    with served(upstream(answer), tmp_path / "native", tokenizer, api="native") as gw:
+        assert gw.post("messages", BODIES["messages"]).status_code == 502
+        streamed = gw.post("messages", {**BODIES["messages"], "stream": True})
+        assert "not JSON" in error_message(streamed), streamed.text[-300:]
+        assert gw.calls() == []
+
+
 # -- the chat body's stream fields --------------------------------------------------------------
 
 
@@ -366,6 +454,8 @@ BOUND = 64 * 1024
 def test_an_answer_past_the_bound_is_an_upstream_error(
     tmp_path: Path, tokenizer: PolicyTokenizer, size: int
 ) -> None:
+    """The bound is ``gateway.max_body_bytes``: a fixed 64 MiB let an answer the harness could not
+    send back (its next body is refused past that limit) be answered and recorded."""
     text = "a" * size
 
     def answer(body: dict[str, Any]) -> Response:
@@ -373,7 +463,7 @@ def test_an_answer_past_the_bound_is_an_upstream_error(
             return whole({"content": text})
         return stream_of([{"role": "assistant", "content": text}])  # one line of ``size`` bytes
 
-    with served(upstream(answer), tmp_path, tokenizer, max_answer_bytes=BOUND) as gw:
+    with served(upstream(answer), tmp_path, tokenizer, max_body_bytes=BOUND) as gw:
         for path, body in BODIES.items():
             for stream in (False, True):
                 reply = gw.post(path, {**body, "stream": stream})
@@ -414,7 +504,7 @@ def test_a_native_answer_past_the_bound_is_an_upstream_error(
         lines = [start, block, delta, {"type": "content_block_stop", "index": 0}, {"type": "message_stop"}]
         return events([f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in lines])
 
-    with served(upstream(answer), tmp_path, tokenizer, api="native", max_answer_bytes=BOUND) as gw:
+    with served(upstream(answer), tmp_path, tokenizer, api="native", max_body_bytes=BOUND) as gw:
         whole_reply = gw.post("messages", BODIES["messages"])
         assert whole_reply.status_code == 502 and f"over {BOUND} bytes" in error_message(whole_reply)
         streamed = gw.post("messages", {**BODIES["messages"], "stream": True})
@@ -529,6 +619,71 @@ def test_more_calls_at_once_than_an_http_pool_holds_all_reach_the_upstream(
         assert sum(len(gw.store.list_calls(r["rollout_id"])) for r in made) == rollouts * each
 
 
+def test_a_tool_call_streamed_in_many_pieces_is_received_and_recorded_whole(
+    tmp_path: Path, tokenizer: PolicyTokenizer
+) -> None:
+    """A file written through a tool call comes as thousands of argument deltas; each was added to
+    a string (copied whole at every delta: 128 k deltas held the event loop 16 s). Buffered now: the
+    call must still arrive and be recorded whole, in every API."""
+    arguments = json.dumps({"path": "notes.txt", "text": "caf\u00e9 \U0001f600 line\n" * 150})
+    pieces = [arguments[i : i + 3] for i in range(0, len(arguments), 3)]
+
+    def answer(body: dict[str, Any]) -> Response:
+        head = {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "write", "arguments": ""},
+        }
+        deltas = [{"role": "assistant", "tool_calls": [head]}]
+        deltas += [{"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} for piece in pieces]
+        return stream_of(deltas, finish="tool_calls")
+
+    with served(upstream(answer), tmp_path, tokenizer) as gw:
+        for path, body in BODIES.items():
+            reply = gw.post(path, {**body, "stream": True})
+            assert reply.status_code == 200 and LAST_EVENT[path] in reply.text, (path, reply.text[-300:])
+        calls = gw.calls()
+        assert [c.finish_reason for c in calls] == ["tool_calls"] * 3
+        for call in calls:
+            (recorded,) = call.response["tool_calls"]
+            assert recorded["function"]["name"] == "write", call.api
+            assert json.loads(recorded["function"]["arguments"]) == json.loads(arguments), call.api
+
+
+def test_a_harness_that_leaves_before_the_upstream_answers_cancels_its_stream(
+    tmp_path: Path, tokenizer: PolicyTokenizer
+) -> None:
+    """A streamed call waited for the upstream's first answer (its status and headers) without
+    watching its harness: a harness that gave up (a read timeout, then the SDK's retry) left its
+    request open on the upstream for up to ``timeout_s``, one more per retry, on an upstream already
+    too slow. Now it is cancelled as a whole answer's is, and counted as dropped."""
+    left: dict[str, threading.Event] = {}
+
+    async def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": "u", "object": "model"}]})
+
+    async def chat(request: Request) -> Response:
+        body = await request.json()
+        gone = left.setdefault(body["messages"][-1]["content"], threading.Event())
+        while not await request.is_disconnected():  # stalled: no status, no headers
+            await asyncio.sleep(0.05)
+        gone.set()
+        return Response(status_code=204)
+
+    stalled = Starlette(
+        routes=[Route("/v1/models", models), Route("/v1/chat/completions", chat, methods=["POST"])]
+    )
+    with served(stalled, tmp_path, tokenizer) as gw:
+        for path, body in BODIES.items():
+            question = f"{path}: What is in a.txt?"
+            body = json.loads(json.dumps(body).replace("What is in a.txt?", question))
+            with pytest.raises(httpx.ReadTimeout):
+                httpx.post(f"{gw.base}/{path}", json={**body, "stream": True}, headers=gw.headers, timeout=1)
+            assert left.setdefault(question, threading.Event()).wait(30), path  # only ends a hung test
+        assert gw.calls() == []
+
+
 # -- a stream of keep-alives only ---------------------------------------------------------------
 
 
@@ -551,6 +706,30 @@ def test_a_stream_of_keep_alives_alone_ends_after_timeout_s(
     with served(upstream(answer), tmp_path, tokenizer, timeout_s=1.0) as gw:
         for path, body in BODIES.items():
             last = read_for(gw, path, {**body, "stream": True}, 60)  # only ends a hung test
+            assert "only keep-alives" in last, (path, last)
+        assert gw.calls() == []
+
+
+@pytest.mark.parametrize("beat", [{"choices": []}, {"choices": [{"index": 0, "delta": {}}]}])
+def test_a_stream_of_empty_chunks_alone_ends_after_timeout_s(
+    tmp_path: Path, tokenizer: PolicyTokenizer, beat: dict[str, Any]
+) -> None:
+    """An upstream that, once begun, sent only chunks without any of the answer (no choices, an
+    empty delta) was never quiet: each chunk began ``timeout_s`` again, and the Messages and Responses
+    streams' own keep-alives kept the harness waiting for ever. Such chunks are keep-alives now."""
+
+    def answer(body: dict[str, Any]) -> Response:
+        async def forever() -> AsyncIterator[str]:
+            yield data({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Hi"}}]})
+            while True:
+                yield data(beat)
+                await asyncio.sleep(0.05)
+
+        return StreamingResponse(forever(), media_type="text/event-stream")
+
+    with served(upstream(answer), tmp_path, tokenizer, timeout_s=1.0) as gw:
+        for path, body in BODIES.items():
+            last = read_for(gw, path, {**body, "stream": True}, 20)  # only ends a hung test
             assert "only keep-alives" in last, (path, last)
         assert gw.calls() == []
 
@@ -590,3 +769,32 @@ def read_for(gw: Served, path: str, body: dict[str, Any], seconds: float) -> str
             if time.monotonic() > deadline:
                 break
     return last
+
+
+# -- the key as the environment gives it -------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad_key", ["sk-teach\u00e9r-KEY01", "sk-teacher-KEY01\n", "sk-teacher-KEY01\r\n"])
+def test_a_key_no_header_can_carry_is_named_at_start_up(
+    bad_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-ASCII character in the key was a ``UnicodeEncodeError`` traceback when the gateway
+    started; a line end (a key file read whole) made it say the upstream was not reachable. Both are
+    now a ``ConfigError`` (exit 2) naming ``engine.teacher.api_key_env``, the key not shown."""
+    from harnessrl.config import EngineConfig, TeacherConfig
+    from harnessrl.errors import ConfigError
+    from harnessrl.gateway.server import build_teacher
+
+    with serve_in_thread(upstream(lambda body: whole({"content": "ok"}))) as up_url:
+        cfg = EngineConfig(
+            model="scripted:x.json",
+            teacher=TeacherConfig(base_url=f"{up_url}/v1", model="u", api_key_env="HRL_HUNT_TEACHER_KEY"),
+        )
+        monkeypatch.setenv("HRL_HUNT_TEACHER_KEY", bad_key)
+        with pytest.raises(ConfigError, match="engine.teacher.api_key_env") as refused:
+            build_teacher(cfg)
+        assert bad_key.strip() not in str(refused.value) and "KEY01" not in str(refused.value)
+        monkeypatch.setenv("HRL_HUNT_TEACHER_KEY", KEY)  # control: a key as it should be starts
+        teacher = build_teacher(cfg)
+        assert teacher is not None
+        asyncio.run(teacher.aclose())

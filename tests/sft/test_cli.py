@@ -231,7 +231,9 @@ def test_answers_no_student_template_can_express_are_a_clear_error(record, tmp_p
     thinking = [
         {"reasoning": "cat the file", "content": "", "tool_calls": [{"name": "bash", "arguments": {}}]}
     ]
-    rec = record([thinking], [1.0])  # the tiny student's template has no place for reasoning
+    # The tiny student's template has no place for reasoning given apart from the text (Messages
+    # records it so; the chat API answers with it in the text, which the template keeps as text).
+    rec = record([thinking], [1.0], api="messages")
     line = error_line(runner.invoke(app, ["sft", str(write_config(tmp_path, rec.run_dir))]))
     assert "1 rollouts selected, but none of their" in line and "reasoning_dropped" in line
 

@@ -103,3 +103,49 @@ def test_control_one_user_turn_is_the_gateways_prompt_too(tmp_path):
     rollout, calls = two_user_turns(tmp_path, tokenizer, ["What is 6 x 7?"])
     prompts, _ = trained_prompts(rollout, calls, tokenizer)
     assert prompts == [calls[0].prompt_token_ids]
+
+
+#: Reasoning and a tool call, a tool call alone, then reasoning and the answer.
+TOOL_SCRIPT = [
+    {
+        "content": "Let me look.",
+        "reasoning": "I should read it.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "cat a.txt"}}],
+    },
+    {
+        "content": "And the other one.",
+        "tool_calls": [{"name": "bash", "arguments": {"command": "cat b.txt"}}],
+    },
+    {"content": "The answer is 42.", "reasoning": "It said 42."},
+]
+
+
+@pytest.mark.parametrize("api", ["chat", "messages", "responses"])
+def test_every_turn_trains_as_the_gateway_served_it_whatever_the_api(tmp_path, api):
+    """The gateway's chat API answers a Qwen3 policy's call with its reasoning in the text
+    (``<think>…</think>``), and records it so (as does a teacher whose vLLM has no reasoning parser):
+    sft read that as text with no reasoning, found reasoning in the student's rendering of it and
+    skipped every such turn (``reasoning_dropped``), training only the turns without reasoning.
+    Through every API each call now trains on exactly the gateway's prompt and sampled tokens."""
+    from tests.sft.conftest import AGENTS
+
+    tokenizer = student("qwen3")
+    store = SQLiteStore(tmp_path / "gateway.db")
+    try:
+        engine = ScriptedEngine(list(TOOL_SCRIPT), tokenizer)
+        app = create_app(GatewayConfig(admin_key="admin"), store, engine)
+        with serve_in_thread(app) as url, GatewayClient(url, "admin") as client:
+            created = client.create_rollout({"prompt": "x"}, run_id="teacher", task_id="t")
+            AGENTS[api](created["base_url"], created["api_key"], "What is in a.txt?")
+        store.finish_rollout(created["rollout_id"], Outcome.SUCCESS, 1.0)
+        rollout, calls = store.get_rollout(created["rollout_id"]), store.list_calls(created["rollout_id"])
+    finally:
+        store.close()
+    assert len(calls) == 3
+    formats = resolve_formats("auto", "auto", tokenizer.chat_template)
+    samples, report = rollout_sequences(rollout, calls, tokenizer, formats)
+    assert (report.rendered, dict(report.skipped)) == (3, {}), report.examples
+    spans = [
+        (s.input_ids[: span.start], s.input_ids[span.start : span.end]) for s in samples for span in s.spans
+    ]
+    assert spans == [(c.prompt_token_ids, c.response_token_ids) for c in calls]

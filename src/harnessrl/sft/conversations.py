@@ -36,6 +36,7 @@ from harnessrl.errors import BadRequest
 from harnessrl.gateway.apis import anthropic_convert, responses_input
 from harnessrl.gateway.body_models import RESERVED_TEMPLATE_KWARGS
 from harnessrl.gateway.prompt.messages import message_key, normalize_message, normalize_messages
+from harnessrl.gateway.teacher.upstream import without_surrogates
 from harnessrl.schemas import Call, Rollout
 
 
@@ -82,11 +83,17 @@ def answer_message(call: Call) -> dict[str, Any]:
     response = call.response
     if response.get("role") != "assistant":
         raise NoConversation("no_answer", f"call {call.seq}: no assistant message recorded")
-    message = {k: v for k, v in response.items() if not k.startswith("_") and k != "id"}
+    # A lone UTF-16 surrogate (a native teacher's answer cut inside an emoji, recorded before the
+    # gateway replaced it) stopped the whole run with a TypeError: the tokenizer cannot encode it.
+    # U+FFFD, as the gateway now records and answers it.
+    message = without_surrogates({k: v for k, v in response.items() if not k.startswith("_") and k != "id"})
     if not isinstance(message.get("reasoning_content") or "", str):
         # Teacher mode records a chat upstream's answer as it came; reasoning that is not text
         # (a provider's own object) is no answer sft can read, where it used to end in a traceback.
         raise NoConversation("no_answer", f"call {call.seq}: the recorded reasoning_content is not text")
+    if not isinstance(message.get("tool_calls") or [], list):
+        # Likewise tool calls that are no list (``5``): a TypeError traceback in the normalizer.
+        raise NoConversation("no_answer", f"call {call.seq}: the recorded tool_calls is not a list")
     return normalize_message(message)
 
 

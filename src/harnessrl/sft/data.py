@@ -271,36 +271,40 @@ def exported_conversations(convs: list[Conversation]) -> tuple[list[Conversation
 def export_conversations(config: SftConfig, path: Path) -> dict[str, Any]:
     """Write the selected rollouts' conversations to ``path`` as JSONL (``conversations.write_jsonl``:
     OpenAI messages with ``tool_calls``); independent of any student template, but without the
-    answers training skips whatever the template (``exported_conversations``)."""
+    answers training skips whatever the template (``exported_conversations``). Written one rollout at
+    a time as it is read: gathered first, every conversation of the store was in memory at once (a
+    long agent's lines are its whole history, hundreds of KB each)."""
     check_export_path(config, path)
     store = open_source(config)
     try:
         selected = select_from(store, config)
-        lines = []
-        unreadable: dict[str, int] = {}
+        unreadable: Counter[str] = Counter()
         skipped: Counter[str] = Counter()
-        for rollout, calls in final_attempt_calls(store, selected):
-            convs = []
-            for call in final_calls(rollout, calls):
-                try:
-                    convs.append(conversation(call))
-                except NoConversation as exc:
-                    unreadable[exc.reason] = unreadable.get(exc.reason, 0) + 1
-            exported, skipped_here = exported_conversations(with_recorded_answers(convs))
-            skipped.update(skipped_here)
-            lines.extend(export_line(c, rollout) for c in exported)
+
+        def lines() -> Iterator[dict[str, Any]]:
+            for rollout, calls in final_attempt_calls(store, selected):
+                convs = []
+                for call in final_calls(rollout, calls):
+                    try:
+                        convs.append(conversation(call))
+                    except NoConversation as exc:
+                        unreadable[exc.reason] += 1
+                exported, skipped_here = exported_conversations(with_recorded_answers(convs))
+                skipped.update(skipped_here)
+                yield from (export_line(c, rollout) for c in exported)
+
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            written = write_jsonl(path, lines())
+        except OSError as exc:  # a folder that cannot be written (read-only, full): named, no traceback
+            raise ConfigError(f"--export-jsonl: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
     finally:
         store.close()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        written = write_jsonl(path, lines)
-    except OSError as exc:  # a folder that cannot be written (read-only, full): named, no traceback
-        raise ConfigError(f"--export-jsonl: cannot write {str(path)!r}: {exc.strerror or exc}") from exc
     return {
         "path": str(path),
         "conversations": written,
         "rollouts": len(selected.rollouts),
         "rollouts_dropped": dict(selected.dropped),
-        "calls_unreadable": unreadable,
+        "calls_unreadable": dict(unreadable),
         "answers_skipped": dict(skipped),
     }

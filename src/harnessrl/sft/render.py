@@ -140,6 +140,21 @@ def _arguments(value: Any) -> Any:
     return value
 
 
+def recorded_reasoning(answer: dict[str, Any], formats: ModelFormats) -> tuple[str, str]:
+    """The reasoning and content (stripped) of a recorded answer. Reasoning written in its text, in the
+    student's own tags (``<think>…</think>``: what the gateway's chat API answers a Qwen3 policy's call
+    with, and a vLLM teacher without a reasoning parser), is read as reasoning, as the student's
+    parser reads it: taken as text, every such answer failed the check (``reasoning_dropped``) though
+    the student renders it token for token, and only the turns without reasoning trained."""
+    content = answer.get("content") or ""
+    reasoning = (answer.get("reasoning_content") or "").strip()
+    if not reasoning:
+        inline, rest = split_reasoning(content, formats.reasoning_parser)
+        if inline and inline.strip():
+            return inline.strip(), rest.strip()
+    return reasoning, content.strip()
+
+
 def check_expressed(
     answer: dict[str, Any], text: str, formats: ModelFormats, prompt_text: str, tools: Any
 ) -> None:
@@ -148,7 +163,7 @@ def check_expressed(
     opens = get_reasoning_parser(formats.reasoning_parser).prompt_opens_reasoning(prompt_text[-64:])
     reasoning, content = split_reasoning(text, formats.reasoning_parser, starts_in_reasoning=opens)
     parsed = parse_tool_calls(content, formats.tool_parser, tools)
-    want_reasoning = (answer.get("reasoning_content") or "").strip()
+    want_reasoning, want_content = recorded_reasoning(answer, formats)
     if (reasoning or "").strip() != want_reasoning:
         raise Inexpressible(
             "reasoning_dropped", f"reasoning {want_reasoning[:60]!r} is not in {text[:120]!r}"
@@ -159,7 +174,7 @@ def check_expressed(
     got_calls = [(c.name, _arguments(c.arguments)) for c in parsed.tool_calls]
     if got_calls != want_calls:
         raise Inexpressible("tool_calls_lost", f"tool calls {want_calls!r} read back as {got_calls!r}")
-    if (parsed.content or "").strip() != (answer.get("content") or "").strip():
+    if (parsed.content or "").strip() != want_content:
         raise Inexpressible(
             "content_changed", f"content {answer.get('content', '')[:60]!r} read back differently"
         )

@@ -30,7 +30,7 @@ from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.sampling import teacher_sampling
-from harnessrl.gateway.teacher.stream import ChatStream
+from harnessrl.gateway.teacher.stream import ChatStream, open_stream
 from harnessrl.gateway.teacher.upstream import (
     NO_FINISH_REASON,
     Teacher,
@@ -77,7 +77,11 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
     started_at = now()
     if not turn.stream:
         answer = await unless_client_leaves(
-            request, state, rollout, "chat.completions", lambda: complete(teacher, body)
+            request,
+            state,
+            rollout,
+            "chat.completions",
+            lambda: complete(teacher, body, state.config.max_body_bytes),
         )
         if answer is None:
             return Response(status_code=CLIENT_GONE_STATUS)
@@ -94,12 +98,9 @@ async def teacher_chat(request: Request, teacher: Teacher) -> Response:
             None,
         )
         return json_response(answer, headers=call_headers(stored))
-    upstream = ChatStream(teacher, body)
-    try:
-        await upstream.open()
-    except BaseException:
-        await upstream.aclose()
-        raise
+    upstream = await open_stream(request, state, rollout, "chat.completions", teacher, body)
+    if upstream is None:
+        return Response(status_code=CLIENT_GONE_STATUS)
     wants_usage = bool(turn.stream_options and turn.stream_options.include_usage)
     return StreamingResponse(  # an event stream, as the policy path's: SSE clients check the type
         _relay(state, rollout, data, upstream, wants_usage, started_at),

@@ -59,12 +59,11 @@ class MessageBlocks:
     def finish(self) -> list[dict[str, Any]]:
         """The last events: the open block closed, then each tool call as one ``tool_use`` block."""
         events = self._close()
-        for i in sorted(self.sum.tool_calls):
-            call = self.sum.tool_calls[i]
+        for call in self.sum.calls():
             name, arguments = call["function"]["name"], call["function"]["arguments"] or "{}"
             try:
                 tool_input = json.loads(arguments)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested past Python's limit
                 tool_input = None
             if not isinstance(tool_input, dict) or not name:
                 raise UpstreamError(f"teacher upstream sent tool call {name!r} without a JSON object input")

@@ -45,7 +45,7 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.message_blocks import MessageBlocks
 from harnessrl.gateway.teacher.native import native_messages
 from harnessrl.gateway.teacher.sampling import teacher_sampling
-from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
+from harnessrl.gateway.teacher.stream import ChatStream, Pacer, open_stream, whole_chunk
 from harnessrl.gateway.teacher.upstream import (
     Teacher,
     call_headers,
@@ -114,7 +114,7 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
     started_at = now()
     if not data.get("stream"):
         answer = await unless_client_leaves(
-            request, state, rollout, "messages", lambda: complete(teacher, body)
+            request, state, rollout, "messages", lambda: complete(teacher, body, state.config.max_body_bytes)
         )
         if answer is None:
             return Response(status_code=CLIENT_GONE_STATUS)
@@ -139,12 +139,9 @@ async def teacher_messages(request: Request, teacher: Teacher) -> Response:
             "usage": blocks.usage(),
         }
         return json_response(payload, headers={**call_headers(stored), "request-id": msg_id})
-    upstream = ChatStream(teacher, body)
-    try:
-        await upstream.open()
-    except BaseException:
-        await upstream.aclose()
-        raise
+    upstream = await open_stream(request, state, rollout, "messages", teacher, body)
+    if upstream is None:
+        return Response(status_code=CLIENT_GONE_STATUS)
     start = {
         "id": msg_id,
         "type": "message",

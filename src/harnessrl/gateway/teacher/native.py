@@ -19,13 +19,16 @@ recorded calls, as the policy path does), and the internal assistant message the
 to — its content blocks (``anthropic_convert.message_of_blocks``), or its output items (``responses_input``) with the
 response id — before the stream's final event (``message_stop``, ``response.completed``) is passed
 on. A stream that ends without it, or with an error event, is not recorded; the harness then gets the
-API's error event.
+API's error event. A lone UTF-16 surrogate in the upstream's JSON (``"\\ud83d"``: a string cut inside
+an emoji) is U+FFFD in both what the harness gets and what is recorded (``surrogates_replaced``),
+as on the translated paths.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,12 +59,27 @@ from harnessrl.gateway.teacher.upstream import (
     record,
     unless_client_leaves,
     upstream_error,
+    without_surrogates,
 )
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
 
 __all__ = ["native_messages", "native_responses"]
+
+#: JSON that may escape a lone surrogate (a pair matches too: only the parse tells them apart).
+ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
+ESCAPED_SURROGATE_BYTES = re.compile(ESCAPED_SURROGATE.pattern.encode())
+
+
+def surrogates_replaced(parsed: Any) -> Any | None:
+    """``parsed`` (an upstream's JSON) with each lone UTF-16 surrogate as U+FFFD
+    (``upstream.without_surrogates``), or ``None`` where it has none. Passed on as sent, the
+    surrogate was recorded and ``harnessrl sft`` stopped on it with a ``TypeError`` (the student's
+    tokenizer cannot encode it), and the harness's next call, resending it, was refused (400): the
+    harness gets and the record keeps U+FFFD instead, as on the translated paths."""
+    clean = without_surrogates(parsed)
+    return None if clean == parsed else clean
 
 
 async def native_messages(request: Request, teacher: Teacher) -> Response:
@@ -132,7 +150,7 @@ async def _forward(
         if stream and reply.status_code == 200:
             return reply, None
         try:
-            return reply, await read_bounded(teacher, reply)
+            return reply, await read_bounded(reply, state.config.max_body_bytes)
         except httpx.HTTPError as exc:
             raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
         finally:
@@ -147,8 +165,10 @@ async def _forward(
             raise upstream_error(teacher, reply.status_code, content)
         try:
             answer = json.loads(content)
+            if ESCAPED_SURROGATE_BYTES.search(content) and (clean := surrogates_replaced(answer)) is not None:
+                answer, content = clean, json.dumps(clean, ensure_ascii=False).encode()
             message, finish, usage = (messages_answer if api == "messages" else responses_answer)(answer)
-        except (ValueError, KeyError, TypeError, AttributeError, HarnessRLError):
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError, HarnessRLError):
             raise UpstreamError(f"teacher upstream answered 200 without a {api} answer") from None
         stored = await record(state, rollout, api, recorded, message, finish, usage, started_at, None)
         return Response(content, media_type="application/json", headers=call_headers(stored))
@@ -160,12 +180,14 @@ async def _forward(
     )
 
 
-async def _events(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[tuple[list[str], dict[str, Any]]]:
+async def _events(
+    state: GatewayState, teacher: Teacher, reply: httpx.Response
+) -> AsyncIterator[tuple[list[str], dict[str, Any]]]:
     """The upstream's SSE events: (their lines as sent, the parsed ``data``)."""
     lines: list[str] = []
     last_event = time.monotonic()  # the last that was not a keep-alive
     try:
-        async for line in bounded_lines(teacher, reply):
+        async for line in bounded_lines(reply, state.config.max_body_bytes):
             if line:
                 lines.append(line)
                 continue
@@ -173,8 +195,13 @@ async def _events(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[tupl
             if data is not None:
                 try:
                     parsed = json.loads(data)
-                except ValueError:
+                    clean = surrogates_replaced(parsed) if ESCAPED_SURROGATE.search(data) else None
+                except (ValueError, RecursionError):
                     raise UpstreamError("teacher upstream sent an event that is not JSON") from None
+                if clean is not None:
+                    parsed = clean  # and the harness gets the event as it is recorded:
+                    at = next(i for i, x in enumerate(lines) if x.startswith("data:"))
+                    lines[at] = f"data: {json.dumps(clean, ensure_ascii=False)}"
                 event = parsed if isinstance(parsed, dict) else {}
                 if event.get("type") == "ping":
                     teacher.quiet_for(last_event)
@@ -206,7 +233,7 @@ async def _relay_messages(
     answer: dict[str, Any] = {}
     first_token_at: float | None = None
     try:
-        async for lines, event in _events(teacher, reply):
+        async for lines, event in _events(state, teacher, reply):
             kind = event.get("type")
             if kind == "error":
                 said = teacher.redact(str((event.get("error") or {}).get("message", "error")))
@@ -228,7 +255,8 @@ async def _relay_messages(
                 answer["usage"] = {**(answer.get("usage") or {}), **(event.get("usage") or {})}
             elif kind == "message_stop":
                 for index, pieces in partial.items():
-                    blocks[index]["input"] = json.loads("".join(pieces) or "{}")
+                    # A surrogate escaped inside the partial JSON's text passed the event's check.
+                    blocks[index]["input"] = without_surrogates(json.loads("".join(pieces) or "{}"))
                 answer["content"] = [blocks[i] for i in sorted(blocks)]
                 message, finish, usage = messages_answer(answer)
                 await record(
@@ -241,7 +269,7 @@ async def _relay_messages(
     except HarnessRLError as exc:
         log.warning("teacher call of rollout %s not recorded: %s", rollout.rollout_id, exc)
         yield anthropic_sse_error(exc)
-    except (KeyError, TypeError, ValueError, AttributeError):
+    except (KeyError, TypeError, ValueError, AttributeError, RecursionError):
         exc = UpstreamError("teacher upstream sent events that do not make a message")
         log.warning("teacher call of rollout %s not recorded: %s", rollout.rollout_id, exc)
         yield anthropic_sse_error(exc)
@@ -262,7 +290,7 @@ async def _relay_responses(
     first_token_at: float | None = None
     last: dict[str, Any] = {}
     try:
-        async for lines, event in _events(teacher, reply):
+        async for lines, event in _events(state, teacher, reply):
             kind = event.get("type") or ""
             if isinstance(event.get("response"), dict):
                 last = event["response"]
@@ -283,7 +311,7 @@ async def _relay_responses(
                 return
             yield _sent(lines)
         raise UpstreamError("teacher upstream ended the stream before finishing the answer")
-    except (HarnessRLError, KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (HarnessRLError, KeyError, TypeError, ValueError, AttributeError, RecursionError) as exc:
         error = (
             exc
             if isinstance(exc, HarnessRLError)

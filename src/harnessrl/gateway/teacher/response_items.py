@@ -54,12 +54,12 @@ class ResponseItems:
 
     def finish(self, status: str) -> list[dict[str, Any]]:
         events = self._close_reasoning()
-        if self._message is None and not self.sum.tool_calls:
+        calls = self.sum.calls()
+        if self._message is None and not calls:
             events += self._open_message()  # an answer without tool calls has a message, maybe empty
         if self._message is not None:
             events += self._close_message(status)
-        for i in sorted(self.sum.tool_calls):
-            call = self.sum.tool_calls[i]
+        for call in calls:
             name, arguments = call["function"]["name"], call["function"]["arguments"]
             if not name:
                 raise UpstreamError("teacher upstream sent a tool call without a name")

@@ -48,7 +48,7 @@ from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native import native_responses
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
 from harnessrl.gateway.teacher.sampling import teacher_sampling
-from harnessrl.gateway.teacher.stream import ChatStream, Pacer, whole_chunk
+from harnessrl.gateway.teacher.stream import ChatStream, Pacer, open_stream, whole_chunk
 from harnessrl.gateway.teacher.upstream import (
     Teacher,
     call_headers,
@@ -137,7 +137,7 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
     started_at = now()
     if not body.stream:
         answer = await unless_client_leaves(
-            request, state, rollout, "responses", lambda: complete(teacher, chat)
+            request, state, rollout, "responses", lambda: complete(teacher, chat, state.config.max_body_bytes)
         )
         if answer is None:
             return Response(status_code=CLIENT_GONE_STATUS)
@@ -153,12 +153,9 @@ async def teacher_responses(request: Request, teacher: Teacher) -> Response:
             state, rollout, "responses", recorded, message, finish, items.sum.usage, started_at, None
         )
         return json_response(shell.response(status, items), headers=call_headers(stored))
-    upstream = ChatStream(teacher, chat)
-    try:
-        await upstream.open()
-    except BaseException:
-        await upstream.aclose()
-        raise
+    upstream = await open_stream(request, state, rollout, "responses", teacher, chat)
+    if upstream is None:
+        return Response(status_code=CLIENT_GONE_STATUS)
     return StreamingResponse(
         _relay(state, rollout, recorded, upstream, shell, encrypt, started_at),
         media_type="text/event-stream",

@@ -9,6 +9,7 @@ tells a handler when the harness has heard nothing for ``keepalive_s``.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import re
 import time
@@ -16,18 +17,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from starlette.requests import Request
 
 from harnessrl.errors import UpstreamError
+from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.upstream import (
     NO_FINISH_REASON,
     Teacher,
     bounded_lines,
     read_bounded,
+    unless_client_leaves,
     upstream_error,
     usage_counts,
     without_surrogates,
 )
-from harnessrl.schemas import now
+from harnessrl.schemas import Rollout, now
 
 #: A chunk's JSON that may escape a lone surrogate (``upstream.without_surrogates``): cheap to look
 #: for in every chunk, and only then is the parsed chunk walked.
@@ -42,13 +46,35 @@ def _text(value: Any) -> str:
     return value
 
 
+#: The delta fields that are part of an answer (``role`` alone is not).
+ANSWER_FIELDS = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+def carries_answer(chunk: dict[str, Any]) -> bool:
+    """Whether ``chunk`` brings the answer on: a delta with text, reasoning or a tool call, a finish
+    reason, or usage (sent once it is done). An upstream that sent chunks with none of these
+    (``"choices": []``, an empty delta) every few seconds was never quiet for ``timeout_s``: its
+    call waited for ever, its harness kept alive by the gateway's keep-alives."""
+    if chunk.get("usage"):
+        return True
+    for choice in chunk.get("choices") or []:
+        delta = choice.get("delta") or {}
+        if choice.get("finish_reason") or any(delta.get(field) for field in ANSWER_FIELDS):
+            return True
+    return False
+
+
 class StreamedMessage:
     """The assistant message a chat stream's deltas add up to."""
 
     def __init__(self) -> None:
         self.content: list[str] = []
         self.reasoning: list[str] = []
-        self.tool_calls: dict[int, dict[str, Any]] = {}
+        self.tool_calls: dict[int, dict[str, Any]] = {}  # by index: id and name (``calls()`` for all)
+        # Each call's arguments, written to a buffer: added to a string at every delta, a long call (a
+        # file written through a tool) was copied whole at each, on the event loop (128 k deltas:
+        # 16 s in which no other call of the gateway moved).
+        self._arguments: dict[int, io.StringIO] = {}
         self.finish_reason: str | None = None
         self.stop_reason: Any = None  # vLLM's ``stop_reason``: the stop string that ended it, if any
         self.usage: dict[str, Any] | None = None
@@ -66,15 +92,15 @@ class StreamedMessage:
             if reasoning:
                 self.reasoning.append(_text(reasoning))
             for tc in delta.get("tool_calls") or []:
+                index = self._slot(tc)
                 slot = self.tool_calls.setdefault(
-                    self._slot(tc),
-                    {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+                    index, {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
                 )
                 if tc.get("id"):
                     slot["id"] = tc["id"]
                 fn = tc.get("function") or {}
                 slot["function"]["name"] += fn.get("name") or ""
-                slot["function"]["arguments"] += fn.get("arguments") or ""
+                self._arguments.setdefault(index, io.StringIO()).write(_text(fn.get("arguments") or ""))
             if choice.get("finish_reason"):
                 self.finish_reason = choice["finish_reason"]
                 self.stop_reason = choice.get("stop_reason")
@@ -96,12 +122,19 @@ class StreamedMessage:
         new_id = tc.get("id") and tc["id"] != self.tool_calls[last]["id"]
         return last + 1 if new_id else last
 
+    def calls(self) -> list[dict[str, Any]]:
+        """The tool calls so far, in index order, with their arguments."""
+        return [
+            {**call, "function": {**call["function"], "arguments": self._arguments[i].getvalue()}}
+            for i, call in sorted(self.tool_calls.items())
+        ]
+
     def message(self) -> dict[str, Any]:
         out: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
         if self.reasoning:
             out["reasoning_content"] = "".join(self.reasoning)
         if self.tool_calls:
-            out["tool_calls"] = [self.tool_calls[i] for i in sorted(self.tool_calls)]
+            out["tool_calls"] = self.calls()
         return out
 
 
@@ -116,8 +149,9 @@ class ChatStream:
     and also says when the harness is due a keep-alive.
     """
 
-    def __init__(self, teacher: Teacher, body: dict[str, Any]) -> None:
+    def __init__(self, teacher: Teacher, body: dict[str, Any], limit: int) -> None:
         self.teacher = teacher
+        self.limit = limit  # the most of one line (``gateway.max_body_bytes``: ``upstream.bounded_lines``)
         options = {**(body.get("stream_options") or {}), "include_usage": True}
         body = {**teacher.chat_body(body), "stream": True, "stream_options": options}
         self._upstream = teacher._client.stream("POST", "/chat/completions", json=body)
@@ -132,7 +166,7 @@ class ChatStream:
             raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
         if self._reply.status_code != 200:
             try:
-                content = await read_bounded(self.teacher, self._reply)
+                content = await read_bounded(self._reply, self.limit)
             except httpx.HTTPError as exc:
                 raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
             raise upstream_error(self.teacher, self._reply.status_code, content)
@@ -145,13 +179,12 @@ class ChatStream:
     async def __aiter__(self) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         assert self._reply is not None, "open() first"
         done = False
-        last_data = time.monotonic()
+        last_data = time.monotonic()  # the last chunk that carried part of the answer
         try:
-            async for line in bounded_lines(self.teacher, self._reply):
+            async for line in bounded_lines(self._reply, self.limit):
                 if not line.startswith("data:"):
                     self.teacher.quiet_for(last_data)  # a comment, or the blank line ending an event
                     continue
-                last_data = time.monotonic()
                 payload = line[5:].strip()
                 if payload == "[DONE]":
                     done = True
@@ -164,8 +197,12 @@ class ChatStream:
                         said = self.teacher.redact(str(chunk["error"].get("message", "error")))
                         raise UpstreamError(f"teacher upstream: {said}")
                     self.message.feed(chunk)
-                except (ValueError, KeyError, TypeError, AttributeError):
+                except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
                     raise UpstreamError("teacher upstream sent a chunk that is not a chat chunk") from None
+                if carries_answer(chunk):
+                    last_data = time.monotonic()
+                else:  # an empty delta, a choice-less chunk: a keep-alive in effect
+                    self.teacher.quiet_for(last_data)
                 if self.first_token_at is None and chunk.get("choices"):
                     self.first_token_at = now()
                 yield payload, chunk
@@ -197,6 +234,30 @@ class ChatStream:
         finally:
             if pending is not None and not pending.done():
                 pending.cancel()
+
+
+async def open_stream(
+    request: Request, state: GatewayState, rollout: Rollout, api: str, teacher: Teacher, body: dict[str, Any]
+) -> ChatStream | None:
+    """The upstream's stream of ``body``, opened (its status and headers came), or ``None`` if the
+    harness left first: the upstream request is cancelled and the call counted as dropped, as a
+    whole answer's is (``unless_client_leaves``). Waiting unwatched, a harness that gave up (a read
+    timeout, then its SDK's retry) left its request open on a stalled upstream for up to
+    ``timeout_s``, one more per retry."""
+    upstream = ChatStream(teacher, body, state.config.max_body_bytes)
+
+    async def opened() -> ChatStream:
+        await upstream.open()
+        return upstream
+
+    try:
+        if await unless_client_leaves(request, state, rollout, api, opened) is None:
+            await upstream.aclose()
+            return None
+    except BaseException:
+        await upstream.aclose()
+        raise
+    return upstream
 
 
 class Pacer:

@@ -65,16 +65,25 @@ ERROR_MESSAGE_CHARS = 4000
 #: The most characters one character of the key can be written as (``%F0%9F%98%80``).
 ECHO_CHARS = 12
 
-#: The most of one upstream answer the gateway reads (``Teacher.max_answer_bytes``): a whole answer's
-#: body, or one line of a stream; a stream is read up to ``STREAM_ANSWERS`` times that in all (its
-#: events repeat their JSON around every delta). Past it the call is an upstream error, unrecorded:
-#: an upstream that sent without end (a line never ended, a body never closed) grew the gateway's
-#: memory until the process died, with every rollout it served.
-MAX_ANSWER_BYTES = 64 * 1024 * 1024
+#: An upstream answer is read up to ``gateway.max_body_bytes`` (the ``limit`` of ``read_bounded``
+#: and ``bounded_lines``): a whole answer's body, or one line of a stream (a native Responses
+#: stream's last event holds the whole answer again). Past it the call is an upstream error,
+#: unrecorded: an upstream that sent without end (a line never ended, a body never closed) grew the
+#: gateway's memory until the process died, with every rollout it served. The harness's next call
+#: carries the answer in its body, which the same limit bounds (413), so a longer answer could not be
+#: continued anyway; a fixed 64 MiB, held (and copied while parsed) per call at once whatever that
+#: limit said, let a few hundred calls to a misbehaving upstream take tens of GB.
+#: A stream in all is read up to ``STREAM_ANSWERS`` times the limit, and never less than
+#: ``MIN_STREAM_BYTES`` (its events repeat their JSON around every delta: a long reasoning answer's
+#: stream is tens of MB); that is a count of what passed, not memory held.
 STREAM_ANSWERS = 4
+MIN_STREAM_BYTES = 256 * 1024 * 1024
 
 #: How many idle connections to the upstream are kept open for the next calls.
 UPSTREAM_IDLE_CONNECTIONS = 100
+
+#: A key an HTTP header carries as it is: printable ASCII, with no space at either end.
+HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
 
 #: Where an SSE line ends: CRLF, LF or CR.
 LINE_END = re.compile("\r\n|\r|\n")
@@ -105,10 +114,8 @@ class Teacher:
         transport: httpx.AsyncBaseTransport | None = None,
         api: str = "chat",
         length_field: str | None = None,
-        max_answer_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self.max_answer_bytes = max_answer_bytes
         # How long the upstream may send nothing, keep-alives aside (``quiet_for``).
         self.timeout_s = timeout_s
         self.model = model
@@ -117,6 +124,7 @@ class Teacher:
         # "chat": every API translated to the upstream's chat completions; "native": Messages and
         # Responses forwarded to the upstream's own /messages and /responses (``teacher.native``).
         self.api = api
+        check_key(api_key)
         self._key = api_key
         self._key_pattern = key_pattern(api_key) if api_key else None
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -213,6 +221,18 @@ class Teacher:
         return "".join(out)
 
 
+def check_key(key: str | None) -> None:
+    """``ConfigError`` naming ``engine.teacher.api_key_env``, never showing the key, if ``key`` cannot
+    go in a header as it is: a non-ASCII character was a ``UnicodeEncodeError`` traceback at start-up,
+    and a line end (a key file read whole) made the probe say the upstream was "not reachable"."""
+    if key and not HEADER_SAFE_KEY.fullmatch(key):
+        raise ConfigError(
+            "engine.teacher.api_key_env: the key holds a line end, a control or a non-ASCII character, "
+            "or a space at an end, which an HTTP header does not carry as it is (the key is not "
+            "shown); set it to the key alone"
+        )
+
+
 def key_pattern(key: str) -> re.Pattern[str]:
     """The key as an upstream's message may echo it: each character as itself, percent-encoded (a
     URL or query the upstream quotes back: ``sk-a/b+c`` as ``sk-a%2Fb%2Bc``, in either case) or
@@ -249,7 +269,7 @@ def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError 
     show its head)."""
     try:
         message = teacher.redact(str(json.loads(body)["error"]["message"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         message = teacher.redact(body.decode("utf-8", "replace"), ERROR_TEXT_CHARS)
     text = f"teacher upstream answered {status}: {message}"
     if 400 <= status < 500 and status not in CREDENTIAL_STATUSES:
@@ -307,31 +327,31 @@ def without_surrogates(value: Any) -> Any:
     return value
 
 
-async def read_bounded(teacher: Teacher, reply: httpx.Response) -> bytes:
-    """``reply``'s whole body, or ``UpstreamError`` once it is over ``teacher.max_answer_bytes``."""
+async def read_bounded(reply: httpx.Response, limit: int) -> bytes:
+    """``reply``'s whole body, or ``UpstreamError`` once it is over ``limit`` bytes."""
     pieces: list[bytes] = []
     size = 0
     async for piece in reply.aiter_bytes():
         size += len(piece)
-        if size > teacher.max_answer_bytes:
-            raise UpstreamError(f"teacher upstream's answer is over {teacher.max_answer_bytes} bytes")
+        if size > limit:
+            raise UpstreamError(f"teacher upstream's answer is over {limit} bytes")
         pieces.append(piece)
     return b"".join(pieces)
 
 
-async def bounded_lines(teacher: Teacher, reply: httpx.Response) -> AsyncIterator[str]:
+async def bounded_lines(reply: httpx.Response, limit: int) -> AsyncIterator[str]:
     """The lines of ``reply``'s event stream (UTF-8, as SSE is; ended by CRLF, LF or CR), as
-    ``httpx.Response.aiter_lines`` gives them, with ``UpstreamError`` for a line over
-    ``teacher.max_answer_bytes`` or a stream over ``STREAM_ANSWERS`` times that."""
-    limit = teacher.max_answer_bytes
+    ``httpx.Response.aiter_lines`` gives them, with ``UpstreamError`` for a line over ``limit``
+    bytes or a stream over ``stream_bytes(limit)``."""
+    most = stream_bytes(limit)
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     line: list[str] = []  # the line being read, in pieces (joined once: a long line is not quadratic)
     size = total = 0
     held = ""  # a CR that ended a piece: a LF beginning the next one belongs to it
     async for data in reply.aiter_bytes():
         total += len(data)
-        if total > limit * STREAM_ANSWERS:
-            raise UpstreamError(f"teacher upstream's stream is over {limit * STREAM_ANSWERS} bytes")
+        if total > most:
+            raise UpstreamError(f"teacher upstream's stream is over {most} bytes")
         text = held + decoder.decode(data)
         held = "\r" if text.endswith("\r") else ""
         pieces = LINE_END.split(text[:-1] if held else text)
@@ -352,11 +372,17 @@ async def bounded_lines(teacher: Teacher, reply: httpx.Response) -> AsyncIterato
         yield rest
 
 
-async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
-    """A whole chat completion of ``body`` (``model`` set here); errors as the harness gets them."""
+def stream_bytes(limit: int) -> int:
+    """The most of one stream read in all, for answers of at most ``limit`` bytes."""
+    return max(MIN_STREAM_BYTES, STREAM_ANSWERS * limit)
+
+
+async def complete(teacher: Teacher, body: dict[str, Any], limit: int) -> dict[str, Any]:
+    """A whole chat completion of ``body`` (``model`` set here), read up to ``limit`` bytes
+    (``gateway.max_body_bytes``); errors as the harness gets them."""
     try:
         async with teacher._client.stream("POST", "/chat/completions", json=teacher.chat_body(body)) as reply:
-            content = await read_bounded(teacher, reply)
+            content = await read_bounded(reply, limit)
     except httpx.HTTPError as exc:
         raise UpstreamError(f"teacher upstream failed: {type(exc).__name__}") from None
     if reply.status_code != 200:
@@ -364,7 +390,8 @@ async def complete(teacher: Teacher, body: dict[str, Any]) -> dict[str, Any]:
     try:
         answer = without_surrogates(json.loads(content))
         answer["choices"][0]["message"].get("content")
-    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+    # RecursionError: JSON nested past Python's limit, a 500 "internal error" (cut streams elsewhere).
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
     return answer
 
