@@ -36,7 +36,7 @@ from harnessrl.errors import BadRequest
 from harnessrl.gateway.apis import anthropic_convert, responses_input
 from harnessrl.gateway.body_models import RESERVED_TEMPLATE_KWARGS
 from harnessrl.gateway.prompt.messages import message_key, normalize_message, normalize_messages
-from harnessrl.gateway.teacher.upstream import without_surrogates
+from harnessrl.gateway.teacher.reading import without_surrogates
 from harnessrl.schemas import Call, Rollout
 
 

@@ -64,7 +64,7 @@ from harnessrl.gateway.parsers.reasoning import get_reasoning_parser, split_reas
 from harnessrl.gateway.parsers.tools import parse_tool_calls
 from harnessrl.gateway.prompt.conversation import build_prompt, prompt_template_key
 from harnessrl.gateway.prompt.messages import PriorCall
-from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS as TEACHER_NATURAL_ENDINGS
+from harnessrl.gateway.teacher.recording import NATURAL_ENDINGS as TEACHER_NATURAL_ENDINGS
 from harnessrl.schemas import Call, Rollout
 from harnessrl.sft.conversations import (
     Conversation,

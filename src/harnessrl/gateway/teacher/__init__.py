@@ -6,7 +6,7 @@ harness's calls in every API the gateway speaks: ``chat`` passes chat calls thro
 the request to chat with the same converters the policy path uses and the upstream's answer back to
 their own shapes and event sequences. One OpenAI-compatible teacher (vLLM, a hosted API, another
 harnessrl gateway) therefore serves every harness, and every call is recorded as the policy path
-records it (``upstream.record``): what ``harnessrl sft`` reads (``response_items`` builds the
+records it (``recording.record``): what ``harnessrl sft`` reads (``response_items`` builds the
 Responses output). With ``engine.teacher.api = "native"``, ``native`` forwards Messages and
 Responses calls to the upstream's own routes instead (Anthropic's or OpenAI's API). ``upstream``
 holds the upstream, its key (never shown anywhere) and the error mapping. ``/v1/completions`` is not

@@ -29,17 +29,16 @@ from harnessrl.gateway.errors import sse_error
 from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import DONE, SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.sampling import teacher_sampling
-from harnessrl.gateway.teacher.stream import ChatStream, open_stream
-from harnessrl.gateway.teacher.upstream import (
+from harnessrl.gateway.teacher.recording import (
     NO_FINISH_REASON,
-    Teacher,
     answer_message,
     call_headers,
-    complete,
     record,
     unless_client_leaves,
 )
+from harnessrl.gateway.teacher.sampling import teacher_sampling
+from harnessrl.gateway.teacher.stream import ChatStream, open_stream
+from harnessrl.gateway.teacher.upstream import Teacher, complete
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")

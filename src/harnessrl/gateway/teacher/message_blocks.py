@@ -15,8 +15,9 @@ from typing import Any
 from harnessrl.errors import UpstreamError
 from harnessrl.gateway.apis.anthropic_blocks import thinking_signature
 from harnessrl.gateway.apis.anthropic_convert import message_of_blocks
+from harnessrl.gateway.teacher.reading import without_surrogates
+from harnessrl.gateway.teacher.recording import NATURAL_ENDINGS
 from harnessrl.gateway.teacher.stream import StreamedMessage
-from harnessrl.gateway.teacher.upstream import NATURAL_ENDINGS, without_surrogates
 
 __all__ = ["MessageBlocks"]
 

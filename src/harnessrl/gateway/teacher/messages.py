@@ -44,15 +44,10 @@ from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response, sse_even
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.message_blocks import MessageBlocks
 from harnessrl.gateway.teacher.native import native_messages
+from harnessrl.gateway.teacher.recording import call_headers, record, unless_client_leaves
 from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, open_stream, whole_chunk
-from harnessrl.gateway.teacher.upstream import (
-    Teacher,
-    call_headers,
-    complete,
-    record,
-    unless_client_leaves,
-)
+from harnessrl.gateway.teacher.upstream import Teacher, complete
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")

@@ -49,18 +49,10 @@ from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, sse_event
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native_answers import messages_answer, responses_answer
+from harnessrl.gateway.teacher.reading import bounded_lines, read_bounded, without_surrogates
+from harnessrl.gateway.teacher.recording import call_headers, record, unless_client_leaves
 from harnessrl.gateway.teacher.sampling import teacher_sampling, thinking_within_cap
-from harnessrl.gateway.teacher.upstream import (
-    ANTHROPIC_VERSION,
-    Teacher,
-    bounded_lines,
-    call_headers,
-    read_bounded,
-    record,
-    unless_client_leaves,
-    upstream_error,
-    without_surrogates,
-)
+from harnessrl.gateway.teacher.upstream import ANTHROPIC_VERSION, Teacher, upstream_error
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")
@@ -74,7 +66,7 @@ ESCAPED_SURROGATE_BYTES = re.compile(ESCAPED_SURROGATE.pattern.encode())
 
 def surrogates_replaced(parsed: Any) -> Any | None:
     """``parsed`` (an upstream's JSON) with each lone UTF-16 surrogate as U+FFFD
-    (``upstream.without_surrogates``), or ``None`` where it has none. Passed on as sent, the
+    (``reading.without_surrogates``), or ``None`` where it has none. Passed on as sent, the
     surrogate was recorded and ``harnessrl sft`` stopped on it with a ``TypeError`` (the student's
     tokenizer cannot encode it), and the harness's next call, resending it, was refused (400): the
     harness gets and the record keeps U+FFFD instead, as on the translated paths."""

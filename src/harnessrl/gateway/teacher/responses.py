@@ -46,16 +46,11 @@ from harnessrl.gateway.pipeline.delivery import CLIENT_GONE_STATUS
 from harnessrl.gateway.pipeline.wire import SSE_HEADERS, json_response
 from harnessrl.gateway.state import GatewayState
 from harnessrl.gateway.teacher.native import native_responses
+from harnessrl.gateway.teacher.recording import call_headers, record, unless_client_leaves
 from harnessrl.gateway.teacher.response_items import ResponseItems, ResponseShell
 from harnessrl.gateway.teacher.sampling import teacher_sampling
 from harnessrl.gateway.teacher.stream import ChatStream, Pacer, open_stream, whole_chunk
-from harnessrl.gateway.teacher.upstream import (
-    Teacher,
-    call_headers,
-    complete,
-    record,
-    unless_client_leaves,
-)
+from harnessrl.gateway.teacher.upstream import Teacher, complete
 from harnessrl.schemas import Rollout, now
 
 log = logging.getLogger("harnessrl.gateway")

@@ -21,19 +21,12 @@ from starlette.requests import Request
 
 from harnessrl.errors import UpstreamError
 from harnessrl.gateway.state import GatewayState
-from harnessrl.gateway.teacher.upstream import (
-    NO_FINISH_REASON,
-    Teacher,
-    bounded_lines,
-    read_bounded,
-    unless_client_leaves,
-    upstream_error,
-    usage_counts,
-    without_surrogates,
-)
+from harnessrl.gateway.teacher.reading import bounded_lines, read_bounded, without_surrogates
+from harnessrl.gateway.teacher.recording import NO_FINISH_REASON, unless_client_leaves, usage_counts
+from harnessrl.gateway.teacher.upstream import Teacher, upstream_error
 from harnessrl.schemas import Rollout, now
 
-#: A chunk's JSON that may escape a lone surrogate (``upstream.without_surrogates``): cheap to look
+#: A chunk's JSON that may escape a lone surrogate (``reading.without_surrogates``): cheap to look
 #: for in every chunk, and only then is the parsed chunk walked.
 ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")
 
@@ -151,7 +144,7 @@ class ChatStream:
 
     def __init__(self, teacher: Teacher, body: dict[str, Any], limit: int) -> None:
         self.teacher = teacher
-        self.limit = limit  # the most of one line (``gateway.max_body_bytes``: ``upstream.bounded_lines``)
+        self.limit = limit  # the most of one line (``gateway.max_body_bytes``: ``reading.bounded_lines``)
         options = {**(body.get("stream_options") or {}), "include_usage": True}
         body = {**teacher.chat_body(body), "stream": True, "stream_options": options}
         self._upstream = teacher._client.stream("POST", "/chat/completions", json=body)

@@ -1,58 +1,36 @@
-"""The teacher's upstream: an OpenAI-compatible chat endpoint, the key to it, and recording its answers.
+"""The teacher's upstream: an OpenAI-compatible chat endpoint and the key to it.
 
 ``Teacher`` holds the upstream's address and key (read from the gateway process's environment by the
 entry point): the key is sent to the upstream and nowhere else — not in the store, the log, a repr or
-an answer; an upstream error message that echoes it is redacted. Every API the harness speaks is
-served from this one chat endpoint (``teacher.chat``, ``teacher.messages``, ``teacher.responses``),
-through ``complete`` (a whole answer) and ``teacher.stream.ChatStream`` (a streamed one, chunk by
-chunk, which fails unless the upstream finished it).
-
-``record`` makes an answered call durable like a policy call: ``Call.request`` as the harness sent
-it, ``Call.response`` one internal (OpenAI chat) assistant message, finish reason, usage, timing, and
-no token ids (the teacher's tokens are not the student's; sft renders the text with the student's
-template). Only an answer the upstream finished is recorded, and counted in the gateway's call
-metrics as a policy call is; and only one the harness is still there for: ``unless_client_leaves``
-cancels a whole answer's upstream request when the client goes, as the policy path's
-``delivery.respond_whole`` does (else every SDK retry after a read timeout was another recorded call
-that no harness received).
+an answer; an upstream error message that echoes it is redacted (``upstream_error``). Every API the
+harness speaks is served from this one chat endpoint (``teacher.chat``, ``teacher.messages``,
+``teacher.responses``), through ``complete`` (a whole answer) and ``teacher.stream.ChatStream`` (a
+streamed one, chunk by chunk, which fails unless the upstream finished it). Answers are read within
+bounds by ``teacher.reading`` and recorded by ``teacher.recording``.
 """
 
 from __future__ import annotations
 
-import codecs
 import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 import httpx
-from starlette.requests import Request
 
 from harnessrl.errors import ConfigError, UpstreamError
-from harnessrl.gateway.errors import HTTPStatusError, RolloutClosed
-from harnessrl.gateway.pipeline.delivery import watching_client
-from harnessrl.gateway.state import GatewayState
-from harnessrl.schemas import Call, Rollout, Usage, now
-from harnessrl.store.base import RolloutEnded
+from harnessrl.gateway.errors import HTTPStatusError
+from harnessrl.gateway.teacher.reading import read_bounded, without_surrogates
 
 log = logging.getLogger("harnessrl.gateway")
 
 #: The Anthropic API version sent when the harness names none.
 ANTHROPIC_VERSION = "2023-06-01"
 
-__all__ = [
-    "NATURAL_ENDINGS",
-    "NO_FINISH_REASON",
-    "Teacher",
-    "answer_message",
-    "complete",
-    "record",
-    "unless_client_leaves",
-]
+__all__ = ["Teacher", "complete", "upstream_error"]
 
 T = TypeVar("T")
 
@@ -65,40 +43,11 @@ ERROR_MESSAGE_CHARS = 4000
 #: The most characters one character of the key can be written as (``%F0%9F%98%80``).
 ECHO_CHARS = 12
 
-#: An upstream answer is read up to ``gateway.max_body_bytes`` (the ``limit`` of ``read_bounded``
-#: and ``bounded_lines``): a whole answer's body, or one line of a stream (a native Responses
-#: stream's last event holds the whole answer again). Past it the call is an upstream error,
-#: unrecorded: an upstream that sent without end (a line never ended, a body never closed) grew the
-#: gateway's memory until the process died, with every rollout it served. The harness's next call
-#: carries the answer in its body, which the same limit bounds (413), so a longer answer could not be
-#: continued anyway; a fixed 64 MiB, held (and copied while parsed) per call at once whatever that
-#: limit said, let a few hundred calls to a misbehaving upstream take tens of GB.
-#: A stream in all is read up to ``STREAM_ANSWERS`` times the limit, and never less than
-#: ``MIN_STREAM_BYTES`` (its events repeat their JSON around every delta: a long reasoning answer's
-#: stream is tens of MB); that is a count of what passed, not memory held.
-STREAM_ANSWERS = 4
-MIN_STREAM_BYTES = 256 * 1024 * 1024
-
 #: How many idle connections to the upstream are kept open for the next calls.
 UPSTREAM_IDLE_CONNECTIONS = 100
 
 #: A key an HTTP header carries as it is: printable ASCII, with no space at either end.
 HEADER_SAFE_KEY = re.compile(r"[\x21-\x7e](?:[\x20-\x7e]*[\x21-\x7e])?")
-
-#: Where an SSE line ends: CRLF, LF or CR.
-LINE_END = re.compile("\r\n|\r|\n")
-
-#: The finish reasons (chat's terms) of an answer that ended where its model chose to. Every other
-#: value a teacher's answer is recorded with (``length``, ``content_filter``, Anthropic's
-#: ``refusal`` or ``pause_turn``, an unfinished Response's status...) says it was cut, and ``harnessrl
-#: sft`` never trains on it (``sft.render.answer_skip``).
-NATURAL_ENDINGS = frozenset({"stop", "tool_calls", "function_call"})
-
-#: What a whole answer whose upstream named no finish reason is recorded with (a stream without one
-#: fails): the upstream did not say the answer ended where its model chose to, so ``harnessrl sft``
-#: does not train it as a finished one (recorded as ``stop``, it did). The harness is told what it
-#: was before (chat: the upstream's answer as it came; Messages ``end_turn``; Responses ``completed``).
-NO_FINISH_REASON = "no_finish_reason"
 
 
 class Teacher:
@@ -279,104 +228,6 @@ def upstream_error(teacher: Teacher, status: int, body: bytes) -> UpstreamError 
     return UpstreamError(text)
 
 
-def answer_message(message: dict[str, Any]) -> dict[str, Any]:
-    """The recorded assistant message of an upstream's ``choices[0].message`` (sft's shape)."""
-    out: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-    reasoning = message.get("reasoning_content") or message.get("reasoning")
-    if reasoning:
-        out["reasoning_content"] = reasoning
-    if message.get("tool_calls"):
-        out["tool_calls"] = message["tool_calls"]
-    return out
-
-
-async def unless_client_leaves(
-    request: Request, state: GatewayState, rollout: Rollout, api: str, fetch: Callable[[], Awaitable[T]]
-) -> T | None:
-    """``await fetch()`` (the upstream's whole answer), or ``None`` if the harness's client left
-    first: the upstream request is cancelled, nothing is recorded and the call is counted as
-    dropped (``client_gone``). A client leaving after the answer came is the policy path's window
-    too (its answer is recorded, then sent)."""
-    answer: T | None = None
-    with anyio.CancelScope() as scope:
-        async with watching_client(request.scope, request.receive, scope.cancel):
-            answer = await fetch()
-    if scope.cancelled_caught:
-        state.count_drop(rollout.rollout_id, api, "client_gone", ())
-        return None
-    return answer
-
-
-#: A UTF-16 surrogate on its own in a parsed string (JSON's ``"\\ud83d"`` without its pair).
-LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
-def without_surrogates(value: Any) -> Any:
-    """``value`` (parsed JSON) with each lone UTF-16 surrogate in its strings as U+FFFD.
-
-    JSON may escape half a pair (an upstream that cut a string inside an emoji); Python parses it
-    into a string no UTF-8 can encode. The gateway could not write such an answer to the harness:
-    a whole one was a 500 after it had been recorded (the harness retried: another recorded call it
-    never got), a translated stream was cut without its error event."""
-    if isinstance(value, str):
-        return LONE_SURROGATE.sub("\ufffd", value)
-    if isinstance(value, list):
-        return [without_surrogates(item) for item in value]
-    if isinstance(value, dict):
-        return {without_surrogates(k): without_surrogates(v) for k, v in value.items()}
-    return value
-
-
-async def read_bounded(reply: httpx.Response, limit: int) -> bytes:
-    """``reply``'s whole body, or ``UpstreamError`` once it is over ``limit`` bytes."""
-    pieces: list[bytes] = []
-    size = 0
-    async for piece in reply.aiter_bytes():
-        size += len(piece)
-        if size > limit:
-            raise UpstreamError(f"teacher upstream's answer is over {limit} bytes")
-        pieces.append(piece)
-    return b"".join(pieces)
-
-
-async def bounded_lines(reply: httpx.Response, limit: int) -> AsyncIterator[str]:
-    """The lines of ``reply``'s event stream (UTF-8, as SSE is; ended by CRLF, LF or CR), as
-    ``httpx.Response.aiter_lines`` gives them, with ``UpstreamError`` for a line over ``limit``
-    bytes or a stream over ``stream_bytes(limit)``."""
-    most = stream_bytes(limit)
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
-    line: list[str] = []  # the line being read, in pieces (joined once: a long line is not quadratic)
-    size = total = 0
-    held = ""  # a CR that ended a piece: a LF beginning the next one belongs to it
-    async for data in reply.aiter_bytes():
-        total += len(data)
-        if total > most:
-            raise UpstreamError(f"teacher upstream's stream is over {most} bytes")
-        text = held + decoder.decode(data)
-        held = "\r" if text.endswith("\r") else ""
-        pieces = LINE_END.split(text[:-1] if held else text)
-        for piece in pieces[:-1]:
-            line.append(piece)
-            yield "".join(line)
-            line, size = [], 0
-        line.append(pieces[-1])
-        size += len(pieces[-1])
-        if size > limit:
-            raise UpstreamError(f"teacher upstream sent a line over {limit} bytes")
-    pieces = LINE_END.split(held + decoder.decode(b"", final=True))
-    for piece in pieces[:-1]:
-        line.append(piece)
-        yield "".join(line)
-        line = []
-    if rest := "".join([*line, pieces[-1]]):
-        yield rest
-
-
-def stream_bytes(limit: int) -> int:
-    """The most of one stream read in all, for answers of at most ``limit`` bytes."""
-    return max(MIN_STREAM_BYTES, STREAM_ANSWERS * limit)
-
-
 async def complete(teacher: Teacher, body: dict[str, Any], limit: int) -> dict[str, Any]:
     """A whole chat completion of ``body`` (``model`` set here), read up to ``limit`` bytes
     (``gateway.max_body_bytes``); errors as the harness gets them."""
@@ -394,67 +245,3 @@ async def complete(teacher: Teacher, body: dict[str, Any], limit: int) -> dict[s
     except (ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError):
         raise UpstreamError("teacher upstream answered 200 without a chat completion") from None
     return answer
-
-
-def _count(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
-
-
-def usage_counts(usage: Any) -> dict[str, Any] | None:
-    """An upstream's chat ``usage`` with every count a non-negative integer (one that is not counts 0,
-    a details object that is not one is left out); ``None`` if it is not an object. Usage is
-    bookkeeping: a malformed one used to fail the answer in the middle of its delivery (a 500, or a
-    stream cut without an error event) and leave nothing recorded."""
-    if not isinstance(usage, dict):
-        return None
-    out: dict[str, Any] = {k: _count(usage.get(k)) for k in ("prompt_tokens", "completion_tokens")}
-    for key in ("prompt_tokens_details", "completion_tokens_details"):
-        details = usage.get(key)
-        if isinstance(details, dict):
-            out[key] = {k: _count(v) for k, v in details.items()}
-    return out
-
-
-async def record(
-    state: GatewayState,
-    rollout: Rollout,
-    api: str,
-    data: dict[str, Any],
-    response: dict[str, Any],
-    finish_reason: str,
-    usage: dict[str, Any] | None,
-    started_at: float,
-    first_token_at: float | None,
-) -> Call:
-    """Make the teacher's answered call durable (before the harness has all of it)."""
-    usage = usage_counts(usage) or {}
-    call = Call.model_construct(
-        rollout_id=rollout.rollout_id,
-        attempt=rollout.attempt,
-        api=api,
-        request=data,
-        response=response,
-        prompt_token_ids=[],
-        response_token_ids=[],
-        response_logprobs=[],
-        policy_version=0,
-        finish_reason=finish_reason if isinstance(finish_reason, str) else str(finish_reason),
-        usage=Usage(
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
-        ),
-        started_at=started_at,
-        first_token_at=first_token_at,
-        finished_at=now(),
-        call_id=None,
-    )
-    try:
-        stored = await state.writer.add(call)
-    except RolloutEnded:  # ended by someone this gateway did not hear: refused, as the policy path does
-        raise RolloutClosed(f"rollout {rollout.rollout_id!r} ended; it takes no more calls") from None
-    state.metrics.count_answered(stored.api, stored)  # as the policy path counts its calls
-    return stored
-
-
-def call_headers(stored: Call) -> dict[str, str]:
-    return {"x-harnessrl-rollout-id": stored.rollout_id, "x-harnessrl-call-seq": str(stored.seq)}
