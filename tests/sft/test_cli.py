@@ -445,7 +445,12 @@ def test_resume_refuses_a_change_of_what_the_steps_train(record, solving, tmp_pa
     (run_dir / "sft_data.json").write_text(json.dumps({**data, "samples_sha256": "0" * 64}))
     line = error_line(runner.invoke(app, ["sft", "--resume", str(run_dir)]))
     assert "training sequences changed" in line
+    # a file a kill cut short is named, not read as "no hash" (the check skipped without a word)
+    (run_dir / "sft_data.json").write_text(json.dumps({**data, "samples_sha256": "0" * 64})[:40])
+    line = error_line(runner.invoke(app, ["sft", "--resume", str(run_dir)]))
+    assert "sft_data.json cannot be read" in line, line
     (run_dir / "sft_data.json").write_text(json.dumps(data))
+    assert not list(run_dir.glob("*.partial"))  # the data report was replaced whole
 
     # what only adds epochs is fine, and the plain --resume finishes the run
     result = runner.invoke(app, ["sft", "--resume", str(run_dir), "--set", "sft.epochs=1"])

@@ -288,15 +288,27 @@ class SftRun:
         """A new run's config, or a resumed one's merged with its --set overrides (the next plain
         --resume, the one printed after Ctrl-C, keeps them), and the data report."""
         save_config(self.config, self.run_dir)
-        (self.run_dir / DATA_FILE).write_text(json.dumps(data.summary(), indent=2))
+        # Replaced whole: a kill in the middle of the write left a half file, and the next --resume
+        # then skipped the check of the training sequences without a word (``_check_same_sequences``).
+        partial = self.run_dir / f"{DATA_FILE}.partial"
+        partial.write_text(json.dumps(data.summary(), indent=2))
+        partial.replace(self.run_dir / DATA_FILE)
 
     def _check_same_sequences(self, digest: str) -> None:
         """``ConfigError`` if the rendered sequences differ from those the run started on (its
-        ``sft_data.json``; a run from before the hash was kept is not checked)."""
+        ``sft_data.json``; a run from before the hash was kept is not checked), or if that file is
+        there but damaged: read as "no hash", the check was skipped without a word."""
+        path = self.run_dir / DATA_FILE
+        if not path.exists():
+            return
         try:
-            saved = json.loads((self.run_dir / DATA_FILE).read_text()).get("samples_sha256")
-        except (OSError, ValueError, AttributeError):
-            saved = None
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"--resume {self.run_dir}: {DATA_FILE} cannot be read ({exc}), so the training sequences "
+                f"cannot be checked against the run's; remove {path} to resume without that check"
+            ) from None
+        saved = saved.get("samples_sha256") if isinstance(saved, dict) else None
         if saved is not None and saved != digest:
             raise ConfigError(
                 f"--resume {self.run_dir}: the training sequences changed since the run started (the "
