@@ -42,6 +42,9 @@ _FIND_PATH_TESTS = frozenset(wordlist("-path -ipath -wholename -iwholename"))
 _FIND_NAME_TESTS = frozenset(wordlist("-name -iname"))
 # Files only the .git folder holds: found by name, they are read without naming it.
 _HISTORY_NAME = re.compile(r"packed-refs|ORIG_HEAD|FETCH_HEAD|COMMIT_EDITMSG|\*?\.?(?:pack|idx)|pack-\S*")
+# Files only a .git folder holds, by name, and what makes a folder's name computed rather than typed.
+_HISTORY_ONLY_NAME = re.compile(r"packed-refs|ORIG_HEAD|FETCH_HEAD|COMMIT_EDITMSG")
+_COMPUTED = re.compile(r"\{\}|\$|`|[*?\[]")
 # ``$(git rev-parse --git-dir)``, ```git rev-parse --absolute-git-dir```, ``$(git rev-parse --git-path
 # packed-refs)``: the .git folder (or a path in it) asked of git, then read with another program.
 _GIT_DIR_ASKED = re.compile(
@@ -52,6 +55,13 @@ _PATH_REST = re.compile(r"[^\s;&|<>()`'\"]*")  # the rest of a path-shaped word 
 _GLOB = re.compile(r"[*?\[{]")
 _BRACES = re.compile(r"\{([^{}]*,[^{}]*)\}")
 _MAX_EXPANSIONS = 32
+# The system's removers, as typed: they delete what they are given and print at most its name.
+_REMOVERS = frozenset(
+    wordlist("rm rmdir unlink /bin/rm /usr/bin/rm /bin/rmdir /usr/bin/rmdir /usr/bin/unlink")
+)
+# File tests: they ask whether a path exists or what kind it is (``[ -d .git/rebase-merge ]``), and
+# read none of it.
+_FILE_TESTS = frozenset(wordlist("test [ [["))
 # Programs whose arguments are text, not paths (``echo .git/x`` reads nothing).
 _TEXT_PROGRAMS = frozenset(wordlist("echo printf export declare local readonly typeset alias unset set :"))
 
@@ -60,17 +70,44 @@ def git_folder_hints(word: str, prog: str, args: list[str], inputs: list[str]) -
     """``word`` (the program as typed) and ``args`` of one simple command run as ``prog``, reading
     ``inputs`` (``< FILE``): the matches (``"cat .git//packed-refs"``) of its reads of the history in
     the ``.git`` folder."""
-    if prog == "git" or prog in _TEXT_PROGRAMS:
+    if prog == "git" or prog in _TEXT_PROGRAMS or prog in _FILE_TESTS or _removes_only(word, args):
         return
     whole = set(_folders_read_whole(prog, args))
     for arg in _paths_given(prog, args):
-        if _reads_history(_value(arg), whole_folder=arg in whole):
+        if _reads_history(_value(arg), whole_folder=arg in whole) or _history_file_in_computed_folder(arg):
             yield f"{word} {arg}"
     for path in inputs:
         if _reads_history(path, whole_folder=False):
             yield f"< {path}"
     if prog in _FINDERS:
         yield from (f"{word} {hint}" for hint in _found_in_git(args))
+
+
+def _history_file_in_computed_folder(arg: str) -> bool:
+    """``{}/packed-refs`` (``ls -a | xargs -I{} cat {}/packed-refs``), ``$d/ORIG_HEAD``, ``*/packed-refs``
+    (with ``dotglob``): a file only the .git folder holds, in a folder the audit cannot read as typed."""
+    folder, _, name = arg.rpartition("/")
+    return (
+        bool(folder)
+        and _HISTORY_ONLY_NAME.fullmatch(name) is not None
+        and _COMPUTED.search(folder) is not None
+    )
+
+
+def git_dir_spelled_out(script: str) -> str:
+    """``script`` with each ``$(git rev-parse --git-dir)`` (and its kin) put as the path git answers:
+    ``.git``, or ``.git/packed-refs`` for ``--git-path packed-refs``."""
+    return _GIT_DIR_ASKED.sub(
+        lambda m: ".git/" + (m.group(1) or m.group(2)) if (m.group(1) or m.group(2)) else ".git", script
+    )
+
+
+def _removes_only(word: str, args: list[str]) -> bool:
+    """Whether the command is the system's ``rm``/``rmdir``/``unlink``, which read no file they are
+    given: ``rm -rf .git/modules/x`` cleans up a submodule. A program put in ``rm``'s place by path
+    (``./rm``, ``~/bin/rm``) is not, nor one whose arguments are computed (``rm $(cat .git/x)`` runs
+    ``cat``, which ``audit.rules`` reads on its own)."""
+    return word in _REMOVERS
 
 
 def git_history_path(path: str) -> bool:

@@ -362,6 +362,23 @@ def python_shell_calls(code: str) -> Iterator[str]:
             if command not in seen:
                 seen.add(command)
                 yield command
+    for argv in _exec_argvs(code):
+        if argv not in seen:
+            seen.add(argv)
+            yield argv
+
+
+# ``os.execvp("git", ["git", "log"])``, ``os.execl("/usr/bin/git", "git", "log")``, ``os.spawnlp(os.P_WAIT,
+# "curl", "curl", url)``: after the program, the argv it runs (the program alone reads as ``git``).
+_PY_EXEC_ARGV = re.compile(r"\b(?:exec|spawn)(?:v|vp|ve|vpe|l|lp|le|lpe)\s*\(([^)\n]{0,2000})")
+
+
+def _exec_argvs(code: str) -> Iterator[str]:
+    """The command lines of the ``exec*``/``spawn*`` calls in ``code`` whose argv is literal."""
+    for call in _PY_EXEC_ARGV.finditer(code):
+        strings = [a or b for a, b, _ in _PY_STRING.findall(call.group(1))]
+        if len(strings) > 1:
+            yield shlex.join(strings[1:])
 
 
 _PY_CHAIN_TOKEN = re.compile(rf"{_PY_PIECE}|[A-Za-z_]\w*")

@@ -29,6 +29,11 @@ COPIER_VALUE_OPTS = set(wordlist("--exclude --exclude-from --include --include-f
 EMBEDDED_NETWORK = re.compile(
     r"\b(?:IO::Socket|LWP::\w+|HTTP::Tiny|Net::HTTP|Net::FTP|TCPSocket|open-uri|Socket\.tcp)\b"
     r"|\brequire\(\s*['\"](?:node:)?(?:https?|http2|net|dgram|tls)['\"]\s*\)|/inet/tcp/"
+    # node's global ``fetch``, PHP's URL wrappers and sockets, Lua's LuaSocket
+    r"|(?<![\w.>$:])fetch\s*\("
+    r"|\b(?:file_get_contents|fopen|file|copy|readfile)\(\s*['\"](?:https?|ftps?)://"
+    r"|\b(?:fsockopen|pfsockopen|stream_socket_client|curl_init)\s*\("
+    r"|\brequire\s*\(?\s*['\"]socket(?:\.\w+)?['\"]"
 )
 
 # git
@@ -108,10 +113,11 @@ PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
             r"\bimport[ \t]+(?:git|pygit2|dulwich)\b|\bfrom[ \t]+(?:git|pygit2|dulwich)"
             r"(?:\.\w+)*[ \t]+import\b"
             # os.path.join('.git', 'objects'), Path('.git') / 'refs': the history, spelled in pieces
-            r"|['\"]\.git['\"]\s*\)?\s*[,/]\s*['\"](?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD)\b"
+            r"|['\"]\.git['\"]\s*\)?\s*[,/]\s*['\"](?:objects|refs|logs|packed-refs|ORIG_HEAD|FETCH_HEAD|COMMIT_EDITMSG)\b"
             # the .git folder listed, walked or copied whole: glob.glob('.git/**'), os.walk('.git'),
-            # Path('.git').rglob('*'), shutil.copytree('.git', …) (``os.path.isdir('.git')`` only asks)
-            r"|\b(?:walk|fwalk|listdir|scandir|glob|iglob|copytree)\(\s*[rbuf]{0,2}(['\"])(?:[^'\"\n]*/)?\.git(?:/[^'\"\n]*)?\1"
+            # Path('.git').rglob('*'), shutil.copytree('.git', …), os.symlink('.git', 'g') (linked or moved
+            # out, its files are read under a name without .git; ``os.path.isdir('.git')`` only asks)
+            r"|\b(?:walk|fwalk|listdir|scandir|glob|iglob|copytree|symlink|link|rename|move)\(\s*[rbuf]{0,2}(['\"])(?:[^'\"\n]*/)?\.git(?:/[^'\"\n]*)?\1"
             r"|\bPath\(\s*[rbuf]{0,2}(['\"])(?:[^'\"\n]*/)?\.git/?\2\s*\)\s*\.(?:rglob|glob|iterdir|walk)\("
         ),
     ),

@@ -3,7 +3,8 @@
 Each analyser yields ``(rule, hint)`` pairs; ``hint`` is the text that triggered the rule, which
 ``audit.audit_commands`` locates in the command for highlighting. Shell comes split into simple
 commands by ``audit.shell``; ``bash -c``, ``eval``, ``python -c``, heredocs, ``$(...)``, ``find
--exec``, ``echo ... | sh``, git aliases, the command strings of ``script -c``/``su -c``/``flock``/``env -S``
+-exec``, ``echo ... | sh``, the script's own shell functions as each call runs them, git aliases,
+the command strings of ``script -c``/``su -c``/``flock``/``env -S``
 and of ``awk``/``perl`` one-liners, and code written to a file (analysed as what runs it: its suffix,
 its shebang, or ``bash F``/``python F``/``./F`` later in the script) are analysed recursively, up to
 ``MAX_DEPTH``. A program is only
@@ -29,6 +30,7 @@ import re
 import shlex
 import unicodedata
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 from harnessrl.controller.audit.changes import (
     PACKAGE_INSTALL,
@@ -41,7 +43,12 @@ from harnessrl.controller.audit.changes import (
     runner_install_hint,
     shell_writes,
 )
-from harnessrl.controller.audit.git_folder import asked_history_paths, git_folder_hints, git_history_path
+from harnessrl.controller.audit.git_folder import (
+    asked_history_paths,
+    git_dir_spelled_out,
+    git_folder_hints,
+    git_history_path,
+)
 from harnessrl.controller.audit.hints import RAW_PATTERNS
 from harnessrl.controller.audit.invocations import (
     EMBEDDING_PROGRAMS,
@@ -80,16 +87,22 @@ from harnessrl.controller.audit.patterns import (
 from harnessrl.controller.audit.shell import Segment, shell_segments
 from harnessrl.controller.audit.shell_commands import (
     expand_names,
+    function_called,
     output_of,
     positional_args,
+    script_functions,
     shell_script,
     strip_wrappers,
     substitutions,
+    uses_arguments,
+    xargs_commands,
 )
 from harnessrl.controller.audit.system import check_path, python_hints, shell_hints
 from harnessrl.controller.audit.workspace import script_language
 
 MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
+_MAX_FUNCTION_CALLS = 256  # distinct calls of the script's own functions read with their arguments
+_MAX_FUNCTION_CHARS = 100_000  # and the characters of those calls' bodies read in all
 
 
 # ``$(which curl) x``, ```command -v git` log``: the program's path looked up, then run. Read as the
@@ -101,19 +114,69 @@ _LOOKED_UP = re.compile(
 )
 
 
-def analyze_shell(script: str, depth: int) -> Iterator[tuple[str, str]]:
+_READ_SUBSTITUTION = re.compile(r"\$\(\s*<(?!<)")
+
+
+@dataclass
+class _FunctionScope:
+    """The functions an enclosing script defines, which a script it runs may call, and what reading
+    calls with their arguments has cost so far in the whole command (shared by nested scopes, so
+    functions calling functions cannot multiply it)."""
+
+    functions: dict[str, str] = field(default_factory=dict)
+    spent: list[int] = field(default_factory=lambda: [0, 0])  # [calls, characters]
+
+
+def analyze_shell(script: str, depth: int, scope: _FunctionScope | None = None) -> Iterator[tuple[str, str]]:
+    """The ``(rule, hint)`` pairs of a shell script; ``scope``: the functions an enclosing script
+    defines (``_functions_called``)."""
     if depth > MAX_DEPTH:
         yield _too_deep(script)
         return
     previous: Segment | None = None
     script = _LOOKED_UP.sub(lambda m: m.group(1) or m.group(2), script)
+    script = _READ_SUBSTITUTION.sub("$(cat <", script)  # bash's ``$(< FILE)`` is ``$(cat FILE)``
+    yield from ((GIT_HISTORY, path) for path in asked_history_paths(script))
+    # ``d=$(git rev-parse --git-dir); cat $d/ORIG_HEAD``, ``cd "$(git rev-parse --git-dir)"``: the
+    # folder git names is read as ``.git``, so variables and ``cd`` carry it like a typed one.
+    script = git_dir_spelled_out(script)
     segments = expand_names(shell_segments(script))
     yield from shell_obfuscation(script, segments)
-    yield from ((GIT_HISTORY, path) for path in asked_history_paths(script))
     run_files = files_run(segments)
     for segment in segments:
         yield from _analyze_simple(segment, previous, depth, run_files)
         previous = segment
+    yield from _functions_called(script, segments, depth, scope or _FunctionScope())
+
+
+def _functions_called(
+    script: str, segments: list[Segment], depth: int, scope: _FunctionScope
+) -> Iterator[tuple[str, str]]:
+    """The bodies of the script's own functions as each call runs them: ``f() { "$@"; }; f curl x``
+    and ``g() { git "$@"; }; g log`` run what their arguments say, which the body alone (read where
+    it stands, with the script) does not show, and ``echo() { cat "$@"; }`` makes a text program
+    read. Each distinct expansion once, up to ``_MAX_FUNCTION_CALLS`` of them and
+    ``_MAX_FUNCTION_CHARS`` read in all; past either the rest is unread, which is flagged. A body
+    reads the other functions, not itself: a recursive call shows nothing its first one did not."""
+    own = script_functions(script) if "(" in script or "function" in script else {}
+    functions = {**scope.functions, **own}
+    takes_arguments = {name: body for name, body in functions.items() if uses_arguments(body)}
+    seen: set[str] = set()
+    for segment in segments if takes_arguments else []:
+        words = strip_wrappers(segment.words)
+        if not words or words[0] not in takes_arguments:
+            continue
+        called = function_called(takes_arguments[words[0]], words[1:])
+        if called in seen:
+            continue
+        scope.spent[0] += 1
+        scope.spent[1] += len(called)
+        if scope.spent[0] > _MAX_FUNCTION_CALLS or scope.spent[1] > _MAX_FUNCTION_CHARS:
+            yield OBFUSCATED_CODE, words[0]
+            return
+        seen.add(called)
+        others = {name: body for name, body in functions.items() if name != words[0]}
+        yield from analyze_shell(called, depth + 1, _FunctionScope(others, scope.spent))
 
 
 def _analyze_simple(
@@ -142,6 +205,9 @@ def _analyze_simple(
     stdin = segment.stdin
     if stdin is None and segment.piped and previous is not None:
         stdin = output_of(previous)
+    if stdin and words:  # ``printf .git/COMMIT_EDITMSG | xargs cat``: the lines it reads are arguments
+        for command in xargs_commands(wrappers, words, stdin):
+            yield from _analyze_simple(Segment(words=command), None, depth + 1, run_files)
     prog = posixpath.basename(words[0]) if words else ""
     args = words[1:]
     yield from shell_hints(prog, args, [target for _, target in segment.redirects] + segment.inputs)
@@ -170,6 +236,8 @@ def _analyze_simple(
         return
     if prog in NETWORK_PROGRAMS:
         yield NETWORK_FETCH, words[0]
+    elif prog == "openssl" and args[:1] == ["s_client"]:  # a TLS connection typed by hand
+        yield NETWORK_FETCH, f"{words[0]} s_client"
     elif prog == "git":
         yield from _analyze_git(words, stdin, depth)
     elif PYTHON_EXE.match(prog):

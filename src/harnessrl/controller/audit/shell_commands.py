@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Iterator
 
 from harnessrl.controller.audit.shell import Segment, wordlist
@@ -74,8 +75,10 @@ def expand_names(segments: list[Segment]) -> list[Segment]:
         first = 0
         while first < len(words) and (words[first] in _KEYWORDS or _ASSIGNMENT.match(words[first])):
             first += 1
-        if first < len(words) and "$" in segment.words[first] and len(words[first].split()) > 1:
-            words[first : first + 1] = words[first].split()  # ``cmd="git log"; $cmd``: split as bash does
+        if first < len(words) and "$" in segment.words[first]:
+            split = _split_as_bash(words[first], values.get("IFS"))
+            if len(split) > 1:  # ``cmd="git log"; $cmd`` (``IFS=,; c=git,log; $c``): split as bash does
+                words[first : first + 1] = split
         if first < len(words) and words[first] in aliases:
             words[first : first + 1] = aliases[words[first]]
         declared = words[first + 1 :] if first < len(words) and words[first] in _DECLARE else []
@@ -89,6 +92,14 @@ def expand_names(segments: list[Segment]) -> list[Segment]:
                     aliases[name] = value.split()
         expanded.append(Segment(words, segment.redirects, segment.inputs, segment.stdin, segment.piped))
     return expanded
+
+
+def _split_as_bash(word: str, ifs: str | None) -> list[str]:
+    """The fields bash splits an expanded word into: on whitespace, and on ``IFS``'s characters when
+    the script sets it."""
+    if not ifs:
+        return word.split()
+    return [field for field in re.split(f"[{re.escape(ifs)}\\s]+", word) if field]
 
 
 def substitutions(word: str) -> Iterator[str]:
@@ -173,3 +184,74 @@ def positional_args(args: list[str], takes_value: set[str]) -> tuple[list[str], 
             positional.append(args[i])
         i += 1
     return positional, values
+
+
+# ``f() {``, ``f () (``, ``function f {``, ``function f() {``: where a shell function's body opens.
+_FUNCTION_OPENS = re.compile(
+    r"(?:\bfunction[ \t]+([\w.:-]+)(?:[ \t]*\([ \t]*\))?|(?<![\w.:$-])([\w.:-]+)[ \t]*\([ \t]*\))\s*([{(])"
+)
+# ``"$@"``, ``$*``, ``${@}``: every argument; ``"$1"``, ``$2``, ``${3}``: one.
+_ALL_ARGUMENTS = re.compile(r"\"\$(?:@|\{@\}|\*|\{\*\})\"|\$(?:@|\{@\}|\*|\{\*\})")
+_ONE_ARGUMENT = re.compile(r"\"\$(?:(\d)|\{(\d+)\})\"|\$(?:(\d)|\{(\d+)\})")
+
+
+def script_functions(script: str) -> dict[str, str]:
+    """The shell functions ``script`` defines, by name: each one's body (the last definition wins)."""
+    closes = {**_matching_closes(script, "{", "}"), **_matching_closes(script, "(", ")")}
+    functions: dict[str, str] = {}
+    for opened in _FUNCTION_OPENS.finditer(script):
+        name = opened.group(1) or opened.group(2)
+        functions[name] = script[opened.end() : closes.get(opened.end() - 1, len(script))]
+    return functions
+
+
+def _matching_closes(script: str, opener: str, closer: str) -> dict[int, int]:
+    """Where each ``opener`` in ``script`` is closed (one pass: a script of 200,000 unclosed braces
+    costs no more than its length)."""
+    closes: dict[int, int] = {}
+    open_at: list[int] = []
+    for at, char in enumerate(script):
+        if char == opener:
+            open_at.append(at)
+        elif char == closer and open_at:
+            closes[open_at.pop()] = at
+    return closes
+
+
+def uses_arguments(body: str) -> bool:
+    """Whether a function's ``body`` reads the arguments it is called with (``"$@"``, ``$1``)."""
+    return _ALL_ARGUMENTS.search(body) is not None or _ONE_ARGUMENT.search(body) is not None
+
+
+def function_called(body: str, args: list[str]) -> str:
+    """``body`` as it runs when called with ``args``: ``"$@"``, ``$1``, ``${2}`` put in, so that
+    ``f() { "$@"; }; f curl x`` reads as ``curl x``."""
+
+    def one(match: re.Match[str]) -> str:
+        index = int(next(g for g in match.groups() if g is not None))
+        value = args[index - 1] if 0 < index <= len(args) else ""
+        return shlex.quote(value) if match.group(0).startswith('"') else value
+
+    quoted = " ".join(shlex.quote(a) for a in args)
+    return _ONE_ARGUMENT.sub(one, _ALL_ARGUMENTS.sub(lambda m: quoted, body))
+
+
+_MAX_XARGS_LINES = 32  # lines of a literal input read as the commands ``xargs -I`` runs
+
+
+def xargs_commands(wrappers: list[str], words: list[str], stdin: str) -> list[list[str]]:
+    """The commands ``xargs`` among ``wrappers`` runs as ``words`` given the literal ``stdin``: its
+    words appended (``echo .git/x | xargs cat``), or each line put for ``-I``'s placeholder."""
+    at = next((i for i, w in enumerate(wrappers) if posixpath.basename(w) == "xargs"), None)
+    if at is None:
+        return []
+    options = wrappers[at + 1 :]
+    placeholder = next(
+        (options[i + 1] for i, o in enumerate(options[:-1]) if o == "-I"),
+        next((o[2:] for o in options if o.startswith("-I") and len(o) > 2), None),
+    )
+    stdin = stdin.replace("\\n", "\n").replace("\\t", "\t")  # ``printf 'log\n'`` as printf writes it
+    if placeholder is None:
+        return [words + stdin.split()]
+    lines = [line.strip() for line in stdin.splitlines() if line.strip()][:_MAX_XARGS_LINES]
+    return [[w.replace(placeholder, line) for w in words] for line in lines]
