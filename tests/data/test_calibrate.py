@@ -303,6 +303,27 @@ def test_a_last_line_cut_short_by_a_crash_is_measured_again(tmp_path: Path):
     assert result.exit_code == 2 and "out.jsonl:1: not valid JSON" in result.output
 
 
+def test_a_damaged_calibration_in_out_is_measured_again(tmp_path: Path):
+    """A line of OUT whose calibration no ``calibrate`` wrote (no ``passes``, a count as text, more
+    passes than k) was taken as done: carried into OUT as it was, and the run ended in a traceback
+    from its report after the other tasks' rollouts. Its task is measured again."""
+    (tmp_path / "agent.py").write_text(AGENT)
+    (tmp_path / "script.json").write_text(json.dumps({"turns": [{"content": "Answer: 42"}]}))
+    (tmp_path / "rollout.toml").write_text(rollout_toml(tmp_path))
+    a, b, c = record(0, 0), record(1, 3), record(2, 4)
+    src = write_records(tmp_path / "in.jsonl", [a, b, c])
+    damaged = [calibrated(a, 0), calibrated(b, 3), calibrated(c, 4)]
+    del damaged[0]["calibration"]["passes"]
+    damaged[1]["calibration"]["passes"] = "3"
+    damaged[2]["calibration"]["passes"] = 9
+    out = write_records(tmp_path / "out.jsonl", damaged)
+    result = calibrate_in_process(tmp_path, src, out)
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (report["skipped_already_done"], report["calibrated"]) == (0, 3)
+    assert [r["calibration"]["passes"] for r in read_records(out)] == [0, 3, 4]
+
+
 def test_a_last_line_cut_inside_a_character_is_measured_again_too(tmp_path: Path):
     """Records are appended with their non-ASCII text raw, so a crash mid-append can cut a line inside
     a character. Decoding OUT whole then refused it ("cannot read ...: 'utf-8' codec can't decode"),

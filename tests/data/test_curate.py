@@ -150,6 +150,26 @@ def test_a_json_null_test_list_is_no_tests():
     assert listed_tests({"FAIL_TO_PASS": "tests/a.py::t"}, "FAIL_TO_PASS") == ["tests/a.py::t"]
 
 
+def test_select_counts_a_damaged_calibration_as_uncalibrated():
+    """A calibration no ``calibrate`` wrote (passes below 0 or above k, k below 1, a count that is a
+    bool) is no measurement: passes -1 of 4 was counted as mixed and selected for training."""
+    base = good_record(0, rng=random.Random(0))
+    damaged = [(-1, 4), (5, 4), (0, 0), (-2, -1), (True, 4), (1, True)]
+    records = [
+        {**base, "instance_id": f"d{i}", "calibration": {"k": k, "passes": p}}
+        for i, (p, k) in enumerate(damaged)
+    ]
+    records.append({**base, "instance_id": "ok", "calibration": {"k": 4, "passes": 2}})
+    kept, report = select_records(records, unsolvable=10, seed=0)
+    assert [r["instance_id"] for r in kept] == ["ok"]
+    assert (report["uncalibrated"], report["mixed"], report["never_solved"], report["always_solved"]) == (
+        6,
+        1,
+        0,
+        0,
+    )
+
+
 def test_select_keeps_mixed_and_adds_seeded_unsolvable(tmp_path: Path):
     path = tmp_path / "cal.jsonl"
     write_records(path, calibrated_records())

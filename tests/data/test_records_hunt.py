@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harnessrl.data.records import to_task
+from harnessrl.data.records import append_record, read_appended_records, read_records, to_task
 from harnessrl.errors import ConfigError
 
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
@@ -82,3 +82,17 @@ def test_filter_reads_a_file_saved_with_a_byte_order_mark_and_crlf(tmp_path: Pat
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert json.loads(proc.stdout.splitlines()[-1])["output"] == 2
     assert out.read_bytes() == "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode()
+
+
+def test_a_record_appended_after_a_last_line_without_its_newline_starts_its_own_line(tmp_path: Path) -> None:
+    """A run killed after writing a record but before its newline leaves a whole last line that
+    reads back: the next ``append_record`` (a resumed ``calibrate``) went on in that line, so neither
+    record read back and every later resume stopped there with "not valid JSON"."""
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps(record("a", ["t"])))  # no "\n": the process died before it
+    records, torn = read_appended_records(out)
+    assert (len(records), torn) == (1, False)  # whole: nothing rewrites it
+    append_record(out, record("b", ["t"]))
+    assert [r["instance_id"] for r in read_appended_records(out)[0]] == ["a", "b"]
+    append_record(out, record("c", ["t"]))
+    assert [r["instance_id"] for r in read_records(out)] == ["a", "b", "c"]

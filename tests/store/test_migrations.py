@@ -14,6 +14,7 @@ import re
 import sqlite3
 import subprocess
 import sys
+import tracemalloc
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -488,3 +489,47 @@ def test_a_row_in_the_old_shape_reads_whole_and_damage_names_its_call(shared_sto
         conn.execute(f"UPDATE calls SET prompt_len = 0 WHERE call_id = {mark}", (added.call_id,))
     with pytest.raises(HarnessRLError, match="call r/3: its prompt has .* the store is damaged"):
         store.list_calls("r")
+
+
+def test_repairing_a_big_store_holds_a_batch_of_suspect_rows_not_all_of_them(
+    shared_store_factory: Any,
+) -> None:
+    """Migration 3 read every row whose JSON might need repair at once: every call holding an emoji
+    (its escaped surrogate pair matches) of a big store, its whole request each (versions 1-3 stored
+    it whole), at once in memory. It reads them a batch at a time."""
+    url = shared_store_factory.url
+    text = "😀" + "x" * 20_000
+    calls = [
+        Call(
+            rollout_id=f"r{i}",
+            seq=0,
+            call_id=f"c{i:04d}",
+            request={"content": text},
+            response={},
+            prompt_token_ids=[1],
+            response_token_ids=[2],
+            response_logprobs=[-0.5],
+        )
+        for i in range(400)
+    ]
+    with raw_connection(url) as (conn, mark):
+        assert migrate_raw(conn, mark, target=2) == 0
+        for call in calls:
+            insert(
+                conn,
+                mark,
+                "rollouts",
+                rollout_to_row(Rollout(rollout_id=call.rollout_id, api_key=call.call_id)),
+            )
+            insert(conn, mark, "calls", whole_call_row(call))
+    suspect = sum(len(dump_json(call.request)) for call in calls)  # about 8 MB
+    with raw_connection(url) as (conn, mark):
+        tracemalloc.start()
+        try:
+            migrate_raw(conn, mark, target=3)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        stored = conn.execute(f"SELECT request FROM calls WHERE call_id = {mark}", ("c0399",)).fetchone()[0]
+    assert json.loads(stored) == {"content": text}  # a valid pair: left as it was
+    assert peak < 0.4 * suspect

@@ -24,7 +24,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 from harnessrl.errors import UpstreamError
-from harnessrl.schemas import Call, Outcome, RolloutStatus
+from harnessrl.schemas import Call, Outcome, RolloutStatus, ToolRequest
 from harnessrl.store.pg_server import PostgresServer
 
 if os.environ.get("CI") != "true":  # CI must have the driver: there a missing one fails collection
@@ -201,6 +201,38 @@ def test_a_call_whose_commit_never_reached_the_server_is_an_upstream_error(
         store.add_calls([a_call(rollout.rollout_id, 0), a_call(rollout.rollout_id, 1)])
     assert store.list_calls(rollout.rollout_id) == []
     assert store.add_call(a_call(rollout.rollout_id, 0)).seq == 0
+
+
+def a_search(rollout_id: str, query: str) -> ToolRequest:
+    return ToolRequest(rollout_id=rollout_id, tool="search", request={"query": query}, response={"hits": []})
+
+
+def test_a_search_the_server_committed_is_no_error_although_the_answer_to_commit_was_lost(
+    cut_store: tuple[PostgresStore, CommitCutter],
+) -> None:
+    """A search stored although its COMMIT's answer was lost must not raise: the search tool would
+    answer the harness an error for it, and count it against ``max_searches_per_rollout`` beside
+    the retry the harness makes."""
+    store, cutter = cut_store
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    cutter.arm("committed")
+    store.add_tool_request(a_search(rollout.rollout_id, "first"))
+    assert cutter.cut.is_set()
+    store.add_tool_request(a_search(rollout.rollout_id, "second"))
+    stored = store.list_tool_requests(rollout.rollout_id)
+    assert [r.request["query"] for r in stored] == ["first", "second"]
+
+
+def test_a_search_whose_commit_never_reached_the_server_is_an_upstream_error(
+    cut_store: tuple[PostgresStore, CommitCutter],
+) -> None:
+    store, cutter = cut_store
+    rollout = store.start_rollout(store.create_rollout().rollout_id)
+    cutter.arm("lost")
+    with pytest.raises(UpstreamError):
+        store.add_tool_request(a_search(rollout.rollout_id, "lost"))
+    assert cutter.cut.is_set()
+    assert store.list_tool_requests(rollout.rollout_id) == []
 
 
 def test_rollouts_a_lost_claim_took_are_handed_out_by_the_next_claim(

@@ -85,12 +85,12 @@ def filter_command(
 ) -> None:
     """Drop empty problem statements, missing image/branch, too many tests and duplicates."""
     from harnessrl.data.curate import filter_records
-    from harnessrl.data.records import read_records, write_records
+    from harnessrl.data.records import iter_records, write_records
 
     try:
         _check_outputs({"OUT": out_path, "--report": report}, {"IN": in_path})
         kept, summary = filter_records(
-            read_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
+            iter_records(in_path), max_tests=max_tests, dedupe_statements=dedupe_statements
         )
         write_records(out_path, kept)  # a write error (a full disk) is one line too
         _emit({**summary, "in": str(in_path), "out": str(out_path)}, report)

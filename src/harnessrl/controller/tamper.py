@@ -15,7 +15,7 @@ import json
 import logging
 from typing import Any
 
-from harnessrl.schemas import Rollout, RolloutStatus
+from harnessrl.schemas import Outcome, Rollout, RolloutStatus
 from harnessrl.store.base import DROPPED_CALLS_KEY, Store
 
 log = logging.getLogger(__name__)
@@ -39,11 +39,17 @@ async def void_finished_elsewhere(store: Store, rollout: Rollout) -> Rollout:
     ended = current.status in (RolloutStatus.FINISHED, RolloutStatus.FAILED)
     if not ended or current.attempt != rollout.attempt:
         return current
-    log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
     # Its metadata as this attempt began (``rollout``, as claimed), with the gateway's count of
     # dropped calls: whatever the other finish merged in (``calls_seen = 0``, a mark that keeps it
     # out of training) would otherwise turn the void 0 into "not counted".
     kept = {**rollout.metadata, **{k: v for k, v in current.metadata.items() if k == DROPPED_CALLS_KEY}}
+    if _voided_already(current, kept):
+        # This controller's failure path after its finish voided it, a void retried after its
+        # COMMIT's answer was lost, another controller: voiding the void again recorded its own
+        # policy_failure and 0 as the voided finish, losing what the tampering finish claimed. Two
+        # voids that both read the tampered row before either wrote write the same values.
+        return current
+    log.warning("rollout %s was finished by someone other than its controller: tampering", rollout_id)
     kept[VOIDED_FINISH_KEY] = {
         "outcome": current.outcome.value if current.outcome else None,
         "reward": current.reward,
@@ -56,6 +62,20 @@ async def void_finished_elsewhere(store: Store, rollout: Rollout) -> Rollout:
             error=f"finished by someone other than its controller (reward {current.reward} voided)",
             metadata=jsonable(kept),
         )
+    )
+
+
+def _voided_already(current: Rollout, kept: dict[str, Any]) -> bool:
+    """Whether ``current`` holds all a void with ``kept`` would write but its record of the voided
+    finish. The flag alone is no proof: a scorer may report any flag name, so a tampering finish
+    behind a scorer's ``tamper_finished`` would have kept its reward."""
+    return (
+        TAMPER_FINISHED in current.flags
+        and current.status is RolloutStatus.FINISHED
+        and current.outcome is Outcome.POLICY_FAILURE
+        and current.reward == 0.0
+        and VOIDED_FINISH_KEY in current.metadata
+        and {k: v for k, v in current.metadata.items() if k != VOIDED_FINISH_KEY} == jsonable(kept)
     )
 
 

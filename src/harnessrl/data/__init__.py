@@ -6,11 +6,12 @@ only when called).
 """
 
 from harnessrl.data.curate import FILTER_RULES, filter_records, select_records, split_records
-from harnessrl.data.records import read_records, to_task, write_records
+from harnessrl.data.records import iter_records, read_records, to_task, write_records
 
 __all__ = [
     "FILTER_RULES",
     "filter_records",
+    "iter_records",
     "read_records",
     "select_records",
     "split_records",

@@ -83,14 +83,24 @@ def _batch_timeout(config: RolloutConfig, rollouts: int) -> float:
 
 
 def _is_done(record: Record, k: int, sampling: dict[str, Any] | None) -> bool:
-    """Calibrated cleanly with the same k and the same forced sampling (None: the harness's own)."""
+    """Calibrated cleanly with the same k and the same forced sampling (None: the harness's own),
+    in counts ``summarize`` could have written. A damaged line of OUT (a hand edit, another tool's
+    ``calibration``: no ``passes``, a count as text) was taken as done and carried into OUT, and the
+    run ended in a traceback from the report, after every other task's rollouts: it is run again."""
     cal = record.get("calibration")
     return (
         isinstance(cal, dict)
         and cal.get("k") == k
         and cal.get("sampling") == sampling
         and not cal.get("infra_failures", 0)
+        and _is_count(cal.get("passes"), k)
+        and _is_count(cal.get("flagged", 0), k)
     )
+
+
+def _is_count(value: Any, k: int) -> bool:
+    """A count of rollouts out of ``k``: an integer from 0 to ``k`` (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= k
 
 
 def _rollout_id(task_id: str, nonce: str, sample: int) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any
 
 from harnessrl.data.records import (
@@ -56,16 +57,19 @@ def _first_failed_rule(record: Record, max_tests: int | None) -> str | None:
 
 
 def filter_records(
-    records: list[Record], *, max_tests: int | None = None, dedupe_statements: bool = False
+    records: Iterable[Record], *, max_tests: int | None = None, dedupe_statements: bool = False
 ) -> tuple[list[Record], dict[str, Any]]:
-    """Drop broken and duplicate records; the report counts each rule (all rules always listed)."""
+    """Drop broken and duplicate records; the report counts each rule (all rules always listed).
+    ``records`` is read once, in order (``iter_records``): only the kept ones are held."""
     if max_tests is not None and max_tests < 0:  # would drop every record, silently
         raise ConfigError(f"filter: --max-tests must be >= 0, got {max_tests}")
     kept: list[Record] = []
     dropped: Counter[str] = Counter({rule: 0 for rule in FILTER_RULES})
     seen_ids: set[str] = set()
     seen_statements: set[str] = set()
+    read = 0
     for record in records:
+        read += 1
         rule = _first_failed_rule(record, max_tests)
         if rule is None and instance_id(record) in seen_ids:
             rule = "duplicate_instance"
@@ -79,7 +83,7 @@ def filter_records(
         kept.append(record)
     report = {
         "command": "filter",
-        "input": len(records),
+        "input": read,
         "output": len(kept),
         "dropped": {rule: dropped[rule] for rule in FILTER_RULES},
         "rules_order": list(FILTER_RULES),
@@ -90,10 +94,16 @@ def filter_records(
 
 
 def _calibration(record: Record) -> dict[str, Any] | None:
+    """The record's calibration if its counts are ones ``calibrate`` writes (k >= 1 rollouts, 0 to k
+    passes), else None (uncalibrated). A damaged one (passes -1 of 4) counted as mixed, and its task
+    was selected for training as one with a learning signal."""
     value = record.get("calibration")
-    if isinstance(value, dict) and isinstance(value.get("k"), int) and isinstance(value.get("passes"), int):
-        return value
-    return None
+    if not isinstance(value, dict):
+        return None
+    k, passes = value.get("k"), value.get("passes")
+    if any(isinstance(n, bool) or not isinstance(n, int) for n in (k, passes)):
+        return None
+    return value if 0 <= passes <= k and k >= 1 else None
 
 
 def select_records(

@@ -14,7 +14,7 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
+from collections.abc import Generator, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,14 @@ def read_records(path: str | Path) -> list[Record]:
 
     Lines end at ``"\n"`` only (``"\r\n"`` read as one): ``str.splitlines`` would also split at
     U+2028, U+2029, U+0085 and other separators, which ``write_records`` writes raw inside strings."""
-    return read_appended_records(path, torn_tail=False)[0]
+    return list(iter_records(path))
+
+
+def iter_records(path: str | Path) -> Iterator[Record]:
+    """``read_records`` one record at a time, the file read a line at a time: a command that keeps
+    few of them (``filter``) holds those, not the file. Reading the whole file first held its bytes,
+    their lines and the records at once: three times a 2 GB export."""
+    yield from _records_of(path, torn_tail=False)
 
 
 def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[list[Record], bool]:
@@ -45,36 +52,65 @@ def read_appended_records(path: str | Path, *, torn_tail: bool = True) -> tuple[
     Each line is decoded on its own: an append cut inside a character (a record's non-ASCII text is
     written raw) is a torn last line like any other, where decoding the whole file refused it and
     with it every resume; a line that is not UTF-8 anywhere else is an error naming it."""
+    records: list[Record] = []
+    torn = _drain(records, _records_of(path, torn_tail=torn_tail))
+    return records, torn
+
+
+def _drain(records: list[Record], source: Generator[Record, None, bool]) -> bool:
+    """Append what ``source`` yields to ``records``; returns what it returns."""
+    while True:
+        try:
+            records.append(next(source))
+        except StopIteration as stop:
+            return bool(stop.value)
+
+
+def _records_of(path: str | Path, *, torn_tail: bool) -> Generator[Record, None, bool]:
+    """The records of ``path`` as ``read_appended_records`` reads them; returns whether a torn last
+    line was left out."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as fh:
+            for lineno, raw in enumerate(fh, start=1):
+                # A file saved by a Windows tool (PowerShell's Out-File, Notepad) starts with a UTF-8
+                # byte order mark: line 1 was refused ("Unexpected UTF-8 BOM"), and with it the file.
+                raw = raw.removeprefix(codecs.BOM_UTF8) if lineno == 1 else raw
+                last = not raw.endswith(b"\n")  # only the file's last line lacks its newline
+                record = _record_of(path, lineno, raw.removesuffix(b"\n"), torn_tail and last)
+                if record is _TORN:
+                    return True
+                if record is not None:
+                    yield record
     except OSError as exc:
         raise ConfigError(f"data: cannot read {path}: {exc}") from exc
-    # A file saved by a Windows tool (PowerShell's Out-File, Notepad) starts with a UTF-8 byte order
-    # mark: line 1 was refused ("Unexpected UTF-8 BOM"), and with it the whole file.
-    raw_lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")
-    records: list[Record] = []
-    for lineno, raw in enumerate(raw_lines, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            if torn_tail and lineno == len(raw_lines):  # cut inside a character
-                return records, True
-            raise ConfigError(f"data: {path}:{lineno}: not UTF-8 text: {exc}") from exc
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError as exc:
-            if torn_tail and lineno == len(raw_lines):  # the last line, not ended by "\n": cut short
-                return records, True
-            raise ConfigError(f"data: {path}:{lineno}: not valid JSON: {exc}") from exc
-        except RecursionError:  # [[[[...: json's decoder recurses once per level
-            raise ConfigError(f"data: {path}:{lineno}: nested too deeply to read") from None
-        if not isinstance(obj, dict):
-            raise ConfigError(f"data: {path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
-        records.append(obj)
-    return records, False
+    return False
+
+
+_TORN: Record = {}  # ``_record_of``'s answer for a torn last line (compared by identity)
+
+
+def _record_of(path: Path, lineno: int, raw: bytes, may_be_torn: bool) -> Record | None:
+    """One line's record; None for a blank line; ``_TORN`` for a torn last line (``may_be_torn``)."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if may_be_torn:  # cut inside a character
+            return _TORN
+        raise ConfigError(f"data: {path}:{lineno}: not UTF-8 text: {exc}") from exc
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line)
+    except ValueError as exc:
+        if may_be_torn:  # the last line, not ended by "\n": cut short
+            return _TORN
+        raise ConfigError(f"data: {path}:{lineno}: not valid JSON: {exc}") from exc
+    except RecursionError:  # [[[[...: json's decoder recurses once per level
+        raise ConfigError(f"data: {path}:{lineno}: nested too deeply to read") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"data: {path}:{lineno}: expected a JSON object, got {type(obj).__name__}")
+    return obj
 
 
 #: A lone UTF-16 surrogate: JSON's ``"\\ud800"`` escape reads back as one, which UTF-8 cannot encode.
@@ -132,9 +168,17 @@ def same_file(a: str | Path, b: str | Path) -> bool:
 
 
 def append_record(path: str | Path, record: Record) -> None:
-    """Append one record and flush it to disk: what a killed ``calibrate`` has finished survives."""
-    with Path(path).open("a", encoding="utf-8") as fh:
-        fh.write(json_line(record))
+    """Append one record and flush it to disk: what a killed ``calibrate`` has finished survives.
+
+    A last line without its newline (a run killed after writing a record, before its ``"\n"``)
+    reads back whole, so nothing rewrites it: the record appended after it went on the same line,
+    neither read back any more, and every resume stopped at that line. It gets its newline first."""
+    with Path(path).open("a+b") as fh:
+        if fh.seek(0, os.SEEK_END) > 0:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) != b"\n":
+                fh.write(b"\n")
+        fh.write(json_line(record).encode("utf-8"))
         fh.flush()
         os.fsync(fh.fileno())
 

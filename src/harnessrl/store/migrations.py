@@ -21,7 +21,7 @@ in place (a column's default or constraint) rebuilds the table in its dialect, i
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +221,31 @@ def _cell(row: Any, index: int, name: str) -> Any:
     return row[name] if isinstance(row, dict) else row[index]
 
 
+#: Rows ``_rows_in_batches`` reads at a time: a call row of versions 1-3 holds its whole request.
+_REPAIR_BATCH = 64
+
+
+def _rows_in_batches(
+    conn: Any, table: str, key: str, columns: Sequence[str], wanted: str, values: list[Any], param: str
+) -> Iterator[Any]:
+    """The rows of ``table`` matching ``wanted`` (key first, then ``columns``), read ``_REPAIR_BATCH``
+    at a time in key order. Read at once, a big store's every call holding an emoji (its escaped
+    surrogate pair matches) was in memory with its whole request."""
+    last: list[Any] = []  # the key the previous batch ended at
+    while True:
+        after = f" AND {key} > {param}" if last else ""
+        rows = conn.execute(
+            f"SELECT {key}, {', '.join(columns)} FROM {table} WHERE ({wanted}){after} "
+            f"ORDER BY {key} LIMIT {_REPAIR_BATCH}",
+            [*values, *last],
+        ).fetchall()
+        yield from rows
+        if len(rows) < _REPAIR_BATCH:
+            return
+        last = [_cell(rows[-1], 0, key)]
+        del rows
+
+
 def _repair_unrepresentable(conn: Any, dialect: str, param: str) -> None:
     """Rewrite what strict JSON cannot carry: lone surrogates become U+FFFD and non-finite numbers
     inside JSON become null; a non-finite reward becomes null and the rollout is flagged."""
@@ -229,10 +254,7 @@ def _repair_unrepresentable(conn: Any, dialect: str, param: str) -> None:
     for table, (key, columns) in _JSON_COLUMNS.items():
         wanted = " OR ".join(f"{col} LIKE {param}" for col in columns for _ in patterns)
         values = [f"%{p}%" for _ in columns for p in patterns]
-        rows = conn.execute(
-            f"SELECT {key}, {', '.join(columns)} FROM {table} WHERE {wanted}", values
-        ).fetchall()
-        for row in rows:
+        for row in _rows_in_batches(conn, table, key, columns, wanted, values, param):
             updates: dict[str, str] = {}
             for i, col in enumerate(columns, start=1):
                 text = _cell(row, i, col)

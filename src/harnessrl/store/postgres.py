@@ -303,25 +303,37 @@ class PostgresStore(SQLStore):
 
     def _recorded_seqs(self, rollout_id: str, call_ids: Sequence[str]) -> dict[str, int]:
         """``SQLStore._recorded_seqs``: a connection lost around COMMIT leaves its outcome unknown to
-        us, but not to the server. The lost transaction holds ``rollout_id``'s row lock until the
-        server has committed it or rolled it back (it sees the connection closed), so the calls are
-        looked for once that lock is had; waiting for it is bounded by ``timeout_s`` (a connection
-        the server still thinks open). ``{}`` when the server cannot be asked."""
+        us, but not to the server (``_once_unlocked``). ``{}`` when the server cannot be asked."""
+        rows = self._once_unlocked(
+            rollout_id,
+            "SELECT call_id, seq FROM calls WHERE call_id = ANY(%s)",
+            (list(call_ids),),
+            f"{len(call_ids)} call(s)",
+        )
+        return {row["call_id"]: row["seq"] for row in rows or []}
+
+    def _recorded_tool_request(self, rollout_id: str, pk: int) -> bool:
+        """``SQLStore._recorded_tool_request``, as ``_recorded_seqs``. False when it cannot be known."""
+        rows = self._once_unlocked(
+            rollout_id, "SELECT 1 FROM tool_requests WHERE pk = %s", (pk,), "a tool request"
+        )
+        return bool(rows)
+
+    def _once_unlocked(self, rollout_id: str, sql: str, params: Sequence[Any], what: str) -> list[Any] | None:
+        """``sql``'s rows once ``rollout_id``'s row lock is had: a write that lost its connection around
+        COMMIT holds that lock until the server has committed it or rolled it back (it sees the
+        connection closed), so what it wrote is looked for after. Waiting for it is bounded by
+        ``timeout_s`` (a connection the server still thinks open). None when the server cannot be asked."""
         try:
             with self._tx() as conn:
                 conn.execute(
                     "SELECT set_config('lock_timeout', %s, true)", (f"{int(self._timeout_s * 1000)}ms",)
                 )
                 conn.execute("SELECT 1 FROM rollouts WHERE rollout_id = %s FOR UPDATE", (rollout_id,))
-                rows = conn.execute(
-                    "SELECT call_id, seq FROM calls WHERE call_id = ANY(%s)", (list(call_ids),)
-                ).fetchall()
+                return conn.execute(sql, params).fetchall()
         except (UpstreamError, psycopg.Error) as exc:
-            log.warning(
-                "cannot tell whether %d call(s) were recorded: %s", len(call_ids), scrub(str(exc), self.url)
-            )
-            return {}
-        return {row["call_id"]: row["seq"] for row in rows}
+            log.warning("cannot tell whether %s was recorded: %s", what, scrub(str(exc), self.url))
+            return None
 
     # -- lifecycle --------------------------------------------------------------------------------
     def close(self) -> None:

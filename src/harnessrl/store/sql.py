@@ -174,6 +174,11 @@ class SQLStore(GateRows):
         ``UpstreamError`` (SQLite: a COMMIT that raised did not commit)."""
         return {}
 
+    def _recorded_tool_request(self, rollout_id: str, pk: int) -> bool:
+        """After ``add_tool_request``'s write raised ``UpstreamError``: whether its row (``pk``, as the
+        INSERT returned it) is stored all the same, as ``_recorded_seqs``. This base: False."""
+        return False
+
     # -- runs -------------------------------------------------------------------------------------
     def create_run(self, run_id: str, config: dict[str, Any] | None = None) -> Run:
         check_keys(run_id=run_id)
@@ -787,16 +792,24 @@ class SQLStore(GateRows):
         check_ints(attempt=request.attempt)
         row = request.model_dump()
         row["request"], row["response"] = dump_json(request.request), dump_json(request.response)
-        with self._write() as conn:
-            # SQLite: the write transaction holds the database lock; PostgreSQL: the row lock, to commit.
-            sql = f"SELECT status, attempt FROM rollouts WHERE rollout_id = {self.PARAM}{self.ROW_LOCK}"
-            rollout = self._fetch_one(conn, sql, (request.rollout_id,), "rollout", request.rollout_id)
-            if rollout["status"] in _TERMINAL or request.attempt < rollout["attempt"]:
-                raise RolloutEnded(
-                    f"rollout {request.rollout_id!r} attempt {request.attempt} has ended "
-                    f"({rollout['status']}, attempt {rollout['attempt']}); it takes no more tool requests"
-                )
-            self._insert(conn, "tool_requests", row)
+        inserted: list[int] = []  # the row's pk, known before the COMMIT whose answer may be lost
+        try:
+            with self._write() as conn:
+                # SQLite: the write transaction holds the database lock; PostgreSQL: the row lock, to commit.
+                sql = f"SELECT status, attempt FROM rollouts WHERE rollout_id = {self.PARAM}{self.ROW_LOCK}"
+                rollout = self._fetch_one(conn, sql, (request.rollout_id,), "rollout", request.rollout_id)
+                if rollout["status"] in _TERMINAL or request.attempt < rollout["attempt"]:
+                    raise RolloutEnded(
+                        f"rollout {request.rollout_id!r} attempt {request.attempt} has ended "
+                        f"({rollout['status']}, attempt {rollout['attempt']}); it takes no more tool requests"
+                    )
+                inserted.append(self._insert(conn, "tool_requests", row, "RETURNING pk").fetchone()["pk"])
+        except UpstreamError:
+            # As ``_add_packed``: a request the server recorded is no failure. Raising would make the
+            # search answer an error for a stored search, which the attempt's next search then finds
+            # counted against ``retrieval.max_searches_per_rollout`` beside its own.
+            if not inserted or not self._recorded_tool_request(request.rollout_id, inserted[0]):
+                raise
 
     def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:
         where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
@@ -805,7 +818,8 @@ class SQLStore(GateRows):
         return [_tool_request(row) for row in rows]
 
     # -- helpers ----------------------------------------------------------------------------------
-    def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> None:
+    def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> Any:
+        """INSERT ``row``; returns the cursor (``conflict``: a clause after VALUES, e.g. RETURNING)."""
         key = (table, tuple(row), conflict)
         sql = self._insert_sql.get(key)
         if sql is None:  # every call writes a row: its statement's text is made once per column set
@@ -814,7 +828,7 @@ class SQLStore(GateRows):
             sql = self._insert_sql[key] = (
                 f"INSERT INTO {table} ({columns}) VALUES ({placeholders}) {conflict}"
             )
-        conn.execute(sql, row)
+        return conn.execute(sql, row)
 
     def _update(self, conn: Any, rollout_id: str, **changes: Any) -> Rollout:
         p = self.PARAM
