@@ -299,3 +299,22 @@ def test_the_search_budget_counts_searches_the_store_already_holds(make_search_g
     url, key = gw.search_url(rollout), rollout["api_key"]
     assert [post(url, key, {"query": "Velmora"}).status_code for _ in range(2)] == [200, 409]
     assert len(gw.store.list_tool_requests(rollout["rollout_id"])) == 3
+
+
+def test_a_damaged_search_row_does_not_stop_the_attempts_searches(make_search_gateway) -> None:
+    """The budget of a restarted gateway is counted from the store; it read every search (passages
+    and all) to count them, so one damaged row made every later search of the attempt a 409."""
+    import sqlite3
+
+    from harnessrl.schemas import ToolRequest
+
+    gw = make_search_gateway(max_searches_per_rollout=3)
+    rollout = gw.rollout()
+    gw.store.add_tool_request(ToolRequest(rollout_id=rollout["rollout_id"], tool="search", request={"q": 1}))
+    with sqlite3.connect(gw.store.local_file) as conn:
+        conn.execute(
+            "UPDATE tool_requests SET response = '{damaged' WHERE rollout_id = ?", (rollout["rollout_id"],)
+        )
+    assert gw.store.count_tool_requests(rollout["rollout_id"], attempt=0) == 1
+    url, key = gw.search_url(rollout), rollout["api_key"]
+    assert [post(url, key, {"query": "Velmora"}).status_code for _ in range(3)] == [200, 200, 409]

@@ -210,9 +210,9 @@ class RetrievalRoutes:
         """Count one search of this attempt, or ``SearchesSpent`` past the budget."""
         key = (rollout_id, attempt)
         if not self.budget.knows(key):
-            stored = await state.in_thread(
-                lambda: len(state.store.list_tool_requests(rollout_id, attempt=attempt))
-            )
+            # Counted, not read: reading every search (passages and all, ~25 KB each) to count them
+            # cost MBs, and one damaged row made every later search of the attempt a 409.
+            stored = await state.in_thread(lambda: state.store.count_tool_requests(rollout_id, attempt=attempt))
             self.budget.seed(key, stored)
         if not self.budget.take(key):
             limit = self.config.max_searches_per_rollout

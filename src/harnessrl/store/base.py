@@ -232,6 +232,10 @@ class Store(Protocol):
     def list_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> list[ToolRequest]:
         """The rollout's tool requests in arrival order (all attempts unless one is given)."""
 
+    def count_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> int:
+        """How many tool requests the rollout has (all attempts unless one is given), none of them
+        read: what the search budget counts from."""
+
     # -- lifecycle --------------------------------------------------------------------------------
     # -- the gate shared by the gateways (``store.gate``) -------------------------------------------
     notifies_gate: bool  # whether ``watch_gate`` pushes changes (PostgreSQL) or callers poll (SQLite)

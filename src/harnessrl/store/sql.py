@@ -817,6 +817,11 @@ class SQLStore(GateRows):
             rows = conn.execute(f"SELECT * FROM tool_requests{where} ORDER BY pk", params).fetchall()
         return [_tool_request(row) for row in rows]
 
+    def count_tool_requests(self, rollout_id: str, *, attempt: int | None = None) -> int:
+        where, params = sql_where(self.PARAM, rollout_id=rollout_id, attempt=attempt)
+        with self._read() as conn:
+            return int(conn.execute(f"SELECT COUNT(*) AS n FROM tool_requests{where}", params).fetchone()["n"])
+
     # -- helpers ----------------------------------------------------------------------------------
     def _insert(self, conn: Any, table: str, row: dict[str, Any], conflict: str = "") -> Any:
         """INSERT ``row``; returns the cursor (``conflict``: a clause after VALUES, e.g. RETURNING)."""
