@@ -1,8 +1,11 @@
 """Kubernetes runner: one batch/v1 Job per rollout attempt, a Secret for its key, a NetworkPolicy.
 
-``manifests``, ``pod_security``, ``network_policy``, ``names``, ``observed``, ``reconcile`` and ``config``
-are pure (no client import); ``runner`` is the thin client layer and the only module importing
-``kubernetes``, so importing this package stays cheap until ``KubernetesRunner`` is used.
+``manifests``, ``pod_security``, ``network_policy``, ``names``, ``observed``, ``reconcile``,
+``attempts``, ``api_errors`` and ``config`` are pure (no client import). The client layer imports
+``kubernetes``: ``runner`` (the public ``KubernetesRunner``) and the parts it is built from,
+``reconcile_loop`` (list, plan, execute), ``job_creator``, ``job_watch``, ``endings``,
+``policy_keeper`` and ``api``. Only ``runner`` is imported on first use of ``KubernetesRunner``, so importing this package
+stays cheap.
 """
 
 from __future__ import annotations
