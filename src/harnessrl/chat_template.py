@@ -175,11 +175,55 @@ class _Environment(ImmutableSandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
 
+#: What gpt-oss's official template raises for an assistant tool-call turn with both a text and a
+#: reasoning (``_HarmonyTemplate``).
+_HARMONY_BOTH_REFUSED = "Cannot pass both content and thinking in an assistant message with tool calls"
+#: What closes the analysis message and opens a commentary one without a recipient: a preamble.
+_HARMONY_PREAMBLE = "<|end|><|start|>assistant<|channel|>commentary<|message|>"
+
+
+class _HarmonyTemplate(jinja2.Template):
+    """gpt-oss's template, given a tool-call turn with a preamble as gpt-oss sampled it.
+
+    gpt-oss writes its reasoning (analysis), a preamble to the user (a commentary message without a
+    recipient) and then the call; the gateway answers that turn with the preamble as ``content``
+    beside ``reasoning_content``, and the harness sends both back. The official template refuses a
+    tool-call turn with both (every next request of the rollout was a 400), as it renders a tool-call
+    turn's ``content`` as analysis. vLLM's harmony rendering keeps both, the preamble on the
+    commentary channel; here the reasoning the template renders goes on with the preamble's
+    commentary message, so the turn renders as it was sampled: analysis, commentary, call. Where the
+    template drops the turn's reasoning (a final answer follows it) the preamble goes with it."""
+
+    def render(self, *args: Any, **kwargs: Any) -> str:
+        messages = kwargs.get("messages")
+        if type(messages) is list:
+            kwargs["messages"] = [_preamble_in_commentary(m) for m in messages]
+        return super().render(*args, **kwargs)
+
+
+def _preamble_in_commentary(message: Any) -> Any:
+    if not (
+        type(message) is dict
+        and message.get("role") == "assistant"
+        and message.get("tool_calls")
+        and isinstance(message.get("content"), str)
+        and message["content"]
+        and isinstance(message.get("thinking"), str)
+        and message["thinking"]
+    ):
+        return message
+    reasoning = message["thinking"] + _HARMONY_PREAMBLE + message["content"]
+    # A new dict: the one given is kept for later renders (``TemplateInputs``).
+    return {**message, "content": "", **dict.fromkeys(REASONING_FIELDS, reasoning)}
+
+
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compile a chat template in the same sandboxed environment transformers uses."""
     env = _Environment(
         trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
     )
+    if _HARMONY_BOTH_REFUSED in source:
+        env.template_class = _HarmonyTemplate
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

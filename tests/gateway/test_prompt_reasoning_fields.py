@@ -121,3 +121,19 @@ def test_through_the_gateway_the_prompt_is_what_transformers_tokenizes(
     )
     assert second.prompt_token_ids == list(expected)
     assert REASONING in qwen3.decode(second.prompt_token_ids)
+
+
+@pytest.mark.parametrize("field", FIELDS)
+def test_a_reasoning_that_is_not_text_is_a_400_naming_it(make_gateway: Any, field: str) -> None:
+    """A template printed its Python form (``['x']``) into the prompt, or failed on it."""
+    gw = make_gateway(["never"])
+    rollout = gw.rollout()
+    client = openai.OpenAI(base_url=rollout["base_url"], api_key=rollout["api_key"], max_retries=0)
+    turn = {"role": "assistant", "content": "Done.", field: ["not", "text"]}
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="m",
+            messages=[{"role": "user", "content": "go"}, turn, {"role": "user", "content": "again"}],
+        )
+    assert caught.value.body["param"] == f"messages.1.{field}"  # type: ignore[index]
+    assert gw.client.list_calls(rollout["rollout_id"]) == []

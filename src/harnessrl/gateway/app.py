@@ -23,7 +23,7 @@ from harnessrl.engines.base import Engine
 from harnessrl.errors import ConfigError
 from harnessrl.gateway.apis import anthropic
 from harnessrl.gateway.apis.chat import chat_completions
-from harnessrl.gateway.apis.completions import completions, list_models
+from harnessrl.gateway.apis.completions import completions, list_models, retrieve_model
 from harnessrl.gateway.apis.responses import responses
 from harnessrl.gateway.control import api as control
 from harnessrl.gateway.errors import EXCEPTION_HANDLERS, UnexpectedErrors
@@ -56,6 +56,8 @@ def _model_routes(prefix: str) -> list[Route]:
     return [
         *(Route(f"{prefix}{path}", handler, methods=["POST"]) for path, handler in MODEL_POSTS.items()),
         Route(f"{prefix}/models", list_models, methods=["GET"]),
+        # ``:path``: a model name may hold a slash (``Qwen/Qwen3-8B``; the SDK sends it as %2F).
+        Route(f"{prefix}/models/{{model_id:path}}", retrieve_model, methods=["GET"]),
         Route(prefix, anthropic.probe, methods=["HEAD"]),
     ]
 

@@ -16,7 +16,8 @@ Mapping (what the chat template and the history matching see):
 - ``thinking`` -> ``reasoning_content``; ``redacted_thinking`` is dropped (opaque, the gateway never
   produces it, and it cannot be rendered).
 - Consecutive assistant messages are merged into one turn, as Anthropic's API does: some clients
-  send one answer's thinking, text and tool_use as separate messages.
+  send one answer's thinking, text and tool_use as separate messages. So are consecutive user
+  messages' texts (joined as one message's text blocks are).
 - ``cache_control``, ``citations``, ``signature`` and other block annotations are ignored, so
   moving cache markers between turns never changes the internal conversation.
 - ``image`` / ``document`` (and any other non-text block) -> 400: the policy reads text only, and
@@ -228,7 +229,12 @@ def request_to_internal(request: dict[str, Any]) -> Internal:
         if role == "system":
             messages.append({"role": "system", "content": _text_of(content, f"{where}.content")})
         elif role == "user":
-            messages.extend(_user_messages(content, f"{where}.content"))
+            turn = _user_messages(content, f"{where}.content")
+            if turn[0]["role"] == "user" and messages and messages[-1]["role"] == "user":
+                # Consecutive user turns are one turn, as Anthropic's API combines them (templates
+                # that require alternating roles refused the request otherwise).
+                messages[-1]["content"] += "\n\n" + turn.pop(0)["content"]
+            messages.extend(turn)
         elif role == "assistant":
             turn = _assistant_message(content, f"{where}.content")
             if messages and messages[-1]["role"] == "assistant":

@@ -1,4 +1,4 @@
-"""``POST /v1/completions`` (legacy text completions) and ``GET /v1/models``.
+"""``POST /v1/completions`` (legacy text completions), ``GET /v1/models`` and ``/v1/models/{id}``.
 
 The prompt is text (encoded with the policy's tokenizer, special-token strings included) or a list
 of token IDs used verbatim — the way to drive the policy token-in/token-out from outside. No chat
@@ -7,12 +7,13 @@ template and no reuse: the caller owns the exact prompt. The call runs through `
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError
+from harnessrl.errors import BadRequest, ContextLengthExceeded, HarnessRLError, NotFound
 from harnessrl.gateway.apis.openai_shapes import openai_envelope, openai_usage
 from harnessrl.gateway.auth import authorize_rollout
 from harnessrl.gateway.bodies import parse_body, validate_body
@@ -174,18 +175,31 @@ class CompletionAnswer:
 async def list_models(request: Request) -> Response:
     state: GatewayState = request.app.state.gateway
     await authorize_rollout(request, state, request.path_params.get("rollout_id"))
-    created = int(state.started_at)
     # Harnesses send whatever model name they were configured with; every name reaches the policy.
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.engine.model_name,
-                    "object": "model",
-                    "created": created,
-                    "owned_by": "harnessrl",
-                }
-            ],
-        }
-    )
+    model = _model_object(request, state, state.engine.model_name)
+    if "anthropic-version" in request.headers:  # Anthropic's page of models
+        return JSONResponse(
+            {"data": [model], "has_more": False, "first_id": model["id"], "last_id": model["id"]}
+        )
+    return JSONResponse({"object": "list", "data": [model]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{model_id}`` (``client.models.retrieve``, which some harnesses call at start
+    to check the name they were configured with): every name is served, as model calls take every
+    name, so the harness's own name is answered as itself."""
+    state: GatewayState = request.app.state.gateway
+    await authorize_rollout(request, state, request.path_params.get("rollout_id"))
+    model_id = request.path_params["model_id"]
+    if not model_id:  # ``/models/``: no id to answer as
+        raise NotFound("no model id in the path: GET /models/{id}")
+    return JSONResponse(_model_object(request, state, model_id))
+
+
+def _model_object(request: Request, state: GatewayState, model_id: str) -> dict[str, Any]:
+    """A model in OpenAI's shape, or in Anthropic's for a request that carries ``anthropic-version``
+    (the anthropic SDK's ``models.list`` and ``models.retrieve``)."""
+    if "anthropic-version" in request.headers:
+        created = datetime.fromtimestamp(int(state.started_at), UTC).isoformat().replace("+00:00", "Z")
+        return {"type": "model", "id": model_id, "display_name": model_id, "created_at": created}
+    return {"id": model_id, "object": "model", "created": int(state.started_at), "owned_by": "harnessrl"}

@@ -89,9 +89,14 @@ def normalize_message(message: dict[str, Any], index: int = 0) -> dict[str, Any]
         "content": normalize_content(message.get("content"), f"{where}.content"),
     }
     for key in _KEEP_FIELDS:
-        if message.get(key) is not None:
-            out[key] = message[key]
-    calls = message.get("tool_calls") or []
+        value = message.get(key)
+        if value is None:
+            continue
+        if key in REASONING_FIELDS and not isinstance(value, str):
+            # A template would print its Python form (``['x']``) into the prompt, or fail on it.
+            raise BadRequest(f"{where}.{key} must be a string", param=f"{where}.{key}")
+        out[key] = value
+    calls = message.get("tool_calls") or _legacy_function_call(message, where)
     if calls:
         out["tool_calls"] = []
         for j, call in enumerate(calls):
@@ -111,6 +116,28 @@ def normalize_message(message: dict[str, Any], index: int = 0) -> dict[str, Any]
                 }
             )
     return out
+
+
+def _legacy_function_call(message: dict[str, Any], where: str) -> list[Any]:
+    """An assistant turn's ``function_call`` (OpenAI's deprecated form of one tool call) as its
+    ``tool_calls``: the template renders only those, so the call would vanish from the prompt while
+    the ``function`` message answering it (a ``tool`` message here) stays."""
+    legacy = message.get("function_call")
+    if legacy is None:
+        return []
+    if message.get("role") != "assistant" or not isinstance(legacy, dict):
+        raise BadRequest(
+            f"{where}.function_call must be an object, on an assistant message",
+            param=f"{where}.function_call",
+        )
+    if not isinstance(legacy.get("name"), str):
+        raise BadRequest(f"{where}.function_call.name is required", param=f"{where}.function_call.name")
+    if not isinstance(legacy.get("arguments", ""), str | dict):  # as a ``tool_calls`` entry's
+        raise BadRequest(
+            f"{where}.function_call.arguments must be a string or an object",
+            param=f"{where}.function_call.arguments",
+        )
+    return [{"type": "function", "function": legacy}]
 
 
 def normalize_messages(messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
