@@ -4,6 +4,7 @@ digest covers, which environment a task names, and the config errors a bad setti
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from tests.environments.image_support import needs_podman
 from harnessrl.config import resolve_relative_paths
 from harnessrl.controller.base import HarnessSpec
 from harnessrl.environments.config import EnvironmentConfig, is_reference
-from harnessrl.environments.podman import ImageError, qualify
+from harnessrl.environments.podman import ImageError, Podman, qualify
 from harnessrl.environments.recipes import base_images, check_recipe, pin_images, recipe_digest
 from harnessrl.environments.resolve import Environments
 from harnessrl.errors import ConfigError
@@ -274,11 +275,23 @@ def test_images_build_on_a_recipe_with_an_unclosed_quote_is_one_line_and_status_
     containerfile, _ = recipe(tmp_path, 'FROM base\nCOPY "requirements.txt /x\n')
     config = tmp_path / "images.toml"
     config.write_text(f'[harness.environment.images.a]\ncontainerfile = "{containerfile}"\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "harnessrl", "images", "build", str(config), "--store", str(tmp_path / "s")],
-        capture_output=True,
-        text=True,
-    )
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "harnessrl",
+                "images",
+                "build",
+                str(config),
+                "--store",
+                str(tmp_path / "s"),
+            ],
+            capture_output=True,
+            text=True,
+        )
+    finally:  # the store's run state under /run (a tmpfs) stayed after every run
+        shutil.rmtree(Podman(tmp_path / "s").runroot, ignore_errors=True)
     assert done.returncode == 2, done.stderr[-2000:]
     assert "Traceback" not in done.stderr
     assert "environment 'a': Containerfile:2: COPY: No closing quotation" in done.stderr
@@ -310,3 +323,119 @@ def test_a_containerfile_starting_with_a_byte_order_mark_has_its_base_read_and_p
     assert base_images(containerfile) == ["localhost/harnessrl/base:latest"]  # was []: not in the digest
     pinned = pin_images(containerfile, {"localhost/harnessrl/base:latest": "a" * 64}, {})
     assert pinned.splitlines()[0] == f"FROM {'a' * 64}"
+
+
+def test_two_recipes_whose_fields_would_run_together_have_different_digests(tmp_path: Path):
+    # Under the old encoding (fields one after the other, no lengths) a file "a" holding "x", the
+    # header of the next entry (NUL b NUL 644 NUL) and "y" read as two files "a" = "x" and "b" = "y":
+    # both recipes had one digest, so the image cached for one was used for the other.
+    digests = []
+    for folder, files in (
+        ("one", {"a": b"x\x00b\x00644\x00y"}),
+        ("two", {"a": b"x", "b": b"y"}),
+    ):
+        (tmp_path / folder).mkdir()
+        containerfile, context = recipe(tmp_path / folder, "FROM base\nCOPY . /src\n")
+        for name, content in files.items():
+            (context / name).write_bytes(content)
+        for path in context.iterdir():
+            path.chmod(0o644)
+        context.chmod(0o755)
+        digests.append(recipe_digest(containerfile, context, {}, {}))
+    assert digests[0] != digests[1]
+    # A link and a file with the text the old encoding wrote for a link ("link:" + target), mode 777.
+    containerfile, context = recipe(tmp_path / "one", "FROM base\nCOPY . /src\n")
+    (context / "a").unlink()
+    (context / "a").symlink_to("requirements.txt")
+    as_link = recipe_digest(containerfile, context, {}, {})
+    (context / "a").unlink()
+    (context / "a").write_bytes(b"link:requirements.txt")
+    (context / "a").chmod(0o777)
+    assert recipe_digest(containerfile, context, {}, {}) != as_link
+
+
+def test_images_named_on_continuation_lines_are_pinned(tmp_path: Path):
+    # The digest records these images' ids (base_images joins continuation lines); pin_images read
+    # only an instruction's first line and left them as tags: the build read whatever the tag named
+    # then, while the record said pinned.
+    containerfile, _ = recipe(
+        tmp_path,
+        "FROM --platform=linux/amd64 \\\n    localhost/harnessrl/base:latest AS build\n"
+        "FROM debian:bookworm\n"
+        "COPY \\\n  --from=quay.io/x/tool:1 /t /t\n"
+        "RUN --mount=type=cache,target=/c \\\n    --mount=type=bind,from=localhost/data:2,target=/d \\\n"
+        "    ls /d\n"
+        "RUN true\n",
+    )
+    ids = {
+        "localhost/harnessrl/base:latest": "a" * 64,
+        "quay.io/x/tool:1": "b" * 64,
+        "localhost/data:2": "c" * 64,
+    }
+    assert base_images(containerfile) == [*ids][:1] + ["debian:bookworm"] + [*ids][1:]
+    pinned = pin_images(containerfile, ids, {}).splitlines()
+    assert pinned[:2] == [f"FROM --platform=linux/amd64 {'a' * 64} AS build", ""]  # line numbers kept
+    assert pinned[2] == "FROM debian:bookworm"
+    assert pinned[3:5] == [f"COPY --from={'b' * 64} /t /t", ""]
+    assert pinned[5].startswith("RUN --mount=type=cache,target=/c ") and pinned[6:8] == ["", ""]
+    assert f"--mount=type=bind,from={'c' * 64},target=/d" in pinned[5] and pinned[5].endswith("ls /d")
+    assert pinned[8] == "RUN true"
+    assert not any(tag in "\n".join(pinned) for tag in ids)
+
+
+def test_a_stage_named_like_an_image_stays_that_stage_when_pinned(tmp_path: Path):
+    # After "AS debian", "FROM debian" and "--from=debian" read that stage (podman's rule); pinning
+    # them to the image debian's id built the image on the wrong base.
+    containerfile, _ = recipe(
+        tmp_path,
+        "FROM debian AS tools\nFROM localhost/other:1 AS debian\nFROM debian\nCOPY --from=debian /x /x\n",
+    )
+    assert base_images(containerfile) == ["debian", "localhost/other:1"]
+    pinned = pin_images(containerfile, {"debian": "a" * 64, "localhost/other:1": "b" * 64}, {}).splitlines()
+    assert pinned == [
+        f"FROM {'a' * 64} AS tools",
+        f"FROM {'b' * 64} AS debian",
+        "FROM debian",
+        "COPY --from=debian /x /x",
+    ]
+
+
+def test_comments_and_the_escape_directive_inside_an_instruction_are_read_as_podman_does(tmp_path: Path):
+    # A comment line inside a continuation is skipped by podman, the instruction goes on: here it
+    # read "#" as the base image, and the COPY's second line as no instruction at all.
+    containerfile, context = recipe(
+        tmp_path,
+        "FROM \\\n# the base\n    localhost/base:1\nCOPY requirements.txt \\\n# why\n  ../secret.txt /x/\n",
+    )
+    assert base_images(containerfile) == ["localhost/base:1"]
+    assert pin_images(containerfile, {"localhost/base:1": "a" * 64}, {}).splitlines()[:3] == [
+        f"FROM {'a' * 64}",
+        "",
+        "",
+    ]
+    with pytest.raises(ImageError, match=r"Containerfile:4: COPY reads '\.\./secret\.txt'"):
+        check_recipe(containerfile, context, where="env")
+    # "# escape=`": a backtick continues a line, a backslash does not.
+    containerfile.write_text(
+        "# escape=`\nFROM localhost/base:1\nCOPY requirements.txt `\n  ../secret.txt /x/\n"
+    )
+    with pytest.raises(ImageError, match=r"Containerfile:3: COPY reads '\.\./secret\.txt'"):
+        check_recipe(containerfile, context, where="env")
+    containerfile.write_text(
+        "FROM localhost/base:1\nCOPY requirements.txt \\\n\n  nested/ /x/\n"
+    )  # the control
+    check_recipe(containerfile, context, where="env")
+
+
+def test_an_arg_default_may_use_the_args_before_it(tmp_path: Path):
+    # podman expands "ARG BASE=${REGISTRY}/base:1" with the REGISTRY before it; here the base was
+    # "${REGISTRY}/base:1" literally, and a recipe podman builds was refused (no such image).
+    containerfile, _ = recipe(
+        tmp_path, "ARG REGISTRY=localhost\nARG BASE=${REGISTRY}/base:1\nARG LATER=${UNSET}/x\nFROM ${BASE}\n"
+    )
+    assert base_images(containerfile) == ["localhost/base:1"]
+    assert base_images(containerfile, {"REGISTRY": "quay.io/rl"}) == ["quay.io/rl/base:1"]
+    assert pin_images(containerfile, {"localhost/base:1": "a" * 64}, {}).splitlines()[3] == f"FROM {'a' * 64}"
+    containerfile.write_text("ARG LATER=${UNSET}/x\nFROM ${LATER}\n")
+    with pytest.raises(ImageError, match=r"FROM on line 2 uses \$LATER, which has no value"):
+        base_images(containerfile)

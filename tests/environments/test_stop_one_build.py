@@ -37,8 +37,9 @@ from harnessrl.environments.store import BuiltImage, ImageStore
 IMAGE_ID = "a" * 64
 
 # A build of environment <n> (the name in its -t reference) runs, with its step, until
-# $FAKE_DIR/release-<n> exists, then "commits" the image (built-<n>, which `image exists` reads). The
-# client stays `sh <fake podman> build ... -t localhost/harnessrl/<n>:...`, as a real one's argv reads.
+# $FAKE_DIR/release-<n> exists, then "commits" the image (built-<n>, which `image exists` reads, holding
+# the recipe label that `image inspect` reports). The client stays `sh <fake podman> build ... -t
+# localhost/harnessrl/<n>:...`, as a real one's argv reads.
 FAKE_PODMAN = """#!/bin/sh
 name_of() { n="${1##*/}"; echo "${n%%:*}"; }
 case "$1" in
@@ -49,19 +50,28 @@ case "$1" in
           *harnessrl*) echo "$3" >> "$FAKE_DIR/asked"; [ -e "$FAKE_DIR/built-$(name_of "$3")" ]; exit $? ;;
           *) exit 0 ;;
         esac ;;
-      inspect) echo '[{"Id": "FAKE_ID"}]' ;;
+      inspect)
+        case "$5" in
+          *harnessrl*) printf '[{"Id": "FAKE_ID", "Labels": {"io.harnessrl.recipe": "%s"}}]\n' \\
+            "$(cat "$FAKE_DIR/built-$(name_of "$5")")" ;;
+          *) echo '[{"Id": "FAKE_ID"}]' ;;
+        esac ;;
       *) echo '[]' ;;
     esac ;;
   build)
-    ref=""; prev=""
-    for arg in "$@"; do [ "$prev" = "-t" ] && ref="$arg"; prev="$arg"; done
+    ref=""; prev=""; recipe=""
+    for arg in "$@"; do
+      [ "$prev" = "-t" ] && ref="$arg"
+      [ "$prev" = "--label" ] && case "$arg" in io.harnessrl.recipe=*) recipe="${arg#*=}" ;; esac
+      prev="$arg"
+    done
     n=$(name_of "$ref")
     echo "$n" >> "$FAKE_DIR/builds"
     setsid sh -c "while [ ! -e '$FAKE_DIR/release-$n' ]; do sleep 0.1; done # step-$FAKE_MARK-$n" \\
       </dev/null >/dev/null 2>&1 &
     echo started
     while [ ! -e "$FAKE_DIR/release-$n" ]; do sleep 0.1; done
-    touch "$FAKE_DIR/built-$n" ;;
+    echo "$recipe" > "$FAKE_DIR/built-$n" ;;
   *) echo '[]' ;;
 esac
 """.replace("FAKE_ID", IMAGE_ID)

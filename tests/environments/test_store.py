@@ -27,11 +27,14 @@ from tests.environments.image_support import (
 )
 from tests.fakes.processes import processes_running, wait_for
 
-from harnessrl.environments.config import EnvironmentConfig, ImageRecipe
+from harnessrl.environments.config import DebianBase, EnvironmentConfig, ImageRecipe
+from harnessrl.environments.debian import make_debian_base
 from harnessrl.environments.podman import ImageError, Podman
 from harnessrl.environments.processes import BuildStop, Stopped, stoppable
+from harnessrl.environments.recipes import recipe_digest
 from harnessrl.environments.resolve import Environments
-from harnessrl.environments.store import ImageStore
+from harnessrl.environments.store import LABEL_NAME, LABEL_RECIPE, BuiltImage, ImageStore, own_reference
+from harnessrl.sandbox.rootfs import ImageRoot
 
 __all__ = ["held", "tiny_store"]  # the fixtures, imported to be used here
 HARNESSRL = [sys.executable, "-m", "harnessrl"]
@@ -595,3 +598,157 @@ def test_a_build_whose_podman_is_killed_outright_leaves_no_working_container(
     assert outcome and "podman build exited -9" in str(outcome[0])
     containers = tiny_store.podman.run("ps", "--all", "--external", "--format", "json").stdout
     assert json.loads(containers or "[]") == []  # was: the working container, mounted, for good
+
+
+def test_the_import_of_a_debian_base_has_the_build_s_limit_and_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    # Stand-ins: mmdebstrap (the real one needs a Debian mirror) writes a root filesystem; podman's
+    # import hangs. The import had a fixed 600 s whatever build_timeout_s said: a big root
+    # filesystem on a slow disk failed, and a hung podman held the build 600 s.
+    marker = f"import-{secrets.token_hex(6)}"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mmdebstrap").write_text(
+        f'#!/bin/sh\ncp {tiny_tar(tmp_path / "tiny.tar")} "$(eval echo \\${{$(($#-1))}})"\n'
+    )
+    (bin_dir / "podman").write_text(
+        f'#!/bin/sh\necho started\nexec /usr/bin/sh -c "while :; do sleep 1; done # {marker}"\n'
+    )
+    for program in bin_dir.iterdir():
+        program.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("HARNESSRL_PODMAN", str(bin_dir / "podman"))
+    try:
+        with pytest.raises(
+            ImageError, match=r"importing the Debian base localhost/d:1 ran over 2 s .*build_timeout_s"
+        ):
+            make_debian_base(
+                Podman(tmp_path / "store"),
+                DebianBase(),
+                "localhost/d:1",
+                labels={},
+                log=tmp_path / "deb.log",
+                tmp_root=tmp_path / "store" / "tmp",
+                timeout_s=2,
+                where="environment 'deb'",
+            )
+        assert processes_running(marker) == []
+        assert list((tmp_path / "store" / "tmp").iterdir()) == []
+    finally:
+        for pid in processes_running(marker):
+            os.kill(pid, 9)
+
+
+def _someone_waits_on(lock: Path) -> bool:
+    """Whether a process or thread waits for a ``flock`` of ``lock`` (a ``->`` line of /proc/locks)."""
+    if not lock.exists():
+        return False
+    inode = lock.stat().st_ino
+    return any(
+        line.split()[1] == "->" and line.split()[6].rpartition(":")[2] == str(inode)
+        for line in Path("/proc/locks").read_text().splitlines()
+    )
+
+
+class MountingDuringPrune(Podman):
+    """A run (another store object on the same folder, in a thread) mounts the image after prune
+    looked at the mounts and before it removes the image."""
+
+    def __init__(self, store: Path, run: ImageStore, built: BuiltImage):
+        super().__init__(store)
+        self.run_store, self.built = run, built
+        self.roots: list[ImageRoot | ImageError] = []
+        self.thread: threading.Thread | None = None
+
+    def remove(self, ref: str) -> bool:
+        thread = threading.Thread(target=self._start_run)
+        thread.start()
+        lock = self.store / "locks" / "mounts.lock"
+        wait_for(
+            "the run to mount, or to wait for prune", lambda: not thread.is_alive() or _someone_waits_on(lock)
+        )
+        self.thread = thread
+        return super().remove(ref)
+
+    def _start_run(self) -> None:
+        try:
+            self.roots.append(self.run_store.root(self.built))
+        except ImageError as exc:
+            self.roots.append(exc)
+
+
+@needs_podman
+def test_an_image_a_run_mounts_while_prune_runs_is_not_removed_under_it(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    reference = "localhost/harnessrl/env:1"
+    tiny_store.podman.import_tar(tiny_tar(tmp_path / "env.tar"), reference, labels={LABEL_NAME: "env"})
+    built = BuiltImage("env", reference, tiny_store.podman.inspect(reference)["Id"], "")
+    run = ImageStore(tiny_store.folder, ca_bundle=None)
+    pruning = ImageStore(tiny_store.folder, ca_bundle=None)
+    pruning.podman = podman = MountingDuringPrune(tiny_store.folder, run, built)
+    try:
+        report = pruning.prune(keep=set())
+        assert podman.thread is not None
+        podman.thread.join()
+        [root] = podman.roots
+        # Either the run mounted first and prune left its image (in use), or prune removed it first
+        # and the run was refused (an error, before anything ran); never a run on a removed image.
+        if isinstance(root, ImageError):
+            assert report["removed"] == [{"name": "env", "id": built.image_id[:12]}]
+        else:
+            assert os.path.ismount(root.path) and tiny_store.podman.exists(built.image_id)
+            assert report["in_use"] == [{"name": "env", "id": built.image_id[:12]}]
+    finally:
+        run.close()
+
+
+@needs_podman
+def test_an_image_under_the_tag_made_from_another_recipe_is_not_used(tiny_store: ImageStore, tmp_path: Path):
+    # The tag keeps 16 hex digits of the recipe's digest. An image another recipe made, whose digest
+    # starts alike (64 bits: a collision one can craft), was taken as this recipe's image: the task
+    # ran in the other recipe's environment.
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n", token="mine")
+    bases = {TINY: tiny_store.podman.inspect(TINY)["Id"]}
+    digest = recipe_digest(tmp_path / "ctx" / "Containerfile", tmp_path / "ctx", {}, bases)
+    other = digest[:16] + ("0" if digest[16] != "0" else "1") * 48
+    tiny_store.podman.import_tar(
+        tiny_tar(tmp_path / "other.tar"), own_reference("env", digest), labels={LABEL_RECIPE: other}
+    )
+    impostor = tiny_store.podman.inspect(own_reference("env", digest))["Id"]
+    assert tiny_store.current_id("env", env) is None  # not this recipe's image
+    built = tiny_store.ensure("env", env)
+    assert built.built and built.image_id != impostor and built.digest == digest
+    assert (tiny_store.root(built).path / "token").read_text() == "mine"
+
+
+class EditingPodman(Podman):
+    """The recipe's context is edited while its image is built (a checkout of its repository)."""
+
+    def __init__(self, store: Path, edit: Path):
+        super().__init__(store)
+        self.edit = edit
+
+    def build(self, containerfile: Path, context: Path, **kwargs) -> None:  # type: ignore[override]
+        self.edit.write_text("changed")
+        super().build(containerfile, context, **kwargs)
+
+
+@needs_podman
+def test_a_recipe_changed_during_its_build_keeps_no_image_under_the_old_digest(
+    tiny_store: ImageStore, tmp_path: Path
+):
+    env = recipe(tmp_path / "ctx", f"FROM {TINY}\nCOPY token /token\n", token="before")
+    bases = {TINY: tiny_store.podman.inspect(TINY)["Id"]}
+    before = recipe_digest(tmp_path / "ctx" / "Containerfile", tmp_path / "ctx", {}, bases)
+    podman = tiny_store.podman
+    tiny_store.podman = EditingPodman(tiny_store.folder, edit=tmp_path / "ctx" / "token")
+    with pytest.raises(ImageError, match="changed while image .* was built; the image was not kept"):
+        tiny_store.ensure("env", env)
+    tiny_store.podman = podman
+    # Nothing answers for the old recipe (its image held the changed token) ...
+    assert not podman.exists(own_reference("env", before)) and tiny_store.list() == []
+    # ... and the recipe as it is now builds as usual.
+    built = tiny_store.ensure("env", env)
+    assert built.built and (tiny_store.root(built).path / "token").read_text() == "changed"

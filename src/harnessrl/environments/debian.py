@@ -3,7 +3,7 @@
 ``make_debian_base`` runs mmdebstrap into a tar and ``podman import``s it. As root, mmdebstrap mounts
 ``/proc``, ``/sys`` and ``/dev`` into its chroot: it runs in a mount namespace of its own, so those
 mounts go with its processes, and in a session of its own, so past ``timeout_s`` (or on Ctrl-C) it is
-killed with every process it started (apt, dpkg in the chroot).
+killed with every process it started (apt, dpkg in the chroot). The import has the same limit.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from harnessrl.environments.config import DebianBase
-from harnessrl.environments.podman import ImageError, Podman, log_tail
+from harnessrl.environments.podman import ImageError, Podman, PodmanTimeout, log_tail
 from harnessrl.environments.processes import communicate, kill_tree, owner, tool_env
 
 
@@ -75,4 +75,13 @@ def make_debian_base(
                 f"{where}: making the Debian base {reference} failed (mmdebstrap exited "
                 f"{returncode}; log: {log}):\n{log_tail(log)}"
             )
-        podman.import_tar(tar, reference, labels=labels)
+        # The import of a big root filesystem on a slow disk takes a while: it gets the build's own
+        # limit (a fixed 600 s failed such a base, and a hung podman held the build 600 s whatever the
+        # limit), and a timeout names the setting to raise.
+        try:
+            podman.import_tar(tar, reference, labels=labels, timeout=timeout_s)
+        except PodmanTimeout as exc:
+            raise ImageError(
+                f"{where}: importing the Debian base {reference} ran over {timeout_s:g} s "
+                "(raise [harness.environment] build_timeout_s)"
+            ) from exc

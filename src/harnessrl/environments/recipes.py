@@ -25,6 +25,7 @@ import re
 import shlex
 import stat
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from harnessrl.environments.podman import ImageError
@@ -33,6 +34,8 @@ _INSTRUCTION = re.compile(r"^\s*([A-Za-z]+)\s+(.*)$", re.S)
 _VARIABLE = re.compile(r"\$(?:\{([A-Za-z_][A-Za-z0-9_]*)(?::([-+])([^}]*))?\}|([A-Za-z_][A-Za-z0-9_]*))")
 _COPY_FROM = re.compile(r"(--from=)([^\s\]\"',]+)")
 _MOUNT_FROM = re.compile(r"(--mount=\S*?\bfrom=)([^\s,]+)")
+_KEYWORD = re.compile(r"^\s*[A-Za-z]+")
+_DIRECTIVE = re.compile(r"^#\s*([A-Za-z]+)\s*=\s*(\S+)\s*$")
 # A file name is bytes: one that is not UTF-8 (``caf\xe9.txt``) is hashed as its own bytes (strict
 # UTF-8 raised UnicodeEncodeError, a traceback out of images build); UTF-8 names hash as before.
 _NAME_BYTES = "surrogateescape"
@@ -45,26 +48,61 @@ def _lines(containerfile: Path) -> list[str]:
     return containerfile.read_text(errors="replace").removeprefix("\ufeff").splitlines()
 
 
+def _escape_character(lines: list[str]) -> str:
+    """The line-continuation character: ``\\`` unless a ``# escape=`` parser directive, among the
+    directives heading the file, names another (```` ` ````), as podman's parser reads it."""
+    for line in lines:
+        match = _DIRECTIVE.match(line)
+        if match is None:
+            break
+        if match.group(1).lower() == "escape" and match.group(2) in ("\\", "`"):
+            return match.group(2)
+    return "\\"
+
+
+@dataclass(frozen=True)
+class _Instruction:
+    start: int  # first and last line number (1-based) of the instruction, continuations included
+    end: int
+    name: str  # upper case
+    args: str
+
+
+def _parse(lines: list[str]) -> list[_Instruction]:
+    """The instructions as podman's (BuildKit's) parser reads them: a line ending with the escape
+    character continues on the next; comment lines and blank lines inside a continuation are skipped
+    (the instruction goes on past them); continued parts are joined as they are."""
+    escape = _escape_character(lines)
+    out: list[_Instruction] = []
+    pending: str | None = None
+    start = 0
+    for number, line in enumerate(lines, start=1):
+        stripped = line.strip()
+        if pending is None:
+            if not stripped or stripped.startswith("#"):
+                continue
+            start, pending, line = number, "", line.lstrip()
+        elif not stripped or stripped.startswith("#"):
+            continue  # inside a continuation: skipped, the instruction goes on
+        body = line.rstrip()
+        if body.endswith(escape):
+            pending += body[: -len(escape)]
+            continue
+        match = _INSTRUCTION.match(pending + line)
+        if match:
+            out.append(_Instruction(start, number, match.group(1).upper(), match.group(2).strip()))
+        pending = None
+    if pending:  # a continuation at the end of the file ends there
+        match = _INSTRUCTION.match(pending)
+        if match:
+            out.append(_Instruction(start, len(lines), match.group(1).upper(), match.group(2).strip()))
+    return out
+
+
 def instructions(containerfile: Path) -> list[tuple[int, str, str]]:
     """``(line number, INSTRUCTION, arguments)`` for each instruction; continuation lines joined,
     comments and parser directives left out."""
-    out: list[tuple[int, str, str]] = []
-    pending, start = "", 0
-    for number, line in enumerate(_lines(containerfile), start=1):
-        stripped = line.strip()
-        if not pending and (not stripped or stripped.startswith("#")):
-            continue
-        if not pending:
-            start = number
-        if stripped.endswith("\\"):
-            pending += stripped[:-1] + " "
-            continue
-        pending += stripped
-        match = _INSTRUCTION.match(pending)
-        if match:
-            out.append((start, match.group(1).upper(), match.group(2).strip()))
-        pending = ""
-    return out
+    return [(i.start, i.name, i.args) for i in _parse(_lines(containerfile))]
 
 
 def _escapes(source: str) -> bool:
@@ -107,7 +145,9 @@ def _copy_sources(args: str, what: str) -> list[str]:
 
 def _global_args(containerfile: Path, build_args: Mapping[str, str]) -> dict[str, str | None]:
     """The ``ARG``s declared before the first ``FROM`` (the only ones ``FROM`` may use), each with its
-    value: the build argument, else the default, else None."""
+    value: the build argument, else the default, else None. A default may use the ``ARG``s before it
+    (``ARG BASE=${REGISTRY}/debian``), as podman expands it; one using a variable with no value has
+    none itself (a ``FROM`` using it is refused naming it)."""
     values: dict[str, str | None] = {}
     for number, name, args in instructions(containerfile):
         if name == "FROM":
@@ -116,7 +156,15 @@ def _global_args(containerfile: Path, build_args: Mapping[str, str]) -> dict[str
             continue
         for word in _words(args, f"ARG on line {number}"):
             key, has_default, default = word.partition("=")
-            values[key] = build_args.get(key, default if has_default else None)
+            if key in build_args:
+                values[key] = build_args[key]
+            elif has_default:
+                try:
+                    values[key] = _expand(default, values, f"ARG on line {number}")
+                except ImageError:
+                    values[key] = None
+            else:
+                values[key] = None
     return values
 
 
@@ -148,60 +196,90 @@ def _from_image(args: str, values: Mapping[str, str | None], number: int) -> tup
     return image, stage
 
 
+def _image_references(
+    parsed: list[_Instruction], values: Mapping[str, str | None]
+) -> list[tuple[_Instruction, str | None, frozenset[str]]]:
+    """Each instruction with the image its ``FROM`` reads (None: a stage, ``scratch``, or no
+    ``FROM``) and the stage names defined before it, as podman tracks them: a ``FROM x`` or
+    ``--from=x`` after a stage named ``x`` reads that stage, not the image ``x``."""
+    stages: frozenset[str] = frozenset()
+    out: list[tuple[_Instruction, str | None, frozenset[str]]] = []
+    for ins in parsed:
+        image = None
+        if ins.name == "FROM":
+            found, stage = _from_image(ins.args, values, ins.start)
+            if found and found.lower() not in stages and not found.isdigit() and found != "scratch":
+                image = found
+            out.append((ins, image, stages))
+            stages = stages | {stage} if stage else stages
+        else:
+            out.append((ins, None, stages))
+    return out
+
+
+def _copied_images(ins: _Instruction, stages: frozenset[str]) -> list[str]:
+    """The images a ``COPY``/``ADD --from`` or ``RUN --mount from=`` reads (not stages, not indexes)."""
+    pattern = {"COPY": _COPY_FROM, "ADD": _COPY_FROM, "RUN": _MOUNT_FROM}.get(ins.name)
+    if pattern is None:
+        return []
+    found = [m.group(2) for m in pattern.finditer(ins.args)]
+    return [image for image in found if image.lower() not in stages and not image.isdigit()]
+
+
 def base_images(containerfile: Path, build_args: Mapping[str, str] | None = None) -> list[str]:
     """The images a recipe reads, each once: ``FROM`` of each stage, ``COPY --from=<image>`` and
     ``RUN --mount=...,from=<image>`` (stage names and indexes, and ``scratch``, left out)."""
     values = _global_args(containerfile, build_args or {})
-    stages: set[str] = set()
+    parsed = _parse(_lines(containerfile))
     images: list[str] = []
-
-    def add(image: str) -> None:
-        own_stage = image.lower() in stages or image.isdigit()  # a stage by name or by index
-        if image and not own_stage and image != "scratch" and image not in images:
-            images.append(image)
-
-    for number, name, args in instructions(containerfile):
-        if name == "FROM":
-            image, stage = _from_image(args, values, number)
-            add(image)
-            if stage:
-                stages.add(stage)
-        elif name in ("COPY", "ADD"):
-            for match in _COPY_FROM.finditer(args):
-                add(match.group(2))
-        elif name == "RUN":
-            for match in _MOUNT_FROM.finditer(args):
-                add(match.group(2))
+    for ins, image, stages in _image_references(parsed, values):
+        read = [image] if image else _copied_images(ins, stages)
+        images += [i for i in read if i != "scratch" and i not in images]
     return images
+
+
+def _pinned(
+    ins: _Instruction, image: str | None, stages: frozenset[str], image_ids: Mapping[str, str]
+) -> str:
+    """The instruction's arguments with the images it reads replaced by their ids."""
+    if ins.name == "FROM":
+        if image is None or image not in image_ids:
+            return ins.args
+        words = ins.args.split()
+        at = next(i for i, w in enumerate(words) if not w.startswith("--"))
+        words[at] = image_ids[image]
+        return " ".join(words)
+    pattern = {"COPY": _COPY_FROM, "ADD": _COPY_FROM, "RUN": _MOUNT_FROM}.get(ins.name)
+    if pattern is None:
+        return ins.args
+
+    def pin(match: re.Match[str]) -> str:
+        name = match.group(2)
+        own_stage = name.lower() in stages or name.isdigit()
+        return match.group(1) + (name if own_stage else image_ids.get(name, name))
+
+    return pattern.sub(pin, ins.args)
 
 
 def pin_images(containerfile: Path, image_ids: Mapping[str, str], build_args: Mapping[str, str]) -> str:
     """The Containerfile's text with each image of ``image_ids`` (as ``base_images`` names it) that a
-    ``FROM``, ``COPY --from`` or ``RUN --mount from=`` reads replaced by its id. Lines are kept as
-    they are (line numbers in build errors still match); only an instruction's first line is read."""
+    ``FROM``, ``COPY --from`` or ``RUN --mount from=`` reads replaced by its id. An instruction that
+    changes is written whole on its first line and its other lines (continuations, comments within)
+    left blank, so that line numbers in build errors still match; stages keep their names (a stage
+    named like an image is not that image)."""
+    lines = _lines(containerfile)
     values = _global_args(containerfile, build_args)
-    out: list[str] = []
-    continued = False
-    for number, line in enumerate(_lines(containerfile), start=1):
-        match = None if continued else _INSTRUCTION.match(line)
-        continued = line.rstrip().endswith("\\")
-        if match is None or line.lstrip().startswith("#"):
-            out.append(line)
+    parsed = _parse(lines)
+    for ins, image, stages in _image_references(parsed, values):
+        args = _pinned(ins, image, stages, image_ids)
+        if args == ins.args:
             continue
-        name = match.group(1).upper()
-        if name == "FROM":
-            image, _ = _from_image(match.group(2), values, number)
-            if image in image_ids:
-                words = match.group(2).split()
-                at = next(i for i, w in enumerate(words) if not w.startswith("--"))
-                words[at] = image_ids[image]
-                line = line[: match.start(2)] + " ".join(words)
-        elif name in ("COPY", "ADD"):
-            line = _COPY_FROM.sub(lambda m: m.group(1) + image_ids.get(m.group(2), m.group(2)), line)
-        elif name == "RUN":
-            line = _MOUNT_FROM.sub(lambda m: m.group(1) + image_ids.get(m.group(2), m.group(2)), line)
-        out.append(line)
-    return "\n".join(out) + "\n"
+        keyword = _KEYWORD.match(lines[ins.start - 1])
+        assert keyword is not None  # invariant: an instruction's first line starts with its keyword
+        lines[ins.start - 1] = f"{keyword.group(0)} {args}"
+        for number in range(ins.start + 1, ins.end + 1):
+            lines[number - 1] = ""
+    return "\n".join(lines) + "\n"
 
 
 def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:
@@ -239,31 +317,47 @@ def check_recipe(containerfile: Path, context: Path, *, where: str) -> None:
                     )
 
 
+def _field(h: hashlib._Hash, kind: bytes, data: bytes) -> None:
+    """One field of the digest: its kind, its length, its bytes. Without the length a file's content
+    could spell the next entry's header (a file ``a`` read as ``a`` and a second file ``b``): two
+    recipes with one digest, the image cached for one used for the other."""
+    h.update(kind + len(data).to_bytes(8, "big") + data)
+
+
+def _file_sha256(path: Path) -> bytes:
+    content = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            content.update(chunk)
+    return content.digest()
+
+
 def recipe_digest(
     containerfile: Path, context: Path, build_args: Mapping[str, str], base_ids: Mapping[str, str]
 ) -> str:
     """sha256 over what the build reads (see the module docstring), hex. Folders count too, empty
-    ones included (``COPY . /app`` makes them, with their modes)."""
+    ones included (``COPY . /app`` makes them, with their modes). Each field is kind- and
+    length-prefixed (``_field``), so no two different recipes encode alike."""
     h = hashlib.sha256()
-    h.update(b"harnessrl-recipe-2\0")
-    h.update(containerfile.read_bytes())
-    h.update(json.dumps({"args": dict(build_args), "bases": dict(base_ids)}, sort_keys=True).encode())
+    h.update(b"harnessrl-recipe-3\0")
+    _field(h, b"C", containerfile.read_bytes())
+    _field(h, b"A", json.dumps({"args": dict(build_args), "bases": dict(base_ids)}, sort_keys=True).encode())
     for folder, dirs, files in sorted(os.walk(context)):
         dirs.sort()
         info = Path(folder).lstat()
-        rel = Path(folder).relative_to(context).as_posix()
-        h.update(f"\0{rel}/\0{stat.S_IMODE(info.st_mode):o}\0".encode(errors=_NAME_BYTES))
+        _field(h, b"D", Path(folder).relative_to(context).as_posix().encode(errors=_NAME_BYTES))
+        _field(h, b"M", f"{stat.S_IMODE(info.st_mode):o}".encode())
         for name in sorted(files + [d for d in dirs if (Path(folder) / d).is_symlink()]):
             path = Path(folder) / name
-            rel = path.relative_to(context).as_posix()
             info = path.lstat()
-            h.update(f"\0{rel}\0{stat.S_IMODE(info.st_mode):o}\0".encode(errors=_NAME_BYTES))
+            _field(h, b"N", path.relative_to(context).as_posix().encode(errors=_NAME_BYTES))
+            _field(h, b"M", f"{stat.S_IMODE(info.st_mode):o}".encode())
             if stat.S_ISLNK(info.st_mode):
-                h.update(b"link:" + os.fsencode(os.readlink(path)))
+                _field(h, b"L", os.fsencode(os.readlink(path)))
             elif stat.S_ISREG(info.st_mode):
-                with path.open("rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
+                _field(h, b"F", _file_sha256(path))
+            else:
+                _field(h, b"O", b"")  # a fifo or socket: COPY refuses it, its kind still counts
     return h.hexdigest()
 
 

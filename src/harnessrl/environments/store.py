@@ -5,8 +5,8 @@
 - an ``image`` reference is used when it exists here (``pull = true`` pulls it first when it does not,
   on machines with a registry); otherwise an ``ImageError`` says so before anything runs;
 - a ``containerfile`` recipe is checked (``recipes.check_recipe``), its digest computed, and the image
-  ``localhost/harnessrl/<name>:<digest>`` built with podman unless it exists (a cache hit costs one
-  ``podman image exists``). A recipe ``FROM localhost/harnessrl/<other>:latest`` builds ``<other>``
+  ``localhost/harnessrl/<name>:<digest>`` built with podman unless it exists with the whole digest in
+  its label (a cache hit costs a ``podman image exists`` and an ``inspect``). A recipe ``FROM localhost/harnessrl/<other>:latest`` builds ``<other>``
   (another configured environment) first, and the base's image id is part of its digest;
 - a ``debian`` base is made with ``mmdebstrap`` and imported (``podman import``), cached by its spec.
 
@@ -147,6 +147,21 @@ class ImageStore:
             finally:
                 fcntl.flock(fh, fcntl.LOCK_UN)
 
+    @contextlib.contextmanager
+    def _mounting(self, *, pruning: bool) -> Iterator[None]:
+        """The store's mount lock, across processes: shared while a run mounts an image, exclusive
+        while prune decides what is in use and removes the rest. Without it a run that mounted an
+        image between prune's look at the mounts and its removal had its root unmounted and removed
+        under its sandbox (podman's ``rmi`` removes a mounted image)."""
+        locks = self.folder / "locks"
+        locks.mkdir(parents=True, exist_ok=True)
+        with (locks / "mounts.lock").open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX if pruning else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
     def ensure(
         self,
         name: str,
@@ -179,9 +194,10 @@ class ImageStore:
         digest = recipe_digest(containerfile, context, recipe.build_args, image_ids)
         reference = own_reference(name, digest)
         built = False
-        if not self.podman.exists(reference):
+        if self._made_from(reference, digest) is None:
             with self._locked(digest):
-                if not self.podman.exists(reference):  # another process may have built it meanwhile
+                # Another process may have built it meanwhile.
+                if self._made_from(reference, digest) is None:
                     self._build(name, recipe, digest, reference, image_ids, where)
                     built = True
         # :latest follows the recipe in use on every call, not only on a build: after v1 -> v2 -> v1
@@ -222,8 +238,8 @@ class ImageStore:
             found = self.podman.inspect(recipe.image)["Id"] if self.podman.exists(recipe.image) else None
             return found, set()
         if recipe.debian is not None:
-            reference = own_reference(name, debian_digest(recipe.debian.model_dump()))
-            return (self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None), set()
+            digest = debian_digest(recipe.debian.model_dump())
+            return self._made_from(own_reference(name, digest), digest), set()
         assert recipe.containerfile is not None  # invariant: ImageRecipe validates exactly one kind
         containerfile = Path(recipe.containerfile)
         context = Path(recipe.context) if recipe.context else containerfile.parent
@@ -231,9 +247,18 @@ class ImageStore:
         image_ids = self._image_ids(name, recipe, recipes, where=where, seen=(), build=False)
         if image_ids is None:
             return None, set()
-        reference = own_reference(name, recipe_digest(containerfile, context, recipe.build_args, image_ids))
-        found = self.podman.inspect(reference)["Id"] if self.podman.exists(reference) else None
-        return found, set(image_ids.values())
+        digest = recipe_digest(containerfile, context, recipe.build_args, image_ids)
+        return self._made_from(own_reference(name, digest), digest), set(image_ids.values())
+
+    def _made_from(self, reference: str, digest: str) -> str | None:
+        """The id of the image ``reference`` names if it was made from the recipe ``digest`` (its
+        label), else None. The tag keeps 16 hex digits of the digest: an image of another recipe
+        whose digest starts alike (64 bits, a collision one can craft) is not this recipe's image."""
+        if not self.podman.exists(reference):
+            return None
+        info = self.podman.inspect(reference)
+        labels = info.get("Labels") or (info.get("Config") or {}).get("Labels") or {}
+        return info["Id"] if labels.get(LABEL_RECIPE) == digest else None
 
     def _image_ids(
         self,
@@ -334,6 +359,15 @@ class ImageStore:
             except Stopped:  # the build was killed: what it committed goes, as after a failure
                 self._remove_partial(name, digest)
                 raise
+        # The build read the context as it was during the build: a file changed meanwhile (a checkout
+        # of the context's repository) went into an image labelled with the digest of the old files,
+        # which later runs of the old recipe then used.
+        if recipe_digest(containerfile, context, recipe.build_args, image_ids) != digest:
+            self._remove_partial(name, digest)
+            raise ImageError(
+                f"{where}: the recipe (its Containerfile or a file of {str(context)!r}) changed while "
+                f"image {reference} was built; the image was not kept: build again"
+            )
 
     def _remove_partial(self, name: str, digest: str) -> None:
         """What a failed build of environment ``name`` left (intermediate images carry its labels):
@@ -377,9 +411,9 @@ class ImageStore:
         digest = debian_digest(spec)
         reference = own_reference(name, digest)
         built = False
-        if not self.podman.exists(reference):
+        if self._made_from(reference, digest) is None:
             with self._locked(digest):
-                if not self.podman.exists(reference):
+                if self._made_from(reference, digest) is None:
                     self._mmdebstrap(name, recipe, digest, reference, where)
                     built = True
         self.podman.tag(reference, latest_reference(name))
@@ -418,8 +452,9 @@ class ImageStore:
             self._mounts.give_back_stale()
             info = self.podman.inspect(built.image_id)
             config = info.get("Config") or {}
-            path = self.podman.mount(built.image_id)
-            self._mounts.add(built.image_id)  # after the mount (``MountRecords.add``)
+            with self._mounting(pruning=False):  # not while a prune removes images
+                path = self.podman.mount(built.image_id)
+                self._mounts.add(built.image_id)  # after the mount (``MountRecords.add``)
             root = ImageRoot(
                 path=path,
                 name=built.reference,
@@ -488,17 +523,19 @@ class ImageStore:
         if not self.exists:
             return {"removed": [], "in_use": [], "freed_bytes": 0, "store_bytes": 0}
         before = folder_bytes(self.podman.graphroot)
-        self._mounts.give_back_stale()  # an image mounted only by a run that was killed is not in use
-        mounted = self.podman.mounted_images() if keep is not None else set()
-        removed, in_use = [], []
-        for row in self.list():
-            if keep is not None and row["id"] in keep:
-                continue
-            if row["id"] in mounted:
-                in_use.append({"name": row["name"], "id": row["id"][:12]})
-                continue
-            if self.podman.remove(row["id"]):
-                removed.append({"name": row["name"], "id": row["id"][:12]})
+        # No run mounts an image from the look at the mounts to the last removal (``_mounting``).
+        with self._mounting(pruning=True):
+            self._mounts.give_back_stale()  # an image mounted only by a run that was killed is not in use
+            mounted = self.podman.mounted_images() if keep is not None else set()
+            removed, in_use = [], []
+            for row in self.list():
+                if keep is not None and row["id"] in keep:
+                    continue
+                if row["id"] in mounted:
+                    in_use.append({"name": row["name"], "id": row["id"][:12]})
+                    continue
+                if self.podman.remove(row["id"]):
+                    removed.append({"name": row["name"], "id": row["id"][:12]})
         self.podman.prune_dangling()
         logs_freed = self._prune_logs()
         with self._lock:
