@@ -44,6 +44,7 @@ from typing import Any
 
 from harnessrl.errors import BadRequest
 from harnessrl.gateway.body_models import JsonInt, Lenient
+from harnessrl.gateway.prompt.messages import without_billing_header
 
 Internal = tuple[list[dict[str, Any]], list[dict[str, Any]] | None]
 
@@ -84,6 +85,25 @@ def _text_of(content: Any, where: str, joiner: str = "\n\n") -> str:
             raise _unsupported(block, f"{where}.{i}")
         texts.append(_block_text(block, f"{where}.{i}"))
     return joiner.join(texts)
+
+
+def _system_text(content: Any, where: str) -> str:
+    """A system prompt's text (``_text_of``) without Claude Code's billing header: its own first block
+    (``messages.BILLING_HEADER``), left out as vLLM's Messages route leaves it out. The request itself
+    is not changed (it is recorded as the harness sent it)."""
+    if isinstance(content, str):
+        return without_billing_header(content)
+    if isinstance(content, list):
+        kept = []
+        for block in content:
+            if isinstance(block, dict) and block.get("type") == "text" and isinstance(block.get("text"), str):
+                text = without_billing_header(block["text"])
+                if not text:
+                    continue
+                block = {**block, "text": text}
+            kept.append(block)
+        content = kept
+    return _text_of(content, where)
 
 
 def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
@@ -215,9 +235,9 @@ def refuse_prefill(messages: list[dict[str, Any]]) -> None:
 def request_to_internal(request: dict[str, Any]) -> Internal:
     """The internal ``(messages, tools)`` of a Messages request body; 400 (``BadRequest``) if unusable."""
     messages: list[dict[str, Any]] = []
-    system = request.get("system")
+    system = _system_text(request.get("system"), "system")
     if system:
-        messages.append({"role": "system", "content": _text_of(system, "system")})
+        messages.append({"role": "system", "content": system})
     raw = request.get("messages")
     if not isinstance(raw, list):
         raise BadRequest("messages must be a list", param="messages")
@@ -227,7 +247,7 @@ def request_to_internal(request: dict[str, Any]) -> Internal:
             raise BadRequest(f"{where} must be an object", param=where)
         role, content = message.get("role"), message.get("content")
         if role == "system":
-            messages.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+            messages.append({"role": "system", "content": _system_text(content, f"{where}.content")})
         elif role == "user":
             turn = _user_messages(content, f"{where}.content")
             if turn[0]["role"] == "user" and messages and messages[-1]["role"] == "user":

@@ -2,7 +2,8 @@
 
 ``normalize_message`` turns a message into the one form prompt building and matching use (content
 parts -> one string, ``None`` -> "", tool-call arguments -> a JSON object when they parse,
-``developer`` -> ``system``; the reasoning kept under whichever name it came by); ``message_key``
+``developer`` -> ``system``; the reasoning kept under whichever name it came by; Claude Code's
+per-conversation attribution line taken out of system text, as vLLM does: ``BILLING_HEADER``); ``message_key``
 fingerprints it semantically (stripped text, tool calls by name and parsed arguments, ids ignored);
 ``template_key`` fingerprints what else the template is rendered with (the tools and the template
 kwargs); ``PriorCall`` is an answered call as reuse remembers it.
@@ -35,22 +36,36 @@ from harnessrl.token_ids import KeptIds
 _KEEP_FIELDS = ("name", "tool_call_id", *REASONING_FIELDS)
 
 
-def normalize_content(content: Any, where: str = "content") -> str:
-    """One string from OpenAI content: a string, ``None``, or a list of text parts."""
+#: The first line of a system text Claude Code writes for Anthropic's billing (``x-anthropic-billing-header:
+#: cc_version=2.1.197.<3 hex digits of the first user message>; cc_entrypoint=cli;``, a per-request
+#: hash too on some accounts). vLLM leaves it out of the prompt (its chat and Messages routes both),
+#: so a policy deployed there never sees it; rendered here, training saw a line deployment does not,
+#: and system prompts that differ at their first token across tasks (no prefix shared between them).
+BILLING_HEADER = "x-anthropic-billing-header"
+
+
+def without_billing_header(text: str) -> str:
+    """``text`` without its first line if that line is Claude Code's billing header (vLLM's rule)."""
+    return text.partition("\n")[2] if text.startswith(BILLING_HEADER) else text
+
+
+def normalize_content(content: Any, where: str = "content", *, system: bool = False) -> str:
+    """One string from OpenAI content: a string, ``None``, or a list of text parts. ``system``: a
+    system message's, whose text (each part) loses Claude Code's billing header line."""
     if content is None:
         return ""
     if isinstance(content, str):
-        return content
+        return without_billing_header(content) if system else content
     if isinstance(content, list):
         pieces = []
         for i, part in enumerate(content):
             if isinstance(part, str):
-                pieces.append(part)
+                pieces.append(without_billing_header(part) if system else part)
             elif isinstance(part, dict) and part.get("type") in ("text", "input_text", "output_text"):
                 text = part.get("text")
                 if not isinstance(text, str):
                     raise BadRequest(f"{where}[{i}].text must be a string", param=f"{where}.{i}.text")
-                pieces.append(text)
+                pieces.append(without_billing_header(text) if system else text)
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise BadRequest(
@@ -86,7 +101,7 @@ def normalize_message(message: dict[str, Any], index: int = 0) -> dict[str, Any]
     role = {"developer": "system", "function": "tool"}.get(role, role)
     out: dict[str, Any] = {
         "role": role,
-        "content": normalize_content(message.get("content"), f"{where}.content"),
+        "content": normalize_content(message.get("content"), f"{where}.content", system=role == "system"),
     }
     for key in _KEEP_FIELDS:
         value = message.get(key)
