@@ -134,7 +134,8 @@ def _user_messages(content: Any, where: str) -> list[dict[str, Any]]:
                 {
                     "role": "tool",
                     "tool_call_id": block["tool_use_id"],
-                    "content": _text_of(block.get("content"), f"{at}.content"),
+                    # Its text blocks on separate lines, as vLLM's Messages route joins them.
+                    "content": _text_of(block.get("content"), f"{at}.content", joiner="\n"),
                 }
             )
         else:

@@ -49,9 +49,13 @@ def without_billing_header(text: str) -> str:
     return text.partition("\n")[2] if text.startswith(BILLING_HEADER) else text
 
 
-def normalize_content(content: Any, where: str = "content", *, system: bool = False) -> str:
-    """One string from OpenAI content: a string, ``None``, or a list of text parts. ``system``: a
-    system message's, whose text (each part) loses Claude Code's billing header line."""
+def normalize_content(
+    content: Any, where: str = "content", *, system: bool = False, tool: bool = False
+) -> str:
+    """One string from OpenAI content: a string, ``None``, or a list of text parts, joined as they
+    are (``tool``: a tool result's, one part a line, as vLLM joins a tool message's text parts
+    whatever the template). ``system``: a system message's, whose text (each part) loses Claude
+    Code's billing header line."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -72,7 +76,7 @@ def normalize_content(content: Any, where: str = "content", *, system: bool = Fa
                     f"{where}[{i}]: content part of type {kind!r} is not supported (text only)",
                     param=f"{where}.{i}",
                 )
-        return "".join(pieces)
+        return ("\n" if tool else "").join(pieces)
     raise BadRequest(f"{where} must be a string, a list of parts, or null", param=where)
 
 
@@ -101,7 +105,9 @@ def normalize_message(message: dict[str, Any], index: int = 0) -> dict[str, Any]
     role = {"developer": "system", "function": "tool"}.get(role, role)
     out: dict[str, Any] = {
         "role": role,
-        "content": normalize_content(message.get("content"), f"{where}.content", system=role == "system"),
+        "content": normalize_content(
+            message.get("content"), f"{where}.content", system=role == "system", tool=role == "tool"
+        ),
     }
     for key in _KEEP_FIELDS:
         value = message.get(key)
