@@ -16,7 +16,9 @@ diff), the flag, report, config and time budget in ``audit.report``, and what bo
 (hints to matches; only the audit knows the workspace: ``outside_workspace`` hints for paths inside
 it are dropped there) in ``audit.hints``. The extraction is in ``audit.extract``; the rules (shell,
 git, Python and patch analysis) in ``audit.rules``, what a command line or piece of code runs
-(runners, interpreters, one-liners, files written then run) in ``audit.invocations``, the files a
+(runners, interpreters, one-liners, files written then run) in ``audit.invocations``, the shell
+Python code runs in ``audit.python_calls``, Python read as it runs in ``audit.python_code``, what
+runs a file (suffix, shebang) in ``audit.languages``, the files a
 patch touches in ``audit.patches``, the ``.git`` folder read by other programs in ``audit.git_folder``, installs and writes to tests in ``audit.changes``, those about
 the machine around the task (``/proc``, namespaces, the store, paths outside the workspace) in
 ``audit.system``, shell syntax in ``audit.shell`` (``audit.shell_scan``, ``audit.shell_commands``),

@@ -11,12 +11,12 @@ from harnessrl.controller.audit.changes import check_write
 from harnessrl.controller.audit.extract import CommandRecord
 from harnessrl.controller.audit.git_folder import git_folder_searched, git_history_path
 from harnessrl.controller.audit.hints import RAW_PATTERNS, Workspace, select_hints, workspace_roots
+from harnessrl.controller.audit.languages import script_language
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit.patterns import GIT_HISTORY, NETWORK_FETCH
 from harnessrl.controller.audit.report import ALL_RULES, AuditBudget, AuditFlag
 from harnessrl.controller.audit.rules import analyze_patch, analyze_python, analyze_shell
 from harnessrl.controller.audit.system import check_path, raw_hints
-from harnessrl.controller.audit.workspace import script_language
 
 # Longer texts are cut before analysis so one huge file write cannot stall the controller; what the
 # cut leaves unread is flagged ``obfuscated_code`` (a command padded past the cap hides its tail).

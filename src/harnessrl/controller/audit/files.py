@@ -10,12 +10,14 @@ from collections.abc import Iterator, Sequence
 
 from harnessrl.controller.audit.changes import always_equal_hints, check_write
 from harnessrl.controller.audit.hints import RAW_PATTERNS, Workspace, select_hints, workspace_roots
+from harnessrl.controller.audit.languages import is_code_path, script_language
 from harnessrl.controller.audit.obfuscation import OBFUSCATED_CODE
 from harnessrl.controller.audit.patterns import GIT_HISTORY, NETWORK_FETCH
+from harnessrl.controller.audit.python_code import python_names_normalized
 from harnessrl.controller.audit.report import ALL_RULES, AuditBudget, AuditFlag
-from harnessrl.controller.audit.rules import analyze_python, analyze_shell, python_names_normalized
+from harnessrl.controller.audit.rules import analyze_python, analyze_shell
 from harnessrl.controller.audit.system import OUTSIDE_WORKSPACE, check_path, raw_hints
-from harnessrl.controller.audit.workspace import FileChange, WorkspaceDiff, is_code_path, script_language
+from harnessrl.controller.audit.workspace import FileChange, WorkspaceDiff
 
 # Files tools write for themselves (caches, installed packages): not writes of tests or their config.
 _GENERATED = re.compile(

@@ -8,7 +8,8 @@ list the whole folder (``logs/HEAD`` holds every commit's message, ``packed-refs
 (``ls -la .git``), ``HEAD``, ``config``, ``description``, ``hooks/``, ``index``, lock files and the
 ignore/attribute files of ``info/``; excluding it (``grep -r X . --exclude-dir=.git``, ``find .
 -path ./.git -prune``) names it as an option's value, never as a path read. ``audit.rules`` calls
-``git_folder_hints`` for every simple command; its matches are ``git_history`` flags.
+``git_folder_hints`` for every simple command, and ``git_folder_copied``/``git_folder_entered`` for
+copies of the folder and ``cd`` into it; their matches are ``git_history`` flags.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import posixpath
 import re
 from collections.abc import Iterator
 
+from harnessrl.controller.audit.patterns import COPIER_VALUE_OPTS
 from harnessrl.controller.audit.shell import wordlist
 from harnessrl.controller.audit.shell_commands import positional_args
 
@@ -286,3 +288,23 @@ def _harmless(inside: str) -> bool:
     if parts[0] == "info":
         return len(parts) == 1 or (parts[1] in _HARMLESS_INFO and not _GLOB.search(parts[1]))
     return parts[0] in _HARMLESS
+
+
+def git_folder_copied(args: list[str]) -> str | None:
+    """The argument of a copier (``cp -r``, ``rsync``...) naming a ``.git`` folder itself (``.git``,
+    ``repo/.git``, ``./.git/``), if any: the copy's history is then read where no rule looks."""
+    for arg in positional_args(args, COPIER_VALUE_OPTS)[0]:
+        parts = _components(arg)
+        if parts and parts[-1] == ".git":
+            return arg
+    return None
+
+
+def git_folder_entered(args: list[str]) -> str | None:
+    """The argument of ``cd``/``pushd`` with a ``.git`` component, if any: ``cat packed-refs`` there
+    reads the history without naming the folder."""
+    return next((arg for arg in args if ".git" in _components(arg)), None)
+
+
+def _components(path: str) -> list[str]:
+    return [part for part in path.split("/") if part]

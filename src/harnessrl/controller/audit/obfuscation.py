@@ -282,3 +282,12 @@ def _tainted_names(code: str) -> set[str]:
         if not grew:
             break
     return tainted
+
+
+_TOO_DEEP_SHOWN = 80  # characters of the unread code kept as the hint
+
+
+def nested_too_deep(text: str) -> tuple[str, str]:
+    """Code nested past ``audit.rules.MAX_DEPTH`` is not read; a cap must not become a hiding place,
+    so it is flagged (no fix needs seven levels of ``bash -c``/``taskset``/``$(…)`` around a command)."""
+    return OBFUSCATED_CODE, text.strip()[:_TOO_DEEP_SHOWN] or text

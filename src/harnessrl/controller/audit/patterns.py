@@ -126,3 +126,8 @@ PYTHON_PATTERNS: list[tuple[str, re.Pattern[str]]] = [
         re.compile(r"\bpip\.main\(|\bpip\._internal\b|^[ \t]*%(?:pip|conda)[ \t]+install\b", re.M),
     ),
 ]
+
+# Installers and network clients that also run as ``python -m NAME``: read as the program NAME.
+MODULE_PROGRAMS = frozenset(
+    {"uv", "pipx", "poetry", "pdm", "pipenv", "hatch", "conda", "mamba", "httpie", "wget"}
+)

@@ -15,20 +15,15 @@ The audit is a tripwire, not a sandbox: what encoded or computed commands (``$(e
 base64 -d)``) do is out of its reach by design; that they decode and run something is flagged
 (``obfuscated_code``, in ``audit.obfuscation``), and what they write lands in the workspace diff.
 Here are the traversal and the ``git_history``, ``network_fetch`` and ``python_network`` rules;
-what they look for (program names, git's subcommands, Python patterns) is data in ``audit.patterns``. What
-a command line or a piece of code runs (runners' arguments, ``python``'s options, the files a script
-runs, the shell of one-liners and of ``os.system``) is parsed by ``audit.invocations``, what a patch
-changes by ``audit.patches``; the checks of one install or one write (``package_install``,
-``test_config_write``) are in ``audit.changes``, the rules about the machine around the task
-(``/proc``, namespaces, the store, paths outside the workspace) in ``audit.system``. See docs/audit.md.
+what they look for is data in ``audit.patterns``, and what a command or code runs is parsed by the
+modules the ``audit`` package's docstring lists (``audit.invocations``, ``audit.python_calls``...).
+See docs/audit.md.
 """
 
 from __future__ import annotations
 
 import posixpath
-import re
 import shlex
-import unicodedata
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -46,8 +41,9 @@ from harnessrl.controller.audit.changes import (
 from harnessrl.controller.audit.git_folder import (
     asked_history_paths,
     git_dir_spelled_out,
+    git_folder_copied,
+    git_folder_entered,
     git_folder_hints,
-    git_history_path,
 )
 from harnessrl.controller.audit.hints import RAW_PATTERNS
 from harnessrl.controller.audit.invocations import (
@@ -59,19 +55,18 @@ from harnessrl.controller.audit.invocations import (
     files_run,
     notebook_shell,
     python_invocation,
-    python_shell_calls,
     wrapped_command,
 )
+from harnessrl.controller.audit.languages import script_language
 from harnessrl.controller.audit.obfuscation import (
     OBFUSCATED_CODE,
     evaluated_literals,
+    nested_too_deep,
     python_obfuscation,
-    string_literals,
 )
 from harnessrl.controller.audit.obfuscation_shell import shell_obfuscation
 from harnessrl.controller.audit.patches import patched_files
 from harnessrl.controller.audit.patterns import (
-    COPIER_VALUE_OPTS,
     COPIERS,
     EMBEDDED_NETWORK,
     GIT_ALWAYS,
@@ -79,15 +74,23 @@ from harnessrl.controller.audit.patterns import (
     GIT_GLOBAL_WITH_VALUE,
     GIT_HISTORY,
     GIT_SAFE,
+    MODULE_PROGRAMS,
     NETWORK_FETCH,
     NETWORK_PROGRAMS,
     PYTHON_PATTERNS,
     REVISION,
 )
+from harnessrl.controller.audit.python_calls import python_shell_calls
+from harnessrl.controller.audit.python_code import (
+    builtin_aliases_called,
+    literal_path_hints,
+    python_names_normalized,
+)
 from harnessrl.controller.audit.shell import Segment, shell_segments
 from harnessrl.controller.audit.shell_commands import (
     expand_names,
     function_called,
+    lookups_spelled_out,
     output_of,
     positional_args,
     script_functions,
@@ -98,23 +101,10 @@ from harnessrl.controller.audit.shell_commands import (
     xargs_commands,
 )
 from harnessrl.controller.audit.system import check_path, python_hints, shell_hints
-from harnessrl.controller.audit.workspace import script_language
 
 MAX_DEPTH = 6  # nesting of bash -c / python -c / $(...) followed
 _MAX_FUNCTION_CALLS = 256  # distinct calls of the script's own functions read with their arguments
 _MAX_FUNCTION_CHARS = 100_000  # and the characters of those calls' bodies read in all
-
-
-# ``$(which curl) x``, ```command -v git` log``: the program's path looked up, then run. Read as the
-# program's name (``c=$(which curl); $c x`` then expands to it too); where the lookup is only printed
-# (``echo $(which curl)``), the name is an argument, which no rule reads as a program.
-_LOOKED_UP = re.compile(
-    r"\$\(\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*\)"
-    r"|`\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*`"
-)
-
-
-_READ_SUBSTITUTION = re.compile(r"\$\(\s*<(?!<)")
 
 
 @dataclass
@@ -131,11 +121,10 @@ def analyze_shell(script: str, depth: int, scope: _FunctionScope | None = None) 
     """The ``(rule, hint)`` pairs of a shell script; ``scope``: the functions an enclosing script
     defines (``_functions_called``)."""
     if depth > MAX_DEPTH:
-        yield _too_deep(script)
+        yield nested_too_deep(script)
         return
     previous: Segment | None = None
-    script = _LOOKED_UP.sub(lambda m: m.group(1) or m.group(2), script)
-    script = _READ_SUBSTITUTION.sub("$(cat <", script)  # bash's ``$(< FILE)`` is ``$(cat FILE)``
+    script = lookups_spelled_out(script)  # ``$(which curl) x`` is ``curl x``
     yield from ((GIT_HISTORY, path) for path in asked_history_paths(script))
     # ``d=$(git rev-parse --git-dir); cat $d/ORIG_HEAD``, ``cd "$(git rev-parse --git-dir)"``: the
     # folder git names is read as ``.git``, so variables and ``cd`` carry it like a typed one.
@@ -183,7 +172,7 @@ def _analyze_simple(
     segment: Segment, previous: Segment | None, depth: int, run_files: dict[str, str] | None = None
 ) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:  # ``taskset 1 taskset 1 …`` and ``find -exec find -exec …`` nest here too
-        yield _too_deep(" ".join(segment.words))
+        yield nested_too_deep(" ".join(segment.words))
         return
     for word in segment.words + [target for _, target in segment.redirects]:
         for inner in substitutions(word):
@@ -252,10 +241,9 @@ def _analyze_simple(
         yield from analyze_shell(stdin, depth + 1)  # ``source /dev/stdin <<< "curl x"``
     elif prog == "patch" and stdin:
         yield from analyze_patch(stdin)
-    elif prog in COPIERS and (copied := _git_folder_copied(args)):
+    elif prog in COPIERS and (copied := git_folder_copied(args)):
         yield GIT_HISTORY, f"{words[0]} {copied}"  # then ``cat /tmp/g/packed-refs`` reads history unseen
-    elif prog in ("cd", "pushd") and any(".git" in _components(a) for a in args):
-        into = next(a for a in args if ".git" in _components(a))
+    elif prog in ("cd", "pushd") and (into := git_folder_entered(args)):
         yield GIT_HISTORY, f"{words[0]} {into}"  # then ``cat packed-refs`` reads history unseen
     elif prog in EMBEDDING_PROGRAMS:
         yield from _embedded_commands(" ".join(args), depth)
@@ -269,28 +257,6 @@ def _analyze_simple(
         if flag in args:  # find ... -exec CMD {} ;
             inner = [a for a in args[args.index(flag) + 1 :] if a not in ("{}", "+", ";")]
             yield from _analyze_simple(Segment(words=inner), None, depth + 1)
-
-
-def _git_folder_copied(args: list[str]) -> str | None:
-    """The argument naming a ``.git`` folder itself (``.git``, ``repo/.git``, ``./.git/``), if any."""
-    for arg in positional_args(args, COPIER_VALUE_OPTS)[0]:
-        parts = _components(arg)
-        if parts and parts[-1] == ".git":
-            return arg
-    return None
-
-
-def _too_deep(text: str) -> tuple[str, str]:
-    """Code nested past ``MAX_DEPTH`` is not read; a cap must not become a hiding place, so it is
-    flagged (no fix needs seven levels of ``bash -c``/``taskset``/``$(…)`` around a command)."""
-    return OBFUSCATED_CODE, text.strip()[:_TOO_DEEP_SHOWN] or text
-
-
-_TOO_DEEP_SHOWN = 80
-
-
-def _components(path: str) -> list[str]:
-    return [part for part in path.split("/") if part]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -320,12 +286,6 @@ def _embedded_commands(code: str, depth: int) -> Iterator[tuple[str, str]]:
         yield from analyze_shell(command, depth + 1)
 
 
-# Installers and network clients that also run as ``python -m NAME``: read as the program NAME.
-_MODULE_PROGRAMS = frozenset(
-    {"uv", "pipx", "poetry", "pdm", "pipenv", "hatch", "conda", "mamba", "httpie", "wget"}
-)
-
-
 def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> Iterator[tuple[str, str]]:
     """``python [options] …``: the code of ``-c``, the module of ``-m`` (``pip``), or stdin."""
     kind, value, rest = python_invocation(args)
@@ -336,7 +296,7 @@ def _analyze_python_command(args: list[str], stdin: str | None, depth: int) -> I
             yield PACKAGE_INSTALL, f"-m pip {pip_hint(rest)}"
         elif value in ("ensurepip", "easy_install"):  # installs pip itself (then any package), or a package
             yield PACKAGE_INSTALL, f"-m {value}"
-        elif value in _MODULE_PROGRAMS:  # ``python -m uv pip install x`` runs as ``uv pip install x``
+        elif value in MODULE_PROGRAMS:  # ``python -m uv pip install x`` runs as ``uv pip install x``
             yield from analyze_shell(shlex.join([value, *rest]), depth + 1)
     elif kind == "stdin" and stdin:
         yield from analyze_python(stdin, depth + 1)
@@ -403,50 +363,11 @@ def _git_setting(key: str, value: str, depth: int) -> Iterator[tuple[str, str]]:
         yield from analyze_shell(value.removeprefix("!"), depth + 1)
 
 
-_WORD = re.compile(r"\w+")
-
-
-def python_names_normalized(code: str) -> str:
-    """``code`` with its words as Python reads them: identifiers are NFKC-normalized (PEP 3131), so
-    ``import ｓｏｃｋｅｔ``, ``os.ｓｙｓｔｅｍ(…)``, ``𝐞𝐱𝐞𝐜(…)`` and ``def __ｅｑ__`` run as the plain
-    names, which no rule read. Words in strings are normalized too (over-reading only flags more)."""
-    if code.isascii():
-        return code
-    return _WORD.sub(
-        lambda m: m.group() if m.group().isascii() else unicodedata.normalize("NFKC", m.group()), code
-    )
-
-
-# ``e = exec`` then ``e("…")``, ``imp = importlib.import_module`` then ``imp("socket")``: a builtin that
-# runs code or imports, bound to another name. Its calls are read as calls of the builtin itself.
-_BUILTIN_ALIAS = re.compile(
-    r"^[ \t]*([A-Za-z_]\w*)[ \t]*=[ \t]*(?:builtins\.|__builtins__\.)?"
-    r"(exec|eval|compile|__import__|(?:importlib\.)?import_module)[ \t]*(?:#.*)?$",
-    re.M,
-)
-# String literals joined with ``+`` (``'.git/' + 'packed-refs'``): the text they make is read for the
-# raw patterns, as the typed text is.
-_PY_STRING_PIECE = r"[rbu]{0,2}(?:'[^'\n]*'|\"[^\"\n]*\")"
-_PY_JOINED_LITERALS = re.compile(rf"{_PY_STRING_PIECE}(?:\s*\+\s*{_PY_STRING_PIECE})+")
-# A string literal: the path it may name in the .git folder is for ``audit.git_folder`` to say.
-_PY_STRING_LITERAL = re.compile(r"""(['"])([^'"\n]*)\1""")
-
-
-def _builtin_aliases_called(code: str) -> str:
-    """``code`` with the calls of names bound to ``exec``/``eval``/``compile``/``__import__``/
-    ``import_module`` spelled as calls of the builtin (``e = exec; e("import socket")``)."""
-    aliases = {name: target for name, target in _BUILTIN_ALIAS.findall(code) if name != target}
-    if not aliases:
-        return code
-    calls = re.compile(rf"(?<![\w.])({'|'.join(map(re.escape, aliases))})(?=\s*\()")
-    return calls.sub(lambda m: aliases[m.group(1)], code)
-
-
 def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
     if depth > MAX_DEPTH:
-        yield _too_deep(code)
+        yield nested_too_deep(code)
         return
-    code = _builtin_aliases_called(python_names_normalized(code))
+    code = builtin_aliases_called(python_names_normalized(code))
     for rule, pattern in PYTHON_PATTERNS:
         for match in pattern.finditer(code):
             yield rule, match.group(0)
@@ -457,15 +378,7 @@ def analyze_python(code: str, depth: int) -> Iterator[tuple[str, str]]:
             yield OBFUSCATED_CODE, "exec("
             break
         yield from analyze_python(literal, depth + 1)
-    for match in _PY_JOINED_LITERALS.finditer(code):  # open('.git/' + 'packed-refs'): the path it makes
-        joined = "".join(string_literals(match.group(0)))
-        if raw := RAW_PATTERNS.search(joined):
-            yield (NETWORK_FETCH if raw.group("tcp") else GIT_HISTORY), match.group(0)
-        elif git_history_path(joined):  # glob.glob('.gi' + 't/obj*/*/*')
-            yield GIT_HISTORY, match.group(0)
-    for match in _PY_STRING_LITERAL.finditer(code):  # open('.git//packed-refs'), glob('.gi?/logs/*')
-        if ".g" in match.group(2) and git_history_path(match.group(2)):
-            yield GIT_HISTORY, match.group(0)
+    yield from literal_path_hints(code)  # open('.git/' + 'packed-refs'), glob('.gi?/logs/*')
     yield from forced_exit_hints(code)
     yield from always_equal_hints(code)
     for command in python_shell_calls(code):  # os.system("curl ..."), subprocess.run(["pip", ...])

@@ -2,7 +2,8 @@
 runs under ``sudo``/``timeout``/``uv run`` (``strip_wrappers``), what literal text it pipes on
 (``output_of``), which script ``bash -c`` runs (``shell_script``), which arguments are positional
 (``positional_args``), what runs inside ``$(...)`` (``substitutions``), and the commands with the
-script's own literal variables and aliases put in (``expand_names``). Syntax only: ``audit.rules``
+script's own literal variables and aliases put in (``expand_names``), and a script with its program
+lookups (``$(which curl)``) spelled as the program (``lookups_spelled_out``). Syntax only: ``audit.rules``
 decides what to flag.
 """
 
@@ -255,3 +256,22 @@ def xargs_commands(wrappers: list[str], words: list[str], stdin: str) -> list[li
         return [words + stdin.split()]
     lines = [line.strip() for line in stdin.splitlines() if line.strip()][:_MAX_XARGS_LINES]
     return [[w.replace(placeholder, line) for w in words] for line in lines]
+
+
+# ``$(which curl) x``, ```command -v git` log``: the program's path looked up, then run. Read as the
+# program's name (``c=$(which curl); $c x`` then expands to it too); where the lookup is only printed
+# (``echo $(which curl)``), the name is an argument, which no rule reads as a program.
+_LOOKED_UP = re.compile(
+    r"\$\(\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*\)"
+    r"|`\s*(?:which|command[ \t]+-v|type[ \t]+-[pP])[ \t]+([\w.+-]+)\s*`"
+)
+
+
+_READ_SUBSTITUTION = re.compile(r"\$\(\s*<(?!<)")
+
+
+def lookups_spelled_out(script: str) -> str:
+    """``script`` with each program lookup run as the program (``$(which curl) x`` -> ``curl x``)
+    and bash's ``$(< FILE)`` as the ``$(cat < FILE)`` it means."""
+    script = _LOOKED_UP.sub(lambda m: m.group(1) or m.group(2), script)
+    return _READ_SUBSTITUTION.sub("$(cat <", script)  # bash's ``$(< FILE)`` is ``$(cat FILE)``

@@ -20,7 +20,7 @@ A modified text file's changed lines come from a line diff against the line hash
 (Python's ``hash`` of each line: the snapshot and the diff live in one controller process), so code
 the task shipped in that file is not audited, only what the policy wrote. Each changed text file also
 carries its first line (``FileChange.first_line``): lines appended to a shipped ``#!/usr/bin/env
-python`` script are Python although no hunk starts at line 1 (``script_language``). See docs/audit.md.
+python`` script are Python although no hunk starts at line 1 (``audit.languages``). See docs/audit.md.
 """
 
 from __future__ import annotations
@@ -38,6 +38,11 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from harnessrl.controller.audit.languages import first_line_of, is_code_path
+
+# Re-exported: code and docs import ``script_language`` from here.
+from harnessrl.controller.audit.languages import script_language as script_language
 
 MiB = 1024 * 1024
 _CHUNK = 1 * MiB
@@ -109,7 +114,7 @@ class FileChange(BaseModel):
     shadows: str | None = None  # the Python source a binary module would replace at import
     note: str | None = None  # why the content was not read, when it was not
     # The file's first line now (text files): its shebang says what runs it even when the policy only
-    # appended lines, so no hunk starts at line 1 (``script_language``).
+    # appended lines, so no hunk starts at line 1 (``audit.languages.script_language``).
     first_line: str | None = None
 
 
@@ -254,36 +259,6 @@ def _read_text(root: Path, rel: str, limit: int) -> bytes | None:
 
 _MAX_NOTES = 50  # bound notes kept in a diff (one per unreadable or unhashed file otherwise)
 _SHOWN_PATH = 300  # characters of an unreadable path kept (one nested past PATH_MAX is longer)
-_CODE_SUFFIXES = (".py", ".pyw", ".pth", ".sh", ".bash", ".zsh", ".ksh")
-
-
-def is_code_path(path: str) -> bool:
-    """Python or shell by its name (a shebang is checked on the content)."""
-    return path.endswith(_CODE_SUFFIXES)
-
-
-ScriptLanguage = Literal["python", "shell"]
-_PYTHON_SUFFIXES = (".py", ".pyw", ".pth")
-_PYTHON_SHEBANG = re.compile(r"\A#![^\n]*\b(?:python|pypy)[\d.]*\b")
-_SHELL_SHEBANG = re.compile(r"\A#![^\n]*\b(?:ba|z|da|k|a|mk)?sh\b")
-_MAX_FIRST_LINE = 1000  # characters of a first line kept: a shebang is short
-
-
-def script_language(path: str, first_line: str | None) -> ScriptLanguage | None:
-    """What runs a file, by its suffix or its shebang (``#!/usr/bin/env python``, ``#!/bin/sh``); None
-    for other files. A file written without either and run by name (``./x``) runs under the shell,
-    and one run as ``python run.txt`` is Python: only the commands tell, so the audit's rules decide
-    those."""
-    if path.endswith(_PYTHON_SUFFIXES):
-        return "python"
-    if path.endswith(_CODE_SUFFIXES):
-        return "shell"
-    line = first_line or ""
-    if _PYTHON_SHEBANG.match(line):
-        return "python"
-    if _SHELL_SHEBANG.match(line):
-        return "shell"
-    return None
 
 
 def diff_workspace(
@@ -356,7 +331,7 @@ def _change(
     if old is not None and old_lines is None:
         base["note"] = "whole file read: no line index of the original"
     hunks = _hunks(data, old_lines)
-    first = data.split(b"\n", 1)[0][:_MAX_FIRST_LINE].decode("utf-8", errors="replace")
+    first = first_line_of(data)
     return FileChange(**base, kind="file", hunks=hunks, first_line=first), sum(len(h.text) for h in hunks)
 
 
