@@ -29,7 +29,7 @@ One caller's builds are stopped without touching anyone else's with a ``BuildSto
 commands (``is_long_command``: a build, pull, import, ``mmdebstrap``) watched by ``communicate``,
 which raises ``Stopped`` once ``stop.stop()`` was called; the code that started the command then kills
 it with everything it started (``kill_tree``), as after Ctrl-C. The store's wait for another
-process's build lock ends the same way (``store.ImageStore._locked``). Commands of other work, in
+process's build lock ends the same way (``locks.build_lock``). Commands of other work, in
 this process or another, go on.
 """
 
