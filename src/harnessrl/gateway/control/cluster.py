@@ -291,30 +291,12 @@ class Cluster:
     async def wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
         """Wait until every live gateway of this gate acked its current pause quiet, or ``timeout`` passed:
         (drained, the gate, the live gateways). ``Conflict`` once a resume overtook the pause."""
-        self._waiters += 1
-        try:
-            return await self._wait_drained(command, timeout)
-        finally:
-            self._waiters -= 1
 
-    async def _wait_drained(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            event = self._changed()
-            await self.ack()
-            state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))
-            self.apply(state)
-            check_not_overtaken(command, state)
-            now = self.clock()
-            live = [self.fresh(r) for r in rows if r.live(now)]
-            pending = [r for r in live if not acked_quiet(r, state.command)]
-            remaining = deadline - loop.time()
-            if not pending or remaining <= 0:
-                return not pending, state, live
-            wait = next_look(pending, now, remaining, self.tick_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), wait)
+        return await self._wait_for(
+            lambda row, state: not acked_quiet(row, state.command),
+            timeout,
+            check=lambda state: check_not_overtaken(command, state),
+        )
 
     async def wait_applied(self, command: int, timeout: float) -> tuple[bool, GateState, list[GatewayRow]]:
         """Wait until every live gateway of this gate acked ``command`` (or a newer one), or ``timeout``
@@ -322,7 +304,19 @@ class Cluster:
         commit, while the other gateways applied it on their next look (SQLite: up to ``POLL_S``
         later), so a trainer that resumed and read a worker's ``/api/health`` or ``/api/state`` found
         it still paused. A newer command (a pause racing the resume) counts: it is no error here."""
-        self._waiters += 1  # acks wake this wait as they wake a drain's
+        return await self._wait_for(lambda row, state: row.command < command, timeout)
+
+    async def _wait_for(
+        self,
+        pending: Callable[[GatewayRow, GateState], bool],
+        timeout: float,
+        check: Callable[[GateState], None] | None = None,
+    ) -> tuple[bool, GateState, list[GatewayRow]]:
+        """Look at the gate and its live gateways until none is ``pending`` (given the gate read with
+        it), or ``timeout`` passed: (none pending, the gate, the live gateways). ``check`` sees each
+        gate read first (and may raise). Acks wake the wait (``_waiters``), else the next lease expiry
+        or tick does."""
+        self._waiters += 1
         try:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
@@ -331,13 +325,15 @@ class Cluster:
                 await self.ack()
                 state, rows = await anyio.to_thread.run_sync(self._of_gate(self.store.read_gate_and_gateways))
                 self.apply(state)
+                if check is not None:
+                    check(state)
                 now = self.clock()
                 live = [self.fresh(r) for r in rows if r.live(now)]
-                pending = [r for r in live if r.command < command]
+                waiting = [r for r in live if pending(r, state)]
                 remaining = deadline - loop.time()
-                if not pending or remaining <= 0:
-                    return not pending, state, live
-                wait = next_look(pending, now, remaining, self.tick_s)
+                if not waiting or remaining <= 0:
+                    return not waiting, state, live
+                wait = next_look(waiting, now, remaining, self.tick_s)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), wait)
         finally:
